@@ -1,0 +1,10 @@
+//! Types shared by the XDP program (`router-ebpf`) and the controller
+//! (`router-ctl`), and the pure packet logic both sides use.
+//!
+//! Everything here is `no_std` so the same code runs in the kernel and is
+//! unit-tested on the host.
+#![no_std]
+
+pub mod checksum;
+pub mod maps;
+pub mod nat;
