@@ -1,0 +1,130 @@
+//! Builds `router-ebpf` for `bpfel-unknown-none`. Shared by `cargo xtask
+//! build-ebpf` and `router-ctl/build.rs` (included there with `#[path]`),
+//! so it uses std only.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// Which toolchain path built the object.
+pub enum Toolchain {
+    /// Debian `rustc-web` + prebuilt bpfel core + bpf-linker.
+    Debian,
+    /// rustup nightly with rust-src (`-Z build-std=core`).
+    NightlyBuildStd,
+}
+
+impl Toolchain {
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Toolchain::Debian => "Debian rustc-web with prebuilt bpfel core (/usr/bin/rustc)",
+            Toolchain::NightlyBuildStd => "rustup nightly with -Z build-std=core",
+        }
+    }
+}
+
+fn cargo_bin_dir() -> Option<PathBuf> {
+    env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .map(|p| p.join("bin"))
+}
+
+fn path_with_cargo_bin() -> std::ffi::OsString {
+    let mut paths: Vec<PathBuf> = cargo_bin_dir().into_iter().collect();
+    if let Some(p) = env::var_os("PATH") {
+        paths.extend(env::split_paths(&p));
+    }
+    env::join_paths(paths).unwrap_or_default()
+}
+
+fn has_bpf_linker() -> bool {
+    env::split_paths(&path_with_cargo_bin()).any(|d| d.join("bpf-linker").is_file())
+}
+
+fn nightly_has_rust_src() -> bool {
+    Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| {
+            let root = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+            Path::new(&root).join("lib/rustlib/src/rust/library/core").is_dir()
+        })
+}
+
+/// Picks the toolchain path available on this machine.
+pub fn detect() -> Result<Toolchain, String> {
+    if !has_bpf_linker() {
+        return Err("bpf-linker not found; run `cargo xtask setup`".into());
+    }
+    if Path::new("/usr/bin/rustc").is_file()
+        && Path::new("/usr/lib/rustlib/bpfel-unknown-none").is_dir()
+    {
+        return Ok(Toolchain::Debian);
+    }
+    if nightly_has_rust_src() {
+        return Ok(Toolchain::NightlyBuildStd);
+    }
+    Err("no BPF-capable Rust toolchain (Debian rustc-web + libstd-rust-web-dev-bpf, \
+         or rustup nightly with rust-src); run `cargo xtask setup`"
+        .into())
+}
+
+/// Builds the object and returns its path and the toolchain used.
+pub fn build_ebpf(workspace_root: &Path) -> Result<(PathBuf, Toolchain), String> {
+    let toolchain = detect()?;
+    let target_dir = workspace_root.join("target/ebpf");
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    // A build script's environment describes the host build; none of it
+    // applies to the BPF build.
+    for (k, _) in env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("CARGO_FEATURE_")
+            || k.starts_with("CARGO_CFG_")
+            || [
+                "RUSTC",
+                "RUSTC_WRAPPER",
+                "RUSTC_WORKSPACE_WRAPPER",
+                "RUSTFLAGS",
+                "CARGO_ENCODED_RUSTFLAGS",
+                "CARGO_TARGET_DIR",
+                "CARGO_BUILD_TARGET",
+                "RUSTUP_TOOLCHAIN",
+                "CARGO_MAKEFLAGS",
+                "TARGET",
+                "HOST",
+                "OUT_DIR",
+            ]
+            .contains(&k.as_str())
+        {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.current_dir(workspace_root).env("PATH", path_with_cargo_bin());
+    match toolchain {
+        Toolchain::Debian => {
+            cmd.env("RUSTC", "/usr/bin/rustc").env("RUSTC_BOOTSTRAP", "1");
+            cmd.arg("build");
+        }
+        Toolchain::NightlyBuildStd => {
+            cmd.env("RUSTUP_TOOLCHAIN", "nightly");
+            cmd.args(["build", "-Z", "build-std=core"]);
+        }
+    }
+    cmd.args(["--release", "--target", "bpfel-unknown-none", "-p", "router-ebpf"])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    let status = cmd.status().map_err(|e| format!("running {cargo:?}: {e}"))?;
+    if !status.success() {
+        return Err(format!(
+            "building router-ebpf with {} failed ({status}); see the compiler output above",
+            toolchain.describe()
+        ));
+    }
+    Ok((target_dir.join("bpfel-unknown-none/release/router"), toolchain))
+}
