@@ -12,7 +12,13 @@ fn main() {
         .parent()
         .unwrap()
         .to_path_buf();
-    for p in ["router-ebpf/src", "router-ebpf/Cargo.toml", "router-common/src", "router-common/Cargo.toml", "xtask/src/ebpf_build.rs"] {
+    for p in [
+        "router-ebpf/src",
+        "router-ebpf/Cargo.toml",
+        "router-common/src",
+        "router-common/Cargo.toml",
+        "xtask/src/ebpf_build.rs",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     match ebpf_build::build_ebpf(&root) {

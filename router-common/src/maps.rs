@@ -5,7 +5,7 @@
 
 /// Per-CPU array of [`CounterValue`], indexed by [`Counter`].
 pub const COUNTERS_MAP: &str = "COUNTERS";
-/// DEVMAP_HASH of the attached interfaces, keyed by ifindex.
+/// `DEVMAP_HASH` of the attached interfaces, keyed by ifindex.
 pub const DEVICES_MAP: &str = "DEVICES";
 /// Single-entry array holding the [`Config`].
 pub const CONFIG_MAP: &str = "CONFIG";

@@ -48,14 +48,14 @@ enum Mode {
 enum Cmd {
     /// Load and attach the fast path to LAN and WAN, then exit; it keeps running.
     ///
-    /// Example: router-ctl -n router attach lan0 wan0
+    /// Example: `router-ctl -n router attach lan0 wan0`
     Attach {
         lan: String,
         wan: String,
         #[arg(long, value_enum, default_value = "auto")]
         mode: Mode,
     },
-    /// Detach and remove exactly the pins `attach` made.
+    /// Detach and remove exactly the pins that `attach` made.
     Detach,
     /// Print the summed per-CPU counters.
     Stats {
@@ -91,13 +91,18 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn pin_dir(netns: Option<&str>) -> PathBuf {
-    Path::new(BPFFS).join("xdp-router").join(netns.unwrap_or("default"))
+    Path::new(BPFFS)
+        .join("xdp-router")
+        .join(netns.unwrap_or("default"))
 }
 
 fn enter_netns(name: &str) -> Result<()> {
     let path = Path::new("/run/netns").join(name);
     let f = fs::File::open(&path).with_context(|| {
-        format!("no network namespace {name:?} ({} missing; see `ip netns list`)", path.display())
+        format!(
+            "no network namespace {name:?} ({} missing; see `ip netns list`)",
+            path.display()
+        )
     })?;
     // SAFETY: valid fd; CLONE_NEWNET affects only this thread.
     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
@@ -117,7 +122,13 @@ fn ensure_bpffs() -> Result<()> {
     let fstype = CString::new("bpf").unwrap();
     // SAFETY: all pointers are NUL-terminated strings.
     let rc = unsafe {
-        libc::mount(fstype.as_ptr(), c.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            fstype.as_ptr(),
+            c.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     };
     if rc != 0 {
         bail!(
@@ -155,44 +166,60 @@ fn attach(pin_dir: &Path, lan: &str, wan: &str, mode: Mode) -> Result<()> {
     {
         let mut devices = DevMapHash::try_from(ebpf.map_mut(DEVICES_MAP).context("DEVICES map")?)?;
         for idx in [lan_idx, wan_idx] {
-            devices.insert(idx, idx, None, 0).context("filling the device map")?;
+            devices
+                .insert(idx, idx, None, 0)
+                .context("filling the device map")?;
         }
         let mut config: Array<_, Config> =
             Array::try_from(ebpf.map_mut(CONFIG_MAP).context("CONFIG map")?)?;
-        config.set(0, Config { lan_ifindex: lan_idx, wan_ifindex: wan_idx }, 0)?;
+        config.set(
+            0,
+            Config {
+                lan_ifindex: lan_idx,
+                wan_ifindex: wan_idx,
+            },
+            0,
+        )?;
     }
     fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
-    let mut made: Vec<PathBuf> = Vec::new();
+    let mut pinned_paths: Vec<PathBuf> = Vec::new();
     let result = (|| -> Result<()> {
         for name in [COUNTERS_MAP, DEVICES_MAP, CONFIG_MAP] {
             let path = pin_dir.join(name);
             ebpf.map(name).context("map missing")?.pin(&path)?;
-            made.push(path);
+            pinned_paths.push(path);
         }
         let prog: &mut Xdp = ebpf
             .program_mut(PROGRAM_NAME)
             .context("program missing from object")?
             .try_into()?;
-        prog.load().map_err(|e| anyhow!("the kernel verifier rejected the program: {e:?}"))?;
+        prog.load()
+            .map_err(|e| anyhow!("the kernel verifier rejected the program: {e:?}"))?;
         for (role, iface) in [("lan", lan), ("wan", wan)] {
             let id = attach_one(prog, iface, mode)?;
             let link = prog.take_link(id)?;
-            let fd: FdLink = link.try_into().context("XDP link is not an fd link (kernel too old)")?;
+            let fd: FdLink = link
+                .try_into()
+                .context("XDP link is not an fd link (kernel too old)")?;
             let path = pin_dir.join(format!("link_{role}"));
-            fd.pin(&path).with_context(|| format!("pinning {}", path.display()))?;
-            made.push(path);
+            fd.pin(&path)
+                .with_context(|| format!("pinning {}", path.display()))?;
+            pinned_paths.push(path);
         }
         Ok(())
     })();
     if let Err(e) = result {
         // Roll back: never leave half a router attached.
-        for p in made {
+        for p in pinned_paths {
             let _ = fs::remove_file(p);
         }
         let _ = fs::remove_dir(pin_dir);
         return Err(e);
     }
-    println!("attached to {lan} (ifindex {lan_idx}) and {wan} (ifindex {wan_idx}); pins in {}", pin_dir.display());
+    println!(
+        "attached to {lan} (ifindex {lan_idx}) and {wan} (ifindex {wan_idx}); pins in {}",
+        pin_dir.display()
+    );
     Ok(())
 }
 
@@ -201,11 +228,17 @@ fn attach_one(prog: &mut Xdp, iface: &str, mode: Mode) -> Result<aya::programs::
         Mode::Generic => prog.attach(iface, XdpMode::Skb),
         Mode::Native => prog.attach(iface, XdpMode::Driver),
         Mode::Auto => prog.attach(iface, XdpMode::Driver).or_else(|e| {
-            eprintln!("warning: native XDP failed on {iface} ({e}); falling back to generic mode (slow)");
+            eprintln!(
+                "warning: native XDP failed on {iface} ({e}); falling back to generic mode (slow)"
+            );
             prog.attach(iface, XdpMode::Skb)
         }),
     }
-    .with_context(|| format!("attaching XDP to {iface} (another XDP program may be attached: `ip link show {iface}`)"))
+    .with_context(|| {
+        format!(
+            "attaching XDP to {iface} (another XDP program may be attached: `ip link show {iface}`)"
+        )
+    })
 }
 
 fn detach(pin_dir: &Path) -> Result<()> {
@@ -237,10 +270,12 @@ fn read_counters(pin_dir: &Path) -> Result<Vec<(Counter, CounterValue)>> {
     let mut out = Vec::new();
     for c in Counter::ALL {
         let values = map.get(&(c as u32), 0)?;
-        let sum = values.iter().fold(CounterValue::default(), |a, v| CounterValue {
-            packets: a.packets + v.packets,
-            bytes: a.bytes + v.bytes,
-        });
+        let sum = values
+            .iter()
+            .fold(CounterValue::default(), |a, v| CounterValue {
+                packets: a.packets + v.packets,
+                bytes: a.bytes + v.bytes,
+            });
         out.push((c, sum));
     }
     Ok(out)
@@ -252,7 +287,10 @@ fn stats(pin_dir: &Path, json: bool) -> Result<()> {
         let obj: serde_json::Map<String, serde_json::Value> = counters
             .iter()
             .map(|(c, v)| {
-                (c.name().to_owned(), serde_json::json!({"packets": v.packets, "bytes": v.bytes}))
+                (
+                    c.name().to_owned(),
+                    serde_json::json!({"packets": v.packets, "bytes": v.bytes}),
+                )
             })
             .collect();
         println!("{}", serde_json::Value::Object(obj));

@@ -30,12 +30,19 @@ pub const SERVER_ADDR: &str = "203.0.113.2";
 pub const ROUTER_WAN_ADDR: &str = "203.0.113.1";
 
 fn sh(args: &[&str]) -> Output {
-    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 fn sh_ok(args: &[&str]) -> Output {
     let o = sh(args);
-    assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     o
 }
 
@@ -51,16 +58,30 @@ impl Topology {
     /// server to the LAN (plain forwarding); without it only NAT works.
     #[must_use]
     pub fn new(server_route_back: bool) -> Self {
-        let id = format!("rt{}x{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        let names = [format!("{id}-cli"), format!("{id}-rtr"), format!("{id}-srv")];
+        let id = format!(
+            "rt{}x{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let names = [
+            format!("{id}-cli"),
+            format!("{id}-rtr"),
+            format!("{id}-srv"),
+        ];
         for n in &names {
             sh_ok(&["ip", "netns", "add", n]);
         }
         // From here on Drop cleans up, even if a later step panics.
         let t = Topology { names };
         let (c, r, s) = (t.name(Ns::Client), t.name(Ns::Router), t.name(Ns::Server));
-        sh_ok(&["ip", "-n", c, "link", "add", "eth0", "type", "veth", "peer", "name", "lan0", "netns", r]);
-        sh_ok(&["ip", "-n", s, "link", "add", "eth0", "type", "veth", "peer", "name", "wan0", "netns", r]);
+        sh_ok(&[
+            "ip", "-n", c, "link", "add", "eth0", "type", "veth", "peer", "name", "lan0", "netns",
+            r,
+        ]);
+        sh_ok(&[
+            "ip", "-n", s, "link", "add", "eth0", "type", "veth", "peer", "name", "wan0", "netns",
+            r,
+        ]);
         for (ns, dev, addr) in [
             (c, "eth0", "192.168.50.2/24"),
             (r, "lan0", "192.168.50.1/24"),
@@ -73,21 +94,51 @@ impl Topology {
         for ns in [c, r, s] {
             sh_ok(&["ip", "-n", ns, "link", "set", "lo", "up"]);
         }
-        sh_ok(&["ip", "-n", c, "route", "add", "default", "via", "192.168.50.1"]);
+        sh_ok(&[
+            "ip",
+            "-n",
+            c,
+            "route",
+            "add",
+            "default",
+            "via",
+            "192.168.50.1",
+        ]);
         if server_route_back {
-            sh_ok(&["ip", "-n", s, "route", "add", "192.168.50.0/24", "via", "203.0.113.1"]);
+            sh_ok(&[
+                "ip",
+                "-n",
+                s,
+                "route",
+                "add",
+                "192.168.50.0/24",
+                "via",
+                "203.0.113.1",
+            ]);
         }
         // bpf_fib_lookup answers "forwarding disabled" unless the ingress
         // device forwards, so forwarding stays on under XDP too.
-        sh_ok(&["ip", "netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        sh_ok(&[
+            "ip",
+            "netns",
+            "exec",
+            r,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]);
         for ns in [c, s] {
             // A veth with tx checksum offload leaves TCP/UDP checksums
             // partial (CHECKSUM_PARTIAL); XDP cannot see that state, so a
             // redirected frame arrives with a bad checksum and TCP stalls.
-            sh_ok(&["ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off"]);
+            sh_ok(&[
+                "ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off",
+            ]);
             // A veth accepts XDP-redirected frames only when its peer runs
             // NAPI: an XDP program there, or GRO on.
-            sh_ok(&["ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "gro", "on"]);
+            sh_ok(&[
+                "ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "gro", "on",
+            ]);
         }
         t
     }
@@ -120,7 +171,10 @@ impl Topology {
             s.spawn(|| {
                 let fd = fs::File::open(&path).expect("netns file");
                 // SAFETY: valid fd; affects only this thread.
-                assert_eq!(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+                assert_eq!(
+                    unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) },
+                    0
+                );
                 f()
             })
             .join()
@@ -144,7 +198,10 @@ impl Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         // Detach first so no pin outlives the namespaces.
-        if PathBuf::from("/sys/fs/bpf/xdp-router").join(&self.names[1]).exists() {
+        if PathBuf::from("/sys/fs/bpf/xdp-router")
+            .join(&self.names[1])
+            .exists()
+        {
             let _ = self.router_ctl(&["detach"]);
         }
         for n in &self.names {

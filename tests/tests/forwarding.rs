@@ -11,12 +11,18 @@ use tests::{Ns, SERVER_ADDR, Topology, is_root};
 
 fn counters(t: &Topology) -> serde_json::Value {
     let o = t.router_ctl(&["stats", "--json"]);
-    assert!(o.status.success(), "stats: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "stats: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).expect("stats json")
 }
 
 fn tcp_roundtrip(t: &Topology, port: u16, bytes: usize) -> SocketAddr {
-    let listener = t.in_ns(Ns::Server, || TcpListener::bind((SERVER_ADDR, port)).unwrap());
+    let listener = t.in_ns(Ns::Server, || {
+        TcpListener::bind((SERVER_ADDR, port)).unwrap()
+    });
     let server = std::thread::spawn(move || {
         let (mut s, peer) = listener.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -49,7 +55,8 @@ fn udp_roundtrip(t: &Topology, port: u16) {
     t.in_ns(Ns::Client, || {
         let c = UdpSocket::bind("0.0.0.0:0").unwrap();
         c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        c.send_to(b"hello through xdp", (SERVER_ADDR, port)).unwrap();
+        c.send_to(b"hello through xdp", (SERVER_ADDR, port))
+            .unwrap();
         let mut buf = [0u8; 64];
         let (n, _) = c.recv_from(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"hello through xdp");
@@ -70,7 +77,11 @@ fn xdp_forwards_tcp_and_udp_instead_of_the_kernel() {
     assert!(o.status.success(), "ping before attach failed");
 
     let o = t.router_ctl(&["attach", "lan0", "wan0"]);
-    assert!(o.status.success(), "attach: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     println!("{}", String::from_utf8_lossy(&o.stdout));
     let o = t.router_ctl(&["attach", "lan0", "wan0"]);
     assert!(!o.status.success(), "second attach must refuse");
@@ -79,14 +90,22 @@ fn xdp_forwards_tcp_and_udp_instead_of_the_kernel() {
     let fwd_before = t.nstat(Ns::Router, "IpForwDatagrams");
     let red_before = counters(&t)["redirected"]["packets"].as_u64().unwrap();
     let peer = tcp_roundtrip(&t, 5001, 200_000);
-    assert_eq!(peer.ip().to_string(), tests::CLIENT_ADDR, "plain forwarding keeps the source");
+    assert_eq!(
+        peer.ip().to_string(),
+        tests::CLIENT_ADDR,
+        "plain forwarding keeps the source"
+    );
     udp_roundtrip(&t, 5002);
     let fwd_after = t.nstat(Ns::Router, "IpForwDatagrams");
     let stats = counters(&t);
     let red_after = stats["redirected"]["packets"].as_u64().unwrap();
     let o = t.router_ctl(&["stats"]);
     println!("{}", String::from_utf8_lossy(&o.stdout));
-    assert!(red_after - red_before >= 20, "redirect counter grew only {}", red_after - red_before);
+    assert!(
+        red_after - red_before >= 20,
+        "redirect counter grew only {}",
+        red_after - red_before
+    );
     // A handful of packets may still reach the kernel (e.g. neighbour
     // refresh), but not the flow's data packets.
     assert!(
@@ -96,11 +115,21 @@ fn xdp_forwards_tcp_and_udp_instead_of_the_kernel() {
     );
 
     let o = t.router_ctl(&["detach"]);
-    assert!(o.status.success(), "detach: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let fwd_before = t.nstat(Ns::Router, "IpForwDatagrams");
     let _ = tcp_roundtrip(&t, 5003, 10_000);
-    assert!(t.nstat(Ns::Router, "IpForwDatagrams") > fwd_before, "kernel forwards after detach");
-    assert!(!t.router_ctl(&["stats"]).status.success(), "stats after detach must fail");
+    assert!(
+        t.nstat(Ns::Router, "IpForwDatagrams") > fwd_before,
+        "kernel forwards after detach"
+    );
+    assert!(
+        !t.router_ctl(&["stats"]).status.success(),
+        "stats after detach must fail"
+    );
 }
 
 #[test]
@@ -116,6 +145,16 @@ fn namespaces_are_removed_after_a_panic() {
         panic!("deliberate");
     }));
     assert!(r.is_err());
-    let list = String::from_utf8(std::process::Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
-    assert!(!name.is_empty() && !list.contains(&name), "{name} still present");
+    let list = String::from_utf8(
+        std::process::Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        !name.is_empty() && !list.contains(&name),
+        "{name} still present"
+    );
 }

@@ -52,7 +52,9 @@ fn nightly_has_rust_src() -> bool {
         .filter(|o| o.status.success())
         .is_some_and(|o| {
             let root = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-            Path::new(&root).join("lib/rustlib/src/rust/library/core").is_dir()
+            Path::new(&root)
+                .join("lib/rustlib/src/rust/library/core")
+                .is_dir()
         })
 }
 
@@ -69,9 +71,11 @@ pub fn detect() -> Result<Toolchain, String> {
     if nightly_has_rust_src() {
         return Ok(Toolchain::NightlyBuildStd);
     }
-    Err("no BPF-capable Rust toolchain (Debian rustc-web + libstd-rust-web-dev-bpf, \
+    Err(
+        "no BPF-capable Rust toolchain (Debian rustc-web + libstd-rust-web-dev-bpf, \
          or rustup nightly with rust-src); run `cargo xtask setup`"
-        .into())
+            .into(),
+    )
 }
 
 /// Builds the object and returns its path and the toolchain used.
@@ -105,10 +109,12 @@ pub fn build_ebpf(workspace_root: &Path) -> Result<(PathBuf, Toolchain), String>
             cmd.env_remove(&k);
         }
     }
-    cmd.current_dir(workspace_root).env("PATH", path_with_cargo_bin());
+    cmd.current_dir(workspace_root)
+        .env("PATH", path_with_cargo_bin());
     match toolchain {
         Toolchain::Debian => {
-            cmd.env("RUSTC", "/usr/bin/rustc").env("RUSTC_BOOTSTRAP", "1");
+            cmd.env("RUSTC", "/usr/bin/rustc")
+                .env("RUSTC_BOOTSTRAP", "1");
             cmd.arg("build");
         }
         Toolchain::NightlyBuildStd => {
@@ -116,15 +122,26 @@ pub fn build_ebpf(workspace_root: &Path) -> Result<(PathBuf, Toolchain), String>
             cmd.args(["build", "-Z", "build-std=core"]);
         }
     }
-    cmd.args(["--release", "--target", "bpfel-unknown-none", "-p", "router-ebpf"])
-        .arg("--target-dir")
-        .arg(&target_dir);
-    let status = cmd.status().map_err(|e| format!("running {cargo:?}: {e}"))?;
+    cmd.args([
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-p",
+        "router-ebpf",
+    ])
+    .arg("--target-dir")
+    .arg(&target_dir);
+    let status = cmd
+        .status()
+        .map_err(|e| format!("running {}: {e}", cargo.to_string_lossy()))?;
     if !status.success() {
         return Err(format!(
             "building router-ebpf with {} failed ({status}); see the compiler output above",
             toolchain.describe()
         ));
     }
-    Ok((target_dir.join("bpfel-unknown-none/release/router"), toolchain))
+    Ok((
+        target_dir.join("bpfel-unknown-none/release/router"),
+        toolchain,
+    ))
 }

@@ -23,7 +23,10 @@ const DEB_PACKAGES: &[&str] = &[
 ];
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn is_root() -> bool {
@@ -34,7 +37,11 @@ fn is_root() -> bool {
 fn run(cmd: &mut Command) -> Result<(), String> {
     eprintln!("+ {cmd:?}");
     let st = cmd.status().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if st.success() { Ok(()) } else { Err(format!("{cmd:?} failed: {st}")) }
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed: {st}"))
+    }
 }
 
 fn missing_packages() -> Vec<&'static str> {
@@ -67,7 +74,10 @@ fn setup() -> Result<(), String> {
     if !debian || !is_root() {
         eprintln!("setup: cannot install here (needs Debian and root). Run:");
         if !pkgs.is_empty() {
-            eprintln!("  sudo apt-get update && sudo apt-get install -y {}", pkgs.join(" "));
+            eprintln!(
+                "  sudo apt-get update && sudo apt-get install -y {}",
+                pkgs.join(" ")
+            );
         }
         if linker {
             eprintln!("  {}", linker_cmd());
@@ -89,7 +99,14 @@ fn setup() -> Result<(), String> {
         run(Command::new("cargo")
             .env("LLVM_PREFIX", "/usr/lib/llvm-22")
             .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22")
-            .args(["install", "bpf-linker", "--locked", "--no-default-features", "--features", "llvm-22"]))?;
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ]))?;
     }
     Ok(())
 }
@@ -101,20 +118,35 @@ fn build_ebpf() -> Result<PathBuf, String> {
 }
 
 fn clippy() -> Result<(), String> {
-    run(Command::new("cargo")
-        .current_dir(root())
-        .args(["clippy", "--workspace", "--exclude", "router-ebpf", "--all-targets", "--", "-D", "warnings"]))?;
+    run(Command::new("cargo").current_dir(root()).args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "router-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     if Path::new("/usr/bin/cargo-clippy").exists() {
         run(Command::new("/usr/bin/cargo-clippy")
             .current_dir(root().join("router-ebpf"))
             .env("RUSTC", "/usr/bin/rustc")
             .env("RUSTC_BOOTSTRAP", "1")
             .env_remove("RUSTUP_TOOLCHAIN")
-            .args(["clippy", "--release", "--target", "bpfel-unknown-none", "--target-dir"])
+            .args([
+                "clippy",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "--target-dir",
+            ])
             .arg(root().join("target/ebpf"))
             .args(["--", "-D", "warnings"]))?;
     } else {
-        eprintln!("clippy: skipping the eBPF crate: /usr/bin/cargo-clippy (rust-web-clippy) missing");
+        eprintln!(
+            "clippy: skipping the eBPF crate: /usr/bin/cargo-clippy (rust-web-clippy) missing"
+        );
     }
     Ok(())
 }
@@ -123,11 +155,18 @@ fn test(filter: &[String]) -> Result<(), String> {
     setup()?;
     build_ebpf()?;
     clippy()?;
-    run(Command::new("cargo")
-        .current_dir(root())
-        .args(["test", "--workspace", "--exclude", "router-ebpf", "--exclude", "tests"]))?;
+    run(Command::new("cargo").current_dir(root()).args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "router-ebpf",
+        "--exclude",
+        "tests",
+    ]))?;
     if !is_root() {
-        return Err("the integration tests need root (network namespaces, BPF); rerun as root".into());
+        return Err(
+            "the integration tests need root (network namespaces, BPF); rerun as root".into(),
+        );
     }
     run(Command::new("cargo")
         .current_dir(root())
@@ -163,9 +202,16 @@ fn demo() -> Result<(), String> {
     build_ebpf()?;
     // The demo is the end-to-end forwarding test with its output shown:
     // topology, attach, traffic, stats.
-    run(Command::new("cargo")
-        .current_dir(root())
-        .args(["test", "-p", "tests", "--test", "forwarding", "--", "--nocapture", "--test-threads=1"]))?;
+    run(Command::new("cargo").current_dir(root()).args([
+        "test",
+        "-p",
+        "tests",
+        "--test",
+        "forwarding",
+        "--",
+        "--nocapture",
+        "--test-threads=1",
+    ]))?;
     eprintln!("demo: comparison with the kernel path: not yet (benchmark issue)");
     Ok(())
 }
