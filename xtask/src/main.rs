@@ -200,6 +200,7 @@ fn main() {
 fn demo() -> Result<(), String> {
     setup()?;
     build_ebpf()?;
+    run(Command::new("cargo").current_dir(root()).args(["build", "-p", "router-ctl"]))?;
     // The demo is the end-to-end forwarding test with its output shown:
     // topology, attach, traffic, stats.
     run(Command::new("cargo").current_dir(root()).args([
