@@ -173,7 +173,7 @@ fn test(filter: &[String]) -> Result<(), String> {
         .args(["build", "-p", "router-ctl"]))?;
     run(Command::new("cargo")
         .current_dir(root())
-        .args(["test", "-p", "tests", "--"])
+        .args(["test", "-p", "tests", "--tests", "--"])
         .args(filter)
         .arg("--test-threads=1"))
 }
@@ -200,7 +200,9 @@ fn main() {
 fn demo() -> Result<(), String> {
     setup()?;
     build_ebpf()?;
-    run(Command::new("cargo").current_dir(root()).args(["build", "-p", "router-ctl"]))?;
+    run(Command::new("cargo")
+        .current_dir(root())
+        .args(["build", "-p", "router-ctl"]))?;
     // The demo is the end-to-end forwarding test with its output shown:
     // topology, attach, traffic, stats.
     run(Command::new("cargo").current_dir(root()).args([
