@@ -18,11 +18,15 @@ fn main() {
         "router-common/src",
         "router-common/Cargo.toml",
         "xtask/src/ebpf_build.rs",
+        "Cargo.lock",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     match ebpf_build::build_ebpf(&root) {
         Ok((obj, _)) => println!("cargo:rustc-env=ROUTER_EBPF_OBJ={}", obj.display()),
-        Err(e) => panic!("router-ctl embeds the XDP object and could not build it: {e}"),
+        Err(e) => {
+            println!("cargo:warning=building the XDP object failed: {e}");
+            panic!("router-ctl embeds the XDP object and could not build it: {e}");
+        }
     }
 }

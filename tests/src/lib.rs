@@ -1,211 +1,684 @@
-//! Test harness: a client -- router -- server topology in network
-//! namespaces unique to the run, removed on drop (also on panic).
+//! Test harness: network-namespace topologies for the XDP NAT router.
+//!
+//! ```text
+//! client (eth0 192.168.50.2) --veth-- (lan0 192.168.50.1) router (wan0 203.0.113.1) --veth-- (eth0 203.0.113.2) server
+//! ```
+//!
+//! All traffic stays inside namespaces created here. Their names are unique
+//! per process and topology (`rt<pid>x<counter>-<role>`) and [`Topology`]'s
+//! `Drop` deletes exactly those namespaces (also while unwinding from a
+//! panic) and kills the processes it spawned. Helpers panic on failure.
 
-use std::{
-    fs,
-    os::fd::AsRawFd,
-    path::PathBuf,
-    process::{Command, Output},
-    sync::atomic::{AtomicU32, Ordering},
-};
+pub mod echo;
+pub mod netns;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub use echo::EchoServer;
+
+/// Client address (first client in the two-client variant).
+pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 2);
+/// Second client address (two-client variant).
+pub const CLIENT2_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 3);
+/// Router address on the LAN (clients' default gateway).
+pub const ROUTER_LAN_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
+/// Router address on the WAN (the masquerade source).
+pub const ROUTER_WAN_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+/// Server address.
+pub const SERVER_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+/// Router's LAN interface (in the router namespace).
+pub const LAN_IF: &str = "lan0";
+/// Router's WAN interface (in the router namespace).
+pub const WAN_IF: &str = "wan0";
+/// Interface name of clients and server in their namespaces.
+pub const HOST_IF: &str = "eth0";
+/// Bridge in the switch namespace (two-client variant).
+pub const BRIDGE_IF: &str = "br0";
+
+/// Where router-ctl pins its links and maps, one directory per namespace.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/xdp-router";
+
+/// The `router-ctl` binary of this workspace (debug profile).
+#[must_use]
+pub fn router_ctl_bin() -> std::path::PathBuf {
+    // Next to this test binary's target dir, so CARGO_TARGET_DIR is honoured.
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/debug/deps/<test> -> target/debug/router-ctl
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("router-ctl"))
+        .expect("test binary lives in target/<profile>/deps")
+}
+
+/// Upper bound for any external command the harness runs.
+const CMD_TIMEOUT: &str = "60";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// The namespaces of a [`Topology`].
-#[derive(Clone, Copy, Debug)]
+/// A namespace role in a topology.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Ns {
     Client,
+    Client2,
     Router,
     Server,
+    Switch,
 }
 
-/// client `eth0` 192.168.50.2/24 -- `lan0` 192.168.50.1 router
-/// 203.0.113.1 `wan0` -- `eth0` 203.0.113.2/24 server.
-pub struct Topology {
-    names: [String; 3],
+impl Ns {
+    fn suffix(self) -> &'static str {
+        match self {
+            Ns::Client => "cli",
+            Ns::Client2 => "cli2",
+            Ns::Router => "rtr",
+            Ns::Server => "srv",
+            Ns::Switch => "sw",
+        }
+    }
 }
 
-pub const CLIENT_ADDR: &str = "192.168.50.2";
-pub const SERVER_ADDR: &str = "203.0.113.2";
-pub const ROUTER_WAN_ADDR: &str = "203.0.113.1";
-
-fn sh(args: &[&str]) -> Output {
-    Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
-
-fn sh_ok(args: &[&str]) -> Output {
-    let o = sh(args);
-    assert!(
-        o.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
-
-/// True when running as root; tests print why they skip otherwise.
+/// Whether the process runs with effective uid 0.
 #[must_use]
 pub fn is_root() -> bool {
-    // SAFETY: no preconditions.
+    // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Returns `true` (after printing why) when the test must be skipped
+/// because it is not running as root. Use: `if skip_unless_root("x") { return; }`.
+#[must_use]
+pub fn skip_unless_root(test: &str) -> bool {
+    if is_root() {
+        false
+    } else {
+        eprintln!("SKIP {test}: needs root (network namespaces, veths, iptables)");
+        true
+    }
+}
+
+/// Runs a host command (bounded by `timeout`). Used only for commands that
+/// address a namespace explicitly (`ip -n NAME`, `ip netns ...`).
+fn run(cmd: &[&str]) -> Output {
+    Command::new("timeout")
+        .args(["-k", "5", CMD_TIMEOUT])
+        .args(cmd)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+fn check(cmd: &[&str], out: &Output) {
+    assert!(
+        out.status.success(),
+        "command {cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn run_ok(cmd: &[&str]) {
+    let out = run(cmd);
+    check(cmd, &out);
+}
+
+/// Whether `/run/netns/NAME` exists.
+#[must_use]
+pub fn netns_exists(name: &str) -> bool {
+    Path::new("/run/netns").join(name).exists()
+}
+
+/// A set of network namespaces wired as client(s) - router - server.
+pub struct Topology {
+    names: Vec<(Ns, String)>,
+    children: Mutex<Vec<u32>>,
+}
+
 impl Topology {
-    /// Builds the topology. `server_route_back` adds a route from the
-    /// server to the LAN (plain forwarding); without it only NAT works.
+    /// client - router - server, each joined by one veth pair.
     #[must_use]
-    pub fn new(server_route_back: bool) -> Self {
-        let id = format!(
-            "rt{}x{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let names = [
-            format!("{id}-cli"),
-            format!("{id}-rtr"),
-            format!("{id}-srv"),
-        ];
-        for n in &names {
-            sh_ok(&["ip", "netns", "add", n]);
-        }
-        // From here on Drop cleans up, even if a later step panics.
-        let t = Topology { names };
-        let (c, r, s) = (t.name(Ns::Client), t.name(Ns::Router), t.name(Ns::Server));
-        sh_ok(&[
-            "ip", "-n", c, "link", "add", "eth0", "type", "veth", "peer", "name", "lan0", "netns",
-            r,
+    pub fn new() -> Self {
+        let t = Self::alloc(&[Ns::Client, Ns::Router, Ns::Server]);
+        // `t` is a live local from here on: a panic during setup drops it and
+        // deletes whatever namespaces were already created.
+        t.create_namespaces();
+        let (cli, rtr) = (t.ns_name(Ns::Client), t.ns_name(Ns::Router));
+        run_ok(&[
+            "ip", "-n", rtr, "link", "add", LAN_IF, "type", "veth", "peer", "name", HOST_IF,
+            "netns", cli,
         ]);
-        sh_ok(&[
-            "ip", "-n", s, "link", "add", "eth0", "type", "veth", "peer", "name", "wan0", "netns",
-            r,
-        ]);
-        for (ns, dev, addr) in [
-            (c, "eth0", "192.168.50.2/24"),
-            (r, "lan0", "192.168.50.1/24"),
-            (r, "wan0", "203.0.113.1/24"),
-            (s, "eth0", "203.0.113.2/24"),
-        ] {
-            sh_ok(&["ip", "-n", ns, "addr", "add", addr, "dev", dev]);
-            sh_ok(&["ip", "-n", ns, "link", "set", dev, "up"]);
-        }
-        for ns in [c, r, s] {
-            sh_ok(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        }
-        sh_ok(&[
-            "ip",
-            "-n",
-            c,
-            "route",
-            "add",
-            "default",
-            "via",
-            "192.168.50.1",
-        ]);
-        if server_route_back {
-            sh_ok(&[
-                "ip",
-                "-n",
-                s,
-                "route",
-                "add",
-                "192.168.50.0/24",
-                "via",
-                "203.0.113.1",
-            ]);
-        }
-        // bpf_fib_lookup answers "forwarding disabled" unless the ingress
-        // device forwards, so forwarding stays on under XDP too.
-        sh_ok(&[
-            "ip",
-            "netns",
-            "exec",
-            r,
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-        ]);
-        for ns in [c, s] {
-            // A veth with tx checksum offload leaves TCP/UDP checksums
-            // partial (CHECKSUM_PARTIAL); XDP cannot see that state, so a
-            // redirected frame arrives with a bad checksum and TCP stalls.
-            sh_ok(&[
-                "ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "tx", "off",
-            ]);
-            // A veth accepts XDP-redirected frames only when its peer runs
-            // NAPI: an XDP program there, or GRO on.
-            sh_ok(&[
-                "ip", "netns", "exec", ns, "ethtool", "-K", "eth0", "gro", "on",
-            ]);
-        }
+        t.setup_client(Ns::Client, CLIENT_ADDR);
+        t.setup_router_and_server();
         t
     }
 
+    /// Two clients and the router's LAN joined by a bridge in a switch namespace.
     #[must_use]
-    pub fn name(&self, ns: Ns) -> &str {
-        &self.names[ns as usize]
+    pub fn with_two_clients() -> Self {
+        let t = Self::alloc(&[Ns::Client, Ns::Client2, Ns::Switch, Ns::Router, Ns::Server]);
+        t.create_namespaces();
+        let sw = t.ns_name(Ns::Switch);
+        run_ok(&["ip", "-n", sw, "link", "add", BRIDGE_IF, "type", "bridge"]);
+        let ports = [
+            ("p0", Ns::Router, LAN_IF),
+            ("p1", Ns::Client, HOST_IF),
+            ("p2", Ns::Client2, HOST_IF),
+        ];
+        for (port, peer_ns, peer_if) in ports {
+            let peer = t.ns_name(peer_ns);
+            run_ok(&[
+                "ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", peer_if,
+                "netns", peer,
+            ]);
+            run_ok(&["ip", "-n", sw, "link", "set", port, "master", BRIDGE_IF]);
+            run_ok(&["ip", "-n", sw, "link", "set", port, "up"]);
+            // Frames the router XDP-redirects out of lan0 arrive on p0 and
+            // (after bridging) are delivered to the clients; a veth accepts
+            // XDP-redirected frames only if the receiving peer runs NAPI (an
+            // XDP program or GRO), so enable GRO on every switch port.
+            t.exec_ok(Ns::Switch, &["ethtool", "-K", port, "gro", "on"]);
+        }
+        run_ok(&["ip", "-n", sw, "link", "set", BRIDGE_IF, "up"]);
+        t.setup_client(Ns::Client, CLIENT_ADDR);
+        t.setup_client(Ns::Client2, CLIENT2_ADDR);
+        t.setup_router_and_server();
+        t
     }
 
-    /// Runs `cmd` inside `ns` with `ip netns exec`.
+    fn alloc(roles: &[Ns]) -> Self {
+        let pid = std::process::id();
+        // Skip counters whose names survive from a killed earlier process
+        // with the same pid; never delete them (they are not ours).
+        for _ in 0..1000 {
+            let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+            let names: Vec<(Ns, String)> = roles
+                .iter()
+                .map(|&r| (r, format!("rt{pid}x{n}-{}", r.suffix())))
+                .collect();
+            if names.iter().all(|(_, name)| !netns_exists(name)) {
+                return Self {
+                    names,
+                    children: Mutex::new(Vec::new()),
+                };
+            }
+        }
+        panic!("no free namespace name for pid {pid}");
+    }
+
+    fn create_namespaces(&self) {
+        for (_, name) in &self.names {
+            run_ok(&["ip", "netns", "add", name]);
+            run_ok(&["ip", "-n", name, "link", "set", "lo", "up"]);
+        }
+    }
+
+    /// Client side: `eth0` (already moved into the namespace) addressed,
+    /// up, with a default route via the router.
+    fn setup_client(&self, ns: Ns, addr: Ipv4Addr) {
+        let name = self.ns_name(ns);
+        let cidr = format!("{addr}/24");
+        let gw = ROUTER_LAN_ADDR.to_string();
+        run_ok(&["ip", "-n", name, "addr", "add", &cidr, "dev", HOST_IF]);
+        run_ok(&["ip", "-n", name, "link", "set", HOST_IF, "up"]);
+        run_ok(&["ip", "-n", name, "route", "add", "default", "via", &gw]);
+        self.host_offloads(ns);
+    }
+
+    /// tx checksum offload off and GRO on for an end host's `eth0`.
+    fn host_offloads(&self, ns: Ns) {
+        // A veth with tx checksum offload on leaves TCP/UDP checksums
+        // CHECKSUM_PARTIAL. The kernel's forwarding path copes (the skb
+        // carries that state), but an XDP program cannot see it: a frame it
+        // redirects reaches the far end with a wrong checksum and is dropped
+        // (TCP stalls). Real NICs deliver complete checksums, so make the
+        // end hosts send complete ones.
+        self.exec_ok(ns, &["ethtool", "-K", HOST_IF, "tx", "off"]);
+        // This veth receives frames the router XDP-redirects into its peer;
+        // a veth accepts redirected frames only if the receiving side runs
+        // NAPI (an XDP program or GRO, kernel >= 5.13).
+        self.exec_ok(ns, &["ethtool", "-K", HOST_IF, "gro", "on"]);
+    }
+
+    fn setup_router_and_server(&self) {
+        let (rtr, srv) = (self.ns_name(Ns::Router), self.ns_name(Ns::Server));
+        run_ok(&[
+            "ip", "-n", rtr, "link", "add", WAN_IF, "type", "veth", "peer", "name", HOST_IF,
+            "netns", srv,
+        ]);
+        let lan = format!("{ROUTER_LAN_ADDR}/24");
+        let wan = format!("{ROUTER_WAN_ADDR}/24");
+        run_ok(&["ip", "-n", rtr, "addr", "add", &lan, "dev", LAN_IF]);
+        run_ok(&["ip", "-n", rtr, "addr", "add", &wan, "dev", WAN_IF]);
+        run_ok(&["ip", "-n", rtr, "link", "set", LAN_IF, "up"]);
+        run_ok(&["ip", "-n", rtr, "link", "set", WAN_IF, "up"]);
+        // bpf_fib_lookup reports "forwarding disabled" unless forwarding is on
+        // in the namespace (and the kernel path needs it anyway).
+        self.exec_ok(Ns::Router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        self.exec_ok(
+            Ns::Router,
+            &["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"],
+        );
+        // The server gets only its connected /24: no route to the LAN, so
+        // replies reach clients only if the router translates the source.
+        let srv_addr = format!("{SERVER_ADDR}/24");
+        run_ok(&["ip", "-n", srv, "addr", "add", &srv_addr, "dev", HOST_IF]);
+        run_ok(&["ip", "-n", srv, "link", "set", HOST_IF, "up"]);
+        self.host_offloads(Ns::Server);
+    }
+
+    /// The namespace name of `ns`.
+    ///
+    /// # Panics
+    /// If this topology has no such namespace (e.g. `Switch` in [`Topology::new`]).
+    #[must_use]
+    pub fn ns_name(&self, ns: Ns) -> &str {
+        self.names
+            .iter()
+            .find(|(r, _)| *r == ns)
+            .map_or_else(|| panic!("topology has no {ns:?} namespace"), |(_, n)| n.as_str())
+    }
+
+    /// Whether this topology has namespace `ns`.
+    #[must_use]
+    pub fn has(&self, ns: Ns) -> bool {
+        self.names.iter().any(|(r, _)| *r == ns)
+    }
+
+    /// Names of all namespaces of this topology.
+    #[must_use]
+    pub fn namespaces(&self) -> Vec<String> {
+        self.names.iter().map(|(_, n)| n.clone()).collect()
+    }
+
+    fn netns_cmd<'a>(&'a self, ns: Ns, cmd: &[&'a str]) -> Vec<&'a str> {
+        let mut v = vec!["ip", "netns", "exec", self.ns_name(ns)];
+        v.extend_from_slice(cmd);
+        v
+    }
+
+    /// Runs `ip netns exec NAME cmd...` (bounded by a 60 s timeout) and
+    /// returns its output whatever the exit status.
     #[must_use]
     pub fn exec(&self, ns: Ns, cmd: &[&str]) -> Output {
-        let mut v = vec!["ip", "netns", "exec", self.name(ns)];
-        v.extend_from_slice(cmd);
-        sh(&v)
+        run(&self.netns_cmd(ns, cmd))
     }
 
-    /// Absolute value of a kernel SNMP counter (e.g. `IpForwDatagrams`).
-    #[must_use]
-    pub fn nstat(&self, ns: Ns, counter: &str) -> u64 {
-        let o = self.exec(ns, &["nstat", "-az", "--json"]);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("nstat json");
-        v["kernel"][counter].as_u64().unwrap_or(0)
+    /// Like [`Topology::exec`] but panics (with stdout/stderr) on failure;
+    /// returns stdout.
+    pub fn exec_ok(&self, ns: Ns, cmd: &[&str]) -> String {
+        let full = self.netns_cmd(ns, cmd);
+        let out = run(&full);
+        check(&full, &out);
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Runs `f` on a thread that entered `ns`; sockets it opens live there.
+    /// Starts `ip netns exec NAME cmd...` in the background (own process
+    /// group, stdin null, output inherited). The topology kills its process
+    /// group on drop if it has not been reaped by then.
+    pub fn spawn(&self, ns: Ns, cmd: &[&str]) -> Child {
+        use std::os::unix::process::CommandExt;
+        let full = self.netns_cmd(ns, cmd);
+        let child = Command::new(full[0])
+            .args(&full[1..])
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {full:?}: {e}"));
+        self.children
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(child.id());
+        child
+    }
+
+    /// Runs `f` on a new thread that has entered the network namespace `ns`
+    /// (only the netns; see [`netns::enter`]). Sockets created in `f` live
+    /// in that namespace. A panic in `f` is propagated.
     pub fn in_ns<T: Send>(&self, ns: Ns, f: impl FnOnce() -> T + Send) -> T {
-        let path = PathBuf::from("/run/netns").join(self.name(ns));
+        let name = self.ns_name(ns);
         std::thread::scope(|s| {
-            s.spawn(|| {
-                let fd = fs::File::open(&path).expect("netns file");
-                // SAFETY: valid fd; affects only this thread.
-                assert_eq!(
-                    unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) },
-                    0
-                );
+            let h = s.spawn(|| {
+                netns::enter(name);
                 f()
-            })
-            .join()
-            .expect("namespace thread panicked")
+            });
+            match h.join() {
+                Ok(v) => v,
+                Err(e) => std::panic::resume_unwind(e),
+            }
         })
     }
 
-    /// Runs router-ctl with `-n <router ns>`.
+    /// Absolute value of a kernel SNMP counter in namespace `ns`, named as
+    /// `nstat` names them (`IpForwDatagrams`, `TcpActiveOpens`,
+    /// `TcpExtTCPTimeouts`, `UdpInDatagrams`...), read from the namespace's
+    /// /proc/net/snmp and /proc/net/netstat.
+    ///
+    /// # Panics
+    /// If the counter does not exist.
+    #[must_use]
+    pub fn nstat(&self, ns: Ns, counter: &str) -> u64 {
+        let text = self.exec_ok(ns, &["cat", "/proc/net/snmp", "/proc/net/netstat"]);
+        parse_snmp(&text, counter).unwrap_or_else(|| {
+            panic!(
+                "counter {counter} not found in {}'s /proc/net/snmp or netstat",
+                self.ns_name(ns)
+            )
+        })
+    }
+
+    /// Runs `iptables ARGS` in `ns`, falling back to `iptables-legacy`.
+    pub fn iptables(&self, ns: Ns, args: &[&str]) {
+        let mut cmd = vec!["iptables"];
+        cmd.extend_from_slice(args);
+        if self.exec(ns, &cmd).status.success() {
+            return;
+        }
+        cmd[0] = "iptables-legacy";
+        self.exec_ok(ns, &cmd);
+    }
+
+    /// The kernel baseline NAT: `iptables -t nat -A POSTROUTING -o wan0 -j MASQUERADE`
+    /// in the router namespace.
+    pub fn masquerade(&self) {
+        self.iptables(
+            Ns::Router,
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "POSTROUTING",
+                "-o",
+                WAN_IF,
+                "-j",
+                "MASQUERADE",
+            ],
+        );
+    }
+
+    /// `ping -c COUNT -W 1` from `ns` to `dst` (bounded by a deadline of
+    /// COUNT + 2 s); true if every echo was answered.
+    #[must_use]
+    pub fn ping(&self, ns: Ns, dst: Ipv4Addr, count: u32) -> bool {
+        let count = count.clamp(1, 100);
+        let (c, w, d) = (count.to_string(), (count + 2).to_string(), dst.to_string());
+        self.exec(
+            ns,
+            &[
+                "ping", "-n", "-q", "-c", &c, "-i", "0.2", "-W", "1", "-w", &w, &d,
+            ],
+        )
+        .status
+        .success()
+    }
+
+    /// Starts a TCP echo server in `ns` bound to `addr` (one connection).
+    #[must_use]
+    pub fn tcp_echo_server(&self, ns: Ns, addr: SocketAddr) -> EchoServer {
+        echo::tcp_server(self.ns_name(ns), addr)
+    }
+
+    /// Starts a UDP echo server in `ns` bound to `addr`.
+    #[must_use]
+    pub fn udp_echo_server(&self, ns: Ns, addr: SocketAddr) -> EchoServer {
+        echo::udp_server(self.ns_name(ns), addr)
+    }
+
+    /// TCP client in `ns`: sends `payload` to `dst`, returns the echo.
+    pub fn tcp_echo_client(
+        &self,
+        ns: Ns,
+        dst: SocketAddr,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> std::io::Result<Vec<u8>> {
+        self.in_ns(ns, || echo::tcp_client(dst, payload, timeout))
+    }
+
+    /// UDP client in `ns`: sends `payload` to `dst`, returns the reply.
+    pub fn udp_echo_client(
+        &self,
+        ns: Ns,
+        dst: SocketAddr,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> std::io::Result<Vec<u8>> {
+        self.in_ns(ns, || echo::udp_client(dst, payload, timeout))
+    }
+
+    /// TCP echo server in `server` on `addr`, 256 KiB round trip from
+    /// `client`; returns the peer address the server saw, or why it failed.
+    pub fn try_tcp_echo(
+        &self,
+        client: Ns,
+        server: Ns,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<SocketAddr, String> {
+        let payload = pattern(256 * 1024);
+        let srv = self.tcp_echo_server(server, addr);
+        let dst = srv.local_addr();
+        let got = self.tcp_echo_client(client, dst, &payload, timeout);
+        let peer = srv.join();
+        check_echo("TCP", dst, &payload, got, peer)
+    }
+
+    /// UDP variant of [`Topology::try_tcp_echo`] (1200-byte datagram).
+    pub fn try_udp_echo(
+        &self,
+        client: Ns,
+        server: Ns,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<SocketAddr, String> {
+        let payload = pattern(1200);
+        let srv = self.udp_echo_server(server, addr);
+        let dst = srv.local_addr();
+        let got = self.udp_echo_client(client, dst, &payload, timeout);
+        let peer = srv.join();
+        check_echo("UDP", dst, &payload, got, peer)
+    }
+
+    /// [`Topology::try_tcp_echo`] with a 5 s timeout that panics on failure.
+    #[must_use]
+    pub fn tcp_echo_roundtrip(&self, client: Ns, server: Ns, addr: SocketAddr) -> SocketAddr {
+        self.try_tcp_echo(client, server, addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Topology::try_udp_echo`] with a 5 s timeout that panics on failure.
+    #[must_use]
+    pub fn udp_echo_roundtrip(&self, client: Ns, server: Ns, addr: SocketAddr) -> SocketAddr {
+        self.try_udp_echo(client, server, addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Gives the server a route back to the LAN via the router, so plain
+    /// forwarding (no NAT) works too.
+    pub fn route_back(&self) {
+        let lan = format!("{}/24", Ipv4Addr::new(192, 168, 50, 0));
+        let via = ROUTER_WAN_ADDR.to_string();
+        run_ok(&[
+            "ip",
+            "-n",
+            self.ns_name(Ns::Server),
+            "route",
+            "add",
+            &lan,
+            "via",
+            &via,
+        ]);
+    }
+
+    /// Runs the workspace's `router-ctl` (built by `cargo xtask test`) with
+    /// `-n ROUTER_NS ARGS` and returns its output.
     #[must_use]
     pub fn router_ctl(&self, args: &[&str]) -> Output {
-        let bin = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/router-ctl");
-        Command::new(bin)
+        let bin = router_ctl_bin();
+        Command::new("timeout")
+            .args(["-k", "5", CMD_TIMEOUT])
+            .arg(&bin)
             .arg("-n")
-            .arg(self.name(Ns::Router))
+            .arg(self.ns_name(Ns::Router))
             .args(args)
+            .stdin(Stdio::null())
             .output()
-            .expect("router-ctl (built by `cargo xtask test`)")
+            .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()))
+    }
+
+    /// [`Topology::router_ctl`] that panics with stderr on failure; returns stdout.
+    pub fn router_ctl_ok(&self, args: &[&str]) -> String {
+        let o = self.router_ctl(args);
+        assert!(
+            o.status.success(),
+            "router-ctl {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Whether router-ctl has pins for this topology's router namespace.
+    #[must_use]
+    pub fn router_attached(&self) -> bool {
+        Path::new(PIN_ROOT).join(self.ns_name(Ns::Router)).exists()
+    }
+
+    fn kill_children(&self) {
+        let pids = std::mem::take(
+            &mut *self
+                .children
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for pid in pids {
+            let Ok(pid) = libc::pid_t::try_from(pid) else {
+                continue;
+            };
+            // Only signal a pid that is still our unreaped child (running or
+            // zombie): then neither it nor its process group id can have
+            // been reused by an unrelated process.
+            // SAFETY: plain syscalls on a zeroed siginfo_t.
+            unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                let rc = libc::waitid(
+                    libc::P_PID,
+                    pid.cast_unsigned(),
+                    &raw mut info,
+                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                );
+                if rc != 0 {
+                    continue; // already reaped by the owner of the Child
+                }
+                libc::kill(-pid, libc::SIGKILL);
+                libc::kill(pid, libc::SIGKILL);
+                // Reap it (bounded) so no zombie is left behind.
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < deadline {
+                    let mut status = 0;
+                    if libc::waitpid(pid, &raw mut status, libc::WNOHANG) != 0 {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl Drop for Topology {
     fn drop(&mut self) {
+        self.kill_children();
         // Detach first so no pin outlives the namespaces.
-        if PathBuf::from("/sys/fs/bpf/xdp-router")
-            .join(&self.names[1])
-            .exists()
-        {
+        if self.has(Ns::Router) && self.router_attached() {
             let _ = self.router_ctl(&["detach"]);
         }
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        for (_, name) in &self.names {
+            // Deleting a namespace destroys the veths inside it (and with them
+            // their peers). Errors (e.g. never created) are ignored.
+            let _ = Command::new("timeout")
+                .args(["-k", "5", "30", "ip", "netns", "delete", name])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
         }
+    }
+}
+
+/// Deterministic non-trivial payload of `len` bytes.
+#[must_use]
+pub fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(31) ^ (i >> 8)) as u8)
+        .collect()
+}
+
+fn check_echo(
+    proto: &str,
+    dst: SocketAddr,
+    payload: &[u8],
+    got: std::io::Result<Vec<u8>>,
+    peer: Option<SocketAddr>,
+) -> Result<SocketAddr, String> {
+    let got =
+        got.map_err(|e| format!("{proto} echo to {dst} failed: {e} (server saw {peer:?})"))?;
+    if got != payload {
+        return Err(format!(
+            "{proto} echo to {dst}: sent {} bytes, got back {} different bytes",
+            payload.len(),
+            got.len()
+        ));
+    }
+    peer.ok_or_else(|| format!("{proto} echo to {dst}: data came back but the server saw no peer"))
+}
+
+/// Finds `counter` (nstat naming: table prefix + field) in the text of
+/// /proc/net/snmp or /proc/net/netstat (header line, value line pairs).
+#[must_use]
+pub fn parse_snmp(text: &str, counter: &str) -> Option<u64> {
+    let mut lines = text.lines();
+    while let (Some(head), Some(vals)) = (lines.next(), lines.next()) {
+        let (Some((p1, names)), Some((p2, values))) = (head.split_once(':'), vals.split_once(':'))
+        else {
+            return None;
+        };
+        if p1 != p2 {
+            return None;
+        }
+        for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+            if counter.strip_prefix(p1) == Some(n) {
+                // Some fields (e.g. Tcp MaxConn) are -1; report them as 0.
+                return Some(v.parse::<u64>().unwrap_or(0));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod unit {
+    use super::parse_snmp;
+
+    #[test]
+    fn parses_snmp_pairs() {
+        let t = "Ip: Forwarding DefaultTTL ForwDatagrams\nIp: 1 64 42\n\
+                 Tcp: RtoAlgorithm MaxConn\nTcp: 1 -1\n\
+                 TcpExt: SyncookiesSent\nTcpExt: 7\n";
+        assert_eq!(parse_snmp(t, "IpForwDatagrams"), Some(42));
+        assert_eq!(parse_snmp(t, "TcpMaxConn"), Some(0));
+        assert_eq!(parse_snmp(t, "TcpExtSyncookiesSent"), Some(7));
+        assert_eq!(parse_snmp(t, "IpNope"), None);
     }
 }

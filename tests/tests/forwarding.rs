@@ -70,10 +70,14 @@ fn xdp_forwards_tcp_and_udp_instead_of_the_kernel() {
         eprintln!("SKIP: needs root for network namespaces and BPF");
         return;
     }
-    let t = Topology::new(true);
+    let t = Topology::new();
+    t.route_back();
     // Resolve neighbours first: on "no neighbour" the program passes to
     // the kernel, which runs ARP.
-    let o = t.exec(Ns::Client, &["ping", "-c", "2", "-W", "1", SERVER_ADDR]);
+    let o = t.exec(
+        Ns::Client,
+        &["ping", "-c", "2", "-W", "1", &SERVER_ADDR.to_string()],
+    );
     assert!(o.status.success(), "ping before attach failed");
 
     let o = t.router_ctl(&["attach", "lan0", "wan0"]);
@@ -91,7 +95,7 @@ fn xdp_forwards_tcp_and_udp_instead_of_the_kernel() {
     let red_before = counters(&t)["redirected"]["packets"].as_u64().unwrap();
     let peer = tcp_roundtrip(&t, 5001, 200_000);
     assert_eq!(
-        peer.ip().to_string(),
+        peer.ip(),
         tests::CLIENT_ADDR,
         "plain forwarding keeps the source"
     );
@@ -140,8 +144,8 @@ fn namespaces_are_removed_after_a_panic() {
     }
     let mut name = String::new();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let t = Topology::new(false);
-        name = t.name(Ns::Router).to_owned();
+        let t = Topology::new();
+        name = t.ns_name(Ns::Router).to_owned();
         panic!("deliberate");
     }));
     assert!(r.is_err());

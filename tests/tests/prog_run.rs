@@ -79,10 +79,18 @@ fn crafted_frames_get_the_right_verdict_and_bytes() {
         eprintln!("SKIP: needs root for BPF_PROG_RUN and namespaces");
         return;
     }
-    let t = Topology::new(true);
+    let t = Topology::new();
+    t.route_back();
     let o = t.exec(
         Ns::Client,
-        &["ping", "-c", "1", "-W", "1", tests::SERVER_ADDR],
+        &[
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "1",
+            &tests::SERVER_ADDR.to_string(),
+        ],
     );
     assert!(o.status.success(), "ping to fill neighbour tables failed");
     let lan_mac = mac(&t, Ns::Router, "lan0");

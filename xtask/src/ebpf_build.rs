@@ -40,11 +40,14 @@ fn path_with_cargo_bin() -> std::ffi::OsString {
     env::join_paths(paths).unwrap_or_default()
 }
 
-fn has_bpf_linker() -> bool {
+/// Whether `bpf-linker` is on `PATH` or in `~/.cargo/bin`.
+pub fn has_bpf_linker() -> bool {
     env::split_paths(&path_with_cargo_bin()).any(|d| d.join("bpf-linker").is_file())
 }
 
-fn nightly_has_rust_src() -> bool {
+/// Whether `rustup` has a nightly toolchain with the `rust-src` component
+/// (needed for `-Z build-std=core`).
+pub fn nightly_has_rust_src() -> bool {
     Command::new("rustup")
         .args(["run", "nightly", "rustc", "--print", "sysroot"])
         .output()
@@ -82,8 +85,19 @@ pub fn detect() -> Result<Toolchain, String> {
 pub fn build_ebpf(workspace_root: &Path) -> Result<(PathBuf, Toolchain), String> {
     let toolchain = detect()?;
     let target_dir = workspace_root.join("target/ebpf");
+    // Debian path: the cargo that runs us (env CARGO) with Debian's rustc.
+    // Nightly path: CARGO names a concrete toolchain's binary, not the rustup
+    // proxy, so `+nightly`/RUSTUP_TOOLCHAIN would not reach it; go through
+    // `rustup run nightly cargo` instead.
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(&cargo);
+    let mut cmd = match toolchain {
+        Toolchain::Debian => Command::new(&cargo),
+        Toolchain::NightlyBuildStd => {
+            let mut c = Command::new("rustup");
+            c.args(["run", "nightly", "cargo"]);
+            c
+        }
+    };
     // A build script's environment describes the host build; none of it
     // applies to the BPF build.
     for (k, _) in env::vars_os() {
@@ -109,8 +123,11 @@ pub fn build_ebpf(workspace_root: &Path) -> Result<(PathBuf, Toolchain), String>
             cmd.env_remove(&k);
         }
     }
+    // In a build script stdout carries `cargo:` directives: send everything
+    // the child prints to stderr.
     cmd.current_dir(workspace_root)
-        .env("PATH", path_with_cargo_bin());
+        .env("PATH", path_with_cargo_bin())
+        .stdout(std::io::stderr());
     match toolchain {
         Toolchain::Debian => {
             cmd.env("RUSTC", "/usr/bin/rustc")
@@ -118,7 +135,6 @@ pub fn build_ebpf(workspace_root: &Path) -> Result<(PathBuf, Toolchain), String>
             cmd.arg("build");
         }
         Toolchain::NightlyBuildStd => {
-            cmd.env("RUSTUP_TOOLCHAIN", "nightly");
             cmd.args(["build", "-Z", "build-std=core"]);
         }
     }
@@ -131,9 +147,7 @@ pub fn build_ebpf(workspace_root: &Path) -> Result<(PathBuf, Toolchain), String>
     ])
     .arg("--target-dir")
     .arg(&target_dir);
-    let status = cmd
-        .status()
-        .map_err(|e| format!("running {}: {e}", cargo.to_string_lossy()))?;
+    let status = cmd.status().map_err(|e| format!("running {cmd:?}: {e}"))?;
     if !status.success() {
         return Err(format!(
             "building router-ebpf with {} failed ({status}); see the compiler output above",

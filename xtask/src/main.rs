@@ -1,12 +1,17 @@
-//! Project tasks: `cargo xtask setup|build-ebpf|test|demo`.
+//! Project tasks: `cargo xtask setup|build-ebpf|clippy|test|demo|bench`.
 
+mod bench;
+mod demo;
 mod ebpf_build;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, exit},
+    process::{Command, ExitCode},
 };
 
+use clap::{Parser, Subcommand};
+
+/// Debian packages the build, lints, tests and benchmarks need.
 const DEB_PACKAGES: &[&str] = &[
     "rustc-web",
     "libstd-rust-web-dev-bpf",
@@ -20,21 +25,65 @@ const DEB_PACKAGES: &[&str] = &[
     "iptables",
     "ethtool",
     "rust-web-clippy",
+    "bpftool",
 ];
 
-fn root() -> PathBuf {
+/// The Debian compiler packages, not needed where rustup nightly has rust-src.
+const DEB_RUSTC_PACKAGES: &[&str] = &["rustc-web", "libstd-rust-web-dev-bpf", "rust-web-clippy"];
+
+/// bpf-linker's build script reads `LLVM_PREFIX`, llvm-sys reads the
+/// versioned variable; without both they find Debian's older default
+/// llvm-config and linking fails with "unable to find -lLLVM".
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+#[derive(Parser)]
+#[command(about = "Build, lint, test and demo the XDP router")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the missing prerequisites (Debian packages, bpf-linker).
+    Setup,
+    /// Build the XDP object (router-ebpf for bpfel-unknown-none).
+    BuildEbpf,
+    /// Clippy with -D warnings on the host crates and the eBPF crate.
+    Clippy,
+    /// Setup, build, clippy, unit tests, then the privileged integration tests.
+    Test {
+        /// Passed to the integration test binaries (after `--`), e.g. a name filter.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Make a test topology, attach the router, send traffic, show stats.
+    Demo,
+    /// Compare the XDP router with kernel forwarding.
+    Bench {
+        /// Short runs.
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .unwrap()
+        .expect("xtask lives in the workspace root")
         .to_path_buf()
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
+pub(crate) fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+pub(crate) fn run(cmd: &mut Command) -> Result<(), String> {
     eprintln!("+ {cmd:?}");
     let st = cmd.status().map_err(|e| format!("{cmd:?}: {e}"))?;
     if st.success() {
@@ -44,61 +93,75 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
+fn deb_installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
 fn missing_packages() -> Vec<&'static str> {
+    let have_dpkg = Command::new("dpkg-query").arg("--version").output().is_ok();
+    // Upstream toolchain instead of Debian's: skip Debian's compiler.
+    let skip_rustc = !Path::new("/usr/bin/rustc").is_file() && ebpf_build::nightly_has_rust_src();
     DEB_PACKAGES
         .iter()
         .copied()
-        .filter(|p| {
-            !Command::new("dpkg-query")
-                .args(["-W", "-f=${Status}", p])
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
-        })
+        .filter(|p| !(skip_rustc && DEB_RUSTC_PACKAGES.contains(p)))
+        .filter(|p| !have_dpkg || !deb_installed(p))
         .collect()
 }
 
-fn linker_cmd() -> String {
-    "LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
-     cargo install bpf-linker --locked --no-default-features --features llvm-22"
-        .into()
+fn linker_install_cmd() -> String {
+    format!(
+        "LLVM_PREFIX={LLVM_PREFIX} LLVM_SYS_221_PREFIX={LLVM_PREFIX} \
+         cargo install bpf-linker --locked --no-default-features --features llvm-22"
+    )
 }
 
-fn setup() -> Result<(), String> {
-    let debian = Path::new("/etc/debian_version").exists();
+pub(crate) fn setup() -> Result<(), String> {
     let pkgs = missing_packages();
-    let linker = ebpf_build::detect().is_err_and(|e| e.contains("bpf-linker"));
+    let linker = !ebpf_build::has_bpf_linker();
     if pkgs.is_empty() && !linker {
         eprintln!("setup: all prerequisites present");
         return Ok(());
     }
+    let debian = Path::new("/etc/debian_version").exists()
+        && Command::new("apt-get").arg("--version").output().is_ok();
     if !debian || !is_root() {
-        eprintln!("setup: cannot install here (needs Debian and root). Run:");
+        let why = if debian {
+            "not root"
+        } else {
+            "not Debian with apt-get"
+        };
+        eprintln!("setup: cannot install here ({why}). Run these commands:");
         if !pkgs.is_empty() {
+            eprintln!("  sudo apt-get update");
             eprintln!(
-                "  sudo apt-get update && sudo apt-get install -y {}",
+                "  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y {}",
                 pkgs.join(" ")
             );
         }
         if linker {
-            eprintln!("  {}", linker_cmd());
+            eprintln!("  {}", linker_install_cmd());
         }
-        return Err("prerequisites missing".into());
+        return Err(format!(
+            "prerequisites missing ({why}): run the commands above, then `cargo xtask setup` again"
+        ));
     }
     if !pkgs.is_empty() {
         eprintln!("setup: installing Debian packages: {}", pkgs.join(" "));
-        run(Command::new("apt-get").arg("update").arg("-qq"))?;
+        run(Command::new("apt-get").arg("update"))?;
         run(Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "-qq"])
+            .args(["install", "-y"])
             .args(&pkgs))?;
     }
-    if ebpf_build::detect().is_err_and(|e| e.contains("bpf-linker")) {
+    if !ebpf_build::has_bpf_linker() {
         eprintln!("setup: installing bpf-linker (about 4 minutes on 2 cores)");
-        // bpf-linker's build script reads LLVM_PREFIX; llvm-sys reads the
-        // versioned variable. Without them it finds an older llvm-config.
-        run(Command::new("cargo")
-            .env("LLVM_PREFIX", "/usr/lib/llvm-22")
-            .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22")
+        run(cargo()
+            .env("LLVM_PREFIX", LLVM_PREFIX)
+            .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
             .args([
                 "install",
                 "bpf-linker",
@@ -111,14 +174,14 @@ fn setup() -> Result<(), String> {
     Ok(())
 }
 
-fn build_ebpf() -> Result<PathBuf, String> {
+pub(crate) fn build_ebpf() -> Result<PathBuf, String> {
     let (obj, tc) = ebpf_build::build_ebpf(&root())?;
     eprintln!("build-ebpf: built {} with {}", obj.display(), tc.describe());
     Ok(obj)
 }
 
 fn clippy() -> Result<(), String> {
-    run(Command::new("cargo").current_dir(root()).args([
+    run(cargo().current_dir(root()).args([
         "clippy",
         "--workspace",
         "--exclude",
@@ -128,6 +191,8 @@ fn clippy() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
+    // rustup's `cargo clippy` would swap in its own clippy-driver, which has
+    // no bpfel core: call Debian's cargo-clippy directly.
     if Path::new("/usr/bin/cargo-clippy").exists() {
         run(Command::new("/usr/bin/cargo-clippy")
             .current_dir(root().join("router-ebpf"))
@@ -145,17 +210,18 @@ fn clippy() -> Result<(), String> {
             .args(["--", "-D", "warnings"]))?;
     } else {
         eprintln!(
-            "clippy: skipping the eBPF crate: /usr/bin/cargo-clippy (rust-web-clippy) missing"
+            "clippy: skipping the eBPF crate: /usr/bin/cargo-clippy (Debian rust-web-clippy) \
+             is missing; `cargo xtask setup` installs it"
         );
     }
     Ok(())
 }
 
-fn test(filter: &[String]) -> Result<(), String> {
+fn test(args: &[String]) -> Result<(), String> {
     setup()?;
     build_ebpf()?;
     clippy()?;
-    run(Command::new("cargo").current_dir(root()).args([
+    run(cargo().current_dir(root()).args([
         "test",
         "--workspace",
         "--exclude",
@@ -165,56 +231,34 @@ fn test(filter: &[String]) -> Result<(), String> {
     ]))?;
     if !is_root() {
         return Err(
-            "the integration tests need root (network namespaces, BPF); rerun as root".into(),
+            "the integration tests need root (network namespaces, BPF): run `cargo xtask test` \
+             as root"
+                .into(),
         );
     }
-    run(Command::new("cargo")
+    run(cargo()
         .current_dir(root())
         .args(["build", "-p", "router-ctl"]))?;
-    run(Command::new("cargo")
+    run(cargo()
         .current_dir(root())
-        .args(["test", "-p", "tests", "--tests", "--"])
-        .args(filter)
-        .arg("--test-threads=1"))
+        .args(["test", "-p", "tests", "--tests", "--", "--test-threads=1"])
+        .args(args))
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let res = match args.first().map(String::as_str) {
-        Some("setup") => setup(),
-        Some("build-ebpf") => build_ebpf().map(|_| ()),
-        Some("clippy") => clippy(),
-        Some("test") => test(&args[1..]),
-        Some("demo") => demo(),
-        _ => {
-            eprintln!("usage: cargo xtask setup|build-ebpf|clippy|test [FILTER]|demo");
-            exit(2);
-        }
+fn main() -> ExitCode {
+    let res = match Cli::parse().task {
+        Task::Setup => setup(),
+        Task::BuildEbpf => build_ebpf().map(|_| ()),
+        Task::Clippy => clippy(),
+        Task::Test { args } => test(&args),
+        Task::Demo => demo::run(),
+        Task::Bench { quick } => bench::run(quick),
     };
-    if let Err(e) = res {
-        eprintln!("xtask: {e}");
-        exit(1);
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
     }
-}
-
-fn demo() -> Result<(), String> {
-    setup()?;
-    build_ebpf()?;
-    run(Command::new("cargo")
-        .current_dir(root())
-        .args(["build", "-p", "router-ctl"]))?;
-    // The demo is the end-to-end forwarding test with its output shown:
-    // topology, attach, traffic, stats.
-    run(Command::new("cargo").current_dir(root()).args([
-        "test",
-        "-p",
-        "tests",
-        "--test",
-        "forwarding",
-        "--",
-        "--nocapture",
-        "--test-threads=1",
-    ]))?;
-    eprintln!("demo: comparison with the kernel path: not yet (benchmark issue)");
-    Ok(())
 }
