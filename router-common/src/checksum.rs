@@ -89,6 +89,79 @@ pub const fn ttl_decrement(check: u16, ttl: u8, proto: u8) -> u16 {
     )
 }
 
+/// Full TCP/UDP checksum of `segment` (its checksum field zeroed or not:
+/// pass it zeroed to compute, intact to verify -> 0) with the IPv4
+/// pseudo-header (RFC 793 3.1, RFC 768).
+#[must_use]
+pub fn l4_checksum(src: [u8; 4], dst: [u8; 4], proto: u8, segment: &[u8]) -> u16 {
+    let mut acc = sum_words(&src, 0);
+    acc = sum_words(&dst, acc);
+    acc += u32::from(proto);
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "IPv4 segments are < 64 KiB"
+    )]
+    let len = segment.len() as u16;
+    acc += u32::from(len);
+    !fold(sum_words(segment, acc))
+}
+
+/// Accumulated RFC 1624 update for several changed 16-bit words, applied
+/// to a checksum once: `HC' = ~(~HC + sum(~m + m'))`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delta(u32);
+
+impl Delta {
+    #[must_use]
+    pub const fn new() -> Self {
+        Self(0)
+    }
+
+    /// Records that a word changed from `old` to `new`.
+    #[must_use]
+    pub const fn word(self, old: u16, new: u16) -> Self {
+        let s = self.0 + (!old as u32) + (new as u32);
+        Self(fold(s) as u32)
+    }
+
+    /// Records that a 4-byte field (an address) changed.
+    #[must_use]
+    pub const fn addr(self, old: [u8; 4], new: [u8; 4]) -> Self {
+        self.word(
+            u16::from_be_bytes([old[0], old[1]]),
+            u16::from_be_bytes([new[0], new[1]]),
+        )
+        .word(
+            u16::from_be_bytes([old[2], old[3]]),
+            u16::from_be_bytes([new[2], new[3]]),
+        )
+    }
+
+    /// Records the change of a stored checksum word (e.g. an embedded
+    /// header's checksum covered by an outer checksum).
+    #[must_use]
+    pub const fn merge(self, other: Self) -> Self {
+        Self(fold(self.0 + other.0) as u32)
+    }
+
+    /// The checksum after the recorded changes.
+    #[must_use]
+    pub const fn apply(self, check: u16) -> u16 {
+        !fold((!check as u32) + self.0)
+    }
+
+    /// [`Delta::apply`] with UDP's rules: 0 ("no checksum", RFC 768) stays
+    /// 0, a computed 0 is sent as 0xffff.
+    #[must_use]
+    pub const fn apply_udp(self, check: u16) -> u16 {
+        if check == 0 {
+            return 0;
+        }
+        let c = self.apply(check);
+        if c == 0 { 0xffff } else { c }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,10 @@
 //! unit-tested on the host.
 #![no_std]
 
+#[cfg(test)]
+extern crate std;
+
 pub mod checksum;
+pub mod flow;
 pub mod maps;
 pub mod nat;

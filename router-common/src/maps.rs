@@ -1,7 +1,11 @@
-//! Map names and map value layouts shared with the controller.
+//! Map names and the layouts of map keys and values shared with the
+//! controller.
 //!
-//! Every value is `#[repr(C)]`, built from fixed-width fields, and asserted
-//! at compile time to have no padding, so `aya::Pod` is sound for it.
+//! Every type is `#[repr(C)]`, built from fixed-width fields with explicit
+//! padding fields (always zero), and asserted at compile time to have the
+//! size its fields add up to, so `aya::Pod` is sound for it. Addresses are
+//! kept as the four wire bytes (network order); ports, interface indexes
+//! and times are host-order integers.
 
 /// Per-CPU array of [`CounterValue`], indexed by [`Counter`].
 pub const COUNTERS_MAP: &str = "COUNTERS";
@@ -9,10 +13,24 @@ pub const COUNTERS_MAP: &str = "COUNTERS";
 pub const DEVICES_MAP: &str = "DEVICES";
 /// Single-entry array holding the [`Config`].
 pub const CONFIG_MAP: &str = "CONFIG";
+/// LRU hash of [`FlowKey`] -> [`FlowEntry`], two entries per flow.
+pub const CONNTRACK_MAP: &str = "CONNTRACK";
+/// Hash of [`PortForwardKey`] -> [`PortForwardTarget`].
+pub const PORT_FORWARDS_MAP: &str = "PORT_FORWARDS";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
-/// Packets and bytes for one outcome, on one CPU.
+/// Default conntrack capacity in flows; the map holds two entries per flow.
+pub const DEFAULT_MAX_FLOWS: u32 = 262_144;
+/// Capacity of the port-forward rule map.
+pub const MAX_PORT_FORWARDS: u32 = 1024;
+
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Packets and bytes for one outcome, on one CPU. For event counters
+/// ([`Counter::is_event`]) `packets` counts events and `bytes` is 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CounterValue {
@@ -21,98 +39,327 @@ pub struct CounterValue {
 }
 const _: () = assert!(core::mem::size_of::<CounterValue>() == 16);
 
-/// Controller-written configuration. Interface indexes are host order.
+/// Idle timeouts in seconds, per flow state. Defaults follow netfilter's
+/// (`nf_conntrack_tcp_timeout_*`, `nf_conntrack_udp_timeout*`,
+/// `nf_conntrack_icmp_timeout`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    pub tcp_syn_sent: u32,
+    pub tcp_established: u32,
+    pub tcp_fin_wait: u32,
+    pub tcp_closed: u32,
+    /// UDP flow that has seen packets in one direction only.
+    pub udp_unreplied: u32,
+    /// UDP flow that has seen a reply ("stream" in netfilter).
+    pub udp_replied: u32,
+    pub icmp: u32,
+    pub pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<Timeouts>() == 32);
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            tcp_syn_sent: 120,
+            tcp_established: 432_000,
+            tcp_fin_wait: 120,
+            tcp_closed: 10,
+            udp_unreplied: 30,
+            udp_replied: 120,
+            icmp: 30,
+            pad: 0,
+        }
+    }
+}
+
+/// Controller-written configuration (the single entry of [`CONFIG_MAP`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     pub lan_ifindex: u32,
     pub wan_ifindex: u32,
+    /// Masquerade source address, wire bytes.
+    pub wan_addr: [u8; 4],
+    /// SNAT port range, inclusive, host order.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// Random per attach: makes the chosen ports unpredictable from outside.
+    pub hash_seed: u32,
+    pub pad: u32,
+    pub timeouts: Timeouts,
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 8);
+const _: () = assert!(core::mem::size_of::<Config>() == 56);
+
+/// A flow as seen in one direction on one interface. For ICMP echo both
+/// ports hold the echo identifier, so [`FlowKey::reversed`] of the
+/// translated request is the key of the reply.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub src_addr: [u8; 4],
+    pub dst_addr: [u8; 4],
+    /// Host order.
+    pub src_port: u16,
+    /// Host order.
+    pub dst_port: u16,
+    pub proto: u8,
+    pub pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
+
+impl FlowKey {
+    #[must_use]
+    pub const fn new(
+        src_addr: [u8; 4],
+        dst_addr: [u8; 4],
+        src_port: u16,
+        dst_port: u16,
+        proto: u8,
+    ) -> Self {
+        Self {
+            src_addr,
+            dst_addr,
+            src_port,
+            dst_port,
+            proto,
+            pad: [0; 3],
+        }
+    }
+
+    /// The same flow seen from the other end.
+    #[must_use]
+    pub const fn reversed(&self) -> Self {
+        Self::new(
+            self.dst_addr,
+            self.src_addr,
+            self.dst_port,
+            self.src_port,
+            self.proto,
+        )
+    }
+}
+
+/// What the data path does to a packet whose key matched, plus the flow's
+/// bookkeeping. Both entries of a flow carry the same state and times.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEntry {
+    /// Key of the other direction's entry.
+    pub peer: FlowKey,
+    /// Header values after translation (addresses wire bytes, ports host order).
+    pub new_src_addr: [u8; 4],
+    pub new_dst_addr: [u8; 4],
+    pub new_src_port: u16,
+    pub new_dst_port: u16,
+    /// A [`FlowState`] discriminant.
+    pub state: u8,
+    /// `FLAG_*` bits.
+    pub flags: u8,
+    pub pad: [u8; 2],
+    /// `bpf_ktime_get_coarse_ns` (`CLOCK_MONOTONIC`) of the last refresh.
+    pub last_seen_ns: u64,
+    pub created_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<FlowEntry>() == 48);
+
+/// The entry is keyed by the direction that opened the flow.
+pub const FLAG_ORIGINAL: u8 = 1;
+/// The flow was opened from the WAN through a port-forward rule.
+pub const FLAG_PORT_FORWARD: u8 = 2;
+/// TCP FIN seen from the opening side.
+pub const FLAG_FIN_ORIG: u8 = 4;
+/// TCP FIN seen from the answering side.
+pub const FLAG_FIN_REPLY: u8 = 8;
+
+/// Key of [`PORT_FORWARDS_MAP`]: protocol and WAN port (host order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortForwardKey {
+    pub proto: u8,
+    pub pad: u8,
+    pub port: u16,
+}
+const _: () = assert!(core::mem::size_of::<PortForwardKey>() == 4);
+
+/// Where a port-forward rule sends new inbound flows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortForwardTarget {
+    pub addr: [u8; 4],
+    /// Host order.
+    pub port: u16,
+    pub pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<PortForwardTarget>() == 8);
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: repr(C), only integer fields, no padding (asserted above).
+    // SAFETY (all): repr(C), only integer and byte-array fields, no implicit
+    // padding (sizes asserted above).
     unsafe impl aya::Pod for super::CounterValue {}
-    // SAFETY: as above.
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::FlowEntry {}
+    unsafe impl aya::Pod for super::PortForwardKey {}
+    unsafe impl aya::Pod for super::PortForwardTarget {}
 }
 
-/// One outcome of the data path. The discriminant is the index into
-/// [`COUNTERS_MAP`].
-#[repr(u32)]
+/// A flow's state; the idle timeout depends on it.
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    /// Redirected by the fast path.
-    Redirected = 0,
-    /// Not IPv4 (ARP, IPv6, ...): the kernel handles it.
-    PassNotIpv4,
-    /// IPv4 header with options: left to the kernel.
-    PassIpOptions,
-    /// IPv4 fragment: no ports to look at, the kernel reassembles.
-    PassFragment,
-    /// TTL <= 1: the kernel sends ICMP time exceeded (RFC 1812 5.3.1).
-    PassTtlExceeded,
-    /// Destination is local, blackholed or unreachable per the FIB.
-    PassFibNotForwarded,
-    /// Forwarding disabled on the ingress device.
-    PassFibForwardingDisabled,
-    /// Next hop has no neighbour entry: the kernel resolves ARP.
-    PassNoNeighbour,
-    /// Packet exceeds the egress MTU: the kernel fragments or sends
-    /// ICMP fragmentation needed.
-    PassMtu,
-    /// Egress interface is not one of the attached ones.
-    PassEgressNotAttached,
-    /// Frame shorter than its headers.
-    DropTruncated,
-    /// IHL < 5 or version != 4 or total length inconsistent with the frame.
-    DropMalformed,
+pub enum FlowState {
+    TcpSynSent = 1,
+    TcpEstablished = 2,
+    /// One side sent FIN.
+    TcpFinWait = 3,
+    /// RST seen, or FIN from both sides.
+    TcpClosed = 4,
+    UdpUnreplied = 5,
+    UdpReplied = 6,
+    Icmp = 7,
 }
 
-impl Counter {
-    /// Number of counters (size of the counter map).
-    pub const COUNT: u32 = Counter::DropMalformed as u32 + 1;
-
-    /// All counters in index order.
-    pub const ALL: [Counter; Counter::COUNT as usize] = [
-        Counter::Redirected,
-        Counter::PassNotIpv4,
-        Counter::PassIpOptions,
-        Counter::PassFragment,
-        Counter::PassTtlExceeded,
-        Counter::PassFibNotForwarded,
-        Counter::PassFibForwardingDisabled,
-        Counter::PassNoNeighbour,
-        Counter::PassMtu,
-        Counter::PassEgressNotAttached,
-        Counter::DropTruncated,
-        Counter::DropMalformed,
-    ];
-
-    /// Stable name used by `router-ctl stats` and its JSON.
+impl FlowState {
     #[must_use]
-    pub const fn name(self) -> &'static str {
-        match self {
-            Counter::Redirected => "redirected",
-            Counter::PassNotIpv4 => "pass_not_ipv4",
-            Counter::PassIpOptions => "pass_ip_options",
-            Counter::PassFragment => "pass_fragment",
-            Counter::PassTtlExceeded => "pass_ttl_exceeded",
-            Counter::PassFibNotForwarded => "pass_fib_not_forwarded",
-            Counter::PassFibForwardingDisabled => "pass_fib_forwarding_disabled",
-            Counter::PassNoNeighbour => "pass_no_neighbour",
-            Counter::PassMtu => "pass_mtu",
-            Counter::PassEgressNotAttached => "pass_egress_not_attached",
-            Counter::DropTruncated => "drop_truncated",
-            Counter::DropMalformed => "drop_malformed",
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::TcpSynSent,
+            2 => Self::TcpEstablished,
+            3 => Self::TcpFinWait,
+            4 => Self::TcpClosed,
+            5 => Self::UdpUnreplied,
+            6 => Self::UdpReplied,
+            7 => Self::Icmp,
+            _ => return None,
+        })
+    }
+
+    /// Idle timeout in seconds. An unknown state gets the shortest one.
+    #[must_use]
+    pub const fn timeout_secs(state: u8, t: &Timeouts) -> u32 {
+        // Index masked to 0..=7 before use: the compiler turns the match
+        // into an offset computation, and the BPF verifier must see that
+        // offset bounded on the very register that is used.
+        match state.wrapping_sub(1) & 7 {
+            0 => t.tcp_syn_sent,
+            1 => t.tcp_established,
+            2 => t.tcp_fin_wait,
+            4 => t.udp_unreplied,
+            5 => t.udp_replied,
+            6 => t.icmp,
+            _ => t.tcp_closed,
+        }
+    }
+
+    /// Name shown by `router-ctl conntrack list`.
+    #[must_use]
+    pub const fn name(state: u8) -> &'static str {
+        match Self::from_u8(state) {
+            Some(Self::TcpSynSent) => "SYN_SENT",
+            Some(Self::TcpEstablished) => "ESTABLISHED",
+            Some(Self::TcpFinWait) => "FIN_WAIT",
+            Some(Self::TcpClosed) => "CLOSED",
+            Some(Self::UdpUnreplied) => "UNREPLIED",
+            Some(Self::UdpReplied) => "REPLIED",
+            Some(Self::Icmp) => "ICMP",
+            None => "UNKNOWN",
         }
     }
 }
 
+macro_rules! counters {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal, $event:literal; )*) => {
+        /// One outcome of the data path, the index into [`COUNTERS_MAP`].
+        /// Every packet moves exactly one verdict counter; event counters
+        /// (`is_event`) count things that happened on the way.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl Counter {
+            /// All counters in index order.
+            pub const ALL: &'static [Counter] = &[$(Counter::$variant),*];
+            /// Number of counters (size of the counter map).
+            #[expect(clippy::cast_possible_truncation, reason = "a few dozen counters")]
+            pub const COUNT: u32 = Self::ALL.len() as u32;
+
+            /// Stable name used by `router-ctl stats` and its JSON.
+            #[must_use]
+            pub const fn name(self) -> &'static str {
+                match self { $(Counter::$variant => $name,)* }
+            }
+
+            /// Whether this counts events rather than packet verdicts.
+            #[must_use]
+            pub const fn is_event(self) -> bool {
+                match self { $(Counter::$variant => $event,)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// LAN -> WAN packet translated and redirected by the fast path.
+    FwdOutbound = "fwd_outbound", false;
+    /// WAN -> LAN packet (reply, port-forwarded, ICMP error) translated and redirected.
+    FwdInbound = "fwd_inbound", false;
+    /// Not IPv4 (ARP, IPv6, VLAN-tagged): the kernel handles it.
+    PassNotIpv4 = "pass_not_ipv4", false;
+    /// IPv4 header with options: left to the kernel.
+    PassIpOptions = "pass_ip_options", false;
+    /// IPv4 fragment: no ports to look at, the kernel reassembles.
+    PassFragment = "pass_fragment", false;
+    /// TTL <= 1: the kernel sends ICMP time exceeded (RFC 1812 5.3.1).
+    PassTtlExceeded = "pass_ttl_exceeded", false;
+    /// Not TCP/UDP, or an ICMP type the fast path does not translate.
+    PassProtocol = "pass_protocol", false;
+    /// LAN packet of no known flow that cannot open one (TCP without SYN,
+    /// traffic not bound for the WAN).
+    PassNoFlow = "pass_no_flow", false;
+    /// WAN packet of no known flow and no port-forward rule (also ICMP
+    /// errors about no known flow): the kernel's local stack answers.
+    PassUnsolicited = "pass_unsolicited", false;
+    /// Every probed SNAT port was taken.
+    PassPortsExhausted = "pass_ports_exhausted", false;
+    /// Destination is local, blackholed or unreachable per the FIB.
+    PassFibNotForwarded = "pass_fib_not_forwarded", false;
+    /// Forwarding disabled on the ingress device.
+    PassFibForwardingDisabled = "pass_fib_forwarding_disabled", false;
+    /// Next hop has no neighbour entry: the kernel resolves ARP.
+    PassNoNeighbour = "pass_no_neighbour", false;
+    /// Packet exceeds the egress MTU: the kernel fragments or sends
+    /// ICMP fragmentation needed.
+    PassMtu = "pass_mtu", false;
+    /// Egress interface is not one of the attached ones.
+    PassEgressNotAttached = "pass_egress_not_attached", false;
+    /// No configuration written yet.
+    PassNotConfigured = "pass_not_configured", false;
+    /// Frame shorter than its headers.
+    DropTruncated = "drop_truncated", false;
+    /// IHL < 5, version != 4, total length inconsistent with the frame,
+    /// L4 header cut short, TCP data offset < 5.
+    DropMalformed = "drop_malformed", false;
+    /// New LAN -> WAN flow masqueraded.
+    FlowNewMasquerade = "flow_new_masquerade", true;
+    /// New WAN -> LAN flow through a port-forward rule.
+    FlowNewPortForward = "flow_new_port_forward", true;
+    /// SNAT port probe that found the port taken.
+    PortCollision = "port_collision", true;
+    /// An expired entry was replaced by a new flow.
+    FlowExpiredReplaced = "flow_expired_replaced", true;
+    /// A flow's other entry was missing (evicted by the LRU) and was put
+    /// back. A lower bound on LRU evictions: only noticed on refresh.
+    EvictionDetected = "eviction_detected", true;
+    /// ICMP error whose embedded header was translated (RFC 5508).
+    IcmpErrorTranslated = "icmp_error_translated", true;
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Counter;
+    use super::*;
 
     #[test]
     fn all_is_in_index_order_and_names_unique() {
@@ -122,5 +369,26 @@ mod tests {
                 assert_ne!(c.name(), d.name());
             }
         }
+        assert_eq!(Counter::COUNT as usize, Counter::ALL.len());
+    }
+
+    #[test]
+    fn states_round_trip_and_have_timeouts() {
+        let t = Timeouts::default();
+        for v in 1..=7 {
+            let s = FlowState::from_u8(v).unwrap();
+            assert_eq!(s as u8, v);
+            assert!(FlowState::timeout_secs(v, &t) > 0);
+            assert_ne!(FlowState::name(v), "UNKNOWN");
+        }
+        assert_eq!(FlowState::from_u8(0), None);
+        assert_eq!(FlowState::timeout_secs(0, &t), t.tcp_closed);
+    }
+
+    #[test]
+    fn reversed_twice_is_identity() {
+        let k = FlowKey::new([1, 2, 3, 4], [5, 6, 7, 8], 1000, 80, IPPROTO_TCP);
+        assert_eq!(k.reversed().reversed(), k);
+        assert_eq!(k.reversed().src_port, 80);
     }
 }

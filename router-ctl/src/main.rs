@@ -1,27 +1,20 @@
 //! `router-ctl`: loads the embedded XDP object, attaches it to the LAN and
-//! WAN interfaces, pins it under bpffs so it outlives the command, and reads
-//! its counters.
+//! WAN interfaces, pins it under bpffs so it outlives the command, and
+//! inspects and edits its maps: counters, port forwards, conntrack.
 
-use std::{
-    ffi::CString,
-    fs,
-    os::fd::AsRawFd,
-    path::{Path, PathBuf},
-};
+mod attach;
+mod conntrack;
+mod forward;
+mod parse;
+mod pins;
+mod stats;
 
-use anyhow::{Context, Result, anyhow, bail};
-use aya::{
-    Ebpf,
-    maps::{Array, DevMapHash, Map, MapData, PerCpuArray},
-    programs::{Xdp, XdpMode, links::FdLink, links::PinnedLink},
-};
+use std::{fs, os::fd::AsRawFd, path::Path};
+
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use router_common::maps::{
-    CONFIG_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP, PROGRAM_NAME,
-};
 
-const BPFFS: &str = "/sys/fs/bpf";
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+use crate::parse::{Proto, TimeoutArg, WanAddr};
 
 #[derive(Parser)]
 #[command(version, about = "XDP NAT fast path controller", long_about = None)]
@@ -34,8 +27,8 @@ struct Cli {
     cmd: Cmd,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Mode {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
     /// Native (driver) mode, falling back to generic with a warning.
     Auto,
     /// Native (driver) mode only.
@@ -48,24 +41,108 @@ enum Mode {
 enum Cmd {
     /// Load and attach the fast path to LAN and WAN, then exit; it keeps running.
     ///
-    /// Example: `router-ctl -n router attach lan0 wan0`
+    /// LAN -> WAN flows are masqueraded to the WAN address. Example:
+    /// `router-ctl -n router attach lan0 wan0 --port-range 20000-60000`
     Attach {
+        /// Interface towards the inside hosts.
         lan: String,
+        /// Interface towards the upstream; its address is the masquerade source.
         wan: String,
         #[arg(long, value_enum, default_value = "auto")]
         mode: Mode,
+        /// Masquerade address: `auto` takes the first IPv4 address of WAN.
+        #[arg(long, value_name = "auto|ADDR", default_value = "auto",
+              value_parser = parse::parse_wan_addr)]
+        wan_addr: WanAddr,
+        /// Source ports for masqueraded flows, inclusive.
+        #[arg(long, value_name = "MIN-MAX", default_value = "1024-65535",
+              value_parser = parse::parse_port_range)]
+        port_range: (u16, u16),
+        /// Conntrack capacity in flows (the table holds two entries per flow).
+        #[arg(long, value_name = "N", default_value_t = router_common::maps::DEFAULT_MAX_FLOWS,
+              value_parser = parse::parse_max_flows)]
+        max_flows: u32,
+        /// Idle timeout of a flow state, repeatable. STATE is one of tcp-syn-sent,
+        /// tcp-established, tcp-fin-wait, tcp-closed, udp-unreplied, udp-replied, icmp.
+        #[arg(long = "timeout", value_name = "STATE=SECS", value_parser = parse::parse_timeout)]
+        timeouts: Vec<TimeoutArg>,
     },
     /// Detach and remove exactly the pins that `attach` made.
     Detach,
-    /// Print the summed per-CPU counters.
+    /// Print the summed per-CPU counters, grouped by outcome.
     Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Port-forward rules: new WAN -> LAN flows to the WAN address.
+    Forward {
+        #[command(subcommand)]
+        cmd: ForwardCmd,
+    },
+    /// Inspect or clear the connection tracking table.
+    Conntrack {
+        #[command(subcommand)]
+        cmd: ConntrackCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ForwardCmd {
+    /// Send new flows to a port of the WAN address on to a LAN host.
+    ///
+    /// Example: `router-ctl forward add tcp 8080 192.168.50.2:80`
+    Add {
+        #[arg(value_enum)]
+        proto: Proto,
+        /// Port on the WAN address, 1-65535.
+        #[arg(value_parser = parse::parse_port)]
+        wan_port: u16,
+        /// LAN host and port the flows go to, e.g. 192.168.50.2:80.
+        #[arg(value_name = "LAN_ADDR:PORT", value_parser = parse::parse_forward_target)]
+        target: std::net::SocketAddrV4,
+    },
+    /// Delete the rule of a WAN port (flows it opened run until they expire).
+    Del {
+        #[arg(value_enum)]
+        proto: Proto,
+        /// Port on the WAN address, 1-65535.
+        #[arg(value_parser = parse::parse_port)]
+        wan_port: u16,
+    },
+    /// List the rules.
+    List {
         #[arg(long)]
         json: bool,
     },
 }
 
+#[derive(Subcommand)]
+enum ConntrackCmd {
+    /// One row per flow: original and translated addresses, state, age.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Number of flows and entries, and the table's capacity in entries.
+    Count {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove every entry (established flows through the fast path break
+    /// unless the kernel can take them over).
+    Flush,
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Usage errors exit 1 like every other error; help and version 0.
+        Err(e) if e.use_stderr() => {
+            let _ = e.print();
+            std::process::exit(1);
+        }
+        Err(e) => e.exit(),
+    };
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
@@ -77,23 +154,53 @@ fn run(cli: Cli) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("router-ctl needs root (CAP_BPF and CAP_NET_ADMIN); run it with sudo");
     }
-    let pin_dir = pin_dir(cli.netns.as_deref());
+    let pin_dir = pins::pin_dir(cli.netns.as_deref());
     if let Some(ns) = &cli.netns {
         // Enter only the network namespace, on the only thread: interface
         // names and netlink resolve there, pins stay in our bpffs.
         enter_netns(ns)?;
     }
     match cli.cmd {
-        Cmd::Attach { lan, wan, mode } => attach(&pin_dir, &lan, &wan, mode),
-        Cmd::Detach => detach(&pin_dir),
-        Cmd::Stats { json } => stats(&pin_dir, json),
+        Cmd::Attach {
+            lan,
+            wan,
+            mode,
+            wan_addr,
+            port_range,
+            max_flows,
+            timeouts,
+        } => {
+            let timeouts = parse::apply_timeouts(&timeouts).map_err(anyhow::Error::msg)?;
+            attach::attach(
+                &pin_dir,
+                &attach::AttachArgs {
+                    lan,
+                    wan,
+                    mode,
+                    wan_addr,
+                    port_range,
+                    max_flows,
+                    timeouts,
+                },
+            )
+        }
+        Cmd::Detach => attach::detach(&pin_dir),
+        Cmd::Stats { json } => stats::stats(&pin_dir, json),
+        Cmd::Forward { cmd } => match cmd {
+            ForwardCmd::Add {
+                proto,
+                wan_port,
+                target,
+            } => forward::add(&pin_dir, proto, wan_port, target),
+            ForwardCmd::Del { proto, wan_port } => forward::del(&pin_dir, proto, wan_port),
+            ForwardCmd::List { json } => forward::list(&pin_dir, json),
+        },
+        Cmd::Conntrack { cmd } => match cmd {
+            ConntrackCmd::List { json } => conntrack::list(&pin_dir, json),
+            ConntrackCmd::Count { json } => conntrack::count(&pin_dir, json),
+            ConntrackCmd::Flush => conntrack::flush(&pin_dir),
+        },
     }
-}
-
-fn pin_dir(netns: Option<&str>) -> PathBuf {
-    Path::new(BPFFS)
-        .join("xdp-router")
-        .join(netns.unwrap_or("default"))
 }
 
 fn enter_netns(name: &str) -> Result<()> {
@@ -111,194 +218,139 @@ fn enter_netns(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn ensure_bpffs() -> Result<()> {
-    let c = CString::new(BPFFS).unwrap();
-    // SAFETY: statfs writes into the zeroed struct.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is NUL-terminated, st is valid.
-    if unsafe { libc::statfs(c.as_ptr(), &raw mut st) } == 0 && st.f_type == BPF_FS_MAGIC {
-        return Ok(());
-    }
-    let fstype = CString::new("bpf").unwrap();
-    // SAFETY: all pointers are NUL-terminated strings.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            c.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
-        bail!(
-            "bpffs is not mounted at {BPFFS} and mounting it failed: {}; \
-             run `mount -t bpf bpf {BPFFS}`",
-            std::io::Error::last_os_error()
-        );
-    }
-    eprintln!("mounted bpffs at {BPFFS}");
-    Ok(())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn ifindex(name: &str) -> Result<u32> {
-    let c = CString::new(name).map_err(|_| anyhow!("bad interface name {name:?}"))?;
-    // SAFETY: c is NUL-terminated.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        bail!("no such interface {name:?} (check `ip link`, or pass -n NETNS)");
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("router-ctl").chain(args.iter().copied()))
     }
-    Ok(idx)
-}
 
-fn attach(pin_dir: &Path, lan: &str, wan: &str, mode: Mode) -> Result<()> {
-    let lan_idx = ifindex(lan)?;
-    let wan_idx = ifindex(wan)?;
-    ensure_bpffs()?;
-    if pin_dir.join("link_lan").exists() {
-        bail!(
-            "already attached (pins in {}); run `router-ctl detach` first",
-            pin_dir.display()
-        );
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
     }
-    let mut ebpf = Ebpf::load(aya::include_bytes_aligned!(env!("ROUTER_EBPF_OBJ")))
-        .context("loading the embedded XDP object")?;
-    {
-        let mut devices = DevMapHash::try_from(ebpf.map_mut(DEVICES_MAP).context("DEVICES map")?)?;
-        for idx in [lan_idx, wan_idx] {
-            devices
-                .insert(idx, idx, None, 0)
-                .context("filling the device map")?;
-        }
-        let mut config: Array<_, Config> =
-            Array::try_from(ebpf.map_mut(CONFIG_MAP).context("CONFIG map")?)?;
-        config.set(
-            0,
-            Config {
-                lan_ifindex: lan_idx,
-                wan_ifindex: wan_idx,
-            },
-            0,
-        )?;
-    }
-    fs::create_dir_all(pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
-    let mut pinned_paths: Vec<PathBuf> = Vec::new();
-    let result = (|| -> Result<()> {
-        for name in [COUNTERS_MAP, DEVICES_MAP, CONFIG_MAP] {
-            let path = pin_dir.join(name);
-            ebpf.map(name).context("map missing")?.pin(&path)?;
-            pinned_paths.push(path);
-        }
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROGRAM_NAME)
-            .context("program missing from object")?
-            .try_into()?;
-        prog.load()
-            .map_err(|e| anyhow!("the kernel verifier rejected the program: {e:?}"))?;
-        for (role, iface) in [("lan", lan), ("wan", wan)] {
-            let id = attach_one(prog, iface, mode)?;
-            let link = prog.take_link(id)?;
-            let fd: FdLink = link
-                .try_into()
-                .context("XDP link is not an fd link (kernel too old)")?;
-            let path = pin_dir.join(format!("link_{role}"));
-            fd.pin(&path)
-                .with_context(|| format!("pinning {}", path.display()))?;
-            pinned_paths.push(path);
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        // Roll back: never leave half a router attached.
-        for p in pinned_paths {
-            let _ = fs::remove_file(p);
-        }
-        let _ = fs::remove_dir(pin_dir);
-        return Err(e);
-    }
-    println!(
-        "attached to {lan} (ifindex {lan_idx}) and {wan} (ifindex {wan_idx}); pins in {}",
-        pin_dir.display()
-    );
-    Ok(())
-}
 
-fn attach_one(prog: &mut Xdp, iface: &str, mode: Mode) -> Result<aya::programs::xdp::XdpLinkId> {
-    match mode {
-        Mode::Generic => prog.attach(iface, XdpMode::Skb),
-        Mode::Native => prog.attach(iface, XdpMode::Driver),
-        Mode::Auto => prog.attach(iface, XdpMode::Driver).or_else(|e| {
-            eprintln!(
-                "warning: native XDP failed on {iface} ({e}); falling back to generic mode (slow)"
-            );
-            prog.attach(iface, XdpMode::Skb)
-        }),
+    #[test]
+    fn attach_defaults() {
+        let Cmd::Attach {
+            lan,
+            wan,
+            mode,
+            wan_addr,
+            port_range,
+            max_flows,
+            timeouts,
+        } = parse(&["-n", "r", "attach", "lan0", "wan0"]).unwrap().cmd
+        else {
+            panic!("not attach");
+        };
+        assert_eq!((lan.as_str(), wan.as_str()), ("lan0", "wan0"));
+        assert_eq!(mode, Mode::Auto);
+        assert_eq!(wan_addr, WanAddr::Auto);
+        assert_eq!(port_range, (1024, 65535));
+        assert_eq!(max_flows, router_common::maps::DEFAULT_MAX_FLOWS);
+        assert!(timeouts.is_empty());
     }
-    .with_context(|| {
-        format!(
-            "attaching XDP to {iface} (another XDP program may be attached: `ip link show {iface}`)"
-        )
-    })
-}
 
-fn detach(pin_dir: &Path) -> Result<()> {
-    if !pin_dir.join("link_lan").exists() && !pin_dir.join("link_wan").exists() {
-        bail!("not attached (no pins in {})", pin_dir.display());
+    #[test]
+    fn attach_options() {
+        let cli = parse(&[
+            "attach",
+            "lan0",
+            "wan0",
+            "--mode",
+            "generic",
+            "--wan-addr",
+            "203.0.113.1",
+            "--port-range",
+            "20000-20010",
+            "--max-flows",
+            "1000",
+            "--timeout",
+            "icmp=5",
+            "--timeout",
+            "tcp-established=600",
+        ])
+        .unwrap();
+        let Cmd::Attach {
+            mode,
+            wan_addr,
+            port_range,
+            max_flows,
+            timeouts,
+            ..
+        } = cli.cmd
+        else {
+            panic!("not attach");
+        };
+        assert_eq!(mode, Mode::Generic);
+        assert_eq!(wan_addr, WanAddr::Addr([203, 0, 113, 1].into()));
+        assert_eq!(port_range, (20000, 20010));
+        assert_eq!(max_flows, 1000);
+        let t = parse::apply_timeouts(&timeouts).unwrap();
+        assert_eq!((t.icmp, t.tcp_established), (5, 600));
     }
-    for role in ["lan", "wan"] {
-        let path = pin_dir.join(format!("link_{role}"));
-        if path.exists() {
-            // Unpinning drops the last reference: the link detaches.
-            let link = PinnedLink::from_pin(&path)?;
-            let fd = link.unpin()?;
-            drop(fd);
+
+    #[test]
+    fn bad_values_name_the_argument() {
+        for (args, needle) in [
+            (
+                &["attach", "a", "b", "--port-range", "0-10"][..],
+                "--port-range",
+            ),
+            (&["attach", "a", "b", "--timeout", "foo=1"][..], "--timeout"),
+            (&["attach", "a", "b", "--max-flows", "0"][..], "--max-flows"),
+            (&["attach", "a", "b", "--wan-addr", "x"][..], "--wan-addr"),
+            (&["forward", "add", "icmp", "80", "1.2.3.4:80"][..], "PROTO"),
+            (
+                &["forward", "add", "tcp", "0", "1.2.3.4:80"][..],
+                "WAN_PORT",
+            ),
+            (
+                &["forward", "add", "tcp", "80", "1.2.3.4"][..],
+                "LAN_ADDR:PORT",
+            ),
+            (&["forward", "del", "udp", "70000"][..], "WAN_PORT"),
+        ] {
+            let e = parse(args)
+                .err()
+                .unwrap_or_else(|| panic!("{args:?} parsed"));
+            let msg = e.to_string();
+            assert!(msg.contains(needle), "{args:?}: {msg}");
+            assert!(e.use_stderr());
         }
     }
-    for name in [COUNTERS_MAP, DEVICES_MAP, CONFIG_MAP] {
-        let _ = fs::remove_file(pin_dir.join(name));
-    }
-    fs::remove_dir(pin_dir).with_context(|| format!("removing {}", pin_dir.display()))?;
-    println!("detached; kernel forwarding handles all traffic again");
-    Ok(())
-}
 
-fn read_counters(pin_dir: &Path) -> Result<Vec<(Counter, CounterValue)>> {
-    let path = pin_dir.join(COUNTERS_MAP);
-    let data = MapData::from_pin(&path)
-        .with_context(|| format!("not attached? cannot open {}", path.display()))?;
-    let map: PerCpuArray<_, CounterValue> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
-    let mut out = Vec::new();
-    for c in Counter::ALL {
-        let values = map.get(&(c as u32), 0)?;
-        let sum = values
-            .iter()
-            .fold(CounterValue::default(), |a, v| CounterValue {
-                packets: a.packets + v.packets,
-                bytes: a.bytes + v.bytes,
-            });
-        out.push((c, sum));
+    #[test]
+    fn forward_and_conntrack_parse() {
+        let Cmd::Forward {
+            cmd:
+                ForwardCmd::Add {
+                    proto,
+                    wan_port,
+                    target,
+                },
+        } = parse(&["forward", "add", "udp", "5353", "192.168.50.2:53"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("not forward add");
+        };
+        assert_eq!((proto, wan_port), (Proto::Udp, 5353));
+        assert_eq!(target.to_string(), "192.168.50.2:53");
+        assert!(matches!(
+            parse(&["conntrack", "count", "--json"]).unwrap().cmd,
+            Cmd::Conntrack {
+                cmd: ConntrackCmd::Count { json: true }
+            }
+        ));
+        assert!(matches!(
+            parse(&["conntrack", "flush"]).unwrap().cmd,
+            Cmd::Conntrack {
+                cmd: ConntrackCmd::Flush
+            }
+        ));
     }
-    Ok(out)
-}
-
-fn stats(pin_dir: &Path, json: bool) -> Result<()> {
-    let counters = read_counters(pin_dir)?;
-    if json {
-        let obj: serde_json::Map<String, serde_json::Value> = counters
-            .iter()
-            .map(|(c, v)| {
-                (
-                    c.name().to_owned(),
-                    serde_json::json!({"packets": v.packets, "bytes": v.bytes}),
-                )
-            })
-            .collect();
-        println!("{}", serde_json::Value::Object(obj));
-    } else {
-        println!("{:<30} {:>14} {:>16}", "counter", "packets", "bytes");
-        for (c, v) in counters {
-            println!("{:<30} {:>14} {:>16}", c.name(), v.packets, v.bytes);
-        }
-    }
-    Ok(())
 }

@@ -10,6 +10,7 @@
 //! panic) and kills the processes it spawned. Helpers panic on failure.
 
 pub mod echo;
+pub mod frames;
 pub mod netns;
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -543,6 +544,42 @@ impl Topology {
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
+    /// `router-ctl stats --json` parsed.
+    #[must_use]
+    pub fn stats(&self) -> serde_json::Value {
+        let out = self.router_ctl_ok(&["stats", "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stats --json: {e}: {out}"))
+    }
+
+    /// One counter of `router-ctl stats --json`: packets for a verdict
+    /// counter, events for an event counter.
+    ///
+    /// # Panics
+    /// If the counter is missing from the output.
+    #[must_use]
+    pub fn counter(&self, name: &str) -> u64 {
+        counter_of(&self.stats(), name)
+    }
+
+    /// `router-ctl conntrack list --json` parsed (one object per flow).
+    #[must_use]
+    pub fn conntrack(&self) -> Vec<serde_json::Value> {
+        let out = self.router_ctl_ok(&["conntrack", "list", "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("conntrack list --json: {e}: {out}"))
+    }
+
+    /// Lets the router learn the MACs of every host (the fast path hands
+    /// packets without a neighbour entry to the kernel).
+    pub fn warm_neighbours(&self) {
+        let mut hosts = vec![SERVER_ADDR, CLIENT_ADDR];
+        if self.has(Ns::Client2) {
+            hosts.push(CLIENT2_ADDR);
+        }
+        for h in hosts {
+            assert!(self.ping(Ns::Router, h, 1), "router cannot ping {h}");
+        }
+    }
+
     /// Whether router-ctl has pins for this topology's router namespace.
     #[must_use]
     pub fn router_attached(&self) -> bool {
@@ -615,6 +652,19 @@ impl Drop for Topology {
                 .status();
         }
     }
+}
+
+/// A counter from parsed `stats --json` (`packets` or `events`).
+///
+/// # Panics
+/// If the counter is missing.
+#[must_use]
+pub fn counter_of(stats: &serde_json::Value, name: &str) -> u64 {
+    let c = &stats[name];
+    c["packets"]
+        .as_u64()
+        .or_else(|| c["events"].as_u64())
+        .unwrap_or_else(|| panic!("no counter {name} in stats: {stats}"))
 }
 
 /// Deterministic non-trivial payload of `len` bytes.

@@ -1,5 +1,5 @@
-//! `cargo xtask demo`: the end-to-end forwarding scenario with its output
-//! shown (topology, attach, traffic, stats).
+//! `cargo xtask demo`: topology, kernel-path run, attach, XDP-path run,
+//! stats, conntrack and the side-by-side comparison (tests/examples/demo.rs).
 
 use crate::{build_ebpf, cargo, root, setup};
 
@@ -11,16 +11,9 @@ pub fn run() -> Result<(), String> {
             .current_dir(root())
             .args(["build", "-p", "router-ctl"]),
     )?;
-    crate::run(cargo().current_dir(root()).args([
-        "test",
-        "-p",
-        "tests",
-        "--test",
-        "forwarding",
-        "--",
-        "--nocapture",
-        "--test-threads=1",
-    ]))?;
-    eprintln!("demo: comparison with the kernel path: not yet (benchmark issue)");
-    Ok(())
+    crate::run(
+        cargo()
+            .current_dir(root())
+            .args(["run", "-q", "-p", "tests", "--example", "demo"]),
+    )
 }

@@ -1,0 +1,377 @@
+//! `conntrack list|count|flush`: the flow table in `CONNTRACK`.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use anyhow::{Context, Result};
+use aya::maps::{HashMap, MapData};
+use router_common::{
+    flow,
+    maps::{
+        CONNTRACK_MAP, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, Timeouts,
+    },
+};
+use serde::Serialize;
+
+use crate::{
+    parse::proto_name,
+    pins::{self, errno, monotonic_ns, open_hash, snapshot},
+};
+
+type Table = HashMap<MapData, FlowKey, FlowEntry>;
+
+fn open(pin_dir: &Path) -> Result<Table> {
+    open_hash(pin_dir, CONNTRACK_MAP)
+}
+
+/// One flow as `conntrack list --json` prints it.
+#[derive(Debug, PartialEq, Serialize)]
+pub struct FlowRow {
+    pub proto: String,
+    pub state: &'static str,
+    /// `lan` (masqueraded) or `wan` (opened through a port forward).
+    pub origin: &'static str,
+    pub orig_src: String,
+    pub orig_dst: String,
+    pub xlat_src: String,
+    pub xlat_dst: String,
+    pub age_secs: f64,
+    pub idle_secs: f64,
+    pub expired: bool,
+    pub reply_present: bool,
+}
+
+fn endpoint(addr: [u8; 4], port: u16) -> String {
+    format!("{}:{port}", Ipv4Addr::from(addr))
+}
+
+/// Nanoseconds as seconds, to the millisecond.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "milliseconds below 2^53 are exact"
+)]
+fn secs(ns: u64) -> f64 {
+    (ns / 1_000_000) as f64 / 1000.0
+}
+
+/// The row of the flow whose original-direction entry is `key` -> `orig`;
+/// `reply` is the entry under `orig.peer`, if present. Times are the
+/// flow's newest refresh of either entry.
+#[must_use]
+pub fn flow_row(
+    key: &FlowKey,
+    orig: &FlowEntry,
+    reply: Option<&FlowEntry>,
+    now_ns: u64,
+    t: &Timeouts,
+) -> FlowRow {
+    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
+    FlowRow {
+        proto: proto_name(key.proto),
+        state: FlowState::name(orig.state),
+        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
+            "lan"
+        } else {
+            "wan"
+        },
+        orig_src: endpoint(key.src_addr, key.src_port),
+        orig_dst: endpoint(key.dst_addr, key.dst_port),
+        xlat_src: endpoint(orig.new_src_addr, orig.new_src_port),
+        xlat_dst: endpoint(orig.new_dst_addr, orig.new_dst_port),
+        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
+        idle_secs: secs(now_ns.saturating_sub(last_seen)),
+        expired: flow::expired(orig.state, last_seen, now_ns, t),
+        reply_present: reply.is_some(),
+    }
+}
+
+/// Rows for every original-direction entry of a table snapshot, sorted by
+/// key.
+#[must_use]
+pub fn flow_rows(entries: &[(FlowKey, FlowEntry)], now_ns: u64, t: &Timeouts) -> Vec<FlowRow> {
+    let by_key: std::collections::BTreeMap<FlowKey, &FlowEntry> =
+        entries.iter().map(|(k, e)| (*k, e)).collect();
+    by_key
+        .iter()
+        .filter(|(_, e)| e.flags & FLAG_ORIGINAL != 0)
+        .map(|(k, e)| flow_row(k, e, by_key.get(&e.peer).copied(), now_ns, t))
+        .collect()
+}
+
+#[must_use]
+pub fn rows_table(rows: &[FlowRow]) -> String {
+    use std::fmt::Write as _;
+    if rows.is_empty() {
+        return "no flows\n".to_owned();
+    }
+    let mut s = format!(
+        "{:<5} {:<11} {:<6} {:<21} {:<21} {:<21} {:<21} {:>10} {:>9}\n",
+        "proto", "state", "origin", "orig_src", "orig_dst", "xlat_src", "xlat_dst", "age", "idle"
+    );
+    for r in rows {
+        let mut notes = String::new();
+        if r.expired {
+            notes.push_str(" expired");
+        }
+        if !r.reply_present {
+            notes.push_str(" no-reply-entry");
+        }
+        let _ = writeln!(
+            s,
+            "{:<5} {:<11} {:<6} {:<21} {:<21} {:<21} {:<21} {:>9.1}s {:>8.1}s{notes}",
+            r.proto,
+            r.state,
+            r.origin,
+            r.orig_src,
+            r.orig_dst,
+            r.xlat_src,
+            r.xlat_dst,
+            r.age_secs,
+            r.idle_secs
+        );
+    }
+    s
+}
+
+pub fn list(pin_dir: &Path, json: bool) -> Result<()> {
+    let table = open(pin_dir)?;
+    let cfg = pins::read_config(pin_dir)?;
+    let cap = pins::capacity(&table)?;
+    let entries = snapshot(&table, cap)?;
+    let rows = flow_rows(&entries, monotonic_ns(), &cfg.timeouts);
+    if json {
+        println!("{}", serde_json::to_string(&rows)?);
+    } else {
+        print!("{}", rows_table(&rows));
+    }
+    Ok(())
+}
+
+/// Flows (original entries), all entries, capacity in entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub flows: usize,
+    pub entries: usize,
+    pub capacity: u32,
+}
+
+impl Counts {
+    #[must_use]
+    pub fn of(entries: &[(FlowKey, FlowEntry)], capacity: u32) -> Self {
+        Self {
+            flows: entries
+                .iter()
+                .filter(|(_, e)| e.flags & FLAG_ORIGINAL != 0)
+                .count(),
+            entries: entries.len(),
+            capacity,
+        }
+    }
+
+    #[must_use]
+    pub fn json(&self) -> String {
+        serde_json::to_string(self).expect("plain struct serializes")
+    }
+
+    #[must_use]
+    pub fn plain(&self) -> String {
+        format!(
+            "flows {} entries {} capacity {}",
+            self.flows, self.entries, self.capacity
+        )
+    }
+}
+
+pub fn count(pin_dir: &Path, json: bool) -> Result<()> {
+    let table = open(pin_dir)?;
+    let cap = pins::capacity(&table)?;
+    let c = Counts::of(&snapshot(&table, cap)?, cap);
+    if json {
+        println!("{}", c.json());
+    } else {
+        println!("{}", c.plain());
+    }
+    Ok(())
+}
+
+pub fn flush(pin_dir: &Path) -> Result<()> {
+    let mut table = open(pin_dir)?;
+    let cap = pins::capacity(&table)?;
+    let entries = snapshot(&table, cap)?;
+    let (mut removed, mut flows) = (0usize, 0usize);
+    for (k, e) in &entries {
+        match table.remove(k) {
+            Ok(()) => {
+                removed += 1;
+                if e.flags & FLAG_ORIGINAL != 0 {
+                    flows += 1;
+                }
+            }
+            // Gone already (expired and replaced, or evicted).
+            Err(err) if errno(&err) == Some(libc::ENOENT) => {}
+            Err(err) => return Err(err).context("removing a conntrack entry"),
+        }
+    }
+    println!(
+        "flushed {removed} entries ({flows} flows); new packets of those flows open new \
+         flows or go to the kernel"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use router_common::maps::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
+    use serde_json::json;
+
+    const SEC: u64 = 1_000_000_000;
+    const CLIENT: [u8; 4] = [192, 168, 50, 2];
+    const SERVER: [u8; 4] = [203, 0, 113, 2];
+    const WAN: [u8; 4] = [203, 0, 113, 1];
+
+    /// A masqueraded TCP flow from client port `port` to the same WAN port,
+    /// created at 10 s: both entries.
+    fn masq(port: u16) -> [(FlowKey, FlowEntry); 2] {
+        let k = FlowKey::new(CLIENT, SERVER, port, 5201, IPPROTO_TCP);
+        let x = flow::masquerade_key(&k, WAN, port);
+        let (oe, rk, re) = flow::new_flow(&k, &x, 0, 10 * SEC);
+        [(k, oe), (rk, re)]
+    }
+
+    #[test]
+    fn row_of_a_masqueraded_flow() {
+        let [(k, mut oe), (_, mut re)] = masq(40000);
+        oe.state = FlowState::TcpEstablished as u8;
+        re.state = oe.state;
+        re.last_seen_ns = 11 * SEC + SEC / 2;
+        let now = 11 * SEC + 700 * 1_000_000;
+        let row = flow_row(&k, &oe, Some(&re), now, &Timeouts::default());
+        assert_eq!(
+            row,
+            FlowRow {
+                proto: "tcp".into(),
+                state: "ESTABLISHED",
+                origin: "lan",
+                orig_src: "192.168.50.2:40000".into(),
+                orig_dst: "203.0.113.2:5201".into(),
+                xlat_src: "203.0.113.1:40000".into(),
+                xlat_dst: "203.0.113.2:5201".into(),
+                age_secs: 1.7,
+                idle_secs: 0.2,
+                expired: false,
+                reply_present: true,
+            }
+        );
+        assert_eq!(
+            serde_json::to_value(&row).unwrap(),
+            json!({
+                "proto": "tcp", "state": "ESTABLISHED", "origin": "lan",
+                "orig_src": "192.168.50.2:40000", "orig_dst": "203.0.113.2:5201",
+                "xlat_src": "203.0.113.1:40000", "xlat_dst": "203.0.113.2:5201",
+                "age_secs": 1.7, "idle_secs": 0.2, "expired": false, "reply_present": true
+            })
+        );
+        // Field order is the contract's.
+        let s = serde_json::to_string(&row).unwrap();
+        assert!(
+            s.starts_with(r#"{"proto":"tcp","state":"ESTABLISHED","origin":"lan","#),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn expiry_uses_the_state_timeout_and_newest_refresh() {
+        let [(k, oe), (_, re)] = masq(40000);
+        let t = Timeouts {
+            tcp_syn_sent: 5,
+            ..Timeouts::default()
+        };
+        let now = 10 * SEC + 6 * SEC;
+        assert!(flow_row(&k, &oe, Some(&re), now, &t).expired);
+        let mut fresh = re;
+        fresh.last_seen_ns = 15 * SEC;
+        let row = flow_row(&k, &oe, Some(&fresh), now, &t);
+        assert!(!row.expired);
+        assert!((row.idle_secs - 1.0).abs() < 1e-9);
+        // A clock slightly behind the data path's is not negative age.
+        let row = flow_row(&k, &oe, None, 9 * SEC, &t);
+        assert!(row.age_secs == 0.0 && row.idle_secs == 0.0 && !row.expired);
+        assert!(!row.reply_present);
+    }
+
+    #[test]
+    fn port_forward_udp_and_icmp_rows() {
+        let k = FlowKey::new(SERVER, WAN, 50000, 8080, IPPROTO_UDP);
+        let x = FlowKey::new(SERVER, CLIENT, 50000, 80, IPPROTO_UDP);
+        let (oe, _, re) = flow::new_flow(&k, &x, FLAG_PORT_FORWARD, SEC);
+        let row = flow_row(&k, &oe, Some(&re), 2 * SEC, &Timeouts::default());
+        assert_eq!(
+            (row.proto.as_str(), row.state, row.origin),
+            ("udp", "UNREPLIED", "wan")
+        );
+        assert_eq!(
+            (row.orig_dst.as_str(), row.xlat_dst.as_str()),
+            ("203.0.113.1:8080", "192.168.50.2:80")
+        );
+
+        let k = FlowKey::new(CLIENT, SERVER, 7, 7, IPPROTO_ICMP);
+        let x = flow::masquerade_key(&k, WAN, 1500);
+        let (oe, _, _) = flow::new_flow(&k, &x, 0, SEC);
+        let row = flow_row(&k, &oe, None, SEC, &Timeouts::default());
+        assert_eq!((row.proto.as_str(), row.state), ("icmp", "ICMP"));
+        assert_eq!(
+            (
+                row.orig_src.as_str(),
+                row.xlat_src.as_str(),
+                row.xlat_dst.as_str()
+            ),
+            ("192.168.50.2:7", "203.0.113.1:1500", "203.0.113.2:1500")
+        );
+    }
+
+    #[test]
+    fn rows_pair_entries_through_peer() {
+        let mut entries: Vec<(FlowKey, FlowEntry)> = masq(40000).into();
+        entries.extend(masq(40001).into_iter().take(1)); // reply entry evicted
+        // An orphan reply entry is not a flow.
+        entries.push(masq(40002)[1]);
+        let rows = flow_rows(&entries, 10 * SEC, &Timeouts::default());
+        assert_eq!(rows.len(), 2);
+        let present: Vec<(String, bool)> = rows
+            .iter()
+            .map(|r| (r.xlat_src.clone(), r.reply_present))
+            .collect();
+        assert!(present.contains(&("203.0.113.1:40000".into(), true)));
+        assert!(present.contains(&("203.0.113.1:40001".into(), false)));
+        let c = Counts::of(&entries, 16);
+        assert_eq!(
+            c,
+            Counts {
+                flows: 2,
+                entries: 4,
+                capacity: 16
+            }
+        );
+        assert_eq!(c.plain(), "flows 2 entries 4 capacity 16");
+        assert_eq!(c.json(), r#"{"flows":2,"entries":4,"capacity":16}"#);
+    }
+
+    #[test]
+    fn table_rows() {
+        let entries: Vec<(FlowKey, FlowEntry)> = masq(40000).into();
+        let rows = flow_rows(&entries, 12 * SEC, &Timeouts::default());
+        let t = rows_table(&rows);
+        let mut lines = t.lines();
+        assert!(lines.next().unwrap().starts_with("proto state"));
+        let l = lines.next().unwrap();
+        assert!(
+            l.starts_with("tcp   SYN_SENT    lan    192.168.50.2:40000"),
+            "{l}"
+        );
+        assert!(l.contains("203.0.113.1:40000"));
+        assert!(l.ends_with("2.0s      2.0s"), "{l}");
+        assert_eq!(rows_table(&[]), "no flows\n");
+        let expired = flow_rows(&entries, 1000 * SEC, &Timeouts::default());
+        assert!(rows_table(&expired).contains(" expired"));
+    }
+}

@@ -1,0 +1,236 @@
+//! `forward add|del|list`: the port-forward rules in `PORT_FORWARDS`.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
+};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{HashMap, MapData};
+use router_common::maps::{
+    MAX_PORT_FORWARDS, PORT_FORWARDS_MAP, PortForwardKey, PortForwardTarget,
+};
+use serde::Serialize;
+
+use crate::{
+    parse::{Proto, proto_name},
+    pins::{errno, open_hash, read_config, snapshot},
+};
+
+/// `BPF_NOEXIST`: insert only if the key is new.
+const BPF_NOEXIST: u64 = 1;
+
+type Rules = HashMap<MapData, PortForwardKey, PortForwardTarget>;
+
+fn open(pin_dir: &Path) -> Result<Rules> {
+    open_hash(pin_dir, PORT_FORWARDS_MAP)
+}
+
+#[must_use]
+pub const fn key(proto: Proto, port: u16) -> PortForwardKey {
+    PortForwardKey {
+        proto: proto.number(),
+        pad: 0,
+        port,
+    }
+}
+
+#[must_use]
+pub fn target(t: SocketAddrV4) -> PortForwardTarget {
+    PortForwardTarget {
+        addr: t.ip().octets(),
+        port: t.port(),
+        pad: 0,
+    }
+}
+
+/// One rule as `forward list --json` prints it.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Rule {
+    pub proto: String,
+    pub wan_port: u16,
+    pub lan_addr: String,
+    pub lan_port: u16,
+}
+
+impl Rule {
+    #[must_use]
+    pub fn new(k: PortForwardKey, t: PortForwardTarget) -> Self {
+        Self {
+            proto: proto_name(k.proto),
+            wan_port: k.port,
+            lan_addr: Ipv4Addr::from(t.addr).to_string(),
+            lan_port: t.port,
+        }
+    }
+
+    #[must_use]
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} -> {}:{}",
+            self.proto, self.wan_port, self.lan_addr, self.lan_port
+        )
+    }
+}
+
+pub fn add(pin_dir: &Path, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Result<()> {
+    let mut rules = open(pin_dir)?;
+    let k = key(proto, wan_port);
+    let t = target(to);
+    let want = Rule::new(k, t);
+    // Two tries: another router-ctl may insert between our lookup and insert.
+    for _ in 0..2 {
+        match rules.get(&k, 0) {
+            Ok(existing) if existing == t => {
+                println!("rule {} already present; nothing changed", want.describe());
+                return Ok(());
+            }
+            Ok(existing) => bail!(
+                "{} conflicts with existing rule {}; delete it first \
+                 (`router-ctl forward del {} {wan_port}`)",
+                want.describe(),
+                Rule::new(k, existing).describe(),
+                proto.name()
+            ),
+            Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(e) => return Err(e).context("reading the port-forward rules"),
+        }
+        match rules.insert(k, t, BPF_NOEXIST) {
+            Ok(()) => {
+                println!("added rule {}", want.describe());
+                if let Ok(cfg) = read_config(pin_dir)
+                    && (cfg.port_min..=cfg.port_max).contains(&wan_port)
+                {
+                    println!(
+                        "note: {wan_port} is inside the masquerade port range {}-{}; \
+                         new masqueraded flows no longer use it",
+                        cfg.port_min, cfg.port_max
+                    );
+                }
+                return Ok(());
+            }
+            Err(e) if errno(&e) == Some(libc::EEXIST) => {}
+            Err(e) if errno(&e) == Some(libc::E2BIG) => bail!(
+                "the port-forward table is full ({MAX_PORT_FORWARDS} rules); \
+                 delete rules you no longer need (`router-ctl forward list`)"
+            ),
+            Err(e) => return Err(e).context("inserting the port-forward rule"),
+        }
+    }
+    bail!(
+        "the rule for {} {wan_port} keeps changing; try again",
+        proto.name()
+    )
+}
+
+pub fn del(pin_dir: &Path, proto: Proto, wan_port: u16) -> Result<()> {
+    let mut rules = open(pin_dir)?;
+    let k = key(proto, wan_port);
+    let existing = match rules.get(&k, 0) {
+        Ok(t) => Some(t),
+        Err(aya::maps::MapError::KeyNotFound) => None,
+        Err(e) => return Err(e).context("reading the port-forward rules"),
+    };
+    match rules.remove(&k) {
+        Ok(()) => {
+            let what = existing.map_or_else(
+                || format!("{} {wan_port}", proto.name()),
+                |t| Rule::new(k, t).describe(),
+            );
+            println!(
+                "deleted rule {what}; flows it opened run until they expire \
+                 (`router-ctl conntrack flush` ends them)"
+            );
+            Ok(())
+        }
+        Err(e) if errno(&e) == Some(libc::ENOENT) => bail!(
+            "no {} rule for WAN port {wan_port}; see `router-ctl forward list`",
+            proto.name()
+        ),
+        Err(e) => Err(e).context("deleting the port-forward rule"),
+    }
+}
+
+/// The rules sorted by protocol and port.
+pub fn rules(pin_dir: &Path) -> Result<Vec<Rule>> {
+    let map = open(pin_dir)?;
+    let mut out: Vec<Rule> = snapshot(&map, MAX_PORT_FORWARDS)?
+        .iter()
+        .map(|&(k, t)| Rule::new(k, t))
+        .collect();
+    out.sort_by(|a, b| (&a.proto, a.wan_port).cmp(&(&b.proto, b.wan_port)));
+    Ok(out)
+}
+
+#[must_use]
+pub fn rules_table(rules: &[Rule]) -> String {
+    use std::fmt::Write as _;
+    if rules.is_empty() {
+        return "no port-forward rules\n".to_owned();
+    }
+    let mut s = format!("{:<6} {:>8}    {}\n", "proto", "wan_port", "lan");
+    for r in rules {
+        let _ = writeln!(
+            s,
+            "{:<6} {:>8} -> {}:{}",
+            r.proto, r.wan_port, r.lan_addr, r.lan_port
+        );
+    }
+    s
+}
+
+pub fn list(pin_dir: &Path, json: bool) -> Result<()> {
+    let rules = rules(pin_dir)?;
+    if json {
+        println!("{}", serde_json::to_string(&rules)?);
+    } else {
+        print!("{}", rules_table(&rules));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use router_common::maps::{IPPROTO_TCP, IPPROTO_UDP};
+
+    #[test]
+    fn keys_and_targets() {
+        let k = key(Proto::Tcp, 8080);
+        assert_eq!((k.proto, k.pad, k.port), (IPPROTO_TCP, 0, 8080));
+        assert_eq!(key(Proto::Udp, 53).proto, IPPROTO_UDP);
+        let t = target("192.168.50.2:80".parse().unwrap());
+        assert_eq!((t.addr, t.port, t.pad), ([192, 168, 50, 2], 80, 0));
+    }
+
+    #[test]
+    fn json_shape() {
+        let r = Rule::new(
+            key(Proto::Tcp, 8080),
+            target("192.168.50.2:80".parse().unwrap()),
+        );
+        assert_eq!(
+            serde_json::to_string(&vec![r]).unwrap(),
+            r#"[{"proto":"tcp","wan_port":8080,"lan_addr":"192.168.50.2","lan_port":80}]"#
+        );
+        assert_eq!(serde_json::to_string(&Vec::<Rule>::new()).unwrap(), "[]");
+    }
+
+    #[test]
+    fn table() {
+        let r = Rule::new(
+            key(Proto::Udp, 5353),
+            target("192.168.50.3:53".parse().unwrap()),
+        );
+        assert_eq!(r.describe(), "udp 5353 -> 192.168.50.3:53");
+        let t = rules_table(&[r]);
+        assert!(
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .contains("5353 -> 192.168.50.3:53"),
+            "{t}"
+        );
+        assert_eq!(rules_table(&[]), "no port-forward rules\n");
+    }
+}

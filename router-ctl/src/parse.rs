@@ -1,0 +1,391 @@
+//! Pure parsers for command-line values. Each returns a message that names
+//! what is wrong and what is expected; clap prefixes it with the argument.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use router_common::maps::{DEFAULT_MAX_FLOWS, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts};
+
+/// Largest `--max-flows`: the conntrack map holds two entries per flow and
+/// its size is a `u32`.
+pub const MAX_FLOWS_LIMIT: u32 = u32::MAX / 2;
+
+/// Protocols a port-forward rule can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    #[must_use]
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::Tcp => IPPROTO_TCP,
+            Self::Udp => IPPROTO_UDP,
+        }
+    }
+
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+/// Name of an IP protocol number as `conntrack list` shows it.
+#[must_use]
+pub fn proto_name(n: u8) -> String {
+    match n {
+        IPPROTO_TCP => "tcp".to_owned(),
+        IPPROTO_UDP => "udp".to_owned(),
+        IPPROTO_ICMP => "icmp".to_owned(),
+        other => format!("proto-{other}"),
+    }
+}
+
+/// A TCP/UDP port, 1-65535.
+pub fn parse_port(s: &str) -> Result<u16, String> {
+    let n: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a port number (expected 1-65535)"))?;
+    match u16::try_from(n) {
+        Ok(p) if p >= 1 => Ok(p),
+        _ => Err(format!("port {n} is out of range (expected 1-65535)")),
+    }
+}
+
+/// `--port-range MIN-MAX`, inclusive, 1 <= MIN <= MAX <= 65535.
+pub fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let (lo, hi) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?} is not MIN-MAX (example: 1024-65535)"))?;
+    let lo = parse_port(lo).map_err(|e| format!("minimum: {e}"))?;
+    let hi = parse_port(hi).map_err(|e| format!("maximum: {e}"))?;
+    if lo > hi {
+        return Err(format!(
+            "minimum {lo} is above maximum {hi} (example: 1024-65535)"
+        ));
+    }
+    Ok((lo, hi))
+}
+
+/// `--max-flows N`, 1 ..= [`MAX_FLOWS_LIMIT`].
+pub fn parse_max_flows(s: &str) -> Result<u32, String> {
+    let n: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of flows (default {DEFAULT_MAX_FLOWS})"))?;
+    match u32::try_from(n) {
+        Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{n} flows is out of range (expected 1-{MAX_FLOWS_LIMIT})"
+        )),
+    }
+}
+
+/// `--wan-addr auto|ADDR`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WanAddr {
+    Auto,
+    Addr(Ipv4Addr),
+}
+
+/// Why an address cannot be a unicast host address, if it cannot.
+#[must_use]
+pub fn non_unicast_reason(a: Ipv4Addr) -> Option<&'static str> {
+    if a.is_unspecified() {
+        Some("is unspecified")
+    } else if a.is_broadcast() {
+        Some("is the broadcast address")
+    } else if a.is_multicast() {
+        Some("is a multicast address")
+    } else if a.is_loopback() {
+        Some("is a loopback address")
+    } else {
+        None
+    }
+}
+
+pub fn parse_wan_addr(s: &str) -> Result<WanAddr, String> {
+    if s == "auto" {
+        return Ok(WanAddr::Auto);
+    }
+    let a: Ipv4Addr = s
+        .parse()
+        .map_err(|_| format!("{s:?} is neither `auto` nor an IPv4 address"))?;
+    if let Some(why) = non_unicast_reason(a) {
+        return Err(format!(
+            "{a} {why}; give the WAN interface's unicast address"
+        ));
+    }
+    Ok(WanAddr::Addr(a))
+}
+
+/// The states `--timeout` can set, in `Timeouts` field order.
+pub const TIMEOUT_KEYS: [&str; 7] = [
+    "tcp-syn-sent",
+    "tcp-established",
+    "tcp-fin-wait",
+    "tcp-closed",
+    "udp-unreplied",
+    "udp-replied",
+    "icmp",
+];
+
+/// One `--timeout STATE=SECS`: the index into [`TIMEOUT_KEYS`] and seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeoutArg {
+    pub key: usize,
+    pub secs: u32,
+}
+
+pub fn parse_timeout(s: &str) -> Result<TimeoutArg, String> {
+    let keys = TIMEOUT_KEYS.join(", ");
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not STATE=SECS (example: udp-unreplied=60)"))?;
+    let key = TIMEOUT_KEYS
+        .iter()
+        .position(|n| *n == k.trim())
+        .ok_or_else(|| format!("unknown state {k:?} (expected one of {keys})"))?;
+    let secs: u32 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{v:?} is not a number of seconds (expected 1-{})", u32::MAX))?;
+    if secs == 0 {
+        return Err(format!("timeout for {k} must be at least 1 second"));
+    }
+    Ok(TimeoutArg { key, secs })
+}
+
+/// The defaults with every `--timeout` applied. A state given twice is an
+/// error (it is almost certainly a typo).
+pub fn apply_timeouts(args: &[TimeoutArg]) -> Result<Timeouts, String> {
+    let mut t = Timeouts::default();
+    let mut seen = [false; TIMEOUT_KEYS.len()];
+    for a in args {
+        if std::mem::replace(&mut seen[a.key], true) {
+            return Err(format!(
+                "--timeout {} given more than once; give each state once",
+                TIMEOUT_KEYS[a.key]
+            ));
+        }
+        let field = match a.key {
+            0 => &mut t.tcp_syn_sent,
+            1 => &mut t.tcp_established,
+            2 => &mut t.tcp_fin_wait,
+            3 => &mut t.tcp_closed,
+            4 => &mut t.udp_unreplied,
+            5 => &mut t.udp_replied,
+            _ => &mut t.icmp,
+        };
+        *field = a.secs;
+    }
+    Ok(t)
+}
+
+/// Port-forward target `LAN_ADDR:PORT`: a unicast IPv4 address and a port
+/// 1-65535.
+pub fn parse_forward_target(s: &str) -> Result<SocketAddrV4, String> {
+    let (a, p) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not LAN_ADDR:PORT (example: 192.168.50.2:80)"))?;
+    let addr: Ipv4Addr = a.parse().map_err(|_| {
+        format!("{a:?} is not an IPv4 address (expected LAN_ADDR:PORT, example 192.168.50.2:80)")
+    })?;
+    if let Some(why) = non_unicast_reason(addr) {
+        return Err(format!("{addr} {why}; give the LAN host's address"));
+    }
+    let port = parse_port(p)?;
+    Ok(SocketAddrV4::new(addr, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum as _;
+
+    use super::*;
+
+    #[test]
+    fn ports() {
+        assert_eq!(parse_port("1"), Ok(1));
+        assert_eq!(parse_port("65535"), Ok(65535));
+        assert!(parse_port("0").unwrap_err().contains("out of range"));
+        assert!(parse_port("65536").unwrap_err().contains("out of range"));
+        assert!(parse_port("-1").unwrap_err().contains("not a port"));
+        assert!(parse_port("http").unwrap_err().contains("not a port"));
+        assert!(parse_port("").is_err());
+    }
+
+    #[test]
+    fn port_ranges() {
+        assert_eq!(parse_port_range("1024-65535"), Ok((1024, 65535)));
+        assert_eq!(parse_port_range("1-1"), Ok((1, 1)));
+        assert_eq!(parse_port_range("40000-40010"), Ok((40000, 40010)));
+        assert!(
+            parse_port_range("0-100")
+                .unwrap_err()
+                .starts_with("minimum")
+        );
+        assert!(
+            parse_port_range("100-70000")
+                .unwrap_err()
+                .starts_with("maximum")
+        );
+        assert!(parse_port_range("2000-1000").unwrap_err().contains("above"));
+        assert!(parse_port_range("1024").unwrap_err().contains("MIN-MAX"));
+        assert!(parse_port_range("a-b").is_err());
+        assert!(parse_port_range("-5").is_err());
+        assert!(parse_port_range("1-2-3").is_err());
+    }
+
+    #[test]
+    fn max_flows() {
+        assert_eq!(parse_max_flows("1"), Ok(1));
+        assert_eq!(parse_max_flows("262144"), Ok(262_144));
+        assert_eq!(
+            parse_max_flows(&MAX_FLOWS_LIMIT.to_string()),
+            Ok(MAX_FLOWS_LIMIT)
+        );
+        assert!(parse_max_flows("0").unwrap_err().contains("out of range"));
+        assert!(parse_max_flows(&(MAX_FLOWS_LIMIT + 1).to_string()).is_err());
+        assert!(parse_max_flows("99999999999999999999").is_err());
+        assert!(parse_max_flows("many").is_err());
+    }
+
+    #[test]
+    fn wan_addrs() {
+        assert_eq!(parse_wan_addr("auto"), Ok(WanAddr::Auto));
+        assert_eq!(
+            parse_wan_addr("203.0.113.1"),
+            Ok(WanAddr::Addr(Ipv4Addr::new(203, 0, 113, 1)))
+        );
+        for bad in ["0.0.0.0", "255.255.255.255", "224.0.0.1", "127.0.0.1"] {
+            assert!(parse_wan_addr(bad).is_err(), "{bad}");
+        }
+        assert!(parse_wan_addr("Auto").is_err());
+        assert!(parse_wan_addr("::1").is_err());
+        assert!(parse_wan_addr("203.0.113.1/24").is_err());
+    }
+
+    #[test]
+    fn timeouts_parse_every_key() {
+        for (i, k) in TIMEOUT_KEYS.iter().enumerate() {
+            assert_eq!(
+                parse_timeout(&format!("{k}=7")),
+                Ok(TimeoutArg { key: i, secs: 7 })
+            );
+        }
+        assert!(
+            parse_timeout("udp-unreplied=0")
+                .unwrap_err()
+                .contains("at least 1")
+        );
+        assert!(
+            parse_timeout("udp=5")
+                .unwrap_err()
+                .contains("unknown state")
+        );
+        assert!(parse_timeout("icmp").unwrap_err().contains("STATE=SECS"));
+        assert!(parse_timeout("icmp=-1").unwrap_err().contains("seconds"));
+        assert!(parse_timeout("icmp=1.5").is_err());
+        assert!(parse_timeout("icmp=4294967296").is_err());
+    }
+
+    #[test]
+    fn timeouts_apply_to_the_right_fields() {
+        let args: Vec<TimeoutArg> = TIMEOUT_KEYS
+            .iter()
+            .zip(1..)
+            .map(|(k, v)| parse_timeout(&format!("{k}={v}")).unwrap())
+            .collect();
+        let t = apply_timeouts(&args).unwrap();
+        assert_eq!(
+            (
+                t.tcp_syn_sent,
+                t.tcp_established,
+                t.tcp_fin_wait,
+                t.tcp_closed,
+                t.udp_unreplied,
+                t.udp_replied,
+                t.icmp,
+                t.pad
+            ),
+            (1, 2, 3, 4, 5, 6, 7, 0)
+        );
+        assert_eq!(apply_timeouts(&[]).unwrap(), Timeouts::default());
+        let one = apply_timeouts(&[parse_timeout("udp-replied=300").unwrap()]).unwrap();
+        assert_eq!(
+            one,
+            Timeouts {
+                udp_replied: 300,
+                ..Timeouts::default()
+            }
+        );
+        let twice = [
+            parse_timeout("icmp=5").unwrap(),
+            parse_timeout("icmp=6").unwrap(),
+        ];
+        assert!(
+            apply_timeouts(&twice)
+                .unwrap_err()
+                .contains("more than once")
+        );
+    }
+
+    #[test]
+    fn forward_targets() {
+        assert_eq!(
+            parse_forward_target("192.168.50.2:80"),
+            Ok(SocketAddrV4::new(Ipv4Addr::new(192, 168, 50, 2), 80))
+        );
+        assert!(
+            parse_forward_target("192.168.50.2")
+                .unwrap_err()
+                .contains("LAN_ADDR:PORT")
+        );
+        assert!(
+            parse_forward_target("192.168.50.2:0")
+                .unwrap_err()
+                .contains("out of range")
+        );
+        assert!(parse_forward_target("192.168.50.2:65536").is_err());
+        assert!(
+            parse_forward_target("192.168.50:80")
+                .unwrap_err()
+                .contains("IPv4")
+        );
+        assert!(
+            parse_forward_target("host:80")
+                .unwrap_err()
+                .contains("IPv4")
+        );
+        assert!(
+            parse_forward_target("0.0.0.0:80")
+                .unwrap_err()
+                .contains("unspecified")
+        );
+        assert!(
+            parse_forward_target("224.1.2.3:80")
+                .unwrap_err()
+                .contains("multicast")
+        );
+        assert!(parse_forward_target("[::1]:80").is_err());
+        assert!(parse_forward_target(":80").is_err());
+    }
+
+    #[test]
+    fn protocols() {
+        for p in [Proto::Tcp, Proto::Udp] {
+            assert_eq!(proto_name(p.number()), p.name());
+        }
+        assert_eq!(proto_name(IPPROTO_ICMP), "icmp");
+        assert_eq!(proto_name(47), "proto-47");
+        assert_eq!(Proto::from_str("tcp", false), Ok(Proto::Tcp));
+        assert_eq!(Proto::from_str("udp", false), Ok(Proto::Udp));
+        assert!(Proto::from_str("icmp", false).is_err());
+    }
+}

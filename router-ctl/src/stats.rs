@@ -1,0 +1,259 @@
+//! `stats`: the per-CPU counters summed, grouped by outcome.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use aya::maps::{MapData, PerCpuArray};
+use router_common::maps::{CONNTRACK_MAP, COUNTERS_MAP, Counter, CounterValue, FlowEntry, FlowKey};
+use serde_json::{Map as JsonMap, Value, json};
+
+use crate::pins::{self, open_hash, open_map};
+
+/// Groups of the plain table, in display order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    Forwarded,
+    Passed,
+    Dropped,
+    Events,
+    Other,
+}
+
+impl Group {
+    pub const ALL: [Self; 5] = [
+        Self::Forwarded,
+        Self::Passed,
+        Self::Dropped,
+        Self::Events,
+        Self::Other,
+    ];
+
+    const fn title(self) -> &'static str {
+        match self {
+            Self::Forwarded => "forwarded",
+            Self::Passed => "passed to kernel",
+            Self::Dropped => "dropped",
+            Self::Events => "events",
+            Self::Other => "other",
+        }
+    }
+
+    #[must_use]
+    pub fn of(c: Counter) -> Self {
+        let n = c.name();
+        if c.is_event() {
+            Self::Events
+        } else if n.starts_with("fwd_") {
+            Self::Forwarded
+        } else if n.starts_with("pass_") {
+            Self::Passed
+        } else if n.starts_with("drop_") {
+            Self::Dropped
+        } else {
+            Self::Other
+        }
+    }
+}
+
+fn read_counters(pin_dir: &Path) -> Result<Vec<(Counter, CounterValue)>> {
+    let map: PerCpuArray<MapData, CounterValue> =
+        PerCpuArray::try_from(open_map(pin_dir, COUNTERS_MAP)?).context(
+            "COUNTERS does not have the layout this router-ctl expects; detach and attach again",
+        )?;
+    let mut out = Vec::new();
+    for &c in Counter::ALL {
+        let values = map
+            .get(&(c as u32), 0)
+            .with_context(|| format!("reading counter {}", c.name()))?;
+        let sum = values
+            .iter()
+            .fold(CounterValue::default(), |a, v| CounterValue {
+                packets: a.packets.wrapping_add(v.packets),
+                bytes: a.bytes.wrapping_add(v.bytes),
+            });
+        out.push((c, sum));
+    }
+    Ok(out)
+}
+
+/// Conntrack entries in use and capacity, if the table is pinned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableUse {
+    pub entries: usize,
+    pub capacity: u32,
+}
+
+fn table_use(pin_dir: &Path) -> Option<TableUse> {
+    let map = open_hash::<FlowKey, FlowEntry>(pin_dir, CONNTRACK_MAP).ok()?;
+    let capacity = pins::capacity(&map).ok()?;
+    let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
+    let entries = map.keys().take(limit).flatten().count();
+    Some(TableUse {
+        entries: entries.min(capacity as usize),
+        capacity,
+    })
+}
+
+/// The JSON object: each counter by name, verdicts as `{"packets", "bytes"}`,
+/// events as `{"events"}`; plus `"conntrack": {"entries", "capacity"}` when
+/// known.
+#[must_use]
+pub fn stats_json(counters: &[(Counter, CounterValue)], table: Option<TableUse>) -> Value {
+    let mut obj: JsonMap<String, Value> = counters
+        .iter()
+        .map(|(c, v)| {
+            let val = if c.is_event() {
+                json!({"events": v.packets})
+            } else {
+                json!({"packets": v.packets, "bytes": v.bytes})
+            };
+            (c.name().to_owned(), val)
+        })
+        .collect();
+    if let Some(t) = table {
+        obj.insert(
+            "conntrack".to_owned(),
+            json!({"entries": t.entries, "capacity": t.capacity}),
+        );
+    }
+    Value::Object(obj)
+}
+
+/// The plain table, one section per group with its total.
+#[must_use]
+pub fn stats_table(counters: &[(Counter, CounterValue)], table: Option<TableUse>) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for g in Group::ALL {
+        let rows: Vec<&(Counter, CounterValue)> = counters
+            .iter()
+            .filter(|(c, _)| Group::of(*c) == g)
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        if !s.is_empty() {
+            s.push('\n');
+        }
+        let packets: u64 = rows.iter().map(|(_, v)| v.packets).sum();
+        if g == Group::Events {
+            let _ = writeln!(s, "{:<32} {:>14}", g.title(), "events");
+            for (c, v) in rows {
+                let _ = writeln!(s, "  {:<30} {:>14}", c.name(), v.packets);
+            }
+        } else {
+            let bytes: u64 = rows.iter().map(|(_, v)| v.bytes).sum();
+            let _ = writeln!(s, "{:<32} {:>14} {:>16}", g.title(), "packets", "bytes");
+            for (c, v) in rows {
+                let _ = writeln!(s, "  {:<30} {:>14} {:>16}", c.name(), v.packets, v.bytes);
+            }
+            let _ = writeln!(s, "  {:<30} {:>14} {:>16}", "total", packets, bytes);
+        }
+    }
+    if let Some(t) = table {
+        let _ = writeln!(
+            s,
+            "\nconntrack entries {} of capacity {} (two per flow)",
+            t.entries, t.capacity
+        );
+    }
+    s
+}
+
+pub fn stats(pin_dir: &Path, json: bool) -> Result<()> {
+    let counters = read_counters(pin_dir)?;
+    let table = table_use(pin_dir);
+    if json {
+        println!("{}", stats_json(&counters, table));
+    } else {
+        print!("{}", stats_table(&counters, table));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<(Counter, CounterValue)> {
+        Counter::ALL
+            .iter()
+            .zip(1u64..)
+            .map(|(&c, i)| {
+                let bytes = if c.is_event() { 0 } else { i * 100 };
+                (c, CounterValue { packets: i, bytes })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_counter_has_a_known_group() {
+        for &c in Counter::ALL {
+            assert_ne!(Group::of(c), Group::Other, "{}", c.name());
+        }
+        assert_eq!(Group::of(Counter::FwdOutbound), Group::Forwarded);
+        assert_eq!(Group::of(Counter::PassNoFlow), Group::Passed);
+        assert_eq!(Group::of(Counter::DropMalformed), Group::Dropped);
+        assert_eq!(Group::of(Counter::FlowNewMasquerade), Group::Events);
+    }
+
+    #[test]
+    fn json_is_keyed_by_name_with_the_right_shape() {
+        let v = stats_json(&sample(), None);
+        let obj = v.as_object().unwrap();
+        assert_eq!(obj.len(), Counter::ALL.len());
+        for (i, &c) in Counter::ALL.iter().enumerate() {
+            let e = &obj[c.name()];
+            let n = i as u64 + 1;
+            if c.is_event() {
+                assert_eq!(*e, json!({"events": n}), "{}", c.name());
+            } else {
+                assert_eq!(*e, json!({"packets": n, "bytes": n * 100}), "{}", c.name());
+            }
+        }
+        let with = stats_json(
+            &sample(),
+            Some(TableUse {
+                entries: 6,
+                capacity: 524_288,
+            }),
+        );
+        assert_eq!(
+            with["conntrack"],
+            json!({"entries": 6, "capacity": 524_288})
+        );
+    }
+
+    #[test]
+    fn table_has_every_counter_under_its_group() {
+        let t = stats_table(
+            &sample(),
+            Some(TableUse {
+                entries: 2,
+                capacity: 8,
+            }),
+        );
+        for &c in Counter::ALL {
+            assert_eq!(
+                t.lines()
+                    .filter(|l| l.split_whitespace().next() == Some(c.name()))
+                    .count(),
+                1,
+                "{}",
+                c.name()
+            );
+        }
+        let pos = |needle: &str| t.find(needle).unwrap_or_else(|| panic!("{needle} in\n{t}"));
+        assert!(pos("forwarded") < pos("fwd_outbound"));
+        assert!(pos("fwd_inbound") < pos("passed to kernel"));
+        assert!(pos("passed to kernel") < pos("pass_not_ipv4"));
+        assert!(pos("dropped") < pos("drop_truncated"));
+        assert!(pos("events") < pos("flow_new_masquerade"));
+        // fwd_outbound 1 pkt/100 B + fwd_inbound 2/200.
+        assert!(
+            t.contains(&format!("  {:<30} {:>14} {:>16}", "total", 3, 300)),
+            "{t}"
+        );
+        assert!(t.contains("conntrack entries 2 of capacity 8"));
+    }
+}
