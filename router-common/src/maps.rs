@@ -348,7 +348,9 @@ counters! {
     FlowNewPortForward = "flow_new_port_forward", true;
     /// SNAT port probe that found the port taken.
     PortCollision = "port_collision", true;
-    /// An expired entry was replaced by a new flow.
+    /// A stale entry was replaced by a new flow: idle past its timeout, or
+    /// orphaned (its other half evicted or taken over), so no packet could
+    /// use it any more.
     FlowExpiredReplaced = "flow_expired_replaced", true;
     /// A flow's other entry was missing (evicted by the LRU) and was put
     /// back. A lower bound on LRU evictions: only noticed on refresh.

@@ -535,8 +535,8 @@ fn claim_port(cfg: &Config, key: &FlowKey, now: u64) -> Option<u16> {
             };
             // SAFETY: only tested for presence.
             if unsafe { PORT_FORWARDS.get(&rule) }.is_some() {
-                // Reserved for inbound flows by a port-forward rule.
-                event(Counter::PortCollision);
+                // Reserved for inbound flows by a port-forward rule (not a
+                // collision with another flow: not counted).
                 continue;
             }
         }

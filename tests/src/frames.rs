@@ -66,7 +66,11 @@ impl Tcp {
 
     #[must_use]
     pub fn options(mut self, options: &[u8]) -> Self {
-        assert_eq!(options.len() % 4, 0, "TCP options must be padded to 4 bytes");
+        assert_eq!(
+            options.len() % 4,
+            0,
+            "TCP options must be padded to 4 bytes"
+        );
         self.options = options.to_vec();
         self
     }
@@ -111,7 +115,12 @@ pub struct Udp {
 impl Udp {
     #[must_use]
     pub fn new(sport: u16, dport: u16, payload: &[u8]) -> Self {
-        Self { sport, dport, payload: payload.to_vec(), checksum: true }
+        Self {
+            sport,
+            dport,
+            payload: payload.to_vec(),
+            checksum: true,
+        }
     }
 
     /// Without a checksum (field 0).
@@ -145,43 +154,82 @@ impl Udp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Icmp {
     /// Echo request (`reply == false`, type 8) or reply (type 0).
-    Echo { reply: bool, id: u16, seq: u16, payload: Vec<u8> },
+    Echo {
+        reply: bool,
+        id: u16,
+        seq: u16,
+        payload: Vec<u8>,
+    },
     /// An error (or any other type): type, code, the 4 bytes after the
     /// checksum (unused / next-hop MTU / pointer) and the quoted bytes of
     /// the offending packet.
-    Other { icmp_type: u8, code: u8, rest: [u8; 4], body: Vec<u8> },
+    Other {
+        icmp_type: u8,
+        code: u8,
+        rest: [u8; 4],
+        body: Vec<u8>,
+    },
 }
 
 impl Icmp {
     #[must_use]
     pub fn echo_request(id: u16, seq: u16, payload: &[u8]) -> Self {
-        Self::Echo { reply: false, id, seq, payload: payload.to_vec() }
+        Self::Echo {
+            reply: false,
+            id,
+            seq,
+            payload: payload.to_vec(),
+        }
     }
 
     #[must_use]
     pub fn echo_reply(id: u16, seq: u16, payload: &[u8]) -> Self {
-        Self::Echo { reply: true, id, seq, payload: payload.to_vec() }
+        Self::Echo {
+            reply: true,
+            id,
+            seq,
+            payload: payload.to_vec(),
+        }
     }
 
     /// An error of `icmp_type`/`code` quoting `quoted` (usually the start
     /// of an [`Ipv4::bytes`]).
     #[must_use]
     pub fn error(icmp_type: u8, code: u8, quoted: &[u8]) -> Self {
-        Self::Other { icmp_type, code, rest: [0; 4], body: quoted.to_vec() }
+        Self::Other {
+            icmp_type,
+            code,
+            rest: [0; 4],
+            body: quoted.to_vec(),
+        }
     }
 
     #[must_use]
     pub fn bytes(&self) -> Vec<u8> {
         let mut m = Vec::new();
         match self {
-            Self::Echo { reply, id, seq, payload } => {
-                m.push(if *reply { ICMP_ECHO_REPLY } else { ICMP_ECHO_REQUEST });
+            Self::Echo {
+                reply,
+                id,
+                seq,
+                payload,
+            } => {
+                m.push(if *reply {
+                    ICMP_ECHO_REPLY
+                } else {
+                    ICMP_ECHO_REQUEST
+                });
                 m.extend_from_slice(&[0, 0, 0]);
                 m.extend_from_slice(&id.to_be_bytes());
                 m.extend_from_slice(&seq.to_be_bytes());
                 m.extend_from_slice(payload);
             }
-            Self::Other { icmp_type, code, rest, body } => {
+            Self::Other {
+                icmp_type,
+                code,
+                rest,
+                body,
+            } => {
                 m.extend_from_slice(&[*icmp_type, *code, 0, 0]);
                 m.extend_from_slice(rest);
                 m.extend_from_slice(body);
@@ -200,7 +248,10 @@ pub enum L4 {
     Udp(Udp),
     Icmp(Icmp),
     /// Any protocol, raw bytes (no checksum computed).
-    Raw { proto: u8, bytes: Vec<u8> },
+    Raw {
+        proto: u8,
+        bytes: Vec<u8>,
+    },
 }
 
 impl L4 {
@@ -262,7 +313,16 @@ impl Ipv4 {
     /// TTL 64, DF set, no options.
     #[must_use]
     pub fn new(src: [u8; 4], dst: [u8; 4], l4: impl Into<L4>) -> Self {
-        Self { tos: 0, id: 0x1234, frag: IP_DF, ttl: 64, src, dst, options: Vec::new(), l4: l4.into() }
+        Self {
+            tos: 0,
+            id: 0x1234,
+            frag: IP_DF,
+            ttl: 64,
+            src,
+            dst,
+            options: Vec::new(),
+            l4: l4.into(),
+        }
     }
 
     #[must_use]
@@ -274,7 +334,11 @@ impl Ipv4 {
     /// Header and payload with correct checksums.
     #[must_use]
     pub fn bytes(&self) -> Vec<u8> {
-        assert_eq!(self.options.len() % 4, 0, "IPv4 options must be padded to 4 bytes");
+        assert_eq!(
+            self.options.len() % 4,
+            0,
+            "IPv4 options must be padded to 4 bytes"
+        );
         let hlen = 20 + self.options.len();
         assert!(hlen <= 60, "IPv4 options too long");
         let l4 = self.l4.bytes(self.src, self.dst);
@@ -309,7 +373,11 @@ pub struct Frame {
 impl Frame {
     #[must_use]
     pub fn new(dst_mac: [u8; 6], src_mac: [u8; 6], ip: Ipv4) -> Self {
-        Self { dst_mac, src_mac, ip }
+        Self {
+            dst_mac,
+            src_mac,
+            ip,
+        }
     }
 
     #[must_use]
@@ -362,7 +430,9 @@ fn check_ipv4(pkt: &[u8], what: &str, quoted: bool, errs: &mut Vec<String>) {
     let stored = be16(pkt, 10);
     let computed = checksum(&zeroed(&pkt[..hlen], 10));
     if stored != computed {
-        errs.push(format!("{what} IPv4 checksum {stored:#06x}, recomputed {computed:#06x}"));
+        errs.push(format!(
+            "{what} IPv4 checksum {stored:#06x}, recomputed {computed:#06x}"
+        ));
     }
     let total = usize::from(be16(pkt, 2));
     if total < hlen {
@@ -371,7 +441,10 @@ fn check_ipv4(pkt: &[u8], what: &str, quoted: bool, errs: &mut Vec<String>) {
     }
     if total > pkt.len() {
         if !quoted {
-            errs.push(format!("{what}: total length {total} beyond the {} bytes", pkt.len()));
+            errs.push(format!(
+                "{what}: total length {total} beyond the {} bytes",
+                pkt.len()
+            ));
         }
         // A quoted packet cut short: its L4 checksum covers bytes that
         // are not there; only a quoted UDP/ICMP header's checksum field is
@@ -392,7 +465,9 @@ fn check_ipv4(pkt: &[u8], what: &str, quoted: bool, errs: &mut Vec<String>) {
             let stored = be16(l4, 16);
             let computed = l4_checksum(src, dst, IPPROTO_TCP, &zeroed(l4, 16));
             if stored != computed {
-                errs.push(format!("{what} TCP checksum {stored:#06x}, recomputed {computed:#06x}"));
+                errs.push(format!(
+                    "{what} TCP checksum {stored:#06x}, recomputed {computed:#06x}"
+                ));
             }
         }
         IPPROTO_UDP => {
@@ -406,7 +481,9 @@ fn check_ipv4(pkt: &[u8], what: &str, quoted: bool, errs: &mut Vec<String>) {
                 c => c,
             };
             if stored != 0 && stored != computed {
-                errs.push(format!("{what} UDP checksum {stored:#06x}, recomputed {computed:#06x}"));
+                errs.push(format!(
+                    "{what} UDP checksum {stored:#06x}, recomputed {computed:#06x}"
+                ));
             }
         }
         IPPROTO_ICMP => {
@@ -417,9 +494,14 @@ fn check_ipv4(pkt: &[u8], what: &str, quoted: bool, errs: &mut Vec<String>) {
             let stored = be16(l4, 2);
             let computed = checksum(&zeroed(l4, 2));
             if stored != computed {
-                errs.push(format!("{what} ICMP checksum {stored:#06x}, recomputed {computed:#06x}"));
+                errs.push(format!(
+                    "{what} ICMP checksum {stored:#06x}, recomputed {computed:#06x}"
+                ));
             }
-            if matches!(l4[0], ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM) {
+            if matches!(
+                l4[0],
+                ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
+            ) {
                 check_ipv4(&l4[8..], &format!("{what} > embedded"), true, errs);
             }
         }
@@ -449,7 +531,10 @@ pub fn checksum_errors(frame: &[u8]) -> Vec<String> {
 /// [`checksum_errors`]).
 pub fn verify_checksums(frame: &[u8]) {
     let errs = checksum_errors(frame);
-    assert!(errs.is_empty(), "checksums wrong: {errs:?}\nframe: {frame:02x?}");
+    assert!(
+        errs.is_empty(),
+        "checksums wrong: {errs:?}\nframe: {frame:02x?}"
+    );
 }
 
 #[cfg(test)]
@@ -465,7 +550,10 @@ mod unit {
         let udp = Ipv4::new(A, B, Udp::new(1, 2, b"odd"));
         let echo = Ipv4::new(A, B, Icmp::echo_request(7, 1, b"ping"));
         let err = Ipv4::new(B, A, Icmp::error(ICMP_DEST_UNREACH, 3, &udp.bytes()));
-        [tcp, udp, echo, err].into_iter().map(|ip| Frame::new(M, M, ip).bytes()).collect()
+        [tcp, udp, echo, err]
+            .into_iter()
+            .map(|ip| Frame::new(M, M, ip).bytes())
+            .collect()
     }
 
     #[test]
@@ -483,7 +571,10 @@ mod unit {
             for at in IP_OFF..f.len() {
                 let mut g = f.clone();
                 g[at] ^= 0x10;
-                assert!(!checksum_errors(&g).is_empty(), "flip at {at} not detected: {f:02x?}");
+                assert!(
+                    !checksum_errors(&g).is_empty(),
+                    "flip at {at} not detected: {f:02x?}"
+                );
             }
         }
     }
@@ -502,7 +593,10 @@ mod unit {
             src: [192, 168, 0, 1],
             dst: [192, 168, 0, 199],
             options: Vec::new(),
-            l4: L4::Raw { proto: 17, bytes: vec![0; 0x73 - 20] },
+            l4: L4::Raw {
+                proto: 17,
+                bytes: vec![0; 0x73 - 20],
+            },
         };
         assert_eq!(&ip.bytes()[10..12], &[0xb8, 0x61]);
     }
