@@ -160,8 +160,18 @@ pub struct FlowEntry {
     /// `bpf_ktime_get_coarse_ns` (`CLOCK_MONOTONIC`) of the last refresh.
     pub last_seen_ns: u64,
     pub created_ns: u64,
+    /// Next hop of this direction cached from the FIB, so established
+    /// flows skip `bpf_fib_lookup`: egress ifindex (0 = nothing cached), the
+    /// egress MTU and the MACs to write. Looked up again at each refresh
+    /// (every `REFRESH_NS`), so a route or neighbour change takes effect
+    /// within that interval.
+    pub hop_ifindex: u32,
+    pub hop_mtu: u16,
+    pub hop_dmac: [u8; 6],
+    pub hop_smac: [u8; 6],
+    pub pad2: [u8; 6],
 }
-const _: () = assert!(core::mem::size_of::<FlowEntry>() == 48);
+const _: () = assert!(core::mem::size_of::<FlowEntry>() == 72);
 
 /// The entry is keyed by the direction that opened the flow.
 pub const FLAG_ORIGINAL: u8 = 1;

@@ -167,13 +167,16 @@ enum NewFlow {
     PortForward,
 }
 
-/// Next hop from the FIB for a packet with the translated addresses.
+/// Next hop for a packet with the translated addresses.
 enum Hop {
-    /// Neighbour known: forward in XDP to `ifindex` with these MACs.
+    /// Neighbour known and the redirect to `ifindex` recorded (`action`):
+    /// forward in XDP with these MACs.
     Redirect {
         ifindex: u32,
+        mtu: u16,
         smac: [u8; 6],
         dmac: [u8; 6],
+        action: u32,
     },
     /// Route fine but no neighbour entry: the kernel must resolve it.
     NoNeighbour { ifindex: u32 },
@@ -206,13 +209,25 @@ fn fib(ctx: &XdpContext, ip: &[u8; 20], src: [u8; 4], dst: [u8; 4]) -> Result<Ho
         // Local delivery, blackhole, unreachable, prohibit: the kernel decides.
         _ => return Err(Counter::PassFibNotForwarded),
     }
-    if DEVICES.get(p.ifindex).is_none() {
+    // SAFETY: on success the kernel wrote mtu_result (a union with tot_len).
+    let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
+    redirect_to(p.ifindex, mtu, p.smac, p.dmac)
+}
+
+/// Records the redirect to `ifindex` (an attached interface) for a packet
+/// leaving with these MACs. Only records: a packet passed after all goes to
+/// the kernel untouched.
+#[inline(always)]
+fn redirect_to(ifindex: u32, mtu: u16, smac: [u8; 6], dmac: [u8; 6]) -> Result<Hop, Counter> {
+    let Ok(action) = DEVICES.redirect(ifindex, 0) else {
         return Err(Counter::PassEgressNotAttached);
-    }
+    };
     Ok(Hop::Redirect {
-        ifindex: p.ifindex,
-        smac: p.smac,
-        dmac: p.dmac,
+        ifindex,
+        mtu,
+        smac,
+        dmac,
+        action,
     })
 }
 
@@ -325,18 +340,38 @@ fn try_router(ctx: &XdpContext) -> Result<(Counter, u32), ()> {
         dport,
     };
     let mut new: Option<NewFlow> = None;
-    let mut hit = false;
+    // The entry hit, and its cached next hop if still usable.
+    let mut hit: Option<*mut FlowEntry> = None;
+    let mut cached: Option<Hop> = None;
     if let Some(e) = CONNTRACK.get_ptr_mut(&key) {
         // SAFETY: map value pointer, valid for this run; fields are plain
         // integers, a concurrent writer can at worst tear a refresh.
-        let e = unsafe { &mut *e };
-        if !expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
-            xlat = Xlat::of_entry(e);
-            track(&key, e, proto, tcp_flags, now);
-            hit = true;
+        let entry = unsafe { &mut *e };
+        if !expired(entry.state, entry.last_seen_ns, now, &cfg.timeouts) {
+            xlat = Xlat::of_entry(entry);
+            // Refresh due (or nothing cached, or too big for the cached
+            // MTU): ask the FIB again below.
+            if entry.hop_ifindex != 0
+                && !needs_refresh(entry.last_seen_ns, now)
+                && total_len <= usize::from(entry.hop_mtu)
+            {
+                cached = Some(
+                    match redirect_to(
+                        entry.hop_ifindex,
+                        entry.hop_mtu,
+                        entry.hop_smac,
+                        entry.hop_dmac,
+                    ) {
+                        Ok(h) => h,
+                        Err(c) => return Ok((c, PASS)),
+                    },
+                );
+            }
+            track(&key, entry, proto, tcp_flags, now);
+            hit = Some(e);
         }
     }
-    if !hit {
+    if hit.is_none() {
         if proto == IPPROTO_TCP && !tcp_opens_flow(tcp_flags) {
             // Mid-stream segment of an unknown flow: a fresh mapping could
             // not carry it; the kernel's (netfilter's) business.
@@ -371,18 +406,45 @@ fn try_router(ctx: &XdpContext) -> Result<(Counter, u32), ()> {
         }
     }
 
-    let hop = match fib(ctx, ip, xlat.src, xlat.dst) {
-        Ok(h) => h,
-        Err(c) => {
-            // A new LAN flow that is not routed anywhere (e.g. to the
-            // router itself) is not NAT's business either.
-            return Ok((c, PASS));
+    let hop = if let Some(h) = cached {
+        h
+    } else {
+        match fib(ctx, ip, xlat.src, xlat.dst) {
+            Ok(h) => {
+                if let (
+                    Some(e),
+                    Hop::Redirect {
+                        ifindex,
+                        mtu,
+                        smac,
+                        dmac,
+                        ..
+                    },
+                ) = (hit, &h)
+                {
+                    // SAFETY: map value pointer from the lookup above.
+                    let e = unsafe { &mut *e };
+                    e.hop_ifindex = *ifindex;
+                    e.hop_mtu = *mtu;
+                    e.hop_smac = *smac;
+                    e.hop_dmac = *dmac;
+                }
+                h
+            }
+            Err(c) => {
+                // A new LAN flow that is not routed anywhere (e.g. to the
+                // router itself) is not NAT's business either.
+                return Ok((c, PASS));
+            }
         }
     };
-    let (egress, redirect) = match hop {
-        Hop::Redirect { ifindex, .. } => (ifindex, true),
-        Hop::NoNeighbour { ifindex } => (ifindex, false),
+    let (egress, action) = match hop {
+        Hop::Redirect {
+            ifindex, action, ..
+        } => (ifindex, Some(action)),
+        Hop::NoNeighbour { ifindex } => (ifindex, None),
     };
+    let redirect = action.is_some();
     // A translated packet may only be passed to the kernel when it goes
     // to the LAN: LAN->WAN packets carry the router's own address as
     // source after SNAT, which the kernel drops as martian. Untranslated,
@@ -417,16 +479,9 @@ fn try_router(ctx: &XdpContext) -> Result<(Counter, u32), ()> {
         }
     }
 
-    let action = if let Hop::Redirect { .. } = hop {
-        // Redirect before rewriting: it only records the target, so on
-        // failure the frame is still untouched when it goes to the kernel.
-        match DEVICES.redirect(egress, 0) {
-            Ok(a) => a,
-            Err(_) => return Ok((Counter::PassEgressNotAttached, PASS)),
-        }
-    } else {
-        PASS
-    };
+    // The redirect was recorded before any rewrite (in `redirect_to`), so a
+    // failed one passed an untouched frame.
+    let action = action.unwrap_or(PASS);
 
     let pseudo = rewrite_addrs(ip, xlat.src, xlat.dst);
     match proto {
@@ -513,6 +568,11 @@ fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u64) {
         pad: [0; 2],
         last_seen_ns: now,
         created_ns: e.created_ns,
+        hop_ifindex: 0,
+        hop_mtu: 0,
+        hop_dmac: [0; 6],
+        hop_smac: [0; 6],
+        pad2: [0; 6],
     };
     let _ = CONNTRACK.insert(&e.peer, &peer, u64::from(BPF_NOEXIST));
     event(Counter::EvictionDetected);
@@ -712,10 +772,7 @@ fn icmp_error(
         Err(c) => return Ok((c, PASS)),
     };
     let action = match hop {
-        Hop::Redirect { ifindex, .. } => match DEVICES.redirect(ifindex, 0) {
-            Ok(a) => a,
-            Err(_) => return Ok((Counter::PassEgressNotAttached, PASS)),
-        },
+        Hop::Redirect { action, .. } => action,
         Hop::NoNeighbour { .. } => PASS,
     };
     let icmp: *mut [u8; 8] = ptr_at(ctx, L4_OFF)?;

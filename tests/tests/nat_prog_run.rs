@@ -461,14 +461,22 @@ impl Router {
         run
     }
 
+    /// CONNTRACK content without the next-hop caches (see
+    /// [`Router::raw_entry`] and the `next_hop_cache` test for those).
     fn flows(&self) -> BTreeMap<FlowKey, FlowEntry> {
         self.conntrack
             .iter()
             .map(|r| r.expect("iterate CONNTRACK"))
+            .map(|(k, v)| (k, without_hop(v)))
             .collect()
     }
 
     fn get(&self, k: &FlowKey) -> FlowEntry {
+        without_hop(self.raw_entry(k))
+    }
+
+    /// A CONNTRACK entry as stored, next-hop cache included.
+    fn raw_entry(&self, k: &FlowKey) -> FlowEntry {
         self.conntrack
             .get(k, 0)
             .unwrap_or_else(|e| panic!("no CONNTRACK entry {k:?}: {e}; map: {:#?}", self.flows()))
@@ -595,6 +603,15 @@ fn dnat(ip: &Ipv4, addr: [u8; 4], port: u16) -> Ipv4 {
     o
 }
 
+/// `e` with the next-hop cache cleared, as a new entry has it.
+fn without_hop(mut e: FlowEntry) -> FlowEntry {
+    e.hop_ifindex = 0;
+    e.hop_mtu = 0;
+    e.hop_dmac = [0; 6];
+    e.hop_smac = [0; 6];
+    e
+}
+
 fn entry(
     peer: FlowKey,
     tr: FlowKey,
@@ -614,6 +631,7 @@ fn entry(
         pad: [0; 2],
         last_seen_ns: seen,
         created_ns: created,
+        ..FlowEntry::default()
     }
 }
 
@@ -2602,5 +2620,91 @@ fn fib_outcomes_other_than_success() {
             Counter::FwdOutbound,
             &[Counter::FlowNewMasquerade],
         );
+    });
+}
+
+/// Established flows use the next hop cached in their entry (no FIB lookup
+/// per packet); the FIB is asked again when nothing is cached, when the
+/// packet is bigger than the cached MTU, and at each refresh. A cached hop
+/// to an interface no longer attached is not used blindly.
+#[test]
+fn next_hop_cache() {
+    if skip_unless_root("next_hop_cache") {
+        return;
+    }
+    let env = Env::new(false);
+    env.with_router(Some(env.config()), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f = Flow::masq(udp_key(CLIENT, 41000, SERVER, 53), 41000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, b"q"));
+        let frame = env.client_sends(&q);
+        let out = env.to_server(&snat(&q, 41000));
+        let fwd = Counter::FwdOutbound;
+        r.redirect(
+            "open",
+            &frame,
+            lan,
+            &out,
+            fwd,
+            &[Counter::FlowNewMasquerade],
+        );
+        assert_eq!(
+            r.raw_entry(&f.orig).hop_ifindex,
+            0,
+            "nothing cached by a new flow"
+        );
+
+        r.redirect("second", &frame, lan, &out, fwd, &[]);
+        let e = r.raw_entry(&f.orig);
+        assert_eq!(
+            (e.hop_ifindex, e.hop_mtu, e.hop_dmac, e.hop_smac),
+            (wan, 1500, env.server_mac, env.wan_mac),
+            "FIB result cached"
+        );
+        assert_eq!(
+            r.raw_entry(&f.reply()).hop_ifindex,
+            0,
+            "reply direction not seen yet"
+        );
+
+        // The cache is what the next packet uses: a doctored MAC shows up.
+        let fake = [0x02, 0xde, 0xad, 0xbe, 0xef, 0x01];
+        let mut doctored = e;
+        doctored.hop_dmac = fake;
+        r.put(f.orig, doctored);
+        let mut via_cache = out.clone();
+        via_cache[0..6].copy_from_slice(&fake);
+        r.redirect("cached", &frame, lan, &via_cache, fwd, &[]);
+
+        // Bigger than the cached MTU: the FIB is asked and the cache fixed.
+        let mut small = doctored;
+        small.hop_mtu = 20;
+        r.put(f.orig, small);
+        r.redirect("over cached MTU", &frame, lan, &out, fwd, &[]);
+        assert_eq!(r.raw_entry(&f.orig).hop_dmac, env.server_mac);
+        assert_eq!(r.raw_entry(&f.orig).hop_mtu, 1500);
+
+        // Refresh due: the FIB is asked again.
+        let mut stale = r.raw_entry(&f.orig);
+        stale.hop_dmac = fake;
+        stale.last_seen_ns -= 2 * REFRESH_NS;
+        r.put(f.orig, stale);
+        r.redirect("refresh", &frame, lan, &out, fwd, &[]);
+        assert_eq!(
+            r.raw_entry(&f.orig).hop_dmac,
+            env.server_mac,
+            "refreshed from the FIB"
+        );
+
+        // Cached egress detached: passed untouched, not redirected.
+        r.devices.remove(wan).unwrap();
+        r.pass(
+            "egress detached",
+            &frame,
+            lan,
+            Counter::PassEgressNotAttached,
+        );
+        r.devices.insert(wan, wan, None, 0).unwrap();
+        r.redirect("egress back", &frame, lan, &out, fwd, &[]);
     });
 }
