@@ -1,78 +1,168 @@
 //! `router-ctl`: loads the embedded XDP object, attaches it to the LAN and
 //! WAN interfaces, pins it under bpffs so it outlives the command, and
-//! inspects and edits its maps: counters, port forwards, conntrack.
+//! inspects and edits its maps: counters, port forwards, conntrack. Also a
+//! declarative `apply`, a Prometheus endpoint, and `doctor`.
 
+mod apply;
 mod attach;
+mod bpfsys;
+mod caps;
 mod conntrack;
+mod doctor;
 mod forward;
+mod metrics;
+mod netlink;
 mod parse;
 mod pins;
+mod state;
 mod stats;
+mod status;
 
-use std::{fs, os::fd::AsRawFd, path::Path};
+use std::{fs, os::fd::AsRawFd, path::Path, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
 use crate::parse::{Proto, TimeoutArg, WanAddr};
 
+const ABOUT: &str = "XDP NAT fast path controller";
+const LONG_ABOUT: &str = "XDP NAT fast path controller.
+
+Loads the XDP NAT program embedded in this binary, attaches it to a LAN and a WAN \
+interface, pins it under /sys/fs/bpf/xdp-router/<netns> so it keeps running after the \
+command exits, and manages its rules, counters and connection table.";
+const AFTER_HELP: &str = "Examples:
+  router-ctl -n rtr attach lan0 wan0                # start the fast path in netns rtr
+  router-ctl -n rtr status                          # what runs where, since when
+  router-ctl -n rtr forward add tcp 8080 192.168.50.2:80
+  router-ctl -n rtr stats --watch                   # live pps/bps per counter
+  router-ctl apply /etc/xdp-router/router.toml      # the whole router from one file
+  router-ctl doctor lan0 wan0                       # XDP hazards and their fixes
+  RUST_LOG=debug router-ctl attach lan0 wan0        # log every step
+
+Exit status: 0 success, 1 error (the message says what failed and what to do), \
+3 `status` when nothing is attached.";
+
 #[derive(Parser)]
-#[command(version, about = "XDP NAT fast path controller", long_about = None)]
+#[command(version = version_string(), about = ABOUT, long_about = LONG_ABOUT,
+          after_help = AFTER_HELP)]
 struct Cli {
     /// Work on the interfaces of this named network namespace (like `ip -n`).
     /// Pins stay in the caller's bpffs, unlike with `ip netns exec`.
-    #[arg(short = 'n', long = "netns", global = true)]
+    #[arg(short = 'n', long = "netns", global = true, value_name = "NETNS")]
     netns: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+fn version_string() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        format!(
+            "{} (XDP object {})",
+            env!("CARGO_PKG_VERSION"),
+            attach::Object::embedded_id().version()
+        )
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
-    /// Native (driver) mode, falling back to generic with a warning.
+    /// Native (driver) mode, falling back to generic with a loud warning.
     Auto,
-    /// Native (driver) mode only.
+    /// Native (driver) mode only: fail if the driver cannot.
     Native,
-    /// Generic (skb) mode: works everywhere, slower.
+    /// Generic (skb) mode: works everywhere, several times slower.
     Generic,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+struct AttachOpts {
+    /// Interface towards the inside hosts.
+    lan: String,
+    /// Interface towards the upstream; its address is the masquerade source.
+    wan: String,
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: Mode,
+    /// Masquerade address: `auto` takes the first IPv4 address of WAN.
+    #[arg(long, value_name = "auto|ADDR", default_value = "auto",
+          value_parser = parse::parse_wan_addr)]
+    wan_addr: WanAddr,
+    /// Source ports for masqueraded flows, inclusive.
+    #[arg(long, value_name = "MIN-MAX", default_value = "1024-65535",
+          value_parser = parse::parse_port_range)]
+    port_range: (u16, u16),
+    /// Conntrack capacity in flows (the table holds two entries per flow).
+    #[arg(long, value_name = "N", default_value_t = router_common::maps::DEFAULT_MAX_FLOWS,
+          value_parser = parse::parse_max_flows)]
+    max_flows: u32,
+    /// Idle timeout of a flow state, repeatable. STATE is one of tcp-syn-sent,
+    /// tcp-established, tcp-fin-wait, tcp-closed, udp-unreplied, udp-replied, icmp.
+    #[arg(long = "timeout", value_name = "STATE=SECS", value_parser = parse::parse_timeout)]
+    timeouts: Vec<TimeoutArg>,
+    /// Replace an XDP program on LAN or WAN that router-ctl did not attach.
+    #[arg(long)]
+    force: bool,
+    /// Load and switch to the program again even if nothing changed.
+    #[arg(long)]
+    reload: bool,
+    /// Load this XDP object instead of the embedded one (for tests).
+    #[arg(long, hide = true, value_name = "PATH")]
+    object: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
     /// Load and attach the fast path to LAN and WAN, then exit; it keeps running.
     ///
-    /// LAN -> WAN flows are masqueraded to the WAN address. Example:
-    /// `router-ctl -n router attach lan0 wan0 --port-range 20000-60000`
-    Attach {
-        /// Interface towards the inside hosts.
-        lan: String,
-        /// Interface towards the upstream; its address is the masquerade source.
-        wan: String,
-        #[arg(long, value_enum, default_value = "auto")]
-        mode: Mode,
-        /// Masquerade address: `auto` takes the first IPv4 address of WAN.
-        #[arg(long, value_name = "auto|ADDR", default_value = "auto",
-              value_parser = parse::parse_wan_addr)]
-        wan_addr: WanAddr,
-        /// Source ports for masqueraded flows, inclusive.
-        #[arg(long, value_name = "MIN-MAX", default_value = "1024-65535",
-              value_parser = parse::parse_port_range)]
-        port_range: (u16, u16),
-        /// Conntrack capacity in flows (the table holds two entries per flow).
-        #[arg(long, value_name = "N", default_value_t = router_common::maps::DEFAULT_MAX_FLOWS,
-              value_parser = parse::parse_max_flows)]
-        max_flows: u32,
-        /// Idle timeout of a flow state, repeatable. STATE is one of tcp-syn-sent,
-        /// tcp-established, tcp-fin-wait, tcp-closed, udp-unreplied, udp-replied, icmp.
-        #[arg(long = "timeout", value_name = "STATE=SECS", value_parser = parse::parse_timeout)]
-        timeouts: Vec<TimeoutArg>,
-    },
-    /// Detach and remove exactly the pins that `attach` made.
+    /// LAN -> WAN flows are masqueraded to the WAN address. Attaching again with the
+    /// same object and configuration changes nothing; with a new configuration (or a new
+    /// router-ctl) the program is replaced in place through the pinned links: no traffic
+    /// gap, conntrack, counters and rules are kept. If the second interface fails, the
+    /// first is detached again.
+    #[command(after_help = "Examples:
+  router-ctl -n rtr attach lan0 wan0
+  router-ctl attach lan0 wan0 --mode native --port-range 20000-60000 --timeout udp-replied=300
+  router-ctl attach lan0 wan0 --max-flows 1000000 --wan-addr 203.0.113.1
+  router-ctl attach lan0 wan0 --reload          # swap in the program again, flows kept")]
+    Attach(AttachOpts),
+    /// Turn the fast path off and remove exactly the pins `attach` made.
+    ///
+    /// The configuration is cleared first (both interfaces go back to the kernel path at
+    /// once), then the links and maps are unpinned.
+    #[command(after_help = "Example:\n  router-ctl -n rtr detach")]
     Detach,
-    /// Print the summed per-CPU counters, grouped by outcome.
-    Stats {
+    /// What is attached where, in which mode, since when, which object, map fill levels.
+    ///
+    /// Exit status 0 attached and healthy, 3 not attached, 1 a problem (pins lost after a
+    /// reboot, an interrupted attach or replace, interfaces gone).
+    #[command(
+        after_help = "Examples:\n  router-ctl -n rtr status\n  router-ctl -n rtr status --json | jq .state"
+    )]
+    Status {
         #[arg(long)]
         json: bool,
+    },
+    /// Print the summed per-CPU counters, grouped by outcome.
+    #[command(after_help = "Examples:
+  router-ctl -n rtr stats
+  router-ctl -n rtr stats --json
+  router-ctl -n rtr stats --watch              # rates each second until Ctrl-C
+  router-ctl -n rtr stats --watch --json --count 10")]
+    Stats {
+        /// One JSON object (with --watch: one per line, with rates).
+        #[arg(long)]
+        json: bool,
+        /// Refresh every interval with packet and bit rates per counter, until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes with --watch.
+        #[arg(long, default_value_t = 1.0, value_name = "SECS", requires = "watch",
+              value_parser = parse_interval)]
+        interval: f64,
+        /// Stop after this many refreshes with --watch.
+        #[arg(long, value_name = "N", requires = "watch")]
+        count: Option<u64>,
     },
     /// Port-forward rules: new WAN -> LAN flows to the WAN address.
     Forward {
@@ -84,13 +174,81 @@ enum Cmd {
         #[command(subcommand)]
         cmd: ConntrackCmd,
     },
+    /// Make the router match a declarative TOML file (interfaces, WAN address, ports,
+    /// table size, timeouts, port forwards).
+    ///
+    /// The whole file is validated before anything changes; an error names the line and
+    /// the field. Applying the same file again changes nothing.
+    #[command(after_help = "Examples:
+  router-ctl apply router.toml
+  router-ctl apply --check router.toml       # validate only
+See examples/router.toml in the source tree for every field.")]
+    Apply {
+        /// The TOML file.
+        file: PathBuf,
+        /// Validate the file (and the interfaces it names) and change nothing.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Serve Prometheus metrics (counters, conntrack use, port-allocation failures).
+    ///
+    /// Binds in the caller's network namespace (also with -n, which only selects the
+    /// router's pins), on loopback unless told otherwise.
+    #[command(after_help = "Examples:
+  router-ctl -n rtr metrics                       # http://127.0.0.1:9469/metrics
+  router-ctl metrics --listen 127.0.0.1:0         # any free port, printed on start")]
+    Metrics {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9469", value_name = "ADDR:PORT")]
+        listen: std::net::SocketAddr,
+    },
+    /// Check interfaces for XDP hazards and print a fix for each.
+    ///
+    /// Native XDP support, programs already attached, veth peers that drop redirected
+    /// frames (no XDP program and no GRO), peers that send partial checksums (tx
+    /// checksum offload), MTU mismatches. Exit status 1 if a check failed.
+    #[command(
+        after_help = "Examples:\n  router-ctl -n rtr doctor lan0 wan0\n  router-ctl doctor eth0 eth1 --json"
+    )]
+    Doctor {
+        #[arg(required = true, value_name = "IFACE")]
+        ifaces: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:
+  router-ctl completions bash > /etc/bash_completion.d/router-ctl
+  router-ctl completions zsh > ~/.zfunc/_router-ctl")]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    #[command(after_help = "Example:\n  router-ctl man > /usr/local/share/man/man8/router-ctl.8")]
+    Man,
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if (0.1..=3600.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is out of range (expected 0.1-3600 seconds)"))
+    }
 }
 
 #[derive(Subcommand)]
 enum ForwardCmd {
     /// Send new flows to a port of the WAN address on to a LAN host.
     ///
-    /// Example: `router-ctl forward add tcp 8080 192.168.50.2:80`
+    /// Takes effect at once (a map update, no reload). The same rule twice is a no-op; a
+    /// different target for a WAN port that has a rule is refused.
+    #[command(after_help = "Examples:
+  router-ctl forward add tcp 8080 192.168.50.2:80
+  router-ctl forward add udp 5353 192.168.50.3:53")]
     Add {
         #[arg(value_enum)]
         proto: Proto,
@@ -102,6 +260,7 @@ enum ForwardCmd {
         target: std::net::SocketAddrV4,
     },
     /// Delete the rule of a WAN port (flows it opened run until they expire).
+    #[command(after_help = "Example:\n  router-ctl forward del tcp 8080")]
     Del {
         #[arg(value_enum)]
         proto: Proto,
@@ -110,6 +269,9 @@ enum ForwardCmd {
         wan_port: u16,
     },
     /// List the rules.
+    #[command(
+        after_help = "Examples:\n  router-ctl forward list\n  router-ctl forward list --json"
+    )]
     List {
         #[arg(long)]
         json: bool,
@@ -119,18 +281,35 @@ enum ForwardCmd {
 #[derive(Subcommand)]
 enum ConntrackCmd {
     /// One row per flow: original and translated addresses, state, age.
+    #[command(
+        after_help = "Examples:\n  router-ctl conntrack list\n  router-ctl conntrack list --json"
+    )]
     List {
         #[arg(long)]
         json: bool,
     },
     /// Number of flows and entries, and the table's capacity in entries.
+    #[command(after_help = "Example:\n  router-ctl conntrack count --json")]
     Count {
         #[arg(long)]
         json: bool,
     },
     /// Remove every entry (established flows through the fast path break
     /// unless the kernel can take them over).
+    #[command(after_help = "Example:\n  router-ctl conntrack flush")]
     Flush,
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time()
+        .with_target(false)
+        .try_init();
 }
 
 fn main() {
@@ -143,49 +322,117 @@ fn main() {
         }
         Err(e) => e.exit(),
     };
-    if let Err(e) = run(cli) {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    init_logging();
+    match run(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("router-ctl needs root (CAP_BPF and CAP_NET_ADMIN); run it with sudo");
+impl Cmd {
+    /// The command's name for messages, and what it needs.
+    fn need(&self) -> (&'static str, caps::Need) {
+        use caps::Need::{Change, Nothing, Read};
+        match self {
+            Self::Attach(_) => ("attach", Change),
+            Self::Detach => ("detach", Change),
+            Self::Status { .. } => ("status", Read),
+            Self::Stats { .. } => ("stats", Read),
+            Self::Forward { cmd } => match cmd {
+                ForwardCmd::Add { .. } => ("forward add", Change),
+                ForwardCmd::Del { .. } => ("forward del", Change),
+                ForwardCmd::List { .. } => ("forward list", Read),
+            },
+            Self::Conntrack { cmd } => match cmd {
+                ConntrackCmd::Flush => ("conntrack flush", Change),
+                ConntrackCmd::List { .. } => ("conntrack list", Read),
+                ConntrackCmd::Count { .. } => ("conntrack count", Read),
+            },
+            Self::Apply { check: true, .. } => ("apply --check", Read),
+            Self::Apply { .. } => ("apply", Change),
+            Self::Metrics { .. } => ("metrics", Read),
+            Self::Doctor { .. } => ("doctor", Nothing),
+            Self::Completions { .. } => ("completions", Nothing),
+            Self::Man => ("man", Nothing),
+        }
     }
-    let pin_dir = pins::pin_dir(cli.netns.as_deref());
+}
+
+fn attach_args(o: AttachOpts) -> Result<attach::AttachArgs> {
+    let timeouts = parse::apply_timeouts(&o.timeouts).map_err(anyhow::Error::msg)?;
+    Ok(attach::AttachArgs {
+        lan: o.lan,
+        wan: o.wan,
+        mode: o.mode,
+        wan_addr: o.wan_addr,
+        port_range: o.port_range,
+        max_flows: o.max_flows,
+        timeouts,
+        force: o.force,
+        reload: o.reload,
+        object: o.object,
+    })
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    let (name, need) = cli.cmd.need();
+    match &cli.cmd {
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "router-ctl",
+                &mut std::io::stdout(),
+            );
+            return Ok(0);
+        }
+        Cmd::Man => {
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut std::io::stdout())
+                .context("writing the man page")?;
+            return Ok(0);
+        }
+        _ => {}
+    }
+    // Entering a namespace needs CAP_SYS_ADMIN; metrics does not enter it.
+    let enters = cli.netns.is_some() && !matches!(cli.cmd, Cmd::Metrics { .. });
+    caps::require(name, need, enters)?;
+    let ctx = attach::Ctx {
+        netns: cli.netns.clone(),
+        pin_dir: pins::pin_dir(cli.netns.as_deref()),
+    };
+    if let Cmd::Metrics { listen } = cli.cmd {
+        // Bind before anything else, in the caller's namespace.
+        return metrics::serve(&ctx, listen).map(|()| 0);
+    }
     if let Some(ns) = &cli.netns {
         // Enter only the network namespace, on the only thread: interface
         // names and netlink resolve there, pins stay in our bpffs.
         enter_netns(ns)?;
     }
+    let pin_dir = ctx.pin_dir.clone();
     match cli.cmd {
-        Cmd::Attach {
-            lan,
-            wan,
-            mode,
-            wan_addr,
-            port_range,
-            max_flows,
-            timeouts,
-        } => {
-            let timeouts = parse::apply_timeouts(&timeouts).map_err(anyhow::Error::msg)?;
-            attach::attach(
-                &pin_dir,
-                &attach::AttachArgs {
-                    lan,
-                    wan,
-                    mode,
-                    wan_addr,
-                    port_range,
-                    max_flows,
-                    timeouts,
-                },
-            )
+        Cmd::Attach(o) => {
+            let a = attach_args(o)?;
+            attach::attach(&ctx, &a, &[]).map(|_| 0)
         }
-        Cmd::Detach => attach::detach(&pin_dir),
-        Cmd::Stats { json } => stats::stats(&pin_dir, json),
+        Cmd::Detach => attach::detach(&ctx).map(|_| 0),
+        Cmd::Status { json } => Ok(status::status(&ctx, json)),
+        Cmd::Stats {
+            json,
+            watch,
+            interval,
+            count,
+        } => {
+            if watch {
+                stats::watch(&pin_dir, json, interval, count).map(|()| 0)
+            } else {
+                stats::stats(&pin_dir, json).map(|()| 0)
+            }
+        }
         Cmd::Forward { cmd } => match cmd {
             ForwardCmd::Add {
                 proto,
@@ -194,12 +441,17 @@ fn run(cli: Cli) -> Result<()> {
             } => forward::add(&pin_dir, proto, wan_port, target),
             ForwardCmd::Del { proto, wan_port } => forward::del(&pin_dir, proto, wan_port),
             ForwardCmd::List { json } => forward::list(&pin_dir, json),
-        },
+        }
+        .map(|()| 0),
         Cmd::Conntrack { cmd } => match cmd {
             ConntrackCmd::List { json } => conntrack::list(&pin_dir, json),
             ConntrackCmd::Count { json } => conntrack::count(&pin_dir, json),
             ConntrackCmd::Flush => conntrack::flush(&pin_dir),
-        },
+        }
+        .map(|()| 0),
+        Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
+        Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &pin_dir, json)),
+        Cmd::Metrics { .. } | Cmd::Completions { .. } | Cmd::Man => Ok(0),
     }
 }
 
@@ -234,7 +486,7 @@ mod tests {
 
     #[test]
     fn attach_defaults() {
-        let Cmd::Attach {
+        let Cmd::Attach(AttachOpts {
             lan,
             wan,
             mode,
@@ -242,7 +494,8 @@ mod tests {
             port_range,
             max_flows,
             timeouts,
-        } = parse(&["-n", "r", "attach", "lan0", "wan0"]).unwrap().cmd
+            ..
+        }) = parse(&["-n", "r", "attach", "lan0", "wan0"]).unwrap().cmd
         else {
             panic!("not attach");
         };
@@ -274,14 +527,14 @@ mod tests {
             "tcp-established=600",
         ])
         .unwrap();
-        let Cmd::Attach {
+        let Cmd::Attach(AttachOpts {
             mode,
             wan_addr,
             port_range,
             max_flows,
             timeouts,
             ..
-        } = cli.cmd
+        }) = cli.cmd
         else {
             panic!("not attach");
         };

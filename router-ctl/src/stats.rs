@@ -55,7 +55,7 @@ impl Group {
     }
 }
 
-fn read_counters(pin_dir: &Path) -> Result<Vec<(Counter, CounterValue)>> {
+pub fn read_counters(pin_dir: &Path) -> Result<Vec<(Counter, CounterValue)>> {
     let map: PerCpuArray<MapData, CounterValue> =
         PerCpuArray::try_from(open_map(pin_dir, COUNTERS_MAP)?).context(
             "COUNTERS does not have the layout this router-ctl expects; detach and attach again",
@@ -83,7 +83,8 @@ pub struct TableUse {
     pub capacity: u32,
 }
 
-fn table_use(pin_dir: &Path) -> Option<TableUse> {
+#[must_use]
+pub fn table_use(pin_dir: &Path) -> Option<TableUse> {
     let map = open_hash::<FlowKey, FlowEntry>(pin_dir, CONNTRACK_MAP).ok()?;
     let capacity = pins::capacity(&map).ok()?;
     let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
@@ -171,6 +172,157 @@ pub fn stats(pin_dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Rate of change per second between two readings (0 if the counter went
+/// backwards, e.g. after a detach and attach).
+#[must_use]
+#[expect(clippy::cast_precision_loss, reason = "rates are approximate")]
+pub fn rate(before: u64, after: u64, secs: f64) -> f64 {
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    after.saturating_sub(before) as f64 / secs
+}
+
+/// One `--watch` sample as JSON: totals and per-second rates.
+#[must_use]
+pub fn rates_json(
+    prev: &[(Counter, CounterValue)],
+    cur: &[(Counter, CounterValue)],
+    secs: f64,
+    table: Option<TableUse>,
+) -> Value {
+    let mut counters = JsonMap::new();
+    for ((c, p), (_, v)) in prev.iter().zip(cur) {
+        let val = if c.is_event() {
+            json!({"events": v.packets, "per_sec": rate(p.packets, v.packets, secs)})
+        } else {
+            json!({
+                "packets": v.packets,
+                "bytes": v.bytes,
+                "pps": rate(p.packets, v.packets, secs),
+                "bps": rate(p.bytes, v.bytes, secs) * 8.0,
+            })
+        };
+        counters.insert(c.name().to_owned(), val);
+    }
+    let mut obj = json!({
+        "time": crate::state::now_unix(),
+        "interval_secs": secs,
+        "counters": counters,
+    });
+    if let Some(t) = table {
+        obj["conntrack"] = json!({"entries": t.entries, "capacity": t.capacity});
+    }
+    obj
+}
+
+/// `12.3k`, `4.56M`...: a rate for the table.
+#[must_use]
+pub fn human(v: f64) -> String {
+    if v >= 1e9 {
+        format!("{:.2}G", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// The `--watch` screen: every counter with its total and rates.
+#[must_use]
+pub fn rates_table(
+    prev: &[(Counter, CounterValue)],
+    cur: &[(Counter, CounterValue)],
+    secs: f64,
+    table: Option<TableUse>,
+) -> String {
+    use std::fmt::Write as _;
+    let mut s = format!(
+        "{:<32} {:>14} {:>10} {:>10}\n",
+        "counter", "total", "pps", "bps"
+    );
+    for g in Group::ALL {
+        for ((c, p), (_, v)) in prev
+            .iter()
+            .zip(cur)
+            .filter(|((c, _), _)| Group::of(*c) == g)
+        {
+            let pps = rate(p.packets, v.packets, secs);
+            if c.is_event() {
+                let _ = writeln!(
+                    s,
+                    "  {:<30} {:>14} {:>10} {:>10}",
+                    c.name(),
+                    v.packets,
+                    format!("{}/s", human(pps)),
+                    "-"
+                );
+            } else {
+                let bps = rate(p.bytes, v.bytes, secs) * 8.0;
+                let _ = writeln!(
+                    s,
+                    "  {:<30} {:>14} {:>10} {:>10}",
+                    c.name(),
+                    v.packets,
+                    human(pps),
+                    human(bps)
+                );
+            }
+        }
+    }
+    if let Some(t) = table {
+        let _ = writeln!(
+            s,
+            "\nconntrack entries {} of capacity {} (two per flow)",
+            t.entries, t.capacity
+        );
+    }
+    s
+}
+
+/// `stats --watch`: rates every `interval` seconds until Ctrl-C (or
+/// `count` refreshes).
+pub fn watch(pin_dir: &Path, json: bool, interval: f64, count: Option<u64>) -> Result<()> {
+    use std::io::{IsTerminal as _, Write as _};
+    let tty = std::io::stdout().is_terminal();
+    let mut prev = read_counters(pin_dir)?;
+    let mut t0 = std::time::Instant::now();
+    let mut n = 0u64;
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs_f64(interval));
+        let cur = read_counters(pin_dir)?;
+        let t1 = std::time::Instant::now();
+        let secs = (t1 - t0).as_secs_f64();
+        let table = table_use(pin_dir);
+        let mut out = std::io::stdout().lock();
+        if json {
+            writeln!(out, "{}", rates_json(&prev, &cur, secs, table))?;
+        } else {
+            if tty {
+                // Clear the screen and go home.
+                write!(out, "\x1b[2J\x1b[H")?;
+            }
+            writeln!(
+                out,
+                "{} (every {interval} s, Ctrl-C to stop)",
+                crate::status::format_time(crate::state::now_unix())
+            )?;
+            write!(out, "{}", rates_table(&prev, &cur, secs, table))?;
+            if !tty {
+                writeln!(out)?;
+            }
+        }
+        out.flush()?;
+        (prev, t0) = (cur, t1);
+        n += 1;
+        if count.is_some_and(|c| n >= c) {
+            return Ok(());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,5 +407,40 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("conntrack entries 2 of capacity 8"));
+    }
+
+    #[test]
+    fn rates() {
+        assert!((rate(100, 300, 2.0) - 100.0).abs() < 1e-9);
+        assert!(rate(300, 100, 1.0).abs() < 1e-9);
+        assert!(rate(1, 2, 0.0).abs() < 1e-9);
+        assert_eq!(human(999.0), "999");
+        assert_eq!(human(12_345.0), "12.3k");
+        assert_eq!(human(4_560_000.0), "4.56M");
+        assert_eq!(human(2.5e9), "2.50G");
+        let prev = sample();
+        let cur: Vec<_> = prev
+            .iter()
+            .map(|&(c, v)| {
+                (
+                    c,
+                    CounterValue {
+                        packets: v.packets + 10,
+                        bytes: v.bytes + 1000,
+                    },
+                )
+            })
+            .collect();
+        let j = rates_json(&prev, &cur, 2.0, None);
+        assert_eq!(j["counters"]["fwd_outbound"]["pps"], 5.0);
+        assert_eq!(j["counters"]["fwd_outbound"]["bps"], 4000.0);
+        assert_eq!(j["counters"]["flow_new_masquerade"]["per_sec"], 5.0);
+        let t = rates_table(&prev, &cur, 2.0, None);
+        assert!(t.contains("fwd_outbound"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("fwd_outbound") && l.contains("4.0k")),
+            "{t}"
+        );
     }
 }

@@ -1,0 +1,555 @@
+//! `apply FILE`: the router from one declarative TOML file. The whole file
+//! is parsed and validated (every error with its line and field) before
+//! anything changes; then the router is attached, replaced or left alone,
+//! and the port-forward rules are made to match the file exactly. Applying
+//! the same file twice changes nothing.
+
+use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddrV4, path::Path};
+
+use anyhow::{Context, Result, bail};
+use router_common::maps::{
+    DEFAULT_MAX_FLOWS, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget,
+};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::{
+    Mode,
+    attach::{self, AttachArgs, Ctx, Outcome},
+    forward::{self, Rule},
+    parse::{self, MAX_FLOWS_LIMIT, Proto, TIMEOUT_KEYS, TimeoutArg, WanAddr},
+    state,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    interfaces: Spanned<Interfaces>,
+    #[serde(default)]
+    nat: Option<Nat>,
+    #[serde(default)]
+    timeouts: Option<BTreeMap<Spanned<String>, Spanned<i64>>>,
+    #[serde(default, rename = "forward")]
+    forwards: Vec<Spanned<Forward>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Interfaces {
+    lan: Spanned<String>,
+    wan: Spanned<String>,
+    #[serde(default)]
+    mode: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Nat {
+    #[serde(default)]
+    wan_addr: Option<Spanned<String>>,
+    #[serde(default)]
+    port_range: Option<Spanned<String>>,
+    #[serde(default)]
+    max_flows: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Forward {
+    proto: Spanned<String>,
+    wan_port: Spanned<i64>,
+    to: Spanned<String>,
+}
+
+/// A validated file: what `attach` gets and the rules.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    pub args: AttachArgs,
+    pub forwards: Vec<(PortForwardKey, PortForwardTarget)>,
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+#[must_use]
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before
+        .rfind('\n')
+        .map_or(before.len(), |p| before.len() - p - 1)
+        + 1;
+    (line, col)
+}
+
+/// The dotted name of the key whose line holds `offset`: the nearest
+/// `[table]` or `[[array]]` header above it, plus the key before `=`.
+#[must_use]
+pub fn field_at(text: &str, offset: usize) -> Option<String> {
+    let (line, _) = line_col(text, offset);
+    let lines: Vec<&str> = text.lines().collect();
+    let cur = lines.get(line - 1)?;
+    let key = cur.split_once('=').map(|(k, _)| k.trim().trim_matches('"'));
+    let header = lines[..line - 1].iter().rev().find_map(|l| {
+        let t = l.trim();
+        t.strip_prefix("[[")
+            .and_then(|x| x.strip_suffix("]]"))
+            .or_else(|| t.strip_prefix('[').and_then(|x| x.strip_suffix(']')))
+            .map(str::trim)
+    });
+    match (header, key) {
+        (Some(h), Some(k)) if !k.is_empty() && !k.starts_with('[') => Some(format!("{h}.{k}")),
+        (None, Some(k)) if !k.is_empty() && !k.starts_with('[') => Some(k.to_owned()),
+        (Some(h), _) => Some(h.to_owned()),
+        _ => None,
+    }
+}
+
+struct Errors<'a> {
+    name: &'a str,
+    text: &'a str,
+    list: Vec<String>,
+}
+
+impl Errors<'_> {
+    fn at(&mut self, span: std::ops::Range<usize>, field: &str, msg: impl std::fmt::Display) {
+        let (line, _) = line_col(self.text, span.start);
+        self.list
+            .push(format!("{}:{line}: {field}: {msg}", self.name));
+    }
+}
+
+/// Parses and validates a file's text. `name` is used in messages.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear sequence of checks or steps, in order"
+)]
+pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
+    let file: File = toml::from_str(text).map_err(|e| {
+        let (line, col) = e.span().map_or((0, 0), |s| line_col(text, s.start));
+        let field = e
+            .span()
+            .and_then(|s| field_at(text, s.start))
+            .map_or(String::new(), |f| format!("{f}: "));
+        anyhow::anyhow!(
+            "{name}:{line}:{col}: {field}{}; nothing was changed",
+            e.message().trim_end()
+        )
+    })?;
+    let mut errs = Errors {
+        name,
+        text,
+        list: Vec::new(),
+    };
+    let ifs = file.interfaces.get_ref();
+    let (lan, wan) = (ifs.lan.get_ref().trim(), ifs.wan.get_ref().trim());
+    for (v, f, field) in [
+        (lan, &ifs.lan, "interfaces.lan"),
+        (wan, &ifs.wan, "interfaces.wan"),
+    ] {
+        if v.is_empty() || v.len() > 15 || v.contains(['/', ' ']) {
+            errs.at(f.span(), field, format!("{v:?} is not an interface name"));
+        }
+    }
+    if !lan.is_empty() && lan == wan {
+        errs.at(
+            ifs.wan.span(),
+            "interfaces.wan",
+            format!("LAN and WAN are the same interface ({lan}); give two different interfaces"),
+        );
+    }
+    let mode = match &ifs.mode {
+        None => Mode::Auto,
+        Some(m) => match m.get_ref().as_str() {
+            "auto" => Mode::Auto,
+            "native" => Mode::Native,
+            "generic" => Mode::Generic,
+            other => {
+                errs.at(
+                    m.span(),
+                    "interfaces.mode",
+                    format!("{other:?} is not a mode (expected auto, native or generic)"),
+                );
+                Mode::Auto
+            }
+        },
+    };
+    let mut wan_addr = WanAddr::Auto;
+    let mut port_range = (1024, 65535);
+    let mut max_flows = DEFAULT_MAX_FLOWS;
+    if let Some(nat) = &file.nat {
+        if let Some(a) = &nat.wan_addr {
+            match parse::parse_wan_addr(a.get_ref()) {
+                Ok(x) => wan_addr = x,
+                Err(e) => errs.at(a.span(), "nat.wan_addr", e),
+            }
+        }
+        if let Some(r) = &nat.port_range {
+            match parse::parse_port_range(r.get_ref()) {
+                Ok(x) => port_range = x,
+                Err(e) => errs.at(r.span(), "nat.port_range", e),
+            }
+        }
+        if let Some(m) = &nat.max_flows {
+            match u32::try_from(*m.get_ref()) {
+                Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => max_flows = n,
+                _ => errs.at(
+                    m.span(),
+                    "nat.max_flows",
+                    format!(
+                        "{} flows is out of range (expected 1-{MAX_FLOWS_LIMIT})",
+                        m.get_ref()
+                    ),
+                ),
+            }
+        }
+    }
+    let mut targs = Vec::new();
+    for (k, v) in file.timeouts.iter().flatten() {
+        let field = format!("timeouts.{}", k.get_ref());
+        let Some(key) = TIMEOUT_KEYS.iter().position(|n| n == k.get_ref()) else {
+            errs.at(
+                k.span(),
+                &field,
+                format!(
+                    "unknown state (expected one of {})",
+                    TIMEOUT_KEYS.join(", ")
+                ),
+            );
+            continue;
+        };
+        match u32::try_from(*v.get_ref()) {
+            Ok(secs) if secs >= 1 => targs.push(TimeoutArg { key, secs }),
+            _ => errs.at(
+                v.span(),
+                &field,
+                format!(
+                    "{} is not a timeout (expected 1-{} seconds)",
+                    v.get_ref(),
+                    u32::MAX
+                ),
+            ),
+        }
+    }
+    let timeouts = parse::apply_timeouts(&targs).unwrap_or_default();
+    let mut forwards = Vec::new();
+    let mut seen: BTreeMap<(Proto, u16), usize> = BTreeMap::new();
+    if file.forwards.len() > MAX_PORT_FORWARDS as usize {
+        errs.at(
+            file.forwards[MAX_PORT_FORWARDS as usize].span(),
+            "forward",
+            format!("more than {MAX_PORT_FORWARDS} rules"),
+        );
+    }
+    for f in &file.forwards {
+        let fw = f.get_ref();
+        let proto = match fw.proto.get_ref().as_str() {
+            "tcp" => Some(Proto::Tcp),
+            "udp" => Some(Proto::Udp),
+            other => {
+                errs.at(
+                    fw.proto.span(),
+                    "forward.proto",
+                    format!("{other:?} is not tcp or udp"),
+                );
+                None
+            }
+        };
+        let port = match u16::try_from(*fw.wan_port.get_ref()) {
+            Ok(p) if p >= 1 => Some(p),
+            _ => {
+                errs.at(
+                    fw.wan_port.span(),
+                    "forward.wan_port",
+                    format!(
+                        "port {} is out of range (expected 1-65535)",
+                        fw.wan_port.get_ref()
+                    ),
+                );
+                None
+            }
+        };
+        let to: Option<SocketAddrV4> = match parse::parse_forward_target(fw.to.get_ref()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                errs.at(fw.to.span(), "forward.to", e);
+                None
+            }
+        };
+        if let (Some(p), Some(port)) = (proto, port) {
+            let (line, _) = line_col(text, fw.wan_port.span().start);
+            if let Some(first) = seen.insert((p, port), line) {
+                errs.at(
+                    fw.wan_port.span(),
+                    "forward.wan_port",
+                    format!(
+                        "{} {port} is forwarded twice (first at line {first}); a WAN port can \
+                         have one rule",
+                        p.name()
+                    ),
+                );
+            }
+            if let Some(t) = to {
+                forwards.push((forward::key(p, port), forward::target(t)));
+            }
+        }
+    }
+    if !errs.list.is_empty() {
+        let n = errs.list.len();
+        bail!(
+            "{name} is not valid ({n} error{}); nothing was changed:\n  {}",
+            if n == 1 { "" } else { "s" },
+            errs.list.join("\n  ")
+        );
+    }
+    Ok(Desired {
+        args: AttachArgs {
+            lan: lan.to_owned(),
+            wan: wan.to_owned(),
+            mode,
+            wan_addr,
+            port_range,
+            max_flows,
+            timeouts,
+            force: false,
+            reload: false,
+            object: None,
+        },
+        forwards,
+    })
+}
+
+/// Makes the pinned rules equal to `want`; returns the changes made.
+fn sync_rules(ctx: &Ctx, want: &[(PortForwardKey, PortForwardTarget)]) -> Result<Vec<String>> {
+    let mut map = crate::pins::open_hash::<PortForwardKey, PortForwardTarget>(
+        &ctx.pin_dir,
+        router_common::maps::PORT_FORWARDS_MAP,
+    )?;
+    let have: BTreeMap<PortForwardKey, PortForwardTarget> =
+        crate::pins::snapshot(&map, MAX_PORT_FORWARDS)?
+            .into_iter()
+            .collect();
+    let want_map: BTreeMap<PortForwardKey, PortForwardTarget> = want.iter().copied().collect();
+    let mut changes = Vec::new();
+    for (k, t) in &have {
+        if !want_map.contains_key(k) {
+            map.remove(k).context("deleting a port-forward rule")?;
+            changes.push(format!("deleted rule {}", Rule::new(*k, *t).describe()));
+        }
+    }
+    for (k, t) in &want_map {
+        match have.get(k) {
+            Some(cur) if cur == t => {}
+            Some(cur) => {
+                map.insert(k, t, 0)
+                    .context("changing a port-forward rule")?;
+                changes.push(format!(
+                    "changed rule {} (was -> {}:{})",
+                    Rule::new(*k, *t).describe(),
+                    std::net::Ipv4Addr::from(cur.addr),
+                    cur.port
+                ));
+            }
+            None => {
+                map.insert(k, t, 0).context("adding a port-forward rule")?;
+                changes.push(format!("added rule {}", Rule::new(*k, *t).describe()));
+            }
+        }
+    }
+    Ok(changes)
+}
+
+pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let name = path.display().to_string();
+    let d = parse_file(&name, &text)?;
+    // The interfaces and the WAN address, still without changing anything.
+    let cfg = attach::resolve(&d.args).map_err(|e| {
+        let line = |needle: &str| {
+            text.lines()
+                .position(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == needle))
+                .map_or(0, |i| i + 1)
+        };
+        let msg = format!("{e:#}");
+        let (field, l) = if msg.contains(&format!("{:?}", d.args.wan)) || msg.contains("WAN") {
+            ("interfaces.wan", line("wan"))
+        } else {
+            ("interfaces.lan", line("lan"))
+        };
+        anyhow::anyhow!("{name}:{l}: {field}: {msg}; nothing was changed")
+    })?;
+    let mut summary = String::new();
+    let _ = write!(
+        summary,
+        "{} -> {}, masquerade to {} ports {}-{}, table {} flows, {} port-forward rule(s)",
+        cfg.lan,
+        cfg.wan,
+        cfg.wan_addr,
+        cfg.port_min,
+        cfg.port_max,
+        cfg.max_flows,
+        d.forwards.len()
+    );
+    if check {
+        println!("{name} is valid: {summary}");
+        return Ok(());
+    }
+    let outcome = attach::attach(ctx, &d.args, &d.forwards)?;
+    let changes = {
+        let _lock = state::lock(ctx.ns())?;
+        let _signals = attach::SignalsBlocked::new();
+        sync_rules(ctx, &d.forwards)?
+    };
+    for c in &changes {
+        println!("{c}");
+    }
+    if outcome == Outcome::Unchanged && changes.is_empty() {
+        println!("applied {name}: nothing changed");
+    } else {
+        println!("applied {name}: {summary}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../examples/router.toml");
+
+    fn err(text: &str) -> String {
+        format!("{:#}", parse_file("r.toml", text).unwrap_err())
+    }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let d = parse_file("router.toml", EXAMPLE).unwrap();
+        assert_eq!(d.args.lan, "lan0");
+        assert_eq!(d.args.wan, "wan0");
+        assert_eq!(d.args.mode, Mode::Auto);
+        assert!(!d.forwards.is_empty());
+    }
+
+    #[test]
+    fn minimal_file_gets_defaults() {
+        let d = parse_file("r", "[interfaces]\nlan = \"a\"\nwan = \"b\"\n").unwrap();
+        assert_eq!(d.args.port_range, (1024, 65535));
+        assert_eq!(d.args.max_flows, DEFAULT_MAX_FLOWS);
+        assert_eq!(d.args.wan_addr, WanAddr::Auto);
+        assert!(d.forwards.is_empty());
+        assert_eq!(d.args.timeouts, router_common::maps::Timeouts::default());
+    }
+
+    #[test]
+    fn values_arrive() {
+        let d = parse_file(
+            "r",
+            "[interfaces]\nlan = \"a\"\nwan = \"b\"\nmode = \"generic\"\n\
+             [nat]\nwan_addr = \"203.0.113.1\"\nport_range = \"20000-20010\"\nmax_flows = 1000\n\
+             [timeouts]\nicmp = 5\nudp-replied = 300\n\
+             [[forward]]\nproto = \"udp\"\nwan_port = 5353\nto = \"192.168.50.2:53\"\n",
+        )
+        .unwrap();
+        assert_eq!(d.args.mode, Mode::Generic);
+        assert_eq!(d.args.wan_addr, WanAddr::Addr([203, 0, 113, 1].into()));
+        assert_eq!(d.args.port_range, (20000, 20010));
+        assert_eq!(d.args.max_flows, 1000);
+        assert_eq!(
+            (d.args.timeouts.icmp, d.args.timeouts.udp_replied),
+            (5, 300)
+        );
+        assert_eq!(
+            d.forwards,
+            vec![(
+                forward::key(Proto::Udp, 5353),
+                forward::target("192.168.50.2:53".parse().unwrap())
+            )]
+        );
+    }
+
+    #[test]
+    fn each_bad_field_names_its_line_and_field() {
+        let base = |extra: &str| format!("[interfaces]\nlan = \"lan0\"\nwan = \"wan0\"\n{extra}");
+        for (extra, line, field) in [
+            ("[nat]\nport_range = \"0-10\"\n", 5, "nat.port_range"),
+            ("[nat]\nport_range = \"9-1\"\n", 5, "nat.port_range"),
+            ("[nat]\nwan_addr = \"300.1.1.1\"\n", 5, "nat.wan_addr"),
+            ("[nat]\nwan_addr = \"224.0.0.1\"\n", 5, "nat.wan_addr"),
+            ("[nat]\nmax_flows = 0\n", 5, "nat.max_flows"),
+            ("[nat]\nmax_flows = \"many\"\n", 5, "nat.max_flows"),
+            ("[nat]\ncolour = 1\n", 5, "colour"),
+            ("[timeouts]\nudp = 5\n", 5, "timeouts.udp"),
+            ("[timeouts]\nicmp = 0\n", 5, "timeouts.icmp"),
+            (
+                "[[forward]]\nproto = \"icmp\"\nwan_port = 1\nto = \"1.2.3.4:1\"\n",
+                5,
+                "forward.proto",
+            ),
+            (
+                "[[forward]]\nproto = \"tcp\"\nwan_port = 70000\nto = \"1.2.3.4:1\"\n",
+                6,
+                "forward.wan_port",
+            ),
+            (
+                "[[forward]]\nproto = \"tcp\"\nwan_port = 80\nto = \"1.2.3.4\"\n",
+                7,
+                "forward.to",
+            ),
+            (
+                "[[forward]]\nproto = \"tcp\"\nwan_port = 80\nto = \"0.0.0.0:80\"\n",
+                7,
+                "forward.to",
+            ),
+            (
+                "[[forward]]\nproto = \"tcp\"\nwan_port = 80\nto = \"1.2.3.4:80\"\n\
+                 [[forward]]\nproto = \"tcp\"\nwan_port = 80\nto = \"1.2.3.5:80\"\n",
+                10,
+                "forward.wan_port",
+            ),
+            ("mode = \"fast\"\n", 4, "interfaces.mode"),
+            ("[nat]\nport_range = [1, 2]\n", 5, "nat.port_range"),
+        ] {
+            let text = base(extra);
+            let e = err(&text);
+            assert!(
+                e.contains(&format!("r.toml:{line}")),
+                "line {line} for {extra:?}: {e}"
+            );
+            assert!(e.contains(field), "field {field} for {extra:?}: {e}");
+        }
+        let e = err("[interfaces]\nlan = \"x\"\nwan = \"x\"\n");
+        assert!(
+            e.contains("r.toml:3") && e.contains("same interface"),
+            "{e}"
+        );
+        let e = err("[interfaces]\nlan = \"x\"\n");
+        assert!(e.contains("wan"), "{e}");
+        let e = err("[interfaces\n");
+        assert!(e.contains("r.toml:1"), "{e}");
+    }
+
+    #[test]
+    fn all_errors_are_reported_at_once() {
+        let e = err(
+            "[interfaces]\nlan = \"a\"\nwan = \"b\"\n[nat]\nport_range = \"0-1\"\nmax_flows = 0\n",
+        );
+        assert!(e.contains("2 errors"), "{e}");
+        assert!(e.contains("r.toml:5") && e.contains("r.toml:6"), "{e}");
+        assert!(e.contains("nothing was changed"), "{e}");
+    }
+
+    #[test]
+    fn line_and_field_helpers() {
+        let t = "a = 1\n[nat]\nport_range = \"x\"\n[[forward]]\nproto = 1\n";
+        assert_eq!(line_col(t, 0), (1, 1));
+        assert_eq!(line_col(t, t.find("\"x\"").unwrap()), (3, 14));
+        assert_eq!(
+            field_at(t, t.find("\"x\"").unwrap()).as_deref(),
+            Some("nat.port_range")
+        );
+        assert_eq!(field_at(t, t.find("1\n[").unwrap()).as_deref(), Some("a"));
+        assert_eq!(
+            field_at(t, t.rfind('1').unwrap()).as_deref(),
+            Some("forward.proto")
+        );
+    }
+}

@@ -1,0 +1,115 @@
+//! The few `bpf(2)` commands aya 0.14 does not expose: the interface of an
+//! XDP link, and detaching a link by id (`attach --force`).
+
+use std::{
+    io,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+};
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+const BPF_LINK_DETACH: libc::c_long = 34;
+/// `BPF_LINK_TYPE_XDP`.
+pub const LINK_TYPE_XDP: u32 = 6;
+
+/// What `bpf_link_info` says about a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub id: u32,
+    pub prog_id: u32,
+    pub link_type: u32,
+    /// For XDP links: the interface (in the namespace the link was made in).
+    pub ifindex: u32,
+}
+
+fn sys_bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<libc::c_long> {
+    // SAFETY: attr is a valid, writable buffer of the given size; the kernel
+    // reads and writes only within it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            libc::c_uint::try_from(attr.len()).unwrap_or(0),
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// `BPF_OBJ_GET`: an fd for the object pinned at `path`.
+pub fn obj_get(path: &std::path::Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut attr = [0u8; 16];
+    attr[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
+    let fd = sys_bpf(BPF_OBJ_GET, &mut attr)?;
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel returned a new fd that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` on a link fd.
+pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+    // struct bpf_link_info: type, id, prog_id (u32 each), then an 8-aligned
+    // union whose xdp member starts with the ifindex (offset 16).
+    let mut info = [0u8; 64];
+    let mut attr = [0u8; 16];
+    let fd =
+        u32::try_from(fd.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    attr[0..4].copy_from_slice(&fd.to_ne_bytes());
+    attr[4..8].copy_from_slice(&64u32.to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let u = |o: usize| u32::from_ne_bytes(info[o..o + 4].try_into().unwrap_or([0; 4]));
+    Ok(LinkInfo {
+        link_type: u(0),
+        id: u(4),
+        prog_id: u(8),
+        ifindex: u(16),
+    })
+}
+
+/// An fd for the link with this id.
+pub fn link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = [0u8; 12];
+    attr[0..4].copy_from_slice(&id.to_ne_bytes());
+    let fd = sys_bpf(BPF_LINK_GET_FD_BY_ID, &mut attr)?;
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel returned a new fd that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `BPF_LINK_DETACH`: detaches the link even while others hold it.
+pub fn link_detach(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = [0u8; 4];
+    let fd =
+        u32::try_from(fd.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    attr.copy_from_slice(&fd.to_ne_bytes());
+    sys_bpf(BPF_LINK_DETACH, &mut attr).map(|_| ())
+}
+
+/// The XDP link (if any) that attaches program `prog_id` to `ifindex`.
+#[must_use]
+pub fn find_xdp_link(prog_id: u32, ifindex: u32) -> Option<(u32, OwnedFd)> {
+    for info in aya::programs::loaded_links().flatten() {
+        if info.program_id() != prog_id {
+            continue;
+        }
+        let Ok(fd) = link_fd_by_id(info.id()) else {
+            continue;
+        };
+        let Ok(li) = link_info(std::os::fd::AsFd::as_fd(&fd)) else {
+            continue;
+        };
+        if li.link_type == LINK_TYPE_XDP && li.ifindex == ifindex {
+            return Some((li.id, fd));
+        }
+    }
+    None
+}

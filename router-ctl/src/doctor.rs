@@ -1,0 +1,479 @@
+//! `doctor IFACE...`: the known hazards of XDP on these interfaces, each
+//! with a fix. `attach` runs the same checks and warns.
+//!
+//! - native XDP support of the driver (else `auto` falls back to generic);
+//! - an XDP program already attached (router-ctl's own, or a foreign one);
+//! - veth: frames redirected into a veth are dropped unless its peer runs
+//!   NAPI (an XDP program or GRO on the peer);
+//! - veth: a peer with tx checksum offload on sends `CHECKSUM_PARTIAL`
+//!   packets, which leave the fast path with wrong checksums;
+//! - MTU: interfaces with different MTUs send big packets to the slow
+//!   path; native XDP on a veth needs an MTU that fits one page.
+
+use std::{
+    fs,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::Path,
+};
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::{attach, netlink, pins::LINK_PINS};
+
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_GDRVINFO: u32 = 0x3;
+const ETHTOOL_GTXCSUM: u32 = 0x16;
+const ETHTOOL_GGRO: u32 = 0x2b;
+/// Largest MTU for native XDP on a veth without multi-buffer support
+/// (one page minus headroom and `skb_shared_info`).
+const VETH_XDP_MAX_MTU: u32 = 3498;
+
+/// Drivers with native (driver-mode) XDP in mainline Linux.
+const NATIVE_XDP_DRIVERS: &[&str] = &[
+    "veth",
+    "virtio_net",
+    "tun",
+    "ixgbe",
+    "ixgbevf",
+    "i40e",
+    "ice",
+    "igb",
+    "igc",
+    "mlx4_en",
+    "mlx5_core",
+    "bnxt_en",
+    "nfp",
+    "qede",
+    "ena",
+    "nicvf",
+    "sfc",
+    "mvneta",
+    "mvpp2",
+    "stmmac",
+    "dpaa2-eth",
+    "enetc",
+    "fec",
+    "tsnep",
+    "netsec",
+    "cpsw",
+    "bonding",
+    "hv_netvsc",
+    "gve",
+    "lan966x-switch",
+    "mlxbf_gige",
+    "atlantic",
+    "idpf",
+    "octeontx2-nicvf",
+    "fbnic",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Level {
+    const fn tag(self) -> &'static str {
+        match self {
+            Self::Ok => "[ok]  ",
+            Self::Warn => "[warn]",
+            Self::Fail => "[FAIL]",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub iface: String,
+    pub name: &'static str,
+    pub level: Level,
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+fn ethtool(iface: &str, buf: &mut [u8]) -> std::io::Result<()> {
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is ours.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // struct ifreq: 16-byte name, then a union holding the data pointer.
+    let mut ifr = [0u8; 40];
+    let n = iface.len().min(15);
+    ifr[..n].copy_from_slice(&iface.as_bytes()[..n]);
+    ifr[16..24].copy_from_slice(&(buf.as_mut_ptr() as u64).to_ne_bytes());
+    // SAFETY: ifr is a valid ifreq whose data points at buf, which is large
+    // enough for the command in it.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL, ifr.as_mut_ptr()) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn ethtool_value(iface: &str, cmd: u32) -> Option<bool> {
+    let mut v = [0u8; 8];
+    v[0..4].copy_from_slice(&cmd.to_ne_bytes());
+    ethtool(iface, &mut v).ok()?;
+    Some(u32::from_ne_bytes(v[4..8].try_into().ok()?) != 0)
+}
+
+fn driver(iface: &str) -> Option<String> {
+    let mut v = [0u8; 256];
+    v[0..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
+    ethtool(iface, &mut v).ok()?;
+    let d = &v[4..36];
+    let end = d.iter().position(|&b| b == 0).unwrap_or(d.len());
+    Some(String::from_utf8_lossy(&d[..end]).into_owned())
+}
+
+/// What we learn about a veth's peer.
+struct Peer {
+    /// `netns NAME` or `this namespace`.
+    place: String,
+    /// The command prefix to run a fix there.
+    exec: String,
+    attrs: netlink::LinkAttrs,
+    gro: Option<bool>,
+    tx_csum: Option<bool>,
+}
+
+fn peer_info(idx: u32) -> (Option<netlink::LinkAttrs>, Option<bool>, Option<bool>) {
+    let attrs = netlink::link(idx).ok();
+    let (gro, tx) = attrs.as_ref().map_or((None, None), |a| {
+        (
+            ethtool_value(&a.name, ETHTOOL_GGRO),
+            ethtool_value(&a.name, ETHTOOL_GTXCSUM),
+        )
+    });
+    (attrs, gro, tx)
+}
+
+/// Finds a veth's peer: in this namespace, or in the named namespace
+/// (`/run/netns/*`) whose id here is `nsid`.
+fn find_peer(l: &netlink::LinkAttrs) -> Option<Peer> {
+    let peer_idx = l.link?;
+    let Some(nsid) = l.link_netnsid else {
+        let (attrs, gro, tx_csum) = peer_info(peer_idx);
+        return Some(Peer {
+            place: "this namespace".into(),
+            exec: String::new(),
+            attrs: attrs?,
+            gro,
+            tx_csum,
+        });
+    };
+    let entries = fs::read_dir("/run/netns").ok()?;
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(f) = fs::File::open(&path) else {
+            continue;
+        };
+        if netlink::nsid_of(f.as_raw_fd()).ok().flatten() != Some(nsid) {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        let found = std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: valid fd; CLONE_NEWNET affects only this thread.
+                if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return None;
+                }
+                let (attrs, gro, tx) = peer_info(peer_idx);
+                Some((attrs?, gro, tx))
+            })
+            .join()
+            .ok()
+            .flatten()
+        });
+        let (attrs, gro, tx_csum) = found?;
+        return Some(Peer {
+            place: format!("netns {name}"),
+            exec: format!("ip netns exec {name} "),
+            attrs,
+            gro,
+            tx_csum,
+        });
+    }
+    None
+}
+
+/// Program ids of router-ctl's links in `pin_dir`.
+fn our_progs(pin_dir: &Path) -> Vec<u32> {
+    LINK_PINS
+        .iter()
+        .filter_map(|p| {
+            let fd = crate::bpfsys::obj_get(&pin_dir.join(p)).ok()?;
+            crate::bpfsys::link_info(std::os::fd::AsFd::as_fd(&fd))
+                .ok()
+                .map(|i| i.prog_id)
+        })
+        .collect()
+}
+
+/// Every check for `ifaces` (names in the current namespace).
+#[must_use]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear sequence of checks or steps, in order"
+)]
+pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
+    let ours = our_progs(pin_dir);
+    let mut out = Vec::new();
+    let mut mtus: Vec<(String, u32)> = Vec::new();
+    for iface in ifaces {
+        let mut add = |name: &'static str, level: Level, detail: String, fix: Option<String>| {
+            out.push(Check {
+                iface: iface.clone(),
+                name,
+                level,
+                detail,
+                fix,
+            });
+        };
+        let Ok(idx) = attach::ifindex(iface) else {
+            add(
+                "exists",
+                Level::Fail,
+                format!("no interface {iface} in this namespace"),
+                Some("check the name with `ip link`, or pass -n NETNS".into()),
+            );
+            continue;
+        };
+        let Ok(l) = netlink::link(idx) else {
+            add(
+                "exists",
+                Level::Fail,
+                "rtnetlink does not answer for it".into(),
+                None,
+            );
+            continue;
+        };
+        mtus.push((iface.clone(), l.mtu));
+        let kind = l.kind.clone().unwrap_or_else(|| "device".into());
+        add(
+            "link",
+            if l.up { Level::Ok } else { Level::Warn },
+            format!(
+                "{kind}, ifindex {idx}, MTU {}, {}",
+                l.mtu,
+                if l.up { "up" } else { "DOWN" }
+            ),
+            (!l.up).then(|| format!("ip link set dev {iface} up")),
+        );
+        let drv = driver(iface);
+        match drv.as_deref() {
+            Some(d) if NATIVE_XDP_DRIVERS.contains(&d) => add(
+                "native-xdp",
+                Level::Ok,
+                format!("driver {d} supports native XDP"),
+                None,
+            ),
+            Some(d) => add(
+                "native-xdp",
+                Level::Warn,
+                format!(
+                    "driver {d} is not known to support native XDP: --mode auto falls back to \
+                     generic mode (slow)"
+                ),
+                Some(
+                    "use a NIC whose driver supports XDP (ixgbe, i40e, ice, mlx5, virtio_net...)"
+                        .into(),
+                ),
+            ),
+            None => add(
+                "native-xdp",
+                Level::Warn,
+                "no driver information (ethtool): native XDP support unknown".into(),
+                None,
+            ),
+        }
+        let progs = l.xdp.programs();
+        if progs.is_empty() {
+            add(
+                "xdp-program",
+                Level::Ok,
+                "no XDP program attached".into(),
+                None,
+            );
+        }
+        for (id, flag) in progs {
+            let mode = if flag == netlink::XDP_FLAGS_SKB_MODE {
+                "generic"
+            } else {
+                "native"
+            };
+            if ours.contains(&id) {
+                add(
+                    "xdp-program",
+                    if mode == "generic" {
+                        Level::Warn
+                    } else {
+                        Level::Ok
+                    },
+                    format!("router-ctl's program {id} runs here in {mode} mode"),
+                    (mode == "generic").then(|| {
+                        "generic mode is slow; attach with --mode native if the driver supports it"
+                            .into()
+                    }),
+                );
+            } else {
+                add(
+                    "xdp-program",
+                    Level::Fail,
+                    format!("another XDP program (id {id}, {mode} mode) is attached"),
+                    Some(format!(
+                        "remove it (`ip link set dev {iface} xdp off`) or attach with --force"
+                    )),
+                );
+            }
+        }
+        if l.kind.as_deref() == Some("veth") {
+            match find_peer(&l) {
+                None => add(
+                    "veth-peer",
+                    Level::Warn,
+                    format!(
+                        "cannot inspect the veth peer (ifindex {:?}, netns id {:?}): it is in a \
+                         namespace without a name in /run/netns",
+                        l.link, l.link_netnsid
+                    ),
+                    Some(
+                        "on the peer: `ethtool -K PEER gro on` and `ethtool -K PEER tx off`".into(),
+                    ),
+                ),
+                Some(p) => {
+                    let pn = p.attrs.name.clone();
+                    let peer_xdp = !p.attrs.xdp.programs().is_empty();
+                    if peer_xdp || p.gro == Some(true) {
+                        add(
+                            "redirect-target",
+                            Level::Ok,
+                            format!(
+                                "peer {pn} ({}) runs NAPI ({}): redirected frames are accepted",
+                                p.place,
+                                if peer_xdp { "an XDP program" } else { "GRO on" }
+                            ),
+                            None,
+                        );
+                    } else {
+                        add(
+                            "redirect-target",
+                            Level::Fail,
+                            format!(
+                                "peer {pn} ({}) has neither an XDP program nor GRO: frames the \
+                                 fast path redirects into {iface} are dropped",
+                                p.place
+                            ),
+                            Some(format!("{}ethtool -K {pn} gro on", p.exec)),
+                        );
+                    }
+                    match p.tx_csum {
+                        Some(true) => add(
+                            "tx-checksum",
+                            Level::Warn,
+                            format!(
+                                "peer {pn} ({}) has tx checksum offload on: it sends partial \
+                                 checksums, which the fast path forwards unfinished (TCP \
+                                 through the router stalls)",
+                                p.place
+                            ),
+                            Some(format!("{}ethtool -K {pn} tx off", p.exec)),
+                        ),
+                        Some(false) => add(
+                            "tx-checksum",
+                            Level::Ok,
+                            format!("peer {pn} sends complete checksums (tx offload off)"),
+                            None,
+                        ),
+                        None => {}
+                    }
+                }
+            }
+            if l.mtu > VETH_XDP_MAX_MTU {
+                add(
+                    "mtu",
+                    Level::Warn,
+                    format!(
+                        "MTU {} is above {VETH_XDP_MAX_MTU}: native XDP on a veth fails (the \
+                         program has no multi-buffer support); auto falls back to generic",
+                        l.mtu
+                    ),
+                    Some(format!("ip link set dev {iface} mtu 1500")),
+                );
+            }
+        }
+    }
+    if let Some((first, m0)) = mtus.first().cloned() {
+        for (other, m) in &mtus[1..] {
+            if *m != m0 {
+                let lo = m0.min(*m);
+                out.push(Check {
+                    iface: other.clone(),
+                    name: "mtu-mismatch",
+                    level: Level::Warn,
+                    detail: format!(
+                        "MTU {m} differs from {first}'s {m0}: packets above {lo} bytes are \
+                         handed to the kernel (slow path, or ICMP fragmentation needed)"
+                    ),
+                    fix: Some(format!(
+                        "ip link set dev {} mtu {lo} (make the MTUs equal)",
+                        if *m > m0 { other } else { &first }
+                    )),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Warnings `attach` prints before it changes anything (foreign programs
+/// are checked separately).
+#[must_use]
+pub fn attach_warnings(lan: &str, wan: &str) -> Vec<String> {
+    checks(&[lan.to_owned(), wan.to_owned()], Path::new("/nonexistent"))
+        .into_iter()
+        .filter(|c| matches!(c.level, Level::Warn | Level::Fail) && c.name != "xdp-program")
+        .map(|c| {
+            format!(
+                "{}: {}{}",
+                c.iface,
+                c.detail,
+                c.fix.map_or(String::new(), |f| format!(" (fix: {f})"))
+            )
+        })
+        .collect()
+}
+
+/// Prints the checks; exit code 1 if any failed.
+pub fn doctor(ifaces: &[String], pin_dir: &Path, as_json: bool) -> i32 {
+    let cs = checks(ifaces, pin_dir);
+    let failed = cs.iter().any(|c| c.level == Level::Fail);
+    if as_json {
+        println!("{}", json!({"checks": cs, "ok": !failed}));
+    } else {
+        let mut last = String::new();
+        for c in &cs {
+            if c.iface != last {
+                println!("{}:", c.iface);
+                last.clone_from(&c.iface);
+            }
+            println!("  {} {:<16} {}", c.level.tag(), c.name, c.detail);
+            if let Some(f) = &c.fix {
+                println!("         {:<16} fix: {f}", "");
+            }
+        }
+        let (w, f) = (
+            cs.iter().filter(|c| c.level == Level::Warn).count(),
+            cs.iter().filter(|c| c.level == Level::Fail).count(),
+        );
+        println!("{f} failed, {w} warnings");
+    }
+    i32::from(failed)
+}

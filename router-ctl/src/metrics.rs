@@ -1,0 +1,315 @@
+//! `metrics`: a Prometheus text exposition of the router's counters, read
+//! from the pinned maps on every scrape (prometheus-client encodes, `tiny_http`
+//! serves). Binds to loopback by default.
+
+use std::{fmt::Write as _, net::SocketAddr};
+
+use anyhow::{Result, anyhow};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+use router_common::maps::{Counter, CounterValue};
+use tracing::{info, warn};
+
+use crate::{attach::Ctx, forward, state, stats};
+
+/// The label set of one counter: which metric family and its labels.
+#[must_use]
+pub fn family(c: Counter) -> (&'static str, &'static str, &'static str) {
+    let n = c.name();
+    if let Some(d) = n.strip_prefix("fwd_") {
+        ("forwarded", "direction", d)
+    } else if let Some(r) = n.strip_prefix("pass_") {
+        ("passed", "reason", r)
+    } else if let Some(r) = n.strip_prefix("drop_") {
+        ("dropped", "reason", r)
+    } else {
+        ("events", "event", n)
+    }
+}
+
+#[derive(Debug)]
+struct RouterCollector {
+    ctx: Ctx,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn counters<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl Iterator<Item = (Labels, u64)> + 'a,
+) -> Result<(), std::fmt::Error> {
+    let rows: Vec<_> = rows.collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut m = enc.encode_descriptor(
+        name,
+        help,
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (labels, v) in rows {
+        let fam = m.encode_family(&labels)?;
+        ConstCounter::new(v).encode(fam)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    labels: &Labels,
+    v: i64,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        name,
+        help,
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    if labels.is_empty() {
+        ConstGauge::new(v).encode(m)?;
+    } else {
+        let fam = m.encode_family(labels)?;
+        ConstGauge::new(v).encode(fam)?;
+    }
+    Ok(())
+}
+
+fn i64_of(v: impl TryInto<i64>) -> i64 {
+    v.try_into().unwrap_or(i64::MAX)
+}
+
+impl Collector for RouterCollector {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one linear sequence of checks or steps, in order"
+    )]
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let dir = &self.ctx.pin_dir;
+        let read = stats::read_counters(dir);
+        gauge(
+            &mut enc,
+            "xdp_router_up",
+            "1 if the router's pinned maps could be read",
+            &Vec::new(),
+            i64::from(read.is_ok()),
+        )?;
+        let Ok(cs) = read else {
+            return Ok(());
+        };
+        if let Ok(Some(r)) = state::load(self.ctx.ns()) {
+            let labels: Labels = vec![
+                ("version", r.object.version()),
+                ("lan", r.config.lan.clone()),
+                ("wan", r.config.wan.clone()),
+                ("lan_mode", r.lan_mode.clone()),
+                ("wan_mode", r.wan_mode.clone()),
+            ];
+            gauge(
+                &mut enc,
+                "xdp_router_info",
+                "The attached router: object version, interfaces and modes",
+                &labels,
+                1,
+            )?;
+            gauge(
+                &mut enc,
+                "xdp_router_attached_since_seconds",
+                "Unix time of the attach",
+                &Vec::new(),
+                i64_of(r.attached_at),
+            )?;
+        }
+        let verdicts = |fam: &'static str| {
+            cs.iter()
+                .filter(move |(c, _)| family(*c).0 == fam)
+                .map(|&(c, v): &(Counter, CounterValue)| {
+                    let (_, k, l) = family(c);
+                    (vec![(k, l.to_owned())], v)
+                })
+                .collect::<Vec<_>>()
+        };
+        for (fam, what) in [
+            ("forwarded", "translated and redirected by the fast path"),
+            ("passed", "passed to the kernel"),
+            ("dropped", "dropped as malformed"),
+        ] {
+            let rows = verdicts(fam);
+            counters(
+                &mut enc,
+                &format!("xdp_router_{fam}_packets"),
+                &format!("Packets {what}"),
+                rows.iter().map(|(l, v)| (l.clone(), v.packets)),
+            )?;
+            counters(
+                &mut enc,
+                &format!("xdp_router_{fam}_bytes"),
+                &format!("Bytes {what}"),
+                rows.iter().map(|(l, v)| (l.clone(), v.bytes)),
+            )?;
+        }
+        let events = verdicts("events");
+        counters(
+            &mut enc,
+            "xdp_router_events",
+            "Data path events (new flows, port collisions, evictions, ICMP errors translated)",
+            events.iter().map(|(l, v)| (l.clone(), v.packets)),
+        )?;
+        let get = |c: Counter| {
+            cs.iter()
+                .find(|(x, _)| *x == c)
+                .map_or(0, |(_, v)| v.packets)
+        };
+        counters(
+            &mut enc,
+            "xdp_router_port_allocation_failures",
+            "New outbound flows that found every probed SNAT port taken (passed to the kernel)",
+            std::iter::once((Vec::new(), get(Counter::PassPortsExhausted))),
+        )?;
+        counters(
+            &mut enc,
+            "xdp_router_port_collisions",
+            "SNAT port probes that found the port taken",
+            std::iter::once((Vec::new(), get(Counter::PortCollision))),
+        )?;
+        if let Some(t) = stats::table_use(dir) {
+            gauge(
+                &mut enc,
+                "xdp_router_conntrack_entries",
+                "Conntrack entries in use (two per flow)",
+                &Vec::new(),
+                i64_of(t.entries),
+            )?;
+            gauge(
+                &mut enc,
+                "xdp_router_conntrack_capacity",
+                "Conntrack capacity in entries",
+                &Vec::new(),
+                i64::from(t.capacity),
+            )?;
+        }
+        if let Ok(r) = forward::rules(dir) {
+            gauge(
+                &mut enc,
+                "xdp_router_port_forward_rules",
+                "Port-forward rules installed",
+                &Vec::new(),
+                i64_of(r.len()),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The exposition text for the router of `ctx`.
+pub fn render(ctx: &Ctx) -> Result<String> {
+    let mut reg = Registry::default();
+    reg.register_collector(Box::new(RouterCollector { ctx: ctx.clone() }));
+    let mut s = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut s, &reg)
+        .map_err(|e| anyhow!("encoding metrics: {e}"))?;
+    Ok(s)
+}
+
+/// Serves `/metrics` on `listen` until killed.
+pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
+    if !listen.ip().is_loopback() {
+        warn!(
+            "metrics listen on {listen}, not loopback: anyone who reaches it sees the \
+             router's traffic counters"
+        );
+    }
+    let server = tiny_http::Server::http(listen)
+        .map_err(|e| anyhow!("listening on {listen}: {e} (is another exporter on that port?)"))?;
+    let addr = server
+        .server_addr()
+        .to_ip()
+        .map_or_else(|| listen.to_string(), |a| a.to_string());
+    println!("serving metrics on http://{addr}/metrics");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    for req in server.incoming_requests() {
+        let path = req.url().split('?').next().unwrap_or("").to_owned();
+        let method = req.method().clone();
+        info!("{method} {path}");
+        let header = |k: &str, v: &str| {
+            tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes())
+                .unwrap_or_else(|()| unreachable!("static header"))
+        };
+        let resp = match (&method, path.as_str()) {
+            (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => match render(ctx) {
+                Ok(body) => tiny_http::Response::from_string(body).with_header(header(
+                    "Content-Type",
+                    prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                )),
+                Err(e) => {
+                    tiny_http::Response::from_string(format!("{e:#}\n")).with_status_code(500)
+                }
+            },
+            (tiny_http::Method::Get | tiny_http::Method::Head, "/") => {
+                let mut body = String::new();
+                let _ = writeln!(body, "xdp-router metrics: /metrics");
+                tiny_http::Response::from_string(body)
+            }
+            (tiny_http::Method::Get | tiny_http::Method::Head, _) => {
+                tiny_http::Response::from_string("not found; try /metrics\n").with_status_code(404)
+            }
+            _ => tiny_http::Response::from_string("only GET\n")
+                .with_status_code(405)
+                .with_header(header("Allow", "GET, HEAD")),
+        };
+        if let Err(e) = req.respond(resp) {
+            warn!("answering a scrape: {e}");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_counter_lands_in_a_family_with_a_label() {
+        for &c in Counter::ALL {
+            let (fam, key, val) = family(c);
+            assert!(
+                ["forwarded", "passed", "dropped", "events"].contains(&fam),
+                "{}",
+                c.name()
+            );
+            assert!(!key.is_empty() && !val.is_empty());
+        }
+        assert_eq!(
+            family(Counter::FwdOutbound),
+            ("forwarded", "direction", "outbound")
+        );
+        assert_eq!(family(Counter::PassNoFlow), ("passed", "reason", "no_flow"));
+        assert_eq!(
+            family(Counter::DropMalformed),
+            ("dropped", "reason", "malformed")
+        );
+        assert_eq!(
+            family(Counter::FlowNewMasquerade),
+            ("events", "event", "flow_new_masquerade")
+        );
+    }
+
+    #[test]
+    fn not_attached_renders_up_zero() {
+        let ctx = Ctx {
+            netns: Some("router-ctl-unit-test-none".into()),
+            pin_dir: "/nonexistent/xdp-router/none".into(),
+        };
+        let s = render(&ctx).unwrap();
+        assert!(s.contains("# TYPE xdp_router_up gauge"), "{s}");
+        assert!(s.contains("xdp_router_up 0"), "{s}");
+    }
+}

@@ -1,0 +1,408 @@
+//! A minimal rtnetlink client: what an interface is (MTU, kind, veth peer)
+//! and which XDP program runs on it, removing a netlink-attached XDP
+//! program (`attach --force`), and the namespace id of a netns fd (to find
+//! a veth's peer for `doctor`). Everything runs in the calling thread's
+//! network namespace.
+
+use std::{
+    io,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+};
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
+const RTM_SETLINK: u16 = 19;
+const RTM_NEWNSID: u16 = 88;
+const RTM_GETNSID: u16 = 90;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
+const NLA_F_NESTED: u16 = 1 << 15;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_MTU: u16 = 4;
+const IFLA_LINK: u16 = 5;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_LINK_NETNSID: u16 = 37;
+const IFLA_XDP: u16 = 43;
+const IFLA_XDP_FD: u16 = 1;
+const IFLA_XDP_ATTACHED: u16 = 2;
+const IFLA_XDP_FLAGS: u16 = 3;
+const IFLA_XDP_PROG_ID: u16 = 4;
+const IFLA_XDP_DRV_PROG_ID: u16 = 5;
+const IFLA_XDP_SKB_PROG_ID: u16 = 6;
+const IFLA_XDP_HW_PROG_ID: u16 = 7;
+const NETNSA_NSID: u16 = 1;
+const NETNSA_FD: u16 = 3;
+
+pub const XDP_FLAGS_SKB_MODE: u32 = 2;
+pub const XDP_FLAGS_DRV_MODE: u32 = 4;
+pub const XDP_FLAGS_HW_MODE: u32 = 8;
+
+/// `IFLA_XDP_ATTACHED` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum XdpAttached {
+    #[default]
+    None,
+    Driver,
+    Generic,
+    Hardware,
+    Multi,
+}
+
+/// The XDP programs of one interface.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XdpState {
+    pub attached: XdpAttached,
+    /// The program id (when exactly one program is attached).
+    pub prog_id: u32,
+    pub drv_prog_id: u32,
+    pub skb_prog_id: u32,
+    pub hw_prog_id: u32,
+}
+
+impl XdpState {
+    /// Every attached program with the `XDP_FLAGS_*` of its mode.
+    #[must_use]
+    pub fn programs(&self) -> Vec<(u32, u32)> {
+        let mut v = Vec::new();
+        for (id, flag) in [
+            (self.drv_prog_id, XDP_FLAGS_DRV_MODE),
+            (self.skb_prog_id, XDP_FLAGS_SKB_MODE),
+            (self.hw_prog_id, XDP_FLAGS_HW_MODE),
+        ] {
+            if id != 0 {
+                v.push((id, flag));
+            }
+        }
+        if v.is_empty() && self.prog_id != 0 {
+            let flag = match self.attached {
+                XdpAttached::Generic => XDP_FLAGS_SKB_MODE,
+                XdpAttached::Hardware => XDP_FLAGS_HW_MODE,
+                _ => XDP_FLAGS_DRV_MODE,
+            };
+            v.push((self.prog_id, flag));
+        }
+        v
+    }
+}
+
+/// What rtnetlink says about an interface.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkAttrs {
+    pub ifindex: u32,
+    pub name: String,
+    pub mtu: u32,
+    /// `IFLA_INFO_KIND` (`veth`, `bridge`, `dummy`...); none for physical NICs.
+    pub kind: Option<String>,
+    /// `IFLA_LINK`: for a veth the peer's ifindex (in the peer's namespace).
+    pub link: Option<u32>,
+    /// `IFLA_LINK_NETNSID`: the peer lives in another namespace with this id.
+    pub link_netnsid: Option<i32>,
+    pub xdp: XdpState,
+    /// `IFF_UP`.
+    pub up: bool,
+}
+
+struct Socket(OwnedFd);
+
+impl Socket {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain socket(2).
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a new socket we own.
+        let s = Self(unsafe { OwnedFd::from_raw_fd(fd) });
+        let tv = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: valid option buffer of the right size.
+        unsafe {
+            libc::setsockopt(
+                s.fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const tv).cast(),
+                u32::try_from(size_of::<libc::timeval>()).unwrap_or(16),
+            );
+        }
+        Ok(s)
+    }
+
+    fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Sends one request and returns the payloads (after the nlmsghdr) of
+    /// the replies of type `want`, until an ack, an error or DONE.
+    fn request(&self, msg: &[u8], want: u16) -> io::Result<Vec<Vec<u8>>> {
+        // SAFETY: msg is a valid buffer; the kernel is the default peer.
+        let n = unsafe { libc::send(self.fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        loop {
+            // SAFETY: buf is writable for its length.
+            let n = unsafe { libc::recv(self.fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let n = usize::try_from(n).unwrap_or(0);
+            let mut off = 0;
+            while off + 16 <= n {
+                let len =
+                    u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap_or([0; 4])) as usize;
+                let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+                if len < 16 || off + len > n {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "truncated netlink message",
+                    ));
+                }
+                let payload = &buf[off + 16..off + len];
+                match ty {
+                    NLMSG_ERROR => {
+                        let code = i32::from_ne_bytes(payload[0..4].try_into().unwrap_or([0; 4]));
+                        if code == 0 {
+                            return Ok(out);
+                        }
+                        return Err(io::Error::from_raw_os_error(-code));
+                    }
+                    NLMSG_DONE => return Ok(out),
+                    t if t == want => {
+                        out.push(payload.to_vec());
+                        // A non-dump request gets exactly one answer (and
+                        // an ack only if asked for).
+                        if msg_flags(msg) & NLM_F_ACK == 0 {
+                            return Ok(out);
+                        }
+                    }
+                    _ => {}
+                }
+                off += (len + 3) & !3;
+            }
+        }
+    }
+}
+
+fn msg_flags(msg: &[u8]) -> u16 {
+    u16::from_ne_bytes([msg[6], msg[7]])
+}
+
+/// Builds a netlink message: header, fixed part, attributes.
+struct Msg(Vec<u8>);
+
+impl Msg {
+    fn new(ty: u16, flags: u16, fixed: &[u8]) -> Self {
+        let mut v = vec![0u8; 16];
+        v[4..6].copy_from_slice(&ty.to_ne_bytes());
+        v[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        v[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        v.extend_from_slice(fixed);
+        Self(v)
+    }
+
+    fn attr(&mut self, ty: u16, data: &[u8]) {
+        let len = u16::try_from(4 + data.len()).unwrap_or(u16::MAX);
+        self.0.extend_from_slice(&len.to_ne_bytes());
+        self.0.extend_from_slice(&ty.to_ne_bytes());
+        self.0.extend_from_slice(data);
+        while !self.0.len().is_multiple_of(4) {
+            self.0.push(0);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let len = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
+        self.0[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.0
+    }
+}
+
+fn nested(attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
+    let mut m = Msg(Vec::new());
+    for (t, d) in attrs {
+        m.attr(*t, d);
+    }
+    m.0
+}
+
+/// The attributes in `data` as (type without flags, payload).
+fn attrs(mut data: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut out = Vec::new();
+    while data.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
+        let ty = u16::from_ne_bytes([data[2], data[3]]) & !NLA_F_NESTED & !(1 << 14);
+        if len < 4 || len > data.len() {
+            break;
+        }
+        out.push((ty, &data[4..len]));
+        let step = ((len + 3) & !3).min(data.len());
+        data = &data[step..];
+    }
+    out
+}
+
+fn u32_of(d: &[u8]) -> u32 {
+    d.get(0..4)
+        .map_or(0, |b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])))
+}
+
+fn str_of(d: &[u8]) -> String {
+    let end = d.iter().position(|&b| b == 0).unwrap_or(d.len());
+    String::from_utf8_lossy(&d[..end]).into_owned()
+}
+
+fn ifinfomsg(ifindex: u32) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[0] = 0; // AF_UNSPEC
+    m[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    m
+}
+
+/// Parses an `RTM_NEWLINK` payload.
+fn parse_link(payload: &[u8]) -> LinkAttrs {
+    let mut l = LinkAttrs {
+        ifindex: u32_of(&payload[4..8]),
+        up: u32_of(&payload[8..12]) & 1 != 0,
+        ..LinkAttrs::default()
+    };
+    for (ty, d) in attrs(&payload[16..]) {
+        match ty {
+            IFLA_IFNAME => l.name = str_of(d),
+            IFLA_MTU => l.mtu = u32_of(d),
+            IFLA_LINK => l.link = Some(u32_of(d)),
+            IFLA_LINK_NETNSID => l.link_netnsid = Some(u32_of(d).cast_signed()),
+            IFLA_LINKINFO => {
+                for (t, v) in attrs(d) {
+                    if t == IFLA_INFO_KIND {
+                        l.kind = Some(str_of(v));
+                    }
+                }
+            }
+            IFLA_XDP => {
+                for (t, v) in attrs(d) {
+                    match t {
+                        IFLA_XDP_ATTACHED => {
+                            l.xdp.attached = match v.first() {
+                                Some(1) => XdpAttached::Driver,
+                                Some(2) => XdpAttached::Generic,
+                                Some(3) => XdpAttached::Hardware,
+                                Some(4) => XdpAttached::Multi,
+                                _ => XdpAttached::None,
+                            };
+                        }
+                        IFLA_XDP_PROG_ID => l.xdp.prog_id = u32_of(v),
+                        IFLA_XDP_DRV_PROG_ID => l.xdp.drv_prog_id = u32_of(v),
+                        IFLA_XDP_SKB_PROG_ID => l.xdp.skb_prog_id = u32_of(v),
+                        IFLA_XDP_HW_PROG_ID => l.xdp.hw_prog_id = u32_of(v),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    l
+}
+
+/// The attributes of interface `ifindex` in the current namespace.
+pub fn link(ifindex: u32) -> io::Result<LinkAttrs> {
+    let s = Socket::new()?;
+    let msg = Msg::new(RTM_GETLINK, 0, &ifinfomsg(ifindex)).finish();
+    let replies = s.request(&msg, RTM_NEWLINK)?;
+    replies
+        .first()
+        .filter(|p| p.len() >= 16)
+        .map(|p| parse_link(p))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no RTM_NEWLINK reply"))
+}
+
+/// Removes the netlink-attached XDP program of mode `flags` from `ifindex`.
+pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
+    let s = Socket::new()?;
+    let mut m = Msg::new(RTM_SETLINK, NLM_F_ACK, &ifinfomsg(ifindex));
+    let xdp = nested(&[
+        (IFLA_XDP_FD, (-1i32).to_ne_bytes().to_vec()),
+        (IFLA_XDP_FLAGS, flags.to_ne_bytes().to_vec()),
+    ]);
+    m.attr(IFLA_XDP | NLA_F_NESTED, &xdp);
+    s.request(&m.finish(), 0).map(|_| ())
+}
+
+/// The id the current namespace gives to the namespace of `netns_fd`, if
+/// it has assigned one.
+pub fn nsid_of(netns_fd: RawFd) -> io::Result<Option<i32>> {
+    let s = Socket::new()?;
+    let mut m = Msg::new(RTM_GETNSID, 0, &[0u8; 4]);
+    m.attr(
+        NETNSA_FD,
+        &u32::try_from(netns_fd).unwrap_or(0).to_ne_bytes(),
+    );
+    let replies = s.request(&m.finish(), RTM_NEWNSID)?;
+    Ok(replies.first().and_then(|p| {
+        attrs(p.get(4..)?)
+            .into_iter()
+            .find(|(t, _)| *t == NETNSA_NSID)
+            .map(|(_, d)| u32_of(d).cast_signed())
+            .filter(|&id| id >= 0)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_up_with_no_xdp() {
+        let lo = link(1).expect("RTM_GETLINK for lo");
+        assert_eq!(lo.name, "lo");
+        assert!(lo.mtu > 0);
+        assert_eq!(lo.xdp.attached, XdpAttached::None);
+        assert!(lo.xdp.programs().is_empty());
+    }
+
+    #[test]
+    fn attributes_round_trip() {
+        let data = nested(&[
+            (IFLA_MTU, 1500u32.to_ne_bytes().to_vec()),
+            (IFLA_IFNAME, b"eth0\0".to_vec()),
+        ]);
+        let a = attrs(&data);
+        assert_eq!(a.len(), 2);
+        assert_eq!(u32_of(a[0].1), 1500);
+        assert_eq!(str_of(a[1].1), "eth0");
+    }
+
+    #[test]
+    fn xdp_programs_by_mode() {
+        let s = XdpState {
+            attached: XdpAttached::Generic,
+            prog_id: 7,
+            ..XdpState::default()
+        };
+        assert_eq!(s.programs(), vec![(7, XDP_FLAGS_SKB_MODE)]);
+        let m = XdpState {
+            attached: XdpAttached::Multi,
+            drv_prog_id: 3,
+            skb_prog_id: 4,
+            ..XdpState::default()
+        };
+        assert_eq!(
+            m.programs(),
+            vec![(3, XDP_FLAGS_DRV_MODE), (4, XDP_FLAGS_SKB_MODE)]
+        );
+    }
+}

@@ -1,0 +1,377 @@
+//! `status`: what is attached where, in which mode, since when, which
+//! object, how full the maps are, and whether anything is wrong (pins lost
+//! after a reboot, an interrupted attach or replace, a foreign program).
+
+use std::fmt::Write as _;
+
+use aya::maps::{DevMapHash, MapData};
+use router_common::maps::{DEVICES_MAP, MAX_PORT_FORWARDS};
+use serde_json::{Value, json};
+
+use crate::{
+    attach::{Ctx, Object, Running, inspect},
+    forward,
+    pins::{LINK_PINS, PINNED_MAPS, open_map},
+    state::{self, State},
+    stats,
+};
+
+/// Exit code of `status` when nothing is attached.
+pub const EXIT_NOT_ATTACHED: i32 = 3;
+
+/// `YYYY-MM-DD HH:MM:SS UTC`.
+#[must_use]
+pub fn format_time(unix: u64) -> String {
+    let t = libc::time_t::try_from(unix).unwrap_or(0);
+    // SAFETY: gmtime_r writes into the zeroed tm.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers.
+    unsafe { libc::gmtime_r(&raw const t, &raw mut tm) };
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+/// `3d 4h`, `5m 2s`...
+#[must_use]
+pub fn format_age(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    if d > 0 {
+        format!("{d}d {h}h")
+    } else if h > 0 {
+        format!("{h}h {m}m")
+    } else if m > 0 {
+        format!("{m}m {s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The verdict on what `inspect` found and the record says.
+#[must_use]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear sequence of checks or steps, in order"
+)]
+pub fn diagnose(
+    running: &Running,
+    record: Option<&State>,
+    tmp: bool,
+) -> (&'static str, Vec<String>) {
+    let mut problems = Vec::new();
+    if tmp {
+        problems.push(
+            "an interrupted attach left a temporary pin directory (traffic is on the kernel \
+             path); the next attach or detach removes it"
+                .to_owned(),
+        );
+    }
+    if !running.any_pins() {
+        return match record {
+            Some(r) => {
+                problems.insert(
+                    0,
+                    format!(
+                        "PINS LOST: the router was attached to {} and {} (at {}) but its pins \
+                         are gone (a reboot, or bpffs unmounted): the fast path is NOT running \
+                         and traffic takes the kernel path; run `router-ctl attach` or \
+                         `router-ctl apply FILE` again (or `router-ctl detach` to forget it)",
+                        r.config.lan,
+                        r.config.wan,
+                        format_time(r.attached_at)
+                    ),
+                );
+                ("pins_lost", problems)
+            }
+            None => ("not_attached", problems),
+        };
+    }
+    if !running.complete() {
+        let missing: Vec<&str> = PINNED_MAPS
+            .iter()
+            .copied()
+            .filter(|m| !running.maps_present.contains(m))
+            .chain(
+                LINK_PINS
+                    .iter()
+                    .copied()
+                    .filter(|l| running.link(l).is_none()),
+            )
+            .collect();
+        problems.insert(
+            0,
+            format!(
+                "pins incomplete (missing or unreadable: {}); run `router-ctl detach` and attach \
+                 again",
+                missing.join(", ")
+            ),
+        );
+        return ("incomplete", problems);
+    }
+    if !running.configured() {
+        problems.insert(
+            0,
+            "not configured: an attach or detach was interrupted; every packet goes to the \
+             kernel path; run `router-ctl attach` again (or detach)"
+                .to_owned(),
+        );
+        return ("unconfigured", problems);
+    }
+    let ids = running.prog_ids();
+    if ids.len() == 2 && ids[0] != ids[1] {
+        problems.insert(
+            0,
+            format!(
+                "inconsistent: the LAN link runs program {} and the WAN link program {} (an \
+                 interrupted replace); run `router-ctl attach` again to finish it",
+                ids[0], ids[1]
+            ),
+        );
+        return ("inconsistent", problems);
+    }
+    for pin in LINK_PINS {
+        if let Some(l) = running.link(pin)
+            && l.mode.is_none()
+        {
+            problems.push(format!(
+                "{} (ifindex {}) does not run the link's program {}: is the interface gone?",
+                l.iface.as_deref().unwrap_or("?"),
+                l.info.ifindex,
+                l.info.prog_id
+            ));
+        }
+    }
+    match record {
+        None => problems.push(
+            "no attach record (interrupted attach, or the record was removed); run \
+             `router-ctl attach` again to write it"
+                .to_owned(),
+        ),
+        Some(r) => {
+            if r.pending.is_some() {
+                problems.push(
+                    "a replace was interrupted after it started; run `router-ctl attach` again"
+                        .to_owned(),
+                );
+            } else if ids.first() != Some(&r.prog_id) {
+                problems.push(format!(
+                    "the links run program {} but the record says {}; run `router-ctl attach` \
+                     again",
+                    ids.first().copied().unwrap_or(0),
+                    r.prog_id
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        ("attached", problems)
+    } else {
+        ("degraded", problems)
+    }
+}
+
+fn maps_json(ctx: &Ctx) -> Value {
+    let mut m = serde_json::Map::new();
+    if let Some(t) = stats::table_use(&ctx.pin_dir) {
+        m.insert(
+            "conntrack".into(),
+            json!({"entries": t.entries, "capacity": t.capacity}),
+        );
+    }
+    if let Ok(r) = forward::rules(&ctx.pin_dir) {
+        m.insert(
+            "port_forwards".into(),
+            json!({"entries": r.len(), "capacity": MAX_PORT_FORWARDS}),
+        );
+    }
+    if let Ok(map) = open_map(&ctx.pin_dir, DEVICES_MAP)
+        && let Ok(d) = DevMapHash::<MapData>::try_from(map)
+    {
+        let n = d.keys().take(64).flatten().count();
+        let cap = aya::maps::IterableMap::map(&d)
+            .info()
+            .map_or(0, |i| i.max_entries());
+        m.insert("devices".into(), json!({"entries": n, "capacity": cap}));
+    }
+    Value::Object(m)
+}
+
+/// The status as JSON (the `--json` output; the text is rendered from it).
+#[must_use]
+pub fn status_json(ctx: &Ctx) -> Value {
+    let running = inspect(&ctx.pin_dir);
+    let record = state::load(ctx.ns()).ok().flatten();
+    let tmp = ctx.tmp_dir().exists();
+    let (verdict, problems) = diagnose(&running, record.as_ref(), tmp);
+    let now = state::now_unix();
+    let mut v = json!({
+        "state": verdict,
+        "problems": problems,
+        "netns": ctx.netns,
+        "pin_dir": ctx.pin_dir.display().to_string(),
+        "ctl_object": Object::embedded_id().version(),
+    });
+    let links: Vec<Value> = LINK_PINS
+        .iter()
+        .zip(["lan", "wan"])
+        .filter_map(|(pin, role)| {
+            running.link(pin).map(|l| {
+                json!({
+                    "role": role,
+                    "name": l.iface,
+                    "ifindex": l.info.ifindex,
+                    "mode": l.mode,
+                    "link_id": l.info.id,
+                    "prog_id": l.info.prog_id,
+                })
+            })
+        })
+        .collect();
+    v["links"] = Value::Array(links);
+    if let Some(r) = &record {
+        v["record"] = json!({
+            "lan": r.config.lan,
+            "wan": r.config.wan,
+            "requested_mode": r.requested_mode,
+            "lan_mode": r.lan_mode,
+            "wan_mode": r.wan_mode,
+            "attached_at": r.attached_at,
+            "attached_for_secs": now.saturating_sub(r.attached_at),
+            "replaced_at": r.replaced_at,
+            "replacements": r.replacements,
+            "version": r.object.version(),
+            "object": r.object,
+            "prog_id": r.prog_id,
+            "config": r.config,
+            "pending": r.pending,
+        });
+    }
+    if running.any_pins() {
+        v["configured"] = json!(running.configured());
+        v["maps"] = maps_json(ctx);
+    }
+    v
+}
+
+/// The human-readable rendering of [`status_json`].
+#[must_use]
+pub fn status_text(v: &Value) -> String {
+    let mut s = String::new();
+    let st = v["state"].as_str().unwrap_or("?");
+    let _ = writeln!(s, "state: {st}");
+    let _ = writeln!(s, "pins: {}", v["pin_dir"].as_str().unwrap_or("?"));
+    if let Some(r) = v.get("record") {
+        let _ = writeln!(
+            s,
+            "attached: {} ({} ago){}",
+            format_time(r["attached_at"].as_u64().unwrap_or(0)),
+            format_age(r["attached_for_secs"].as_u64().unwrap_or(0)),
+            r["replaced_at"].as_u64().map_or(String::new(), |t| format!(
+                ", program replaced {} time(s), last at {}",
+                r["replacements"],
+                format_time(t)
+            ))
+        );
+        let _ = writeln!(
+            s,
+            "object: {} ({}), program id {}",
+            r["version"].as_str().unwrap_or("?"),
+            r["object"]["source"].as_str().unwrap_or("?"),
+            r["prog_id"]
+        );
+        let c = &r["config"];
+        let _ = writeln!(
+            s,
+            "config: masquerade to {} ports {}-{}, table {} flows, mode asked {}",
+            c["wan_addr"].as_str().unwrap_or("?"),
+            c["port_min"],
+            c["port_max"],
+            c["max_flows"],
+            r["requested_mode"].as_str().unwrap_or("?")
+        );
+    }
+    if let Some(links) = v["links"].as_array() {
+        for l in links {
+            let _ = writeln!(
+                s,
+                "{}: {} (ifindex {}), {} mode, link {}, program {}",
+                l["role"].as_str().unwrap_or("?"),
+                l["name"].as_str().unwrap_or("(gone)"),
+                l["ifindex"],
+                l["mode"].as_str().unwrap_or("NOT RUNNING"),
+                l["link_id"],
+                l["prog_id"]
+            );
+        }
+    }
+    if let Some(m) = v.get("maps").and_then(Value::as_object) {
+        for (name, u) in m {
+            let (e, c) = (
+                u["entries"].as_u64().unwrap_or(0),
+                u["capacity"].as_u64().unwrap_or(0),
+            );
+            #[expect(clippy::cast_precision_loss, reason = "a percentage")]
+            let pct = if c == 0 {
+                0.0
+            } else {
+                e as f64 * 100.0 / c as f64
+            };
+            let _ = writeln!(s, "map {name}: {e} of {c} entries ({pct:.1}%)");
+        }
+    }
+    if let Some(p) = v["problems"].as_array() {
+        for x in p {
+            let _ = writeln!(s, "problem: {}", x.as_str().unwrap_or("?"));
+        }
+    }
+    if st == "not_attached" {
+        let _ = writeln!(
+            s,
+            "not attached; `router-ctl attach LAN WAN` starts the fast path"
+        );
+    }
+    s
+}
+
+/// Prints the status; returns the exit code: 0 attached and healthy,
+/// 3 not attached, 1 anything wrong.
+pub fn status(ctx: &Ctx, json: bool) -> i32 {
+    let v = status_json(ctx);
+    if json {
+        println!("{v}");
+    } else {
+        print!("{}", status_text(&v));
+    }
+    match v["state"].as_str() {
+        Some("attached") => 0,
+        Some("not_attached") => EXIT_NOT_ATTACHED,
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(format_time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(format_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
+        assert_eq!(format_age(5), "5s");
+        assert_eq!(format_age(125), "2m 5s");
+        assert_eq!(format_age(3 * 3600 + 60), "3h 1m");
+        assert_eq!(format_age(2 * 86400 + 3600), "2d 1h");
+    }
+
+    #[test]
+    fn nothing_pinned() {
+        let r = Running::default();
+        assert_eq!(diagnose(&r, None, false).0, "not_attached");
+    }
+}

@@ -1,0 +1,323 @@
+//! `router-ctl apply FILE`: the shipped example file, re-applying it (no
+//! change), a changed file (live replace and rule sync), and every invalid
+//! field (an error naming the line and the field, nothing changed).
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern, skip_unless_root};
+
+fn example() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/router.toml")
+}
+
+fn example_text() -> String {
+    std::fs::read_to_string(example()).expect("examples/router.toml")
+}
+
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(tag: &str, text: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("router-{}-{tag}.toml", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        Self(p)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn rules(t: &Topology) -> Value {
+    serde_json::from_str(&t.router_ctl_ok(&["forward", "list", "--json"])).unwrap()
+}
+
+fn sa(ip: std::net::Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(ip, port))
+}
+
+/// A TCP echo through the example's port forward (WAN 8080 -> client:80).
+fn port_forward_works(t: &Topology) {
+    let srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));
+    let payload = pattern(4096);
+    let got = t
+        .tcp_echo_client(
+            Ns::Server,
+            sa(ROUTER_WAN_ADDR, 8080),
+            &payload,
+            Duration::from_secs(5),
+        )
+        .expect("echo through the port forward");
+    assert_eq!(got, payload);
+    let peer = srv.join().expect("the LAN service saw a peer");
+    assert_eq!(peer.ip(), IpAddr::V4(SERVER_ADDR));
+}
+
+#[test]
+fn the_example_applies_and_applying_it_again_changes_nothing() {
+    if skip_unless_root("the_example_applies_and_applying_it_again_changes_nothing") {
+        return;
+    }
+    let t = Topology::new();
+    t.warm_neighbours();
+    let file = example();
+    let f = file.to_str().unwrap();
+    let out = t.router_ctl_ok(&["apply", "--check", f]);
+    assert!(out.contains("is valid"), "{out}");
+    assert_eq!(status(&t).1, 3, "--check attached something");
+
+    let out = t.router_ctl_ok(&["apply", f]);
+    println!("{out}");
+    assert!(
+        out.contains("attached:") && out.contains("applied"),
+        "{out}"
+    );
+    let (v, code) = status(&t);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(
+        rules(&t),
+        json!([
+            {"proto": "tcp", "wan_port": 8080, "lan_addr": "192.168.50.2", "lan_port": 80},
+            {"proto": "udp", "wan_port": 5353, "lan_addr": "192.168.50.2", "lan_port": 53},
+        ])
+    );
+    assert_eq!(v["record"]["config"]["port_min"], 1024);
+    port_forward_works(&t);
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7001));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+
+    let out = t.router_ctl_ok(&["apply", f]);
+    assert!(out.contains("nothing changed"), "{out}");
+    let (v2, _) = status(&t);
+    assert_eq!(prog_ids(&v2), prog_ids(&v));
+    assert_eq!(v2["record"]["replacements"], 0);
+}
+
+#[test]
+fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
+    if skip_unless_root("a_changed_file_replaces_in_place_and_syncs_the_rules") {
+        return;
+    }
+    let t = Topology::new();
+    t.warm_neighbours();
+    t.router_ctl_ok(&["apply", example().to_str().unwrap()]);
+    let (v0, _) = status(&t);
+    let changed = example_text()
+        .replace(
+            "port_range = \"1024-65535\"",
+            "port_range = \"20000-60000\"",
+        )
+        .replace("udp-replied = 120", "udp-replied = 300")
+        .replace(
+            "[[forward]]\nproto = \"udp\"\nwan_port = 5353\nto = \"192.168.50.2:53\"\n",
+            "[[forward]]\nproto = \"udp\"\nwan_port = 5454\nto = \"192.168.50.2:54\"\n",
+        )
+        .replace("to = \"192.168.50.2:80\"", "to = \"192.168.50.2:81\"");
+    let f = TempFile::new("changed", &changed);
+    let out = t.router_ctl_ok(&["apply", f.path()]);
+    println!("{out}");
+    assert!(
+        out.contains("replaced") && out.contains("new configuration"),
+        "{out}"
+    );
+    assert!(out.contains("deleted rule udp 5353"), "{out}");
+    assert!(
+        out.contains("added rule udp 5454 -> 192.168.50.2:54"),
+        "{out}"
+    );
+    assert!(
+        out.contains("changed rule tcp 8080 -> 192.168.50.2:81"),
+        "{out}"
+    );
+    let (v1, code) = status(&t);
+    assert_eq!(code, 0, "{v1}");
+    assert_ne!(prog_ids(&v1), prog_ids(&v0));
+    assert_eq!(v1["record"]["config"]["port_min"], 20000);
+    assert_eq!(v1["record"]["config"]["timeouts"]["udp-replied"], 300);
+    assert_eq!(
+        rules(&t),
+        json!([
+            {"proto": "tcp", "wan_port": 8080, "lan_addr": "192.168.50.2", "lan_port": 81},
+            {"proto": "udp", "wan_port": 5454, "lan_addr": "192.168.50.2", "lan_port": 54},
+        ])
+    );
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7101));
+    assert!(
+        peer.port() >= 20000 || peer.port() == 0,
+        "port range not applied: {peer}"
+    );
+    let out = t.router_ctl_ok(&["apply", f.path()]);
+    assert!(out.contains("nothing changed"), "{out}");
+}
+
+#[test]
+#[expect(clippy::too_many_lines, reason = "a table of cases")]
+fn each_invalid_field_is_named_and_nothing_changes() {
+    if skip_unless_root("each_invalid_field_is_named_and_nothing_changes") {
+        return;
+    }
+    let t = Topology::new();
+    t.warm_neighbours();
+    t.router_ctl_ok(&["apply", example().to_str().unwrap()]);
+    let (v0, _) = status(&t);
+    let rules0 = rules(&t);
+    let text = example_text();
+    let line_of = |needle: &str| {
+        text.lines()
+            .position(|l| l.starts_with(needle))
+            .map_or_else(|| panic!("{needle} not in the example"), |i| i + 1)
+    };
+    let cases: Vec<(&str, String, usize, &str)> = vec![
+        (
+            "lan = \"lan0\"",
+            "lan = \"nope0\"".into(),
+            line_of("lan ="),
+            "interfaces.lan",
+        ),
+        (
+            "wan = \"wan0\"",
+            "wan = \"nope1\"".into(),
+            line_of("wan ="),
+            "interfaces.wan",
+        ),
+        (
+            "wan = \"wan0\"",
+            "wan = \"lan0\"".into(),
+            line_of("wan ="),
+            "interfaces.wan",
+        ),
+        (
+            "mode = \"auto\"",
+            "mode = \"turbo\"".into(),
+            line_of("mode ="),
+            "interfaces.mode",
+        ),
+        (
+            "wan_addr = \"auto\"",
+            "wan_addr = \"203.0.113.300\"".into(),
+            line_of("wan_addr ="),
+            "nat.wan_addr",
+        ),
+        (
+            "port_range = \"1024-65535\"",
+            "port_range = \"2000-1000\"".into(),
+            line_of("port_range ="),
+            "nat.port_range",
+        ),
+        (
+            "max_flows = 262144",
+            "max_flows = 0".into(),
+            line_of("max_flows ="),
+            "nat.max_flows",
+        ),
+        (
+            "max_flows = 262144",
+            "max_flows = \"lots\"".into(),
+            line_of("max_flows ="),
+            "nat.max_flows",
+        ),
+        (
+            "icmp = 30",
+            "icmp = -1".into(),
+            line_of("icmp ="),
+            "timeouts.icmp",
+        ),
+        (
+            "icmp = 30",
+            "ping = 30".into(),
+            line_of("icmp ="),
+            "timeouts.ping",
+        ),
+        (
+            "proto = \"tcp\"",
+            "proto = \"sctp\"".into(),
+            line_of("proto = \"tcp\""),
+            "forward.proto",
+        ),
+        (
+            "wan_port = 8080",
+            "wan_port = 0".into(),
+            line_of("wan_port = 8080"),
+            "forward.wan_port",
+        ),
+        (
+            "wan_port = 5353",
+            "wan_port = 65536".into(),
+            line_of("wan_port = 5353"),
+            "forward.wan_port",
+        ),
+        (
+            "to = \"192.168.50.2:80\"",
+            "to = \"192.168.50.2\"".into(),
+            line_of("to = \"192.168.50.2:80\""),
+            "forward.to",
+        ),
+        (
+            "to = \"192.168.50.2:80\"",
+            "to = \"lan-host:80\"".into(),
+            line_of("to = \"192.168.50.2:80\""),
+            "forward.to",
+        ),
+        (
+            "[nat]",
+            "[nat]\ncolour = \"blue\"".into(),
+            line_of("[nat]") + 1,
+            "colour",
+        ),
+    ];
+    for (from, to, line, field) in &cases {
+        let bad = text.replacen(from, to, 1);
+        assert_ne!(bad, text, "{from} not found");
+        let f = TempFile::new("bad", &bad);
+        let e = ctl_fails(&t, &["apply", f.path()]);
+        println!("{e}");
+        let at = format!("{}:{line}", f.path());
+        assert!(e.contains(&at), "{from} -> {to}: expected {at} in: {e}");
+        assert!(
+            e.contains(field),
+            "{from} -> {to}: expected {field} in: {e}"
+        );
+        assert!(e.contains("nothing was changed"), "{e}");
+    }
+    // The same WAN port twice: both lines named.
+    let dup = format!(
+        "{text}\n[[forward]]\nproto = \"tcp\"\nwan_port = 8080\nto = \"192.168.50.3:80\"\n"
+    );
+    let f = TempFile::new("dup", &dup);
+    let e = ctl_fails(&t, &["apply", f.path()]);
+    let dup_line = dup.lines().count() - 1;
+    assert!(
+        e.contains(&format!(":{dup_line}: forward.wan_port"))
+            && e.contains(&format!("first at line {}", line_of("wan_port = 8080"))),
+        "{e}"
+    );
+    // Not TOML at all.
+    let f = TempFile::new("syntax", "[interfaces\nlan = \"lan0\"\n");
+    let e = ctl_fails(&t, &["apply", f.path()]);
+    assert!(e.contains(&format!("{}:1:", f.path())), "{e}");
+    // A missing file.
+    let e = ctl_fails(&t, &["apply", "/nonexistent/router.toml"]);
+    assert!(e.contains("/nonexistent/router.toml"), "{e}");
+
+    let (v1, code) = status(&t);
+    assert_eq!(code, 0);
+    assert_eq!(
+        prog_ids(&v1),
+        prog_ids(&v0),
+        "an invalid file changed the program"
+    );
+    assert_eq!(v1["record"]["config"], v0["record"]["config"]);
+    assert_eq!(rules(&t), rules0, "an invalid file changed the rules");
+}

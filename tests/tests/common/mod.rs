@@ -1,0 +1,331 @@
+//! Helpers shared by the router-ctl operator tests (lifecycle, apply,
+//! metrics, errors). Each test file includes this module.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tests::{LAN_IF, Ns, PIN_ROOT, Topology, WAN_IF, router_ctl_bin};
+
+/// Where router-ctl keeps its attach records.
+pub const STATE_DIR: &str = "/var/lib/xdp-router";
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `router-ctl -n ROUTER ARGS` with extra environment variables.
+pub fn ctl_env(t: &Topology, env: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .arg(router_ctl_bin())
+        .arg("-n")
+        .arg(t.ns_name(Ns::Router))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running router-ctl")
+}
+
+/// Asserts failure (non-zero exit) and returns stderr.
+pub fn ctl_fails(t: &Topology, args: &[&str]) -> String {
+    let o = t.router_ctl(args);
+    assert!(
+        !o.status.success(),
+        "router-ctl {args:?} should fail:\nstdout: {}\nstderr: {}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert_eq!(o.status.code(), Some(1), "exit code of {args:?}");
+    stderr(&o)
+}
+
+/// `status --json` parsed, with its exit code.
+pub fn status(t: &Topology) -> (Value, i32) {
+    let o = t.router_ctl(&["status", "--json"]);
+    let v: Value = serde_json::from_str(&stdout(&o))
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}{}", stdout(&o), stderr(&o)));
+    (v, o.status.code().unwrap_or(-1))
+}
+
+/// The program ids of the two links in `status --json`.
+pub fn prog_ids(v: &Value) -> Vec<u64> {
+    v["links"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|l| l["prog_id"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+pub fn pin_dir(t: &Topology) -> PathBuf {
+    Path::new(PIN_ROOT).join(t.ns_name(Ns::Router))
+}
+
+pub fn state_file(t: &Topology) -> PathBuf {
+    Path::new(STATE_DIR).join(format!("{}.json", t.ns_name(Ns::Router)))
+}
+
+pub fn tmp_pin_dir(t: &Topology) -> PathBuf {
+    Path::new(&format!("{PIN_ROOT}-staging")).join(t.ns_name(Ns::Router))
+}
+
+pub fn mode_of(path: &Path) -> u32 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// The XDP programs on a router interface, from `ip -j -d link show`.
+pub fn xdp_progs(t: &Topology, iface: &str) -> Vec<u64> {
+    let out = t.exec_ok(
+        Ns::Router,
+        &["ip", "-j", "-d", "link", "show", "dev", iface],
+    );
+    let v: Value = serde_json::from_str(&out).expect("ip -j link");
+    let x = &v[0]["xdp"];
+    let mut ids = Vec::new();
+    if let Some(id) = x["prog"]["id"].as_u64() {
+        ids.push(id);
+    }
+    if let Some(a) = x["attached"].as_array() {
+        for p in a {
+            if let Some(id) = p["prog"]["id"].as_u64() {
+                ids.push(id);
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Attach after warming the neighbours; returns stdout.
+pub fn attach(t: &Topology, extra: &[&str]) -> String {
+    t.warm_neighbours();
+    let mut args = vec!["attach", LAN_IF, WAN_IF];
+    args.extend_from_slice(extra);
+    t.router_ctl_ok(&args)
+}
+
+static OBJ_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A copy of the built XDP object with bytes appended after its end: a
+/// different file (another SHA-256, so router-ctl sees a new version)
+/// with the same code. Removed on drop.
+pub struct ObjectVariant(pub PathBuf);
+
+impl ObjectVariant {
+    #[must_use]
+    pub fn new(tag: &str) -> Self {
+        let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
+        let path =
+            std::env::temp_dir().join(format!("router-variant-{}-{n}-{tag}.o", std::process::id()));
+        let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
+        bytes.extend_from_slice(format!("\nvariant {tag}\n").as_bytes());
+        std::fs::write(&path, bytes).expect("write the variant object");
+        Self(path)
+    }
+
+    /// A copy whose XDP program starts with `exit` before r0 is set: the
+    /// verifier rejects it.
+    #[must_use]
+    pub fn rejected_by_verifier() -> Self {
+        let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("router-bad-{}-{n}.o", std::process::id()));
+        let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
+        let (off, size) = elf_section(&bytes, "xdp").expect("the object has an xdp section");
+        assert!(size >= 8);
+        // BPF_JMP | BPF_EXIT, all other fields zero.
+        bytes[off..off + 8].copy_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
+        std::fs::write(&path, bytes).expect("write the bad object");
+        Self(path)
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for ObjectVariant {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// File offset and size of an ELF64 little-endian section by name.
+pub fn elf_section(b: &[u8], name: &str) -> Option<(usize, usize)> {
+    let u16_at = |o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap()) as usize;
+    if b.get(0..4)? != b"\x7fELF" || b[4] != 2 {
+        return None;
+    }
+    let shoff = u64_at(0x28);
+    let shentsize = u16_at(0x3a);
+    let shnum = u16_at(0x3c);
+    let shstrndx = u16_at(0x3e);
+    let sh = |i: usize| shoff + i * shentsize;
+    let strtab = u64_at(sh(shstrndx) + 0x18);
+    for i in 0..shnum {
+        let name_off = strtab + u32_at(sh(i));
+        let end = b[name_off..].iter().position(|&c| c == 0)? + name_off;
+        if &b[name_off..end] == name.as_bytes() {
+            return Some((u64_at(sh(i) + 0x18), u64_at(sh(i) + 0x20)));
+        }
+    }
+    None
+}
+
+/// A TCP stream from the client to a sink on the server that runs while
+/// the test changes the router. The sink counts the bytes and hashes them.
+pub struct Stream {
+    client: std::thread::JoinHandle<Result<(u64, u64), String>>,
+    server: std::thread::JoinHandle<Result<(u64, u64), String>>,
+    pub server_addr: SocketAddr,
+}
+
+fn fnv(h: u64, data: &[u8]) -> u64 {
+    data.iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Stream {
+    /// Streams `total` bytes in chunks over about `secs` seconds.
+    #[must_use]
+    pub fn start(t: &Topology, dst: SocketAddr, total: usize, secs: f64) -> Self {
+        let srv_ns = t.ns_name(Ns::Server).to_owned();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || {
+            tests::netns::enter(&srv_ns);
+            let listener = TcpListener::bind(dst).map_err(|e| format!("bind {dst}: {e}"))?;
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let (mut sock, _) = loop {
+                match listener.accept() {
+                    Ok(x) => break x,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => return Err(format!("accept: {e}")),
+                }
+            };
+            sock.set_nonblocking(false).unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let (mut count, mut hash) = (0u64, 0xcbf2_9ce4_8422_2325u64);
+            let mut buf = vec![0u8; 65536];
+            loop {
+                match sock.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(k) => {
+                        count += k as u64;
+                        hash = fnv(hash, &buf[..k]);
+                    }
+                    Err(e) => return Err(format!("server read after {count} bytes: {e}")),
+                }
+                if Instant::now() > deadline {
+                    return Err("server: stream took too long".into());
+                }
+            }
+            sock.write_all(b"ok")
+                .map_err(|e| format!("server ack: {e}"))?;
+            Ok((count, hash))
+        });
+        let server_addr = rx.recv_timeout(Duration::from_secs(5)).expect("sink bound");
+        let cli_ns = t.ns_name(Ns::Client).to_owned();
+        let client = std::thread::spawn(move || {
+            tests::netns::enter(&cli_ns);
+            let mut sock = TcpStream::connect_timeout(&server_addr, Duration::from_secs(5))
+                .map_err(|e| format!("connect: {e}"))?;
+            sock.set_write_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let chunk = 16 * 1024;
+            let chunks = u32::try_from(total / chunk).expect("chunk count");
+            let start = Instant::now();
+            let pattern = tests::pattern(chunk * 4);
+            let (mut count, mut hash) = (0u64, 0xcbf2_9ce4_8422_2325u64);
+            for i in 0..chunks {
+                let off = (i % 3) as usize * chunk;
+                let data = &pattern[off..off + chunk];
+                sock.write_all(data)
+                    .map_err(|e| format!("client write after {count} bytes: {e}"))?;
+                count += data.len() as u64;
+                hash = fnv(hash, data);
+                // Pace: chunk i is due at i/chunks of the duration.
+                let due = Duration::from_secs_f64(secs * f64::from(i + 1) / f64::from(chunks));
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            sock.shutdown(std::net::Shutdown::Write)
+                .map_err(|e| format!("shutdown: {e}"))?;
+            let mut ack = [0u8; 2];
+            sock.read_exact(&mut ack)
+                .map_err(|e| format!("client waiting for the ack: {e}"))?;
+            Ok((count, hash))
+        });
+        Self {
+            client,
+            server,
+            server_addr,
+        }
+    }
+
+    /// Waits for both ends; panics unless every byte arrived intact.
+    pub fn finish(self) -> u64 {
+        let c = self.client.join().expect("client thread");
+        let s = self.server.join().expect("server thread");
+        let (cn, ch) = c.unwrap_or_else(|e| panic!("stream client: {e}"));
+        let (sn, sh) = s.unwrap_or_else(|e| panic!("stream server: {e}"));
+        assert_eq!(sn, cn, "the server got {sn} of {cn} bytes");
+        assert_eq!(sh, ch, "the bytes arrived changed");
+        sn
+    }
+}
+
+/// Sets up iptables MASQUERADE in the router namespace (the kernel path's NAT).
+pub fn kernel_nat(t: &Topology) {
+    t.masquerade();
+}
+
+/// Waits until `f` holds (bounded).
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Runs `router-ctl detach` on drop (before the topology's own drop), so
+/// a failing test leaves no staging pins or attach record behind.
+pub struct DetachOnDrop<'a>(pub &'a Topology);
+
+impl Drop for DetachOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.router_ctl(&["detach"]);
+    }
+}
+
+pub fn lan_wan() -> (&'static str, &'static str) {
+    (LAN_IF, WAN_IF)
+}

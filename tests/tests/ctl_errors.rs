@@ -1,0 +1,313 @@
+//! The errors an operator hits, each with a clear message and exit code 1:
+//! missing capabilities (not root, or root without `CAP_NET_ADMIN`), a
+//! missing interface or namespace, a verifier rejection (with the end of
+//! the verifier log), bpffs that cannot be mounted, rule conflicts, bad
+//! addresses and ports. Plus help, completions and the man page.
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+use tests::{LAN_IF, Ns, Topology, WAN_IF, router_ctl_bin, skip_unless_root};
+
+/// `PREFIX... router-ctl -n ROUTER ARGS`.
+fn ctl_via(t: &Topology, prefix: &[&str], args: &[&str]) -> Output {
+    let bin = router_ctl_bin();
+    Command::new("timeout")
+        .args(["-k", "5", "60"])
+        .args(prefix)
+        .arg(&bin)
+        .arg("-n")
+        .arg(t.ns_name(Ns::Router))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run")
+}
+
+fn fails_with(o: &Output, needles: &[&str]) -> String {
+    let e = stderr(o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "stdout: {}\nstderr: {e}",
+        stdout(o)
+    );
+    for n in needles {
+        assert!(e.contains(n), "{n:?} not in: {e}");
+    }
+    e
+}
+
+#[test]
+fn missing_capabilities_are_named() {
+    if skip_unless_root("missing_capabilities_are_named") {
+        return;
+    }
+    let t = Topology::new();
+    // Not root, no capabilities.
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--",
+    ];
+    let o = ctl_via(&t, &nobody, &["attach", LAN_IF, WAN_IF]);
+    let e = fails_with(&o, &["not root", "CAP_NET_ADMIN", "CAP_BPF", "sudo"]);
+    println!("{e}");
+    let o = ctl_via(&t, &nobody, &["stats"]);
+    fails_with(&o, &["CAP_BPF"]);
+    // Root, but without CAP_NET_ADMIN: the uid alone is not enough.
+    let no_net_admin = [
+        "setpriv",
+        "--bounding-set=-net_admin",
+        "--inh-caps=-net_admin",
+        "--",
+    ];
+    let o = ctl_via(&t, &no_net_admin, &["attach", LAN_IF, WAN_IF]);
+    let e = fails_with(&o, &["running as root, but without CAP_NET_ADMIN"]);
+    println!("{e}");
+    assert!(
+        xdp_progs(&t, LAN_IF).is_empty(),
+        "attached without CAP_NET_ADMIN"
+    );
+
+    attach(&t, &[]);
+    // Reading works without CAP_NET_ADMIN, changing does not.
+    let o = ctl_via(&t, &no_net_admin, &["stats", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for args in [
+        &["detach"][..],
+        &["forward", "add", "tcp", "8080", "192.168.50.2:80"],
+        &["conntrack", "flush"],
+    ] {
+        let o = ctl_via(&t, &no_net_admin, args);
+        fails_with(&o, &["CAP_NET_ADMIN"]);
+    }
+    assert_eq!(status(&t).1, 0, "still attached");
+}
+
+#[test]
+fn missing_interfaces_and_namespaces() {
+    if skip_unless_root("missing_interfaces_and_namespaces") {
+        return;
+    }
+    let t = Topology::new();
+    let e = ctl_fails(&t, &["attach", LAN_IF, "nope0"]);
+    assert!(e.contains("no such interface \"nope0\""), "{e}");
+    let e = ctl_fails(&t, &["attach", "eth9", WAN_IF]);
+    assert!(e.contains("\"eth9\""), "{e}");
+    let e = ctl_fails(&t, &["attach", LAN_IF, LAN_IF]);
+    assert!(e.contains("same interface"), "{e}");
+    assert!(xdp_progs(&t, LAN_IF).is_empty() && !pin_dir(&t).exists());
+    let o = t.router_ctl(&["doctor", "nope0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("no interface nope0"), "{}", stdout(&o));
+    // Not attached: reading commands say how to attach.
+    for args in [&["stats"][..], &["forward", "list"], &["conntrack", "list"]] {
+        let e = ctl_fails(&t, args);
+        assert!(
+            e.contains("not attached") && e.contains("router-ctl attach"),
+            "{e}"
+        );
+    }
+    let o = Command::new(router_ctl_bin())
+        .args(["-n", "no-such-netns-xyz", "stats"])
+        .output()
+        .unwrap();
+    fails_with(&o, &["no network namespace \"no-such-netns-xyz\""]);
+}
+
+#[test]
+fn a_verifier_rejection_shows_the_end_of_its_log() {
+    if skip_unless_root("a_verifier_rejection_shows_the_end_of_its_log") {
+        return;
+    }
+    let t = Topology::new();
+    let bad = ObjectVariant::rejected_by_verifier();
+    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--object", bad.path()]);
+    println!("{e}");
+    assert!(e.contains("verifier rejected"), "{e}");
+    // The log's last lines: the instruction that failed and the summary.
+    assert!(
+        e.contains("R0 !read_ok") || e.contains("unreachable insn"),
+        "no verifier log in: {e}"
+    );
+    assert!(e.lines().count() >= 3, "{e}");
+    assert!(xdp_progs(&t, LAN_IF).is_empty() && xdp_progs(&t, WAN_IF).is_empty());
+    assert!(
+        !pin_dir(&t).exists() && !tmp_pin_dir(&t).exists(),
+        "pins left"
+    );
+    assert_eq!(status(&t).1, 3);
+    // While attached, a rejected replace changes nothing either.
+    attach(&t, &[]);
+    let (before, _) = status(&t);
+    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--object", bad.path()]);
+    assert!(e.contains("verifier rejected"), "{e}");
+    let (after, code) = status(&t);
+    assert_eq!(code, 0, "{after}");
+    assert_eq!(prog_ids(&after), prog_ids(&before));
+}
+
+#[test]
+fn bpffs_that_cannot_be_mounted() {
+    if skip_unless_root("bpffs_that_cannot_be_mounted") {
+        return;
+    }
+    let t = Topology::new();
+    // In a private mount namespace, hide /sys/fs (so /sys/fs/bpf does not
+    // exist and cannot be mounted). Nothing leaves that namespace.
+    let script = format!(
+        "mount -t tmpfs -o ro none /sys/fs && exec {} -n {} attach {LAN_IF} {WAN_IF}",
+        router_ctl_bin().display(),
+        t.ns_name(Ns::Router)
+    );
+    let o = Command::new("timeout")
+        .args([
+            "-k",
+            "5",
+            "60",
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let e = fails_with(
+        &o,
+        &[
+            "bpffs is not mounted at /sys/fs/bpf",
+            "mount -t bpf bpf /sys/fs/bpf",
+        ],
+    );
+    println!("{e}");
+    assert!(xdp_progs(&t, LAN_IF).is_empty());
+}
+
+#[test]
+fn rule_conflicts_and_bad_values() {
+    if skip_unless_root("rule_conflicts_and_bad_values") {
+        return;
+    }
+    let t = Topology::new();
+    attach(&t, &[]);
+    t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
+    let e = ctl_fails(&t, &["forward", "add", "tcp", "8080", "192.168.50.3:80"]);
+    assert!(
+        e.contains("conflicts with existing rule tcp 8080 -> 192.168.50.2:80"),
+        "{e}"
+    );
+    let e = ctl_fails(&t, &["forward", "del", "udp", "9999"]);
+    assert!(e.contains("no udp rule for WAN port 9999"), "{e}");
+    for (args, needle) in [
+        (
+            &["forward", "add", "tcp", "0", "192.168.50.2:80"][..],
+            "WAN_PORT",
+        ),
+        (
+            &["forward", "add", "tcp", "65536", "192.168.50.2:80"],
+            "out of range",
+        ),
+        (
+            &["forward", "add", "tcp", "80", "192.168.50.2"],
+            "LAN_ADDR:PORT",
+        ),
+        (
+            &["forward", "add", "tcp", "80", "192.168.50.300:80"],
+            "not an IPv4 address",
+        ),
+        (
+            &["forward", "add", "tcp", "80", "224.0.0.1:80"],
+            "multicast",
+        ),
+        (&["forward", "add", "sctp", "80", "192.168.50.2:80"], "sctp"),
+        (
+            &["attach", LAN_IF, WAN_IF, "--wan-addr", "300.1.1.1"],
+            "--wan-addr",
+        ),
+        (
+            &["attach", LAN_IF, WAN_IF, "--port-range", "0-10"],
+            "--port-range",
+        ),
+        (
+            &["attach", LAN_IF, WAN_IF, "--timeout", "tcp=5"],
+            "unknown state",
+        ),
+    ] {
+        let e = ctl_fails(&t, args);
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
+    // Changing the table size of a live router is refused (flows live in it).
+    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--max-flows", "1000"]);
+    assert!(e.contains("cannot be resized while attached"), "{e}");
+    // A mode change needs new links.
+    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--mode", "generic"]);
+    assert!(e.contains("mode change"), "{e}");
+    let rules: serde_json::Value =
+        serde_json::from_str(&t.router_ctl_ok(&["forward", "list", "--json"])).unwrap();
+    assert_eq!(rules.as_array().unwrap().len(), 1);
+    assert_eq!(status(&t).1, 0);
+}
+
+#[test]
+fn help_completions_and_man_page() {
+    let bin = router_ctl_bin();
+    let run = |args: &[&str]| {
+        let o = Command::new(&bin).args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        stdout(&o)
+    };
+    let top = run(&["--help"]);
+    assert!(top.contains("Examples:") && top.contains("apply"), "{top}");
+    for sub in [
+        &["attach"][..],
+        &["detach"],
+        &["status"],
+        &["stats"],
+        &["forward", "add"],
+        &["forward", "del"],
+        &["forward", "list"],
+        &["conntrack", "list"],
+        &["conntrack", "count"],
+        &["conntrack", "flush"],
+        &["apply"],
+        &["metrics"],
+        &["doctor"],
+        &["completions"],
+        &["man"],
+    ] {
+        let mut a = sub.to_vec();
+        a.push("--help");
+        let h = run(&a);
+        assert!(h.contains("Example"), "{sub:?} help has no example:\n{h}");
+    }
+    assert!(
+        !run(&["attach", "--help"]).contains("--object"),
+        "hidden flag shown"
+    );
+    assert!(run(&["metrics", "--help"]).contains("127.0.0.1:9469"));
+    let bash = run(&["completions", "bash"]);
+    assert!(
+        bash.contains("complete -F") && bash.contains("router-ctl"),
+        "{bash}"
+    );
+    assert!(run(&["completions", "zsh"]).contains("#compdef router-ctl"));
+    let man = run(&["man"]);
+    assert!(
+        man.starts_with(".ie") || man.contains(".TH"),
+        "{}",
+        &man[..200.min(man.len())]
+    );
+    assert!(man.contains("router\\-ctl"), "man page without the name");
+    let v = run(&["--version"]);
+    assert!(v.contains("XDP object"), "{v}");
+}

@@ -1,0 +1,84 @@
+//! `router-ctl doctor`: the veth hazards (no NAPI on the peer, partial
+//! checksums from the peer), MTU mismatch, each with its fix; and `attach`
+//! warning about them.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, skip_unless_root};
+
+fn doctor(t: &Topology, args: &[&str]) -> (Value, i32) {
+    let mut a = vec!["doctor"];
+    a.extend_from_slice(args);
+    a.push("--json");
+    let o = t.router_ctl(&a);
+    let v: Value = serde_json::from_str(&stdout(&o))
+        .unwrap_or_else(|e| panic!("doctor --json: {e}: {}{}", stdout(&o), stderr(&o)));
+    (v, o.status.code().unwrap_or(-1))
+}
+
+fn check<'a>(v: &'a Value, iface: &str, name: &str) -> &'a Value {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["iface"] == iface && c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} check for {iface}: {v}"))
+}
+
+#[test]
+fn doctor_finds_the_veth_hazards_and_says_how_to_fix_them() {
+    if skip_unless_root("doctor_finds_the_veth_hazards_and_says_how_to_fix_them") {
+        return;
+    }
+    let t = Topology::new();
+    // The harness sets the hosts up right: everything passes.
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    println!("{}", stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF])));
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(check(&v, LAN_IF, "redirect-target")["level"], "ok");
+    assert_eq!(check(&v, WAN_IF, "tx-checksum")["level"], "ok");
+    assert_eq!(check(&v, LAN_IF, "native-xdp")["level"], "ok");
+
+    // Break the client side: GRO off (redirected frames dropped) and tx
+    // checksum offload on (partial checksums); shrink the WAN MTU.
+    t.exec_ok(
+        Ns::Client,
+        &["ethtool", "-K", HOST_IF, "gro", "off", "tx", "on"],
+    );
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", "dev", WAN_IF, "mtu", "1400"],
+    );
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    println!("{}", stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF])));
+    assert_eq!(code, 1, "{v}");
+    let cli = t.ns_name(Ns::Client);
+    let redirect = check(&v, LAN_IF, "redirect-target");
+    assert_eq!(redirect["level"], "fail", "{redirect}");
+    assert_eq!(
+        redirect["fix"],
+        format!("ip netns exec {cli} ethtool -K {HOST_IF} gro on").as_str()
+    );
+    let csum = check(&v, LAN_IF, "tx-checksum");
+    assert_eq!(csum["level"], "warn", "{csum}");
+    assert_eq!(
+        csum["fix"],
+        format!("ip netns exec {cli} ethtool -K {HOST_IF} tx off").as_str()
+    );
+    let mtu = check(&v, WAN_IF, "mtu-mismatch");
+    assert_eq!(mtu["level"], "warn", "{mtu}");
+    assert!(mtu["fix"].as_str().unwrap().contains("mtu 1400"), "{mtu}");
+
+    // attach checks the same and warns before it changes anything.
+    t.warm_neighbours();
+    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    println!("{e}");
+    assert!(
+        e.contains("gro on") && e.contains("tx off") && e.contains("MTU"),
+        "{e}"
+    );
+}

@@ -1,0 +1,592 @@
+//! router-ctl's lifecycle in fresh topologies: attach (idempotent), live
+//! replace under a running TCP stream, detach back to the kernel path,
+//! rollback when the second interface fails, foreign XDP programs, pins
+//! lost (as after a reboot), and a crash (`kill -9`) at every step.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, skip_unless_root};
+
+fn sa(port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, port))
+}
+
+fn flow_xlat(t: &Topology, port: u16) -> Option<String> {
+    let dst = sa(port).to_string();
+    t.conntrack()
+        .iter()
+        .find(|f| f["proto"] == "tcp" && f["orig_dst"] == dst.as_str())
+        .map(|f| f["xlat_src"].as_str().unwrap_or("").to_owned())
+}
+
+#[test]
+fn attach_is_idempotent_and_status_tells_what_runs_where() {
+    if skip_unless_root("attach_is_idempotent_and_status_tells_what_runs_where") {
+        return;
+    }
+    let t = Topology::new();
+    let (v, code) = status(&t);
+    assert_eq!(
+        (v["state"].as_str(), code),
+        (Some("not_attached"), 3),
+        "{v}"
+    );
+
+    let out = attach(&t, &[]);
+    assert!(out.contains("attached:"), "{out}");
+    let (v, code) = status(&t);
+    println!("{}", t.router_ctl_ok(&["status"]));
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["state"], "attached", "{v}");
+    assert_eq!(v["configured"], true);
+    let links = v["links"].as_array().unwrap();
+    assert_eq!(links.len(), 2);
+    assert_eq!(links[0]["name"], LAN_IF);
+    assert_eq!(links[1]["name"], WAN_IF);
+    for l in links {
+        assert_eq!(l["mode"], "native", "{l}");
+    }
+    let ids = prog_ids(&v);
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(v["record"]["prog_id"].as_u64(), Some(ids[0]));
+    assert_eq!(v["record"]["version"], v["ctl_object"]);
+    assert!(v["record"]["attached_at"].as_u64().unwrap() > 1_600_000_000);
+    assert_eq!(v["maps"]["conntrack"]["capacity"], 2 * 262_144);
+    assert_eq!(v["maps"]["devices"]["entries"], 2);
+    assert_eq!(v["maps"]["port_forwards"]["entries"], 0);
+    assert_eq!(xdp_progs(&t, LAN_IF), vec![ids[0]]);
+    assert_eq!(xdp_progs(&t, WAN_IF), vec![ids[0]]);
+
+    // Owner-only pins and record.
+    let dir = pin_dir(&t);
+    assert_eq!(mode_of(&dir), 0o700);
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let p = f.unwrap().path();
+        assert_eq!(mode_of(&p), 0o600, "{}", p.display());
+    }
+    assert_eq!(mode_of(&state_file(&t)), 0o600);
+
+    // The same attach again: a no-op that says so.
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]);
+    assert!(out.contains("nothing changed"), "{out}");
+    let (v2, _) = status(&t);
+    assert_eq!(
+        prog_ids(&v2),
+        ids,
+        "an identical attach replaced the program"
+    );
+    assert_eq!(v2["record"]["replacements"], 0);
+
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5501));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+}
+
+#[test]
+fn replace_under_a_running_tcp_stream_loses_nothing() {
+    if skip_unless_root("replace_under_a_running_tcp_stream_loses_nothing") {
+        return;
+    }
+    let t = Topology::new();
+    attach(&t, &[]);
+    let (v0, _) = status(&t);
+    let id0 = prog_ids(&v0)[0];
+    let variant = ObjectVariant::new("b");
+    let retrans0 = t.nstat(Ns::Client, "TcpRetransSegs");
+    let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
+    let before = t.stats();
+
+    // 24 MiB over 5 s while the program is replaced three times.
+    let stream = Stream::start(&t, sa(5601), 24 << 20, 5.0);
+    std::thread::sleep(Duration::from_millis(800));
+    let xlat0 = flow_xlat(&t, 5601).expect("the stream's flow is tracked");
+
+    // 1. A new object (same code, another file hash).
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--object", variant.path()]);
+    assert!(
+        out.contains("replaced") && out.contains("new object"),
+        "{out}"
+    );
+    let (v1, c1) = status(&t);
+    assert_eq!(c1, 0, "{v1}");
+    let ids1 = prog_ids(&v1);
+    assert_eq!(ids1[0], ids1[1], "{v1}");
+    assert_ne!(ids1[0], id0, "the object did not change");
+    assert_ne!(v1["record"]["version"], v0["record"]["version"]);
+    std::thread::sleep(Duration::from_millis(800));
+
+    // 2. A new configuration (back on the embedded object).
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--timeout", "udp-replied=300"]);
+    assert!(out.contains("replaced"), "{out}");
+    let (v2, _) = status(&t);
+    assert_eq!(v2["record"]["config"]["timeouts"]["udp-replied"], 300);
+    std::thread::sleep(Duration::from_millis(800));
+
+    // 3. Nothing changed, forced with --reload.
+    let out = t.router_ctl_ok(&[
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--timeout",
+        "udp-replied=300",
+        "--reload",
+    ]);
+    assert!(out.contains("replaced"), "{out}");
+    let (v3, c3) = status(&t);
+    assert_eq!(c3, 0, "{v3}");
+    assert_eq!(v3["record"]["replacements"], 3, "{v3}");
+    assert_eq!(
+        flow_xlat(&t, 5601).as_deref(),
+        Some(xlat0.as_str()),
+        "translation changed"
+    );
+
+    let n = stream.finish();
+    let after = t.stats();
+    let retrans = t.nstat(Ns::Client, "TcpRetransSegs") - retrans0;
+    let kernel_fwd = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
+    let fwd =
+        tests::counter_of(&after, "fwd_outbound") - tests::counter_of(&before, "fwd_outbound");
+    println!(
+        "stream: {n} bytes, {retrans} retransmitted segments, {fwd} packets on the fast path, \
+         {kernel_fwd} forwarded by the kernel"
+    );
+    assert_eq!(n, (24 << 20) / (16 * 1024) * 16 * 1024);
+    // Counters survived the replaces (they kept counting up) and the fast
+    // path, not the kernel, carried the stream.
+    assert!(fwd > 1000, "fast path carried only {fwd} packets");
+    assert!(kernel_fwd < 10, "the kernel forwarded {kernel_fwd} packets");
+    assert!(
+        retrans <= 3,
+        "{retrans} segments retransmitted across the replaces"
+    );
+}
+
+#[test]
+fn detach_restores_kernel_forwarding() {
+    if skip_unless_root("detach_restores_kernel_forwarding") {
+        return;
+    }
+    let t = Topology::new();
+    attach(&t, &[]);
+    // Give the kernel path its own NAT; while attached the fast path wins.
+    t.masquerade();
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5701));
+    let out = t.router_ctl_ok(&["detach"]);
+    assert!(out.contains("detached"), "{out}");
+    assert!(!pin_dir(&t).exists(), "pins left");
+    assert!(!state_file(&t).exists(), "record left");
+    assert!(xdp_progs(&t, LAN_IF).is_empty() && xdp_progs(&t, WAN_IF).is_empty());
+    let (v, code) = status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("not_attached"), 3));
+    let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5702));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "kernel NAT");
+    assert!(
+        t.nstat(Ns::Router, "IpForwDatagrams") - fwd0 > 50,
+        "the kernel did not forward the connection"
+    );
+    // Detach again: nothing to do, still success.
+    let out = t.router_ctl_ok(&["detach"]);
+    assert!(out.contains("nothing to do"), "{out}");
+}
+
+#[test]
+fn a_failing_second_interface_rolls_the_first_back() {
+    if skip_unless_root("a_failing_second_interface_rolls_the_first_back") {
+        return;
+    }
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    let rtr = t.ns_name(Ns::Router).to_owned();
+    // A veth with a 9000-byte MTU cannot run native XDP without
+    // multi-buffer support: the WAN attach fails after the LAN attach worked.
+    for cmd in [
+        &[
+            "ip", "link", "add", "wan9k", "mtu", "9000", "type", "veth", "peer", "name", "wan9kp",
+            "mtu", "9000",
+        ][..],
+        &["ip", "addr", "add", "198.51.100.1/24", "dev", "wan9k"],
+        &["ip", "link", "set", "wan9kp", "up"],
+        &["ip", "link", "set", "wan9k", "up"],
+    ] {
+        t.exec_ok(Ns::Router, cmd);
+    }
+    let err = ctl_fails(&t, &["attach", LAN_IF, "wan9k", "--mode", "native"]);
+    println!("{err}");
+    assert!(err.contains("wan9k"), "{err}");
+    assert!(err.contains("rolled back"), "{err}");
+    assert!(
+        xdp_progs(&t, LAN_IF).is_empty(),
+        "LAN still attached in {rtr}"
+    );
+    assert!(
+        !pin_dir(&t).exists() && !tmp_pin_dir(&t).exists(),
+        "pins left"
+    );
+    assert!(!state_file(&t).exists(), "record left");
+    // And a good attach works afterwards.
+    attach(&t, &[]);
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5801));
+}
+
+/// Loads the router's own object in the test process: an XDP program
+/// router-ctl did not attach.
+fn foreign_ebpf() -> aya::Ebpf {
+    let mut ebpf = aya::EbpfLoader::new()
+        .map_max_entries(router_common::maps::CONNTRACK_MAP, 64)
+        .load(aya::include_bytes_aligned!(env!("ROUTER_EBPF_OBJ")))
+        .expect("load");
+    let prog: &mut aya::programs::Xdp = ebpf
+        .program_mut(router_common::maps::PROGRAM_NAME)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    prog.load().expect("verifier");
+    ebpf
+}
+
+#[test]
+fn a_foreign_xdp_program_is_refused_unless_forced() {
+    if skip_unless_root("a_foreign_xdp_program_is_refused_unless_forced") {
+        return;
+    }
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    // LAN: attached over netlink (like `ip link set xdp`), by bpftool from a
+    // pinned program. WAN: attached through a bpf_link the test holds.
+    let pin =
+        std::path::Path::new(tests::PIN_ROOT).join(format!("foreign-{}", t.ns_name(Ns::Router)));
+    let mut lan_prog = foreign_ebpf();
+    let p: &mut aya::programs::Xdp = lan_prog
+        .program_mut(router_common::maps::PROGRAM_NAME)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    p.pin(&pin).expect("pin the foreign program");
+    let netns = format!("--net=/run/netns/{}", t.ns_name(Ns::Router));
+    let pin_s = pin.to_str().unwrap();
+    let o = std::process::Command::new("nsenter")
+        .args([
+            netns.as_str(),
+            "bpftool",
+            "net",
+            "attach",
+            "xdpgeneric",
+            "pinned",
+            pin_s,
+            "dev",
+            LAN_IF,
+        ])
+        .output()
+        .expect("nsenter bpftool");
+    assert!(o.status.success(), "bpftool: {}", stderr(&o));
+    let wan_prog = t.in_ns(Ns::Router, || {
+        let mut e = foreign_ebpf();
+        let p: &mut aya::programs::Xdp = e
+            .program_mut(router_common::maps::PROGRAM_NAME)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        p.attach(WAN_IF, aya::programs::XdpMode::Skb)
+            .expect("attach to wan0");
+        e
+    });
+    let (lan_foreign, wan_foreign) = (xdp_progs(&t, LAN_IF), xdp_progs(&t, WAN_IF));
+    assert_eq!((lan_foreign.len(), wan_foreign.len()), (1, 1));
+
+    let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF]);
+    println!("{err}");
+    assert!(
+        err.contains("lan0 already has an XDP program") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(
+        xdp_progs(&t, LAN_IF),
+        lan_foreign,
+        "refusal changed {LAN_IF}"
+    );
+    assert_eq!(
+        xdp_progs(&t, WAN_IF),
+        wan_foreign,
+        "refusal changed {WAN_IF}"
+    );
+    let doc = t.router_ctl(&["doctor", LAN_IF, WAN_IF]);
+    println!("{}", stdout(&doc));
+    assert_eq!(doc.status.code(), Some(1), "{}", stdout(&doc));
+    assert!(
+        stdout(&doc).contains("another XDP program"),
+        "{}",
+        stdout(&doc)
+    );
+
+    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--force"]);
+    println!("{}", stderr(&o));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("removed XDP program").count(),
+        2,
+        "{}",
+        stderr(&o)
+    );
+    let (v, code) = status(&t);
+    assert_eq!(code, 0, "{v}");
+    let ours = prog_ids(&v);
+    assert_eq!(xdp_progs(&t, LAN_IF), vec![ours[0]]);
+    assert_eq!(xdp_progs(&t, WAN_IF), vec![ours[1]]);
+    let _ = std::fs::remove_file(&pin);
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5901));
+    drop((lan_prog, wan_prog));
+}
+
+#[test]
+fn lost_pins_are_detected_and_repaired() {
+    if skip_unless_root("lost_pins_are_detected_and_repaired") {
+        return;
+    }
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    attach(&t, &[]);
+    // What a reboot does to bpffs: every pin gone (the links detach), but
+    // the record on disk stays.
+    std::fs::remove_dir_all(pin_dir(&t)).unwrap();
+    assert!(xdp_progs(&t, LAN_IF).is_empty());
+    let (v, code) = status(&t);
+    println!("{}", stdout(&t.router_ctl(&["status"])));
+    assert_eq!(code, 1);
+    assert_eq!(v["state"], "pins_lost", "{v}");
+    assert!(
+        v["problems"][0].as_str().unwrap().contains("PINS LOST"),
+        "{v}"
+    );
+    // attach brings it back.
+    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("pins are gone"), "{}", stderr(&o));
+    assert_eq!(status(&t).1, 0);
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(6001));
+    // Lost again; detach only forgets the record.
+    std::fs::remove_dir_all(pin_dir(&t)).unwrap();
+    let out = t.router_ctl_ok(&["detach"]);
+    assert!(out.contains("already gone"), "{out}");
+    assert!(!state_file(&t).exists());
+    assert_eq!(status(&t).1, 3);
+}
+
+fn crashed(t: &Topology, at: &str, args: &[&str]) {
+    let o = ctl_env(t, &[("ROUTER_CTL_CRASH_AT", at)], args);
+    assert!(
+        stderr(&o).contains(&format!("crash injected at {at}")),
+        "{at} was not reached: {}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert!(!o.status.success());
+}
+
+/// After a crash the fast path is either off (old state: no NAT) or fully on.
+fn fast_path_off(t: &Topology) -> bool {
+    let (v, _) = status(t);
+    match v["state"].as_str() {
+        Some("not_attached" | "unconfigured") => true,
+        Some("attached" | "degraded") => false,
+        other => panic!("half a router after a crash: {other:?}: {v}"),
+    }
+}
+
+fn healthy(t: &Topology, port: u16) {
+    let (v, code) = status(t);
+    assert_eq!(code, 0, "{v}");
+    assert!(!tmp_pin_dir(t).exists(), "temporary pins left");
+    let ids = prog_ids(&v);
+    assert_eq!(xdp_progs(t, LAN_IF), vec![ids[0]]);
+    assert_eq!(xdp_progs(t, WAN_IF), vec![ids[1]]);
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(port));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+}
+
+#[test]
+fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
+    if skip_unless_root("a_crash_at_any_step_leaves_the_old_or_the_new_state") {
+        return;
+    }
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    t.warm_neighbours();
+    let mut port = 6100;
+    let attach_args = ["attach", LAN_IF, WAN_IF];
+    for at in [
+        "fresh-after-load",
+        "fresh-after-links",
+        "fresh-between-link-pins",
+        "fresh-after-link-pins",
+        "fresh-after-rename",
+        "fresh-after-record",
+    ] {
+        crashed(&t, at, &attach_args);
+        assert!(
+            fast_path_off(&t),
+            "{at}: the fast path is on after a crashed attach"
+        );
+        // No interface runs a program while the other does not... unless
+        // it is unconfigured (every packet to the kernel).
+        t.router_ctl_ok(&attach_args);
+        port += 1;
+        healthy(&t, port);
+        t.router_ctl_ok(&["detach"]);
+        assert!(xdp_progs(&t, LAN_IF).is_empty() && xdp_progs(&t, WAN_IF).is_empty());
+    }
+
+    let variant = ObjectVariant::new("crash");
+    t.router_ctl_ok(&attach_args);
+    for at in [
+        "replace-after-load",
+        "replace-after-journal",
+        "replace-after-config",
+        "replace-between-links",
+        "replace-after-links",
+    ] {
+        let (before, _) = status(&t);
+        crashed(
+            &t,
+            at,
+            &[
+                "attach",
+                LAN_IF,
+                WAN_IF,
+                "--object",
+                variant.path(),
+                "--reload",
+            ],
+        );
+        let (v, code) = status(&t);
+        println!("after a crash at {at}: {} {:?}", v["state"], v["problems"]);
+        // Old, new, or (only between the two link updates) both programs
+        // on the same maps and config: traffic flows in every case.
+        assert!(
+            matches!(
+                v["state"].as_str(),
+                Some("attached" | "degraded" | "inconsistent")
+            ),
+            "{at}: {v}"
+        );
+        if at == "replace-between-links" {
+            assert_eq!(v["state"], "inconsistent", "{v}");
+            assert_eq!(code, 1);
+        }
+        port += 1;
+        let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(port));
+        assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "{at}");
+        // attach again finishes the job.
+        let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--object", variant.path()]);
+        println!("{out}");
+        port += 1;
+        healthy(&t, port);
+        let (after, _) = status(&t);
+        assert_eq!(after["record"]["version"], status_version(&variant), "{at}");
+        assert!(after["record"]["pending"].is_null(), "{at}: {after}");
+        let _ = before;
+        // Back to the embedded object for the next round.
+        t.router_ctl_ok(&attach_args);
+    }
+
+    for at in ["detach-after-unconfigure", "detach-after-unpin"] {
+        crashed(&t, at, &["detach"]);
+        assert!(
+            fast_path_off(&t),
+            "{at}: fast path still on after a crashed detach"
+        );
+        let out = t.router_ctl_ok(&["detach"]);
+        println!("{out}");
+        assert!(!pin_dir(&t).exists(), "{at}");
+        assert!(xdp_progs(&t, LAN_IF).is_empty() && xdp_progs(&t, WAN_IF).is_empty());
+        assert_eq!(status(&t).1, 3);
+        t.router_ctl_ok(&attach_args);
+    }
+}
+
+/// The version string router-ctl shows for an object file.
+fn status_version(v: &ObjectVariant) -> Value {
+    use sha2_free_hash as h;
+    Value::String(format!(
+        "{}+{}",
+        env!("CARGO_PKG_VERSION"),
+        &h::sha256_hex(&std::fs::read(&v.0).unwrap())[..12]
+    ))
+}
+
+/// SHA-256 without a dependency: `sha256sum`.
+mod sha2_free_hash {
+    pub fn sha256_hex(data: &[u8]) -> String {
+        use std::io::Write;
+        let mut c = std::process::Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sha256sum");
+        c.stdin.take().unwrap().write_all(data).unwrap();
+        let out = c.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+#[test]
+fn stats_watch_shows_rates() {
+    if skip_unless_root("stats_watch_shows_rates") {
+        return;
+    }
+    let t = Topology::new();
+    attach(&t, &[]);
+    let stream = Stream::start(&t, sa(6301), 8 << 20, 3.0);
+    let o = t.router_ctl(&[
+        "stats",
+        "--watch",
+        "--json",
+        "--count",
+        "3",
+        "--interval",
+        "0.5",
+    ]);
+    stream.finish();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        let f = &l["counters"]["fwd_outbound"];
+        assert!(
+            f["pps"].is_number() && f["bps"].is_number() && f["packets"].is_u64(),
+            "{l}"
+        );
+        assert!(
+            l["counters"]["flow_new_masquerade"]["per_sec"].is_number(),
+            "{l}"
+        );
+        assert!(
+            (l["interval_secs"].as_f64().unwrap() - 0.5).abs() < 0.3,
+            "{l}"
+        );
+    }
+    let max_pps = lines
+        .iter()
+        .map(|l| l["counters"]["fwd_outbound"]["pps"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!(max_pps > 100.0, "no outbound rate seen: {lines:?}");
+    // The text screen has the rate columns.
+    let o = t.router_ctl(&["stats", "--watch", "--count", "1", "--interval", "0.2"]);
+    let s = stdout(&o);
+    assert!(
+        s.contains("pps") && s.contains("bps") && s.contains("fwd_outbound"),
+        "{s}"
+    );
+}

@@ -1,0 +1,175 @@
+//! `router-ctl metrics`: the Prometheus endpoint scraped over loopback and
+//! parsed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use router_common::maps::Counter;
+use tests::{Ns, SERVER_ADDR, Topology, router_ctl_bin, skip_unless_root};
+
+/// The metrics server, killed on drop.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(t: &Topology) -> Self {
+        let mut child = Command::new(router_ctl_bin())
+            .args([
+                "-n",
+                t.ns_name(Ns::Router),
+                "metrics",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the metrics server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("serving metrics on http://")
+            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"));
+        let addr: SocketAddr = url.trim_end_matches("/metrics").parse().unwrap();
+        assert!(addr.ip().is_loopback());
+        Self { child, addr }
+    }
+
+    /// (status code, headers, body) of `METHOD PATH`.
+    fn request(&self, method: &str, path: &str) -> (u16, String, String) {
+        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status code");
+        (code, head.to_owned(), body.to_owned())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sample lines `name{labels} value` -> value, keyed by `name{labels}`.
+fn parse(body: &str) -> (BTreeMap<String, f64>, BTreeMap<String, String>) {
+    let mut samples = BTreeMap::new();
+    let mut types = BTreeMap::new();
+    for l in body.lines() {
+        if let Some(t) = l.strip_prefix("# TYPE ") {
+            let (n, ty) = t.split_once(' ').unwrap();
+            types.insert(n.to_owned(), ty.to_owned());
+        } else if !l.starts_with('#') && !l.is_empty() {
+            let (k, v) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad line {l:?}"));
+            samples.insert(
+                k.to_owned(),
+                v.parse().unwrap_or_else(|_| panic!("bad value {l:?}")),
+            );
+        }
+    }
+    (samples, types)
+}
+
+#[test]
+fn metrics_are_scraped_over_loopback_and_parse() {
+    if skip_unless_root("metrics_are_scraped_over_loopback_and_parse") {
+        return;
+    }
+    let t = Topology::new();
+    let srv = Server::start(&t);
+    // Not attached yet: the endpoint answers with up 0.
+    let (code, _, body) = srv.request("GET", "/metrics");
+    assert_eq!(code, 200);
+    assert!(body.contains("xdp_router_up 0"), "{body}");
+
+    attach(&t, &[]);
+    let _ = t.tcp_echo_roundtrip(
+        Ns::Client,
+        Ns::Server,
+        SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, 7201)),
+    );
+    let (code, head, body) = srv.request("GET", "/metrics");
+    println!("{body}");
+    assert_eq!(code, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let (s, types) = parse(&body);
+    assert!((s["xdp_router_up"] - 1.0).abs() < f64::EPSILON);
+    let get = |k: &str| {
+        *s.get(k)
+            .unwrap_or_else(|| panic!("no sample {k} in\n{body}"))
+    };
+    assert!(get("xdp_router_forwarded_packets_total{direction=\"outbound\"}") > 50.0);
+    assert!(get("xdp_router_forwarded_bytes_total{direction=\"inbound\"}") > 50_000.0);
+    assert!(get("xdp_router_events_total{event=\"flow_new_masquerade\"}") >= 1.0);
+    assert!((get("xdp_router_conntrack_capacity") - 524_288.0).abs() < 0.5);
+    assert!(get("xdp_router_conntrack_entries") >= 2.0);
+    assert!(get("xdp_router_port_allocation_failures_total").abs() < 0.5);
+    assert!(get("xdp_router_port_forward_rules").abs() < 0.5);
+    // Every counter of the data path is exported, as a `_total` counter.
+    for &c in Counter::ALL {
+        let n = c.name();
+        let key = if let Some(d) = n.strip_prefix("fwd_") {
+            format!("xdp_router_forwarded_packets_total{{direction=\"{d}\"}}")
+        } else if let Some(r) = n.strip_prefix("pass_") {
+            format!("xdp_router_passed_packets_total{{reason=\"{r}\"}}")
+        } else if let Some(r) = n.strip_prefix("drop_") {
+            format!("xdp_router_dropped_packets_total{{reason=\"{r}\"}}")
+        } else {
+            format!("xdp_router_events_total{{event=\"{n}\"}}")
+        };
+        assert!(s.contains_key(&key), "{key} missing");
+    }
+    for (name, ty) in &types {
+        if ty == "counter" {
+            assert!(name.ends_with("_total"), "counter {name} without _total");
+        }
+    }
+    assert_eq!(types["xdp_router_conntrack_entries"], "gauge");
+    let info = s
+        .keys()
+        .find(|k| k.starts_with("xdp_router_info{"))
+        .expect("info");
+    assert!(
+        info.contains("lan=\"lan0\"") && info.contains("lan_mode=\"native\""),
+        "{info}"
+    );
+
+    // Counters only grow between scrapes.
+    let _ = t.tcp_echo_roundtrip(
+        Ns::Client,
+        Ns::Server,
+        SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, 7202)),
+    );
+    let (_, _, body2) = srv.request("GET", "/metrics");
+    let (s2, _) = parse(&body2);
+    let k = "xdp_router_forwarded_packets_total{direction=\"outbound\"}";
+    assert!(s2[k] > s[k]);
+
+    assert_eq!(srv.request("GET", "/nope").0, 404);
+    assert_eq!(srv.request("POST", "/metrics").0, 405);
+}
