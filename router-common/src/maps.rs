@@ -173,6 +173,17 @@ pub struct FlowEntry {
 }
 const _: () = assert!(core::mem::size_of::<FlowEntry>() == 72);
 
+impl FlowEntry {
+    /// Whether packets matching this entry's key arrive on the LAN: the
+    /// opening direction of a masqueraded flow, or the answering direction
+    /// of a port-forwarded one. The data path uses an entry only on its own
+    /// side, so a tuple replayed on the other interface is no hit.
+    #[must_use]
+    pub const fn lan_side(&self) -> bool {
+        (self.flags & FLAG_ORIGINAL != 0) != (self.flags & FLAG_PORT_FORWARD != 0)
+    }
+}
+
 /// The entry is keyed by the direction that opened the flow.
 pub const FLAG_ORIGINAL: u8 = 1;
 /// The flow was opened from the WAN through a port-forward rule.
@@ -352,6 +363,8 @@ counters! {
     /// IHL < 5, version != 4, total length inconsistent with the frame,
     /// L4 header cut short, TCP data offset < 5.
     DropMalformed = "drop_malformed", false;
+    /// IPv4 header checksum wrong: silently discarded (RFC 1812 5.2.2).
+    DropIpChecksum = "drop_ip_checksum", false;
     /// New LAN -> WAN flow masqueraded.
     FlowNewMasquerade = "flow_new_masquerade", true;
     /// New WAN -> LAN flow through a port-forward rule.

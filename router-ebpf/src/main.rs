@@ -251,6 +251,7 @@ fn try_router(ctx: &XdpContext) -> Result<(Counter, u32), ()> {
         Ipv4Verdict::Options => return Ok((Counter::PassIpOptions, PASS)),
         Ipv4Verdict::Fragment => return Ok((Counter::PassFragment, PASS)),
         Ipv4Verdict::TtlExceeded => return Ok((Counter::PassTtlExceeded, PASS)),
+        Ipv4Verdict::BadChecksum => return Ok((Counter::DropIpChecksum, DROP)),
     }
     // Array map value, valid for the program's run.
     let Some(cfg) = CONFIG.get(0) else {
@@ -347,7 +348,11 @@ fn try_router(ctx: &XdpContext) -> Result<(Counter, u32), ()> {
         // SAFETY: map value pointer, valid for this run; fields are plain
         // integers, a concurrent writer can at worst tear a refresh.
         let entry = unsafe { &mut *e };
-        if !expired(entry.state, entry.last_seen_ns, now, &cfg.timeouts) {
+        // An entry counts only on its own side: the same tuple replayed on
+        // the other interface (spoofed) is no hit.
+        if entry.lan_side() == from_lan
+            && !expired(entry.state, entry.last_seen_ns, now, &cfg.timeouts)
+        {
             xlat = Xlat::of_entry(entry);
             // Refresh due (or nothing cached, or too big for the cached
             // MTU): ask the FIB again below.
@@ -763,7 +768,8 @@ fn icmp_error(
     let Some(e) = (unsafe { CONNTRACK.get(&key) }).copied() else {
         return Ok((Counter::PassUnsolicited, PASS));
     };
-    if expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
+    // Only a WAN-side entry describes a packet the NAT sent to the WAN.
+    if e.lan_side() || expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
         return Ok((Counter::PassUnsolicited, PASS));
     }
     let outer_src = [ip[12], ip[13], ip[14], ip[15]];
