@@ -380,6 +380,14 @@ counters! {
     EvictionDetected = "eviction_detected", true;
     /// ICMP error whose embedded header was translated (RFC 5508).
     IcmpErrorTranslated = "icmp_error_translated", true;
+    /// Conntrack entries the data path added (new keys only).
+    CtEntriesInserted = "ct_entries_inserted", true;
+    /// Conntrack entries the data path deleted (stale ones it reclaimed).
+    CtEntriesRemoved = "ct_entries_removed", true;
+    /// Conntrack entries `router-ctl conntrack flush` deleted. Written by
+    /// the controller only (CPU 0's slot), never by the data path. With the
+    /// two above and the entries present it estimates the LRU's evictions.
+    CtEntriesFlushed = "ct_entries_flushed", true;
 }
 
 #[cfg(test)]

@@ -211,10 +211,30 @@ pub fn flush(pin_dir: &Path) -> Result<()> {
             Err(err) => return Err(err).context("removing a conntrack entry"),
         }
     }
+    record_flushed(pin_dir, removed as u64)?;
     println!(
         "flushed {removed} entries ({flows} flows); new packets of those flows open new \
          flows or go to the kernel"
     );
+    Ok(())
+}
+
+/// Adds `n` to the `ct_entries_flushed` counter (CPU 0's slot: the data
+/// path never writes this counter, so there is no lost update), for the
+/// eviction estimate of `stats`.
+fn record_flushed(pin_dir: &Path, n: u64) -> Result<()> {
+    use aya::maps::{PerCpuArray, PerCpuValues};
+    use router_common::maps::{COUNTERS_MAP, Counter, CounterValue};
+    let mut map: PerCpuArray<_, CounterValue> =
+        PerCpuArray::try_from(crate::pins::open_map(pin_dir, COUNTERS_MAP)?)
+            .context("COUNTERS has an unexpected layout; detach and attach again")?;
+    let idx = Counter::CtEntriesFlushed as u32;
+    let mut values: Vec<CounterValue> = map.get(&idx, 0).context("reading COUNTERS")?.to_vec();
+    if let Some(v) = values.first_mut() {
+        v.packets = v.packets.wrapping_add(n);
+    }
+    let values = PerCpuValues::try_from(values).context("per-CPU values")?;
+    map.set(idx, values, 0).context("writing COUNTERS")?;
     Ok(())
 }
 

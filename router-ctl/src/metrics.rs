@@ -195,6 +195,13 @@ impl Collector for RouterCollector {
                 &Vec::new(),
                 i64::from(t.capacity),
             )?;
+            gauge(
+                &mut enc,
+                "xdp_router_conntrack_evicted_estimate",
+                "Conntrack entries evicted by the LRU (estimate: inserted - removed - flushed - present)",
+                &Vec::new(),
+                i64_of(t.evicted_estimate),
+            )?;
         }
         if let Ok(r) = forward::rules(dir) {
             gauge(

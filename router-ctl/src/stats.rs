@@ -76,11 +76,17 @@ pub fn read_counters(pin_dir: &Path) -> Result<Vec<(Counter, CounterValue)>> {
     Ok(out)
 }
 
-/// Conntrack entries in use and capacity, if the table is pinned.
+/// Conntrack entries in use and capacity, if the table is pinned, and an
+/// estimate of the entries the LRU evicted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableUse {
     pub entries: usize,
     pub capacity: u32,
+    /// Entries inserted by the data path, minus those it removed, minus
+    /// those `conntrack flush` removed, minus those present: what the LRU
+    /// must have evicted. Approximate: the counters and the key walk are not
+    /// one snapshot while traffic runs.
+    pub evicted_estimate: u64,
 }
 
 #[must_use]
@@ -88,11 +94,33 @@ pub fn table_use(pin_dir: &Path) -> Option<TableUse> {
     let map = open_hash::<FlowKey, FlowEntry>(pin_dir, CONNTRACK_MAP).ok()?;
     let capacity = pins::capacity(&map).ok()?;
     let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
-    let entries = map.keys().take(limit).flatten().count();
+    let entries = map
+        .keys()
+        .take(limit)
+        .flatten()
+        .count()
+        .min(capacity as usize);
+    let counters = read_counters(pin_dir).unwrap_or_default();
     Some(TableUse {
-        entries: entries.min(capacity as usize),
+        entries,
         capacity,
+        evicted_estimate: evicted_estimate(&counters, entries),
     })
+}
+
+/// See [`TableUse::evicted_estimate`].
+#[must_use]
+pub fn evicted_estimate(counters: &[(Counter, CounterValue)], entries: usize) -> u64 {
+    let get = |c: Counter| {
+        counters
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map_or(0, |(_, v)| v.packets)
+    };
+    get(Counter::CtEntriesInserted)
+        .saturating_sub(get(Counter::CtEntriesRemoved))
+        .saturating_sub(get(Counter::CtEntriesFlushed))
+        .saturating_sub(entries as u64)
 }
 
 /// The JSON object: each counter by name, verdicts as `{"packets", "bytes"}`,
@@ -114,7 +142,7 @@ pub fn stats_json(counters: &[(Counter, CounterValue)], table: Option<TableUse>)
     if let Some(t) = table {
         obj.insert(
             "conntrack".to_owned(),
-            json!({"entries": t.entries, "capacity": t.capacity}),
+            json!({"entries": t.entries, "capacity": t.capacity, "evicted_estimate": t.evicted_estimate}),
         );
     }
     Value::Object(obj)
@@ -154,8 +182,8 @@ pub fn stats_table(counters: &[(Counter, CounterValue)], table: Option<TableUse>
     if let Some(t) = table {
         let _ = writeln!(
             s,
-            "\nconntrack entries {} of capacity {} (two per flow)",
-            t.entries, t.capacity
+            "\nconntrack entries {} of capacity {} (two per flow), about {} evicted by the LRU",
+            t.entries, t.capacity, t.evicted_estimate
         );
     }
     s
@@ -211,7 +239,7 @@ pub fn rates_json(
         "counters": counters,
     });
     if let Some(t) = table {
-        obj["conntrack"] = json!({"entries": t.entries, "capacity": t.capacity});
+        obj["conntrack"] = json!({"entries": t.entries, "capacity": t.capacity, "evicted_estimate": t.evicted_estimate});
     }
     obj
 }
@@ -275,8 +303,8 @@ pub fn rates_table(
     if let Some(t) = table {
         let _ = writeln!(
             s,
-            "\nconntrack entries {} of capacity {} (two per flow)",
-            t.entries, t.capacity
+            "\nconntrack entries {} of capacity {} (two per flow), about {} evicted by the LRU",
+            t.entries, t.capacity, t.evicted_estimate
         );
     }
     s
@@ -368,12 +396,34 @@ mod tests {
             Some(TableUse {
                 entries: 6,
                 capacity: 524_288,
+                evicted_estimate: 4,
             }),
         );
         assert_eq!(
             with["conntrack"],
-            json!({"entries": 6, "capacity": 524_288})
+            json!({"entries": 6, "capacity": 524_288, "evicted_estimate": 4})
         );
+    }
+
+    #[test]
+    fn eviction_estimate_accounts_for_removals_flushes_and_entries() {
+        let c = |k, n| {
+            (
+                k,
+                CounterValue {
+                    packets: n,
+                    bytes: 0,
+                },
+            )
+        };
+        let counters = [
+            c(Counter::CtEntriesInserted, 100),
+            c(Counter::CtEntriesRemoved, 10),
+            c(Counter::CtEntriesFlushed, 20),
+        ];
+        assert_eq!(evicted_estimate(&counters, 30), 40);
+        assert_eq!(evicted_estimate(&counters, 500), 0, "never negative");
+        assert_eq!(evicted_estimate(&[], 0), 0);
     }
 
     #[test]
@@ -383,6 +433,7 @@ mod tests {
             Some(TableUse {
                 entries: 2,
                 capacity: 8,
+                evicted_estimate: 0,
             }),
         );
         for &c in Counter::ALL {

@@ -579,8 +579,36 @@ fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u64) {
         hop_smac: [0; 6],
         pad2: [0; 6],
     };
-    let _ = CONNTRACK.insert(&e.peer, &peer, u64::from(BPF_NOEXIST));
+    if CONNTRACK
+        .insert(&e.peer, &peer, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        event(Counter::CtEntriesInserted);
+    }
     event(Counter::EvictionDetected);
+}
+
+/// Inserts `k -> v` and counts a new entry; an existing entry (a stale one
+/// of the same tuple) is overwritten without counting, so that inserted -
+/// removed - present estimates the LRU's evictions.
+#[inline(always)]
+fn insert_counted(k: &FlowKey, v: &FlowEntry) -> Result<(), i32> {
+    match CONNTRACK.insert(k, v, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            event(Counter::CtEntriesInserted);
+            Ok(())
+        }
+        Err(EEXIST) => CONNTRACK.insert(k, v, u64::from(BPF_ANY)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes `k`, counting it if it was there.
+#[inline(always)]
+fn remove_counted(k: &FlowKey) {
+    if CONNTRACK.remove(k).is_ok() {
+        event(Counter::CtEntriesRemoved);
+    }
 }
 
 /// Chooses and claims the SNAT port of a new LAN flow. Probes a bounded
@@ -657,14 +685,15 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
     );
     let mut rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
     if rc == Err(EEXIST) && stale(cfg, &s.reply_key, now) {
-        let _ = CONNTRACK.remove(&s.reply_key);
+        remove_counted(&s.reply_key);
         event(Counter::FlowExpiredReplaced);
         rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
     }
     match rc {
         Ok(()) => {
-            if CONNTRACK.insert(key, &s.orig, u64::from(BPF_ANY)).is_err() {
-                let _ = CONNTRACK.remove(&s.reply_key);
+            event(Counter::CtEntriesInserted);
+            if insert_counted(key, &s.orig).is_err() {
+                remove_counted(&s.reply_key);
                 return Claim::Failed;
             }
             Claim::Done
@@ -691,10 +720,7 @@ fn insert_port_forward(key: &FlowKey, translated: &FlowKey, now: u64) -> bool {
         &mut s.reply_key,
         &mut s.reply,
     );
-    CONNTRACK
-        .insert(&s.reply_key, &s.reply, u64::from(BPF_ANY))
-        .is_ok()
-        && CONNTRACK.insert(key, &s.orig, u64::from(BPF_ANY)).is_ok()
+    insert_counted(&s.reply_key, &s.reply).is_ok() && insert_counted(key, &s.orig).is_ok()
 }
 
 /// Whether the entry at `k` may be reclaimed: idle past its timeout, or

@@ -710,6 +710,15 @@ fn table_exhaustion_flood_keeps_established_flows_and_recovers() {
     );
     // The flood went far beyond the table and the table stayed bounded.
     assert!(new_flows > 4 * 512, "only {new_flows} new flows");
+    // Evictions are counted (estimated from inserted - removed - present):
+    // two entries per new flow into a table of 1024 entries, so at least
+    // 2 * new_flows - 1024 >= new_flows were evicted.
+    let evicted = after["conntrack"]["evicted_estimate"].as_u64().unwrap();
+    println!("stats: about {evicted} entries evicted by the LRU");
+    assert!(
+        evicted >= new_flows,
+        "eviction estimate {evicted} < {new_flows} new flows"
+    );
     for c in [&count_during, &count_after] {
         assert!(c["entries"].as_u64().unwrap() <= 1024, "{c}");
     }
