@@ -969,7 +969,7 @@ fn case(env: &Env, r: &Router, what: &str, f: &[u8], from_lan: bool, s: &mut Sum
         }
         let want_verdict = match c {
             Counter::FwdOutbound | Counter::FwdInbound => XDP_REDIRECT,
-            Counter::DropMalformed | Counter::DropTruncated => XDP_DROP,
+            Counter::DropMalformed | Counter::DropTruncated | Counter::DropIpChecksum => XDP_DROP,
             _ => XDP_PASS,
         };
         if run.verdict != want_verdict {
@@ -996,6 +996,14 @@ fn case(env: &Env, r: &Router, what: &str, f: &[u8], from_lan: bool, s: &mut Sum
                 }
                 Counter::PortCollision => {
                     new_event == Some(Counter::FlowNewMasquerade) && v.packets <= 16
+                }
+                // A new flow adds its two entries (no stale entries here:
+                // all timeouts are an hour, the table is far from full).
+                Counter::CtEntriesInserted => {
+                    v.packets == 2
+                        && run.delta.iter().any(|(d, _)| {
+                            matches!(d, Counter::FlowNewMasquerade | Counter::FlowNewPortForward)
+                        })
                 }
                 _ => false,
             };
