@@ -1,7 +1,8 @@
-//! `cargo xtask demo`: topology, kernel-path run, attach, XDP-path run,
-//! stats, conntrack and the side-by-side comparison (tests/examples/demo.rs).
+//! `cargo xtask demo`: the walk-through (tests/examples/demo.rs: topology,
+//! kernel-path run, attach, XDP-path run, stats, conntrack, side by side),
+//! then the quick benchmark (`cargo xtask bench --quick`).
 
-use crate::{build_ebpf, cargo, root, setup};
+use crate::{bench, build_ebpf, cargo, root, setup};
 
 pub fn run() -> Result<(), String> {
     setup()?;
@@ -11,9 +12,14 @@ pub fn run() -> Result<(), String> {
             .current_dir(root())
             .args(["build", "-p", "router-ctl"]),
     )?;
-    crate::run(
-        cargo()
-            .current_dir(root())
-            .args(["run", "-q", "-p", "tests", "--example", "demo"]),
-    )
+    crate::run(cargo().current_dir(root()).args([
+        "run",
+        "-q",
+        "-p",
+        "tests",
+        "--example",
+        "demo",
+    ]))?;
+    eprintln!("\ndemo: now the quick benchmark (kernel path vs XDP path, a few points)");
+    bench::run(true)
 }
