@@ -11,6 +11,7 @@
 
 pub mod echo;
 pub mod frames;
+pub mod prog;
 pub mod netns;
 
 use std::net::{Ipv4Addr, SocketAddr};

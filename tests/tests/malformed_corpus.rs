@@ -42,21 +42,16 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Array, DevMapHash, HashMap, Map, MapData, PerCpuArray},
-    programs::{TestRun, TestRunOptions, Xdp},
-};
 use router_common::checksum::{checksum, fold, sum_words};
 use router_common::maps::{
-    CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP,
-    FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
-    PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey, PortForwardTarget, Timeouts,
+    Config, Counter, CounterValue, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey,
+    IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, PortForwardKey, PortForwardTarget, Timeouts,
 };
 use tests::frames::{
     self, Frame, ICMP_DEST_UNREACH, ICMP_ECHO_REQUEST, ICMP_PARAMETER_PROBLEM, ICMP_TIME_EXCEEDED,
     IP_DF, IP_MF, Icmp, Ipv4, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, Tcp, Udp,
 };
+use tests::prog::{LoadedRouter, SplitMix64};
 use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, skip_unless_root};
 
 const XDP_DROP: u32 = 1;
@@ -200,56 +195,25 @@ struct Run {
     delta: Vec<(Counter, CounterValue)>,
 }
 
-struct Router {
-    ebpf: Ebpf,
-    counters: PerCpuArray<MapData, CounterValue>,
-    conntrack: HashMap<MapData, FlowKey, FlowEntry>,
-    forwards: HashMap<MapData, PortForwardKey, PortForwardTarget>,
-    config: Array<MapData, Config>,
-    _devices: DevMapHash<MapData>,
+/// The loaded object (see [`LoadedRouter`]) with this file's helpers.
+struct Router(LoadedRouter);
+
+impl std::ops::Deref for Router {
+    type Target = LoadedRouter;
+    fn deref(&self) -> &LoadedRouter {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Router {
+    fn deref_mut(&mut self) -> &mut LoadedRouter {
+        &mut self.0
+    }
 }
 
 impl Router {
     fn load(lan: u32, wan: u32) -> Self {
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(CONNTRACK_MAP, CT_ENTRIES)
-            .load(aya::include_bytes_aligned!(env!("ROUTER_EBPF_OBJ")))
-            .expect("load the XDP object");
-        let mut take = |name: &str| -> Map {
-            ebpf.take_map(name)
-                .unwrap_or_else(|| panic!("the object has no map {name}"))
-        };
-        let conntrack = HashMap::try_from(take(CONNTRACK_MAP)).unwrap();
-        let counters = PerCpuArray::try_from(take(COUNTERS_MAP)).unwrap();
-        let forwards = HashMap::try_from(take(PORT_FORWARDS_MAP)).unwrap();
-        let config = Array::try_from(take(CONFIG_MAP)).unwrap();
-        let mut devices = DevMapHash::try_from(take(DEVICES_MAP)).unwrap();
-        devices.insert(lan, lan, None, 0).unwrap();
-        devices.insert(wan, wan, None, 0).unwrap();
-        let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).unwrap().try_into().unwrap();
-        prog.load().expect("the verifier accepts the program");
-        Self {
-            ebpf,
-            counters,
-            conntrack,
-            forwards,
-            config,
-            _devices: devices,
-        }
-    }
-
-    fn forward(&mut self, proto: u8, port: u16, addr: [u8; 4], to: u16) {
-        let k = PortForwardKey {
-            proto,
-            pad: 0,
-            port,
-        };
-        let v = PortForwardTarget {
-            addr,
-            port: to,
-            pad: 0,
-        };
-        self.forwards.insert(k, v, 0).unwrap();
+        Self(LoadedRouter::load(lan, wan, CT_ENTRIES))
     }
 
     fn rule(&self, proto: u8, port: u16) -> Option<PortForwardTarget> {
@@ -261,50 +225,12 @@ impl Router {
         self.forwards.get(&k, 0).ok()
     }
 
-    fn counter_values(&self) -> Vec<CounterValue> {
-        Counter::ALL
-            .iter()
-            .map(|&c| {
-                let per_cpu = self.counters.get(&(c as u32), 0).unwrap();
-                per_cpu
-                    .iter()
-                    .fold(CounterValue::default(), |a, v| CounterValue {
-                        packets: a.packets + v.packets,
-                        bytes: a.bytes + v.bytes,
-                    })
-            })
-            .collect()
-    }
-
     fn run(&self, frame: &[u8], ifindex: u32) -> Run {
-        let prog: &Xdp = self.ebpf.program(PROGRAM_NAME).unwrap().try_into().unwrap();
-        let before = self.counter_values();
-        let mut out = vec![0u8; frame.len() + 256];
-        let mut ctx = [0u8; 24];
-        ctx[4..8].copy_from_slice(&u32::try_from(frame.len()).unwrap().to_ne_bytes());
-        ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
-        let mut opts = TestRunOptions::new();
-        opts.data_in = Some(frame);
-        opts.data_out = Some(&mut out);
-        opts.ctx_in = Some(&ctx);
-        let r = prog.test_run(opts).expect("BPF_PROG_RUN");
-        out.truncate(r.data_size_out as usize);
-        let after = self.counter_values();
-        let delta = Counter::ALL
-            .iter()
-            .zip(before.iter().zip(&after))
-            .filter_map(|(&c, (b, a))| {
-                let d = CounterValue {
-                    packets: a.packets - b.packets,
-                    bytes: a.bytes - b.bytes,
-                };
-                (d != CounterValue::default()).then_some((c, d))
-            })
-            .collect();
+        let r = self.0.test_run(frame, ifindex);
         Run {
-            verdict: r.return_value,
-            out,
-            delta,
+            verdict: r.verdict,
+            out: r.out,
+            delta: r.delta,
         }
     }
 
@@ -324,15 +250,15 @@ impl Router {
 // A small deterministic PRNG (splitmix64)
 // ---------------------------------------------------------------------------
 
-struct Rng(u64);
+struct Rng(SplitMix64);
 
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(SplitMix64(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (`n > 0`; the modulo bias is irrelevant here).
@@ -1750,7 +1676,7 @@ fn malformed_and_mutated_frames_keep_the_invariants() {
             }
         }
         let mut gen_ = Summary::default();
-        let mut rng = Rng(RNG_SEED);
+        let mut rng = Rng::new(RNG_SEED);
         for _ in 0..GENERATED {
             let (what, from_lan, f) = generated(&mut rng, &bases);
             case(&env, &r, &what, &f, from_lan, &mut gen_);
@@ -1907,8 +1833,8 @@ fn checker_self_test() {
     let mut ttl1 = good.clone();
     ttl1[IP + 8] = 1;
     assert_eq!(model(&ttl1, true), Stage::Exactly(Counter::PassTtlExceeded));
-    let mut rng = Rng(RNG_SEED);
+    let mut rng = Rng::new(RNG_SEED);
     let first: Vec<u64> = (0..3).map(|_| rng.next()).collect();
-    let mut again = Rng(RNG_SEED);
+    let mut again = Rng::new(RNG_SEED);
     assert_eq!(first, (0..3).map(|_| again.next()).collect::<Vec<_>>());
 }

@@ -22,18 +22,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Array, DevMapHash, HashMap, Map, MapData, PerCpuArray},
-    programs::{TestRun, TestRunOptions, Xdp},
-};
 use router_common::{
     flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, flow_hash},
     maps::{
-        CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP,
-        FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey,
-        FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, PORT_FORWARDS_MAP, PROGRAM_NAME,
-        PortForwardKey, PortForwardTarget, Timeouts,
+        Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL,
+        FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
+        Timeouts,
     },
 };
 use tests::frames::{
@@ -41,6 +35,7 @@ use tests::frames::{
     IP_OFF, Icmp, Ipv4, L4, L4_OFF, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, Tcp, Udp,
     fix_ipv4_checksum,
 };
+use tests::prog::LoadedRouter;
 use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, skip_unless_root};
 
 const XDP_DROP: u32 = 1;
@@ -248,70 +243,29 @@ struct Run {
     t1: u64,
 }
 
-/// The loaded object with its maps taken out (owned), in the router netns.
-struct Router {
-    ebpf: Ebpf,
-    counters: PerCpuArray<MapData, CounterValue>,
-    conntrack: HashMap<MapData, FlowKey, FlowEntry>,
-    forwards: HashMap<MapData, PortForwardKey, PortForwardTarget>,
-    config: Array<MapData, Config>,
-    devices: DevMapHash<MapData>,
-    lan: u32,
-    wan: u32,
+/// The loaded object (see [`LoadedRouter`]) with this file's checks.
+struct Router(LoadedRouter);
+
+impl std::ops::Deref for Router {
+    type Target = LoadedRouter;
+    fn deref(&self) -> &LoadedRouter {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Router {
+    fn deref_mut(&mut self) -> &mut LoadedRouter {
+        &mut self.0
+    }
 }
 
 impl Router {
     fn load(lan: u32, wan: u32) -> Self {
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(CONNTRACK_MAP, CT_ENTRIES)
-            .load(aya::include_bytes_aligned!(env!("ROUTER_EBPF_OBJ")))
-            .expect("load the XDP object");
-        let mut take = |name: &str| -> Map {
-            ebpf.take_map(name)
-                .unwrap_or_else(|| panic!("the object has no map {name}"))
-        };
-        let ct = take(CONNTRACK_MAP);
-        assert!(
-            matches!(ct, Map::LruHashMap(_)),
-            "CONNTRACK is not an LRU hash: {ct:?}"
-        );
-        let conntrack = HashMap::try_from(ct).unwrap();
-        let counters = PerCpuArray::try_from(take(COUNTERS_MAP)).unwrap();
-        let forwards = HashMap::try_from(take(PORT_FORWARDS_MAP)).unwrap();
-        let config = Array::try_from(take(CONFIG_MAP)).unwrap();
-        let mut devices = DevMapHash::try_from(take(DEVICES_MAP)).unwrap();
-        devices.insert(lan, lan, None, 0).unwrap();
-        devices.insert(wan, wan, None, 0).unwrap();
-        let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).unwrap().try_into().unwrap();
-        prog.load().expect("the verifier accepts the program");
-        Self {
-            ebpf,
-            counters,
-            conntrack,
-            forwards,
-            config,
-            devices,
-            lan,
-            wan,
-        }
+        Self(LoadedRouter::load(lan, wan, CT_ENTRIES))
     }
 
     fn configure(&mut self, cfg: &Config) {
         self.config.set(0, cfg, 0).unwrap();
-    }
-
-    fn forward(&mut self, proto: u8, port: u16, addr: [u8; 4], to: u16) {
-        let k = PortForwardKey {
-            proto,
-            pad: 0,
-            port,
-        };
-        let v = PortForwardTarget {
-            addr,
-            port: to,
-            pad: 0,
-        };
-        self.forwards.insert(k, v, 0).unwrap();
     }
 
     fn put(&mut self, k: FlowKey, e: FlowEntry) {
@@ -322,54 +276,14 @@ impl Router {
         self.conntrack.remove(k).unwrap();
     }
 
-    fn counter_values(&self) -> Vec<CounterValue> {
-        Counter::ALL
-            .iter()
-            .map(|&c| {
-                let per_cpu = self.counters.get(&(c as u32), 0).unwrap();
-                per_cpu
-                    .iter()
-                    .fold(CounterValue::default(), |a, v| CounterValue {
-                        packets: a.packets + v.packets,
-                        bytes: a.bytes + v.bytes,
-                    })
-            })
-            .collect()
-    }
-
     fn run(&self, frame: &[u8], ifindex: u32) -> Run {
-        let prog: &Xdp = self.ebpf.program(PROGRAM_NAME).unwrap().try_into().unwrap();
-        let before = self.counter_values();
-        let mut out = vec![0u8; frame.len() + 256];
-        // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
-        // rx_queue_index, egress_ifindex.
-        let mut ctx = [0u8; 24];
-        ctx[4..8].copy_from_slice(&u32::try_from(frame.len()).unwrap().to_ne_bytes());
-        ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
-        let mut opts = TestRunOptions::new();
-        opts.data_in = Some(frame);
-        opts.data_out = Some(&mut out);
-        opts.ctx_in = Some(&ctx);
         let t0 = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
-        let r = prog.test_run(opts).expect("BPF_PROG_RUN");
+        let r = self.0.test_run(frame, ifindex);
         let t1 = now_ns();
-        out.truncate(r.data_size_out as usize);
-        let after = self.counter_values();
-        let delta = Counter::ALL
-            .iter()
-            .zip(before.iter().zip(&after))
-            .filter_map(|(&c, (b, a))| {
-                let d = CounterValue {
-                    packets: a.packets - b.packets,
-                    bytes: a.bytes - b.bytes,
-                };
-                (d != CounterValue::default()).then_some((c, d))
-            })
-            .collect();
         Run {
-            verdict: r.return_value,
-            out,
-            delta,
+            verdict: r.verdict,
+            out: r.out,
+            delta: r.delta,
             t0,
             t1,
         }

@@ -22,6 +22,7 @@ use tests::frames::{
     ICMP_DEST_UNREACH, ICMP_PARAMETER_PROBLEM, ICMP_TIME_EXCEEDED, Icmp, Ipv4, TCP_ACK, TCP_FIN,
     TCP_PSH, TCP_RST, TCP_SYN, Tcp, Udp,
 };
+use tests::prog::SplitMix64;
 use tests::{
     CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of,
     skip_unless_root,
@@ -64,15 +65,11 @@ fn moved(before: &Value, after: &Value) -> Vec<(String, u64)> {
 }
 
 /// splitmix64: a small deterministic PRNG for ports and identifiers.
-struct Rng(u64);
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A port in 1..=65535.
@@ -353,7 +350,7 @@ fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
     let srv = SERVER_ADDR.octets();
     let spoofed: [[u8; 4]; 2] = [[203, 0, 113, 77], [198, 51, 100, 7]];
     let sent = t.in_ns(Ns::Server, || {
-        let mut rng = Rng(0x0068_6f73_7469_6c65);
+        let mut rng = Rng(SplitMix64(0x0068_6f73_7469_6c65));
         let mut n = std::collections::BTreeMap::<&str, u64>::new();
         let started = Instant::now();
         let bounded = || started.elapsed() < Duration::from_secs(20);
