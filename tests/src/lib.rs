@@ -11,8 +11,8 @@
 
 pub mod echo;
 pub mod frames;
-pub mod prog;
 pub mod netns;
+pub mod prog;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -279,10 +279,10 @@ impl Topology {
     /// If this topology has no such namespace (e.g. `Switch` in [`Topology::new`]).
     #[must_use]
     pub fn ns_name(&self, ns: Ns) -> &str {
-        self.names
-            .iter()
-            .find(|(r, _)| *r == ns)
-            .map_or_else(|| panic!("topology has no {ns:?} namespace"), |(_, n)| n.as_str())
+        self.names.iter().find(|(r, _)| *r == ns).map_or_else(
+            || panic!("topology has no {ns:?} namespace"),
+            |(_, n)| n.as_str(),
+        )
     }
 
     /// Whether this topology has namespace `ns`.
@@ -543,6 +543,40 @@ impl Topology {
             String::from_utf8_lossy(&o.stderr)
         );
         String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// The MAC address of `dev` in `ns`, or why it could not be read.
+    pub fn try_mac(&self, ns: Ns, dev: &str) -> Result<[u8; 6], String> {
+        let o = self.exec(ns, &["cat", &format!("/sys/class/net/{dev}/address")]);
+        let s = String::from_utf8_lossy(&o.stdout);
+        let v: Vec<u8> = s
+            .trim()
+            .split(':')
+            .filter_map(|b| u8::from_str_radix(b, 16).ok())
+            .collect();
+        v.try_into()
+            .map_err(|_| format!("no MAC for {dev} in {ns:?}: {s:?}"))
+    }
+
+    /// The ifindex of `dev` in `ns`, or why it could not be read.
+    pub fn try_ifindex(&self, ns: Ns, dev: &str) -> Result<u32, String> {
+        let o = self.exec(ns, &["cat", &format!("/sys/class/net/{dev}/ifindex")]);
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .map_err(|e| format!("ifindex of {dev} in {ns:?}: {e}"))
+    }
+
+    /// [`Topology::try_mac`] that panics on failure.
+    #[must_use]
+    pub fn mac(&self, ns: Ns, dev: &str) -> [u8; 6] {
+        self.try_mac(ns, dev).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Topology::try_ifindex`] that panics on failure.
+    #[must_use]
+    pub fn ifindex(&self, ns: Ns, dev: &str) -> u32 {
+        self.try_ifindex(ns, dev).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `router-ctl stats --json` parsed.

@@ -100,24 +100,6 @@ const ECHO_ID: u16 = 1911;
 // Topology and the loaded program (a small subset of nat_prog_run.rs's)
 // ---------------------------------------------------------------------------
 
-fn mac(t: &Topology, ns: Ns, dev: &str) -> [u8; 6] {
-    let s = t.exec_ok(ns, &["cat", &format!("/sys/class/net/{dev}/address")]);
-    let v: Vec<u8> = s
-        .trim()
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).unwrap())
-        .collect();
-    v.try_into().unwrap()
-}
-
-fn ifindex(t: &Topology, dev: &str) -> u32 {
-    let s = t.exec_ok(
-        Ns::Router,
-        &["cat", &format!("/sys/class/net/{dev}/ifindex")],
-    );
-    s.trim().parse().unwrap()
-}
-
 struct Env {
     t: Topology,
     lan: u32,
@@ -138,12 +120,12 @@ impl Env {
         assert!(t.ping(Ns::Router, Ipv4Addr::from(SERVER), 1));
         assert!(t.ping(Ns::Router, Ipv4Addr::from(CLIENT), 1));
         Self {
-            lan: ifindex(&t, LAN_IF),
-            wan: ifindex(&t, WAN_IF),
-            lan_mac: mac(&t, Ns::Router, LAN_IF),
-            wan_mac: mac(&t, Ns::Router, WAN_IF),
-            client_mac: mac(&t, Ns::Client, HOST_IF),
-            server_mac: mac(&t, Ns::Server, HOST_IF),
+            lan: t.ifindex(Ns::Router, LAN_IF),
+            wan: t.ifindex(Ns::Router, WAN_IF),
+            lan_mac: t.mac(Ns::Router, LAN_IF),
+            wan_mac: t.mac(Ns::Router, WAN_IF),
+            client_mac: t.mac(Ns::Client, HOST_IF),
+            server_mac: t.mac(Ns::Server, HOST_IF),
             t,
         }
     }

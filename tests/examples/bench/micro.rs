@@ -45,28 +45,6 @@ pub struct Case {
     pub repeat: u32,
 }
 
-fn mac(t: &Topology, ns: Ns, dev: &str) -> Result<[u8; 6], String> {
-    let o = t.exec(ns, &["cat", &format!("/sys/class/net/{dev}/address")]);
-    let s = String::from_utf8_lossy(&o.stdout);
-    let v: Vec<u8> = s
-        .trim()
-        .split(':')
-        .filter_map(|b| u8::from_str_radix(b, 16).ok())
-        .collect();
-    v.try_into().map_err(|_| format!("no MAC for {dev}: {s:?}"))
-}
-
-fn ifindex(t: &Topology, dev: &str) -> Result<u32, String> {
-    let o = t.exec(
-        Ns::Router,
-        &["cat", &format!("/sys/class/net/{dev}/ifindex")],
-    );
-    String::from_utf8_lossy(&o.stdout)
-        .trim()
-        .parse()
-        .map_err(|e| format!("ifindex of {dev}: {e}"))
-}
-
 /// `struct xdp_md` with `ingress_ifindex` set.
 fn xdp_ctx(len: usize, ingress: u32) -> [u8; 24] {
     let mut ctx = [0u8; 24];
@@ -312,11 +290,14 @@ fn arp_frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
 /// amortised ones.
 pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
     t.warm_neighbours();
-    let lan_mac = mac(t, Ns::Router, LAN_IF)?;
-    let wan_mac = mac(t, Ns::Router, WAN_IF)?;
-    let cli_mac = mac(t, Ns::Client, HOST_IF)?;
-    let srv_mac = mac(t, Ns::Server, HOST_IF)?;
-    let (lan, wan) = (ifindex(t, LAN_IF)?, ifindex(t, WAN_IF)?);
+    let lan_mac = t.try_mac(Ns::Router, LAN_IF)?;
+    let wan_mac = t.try_mac(Ns::Router, WAN_IF)?;
+    let cli_mac = t.try_mac(Ns::Client, HOST_IF)?;
+    let srv_mac = t.try_mac(Ns::Server, HOST_IF)?;
+    let (lan, wan) = (
+        t.try_ifindex(Ns::Router, LAN_IF)?,
+        t.try_ifindex(Ns::Router, WAN_IF)?,
+    );
     let (cli, srv, wan_addr) = (
         CLIENT_ADDR.octets(),
         SERVER_ADDR.octets(),
