@@ -89,11 +89,7 @@ pub fn fill_new_flow(
     orig_entry.pad = [0; 2];
     orig_entry.last_seen_ns = now_ns;
     orig_entry.created_ns = now_ns;
-    orig_entry.hop_ifindex = 0;
-    orig_entry.hop_mtu = 0;
-    orig_entry.hop_dmac = [0; 6];
-    orig_entry.hop_smac = [0; 6];
-    orig_entry.pad2 = [0; 6];
+    orig_entry.clear_next_hop();
     // The reply translates back to the reverse of the original packet.
     reply_entry.peer = *orig;
     reply_entry.new_src_addr = orig.dst_addr;
@@ -105,11 +101,7 @@ pub fn fill_new_flow(
     reply_entry.pad = [0; 2];
     reply_entry.last_seen_ns = now_ns;
     reply_entry.created_ns = now_ns;
-    reply_entry.hop_ifindex = 0;
-    reply_entry.hop_mtu = 0;
-    reply_entry.hop_dmac = [0; 6];
-    reply_entry.hop_smac = [0; 6];
-    reply_entry.pad2 = [0; 6];
+    reply_entry.clear_next_hop();
 }
 
 /// The translated key of a masqueraded flow: source becomes `wan:port`

@@ -182,6 +182,16 @@ impl FlowEntry {
     pub const fn lan_side(&self) -> bool {
         (self.flags & FLAG_ORIGINAL != 0) != (self.flags & FLAG_PORT_FORWARD != 0)
     }
+
+    /// Forgets the cached next hop (the FIB is asked on the next packet).
+    #[inline]
+    pub const fn clear_next_hop(&mut self) {
+        self.hop_ifindex = 0;
+        self.hop_mtu = 0;
+        self.hop_dmac = [0; 6];
+        self.hop_smac = [0; 6];
+        self.pad2 = [0; 6];
+    }
 }
 
 /// The entry is keyed by the direction that opened the flow.

@@ -64,24 +64,6 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 // Topology and router handle
 // ---------------------------------------------------------------------------
 
-fn mac(t: &Topology, ns: Ns, dev: &str) -> [u8; 6] {
-    let s = t.exec_ok(ns, &["cat", &format!("/sys/class/net/{dev}/address")]);
-    let v: Vec<u8> = s
-        .trim()
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).unwrap())
-        .collect();
-    v.try_into().unwrap()
-}
-
-fn ifindex(t: &Topology, dev: &str) -> u32 {
-    let s = t.exec_ok(
-        Ns::Router,
-        &["cat", &format!("/sys/class/net/{dev}/ifindex")],
-    );
-    s.trim().parse().unwrap()
-}
-
 fn mac_str(m: [u8; 6]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
@@ -134,23 +116,23 @@ impl Env {
         );
         // Also make the router resolve the server itself (forwarded ping).
         let _ = t.exec(Ns::Client, &["ping", "-c", "1", "-W", "1", "203.0.113.2"]);
-        let client_mac = mac(&t, Ns::Client, HOST_IF);
+        let client_mac = t.mac(Ns::Client, HOST_IF);
         let client2_mac = if two_clients {
-            mac(&t, Ns::Client2, HOST_IF)
+            t.mac(Ns::Client2, HOST_IF)
         } else {
             [0; 6]
         };
-        let server_mac = mac(&t, Ns::Server, HOST_IF);
+        let server_mac = t.mac(Ns::Server, HOST_IF);
         assert_neighbour(&t, CLIENT, LAN_IF, client_mac);
         if two_clients {
             assert_neighbour(&t, CLIENT2, LAN_IF, client2_mac);
         }
         assert_neighbour(&t, SERVER, WAN_IF, server_mac);
         Self {
-            lan: ifindex(&t, LAN_IF),
-            wan: ifindex(&t, WAN_IF),
-            lan_mac: mac(&t, Ns::Router, LAN_IF),
-            wan_mac: mac(&t, Ns::Router, WAN_IF),
+            lan: t.ifindex(Ns::Router, LAN_IF),
+            wan: t.ifindex(Ns::Router, WAN_IF),
+            lan_mac: t.mac(Ns::Router, LAN_IF),
+            wan_mac: t.mac(Ns::Router, WAN_IF),
             client_mac,
             client2_mac,
             server_mac,
@@ -545,10 +527,7 @@ fn dnat(ip: &Ipv4, addr: [u8; 4], port: u16) -> Ipv4 {
 
 /// `e` with the next-hop cache cleared, as a new entry has it.
 fn without_hop(mut e: FlowEntry) -> FlowEntry {
-    e.hop_ifindex = 0;
-    e.hop_mtu = 0;
-    e.hop_dmac = [0; 6];
-    e.hop_smac = [0; 6];
+    e.clear_next_hop();
     e
 }
 
