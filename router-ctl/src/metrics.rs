@@ -180,7 +180,7 @@ impl Collector for RouterCollector {
             "SNAT port probes that found the port taken",
             std::iter::once((Vec::new(), get(Counter::PortCollision))),
         )?;
-        if let Some(t) = stats::table_use(dir) {
+        if let Some(t) = stats::table_use(dir, &cs) {
             gauge(
                 &mut enc,
                 "xdp_router_conntrack_entries",

@@ -89,8 +89,10 @@ pub struct TableUse {
     pub evicted_estimate: u64,
 }
 
+/// `counters` are the summed counters just read ([`read_counters`]), for
+/// the eviction estimate.
 #[must_use]
-pub fn table_use(pin_dir: &Path) -> Option<TableUse> {
+pub fn table_use(pin_dir: &Path, counters: &[(Counter, CounterValue)]) -> Option<TableUse> {
     let map = open_hash::<FlowKey, FlowEntry>(pin_dir, CONNTRACK_MAP).ok()?;
     let capacity = pins::capacity(&map).ok()?;
     let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
@@ -100,11 +102,10 @@ pub fn table_use(pin_dir: &Path) -> Option<TableUse> {
         .flatten()
         .count()
         .min(capacity as usize);
-    let counters = read_counters(pin_dir).unwrap_or_default();
     Some(TableUse {
         entries,
         capacity,
-        evicted_estimate: evicted_estimate(&counters, entries),
+        evicted_estimate: evicted_estimate(counters, entries),
     })
 }
 
@@ -191,7 +192,7 @@ pub fn stats_table(counters: &[(Counter, CounterValue)], table: Option<TableUse>
 
 pub fn stats(pin_dir: &Path, json: bool) -> Result<()> {
     let counters = read_counters(pin_dir)?;
-    let table = table_use(pin_dir);
+    let table = table_use(pin_dir, &counters);
     if json {
         println!("{}", stats_json(&counters, table));
     } else {
@@ -323,7 +324,7 @@ pub fn watch(pin_dir: &Path, json: bool, interval: f64, count: Option<u64>) -> R
         let cur = read_counters(pin_dir)?;
         let t1 = std::time::Instant::now();
         let secs = (t1 - t0).as_secs_f64();
-        let table = table_use(pin_dir);
+        let table = table_use(pin_dir, &cur);
         let mut out = std::io::stdout().lock();
         if json {
             writeln!(out, "{}", rates_json(&prev, &cur, secs, table))?;

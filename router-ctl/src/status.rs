@@ -178,7 +178,8 @@ pub fn diagnose(
 
 fn maps_json(ctx: &Ctx) -> Value {
     let mut m = serde_json::Map::new();
-    if let Some(t) = stats::table_use(&ctx.pin_dir) {
+    // Only entries and capacity are shown here: no counters needed.
+    if let Some(t) = stats::table_use(&ctx.pin_dir, &[]) {
         m.insert(
             "conntrack".into(),
             json!({"entries": t.entries, "capacity": t.capacity}),
