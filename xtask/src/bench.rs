@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use crate::{build_ebpf, cargo, is_root, root, setup};
+use crate::{cargo, is_root, prepare_topology_run, root};
 
 pub fn run(quick: bool) -> Result<(), String> {
     if !is_root() {
@@ -19,15 +19,16 @@ pub fn run(quick: bool) -> Result<(), String> {
         );
     }
     let start = Instant::now();
-    setup()?;
-    build_ebpf()?;
-    // The harness runs target/debug/router-ctl, next to the example binary:
-    // both in the dev profile.
-    crate::run(
-        cargo()
-            .current_dir(root())
-            .args(["build", "-p", "router-ctl"]),
-    )?;
+    prepare_topology_run()?;
+    let res = run_prepared(quick);
+    eprintln!("bench: {:.0?} in all, build included", start.elapsed());
+    res
+}
+
+/// The benchmark after [`prepare_topology_run`]. The harness runs
+/// target/debug/router-ctl, next to the example binary: both in the dev
+/// profile.
+pub fn run_prepared(quick: bool) -> Result<(), String> {
     crate::run(
         cargo()
             .current_dir(root())
@@ -45,7 +46,5 @@ pub fn run(quick: bool) -> Result<(), String> {
     // not stick.)
     // SAFETY: setting a signal disposition has no preconditions.
     unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
-    let res = crate::run(&mut cmd);
-    eprintln!("bench: {:.0?} in all, build included", start.elapsed());
-    res
+    crate::run(&mut cmd)
 }

@@ -2,16 +2,10 @@
 //! kernel-path run, attach, XDP-path run, stats, conntrack, side by side),
 //! then the quick benchmark (`cargo xtask bench --quick`).
 
-use crate::{bench, build_ebpf, cargo, root, setup};
+use crate::{bench, cargo, prepare_topology_run, root};
 
 pub fn run() -> Result<(), String> {
-    setup()?;
-    build_ebpf()?;
-    crate::run(
-        cargo()
-            .current_dir(root())
-            .args(["build", "-p", "router-ctl"]),
-    )?;
+    prepare_topology_run()?;
     crate::run(cargo().current_dir(root()).args([
         "run",
         "-q",
@@ -21,5 +15,5 @@ pub fn run() -> Result<(), String> {
         "demo",
     ]))?;
     eprintln!("\ndemo: now the quick benchmark (kernel path vs XDP path, a few points)");
-    bench::run(true)
+    bench::run_prepared(true)
 }

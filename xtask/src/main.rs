@@ -217,6 +217,17 @@ fn clippy() -> Result<(), String> {
     Ok(())
 }
 
+/// What a run in a namespace topology needs: the prerequisites, the XDP
+/// object and `target/debug/router-ctl` (the harness runs that one).
+pub(crate) fn prepare_topology_run() -> Result<(), String> {
+    setup()?;
+    build_ebpf()?;
+    run(cargo()
+        .current_dir(root())
+        .args(["build", "-p", "router-ctl"]))?;
+    Ok(())
+}
+
 fn test(args: &[String]) -> Result<(), String> {
     setup()?;
     build_ebpf()?;
