@@ -19,6 +19,8 @@
 // Report writers are long lists of paragraphs.
 #![allow(clippy::too_many_lines)]
 
+#[path = "bench/live.rs"]
+mod live;
 #[path = "bench/load.rs"]
 mod load;
 #[path = "bench/micro.rs"]
@@ -45,7 +47,8 @@ usage: bench [--quick] [options]
   --secs N                length of every iperf run (default 5, quick 2)
   --conns LIST            TCP connection counts (default 1,100,1000,2000; quick 1,100)
   --udp-conns LIST        UDP streams (default 1,2; quick 1)
-  --workloads LIST        of tcp,tcp-small,udp-small (default all)
+  --live-flows LIST       flows of the in-kernel UDP generator (default 1,1000)
+  --workloads LIST        of tcp,tcp-small,udp-small,udp-live (default all)
   --offload LIST          TCP offload settings, of off,on (default off,on)
   --small-offload LIST    offload settings for tcp-small (default off,on; quick off)
   --nodelay LIST          tcp-small variants, of off,on (-N) (default off,on)
@@ -72,6 +75,7 @@ struct Opts {
     secs: u32,
     conns: Vec<u32>,
     udp_conns: Vec<u32>,
+    live_flows: Vec<u32>,
     workloads: Vec<Workload>,
     offloads: Vec<Offload>,
     small_offloads: Vec<Offload>,
@@ -122,6 +126,7 @@ impl Opts {
                 vec![1, 100, 1000, 2000]
             },
             udp_conns: if quick { vec![1] } else { vec![1, 2] },
+            live_flows: vec![1, 1000],
             workloads: Workload::ALL.to_vec(),
             offloads: vec![Offload::Off, Offload::On],
             small_offloads: if quick {
@@ -151,6 +156,9 @@ impl Opts {
                 "--secs" => o.secs = num(val()?).filter(|&s| s > 0).ok_or("--secs: N > 0")?,
                 "--conns" => o.conns = list(val()?, |x| num(x).filter(|&c| c > 0))?,
                 "--udp-conns" => o.udp_conns = list(val()?, |x| num(x).filter(|&c| c > 0))?,
+                "--live-flows" => {
+                    o.live_flows = list(val()?, |x| num(x).filter(|&c| c > 0 && c <= 45_536))?;
+                }
                 "--workloads" => o.workloads = list(val()?, Workload::parse)?,
                 "--offload" => o.offloads = list(val()?, Offload::parse)?,
                 "--small-offload" => o.small_offloads = list(val()?, Offload::parse)?,
@@ -218,6 +226,17 @@ impl Opts {
                         .map(|&c| p(Workload::UdpSmall, c, false)),
                 );
             }
+        }
+        // Last: the live runs attach their sink to the server's veth,
+        // which changes the router's offloads while attached.
+        if has(Workload::UdpLive) {
+            let offload = groups.first().copied().unwrap_or(Offload::Off);
+            pts.extend(self.live_flows.iter().map(|&conns| Point {
+                workload: Workload::UdpLive,
+                conns,
+                offload,
+                nodelay: false,
+            }));
         }
         pts
     }
@@ -297,7 +316,12 @@ fn measured(
     for attempt in 1..=retries + 1 {
         router.switch(path, point.offload)?;
         *port = if *port >= 7000 { 5001 } else { *port + 1 };
-        match load::run(t, s, path, point, *port) {
+        let res = if point.workload == Workload::UdpLive {
+            live::run(t, s, path, point, &STOP)
+        } else {
+            load::run(t, s, path, point, *port)
+        };
+        match res {
             Ok(mut r) => {
                 r.attempts = attempt;
                 if !r.suspect {
@@ -330,7 +354,7 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
     let mut s = String::new();
     let max_sent = runs
         .iter()
-        .filter(|r| r.point.workload.is_udp())
+        .filter(|r| r.point.workload == Workload::UdpSmall)
         .map(|r| r.sent_pps)
         .fold(0.0_f64, f64::max);
     let _ = writeln!(
@@ -376,9 +400,53 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
             s,
             "- **Generator bottleneck.** iperf2 sent at most {:.0} kpps of 64-byte UDP here \
              (one sending thread per stream, sharing the cores with everything else), so the \
-             UDP rows measure what the machine can generate and sink, not the router's \
-             ceiling: compare `ns/pkt`, and the micro-benchmark below.",
+             iperf2 UDP rows measure what the machine can generate and sink, not the router's \
+             ceiling: compare `ns/pkt`, the live-generator table and the micro-benchmark.",
             max_sent / 1e3
+        );
+    }
+    let live = |p: DataPath, c: u32| {
+        runs.iter()
+            .find(|r| r.point.workload == Workload::UdpLive && r.path == p && r.point.conns == c)
+    };
+    let live_here: Vec<String> = o
+        .live_flows
+        .iter()
+        .filter_map(|&c| {
+            let (k, x) = (live(DataPath::Kernel, c)?, live(DataPath::Xdp, c)?);
+            Some(format!(
+                "{c} flows: {:.2} vs {:.2} Mpps ({:.1}x), {:.0} vs {:.0} ns/pkt ({:.1}x lower)",
+                x.pps / 1e6,
+                k.pps / 1e6,
+                x.pps / k.pps,
+                x.router_ns_per_pkt,
+                k.router_ns_per_pkt,
+                k.router_ns_per_pkt / x.router_ns_per_pkt
+            ))
+        })
+        .collect();
+    if !live_here.is_empty() {
+        let _ = writeln!(
+            s,
+            "- **In-kernel generator (udp-live).** `BPF_PROG_RUN` in live-frame mode (as \
+             xdp-trafficgen does it) in the client namespace: a tiny XDP program (under 40 instructions) \
+             rewrites the headers of page-pool frames (64-byte UDP payload, valid checksum, \
+             source port random over the flows) and returns `XDP_TX`, which the kernel turns \
+             into a real transmit on the client's veth; calls of ~0.25 s, 64 frames per \
+             batch. The sink is a 13-instruction XDP program on the server's veth that drops \
+             UDP and passes ping; `Mpps` is what reached the server's interface. Everything \
+             runs on one core: the generator is pinned to the last CPU, and a veth transmit \
+             runs the receiver's NAPI on the sending CPU, so the router's and the sink's \
+             softirq work share that core with the generator (the other core serves ping and \
+             the sampler). The generator does not pace: when softirq work is deferred to \
+             ksoftirqd it keeps producing and the veth ring to the router overflows, which \
+             is the `loss`; the path that needs less CPU per packet leaves more for the \
+             generator. On the kernel path the run turns GRO on at the router's `lan0` (the \
+             state of a real NIC): a veth accepts frames sent this way only with NAPI on the \
+             receiving side. Pinning the router's NAPI to the other core (threaded NAPI) was \
+             tried and was slower on both paths: every frame then crosses cores twice (veth \
+             ring, page-pool recycling). xdp vs kernel here: {}.",
+            live_here.join("; ")
         );
     }
     // Offloads, with the packet sizes this run saw.
@@ -461,7 +529,7 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
     );
     let (lost, drops): (u64, u64) = runs
         .iter()
-        .filter(|r| r.point.workload.is_udp())
+        .filter(|r| r.point.workload == Workload::UdpSmall)
         .fold((0, 0), |(l, d), r| (l + r.lost, d + r.sink_drops));
     if lost > 0 {
         let _ = writeln!(

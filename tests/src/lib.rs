@@ -13,6 +13,7 @@ pub mod echo;
 pub mod frames;
 pub mod netns;
 pub mod prog;
+pub mod rawbpf;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;

@@ -36,16 +36,42 @@ pub enum Workload {
     TcpSmall,
     /// iperf2 UDP, 64-byte payload, unlimited rate.
     UdpSmall,
+    /// UDP, 64-byte payload, from the in-kernel generator
+    /// (`BPF_PROG_RUN` live frames, see `live.rs`).
+    UdpLive,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 3] = [Workload::Tcp, Workload::TcpSmall, Workload::UdpSmall];
+    pub const ALL: [Workload; 4] = [
+        Workload::Tcp,
+        Workload::TcpSmall,
+        Workload::UdpSmall,
+        Workload::UdpLive,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Workload::Tcp => "tcp",
             Workload::TcpSmall => "tcp-small",
             Workload::UdpSmall => "udp-small",
+            Workload::UdpLive => "udp-live",
+        }
+    }
+
+    /// The workload in results.json: the live generator sends the same
+    /// 64-byte UDP as iperf2 (its runs say `"generator": "bpf-live-frames"`).
+    pub fn json_name(self) -> &'static str {
+        match self {
+            Workload::UdpLive => "udp-small",
+            w => w.name(),
+        }
+    }
+
+    /// Which program generates the load.
+    pub fn generator(self) -> &'static str {
+        match self {
+            Workload::UdpLive => "bpf-live-frames",
+            _ => "iperf2",
         }
     }
 
@@ -54,7 +80,7 @@ impl Workload {
     }
 
     pub fn is_udp(self) -> bool {
-        self == Workload::UdpSmall
+        matches!(self, Workload::UdpSmall | Workload::UdpLive)
     }
 }
 
@@ -98,6 +124,9 @@ pub struct Point {
 
 impl fmt::Display for Point {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.workload == Workload::UdpLive {
+            return write!(f, "udp-live, {} flows", self.conns);
+        }
         write!(f, "{} -P {}", self.workload.name(), self.conns)?;
         if self.workload == Workload::TcpSmall {
             write!(f, " -l 128{}", if self.nodelay { " -N" } else { "" })?;
@@ -352,7 +381,7 @@ fn forwarded(t: &Topology, path: DataPath) -> u64 {
 
 /// One reading of the machine's CPU ticks and the interface counters.
 #[derive(Clone, Copy, Debug)]
-struct Sample {
+pub struct Sample {
     at: f64,
     cpu: CpuTicks,
     /// Packets and bytes received on the router's LAN + WAN interfaces
@@ -362,12 +391,14 @@ struct Sample {
     rx_bytes: u64,
     /// Bytes the server's interface received (what reached the sink).
     sink_bytes: u64,
+    /// Packets the server's interface received.
+    sink_pkts: u64,
     /// Packets the kernel dropped for a full per-CPU backlog (all CPUs).
     backlog_drops: u64,
 }
 
 /// Receive packets and bytes summed over `devs` from a `/proc/net/dev` text.
-fn parse_net_dev(text: &str, devs: &[&str]) -> (u64, u64) {
+pub fn parse_net_dev(text: &str, devs: &[&str]) -> (u64, u64) {
     let mut pk = 0;
     let mut by = 0;
     for l in text.lines() {
@@ -412,7 +443,7 @@ fn reread(f: &mut std::fs::File) -> String {
 /// process while the load runs: a `/proc/thread-self/net/dev` opened
 /// inside a network namespace keeps showing that namespace, so one thread
 /// opens the router's and the server's and then only rereads them.
-struct Sampler {
+pub struct Sampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Milliseconds after the start at which the router first saw
     /// [`TRAFFIC_PPS`]; `u64::MAX` until then.
@@ -425,7 +456,7 @@ struct Sampler {
 const TRAFFIC_PPS: f64 = 10_000.0;
 
 impl Sampler {
-    fn start(t: &Topology, start: Instant, period: Duration) -> Self {
+    pub fn start(t: &Topology, start: Instant, period: Duration) -> Self {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -447,7 +478,7 @@ impl Sampler {
             let mut v: Vec<Sample> = Vec::new();
             loop {
                 let (rx_pkts, rx_bytes) = parse_net_dev(&reread(&mut rdev), &[LAN_IF, WAN_IF]);
-                let (_, sink_bytes) = parse_net_dev(&reread(&mut sdev), &[HOST_IF]);
+                let (sink_pkts, sink_bytes) = parse_net_dev(&reread(&mut sdev), &[HOST_IF]);
                 let backlog_drops = softnet
                     .as_mut()
                     .map_or(0, |f| parse_softnet_drops(&reread(f)));
@@ -465,6 +496,7 @@ impl Sampler {
                     rx_pkts,
                     rx_bytes,
                     sink_bytes,
+                    sink_pkts,
                     backlog_drops,
                 });
                 if flag.load(Ordering::Relaxed) {
@@ -486,7 +518,7 @@ impl Sampler {
         (ms != u64::MAX).then(|| ms as f64 / 1000.0)
     }
 
-    fn finish(self) -> Vec<Sample> {
+    pub fn finish(self) -> Vec<Sample> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.handle.join().unwrap_or_default()
     }
@@ -519,18 +551,19 @@ pub fn wait_quiet(t: &Topology, pps: u64, max: Duration) -> f64 {
 /// of the peak (thousands of iperf2 streams take seconds to connect and to
 /// report, with the cores mostly idle).
 #[derive(Clone, Copy, Debug, Default)]
-struct Window {
+pub struct Window {
     /// Seconds since the client started.
-    from: f64,
-    secs: f64,
-    cpu: CpuTicks,
-    pkts: u64,
-    bytes: u64,
-    sink_bytes: u64,
-    backlog_drops: u64,
+    pub from: f64,
+    pub secs: f64,
+    pub cpu: CpuTicks,
+    pub pkts: u64,
+    pub bytes: u64,
+    pub sink_bytes: u64,
+    pub sink_pkts: u64,
+    pub backlog_drops: u64,
 }
 
-fn active_window(v: &[Sample]) -> Option<Window> {
+pub fn active_window(v: &[Sample]) -> Option<Window> {
     let rates: Vec<f64> = v
         .windows(2)
         .map(|w| (w[1].rx_pkts.saturating_sub(w[0].rx_pkts)) as f64 / (w[1].at - w[0].at).max(1e-6))
@@ -561,6 +594,7 @@ fn window_between(a: Sample, b: Sample) -> Window {
         pkts: b.rx_pkts.saturating_sub(a.rx_pkts),
         bytes: b.rx_bytes.saturating_sub(a.rx_bytes),
         sink_bytes: b.sink_bytes.saturating_sub(a.sink_bytes),
+        sink_pkts: b.sink_pkts.saturating_sub(a.sink_pkts),
         backlog_drops: b.backlog_drops.saturating_sub(a.backlog_drops),
     }
 }
@@ -568,7 +602,7 @@ fn window_between(a: Sample, b: Sample) -> Window {
 /// A background process of the topology (its own process group) whose
 /// exit time a watcher thread records without reaping it, so that it can
 /// be killed by group safely until we reap it ourselves.
-struct Watched {
+pub struct Watched {
     child: Child,
     exited: mpsc::Receiver<Instant>,
 }
@@ -601,7 +635,7 @@ impl Watched {
 
     /// Kills the process group if still running, reaps, returns whether it
     /// exited by itself and how.
-    fn finish(mut self) -> (Option<Instant>, String) {
+    pub fn finish(mut self) -> (Option<Instant>, String) {
         let early = self.exited.try_recv().ok();
         if early.is_none()
             && let Ok(pid) = libc::pid_t::try_from(self.child.id())
@@ -621,7 +655,7 @@ impl Watched {
     }
 }
 
-fn spawn_sh(t: &Topology, ns: Ns, script: &str) -> Watched {
+pub fn spawn_sh(t: &Topology, ns: Ns, script: &str) -> Watched {
     Watched::new(t.spawn(ns, &["sh", "-c", script]))
 }
 
@@ -692,7 +726,7 @@ fn parse_server_udp(text: &str) -> ServerUdp {
 /// loss in percent: from the summary line if ping got to print it, else
 /// from the gaps in the answered sequence numbers (ping is killed when the
 /// client ends).
-fn parse_ping(text: &str) -> (Vec<(f64, f64)>, f64) {
+pub fn parse_ping(text: &str) -> (Vec<(f64, f64)>, f64) {
     let mut seqs: Vec<u64> = Vec::new();
     let rtts: Vec<(f64, f64)> = text
         .lines()
@@ -728,13 +762,13 @@ fn parse_ping(text: &str) -> (Vec<(f64, f64)>, f64) {
     (rtts, loss)
 }
 
-fn unix_now() -> f64 {
+pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn read(p: &Path) -> String {
+pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
@@ -831,6 +865,7 @@ pub fn run(
         }
         // `-b 0` fails in iperf 2.1.8; a rate no veth reaches is unlimited.
         Workload::UdpSmall => args.extend_from_slice(&["-u", "-l", "64", "-b", "10G"]),
+        Workload::UdpLive => return Err("udp-live runs through live::run, not iperf2".into()),
     }
 
     let drops0 = if w.is_udp() {
@@ -1036,6 +1071,7 @@ pub fn run(
             pkts: router_pkts,
             bytes: 0,
             sink_bytes: 0,
+            sink_pkts: 0,
             backlog_drops: 0,
         }
     });

@@ -24,6 +24,7 @@ use tests::frames::{Frame, Ipv4, TCP_ACK, TCP_SYN, Tcp, Udp};
 use tests::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF};
 
 use crate::sys::percentile;
+use tests::rawbpf::{self, Prog, xdp_ctx};
 
 const XDP_PASS: u32 = 2;
 const XDP_REDIRECT: u32 = 4;
@@ -43,14 +44,6 @@ pub struct Case {
     /// Per-iteration time with `repeat`, for cases that do not modify the frame.
     pub amortized_ns: Option<f64>,
     pub repeat: u32,
-}
-
-/// `struct xdp_md` with `ingress_ifindex` set.
-fn xdp_ctx(len: usize, ingress: u32) -> [u8; 24] {
-    let mut ctx = [0u8; 24];
-    ctx[4..8].copy_from_slice(&(len as u32).to_ne_bytes());
-    ctx[12..16].copy_from_slice(&ingress.to_ne_bytes());
-    ctx
 }
 
 /// Something that can be test-run: the router program or the raw floor.
@@ -76,144 +69,11 @@ impl Runner for Xdp {
     }
 }
 
-/// A two-instruction `r0 = XDP_PASS; exit` loaded with the raw `bpf(2)`
-/// syscall: the cost of running any XDP program at all.
-struct Trivial {
-    fd: libc::c_int,
-}
-
-#[repr(C)]
-struct BpfInsn {
-    code: u8,
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-    log_level: u32,
-    log_size: u32,
-    log_buf: u64,
-    kern_version: u32,
-    prog_flags: u32,
-    prog_name: [u8; 16],
-    prog_ifindex: u32,
-    expected_attach_type: u32,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    pad: u32,
-}
-
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
-    // SAFETY: `attr` is a live, fully initialised repr(C) bpf_attr prefix
-    // of the given size; the kernel zero-extends it.
-    unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            std::ptr::from_mut(attr).cast::<libc::c_void>(),
-            size_of::<T>(),
-        )
-    }
-}
-
-impl Trivial {
-    fn load() -> Result<Self, String> {
-        let insns = [
-            // BPF_ALU64 | BPF_MOV | BPF_K: r0 = 2 (XDP_PASS)
-            BpfInsn {
-                code: 0xb7,
-                regs: 0,
-                off: 0,
-                imm: XDP_PASS.cast_signed(),
-            },
-            // BPF_JMP | BPF_EXIT
-            BpfInsn {
-                code: 0x95,
-                regs: 0,
-                off: 0,
-                imm: 0,
-            },
-        ];
-        let license = c"GPL";
-        let mut name = [0u8; 16];
-        name[..7].copy_from_slice(b"xdppass");
-        let mut attr = ProgLoadAttr {
-            prog_type: BPF_PROG_TYPE_XDP,
-            insn_cnt: insns.len() as u32,
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            prog_name: name,
-            ..ProgLoadAttr::default()
-        };
-        let fd = bpf(BPF_PROG_LOAD, &mut attr);
-        if fd < 0 {
-            return Err(format!(
-                "loading a trivial XDP program: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(Self {
-            fd: fd as libc::c_int,
-        })
-    }
-}
-
-impl Drop for Trivial {
-    fn drop(&mut self) {
-        // SAFETY: our own fd.
-        unsafe { libc::close(self.fd) };
-    }
-}
-
-impl Runner for Trivial {
+/// The floor: a two-instruction `r0 = XDP_PASS; exit`, the cost of running
+/// any XDP program at all.
+impl Runner for Prog {
     fn run(&self, frame: &[u8], ingress: u32, repeat: u32) -> Result<(u32, f64, Vec<u8>), String> {
-        let mut out = vec![0u8; frame.len() + 256];
-        let ctx = xdp_ctx(frame.len(), ingress);
-        let mut attr = TestRunAttr {
-            prog_fd: self.fd.cast_unsigned(),
-            data_size_in: frame.len() as u32,
-            data_size_out: out.len() as u32,
-            data_in: frame.as_ptr() as u64,
-            data_out: out.as_mut_ptr() as u64,
-            repeat,
-            ctx_size_in: ctx.len() as u32,
-            ctx_in: ctx.as_ptr() as u64,
-            ..TestRunAttr::default()
-        };
-        if bpf(BPF_PROG_TEST_RUN, &mut attr) != 0 {
-            return Err(format!("BPF_PROG_RUN: {}", std::io::Error::last_os_error()));
-        }
-        out.truncate(attr.data_size_out as usize);
-        Ok((attr.retval, f64::from(attr.duration), out))
+        self.test_run(frame, ingress, repeat)
     }
 }
 
@@ -449,7 +309,7 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
                 amortize: true,
             },
         ];
-        let trivial = Trivial::load();
+        let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
         let mut cases = Vec::new();
         for s in &specs {
             let runner: &dyn Runner = if s.name == "trivial-pass" {

@@ -42,6 +42,9 @@ impl Variant {
                 self.offload.name()
             ),
             Workload::UdpSmall => "UDP, 64-byte payload, unlimited rate (`-b 10G`)".to_owned(),
+            Workload::UdpLive => "UDP, 64-byte payload, in-kernel generator (`BPF_PROG_RUN` \
+                                  live frames; conns = flows)"
+                .to_owned(),
         }
     }
 
@@ -54,6 +57,7 @@ impl Variant {
                 self.offload.name()
             ),
             Workload::UdpSmall => "udp 64 B".to_owned(),
+            Workload::UdpLive => "udp 64 B, live generator".to_owned(),
         }
     }
 }
@@ -221,7 +225,8 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
         .map(|r| {
             serde_json::json!({
                 "path": r.path.name(),
-                "workload": r.point.workload.name(),
+                "workload": r.point.workload.json_name(),
+                "generator": r.point.workload.generator(),
                 "conns": r.point.conns,
                 "gbps": r.gbps,
                 "iperf_gbps": r.iperf_gbps,

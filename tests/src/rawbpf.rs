@@ -1,0 +1,448 @@
+//! Tiny XDP programs written as raw instructions and loaded with the
+//! `bpf(2)` syscall: the benchmark's floor (`return XDP_PASS`), the
+//! live-frame traffic generator and its sink. They are a handful of
+//! instructions each, not part of the product, and need no ELF object or
+//! second eBPF crate.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+pub const XDP_DROP: i32 = 1;
+pub const XDP_PASS: i32 = 2;
+pub const XDP_TX: i32 = 3;
+
+/// `struct bpf_insn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Insn {
+    code: u8,
+    /// `src_reg << 4 | dst_reg`.
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+// Opcodes (include/uapi/linux/bpf.h, bpf_common.h).
+const LDX_W: u8 = 0x61;
+const LDX_H: u8 = 0x69;
+const LDX_B: u8 = 0x71;
+const ST_W: u8 = 0x62;
+const STX_H: u8 = 0x6b;
+const ALU64_ADD_K: u8 = 0x07;
+const ALU64_RSH_K: u8 = 0x77;
+const ALU64_AND_K: u8 = 0x57;
+const ALU64_XOR_K: u8 = 0xa7;
+const ALU64_MOD_K: u8 = 0x97;
+const ALU64_MOV_K: u8 = 0xb7;
+const ALU64_MOV_X: u8 = 0xbf;
+const ALU64_ADD_X: u8 = 0x0f;
+/// `BPF_ALU | BPF_END | BPF_TO_BE`: to big endian (a byte swap on x86).
+const ALU_END_TO_BE: u8 = 0xdc;
+const JMP_JGT_X: u8 = 0x2d;
+const JMP_JNE_K: u8 = 0x55;
+const JMP_CALL: u8 = 0x85;
+const JMP_EXIT: u8 = 0x95;
+
+/// `bpf_get_prandom_u32`.
+const FN_GET_PRANDOM_U32: i32 = 7;
+
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn {
+        code,
+        regs: (src << 4) | dst,
+        off,
+        imm,
+    }
+}
+
+/// Packet offsets of the fields the programs touch (Ethernet + IPv4
+/// without options + UDP).
+const ETHERTYPE_OFF: i16 = 12;
+const IP_PROTO_OFF: i16 = 23;
+const UDP_SPORT_OFF: usize = 34;
+const UDP_CSUM_OFF: usize = 40;
+/// Ethernet + IPv4 + UDP headers.
+pub const UDP_HDRS_LEN: usize = 42;
+
+/// `r2 = ctx->data; r3 = ctx->data_end; r4 = r2 + len` from the context in
+/// `ctx_reg`, then `if r4 > r3 goto` (offset patched by the caller).
+fn bounds(ctx_reg: u8, len: i32) -> [Insn; 5] {
+    [
+        insn(LDX_W, 2, ctx_reg, 0, 0),
+        insn(LDX_W, 3, ctx_reg, 4, 0),
+        insn(ALU64_MOV_X, 4, 2, 0, 0),
+        insn(ALU64_ADD_K, 4, 0, 0, len),
+        insn(JMP_JGT_X, 4, 3, 0, 0),
+    ]
+}
+
+fn off16(x: usize) -> i16 {
+    i16::try_from(x).expect("offset within a frame")
+}
+
+/// Points the jump at `at` to `target` (instruction indexes).
+fn patch_jump(v: &mut [Insn], at: usize, target: usize) {
+    v[at].off = i16::try_from(target - at - 1).expect("short program");
+}
+
+fn ret(verdict: i32) -> [Insn; 2] {
+    [
+        insn(ALU64_MOV_K, 0, 0, 0, verdict),
+        insn(JMP_EXIT, 0, 0, 0, 0),
+    ]
+}
+
+/// `return verdict`.
+#[must_use]
+pub fn constant(verdict: i32) -> Vec<Insn> {
+    ret(verdict).to_vec()
+}
+
+/// The traffic generator, for `BPF_PROG_RUN` in live-frame mode: writes
+/// `headers` (Ethernet + IPv4 + UDP) over the frame, sets the UDP source
+/// port to `base_port + random % flows` (the port in `headers` must be
+/// `base_port`), updates the UDP checksum for it (RFC 1624; a checksum of
+/// 0, "none" in IPv4, stays 0), and returns `XDP_TX`, which live-frame
+/// mode turns into a transmit on the ingress interface.
+///
+/// It rewrites every header byte on every run because live-frame mode
+/// recycles pages without re-initialising them: a page comes back after
+/// the router has rewritten it (NAT, TTL, MACs). Nobody touches the
+/// payload, so it stays as initialised.
+///
+/// # Panics
+/// If `flows` is 0 or the ports do not fit in 16 bits.
+#[must_use]
+pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -> Vec<Insn> {
+    assert!(flows > 0 && u32::from(base_port) + u32::from(flows) <= 65536);
+    // One's complement sums commute with byte swapping, so the update is
+    // computed on 16-bit words as loaded little-endian: the constant part
+    // is ~HC + ~m (old checksum and old port), the program adds m'.
+    let le = |at: usize| u32::from(u16::from_le_bytes([headers[at], headers[at + 1]]));
+    let csum = le(UDP_CSUM_OFF);
+    let constant = (!csum & 0xffff) + (!le(UDP_SPORT_OFF) & 0xffff);
+    let mut v = vec![
+        // r6 = ctx (the call clobbers r1-r5).
+        insn(ALU64_MOV_X, 6, 1, 0, 0),
+        insn(JMP_CALL, 0, 0, 0, FN_GET_PRANDOM_U32),
+        insn(ALU64_MOD_K, 0, 0, 0, i32::from(flows)),
+        insn(ALU64_ADD_K, 0, 0, 0, i32::from(base_port)),
+        insn(ALU_END_TO_BE, 0, 0, 0, 16),
+        // r7 = the new port as stored.
+        insn(ALU64_MOV_X, 7, 0, 0, 0),
+    ];
+    if csum != 0 {
+        // r0 = fold(constant + m'), twice; then ~, with 0 sent as 0xffff.
+        v.push(insn(ALU64_ADD_K, 0, 0, 0, constant.cast_signed()));
+        for _ in 0..2 {
+            v.extend([
+                insn(ALU64_MOV_X, 1, 0, 0, 0),
+                insn(ALU64_RSH_K, 1, 0, 0, 16),
+                insn(ALU64_AND_K, 0, 0, 0, 0xffff),
+                insn(ALU64_ADD_X, 0, 1, 0, 0),
+            ]);
+        }
+        v.extend([
+            insn(ALU64_XOR_K, 0, 0, 0, 0xffff),
+            insn(JMP_JNE_K, 0, 0, 1, 0),
+            insn(ALU64_MOV_K, 0, 0, 0, 0xffff),
+        ]);
+    } else {
+        v.push(insn(ALU64_MOV_K, 0, 0, 0, 0));
+    }
+    let check = v.len() + 4;
+    v.extend(bounds(6, off16(UDP_HDRS_LEN).into()));
+    for (i, w) in headers[..40].chunks_exact(4).enumerate() {
+        let off = i16::try_from(i * 4).unwrap();
+        let imm = i32::from_le_bytes(w.try_into().unwrap());
+        v.push(insn(ST_W, 2, 0, off, imm));
+    }
+    v.extend([
+        insn(STX_H, 2, 7, off16(UDP_SPORT_OFF), 0),
+        insn(STX_H, 2, 0, off16(UDP_CSUM_OFF), 0),
+    ]);
+    v.extend(ret(XDP_TX));
+    let drop = v.len();
+    v.extend(ret(XDP_DROP));
+    patch_jump(&mut v, check, drop);
+    v
+}
+
+/// The sink: drops IPv4 UDP, passes everything else (ARP, and ICMP so that
+/// ping measures latency through the router during the load).
+#[must_use]
+pub fn udp_sink() -> Vec<Insn> {
+    let mut v = bounds(1, 34).to_vec();
+    let to_pass = [v.len() - 1, v.len() + 1, v.len() + 3];
+    v.extend([
+        insn(LDX_H, 5, 2, ETHERTYPE_OFF, 0),
+        // 0x0800 as loaded little-endian.
+        insn(JMP_JNE_K, 5, 0, 0, 0x0008),
+        insn(LDX_B, 5, 2, IP_PROTO_OFF, 0),
+        insn(JMP_JNE_K, 5, 0, 0, 17),
+    ]);
+    v.extend(ret(XDP_DROP));
+    let pass = v.len();
+    v.extend(ret(XDP_PASS));
+    for at in to_pass {
+        patch_jump(&mut v, at, pass);
+    }
+    v
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    pad: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+    rest: [u64; 4],
+}
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_XDP: u32 = 37;
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+const LOG_SIZE: usize = 64 * 1024;
+
+fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
+    // SAFETY: `attr` is a live, fully initialised repr(C) bpf_attr prefix
+    // of the given size; the kernel zero-extends it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            std::ptr::from_mut(attr).cast::<libc::c_void>(),
+            size_of::<T>(),
+        )
+    }
+}
+
+fn os_err(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+/// `struct xdp_md` with `ingress_ifindex` set.
+///
+/// # Panics
+/// If `len` does not fit in 32 bits.
+#[must_use]
+pub fn xdp_ctx(len: usize, ingress: u32) -> [u8; 24] {
+    let mut ctx = [0u8; 24];
+    ctx[4..8].copy_from_slice(&u32::try_from(len).unwrap().to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ingress.to_ne_bytes());
+    ctx
+}
+
+/// A loaded XDP program (closed on drop).
+pub struct Prog {
+    fd: OwnedFd,
+}
+
+/// An XDP program attached in native mode through a BPF link: detached
+/// when dropped (or when the process exits).
+pub struct XdpLink {
+    _fd: OwnedFd,
+}
+
+impl Prog {
+    /// Loads `insns` as an XDP program called `name`.
+    ///
+    /// # Errors
+    /// If the kernel refuses it; a verifier error carries the verifier's log.
+    ///
+    /// # Panics
+    /// If the program has more than `u32::MAX` instructions.
+    pub fn load(name: &str, insns: &[Insn]) -> Result<Self, String> {
+        let license = c"GPL";
+        let mut prog_name = [0u8; 16];
+        let n = name.len().min(15);
+        prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+        let mut log = vec![0u8; LOG_SIZE];
+        let mut attr = ProgLoadAttr {
+            prog_type: BPF_PROG_TYPE_XDP,
+            insn_cnt: u32::try_from(insns.len()).unwrap(),
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            prog_name,
+            ..ProgLoadAttr::default()
+        };
+        let mut fd = bpf(BPF_PROG_LOAD, &mut attr);
+        if fd < 0 {
+            let err = os_err(&format!("loading the XDP program {name}"));
+            // Again with the verifier's log, for the message.
+            attr.log_level = 1;
+            attr.log_size = LOG_SIZE as u32;
+            attr.log_buf = log.as_mut_ptr() as u64;
+            fd = bpf(BPF_PROG_LOAD, &mut attr);
+            if fd >= 0 {
+                // SAFETY: our own new fd, not used elsewhere.
+                unsafe { libc::close(i32::try_from(fd).unwrap()) };
+            }
+            let end = log.iter().position(|&b| b == 0).unwrap_or(0);
+            return Err(format!(
+                "{err}; verifier log: {}",
+                String::from_utf8_lossy(&log[..end]).trim()
+            ));
+        }
+        // SAFETY: a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).unwrap()) };
+        Ok(Self { fd })
+    }
+
+    fn raw_fd(&self) -> u32 {
+        self.fd.as_raw_fd().cast_unsigned()
+    }
+
+    /// One `BPF_PROG_RUN` on a copy of `frame` as if it arrived on
+    /// `ingress`, `repeat` times: (verdict, ns per run, output frame).
+    pub fn test_run(
+        &self,
+        frame: &[u8],
+        ingress: u32,
+        repeat: u32,
+    ) -> Result<(u32, f64, Vec<u8>), String> {
+        let mut out = vec![0u8; frame.len() + 256];
+        let ctx = xdp_ctx(frame.len(), ingress);
+        let mut attr = TestRunAttr {
+            prog_fd: self.raw_fd(),
+            data_size_in: u32::try_from(frame.len()).unwrap(),
+            data_size_out: u32::try_from(out.len()).unwrap(),
+            data_in: frame.as_ptr() as u64,
+            data_out: out.as_mut_ptr() as u64,
+            repeat,
+            ctx_size_in: ctx.len() as u32,
+            ctx_in: ctx.as_ptr() as u64,
+            ..TestRunAttr::default()
+        };
+        if bpf(BPF_PROG_TEST_RUN, &mut attr) != 0 {
+            return Err(os_err("BPF_PROG_RUN"));
+        }
+        out.truncate(attr.data_size_out as usize);
+        Ok((attr.retval, f64::from(attr.duration), out))
+    }
+
+    /// `BPF_PROG_RUN` in live-frame mode: runs the program `repeat` times
+    /// on fresh frames initialised from `frame`, as if received on
+    /// `ingress` (an interface of the calling thread's network namespace),
+    /// and carries out each verdict for real (`XDP_TX` transmits on
+    /// `ingress`). Kernel >= 5.18.
+    ///
+    /// # Errors
+    /// If `BPF_PROG_RUN` fails (`EINVAL` on kernels without live frames).
+    ///
+    /// # Panics
+    /// If the frame is longer than 4 GiB.
+    pub fn run_live(
+        &self,
+        frame: &[u8],
+        ingress: u32,
+        repeat: u32,
+        batch: u32,
+    ) -> Result<(), String> {
+        let ctx = xdp_ctx(frame.len(), ingress);
+        let mut attr = TestRunAttr {
+            prog_fd: self.raw_fd(),
+            data_size_in: u32::try_from(frame.len()).unwrap(),
+            data_in: frame.as_ptr() as u64,
+            repeat,
+            ctx_size_in: ctx.len() as u32,
+            ctx_in: ctx.as_ptr() as u64,
+            flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+            batch_size: batch,
+            ..TestRunAttr::default()
+        };
+        if bpf(BPF_PROG_TEST_RUN, &mut attr) != 0 {
+            return Err(os_err("BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES"));
+        }
+        Ok(())
+    }
+
+    /// Attaches the program in native (driver) mode to `ifindex` of the
+    /// calling thread's network namespace.
+    ///
+    /// # Errors
+    /// If the kernel refuses (no such interface, a program already there,
+    /// no native XDP).
+    pub fn attach_native(&self, ifindex: u32) -> Result<XdpLink, String> {
+        let mut attr = LinkCreateAttr {
+            prog_fd: self.raw_fd(),
+            target_ifindex: ifindex,
+            attach_type: BPF_XDP,
+            flags: XDP_FLAGS_DRV_MODE,
+            ..LinkCreateAttr::default()
+        };
+        let fd = bpf(BPF_LINK_CREATE, &mut attr);
+        if fd < 0 {
+            return Err(os_err(&format!("attaching XDP to ifindex {ifindex}")));
+        }
+        // SAFETY: a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).unwrap()) };
+        Ok(XdpLink { _fd: fd })
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn jumps_land_on_the_verdicts() {
+        let mut h = [0; UDP_HDRS_LEN];
+        for csum in [[0, 0], [0x12, 0x34]] {
+            h[40..].copy_from_slice(&csum);
+            let g = udp_generator(&h, 100, 0);
+            let j = g.iter().position(|i| i.code == JMP_JGT_X).unwrap();
+            let target = j + 1 + usize::try_from(g[j].off).unwrap();
+            assert_eq!((g[target].code, g[target].imm), (ALU64_MOV_K, XDP_DROP));
+        }
+        let s = udp_sink();
+        for (at, i) in s.iter().enumerate() {
+            if matches!(i.code, JMP_JGT_X | JMP_JNE_K) {
+                let t = &s[at + 1 + usize::try_from(i.off).unwrap()];
+                assert_eq!((t.code, t.imm), (ALU64_MOV_K, XDP_PASS));
+            }
+        }
+    }
+}
