@@ -19,6 +19,8 @@
 // Report writers are long lists of paragraphs.
 #![allow(clippy::too_many_lines)]
 
+#[path = "bench/frags.rs"]
+mod frags;
 #[path = "bench/live.rs"]
 mod live;
 #[path = "bench/load.rs"]
@@ -65,6 +67,8 @@ usage: bench [--quick] [options]
   --micro-calls N         BPF_PROG_RUN calls per case (default 20000; quick 5000)
   --micro-repeat N        repeat for the amortised cases (default 1000000; quick 200000)
   --no-micro              skip the BPF_PROG_RUN micro-benchmark
+  --no-frags              skip the frags experiment (TCP -P 1, offload on, kernel path
+                          with no / a plain / a frags-aware XDP_PASS program on the router)
   --out DIR               output directory (default target/bench)
 
 Lists are comma-separated. The environment variable XDP_BENCH_ARGS adds options
@@ -86,6 +90,7 @@ struct Opts {
     tcp_sink: TcpSink,
     retries: u32,
     micro: bool,
+    frags: bool,
     micro_calls: u32,
     micro_repeat: u32,
     out: PathBuf,
@@ -141,6 +146,7 @@ impl Opts {
             tcp_sink: TcpSink::Discard,
             retries: 1,
             micro: true,
+            frags: true,
             micro_calls: if quick { 5000 } else { 20_000 },
             micro_repeat: if quick { 200_000 } else { 1_000_000 },
             out: default_out(),
@@ -153,6 +159,7 @@ impl Opts {
                 "--quick" => {}
                 "--help" | "-h" => return Err(HELP.to_owned()),
                 "--no-micro" => o.micro = false,
+                "--no-frags" => o.frags = false,
                 "--secs" => o.secs = num(val()?).filter(|&s| s > 0).ok_or("--secs: N > 0")?,
                 "--conns" => o.conns = list(val()?, |x| num(x).filter(|&c| c > 0))?,
                 "--udp-conns" => o.udp_conns = list(val()?, |x| num(x).filter(|&c| c > 0))?,
@@ -480,7 +487,8 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
          and GRO off on the router's veths: every packet through the router is at most \
          MTU-sized, as on a wire. `on`: the veth defaults. Then the kernel path forwards TSO \
          superpackets (up to 64 KB, one routing and NAT decision for ~45 wire packets), while \
-         the XDP path still sees MTU-sized frames: attaching a (non-frags) XDP program to a \
+         the XDP path still sees MTU-sized frames: attaching an XDP program (frags-aware or not: \
+         see the frags experiment) to a \
          veth turns off TSO/GSO on its peer, and the end hosts must keep tx checksum offload \
          off because XDP cannot complete a partial checksum (redirected TCP stalls otherwise). \
          End hosts keep GRO on in both settings: a veth accepts redirected frames only when \
@@ -560,14 +568,6 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
              whose overflows are not counted there."
         );
     }
-    let _ = writeln!(
-        s,
-        "- **Frags-aware XDP.** A program declared `#[xdp(frags)]` (multi-buffer) lets the \
-         peer keep TSO/GSO, so superpackets would reach XDP as multi-buffer frames and the \
-         redirect would carry them whole; the program then has to parse headers only from \
-         the first buffer and leave partial checksums intact. Not tried here (router-ebpf \
-         is unchanged)."
-    );
     let _ = writeln!(
         s,
         "- **iperf2 2.1.8.** `-b 0` fails, so UDP uses `-b 10G` (unlimited on veth). `-l 128` \
@@ -665,7 +665,7 @@ fn bench(o: &Opts) -> Result<(), String> {
     let t = Topology::new();
     eprintln!("bench: topology {}", t.namespaces().join(", "));
     t.warm_neighbours();
-    let cc = congestion_control(&t, &o.cc);
+    let (cc, cc_per_socket) = congestion_control(&t, &o.cc);
     let settings = Settings {
         tcp_sink: o.tcp_sink,
         secs: o.secs,
@@ -673,6 +673,7 @@ fn bench(o: &Opts) -> Result<(), String> {
         ping_interval: o.ping_interval,
         tmp: tmp.clone(),
         nofile,
+        cc_per_socket,
     };
     let points = o.points();
     let total = points.len() * 2;
@@ -746,6 +747,23 @@ fn bench(o: &Opts) -> Result<(), String> {
         }
     }
 
+    let frag_rows =
+        if o.frags && o.workloads.contains(&Workload::Tcp) && !STOP.load(Ordering::SeqCst) {
+            eprintln!(
+                "bench: frags experiment: TCP -P 1, offload on, kernel path, with no / a plain / a \
+             frags-aware XDP_PASS program on the router's veths"
+            );
+            match frags::run(&t, &mut router, &settings, &mut port) {
+                Ok(r) => r,
+                Err(e) => {
+                    failures.push(e);
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+
     let micro = if o.micro && !STOP.load(Ordering::SeqCst) {
         eprintln!(
             "bench: BPF_PROG_RUN micro-benchmark ({} calls per case, repeat {})",
@@ -772,7 +790,7 @@ fn bench(o: &Opts) -> Result<(), String> {
         offloads: offload_states.into(),
         elapsed,
     };
-    write_artifacts(o, &runs, &micro, &failures, &env)?;
+    write_artifacts(o, &runs, &micro, &frag_rows, &failures, &env)?;
     if failures.is_empty() {
         Ok(())
     } else {
@@ -785,9 +803,12 @@ fn bench(o: &Opts) -> Result<(), String> {
 }
 
 /// Sets the TCP congestion control of the client and server namespaces
-/// (new namespaces inherit the host's, which may be e.g. BBR); returns the
-/// one in force.
-fn congestion_control(t: &Topology, want: &str) -> String {
+/// (new namespaces inherit the host's, which may be e.g. BBR). Returns the
+/// one in force and, when the namespaces may not select it (a non-initial
+/// namespace may only pick from the host's
+/// `tcp_allowed_congestion_control`), the algorithm to request per socket
+/// instead (`iperf -Z`, allowed with `CAP_NET_ADMIN`).
+fn congestion_control(t: &Topology, want: &str) -> (String, Option<String>) {
     use tests::Ns;
     let key = "net.ipv4.tcp_congestion_control";
     let now = || {
@@ -796,25 +817,35 @@ fn congestion_control(t: &Topology, want: &str) -> String {
     };
     let orig = now();
     if want == "keep" {
-        return orig;
+        return (orig, None);
     }
     for ns in [Ns::Client, Ns::Server] {
         let o = t.exec(ns, &["sysctl", "-qw", &format!("{key}={want}")]);
         if !o.status.success() {
-            let allowed =
-                std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-                    .unwrap_or_default();
-            eprintln!(
-                "bench: cannot select TCP congestion control {want} in the namespaces (allowed \
-                 there: {}); keeping {orig}",
-                allowed.trim()
-            );
             // Leave both ends alike.
             let _ = t.exec(Ns::Client, &["sysctl", "-qw", &format!("{key}={orig}")]);
-            return orig;
+            let available =
+                std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                    .unwrap_or_default();
+            if available.split_whitespace().any(|a| a == want) {
+                eprintln!(
+                    "bench: the namespaces may not select TCP congestion control {want}; the \
+                     iperf2 clients request it per socket (-Z {want})"
+                );
+                return (
+                    format!("{want} (per socket, iperf -Z)"),
+                    Some(want.to_owned()),
+                );
+            }
+            eprintln!(
+                "bench: TCP congestion control {want} is not available (available: {}); \
+                 keeping {orig}",
+                available.trim()
+            );
+            return (orig, None);
         }
     }
-    now()
+    (now(), None)
 }
 
 /// What the runs ran under, for the report.
@@ -831,6 +862,7 @@ fn write_artifacts(
     o: &Opts,
     runs: &[RunResult],
     micro: &[micro::Case],
+    frag_rows: &[frags::Row],
     failures: &[String],
     env: &RunEnv,
 ) -> Result<(), String> {
@@ -887,6 +919,9 @@ fn write_artifacts(
         md.push_str(&report::micro_table(micro));
         md.push('\n');
     }
+    if !frag_rows.is_empty() {
+        md.push_str(&report::frags_section(frag_rows));
+    }
     let short: Vec<&RunResult> = runs.iter().filter(|r| r.cut_short).collect();
     let _ = writeln!(md, "### Runs cut short\n");
     if short.is_empty() && failures.is_empty() {
@@ -923,6 +958,7 @@ fn write_artifacts(
         },
         "runs": report::runs_json(runs),
         "micro": report::micro_json(micro),
+        "frags_experiment": report::frags_json(frag_rows),
         "failures": failures,
     });
     let md_path = o.out.join("report.md");
@@ -936,6 +972,9 @@ fn write_artifacts(
     }
     report::chart(runs, &svg_path)?;
     println!("{tables}");
+    if !frag_rows.is_empty() {
+        println!("{}", report::frags_section(frag_rows));
+    }
     if !micro.is_empty() {
         println!(
             "### Packet cost: BPF_PROG_RUN micro-benchmark\n\n{}",

@@ -244,6 +244,9 @@ const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+/// `BPF_F_XDP_HAS_FRAGS`: the program handles multi-buffer frames (what
+/// `#[xdp(frags)]` sets).
+pub const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
 const LOG_SIZE: usize = 64 * 1024;
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
@@ -295,6 +298,17 @@ impl Prog {
     /// # Panics
     /// If the program has more than `u32::MAX` instructions.
     pub fn load(name: &str, insns: &[Insn]) -> Result<Self, String> {
+        Self::load_with_flags(name, insns, 0)
+    }
+
+    /// [`Prog::load`] with `BPF_PROG_LOAD` flags (e.g. [`BPF_F_XDP_HAS_FRAGS`]).
+    ///
+    /// # Errors
+    /// If the kernel refuses it; a verifier error carries the verifier's log.
+    ///
+    /// # Panics
+    /// If the program has more than `u32::MAX` instructions.
+    pub fn load_with_flags(name: &str, insns: &[Insn], prog_flags: u32) -> Result<Self, String> {
         let license = c"GPL";
         let mut prog_name = [0u8; 16];
         let n = name.len().min(15);
@@ -305,6 +319,7 @@ impl Prog {
             insn_cnt: u32::try_from(insns.len()).unwrap(),
             insns: insns.as_ptr() as u64,
             license: license.as_ptr() as u64,
+            prog_flags,
             prog_name,
             ..ProgLoadAttr::default()
         };

@@ -227,6 +227,9 @@ pub struct Settings {
     pub ping_interval: f64,
     pub tmp: PathBuf,
     pub nofile: u64,
+    /// TCP congestion control the clients request per socket (`-Z`), when
+    /// the namespaces cannot select it.
+    pub cc_per_socket: Option<String>,
 }
 
 /// Tracks the router's current path and offload setting, switching only
@@ -855,6 +858,9 @@ pub fn run(
     let limit_s = limit.to_string();
     let mut args: Vec<&str> = vec!["timeout", "-k", "3", &limit_s, "iperf", "-c", &dst];
     args.extend_from_slice(&["-p", &port_s, "-t", &secs, "-P", &conns, "-y", "C"]);
+    if let (Some(cc), false) = (&s.cc_per_socket, w.is_udp()) {
+        args.extend_from_slice(&["-Z", cc]);
+    }
     match w {
         Workload::Tcp => {}
         Workload::TcpSmall => {

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use crate::frags;
 use crate::load::{DataPath, Offload, Point, RunResult, Workload};
 use crate::micro::Case;
 
@@ -258,6 +259,74 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
                 "cut_short": r.cut_short,
                 "attempts": r.attempts,
                 "notes": r.notes,
+            })
+        })
+        .collect()
+}
+
+/// The frags experiment: a table and what it shows.
+pub fn frags_section(rows: &[frags::Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "### Frags experiment: TCP -P 1, offload on, kernel path\n\n\
+         The router forwards with iptables MASQUERADE in every row; only what is attached to \
+         its `lan0` and `wan0` differs: nothing, a `return XDP_PASS` program, or the same \
+         program loaded with `BPF_F_XDP_HAS_FRAGS` (what `#[xdp(frags)]` sets). Attaching an \
+         XDP program to a veth takes TSO/GSO away from its peer, so the client segments in \
+         software and the router sees MTU-sized packets. The question was whether a \
+         frags-aware program lets the peer keep them: `client TSO` is what the kernel did \
+         here. (In veth.c of 6.x, `veth_xdp_set` clears `NETIF_F_GSO_SOFTWARE` from the \
+         peer for every program; the frags flag only raises the peer's maximum MTU past a \
+         page.)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| attached to lan0 + wan0 | client TSO | Gbit/s | router B/pkt | ns/pkt | CPU % (softirq) |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} ({}) |",
+            r.attached.name(),
+            r.client_tso,
+            f(r.run.gbps, 2),
+            f(r.run.router_avg_pkt_bytes, 0),
+            f(r.run.router_ns_per_pkt, 0),
+            f(r.run.cpu_pct, 0),
+            f(r.run.softirq_pct, 0)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nThe router program is not built as a frags program. Even where a superpacket \
+         reaches a frags-aware program whole (a driver that keeps GSO under XDP), it cannot \
+         leave by redirect. veth's `ndo_xdp_xmit` drops frames longer than \
+         the peer's MTU, and an XDP frame carries neither `gso_size` nor `CHECKSUM_PARTIAL`, \
+         so nothing downstream would segment it or complete the checksum a TSO sender leaves \
+         partial. Today such a frame gets `bpf_fib_lookup`'s MTU verdict and goes to the \
+         kernel (`pass_mtu`), which keeps that metadata on `XDP_PASS`; on a physical NIC \
+         without LRO/GRO-to-XDP, frames are wire-sized and the question does not arise.\n"
+    );
+    s
+}
+
+pub fn frags_json(rows: &[frags::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            serde_json::json!({
+                "attached": r.attached.key(),
+                "client_tso": r.client_tso,
+                "gbps": r.run.gbps,
+                "router_avg_pkt_bytes": r.run.router_avg_pkt_bytes,
+                "router_ns_per_pkt": r.run.router_ns_per_pkt,
+                "cpu_pct": r.run.cpu_pct,
+                "softirq_pct": r.run.softirq_pct,
+                "rtt_ms_p50": r.run.rtt_ms_p50,
+                "rtt_ms_p99": r.run.rtt_ms_p99,
+                "offload": "on",
+                "conns": 1,
             })
         })
         .collect()
