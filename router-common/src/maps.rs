@@ -104,7 +104,10 @@ pub struct FlowKey {
     /// Host order.
     pub dst_port: u16,
     pub proto: u8,
-    pub pad: [u8; 3],
+    /// Zero. A byte and a word rather than `[u8; 3]`: the BPF backend
+    /// zeroes a 3-byte array with a call to a byte-loop `memset`.
+    pub pad: u8,
+    pub pad2: u16,
 }
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
 
@@ -123,7 +126,8 @@ impl FlowKey {
             src_port,
             dst_port,
             proto,
-            pad: [0; 3],
+            pad: 0,
+            pad2: 0,
         }
     }
 
