@@ -21,6 +21,8 @@
 
 #[path = "bench/frags.rs"]
 mod frags;
+#[path = "bench/goals.rs"]
+mod goals;
 #[path = "bench/live.rs"]
 mod live;
 #[path = "bench/load.rs"]
@@ -764,6 +766,29 @@ fn bench(o: &Opts) -> Result<(), String> {
             Vec::new()
         };
 
+    let reference = if o.workloads.contains(&Workload::Tcp)
+        && o.offloads.contains(&Offload::Off)
+        && o.conns.contains(&1)
+        && !STOP.load(Ordering::SeqCst)
+    {
+        eprintln!(
+            "bench: reference: TCP -P 1, offload off, plain kernel forwarding (fresh topology, \
+             no netfilter, route back)"
+        );
+        match goals::reference_forwarding(&settings, &o.cc, &mut port) {
+            Ok((r, cc)) => {
+                eprintln!("        {} (congestion control {cc})", show(&r));
+                Some(r)
+            }
+            Err(e) => {
+                failures.push(format!("reference forwarding run: {e}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
     let micro = if o.micro && !STOP.load(Ordering::SeqCst) {
         eprintln!(
             "bench: BPF_PROG_RUN micro-benchmark ({} calls per case, repeat {})",
@@ -790,7 +815,12 @@ fn bench(o: &Opts) -> Result<(), String> {
         offloads: offload_states.into(),
         elapsed,
     };
-    write_artifacts(o, &runs, &micro, &frag_rows, &failures, &env)?;
+    let extra = Extra {
+        micro,
+        frag_rows,
+        reference,
+    };
+    write_artifacts(o, &runs, &extra, &failures, &env)?;
     if failures.is_empty() {
         Ok(())
     } else {
@@ -848,6 +878,14 @@ fn congestion_control(t: &Topology, want: &str) -> (String, Option<String>) {
     (now(), None)
 }
 
+/// Measurements besides the kernel/xdp runs.
+struct Extra {
+    micro: Vec<micro::Case>,
+    frag_rows: Vec<frags::Row>,
+    /// Plain kernel forwarding, TCP -P 1, offload off.
+    reference: Option<RunResult>,
+}
+
 /// What the runs ran under, for the report.
 struct RunEnv {
     nofile: u64,
@@ -861,11 +899,12 @@ struct RunEnv {
 fn write_artifacts(
     o: &Opts,
     runs: &[RunResult],
-    micro: &[micro::Case],
-    frag_rows: &[frags::Row],
+    extra: &Extra,
     failures: &[String],
     env: &RunEnv,
 ) -> Result<(), String> {
+    let (micro, frag_rows) = (&extra.micro[..], &extra.frag_rows[..]);
+    let reference = extra.reference.as_ref();
     let (nofile, elapsed) = (env.nofile, env.elapsed);
     let machine = sys::machine();
     let mut md = String::new();
@@ -901,6 +940,24 @@ fn write_artifacts(
     );
     let tables = report::tables(runs);
     md.push_str(&tables);
+    if let Some(r) = reference {
+        let _ = writeln!(
+            md,
+            "Reference, plain kernel forwarding without netfilter (fresh topology whose router \
+             namespace never loaded an iptables rule; route back instead of NAT), TCP -P 1, \
+             offload off: {:.2} Gbit/s, RTT p50 / p99 {:.3} / {:.3} ms, CPU {:.0}% (softirq \
+             {:.0}%), {:.0} ns/pkt ({:.0} B/pkt).\n",
+            r.gbps,
+            r.rtt_ms_p50,
+            r.rtt_ms_p99,
+            r.cpu_pct,
+            r.softirq_pct,
+            r.router_ns_per_pkt,
+            r.router_avg_pkt_bytes
+        );
+    }
+    let goals_md = goals::section(runs, micro, reference);
+    md.push_str(&goals_md);
     if !micro.is_empty() {
         let _ = writeln!(md, "### Packet cost: BPF_PROG_RUN micro-benchmark\n");
         let _ = writeln!(
@@ -959,6 +1016,17 @@ fn write_artifacts(
         "runs": report::runs_json(runs),
         "micro": report::micro_json(micro),
         "frags_experiment": report::frags_json(frag_rows),
+        "reference_forwarding": reference.map(|r| serde_json::json!({
+            "workload": "tcp",
+            "conns": 1,
+            "offload": "off",
+            "gbps": r.gbps,
+            "rtt_ms_p50": r.rtt_ms_p50,
+            "rtt_ms_p99": r.rtt_ms_p99,
+            "cpu_pct": r.cpu_pct,
+            "router_ns_per_pkt": r.router_ns_per_pkt,
+        })),
+        "goals": goals::json(runs, micro, reference),
         "failures": failures,
     });
     let md_path = o.out.join("report.md");
@@ -972,6 +1040,7 @@ fn write_artifacts(
     }
     report::chart(runs, &svg_path)?;
     println!("{tables}");
+    println!("{goals_md}");
     if !frag_rows.is_empty() {
         println!("{}", report::frags_section(frag_rows));
     }

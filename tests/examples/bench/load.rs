@@ -298,7 +298,7 @@ impl<'a> Router<'a> {
 /// The XDP path keeps the end hosts' tx checksum offload off in every mode:
 /// with it on, frames reach the XDP program with partial checksums and
 /// redirected TCP stalls.
-fn apply_offload(t: &Topology, path: DataPath, offload: Offload) {
+pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload) {
     let (host, router): (&[&str], &[&str]) = match (offload, path) {
         (Offload::Off, _) => (
             &["tx", "off", "tso", "off", "gso", "off", "gro", "on"],

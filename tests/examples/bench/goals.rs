@@ -1,0 +1,250 @@
+//! The performance goals of the benchmark issue, evaluated on this run's
+//! figures (never asserted: speed belongs here, not in tests), and the one
+//! reference they need that the two paths do not give: plain kernel
+//! forwarding without netfilter.
+
+use std::fmt::Write as _;
+
+use tests::Topology;
+
+use crate::load::{self, DataPath, Offload, Point, RunResult, Settings, Workload};
+use crate::micro::Case;
+
+/// TCP -P 1, offload off, through a fresh topology whose router only
+/// forwards: no iptables rule was ever loaded in its namespace, so no
+/// netfilter hook runs, and the server has a route back instead of NAT.
+pub fn reference_forwarding(
+    s: &Settings,
+    cc: &str,
+    port: &mut u16,
+) -> Result<(RunResult, String), String> {
+    let t = Topology::new();
+    t.route_back();
+    t.warm_neighbours();
+    let (cc_in_force, per_socket) = crate::congestion_control(&t, cc);
+    let s = Settings {
+        cc_per_socket: per_socket,
+        tmp: s.tmp.clone(),
+        ..*s
+    };
+    load::apply_offload(&t, DataPath::Kernel, Offload::Off);
+    let point = Point {
+        workload: Workload::Tcp,
+        conns: 1,
+        offload: Offload::Off,
+        nodelay: false,
+    };
+    *port = if *port >= 7000 { 5001 } else { *port + 1 };
+    let r = load::run(&t, &s, DataPath::Kernel, point, *port)?;
+    Ok((r, cc_in_force))
+}
+
+fn find(runs: &[RunResult], path: DataPath, p: Point) -> Option<&RunResult> {
+    runs.iter().find(|r| r.path == path && r.point == p)
+}
+
+/// One goal: what it asks, what this run measured, and whether it holds
+/// (`None`: not measured in this run).
+struct Goal {
+    asks: &'static str,
+    measured: String,
+    met: Option<bool>,
+}
+
+fn goals(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> Vec<Goal> {
+    let mut v = Vec::new();
+    // Every point measured on both paths.
+    let pairs: Vec<(&RunResult, &RunResult)> = runs
+        .iter()
+        .filter(|x| x.path == DataPath::Xdp)
+        .filter_map(|x| Some((find(runs, DataPath::Kernel, x.point)?, x)))
+        .collect();
+    let cost: Vec<(String, f64)> = pairs
+        .iter()
+        .filter(|(k, x)| k.router_ns_per_pkt > 0.0 && x.router_ns_per_pkt > 0.0)
+        .map(|(k, x)| {
+            (
+                x.point.to_string(),
+                k.router_ns_per_pkt / x.router_ns_per_pkt,
+            )
+        })
+        .collect();
+    let best = cost.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+    let worst = cost.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+    v.push(Goal {
+        asks: "router ns/packet: xdp >= 5x lower than kernel NAT on every workload",
+        measured: match (worst, best) {
+            (Some(w), Some(b)) => format!(
+                "kernel/xdp from {:.2}x ({}) to {:.2}x ({}); >= 5x on {} of {} points",
+                w.1,
+                w.0,
+                b.1,
+                b.0,
+                cost.iter().filter(|c| c.1 >= 5.0).count(),
+                cost.len()
+            ),
+            _ => "-".into(),
+        },
+        met: worst.map(|w| w.1 >= 5.0),
+    });
+
+    let live: Vec<String> = pairs
+        .iter()
+        .filter(|(k, _)| k.point.workload == Workload::UdpLive && k.pps > 0.0)
+        .map(|(k, x)| format!("{:.2}x at {} flows", x.pps / k.pps, k.point.conns))
+        .collect();
+    let live_min = pairs
+        .iter()
+        .filter(|(k, _)| k.point.workload == Workload::UdpLive && k.pps > 0.0)
+        .map(|(k, x)| x.pps / k.pps)
+        .reduce(f64::min);
+    v.push(Goal {
+        asks: "UDP 64-byte pps through the router (fast generator): xdp >= 5x kernel",
+        measured: if live.is_empty() {
+            "-".into()
+        } else {
+            format!("xdp/kernel Mpps {} (in-kernel generator)", live.join(", "))
+        },
+        met: live_min.map(|m| m >= 5.0),
+    });
+
+    let single = Point {
+        workload: Workload::Tcp,
+        conns: 1,
+        offload: Offload::Off,
+        nodelay: false,
+    };
+    let xdp1 = find(runs, DataPath::Xdp, single);
+    v.push(Goal {
+        asks: "TCP single stream, offloads off: xdp NAT at least as fast as plain kernel \
+               forwarding without netfilter",
+        measured: match (xdp1, fwd) {
+            (Some(x), Some(f)) => format!(
+                "xdp NAT {:.2} Gbit/s, plain forwarding {:.2} Gbit/s ({:.2}x){}",
+                x.gbps,
+                f.gbps,
+                x.gbps / f.gbps,
+                find(runs, DataPath::Kernel, single)
+                    .map(|k| format!(", kernel NAT {:.2} Gbit/s", k.gbps))
+                    .unwrap_or_default()
+            ),
+            _ => "-".into(),
+        },
+        met: match (xdp1, fwd) {
+            (Some(x), Some(f)) => Some(x.gbps >= f.gbps),
+            _ => None,
+        },
+    });
+
+    let small = |conns| Point {
+        workload: Workload::TcpSmall,
+        conns,
+        offload: Offload::Off,
+        nodelay: false,
+    };
+    let small1 = find(runs, DataPath::Xdp, small(1));
+    let mut parts = Vec::new();
+    let mut ok = Some(true);
+    for c in [1000, 2000] {
+        match (
+            find(runs, DataPath::Kernel, small(c)),
+            find(runs, DataPath::Xdp, small(c)),
+            small1,
+        ) {
+            (Some(k), Some(x), Some(x1)) => {
+                parts.push(format!(
+                    "-P {c}: xdp {:.2} vs kernel {:.2} Gbit/s ({:.2}x), {:.0}% of xdp's -P 1 \
+                     ({:.2})",
+                    x.gbps,
+                    k.gbps,
+                    x.gbps / k.gbps,
+                    x.gbps * 100.0 / x1.gbps,
+                    x1.gbps
+                ));
+                // "Clearly ahead": at least 10 % more.
+                ok = ok.map(|o| o && x.gbps >= 1.1 * k.gbps && x.gbps >= 0.9 * x1.gbps);
+            }
+            _ => ok = None,
+        }
+    }
+    v.push(Goal {
+        asks: "TCP `-l 128` (offload off) at 1000 and 2000 connections: xdp clearly ahead of \
+               kernel (here: >= 1.1x) and within 10 % of its own single-connection figure",
+        measured: if parts.is_empty() {
+            "-".into()
+        } else {
+            parts.join("; ")
+        },
+        met: ok,
+    });
+
+    let at2000: Vec<(&RunResult, &RunResult)> = pairs
+        .iter()
+        .copied()
+        .filter(|(k, _)| k.point.conns == 2000 && !k.point.workload.is_udp())
+        .collect();
+    v.push(Goal {
+        asks: "p99 latency under 2000 connections: lower on xdp than on kernel",
+        measured: if at2000.is_empty() {
+            "-".into()
+        } else {
+            at2000
+                .iter()
+                .map(|(k, x)| format!("{}: {:.2} vs {:.2} ms", x.point, x.rtt_ms_p99, k.rtt_ms_p99))
+                .collect::<Vec<_>>()
+                .join("; ")
+        },
+        met: (!at2000.is_empty()).then(|| at2000.iter().all(|(k, x)| x.rtt_ms_p99 < k.rtt_ms_p99)),
+    });
+
+    let case = |n: &str| micro.iter().find(|c| c.name == n);
+    let hit = ["hit-udp-out", "hit-udp-in", "hit-tcp-out"]
+        .iter()
+        .filter_map(|n| case(n))
+        .map(|c| c.median_ns)
+        .reduce(f64::max);
+    let floor = case("trivial-pass").map(|c| c.median_ns);
+    v.push(Goal {
+        asks: "per-packet cost of an established-flow hit within 2x of the XDP_PASS floor",
+        measured: match (hit, floor) {
+            (Some(h), Some(f)) => format!(
+                "slowest hit case {h:.0} ns per call vs floor {f:.0} ns ({:.2}x; the program's \
+                 own share {:.0} ns)",
+                h / f,
+                h - f
+            ),
+            _ => "-".into(),
+        },
+        met: match (hit, floor) {
+            (Some(h), Some(f)) => Some(h <= 2.0 * f),
+            _ => None,
+        },
+    });
+    v
+}
+
+/// The Markdown section.
+pub fn section(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> String {
+    let mut s = String::from(
+        "### Performance goals in this run\n\nThe goals of the benchmark issue, evaluated on \
+         the figures above (not asserted anywhere: this machine's numbers are noisy, and the \
+         notes below say what limits each).\n\n| goal | measured | met |\n|---|---|---|\n",
+    );
+    for g in goals(runs, micro, fwd) {
+        let met = match g.met {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "not measured",
+        };
+        let _ = writeln!(s, "| {} | {} | {met} |", g.asks, g.measured);
+    }
+    s.push('\n');
+    s
+}
+
+pub fn json(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> serde_json::Value {
+    goals(runs, micro, fwd)
+        .into_iter()
+        .map(|g| serde_json::json!({"goal": g.asks, "measured": g.measured, "met": g.met}))
+        .collect()
+}
