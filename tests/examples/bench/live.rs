@@ -25,7 +25,7 @@ use tests::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology};
 
 use crate::load::{
     DataPath, Point, RunResult, Sampler, Settings, active_window, parse_net_dev, parse_ping, read,
-    spawn_sh, unix_now, wait_quiet,
+    rtts_within, spawn_sh, unix_now, wait_quiet,
 };
 use crate::sys::{CpuTicks, percentile};
 use tests::rawbpf::{self, Prog, UDP_HDRS_LEN};
@@ -219,12 +219,7 @@ pub fn run(
         ));
     };
     let (pings, ping_loss) = parse_ping(&read(&ping_out));
-    let (w0, w1) = (start_unix + win.from, start_unix + win.from + win.secs);
-    let mut rtts: Vec<f64> = pings
-        .iter()
-        .filter(|(at, _)| *at >= w0 && *at <= w1)
-        .map(|p| p.1)
-        .collect();
+    let mut rtts = rtts_within(&pings, start_unix, &win);
     if rtts.is_empty() {
         notes.push("no ping answered inside the window".to_owned());
     }

@@ -765,6 +765,17 @@ pub fn parse_ping(text: &str) -> (Vec<(f64, f64)>, f64) {
     (rtts, loss)
 }
 
+/// Round-trip times of the pings answered inside `win` (a window of a run
+/// that started at Unix time `start_unix`).
+pub fn rtts_within(pings: &[(f64, f64)], start_unix: f64, win: &Window) -> Vec<f64> {
+    let (w0, w1) = (start_unix + win.from, start_unix + win.from + win.secs);
+    pings
+        .iter()
+        .filter(|(at, _)| *at >= w0 && *at <= w1)
+        .map(|p| p.1)
+        .collect()
+}
+
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1082,12 +1093,7 @@ pub fn run(
         }
     });
     let (pings, ping_loss) = parse_ping(&read(&ping_out));
-    let (w0, w1) = (start_unix + win.from, start_unix + win.from + win.secs);
-    let mut rtts: Vec<f64> = pings
-        .iter()
-        .filter(|(at, _)| *at >= w0 && *at <= w1)
-        .map(|p| p.1)
-        .collect();
+    let mut rtts = rtts_within(&pings, start_unix, &win);
     if rtts.is_empty() {
         rtts = pings.iter().map(|p| p.1).collect();
     }

@@ -408,7 +408,11 @@ pub fn chart(runs: &[RunResult], path: &Path) -> Result<(), String> {
             .map_err(|x| e(&x))?;
         chart
             .configure_mesh()
-            .x_desc("connections (iperf -P)")
+            .x_desc(if v.workload == Workload::UdpLive {
+                "flows (in-kernel generator)"
+            } else {
+                "connections (iperf -P)"
+            })
             .y_desc(unit)
             .x_label_formatter(&|x| format!("{x:.0}"))
             .draw()
