@@ -48,6 +48,9 @@ const HELP: &str = "\
 usage: bench [--quick] [options]
 
   --quick                 fewer points and 2 s runs (under 3 minutes)
+  --smoke                 one point per workload, 1 s runs, then check that every
+                          artifact was written with both paths filled (what
+                          `cargo xtask test` runs; out: target/bench-smoke)
   --secs N                length of every iperf run (default 5, quick 2)
   --conns LIST            TCP connection counts (default 1,100,1000,2000; quick 1,100)
   --udp-conns LIST        UDP streams (default 1,2; quick 1)
@@ -76,8 +79,10 @@ usage: bench [--quick] [options]
 Lists are comma-separated. The environment variable XDP_BENCH_ARGS adds options
 when run through `cargo xtask bench`.";
 
+#[expect(clippy::struct_excessive_bools, reason = "command-line switches")]
 struct Opts {
     quick: bool,
+    smoke: bool,
     secs: u32,
     conns: Vec<u32>,
     udp_conns: Vec<u32>,
@@ -123,9 +128,11 @@ fn default_out() -> PathBuf {
 
 impl Opts {
     fn parse(args: &[String]) -> Result<Self, String> {
-        let quick = args.iter().any(|a| a == "--quick");
+        let smoke = args.iter().any(|a| a == "--smoke");
+        let quick = smoke || args.iter().any(|a| a == "--quick");
         let mut o = Opts {
             quick,
+            smoke,
             secs: if quick { 2 } else { 5 },
             conns: if quick {
                 vec![1, 100]
@@ -153,12 +160,23 @@ impl Opts {
             micro_repeat: if quick { 200_000 } else { 1_000_000 },
             out: default_out(),
         };
+        if smoke {
+            o.secs = 1;
+            o.conns = vec![1];
+            o.live_flows = vec![64];
+            o.offloads = vec![Offload::Off];
+            o.nodelay = vec![false];
+            o.retries = 1;
+            o.micro_calls = 500;
+            o.micro_repeat = 10_000;
+            o.out = o.out.with_file_name("bench-smoke");
+        }
         let mut it = args.iter();
         while let Some(a) = it.next() {
             let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
             let num = |v: &str| v.parse::<u32>().ok();
             match a.as_str() {
-                "--quick" => {}
+                "--quick" | "--smoke" => {}
                 "--help" | "-h" => return Err(HELP.to_owned()),
                 "--no-micro" => o.micro = false,
                 "--no-frags" => o.frags = false,
@@ -640,6 +658,66 @@ fn main() {
         eprintln!("bench: {e}");
         std::process::exit(1);
     }
+    if o.smoke {
+        match check_artifacts(&o) {
+            Ok(n) => eprintln!("bench: smoke check passed ({n} runs, both paths, all artifacts)"),
+            Err(e) => {
+                eprintln!("bench: smoke check failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+/// The smoke run's check: the three artifacts exist, and results.json has
+/// every point of the run on both paths with a throughput above zero, the
+/// goals, the frags experiment and every micro-benchmark case. Returns how
+/// many runs it checked.
+fn check_artifacts(o: &Opts) -> Result<usize, String> {
+    let read = |name: &str| {
+        let p = o.out.join(name);
+        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    for name in ["report.md", "throughput.svg"] {
+        if read(name)?.trim().is_empty() {
+            return Err(format!("{name} is empty"));
+        }
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&read("results.json")?).map_err(|e| format!("results.json: {e}"))?;
+    let runs = json["runs"].as_array().ok_or("results.json has no runs")?;
+    for p in o.points() {
+        for path in [DataPath::Kernel, DataPath::Xdp] {
+            let found = runs.iter().find(|r| {
+                r["path"] == path.name()
+                    && r["workload"] == p.workload.json_name()
+                    && r["generator"] == p.workload.generator()
+                    && r["conns"] == p.conns
+                    && r["offload"] == p.offload.name()
+                    && r["nodelay"] == p.nodelay
+            });
+            let Some(r) = found else {
+                return Err(format!("no {} run of {p}", path.name()));
+            };
+            let thr = if p.workload.is_udp() {
+                &r["pps"]
+            } else {
+                &r["gbps"]
+            };
+            if !thr.as_f64().is_some_and(|x| x > 0.0) {
+                return Err(format!(
+                    "the {} run of {p} moved nothing: {thr}",
+                    path.name()
+                ));
+            }
+        }
+    }
+    for key in ["goals", "frags_experiment", "micro"] {
+        if json[key].as_array().is_none_or(Vec::is_empty) {
+            return Err(format!("results.json: {key} is empty"));
+        }
+    }
+    Ok(runs.len())
 }
 
 fn bench(o: &Opts) -> Result<(), String> {

@@ -51,7 +51,8 @@ enum Task {
     BuildEbpf,
     /// Clippy with -D warnings on the host crates and the eBPF crate.
     Clippy,
-    /// Setup, build, clippy, unit tests, then the privileged integration tests.
+    /// Setup, build, clippy, unit tests, the privileged integration tests, then
+    /// (without a filter) a smoke run of the benchmark.
     Test {
         /// Passed to the integration test binaries (after `--`), e.g. a name filter.
         #[arg(last = true)]
@@ -253,7 +254,23 @@ fn test(args: &[String]) -> Result<(), String> {
     run(cargo()
         .current_dir(root())
         .args(["test", "-p", "tests", "--tests", "--", "--test-threads=1"])
-        .args(args))
+        .args(args))?;
+    if args.is_empty() {
+        // The benchmark end to end, smallest settings (~30 s): every
+        // workload on both paths, then a check of the three artifacts. No
+        // timing is asserted.
+        run(cargo().current_dir(root()).args([
+            "run",
+            "-q",
+            "-p",
+            "tests",
+            "--example",
+            "bench",
+            "--",
+            "--smoke",
+        ]))?;
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
