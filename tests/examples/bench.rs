@@ -184,7 +184,9 @@ impl Opts {
                 "--conns" => o.conns = list(val()?, |x| num(x).filter(|&c| c > 0))?,
                 "--udp-conns" => o.udp_conns = list(val()?, |x| num(x).filter(|&c| c > 0))?,
                 "--live-flows" => {
-                    o.live_flows = list(val()?, |x| num(x).filter(|&c| c > 0 && c <= 45_536))?;
+                    o.live_flows = list(val()?, |x| {
+                        num(x).filter(|&c| c > 0 && c <= u32::from(live::MAX_FLOWS))
+                    })?;
                 }
                 "--workloads" => o.workloads = list(val()?, Workload::parse)?,
                 "--offload" => o.offloads = list(val()?, Offload::parse)?,
@@ -254,8 +256,8 @@ impl Opts {
                 );
             }
         }
-        // Last: the live runs attach their sink to the server's veth,
-        // which changes the router's offloads while attached.
+        // Last, in the first (wire-like) offload group's setting, like the
+        // iperf2 UDP runs; the setting does not matter to 64-byte UDP.
         if has(Workload::UdpLive) {
             let offload = groups.first().copied().unwrap_or(Offload::Off);
             pts.extend(self.live_flows.iter().map(|&conns| Point {
@@ -276,7 +278,12 @@ fn estimate(secs: u32, p: Point) -> f64 {
     } else {
         load::ramp_secs(p.conns)
     };
-    f64::from(secs) + ramp + 2.0 + f64::from(p.conns) * 0.002
+    let per_stream = if p.workload == Workload::UdpLive {
+        0.0
+    } else {
+        f64::from(p.conns) * 0.002
+    };
+    f64::from(secs) + ramp + 2.0 + per_stream
 }
 
 fn mmss(s: f64) -> String {
@@ -342,7 +349,7 @@ fn measured(
     let mut best: Option<RunResult> = None;
     for attempt in 1..=retries + 1 {
         router.switch(path, point.offload)?;
-        *port = if *port >= 7000 { 5001 } else { *port + 1 };
+        load::next_port(port);
         let res = if point.workload == Workload::UdpLive {
             live::run(t, s, path, point, &STOP)
         } else {
@@ -379,6 +386,9 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
         TcpSink::Iperf => "a fresh `iperf -s` per run",
     };
     let mut s = String::new();
+    for why in &env.skipped {
+        let _ = writeln!(s, "- **Skipped.** {why}");
+    }
     let max_sent = runs
         .iter()
         .filter(|r| r.point.workload == Workload::UdpSmall)
@@ -456,23 +466,31 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
         let _ = writeln!(
             s,
             "- **In-kernel generator (udp-live).** `BPF_PROG_RUN` in live-frame mode (as \
-             xdp-trafficgen does it) in the client namespace: a tiny XDP program (under 40 instructions) \
-             rewrites the headers of page-pool frames (64-byte UDP payload, valid checksum, \
+             xdp-trafficgen does it) in the client namespace: a {}-instruction XDP program \
+             rewrites the headers of page-pool frames ({}-byte UDP payload, valid checksum, \
              source port random over the flows) and returns `XDP_TX`, which the kernel turns \
-             into a real transmit on the client's veth; calls of ~0.25 s, 64 frames per \
-             batch. The sink is a 13-instruction XDP program on the server's veth that drops \
-             UDP and passes ping; `Mpps` is what reached the server's interface. Everything \
-             runs on one core: the generator is pinned to the last CPU, and a veth transmit \
-             runs the receiver's NAPI on the sending CPU, so the router's and the sink's \
-             softirq work share that core with the generator (the other core serves ping and \
-             the sampler). The generator does not pace: when softirq work is deferred to \
-             ksoftirqd it keeps producing and the veth ring to the router overflows, which \
-             is the `loss`; the path that needs less CPU per packet leaves more for the \
-             generator. On the kernel path the run turns GRO on at the router's `lan0` (the \
-             state of a real NIC): a veth accepts frames sent this way only with NAPI on the \
-             receiving side. Pinning the router's NAPI to the other core (threaded NAPI) was \
-             tried and was slower on both paths: every frame then crosses cores twice (veth \
-             ring, page-pool recycling). xdp vs kernel here: {}.",
+             into a real transmit on the client's veth; calls of ~{} s, {} frames per batch. \
+             The sink is a {}-instruction XDP program on the server's veth that drops UDP and \
+             passes ping, the same program on both paths (it gets skbs from the kernel path \
+             and XDP frames from the xdp path); `Mpps` is what reached the server's \
+             interface, and `ns/pkt` includes the sink's softirq time on both paths. \
+             Everything runs on one core: the generator is pinned to the last CPU it may \
+             use, and a veth transmit runs the receiver's NAPI on the sending CPU, so the \
+             router's and the sink's softirq work share that core with the generator (the \
+             other cores serve ping and the sampler). The generator does not pace: when \
+             softirq work is deferred to ksoftirqd it keeps producing and the veth ring to \
+             the router overflows, which is the `loss`; the path that needs less CPU per \
+             packet leaves more for the generator. The run turns GRO on at the router's \
+             `lan0` on both paths (the state of a real NIC; needed on the kernel path, where \
+             a veth accepts frames sent this way only with NAPI on the receiving side; \
+             forwarded UDP is not aggregated). Pinning the router's NAPI to another core \
+             (threaded NAPI) was tried and was slower on both paths: every frame then \
+             crosses cores twice (veth ring, page-pool recycling). xdp vs kernel here: {}.",
+            live::program_sizes().0,
+            live::PAYLOAD,
+            live::CALL_SECS,
+            live::BATCH,
+            live::program_sizes().1,
             live_here.join("; ")
         );
     }
@@ -686,7 +704,11 @@ fn check_artifacts(o: &Opts) -> Result<usize, String> {
     let json: serde_json::Value =
         serde_json::from_str(&read("results.json")?).map_err(|e| format!("results.json: {e}"))?;
     let runs = json["runs"].as_array().ok_or("results.json has no runs")?;
+    let live_skipped = read("report.md")?.contains("udp-live skipped");
     for p in o.points() {
+        if p.workload == Workload::UdpLive && live_skipped {
+            continue;
+        }
         for path in [DataPath::Kernel, DataPath::Xdp] {
             let found = runs.iter().find(|r| {
                 r["path"] == path.name()
@@ -712,9 +734,39 @@ fn check_artifacts(o: &Opts) -> Result<usize, String> {
             }
         }
     }
-    for key in ["goals", "frags_experiment", "micro"] {
+    let mut wanted = Vec::new();
+    if o.frags && o.workloads.contains(&Workload::Tcp) {
+        wanted.push("frags_experiment");
+    }
+    if o.micro {
+        wanted.push("micro");
+    }
+    for key in wanted {
         if json[key].as_array().is_none_or(Vec::is_empty) {
             return Err(format!("results.json: {key} is empty"));
+        }
+    }
+    // The goals that one point per workload can decide.
+    let goals = json["goals"]
+        .as_array()
+        .ok_or("results.json has no goals")?;
+    let decided = |prefix: &str| {
+        goals.iter().any(|g| {
+            g["goal"].as_str().is_some_and(|t| t.starts_with(prefix)) && g["met"].is_boolean()
+        })
+    };
+    let mut must = vec!["router ns/packet"];
+    if o.workloads.contains(&Workload::UdpLive) && !live_skipped {
+        must.push("UDP 64-byte pps");
+    }
+    if o.micro {
+        must.push("per-packet cost");
+    }
+    for m in must {
+        if !decided(m) {
+            return Err(format!(
+                "results.json: the goal \"{m}...\" was not evaluated"
+            ));
         }
     }
     Ok(runs.len())
@@ -755,7 +807,18 @@ fn bench(o: &Opts) -> Result<(), String> {
         nofile,
         cc_per_socket,
     };
-    let points = o.points();
+    let mut points = o.points();
+    let mut skipped = Vec::new();
+    if o.workloads.contains(&Workload::UdpLive)
+        && let Err(e) = live::supported(&t)
+    {
+        eprintln!("bench: skipping udp-live: {e}");
+        skipped.push(format!(
+            "udp-live skipped: this kernel cannot run BPF_PROG_RUN in live-frame mode \
+             (Linux >= 5.18): {e}"
+        ));
+        points.retain(|p| p.workload != Workload::UdpLive);
+    }
     let total = points.len() * 2;
     let est_total: f64 = points.iter().map(|p| 2.0 * estimate(o.secs, *p)).sum();
     eprintln!(
@@ -888,6 +951,7 @@ fn bench(o: &Opts) -> Result<(), String> {
 
     let elapsed = started.elapsed();
     let env = RunEnv {
+        skipped,
         nofile,
         cc,
         offloads: offload_states.into(),
@@ -966,6 +1030,8 @@ struct Extra {
 
 /// What the runs ran under, for the report.
 struct RunEnv {
+    /// Workloads left out, and why.
+    skipped: Vec<String>,
     nofile: u64,
     /// TCP congestion control of the end hosts.
     cc: String,
@@ -1095,9 +1161,9 @@ fn write_artifacts(
         "micro": report::micro_json(micro),
         "frags_experiment": report::frags_json(frag_rows),
         "reference_forwarding": reference.map(|r| serde_json::json!({
-            "workload": "tcp",
-            "conns": 1,
-            "offload": "off",
+            "workload": r.point.workload.json_name(),
+            "conns": r.point.conns,
+            "offload": r.point.offload.name(),
             "gbps": r.gbps,
             "rtt_ms_p50": r.rtt_ms_p50,
             "rtt_ms_p99": r.rtt_ms_p99,

@@ -2,7 +2,11 @@
 //! `bpf(2)` syscall: the benchmark's floor (`return XDP_PASS`), the
 //! live-frame traffic generator and its sink. They are a handful of
 //! instructions each, not part of the product, and need no ELF object or
-//! second eBPF crate.
+//! second eBPF crate. Little-endian hosts only: `struct bpf_insn` packs the
+//! registers in a bitfield whose order follows the host's byte order.
+
+#[cfg(target_endian = "big")]
+compile_error!("tests::rawbpf encodes bpf_insn registers for little-endian hosts");
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -63,8 +67,12 @@ const UDP_CSUM_OFF: usize = 40;
 /// Ethernet + IPv4 + UDP headers.
 pub const UDP_HDRS_LEN: usize = 42;
 
+/// Index of the jump in [`bounds`].
+const BOUNDS_JUMP: usize = 4;
+
 /// `r2 = ctx->data; r3 = ctx->data_end; r4 = r2 + len` from the context in
-/// `ctx_reg`, then `if r4 > r3 goto` (offset patched by the caller).
+/// `ctx_reg`, then `if r4 > r3 goto` (at [`BOUNDS_JUMP`], offset patched by
+/// the caller).
 fn bounds(ctx_reg: u8, len: i32) -> [Insn; 5] {
     [
         insn(LDX_W, 2, ctx_reg, 0, 0),
@@ -99,9 +107,9 @@ pub fn constant(verdict: i32) -> Vec<Insn> {
 
 /// The traffic generator, for `BPF_PROG_RUN` in live-frame mode: writes
 /// `headers` (Ethernet + IPv4 + UDP) over the frame, sets the UDP source
-/// port to `base_port + random % flows` (the port in `headers` must be
-/// `base_port`), updates the UDP checksum for it (RFC 1624; a checksum of
-/// 0, "none" in IPv4, stays 0), and returns `XDP_TX`, which live-frame
+/// port to `base_port + random % flows`, updates the UDP checksum for it
+/// (RFC 1624, from the port and checksum in `headers`; a checksum of 0,
+/// "none" in IPv4, stays 0), and returns `XDP_TX`, which live-frame
 /// mode turns into a transmit on the ingress interface.
 ///
 /// It rewrites every header byte on every run because live-frame mode
@@ -115,11 +123,11 @@ pub fn constant(verdict: i32) -> Vec<Insn> {
 pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -> Vec<Insn> {
     assert!(flows > 0 && u32::from(base_port) + u32::from(flows) <= 65536);
     // One's complement sums commute with byte swapping, so the update is
-    // computed on 16-bit words as loaded little-endian: the constant part
+    // computed on 16-bit words as a native load sees them: the fixed part
     // is ~HC + ~m (old checksum and old port), the program adds m'.
-    let le = |at: usize| u32::from(u16::from_le_bytes([headers[at], headers[at + 1]]));
-    let csum = le(UDP_CSUM_OFF);
-    let constant = (!csum & 0xffff) + (!le(UDP_SPORT_OFF) & 0xffff);
+    let word = |at: usize| u32::from(u16::from_ne_bytes([headers[at], headers[at + 1]]));
+    let csum = word(UDP_CSUM_OFF);
+    let fixed = (!csum & 0xffff) + (!word(UDP_SPORT_OFF) & 0xffff);
     let mut v = vec![
         // r6 = ctx (the call clobbers r1-r5).
         insn(ALU64_MOV_X, 6, 1, 0, 0),
@@ -132,7 +140,7 @@ pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -
     ];
     if csum != 0 {
         // r0 = fold(constant + m'), twice; then ~, with 0 sent as 0xffff.
-        v.push(insn(ALU64_ADD_K, 0, 0, 0, constant.cast_signed()));
+        v.push(insn(ALU64_ADD_K, 0, 0, 0, fixed.cast_signed()));
         for _ in 0..2 {
             v.extend([
                 insn(ALU64_MOV_X, 1, 0, 0, 0),
@@ -149,11 +157,11 @@ pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -
     } else {
         v.push(insn(ALU64_MOV_K, 0, 0, 0, 0));
     }
-    let check = v.len() + 4;
+    let check = v.len() + BOUNDS_JUMP;
     v.extend(bounds(6, off16(UDP_HDRS_LEN).into()));
     for (i, w) in headers[..40].chunks_exact(4).enumerate() {
         let off = i16::try_from(i * 4).unwrap();
-        let imm = i32::from_le_bytes(w.try_into().unwrap());
+        let imm = i32::from_ne_bytes(w.try_into().unwrap());
         v.push(insn(ST_W, 2, 0, off, imm));
     }
     v.extend([
@@ -172,11 +180,18 @@ pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -
 #[must_use]
 pub fn udp_sink() -> Vec<Insn> {
     let mut v = bounds(1, 34).to_vec();
-    let to_pass = [v.len() - 1, v.len() + 1, v.len() + 3];
+    // The bounds jump and the two protocol checks below.
+    let to_pass = [BOUNDS_JUMP, v.len() + 1, v.len() + 3];
     v.extend([
         insn(LDX_H, 5, 2, ETHERTYPE_OFF, 0),
-        // 0x0800 as loaded little-endian.
-        insn(JMP_JNE_K, 5, 0, 0, 0x0008),
+        // 0x0800 as a native load sees it.
+        insn(
+            JMP_JNE_K,
+            5,
+            0,
+            0,
+            i32::from(u16::from_ne_bytes([0x08, 0x00])),
+        ),
         insn(LDX_B, 5, 2, IP_PROTO_OFF, 0),
         insn(JMP_JNE_K, 5, 0, 0, 17),
     ]);
@@ -335,7 +350,7 @@ impl Prog {
                 // SAFETY: our own new fd, not used elsewhere.
                 unsafe { libc::close(i32::try_from(fd).unwrap()) };
             }
-            let end = log.iter().position(|&b| b == 0).unwrap_or(0);
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
             return Err(format!(
                 "{err}; verifier log: {}",
                 String::from_utf8_lossy(&log[..end]).trim()
@@ -352,6 +367,12 @@ impl Prog {
 
     /// One `BPF_PROG_RUN` on a copy of `frame` as if it arrived on
     /// `ingress`, `repeat` times: (verdict, ns per run, output frame).
+    ///
+    /// # Errors
+    /// If `BPF_PROG_RUN` fails.
+    ///
+    /// # Panics
+    /// If the frame is longer than 4 GiB.
     pub fn test_run(
         &self,
         frame: &[u8],

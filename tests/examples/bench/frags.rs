@@ -106,7 +106,7 @@ pub fn run(
             }
         };
         let tso = client_tso(t);
-        *port = if *port >= 7000 { 5001 } else { *port + 1 };
+        load::next_port(port);
         let res = load::run(t, s, DataPath::Kernel, point, *port);
         drop(links);
         let run = res.map_err(|e| format!("frags experiment, {}: {e}", attached.name()))?;

@@ -34,7 +34,7 @@ pub fn reference_forwarding(
         offload: Offload::Off,
         nodelay: false,
     };
-    *port = if *port >= 7000 { 5001 } else { *port + 1 };
+    load::next_port(port);
     let r = load::run(&t, &s, DataPath::Kernel, point, *port)?;
     Ok((r, cc_in_force))
 }
@@ -88,16 +88,16 @@ fn goals(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> Vec<Goa
         met: worst.map(|w| w.1 >= 5.0),
     });
 
-    let live: Vec<String> = pairs
+    let live_ratios: Vec<(u32, f64)> = pairs
         .iter()
         .filter(|(k, _)| k.point.workload == Workload::UdpLive && k.pps > 0.0)
-        .map(|(k, x)| format!("{:.2}x at {} flows", x.pps / k.pps, k.point.conns))
+        .map(|(k, x)| (k.point.conns, x.pps / k.pps))
         .collect();
-    let live_min = pairs
+    let live: Vec<String> = live_ratios
         .iter()
-        .filter(|(k, _)| k.point.workload == Workload::UdpLive && k.pps > 0.0)
-        .map(|(k, x)| x.pps / k.pps)
-        .reduce(f64::min);
+        .map(|(c, r)| format!("{r:.2}x at {c} flow(s)"))
+        .collect();
+    let live_min = live_ratios.iter().map(|r| r.1).reduce(f64::min);
     v.push(Goal {
         asks: "UDP 64-byte pps through the router (fast generator): xdp >= 5x kernel",
         measured: if live.is_empty() {

@@ -9,13 +9,15 @@
 //!
 //! The sink is another tiny XDP program on the server's `eth0` that drops
 //! UDP (ping still gets through, for the latency figures), counted by the
-//! server's interface. Both are the same on both paths, so the difference
-//! is the router's.
+//! server's interface. Generator and sink are the same programs on both
+//! paths; the sink gets skbs from the kernel path and XDP frames from the
+//! XDP path, and its softirq time is part of `ns/pkt` on both.
 //!
 //! A veth accepts frames sent this way only when its receiving end runs
-//! NAPI: under XDP the router's `lan0` does; on the kernel path the run
-//! turns GRO on at `lan0` (the state of any real NIC), which enables NAPI.
-//! Forwarded UDP is not aggregated by GRO (`rx-udp-gro-forwarding` is off).
+//! NAPI: under XDP the router's `lan0` does; for the kernel path the run
+//! turns GRO on at `lan0` (the state of any real NIC; on both paths, so
+//! they stay alike), which enables NAPI. Forwarded UDP is not aggregated by
+//! GRO (`rx-udp-gro-forwarding` is off).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -24,8 +26,8 @@ use tests::frames::{Frame, Ipv4, Udp};
 use tests::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology};
 
 use crate::load::{
-    DataPath, Point, RunResult, Sampler, Settings, active_window, parse_net_dev, parse_ping, read,
-    rtts_within, spawn_sh, unix_now, wait_quiet,
+    DataPath, Point, RunResult, Sampler, Settings, active_window, forwarded, parse_net_dev,
+    parse_ping, read, rtts_within, spawn_sh, unix_now, wait_quiet,
 };
 use crate::sys::{CpuTicks, percentile};
 use tests::rawbpf::{self, Prog, UDP_HDRS_LEN};
@@ -34,17 +36,20 @@ use tests::rawbpf::{self, Prog, UDP_HDRS_LEN};
 pub const PAYLOAD: usize = 64;
 /// First UDP source port of the generated flows.
 const BASE_PORT: u16 = 20_000;
+/// Flows the generator can vary over (source ports up to 65535).
+pub const MAX_FLOWS: u16 = u16::MAX - BASE_PORT + 1;
+
 /// The discard port (RFC 863): nothing listens, the sink drops first.
 const DST_PORT: u16 = 9;
 /// Seconds of one `BPF_PROG_RUN` call. Every call sets up and tears down
 /// a page pool, and the teardown sleeps: calls of 65536 frames left the
 /// generator idle two thirds of the time. Calls of a quarter second
 /// amortise that and still end the run close to its deadline.
-const CALL_SECS: f64 = 0.25;
+pub const CALL_SECS: f64 = 0.25;
 /// Frames of the first call, before the rate is known.
 const FIRST_CALL: u32 = 1 << 18;
 /// Frames per batch inside one call (the kernel's default and NAPI's).
-const BATCH: u32 = 64;
+pub const BATCH: u32 = 64;
 
 /// Interface feature switched for the run and switched back on drop (also
 /// when the run fails).
@@ -57,13 +62,24 @@ struct Feature<'a> {
 }
 
 impl<'a> Feature<'a> {
+    /// Sets `feature` (as `ethtool -K` names it; `long` is its name in
+    /// `ethtool -k`) to `on`, remembering what it was.
     fn set(
         t: &'a Topology,
         ns: Ns,
         dev: &'a str,
-        feature: &'a str,
-        (on, restore): (&'a str, &'a str),
+        (feature, long): (&'a str, &str),
+        on: &'a str,
     ) -> Result<Self, String> {
+        let before = t.exec(ns, &["ethtool", "-k", dev]);
+        let was = String::from_utf8_lossy(&before.stdout)
+            .lines()
+            .find_map(|l| {
+                let v = l.trim().strip_prefix(long)?.strip_prefix(':')?;
+                v.split_whitespace().next().map(str::to_owned)
+            })
+            .ok_or_else(|| format!("ethtool -k {dev}: no {long}"))?;
+        let restore = if was == "on" { "on" } else { "off" };
         let o = t.exec(ns, &["ethtool", "-K", dev, feature, on]);
         if !o.status.success() {
             return Err(format!(
@@ -83,10 +99,19 @@ impl<'a> Feature<'a> {
 
 impl Drop for Feature<'_> {
     fn drop(&mut self) {
-        let _ = self.t.exec(
+        let o = self.t.exec(
             self.ns,
             &["ethtool", "-K", self.dev, self.name, self.restore],
         );
+        if !o.status.success() {
+            eprintln!(
+                "warning: could not restore {} {} on {}: {}",
+                self.name,
+                self.restore,
+                self.dev,
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+        }
     }
 }
 
@@ -102,14 +127,26 @@ fn frame(t: &Topology) -> Result<Vec<u8>, String> {
     Ok(Frame::new(router, client, ip).bytes())
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays in
-    // bounds for cpu < CPU_SETSIZE, which available_parallelism is.
+/// Pins the calling thread to the last CPU it may run on.
+fn pin_last_cpu() -> Result<usize, String> {
+    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel writes at
+    // most its size; CPU_ISSET/CPU_SET index below CPU_SETSIZE.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set);
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) != 0 {
+            return Err(err("sched_getaffinity"));
+        }
+        let cpu = (0..libc::CPU_SETSIZE as usize)
+            .rev()
+            .find(|&c| libc::CPU_ISSET(c, &set))
+            .ok_or("no CPU in the affinity mask")?;
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const one) != 0 {
+            return Err(err("sched_setaffinity"));
+        }
+        Ok(cpu)
     }
 }
 
@@ -122,13 +159,12 @@ fn generate(
     stop: &AtomicBool,
 ) -> Result<(u64, f64), String> {
     let ifindex = t.try_ifindex(Ns::Client, HOST_IF)?;
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     t.in_ns(Ns::Client, || {
         // One CPU: the generator, and the router's and the sink's NAPI
         // that its transmits schedule, run there (a veth has no queue of
-        // its own); the other core stays for ping, the sampler and the
+        // its own); the other cores stay for ping, the sampler and the
         // rest of the machine.
-        pin(cpus - 1);
+        pin_last_cpu().map_err(|e| format!("pinning the generator: {e}"))?;
         let start = Instant::now();
         let mut sent = 0u64;
         let mut frames = FIRST_CALL;
@@ -146,6 +182,27 @@ fn generate(
         }
         Ok((sent, start.elapsed().as_secs_f64()))
     })
+}
+
+/// Instructions of the generator (with its checksum update) and of the
+/// sink, for the report.
+pub fn program_sizes() -> (usize, usize) {
+    let mut headers = [0u8; UDP_HDRS_LEN];
+    headers[UDP_HDRS_LEN - 1] = 1;
+    (
+        rawbpf::udp_generator(&headers, 1, BASE_PORT).len(),
+        rawbpf::udp_sink().len(),
+    )
+}
+
+/// Whether this kernel runs XDP programs in live-frame mode (Linux >=
+/// 5.18): one frame through a program that drops it, on the client's
+/// interface (nothing is sent).
+pub fn supported(t: &Topology) -> Result<(), String> {
+    let prog = Prog::load("bench_probe", &rawbpf::constant(rawbpf::XDP_DROP))?;
+    let frame = frame(t)?;
+    let ifindex = t.try_ifindex(Ns::Client, HOST_IF)?;
+    t.in_ns(Ns::Client, || prog.run_live(&frame, ifindex, 1, 1))
 }
 
 /// Runs the live-frame UDP workload with `point.conns` flows on the
@@ -172,7 +229,13 @@ pub fn run(
     let sink = Prog::load("bench_sink", &rawbpf::udp_sink())?;
     let srv_if = t.try_ifindex(Ns::Server, HOST_IF)?;
     let _sink_link = t.in_ns(Ns::Server, || sink.attach_native(srv_if))?;
-    let _gro = Feature::set(t, Ns::Router, LAN_IF, "gro", ("on", "off"))?;
+    let _gro = Feature::set(
+        t,
+        Ns::Router,
+        LAN_IF,
+        ("gro", "generic-receive-offload"),
+        "on",
+    )?;
     // The router resolves the server's MAC before the load (the fast path
     // hands packets without a neighbour entry to the kernel).
     t.warm_neighbours();
@@ -184,6 +247,7 @@ pub fn run(
         parse_net_dev(&String::from_utf8_lossy(&o.stdout), &[HOST_IF]).0
     };
     let sink0 = read_sink();
+    let fwd0 = forwarded(t, path);
     let cpu0 = CpuTicks::now();
     let start = Instant::now();
     let start_unix = unix_now();
@@ -209,6 +273,7 @@ pub fn run(
     let _ = ping.finish();
     let (sent, gen_s) = result?;
     let received = read_sink().saturating_sub(sink0);
+    let router_pkts = forwarded(t, path).saturating_sub(fwd0);
 
     let mut notes = Vec::new();
     let found = active_window(&readings);
@@ -258,10 +323,10 @@ pub fn run(
         active_s: win.secs,
         backlog_drops: win.backlog_drops,
         quiet_wait_s,
-        router_pkts: received,
+        router_pkts,
         run_cpu_pct: cpu.busy_pct(),
-        run_ns_per_pkt: if received > 0 {
-            cpu.softirq_ns() / received as f64
+        run_ns_per_pkt: if router_pkts > 0 {
+            cpu.softirq_ns() / router_pkts as f64
         } else {
             f64::NAN
         },

@@ -125,7 +125,8 @@ pub struct Point {
 impl fmt::Display for Point {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.workload == Workload::UdpLive {
-            return write!(f, "udp-live, {} flows", self.conns);
+            let s = if self.conns == 1 { "" } else { "s" };
+            return write!(f, "udp-live, {} flow{s}", self.conns);
         }
         write!(f, "{} -P {}", self.workload.name(), self.conns)?;
         if self.workload == Workload::TcpSmall {
@@ -157,7 +158,8 @@ pub struct RunResult {
     /// Packets into the router per second (both directions), active window.
     pub router_pps: f64,
     pub loss_pct: f64,
-    /// UDP datagrams the server counted lost (sequence gaps).
+    /// UDP datagrams lost: iperf2's sequence gaps at the server; for the
+    /// live generator, frames generated that did not reach the server.
     pub lost: u64,
     /// Datagrams the server's socket dropped (receive buffer full).
     pub sink_drops: u64,
@@ -179,7 +181,8 @@ pub struct RunResult {
     pub router_pkts: u64,
     pub run_cpu_pct: f64,
     pub run_ns_per_pkt: f64,
-    /// Longest stream as iperf2 reports it.
+    /// Longest stream as iperf2 reports it (live generator: how long it
+    /// generated).
     pub stream_s: f64,
     pub streams: u32,
     pub connect_failures: u32,
@@ -371,7 +374,7 @@ pub fn offload_state(t: &Topology) -> serde_json::Value {
 
 /// Packets the router forwarded so far on `path`: the kernel's
 /// `IpForwDatagrams`, plus the fast path's redirects under XDP.
-fn forwarded(t: &Topology, path: DataPath) -> u64 {
+pub fn forwarded(t: &Topology, path: DataPath) -> u64 {
     let kernel = t.nstat(Ns::Router, "IpForwDatagrams");
     match path {
         DataPath::Kernel => kernel,
@@ -805,6 +808,12 @@ fn wait_listening(t: &Topology, port: u16, udp: bool) -> bool {
 /// iperf2 threads take seconds to connect and get going on two cores.
 pub fn ramp_secs(conns: u32) -> f64 {
     1.0 + f64::from(conns) / 500.0
+}
+
+/// The next iperf2 port: a fresh one per run, so that nothing a previous
+/// run left behind (a server in its last seconds, `TIME_WAIT`) meets the next.
+pub fn next_port(port: &mut u16) {
+    *port = if *port >= 7000 { 5001 } else { *port + 1 };
 }
 
 /// Time allowed for a client run before `timeout` stops it: iperf2 with

@@ -325,8 +325,8 @@ pub fn frags_json(rows: &[frags::Row]) -> serde_json::Value {
                 "softirq_pct": r.run.softirq_pct,
                 "rtt_ms_p50": r.run.rtt_ms_p50,
                 "rtt_ms_p99": r.run.rtt_ms_p99,
-                "offload": "on",
-                "conns": 1,
+                "offload": r.run.point.offload.name(),
+                "conns": r.run.point.conns,
             })
         })
         .collect()
