@@ -476,11 +476,14 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
              interface, and `ns/pkt` includes the sink's softirq time on both paths. \
              Everything runs on one core: the generator is pinned to the last CPU it may \
              use, and a veth transmit runs the receiver's NAPI on the sending CPU, so the \
-             router's and the sink's softirq work share that core with the generator (the \
-             other cores serve ping and the sampler). The generator does not pace: when \
-             softirq work is deferred to ksoftirqd it keeps producing and the veth ring to \
-             the router overflows, which is the `loss`; the path that needs less CPU per \
-             packet leaves more for the generator. The run turns GRO on at the router's \
+             router's and the sink's softirq work share that core with the generator. Ping \
+             is pinned there too: a NAPI instance stays on the CPU where it runs while its \
+             ring has work, so a ping sent from another core could capture the router's \
+             NAPI there, after which every frame crossed cores (seen here: ~40 % more cost \
+             per packet and heavy loss, at random). The generator does not pace; the \
+             softirq work its transmits raise runs after each batch, and when it is \
+             deferred to ksoftirqd instead, the veth ring to the router overflows: that is \
+             the `loss`. The run turns GRO on at the router's \
              `lan0` on both paths (the state of a real NIC; needed on the kernel path, where \
              a veth accepts frames sent this way only with NAPI on the receiving side; \
              forwarded UDP is not aggregated). Pinning the router's NAPI to another core \
