@@ -452,7 +452,7 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
         .filter_map(|&c| {
             let (k, x) = (live(DataPath::Kernel, c)?, live(DataPath::Xdp, c)?);
             Some(format!(
-                "{c} flows: {:.2} vs {:.2} Mpps ({:.1}x), {:.0} vs {:.0} ns/pkt ({:.1}x lower)",
+                "{c} flow(s): {:.2} vs {:.2} Mpps ({:.1}x), {:.0} vs {:.0} ns/pkt ({:.1}x lower)",
                 x.pps / 1e6,
                 k.pps / 1e6,
                 x.pps / k.pps,
