@@ -85,6 +85,23 @@ impl Ns {
     }
 }
 
+/// Whether the running kernel is at least `major.minor` (from
+/// `/proc/sys/kernel/osrelease`, e.g. `6.18.44-fc-v1045`).
+#[must_use]
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    release_at_least(&release, major, minor)
+}
+
+fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|x| x.parse::<u32>().unwrap_or(0));
+    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
 /// Whether the process runs with effective uid 0.
 #[must_use]
 pub fn is_root() -> bool {
@@ -755,7 +772,16 @@ pub fn parse_snmp(text: &str, counter: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod unit {
-    use super::parse_snmp;
+    use super::{parse_snmp, release_at_least};
+
+    #[test]
+    fn kernel_releases() {
+        assert!(release_at_least("6.18.44-fc-v1045\n", 5, 18));
+        assert!(release_at_least("5.18.0", 5, 18));
+        assert!(!release_at_least("5.15.0-91-generic", 5, 18));
+        assert!(!release_at_least("4.19.0", 5, 18));
+        assert!(release_at_least("6.1.0-rc1", 5, 18));
+    }
 
     #[test]
     fn parses_snmp_pairs() {

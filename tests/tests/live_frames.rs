@@ -15,7 +15,7 @@ use tests::frames::{Frame, Ipv4, Udp};
 use tests::rawbpf::{Prog, UDP_HDRS_LEN, udp_generator};
 use tests::{
     CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of,
-    pattern, skip_unless_root,
+    kernel_at_least, pattern, skip_unless_root,
 };
 
 const FLOWS: u16 = 64;
@@ -24,17 +24,6 @@ const DST_PORT: u16 = 9;
 const PAYLOAD: usize = 64;
 /// Frames generated in all: bounded, a fraction of a second.
 const FRAMES: u32 = 100_000;
-
-/// Whether the running kernel is at least `major.minor`.
-fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|x| x.parse::<u32>().unwrap_or(0));
-    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (a, b) >= (major, minor)
-}
 
 #[test]
 fn fast_path_translates_every_datagram_of_a_live_frame_flood() {

@@ -72,11 +72,18 @@ impl<'a> Feature<'a> {
         on: &'a str,
     ) -> Result<Self, String> {
         let before = t.exec(ns, &["ethtool", "-k", dev]);
+        // What was requested, which is what to restore: `on [requested
+        // off]` is veth turning GRO on by itself while XDP is attached.
         let was = String::from_utf8_lossy(&before.stdout)
             .lines()
             .find_map(|l| {
                 let v = l.trim().strip_prefix(long)?.strip_prefix(':')?;
-                v.split_whitespace().next().map(str::to_owned)
+                let requested = v
+                    .split_once("[requested ")
+                    .and_then(|(_, r)| r.split(']').next());
+                requested
+                    .or_else(|| v.split_whitespace().next())
+                    .map(str::to_owned)
             })
             .ok_or_else(|| format!("ethtool -k {dev}: no {long}"))?;
         let restore = if was == "on" { "on" } else { "off" };
