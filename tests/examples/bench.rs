@@ -463,6 +463,7 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
         })
         .collect();
     if !live_here.is_empty() {
+        let (generator_insns, sink_insns) = live::program_sizes();
         let _ = writeln!(
             s,
             "- **In-kernel generator (udp-live).** `BPF_PROG_RUN` in live-frame mode (as \
@@ -489,11 +490,11 @@ fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
              forwarded UDP is not aggregated). Pinning the router's NAPI to another core \
              (threaded NAPI) was tried and was slower on both paths: every frame then \
              crosses cores twice (veth ring, page-pool recycling). xdp vs kernel here: {}.",
-            live::program_sizes().0,
+            generator_insns,
             live::PAYLOAD,
             live::CALL_SECS,
             live::BATCH,
-            live::program_sizes().1,
+            sink_insns,
             live_here.join("; ")
         );
     }
@@ -711,10 +712,13 @@ fn check_artifacts(o: &Opts) -> Result<usize, String> {
         v.iter()
             .any(|x| x.as_str().is_some_and(|s| s.starts_with("udp-live")))
     });
-    for p in o.points() {
-        if p.workload == Workload::UdpLive && live_skipped {
-            continue;
-        }
+    // The points that ran: all, but udp-live when it was skipped.
+    let points: Vec<Point> = o
+        .points()
+        .into_iter()
+        .filter(|p| p.workload != Workload::UdpLive || !live_skipped)
+        .collect();
+    for p in &points {
         for path in [DataPath::Kernel, DataPath::Xdp] {
             let found = runs.iter().find(|r| {
                 r["path"] == path.name()
@@ -762,10 +766,7 @@ fn check_artifacts(o: &Opts) -> Result<usize, String> {
         })
     };
     let mut must = Vec::new();
-    if o.points()
-        .iter()
-        .any(|p| p.workload != Workload::UdpLive || !live_skipped)
-    {
+    if !points.is_empty() {
         must.push("router ns/packet");
     }
     if o.workloads.contains(&Workload::UdpLive) && !live_skipped {
@@ -1116,7 +1117,8 @@ fn write_artifacts(
             r.router_avg_pkt_bytes
         );
     }
-    let goals_md = goals::section(runs, micro, reference);
+    let goals = goals::evaluate(runs, micro, reference);
+    let goals_md = goals::section(&goals);
     md.push_str(&goals_md);
     if !micro.is_empty() {
         let _ = writeln!(md, "### Packet cost: BPF_PROG_RUN micro-benchmark\n");
@@ -1136,9 +1138,12 @@ fn write_artifacts(
         md.push_str(&report::micro_table(micro));
         md.push('\n');
     }
-    if !frag_rows.is_empty() {
-        md.push_str(&report::frags_section(frag_rows));
-    }
+    let frags_md = if frag_rows.is_empty() {
+        String::new()
+    } else {
+        report::frags_section(frag_rows)
+    };
+    md.push_str(&frags_md);
     let short: Vec<&RunResult> = runs.iter().filter(|r| r.cut_short).collect();
     let _ = writeln!(md, "### Runs cut short\n");
     if short.is_empty() && failures.is_empty() {
@@ -1177,17 +1182,9 @@ fn write_artifacts(
         "runs": report::runs_json(runs),
         "micro": report::micro_json(micro),
         "frags_experiment": report::frags_json(frag_rows),
-        "reference_forwarding": reference.map(|r| serde_json::json!({
-            "workload": r.point.workload.json_name(),
-            "conns": r.point.conns,
-            "offload": r.point.offload.name(),
-            "gbps": r.gbps,
-            "rtt_ms_p50": r.rtt_ms_p50,
-            "rtt_ms_p99": r.rtt_ms_p99,
-            "cpu_pct": r.cpu_pct,
-            "router_ns_per_pkt": r.router_ns_per_pkt,
-        })),
-        "goals": goals::json(runs, micro, reference),
+        // The same fields as a run.
+        "reference_forwarding": reference.map(|r| report::runs_json(std::slice::from_ref(r))[0].take()),
+        "goals": goals::json(&goals),
         "failures": failures,
     });
     let md_path = o.out.join("report.md");
@@ -1202,8 +1199,8 @@ fn write_artifacts(
     report::chart(runs, &svg_path)?;
     println!("{tables}");
     println!("{goals_md}");
-    if !frag_rows.is_empty() {
-        println!("{}", report::frags_section(frag_rows));
+    if !frags_md.is_empty() {
+        println!("{frags_md}");
     }
     if !micro.is_empty() {
         println!(

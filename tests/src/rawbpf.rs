@@ -277,7 +277,9 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
     }
 }
 
-fn os_err(what: &str) -> String {
+/// `what: <the last OS error>`.
+#[must_use]
+pub fn os_err(what: &str) -> String {
     format!("{what}: {}", std::io::Error::last_os_error())
 }
 

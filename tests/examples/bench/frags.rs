@@ -56,13 +56,10 @@ pub struct Row {
     pub client_tso: String,
 }
 
-/// The client's `tx-tcp-segmentation` as ethtool shows it.
+/// The client's `tcp-segmentation-offload` as ethtool shows it.
 fn client_tso(t: &Topology) -> String {
-    let o = t.exec(Ns::Client, &["ethtool", "-k", tests::HOST_IF]);
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("tcp-segmentation-offload:"))
-        .map_or_else(|| "?".to_owned(), |v| v.trim().to_owned())
+    load::ethtool_feature(t, Ns::Client, tests::HOST_IF, "tcp-segmentation-offload")
+        .unwrap_or_else(|| "?".to_owned())
 }
 
 /// Runs a single TCP stream with offloads on once per [`Attached`].

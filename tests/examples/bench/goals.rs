@@ -45,13 +45,14 @@ fn find(runs: &[RunResult], path: DataPath, p: Point) -> Option<&RunResult> {
 
 /// One goal: what it asks, what this run measured, and whether it holds
 /// (`None`: not measured in this run).
-struct Goal {
+pub struct Goal {
     asks: &'static str,
     measured: String,
     met: Option<bool>,
 }
 
-fn goals(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> Vec<Goal> {
+/// Every goal, evaluated on this run's figures.
+pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> Vec<Goal> {
     let mut v = Vec::new();
     // Every point measured on both paths.
     let pairs: Vec<(&RunResult, &RunResult)> = runs
@@ -224,13 +225,13 @@ fn goals(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> Vec<Goa
 }
 
 /// The Markdown section.
-pub fn section(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> String {
+pub fn section(goals: &[Goal]) -> String {
     let mut s = String::from(
         "### Performance goals in this run\n\nThe goals of the benchmark issue, evaluated on \
          the figures above (not asserted anywhere: this machine's numbers are noisy, and the \
          notes below say what limits each).\n\n| goal | measured | met |\n|---|---|---|\n",
     );
-    for g in goals(runs, micro, fwd) {
+    for g in goals {
         let met = match g.met {
             Some(true) => "yes",
             Some(false) => "no",
@@ -242,9 +243,9 @@ pub fn section(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> S
     s
 }
 
-pub fn json(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> serde_json::Value {
-    goals(runs, micro, fwd)
-        .into_iter()
+pub fn json(goals: &[Goal]) -> serde_json::Value {
+    goals
+        .iter()
         .map(|g| serde_json::json!({"goal": g.asks, "measured": g.measured, "met": g.met}))
         .collect()
 }

@@ -26,11 +26,11 @@ use tests::frames::{Frame, Ipv4, Udp};
 use tests::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology};
 
 use crate::load::{
-    DataPath, Point, RunResult, Sampler, Settings, active_window, forwarded, parse_net_dev,
-    parse_ping, read, rtts_within, spawn_sh, unix_now, wait_quiet,
+    DataPath, Point, RunResult, Sampler, Settings, active_window, ethtool_feature, forwarded,
+    parse_net_dev, parse_ping, read, rtts_within, spawn_sh, unix_now, wait_quiet,
 };
 use crate::sys::{CpuTicks, percentile};
-use tests::rawbpf::{self, Prog, UDP_HDRS_LEN};
+use tests::rawbpf::{self, Prog, UDP_HDRS_LEN, os_err};
 
 /// UDP payload of every generated datagram (the iperf2 workload's size).
 pub const PAYLOAD: usize = 64;
@@ -71,21 +71,15 @@ impl<'a> Feature<'a> {
         (feature, long): (&'a str, &str),
         on: &'a str,
     ) -> Result<Self, String> {
-        let before = t.exec(ns, &["ethtool", "-k", dev]);
+        let state = ethtool_feature(t, ns, dev, long)
+            .ok_or_else(|| format!("ethtool -k {dev}: no {long}"))?;
         // What was requested, which is what to restore: `on [requested
         // off]` is veth turning GRO on by itself while XDP is attached.
-        let was = String::from_utf8_lossy(&before.stdout)
-            .lines()
-            .find_map(|l| {
-                let v = l.trim().strip_prefix(long)?.strip_prefix(':')?;
-                let requested = v
-                    .split_once("[requested ")
-                    .and_then(|(_, r)| r.split(']').next());
-                requested
-                    .or_else(|| v.split_whitespace().next())
-                    .map(str::to_owned)
-            })
-            .ok_or_else(|| format!("ethtool -k {dev}: no {long}"))?;
+        let was = state
+            .split_once("[requested ")
+            .and_then(|(_, r)| r.split(']').next())
+            .or_else(|| state.split_whitespace().next())
+            .unwrap_or_default();
         let restore = if was == "on" { "on" } else { "off" };
         let o = t.exec(ns, &["ethtool", "-K", dev, feature, on]);
         if !o.status.success() {
@@ -132,10 +126,6 @@ fn frame(t: &Topology) -> Result<Vec<u8>, String> {
     let udp = Udp::new(BASE_PORT, DST_PORT, &payload);
     let ip = Ipv4::new(CLIENT_ADDR.octets(), SERVER_ADDR.octets(), udp);
     Ok(Frame::new(router, client, ip).bytes())
-}
-
-fn os_err(what: &str) -> String {
-    format!("{what}: {}", std::io::Error::last_os_error())
 }
 
 /// The last CPU the calling thread may run on.
@@ -235,8 +225,8 @@ pub fn run(
 ) -> Result<RunResult, String> {
     let flows = u16::try_from(point.conns)
         .ok()
-        .filter(|&f| u32::from(BASE_PORT) + u32::from(f) <= 65536)
-        .ok_or_else(|| format!("udp-live: at most {} flows", 65536 - u32::from(BASE_PORT)))?;
+        .filter(|&f| f <= MAX_FLOWS)
+        .ok_or_else(|| format!("udp-live: at most {MAX_FLOWS} flows"))?;
     let quiet_wait_s = wait_quiet(t, 2000, Duration::from_secs(10));
     let frame = frame(t)?;
     let headers: &[u8; UDP_HDRS_LEN] = frame[..UDP_HDRS_LEN].try_into().unwrap();

@@ -347,20 +347,16 @@ pub fn offload_state(t: &Topology) -> serde_json::Value {
         (Ns::Router, WAN_IF),
         (Ns::Server, HOST_IF),
     ] {
-        let out = t.exec(ns, &["ethtool", "-k", dev]);
-        let text = String::from_utf8_lossy(&out.stdout);
         let want = [
             "tx-checksum-ip-generic",
             "tx-tcp-segmentation",
             "generic-segmentation-offload",
             "generic-receive-offload",
         ];
-        let feats: Vec<String> = text
-            .lines()
-            .filter_map(|l| {
-                let (k, v) = l.trim().split_once(':')?;
-                want.contains(&k).then(|| format!("{k}={}", v.trim()))
-            })
+        let feats: Vec<String> = ethtool_features(t, ns, dev)
+            .into_iter()
+            .filter(|(k, _)| want.contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
             .collect();
         let role = match ns {
             Ns::Client => "client",
@@ -370,6 +366,26 @@ pub fn offload_state(t: &Topology) -> serde_json::Value {
         m.insert(format!("{role} {dev}"), feats.join(", ").into());
     }
     m.into()
+}
+
+/// Every feature of `dev` as `ethtool -k` shows it: (name, state), the
+/// state with a `[requested ...]` or `[fixed]` note where ethtool adds one.
+pub fn ethtool_features(t: &Topology, ns: Ns, dev: &str) -> Vec<(String, String)> {
+    let out = t.exec(ns, &["ethtool", "-k", dev]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.trim().split_once(':')?;
+            Some((k.to_owned(), v.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// One feature of [`ethtool_features`].
+pub fn ethtool_feature(t: &Topology, ns: Ns, dev: &str, name: &str) -> Option<String> {
+    ethtool_features(t, ns, dev)
+        .into_iter()
+        .find_map(|(k, v)| (k == name).then_some(v))
 }
 
 /// Packets the router forwarded so far on `path`: the kernel's
