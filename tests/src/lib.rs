@@ -14,6 +14,7 @@ pub mod frames;
 pub mod netns;
 pub mod prog;
 pub mod rawbpf;
+pub mod trafficgen;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -51,11 +52,15 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/xdp-router";
 pub fn router_ctl_bin() -> std::path::PathBuf {
     // Next to this test binary's target dir, so CARGO_TARGET_DIR is honoured.
     let exe = std::env::current_exe().expect("current_exe");
-    // target/debug/deps/<test> -> target/debug/router-ctl
-    exe.parent()
-        .and_then(Path::parent)
+    // target/debug/deps/<test> -> target/debug/router-ctl; a binary of the
+    // workspace (the benchmark, target/debug/router-bench) has it beside it.
+    let dir = exe.parent().expect("a binary lives in a directory");
+    let profile = dir.parent().unwrap_or(dir);
+    [dir, profile]
         .map(|d| d.join("router-ctl"))
-        .expect("test binary lives in target/<profile>/deps")
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| profile.join("router-ctl"))
 }
 
 /// Upper bound for any external command the harness runs.
