@@ -1,16 +1,24 @@
-//! `cargo xtask bench [--quick]`: build what the benchmark needs, then run
-//! it (tests/examples/bench.rs): kernel forwarding + iptables MASQUERADE
-//! against the XDP router on a fresh namespace topology, alternating point
-//! by point. Writes `target/bench/report.md`, `results.json` and
-//! `throughput.svg`. More options (`--conns 1,10`, `--secs 3`, ...; see
-//! `cargo run -p tests --example bench -- --help`) go in the environment
-//! variable `XDP_BENCH_ARGS`.
+//! `cargo xtask bench [--quick] [-- ARGS]`: build what the benchmark needs,
+//! then run it (`router-bench`, the crate in tests/bench): kernel
+//! forwarding + iptables MASQUERADE against the XDP router on a fresh
+//! namespace topology, alternating point by point. Writes
+//! `target/bench/report.md`, `results.json` and `throughput.svg`. ARGS go
+//! to router-bench as they are (`cargo xtask bench -- --help` lists them).
 
 use std::time::Instant;
 
 use crate::{cargo, is_root, prepare_topology_run, root};
 
-pub fn run(quick: bool) -> Result<(), String> {
+/// `quick`: the benchmark's `--quick`; `args`: everything after `--`.
+pub fn run(quick: bool, args: &[String]) -> Result<(), String> {
+    let args = with_quick(quick, args);
+    // Help and version need neither root nor the topology's prerequisites.
+    if args
+        .iter()
+        .any(|a| matches!(a.as_str(), "-h" | "--help" | "-V" | "--version"))
+    {
+        return run_prepared(&args);
+    }
     if !is_root() {
         return Err(
             "the benchmark needs root (network namespaces, XDP, BPF_PROG_RUN): run `cargo \
@@ -20,26 +28,34 @@ pub fn run(quick: bool) -> Result<(), String> {
     }
     let start = Instant::now();
     prepare_topology_run()?;
-    let res = run_prepared(quick);
+    let res = run_prepared(&args);
     eprintln!("bench: {:.0?} in all, build included", start.elapsed());
     res
 }
 
-/// The benchmark after [`prepare_topology_run`]. The harness runs
-/// target/debug/router-ctl, next to the example binary: both in the dev
-/// profile.
-pub fn run_prepared(quick: bool) -> Result<(), String> {
+/// `args` with the benchmark's `--quick` in front when `quick` (and not
+/// already among them: clap refuses a flag given twice).
+pub fn with_quick(quick: bool, args: &[String]) -> Vec<String> {
+    let add = quick && !args.iter().any(|a| a == "--quick");
+    add.then(|| "--quick".to_owned())
+        .into_iter()
+        .chain(args.iter().cloned())
+        .collect()
+}
+
+/// The benchmark after [`prepare_topology_run`], with `args`. The harness
+/// runs target/debug/router-ctl, next to the benchmark's binary: both in
+/// the dev profile.
+pub fn run_prepared(args: &[String]) -> Result<(), String> {
     crate::run(
         cargo()
             .current_dir(root())
-            .args(["build", "-p", "tests", "--example", "bench"]),
+            .args(["build", "-p", "router-bench"]),
     )?;
     let mut cmd = cargo();
     cmd.current_dir(root())
-        .args(["run", "-q", "-p", "tests", "--example", "bench", "--"]);
-    if quick {
-        cmd.arg("--quick");
-    }
+        .args(["run", "-q", "-p", "router-bench", "--"])
+        .args(args);
     // Ctrl-C reaches the benchmark too, which finishes its run, writes what
     // it measured and deletes its namespaces: wait for it instead of dying
     // first. (It installs its own handler, so the inherited "ignore" does

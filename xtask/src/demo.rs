@@ -15,5 +15,5 @@ pub fn run() -> Result<(), String> {
         "demo",
     ]))?;
     eprintln!("\ndemo: now the quick benchmark (kernel path vs XDP path, a few points)");
-    bench::run_prepared(true)
+    bench::run_prepared(&bench::with_quick(true, &[]))
 }

@@ -17,7 +17,9 @@
 use tests::rawbpf::{self, BPF_F_XDP_HAS_FRAGS, Prog};
 use tests::{LAN_IF, Ns, Topology, WAN_IF};
 
-use crate::load::{self, DataPath, Offload, Point, Router, RunResult, Settings, Workload};
+use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
+use crate::router::{Router, ethtool_feature};
+use crate::workloads::iperf::{self, next_port};
 
 /// What is attached to the router's `lan0` and `wan0`.
 #[derive(Clone, Copy, Debug)]
@@ -58,7 +60,7 @@ pub struct Row {
 
 /// The client's `tcp-segmentation-offload` as ethtool shows it.
 fn client_tso(t: &Topology) -> String {
-    load::ethtool_feature(t, Ns::Client, tests::HOST_IF, "tcp-segmentation-offload")
+    ethtool_feature(t, Ns::Client, tests::HOST_IF, "tcp-segmentation-offload")
         .unwrap_or_else(|| "?".to_owned())
 }
 
@@ -103,8 +105,8 @@ pub fn run(
             }
         };
         let tso = client_tso(t);
-        load::next_port(port);
-        let res = load::run(t, s, DataPath::Kernel, point, *port);
+        next_port(port);
+        let res = iperf::run(t, s, DataPath::Kernel, point, *port);
         drop(links);
         let run = res.map_err(|e| format!("frags experiment, {}: {e}", attached.name()))?;
         eprintln!(

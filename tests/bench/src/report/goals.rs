@@ -1,43 +1,10 @@
 //! The performance goals of the benchmark issue, evaluated on this run's
-//! figures (never asserted: speed belongs here, not in tests), and the one
-//! reference they need that the two paths do not give: plain kernel
-//! forwarding without netfilter.
+//! figures (never asserted: speed belongs here, not in tests).
 
 use std::fmt::Write as _;
 
-use tests::Topology;
-
-use crate::load::{self, DataPath, Offload, Point, RunResult, Settings, Workload};
-use crate::micro::Case;
-
-/// TCP -P 1, offload off, through a fresh topology whose router only
-/// forwards: no iptables rule was ever loaded in its namespace, so no
-/// netfilter hook runs, and the server has a route back instead of NAT.
-pub fn reference_forwarding(
-    s: &Settings,
-    cc: &str,
-    port: &mut u16,
-) -> Result<(RunResult, String), String> {
-    let t = Topology::new();
-    t.route_back();
-    t.warm_neighbours();
-    let (cc_in_force, per_socket) = crate::congestion_control(&t, cc);
-    let s = Settings {
-        cc_per_socket: per_socket,
-        tmp: s.tmp.clone(),
-        ..*s
-    };
-    load::apply_offload(&t, DataPath::Kernel, Offload::Off);
-    let point = Point {
-        workload: Workload::Tcp,
-        conns: 1,
-        offload: Offload::Off,
-        nodelay: false,
-    };
-    load::next_port(port);
-    let r = load::run(&t, &s, DataPath::Kernel, point, *port)?;
-    Ok((r, cc_in_force))
-}
+use crate::model::{DataPath, Offload, Point, RunResult, Workload};
+use crate::workloads::micro::Case;
 
 fn find(runs: &[RunResult], path: DataPath, p: Point) -> Option<&RunResult> {
     runs.iter().find(|r| r.path == path && r.point == p)
@@ -53,13 +20,24 @@ pub struct Goal {
 
 /// Every goal, evaluated on this run's figures.
 pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> Vec<Goal> {
-    let mut v = Vec::new();
     // Every point measured on both paths.
     let pairs: Vec<(&RunResult, &RunResult)> = runs
         .iter()
         .filter(|x| x.path == DataPath::Xdp)
         .filter_map(|x| Some((find(runs, DataPath::Kernel, x.point)?, x)))
         .collect();
+    vec![
+        cost_goal(&pairs),
+        live_pps_goal(&pairs),
+        single_stream_goal(runs, fwd),
+        small_writes_goal(runs),
+        latency_goal(&pairs),
+        hit_cost_goal(micro),
+    ]
+}
+
+/// router ns/packet, on every point measured on both paths.
+fn cost_goal(pairs: &[(&RunResult, &RunResult)]) -> Goal {
     let cost: Vec<(String, f64)> = pairs
         .iter()
         .filter(|(k, x)| k.router_ns_per_pkt > 0.0 && x.router_ns_per_pkt > 0.0)
@@ -72,7 +50,7 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
         .collect();
     let best = cost.iter().max_by(|a, b| a.1.total_cmp(&b.1));
     let worst = cost.iter().min_by(|a, b| a.1.total_cmp(&b.1));
-    v.push(Goal {
+    Goal {
         asks: "router ns/packet: xdp >= 5x lower than kernel NAT on every workload",
         measured: match (worst, best) {
             (Some(w), Some(b)) => format!(
@@ -87,8 +65,11 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
             _ => "-".into(),
         },
         met: worst.map(|w| w.1 >= 5.0),
-    });
+    }
+}
 
+/// 64-byte UDP pps from the in-kernel generator.
+fn live_pps_goal(pairs: &[(&RunResult, &RunResult)]) -> Goal {
     let live_ratios: Vec<(u32, f64)> = pairs
         .iter()
         .filter(|(k, _)| k.point.workload == Workload::UdpLive && k.pps > 0.0)
@@ -99,7 +80,7 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
         .map(|(c, r)| format!("{r:.2}x at {c} flow(s)"))
         .collect();
     let live_min = live_ratios.iter().map(|r| r.1).reduce(f64::min);
-    v.push(Goal {
+    Goal {
         asks: "UDP 64-byte pps through the router (fast generator): xdp >= 5x kernel",
         measured: if live.is_empty() {
             "-".into()
@@ -107,8 +88,11 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
             format!("xdp/kernel Mpps {} (in-kernel generator)", live.join(", "))
         },
         met: live_min.map(|m| m >= 5.0),
-    });
+    }
+}
 
+/// One TCP stream against plain forwarding.
+fn single_stream_goal(runs: &[RunResult], fwd: Option<&RunResult>) -> Goal {
     let single = Point {
         workload: Workload::Tcp,
         conns: 1,
@@ -116,7 +100,7 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
         nodelay: false,
     };
     let xdp1 = find(runs, DataPath::Xdp, single);
-    v.push(Goal {
+    Goal {
         asks: "TCP single stream, offloads off: xdp NAT at least as fast as plain kernel \
                forwarding without netfilter",
         measured: match (xdp1, fwd) {
@@ -135,8 +119,11 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
             (Some(x), Some(f)) => Some(x.gbps >= f.gbps),
             _ => None,
         },
-    });
+    }
+}
 
+/// `-l 128` at 1000 and 2000 connections.
+fn small_writes_goal(runs: &[RunResult]) -> Goal {
     let small = |conns| Point {
         workload: Workload::TcpSmall,
         conns,
@@ -168,7 +155,7 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
             _ => ok = None,
         }
     }
-    v.push(Goal {
+    Goal {
         asks: "TCP `-l 128` (offload off) at 1000 and 2000 connections: xdp clearly ahead of \
                kernel (here: >= 1.1x) and within 10 % of its own single-connection figure",
         measured: if parts.is_empty() {
@@ -177,14 +164,17 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
             parts.join("; ")
         },
         met: ok,
-    });
+    }
+}
 
+/// p99 latency at 2000 connections.
+fn latency_goal(pairs: &[(&RunResult, &RunResult)]) -> Goal {
     let at2000: Vec<(&RunResult, &RunResult)> = pairs
         .iter()
         .copied()
         .filter(|(k, _)| k.point.conns == 2000 && !k.point.workload.is_udp())
         .collect();
-    v.push(Goal {
+    Goal {
         asks: "p99 latency under 2000 connections: lower on xdp than on kernel",
         measured: if at2000.is_empty() {
             "-".into()
@@ -196,8 +186,11 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
                 .join("; ")
         },
         met: (!at2000.is_empty()).then(|| at2000.iter().all(|(k, x)| x.rtt_ms_p99 < k.rtt_ms_p99)),
-    });
+    }
+}
 
+/// An established-flow hit against the `XDP_PASS` floor.
+fn hit_cost_goal(micro: &[Case]) -> Goal {
     let case = |n: &str| micro.iter().find(|c| c.name == n);
     let hit = ["hit-udp-out", "hit-udp-in", "hit-tcp-out"]
         .iter()
@@ -205,7 +198,7 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
         .map(|c| c.median_ns)
         .reduce(f64::max);
     let floor = case("trivial-pass").map(|c| c.median_ns);
-    v.push(Goal {
+    Goal {
         asks: "per-packet cost of an established-flow hit within 2x of the XDP_PASS floor",
         measured: match (hit, floor) {
             (Some(h), Some(f)) => format!(
@@ -220,8 +213,7 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
             (Some(h), Some(f)) => Some(h <= 2.0 * f),
             _ => None,
         },
-    });
-    v
+    }
 }
 
 /// The Markdown section.

@@ -1,14 +1,11 @@
-//! The three artifacts: Markdown tables shaped like a router review,
-//! results.json, and an SVG chart of throughput against connections.
+//! The Markdown tables: one per workload variant, shaped like a router
+//! review, the micro-benchmark's and the frags experiment's.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
-use plotters::prelude::*;
-
-use crate::frags;
-use crate::load::{DataPath, Offload, Point, RunResult, Workload};
-use crate::micro::Case;
+use crate::model::{DataPath, Offload, Point, RunResult, Workload};
+use crate::workloads::frags;
+use crate::workloads::micro::Case;
 
 /// Rows of one table: a workload variant (everything but the connections).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +46,7 @@ impl Variant {
         }
     }
 
-    fn short(self) -> String {
+    pub fn short(self) -> String {
         match self.workload {
             Workload::Tcp => format!("tcp, offload {}", self.offload.name()),
             Workload::TcpSmall => format!(
@@ -64,7 +61,7 @@ impl Variant {
 }
 
 /// Variants in first-seen order.
-fn variants(runs: &[RunResult]) -> Vec<Variant> {
+pub fn variants(runs: &[RunResult]) -> Vec<Variant> {
     let mut v: Vec<Variant> = Vec::new();
     for r in runs {
         let x = Variant::of(r.point);
@@ -78,12 +75,12 @@ fn variants(runs: &[RunResult]) -> Vec<Variant> {
     v
 }
 
-fn find(runs: &[RunResult], v: Variant, conns: u32, path: DataPath) -> Option<&RunResult> {
+pub fn find(runs: &[RunResult], v: Variant, conns: u32, path: DataPath) -> Option<&RunResult> {
     runs.iter()
         .find(|r| Variant::of(r.point) == v && r.point.conns == conns && r.path == path)
 }
 
-fn conns_of(runs: &[RunResult], v: Variant) -> Vec<u32> {
+pub fn conns_of(runs: &[RunResult], v: Variant) -> Vec<u32> {
     let mut c: Vec<u32> = runs
         .iter()
         .filter(|r| Variant::of(r.point) == v)
@@ -111,7 +108,7 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// Throughput of a run in the unit of its table.
-fn thr(r: &RunResult) -> f64 {
+pub fn thr(r: &RunResult) -> f64 {
     if r.point.workload.is_udp() {
         r.pps / 1e6
     } else {
@@ -221,49 +218,6 @@ pub fn micro_table(cases: &[Case]) -> String {
     s
 }
 
-pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
-    runs.iter()
-        .map(|r| {
-            serde_json::json!({
-                "path": r.path.name(),
-                "workload": r.point.workload.json_name(),
-                "generator": r.point.workload.generator(),
-                "conns": r.point.conns,
-                "gbps": r.gbps,
-                "iperf_gbps": r.iperf_gbps,
-                "pps": r.pps,
-                "sent_pps": r.sent_pps,
-                "router_pps": r.router_pps,
-                "loss_pct": r.loss_pct,
-                "lost": r.lost,
-                "sink_drops": r.sink_drops,
-                "rtt_ms_p50": r.rtt_ms_p50,
-                "rtt_ms_p99": r.rtt_ms_p99,
-                "ping_loss_pct": r.ping_loss_pct,
-                "cpu_pct": r.cpu_pct,
-                "softirq_pct": r.softirq_pct,
-                "router_ns_per_pkt": r.router_ns_per_pkt,
-                "router_avg_pkt_bytes": r.router_avg_pkt_bytes,
-                "active_s": r.active_s,
-                "backlog_drops": r.backlog_drops,
-                "quiet_wait_s": r.quiet_wait_s,
-                "router_pkts": r.router_pkts,
-                "run_cpu_pct": r.run_cpu_pct,
-                "run_ns_per_pkt": r.run_ns_per_pkt,
-                "stream_s": r.stream_s,
-                "offload": r.point.offload.name(),
-                "nodelay": r.point.nodelay,
-                "streams": r.streams,
-                "connect_failures": r.connect_failures,
-                "wall_s": r.wall_s,
-                "cut_short": r.cut_short,
-                "attempts": r.attempts,
-                "notes": r.notes,
-            })
-        })
-        .collect()
-}
-
 /// The frags experiment: a table and what it shows.
 pub fn frags_section(rows: &[frags::Row]) -> String {
     let mut s = String::new();
@@ -310,140 +264,4 @@ pub fn frags_section(rows: &[frags::Row]) -> String {
          without LRO/GRO-to-XDP, frames are wire-sized and the question does not arise.\n"
     );
     s
-}
-
-pub fn frags_json(rows: &[frags::Row]) -> serde_json::Value {
-    rows.iter()
-        .map(|r| {
-            serde_json::json!({
-                "attached": r.attached.key(),
-                "client_tso": r.client_tso,
-                "gbps": r.run.gbps,
-                "router_avg_pkt_bytes": r.run.router_avg_pkt_bytes,
-                "router_ns_per_pkt": r.run.router_ns_per_pkt,
-                "cpu_pct": r.run.cpu_pct,
-                "softirq_pct": r.run.softirq_pct,
-                "rtt_ms_p50": r.run.rtt_ms_p50,
-                "rtt_ms_p99": r.run.rtt_ms_p99,
-                "offload": r.run.point.offload.name(),
-                "conns": r.run.point.conns,
-            })
-        })
-        .collect()
-}
-
-pub fn micro_json(cases: &[Case]) -> serde_json::Value {
-    cases
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "case": c.name,
-                "what": c.what,
-                "verdict": c.verdict,
-                "calls": c.calls,
-                "unexpected_verdicts": c.unexpected,
-                "ns_per_call_median": c.median_ns,
-                "ns_per_call_p10": c.p10_ns,
-                "ns_per_call_p90": c.p90_ns,
-                "ns_amortized": c.amortized_ns,
-                "repeat": c.repeat,
-            })
-        })
-        .collect()
-}
-
-/// Throughput against connections, one panel per workload variant, both
-/// paths in each.
-pub fn chart(runs: &[RunResult], path: &Path) -> Result<(), String> {
-    let vs = variants(runs);
-    if vs.is_empty() {
-        return Err("no runs to chart".into());
-    }
-    let cols = if vs.len() > 1 { 2 } else { 1 };
-    let rows = vs.len().div_ceil(cols);
-    let (w, h) = (560 * cols as u32, 40 + 340 * rows as u32);
-    let root = SVGBackend::new(path, (w, h)).into_drawing_area();
-    let e = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|x| e(&x))?;
-    let root = root
-        .titled(
-            "Throughput vs connections: kernel (iptables MASQUERADE) vs XDP",
-            ("sans-serif", 22),
-        )
-        .map_err(|x| e(&x))?;
-    let panels = root.split_evenly((rows, cols));
-    let kernel_style = RGBColor(0xd6, 0x27, 0x28);
-    let xdp_style = RGBColor(0x1f, 0x77, 0xb4);
-    for (area, v) in panels.iter().zip(&vs) {
-        let conns = conns_of(runs, *v);
-        let x_max = f64::from(*conns.last().unwrap_or(&1)) * 1.5;
-        let series: Vec<(DataPath, Vec<(f64, f64)>)> = [DataPath::Kernel, DataPath::Xdp]
-            .into_iter()
-            .map(|p| {
-                let pts = conns
-                    .iter()
-                    .filter_map(|&c| find(runs, *v, c, p).map(|r| (f64::from(c), thr(r))))
-                    .collect();
-                (p, pts)
-            })
-            .collect();
-        let y_max = series
-            .iter()
-            .flat_map(|(_, s)| s.iter().map(|p| p.1))
-            .filter(|y| y.is_finite())
-            .fold(0.0_f64, f64::max)
-            .max(1e-3)
-            * 1.35;
-        let unit = if v.workload.is_udp() {
-            "Mpps received"
-        } else {
-            "Gbit/s"
-        };
-        let mut chart = ChartBuilder::on(area)
-            .caption(v.short(), ("sans-serif", 16))
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(52)
-            .build_cartesian_2d((0.7_f64..x_max).log_scale(), 0.0..y_max)
-            .map_err(|x| e(&x))?;
-        chart
-            .configure_mesh()
-            .x_desc(if v.workload == Workload::UdpLive {
-                "flows (in-kernel generator)"
-            } else {
-                "connections (iperf -P)"
-            })
-            .y_desc(unit)
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .draw()
-            .map_err(|x| e(&x))?;
-        for (p, pts) in series {
-            let color = if p == DataPath::Kernel {
-                kernel_style
-            } else {
-                xdp_style
-            };
-            let pts: Vec<(f64, f64)> = pts.into_iter().filter(|p| p.1.is_finite()).collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                .map_err(|x| e(&x))?
-                .label(p.name())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
-            chart
-                .draw_series(
-                    pts.iter()
-                        .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
-                )
-                .map_err(|x| e(&x))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .draw()
-            .map_err(|x| e(&x))?;
-    }
-    root.present().map_err(|x| e(&x))?;
-    Ok(())
 }

@@ -1,0 +1,322 @@
+//! The command line (clap): what `cargo xtask bench -- ARGS` passes on.
+//! `--quick` and `--smoke` choose the defaults of every other option;
+//! options given explicitly win over them.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use clap::builder::BoolishValueParser;
+
+use crate::model::{Offload, Point, TcpSink, Workload};
+use crate::workloads::live;
+
+/// The XDP router against the kernel's forwarding with iptables MASQUERADE,
+/// on one fresh client -- router -- server topology, alternating the two
+/// paths point by point. Writes report.md, results.json and throughput.svg.
+/// Needs root.
+#[derive(Parser, Debug)]
+#[expect(clippy::struct_excessive_bools, reason = "command-line switches")]
+#[command(
+    name = "router-bench",
+    version,
+    after_help = "Lists are comma-separated. All traffic stays inside the network namespaces \
+                  the run creates (and deletes on exit, also on Ctrl-C)."
+)]
+pub struct Cli {
+    /// Fewer points and 2 s runs (under 3 minutes).
+    #[arg(long)]
+    quick: bool,
+    /// One point per workload, 1 s runs, then check that every artifact was
+    /// written with both paths filled (what `cargo xtask test` runs; output
+    /// in target/bench-smoke).
+    #[arg(long)]
+    smoke: bool,
+    /// Length of every iperf run in seconds [default: 5, quick 2, smoke 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    secs: Option<u32>,
+    /// TCP connection counts [default: 1,100,1000,2000; quick 1,100; smoke 1].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    conns: Option<Vec<u32>>,
+    /// UDP streams [default: 1,2; quick 1].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    udp_conns: Option<Vec<u32>>,
+    /// Flows of the in-kernel UDP generator [default: 1,1000; smoke 64].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = live_flows)]
+    live_flows: Option<Vec<u32>>,
+    /// Workloads to run [default: all].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_enum)]
+    workloads: Option<Vec<Workload>>,
+    /// TCP offload settings [default: off,on; smoke off].
+    #[arg(
+        long = "offload",
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_enum
+    )]
+    offloads: Option<Vec<Offload>>,
+    /// Offload settings for tcp-small [default: off,on; quick off].
+    #[arg(
+        long = "small-offload",
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_enum
+    )]
+    small_offloads: Option<Vec<Offload>>,
+    /// tcp-small variants, of off,on (-N, `TCP_NODELAY`) [default: off,on; smoke off].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = BoolishValueParser::new(), hide_possible_values = true)]
+    nodelay: Option<Vec<bool>>,
+    /// Ping interval during runs, seconds.
+    #[arg(long, value_name = "S", default_value_t = 0.02, value_parser = ping_interval)]
+    ping_interval: f64,
+    /// Seconds an iperf client may overrun -t (+1 per 50 streams) before
+    /// `timeout -k` stops it.
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    slack: u32,
+    /// What receives the TCP streams: a fresh `iperf -s` per run, or a
+    /// built-in epoll discard server (`iperf -s` 2.1.8 crashes in many runs
+    /// with 1000+ streams).
+    #[arg(long, value_name = "SINK", value_enum, default_value_t = TcpSink::Discard)]
+    tcp_sink: TcpSink,
+    /// TCP congestion control of client and server (the Linux default;
+    /// `keep` leaves the namespaces' own).
+    #[arg(long, value_name = "NAME", default_value = "cubic")]
+    cc: String,
+    /// Reruns of a run cut short.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    retries: u32,
+    /// `BPF_PROG_RUN` calls per micro-benchmark case [default: 20000; quick 5000; smoke 500].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    micro_calls: Option<u32>,
+    /// Repeat for the amortised micro-benchmark cases [default: 1000000;
+    /// quick 200000; smoke 10000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    micro_repeat: Option<u32>,
+    /// Skip the `BPF_PROG_RUN` micro-benchmark.
+    #[arg(long)]
+    no_micro: bool,
+    /// Skip the frags experiment (TCP -P 1, offload on, kernel path with no /
+    /// a plain / a frags-aware `XDP_PASS` program on the router).
+    #[arg(long)]
+    no_frags: bool,
+    /// Output directory [default: target/bench; smoke target/bench-smoke].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+fn live_flows(s: &str) -> Result<u32, String> {
+    let max = live::max_flows();
+    s.parse::<u32>()
+        .ok()
+        .filter(|&n| n > 0 && n <= max)
+        .ok_or_else(|| format!("1 to {max} flows"))
+}
+
+fn ping_interval(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|&x| x >= 0.002)
+        .ok_or_else(|| "seconds >= 0.002".to_owned())
+}
+
+/// The options in force: the command line over the defaults of its mode.
+#[expect(clippy::struct_excessive_bools, reason = "command-line switches")]
+pub struct Opts {
+    pub quick: bool,
+    pub smoke: bool,
+    pub secs: u32,
+    pub conns: Vec<u32>,
+    pub udp_conns: Vec<u32>,
+    pub live_flows: Vec<u32>,
+    pub workloads: Vec<Workload>,
+    pub offloads: Vec<Offload>,
+    pub small_offloads: Vec<Offload>,
+    pub nodelay: Vec<bool>,
+    pub ping_interval: f64,
+    pub slack: u32,
+    pub cc: String,
+    pub tcp_sink: TcpSink,
+    pub retries: u32,
+    pub micro: bool,
+    pub frags: bool,
+    pub micro_calls: u32,
+    pub micro_repeat: u32,
+    pub out: PathBuf,
+}
+
+/// target/bench beside the binary's profile directory (honours
+/// `CARGO_TARGET_DIR`): target/<profile>/router-bench -> target/bench.
+fn default_out(smoke: bool) -> PathBuf {
+    let name = if smoke { "bench-smoke" } else { "bench" };
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.parent()?.join(name)))
+        .unwrap_or_else(|| PathBuf::from("target").join(name))
+}
+
+/// Which defaults apply.
+#[derive(Clone, Copy)]
+struct Mode {
+    quick: bool,
+    smoke: bool,
+}
+
+impl Mode {
+    /// The default of an option for a full run, `--quick` and `--smoke`.
+    fn pick<T>(self, full: T, quick: T, smoke: T) -> T {
+        if self.smoke {
+            smoke
+        } else if self.quick {
+            quick
+        } else {
+            full
+        }
+    }
+}
+
+impl Cli {
+    /// The options in force.
+    pub fn opts(self) -> Opts {
+        let smoke = self.smoke;
+        let quick = smoke || self.quick;
+        let mode = Mode { quick, smoke };
+        let both = vec![Offload::Off, Offload::On];
+        Opts {
+            quick,
+            smoke,
+            secs: self.secs.unwrap_or(mode.pick(5, 2, 1)),
+            conns: self
+                .conns
+                .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1, 100], vec![1])),
+            udp_conns: self
+                .udp_conns
+                .unwrap_or_else(|| mode.pick(vec![1, 2], vec![1], vec![1])),
+            live_flows: self
+                .live_flows
+                .unwrap_or_else(|| mode.pick(vec![1, 1000], vec![1, 1000], vec![64])),
+            workloads: self.workloads.unwrap_or_else(|| Workload::ALL.to_vec()),
+            offloads: self
+                .offloads
+                .unwrap_or_else(|| mode.pick(both.clone(), both.clone(), vec![Offload::Off])),
+            small_offloads: self
+                .small_offloads
+                .unwrap_or_else(|| mode.pick(both.clone(), vec![Offload::Off], vec![Offload::Off])),
+            nodelay: self
+                .nodelay
+                .unwrap_or_else(|| mode.pick(vec![false, true], vec![false, true], vec![false])),
+            ping_interval: self.ping_interval,
+            slack: self.slack,
+            cc: self.cc,
+            tcp_sink: self.tcp_sink,
+            retries: self.retries,
+            micro: !self.no_micro,
+            frags: !self.no_frags,
+            micro_calls: self.micro_calls.unwrap_or(mode.pick(20_000, 5000, 500)),
+            micro_repeat: self
+                .micro_repeat
+                .unwrap_or(mode.pick(1_000_000, 200_000, 10_000)),
+            out: self.out.unwrap_or_else(|| default_out(smoke)),
+        }
+    }
+}
+
+impl Opts {
+    /// Every point in run order: grouped by offload setting (fewer
+    /// switches), UDP with the first group.
+    pub fn points(&self) -> Vec<Point> {
+        let mut pts = Vec::new();
+        let mut groups = self.offloads.clone();
+        for o in &self.small_offloads {
+            if !groups.contains(o) {
+                groups.push(*o);
+            }
+        }
+        let has = |w| self.workloads.contains(&w);
+        for (gi, &offload) in groups.iter().enumerate() {
+            let p = |workload, conns, nodelay| Point {
+                workload,
+                conns,
+                offload,
+                nodelay,
+            };
+            if has(Workload::Tcp) && self.offloads.contains(&offload) {
+                pts.extend(self.conns.iter().map(|&c| p(Workload::Tcp, c, false)));
+            }
+            if has(Workload::TcpSmall) && self.small_offloads.contains(&offload) {
+                for &nd in &self.nodelay {
+                    pts.extend(self.conns.iter().map(|&c| p(Workload::TcpSmall, c, nd)));
+                }
+            }
+            if has(Workload::UdpSmall) && gi == 0 {
+                pts.extend(
+                    self.udp_conns
+                        .iter()
+                        .map(|&c| p(Workload::UdpSmall, c, false)),
+                );
+            }
+        }
+        // Last, in the first (wire-like) offload group's setting, like the
+        // iperf2 UDP runs; the setting does not matter to 64-byte UDP.
+        if has(Workload::UdpLive) {
+            let offload = groups.first().copied().unwrap_or(Offload::Off);
+            pts.extend(self.live_flows.iter().map(|&conns| Point {
+                workload: Workload::UdpLive,
+                conns,
+                offload,
+                nodelay: false,
+            }));
+        }
+        pts
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn opts(args: &[&str]) -> Opts {
+        Cli::try_parse_from(std::iter::once("router-bench").chain(args.iter().copied()))
+            .unwrap()
+            .opts()
+    }
+
+    #[test]
+    fn modes_choose_the_defaults_and_options_win() {
+        let full = opts(&[]);
+        assert_eq!(
+            (full.secs, full.conns.len(), full.points().len()),
+            (5, 4, 8 + 16 + 2 + 2)
+        );
+        let quick = opts(&["--quick"]);
+        assert_eq!((quick.secs, quick.conns.clone()), (2, vec![1, 100]));
+        assert_eq!(quick.small_offloads, vec![Offload::Off]);
+        let smoke = opts(&["--smoke", "--secs", "3"]);
+        assert!(smoke.quick && smoke.out.ends_with("bench-smoke"));
+        assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
+        // One point per workload, both paths each: tcp, tcp-small, udp-small, udp-live.
+        assert_eq!(smoke.points().len(), 4);
+    }
+
+    #[test]
+    fn lists_and_values_are_checked() {
+        let o = opts(&[
+            "--workloads",
+            "tcp,udp-live",
+            "--nodelay",
+            "on",
+            "--tcp-sink",
+            "iperf",
+        ]);
+        assert_eq!(o.workloads, vec![Workload::Tcp, Workload::UdpLive]);
+        assert_eq!((o.nodelay, o.tcp_sink), (vec![true], TcpSink::Iperf));
+        for bad in [
+            &["--conns", "0"][..],
+            &["--workloads", "tcp,bogus"],
+            &["--live-flows", "50000"],
+            &["--ping-interval", "0.001"],
+            &["--secs"],
+        ] {
+            let args = std::iter::once("router-bench").chain(bad.iter().copied());
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The vocabulary of the benchmark: data paths, workloads, offload
+//! settings, points, what one run measured, and the settings all runs share.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::measure::Measured;
+use crate::measure::sys::percentile;
+
+/// How the router forwards during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataPath {
+    /// `ip_forward=1` and iptables MASQUERADE.
+    Kernel,
+    /// `router-ctl attach`, no iptables NAT.
+    Xdp,
+}
+
+impl DataPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            DataPath::Kernel => "kernel",
+            DataPath::Xdp => "xdp",
+        }
+    }
+}
+
+/// What generates the load (command-line names: `tcp`, `tcp-small`,
+/// `udp-small`, `udp-live`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// iperf2 TCP at the default write length (128 KiB).
+    Tcp,
+    /// iperf2 TCP with `-l 128`.
+    TcpSmall,
+    /// iperf2 UDP, 64-byte payload, unlimited rate.
+    UdpSmall,
+    /// UDP, 64-byte payload, from the in-kernel generator
+    /// (`BPF_PROG_RUN` live frames, see `workloads/live.rs`).
+    UdpLive,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 4] = [
+        Workload::Tcp,
+        Workload::TcpSmall,
+        Workload::UdpSmall,
+        Workload::UdpLive,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Tcp => "tcp",
+            Workload::TcpSmall => "tcp-small",
+            Workload::UdpSmall => "udp-small",
+            Workload::UdpLive => "udp-live",
+        }
+    }
+
+    /// The workload in results.json: the live generator sends the same
+    /// 64-byte UDP as iperf2 (its runs say `"generator": "bpf-live-frames"`).
+    pub fn json_name(self) -> &'static str {
+        match self {
+            Workload::UdpLive => "udp-small",
+            w => w.name(),
+        }
+    }
+
+    /// Which program generates the load.
+    pub fn generator(self) -> &'static str {
+        match self {
+            Workload::UdpLive => "bpf-live-frames",
+            _ => "iperf2",
+        }
+    }
+
+    pub fn is_udp(self) -> bool {
+        matches!(self, Workload::UdpSmall | Workload::UdpLive)
+    }
+}
+
+/// veth offload setting of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Offload {
+    /// TSO/GSO off everywhere, GRO off on the router: MTU-size packets
+    /// through the router, like a wire.
+    Off,
+    /// veth defaults (TSO/GSO on, tx checksum offload on the end hosts
+    /// where the path allows it).
+    On,
+}
+
+impl Offload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Offload::Off => "off",
+            Offload::On => "on",
+        }
+    }
+}
+
+/// One point of the benchmark (measured once per path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Point {
+    pub workload: Workload,
+    pub conns: u32,
+    pub offload: Offload,
+    /// `TCP_NODELAY` (`-N`), for tcp-small.
+    pub nodelay: bool,
+}
+
+impl fmt::Display for Point {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.workload == Workload::UdpLive {
+            let s = if self.conns == 1 { "" } else { "s" };
+            return write!(f, "udp-live, {} flow{s}", self.conns);
+        }
+        write!(f, "{} -P {}", self.workload.name(), self.conns)?;
+        if self.workload == Workload::TcpSmall {
+            write!(f, " -l 128{}", if self.nodelay { " -N" } else { "" })?;
+        }
+        if !self.workload.is_udp() {
+            write!(f, ", offload {}", self.offload.name())?;
+        }
+        Ok(())
+    }
+}
+
+/// What one run measured. CPU, packet rate and cost are taken over the
+/// active window (see [`active_window`](crate::measure::sampler::active_window));
+/// `run_*` over the whole client run.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub path: DataPath,
+    pub point: Point,
+    /// TCP: bytes into the server's interface over the active window (what
+    /// crossed the router to the sink); UDP: received datagrams x 64 B.
+    pub gbps: f64,
+    /// What the iperf2 client claims: bytes written by all streams over the
+    /// longest stream's time (bytes still in socket buffers count too).
+    pub iperf_gbps: f64,
+    /// Packets per second: received datagrams for UDP, packets into the
+    /// router (both directions) for TCP.
+    pub pps: f64,
+    pub sent_pps: f64,
+    /// Packets into the router per second (both directions), active window.
+    pub router_pps: f64,
+    pub loss_pct: f64,
+    /// UDP datagrams lost: iperf2's sequence gaps at the server; for the
+    /// live generator, frames generated that did not reach the server.
+    pub lost: u64,
+    /// Datagrams the server's socket dropped (receive buffer full).
+    pub sink_drops: u64,
+    pub rtt_ms_p50: f64,
+    pub rtt_ms_p99: f64,
+    pub ping_loss_pct: f64,
+    pub cpu_pct: f64,
+    pub softirq_pct: f64,
+    /// Machine softirq time / packets into the router, active window.
+    pub router_ns_per_pkt: f64,
+    pub router_avg_pkt_bytes: f64,
+    pub active_s: f64,
+    /// Packets dropped machine-wide for a full backlog queue, active window.
+    pub backlog_drops: u64,
+    /// Seconds waited before the run for traffic left from the previous one.
+    pub quiet_wait_s: f64,
+    /// Packets the router forwarded over the whole run (kernel
+    /// `IpForwDatagrams`, plus the fast path's `fwd_*` under XDP).
+    pub router_pkts: u64,
+    pub run_cpu_pct: f64,
+    pub run_ns_per_pkt: f64,
+    /// Longest stream as iperf2 reports it (live generator: how long it
+    /// generated).
+    pub stream_s: f64,
+    pub streams: u32,
+    pub connect_failures: u32,
+    pub wall_s: f64,
+    pub cut_short: bool,
+    /// Cut short so that the figures are doubtful (server died, streams
+    /// missing, no traffic seen): such a run is retried. A client that only
+    /// overran its time limit is not: the window still holds real traffic.
+    pub suspect: bool,
+    /// Runs made for this result (a run cut short is retried).
+    pub attempts: u32,
+    pub notes: Vec<String>,
+}
+
+/// What receives the TCP streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcpSink {
+    /// `iperf -s`, fresh per run.
+    Iperf,
+    /// A built-in epoll discard server (`workloads/discard.rs`).
+    Discard,
+}
+
+impl TcpSink {
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpSink::Iperf => "iperf",
+            TcpSink::Discard => "discard",
+        }
+    }
+}
+
+/// Settings shared by every run.
+pub struct Settings {
+    pub tcp_sink: TcpSink,
+    pub secs: u32,
+    /// Seconds a client may overrun `-t` (plus 1 per 50 streams) before
+    /// `timeout` stops it.
+    pub slack: u32,
+    pub ping_interval: f64,
+    pub tmp: PathBuf,
+    pub nofile: u64,
+    /// TCP congestion control the clients request per socket (`-Z`), when
+    /// the namespaces cannot select it.
+    pub cc_per_socket: Option<String>,
+}
+
+impl RunResult {
+    /// A result with the figures every run measures alike (window, ping,
+    /// whole-run cost); the workload fills in throughput, loss and streams.
+    pub fn new(path: DataPath, point: Point, m: Measured) -> Self {
+        let win = m.window;
+        let per_pkt = |x: f64| {
+            if win.pkts > 0 {
+                x / win.pkts as f64
+            } else {
+                f64::NAN
+            }
+        };
+        let mut rtts = m.rtts;
+        Self {
+            path,
+            point,
+            gbps: f64::NAN,
+            iperf_gbps: f64::NAN,
+            pps: f64::NAN,
+            sent_pps: 0.0,
+            router_pps: win.pkts as f64 / win.secs.max(1e-9),
+            loss_pct: 0.0,
+            lost: 0,
+            sink_drops: 0,
+            rtt_ms_p50: percentile(&mut rtts, 50.0),
+            rtt_ms_p99: percentile(&mut rtts, 99.0),
+            ping_loss_pct: m.ping_loss_pct,
+            cpu_pct: win.cpu.busy_pct(),
+            softirq_pct: win.cpu.softirq_pct(),
+            router_ns_per_pkt: per_pkt(win.cpu.softirq_ns()),
+            router_avg_pkt_bytes: per_pkt(win.bytes as f64),
+            active_s: win.secs,
+            backlog_drops: win.backlog_drops,
+            quiet_wait_s: m.quiet_wait_s,
+            router_pkts: m.router_pkts,
+            run_cpu_pct: m.run_cpu.busy_pct(),
+            run_ns_per_pkt: if m.router_pkts > 0 {
+                m.run_cpu.softirq_ns() / m.router_pkts as f64
+            } else {
+                f64::NAN
+            },
+            stream_s: 0.0,
+            streams: 0,
+            connect_failures: 0,
+            wall_s: m.wall_s,
+            cut_short: false,
+            suspect: false,
+            attempts: 1,
+            notes: Vec::new(),
+        }
+    }
+}

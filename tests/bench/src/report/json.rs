@@ -1,0 +1,90 @@
+//! results.json: every run, the micro-benchmark's cases and the frags
+//! experiment's rows, field by field.
+
+use crate::model::RunResult;
+use crate::workloads::frags;
+use crate::workloads::micro::Case;
+
+/// Every run with all its figures.
+pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
+    runs.iter()
+        .map(|r| {
+            serde_json::json!({
+                "path": r.path.name(),
+                "workload": r.point.workload.json_name(),
+                "generator": r.point.workload.generator(),
+                "conns": r.point.conns,
+                "gbps": r.gbps,
+                "iperf_gbps": r.iperf_gbps,
+                "pps": r.pps,
+                "sent_pps": r.sent_pps,
+                "router_pps": r.router_pps,
+                "loss_pct": r.loss_pct,
+                "lost": r.lost,
+                "sink_drops": r.sink_drops,
+                "rtt_ms_p50": r.rtt_ms_p50,
+                "rtt_ms_p99": r.rtt_ms_p99,
+                "ping_loss_pct": r.ping_loss_pct,
+                "cpu_pct": r.cpu_pct,
+                "softirq_pct": r.softirq_pct,
+                "router_ns_per_pkt": r.router_ns_per_pkt,
+                "router_avg_pkt_bytes": r.router_avg_pkt_bytes,
+                "active_s": r.active_s,
+                "backlog_drops": r.backlog_drops,
+                "quiet_wait_s": r.quiet_wait_s,
+                "router_pkts": r.router_pkts,
+                "run_cpu_pct": r.run_cpu_pct,
+                "run_ns_per_pkt": r.run_ns_per_pkt,
+                "stream_s": r.stream_s,
+                "offload": r.point.offload.name(),
+                "nodelay": r.point.nodelay,
+                "streams": r.streams,
+                "connect_failures": r.connect_failures,
+                "wall_s": r.wall_s,
+                "cut_short": r.cut_short,
+                "attempts": r.attempts,
+                "notes": r.notes,
+            })
+        })
+        .collect()
+}
+
+pub fn frags_json(rows: &[frags::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            serde_json::json!({
+                "attached": r.attached.key(),
+                "client_tso": r.client_tso,
+                "gbps": r.run.gbps,
+                "router_avg_pkt_bytes": r.run.router_avg_pkt_bytes,
+                "router_ns_per_pkt": r.run.router_ns_per_pkt,
+                "cpu_pct": r.run.cpu_pct,
+                "softirq_pct": r.run.softirq_pct,
+                "rtt_ms_p50": r.run.rtt_ms_p50,
+                "rtt_ms_p99": r.run.rtt_ms_p99,
+                "offload": r.run.point.offload.name(),
+                "conns": r.run.point.conns,
+            })
+        })
+        .collect()
+}
+
+pub fn micro_json(cases: &[Case]) -> serde_json::Value {
+    cases
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "case": c.name,
+                "what": c.what,
+                "verdict": c.verdict,
+                "calls": c.calls,
+                "unexpected_verdicts": c.unexpected,
+                "ns_per_call_median": c.median_ns,
+                "ns_per_call_p10": c.p10_ns,
+                "ns_per_call_p90": c.p90_ns,
+                "ns_amortized": c.amortized_ns,
+                "repeat": c.repeat,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,245 @@
+//! The report: `report.md` (tables shaped like a router review, the
+//! goals, the micro-benchmark, the frags experiment, notes on method and
+//! limits), `results.json` and `throughput.svg`.
+
+mod chart;
+mod goals;
+mod json;
+mod notes;
+mod tables;
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::cli::Opts;
+use crate::measure::sys;
+use crate::model::RunResult;
+use crate::run::mmss;
+use crate::workloads::{frags, micro};
+
+/// Measurements besides the kernel/xdp runs.
+pub struct Extra {
+    pub micro: Vec<micro::Case>,
+    pub frag_rows: Vec<frags::Row>,
+    /// Plain kernel forwarding, TCP -P 1, offload off.
+    pub reference: Option<RunResult>,
+}
+
+/// What the runs ran under, for the report.
+pub struct RunEnv {
+    /// Workloads left out, and why.
+    pub skipped: Vec<String>,
+    pub nofile: u64,
+    /// TCP congestion control of the end hosts.
+    pub cc: String,
+    /// Active offload features per setting and path.
+    pub offloads: serde_json::Value,
+    pub elapsed: Duration,
+}
+
+const MICRO_TITLE: &str = "### Packet cost: BPF_PROG_RUN micro-benchmark";
+
+/// The title and what the run ran on.
+fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Value) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# XDP router benchmark: kernel path vs XDP path\n");
+    let _ = writeln!(
+        md,
+        "{} run{}, {} s per iperf run, {} runs, took {}. Machine: {}, {} cores, {} GiB, kernel \
+         {}, {} ({}). Topology: client ns -- veth -- router ns -- veth -- server ns, the server \
+         has no route back (NAT required). kernel = `ip_forward=1` + iptables MASQUERADE; xdp = \
+         `router-ctl attach lan0 wan0` (native XDP, no iptables NAT). The two alternate point \
+         by point. TCP congestion control on the end hosts: {}.\n",
+        machine["date"].as_str().unwrap_or("?"),
+        if o.quick { " (--quick)" } else { "" },
+        o.secs,
+        runs.len(),
+        mmss(env.elapsed.as_secs_f64()),
+        machine["cpu_model"].as_str().unwrap_or("?"),
+        machine["cores"],
+        machine["mem_gib"],
+        machine["kernel"].as_str().unwrap_or("?"),
+        machine["iperf"].as_str().unwrap_or("?"),
+        machine["virtualization"].as_str().unwrap_or("?"),
+        env.cc,
+    );
+    let _ = writeln!(
+        md,
+        "Columns per path: throughput (TCP: bytes into the server's interface per second \
+         over the measurement window, i.e. what crossed the router; UDP: datagrams the iperf2 server \
+         received per second, with loss), ping RTT p50 / p99 during the run, busy share of \
+         the machine with the softirq share in brackets, router softirq time per packet with \
+         bytes per packet; then xdp/kernel ratios (throughput: > 1 is xdp faster; ns/pkt: \
+         < 1 is xdp cheaper). `*` = run cut short (see below).\n"
+    );
+    md
+}
+
+/// The plain-forwarding reference, one paragraph.
+fn reference_paragraph(r: &RunResult) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Reference, plain kernel forwarding without netfilter (fresh topology whose router \
+         namespace never loaded an iptables rule; route back instead of NAT), TCP -P 1, \
+         offload off: {:.2} Gbit/s, RTT p50 / p99 {:.3} / {:.3} ms, CPU {:.0}% (softirq \
+         {:.0}%), {:.0} ns/pkt ({:.0} B/pkt).\n",
+        r.gbps,
+        r.rtt_ms_p50,
+        r.rtt_ms_p99,
+        r.cpu_pct,
+        r.softirq_pct,
+        r.router_ns_per_pkt,
+        r.router_avg_pkt_bytes
+    );
+    md
+}
+
+/// The micro-benchmark's section.
+fn micro_section(micro: &[micro::Case]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "{MICRO_TITLE}\n");
+    let _ = writeln!(
+        md,
+        "The router program (a separate, unattached copy with its own maps, CONFIG and \
+         DEVICES filled as `attach` does) run by `BPF_PROG_RUN` on crafted frames in the \
+         router namespace (real FIB and neighbours). A forwarded frame is rewritten in \
+         place, so with `repeat` the next iteration would see another packet: every case \
+         is timed per call (`repeat` = 1, fresh frame) and reported as the median of the \
+         calls; that includes the test-run harness's fixed cost, which the trivial floor \
+         shows. Cases that leave the frame untouched are also timed with a large `repeat` \
+         (amortised: the program alone). The floor is a two-instruction `return \
+         XDP_PASS` program loaded with the raw bpf(2) syscall; `pass-not-ipv4` is the \
+         router program passing an ARP frame at its first check.\n"
+    );
+    md.push_str(&tables::micro_table(micro));
+    md.push('\n');
+    md
+}
+
+/// Runs cut short and runs that failed.
+fn cut_short_section(runs: &[RunResult], failures: &[String]) -> String {
+    let mut md = String::new();
+    let short: Vec<&RunResult> = runs.iter().filter(|r| r.cut_short).collect();
+    let _ = writeln!(md, "### Runs cut short\n");
+    if short.is_empty() && failures.is_empty() {
+        let _ = writeln!(md, "None.\n");
+    }
+    for r in short {
+        let _ = writeln!(
+            md,
+            "- {} on {} (after {} attempt(s)): {}",
+            r.point,
+            r.path.name(),
+            r.attempts,
+            r.notes.join("; ")
+        );
+    }
+    for f in failures {
+        let _ = writeln!(md, "- FAILED: {f}");
+    }
+    md
+}
+
+/// results.json.
+fn results_json(
+    o: &Opts,
+    runs: &[RunResult],
+    extra: &Extra,
+    failures: &[String],
+    env: &RunEnv,
+    (machine, goals): (serde_json::Value, serde_json::Value),
+) -> serde_json::Value {
+    let (micro, frag_rows) = (&extra.micro[..], &extra.frag_rows[..]);
+    let reference = extra.reference.as_ref();
+    serde_json::json!({
+        "machine": machine,
+        "settings": {
+            "quick": o.quick,
+            "secs": o.secs,
+            "ping_interval_s": o.ping_interval,
+            "retries": o.retries,
+            "rlimit_nofile": env.nofile,
+            "elapsed_s": env.elapsed.as_secs_f64(),
+            "offload_features": env.offloads,
+            "tcp_congestion_control": env.cc,
+            "tcp_sink": o.tcp_sink.name(),
+            "skipped": env.skipped,
+        },
+        "runs": json::runs_json(runs),
+        "micro": json::micro_json(micro),
+        "frags_experiment": json::frags_json(frag_rows),
+        // The same fields as a run.
+        "reference_forwarding": reference.map(|r| json::runs_json(std::slice::from_ref(r))[0].take()),
+        "goals": goals,
+        "failures": failures,
+    })
+}
+
+/// Writes the three artifacts and prints the tables.
+pub fn write_artifacts(
+    o: &Opts,
+    runs: &[RunResult],
+    extra: &Extra,
+    failures: &[String],
+    env: &RunEnv,
+) -> Result<(), String> {
+    let (micro, frag_rows) = (&extra.micro[..], &extra.frag_rows[..]);
+    let reference = extra.reference.as_ref();
+    let machine = sys::machine();
+    let mut md = header(o, runs, env, &machine);
+    let tables = tables::tables(runs);
+    md.push_str(&tables);
+    if let Some(r) = reference {
+        md.push_str(&reference_paragraph(r));
+    }
+    let goals = goals::evaluate(runs, micro, reference);
+    let goals_md = goals::section(&goals);
+    md.push_str(&goals_md);
+    if !micro.is_empty() {
+        md.push_str(&micro_section(micro));
+    }
+    let frags_md = if frag_rows.is_empty() {
+        String::new()
+    } else {
+        tables::frags_section(frag_rows)
+    };
+    md.push_str(&frags_md);
+    md.push_str(&cut_short_section(runs, failures));
+    let _ = writeln!(md, "\n### Notes\n");
+    md.push_str(&notes::notes(runs, o, env));
+    let json = results_json(
+        o,
+        runs,
+        extra,
+        failures,
+        env,
+        (machine, goals::json(&goals)),
+    );
+    let md_path = o.out.join("report.md");
+    let json_path = o.out.join("results.json");
+    let svg_path = o.out.join("throughput.svg");
+    std::fs::write(&md_path, &md).map_err(|e| format!("{}: {e}", md_path.display()))?;
+    let pretty = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, pretty).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    if runs.is_empty() {
+        return Err("no run succeeded; nothing to chart".into());
+    }
+    chart::chart(runs, &svg_path)?;
+    println!("{tables}");
+    println!("{goals_md}");
+    if !frags_md.is_empty() {
+        println!("{frags_md}");
+    }
+    if !micro.is_empty() {
+        println!("{MICRO_TITLE}\n\n{}", tables::micro_table(micro));
+    }
+    println!(
+        "wrote {}, {}, {} (took {})",
+        md_path.display(),
+        json_path.display(),
+        svg_path.display(),
+        mmss(env.elapsed.as_secs_f64())
+    );
+    Ok(())
+}

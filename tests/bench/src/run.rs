@@ -1,0 +1,420 @@
+//! One benchmark run: the topology, every point on both paths in
+//! alternation (retrying runs cut short), then the frags experiment, the
+//! plain-forwarding reference and the micro-benchmark, then the artifacts.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tests::Topology;
+
+use crate::cli::Opts;
+use crate::measure::sys;
+use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
+use crate::report::{self, Extra, RunEnv};
+use crate::router::{Router, congestion_control, offload_state};
+use crate::workloads::{frags, iperf, live, micro, reference};
+
+/// Rough duration of one run in seconds, for the time-left estimate.
+fn estimate(secs: u32, p: Point) -> f64 {
+    let ramp = if p.workload.is_udp() {
+        0.0
+    } else {
+        iperf::ramp_secs(p.conns)
+    };
+    let per_stream = if p.workload == Workload::UdpLive {
+        0.0
+    } else {
+        f64::from(p.conns) * 0.002
+    };
+    f64::from(secs) + ramp + 2.0 + per_stream
+}
+
+pub fn mmss(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    format!("{}m{:02}s", s / 60, s % 60)
+}
+
+pub fn show(r: &RunResult) -> String {
+    let thr = if r.point.workload.is_udp() {
+        format!(
+            "{:.3} Mpps received of {:.3} sent ({:.1}% loss)",
+            r.pps / 1e6,
+            r.sent_pps / 1e6,
+            r.loss_pct
+        )
+    } else if r.iperf_gbps.is_finite() {
+        format!("{:.2} Gbit/s (iperf2 says {:.2})", r.gbps, r.iperf_gbps)
+    } else {
+        format!("{:.2} Gbit/s", r.gbps)
+    };
+    let mut s = format!(
+        "{thr}, rtt p50 {:.3} / p99 {:.3} ms, cpu {:.0}% (softirq {:.0}%), {:.0} ns/pkt \
+         ({:.0} B/pkt) over {:.1} s active of {:.1} s (whole run: cpu {:.0}%, {:.0} ns per \
+         forwarded pkt, {} pkts)",
+        r.rtt_ms_p50,
+        r.rtt_ms_p99,
+        r.cpu_pct,
+        r.softirq_pct,
+        r.router_ns_per_pkt,
+        r.router_avg_pkt_bytes,
+        r.active_s,
+        r.wall_s,
+        r.run_cpu_pct,
+        r.run_ns_per_pkt,
+        r.router_pkts,
+    );
+    if r.backlog_drops > 0 {
+        let _ = write!(s, ", {} backlog drops", r.backlog_drops);
+    }
+    if r.quiet_wait_s > 1.0 {
+        let _ = write!(s, ", waited {:.1} s for quiet", r.quiet_wait_s);
+    }
+    if r.cut_short {
+        s.push_str(" [cut short]");
+    }
+    for n in &r.notes {
+        let _ = write!(s, "; {n}");
+    }
+    s
+}
+
+/// A run of `point` on `path`, retried when cut short or failed.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the run's whole context, passed through"
+)]
+fn measured(
+    t: &Topology,
+    router: &mut Router<'_>,
+    s: &Settings,
+    path: DataPath,
+    point: Point,
+    retries: u32,
+    port: &mut u16,
+    stop: &AtomicBool,
+) -> Result<RunResult, String> {
+    let mut last_err = String::new();
+    let mut best: Option<RunResult> = None;
+    for attempt in 1..=retries + 1 {
+        router.switch(path, point.offload)?;
+        iperf::next_port(port);
+        let res = if point.workload == Workload::UdpLive {
+            live::run(t, s, path, point, stop)
+        } else {
+            iperf::run(t, s, path, point, *port)
+        };
+        match res {
+            Ok(mut r) => {
+                r.attempts = attempt;
+                if !r.suspect {
+                    return Ok(r);
+                }
+                if attempt <= retries {
+                    eprintln!("      cut short ({}); retrying", r.notes.join("; "));
+                }
+                best = Some(r);
+            }
+            Err(e) if e.contains("Too many open files") => return Err(e),
+            Err(e) => {
+                eprintln!(
+                    "      failed: {e}{}",
+                    if attempt <= retries { "; retrying" } else { "" }
+                );
+                last_err = e;
+            }
+        }
+    }
+    best.ok_or(last_err)
+}
+
+/// Raises the fd limit for the largest run; returns it.
+fn raise_nofile(o: &Opts) -> Result<u64, String> {
+    let max_conns = o
+        .conns
+        .iter()
+        .chain(&o.udp_conns)
+        .copied()
+        .max()
+        .unwrap_or(1);
+    // iperf2 needs one fd per stream on each side (plus a few); children
+    // inherit the limit.
+    let nofile = sys::raise_nofile(65_536);
+    if nofile < u64::from(max_conns) + 64 {
+        return Err(format!(
+            "RLIMIT_NOFILE is {nofile}, too low for {max_conns} connections and it could not \
+             be raised; raise the hard limit (ulimit -Hn) or pass fewer --conns"
+        ));
+    }
+    Ok(nofile)
+}
+
+/// The points to run: all, but udp-live where this kernel has no
+/// live-frame mode (then `skipped` says why).
+fn runnable_points(
+    t: &Topology,
+    o: &Opts,
+    skipped: &mut Vec<String>,
+) -> Result<Vec<Point>, String> {
+    let mut points = o.points();
+    if o.workloads.contains(&Workload::UdpLive)
+        && let Err(e) = live::supported(t)
+    {
+        // Only an old kernel is a reason to leave it out; anywhere newer a
+        // failure is the generator's (or the harness's) and must show.
+        if tests::kernel_at_least(5, 18) {
+            return Err(format!("the live-frame generator does not work: {e}"));
+        }
+        eprintln!("bench: skipping udp-live: {e}");
+        skipped.push(format!(
+            "udp-live skipped: BPF_PROG_RUN live-frame mode needs Linux >= 5.18: {e}"
+        ));
+        points.retain(|p| p.workload != Workload::UdpLive);
+    }
+    Ok(points)
+}
+
+/// The state of a run in progress.
+struct Bench<'a> {
+    o: &'a Opts,
+    t: &'a Topology,
+    router: Router<'a>,
+    settings: Settings,
+    stop: &'a AtomicBool,
+    port: u16,
+    runs: Vec<RunResult>,
+    failures: Vec<String>,
+    /// Active offload features per setting and path.
+    offload_states: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Progress through the runs, for the time-left estimate.
+#[derive(Default)]
+struct Progress {
+    total: usize,
+    done: usize,
+    est_total: f64,
+    done_est: f64,
+    done_real: f64,
+}
+
+impl Progress {
+    /// Seconds left, scaled by how the estimate fared so far.
+    fn left(&self) -> f64 {
+        let scale = if self.done_est > 0.0 {
+            self.done_real / self.done_est
+        } else {
+            1.0
+        };
+        (self.est_total - self.done_est) * scale
+    }
+}
+
+impl Bench<'_> {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Every point on both paths, alternating which path goes first:
+    /// kernel-xdp, xdp-kernel, ...
+    fn run_points(&mut self, points: &[Point]) -> Result<(), String> {
+        let mut progress = Progress {
+            total: points.len() * 2,
+            est_total: points.iter().map(|p| 2.0 * estimate(self.o.secs, *p)).sum(),
+            ..Progress::default()
+        };
+        eprintln!(
+            "bench: {} points x 2 paths = {} runs of {} s, about {} (+ micro-benchmark)",
+            points.len(),
+            progress.total,
+            self.o.secs,
+            mmss(progress.est_total)
+        );
+        for (i, point) in points.iter().enumerate() {
+            let order = if i % 2 == 0 {
+                [DataPath::Kernel, DataPath::Xdp]
+            } else {
+                [DataPath::Xdp, DataPath::Kernel]
+            };
+            for path in order {
+                if self.stopped() {
+                    self.failures.push(format!(
+                        "interrupted after {} of {} runs",
+                        progress.done, progress.total
+                    ));
+                    return Ok(());
+                }
+                self.run_point(*point, path, &mut progress)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One point on one path; a failure is recorded, except one that
+    /// would fail every run after it.
+    fn run_point(&mut self, point: Point, path: DataPath, p: &mut Progress) -> Result<(), String> {
+        p.done += 1;
+        eprintln!(
+            "[{:>2}/{}] {point} | {:<6} | {} s run, ~{} left",
+            p.done,
+            p.total,
+            path.name(),
+            self.o.secs,
+            mmss(p.left())
+        );
+        let t0 = Instant::now();
+        let res = measured(
+            self.t,
+            &mut self.router,
+            &self.settings,
+            path,
+            point,
+            self.o.retries,
+            &mut self.port,
+            self.stop,
+        );
+        p.done_est += estimate(self.o.secs, point);
+        p.done_real += t0.elapsed().as_secs_f64();
+        let key = format!("{} {}", point.offload.name(), path.name());
+        if !point.workload.is_udp() && !self.offload_states.contains_key(&key) {
+            self.offload_states.insert(key, offload_state(self.t));
+        }
+        match res {
+            Ok(r) => {
+                eprintln!("        {}", show(&r));
+                self.runs.push(r);
+            }
+            Err(e) if e.contains("Too many open files") => return Err(e),
+            Err(e) => {
+                eprintln!("        FAILED: {e}");
+                self.failures
+                    .push(format!("{point} on {}: {e}", path.name()));
+            }
+        }
+        Ok(())
+    }
+
+    fn frags(&mut self) -> Vec<frags::Row> {
+        let o = self.o;
+        if !o.frags || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: frags experiment: TCP -P 1, offload on, kernel path, with no / a plain / a \
+             frags-aware XDP_PASS program on the router's veths"
+        );
+        frags::run(self.t, &mut self.router, &self.settings, &mut self.port).unwrap_or_else(|e| {
+            self.failures.push(e);
+            Vec::new()
+        })
+    }
+
+    fn reference(&mut self) -> Option<RunResult> {
+        let o = self.o;
+        if !o.workloads.contains(&Workload::Tcp)
+            || !o.offloads.contains(&Offload::Off)
+            || !o.conns.contains(&1)
+            || self.stopped()
+        {
+            return None;
+        }
+        eprintln!(
+            "bench: reference: TCP -P 1, offload off, plain kernel forwarding (fresh topology, \
+             no netfilter, route back)"
+        );
+        match reference::run(&self.settings, &o.cc, &mut self.port) {
+            Ok((r, cc)) => {
+                eprintln!("        {} (congestion control {cc})", show(&r));
+                Some(r)
+            }
+            Err(e) => {
+                self.failures.push(format!("reference forwarding run: {e}"));
+                None
+            }
+        }
+    }
+
+    fn micro(&mut self) -> Vec<micro::Case> {
+        let o = self.o;
+        if !o.micro || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: BPF_PROG_RUN micro-benchmark ({} calls per case, repeat {})",
+            o.micro_calls, o.micro_repeat
+        );
+        // The router program under test is a separate, unattached copy.
+        micro::run(self.t, o.micro_calls, o.micro_repeat).unwrap_or_else(|e| {
+            self.failures.push(format!("micro-benchmark: {e}"));
+            Vec::new()
+        })
+    }
+}
+
+/// The whole benchmark; `stop` (set on SIGINT/SIGTERM) ends it after the
+/// current run, with what was measured written.
+pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
+    let started = Instant::now();
+    let nofile = raise_nofile(o)?;
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
+    let tmp = o.out.join(format!("tmp-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+
+    let t = Topology::new();
+    eprintln!("bench: topology {}", t.namespaces().join(", "));
+    t.warm_neighbours();
+    let (cc, cc_per_socket) = congestion_control(&t, &o.cc);
+    let mut skipped = Vec::new();
+    let points = runnable_points(&t, o, &mut skipped)?;
+    let mut b = Bench {
+        o,
+        t: &t,
+        router: Router::new(&t),
+        settings: Settings {
+            tcp_sink: o.tcp_sink,
+            secs: o.secs,
+            slack: o.slack,
+            ping_interval: o.ping_interval,
+            tmp: tmp.clone(),
+            nofile,
+            cc_per_socket,
+        },
+        stop,
+        port: 5000,
+        runs: Vec::new(),
+        failures: Vec::new(),
+        offload_states: serde_json::Map::new(),
+    };
+    b.run_points(&points)?;
+    let extra = Extra {
+        frag_rows: b.frags(),
+        reference: b.reference(),
+        micro: b.micro(),
+    };
+    let Bench {
+        runs,
+        failures,
+        offload_states,
+        ..
+    } = b;
+    drop(t);
+    let _ = std::fs::remove_dir_all(&tmp);
+
+    let env = RunEnv {
+        skipped,
+        nofile,
+        cc,
+        offloads: offload_states.into(),
+        elapsed: started.elapsed(),
+    };
+    report::write_artifacts(o, &runs, &extra, &failures, &env)?;
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} run(s) failed:\n  {}",
+            failures.len(),
+            failures.join("\n  ")
+        ))
+    }
+}

@@ -1,0 +1,99 @@
+//! The smoke run's check (`--smoke`, run by `cargo xtask test`): the
+//! artifacts are there and filled. No timing is asserted.
+
+use crate::cli::Opts;
+use crate::model::{DataPath, Point, Workload};
+
+/// The smoke run's check: the three artifacts exist, and results.json has
+/// every point of the run on both paths with a throughput above zero, the
+/// goals, the frags experiment and every micro-benchmark case. Returns how
+/// many runs it checked.
+pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
+    let read = |name: &str| {
+        let p = o.out.join(name);
+        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    for name in ["report.md", "throughput.svg"] {
+        if read(name)?.trim().is_empty() {
+            return Err(format!("{name} is empty"));
+        }
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&read("results.json")?).map_err(|e| format!("results.json: {e}"))?;
+    let runs = json["runs"].as_array().ok_or("results.json has no runs")?;
+    let live_skipped = json["settings"]["skipped"].as_array().is_some_and(|v| {
+        v.iter()
+            .any(|x| x.as_str().is_some_and(|s| s.starts_with("udp-live")))
+    });
+    // The points that ran: all, but udp-live when it was skipped.
+    let points: Vec<Point> = o
+        .points()
+        .into_iter()
+        .filter(|p| p.workload != Workload::UdpLive || !live_skipped)
+        .collect();
+    for p in &points {
+        for path in [DataPath::Kernel, DataPath::Xdp] {
+            let found = runs.iter().find(|r| {
+                r["path"] == path.name()
+                    && r["workload"] == p.workload.json_name()
+                    && r["generator"] == p.workload.generator()
+                    && r["conns"] == p.conns
+                    && r["offload"] == p.offload.name()
+                    && r["nodelay"] == p.nodelay
+            });
+            let Some(r) = found else {
+                return Err(format!("no {} run of {p}", path.name()));
+            };
+            let thr = if p.workload.is_udp() {
+                &r["pps"]
+            } else {
+                &r["gbps"]
+            };
+            if !thr.as_f64().is_some_and(|x| x > 0.0) {
+                return Err(format!(
+                    "the {} run of {p} moved nothing: {thr}",
+                    path.name()
+                ));
+            }
+        }
+    }
+    let mut wanted = Vec::new();
+    if o.frags && o.workloads.contains(&Workload::Tcp) {
+        wanted.push("frags_experiment");
+    }
+    if o.micro {
+        wanted.push("micro");
+    }
+    for key in wanted {
+        if json[key].as_array().is_none_or(Vec::is_empty) {
+            return Err(format!("results.json: {key} is empty"));
+        }
+    }
+    // The goals that one point per workload can decide.
+    let goals = json["goals"]
+        .as_array()
+        .ok_or("results.json has no goals")?;
+    let decided = |prefix: &str| {
+        goals.iter().any(|g| {
+            g["goal"].as_str().is_some_and(|t| t.starts_with(prefix)) && g["met"].is_boolean()
+        })
+    };
+    let mut must = Vec::new();
+    if !points.is_empty() {
+        must.push("router ns/packet");
+    }
+    if o.workloads.contains(&Workload::UdpLive) && !live_skipped {
+        must.push("UDP 64-byte pps");
+    }
+    if o.micro {
+        must.push("per-packet cost");
+    }
+    for m in must {
+        if !decided(m) {
+            return Err(format!(
+                "results.json: the goal \"{m}...\" was not evaluated"
+            ));
+        }
+    }
+    Ok(runs.len())
+}

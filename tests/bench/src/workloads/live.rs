@@ -1,0 +1,239 @@
+//! The in-kernel traffic generator for the packets-per-second workload
+//! (`udp-live`): iperf2 cannot send more than a few hundred thousand
+//! 64-byte datagrams a second here, far below what either path forwards,
+//! so its UDP rows measure the generator. This one is the test kit's
+//! [`trafficgen`](tests::trafficgen) (`BPF_PROG_RUN` in live-frame mode,
+//! as xdp-trafficgen does it) in the client namespace: real frames that
+//! arrive at the router's `lan0` like any other.
+//!
+//! The sink is the trafficgen's `XDP_DROP` program on the server's `eth0`
+//! (it passes ping, for the latency figures), counted by the server's
+//! interface. Generator and sink are the same programs on both paths; the
+//! sink gets skbs from the kernel path and XDP frames from the XDP path,
+//! and its softirq time is part of `ns/pkt` on both.
+//!
+//! A veth accepts frames sent this way only when its receiving end runs
+//! NAPI: under XDP the router's `lan0` does; for the kernel path the run
+//! turns GRO on at `lan0` (the state of any real NIC; on both paths, so
+//! they stay alike), which enables NAPI. Forwarded UDP is not aggregated by
+//! GRO (`rx-udp-gro-forwarding` is off).
+
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use tests::trafficgen::{self, Generator, Sink, UdpFlows};
+use tests::{HOST_IF, LAN_IF, Ns, Topology};
+
+use crate::measure::parse::{parse_ping, rtts_within};
+use crate::measure::sampler::{Sampler, active_window, rx_packets, wait_quiet};
+use crate::measure::sys::CpuTicks;
+use crate::measure::{Measured, read, unix_now};
+use crate::model::{DataPath, Point, RunResult, Settings};
+use crate::router::{ethtool_feature, forwarded};
+use crate::workloads::start_ping;
+
+/// UDP payload of every generated datagram (the iperf2 workload's size).
+pub const PAYLOAD: usize = 64;
+/// First UDP source port of the generated flows.
+const BASE_PORT: u16 = 20_000;
+/// The discard port (RFC 863): nothing listens, the sink drops first.
+const DST_PORT: u16 = 9;
+
+/// Flows the generator can vary over (source ports up to 65535).
+pub fn max_flows() -> u32 {
+    UdpFlows::max_flows(BASE_PORT)
+}
+
+/// The generated datagrams: client -> server, `flows` source ports.
+fn flows(t: &Topology, flows: u16) -> Result<UdpFlows, String> {
+    UdpFlows::client_to_server(t, BASE_PORT, flows, DST_PORT, tests::pattern(PAYLOAD))
+}
+
+/// Interface feature switched for the run and switched back on drop (also
+/// when the run fails).
+struct Feature<'a> {
+    t: &'a Topology,
+    ns: Ns,
+    dev: &'a str,
+    name: &'a str,
+    restore: &'a str,
+}
+
+impl<'a> Feature<'a> {
+    /// Sets `feature` (as `ethtool -K` names it; `long` is its name in
+    /// `ethtool -k`) to `on`, remembering what it was.
+    fn set(
+        t: &'a Topology,
+        ns: Ns,
+        dev: &'a str,
+        (feature, long): (&'a str, &str),
+        on: &'a str,
+    ) -> Result<Self, String> {
+        let state = ethtool_feature(t, ns, dev, long)
+            .ok_or_else(|| format!("ethtool -k {dev}: no {long}"))?;
+        // What was requested, which is what to restore: `on [requested
+        // off]` is veth turning GRO on by itself while XDP is attached.
+        let was = state
+            .split_once("[requested ")
+            .and_then(|(_, r)| r.split(']').next())
+            .or_else(|| state.split_whitespace().next())
+            .unwrap_or_default();
+        let restore = if was == "on" { "on" } else { "off" };
+        let o = t.exec(ns, &["ethtool", "-K", dev, feature, on]);
+        if !o.status.success() {
+            return Err(format!(
+                "ethtool -K {dev} {feature} {on}: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(Self {
+            t,
+            ns,
+            dev,
+            name: feature,
+            restore,
+        })
+    }
+}
+
+impl Drop for Feature<'_> {
+    fn drop(&mut self) {
+        let o = self.t.exec(
+            self.ns,
+            &["ethtool", "-K", self.dev, self.name, self.restore],
+        );
+        if !o.status.success() {
+            eprintln!(
+                "warning: could not restore {} {} on {}: {}",
+                self.name,
+                self.restore,
+                self.dev,
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+        }
+    }
+}
+
+/// Whether this kernel runs XDP programs in live-frame mode (Linux >=
+/// 5.18), on the client's interface (nothing is sent).
+pub fn supported(t: &Topology) -> Result<(), String> {
+    let frame = flows(t, 1)?.frame();
+    let ifindex = t.try_ifindex(Ns::Client, HOST_IF)?;
+    t.in_ns(Ns::Client, || trafficgen::probe(&frame, ifindex))
+}
+
+/// Generates on `cpu` for `secs`, or until `stop`; returns (frames sent,
+/// seconds).
+fn generate(
+    t: &Topology,
+    generator: &Generator,
+    (cpu, secs): (usize, f64),
+    stop: &AtomicBool,
+) -> Result<(u64, f64), String> {
+    t.in_ns(Ns::Client, || {
+        // One CPU: the generator, and the router's and the sink's NAPI
+        // that its transmits schedule, run there (a veth has no queue of
+        // its own).
+        trafficgen::pin_to_cpu(cpu).map_err(|e| format!("pinning the generator: {e}"))?;
+        generator.run_for(secs, stop)
+    })
+}
+
+/// Runs the live-frame UDP workload with `point.conns` flows on the
+/// router's current path.
+/// `stop` ends the load early (Ctrl-C).
+pub fn run(
+    t: &Topology,
+    s: &Settings,
+    path: DataPath,
+    point: Point,
+    stop: &AtomicBool,
+) -> Result<RunResult, String> {
+    let n_flows = u16::try_from(point.conns)
+        .ok()
+        .filter(|&f| u32::from(f) <= max_flows())
+        .ok_or_else(|| format!("udp-live: at most {} flows", max_flows()))?;
+    let quiet_wait_s = wait_quiet(t, 2000, Duration::from_secs(10));
+    let cli_if = t.try_ifindex(Ns::Client, HOST_IF)?;
+    let generator = Generator::load("bench_gen", &flows(t, n_flows)?, cli_if)?;
+    let srv_if = t.try_ifindex(Ns::Server, HOST_IF)?;
+    let _sink = t.in_ns(Ns::Server, || Sink::attach("bench_sink", srv_if))?;
+    let _gro = Feature::set(
+        t,
+        Ns::Router,
+        LAN_IF,
+        ("gro", "generic-receive-offload"),
+        "on",
+    )?;
+    // The router resolves the server's MAC before the load (the fast path
+    // hands packets without a neighbour entry to the kernel).
+    t.warm_neighbours();
+
+    let ping_out = s
+        .tmp
+        .join(format!("{}-live-{}.ping.txt", path.name(), point.conns));
+    let sink0 = rx_packets(t, Ns::Server, &[HOST_IF]);
+    let fwd0 = forwarded(t, path);
+    let cpu0 = CpuTicks::now();
+    let start = Instant::now();
+    let start_unix = unix_now();
+    let sampler = Sampler::start(t, start, Duration::from_millis(100));
+    // Ping from the generator's CPU too. A veth transmit schedules the
+    // receiver's NAPI on the sending CPU, and a NAPI instance stays where
+    // it runs while its ring has work: a ping sent from another CPU can
+    // capture the router's NAPI there, and every frame then crosses cores
+    // (measured: ~40 % more cost per packet and heavy loss, at random).
+    let cpu = trafficgen::last_cpu()?;
+    let ping = start_ping(t, s, &ping_out, s.secs + 3, Some(cpu));
+    // Let ping start before the load, as in the iperf2 runs.
+    std::thread::sleep(Duration::from_millis(300));
+    let result = generate(t, &generator, (cpu, f64::from(s.secs)), stop);
+    // Frames still in flight drain within milliseconds.
+    std::thread::sleep(Duration::from_millis(200));
+    let wall_s = start.elapsed().as_secs_f64();
+    let run_cpu = cpu0.until(CpuTicks::now());
+    let readings = sampler.finish();
+    let _ = ping.finish();
+    let (sent, gen_s) = result?;
+    let received = rx_packets(t, Ns::Server, &[HOST_IF]).saturating_sub(sink0);
+    let router_pkts = forwarded(t, path).saturating_sub(fwd0);
+
+    let Some(window) = active_window(&readings) else {
+        return Err(format!(
+            "udp-live on the {} path: the router saw no traffic (generated {sent} frames)",
+            path.name()
+        ));
+    };
+    let (pings, ping_loss_pct) = parse_ping(&read(&ping_out));
+    let rtts = rtts_within(&pings, start_unix, &window);
+    let no_ping = rtts.is_empty();
+    let mut r = RunResult::new(
+        path,
+        point,
+        Measured {
+            window,
+            rtts,
+            ping_loss_pct,
+            run_cpu,
+            router_pkts,
+            wall_s,
+            quiet_wait_s,
+        },
+    );
+    if no_ping {
+        r.notes
+            .push("no ping answered inside the window".to_owned());
+    }
+    r.pps = window.sink_pkts as f64 / window.secs.max(1e-9);
+    r.gbps = r.pps * PAYLOAD as f64 * 8.0 / 1e9;
+    r.sent_pps = sent as f64 / gen_s.max(1e-9);
+    r.lost = sent.saturating_sub(received);
+    r.loss_pct = if sent > 0 {
+        r.lost as f64 * 100.0 / sent as f64
+    } else {
+        f64::NAN
+    };
+    r.stream_s = gen_s;
+    r.streams = u32::from(n_flows);
+    Ok(r)
+}

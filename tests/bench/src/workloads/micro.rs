@@ -1,0 +1,408 @@
+//! Packet cost micro-benchmark: `BPF_PROG_RUN` of the router program on
+//! crafted frames, in the router namespace of the topology (so
+//! `bpf_fib_lookup` sees real routes and neighbours), next to a trivial
+//! `XDP_PASS` program as the floor.
+//!
+//! Method. `BPF_PROG_RUN` without live frames runs the program on one
+//! buffer: with `repeat > 1` every iteration sees what the previous one
+//! wrote. A forwarded frame is rewritten (NAT, TTL, MACs), so the next
+//! iteration would measure some other case. Every case is therefore timed
+//! per call (`repeat = 1`, a fresh copy of the frame each time) and
+//! reported as the median over many calls; that time includes the test
+//! harness's fixed overhead (two clock reads, bottom-half toggling), which
+//! the floor measured the same way shows. Cases that leave the frame
+//! untouched are also timed with a large `repeat`, which amortises that
+//! overhead away.
+
+use aya::programs::{TestRun, TestRunOptions, Xdp};
+use router_common::maps::{Config, DEFAULT_MAX_FLOWS, PROGRAM_NAME, Timeouts};
+use tests::frames::{Frame, Ipv4, TCP_ACK, TCP_SYN, Tcp, Udp};
+use tests::prog::LoadedRouter;
+use tests::rawbpf::{self, Prog, xdp_ctx};
+use tests::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF};
+
+use crate::measure::sys::percentile;
+
+const XDP_PASS: u32 = rawbpf::XDP_PASS.cast_unsigned();
+const XDP_REDIRECT: u32 = 4;
+
+/// One measured case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub name: &'static str,
+    pub what: &'static str,
+    /// Verdict the case must get (every call is checked).
+    pub verdict: &'static str,
+    pub calls: u32,
+    pub unexpected: u32,
+    pub median_ns: f64,
+    pub p10_ns: f64,
+    pub p90_ns: f64,
+    /// Per-iteration time with `repeat`, for cases that do not modify the frame.
+    pub amortized_ns: Option<f64>,
+    pub repeat: u32,
+}
+
+/// Something that can be test-run: the router program or the raw floor.
+trait Runner {
+    /// (verdict, per-iteration duration ns, output frame).
+    fn run(&self, frame: &[u8], ingress: u32, repeat: u32) -> Result<(u32, f64, Vec<u8>), String>;
+}
+
+impl Runner for Xdp {
+    fn run(&self, frame: &[u8], ingress: u32, repeat: u32) -> Result<(u32, f64, Vec<u8>), String> {
+        let mut out = vec![0u8; frame.len() + 256];
+        let ctx = xdp_ctx(frame.len(), ingress);
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.data_out = Some(&mut out);
+        opts.ctx_in = Some(&ctx);
+        opts.repeat = repeat;
+        let r = self
+            .test_run(opts)
+            .map_err(|e| format!("BPF_PROG_RUN: {e}"))?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, r.duration.as_nanos() as f64, out))
+    }
+}
+
+/// The floor: a two-instruction `r0 = XDP_PASS; exit`, the cost of running
+/// any XDP program at all.
+impl Runner for Prog {
+    fn run(&self, frame: &[u8], ingress: u32, repeat: u32) -> Result<(u32, f64, Vec<u8>), String> {
+        self.test_run(frame, ingress, repeat)
+    }
+}
+
+/// Which frame a case runs on.
+#[derive(Clone, Copy)]
+enum Input {
+    Arp,
+    /// The established UDP flow, LAN -> WAN.
+    UdpOut,
+    /// Its reply, WAN -> LAN.
+    UdpReply,
+    TcpData,
+    /// A fresh source port per call: every call opens a new flow.
+    NewUdpFlow,
+    TcpNoFlow,
+}
+
+struct Spec {
+    name: &'static str,
+    what: &'static str,
+    /// Arrives on the WAN side (else the LAN side).
+    from_wan: bool,
+    verdict: u32,
+    input: Input,
+    /// Also time with `repeat` (only for cases that leave the frame as is).
+    amortize: bool,
+}
+
+/// Every case, in report order. The first runs the trivial floor program,
+/// the others the router program.
+const SPECS: [Spec; 7] = {
+    const fn spec(
+        name: &'static str,
+        what: &'static str,
+        from_wan: bool,
+        verdict: u32,
+        input: Input,
+        amortize: bool,
+    ) -> Spec {
+        Spec {
+            name,
+            what,
+            from_wan,
+            verdict,
+            input,
+            amortize,
+        }
+    }
+    [
+        spec(
+            "trivial-pass",
+            "floor: trivial `return XDP_PASS` program (raw bpf(2)), ARP frame",
+            false,
+            XDP_PASS,
+            Input::Arp,
+            true,
+        ),
+        spec(
+            "pass-not-ipv4",
+            "router program, ARP frame: passed at the first check",
+            false,
+            XDP_PASS,
+            Input::Arp,
+            true,
+        ),
+        spec(
+            "hit-udp-out",
+            "established UDP flow, LAN->WAN: lookup, SNAT rewrite, FIB, redirect",
+            false,
+            XDP_REDIRECT,
+            Input::UdpOut,
+            false,
+        ),
+        spec(
+            "hit-udp-in",
+            "established UDP flow, WAN->LAN reply: lookup, DNAT rewrite, FIB, redirect",
+            true,
+            XDP_REDIRECT,
+            Input::UdpReply,
+            false,
+        ),
+        spec(
+            "hit-tcp-out",
+            "established TCP flow, LAN->WAN data segment (state tracking)",
+            false,
+            XDP_REDIRECT,
+            Input::TcpData,
+            false,
+        ),
+        spec(
+            "new-flow-udp",
+            "new UDP flow, LAN->WAN: miss, port choice, two inserts, rewrite, redirect",
+            false,
+            XDP_REDIRECT,
+            Input::NewUdpFlow,
+            false,
+        ),
+        spec(
+            "miss-pass",
+            "TCP segment of no known flow: lookup miss, passed to the kernel",
+            false,
+            XDP_PASS,
+            Input::TcpNoFlow,
+            true,
+        ),
+    ]
+};
+
+fn measure(
+    r: &dyn Runner,
+    s: &Spec,
+    (frames, ingress): (&Frames, u32),
+    calls: u32,
+    repeat: u32,
+) -> Result<Case, String> {
+    let mut times = Vec::with_capacity(calls as usize);
+    let mut unexpected = 0;
+    for i in 0..calls {
+        let f = frames.get(s.input, i);
+        let (v, ns, _) = r.run(&f, ingress, 1)?;
+        if v != s.verdict {
+            unexpected += 1;
+        }
+        times.push(ns);
+    }
+    let amortized_ns = if s.amortize {
+        let f = frames.get(s.input, 0);
+        let (v, ns, out) = r.run(&f, ingress, repeat)?;
+        if v != s.verdict || out != f {
+            return Err(format!("{}: frame changed under repeat", s.name));
+        }
+        Some(ns)
+    } else {
+        None
+    };
+    Ok(Case {
+        name: s.name,
+        what: s.what,
+        verdict: verdict_name(s.verdict),
+        calls,
+        unexpected,
+        median_ns: percentile(&mut times, 50.0),
+        p10_ns: percentile(&mut times, 10.0),
+        p90_ns: percentile(&mut times, 90.0),
+        amortized_ns,
+        repeat: if s.amortize { repeat } else { 1 },
+    })
+}
+
+fn verdict_name(v: u32) -> &'static str {
+    match v {
+        x if x == rawbpf::XDP_DROP.cast_unsigned() => "XDP_DROP",
+        XDP_PASS => "XDP_PASS",
+        XDP_REDIRECT => "XDP_REDIRECT",
+        _ => "other",
+    }
+}
+
+/// An ARP request from the client for the router's LAN address.
+fn arp_frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(60);
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&CLIENT_ADDR.octets());
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&tests::ROUTER_LAN_ADDR.octets());
+    f.resize(60, 0);
+    f
+}
+
+/// The frames of the cases, addressed as in the topology.
+struct Frames {
+    macs: Macs,
+    arp: Vec<u8>,
+    /// An established UDP flow's reply, WAN -> LAN.
+    reply: Vec<u8>,
+    /// A data segment of an established TCP flow, LAN -> WAN.
+    tcp_data: Vec<u8>,
+    /// A data segment of no known flow.
+    tcp_no_flow: Vec<u8>,
+}
+
+impl Frames {
+    /// The frame of call `i` of a case.
+    fn get(&self, input: Input, i: u32) -> Vec<u8> {
+        match input {
+            Input::Arp => self.arp.clone(),
+            Input::UdpOut => out_udp(self.macs, 40_000),
+            Input::UdpReply => self.reply.clone(),
+            Input::TcpData => self.tcp_data.clone(),
+            Input::NewUdpFlow => out_udp(self.macs, 10_000 + (i % 30_000) as u16),
+            Input::TcpNoFlow => self.tcp_no_flow.clone(),
+        }
+    }
+}
+
+/// Addresses of the two sides, as seen by the router.
+#[derive(Clone, Copy)]
+struct Macs {
+    lan: [u8; 6],
+    wan: [u8; 6],
+    client: [u8; 6],
+    server: [u8; 6],
+}
+
+const PAYLOAD: [u8; 18] = [0x5a; 18];
+
+/// A UDP datagram from the client's `sport` to the server, LAN -> WAN.
+fn out_udp(m: Macs, sport: u16) -> Vec<u8> {
+    let (cli, srv) = (CLIENT_ADDR.octets(), SERVER_ADDR.octets());
+    Frame::new(
+        m.lan,
+        m.client,
+        Ipv4::new(cli, srv, Udp::new(sport, 5001, &PAYLOAD)),
+    )
+    .bytes()
+}
+
+/// Opens the established flows the hit cases need (their first packets
+/// run through the program) and builds every frame.
+fn open_flows(prog: &Xdp, m: Macs, lan: u32) -> Result<Frames, String> {
+    let (cli, srv, wan_addr) = (
+        CLIENT_ADDR.octets(),
+        SERVER_ADDR.octets(),
+        ROUTER_WAN_ADDR.octets(),
+    );
+    // Established UDP flow: the first run opens it; learn the SNAT port
+    // from its output to build the reply.
+    let (v, _, first) = prog.run(&out_udp(m, 40_000), lan, 1)?;
+    if v != XDP_REDIRECT || first.len() < 36 {
+        return Err(format!(
+            "opening a UDP flow gave verdict {v} (expected XDP_REDIRECT); are the \
+             neighbours resolved?"
+        ));
+    }
+    let snat_port = u16::from_be_bytes([first[34], first[35]]);
+    let reply = Frame::new(
+        m.wan,
+        m.server,
+        Ipv4::new(srv, wan_addr, Udp::new(5001, snat_port, &PAYLOAD)),
+    )
+    .bytes();
+    // Established TCP flow: SYN opens it, then data segments hit.
+    let tcp = |sport, flags| Tcp::new(sport, 5001, flags);
+    let syn = Frame::new(m.lan, m.client, Ipv4::new(cli, srv, tcp(40_001, TCP_SYN))).bytes();
+    prog.run(&syn, lan, 1)?;
+    let data = |sport| {
+        let seg = tcp(sport, TCP_ACK).payload(&PAYLOAD);
+        Frame::new(m.lan, m.client, Ipv4::new(cli, srv, seg)).bytes()
+    };
+    Ok(Frames {
+        macs: m,
+        arp: arp_frame(m.lan, m.client),
+        reply,
+        tcp_data: data(40_001),
+        tcp_no_flow: data(40_002),
+    })
+}
+
+/// The router program, loaded unattached in the calling thread's
+/// namespace, configured as `attach` does.
+fn load_router(lan: u32, wan: u32) -> Result<LoadedRouter, String> {
+    // The test kit's loader panics on failure (it serves tests); here a
+    // failure is one failed section of the report, not the end of the run.
+    let loaded = std::panic::catch_unwind(|| LoadedRouter::load(lan, wan, 2 * DEFAULT_MAX_FLOWS));
+    let mut router = loaded.map_err(|p| {
+        let why = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        format!("loading the router program: {why}")
+    })?;
+    let config = Config {
+        lan_ifindex: lan,
+        wan_ifindex: wan,
+        wan_addr: ROUTER_WAN_ADDR.octets(),
+        port_min: 1024,
+        port_max: 65535,
+        hash_seed: 0x5eed_1234,
+        pad: 0,
+        timeouts: Timeouts::default(),
+    };
+    router
+        .config
+        .set(0, config, 0)
+        .map_err(|e| format!("CONFIG: {e}"))?;
+    Ok(router)
+}
+
+/// Runs every case; `calls` per-call samples each, `repeat` for the
+/// amortised ones.
+pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
+    t.warm_neighbours();
+    let m = Macs {
+        lan: t.try_mac(Ns::Router, LAN_IF)?,
+        wan: t.try_mac(Ns::Router, WAN_IF)?,
+        client: t.try_mac(Ns::Client, HOST_IF)?,
+        server: t.try_mac(Ns::Server, HOST_IF)?,
+    };
+    let (lan, wan) = (
+        t.try_ifindex(Ns::Router, LAN_IF)?,
+        t.try_ifindex(Ns::Router, WAN_IF)?,
+    );
+    t.in_ns(Ns::Router, || {
+        let router = load_router(lan, wan)?;
+        let prog: &Xdp = router
+            .ebpf
+            .program(PROGRAM_NAME)
+            .ok_or("no router program")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        let frames = open_flows(prog, m, lan)?;
+        let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
+        let mut cases = Vec::new();
+        for s in &SPECS {
+            let runner: &dyn Runner = if s.name == "trivial-pass" {
+                match &trivial {
+                    Ok(tr) => tr,
+                    Err(e) => {
+                        eprintln!("micro: skipping the trivial floor: {e}");
+                        continue;
+                    }
+                }
+            } else {
+                prog
+            };
+            let ingress = if s.from_wan { wan } else { lan };
+            cases.push(measure(runner, s, (&frames, ingress), calls, repeat)?);
+        }
+        Ok(cases)
+    })
+}

@@ -1,0 +1,43 @@
+//! The workloads: iperf2 TCP and UDP load (`iperf`), the live-frame UDP
+//! generator (`live`), the `BPF_PROG_RUN` micro-benchmark (`micro`), the
+//! frags experiment (`frags`) and the plain-forwarding reference
+//! (`reference`), with what they share: the TCP discard sink and
+//! background processes.
+
+pub mod discard;
+pub mod frags;
+pub mod iperf;
+pub mod live;
+pub mod micro;
+pub mod procs;
+pub mod reference;
+
+use std::path::Path;
+
+use tests::{Ns, SERVER_ADDR, Topology};
+
+use crate::model::Settings;
+use procs::{Watched, spawn_sh};
+
+/// Ping from the client to the server through the router every
+/// `ping_interval` for at most `limit` seconds, `-D` timestamps into `out`
+/// (root may ping faster than every 0.2 s). `cpu`: run it there.
+pub fn start_ping(
+    t: &Topology,
+    s: &Settings,
+    out: &Path,
+    limit: u32,
+    cpu: Option<usize>,
+) -> Watched {
+    let pin = cpu.map_or_else(String::new, |c| format!("taskset -c {c} "));
+    spawn_sh(
+        t,
+        Ns::Client,
+        &format!(
+            "exec {pin}timeout -k 1 {} ping -D -n -i {} -w {limit} -W 1 {SERVER_ADDR} > {} 2>&1",
+            limit + 2,
+            s.ping_interval,
+            out.display()
+        ),
+    )
+}
