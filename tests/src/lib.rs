@@ -109,18 +109,6 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Returns `true` (after printing why) when the test must be skipped
-/// because it is not running as root. Use: `if skip_unless_root("x") { return; }`.
-#[must_use]
-pub fn skip_unless_root(test: &str) -> bool {
-    if is_root() {
-        false
-    } else {
-        eprintln!("SKIP {test}: needs root (network namespaces, veths, iptables)");
-        true
-    }
-}
-
 /// Runs a host command (bounded by `timeout`). Used only for commands that
 /// address a namespace explicitly (`ip -n NAME`, `ip netns ...`).
 fn run(cmd: &[&str]) -> Output {
@@ -211,6 +199,12 @@ impl Topology {
     }
 
     fn alloc(roles: &[Ns]) -> Self {
+        // Tests that build topologies are `#[ignore]`d with this reason;
+        // run with `--include-ignored` as a normal user they stop here.
+        assert!(
+            is_root(),
+            "needs root (network namespaces, veths, BPF): run cargo xtask test"
+        );
         let pid = std::process::id();
         // Skip counters whose names survive from a killed earlier process
         // with the same pid; never delete them (they are not ours).

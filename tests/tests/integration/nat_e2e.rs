@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tests::{
     CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of, pattern,
-    skip_unless_root,
+
 };
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,10 +38,8 @@ fn flow<'a>(flows: &'a [Value], proto: &str, orig_dst: SocketAddr) -> &'a Value 
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn masquerade_tcp_udp_and_ping() {
-    if skip_unless_root("masquerade_tcp_udp_and_ping") {
-        return;
-    }
     let t = Topology::new();
     attach(&t);
     let before = t.stats();
@@ -113,10 +111,8 @@ fn masquerade_tcp_udp_and_ping() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn port_forward_reaches_the_lan_service() {
-    if skip_unless_root("port_forward_reaches_the_lan_service") {
-        return;
-    }
     let t = Topology::new();
     attach(&t);
     t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
@@ -217,10 +213,8 @@ fn tcp_from_port(port: u16, dst: SocketAddr, msg: &[u8]) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn two_clients_with_the_same_source_port() {
-    if skip_unless_root("two_clients_with_the_same_source_port") {
-        return;
-    }
     let t = Topology::with_two_clients();
     attach(&t);
     let before = t.stats();
@@ -283,10 +277,8 @@ fn two_clients_with_the_same_source_port() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn icmp_errors_come_back_translated() {
-    if skip_unless_root("icmp_errors_come_back_translated") {
-        return;
-    }
     let t = Topology::new();
     attach(&t);
     let before = t.stats();
@@ -315,10 +307,8 @@ fn icmp_errors_come_back_translated() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn unsolicited_wan_traffic_creates_no_state() {
-    if skip_unless_root("unsolicited_wan_traffic_creates_no_state") {
-        return;
-    }
     let t = Topology::new();
     attach(&t);
     let before = t.stats();
@@ -352,10 +342,8 @@ fn unsolicited_wan_traffic_creates_no_state() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn attach_twice_is_a_noop_and_detach_restores_the_kernel_path() {
-    if skip_unless_root("attach_twice_is_a_noop_and_detach_restores_the_kernel_path") {
-        return;
-    }
     let t = Topology::new();
     attach(&t);
     // The same attach again changes nothing and says so.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tests::{
     CLIENT_ADDR, Ns, ROUTER_LAN_ADDR, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, netns_exists,
-    skip_unless_root,
+
 };
 
 fn server(port: u16) -> SocketAddr {
@@ -14,10 +14,8 @@ fn server(port: u16) -> SocketAddr {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn kernel_masquerade_tcp_udp_ping() {
-    if skip_unless_root("kernel_masquerade_tcp_udp_ping") {
-        return;
-    }
     let t = Topology::new();
     t.masquerade();
     let fwd_before = t.nstat(Ns::Router, "IpForwDatagrams");
@@ -54,10 +52,8 @@ fn kernel_masquerade_tcp_udp_ping() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn without_nat_server_cannot_reply() {
-    if skip_unless_root("without_nat_server_cannot_reply") {
-        return;
-    }
     let t = Topology::new();
     // Router reachable, server's subnet reachable from the router...
     assert!(t.ping(Ns::Router, SERVER_ADDR, 1));
@@ -77,10 +73,8 @@ fn without_nat_server_cannot_reply() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn two_clients_share_the_wan_address() {
-    if skip_unless_root("two_clients_share_the_wan_address") {
-        return;
-    }
     let t = Topology::with_two_clients();
     t.masquerade();
     let p1 = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, server(5204));
@@ -95,10 +89,8 @@ fn two_clients_share_the_wan_address() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn in_ns_runs_in_that_namespace() {
-    if skip_unless_root("in_ns_runs_in_that_namespace") {
-        return;
-    }
     let t = Topology::new();
     // Binding the server's address only works inside the server namespace.
     let bound = t.in_ns(Ns::Server, || {
@@ -112,10 +104,8 @@ fn in_ns_runs_in_that_namespace() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn namespaces_and_children_gone_after_drop() {
-    if skip_unless_root("namespaces_and_children_gone_after_drop") {
-        return;
-    }
     // Normal drop, with a spawned child that must be killed.
     let t = Topology::with_two_clients();
     let names = t.namespaces();

@@ -36,7 +36,7 @@ use tests::frames::{
     fix_ipv4_checksum,
 };
 use tests::prog::LoadedRouter;
-use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, skip_unless_root};
+use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -669,10 +669,8 @@ fn icmp_key(src: [u8; 4], dst: [u8; 4], id: u16) -> FlowKey {
 /// `SYN_SENT`, SYN+ACK -> ESTABLISHED, RST -> CLOSED, SYN again -> reopened;
 /// FIN from each side -> `FIN_WAIT` -> CLOSED.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn tcp_snat_reply_and_state_transitions() {
-    if skip_unless_root("tcp_snat_reply_and_state_transitions") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -868,10 +866,8 @@ fn tcp_snat_reply_and_state_transitions() {
 /// replies translated back, UNREPLIED -> REPLIED in both entries; a zero
 /// UDP checksum stays zero both ways.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn udp_snat_reply_and_zero_checksum() {
-    if skip_unless_root("udp_snat_reply_and_zero_checksum") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -998,10 +994,8 @@ fn udp_snat_reply_and_zero_checksum() {
 /// replies reach the right host. Same port with another protocol or
 /// another destination port does not collide. LAN -> LAN is not translated.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn port_preservation_and_collision_two_lan_hosts() {
-    if skip_unless_root("port_preservation_and_collision_two_lan_hosts") {
-        return;
-    }
     let env = Env::new(true);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -1117,10 +1111,8 @@ fn port_preservation_and_collision_two_lan_hosts() {
 /// ICMP echo: the identifier is the port (preserved in range, remapped
 /// below it), echo replies translated back, unknown identifiers passed.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn icmp_echo_translation() {
-    if skip_unless_root("icmp_echo_translation") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -1211,10 +1203,8 @@ fn icmp_echo_translation() {
 /// translated; errors about unknown flows or with an unusable embedded
 /// header passed untouched.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn icmp_errors_with_embedded_headers() {
-    if skip_unless_root("icmp_errors_with_embedded_headers") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -1441,10 +1431,8 @@ fn icmp_errors_with_embedded_headers() {
 /// Non-SYN segments and the other protocol do not open flows. Masquerading
 /// skips ports with a rule for the same protocol.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn port_forward_rules() {
-    if skip_unless_root("port_forward_rules") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -1593,10 +1581,8 @@ fn port_forward_rules() {
 /// WAN packets of no flow and no rule go to the kernel untouched and
 /// create nothing.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn unsolicited_wan_packets_pass_untouched() {
-    if skip_unless_root("unsolicited_wan_packets_pass_untouched") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let wan = r.wan;
@@ -1653,10 +1639,8 @@ fn unsolicited_wan_packets_pass_untouched() {
 /// (Frames shorter than 14 bytes cannot be run: `BPF_PROG_RUN` rejects
 /// them.)
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn malformed_frames_are_dropped() {
-    if skip_unless_root("malformed_frames_are_dropped") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         for (side, ifindex) in [("LAN", r.lan), ("WAN", r.wan)] {
@@ -1786,10 +1770,8 @@ fn fix_ipv4_checksum_any(v: &mut [u8]) {
 /// path does not handle: passed untouched, in the spec's order of checks,
 /// without touching flows.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn pass_cases_ttl_fragments_options_protocols() {
-    if skip_unless_root("pass_cases_ttl_fragments_options_protocols") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -2002,10 +1984,8 @@ fn pass_cases_ttl_fragments_options_protocols() {
 /// first, L4 checks after); with CONFIG, ingress on another interface
 /// passes as not configured.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn not_configured_passes() {
-    if skip_unless_root("not_configured_passes") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(None, |r| {
         let lan = r.lan;
@@ -2051,10 +2031,8 @@ fn not_configured_passes() {
 /// (`PassFibNotForwarded`); TCP without a plain SYN and no flow gets
 /// `PassNoFlow`; neither creates entries.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn local_destination_and_tcp_without_flow() {
-    if skip_unless_root("local_destination_and_tcp_without_flow") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let lan = r.lan;
@@ -2126,10 +2104,8 @@ fn local_destination_and_tcp_without_flow() {
 /// and a new LAN flow replaces it (`FlowExpiredReplaced`), also when the
 /// stale flow belonged to another LAN host.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn expired_entry_is_a_miss_and_is_replaced() {
-    if skip_unless_root("expired_entry_is_a_miss_and_is_replaced") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -2239,10 +2215,8 @@ fn expired_entry_is_a_miss_and_is_replaced() {
 /// `last_seen_ns` is refreshed in both entries once `REFRESH_NS` has
 /// passed; a missing peer entry (LRU eviction) is rebuilt and counted.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn refresh_and_evicted_peer_reinserted() {
-    if skip_unless_root("refresh_and_evicted_peer_reinserted") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -2329,10 +2303,8 @@ fn refresh_and_evicted_peer_reinserted() {
 /// server port finds it taken on every probe and is passed untouched;
 /// flows to another server port or another protocol can still use it.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn ports_exhausted_with_one_port_range() {
-    if skip_unless_root("ports_exhausted_with_one_port_range") {
-        return;
-    }
     let env = Env::new(false);
     let cfg = Config {
         port_min: 5000,
@@ -2416,10 +2388,8 @@ fn ports_exhausted_with_one_port_range() {
 /// translated without TTL change, flow recorded), MTU exceeded, forwarding
 /// disabled, egress not attached.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn fib_outcomes_other_than_success() {
-    if skip_unless_root("fib_outcomes_other_than_success") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);
@@ -2547,10 +2517,8 @@ fn fib_outcomes_other_than_success() {
 /// packet is bigger than the cached MTU, and at each refresh. A cached hop
 /// to an interface no longer attached is not used blindly.
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn next_hop_cache() {
-    if skip_unless_root("next_hop_cache") {
-        return;
-    }
     let env = Env::new(false);
     env.with_router(Some(env.config()), |r| {
         let (lan, wan) = (r.lan, r.wan);

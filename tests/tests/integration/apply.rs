@@ -2,15 +2,14 @@
 //! change), a changed file (live replace and rule sync), and every invalid
 //! field (an error naming the line and the field, nothing changed).
 
-mod common;
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::*;
+use crate::ctl::*;
 use serde_json::{Value, json};
-use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern, skip_unless_root};
+use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern};
 
 fn example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/router.toml")
@@ -66,10 +65,8 @@ fn port_forward_works(t: &Topology) {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn the_example_applies_and_applying_it_again_changes_nothing() {
-    if skip_unless_root("the_example_applies_and_applying_it_again_changes_nothing") {
-        return;
-    }
     let t = Topology::new();
     t.warm_neighbours();
     let file = example();
@@ -106,10 +103,8 @@ fn the_example_applies_and_applying_it_again_changes_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
-    if skip_unless_root("a_changed_file_replaces_in_place_and_syncs_the_rules") {
-        return;
-    }
     let t = Topology::new();
     t.warm_neighbours();
     t.router_ctl_ok(&["apply", example().to_str().unwrap()]);
@@ -163,11 +158,9 @@ fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 #[expect(clippy::too_many_lines, reason = "a table of cases")]
 fn each_invalid_field_is_named_and_nothing_changes() {
-    if skip_unless_root("each_invalid_field_is_named_and_nothing_changes") {
-        return;
-    }
     let t = Topology::new();
     t.warm_neighbours();
     t.router_ctl_ok(&["apply", example().to_str().unwrap()]);

@@ -3,14 +3,13 @@
 //! rollback when the second interface fails, foreign XDP programs, pins
 //! lost (as after a reboot), and a crash (`kill -9`) at every step.
 
-mod common;
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
-use common::*;
+use crate::ctl::*;
 use serde_json::Value;
-use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, skip_unless_root};
+use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF};
 
 fn sa(port: u16) -> SocketAddr {
     SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, port))
@@ -25,10 +24,8 @@ fn flow_xlat(t: &Topology, port: u16) -> Option<String> {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn attach_is_idempotent_and_status_tells_what_runs_where() {
-    if skip_unless_root("attach_is_idempotent_and_status_tells_what_runs_where") {
-        return;
-    }
     let t = Topology::new();
     let (v, code) = status(&t);
     assert_eq!(
@@ -87,10 +84,8 @@ fn attach_is_idempotent_and_status_tells_what_runs_where() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn replace_under_a_running_tcp_stream_loses_nothing() {
-    if skip_unless_root("replace_under_a_running_tcp_stream_loses_nothing") {
-        return;
-    }
     let t = Topology::new();
     attach(&t, &[]);
     let (v0, _) = status(&t);
@@ -173,10 +168,8 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn detach_restores_kernel_forwarding() {
-    if skip_unless_root("detach_restores_kernel_forwarding") {
-        return;
-    }
     let t = Topology::new();
     attach(&t, &[]);
     // Give the kernel path its own NAT; while attached the fast path wins.
@@ -202,10 +195,8 @@ fn detach_restores_kernel_forwarding() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_failing_second_interface_rolls_the_first_back() {
-    if skip_unless_root("a_failing_second_interface_rolls_the_first_back") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     let rtr = t.ns_name(Ns::Router).to_owned();
@@ -257,10 +248,8 @@ fn foreign_ebpf() -> aya::Ebpf {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_foreign_xdp_program_is_refused_unless_forced() {
-    if skip_unless_root("a_foreign_xdp_program_is_refused_unless_forced") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     // LAN: attached over netlink (like `ip link set xdp`), by bpftool from a
@@ -350,10 +339,8 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn lost_pins_are_detected_and_repaired() {
-    if skip_unless_root("lost_pins_are_detected_and_repaired") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     attach(&t, &[]);
@@ -416,10 +403,8 @@ fn healthy(t: &Topology, port: u16) {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
-    if skip_unless_root("a_crash_at_any_step_leaves_the_old_or_the_new_state") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     t.warm_neighbours();
@@ -545,10 +530,8 @@ mod sha2_free_hash {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn stats_watch_shows_rates() {
-    if skip_unless_root("stats_watch_shows_rates") {
-        return;
-    }
     let t = Topology::new();
     attach(&t, &[]);
     let stream = Stream::start(&t, sa(6301), 8 << 20, 3.0);
