@@ -2,7 +2,6 @@
 //! change), a changed file (live replace and rule sync), and every invalid
 //! field (an error naming the line and the field, nothing changed).
 
-
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -4,7 +4,6 @@
 //! the verifier log), bpffs that cannot be mounted, rule conflicts, bad
 //! addresses and ports. Plus help, completions and the man page.
 
-
 use std::process::{Command, Output, Stdio};
 
 use crate::ctl::*;

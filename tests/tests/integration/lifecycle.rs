@@ -3,7 +3,6 @@
 //! rollback when the second interface fails, foreign XDP programs, pins
 //! lost (as after a reboot), and a crash (`kill -9`) at every step.
 
-
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 

@@ -20,6 +20,6 @@ mod live_frames;
 mod malformed_corpus;
 mod metrics;
 mod nat_e2e;
-mod nat_prog_run;
+mod prog_run;
 mod reliability;
 mod topology;

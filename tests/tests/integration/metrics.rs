@@ -1,7 +1,6 @@
 //! `router-ctl metrics`: the Prometheus endpoint scraped over loopback and
 //! parsed.
 
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, SocketAddrV4, TcpStream};

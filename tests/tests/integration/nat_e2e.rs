@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tests::{
     CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of, pattern,
-
 };
 
 const TIMEOUT: Duration = Duration::from_secs(5);

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use tests::{
     CLIENT_ADDR, Ns, ROUTER_LAN_ADDR, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, netns_exists,
-
 };
 
 fn server(port: u16) -> SocketAddr {
