@@ -2,7 +2,7 @@
 //! as `Ipv4Addr` for sockets and commands, and (in [`octets`]) as the byte
 //! arrays that frame builders and map keys take.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 /// Client address (first client in the two-client variant).
 pub const CLIENT_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 2);
@@ -29,6 +29,12 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/xdp-router";
 pub const LAN_NOBODY_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 9);
 /// A WAN address nobody has: the router has no neighbour entry for it.
 pub const WAN_NOBODY_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
+
+/// `ip:port` as a socket address.
+#[must_use]
+pub fn socket_addr(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(ip, port))
+}
 
 /// The same addresses as byte arrays (network order), derived from the
 /// `Ipv4Addr` constants above.

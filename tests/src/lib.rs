@@ -21,8 +21,8 @@ pub mod topology;
 
 pub use addr::{
     BRIDGE_IF, CLIENT_ADDR, CLIENT2_ADDR, HOST_IF, LAN_IF, PIN_ROOT, ROUTER_LAN_ADDR,
-    ROUTER_WAN_ADDR, SERVER_ADDR, WAN_IF,
+    ROUTER_WAN_ADDR, SERVER_ADDR, WAN_IF, socket_addr,
 };
 pub use echo::EchoServer;
 pub use host::{is_root, kernel_at_least, netns_exists, parse_snmp, router_ctl_bin};
-pub use topology::{Ns, Topology, counter_of, pattern};
+pub use topology::{Ns, Topology, counter_delta, counter_of, pattern};

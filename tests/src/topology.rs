@@ -623,6 +623,15 @@ pub fn counter_of(stats: &serde_json::Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter {name} in stats: {stats}"))
 }
 
+/// How much counter `name` grew between two parsed `stats --json`.
+///
+/// # Panics
+/// If the counter is missing from either.
+#[must_use]
+pub fn counter_delta(before: &serde_json::Value, after: &serde_json::Value, name: &str) -> u64 {
+    counter_of(after, name) - counter_of(before, name)
+}
+
 /// Deterministic non-trivial payload of `len` bytes.
 #[must_use]
 pub fn pattern(len: usize) -> Vec<u8> {

@@ -120,6 +120,11 @@ pub fn attach(t: &Topology, extra: &[&str]) -> String {
     t.router_ctl_ok(&args)
 }
 
+/// [`attach`] with its output printed (for the figures the tests print).
+pub fn attach_and_print(t: &Topology, extra: &[&str]) {
+    println!("{}", attach(t, extra));
+}
+
 static OBJ_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A copy of the built XDP object with bytes appended after its end: a

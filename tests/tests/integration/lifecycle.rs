@@ -3,7 +3,7 @@
 //! rollback when the second interface fails, foreign XDP programs, pins
 //! lost (as after a reboot), and a crash (`kill -9`) at every step.
 
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use crate::ctl::*;
@@ -11,7 +11,7 @@ use serde_json::Value;
 use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF};
 
 fn sa(port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, port))
+    tests::socket_addr(SERVER_ADDR, port)
 }
 
 fn flow_xlat(t: &Topology, port: u16) -> Option<String> {

@@ -6,10 +6,10 @@
 //! valid frames from both sides, with and without a matching flow).
 //!
 //! The hand-written malformed, pass and ICMP-error cases with exact
-//! expected outputs are in `nat_prog_run.rs` (`malformed_frames_are_dropped`,
+//! expected outputs are in `prog_run` (`malformed_frames_are_dropped`,
 //! `pass_cases_ttl_fragments_options_protocols`,
 //! `icmp_errors_with_embedded_headers`, `unsolicited_wan_packets_pass_untouched`);
-//! this file does not repeat them but checks invariants on thousands of
+//! this module does not repeat them but checks invariants on thousands of
 //! frames nobody wrote by hand. For every case:
 //! - the verdict is `XDP_PASS`, `XDP_DROP` or `XDP_REDIRECT`;
 //! - exactly one verdict counter moved, by one packet and the frame's bytes;

@@ -43,9 +43,9 @@ use router_common::{
 };
 use tests::addr::octets::{CLIENT, CLIENT2, LAN_NOBODY, ROUTER_LAN, SERVER, WAN, WAN_NOBODY};
 use tests::frames::{
-    self, Frame, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROBLEM, ICMP_TIME_EXCEEDED, IP_DF, IP_MF,
-    IP_OFF, Icmp, Ipv4, L4, L4_OFF, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, Tcp, Udp,
-    fix_ipv4_checksum,
+    self, ETH_HLEN, ETHERTYPE_OFF, Frame, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROBLEM,
+    ICMP_TIME_EXCEEDED, IP_DF, IP_MF, IP_OFF, Icmp, Ipv4, L4, L4_OFF, TCP_ACK, TCP_FIN, TCP_PSH,
+    TCP_RST, TCP_SYN, Tcp, Udp, fix_ipv4_checksum,
 };
 use tests::prog::{
     LoadedRouter, NS_PER_SEC, ProgRun, ResolvedTopology, XDP_DROP, XDP_PASS, XDP_REDIRECT,

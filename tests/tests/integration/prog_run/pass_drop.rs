@@ -29,7 +29,7 @@ fn malformed_frames_are_dropped() {
             let tcp = mk(Tcp::new(40000, 80, TCP_SYN).payload(b"12345678").into());
             let icmp = mk(Icmp::echo_request(7, 1, b"").into());
 
-            for len in ETH_AND_NOTHING..L4_OFF {
+            for len in ETH_HLEN..L4_OFF {
                 r.drop_frame(
                     &format!("{side}: truncated to {len}"),
                     &udp[..len],
@@ -128,8 +128,6 @@ fn malformed_frames_are_dropped() {
         r.assert_flows("nothing created", []);
     });
 }
-
-const ETH_AND_NOTHING: usize = frames::ETH_HLEN;
 
 /// [`fix_ipv4_checksum`] that tolerates an IHL pointing past the frame.
 fn fix_ipv4_checksum_any(v: &mut [u8]) {
@@ -297,7 +295,7 @@ fn pass_cases_ttl_fragments_options_protocols() {
                 ("VLAN", [0x81, 0x00]),
             ] {
                 let mut v = ok.clone();
-                v[12..14].copy_from_slice(&ethertype);
+                v[ETHERTYPE_OFF..ETHERTYPE_OFF + 2].copy_from_slice(&ethertype);
                 r.pass(
                     &format!("{side}: {what}"),
                     &v,
@@ -306,7 +304,7 @@ fn pass_cases_ttl_fragments_options_protocols() {
                 );
                 r.pass(
                     &format!("{side}: {what}, 14 bytes"),
-                    &v[..14],
+                    &v[..ETH_HLEN],
                     ifindex,
                     Counter::PassNotIpv4,
                 );

@@ -40,7 +40,7 @@ fn assert_monotonic(a: &Value, b: &Value, i: usize) {
 #[ignore = "needs root: run cargo xtask test"]
 fn control_plane_is_consistent_under_load() {
     let t = Topology::new();
-    attach(&t, &[]);
+    attach_and_print(&t, &[]);
     let mut server = t.spawn(
         Ns::Server,
         &[
@@ -66,7 +66,7 @@ fn control_plane_is_consistent_under_load() {
     let start_stats = t.stats();
     // Wait (bounded) until the streams run.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while delta(&start_stats, &t.stats(), "fwd_outbound") < 1000 {
+    while counter_delta(&start_stats, &t.stats(), "fwd_outbound") < 1000 {
         assert!(Instant::now() < deadline, "iperf traffic did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -108,7 +108,8 @@ fn control_plane_is_consistent_under_load() {
     let iperf_running = client.try_wait().ok().flatten().is_none();
     kill_group(&mut client);
     kill_group(&mut server);
-    let carried = delta(&first, &last, "fwd_outbound") + delta(&first, &last, "fwd_inbound");
+    let carried =
+        counter_delta(&first, &last, "fwd_outbound") + counter_delta(&first, &last, "fwd_inbound");
     println!(
         "50 iterations (stats, conntrack list, forward add/list/del/list) in {loop_secs:.1} s \
          while iperf ran (still running at the end: {iperf_running}); the fast path carried \

@@ -31,21 +31,26 @@ fn split(log: &Log, at: f64) -> (usize, usize, usize) {
 fn detach_while_traffic_runs() {
     let t = Topology::new();
     t.masquerade();
-    attach(&t, &["--port-range", "40000-49999"]);
+    attach_and_print(&t, &["--port-range", "40000-49999"]);
     let life = Duration::from_mins(1);
-    let _echo = MultiEcho::start(&t, Ns::Server, sa(SERVER_ADDR, 5301), life);
-    let udp_srv = UdpRecorder::start(&t, Ns::Server, sa(SERVER_ADDR, 5300), life);
+    let _echo = MultiEcho::start(&t, Ns::Server, socket_addr(SERVER_ADDR, 5301), life);
+    let udp_srv = UdpRecorder::start(&t, Ns::Server, socket_addr(SERVER_ADDR, 5300), life);
     // Port 44000/44001: kept by the fast path; 51000/51001: remapped.
     let mut streams: Vec<(u16, TcpStream)> = [44000, 51000]
         .into_iter()
-        .map(|p| (p, tcp_from(&t, Ns::Client, p, sa(SERVER_ADDR, 5301))))
+        .map(|p| {
+            (
+                p,
+                tcp_from(&t, Ns::Client, p, socket_addr(SERVER_ADDR, 5301)),
+            )
+        })
         .collect();
     let udps: Vec<(u16, UdpSocket)> = [44001, 51001]
         .into_iter()
         .map(|p| {
             let s = t.in_ns(Ns::Client, || {
-                let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, p)).unwrap();
-                s.connect(sa(SERVER_ADDR, 5300)).unwrap();
+                let s = UdpSocket::bind(socket_addr(Ipv4Addr::UNSPECIFIED, p)).unwrap();
+                s.connect(socket_addr(SERVER_ADDR, 5300)).unwrap();
                 s
             });
             (p, s)
@@ -59,7 +64,7 @@ fn detach_while_traffic_runs() {
     }
     let flows = t.conntrack();
     let mapping = |port: u16| -> String {
-        let src = sa(CLIENT_ADDR, port).to_string();
+        let src = socket_addr(CLIENT_ADDR, port).to_string();
         flows
             .iter()
             .find(|f| f["orig_src"] == src.as_str())
@@ -124,16 +129,16 @@ fn detach_while_traffic_runs() {
     }
     let fwd_after = t.nstat(Ns::Router, "IpForwDatagrams");
     // New connections through the kernel's NAT work at once.
-    let tcp_peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5320));
-    let udp_peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5321));
+    let tcp_peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5320));
+    let udp_peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5321));
     assert_eq!(tcp_peer.ip(), ROUTER_WAN_ADDR);
     assert_eq!(udp_peer.ip(), ROUTER_WAN_ADDR);
     assert!(
         fwd_after > fwd_at_detach,
         "the kernel does not forward after detach"
     );
-    let xdp_out = delta(&xdp_start, &xdp_at_detach, "fwd_outbound");
-    let xdp_in = delta(&xdp_start, &xdp_at_detach, "fwd_inbound");
+    let xdp_out = counter_delta(&xdp_start, &xdp_at_detach, "fwd_outbound");
+    let xdp_in = counter_delta(&xdp_start, &xdp_at_detach, "fwd_inbound");
     assert!(xdp_out > 0 && xdp_in > 0, "the fast path carried nothing");
     println!(
         "before detach at {detach_at:.2} s: fast path {xdp_out} packets out, {xdp_in} in; \

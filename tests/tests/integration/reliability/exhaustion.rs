@@ -34,21 +34,35 @@ fn count_survivors(conns: &mut [TcpStream]) -> usize {
 )]
 fn table_exhaustion_flood_keeps_established_flows_and_recovers() {
     let t = Topology::new();
-    attach(&t, &["--max-flows", "512"]);
+    attach_and_print(&t, &["--max-flows", "512"]);
     let count0 = count_json(&t);
     assert_eq!(count0["capacity"], 1024, "{count0}");
     let echo = MultiEcho::start(
         &t,
         Ns::Server,
-        sa(SERVER_ADDR, 5301),
+        socket_addr(SERVER_ADDR, 5301),
         Duration::from_secs(90),
     );
     let mut conns: Vec<TcpStream> = (0..LONG_LIVED)
-        .map(|i| tcp_from(&t, Ns::Client, 43000 + i as u16, sa(SERVER_ADDR, 5301)))
+        .map(|i| {
+            tcp_from(
+                &t,
+                Ns::Client,
+                43000 + i as u16,
+                socket_addr(SERVER_ADDR, 5301),
+            )
+        })
         .collect();
     // A control group that stays idle during the flood.
     let mut idle: Vec<TcpStream> = (0..IDLE)
-        .map(|i| tcp_from(&t, Ns::Client, 43100 + i as u16, sa(SERVER_ADDR, 5301)))
+        .map(|i| {
+            tcp_from(
+                &t,
+                Ns::Client,
+                43100 + i as u16,
+                socket_addr(SERVER_ADDR, 5301),
+            )
+        })
         .collect();
     for (i, c) in conns.iter_mut().chain(idle.iter_mut()).enumerate() {
         echo_once(c, format!("hello {i}").as_bytes(), IO).expect("long-lived connection");
@@ -80,7 +94,7 @@ fn table_exhaustion_flood_keeps_established_flows_and_recovers() {
         });
         let flood = t.in_ns(Ns::Client, || {
             let socks: Vec<UdpSocket> = (0..FLOOD_SOCKETS)
-                .map(|_| UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, 0)).unwrap())
+                .map(|_| UdpSocket::bind(socket_addr(Ipv4Addr::UNSPECIFIED, 0)).unwrap())
                 .collect();
             let (mut sent, mut errors) = (0u64, 0u64);
             let deadline = Instant::now() + Duration::from_secs(20);
@@ -89,7 +103,7 @@ fn table_exhaustion_flood_keeps_established_flows_and_recovers() {
                     if Instant::now() >= deadline {
                         break 'outer;
                     }
-                    match s.send_to(b"flood", sa(SERVER_ADDR, 20000 + p)) {
+                    match s.send_to(b"flood", socket_addr(SERVER_ADDR, 20000 + p)) {
                         Ok(_) => sent += 1,
                         Err(_) => errors += 1,
                     }
@@ -112,12 +126,12 @@ fn table_exhaustion_flood_keeps_established_flows_and_recovers() {
     let survivors = count_survivors(&mut conns);
     let idle_survivors = count_survivors(&mut idle);
     // Recovery: new flows work once the flood is over.
-    let udp_peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5310));
-    let tcp_peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5311));
+    let udp_peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5310));
+    let tcp_peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5311));
     let after = t.stats();
     let count_after = count_json(&t);
 
-    let new_flows = delta(&before, &during, "flow_new_masquerade");
+    let new_flows = counter_delta(&before, &during, "flow_new_masquerade");
     println!(
         "flood: {} datagrams sent ({} send errors) in {flood_secs:.1} s, {} new flows counted, \
          table {count_during}",
@@ -189,11 +203,11 @@ fn table_exhaustion_flood_keeps_established_flows_and_recovers() {
 #[ignore = "needs root: run cargo xtask test"]
 fn port_exhaustion_for_one_destination() {
     let t = Topology::new();
-    attach(&t, &["--port-range", "20000-20009"]);
+    attach_and_print(&t, &["--port-range", "20000-20009"]);
     let srv = UdpRecorder::start(
         &t,
         Ns::Server,
-        sa(SERVER_ADDR, 5300),
+        socket_addr(SERVER_ADDR, 5300),
         Duration::from_mins(1),
     );
     let base = t.stats();
@@ -204,8 +218,8 @@ fn port_exhaustion_for_one_destination() {
         let port = 41000 + i;
         let msg = format!("flow {i}");
         let sock = t.in_ns(Ns::Client, || {
-            let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, port)).unwrap();
-            s.connect(sa(SERVER_ADDR, 5300)).unwrap();
+            let s = UdpSocket::bind(socket_addr(Ipv4Addr::UNSPECIFIED, port)).unwrap();
+            s.connect(socket_addr(SERVER_ADDR, 5300)).unwrap();
             s
         });
         // One datagram per flow: a retry of an exhausted flow would be
@@ -221,8 +235,8 @@ fn port_exhaustion_for_one_destination() {
             replies += 1;
         }
         let s = t.stats();
-        let exhausted = delta(&base, &s, "pass_ports_exhausted");
-        let new = delta(&base, &s, "flow_new_masquerade");
+        let exhausted = counter_delta(&base, &s, "pass_ports_exhausted");
+        let new = counter_delta(&base, &s, "flow_new_masquerade");
         if i < 10 {
             assert_eq!((new, exhausted), (u64::from(i) + 1, 0), "flow {i}");
             assert_eq!(peer.ip(), ROUTER_WAN_ADDR, "flow {i} not masqueraded");
@@ -232,7 +246,7 @@ fn port_exhaustion_for_one_destination() {
             assert_eq!((new, exhausted), (10, u64::from(i) - 9), "flow {i}");
             assert_eq!(
                 peer,
-                sa(CLIENT_ADDR, port),
+                socket_addr(CLIENT_ADDR, port),
                 "flow {i} should reach the server untranslated (kernel path)"
             );
         }
@@ -259,9 +273,9 @@ fn port_exhaustion_for_one_destination() {
     let n = tuples.len();
     tuples.dedup();
     assert_eq!(tuples.len(), n, "two flows share a WAN tuple: {flows:?}");
-    assert_eq!(delta(&base, &after, "pass_ports_exhausted"), 20);
+    assert_eq!(counter_delta(&base, &after, "pass_ports_exhausted"), 20);
     // Each exhausted flow probed all 16 candidates.
-    assert!(delta(&base, &after, "port_collision") >= 20 * 16);
+    assert!(counter_delta(&base, &after, "port_collision") >= 20 * 16);
     assert!(forwarded >= 20, "the kernel forwarded only {forwarded}");
     // Replies only for the translated flows (the server has no route back).
     assert_eq!(replies, 10);

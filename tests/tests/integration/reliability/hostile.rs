@@ -16,18 +16,18 @@ use super::*;
 )]
 fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
     let t = Topology::new();
-    attach(&t, &[]);
+    attach_and_print(&t, &[]);
     let life = Duration::from_mins(1);
-    let udp_srv = UdpRecorder::start(&t, Ns::Server, sa(SERVER_ADDR, 5300), life);
-    let tcp_srv = MultiEcho::start(&t, Ns::Server, sa(SERVER_ADDR, 5301), life);
+    let udp_srv = UdpRecorder::start(&t, Ns::Server, socket_addr(SERVER_ADDR, 5300), life);
+    let tcp_srv = MultiEcho::start(&t, Ns::Server, socket_addr(SERVER_ADDR, 5301), life);
     // Two real flows, WAN ports 41000/udp and 41001/tcp (ports preserved).
     let udp = t.in_ns(Ns::Client, || {
-        let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, 41000)).unwrap();
-        s.connect(sa(SERVER_ADDR, 5300)).unwrap();
+        let s = UdpSocket::bind(socket_addr(Ipv4Addr::UNSPECIFIED, 41000)).unwrap();
+        s.connect(socket_addr(SERVER_ADDR, 5300)).unwrap();
         s
     });
     udp_once(&udp, b"real udp", IO).expect("real UDP flow");
-    let mut tcp = tcp_from(&t, Ns::Client, 41001, sa(SERVER_ADDR, 5301));
+    let mut tcp = tcp_from(&t, Ns::Client, 41001, socket_addr(SERVER_ADDR, 5301));
     echo_once(&mut tcp, b"real tcp", IO).expect("real TCP flow");
     let flows = t.conntrack();
     assert_eq!(flows.len(), 2, "{flows:?}");
@@ -40,14 +40,14 @@ fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
         listen_ports
             .iter()
             .map(|&p| {
-                let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, p)).unwrap();
+                let s = UdpSocket::bind(socket_addr(Ipv4Addr::UNSPECIFIED, p)).unwrap();
                 s.set_nonblocking(true).unwrap();
                 s
             })
             .collect()
     });
     let tcp_listener = t.in_ns(Ns::Client, || {
-        TcpListener::bind(sa(Ipv4Addr::UNSPECIFIED, 42100)).unwrap()
+        TcpListener::bind(socket_addr(Ipv4Addr::UNSPECIFIED, 42100)).unwrap()
     });
     tcp_listener.set_nonblocking(true).unwrap();
 
@@ -66,7 +66,7 @@ fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
         // UDP to random WAN ports (and the listeners' ports, and the real
         // flow's port from wrong source ports), from 16 source ports.
         let socks: Vec<UdpSocket> = (0..16)
-            .map(|i| UdpSocket::bind(sa(SERVER_ADDR, 6000 + i)).unwrap())
+            .map(|i| UdpSocket::bind(socket_addr(SERVER_ADDR, 6000 + i)).unwrap())
             .collect();
         for i in 0..2000u32 {
             if !bounded() {
@@ -77,7 +77,7 @@ fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
                 1 => listen_ports[(i as usize / 8) % listen_ports.len()],
                 _ => rng.port(),
             };
-            let _ = socks[i as usize % 16].send_to(b"knock", sa(ROUTER_WAN_ADDR, port));
+            let _ = socks[i as usize % 16].send_to(b"knock", socket_addr(ROUTER_WAN_ADDR, port));
             *n.entry("udp to random/flow ports").or_default() += 1;
             if i % 100 == 99 {
                 std::thread::sleep(Duration::from_millis(2));
@@ -94,7 +94,10 @@ fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
                 1 => 42100,
                 _ => rng.port(),
             };
-            let r = TcpStream::connect_timeout(&sa(ROUTER_WAN_ADDR, port), Duration::from_secs(2));
+            let r = TcpStream::connect_timeout(
+                &socket_addr(ROUTER_WAN_ADDR, port),
+                Duration::from_secs(2),
+            );
             assert!(r.is_err(), "connected to WAN port {port}");
             if r.err().map(|e| e.kind()) == Some(ErrorKind::ConnectionRefused) {
                 refused += 1;
@@ -232,13 +235,13 @@ fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
         "icmp_error_translated",
         "eviction_detected",
     ] {
-        assert_eq!(delta(&before, &after, c), 0, "{c} moved");
+        assert_eq!(counter_delta(&before, &after, c), 0, "{c} moved");
     }
     // Every IPv4 packet the server sent is counted once, as unsolicited
     // (echo requests to the router itself: protocol); a veth could drop a
     // few under load, so no more than that, and not nothing.
-    let counted =
-        delta(&before, &after, "pass_unsolicited") + delta(&before, &after, "pass_protocol");
+    let counted = counter_delta(&before, &after, "pass_unsolicited")
+        + counter_delta(&before, &after, "pass_protocol");
     assert!(
         counted > 0 && counted <= total,
         "{counted} WAN packets counted for {total} sent"

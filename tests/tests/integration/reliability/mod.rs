@@ -10,7 +10,7 @@ mod exhaustion;
 mod hostile;
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,23 +24,14 @@ use tests::frames::{
 };
 use tests::prog::SplitMix64;
 
-use crate::ctl;
-use tests::{CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of};
+use tests::{
+    CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_delta,
+    socket_addr,
+};
+
+use crate::ctl::attach_and_print;
 
 pub(super) const IO: Duration = Duration::from_secs(3);
-
-pub(super) fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
-
-/// [`ctl::attach`], its output printed for the figures.
-pub(super) fn attach(t: &Topology, extra: &[&str]) {
-    println!("{}", ctl::attach(t, extra));
-}
-
-pub(super) fn delta(before: &Value, after: &Value, name: &str) -> u64 {
-    counter_of(after, name) - counter_of(before, name)
-}
 
 pub(super) fn count_json(t: &Topology) -> Value {
     let out = t.router_ctl_ok(&["conntrack", "count", "--json"]);
@@ -54,7 +45,7 @@ pub(super) fn moved(before: &Value, after: &Value) -> Vec<(String, u64)> {
         .expect("stats object")
         .keys()
         .filter(|k| *k != "conntrack")
-        .map(|k| (k.clone(), delta(before, after, k)))
+        .map(|k| (k.clone(), counter_delta(before, after, k)))
         .filter(|(_, d)| *d > 0)
         .collect();
     v.sort();
@@ -229,7 +220,8 @@ pub(super) fn tcp_from(t: &Topology, ns: Ns, port: u16, dst: SocketAddr) -> TcpS
         use socket2::{Domain, Socket, Type};
         let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
         s.set_reuse_address(true).unwrap();
-        s.bind(&sa(Ipv4Addr::UNSPECIFIED, port).into()).unwrap();
+        s.bind(&socket_addr(Ipv4Addr::UNSPECIFIED, port).into())
+            .unwrap();
         s.connect_timeout(&dst.into(), IO)
             .unwrap_or_else(|e| panic!("connect {dst} from port {port}: {e}"));
         s.into()
