@@ -6,9 +6,10 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::ctl::*;
 use serde_json::{Value, json};
 use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern, socket_addr};
+
+use crate::ctl::*;
 
 fn example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/router.toml")

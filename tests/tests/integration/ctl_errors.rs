@@ -6,8 +6,9 @@
 
 use std::process::{Command, Output, Stdio};
 
-use crate::ctl::*;
 use tests::{LAN_IF, Ns, Topology, WAN_IF, router_ctl_bin};
+
+use crate::ctl::*;
 
 /// `PREFIX... router-ctl -n ROUTER ARGS`.
 fn ctl_via(t: &Topology, prefix: &[&str], args: &[&str]) -> Output {

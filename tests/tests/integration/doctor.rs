@@ -2,9 +2,10 @@
 //! checksums from the peer), MTU mismatch, each with its fix; and `attach`
 //! warning about them.
 
-use crate::ctl::*;
 use serde_json::Value;
 use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF};
+
+use crate::ctl::*;
 
 fn doctor(t: &Topology, args: &[&str]) -> (Value, i32) {
     let mut a = vec!["doctor"];

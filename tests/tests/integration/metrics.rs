@@ -7,9 +7,10 @@ use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::ctl::*;
 use router_common::maps::Counter;
 use tests::{Ns, SERVER_ADDR, Topology, router_ctl_bin};
+
+use crate::ctl::*;
 
 /// The metrics server, killed on drop.
 struct Server {
