@@ -10,12 +10,28 @@
 use router_common::checksum::{checksum, l4_checksum};
 use router_common::maps::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
 
+// Frame offsets, defined once for every test (the data path names the
+// same header offsets in router-common).
+
+/// Length of an untagged Ethernet header.
 pub const ETH_HLEN: usize = 14;
+/// Offset of the Ethernet type field in an untagged frame.
+pub const ETHERTYPE_OFF: usize = 12;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// Length of an IPv4 header without options.
+pub const IPV4_HLEN: usize = 20;
 /// Offset of the IPv4 header in a frame.
 pub const IP_OFF: usize = ETH_HLEN;
 /// Offset of the L4 header in a frame whose IPv4 header has no options.
-pub const L4_OFF: usize = ETH_HLEN + 20;
+pub const L4_OFF: usize = ETH_HLEN + IPV4_HLEN;
+/// Length of an ICMP header (type, code, checksum, 4 bytes of rest).
+pub const ICMP_HLEN: usize = 8;
+/// Offset of the quoted IPv4 header in an ICMP error (outer header
+/// without options).
+pub const INNER_IP_OFF: usize = L4_OFF + ICMP_HLEN;
+/// Offset of the quoted L4 header in an ICMP error (neither IPv4 header
+/// with options).
+pub const INNER_L4_OFF: usize = INNER_IP_OFF + IPV4_HLEN;
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -400,12 +416,30 @@ pub fn fix_ipv4_checksum(frame: &mut [u8]) {
     frame[IP_OFF + 10..IP_OFF + 12].copy_from_slice(&c.to_be_bytes());
 }
 
-fn be16(b: &[u8], at: usize) -> u16 {
+/// The big-endian 16-bit field at `at`.
+#[must_use]
+pub fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
-fn addr(b: &[u8], at: usize) -> [u8; 4] {
+/// Writes the big-endian 16-bit field at `at` if the frame has it.
+pub fn put16(b: &mut [u8], at: usize, v: u16) {
+    if at + 2 <= b.len() {
+        b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+    }
+}
+
+/// The IPv4 address at `at`.
+#[must_use]
+pub fn addr(b: &[u8], at: usize) -> [u8; 4] {
     [b[at], b[at + 1], b[at + 2], b[at + 3]]
+}
+
+/// Writes the IPv4 address at `at` if the frame has it.
+pub fn put_addr(b: &mut [u8], at: usize, a: [u8; 4]) {
+    if at + 4 <= b.len() {
+        b[at..at + 4].copy_from_slice(&a);
+    }
 }
 
 /// `data` with the 16-bit field at `at` zeroed.
@@ -540,9 +574,8 @@ pub fn verify_checksums(frame: &[u8]) {
 #[cfg(test)]
 mod unit {
     use super::*;
+    use crate::addr::octets::{CLIENT as A, SERVER as B};
 
-    const A: [u8; 4] = [192, 168, 50, 2];
-    const B: [u8; 4] = [203, 0, 113, 2];
     const M: [u8; 6] = [2, 0, 0, 0, 0, 1];
 
     fn frames() -> Vec<Vec<u8>> {

@@ -1,8 +1,11 @@
 //! The XDP object loaded for `BPF_PROG_RUN`: an unattached copy with its
 //! own maps (`DEVICES` filled with the two interfaces), shared by the
-//! packet-level tests (`nat_prog_run`, `malformed_corpus`). Create it inside
-//! the router namespace (`Topology::in_ns`) so `bpf_fib_lookup` sees that
-//! namespace's routes and neighbours.
+//! packet-level tests (`prog_run`, `malformed_corpus`); the XDP action
+//! values; and [`ResolvedTopology`], the topology those tests load it in.
+//! Load it inside the router namespace ([`ResolvedTopology::in_router`]) so
+//! `bpf_fib_lookup` sees that namespace's routes and neighbours.
+
+use std::collections::BTreeMap;
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -11,8 +14,51 @@ use aya::{
 };
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP, FlowEntry,
-    FlowKey, PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey, PortForwardTarget,
+    FlowKey, PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey, PortForwardTarget, Timeouts,
 };
+
+use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
+use crate::frames::{Frame, Ipv4};
+use crate::topology::{Ns, Topology};
+
+// `enum xdp_action` of the kernel's UAPI: a program's return value.
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+/// The name of an XDP action value, for messages.
+#[must_use]
+pub fn action_name(verdict: u32) -> &'static str {
+    match verdict {
+        XDP_ABORTED => "XDP_ABORTED",
+        XDP_DROP => "XDP_DROP",
+        XDP_PASS => "XDP_PASS",
+        XDP_TX => "XDP_TX",
+        XDP_REDIRECT => "XDP_REDIRECT",
+        _ => "other",
+    }
+}
+
+pub const NS_PER_SEC: u64 = 1_000_000_000;
+
+fn clock_ns(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    let rc = unsafe { libc::clock_gettime(id, &raw mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    u64::try_from(ts.tv_sec).unwrap() * NS_PER_SEC + u64::try_from(ts.tv_nsec).unwrap()
+}
+
+/// `CLOCK_MONOTONIC` now: the clock of a flow entry's `last_seen_ns`.
+#[must_use]
+pub fn now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
 
 /// The loaded program and its maps, taken out of the object (owned).
 pub struct LoadedRouter {
@@ -26,11 +72,15 @@ pub struct LoadedRouter {
     pub wan: u32,
 }
 
-/// One `BPF_PROG_RUN`: verdict, output frame, and every counter that moved.
+/// One `BPF_PROG_RUN`: verdict, output frame, every counter that moved,
+/// and a window of `CLOCK_MONOTONIC` that contains the program's clock
+/// reading.
 pub struct ProgRun {
     pub verdict: u32,
     pub out: Vec<u8>,
     pub delta: Vec<(Counter, CounterValue)>,
+    pub t0: u64,
+    pub t1: u64,
 }
 
 impl LoadedRouter {
@@ -73,6 +123,59 @@ impl LoadedRouter {
             lan,
             wan,
         }
+    }
+
+    /// Writes `CONFIG` (which turns the data path on).
+    ///
+    /// # Panics
+    /// If the map update fails.
+    pub fn configure(&mut self, cfg: &Config) {
+        self.config.set(0, cfg, 0).unwrap();
+    }
+
+    /// Inserts or replaces a `CONNTRACK` entry.
+    ///
+    /// # Panics
+    /// If the map update fails.
+    pub fn put(&mut self, k: FlowKey, e: FlowEntry) {
+        self.conntrack.insert(k, e, 0).unwrap();
+    }
+
+    /// Removes a `CONNTRACK` entry.
+    ///
+    /// # Panics
+    /// If there is no such entry.
+    pub fn remove(&mut self, k: &FlowKey) {
+        self.conntrack.remove(k).unwrap();
+    }
+
+    /// The `CONNTRACK` entry of `k` as stored, if any.
+    #[must_use]
+    pub fn entry(&self, k: &FlowKey) -> Option<FlowEntry> {
+        self.conntrack.get(k, 0).ok()
+    }
+
+    /// The whole `CONNTRACK` content as stored.
+    ///
+    /// # Panics
+    /// If the map cannot be iterated.
+    #[must_use]
+    pub fn conntrack_entries(&self) -> BTreeMap<FlowKey, FlowEntry> {
+        self.conntrack
+            .iter()
+            .map(|r| r.expect("iterate CONNTRACK"))
+            .collect()
+    }
+
+    /// The port-forward rule for `proto`/`port`, if any.
+    #[must_use]
+    pub fn rule(&self, proto: u8, port: u16) -> Option<PortForwardTarget> {
+        let k = PortForwardKey {
+            proto,
+            pad: 0,
+            port,
+        };
+        self.forwards.get(&k, 0).ok()
     }
 
     /// Adds a port-forward rule.
@@ -121,6 +224,9 @@ impl LoadedRouter {
     pub fn test_run(&self, frame: &[u8], ifindex: u32) -> ProgRun {
         let prog: &Xdp = self.ebpf.program(PROGRAM_NAME).unwrap().try_into().unwrap();
         let before = self.counter_values();
+        // The coarse clock lags the fine one by up to a tick: a reading
+        // taken before the run is never later than the program's.
+        let t0 = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
         let mut out = vec![0u8; frame.len() + 256];
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex.
@@ -132,6 +238,7 @@ impl LoadedRouter {
         opts.data_out = Some(&mut out);
         opts.ctx_in = Some(&ctx);
         let r = prog.test_run(opts).expect("BPF_PROG_RUN");
+        let t1 = now_ns();
         out.truncate(r.data_size_out as usize);
         let after = self.counter_values();
         let delta = Counter::ALL
@@ -149,6 +256,8 @@ impl LoadedRouter {
             verdict: r.return_value,
             out,
             delta,
+            t0,
+            t1,
         }
     }
 }
@@ -164,4 +273,192 @@ impl SplitMix64 {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
+
+    /// Uniform in `0..n` (`n > 0`; the modulo bias is irrelevant here).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    pub fn byte(&mut self) -> u8 {
+        self.next_u64() as u8
+    }
+
+    pub fn u16(&mut self) -> u16 {
+        self.next_u64() as u16
+    }
+
+    /// A port in 1..=65535.
+    pub fn port(&mut self) -> u16 {
+        (self.next_u64() % 65535) as u16 + 1
+    }
+
+    pub fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len())]
+    }
+
+    pub fn chance(&mut self, one_in: usize) -> bool {
+        self.below(one_in) == 0
+    }
+}
+
+/// A topology whose router has a neighbour entry (with the MAC) for every
+/// host, and the MACs and ifindexes crafted frames need: what the
+/// `BPF_PROG_RUN` tests run in.
+pub struct ResolvedTopology {
+    pub t: Topology,
+    pub lan: u32,
+    pub wan: u32,
+    pub lan_mac: [u8; 6],
+    pub wan_mac: [u8; 6],
+    pub client_mac: [u8; 6],
+    /// Zero without a second client.
+    pub client2_mac: [u8; 6],
+    pub server_mac: [u8; 6],
+}
+
+impl ResolvedTopology {
+    /// [`Topology::new`] (or [`Topology::with_two_clients`]) with the
+    /// neighbours resolved.
+    ///
+    /// # Panics
+    /// If a host cannot reach the router or a neighbour entry is missing.
+    #[must_use]
+    #[expect(
+        clippy::similar_names,
+        reason = "client and client2 are the topology's own names"
+    )]
+    pub fn new(two_clients: bool) -> Self {
+        let t = if two_clients {
+            Topology::with_two_clients()
+        } else {
+            Topology::new()
+        };
+        // The server has no route back. The router learns the clients'
+        // MACs from their ARP requests for the gateway and the server's from
+        // its ARP request for the WAN address (the pings are answered by the
+        // router itself), then resolves every host itself.
+        let gw = crate::ROUTER_LAN_ADDR;
+        assert!(t.ping(Ns::Client, gw, 1), "client cannot ping the router");
+        if two_clients {
+            assert!(t.ping(Ns::Client2, gw, 1), "client2 cannot ping the router");
+        }
+        assert!(
+            t.ping(Ns::Server, crate::ROUTER_WAN_ADDR, 1),
+            "server cannot ping the router"
+        );
+        t.warm_neighbours();
+        let client_mac = t.mac(Ns::Client, HOST_IF);
+        let client2_mac = if two_clients {
+            t.mac(Ns::Client2, HOST_IF)
+        } else {
+            [0; 6]
+        };
+        let server_mac = t.mac(Ns::Server, HOST_IF);
+        assert_neighbour(&t, octets::CLIENT, LAN_IF, client_mac);
+        if two_clients {
+            assert_neighbour(&t, octets::CLIENT2, LAN_IF, client2_mac);
+        }
+        assert_neighbour(&t, octets::SERVER, WAN_IF, server_mac);
+        Self {
+            lan: t.ifindex(Ns::Router, LAN_IF),
+            wan: t.ifindex(Ns::Router, WAN_IF),
+            lan_mac: t.mac(Ns::Router, LAN_IF),
+            wan_mac: t.mac(Ns::Router, WAN_IF),
+            client_mac,
+            client2_mac,
+            server_mac,
+            t,
+        }
+    }
+
+    /// `CONFIG` for this topology: the whole port range 1024-65535.
+    #[must_use]
+    pub fn config(&self, hash_seed: u32, timeouts: Timeouts) -> Config {
+        Config {
+            lan_ifindex: self.lan,
+            wan_ifindex: self.wan,
+            wan_addr: octets::WAN,
+            port_min: 1024,
+            port_max: 65535,
+            hash_seed,
+            pad: 0,
+            timeouts,
+        }
+    }
+
+    /// As sent by the client to the router's `lan0`.
+    #[must_use]
+    pub fn client_sends(&self, ip: &Ipv4) -> Vec<u8> {
+        Frame::new(self.lan_mac, self.client_mac, ip.clone()).bytes()
+    }
+
+    /// As sent by the second client to the router's `lan0`.
+    #[must_use]
+    pub fn client2_sends(&self, ip: &Ipv4) -> Vec<u8> {
+        Frame::new(self.lan_mac, self.client2_mac, ip.clone()).bytes()
+    }
+
+    /// As sent by the server to the router's `wan0`.
+    #[must_use]
+    pub fn server_sends(&self, ip: &Ipv4) -> Vec<u8> {
+        Frame::new(self.wan_mac, self.server_mac, ip.clone()).bytes()
+    }
+
+    /// As sent by the client (`from_lan`) or the server.
+    #[must_use]
+    pub fn sends(&self, from_lan: bool, ip: &Ipv4) -> Vec<u8> {
+        if from_lan {
+            self.client_sends(ip)
+        } else {
+            self.server_sends(ip)
+        }
+    }
+
+    /// As redirected out of `wan0` to the server.
+    #[must_use]
+    pub fn to_server(&self, ip: &Ipv4) -> Vec<u8> {
+        Frame::new(self.server_mac, self.wan_mac, ip.clone()).bytes()
+    }
+
+    /// As redirected out of `lan0` to the client.
+    #[must_use]
+    pub fn to_client(&self, ip: &Ipv4) -> Vec<u8> {
+        Frame::new(self.client_mac, self.lan_mac, ip.clone()).bytes()
+    }
+
+    /// As redirected out of `lan0` to the second client.
+    #[must_use]
+    pub fn to_client2(&self, ip: &Ipv4) -> Vec<u8> {
+        Frame::new(self.client2_mac, self.lan_mac, ip.clone()).bytes()
+    }
+
+    /// Loads the object with `ct_entries` `CONNTRACK` entries in the router
+    /// namespace (DEVICES filled) and runs `f` with it there.
+    pub fn in_router<T: Send>(
+        &self,
+        ct_entries: u32,
+        f: impl FnOnce(LoadedRouter) -> T + Send,
+    ) -> T {
+        let (lan, wan) = (self.lan, self.wan);
+        self.t.in_ns(Ns::Router, move || {
+            f(LoadedRouter::load(lan, wan, ct_entries))
+        })
+    }
+}
+
+fn mac_str(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn assert_neighbour(t: &Topology, addr: [u8; 4], dev: &str, mac: [u8; 6]) {
+    let a = std::net::Ipv4Addr::from(addr).to_string();
+    let out = t.exec_ok(Ns::Router, &["ip", "neigh", "show", &a, "dev", dev]);
+    let want = format!("lladdr {}", mac_str(mac));
+    assert!(
+        out.contains(&want),
+        "router has no neighbour {a} {want} on {dev}: {out:?}"
+    );
 }

@@ -257,7 +257,15 @@ fn test(args: &[String]) -> Result<(), String> {
         .args(["build", "-p", "router-ctl"]))?;
     run(cargo()
         .current_dir(root())
-        .args(["test", "-p", "tests", "--tests", "--", "--test-threads=1"])
+        .args([
+            "test",
+            "-p",
+            "tests",
+            "--tests",
+            "--",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
         .args(args))?;
     // A name filter runs just those tests; flags such as --nocapture do not
     // count as one.

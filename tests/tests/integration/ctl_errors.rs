@@ -4,12 +4,11 @@
 //! the verifier log), bpffs that cannot be mounted, rule conflicts, bad
 //! addresses and ports. Plus help, completions and the man page.
 
-mod common;
-
 use std::process::{Command, Output, Stdio};
 
-use common::*;
-use tests::{LAN_IF, Ns, Topology, WAN_IF, router_ctl_bin, skip_unless_root};
+use tests::{LAN_IF, Ns, Topology, WAN_IF, router_ctl_bin};
+
+use crate::ctl::*;
 
 /// `PREFIX... router-ctl -n ROUTER ARGS`.
 fn ctl_via(t: &Topology, prefix: &[&str], args: &[&str]) -> Output {
@@ -41,10 +40,8 @@ fn fails_with(o: &Output, needles: &[&str]) -> String {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn missing_capabilities_are_named() {
-    if skip_unless_root("missing_capabilities_are_named") {
-        return;
-    }
     let t = Topology::new();
     // Not root, no capabilities.
     let nobody = [
@@ -91,10 +88,8 @@ fn missing_capabilities_are_named() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn missing_interfaces_and_namespaces() {
-    if skip_unless_root("missing_interfaces_and_namespaces") {
-        return;
-    }
     let t = Topology::new();
     let e = ctl_fails(&t, &["attach", LAN_IF, "nope0"]);
     assert!(e.contains("no such interface \"nope0\""), "{e}");
@@ -122,10 +117,8 @@ fn missing_interfaces_and_namespaces() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_verifier_rejection_shows_the_end_of_its_log() {
-    if skip_unless_root("a_verifier_rejection_shows_the_end_of_its_log") {
-        return;
-    }
     let t = Topology::new();
     let bad = ObjectVariant::rejected_by_verifier();
     let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--object", bad.path()]);
@@ -154,10 +147,8 @@ fn a_verifier_rejection_shows_the_end_of_its_log() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn bpffs_that_cannot_be_mounted() {
-    if skip_unless_root("bpffs_that_cannot_be_mounted") {
-        return;
-    }
     let t = Topology::new();
     // In a private mount namespace, hide /sys/fs (so /sys/fs/bpf does not
     // exist and cannot be mounted). Nothing leaves that namespace.
@@ -194,10 +185,8 @@ fn bpffs_that_cannot_be_mounted() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn rule_conflicts_and_bad_values() {
-    if skip_unless_root("rule_conflicts_and_bad_values") {
-        return;
-    }
     let t = Topology::new();
     attach(&t, &[]);
     t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);

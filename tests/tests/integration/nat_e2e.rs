@@ -4,30 +4,18 @@
 //! that the fast-path counters (not the kernel) carried the flows.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tests::{
-    CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of, pattern,
-    skip_unless_root,
+    CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_delta,
+    pattern, socket_addr,
 };
 
+use crate::ctl::attach_and_print;
+
 const TIMEOUT: Duration = Duration::from_secs(5);
-
-fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
-
-fn attach(t: &Topology) {
-    t.warm_neighbours();
-    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]);
-    println!("{out}");
-}
-
-fn delta(before: &Value, after: &Value, name: &str) -> u64 {
-    counter_of(after, name) - counter_of(before, name)
-}
 
 fn flow<'a>(flows: &'a [Value], proto: &str, orig_dst: SocketAddr) -> &'a Value {
     let dst = orig_dst.to_string();
@@ -38,22 +26,20 @@ fn flow<'a>(flows: &'a [Value], proto: &str, orig_dst: SocketAddr) -> &'a Value 
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn masquerade_tcp_udp_and_ping() {
-    if skip_unless_root("masquerade_tcp_udp_and_ping") {
-        return;
-    }
     let t = Topology::new();
-    attach(&t);
+    attach_and_print(&t, &[]);
     let before = t.stats();
     let fwd_before = t.nstat(Ns::Router, "IpForwDatagrams");
 
-    let tcp_peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5201));
+    let tcp_peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5201));
     assert_eq!(
         tcp_peer.ip(),
         IpAddr::V4(ROUTER_WAN_ADDR),
         "TCP source not masqueraded"
     );
-    let udp_peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5202));
+    let udp_peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5202));
     assert_eq!(
         udp_peer.ip(),
         IpAddr::V4(ROUTER_WAN_ADDR),
@@ -68,14 +54,14 @@ fn masquerade_tcp_udp_and_ping() {
     let fwd_after = t.nstat(Ns::Router, "IpForwDatagrams");
     println!("{}", t.router_ctl_ok(&["stats"]));
     // 256 KiB echoed each way is far more than 100 segments per direction.
-    let out = delta(&before, &after, "fwd_outbound");
-    let inb = delta(&before, &after, "fwd_inbound");
+    let out = counter_delta(&before, &after, "fwd_outbound");
+    let inb = counter_delta(&before, &after, "fwd_inbound");
     assert!(
         out >= 100 && inb >= 100,
         "fast path carried only {out} out / {inb} in"
     );
     assert_eq!(
-        delta(&before, &after, "flow_new_masquerade"),
+        counter_delta(&before, &after, "flow_new_masquerade"),
         3,
         "tcp, udp and icmp flows"
     );
@@ -87,7 +73,7 @@ fn masquerade_tcp_udp_and_ping() {
 
     let flows = t.conntrack();
     println!("{}", t.router_ctl_ok(&["conntrack", "list"]));
-    let tcp = flow(&flows, "tcp", sa(SERVER_ADDR, 5201));
+    let tcp = flow(&flows, "tcp", socket_addr(SERVER_ADDR, 5201));
     // What the server saw is the translated source; the LAN port was kept.
     assert_eq!(tcp["xlat_src"], tcp_peer.to_string().as_str());
     let orig_src: SocketAddr = tcp["orig_src"].as_str().unwrap().parse().unwrap();
@@ -99,7 +85,7 @@ fn masquerade_tcp_udp_and_ping() {
     );
     // Both sides closed with FIN.
     assert_eq!(tcp["state"], "CLOSED", "{tcp}");
-    let udp = flow(&flows, "udp", sa(SERVER_ADDR, 5202));
+    let udp = flow(&flows, "udp", socket_addr(SERVER_ADDR, 5202));
     assert_eq!(udp["xlat_src"], udp_peer.to_string().as_str());
     assert_eq!(udp["state"], "REPLIED");
     assert!(
@@ -113,12 +99,10 @@ fn masquerade_tcp_udp_and_ping() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn port_forward_reaches_the_lan_service() {
-    if skip_unless_root("port_forward_reaches_the_lan_service") {
-        return;
-    }
     let t = Topology::new();
-    attach(&t);
+    attach_and_print(&t, &[]);
     t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
     t.router_ctl_ok(&["forward", "add", "udp", "5353", "192.168.50.2:53"]);
     // The same rule again is a no-op, a different target a conflict.
@@ -131,32 +115,47 @@ fn port_forward_reaches_the_lan_service() {
 
     let before = t.stats();
     let payload = pattern(64 * 1024);
-    let srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));
-    let got = t.tcp_echo_client(Ns::Server, sa(ROUTER_WAN_ADDR, 8080), &payload, TIMEOUT);
+    let srv = t.tcp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 80));
+    let got = t.tcp_echo_client(
+        Ns::Server,
+        socket_addr(ROUTER_WAN_ADDR, 8080),
+        &payload,
+        TIMEOUT,
+    );
     let peer = srv.join();
     assert_eq!(got.expect("TCP through the port forward"), payload);
     // DNAT only: the LAN service sees the real remote address.
     assert_eq!(peer.map(|p| p.ip()), Some(IpAddr::V4(SERVER_ADDR)));
 
-    let srv = t.udp_echo_server(Ns::Client, sa(CLIENT_ADDR, 53));
-    let got = t.udp_echo_client(Ns::Server, sa(ROUTER_WAN_ADDR, 5353), b"query", TIMEOUT);
+    let srv = t.udp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 53));
+    let got = t.udp_echo_client(
+        Ns::Server,
+        socket_addr(ROUTER_WAN_ADDR, 5353),
+        b"query",
+        TIMEOUT,
+    );
     let peer = srv.join();
     assert_eq!(got.expect("UDP through the port forward"), b"query");
     assert_eq!(peer.map(|p| p.ip()), Some(IpAddr::V4(SERVER_ADDR)));
 
     let after = t.stats();
-    assert_eq!(delta(&before, &after, "flow_new_port_forward"), 2);
-    assert!(delta(&before, &after, "fwd_inbound") >= 20);
-    assert!(delta(&before, &after, "fwd_outbound") >= 20);
+    assert_eq!(counter_delta(&before, &after, "flow_new_port_forward"), 2);
+    assert!(counter_delta(&before, &after, "fwd_inbound") >= 20);
+    assert!(counter_delta(&before, &after, "fwd_outbound") >= 20);
     let flows = t.conntrack();
-    let f = flow(&flows, "tcp", sa(ROUTER_WAN_ADDR, 8080));
+    let f = flow(&flows, "tcp", socket_addr(ROUTER_WAN_ADDR, 8080));
     assert_eq!(f["origin"], "wan");
     assert_eq!(f["xlat_dst"], "192.168.50.2:80");
 
     // Without the rule the router's own stack answers: connection refused.
     t.router_ctl_ok(&["forward", "del", "tcp", "8080"]);
-    let srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));
-    let r = t.tcp_echo_client(Ns::Server, sa(ROUTER_WAN_ADDR, 8080), b"x", TIMEOUT);
+    let srv = t.tcp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 80));
+    let r = t.tcp_echo_client(
+        Ns::Server,
+        socket_addr(ROUTER_WAN_ADDR, 8080),
+        b"x",
+        TIMEOUT,
+    );
     assert_eq!(r.map_err(|e| e.kind()), Err(ErrorKind::ConnectionRefused));
     assert_eq!(
         srv.join(),
@@ -188,7 +187,7 @@ fn udp_echo_n(sock: &UdpSocket, n: usize) -> Vec<SocketAddr> {
 }
 
 fn udp_from_port(port: u16, dst: SocketAddr, msg: &[u8]) -> Vec<u8> {
-    let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, port)).unwrap();
+    let s = UdpSocket::bind(socket_addr(Ipv4Addr::UNSPECIFIED, port)).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(300)))
         .unwrap();
     let mut buf = [0u8; 1500];
@@ -205,7 +204,8 @@ fn tcp_from_port(port: u16, dst: SocketAddr, msg: &[u8]) -> Vec<u8> {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     s.set_reuse_address(true).unwrap();
-    s.bind(&sa(Ipv4Addr::UNSPECIFIED, port).into()).unwrap();
+    s.bind(&socket_addr(Ipv4Addr::UNSPECIFIED, port).into())
+        .unwrap();
     s.connect_timeout(&dst.into(), TIMEOUT).unwrap();
     let mut s: TcpStream = s.into();
     s.set_read_timeout(Some(TIMEOUT)).unwrap();
@@ -217,19 +217,17 @@ fn tcp_from_port(port: u16, dst: SocketAddr, msg: &[u8]) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn two_clients_with_the_same_source_port() {
-    if skip_unless_root("two_clients_with_the_same_source_port") {
-        return;
-    }
     let t = Topology::with_two_clients();
-    attach(&t);
+    attach_and_print(&t, &[]);
     let before = t.stats();
 
     let udp = t.in_ns(Ns::Server, || {
-        UdpSocket::bind(sa(SERVER_ADDR, 5300)).unwrap()
+        UdpSocket::bind(socket_addr(SERVER_ADDR, 5300)).unwrap()
     });
     let tcp = t.in_ns(Ns::Server, || {
-        TcpListener::bind(sa(SERVER_ADDR, 5301)).unwrap()
+        TcpListener::bind(socket_addr(SERVER_ADDR, 5301)).unwrap()
     });
     let (udp_peers, tcp_peers) = std::thread::scope(|s| {
         let u = s.spawn(|| udp_echo_n(&udp, 2));
@@ -256,9 +254,13 @@ fn two_clients_with_the_same_source_port() {
             peers
         });
         for (ns, msg) in [(Ns::Client, &b"one"[..]), (Ns::Client2, &b"two"[..])] {
-            let back = t.in_ns(ns, || udp_from_port(40000, sa(SERVER_ADDR, 5300), msg));
+            let back = t.in_ns(ns, || {
+                udp_from_port(40000, socket_addr(SERVER_ADDR, 5300), msg)
+            });
             assert_eq!(back, msg);
-            let back = t.in_ns(ns, || tcp_from_port(40001, sa(SERVER_ADDR, 5301), msg));
+            let back = t.in_ns(ns, || {
+                tcp_from_port(40001, socket_addr(SERVER_ADDR, 5301), msg)
+            });
             assert_eq!(back, msg);
         }
         (u.join().unwrap(), k.join().unwrap())
@@ -278,24 +280,22 @@ fn two_clients_with_the_same_source_port() {
         assert_eq!(peers[0].port(), port, "{peers:?}");
     }
     let after = t.stats();
-    assert!(delta(&before, &after, "port_collision") >= 2);
-    assert_eq!(delta(&before, &after, "flow_new_masquerade"), 4);
+    assert!(counter_delta(&before, &after, "port_collision") >= 2);
+    assert_eq!(counter_delta(&before, &after, "flow_new_masquerade"), 4);
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn icmp_errors_come_back_translated() {
-    if skip_unless_root("icmp_errors_come_back_translated") {
-        return;
-    }
     let t = Topology::new();
-    attach(&t);
+    attach_and_print(&t, &[]);
     let before = t.stats();
     // Nothing listens on the server's port 5999: it answers with ICMP port
     // unreachable quoting the translated packet. Only if the router
     // translates the quoted header back does the client's socket see it.
     let r = t.in_ns(Ns::Client, || {
-        let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
-        s.connect(sa(SERVER_ADDR, 5999)).unwrap();
+        let s = UdpSocket::bind(socket_addr(Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        s.connect(socket_addr(SERVER_ADDR, 5999)).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
         let mut buf = [0u8; 64];
@@ -311,26 +311,25 @@ fn icmp_errors_come_back_translated() {
     });
     r.unwrap();
     let after = t.stats();
-    assert!(delta(&before, &after, "icmp_error_translated") >= 1);
+    assert!(counter_delta(&before, &after, "icmp_error_translated") >= 1);
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn unsolicited_wan_traffic_creates_no_state() {
-    if skip_unless_root("unsolicited_wan_traffic_creates_no_state") {
-        return;
-    }
     let t = Topology::new();
-    attach(&t);
+    attach_and_print(&t, &[]);
     let before = t.stats();
     let lan_listener = t.in_ns(Ns::Client, || {
-        UdpSocket::bind(sa(CLIENT_ADDR, 7777)).unwrap()
+        UdpSocket::bind(socket_addr(CLIENT_ADDR, 7777)).unwrap()
     });
     t.in_ns(Ns::Server, || {
-        let s = UdpSocket::bind(sa(SERVER_ADDR, 0)).unwrap();
+        let s = UdpSocket::bind(socket_addr(SERVER_ADDR, 0)).unwrap();
         for port in [7777, 7778, 40000] {
-            s.send_to(b"knock", sa(ROUTER_WAN_ADDR, port)).unwrap();
+            s.send_to(b"knock", socket_addr(ROUTER_WAN_ADDR, port))
+                .unwrap();
         }
-        let r = TcpStream::connect_timeout(&sa(ROUTER_WAN_ADDR, 7777), TIMEOUT);
+        let r = TcpStream::connect_timeout(&socket_addr(ROUTER_WAN_ADDR, 7777), TIMEOUT);
         assert_eq!(
             r.map_err(|e| e.kind()).err(),
             Some(ErrorKind::ConnectionRefused)
@@ -345,19 +344,17 @@ fn unsolicited_wan_traffic_creates_no_state() {
         "an unsolicited packet reached the LAN"
     );
     let after = t.stats();
-    assert!(delta(&before, &after, "pass_unsolicited") >= 4);
+    assert!(counter_delta(&before, &after, "pass_unsolicited") >= 4);
     let count: Value =
         serde_json::from_str(&t.router_ctl_ok(&["conntrack", "count", "--json"])).unwrap();
     assert_eq!(count["flows"], 0, "{count}");
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn attach_twice_is_a_noop_and_detach_restores_the_kernel_path() {
-    if skip_unless_root("attach_twice_is_a_noop_and_detach_restores_the_kernel_path") {
-        return;
-    }
     let t = Topology::new();
-    attach(&t);
+    attach_and_print(&t, &[]);
     // The same attach again changes nothing and says so.
     let o = t.router_ctl(&["attach", LAN_IF, WAN_IF]);
     assert!(o.status.success(), "second identical attach must succeed");
@@ -366,7 +363,7 @@ fn attach_twice_is_a_noop_and_detach_restores_the_kernel_path() {
         out.contains("already attached") && out.contains("nothing changed"),
         "{out}"
     );
-    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5401));
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5401));
 
     t.router_ctl_ok(&["detach"]);
     assert!(!t.router_attached(), "pins left after detach");
@@ -380,7 +377,7 @@ fn attach_twice_is_a_noop_and_detach_restores_the_kernel_path() {
     let r = t.try_tcp_echo(
         Ns::Client,
         Ns::Server,
-        sa(SERVER_ADDR, 5402),
+        socket_addr(SERVER_ADDR, 5402),
         Duration::from_secs(2),
     );
     assert!(r.is_err(), "TCP worked after detach without any NAT: {r:?}");

@@ -1,6 +1,7 @@
 //! Helpers shared by the router-ctl operator tests (lifecycle, apply,
-//! metrics, errors). Each test file includes this module.
-#![allow(dead_code)]
+//! metrics, doctor, errors): running router-ctl, reading its status, pins
+//! and records, object variants, and a TCP stream that runs while the
+//! router changes.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -119,6 +120,11 @@ pub fn attach(t: &Topology, extra: &[&str]) -> String {
     t.router_ctl_ok(&args)
 }
 
+/// [`attach`] with its output printed (for the figures the tests print).
+pub fn attach_and_print(t: &Topology, extra: &[&str]) {
+    println!("{}", attach(t, extra));
+}
+
 static OBJ_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A copy of the built XDP object with bytes appended after its end: a
@@ -194,7 +200,6 @@ pub fn elf_section(b: &[u8], name: &str) -> Option<(usize, usize)> {
 pub struct Stream {
     client: std::thread::JoinHandle<Result<(u64, u64), String>>,
     server: std::thread::JoinHandle<Result<(u64, u64), String>>,
-    pub server_addr: SocketAddr,
 }
 
 fn fnv(h: u64, data: &[u8]) -> u64 {
@@ -280,11 +285,7 @@ impl Stream {
                 .map_err(|e| format!("client waiting for the ack: {e}"))?;
             Ok((count, hash))
         });
-        Self {
-            client,
-            server,
-            server_addr,
-        }
+        Self { client, server }
     }
 
     /// Waits for both ends; panics unless every byte arrived intact.
@@ -299,23 +300,6 @@ impl Stream {
     }
 }
 
-/// Sets up iptables MASQUERADE in the router namespace (the kernel path's NAT).
-pub fn kernel_nat(t: &Topology) {
-    t.masquerade();
-}
-
-/// Waits until `f` holds (bounded).
-pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
-}
-
 /// Runs `router-ctl detach` on drop (before the topology's own drop), so
 /// a failing test leaves no staging pins or attach record behind.
 pub struct DetachOnDrop<'a>(pub &'a Topology);
@@ -324,8 +308,4 @@ impl Drop for DetachOnDrop<'_> {
     fn drop(&mut self) {
         let _ = self.0.router_ctl(&["detach"]);
     }
-}
-
-pub fn lan_wan() -> (&'static str, &'static str) {
-    (LAN_IF, WAN_IF)
 }

@@ -1,23 +1,17 @@
 //! The harness itself, checked against the kernel's own NAT (no XDP).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use tests::{
     CLIENT_ADDR, Ns, ROUTER_LAN_ADDR, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, netns_exists,
-    skip_unless_root,
+    socket_addr,
 };
 
-fn server(port: u16) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(SERVER_ADDR), port)
-}
-
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn kernel_masquerade_tcp_udp_ping() {
-    if skip_unless_root("kernel_masquerade_tcp_udp_ping") {
-        return;
-    }
     let t = Topology::new();
     t.masquerade();
     let fwd_before = t.nstat(Ns::Router, "IpForwDatagrams");
@@ -31,14 +25,14 @@ fn kernel_masquerade_tcp_udp_ping() {
         "ping client -> server through NAT failed"
     );
 
-    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, server(5201));
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5201));
     assert_eq!(
         peer.ip(),
         IpAddr::V4(ROUTER_WAN_ADDR),
         "TCP source not masqueraded"
     );
 
-    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, server(5202));
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5202));
     assert_eq!(
         peer.ip(),
         IpAddr::V4(ROUTER_WAN_ADDR),
@@ -54,16 +48,19 @@ fn kernel_masquerade_tcp_udp_ping() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn without_nat_server_cannot_reply() {
-    if skip_unless_root("without_nat_server_cannot_reply") {
-        return;
-    }
     let t = Topology::new();
     // Router reachable, server's subnet reachable from the router...
     assert!(t.ping(Ns::Router, SERVER_ADDR, 1));
     // ...but the server has no route back to the LAN, so without NAT the
     // client's connection cannot complete.
-    let r = t.try_tcp_echo(Ns::Client, Ns::Server, server(5203), Duration::from_secs(2));
+    let r = t.try_tcp_echo(
+        Ns::Client,
+        Ns::Server,
+        socket_addr(SERVER_ADDR, 5203),
+        Duration::from_secs(2),
+    );
     assert!(
         r.is_err(),
         "TCP worked without NAT: {r:?} (server has a route back?)"
@@ -77,17 +74,15 @@ fn without_nat_server_cannot_reply() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn two_clients_share_the_wan_address() {
-    if skip_unless_root("two_clients_share_the_wan_address") {
-        return;
-    }
     let t = Topology::with_two_clients();
     t.masquerade();
-    let p1 = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, server(5204));
-    let p2 = t.tcp_echo_roundtrip(Ns::Client2, Ns::Server, server(5205));
+    let p1 = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5204));
+    let p2 = t.tcp_echo_roundtrip(Ns::Client2, Ns::Server, socket_addr(SERVER_ADDR, 5205));
     assert_eq!(p1.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
     assert_eq!(p2.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
-    let u = t.udp_echo_roundtrip(Ns::Client2, Ns::Server, server(5206));
+    let u = t.udp_echo_roundtrip(Ns::Client2, Ns::Server, socket_addr(SERVER_ADDR, 5206));
     assert_eq!(u.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
     assert!(t.ping(Ns::Client2, SERVER_ADDR, 2));
     // Clients reach each other across the bridge.
@@ -95,27 +90,23 @@ fn two_clients_share_the_wan_address() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn in_ns_runs_in_that_namespace() {
-    if skip_unless_root("in_ns_runs_in_that_namespace") {
-        return;
-    }
     let t = Topology::new();
     // Binding the server's address only works inside the server namespace.
     let bound = t.in_ns(Ns::Server, || {
-        std::net::TcpListener::bind(server(0)).is_ok()
+        std::net::TcpListener::bind(socket_addr(SERVER_ADDR, 0)).is_ok()
     });
     assert!(bound);
     let bound = t.in_ns(Ns::Client, || {
-        std::net::TcpListener::bind(server(0)).is_ok()
+        std::net::TcpListener::bind(socket_addr(SERVER_ADDR, 0)).is_ok()
     });
     assert!(!bound);
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn namespaces_and_children_gone_after_drop() {
-    if skip_unless_root("namespaces_and_children_gone_after_drop") {
-        return;
-    }
     // Normal drop, with a spawned child that must be killed.
     let t = Topology::with_two_clients();
     let names = t.namespaces();

@@ -3,21 +3,16 @@
 //! rollback when the second interface fails, foreign XDP programs, pins
 //! lost (as after a reboot), and a crash (`kill -9`) at every step.
 
-mod common;
-
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::IpAddr;
 use std::time::Duration;
 
-use common::*;
 use serde_json::Value;
-use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, skip_unless_root};
+use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, socket_addr};
 
-fn sa(port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, port))
-}
+use crate::ctl::*;
 
 fn flow_xlat(t: &Topology, port: u16) -> Option<String> {
-    let dst = sa(port).to_string();
+    let dst = socket_addr(SERVER_ADDR, port).to_string();
     t.conntrack()
         .iter()
         .find(|f| f["proto"] == "tcp" && f["orig_dst"] == dst.as_str())
@@ -25,10 +20,8 @@ fn flow_xlat(t: &Topology, port: u16) -> Option<String> {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn attach_is_idempotent_and_status_tells_what_runs_where() {
-    if skip_unless_root("attach_is_idempotent_and_status_tells_what_runs_where") {
-        return;
-    }
     let t = Topology::new();
     let (v, code) = status(&t);
     assert_eq!(
@@ -82,15 +75,13 @@ fn attach_is_idempotent_and_status_tells_what_runs_where() {
     );
     assert_eq!(v2["record"]["replacements"], 0);
 
-    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5501));
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5501));
     assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn replace_under_a_running_tcp_stream_loses_nothing() {
-    if skip_unless_root("replace_under_a_running_tcp_stream_loses_nothing") {
-        return;
-    }
     let t = Topology::new();
     attach(&t, &[]);
     let (v0, _) = status(&t);
@@ -101,7 +92,7 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
     let before = t.stats();
 
     // 24 MiB over 5 s while the program is replaced three times.
-    let stream = Stream::start(&t, sa(5601), 24 << 20, 5.0);
+    let stream = Stream::start(&t, socket_addr(SERVER_ADDR, 5601), 24 << 20, 5.0);
     std::thread::sleep(Duration::from_millis(800));
     let xlat0 = flow_xlat(&t, 5601).expect("the stream's flow is tracked");
 
@@ -173,15 +164,13 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn detach_restores_kernel_forwarding() {
-    if skip_unless_root("detach_restores_kernel_forwarding") {
-        return;
-    }
     let t = Topology::new();
     attach(&t, &[]);
     // Give the kernel path its own NAT; while attached the fast path wins.
     t.masquerade();
-    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5701));
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5701));
     let out = t.router_ctl_ok(&["detach"]);
     assert!(out.contains("detached"), "{out}");
     assert!(!pin_dir(&t).exists(), "pins left");
@@ -190,7 +179,7 @@ fn detach_restores_kernel_forwarding() {
     let (v, code) = status(&t);
     assert_eq!((v["state"].as_str(), code), (Some("not_attached"), 3));
     let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
-    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5702));
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5702));
     assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "kernel NAT");
     assert!(
         t.nstat(Ns::Router, "IpForwDatagrams") - fwd0 > 50,
@@ -202,10 +191,8 @@ fn detach_restores_kernel_forwarding() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_failing_second_interface_rolls_the_first_back() {
-    if skip_unless_root("a_failing_second_interface_rolls_the_first_back") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     let rtr = t.ns_name(Ns::Router).to_owned();
@@ -237,7 +224,7 @@ fn a_failing_second_interface_rolls_the_first_back() {
     assert!(!state_file(&t).exists(), "record left");
     // And a good attach works afterwards.
     attach(&t, &[]);
-    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5801));
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5801));
 }
 
 /// Loads the router's own object in the test process: an XDP program
@@ -257,10 +244,8 @@ fn foreign_ebpf() -> aya::Ebpf {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_foreign_xdp_program_is_refused_unless_forced() {
-    if skip_unless_root("a_foreign_xdp_program_is_refused_unless_forced") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     // LAN: attached over netlink (like `ip link set xdp`), by bpftool from a
@@ -345,15 +330,13 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
     assert_eq!(xdp_progs(&t, LAN_IF), vec![ours[0]]);
     assert_eq!(xdp_progs(&t, WAN_IF), vec![ours[1]]);
     let _ = std::fs::remove_file(&pin);
-    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(5901));
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5901));
     drop((lan_prog, wan_prog));
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn lost_pins_are_detected_and_repaired() {
-    if skip_unless_root("lost_pins_are_detected_and_repaired") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     attach(&t, &[]);
@@ -374,7 +357,7 @@ fn lost_pins_are_detected_and_repaired() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("pins are gone"), "{}", stderr(&o));
     assert_eq!(status(&t).1, 0);
-    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(6001));
+    let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 6001));
     // Lost again; detach only forgets the record.
     std::fs::remove_dir_all(pin_dir(&t)).unwrap();
     let out = t.router_ctl_ok(&["detach"]);
@@ -411,15 +394,13 @@ fn healthy(t: &Topology, port: u16) {
     let ids = prog_ids(&v);
     assert_eq!(xdp_progs(t, LAN_IF), vec![ids[0]]);
     assert_eq!(xdp_progs(t, WAN_IF), vec![ids[1]]);
-    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(port));
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, port));
     assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
-    if skip_unless_root("a_crash_at_any_step_leaves_the_old_or_the_new_state") {
-        return;
-    }
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     t.warm_neighbours();
@@ -485,7 +466,7 @@ fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
             assert_eq!(code, 1);
         }
         port += 1;
-        let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(port));
+        let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, port));
         assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "{at}");
         // attach again finishes the job.
         let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--object", variant.path()]);
@@ -545,13 +526,11 @@ mod sha2_free_hash {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn stats_watch_shows_rates() {
-    if skip_unless_root("stats_watch_shows_rates") {
-        return;
-    }
     let t = Topology::new();
     attach(&t, &[]);
-    let stream = Stream::start(&t, sa(6301), 8 << 20, 3.0);
+    let stream = Stream::start(&t, socket_addr(SERVER_ADDR, 6301), 8 << 20, 3.0);
     let o = t.router_ctl(&[
         "stats",
         "--watch",

@@ -2,15 +2,14 @@
 //! change), a changed file (live replace and rule sync), and every invalid
 //! field (an error naming the line and the field, nothing changed).
 
-mod common;
-
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::*;
 use serde_json::{Value, json};
-use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern, skip_unless_root};
+use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern, socket_addr};
+
+use crate::ctl::*;
 
 fn example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/router.toml")
@@ -44,18 +43,14 @@ fn rules(t: &Topology) -> Value {
     serde_json::from_str(&t.router_ctl_ok(&["forward", "list", "--json"])).unwrap()
 }
 
-fn sa(ip: std::net::Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(ip, port))
-}
-
 /// A TCP echo through the example's port forward (WAN 8080 -> client:80).
 fn port_forward_works(t: &Topology) {
-    let srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));
+    let srv = t.tcp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 80));
     let payload = pattern(4096);
     let got = t
         .tcp_echo_client(
             Ns::Server,
-            sa(ROUTER_WAN_ADDR, 8080),
+            socket_addr(ROUTER_WAN_ADDR, 8080),
             &payload,
             Duration::from_secs(5),
         )
@@ -66,10 +61,8 @@ fn port_forward_works(t: &Topology) {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn the_example_applies_and_applying_it_again_changes_nothing() {
-    if skip_unless_root("the_example_applies_and_applying_it_again_changes_nothing") {
-        return;
-    }
     let t = Topology::new();
     t.warm_neighbours();
     let file = example();
@@ -95,7 +88,7 @@ fn the_example_applies_and_applying_it_again_changes_nothing() {
     );
     assert_eq!(v["record"]["config"]["port_min"], 1024);
     port_forward_works(&t);
-    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7001));
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 7001));
     assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
 
     let out = t.router_ctl_ok(&["apply", f]);
@@ -106,10 +99,8 @@ fn the_example_applies_and_applying_it_again_changes_nothing() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
-    if skip_unless_root("a_changed_file_replaces_in_place_and_syncs_the_rules") {
-        return;
-    }
     let t = Topology::new();
     t.warm_neighbours();
     t.router_ctl_ok(&["apply", example().to_str().unwrap()]);
@@ -153,7 +144,7 @@ fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
             {"proto": "udp", "wan_port": 5454, "lan_addr": "192.168.50.2", "lan_port": 54},
         ])
     );
-    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7101));
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 7101));
     assert!(
         peer.port() >= 20000 || peer.port() == 0,
         "port range not applied: {peer}"
@@ -163,11 +154,9 @@ fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
 }
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 #[expect(clippy::too_many_lines, reason = "a table of cases")]
 fn each_invalid_field_is_named_and_nothing_changes() {
-    if skip_unless_root("each_invalid_field_is_named_and_nothing_changes") {
-        return;
-    }
     let t = Topology::new();
     t.warm_neighbours();
     t.router_ctl_ok(&["apply", example().to_str().unwrap()]);

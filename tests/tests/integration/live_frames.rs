@@ -15,7 +15,7 @@ use tests::frames::{Frame, Ipv4, Udp};
 use tests::rawbpf::{Prog, UDP_HDRS_LEN, udp_generator};
 use tests::{
     CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of,
-    kernel_at_least, pattern, skip_unless_root,
+    kernel_at_least, pattern,
 };
 
 const FLOWS: u16 = 64;
@@ -26,10 +26,8 @@ const PAYLOAD: usize = 64;
 const FRAMES: u32 = 100_000;
 
 #[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn fast_path_translates_every_datagram_of_a_live_frame_flood() {
-    if skip_unless_root("fast_path_translates_every_datagram_of_a_live_frame_flood") {
-        return;
-    }
     let t = Topology::new();
     t.warm_neighbours();
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]);

@@ -1,0 +1,25 @@
+//! The integration tests: one binary, one module per area (the layout of
+//! aya's `test/integration-test`). The shared pieces (namespace
+//! topologies, frame builders, the `BPF_PROG_RUN` loader, addresses, XDP
+//! action names) are the test kit, the `tests` library next to this
+//! binary.
+//!
+//! Tests that need root (network namespaces, veths, BPF) are marked
+//! `#[ignore = "needs root: run cargo xtask test"]`: as a normal user they
+//! show as ignored with that reason instead of passing without running.
+//! `cargo xtask test` runs them as root with `--include-ignored`; to run
+//! some by hand, as root:
+//! `cargo test -p tests --test integration -- --include-ignored --test-threads=1 FILTER`.
+
+mod apply;
+mod ctl;
+mod ctl_errors;
+mod doctor;
+mod lifecycle;
+mod live_frames;
+mod malformed_corpus;
+mod metrics;
+mod nat_e2e;
+mod prog_run;
+mod reliability;
+mod topology;

@@ -1,0 +1,407 @@
+//! Checking one case against the model, and the table at the end.
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct Summary {
+    pub(super) cases: usize,
+    pub(super) verdicts: BTreeMap<&'static str, usize>,
+    pub(super) counters: BTreeMap<&'static str, usize>,
+    pub(super) events: BTreeMap<&'static str, u64>,
+    pub(super) rewritten: usize,
+    pub(super) corrupt_l4_forwarded: usize,
+    pub(super) failures: Vec<String>,
+}
+
+impl Summary {
+    pub(super) fn table(&self, title: &str) -> String {
+        let mut s = format!("{title}\n\n| | cases |\n|---|---:|\n");
+        let _ = writeln!(s, "| total | {} |", self.cases);
+        for (v, n) in &self.verdicts {
+            let _ = writeln!(s, "| {v} | {n} |");
+        }
+        let _ = writeln!(
+            s,
+            "| output rewritten (each one checked) | {} |",
+            self.rewritten
+        );
+        let _ = writeln!(
+            s,
+            "| of those with a corrupt L4 checksum kept corrupt | {} |",
+            self.corrupt_l4_forwarded
+        );
+        let _ = writeln!(s, "| failures | {} |", self.failures.len());
+        s.push_str("\n| verdict counter | cases |\n|---|---:|\n");
+        for (c, n) in &self.counters {
+            let _ = writeln!(s, "| `{c}` | {n} |");
+        }
+        s.push_str("\n| event counter | events |\n|---|---:|\n");
+        for (c, n) in &self.events {
+            let _ = writeln!(s, "| `{c}` | {n} |");
+        }
+        s
+    }
+
+    pub(super) fn merge(&mut self, o: Summary) {
+        self.cases += o.cases;
+        for (k, v) in o.verdicts {
+            *self.verdicts.entry(k).or_default() += v;
+        }
+        for (k, v) in o.counters {
+            *self.counters.entry(k).or_default() += v;
+        }
+        for (k, v) in o.events {
+            *self.events.entry(k).or_default() += v;
+        }
+        self.rewritten += o.rewritten;
+        self.corrupt_l4_forwarded += o.corrupt_l4_forwarded;
+        self.failures.extend(o.failures);
+    }
+}
+
+/// Bytes a translation may change: MACs, TTL, IPv4 checksum, addresses,
+/// ports/identifier and the L4 checksum; for ICMP errors the outer
+/// destination, ICMP checksum, quoted source address and port (or echo
+/// identifier) and the quoted checksums.
+pub(super) fn may_change(f: &[u8], at: usize, icmp_error: bool) -> bool {
+    if at < 12 || at == IP_OFF + 8 || (IP_OFF + 10..IP_OFF + 12).contains(&at) {
+        return true;
+    }
+    if icmp_error {
+        let inner_proto = f[INNER_IP_OFF + 9];
+        return (IP_OFF + 16..IP_OFF + 20).contains(&at)
+            || (L4_OFF + 2..L4_OFF + 4).contains(&at)
+            || (INNER_IP_OFF + 10..INNER_IP_OFF + 16).contains(&at)
+            || match inner_proto {
+                IPPROTO_ICMP => (INNER_L4_OFF + 2..INNER_L4_OFF + 6).contains(&at),
+                IPPROTO_UDP => {
+                    (INNER_L4_OFF..INNER_L4_OFF + 2).contains(&at)
+                        || (INNER_L4_OFF + 6..INNER_L4_OFF + 8).contains(&at)
+                }
+                _ => (INNER_L4_OFF..INNER_L4_OFF + 2).contains(&at) || (78..80).contains(&at),
+            };
+    }
+    if (IP_OFF + 12..IP_OFF + 20).contains(&at) {
+        return true;
+    }
+    match f[IP_OFF + 9] {
+        IPPROTO_TCP => {
+            (L4_OFF..L4_OFF + 4).contains(&at) || (L4_OFF + 16..L4_OFF + 18).contains(&at)
+        }
+        IPPROTO_UDP => (L4_OFF..L4_OFF + 4).contains(&at) || (L4_OFF + 6..L4_OFF + 8).contains(&at),
+        _ => (L4_OFF + 2..L4_OFF + 6).contains(&at),
+    }
+}
+
+/// Checks a rewritten output (`run.out != f`); `counter` is the verdict
+/// counter. Returns what is wrong.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a list of cases, or one check per field, read top to bottom"
+)]
+pub(super) fn check_rewrite(
+    env: &ResolvedTopology,
+    r: &LoadedRouter,
+    f: &[u8],
+    from_lan: bool,
+    run: &ProgRun,
+    counter: Counter,
+    stage: Stage,
+) -> Vec<String> {
+    let mut errs = Vec::new();
+    let out = &run.out;
+    if out.len() != f.len() {
+        errs.push(format!("length {} -> {}", f.len(), out.len()));
+        return errs;
+    }
+    let redirect = run.verdict == XDP_REDIRECT;
+    let allowed = match (redirect, counter) {
+        (true, Counter::FwdOutbound) => from_lan,
+        // WAN -> LAN without a neighbour: translated, for the kernel.
+        (true, Counter::FwdInbound) | (false, Counter::PassNoNeighbour) => !from_lan,
+        _ => false,
+    };
+    if !allowed {
+        errs.push(format!(
+            "output rewritten with {} / {counter:?} from the {}",
+            action_name(run.verdict),
+            if from_lan { "LAN" } else { "WAN" }
+        ));
+        return errs;
+    }
+    let icmp_error = stage == Stage::IcmpError;
+    for (at, (a, b)) in f.iter().zip(out).enumerate() {
+        if a != b && !may_change(f, at, icmp_error) {
+            errs.push(format!("byte {at} changed {a:#04x} -> {b:#04x}"));
+        }
+    }
+    let (rin, rout) = (frame_residuals(f), frame_residuals(out));
+    if rin != rout {
+        errs.push(format!("checksum residuals changed: {rin:?} -> {rout:?}"));
+    }
+    if frames::checksum_errors(f).is_empty() {
+        let e = frames::checksum_errors(out);
+        if !e.is_empty() {
+            errs.push(format!("valid input, output checksums wrong: {e:?}"));
+        }
+    }
+    let ttl = if redirect {
+        f[IP_OFF + 8].wrapping_sub(1)
+    } else {
+        f[IP_OFF + 8]
+    };
+    if out[IP_OFF + 8] != ttl {
+        errs.push(format!(
+            "TTL {} -> {}, want {ttl}",
+            f[IP_OFF + 8],
+            out[IP_OFF + 8]
+        ));
+    }
+    let macs = if !redirect {
+        (f[..6].to_vec(), f[6..12].to_vec())
+    } else if from_lan {
+        (env.server_mac.to_vec(), env.wan_mac.to_vec())
+    } else {
+        (env.client_mac.to_vec(), env.lan_mac.to_vec())
+    };
+    if out[..6] != macs.0[..] || out[6..12] != macs.1[..] {
+        errs.push(format!(
+            "MACs {:02x?} {:02x?}, want {:02x?} {:02x?} (egress of {counter:?})",
+            &out[..6],
+            &out[6..12],
+            macs.0,
+            macs.1
+        ));
+    }
+    // The translation is the one CONNTRACK holds for the input's tuple.
+    if icmp_error {
+        let key = icmp_error_key(f);
+        let Some(e) = r.entry(&key) else {
+            errs.push(format!("translated ICMP error but no entry {key:?}"));
+            return errs;
+        };
+        let inner_port = if f[INNER_IP_OFF + 9] == IPPROTO_ICMP {
+            be16(out, INNER_L4_OFF + 4)
+        } else {
+            be16(out, INNER_L4_OFF)
+        };
+        let got = (
+            addr(out, IP_OFF + 12),
+            addr(out, IP_OFF + 16),
+            addr(out, INNER_IP_OFF + 12),
+            inner_port,
+        );
+        let want = (
+            addr(f, IP_OFF + 12),
+            e.new_dst_addr,
+            e.new_dst_addr,
+            e.new_dst_port,
+        );
+        if got != want {
+            errs.push(format!(
+                "ICMP error translated to {got:?}, entry {key:?} says {want:?}"
+            ));
+        }
+    } else {
+        let key = lookup_key(f);
+        let Some(e) = r.entry(&key) else {
+            errs.push(format!("rewritten but no CONNTRACK entry {key:?}"));
+            return errs;
+        };
+        let o = lookup_key(out);
+        let want = FlowKey::new(
+            e.new_src_addr,
+            e.new_dst_addr,
+            e.new_src_port,
+            if key.proto == IPPROTO_ICMP {
+                e.new_src_port
+            } else {
+                e.new_dst_port
+            },
+            key.proto,
+        );
+        if o != want {
+            errs.push(format!("translated to {o:?}, entry {key:?} says {want:?}"));
+        }
+    }
+    errs
+}
+
+/// Runs one case, checks everything, records it in `s`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a list of cases, or one check per field, read top to bottom"
+)]
+pub(super) fn case(
+    env: &ResolvedTopology,
+    r: &LoadedRouter,
+    what: &str,
+    f: &[u8],
+    from_lan: bool,
+    s: &mut Summary,
+) {
+    let ifindex = if from_lan { env.lan } else { env.wan };
+    let stage = model(f, from_lan);
+    let (ok, new_event) = match stage {
+        Stage::Exactly(c) => (vec![c], None),
+        _ => allowed_after_lookup(r, f, from_lan, stage),
+    };
+    let run = r.test_run(f, ifindex);
+    let mut errs = Vec::new();
+    if ![XDP_DROP, XDP_PASS, XDP_REDIRECT].contains(&run.verdict) {
+        errs.push(format!("verdict {}", run.verdict));
+    }
+    let verdicts: Vec<&(Counter, CounterValue)> =
+        run.delta.iter().filter(|(c, _)| !c.is_event()).collect();
+    let counter = match verdicts.as_slice() {
+        [(c, v)] if v.packets == 1 && v.bytes == f.len() as u64 => Some(*c),
+        _ => {
+            errs.push(format!("verdict counters moved: {verdicts:?}"));
+            None
+        }
+    };
+    if let Some(c) = counter {
+        *s.counters.entry(c.name()).or_default() += 1;
+        if !ok.contains(&c) {
+            errs.push(format!("counter {c:?}, the spec allows {ok:?}"));
+        }
+        let want_verdict = match c {
+            Counter::FwdOutbound | Counter::FwdInbound => XDP_REDIRECT,
+            Counter::DropMalformed | Counter::DropTruncated | Counter::DropIpChecksum => XDP_DROP,
+            _ => XDP_PASS,
+        };
+        if run.verdict != want_verdict {
+            errs.push(format!(
+                "verdict {} with counter {c:?}",
+                action_name(run.verdict)
+            ));
+        }
+        for (e, v) in run.delta.iter().filter(|(c, _)| c.is_event()) {
+            *s.events.entry(e.name()).or_default() += v.packets;
+            let fine = match e {
+                Counter::FlowNewMasquerade | Counter::FlowNewPortForward => {
+                    new_event == Some(*e)
+                        && v.packets == 1
+                        && matches!(
+                            c,
+                            Counter::FwdOutbound | Counter::FwdInbound | Counter::PassNoNeighbour
+                        )
+                }
+                Counter::IcmpErrorTranslated => {
+                    stage == Stage::IcmpError
+                        && v.packets == 1
+                        && matches!(c, Counter::FwdInbound | Counter::PassNoNeighbour)
+                }
+                Counter::PortCollision => {
+                    new_event == Some(Counter::FlowNewMasquerade) && v.packets <= 16
+                }
+                // A new flow adds its two entries (no stale entries here:
+                // all timeouts are an hour, the table is far from full).
+                Counter::CtEntriesInserted => {
+                    v.packets == 2
+                        && run.delta.iter().any(|(d, _)| {
+                            matches!(d, Counter::FlowNewMasquerade | Counter::FlowNewPortForward)
+                        })
+                }
+                _ => false,
+            };
+            if !fine {
+                errs.push(format!("event {e:?} +{} with {c:?}", v.packets));
+            }
+        }
+        let translated = stage == Stage::IcmpError
+            && matches!(c, Counter::FwdInbound | Counter::PassNoNeighbour)
+            && run.out != f;
+        if stage == Stage::IcmpError
+            && !translated
+            && run
+                .delta
+                .iter()
+                .any(|(e, _)| *e == Counter::IcmpErrorTranslated)
+        {
+            errs.push("IcmpErrorTranslated counted, nothing translated".to_owned());
+        }
+        if translated
+            && !run
+                .delta
+                .iter()
+                .any(|(e, _)| *e == Counter::IcmpErrorTranslated)
+        {
+            errs.push("ICMP error translated, not counted".to_owned());
+        }
+        if run.out != f {
+            s.rewritten += 1;
+            if frames::checksum_errors(f)
+                .iter()
+                .any(|e| !e.contains("IPv4 checksum"))
+            {
+                s.corrupt_l4_forwarded += 1;
+            }
+            errs.extend(check_rewrite(env, r, f, from_lan, &run, c, stage));
+        } else if run.verdict == XDP_REDIRECT {
+            errs.push("redirected without any rewrite (no TTL decrement)".to_owned());
+        }
+    }
+    s.cases += 1;
+    *s.verdicts.entry(action_name(run.verdict)).or_default() += 1;
+    if !errs.is_empty() {
+        s.failures.push(format!(
+            "{what} (from {}): {}\n  input  {:02x?}\n  output {:02x?}\n  counters {:?}",
+            if from_lan { "LAN" } else { "WAN" },
+            errs.join("; "),
+            f,
+            run.out,
+            run.delta
+        ));
+    }
+}
+
+/// Every entry has its peer, the peer points back, and the two entries'
+/// translations are each other's reverse.
+pub(super) fn table_consistent(r: &LoadedRouter) -> Vec<String> {
+    let flows = r.conntrack_entries();
+    let mut errs = Vec::new();
+    for (k, e) in &flows {
+        let Some(p) = flows.get(&e.peer) else {
+            errs.push(format!("{k:?}: peer {:?} missing", e.peer));
+            continue;
+        };
+        let translated = FlowKey::new(
+            e.new_src_addr,
+            e.new_dst_addr,
+            e.new_src_port,
+            e.new_dst_port,
+            k.proto,
+        );
+        let back = FlowKey::new(
+            p.new_src_addr,
+            p.new_dst_addr,
+            p.new_src_port,
+            p.new_dst_port,
+            k.proto,
+        );
+        if p.peer != *k
+            || e.peer != translated.reversed()
+            || back != k.reversed()
+            || (e.flags ^ p.flags) & FLAG_ORIGINAL == 0
+            || e.state != p.state
+        {
+            errs.push(format!("{k:?} {e:?} <-> {p:?} disagree"));
+        }
+        if e.flags & FLAG_ORIGINAL != 0 && e.flags & FLAG_PORT_FORWARD != 0 {
+            let rule = r.rule(k.proto, k.dst_port);
+            if k.dst_addr != WAN
+                || rule.is_none_or(|t| (t.addr, t.port) != (e.new_dst_addr, e.new_dst_port))
+            {
+                errs.push(format!("port-forward flow {k:?} {e:?} without its rule"));
+            }
+        }
+        if e.flags & FLAG_ORIGINAL != 0 && e.flags & FLAG_PORT_FORWARD == 0 && e.new_src_addr != WAN
+        {
+            errs.push(format!(
+                "masqueraded flow {k:?} not to the WAN address: {e:?}"
+            ));
+        }
+    }
+    errs
+}

@@ -1,0 +1,147 @@
+//! The model of the spec's checks: which counter a frame must move.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// Decided before any lookup: exactly this counter.
+    Exactly(Counter),
+    /// TCP/UDP/echo reaching the conntrack lookup.
+    Lookup,
+    /// ICMP error from the WAN whose quote is usable: looked up as a reply.
+    IcmpError,
+}
+
+/// What the spec decides from the bytes alone (README "Per packet", steps
+/// 1 and 5 of the ICMP error path), in its order of checks.
+pub(super) fn model(f: &[u8], from_lan: bool) -> Stage {
+    use Stage::Exactly;
+    if !is_ipv4(f) {
+        return Exactly(Counter::PassNotIpv4);
+    }
+    if f.len() < L4_OFF {
+        return Exactly(Counter::DropTruncated);
+    }
+    let l3_len = f.len() - IP_OFF;
+    let (version, ihl) = (f[IP_OFF] >> 4, usize::from(f[IP_OFF] & 0x0f));
+    let total = usize::from(be16(f, IP_OFF + 2));
+    if version != 4 || ihl < 5 || total < 20 || total > l3_len || ihl * 4 > total {
+        return Exactly(Counter::DropMalformed);
+    }
+    if ihl > 5 {
+        return Exactly(Counter::PassIpOptions);
+    }
+    if be16(f, IP_OFF + 6) & 0x3fff != 0 {
+        return Exactly(Counter::PassFragment);
+    }
+    if f[IP_OFF + 8] <= 1 {
+        return Exactly(Counter::PassTtlExceeded);
+    }
+    if checksum(&f[IP_OFF..L4_OFF]) != 0 {
+        return Exactly(Counter::DropIpChecksum);
+    }
+    match f[IP_OFF + 9] {
+        IPPROTO_TCP => {
+            if total < 40 {
+                return Exactly(Counter::DropMalformed);
+            }
+            let doff = usize::from(f[L4_OFF + 12] >> 4) * 4;
+            if doff < 20 || doff > total - 20 {
+                return Exactly(Counter::DropMalformed);
+            }
+            Stage::Lookup
+        }
+        IPPROTO_UDP => {
+            if total < 28 {
+                return Exactly(Counter::DropMalformed);
+            }
+            Stage::Lookup
+        }
+        IPPROTO_ICMP => {
+            if total < 28 {
+                return Exactly(Counter::DropMalformed);
+            }
+            let t = f[L4_OFF];
+            if !from_lan && is_icmp_error_type(t) {
+                if total < 56 || f[INNER_IP_OFF] != 0x45 {
+                    return Exactly(Counter::PassUnsolicited);
+                }
+                let ok = match f[INNER_IP_OFF + 9] {
+                    IPPROTO_TCP | IPPROTO_UDP => true,
+                    IPPROTO_ICMP => f[INNER_L4_OFF] == ICMP_ECHO_REQUEST,
+                    _ => false,
+                };
+                if !ok {
+                    return Exactly(Counter::PassUnsolicited);
+                }
+                return Stage::IcmpError;
+            }
+            let wanted = if from_lan { ICMP_ECHO_REQUEST } else { 0 };
+            if t == wanted {
+                Stage::Lookup
+            } else {
+                Exactly(Counter::PassProtocol)
+            }
+        }
+        _ => Exactly(Counter::PassProtocol),
+    }
+}
+
+/// Verdicts of the FIB step that pass untouched.
+pub(super) const FIB_PASSES: [Counter; 5] = [
+    Counter::PassFibNotForwarded,
+    Counter::PassFibForwardingDisabled,
+    Counter::PassMtu,
+    Counter::PassEgressNotAttached,
+    Counter::PassNoNeighbour,
+];
+
+/// What the spec allows after the lookup stage, given whether the key hit
+/// before the run: the verdict counters, and whether a new flow
+/// (`FlowNewMasquerade`/`FlowNewPortForward`) may be counted.
+pub(super) fn allowed_after_lookup(
+    r: &LoadedRouter,
+    f: &[u8],
+    from_lan: bool,
+    stage: Stage,
+) -> (Vec<Counter>, Option<Counter>) {
+    let fwd = if from_lan {
+        Counter::FwdOutbound
+    } else {
+        Counter::FwdInbound
+    };
+    let mut ok = vec![fwd];
+    ok.extend_from_slice(&FIB_PASSES);
+    if stage == Stage::IcmpError {
+        // Only a WAN-side entry may translate an error from the WAN.
+        if r.entry(&icmp_error_key(f)).is_none_or(|e| e.lan_side()) {
+            return (vec![Counter::PassUnsolicited], None);
+        }
+        return (ok, None);
+    }
+    let key = lookup_key(f);
+    // An entry is a hit only on its own side.
+    if r.entry(&key).is_some_and(|e| e.lan_side() == from_lan) {
+        return (ok, None);
+    }
+    let proto = key.proto;
+    let plain_syn =
+        proto == IPPROTO_TCP && f[L4_OFF + 13] & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN;
+    if from_lan {
+        if proto == IPPROTO_TCP && !plain_syn {
+            return (vec![Counter::PassNoFlow], None);
+        }
+        ok.push(Counter::PassNoFlow);
+        ok.push(Counter::PassPortsExhausted);
+        return (ok, Some(Counter::FlowNewMasquerade));
+    }
+    if proto == IPPROTO_TCP && !plain_syn
+        || key.dst_addr != WAN
+        || proto == IPPROTO_ICMP
+        || r.rule(proto, key.dst_port).is_none()
+    {
+        return (vec![Counter::PassUnsolicited], None);
+    }
+    ok.push(Counter::PassPortsExhausted);
+    (ok, Some(Counter::FlowNewPortForward))
+}

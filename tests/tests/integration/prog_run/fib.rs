@@ -1,0 +1,219 @@
+//! Next hops: FIB outcomes other than success, the per-flow next-hop cache.
+
+use super::*;
+
+/// FIB outcomes other than success: no neighbour (LAN: untouched; WAN:
+/// translated without TTL change, flow recorded), MTU exceeded, forwarding
+/// disabled, egress not attached.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn fib_outcomes_other_than_success() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let q = Ipv4::new(CLIENT, WAN_NOBODY, Udp::new(40000, 53, b"nobody there"));
+        r.pass(
+            "LAN -> WAN host without neighbour",
+            &env.client_sends(&q),
+            lan,
+            Counter::PassNoNeighbour,
+        );
+        r.assert_flows("nothing created", []);
+
+        // Port forward to a LAN address without neighbour.
+        r.forward(IPPROTO_UDP, 9000, LAN_NOBODY, 9001);
+        let f = Flow::forward(udp_key(SERVER, 6000, WAN, 9000), LAN_NOBODY, 9001);
+        let u = Ipv4::new(SERVER, WAN, Udp::new(6000, 9000, b"forward to nobody"));
+        let mut want = dnat(&u, LAN_NOBODY, 9001);
+        want.ttl = u.ttl;
+        let input = env.server_sends(&u);
+        let expect = Frame::new(env.wan_mac, env.server_mac, want).bytes();
+        let run = r.check(
+            "forward, no neighbour",
+            &input,
+            wan,
+            XDP_PASS,
+            &expect,
+            Counter::PassNoNeighbour,
+            &[Counter::FlowNewPortForward],
+        );
+        frames::verify_checksums(&run.out);
+        let ts = r.stamp(&f.orig, &run);
+        r.assert_flows(
+            "forward recorded",
+            f.entries(FlowState::UdpUnreplied, 0, ts, ts),
+        );
+
+        // A masqueraded flow of a LAN host the router has no neighbour for:
+        // the reply is translated and passed.
+        let g = Flow::masq(udp_key(LAN_NOBODY, 7000, SERVER, 53), 7000);
+        let gq = Ipv4::new(LAN_NOBODY, SERVER, Udp::new(7000, 53, b"from .9"));
+        let run = r.redirect(
+            "masquerade from .9",
+            &Frame::new(env.lan_mac, [2, 0, 0, 0, 0, 9], gq.clone()).bytes(),
+            lan,
+            &env.to_server(&snat(&gq, 7000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts_g = r.stamp(&g.orig, &run);
+        let ga = Ipv4::new(SERVER, WAN, Udp::new(53, 7000, b"to .9"));
+        let mut want = dnat(&ga, LAN_NOBODY, 7000);
+        want.ttl = ga.ttl;
+        let input = env.server_sends(&ga);
+        let expect = Frame::new(env.wan_mac, env.server_mac, want).bytes();
+        let run = r.check(
+            "reply to .9, no neighbour",
+            &input,
+            wan,
+            XDP_PASS,
+            &expect,
+            Counter::PassNoNeighbour,
+            &[],
+        );
+        frames::verify_checksums(&run.out);
+        let seen_g = r.seen(&g.orig, ts_g, &run);
+        let flows: Vec<(FlowKey, FlowEntry)> = f
+            .entries(FlowState::UdpUnreplied, 0, ts, ts)
+            .into_iter()
+            .chain(g.entries(FlowState::UdpReplied, 0, ts_g, seen_g))
+            .collect();
+        r.assert_flows("after reply to .9", flows.clone());
+
+        // MTU: wan0 at 1000 bytes, a 1200-byte packet.
+        env.t
+            .exec_ok(Ns::Router, &["ip", "link", "set", WAN_IF, "mtu", "1000"]);
+        let big = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, &[0x5a; 1172]));
+        r.pass(
+            "exceeds the egress MTU",
+            &env.client_sends(&big),
+            lan,
+            Counter::PassMtu,
+        );
+        env.t
+            .exec_ok(Ns::Router, &["ip", "link", "set", WAN_IF, "mtu", "1500"]);
+
+        // Forwarding disabled on the ingress interface.
+        let key = format!("net.ipv4.conf.{LAN_IF}.forwarding");
+        env.t
+            .exec_ok(Ns::Router, &["sysctl", "-qw", &format!("{key}=0")]);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"forwarding off"));
+        r.pass(
+            "forwarding disabled",
+            &env.client_sends(&q),
+            lan,
+            Counter::PassFibForwardingDisabled,
+        );
+        env.t
+            .exec_ok(Ns::Router, &["sysctl", "-qw", &format!("{key}=1")]);
+
+        // Egress interface not in DEVICES.
+        r.devices.remove(wan).unwrap();
+        r.pass(
+            "egress not attached",
+            &env.client_sends(&q),
+            lan,
+            Counter::PassEgressNotAttached,
+        );
+        r.devices.insert(wan, wan, None, 0).unwrap();
+        r.assert_flows("no flow for passed packets", flows);
+
+        // And with everything back, the same packet is forwarded.
+        r.redirect(
+            "forwarded again",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+    });
+}
+
+/// Established flows use the next hop cached in their entry (no FIB lookup
+/// per packet); the FIB is asked again when nothing is cached, when the
+/// packet is bigger than the cached MTU, and at each refresh. A cached hop
+/// to an interface no longer attached is not used blindly.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn next_hop_cache() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f = Flow::masq(udp_key(CLIENT, 41000, SERVER, 53), 41000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, b"q"));
+        let frame = env.client_sends(&q);
+        let out = env.to_server(&snat(&q, 41000));
+        let fwd = Counter::FwdOutbound;
+        r.redirect(
+            "open",
+            &frame,
+            lan,
+            &out,
+            fwd,
+            &[Counter::FlowNewMasquerade],
+        );
+        assert_eq!(
+            r.raw_entry(&f.orig).hop_ifindex,
+            0,
+            "nothing cached by a new flow"
+        );
+
+        r.redirect("second", &frame, lan, &out, fwd, &[]);
+        let e = r.raw_entry(&f.orig);
+        assert_eq!(
+            (e.hop_ifindex, e.hop_mtu, e.hop_dmac, e.hop_smac),
+            (wan, 1500, env.server_mac, env.wan_mac),
+            "FIB result cached"
+        );
+        assert_eq!(
+            r.raw_entry(&f.reply()).hop_ifindex,
+            0,
+            "reply direction not seen yet"
+        );
+
+        // The cache is what the next packet uses: a doctored MAC shows up.
+        let fake = [0x02, 0xde, 0xad, 0xbe, 0xef, 0x01];
+        let mut doctored = e;
+        doctored.hop_dmac = fake;
+        r.put(f.orig, doctored);
+        let mut via_cache = out.clone();
+        via_cache[0..6].copy_from_slice(&fake);
+        r.redirect("cached", &frame, lan, &via_cache, fwd, &[]);
+
+        // Bigger than the cached MTU: the FIB is asked and the cache fixed.
+        let mut small = doctored;
+        small.hop_mtu = 20;
+        r.put(f.orig, small);
+        r.redirect("over cached MTU", &frame, lan, &out, fwd, &[]);
+        assert_eq!(r.raw_entry(&f.orig).hop_dmac, env.server_mac);
+        assert_eq!(r.raw_entry(&f.orig).hop_mtu, 1500);
+
+        // Refresh due: the FIB is asked again.
+        let mut stale = r.raw_entry(&f.orig);
+        stale.hop_dmac = fake;
+        stale.last_seen_ns -= 2 * REFRESH_NS;
+        r.put(f.orig, stale);
+        r.redirect("refresh", &frame, lan, &out, fwd, &[]);
+        assert_eq!(
+            r.raw_entry(&f.orig).hop_dmac,
+            env.server_mac,
+            "refreshed from the FIB"
+        );
+
+        // Cached egress detached: passed untouched, not redirected.
+        r.devices.remove(wan).unwrap();
+        r.pass(
+            "egress detached",
+            &frame,
+            lan,
+            Counter::PassEgressNotAttached,
+        );
+        r.devices.insert(wan, wan, None, 0).unwrap();
+        r.redirect("egress back", &frame, lan, &out, fwd, &[]);
+    });
+}

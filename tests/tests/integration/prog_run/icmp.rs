@@ -1,0 +1,325 @@
+//! ICMP: echo translated by identifier, errors with their embedded headers.
+
+use super::*;
+
+/// ICMP echo: the identifier is the port (preserved in range, remapped
+/// below it), echo replies translated back, unknown identifiers passed.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn icmp_echo_translation() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let k = icmp_key(CLIENT, SERVER, 7);
+        let (p, _) = probe(&k, PORT_MIN, PORT_MAX, &[], &[]).unwrap();
+        assert_ne!(p, 7);
+        let f = Flow::masq(k, p);
+        let req = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Icmp::echo_request(7, 1, b"ping payload 0123"),
+        );
+        let run = r.redirect(
+            "echo request (id 7)",
+            &env.client_sends(&req),
+            lan,
+            &env.to_server(&snat(&req, p)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts = r.stamp(&f.orig, &run);
+        r.assert_flows("after request", f.entries(FlowState::Icmp, 0, ts, ts));
+
+        let rep = Ipv4::new(SERVER, WAN, Icmp::echo_reply(p, 1, b"ping payload 0123"));
+        let run = r.redirect(
+            "echo reply",
+            &env.server_sends(&rep),
+            wan,
+            &env.to_client(&dnat(&rep, CLIENT, 7)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, ts, &run);
+
+        let req2 = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(7, 2, b"second"));
+        let run = r.redirect(
+            "echo request 2",
+            &env.client_sends(&req2),
+            lan,
+            &env.to_server(&snat(&req2, p)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &run);
+
+        // Identifier inside the range: preserved.
+        let g = Flow::masq(icmp_key(CLIENT, SERVER, 4321), 4321);
+        let req3 = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(4321, 9, b""));
+        let run = r.redirect(
+            "echo request (id 4321)",
+            &env.client_sends(&req3),
+            lan,
+            &env.to_server(&snat(&req3, 4321)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts_g = r.stamp(&g.orig, &run);
+        let rep3 = Ipv4::new(SERVER, WAN, Icmp::echo_reply(4321, 9, b""));
+        let run = r.redirect(
+            "echo reply (id 4321)",
+            &env.server_sends(&rep3),
+            wan,
+            &env.to_client(&dnat(&rep3, CLIENT, 4321)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen_g = r.seen(&g.orig, ts_g, &run);
+
+        let unknown = Ipv4::new(SERVER, WAN, Icmp::echo_reply(999, 1, b"?"));
+        r.pass(
+            "echo reply, unknown id",
+            &env.server_sends(&unknown),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        r.assert_flows(
+            "end",
+            f.entries(FlowState::Icmp, 0, ts, seen)
+                .into_iter()
+                .chain(g.entries(FlowState::Icmp, 0, ts_g, seen_g)),
+        );
+    });
+}
+
+/// ICMP errors from the WAN about masqueraded UDP, TCP and echo flows:
+/// outer destination, embedded source address and port (echo id) and all
+/// checksums (outer IP, ICMP, embedded IP, embedded L4 when present)
+/// translated; errors about unknown flows or with an unusable embedded
+/// header passed untouched.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn icmp_errors_with_embedded_headers() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        // Flows: UDP from port 500 (remapped to pu), TCP 40000 (kept), echo id 7 (-> pe).
+        let ku = udp_key(CLIENT, 500, SERVER, 53);
+        let (pu, _) = probe(&ku, PORT_MIN, PORT_MAX, &[], &[]).unwrap();
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(500, 53, b"query"));
+        r.redirect(
+            "UDP out",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, pu)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let s = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN).options(&MSS));
+        r.redirect(
+            "SYN out",
+            &env.client_sends(&s),
+            lan,
+            &env.to_server(&snat(&s, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ke = icmp_key(CLIENT, SERVER, 7);
+        let (pe, _) = probe(&ke, PORT_MIN, PORT_MAX, &[], &[]).unwrap();
+        let e = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(7, 1, b"ttl test"));
+        r.redirect(
+            "echo out",
+            &env.client_sends(&e),
+            lan,
+            &env.to_server(&snat(&e, pe)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let flows = r.flows();
+        assert_eq!(flows.len(), 6);
+
+        // What the server got (after the router) and quotes back; and what
+        // the client must see quoted (its own packet, TTL as quoted).
+        let udp_wan = snat(&q, pu);
+        let udp_lan = Ipv4 {
+            src: CLIENT,
+            ..snat(&q, 500)
+        };
+        let tcp_wan = snat(&s, 40000);
+        let tcp_lan = Ipv4 {
+            src: CLIENT,
+            ..tcp_wan.clone()
+        };
+        let echo_wan = snat(&e, pe);
+        let echo_lan = Ipv4 {
+            src: CLIENT,
+            ..snat(&e, 7)
+        };
+        let udp0_wan = Ipv4::new(WAN, SERVER, Udp::new(pu, 53, b"query").no_checksum()).ttl(63);
+        let udp0_lan = Ipv4::new(CLIENT, SERVER, Udp::new(500, 53, b"query").no_checksum()).ttl(63);
+
+        let err = |t: u8, c: u8, quoted: &[u8], dst: [u8; 4]| {
+            let mut ip = Ipv4::new(SERVER, dst, Icmp::error(t, c, quoted));
+            if dst == CLIENT {
+                ip.ttl -= 1;
+            }
+            ip
+        };
+        let cases: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
+            (
+                "port unreachable, whole UDP quoted",
+                udp_wan.bytes(),
+                udp_lan.bytes(),
+            ),
+            ("UDP checksum 0 quoted", udp0_wan.bytes(), udp0_lan.bytes()),
+            ("TCP quoted whole", tcp_wan.bytes(), tcp_lan.bytes()),
+            (
+                "TCP quoted 28 bytes",
+                tcp_wan.bytes()[..28].to_vec(),
+                tcp_lan.bytes()[..28].to_vec(),
+            ),
+            ("echo quoted whole", echo_wan.bytes(), echo_lan.bytes()),
+        ];
+        for (what, wan_q, lan_q) in &cases {
+            for (t, c) in [
+                (ICMP_DEST_UNREACH, 3),
+                (ICMP_TIME_EXCEEDED, 0),
+                (ICMP_PARAMETER_PROBLEM, 0),
+            ] {
+                let input = err(t, c, wan_q, WAN);
+                let want = err(t, c, lan_q, CLIENT);
+                let what = format!("ICMP {t}/{c}: {what}");
+                r.redirect(
+                    &what,
+                    &env.server_sends(&input),
+                    wan,
+                    &env.to_client(&want),
+                    Counter::FwdInbound,
+                    &[Counter::IcmpErrorTranslated],
+                );
+            }
+        }
+        // Fragmentation needed with the next-hop MTU in the rest field.
+        let mut input = err(ICMP_DEST_UNREACH, 4, &tcp_wan.bytes()[..28], WAN);
+        let mut want = err(ICMP_DEST_UNREACH, 4, &tcp_lan.bytes()[..28], CLIENT);
+        for ip in [&mut input, &mut want] {
+            if let L4::Icmp(Icmp::Other { rest, .. }) = &mut ip.l4 {
+                *rest = [0, 0, 0x05, 0x00];
+            }
+        }
+        r.redirect(
+            "frag needed, TCP quoted 28 bytes",
+            &env.server_sends(&input),
+            wan,
+            &env.to_client(&want),
+            Counter::FwdInbound,
+            &[Counter::IcmpErrorTranslated],
+        );
+        // 28 bytes quoted, then Ethernet padding where the embedded TCP
+        // checksum would be: beyond the outer total length, left alone.
+        let mut fin = env.server_sends(&err(ICMP_DEST_UNREACH, 13, &tcp_wan.bytes()[..28], WAN));
+        let mut fout = env.to_client(&err(ICMP_DEST_UNREACH, 13, &tcp_lan.bytes()[..28], CLIENT));
+        fin.extend_from_slice(&[0xa5; 16]);
+        fout.extend_from_slice(&[0xa5; 16]);
+        r.redirect(
+            "TCP quoted 28 bytes + padding",
+            &fin,
+            wan,
+            &fout,
+            Counter::FwdInbound,
+            &[Counter::IcmpErrorTranslated],
+        );
+        assert_eq!(r.flows(), flows, "ICMP errors leave the flows as they were");
+
+        // Not translatable: passed untouched.
+        let unknown = Ipv4::new(WAN, SERVER, Udp::new(1111, 53, b"not ours")).ttl(63);
+        let e1 = err(ICMP_DEST_UNREACH, 3, &unknown.bytes(), WAN);
+        r.pass(
+            "error about unknown flow",
+            &env.server_sends(&e1),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let mut opts = udp_wan.clone();
+        opts.options = vec![1, 1, 1, 0];
+        let e2 = err(ICMP_DEST_UNREACH, 3, &opts.bytes(), WAN);
+        r.pass(
+            "embedded IHL 6",
+            &env.server_sends(&e2),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let e3 = err(ICMP_DEST_UNREACH, 3, &udp_wan.bytes()[..20], WAN);
+        r.pass(
+            "embedded L4 missing",
+            &env.server_sends(&e3),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let e4 = err(ICMP_DEST_UNREACH, 3, &udp_wan.bytes()[..26], WAN);
+        r.pass(
+            "embedded L4 cut short",
+            &env.server_sends(&e4),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let e5 = err(ICMP_DEST_UNREACH, 3, &udp_wan.bytes()[..12], WAN);
+        r.pass(
+            "embedded IPv4 cut short",
+            &env.server_sends(&e5),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let e6 = err(ICMP_DEST_UNREACH, 3, &[], WAN);
+        r.pass(
+            "nothing embedded",
+            &env.server_sends(&e6),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let reply_q = Ipv4::new(WAN, SERVER, Icmp::echo_reply(pe, 1, b"")).ttl(63);
+        let e7 = err(ICMP_TIME_EXCEEDED, 0, &reply_q.bytes(), WAN);
+        r.pass(
+            "embedded echo reply",
+            &env.server_sends(&e7),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let gre = Ipv4::new(
+            WAN,
+            SERVER,
+            L4::Raw {
+                proto: 47,
+                bytes: vec![0; 8],
+            },
+        )
+        .ttl(63);
+        let e8 = err(ICMP_DEST_UNREACH, 2, &gre.bytes(), WAN);
+        r.pass(
+            "embedded GRE",
+            &env.server_sends(&e8),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        // From the LAN, errors are the kernel's business.
+        let from_lan = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Icmp::error(ICMP_DEST_UNREACH, 3, &udp_lan.bytes()),
+        );
+        r.pass(
+            "ICMP error from the LAN",
+            &env.client_sends(&from_lan),
+            lan,
+            Counter::PassProtocol,
+        );
+        assert_eq!(
+            r.flows(),
+            flows,
+            "passed errors leave the flows as they were"
+        );
+    });
+}

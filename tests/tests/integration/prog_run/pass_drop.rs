@@ -1,0 +1,476 @@
+//! What the fast path drops (malformed) or passes to the kernel untouched
+//! (TTL, fragments, options, other protocols, not configured, local
+//! destinations, TCP without a flow).
+
+use super::*;
+
+/// Malformed frames are dropped (both sides) with the right counter.
+/// (Frames shorter than 14 bytes cannot be run: `BPF_PROG_RUN` rejects
+/// them.)
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn malformed_frames_are_dropped() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        for (side, ifindex) in [("LAN", r.lan), ("WAN", r.wan)] {
+            let mk = |l4: L4| -> Vec<u8> {
+                let ip = Ipv4::new(CLIENT, SERVER, l4);
+                if ifindex == r.lan {
+                    env.client_sends(&ip)
+                } else {
+                    env.server_sends(&ip)
+                }
+            };
+            let udp = mk(Udp::new(40000, 53, b"payload").into());
+            let tcp = mk(Tcp::new(40000, 80, TCP_SYN).payload(b"12345678").into());
+            let icmp = mk(Icmp::echo_request(7, 1, b"").into());
+
+            for len in ETH_HLEN..L4_OFF {
+                r.drop_frame(
+                    &format!("{side}: truncated to {len}"),
+                    &udp[..len],
+                    ifindex,
+                    Counter::DropTruncated,
+                );
+            }
+            let patched = |base: &[u8], f: &dyn Fn(&mut Vec<u8>)| {
+                let mut v = base.to_vec();
+                f(&mut v);
+                fix_ipv4_checksum_any(&mut v);
+                v
+            };
+            let set_total = |v: &mut Vec<u8>, t: usize| {
+                v[IP_OFF + 2..IP_OFF + 4].copy_from_slice(&u16::try_from(t).unwrap().to_be_bytes());
+            };
+            let l3 = udp.len() - IP_OFF;
+            let cases: Vec<(&str, Vec<u8>)> = vec![
+                ("IHL 4", patched(&udp, &|v| v[IP_OFF] = 0x44)),
+                ("IHL 0", patched(&udp, &|v| v[IP_OFF] = 0x40)),
+                ("version 6", patched(&udp, &|v| v[IP_OFF] = 0x65)),
+                ("version 0", patched(&udp, &|v| v[IP_OFF] = 0x05)),
+                (
+                    "total length beyond the frame",
+                    patched(&udp, &|v| set_total(v, l3 + 1)),
+                ),
+                ("total length 1000", patched(&udp, &|v| set_total(v, 1000))),
+                ("total length 19", patched(&udp, &|v| set_total(v, 19))),
+                ("total length 0", patched(&udp, &|v| set_total(v, 0))),
+                ("IHL 6 > total length 22", {
+                    let mut v = udp[..IP_OFF + 20].to_vec();
+                    v.extend_from_slice(&[1, 1, 1, 0]);
+                    v[IP_OFF] = 0x46;
+                    set_total(&mut v, 22);
+                    fix_ipv4_checksum_any(&mut v);
+                    v
+                }),
+                (
+                    "TCP data offset 4",
+                    patched(&tcp, &|v| v[L4_OFF + 12] = 0x40),
+                ),
+                (
+                    "TCP data offset 0",
+                    patched(&tcp, &|v| v[L4_OFF + 12] = 0x00),
+                ),
+                (
+                    "TCP data offset 15 > segment",
+                    patched(&tcp, &|v| v[L4_OFF + 12] = 0xf0),
+                ),
+                (
+                    "TCP data offset 8 > segment of 28",
+                    patched(&tcp, &|v| v[L4_OFF + 12] = 0x80),
+                ),
+                ("TCP header cut (19 bytes)", {
+                    let mut v = tcp[..L4_OFF + 19].to_vec();
+                    set_total(&mut v, 39);
+                    fix_ipv4_checksum_any(&mut v);
+                    v
+                }),
+                ("TCP header beyond total length (padding)", {
+                    let mut v = tcp[..L4_OFF + 20].to_vec();
+                    set_total(&mut v, 30);
+                    fix_ipv4_checksum_any(&mut v);
+                    v
+                }),
+                ("UDP header cut (7 bytes)", {
+                    let mut v = udp[..L4_OFF + 7].to_vec();
+                    set_total(&mut v, 27);
+                    fix_ipv4_checksum_any(&mut v);
+                    v
+                }),
+                (
+                    "UDP header beyond total length",
+                    patched(&udp, &|v| set_total(v, 24)),
+                ),
+                ("ICMP header cut (7 bytes)", {
+                    let mut v = icmp[..L4_OFF + 7].to_vec();
+                    set_total(&mut v, 27);
+                    fix_ipv4_checksum_any(&mut v);
+                    v
+                }),
+                (
+                    "ICMP header beyond total length",
+                    patched(&icmp, &|v| set_total(v, 24)),
+                ),
+            ];
+            for (what, frame) in &cases {
+                r.drop_frame(
+                    &format!("{side}: {what}"),
+                    frame,
+                    ifindex,
+                    Counter::DropMalformed,
+                );
+            }
+        }
+        r.assert_flows("nothing created", []);
+    });
+}
+
+/// [`fix_ipv4_checksum`] that tolerates an IHL pointing past the frame.
+fn fix_ipv4_checksum_any(v: &mut [u8]) {
+    let ihl = usize::from(v[IP_OFF] & 0x0f) * 4;
+    if ihl >= 20 && IP_OFF + ihl <= v.len() {
+        fix_ipv4_checksum(v);
+    }
+}
+
+/// TTL <= 1, fragments, IP options, non-IPv4 frames and protocols the fast
+/// path does not handle: passed untouched, in the spec's order of checks,
+/// without touching flows.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn pass_cases_ttl_fragments_options_protocols() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        // A flow, so that replies below would hit it if they got that far.
+        let f = Flow::masq(tcp_key(CLIENT, 40000, SERVER, 80), 40000);
+        let syn = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN));
+        let run = r.redirect(
+            "SYN out",
+            &env.client_sends(&syn),
+            lan,
+            &env.to_server(&snat(&syn, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts = r.stamp(&f.orig, &run);
+        let synack = Ipv4::new(SERVER, WAN, Tcp::new(80, 40000, TCP_SYN | TCP_ACK));
+        let data_out = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Tcp::new(40000, 80, TCP_ACK).payload(b"data"),
+        );
+
+        for (side, ifindex, base) in [("LAN", lan, &data_out), ("WAN", wan, &synack)] {
+            let frame = |ip: &Ipv4| {
+                if ifindex == lan {
+                    env.client_sends(ip)
+                } else {
+                    env.server_sends(ip)
+                }
+            };
+            let with = |g: &dyn Fn(&mut Ipv4)| {
+                let mut ip = base.clone();
+                g(&mut ip);
+                frame(&ip)
+            };
+            let cases: Vec<(&str, Vec<u8>, Counter)> = vec![
+                ("TTL 1", with(&|ip| ip.ttl = 1), Counter::PassTtlExceeded),
+                ("TTL 0", with(&|ip| ip.ttl = 0), Counter::PassTtlExceeded),
+                ("MF", with(&|ip| ip.frag = IP_MF), Counter::PassFragment),
+                (
+                    "MF + DF",
+                    with(&|ip| ip.frag = IP_MF | IP_DF),
+                    Counter::PassFragment,
+                ),
+                ("offset 1", with(&|ip| ip.frag = 1), Counter::PassFragment),
+                (
+                    "offset 0x1fff",
+                    with(&|ip| ip.frag = 0x1fff),
+                    Counter::PassFragment,
+                ),
+                (
+                    "MF + offset 0xb9",
+                    with(&|ip| ip.frag = IP_MF | 0xb9),
+                    Counter::PassFragment,
+                ),
+                (
+                    "options (IHL 6)",
+                    with(&|ip| ip.options = vec![1, 1, 1, 0]),
+                    Counter::PassIpOptions,
+                ),
+                (
+                    "options (IHL 15)",
+                    with(&|ip| ip.options = [[1u8, 1, 1, 1]; 10].concat()),
+                    Counter::PassIpOptions,
+                ),
+                (
+                    "options + MF",
+                    with(&|ip| {
+                        ip.options = vec![1, 1, 1, 0];
+                        ip.frag = IP_MF;
+                    }),
+                    Counter::PassIpOptions,
+                ),
+                (
+                    "options + TTL 1",
+                    with(&|ip| {
+                        ip.options = vec![1, 1, 1, 0];
+                        ip.ttl = 1;
+                    }),
+                    Counter::PassIpOptions,
+                ),
+                (
+                    "fragment + TTL 1",
+                    with(&|ip| {
+                        ip.frag = 8;
+                        ip.ttl = 1;
+                    }),
+                    Counter::PassFragment,
+                ),
+                (
+                    "GRE",
+                    frame(&Ipv4::new(
+                        base.src,
+                        base.dst,
+                        L4::Raw {
+                            proto: 47,
+                            bytes: vec![0; 24],
+                        },
+                    )),
+                    Counter::PassProtocol,
+                ),
+                (
+                    "SCTP",
+                    frame(&Ipv4::new(
+                        base.src,
+                        base.dst,
+                        L4::Raw {
+                            proto: 132,
+                            bytes: vec![7; 32],
+                        },
+                    )),
+                    Counter::PassProtocol,
+                ),
+                (
+                    "ICMP timestamp",
+                    frame(&Ipv4::new(
+                        base.src,
+                        base.dst,
+                        Icmp::Other {
+                            icmp_type: 13,
+                            code: 0,
+                            rest: [0, 1, 0, 1],
+                            body: vec![0; 12],
+                        },
+                    )),
+                    Counter::PassProtocol,
+                ),
+            ];
+            for (what, f, counter) in &cases {
+                r.pass(&format!("{side}: {what}"), f, ifindex, *counter);
+            }
+            // IHL 4 with TTL 1: malformed wins.
+            let mut bad = with(&|ip| ip.ttl = 1);
+            bad[IP_OFF] = 0x44;
+            r.drop_frame(
+                &format!("{side}: IHL 4 + TTL 1"),
+                &bad,
+                ifindex,
+                Counter::DropMalformed,
+            );
+            // Not IPv4.
+            let ok = frame(base);
+            for (what, ethertype) in [
+                ("ARP", [0x08, 0x06]),
+                ("IPv6", [0x86, 0xdd]),
+                ("VLAN", [0x81, 0x00]),
+            ] {
+                let mut v = ok.clone();
+                v[ETHERTYPE_OFF..ETHERTYPE_OFF + 2].copy_from_slice(&ethertype);
+                r.pass(
+                    &format!("{side}: {what}"),
+                    &v,
+                    ifindex,
+                    Counter::PassNotIpv4,
+                );
+                r.pass(
+                    &format!("{side}: {what}, 14 bytes"),
+                    &v[..ETH_HLEN],
+                    ifindex,
+                    Counter::PassNotIpv4,
+                );
+            }
+        }
+        // ICMP the LAN side does not translate.
+        for (what, icmp) in [
+            ("echo reply", Icmp::echo_reply(7, 1, b"")),
+            (
+                "redirect",
+                Icmp::Other {
+                    icmp_type: 5,
+                    code: 1,
+                    rest: WAN,
+                    body: vec![0; 28],
+                },
+            ),
+        ] {
+            let ip = Ipv4::new(CLIENT, SERVER, icmp);
+            r.pass(
+                &format!("LAN: ICMP {what}"),
+                &env.client_sends(&ip),
+                lan,
+                Counter::PassProtocol,
+            );
+        }
+        let ip = Ipv4::new(
+            SERVER,
+            WAN,
+            Icmp::Other {
+                icmp_type: 5,
+                code: 1,
+                rest: WAN,
+                body: vec![0; 28],
+            },
+        );
+        r.pass(
+            "WAN: ICMP redirect",
+            &env.server_sends(&ip),
+            wan,
+            Counter::PassProtocol,
+        );
+        // The SYN+ACK with TTL 1 did not establish the flow.
+        r.assert_flows(
+            "flow untouched",
+            f.entries(FlowState::TcpSynSent, 0, ts, ts),
+        );
+    });
+}
+
+/// Without CONFIG every valid IPv4 packet passes (IPv4 checks still
+/// first, L4 checks after); with CONFIG, ingress on another interface
+/// passes as not configured.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn not_configured_passes() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, None, |r| {
+        let lan = r.lan;
+        let udp = env.client_sends(&Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"x")));
+        r.pass("unconfigured: UDP", &udp, lan, Counter::PassNotConfigured);
+        let mut doff = env.client_sends(&Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN)));
+        doff[L4_OFF + 12] = 0x40;
+        r.pass(
+            "unconfigured: TCP data offset 4",
+            &doff,
+            lan,
+            Counter::PassNotConfigured,
+        );
+        let mut bad = udp.clone();
+        bad[IP_OFF] = 0x44;
+        r.drop_frame("unconfigured: IHL 4", &bad, lan, Counter::DropMalformed);
+        let ttl1 = env.client_sends(&Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"x")).ttl(1));
+        r.pass("unconfigured: TTL 1", &ttl1, lan, Counter::PassTtlExceeded);
+        r.drop_frame(
+            "unconfigured: truncated",
+            &udp[..30],
+            lan,
+            Counter::DropTruncated,
+        );
+        r.assert_flows("nothing created", []);
+
+        r.configure(&config(&env));
+        // ifindex 1 = lo in the router namespace: neither LAN nor WAN.
+        r.pass("ingress lo", &udp, 1, Counter::PassNotConfigured);
+        let ip = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"x"));
+        r.redirect(
+            "configured: UDP",
+            &udp,
+            lan,
+            &env.to_server(&snat(&ip, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+    });
+}
+
+/// Packets to the router's own addresses go to the kernel
+/// (`PassFibNotForwarded`); TCP without a plain SYN and no flow gets
+/// `PassNoFlow`; neither creates entries.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn local_destination_and_tcp_without_flow() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let cases: Vec<(&str, Ipv4, Counter)> = vec![
+            (
+                "UDP to router LAN address",
+                Ipv4::new(CLIENT, ROUTER_LAN, Udp::new(40000, 53, b"dns?")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "SYN to router LAN address",
+                Ipv4::new(CLIENT, ROUTER_LAN, Tcp::new(40000, 22, TCP_SYN)),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "echo to router LAN address",
+                Ipv4::new(CLIENT, ROUTER_LAN, Icmp::echo_request(7, 1, b"")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "UDP to router WAN address",
+                Ipv4::new(CLIENT, WAN, Udp::new(40000, 53, b"dns?")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "ACK, no flow",
+                Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_ACK)),
+                Counter::PassNoFlow,
+            ),
+            (
+                "SYN+ACK, no flow",
+                Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN | TCP_ACK)),
+                Counter::PassNoFlow,
+            ),
+            (
+                "RST, no flow",
+                Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_RST)),
+                Counter::PassNoFlow,
+            ),
+            (
+                "FIN+ACK, no flow",
+                Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_FIN | TCP_ACK)),
+                Counter::PassNoFlow,
+            ),
+            (
+                "SYN+RST, no flow",
+                Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN | TCP_RST)),
+                Counter::PassNoFlow,
+            ),
+            (
+                "SYN+FIN, no flow",
+                Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN | TCP_FIN)),
+                Counter::PassNoFlow,
+            ),
+            (
+                "no flags, no flow",
+                Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, 0)),
+                Counter::PassNoFlow,
+            ),
+        ];
+        for (what, ip, counter) in cases {
+            r.pass(what, &env.client_sends(&ip), lan, counter);
+        }
+        r.assert_flows("nothing created", []);
+    });
+}

@@ -1,0 +1,216 @@
+//! Port forwarding, and WAN packets of no flow and no rule.
+
+use super::*;
+
+/// Port forwarding: a WAN SYN / UDP datagram to a forwarded port creates a
+/// flow to the LAN target; the LAN answer goes out from the forwarded port.
+/// Non-SYN segments and the other protocol do not open flows. Masquerading
+/// skips ports with a rule for the same protocol.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn port_forward_rules() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        r.forward(IPPROTO_TCP, 8080, CLIENT, 80);
+        r.forward(IPPROTO_UDP, 5353, CLIENT, 53);
+        r.forward(IPPROTO_TCP, 40000, CLIENT, 22);
+
+        let f = Flow::forward(tcp_key(SERVER, 5555, WAN, 8080), CLIENT, 80);
+        let syn = Ipv4::new(SERVER, WAN, Tcp::new(5555, 8080, TCP_SYN).options(&MSS));
+        let run = r.redirect(
+            "SYN to forwarded port",
+            &env.server_sends(&syn),
+            wan,
+            &env.to_client(&dnat(&syn, CLIENT, 80)),
+            Counter::FwdInbound,
+            &[Counter::FlowNewPortForward],
+        );
+        let ts = r.stamp(&f.orig, &run);
+        r.assert_flows("after SYN", f.entries(FlowState::TcpSynSent, 0, ts, ts));
+
+        let synack = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Tcp::new(80, 5555, TCP_SYN | TCP_ACK).options(&MSS),
+        );
+        let run = r.redirect(
+            "SYN+ACK from the LAN target",
+            &env.client_sends(&synack),
+            lan,
+            &env.to_server(&snat(&synack, 8080)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, ts, &run);
+        r.assert_flows(
+            "after SYN+ACK",
+            f.entries(FlowState::TcpEstablished, 0, ts, seen),
+        );
+        let ack = Ipv4::new(SERVER, WAN, Tcp::new(5555, 8080, TCP_ACK).payload(b"hello"));
+        let run = r.redirect(
+            "ACK to forwarded port",
+            &env.server_sends(&ack),
+            wan,
+            &env.to_client(&dnat(&ack, CLIENT, 80)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &run);
+
+        let stray = Ipv4::new(SERVER, WAN, Tcp::new(5556, 8080, TCP_ACK));
+        r.pass(
+            "ACK without flow to a rule",
+            &env.server_sends(&stray),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let stray = Ipv4::new(SERVER, WAN, Tcp::new(5556, 8080, TCP_SYN | TCP_ACK));
+        r.pass(
+            "SYN+ACK to a rule",
+            &env.server_sends(&stray),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let udp_tcp_rule = Ipv4::new(SERVER, WAN, Udp::new(5555, 8080, b"wrong proto"));
+        r.pass(
+            "UDP to a TCP rule",
+            &env.server_sends(&udp_tcp_rule),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let tcp_udp_rule = Ipv4::new(SERVER, WAN, Tcp::new(5555, 5353, TCP_SYN));
+        r.pass(
+            "SYN to a UDP rule",
+            &env.server_sends(&tcp_udp_rule),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        let other_dst = Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 8080, TCP_SYN));
+        r.pass(
+            "SYN to rule port, not WAN addr",
+            &env.server_sends(&other_dst),
+            wan,
+            Counter::PassUnsolicited,
+        );
+
+        let g = Flow::forward(udp_key(SERVER, 6000, WAN, 5353), CLIENT, 53);
+        let u = Ipv4::new(SERVER, WAN, Udp::new(6000, 5353, b"udp forwarded"));
+        let run = r.redirect(
+            "UDP to forwarded port",
+            &env.server_sends(&u),
+            wan,
+            &env.to_client(&dnat(&u, CLIENT, 53)),
+            Counter::FwdInbound,
+            &[Counter::FlowNewPortForward],
+        );
+        let ts_g = r.stamp(&g.orig, &run);
+        let ua = Ipv4::new(CLIENT, SERVER, Udp::new(53, 6000, b"udp answer"));
+        let run = r.redirect(
+            "UDP answer from the LAN target",
+            &env.client_sends(&ua),
+            lan,
+            &env.to_server(&snat(&ua, 5353)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen_g = r.seen(&g.orig, ts_g, &run);
+
+        // SNAT skips TCP ports 8080 and 40000 (rules) but not for UDP.
+        let kt = tcp_key(CLIENT, 40000, SERVER, 80);
+        let (pt, collisions) = probe(&kt, PORT_MIN, PORT_MAX, &[], &[8080, 40000]).unwrap();
+        assert_eq!(collisions, 0);
+        assert_ne!(pt, 40000);
+        let h = Flow::masq(kt, pt);
+        let s = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN));
+        let run = r.redirect(
+            "SYN from a port that has a TCP rule",
+            &env.client_sends(&s),
+            lan,
+            &env.to_server(&snat(&s, pt)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts_h = r.stamp(&h.orig, &run);
+        let i = Flow::masq(udp_key(CLIENT, 40000, SERVER, 80), 40000);
+        let uq = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 80, b"udp keeps its port"));
+        let run = r.redirect(
+            "UDP from a port that has a TCP rule",
+            &env.client_sends(&uq),
+            lan,
+            &env.to_server(&snat(&uq, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts_i = r.stamp(&i.orig, &run);
+        r.assert_flows(
+            "end",
+            f.entries(FlowState::TcpEstablished, 0, ts, seen)
+                .into_iter()
+                .chain(g.entries(FlowState::UdpReplied, 0, ts_g, seen_g))
+                .chain(h.entries(FlowState::TcpSynSent, 0, ts_h, ts_h))
+                .chain(i.entries(FlowState::UdpUnreplied, 0, ts_i, ts_i)),
+        );
+    });
+}
+
+/// WAN packets of no flow and no rule go to the kernel untouched and
+/// create nothing.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn unsolicited_wan_packets_pass_untouched() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let wan = r.wan;
+        let cases: Vec<(&str, Ipv4, Counter)> = vec![
+            (
+                "UDP to WAN",
+                Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"?")),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "SYN to WAN",
+                Ipv4::new(SERVER, WAN, Tcp::new(5555, 22, TCP_SYN)),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "ACK to WAN",
+                Ipv4::new(SERVER, WAN, Tcp::new(5555, 22, TCP_ACK)),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "echo reply to WAN",
+                Ipv4::new(SERVER, WAN, Icmp::echo_reply(99, 1, b"")),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "UDP to a LAN address",
+                Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"?")),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "SYN to a LAN address",
+                Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_SYN)),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "echo request to WAN",
+                Ipv4::new(SERVER, WAN, Icmp::echo_request(99, 1, b"")),
+                Counter::PassProtocol,
+            ),
+            (
+                "echo request to a LAN address",
+                Ipv4::new(SERVER, CLIENT, Icmp::echo_request(99, 1, b"")),
+                Counter::PassProtocol,
+            ),
+        ];
+        for (what, ip, counter) in cases {
+            r.pass(what, &env.server_sends(&ip), wan, counter);
+        }
+        r.assert_flows("nothing created", []);
+    });
+}

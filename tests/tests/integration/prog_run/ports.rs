@@ -1,0 +1,211 @@
+//! SNAT port choice: preservation, collisions between LAN hosts, a range with one port.
+
+use super::*;
+
+/// Two LAN hosts with the same source port to the same server port: the
+/// first keeps its port, the second collides and gets the next probe;
+/// replies reach the right host. Same port with another protocol or
+/// another destination port does not collide. LAN -> LAN is not translated.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn port_preservation_and_collision_two_lan_hosts() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f1 = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
+        let q1 = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"from client 1"));
+        let run = r.redirect(
+            "client 1 out",
+            &env.client_sends(&q1),
+            lan,
+            &env.to_server(&snat(&q1, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts1 = r.stamp(&f1.orig, &run);
+
+        let k2 = udp_key(CLIENT2, 40000, SERVER, 53);
+        let (p2, collisions) = probe(&k2, PORT_MIN, PORT_MAX, &[40000], &[]).unwrap();
+        assert_ne!(p2, 40000);
+        assert!(collisions >= 1);
+        let f2 = Flow::masq(k2, p2);
+        let q2 = Ipv4::new(CLIENT2, SERVER, Udp::new(40000, 53, b"from client 2"));
+        let mut events = vec![Counter::FlowNewMasquerade];
+        events.extend(std::iter::repeat_n(Counter::PortCollision, collisions));
+        let run = r.redirect(
+            "client 2 out (collision)",
+            &env.client2_sends(&q2),
+            lan,
+            &env.to_server(&snat(&q2, p2)),
+            Counter::FwdOutbound,
+            &events,
+        );
+        let ts2 = r.stamp(&f2.orig, &run);
+        r.assert_flows(
+            "two flows",
+            f1.entries(FlowState::UdpUnreplied, 0, ts1, ts1)
+                .into_iter()
+                .chain(f2.entries(FlowState::UdpUnreplied, 0, ts2, ts2)),
+        );
+
+        let a1 = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"to client 1"));
+        let run = r.redirect(
+            "reply to client 1",
+            &env.server_sends(&a1),
+            wan,
+            &env.to_client(&dnat(&a1, CLIENT, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen1 = r.seen(&f1.orig, ts1, &run);
+        let a2 = Ipv4::new(SERVER, WAN, Udp::new(53, p2, b"to client 2"));
+        let run = r.redirect(
+            "reply to client 2",
+            &env.server_sends(&a2),
+            wan,
+            &env.to_client2(&dnat(&a2, CLIENT2, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen2 = r.seen(&f2.orig, ts2, &run);
+
+        // Same source port, TCP: its own port space, preserved.
+        let f3 = Flow::masq(tcp_key(CLIENT2, 40000, SERVER, 53), 40000);
+        let s3 = Ipv4::new(CLIENT2, SERVER, Tcp::new(40000, 53, TCP_SYN));
+        let run = r.redirect(
+            "client 2 TCP out",
+            &env.client2_sends(&s3),
+            lan,
+            &env.to_server(&snat(&s3, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts3 = r.stamp(&f3.orig, &run);
+        // Same source port, other destination port: a different reply key.
+        let f4 = Flow::masq(udp_key(CLIENT2, 40000, SERVER, 54), 40000);
+        let q4 = Ipv4::new(CLIENT2, SERVER, Udp::new(40000, 54, b"other dport"));
+        let run = r.redirect(
+            "client 2 other dport",
+            &env.client2_sends(&q4),
+            lan,
+            &env.to_server(&snat(&q4, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts4 = r.stamp(&f4.orig, &run);
+
+        // LAN -> LAN through the router: the FIB egress is not the WAN.
+        let l2l = Ipv4::new(CLIENT, CLIENT2, Udp::new(40000, 9, b"lan to lan"));
+        r.pass(
+            "LAN -> LAN",
+            &env.client_sends(&l2l),
+            lan,
+            Counter::PassNoFlow,
+        );
+        let l2l_tcp = Ipv4::new(CLIENT, CLIENT2, Tcp::new(40005, 22, TCP_SYN));
+        r.pass(
+            "LAN -> LAN SYN",
+            &env.client_sends(&l2l_tcp),
+            lan,
+            Counter::PassNoFlow,
+        );
+
+        r.assert_flows(
+            "end",
+            f1.entries(FlowState::UdpReplied, 0, ts1, seen1)
+                .into_iter()
+                .chain(f2.entries(FlowState::UdpReplied, 0, ts2, seen2))
+                .chain(f3.entries(FlowState::TcpSynSent, 0, ts3, ts3))
+                .chain(f4.entries(FlowState::UdpUnreplied, 0, ts4, ts4)),
+        );
+    });
+}
+
+/// A one-port range: the first flow gets it, a second flow to the same
+/// server port finds it taken on every probe and is passed untouched;
+/// flows to another server port or another protocol can still use it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn ports_exhausted_with_one_port_range() {
+    let env = ResolvedTopology::new(false);
+    let cfg = Config {
+        port_min: 5000,
+        port_max: 5000,
+        ..config(&env)
+    };
+    with_router(&env, Some(cfg), |r| {
+        let lan = r.lan;
+        let f = Flow::masq(tcp_key(CLIENT, 40000, SERVER, 80), 5000);
+        let s1 = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN));
+        let run = r.redirect(
+            "first flow",
+            &env.client_sends(&s1),
+            lan,
+            &env.to_server(&snat(&s1, 5000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts = r.stamp(&f.orig, &run);
+        let s2 = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 80, TCP_SYN));
+        let probes = vec![Counter::PortCollision; MAX_PORT_PROBES as usize];
+        r.check(
+            "second flow: ports exhausted",
+            &env.client_sends(&s2),
+            lan,
+            XDP_PASS,
+            &env.client_sends(&s2),
+            Counter::PassPortsExhausted,
+            &probes,
+        );
+        // Also for the port the range holds.
+        let s3 = Ipv4::new(CLIENT2, SERVER, Tcp::new(5000, 80, TCP_SYN));
+        let s3f = Frame::new(env.lan_mac, [2, 0, 0, 0, 0, 3], s3).bytes();
+        r.check(
+            "third flow: exhausted",
+            &s3f,
+            lan,
+            XDP_PASS,
+            &s3f,
+            Counter::PassPortsExhausted,
+            &probes,
+        );
+        r.assert_flows(
+            "only the first flow",
+            f.entries(FlowState::TcpSynSent, 0, ts, ts),
+        );
+
+        let g = Flow::masq(tcp_key(CLIENT, 40001, SERVER, 81), 5000);
+        let s4 = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 81, TCP_SYN));
+        let run = r.redirect(
+            "other server port",
+            &env.client_sends(&s4),
+            lan,
+            &env.to_server(&snat(&s4, 5000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts_g = r.stamp(&g.orig, &run);
+        let h = Flow::masq(udp_key(CLIENT, 40001, SERVER, 80), 5000);
+        let u = Ipv4::new(CLIENT, SERVER, Udp::new(40001, 80, b"udp"));
+        let run = r.redirect(
+            "UDP",
+            &env.client_sends(&u),
+            lan,
+            &env.to_server(&snat(&u, 5000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts_h = r.stamp(&h.orig, &run);
+        r.assert_flows(
+            "end",
+            f.entries(FlowState::TcpSynSent, 0, ts, ts)
+                .into_iter()
+                .chain(g.entries(FlowState::TcpSynSent, 0, ts_g, ts_g))
+                .chain(h.entries(FlowState::UdpUnreplied, 0, ts_h, ts_h)),
+        );
+    });
+}

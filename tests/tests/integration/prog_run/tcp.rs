@@ -1,0 +1,205 @@
+//! TCP through `BPF_PROG_RUN`: translation both ways and the state machine.
+
+use super::*;
+
+/// TCP: SYN masqueraded (port preserved, options and payload kept), reply
+/// translated back, and the state machine visible in both entries: SYN ->
+/// `SYN_SENT`, SYN+ACK -> ESTABLISHED, RST -> CLOSED, SYN again -> reopened;
+/// FIN from each side -> `FIN_WAIT` -> CLOSED.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn tcp_snat_reply_and_state_transitions() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f = Flow::masq(tcp_key(CLIENT, 40000, SERVER, 80), 40000);
+
+        let syn = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Tcp::new(40000, 80, TCP_SYN).options(&MSS).payload(b"x"),
+        );
+        let run = r.redirect(
+            "SYN out",
+            &env.client_sends(&syn),
+            lan,
+            &env.to_server(&snat(&syn, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts = r.stamp(&f.orig, &run);
+        assert_eq!(
+            r.stamp(&f.reply(), &run),
+            ts,
+            "both entries carry the same time"
+        );
+        r.assert_flows("after SYN", f.entries(FlowState::TcpSynSent, 0, ts, ts));
+
+        // Retransmitted SYN: same translation, no new flow.
+        let run = r.redirect(
+            "SYN again",
+            &env.client_sends(&syn),
+            lan,
+            &env.to_server(&snat(&syn, 40000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, ts, &run);
+        r.assert_flows(
+            "after SYN again",
+            f.entries(FlowState::TcpSynSent, 0, ts, seen),
+        );
+
+        // A bare ACK from the server does not establish.
+        let ack_in = Ipv4::new(SERVER, WAN, Tcp::new(80, 40000, TCP_ACK));
+        let run = r.redirect(
+            "bare ACK in",
+            &env.server_sends(&ack_in),
+            wan,
+            &env.to_client(&dnat(&ack_in, CLIENT, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &run);
+        r.assert_flows(
+            "after bare ACK",
+            f.entries(FlowState::TcpSynSent, 0, ts, seen),
+        );
+
+        let synack = Ipv4::new(
+            SERVER,
+            WAN,
+            Tcp::new(80, 40000, TCP_SYN | TCP_ACK).options(&MSS),
+        );
+        let run = r.redirect(
+            "SYN+ACK in",
+            &env.server_sends(&synack),
+            wan,
+            &env.to_client(&dnat(&synack, CLIENT, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &run);
+        r.assert_flows(
+            "after SYN+ACK",
+            f.entries(FlowState::TcpEstablished, 0, ts, seen),
+        );
+
+        let data = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Tcp::new(40000, 80, TCP_ACK | TCP_PSH).payload(b"GET / HTTP/1.0\r\n\r\n"),
+        );
+        let run = r.redirect(
+            "data out",
+            &env.client_sends(&data),
+            lan,
+            &env.to_server(&snat(&data, 40000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &run);
+        r.assert_flows(
+            "after data",
+            f.entries(FlowState::TcpEstablished, 0, ts, seen),
+        );
+
+        let rst = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_RST | TCP_ACK));
+        let run = r.redirect(
+            "RST out",
+            &env.client_sends(&rst),
+            lan,
+            &env.to_server(&snat(&rst, 40000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &run);
+        r.assert_flows("after RST", f.entries(FlowState::TcpClosed, 0, ts, seen));
+
+        // A new SYN on the closed flow reopens it (same port).
+        let run = r.redirect(
+            "SYN reopens",
+            &env.client_sends(&syn),
+            lan,
+            &env.to_server(&snat(&syn, 40000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &run);
+        r.assert_flows(
+            "after reopen",
+            f.entries(FlowState::TcpSynSent, 0, ts, seen),
+        );
+
+        // Second flow: FIN from both sides.
+        let g = Flow::masq(tcp_key(CLIENT, 40001, SERVER, 80), 40001);
+        let syn2 = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 80, TCP_SYN));
+        let run = r.redirect(
+            "SYN 2 out",
+            &env.client_sends(&syn2),
+            lan,
+            &env.to_server(&snat(&syn2, 40001)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts2 = r.stamp(&g.orig, &run);
+        let synack2 = Ipv4::new(SERVER, WAN, Tcp::new(80, 40001, TCP_SYN | TCP_ACK));
+        let run = r.redirect(
+            "SYN+ACK 2 in",
+            &env.server_sends(&synack2),
+            wan,
+            &env.to_client(&dnat(&synack2, CLIENT, 40001)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen2 = r.seen(&g.orig, ts2, &run);
+        let fin_out = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 80, TCP_FIN | TCP_ACK));
+        let run = r.redirect(
+            "FIN out",
+            &env.client_sends(&fin_out),
+            lan,
+            &env.to_server(&snat(&fin_out, 40001)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen2 = r.seen(&g.orig, seen2, &run);
+        r.assert_flows(
+            "after FIN out",
+            f.entries(FlowState::TcpSynSent, 0, ts, seen)
+                .into_iter()
+                .chain(g.entries(FlowState::TcpFinWait, FLAG_FIN_ORIG, ts2, seen2)),
+        );
+        let fin_in = Ipv4::new(SERVER, WAN, Tcp::new(80, 40001, TCP_FIN | TCP_ACK));
+        let run = r.redirect(
+            "FIN in",
+            &env.server_sends(&fin_in),
+            wan,
+            &env.to_client(&dnat(&fin_in, CLIENT, 40001)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let seen2 = r.seen(&g.orig, seen2, &run);
+        let both = FLAG_FIN_ORIG | FLAG_FIN_REPLY;
+        // The last ACK still goes through the fast path; state stays CLOSED.
+        let last_ack = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 80, TCP_ACK));
+        let run = r.redirect(
+            "last ACK out",
+            &env.client_sends(&last_ack),
+            lan,
+            &env.to_server(&snat(&last_ack, 40001)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let seen2 = r.seen(&g.orig, seen2, &run);
+        r.assert_flows(
+            "after FIN in",
+            f.entries(FlowState::TcpSynSent, 0, ts, seen)
+                .into_iter()
+                .chain(g.entries(FlowState::TcpClosed, both, ts2, seen2)),
+        );
+    });
+}
