@@ -7,8 +7,16 @@
 //! network byte order; [`get_u16`], [`set_u16`], [`get_addr`] and
 //! [`set_addr`] read and write them.
 //!
-//! Headers are byte arrays with these named offsets rather than
-//! `network-types` structs: see [`eth`] for what those would cost.
+//! Headers are byte arrays with these named offsets rather than the
+//! `network-types` 0.2 structs, because those cost instructions. Measured
+//! on the router program (xlated instructions after the verifier): its
+//! `TcpHdr`/`UdpHdr` for the L4 parse add 9 (their getters read through
+//! `read_unaligned` + `swap_bytes`); its `EthHdr` saves 4, but only by
+//! reading the Ethernet type as an aligned `u16`, and the packet start's
+//! alignment is not something the program can check (the verifier refuses
+//! bitwise operations on packet pointers), so a reference to it would rest
+//! on the drivers' layout alone. Nothing else differs: their IPv4, TCP,
+//! UDP and ICMP headers are byte arrays with this layout too.
 
 /// Ethernet II header (IEEE 802.3), without VLAN tags.
 pub mod eth {

@@ -32,8 +32,8 @@ pub enum Hop {
     Redirect {
         ifindex: u32,
         mtu: u16,
-        smac: [u8; 6],
-        dmac: [u8; 6],
+        smac: [u8; eth::ADDR_LEN],
+        dmac: [u8; eth::ADDR_LEN],
         action: u32,
     },
     /// Route fine but no neighbour entry: the kernel must resolve it.
@@ -92,7 +92,12 @@ pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -
 /// leaving with these MACs. Only records: a packet passed after all goes to
 /// the kernel untouched.
 #[inline(always)]
-pub fn redirect_to(ifindex: u32, mtu: u16, smac: [u8; 6], dmac: [u8; 6]) -> Step<Hop> {
+pub fn redirect_to(
+    ifindex: u32,
+    mtu: u16,
+    smac: [u8; eth::ADDR_LEN],
+    dmac: [u8; eth::ADDR_LEN],
+) -> Step<Hop> {
     let Ok(action) = DEVICES.redirect(ifindex, 0) else {
         return Err(Verdict::pass(Counter::PassEgressNotAttached));
     };
