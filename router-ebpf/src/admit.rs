@@ -2,8 +2,9 @@
 //! opens port-forwarded WAN flows itself) and the commit of a new flow's
 //! two conntrack entries.
 //
-// Offload mode (issue 13, "kernel admits") makes `admit` pass every miss
-// to the kernel; the daemon writes the entries instead of `commit`.
+// Kept apart from the hit path so that who admits can change: with the
+// kernel admitting, `admit` would pass every miss to the kernel and a
+// controller would write the entries that `commit` writes here.
 
 use router_common::{
     flow::{

@@ -148,8 +148,8 @@ pub fn rewrite(ctx: &XdpContext, ip: &mut [u8; ipv4::LEN], proto: u8, xlat: &Xla
 /// write shared cache lines per packet.
 // A BPF subprogram of its own: its stack frame (two entries) does not add to
 // the entry point's.
-// Sequence-checked RST/FIN (issue 19) belong here; offload mode (issue 13)
-// passes a hit's FIN/RST to the kernel before this.
+// The one place a hit changes a flow's state: a check that a RST or FIN
+// lies in the receiver's window belongs here.
 #[inline(never)]
 pub fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u64) {
     let from_orig = e.flags & FLAG_ORIGINAL != 0;

@@ -46,14 +46,15 @@ pub fn header<'a, const N: usize>(
     offset: usize,
 ) -> Result<&'a mut [u8; N], Truncated> {
     let p: *mut [u8; N] = ptr_at(ctx, offset)?;
-    // SAFETY: bounds checked by ptr_at; the frame outlives the program run
-    // and headers at different offsets do not overlap.
+    // SAFETY: bounds checked by ptr_at; the frame outlives the program run.
+    // Callers hold only headers at disjoint offsets at the same time.
     Ok(unsafe { &mut *p })
 }
 
 /// Ethernet: only IPv4 is the fast path's (ARP, IPv6, VLAN tags: the
 /// kernel's).
-// IPv6 (issue 14) branches here on the EtherType into a parser of its own.
+// An IPv6 path would branch here on the Ethernet type into a parser of its
+// own; the later phases take the parsed tuple, not the header.
 #[inline(always)]
 pub fn ethernet(eth: &[u8; eth::LEN]) -> Step<()> {
     if get_u16(eth, eth::ETHER_TYPE) != eth::P_IPV4 {
