@@ -32,63 +32,6 @@ pub fn sum_words(data: &[u8], mut acc: u32) -> u32 {
     acc
 }
 
-/// RFC 1624 eqn. 3: `HC' = ~(~HC + ~m + m')` for one 16-bit word changing
-/// from `old` to `new`.
-#[must_use]
-pub const fn replace_u16(check: u16, old: u16, new: u16) -> u16 {
-    let sum = (!check as u32) + (!old as u32) + (new as u32);
-    !fold(sum)
-}
-
-/// RFC 1624 update for a 32-bit field (an IPv4 address) given as the four
-/// wire bytes.
-#[must_use]
-pub const fn replace_u32(check: u16, old: [u8; 4], new: [u8; 4]) -> u16 {
-    let c = replace_u16(
-        check,
-        u16::from_be_bytes([old[0], old[1]]),
-        u16::from_be_bytes([new[0], new[1]]),
-    );
-    replace_u16(
-        c,
-        u16::from_be_bytes([old[2], old[3]]),
-        u16::from_be_bytes([new[2], new[3]]),
-    )
-}
-
-/// Checksum update for a UDP header: a stored checksum of zero means
-/// "no checksum" (RFC 768) and must stay zero; a computed zero is sent as
-/// 0xffff.
-#[must_use]
-pub const fn udp_replace_u32(check: u16, old: [u8; 4], new: [u8; 4]) -> u16 {
-    if check == 0 {
-        return 0;
-    }
-    let c = replace_u32(check, old, new);
-    if c == 0 { 0xffff } else { c }
-}
-
-/// Same as [`udp_replace_u32`] for a 16-bit field (a port).
-#[must_use]
-pub const fn udp_replace_u16(check: u16, old: u16, new: u16) -> u16 {
-    if check == 0 {
-        return 0;
-    }
-    let c = replace_u16(check, old, new);
-    if c == 0 { 0xffff } else { c }
-}
-
-/// TTL decrement on an IPv4 header (RFC 1141/1624): TTL is the high byte of
-/// the word it shares with the protocol field.
-#[must_use]
-pub const fn ttl_decrement(check: u16, ttl: u8, proto: u8) -> u16 {
-    replace_u16(
-        check,
-        u16::from_be_bytes([ttl, proto]),
-        u16::from_be_bytes([ttl.wrapping_sub(1), proto]),
-    )
-}
-
 /// Full TCP/UDP checksum of `segment` (its checksum field zeroed or not:
 /// pass it zeroed to compute, intact to verify -> 0) with the IPv4
 /// pseudo-header (RFC 793 3.1, RFC 768).
@@ -165,6 +108,7 @@ impl Delta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hdr::{get_addr, get_u16, ipv4, set_addr, set_u16};
     use proptest::prelude::*;
 
     /// Header from RFC 1071 examples / a captured IPv4 header.
@@ -177,8 +121,7 @@ mod tests {
     fn known_header_checksum_verifies() {
         assert_eq!(checksum(&IP_HDR), 0);
         let mut h = IP_HDR;
-        h[10] = 0;
-        h[11] = 0;
+        set_u16(&mut h, ipv4::CHECK, 0);
         assert_eq!(checksum(&h), 0xb861);
     }
 
@@ -189,15 +132,22 @@ mod tests {
 
     #[test]
     fn udp_zero_checksum_stays_zero() {
-        assert_eq!(udp_replace_u32(0, [1, 2, 3, 4], [5, 6, 7, 8]), 0);
-        assert_eq!(udp_replace_u16(0, 1, 2), 0);
+        let d = Delta::new().addr([1, 2, 3, 4], [5, 6, 7, 8]).word(1, 2);
+        assert_eq!(d.apply_udp(0), 0);
     }
 
-    fn with_check(mut h: [u8; 20]) -> [u8; 20] {
-        h[10] = 0;
-        h[11] = 0;
+    #[test]
+    fn udp_computed_zero_is_sent_as_ffff() {
+        // ~(~0xfffe + ~1 + 0) folds to 0: UDP must send it as 0xffff.
+        let d = Delta::new().word(1, 0);
+        assert_eq!(d.apply(0xfffe), 0);
+        assert_eq!(d.apply_udp(0xfffe), 0xffff);
+    }
+
+    fn with_check(mut h: [u8; ipv4::LEN]) -> [u8; ipv4::LEN] {
+        set_u16(&mut h, ipv4::CHECK, 0);
         let c = checksum(&h);
-        h[10..12].copy_from_slice(&c.to_be_bytes());
+        set_u16(&mut h, ipv4::CHECK, c);
         h
     }
 
@@ -208,22 +158,12 @@ mod tests {
             new_src in proptest::array::uniform4(any::<u8>()),
         ) {
             let h = with_check(body);
-            let old = [h[12], h[13], h[14], h[15]];
+            let old = get_addr(&h, ipv4::SRC);
             let mut n = h;
-            n[12..16].copy_from_slice(&new_src);
-            let inc = replace_u32(u16::from_be_bytes([h[10], h[11]]), old, new_src);
-            n[10..12].copy_from_slice(&inc.to_be_bytes());
+            set_addr(&mut n, ipv4::SRC, new_src);
+            let inc = Delta::new().addr(old, new_src).apply(get_u16(&h, ipv4::CHECK));
+            set_u16(&mut n, ipv4::CHECK, inc);
             // A correct header sums to zero (either zero representation).
-            prop_assert!(checksum(&n) == 0 || checksum(&n) == 0xffff);
-        }
-
-        #[test]
-        fn ttl_decrement_equals_recompute(body in proptest::array::uniform20(any::<u8>())) {
-            let h = with_check(body);
-            let mut n = h;
-            n[8] = h[8].wrapping_sub(1);
-            let inc = ttl_decrement(u16::from_be_bytes([h[10], h[11]]), h[8], h[9]);
-            n[10..12].copy_from_slice(&inc.to_be_bytes());
             prop_assert!(checksum(&n) == 0 || checksum(&n) == 0xffff);
         }
     }

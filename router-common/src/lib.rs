@@ -10,5 +10,6 @@ extern crate std;
 
 pub mod checksum;
 pub mod flow;
+pub mod hdr;
 pub mod maps;
 pub mod nat;

@@ -3,6 +3,7 @@
 //! (RFC 1624), including the headers embedded in ICMP errors (RFC 5508).
 
 use crate::checksum::{self, Delta};
+use crate::hdr::{self, get_addr, get_u16, icmp, ipv4, set_addr, set_u16, tcp, udp};
 use crate::maps::{IPPROTO_ICMP, IPPROTO_UDP};
 
 /// What the fast path may do with an IPv4 header (first 20 bytes).
@@ -25,11 +26,11 @@ pub enum Ipv4Verdict {
 /// Classifies an IPv4 header; `l3_len` is the frame length after the
 /// Ethernet header.
 #[must_use]
-pub fn classify_ipv4(hdr: &[u8; 20], l3_len: usize) -> Ipv4Verdict {
-    let version = hdr[0] >> 4;
-    let ihl = hdr[0] & 0x0f;
-    let total_len = usize::from(u16::from_be_bytes([hdr[2], hdr[3]]));
-    if version != 4 || ihl < 5 || total_len < 20 || total_len > l3_len {
+pub fn classify_ipv4(hdr: &[u8; ipv4::LEN], l3_len: usize) -> Ipv4Verdict {
+    let version = hdr[ipv4::VERSION_IHL] >> 4;
+    let ihl = hdr[ipv4::VERSION_IHL] & 0x0f;
+    let total_len = usize::from(get_u16(hdr, ipv4::TOT_LEN));
+    if version != 4 || ihl < 5 || total_len < ipv4::LEN || total_len > l3_len {
         return Ipv4Verdict::Malformed;
     }
     if usize::from(ihl) * 4 > total_len {
@@ -38,12 +39,10 @@ pub fn classify_ipv4(hdr: &[u8; 20], l3_len: usize) -> Ipv4Verdict {
     if ihl > 5 {
         return Ipv4Verdict::Options;
     }
-    let frag = u16::from_be_bytes([hdr[6], hdr[7]]);
-    // 0x2000 = MF, 0x1fff = fragment offset; DF (0x4000) is fine.
-    if frag & 0x3fff != 0 {
+    if get_u16(hdr, ipv4::FRAG_OFF) & ipv4::FRAG_MF_AND_OFFSET != 0 {
         return Ipv4Verdict::Fragment;
     }
-    if hdr[8] <= 1 {
+    if hdr[ipv4::TTL] <= 1 {
         return Ipv4Verdict::TtlExceeded;
     }
     if !header_checksum_ok(hdr) {
@@ -55,71 +54,74 @@ pub fn classify_ipv4(hdr: &[u8; 20], l3_len: usize) -> Ipv4Verdict {
 /// Whether an option-less IPv4 header's checksum verifies (its words sum
 /// to 0xffff in one's complement).
 #[must_use]
-pub const fn header_checksum_ok(hdr: &[u8; 20]) -> bool {
+pub const fn header_checksum_ok(hdr: &[u8; ipv4::LEN]) -> bool {
     let mut sum = 0u32;
     let mut i = 0;
-    while i < 20 {
-        sum += ((hdr[i] as u32) << 8) | hdr[i + 1] as u32;
+    while i < ipv4::LEN {
+        sum += get_u16(hdr, i) as u32;
         i += 2;
     }
     checksum::fold(sum) == 0xffff
 }
 
-/// Decrements the TTL and updates the header checksum incrementally.
-pub fn decrement_ttl(hdr: &mut [u8; 20]) {
-    let check = u16::from_be_bytes([hdr[10], hdr[11]]);
-    let new = checksum::ttl_decrement(check, hdr[8], hdr[9]);
-    hdr[8] = hdr[8].wrapping_sub(1);
-    hdr[10..12].copy_from_slice(&new.to_be_bytes());
+/// Decrements the TTL and updates the header checksum incrementally: the
+/// TTL is the high byte of the word it shares with the protocol (RFC 1624).
+pub fn decrement_ttl(hdr: &mut [u8; ipv4::LEN]) {
+    let ttl_proto = get_u16(hdr, ipv4::TTL);
+    let d = Delta::new().word(ttl_proto, ttl_proto.wrapping_sub(0x0100));
+    let check = d.apply(get_u16(hdr, ipv4::CHECK));
+    hdr[ipv4::TTL] = hdr[ipv4::TTL].wrapping_sub(1);
+    set_u16(hdr, ipv4::CHECK, check);
 }
 
 /// Rewrites source and destination address of an IPv4 header, fixing its
 /// checksum; returns the change of the TCP/UDP pseudo-header.
-pub fn rewrite_addrs(ip: &mut [u8; 20], src: [u8; 4], dst: [u8; 4]) -> Delta {
-    let old_src = [ip[12], ip[13], ip[14], ip[15]];
-    let old_dst = [ip[16], ip[17], ip[18], ip[19]];
+pub fn rewrite_addrs(ip: &mut [u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -> Delta {
+    let old_src = get_addr(ip, ipv4::SRC);
+    let old_dst = get_addr(ip, ipv4::DST);
     let d = Delta::new().addr(old_src, src).addr(old_dst, dst);
-    let check = d.apply(u16::from_be_bytes([ip[10], ip[11]]));
-    ip[12..16].copy_from_slice(&src);
-    ip[16..20].copy_from_slice(&dst);
-    ip[10..12].copy_from_slice(&check.to_be_bytes());
+    let check = d.apply(get_u16(ip, ipv4::CHECK));
+    set_addr(ip, ipv4::SRC, src);
+    set_addr(ip, ipv4::DST, dst);
+    set_u16(ip, ipv4::CHECK, check);
     d
 }
 
-/// Sets the ports at `l4[0..4]` and returns the change of those words.
-fn set_ports(l4: &mut [u8], sport: u16, dport: u16) -> Delta {
-    let old_s = u16::from_be_bytes([l4[0], l4[1]]);
-    let old_d = u16::from_be_bytes([l4[2], l4[3]]);
-    l4[0..2].copy_from_slice(&sport.to_be_bytes());
-    l4[2..4].copy_from_slice(&dport.to_be_bytes());
+/// Sets the ports of a TCP or UDP header (the same positions in both) and
+/// returns the change of those words.
+fn set_ports<const N: usize>(l4: &mut [u8; N], sport: u16, dport: u16) -> Delta {
+    let old_s = get_u16(l4, udp::SPORT);
+    let old_d = get_u16(l4, udp::DPORT);
+    set_u16(l4, udp::SPORT, sport);
+    set_u16(l4, udp::DPORT, dport);
     Delta::new().word(old_s, sport).word(old_d, dport)
 }
 
 /// Rewrites the ports of a TCP header and updates its checksum with the
 /// ports' and the pseudo-header's change (`pseudo`, from [`rewrite_addrs`]).
-pub fn rewrite_tcp(tcp: &mut [u8; 20], pseudo: Delta, sport: u16, dport: u16) {
+pub fn rewrite_tcp(tcp: &mut [u8; tcp::LEN], pseudo: Delta, sport: u16, dport: u16) {
     let d = set_ports(tcp, sport, dport).merge(pseudo);
-    let check = d.apply(u16::from_be_bytes([tcp[16], tcp[17]]));
-    tcp[16..18].copy_from_slice(&check.to_be_bytes());
+    let check = d.apply(get_u16(tcp, tcp::CHECK));
+    set_u16(tcp, tcp::CHECK, check);
 }
 
 /// [`rewrite_tcp`] for UDP: a zero checksum ("none", RFC 768) stays zero.
-pub fn rewrite_udp(udp: &mut [u8; 8], pseudo: Delta, sport: u16, dport: u16) {
+pub fn rewrite_udp(udp: &mut [u8; udp::LEN], pseudo: Delta, sport: u16, dport: u16) {
     let d = set_ports(udp, sport, dport).merge(pseudo);
-    let check = d.apply_udp(u16::from_be_bytes([udp[6], udp[7]]));
-    udp[6..8].copy_from_slice(&check.to_be_bytes());
+    let check = d.apply_udp(get_u16(udp, udp::CHECK));
+    set_u16(udp, udp::CHECK, check);
 }
 
 /// Sets the identifier of an ICMP echo request/reply (RFC 792) and updates
 /// the ICMP checksum (no pseudo-header). Returns the change of the message's
 /// words, for an enclosing checksum.
-pub fn rewrite_icmp_echo(icmp: &mut [u8; 8], id: u16) -> Delta {
-    let old_id = u16::from_be_bytes([icmp[4], icmp[5]]);
-    let old_check = u16::from_be_bytes([icmp[2], icmp[3]]);
+pub fn rewrite_icmp_echo(icmp: &mut [u8; icmp::LEN], id: u16) -> Delta {
+    let old_id = get_u16(icmp, icmp::ECHO_ID);
+    let old_check = get_u16(icmp, icmp::CHECK);
     let d = Delta::new().word(old_id, id);
     let check = d.apply(old_check);
-    icmp[4..6].copy_from_slice(&id.to_be_bytes());
-    icmp[2..4].copy_from_slice(&check.to_be_bytes());
+    set_u16(icmp, icmp::ECHO_ID, id);
+    set_u16(icmp, icmp::CHECK, check);
     d.word(old_check, check)
 }
 
@@ -147,36 +149,36 @@ pub const ICMP_PARAMETER_PROBLEM: u8 = 12;
 /// (`inner_tcp_check`), the embedded echo's checksum, and the outer ICMP
 /// checksum over all of those changes.
 pub fn translate_icmp_error(
-    outer_ip: &mut [u8; 20],
-    icmp: &mut [u8; 8],
-    inner_ip: &mut [u8; 20],
-    inner_l4: &mut [u8; 8],
+    outer_ip: &mut [u8; ipv4::LEN],
+    icmp: &mut [u8; icmp::LEN],
+    inner_ip: &mut [u8; ipv4::LEN],
+    inner_l4: &mut [u8; hdr::ICMP_QUOTED_L4_LEN],
     inner_tcp_check: Option<&mut [u8; 2]>,
     addr: [u8; 4],
     port: u16,
 ) {
-    let outer_src = [outer_ip[12], outer_ip[13], outer_ip[14], outer_ip[15]];
+    let outer_src = get_addr(outer_ip, ipv4::SRC);
     let _ = rewrite_addrs(outer_ip, outer_src, addr);
 
-    let inner_dst = [inner_ip[16], inner_ip[17], inner_ip[18], inner_ip[19]];
-    let old_inner_check = u16::from_be_bytes([inner_ip[10], inner_ip[11]]);
+    let inner_dst = get_addr(inner_ip, ipv4::DST);
+    let old_inner_check = get_u16(inner_ip, ipv4::CHECK);
     let pseudo = rewrite_addrs(inner_ip, addr, inner_dst);
-    let new_inner_check = u16::from_be_bytes([inner_ip[10], inner_ip[11]]);
+    let new_inner_check = get_u16(inner_ip, ipv4::CHECK);
     let mut outer = pseudo.word(old_inner_check, new_inner_check);
 
-    match inner_ip[9] {
+    match inner_ip[ipv4::PROTO] {
         IPPROTO_ICMP => {
             outer = outer.merge(rewrite_icmp_echo(inner_l4, port));
         }
         proto => {
-            let old_dport = u16::from_be_bytes([inner_l4[2], inner_l4[3]]);
+            let old_dport = get_u16(inner_l4, udp::DPORT);
             let ports = set_ports(inner_l4, port, old_dport);
             outer = outer.merge(ports);
             let l4 = ports.merge(pseudo);
             if proto == IPPROTO_UDP {
-                let old = u16::from_be_bytes([inner_l4[6], inner_l4[7]]);
+                let old = get_u16(inner_l4, udp::CHECK);
                 let new = l4.apply_udp(old);
-                inner_l4[6..8].copy_from_slice(&new.to_be_bytes());
+                set_u16(inner_l4, udp::CHECK, new);
                 outer = outer.word(old, new);
             } else if let Some(c) = inner_tcp_check {
                 let old = u16::from_be_bytes(*c);
@@ -186,8 +188,8 @@ pub fn translate_icmp_error(
             }
         }
     }
-    let check = outer.apply(u16::from_be_bytes([icmp[2], icmp[3]]));
-    icmp[2..4].copy_from_slice(&check.to_be_bytes());
+    let check = outer.apply(get_u16(icmp, icmp::CHECK));
+    set_u16(icmp, icmp::CHECK, check);
 }
 
 #[cfg(test)]
@@ -201,13 +203,22 @@ mod tests {
 
     /// IPv4 + L4 packet with correct checksums computed from scratch.
     fn packet(proto: u8, src: [u8; 4], dst: [u8; 4], l4: &[u8]) -> Vec<u8> {
-        let total = 20 + l4.len();
-        let mut p = std::vec![0x45, 0, 0, 0, 0x12, 0x34, 0x40, 0, 64, proto, 0, 0];
-        p[2..4].copy_from_slice(&u16::try_from(total).unwrap().to_be_bytes());
-        p.extend_from_slice(&src);
-        p.extend_from_slice(&dst);
-        let c = checksum::checksum(&p[..20]);
-        p[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut h = [0u8; ipv4::LEN];
+        h[ipv4::VERSION_IHL] = ipv4::VERSION_IHL_PLAIN;
+        set_u16(
+            &mut h,
+            ipv4::TOT_LEN,
+            u16::try_from(ipv4::LEN + l4.len()).unwrap(),
+        );
+        set_u16(&mut h, ipv4::ID, 0x1234);
+        set_u16(&mut h, ipv4::FRAG_OFF, 0x4000);
+        h[ipv4::TTL] = 64;
+        h[ipv4::PROTO] = proto;
+        set_addr(&mut h, ipv4::SRC, src);
+        set_addr(&mut h, ipv4::DST, dst);
+        let c = checksum::checksum(&h);
+        set_u16(&mut h, ipv4::CHECK, c);
+        let mut p = h.to_vec();
         p.extend_from_slice(l4);
         fix_l4(&mut p);
         p
@@ -215,38 +226,49 @@ mod tests {
 
     /// Recomputes the L4 checksum of an IPv4 packet from scratch.
     fn fix_l4(p: &mut [u8]) {
-        let (src, dst, proto) = (addr(p, 12), addr(p, 16), p[9]);
-        let off = match proto {
-            IPPROTO_TCP => 16,
-            IPPROTO_UDP => 6,
-            _ => 2,
-        };
-        p[20 + off..22 + off].fill(0);
+        let (src, dst, proto) = (addr(p, ipv4::SRC), addr(p, ipv4::DST), p[ipv4::PROTO]);
+        let off = ipv4::LEN
+            + match proto {
+                IPPROTO_TCP => tcp::CHECK,
+                IPPROTO_UDP => udp::CHECK,
+                _ => icmp::CHECK,
+            };
+        p[off..off + 2].fill(0);
         let c = if proto == IPPROTO_ICMP {
-            checksum::checksum(&p[20..])
+            checksum::checksum(&p[ipv4::LEN..])
         } else {
-            let c = l4_checksum(src, dst, proto, &p[20..]);
+            let c = l4_checksum(src, dst, proto, &p[ipv4::LEN..]);
             if proto == IPPROTO_UDP && c == 0 {
                 0xffff
             } else {
                 c
             }
         };
-        p[20 + off..22 + off].copy_from_slice(&c.to_be_bytes());
+        p[off..off + 2].copy_from_slice(&c.to_be_bytes());
     }
 
     fn addr(p: &[u8], at: usize) -> [u8; 4] {
-        p[at..at + 4].try_into().unwrap()
+        p[at..at + ipv4::ADDR_LEN].try_into().unwrap()
     }
 
     /// Asserts that every checksum in `p` equals a recomputation.
     fn assert_checksums(p: &[u8]) {
         let mut q = p.to_vec();
-        q[10..12].fill(0);
-        let c = checksum::checksum(&q[..20]);
-        q[10..12].copy_from_slice(&c.to_be_bytes());
+        q[ipv4::CHECK..ipv4::CHECK + 2].fill(0);
+        let c = checksum::checksum(&q[..ipv4::LEN]);
+        q[ipv4::CHECK..ipv4::CHECK + 2].copy_from_slice(&c.to_be_bytes());
         fix_l4(&mut q);
         assert_eq!(p, &q[..], "incremental checksums differ from recomputation");
+    }
+
+    /// Offset of the L4 header in an IPv4 packet (no Ethernet header here).
+    const L4: usize = ipv4::LEN;
+
+    /// A TCP or UDP header's first bytes with these ports, over `body`.
+    fn with_ports(mut body: Vec<u8>, sport: u16, dport: u16) -> Vec<u8> {
+        body[udp::SPORT..udp::SPORT + 2].copy_from_slice(&sport.to_be_bytes());
+        body[udp::DPORT..udp::DPORT + 2].copy_from_slice(&dport.to_be_bytes());
+        body
     }
 
     proptest! {
@@ -256,15 +278,14 @@ mod tests {
             sp: u16, dp: u16, nsp: u16, ndp: u16,
             body in proptest::collection::vec(any::<u8>(), 20..200),
         ) {
-            let mut l4 = body;
-            l4[12] = 0x50;
-            l4[0..4].copy_from_slice(&[(sp >> 8) as u8, sp as u8, (dp >> 8) as u8, dp as u8]);
+            let mut l4 = with_ports(body, sp, dp);
+            l4[tcp::DATA_OFF] = 0x50;
             let mut p = packet(IPPROTO_TCP, src, dst, &l4);
-            let (ip, rest) = p.split_at_mut(20);
+            let (ip, rest) = p.split_at_mut(L4);
             let pseudo = rewrite_addrs(ip.try_into().unwrap(), nsrc, ndst);
-            rewrite_tcp((&mut rest[..20]).try_into().unwrap(), pseudo, nsp, ndp);
-            prop_assert_eq!(addr(&p, 12), nsrc);
-            prop_assert_eq!(&p[20..24], &[(nsp >> 8) as u8, nsp as u8, (ndp >> 8) as u8, ndp as u8]);
+            rewrite_tcp((&mut rest[..tcp::LEN]).try_into().unwrap(), pseudo, nsp, ndp);
+            prop_assert_eq!(addr(&p, ipv4::SRC), nsrc);
+            prop_assert_eq!(&p[L4..L4 + 4], &with_ports(std::vec![0; 4], nsp, ndp)[..]);
             assert_checksums(&p);
         }
 
@@ -276,16 +297,17 @@ mod tests {
         ) {
             let mut l4 = body;
             let len = u16::try_from(l4.len()).unwrap();
-            l4[4..6].copy_from_slice(&len.to_be_bytes());
+            l4[udp::LENGTH..udp::LENGTH + 2].copy_from_slice(&len.to_be_bytes());
             let mut p = packet(IPPROTO_UDP, src, dst, &l4);
+            let check = L4 + udp::CHECK..L4 + udp::CHECK + 2;
             if no_checksum {
-                p[26..28].fill(0);
+                p[check.clone()].fill(0);
             }
-            let (ip, rest) = p.split_at_mut(20);
+            let (ip, rest) = p.split_at_mut(L4);
             let pseudo = rewrite_addrs(ip.try_into().unwrap(), nsrc, ndst);
-            rewrite_udp((&mut rest[..8]).try_into().unwrap(), pseudo, nsp, ndp);
+            rewrite_udp((&mut rest[..udp::LEN]).try_into().unwrap(), pseudo, nsp, ndp);
             if no_checksum {
-                prop_assert_eq!(&p[26..28], &[0, 0]);
+                prop_assert_eq!(&p[check], &[0, 0]);
             } else {
                 assert_checksums(&p);
             }
@@ -296,11 +318,11 @@ mod tests {
             src: [u8; 4], dst: [u8; 4], id: u16, body in proptest::collection::vec(any::<u8>(), 8..100),
         ) {
             let mut l4 = body;
-            l4[0] = ICMP_ECHO_REQUEST;
-            l4[1] = 0;
+            l4[icmp::TYPE] = ICMP_ECHO_REQUEST;
+            l4[icmp::CODE] = 0;
             let mut p = packet(IPPROTO_ICMP, src, dst, &l4);
-            let _ = rewrite_icmp_echo((&mut p[20..28]).try_into().unwrap(), id);
-            prop_assert_eq!(&p[24..26], &id.to_be_bytes());
+            let _ = rewrite_icmp_echo((&mut p[L4..L4 + icmp::LEN]).try_into().unwrap(), id);
+            prop_assert_eq!(&p[L4 + icmp::ECHO_ID..L4 + icmp::ECHO_ID + 2], &id.to_be_bytes());
             assert_checksums(&p);
         }
 
@@ -318,37 +340,40 @@ mod tests {
             let mut l4 = body;
             match proto {
                 IPPROTO_TCP => {
-                    l4[0..4].copy_from_slice(&[(wport >> 8) as u8, wport as u8, (rport >> 8) as u8, rport as u8]);
-                    l4[12] = 0x50;
+                    l4 = with_ports(l4, wport, rport);
+                    l4[tcp::DATA_OFF] = 0x50;
                 }
                 IPPROTO_UDP => {
-                    l4[0..4].copy_from_slice(&[(wport >> 8) as u8, wport as u8, (rport >> 8) as u8, rport as u8]);
+                    l4 = with_ports(l4, wport, rport);
                     let len = u16::try_from(l4.len()).unwrap();
-                    l4[4..6].copy_from_slice(&len.to_be_bytes());
+                    l4[udp::LENGTH..udp::LENGTH + 2].copy_from_slice(&len.to_be_bytes());
                 }
                 _ => {
-                    l4[0] = ICMP_ECHO_REQUEST;
-                    l4[1] = 0;
-                    l4[4..6].copy_from_slice(&wport.to_be_bytes());
+                    l4[icmp::TYPE] = ICMP_ECHO_REQUEST;
+                    l4[icmp::CODE] = 0;
+                    l4[icmp::ECHO_ID..icmp::ECHO_ID + 2].copy_from_slice(&wport.to_be_bytes());
                 }
             }
+            let udp_check = L4 + udp::CHECK..L4 + udp::CHECK + 2;
             let mut inner = packet(proto, wan, remote, &l4);
             if proto == IPPROTO_UDP && udp_zero {
-                inner[26..28].fill(0);
+                inner[udp_check.clone()].fill(0);
             }
             // The error quotes the whole packet, or (for TCP without the
             // checksum) just the IP header and 8 bytes.
-            let quoted = if proto == IPPROTO_TCP && !with_tcp_check { 28 } else { inner.len() };
+            let least = ipv4::LEN + hdr::ICMP_QUOTED_L4_LEN;
+            let quoted = if proto == IPPROTO_TCP && !with_tcp_check { least } else { inner.len() };
             let mut icmp = std::vec![ICMP_DEST_UNREACH, 4, 0, 0, 0, 0, 0x05, 0xdc];
             icmp.extend_from_slice(&inner[..quoted]);
             let mut outer = packet(IPPROTO_ICMP, router, wan, &icmp);
 
-            let (o_ip, rest) = outer.split_at_mut(20);
-            let (o_icmp, rest) = rest.split_at_mut(8);
-            let (i_ip, rest) = rest.split_at_mut(20);
-            let (i_l4, rest) = rest.split_at_mut(8);
-            let tcp_check = if proto == IPPROTO_TCP && quoted > 28 {
-                Some((&mut rest[8..10]).try_into().unwrap())
+            let (o_ip, rest) = outer.split_at_mut(ipv4::LEN);
+            let (o_icmp, rest) = rest.split_at_mut(icmp::LEN);
+            let (i_ip, rest) = rest.split_at_mut(ipv4::LEN);
+            let (i_l4, rest) = rest.split_at_mut(hdr::ICMP_QUOTED_L4_LEN);
+            let tcp_check = if proto == IPPROTO_TCP && quoted > least {
+                let at = tcp::CHECK - hdr::ICMP_QUOTED_L4_LEN;
+                Some((&mut rest[at..at + 2]).try_into().unwrap())
             } else {
                 None
             };
@@ -357,32 +382,47 @@ mod tests {
                 i_ip.try_into().unwrap(), i_l4.try_into().unwrap(), tcp_check, lan, lport,
             );
             // Outer: destination is the LAN host, IP and ICMP checksums right.
-            prop_assert_eq!(addr(&outer, 16), lan);
+            prop_assert_eq!(addr(&outer, ipv4::DST), lan);
             assert_checksums(&outer);
             // Inner: source is the LAN host's address and port.
-            let inner_new = &outer[28..];
-            prop_assert_eq!(addr(inner_new, 12), lan);
-            let port_at = if proto == IPPROTO_ICMP { 24 } else { 20 };
+            let inner_new = &outer[L4 + icmp::LEN..];
+            prop_assert_eq!(addr(inner_new, ipv4::SRC), lan);
+            let port_at = L4 + if proto == IPPROTO_ICMP { icmp::ECHO_ID } else { udp::SPORT };
             prop_assert_eq!(&inner_new[port_at..port_at + 2], &lport.to_be_bytes());
-            let mut h = inner_new[..20].to_vec();
-            h[10..12].fill(0);
-            prop_assert_eq!(checksum::checksum(&h).to_be_bytes(), [inner_new[10], inner_new[11]]);
+            let inner_hdr: [u8; ipv4::LEN] = inner_new[..ipv4::LEN].try_into().unwrap();
+            let mut h = inner_hdr;
+            set_u16(&mut h, ipv4::CHECK, 0);
+            prop_assert_eq!(checksum::checksum(&h), get_u16(&inner_hdr, ipv4::CHECK));
             if quoted == inner.len() {
                 if proto == IPPROTO_UDP && udp_zero {
-                    prop_assert_eq!(&inner_new[26..28], &[0, 0]);
+                    prop_assert_eq!(&inner_new[udp_check], &[0, 0]);
                 } else {
                     assert_checksums(inner_new);
                 }
             }
         }
+
+        /// The incremental TTL decrement equals a recomputation for any
+        /// header with a correct checksum.
+        #[test]
+        fn ttl_decrement_equals_recompute(body in proptest::array::uniform20(any::<u8>())) {
+            let mut h = body;
+            set_u16(&mut h, ipv4::CHECK, 0);
+            let c = checksum::checksum(&h);
+            set_u16(&mut h, ipv4::CHECK, c);
+            let ttl = h[ipv4::TTL];
+            decrement_ttl(&mut h);
+            prop_assert_eq!(h[ipv4::TTL], ttl.wrapping_sub(1));
+            prop_assert!(matches!(checksum::checksum(&h), 0 | 0xffff));
+        }
     }
 
-    fn header(ttl: u8) -> [u8; 20] {
+    fn header(ttl: u8) -> [u8; ipv4::LEN] {
         let mut h = [
             0x45, 0, 0, 60, 0x12, 0x34, 0x40, 0, ttl, 6, 0, 0, 192, 168, 50, 2, 203, 0, 113, 2,
         ];
         let c = checksum::checksum(&h);
-        h[10..12].copy_from_slice(&c.to_be_bytes());
+        set_u16(&mut h, ipv4::CHECK, c);
         h
     }
 
@@ -393,17 +433,17 @@ mod tests {
         assert_eq!(classify_ipv4(&header(1), 60), Ipv4Verdict::TtlExceeded);
         assert_eq!(classify_ipv4(&header(0), 60), Ipv4Verdict::TtlExceeded);
         let mut h = header(64);
-        h[0] = 0x44;
+        h[ipv4::VERSION_IHL] = 0x44;
         assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Malformed);
-        h[0] = 0x46;
+        h[ipv4::VERSION_IHL] = 0x46;
         assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Options);
-        h[0] = 0x65;
+        h[ipv4::VERSION_IHL] = 0x65;
         assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Malformed);
         let mut h = header(64);
-        h[6] = 0x20; // MF
+        set_u16(&mut h, ipv4::FRAG_OFF, 0x2000); // MF
         assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Fragment);
         let mut h = header(64);
-        h[7] = 0x01; // offset 8
+        set_u16(&mut h, ipv4::FRAG_OFF, 0x0001); // offset 8
         assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Fragment);
     }
 
@@ -419,9 +459,9 @@ mod tests {
             assert!(!header_checksum_ok(&b), "bit {bit}");
         }
         let mut b = h;
-        b[10] ^= 0x01;
+        b[ipv4::CHECK] ^= 0x01;
         assert_eq!(classify_ipv4(&b, 60), Ipv4Verdict::BadChecksum);
-        b[8] = 1;
+        b[ipv4::TTL] = 1;
         assert_eq!(classify_ipv4(&b, 60), Ipv4Verdict::TtlExceeded);
     }
 
@@ -430,11 +470,10 @@ mod tests {
         for ttl in 2..=255 {
             let mut h = header(ttl);
             decrement_ttl(&mut h);
-            assert_eq!(h[8], ttl - 1);
+            assert_eq!(h[ipv4::TTL], ttl - 1);
             let mut z = h;
-            z[10] = 0;
-            z[11] = 0;
-            assert_eq!(checksum::checksum(&z).to_be_bytes(), [h[10], h[11]]);
+            set_u16(&mut z, ipv4::CHECK, 0);
+            assert_eq!(checksum::checksum(&z), get_u16(&h, ipv4::CHECK));
         }
     }
 }

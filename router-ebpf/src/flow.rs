@@ -1,0 +1,211 @@
+//! Phases of a packet of a flow: conntrack lookup (with the state
+//! tracking of a hit), the next hop (the flow's cached one or the FIB's),
+//! and the address/port rewrite.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
+use router_common::{
+    flow::{expired, needs_refresh, tcp_next},
+    hdr::{frame, icmp, ipv4, tcp, udp},
+    maps::{Counter, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP},
+    nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
+};
+
+use crate::{
+    Step,
+    hop::{Hop, fib, redirect_to},
+    maps::{CONNTRACK, event},
+    parse::{Ingress, Packet, header},
+};
+
+/// Header values after translation.
+#[derive(Clone, Copy)]
+pub struct Xlat {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+}
+
+impl Xlat {
+    /// The packet's own tuple: no translation (yet).
+    #[inline(always)]
+    pub fn of_packet(pkt: &Packet) -> Self {
+        Self {
+            src: pkt.src,
+            dst: pkt.dst,
+            sport: pkt.sport,
+            dport: pkt.dport,
+        }
+    }
+
+    /// The translation an entry records.
+    #[inline(always)]
+    pub fn of_entry(e: &FlowEntry) -> Self {
+        Self {
+            src: e.new_src_addr,
+            dst: e.new_dst_addr,
+            sport: e.new_src_port,
+            dport: e.new_dst_port,
+        }
+    }
+}
+
+/// The entry of `key`, if it is a hit: an entry counts only on its own
+/// side (the same tuple replayed on the other interface is spoofed) and
+/// while not expired.
+// A raw pointer: the entry is written again (state, next hop) after other
+// phases borrowed what they need.
+#[inline(always)]
+pub fn lookup(key: &FlowKey, side: Ingress<'_>, now: u64) -> Option<*mut FlowEntry> {
+    let e = CONNTRACK.get_ptr_mut(key)?;
+    // SAFETY: map value pointer, valid for this run; fields are plain
+    // integers, a concurrent writer can at worst tear a refresh.
+    let entry = unsafe { &*e };
+    if entry.lan_side() != side.from_lan
+        || expired(entry.state, entry.last_seen_ns, now, &side.cfg.timeouts)
+    {
+        return None;
+    }
+    Some(e)
+}
+
+/// The hit's cached next hop, if still usable: not due for a refresh and
+/// the packet fits its MTU. Else (or with nothing cached) the next-hop
+/// phase asks the FIB again.
+#[inline(always)]
+pub fn cached_hop(e: &FlowEntry, total_len: usize, now: u64) -> Step<Option<Hop>> {
+    if e.hop_ifindex == 0
+        || needs_refresh(e.last_seen_ns, now)
+        || total_len > usize::from(e.hop_mtu)
+    {
+        return Ok(None);
+    }
+    redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).map(Some)
+}
+
+/// The next hop of the packet translated to `xlat`: the hit's cached one,
+/// or the FIB's, which a hit then caches.
+#[inline(always)]
+pub fn next_hop(
+    ctx: &XdpContext,
+    ip: &[u8; ipv4::LEN],
+    xlat: &Xlat,
+    hit: Option<*mut FlowEntry>,
+    cached: Option<Hop>,
+) -> Step<Hop> {
+    if let Some(h) = cached {
+        return Ok(h);
+    }
+    // A new LAN flow that is not routed anywhere (e.g. to the router
+    // itself) is not NAT's business either: `fib` passes it.
+    let hop = fib(ctx, ip, xlat.src, xlat.dst)?;
+    if let (
+        Some(e),
+        Hop::Redirect {
+            ifindex,
+            mtu,
+            smac,
+            dmac,
+            ..
+        },
+    ) = (hit, &hop)
+    {
+        // SAFETY: map value pointer from the lookup.
+        let e = unsafe { &mut *e };
+        e.hop_ifindex = *ifindex;
+        e.hop_mtu = *mtu;
+        e.hop_smac = *smac;
+        e.hop_dmac = *dmac;
+    }
+    Ok(hop)
+}
+
+/// Rewrites addresses and ports (the ICMP echo identifier) to `xlat`,
+/// with incremental checksum updates.
+#[inline(always)]
+pub fn rewrite(ctx: &XdpContext, ip: &mut [u8; ipv4::LEN], proto: u8, xlat: &Xlat) -> Step<()> {
+    let pseudo = rewrite_addrs(ip, xlat.src, xlat.dst);
+    match proto {
+        IPPROTO_TCP => {
+            let tcp: &mut [u8; tcp::LEN] = header(ctx, frame::L4)?;
+            rewrite_tcp(tcp, pseudo, xlat.sport, xlat.dport);
+        }
+        IPPROTO_UDP => {
+            let udp: &mut [u8; udp::LEN] = header(ctx, frame::L4)?;
+            rewrite_udp(udp, pseudo, xlat.sport, xlat.dport);
+        }
+        _ => {
+            let icmp: &mut [u8; icmp::LEN] = header(ctx, frame::L4)?;
+            let _ = rewrite_icmp_echo(icmp, xlat.sport);
+        }
+    }
+    Ok(())
+}
+
+/// Updates TCP/UDP state and the coarse last-seen time of a flow hit
+/// through `key`/`e`, in both of its entries. Writes only when something
+/// changed or the refresh interval passed, so established flows do not
+/// write shared cache lines per packet.
+// A BPF subprogram of its own: its stack frame (two entries) does not add to
+// the entry point's.
+// The one place a hit changes a flow's state: a check that a RST or FIN
+// lies in the receiver's window belongs here.
+#[inline(never)]
+pub fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u64) {
+    let from_orig = e.flags & FLAG_ORIGINAL != 0;
+    let (state, flags) = match proto {
+        IPPROTO_TCP => tcp_next(e.state, e.flags, from_orig, tcp_flags),
+        IPPROTO_UDP if !from_orig && e.state == FlowState::UdpUnreplied as u8 => {
+            (FlowState::UdpReplied as u8, e.flags)
+        }
+        _ => (e.state, e.flags),
+    };
+    let refresh = needs_refresh(e.last_seen_ns, now);
+    if state == e.state && flags == e.flags && !refresh {
+        return;
+    }
+    e.state = state;
+    e.flags = flags;
+    if refresh {
+        e.last_seen_ns = now;
+    }
+    let peer_flags = (flags & !FLAG_ORIGINAL) | (!flags & FLAG_ORIGINAL);
+    if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
+        // SAFETY: map value pointer, valid for this run.
+        let p = unsafe { &mut *p };
+        p.state = state;
+        p.flags = peer_flags;
+        if refresh {
+            p.last_seen_ns = now;
+        }
+        return;
+    }
+    // The LRU evicted the other direction: put it back, rebuilt from this
+    // one (its translation is the reverse of our key). NOEXIST: if another
+    // flow took that tuple meanwhile, it keeps it.
+    let back = key.reversed();
+    let peer = FlowEntry {
+        peer: *key,
+        new_src_addr: back.src_addr,
+        new_dst_addr: back.dst_addr,
+        new_src_port: back.src_port,
+        new_dst_port: back.dst_port,
+        state,
+        flags: peer_flags,
+        pad: [0; 2],
+        last_seen_ns: now,
+        created_ns: e.created_ns,
+        hop_ifindex: 0,
+        hop_mtu: 0,
+        hop_dmac: [0; 6],
+        hop_smac: [0; 6],
+        pad2: [0; 6],
+    };
+    if CONNTRACK
+        .insert(&e.peer, &peer, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        event(Counter::CtEntriesInserted);
+    }
+    event(Counter::EvictionDetected);
+}

@@ -1,0 +1,137 @@
+//! Next hop and the forwarding tail: `bpf_fib_lookup` (or the flow's
+//! cached hop), the redirect through the DEVMAP, and the L2 rewrite that
+//! the flow path and the ICMP error path share.
+
+use core::mem::size_of;
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+    },
+    helpers::bpf_fib_lookup,
+    programs::XdpContext,
+};
+use router_common::{
+    hdr::{eth, get_u16, ipv4},
+    maps::Counter,
+    nat::decrement_ttl,
+};
+
+use crate::{Step, Verdict, maps::DEVICES};
+
+const AF_INET: u8 = 2;
+#[expect(clippy::cast_possible_wrap, reason = "64-byte struct")]
+const FIB_PARAMS_LEN: i32 = size_of::<FibParams>() as i32;
+
+/// Next hop for a packet with the translated addresses.
+pub enum Hop {
+    /// Neighbour known and the redirect to `ifindex` recorded (`action`):
+    /// forward in XDP with these MACs.
+    Redirect {
+        ifindex: u32,
+        mtu: u16,
+        smac: [u8; eth::ADDR_LEN],
+        dmac: [u8; eth::ADDR_LEN],
+        action: u32,
+    },
+    /// Route fine but no neighbour entry: the kernel must resolve it.
+    NoNeighbour { ifindex: u32 },
+}
+
+impl Hop {
+    /// The interface the packet leaves on.
+    #[inline(always)]
+    pub fn egress(&self) -> u32 {
+        match self {
+            Hop::Redirect { ifindex, .. } | Hop::NoNeighbour { ifindex } => *ifindex,
+        }
+    }
+}
+
+/// Asks the FIB for the next hop of the IPv4 packet `ip` once its
+/// addresses are `src` and `dst`. Not forwarded by the FIB (local,
+/// unreachable, needs fragmenting, forwarding off): passed with a reason.
+#[inline(always)]
+pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -> Step<Hop> {
+    // SAFETY: zeroed is a valid bit pattern for this plain C struct.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = ip[ipv4::PROTO];
+    p.__bindgen_anon_1.tot_len = get_u16(ip, ipv4::TOT_LEN);
+    p.__bindgen_anon_2.tos = ip[ipv4::TOS];
+    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
+    p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    p.ifindex = ctx.ingress_ifindex() as u32;
+    // SAFETY: ctx is the program's context, p a valid stack struct.
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), &raw mut p, FIB_PARAMS_LEN, 0) };
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "negative errors map to no BPF_FIB_LKUP_RET_* and are passed"
+    )]
+    let rc = rc as u32;
+    let reason = match rc {
+        BPF_FIB_LKUP_RET_SUCCESS => {
+            // SAFETY: on success the kernel wrote mtu_result (a union with
+            // tot_len).
+            let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
+            return redirect_to(p.ifindex, mtu, p.smac, p.dmac);
+        }
+        // The kernel fills ifindex before the neighbour lookup.
+        BPF_FIB_LKUP_RET_NO_NEIGH => return Ok(Hop::NoNeighbour { ifindex: p.ifindex }),
+        BPF_FIB_LKUP_RET_FRAG_NEEDED => Counter::PassMtu,
+        BPF_FIB_LKUP_RET_FWD_DISABLED => Counter::PassFibForwardingDisabled,
+        // Local delivery, blackhole, unreachable, prohibit: the kernel decides.
+        _ => Counter::PassFibNotForwarded,
+    };
+    Err(Verdict::pass(reason))
+}
+
+/// Records the redirect to `ifindex` (an attached interface) for a packet
+/// leaving with these MACs. Only records: a packet passed after all goes to
+/// the kernel untouched.
+#[inline(always)]
+pub fn redirect_to(
+    ifindex: u32,
+    mtu: u16,
+    smac: [u8; eth::ADDR_LEN],
+    dmac: [u8; eth::ADDR_LEN],
+) -> Step<Hop> {
+    let Ok(action) = DEVICES.redirect(ifindex, 0) else {
+        return Err(Verdict::pass(Counter::PassEgressNotAttached));
+    };
+    Ok(Hop::Redirect {
+        ifindex,
+        mtu,
+        smac,
+        dmac,
+        action,
+    })
+}
+
+/// The forwarding tail of a translated packet: with a neighbour, TTL - 1
+/// and the next hop's MACs, then the recorded redirect, counted as
+/// `forwarded`; without one, passed as it is (translated, TTL untouched:
+/// the kernel forwards it, decrements and resolves the neighbour).
+#[inline(always)]
+pub fn forward_l2(
+    eth: &mut [u8; eth::LEN],
+    ip: &mut [u8; ipv4::LEN],
+    hop: &Hop,
+    forwarded: Counter,
+) -> Verdict {
+    let Hop::Redirect {
+        smac, dmac, action, ..
+    } = *hop
+    else {
+        return Verdict::pass(Counter::PassNoNeighbour);
+    };
+    decrement_ttl(ip);
+    eth[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&dmac);
+    eth[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&smac);
+    Verdict {
+        counter: forwarded,
+        action,
+    }
+}

@@ -1,0 +1,86 @@
+//! ICMP errors from the WAN about packets the NAT sent: translated back to
+//! the LAN host (RFC 5508 4.2) and forwarded with the flow path's tail.
+
+use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use router_common::{
+    flow::expired,
+    hdr::{ICMP_QUOTED_L4_LEN, eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
+    maps::{Config, Counter, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
+    nat::{ICMP_ECHO_REQUEST, translate_icmp_error},
+};
+
+use crate::{
+    Step, Verdict,
+    hop::{fib, forward_l2},
+    maps::{CONNTRACK, event},
+    parse::header,
+};
+
+/// If the packet the error quotes belongs to a known flow, translates the
+/// quoted header and the outer destination back to the LAN host and
+/// forwards it; else the kernel's.
+#[inline(always)]
+pub fn forward(
+    ctx: &XdpContext,
+    cfg: &Config,
+    eth: &mut [u8; eth::LEN],
+    ip: &mut [u8; ipv4::LEN],
+    total_len: usize,
+) -> Step<Verdict> {
+    let unsolicited = Verdict::pass(Counter::PassUnsolicited);
+    if total_len < min_len::ICMP_ERROR {
+        return Err(unsolicited);
+    }
+    let inner_ip: &mut [u8; ipv4::LEN] = header(ctx, frame::INNER_IPV4)?;
+    let inner_l4: &mut [u8; ICMP_QUOTED_L4_LEN] = header(ctx, frame::INNER_L4)?;
+    if inner_ip[ipv4::VERSION_IHL] != ipv4::VERSION_IHL_PLAIN {
+        // Quoted header with options or not IPv4: not ours to rewrite.
+        return Err(unsolicited);
+    }
+    let proto = inner_ip[ipv4::PROTO];
+    let (src_port_quoted, dst_port_quoted) = match proto {
+        IPPROTO_TCP | IPPROTO_UDP => (get_u16(inner_l4, udp::SPORT), get_u16(inner_l4, udp::DPORT)),
+        IPPROTO_ICMP if inner_l4[icmp::TYPE] == ICMP_ECHO_REQUEST => {
+            let id = get_u16(inner_l4, icmp::ECHO_ID);
+            (id, id)
+        }
+        _ => return Err(unsolicited),
+    };
+    // A reply to the quoted packet would carry this key.
+    let key = FlowKey::new(
+        get_addr(inner_ip, ipv4::DST),
+        get_addr(inner_ip, ipv4::SRC),
+        dst_port_quoted,
+        src_port_quoted,
+        proto,
+    );
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: copied out at once.
+    let Some(e) = (unsafe { CONNTRACK.get(&key) }).copied() else {
+        return Err(unsolicited);
+    };
+    // Only a WAN-side entry describes a packet the NAT sent to the WAN.
+    if e.lan_side() || expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
+        return Err(unsolicited);
+    }
+    let hop = fib(ctx, ip, get_addr(ip, ipv4::SRC), e.new_dst_addr)?;
+    let icmp: &mut [u8; icmp::LEN] = header(ctx, frame::L4)?;
+    // The quoted TCP checksum is rewritten only if the error carries it.
+    let tcp_check = if proto == IPPROTO_TCP && total_len >= min_len::ICMP_ERROR_TCP_CHECK {
+        Some(header(ctx, frame::INNER_TCP_CHECK)?)
+    } else {
+        None
+    };
+    translate_icmp_error(
+        ip,
+        icmp,
+        inner_ip,
+        inner_l4,
+        tcp_check,
+        e.new_dst_addr,
+        e.new_dst_port,
+    );
+    event(Counter::IcmpErrorTranslated);
+    Ok(forward_l2(eth, ip, &hop, Counter::FwdInbound))
+}

@@ -1,0 +1,109 @@
+//! The program's maps, and the counted operations on them: per-reason
+//! counters, conntrack inserts and removals that keep the insert/remove
+//! counters honest (so `router-ctl stats` can estimate LRU evictions).
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    macros::map,
+    maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
+};
+use router_common::{
+    flow::expired,
+    maps::{
+        Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, MAX_PORT_FORWARDS,
+        PortForwardKey, PortForwardTarget,
+    },
+};
+
+#[map(name = "COUNTERS")]
+pub static COUNTERS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+/// The interfaces the program may redirect to (both attached ones).
+#[map(name = "DEVICES")]
+pub static DEVICES: DevMapHash = DevMapHash::with_max_entries(16, 0);
+
+#[map(name = "CONFIG")]
+pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// Two entries per flow; the controller resizes it at load time.
+#[map(name = "CONNTRACK")]
+pub static CONNTRACK: LruHashMap<FlowKey, FlowEntry> =
+    LruHashMap::with_max_entries(2 * DEFAULT_MAX_FLOWS, 0);
+
+#[map(name = "PORT_FORWARDS")]
+pub static PORT_FORWARDS: HashMap<PortForwardKey, PortForwardTarget> =
+    HashMap::with_max_entries(MAX_PORT_FORWARDS, 0);
+
+/// `-EEXIST` from a `BPF_NOEXIST` update: the key is taken.
+pub const EEXIST: i32 = -17;
+
+/// Adds a packet of `bytes` to `counter` (this CPU's slot).
+#[inline(always)]
+pub fn count(counter: Counter, bytes: u64) {
+    if let Some(c) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot, no other writer on this CPU.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += bytes;
+        }
+    }
+}
+
+/// Counts an event (a counter without bytes).
+#[inline(always)]
+pub fn event(counter: Counter) {
+    count(counter, 0);
+}
+
+/// The port-forward rule for `proto` and WAN port `port`, if any.
+#[inline(always)]
+pub fn port_forward(proto: u8, port: u16) -> Option<PortForwardTarget> {
+    let rule = PortForwardKey {
+        proto,
+        pad: 0,
+        port,
+    };
+    // SAFETY: hash map value, copied out at once.
+    unsafe { PORT_FORWARDS.get(&rule) }.copied()
+}
+
+/// Inserts `k -> v` and counts a new entry; an existing entry (a stale one
+/// of the same tuple) is overwritten without counting, so that inserted -
+/// removed - present estimates the LRU's evictions.
+#[inline(always)]
+pub fn insert_counted(k: &FlowKey, v: &FlowEntry) -> Result<(), i32> {
+    match CONNTRACK.insert(k, v, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            event(Counter::CtEntriesInserted);
+            Ok(())
+        }
+        Err(EEXIST) => CONNTRACK.insert(k, v, u64::from(BPF_ANY)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes `k`, counting it if it was there.
+#[inline(always)]
+pub fn remove_counted(k: &FlowKey) {
+    if CONNTRACK.remove(k).is_ok() {
+        event(Counter::CtEntriesRemoved);
+    }
+}
+
+/// Whether the entry at `k` may be reclaimed: idle past its timeout, or
+/// its other half is gone (evicted), so no packet can use it any more.
+#[inline(always)]
+pub fn stale(cfg: &Config, k: &FlowKey, now: u64) -> bool {
+    // SAFETY: copied out at once.
+    let Some(e) = (unsafe { CONNTRACK.get(k) }).copied() else {
+        return false;
+    };
+    if expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
+        return true;
+    }
+    // SAFETY: only tested for presence.
+    match unsafe { CONNTRACK.get(&e.peer) } {
+        None => true,
+        Some(p) => p.peer != *k,
+    }
+}

@@ -1,0 +1,191 @@
+//! Parse phases: Ethernet, IPv4, then the L4 header of a flow packet. Every
+//! packet access goes through [`ptr_at`], the one bounds check.
+//!
+//! The headers are byte arrays at the offsets named in
+//! [`router_common::hdr`]; the pure checks (`classify_ipv4`) and rewrites
+//! take the same arrays and are host-tested there.
+
+use core::mem::size_of;
+
+use aya_ebpf::programs::XdpContext;
+use router_common::{
+    hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, min_len, tcp, udp},
+    maps::{Config, Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
+    nat::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Ipv4Verdict, classify_ipv4, icmp_is_error},
+};
+
+use crate::{Step, Verdict, maps::CONFIG};
+
+/// A header runs past the end of the frame: dropped as truncated. An error
+/// without a payload, so that a result holding a packet pointer is just a
+/// nullable pointer (see [`Step`]).
+pub struct Truncated;
+
+impl From<Truncated> for Verdict {
+    #[inline(always)]
+    fn from(_: Truncated) -> Self {
+        Verdict::drop(Counter::DropTruncated)
+    }
+}
+
+/// A pointer to `T` at `offset` in the frame, if the frame is long enough.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, Truncated> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + size_of::<T>() > end {
+        return Err(Truncated);
+    }
+    Ok((start + offset) as *mut T)
+}
+
+/// A header of `N` bytes at `offset` in the frame.
+#[inline(always)]
+pub fn header<'a, const N: usize>(
+    ctx: &XdpContext,
+    offset: usize,
+) -> Result<&'a mut [u8; N], Truncated> {
+    let p: *mut [u8; N] = ptr_at(ctx, offset)?;
+    // SAFETY: bounds checked by ptr_at; the frame outlives the program run.
+    // Callers hold only headers at disjoint offsets at the same time.
+    Ok(unsafe { &mut *p })
+}
+
+/// Ethernet: only IPv4 is the fast path's (ARP, IPv6, VLAN tags: the
+/// kernel's).
+// An IPv6 path would branch here on the Ethernet type into a parser of its
+// own; the later phases take the parsed tuple, not the header.
+#[inline(always)]
+pub fn ethernet(eth: &[u8; eth::LEN]) -> Step<()> {
+    if get_u16(eth, eth::ETHER_TYPE) != eth::P_IPV4 {
+        return Err(Verdict::pass(Counter::PassNotIpv4));
+    }
+    Ok(())
+}
+
+/// IPv4: a header the fast path may forward, or passed (options,
+/// fragments, TTL <= 1) or dropped (malformed, bad header checksum).
+#[inline(always)]
+pub fn ipv4(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Step<()> {
+    let l3_len = ctx.data_end() - ctx.data() - frame::IPV4;
+    let drop_reason = match classify_ipv4(ip, l3_len) {
+        Ipv4Verdict::Forward => return Ok(()),
+        Ipv4Verdict::Malformed => Counter::DropMalformed,
+        Ipv4Verdict::BadChecksum => Counter::DropIpChecksum,
+        Ipv4Verdict::Options => return Err(Verdict::pass(Counter::PassIpOptions)),
+        Ipv4Verdict::Fragment => return Err(Verdict::pass(Counter::PassFragment)),
+        Ipv4Verdict::TtlExceeded => return Err(Verdict::pass(Counter::PassTtlExceeded)),
+    };
+    Err(Verdict::drop(drop_reason))
+}
+
+/// Which attached interface the packet came in on, with the config.
+#[derive(Clone, Copy)]
+pub struct Ingress<'a> {
+    pub cfg: &'a Config,
+    pub from_lan: bool,
+}
+
+/// The ingress side; `None` when not configured or from an interface the
+/// router was not set up for.
+#[inline(always)]
+pub fn ingress<'a>(ctx: &XdpContext) -> Option<Ingress<'a>> {
+    // Array map value, valid for the program's run.
+    let cfg = CONFIG.get(0)?;
+    let ifindex = ctx.ingress_ifindex() as u32;
+    let from_lan = ifindex == cfg.lan_ifindex;
+    if cfg.lan_ifindex == 0 || !(from_lan || ifindex == cfg.wan_ifindex) {
+        return None;
+    }
+    Some(Ingress { cfg, from_lan })
+}
+
+/// The tuple of a TCP/UDP/ICMP echo packet, as it arrived.
+#[derive(Clone, Copy)]
+pub struct Packet {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    /// Ports; for ICMP echo both are the identifier.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// TCP control bits, 0 for other protocols.
+    pub tcp_flags: u8,
+    /// IPv4 total length.
+    pub total_len: usize,
+}
+
+/// What the L4 parse found.
+pub enum L4 {
+    /// A packet of a (possible) flow.
+    Flow(Packet),
+    /// An ICMP error from the WAN, quoting a packet of a flow maybe.
+    IcmpError { total_len: usize },
+}
+
+/// Parses the L4 header. `classify_ipv4` proved total length <= frame, so
+/// a header that fits in the total length fits in the frame; [`header`]
+/// re-checks for the verifier.
+#[inline(always)]
+pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
+    let total_len = usize::from(get_u16(ip, ipv4::TOT_LEN));
+    let proto = ip[ipv4::PROTO];
+    let (sport, dport, tcp_flags) = match proto {
+        IPPROTO_TCP => {
+            if total_len < min_len::TCP {
+                return Err(Verdict::drop(Counter::DropMalformed));
+            }
+            let tcp: &mut [u8; tcp::LEN] = header(ctx, frame::L4)?;
+            let data_off = usize::from(tcp[tcp::DATA_OFF] >> 4) * 4;
+            if data_off < tcp::LEN || data_off > total_len - ipv4::LEN {
+                return Err(Verdict::drop(Counter::DropMalformed));
+            }
+            (
+                get_u16(tcp, tcp::SPORT),
+                get_u16(tcp, tcp::DPORT),
+                tcp[tcp::FLAGS],
+            )
+        }
+        IPPROTO_UDP => {
+            if total_len < min_len::UDP {
+                return Err(Verdict::drop(Counter::DropMalformed));
+            }
+            let udp: &mut [u8; udp::LEN] = header(ctx, frame::L4)?;
+            (get_u16(udp, udp::SPORT), get_u16(udp, udp::DPORT), 0)
+        }
+        IPPROTO_ICMP => {
+            if total_len < min_len::ICMP {
+                return Err(Verdict::drop(Counter::DropMalformed));
+            }
+            let icmp: &mut [u8; icmp::LEN] = header(ctx, frame::L4)?;
+            let icmp_type = icmp[icmp::TYPE];
+            if !from_lan && icmp_is_error(icmp_type) {
+                return Ok(L4::IcmpError { total_len });
+            }
+            // Echo requests leave from the LAN, replies come back on the
+            // WAN. Other types (and pings of the router itself, which the
+            // FIB calls local) are the kernel's.
+            let wanted = if from_lan {
+                ICMP_ECHO_REQUEST
+            } else {
+                ICMP_ECHO_REPLY
+            };
+            if icmp_type != wanted {
+                return Err(Verdict::pass(Counter::PassProtocol));
+            }
+            let id = get_u16(icmp, icmp::ECHO_ID);
+            (id, id, 0)
+        }
+        // Other protocols (GRE, ESP, SCTP...): the kernel's.
+        _ => return Err(Verdict::pass(Counter::PassProtocol)),
+    };
+    Ok(L4::Flow(Packet {
+        src: get_addr(ip, ipv4::SRC),
+        dst: get_addr(ip, ipv4::DST),
+        sport,
+        dport,
+        proto,
+        tcp_flags,
+        total_len,
+    }))
+}
