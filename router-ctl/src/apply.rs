@@ -8,16 +8,19 @@ use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddrV4, path::Path}
 
 use anyhow::{Context, Result, bail};
 use router_common::maps::{
-    DEFAULT_MAX_FLOWS, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget,
+    DEFAULT_MAX_FLOWS, FlowState, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget,
 };
 use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    Mode,
-    attach::{self, AttachArgs, Ctx, Outcome},
+    config::{self, AttachArgs, ConfigError, ConfigField, Mode},
+    ctx::Ctx,
     forward::{self, Rule},
-    parse::{self, MAX_FLOWS_LIMIT, Proto, TIMEOUT_KEYS, TimeoutArg, WanAddr},
+    lifecycle::{self, Outcome},
+    maps::{PinnedMaps, snapshot},
+    parse::{self, MAX_FLOWS_LIMIT, Proto, TimeoutArg, WanAddr},
+    signals::SignalsBlocked,
     state,
 };
 
@@ -158,19 +161,17 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     }
     let mode = match &ifs.mode {
         None => Mode::Auto,
-        Some(m) => match m.get_ref().as_str() {
-            "auto" => Mode::Auto,
-            "native" => Mode::Native,
-            "generic" => Mode::Generic,
-            other => {
-                errs.at(
-                    m.span(),
-                    "interfaces.mode",
-                    format!("{other:?} is not a mode (expected auto, native or generic)"),
-                );
-                Mode::Auto
-            }
-        },
+        Some(m) => Mode::from_name(m.get_ref()).unwrap_or_else(|| {
+            errs.at(
+                m.span(),
+                "interfaces.mode",
+                format!(
+                    "{:?} is not a mode (expected auto, native or generic)",
+                    m.get_ref()
+                ),
+            );
+            Mode::Auto
+        }),
     };
     let mut wan_addr = WanAddr::Auto;
     let mut port_range = (1024, 65535);
@@ -205,19 +206,16 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     let mut targs = Vec::new();
     for (k, v) in file.timeouts.iter().flatten() {
         let field = format!("timeouts.{}", k.get_ref());
-        let Some(key) = TIMEOUT_KEYS.iter().position(|n| n == k.get_ref()) else {
+        let Some(state) = FlowState::from_key(k.get_ref()) else {
             errs.at(
                 k.span(),
                 &field,
-                format!(
-                    "unknown state (expected one of {})",
-                    TIMEOUT_KEYS.join(", ")
-                ),
+                format!("unknown state (expected one of {})", FlowState::KEYS),
             );
             continue;
         };
         match u32::try_from(*v.get_ref()) {
-            Ok(secs) if secs >= 1 => targs.push(TimeoutArg { key, secs }),
+            Ok(secs) if secs >= 1 => targs.push(TimeoutArg { state, secs }),
             _ => errs.at(
                 v.span(),
                 &field,
@@ -318,15 +316,13 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
 }
 
 /// Makes the pinned rules equal to `want`; returns the changes made.
-fn sync_rules(ctx: &Ctx, want: &[(PortForwardKey, PortForwardTarget)]) -> Result<Vec<String>> {
-    let mut map = crate::pins::open_hash::<PortForwardKey, PortForwardTarget>(
-        &ctx.pin_dir,
-        router_common::maps::PORT_FORWARDS_MAP,
-    )?;
+fn sync_rules(
+    maps: &PinnedMaps,
+    want: &[(PortForwardKey, PortForwardTarget)],
+) -> Result<Vec<String>> {
+    let mut map = maps.port_forwards()?;
     let have: BTreeMap<PortForwardKey, PortForwardTarget> =
-        crate::pins::snapshot(&map, MAX_PORT_FORWARDS)?
-            .into_iter()
-            .collect();
+        snapshot(&map, MAX_PORT_FORWARDS)?.into_iter().collect();
     let want_map: BTreeMap<PortForwardKey, PortForwardTarget> = want.iter().copied().collect();
     let mut changes = Vec::new();
     for (k, t) in &have {
@@ -357,26 +353,35 @@ fn sync_rules(ctx: &Ctx, want: &[(PortForwardKey, PortForwardTarget)]) -> Result
     Ok(changes)
 }
 
+/// The file's field an error of [`config::resolve`] is about, and its
+/// key as written in the file.
+const fn file_field(field: ConfigField) -> (&'static str, &'static str) {
+    match field {
+        ConfigField::Lan => ("interfaces.lan", "lan"),
+        ConfigField::Wan => ("interfaces.wan", "wan"),
+        ConfigField::MaxFlows => ("nat.max_flows", "max_flows"),
+    }
+}
+
+/// `FILE:LINE: field: message` for an error found after parsing (the
+/// interfaces and addresses of this machine). The line is the first that
+/// sets the field's key (0 if the file leaves it at its default).
+fn located(name: &str, text: &str, e: &ConfigError) -> anyhow::Error {
+    let (field, key) = file_field(e.field);
+    let line = text
+        .lines()
+        .position(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+        .map_or(0, |i| i + 1);
+    anyhow::anyhow!("{name}:{line}: {field}: {e}; nothing was changed")
+}
+
 pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let name = path.display().to_string();
     let d = parse_file(&name, &text)?;
     // The interfaces and the WAN address, still without changing anything.
-    let cfg = attach::resolve(&d.args).map_err(|e| {
-        let line = |needle: &str| {
-            text.lines()
-                .position(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == needle))
-                .map_or(0, |i| i + 1)
-        };
-        let msg = format!("{e:#}");
-        let (field, l) = if msg.contains(&format!("{:?}", d.args.wan)) || msg.contains("WAN") {
-            ("interfaces.wan", line("wan"))
-        } else {
-            ("interfaces.lan", line("lan"))
-        };
-        anyhow::anyhow!("{name}:{l}: {field}: {msg}; nothing was changed")
-    })?;
+    let cfg = config::resolve(&d.args).map_err(|e| located(&name, &text, &e))?;
     let mut summary = String::new();
     let _ = write!(
         summary,
@@ -393,11 +398,11 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         println!("{name} is valid: {summary}");
         return Ok(());
     }
-    let outcome = attach::attach(ctx, &d.args, &d.forwards)?;
+    let outcome = lifecycle::attach(ctx, &d.args, &d.forwards)?;
     let changes = {
         let _lock = state::lock(ctx.ns())?;
-        let _signals = attach::SignalsBlocked::new();
-        sync_rules(ctx, &d.forwards)?
+        let _signals = SignalsBlocked::new();
+        sync_rules(&ctx.maps(), &d.forwards)?
     };
     for c in &changes {
         println!("{c}");
@@ -535,6 +540,31 @@ mod tests {
         assert!(e.contains("2 errors"), "{e}");
         assert!(e.contains("r.toml:5") && e.contains("r.toml:6"), "{e}");
         assert!(e.contains("nothing was changed"), "{e}");
+    }
+
+    #[test]
+    fn machine_errors_point_at_the_field_they_name() {
+        let text = "[interfaces]\nlan = \"lan0\"\nwan = \"wan0\"\n";
+        for (field, want) in [
+            (
+                ConfigField::Lan,
+                "r.toml:2: interfaces.lan: boom; nothing was changed",
+            ),
+            (
+                ConfigField::Wan,
+                "r.toml:3: interfaces.wan: boom; nothing was changed",
+            ),
+            (
+                ConfigField::MaxFlows,
+                "r.toml:0: nat.max_flows: boom; nothing was changed",
+            ),
+        ] {
+            let e = ConfigError {
+                field,
+                message: "boom".into(),
+            };
+            assert_eq!(located("r.toml", text, &e).to_string(), want);
+        }
     }
 
     #[test]

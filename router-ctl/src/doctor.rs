@@ -19,7 +19,7 @@ use std::{
 use serde::Serialize;
 use serde_json::json;
 
-use crate::{attach, netlink, pins::LINK_PINS};
+use crate::{bpfsys, netlink, pins::LINK_PINS};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
@@ -209,8 +209,8 @@ fn our_progs(pin_dir: &Path) -> Vec<u32> {
     LINK_PINS
         .iter()
         .filter_map(|p| {
-            let fd = crate::bpfsys::obj_get(&pin_dir.join(p)).ok()?;
-            crate::bpfsys::link_info(std::os::fd::AsFd::as_fd(&fd))
+            let fd = bpfsys::obj_get(&pin_dir.join(p)).ok()?;
+            bpfsys::link_info(std::os::fd::AsFd::as_fd(&fd))
                 .ok()
                 .map(|i| i.prog_id)
         })
@@ -237,7 +237,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
                 fix,
             });
         };
-        let Ok(idx) = attach::ifindex(iface) else {
+        let Ok(idx) = netlink::ifindex(iface) else {
             add(
                 "exists",
                 Level::Fail,
