@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddrV4, path::Path}
 
 use anyhow::{Context, Result, bail};
 use router_common::maps::{
-    DEFAULT_MAX_FLOWS, FlowState, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget,
+    DEFAULT_MAX_FLOWS, FlowState, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget, Timeouts,
 };
 use serde::Deserialize;
 use toml::Spanned;
@@ -121,10 +121,6 @@ impl Errors<'_> {
 }
 
 /// Parses and validates a file's text. `name` is used in messages.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one linear sequence of checks or steps, in order"
-)]
 pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     let file: File = toml::from_str(text).map_err(|e| {
         let (line, col) = e.span().map_or((0, 0), |s| line_col(text, s.start));
@@ -142,154 +138,10 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
         text,
         list: Vec::new(),
     };
-    let ifs = file.interfaces.get_ref();
-    let (lan, wan) = (ifs.lan.get_ref().trim(), ifs.wan.get_ref().trim());
-    for (v, f, field) in [
-        (lan, &ifs.lan, "interfaces.lan"),
-        (wan, &ifs.wan, "interfaces.wan"),
-    ] {
-        if v.is_empty() || v.len() > 15 || v.contains(['/', ' ']) {
-            errs.at(f.span(), field, format!("{v:?} is not an interface name"));
-        }
-    }
-    if !lan.is_empty() && lan == wan {
-        errs.at(
-            ifs.wan.span(),
-            "interfaces.wan",
-            format!("LAN and WAN are the same interface ({lan}); give two different interfaces"),
-        );
-    }
-    let mode = match &ifs.mode {
-        None => Mode::Auto,
-        Some(m) => Mode::from_name(m.get_ref()).unwrap_or_else(|| {
-            errs.at(
-                m.span(),
-                "interfaces.mode",
-                format!(
-                    "{:?} is not a mode (expected auto, native or generic)",
-                    m.get_ref()
-                ),
-            );
-            Mode::Auto
-        }),
-    };
-    let mut wan_addr = WanAddr::Auto;
-    let mut port_range = (1024, 65535);
-    let mut max_flows = DEFAULT_MAX_FLOWS;
-    if let Some(nat) = &file.nat {
-        if let Some(a) = &nat.wan_addr {
-            match parse::parse_wan_addr(a.get_ref()) {
-                Ok(x) => wan_addr = x,
-                Err(e) => errs.at(a.span(), "nat.wan_addr", e),
-            }
-        }
-        if let Some(r) = &nat.port_range {
-            match parse::parse_port_range(r.get_ref()) {
-                Ok(x) => port_range = x,
-                Err(e) => errs.at(r.span(), "nat.port_range", e),
-            }
-        }
-        if let Some(m) = &nat.max_flows {
-            match u32::try_from(*m.get_ref()) {
-                Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => max_flows = n,
-                _ => errs.at(
-                    m.span(),
-                    "nat.max_flows",
-                    format!(
-                        "{} flows is out of range (expected 1-{MAX_FLOWS_LIMIT})",
-                        m.get_ref()
-                    ),
-                ),
-            }
-        }
-    }
-    let mut targs = Vec::new();
-    for (k, v) in file.timeouts.iter().flatten() {
-        let field = format!("timeouts.{}", k.get_ref());
-        let Some(state) = FlowState::from_key(k.get_ref()) else {
-            errs.at(
-                k.span(),
-                &field,
-                format!("unknown state (expected one of {})", FlowState::KEYS),
-            );
-            continue;
-        };
-        match u32::try_from(*v.get_ref()) {
-            Ok(secs) if secs >= 1 => targs.push(TimeoutArg { state, secs }),
-            _ => errs.at(
-                v.span(),
-                &field,
-                format!(
-                    "{} is not a timeout (expected 1-{} seconds)",
-                    v.get_ref(),
-                    u32::MAX
-                ),
-            ),
-        }
-    }
-    let timeouts = parse::apply_timeouts(&targs).unwrap_or_default();
-    let mut forwards = Vec::new();
-    let mut seen: BTreeMap<(Proto, u16), usize> = BTreeMap::new();
-    if file.forwards.len() > MAX_PORT_FORWARDS as usize {
-        errs.at(
-            file.forwards[MAX_PORT_FORWARDS as usize].span(),
-            "forward",
-            format!("more than {MAX_PORT_FORWARDS} rules"),
-        );
-    }
-    for f in &file.forwards {
-        let fw = f.get_ref();
-        let proto = match fw.proto.get_ref().as_str() {
-            "tcp" => Some(Proto::Tcp),
-            "udp" => Some(Proto::Udp),
-            other => {
-                errs.at(
-                    fw.proto.span(),
-                    "forward.proto",
-                    format!("{other:?} is not tcp or udp"),
-                );
-                None
-            }
-        };
-        let port = match u16::try_from(*fw.wan_port.get_ref()) {
-            Ok(p) if p >= 1 => Some(p),
-            _ => {
-                errs.at(
-                    fw.wan_port.span(),
-                    "forward.wan_port",
-                    format!(
-                        "port {} is out of range (expected 1-65535)",
-                        fw.wan_port.get_ref()
-                    ),
-                );
-                None
-            }
-        };
-        let to: Option<SocketAddrV4> = match parse::parse_forward_target(fw.to.get_ref()) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                errs.at(fw.to.span(), "forward.to", e);
-                None
-            }
-        };
-        if let (Some(p), Some(port)) = (proto, port) {
-            let (line, _) = line_col(text, fw.wan_port.span().start);
-            if let Some(first) = seen.insert((p, port), line) {
-                errs.at(
-                    fw.wan_port.span(),
-                    "forward.wan_port",
-                    format!(
-                        "{} {port} is forwarded twice (first at line {first}); a WAN port can \
-                         have one rule",
-                        p.name()
-                    ),
-                );
-            }
-            if let Some(t) = to {
-                forwards.push((forward::key(p, port), forward::target(t)));
-            }
-        }
-    }
+    let (lan, wan, mode) = errs.interfaces(file.interfaces.get_ref());
+    let (wan_addr, port_range, max_flows) = errs.nat(file.nat.as_ref());
+    let timeouts = errs.timeouts(file.timeouts.iter().flatten());
+    let forwards = errs.forwards(&file.forwards);
     if !errs.list.is_empty() {
         let n = errs.list.len();
         bail!(
@@ -300,8 +152,8 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     }
     Ok(Desired {
         args: AttachArgs {
-            lan: lan.to_owned(),
-            wan: wan.to_owned(),
+            lan,
+            wan,
             mode,
             wan_addr,
             port_range,
@@ -313,6 +165,189 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
         },
         forwards,
     })
+}
+
+/// The checks of each section: each returns what it could read (defaults
+/// where a value is wrong) and records what is wrong, so every error of a
+/// file is reported at once.
+impl Errors<'_> {
+    fn interfaces(&mut self, ifs: &Interfaces) -> (String, String, Mode) {
+        let (lan, wan) = (ifs.lan.get_ref().trim(), ifs.wan.get_ref().trim());
+        for (v, f, field) in [
+            (lan, &ifs.lan, "interfaces.lan"),
+            (wan, &ifs.wan, "interfaces.wan"),
+        ] {
+            if v.is_empty() || v.len() > 15 || v.contains(['/', ' ']) {
+                self.at(f.span(), field, format!("{v:?} is not an interface name"));
+            }
+        }
+        if !lan.is_empty() && lan == wan {
+            self.at(
+                ifs.wan.span(),
+                "interfaces.wan",
+                format!(
+                    "LAN and WAN are the same interface ({lan}); give two different interfaces"
+                ),
+            );
+        }
+        let mode = match &ifs.mode {
+            None => Mode::Auto,
+            Some(m) => Mode::from_name(m.get_ref()).unwrap_or_else(|| {
+                self.at(
+                    m.span(),
+                    "interfaces.mode",
+                    format!(
+                        "{:?} is not a mode (expected auto, native or generic)",
+                        m.get_ref()
+                    ),
+                );
+                Mode::Auto
+            }),
+        };
+        (lan.to_owned(), wan.to_owned(), mode)
+    }
+
+    fn nat(&mut self, nat: Option<&Nat>) -> (WanAddr, (u16, u16), u32) {
+        let mut wan_addr = WanAddr::Auto;
+        let mut port_range = (1024, 65535);
+        let mut max_flows = DEFAULT_MAX_FLOWS;
+        let Some(nat) = nat else {
+            return (wan_addr, port_range, max_flows);
+        };
+        if let Some(a) = &nat.wan_addr {
+            match parse::parse_wan_addr(a.get_ref()) {
+                Ok(x) => wan_addr = x,
+                Err(e) => self.at(a.span(), "nat.wan_addr", e),
+            }
+        }
+        if let Some(r) = &nat.port_range {
+            match parse::parse_port_range(r.get_ref()) {
+                Ok(x) => port_range = x,
+                Err(e) => self.at(r.span(), "nat.port_range", e),
+            }
+        }
+        if let Some(m) = &nat.max_flows {
+            match u32::try_from(*m.get_ref()) {
+                Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => max_flows = n,
+                _ => self.at(
+                    m.span(),
+                    "nat.max_flows",
+                    format!(
+                        "{} flows is out of range (expected 1-{MAX_FLOWS_LIMIT})",
+                        m.get_ref()
+                    ),
+                ),
+            }
+        }
+        (wan_addr, port_range, max_flows)
+    }
+
+    fn timeouts<'f>(
+        &mut self,
+        table: impl Iterator<Item = (&'f Spanned<String>, &'f Spanned<i64>)>,
+    ) -> Timeouts {
+        let mut targs = Vec::new();
+        for (k, v) in table {
+            let field = format!("timeouts.{}", k.get_ref());
+            let Some(state) = FlowState::from_key(k.get_ref()) else {
+                self.at(
+                    k.span(),
+                    &field,
+                    format!("unknown state (expected one of {})", FlowState::KEYS),
+                );
+                continue;
+            };
+            match u32::try_from(*v.get_ref()) {
+                Ok(secs) if secs >= 1 => targs.push(TimeoutArg { state, secs }),
+                _ => self.at(
+                    v.span(),
+                    &field,
+                    format!(
+                        "{} is not a timeout (expected 1-{} seconds)",
+                        v.get_ref(),
+                        u32::MAX
+                    ),
+                ),
+            }
+        }
+        // Keys of a TOML table are unique, so no state is given twice.
+        parse::apply_timeouts(&targs).unwrap_or_default()
+    }
+
+    fn forwards(
+        &mut self,
+        forwards: &[Spanned<Forward>],
+    ) -> Vec<(PortForwardKey, PortForwardTarget)> {
+        let mut out = Vec::new();
+        let mut seen: BTreeMap<(Proto, u16), usize> = BTreeMap::new();
+        if forwards.len() > MAX_PORT_FORWARDS as usize {
+            self.at(
+                forwards[MAX_PORT_FORWARDS as usize].span(),
+                "forward",
+                format!("more than {MAX_PORT_FORWARDS} rules"),
+            );
+        }
+        for f in forwards {
+            let fw = f.get_ref();
+            let (proto, port, to) = self.forward(fw);
+            if let (Some(p), Some(port)) = (proto, port) {
+                let (line, _) = line_col(self.text, fw.wan_port.span().start);
+                if let Some(first) = seen.insert((p, port), line) {
+                    self.at(
+                        fw.wan_port.span(),
+                        "forward.wan_port",
+                        format!(
+                            "{} {port} is forwarded twice (first at line {first}); a WAN port \
+                             can have one rule",
+                            p.name()
+                        ),
+                    );
+                }
+                if let Some(t) = to {
+                    out.push((forward::key(p, port), forward::target(t)));
+                }
+            }
+        }
+        out
+    }
+
+    /// One `[[forward]]`: its protocol, WAN port and target, each if valid.
+    fn forward(&mut self, fw: &Forward) -> (Option<Proto>, Option<u16>, Option<SocketAddrV4>) {
+        let proto = match fw.proto.get_ref().as_str() {
+            "tcp" => Some(Proto::Tcp),
+            "udp" => Some(Proto::Udp),
+            other => {
+                self.at(
+                    fw.proto.span(),
+                    "forward.proto",
+                    format!("{other:?} is not tcp or udp"),
+                );
+                None
+            }
+        };
+        let port = match u16::try_from(*fw.wan_port.get_ref()) {
+            Ok(p) if p >= 1 => Some(p),
+            _ => {
+                self.at(
+                    fw.wan_port.span(),
+                    "forward.wan_port",
+                    format!(
+                        "port {} is out of range (expected 1-65535)",
+                        fw.wan_port.get_ref()
+                    ),
+                );
+                None
+            }
+        };
+        let to = match parse::parse_forward_target(fw.to.get_ref()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.at(fw.to.span(), "forward.to", e);
+                None
+            }
+        };
+        (proto, port, to)
+    }
 }
 
 /// Makes the pinned rules equal to `want`; returns the changes made.
