@@ -39,40 +39,6 @@ pub struct CounterValue {
 }
 const _: () = assert!(core::mem::size_of::<CounterValue>() == 16);
 
-/// Idle timeouts in seconds, per flow state. Defaults follow netfilter's
-/// (`nf_conntrack_tcp_timeout_*`, `nf_conntrack_udp_timeout*`,
-/// `nf_conntrack_icmp_timeout`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timeouts {
-    pub tcp_syn_sent: u32,
-    pub tcp_established: u32,
-    pub tcp_fin_wait: u32,
-    pub tcp_closed: u32,
-    /// UDP flow that has seen packets in one direction only.
-    pub udp_unreplied: u32,
-    /// UDP flow that has seen a reply ("stream" in netfilter).
-    pub udp_replied: u32,
-    pub icmp: u32,
-    pub pad: u32,
-}
-const _: () = assert!(core::mem::size_of::<Timeouts>() == 32);
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            tcp_syn_sent: 120,
-            tcp_established: 432_000,
-            tcp_fin_wait: 120,
-            tcp_closed: 10,
-            udp_unreplied: 30,
-            udp_replied: 120,
-            icmp: 30,
-            pad: 0,
-        }
-    }
-}
-
 /// Controller-written configuration (the single entry of [`CONFIG_MAP`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -240,68 +206,139 @@ mod pod {
     unsafe impl aya::Pod for super::PortForwardTarget {}
 }
 
-/// A flow's state; the idle timeout depends on it.
-#[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FlowState {
-    TcpSynSent = 1,
-    TcpEstablished = 2,
+/// Defines the flow states from one table: the [`FlowState`] enum, the
+/// [`Timeouts`] struct (one `u32` field per state, in state order, then
+/// `pad`), its defaults, and the names `conntrack list` shows and
+/// `--timeout` / `[timeouts]` accept. A state is added or renamed here
+/// only. Each row: index (discriminant - 1) => variant, `Timeouts`
+/// field, `--timeout` key, `conntrack list` name, default seconds.
+/// `fallback` names the field whose timeout an unknown state byte gets;
+/// its row is marked `fallback` too.
+macro_rules! flow_states {
+    (
+        fallback $fallback:ident;
+        $( $(#[$doc:meta])* $index:literal => $variant:ident, $field:ident,
+           $key:literal, $name:literal, $default:literal $(, $is_fallback:ident)?; )*
+    ) => {
+        /// A flow's state; the idle timeout depends on it.
+        #[repr(u8)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum FlowState {
+            $( $(#[$doc])* $variant = $index + 1, )*
+        }
+
+        /// Idle timeouts in seconds, per flow state. Defaults follow
+        /// netfilter's (`nf_conntrack_tcp_timeout_*`,
+        /// `nf_conntrack_udp_timeout*`, `nf_conntrack_icmp_timeout`). With
+        /// the `serde` feature it serializes with the `--timeout` names as
+        /// keys (`pad` left out).
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        pub struct Timeouts {
+            $( $(#[$doc])* #[cfg_attr(feature = "serde", serde(rename = $key))] pub $field: u32, )*
+            #[cfg_attr(feature = "serde", serde(skip))]
+            pub pad: u32,
+        }
+
+        impl Default for Timeouts {
+            fn default() -> Self {
+                Self { $( $field: $default, )* pad: 0 }
+            }
+        }
+
+        impl Timeouts {
+            /// The timeout of `state`, in seconds.
+            #[must_use]
+            pub const fn get(&self, state: FlowState) -> u32 {
+                match state { $( FlowState::$variant => self.$field, )* }
+            }
+
+            /// Sets the timeout of `state`.
+            pub const fn set(&mut self, state: FlowState, secs: u32) {
+                match state { $( FlowState::$variant => self.$field = secs, )* }
+            }
+        }
+
+        impl FlowState {
+            /// Every state, in discriminant order.
+            pub const ALL: &'static [FlowState] = &[$(FlowState::$variant),*];
+            /// The `--timeout` names of [`FlowState::ALL`], comma-separated
+            /// (help texts and error messages).
+            pub const KEYS: &'static str = flow_states!(@join $($key),*);
+
+            #[must_use]
+            pub const fn from_u8(v: u8) -> Option<Self> {
+                match v.wrapping_sub(1) {
+                    $( $index => Some(Self::$variant), )*
+                    _ => None,
+                }
+            }
+
+            /// The name `--timeout STATE=SECS` and the `[timeouts]` table
+            /// of `apply` use (`tcp-syn-sent`).
+            #[must_use]
+            pub const fn key(self) -> &'static str {
+                match self { $( Self::$variant => $key, )* }
+            }
+
+            /// The state named `key` (see [`FlowState::key`]).
+            #[must_use]
+            pub fn from_key(key: &str) -> Option<Self> {
+                match key {
+                    $( $key => Some(Self::$variant), )*
+                    _ => None,
+                }
+            }
+
+            /// Idle timeout in seconds. An unknown state gets the
+            /// `fallback` one.
+            #[must_use]
+            pub const fn timeout_secs(state: u8, t: &Timeouts) -> u32 {
+                // Index masked to 0..=7 before use: the compiler turns the
+                // match into an offset computation, and the BPF
+                // verifier must see that offset bounded on the very
+                // register that is used.
+                // The fallback state has no arm of its own (its pattern
+                // cannot match after the mask): with it in the default arm
+                // LLVM computes the offset linearly, with an arm of its own
+                // it emits a tree of branches.
+                match state.wrapping_sub(1) & 7 {
+                    $( flow_states!(@index $index $($is_fallback)?) => t.$field, )*
+                    _ => t.$fallback,
+                }
+            }
+
+            /// Name shown by `router-ctl conntrack list`.
+            #[must_use]
+            pub const fn name(state: u8) -> &'static str {
+                match Self::from_u8(state) {
+                    $( Some(Self::$variant) => $name, )*
+                    None => "UNKNOWN",
+                }
+            }
+        }
+    };
+    (@index $index:literal) => { $index };
+    (@index $index:literal fallback) => { 8..=u8::MAX };
+    (@join $first:literal $(, $rest:literal)*) => { concat!($first $(, ", ", $rest)*) };
+}
+
+flow_states! {
+    fallback tcp_closed;
+    0 => TcpSynSent, tcp_syn_sent, "tcp-syn-sent", "SYN_SENT", 120;
+    1 => TcpEstablished, tcp_established, "tcp-established", "ESTABLISHED", 432_000;
     /// One side sent FIN.
-    TcpFinWait = 3,
+    2 => TcpFinWait, tcp_fin_wait, "tcp-fin-wait", "FIN_WAIT", 120;
     /// RST seen, or FIN from both sides.
-    TcpClosed = 4,
-    UdpUnreplied = 5,
-    UdpReplied = 6,
-    Icmp = 7,
+    3 => TcpClosed, tcp_closed, "tcp-closed", "CLOSED", 10, fallback;
+    /// UDP flow that has seen packets in one direction only.
+    4 => UdpUnreplied, udp_unreplied, "udp-unreplied", "UNREPLIED", 30;
+    /// UDP flow that has seen a reply ("stream" in netfilter).
+    5 => UdpReplied, udp_replied, "udp-replied", "REPLIED", 120;
+    6 => Icmp, icmp, "icmp", "ICMP", 30;
 }
-
-impl FlowState {
-    #[must_use]
-    pub const fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => Self::TcpSynSent,
-            2 => Self::TcpEstablished,
-            3 => Self::TcpFinWait,
-            4 => Self::TcpClosed,
-            5 => Self::UdpUnreplied,
-            6 => Self::UdpReplied,
-            7 => Self::Icmp,
-            _ => return None,
-        })
-    }
-
-    /// Idle timeout in seconds. An unknown state gets the shortest one.
-    #[must_use]
-    pub const fn timeout_secs(state: u8, t: &Timeouts) -> u32 {
-        // Index masked to 0..=7 before use: the compiler turns the match
-        // into an offset computation, and the BPF verifier must see that
-        // offset bounded on the very register that is used.
-        match state.wrapping_sub(1) & 7 {
-            0 => t.tcp_syn_sent,
-            1 => t.tcp_established,
-            2 => t.tcp_fin_wait,
-            4 => t.udp_unreplied,
-            5 => t.udp_replied,
-            6 => t.icmp,
-            _ => t.tcp_closed,
-        }
-    }
-
-    /// Name shown by `router-ctl conntrack list`.
-    #[must_use]
-    pub const fn name(state: u8) -> &'static str {
-        match Self::from_u8(state) {
-            Some(Self::TcpSynSent) => "SYN_SENT",
-            Some(Self::TcpEstablished) => "ESTABLISHED",
-            Some(Self::TcpFinWait) => "FIN_WAIT",
-            Some(Self::TcpClosed) => "CLOSED",
-            Some(Self::UdpUnreplied) => "UNREPLIED",
-            Some(Self::UdpReplied) => "REPLIED",
-            Some(Self::Icmp) => "ICMP",
-            None => "UNKNOWN",
-        }
-    }
-}
+const _: () = assert!(core::mem::size_of::<Timeouts>() == 32);
 
 macro_rules! counters {
     ($( $(#[$doc:meta])* $variant:ident = $name:literal, $event:literal; )*) => {
@@ -430,6 +467,34 @@ mod tests {
         }
         assert_eq!(FlowState::from_u8(0), None);
         assert_eq!(FlowState::timeout_secs(0, &t), t.tcp_closed);
+    }
+
+    #[test]
+    fn one_table_drives_keys_fields_and_timeouts() {
+        let mut keys = std::string::String::new();
+        for (i, &s) in FlowState::ALL.iter().enumerate() {
+            assert_eq!(s as usize, i + 1, "discriminants in table order");
+            assert_eq!(FlowState::from_key(s.key()), Some(s));
+            let mut t = Timeouts::default();
+            t.set(s, 1000 + i as u32);
+            assert_eq!(t.get(s), 1000 + i as u32);
+            assert_eq!(FlowState::timeout_secs(s as u8, &t), 1000 + i as u32);
+            for &other in FlowState::ALL {
+                if other != s {
+                    assert_eq!(t.get(other), Timeouts::default().get(other));
+                }
+            }
+            if !keys.is_empty() {
+                keys.push_str(", ");
+            }
+            keys.push_str(s.key());
+        }
+        assert_eq!(FlowState::KEYS, keys);
+        assert_eq!(FlowState::from_key("udp"), None);
+        let t = Timeouts::default();
+        for unknown in [0, 8] {
+            assert_eq!(FlowState::timeout_secs(unknown, &t), t.tcp_closed);
+        }
     }
 
     #[test]

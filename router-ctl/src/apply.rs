@@ -8,16 +8,19 @@ use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddrV4, path::Path}
 
 use anyhow::{Context, Result, bail};
 use router_common::maps::{
-    DEFAULT_MAX_FLOWS, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget,
+    DEFAULT_MAX_FLOWS, FlowState, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget, Timeouts,
 };
 use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    Mode,
-    attach::{self, AttachArgs, Ctx, Outcome},
+    config::{self, AttachArgs, ConfigError, ConfigField, Mode},
+    ctx::Ctx,
     forward::{self, Rule},
-    parse::{self, MAX_FLOWS_LIMIT, Proto, TIMEOUT_KEYS, TimeoutArg, WanAddr},
+    lifecycle::{self, Outcome},
+    maps::{PinnedMaps, snapshot},
+    parse::{self, MAX_FLOWS_LIMIT, Proto, TimeoutArg, WanAddr},
+    signals::SignalsBlocked,
     state,
 };
 
@@ -118,10 +121,6 @@ impl Errors<'_> {
 }
 
 /// Parses and validates a file's text. `name` is used in messages.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one linear sequence of checks or steps, in order"
-)]
 pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     let file: File = toml::from_str(text).map_err(|e| {
         let (line, col) = e.span().map_or((0, 0), |s| line_col(text, s.start));
@@ -139,159 +138,10 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
         text,
         list: Vec::new(),
     };
-    let ifs = file.interfaces.get_ref();
-    let (lan, wan) = (ifs.lan.get_ref().trim(), ifs.wan.get_ref().trim());
-    for (v, f, field) in [
-        (lan, &ifs.lan, "interfaces.lan"),
-        (wan, &ifs.wan, "interfaces.wan"),
-    ] {
-        if v.is_empty() || v.len() > 15 || v.contains(['/', ' ']) {
-            errs.at(f.span(), field, format!("{v:?} is not an interface name"));
-        }
-    }
-    if !lan.is_empty() && lan == wan {
-        errs.at(
-            ifs.wan.span(),
-            "interfaces.wan",
-            format!("LAN and WAN are the same interface ({lan}); give two different interfaces"),
-        );
-    }
-    let mode = match &ifs.mode {
-        None => Mode::Auto,
-        Some(m) => match m.get_ref().as_str() {
-            "auto" => Mode::Auto,
-            "native" => Mode::Native,
-            "generic" => Mode::Generic,
-            other => {
-                errs.at(
-                    m.span(),
-                    "interfaces.mode",
-                    format!("{other:?} is not a mode (expected auto, native or generic)"),
-                );
-                Mode::Auto
-            }
-        },
-    };
-    let mut wan_addr = WanAddr::Auto;
-    let mut port_range = (1024, 65535);
-    let mut max_flows = DEFAULT_MAX_FLOWS;
-    if let Some(nat) = &file.nat {
-        if let Some(a) = &nat.wan_addr {
-            match parse::parse_wan_addr(a.get_ref()) {
-                Ok(x) => wan_addr = x,
-                Err(e) => errs.at(a.span(), "nat.wan_addr", e),
-            }
-        }
-        if let Some(r) = &nat.port_range {
-            match parse::parse_port_range(r.get_ref()) {
-                Ok(x) => port_range = x,
-                Err(e) => errs.at(r.span(), "nat.port_range", e),
-            }
-        }
-        if let Some(m) = &nat.max_flows {
-            match u32::try_from(*m.get_ref()) {
-                Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => max_flows = n,
-                _ => errs.at(
-                    m.span(),
-                    "nat.max_flows",
-                    format!(
-                        "{} flows is out of range (expected 1-{MAX_FLOWS_LIMIT})",
-                        m.get_ref()
-                    ),
-                ),
-            }
-        }
-    }
-    let mut targs = Vec::new();
-    for (k, v) in file.timeouts.iter().flatten() {
-        let field = format!("timeouts.{}", k.get_ref());
-        let Some(key) = TIMEOUT_KEYS.iter().position(|n| n == k.get_ref()) else {
-            errs.at(
-                k.span(),
-                &field,
-                format!(
-                    "unknown state (expected one of {})",
-                    TIMEOUT_KEYS.join(", ")
-                ),
-            );
-            continue;
-        };
-        match u32::try_from(*v.get_ref()) {
-            Ok(secs) if secs >= 1 => targs.push(TimeoutArg { key, secs }),
-            _ => errs.at(
-                v.span(),
-                &field,
-                format!(
-                    "{} is not a timeout (expected 1-{} seconds)",
-                    v.get_ref(),
-                    u32::MAX
-                ),
-            ),
-        }
-    }
-    let timeouts = parse::apply_timeouts(&targs).unwrap_or_default();
-    let mut forwards = Vec::new();
-    let mut seen: BTreeMap<(Proto, u16), usize> = BTreeMap::new();
-    if file.forwards.len() > MAX_PORT_FORWARDS as usize {
-        errs.at(
-            file.forwards[MAX_PORT_FORWARDS as usize].span(),
-            "forward",
-            format!("more than {MAX_PORT_FORWARDS} rules"),
-        );
-    }
-    for f in &file.forwards {
-        let fw = f.get_ref();
-        let proto = match fw.proto.get_ref().as_str() {
-            "tcp" => Some(Proto::Tcp),
-            "udp" => Some(Proto::Udp),
-            other => {
-                errs.at(
-                    fw.proto.span(),
-                    "forward.proto",
-                    format!("{other:?} is not tcp or udp"),
-                );
-                None
-            }
-        };
-        let port = match u16::try_from(*fw.wan_port.get_ref()) {
-            Ok(p) if p >= 1 => Some(p),
-            _ => {
-                errs.at(
-                    fw.wan_port.span(),
-                    "forward.wan_port",
-                    format!(
-                        "port {} is out of range (expected 1-65535)",
-                        fw.wan_port.get_ref()
-                    ),
-                );
-                None
-            }
-        };
-        let to: Option<SocketAddrV4> = match parse::parse_forward_target(fw.to.get_ref()) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                errs.at(fw.to.span(), "forward.to", e);
-                None
-            }
-        };
-        if let (Some(p), Some(port)) = (proto, port) {
-            let (line, _) = line_col(text, fw.wan_port.span().start);
-            if let Some(first) = seen.insert((p, port), line) {
-                errs.at(
-                    fw.wan_port.span(),
-                    "forward.wan_port",
-                    format!(
-                        "{} {port} is forwarded twice (first at line {first}); a WAN port can \
-                         have one rule",
-                        p.name()
-                    ),
-                );
-            }
-            if let Some(t) = to {
-                forwards.push((forward::key(p, port), forward::target(t)));
-            }
-        }
-    }
+    let (lan, wan, mode) = errs.interfaces(file.interfaces.get_ref());
+    let (wan_addr, port_range, max_flows) = errs.nat(file.nat.as_ref());
+    let timeouts = errs.timeouts(file.timeouts.iter().flatten());
+    let forwards = errs.forwards(&file.forwards);
     if !errs.list.is_empty() {
         let n = errs.list.len();
         bail!(
@@ -302,8 +152,8 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     }
     Ok(Desired {
         args: AttachArgs {
-            lan: lan.to_owned(),
-            wan: wan.to_owned(),
+            lan,
+            wan,
             mode,
             wan_addr,
             port_range,
@@ -317,16 +167,197 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     })
 }
 
+/// The checks of each section: each returns what it could read (defaults
+/// where a value is wrong) and records what is wrong, so every error of a
+/// file is reported at once.
+impl Errors<'_> {
+    fn interfaces(&mut self, ifs: &Interfaces) -> (String, String, Mode) {
+        let (lan, wan) = (ifs.lan.get_ref().trim(), ifs.wan.get_ref().trim());
+        for (v, f, field) in [
+            (lan, &ifs.lan, "interfaces.lan"),
+            (wan, &ifs.wan, "interfaces.wan"),
+        ] {
+            if v.is_empty() || v.len() > 15 || v.contains(['/', ' ']) {
+                self.at(f.span(), field, format!("{v:?} is not an interface name"));
+            }
+        }
+        if !lan.is_empty() && lan == wan {
+            self.at(
+                ifs.wan.span(),
+                "interfaces.wan",
+                format!(
+                    "LAN and WAN are the same interface ({lan}); give two different interfaces"
+                ),
+            );
+        }
+        let mode = match &ifs.mode {
+            None => Mode::Auto,
+            Some(m) => Mode::from_name(m.get_ref()).unwrap_or_else(|| {
+                self.at(
+                    m.span(),
+                    "interfaces.mode",
+                    format!(
+                        "{:?} is not a mode (expected auto, native or generic)",
+                        m.get_ref()
+                    ),
+                );
+                Mode::Auto
+            }),
+        };
+        (lan.to_owned(), wan.to_owned(), mode)
+    }
+
+    fn nat(&mut self, nat: Option<&Nat>) -> (WanAddr, (u16, u16), u32) {
+        let mut wan_addr = WanAddr::Auto;
+        let mut port_range = (1024, 65535);
+        let mut max_flows = DEFAULT_MAX_FLOWS;
+        let Some(nat) = nat else {
+            return (wan_addr, port_range, max_flows);
+        };
+        if let Some(a) = &nat.wan_addr {
+            match parse::parse_wan_addr(a.get_ref()) {
+                Ok(x) => wan_addr = x,
+                Err(e) => self.at(a.span(), "nat.wan_addr", e),
+            }
+        }
+        if let Some(r) = &nat.port_range {
+            match parse::parse_port_range(r.get_ref()) {
+                Ok(x) => port_range = x,
+                Err(e) => self.at(r.span(), "nat.port_range", e),
+            }
+        }
+        if let Some(m) = &nat.max_flows {
+            match u32::try_from(*m.get_ref()) {
+                Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => max_flows = n,
+                _ => self.at(
+                    m.span(),
+                    "nat.max_flows",
+                    format!(
+                        "{} flows is out of range (expected 1-{MAX_FLOWS_LIMIT})",
+                        m.get_ref()
+                    ),
+                ),
+            }
+        }
+        (wan_addr, port_range, max_flows)
+    }
+
+    fn timeouts<'f>(
+        &mut self,
+        table: impl Iterator<Item = (&'f Spanned<String>, &'f Spanned<i64>)>,
+    ) -> Timeouts {
+        let mut targs = Vec::new();
+        for (k, v) in table {
+            let field = format!("timeouts.{}", k.get_ref());
+            let Some(state) = FlowState::from_key(k.get_ref()) else {
+                self.at(
+                    k.span(),
+                    &field,
+                    format!("unknown state (expected one of {})", FlowState::KEYS),
+                );
+                continue;
+            };
+            match u32::try_from(*v.get_ref()) {
+                Ok(secs) if secs >= 1 => targs.push(TimeoutArg { state, secs }),
+                _ => self.at(
+                    v.span(),
+                    &field,
+                    format!(
+                        "{} is not a timeout (expected 1-{} seconds)",
+                        v.get_ref(),
+                        u32::MAX
+                    ),
+                ),
+            }
+        }
+        // Keys of a TOML table are unique, so no state is given twice.
+        parse::apply_timeouts(&targs).unwrap_or_default()
+    }
+
+    fn forwards(
+        &mut self,
+        forwards: &[Spanned<Forward>],
+    ) -> Vec<(PortForwardKey, PortForwardTarget)> {
+        let mut out = Vec::new();
+        let mut seen: BTreeMap<(Proto, u16), usize> = BTreeMap::new();
+        if forwards.len() > MAX_PORT_FORWARDS as usize {
+            self.at(
+                forwards[MAX_PORT_FORWARDS as usize].span(),
+                "forward",
+                format!("more than {MAX_PORT_FORWARDS} rules"),
+            );
+        }
+        for f in forwards {
+            let fw = f.get_ref();
+            let (proto, port, to) = self.forward(fw);
+            if let (Some(p), Some(port)) = (proto, port) {
+                let (line, _) = line_col(self.text, fw.wan_port.span().start);
+                if let Some(first) = seen.insert((p, port), line) {
+                    self.at(
+                        fw.wan_port.span(),
+                        "forward.wan_port",
+                        format!(
+                            "{} {port} is forwarded twice (first at line {first}); a WAN port \
+                             can have one rule",
+                            p.name()
+                        ),
+                    );
+                }
+                if let Some(t) = to {
+                    out.push((forward::key(p, port), forward::target(t)));
+                }
+            }
+        }
+        out
+    }
+
+    /// One `[[forward]]`: its protocol, WAN port and target, each if valid.
+    fn forward(&mut self, fw: &Forward) -> (Option<Proto>, Option<u16>, Option<SocketAddrV4>) {
+        let proto = match fw.proto.get_ref().as_str() {
+            "tcp" => Some(Proto::Tcp),
+            "udp" => Some(Proto::Udp),
+            other => {
+                self.at(
+                    fw.proto.span(),
+                    "forward.proto",
+                    format!("{other:?} is not tcp or udp"),
+                );
+                None
+            }
+        };
+        let port = match u16::try_from(*fw.wan_port.get_ref()) {
+            Ok(p) if p >= 1 => Some(p),
+            _ => {
+                self.at(
+                    fw.wan_port.span(),
+                    "forward.wan_port",
+                    format!(
+                        "port {} is out of range (expected 1-65535)",
+                        fw.wan_port.get_ref()
+                    ),
+                );
+                None
+            }
+        };
+        let to = match parse::parse_forward_target(fw.to.get_ref()) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.at(fw.to.span(), "forward.to", e);
+                None
+            }
+        };
+        (proto, port, to)
+    }
+}
+
 /// Makes the pinned rules equal to `want`; returns the changes made.
-fn sync_rules(ctx: &Ctx, want: &[(PortForwardKey, PortForwardTarget)]) -> Result<Vec<String>> {
-    let mut map = crate::pins::open_hash::<PortForwardKey, PortForwardTarget>(
-        &ctx.pin_dir,
-        router_common::maps::PORT_FORWARDS_MAP,
-    )?;
+fn sync_rules(
+    maps: &PinnedMaps,
+    want: &[(PortForwardKey, PortForwardTarget)],
+) -> Result<Vec<String>> {
+    let mut map = maps.port_forwards()?;
     let have: BTreeMap<PortForwardKey, PortForwardTarget> =
-        crate::pins::snapshot(&map, MAX_PORT_FORWARDS)?
-            .into_iter()
-            .collect();
+        snapshot(&map, MAX_PORT_FORWARDS)?.into_iter().collect();
     let want_map: BTreeMap<PortForwardKey, PortForwardTarget> = want.iter().copied().collect();
     let mut changes = Vec::new();
     for (k, t) in &have {
@@ -357,26 +388,35 @@ fn sync_rules(ctx: &Ctx, want: &[(PortForwardKey, PortForwardTarget)]) -> Result
     Ok(changes)
 }
 
+/// The file's field an error of [`config::resolve`] is about, and its
+/// key as written in the file.
+const fn file_field(field: ConfigField) -> (&'static str, &'static str) {
+    match field {
+        ConfigField::Lan => ("interfaces.lan", "lan"),
+        ConfigField::Wan => ("interfaces.wan", "wan"),
+        ConfigField::MaxFlows => ("nat.max_flows", "max_flows"),
+    }
+}
+
+/// `FILE:LINE: field: message` for an error found after parsing (the
+/// interfaces and addresses of this machine). The line is the first that
+/// sets the field's key (0 if the file leaves it at its default).
+fn located(name: &str, text: &str, e: &ConfigError) -> anyhow::Error {
+    let (field, key) = file_field(e.field);
+    let line = text
+        .lines()
+        .position(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+        .map_or(0, |i| i + 1);
+    anyhow::anyhow!("{name}:{line}: {field}: {e}; nothing was changed")
+}
+
 pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let name = path.display().to_string();
     let d = parse_file(&name, &text)?;
     // The interfaces and the WAN address, still without changing anything.
-    let cfg = attach::resolve(&d.args).map_err(|e| {
-        let line = |needle: &str| {
-            text.lines()
-                .position(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == needle))
-                .map_or(0, |i| i + 1)
-        };
-        let msg = format!("{e:#}");
-        let (field, l) = if msg.contains(&format!("{:?}", d.args.wan)) || msg.contains("WAN") {
-            ("interfaces.wan", line("wan"))
-        } else {
-            ("interfaces.lan", line("lan"))
-        };
-        anyhow::anyhow!("{name}:{l}: {field}: {msg}; nothing was changed")
-    })?;
+    let cfg = config::resolve(&d.args).map_err(|e| located(&name, &text, &e))?;
     let mut summary = String::new();
     let _ = write!(
         summary,
@@ -393,11 +433,11 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         println!("{name} is valid: {summary}");
         return Ok(());
     }
-    let outcome = attach::attach(ctx, &d.args, &d.forwards)?;
+    let outcome = lifecycle::attach(ctx, &d.args, &d.forwards)?;
     let changes = {
         let _lock = state::lock(ctx.ns())?;
-        let _signals = attach::SignalsBlocked::new();
-        sync_rules(ctx, &d.forwards)?
+        let _signals = SignalsBlocked::new();
+        sync_rules(&ctx.maps(), &d.forwards)?
     };
     for c in &changes {
         println!("{c}");
@@ -535,6 +575,31 @@ mod tests {
         assert!(e.contains("2 errors"), "{e}");
         assert!(e.contains("r.toml:5") && e.contains("r.toml:6"), "{e}");
         assert!(e.contains("nothing was changed"), "{e}");
+    }
+
+    #[test]
+    fn machine_errors_point_at_the_field_they_name() {
+        let text = "[interfaces]\nlan = \"lan0\"\nwan = \"wan0\"\n";
+        for (field, want) in [
+            (
+                ConfigField::Lan,
+                "r.toml:2: interfaces.lan: boom; nothing was changed",
+            ),
+            (
+                ConfigField::Wan,
+                "r.toml:3: interfaces.wan: boom; nothing was changed",
+            ),
+            (
+                ConfigField::MaxFlows,
+                "r.toml:0: nat.max_flows: boom; nothing was changed",
+            ),
+        ] {
+            let e = ConfigError {
+                field,
+                message: "boom".into(),
+            };
+            assert_eq!(located("r.toml", text, &e).to_string(), want);
+        }
     }
 
     #[test]

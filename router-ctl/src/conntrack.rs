@@ -1,27 +1,19 @@
 //! `conntrack list|count|flush`: the flow table in `CONNTRACK`.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::net::Ipv4Addr;
 
 use anyhow::{Context, Result};
-use aya::maps::{HashMap, MapData};
 use router_common::{
     flow,
-    maps::{
-        CONNTRACK_MAP, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, Timeouts,
-    },
+    maps::{FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, Timeouts},
 };
 use serde::Serialize;
 
 use crate::{
+    clock::monotonic_ns,
+    maps::{self, PinnedMaps, errno, snapshot},
     parse::proto_name,
-    pins::{self, errno, monotonic_ns, open_hash, snapshot},
 };
-
-type Table = HashMap<MapData, FlowKey, FlowEntry>;
-
-fn open(pin_dir: &Path) -> Result<Table> {
-    open_hash(pin_dir, CONNTRACK_MAP)
-}
 
 /// One flow as `conntrack list --json` prints it.
 #[derive(Debug, PartialEq, Serialize)]
@@ -132,10 +124,10 @@ pub fn rows_table(rows: &[FlowRow]) -> String {
     s
 }
 
-pub fn list(pin_dir: &Path, json: bool) -> Result<()> {
-    let table = open(pin_dir)?;
-    let cfg = pins::read_config(pin_dir)?;
-    let cap = pins::capacity(&table)?;
+pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
+    let table = maps.conntrack()?;
+    let cfg = maps.read_config()?;
+    let cap = maps::capacity(&table)?;
     let entries = snapshot(&table, cap)?;
     let rows = flow_rows(&entries, monotonic_ns(), &cfg.timeouts);
     if json {
@@ -181,9 +173,9 @@ impl Counts {
     }
 }
 
-pub fn count(pin_dir: &Path, json: bool) -> Result<()> {
-    let table = open(pin_dir)?;
-    let cap = pins::capacity(&table)?;
+pub fn count(maps: &PinnedMaps, json: bool) -> Result<()> {
+    let table = maps.conntrack()?;
+    let cap = maps::capacity(&table)?;
     let c = Counts::of(&snapshot(&table, cap)?, cap);
     if json {
         println!("{}", c.json());
@@ -193,9 +185,9 @@ pub fn count(pin_dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn flush(pin_dir: &Path) -> Result<()> {
-    let mut table = open(pin_dir)?;
-    let cap = pins::capacity(&table)?;
+pub fn flush(maps: &PinnedMaps) -> Result<()> {
+    let mut table = maps.conntrack()?;
+    let cap = maps::capacity(&table)?;
     let entries = snapshot(&table, cap)?;
     let (mut removed, mut flows) = (0usize, 0usize);
     for (k, e) in &entries {
@@ -211,7 +203,7 @@ pub fn flush(pin_dir: &Path) -> Result<()> {
             Err(err) => return Err(err).context("removing a conntrack entry"),
         }
     }
-    record_flushed(pin_dir, removed as u64)?;
+    record_flushed(maps, removed as u64)?;
     println!(
         "flushed {removed} entries ({flows} flows); new packets of those flows open new \
          flows or go to the kernel"
@@ -222,12 +214,10 @@ pub fn flush(pin_dir: &Path) -> Result<()> {
 /// Adds `n` to the `ct_entries_flushed` counter (CPU 0's slot: the data
 /// path never writes this counter, so there is no lost update), for the
 /// eviction estimate of `stats`.
-fn record_flushed(pin_dir: &Path, n: u64) -> Result<()> {
-    use aya::maps::{PerCpuArray, PerCpuValues};
-    use router_common::maps::{COUNTERS_MAP, Counter, CounterValue};
-    let mut map: PerCpuArray<_, CounterValue> =
-        PerCpuArray::try_from(crate::pins::open_map(pin_dir, COUNTERS_MAP)?)
-            .context("COUNTERS has an unexpected layout; detach and attach again")?;
+fn record_flushed(maps: &PinnedMaps, n: u64) -> Result<()> {
+    use aya::maps::PerCpuValues;
+    use router_common::maps::{Counter, CounterValue};
+    let mut map = maps.counters()?;
     let idx = Counter::CtEntriesFlushed as u32;
     let mut values: Vec<CounterValue> = map.get(&idx, 0).context("reading COUNTERS")?.to_vec();
     if let Some(v) = values.first_mut() {

@@ -19,7 +19,7 @@ use std::{
 use serde::Serialize;
 use serde_json::json;
 
-use crate::{attach, netlink, pins::LINK_PINS};
+use crate::{bpfsys, netlink, pins::LINK_PINS};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
@@ -209,8 +209,8 @@ fn our_progs(pin_dir: &Path) -> Vec<u32> {
     LINK_PINS
         .iter()
         .filter_map(|p| {
-            let fd = crate::bpfsys::obj_get(&pin_dir.join(p)).ok()?;
-            crate::bpfsys::link_info(std::os::fd::AsFd::as_fd(&fd))
+            let fd = bpfsys::obj_get(&pin_dir.join(p)).ok()?;
+            bpfsys::link_info(std::os::fd::AsFd::as_fd(&fd))
                 .ok()
                 .map(|i| i.prog_id)
         })
@@ -219,45 +219,68 @@ fn our_progs(pin_dir: &Path) -> Vec<u32> {
 
 /// Every check for `ifaces` (names in the current namespace).
 #[must_use]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one linear sequence of checks or steps, in order"
-)]
 pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
     let ours = our_progs(pin_dir);
     let mut out = Vec::new();
     let mut mtus: Vec<(String, u32)> = Vec::new();
     for iface in ifaces {
-        let mut add = |name: &'static str, level: Level, detail: String, fix: Option<String>| {
-            out.push(Check {
-                iface: iface.clone(),
-                name,
-                level,
-                detail,
-                fix,
-            });
+        let mut r = Report {
+            iface,
+            out: &mut out,
         };
-        let Ok(idx) = attach::ifindex(iface) else {
-            add(
+        if let Some(l) = r.link() {
+            mtus.push((iface.clone(), l.mtu));
+            r.driver();
+            r.programs(&l, &ours);
+            if l.kind.as_deref() == Some("veth") {
+                r.veth(&l);
+            }
+        }
+    }
+    mtu_mismatches(&mtus, &mut out);
+    out
+}
+
+/// The checks of one interface, appended to `out`.
+struct Report<'a> {
+    iface: &'a str,
+    out: &'a mut Vec<Check>,
+}
+
+impl Report<'_> {
+    fn add(&mut self, name: &'static str, level: Level, detail: String, fix: Option<String>) {
+        self.out.push(Check {
+            iface: self.iface.to_owned(),
+            name,
+            level,
+            detail,
+            fix,
+        });
+    }
+
+    /// Whether the interface exists and is up; its attributes if it exists.
+    fn link(&mut self) -> Option<netlink::LinkAttrs> {
+        let iface = self.iface;
+        let Ok(idx) = netlink::ifindex(iface) else {
+            self.add(
                 "exists",
                 Level::Fail,
                 format!("no interface {iface} in this namespace"),
                 Some("check the name with `ip link`, or pass -n NETNS".into()),
             );
-            continue;
+            return None;
         };
         let Ok(l) = netlink::link(idx) else {
-            add(
+            self.add(
                 "exists",
                 Level::Fail,
                 "rtnetlink does not answer for it".into(),
                 None,
             );
-            continue;
+            return None;
         };
-        mtus.push((iface.clone(), l.mtu));
         let kind = l.kind.clone().unwrap_or_else(|| "device".into());
-        add(
+        self.add(
             "link",
             if l.up { Level::Ok } else { Level::Warn },
             format!(
@@ -267,15 +290,19 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             ),
             (!l.up).then(|| format!("ip link set dev {iface} up")),
         );
-        let drv = driver(iface);
-        match drv.as_deref() {
-            Some(d) if NATIVE_XDP_DRIVERS.contains(&d) => add(
+        Some(l)
+    }
+
+    /// Whether the driver is known to support native XDP.
+    fn driver(&mut self) {
+        match driver(self.iface).as_deref() {
+            Some(d) if NATIVE_XDP_DRIVERS.contains(&d) => self.add(
                 "native-xdp",
                 Level::Ok,
                 format!("driver {d} supports native XDP"),
                 None,
             ),
-            Some(d) => add(
+            Some(d) => self.add(
                 "native-xdp",
                 Level::Warn,
                 format!(
@@ -287,16 +314,21 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
                         .into(),
                 ),
             ),
-            None => add(
+            None => self.add(
                 "native-xdp",
                 Level::Warn,
                 "no driver information (ethtool): native XDP support unknown".into(),
                 None,
             ),
         }
+    }
+
+    /// The XDP programs attached: router-ctl's own (`ours`) or foreign.
+    fn programs(&mut self, l: &netlink::LinkAttrs, ours: &[u32]) {
+        let iface = self.iface;
         let progs = l.xdp.programs();
         if progs.is_empty() {
-            add(
+            self.add(
                 "xdp-program",
                 Level::Ok,
                 "no XDP program attached".into(),
@@ -310,7 +342,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
                 "native"
             };
             if ours.contains(&id) {
-                add(
+                self.add(
                     "xdp-program",
                     if mode == "generic" {
                         Level::Warn
@@ -324,7 +356,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
                     }),
                 );
             } else {
-                add(
+                self.add(
                     "xdp-program",
                     Level::Fail,
                     format!("another XDP program (id {id}, {mode} mode) is attached"),
@@ -334,82 +366,88 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
                 );
             }
         }
-        if l.kind.as_deref() == Some("veth") {
-            match find_peer(&l) {
-                None => add(
-                    "veth-peer",
-                    Level::Warn,
-                    format!(
-                        "cannot inspect the veth peer (ifindex {:?}, netns id {:?}): it is in a \
-                         namespace without a name in /run/netns",
-                        l.link, l.link_netnsid
-                    ),
-                    Some(
-                        "on the peer: `ethtool -K PEER gro on` and `ethtool -K PEER tx off`".into(),
-                    ),
+    }
+
+    /// A veth's peer (NAPI for redirected frames, checksums it sends) and
+    /// the MTU native XDP on a veth allows.
+    fn veth(&mut self, l: &netlink::LinkAttrs) {
+        let iface = self.iface;
+        match find_peer(l) {
+            None => self.add(
+                "veth-peer",
+                Level::Warn,
+                format!(
+                    "cannot inspect the veth peer (ifindex {:?}, netns id {:?}): it is in a \
+                     namespace without a name in /run/netns",
+                    l.link, l.link_netnsid
                 ),
-                Some(p) => {
-                    let pn = p.attrs.name.clone();
-                    let peer_xdp = !p.attrs.xdp.programs().is_empty();
-                    if peer_xdp || p.gro == Some(true) {
-                        add(
-                            "redirect-target",
-                            Level::Ok,
-                            format!(
-                                "peer {pn} ({}) runs NAPI ({}): redirected frames are accepted",
-                                p.place,
-                                if peer_xdp { "an XDP program" } else { "GRO on" }
-                            ),
-                            None,
-                        );
-                    } else {
-                        add(
-                            "redirect-target",
-                            Level::Fail,
-                            format!(
-                                "peer {pn} ({}) has neither an XDP program nor GRO: frames the \
-                                 fast path redirects into {iface} are dropped",
-                                p.place
-                            ),
-                            Some(format!("{}ethtool -K {pn} gro on", p.exec)),
-                        );
-                    }
-                    match p.tx_csum {
-                        Some(true) => add(
-                            "tx-checksum",
-                            Level::Warn,
-                            format!(
-                                "peer {pn} ({}) has tx checksum offload on: it sends partial \
-                                 checksums, which the fast path forwards unfinished (TCP \
-                                 through the router stalls)",
-                                p.place
-                            ),
-                            Some(format!("{}ethtool -K {pn} tx off", p.exec)),
+                Some("on the peer: `ethtool -K PEER gro on` and `ethtool -K PEER tx off`".into()),
+            ),
+            Some(p) => {
+                let pn = p.attrs.name.clone();
+                let peer_xdp = !p.attrs.xdp.programs().is_empty();
+                if peer_xdp || p.gro == Some(true) {
+                    self.add(
+                        "redirect-target",
+                        Level::Ok,
+                        format!(
+                            "peer {pn} ({}) runs NAPI ({}): redirected frames are accepted",
+                            p.place,
+                            if peer_xdp { "an XDP program" } else { "GRO on" }
                         ),
-                        Some(false) => add(
-                            "tx-checksum",
-                            Level::Ok,
-                            format!("peer {pn} sends complete checksums (tx offload off)"),
-                            None,
+                        None,
+                    );
+                } else {
+                    self.add(
+                        "redirect-target",
+                        Level::Fail,
+                        format!(
+                            "peer {pn} ({}) has neither an XDP program nor GRO: frames the \
+                             fast path redirects into {iface} are dropped",
+                            p.place
                         ),
-                        None => {}
-                    }
+                        Some(format!("{}ethtool -K {pn} gro on", p.exec)),
+                    );
+                }
+                match p.tx_csum {
+                    Some(true) => self.add(
+                        "tx-checksum",
+                        Level::Warn,
+                        format!(
+                            "peer {pn} ({}) has tx checksum offload on: it sends partial \
+                             checksums, which the fast path forwards unfinished (TCP \
+                             through the router stalls)",
+                            p.place
+                        ),
+                        Some(format!("{}ethtool -K {pn} tx off", p.exec)),
+                    ),
+                    Some(false) => self.add(
+                        "tx-checksum",
+                        Level::Ok,
+                        format!("peer {pn} sends complete checksums (tx offload off)"),
+                        None,
+                    ),
+                    None => {}
                 }
             }
-            if l.mtu > VETH_XDP_MAX_MTU {
-                add(
-                    "mtu",
-                    Level::Warn,
-                    format!(
-                        "MTU {} is above {VETH_XDP_MAX_MTU}: native XDP on a veth fails (the \
-                         program has no multi-buffer support); auto falls back to generic",
-                        l.mtu
-                    ),
-                    Some(format!("ip link set dev {iface} mtu 1500")),
-                );
-            }
+        }
+        if l.mtu > VETH_XDP_MAX_MTU {
+            self.add(
+                "mtu",
+                Level::Warn,
+                format!(
+                    "MTU {} is above {VETH_XDP_MAX_MTU}: native XDP on a veth fails (the \
+                     program has no multi-buffer support); auto falls back to generic",
+                    l.mtu
+                ),
+                Some(format!("ip link set dev {iface} mtu 1500")),
+            );
         }
     }
+}
+
+/// Interfaces whose MTU differs from the first one's.
+fn mtu_mismatches(mtus: &[(String, u32)], out: &mut Vec<Check>) {
     if let Some((first, m0)) = mtus.first().cloned() {
         for (other, m) in &mtus[1..] {
             if *m != m0 {
@@ -430,7 +468,6 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             }
         }
     }
-    out
 }
 
 /// Warnings `attach` prints before it changes anything (foreign programs

@@ -1,30 +1,18 @@
 //! `forward add|del|list`: the port-forward rules in `PORT_FORWARDS`.
 
-use std::{
-    net::{Ipv4Addr, SocketAddrV4},
-    path::Path,
-};
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{HashMap, MapData};
-use router_common::maps::{
-    MAX_PORT_FORWARDS, PORT_FORWARDS_MAP, PortForwardKey, PortForwardTarget,
-};
+use router_common::maps::{MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget};
 use serde::Serialize;
 
 use crate::{
+    maps::{PinnedMaps, errno, snapshot},
     parse::{Proto, proto_name},
-    pins::{errno, open_hash, read_config, snapshot},
 };
 
 /// `BPF_NOEXIST`: insert only if the key is new.
 const BPF_NOEXIST: u64 = 1;
-
-type Rules = HashMap<MapData, PortForwardKey, PortForwardTarget>;
-
-fn open(pin_dir: &Path) -> Result<Rules> {
-    open_hash(pin_dir, PORT_FORWARDS_MAP)
-}
 
 #[must_use]
 pub const fn key(proto: Proto, port: u16) -> PortForwardKey {
@@ -73,8 +61,8 @@ impl Rule {
     }
 }
 
-pub fn add(pin_dir: &Path, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Result<()> {
-    let mut rules = open(pin_dir)?;
+pub fn add(maps: &PinnedMaps, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Result<()> {
+    let mut rules = maps.port_forwards()?;
     let k = key(proto, wan_port);
     let t = target(to);
     let want = Rule::new(k, t);
@@ -98,7 +86,7 @@ pub fn add(pin_dir: &Path, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Res
         match rules.insert(k, t, BPF_NOEXIST) {
             Ok(()) => {
                 println!("added rule {}", want.describe());
-                if let Ok(cfg) = read_config(pin_dir)
+                if let Ok(cfg) = maps.read_config()
                     && (cfg.port_min..=cfg.port_max).contains(&wan_port)
                 {
                     println!(
@@ -123,8 +111,8 @@ pub fn add(pin_dir: &Path, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Res
     )
 }
 
-pub fn del(pin_dir: &Path, proto: Proto, wan_port: u16) -> Result<()> {
-    let mut rules = open(pin_dir)?;
+pub fn del(maps: &PinnedMaps, proto: Proto, wan_port: u16) -> Result<()> {
+    let mut rules = maps.port_forwards()?;
     let k = key(proto, wan_port);
     let existing = match rules.get(&k, 0) {
         Ok(t) => Some(t),
@@ -152,8 +140,8 @@ pub fn del(pin_dir: &Path, proto: Proto, wan_port: u16) -> Result<()> {
 }
 
 /// The rules sorted by protocol and port.
-pub fn rules(pin_dir: &Path) -> Result<Vec<Rule>> {
-    let map = open(pin_dir)?;
+pub fn rules(maps: &PinnedMaps) -> Result<Vec<Rule>> {
+    let map = maps.port_forwards()?;
     let mut out: Vec<Rule> = snapshot(&map, MAX_PORT_FORWARDS)?
         .iter()
         .map(|&(k, t)| Rule::new(k, t))
@@ -179,8 +167,8 @@ pub fn rules_table(rules: &[Rule]) -> String {
     s
 }
 
-pub fn list(pin_dir: &Path, json: bool) -> Result<()> {
-    let rules = rules(pin_dir)?;
+pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
+    let rules = rules(maps)?;
     if json {
         println!("{}", serde_json::to_string(&rules)?);
     } else {

@@ -3,17 +3,31 @@
 //! inspects and edits its maps: counters, port forwards, conntrack. Also a
 //! declarative `apply`, a Prometheus endpoint, and `doctor`.
 
+// Module layers, each using only the layers above it (no circles):
+//   ground:    bpfsys, caps, clock, netlink, object, parse, signals
+//   router:    pins (where), maps (the one typed facade over the pinned
+//              maps), ctx (which router), config (what is asked for),
+//              state (the attach record), inspect (what runs now)
+//   lifecycle: attach (fresh or replace), detach, the loader; uses doctor
+//   commands:  apply, conntrack, doctor, forward, metrics, stats, status
 mod apply;
-mod attach;
 mod bpfsys;
 mod caps;
+mod clock;
+mod config;
 mod conntrack;
+mod ctx;
 mod doctor;
 mod forward;
+mod inspect;
+mod lifecycle;
+mod maps;
 mod metrics;
 mod netlink;
+mod object;
 mod parse;
 mod pins;
+mod signals;
 mod state;
 mod stats;
 mod status;
@@ -21,9 +35,13 @@ mod status;
 use std::{fs, os::fd::AsRawFd, path::Path, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
-use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
-use crate::parse::{Proto, TimeoutArg, WanAddr};
+use crate::{
+    config::{AttachArgs, Mode},
+    ctx::Ctx,
+    parse::{Proto, TimeoutArg, WanAddr},
+};
 
 const ABOUT: &str = "XDP NAT fast path controller";
 const LONG_ABOUT: &str = "XDP NAT fast path controller.
@@ -61,19 +79,9 @@ fn version_string() -> &'static str {
         format!(
             "{} (XDP object {})",
             env!("CARGO_PKG_VERSION"),
-            attach::Object::embedded_id().version()
+            object::Object::embedded_id().version()
         )
     })
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Mode {
-    /// Native (driver) mode, falling back to generic with a loud warning.
-    Auto,
-    /// Native (driver) mode only: fail if the driver cannot.
-    Native,
-    /// Generic (skb) mode: works everywhere, several times slower.
-    Generic,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -96,9 +104,8 @@ struct AttachOpts {
     #[arg(long, value_name = "N", default_value_t = router_common::maps::DEFAULT_MAX_FLOWS,
           value_parser = parse::parse_max_flows)]
     max_flows: u32,
-    /// Idle timeout of a flow state, repeatable. STATE is one of tcp-syn-sent,
-    /// tcp-established, tcp-fin-wait, tcp-closed, udp-unreplied, udp-replied, icmp.
-    #[arg(long = "timeout", value_name = "STATE=SECS", value_parser = parse::parse_timeout)]
+    #[arg(long = "timeout", value_name = "STATE=SECS", value_parser = parse::parse_timeout,
+          help = parse::timeout_help())]
     timeouts: Vec<TimeoutArg>,
     /// Replace an XDP program on LAN or WAN that router-ctl did not attach.
     #[arg(long)]
@@ -361,9 +368,9 @@ impl Cmd {
     }
 }
 
-fn attach_args(o: AttachOpts) -> Result<attach::AttachArgs> {
+fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
     let timeouts = parse::apply_timeouts(&o.timeouts).map_err(anyhow::Error::msg)?;
-    Ok(attach::AttachArgs {
+    Ok(AttachArgs {
         lan: o.lan,
         wan: o.wan,
         mode: o.mode,
@@ -400,10 +407,7 @@ fn run(cli: Cli) -> Result<i32> {
     // Entering a namespace needs CAP_SYS_ADMIN; metrics does not enter it.
     let enters = cli.netns.is_some() && !matches!(cli.cmd, Cmd::Metrics { .. });
     caps::require(name, need, enters)?;
-    let ctx = attach::Ctx {
-        netns: cli.netns.clone(),
-        pin_dir: pins::pin_dir(cli.netns.as_deref()),
-    };
+    let ctx = Ctx::new(cli.netns.clone());
     if let Cmd::Metrics { listen } = cli.cmd {
         // Bind before anything else, in the caller's namespace.
         return metrics::serve(&ctx, listen).map(|()| 0);
@@ -413,13 +417,13 @@ fn run(cli: Cli) -> Result<i32> {
         // names and netlink resolve there, pins stay in our bpffs.
         enter_netns(ns)?;
     }
-    let pin_dir = ctx.pin_dir.clone();
+    let maps = ctx.maps();
     match cli.cmd {
         Cmd::Attach(o) => {
             let a = attach_args(o)?;
-            attach::attach(&ctx, &a, &[]).map(|_| 0)
+            lifecycle::attach(&ctx, &a, &[]).map(|_| 0)
         }
-        Cmd::Detach => attach::detach(&ctx).map(|_| 0),
+        Cmd::Detach => lifecycle::detach(&ctx).map(|_| 0),
         Cmd::Status { json } => Ok(status::status(&ctx, json)),
         Cmd::Stats {
             json,
@@ -428,9 +432,9 @@ fn run(cli: Cli) -> Result<i32> {
             count,
         } => {
             if watch {
-                stats::watch(&pin_dir, json, interval, count).map(|()| 0)
+                stats::watch(&maps, json, interval, count).map(|()| 0)
             } else {
-                stats::stats(&pin_dir, json).map(|()| 0)
+                stats::stats(&maps, json).map(|()| 0)
             }
         }
         Cmd::Forward { cmd } => match cmd {
@@ -438,19 +442,19 @@ fn run(cli: Cli) -> Result<i32> {
                 proto,
                 wan_port,
                 target,
-            } => forward::add(&pin_dir, proto, wan_port, target),
-            ForwardCmd::Del { proto, wan_port } => forward::del(&pin_dir, proto, wan_port),
-            ForwardCmd::List { json } => forward::list(&pin_dir, json),
+            } => forward::add(&maps, proto, wan_port, target),
+            ForwardCmd::Del { proto, wan_port } => forward::del(&maps, proto, wan_port),
+            ForwardCmd::List { json } => forward::list(&maps, json),
         }
         .map(|()| 0),
         Cmd::Conntrack { cmd } => match cmd {
-            ConntrackCmd::List { json } => conntrack::list(&pin_dir, json),
-            ConntrackCmd::Count { json } => conntrack::count(&pin_dir, json),
-            ConntrackCmd::Flush => conntrack::flush(&pin_dir),
+            ConntrackCmd::List { json } => conntrack::list(&maps, json),
+            ConntrackCmd::Count { json } => conntrack::count(&maps, json),
+            ConntrackCmd::Flush => conntrack::flush(&maps),
         }
         .map(|()| 0),
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
-        Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &pin_dir, json)),
+        Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &ctx.pin_dir, json)),
         Cmd::Metrics { .. } | Cmd::Completions { .. } | Cmd::Man => Ok(0),
     }
 }

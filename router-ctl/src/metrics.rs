@@ -14,7 +14,7 @@ use prometheus_client::{
 use router_common::maps::{Counter, CounterValue};
 use tracing::{info, warn};
 
-use crate::{attach::Ctx, forward, state, stats};
+use crate::{ctx::Ctx, forward, state, stats};
 
 /// The label set of one counter: which metric family and its labels.
 #[must_use]
@@ -93,8 +93,8 @@ impl Collector for RouterCollector {
         reason = "one linear sequence of checks or steps, in order"
     )]
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let dir = &self.ctx.pin_dir;
-        let read = stats::read_counters(dir);
+        let maps = self.ctx.maps();
+        let read = stats::read_counters(&maps);
         gauge(
             &mut enc,
             "xdp_router_up",
@@ -180,7 +180,7 @@ impl Collector for RouterCollector {
             "SNAT port probes that found the port taken",
             std::iter::once((Vec::new(), get(Counter::PortCollision))),
         )?;
-        if let Some(t) = stats::table_use(dir, &cs) {
+        if let Some(t) = stats::table_use(&maps, &cs) {
             gauge(
                 &mut enc,
                 "xdp_router_conntrack_entries",
@@ -203,7 +203,7 @@ impl Collector for RouterCollector {
                 i64_of(t.evicted_estimate),
             )?;
         }
-        if let Ok(r) = forward::rules(dir) {
+        if let Ok(r) = forward::rules(&maps) {
             gauge(
                 &mut enc,
                 "xdp_router_port_forward_rules",

@@ -1,13 +1,18 @@
-//! A minimal rtnetlink client: what an interface is (MTU, kind, veth peer)
-//! and which XDP program runs on it, removing a netlink-attached XDP
-//! program (`attach --force`), and the namespace id of a netns fd (to find
-//! a veth's peer for `doctor`). Everything runs in the calling thread's
-//! network namespace.
+//! Interfaces: names, indexes and IPv4 addresses (libc), and a minimal
+//! rtnetlink client: what an interface is (MTU, kind, veth peer) and which
+//! XDP program runs on it, removing a netlink-attached XDP program
+//! (`attach --force`), and the namespace id of a netns fd (to find a veth's
+//! peer for `doctor`). Everything runs in the calling thread's network
+//! namespace.
 
 use std::{
+    ffi::{CStr, CString},
     io,
+    net::Ipv4Addr,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
 };
+
+use anyhow::{Result, anyhow, bail};
 
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
@@ -359,6 +364,73 @@ pub fn nsid_of(netns_fd: RawFd) -> io::Result<Option<i32>> {
             .map(|(_, d)| u32_of(d).cast_signed())
             .filter(|&id| id >= 0)
     }))
+}
+
+/// The index of interface `name`.
+pub fn ifindex(name: &str) -> Result<u32> {
+    let c = CString::new(name).map_err(|_| anyhow!("bad interface name {name:?}"))?;
+    // SAFETY: c is NUL-terminated.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        bail!("no such interface {name:?} (check `ip link`, or pass -n NETNS)");
+    }
+    Ok(idx)
+}
+
+/// The name of interface `idx`, if it exists.
+#[must_use]
+pub fn ifname(idx: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes.
+    let p = unsafe { libc::if_indextoname(idx, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name.
+    Some(
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}
+
+/// The IPv4 addresses of `iface` in the current network namespace, in the
+/// kernel's order (primary addresses first).
+pub fn ipv4_addrs(iface: &str) -> Result<Vec<Ipv4Addr>> {
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills ifap with a list freed below.
+    if unsafe { libc::getifaddrs(&raw mut ifap) } != 0 {
+        bail!(
+            "listing interface addresses: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let mut out = Vec::new();
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: p is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr of at least its family's size.
+        let family = unsafe { (*ifa.ifa_addr).sa_family };
+        if i32::from(family) != libc::AF_INET {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string.
+        if unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes() != iface.as_bytes() {
+            continue;
+        }
+        // SAFETY: an AF_INET address is a sockaddr_in; read without
+        // assuming alignment.
+        let sin = unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>()) };
+        out.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+    }
+    // SAFETY: ifap came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(ifap) };
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use router_common::maps::{DEFAULT_MAX_FLOWS, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts};
+use router_common::maps::{
+    DEFAULT_MAX_FLOWS, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts,
+};
 
 /// Largest `--max-flows`: the conntrack map holds two entries per flow and
 /// its size is a `u32`.
@@ -124,33 +126,28 @@ pub fn parse_wan_addr(s: &str) -> Result<WanAddr, String> {
     Ok(WanAddr::Addr(a))
 }
 
-/// The states `--timeout` can set, in `Timeouts` field order.
-pub const TIMEOUT_KEYS: [&str; 7] = [
-    "tcp-syn-sent",
-    "tcp-established",
-    "tcp-fin-wait",
-    "tcp-closed",
-    "udp-unreplied",
-    "udp-replied",
-    "icmp",
-];
-
-/// One `--timeout STATE=SECS`: the index into [`TIMEOUT_KEYS`] and seconds.
+/// One `--timeout STATE=SECS`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimeoutArg {
-    pub key: usize,
+    pub state: FlowState,
     pub secs: u32,
 }
 
+/// The help of `--timeout`, with the states of the shared table.
+#[must_use]
+pub fn timeout_help() -> String {
+    format!(
+        "Idle timeout of a flow state, repeatable. STATE is one of {}",
+        FlowState::KEYS
+    )
+}
+
 pub fn parse_timeout(s: &str) -> Result<TimeoutArg, String> {
-    let keys = TIMEOUT_KEYS.join(", ");
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not STATE=SECS (example: udp-unreplied=60)"))?;
-    let key = TIMEOUT_KEYS
-        .iter()
-        .position(|n| *n == k.trim())
-        .ok_or_else(|| format!("unknown state {k:?} (expected one of {keys})"))?;
+    let state = FlowState::from_key(k.trim())
+        .ok_or_else(|| format!("unknown state {k:?} (expected one of {})", FlowState::KEYS))?;
     let secs: u32 = v
         .trim()
         .parse()
@@ -158,31 +155,23 @@ pub fn parse_timeout(s: &str) -> Result<TimeoutArg, String> {
     if secs == 0 {
         return Err(format!("timeout for {k} must be at least 1 second"));
     }
-    Ok(TimeoutArg { key, secs })
+    Ok(TimeoutArg { state, secs })
 }
 
 /// The defaults with every `--timeout` applied. A state given twice is an
 /// error (it is almost certainly a typo).
 pub fn apply_timeouts(args: &[TimeoutArg]) -> Result<Timeouts, String> {
     let mut t = Timeouts::default();
-    let mut seen = [false; TIMEOUT_KEYS.len()];
+    let mut seen = Vec::with_capacity(args.len());
     for a in args {
-        if std::mem::replace(&mut seen[a.key], true) {
+        if seen.contains(&a.state) {
             return Err(format!(
                 "--timeout {} given more than once; give each state once",
-                TIMEOUT_KEYS[a.key]
+                a.state.key()
             ));
         }
-        let field = match a.key {
-            0 => &mut t.tcp_syn_sent,
-            1 => &mut t.tcp_established,
-            2 => &mut t.tcp_fin_wait,
-            3 => &mut t.tcp_closed,
-            4 => &mut t.udp_unreplied,
-            5 => &mut t.udp_replied,
-            _ => &mut t.icmp,
-        };
-        *field = a.secs;
+        seen.push(a.state);
+        t.set(a.state, a.secs);
     }
     Ok(t)
 }
@@ -273,12 +262,17 @@ mod tests {
 
     #[test]
     fn timeouts_parse_every_key() {
-        for (i, k) in TIMEOUT_KEYS.iter().enumerate() {
+        for &state in FlowState::ALL {
             assert_eq!(
-                parse_timeout(&format!("{k}=7")),
-                Ok(TimeoutArg { key: i, secs: 7 })
+                parse_timeout(&format!("{}=7", state.key())),
+                Ok(TimeoutArg { state, secs: 7 })
             );
         }
+        assert!(
+            parse_timeout("udp=5")
+                .unwrap_err()
+                .ends_with(&format!("(expected one of {})", FlowState::KEYS))
+        );
         assert!(
             parse_timeout("udp-unreplied=0")
                 .unwrap_err()
@@ -297,10 +291,10 @@ mod tests {
 
     #[test]
     fn timeouts_apply_to_the_right_fields() {
-        let args: Vec<TimeoutArg> = TIMEOUT_KEYS
+        let args: Vec<TimeoutArg> = FlowState::ALL
             .iter()
             .zip(1..)
-            .map(|(k, v)| parse_timeout(&format!("{k}={v}")).unwrap())
+            .map(|(s, v)| parse_timeout(&format!("{}={v}", s.key())).unwrap())
             .collect();
         let t = apply_timeouts(&args).unwrap();
         assert_eq!(

@@ -1,24 +1,23 @@
 //! The attach record: what `attach` set up (interfaces, mode, object
 //! version, configuration, program id, times), kept outside bpffs so that
 //! `status` can tell "never attached" from "the pins were lost" (a reboot,
-//! bpffs unmounted). Also the per-namespace lock and the object identity.
+//! bpffs unmounted). Also the lock that serialises router-ctl runs.
 
 use std::{
     fs,
     io::Write as _,
-    net::Ipv4Addr,
     os::{
         fd::AsRawFd,
         unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     },
     path::{Path, PathBuf},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
-use router_common::maps::Timeouts;
 use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
+
+use crate::{config::RouterConfig, object::ObjectId};
 
 /// Directory of the attach records.
 pub const STATE_DIR: &str = "/var/lib/xdp-router";
@@ -64,113 +63,6 @@ pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
         .and_then(|()| f.sync_all())
         .with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
-}
-
-/// Seconds since the epoch.
-#[must_use]
-pub fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// The identity of an XDP object: its SHA-256 and the router-ctl version
-/// that carries it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ObjectId {
-    pub sha256: String,
-    pub ctl_version: String,
-    /// `embedded` or the path given with `--object`.
-    pub source: String,
-}
-
-impl ObjectId {
-    #[must_use]
-    pub fn of(bytes: &[u8], source: &str) -> Self {
-        let digest = sha2::Sha256::digest(bytes);
-        let sha256 = digest.iter().fold(String::new(), |mut s, b| {
-            use std::fmt::Write as _;
-            let _ = write!(s, "{b:02x}");
-            s
-        });
-        Self {
-            sha256,
-            ctl_version: env!("CARGO_PKG_VERSION").to_owned(),
-            source: source.to_owned(),
-        }
-    }
-
-    /// `0.1.0+1a2b3c4d5e6f`: the version and the start of the hash.
-    #[must_use]
-    pub fn version(&self) -> String {
-        format!(
-            "{}+{}",
-            self.ctl_version,
-            &self.sha256[..12.min(self.sha256.len())]
-        )
-    }
-
-    /// Same object (the source path does not matter).
-    #[must_use]
-    pub fn same(&self, other: &Self) -> bool {
-        self.sha256 == other.sha256 && self.ctl_version == other.ctl_version
-    }
-}
-
-/// Timeouts with their `--timeout` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct TimeoutsRec {
-    pub tcp_syn_sent: u32,
-    pub tcp_established: u32,
-    pub tcp_fin_wait: u32,
-    pub tcp_closed: u32,
-    pub udp_unreplied: u32,
-    pub udp_replied: u32,
-    pub icmp: u32,
-}
-
-impl From<Timeouts> for TimeoutsRec {
-    fn from(t: Timeouts) -> Self {
-        Self {
-            tcp_syn_sent: t.tcp_syn_sent,
-            tcp_established: t.tcp_established,
-            tcp_fin_wait: t.tcp_fin_wait,
-            tcp_closed: t.tcp_closed,
-            udp_unreplied: t.udp_unreplied,
-            udp_replied: t.udp_replied,
-            icmp: t.icmp,
-        }
-    }
-}
-
-impl From<TimeoutsRec> for Timeouts {
-    fn from(t: TimeoutsRec) -> Self {
-        Self {
-            tcp_syn_sent: t.tcp_syn_sent,
-            tcp_established: t.tcp_established,
-            tcp_fin_wait: t.tcp_fin_wait,
-            tcp_closed: t.tcp_closed,
-            udp_unreplied: t.udp_unreplied,
-            udp_replied: t.udp_replied,
-            icmp: t.icmp,
-            pad: 0,
-        }
-    }
-}
-
-/// The router's configuration as an operator states it (no hash seed).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RouterConfig {
-    pub lan: String,
-    pub wan: String,
-    pub lan_ifindex: u32,
-    pub wan_ifindex: u32,
-    pub wan_addr: Ipv4Addr,
-    pub port_min: u16,
-    pub port_max: u16,
-    pub max_flows: u32,
-    pub timeouts: TimeoutsRec,
 }
 
 /// A replace that was started and not finished: what it was going to run.
@@ -276,34 +168,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn object_ids() {
-        let a = ObjectId::of(b"abc", "embedded");
-        assert_eq!(
-            a.sha256,
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-        assert_eq!(
-            a.version(),
-            format!("{}+ba7816bf8f01", env!("CARGO_PKG_VERSION"))
-        );
-        assert!(a.same(&ObjectId::of(b"abc", "/tmp/x.o")));
-        assert!(!a.same(&ObjectId::of(b"abd", "embedded")));
+    fn timeouts_are_recorded_with_cli_names() {
+        use router_common::maps::{FlowState, Timeouts};
+        let config = RouterConfig {
+            lan: "lan0".into(),
+            wan: "wan0".into(),
+            lan_ifindex: 2,
+            wan_ifindex: 3,
+            wan_addr: [203, 0, 113, 1].into(),
+            port_min: 1024,
+            port_max: 65535,
+            max_flows: 1000,
+            timeouts: Timeouts {
+                icmp: 5,
+                ..Timeouts::default()
+            },
+        };
+        let j = serde_json::to_value(&config).unwrap();
+        let t = &j["timeouts"];
+        assert_eq!(t["icmp"], 5);
+        assert_eq!(t["tcp-established"], 432_000);
+        assert!(t.get("pad").is_none(), "{t}");
+        for s in FlowState::ALL {
+            assert!(t.get(s.key()).is_some(), "{}", s.key());
+        }
+        let back: RouterConfig = serde_json::from_value(j).unwrap();
+        assert_eq!(back, config);
     }
 
+    /// A record written by router-ctl before the timeouts came from the
+    /// shared table (format 1, as on disk) still loads.
     #[test]
-    fn timeouts_round_trip_with_cli_names() {
-        let t = Timeouts {
-            icmp: 5,
-            ..Timeouts::default()
-        };
-        let r = TimeoutsRec::from(t);
-        assert_eq!(Timeouts::from(r), t);
-        let j = serde_json::to_value(r).unwrap();
-        assert_eq!(j["icmp"], 5);
-        assert_eq!(j["tcp-established"], 432_000);
-        for k in crate::parse::TIMEOUT_KEYS {
-            assert!(j.get(k).is_some(), "{k}");
-        }
+    fn reads_a_record_of_the_earlier_build() {
+        let text = r#"{
+  "format": 1,
+  "netns": "rtr",
+  "pin_dir": "/sys/fs/bpf/xdp-router/rtr",
+  "config": {
+    "lan": "lan0", "wan": "wan0", "lan_ifindex": 2, "wan_ifindex": 3,
+    "wan_addr": "203.0.113.1", "port_min": 1024, "port_max": 65535, "max_flows": 262144,
+    "timeouts": {
+      "tcp-syn-sent": 120, "tcp-established": 432000, "tcp-fin-wait": 120,
+      "tcp-closed": 10, "udp-unreplied": 30, "udp-replied": 120, "icmp": 7
+    }
+  },
+  "requested_mode": "auto", "lan_mode": "native", "wan_mode": "native",
+  "object": {"sha256": "ab", "ctl_version": "0.1.0", "source": "embedded"},
+  "prog_id": 42, "attached_at": 1700000000, "replaced_at": null, "replacements": 0,
+  "pending": null
+}"#;
+        let s: State = serde_json::from_str(text).unwrap();
+        assert_eq!(s.format, FORMAT);
+        assert_eq!(s.config.timeouts.icmp, 7);
+        assert_eq!(s.config.timeouts.pad, 0);
+        assert_eq!(s.config.timeouts.tcp_syn_sent, 120);
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! `stats`: the per-CPU counters summed, grouped by outcome.
 
-use std::path::Path;
-
 use anyhow::{Context, Result};
-use aya::maps::{MapData, PerCpuArray};
-use router_common::maps::{CONNTRACK_MAP, COUNTERS_MAP, Counter, CounterValue, FlowEntry, FlowKey};
+use router_common::maps::{Counter, CounterValue};
 use serde_json::{Map as JsonMap, Value, json};
 
-use crate::pins::{self, open_hash, open_map};
+use crate::{
+    clock,
+    maps::{self, PinnedMaps},
+};
 
 /// Groups of the plain table, in display order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,11 +55,8 @@ impl Group {
     }
 }
 
-pub fn read_counters(pin_dir: &Path) -> Result<Vec<(Counter, CounterValue)>> {
-    let map: PerCpuArray<MapData, CounterValue> =
-        PerCpuArray::try_from(open_map(pin_dir, COUNTERS_MAP)?).context(
-            "COUNTERS does not have the layout this router-ctl expects; detach and attach again",
-        )?;
+pub fn read_counters(maps: &PinnedMaps) -> Result<Vec<(Counter, CounterValue)>> {
+    let map = maps.counters()?;
     let mut out = Vec::new();
     for &c in Counter::ALL {
         let values = map
@@ -92,9 +89,9 @@ pub struct TableUse {
 /// `counters` are the summed counters just read ([`read_counters`]), for
 /// the eviction estimate.
 #[must_use]
-pub fn table_use(pin_dir: &Path, counters: &[(Counter, CounterValue)]) -> Option<TableUse> {
-    let map = open_hash::<FlowKey, FlowEntry>(pin_dir, CONNTRACK_MAP).ok()?;
-    let capacity = pins::capacity(&map).ok()?;
+pub fn table_use(maps: &PinnedMaps, counters: &[(Counter, CounterValue)]) -> Option<TableUse> {
+    let map = maps.conntrack().ok()?;
+    let capacity = maps::capacity(&map).ok()?;
     let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
     let entries = map
         .keys()
@@ -190,9 +187,9 @@ pub fn stats_table(counters: &[(Counter, CounterValue)], table: Option<TableUse>
     s
 }
 
-pub fn stats(pin_dir: &Path, json: bool) -> Result<()> {
-    let counters = read_counters(pin_dir)?;
-    let table = table_use(pin_dir, &counters);
+pub fn stats(maps: &PinnedMaps, json: bool) -> Result<()> {
+    let counters = read_counters(maps)?;
+    let table = table_use(maps, &counters);
     if json {
         println!("{}", stats_json(&counters, table));
     } else {
@@ -235,7 +232,7 @@ pub fn rates_json(
         counters.insert(c.name().to_owned(), val);
     }
     let mut obj = json!({
-        "time": crate::state::now_unix(),
+        "time": clock::now_unix(),
         "interval_secs": secs,
         "counters": counters,
     });
@@ -313,18 +310,18 @@ pub fn rates_table(
 
 /// `stats --watch`: rates every `interval` seconds until Ctrl-C (or
 /// `count` refreshes).
-pub fn watch(pin_dir: &Path, json: bool, interval: f64, count: Option<u64>) -> Result<()> {
+pub fn watch(maps: &PinnedMaps, json: bool, interval: f64, count: Option<u64>) -> Result<()> {
     use std::io::{IsTerminal as _, Write as _};
     let tty = std::io::stdout().is_terminal();
-    let mut prev = read_counters(pin_dir)?;
+    let mut prev = read_counters(maps)?;
     let mut t0 = std::time::Instant::now();
     let mut n = 0u64;
     loop {
         std::thread::sleep(std::time::Duration::from_secs_f64(interval));
-        let cur = read_counters(pin_dir)?;
+        let cur = read_counters(maps)?;
         let t1 = std::time::Instant::now();
         let secs = (t1 - t0).as_secs_f64();
-        let table = table_use(pin_dir, &cur);
+        let table = table_use(maps, &cur);
         let mut out = std::io::stdout().lock();
         if json {
             writeln!(out, "{}", rates_json(&prev, &cur, secs, table))?;
@@ -336,7 +333,7 @@ pub fn watch(pin_dir: &Path, json: bool, interval: f64, count: Option<u64>) -> R
             writeln!(
                 out,
                 "{} (every {interval} s, Ctrl-C to stop)",
-                crate::status::format_time(crate::state::now_unix())
+                clock::format_time(clock::now_unix())
             )?;
             write!(out, "{}", rates_table(&prev, &cur, secs, table))?;
             if !tty {

@@ -4,54 +4,23 @@
 
 use std::fmt::Write as _;
 
-use aya::maps::{DevMapHash, MapData};
-use router_common::maps::{DEVICES_MAP, MAX_PORT_FORWARDS};
+use router_common::maps::MAX_PORT_FORWARDS;
 use serde_json::{Value, json};
 
 use crate::{
-    attach::{Ctx, Object, Running, inspect},
+    clock::{format_age, format_time, now_unix},
+    ctx::Ctx,
     forward,
-    pins::{LINK_PINS, PINNED_MAPS, open_map},
+    inspect::{Running, inspect},
+    maps::PinnedMaps,
+    object::Object,
+    pins::LINK_PINS,
     state::{self, State},
     stats,
 };
 
 /// Exit code of `status` when nothing is attached.
 pub const EXIT_NOT_ATTACHED: i32 = 3;
-
-/// `YYYY-MM-DD HH:MM:SS UTC`.
-#[must_use]
-pub fn format_time(unix: u64) -> String {
-    let t = libc::time_t::try_from(unix).unwrap_or(0);
-    // SAFETY: gmtime_r writes into the zeroed tm.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers.
-    unsafe { libc::gmtime_r(&raw const t, &raw mut tm) };
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
-}
-
-/// `3d 4h`, `5m 2s`...
-#[must_use]
-pub fn format_age(secs: u64) -> String {
-    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-    if d > 0 {
-        format!("{d}d {h}h")
-    } else if h > 0 {
-        format!("{h}h {m}m")
-    } else if m > 0 {
-        format!("{m}m {s}s")
-    } else {
-        format!("{s}s")
-    }
-}
 
 /// The verdict on what `inspect` found and the record says.
 #[must_use]
@@ -93,7 +62,7 @@ pub fn diagnose(
         };
     }
     if !running.complete() {
-        let missing: Vec<&str> = PINNED_MAPS
+        let missing: Vec<&str> = PinnedMaps::NAMES
             .iter()
             .copied()
             .filter(|m| !running.maps_present.contains(m))
@@ -178,22 +147,21 @@ pub fn diagnose(
 
 fn maps_json(ctx: &Ctx) -> Value {
     let mut m = serde_json::Map::new();
+    let maps = ctx.maps();
     // Only entries and capacity are shown here: no counters needed.
-    if let Some(t) = stats::table_use(&ctx.pin_dir, &[]) {
+    if let Some(t) = stats::table_use(&maps, &[]) {
         m.insert(
             "conntrack".into(),
             json!({"entries": t.entries, "capacity": t.capacity}),
         );
     }
-    if let Ok(r) = forward::rules(&ctx.pin_dir) {
+    if let Ok(r) = forward::rules(&maps) {
         m.insert(
             "port_forwards".into(),
             json!({"entries": r.len(), "capacity": MAX_PORT_FORWARDS}),
         );
     }
-    if let Ok(map) = open_map(&ctx.pin_dir, DEVICES_MAP)
-        && let Ok(d) = DevMapHash::<MapData>::try_from(map)
-    {
+    if let Ok(d) = maps.devices() {
         let n = d.keys().take(64).flatten().count();
         let cap = aya::maps::IterableMap::map(&d)
             .info()
@@ -210,7 +178,7 @@ pub fn status_json(ctx: &Ctx) -> Value {
     let record = state::load(ctx.ns()).ok().flatten();
     let tmp = ctx.tmp_dir().exists();
     let (verdict, problems) = diagnose(&running, record.as_ref(), tmp);
-    let now = state::now_unix();
+    let now = now_unix();
     let mut v = json!({
         "state": verdict,
         "problems": problems,
@@ -359,16 +327,6 @@ pub fn status(ctx: &Ctx, json: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn times() {
-        assert_eq!(format_time(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(format_time(1_700_000_000), "2023-11-14 22:13:20 UTC");
-        assert_eq!(format_age(5), "5s");
-        assert_eq!(format_age(125), "2m 5s");
-        assert_eq!(format_age(3 * 3600 + 60), "3h 1m");
-        assert_eq!(format_age(2 * 86400 + 3600), "2d 1h");
-    }
 
     #[test]
     fn nothing_pinned() {

@@ -2,7 +2,6 @@
 
 mod bench;
 mod demo;
-mod ebpf_build;
 
 use std::{
     path::{Path, PathBuf},

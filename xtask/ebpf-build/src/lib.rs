@@ -1,12 +1,35 @@
-//! Builds `router-ebpf` for `bpfel-unknown-none`. Shared by `cargo xtask
-//! build-ebpf` and `router-ctl/build.rs` (included there with `#[path]`),
-//! so it uses std only.
+//! Builds `router-ebpf` for `bpfel-unknown-none`: the one eBPF build step
+//! of `cargo xtask build-ebpf` and of the build scripts that embed the
+//! object (`router-ctl/build.rs`), as aya's `aya-build` is for aya
+//! projects. std only, so it is cheap as a build-dependency.
 
 use std::{
     env,
     path::{Path, PathBuf},
     process::Command,
 };
+
+/// What the object is built from, relative to the workspace root: a build
+/// script that embeds the object runs again when one of these changes.
+pub const INPUTS: &[&str] = &[
+    "router-ebpf/src",
+    "router-ebpf/Cargo.toml",
+    "router-common/src",
+    "router-common/Cargo.toml",
+    "Cargo.lock",
+];
+
+/// For a build script: prints `cargo:rerun-if-changed` for every one of
+/// [`INPUTS`], builds the object and returns its path.
+pub fn build_for_build_script(workspace_root: &Path) -> Result<PathBuf, String> {
+    for p in INPUTS {
+        println!(
+            "cargo:rerun-if-changed={}",
+            workspace_root.join(p).display()
+        );
+    }
+    build_ebpf(workspace_root).map(|(obj, _)| obj)
+}
 
 /// Which toolchain path built the object.
 pub enum Toolchain {
@@ -17,6 +40,7 @@ pub enum Toolchain {
 }
 
 impl Toolchain {
+    #[must_use]
     pub fn describe(&self) -> &'static str {
         match self {
             Toolchain::Debian => "Debian rustc-web with prebuilt bpfel core (/usr/bin/rustc)",
@@ -41,12 +65,14 @@ fn path_with_cargo_bin() -> std::ffi::OsString {
 }
 
 /// Whether `bpf-linker` is on `PATH` or in `~/.cargo/bin`.
+#[must_use]
 pub fn has_bpf_linker() -> bool {
     env::split_paths(&path_with_cargo_bin()).any(|d| d.join("bpf-linker").is_file())
 }
 
 /// Whether `rustup` has a nightly toolchain with the `rust-src` component
 /// (needed for `-Z build-std=core`).
+#[must_use]
 pub fn nightly_has_rust_src() -> bool {
     Command::new("rustup")
         .args(["run", "nightly", "rustc", "--print", "sysroot"])

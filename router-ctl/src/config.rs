@@ -1,0 +1,225 @@
+//! What an operator asks for (`attach` options, or an `apply` file) and
+//! the configuration it resolves to: interfaces checked, WAN address
+//! chosen. Validation errors are typed and name the field they are about,
+//! so `apply` can point at the line of its file.
+
+use std::{fmt, net::Ipv4Addr, path::PathBuf};
+
+use router_common::maps::{Config, Timeouts};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::{netlink, parse::WanAddr};
+
+/// The XDP attach mode asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Native (driver) mode, falling back to generic with a loud warning.
+    Auto,
+    /// Native (driver) mode only: fail if the driver cannot.
+    Native,
+    /// Generic (skb) mode: works everywhere, several times slower.
+    Generic,
+}
+
+impl Mode {
+    /// The name on the command line, in `apply` files and in the record.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+
+    /// The mode named `name` (see [`Mode::name`]).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Auto, Self::Native, Self::Generic]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+}
+
+/// Everything `attach` (and `apply`) asks for.
+#[derive(Clone, Debug)]
+pub struct AttachArgs {
+    pub lan: String,
+    pub wan: String,
+    pub mode: Mode,
+    pub wan_addr: WanAddr,
+    pub port_range: (u16, u16),
+    pub max_flows: u32,
+    pub timeouts: Timeouts,
+    /// Replace an XDP program router-ctl did not attach.
+    pub force: bool,
+    /// Replace the program even when object and configuration are unchanged.
+    pub reload: bool,
+    /// Load this object instead of the embedded one (hidden, for tests).
+    pub object: Option<PathBuf>,
+}
+
+/// The router's configuration as an operator states it (no hash seed).
+/// Also the `config` of the attach record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterConfig {
+    pub lan: String,
+    pub wan: String,
+    pub lan_ifindex: u32,
+    pub wan_ifindex: u32,
+    pub wan_addr: Ipv4Addr,
+    pub port_min: u16,
+    pub port_max: u16,
+    pub max_flows: u32,
+    pub timeouts: Timeouts,
+}
+
+impl RouterConfig {
+    /// The map value of this configuration.
+    #[must_use]
+    pub fn to_map(&self, hash_seed: u32) -> Config {
+        Config {
+            lan_ifindex: self.lan_ifindex,
+            wan_ifindex: self.wan_ifindex,
+            wan_addr: self.wan_addr.octets(),
+            port_min: self.port_min,
+            port_max: self.port_max,
+            hash_seed,
+            pad: 0,
+            timeouts: self.timeouts,
+        }
+    }
+}
+
+/// The argument a [`ConfigError`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigField {
+    Lan,
+    /// Also "no IPv4 address on WAN" (when the WAN address is `auto`).
+    Wan,
+    MaxFlows,
+}
+
+/// A request that cannot be resolved on this machine, and which field
+/// says so. Displays as the message alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: ConfigField,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(field: ConfigField, message: impl Into<String>) -> Self {
+        Self {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Checks the interfaces and arguments and builds the configuration;
+/// changes nothing.
+pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
+    let (lan, wan) = (a.lan.as_str(), a.wan.as_str());
+    let lan_idx =
+        netlink::ifindex(lan).map_err(|e| ConfigError::new(ConfigField::Lan, e.to_string()))?;
+    let wan_idx =
+        netlink::ifindex(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
+    if lan_idx == wan_idx {
+        return Err(ConfigError::new(
+            ConfigField::Wan,
+            format!("LAN and WAN are the same interface ({lan}); give two different interfaces"),
+        ));
+    }
+    let wan_addrs =
+        netlink::ipv4_addrs(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
+    let wan_addr = match a.wan_addr {
+        WanAddr::Auto => *wan_addrs.first().ok_or_else(|| {
+            ConfigError::new(
+                ConfigField::Wan,
+                format!(
+                    "WAN {wan} has no IPv4 address; pass --wan-addr ADDR \
+                     (or add one: `ip addr add ADDR/PREFIX dev {wan}`)"
+                ),
+            )
+        })?,
+        WanAddr::Addr(x) => {
+            if !wan_addrs.contains(&x) {
+                warn!(
+                    "{x} is not an address of {wan}; replies reach the router only \
+                     if the upstream routes {x} to it"
+                );
+            }
+            x
+        }
+    };
+    if a.max_flows.checked_mul(2).is_none() {
+        return Err(ConfigError::new(
+            ConfigField::MaxFlows,
+            "--max-flows too large",
+        ));
+    }
+    Ok(RouterConfig {
+        lan: a.lan.clone(),
+        wan: a.wan.clone(),
+        lan_ifindex: lan_idx,
+        wan_ifindex: wan_idx,
+        wan_addr,
+        port_min: a.port_range.0,
+        port_max: a.port_range.1,
+        max_flows: a.max_flows,
+        timeouts: a.timeouts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(lan: &str, wan: &str) -> AttachArgs {
+        AttachArgs {
+            lan: lan.into(),
+            wan: wan.into(),
+            mode: Mode::Auto,
+            wan_addr: WanAddr::Auto,
+            port_range: (1024, 65535),
+            max_flows: 10,
+            timeouts: Timeouts::default(),
+            force: false,
+            reload: false,
+            object: None,
+        }
+    }
+
+    #[test]
+    fn errors_name_their_field() {
+        let e = resolve(&args("no-such-lan0", "lo")).unwrap_err();
+        assert_eq!(e.field, ConfigField::Lan);
+        assert!(
+            e.to_string().contains("no such interface \"no-such-lan0\""),
+            "{e}"
+        );
+        let e = resolve(&args("lo", "no-such-wan0")).unwrap_err();
+        assert_eq!(e.field, ConfigField::Wan);
+        let e = resolve(&args("lo", "lo")).unwrap_err();
+        assert_eq!(e.field, ConfigField::Wan);
+        assert!(e.to_string().contains("same interface (lo)"), "{e}");
+    }
+
+    #[test]
+    fn mode_names_round_trip() {
+        for m in [Mode::Auto, Mode::Native, Mode::Generic] {
+            assert_eq!(Mode::from_name(m.name()), Some(m));
+        }
+        assert_eq!(Mode::from_name("fast"), None);
+    }
+}

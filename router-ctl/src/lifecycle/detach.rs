@@ -1,0 +1,145 @@
+//! `detach`: the fast path off (one configuration write), then the record,
+//! the links and the maps removed; and removing pins, which a failed or
+//! interrupted fresh attach needs too.
+
+use std::{fs, os::fd::AsFd as _, path::Path};
+
+use anyhow::{Context, Result};
+use router_common::maps::{CONFIG_MAP, Config};
+use tracing::{debug, warn};
+
+use crate::{
+    bpfsys,
+    ctx::Ctx,
+    inspect::inspect,
+    maps::PinnedMaps,
+    netlink,
+    pins::{LINK_PINS, ensure_bpffs},
+    signals::{SignalsBlocked, crash_point},
+    state,
+};
+
+/// Detaches: fast path off (one config write), then record, links and maps
+/// removed. Returns whether anything was attached.
+pub fn detach(ctx: &Ctx) -> Result<bool> {
+    ensure_bpffs()?;
+    let _lock = state::lock(ctx.ns())?;
+    let _signals = SignalsBlocked::new();
+    gc_tmp(ctx);
+    let dir = &ctx.pin_dir;
+    let running = inspect(dir);
+    let record = state::load(ctx.ns()).ok().flatten();
+    if !running.any_pins() {
+        let had_record = record.is_some();
+        state::remove(ctx.ns())?;
+        let _ = fs::remove_dir(dir);
+        if had_record {
+            println!(
+                "not attached: the pins in {} were already gone (a reboot or bpffs unmounted?); \
+                 removed the attach record",
+                dir.display()
+            );
+        } else {
+            println!("not attached (no pins in {}); nothing to do", dir.display());
+        }
+        return Ok(false);
+    }
+    // Commit: both interfaces back to the kernel path in one write.
+    if running.maps_present.contains(&CONFIG_MAP) {
+        ctx.maps()
+            .config()?
+            .set(0, Config::default(), 0)
+            .context("clearing the configuration")?;
+    }
+    crash_point("detach-after-unconfigure");
+    state::remove(ctx.ns())?;
+    let ifaces: Vec<(u32, u32)> = running
+        .links
+        .iter()
+        .filter_map(|(_, l)| l.as_ref().ok().map(|l| (l.info.ifindex, l.info.prog_id)))
+        .collect();
+    let left = remove_pins(dir)?;
+    crash_point("detach-after-unpin");
+    if !left.is_empty() {
+        warn!(
+            "left {} in place: it holds files router-ctl did not make ({})",
+            dir.display(),
+            left.join(", ")
+        );
+    }
+    for (idx, prog) in ifaces {
+        if let Ok(l) = netlink::link(idx)
+            && l.xdp.programs().iter().any(|(p, _)| *p == prog)
+        {
+            warn!(
+                "{} still runs the XDP program {prog}: another process holds its link open \
+                 (it detaches when that process exits)",
+                l.name
+            );
+        }
+    }
+    if running.links.is_empty() {
+        println!("removed stale map pins; nothing was attached");
+    } else {
+        println!("detached; kernel forwarding handles all traffic again");
+    }
+    Ok(true)
+}
+
+/// Detaches the link pinned at `path` now (`BPF_LINK_DETACH`), even while
+/// another process holds it open; unpinning alone frees it later, from a
+/// kernel work queue.
+fn detach_link_pin(path: &Path) {
+    if let Ok(fd) = bpfsys::obj_get(path)
+        && let Err(e) = bpfsys::link_detach(fd.as_fd())
+    {
+        debug!("BPF_LINK_DETACH {}: {e}", path.display());
+    }
+}
+
+/// Removes exactly our pins from `dir` (links detached first), then `dir`
+/// if it is empty. Returns the names of files left behind that router-ctl
+/// did not make.
+pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
+    for name in LINK_PINS {
+        detach_link_pin(&dir.join(name));
+    }
+    for name in LINK_PINS.iter().chain(PinnedMaps::NAMES.iter()) {
+        let p = dir.join(name);
+        match fs::remove_file(&p) {
+            Ok(()) => debug!("removed {}", p.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", p.display())),
+        }
+    }
+    let others: Vec<String> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    if others.is_empty() {
+        let _ = fs::remove_dir(dir);
+    }
+    Ok(others)
+}
+
+/// Removes the leftovers of an interrupted fresh attach (we hold the lock,
+/// so nobody else is building them). Unpinning its links detaches them.
+pub fn gc_tmp(ctx: &Ctx) {
+    let tmp = ctx.tmp_dir();
+    if tmp.exists() {
+        match remove_pins(&tmp) {
+            Ok(left) if left.is_empty() => {
+                warn!("removed {} left by an interrupted attach", tmp.display());
+            }
+            Ok(left) => warn!(
+                "{} holds files router-ctl did not make: {}",
+                tmp.display(),
+                left.join(", ")
+            ),
+            Err(e) => warn!("removing {}: {e:#}", tmp.display()),
+        }
+    }
+}

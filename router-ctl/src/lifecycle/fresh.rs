@@ -1,0 +1,289 @@
+//! A fresh attach: maps, program and both links built and pinned in a
+//! private staging directory with the configuration empty (every packet
+//! still goes to the kernel), the directory renamed into place, the record
+//! written, and only then the configuration: that one map write turns the
+//! fast path on for both interfaces at once.
+
+use std::{
+    fs,
+    os::{fd::AsFd as _, unix::fs::PermissionsExt as _},
+    path::Path,
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+use aya::{
+    Ebpf,
+    programs::{Xdp, XdpMode, links::FdLink, xdp::XdpLink},
+};
+use router_common::maps::{PortForwardKey, PortForwardTarget};
+use tracing::{info, warn};
+
+use super::{loader, new_record, random_u32, xdp_mode_name};
+use crate::{
+    bpfsys,
+    config::{AttachArgs, Mode, RouterConfig},
+    ctx::Ctx,
+    doctor,
+    maps::PinnedMaps,
+    netlink,
+    object::Object,
+    pins::LINK_PINS,
+    signals::crash_point,
+    state,
+};
+
+/// A fresh attach, built in the temporary directory and renamed into place.
+pub fn fresh(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    desired: &RouterConfig,
+    obj: &Object,
+    forwards: &[(PortForwardKey, PortForwardTarget)],
+) -> Result<()> {
+    check_foreign(&a.lan, desired.lan_ifindex, a.force)?;
+    check_foreign(&a.wan, desired.wan_ifindex, a.force)?;
+    for w in doctor::attach_warnings(&a.lan, &a.wan) {
+        warn!("{w}");
+    }
+    let root = ctx.pin_dir.parent().context("pin dir without parent")?;
+    state::private_dir(root)?;
+    let tmp = ctx.tmp_dir();
+    state::private_dir(&tmp)?;
+    let result = build(ctx, a, desired, obj, forwards, &tmp);
+    if result.is_err() {
+        // Roll back: the links held only by our fds detach when the Ebpf is
+        // dropped (it was, inside build); unpin the rest.
+        let _ = super::detach::remove_pins(&tmp);
+        let _ = fs::remove_dir(&tmp);
+    }
+    result
+}
+
+/// The steps of a fresh attach after the checks, in order.
+fn build(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    desired: &RouterConfig,
+    obj: &Object,
+    forwards: &[(PortForwardKey, PortForwardTarget)],
+    tmp: &Path,
+) -> Result<()> {
+    let (mut ebpf, prog_id) = load(desired, obj, forwards, tmp)?;
+    crash_point("fresh-after-load");
+    let prog = loader::xdp_prog(&mut ebpf)?;
+    let (lan_link, lan_mode) = attach_one(prog, &a.lan, a.mode)?;
+    info!("attached to {} ({})", a.lan, xdp_mode_name(lan_mode));
+    let (wan_link, wan_mode) = match attach_one(prog, &a.wan, a.mode) {
+        Ok(x) => x,
+        Err(e) => {
+            drop(lan_link); // closes the only fd: LAN detaches
+            return Err(anyhow!(
+                "{e:#}\nrolled back: {} is detached again and nothing is pinned; the kernel \
+                 path handles all traffic as before",
+                a.lan
+            ));
+        }
+    };
+    crash_point("fresh-after-links");
+    pin_links(lan_link, wan_link, tmp)?;
+    // An empty leftover directory would make the rename fail.
+    let _ = fs::remove_dir(&ctx.pin_dir);
+    fs::rename(tmp, &ctx.pin_dir).with_context(|| {
+        format!(
+            "moving {} into place at {}",
+            tmp.display(),
+            ctx.pin_dir.display()
+        )
+    })?;
+    crash_point("fresh-after-rename");
+    let rec = new_record(
+        ctx,
+        a,
+        desired,
+        obj,
+        xdp_mode_name(lan_mode),
+        xdp_mode_name(wan_mode),
+        prog_id,
+    );
+    if let Err(e) = state::save(ctx.ns(), &rec) {
+        // Undo: nothing is configured yet, so traffic never left the kernel.
+        let _ = super::detach::remove_pins(&ctx.pin_dir);
+        return Err(e.context("writing the attach record; rolled back"));
+    }
+    crash_point("fresh-after-record");
+    // The commit: one map write turns the fast path on for both interfaces.
+    let seed = random_u32()?;
+    ctx.maps()
+        .config()?
+        .set(0, desired.to_map(seed), 0)
+        .context("writing the configuration")?;
+    print_attached(ctx, a, desired, obj, lan_mode, wan_mode);
+    Ok(())
+}
+
+/// Loads the object with fresh maps pinned in `tmp` (owner-only), fills
+/// the device map and the port-forward rules, and loads the program.
+/// Returns the loaded object (it holds the program) and the program id.
+fn load(
+    desired: &RouterConfig,
+    obj: &Object,
+    forwards: &[(PortForwardKey, PortForwardTarget)],
+    tmp: &Path,
+) -> Result<(Ebpf, u32)> {
+    let mut ebpf = loader::load_pinned(obj, tmp, desired.max_flows * 2).with_context(|| {
+        format!(
+            "loading the XDP object (a conntrack table of {} flows needs memory; a smaller \
+             --max-flows needs less)",
+            desired.max_flows
+        )
+    })?;
+    for name in PinnedMaps::NAMES {
+        let path = tmp.join(name);
+        if ebpf.map(name).is_none() || !path.exists() {
+            bail!("the XDP object has no {name} map; rebuild router-ctl");
+        }
+        chmod_600(&path)?;
+    }
+    let maps = PinnedMaps::at(tmp);
+    let mut devices = maps.devices()?;
+    for idx in [desired.lan_ifindex, desired.wan_ifindex] {
+        devices
+            .insert(idx, idx, None, 0)
+            .context("filling the device map")?;
+    }
+    let mut rules = maps.port_forwards()?;
+    for (k, t) in forwards {
+        rules
+            .insert(k, t, 0)
+            .context("filling the port-forward rules")?;
+    }
+    let prog_id = loader::load_program(&mut ebpf)?;
+    Ok((ebpf, prog_id))
+}
+
+fn pin_links(lan_link: XdpLink, wan_link: XdpLink, tmp: &Path) -> Result<()> {
+    let lan_fd: FdLink = lan_link
+        .try_into()
+        .context("XDP link is not an fd link (kernel older than 5.9?)")?;
+    let wan_fd: FdLink = wan_link
+        .try_into()
+        .context("XDP link is not an fd link (kernel older than 5.9?)")?;
+    pin_private(lan_fd, &tmp.join(LINK_PINS[0]))?;
+    crash_point("fresh-between-link-pins");
+    pin_private(wan_fd, &tmp.join(LINK_PINS[1]))?;
+    crash_point("fresh-after-link-pins");
+    Ok(())
+}
+
+fn print_attached(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    desired: &RouterConfig,
+    obj: &Object,
+    lan_mode: XdpMode,
+    wan_mode: XdpMode,
+) {
+    let mode = if lan_mode == wan_mode {
+        xdp_mode_name(lan_mode).to_owned()
+    } else {
+        format!(
+            "{} {}, {} {}",
+            a.lan,
+            xdp_mode_name(lan_mode),
+            a.wan,
+            xdp_mode_name(wan_mode)
+        )
+    };
+    println!(
+        "attached: {} (ifindex {}) <-> {} (ifindex {}), mode {mode}, masquerade to {} ports \
+         {}-{}, table {} flows, object {}",
+        a.lan,
+        desired.lan_ifindex,
+        a.wan,
+        desired.wan_ifindex,
+        desired.wan_addr,
+        desired.port_min,
+        desired.port_max,
+        desired.max_flows,
+        obj.id.version()
+    );
+    println!("pins in {}", ctx.pin_dir.display());
+}
+
+/// Refuses (or with `force` removes) XDP programs router-ctl did not attach.
+fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
+    let attrs = netlink::link(idx).with_context(|| format!("reading {iface}'s XDP state"))?;
+    for (prog_id, flag) in attrs.xdp.programs() {
+        let mode = match flag {
+            netlink::XDP_FLAGS_SKB_MODE => "generic",
+            netlink::XDP_FLAGS_HW_MODE => "offload",
+            _ => "native",
+        };
+        if !force {
+            bail!(
+                "{iface} already has an XDP program (id {prog_id}, {mode} mode) that router-ctl \
+                 did not attach; remove it (`ip link set dev {iface} xdp off`, or detach the \
+                 tool that owns it), or pass --force to replace it"
+            );
+        }
+        if let Err(e) = netlink::xdp_detach(idx, flag) {
+            // Attached through a bpf_link, which netlink cannot remove.
+            let (link_id, fd) = bpfsys::find_xdp_link(prog_id, idx).ok_or_else(|| {
+                anyhow!(
+                    "--force: cannot remove XDP program {prog_id} from {iface}: {e} \
+                     (and no bpf_link attaches it)"
+                )
+            })?;
+            bpfsys::link_detach(fd.as_fd()).with_context(|| {
+                format!("--force: detaching link {link_id} of program {prog_id} from {iface}")
+            })?;
+        }
+        warn!("--force: removed XDP program {prog_id} ({mode} mode) from {iface}");
+    }
+    Ok(())
+}
+
+fn attach_one(prog: &mut Xdp, iface: &str, mode: Mode) -> Result<(XdpLink, XdpMode)> {
+    let r = match mode {
+        Mode::Generic => prog
+            .attach(iface, XdpMode::Skb)
+            .map(|id| (id, XdpMode::Skb)),
+        Mode::Native => prog
+            .attach(iface, XdpMode::Driver)
+            .map(|id| (id, XdpMode::Driver)),
+        Mode::Auto => prog
+            .attach(iface, XdpMode::Driver)
+            .map(|id| (id, XdpMode::Driver))
+            .or_else(|e| {
+                warn!(
+                    "NATIVE XDP FAILED ON {iface} ({e}); FALLING BACK TO GENERIC MODE: the fast \
+                     path runs after the kernel built an skb and is several times slower. \
+                     Check `router-ctl doctor {iface}`; use --mode native to fail instead"
+                );
+                prog.attach(iface, XdpMode::Skb)
+                    .map(|id| (id, XdpMode::Skb))
+            }),
+    };
+    let (id, m) = r.with_context(|| {
+        let how = match mode {
+            Mode::Native => "in native mode (the driver may not support XDP; try --mode auto)",
+            Mode::Generic => "in generic mode",
+            Mode::Auto => "in native or generic mode",
+        };
+        format!("attaching XDP to {iface} {how}")
+    })?;
+    Ok((prog.take_link(id)?, m))
+}
+
+fn pin_private(fd: FdLink, path: &Path) -> Result<()> {
+    let pinned = fd
+        .pin(path)
+        .with_context(|| format!("pinning {}", path.display()))?;
+    drop(pinned);
+    chmod_600(path)
+}
+
+fn chmod_600(path: &Path) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", path.display()))
+}

@@ -1,0 +1,140 @@
+//! The router's lifecycle: `attach` (a fresh attach, or on a running
+//! router nothing or a live replace), `detach`, and the loader both share.
+//!
+//! Crash consistency (every step below can be cut short by `kill -9`):
+//! - fresh attach: the maps, the program and both links are made and pinned
+//!   in a private staging directory (`xdp-router-staging/<ns>`) with the configuration
+//!   left empty (the data path passes every packet to the kernel while
+//!   `CONFIG` is empty), then the directory is renamed into place, the
+//!   record is written, and only then the configuration: that one map
+//!   write turns the fast path on for both interfaces at once. A crash
+//!   before it leaves traffic on the kernel path (the old state); leftovers
+//!   are removed by the next router-ctl that takes the lock, and `status`
+//!   reports them.
+//! - replace: the new program is loaded against the pinned maps (conntrack,
+//!   counters, rules, devices and config are shared, so flows survive); the
+//!   record gets a `pending` entry, the configuration is written in place
+//!   (one map write, both interfaces at once), then each pinned link is
+//!   switched to the new program with `BPF_LINK_UPDATE` (atomic per
+//!   interface, no gap). Termination signals are blocked throughout; only
+//!   `kill -9` between the two link updates leaves the interfaces on
+//!   different program versions (same maps and config), which `status`
+//!   detects from the link program ids and `attach` repairs.
+//! - detach: the configuration is cleared first (one write: both
+//!   interfaces back on the kernel path at once), then the record, the
+//!   links and the maps are removed.
+
+mod detach;
+mod fresh;
+mod loader;
+mod replace;
+
+use std::fs;
+
+use anyhow::{Context, Result};
+use aya::programs::XdpMode;
+use router_common::maps::{PortForwardKey, PortForwardTarget};
+use tracing::warn;
+
+pub use detach::detach;
+
+use crate::{
+    clock,
+    config::{self, AttachArgs, RouterConfig},
+    ctx::Ctx,
+    inspect::inspect,
+    object::Object,
+    pins::ensure_bpffs,
+    signals::SignalsBlocked,
+    state::{self, State},
+};
+
+/// What `attach` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Attached,
+    Replaced,
+    Unchanged,
+}
+
+/// Attaches, replaces, or finds nothing to do. `forwards` are put into a
+/// freshly created rule map before the fast path turns on (apply).
+pub fn attach(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    forwards: &[(PortForwardKey, PortForwardTarget)],
+) -> Result<Outcome> {
+    let desired = config::resolve(a)?;
+    let obj = Object::load(a.object.as_deref())?;
+    ensure_bpffs()?;
+    let _lock = state::lock(ctx.ns())?;
+    let _signals = SignalsBlocked::new();
+    detach::gc_tmp(ctx);
+    let running = inspect(&ctx.pin_dir);
+    let record = state::load(ctx.ns()).unwrap_or_else(|e| {
+        warn!("ignoring the attach record: {e:#}");
+        None
+    });
+    if running.any_pins() {
+        replace::replace_or_keep(ctx, a, &desired, &obj, &running, record)
+    } else {
+        if record.is_some() {
+            warn!(
+                "the attach record says the router was attached, but its pins are gone \
+                 (a reboot or bpffs unmounted?); attaching afresh"
+            );
+        }
+        fresh::fresh(ctx, a, &desired, &obj, forwards)?;
+        Ok(Outcome::Attached)
+    }
+}
+
+/// A random per-attach seed for the SNAT port choice.
+fn random_u32() -> Result<u32> {
+    let mut buf = [0u8; 4];
+    // SAFETY: buf is valid for 4 bytes.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if usize::try_from(n).ok() != Some(buf.len()) {
+        use std::io::Read as _;
+        fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut buf))
+            .context("reading random bytes for the port hash seed")?;
+    }
+    Ok(u32::from_ne_bytes(buf))
+}
+
+/// `native` or `generic`, as the record and the messages say it.
+fn xdp_mode_name(m: XdpMode) -> &'static str {
+    if m == XdpMode::Skb {
+        "generic"
+    } else {
+        "native"
+    }
+}
+
+/// A new attach record, attached now, nothing pending.
+fn new_record(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    desired: &RouterConfig,
+    obj: &Object,
+    lan_mode: &str,
+    wan_mode: &str,
+    prog_id: u32,
+) -> State {
+    State {
+        format: state::FORMAT,
+        netns: ctx.netns.clone(),
+        pin_dir: ctx.pin_dir.display().to_string(),
+        config: desired.clone(),
+        requested_mode: a.mode.name().to_owned(),
+        lan_mode: lan_mode.to_owned(),
+        wan_mode: wan_mode.to_owned(),
+        object: obj.id.clone(),
+        prog_id,
+        attached_at: clock::now_unix(),
+        replaced_at: None,
+        replacements: 0,
+        pending: None,
+    }
+}

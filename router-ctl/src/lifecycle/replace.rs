@@ -1,0 +1,248 @@
+//! Attach on a running router: nothing to do, or a live replace. The new
+//! program is loaded against the pinned maps (conntrack, counters, rules,
+//! devices and configuration are shared, so flows survive); the record
+//! gets a `pending` entry, the configuration is written in place (one map
+//! write, both interfaces at once), then each pinned link is switched to
+//! the new program with `BPF_LINK_UPDATE` (atomic per interface, no gap).
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use aya::{
+    Ebpf,
+    programs::links::{FdLink, PinnedLink},
+    programs::xdp::XdpLink,
+};
+use tracing::{info, warn};
+
+use super::{Outcome, loader, new_record, random_u32};
+use crate::{
+    clock,
+    config::{AttachArgs, Mode, RouterConfig},
+    ctx::Ctx,
+    inspect::Running,
+    maps::PinnedMaps,
+    netlink,
+    object::Object,
+    pins::LINK_PINS,
+    signals::crash_point,
+    state::{self, Pending, State},
+};
+
+/// Already attached: nothing to do, or a live replace.
+pub fn replace_or_keep(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    desired: &RouterConfig,
+    obj: &Object,
+    running: &Running,
+    record: Option<State>,
+) -> Result<Outcome> {
+    let dir = &ctx.pin_dir;
+    check_replaceable(dir, a, desired, running)?;
+    let entries = desired.max_flows * 2;
+    loader::check_layout(dir, obj, entries)?;
+
+    let ids = running.prog_ids();
+    let consistent = ids.len() == 2 && ids[0] == ids[1];
+    let cur_cfg = running.config;
+    let seed = cur_cfg
+        .filter(|c| c.hash_seed != 0)
+        .map_or_else(random_u32, |c| Ok(c.hash_seed))?;
+    let want_cfg = desired.to_map(seed);
+    let same = record.as_ref().is_some_and(|r| {
+        r.object.same(&obj.id)
+            && r.config == *desired
+            && r.pending.is_none()
+            && consistent
+            && ids[0] == r.prog_id
+    }) && cur_cfg == Some(want_cfg);
+    if same && !a.reload {
+        println!(
+            "already attached to {} and {} with this object ({}) and configuration; nothing \
+             changed",
+            a.lan,
+            a.wan,
+            obj.id.version()
+        );
+        return Ok(Outcome::Unchanged);
+    }
+    if !consistent {
+        warn!(
+            "the two links run different programs ({ids:?}): an earlier replace was \
+             interrupted; finishing it now"
+        );
+    }
+
+    let mut ebpf = loader::load_pinned(obj, dir, entries)
+        .context("loading the new XDP object against the pinned maps")?;
+    let prog_id = loader::load_program(&mut ebpf)?;
+    crash_point("replace-after-load");
+
+    let now = clock::now_unix();
+    let old = record.clone();
+    let mut rec = record.unwrap_or_else(|| {
+        let mode_of = |pin| running.link(pin).and_then(|l| l.mode).unwrap_or("unknown");
+        State {
+            prog_id: ids.first().copied().unwrap_or(0),
+            ..new_record(
+                ctx,
+                a,
+                desired,
+                obj,
+                mode_of(LINK_PINS[0]),
+                mode_of(LINK_PINS[1]),
+                0,
+            )
+        }
+    });
+    rec.pending = Some(Pending {
+        object: obj.id.clone(),
+        config: desired.clone(),
+        prog_id,
+        started_at: now,
+    });
+    state::save(ctx.ns(), &rec)?;
+    crash_point("replace-after-journal");
+
+    // Commit 1: the configuration, one write seen by both interfaces.
+    if cur_cfg != Some(want_cfg) {
+        ctx.maps()
+            .config()?
+            .set(0, want_cfg, 0)
+            .context("writing the configuration")?;
+        info!("configuration updated");
+    }
+    crash_point("replace-after-config");
+    // Commit 2: each link switches program atomically (BPF_LINK_UPDATE).
+    switch_links(dir, &mut ebpf, prog_id)?;
+    crash_point("replace-after-links");
+    rec.pending = None;
+    rec.config = desired.clone();
+    rec.object = obj.id.clone();
+    rec.prog_id = prog_id;
+    rec.replaced_at = Some(now);
+    rec.replacements += 1;
+    state::save(ctx.ns(), &rec)?;
+    let what = match &old {
+        Some(o) if !o.object.same(&obj.id) && o.config != *desired => {
+            "new object and configuration"
+        }
+        Some(o) if !o.object.same(&obj.id) => "new object",
+        Some(o) if o.config != *desired => "new configuration",
+        Some(_) if a.reload => "same object and configuration (--reload)",
+        Some(_) => "finishing an interrupted change",
+        None => "no attach record (repaired)",
+    };
+    println!(
+        "replaced the program on {} and {} in place ({what}): program {} -> {prog_id}, object \
+         {}; conntrack, counters and rules kept",
+        a.lan,
+        a.wan,
+        ids.first().copied().unwrap_or(0),
+        obj.id.version()
+    );
+    Ok(Outcome::Replaced)
+}
+
+/// What a replace cannot change: the pins must be complete, the links stay
+/// on their interfaces and keep their mode.
+fn check_replaceable(
+    dir: &Path,
+    a: &AttachArgs,
+    desired: &RouterConfig,
+    running: &Running,
+) -> Result<()> {
+    if !running.complete() {
+        let missing: Vec<&str> = PinnedMaps::NAMES
+            .iter()
+            .chain(LINK_PINS.iter())
+            .copied()
+            .filter(|n| !dir.join(n).exists())
+            .collect();
+        bail!(
+            "the pins in {} are incomplete (missing: {}; unreadable links: {}): this is not a \
+             router that can be updated in place; run `router-ctl detach` and attach again",
+            dir.display(),
+            if missing.is_empty() {
+                "none".to_owned()
+            } else {
+                missing.join(", ")
+            },
+            running
+                .links
+                .iter()
+                .filter_map(|(_, l)| l.as_ref().err().cloned())
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    // Interfaces: a link cannot move to another interface.
+    let cur_idx: Vec<u32> = running
+        .links
+        .iter()
+        .filter_map(|(_, l)| l.as_ref().ok().map(|l| l.info.ifindex))
+        .collect();
+    if cur_idx != [desired.lan_ifindex, desired.wan_ifindex] {
+        let names: Vec<String> = cur_idx
+            .iter()
+            .map(|&i| netlink::ifname(i).unwrap_or_else(|| format!("ifindex {i}")))
+            .collect();
+        bail!(
+            "already attached to {} (LAN) and {} (WAN); to move the router to {} and {}, \
+             run `router-ctl detach` first",
+            names.first().map_or("?", String::as_str),
+            names.get(1).map_or("?", String::as_str),
+            a.lan,
+            a.wan
+        );
+    }
+    // Mode: fixed when a link is made.
+    for (pin, iface) in LINK_PINS.iter().zip([&a.lan, &a.wan]) {
+        let cur = running.link(pin).and_then(|l| l.mode);
+        let want = match a.mode {
+            Mode::Auto => None,
+            Mode::Native => Some("native"),
+            Mode::Generic => Some("generic"),
+        };
+        if let (Some(w), Some(c)) = (want, cur)
+            && w != c
+        {
+            bail!(
+                "{iface} runs in {c} mode; a mode change needs new links (a short gap): \
+                 `router-ctl detach` and attach again with --mode {w}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Switches each pinned link to the loaded program, LAN first.
+fn switch_links(dir: &Path, ebpf: &mut Ebpf, prog_id: u32) -> Result<()> {
+    let prog = loader::xdp_prog(ebpf)?;
+    for (i, pin) in LINK_PINS.iter().enumerate() {
+        let path = dir.join(pin);
+        let pinned = PinnedLink::from_pin(&path)
+            .with_context(|| format!("opening the link pin {}", path.display()))?;
+        let link = XdpLink::try_from(FdLink::from(pinned))
+            .with_context(|| format!("{} is not an XDP link", path.display()))?;
+        let id = prog.attach_to_link(link).with_context(|| {
+            format!(
+                "switching the link {} to the new program{}",
+                path.display(),
+                if i == 1 {
+                    " (the LAN link already runs it; run attach again to finish)"
+                } else {
+                    ""
+                }
+            )
+        })?;
+        // Keep the link out of the program's drop: the pin holds it.
+        drop(prog.take_link(id)?);
+        info!("link {pin} now runs program {prog_id}");
+        if i == 0 {
+            crash_point("replace-between-links");
+        }
+    }
+    Ok(())
+}

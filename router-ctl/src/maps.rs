@@ -1,0 +1,178 @@
+//! The one typed facade over the maps `attach` pins: every command opens
+//! them here, by role, with the key and value types the data path uses, so
+//! no module names a map by string or repeats its layout.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+use aya::{
+    Pod,
+    maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray},
+};
+use router_common::maps::{
+    CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, CounterValue, DEVICES_MAP, FlowEntry, FlowKey,
+    PORT_FORWARDS_MAP, PortForwardKey, PortForwardTarget,
+};
+
+use crate::pins::LINK_PINS;
+
+/// Per-CPU verdict and event counters, indexed by `Counter`.
+pub type CountersMap = PerCpuArray<MapData, CounterValue>;
+/// The flow table: two entries per flow.
+pub type ConntrackMap = HashMap<MapData, FlowKey, FlowEntry>;
+/// The single-entry configuration; all zero means "fast path off".
+pub type ConfigMap = Array<MapData, Config>;
+/// Port-forward rules.
+pub type PortForwardsMap = HashMap<MapData, PortForwardKey, PortForwardTarget>;
+/// The attached interfaces, the redirect targets.
+pub type DevicesMap = DevMapHash<MapData>;
+
+/// The maps pinned in one pin directory. Nothing is opened until an
+/// accessor is called, so a command touches only the maps it needs.
+#[derive(Clone, Debug)]
+pub struct PinnedMaps {
+    dir: PathBuf,
+}
+
+impl PinnedMaps {
+    /// Every map `attach` pins, in pin order (the loader's pin paths, the
+    /// layout check of a replace, `status`, `detach`).
+    pub const NAMES: [&'static str; 5] = [
+        COUNTERS_MAP,
+        DEVICES_MAP,
+        CONFIG_MAP,
+        CONNTRACK_MAP,
+        PORT_FORWARDS_MAP,
+    ];
+
+    #[must_use]
+    pub fn at(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The names in [`Self::NAMES`] that are pinned.
+    #[must_use]
+    pub fn present(&self) -> Vec<&'static str> {
+        Self::NAMES
+            .iter()
+            .copied()
+            .filter(|m| self.dir.join(m).exists())
+            .collect()
+    }
+
+    pub fn counters(&self) -> Result<CountersMap> {
+        self.typed(COUNTERS_MAP)
+    }
+
+    pub fn conntrack(&self) -> Result<ConntrackMap> {
+        self.typed(CONNTRACK_MAP)
+    }
+
+    pub fn config(&self) -> Result<ConfigMap> {
+        self.typed(CONFIG_MAP)
+    }
+
+    pub fn port_forwards(&self) -> Result<PortForwardsMap> {
+        self.typed(PORT_FORWARDS_MAP)
+    }
+
+    pub fn devices(&self) -> Result<DevicesMap> {
+        self.typed(DEVICES_MAP)
+    }
+
+    /// The router's configuration.
+    pub fn read_config(&self) -> Result<Config> {
+        self.config()?
+            .get(&0, 0)
+            .context("reading the configuration")
+    }
+
+    fn typed<T: TryFrom<Map, Error = MapError>>(&self, name: &str) -> Result<T> {
+        T::try_from(self.open(name)?).with_context(|| {
+            format!(
+                "{name} does not have the layout this router-ctl expects; detach and attach again"
+            )
+        })
+    }
+
+    fn open(&self, name: &str) -> Result<Map> {
+        let path = self.dir.join(name);
+        if !path.exists() {
+            if self.dir.join(LINK_PINS[0]).exists() {
+                bail!(
+                    "{} is missing: the router was attached by an older router-ctl; \
+                     run `router-ctl detach` and attach again",
+                    path.display()
+                );
+            }
+            bail!(
+                "not attached (no {}); run `router-ctl attach LAN WAN` first",
+                path.display()
+            );
+        }
+        let data =
+            MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+        Map::from_map_data(data).with_context(|| format!("opening {}", path.display()))
+    }
+}
+
+/// Capacity (`max_entries`) of a hash map.
+pub fn capacity<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> Result<u32> {
+    // `HashMap` implements `IterableMap`, whose `map()` is the `MapData`.
+    let data = aya::maps::IterableMap::map(map);
+    Ok(data.info().context("reading map info")?.max_entries())
+}
+
+/// Every entry of a hash map that the data path may change meanwhile.
+///
+/// The kernel restarts a key walk from the start when the current key was
+/// deleted under it, so the walk is bounded (twice the capacity plus some
+/// slack) and keys are de-duplicated. Entries deleted between the key walk
+/// and the lookup are skipped.
+pub fn snapshot<K: Pod + Ord, V: Pod>(
+    map: &HashMap<MapData, K, V>,
+    capacity: u32,
+) -> Result<Vec<(K, V)>> {
+    let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
+    let mut keys = BTreeSet::new();
+    for k in map.keys().take(limit) {
+        keys.insert(k.context("walking the map's keys")?);
+    }
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        match map.get(&k, 0) {
+            Ok(v) => out.push((k, v)),
+            Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(e).context("reading a map entry"),
+        }
+    }
+    Ok(out)
+}
+
+/// The OS error behind a map error, if it is a failed syscall.
+#[must_use]
+pub fn errno(e: &MapError) -> Option<i32> {
+    match e {
+        MapError::SyscallError(s) => s.io_error.raw_os_error(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_maps_say_whether_anything_is_attached() {
+        let maps = PinnedMaps::at(Path::new("/nonexistent/xdp-router/none"));
+        assert!(maps.present().is_empty());
+        let e = format!("{:#}", maps.conntrack().unwrap_err());
+        assert!(e.starts_with("not attached (no /nonexistent"), "{e}");
+        assert!(e.contains(CONNTRACK_MAP), "{e}");
+    }
+}

@@ -1,0 +1,45 @@
+//! Keeping a state change whole: termination signals held off while it
+//! runs, and the crash points the crash-consistency tests stop at.
+
+/// Blocks SIGINT, SIGTERM, SIGHUP and SIGQUIT until dropped, so Ctrl-C
+/// cannot cut a state change in half (it takes effect when the change is
+/// done).
+pub struct SignalsBlocked(libc::sigset_t);
+
+impl SignalsBlocked {
+    #[must_use]
+    pub fn new() -> Self {
+        // SAFETY: sigset manipulation on zeroed sets we own.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                libc::sigaddset(&raw mut set, s);
+            }
+            libc::sigprocmask(libc::SIG_BLOCK, &raw const set, &raw mut old);
+            Self(old)
+        }
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in new().
+        unsafe {
+            libc::sigprocmask(libc::SIG_SETMASK, &raw const self.0, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Stops the process at a named step when `ROUTER_CTL_CRASH_AT` names it:
+/// `kill -9` of ourselves, for the crash-consistency tests.
+pub fn crash_point(name: &str) {
+    if std::env::var("ROUTER_CTL_CRASH_AT").is_ok_and(|v| v == name) {
+        eprintln!("router-ctl: crash injected at {name}");
+        // SAFETY: plain kill(2) of our own process.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
