@@ -309,3 +309,15 @@ impl Drop for DetachOnDrop<'_> {
         let _ = self.0.router_ctl(&["detach"]);
     }
 }
+
+/// Waits until `f` holds, polling every 50 ms; panics after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
