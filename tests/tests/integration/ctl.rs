@@ -115,7 +115,7 @@ pub fn xdp_progs(t: &Topology, iface: &str) -> Vec<u64> {
 /// Attach after warming the neighbours; returns stdout.
 pub fn attach(t: &Topology, extra: &[&str]) -> String {
     t.warm_neighbours();
-    let mut args = vec!["attach", LAN_IF, WAN_IF];
+    let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
     args.extend_from_slice(extra);
     t.router_ctl_ok(&args)
 }
