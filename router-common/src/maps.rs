@@ -52,7 +52,9 @@ pub struct Config {
     pub port_max: u16,
     /// Random per attach: makes the chosen ports unpredictable from outside.
     pub hash_seed: u32,
-    pub pad: u32,
+    /// An [`Admit`] discriminant.
+    pub admit: u8,
+    pub pad: [u8; 3],
     pub timeouts: Timeouts,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 56);
@@ -139,7 +141,14 @@ pub struct FlowEntry {
     pub hop_mtu: u16,
     pub hop_dmac: [u8; 6],
     pub hop_smac: [u8; 6],
-    pub pad2: [u8; 6],
+    pub pad2: [u8; 2],
+    /// Offloaded flows only ([`FLAG_OFFLOADED`]): the data path carries the
+    /// flow until this time, in [`LEASE_TICK_SHIFT`] ticks of
+    /// `CLOCK_MONOTONIC`; after it, packets go to the kernel. The offload
+    /// daemon extends it while the kernel's entry lives; a stopped daemon
+    /// lets it run out, so the kernel, which keeps the flow's state, takes
+    /// the flow back before its own entry can expire.
+    pub lease: u32,
 }
 const _: () = assert!(core::mem::size_of::<FlowEntry>() == 72);
 
@@ -160,7 +169,7 @@ impl FlowEntry {
         self.hop_mtu = 0;
         self.hop_dmac = [0; 6];
         self.hop_smac = [0; 6];
-        self.pad2 = [0; 6];
+        self.pad2 = [0; 2];
     }
 }
 
@@ -172,6 +181,34 @@ pub const FLAG_PORT_FORWARD: u8 = 2;
 pub const FLAG_FIN_ORIG: u8 = 4;
 /// TCP FIN seen from the answering side.
 pub const FLAG_FIN_REPLY: u8 = 8;
+/// Admitted by the kernel (offload mode) and written by the offload
+/// daemon: the kernel's conntrack holds the flow's state and NAT mapping.
+/// TCP FIN and RST go to the kernel, and the entry is used only within its
+/// [`FlowEntry::lease`].
+pub const FLAG_OFFLOADED: u8 = 16;
+
+/// A lease tick is `1 << LEASE_TICK_SHIFT` ns (about 1.07 s): a `u32` of
+/// ticks lasts 146 years of uptime.
+pub const LEASE_TICK_SHIFT: u32 = 30;
+
+/// The lease tick of a `CLOCK_MONOTONIC` time in ns.
+#[must_use]
+#[inline(always)]
+pub const fn lease_tick(now_ns: u64) -> u32 {
+    (now_ns >> LEASE_TICK_SHIFT) as u32
+}
+
+/// Who opens new flows (`Config::admit`).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Standalone: the data path masquerades new LAN flows and opens
+    /// port-forwarded ones itself.
+    Xdp = 0,
+    /// Offload: the kernel (netfilter) admits every flow; the data path
+    /// carries only what the offload daemon wrote, and passes misses.
+    Kernel = 1,
+}
 
 /// Key of [`PORT_FORWARDS_MAP`]: protocol and WAN port (host order).
 #[repr(C)]
@@ -394,6 +431,14 @@ counters! {
     /// WAN packet of no known flow and no port-forward rule (also ICMP
     /// errors about no known flow): the kernel's local stack answers.
     PassUnsolicited = "pass_unsolicited", false;
+    /// Offload mode: no offloaded flow matches; the kernel admits and
+    /// forwards it (the daemon offloads the flow once it is eligible).
+    PassNotOffloaded = "pass_not_offloaded", false;
+    /// TCP FIN, RST or SYN of an offloaded flow: the kernel must see it.
+    PassOffloadTcpControl = "pass_offload_tcp_control", false;
+    /// Offloaded flow whose lease ran out (no daemon renewing it): the
+    /// kernel carries it.
+    PassLeaseExpired = "pass_lease_expired", false;
     /// Every probed SNAT port was taken.
     PassPortsExhausted = "pass_ports_exhausted", false;
     /// Destination is local, blackholed or unreachable per the FIB.

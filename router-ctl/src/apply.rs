@@ -14,7 +14,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    config::{self, AttachArgs, ConfigError, ConfigField, Mode},
+    config::{self, AdmitMode, AttachArgs, ConfigError, ConfigField, Mode},
     ctx::Ctx,
     forward::{self, Rule},
     lifecycle::{self, Outcome},
@@ -27,6 +27,8 @@ use crate::{
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
+    #[serde(default)]
+    router: Option<RouterSection>,
     interfaces: Spanned<Interfaces>,
     #[serde(default)]
     nat: Option<Nat>,
@@ -34,6 +36,13 @@ struct File {
     timeouts: Option<BTreeMap<Spanned<String>, Spanned<i64>>>,
     #[serde(default, rename = "forward")]
     forwards: Vec<Spanned<Forward>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouterSection {
+    #[serde(default)]
+    admit: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,10 +147,21 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
         text,
         list: Vec::new(),
     };
+    let admit = errs.admit(file.router.as_ref());
     let (lan, wan, mode) = errs.interfaces(file.interfaces.get_ref());
     let (wan_addr, port_range, max_flows) = errs.nat(file.nat.as_ref());
     let timeouts = errs.timeouts(file.timeouts.iter().flatten());
     let forwards = errs.forwards(&file.forwards);
+    if admit == AdmitMode::Kernel
+        && let Some(f) = file.forwards.first()
+    {
+        errs.at(
+            f.span(),
+            "forward",
+            "port forwards are the kernel's DNAT rules in offload mode (router.admit = \
+             \"kernel\"): write them in nftables/iptables, or use admit = \"xdp\"",
+        );
+    }
     if !errs.list.is_empty() {
         let n = errs.list.len();
         bail!(
@@ -152,6 +172,7 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     }
     Ok(Desired {
         args: AttachArgs {
+            admit,
             lan,
             wan,
             mode,
@@ -171,6 +192,23 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
 /// where a value is wrong) and records what is wrong, so every error of a
 /// file is reported at once.
 impl Errors<'_> {
+    fn admit(&mut self, router: Option<&RouterSection>) -> AdmitMode {
+        let Some(a) = router.and_then(|r| r.admit.as_ref()) else {
+            return AdmitMode::default_for_attach();
+        };
+        AdmitMode::from_name(a.get_ref()).unwrap_or_else(|| {
+            self.at(
+                a.span(),
+                "router.admit",
+                format!(
+                    "{:?} is not an admit mode (expected kernel or xdp)",
+                    a.get_ref()
+                ),
+            );
+            AdmitMode::default_for_attach()
+        })
+    }
+
     fn interfaces(&mut self, ifs: &Interfaces) -> (String, String, Mode) {
         let (lan, wan) = (ifs.lan.get_ref().trim(), ifs.wan.get_ref().trim());
         for (v, f, field) in [
@@ -420,12 +458,10 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let mut summary = String::new();
     let _ = write!(
         summary,
-        "{} -> {}, masquerade to {} ports {}-{}, table {} flows, {} port-forward rule(s)",
+        "{} -> {}, {}, table {} flows, {} port-forward rule(s)",
         cfg.lan,
         cfg.wan,
-        cfg.wan_addr,
-        cfg.port_min,
-        cfg.port_max,
+        cfg.admit_summary(),
         cfg.max_flows,
         d.forwards.len()
     );
@@ -477,13 +513,31 @@ mod tests {
         assert_eq!(d.args.wan_addr, WanAddr::Auto);
         assert!(d.forwards.is_empty());
         assert_eq!(d.args.timeouts, router_common::maps::Timeouts::default());
+        assert_eq!(d.args.admit, AdmitMode::Kernel);
+    }
+
+    #[test]
+    fn offload_mode_refuses_port_forward_rules() {
+        let e = parse_file(
+            "r",
+            "[router]\nadmit = \"kernel\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n\
+             [[forward]]\nproto = \"udp\"\nwan_port = 5353\nto = \"192.168.50.2:53\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("r:6: forward: port forwards are the kernel's DNAT rules"), "{e}");
+        let e = parse_file("r", "[router]\nadmit = \"nat\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("r:2: router.admit: \"nat\" is not an admit mode"), "{e}");
     }
 
     #[test]
     fn values_arrive() {
         let d = parse_file(
             "r",
-            "[interfaces]\nlan = \"a\"\nwan = \"b\"\nmode = \"generic\"\n\
+            "[router]\nadmit = \"xdp\"\n\
+             [interfaces]\nlan = \"a\"\nwan = \"b\"\nmode = \"generic\"\n\
              [nat]\nwan_addr = \"203.0.113.1\"\nport_range = \"20000-20010\"\nmax_flows = 1000\n\
              [timeouts]\nicmp = 5\nudp-replied = 300\n\
              [[forward]]\nproto = \"udp\"\nwan_port = 5353\nto = \"192.168.50.2:53\"\n",

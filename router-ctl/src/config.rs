@@ -5,7 +5,7 @@
 
 use std::{fmt, net::Ipv4Addr, path::PathBuf};
 
-use router_common::maps::{Config, Timeouts};
+use router_common::maps::{Admit, Config, Timeouts};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -42,9 +42,58 @@ impl Mode {
     }
 }
 
+/// Who admits new flows (`attach --admit`, `admit` in an `apply` file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AdmitMode {
+    /// Offload: the kernel admits every flow (firewall, NAT, helpers) and
+    /// `router-ctl run` moves established ones to XDP.
+    Kernel,
+    /// Standalone: XDP masquerades new LAN flows and opens port forwards
+    /// itself, bypassing netfilter's forward rules. Records written before
+    /// modes existed are standalone.
+    #[default]
+    Xdp,
+}
+
+impl AdmitMode {
+    /// The name on the command line, in `apply` files and in the record.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Kernel => "kernel",
+            Self::Xdp => "xdp",
+        }
+    }
+
+    /// What `attach` and `apply` use when not told: offload, so that the
+    /// router's firewall and NAT rules stay in charge unless the owner
+    /// asks for standalone mode, which bypasses them.
+    #[must_use]
+    pub const fn default_for_attach() -> Self {
+        Self::Kernel
+    }
+
+    /// The mode named `name` (see [`AdmitMode::name`]).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Kernel, Self::Xdp].into_iter().find(|m| m.name() == name)
+    }
+
+    /// The data path's value (`Config::admit`).
+    #[must_use]
+    pub const fn to_map(self) -> Admit {
+        match self {
+            Self::Kernel => Admit::Kernel,
+            Self::Xdp => Admit::Xdp,
+        }
+    }
+}
+
 /// Everything `attach` (and `apply`) asks for.
 #[derive(Clone, Debug)]
 pub struct AttachArgs {
+    pub admit: AdmitMode,
     pub lan: String,
     pub wan: String,
     pub mode: Mode,
@@ -64,6 +113,8 @@ pub struct AttachArgs {
 /// Also the `config` of the attach record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouterConfig {
+    #[serde(default)]
+    pub admit: AdmitMode,
     pub lan: String,
     pub wan: String,
     pub lan_ifindex: u32,
@@ -76,6 +127,20 @@ pub struct RouterConfig {
 }
 
 impl RouterConfig {
+    /// Who admits flows, as `attach`, `apply` and `status` say it.
+    #[must_use]
+    pub fn admit_summary(&self) -> String {
+        match self.admit {
+            AdmitMode::Kernel => "admit kernel (offload: the firewall and NAT decide, \
+                                  `router-ctl run` moves established flows to XDP)"
+                .to_owned(),
+            AdmitMode::Xdp => format!(
+                "admit xdp (standalone), masquerade to {} ports {}-{}",
+                self.wan_addr, self.port_min, self.port_max
+            ),
+        }
+    }
+
     /// The map value of this configuration.
     #[must_use]
     pub fn to_map(&self, hash_seed: u32) -> Config {
@@ -86,7 +151,8 @@ impl RouterConfig {
             port_min: self.port_min,
             port_max: self.port_max,
             hash_seed,
-            pad: 0,
+            admit: self.admit.to_map() as u8,
+            pad: [0; 3],
             timeouts: self.timeouts,
         }
     }
@@ -169,6 +235,7 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
         ));
     }
     Ok(RouterConfig {
+        admit: a.admit,
         lan: a.lan.clone(),
         wan: a.wan.clone(),
         lan_ifindex: lan_idx,
@@ -187,6 +254,7 @@ mod tests {
 
     fn args(lan: &str, wan: &str) -> AttachArgs {
         AttachArgs {
+            admit: AdmitMode::Xdp,
             lan: lan.into(),
             wan: wan.into(),
             mode: Mode::Auto,

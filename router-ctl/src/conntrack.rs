@@ -5,7 +5,9 @@ use std::net::Ipv4Addr;
 use anyhow::{Context, Result};
 use router_common::{
     flow,
-    maps::{FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, Timeouts},
+    maps::{
+        FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, Timeouts,
+    },
 };
 use serde::Serialize;
 
@@ -30,6 +32,8 @@ pub struct FlowRow {
     pub idle_secs: f64,
     pub expired: bool,
     pub reply_present: bool,
+    /// Admitted by the kernel and carried by XDP for it (offload mode).
+    pub offloaded: bool,
 }
 
 fn endpoint(addr: [u8; 4], port: u16) -> String {
@@ -73,6 +77,7 @@ pub fn flow_row(
         idle_secs: secs(now_ns.saturating_sub(last_seen)),
         expired: flow::expired(orig.state, last_seen, now_ns, t),
         reply_present: reply.is_some(),
+        offloaded: orig.flags & FLAG_OFFLOADED != 0,
     }
 }
 
@@ -103,6 +108,9 @@ pub fn rows_table(rows: &[FlowRow]) -> String {
         let mut notes = String::new();
         if r.expired {
             notes.push_str(" expired");
+        }
+        if r.offloaded {
+            notes.push_str(" offloaded");
         }
         if !r.reply_present {
             notes.push_str(" no-reply-entry");
@@ -270,6 +278,7 @@ mod tests {
                 idle_secs: 0.2,
                 expired: false,
                 reply_present: true,
+                offloaded: false,
             }
         );
         assert_eq!(
@@ -278,7 +287,8 @@ mod tests {
                 "proto": "tcp", "state": "ESTABLISHED", "origin": "lan",
                 "orig_src": "192.168.50.2:40000", "orig_dst": "203.0.113.2:5201",
                 "xlat_src": "203.0.113.1:40000", "xlat_dst": "203.0.113.2:5201",
-                "age_secs": 1.7, "idle_secs": 0.2, "expired": false, "reply_present": true
+                "age_secs": 1.7, "idle_secs": 0.2, "expired": false, "reply_present": true,
+                "offloaded": false
             })
         );
         // Field order is the contract's.

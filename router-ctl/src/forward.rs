@@ -62,6 +62,17 @@ impl Rule {
 }
 
 pub fn add(maps: &PinnedMaps, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Result<()> {
+    if maps
+        .read_config()
+        .is_ok_and(|c| c.admit == router_common::maps::Admit::Kernel as u8)
+    {
+        bail!(
+            "in offload mode (attach --admit kernel) port forwards are the kernel's DNAT rules: \
+             add one there (e.g. `nft add rule ip nat prerouting iifname WAN {} dport {wan_port} \
+             dnat to {to}`), and `router-ctl run` offloads its flows",
+            proto.name()
+        );
+    }
     let mut rules = maps.port_forwards()?;
     let k = key(proto, wan_port);
     let t = target(to);

@@ -9,14 +9,19 @@
 //              maps), ctx (which router), config (what is asked for),
 //              state (the attach record), inspect (what runs now)
 //   lifecycle: attach (fresh or replace), detach, the loader; uses doctor
-//   commands:  apply, conntrack, doctor, forward, metrics, stats, status
+//   kernel:    ctnetlink (the kernel's conntrack), offload (which of its
+//              flows XDP carries, kept coherent)
+//   commands:  apply, conntrack, daemon (`run`), doctor, forward, metrics,
+//              stats, status
 mod apply;
 mod bpfsys;
 mod caps;
 mod clock;
 mod config;
 mod conntrack;
+mod ctnetlink;
 mod ctx;
+mod daemon;
 mod doctor;
 mod forward;
 mod inspect;
@@ -25,6 +30,7 @@ mod maps;
 mod metrics;
 mod netlink;
 mod object;
+mod offload;
 mod parse;
 mod pins;
 mod signals;
@@ -38,7 +44,7 @@ use anyhow::{Context, Result, bail};
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::{
-    config::{AttachArgs, Mode},
+    config::{AdmitMode, AttachArgs, Mode},
     ctx::Ctx,
     parse::{Proto, TimeoutArg, WanAddr},
 };
@@ -90,6 +96,11 @@ struct AttachOpts {
     lan: String,
     /// Interface towards the upstream; its address is the masquerade source.
     wan: String,
+    /// Who admits new flows. `kernel` (offload, the default): netfilter's firewall and
+    /// NAT decide, `router-ctl run` moves established flows to XDP. `xdp` (standalone):
+    /// XDP masquerades new flows itself and bypasses the firewall's forward rules.
+    #[arg(long, value_enum, default_value_t = AdmitMode::default_for_attach())]
+    admit: AdmitMode,
     #[arg(long, value_enum, default_value = "auto")]
     mode: Mode,
     /// Masquerade address: `auto` takes the first IPv4 address of WAN.
@@ -222,6 +233,23 @@ See examples/router.toml in the source tree for every field.")]
         ifaces: Vec<String>,
         #[arg(long)]
         json: bool,
+    },
+    /// The controller daemon (foreground): in offload mode it moves the kernel's
+    /// established flows onto the fast path and keeps both tables coherent.
+    ///
+    /// Dumps the kernel's conntrack at start, then follows its events over ctnetlink
+    /// (resynchronising by dump when events are lost). TCP flows are offloaded once
+    /// ESTABLISHED and ASSURED, UDP and ICMP echo after the first reply, if they run
+    /// between LAN and WAN without a helper. Stops on SIGINT/SIGTERM; offloaded flows
+    /// then go back to the kernel within their lease (at most 60 s).
+    #[command(after_help = "Examples:
+  router-ctl -n rtr attach lan0 wan0 && router-ctl -n rtr run
+  RUST_LOG=debug router-ctl run                  # every offloaded flow")]
+    Run {
+        /// Seconds between refreshes of active flows' kernel timeouts and leases.
+        #[arg(long, default_value_t = 2, value_name = "SECS",
+              value_parser = clap::value_parser!(u64).range(1..=30))]
+        tick: u64,
     },
     /// Print a shell completion script.
     #[command(after_help = "Examples:
@@ -361,6 +389,7 @@ impl Cmd {
             Self::Apply { check: true, .. } => ("apply --check", Read),
             Self::Apply { .. } => ("apply", Change),
             Self::Metrics { .. } => ("metrics", Read),
+            Self::Run { .. } => ("run", Change),
             Self::Doctor { .. } => ("doctor", Nothing),
             Self::Completions { .. } => ("completions", Nothing),
             Self::Man => ("man", Nothing),
@@ -371,6 +400,7 @@ impl Cmd {
 fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
     let timeouts = parse::apply_timeouts(&o.timeouts).map_err(anyhow::Error::msg)?;
     Ok(AttachArgs {
+        admit: o.admit,
         lan: o.lan,
         wan: o.wan,
         mode: o.mode,
@@ -434,7 +464,7 @@ fn run(cli: Cli) -> Result<i32> {
             if watch {
                 stats::watch(&maps, json, interval, count).map(|()| 0)
             } else {
-                stats::stats(&maps, json).map(|()| 0)
+                stats::stats(&ctx, json).map(|()| 0)
             }
         }
         Cmd::Forward { cmd } => match cmd {
@@ -455,6 +485,7 @@ fn run(cli: Cli) -> Result<i32> {
         .map(|()| 0),
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
         Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &ctx.pin_dir, json)),
+        Cmd::Run { tick } => daemon::run(&ctx, std::time::Duration::from_secs(tick)).map(|()| 0),
         Cmd::Metrics { .. } | Cmd::Completions { .. } | Cmd::Man => Ok(0),
     }
 }

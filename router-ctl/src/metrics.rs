@@ -11,10 +11,10 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
-use router_common::maps::{Counter, CounterValue};
+use router_common::maps::{Admit, Counter, CounterValue};
 use tracing::{info, warn};
 
-use crate::{ctx::Ctx, forward, state, stats};
+use crate::{ctx::Ctx, daemon, forward, state, stats};
 
 /// The label set of one counter: which metric family and its labels.
 #[must_use]
@@ -87,6 +87,64 @@ fn i64_of(v: impl TryInto<i64>) -> i64 {
     v.try_into().unwrap_or(i64::MAX)
 }
 
+impl RouterCollector {
+    /// The mode, and the offload daemon's health and events.
+    fn encode_daemon(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let kernel_mode = self
+            .ctx
+            .maps()
+            .read_config()
+            .is_ok_and(|c| c.admit == Admit::Kernel as u8);
+        gauge(
+            enc,
+            "xdp_router_admit_kernel",
+            "1 in offload mode (the kernel admits flows), 0 in standalone mode",
+            &Vec::new(),
+            i64::from(kernel_mode),
+        )?;
+        let d = daemon::health_json(self.ctx.ns());
+        gauge(
+            enc,
+            "xdp_router_daemon_up",
+            "1 if `router-ctl run` runs and its heartbeat is current",
+            &Vec::new(),
+            i64::from(d["running"] == true),
+        )?;
+        if d["running"] != true {
+            return Ok(());
+        }
+        gauge(
+            enc,
+            "xdp_router_offloaded_flows",
+            "Kernel flows the fast path carries now",
+            &Vec::new(),
+            i64_of(d["offloaded_flows"].as_u64().unwrap_or(0)),
+        )?;
+        let events = [
+            "offloaded",
+            "ended_destroyed",
+            "ended_closing",
+            "ended_kernel_gone",
+            "handed_back",
+            "refreshed",
+            "resyncs",
+            "events_lost",
+            "errors",
+        ];
+        counters(
+            enc,
+            "xdp_router_offload_events",
+            "Offload daemon events (flows offloaded, ended, handed back; refreshes, resyncs)",
+            events.iter().map(|e| {
+                (
+                    vec![("event", (*e).to_owned())],
+                    d["offload"][*e].as_u64().unwrap_or(0),
+                )
+            }),
+        )
+    }
+}
+
 impl Collector for RouterCollector {
     #[expect(
         clippy::too_many_lines,
@@ -128,6 +186,7 @@ impl Collector for RouterCollector {
                 i64_of(r.attached_at),
             )?;
         }
+        self.encode_daemon(&mut enc)?;
         let verdicts = |fam: &'static str| {
             cs.iter()
                 .filter(move |(c, _)| family(*c).0 == fam)

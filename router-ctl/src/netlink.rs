@@ -19,6 +19,8 @@ const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
 const RTM_SETLINK: u16 = 19;
+const RTM_NEWROUTE: u16 = 24;
+const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
 const NLM_F_REQUEST: u16 = 1;
@@ -38,6 +40,8 @@ const IFLA_XDP_PROG_ID: u16 = 4;
 const IFLA_XDP_DRV_PROG_ID: u16 = 5;
 const IFLA_XDP_SKB_PROG_ID: u16 = 6;
 const IFLA_XDP_HW_PROG_ID: u16 = 7;
+const RTA_DST: u16 = 1;
+const RTA_OIF: u16 = 4;
 const NETNSA_NSID: u16 = 1;
 const NETNSA_FD: u16 = 3;
 
@@ -347,6 +351,35 @@ pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
     s.request(&m.finish(), 0).map(|_| ())
 }
 
+/// The interface the kernel routes packets to `dst` out of (`lo` for the
+/// router's own addresses), or `None` when it has no route.
+pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
+    let s = Socket::new()?;
+    let (family, addr) = match dst {
+        std::net::IpAddr::V4(a) => (libc::AF_INET, a.octets().to_vec()),
+        std::net::IpAddr::V6(a) => (libc::AF_INET6, a.octets().to_vec()),
+    };
+    // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope,
+    // type, flags (u32).
+    let mut rtm = [0u8; 12];
+    rtm[0] = family as u8;
+    rtm[1] = (addr.len() * 8) as u8;
+    let mut m = Msg::new(RTM_GETROUTE, 0, &rtm);
+    m.attr(RTA_DST, &addr);
+    match s.request(&m.finish(), RTM_NEWROUTE) {
+        Ok(replies) => Ok(replies.first().and_then(|p| {
+            attrs(p.get(12..)?)
+                .into_iter()
+                .find(|(t, _)| *t == RTA_OIF)
+                .map(|(_, d)| u32_of(d))
+        })),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The id the current namespace gives to the namespace of `netns_fd`, if
 /// it has assigned one.
 pub fn nsid_of(netns_fd: RawFd) -> io::Result<Option<i32>> {
@@ -444,6 +477,12 @@ mod tests {
         assert!(lo.mtu > 0);
         assert_eq!(lo.xdp.attached, XdpAttached::None);
         assert!(lo.xdp.programs().is_empty());
+    }
+
+    #[test]
+    fn loopback_address_routes_out_of_lo() {
+        let oif = route_oif(std::net::Ipv4Addr::LOCALHOST.into()).expect("RTM_GETROUTE");
+        assert_eq!(oif, Some(1));
     }
 
     #[test]

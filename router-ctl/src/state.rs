@@ -171,6 +171,7 @@ mod tests {
     fn timeouts_are_recorded_with_cli_names() {
         use router_common::maps::{FlowState, Timeouts};
         let config = RouterConfig {
+            admit: crate::config::AdmitMode::Xdp,
             lan: "lan0".into(),
             wan: "wan0".into(),
             lan_ifindex: 2,

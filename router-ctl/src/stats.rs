@@ -1,11 +1,13 @@
 //! `stats`: the per-CPU counters summed, grouped by outcome.
 
 use anyhow::{Context, Result};
-use router_common::maps::{Counter, CounterValue};
+use router_common::maps::{Admit, Counter, CounterValue};
 use serde_json::{Map as JsonMap, Value, json};
 
 use crate::{
     clock,
+    ctx::Ctx,
+    daemon,
     maps::{self, PinnedMaps},
 };
 
@@ -187,13 +189,29 @@ pub fn stats_table(counters: &[(Counter, CounterValue)], table: Option<TableUse>
     s
 }
 
-pub fn stats(maps: &PinnedMaps, json: bool) -> Result<()> {
-    let counters = read_counters(maps)?;
-    let table = table_use(maps, &counters);
+/// Prints the counters, the table's use and (in offload mode, or when it
+/// runs) the offload daemon's health and events.
+pub fn stats(ctx: &Ctx, json: bool) -> Result<()> {
+    let maps = ctx.maps();
+    let counters = read_counters(&maps)?;
+    let table = table_use(&maps, &counters);
+    let kernel_mode = maps
+        .read_config()
+        .is_ok_and(|c| c.admit == Admit::Kernel as u8);
+    let daemon = daemon::health_json(ctx.ns());
+    let show_daemon = kernel_mode || daemon["running"] == true;
     if json {
-        println!("{}", stats_json(&counters, table));
+        let mut v = stats_json(&counters, table);
+        v["admit"] = json!(if kernel_mode { "kernel" } else { "xdp" });
+        if show_daemon {
+            v["daemon"] = daemon;
+        }
+        println!("{v}");
     } else {
         print!("{}", stats_table(&counters, table));
+        if show_daemon {
+            println!("\n{}", daemon::health_line(&daemon, kernel_mode));
+        }
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::{
     clock::{format_age, format_time, now_unix},
     ctx::Ctx,
+    daemon,
     forward,
     inspect::{Running, inspect},
     maps::PinnedMaps,
@@ -220,6 +221,8 @@ pub fn status_json(ctx: &Ctx) -> Value {
             "config": r.config,
             "pending": r.pending,
         });
+        v["admit"] = json!(r.config.admit.name());
+        v["daemon"] = daemon::health_json(ctx.ns());
     }
     if running.any_pins() {
         v["configured"] = json!(running.configured());
@@ -255,15 +258,24 @@ pub fn status_text(v: &Value) -> String {
             r["prog_id"]
         );
         let c = &r["config"];
+        let kernel_mode = c["admit"] == "kernel";
+        let admit = if kernel_mode {
+            "admit kernel (offload)".to_owned()
+        } else {
+            format!(
+                "admit xdp (standalone), masquerade to {} ports {}-{}",
+                c["wan_addr"].as_str().unwrap_or("?"),
+                c["port_min"],
+                c["port_max"]
+            )
+        };
         let _ = writeln!(
             s,
-            "config: masquerade to {} ports {}-{}, table {} flows, mode asked {}",
-            c["wan_addr"].as_str().unwrap_or("?"),
-            c["port_min"],
-            c["port_max"],
+            "config: {admit}, table {} flows, mode asked {}",
             c["max_flows"],
             r["requested_mode"].as_str().unwrap_or("?")
         );
+        let _ = writeln!(s, "{}", daemon::health_line(&v["daemon"], kernel_mode));
     }
     if let Some(links) = v["links"].as_array() {
         for l in links {

@@ -2,15 +2,15 @@
 //! opens port-forwarded WAN flows itself) and the commit of a new flow's
 //! two conntrack entries.
 //
-// Kept apart from the hit path so that who admits can change: with the
-// kernel admitting, `admit` would pass every miss to the kernel and a
-// controller would write the entries that `commit` writes here.
+// Kept apart from the hit path because who admits can change: with the
+// kernel admitting (offload mode), `admit` passes every miss to the kernel
+// and the offload daemon writes the entries that `commit` writes here.
 
 use router_common::{
     flow::{
         MAX_PORT_PROBES, candidate_port, fill_new_flow, flow_hash, masquerade_key, tcp_opens_flow,
     },
-    maps::{Config, Counter, FLAG_PORT_FORWARD, FlowEntry, FlowKey, IPPROTO_ICMP, IPPROTO_TCP},
+    maps::{Admit, Config, Counter, FLAG_PORT_FORWARD, FlowEntry, FlowKey, IPPROTO_ICMP, IPPROTO_TCP},
 };
 
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray};
@@ -36,6 +36,11 @@ pub enum NewFlow {
 /// [`commit`], once the route is known). Else the kernel's.
 #[inline(always)]
 pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat) -> Step<NewFlow> {
+    if side.cfg.admit == Admit::Kernel as u8 {
+        // Offload mode: netfilter decides about new flows (firewall, NAT,
+        // helpers); the daemon offloads them once established.
+        return Err(Verdict::pass(Counter::PassNotOffloaded));
+    }
     if pkt.proto == IPPROTO_TCP && !tcp_opens_flow(pkt.tcp_flags) {
         // Mid-stream segment of an unknown flow: a fresh mapping could
         // not carry it; the kernel's (netfilter's) business.

@@ -4,14 +4,20 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
 use router_common::{
-    flow::{expired, needs_refresh, tcp_next},
+    flow::{TCP_FIN, TCP_RST, TCP_SYN, expired, needs_refresh, tcp_next},
     hdr::{frame, icmp, ipv4, tcp, udp},
-    maps::{Counter, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP},
+    maps::{
+        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_TCP,
+        IPPROTO_UDP, lease_tick,
+    },
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
 
+/// TCP FIN, SYN and RST: the segments that change a connection's state.
+const TCP_CONTROL: u8 = TCP_FIN | TCP_SYN | TCP_RST;
+
 use crate::{
-    Step,
+    Step, Verdict,
     hop::{Hop, fib, redirect_to},
     maps::{CONNTRACK, event},
     parse::{Ingress, Packet, header},
@@ -67,6 +73,31 @@ pub fn lookup(key: &FlowKey, side: Ingress<'_>, now: u64) -> Option<*mut FlowEnt
         return None;
     }
     Some(e)
+}
+
+/// An offloaded flow's TCP FIN, SYN or RST goes to the kernel, which owns
+/// the flow's TCP state and must see its teardown (the daemon then removes
+/// the flow). Checked before [`track`], so the data path's own state
+/// machine does not act on it.
+#[inline(always)]
+pub fn kernel_segment(e: &FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
+    if e.flags & FLAG_OFFLOADED != 0 && proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
+        return Err(Verdict::pass(Counter::PassOffloadTcpControl));
+    }
+    Ok(())
+}
+
+/// An offloaded flow is carried only within its lease, which the daemon
+/// extends while the kernel's entry lives. Past it (no daemon renewing),
+/// the kernel, which still has the flow, carries it. Checked after
+/// [`track`], so the packet still counts as activity that a running
+/// daemon renews the lease for.
+#[inline(always)]
+pub fn within_lease(e: &FlowEntry, now: u64) -> Step<()> {
+    if e.flags & FLAG_OFFLOADED != 0 && lease_tick(now) > e.lease {
+        return Err(Verdict::pass(Counter::PassLeaseExpired));
+    }
+    Ok(())
 }
 
 /// The hit's cached next hop, if still usable: not due for a refresh and
@@ -199,7 +230,8 @@ pub fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u6
         hop_mtu: 0,
         hop_dmac: [0; 6],
         hop_smac: [0; 6],
-        pad2: [0; 6],
+        pad2: [0; 2],
+        lease: e.lease,
     };
     if CONNTRACK
         .insert(&e.peer, &peer, u64::from(BPF_NOEXIST))

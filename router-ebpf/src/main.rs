@@ -40,7 +40,7 @@ use aya_ebpf::{
 };
 use router_common::{
     hdr::{eth, frame, ipv4},
-    maps::{Counter, FlowKey},
+    maps::{Counter, FLAG_OFFLOADED, FlowKey},
 };
 
 use crate::{
@@ -125,23 +125,31 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     let hit = flow::lookup(&key, side, now);
     let mut xlat = Xlat::of_packet(&pkt);
     let mut cached = None;
+    let mut offloaded = false;
     let new = if let Some(e) = hit {
         // SAFETY: map value pointer from the lookup, valid for this run.
         let entry = unsafe { &mut *e };
+        flow::kernel_segment(entry, pkt.proto, pkt.tcp_flags)?;
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
         flow::track(&key, entry, pkt.proto, pkt.tcp_flags, now);
+        flow::within_lease(entry, now)?;
+        offloaded = entry.flags & FLAG_OFFLOADED != 0;
         None
     } else {
         Some(admit::admit(&pkt, side, &mut xlat)?)
     };
     let hop = flow::next_hop(ctx, ip, &xlat, hit, cached)?;
-    if side.from_lan && matches!(hop, Hop::NoNeighbour { .. }) {
+    if (side.from_lan || offloaded) && matches!(hop, Hop::NoNeighbour { .. }) {
         // A translated packet may only be passed to the kernel when it
         // goes to the LAN: LAN->WAN packets carry the router's own address
         // as source after SNAT, which the kernel drops as martian.
         // Untranslated, the kernel resolves the neighbour and the next
-        // packet goes fast.
+        // packet goes fast. An offloaded flow's packets always go
+        // untranslated: the kernel translates them with its own conntrack
+        // entry, and an already translated reply would match none of its
+        // tuples and be dropped (seen after a VRRP failback, when the
+        // neighbours were flushed with the links).
         return Err(Verdict::pass(Counter::PassNoNeighbour));
     }
     if let Some(new) = new {

@@ -94,10 +94,10 @@ fn main() {
     t.iptables(Ns::Router, &["-t", "raw", "-F"]);
     let _ = t.exec(Ns::Router, &["conntrack", "-F"]);
 
-    println!("\n== XDP path: router-ctl attach {LAN_IF} {WAN_IF} (no iptables NAT) ==");
+    println!("\n== XDP path: router-ctl attach {LAN_IF} {WAN_IF} --admit xdp (standalone, no iptables NAT) ==");
     println!(
         "{}",
-        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]).trim_end()
+        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]).trim_end()
     );
     let start = Instant::now();
     let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");

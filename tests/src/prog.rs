@@ -381,7 +381,8 @@ impl ResolvedTopology {
             port_min: 1024,
             port_max: 65535,
             hash_seed,
-            pad: 0,
+            admit: 0,
+            pad: [0; 3],
             timeouts,
         }
     }

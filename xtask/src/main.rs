@@ -25,6 +25,10 @@ const DEB_PACKAGES: &[&str] = &[
     "ethtool",
     "rust-web-clippy",
     "bpftool",
+    // Offload mode's tests: the router's firewall and NAT (nftables,
+    // iptables-legacy) and the kernel's conntrack as `conntrack -L` shows it.
+    "nftables",
+    "conntrack",
 ];
 
 /// The Debian compiler packages, not needed where rustup nightly has rust-src.

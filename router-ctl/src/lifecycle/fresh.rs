@@ -195,15 +195,13 @@ fn print_attached(
         )
     };
     println!(
-        "attached: {} (ifindex {}) <-> {} (ifindex {}), mode {mode}, masquerade to {} ports \
-         {}-{}, table {} flows, object {}",
+        "attached: {} (ifindex {}) <-> {} (ifindex {}), mode {mode}, {}, table {} flows, \
+         object {}",
         a.lan,
         desired.lan_ifindex,
         a.wan,
         desired.wan_ifindex,
-        desired.wan_addr,
-        desired.port_min,
-        desired.port_max,
+        desired.admit_summary(),
         desired.max_flows,
         obj.id.version()
     );

@@ -49,7 +49,7 @@ impl<'a> Router<'a> {
         match path {
             DataPath::Kernel => t.masquerade(),
             DataPath::Xdp => {
-                let o = t.router_ctl(&["attach", LAN_IF, WAN_IF]);
+                let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
                 if !o.status.success() {
                     return Err(format!(
                         "router-ctl attach {LAN_IF} {WAN_IF} failed: {}",

@@ -115,7 +115,7 @@ pub fn xdp_progs(t: &Topology, iface: &str) -> Vec<u64> {
 /// Attach after warming the neighbours; returns stdout.
 pub fn attach(t: &Topology, extra: &[&str]) -> String {
     t.warm_neighbours();
-    let mut args = vec!["attach", LAN_IF, WAN_IF];
+    let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
     args.extend_from_slice(extra);
     t.router_ctl_ok(&args)
 }
@@ -308,4 +308,16 @@ impl Drop for DetachOnDrop<'_> {
     fn drop(&mut self) {
         let _ = self.0.router_ctl(&["detach"]);
     }
+}
+
+/// Waits until `f` holds, polling every 50 ms; panics after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
 }

@@ -70,7 +70,7 @@ fn doctor_finds_the_veth_hazards_and_says_how_to_fix_them() {
 
     // attach checks the same and warns before it changes anything.
     t.warm_neighbours();
-    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF]);
+    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let e = stderr(&o);
     println!("{e}");

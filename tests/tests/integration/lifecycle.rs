@@ -65,7 +65,7 @@ fn attach_is_idempotent_and_status_tells_what_runs_where() {
     assert_eq!(mode_of(&state_file(&t)), 0o600);
 
     // The same attach again: a no-op that says so.
-    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]);
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     assert!(out.contains("nothing changed"), "{out}");
     let (v2, _) = status(&t);
     assert_eq!(
@@ -97,7 +97,7 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
     let xlat0 = flow_xlat(&t, 5601).expect("the stream's flow is tracked");
 
     // 1. A new object (same code, another file hash).
-    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--object", variant.path()]);
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--object", variant.path()]);
     assert!(
         out.contains("replaced") && out.contains("new object"),
         "{out}"
@@ -111,7 +111,7 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
     std::thread::sleep(Duration::from_millis(800));
 
     // 2. A new configuration (back on the embedded object).
-    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--timeout", "udp-replied=300"]);
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--timeout", "udp-replied=300"]);
     assert!(out.contains("replaced"), "{out}");
     let (v2, _) = status(&t);
     assert_eq!(v2["record"]["config"]["timeouts"]["udp-replied"], 300);
@@ -122,6 +122,8 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
         "attach",
         LAN_IF,
         WAN_IF,
+        "--admit",
+        "xdp",
         "--timeout",
         "udp-replied=300",
         "--reload",
@@ -290,7 +292,7 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
     let (lan_foreign, wan_foreign) = (xdp_progs(&t, LAN_IF), xdp_progs(&t, WAN_IF));
     assert_eq!((lan_foreign.len(), wan_foreign.len()), (1, 1));
 
-    let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF]);
+    let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     println!("{err}");
     assert!(
         err.contains("lan0 already has an XDP program") && err.contains("--force"),
@@ -315,7 +317,7 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
         stdout(&doc)
     );
 
-    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--force"]);
+    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
     println!("{}", stderr(&o));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
@@ -353,7 +355,7 @@ fn lost_pins_are_detected_and_repaired() {
         "{v}"
     );
     // attach brings it back.
-    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF]);
+    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("pins are gone"), "{}", stderr(&o));
     assert_eq!(status(&t).1, 0);
@@ -405,7 +407,7 @@ fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
     let _cleanup = DetachOnDrop(&t);
     t.warm_neighbours();
     let mut port = 6100;
-    let attach_args = ["attach", LAN_IF, WAN_IF];
+    let attach_args = ["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
     for at in [
         "fresh-after-load",
         "fresh-after-links",
@@ -445,6 +447,8 @@ fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
                 "attach",
                 LAN_IF,
                 WAN_IF,
+                "--admit",
+                "xdp",
                 "--object",
                 variant.path(),
                 "--reload",
@@ -469,7 +473,7 @@ fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
         let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, port));
         assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "{at}");
         // attach again finishes the job.
-        let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--object", variant.path()]);
+        let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--object", variant.path()]);
         println!("{out}");
         port += 1;
         healthy(&t, port);

@@ -30,7 +30,7 @@ const FRAMES: u32 = 100_000;
 fn fast_path_translates_every_datagram_of_a_live_frame_flood() {
     let t = Topology::new();
     t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     let before = t.stats();
     let csum_errors0 = t.nstat(Ns::Server, "UdpInCsumErrors");
 

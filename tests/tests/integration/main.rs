@@ -20,6 +20,7 @@ mod live_frames;
 mod malformed_corpus;
 mod metrics;
 mod nat_e2e;
+mod offload;
 mod prog_run;
 mod reliability;
 mod topology;

@@ -356,7 +356,7 @@ fn attach_twice_is_a_noop_and_detach_restores_the_kernel_path() {
     let t = Topology::new();
     attach_and_print(&t, &[]);
     // The same attach again changes nothing and says so.
-    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF]);
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     assert!(o.status.success(), "second identical attach must succeed");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(

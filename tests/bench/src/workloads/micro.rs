@@ -353,7 +353,8 @@ fn load_router(lan: u32, wan: u32) -> Result<LoadedRouter, String> {
         port_min: 1024,
         port_max: 65535,
         hash_seed: 0x5eed_1234,
-        pad: 0,
+        admit: 0,
+        pad: [0; 3],
         timeouts: Timeouts::default(),
     };
     router

@@ -1,0 +1,747 @@
+//! A minimal ctnetlink client (`NETLINK_NETFILTER`, subsystem
+//! `NFNL_SUBSYS_CTNETLINK`): dump the kernel's connection table, follow its
+//! NEW / UPDATE / DESTROY events, and change one entry (timeout, TCP window
+//! tracking flags). Message layout: `nlmsghdr`, `nfgenmsg` (family, version,
+//! resource id), then `CTA_*` attributes; multi-byte attribute values are big
+//! endian (`include/uapi/linux/netfilter/nfnetlink_conntrack.h`). Everything
+//! runs in the calling thread's network namespace.
+
+use std::{
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+};
+
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_NEW: u16 = 0;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
+const NLM_F_DUMP: u16 = 0x300;
+/// On an `IPCTNL_MSG_CT_NEW` event: the entry is new (else an update).
+const NLM_F_CREATE: u16 = 0x400;
+const NLA_F_NESTED: u16 = 1 << 15;
+const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | (1 << 14));
+
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_STATUS: u16 = 3;
+const CTA_PROTOINFO: u16 = 4;
+const CTA_HELP: u16 = 5;
+const CTA_TIMEOUT: u16 = 7;
+const CTA_COUNTERS_ORIG: u16 = 9;
+const CTA_COUNTERS_REPLY: u16 = 10;
+const CTA_ID: u16 = 12;
+const CTA_TUPLE_MASTER: u16 = 14;
+const CTA_SEQ_ADJ_ORIG: u16 = 15;
+const CTA_ZONE: u16 = 18;
+
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+const CTA_PROTO_ICMP_ID: u16 = 4;
+const CTA_PROTO_ICMP_TYPE: u16 = 5;
+const CTA_PROTO_ICMP_CODE: u16 = 6;
+const CTA_PROTO_ICMPV6_ID: u16 = 7;
+const CTA_PROTO_ICMPV6_TYPE: u16 = 8;
+const CTA_PROTO_ICMPV6_CODE: u16 = 9;
+const CTA_PROTOINFO_TCP: u16 = 1;
+const CTA_PROTOINFO_TCP_STATE: u16 = 1;
+const CTA_PROTOINFO_TCP_FLAGS_ORIGINAL: u16 = 4;
+const CTA_PROTOINFO_TCP_FLAGS_REPLY: u16 = 5;
+const CTA_COUNTERS_PACKETS: u16 = 1;
+const CTA_COUNTERS_BYTES: u16 = 2;
+
+/// `IP_CT_TCP_FLAG_BE_LIBERAL`: conntrack stops checking this direction's
+/// sequence numbers against its window. Set while XDP carries a flow,
+/// because the kernel does not see the segments in between (nf_flowtable
+/// does the same when it offloads a TCP flow).
+pub const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
+
+/// `IPS_*` status bits (`enum ip_conntrack_status`).
+pub mod status {
+    pub const EXPECTED: u32 = 1 << 0;
+    pub const SEEN_REPLY: u32 = 1 << 1;
+    pub const ASSURED: u32 = 1 << 2;
+    pub const CONFIRMED: u32 = 1 << 3;
+    pub const SEQ_ADJUST: u32 = 1 << 6;
+    pub const DYING: u32 = 1 << 9;
+    pub const TEMPLATE: u32 = 1 << 11;
+    pub const UNTRACKED: u32 = 1 << 12;
+    pub const HELPER: u32 = 1 << 13;
+}
+
+/// `enum tcp_conntrack` values that matter here.
+pub mod tcp_state {
+    pub const ESTABLISHED: u8 = 3;
+}
+
+/// `NFNLGRP_CONNTRACK_*` as `nl_groups` bits (group n is bit n - 1).
+const GROUP_NEW: u32 = 1 << 0;
+const GROUP_UPDATE: u32 = 1 << 1;
+const GROUP_DESTROY: u32 = 1 << 2;
+
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// One direction of a connection as conntrack keys it. For ICMP and
+/// ICMPv6 both ports hold the identifier and `icmp` the type and code
+/// (the kernel needs all three to find the entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tuple {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub icmp: Option<(u8, u8)>,
+}
+
+impl Default for Tuple {
+    fn default() -> Self {
+        Self {
+            src: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            dst: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            proto: 0,
+            sport: 0,
+            dport: 0,
+            icmp: None,
+        }
+    }
+}
+
+/// A kernel conntrack entry: what a dump row or an event carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Conn {
+    pub id: u32,
+    pub orig: Tuple,
+    /// The reply direction; with NAT it holds the translation (for
+    /// masquerade its destination is the router's address and mapped port).
+    pub reply: Tuple,
+    /// `IPS_*` bits.
+    pub status: u32,
+    /// TCP only: `enum tcp_conntrack`.
+    pub tcp_state: Option<u8>,
+    /// Seconds left before the entry expires.
+    pub timeout: Option<u32>,
+    /// A helper (ALG) is attached, or the entry is an expected one.
+    pub helper: bool,
+    /// TCP sequence numbers are being adjusted (a helper changed a payload).
+    pub seq_adjust: bool,
+    pub zone: u16,
+    /// Packets and bytes per direction (original, reply) when conntrack
+    /// accounting is on.
+    pub counters: Option<[(u64, u64); 2]>,
+}
+
+impl Conn {
+    #[must_use]
+    pub const fn has(&self, bits: u32) -> bool {
+        self.status & bits == bits
+    }
+}
+
+/// What the kernel announced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    New(Conn),
+    Update(Conn),
+    Destroy(Conn),
+}
+
+/// The attributes in `data` as (type without flags, payload).
+fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if data.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
+        let ty = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
+        if len < 4 || len > data.len() {
+            return None;
+        }
+        let payload = &data[4..len];
+        data = &data[((len + 3) & !3).min(data.len())..];
+        Some((ty, payload))
+    })
+}
+
+fn be16(d: &[u8]) -> Option<u16> {
+    Some(u16::from_be_bytes(d.get(..2)?.try_into().ok()?))
+}
+
+fn be32(d: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(d.get(..4)?.try_into().ok()?))
+}
+
+fn be64(d: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(d.get(..8)?.try_into().ok()?))
+}
+
+fn parse_tuple(data: &[u8]) -> Option<Tuple> {
+    let mut t = Tuple::default();
+    let (mut src, mut dst) = (None, None);
+    let (mut icmp_type, mut icmp_code) = (None, None);
+    for (ty, d) in attrs(data) {
+        match ty {
+            CTA_TUPLE_IP => {
+                for (ty, d) in attrs(d) {
+                    let addr = match d.len() {
+                        4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(d).ok()?)),
+                        16 => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(d).ok()?)),
+                        _ => return None,
+                    };
+                    match ty {
+                        CTA_IP_V4_SRC | CTA_IP_V6_SRC => src = Some(addr),
+                        CTA_IP_V4_DST | CTA_IP_V6_DST => dst = Some(addr),
+                        _ => {}
+                    }
+                }
+            }
+            CTA_TUPLE_PROTO => {
+                for (ty, d) in attrs(d) {
+                    match ty {
+                        CTA_PROTO_NUM => t.proto = *d.first()?,
+                        CTA_PROTO_SRC_PORT => t.sport = be16(d)?,
+                        CTA_PROTO_DST_PORT => t.dport = be16(d)?,
+                        CTA_PROTO_ICMP_ID | CTA_PROTO_ICMPV6_ID => {
+                            t.sport = be16(d)?;
+                            t.dport = t.sport;
+                        }
+                        CTA_PROTO_ICMP_TYPE | CTA_PROTO_ICMPV6_TYPE => {
+                            icmp_type = d.first().copied();
+                        }
+                        CTA_PROTO_ICMP_CODE | CTA_PROTO_ICMPV6_CODE => {
+                            icmp_code = d.first().copied();
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    t.src = src?;
+    t.dst = dst?;
+    if let (Some(ty), Some(code)) = (icmp_type, icmp_code) {
+        t.icmp = Some((ty, code));
+    }
+    Some(t)
+}
+
+fn parse_counters(data: &[u8]) -> (u64, u64) {
+    let (mut packets, mut bytes) = (0, 0);
+    for (ty, d) in attrs(data) {
+        match ty {
+            CTA_COUNTERS_PACKETS => packets = be64(d).unwrap_or(0),
+            CTA_COUNTERS_BYTES => bytes = be64(d).unwrap_or(0),
+            _ => {}
+        }
+    }
+    (packets, bytes)
+}
+
+/// Parses the attributes of a conntrack message (after the `nfgenmsg`).
+/// `None` when a tuple is missing or malformed.
+#[must_use]
+pub fn parse_conn(data: &[u8]) -> Option<Conn> {
+    let mut c = Conn::default();
+    let (mut orig, mut reply) = (None, None);
+    let (mut c_orig, mut c_reply) = (None, None);
+    for (ty, d) in attrs(data) {
+        match ty {
+            CTA_TUPLE_ORIG => orig = parse_tuple(d),
+            CTA_TUPLE_REPLY => reply = parse_tuple(d),
+            CTA_STATUS => c.status = be32(d).unwrap_or(0),
+            CTA_TIMEOUT => c.timeout = be32(d),
+            CTA_ID => c.id = be32(d).unwrap_or(0),
+            CTA_ZONE => c.zone = be16(d).unwrap_or(0),
+            CTA_HELP | CTA_TUPLE_MASTER => c.helper = true,
+            CTA_SEQ_ADJ_ORIG => c.seq_adjust = true,
+            CTA_COUNTERS_ORIG => c_orig = Some(parse_counters(d)),
+            CTA_COUNTERS_REPLY => c_reply = Some(parse_counters(d)),
+            CTA_PROTOINFO => {
+                for (ty, d) in attrs(d) {
+                    if ty == CTA_PROTOINFO_TCP {
+                        for (ty, d) in attrs(d) {
+                            if ty == CTA_PROTOINFO_TCP_STATE {
+                                c.tcp_state = d.first().copied();
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    c.orig = orig?;
+    c.reply = reply?;
+    if let (Some(o), Some(r)) = (c_orig, c_reply) {
+        c.counters = Some([o, r]);
+    }
+    Some(c)
+}
+
+/// Builds a netlink message: header, `nfgenmsg`, attributes.
+struct Msg(Vec<u8>);
+
+impl Msg {
+    fn new(msg_type: u16, flags: u16, family: u8) -> Self {
+        let mut v = vec![0u8; 16];
+        let ty = (NFNL_SUBSYS_CTNETLINK << 8) | msg_type;
+        v[4..6].copy_from_slice(&ty.to_ne_bytes());
+        v[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        // nfgenmsg: family, NFNETLINK_V0, resource id 0.
+        v.extend_from_slice(&[family, 0, 0, 0]);
+        Self(v)
+    }
+
+    fn attr(&mut self, ty: u16, data: &[u8]) {
+        let len = u16::try_from(4 + data.len()).unwrap_or(u16::MAX);
+        self.0.extend_from_slice(&len.to_ne_bytes());
+        self.0.extend_from_slice(&ty.to_ne_bytes());
+        self.0.extend_from_slice(data);
+        while !self.0.len().is_multiple_of(4) {
+            self.0.push(0);
+        }
+    }
+
+    fn nested(&mut self, ty: u16, build: impl FnOnce(&mut Self)) {
+        let start = self.0.len();
+        self.attr(ty | NLA_F_NESTED, &[]);
+        build(self);
+        let len = u16::try_from(self.0.len() - start).unwrap_or(u16::MAX);
+        self.0[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    fn tuple(&mut self, ty: u16, t: &Tuple) {
+        self.nested(ty, |m| {
+            m.nested(CTA_TUPLE_IP, |m| match (t.src, t.dst) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    m.attr(CTA_IP_V4_SRC, &s.octets());
+                    m.attr(CTA_IP_V4_DST, &d.octets());
+                }
+                (s, d) => {
+                    m.attr(CTA_IP_V6_SRC, &v6_octets(s));
+                    m.attr(CTA_IP_V6_DST, &v6_octets(d));
+                }
+            });
+            m.nested(CTA_TUPLE_PROTO, |m| {
+                m.attr(CTA_PROTO_NUM, &[t.proto]);
+                match (t.proto, t.icmp) {
+                    (IPPROTO_ICMP, Some((ty, code))) => {
+                        m.attr(CTA_PROTO_ICMP_ID, &t.sport.to_be_bytes());
+                        m.attr(CTA_PROTO_ICMP_TYPE, &[ty]);
+                        m.attr(CTA_PROTO_ICMP_CODE, &[code]);
+                    }
+                    (IPPROTO_ICMPV6, Some((ty, code))) => {
+                        m.attr(CTA_PROTO_ICMPV6_ID, &t.sport.to_be_bytes());
+                        m.attr(CTA_PROTO_ICMPV6_TYPE, &[ty]);
+                        m.attr(CTA_PROTO_ICMPV6_CODE, &[code]);
+                    }
+                    _ => {
+                        m.attr(CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
+                        m.attr(CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
+                    }
+                }
+            });
+        });
+    }
+
+    fn finish(mut self, seq: u32) -> Vec<u8> {
+        let len = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
+        self.0[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.0[8..12].copy_from_slice(&seq.to_ne_bytes());
+        self.0
+    }
+}
+
+fn v6_octets(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+    }
+}
+
+fn family_of(t: &Tuple) -> u8 {
+    if t.src.is_ipv4() {
+        libc::AF_INET as u8
+    } else {
+        libc::AF_INET6 as u8
+    }
+}
+
+/// The message type of a ctnetlink message, or `None` for another subsystem.
+fn ct_msg_type(nl_type: u16) -> Option<u16> {
+    (nl_type >> 8 == NFNL_SUBSYS_CTNETLINK).then_some(nl_type & 0xff)
+}
+
+/// Splits a buffer of netlink messages into (type, flags, payload after
+/// the nlmsghdr). Stops at the first malformed header.
+fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
+    let mut off = 0;
+    std::iter::from_fn(move || {
+        if off + 16 > buf.len() {
+            return None;
+        }
+        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().ok()?) as usize;
+        let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+        let flags = u16::from_ne_bytes([buf[off + 6], buf[off + 7]]);
+        if len < 16 || off + len > buf.len() {
+            return None;
+        }
+        let payload = &buf[off + 16..off + len];
+        off += (len + 3) & !3;
+        Some((ty, flags, payload))
+    })
+}
+
+/// Parses one buffer of event messages.
+#[must_use]
+pub fn parse_events(buf: &[u8]) -> Vec<Event> {
+    let mut out = Vec::new();
+    for (ty, flags, payload) in messages(buf) {
+        let (Some(msg), Some(conn)) = (
+            ct_msg_type(ty),
+            payload.get(4..).and_then(parse_conn),
+        ) else {
+            continue;
+        };
+        out.push(match msg {
+            IPCTNL_MSG_CT_NEW if flags & NLM_F_CREATE != 0 => Event::New(conn),
+            IPCTNL_MSG_CT_NEW => Event::Update(conn),
+            IPCTNL_MSG_CT_DELETE => Event::Destroy(conn),
+            _ => continue,
+        });
+    }
+    out
+}
+
+/// A `NETLINK_NETFILTER` socket: requests, or (after [`CtSocket::events`])
+/// the conntrack event groups.
+pub struct CtSocket {
+    fd: OwnedFd,
+    seq: u32,
+}
+
+impl AsRawFd for CtSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+fn setsockopt_int(fd: RawFd, level: i32, opt: i32, value: i32) -> io::Result<()> {
+    // SAFETY: valid option buffer of the right size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&raw const value).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl CtSocket {
+    fn open(groups: u32, nonblocking: bool) -> io::Result<Self> {
+        let mut ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
+        if nonblocking {
+            ty |= libc::SOCK_NONBLOCK;
+        }
+        // SAFETY: plain socket(2).
+        let fd = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_NETFILTER) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a new socket we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: zeroed sockaddr_nl is valid; fields set below.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        sa.nl_groups = groups;
+        // SAFETY: sa is a valid sockaddr_nl.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const sa).cast(),
+                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd, seq: 1 })
+    }
+
+    /// A socket for requests (dump, get, update). Replies wait at most 5 s.
+    pub fn requests() -> io::Result<Self> {
+        let s = Self::open(0, false)?;
+        let tv = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: valid option buffer of the right size.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const tv).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        Ok(s)
+    }
+
+    /// A non-blocking socket subscribed to NEW, UPDATE and DESTROY events,
+    /// with a receive buffer of `rcvbuf` bytes. When the kernel cannot
+    /// queue an event, a later receive fails with `ENOBUFS`: events were
+    /// lost and the caller must resynchronise with a dump.
+    pub fn events(rcvbuf: usize) -> io::Result<Self> {
+        let s = Self::open(GROUP_NEW | GROUP_UPDATE | GROUP_DESTROY, true)?;
+        let size = i32::try_from(rcvbuf).unwrap_or(i32::MAX);
+        // SO_RCVBUFFORCE needs CAP_NET_ADMIN (the daemon has it); fall back
+        // to the limited SO_RCVBUF.
+        if setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size).is_err() {
+            setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, size)?;
+        }
+        Ok(s)
+    }
+
+    /// Receives one batch of events: `Ok(None)` when nothing is queued.
+    pub fn recv_events(&self, buf: &mut [u8]) -> io::Result<Option<Vec<Event>>> {
+        Ok(self.recv(buf)?.map(|n| parse_events(&buf[..n])))
+    }
+
+    /// One datagram into `buf`: `Ok(None)` if none is queued on a
+    /// non-blocking socket.
+    fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        // SAFETY: buf is writable for its length.
+        let n = unsafe { libc::recv(self.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        Ok(Some(usize::try_from(n).unwrap_or(0)))
+    }
+
+    fn send(&mut self, m: Msg) -> io::Result<()> {
+        self.seq = self.seq.wrapping_add(1);
+        let msg = m.finish(self.seq);
+        // SAFETY: msg is a valid buffer; the kernel is the default peer.
+        let n = unsafe { libc::send(self.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sends `m` and collects the conntrack entries answered, until DONE,
+    /// an ack or an error.
+    fn transact(&mut self, m: Msg) -> io::Result<Vec<Conn>> {
+        // A request socket carries only the answers to its own requests,
+        // one at a time: no need to match sequence numbers.
+        self.send(m)?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 17];
+        loop {
+            let n = self.recv(&mut buf)?.unwrap_or(0);
+            for (ty, _flags, payload) in messages(&buf[..n]) {
+                match ty {
+                    NLMSG_ERROR => {
+                        let code = payload
+                            .get(..4)
+                            .map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap_or([0; 4])));
+                        if code == 0 {
+                            return Ok(out);
+                        }
+                        return Err(io::Error::from_raw_os_error(-code));
+                    }
+                    NLMSG_DONE => return Ok(out),
+                    t if ct_msg_type(t) == Some(IPCTNL_MSG_CT_NEW) => {
+                        if let Some(c) = payload.get(4..).and_then(parse_conn) {
+                            out.push(c);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Every entry of the table (both address families).
+    pub fn dump(&mut self) -> io::Result<Vec<Conn>> {
+        self.transact(Msg::new(IPCTNL_MSG_CT_GET, NLM_F_DUMP, libc::AF_UNSPEC as u8))
+    }
+
+    /// Changes the entry whose original direction is `orig`: its timeout
+    /// to `timeout` seconds (if given) and, for TCP, whether conntrack
+    /// checks the sequence numbers of both directions against the window
+    /// (`liberal`: it does not). `ENOENT` when the entry is gone.
+    pub fn update(&mut self, orig: &Tuple, timeout: Option<u32>, liberal: Option<bool>) -> io::Result<()> {
+        let mut m = Msg::new(IPCTNL_MSG_CT_NEW, NLM_F_ACK, family_of(orig));
+        m.tuple(CTA_TUPLE_ORIG, orig);
+        if let Some(t) = timeout {
+            m.attr(CTA_TIMEOUT, &t.to_be_bytes());
+        }
+        if let Some(on) = liberal.filter(|_| orig.proto == libc::IPPROTO_TCP as u8) {
+            // struct nf_ct_tcp_flags { u8 flags; u8 mask; }
+            let flags = [if on { TCP_FLAG_BE_LIBERAL } else { 0 }, TCP_FLAG_BE_LIBERAL];
+            m.nested(CTA_PROTOINFO, |m| {
+                m.nested(CTA_PROTOINFO_TCP, |m| {
+                    m.attr(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, &flags);
+                    m.attr(CTA_PROTOINFO_TCP_FLAGS_REPLY, &flags);
+                });
+            });
+        }
+        self.transact(m).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuple(src: [u8; 4], dst: [u8; 4], proto: u8, sport: u16, dport: u16) -> Tuple {
+        Tuple {
+            src: IpAddr::V4(src.into()),
+            dst: IpAddr::V4(dst.into()),
+            proto,
+            sport,
+            dport,
+            icmp: None,
+        }
+    }
+
+    /// A conntrack message as the kernel builds it, from the same encoder
+    /// the requests use.
+    fn encoded(c: &Conn) -> Vec<u8> {
+        let mut m = Msg(Vec::new());
+        m.tuple(CTA_TUPLE_ORIG, &c.orig);
+        m.tuple(CTA_TUPLE_REPLY, &c.reply);
+        m.attr(CTA_STATUS, &c.status.to_be_bytes());
+        if let Some(t) = c.timeout {
+            m.attr(CTA_TIMEOUT, &t.to_be_bytes());
+        }
+        m.attr(CTA_ID, &c.id.to_be_bytes());
+        if let Some(s) = c.tcp_state {
+            m.nested(CTA_PROTOINFO, |m| {
+                m.nested(CTA_PROTOINFO_TCP, |m| m.attr(CTA_PROTOINFO_TCP_STATE, &[s]));
+            });
+        }
+        m.0
+    }
+
+    #[test]
+    fn conn_round_trips_through_the_attribute_encoding() {
+        let c = Conn {
+            id: 0xdead_beef,
+            orig: tuple([192, 168, 50, 2], [203, 0, 113, 2], 6, 40000, 80),
+            reply: tuple([203, 0, 113, 2], [203, 0, 113, 1], 6, 80, 40000),
+            status: status::CONFIRMED | status::SEEN_REPLY | status::ASSURED,
+            tcp_state: Some(tcp_state::ESTABLISHED),
+            timeout: Some(431_999),
+            ..Conn::default()
+        };
+        assert_eq!(parse_conn(&encoded(&c)), Some(c));
+    }
+
+    #[test]
+    fn icmp_tuple_keeps_id_type_and_code() {
+        let mut t = tuple([10, 0, 0, 1], [10, 0, 0, 2], IPPROTO_ICMP, 77, 77);
+        t.icmp = Some((8, 0));
+        let c = Conn {
+            orig: t,
+            reply: Tuple {
+                icmp: Some((0, 0)),
+                ..tuple([10, 0, 0, 2], [10, 0, 0, 1], IPPROTO_ICMP, 77, 77)
+            },
+            ..Conn::default()
+        };
+        assert_eq!(parse_conn(&encoded(&c)), Some(c));
+    }
+
+    #[test]
+    fn ipv6_tuple_round_trips() {
+        let t = Tuple {
+            src: "2001:db8::2".parse().unwrap(),
+            dst: "2001:db8:1::2".parse().unwrap(),
+            proto: 17,
+            sport: 5000,
+            dport: 53,
+            icmp: None,
+        };
+        let c = Conn {
+            orig: t,
+            reply: Tuple {
+                src: t.dst,
+                dst: t.src,
+                sport: t.dport,
+                dport: t.sport,
+                ..t
+            },
+            ..Conn::default()
+        };
+        assert_eq!(parse_conn(&encoded(&c)), Some(c));
+    }
+
+    #[test]
+    fn missing_or_truncated_tuples_are_rejected() {
+        let c = Conn {
+            orig: tuple([1, 1, 1, 1], [2, 2, 2, 2], 17, 1, 2),
+            reply: tuple([2, 2, 2, 2], [1, 1, 1, 1], 17, 2, 1),
+            ..Conn::default()
+        };
+        let full = encoded(&c);
+        // Every prefix either parses into the same entry or is refused.
+        for cut in 0..full.len() {
+            if let Some(p) = parse_conn(&full[..cut]) {
+                assert_eq!((p.orig, p.reply), (c.orig, c.reply));
+            }
+        }
+        let mut only_orig = Msg(Vec::new());
+        only_orig.tuple(CTA_TUPLE_ORIG, &c.orig);
+        assert_eq!(parse_conn(&only_orig.0), None);
+    }
+
+    #[test]
+    fn events_are_told_apart_by_type_and_create_flag() {
+        let c = Conn {
+            orig: tuple([1, 1, 1, 1], [2, 2, 2, 2], 17, 1, 2),
+            reply: tuple([2, 2, 2, 2], [1, 1, 1, 1], 17, 2, 1),
+            ..Conn::default()
+        };
+        let mut buf = Vec::new();
+        for (ty, flags) in [
+            (IPCTNL_MSG_CT_NEW, NLM_F_CREATE),
+            (IPCTNL_MSG_CT_NEW, 0),
+            (IPCTNL_MSG_CT_DELETE, 0),
+        ] {
+            let mut m = Msg::new(ty, flags, 2);
+            m.0.extend_from_slice(&encoded(&c));
+            buf.extend_from_slice(&m.finish(0));
+        }
+        assert_eq!(
+            parse_events(&buf),
+            vec![Event::New(c.clone()), Event::Update(c.clone()), Event::Destroy(c)]
+        );
+    }
+}

@@ -1,0 +1,325 @@
+//! `router-ctl run`: the controller daemon. In offload mode it follows the
+//! kernel's conntrack over ctnetlink (a dump at start and after lost events,
+//! then NEW / UPDATE / DESTROY events) and keeps the XDP table in step
+//! through [`Offloader`]; every tick it refreshes active flows and writes
+//! its health and counters to a status file that `status`, `stats` and
+//! `metrics` read. Foreground; stops on SIGINT or SIGTERM. Offloaded flows
+//! outlive it until their lease runs out, then the kernel carries them.
+
+use std::{
+    collections::HashMap,
+    io,
+    net::IpAddr,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::MapError;
+use router_common::maps::{Admit, FlowEntry, FlowKey};
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    signal::unix::{SignalKind, signal},
+};
+
+use crate::{
+    clock::monotonic_ns,
+    ctnetlink::{CtSocket, Event, Tuple},
+    ctx::Ctx,
+    maps::ConntrackMap,
+    netlink,
+    offload::{Kernel, KernelTimeouts, OffloadStats, Offloader, Table},
+    state,
+};
+
+/// Receive buffer of the event socket: room for bursts of events between
+/// two wake-ups (overflow is detected and followed by a resync).
+const EVENT_RCVBUF: usize = 8 << 20;
+/// Routes remembered between resyncs (one lookup per new source address).
+const ROUTE_CACHE_MAX: usize = 65_536;
+
+/// The daemon's health and counters, as its status file holds them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DaemonStatus {
+    pub pid: u32,
+    pub started_unix: u64,
+    /// Rewritten every tick: a stale one means a hung or killed daemon.
+    pub heartbeat_unix: u64,
+    pub tick_secs: u64,
+    /// `kernel` (offload) or `xdp` (standalone: nothing to offload).
+    pub admit: String,
+    /// Connections XDP carries for the kernel now.
+    pub offloaded_flows: u64,
+    pub offload: OffloadStats,
+}
+
+impl DaemonStatus {
+    /// Whether the process that wrote it still runs and ticks.
+    #[must_use]
+    pub fn alive(&self, now_unix: u64) -> bool {
+        // SAFETY: signal 0 only checks that the process exists.
+        let exists = unsafe { libc::kill(self.pid.cast_signed(), 0) } == 0;
+        exists && now_unix.saturating_sub(self.heartbeat_unix) <= 3 * self.tick_secs.max(1) + 2
+    }
+}
+
+/// The daemon's health and counters as `status --json`, `stats --json`
+/// and the metrics report them: `running` false when none runs (or its
+/// heartbeat stopped).
+#[must_use]
+pub fn health_json(netns: Option<&str>) -> serde_json::Value {
+    let now = unix_now();
+    match read_status(netns) {
+        Some(s) if s.alive(now) => serde_json::json!({
+            "running": true,
+            "pid": s.pid,
+            "heartbeat_age_secs": now.saturating_sub(s.heartbeat_unix),
+            "started_unix": s.started_unix,
+            "admit": s.admit,
+            "offloaded_flows": s.offloaded_flows,
+            "offload": s.offload,
+        }),
+        _ => serde_json::json!({ "running": false }),
+    }
+}
+
+/// One line for `status` and `stats`: the daemon's health, in offload
+/// mode with what running it or not means.
+#[must_use]
+pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
+    if d["running"] == true {
+        let o = &d["offload"];
+        format!(
+            "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded; {} offloaded, \
+             {} ended, {} handed back, {} refreshes, {} resyncs, {} event losses",
+            d["pid"],
+            d["heartbeat_age_secs"],
+            d["offloaded_flows"],
+            o["offloaded"],
+            o["ended_destroyed"].as_u64().unwrap_or(0)
+                + o["ended_closing"].as_u64().unwrap_or(0)
+                + o["ended_kernel_gone"].as_u64().unwrap_or(0),
+            o["handed_back"],
+            o["refreshed"],
+            o["resyncs"],
+            o["events_lost"],
+        )
+    } else if kernel_mode {
+        "daemon: NOT RUNNING: offload mode carries nothing on the fast path (the kernel \
+         forwards every flow); start `router-ctl run`"
+            .to_owned()
+    } else {
+        "daemon: not running (standalone mode does not need it)".to_owned()
+    }
+}
+
+/// Where the daemon of a namespace keeps its status.
+#[must_use]
+pub fn status_path(netns: Option<&str>) -> PathBuf {
+    Path::new(state::LOCK_DIR).join(format!("{}.daemon.json", state::ns_key(netns)))
+}
+
+/// The daemon's last status, if one ever ran (and left its file).
+#[must_use]
+pub fn read_status(netns: Option<&str>) -> Option<DaemonStatus> {
+    let data = std::fs::read(status_path(netns)).ok()?;
+    serde_json::from_slice(&data).ok()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The pinned XDP conntrack map.
+struct PinnedTable(ConntrackMap);
+
+impl Table for PinnedTable {
+    fn get(&self, k: &FlowKey) -> Option<FlowEntry> {
+        self.0.get(k, 0).ok()
+    }
+    fn insert(&mut self, k: &FlowKey, v: &FlowEntry) -> io::Result<()> {
+        self.0.insert(k, v, 0).map_err(|e| match &e {
+            MapError::SyscallError(s) => io::Error::new(s.io_error.kind(), e.to_string()),
+            _ => io::Error::other(e.to_string()),
+        })
+    }
+    fn remove(&mut self, k: &FlowKey) {
+        // Already gone (LRU eviction, flush) is fine.
+        let _ = self.0.remove(k);
+    }
+}
+
+/// The kernel over ctnetlink and rtnetlink.
+struct NetlinkKernel {
+    ct: CtSocket,
+    routes: HashMap<IpAddr, Option<u32>>,
+}
+
+impl Kernel for NetlinkKernel {
+    fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
+        self.ct.update(orig, Some(timeout), Some(liberal))
+    }
+    fn route(&mut self, addr: IpAddr) -> Option<u32> {
+        if self.routes.len() >= ROUTE_CACHE_MAX {
+            self.routes.clear();
+        }
+        *self
+            .routes
+            .entry(addr)
+            .or_insert_with(|| netlink::route_oif(addr).ok().flatten())
+    }
+}
+
+type Daemon = Offloader<PinnedTable, NetlinkKernel>;
+
+fn resync(off: &mut Daemon) -> Result<()> {
+    let dump = off
+        .kernel
+        .ct
+        .dump()
+        .context("dumping the kernel's conntrack table (ctnetlink)")?;
+    off.kernel.routes.clear();
+    off.resync(&dump, monotonic_ns());
+    Ok(())
+}
+
+fn apply(off: &mut Daemon, events: Vec<Event>) {
+    let now = monotonic_ns();
+    for e in events {
+        match e {
+            Event::New(c) | Event::Update(c) => off.conn(&c, now),
+            Event::Destroy(c) => off.destroy(&c),
+        }
+    }
+}
+
+/// Runs the daemon until SIGINT or SIGTERM. The caller has entered the
+/// router's namespace on this (the only) thread; the runtime stays on it.
+pub fn run(ctx: &Ctx, tick: Duration) -> Result<()> {
+    let maps = ctx.maps();
+    let cfg = maps.read_config()?;
+    let kernel_mode = cfg.admit == Admit::Kernel as u8;
+    let table = PinnedTable(maps.conntrack()?);
+    let kernel = NetlinkKernel {
+        ct: CtSocket::requests().context("opening a ctnetlink socket")?,
+        routes: HashMap::new(),
+    };
+    let mut off = Offloader::new(
+        table,
+        kernel,
+        cfg.lan_ifindex,
+        cfg.wan_ifindex,
+        KernelTimeouts::read(),
+    );
+    let mut status = DaemonStatus {
+        pid: std::process::id(),
+        started_unix: unix_now(),
+        tick_secs: tick.as_secs().max(1),
+        admit: if kernel_mode { "kernel" } else { "xdp" }.into(),
+        ..DaemonStatus::default()
+    };
+    // Subscribe before the dump, so no event falls between the two.
+    let events = if kernel_mode {
+        let s = CtSocket::events(EVENT_RCVBUF)
+            .context("subscribing to conntrack events (ctnetlink)")?;
+        resync(&mut off)?;
+        Some(s)
+    } else {
+        tracing::warn!(
+            "standalone mode (attach --admit xdp): the data path admits flows itself, \
+             nothing to offload"
+        );
+        None
+    };
+    write_status(ctx, &mut status, &off)?;
+    eprintln!(
+        "router-ctl run: {} mode, {} flows offloaded from the kernel's table; stop with Ctrl-C",
+        status.admit,
+        off.len()
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let res = rt.block_on(serve(ctx, &mut off, &mut status, events, tick));
+    let _ = std::fs::remove_file(status_path(ctx.ns()));
+    res
+}
+
+fn write_status(ctx: &Ctx, status: &mut DaemonStatus, off: &Daemon) -> Result<()> {
+    status.heartbeat_unix = unix_now();
+    status.offloaded_flows = off.len() as u64;
+    status.offload.clone_from(&off.stats);
+    let data = serde_json::to_vec_pretty(status)?;
+    state::write_private(&status_path(ctx.ns()), &data)
+}
+
+async fn serve(
+    ctx: &Ctx,
+    off: &mut Daemon,
+    status: &mut DaemonStatus,
+    events: Option<CtSocket>,
+    tick: Duration,
+) -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let events = match events {
+        // SAFETY: CtSocket owns its fd and never changes or closes it
+        // before it is dropped, which the AsyncFd does.
+        Some(s) => Some(
+            unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
+                .map_err(|e| io::Error::other(e.to_string()))
+                .context("registering the event socket")?,
+        ),
+        None => None,
+    };
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = ticker.tick() => {
+                off.tick(monotonic_ns());
+                if let Err(e) = write_status(ctx, status, off) {
+                    tracing::warn!("writing the daemon status: {e:#}");
+                }
+            }
+            ready = async { events.as_ref()?.readable().await.ok() }, if events.is_some() => {
+                let (Some(mut guard), Some(fd)) = (ready, events.as_ref()) else { continue };
+                loop {
+                    match fd.get_ref().recv_events(&mut buf) {
+                        Ok(Some(ev)) => apply(off, ev),
+                        Ok(None) => {
+                            guard.clear_ready();
+                            break;
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                            // The kernel dropped events: start over from a dump.
+                            off.stats.events_lost += 1;
+                            tracing::warn!("conntrack events lost; resynchronising from a dump");
+                            resync(off)?;
+                        }
+                        Err(e) => {
+                            return Err(e).context(format!(
+                                "reading conntrack events (fd {})",
+                                fd.get_ref().as_raw_fd()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "router-ctl run: stopping; {} offloaded flows stay on the fast path until their \
+         lease ends, then the kernel carries them",
+        off.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,682 @@
+//! Offload mode: which of the kernel's connections the XDP data path
+//! carries, and keeping the two tables coherent.
+//!
+//! The kernel admits every flow (firewall, NAT, helpers). Once a connection
+//! is established in its conntrack (TCP ESTABLISHED and ASSURED, UDP and
+//! ICMP echo after the first reply) and runs between the LAN and the WAN
+//! interface, [`Offloader`] writes both directions into the XDP conntrack
+//! map with the kernel's NAT mapping ([`entries`]). From then on:
+//! - TCP FIN/RST/SYN still go to the kernel (the data path passes them), so
+//!   it sees the teardown; a closing state or a DESTROY event removes the
+//!   XDP entries.
+//! - Lifetimes: on every [`Offloader::tick`] a flow XDP forwarded since the
+//!   last tick gets its kernel timeout reset to the kernel's own value for
+//!   the state (`nf_conntrack_*_timeout*`), and its lease in the XDP entries
+//!   extended to half of that (at most [`MAX_LEASE_SECS`]). So the kernel
+//!   entry always outlives the lease: if the daemon stops, the lease runs
+//!   out first and the kernel, which still has the flow, carries it again.
+//!   An idle flow gets neither: both tables let it expire.
+//! - TCP window tracking is switched off for offloaded connections
+//!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as nf_flowtable does): the kernel does not
+//!   see the segments XDP carries, and must not call the next FIN it sees
+//!   out of window.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io,
+    net::IpAddr,
+};
+
+use router_common::maps::{
+    FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, lease_tick,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::ctnetlink::{Conn, IPPROTO_ICMP, Tuple, status, tcp_state};
+
+/// Longest lease: how long XDP may go on carrying a flow after the daemon
+/// last confirmed the kernel still has it.
+pub const MAX_LEASE_SECS: u32 = 60;
+/// The kernel entry must outlive the lease by at least this much (the lease
+/// is checked in ~1.07 s ticks, and a tick of the daemon may be late).
+const LEASE_MARGIN_SECS: u32 = 4;
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const ICMP_ECHO_REQUEST: u8 = 8;
+
+/// Why a connection is (not yet, or never) carried by XDP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Offload,
+    /// Not yet: it may become eligible with a later event.
+    Wait(&'static str),
+    /// Never, or not any more (closing).
+    Refuse(&'static str),
+}
+
+/// Whether the kernel connection `c` may be carried by XDP.
+#[must_use]
+pub fn eligibility(c: &Conn) -> Verdict {
+    use Verdict::{Offload, Refuse, Wait};
+    if !(c.orig.src.is_ipv4() && c.orig.dst.is_ipv4()) {
+        return Refuse("ipv6");
+    }
+    if c.status & (status::DYING | status::UNTRACKED | status::TEMPLATE) != 0 {
+        return Refuse("dying");
+    }
+    if c.helper || c.status & (status::HELPER | status::EXPECTED) != 0 {
+        return Refuse("helper");
+    }
+    if c.seq_adjust || c.has(status::SEQ_ADJUST) {
+        return Refuse("seq_adjust");
+    }
+    if c.zone != 0 {
+        return Refuse("zone");
+    }
+    if !c.has(status::CONFIRMED) {
+        return Wait("unconfirmed");
+    }
+    match c.orig.proto {
+        IPPROTO_TCP => match c.tcp_state {
+            Some(tcp_state::ESTABLISHED) if c.has(status::ASSURED | status::SEEN_REPLY) => Offload,
+            Some(s) if s < tcp_state::ESTABLISHED => Wait("tcp_handshake"),
+            Some(tcp_state::ESTABLISHED) => Wait("tcp_not_assured"),
+            _ => Refuse("tcp_closing"),
+        },
+        IPPROTO_UDP if c.has(status::SEEN_REPLY) => Offload,
+        IPPROTO_UDP => Wait("unreplied"),
+        IPPROTO_ICMP if c.orig.icmp.map(|(t, _)| t) != Some(ICMP_ECHO_REQUEST) => {
+            Refuse("icmp_type")
+        }
+        IPPROTO_ICMP if c.has(status::SEEN_REPLY) => Offload,
+        IPPROTO_ICMP => Wait("unreplied"),
+        _ => Refuse("protocol"),
+    }
+}
+
+fn v4(a: IpAddr) -> [u8; 4] {
+    match a {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(_) => [0; 4],
+    }
+}
+
+/// The XDP key of one direction of a kernel connection.
+#[must_use]
+pub fn flow_key(t: &Tuple) -> FlowKey {
+    FlowKey::new(v4(t.src), v4(t.dst), t.sport, t.dport, t.proto)
+}
+
+/// The data path's state for an offloaded connection.
+fn flow_state(proto: u8) -> FlowState {
+    match proto {
+        IPPROTO_TCP => FlowState::TcpEstablished,
+        IPPROTO_UDP => FlowState::UdpReplied,
+        _ => FlowState::Icmp,
+    }
+}
+
+/// Both XDP entries of kernel connection `c`, original direction first.
+/// `orig_from_lan`: the original direction arrives on the LAN (else it came
+/// in on the WAN: a port forward). Each entry translates its direction to
+/// what the kernel's NAT makes of it: the original tuple becomes the
+/// reverse of the reply tuple and vice versa.
+#[must_use]
+pub fn entries(c: &Conn, orig_from_lan: bool, now_ns: u64, lease: u32) -> [(FlowKey, FlowEntry); 2] {
+    let orig = flow_key(&c.orig);
+    let reply = flow_key(&c.reply);
+    let side = if orig_from_lan { 0 } else { FLAG_PORT_FORWARD };
+    let entry = |peer: FlowKey, to: FlowKey, flags: u8| FlowEntry {
+        peer,
+        new_src_addr: to.src_addr,
+        new_dst_addr: to.dst_addr,
+        new_src_port: to.src_port,
+        new_dst_port: to.dst_port,
+        state: flow_state(c.orig.proto) as u8,
+        flags: flags | side | FLAG_OFFLOADED,
+        last_seen_ns: now_ns,
+        created_ns: now_ns,
+        lease,
+        ..FlowEntry::default()
+    };
+    [
+        (orig, entry(reply, reply.reversed(), FLAG_ORIGINAL)),
+        (reply, entry(orig, orig.reversed(), 0)),
+    ]
+}
+
+/// The XDP conntrack map, as far as the offloader uses it.
+pub trait Table {
+    fn get(&self, k: &FlowKey) -> Option<FlowEntry>;
+    fn insert(&mut self, k: &FlowKey, v: &FlowEntry) -> io::Result<()>;
+    fn remove(&mut self, k: &FlowKey);
+}
+
+/// The kernel's conntrack, as far as the offloader changes it.
+pub trait Kernel {
+    /// Sets the timeout (seconds) of the connection whose original tuple is
+    /// `orig`, and for TCP switches window checking off (`liberal`).
+    /// `ENOENT` when the kernel no longer has it.
+    fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()>;
+    /// Which interface the kernel routes `addr` out of.
+    fn route(&mut self, addr: IpAddr) -> Option<u32>;
+}
+
+/// The kernel's idle timeouts (seconds) for the states XDP carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelTimeouts {
+    pub tcp_established: u32,
+    pub udp_stream: u32,
+    pub icmp: u32,
+}
+
+impl Default for KernelTimeouts {
+    /// Linux's defaults.
+    fn default() -> Self {
+        Self {
+            tcp_established: 432_000,
+            udp_stream: 120,
+            icmp: 30,
+        }
+    }
+}
+
+impl KernelTimeouts {
+    /// The running kernel's values (of the current network namespace),
+    /// defaults where a sysctl cannot be read.
+    #[must_use]
+    pub fn read() -> Self {
+        let d = Self::default();
+        let sysctl = |name: &str, default: u32| {
+            std::fs::read_to_string(format!("/proc/sys/net/netfilter/{name}"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(default)
+        };
+        Self {
+            tcp_established: sysctl("nf_conntrack_tcp_timeout_established", d.tcp_established),
+            udp_stream: sysctl("nf_conntrack_udp_timeout_stream", d.udp_stream),
+            icmp: sysctl("nf_conntrack_icmp_timeout", d.icmp),
+        }
+    }
+
+    #[must_use]
+    pub const fn of(&self, proto: u8) -> u32 {
+        match proto {
+            IPPROTO_TCP => self.tcp_established,
+            IPPROTO_UDP => self.udp_stream,
+            _ => self.icmp,
+        }
+    }
+}
+
+/// The lease for a flow whose kernel entry was just given `timeout`
+/// seconds: half of it, at most [`MAX_LEASE_SECS`]; `None` when the
+/// timeout is too short to leave a safe margin (the flow stays in the
+/// kernel).
+#[must_use]
+pub fn lease_secs(timeout: u32) -> Option<u32> {
+    let lease = (timeout / 2).min(MAX_LEASE_SECS);
+    (lease >= 1 && timeout.saturating_sub(lease) >= LEASE_MARGIN_SECS).then_some(lease)
+}
+
+fn lease_until(now_ns: u64, secs: u32) -> u32 {
+    lease_tick(now_ns + u64::from(secs) * 1_000_000_000)
+}
+
+/// What the offloader has done, for status, stats and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffloadStats {
+    /// Connections written to the XDP table.
+    pub offloaded: u64,
+    /// Removed because the kernel destroyed its entry.
+    pub ended_destroyed: u64,
+    /// Removed because the kernel's TCP state went to closing.
+    pub ended_closing: u64,
+    /// Removed because the kernel no longer had the entry at a refresh.
+    pub ended_kernel_gone: u64,
+    /// XDP entries found missing (LRU eviction, flush): the kernel carries
+    /// the connection again.
+    pub handed_back: u64,
+    /// Kernel timeouts refreshed (and leases extended) for active flows.
+    pub refreshed: u64,
+    /// Full resynchronisations from a dump (start, lost events).
+    pub resyncs: u64,
+    /// Times the kernel reported lost events (`ENOBUFS`).
+    pub events_lost: u64,
+    /// Failed writes to the XDP table or the kernel.
+    pub errors: u64,
+    /// Connections not offloaded, by reason.
+    pub not_offloaded: BTreeMap<String, u64>,
+}
+
+struct Offloaded {
+    /// XDP keys: original direction, reply direction.
+    keys: [FlowKey; 2],
+    proto: u8,
+    /// Newest `last_seen_ns` of the two XDP entries at the last tick.
+    last_seen_ns: u64,
+}
+
+/// Keeps the XDP table in step with the kernel's offloadable connections.
+pub struct Offloader<T, K> {
+    pub table: T,
+    pub kernel: K,
+    lan: u32,
+    wan: u32,
+    timeouts: KernelTimeouts,
+    flows: HashMap<Tuple, Offloaded>,
+    pub stats: OffloadStats,
+}
+
+impl<T: Table, K: Kernel> Offloader<T, K> {
+    pub fn new(table: T, kernel: K, lan: u32, wan: u32, timeouts: KernelTimeouts) -> Self {
+        Self {
+            table,
+            kernel,
+            lan,
+            wan,
+            timeouts,
+            flows: HashMap::new(),
+            stats: OffloadStats::default(),
+        }
+    }
+
+    /// Connections XDP carries now.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    fn refused(&mut self, why: &str) {
+        *self.stats.not_offloaded.entry(why.to_owned()).or_default() += 1;
+    }
+
+    /// A NEW or UPDATE event, or a dump row.
+    pub fn conn(&mut self, c: &Conn, now_ns: u64) {
+        match eligibility(c) {
+            Verdict::Offload if !self.flows.contains_key(&c.orig) => self.offload(c, now_ns),
+            Verdict::Offload | Verdict::Wait(_) => {}
+            Verdict::Refuse(why) => {
+                if self.end(&c.orig) {
+                    self.stats.ended_closing += 1;
+                } else {
+                    self.refused(why);
+                }
+            }
+        }
+    }
+
+    /// A DESTROY event.
+    pub fn destroy(&mut self, c: &Conn) {
+        if self.end(&c.orig) {
+            self.stats.ended_destroyed += 1;
+        }
+    }
+
+    fn offload(&mut self, c: &Conn, now_ns: u64) {
+        // The original direction arrives where the kernel routes its
+        // source; it leaves where it routes the real destination (the
+        // reply's source, after DNAT).
+        let from = self.kernel.route(c.orig.src);
+        let to = self.kernel.route(c.reply.src);
+        let orig_from_lan = match (from, to) {
+            (Some(f), Some(t)) if f == self.lan && t == self.wan => true,
+            (Some(f), Some(t)) if f == self.wan && t == self.lan => false,
+            _ => return self.refused("not_lan_wan"),
+        };
+        let timeout = self.timeouts.of(c.orig.proto);
+        let Some(lease) = lease_secs(timeout) else {
+            return self.refused("kernel_timeout_too_short");
+        };
+        // Kernel first: once the XDP entries exist, the kernel stops seeing
+        // the flow's packets, so its window tracking must already be off.
+        if let Err(e) = self.kernel.refresh(&c.orig, timeout, true) {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                self.stats.errors += 1;
+                tracing::warn!("offload: updating the kernel entry {:?}: {e}", c.orig);
+            }
+            return;
+        }
+        let pair = entries(c, orig_from_lan, now_ns, lease_until(now_ns, lease));
+        // Reply direction first: a packet of the original direction that
+        // hits before the pair is complete would have no way back in XDP.
+        for (i, (k, v)) in pair.iter().enumerate().rev() {
+            if let Err(e) = self.table.insert(k, v) {
+                self.stats.errors += 1;
+                tracing::warn!("offload: writing the XDP entry {k:?}: {e}");
+                for (k, _) in &pair[i + 1..] {
+                    self.table.remove(k);
+                }
+                return;
+            }
+        }
+        self.flows.insert(
+            c.orig,
+            Offloaded {
+                keys: [pair[0].0, pair[1].0],
+                proto: c.orig.proto,
+                last_seen_ns: now_ns,
+            },
+        );
+        self.stats.offloaded += 1;
+        tracing::debug!("offloaded {:?} -> {:?}", c.orig, c.reply);
+    }
+
+    /// Removes a connection's XDP entries; whether it was offloaded.
+    fn end(&mut self, orig: &Tuple) -> bool {
+        let Some(f) = self.flows.remove(orig) else {
+            return false;
+        };
+        for k in &f.keys {
+            self.table.remove(k);
+        }
+        true
+    }
+
+    /// The periodic pass: refresh the kernel timeout and extend the lease of
+    /// every flow XDP forwarded since the last tick; forget flows whose XDP
+    /// entries are gone or whose kernel entry is.
+    pub fn tick(&mut self, now_ns: u64) {
+        let mut gone = Vec::new();
+        for (orig, f) in &mut self.flows {
+            let (Some(a), Some(b)) = (self.table.get(&f.keys[0]), self.table.get(&f.keys[1]))
+            else {
+                gone.push((*orig, false));
+                continue;
+            };
+            let seen = a.last_seen_ns.max(b.last_seen_ns);
+            if seen <= f.last_seen_ns {
+                continue;
+            }
+            let timeout = self.timeouts.of(f.proto);
+            match self.kernel.refresh(orig, timeout, true) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    gone.push((*orig, true));
+                    continue;
+                }
+                Err(e) => {
+                    // Keep the old lease: it runs out before the kernel
+                    // entry, whatever happened.
+                    self.stats.errors += 1;
+                    tracing::warn!("offload: refreshing the kernel entry {orig:?}: {e}");
+                    continue;
+                }
+            }
+            f.last_seen_ns = seen;
+            let lease = lease_until(now_ns, lease_secs(timeout).unwrap_or(0));
+            for (k, mut e) in [(f.keys[0], a), (f.keys[1], b)] {
+                e.lease = lease;
+                if self.table.insert(&k, &e).is_err() {
+                    self.stats.errors += 1;
+                }
+            }
+            self.stats.refreshed += 1;
+        }
+        for (orig, kernel_gone) in gone {
+            if let Some(f) = self.flows.remove(&orig) {
+                for k in &f.keys {
+                    self.table.remove(k);
+                }
+            }
+            if kernel_gone {
+                self.stats.ended_kernel_gone += 1;
+            } else {
+                self.stats.handed_back += 1;
+            }
+        }
+    }
+
+    /// Starts over from a dump of the kernel's table: connections the
+    /// kernel no longer has leave XDP, eligible ones are offloaded.
+    pub fn resync(&mut self, dump: &[Conn], now_ns: u64) {
+        self.stats.resyncs += 1;
+        let present: std::collections::HashSet<Tuple> = dump.iter().map(|c| c.orig).collect();
+        let stale: Vec<Tuple> = self
+            .flows
+            .keys()
+            .filter(|k| !present.contains(k))
+            .copied()
+            .collect();
+        for orig in stale {
+            if self.end(&orig) {
+                self.stats.ended_destroyed += 1;
+            }
+        }
+        for c in dump {
+            self.conn(c, now_ns);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::ctnetlink::status::{ASSURED, CONFIRMED, SEEN_REPLY};
+
+    const LAN: u32 = 2;
+    const WAN: u32 = 3;
+
+    #[derive(Default)]
+    struct MemTable(BTreeMap<FlowKey, FlowEntry>);
+
+    impl Table for MemTable {
+        fn get(&self, k: &FlowKey) -> Option<FlowEntry> {
+            self.0.get(k).copied()
+        }
+        fn insert(&mut self, k: &FlowKey, v: &FlowEntry) -> io::Result<()> {
+            self.0.insert(*k, *v);
+            Ok(())
+        }
+        fn remove(&mut self, k: &FlowKey) {
+            self.0.remove(k);
+        }
+    }
+
+    /// A kernel with a LAN 192.168.50.0/24 and everything else on the WAN,
+    /// that knows the connections in `present`.
+    #[derive(Default)]
+    struct FakeKernel {
+        present: Vec<Tuple>,
+        refreshed: Vec<(Tuple, u32)>,
+    }
+
+    impl Kernel for FakeKernel {
+        fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
+            assert!(liberal);
+            if !self.present.contains(orig) {
+                return Err(io::Error::from_raw_os_error(libc::ENOENT));
+            }
+            self.refreshed.push((*orig, timeout));
+            Ok(())
+        }
+        fn route(&mut self, addr: IpAddr) -> Option<u32> {
+            match addr {
+                IpAddr::V4(a) if a.octets()[..3] == [192, 168, 50] => Some(LAN),
+                IpAddr::V4(a) if a.octets() == [203, 0, 113, 1] => Some(1),
+                _ => Some(WAN),
+            }
+        }
+    }
+
+    fn t(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, proto: u8) -> Tuple {
+        Tuple {
+            src: IpAddr::V4(Ipv4Addr::from(src)),
+            dst: IpAddr::V4(Ipv4Addr::from(dst)),
+            proto,
+            sport,
+            dport,
+            icmp: None,
+        }
+    }
+
+    /// A masqueraded UDP flow 192.168.50.2:5000 -> 198.51.100.2:53 mapped to
+    /// 203.0.113.1:61000.
+    fn masq_udp(status: u32) -> Conn {
+        Conn {
+            orig: t([192, 168, 50, 2], 5000, [198, 51, 100, 2], 53, 17),
+            reply: t([198, 51, 100, 2], 53, [203, 0, 113, 1], 61000, 17),
+            status,
+            ..Conn::default()
+        }
+    }
+
+    fn offloader(present: &[&Conn]) -> Offloader<MemTable, FakeKernel> {
+        let kernel = FakeKernel {
+            present: present.iter().map(|c| c.orig).collect(),
+            ..FakeKernel::default()
+        };
+        Offloader::new(MemTable::default(), kernel, LAN, WAN, KernelTimeouts::default())
+    }
+
+    #[test]
+    fn eligibility_follows_state_and_features() {
+        let est = CONFIRMED | SEEN_REPLY | ASSURED;
+        let mut tcp = masq_udp(est);
+        tcp.orig.proto = 6;
+        tcp.reply.proto = 6;
+        tcp.tcp_state = Some(tcp_state::ESTABLISHED);
+        assert_eq!(eligibility(&tcp), Verdict::Offload);
+        tcp.tcp_state = Some(2);
+        assert_eq!(eligibility(&tcp), Verdict::Wait("tcp_handshake"));
+        tcp.tcp_state = Some(4);
+        assert_eq!(eligibility(&tcp), Verdict::Refuse("tcp_closing"));
+        tcp.tcp_state = Some(tcp_state::ESTABLISHED);
+        tcp.helper = true;
+        assert_eq!(eligibility(&tcp), Verdict::Refuse("helper"));
+        assert_eq!(eligibility(&masq_udp(CONFIRMED)), Verdict::Wait("unreplied"));
+        assert_eq!(eligibility(&masq_udp(CONFIRMED | SEEN_REPLY)), Verdict::Offload);
+        let mut seq = masq_udp(CONFIRMED | SEEN_REPLY | status::SEQ_ADJUST);
+        assert_eq!(eligibility(&seq), Verdict::Refuse("seq_adjust"));
+        seq.status = CONFIRMED | SEEN_REPLY;
+        seq.orig.proto = 47;
+        assert_eq!(eligibility(&seq), Verdict::Refuse("protocol"));
+    }
+
+    #[test]
+    fn entries_carry_the_kernels_mapping_both_ways() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let [(ok, o), (rk, r)] = entries(&c, true, 5, 9);
+        assert_eq!(ok, flow_key(&c.orig));
+        assert_eq!(rk, flow_key(&c.reply));
+        // LAN -> WAN: source becomes the mapped WAN endpoint.
+        assert_eq!((o.new_src_addr, o.new_src_port), ([203, 0, 113, 1], 61000));
+        assert_eq!((o.new_dst_addr, o.new_dst_port), ([198, 51, 100, 2], 53));
+        // WAN -> LAN: destination becomes the LAN host.
+        assert_eq!((r.new_src_addr, r.new_src_port), ([198, 51, 100, 2], 53));
+        assert_eq!((r.new_dst_addr, r.new_dst_port), ([192, 168, 50, 2], 5000));
+        assert!(o.lan_side() && !r.lan_side());
+        assert_eq!((o.peer, r.peer), (rk, ok));
+        for e in [o, r] {
+            assert_ne!(e.flags & FLAG_OFFLOADED, 0);
+            assert_eq!((e.lease, e.state), (9, FlowState::UdpReplied as u8));
+        }
+        // A port forward: the original direction came in on the WAN.
+        let [(_, o), (_, r)] = entries(&c, false, 5, 9);
+        assert!(!o.lan_side() && r.lan_side());
+    }
+
+    #[test]
+    fn offload_waits_for_the_reply_and_ends_on_destroy() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&c]);
+        o.conn(&masq_udp(CONFIRMED), 1);
+        assert_eq!((o.len(), o.table.0.len()), (0, 0));
+        o.conn(&c, 1);
+        assert_eq!((o.len(), o.table.0.len()), (1, 2));
+        assert_eq!(o.kernel.refreshed, vec![(c.orig, 120)]);
+        // A second update changes nothing.
+        o.conn(&c, 2);
+        assert_eq!((o.stats.offloaded, o.kernel.refreshed.len()), (1, 1));
+        o.destroy(&c);
+        assert_eq!((o.len(), o.table.0.len(), o.stats.ended_destroyed), (0, 0, 1));
+    }
+
+    #[test]
+    fn flows_not_between_lan_and_wan_stay_in_the_kernel() {
+        // From the router itself (routed via lo's index 1 here).
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.orig.src = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1));
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 0);
+        assert_eq!(o.stats.not_offloaded.get("not_lan_wan"), Some(&1));
+    }
+
+    #[test]
+    fn tick_refreshes_only_active_flows_and_extends_their_lease() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1_000);
+        let k = flow_key(&c.orig);
+        let lease0 = o.table.0[&k].lease;
+        // Idle: nothing refreshed.
+        o.tick(10_000_000_000);
+        assert_eq!(o.kernel.refreshed.len(), 1);
+        assert_eq!(o.table.0[&k].lease, lease0);
+        // XDP forwarded a packet: kernel timeout and lease renewed.
+        o.table.0.get_mut(&k).unwrap().last_seen_ns = 20_000_000_000;
+        o.tick(21_000_000_000);
+        assert_eq!(o.kernel.refreshed.len(), 2);
+        assert_eq!(o.table.0[&k].lease, lease_until(21_000_000_000, 60));
+        assert!(o.table.0[&k].lease > lease0);
+        assert_eq!(o.stats.refreshed, 1);
+    }
+
+    #[test]
+    fn tick_forgets_flows_the_kernel_or_xdp_lost() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        o.kernel.present.clear();
+        o.table.0.get_mut(&flow_key(&c.orig)).unwrap().last_seen_ns = 5;
+        o.tick(10);
+        assert_eq!((o.len(), o.table.0.len(), o.stats.ended_kernel_gone), (0, 0, 1));
+        // An evicted XDP half hands the flow back.
+        o.kernel.present.push(c.orig);
+        o.conn(&c, 20);
+        o.table.remove(&flow_key(&c.reply));
+        o.tick(30);
+        assert_eq!((o.len(), o.table.0.len(), o.stats.handed_back), (0, 0, 1));
+    }
+
+    #[test]
+    fn resync_drops_what_the_kernel_forgot() {
+        let a = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut b = a.clone();
+        b.orig.sport = 5001;
+        b.reply.dport = 61001;
+        let mut o = offloader(&[&a, &b]);
+        o.resync(&[a.clone(), b.clone()], 1);
+        assert_eq!(o.len(), 2);
+        o.resync(&[b], 2);
+        assert_eq!((o.len(), o.table.0.len()), (1, 2));
+        assert_eq!(o.stats.resyncs, 2);
+    }
+
+    #[test]
+    fn closing_tcp_leaves_xdp() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        c.orig.proto = 6;
+        c.reply.proto = 6;
+        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        c.tcp_state = Some(4);
+        o.conn(&c, 2);
+        assert_eq!((o.len(), o.table.0.len(), o.stats.ended_closing), (0, 0, 1));
+    }
+
+    #[test]
+    fn lease_leaves_the_kernel_entry_a_margin() {
+        assert_eq!(lease_secs(432_000), Some(MAX_LEASE_SECS));
+        assert_eq!(lease_secs(120), Some(60));
+        assert_eq!(lease_secs(10), Some(5));
+        assert_eq!(lease_secs(6), None);
+    }
+}

@@ -1,0 +1,369 @@
+//! Offload mode end to end: a router namespace with an ordinary firewall
+//! (nftables or iptables-legacy: forward policy drop, LAN -> WAN allowed
+//! except one UDP port, established allowed, a DNAT port forward,
+//! masquerade), `attach --admit kernel` and `router-ctl run`. The kernel
+//! decides about every new flow; established ones move to XDP.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use tests::{
+    CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, router_ctl_bin,
+    socket_addr as sa,
+};
+
+use crate::ctl::{DetachOnDrop, Stream, wait_for};
+
+/// The UDP port the firewall drops from the LAN.
+const BLOCKED_UDP_PORT: u16 = 9999;
+/// WAN port forwarded (DNAT) to the client's port 80.
+const FORWARDED_PORT: u16 = 8080;
+
+#[derive(Clone, Copy, Debug)]
+enum Firewall {
+    Nftables,
+    IptablesLegacy,
+}
+
+/// The router's firewall and NAT, the way a router owner writes them.
+fn install_firewall(t: &Topology, fw: Firewall) {
+    let dnat_to = format!("{CLIENT_ADDR}:80");
+    match fw {
+        Firewall::Nftables => {
+            let rules = format!(
+                "table inet filter {{
+  chain forward {{
+    type filter hook forward priority 0; policy drop;
+    ct state established,related counter accept
+    iifname \"{LAN_IF}\" oifname \"{WAN_IF}\" udp dport {BLOCKED_UDP_PORT} counter drop
+    iifname \"{LAN_IF}\" oifname \"{WAN_IF}\" accept
+    iifname \"{WAN_IF}\" oifname \"{LAN_IF}\" ct status dnat accept
+  }}
+}}
+table ip nat {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat;
+    iifname \"{WAN_IF}\" tcp dport {FORWARDED_PORT} dnat to {dnat_to}
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat;
+    oifname \"{WAN_IF}\" masquerade
+  }}
+}}
+"
+            );
+            let path = std::env::temp_dir().join(format!("offload-fw-{}.nft", std::process::id()));
+            std::fs::write(&path, rules).unwrap();
+            t.exec_ok(Ns::Router, &["nft", "-f", path.to_str().unwrap()]);
+            let _ = std::fs::remove_file(path);
+        }
+        Firewall::IptablesLegacy => {
+            let blocked = BLOCKED_UDP_PORT.to_string();
+            let fwd_port = FORWARDED_PORT.to_string();
+            for rule in [
+                vec!["-P", "FORWARD", "DROP"],
+                vec!["-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+                vec!["-A", "FORWARD", "-i", LAN_IF, "-o", WAN_IF, "-p", "udp", "--dport", &blocked, "-j", "DROP"],
+                vec!["-A", "FORWARD", "-i", LAN_IF, "-o", WAN_IF, "-j", "ACCEPT"],
+                vec!["-A", "FORWARD", "-i", WAN_IF, "-o", LAN_IF, "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"],
+                vec!["-t", "nat", "-A", "PREROUTING", "-i", WAN_IF, "-p", "tcp", "--dport", &fwd_port, "-j", "DNAT", "--to-destination", &dnat_to],
+                vec!["-t", "nat", "-A", "POSTROUTING", "-o", WAN_IF, "-j", "MASQUERADE"],
+            ] {
+                let mut cmd = vec!["iptables-legacy"];
+                cmd.extend(rule);
+                t.exec_ok(Ns::Router, &cmd);
+            }
+        }
+    }
+}
+
+/// `router-ctl run` in the router namespace, killed on drop. Its stderr is
+/// collected for failure messages.
+struct Daemon {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    fn start(t: &Topology, extra: &[&str]) -> Self {
+        let mut child = Command::new(router_ctl_bin())
+            .args(["-n", t.ns_name(Ns::Router), "run"])
+            .args(extra)
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting router-ctl run");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("stop with Ctrl-C") {
+                    let _ = tx.send(());
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let d = Self { child, log };
+        assert!(
+            rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "router-ctl run did not start:\n{}",
+            d.log()
+        );
+        d
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A UDP echo service in `ns` on `addr` for `lifetime` (a thread).
+fn udp_echo(t: &Topology, ns: Ns, addr: SocketAddr, lifetime: Duration) -> JoinHandle<()> {
+    let name = t.ns_name(ns).to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        tests::netns::enter(&name);
+        let s = UdpSocket::bind(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        tx.send(()).unwrap();
+        let end = Instant::now() + lifetime;
+        let mut buf = [0u8; 2048];
+        while Instant::now() < end {
+            if let Ok((n, peer)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(&buf[..n], peer);
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).expect("UDP echo bound");
+    h
+}
+
+/// A connected UDP socket in the client namespace from `port`.
+fn udp_client(t: &Topology, port: u16, dst: SocketAddr) -> UdpSocket {
+    t.in_ns(Ns::Client, || {
+        let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, port)).unwrap();
+        s.connect(dst).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s
+    })
+}
+
+/// Sends `n` datagrams `gap` apart; how many echoes came back.
+fn echoes(s: &UdpSocket, n: u32, gap: Duration) -> u32 {
+    let mut ok = 0;
+    let mut buf = [0u8; 64];
+    for i in 0..n {
+        let msg = format!("echo {i}");
+        s.send(msg.as_bytes()).unwrap();
+        if matches!(s.recv(&mut buf), Ok(k) if &buf[..k] == msg.as_bytes()) {
+            ok += 1;
+        }
+        std::thread::sleep(gap);
+    }
+    ok
+}
+
+fn counter(t: &Topology, name: &str) -> u64 {
+    t.counter(name)
+}
+
+/// Offloaded flows in the XDP table (conntrack list rows marked offloaded).
+fn offloaded_rows(t: &Topology) -> Vec<serde_json::Value> {
+    t.conntrack()
+        .into_iter()
+        .filter(|f| f["offloaded"] == true)
+        .collect()
+}
+
+/// The kernel's conntrack entries (conntrack -L) matching `filter`.
+fn kernel_entries(t: &Topology, filter: &[&str]) -> Vec<String> {
+    let mut cmd = vec!["conntrack", "-L"];
+    cmd.extend_from_slice(filter);
+    let o = t.exec(Ns::Router, &cmd);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
+    let t = Topology::new();
+    install_firewall(&t, fw);
+    let _detach = DetachOnDrop(&t);
+    let life = Duration::from_secs(90);
+    let _udp_srv = udp_echo(&t, Ns::Server, sa(SERVER_ADDR, 7000), life);
+    let _blocked_srv = udp_echo(&t, Ns::Server, sa(SERVER_ADDR, BLOCKED_UDP_PORT), life);
+
+    // A connection the kernel admitted before the fast path existed.
+    let early = Stream::start(&t, sa(SERVER_ADDR, 7100), 4 << 20, 10.0);
+    std::thread::sleep(Duration::from_secs(1));
+
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    assert!(out.contains("kernel"), "attach does not say offload mode: {out}");
+    let daemon = Daemon::start(&t, &[]);
+    wait_for("the early stream to be offloaded", Duration::from_secs(5), || {
+        !offloaded_rows(&t).is_empty()
+    });
+
+    // The firewall still decides: the blocked port stays blocked...
+    let blocked = udp_client(&t, 41000, sa(SERVER_ADDR, BLOCKED_UDP_PORT));
+    assert_eq!(echoes(&blocked, 3, Duration::ZERO), 0, "the firewall's drop rule was bypassed");
+    // ...and allowed traffic works, masqueraded by the kernel's NAT.
+    assert_eq!(t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7200)).ip(), ROUTER_WAN_ADDR);
+    assert!(t.ping(Ns::Client, SERVER_ADDR, 3), "ping through the router failed");
+
+    // An established UDP flow moves to XDP: after its first reply the
+    // kernel forwards (almost) none of its packets any more.
+    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    std::thread::sleep(Duration::from_millis(300));
+    let (kernel0, out0, in0) = (
+        t.nstat(Ns::Router, "IpForwDatagrams"),
+        counter(&t, "fwd_outbound"),
+        counter(&t, "fwd_inbound"),
+    );
+    assert_eq!(echoes(&udp, 40, Duration::from_millis(5)), 40);
+    let kernel_fwd = t.nstat(Ns::Router, "IpForwDatagrams") - kernel0;
+    let (xdp_out, xdp_in) = (counter(&t, "fwd_outbound") - out0, counter(&t, "fwd_inbound") - in0);
+    println!("40 echoes of an offloaded UDP flow: kernel forwarded {kernel_fwd}, XDP {xdp_out} out / {xdp_in} in");
+    assert!(xdp_out >= 40 && xdp_in >= 40, "XDP did not carry the flow: {xdp_out}/{xdp_in}");
+    // Other flows run meanwhile (the early TCP stream): allow a few.
+    assert!(kernel_fwd < 20, "the kernel still forwards the offloaded flow ({kernel_fwd})");
+
+    // The port forward (the kernel's DNAT rule) works and is offloaded.
+    let lan_srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));
+    let in1 = counter(&t, "fwd_inbound");
+    let payload = tests::pattern(512 * 1024);
+    let got = t
+        .tcp_echo_client(Ns::Server, sa(ROUTER_WAN_ADDR, FORWARDED_PORT), &payload, Duration::from_secs(10))
+        .expect("port forward through the kernel's DNAT");
+    assert!(got == payload, "port-forwarded echo differs");
+    assert_eq!(lan_srv.join().map(|p| p.ip()), Some(std::net::IpAddr::V4(SERVER_ADDR)));
+    assert!(counter(&t, "fwd_inbound") - in1 > 100, "the port-forwarded flow was not offloaded");
+
+    // The connection from before attach went on, every byte intact.
+    early.finish();
+    let rows = t.router_ctl_ok(&["conntrack", "list"]);
+    println!("{rows}");
+    assert!(
+        daemon.log().contains("offloaded"),
+        "the daemon logged no offload:\n{}",
+        daemon.log()
+    );
+    let stats = t.router_ctl_ok(&["stats"]);
+    assert!(counter(&t, "pass_not_offloaded") > 0, "{stats}");
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_with_nftables_firewall() {
+    firewall_keeps_control_and_established_flows_move_to_xdp(Firewall::Nftables);
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_with_iptables_legacy_firewall() {
+    firewall_keeps_control_and_established_flows_move_to_xdp(Firewall::IptablesLegacy);
+}
+
+/// Detach while an offloaded TCP stream runs, and SIGKILL the daemon while
+/// another runs: both finish with every byte, none is reset or stalls.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_detach_and_daemon_kill_lose_no_flow() {
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let mut daemon = Daemon::start(&t, &[]);
+
+    // Kill the daemon mid-stream: the flow stays on XDP for its lease.
+    let secs = 6.0;
+    let killed = Stream::start(&t, sa(SERVER_ADDR, 7300), 6 << 20, secs);
+    wait_for("the stream to be offloaded", Duration::from_secs(5), || {
+        !offloaded_rows(&t).is_empty()
+    });
+    let out0 = counter(&t, "fwd_outbound");
+    std::thread::sleep(Duration::from_secs(1));
+    daemon.kill9();
+    let start = Instant::now();
+    killed.finish();
+    assert!(start.elapsed() < Duration::from_secs_f64(secs + 3.0), "the stream stalled");
+    assert!(counter(&t, "fwd_outbound") - out0 > 100, "XDP stopped carrying the stream");
+    // New flows still work (the kernel admits them; nothing offloads).
+    assert_eq!(t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7301)).ip(), ROUTER_WAN_ADDR);
+
+    // Detach mid-stream: the kernel, which kept the flow's state, carries on.
+    let _daemon = Daemon::start(&t, &[]);
+    let detached = Stream::start(&t, sa(SERVER_ADDR, 7302), 6 << 20, secs);
+    wait_for("the second stream to be offloaded", Duration::from_secs(5), || {
+        offloaded_rows(&t)
+            .iter()
+            .any(|f| f["orig_dst"] == sa(SERVER_ADDR, 7302).to_string().as_str())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
+    t.router_ctl_ok(&["detach"]);
+    let start = Instant::now();
+    detached.finish();
+    assert!(start.elapsed() < Duration::from_secs_f64(secs + 3.0), "the stream stalled after detach");
+    assert!(
+        t.nstat(Ns::Router, "IpForwDatagrams") - fwd0 > 100,
+        "the kernel did not take the stream over"
+    );
+}
+
+/// A UDP flow kept busy through XDP for longer than the kernel's UDP
+/// timeout stays in both tables; once idle it ends in both.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_lifetimes_follow_the_traffic() {
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    // Short kernel UDP timeouts, and the same in XDP.
+    for s in ["nf_conntrack_udp_timeout=10", "nf_conntrack_udp_timeout_stream=10"] {
+        t.exec_ok(Ns::Router, &["sysctl", "-qw", &format!("net.netfilter.{s}")]);
+    }
+    let _detach = DetachOnDrop(&t);
+    t.router_ctl_ok(&[
+        "attach", LAN_IF, WAN_IF, "--admit", "kernel", "--timeout", "udp-replied=10",
+    ]);
+    let _daemon = Daemon::start(&t, &[]);
+    let _srv = udp_echo(&t, Ns::Server, sa(SERVER_ADDR, 7400), Duration::from_secs(60));
+    let udp = udp_client(&t, 43000, sa(SERVER_ADDR, 7400));
+    let kernel_flow = ["-p", "udp", "--orig-port-src", "43000"];
+    // 24 s of one echo every 0.5 s: more than twice the kernel's timeout.
+    let out0 = counter(&t, "fwd_outbound");
+    assert_eq!(echoes(&udp, 48, Duration::from_millis(500)), 48, "the busy flow lost echoes");
+    let carried = counter(&t, "fwd_outbound") - out0;
+    assert!(carried >= 40, "XDP carried only {carried} of 48 datagrams");
+    assert_eq!(kernel_entries(&t, &kernel_flow).len(), 1, "the kernel forgot the busy flow");
+    assert_eq!(offloaded_rows(&t).len(), 1, "XDP forgot the busy flow");
+    // Idle: both tables let it go (kernel timeout 10 s after the last refresh).
+    wait_for("the idle flow to leave both tables", Duration::from_secs(25), || {
+        kernel_entries(&t, &kernel_flow).is_empty() && offloaded_rows(&t).is_empty()
+    });
+}
