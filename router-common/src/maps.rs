@@ -193,7 +193,7 @@ pub const LEASE_TICK_SHIFT: u32 = 30;
 
 /// The lease tick of a `CLOCK_MONOTONIC` time in ns.
 #[must_use]
-#[inline(always)]
+#[inline]
 pub const fn lease_tick(now_ns: u64) -> u32 {
     (now_ns >> LEASE_TICK_SHIFT) as u32
 }

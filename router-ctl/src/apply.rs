@@ -525,11 +525,20 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("r:6: forward: port forwards are the kernel's DNAT rules"), "{e}");
-        let e = parse_file("r", "[router]\nadmit = \"nat\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("r:2: router.admit: \"nat\" is not an admit mode"), "{e}");
+        assert!(
+            e.contains("r:6: forward: port forwards are the kernel's DNAT rules"),
+            "{e}"
+        );
+        let e = parse_file(
+            "r",
+            "[router]\nadmit = \"nat\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("r:2: router.admit: \"nat\" is not an admit mode"),
+            "{e}"
+        );
     }
 
     #[test]

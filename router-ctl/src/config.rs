@@ -77,7 +77,9 @@ impl AdmitMode {
     /// The mode named `name` (see [`AdmitMode::name`]).
     #[must_use]
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Kernel, Self::Xdp].into_iter().find(|m| m.name() == name)
+        [Self::Kernel, Self::Xdp]
+            .into_iter()
+            .find(|m| m.name() == name)
     }
 
     /// The data path's value (`Config::admit`).

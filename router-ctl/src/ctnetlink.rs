@@ -64,7 +64,7 @@ const CTA_COUNTERS_BYTES: u16 = 2;
 
 /// `IP_CT_TCP_FLAG_BE_LIBERAL`: conntrack stops checking this direction's
 /// sequence numbers against its window. Set while XDP carries a flow,
-/// because the kernel does not see the segments in between (nf_flowtable
+/// because the kernel does not see the segments in between (`nf_flowtable`
 /// does the same when it offloads a TCP flow).
 pub const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
 
@@ -95,7 +95,7 @@ pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
 /// One direction of a connection as conntrack keys it. For ICMP and
-/// ICMPv6 both ports hold the identifier and `icmp` the type and code
+/// `ICMPv6` both ports hold the identifier and `icmp` the type and code
 /// (the kernel needs all three to find the entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tuple {
@@ -411,10 +411,8 @@ fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
 pub fn parse_events(buf: &[u8]) -> Vec<Event> {
     let mut out = Vec::new();
     for (ty, flags, payload) in messages(buf) {
-        let (Some(msg), Some(conn)) = (
-            ct_msg_type(ty),
-            payload.get(4..).and_then(parse_conn),
-        ) else {
+        let (Some(msg), Some(conn)) = (ct_msg_type(ty), payload.get(4..).and_then(parse_conn))
+        else {
             continue;
         };
         out.push(match msg {
@@ -589,14 +587,23 @@ impl CtSocket {
 
     /// Every entry of the table (both address families).
     pub fn dump(&mut self) -> io::Result<Vec<Conn>> {
-        self.transact(Msg::new(IPCTNL_MSG_CT_GET, NLM_F_DUMP, libc::AF_UNSPEC as u8))
+        self.transact(Msg::new(
+            IPCTNL_MSG_CT_GET,
+            NLM_F_DUMP,
+            libc::AF_UNSPEC as u8,
+        ))
     }
 
     /// Changes the entry whose original direction is `orig`: its timeout
     /// to `timeout` seconds (if given) and, for TCP, whether conntrack
     /// checks the sequence numbers of both directions against the window
     /// (`liberal`: it does not). `ENOENT` when the entry is gone.
-    pub fn update(&mut self, orig: &Tuple, timeout: Option<u32>, liberal: Option<bool>) -> io::Result<()> {
+    pub fn update(
+        &mut self,
+        orig: &Tuple,
+        timeout: Option<u32>,
+        liberal: Option<bool>,
+    ) -> io::Result<()> {
         let mut m = Msg::new(IPCTNL_MSG_CT_NEW, NLM_F_ACK, family_of(orig));
         m.tuple(CTA_TUPLE_ORIG, orig);
         if let Some(t) = timeout {
@@ -604,7 +611,10 @@ impl CtSocket {
         }
         if let Some(on) = liberal.filter(|_| orig.proto == libc::IPPROTO_TCP as u8) {
             // struct nf_ct_tcp_flags { u8 flags; u8 mask; }
-            let flags = [if on { TCP_FLAG_BE_LIBERAL } else { 0 }, TCP_FLAG_BE_LIBERAL];
+            let flags = [
+                if on { TCP_FLAG_BE_LIBERAL } else { 0 },
+                TCP_FLAG_BE_LIBERAL,
+            ];
             m.nested(CTA_PROTOINFO, |m| {
                 m.nested(CTA_PROTOINFO_TCP, |m| {
                     m.attr(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, &flags);
@@ -741,7 +751,11 @@ mod tests {
         }
         assert_eq!(
             parse_events(&buf),
-            vec![Event::New(c.clone()), Event::Update(c.clone()), Event::Destroy(c)]
+            vec![
+                Event::New(c.clone()),
+                Event::Update(c.clone()),
+                Event::Destroy(c)
+            ]
         );
     }
 }

@@ -59,10 +59,14 @@ impl DaemonStatus {
     /// Whether the process that wrote it still runs and ticks.
     #[must_use]
     pub fn alive(&self, now_unix: u64) -> bool {
-        // SAFETY: signal 0 only checks that the process exists.
-        let exists = unsafe { libc::kill(self.pid.cast_signed(), 0) } == 0;
-        exists && now_unix.saturating_sub(self.heartbeat_unix) <= 3 * self.tick_secs.max(1) + 2
+        process_exists(self.pid)
+            && now_unix.saturating_sub(self.heartbeat_unix) <= 3 * self.tick_secs.max(1) + 2
     }
+}
+
+fn process_exists(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid.cast_signed(), 0) == 0 }
 }
 
 /// The daemon's health and counters as `status --json`, `stats --json`

@@ -355,14 +355,15 @@ pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
 /// router's own addresses), or `None` when it has no route.
 pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
     let s = Socket::new()?;
+    // AF_INET, AF_INET6 as the one byte rtmsg holds.
     let (family, addr) = match dst {
-        std::net::IpAddr::V4(a) => (libc::AF_INET, a.octets().to_vec()),
-        std::net::IpAddr::V6(a) => (libc::AF_INET6, a.octets().to_vec()),
+        std::net::IpAddr::V4(a) => (2u8, a.octets().to_vec()),
+        std::net::IpAddr::V6(a) => (10u8, a.octets().to_vec()),
     };
     // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope,
     // type, flags (u32).
     let mut rtm = [0u8; 12];
-    rtm[0] = family as u8;
+    rtm[0] = family;
     rtm[1] = (addr.len() * 8) as u8;
     let mut m = Msg::new(RTM_GETROUTE, 0, &rtm);
     m.attr(RTA_DST, &addr);
@@ -373,7 +374,12 @@ pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
                 .find(|(t, _)| *t == RTA_OIF)
                 .map(|(_, d)| u32_of(d))
         })),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
+            ) =>
+        {
             Ok(None)
         }
         Err(e) => Err(e),

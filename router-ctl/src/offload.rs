@@ -17,7 +17,7 @@
 //!   out first and the kernel, which still has the flow, carries it again.
 //!   An idle flow gets neither: both tables let it expire.
 //! - TCP window tracking is switched off for offloaded connections
-//!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as nf_flowtable does): the kernel does not
+//!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as `nf_flowtable` does): the kernel does not
 //!   see the segments XDP carries, and must not call the next FIN it sees
 //!   out of window.
 
@@ -84,13 +84,12 @@ pub fn eligibility(c: &Conn) -> Verdict {
             Some(tcp_state::ESTABLISHED) => Wait("tcp_not_assured"),
             _ => Refuse("tcp_closing"),
         },
-        IPPROTO_UDP if c.has(status::SEEN_REPLY) => Offload,
-        IPPROTO_UDP => Wait("unreplied"),
         IPPROTO_ICMP if c.orig.icmp.map(|(t, _)| t) != Some(ICMP_ECHO_REQUEST) => {
             Refuse("icmp_type")
         }
-        IPPROTO_ICMP if c.has(status::SEEN_REPLY) => Offload,
-        IPPROTO_ICMP => Wait("unreplied"),
+        // UDP and ICMP echo: once the other side answered.
+        IPPROTO_UDP | IPPROTO_ICMP if c.has(status::SEEN_REPLY) => Offload,
+        IPPROTO_UDP | IPPROTO_ICMP => Wait("unreplied"),
         _ => Refuse("protocol"),
     }
 }
@@ -123,7 +122,12 @@ fn flow_state(proto: u8) -> FlowState {
 /// what the kernel's NAT makes of it: the original tuple becomes the
 /// reverse of the reply tuple and vice versa.
 #[must_use]
-pub fn entries(c: &Conn, orig_from_lan: bool, now_ns: u64, lease: u32) -> [(FlowKey, FlowEntry); 2] {
+pub fn entries(
+    c: &Conn,
+    orig_from_lan: bool,
+    now_ns: u64,
+    lease: u32,
+) -> [(FlowKey, FlowEntry); 2] {
     let orig = flow_key(&c.orig);
     let reply = flow_key(&c.reply);
     let side = if orig_from_lan { 0 } else { FLAG_PORT_FORWARD };
@@ -530,7 +534,13 @@ mod tests {
             present: present.iter().map(|c| c.orig).collect(),
             ..FakeKernel::default()
         };
-        Offloader::new(MemTable::default(), kernel, LAN, WAN, KernelTimeouts::default())
+        Offloader::new(
+            MemTable::default(),
+            kernel,
+            LAN,
+            WAN,
+            KernelTimeouts::default(),
+        )
     }
 
     #[test]
@@ -548,8 +558,14 @@ mod tests {
         tcp.tcp_state = Some(tcp_state::ESTABLISHED);
         tcp.helper = true;
         assert_eq!(eligibility(&tcp), Verdict::Refuse("helper"));
-        assert_eq!(eligibility(&masq_udp(CONFIRMED)), Verdict::Wait("unreplied"));
-        assert_eq!(eligibility(&masq_udp(CONFIRMED | SEEN_REPLY)), Verdict::Offload);
+        assert_eq!(
+            eligibility(&masq_udp(CONFIRMED)),
+            Verdict::Wait("unreplied")
+        );
+        assert_eq!(
+            eligibility(&masq_udp(CONFIRMED | SEEN_REPLY)),
+            Verdict::Offload
+        );
         let mut seq = masq_udp(CONFIRMED | SEEN_REPLY | status::SEQ_ADJUST);
         assert_eq!(eligibility(&seq), Verdict::Refuse("seq_adjust"));
         seq.status = CONFIRMED | SEEN_REPLY;
@@ -593,7 +609,10 @@ mod tests {
         o.conn(&c, 2);
         assert_eq!((o.stats.offloaded, o.kernel.refreshed.len()), (1, 1));
         o.destroy(&c);
-        assert_eq!((o.len(), o.table.0.len(), o.stats.ended_destroyed), (0, 0, 1));
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.ended_destroyed),
+            (0, 0, 1)
+        );
     }
 
     #[test]
@@ -635,7 +654,10 @@ mod tests {
         o.kernel.present.clear();
         o.table.0.get_mut(&flow_key(&c.orig)).unwrap().last_seen_ns = 5;
         o.tick(10);
-        assert_eq!((o.len(), o.table.0.len(), o.stats.ended_kernel_gone), (0, 0, 1));
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.ended_kernel_gone),
+            (0, 0, 1)
+        );
         // An evicted XDP half hands the flow back.
         o.kernel.present.push(c.orig);
         o.conn(&c, 20);

@@ -10,8 +10,7 @@ use serde_json::{Value, json};
 use crate::{
     clock::{format_age, format_time, now_unix},
     ctx::Ctx,
-    daemon,
-    forward,
+    daemon, forward,
     inspect::{Running, inspect},
     maps::PinnedMaps,
     object::Object,

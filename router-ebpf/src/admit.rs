@@ -10,7 +10,9 @@ use router_common::{
     flow::{
         MAX_PORT_PROBES, candidate_port, fill_new_flow, flow_hash, masquerade_key, tcp_opens_flow,
     },
-    maps::{Admit, Config, Counter, FLAG_PORT_FORWARD, FlowEntry, FlowKey, IPPROTO_ICMP, IPPROTO_TCP},
+    maps::{
+        Admit, Config, Counter, FLAG_PORT_FORWARD, FlowEntry, FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
+    },
 };
 
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray};

@@ -1,12 +1,51 @@
 //! `cargo xtask demo`: build a client -- router -- server topology (no route
 //! back from the server, so only NAT makes it work), run the same traffic
-//! through the kernel path (forwarding + iptables MASQUERADE) and through
-//! the XDP NAT, and show what each did. Needs root; everything happens in
-//! namespaces this program creates and deletes.
+//! through the kernel path (forwarding + iptables MASQUERADE), through the
+//! XDP NAT in standalone mode, and in offload mode (an nftables firewall
+//! and NAT admit the flow, `router-ctl run` moves it to XDP), and show what
+//! each did. Needs root; everything happens in namespaces this program
+//! creates and deletes.
 
-use std::time::{Duration, Instant};
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
 
-use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of};
+use tests::{
+    LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_of, router_ctl_bin,
+};
+
+/// The router's own firewall and NAT for the offload step: forward policy
+/// drop, LAN -> WAN and established allowed, masquerade.
+const FIREWALL: &str = "table inet demo_fw {
+  chain forward {
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    iifname \"lan0\" oifname \"wan0\" accept
+  }
+  chain postrouting {
+    type nat hook postrouting priority srcnat;
+    oifname \"wan0\" masquerade
+  }
+}
+";
+
+/// `router-ctl run` in the router namespace, stopped on drop.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Packets the fast path forwarded between two `stats --json` readings.
+fn fast_path_packets(before: &serde_json::Value, after: &serde_json::Value) -> u64 {
+    counter_of(after, "fwd_outbound") + counter_of(after, "fwd_inbound")
+        - counter_of(before, "fwd_outbound")
+        - counter_of(before, "fwd_inbound")
+}
 
 const SECS: u32 = 3;
 
@@ -72,52 +111,55 @@ fn iperf(t: &Topology, extra: &[&str]) -> Run {
     }
 }
 
-fn main() {
-    assert!(
-        tests::is_root(),
-        "the demo needs root: run `sudo cargo xtask demo`"
-    );
-    let t = Topology::new();
-    println!("topology: {}", t.namespaces().join(", "));
-    t.warm_neighbours();
+/// One path's figures: the iperf run and the packets the kernel forwarded.
+struct PathRun {
+    run: Run,
+    kernel_pkts: u64,
+}
 
+/// The kernel path: forwarding + iptables MASQUERADE. Leaves no NAT rules.
+fn kernel_path(t: &Topology) -> PathRun {
     println!("\n== kernel path: ip_forward=1 + iptables MASQUERADE in the router ==");
     t.masquerade();
     let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
-    let kernel = iperf(&t, &[]);
+    let run = iperf(t, &[]);
     let kernel_pkts = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
     println!(
         "iperf TCP {SECS}s: {:.2} Gbit/s, kernel forwarded {kernel_pkts} packets, server saw {}",
-        kernel.gbps, kernel.server_saw
+        run.gbps, run.server_saw
     );
     t.iptables(Ns::Router, &["-t", "nat", "-F"]);
     t.iptables(Ns::Router, &["-t", "raw", "-F"]);
     let _ = t.exec(Ns::Router, &["conntrack", "-F"]);
+    PathRun { run, kernel_pkts }
+}
 
-    println!("\n== XDP path: router-ctl attach {LAN_IF} {WAN_IF} --admit xdp (standalone, no iptables NAT) ==");
+/// Standalone XDP: the fast path admits and masquerades by itself.
+fn standalone_path(t: &Topology) -> PathRun {
+    println!(
+        "\n== XDP path: router-ctl attach {LAN_IF} {WAN_IF} --admit xdp (standalone, no iptables NAT) =="
+    );
     println!(
         "{}",
-        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]).trim_end()
+        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"])
+            .trim_end()
     );
-    let start = Instant::now();
     let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
     let before = t.stats();
-    let xdp = iperf(&t, &[]);
+    let run = iperf(t, &[]);
     let after = t.stats();
-    let xdp_kernel_pkts = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
-    let fast = counter_of(&after, "fwd_outbound") + counter_of(&after, "fwd_inbound")
-        - counter_of(&before, "fwd_outbound")
-        - counter_of(&before, "fwd_inbound");
+    let kernel_pkts = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
     println!(
-        "iperf TCP {SECS}s: {:.2} Gbit/s, fast path forwarded {fast} packets, kernel {xdp_kernel_pkts}, server saw {}",
-        xdp.gbps, xdp.server_saw
+        "iperf TCP {SECS}s: {:.2} Gbit/s, fast path forwarded {} packets, kernel {kernel_pkts}, server saw {}",
+        run.gbps,
+        fast_path_packets(&before, &after),
+        run.server_saw
     );
     assert!(
         t.ping(Ns::Client, SERVER_ADDR, 3),
         "ping through the XDP NAT"
     );
     println!("ping client -> server through the XDP NAT: ok");
-
     println!(
         "\n== router-ctl stats ==\n{}",
         t.router_ctl_ok(&["stats"]).trim_end()
@@ -126,23 +168,87 @@ fn main() {
         "\n== router-ctl conntrack list ==\n{}",
         t.router_ctl_ok(&["conntrack", "list"]).trim_end()
     );
+    t.router_ctl_ok(&["detach"]);
+    PathRun { run, kernel_pkts }
+}
+
+/// Offload: an nftables firewall and NAT admit the flow, `router-ctl run`
+/// moves it to XDP.
+fn offload_path(t: &Topology) -> PathRun {
+    println!(
+        "\n== offload path: nftables firewall + masquerade, router-ctl attach {LAN_IF} {WAN_IF} \
+         (--admit kernel) and router-ctl run =="
+    );
+    let fw = std::env::temp_dir().join(format!("xdp-router-demo-{}.nft", std::process::id()));
+    std::fs::write(&fw, FIREWALL).expect("writing the demo firewall");
+    t.exec_ok(Ns::Router, &["nft", "-f", fw.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&fw);
+    println!(
+        "{}",
+        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]).trim_end()
+    );
+    let _daemon = Daemon(
+        Command::new(router_ctl_bin())
+            .args(["-n", t.ns_name(Ns::Router), "run"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting router-ctl run"),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
+    let before = t.stats();
+    let run = iperf(t, &[]);
+    let after = t.stats();
+    let kernel_pkts = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
+    println!(
+        "iperf TCP {SECS}s: {:.2} Gbit/s, fast path forwarded {} packets, kernel {kernel_pkts} \
+         (the handshake and teardown), server saw {}",
+        run.gbps,
+        fast_path_packets(&before, &after),
+        run.server_saw
+    );
+    println!(
+        "\n== router-ctl status (offload mode) ==\n{}",
+        t.router_ctl_ok(&["status"]).trim_end()
+    );
+    PathRun { run, kernel_pkts }
+}
+
+fn main() {
+    assert!(
+        tests::is_root(),
+        "the demo needs root: run `sudo cargo xtask demo`"
+    );
+    let t = Topology::new();
+    println!("topology: {}", t.namespaces().join(", "));
+    t.warm_neighbours();
+    let start = Instant::now();
+    let kernel = kernel_path(&t);
+    let xdp = standalone_path(&t);
+    let offload = offload_path(&t);
 
     println!("\n== comparison (same run, same topology; veth, 2 shared cores: noisy) ==");
-    println!("| path   | TCP Gbit/s | softirq ticks | packets through the kernel |");
-    println!("|--------|-----------:|--------------:|---------------------------:|");
-    println!(
-        "| kernel | {:>10.2} | {:>13} | {:>26} |",
-        kernel.gbps, kernel.softirq_ticks, kernel_pkts
-    );
-    println!(
-        "| xdp    | {:>10.2} | {:>13} | {:>26} |",
-        xdp.gbps, xdp.softirq_ticks, xdp_kernel_pkts
-    );
-    if kernel.gbps > 0.0 {
-        println!("xdp/kernel throughput ratio: {:.2}", xdp.gbps / kernel.gbps);
+    // kernel: iptables MASQUERADE; xdp: standalone; offload: nftables
+    // firewall + masquerade admit, XDP carries.
+    println!("| path    | TCP Gbit/s | softirq ticks | packets through the kernel |");
+    println!("|---------|-----------:|--------------:|---------------------------:|");
+    for (name, p) in [("kernel", &kernel), ("xdp", &xdp), ("offload", &offload)] {
+        println!(
+            "| {name:<7} | {:>10.2} | {:>13} | {:>26} |",
+            p.run.gbps, p.run.softirq_ticks, p.kernel_pkts
+        );
+    }
+    if kernel.run.gbps > 0.0 {
+        println!(
+            "throughput ratios: xdp/kernel {:.2}, offload/kernel {:.2}",
+            xdp.run.gbps / kernel.run.gbps,
+            offload.run.gbps / kernel.run.gbps
+        );
     }
     println!(
-        "(both runs masquerade to {ROUTER_WAN_ADDR}; `cargo xtask bench` is the full comparison; \
+        "(all runs masquerade to {ROUTER_WAN_ADDR}; `cargo xtask bench` is the full comparison; \
          demo took {:.0?})",
         start.elapsed()
     );

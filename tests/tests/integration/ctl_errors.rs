@@ -64,7 +64,11 @@ fn missing_capabilities_are_named() {
         "--inh-caps=-net_admin",
         "--",
     ];
-    let o = ctl_via(&t, &no_net_admin, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let o = ctl_via(
+        &t,
+        &no_net_admin,
+        &["attach", LAN_IF, WAN_IF, "--admit", "xdp"],
+    );
     let e = fails_with(&o, &["running as root, but without CAP_NET_ADMIN"]);
     println!("{e}");
     assert!(
@@ -121,7 +125,18 @@ fn missing_interfaces_and_namespaces() {
 fn a_verifier_rejection_shows_the_end_of_its_log() {
     let t = Topology::new();
     let bad = ObjectVariant::rejected_by_verifier();
-    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--object", bad.path()]);
+    let e = ctl_fails(
+        &t,
+        &[
+            "attach",
+            LAN_IF,
+            WAN_IF,
+            "--admit",
+            "xdp",
+            "--object",
+            bad.path(),
+        ],
+    );
     println!("{e}");
     assert!(e.contains("verifier rejected"), "{e}");
     // The log's last lines: the instruction that failed and the summary.
@@ -139,7 +154,18 @@ fn a_verifier_rejection_shows_the_end_of_its_log() {
     // While attached, a rejected replace changes nothing either.
     attach(&t, &[]);
     let (before, _) = status(&t);
-    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--object", bad.path()]);
+    let e = ctl_fails(
+        &t,
+        &[
+            "attach",
+            LAN_IF,
+            WAN_IF,
+            "--admit",
+            "xdp",
+            "--object",
+            bad.path(),
+        ],
+    );
     assert!(e.contains("verifier rejected"), "{e}");
     let (after, code) = status(&t);
     assert_eq!(code, 0, "{after}");
@@ -220,15 +246,39 @@ fn rule_conflicts_and_bad_values() {
         ),
         (&["forward", "add", "sctp", "80", "192.168.50.2:80"], "sctp"),
         (
-            &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--wan-addr", "300.1.1.1"],
+            &[
+                "attach",
+                LAN_IF,
+                WAN_IF,
+                "--admit",
+                "xdp",
+                "--wan-addr",
+                "300.1.1.1",
+            ],
             "--wan-addr",
         ),
         (
-            &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--port-range", "0-10"],
+            &[
+                "attach",
+                LAN_IF,
+                WAN_IF,
+                "--admit",
+                "xdp",
+                "--port-range",
+                "0-10",
+            ],
             "--port-range",
         ),
         (
-            &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--timeout", "tcp=5"],
+            &[
+                "attach",
+                LAN_IF,
+                WAN_IF,
+                "--admit",
+                "xdp",
+                "--timeout",
+                "tcp=5",
+            ],
             "unknown state",
         ),
     ] {
@@ -236,10 +286,26 @@ fn rule_conflicts_and_bad_values() {
         assert!(e.contains(needle), "{args:?}: {e}");
     }
     // Changing the table size of a live router is refused (flows live in it).
-    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--max-flows", "1000"]);
+    let e = ctl_fails(
+        &t,
+        &[
+            "attach",
+            LAN_IF,
+            WAN_IF,
+            "--admit",
+            "xdp",
+            "--max-flows",
+            "1000",
+        ],
+    );
     assert!(e.contains("cannot be resized while attached"), "{e}");
     // A mode change needs new links.
-    let e = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--mode", "generic"]);
+    let e = ctl_fails(
+        &t,
+        &[
+            "attach", LAN_IF, WAN_IF, "--admit", "xdp", "--mode", "generic",
+        ],
+    );
     assert!(e.contains("mode change"), "{e}");
     let rules: serde_json::Value =
         serde_json::from_str(&t.router_ctl_ok(&["forward", "list", "--json"])).unwrap();

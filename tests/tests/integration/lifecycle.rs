@@ -97,7 +97,15 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
     let xlat0 = flow_xlat(&t, 5601).expect("the stream's flow is tracked");
 
     // 1. A new object (same code, another file hash).
-    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--object", variant.path()]);
+    let out = t.router_ctl_ok(&[
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--admit",
+        "xdp",
+        "--object",
+        variant.path(),
+    ]);
     assert!(
         out.contains("replaced") && out.contains("new object"),
         "{out}"
@@ -111,7 +119,15 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
     std::thread::sleep(Duration::from_millis(800));
 
     // 2. A new configuration (back on the embedded object).
-    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--timeout", "udp-replied=300"]);
+    let out = t.router_ctl_ok(&[
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--admit",
+        "xdp",
+        "--timeout",
+        "udp-replied=300",
+    ]);
     assert!(out.contains("replaced"), "{out}");
     let (v2, _) = status(&t);
     assert_eq!(v2["record"]["config"]["timeouts"]["udp-replied"], 300);
@@ -317,7 +333,11 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
         stdout(&doc)
     );
 
-    let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    let o = ctl_env(
+        &t,
+        &[],
+        &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"],
+    );
     println!("{}", stderr(&o));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
@@ -473,7 +493,15 @@ fn a_crash_at_any_step_leaves_the_old_or_the_new_state() {
         let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, port));
         assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "{at}");
         // attach again finishes the job.
-        let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--object", variant.path()]);
+        let out = t.router_ctl_ok(&[
+            "attach",
+            LAN_IF,
+            WAN_IF,
+            "--admit",
+            "xdp",
+            "--object",
+            variant.path(),
+        ]);
         println!("{out}");
         port += 1;
         healthy(&t, port);

@@ -68,12 +68,61 @@ table ip nat {{
             let fwd_port = FORWARDED_PORT.to_string();
             for rule in [
                 vec!["-P", "FORWARD", "DROP"],
-                vec!["-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
-                vec!["-A", "FORWARD", "-i", LAN_IF, "-o", WAN_IF, "-p", "udp", "--dport", &blocked, "-j", "DROP"],
+                vec![
+                    "-A",
+                    "FORWARD",
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "ESTABLISHED,RELATED",
+                    "-j",
+                    "ACCEPT",
+                ],
+                vec![
+                    "-A", "FORWARD", "-i", LAN_IF, "-o", WAN_IF, "-p", "udp", "--dport", &blocked,
+                    "-j", "DROP",
+                ],
                 vec!["-A", "FORWARD", "-i", LAN_IF, "-o", WAN_IF, "-j", "ACCEPT"],
-                vec!["-A", "FORWARD", "-i", WAN_IF, "-o", LAN_IF, "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"],
-                vec!["-t", "nat", "-A", "PREROUTING", "-i", WAN_IF, "-p", "tcp", "--dport", &fwd_port, "-j", "DNAT", "--to-destination", &dnat_to],
-                vec!["-t", "nat", "-A", "POSTROUTING", "-o", WAN_IF, "-j", "MASQUERADE"],
+                vec![
+                    "-A",
+                    "FORWARD",
+                    "-i",
+                    WAN_IF,
+                    "-o",
+                    LAN_IF,
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "DNAT",
+                    "-j",
+                    "ACCEPT",
+                ],
+                vec![
+                    "-t",
+                    "nat",
+                    "-A",
+                    "PREROUTING",
+                    "-i",
+                    WAN_IF,
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    &fwd_port,
+                    "-j",
+                    "DNAT",
+                    "--to-destination",
+                    &dnat_to,
+                ],
+                vec![
+                    "-t",
+                    "nat",
+                    "-A",
+                    "POSTROUTING",
+                    "-o",
+                    WAN_IF,
+                    "-j",
+                    "MASQUERADE",
+                ],
             ] {
                 let mut cmd = vec!["iptables-legacy"];
                 cmd.extend(rule);
@@ -147,7 +196,8 @@ fn udp_echo(t: &Topology, ns: Ns, addr: SocketAddr, lifetime: Duration) -> JoinH
     let h = std::thread::spawn(move || {
         tests::netns::enter(&name);
         let s = UdpSocket::bind(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
         tx.send(()).unwrap();
         let end = Instant::now() + lifetime;
         let mut buf = [0u8; 2048];
@@ -157,7 +207,8 @@ fn udp_echo(t: &Topology, ns: Ns, addr: SocketAddr, lifetime: Duration) -> JoinH
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(5)).expect("UDP echo bound");
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("UDP echo bound");
     h
 }
 
@@ -166,7 +217,8 @@ fn udp_client(t: &Topology, port: u16, dst: SocketAddr) -> UdpSocket {
     t.in_ns(Ns::Client, || {
         let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, port)).unwrap();
         s.connect(dst).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         s
     })
 }
@@ -222,18 +274,34 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
     std::thread::sleep(Duration::from_secs(1));
 
     let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
-    assert!(out.contains("kernel"), "attach does not say offload mode: {out}");
+    assert!(
+        out.contains("kernel"),
+        "attach does not say offload mode: {out}"
+    );
     let daemon = Daemon::start(&t, &[]);
-    wait_for("the early stream to be offloaded", Duration::from_secs(5), || {
-        !offloaded_rows(&t).is_empty()
-    });
+    wait_for(
+        "the early stream to be offloaded",
+        Duration::from_secs(5),
+        || !offloaded_rows(&t).is_empty(),
+    );
 
     // The firewall still decides: the blocked port stays blocked...
     let blocked = udp_client(&t, 41000, sa(SERVER_ADDR, BLOCKED_UDP_PORT));
-    assert_eq!(echoes(&blocked, 3, Duration::ZERO), 0, "the firewall's drop rule was bypassed");
+    assert_eq!(
+        echoes(&blocked, 3, Duration::ZERO),
+        0,
+        "the firewall's drop rule was bypassed"
+    );
     // ...and allowed traffic works, masqueraded by the kernel's NAT.
-    assert_eq!(t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7200)).ip(), ROUTER_WAN_ADDR);
-    assert!(t.ping(Ns::Client, SERVER_ADDR, 3), "ping through the router failed");
+    assert_eq!(
+        t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7200))
+            .ip(),
+        ROUTER_WAN_ADDR
+    );
+    assert!(
+        t.ping(Ns::Client, SERVER_ADDR, 3),
+        "ping through the router failed"
+    );
 
     // An established UDP flow moves to XDP: after its first reply the
     // kernel forwards (almost) none of its packets any more.
@@ -247,22 +315,44 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
     );
     assert_eq!(echoes(&udp, 40, Duration::from_millis(5)), 40);
     let kernel_fwd = t.nstat(Ns::Router, "IpForwDatagrams") - kernel0;
-    let (xdp_out, xdp_in) = (counter(&t, "fwd_outbound") - out0, counter(&t, "fwd_inbound") - in0);
-    println!("40 echoes of an offloaded UDP flow: kernel forwarded {kernel_fwd}, XDP {xdp_out} out / {xdp_in} in");
-    assert!(xdp_out >= 40 && xdp_in >= 40, "XDP did not carry the flow: {xdp_out}/{xdp_in}");
+    let (xdp_out, xdp_in) = (
+        counter(&t, "fwd_outbound") - out0,
+        counter(&t, "fwd_inbound") - in0,
+    );
+    println!(
+        "40 echoes of an offloaded UDP flow: kernel forwarded {kernel_fwd}, XDP {xdp_out} out / {xdp_in} in"
+    );
+    assert!(
+        xdp_out >= 40 && xdp_in >= 40,
+        "XDP did not carry the flow: {xdp_out}/{xdp_in}"
+    );
     // Other flows run meanwhile (the early TCP stream): allow a few.
-    assert!(kernel_fwd < 20, "the kernel still forwards the offloaded flow ({kernel_fwd})");
+    assert!(
+        kernel_fwd < 20,
+        "the kernel still forwards the offloaded flow ({kernel_fwd})"
+    );
 
     // The port forward (the kernel's DNAT rule) works and is offloaded.
     let lan_srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));
     let in1 = counter(&t, "fwd_inbound");
     let payload = tests::pattern(512 * 1024);
     let got = t
-        .tcp_echo_client(Ns::Server, sa(ROUTER_WAN_ADDR, FORWARDED_PORT), &payload, Duration::from_secs(10))
+        .tcp_echo_client(
+            Ns::Server,
+            sa(ROUTER_WAN_ADDR, FORWARDED_PORT),
+            &payload,
+            Duration::from_secs(10),
+        )
         .expect("port forward through the kernel's DNAT");
     assert!(got == payload, "port-forwarded echo differs");
-    assert_eq!(lan_srv.join().map(|p| p.ip()), Some(std::net::IpAddr::V4(SERVER_ADDR)));
-    assert!(counter(&t, "fwd_inbound") - in1 > 100, "the port-forwarded flow was not offloaded");
+    assert_eq!(
+        lan_srv.join().map(|p| p.ip()),
+        Some(std::net::IpAddr::V4(SERVER_ADDR))
+    );
+    assert!(
+        counter(&t, "fwd_inbound") - in1 > 100,
+        "the port-forwarded flow was not offloaded"
+    );
 
     // The connection from before attach went on, every byte intact.
     early.finish();
@@ -311,25 +401,42 @@ fn offload_detach_and_daemon_kill_lose_no_flow() {
     daemon.kill9();
     let start = Instant::now();
     killed.finish();
-    assert!(start.elapsed() < Duration::from_secs_f64(secs + 3.0), "the stream stalled");
-    assert!(counter(&t, "fwd_outbound") - out0 > 100, "XDP stopped carrying the stream");
+    assert!(
+        start.elapsed() < Duration::from_secs_f64(secs + 3.0),
+        "the stream stalled"
+    );
+    assert!(
+        counter(&t, "fwd_outbound") - out0 > 100,
+        "XDP stopped carrying the stream"
+    );
     // New flows still work (the kernel admits them; nothing offloads).
-    assert_eq!(t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7301)).ip(), ROUTER_WAN_ADDR);
+    assert_eq!(
+        t.tcp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 7301))
+            .ip(),
+        ROUTER_WAN_ADDR
+    );
 
     // Detach mid-stream: the kernel, which kept the flow's state, carries on.
     let _daemon = Daemon::start(&t, &[]);
     let detached = Stream::start(&t, sa(SERVER_ADDR, 7302), 6 << 20, secs);
-    wait_for("the second stream to be offloaded", Duration::from_secs(5), || {
-        offloaded_rows(&t)
-            .iter()
-            .any(|f| f["orig_dst"] == sa(SERVER_ADDR, 7302).to_string().as_str())
-    });
+    wait_for(
+        "the second stream to be offloaded",
+        Duration::from_secs(5),
+        || {
+            offloaded_rows(&t)
+                .iter()
+                .any(|f| f["orig_dst"] == sa(SERVER_ADDR, 7302).to_string().as_str())
+        },
+    );
     std::thread::sleep(Duration::from_secs(1));
     let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
     t.router_ctl_ok(&["detach"]);
     let start = Instant::now();
     detached.finish();
-    assert!(start.elapsed() < Duration::from_secs_f64(secs + 3.0), "the stream stalled after detach");
+    assert!(
+        start.elapsed() < Duration::from_secs_f64(secs + 3.0),
+        "the stream stalled after detach"
+    );
     assert!(
         t.nstat(Ns::Router, "IpForwDatagrams") - fwd0 > 100,
         "the kernel did not take the stream over"
@@ -344,26 +451,53 @@ fn offload_lifetimes_follow_the_traffic() {
     let t = Topology::new();
     install_firewall(&t, Firewall::Nftables);
     // Short kernel UDP timeouts, and the same in XDP.
-    for s in ["nf_conntrack_udp_timeout=10", "nf_conntrack_udp_timeout_stream=10"] {
-        t.exec_ok(Ns::Router, &["sysctl", "-qw", &format!("net.netfilter.{s}")]);
+    for s in [
+        "nf_conntrack_udp_timeout=10",
+        "nf_conntrack_udp_timeout_stream=10",
+    ] {
+        t.exec_ok(
+            Ns::Router,
+            &["sysctl", "-qw", &format!("net.netfilter.{s}")],
+        );
     }
     let _detach = DetachOnDrop(&t);
     t.router_ctl_ok(&[
-        "attach", LAN_IF, WAN_IF, "--admit", "kernel", "--timeout", "udp-replied=10",
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--admit",
+        "kernel",
+        "--timeout",
+        "udp-replied=10",
     ]);
     let _daemon = Daemon::start(&t, &[]);
-    let _srv = udp_echo(&t, Ns::Server, sa(SERVER_ADDR, 7400), Duration::from_secs(60));
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7400),
+        Duration::from_mins(1),
+    );
     let udp = udp_client(&t, 43000, sa(SERVER_ADDR, 7400));
     let kernel_flow = ["-p", "udp", "--orig-port-src", "43000"];
     // 24 s of one echo every 0.5 s: more than twice the kernel's timeout.
     let out0 = counter(&t, "fwd_outbound");
-    assert_eq!(echoes(&udp, 48, Duration::from_millis(500)), 48, "the busy flow lost echoes");
+    assert_eq!(
+        echoes(&udp, 48, Duration::from_millis(500)),
+        48,
+        "the busy flow lost echoes"
+    );
     let carried = counter(&t, "fwd_outbound") - out0;
     assert!(carried >= 40, "XDP carried only {carried} of 48 datagrams");
-    assert_eq!(kernel_entries(&t, &kernel_flow).len(), 1, "the kernel forgot the busy flow");
+    assert_eq!(
+        kernel_entries(&t, &kernel_flow).len(),
+        1,
+        "the kernel forgot the busy flow"
+    );
     assert_eq!(offloaded_rows(&t).len(), 1, "XDP forgot the busy flow");
     // Idle: both tables let it go (kernel timeout 10 s after the last refresh).
-    wait_for("the idle flow to leave both tables", Duration::from_secs(25), || {
-        kernel_entries(&t, &kernel_flow).is_empty() && offloaded_rows(&t).is_empty()
-    });
+    wait_for(
+        "the idle flow to leave both tables",
+        Duration::from_secs(25),
+        || kernel_entries(&t, &kernel_flow).is_empty() && offloaded_rows(&t).is_empty(),
+    );
 }
