@@ -123,30 +123,54 @@ pub fn remove(netns: Option<&str>) -> Result<()> {
     }
 }
 
-/// An exclusive lock on the routers, held until dropped. Every command
-/// that changes a router takes it, so two router-ctl processes never
-/// interleave their steps.
-pub struct Lock(#[allow(dead_code)] fs::File);
+/// An exclusive lock on one router (namespace), held until dropped. Every
+/// command that changes a router takes it, so two router-ctl processes
+/// never interleave their steps on the same router; routers in other
+/// namespaces are not held up.
+pub struct Lock {
+    #[expect(dead_code, reason = "held open: the flock lasts as long as the file")]
+    file: fs::File,
+    path: PathBuf,
+}
+
+impl Lock {
+    /// Removes the lock file while still holding it (`detach`: the router is
+    /// gone). A waiter that opened the old file notices that the path no
+    /// longer names it once it gets the lock, and starts over.
+    pub fn remove_file(self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Whether `f` is still the file at `path` (not unlinked or replaced).
+fn same_file(f: &fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (f.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
 
 pub fn lock(netns: Option<&str>) -> Result<Lock> {
-    // One lock for every namespace: changes are short, and a per-namespace
-    // file could never be removed safely (a waiter may hold it open).
-    let _ = netns;
     let dir = Path::new(LOCK_DIR);
     private_dir(dir)?;
-    let path = dir.join("lock");
-    let f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("opening the lock {}", path.display()))?;
+    let path = dir.join(format!("{}.lock", ns_key(netns)));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("opening the lock {}", path.display()))?;
         // SAFETY: flock on a valid fd.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(Lock(f));
+            if same_file(&f, &path) {
+                return Ok(Lock { file: f, path });
+            }
+            // Removed by a detach while we waited: lock the new file.
+            continue;
         }
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EWOULDBLOCK) {

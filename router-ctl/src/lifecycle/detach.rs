@@ -23,7 +23,7 @@ use crate::{
 /// removed. Returns whether anything was attached.
 pub fn detach(ctx: &Ctx) -> Result<bool> {
     ensure_bpffs()?;
-    let _lock = state::lock(ctx.ns())?;
+    let lock = state::lock(ctx.ns())?;
     let _signals = SignalsBlocked::new();
     gc_tmp(ctx);
     let dir = &ctx.pin_dir;
@@ -42,6 +42,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
         } else {
             println!("not attached (no pins in {}); nothing to do", dir.display());
         }
+        lock.remove_file();
         return Ok(false);
     }
     // Commit: both interfaces back to the kernel path in one write.
@@ -83,6 +84,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     } else {
         println!("detached; kernel forwarding handles all traffic again");
     }
+    lock.remove_file();
     Ok(true)
 }
 

@@ -137,6 +137,8 @@ table ip nat {{
 struct Daemon {
     child: Child,
     log: Arc<Mutex<String>>,
+    /// The status file it writes (left behind by a SIGKILL).
+    status_file: std::path::PathBuf,
 }
 
 impl Daemon {
@@ -164,7 +166,13 @@ impl Daemon {
                 l.push('\n');
             }
         });
-        let d = Self { child, log };
+        let status_file = std::path::Path::new("/run/xdp-router")
+            .join(format!("{}.daemon.json", t.ns_name(Ns::Router)));
+        let d = Self {
+            child,
+            log,
+            status_file,
+        };
         assert!(
             rx.recv_timeout(Duration::from_secs(10)).is_ok(),
             "router-ctl run did not start:\n{}",
@@ -186,6 +194,7 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
+        let _ = std::fs::remove_file(&self.status_file);
     }
 }
 
