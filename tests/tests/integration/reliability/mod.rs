@@ -40,12 +40,9 @@ pub(super) fn count_json(t: &Topology) -> Value {
 
 /// Every counter of `stats --json` that moved between two snapshots.
 pub(super) fn moved(before: &Value, after: &Value) -> Vec<(String, u64)> {
-    let mut v: Vec<(String, u64)> = after
-        .as_object()
-        .expect("stats object")
-        .keys()
-        .filter(|k| *k != "conntrack")
-        .map(|k| (k.clone(), counter_delta(before, after, k)))
+    let mut v: Vec<(String, u64)> = router_common::maps::Counter::ALL
+        .iter()
+        .map(|c| (c.name().to_owned(), counter_delta(before, after, c.name())))
         .filter(|(_, d)| *d > 0)
         .collect();
     v.sort();
