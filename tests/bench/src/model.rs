@@ -14,6 +14,12 @@ pub enum DataPath {
     Kernel,
     /// `router-ctl attach`, no iptables NAT.
     Xdp,
+    /// The limit: a minimal XDP forwarder (`bpf_fib_lookup` + redirect, no
+    /// NAT, no table; `tests::rawbpf::fib_forwarder`), the server given a
+    /// route back. Live-generator runs only.
+    Limit,
+    // A third NAT path, "offload" (`router-ctl attach --admit kernel`:
+    // the kernel admits, XDP carries), goes here once that mode exists.
 }
 
 impl DataPath {
@@ -21,6 +27,7 @@ impl DataPath {
         match self {
             DataPath::Kernel => "kernel",
             DataPath::Xdp => "xdp",
+            DataPath::Limit => "limit",
         }
     }
 }

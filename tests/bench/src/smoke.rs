@@ -2,7 +2,8 @@
 //! artifacts are there and filled. No timing is asserted.
 
 use crate::cli::Opts;
-use crate::model::{DataPath, Point, Workload};
+use crate::model::{Point, Workload};
+use crate::run::paths_of;
 
 /// The smoke run's check: the three artifacts exist, and results.json has
 /// every point of the run on both paths with a throughput above zero, the
@@ -32,7 +33,7 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         .filter(|p| p.workload != Workload::UdpLive || !live_skipped)
         .collect();
     for p in &points {
-        for path in [DataPath::Kernel, DataPath::Xdp] {
+        for path in paths_of(*p) {
             let found = runs.iter().find(|r| {
                 r["path"] == path.name()
                     && r["workload"] == p.workload.json_name()
