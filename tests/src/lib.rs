@@ -9,6 +9,7 @@
 //! `Drop` deletes exactly those namespaces (also while unwinding from a
 //! panic) and kills the processes it spawned. Helpers panic on failure.
 
+pub mod bench_topology;
 pub mod echo;
 pub mod frames;
 pub mod netns;
@@ -76,6 +77,10 @@ pub enum Ns {
     Router,
     Server,
     Switch,
+    /// The "cable" between client and router ([`bench_topology`]).
+    CableLan,
+    /// The "cable" between router and server ([`bench_topology`]).
+    CableWan,
 }
 
 impl Ns {
@@ -86,6 +91,8 @@ impl Ns {
             Ns::Router => "rtr",
             Ns::Server => "srv",
             Ns::Switch => "sw",
+            Ns::CableLan => "cl",
+            Ns::CableWan => "cw",
         }
     }
 }
@@ -275,6 +282,13 @@ impl Topology {
             "ip", "-n", rtr, "link", "add", WAN_IF, "type", "veth", "peer", "name", HOST_IF,
             "netns", srv,
         ]);
+        self.address_router_and_server();
+    }
+
+    /// Addresses, forwarding and offloads of the router's `lan0`/`wan0` and
+    /// the server's `eth0`, once those exist.
+    fn address_router_and_server(&self) {
+        let (rtr, srv) = (self.ns_name(Ns::Router), self.ns_name(Ns::Server));
         let lan = format!("{ROUTER_LAN_ADDR}/24");
         let wan = format!("{ROUTER_WAN_ADDR}/24");
         run_ok(&["ip", "-n", rtr, "addr", "add", &lan, "dev", LAN_IF]);
