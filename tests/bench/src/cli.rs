@@ -98,6 +98,10 @@ pub struct Cli {
     /// a plain / a frags-aware `XDP_PASS` program on the router).
     #[arg(long)]
     no_frags: bool,
+    /// Skip the scaling runs (live generator on 1 and on all CPUs, kernel,
+    /// xdp and limit, on multi-queue veths).
+    #[arg(long)]
+    no_scaling: bool,
     /// Output directory [default: target/bench; smoke target/bench-smoke].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -138,6 +142,7 @@ pub struct Opts {
     pub retries: u32,
     pub micro: bool,
     pub frags: bool,
+    pub scaling: bool,
     pub micro_calls: u32,
     pub micro_repeat: u32,
     pub out: PathBuf,
@@ -210,6 +215,7 @@ impl Cli {
             retries: self.retries,
             micro: !self.no_micro,
             frags: !self.no_frags,
+            scaling: !self.no_scaling,
             micro_calls: self.micro_calls.unwrap_or(mode.pick(20_000, 5000, 500)),
             micro_repeat: self
                 .micro_repeat

@@ -13,7 +13,7 @@ use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
 use crate::report::{self, Extra, RunEnv};
 use crate::router::{Router, congestion_control, offload_state};
-use crate::workloads::{frags, iperf, live, micro, reference};
+use crate::workloads::{frags, iperf, live, micro, reference, scaling};
 
 /// Rough duration of one run in seconds, for the time-left estimate.
 fn estimate(secs: u32, p: Point) -> f64 {
@@ -191,6 +191,8 @@ struct Bench<'a> {
     router: Router<'a>,
     settings: Settings,
     stop: &'a AtomicBool,
+    /// Whether the live generator runs here (not on kernels before 5.18).
+    live: bool,
     port: u16,
     runs: Vec<RunResult>,
     failures: Vec<String>,
@@ -346,6 +348,24 @@ impl Bench<'_> {
         }
     }
 
+    fn scaling(&mut self) -> Vec<scaling::Row> {
+        let o = self.o;
+        let Some(&flows) = o.live_flows.last() else {
+            return Vec::new();
+        };
+        if !o.scaling || !self.live || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: scaling: live generator on 1 and on all CPUs, {flows} flows, kernel / xdp / \
+             limit (fresh topology, multi-queue veths)"
+        );
+        scaling::run(&self.settings, flows, self.stop, &mut self.failures).unwrap_or_else(|e| {
+            self.failures.push(format!("scaling: {e}"));
+            Vec::new()
+        })
+    }
+
     fn micro(&mut self) -> Vec<micro::Case> {
         let o = self.o;
         if !o.micro || self.stopped() {
@@ -392,6 +412,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
             cc_per_socket,
         },
         stop,
+        live: points.iter().any(|p| p.workload == Workload::UdpLive),
         port: 5000,
         runs: Vec::new(),
         failures: Vec::new(),
@@ -401,6 +422,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
     let extra = Extra {
         frag_rows: b.frags(),
         reference: b.reference(),
+        scaling: b.scaling(),
         micro: b.micro(),
     };
     let Bench {

@@ -13,9 +13,9 @@ fn find(runs: &[RunResult], path: DataPath, p: Point) -> Option<&RunResult> {
 /// One goal: what it asks, what this run measured, and whether it holds
 /// (`None`: not measured in this run).
 pub struct Goal {
-    asks: &'static str,
-    measured: String,
-    met: Option<bool>,
+    pub(super) asks: &'static str,
+    pub(super) measured: String,
+    pub(super) met: Option<bool>,
 }
 
 /// Every goal, evaluated on this run's figures.

@@ -6,6 +6,7 @@ mod chart;
 mod goals;
 mod json;
 mod notes;
+mod sections;
 mod tables;
 
 use std::fmt::Write as _;
@@ -15,7 +16,7 @@ use crate::cli::Opts;
 use crate::measure::sys;
 use crate::model::RunResult;
 use crate::run::mmss;
-use crate::workloads::{frags, micro};
+use crate::workloads::{frags, micro, scaling};
 
 /// Measurements besides the kernel/xdp runs.
 pub struct Extra {
@@ -23,6 +24,8 @@ pub struct Extra {
     pub frag_rows: Vec<frags::Row>,
     /// Plain kernel forwarding, TCP -P 1, offload off.
     pub reference: Option<RunResult>,
+    /// The live generator on 1 and on all CPUs.
+    pub scaling: Vec<scaling::Row>,
 }
 
 /// What the runs ran under, for the report.
@@ -169,6 +172,7 @@ fn results_json(
         "runs": json::runs_json(runs),
         "micro": json::micro_json(micro),
         "frags_experiment": json::frags_json(frag_rows),
+        "scaling": sections::scaling_json(&extra.scaling),
         // The same fields as a run.
         "reference_forwarding": reference.map(|r| json::runs_json(std::slice::from_ref(r))[0].take()),
         "goals": goals,
@@ -193,7 +197,9 @@ pub fn write_artifacts(
     if let Some(r) = reference {
         md.push_str(&reference_paragraph(r));
     }
-    let goals = goals::evaluate(runs, micro, reference);
+    md.push_str(&sections::scaling_section(&extra.scaling));
+    let mut goals = goals::evaluate(runs, micro, reference);
+    goals.push(sections::scaling_goal(&extra.scaling));
     let goals_md = goals::section(&goals);
     md.push_str(&goals_md);
     if !micro.is_empty() {

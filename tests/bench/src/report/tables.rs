@@ -91,7 +91,8 @@ pub fn conns_of(runs: &[RunResult], v: Variant) -> Vec<u32> {
     c
 }
 
-fn f(x: f64, prec: usize) -> String {
+/// `x` with `prec` decimals, `-` when not a number.
+pub fn f(x: f64, prec: usize) -> String {
     if x.is_finite() {
         format!("{x:.prec$}")
     } else {

@@ -1,7 +1,7 @@
 //! The workloads: iperf2 TCP and UDP load (`iperf`), the live-frame UDP
 //! generator (`live`), the `BPF_PROG_RUN` micro-benchmark (`micro`), the
-//! frags experiment (`frags`) and the plain-forwarding reference
-//! (`reference`), with what they share: the TCP discard sink and
+//! frags experiment (`frags`), the plain-forwarding reference
+//! (`reference`) and scaling with cores (`scaling`), with what they share: the TCP discard sink and
 //! background processes.
 
 pub mod discard;
@@ -11,6 +11,7 @@ pub mod live;
 pub mod micro;
 pub mod procs;
 pub mod reference;
+pub mod scaling;
 
 use std::path::Path;
 

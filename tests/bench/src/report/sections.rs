@@ -1,0 +1,112 @@
+//! Report sections of the runs beside the main tables: scaling with
+//! cores.
+
+use std::fmt::Write as _;
+
+use crate::model::DataPath;
+use crate::workloads::scaling;
+
+use super::goals::Goal;
+use super::tables::f;
+
+const PATHS: [DataPath; 3] = [DataPath::Kernel, DataPath::Xdp, DataPath::Limit];
+
+fn scaling_pps(rows: &[scaling::Row], path: DataPath, cores: usize) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.run.path == path && r.cores == cores)
+        .map(|r| r.run.pps)
+}
+
+fn most_cores(rows: &[scaling::Row]) -> usize {
+    rows.iter().map(|r| r.cores).max().unwrap_or(1)
+}
+
+/// Scaling with cores: Mpps and ns/packet per path on 1 and on all CPUs.
+pub fn scaling_section(rows: &[scaling::Row]) -> String {
+    let mut s = String::new();
+    if rows.is_empty() {
+        return s;
+    }
+    let n = most_cores(rows);
+    let _ = writeln!(
+        s,
+        "### Scaling with cores: live generator on 1 and on {n} CPUs\n\n\
+         A fresh topology whose veths have {n} receive and transmit queues (`ethtool -L`), \
+         one live-frame generator per CPU, each pinned: a veth transmit picks the peer's queue \
+         by the sending CPU, so each generator feeds its own queue of the router's `lan0` and \
+         that queue's NAPI runs on the generator's CPU (as RSS spreads a NIC's queues). The \
+         generators, the router and the sink share the same {n} cores: on all cores every CPU \
+         runs a generator as well as the router's and the sink's work, so the figure is the \
+         machine's, not the router's alone; ns/packet (softirq time per packet) shows whether \
+         the router's own cost per packet stays flat.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| path | Mpps on 1 core | Mpps on {n} | {n} / 1 | ns/pkt on 1 | ns/pkt on {n} | CPU % on {n} (softirq) |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+    for path in PATHS {
+        let one = rows.iter().find(|r| r.run.path == path && r.cores == 1);
+        let all = rows.iter().find(|r| r.run.path == path && r.cores == n);
+        if one.is_none() && all.is_none() {
+            continue;
+        }
+        let pps = |r: Option<&scaling::Row>| r.map_or(f64::NAN, |r| r.run.pps / 1e6);
+        let ns = |r: Option<&scaling::Row>| r.map_or(f64::NAN, |r| r.run.router_ns_per_pkt);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            path.name(),
+            f(pps(one), 3),
+            f(pps(all), 3),
+            f(pps(all) / pps(one), 2),
+            f(ns(one), 0),
+            f(ns(all), 0),
+            all.map_or_else(
+                || "-".to_owned(),
+                |r| format!("{} ({})", f(r.run.cpu_pct, 0), f(r.run.softirq_pct, 0))
+            ),
+        );
+    }
+    s.push('\n');
+    s
+}
+
+/// xdp on all cores against xdp on one.
+pub fn scaling_goal(rows: &[scaling::Row]) -> Goal {
+    let n = most_cores(rows);
+    let ratio = match (
+        scaling_pps(rows, DataPath::Xdp, 1),
+        scaling_pps(rows, DataPath::Xdp, n),
+    ) {
+        (Some(one), Some(all)) if n > 1 && one > 0.0 => Some((one, all)),
+        _ => None,
+    };
+    Goal {
+        asks: "scaling: xdp pps on 2 cores >= 1.8x xdp on 1 core (multi-queue veths, one \
+               generator per CPU)",
+        measured: ratio.map_or_else(
+            || "-".to_owned(),
+            |(one, all)| {
+                format!(
+                    "{:.3} Mpps on 1, {:.3} on {n} ({:.2}x)",
+                    one / 1e6,
+                    all / 1e6,
+                    all / one
+                )
+            },
+        ),
+        met: ratio.map(|(one, all)| all >= 1.8 * one),
+    }
+}
+
+pub fn scaling_json(rows: &[scaling::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            let mut run = super::json::runs_json(std::slice::from_ref(&r.run));
+            let mut v = run[0].take();
+            v["cores"] = r.cores.into();
+            v
+        })
+        .collect()
+}
