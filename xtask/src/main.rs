@@ -24,6 +24,8 @@ const DEB_PACKAGES: &[&str] = &[
     "iproute2",
     "iptables",
     "ethtool",
+    // `openssl speed`: the platform section's crypto figure.
+    "openssl",
     "rust-web-clippy",
     "bpftool",
 ];

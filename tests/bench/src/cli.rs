@@ -37,6 +37,13 @@ pub struct Cli {
     /// TCP connection counts [default: 1,100,1000,2000; quick 1,100; smoke 1].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     conns: Option<Vec<u32>>,
+    /// TCP connection counts of tcp-paced ("CPU at line rate")
+    /// [default: 1,100,1000; quick 1,100; smoke 1].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    paced_conns: Option<Vec<u32>>,
+    /// Total offered rate of tcp-paced in Mbit/s (the review's 2.5 Gbit/s Ethernet).
+    #[arg(long, value_name = "MBPS", default_value_t = 2500, value_parser = clap::value_parser!(u32).range(1..))]
+    line_rate: u32,
     /// UDP streams [default: 1,2; quick 1].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     udp_conns: Option<Vec<u32>>,
@@ -130,6 +137,8 @@ pub struct Opts {
     pub secs: u32,
     pub conns: Vec<u32>,
     pub udp_conns: Vec<u32>,
+    pub paced_conns: Vec<u32>,
+    pub line_rate_mbps: u32,
     pub live_flows: Vec<u32>,
     pub workloads: Vec<Workload>,
     pub offloads: Vec<Offload>,
@@ -192,6 +201,10 @@ impl Cli {
             conns: self
                 .conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1, 100], vec![1])),
+            paced_conns: self
+                .paced_conns
+                .unwrap_or_else(|| mode.pick(vec![1, 100, 1000], vec![1, 100], vec![1])),
+            line_rate_mbps: self.line_rate,
             udp_conns: self
                 .udp_conns
                 .unwrap_or_else(|| mode.pick(vec![1, 2], vec![1], vec![1])),
@@ -252,6 +265,14 @@ impl Opts {
                     pts.extend(self.conns.iter().map(|&c| p(Workload::TcpSmall, c, nd)));
                 }
             }
+            // Paced TCP is always wire-like (offload off), like the review's NICs.
+            if has(Workload::TcpPaced) && offload == Offload::Off {
+                pts.extend(
+                    self.paced_conns
+                        .iter()
+                        .map(|&c| p(Workload::TcpPaced, c, false)),
+                );
+            }
             if has(Workload::UdpSmall) && gi == 0 {
                 pts.extend(
                     self.udp_conns
@@ -290,7 +311,7 @@ mod unit {
         let full = opts(&[]);
         assert_eq!(
             (full.secs, full.conns.len(), full.points().len()),
-            (5, 4, 8 + 16 + 2 + 2)
+            (5, 4, 8 + 16 + 2 + 2 + 3)
         );
         let quick = opts(&["--quick"]);
         assert_eq!((quick.secs, quick.conns.clone()), (2, vec![1, 100]));
@@ -298,8 +319,8 @@ mod unit {
         let smoke = opts(&["--smoke", "--secs", "3"]);
         assert!(smoke.quick && smoke.out.ends_with("bench-smoke"));
         assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
-        // One point per workload, both paths each: tcp, tcp-small, udp-small, udp-live.
-        assert_eq!(smoke.points().len(), 4);
+        // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.
+        assert_eq!(smoke.points().len(), 5);
     }
 
     #[test]

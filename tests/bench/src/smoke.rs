@@ -19,8 +19,10 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
             return Err(format!("{name} is empty"));
         }
     }
+
     let json: serde_json::Value =
         serde_json::from_str(&read("results.json")?).map_err(|e| format!("results.json: {e}"))?;
+    check_review_and_platform(&read("report.md")?, &json)?;
     let runs = json["runs"].as_array().ok_or("results.json has no runs")?;
     let live_skipped = json["settings"]["skipped"].as_array().is_some_and(|v| {
         v.iter()
@@ -100,4 +102,24 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         }
     }
     Ok(runs.len())
+}
+
+/// The review's table and the platform are in the report, with a crypto
+/// figure.
+fn check_review_and_platform(md: &str, json: &serde_json::Value) -> Result<(), String> {
+    for section in ["## The review's table", "## Platform"] {
+        if !md.contains(section) {
+            return Err(format!("report.md has no \"{section}\""));
+        }
+    }
+    if json["platform"]["chacha20_poly1305_bytes_per_s"]
+        .as_array()
+        .is_none_or(Vec::is_empty)
+    {
+        return Err(format!(
+            "results.json: no crypto figure in the platform ({})",
+            json["platform"]["chacha20_poly1305_error"]
+        ));
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@ mod chart;
 mod goals;
 mod json;
 mod notes;
+mod review;
 mod sections;
 mod tables;
 
@@ -26,6 +27,8 @@ pub struct Extra {
     pub reference: Option<RunResult>,
     /// The live generator on 1 and on all CPUs.
     pub scaling: Vec<scaling::Row>,
+    /// CPU, memory, kernel, NIC, crypto throughput.
+    pub platform: serde_json::Value,
 }
 
 /// What the runs ran under, for the report.
@@ -44,8 +47,7 @@ const MICRO_TITLE: &str = "### Packet cost: BPF_PROG_RUN micro-benchmark";
 
 /// The title and what the run ran on.
 fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Value) -> String {
-    let mut md = String::new();
-    let _ = writeln!(md, "# XDP router benchmark: kernel path vs XDP path\n");
+    let mut md = String::from("## Detailed results\n\n");
     let _ = writeln!(
         md,
         "{} run{}, {} s per iperf run, {} runs, took {}. Machine: {}, {} cores, {} GiB, kernel \
@@ -157,6 +159,7 @@ fn results_json(
     let reference = extra.reference.as_ref();
     serde_json::json!({
         "machine": machine,
+        "platform": extra.platform,
         "settings": {
             "quick": o.quick,
             "secs": o.secs,
@@ -191,7 +194,11 @@ pub fn write_artifacts(
     let (micro, frag_rows) = (&extra.micro[..], &extra.frag_rows[..]);
     let reference = extra.reference.as_ref();
     let machine = sys::machine();
-    let mut md = header(o, runs, env, &machine);
+    let cores = machine["cores"].as_f64().unwrap_or(f64::NAN);
+    let mut md = String::from("# XDP router benchmark: kernel path vs XDP path\n\n");
+    md.push_str(&review::review_section(runs, cores, o.line_rate_mbps));
+    md.push_str(&review::platform_section(&extra.platform));
+    md.push_str(&header(o, runs, env, &machine));
     let tables = tables::tables(runs);
     md.push_str(&tables);
     if let Some(r) = reference {
@@ -199,6 +206,7 @@ pub fn write_artifacts(
     }
     md.push_str(&sections::scaling_section(&extra.scaling));
     let mut goals = goals::evaluate(runs, micro, reference);
+    goals.push(review::line_rate_goal(runs));
     goals.push(sections::scaling_goal(&extra.scaling));
     let goals_md = goals::section(&goals);
     md.push_str(&goals_md);

@@ -43,6 +43,10 @@ impl Variant {
             Workload::UdpLive => "UDP, 64-byte payload, in-kernel generator (`BPF_PROG_RUN` \
                                   live frames; conns = flows)"
                 .to_owned(),
+            Workload::TcpPaced => format!(
+                "TCP paced to a fixed total rate (`--line-rate`, `-b` per stream), offload {}",
+                self.offload.name()
+            ),
         }
     }
 
@@ -56,6 +60,7 @@ impl Variant {
             ),
             Workload::UdpSmall => "udp 64 B".to_owned(),
             Workload::UdpLive => "udp 64 B, live generator".to_owned(),
+            Workload::TcpPaced => format!("tcp paced, offload {}", self.offload.name()),
         }
     }
 }
