@@ -81,6 +81,11 @@ impl CabledTopology {
         }
         t.setup_client(Ns::Client, crate::CLIENT_ADDR);
         t.address_router_and_server();
+        // Until a path is chosen, GRO gives the router's veths NAPI, so
+        // that they accept the cables' frames (neighbour warm-up, ping).
+        for dev in [LAN_IF, WAN_IF] {
+            t.exec_ok(Ns::Router, &["ethtool", "-K", dev, "gro", "on"]);
+        }
         let mut attached = Vec::new();
         for (cable, _, _) in cables {
             let a = t.try_ifindex(cable, CABLE_HOST_END)?;

@@ -109,6 +109,10 @@ pub struct Cli {
     /// xdp and limit, on multi-queue veths).
     #[arg(long)]
     no_scaling: bool,
+    /// Skip the TCP runs between XDP cables (a fresh topology with an XDP
+    /// "cable" namespace on each side of the router; offload off, --conns).
+    #[arg(long)]
+    no_cable: bool,
     /// Output directory [default: target/bench; smoke target/bench-smoke].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -152,6 +156,7 @@ pub struct Opts {
     pub micro: bool,
     pub frags: bool,
     pub scaling: bool,
+    pub cable: bool,
     pub micro_calls: u32,
     pub micro_repeat: u32,
     pub out: PathBuf,
@@ -229,6 +234,7 @@ impl Cli {
             micro: !self.no_micro,
             frags: !self.no_frags,
             scaling: !self.no_scaling,
+            cable: !self.no_cable,
             micro_calls: self.micro_calls.unwrap_or(mode.pick(20_000, 5000, 500)),
             micro_repeat: self
                 .micro_repeat

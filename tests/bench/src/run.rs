@@ -14,7 +14,7 @@ use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
 use crate::report::{self, Extra, RunEnv};
 use crate::router::{Router, congestion_control, offload_state};
-use crate::workloads::{frags, iperf, live, micro, reference, scaling};
+use crate::workloads::{cable, frags, iperf, live, micro, reference, scaling};
 
 /// Rough duration of one run in seconds, for the time-left estimate.
 fn estimate(secs: u32, p: Point) -> f64 {
@@ -422,6 +422,29 @@ impl Bench<'_> {
         })
     }
 
+    fn cable(&mut self) -> Vec<RunResult> {
+        let o = self.o;
+        if !o.cable || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
+            return Vec::new();
+        }
+        let points = cable::points(&o.conns);
+        eprintln!(
+            "bench: TCP between XDP cables (fresh topology, offload off): {} points x 2 paths",
+            points.len()
+        );
+        cable::run(
+            &self.settings,
+            (&o.cc, &points),
+            &mut self.port,
+            self.stop,
+            &mut self.failures,
+        )
+        .unwrap_or_else(|e| {
+            self.failures.push(format!("cable: {e}"));
+            Vec::new()
+        })
+    }
+
     fn micro(&mut self) -> Vec<micro::Case> {
         let o = self.o;
         if !o.micro || self.stopped() {
@@ -487,6 +510,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         frag_rows: b.frags(),
         reference: b.reference(),
         scaling: b.scaling(),
+        cable: b.cable(),
         platform,
         micro: b.micro(),
     };

@@ -70,6 +70,9 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     if o.scaling && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
         wanted.push("scaling");
     }
+    if o.cable && o.workloads.contains(&Workload::Tcp) {
+        wanted.push("cable");
+    }
     for key in wanted {
         if json[key].as_array().is_none_or(Vec::is_empty) {
             return Err(format!("results.json: {key} is empty"));

@@ -27,6 +27,8 @@ pub struct Extra {
     pub reference: Option<RunResult>,
     /// The live generator on 1 and on all CPUs.
     pub scaling: Vec<scaling::Row>,
+    /// TCP between XDP cables, offload off.
+    pub cable: Vec<RunResult>,
     /// CPU, memory, kernel, NIC, crypto throughput.
     pub platform: serde_json::Value,
 }
@@ -176,6 +178,7 @@ fn results_json(
         "micro": json::micro_json(micro),
         "frags_experiment": json::frags_json(frag_rows),
         "scaling": sections::scaling_json(&extra.scaling),
+        "cable": json::runs_json(&extra.cable),
         // The same fields as a run.
         "reference_forwarding": reference.map(|r| json::runs_json(std::slice::from_ref(r))[0].take()),
         "goals": goals,
@@ -205,9 +208,11 @@ pub fn write_artifacts(
         md.push_str(&reference_paragraph(r));
     }
     md.push_str(&sections::scaling_section(&extra.scaling));
+    md.push_str(&sections::cable_section(&extra.cable));
     let mut goals = goals::evaluate(runs, micro, reference);
     goals.push(review::line_rate_goal(runs));
     goals.push(sections::scaling_goal(&extra.scaling));
+    goals.push(sections::cable_goal(&extra.cable));
     let goals_md = goals::section(&goals);
     md.push_str(&goals_md);
     if !micro.is_empty() {

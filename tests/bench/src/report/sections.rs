@@ -1,9 +1,9 @@
 //! Report sections of the runs beside the main tables: scaling with
-//! cores.
+//! cores, TCP between XDP cables.
 
 use std::fmt::Write as _;
 
-use crate::model::DataPath;
+use crate::model::{DataPath, RunResult, Workload};
 use crate::workloads::scaling;
 
 use super::goals::Goal;
@@ -109,4 +109,62 @@ pub fn scaling_json(rows: &[scaling::Row]) -> serde_json::Value {
             v
         })
         .collect()
+}
+
+/// TCP between XDP cables: the main tables' layout on those runs.
+pub fn cable_section(runs: &[RunResult]) -> String {
+    if runs.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "### A fairer wire for TCP: XDP cables on both sides of the router\n\n\
+         A fresh topology, client -- cable -- router -- cable -- server, each cable a \
+         namespace whose two veths redirect every frame to each other (a raw XDP program). \
+         On a plain veth, native XDP copies every cloned TCP skb before the router's program \
+         runs (`skb_pp_cow_data`), which a NIC's receive ring does not do; here the cables \
+         take that copy and the router receives frames as from a NIC, on both paths. The \
+         kernel path has a `return XDP_PASS` program on the router's veths (NAPI, so that \
+         they accept redirected frames, with GRO kept off). Offload off.\n\n",
+    );
+    s.push_str(&super::tables::tables(runs));
+    s
+}
+
+/// On the cables: one stream xdp/kernel >= 1.4x; xdp ahead at 1000 and
+/// 2000 connections with `-l 128`.
+pub fn cable_goal(runs: &[RunResult]) -> Goal {
+    let get = |path, workload, conns| {
+        runs.iter()
+            .find(|r| r.path == path && r.point.workload == workload && r.point.conns == conns)
+    };
+    let mut parts = Vec::new();
+    let mut met = Some(true);
+    let mut check = |label: String, workload, conns, need: f64| match (
+        get(DataPath::Kernel, workload, conns),
+        get(DataPath::Xdp, workload, conns),
+    ) {
+        (Some(k), Some(x)) if k.gbps > 0.0 => {
+            let r = x.gbps / k.gbps;
+            parts.push(format!(
+                "{label}: {r:.2}x ({:.2} vs {:.2} Gbit/s)",
+                x.gbps, k.gbps
+            ));
+            met = met.map(|m| m && r >= need);
+        }
+        _ => met = None,
+    };
+    check("tcp -P 1".to_owned(), Workload::Tcp, 1, 1.4);
+    for c in [1000, 2000] {
+        check(format!("-l 128 -P {c}"), Workload::TcpSmall, c, 1.0);
+    }
+    Goal {
+        asks: "TCP between XDP cables, offload off: single stream xdp/kernel >= 1.4x, and xdp \
+               ahead at 1000 and 2000 connections with `-l 128`",
+        measured: if parts.is_empty() {
+            "-".into()
+        } else {
+            parts.join("; ")
+        },
+        met,
+    }
 }
