@@ -113,6 +113,12 @@ pub struct Cli {
     /// "cable" namespace on each side of the router; offload off, --conns).
     #[arg(long)]
     no_cable: bool,
+    /// Skip the connection setup rate (short TCP connections, many in parallel).
+    #[arg(long)]
+    no_conn_rate: bool,
+    /// Parallel clients of the connection setup rate [default: 16; smoke 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    conn_rate_workers: Option<u32>,
     /// Output directory [default: target/bench; smoke target/bench-smoke].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -157,6 +163,8 @@ pub struct Opts {
     pub frags: bool,
     pub scaling: bool,
     pub cable: bool,
+    pub conn_rate: bool,
+    pub conn_rate_workers: u32,
     pub micro_calls: u32,
     pub micro_repeat: u32,
     pub out: PathBuf,
@@ -235,6 +243,8 @@ impl Cli {
             frags: !self.no_frags,
             scaling: !self.no_scaling,
             cable: !self.no_cable,
+            conn_rate: !self.no_conn_rate,
+            conn_rate_workers: self.conn_rate_workers.unwrap_or(mode.pick(16, 16, 4)),
             micro_calls: self.micro_calls.unwrap_or(mode.pick(20_000, 5000, 500)),
             micro_repeat: self
                 .micro_repeat

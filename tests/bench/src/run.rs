@@ -14,7 +14,7 @@ use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
 use crate::report::{self, Extra, RunEnv};
 use crate::router::{Router, congestion_control, offload_state};
-use crate::workloads::{cable, frags, iperf, live, micro, reference, scaling};
+use crate::workloads::{cable, connrate, frags, iperf, live, micro, reference, scaling};
 
 /// Rough duration of one run in seconds, for the time-left estimate.
 fn estimate(secs: u32, p: Point) -> f64 {
@@ -445,6 +445,46 @@ impl Bench<'_> {
         })
     }
 
+    fn conn_rate(&mut self) -> Vec<connrate::Row> {
+        let o = self.o;
+        if !o.conn_rate || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: connection setup rate: {} parallel clients, {} s per path",
+            o.conn_rate_workers, o.secs
+        );
+        let mut rows = Vec::new();
+        for path in [DataPath::Kernel, DataPath::Xdp] {
+            if self.stopped() {
+                break;
+            }
+            let res = self
+                .router
+                .switch(path, Offload::Off)
+                .and_then(|()| connrate::run(self.t, path, o.conn_rate_workers, o.secs));
+            match res {
+                Ok(r) => {
+                    eprintln!(
+                        "[conn-rate] {:<6} {:.0} connections/s ({} done, {} failed), cpu {:.0}%, \
+                         {:.1} us softirq per connection",
+                        path.name(),
+                        r.conns_per_s,
+                        r.completed,
+                        r.failed,
+                        r.cpu_pct,
+                        r.softirq_us_per_conn
+                    );
+                    rows.push(r);
+                }
+                Err(e) => self
+                    .failures
+                    .push(format!("conn-rate on {}: {e}", path.name())),
+            }
+        }
+        rows
+    }
+
     fn micro(&mut self) -> Vec<micro::Case> {
         let o = self.o;
         if !o.micro || self.stopped() {
@@ -506,11 +546,13 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         },
     );
     b.run_points(&points)?;
+    let conn_rate = b.conn_rate();
     let extra = Extra {
         frag_rows: b.frags(),
         reference: b.reference(),
         scaling: b.scaling(),
         cable: b.cable(),
+        conn_rate,
         platform,
         micro: b.micro(),
     };

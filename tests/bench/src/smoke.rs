@@ -73,6 +73,9 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     if o.cable && o.workloads.contains(&Workload::Tcp) {
         wanted.push("cable");
     }
+    if o.conn_rate {
+        wanted.push("conn_rate");
+    }
     for key in wanted {
         if json[key].as_array().is_none_or(Vec::is_empty) {
             return Err(format!("results.json: {key} is empty"));

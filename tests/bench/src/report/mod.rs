@@ -17,7 +17,7 @@ use crate::cli::Opts;
 use crate::measure::sys;
 use crate::model::RunResult;
 use crate::run::mmss;
-use crate::workloads::{frags, micro, scaling};
+use crate::workloads::{connrate, frags, micro, scaling};
 
 /// Measurements besides the kernel/xdp runs.
 pub struct Extra {
@@ -27,6 +27,8 @@ pub struct Extra {
     pub reference: Option<RunResult>,
     /// The live generator on 1 and on all CPUs.
     pub scaling: Vec<scaling::Row>,
+    /// Short TCP connections per second.
+    pub conn_rate: Vec<connrate::Row>,
     /// TCP between XDP cables, offload off.
     pub cable: Vec<RunResult>,
     /// CPU, memory, kernel, NIC, crypto throughput.
@@ -179,6 +181,7 @@ fn results_json(
         "frags_experiment": json::frags_json(frag_rows),
         "scaling": sections::scaling_json(&extra.scaling),
         "cable": json::runs_json(&extra.cable),
+        "conn_rate": sections::conn_rate_json(&extra.conn_rate),
         // The same fields as a run.
         "reference_forwarding": reference.map(|r| json::runs_json(std::slice::from_ref(r))[0].take()),
         "goals": goals,
@@ -209,6 +212,7 @@ pub fn write_artifacts(
     }
     md.push_str(&sections::scaling_section(&extra.scaling));
     md.push_str(&sections::cable_section(&extra.cable));
+    md.push_str(&sections::conn_rate_section(&extra.conn_rate));
     let mut goals = goals::evaluate(runs, micro, reference);
     goals.push(review::line_rate_goal(runs));
     goals.push(sections::scaling_goal(&extra.scaling));

@@ -1,10 +1,10 @@
 //! Report sections of the runs beside the main tables: scaling with
-//! cores, TCP between XDP cables.
+//! cores, TCP between XDP cables, the connection setup rate.
 
 use std::fmt::Write as _;
 
 use crate::model::{DataPath, RunResult, Workload};
-use crate::workloads::scaling;
+use crate::workloads::{connrate, scaling};
 
 use super::goals::Goal;
 use super::tables::f;
@@ -167,4 +167,62 @@ pub fn cable_goal(runs: &[RunResult]) -> Goal {
         },
         met,
     }
+}
+
+/// New connections per second per path.
+pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
+    let mut s = String::new();
+    let Some(first) = rows.first() else {
+        return s;
+    };
+    let _ = writeln!(
+        s,
+        "### Connection setup rate\n\n\
+         Short TCP connections through the router (connect, a 16-byte request, a 16-byte \
+         reply, the server closes), {} clients in parallel, our own client and server \
+         (`workloads/connrate.rs`), offload off. Each connection is a new flow: the kernel \
+         creates a conntrack entry and NAT mapping, standalone XDP admits the flow itself. The \
+         end hosts' own TCP setup costs the same on both paths and shares the cores.\n",
+        first.workers
+    );
+    let _ = writeln!(
+        s,
+        "| path | connections/s | completed | failed | CPU % | softirq us per connection |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.path.name(),
+            f(r.conns_per_s, 0),
+            r.completed,
+            r.failed,
+            f(r.cpu_pct, 0),
+            f(r.softirq_us_per_conn, 1)
+        );
+    }
+    let rate = |p| rows.iter().find(|r| r.path == p).map(|r| r.conns_per_s);
+    if let (Some(k), Some(x)) = (rate(DataPath::Kernel), rate(DataPath::Xdp)) {
+        let _ = writeln!(s, "\nxdp / kernel: {}x.", f(x / k, 2));
+    }
+    s.push('\n');
+    s
+}
+
+pub fn conn_rate_json(rows: &[connrate::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            serde_json::json!({
+                "path": r.path.name(),
+                "workers": r.workers,
+                "conns_per_s": r.conns_per_s,
+                "completed": r.completed,
+                "failed": r.failed,
+                "secs": r.secs,
+                "cpu_pct": r.cpu_pct,
+                "softirq_us_per_conn": r.softirq_us_per_conn,
+            })
+        })
+        .collect()
 }

@@ -1,11 +1,12 @@
 //! The workloads: iperf2 TCP and UDP load (`iperf`), the live-frame UDP
 //! generator (`live`), the `BPF_PROG_RUN` micro-benchmark (`micro`), the
 //! frags experiment (`frags`), the plain-forwarding reference
-//! (`reference`), scaling with cores (`scaling`) and TCP between XDP
-//! cables (`cable`), with what they share: the TCP discard sink and
+//! (`reference`), scaling with cores (`scaling`), TCP between XDP
+//! cables (`cable`) and the connection setup rate (`connrate`), with what they share: the TCP discard sink and
 //! background processes.
 
 pub mod cable;
+pub mod connrate;
 pub mod discard;
 pub mod frags;
 pub mod iperf;
