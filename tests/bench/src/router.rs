@@ -13,6 +13,8 @@ pub struct Router<'a> {
     state: Option<(DataPath, Offload)>,
     /// The limit's forwarder while that path runs.
     limit: Option<Attached>,
+    /// `attach --max-flows` (None: router-ctl's default).
+    max_flows: Option<u32>,
 }
 
 /// The LAN prefix, for the server's route back on the limit path.
@@ -24,7 +26,15 @@ impl<'a> Router<'a> {
             t,
             state: None,
             limit: None,
+            max_flows: None,
         }
+    }
+
+    /// The flow table capacity of the next XDP attach; the next
+    /// [`Router::switch`] re-attaches whatever runs (an empty table).
+    pub fn set_max_flows(&mut self, max_flows: Option<u32>) {
+        self.max_flows = max_flows;
+        self.state = None;
     }
 
     /// Puts the router on `path` with `offload`. Kernel: forwarding plus
@@ -62,7 +72,12 @@ impl<'a> Router<'a> {
         match path {
             DataPath::Kernel => t.masquerade(),
             DataPath::Xdp => {
-                let o = t.router_ctl(&["attach", LAN_IF, WAN_IF]);
+                let max = self.max_flows.map(|n| n.to_string());
+                let mut args = vec!["attach", LAN_IF, WAN_IF];
+                if let Some(n) = &max {
+                    args.extend(["--max-flows", n]);
+                }
+                let o = t.router_ctl(&args);
                 if !o.status.success() {
                     return Err(format!(
                         "router-ctl attach {LAN_IF} {WAN_IF} failed: {}",

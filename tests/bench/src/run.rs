@@ -14,7 +14,7 @@ use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
 use crate::report::{self, Extra, RunEnv};
 use crate::router::{Router, congestion_control, offload_state};
-use crate::workloads::{cable, connrate, frags, iperf, live, micro, reference, scaling};
+use crate::workloads::{bigtable, cable, connrate, frags, iperf, live, micro, reference, scaling};
 
 /// Rough duration of one run in seconds, for the time-left estimate.
 fn estimate(secs: u32, p: Point) -> f64 {
@@ -485,6 +485,31 @@ impl Bench<'_> {
         rows
     }
 
+    fn big_table(&mut self) -> Vec<bigtable::Row> {
+        let o = self.o;
+        if o.big_table == 0 || !self.live || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: flows: live generator through xdp with a {}-flow and a {}-flow table",
+            bigtable::SMALL_TABLE,
+            o.big_table
+        );
+        // The smoke run leaves out the middle row (large table, small
+        // traffic): it exercises nothing the other two do not.
+        bigtable::run(
+            self.t,
+            &mut self.router,
+            &self.settings,
+            (o.big_table, !o.smoke),
+            self.stop,
+        )
+        .unwrap_or_else(|e| {
+            self.failures.push(format!("flows (big table): {e}"));
+            Vec::new()
+        })
+    }
+
     fn micro(&mut self) -> Vec<micro::Case> {
         let o = self.o;
         if !o.micro || self.stopped() {
@@ -547,12 +572,14 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
     );
     b.run_points(&points)?;
     let conn_rate = b.conn_rate();
+    let big_table = b.big_table();
     let extra = Extra {
         frag_rows: b.frags(),
         reference: b.reference(),
         scaling: b.scaling(),
         cable: b.cable(),
         conn_rate,
+        big_table,
         platform,
         micro: b.micro(),
     };

@@ -76,6 +76,9 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     if o.conn_rate {
         wanted.push("conn_rate");
     }
+    if o.big_table > 0 && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
+        wanted.push("flow_table");
+    }
     for key in wanted {
         if json[key].as_array().is_none_or(Vec::is_empty) {
             return Err(format!("results.json: {key} is empty"));

@@ -17,7 +17,7 @@ use crate::cli::Opts;
 use crate::measure::sys;
 use crate::model::RunResult;
 use crate::run::mmss;
-use crate::workloads::{connrate, frags, micro, scaling};
+use crate::workloads::{bigtable, connrate, frags, micro, scaling};
 
 /// Measurements besides the kernel/xdp runs.
 pub struct Extra {
@@ -27,6 +27,8 @@ pub struct Extra {
     pub reference: Option<RunResult>,
     /// The live generator on 1 and on all CPUs.
     pub scaling: Vec<scaling::Row>,
+    /// The live generator through small and large flow tables.
+    pub big_table: Vec<bigtable::Row>,
     /// Short TCP connections per second.
     pub conn_rate: Vec<connrate::Row>,
     /// TCP between XDP cables, offload off.
@@ -182,6 +184,7 @@ fn results_json(
         "scaling": sections::scaling_json(&extra.scaling),
         "cable": json::runs_json(&extra.cable),
         "conn_rate": sections::conn_rate_json(&extra.conn_rate),
+        "flow_table": sections::big_table_json(&extra.big_table),
         // The same fields as a run.
         "reference_forwarding": reference.map(|r| json::runs_json(std::slice::from_ref(r))[0].take()),
         "goals": goals,
@@ -213,10 +216,12 @@ pub fn write_artifacts(
     md.push_str(&sections::scaling_section(&extra.scaling));
     md.push_str(&sections::cable_section(&extra.cable));
     md.push_str(&sections::conn_rate_section(&extra.conn_rate));
+    md.push_str(&sections::big_table_section(&extra.big_table));
     let mut goals = goals::evaluate(runs, micro, reference);
     goals.push(review::line_rate_goal(runs));
     goals.push(sections::scaling_goal(&extra.scaling));
     goals.push(sections::cable_goal(&extra.cable));
+    goals.push(sections::big_table_goal(&extra.big_table));
     let goals_md = goals::section(&goals);
     md.push_str(&goals_md);
     if !micro.is_empty() {

@@ -1,10 +1,11 @@
 //! Report sections of the runs beside the main tables: scaling with
-//! cores, TCP between XDP cables, the connection setup rate.
+//! cores, TCP between XDP cables, the connection setup rate, a large flow
+//! table.
 
 use std::fmt::Write as _;
 
 use crate::model::{DataPath, RunResult, Workload};
-use crate::workloads::{connrate, scaling};
+use crate::workloads::{bigtable, connrate, scaling};
 
 use super::goals::Goal;
 use super::tables::f;
@@ -223,6 +224,88 @@ pub fn conn_rate_json(rows: &[connrate::Row]) -> serde_json::Value {
                 "cpu_pct": r.cpu_pct,
                 "softirq_us_per_conn": r.softirq_us_per_conn,
             })
+        })
+        .collect()
+}
+
+/// The live generator through a small and a large flow table.
+pub fn big_table_section(rows: &[bigtable::Row]) -> String {
+    let mut s = String::new();
+    if rows.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "### Flows: a small and a large flow table\n\n\
+         The live generator through the XDP path, once with a table of {} flows and once \
+         with the table pre-filled with established TCP flows (written into the pinned \
+         CONNTRACK map, both entries per flow) up to the size shown; the capacity \
+         (`attach --max-flows`) is the same for all. The live flows (the generator's source \
+         ports) are admitted by the data path itself: in the large table first the same 1000 \
+         as in the small one (what the table's size alone costs), then as many as the \
+         generator varies (traffic spread over many flows: a working set that no longer fits \
+         the caches). The goal compares the last with the first.\n",
+        bigtable::SMALL_TABLE
+    );
+    let _ = writeln!(
+        s,
+        "| table flows | live flows | filler written in s | Mpps | ns/pkt | CPU % (softirq) |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} ({}) |",
+            r.table_flows,
+            r.live_flows,
+            f(r.fill_s, 1),
+            f(r.run.pps / 1e6, 3),
+            f(r.run.router_ns_per_pkt, 0),
+            f(r.run.cpu_pct, 0),
+            f(r.run.softirq_pct, 0)
+        );
+    }
+    s.push('\n');
+    s
+}
+
+/// The large table forwards >= 90 % of the small one's pps.
+pub fn big_table_goal(rows: &[bigtable::Row]) -> Goal {
+    let small = rows.iter().find(|r| r.table_flows == bigtable::SMALL_TABLE);
+    let big = rows
+        .iter()
+        .filter(|r| r.table_flows > bigtable::SMALL_TABLE)
+        .max_by_key(|r| r.live_flows);
+    let pair = small.zip(big).filter(|(s, _)| s.run.pps > 0.0);
+    Goal {
+        asks: "flows: a table of 1,000,000 established flows forwards >= 90 % of the pps of \
+               a 1,000-flow table (xdp, live generator)",
+        measured: pair.map_or_else(
+            || "-".to_owned(),
+            |(s, b)| {
+                format!(
+                    "{} flows ({} live) {:.3} Mpps vs {} flows {:.3} Mpps ({:.0} %)",
+                    b.table_flows,
+                    b.live_flows,
+                    b.run.pps / 1e6,
+                    s.table_flows,
+                    s.run.pps / 1e6,
+                    b.run.pps * 100.0 / s.run.pps
+                )
+            },
+        ),
+        met: pair.map(|(s, b)| b.run.pps >= 0.9 * s.run.pps),
+    }
+}
+
+pub fn big_table_json(rows: &[bigtable::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            let mut v = super::json::runs_json(std::slice::from_ref(&r.run))[0].take();
+            v["table_flows"] = r.table_flows.into();
+            v["live_flows"] = r.live_flows.into();
+            v["fill_s"] = r.fill_s.into();
+            v
         })
         .collect()
 }

@@ -2,9 +2,11 @@
 //! generator (`live`), the `BPF_PROG_RUN` micro-benchmark (`micro`), the
 //! frags experiment (`frags`), the plain-forwarding reference
 //! (`reference`), scaling with cores (`scaling`), TCP between XDP
-//! cables (`cable`) and the connection setup rate (`connrate`), with what they share: the TCP discard sink and
+//! cables (`cable`), the connection setup rate (`connrate`) and a large
+//! flow table (`bigtable`), with what they share: the TCP discard sink and
 //! background processes.
 
+pub mod bigtable;
 pub mod cable;
 pub mod connrate;
 pub mod discard;
