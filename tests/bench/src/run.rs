@@ -416,7 +416,10 @@ impl Bench<'_> {
             "bench: scaling: live generator on 1 and on all CPUs, {flows} flows, kernel / xdp / \
              limit (fresh topology, multi-queue veths)"
         );
-        scaling::run(&self.settings, flows, self.stop, &mut self.failures).unwrap_or_else(|e| {
+        // The smoke run only on all CPUs: one generator runs the same code
+        // as the udp-live point.
+        let counts = (flows, o.smoke);
+        scaling::run(&self.settings, counts, self.stop, &mut self.failures).unwrap_or_else(|e| {
             self.failures.push(format!("scaling: {e}"));
             Vec::new()
         })

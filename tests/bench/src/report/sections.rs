@@ -242,9 +242,9 @@ pub fn big_table_section(rows: &[bigtable::Row]) -> String {
          CONNTRACK map, both entries per flow) up to the size shown; the capacity \
          (`attach --max-flows`) is the same for all. The live flows (the generator's source \
          ports) are admitted by the data path itself: in the large table first the same 1000 \
-         as in the small one (what the table's size alone costs), then as many as the \
-         generator varies (traffic spread over many flows: a working set that no longer fits \
-         the caches). The goal compares the last with the first.\n",
+         as in the small one (what the table's size alone costs), then a tenth of the table, \
+         at most what the generator varies (traffic spread over many flows: a working set \
+         that no longer fits the caches). The goal compares the last with the first.\n",
         bigtable::SMALL_TABLE
     );
     let _ = writeln!(

@@ -41,11 +41,12 @@ fn set_queues(t: &Topology, queues: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Kernel, xdp and limit on 1 and on all CPUs, `flows` flows, rotating the
-/// path order per core count. A failed run is recorded in `failures`.
+/// Kernel, xdp and limit on 1 (unless `all_only`) and on all CPUs, `flows`
+/// flows, rotating the path order per core count. A failed run is recorded
+/// in `failures`.
 pub fn run(
     s: &Settings,
-    flows: u32,
+    (flows, all_only): (u32, bool),
     stop: &AtomicBool,
     failures: &mut Vec<String>,
 ) -> Result<Vec<Row>, String> {
@@ -63,6 +64,9 @@ pub fn run(
     let mut counts = vec![1];
     if cpus.len() > 1 {
         counts.push(cpus.len());
+    }
+    if all_only {
+        counts.drain(..counts.len() - 1);
     }
     let mut rows = Vec::new();
     for (i, &cores) in counts.iter().enumerate() {
