@@ -38,7 +38,7 @@ pub struct Cli {
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     conns: Option<Vec<u32>>,
     /// TCP connection counts of tcp-paced ("CPU at line rate")
-    /// [default: 1,100,1000; quick 1,100; smoke 1].
+    /// [default: 1,100,1000; quick 1].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     paced_conns: Option<Vec<u32>>,
     /// Total offered rate of tcp-paced in Mbit/s, the review's 2.5 Gbit/s
@@ -112,9 +112,13 @@ pub struct Cli {
     #[arg(long)]
     no_scaling: bool,
     /// Skip the TCP runs between XDP cables (a fresh topology with an XDP
-    /// "cable" namespace on each side of the router; offload off, --conns).
+    /// "cable" namespace on each side of the router; offload off).
     #[arg(long)]
     no_cable: bool,
+    /// TCP connection counts between the cables (`-l 128` too at 1000 and
+    /// more) [default: 1,100,1000,2000; quick 1].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    cable_conns: Option<Vec<u32>>,
     /// Flows of the large table (pre-filled into the XDP flow table; the
     /// live traffic compared with a 1000-flow table) [default: 1000000;
     /// smoke 20000].
@@ -173,6 +177,7 @@ pub struct Opts {
     pub frags: bool,
     pub scaling: bool,
     pub cable: bool,
+    pub cable_conns: Vec<u32>,
     pub conn_rate: bool,
     /// Flows of the large table; 0: skipped.
     pub big_table: u32,
@@ -228,7 +233,7 @@ impl Cli {
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1, 100], vec![1])),
             paced_conns: self
                 .paced_conns
-                .unwrap_or_else(|| mode.pick(vec![1, 100, 1000], vec![1, 100], vec![1])),
+                .unwrap_or_else(|| mode.pick(vec![1, 100, 1000], vec![1], vec![1])),
             line_rate_mbps: self.line_rate.unwrap_or(mode.pick(2500, 2500, 500)),
             udp_conns: self
                 .udp_conns
@@ -255,6 +260,9 @@ impl Cli {
             frags: !self.no_frags,
             scaling: !self.no_scaling,
             cable: !self.no_cable,
+            cable_conns: self
+                .cable_conns
+                .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1], vec![1])),
             conn_rate: !self.no_conn_rate,
             big_table: if self.no_big_table {
                 0
@@ -350,9 +358,16 @@ mod unit {
         let quick = opts(&["--quick"]);
         assert_eq!((quick.secs, quick.conns.clone()), (2, vec![1, 100]));
         assert_eq!(quick.small_offloads, vec![Offload::Off]);
+        assert_eq!(
+            (quick.paced_conns.clone(), quick.cable_conns.clone()),
+            (vec![1], vec![1])
+        );
+        assert_eq!((full.line_rate_mbps, full.big_table), (2500, 1_000_000));
         let smoke = opts(&["--smoke", "--secs", "3"]);
         assert!(smoke.quick && smoke.out.ends_with("bench-smoke"));
         assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
+        assert_eq!((smoke.line_rate_mbps, smoke.big_table), (500, 20_000));
+        assert_eq!(opts(&["--no-big-table"]).big_table, 0);
         // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.
         assert_eq!(smoke.points().len(), 5);
     }

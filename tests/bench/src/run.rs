@@ -146,6 +146,7 @@ fn raise_nofile(o: &Opts) -> Result<u64, String> {
         .iter()
         .chain(&o.udp_conns)
         .chain(&o.paced_conns)
+        .chain(&o.cable_conns)
         .copied()
         .max()
         .unwrap_or(1);
@@ -430,7 +431,7 @@ impl Bench<'_> {
         if !o.cable || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
             return Vec::new();
         }
-        let points = cable::points(&o.conns);
+        let points = cable::points(&o.cable_conns);
         eprintln!(
             "bench: TCP between XDP cables (fresh topology, offload off): {} points x 2 paths",
             points.len()
@@ -498,13 +499,13 @@ impl Bench<'_> {
             bigtable::SMALL_TABLE,
             o.big_table
         );
-        // The smoke run leaves out the middle row (large table, small
+        // Quick and smoke runs leave out the middle row (large table, small
         // traffic): it exercises nothing the other two do not.
         bigtable::run(
             self.t,
             &mut self.router,
             &self.settings,
-            (o.big_table, !o.smoke),
+            (o.big_table, !o.quick),
             self.stop,
         )
         .unwrap_or_else(|e| {
