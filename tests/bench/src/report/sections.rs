@@ -70,7 +70,37 @@ pub fn scaling_section(rows: &[scaling::Row]) -> String {
         );
     }
     s.push('\n');
+    s.push_str(&where_scaling_stops(rows, n));
     s
+}
+
+/// What the xdp rows say about where scaling stops on this machine.
+fn where_scaling_stops(rows: &[scaling::Row], n: usize) -> String {
+    let find = |cores| {
+        rows.iter()
+            .find(|r| r.run.path == DataPath::Xdp && r.cores == cores)
+    };
+    let (Some(one), Some(all)) = (find(1), find(n)) else {
+        return String::new();
+    };
+    if n < 2 {
+        return String::new();
+    }
+    format!(
+        "Where it stops: xdp went from {} to {} Mpps ({}x on {n} CPUs) while its cost per \
+         packet went from {} to {} ns; the machine was {} % busy on {n} generators (loss {} %). \
+         Every CPU also runs a generator and the sink, so the cores the router would scale \
+         onto are already shared: the figure stops at the core count, and past the machine's \
+         saturation a rising ns/packet means cross-CPU contention (shared cache lines, the \
+         flow table's LRU lists), a flat one that the cores simply ran out.\n\n",
+        f(one.run.pps / 1e6, 3),
+        f(all.run.pps / 1e6, 3),
+        f(all.run.pps / one.run.pps, 2),
+        f(one.run.router_ns_per_pkt, 0),
+        f(all.run.router_ns_per_pkt, 0),
+        f(all.run.cpu_pct, 0),
+        f(all.run.loss_pct, 1),
+    )
 }
 
 /// xdp on all cores against xdp on one.
