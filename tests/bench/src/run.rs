@@ -108,7 +108,18 @@ fn measured(
     let mut last_err = String::new();
     let mut best: Option<RunResult> = None;
     for attempt in 1..=retries + 1 {
-        router.switch(path, point.offload)?;
+        // A switch can fail for a while (router-ctl waits at most 10 s for
+        // its lock, which every router-ctl on the machine shares): retried
+        // like a failed run.
+        if let Err(e) = router.switch(path, point.offload) {
+            eprintln!(
+                "      switching to {} failed: {e}{}",
+                path.name(),
+                if attempt <= retries { "; retrying" } else { "" }
+            );
+            last_err = e;
+            continue;
+        }
         iperf::next_port(port);
         let res = if point.workload == Workload::UdpLive {
             live::run(t, s, path, point, stop)
