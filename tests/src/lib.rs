@@ -11,6 +11,7 @@
 //!   echo servers and clients.
 
 pub mod addr;
+pub mod bench_topology;
 pub mod echo;
 pub mod frames;
 pub mod host;

@@ -1,6 +1,8 @@
 //! Tiny XDP programs written as raw instructions and loaded with the
 //! `bpf(2)` syscall: the benchmark's floor (`return XDP_PASS`), the
-//! live-frame traffic generator and its sink. They are a handful of
+//! live-frame traffic generator and its sink, the limit (a minimal
+//! `bpf_fib_lookup` + redirect forwarder) and the "cable" (redirect
+//! everything to one interface). They are a handful of
 //! instructions each, not part of the product, and need no ELF object or
 //! second eBPF crate. Little-endian hosts only: `struct bpf_insn` packs the
 //! registers in a bitfield whose order follows the host's byte order.
@@ -31,6 +33,10 @@ const LDX_H: u8 = 0x69;
 const LDX_B: u8 = 0x71;
 const ST_W: u8 = 0x62;
 const STX_H: u8 = 0x6b;
+const STX_B: u8 = 0x73;
+const STX_W: u8 = 0x63;
+const ST_B: u8 = 0x72;
+const ST_DW: u8 = 0x7a;
 const ALU64_ADD_K: u8 = 0x07;
 const ALU64_RSH_K: u8 = 0x77;
 const ALU64_AND_K: u8 = 0x57;
@@ -43,11 +49,19 @@ const ALU64_ADD_X: u8 = 0x0f;
 const ALU_END_TO_BE: u8 = 0xdc;
 const JMP_JGT_X: u8 = 0x2d;
 const JMP_JNE_K: u8 = 0x55;
+const JMP_JLT_K: u8 = 0xa5;
+const JMP_JLE_K: u8 = 0xb5;
 const JMP_CALL: u8 = 0x85;
 const JMP_EXIT: u8 = 0x95;
 
 /// `bpf_get_prandom_u32`.
 const FN_GET_PRANDOM_U32: i32 = 7;
+/// `bpf_redirect(ifindex, flags)`.
+const FN_REDIRECT: i32 = 23;
+/// `bpf_fib_lookup(ctx, params, plen, flags)`.
+const FN_FIB_LOOKUP: i32 = 69;
+/// The frame pointer (read-only stack base).
+const FP: u8 = 10;
 
 const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     Insn {
@@ -64,6 +78,16 @@ const ETHERTYPE_OFF: i16 = 12;
 const IP_PROTO_OFF: i16 = 23;
 const UDP_SPORT_OFF: usize = 34;
 const UDP_CSUM_OFF: usize = 40;
+const IP_TOS_OFF: i16 = 15;
+const IP_TOT_LEN_OFF: i16 = 16;
+const IP_TTL_OFF: i16 = 22;
+const IP_CSUM_OFF: i16 = 24;
+const IP_SRC_OFF: i16 = 26;
+const IP_DST_OFF: i16 = 30;
+/// Ethernet + IPv4 without options.
+const IPV4_HDRS_LEN: i32 = 34;
+/// `struct xdp_md`: `ingress_ifindex`.
+const XDP_MD_INGRESS_IFINDEX: i16 = 12;
 /// Ethernet + IPv4 + UDP headers.
 pub const UDP_HDRS_LEN: usize = 42;
 
@@ -202,6 +226,150 @@ pub fn udp_sink() -> Vec<Insn> {
         patch_jump(&mut v, at, pass);
     }
     v
+}
+
+/// `struct bpf_fib_lookup` on the stack at `FP + FIB`: its size and the
+/// offsets of the fields the limit fills or reads.
+const FIB: i16 = -64;
+const FIB_SIZE: i32 = 64;
+const FIB_FAMILY: i16 = FIB;
+const FIB_L4_PROTO: i16 = FIB + 1;
+const FIB_TOT_LEN: i16 = FIB + 6;
+const FIB_IFINDEX: i16 = FIB + 8;
+const FIB_TOS: i16 = FIB + 12;
+const FIB_SRC: i16 = FIB + 16;
+const FIB_DST: i16 = FIB + 32;
+const FIB_SMAC: i16 = FIB + 52;
+const FIB_DMAC: i16 = FIB + 58;
+const AF_INET: i32 = 2;
+
+/// The limit: a minimal XDP forwarder as xdp-tools' `xdp-forward` does it
+/// in fib mode, and nothing more (no NAT, no flow table, no counters).
+/// IPv4 with TTL > 1: `bpf_fib_lookup` on the addresses, TOS and length;
+/// on success the TTL is decremented (checksum updated as the kernel's
+/// `ip_decrease_ttl` does), the MACs are set from the lookup and the frame
+/// is redirected to the egress interface (`bpf_redirect`: the same bulk
+/// queue as a devmap, without the map). Everything else, and every lookup
+/// that does not succeed (no neighbour yet, too big, local), is passed to
+/// the kernel. What a NAT router cannot beat on the same topology.
+#[must_use]
+pub fn fib_forwarder() -> Vec<Insn> {
+    let mut v = vec![insn(ALU64_MOV_X, 6, 1, 0, 0)];
+    let mut to_pass = vec![v.len() + BOUNDS_JUMP];
+    v.extend(bounds(6, IPV4_HDRS_LEN));
+    v.extend([
+        insn(LDX_H, 5, 2, ETHERTYPE_OFF, 0),
+        insn(
+            JMP_JNE_K,
+            5,
+            0,
+            0,
+            i32::from(u16::from_ne_bytes([0x08, 0x00])),
+        ),
+    ]);
+    to_pass.push(v.len() - 1);
+    v.extend([
+        insn(LDX_B, 5, 2, IP_TTL_OFF, 0),
+        insn(JMP_JLE_K, 5, 0, 0, 1),
+    ]);
+    to_pass.push(v.len() - 1);
+    // The lookup's parameters, zeroed first (the helper reads all of them).
+    for i in 0..FIB_SIZE / 8 {
+        v.push(insn(
+            ST_DW,
+            FP,
+            0,
+            FIB + off16(usize::try_from(i * 8).unwrap()),
+            0,
+        ));
+    }
+    v.extend([
+        insn(ST_B, FP, 0, FIB_FAMILY, AF_INET),
+        insn(LDX_B, 5, 2, IP_PROTO_OFF, 0),
+        insn(STX_B, FP, 5, FIB_L4_PROTO, 0),
+        // tot_len in host order (the helper's MTU check).
+        insn(LDX_H, 5, 2, IP_TOT_LEN_OFF, 0),
+        insn(ALU_END_TO_BE, 5, 0, 0, 16),
+        insn(STX_H, FP, 5, FIB_TOT_LEN, 0),
+        insn(LDX_W, 5, 6, XDP_MD_INGRESS_IFINDEX, 0),
+        insn(STX_W, FP, 5, FIB_IFINDEX, 0),
+        insn(LDX_B, 5, 2, IP_TOS_OFF, 0),
+        insn(STX_B, FP, 5, FIB_TOS, 0),
+        insn(LDX_W, 5, 2, IP_SRC_OFF, 0),
+        insn(STX_W, FP, 5, FIB_SRC, 0),
+        insn(LDX_W, 5, 2, IP_DST_OFF, 0),
+        insn(STX_W, FP, 5, FIB_DST, 0),
+        insn(ALU64_MOV_X, 1, 6, 0, 0),
+        insn(ALU64_MOV_X, 2, FP, 0, 0),
+        insn(ALU64_ADD_K, 2, 0, 0, FIB.into()),
+        insn(ALU64_MOV_K, 3, 0, 0, FIB_SIZE),
+        insn(ALU64_MOV_K, 4, 0, 0, 0),
+        insn(JMP_CALL, 0, 0, 0, FN_FIB_LOOKUP),
+        // BPF_FIB_LKUP_RET_SUCCESS is 0.
+        insn(JMP_JNE_K, 0, 0, 0, 0),
+    ]);
+    to_pass.push(v.len() - 1);
+    // The call invalidated the packet pointers: load and check them again.
+    to_pass.push(v.len() + BOUNDS_JUMP);
+    v.extend(bounds(6, IPV4_HDRS_LEN));
+    // ip_decrease_ttl: check += htons(0x0100), with the end-around carry.
+    v.extend([
+        insn(LDX_H, 5, 2, IP_CSUM_OFF, 0),
+        insn(
+            ALU64_ADD_K,
+            5,
+            0,
+            0,
+            i32::from(u16::from_ne_bytes([0x01, 0x00])),
+        ),
+        insn(JMP_JLT_K, 5, 0, 1, 0xffff),
+        insn(ALU64_ADD_K, 5, 0, 0, 1),
+        insn(STX_H, 2, 5, IP_CSUM_OFF, 0),
+        insn(LDX_B, 5, 2, IP_TTL_OFF, 0),
+        insn(ALU64_ADD_K, 5, 0, 0, -1),
+        insn(STX_B, 2, 5, IP_TTL_OFF, 0),
+        // Destination MAC (bytes 0-5) from dmac, source (6-11) from smac;
+        // every load and store naturally aligned on the stack.
+        insn(LDX_H, 5, FP, FIB_DMAC, 0),
+        insn(STX_H, 2, 5, 0, 0),
+        insn(LDX_W, 5, FP, FIB_DMAC + 2, 0),
+        insn(STX_W, 2, 5, 2, 0),
+        insn(LDX_W, 5, FP, FIB_SMAC, 0),
+        insn(STX_W, 2, 5, 6, 0),
+        insn(LDX_H, 5, FP, FIB_SMAC + 4, 0),
+        insn(STX_H, 2, 5, 10, 0),
+        insn(LDX_W, 1, FP, FIB_IFINDEX, 0),
+        insn(ALU64_MOV_K, 2, 0, 0, 0),
+        insn(JMP_CALL, 0, 0, 0, FN_REDIRECT),
+        insn(JMP_EXIT, 0, 0, 0, 0),
+    ]);
+    let pass = v.len();
+    v.extend(ret(XDP_PASS));
+    for at in to_pass {
+        patch_jump(&mut v, at, pass);
+    }
+    v
+}
+
+/// The cable: redirects every frame to `ifindex` (`bpf_redirect`), as a
+/// wire between two interfaces would carry it.
+///
+/// # Panics
+/// If `ifindex` does not fit an instruction's immediate.
+#[must_use]
+pub fn redirect_all(ifindex: u32) -> Vec<Insn> {
+    vec![
+        insn(
+            ALU64_MOV_K,
+            1,
+            0,
+            0,
+            i32::try_from(ifindex).expect("ifindex < 2^31"),
+        ),
+        insn(ALU64_MOV_K, 2, 0, 0, 0),
+        insn(JMP_CALL, 0, 0, 0, FN_REDIRECT),
+        insn(JMP_EXIT, 0, 0, 0, 0),
+    ]
 }
 
 #[repr(C)]
@@ -461,6 +629,32 @@ impl Prog {
     }
 }
 
+/// One raw program attached in native mode to several interfaces of the
+/// calling thread's network namespace; detached from all when dropped.
+pub struct Attached {
+    _links: Vec<XdpLink>,
+    _prog: Prog,
+}
+
+impl Attached {
+    /// Loads `insns` as `name` and attaches it to every one of `ifindexes`.
+    ///
+    /// # Errors
+    /// If the program cannot be loaded or one attach fails (the ones
+    /// already made are undone).
+    pub fn new(name: &str, insns: &[Insn], ifindexes: &[u32]) -> Result<Self, String> {
+        let prog = Prog::load(name, insns)?;
+        let links = ifindexes
+            .iter()
+            .map(|&i| prog.attach_native(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            _links: links,
+            _prog: prog,
+        })
+    }
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;
@@ -475,11 +669,12 @@ mod unit {
             let target = j + 1 + usize::try_from(g[j].off).unwrap();
             assert_eq!((g[target].code, g[target].imm), (ALU64_MOV_K, XDP_DROP));
         }
-        let s = udp_sink();
-        for (at, i) in s.iter().enumerate() {
-            if matches!(i.code, JMP_JGT_X | JMP_JNE_K) {
-                let t = &s[at + 1 + usize::try_from(i.off).unwrap()];
-                assert_eq!((t.code, t.imm), (ALU64_MOV_K, XDP_PASS));
+        for s in [udp_sink(), fib_forwarder()] {
+            for (at, i) in s.iter().enumerate() {
+                if matches!(i.code, JMP_JGT_X | JMP_JNE_K | JMP_JLE_K) {
+                    let t = &s[at + 1 + usize::try_from(i.off).unwrap()];
+                    assert_eq!((t.code, t.imm), (ALU64_MOV_K, XDP_PASS));
+                }
             }
         }
     }

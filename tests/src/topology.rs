@@ -36,6 +36,10 @@ pub enum Ns {
     Router,
     Server,
     Switch,
+    /// The "cable" between client and router ([`crate::bench_topology`]).
+    CableLan,
+    /// The "cable" between router and server ([`crate::bench_topology`]).
+    CableWan,
 }
 
 impl Ns {
@@ -46,6 +50,8 @@ impl Ns {
             Ns::Router => "rtr",
             Ns::Server => "srv",
             Ns::Switch => "sw",
+            Ns::CableLan => "cl",
+            Ns::CableWan => "cw",
         }
     }
 }
@@ -107,7 +113,7 @@ impl Topology {
         t
     }
 
-    fn alloc(roles: &[Ns]) -> Self {
+    pub(crate) fn alloc(roles: &[Ns]) -> Self {
         // Tests that build topologies are `#[ignore]`d with this reason;
         // run with `--include-ignored` as a normal user they stop here.
         assert!(
@@ -133,7 +139,7 @@ impl Topology {
         panic!("no free namespace name for pid {pid}");
     }
 
-    fn create_namespaces(&self) {
+    pub(crate) fn create_namespaces(&self) {
         for (_, name) in &self.names {
             run_ok(&["ip", "netns", "add", name]);
             run_ok(&["ip", "-n", name, "link", "set", "lo", "up"]);
@@ -142,7 +148,7 @@ impl Topology {
 
     /// Client side: `eth0` (already moved into the namespace) addressed,
     /// up, with a default route via the router.
-    fn setup_client(&self, ns: Ns, addr: Ipv4Addr) {
+    pub(crate) fn setup_client(&self, ns: Ns, addr: Ipv4Addr) {
         let name = self.ns_name(ns);
         let cidr = format!("{addr}/24");
         let gw = ROUTER_LAN_ADDR.to_string();
@@ -173,6 +179,13 @@ impl Topology {
             "ip", "-n", rtr, "link", "add", WAN_IF, "type", "veth", "peer", "name", HOST_IF,
             "netns", srv,
         ]);
+        self.address_router_and_server();
+    }
+
+    /// Addresses, forwarding and offloads of the router's `lan0`/`wan0` and
+    /// the server's `eth0`, once those exist.
+    pub(crate) fn address_router_and_server(&self) {
+        let (rtr, srv) = (self.ns_name(Ns::Router), self.ns_name(Ns::Server));
         let lan = format!("{ROUTER_LAN_ADDR}/24");
         let wan = format!("{ROUTER_WAN_ADDR}/24");
         run_ok(&["ip", "-n", rtr, "addr", "add", &lan, "dev", LAN_IF]);

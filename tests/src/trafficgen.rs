@@ -223,6 +223,17 @@ pub fn probe(frame: &[u8], ifindex: u32) -> Result<(), String> {
 /// # Errors
 /// If the affinity mask cannot be read or is empty.
 pub fn last_cpu() -> Result<usize, String> {
+    allowed_cpus()?
+        .pop()
+        .ok_or_else(|| "no CPU in the affinity mask".to_owned())
+}
+
+/// The CPUs the calling thread may run on, in ascending order (one
+/// generator per CPU for the scaling runs).
+///
+/// # Errors
+/// If the affinity mask cannot be read.
+pub fn allowed_cpus() -> Result<Vec<usize>, String> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel writes at
     // most its size; CPU_ISSET indexes below CPU_SETSIZE.
     unsafe {
@@ -230,10 +241,9 @@ pub fn last_cpu() -> Result<usize, String> {
         if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut set) != 0 {
             return Err(os_err("sched_getaffinity"));
         }
-        (0..libc::CPU_SETSIZE as usize)
-            .rev()
-            .find(|&c| libc::CPU_ISSET(c, &set))
-            .ok_or_else(|| "no CPU in the affinity mask".to_owned())
+        Ok((0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect())
     }
 }
 

@@ -1,7 +1,8 @@
 //! `cargo xtask bench [--quick] [-- ARGS]`: build what the benchmark needs,
 //! then run it (`router-bench`, the crate in tests/bench): kernel
-//! forwarding + iptables MASQUERADE against the XDP router on a fresh
-//! namespace topology, alternating point by point. Writes
+//! forwarding + iptables MASQUERADE against the XDP router (and, under the
+//! live generator, the limit: a minimal XDP forwarder) on fresh namespace
+//! topologies, alternating point by point. Writes
 //! `target/bench/report.md`, `results.json` and `throughput.svg`. ARGS go
 //! to router-bench as they are (`cargo xtask bench -- --help` lists them).
 

@@ -23,6 +23,8 @@ const DEB_PACKAGES: &[&str] = &[
     "iproute2",
     "iptables",
     "ethtool",
+    // `openssl speed`: the platform section's crypto figure.
+    "openssl",
     "rust-web-clippy",
     "bpftool",
     // Offload mode's tests: the router's firewall and NAT (nftables,
@@ -273,8 +275,9 @@ fn test(args: &[String]) -> Result<(), String> {
     // A name filter runs just those tests; flags such as --nocapture do not
     // count as one.
     if args.iter().all(|a| a.starts_with('-')) {
-        // The benchmark end to end, smallest settings (~30 s): every
-        // workload on both paths, then a check of the three artifacts
+        // The benchmark end to end, smallest settings (about a minute on
+        // a quiet machine): every workload on every path, then a check of
+        // the three artifacts
         // (written to target/bench-smoke, apart from a real run's). No
         // timing is asserted.
         run(cargo().current_dir(root()).args([

@@ -37,6 +37,15 @@ pub struct Cli {
     /// TCP connection counts [default: 1,100,1000,2000; quick 1,100; smoke 1].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     conns: Option<Vec<u32>>,
+    /// TCP connection counts of tcp-paced ("CPU at line rate")
+    /// [default: 1,100,1000; quick 1].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    paced_conns: Option<Vec<u32>>,
+    /// Total offered rate of tcp-paced in Mbit/s, the review's 2.5 Gbit/s
+    /// Ethernet [default: 2500; smoke 500, which both paths sustain, so
+    /// the smoke run needs no rerun at a lower rate].
+    #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..))]
+    line_rate: Option<u32>,
     /// UDP streams [default: 1,2; quick 1].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     udp_conns: Option<Vec<u32>>,
@@ -98,6 +107,32 @@ pub struct Cli {
     /// a plain / a frags-aware `XDP_PASS` program on the router).
     #[arg(long)]
     no_frags: bool,
+    /// Skip the scaling runs (live generator on 1 and on all CPUs, kernel,
+    /// xdp and limit, on multi-queue veths).
+    #[arg(long)]
+    no_scaling: bool,
+    /// Skip the TCP runs between XDP cables (a fresh topology with an XDP
+    /// "cable" namespace on each side of the router; offload off).
+    #[arg(long)]
+    no_cable: bool,
+    /// TCP connection counts between the cables (`-l 128` too at 1000 and
+    /// more) [default: 1,100,1000,2000; quick 1].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    cable_conns: Option<Vec<u32>>,
+    /// Flows of the large table (pre-filled into the XDP flow table; the
+    /// live traffic compared with a 1000-flow table) [default: 1000000;
+    /// smoke 20000].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2000..=10_000_000))]
+    big_table: Option<u32>,
+    /// Skip the large flow table runs.
+    #[arg(long)]
+    no_big_table: bool,
+    /// Skip the connection setup rate (short TCP connections, many in parallel).
+    #[arg(long)]
+    no_conn_rate: bool,
+    /// Parallel clients of the connection setup rate [default: 16; smoke 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    conn_rate_workers: Option<u32>,
     /// Output directory [default: target/bench; smoke target/bench-smoke].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -126,6 +161,8 @@ pub struct Opts {
     pub secs: u32,
     pub conns: Vec<u32>,
     pub udp_conns: Vec<u32>,
+    pub paced_conns: Vec<u32>,
+    pub line_rate_mbps: u32,
     pub live_flows: Vec<u32>,
     pub workloads: Vec<Workload>,
     pub offloads: Vec<Offload>,
@@ -138,6 +175,13 @@ pub struct Opts {
     pub retries: u32,
     pub micro: bool,
     pub frags: bool,
+    pub scaling: bool,
+    pub cable: bool,
+    pub cable_conns: Vec<u32>,
+    pub conn_rate: bool,
+    /// Flows of the large table; 0: skipped.
+    pub big_table: u32,
+    pub conn_rate_workers: u32,
     pub micro_calls: u32,
     pub micro_repeat: u32,
     pub out: PathBuf,
@@ -187,6 +231,10 @@ impl Cli {
             conns: self
                 .conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1, 100], vec![1])),
+            paced_conns: self
+                .paced_conns
+                .unwrap_or_else(|| mode.pick(vec![1, 100, 1000], vec![1], vec![1])),
+            line_rate_mbps: self.line_rate.unwrap_or(mode.pick(2500, 2500, 500)),
             udp_conns: self
                 .udp_conns
                 .unwrap_or_else(|| mode.pick(vec![1, 2], vec![1], vec![1])),
@@ -210,6 +258,19 @@ impl Cli {
             retries: self.retries,
             micro: !self.no_micro,
             frags: !self.no_frags,
+            scaling: !self.no_scaling,
+            cable: !self.no_cable,
+            cable_conns: self
+                .cable_conns
+                .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1], vec![1])),
+            conn_rate: !self.no_conn_rate,
+            big_table: if self.no_big_table {
+                0
+            } else {
+                self.big_table
+                    .unwrap_or(mode.pick(1_000_000, 1_000_000, 20_000))
+            },
+            conn_rate_workers: self.conn_rate_workers.unwrap_or(mode.pick(16, 16, 4)),
             micro_calls: self.micro_calls.unwrap_or(mode.pick(20_000, 5000, 500)),
             micro_repeat: self
                 .micro_repeat
@@ -245,6 +306,14 @@ impl Opts {
                 for &nd in &self.nodelay {
                     pts.extend(self.conns.iter().map(|&c| p(Workload::TcpSmall, c, nd)));
                 }
+            }
+            // Paced TCP is always wire-like (offload off), like the review's NICs.
+            if has(Workload::TcpPaced) && offload == Offload::Off {
+                pts.extend(
+                    self.paced_conns
+                        .iter()
+                        .map(|&c| p(Workload::TcpPaced, c, false)),
+                );
             }
             if has(Workload::UdpSmall) && gi == 0 {
                 pts.extend(
@@ -284,16 +353,23 @@ mod unit {
         let full = opts(&[]);
         assert_eq!(
             (full.secs, full.conns.len(), full.points().len()),
-            (5, 4, 8 + 16 + 2 + 2)
+            (5, 4, 8 + 16 + 2 + 2 + 3)
         );
         let quick = opts(&["--quick"]);
         assert_eq!((quick.secs, quick.conns.clone()), (2, vec![1, 100]));
         assert_eq!(quick.small_offloads, vec![Offload::Off]);
+        assert_eq!(
+            (quick.paced_conns.clone(), quick.cable_conns.clone()),
+            (vec![1], vec![1])
+        );
+        assert_eq!((full.line_rate_mbps, full.big_table), (2500, 1_000_000));
         let smoke = opts(&["--smoke", "--secs", "3"]);
         assert!(smoke.quick && smoke.out.ends_with("bench-smoke"));
         assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
-        // One point per workload, both paths each: tcp, tcp-small, udp-small, udp-live.
-        assert_eq!(smoke.points().len(), 4);
+        assert_eq!((smoke.line_rate_mbps, smoke.big_table), (500, 20_000));
+        assert_eq!(opts(&["--no-big-table"]).big_table, 0);
+        // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.
+        assert_eq!(smoke.points().len(), 5);
     }
 
     #[test]

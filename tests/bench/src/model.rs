@@ -14,6 +14,12 @@ pub enum DataPath {
     Kernel,
     /// `router-ctl attach`, no iptables NAT.
     Xdp,
+    /// The limit: a minimal XDP forwarder (`bpf_fib_lookup` + redirect, no
+    /// NAT, no table; `tests::rawbpf::fib_forwarder`), the server given a
+    /// route back. Live-generator runs only.
+    Limit,
+    // A third NAT path, "offload" (`router-ctl attach --admit kernel`:
+    // the kernel admits, XDP carries), goes here once that mode exists.
 }
 
 impl DataPath {
@@ -21,6 +27,7 @@ impl DataPath {
         match self {
             DataPath::Kernel => "kernel",
             DataPath::Xdp => "xdp",
+            DataPath::Limit => "limit",
         }
     }
 }
@@ -38,14 +45,19 @@ pub enum Workload {
     /// UDP, 64-byte payload, from the in-kernel generator
     /// (`BPF_PROG_RUN` live frames, see `workloads/live.rs`).
     UdpLive,
+    /// iperf2 TCP paced to a fixed total rate (`--line-rate`, split over the
+    /// streams with `-b`), offload off: both paths carry the same traffic,
+    /// so their CPU differs by the router's cost ("CPU at line rate").
+    TcpPaced,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 4] = [
+    pub const ALL: [Workload; 5] = [
         Workload::Tcp,
         Workload::TcpSmall,
         Workload::UdpSmall,
         Workload::UdpLive,
+        Workload::TcpPaced,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +66,7 @@ impl Workload {
             Workload::TcpSmall => "tcp-small",
             Workload::UdpSmall => "udp-small",
             Workload::UdpLive => "udp-live",
+            Workload::TcpPaced => "tcp-paced",
         }
     }
 
@@ -183,6 +196,8 @@ pub struct RunResult {
     /// Runs made for this result (a run cut short is retried).
     pub attempts: u32,
     pub notes: Vec<String>,
+    /// tcp-paced: the total rate offered, Mbit/s (0 for unpaced runs).
+    pub offered_mbps: u32,
 }
 
 /// What receives the TCP streams.
@@ -216,6 +231,8 @@ pub struct Settings {
     /// TCP congestion control the clients request per socket (`-Z`), when
     /// the namespaces cannot select it.
     pub cc_per_socket: Option<String>,
+    /// Total offered rate of `tcp-paced`, Mbit/s.
+    pub line_rate_mbps: u32,
 }
 
 impl RunResult {
@@ -267,6 +284,7 @@ impl RunResult {
             suspect: false,
             attempts: 1,
             notes: Vec::new(),
+            offered_mbps: 0,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The router under test: switching it between the kernel path and the
 //! XDP path, veth offload settings, and what it forwarded.
 
+use tests::rawbpf::{self, Attached};
 use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_of};
 
 use crate::model::{DataPath, Offload};
@@ -10,11 +11,30 @@ use crate::model::{DataPath, Offload};
 pub struct Router<'a> {
     t: &'a Topology,
     state: Option<(DataPath, Offload)>,
+    /// The limit's forwarder while that path runs.
+    limit: Option<Attached>,
+    /// `attach --max-flows` (None: router-ctl's default).
+    max_flows: Option<u32>,
 }
+
+/// The LAN prefix, for the server's route back on the limit path.
+const LAN_PREFIX: &str = "192.168.50.0/24";
 
 impl<'a> Router<'a> {
     pub fn new(t: &'a Topology) -> Self {
-        Self { t, state: None }
+        Self {
+            t,
+            state: None,
+            limit: None,
+            max_flows: None,
+        }
+    }
+
+    /// The flow table capacity of the next XDP attach; the next
+    /// [`Router::switch`] re-attaches whatever runs (an empty table).
+    pub fn set_max_flows(&mut self, max_flows: Option<u32>) {
+        self.max_flows = max_flows;
+        self.state = None;
     }
 
     /// Puts the router on `path` with `offload`. Kernel: forwarding plus
@@ -26,6 +46,9 @@ impl<'a> Router<'a> {
         let t = self.t;
         // Tear down whatever runs now; offloads change only while detached
         // (an attached XDP program pins its peers' TSO off).
+        if self.limit.take().is_some() {
+            let _ = t.exec(Ns::Server, &["ip", "route", "del", LAN_PREFIX]);
+        }
         if t.router_attached() {
             let o = t.router_ctl(&["detach"]);
             if !o.status.success() {
@@ -49,7 +72,12 @@ impl<'a> Router<'a> {
         match path {
             DataPath::Kernel => t.masquerade(),
             DataPath::Xdp => {
-                let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+                let max = self.max_flows.map(|n| n.to_string());
+                let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
+                if let Some(n) = &max {
+                    args.extend(["--max-flows", n]);
+                }
+                let o = t.router_ctl(&args);
                 if !o.status.success() {
                     return Err(format!(
                         "router-ctl attach {LAN_IF} {WAN_IF} failed: {}",
@@ -57,10 +85,40 @@ impl<'a> Router<'a> {
                     ));
                 }
             }
+            DataPath::Limit => self.limit = Some(attach_limit(t)?),
         }
         self.state = Some((path, offload));
         Ok(())
     }
+}
+
+/// The limit's forwarder on the router's `lan0` and `wan0`, and a route
+/// back on the server (no NAT: ping replies go to the client's address).
+fn attach_limit(t: &Topology) -> Result<Attached, String> {
+    let o = t.exec(
+        Ns::Server,
+        &[
+            "ip",
+            "route",
+            "replace",
+            LAN_PREFIX,
+            "via",
+            &tests::ROUTER_WAN_ADDR.to_string(),
+        ],
+    );
+    if !o.status.success() {
+        return Err(format!(
+            "route back for the limit: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    let ifs = [
+        t.try_ifindex(Ns::Router, LAN_IF)?,
+        t.try_ifindex(Ns::Router, WAN_IF)?,
+    ];
+    t.in_ns(Ns::Router, || {
+        Attached::new("limit_fwd", &rawbpf::fib_forwarder(), &ifs)
+    })
 }
 
 /// ethtool settings of a path and offload mode.
@@ -81,7 +139,7 @@ pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload) {
             &["tx", "on", "tso", "on", "gso", "on", "gro", "on"],
             &["tso", "on", "gso", "on", "gro", "off"],
         ),
-        (Offload::On, DataPath::Xdp) => (
+        (Offload::On, DataPath::Xdp | DataPath::Limit) => (
             &["tx", "off", "tso", "on", "gso", "on", "gro", "on"],
             &["tso", "on", "gso", "on", "gro", "off"],
         ),
@@ -164,6 +222,8 @@ pub fn forwarded(t: &Topology, path: DataPath) -> u64 {
     let kernel = t.nstat(Ns::Router, "IpForwDatagrams");
     match path {
         DataPath::Kernel => kernel,
+        // The limit counts nothing: what reached the server came through it.
+        DataPath::Limit => kernel + crate::measure::sampler::rx_packets(t, Ns::Server, &[HOST_IF]),
         DataPath::Xdp => {
             let s = t.stats();
             kernel + counter_of(&s, "fwd_outbound") + counter_of(&s, "fwd_inbound")

@@ -9,11 +9,12 @@ use std::time::Instant;
 use tests::Topology;
 
 use crate::cli::Opts;
+use crate::measure::platform::{self, CryptoRun};
 use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
 use crate::report::{self, Extra, RunEnv};
 use crate::router::{Router, congestion_control, offload_state};
-use crate::workloads::{frags, iperf, live, micro, reference};
+use crate::workloads::{bigtable, cable, connrate, frags, iperf, live, micro, reference, scaling};
 
 /// Rough duration of one run in seconds, for the time-left estimate.
 fn estimate(secs: u32, p: Point) -> f64 {
@@ -79,6 +80,16 @@ pub fn show(r: &RunResult) -> String {
     s
 }
 
+/// The paths a point runs on: the limit only under the live generator
+/// (iperf2 cannot load it, and it has no NAT for replies).
+pub fn paths_of(p: Point) -> Vec<DataPath> {
+    if p.workload == Workload::UdpLive {
+        vec![DataPath::Kernel, DataPath::Xdp, DataPath::Limit]
+    } else {
+        vec![DataPath::Kernel, DataPath::Xdp]
+    }
+}
+
 /// A run of `point` on `path`, retried when cut short or failed.
 #[expect(
     clippy::too_many_arguments,
@@ -97,7 +108,18 @@ fn measured(
     let mut last_err = String::new();
     let mut best: Option<RunResult> = None;
     for attempt in 1..=retries + 1 {
-        router.switch(path, point.offload)?;
+        // A switch can fail for a while (router-ctl waits at most 10 s for
+        // its lock, which every router-ctl on the machine shares): retried
+        // like a failed run.
+        if let Err(e) = router.switch(path, point.offload) {
+            eprintln!(
+                "      switching to {} failed: {e}{}",
+                path.name(),
+                if attempt <= retries { "; retrying" } else { "" }
+            );
+            last_err = e;
+            continue;
+        }
         iperf::next_port(port);
         let res = if point.workload == Workload::UdpLive {
             live::run(t, s, path, point, stop)
@@ -134,6 +156,8 @@ fn raise_nofile(o: &Opts) -> Result<u64, String> {
         .conns
         .iter()
         .chain(&o.udp_conns)
+        .chain(&o.paced_conns)
+        .chain(&o.cable_conns)
         .copied()
         .max()
         .unwrap_or(1);
@@ -181,6 +205,8 @@ struct Bench<'a> {
     router: Router<'a>,
     settings: Settings,
     stop: &'a AtomicBool,
+    /// Whether the live generator runs here (not on kernels before 5.18).
+    live: bool,
     port: u16,
     runs: Vec<RunResult>,
     failures: Vec<String>,
@@ -215,27 +241,29 @@ impl Bench<'_> {
         self.stop.load(Ordering::SeqCst)
     }
 
-    /// Every point on both paths, alternating which path goes first:
-    /// kernel-xdp, xdp-kernel, ...
+    /// Every point on its paths (kernel and xdp; the limit too for the
+    /// live generator), rotating which path goes first: kernel-xdp,
+    /// xdp-kernel, ...
     fn run_points(&mut self, points: &[Point]) -> Result<(), String> {
         let mut progress = Progress {
-            total: points.len() * 2,
-            est_total: points.iter().map(|p| 2.0 * estimate(self.o.secs, *p)).sum(),
+            total: points.iter().map(|p| paths_of(*p).len()).sum(),
+            est_total: points
+                .iter()
+                .map(|p| paths_of(*p).len() as f64 * estimate(self.o.secs, *p))
+                .sum(),
             ..Progress::default()
         };
         eprintln!(
-            "bench: {} points x 2 paths = {} runs of {} s, about {} (+ micro-benchmark)",
+            "bench: {} points, {} runs of {} s, about {} (+ micro-benchmark)",
             points.len(),
             progress.total,
             self.o.secs,
             mmss(progress.est_total)
         );
         for (i, point) in points.iter().enumerate() {
-            let order = if i % 2 == 0 {
-                [DataPath::Kernel, DataPath::Xdp]
-            } else {
-                [DataPath::Xdp, DataPath::Kernel]
-            };
+            let mut order = paths_of(*point);
+            let n = order.len();
+            order.rotate_left(i % n);
             for path in order {
                 if self.stopped() {
                     self.failures.push(format!(
@@ -246,8 +274,59 @@ impl Bench<'_> {
                 }
                 self.run_point(*point, path, &mut progress)?;
             }
+            if point.workload == Workload::TcpPaced {
+                self.pace_down(*point, &mut progress)?;
+            }
         }
         Ok(())
+    }
+
+    /// "CPU at line rate" compares the paths at equal load: where a path
+    /// carried less than 95 % of the offered rate (the shared cores could
+    /// not generate it), both run again at 90 % of the lower carried rate,
+    /// which replaces the first pair (kept in the notes).
+    fn pace_down(&mut self, point: Point, progress: &mut Progress) -> Result<(), String> {
+        let offered = self.settings.line_rate_mbps;
+        let carried: Vec<(DataPath, f64)> = self
+            .runs
+            .iter()
+            .filter(|r| r.point == point && r.offered_mbps == offered)
+            .map(|r| (r.path, r.gbps * 1000.0))
+            .collect();
+        let lowest = carried.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+        if carried.len() < 2 || !lowest.is_finite() || lowest >= 0.95 * f64::from(offered) {
+            return Ok(());
+        }
+        let lower = ((lowest * 0.9 / 50.0).floor() * 50.0).max(50.0) as u32;
+        let first = carried
+            .iter()
+            .map(|(p, c)| format!("{} {c:.0}", p.name()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        eprintln!(
+            "      {point}: {offered} Mbit/s offered, carried {first} Mbit/s; again at {lower}"
+        );
+        self.runs.retain(|r| r.point != point);
+        self.settings.line_rate_mbps = lower;
+        progress.total += 2;
+        let mut res = Ok(());
+        for path in [DataPath::Xdp, DataPath::Kernel] {
+            if self.stopped() {
+                break;
+            }
+            res = self.run_point(point, path, progress);
+            if res.is_err() {
+                break;
+            }
+            if let Some(r) = self.runs.last_mut().filter(|r| r.point == point) {
+                r.notes.push(format!(
+                    "{offered} Mbit/s offered first: carried {first} Mbit/s; run again at \
+                     {lower} Mbit/s, which both sustain"
+                ));
+            }
+        }
+        self.settings.line_rate_mbps = offered;
+        res
     }
 
     /// One point on one path; a failure is recorded, except one that
@@ -280,7 +359,10 @@ impl Bench<'_> {
             self.offload_states.insert(key, offload_state(self.t));
         }
         match res {
-            Ok(r) => {
+            Ok(mut r) => {
+                if point.workload == Workload::TcpPaced {
+                    r.offered_mbps = self.settings.line_rate_mbps;
+                }
                 eprintln!("        {}", show(&r));
                 self.runs.push(r);
             }
@@ -334,6 +416,115 @@ impl Bench<'_> {
         }
     }
 
+    fn scaling(&mut self) -> Vec<scaling::Row> {
+        let o = self.o;
+        let Some(&flows) = o.live_flows.last() else {
+            return Vec::new();
+        };
+        if !o.scaling || !self.live || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: scaling: live generator on 1 and on all CPUs, {flows} flows, kernel / xdp / \
+             limit (fresh topology, multi-queue veths)"
+        );
+        // The smoke run only on all CPUs: one generator runs the same code
+        // as the udp-live point.
+        let counts = (flows, o.smoke);
+        scaling::run(&self.settings, counts, self.stop, &mut self.failures).unwrap_or_else(|e| {
+            self.failures.push(format!("scaling: {e}"));
+            Vec::new()
+        })
+    }
+
+    fn cable(&mut self) -> Vec<RunResult> {
+        let o = self.o;
+        if !o.cable || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
+            return Vec::new();
+        }
+        let points = cable::points(&o.cable_conns);
+        eprintln!(
+            "bench: TCP between XDP cables (fresh topology, offload off): {} points x 2 paths",
+            points.len()
+        );
+        cable::run(
+            &self.settings,
+            (&o.cc, &points),
+            &mut self.port,
+            self.stop,
+            &mut self.failures,
+        )
+        .unwrap_or_else(|e| {
+            self.failures.push(format!("cable: {e}"));
+            Vec::new()
+        })
+    }
+
+    fn conn_rate(&mut self) -> Vec<connrate::Row> {
+        let o = self.o;
+        if !o.conn_rate || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: connection setup rate: {} parallel clients, {} s per path",
+            o.conn_rate_workers, o.secs
+        );
+        let mut rows = Vec::new();
+        for path in [DataPath::Kernel, DataPath::Xdp] {
+            if self.stopped() {
+                break;
+            }
+            let res = self
+                .router
+                .switch(path, Offload::Off)
+                .and_then(|()| connrate::run(self.t, path, o.conn_rate_workers, o.secs));
+            match res {
+                Ok(r) => {
+                    eprintln!(
+                        "[conn-rate] {:<6} {:.0} connections/s ({} done, {} failed), cpu {:.0}%, \
+                         {:.1} us softirq per connection",
+                        path.name(),
+                        r.conns_per_s,
+                        r.completed,
+                        r.failed,
+                        r.cpu_pct,
+                        r.softirq_us_per_conn
+                    );
+                    rows.push(r);
+                }
+                Err(e) => self
+                    .failures
+                    .push(format!("conn-rate on {}: {e}", path.name())),
+            }
+        }
+        rows
+    }
+
+    fn big_table(&mut self) -> Vec<bigtable::Row> {
+        let o = self.o;
+        if o.big_table == 0 || !self.live || self.stopped() {
+            return Vec::new();
+        }
+        eprintln!(
+            "bench: flows: live generator through xdp with a {}-flow and a {}-flow table",
+            bigtable::SMALL_TABLE,
+            o.big_table
+        );
+        // Quick and smoke runs leave out the middle row (large table, small
+        // traffic): it exercises nothing the other two do not.
+        bigtable::run(
+            self.t,
+            &mut self.router,
+            &self.settings,
+            (o.big_table, !o.quick),
+            self.stop,
+        )
+        .unwrap_or_else(|e| {
+            self.failures.push(format!("flows (big table): {e}"));
+            Vec::new()
+        })
+    }
+
     fn micro(&mut self) -> Vec<micro::Case> {
         let o = self.o;
         if !o.micro || self.stopped() {
@@ -378,17 +569,33 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
             tmp: tmp.clone(),
             nofile,
             cc_per_socket,
+            line_rate_mbps: o.line_rate_mbps,
         },
         stop,
+        live: points.iter().any(|p| p.workload == Workload::UdpLive),
         port: 5000,
         runs: Vec::new(),
         failures: Vec::new(),
         offload_states: serde_json::Map::new(),
     };
+    let platform = platform::platform(
+        &t,
+        CryptoRun {
+            secs: if o.quick { 1 } else { 3 },
+            all_sizes: !o.smoke,
+        },
+    );
     b.run_points(&points)?;
+    let conn_rate = b.conn_rate();
+    let big_table = b.big_table();
     let extra = Extra {
         frag_rows: b.frags(),
         reference: b.reference(),
+        scaling: b.scaling(),
+        cable: b.cable(),
+        conn_rate,
+        big_table,
+        platform,
         micro: b.micro(),
     };
     let Bench {

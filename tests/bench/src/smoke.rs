@@ -2,7 +2,8 @@
 //! artifacts are there and filled. No timing is asserted.
 
 use crate::cli::Opts;
-use crate::model::{DataPath, Point, Workload};
+use crate::model::{Point, Workload};
+use crate::run::paths_of;
 
 /// The smoke run's check: the three artifacts exist, and results.json has
 /// every point of the run on both paths with a throughput above zero, the
@@ -18,8 +19,10 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
             return Err(format!("{name} is empty"));
         }
     }
+
     let json: serde_json::Value =
         serde_json::from_str(&read("results.json")?).map_err(|e| format!("results.json: {e}"))?;
+    check_review_and_platform(&read("report.md")?, &json)?;
     let runs = json["runs"].as_array().ok_or("results.json has no runs")?;
     let live_skipped = json["settings"]["skipped"].as_array().is_some_and(|v| {
         v.iter()
@@ -32,7 +35,7 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         .filter(|p| p.workload != Workload::UdpLive || !live_skipped)
         .collect();
     for p in &points {
-        for path in [DataPath::Kernel, DataPath::Xdp] {
+        for path in paths_of(*p) {
             let found = runs.iter().find(|r| {
                 r["path"] == path.name()
                     && r["workload"] == p.workload.json_name()
@@ -63,6 +66,18 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     }
     if o.micro {
         wanted.push("micro");
+    }
+    if o.scaling && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
+        wanted.push("scaling");
+    }
+    if o.cable && o.workloads.contains(&Workload::Tcp) {
+        wanted.push("cable");
+    }
+    if o.conn_rate {
+        wanted.push("conn_rate");
+    }
+    if o.big_table > 0 && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
+        wanted.push("flow_table");
     }
     for key in wanted {
         if json[key].as_array().is_none_or(Vec::is_empty) {
@@ -96,4 +111,24 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         }
     }
     Ok(runs.len())
+}
+
+/// The review's table and the platform are in the report, with a crypto
+/// figure.
+fn check_review_and_platform(md: &str, json: &serde_json::Value) -> Result<(), String> {
+    for section in ["## The review's table", "## Platform"] {
+        if !md.contains(section) {
+            return Err(format!("report.md has no \"{section}\""));
+        }
+    }
+    if json["platform"]["chacha20_poly1305_bytes_per_s"]
+        .as_array()
+        .is_none_or(Vec::is_empty)
+    {
+        return Err(format!(
+            "results.json: no crypto figure in the platform ({})",
+            json["platform"]["chacha20_poly1305_error"]
+        ));
+    }
+    Ok(())
 }

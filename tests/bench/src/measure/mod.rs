@@ -3,6 +3,7 @@
 //! `/proc` print (`parse`).
 
 pub mod parse;
+pub mod platform;
 pub mod sampler;
 pub mod sys;
 

@@ -13,9 +13,9 @@ fn find(runs: &[RunResult], path: DataPath, p: Point) -> Option<&RunResult> {
 /// One goal: what it asks, what this run measured, and whether it holds
 /// (`None`: not measured in this run).
 pub struct Goal {
-    asks: &'static str,
-    measured: String,
-    met: Option<bool>,
+    pub(super) asks: &'static str,
+    pub(super) measured: String,
+    pub(super) met: Option<bool>,
 }
 
 /// Every goal, evaluated on this run's figures.
@@ -29,6 +29,7 @@ pub fn evaluate(runs: &[RunResult], micro: &[Case], fwd: Option<&RunResult>) -> 
     vec![
         cost_goal(&pairs),
         live_pps_goal(&pairs),
+        limit_goal(runs),
         single_stream_goal(runs, fwd),
         small_writes_goal(runs),
         latency_goal(&pairs),
@@ -88,6 +89,38 @@ fn live_pps_goal(pairs: &[(&RunResult, &RunResult)]) -> Goal {
             format!("xdp/kernel Mpps {} (in-kernel generator)", live.join(", "))
         },
         met: live_min.map(|m| m >= 5.0),
+    }
+}
+
+/// xdp NAT against the limit (minimal forwarder) on the live generator.
+fn limit_goal(runs: &[RunResult]) -> Goal {
+    let shares: Vec<(u32, f64)> = runs
+        .iter()
+        .filter(|l| l.path == DataPath::Limit && l.pps > 0.0)
+        .filter_map(|l| {
+            Some((
+                l.point.conns,
+                find(runs, DataPath::Xdp, l.point)?.pps / l.pps,
+            ))
+        })
+        .collect();
+    Goal {
+        asks: "UDP 64-byte pps (fast generator): xdp NAT >= 90 % of the limit (a minimal \
+               fib-lookup + redirect forwarder, no NAT)",
+        measured: if shares.is_empty() {
+            "-".into()
+        } else {
+            shares
+                .iter()
+                .map(|(c, x)| format!("{:.0} % at {c} flow(s)", x * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+        met: shares
+            .iter()
+            .map(|s| s.1)
+            .reduce(f64::min)
+            .map(|m| m >= 0.9),
     }
 }
 

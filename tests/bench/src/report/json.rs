@@ -44,6 +44,7 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
                 "cut_short": r.cut_short,
                 "attempts": r.attempts,
                 "notes": r.notes,
+                "offered_mbps": r.offered_mbps,
             })
         })
         .collect()

@@ -6,6 +6,8 @@ mod chart;
 mod goals;
 mod json;
 mod notes;
+mod review;
+mod sections;
 mod tables;
 
 use std::fmt::Write as _;
@@ -15,7 +17,7 @@ use crate::cli::Opts;
 use crate::measure::sys;
 use crate::model::RunResult;
 use crate::run::mmss;
-use crate::workloads::{frags, micro};
+use crate::workloads::{bigtable, connrate, frags, micro, scaling};
 
 /// Measurements besides the kernel/xdp runs.
 pub struct Extra {
@@ -23,6 +25,16 @@ pub struct Extra {
     pub frag_rows: Vec<frags::Row>,
     /// Plain kernel forwarding, TCP -P 1, offload off.
     pub reference: Option<RunResult>,
+    /// The live generator on 1 and on all CPUs.
+    pub scaling: Vec<scaling::Row>,
+    /// The live generator through small and large flow tables.
+    pub big_table: Vec<bigtable::Row>,
+    /// Short TCP connections per second.
+    pub conn_rate: Vec<connrate::Row>,
+    /// TCP between XDP cables, offload off.
+    pub cable: Vec<RunResult>,
+    /// CPU, memory, kernel, NIC, crypto throughput.
+    pub platform: serde_json::Value,
 }
 
 /// What the runs ran under, for the report.
@@ -41,8 +53,7 @@ const MICRO_TITLE: &str = "### Packet cost: BPF_PROG_RUN micro-benchmark";
 
 /// The title and what the run ran on.
 fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Value) -> String {
-    let mut md = String::new();
-    let _ = writeln!(md, "# XDP router benchmark: kernel path vs XDP path\n");
+    let mut md = String::from("## Detailed results\n\n");
     let _ = writeln!(
         md,
         "{} run{}, {} s per iperf run, {} runs, took {}. Machine: {}, {} cores, {} GiB, kernel \
@@ -154,6 +165,7 @@ fn results_json(
     let reference = extra.reference.as_ref();
     serde_json::json!({
         "machine": machine,
+        "platform": extra.platform,
         "settings": {
             "quick": o.quick,
             "secs": o.secs,
@@ -169,6 +181,10 @@ fn results_json(
         "runs": json::runs_json(runs),
         "micro": json::micro_json(micro),
         "frags_experiment": json::frags_json(frag_rows),
+        "scaling": sections::scaling_json(&extra.scaling),
+        "cable": json::runs_json(&extra.cable),
+        "conn_rate": sections::conn_rate_json(&extra.conn_rate),
+        "flow_table": sections::big_table_json(&extra.big_table),
         // The same fields as a run.
         "reference_forwarding": reference.map(|r| json::runs_json(std::slice::from_ref(r))[0].take()),
         "goals": goals,
@@ -187,13 +203,25 @@ pub fn write_artifacts(
     let (micro, frag_rows) = (&extra.micro[..], &extra.frag_rows[..]);
     let reference = extra.reference.as_ref();
     let machine = sys::machine();
-    let mut md = header(o, runs, env, &machine);
+    let cores = machine["cores"].as_f64().unwrap_or(f64::NAN);
+    let mut md = String::from("# XDP router benchmark: kernel path vs XDP path\n\n");
+    md.push_str(&review::review_section(runs, cores, o.line_rate_mbps));
+    md.push_str(&review::platform_section(&extra.platform));
+    md.push_str(&header(o, runs, env, &machine));
     let tables = tables::tables(runs);
     md.push_str(&tables);
     if let Some(r) = reference {
         md.push_str(&reference_paragraph(r));
     }
-    let goals = goals::evaluate(runs, micro, reference);
+    md.push_str(&sections::scaling_section(&extra.scaling));
+    md.push_str(&sections::cable_section(&extra.cable));
+    md.push_str(&sections::conn_rate_section(&extra.conn_rate));
+    md.push_str(&sections::big_table_section(&extra.big_table));
+    let mut goals = goals::evaluate(runs, micro, reference);
+    goals.push(review::line_rate_goal(runs));
+    goals.push(sections::scaling_goal(&extra.scaling));
+    goals.push(sections::cable_goal(&extra.cable));
+    goals.push(sections::big_table_goal(&extra.big_table));
     let goals_md = goals::section(&goals);
     md.push_str(&goals_md);
     if !micro.is_empty() {

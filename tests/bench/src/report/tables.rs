@@ -43,6 +43,10 @@ impl Variant {
             Workload::UdpLive => "UDP, 64-byte payload, in-kernel generator (`BPF_PROG_RUN` \
                                   live frames; conns = flows)"
                 .to_owned(),
+            Workload::TcpPaced => format!(
+                "TCP paced to a fixed total rate (`--line-rate`, `-b` per stream), offload {}",
+                self.offload.name()
+            ),
         }
     }
 
@@ -56,6 +60,7 @@ impl Variant {
             ),
             Workload::UdpSmall => "udp 64 B".to_owned(),
             Workload::UdpLive => "udp 64 B, live generator".to_owned(),
+            Workload::TcpPaced => format!("tcp paced, offload {}", self.offload.name()),
         }
     }
 }
@@ -91,7 +96,8 @@ pub fn conns_of(runs: &[RunResult], v: Variant) -> Vec<u32> {
     c
 }
 
-fn f(x: f64, prec: usize) -> String {
+/// `x` with `prec` decimals, `-` when not a number.
+pub fn f(x: f64, prec: usize) -> String {
     if x.is_finite() {
         format!("{x:.prec$}")
     } else {
@@ -173,7 +179,52 @@ pub fn tables(runs: &[RunResult]) -> String {
             );
         }
         s.push('\n');
+        if v.workload == Workload::UdpLive {
+            s.push_str(&limit_table(runs, v));
+        }
     }
+    s
+}
+
+/// The limit (minimal XDP forwarder, no NAT) beside xdp and kernel on the
+/// same generator and topology.
+fn limit_table(runs: &[RunResult], v: Variant) -> String {
+    let mut s = String::new();
+    let rows: Vec<u32> = conns_of(runs, v)
+        .into_iter()
+        .filter(|&c| find(runs, v, c, DataPath::Limit).is_some())
+        .collect();
+    if rows.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "The limit on the same generator: a minimal XDP forwarder (`bpf_fib_lookup` + \
+         `bpf_redirect`, no NAT, no flow table, like xdp-forward's fib mode), run in \
+         alternation with the two paths above.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| flows | limit Mpps | limit RTT p50 / p99 ms | limit CPU % (softirq) | limit ns/pkt \
+         (B/pkt) | xdp / limit Mpps | kernel / limit Mpps | xdp / limit ns/pkt |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for c in rows {
+        let l = find(runs, v, c, DataPath::Limit);
+        let [lt, ll, lc, ln] = cells(l, true);
+        let ratio_to_limit = |path, f: fn(&RunResult) -> f64| match (find(runs, v, c, path), l) {
+            (Some(x), Some(l)) => ratio(f(x), f(l)),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {c} | {lt} | {ll} | {lc} | {ln} | {} | {} | {} |",
+            ratio_to_limit(DataPath::Xdp, |r| r.pps),
+            ratio_to_limit(DataPath::Kernel, |r| r.pps),
+            ratio_to_limit(DataPath::Xdp, |r| r.router_ns_per_pkt),
+        );
+    }
+    s.push('\n');
     s
 }
 

@@ -125,8 +125,14 @@ fn client_args(p: &Plan<'_>) -> Result<Vec<String>, String> {
     if let (Some(cc), false) = (&p.s.cc_per_socket, p.udp()) {
         args.extend(["-Z".to_owned(), cc.clone()]);
     }
+    // Per stream: iperf2's `-b` paces each stream, the total is the line rate.
+    let paced = format!(
+        "{}k",
+        (u64::from(p.s.line_rate_mbps) * 1000 / u64::from(p.point.conns.max(1))).max(1)
+    );
     let extra: &[&str] = match p.point.workload {
         Workload::Tcp => &[],
+        Workload::TcpPaced => &["-b", &paced],
         Workload::TcpSmall if p.point.nodelay => &["-l", "128", "-N"],
         Workload::TcpSmall => &["-l", "128"],
         // `-b 0` fails in iperf 2.1.8; a rate no veth reaches is unlimited.

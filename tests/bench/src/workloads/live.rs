@@ -122,31 +122,62 @@ pub fn supported(t: &Topology) -> Result<(), String> {
     t.in_ns(Ns::Client, || trafficgen::probe(&frame, ifindex))
 }
 
-/// Generates on `cpu` for `secs`, or until `stop`; returns (frames sent,
-/// seconds).
+/// Generates on each of `cpus` (one thread each, all on one program) for
+/// `secs`, or until `stop`; returns (frames sent, seconds of the longest).
 fn generate(
     t: &Topology,
     generator: &Generator,
-    (cpu, secs): (usize, f64),
+    (cpus, secs): (&[usize], f64),
     stop: &AtomicBool,
 ) -> Result<(u64, f64), String> {
-    t.in_ns(Ns::Client, || {
-        // One CPU: the generator, and the router's and the sink's NAPI
-        // that its transmits schedule, run there (a veth has no queue of
-        // its own).
-        trafficgen::pin_to_cpu(cpu).map_err(|e| format!("pinning the generator: {e}"))?;
-        generator.run_for(secs, stop)
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                scope.spawn(move || {
+                    t.in_ns(Ns::Client, || {
+                        // One CPU per generator: it, and the router's and
+                        // the sink's NAPI that its transmits schedule, run
+                        // there (a veth transmit picks the peer's queue by
+                        // the sending CPU).
+                        trafficgen::pin_to_cpu(cpu)
+                            .map_err(|e| format!("pinning the generator: {e}"))?;
+                        generator.run_for(secs, stop)
+                    })
+                })
+            })
+            .collect();
+        let mut total = (0, 0.0f64);
+        for th in threads {
+            let (sent, s) = th
+                .join()
+                .map_err(|_| "a generator thread panicked".to_owned())??;
+            total = (total.0 + sent, total.1.max(s));
+        }
+        Ok(total)
     })
 }
 
 /// Runs the live-frame UDP workload with `point.conns` flows on the
-/// router's current path.
+/// router's current path, one generator on the last CPU.
 /// `stop` ends the load early (Ctrl-C).
 pub fn run(
     t: &Topology,
     s: &Settings,
     path: DataPath,
     point: Point,
+    stop: &AtomicBool,
+) -> Result<RunResult, String> {
+    run_on(t, s, (path, point), &[trafficgen::last_cpu()?], stop)
+}
+
+/// [`run`] with one generator on each of `cpus` (ping on the last of
+/// them).
+pub fn run_on(
+    t: &Topology,
+    s: &Settings,
+    (path, point): (DataPath, Point),
+    cpus: &[usize],
     stop: &AtomicBool,
 ) -> Result<RunResult, String> {
     let n_flows = u16::try_from(point.conns)
@@ -169,12 +200,15 @@ pub fn run(
     // hands packets without a neighbour entry to the kernel).
     t.warm_neighbours();
 
-    let ping_out = s
-        .tmp
-        .join(format!("{}-live-{}.ping.txt", path.name(), point.conns));
+    let ping_out = s.tmp.join(format!(
+        "{}-live-{}-{}.ping.txt",
+        path.name(),
+        point.conns,
+        cpus.len()
+    ));
     let sink0 = rx_packets(t, Ns::Server, &[HOST_IF]);
     let fwd0 = forwarded(t, path);
-    let cpu0 = CpuTicks::now();
+    let ticks0 = CpuTicks::now();
     let start = Instant::now();
     let start_unix = unix_now();
     let sampler = Sampler::start(t, start, Duration::from_millis(100));
@@ -183,15 +217,15 @@ pub fn run(
     // it runs while its ring has work: a ping sent from another CPU can
     // capture the router's NAPI there, and every frame then crosses cores
     // (measured: ~40 % more cost per packet and heavy loss, at random).
-    let cpu = trafficgen::last_cpu()?;
+    let cpu = *cpus.last().ok_or("udp-live: no generator CPU")?;
     let ping = start_ping(t, s, &ping_out, s.secs + 3, Some(cpu));
     // Let ping start before the load, as in the iperf2 runs.
     std::thread::sleep(Duration::from_millis(300));
-    let result = generate(t, &generator, (cpu, f64::from(s.secs)), stop);
+    let result = generate(t, &generator, (cpus, f64::from(s.secs)), stop);
     // Frames still in flight drain within milliseconds.
     std::thread::sleep(Duration::from_millis(200));
     let wall_s = start.elapsed().as_secs_f64();
-    let run_cpu = cpu0.until(CpuTicks::now());
+    let run_cpu = ticks0.until(CpuTicks::now());
     let readings = sampler.finish();
     let _ = ping.finish();
     let (sent, gen_s) = result?;

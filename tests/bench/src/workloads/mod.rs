@@ -1,9 +1,14 @@
 //! The workloads: iperf2 TCP and UDP load (`iperf`), the live-frame UDP
 //! generator (`live`), the `BPF_PROG_RUN` micro-benchmark (`micro`), the
-//! frags experiment (`frags`) and the plain-forwarding reference
-//! (`reference`), with what they share: the TCP discard sink and
+//! frags experiment (`frags`), the plain-forwarding reference
+//! (`reference`), scaling with cores (`scaling`), TCP between XDP
+//! cables (`cable`), the connection setup rate (`connrate`) and a large
+//! flow table (`bigtable`), with what they share: the TCP discard sink and
 //! background processes.
 
+pub mod bigtable;
+pub mod cable;
+pub mod connrate;
 pub mod discard;
 pub mod frags;
 pub mod iperf;
@@ -11,6 +16,7 @@ pub mod live;
 pub mod micro;
 pub mod procs;
 pub mod reference;
+pub mod scaling;
 
 use std::path::Path;
 

@@ -1,0 +1,341 @@
+//! Report sections of the runs beside the main tables: scaling with
+//! cores, TCP between XDP cables, the connection setup rate, a large flow
+//! table.
+
+use std::fmt::Write as _;
+
+use crate::model::{DataPath, RunResult, Workload};
+use crate::workloads::{bigtable, connrate, scaling};
+
+use super::goals::Goal;
+use super::tables::f;
+
+const PATHS: [DataPath; 3] = [DataPath::Kernel, DataPath::Xdp, DataPath::Limit];
+
+fn scaling_pps(rows: &[scaling::Row], path: DataPath, cores: usize) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.run.path == path && r.cores == cores)
+        .map(|r| r.run.pps)
+}
+
+fn most_cores(rows: &[scaling::Row]) -> usize {
+    rows.iter().map(|r| r.cores).max().unwrap_or(1)
+}
+
+/// Scaling with cores: Mpps and ns/packet per path on 1 and on all CPUs.
+pub fn scaling_section(rows: &[scaling::Row]) -> String {
+    let mut s = String::new();
+    if rows.is_empty() {
+        return s;
+    }
+    let n = most_cores(rows);
+    let _ = writeln!(
+        s,
+        "### Scaling with cores: live generator on 1 and on {n} CPUs\n\n\
+         A fresh topology whose veths have {n} receive and transmit queues (`ethtool -L`), \
+         one live-frame generator per CPU, each pinned: a veth transmit picks the peer's queue \
+         by the sending CPU, so each generator feeds its own queue of the router's `lan0` and \
+         that queue's NAPI runs on the generator's CPU (as RSS spreads a NIC's queues). The \
+         generators, the router and the sink share the same {n} cores: on all cores every CPU \
+         runs a generator as well as the router's and the sink's work, so the figure is the \
+         machine's, not the router's alone; ns/packet (softirq time per packet) shows whether \
+         the router's own cost per packet stays flat.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| path | Mpps on 1 core | Mpps on {n} | {n} / 1 | ns/pkt on 1 | ns/pkt on {n} | CPU % on {n} (softirq) |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+    for path in PATHS {
+        let one = rows.iter().find(|r| r.run.path == path && r.cores == 1);
+        let all = rows.iter().find(|r| r.run.path == path && r.cores == n);
+        if one.is_none() && all.is_none() {
+            continue;
+        }
+        let pps = |r: Option<&scaling::Row>| r.map_or(f64::NAN, |r| r.run.pps / 1e6);
+        let ns = |r: Option<&scaling::Row>| r.map_or(f64::NAN, |r| r.run.router_ns_per_pkt);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            path.name(),
+            f(pps(one), 3),
+            f(pps(all), 3),
+            f(pps(all) / pps(one), 2),
+            f(ns(one), 0),
+            f(ns(all), 0),
+            all.map_or_else(
+                || "-".to_owned(),
+                |r| format!("{} ({})", f(r.run.cpu_pct, 0), f(r.run.softirq_pct, 0))
+            ),
+        );
+    }
+    s.push('\n');
+    s.push_str(&where_scaling_stops(rows, n));
+    s
+}
+
+/// What the xdp rows say about where scaling stops on this machine.
+fn where_scaling_stops(rows: &[scaling::Row], n: usize) -> String {
+    let find = |cores| {
+        rows.iter()
+            .find(|r| r.run.path == DataPath::Xdp && r.cores == cores)
+    };
+    let (Some(one), Some(all)) = (find(1), find(n)) else {
+        return String::new();
+    };
+    if n < 2 {
+        return String::new();
+    }
+    format!(
+        "Where it stops: xdp went from {} to {} Mpps ({}x on {n} CPUs) while its cost per \
+         packet went from {} to {} ns; the machine was {} % busy on {n} generators (loss {} %). \
+         Every CPU also runs a generator and the sink, so the cores the router would scale \
+         onto are already shared: the figure stops at the core count, and past the machine's \
+         saturation a rising ns/packet means cross-CPU contention (shared cache lines, the \
+         flow table's LRU lists), a flat one that the cores simply ran out.\n\n",
+        f(one.run.pps / 1e6, 3),
+        f(all.run.pps / 1e6, 3),
+        f(all.run.pps / one.run.pps, 2),
+        f(one.run.router_ns_per_pkt, 0),
+        f(all.run.router_ns_per_pkt, 0),
+        f(all.run.cpu_pct, 0),
+        f(all.run.loss_pct, 1),
+    )
+}
+
+/// xdp on all cores against xdp on one.
+pub fn scaling_goal(rows: &[scaling::Row]) -> Goal {
+    let n = most_cores(rows);
+    let ratio = match (
+        scaling_pps(rows, DataPath::Xdp, 1),
+        scaling_pps(rows, DataPath::Xdp, n),
+    ) {
+        (Some(one), Some(all)) if n > 1 && one > 0.0 => Some((one, all)),
+        _ => None,
+    };
+    Goal {
+        asks: "scaling: xdp pps on 2 cores >= 1.8x xdp on 1 core (multi-queue veths, one \
+               generator per CPU)",
+        measured: ratio.map_or_else(
+            || "-".to_owned(),
+            |(one, all)| {
+                format!(
+                    "{:.3} Mpps on 1, {:.3} on {n} ({:.2}x)",
+                    one / 1e6,
+                    all / 1e6,
+                    all / one
+                )
+            },
+        ),
+        met: ratio.map(|(one, all)| all >= 1.8 * one),
+    }
+}
+
+pub fn scaling_json(rows: &[scaling::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            let mut run = super::json::runs_json(std::slice::from_ref(&r.run));
+            let mut v = run[0].take();
+            v["cores"] = r.cores.into();
+            v
+        })
+        .collect()
+}
+
+/// TCP between XDP cables: the main tables' layout on those runs.
+pub fn cable_section(runs: &[RunResult]) -> String {
+    if runs.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "### A fairer wire for TCP: XDP cables on both sides of the router\n\n\
+         A fresh topology, client -- cable -- router -- cable -- server, each cable a \
+         namespace whose two veths redirect every frame to each other (a raw XDP program). \
+         On a plain veth, native XDP copies every cloned TCP skb before the router's program \
+         runs (`skb_pp_cow_data`), which a NIC's receive ring does not do; here the cables \
+         take that copy and the router receives frames as from a NIC, on both paths. The \
+         kernel path has a `return XDP_PASS` program on the router's veths (NAPI, so that \
+         they accept redirected frames, with GRO kept off). Offload off.\n\n",
+    );
+    s.push_str(&super::tables::tables(runs));
+    s
+}
+
+/// On the cables: one stream xdp/kernel >= 1.4x; xdp ahead at 1000 and
+/// 2000 connections with `-l 128`.
+pub fn cable_goal(runs: &[RunResult]) -> Goal {
+    let get = |path, workload, conns| {
+        runs.iter()
+            .find(|r| r.path == path && r.point.workload == workload && r.point.conns == conns)
+    };
+    let mut parts = Vec::new();
+    let mut met = Some(true);
+    let mut check = |label: String, workload, conns, need: f64| match (
+        get(DataPath::Kernel, workload, conns),
+        get(DataPath::Xdp, workload, conns),
+    ) {
+        (Some(k), Some(x)) if k.gbps > 0.0 => {
+            let r = x.gbps / k.gbps;
+            parts.push(format!(
+                "{label}: {r:.2}x ({:.2} vs {:.2} Gbit/s)",
+                x.gbps, k.gbps
+            ));
+            met = met.map(|m| m && r >= need);
+        }
+        _ => met = None,
+    };
+    check("tcp -P 1".to_owned(), Workload::Tcp, 1, 1.4);
+    for c in [1000, 2000] {
+        check(format!("-l 128 -P {c}"), Workload::TcpSmall, c, 1.0);
+    }
+    Goal {
+        asks: "TCP between XDP cables, offload off: single stream xdp/kernel >= 1.4x, and xdp \
+               ahead at 1000 and 2000 connections with `-l 128`",
+        measured: if parts.is_empty() {
+            "-".into()
+        } else {
+            parts.join("; ")
+        },
+        met,
+    }
+}
+
+/// New connections per second per path.
+pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
+    let mut s = String::new();
+    let Some(first) = rows.first() else {
+        return s;
+    };
+    let _ = writeln!(
+        s,
+        "### Connection setup rate\n\n\
+         Short TCP connections through the router (connect, a 16-byte request, a 16-byte \
+         reply, the server closes), {} clients in parallel, our own client and server \
+         (`workloads/connrate.rs`), offload off. Each connection is a new flow: the kernel \
+         creates a conntrack entry and NAT mapping, standalone XDP admits the flow itself. The \
+         end hosts' own TCP setup costs the same on both paths and shares the cores.\n",
+        first.workers
+    );
+    let _ = writeln!(
+        s,
+        "| path | connections/s | completed | failed | CPU % | softirq us per connection |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.path.name(),
+            f(r.conns_per_s, 0),
+            r.completed,
+            r.failed,
+            f(r.cpu_pct, 0),
+            f(r.softirq_us_per_conn, 1)
+        );
+    }
+    let rate = |p| rows.iter().find(|r| r.path == p).map(|r| r.conns_per_s);
+    if let (Some(k), Some(x)) = (rate(DataPath::Kernel), rate(DataPath::Xdp)) {
+        let _ = writeln!(s, "\nxdp / kernel: {}x.", f(x / k, 2));
+    }
+    s.push('\n');
+    s
+}
+
+pub fn conn_rate_json(rows: &[connrate::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            serde_json::json!({
+                "path": r.path.name(),
+                "workers": r.workers,
+                "conns_per_s": r.conns_per_s,
+                "completed": r.completed,
+                "failed": r.failed,
+                "secs": r.secs,
+                "cpu_pct": r.cpu_pct,
+                "softirq_us_per_conn": r.softirq_us_per_conn,
+            })
+        })
+        .collect()
+}
+
+/// The live generator through a small and a large flow table.
+pub fn big_table_section(rows: &[bigtable::Row]) -> String {
+    let mut s = String::new();
+    if rows.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "### Flows: a small and a large flow table\n\n\
+         The live generator through the XDP path, once with a table of {} flows and once \
+         with the table pre-filled with established TCP flows (written into the pinned \
+         CONNTRACK map, both entries per flow) up to the size shown; the capacity \
+         (`attach --max-flows`) is the same for all. The live flows (the generator's source \
+         ports) are admitted by the data path itself: in the large table first the same 1000 \
+         as in the small one (what the table's size alone costs), then a tenth of the table, \
+         at most what the generator varies (traffic spread over many flows: a working set \
+         that no longer fits the caches). The goal compares the last with the first.\n",
+        bigtable::SMALL_TABLE
+    );
+    let _ = writeln!(
+        s,
+        "| table flows | live flows | filler written in s | Mpps | ns/pkt | CPU % (softirq) |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} ({}) |",
+            r.table_flows,
+            r.live_flows,
+            f(r.fill_s, 1),
+            f(r.run.pps / 1e6, 3),
+            f(r.run.router_ns_per_pkt, 0),
+            f(r.run.cpu_pct, 0),
+            f(r.run.softirq_pct, 0)
+        );
+    }
+    s.push('\n');
+    s
+}
+
+/// The large table forwards >= 90 % of the small one's pps.
+pub fn big_table_goal(rows: &[bigtable::Row]) -> Goal {
+    let small = rows.iter().find(|r| r.table_flows == bigtable::SMALL_TABLE);
+    let big = rows
+        .iter()
+        .filter(|r| r.table_flows > bigtable::SMALL_TABLE)
+        .max_by_key(|r| r.live_flows);
+    let pair = small.zip(big).filter(|(s, _)| s.run.pps > 0.0);
+    Goal {
+        asks: "flows: a table of 1,000,000 established flows forwards >= 90 % of the pps of \
+               a 1,000-flow table (xdp, live generator)",
+        measured: pair.map_or_else(
+            || "-".to_owned(),
+            |(s, b)| {
+                format!(
+                    "{} flows ({} live) {:.3} Mpps vs {} flows {:.3} Mpps ({:.0} %)",
+                    b.table_flows,
+                    b.live_flows,
+                    b.run.pps / 1e6,
+                    s.table_flows,
+                    s.run.pps / 1e6,
+                    b.run.pps * 100.0 / s.run.pps
+                )
+            },
+        ),
+        met: pair.map(|(s, b)| b.run.pps >= 0.9 * s.run.pps),
+    }
+}
+
+pub fn big_table_json(rows: &[bigtable::Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            let mut v = super::json::runs_json(std::slice::from_ref(&r.run))[0].take();
+            v["table_flows"] = r.table_flows.into();
+            v["live_flows"] = r.live_flows.into();
+            v["fill_s"] = r.fill_s.into();
+            v
+        })
+        .collect()
+}
