@@ -48,9 +48,14 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Runs a host command (bounded by `timeout`). Used only for commands that
-/// address a namespace explicitly (`ip -n NAME`, `ip netns ...`).
-pub(crate) fn run(cmd: &[&str]) -> Output {
+/// Runs a host command (bounded by `timeout`) and returns its output
+/// whatever the exit status. Only for commands that address a namespace
+/// explicitly (`ip -n NAME`, `ip netns ...`) or change nothing.
+///
+/// # Panics
+/// If the command cannot be started.
+#[must_use]
+pub fn run(cmd: &[&str]) -> Output {
     Command::new("timeout")
         .args(["-k", "5", CMD_TIMEOUT])
         .args(cmd)
@@ -59,7 +64,9 @@ pub(crate) fn run(cmd: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
-pub(crate) fn check(cmd: &[&str], out: &Output) {
+/// Panics (with stdout and stderr) unless `out`, the output of `cmd`,
+/// says it succeeded.
+pub fn check(cmd: &[&str], out: &Output) {
     assert!(
         out.status.success(),
         "command {cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
@@ -69,7 +76,8 @@ pub(crate) fn check(cmd: &[&str], out: &Output) {
     );
 }
 
-pub(crate) fn run_ok(cmd: &[&str]) {
+/// [`run`] that panics (with stdout and stderr) unless the command succeeds.
+pub fn run_ok(cmd: &[&str]) {
     let out = run(cmd);
     check(cmd, &out);
 }

@@ -31,6 +31,10 @@ const DEB_PACKAGES: &[&str] = &[
     // iptables-legacy) and the kernel's conntrack as `conntrack -L` shows it.
     "nftables",
     "conntrack",
+    // The failover test: VRRP and conntrack state replication between two
+    // routers.
+    "keepalived",
+    "conntrackd",
 ];
 
 /// The Debian compiler packages, not needed where rustup nightly has rust-src.

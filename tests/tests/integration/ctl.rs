@@ -1,13 +1,14 @@
-//! Helpers shared by the router-ctl operator tests (lifecycle, apply,
-//! metrics, doctor, errors): running router-ctl, reading its status, pins
-//! and records, object variants, and a TCP stream that runs while the
-//! router changes.
+//! Helpers shared by the integration tests (lifecycle, apply, metrics,
+//! doctor, errors, offload, reliability, failover): running router-ctl,
+//! reading its status, pins and records, object variants, a TCP stream
+//! that runs while the router changes (and its two ends, checked byte for
+//! byte), waiting for a condition, killing a process group.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,11 +28,17 @@ pub fn stderr(o: &Output) -> String {
 
 /// `router-ctl -n ROUTER ARGS` with extra environment variables.
 pub fn ctl_env(t: &Topology, env: &[(&str, &str)], args: &[&str]) -> Output {
+    ctl_in(t.ns_name(Ns::Router), env, args)
+}
+
+/// `router-ctl -n NETNS ARGS` (bounded by `timeout`) with extra
+/// environment variables, for a router namespace of any topology.
+pub fn ctl_in(netns: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new("timeout")
         .args(["-k", "5", "60"])
         .arg(router_ctl_bin())
         .arg("-n")
-        .arg(t.ns_name(Ns::Router))
+        .arg(netns)
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
@@ -195,16 +202,110 @@ pub fn elf_section(b: &[u8], name: &str) -> Option<(usize, usize)> {
     None
 }
 
+/// What one end of a TCP stream sent or received: the byte count and the
+/// bytes' FNV-1a hash, so the two ends can be compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tally {
+    pub bytes: u64,
+    pub hash: u64,
+}
+
+impl Tally {
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            bytes: 0,
+            hash: 0xcbf2_9ce4_8422_2325,
+        }
+    }
+
+    pub fn add(&mut self, data: &[u8]) {
+        self.bytes += data.len() as u64;
+        self.hash = data.iter().fold(self.hash, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    }
+}
+
+/// The sending end of a stream: writes `chunk`-byte pieces of a pattern
+/// while `due(i)` gives the time (since the start) by which chunk `i` is
+/// done, sleeping until then (after a stall the sender catches up from its
+/// socket buffer); `None` ends the stream. Then half-closes and waits for
+/// the receiver's ack.
+pub fn send_paced(
+    sock: &mut TcpStream,
+    chunk: usize,
+    mut due: impl FnMut(u32) -> Option<Duration>,
+) -> Result<Tally, String> {
+    let pattern = tests::pattern(chunk * 4);
+    let mut sent = Tally::new();
+    let start = Instant::now();
+    let mut i: u32 = 0;
+    while let Some(done_by) = due(i) {
+        let off = (i % 3) as usize * chunk;
+        let data = &pattern[off..off + chunk];
+        sock.write_all(data)
+            .map_err(|e| format!("client write after {} bytes: {e}", sent.bytes))?;
+        sent.add(data);
+        i += 1;
+        if let Some(wait) = done_by.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    sock.shutdown(std::net::Shutdown::Write)
+        .map_err(|e| format!("shutdown: {e}"))?;
+    let mut ack = [0u8; 2];
+    sock.read_exact(&mut ack)
+        .map_err(|e| format!("client waiting for the ack: {e}"))?;
+    Ok(sent)
+}
+
+/// The receiving end of a stream: reads until the sender half-closes (or
+/// an error, or `deadline`), calling `on_data` after every read, then acks.
+pub fn receive_all(
+    sock: &mut TcpStream,
+    deadline: Instant,
+    mut on_data: impl FnMut(),
+) -> Result<Tally, String> {
+    let mut got = Tally::new();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match sock.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => {
+                on_data();
+                got.add(&buf[..k]);
+            }
+            Err(e) => return Err(format!("server read after {} bytes: {e}", got.bytes)),
+        }
+        if Instant::now() > deadline {
+            return Err("the stream ran too long".into());
+        }
+    }
+    sock.write_all(b"ok")
+        .map_err(|e| format!("server ack: {e}"))?;
+    Ok(got)
+}
+
+/// Panics unless both ends of a stream finished and every byte arrived
+/// intact; returns the byte count.
+pub fn same_bytes(client: Result<Tally, String>, server: Result<Tally, String>) -> u64 {
+    let c = client.unwrap_or_else(|e| panic!("stream client: {e}"));
+    let s = server.unwrap_or_else(|e| panic!("stream server: {e}"));
+    assert_eq!(
+        s.bytes, c.bytes,
+        "the server got {} of {} bytes",
+        s.bytes, c.bytes
+    );
+    assert_eq!(s.hash, c.hash, "the bytes arrived changed");
+    s.bytes
+}
+
 /// A TCP stream from the client to a sink on the server that runs while
 /// the test changes the router. The sink counts the bytes and hashes them.
 pub struct Stream {
-    client: std::thread::JoinHandle<Result<(u64, u64), String>>,
-    server: std::thread::JoinHandle<Result<(u64, u64), String>>,
-}
-
-fn fnv(h: u64, data: &[u8]) -> u64 {
-    data.iter()
-        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    client: std::thread::JoinHandle<Result<Tally, String>>,
+    server: std::thread::JoinHandle<Result<Tally, String>>,
 }
 
 impl Stream {
@@ -231,24 +332,7 @@ impl Stream {
             sock.set_nonblocking(false).unwrap();
             sock.set_read_timeout(Some(Duration::from_secs(10)))
                 .unwrap();
-            let (mut count, mut hash) = (0u64, 0xcbf2_9ce4_8422_2325u64);
-            let mut buf = vec![0u8; 65536];
-            loop {
-                match sock.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(k) => {
-                        count += k as u64;
-                        hash = fnv(hash, &buf[..k]);
-                    }
-                    Err(e) => return Err(format!("server read after {count} bytes: {e}")),
-                }
-                if Instant::now() > deadline {
-                    return Err("server: stream took too long".into());
-                }
-            }
-            sock.write_all(b"ok")
-                .map_err(|e| format!("server ack: {e}"))?;
-            Ok((count, hash))
+            receive_all(&mut sock, deadline, || {})
         });
         let server_addr = rx.recv_timeout(Duration::from_secs(5)).expect("sink bound");
         let cli_ns = t.ns_name(Ns::Client).to_owned();
@@ -262,28 +346,11 @@ impl Stream {
                 .unwrap();
             let chunk = 16 * 1024;
             let chunks = u32::try_from(total / chunk).expect("chunk count");
-            let start = Instant::now();
-            let pattern = tests::pattern(chunk * 4);
-            let (mut count, mut hash) = (0u64, 0xcbf2_9ce4_8422_2325u64);
-            for i in 0..chunks {
-                let off = (i % 3) as usize * chunk;
-                let data = &pattern[off..off + chunk];
-                sock.write_all(data)
-                    .map_err(|e| format!("client write after {count} bytes: {e}"))?;
-                count += data.len() as u64;
-                hash = fnv(hash, data);
-                // Pace: chunk i is due at i/chunks of the duration.
-                let due = Duration::from_secs_f64(secs * f64::from(i + 1) / f64::from(chunks));
-                if let Some(wait) = due.checked_sub(start.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
-            sock.shutdown(std::net::Shutdown::Write)
-                .map_err(|e| format!("shutdown: {e}"))?;
-            let mut ack = [0u8; 2];
-            sock.read_exact(&mut ack)
-                .map_err(|e| format!("client waiting for the ack: {e}"))?;
-            Ok((count, hash))
+            // Pace: chunk i is due at (i + 1)/chunks of the duration.
+            send_paced(&mut sock, chunk, |i| {
+                (i < chunks)
+                    .then(|| Duration::from_secs_f64(secs * f64::from(i + 1) / f64::from(chunks)))
+            })
         });
         Self { client, server }
     }
@@ -292,11 +359,7 @@ impl Stream {
     pub fn finish(self) -> u64 {
         let c = self.client.join().expect("client thread");
         let s = self.server.join().expect("server thread");
-        let (cn, ch) = c.unwrap_or_else(|e| panic!("stream client: {e}"));
-        let (sn, sh) = s.unwrap_or_else(|e| panic!("stream server: {e}"));
-        assert_eq!(sn, cn, "the server got {sn} of {cn} bytes");
-        assert_eq!(sh, ch, "the bytes arrived changed");
-        sn
+        same_bytes(c, s)
     }
 }
 
@@ -311,7 +374,17 @@ impl Drop for DetachOnDrop<'_> {
 }
 
 /// Waits until `f` holds, polling every 50 ms; panics after `timeout`.
-pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, timeout: Duration, f: impl FnMut() -> bool) {
+    wait_for_or_show(what, timeout, f, String::new);
+}
+
+/// [`wait_for`] whose panic message ends with `context()` (logs, tables).
+pub fn wait_for_or_show(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> bool,
+    context: impl FnOnce() -> String,
+) {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if f() {
@@ -319,5 +392,22 @@ pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("timed out waiting for {what}");
+    panic!("timed out waiting for {what}\n{}", context());
+}
+
+/// SIGKILL to the process group of `child` (started with
+/// `process_group(0)`, so this reaches what it forked too), then reaps it.
+pub fn kill_group(child: &mut Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id())
+        // Only while it is our unreaped child: neither its pid nor its
+        // group id can have been reused (see Topology::kill_children).
+        && matches!(child.try_wait(), Ok(None))
+    {
+        // SAFETY: kill(2) on the process group of our own unreaped child.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

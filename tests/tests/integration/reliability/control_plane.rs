@@ -1,19 +1,7 @@
 //! The control plane under load.
 
 use super::*;
-
-fn kill_group(child: &mut std::process::Child) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // Only while it is our unreaped child (see Topology::kill_children).
-        if child.try_wait().ok().flatten().is_none() {
-            // SAFETY: signals our own child's process group.
-            unsafe {
-                libc::kill(-pid, libc::SIGKILL);
-            }
-        }
-    }
-    let _ = child.wait();
-}
+use crate::ctl::kill_group;
 
 /// Asserts that every counter in `b` is at least its value in `a`.
 fn assert_monotonic(a: &Value, b: &Value, i: usize) {
