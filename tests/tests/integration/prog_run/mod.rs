@@ -25,6 +25,7 @@ mod expiry;
 mod fib;
 mod icmp;
 mod pass_drop;
+mod standalone;
 mod port_forward;
 mod ports;
 mod tcp;
