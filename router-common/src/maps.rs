@@ -193,6 +193,10 @@ pub const LEASE_TICK_SHIFT: u32 = 30;
 
 /// The lease tick of a `CLOCK_MONOTONIC` time in ns.
 #[must_use]
+#[expect(
+    clippy::inline_always,
+    reason = "called on the data path's hit path: keep it in the entry point's frame"
+)]
 #[inline(always)]
 pub const fn lease_tick(now_ns: u64) -> u32 {
     (now_ns >> LEASE_TICK_SHIFT) as u32

@@ -62,6 +62,10 @@ struct Nat {
     #[serde(default)]
     port_range: Option<Spanned<String>>,
     /// Standalone: set up the kernel slow-path NAT table.
+    #[expect(
+        clippy::struct_field_names,
+        reason = "named as the TOML key `nat.kernel_nat`"
+    )]
     #[serde(default)]
     kernel_nat: Option<Spanned<bool>>,
     #[serde(default)]
@@ -299,7 +303,11 @@ impl Errors<'_> {
         }
         for (field, value, out) in [
             ("nat.port_range", &nat.port_range, &mut v.port_range),
-            ("nat.kernel_nat_ports", &nat.kernel_nat_ports, &mut v.kernel_nat_ports),
+            (
+                "nat.kernel_nat_ports",
+                &nat.kernel_nat_ports,
+                &mut v.kernel_nat_ports,
+            ),
         ] {
             if let Some(r) = value {
                 match parse::parse_port_range(r.get_ref()) {
@@ -575,11 +583,20 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("r:6: forward: port forwards are the kernel's DNAT rules"), "{e}");
-        let e = parse_file("r", "[router]\nadmit = \"nat\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("r:2: router.admit: \"nat\" is not an admit mode"), "{e}");
+        assert!(
+            e.contains("r:6: forward: port forwards are the kernel's DNAT rules"),
+            "{e}"
+        );
+        let e = parse_file(
+            "r",
+            "[router]\nadmit = \"nat\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("r:2: router.admit: \"nat\" is not an admit mode"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -675,7 +692,10 @@ mod tests {
     fn kernel_nat_ports_are_checked_against_xdp_ports() {
         let base = "[router]\nadmit = \"xdp\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n[nat]\n";
         let e = err(&format!("{base}port_range = \"1024-61000\"\n"));
-        assert!(e.contains("r.toml:7: nat.port_range: XDP's ports 1024-61000 overlap"), "{e}");
+        assert!(
+            e.contains("r.toml:7: nat.port_range: XDP's ports 1024-61000 overlap"),
+            "{e}"
+        );
         let d = parse_file(
             "r",
             &format!("{base}port_range = \"1024-61000\"\nkernel_nat = false\n"),

@@ -77,7 +77,9 @@ impl AdmitMode {
     /// The mode named `name` (see [`AdmitMode::name`]).
     #[must_use]
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Kernel, Self::Xdp].into_iter().find(|m| m.name() == name)
+        [Self::Kernel, Self::Xdp]
+            .into_iter()
+            .find(|m| m.name() == name)
     }
 
     /// The data path's value (`Config::admit`).
@@ -213,7 +215,8 @@ impl std::error::Error for ConfigError {}
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
-    let kernel_nat_ports = (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
+    let kernel_nat_ports =
+        (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
     if let Some(k) = kernel_nat_ports
         && standalone::overlap(a.port_range, k)
     {

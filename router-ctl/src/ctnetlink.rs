@@ -64,7 +64,7 @@ const CTA_COUNTERS_BYTES: u16 = 2;
 
 /// `IP_CT_TCP_FLAG_BE_LIBERAL`: conntrack stops checking this direction's
 /// sequence numbers against its window. Set while XDP carries a flow,
-/// because the kernel does not see the segments in between (nf_flowtable
+/// because the kernel does not see the segments in between (`nf_flowtable`
 /// does the same when it offloads a TCP flow).
 pub const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
 
@@ -95,7 +95,7 @@ pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_ICMPV6: u8 = 58;
 
 /// One direction of a connection as conntrack keys it. For ICMP and
-/// ICMPv6 both ports hold the identifier and `icmp` the type and code
+/// `ICMPv6` both ports hold the identifier and `icmp` the type and code
 /// (the kernel needs all three to find the entry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tuple {

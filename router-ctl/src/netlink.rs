@@ -362,7 +362,12 @@ pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
     // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope,
     // type, flags (u32).
     let mut rtm = [0u8; 12];
-    rtm[0] = family as u8;
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "AF_INET and AF_INET6 are small positive constants"
+    )]
+    let family = family as u8;
+    rtm[0] = family;
     rtm[1] = (addr.len() * 8) as u8;
     let mut m = Msg::new(RTM_GETROUTE, 0, &rtm);
     m.attr(RTA_DST, &addr);

@@ -17,7 +17,7 @@
 //!   out first and the kernel, which still has the flow, carries it again.
 //!   An idle flow gets neither: both tables let it expire.
 //! - TCP window tracking is switched off for offloaded connections
-//!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as nf_flowtable does): the kernel does not
+//!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as `nf_flowtable` does): the kernel does not
 //!   see the segments XDP carries, and must not call the next FIN it sees
 //!   out of window.
 
@@ -84,13 +84,11 @@ pub fn eligibility(c: &Conn) -> Verdict {
             Some(tcp_state::ESTABLISHED) => Wait("tcp_not_assured"),
             _ => Refuse("tcp_closing"),
         },
-        IPPROTO_UDP if c.has(status::SEEN_REPLY) => Offload,
-        IPPROTO_UDP => Wait("unreplied"),
         IPPROTO_ICMP if c.orig.icmp.map(|(t, _)| t) != Some(ICMP_ECHO_REQUEST) => {
             Refuse("icmp_type")
         }
-        IPPROTO_ICMP if c.has(status::SEEN_REPLY) => Offload,
-        IPPROTO_ICMP => Wait("unreplied"),
+        IPPROTO_UDP | IPPROTO_ICMP if c.has(status::SEEN_REPLY) => Offload,
+        IPPROTO_UDP | IPPROTO_ICMP => Wait("unreplied"),
         _ => Refuse("protocol"),
     }
 }

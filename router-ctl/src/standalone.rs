@@ -169,7 +169,7 @@ pub fn set_up(netns: Option<&str>, w: &Wanted<'_>) -> Result<()> {
         restore_sysctls(&rec);
         rec = KernelSetup::default();
     }
-    rec.lan = w.lan.to_owned();
+    w.lan.clone_into(&mut rec.lan);
     let accept_local = read_sysctl(w.lan, "accept_local")?;
     if accept_local != "1" {
         rec.accept_local.get_or_insert(accept_local);
@@ -184,33 +184,30 @@ pub fn set_up(netns: Option<&str>, w: &Wanted<'_>) -> Result<()> {
         save_record(netns, &rec)?;
         write_sysctl(w.lan, "rp_filter", "2")?;
     }
-    match w.kernel_ports {
-        Some(ports) => {
-            rec.table = true;
-            save_record(netns, &rec)?;
-            nft(
-                &["-f", "-"],
-                Some(&table_script(w.lan, w.wan, w.wan_addr, ports)),
-            )
-            .context("setting up the kernel slow-path NAT table")?;
-            info!(
-                "kernel slow-path NAT: nftables table ip {TABLE}, {} -> {} source {}:{}-{}",
-                w.lan, w.wan, w.wan_addr, ports.0, ports.1
-            );
+    if let Some(ports) = w.kernel_ports {
+        rec.table = true;
+        save_record(netns, &rec)?;
+        nft(
+            &["-f", "-"],
+            Some(&table_script(w.lan, w.wan, w.wan_addr, ports)),
+        )
+        .context("setting up the kernel slow-path NAT table")?;
+        info!(
+            "kernel slow-path NAT: nftables table ip {TABLE}, {} -> {} source {}:{}-{}",
+            w.lan, w.wan, w.wan_addr, ports.0, ports.1
+        );
+    } else {
+        if rec.table {
+            remove_table();
+            rec.table = false;
         }
-        None => {
-            if rec.table {
-                remove_table();
-                rec.table = false;
-            }
-            save_record(netns, &rec)?;
-            warn!(
-                "--no-kernel-nat: what XDP passes from {} (fragments, IP options, other \
-                 protocols, exhausted ports) needs a NAT rule of your own on {}, with ports \
-                 outside XDP's --port-range",
-                w.lan, w.wan
-            );
-        }
+        save_record(netns, &rec)?;
+        warn!(
+            "--no-kernel-nat: what XDP passes from {} (fragments, IP options, other \
+             protocols, exhausted ports) needs a NAT rule of your own on {}, with ports \
+             outside XDP's --port-range",
+            w.lan, w.wan
+        );
     }
     Ok(())
 }
@@ -304,7 +301,8 @@ pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
         .get("nftables")
         .and_then(serde_json::Value::as_array)
         .map_or(&[][..], Vec::as_slice);
-    let s = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+    let s =
+        |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
     let mut out = Vec::new();
     for item in items {
         let Some(c) = item.get("chain") else { continue };
@@ -419,8 +417,16 @@ mod tests {
 
     #[test]
     fn table_script_skips_translated_packets_and_limits_ports() {
-        let t = table_script("lan0", "wan0", Ipv4Addr::new(203, 0, 113, 1), (61000, 65535));
-        assert!(t.starts_with("table ip xdp_router\ndelete table ip xdp_router\n"), "{t}");
+        let t = table_script(
+            "lan0",
+            "wan0",
+            Ipv4Addr::new(203, 0, 113, 1),
+            (61000, 65535),
+        );
+        assert!(
+            t.starts_with("table ip xdp_router\ndelete table ip xdp_router\n"),
+            "{t}"
+        );
         assert!(
             t.contains(
                 "iifname \"lan0\" oifname \"wan0\" ip saddr != 203.0.113.1 meta l4proto { tcp, \

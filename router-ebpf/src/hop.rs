@@ -85,13 +85,7 @@ fn lookup(
 /// delivery, broadcast, unreachable, forwarding off).
 #[inline(always)]
 pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
-    let (rc, p) = lookup(
-        ctx,
-        ip,
-        get_addr(ip, ipv4::SRC),
-        get_addr(ip, ipv4::DST),
-        0,
-    );
+    let (rc, p) = lookup(ctx, ip, get_addr(ip, ipv4::SRC), get_addr(ip, ipv4::DST), 0);
     // The kernel fills ifindex before the neighbour lookup.
     matches!(rc, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(p.ifindex)
 }

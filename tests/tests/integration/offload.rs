@@ -352,7 +352,7 @@ fn offload_lifetimes_follow_the_traffic() {
         "attach", LAN_IF, WAN_IF, "--admit", "kernel", "--timeout", "udp-replied=10",
     ]);
     let _daemon = Daemon::start(&t, &[]);
-    let _srv = udp_echo(&t, Ns::Server, sa(SERVER_ADDR, 7400), Duration::from_secs(60));
+    let _srv = udp_echo(&t, Ns::Server, sa(SERVER_ADDR, 7400), Duration::from_mins(1));
     let udp = udp_client(&t, 43000, sa(SERVER_ADDR, 7400));
     let kernel_flow = ["-p", "udp", "--orig-port-src", "43000"];
     // 24 s of one echo every 0.5 s: more than twice the kernel's timeout.

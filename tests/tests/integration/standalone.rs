@@ -57,7 +57,11 @@ impl Capture {
                     i32::from(proto),
                 )
             };
-            assert!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
+            assert!(
+                fd >= 0,
+                "packet socket: {}",
+                std::io::Error::last_os_error()
+            );
             // SAFETY: fd is a new, owned descriptor.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             // SAFETY: zeroed is a valid sockaddr_ll.
@@ -81,17 +85,11 @@ impl Capture {
     /// Every packet captured since the last call.
     fn drain(&self) -> Vec<Seen> {
         let mut out = Vec::new();
-        let mut buf = [0u8; 65536];
+        let mut buf = vec![0u8; 65536];
         loop {
             // SAFETY: valid buffer.
-            let n = unsafe {
-                libc::recv(
-                    self.0.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    0,
-                )
-            };
+            let n =
+                unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
             let Ok(n) = usize::try_from(n) else {
                 return out;
             };
@@ -100,10 +98,12 @@ impl Capture {
                 continue;
             }
             let ihl = usize::from(p[0] & 0x0f) * 4;
-            let first_fragment = u16::from_be_bytes([p[6], p[7]]) & 0x1fff == 0;
+            let first_fragment = u16::from_be_bytes([p[6], p[7]]).trailing_zeros() >= 13;
             let proto = p[9];
             let sport = match proto {
-                6 | 17 if first_fragment && n >= ihl + 2 => u16::from_be_bytes([p[ihl], p[ihl + 1]]),
+                6 | 17 if first_fragment && n >= ihl + 2 => {
+                    u16::from_be_bytes([p[ihl], p[ihl + 1]])
+                }
                 1 if first_fragment && n >= ihl + 6 => u16::from_be_bytes([p[ihl + 4], p[ihl + 5]]),
                 _ => 0,
             };
@@ -138,7 +138,7 @@ impl UdpEcho {
         let thread = std::thread::spawn(move || {
             let mut seen = Vec::new();
             let mut buf = vec![0u8; 65536];
-            let deadline = Instant::now() + Duration::from_secs(120);
+            let deadline = Instant::now() + Duration::from_mins(2);
             while !flag.load(Ordering::Relaxed) && Instant::now() < deadline {
                 if let Ok((n, peer)) = sock.recv_from(&mut buf) {
                     seen.push((peer, n));
@@ -183,6 +183,9 @@ fn flush_wan_neighbours(t: &Topology) {
     t.exec_ok(Ns::Router, &["ip", "neigh", "flush", "dev", WAN_IF]);
 }
 
+/// UDP flows of the no-LAN-source test.
+const FLOWS: u16 = 5;
+
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -201,7 +204,6 @@ fn no_lan_source_address_leaves_on_the_wan() {
     let cap = Capture::start(&t, Ns::Server, "eth0");
     let echo = UdpEcho::start(&t, socket_addr(SERVER_ADDR, 5300));
     let before = t.stats();
-    const FLOWS: u16 = 5;
     let (mut first_rtt, mut later_rtt) = (Vec::new(), Vec::new());
     for i in 0..FLOWS {
         flush_wan_neighbours(&t);
@@ -227,7 +229,11 @@ fn no_lan_source_address_leaves_on_the_wan() {
         });
         assert!(c.is_ok(), "TCP connection {i}: {c:?}");
         let (_s, peer) = listener.accept().unwrap();
-        assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "TCP {i} from {peer}");
+        assert_eq!(
+            peer.ip(),
+            IpAddr::V4(ROUTER_WAN_ADDR),
+            "TCP {i} from {peer}"
+        );
     }
     // Ping: the echo request is the first packet.
     for _ in 0..2 {
@@ -240,7 +246,10 @@ fn no_lan_source_address_leaves_on_the_wan() {
     let got = echo.finish();
 
     let leaked: Vec<&Seen> = seen.iter().filter(|s| in_lan(s.src)).collect();
-    assert!(leaked.is_empty(), "LAN source addresses on the WAN: {leaked:?}");
+    assert!(
+        leaked.is_empty(),
+        "LAN source addresses on the WAN: {leaked:?}"
+    );
     // Each UDP flow: all three datagrams from the same WAN tuple (the
     // source port is preserved: it is inside XDP's range).
     for i in 0..FLOWS {
@@ -261,14 +270,17 @@ fn no_lan_source_address_leaves_on_the_wan() {
         .iter()
         .filter(|s| s.dst == SERVER_ADDR && s.proto != 0)
         .count();
-    assert!(to_server >= usize::from(FLOWS) * 3 + 3 + 2, "captured {seen:?}");
+    assert!(
+        to_server >= usize::from(FLOWS) * 3 + 3 + 2,
+        "captured {seen:?}"
+    );
     // The first packets did take the no-neighbour path.
     let passed = counter_delta(&before, &after, "pass_no_neighbour");
     assert!(
         passed >= u64::from(FLOWS) + 3 + 2,
         "pass_no_neighbour +{passed}: the neighbour flush did not reach the data path"
     );
-    let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let avg = |v: &[f64]| v.iter().sum::<f64>() / f64::from(u32::try_from(v.len()).unwrap());
     println!(
         "first datagram of a flow, next hop unresolved (kernel forwards, resolves ARP): {:.0} us \
          round trip on average {first_rtt:.0?}; later datagrams (XDP): {:.0} us",
@@ -294,12 +306,23 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
     let big = vec![0x5a; 3000];
     assert!(echo_once(&sock, b"small 1").is_some(), "small datagram");
     assert!(echo_once(&sock, &big).is_some(), "fragmented datagram");
-    assert!(echo_once(&sock, b"small 2").is_some(), "small datagram again");
+    assert!(
+        echo_once(&sock, b"small 2").is_some(),
+        "small datagram again"
+    );
     let after = t.stats();
     let got = echo.finish();
     println!("server saw {got:?}");
-    let small: Vec<SocketAddr> = got.iter().filter(|(_, n)| *n < 100).map(|(p, _)| *p).collect();
-    let large: Vec<SocketAddr> = got.iter().filter(|(_, n)| *n == 3000).map(|(p, _)| *p).collect();
+    let small: Vec<SocketAddr> = got
+        .iter()
+        .filter(|(_, n)| *n < 100)
+        .map(|(p, _)| *p)
+        .collect();
+    let large: Vec<SocketAddr> = got
+        .iter()
+        .filter(|(_, n)| *n == 3000)
+        .map(|(p, _)| *p)
+        .collect();
     assert_eq!(small, vec![socket_addr(ROUTER_WAN_ADDR, 43000); 2]);
     assert_eq!(large.len(), 1, "{got:?}");
     assert_eq!(large[0].ip(), IpAddr::V4(ROUTER_WAN_ADDR));
@@ -362,9 +385,20 @@ fn attach_refuses_over_forward_rules_unless_forced() {
 
     t.exec_ok(
         Ns::Router,
-        &["iptables-legacy", "-A", "FORWARD", "-i", LAN_IF, "-j", "ACCEPT"],
+        &[
+            "iptables-legacy",
+            "-A",
+            "FORWARD",
+            "-i",
+            LAN_IF,
+            "-j",
+            "ACCEPT",
+        ],
     );
-    refuse("iptables-legacy", "iptables-legacy table filter chain FORWARD");
+    refuse(
+        "iptables-legacy",
+        "iptables-legacy table filter chain FORWARD",
+    );
     // Offload mode keeps the firewall in charge: nothing to refuse.
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     t.router_ctl_ok(&["detach"]);
@@ -408,9 +442,15 @@ fn unsolicited_wan_traffic_is_dropped_while_replies_and_forwards_work() {
         );
         assert!(r.is_err(), "TCP connection to a LAN host from the WAN");
     });
-    assert!(!t.ping(Ns::Server, CLIENT_ADDR, 1), "ping reached a LAN host");
+    assert!(
+        !t.ping(Ns::Server, CLIENT_ADDR, 1),
+        "ping reached a LAN host"
+    );
     let mut buf = [0u8; 64];
-    assert!(udp.recv_from(&mut buf).is_err(), "unsolicited datagram arrived");
+    assert!(
+        udp.recv_from(&mut buf).is_err(),
+        "unsolicited datagram arrived"
+    );
     assert_eq!(
         tcp.accept().map_err(|e| e.kind()).err(),
         Some(ErrorKind::WouldBlock),
@@ -418,7 +458,8 @@ fn unsolicited_wan_traffic_is_dropped_while_replies_and_forwards_work() {
     );
     let after = t.stats();
     let dropped = counter_delta(&before, &after, "drop_unsolicited");
-    assert!(dropped >= 3 + 1 + 1, "drop_unsolicited +{dropped}");
+    // Three datagrams, at least one SYN, one ping.
+    assert!(dropped >= 5, "drop_unsolicited +{dropped}");
     assert_eq!(
         t.nstat(Ns::Router, "IpForwDatagrams") - fwd0,
         0,
@@ -442,7 +483,9 @@ fn unsolicited_wan_traffic_is_dropped_while_replies_and_forwards_work() {
 }
 
 fn sysctl(t: &Topology, name: &str) -> String {
-    t.exec_ok(Ns::Router, &["sysctl", "-n", name]).trim().to_owned()
+    t.exec_ok(Ns::Router, &["sysctl", "-n", name])
+        .trim()
+        .to_owned()
 }
 
 fn slow_path_table(t: &Topology) -> Option<String> {
@@ -467,7 +510,10 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
     assert_eq!(slow_path_table(&t), None);
 
     let out = attach(&t, &[]);
-    assert!(out.contains("kernel slow-path NAT ports 61000-65535"), "{out}");
+    assert!(
+        out.contains("kernel slow-path NAT ports 61000-65535"),
+        "{out}"
+    );
     let table = slow_path_table(&t).expect("slow-path table");
     assert!(
         table.contains(&format!(
@@ -490,11 +536,25 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
     assert!(table.contains(":62000-62999"), "{table}");
     assert!(!table.contains(":61000-65535"), "{table}");
 
-    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--port-range", "1024-65535"]);
+    let o = t.router_ctl(&[
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--admit",
+        "xdp",
+        "--port-range",
+        "1024-65535",
+    ]);
     let e = stderr(&o);
     assert!(!o.status.success());
-    assert!(e.contains("overlap") && e.contains("--no-kernel-nat"), "{e}");
-    assert!(slow_path_table(&t).is_some(), "a refused attach changed the table");
+    assert!(
+        e.contains("overlap") && e.contains("--no-kernel-nat"),
+        "{e}"
+    );
+    assert!(
+        slow_path_table(&t).is_some(),
+        "a refused attach changed the table"
+    );
 
     attach(&t, &["--no-kernel-nat"]);
     assert_eq!(slow_path_table(&t), None, "--no-kernel-nat left the table");

@@ -157,9 +157,13 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
     if from_lan || !is_ipv4(f) || f.len() < L4_OFF {
         return ok;
     }
-    let dst = [f[IP_OFF + 16], f[IP_OFF + 17], f[IP_OFF + 18], f[IP_OFF + 19]];
-    let lan_host =
-        dst[..3] == ROUTER_LAN[..3] && dst != ROUTER_LAN && dst[3] != 0 && dst[3] != 255;
+    let dst = [
+        f[IP_OFF + 16],
+        f[IP_OFF + 17],
+        f[IP_OFF + 18],
+        f[IP_OFF + 19],
+    ];
+    let lan_host = dst[..3] == ROUTER_LAN[..3] && dst != ROUTER_LAN && dst[3] != 0 && dst[3] != 255;
     if !lan_host {
         return ok;
     }

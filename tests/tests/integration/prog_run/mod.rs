@@ -25,9 +25,9 @@ mod expiry;
 mod fib;
 mod icmp;
 mod pass_drop;
-mod standalone;
 mod port_forward;
 mod ports;
+mod standalone;
 mod tcp;
 mod udp;
 

@@ -18,7 +18,11 @@ fn first_packet_without_neighbour_is_passed_translated() {
     with_router(&env, Some(config(&env)), |r| {
         let lan = r.lan;
         let f = Flow::masq(tcp_key(CLIENT, 40100, WAN_NOBODY, 443), 40100);
-        let syn = Ipv4::new(CLIENT, WAN_NOBODY, Tcp::new(40100, 443, TCP_SYN).options(&MSS));
+        let syn = Ipv4::new(
+            CLIENT,
+            WAN_NOBODY,
+            Tcp::new(40100, 443, TCP_SYN).options(&MSS),
+        );
         let mut want = snat(&syn, 40100);
         want.ttl = syn.ttl;
         let input = env.client_sends(&syn);
@@ -39,10 +43,7 @@ fn first_packet_without_neighbour_is_passed_translated() {
         );
         frames::verify_checksums(&run.out);
         let ts = r.stamp(&f.orig, &run);
-        r.assert_flows(
-            "flow recorded",
-            f.entries(FlowState::TcpSynSent, 0, ts, ts),
-        );
+        r.assert_flows("flow recorded", f.entries(FlowState::TcpSynSent, 0, ts, ts));
 
         // A retransmitted SYN: a hit, the same mapping, still passed.
         let run = r.check(
@@ -55,10 +56,7 @@ fn first_packet_without_neighbour_is_passed_translated() {
             &[],
         );
         let seen = r.seen(&f.orig, ts, &run);
-        r.assert_flows(
-            "same flow",
-            f.entries(FlowState::TcpSynSent, 0, ts, seen),
-        );
+        r.assert_flows("same flow", f.entries(FlowState::TcpSynSent, 0, ts, seen));
 
         // UDP and ICMP echo the same way.
         let u = Ipv4::new(CLIENT, WAN_NOBODY, Udp::new(40101, 53, b"first datagram"));
@@ -94,6 +92,10 @@ fn first_packet_without_neighbour_is_passed_translated() {
 /// before. In offload mode the kernel's firewall decides: passed.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
 fn unsolicited_packets_to_lan_hosts_are_dropped() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
@@ -115,8 +117,14 @@ fn unsolicited_packets_to_lan_hosts_are_dropped() {
         options.options = vec![1, 1, 1, 0];
         let quoted = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 9999, b"?")).ttl(63);
         let to_lan: Vec<(&str, Ipv4)> = vec![
-            ("UDP", Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"knock"))),
-            ("TCP SYN", Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_SYN))),
+            (
+                "UDP",
+                Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"knock")),
+            ),
+            (
+                "TCP SYN",
+                Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_SYN)),
+            ),
             (
                 "TCP ACK (no SYN)",
                 Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_ACK)),
