@@ -83,7 +83,7 @@ pub fn attach(
     if standalone_mode {
         // Before the fast path turns on: its first packets towards
         // unresolved neighbours need the sysctls, what it passes the table.
-        standalone::set_up(
+        let set_up = standalone::set_up(
             ctx.ns(),
             &standalone::Wanted {
                 lan: &desired.lan,
@@ -91,7 +91,15 @@ pub fn attach(
                 wan_addr: desired.wan_addr,
                 kernel_ports: desired.kernel_nat_ports,
             },
-        )?;
+        );
+        if let Err(e) = set_up {
+            if !running.any_pins()
+                && let Err(t) = standalone::tear_down(ctx.ns())
+            {
+                warn!("undoing the kernel side of standalone mode: {t:#}");
+            }
+            return Err(e);
+        }
     }
     let outcome = if running.any_pins() {
         replace::replace_or_keep(ctx, a, &desired, &obj, &running, record)?

@@ -24,7 +24,7 @@ use tests::{
     socket_addr,
 };
 
-use crate::ctl::{attach, attach_and_print, stderr};
+use crate::ctl::{attach, attach_and_print, ctl_env, stderr};
 
 const IO: Duration = Duration::from_secs(3);
 const LAN_PREFIX: [u8; 3] = [192, 168, 50];
@@ -508,6 +508,23 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
     t.exec_ok(Ns::Router, &["sysctl", "-qw", &format!("{rp_filter}=1")]);
     let old_accept_local = sysctl(&t, &accept_local);
     assert_eq!(slow_path_table(&t), None);
+
+    // Without nft (not on PATH) a clear error, and nothing changed.
+    t.warm_neighbours();
+    let o = ctl_env(
+        &t,
+        &[("PATH", "/usr/bin:/bin")],
+        &["attach", LAN_IF, WAN_IF, "--admit", "xdp"],
+    );
+    let e = stderr(&o);
+    assert!(!o.status.success(), "attached without nft");
+    assert!(
+        e.contains("`nft` not found") && e.contains("--no-kernel-nat"),
+        "{e}"
+    );
+    assert!(!t.router_attached());
+    assert_eq!(sysctl(&t, &accept_local), old_accept_local);
+    assert_eq!(sysctl(&t, &rp_filter), "1");
 
     let out = attach(&t, &[]);
     assert!(

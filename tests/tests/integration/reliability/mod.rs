@@ -43,8 +43,11 @@ pub(super) fn moved(before: &Value, after: &Value) -> Vec<(String, u64)> {
     let mut v: Vec<(String, u64)> = after
         .as_object()
         .expect("stats object")
-        .keys()
-        .filter(|k| *k != "conntrack")
+        .iter()
+        // Counters only: `conntrack` is the table's fill, `admit` (and
+        // other strings) the mode.
+        .filter(|(_, v)| v.get("packets").is_some() || v.get("events").is_some())
+        .map(|(k, _)| k)
         .map(|k| (k.clone(), counter_delta(before, after, k)))
         .filter(|(_, d)| *d > 0)
         .collect();
