@@ -429,7 +429,9 @@ counters! {
     /// traffic not bound for the WAN).
     PassNoFlow = "pass_no_flow", false;
     /// WAN packet of no known flow and no port-forward rule (also ICMP
-    /// errors about no known flow): the kernel's local stack answers.
+    /// errors about no known flow) addressed to the router itself: the
+    /// kernel's local stack answers. (Standalone mode drops such packets
+    /// when they are addressed to a LAN host: `drop_unsolicited`.)
     PassUnsolicited = "pass_unsolicited", false;
     /// Offload mode: no offloaded flow matches; the kernel admits and
     /// forwards it (the daemon offloads the flow once it is eligible).
@@ -445,7 +447,12 @@ counters! {
     PassFibNotForwarded = "pass_fib_not_forwarded", false;
     /// Forwarding disabled on the ingress device.
     PassFibForwardingDisabled = "pass_fib_forwarding_disabled", false;
-    /// Next hop has no neighbour entry: the kernel resolves ARP.
+    /// Next hop has no neighbour entry: passed translated (TTL untouched)
+    /// so that the kernel forwards it and resolves ARP; LAN -> WAN packets
+    /// too, which the kernel accepts because attach (standalone) sets
+    /// `accept_local` on the LAN interface. Only an offloaded flow's
+    /// packets are passed untranslated (the kernel's conntrack translates
+    /// them).
     PassNoNeighbour = "pass_no_neighbour", false;
     /// Packet exceeds the egress MTU: the kernel fragments or sends
     /// ICMP fragmentation needed.
@@ -461,6 +468,10 @@ counters! {
     DropMalformed = "drop_malformed", false;
     /// IPv4 header checksum wrong: silently discarded (RFC 1812 5.2.2).
     DropIpChecksum = "drop_ip_checksum", false;
+    /// Standalone mode: a WAN packet of no known flow and no port-forward
+    /// rule that the FIB would forward to the LAN (not addressed to the
+    /// router itself): XDP is the router's whole forward policy.
+    DropUnsolicited = "drop_unsolicited", false;
     /// New LAN -> WAN flow masqueraded.
     FlowNewMasquerade = "flow_new_masquerade", true;
     /// New WAN -> LAN flow through a port-forward rule.

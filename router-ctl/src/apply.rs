@@ -21,7 +21,7 @@ use crate::{
     maps::{PinnedMaps, snapshot},
     parse::{self, MAX_FLOWS_LIMIT, Proto, TimeoutArg, WanAddr},
     signals::SignalsBlocked,
-    state,
+    standalone, state,
 };
 
 #[derive(Debug, Deserialize)]
@@ -61,8 +61,26 @@ struct Nat {
     wan_addr: Option<Spanned<String>>,
     #[serde(default)]
     port_range: Option<Spanned<String>>,
+    /// Standalone: set up the kernel slow-path NAT table.
+    #[expect(
+        clippy::struct_field_names,
+        reason = "named as the TOML key `nat.kernel_nat`"
+    )]
+    #[serde(default)]
+    kernel_nat: Option<Spanned<bool>>,
+    #[serde(default)]
+    kernel_nat_ports: Option<Spanned<String>>,
     #[serde(default)]
     max_flows: Option<Spanned<i64>>,
+}
+
+/// What the `[nat]` section says.
+struct NatValues {
+    wan_addr: WanAddr,
+    port_range: (u16, u16),
+    kernel_nat: bool,
+    kernel_nat_ports: (u16, u16),
+    max_flows: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -149,7 +167,26 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     };
     let admit = errs.admit(file.router.as_ref());
     let (lan, wan, mode) = errs.interfaces(file.interfaces.get_ref());
-    let (wan_addr, port_range, max_flows) = errs.nat(file.nat.as_ref());
+    let nat = errs.nat(file.nat.as_ref());
+    if admit == AdmitMode::Xdp
+        && nat.kernel_nat
+        && standalone::overlap(nat.port_range, nat.kernel_nat_ports)
+    {
+        let at = file
+            .nat
+            .as_ref()
+            .and_then(|n| n.port_range.as_ref().or(n.kernel_nat_ports.as_ref()))
+            .map_or(0..0, Spanned::span);
+        errs.at(
+            at,
+            "nat.port_range",
+            format!(
+                "XDP's ports {}-{} overlap the kernel slow-path NAT's {}-{} \
+                 (nat.kernel_nat_ports): make them disjoint, or set nat.kernel_nat = false",
+                nat.port_range.0, nat.port_range.1, nat.kernel_nat_ports.0, nat.kernel_nat_ports.1
+            ),
+        );
+    }
     let timeouts = errs.timeouts(file.timeouts.iter().flatten());
     let forwards = errs.forwards(&file.forwards);
     if admit == AdmitMode::Kernel
@@ -176,9 +213,11 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
             lan,
             wan,
             mode,
-            wan_addr,
-            port_range,
-            max_flows,
+            wan_addr: nat.wan_addr,
+            port_range: nat.port_range,
+            kernel_nat: nat.kernel_nat,
+            kernel_nat_ports: nat.kernel_nat_ports,
+            max_flows: nat.max_flows,
             timeouts,
             force: false,
             reload: false,
@@ -245,28 +284,44 @@ impl Errors<'_> {
         (lan.to_owned(), wan.to_owned(), mode)
     }
 
-    fn nat(&mut self, nat: Option<&Nat>) -> (WanAddr, (u16, u16), u32) {
-        let mut wan_addr = WanAddr::Auto;
-        let mut port_range = (1024, 65535);
-        let mut max_flows = DEFAULT_MAX_FLOWS;
+    fn nat(&mut self, nat: Option<&Nat>) -> NatValues {
+        let mut v = NatValues {
+            wan_addr: WanAddr::Auto,
+            port_range: standalone::DEFAULT_XDP_PORTS,
+            kernel_nat: true,
+            kernel_nat_ports: standalone::DEFAULT_KERNEL_PORTS,
+            max_flows: DEFAULT_MAX_FLOWS,
+        };
         let Some(nat) = nat else {
-            return (wan_addr, port_range, max_flows);
+            return v;
         };
         if let Some(a) = &nat.wan_addr {
             match parse::parse_wan_addr(a.get_ref()) {
-                Ok(x) => wan_addr = x,
+                Ok(x) => v.wan_addr = x,
                 Err(e) => self.at(a.span(), "nat.wan_addr", e),
             }
         }
-        if let Some(r) = &nat.port_range {
-            match parse::parse_port_range(r.get_ref()) {
-                Ok(x) => port_range = x,
-                Err(e) => self.at(r.span(), "nat.port_range", e),
+        for (field, value, out) in [
+            ("nat.port_range", &nat.port_range, &mut v.port_range),
+            (
+                "nat.kernel_nat_ports",
+                &nat.kernel_nat_ports,
+                &mut v.kernel_nat_ports,
+            ),
+        ] {
+            if let Some(r) = value {
+                match parse::parse_port_range(r.get_ref()) {
+                    Ok(x) => *out = x,
+                    Err(e) => self.at(r.span(), field, e),
+                }
             }
+        }
+        if let Some(k) = &nat.kernel_nat {
+            v.kernel_nat = *k.get_ref();
         }
         if let Some(m) = &nat.max_flows {
             match u32::try_from(*m.get_ref()) {
-                Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => max_flows = n,
+                Ok(n) if (1..=MAX_FLOWS_LIMIT).contains(&n) => v.max_flows = n,
                 _ => self.at(
                     m.span(),
                     "nat.max_flows",
@@ -277,7 +332,7 @@ impl Errors<'_> {
                 ),
             }
         }
-        (wan_addr, port_range, max_flows)
+        v
     }
 
     fn timeouts<'f>(
@@ -433,6 +488,7 @@ const fn file_field(field: ConfigField) -> (&'static str, &'static str) {
         ConfigField::Lan => ("interfaces.lan", "lan"),
         ConfigField::Wan => ("interfaces.wan", "wan"),
         ConfigField::MaxFlows => ("nat.max_flows", "max_flows"),
+        ConfigField::PortRange => ("nat.port_range", "port_range"),
     }
 }
 
@@ -508,7 +564,9 @@ mod tests {
     #[test]
     fn minimal_file_gets_defaults() {
         let d = parse_file("r", "[interfaces]\nlan = \"a\"\nwan = \"b\"\n").unwrap();
-        assert_eq!(d.args.port_range, (1024, 65535));
+        assert_eq!(d.args.port_range, standalone::DEFAULT_XDP_PORTS);
+        assert!(d.args.kernel_nat);
+        assert_eq!(d.args.kernel_nat_ports, standalone::DEFAULT_KERNEL_PORTS);
         assert_eq!(d.args.max_flows, DEFAULT_MAX_FLOWS);
         assert_eq!(d.args.wan_addr, WanAddr::Auto);
         assert!(d.forwards.is_empty());
@@ -628,6 +686,28 @@ mod tests {
         assert!(e.contains("wan"), "{e}");
         let e = err("[interfaces\n");
         assert!(e.contains("r.toml:1"), "{e}");
+    }
+
+    #[test]
+    fn kernel_nat_ports_are_checked_against_xdp_ports() {
+        let base = "[router]\nadmit = \"xdp\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n[nat]\n";
+        let e = err(&format!("{base}port_range = \"1024-61000\"\n"));
+        assert!(
+            e.contains("r.toml:7: nat.port_range: XDP's ports 1024-61000 overlap"),
+            "{e}"
+        );
+        let d = parse_file(
+            "r",
+            &format!("{base}port_range = \"1024-61000\"\nkernel_nat = false\n"),
+        )
+        .unwrap();
+        assert!(!d.args.kernel_nat);
+        let d = parse_file(
+            "r",
+            &format!("{base}port_range = \"1024-61000\"\nkernel_nat_ports = \"62000-62999\"\n"),
+        )
+        .unwrap();
+        assert_eq!(d.args.kernel_nat_ports, (62000, 62999));
     }
 
     #[test]

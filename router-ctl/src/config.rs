@@ -9,7 +9,7 @@ use router_common::maps::{Admit, Config, Timeouts};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use crate::{netlink, parse::WanAddr};
+use crate::{netlink, parse::WanAddr, standalone};
 
 /// The XDP attach mode asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -101,9 +101,15 @@ pub struct AttachArgs {
     pub mode: Mode,
     pub wan_addr: WanAddr,
     pub port_range: (u16, u16),
+    /// Standalone mode: set up the kernel slow-path NAT table (not with
+    /// `--no-kernel-nat`).
+    pub kernel_nat: bool,
+    /// Its ports, disjoint from `port_range`.
+    pub kernel_nat_ports: (u16, u16),
     pub max_flows: u32,
     pub timeouts: Timeouts,
-    /// Replace an XDP program router-ctl did not attach.
+    /// Replace an XDP program router-ctl did not attach; in standalone
+    /// mode also bypass netfilter forward rules.
     pub force: bool,
     /// Replace the program even when object and configuration are unchanged.
     pub reload: bool,
@@ -124,6 +130,10 @@ pub struct RouterConfig {
     pub wan_addr: Ipv4Addr,
     pub port_min: u16,
     pub port_max: u16,
+    /// Standalone mode's kernel slow-path NAT ports (`None`: no table, in
+    /// offload mode or with `--no-kernel-nat`).
+    #[serde(default)]
+    pub kernel_nat_ports: Option<(u16, u16)>,
     pub max_flows: u32,
     pub timeouts: Timeouts,
 }
@@ -137,8 +147,14 @@ impl RouterConfig {
                                   `router-ctl run` moves established flows to XDP)"
                 .to_owned(),
             AdmitMode::Xdp => format!(
-                "admit xdp (standalone), masquerade to {} ports {}-{}",
-                self.wan_addr, self.port_min, self.port_max
+                "admit xdp (standalone), masquerade to {} ports {}-{}, {}",
+                self.wan_addr,
+                self.port_min,
+                self.port_max,
+                self.kernel_nat_ports.map_or_else(
+                    || "no kernel slow-path NAT".to_owned(),
+                    |(lo, hi)| format!("kernel slow-path NAT ports {lo}-{hi}")
+                )
             ),
         }
     }
@@ -167,6 +183,8 @@ pub enum ConfigField {
     /// Also "no IPv4 address on WAN" (when the WAN address is `auto`).
     Wan,
     MaxFlows,
+    /// `--port-range` against `--kernel-nat-ports`.
+    PortRange,
 }
 
 /// A request that cannot be resolved on this machine, and which field
@@ -197,6 +215,28 @@ impl std::error::Error for ConfigError {}
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
+    let kernel_nat_ports =
+        (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
+    if let Some(k) = kernel_nat_ports
+        && standalone::overlap(a.port_range, k)
+    {
+        return Err(ConfigError::new(
+            ConfigField::PortRange,
+            format!(
+                "XDP's ports {}-{} overlap the kernel slow-path NAT's {}-{}: the two would map \
+                 flows to the same WAN tuples; make them disjoint (defaults: --port-range \
+                 {}-{}, --kernel-nat-ports {}-{}), or pass --no-kernel-nat",
+                a.port_range.0,
+                a.port_range.1,
+                k.0,
+                k.1,
+                standalone::DEFAULT_XDP_PORTS.0,
+                standalone::DEFAULT_XDP_PORTS.1,
+                standalone::DEFAULT_KERNEL_PORTS.0,
+                standalone::DEFAULT_KERNEL_PORTS.1,
+            ),
+        ));
+    }
     let (lan, wan) = (a.lan.as_str(), a.wan.as_str());
     let lan_idx =
         netlink::ifindex(lan).map_err(|e| ConfigError::new(ConfigField::Lan, e.to_string()))?;
@@ -245,6 +285,7 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
         wan_addr,
         port_min: a.port_range.0,
         port_max: a.port_range.1,
+        kernel_nat_ports,
         max_flows: a.max_flows,
         timeouts: a.timeouts,
     })
@@ -262,6 +303,8 @@ mod tests {
             mode: Mode::Auto,
             wan_addr: WanAddr::Auto,
             port_range: (1024, 65535),
+            kernel_nat: false,
+            kernel_nat_ports: standalone::DEFAULT_KERNEL_PORTS,
             max_flows: 10,
             timeouts: Timeouts::default(),
             force: false,
@@ -283,6 +326,16 @@ mod tests {
         let e = resolve(&args("lo", "lo")).unwrap_err();
         assert_eq!(e.field, ConfigField::Wan);
         assert!(e.to_string().contains("same interface (lo)"), "{e}");
+    }
+
+    #[test]
+    fn kernel_nat_ports_must_not_overlap_xdp_ports() {
+        let mut a = args("lo", "lo");
+        a.kernel_nat = true;
+        // Checked before the interfaces, so `lo` twice does not matter.
+        let e = resolve(&a).unwrap_err();
+        assert_eq!(e.field, ConfigField::PortRange, "{e}");
+        assert!(e.to_string().contains("overlap"), "{e}");
     }
 
     #[test]

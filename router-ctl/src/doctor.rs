@@ -8,7 +8,9 @@
 //! - veth: a peer with tx checksum offload on sends `CHECKSUM_PARTIAL`
 //!   packets, which leave the fast path with wrong checksums;
 //! - MTU: interfaces with different MTUs send big packets to the slow
-//!   path; native XDP on a veth needs an MTU that fits one page.
+//!   path; native XDP on a veth needs an MTU that fits one page;
+//! - netfilter forward rules or a forward drop policy (nftables, iptables
+//!   legacy), which standalone mode would bypass.
 
 use std::{
     fs,
@@ -19,7 +21,7 @@ use std::{
 use serde::Serialize;
 use serde_json::json;
 
-use crate::{bpfsys, netlink, pins::LINK_PINS};
+use crate::{bpfsys, netlink, pins::LINK_PINS, standalone};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
@@ -488,9 +490,55 @@ pub fn attach_warnings(lan: &str, wan: &str) -> Vec<String> {
         .collect()
 }
 
+/// The router's netfilter forward rules, which standalone mode
+/// (`--admit xdp`) would bypass (offload mode keeps them in charge).
+/// Reported under the name `netfilter`.
+#[must_use]
+pub fn firewall_checks() -> Vec<Check> {
+    let (chains, notes) = standalone::forward_chains();
+    let mut out: Vec<Check> = notes
+        .into_iter()
+        .map(|n| Check {
+            iface: "netfilter".into(),
+            name: "forward-rules",
+            level: Level::Warn,
+            detail: n,
+            fix: None,
+        })
+        .collect();
+    if chains.is_empty() {
+        out.push(Check {
+            iface: "netfilter".into(),
+            name: "forward-rules",
+            level: Level::Ok,
+            detail: "no forward rules or drop policy: standalone mode bypasses nothing".into(),
+            fix: None,
+        });
+    }
+    for c in chains {
+        out.push(Check {
+            iface: "netfilter".into(),
+            name: "forward-rules",
+            level: Level::Warn,
+            detail: format!(
+                "{}: standalone mode (--admit xdp) would bypass it (attach refuses without \
+                 --force)",
+                c.describe()
+            ),
+            fix: Some(
+                "use offload mode (`attach --admit kernel`, the default): the firewall keeps \
+                 deciding, `router-ctl run` moves admitted flows onto the fast path"
+                    .into(),
+            ),
+        });
+    }
+    out
+}
+
 /// Prints the checks; exit code 1 if any failed.
 pub fn doctor(ifaces: &[String], pin_dir: &Path, as_json: bool) -> i32 {
-    let cs = checks(ifaces, pin_dir);
+    let mut cs = checks(ifaces, pin_dir);
+    cs.extend(firewall_checks());
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
         println!("{}", json!({"checks": cs, "ok": !failed}));

@@ -34,6 +34,7 @@ mod offload;
 mod parse;
 mod pins;
 mod signals;
+mod standalone;
 mod state;
 mod stats;
 mod status;
@@ -107,10 +108,21 @@ struct AttachOpts {
     #[arg(long, value_name = "auto|ADDR", default_value = "auto",
           value_parser = parse::parse_wan_addr)]
     wan_addr: WanAddr,
-    /// Source ports for masqueraded flows, inclusive.
-    #[arg(long, value_name = "MIN-MAX", default_value = "1024-65535",
+    /// Source ports for masqueraded flows, inclusive (standalone); disjoint from
+    /// --kernel-nat-ports.
+    #[arg(long, value_name = "MIN-MAX", default_value = "1024-60999",
           value_parser = parse::parse_port_range)]
     port_range: (u16, u16),
+    /// Standalone: ports of the kernel slow-path NAT (the nftables table `ip xdp_router`
+    /// that attach sets up for what XDP passes: fragments, IP options, other protocols,
+    /// exhausted ports).
+    #[arg(long, value_name = "MIN-MAX", default_value = "61000-65535",
+          value_parser = parse::parse_port_range)]
+    kernel_nat_ports: (u16, u16),
+    /// Standalone: set up no kernel slow-path NAT table (keep a NAT rule of your own, with
+    /// ports outside --port-range).
+    #[arg(long)]
+    no_kernel_nat: bool,
     /// Conntrack capacity in flows (the table holds two entries per flow).
     #[arg(long, value_name = "N", default_value_t = router_common::maps::DEFAULT_MAX_FLOWS,
           value_parser = parse::parse_max_flows)]
@@ -118,7 +130,8 @@ struct AttachOpts {
     #[arg(long = "timeout", value_name = "STATE=SECS", value_parser = parse::parse_timeout,
           help = parse::timeout_help())]
     timeouts: Vec<TimeoutArg>,
-    /// Replace an XDP program on LAN or WAN that router-ctl did not attach.
+    /// Replace an XDP program on LAN or WAN that router-ctl did not attach; standalone:
+    /// attach even though netfilter forward rules would be bypassed.
     #[arg(long)]
     force: bool,
     /// Load and switch to the program again even if nothing changed.
@@ -406,6 +419,8 @@ fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
         mode: o.mode,
         wan_addr: o.wan_addr,
         port_range: o.port_range,
+        kernel_nat: !o.no_kernel_nat,
+        kernel_nat_ports: o.kernel_nat_ports,
         max_flows: o.max_flows,
         timeouts,
         force: o.force,
@@ -527,6 +542,8 @@ mod tests {
             mode,
             wan_addr,
             port_range,
+            kernel_nat_ports,
+            no_kernel_nat,
             max_flows,
             timeouts,
             ..
@@ -537,7 +554,9 @@ mod tests {
         assert_eq!((lan.as_str(), wan.as_str()), ("lan0", "wan0"));
         assert_eq!(mode, Mode::Auto);
         assert_eq!(wan_addr, WanAddr::Auto);
-        assert_eq!(port_range, (1024, 65535));
+        assert_eq!(port_range, standalone::DEFAULT_XDP_PORTS);
+        assert_eq!(kernel_nat_ports, standalone::DEFAULT_KERNEL_PORTS);
+        assert!(!no_kernel_nat);
         assert_eq!(max_flows, router_common::maps::DEFAULT_MAX_FLOWS);
         assert!(timeouts.is_empty());
     }

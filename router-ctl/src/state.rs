@@ -203,6 +203,7 @@ mod tests {
             wan_addr: [203, 0, 113, 1].into(),
             port_min: 1024,
             port_max: 65535,
+            kernel_nat_ports: None,
             max_flows: 1000,
             timeouts: Timeouts {
                 icmp: 5,

@@ -10,18 +10,25 @@ use router_common::{
     flow::{
         MAX_PORT_PROBES, candidate_port, fill_new_flow, flow_hash, masquerade_key, tcp_opens_flow,
     },
+    hdr::{frame, get_addr, ipv4},
     maps::{
         Admit, Config, Counter, FLAG_PORT_FORWARD, FlowEntry, FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
     },
 };
 
-use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray};
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, xdp_action},
+    macros::map,
+    maps::PerCpuArray,
+    programs::XdpContext,
+};
 
 use crate::{
     Step, Verdict,
     flow::Xlat,
+    hop::forward_egress,
     maps::{CONNTRACK, EEXIST, event, insert_counted, port_forward, remove_counted, stale},
-    parse::{Ingress, Packet},
+    parse::{self, Ingress, Packet, header},
 };
 
 /// What opens a flow when the lookup misses.
@@ -68,6 +75,49 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat) -> Step<NewFlow> 
     xlat.dst = target.addr;
     xlat.dport = target.port;
     Ok(NewFlow::PortForward)
+}
+
+/// Standalone mode's forward policy from the WAN, applied to the verdict
+/// `v` of every packet: XDP alone decides what reaches the LAN (replies of
+/// known flows, port forwards), so a packet the data path passes to the
+/// kernel untranslated from the WAN may only be one for the router itself.
+/// One the FIB would forward out of the LAN interface (unsolicited: TCP
+/// without SYN, UDP, pings, ICMP errors quoting no known flow, other
+/// protocols, fragments, options, all addressed to a LAN host) is dropped
+/// and counted instead. Runs on passed packets only, so the hit path does
+/// not pay for it; offload mode keeps passing (the kernel's firewall
+/// decides).
+#[inline(always)]
+pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
+    // Not IPv4, not configured: no header to judge. No neighbour: the
+    // packet was translated to its LAN host by a flow (a reply or a port
+    // forward) and is passed for the kernel to resolve the neighbour.
+    if v.action != xdp_action::XDP_PASS
+        || matches!(
+            v.counter,
+            Counter::PassNotIpv4 | Counter::PassNotConfigured | Counter::PassNoNeighbour
+        )
+    {
+        return v;
+    }
+    let Some(side) = parse::ingress(ctx) else {
+        return v;
+    };
+    if side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
+        return v;
+    }
+    let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
+        return v;
+    };
+    // Flows of the WAN address (replies, port forwards, the kernel slow
+    // path's) are translated by XDP or the kernel's NAT: the kernel's.
+    if get_addr(ip, ipv4::DST) == side.cfg.wan_addr {
+        return v;
+    }
+    if forward_egress(ctx, ip) == Some(side.cfg.lan_ifindex) {
+        return Verdict::drop(Counter::DropUnsolicited);
+    }
+    v
 }
 
 /// Writes both entries of a new flow leaving on `egress`; for a

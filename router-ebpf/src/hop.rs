@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use router_common::{
-    hdr::{eth, get_u16, ipv4},
+    hdr::{eth, get_addr, get_u16, ipv4},
     maps::Counter,
     nat::decrement_ttl,
 };
@@ -50,16 +50,23 @@ impl Hop {
     }
 }
 
-/// Asks the FIB for the next hop of the IPv4 packet `ip` once its
-/// addresses are `src` and `dst`. Not forwarded by the FIB (local,
-/// unreachable, needs fragmenting, forwarding off): passed with a reason.
+/// `bpf_fib_lookup` for the IPv4 packet `ip` with the addresses `src` and
+/// `dst` and IPv4 total length `tot_len` (0: no MTU check), from the
+/// ingress interface. Returns the helper's result code and the filled
+/// parameters.
 #[inline(always)]
-pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -> Step<Hop> {
+fn lookup(
+    ctx: &XdpContext,
+    ip: &[u8; ipv4::LEN],
+    src: [u8; 4],
+    dst: [u8; 4],
+    tot_len: u16,
+) -> (u32, FibParams) {
     // SAFETY: zeroed is a valid bit pattern for this plain C struct.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     p.family = AF_INET;
     p.l4_protocol = ip[ipv4::PROTO];
-    p.__bindgen_anon_1.tot_len = get_u16(ip, ipv4::TOT_LEN);
+    p.__bindgen_anon_1.tot_len = tot_len;
     p.__bindgen_anon_2.tos = ip[ipv4::TOS];
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
@@ -70,7 +77,25 @@ pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -
         clippy::cast_sign_loss,
         reason = "negative errors map to no BPF_FIB_LKUP_RET_* and are passed"
     )]
-    let rc = rc as u32;
+    (rc as u32, p)
+}
+
+/// The interface the kernel would forward the IPv4 packet `ip` out of, as
+/// it is (no MTU check); `None` when it would not forward it (local
+/// delivery, broadcast, unreachable, forwarding off).
+#[inline(always)]
+pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
+    let (rc, p) = lookup(ctx, ip, get_addr(ip, ipv4::SRC), get_addr(ip, ipv4::DST), 0);
+    // The kernel fills ifindex before the neighbour lookup.
+    matches!(rc, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(p.ifindex)
+}
+
+/// Asks the FIB for the next hop of the IPv4 packet `ip` once its
+/// addresses are `src` and `dst`. Not forwarded by the FIB (local,
+/// unreachable, needs fragmenting, forwarding off): passed with a reason.
+#[inline(always)]
+pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -> Step<Hop> {
+    let (rc, p) = lookup(ctx, ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
     let reason = match rc {
         BPF_FIB_LKUP_RET_SUCCESS => {
             // SAFETY: on success the kernel wrote mtu_result (a union with

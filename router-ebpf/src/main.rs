@@ -98,6 +98,7 @@ pub fn router(ctx: XdpContext) -> u32 {
     let v = match try_router(&ctx) {
         Ok(v) | Err(v) => v,
     };
+    let v = admit::unsolicited(&ctx, v);
     maps::count(v.counter, len);
     v.action
 }
@@ -140,16 +141,18 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         Some(admit::admit(&pkt, side, &mut xlat)?)
     };
     let hop = flow::next_hop(ctx, ip, &xlat, hit, cached)?;
-    if (side.from_lan || offloaded) && matches!(hop, Hop::NoNeighbour { .. }) {
-        // A translated packet may only be passed to the kernel when it
-        // goes to the LAN: LAN->WAN packets carry the router's own address
-        // as source after SNAT, which the kernel drops as martian.
-        // Untranslated, the kernel resolves the neighbour and the next
-        // packet goes fast. An offloaded flow's packets always go
-        // untranslated: the kernel translates them with its own conntrack
-        // entry, and an already translated reply would match none of its
-        // tuples and be dropped (seen after a VRRP failback, when the
-        // neighbours were flushed with the links).
+    if offloaded && matches!(hop, Hop::NoNeighbour { .. }) {
+        // An offloaded flow's packets go to the kernel untranslated: the
+        // kernel translates them with its own conntrack entry, and an
+        // already translated reply would match none of its tuples and be
+        // dropped (seen after a VRRP failback, when the neighbours were
+        // flushed with the links). Standalone flows go on below: their
+        // packets (a new flow's first one too, after its commit) are
+        // passed translated, so the same mapping reaches the WAN from the
+        // first packet on and no LAN source address leaves; the kernel
+        // resolves the neighbour and forwards them (a LAN -> WAN one,
+        // whose source is then the router's own address, because attach
+        // sets `accept_local` on the LAN interface).
         return Err(Verdict::pass(Counter::PassNoNeighbour));
     }
     if let Some(new) = new {

@@ -16,7 +16,7 @@ use crate::{
     netlink,
     pins::{LINK_PINS, ensure_bpffs},
     signals::{SignalsBlocked, crash_point},
-    state,
+    standalone, state,
 };
 
 /// Detaches: fast path off (one config write), then record, links and maps
@@ -30,6 +30,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     let running = inspect(dir);
     let record = state::load(ctx.ns()).ok().flatten();
     if !running.any_pins() {
+        tear_down_kernel_side(ctx);
         let had_record = record.is_some();
         state::remove(ctx.ns())?;
         let _ = fs::remove_dir(dir);
@@ -79,6 +80,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
             );
         }
     }
+    tear_down_kernel_side(ctx);
     if running.links.is_empty() {
         println!("removed stale map pins; nothing was attached");
     } else {
@@ -86,6 +88,20 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     }
     lock.remove_file();
     Ok(true)
+}
+
+/// Removes standalone mode's slow-path table and puts its sysctls back
+/// (after the fast path is off: nothing passes translated packets any
+/// more).
+fn tear_down_kernel_side(ctx: &Ctx) {
+    match standalone::tear_down(ctx.ns()) {
+        Ok(true) => println!(
+            "removed the kernel slow-path NAT table (ip {}) and restored the LAN sysctls",
+            standalone::TABLE
+        ),
+        Ok(false) => {}
+        Err(e) => warn!("undoing the kernel side of standalone mode: {e:#}"),
+    }
 }
 
 /// Detaches the link pinned at `path` now (`BPF_LINK_DETACH`), even while

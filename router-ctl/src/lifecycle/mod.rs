@@ -31,21 +31,22 @@ mod replace;
 
 use std::fs;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use aya::programs::XdpMode;
 use router_common::maps::{PortForwardKey, PortForwardTarget};
-use tracing::warn;
+use tracing::{info, warn};
 
 pub use detach::detach;
 
 use crate::{
     clock,
-    config::{self, AttachArgs, RouterConfig},
+    config::{self, AdmitMode, AttachArgs, RouterConfig},
     ctx::Ctx,
     inspect::inspect,
     object::Object,
     pins::ensure_bpffs,
     signals::SignalsBlocked,
+    standalone,
     state::{self, State},
 };
 
@@ -65,6 +66,10 @@ pub fn attach(
     forwards: &[(PortForwardKey, PortForwardTarget)],
 ) -> Result<Outcome> {
     let desired = config::resolve(a)?;
+    let standalone_mode = desired.admit == AdmitMode::Xdp;
+    if standalone_mode {
+        check_firewall(a.force)?;
+    }
     let obj = Object::load(a.object.as_deref())?;
     ensure_bpffs()?;
     let _lock = state::lock(ctx.ns())?;
@@ -75,8 +80,29 @@ pub fn attach(
         warn!("ignoring the attach record: {e:#}");
         None
     });
-    if running.any_pins() {
-        replace::replace_or_keep(ctx, a, &desired, &obj, &running, record)
+    if standalone_mode {
+        // Before the fast path turns on: its first packets towards
+        // unresolved neighbours need the sysctls, what it passes the table.
+        let set_up = standalone::set_up(
+            ctx.ns(),
+            &standalone::Wanted {
+                lan: &desired.lan,
+                wan: &desired.wan,
+                wan_addr: desired.wan_addr,
+                kernel_ports: desired.kernel_nat_ports,
+            },
+        );
+        if let Err(e) = set_up {
+            if !running.any_pins()
+                && let Err(t) = standalone::tear_down(ctx.ns())
+            {
+                warn!("undoing the kernel side of standalone mode: {t:#}");
+            }
+            return Err(e);
+        }
+    }
+    let outcome = if running.any_pins() {
+        replace::replace_or_keep(ctx, a, &desired, &obj, &running, record)?
     } else {
         if record.is_some() {
             warn!(
@@ -84,9 +110,36 @@ pub fn attach(
                  (a reboot or bpffs unmounted?); attaching afresh"
             );
         }
-        fresh::fresh(ctx, a, &desired, &obj, forwards)?;
-        Ok(Outcome::Attached)
+        if let Err(e) = fresh::fresh(ctx, a, &desired, &obj, forwards) {
+            if standalone_mode && let Err(t) = standalone::tear_down(ctx.ns()) {
+                warn!("undoing the kernel side of standalone mode: {t:#}");
+            }
+            return Err(e);
+        }
+        Outcome::Attached
+    };
+    if !standalone_mode && standalone::tear_down(ctx.ns())? {
+        info!("offload mode: removed standalone mode's kernel slow-path table and sysctls");
     }
+    Ok(outcome)
+}
+
+/// Standalone mode bypasses netfilter's forward chains: refuses when the
+/// router has forward rules or a drop policy, unless `force`.
+fn check_firewall(force: bool) -> Result<()> {
+    let (chains, notes) = standalone::forward_chains();
+    for n in notes {
+        warn!("{n}");
+    }
+    if chains.is_empty() {
+        return Ok(());
+    }
+    let msg = standalone::bypass_message(&chains);
+    if !force {
+        bail!("{msg}");
+    }
+    warn!("--force: {msg}");
+    Ok(())
 }
 
 /// A random per-attach seed for the SNAT port choice.

@@ -107,7 +107,7 @@ fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
     let (v0, _) = status(&t);
     let changed = example_text()
         .replace(
-            "port_range = \"1024-65535\"",
+            "port_range = \"1024-60999\"",
             "port_range = \"20000-60000\"",
         )
         .replace("udp-replied = 120", "udp-replied = 300")
@@ -200,7 +200,7 @@ fn each_invalid_field_is_named_and_nothing_changes() {
             "nat.wan_addr",
         ),
         (
-            "port_range = \"1024-65535\"",
+            "port_range = \"1024-60999\"",
             "port_range = \"2000-1000\"".into(),
             line_of("port_range ="),
             "nat.port_range",

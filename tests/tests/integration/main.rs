@@ -24,4 +24,5 @@ mod nat_e2e;
 mod offload;
 mod prog_run;
 mod reliability;
+mod standalone;
 mod topology;

@@ -117,8 +117,9 @@ pub(super) fn check_rewrite(
     let redirect = run.verdict == XDP_REDIRECT;
     let allowed = match (redirect, counter) {
         (true, Counter::FwdOutbound) => from_lan,
-        // WAN -> LAN without a neighbour: translated, for the kernel.
-        (true, Counter::FwdInbound) | (false, Counter::PassNoNeighbour) => !from_lan,
+        (true, Counter::FwdInbound) => !from_lan,
+        // Without a neighbour: translated, for the kernel (both ways).
+        (false, Counter::PassNoNeighbour) => true,
         _ => false,
     };
     if !allowed {
@@ -246,6 +247,7 @@ pub(super) fn case(
         Stage::Exactly(c) => (vec![c], None),
         _ => allowed_after_lookup(r, f, from_lan, stage),
     };
+    let ok = standalone_policy(f, from_lan, ok);
     let run = r.test_run(f, ifindex);
     let mut errs = Vec::new();
     if ![XDP_DROP, XDP_PASS, XDP_REDIRECT].contains(&run.verdict) {
@@ -267,7 +269,10 @@ pub(super) fn case(
         }
         let want_verdict = match c {
             Counter::FwdOutbound | Counter::FwdInbound => XDP_REDIRECT,
-            Counter::DropMalformed | Counter::DropTruncated | Counter::DropIpChecksum => XDP_DROP,
+            Counter::DropMalformed
+            | Counter::DropTruncated
+            | Counter::DropIpChecksum
+            | Counter::DropUnsolicited => XDP_DROP,
             _ => XDP_PASS,
         };
         if run.verdict != want_verdict {

@@ -8,7 +8,7 @@
 //! The hand-written malformed, pass and ICMP-error cases with exact
 //! expected outputs are in `prog_run` (`malformed_frames_are_dropped`,
 //! `pass_cases_ttl_fragments_options_protocols`,
-//! `icmp_errors_with_embedded_headers`, `unsolicited_wan_packets_pass_untouched`);
+//! `icmp_errors_with_embedded_headers`, `unsolicited_wan_packets_pass_or_drop_untouched`);
 //! this module does not repeat them but checks invariants on thousands of
 //! frames nobody wrote by hand. For every case:
 //! - the verdict is `XDP_PASS`, `XDP_DROP` or `XDP_REDIRECT`;

@@ -145,3 +145,40 @@ pub(super) fn allowed_after_lookup(
     ok.push(Counter::PassPortsExhausted);
     (ok, Some(Counter::FlowNewPortForward))
 }
+
+/// Standalone mode's forward policy from the WAN (README "Standalone
+/// mode"): a packet the data path would pass to the kernel untranslated
+/// whose destination the router forwards out of the LAN interface (a LAN
+/// host: not the router's own LAN address, not the subnet's broadcast) is
+/// dropped as `DropUnsolicited` instead. Packets passed translated
+/// (`PassNoNeighbour`), not IPv4 or too short to have a destination keep
+/// their verdicts.
+pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> Vec<Counter> {
+    if from_lan || !is_ipv4(f) || f.len() < L4_OFF {
+        return ok;
+    }
+    let dst = [
+        f[IP_OFF + 16],
+        f[IP_OFF + 17],
+        f[IP_OFF + 18],
+        f[IP_OFF + 19],
+    ];
+    let lan_host = dst[..3] == ROUTER_LAN[..3] && dst != ROUTER_LAN && dst[3] != 0 && dst[3] != 255;
+    if !lan_host {
+        return ok;
+    }
+    ok.into_iter()
+        .map(|c| {
+            let untranslated_pass = c.name().starts_with("pass_")
+                && !matches!(
+                    c,
+                    Counter::PassNoNeighbour | Counter::PassNotIpv4 | Counter::PassNotConfigured
+                );
+            if untranslated_pass {
+                Counter::DropUnsolicited
+            } else {
+                c
+            }
+        })
+        .collect()
+}

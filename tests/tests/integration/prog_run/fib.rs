@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// FIB outcomes other than success: no neighbour (LAN: untouched; WAN:
-/// translated without TTL change, flow recorded), MTU exceeded, forwarding
+/// FIB outcomes other than success: no neighbour (both sides: translated
+/// without TTL change, flow recorded), MTU exceeded, forwarding
 /// disabled, egress not attached.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
@@ -15,14 +15,25 @@ fn fib_outcomes_other_than_success() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
+        // LAN -> WAN host without neighbour: the flow is created and the
+        // packet passed translated, TTL untouched (the kernel forwards it).
+        let n = Flow::masq(udp_key(CLIENT, 40000, WAN_NOBODY, 53), 40000);
         let q = Ipv4::new(CLIENT, WAN_NOBODY, Udp::new(40000, 53, b"nobody there"));
-        r.pass(
+        let mut want = snat(&q, 40000);
+        want.ttl = q.ttl;
+        let run = r.check(
             "LAN -> WAN host without neighbour",
             &env.client_sends(&q),
             lan,
+            XDP_PASS,
+            &env.client_sends(&want),
             Counter::PassNoNeighbour,
+            &[Counter::FlowNewMasquerade],
         );
-        r.assert_flows("nothing created", []);
+        frames::verify_checksums(&run.out);
+        let ts_n = r.stamp(&n.orig, &run);
+        let first = n.entries(FlowState::UdpUnreplied, 0, ts_n, ts_n);
+        r.assert_flows("the first packet's flow", first);
 
         // Port forward to a LAN address without neighbour.
         r.forward(IPPROTO_UDP, 9000, LAN_NOBODY, 9001);
@@ -45,7 +56,9 @@ fn fib_outcomes_other_than_success() {
         let ts = r.stamp(&f.orig, &run);
         r.assert_flows(
             "forward recorded",
-            f.entries(FlowState::UdpUnreplied, 0, ts, ts),
+            f.entries(FlowState::UdpUnreplied, 0, ts, ts)
+                .into_iter()
+                .chain(first),
         );
 
         // A masqueraded flow of a LAN host the router has no neighbour for:
@@ -81,6 +94,7 @@ fn fib_outcomes_other_than_success() {
             .entries(FlowState::UdpUnreplied, 0, ts, ts)
             .into_iter()
             .chain(g.entries(FlowState::UdpReplied, 0, ts_g, seen_g))
+            .chain(first)
             .collect();
         r.assert_flows("after reply to .9", flows.clone());
 

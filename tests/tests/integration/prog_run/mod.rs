@@ -27,6 +27,7 @@ mod icmp;
 mod pass_drop;
 mod port_forward;
 mod ports;
+mod standalone;
 mod tcp;
 mod udp;
 

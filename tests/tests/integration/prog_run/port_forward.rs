@@ -91,11 +91,11 @@ fn port_forward_rules() {
             Counter::PassUnsolicited,
         );
         let other_dst = Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 8080, TCP_SYN));
-        r.pass(
-            "SYN to rule port, not WAN addr",
+        r.drop_frame(
+            "SYN to rule port, not WAN addr (a LAN host)",
             &env.server_sends(&other_dst),
             wan,
-            Counter::PassUnsolicited,
+            Counter::DropUnsolicited,
         );
 
         let g = Flow::forward(udp_key(SERVER, 6000, WAN, 5353), CLIENT, 53);
@@ -158,11 +158,12 @@ fn port_forward_rules() {
     });
 }
 
-/// WAN packets of no flow and no rule go to the kernel untouched and
-/// create nothing.
+/// WAN packets of no flow and no rule create nothing: those for the
+/// router's WAN address go to the kernel untouched, those addressed to a
+/// LAN host are dropped (standalone mode is the router's forward policy).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn unsolicited_wan_packets_pass_untouched() {
+fn unsolicited_wan_packets_pass_or_drop_untouched() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let wan = r.wan;
@@ -190,12 +191,12 @@ fn unsolicited_wan_packets_pass_untouched() {
             (
                 "UDP to a LAN address",
                 Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"?")),
-                Counter::PassUnsolicited,
+                Counter::DropUnsolicited,
             ),
             (
                 "SYN to a LAN address",
                 Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_SYN)),
-                Counter::PassUnsolicited,
+                Counter::DropUnsolicited,
             ),
             (
                 "echo request to WAN",
@@ -205,11 +206,15 @@ fn unsolicited_wan_packets_pass_untouched() {
             (
                 "echo request to a LAN address",
                 Ipv4::new(SERVER, CLIENT, Icmp::echo_request(99, 1, b"")),
-                Counter::PassProtocol,
+                Counter::DropUnsolicited,
             ),
         ];
         for (what, ip, counter) in cases {
-            r.pass(what, &env.server_sends(&ip), wan, counter);
+            if counter == Counter::DropUnsolicited {
+                r.drop_frame(what, &env.server_sends(&ip), wan, counter);
+            } else {
+                r.pass(what, &env.server_sends(&ip), wan, counter);
+            }
         }
         r.assert_flows("nothing created", []);
     });

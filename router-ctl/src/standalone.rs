@@ -1,0 +1,473 @@
+//! The kernel's side of standalone mode (`--admit xdp`), set up by
+//! `attach` and undone by `detach`:
+//! - the slow-path NAT: an nftables table of our own (`table ip
+//!   xdp_router`) that source-NATs what XDP passes from the LAN to the WAN
+//!   (fragments, IP options, other protocols, exhausted ports) to the WAN
+//!   address and a port range disjoint from XDP's, so the two never map
+//!   two flows to the same WAN tuple. Packets XDP already translated
+//!   (source = the WAN address) are left alone.
+//! - the sysctls that let the kernel forward the translated first packet
+//!   of a flow whose next hop XDP could not resolve yet: `accept_local=1`
+//!   on the LAN interface (its source is the router's own address, a
+//!   martian otherwise) and `rp_filter` loose (2) where it was strict.
+//!   The old values are recorded and put back by `detach`.
+//! - the firewall check: netfilter forward rules or a forward policy that
+//!   standalone mode would bypass (`attach` refuses unless `--force`;
+//!   `doctor` reports them).
+//!
+//! `nft` and `iptables-legacy` are run as commands in the current network
+//! namespace (the caller entered it before any thread started).
+
+use std::{
+    fs,
+    io::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::state::{self, STATE_DIR};
+
+/// The nftables table standalone mode owns (family `ip`).
+pub const TABLE: &str = "xdp_router";
+/// Default ports XDP allocates (`--port-range`): below Linux's default
+/// ephemeral range end, so local ports of LAN hosts are preserved.
+pub const DEFAULT_XDP_PORTS: (u16, u16) = (1024, 60999);
+/// Default ports of the kernel slow path's NAT (`--kernel-nat-ports`).
+pub const DEFAULT_KERNEL_PORTS: (u16, u16) = (61000, 65535);
+
+/// What standalone mode set up in the kernel, to undo it on detach.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelSetup {
+    /// The LAN interface whose sysctls were changed.
+    pub lan: String,
+    /// Old `accept_local` of LAN, if it was changed.
+    pub accept_local: Option<String>,
+    /// Old `rp_filter` of LAN, if it was changed.
+    pub rp_filter: Option<String>,
+    /// Whether the slow-path table is ours to remove.
+    pub table: bool,
+}
+
+fn record_path(netns: Option<&str>) -> PathBuf {
+    Path::new(STATE_DIR).join(format!("{}.standalone.json", state::ns_key(netns)))
+}
+
+fn load_record(netns: Option<&str>) -> Result<Option<KernelSetup>> {
+    let path = record_path(netns);
+    match fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .with_context(|| format!("{} is not a valid record", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+fn save_record(netns: Option<&str>, r: &KernelSetup) -> Result<()> {
+    state::write_private(&record_path(netns), &serde_json::to_vec_pretty(r)?)
+}
+
+fn sysctl_path(iface: &str, name: &str) -> PathBuf {
+    Path::new("/proc/sys/net/ipv4/conf").join(iface).join(name)
+}
+
+fn read_sysctl(iface: &str, name: &str) -> Result<String> {
+    let p = sysctl_path(iface, name);
+    fs::read_to_string(&p)
+        .map(|s| s.trim().to_owned())
+        .with_context(|| format!("reading {}", p.display()))
+}
+
+fn write_sysctl(iface: &str, name: &str, value: &str) -> Result<()> {
+    let p = sysctl_path(iface, name);
+    fs::write(&p, value).with_context(|| format!("writing {value} to {}", p.display()))
+}
+
+/// Runs `nft` with `args`, feeding `input` on stdin if given.
+fn nft(args: &[&str], input: Option<&str>) -> Result<String> {
+    let mut child = Command::new("nft")
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                anyhow::anyhow!(
+                    "`nft` not found: standalone mode manages its kernel slow-path NAT as an \
+                     nftables table; install nftables (`apt-get install nftables`), or pass \
+                     --no-kernel-nat (then keep a NAT rule of your own for what XDP passes)"
+                )
+            } else {
+                anyhow::Error::new(e).context("running nft")
+            }
+        })?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin.write_all(text.as_bytes()).context("writing to nft")?;
+    }
+    let out = child.wait_with_output().context("running nft")?;
+    if !out.status.success() {
+        bail!(
+            "nft {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The slow-path table as `nft -f` input: created, emptied and filled in
+/// one transaction (so attach and replace are idempotent and atomic).
+/// TCP, UDP and ICMP (echo identifiers) get ports from `ports`; other
+/// protocols only the address.
+#[must_use]
+pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16)) -> String {
+    let m = format!("iifname \"{lan}\" oifname \"{wan}\" ip saddr != {wan_addr}");
+    format!(
+        "table ip {TABLE}\n\
+         delete table ip {TABLE}\n\
+         table ip {TABLE} {{\n\
+         \tchain postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\t{m} meta l4proto {{ tcp, udp, icmp }} snat ip to {wan_addr}:{}-{}\n\
+         \t\t{m} snat ip to {wan_addr}\n\
+         \t}}\n\
+         }}\n",
+        ports.0, ports.1
+    )
+}
+
+/// Whether `nft` lists our table.
+fn table_present() -> bool {
+    nft(&["list", "table", "ip", TABLE], None).is_ok()
+}
+
+/// What `attach` asks of the kernel side.
+pub struct Wanted<'a> {
+    pub lan: &'a str,
+    pub wan: &'a str,
+    pub wan_addr: Ipv4Addr,
+    /// `None`: no slow-path table (`--no-kernel-nat`).
+    pub kernel_ports: Option<(u16, u16)>,
+}
+
+/// Sets up (or updates) the kernel side of standalone mode, recording the
+/// old sysctl values the first time.
+pub fn set_up(netns: Option<&str>, w: &Wanted<'_>) -> Result<()> {
+    let mut rec = load_record(netns)?.unwrap_or_default();
+    if !rec.lan.is_empty() && rec.lan != w.lan {
+        // Attached to another LAN before (a detach was lost): put that one back.
+        restore_sysctls(&rec);
+        rec = KernelSetup::default();
+    }
+    w.lan.clone_into(&mut rec.lan);
+    let accept_local = read_sysctl(w.lan, "accept_local")?;
+    if accept_local != "1" {
+        rec.accept_local.get_or_insert(accept_local);
+        save_record(netns, &rec)?;
+        write_sysctl(w.lan, "accept_local", "1")?;
+    }
+    // The effective rp_filter is the larger of `all` and the interface's.
+    let rp = read_sysctl(w.lan, "rp_filter")?;
+    let rp_all = read_sysctl("all", "rp_filter")?;
+    if rp == "1" || (rp_all == "1" && rp == "0") {
+        rec.rp_filter.get_or_insert(rp);
+        save_record(netns, &rec)?;
+        write_sysctl(w.lan, "rp_filter", "2")?;
+    }
+    if let Some(ports) = w.kernel_ports {
+        rec.table = true;
+        save_record(netns, &rec)?;
+        nft(
+            &["-f", "-"],
+            Some(&table_script(w.lan, w.wan, w.wan_addr, ports)),
+        )
+        .context("setting up the kernel slow-path NAT table")?;
+        info!(
+            "kernel slow-path NAT: nftables table ip {TABLE}, {} -> {} source {}:{}-{}",
+            w.lan, w.wan, w.wan_addr, ports.0, ports.1
+        );
+    } else {
+        if rec.table {
+            remove_table();
+            rec.table = false;
+        }
+        save_record(netns, &rec)?;
+        warn!(
+            "--no-kernel-nat: what XDP passes from {} (fragments, IP options, other \
+             protocols, exhausted ports) needs a NAT rule of your own on {}, with ports \
+             outside XDP's --port-range",
+            w.lan, w.wan
+        );
+    }
+    Ok(())
+}
+
+fn remove_table() {
+    if table_present()
+        && let Err(e) = nft(&["delete", "table", "ip", TABLE], None)
+    {
+        warn!("removing the nftables table ip {TABLE}: {e:#}");
+    }
+}
+
+fn restore_sysctls(rec: &KernelSetup) {
+    for (name, old) in [
+        ("accept_local", &rec.accept_local),
+        ("rp_filter", &rec.rp_filter),
+    ] {
+        if let Some(v) = old
+            && let Err(e) = write_sysctl(&rec.lan, name, v)
+        {
+            // The interface may be gone, and its sysctls with it.
+            warn!("restoring {name} of {}: {e:#}", rec.lan);
+        }
+    }
+}
+
+/// Undoes what [`set_up`] did (the table exactly, the sysctls to their
+/// old values); nothing if it set up nothing.
+pub fn tear_down(netns: Option<&str>) -> Result<bool> {
+    let Some(rec) = load_record(netns)? else {
+        return Ok(false);
+    };
+    if rec.table {
+        remove_table();
+    }
+    restore_sysctls(&rec);
+    let path = record_path(netns);
+    match fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+    Ok(true)
+}
+
+/// Whether two inclusive port ranges share a port.
+#[must_use]
+pub const fn overlap(a: (u16, u16), b: (u16, u16)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
+// ---------------------------------------------------------------------------
+// Firewall rules standalone mode would bypass.
+// ---------------------------------------------------------------------------
+
+/// One netfilter forward chain that standalone mode would bypass.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ForwardChain {
+    /// `nftables` or `iptables-legacy`.
+    pub tool: &'static str,
+    /// e.g. `table inet fw chain forward`.
+    pub chain: String,
+    pub policy_drop: bool,
+    pub rules: usize,
+}
+
+impl ForwardChain {
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let mut what = Vec::new();
+        if self.policy_drop {
+            what.push("policy drop".to_owned());
+        }
+        if self.rules > 0 {
+            what.push(format!(
+                "{} rule{}",
+                self.rules,
+                if self.rules == 1 { "" } else { "s" }
+            ));
+        }
+        format!("{} {} ({})", self.tool, self.chain, what.join(", "))
+    }
+}
+
+/// Forward chains with rules or a drop policy in nftables' ruleset JSON
+/// (`nft -j list ruleset`), our own table left out. iptables-nft chains
+/// show up here too (tables `filter`).
+#[must_use]
+pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
+    let items = ruleset
+        .get("nftables")
+        .and_then(serde_json::Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let s =
+        |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+    let mut out = Vec::new();
+    for item in items {
+        let Some(c) = item.get("chain") else { continue };
+        let family = s(c, "family");
+        if s(c, "hook") != "forward" || !matches!(family.as_str(), "ip" | "inet") {
+            continue;
+        }
+        let (table, name) = (s(c, "table"), s(c, "name"));
+        if family == "ip" && table == TABLE {
+            continue;
+        }
+        let rules = items
+            .iter()
+            .filter_map(|i| i.get("rule"))
+            .filter(|r| s(r, "family") == family && s(r, "table") == table && s(r, "chain") == name)
+            .count();
+        let policy_drop = s(c, "policy") == "drop";
+        if policy_drop || rules > 0 {
+            out.push(ForwardChain {
+                tool: "nftables",
+                chain: format!("table {family} {table} chain {name}"),
+                policy_drop,
+                rules,
+            });
+        }
+    }
+    out
+}
+
+/// The FORWARD chain of `iptables -S FORWARD` output, if it has rules or
+/// a drop policy.
+#[must_use]
+pub fn iptables_forward_chain(tool: &'static str, listing: &str) -> Option<ForwardChain> {
+    let policy_drop = listing
+        .lines()
+        .any(|l| l.trim() == "-P FORWARD DROP" || l.trim() == "-P FORWARD REJECT");
+    let rules = listing
+        .lines()
+        .filter(|l| l.starts_with("-A FORWARD"))
+        .count();
+    (policy_drop || rules > 0).then(|| ForwardChain {
+        tool,
+        chain: "table filter chain FORWARD".into(),
+        policy_drop,
+        rules,
+    })
+}
+
+/// The forward chains of this namespace that standalone mode would
+/// bypass, and notes on what could not be checked.
+#[must_use]
+pub fn forward_chains() -> (Vec<ForwardChain>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut notes = Vec::new();
+    match nft(&["-j", "list", "ruleset"], None) {
+        Ok(text) => match serde_json::from_str(&text) {
+            Ok(v) => out.extend(nft_forward_chains(&v)),
+            Err(e) => notes.push(format!("nft -j list ruleset: unreadable output ({e})")),
+        },
+        Err(e) => notes.push(format!("nftables not checked: {e:#}")),
+    }
+    // Listing a legacy table that is not there would create it: look first.
+    let legacy_filter = fs::read_to_string("/proc/net/ip_tables_names")
+        .is_ok_and(|t| t.lines().any(|l| l.trim() == "filter"));
+    if legacy_filter {
+        match Command::new("iptables-legacy")
+            .args(["-w", "-S", "FORWARD"])
+            .output()
+        {
+            Ok(o) if o.status.success() => out.extend(iptables_forward_chain(
+                "iptables-legacy",
+                &String::from_utf8_lossy(&o.stdout),
+            )),
+            Ok(o) => notes.push(format!(
+                "iptables-legacy -S FORWARD failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => notes.push(format!(
+                "a legacy iptables filter table exists but iptables-legacy cannot run ({e}); \
+                 its FORWARD chain was not checked"
+            )),
+        }
+    }
+    (out, notes)
+}
+
+/// The message for forward chains standalone mode would bypass, with the fix.
+#[must_use]
+pub fn bypass_message(chains: &[ForwardChain]) -> String {
+    let list: Vec<String> = chains.iter().map(ForwardChain::describe).collect();
+    format!(
+        "this router has netfilter forward rules that standalone mode (--admit xdp) would \
+         bypass: {}. XDP would admit every LAN flow and every port forward itself, so those \
+         rules would no longer decide. Fix: use offload mode (--admit kernel, the default; \
+         `router-ctl run` moves the flows your firewall admits onto the fast path), or pass \
+         --force to bypass them anyway",
+        list.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_overlap_only_when_they_share_a_port() {
+        assert!(!overlap(DEFAULT_XDP_PORTS, DEFAULT_KERNEL_PORTS));
+        assert!(overlap((1024, 61000), DEFAULT_KERNEL_PORTS));
+        assert!(overlap((65535, 65535), DEFAULT_KERNEL_PORTS));
+        assert!(!overlap((1, 1), (2, 2)));
+    }
+
+    #[test]
+    fn table_script_skips_translated_packets_and_limits_ports() {
+        let t = table_script(
+            "lan0",
+            "wan0",
+            Ipv4Addr::new(203, 0, 113, 1),
+            (61000, 65535),
+        );
+        assert!(
+            t.starts_with("table ip xdp_router\ndelete table ip xdp_router\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "iifname \"lan0\" oifname \"wan0\" ip saddr != 203.0.113.1 meta l4proto { tcp, \
+                 udp, icmp } snat ip to 203.0.113.1:61000-65535"
+            ),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn forward_chains_found_in_nft_json() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"nftables":[{"metainfo":{}},
+            {"chain":{"family":"inet","table":"fw","name":"fwd","hook":"forward","policy":"drop"}},
+            {"chain":{"family":"ip","table":"filter","name":"FORWARD","hook":"forward","policy":"accept"}},
+            {"chain":{"family":"ip","table":"t2","name":"f","hook":"forward","policy":"accept"}},
+            {"rule":{"family":"ip","table":"t2","chain":"f","expr":[]}},
+            {"rule":{"family":"ip","table":"t2","chain":"f","expr":[]}},
+            {"chain":{"family":"ip","table":"xdp_router","name":"postrouting","hook":"postrouting"}},
+            {"chain":{"family":"inet","table":"fw","name":"in","hook":"input","policy":"drop"}}]}"#,
+        )
+        .unwrap();
+        let c = nft_forward_chains(&v);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(c[0].chain, "table inet fw chain fwd");
+        assert!(c[0].policy_drop);
+        assert_eq!((c[1].rules, c[1].policy_drop), (2, false));
+        assert!(c[1].describe().contains("2 rules"));
+    }
+
+    #[test]
+    fn iptables_listing() {
+        assert_eq!(
+            iptables_forward_chain("iptables-legacy", "-P FORWARD ACCEPT\n"),
+            None
+        );
+        let c = iptables_forward_chain(
+            "iptables-legacy",
+            "-P FORWARD DROP\n-A FORWARD -i lan0 -j ACCEPT\n",
+        )
+        .unwrap();
+        assert_eq!((c.policy_drop, c.rules), (true, 1));
+    }
+}

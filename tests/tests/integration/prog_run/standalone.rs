@@ -1,0 +1,209 @@
+//! Standalone mode's verdicts: the first packet of a LAN flow towards an
+//! unresolved next hop is translated and passed (never a LAN source to
+//! the kernel's WAN side), and WAN packets of no flow addressed to a LAN
+//! host are dropped (`drop_unsolicited`), while those for the router's
+//! own addresses still go to its kernel. Offload mode keeps passing.
+
+use super::*;
+
+/// A TCP SYN towards a WAN host without a neighbour entry: the flow is
+/// created, the SYN leaves XDP translated (source `WAN:port`, checksums
+/// fixed, TTL untouched: the kernel decrements it when it forwards) and
+/// passed; the next segment of the flow, still without neighbour, gets the
+/// same translation.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn first_packet_without_neighbour_is_passed_translated() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let f = Flow::masq(tcp_key(CLIENT, 40100, WAN_NOBODY, 443), 40100);
+        let syn = Ipv4::new(
+            CLIENT,
+            WAN_NOBODY,
+            Tcp::new(40100, 443, TCP_SYN).options(&MSS),
+        );
+        let mut want = snat(&syn, 40100);
+        want.ttl = syn.ttl;
+        let input = env.client_sends(&syn);
+        let expect = env.client_sends(&want);
+        // The exact bytes, independent of the builder: source address
+        // (IPv4 bytes 12..16 after the 14-byte Ethernet header) is WAN,
+        // TTL (byte 22) unchanged.
+        assert_eq!(expect[26..30], WAN);
+        assert_eq!(expect[22], input[22]);
+        let run = r.check(
+            "first SYN, no neighbour",
+            &input,
+            lan,
+            XDP_PASS,
+            &expect,
+            Counter::PassNoNeighbour,
+            &[Counter::FlowNewMasquerade],
+        );
+        frames::verify_checksums(&run.out);
+        let ts = r.stamp(&f.orig, &run);
+        r.assert_flows("flow recorded", f.entries(FlowState::TcpSynSent, 0, ts, ts));
+
+        // A retransmitted SYN: a hit, the same mapping, still passed.
+        let run = r.check(
+            "retransmitted SYN, no neighbour",
+            &input,
+            lan,
+            XDP_PASS,
+            &expect,
+            Counter::PassNoNeighbour,
+            &[],
+        );
+        let seen = r.seen(&f.orig, ts, &run);
+        r.assert_flows("same flow", f.entries(FlowState::TcpSynSent, 0, ts, seen));
+
+        // UDP and ICMP echo the same way.
+        let u = Ipv4::new(CLIENT, WAN_NOBODY, Udp::new(40101, 53, b"first datagram"));
+        let mut want = snat(&u, 40101);
+        want.ttl = u.ttl;
+        r.check(
+            "first datagram, no neighbour",
+            &env.client_sends(&u),
+            lan,
+            XDP_PASS,
+            &env.client_sends(&want),
+            Counter::PassNoNeighbour,
+            &[Counter::FlowNewMasquerade],
+        );
+        let p = Ipv4::new(CLIENT, WAN_NOBODY, Icmp::echo_request(0x4242, 1, b"ping"));
+        let mut want = snat(&p, 0x4242);
+        want.ttl = p.ttl;
+        r.check(
+            "first echo request, no neighbour",
+            &env.client_sends(&p),
+            lan,
+            XDP_PASS,
+            &env.client_sends(&want),
+            Counter::PassNoNeighbour,
+            &[Counter::FlowNewMasquerade],
+        );
+    });
+}
+
+/// WAN packets of no known flow: addressed to a LAN host (the FIB would
+/// forward them out of `lan0`) they are dropped and counted, whatever
+/// they are; addressed to the router itself they are the kernel's as
+/// before. In offload mode the kernel's firewall decides: passed.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn unsolicited_packets_to_lan_hosts_are_dropped() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let wan = r.wan;
+        // A known flow, so that an error quoting another one is unknown.
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"q"));
+        r.redirect(
+            "flow out",
+            &env.client_sends(&q),
+            r.lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let flows = r.flows();
+        let mut fragment = Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"frag"));
+        fragment.frag = IP_MF;
+        let mut options = Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"opts"));
+        options.options = vec![1, 1, 1, 0];
+        let quoted = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 9999, b"?")).ttl(63);
+        let to_lan: Vec<(&str, Ipv4)> = vec![
+            (
+                "UDP",
+                Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"knock")),
+            ),
+            (
+                "TCP SYN",
+                Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_SYN)),
+            ),
+            (
+                "TCP ACK (no SYN)",
+                Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_ACK)),
+            ),
+            (
+                "echo request",
+                Ipv4::new(SERVER, CLIENT, Icmp::echo_request(7, 1, b"")),
+            ),
+            (
+                "ICMP error quoting no known flow",
+                Ipv4::new(
+                    SERVER,
+                    CLIENT,
+                    Icmp::error(ICMP_DEST_UNREACH, 3, &quoted.bytes()),
+                ),
+            ),
+            (
+                "GRE",
+                Ipv4::new(
+                    SERVER,
+                    CLIENT,
+                    L4::Raw {
+                        proto: 47,
+                        bytes: vec![0; 8],
+                    },
+                ),
+            ),
+            ("fragment", fragment),
+            ("IP options", options),
+            (
+                "UDP to a LAN address without neighbour",
+                Ipv4::new(SERVER, LAN_NOBODY, Udp::new(53, 40000, b"knock")),
+            ),
+        ];
+        for (what, ip) in &to_lan {
+            r.drop_frame(
+                &format!("{what} to a LAN host"),
+                &env.server_sends(ip),
+                wan,
+                Counter::DropUnsolicited,
+            );
+        }
+        let to_router: Vec<(&str, Ipv4, Counter)> = vec![
+            (
+                "UDP to the WAN address",
+                Ipv4::new(SERVER, WAN, Udp::new(53, 40001, b"knock")),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "UDP to the router's LAN address",
+                Ipv4::new(SERVER, ROUTER_LAN, Udp::new(53, 40001, b"knock")),
+                Counter::PassUnsolicited,
+            ),
+            (
+                "echo request to the router's LAN address",
+                Ipv4::new(SERVER, ROUTER_LAN, Icmp::echo_request(7, 1, b"")),
+                Counter::PassProtocol,
+            ),
+        ];
+        for (what, ip, counter) in &to_router {
+            r.pass(what, &env.server_sends(ip), wan, *counter);
+        }
+        assert_eq!(r.flows(), flows, "nothing created");
+
+        // Offload mode: the kernel's firewall decides; passed.
+        let mut offload = config(&env);
+        offload.admit = router_common::maps::Admit::Kernel as u8;
+        r.configure(&offload);
+        r.pass(
+            "offload: UDP to a LAN host",
+            &env.server_sends(&to_lan[0].1),
+            wan,
+            Counter::PassNotOffloaded,
+        );
+        r.pass(
+            "offload: echo request to a LAN host",
+            &env.server_sends(&to_lan[3].1),
+            wan,
+            Counter::PassProtocol,
+        );
+    });
+}
