@@ -1,9 +1,10 @@
 //! Connection tracking logic: flow entries for a new flow, TCP state from
-//! flags, idle expiry, and the choice of the SNAT port.
+//! flags, the window check of TCP RST and FIN, idle expiry, and the choice
+//! of the SNAT port.
 
 use crate::maps::{
     FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP,
-    IPPROTO_TCP, Timeouts,
+    IPPROTO_TCP, TCP_TRACK_KNOWN, TCP_TRACK_SYN, TcpWindow, Timeouts,
 };
 
 /// How often (at most) the data path writes `last_seen_ns` of a flow: the
@@ -18,6 +19,9 @@ pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
+/// The control bits that can change a flow's TCP state; segments without
+/// them take the cheap path of [`tcp_observe`].
+pub const TCP_CONTROL: u8 = TCP_SYN | TCP_FIN | TCP_RST;
 
 /// Whether a TCP segment with these flags may open a flow: a plain SYN.
 /// Mid-stream segments of unknown flows go to the kernel; translating them
@@ -40,7 +44,8 @@ pub const fn initial_state(proto: u8) -> FlowState {
 /// Both entries of a new flow: `orig` as it arrives, `translated` as it
 /// leaves. Returns (entry for `orig`, key of the reply direction, entry for
 /// that key). The reply key is the reverse of the translated packet, and its
-/// entry translates back to the reverse of `orig`.
+/// entry translates back to the reverse of `orig`. The TCP window tracking
+/// is left untracked (see [`open_tracking`]).
 #[must_use]
 pub fn new_flow(
     orig: &FlowKey,
@@ -66,7 +71,9 @@ pub fn new_flow(
 }
 
 /// [`new_flow`] writing into caller-provided places (the data path keeps
-/// them in a per-CPU map: the BPF stack is only 512 bytes).
+/// them in a per-CPU map: the BPF stack is only 512 bytes). Every field but
+/// the TCP window tracking, which the caller sets once per flow from
+/// [`open_tracking`] (the data path tries several ports per flow).
 #[inline]
 pub fn fill_new_flow(
     orig: &FlowKey,
@@ -103,6 +110,26 @@ pub fn fill_new_flow(
     reply_entry.created_ns = now_ns;
     reply_entry.clear_next_hop();
 }
+
+/// The window tracking of (the opening, the answering) direction of a new
+/// flow of protocol `proto` opened by the segment `open` (a TCP flow opens
+/// with a SYN); untracked for other protocols.
+#[must_use]
+pub const fn open_tracking(proto: u8, open: &Segment) -> (TcpWindow, TcpWindow) {
+    if proto == IPPROTO_TCP {
+        (syn_sender(open), syn_answerer(open))
+    } else {
+        (UNTRACKED, UNTRACKED)
+    }
+}
+
+/// Tracking of a direction whose handshake was not seen (or not TCP).
+pub const UNTRACKED: TcpWindow = TcpWindow {
+    ack: 0,
+    win: 0,
+    wscale: 0,
+    flags: 0,
+};
 
 /// The translated key of a masqueraded flow: source becomes `wan:port`
 /// (for ICMP echo, the identifier in both port fields becomes `port`).
@@ -171,6 +198,290 @@ pub const fn tcp_next(state: u8, flags: u8, from_orig: bool, tcp_flags: u8) -> (
         return (FlowState::TcpEstablished as u8, flags);
     }
     (state, flags)
+}
+
+/// The fields of a TCP segment that the tracking reads; all zero for other
+/// protocols.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    pub seq: u32,
+    pub ack: u32,
+    /// Payload bytes (after the TCP header and its options).
+    pub len: u16,
+    /// The window field as sent (unscaled).
+    pub win: u16,
+    /// Control bits (`TCP_*`).
+    pub flags: u8,
+    /// The window scale shift a SYN offers (RFC 7323), or [`NO_WSCALE`];
+    /// only read for SYNs. The data path does not read TCP options: it
+    /// gives every SYN [`MAX_WSCALE`] (see [`ASSUMED_WSCALE`]).
+    pub wscale: u8,
+    pub pad: u16,
+}
+
+impl Segment {
+    /// The sequence number after this segment: SYN and FIN count one each.
+    #[must_use]
+    pub const fn end(&self) -> u32 {
+        let syn = (self.flags & TCP_SYN != 0) as u32;
+        let fin = (self.flags & TCP_FIN != 0) as u32;
+        self.seq.wrapping_add(self.len as u32).wrapping_add(syn + fin)
+    }
+}
+
+/// [`Segment::wscale`] of a segment without the window scale option.
+pub const NO_WSCALE: u8 = 0xff;
+/// Largest window scale shift (RFC 7323 2.3: larger values mean 14).
+pub const MAX_WSCALE: u8 = 14;
+/// The shift the data path takes a SYN to offer, as it does not read TCP
+/// options: the largest. A window is then taken as large as its field
+/// could mean, so no segment the receiver accepts is judged out of window;
+/// the price is a wider window for a blind guess (a raw window of 502, a
+/// Linux client's usual, stands for 8 MiB instead of 64 KiB: one guess in
+/// about 500 instead of one in 65000 lands). Reading the option in the
+/// program (a bounded walk of the options) took the verifier past its
+/// limit of a million instructions.
+pub const ASSUMED_WSCALE: u8 = MAX_WSCALE;
+/// Least step (bytes) by which a direction's acknowledgement moves before
+/// it is written down: keeps small windows from costing a write every few
+/// packets.
+pub const MIN_ACK_STEP: u32 = 16 * 1024;
+/// Largest forward move of the acknowledgement that is written down: more
+/// than the largest window (RFC 7323: 2^30) cannot be a real one.
+pub const MAX_ACK_JUMP: u32 = 1 << 30;
+
+/// Bytes of the largest window that `t` advertised.
+#[must_use]
+pub const fn window_bytes(t: &TcpWindow) -> u32 {
+    let shift = if t.wscale > MAX_WSCALE {
+        MAX_WSCALE
+    } else {
+        t.wscale
+    };
+    (t.win as u32) << shift
+}
+
+/// How far a direction's acknowledgement moves before [`tcp_observe`]
+/// writes it down: half its window, at least [`MIN_ACK_STEP`]. A write
+/// per half window keeps the recorded value within one step of the true
+/// one at a few writes per round trip, whatever the rate.
+#[must_use]
+pub const fn ack_step(t: &TcpWindow) -> u32 {
+    let half = window_bytes(t) / 2;
+    if half > MIN_ACK_STEP {
+        half
+    } else {
+        MIN_ACK_STEP
+    }
+}
+
+/// The tracking of a direction after it sent `seg`, a segment without SYN
+/// (whose window is unscaled). Equal to `t` (nothing to write) unless the
+/// acknowledgement moved forward by a step or more (or at all when
+/// `refresh`: the entry is written then anyway), or the window grew. Only
+/// directions whose handshake was seen are tracked
+/// ([`TCP_TRACK_KNOWN`]): without it the window scale is unknown.
+#[must_use]
+pub const fn tcp_observe(t: TcpWindow, seg: &Segment, refresh: bool) -> TcpWindow {
+    // The window field means something only with ACK (RFC 9293 3.10.7.4).
+    if seg.flags & TCP_ACK == 0 || t.flags & TCP_TRACK_KNOWN == 0 {
+        return t;
+    }
+    let mut n = t;
+    let moved = seg.ack.wrapping_sub(t.ack);
+    if moved < MAX_ACK_JUMP && (moved >= ack_step(&t) || (refresh && moved != 0)) {
+        n.ack = seg.ack;
+    }
+    if seg.win > t.win {
+        n.win = seg.win;
+    }
+    n
+}
+
+/// Whether the receiver whose tracking is `rcv` would accept the RST or
+/// FIN `seg` (RFC 5961 3.2 and 4.2; RFC 9293 3.10.7.4), as far as the
+/// coarse tracking tells: its RCV.NXT is at or after `rcv.ack` and less
+/// than a step after the last acknowledgement it sent, and nothing it
+/// accepts starts a window or more past that. So a RST must start in
+/// `[ack, ack + step + window]`, a FIN must end after `ack` (it is new)
+/// and start at or before `ack + step + window`; sequence numbers wrap.
+/// An untracked receiver accepts everything (netfilter's "liberal" mode,
+/// as for connections it picked up mid-stream).
+#[must_use]
+pub const fn in_window(rcv: &TcpWindow, seg: &Segment) -> bool {
+    if rcv.flags & TCP_TRACK_KNOWN == 0 {
+        return true;
+    }
+    let reach = window_bytes(rcv) + ack_step(rcv);
+    if seg.flags & TCP_RST != 0 {
+        return seg.seq.wrapping_sub(rcv.ack) <= reach;
+    }
+    let end = seg.end().wrapping_sub(rcv.ack);
+    end != 0 && end <= reach + seg.len as u32 + 1
+}
+
+/// The tracking of the direction that opens a flow with the SYN `syn`:
+/// what it advertised, unscaled, and the shift it offered (or
+/// [`NO_WSCALE`]), both settled by the SYN+ACK ([`tcp_control`]).
+// No branch on the offer here: the verifier would follow each outcome
+// through the whole port search of a new flow.
+#[must_use]
+pub const fn syn_sender(syn: &Segment) -> TcpWindow {
+    TcpWindow {
+        ack: 0,
+        win: syn.win,
+        wscale: syn.wscale,
+        flags: TCP_TRACK_SYN,
+    }
+}
+
+/// The tracking of the direction that answers the SYN `syn`: the
+/// acknowledgement it must send (the end of the SYN); no window yet.
+#[must_use]
+pub const fn syn_answerer(syn: &Segment) -> TcpWindow {
+    TcpWindow {
+        ack: syn.end(),
+        win: 0,
+        wscale: 0,
+        flags: TCP_TRACK_KNOWN,
+    }
+}
+
+/// `win` (a SYN's, unscaled) in units of `1 << shift` bytes, rounded up.
+const fn scale_down(win: u16, shift: u8) -> u16 {
+    let units = ((win as u32) + (1 << shift) - 1) >> shift;
+    #[expect(clippy::cast_possible_truncation, reason = "units <= win")]
+    let units = units as u16;
+    units
+}
+
+/// What a TCP segment with SYN, FIN or RST does to a flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpControl {
+    /// The flow's state and `FLAG_*` bits after the segment.
+    pub state: u8,
+    pub flags: u8,
+    /// Tracking of the sending direction after the segment.
+    pub own: TcpWindow,
+    /// Tracking of the other direction after the segment.
+    pub peer: TcpWindow,
+    /// The segment would have changed the state, but its receiver would
+    /// not accept it: nothing changed (the data path counts it).
+    pub out_of_window: bool,
+}
+
+/// The flow after a segment with SYN, FIN or RST from the opening side
+/// (`from_orig`) or the answering one, given its state, flags and the
+/// tracking of the sending (`own`) and the receiving (`peer`) direction.
+/// The state changes as [`tcp_next`] says, but only on a segment the
+/// receiver would accept:
+/// - while the answering side has not spoken (`SYN_SENT`), its SYN+ACK,
+///   RST or FIN must acknowledge the opening SYN exactly (RFC 9293
+///   3.10.7.3: a RST answering a SYN to a closed port carries that ACK);
+///   its SYN+ACK settles both directions' window scale (RFC 7323: only if
+///   both SYNs offered it);
+/// - a SYN from the opening side that reopens a closed flow starts the
+///   tracking afresh;
+/// - any other change (RST, FIN) must be [`in_window`] of the receiver.
+///
+/// A segment that changes nothing (a retransmitted SYN or FIN, a RST on a
+/// closed flow) is not judged: what it would change already happened.
+#[must_use]
+pub const fn tcp_control(
+    state: u8,
+    flags: u8,
+    from_orig: bool,
+    own: TcpWindow,
+    peer: TcpWindow,
+    seg: &Segment,
+    refresh: bool,
+) -> TcpControl {
+    let (next, next_flags) = tcp_next(state, flags, from_orig, seg.flags);
+    let keep = TcpControl {
+        state,
+        flags,
+        own,
+        peer,
+        out_of_window: false,
+    };
+    if next == state && next_flags == flags {
+        return keep;
+    }
+    let refused = TcpControl {
+        out_of_window: true,
+        ..keep
+    };
+    let own_known = own.flags & TCP_TRACK_KNOWN != 0;
+    if state == FlowState::TcpSynSent as u8 && !from_orig {
+        if own_known && (seg.flags & TCP_ACK == 0 || seg.ack != own.ack) {
+            return refused;
+        }
+        if next != FlowState::TcpEstablished as u8 || !own_known || peer.flags & TCP_TRACK_SYN == 0
+        {
+            // A RST or FIN; or a SYN+ACK of a flow whose SYN left no
+            // tracking (an entry rebuilt after an eviction): the window
+            // scale is unknown, so the flow stays untracked.
+            return TcpControl {
+                state: next,
+                flags: next_flags,
+                ..keep
+            };
+        }
+        // The SYN+ACK: both directions' tracking from the two SYNs.
+        let scaling = peer.wscale != NO_WSCALE && seg.wscale != NO_WSCALE;
+        let (orig_shift, reply_shift) = if scaling {
+            let o = if peer.wscale > MAX_WSCALE {
+                MAX_WSCALE
+            } else {
+                peer.wscale
+            };
+            (o, seg.wscale)
+        } else {
+            (0, 0)
+        };
+        return TcpControl {
+            state: next,
+            flags: next_flags,
+            own: TcpWindow {
+                ack: seg.ack,
+                win: scale_down(seg.win, reply_shift),
+                wscale: reply_shift,
+                flags: TCP_TRACK_KNOWN,
+            },
+            peer: TcpWindow {
+                ack: seg.end(),
+                win: scale_down(peer.win, orig_shift),
+                wscale: orig_shift,
+                flags: peer.flags | TCP_TRACK_KNOWN,
+            },
+            out_of_window: false,
+        };
+    }
+    if next == FlowState::TcpSynSent as u8 {
+        // Reopened by a new SYN of the opening side (port reuse).
+        return TcpControl {
+            state: next,
+            flags: next_flags,
+            own: syn_sender(seg),
+            peer: syn_answerer(seg),
+            out_of_window: false,
+        };
+    }
+    if !in_window(&peer, seg) {
+        return refused;
+    }
+    TcpControl {
+        state: next,
+        flags: next_flags,
+        own: if seg.flags & TCP_SYN == 0 {
+            tcp_observe(own, seg, refresh)
+        } else {
+            own
+        },
+        peer,
+        out_of_window: false,
+    }
 }
 
 /// 32-bit hash of a flow key with a per-attach seed (murmur3's finaliser

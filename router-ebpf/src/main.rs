@@ -130,7 +130,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         let entry = unsafe { &mut *e };
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
-        flow::track(&key, entry, pkt.proto, pkt.tcp_flags, now);
+        flow::track(&key, entry, &pkt.seg, now);
         None
     } else {
         Some(admit::admit(&pkt, side, &mut xlat)?)
@@ -145,7 +145,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         return Err(Verdict::pass(Counter::PassNoNeighbour));
     }
     if let Some(new) = new {
-        admit::commit(new, &key, side.cfg, hop.egress(), &mut xlat, now)?;
+        admit::commit(new, &key, &pkt.seg, side.cfg, hop.egress(), &mut xlat, now)?;
     }
     // The redirect was recorded before any rewrite (in `hop::redirect_to`),
     // so a failed one passed an untouched frame.
