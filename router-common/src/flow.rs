@@ -679,11 +679,258 @@ mod tests {
         assert_ne!(flow_hash(&k, 1), flow_hash(&k, 2), "seed changes the hash");
     }
 
+    fn seg(flags: u8, seq: u32, ack: u32, win: u16) -> Segment {
+        Segment {
+            seq,
+            ack,
+            len: 0,
+            win,
+            flags,
+            wscale: NO_WSCALE,
+            pad: 0,
+        }
+    }
+
+    /// A flow through its handshake: client ISN `c`, server ISN `s`, the
+    /// client offering shift `cws`, the server `sws` (or `NO_WSCALE`).
+    /// Returns (state, flags, client tracking, server tracking).
+    fn handshake(c: u32, s: u32, cws: u8, sws: u8) -> (u8, u8, TcpWindow, TcpWindow) {
+        let syn = Segment {
+            wscale: cws,
+            ..seg(TCP_SYN, c, 0, 64240)
+        };
+        let (ct, st) = open_tracking(IPPROTO_TCP, &syn);
+        let synack = Segment {
+            wscale: sws,
+            ..seg(TCP_SYN | TCP_ACK, s, c.wrapping_add(1), 65160)
+        };
+        let r = tcp_control(
+            FlowState::TcpSynSent as u8,
+            0,
+            false,
+            st,
+            ct,
+            &synack,
+            false,
+        );
+        assert!(!r.out_of_window);
+        assert_eq!(r.state, FlowState::TcpEstablished as u8);
+        (r.state, r.flags, r.peer, r.own)
+    }
+
+    #[test]
+    fn handshake_settles_window_scale_only_if_both_offer() {
+        let (_, _, c, s) = handshake(100, 5000, 7, 9);
+        assert_eq!((c.wscale, s.wscale), (7, 9));
+        // The SYNs' windows are unscaled: kept in units of the shift, up.
+        assert_eq!(c.win, 64240_u16.div_ceil(128));
+        assert_eq!(s.win, 65160_u16.div_ceil(512));
+        assert_eq!((c.ack, s.ack), (5001, 101));
+        assert_eq!(c.flags & TCP_TRACK_KNOWN, TCP_TRACK_KNOWN);
+        let (_, _, c, s) = handshake(100, 5000, 7, NO_WSCALE);
+        assert_eq!((c.wscale, s.wscale, c.win, s.win), (0, 0, 64240, 65160));
+        let (_, _, c, s) = handshake(100, 5000, NO_WSCALE, 9);
+        assert_eq!((c.wscale, s.wscale), (0, 0));
+    }
+
+    #[test]
+    fn syn_ack_or_rst_must_acknowledge_the_syn() {
+        let syn = seg(TCP_SYN, 1000, 0, 64240);
+        let (ct, st) = open_tracking(IPPROTO_TCP, &syn);
+        let s = FlowState::TcpSynSent as u8;
+        // Blind SYN+ACK or RST from the server side: wrong ACK.
+        for f in [TCP_SYN | TCP_ACK, TCP_RST | TCP_ACK, TCP_RST] {
+            let r = tcp_control(s, 0, false, st, ct, &seg(f, 77, 999, 0), false);
+            assert!(r.out_of_window, "{f:#x}");
+            assert_eq!((r.state, r.own, r.peer), (s, st, ct));
+        }
+        // RST answering the SYN to a closed port: seq 0, ACK = ISN + 1.
+        let r = tcp_control(s, 0, false, st, ct, &seg(TCP_RST | TCP_ACK, 0, 1001, 0), false);
+        assert!(!r.out_of_window);
+        assert_eq!(r.state, FlowState::TcpClosed as u8);
+        // A retransmitted SYN changes nothing and is not judged.
+        let r = tcp_control(s, 0, true, ct, st, &syn, false);
+        assert_eq!((r.state, r.out_of_window), (s, false));
+    }
+
+    #[test]
+    fn rst_and_fin_judged_against_the_receivers_window() {
+        // Both sides unscaled: the server's window is 65160 bytes.
+        let (st, fl, c, s) = handshake(100, 5000, NO_WSCALE, NO_WSCALE);
+        let reach = window_bytes(&s) + ack_step(&s);
+        assert_eq!(reach, 65160 + 32580);
+        // From the client (peer = server tracking, ack 101).
+        for (seq, ok) in [
+            (101, true),
+            (101 + reach, true),
+            (102 + reach, false),
+            (100, false),
+            (0x8000_0000, false),
+        ] {
+            let r = tcp_control(st, fl, true, c, s, &seg(TCP_RST | TCP_ACK, seq, 5001, 0), false);
+            assert_eq!(!r.out_of_window, ok, "RST seq {seq}");
+            let want = if ok { FlowState::TcpClosed } else { FlowState::TcpEstablished };
+            assert_eq!(r.state, want as u8);
+            let r = tcp_control(st, fl, true, c, s, &seg(TCP_FIN | TCP_ACK, seq, 5001, 500), false);
+            // A FIN ending at or before what the receiver acked is old:
+            // seq 100 ends at 101 = ack, refused.
+            assert_eq!(!r.out_of_window, ok, "FIN seq {seq}");
+            if ok {
+                assert_eq!((r.state, r.flags), (FlowState::TcpFinWait as u8, FLAG_FIN_ORIG));
+            } else {
+                assert_eq!((r.state, r.flags, r.own), (st, fl, c));
+            }
+        }
+        // A FIN carrying data that starts before the receiver's ack but ends
+        // after it is new.
+        let fin = Segment {
+            len: 10,
+            ..seg(TCP_FIN | TCP_ACK, 95, 5001, 500)
+        };
+        assert!(!tcp_control(st, fl, true, c, s, &fin, false).out_of_window);
+    }
+
+    #[test]
+    fn window_scaling_widens_the_window() {
+        let (st, fl, c, s) = handshake(100, 5000, 7, 7);
+        // The client advertises 502 units of 128 bytes after the handshake.
+        let c = tcp_observe(c, &seg(TCP_ACK, 101, 5001, 502), false);
+        assert_eq!(window_bytes(&c), 502 * 128);
+        // A server RST 60000 bytes past the client's ack is in its window
+        // (unscaled, 502 bytes plus a step, it would not be).
+        let rst = seg(TCP_RST, 5001 + 60_000, 0, 0);
+        let r = tcp_control(st, fl, false, s, c, &rst, false);
+        assert!(!r.out_of_window);
+        let far = seg(TCP_RST, 5001 + 502 * 128 + 32 * 1024 + 1, 0, 0);
+        assert!(tcp_control(st, fl, false, s, c, &far, false).out_of_window);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap() {
+        let (st, fl, c, s) = handshake(u32::MAX - 10, 5000, NO_WSCALE, NO_WSCALE);
+        assert_eq!(s.ack, u32::MAX - 9);
+        // 20 bytes later the sequence space has wrapped: still in window.
+        let r = tcp_control(st, fl, true, c, s, &seg(TCP_FIN | TCP_ACK, 10, 5001, 0), false);
+        assert!(!r.out_of_window);
+        // Just before the ack (old) across the wrap: refused.
+        let r = tcp_control(st, fl, true, c, s, &seg(TCP_RST, u32::MAX - 10, 0, 0), false);
+        assert!(r.out_of_window);
+    }
+
+    #[test]
+    fn duplicate_fin_and_simultaneous_close() {
+        let (st, fl, c, s) = handshake(100, 5000, NO_WSCALE, NO_WSCALE);
+        let fin_c = seg(TCP_FIN | TCP_ACK, 101, 5001, 500);
+        let fin_s = seg(TCP_FIN | TCP_ACK, 5001, 101, 500);
+        // Both FINs cross (simultaneous close): each is in the other's window.
+        let r1 = tcp_control(st, fl, true, c, s, &fin_c, false);
+        let r2 = tcp_control(r1.state, r1.flags, false, r1.peer, r1.own, &fin_s, false);
+        assert!(!r1.out_of_window && !r2.out_of_window);
+        assert_eq!(r2.state, FlowState::TcpClosed as u8);
+        // The client's FIN again (retransmitted) changes nothing, unjudged,
+        // even after the server acknowledged it.
+        let (st2, fl2) = (r1.state, r1.flags);
+        let acked = tcp_observe(r1.peer, &seg(TCP_ACK, 5001, 102, 500), true);
+        let r = tcp_control(st2, fl2, true, r1.own, acked, &fin_c, false);
+        assert_eq!((r.state, r.flags, r.out_of_window), (st2, fl2, false));
+    }
+
+    #[test]
+    fn untracked_receiver_takes_everything() {
+        let r = tcp_control(
+            FlowState::TcpEstablished as u8,
+            0,
+            false,
+            UNTRACKED,
+            UNTRACKED,
+            &seg(TCP_RST, 12345, 0, 0),
+            false,
+        );
+        assert!(!r.out_of_window);
+        assert_eq!(r.state, FlowState::TcpClosed as u8);
+    }
+
+    #[test]
+    fn reopening_syn_restarts_the_tracking() {
+        let closed = FlowState::TcpClosed as u8;
+        let syn = seg(TCP_SYN, 9000, 0, 1000);
+        let r = tcp_control(closed, 0, true, UNTRACKED, UNTRACKED, &syn, false);
+        assert_eq!(r.state, FlowState::TcpSynSent as u8);
+        assert_eq!((r.own, r.peer), open_tracking(IPPROTO_TCP, &syn));
+        assert_eq!(r.peer.ack, 9001);
+    }
+
+    #[test]
+    fn observe_writes_only_on_a_step_or_a_bigger_window() {
+        let (_, _, _, s) = handshake(100, 5000, NO_WSCALE, NO_WSCALE);
+        let step = ack_step(&s);
+        // Small moves and the same window: nothing to write.
+        assert_eq!(tcp_observe(s, &seg(TCP_ACK, 5001, 101 + step - 1, 100), false), s);
+        // ... unless the entry is refreshed anyway.
+        assert_eq!(tcp_observe(s, &seg(TCP_ACK, 5001, 1101, 100), true).ack, 1101);
+        assert_eq!(tcp_observe(s, &seg(TCP_ACK, 5001, 101 + step, 100), false).ack, 101 + step);
+        // Backwards or a jump past any window: ignored.
+        assert_eq!(tcp_observe(s, &seg(TCP_ACK, 5001, 50, 100), true), s);
+        assert_eq!(tcp_observe(s, &seg(TCP_ACK, 5001, 101 + MAX_ACK_JUMP, 100), true), s);
+        let grown = tcp_observe(s, &seg(TCP_ACK, 5001, 101, 65535), false);
+        assert_eq!(grown.win, 65535);
+        // No ACK bit (a bare RST): its fields mean nothing.
+        assert_eq!(tcp_observe(s, &seg(TCP_RST, 0, 99_999, 65535), true), s);
+        // Untracked: stays so.
+        assert_eq!(tcp_observe(UNTRACKED, &seg(TCP_ACK, 1, 2, 3), true), UNTRACKED);
+    }
+
     proptest! {
         #[test]
         fn candidate_always_in_range(attempt in 0u32..64, orig: u16, hash: u32, a: u16, b: u16) {
             let p = candidate_port(attempt, orig, hash, a, b);
             prop_assert!(p >= a.min(b) && p <= a.max(b));
+        }
+
+        #[test]
+        fn in_window_matches_the_reference_at_any_offset(
+            ack: u32, win: u16, shift in 0u8..=14, off: u32, len in 0u16..2000, fin: bool,
+        ) {
+            // Reference: with the receiver's RCV.NXT anywhere in
+            // [ack, ack + step], what may it accept? Computed in u64
+            // without wrap, on the offset from `ack`.
+            let rcv = TcpWindow { ack, win, wscale: shift, flags: TCP_TRACK_KNOWN };
+            let reach = u64::from(window_bytes(&rcv)) + u64::from(ack_step(&rcv));
+            let flags = if fin { TCP_FIN | TCP_ACK } else { TCP_RST };
+            let len = if fin { len } else { 0 };
+            let s = Segment { seq: ack.wrapping_add(off), len, ..seg(flags, 0, 0, 0) };
+            let off = u64::from(off);
+            let want = if fin {
+                let end = (off + u64::from(len) + 1) % (1 << 32);
+                end != 0 && end <= reach + u64::from(len) + 1
+            } else {
+                off <= reach
+            };
+            prop_assert_eq!(in_window(&rcv, &s), want);
+        }
+
+        #[test]
+        fn a_blind_rst_rarely_lands(ack: u32, seq: u32, win: u16) {
+            // Unscaled: at most (window + step) / 2^32 of the space.
+            let rcv = TcpWindow { ack, win, wscale: 0, flags: TCP_TRACK_KNOWN };
+            let hit = in_window(&rcv, &seg(TCP_RST, seq, 0, 0));
+            prop_assert_eq!(hit, seq.wrapping_sub(ack) <= u32::from(win) + ack_step(&rcv));
+        }
+
+        #[test]
+        fn out_of_window_changes_nothing(
+            c in any::<u32>(), s in any::<u32>(), f in prop::sample::select(&[TCP_RST, TCP_RST | TCP_ACK, TCP_FIN | TCP_ACK][..]),
+            seq: u32, from_client: bool,
+        ) {
+            let (st, fl, ct, stt) = handshake(c, s, NO_WSCALE, NO_WSCALE);
+            let (own, peer) = if from_client { (ct, stt) } else { (stt, ct) };
+            let r = tcp_control(st, fl, from_client, own, peer, &seg(f, seq, 0, 0), false);
+            if r.out_of_window {
+                prop_assert_eq!((r.state, r.flags, r.own, r.peer), (st, fl, own, peer));
+            } else {
+                prop_assert!(in_window(&peer, &seg(f, seq, 0, 0)));
+                prop_assert_ne!(r.state, st);
+            }
         }
 
         #[test]
