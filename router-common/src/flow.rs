@@ -4,7 +4,7 @@
 
 use crate::maps::{
     FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP,
-    IPPROTO_TCP, TCP_TRACK_KNOWN, TCP_TRACK_SYN, TcpWindow, Timeouts,
+    IPPROTO_TCP, TCP_TRACK_EXPECT, TCP_TRACK_KNOWN, TCP_TRACK_SYN, TcpWindow, Timeouts,
 };
 
 /// How often (at most) the data path writes `last_seen_ns` of a flow: the
@@ -281,11 +281,13 @@ pub const fn ack_step(t: &TcpWindow) -> u32 {
 /// acknowledgement moved forward by a step or more (or at all when
 /// `refresh`: the entry is written then anyway), or the window grew. Only
 /// directions whose handshake was seen are tracked
-/// ([`TCP_TRACK_KNOWN`]): without it the window scale is unknown.
+/// ([`TCP_TRACK_KNOWN`]): without it the window scale is unknown; nor is
+/// the answering direction before its SYN+ACK ([`TCP_TRACK_EXPECT`]).
 #[must_use]
 pub const fn tcp_observe(t: TcpWindow, seg: &Segment, refresh: bool) -> TcpWindow {
     // The window field means something only with ACK (RFC 9293 3.10.7.4).
-    if seg.flags & TCP_ACK == 0 || t.flags & TCP_TRACK_KNOWN == 0 {
+    if seg.flags & TCP_ACK == 0 || t.flags & (TCP_TRACK_KNOWN | TCP_TRACK_EXPECT) != TCP_TRACK_KNOWN
+    {
         return t;
     }
     let mut n = t;
@@ -344,7 +346,7 @@ pub const fn syn_answerer(syn: &Segment) -> TcpWindow {
         ack: syn.end(),
         win: 0,
         wscale: 0,
-        flags: TCP_TRACK_KNOWN,
+        flags: TCP_TRACK_KNOWN | TCP_TRACK_EXPECT,
     }
 }
 

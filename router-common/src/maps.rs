@@ -213,6 +213,10 @@ pub const TCP_TRACK_KNOWN: u8 = 1;
 /// This direction's opening SYN was seen: its window and offered shift
 /// are in [`TcpWindow`], waiting for the SYN+ACK.
 pub const TCP_TRACK_SYN: u8 = 2;
+/// Of the answering direction before its SYN+ACK: [`TcpWindow::ack`] is
+/// the acknowledgement it must send, not one it sent; its segments do not
+/// move it.
+pub const TCP_TRACK_EXPECT: u8 = 4;
 
 impl FlowEntry {
     /// Whether packets matching this entry's key arrive on the LAN: the
