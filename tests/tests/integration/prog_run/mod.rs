@@ -28,6 +28,7 @@ mod pass_drop;
 mod port_forward;
 mod ports;
 mod tcp;
+mod tcp_window;
 mod udp;
 
 use std::collections::BTreeMap;
