@@ -22,4 +22,5 @@ mod metrics;
 mod nat_e2e;
 mod prog_run;
 mod reliability;
+mod tcp_blind_reset;
 mod topology;
