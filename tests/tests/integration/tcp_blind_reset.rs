@@ -1,4 +1,4 @@
-//! End to end: an idle NATed TCP connection survives a blind RST and a
+//! End to end: an idle TCP connection through the NAT survives a blind RST and a
 //! blind FIN from the WAN side (a host that knows only the 4-tuple, with
 //! sequence numbers it cannot know), longer than the closing timeouts;
 //! a real RST from the server still closes the flow.

@@ -25,10 +25,6 @@ fn seg(sport: u16, dport: u16, flags: u8, seq: u32, ack: u32, window: u16) -> Tc
 /// tracking in both entries after each step.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one scripted sequence of frames, read top to bottom"
-)]
 fn rst_and_fin_only_in_the_receivers_window() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
