@@ -1,9 +1,10 @@
 //! Connection tracking logic: flow entries for a new flow, TCP state from
-//! flags, idle expiry, and the choice of the SNAT port.
+//! flags, the window check of TCP RST and FIN, idle expiry, and the choice
+//! of the SNAT port.
 
 use crate::maps::{
     FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP,
-    IPPROTO_TCP, Timeouts,
+    IPPROTO_TCP, TCP_TRACK_EXPECT, TCP_TRACK_KNOWN, TCP_TRACK_SYN, TcpWindow, Timeouts,
 };
 
 /// How often (at most) the data path writes `last_seen_ns` of a flow: the
@@ -18,6 +19,9 @@ pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
+/// The control bits that can change a flow's TCP state; segments without
+/// them take the cheap path of [`tcp_observe`].
+pub const TCP_CONTROL: u8 = TCP_SYN | TCP_FIN | TCP_RST;
 
 /// Whether a TCP segment with these flags may open a flow: a plain SYN.
 /// Mid-stream segments of unknown flows go to the kernel; translating them
@@ -40,7 +44,8 @@ pub const fn initial_state(proto: u8) -> FlowState {
 /// Both entries of a new flow: `orig` as it arrives, `translated` as it
 /// leaves. Returns (entry for `orig`, key of the reply direction, entry for
 /// that key). The reply key is the reverse of the translated packet, and its
-/// entry translates back to the reverse of `orig`.
+/// entry translates back to the reverse of `orig`. The TCP window tracking
+/// is left untracked (see [`open_tracking`]).
 #[must_use]
 pub fn new_flow(
     orig: &FlowKey,
@@ -66,7 +71,9 @@ pub fn new_flow(
 }
 
 /// [`new_flow`] writing into caller-provided places (the data path keeps
-/// them in a per-CPU map: the BPF stack is only 512 bytes).
+/// them in a per-CPU map: the BPF stack is only 512 bytes). Every field but
+/// the TCP window tracking, which the caller sets once per flow from
+/// [`open_tracking`] (the data path tries several ports per flow).
 #[inline]
 pub fn fill_new_flow(
     orig: &FlowKey,
@@ -103,6 +110,26 @@ pub fn fill_new_flow(
     reply_entry.created_ns = now_ns;
     reply_entry.clear_next_hop();
 }
+
+/// The window tracking of (the opening, the answering) direction of a new
+/// flow of protocol `proto` opened by the segment `open` (a TCP flow opens
+/// with a SYN); untracked for other protocols.
+#[must_use]
+pub const fn open_tracking(proto: u8, open: &Segment) -> (TcpWindow, TcpWindow) {
+    if proto == IPPROTO_TCP {
+        (syn_sender(open), syn_answerer(open))
+    } else {
+        (UNTRACKED, UNTRACKED)
+    }
+}
+
+/// Tracking of a direction whose handshake was not seen (or not TCP).
+pub const UNTRACKED: TcpWindow = TcpWindow {
+    ack: 0,
+    win: 0,
+    wscale: 0,
+    flags: 0,
+};
 
 /// The translated key of a masqueraded flow: source becomes `wan:port`
 /// (for ICMP echo, the identifier in both port fields becomes `port`).
@@ -171,6 +198,294 @@ pub const fn tcp_next(state: u8, flags: u8, from_orig: bool, tcp_flags: u8) -> (
         return (FlowState::TcpEstablished as u8, flags);
     }
     (state, flags)
+}
+
+/// The fields of a TCP segment that the tracking reads; all zero for other
+/// protocols.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    pub seq: u32,
+    pub ack: u32,
+    /// Payload bytes (after the TCP header and its options).
+    pub len: u16,
+    /// The window field as sent (unscaled).
+    pub win: u16,
+    /// Control bits (`TCP_*`).
+    pub flags: u8,
+    /// The window scale shift a SYN offers (RFC 7323), or [`NO_WSCALE`];
+    /// only read for SYNs. The data path does not read TCP options: it
+    /// gives every SYN [`MAX_WSCALE`] (see [`ASSUMED_WSCALE`]).
+    pub wscale: u8,
+    pub pad: u16,
+}
+
+impl Segment {
+    /// The sequence number after this segment: SYN and FIN count one each.
+    #[must_use]
+    pub const fn end(&self) -> u32 {
+        let syn = (self.flags & TCP_SYN != 0) as u32;
+        let fin = (self.flags & TCP_FIN != 0) as u32;
+        self.seq
+            .wrapping_add(self.len as u32)
+            .wrapping_add(syn + fin)
+    }
+}
+
+/// [`Segment::wscale`] of a segment without the window scale option.
+pub const NO_WSCALE: u8 = 0xff;
+/// Largest window scale shift (RFC 7323 2.3: larger values mean 14).
+pub const MAX_WSCALE: u8 = 14;
+/// The shift the data path takes a SYN to offer, as it does not read TCP
+/// options: the largest. A window is then taken as large as its field
+/// could mean, so no segment the receiver accepts is judged out of window;
+/// the price is a wider window for a blind guess (a raw window of 502, a
+/// Linux client's usual, stands for 8 MiB instead of 64 KiB: one guess in
+/// about 500 instead of one in 65000 lands). Reading the option in the
+/// program (a bounded walk of the options) took the verifier past its
+/// limit of a million instructions.
+pub const ASSUMED_WSCALE: u8 = MAX_WSCALE;
+/// Least step (bytes) by which a direction's acknowledgement moves before
+/// it is written down: keeps small windows from costing a write every few
+/// packets.
+pub const MIN_ACK_STEP: u32 = 16 * 1024;
+/// Largest forward move of the acknowledgement that is written down: more
+/// than the largest window (RFC 7323: 2^30) cannot be a real one.
+pub const MAX_ACK_JUMP: u32 = 1 << 30;
+
+/// Bytes of the largest window that `t` advertised.
+#[must_use]
+pub const fn window_bytes(t: &TcpWindow) -> u32 {
+    let shift = if t.wscale > MAX_WSCALE {
+        MAX_WSCALE
+    } else {
+        t.wscale
+    };
+    (t.win as u32) << shift
+}
+
+/// How far a direction's acknowledgement moves before [`tcp_observe`]
+/// writes it down: half its window, at least [`MIN_ACK_STEP`]. A write
+/// per half window keeps the recorded value within one step of the true
+/// one at a few writes per round trip, whatever the rate.
+#[must_use]
+pub const fn ack_step(t: &TcpWindow) -> u32 {
+    let half = window_bytes(t) / 2;
+    if half > MIN_ACK_STEP {
+        half
+    } else {
+        MIN_ACK_STEP
+    }
+}
+
+/// The tracking of a direction after it sent `seg`, a segment without SYN
+/// (whose window is unscaled). Equal to `t` (nothing to write) unless the
+/// acknowledgement moved forward by a step or more (or at all when
+/// `refresh`: the entry is written then anyway), or the window grew. Only
+/// directions whose handshake was seen are tracked
+/// ([`TCP_TRACK_KNOWN`]): without it the window scale is unknown; nor is
+/// the answering direction before its SYN+ACK ([`TCP_TRACK_EXPECT`]).
+#[must_use]
+pub const fn tcp_observe(t: TcpWindow, seg: &Segment, refresh: bool) -> TcpWindow {
+    // The window field means something only with ACK (RFC 9293 3.10.7.4).
+    if seg.flags & TCP_ACK == 0 || t.flags & (TCP_TRACK_KNOWN | TCP_TRACK_EXPECT) != TCP_TRACK_KNOWN
+    {
+        return t;
+    }
+    let mut n = t;
+    let moved = seg.ack.wrapping_sub(t.ack);
+    if moved < MAX_ACK_JUMP && (moved >= ack_step(&t) || (refresh && moved != 0)) {
+        n.ack = seg.ack;
+    }
+    if seg.win > t.win {
+        n.win = seg.win;
+    }
+    n
+}
+
+/// Whether the receiver whose tracking is `rcv` would accept the RST or
+/// FIN `seg` (RFC 5961 3.2 and 4.2; RFC 9293 3.10.7.4), as far as the
+/// coarse tracking tells: its RCV.NXT is at or after `rcv.ack` and less
+/// than a step after the last acknowledgement it sent, and nothing it
+/// accepts starts a window or more past that. So a RST must start in
+/// `[ack, ack + step + window]`, a FIN must end after `ack` (it is new)
+/// and start at or before `ack + step + window`; sequence numbers wrap.
+/// An untracked receiver accepts everything (netfilter's "liberal" mode,
+/// as for connections it picked up mid-stream).
+#[must_use]
+pub const fn in_window(rcv: &TcpWindow, seg: &Segment) -> bool {
+    if rcv.flags & TCP_TRACK_KNOWN == 0 {
+        return true;
+    }
+    let reach = window_bytes(rcv) + ack_step(rcv);
+    if seg.flags & TCP_RST != 0 {
+        return seg.seq.wrapping_sub(rcv.ack) <= reach;
+    }
+    let end = seg.end().wrapping_sub(rcv.ack);
+    end != 0 && end <= reach + seg.len as u32 + 1
+}
+
+/// The tracking of the direction that opens a flow with the SYN `syn`:
+/// what it advertised, unscaled, and the shift it offered (or
+/// [`NO_WSCALE`]), both settled by the SYN+ACK ([`tcp_control`]).
+// No branch on the offer here: the verifier would follow each outcome
+// through the whole port search of a new flow.
+#[must_use]
+pub const fn syn_sender(syn: &Segment) -> TcpWindow {
+    TcpWindow {
+        ack: 0,
+        win: syn.win,
+        wscale: syn.wscale,
+        flags: TCP_TRACK_SYN,
+    }
+}
+
+/// The tracking of the direction that answers the SYN `syn`: the
+/// acknowledgement it must send (the end of the SYN); no window yet.
+#[must_use]
+pub const fn syn_answerer(syn: &Segment) -> TcpWindow {
+    TcpWindow {
+        ack: syn.end(),
+        win: 0,
+        wscale: 0,
+        flags: TCP_TRACK_KNOWN | TCP_TRACK_EXPECT,
+    }
+}
+
+/// `win` (a SYN's, unscaled) in units of `1 << shift` bytes, rounded up.
+const fn scale_down(win: u16, shift: u8) -> u16 {
+    let units = ((win as u32) + (1 << shift) - 1) >> shift;
+    #[expect(clippy::cast_possible_truncation, reason = "units <= win")]
+    let units = units as u16;
+    units
+}
+
+/// What a TCP segment with SYN, FIN or RST does to a flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpControl {
+    /// The flow's state and `FLAG_*` bits after the segment.
+    pub state: u8,
+    pub flags: u8,
+    /// Tracking of the sending direction after the segment.
+    pub own: TcpWindow,
+    /// Tracking of the other direction after the segment.
+    pub peer: TcpWindow,
+    /// The segment would have changed the state, but its receiver would
+    /// not accept it: nothing changed (the data path counts it).
+    pub out_of_window: bool,
+}
+
+/// The flow after a segment with SYN, FIN or RST from the opening side
+/// (`from_orig`) or the answering one, given its state, flags and the
+/// tracking of the sending (`own`) and the receiving (`peer`) direction.
+/// The state changes as [`tcp_next`] says, but only on a segment the
+/// receiver would accept:
+/// - while the answering side has not spoken (`SYN_SENT`), its SYN+ACK,
+///   RST or FIN must acknowledge the opening SYN exactly (RFC 9293
+///   3.10.7.3: a RST answering a SYN to a closed port carries that ACK);
+///   its SYN+ACK settles both directions' window scale (RFC 7323: only if
+///   both SYNs offered it);
+/// - a SYN from the opening side that reopens a closed flow starts the
+///   tracking afresh;
+/// - any other change (RST, FIN) must be [`in_window`] of the receiver.
+///
+/// A segment that changes nothing (a retransmitted SYN or FIN, a RST on a
+/// closed flow) is not judged: what it would change already happened.
+#[must_use]
+pub const fn tcp_control(
+    state: u8,
+    flags: u8,
+    from_orig: bool,
+    own: TcpWindow,
+    peer: TcpWindow,
+    seg: &Segment,
+    refresh: bool,
+) -> TcpControl {
+    let (next, next_flags) = tcp_next(state, flags, from_orig, seg.flags);
+    let keep = TcpControl {
+        state,
+        flags,
+        own,
+        peer,
+        out_of_window: false,
+    };
+    if next == state && next_flags == flags {
+        return keep;
+    }
+    let refused = TcpControl {
+        out_of_window: true,
+        ..keep
+    };
+    let own_known = own.flags & TCP_TRACK_KNOWN != 0;
+    if state == FlowState::TcpSynSent as u8 && !from_orig {
+        if own_known && (seg.flags & TCP_ACK == 0 || seg.ack != own.ack) {
+            return refused;
+        }
+        if next != FlowState::TcpEstablished as u8 || !own_known || peer.flags & TCP_TRACK_SYN == 0
+        {
+            // A RST or FIN; or a SYN+ACK of a flow whose SYN left no
+            // tracking (an entry rebuilt after an eviction): the window
+            // scale is unknown, so the flow stays untracked.
+            return TcpControl {
+                state: next,
+                flags: next_flags,
+                ..keep
+            };
+        }
+        // The SYN+ACK: both directions' tracking from the two SYNs.
+        let scaling = peer.wscale != NO_WSCALE && seg.wscale != NO_WSCALE;
+        let (orig_shift, reply_shift) = if scaling {
+            let o = if peer.wscale > MAX_WSCALE {
+                MAX_WSCALE
+            } else {
+                peer.wscale
+            };
+            (o, seg.wscale)
+        } else {
+            (0, 0)
+        };
+        return TcpControl {
+            state: next,
+            flags: next_flags,
+            own: TcpWindow {
+                ack: seg.ack,
+                win: scale_down(seg.win, reply_shift),
+                wscale: reply_shift,
+                flags: TCP_TRACK_KNOWN,
+            },
+            peer: TcpWindow {
+                ack: seg.end(),
+                win: scale_down(peer.win, orig_shift),
+                wscale: orig_shift,
+                flags: peer.flags | TCP_TRACK_KNOWN,
+            },
+            out_of_window: false,
+        };
+    }
+    if next == FlowState::TcpSynSent as u8 {
+        // Reopened by a new SYN of the opening side (port reuse).
+        return TcpControl {
+            state: next,
+            flags: next_flags,
+            own: syn_sender(seg),
+            peer: syn_answerer(seg),
+            out_of_window: false,
+        };
+    }
+    if !in_window(&peer, seg) {
+        return refused;
+    }
+    TcpControl {
+        state: next,
+        flags: next_flags,
+        own: if seg.flags & TCP_SYN == 0 {
+            tcp_observe(own, seg, refresh)
+        } else {
+            own
+        },
+        peer,
+        out_of_window: false,
+    }
 }
 
 /// 32-bit hash of a flow key with a per-attach seed (murmur3's finaliser
@@ -368,11 +683,320 @@ mod tests {
         assert_ne!(flow_hash(&k, 1), flow_hash(&k, 2), "seed changes the hash");
     }
 
+    fn seg(flags: u8, seq: u32, ack: u32, win: u16) -> Segment {
+        Segment {
+            seq,
+            ack,
+            len: 0,
+            win,
+            flags,
+            wscale: NO_WSCALE,
+            pad: 0,
+        }
+    }
+
+    /// A flow through its handshake: client ISN `c`, server ISN `s`, the
+    /// client offering shift `cws`, the server `sws` (or `NO_WSCALE`).
+    /// Returns (state, flags, client tracking, server tracking).
+    fn handshake(c: u32, s: u32, cws: u8, sws: u8) -> (u8, u8, TcpWindow, TcpWindow) {
+        let syn = Segment {
+            wscale: cws,
+            ..seg(TCP_SYN, c, 0, 64240)
+        };
+        let (ct, st) = open_tracking(IPPROTO_TCP, &syn);
+        let synack = Segment {
+            wscale: sws,
+            ..seg(TCP_SYN | TCP_ACK, s, c.wrapping_add(1), 65160)
+        };
+        let r = tcp_control(
+            FlowState::TcpSynSent as u8,
+            0,
+            false,
+            st,
+            ct,
+            &synack,
+            false,
+        );
+        assert!(!r.out_of_window);
+        assert_eq!(r.state, FlowState::TcpEstablished as u8);
+        (r.state, r.flags, r.peer, r.own)
+    }
+
+    #[test]
+    fn handshake_settles_window_scale_only_if_both_offer() {
+        let (_, _, c, s) = handshake(100, 5000, 7, 9);
+        assert_eq!((c.wscale, s.wscale), (7, 9));
+        // The SYNs' windows are unscaled: kept in units of the shift, up.
+        assert_eq!(c.win, 64240_u16.div_ceil(128));
+        assert_eq!(s.win, 65160_u16.div_ceil(512));
+        assert_eq!((c.ack, s.ack), (5001, 101));
+        assert_eq!(c.flags & TCP_TRACK_KNOWN, TCP_TRACK_KNOWN);
+        let (_, _, c, s) = handshake(100, 5000, 7, NO_WSCALE);
+        assert_eq!((c.wscale, s.wscale, c.win, s.win), (0, 0, 64240, 65160));
+        let (_, _, c, s) = handshake(100, 5000, NO_WSCALE, 9);
+        assert_eq!((c.wscale, s.wscale), (0, 0));
+    }
+
+    #[test]
+    fn syn_ack_or_rst_must_acknowledge_the_syn() {
+        let syn = seg(TCP_SYN, 1000, 0, 64240);
+        let (ct, st) = open_tracking(IPPROTO_TCP, &syn);
+        let s = FlowState::TcpSynSent as u8;
+        // Blind SYN+ACK or RST from the server side: wrong ACK.
+        for f in [TCP_SYN | TCP_ACK, TCP_RST | TCP_ACK, TCP_RST] {
+            let r = tcp_control(s, 0, false, st, ct, &seg(f, 77, 999, 0), false);
+            assert!(r.out_of_window, "{f:#x}");
+            assert_eq!((r.state, r.own, r.peer), (s, st, ct));
+        }
+        // RST answering the SYN to a closed port: seq 0, ACK = ISN + 1.
+        let r = tcp_control(
+            s,
+            0,
+            false,
+            st,
+            ct,
+            &seg(TCP_RST | TCP_ACK, 0, 1001, 0),
+            false,
+        );
+        assert!(!r.out_of_window);
+        assert_eq!(r.state, FlowState::TcpClosed as u8);
+        // A retransmitted SYN changes nothing and is not judged.
+        let r = tcp_control(s, 0, true, ct, st, &syn, false);
+        assert_eq!((r.state, r.out_of_window), (s, false));
+    }
+
+    #[test]
+    fn rst_and_fin_judged_against_the_receivers_window() {
+        // Both sides unscaled: the server's window is 65160 bytes.
+        let (st, fl, c, s) = handshake(100, 5000, NO_WSCALE, NO_WSCALE);
+        let reach = window_bytes(&s) + ack_step(&s);
+        assert_eq!(reach, 65160 + 32580);
+        // From the client (peer = server tracking, ack 101).
+        for (seq, ok) in [
+            (101, true),
+            (101 + reach, true),
+            (102 + reach, false),
+            (100, false),
+            (0x8000_0000, false),
+        ] {
+            let r = tcp_control(
+                st,
+                fl,
+                true,
+                c,
+                s,
+                &seg(TCP_RST | TCP_ACK, seq, 5001, 0),
+                false,
+            );
+            assert_eq!(!r.out_of_window, ok, "RST seq {seq}");
+            let want = if ok {
+                FlowState::TcpClosed
+            } else {
+                FlowState::TcpEstablished
+            };
+            assert_eq!(r.state, want as u8);
+            let r = tcp_control(
+                st,
+                fl,
+                true,
+                c,
+                s,
+                &seg(TCP_FIN | TCP_ACK, seq, 5001, 500),
+                false,
+            );
+            // A FIN ending at or before what the receiver acked is old:
+            // seq 100 ends at 101 = ack, refused.
+            assert_eq!(!r.out_of_window, ok, "FIN seq {seq}");
+            if ok {
+                assert_eq!(
+                    (r.state, r.flags),
+                    (FlowState::TcpFinWait as u8, FLAG_FIN_ORIG)
+                );
+            } else {
+                assert_eq!((r.state, r.flags, r.own), (st, fl, c));
+            }
+        }
+        // A FIN carrying data that starts before the receiver's ack but ends
+        // after it is new.
+        let fin = Segment {
+            len: 10,
+            ..seg(TCP_FIN | TCP_ACK, 95, 5001, 500)
+        };
+        assert!(!tcp_control(st, fl, true, c, s, &fin, false).out_of_window);
+    }
+
+    #[test]
+    fn window_scaling_widens_the_window() {
+        let (st, fl, c, s) = handshake(100, 5000, 7, 7);
+        // The client advertises 502 units of 128 bytes after the handshake.
+        let c = tcp_observe(c, &seg(TCP_ACK, 101, 5001, 502), false);
+        assert_eq!(window_bytes(&c), 502 * 128);
+        // A server RST 60000 bytes past the client's ack is in its window
+        // (unscaled, 502 bytes plus a step, it would not be).
+        let rst = seg(TCP_RST, 5001 + 60_000, 0, 0);
+        let r = tcp_control(st, fl, false, s, c, &rst, false);
+        assert!(!r.out_of_window);
+        let far = seg(TCP_RST, 5001 + 502 * 128 + 32 * 1024 + 1, 0, 0);
+        assert!(tcp_control(st, fl, false, s, c, &far, false).out_of_window);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap() {
+        let (st, fl, c, s) = handshake(u32::MAX - 10, 5000, NO_WSCALE, NO_WSCALE);
+        assert_eq!(s.ack, u32::MAX - 9);
+        // 20 bytes later the sequence space has wrapped: still in window.
+        let r = tcp_control(
+            st,
+            fl,
+            true,
+            c,
+            s,
+            &seg(TCP_FIN | TCP_ACK, 10, 5001, 0),
+            false,
+        );
+        assert!(!r.out_of_window);
+        // Just before the ack (old) across the wrap: refused.
+        let r = tcp_control(
+            st,
+            fl,
+            true,
+            c,
+            s,
+            &seg(TCP_RST, u32::MAX - 10, 0, 0),
+            false,
+        );
+        assert!(r.out_of_window);
+    }
+
+    #[test]
+    fn duplicate_fin_and_simultaneous_close() {
+        let (st, fl, c, s) = handshake(100, 5000, NO_WSCALE, NO_WSCALE);
+        let fin_c = seg(TCP_FIN | TCP_ACK, 101, 5001, 500);
+        let fin_s = seg(TCP_FIN | TCP_ACK, 5001, 101, 500);
+        // Both FINs cross (simultaneous close): each is in the other's window.
+        let r1 = tcp_control(st, fl, true, c, s, &fin_c, false);
+        let r2 = tcp_control(r1.state, r1.flags, false, r1.peer, r1.own, &fin_s, false);
+        assert!(!r1.out_of_window && !r2.out_of_window);
+        assert_eq!(r2.state, FlowState::TcpClosed as u8);
+        // The client's FIN again (retransmitted) changes nothing, unjudged,
+        // even after the server acknowledged it.
+        let (st2, fl2) = (r1.state, r1.flags);
+        let acked = tcp_observe(r1.peer, &seg(TCP_ACK, 5001, 102, 500), true);
+        let r = tcp_control(st2, fl2, true, r1.own, acked, &fin_c, false);
+        assert_eq!((r.state, r.flags, r.out_of_window), (st2, fl2, false));
+    }
+
+    #[test]
+    fn untracked_receiver_takes_everything() {
+        let r = tcp_control(
+            FlowState::TcpEstablished as u8,
+            0,
+            false,
+            UNTRACKED,
+            UNTRACKED,
+            &seg(TCP_RST, 12345, 0, 0),
+            false,
+        );
+        assert!(!r.out_of_window);
+        assert_eq!(r.state, FlowState::TcpClosed as u8);
+    }
+
+    #[test]
+    fn reopening_syn_restarts_the_tracking() {
+        let closed = FlowState::TcpClosed as u8;
+        let syn = seg(TCP_SYN, 9000, 0, 1000);
+        let r = tcp_control(closed, 0, true, UNTRACKED, UNTRACKED, &syn, false);
+        assert_eq!(r.state, FlowState::TcpSynSent as u8);
+        assert_eq!((r.own, r.peer), open_tracking(IPPROTO_TCP, &syn));
+        assert_eq!(r.peer.ack, 9001);
+    }
+
+    #[test]
+    fn observe_writes_only_on_a_step_or_a_bigger_window() {
+        let (_, _, _, s) = handshake(100, 5000, NO_WSCALE, NO_WSCALE);
+        let step = ack_step(&s);
+        // Small moves and the same window: nothing to write.
+        assert_eq!(
+            tcp_observe(s, &seg(TCP_ACK, 5001, 101 + step - 1, 100), false),
+            s
+        );
+        // ... unless the entry is refreshed anyway.
+        assert_eq!(
+            tcp_observe(s, &seg(TCP_ACK, 5001, 1101, 100), true).ack,
+            1101
+        );
+        assert_eq!(
+            tcp_observe(s, &seg(TCP_ACK, 5001, 101 + step, 100), false).ack,
+            101 + step
+        );
+        // Backwards or a jump past any window: ignored.
+        assert_eq!(tcp_observe(s, &seg(TCP_ACK, 5001, 50, 100), true), s);
+        assert_eq!(
+            tcp_observe(s, &seg(TCP_ACK, 5001, 101 + MAX_ACK_JUMP, 100), true),
+            s
+        );
+        let grown = tcp_observe(s, &seg(TCP_ACK, 5001, 101, 65535), false);
+        assert_eq!(grown.win, 65535);
+        // No ACK bit (a bare RST): its fields mean nothing.
+        assert_eq!(tcp_observe(s, &seg(TCP_RST, 0, 99_999, 65535), true), s);
+        // Untracked: stays so.
+        assert_eq!(
+            tcp_observe(UNTRACKED, &seg(TCP_ACK, 1, 2, 3), true),
+            UNTRACKED
+        );
+    }
+
     proptest! {
         #[test]
         fn candidate_always_in_range(attempt in 0u32..64, orig: u16, hash: u32, a: u16, b: u16) {
             let p = candidate_port(attempt, orig, hash, a, b);
             prop_assert!(p >= a.min(b) && p <= a.max(b));
+        }
+
+        #[test]
+        fn in_window_matches_the_reference_at_any_offset(
+            ack: u32, win: u16, shift in 0u8..=14, off: u32, len in 0u16..2000, fin: bool,
+        ) {
+            // Reference: with the receiver's RCV.NXT anywhere in
+            // [ack, ack + step], what may it accept? Computed in u64
+            // without wrap, on the offset from `ack`.
+            let rcv = TcpWindow { ack, win, wscale: shift, flags: TCP_TRACK_KNOWN };
+            let reach = u64::from(window_bytes(&rcv)) + u64::from(ack_step(&rcv));
+            let flags = if fin { TCP_FIN | TCP_ACK } else { TCP_RST };
+            let len = if fin { len } else { 0 };
+            let s = Segment { seq: ack.wrapping_add(off), len, ..seg(flags, 0, 0, 0) };
+            let off = u64::from(off);
+            let want = if fin {
+                let end = (off + u64::from(len) + 1) % (1 << 32);
+                end != 0 && end <= reach + u64::from(len) + 1
+            } else {
+                off <= reach
+            };
+            prop_assert_eq!(in_window(&rcv, &s), want);
+        }
+
+        #[test]
+        fn a_blind_rst_rarely_lands(ack: u32, seq: u32, win: u16) {
+            // Unscaled: at most (window + step) / 2^32 of the space.
+            let rcv = TcpWindow { ack, win, wscale: 0, flags: TCP_TRACK_KNOWN };
+            let hit = in_window(&rcv, &seg(TCP_RST, seq, 0, 0));
+            prop_assert_eq!(hit, seq.wrapping_sub(ack) <= u32::from(win) + ack_step(&rcv));
+        }
+
+        #[test]
+        fn out_of_window_changes_nothing(
+            c in any::<u32>(), s in any::<u32>(), f in prop::sample::select(&[TCP_RST, TCP_RST | TCP_ACK, TCP_FIN | TCP_ACK][..]),
+            seq: u32, from_client: bool,
+        ) {
+            let (st, fl, ct, stt) = handshake(c, s, NO_WSCALE, NO_WSCALE);
+            let (own, peer) = if from_client { (ct, stt) } else { (stt, ct) };
+            let r = tcp_control(st, fl, from_client, own, peer, &seg(f, seq, 0, 0), false);
+            if r.out_of_window {
+                prop_assert_eq!((r.state, r.flags, r.own, r.peer), (st, fl, own, peer));
+            } else {
+                prop_assert!(in_window(&peer, &seg(f, seq, 0, 0)));
+                prop_assert_ne!(r.state, st);
+            }
         }
 
         #[test]

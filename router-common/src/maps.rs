@@ -149,8 +149,49 @@ pub struct FlowEntry {
     /// lets it run out, so the kernel, which keeps the flow's state, takes
     /// the flow back before its own entry can expire.
     pub lease: u32,
+    /// What the RST/FIN window check needs of the segments this direction
+    /// sends (TCP only; see [`crate::flow::tcp_control`]).
+    pub tcp: TcpWindow,
 }
-const _: () = assert!(core::mem::size_of::<FlowEntry>() == 72);
+const _: () = assert!(core::mem::size_of::<FlowEntry>() == 80);
+
+/// TCP window tracking of one direction of a flow: what its sender
+/// acknowledged and advertised, so that a RST or FIN from the other side
+/// can be judged against the receiver's window (RFC 5961 3.2 / 4.2, as
+/// netfilter's `tcp_in_window` does). Written coarsely (see
+/// [`crate::flow::tcp_observe`]), not per packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpWindow {
+    /// The highest acknowledgement number this direction sent, recorded
+    /// when it moved by a step ([`crate::flow::ack_step`]) or at a refresh,
+    /// so it lags the true one by less than a step. Of the answering
+    /// direction before its SYN+ACK: the end of the opening SYN, the
+    /// acknowledgement it must send.
+    pub ack: u32,
+    /// The largest window this direction advertised, in its units of
+    /// `1 << wscale` bytes.
+    pub win: u16,
+    /// Window scale shift of this direction's advertisements (RFC 7323),
+    /// 0 when scaling is off; of the opening direction before the SYN+ACK,
+    /// the shift its SYN offered or `flow::NO_WSCALE`.
+    pub wscale: u8,
+    /// `TCP_TRACK_*` bits.
+    pub flags: u8,
+}
+const _: () = assert!(core::mem::size_of::<TcpWindow>() == 8);
+
+/// [`TcpWindow::ack`] and [`TcpWindow::win`] hold values: a segment towards
+/// this direction can be judged. Without it (an entry rebuilt after an
+/// eviction, written by a controller) RST and FIN are taken as they come.
+pub const TCP_TRACK_KNOWN: u8 = 1;
+/// This direction's opening SYN was seen: its window and offered shift
+/// are in [`TcpWindow`], waiting for the SYN+ACK.
+pub const TCP_TRACK_SYN: u8 = 2;
+/// Of the answering direction before its SYN+ACK: [`TcpWindow::ack`] is
+/// the acknowledgement it must send, not one it sent; its segments do not
+/// move it.
+pub const TCP_TRACK_EXPECT: u8 = 4;
 
 impl FlowEntry {
     /// Whether packets matching this entry's key arrive on the LAN: the
@@ -495,6 +536,11 @@ counters! {
     /// the controller only (CPU 0's slot), never by the data path. With the
     /// two above and the entries present it estimates the LRU's evictions.
     CtEntriesFlushed = "ct_entries_flushed", true;
+    /// TCP RST, FIN or SYN+ACK that the receiver would not accept (outside
+    /// its window, or not acknowledging what it sent): the flow's state
+    /// stays as it was; the segment is forwarded all the same (netfilter's
+    /// default for such segments is to accept, not drop, them).
+    TcpOutOfWindow = "tcp_out_of_window", true;
 }
 
 #[cfg(test)]

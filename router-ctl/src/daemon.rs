@@ -41,10 +41,6 @@ const EVENT_RCVBUF: usize = 8 << 20;
 const ROUTE_CACHE_MAX: usize = 65_536;
 
 /// The daemon's health and counters, as its status file holds them.
-#[expect(
-    clippy::unsafe_derive_deserialize,
-    reason = "the only unsafe is a kill(pid, 0) liveness probe, no field invariant"
-)]
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DaemonStatus {
     pub pid: u32,

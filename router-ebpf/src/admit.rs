@@ -8,7 +8,8 @@
 
 use router_common::{
     flow::{
-        MAX_PORT_PROBES, candidate_port, fill_new_flow, flow_hash, masquerade_key, tcp_opens_flow,
+        MAX_PORT_PROBES, Segment, candidate_port, fill_new_flow, flow_hash, masquerade_key,
+        open_tracking, tcp_opens_flow,
     },
     hdr::{frame, get_addr, ipv4},
     maps::{
@@ -50,7 +51,7 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat) -> Step<NewFlow> 
         // helpers); the daemon offloads them once established.
         return Err(Verdict::pass(Counter::PassNotOffloaded));
     }
-    if pkt.proto == IPPROTO_TCP && !tcp_opens_flow(pkt.tcp_flags) {
+    if pkt.proto == IPPROTO_TCP && !tcp_opens_flow(pkt.seg.flags) {
         // Mid-stream segment of an unknown flow: a fresh mapping could
         // not carry it; the kernel's (netfilter's) business.
         let c = if side.from_lan {
@@ -120,12 +121,14 @@ pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     v
 }
 
-/// Writes both entries of a new flow leaving on `egress`; for a
+/// Writes both entries of a new flow opened by the segment `open` (its
+/// TCP fields start the window tracking) leaving on `egress`; for a
 /// masqueraded flow, claims its WAN port first and completes `xlat`.
 #[inline(always)]
 pub fn commit(
     new: NewFlow,
     key: &FlowKey,
+    open: &Segment,
     cfg: &Config,
     egress: u32,
     xlat: &mut Xlat,
@@ -137,7 +140,7 @@ pub fn commit(
                 // LAN -> LAN or another interface: plain routing, not NAT.
                 return Err(Verdict::pass(Counter::PassNoFlow));
             }
-            let Some(port) = claim_port(cfg, key, now) else {
+            let Some(port) = claim_port(cfg, key, open, now) else {
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             };
             xlat.sport = port;
@@ -148,7 +151,7 @@ pub fn commit(
         }
         NewFlow::PortForward => {
             let translated = FlowKey::new(xlat.src, xlat.dst, xlat.sport, xlat.dport, key.proto);
-            if !insert_port_forward(key, &translated, now) {
+            if !insert_port_forward(key, &translated, open, now) {
                 // The map refused (out of memory): leave it to the kernel.
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
@@ -163,7 +166,11 @@ pub fn commit(
 /// port-forward rule is skipped.
 // A BPF subprogram of its own, like `track`.
 #[inline(never)]
-fn claim_port(cfg: &Config, key: &FlowKey, now: u64) -> Option<u16> {
+fn claim_port(cfg: &Config, key: &FlowKey, open: &Segment, now: u64) -> Option<u16> {
+    let s = SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &mut *s };
+    (s.orig.tcp, s.reply.tcp) = open_tracking(key.proto, open);
     let hash = flow_hash(key, cfg.hash_seed);
     for attempt in 0..MAX_PORT_PROBES {
         let port = candidate_port(attempt, key.src_port, hash, cfg.port_min, cfg.port_max);
@@ -244,12 +251,13 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
 
 /// Inserts both entries of a flow opened by a port-forward rule.
 #[inline(never)]
-fn insert_port_forward(key: &FlowKey, translated: &FlowKey, now: u64) -> bool {
+fn insert_port_forward(key: &FlowKey, translated: &FlowKey, open: &Segment, now: u64) -> bool {
     let Some(s) = SCRATCH.get_ptr_mut(0) else {
         return false;
     };
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };
+    (s.orig.tcp, s.reply.tcp) = open_tracking(key.proto, open);
     fill_new_flow(
         key,
         translated,

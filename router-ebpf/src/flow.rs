@@ -4,17 +4,14 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
 use router_common::{
-    flow::{TCP_FIN, TCP_RST, TCP_SYN, expired, needs_refresh, tcp_next},
+    flow::{Segment, TCP_CONTROL, expired, needs_refresh, tcp_control, tcp_observe},
     hdr::{frame, icmp, ipv4, tcp, udp},
     maps::{
         Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_TCP,
-        IPPROTO_UDP, lease_tick,
+        IPPROTO_UDP, TcpWindow, lease_tick,
     },
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
-
-/// TCP FIN, SYN and RST: the segments that change a connection's state.
-const TCP_CONTROL: u8 = TCP_FIN | TCP_SYN | TCP_RST;
 
 use crate::{
     Step, Verdict,
@@ -173,38 +170,100 @@ pub fn rewrite(ctx: &XdpContext, ip: &mut [u8; ipv4::LEN], proto: u8, xlat: &Xla
     Ok(())
 }
 
-/// Updates TCP/UDP state and the coarse last-seen time of a flow hit
-/// through `key`/`e`, in both of its entries. Writes only when something
-/// changed or the refresh interval passed, so established flows do not
-/// write shared cache lines per packet.
-// A BPF subprogram of its own: its stack frame (two entries) does not add to
-// the entry point's.
-// The one place a hit changes a flow's state: a check that a RST or FIN
-// lies in the receiver's window belongs here.
+/// Updates TCP/UDP state, the TCP window tracking and the coarse
+/// last-seen time of a flow hit through `key`/`e` by a packet whose TCP
+/// fields are `seg`. Writes only when something changed or the refresh
+/// interval passed, so established flows do not write shared cache lines
+/// per packet: a TCP segment without SYN/FIN/RST writes at most its own
+/// direction's window tracking, about twice per window of data
+/// (`tcp_observe`); only SYN, FIN and RST read the other direction's entry
+/// and are judged against its window ([`track_tcp_control`]).
+// A BPF subprogram of its own, as are the two it calls: their stack frames
+// (a rebuilt entry) do not add to the entry point's.
 #[inline(never)]
-pub fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u64) {
-    let from_orig = e.flags & FLAG_ORIGINAL != 0;
-    let (state, flags) = match proto {
-        IPPROTO_TCP => tcp_next(e.state, e.flags, from_orig, tcp_flags),
-        IPPROTO_UDP if !from_orig && e.state == FlowState::UdpUnreplied as u8 => {
-            (FlowState::UdpReplied as u8, e.flags)
-        }
-        _ => (e.state, e.flags),
-    };
+pub fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
     let refresh = needs_refresh(e.last_seen_ns, now);
-    if state == e.state && flags == e.flags && !refresh {
+    let state = match key.proto {
+        IPPROTO_TCP if seg.flags & TCP_CONTROL != 0 => {
+            if track_tcp_control(e, seg, now, refresh) {
+                sync_peer(key, e, now, refresh);
+            }
+            return;
+        }
+        IPPROTO_TCP => {
+            let t = tcp_observe(e.tcp, seg, refresh);
+            if t != e.tcp {
+                e.tcp = t;
+            }
+            e.state
+        }
+        IPPROTO_UDP if e.flags & FLAG_ORIGINAL == 0 && e.state == FlowState::UdpUnreplied as u8 => {
+            FlowState::UdpReplied as u8
+        }
+        _ => e.state,
+    };
+    if state == e.state && !refresh {
         return;
     }
     e.state = state;
-    e.flags = flags;
     if refresh {
         e.last_seen_ns = now;
     }
-    let peer_flags = (flags & !FLAG_ORIGINAL) | (!flags & FLAG_ORIGINAL);
+    sync_peer(key, e, now, refresh);
+}
+
+/// A TCP segment with SYN, FIN or RST: the state changes only if the
+/// receiver would accept the segment (`tcp_control`: its window, or the
+/// exact acknowledgement of the opening SYN). One it would not accept
+/// changes nothing and is counted (`tcp_out_of_window`), and is forwarded
+/// all the same, as netfilter's `tcp_in_window` does by default (it marks
+/// such a segment invalid rather than dropping it; RFC 5961 has the
+/// endpoint discard it or answer with a challenge ACK). Writes the window
+/// tracking of both directions; returns whether the state or the
+/// last-seen time must go to the other direction's entry too.
+#[inline(never)]
+fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) -> bool {
+    let peer = CONNTRACK.get_ptr_mut(&e.peer);
+    let before = match peer {
+        // SAFETY: map value pointer, valid for this run.
+        Some(p) => unsafe { (*p).tcp },
+        // Evicted: `sync_peer` puts it back, untracked.
+        None => TcpWindow::default(),
+    };
+    let from_orig = e.flags & FLAG_ORIGINAL != 0;
+    let c = tcp_control(e.state, e.flags, from_orig, e.tcp, before, seg, refresh);
+    if c.out_of_window {
+        event(Counter::TcpOutOfWindow);
+    }
+    if c.own != e.tcp {
+        e.tcp = c.own;
+    }
+    if let Some(p) = peer
+        && c.peer != before
+    {
+        // SAFETY: map value pointer, valid for this run.
+        unsafe { (*p).tcp = c.peer };
+    }
+    if c.state == e.state && c.flags == e.flags && !refresh {
+        return false;
+    }
+    e.state = c.state;
+    e.flags = c.flags;
+    if refresh {
+        e.last_seen_ns = now;
+    }
+    true
+}
+
+/// Copies the state of `e` to the other direction's entry; refreshes its
+/// last-seen time too if `refresh`.
+#[inline(never)]
+fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool) {
+    let peer_flags = (e.flags & !FLAG_ORIGINAL) | (!e.flags & FLAG_ORIGINAL);
     if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
         // SAFETY: map value pointer, valid for this run.
         let p = unsafe { &mut *p };
-        p.state = state;
+        p.state = e.state;
         p.flags = peer_flags;
         if refresh {
             p.last_seen_ns = now;
@@ -212,7 +271,8 @@ pub fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u6
         return;
     }
     // The LRU evicted the other direction: put it back, rebuilt from this
-    // one (its translation is the reverse of our key). NOEXIST: if another
+    // one (its translation is the reverse of our key; its window tracking
+    // is lost, so segments towards it are not judged). NOEXIST: if another
     // flow took that tuple meanwhile, it keeps it.
     let back = key.reversed();
     let peer = FlowEntry {
@@ -221,7 +281,7 @@ pub fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u6
         new_dst_addr: back.dst_addr,
         new_src_port: back.src_port,
         new_dst_port: back.dst_port,
-        state,
+        state: e.state,
         flags: peer_flags,
         pad: [0; 2],
         last_seen_ns: now,
@@ -232,6 +292,7 @@ pub fn track(key: &FlowKey, e: &mut FlowEntry, proto: u8, tcp_flags: u8, now: u6
         hop_smac: [0; 6],
         pad2: [0; 2],
         lease: e.lease,
+        tcp: TcpWindow::default(),
     };
     if CONNTRACK
         .insert(&e.peer, &peer, u64::from(BPF_NOEXIST))

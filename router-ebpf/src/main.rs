@@ -130,10 +130,10 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     let new = if let Some(e) = hit {
         // SAFETY: map value pointer from the lookup, valid for this run.
         let entry = unsafe { &mut *e };
-        flow::kernel_segment(entry, pkt.proto, pkt.tcp_flags)?;
+        flow::kernel_segment(entry, pkt.proto, pkt.seg.flags)?;
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
-        flow::track(&key, entry, pkt.proto, pkt.tcp_flags, now);
+        flow::track(&key, entry, &pkt.seg, now);
         flow::within_lease(entry, now)?;
         offloaded = entry.flags & FLAG_OFFLOADED != 0;
         None
@@ -156,7 +156,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         return Err(Verdict::pass(Counter::PassNoNeighbour));
     }
     if let Some(new) = new {
-        admit::commit(new, &key, side.cfg, hop.egress(), &mut xlat, now)?;
+        admit::commit(new, &key, &pkt.seg, side.cfg, hop.egress(), &mut xlat, now)?;
     }
     // The redirect was recorded before any rewrite (in `hop::redirect_to`),
     // so a failed one passed an untouched frame.

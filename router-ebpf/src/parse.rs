@@ -9,6 +9,7 @@ use core::mem::size_of;
 
 use aya_ebpf::programs::XdpContext;
 use router_common::{
+    flow::{ASSUMED_WSCALE, Segment},
     hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, min_len, tcp, udp},
     maps::{Config, Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
     nat::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Ipv4Verdict, classify_ipv4, icmp_is_error},
@@ -109,8 +110,8 @@ pub struct Packet {
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
-    /// TCP control bits, 0 for other protocols.
-    pub tcp_flags: u8,
+    /// The TCP fields the state tracking reads; zero for other protocols.
+    pub seg: Segment,
     /// IPv4 total length.
     pub total_len: usize,
 }
@@ -130,7 +131,8 @@ pub enum L4 {
 pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
     let total_len = usize::from(get_u16(ip, ipv4::TOT_LEN));
     let proto = ip[ipv4::PROTO];
-    let (sport, dport, tcp_flags) = match proto {
+    let mut seg = Segment::default();
+    let (sport, dport) = match proto {
         IPPROTO_TCP => {
             if total_len < min_len::TCP {
                 return Err(Verdict::drop(Counter::DropMalformed));
@@ -140,18 +142,29 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
             if data_off < tcp::LEN || data_off > total_len - ipv4::LEN {
                 return Err(Verdict::drop(Counter::DropMalformed));
             }
-            (
-                get_u16(tcp, tcp::SPORT),
-                get_u16(tcp, tcp::DPORT),
-                tcp[tcp::FLAGS],
-            )
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "a payload length fits 16 bits"
+            )]
+            {
+                seg = Segment {
+                    seq: get_u32(tcp, tcp::SEQ),
+                    ack: get_u32(tcp, tcp::ACK_SEQ),
+                    len: (total_len - ipv4::LEN - data_off) as u16,
+                    win: get_u16(tcp, tcp::WINDOW),
+                    flags: tcp[tcp::FLAGS],
+                    wscale: ASSUMED_WSCALE,
+                    pad: 0,
+                };
+            }
+            (get_u16(tcp, tcp::SPORT), get_u16(tcp, tcp::DPORT))
         }
         IPPROTO_UDP => {
             if total_len < min_len::UDP {
                 return Err(Verdict::drop(Counter::DropMalformed));
             }
             let udp: &mut [u8; udp::LEN] = header(ctx, frame::L4)?;
-            (get_u16(udp, udp::SPORT), get_u16(udp, udp::DPORT), 0)
+            (get_u16(udp, udp::SPORT), get_u16(udp, udp::DPORT))
         }
         IPPROTO_ICMP => {
             if total_len < min_len::ICMP {
@@ -174,7 +187,7 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
                 return Err(Verdict::pass(Counter::PassProtocol));
             }
             let id = get_u16(icmp, icmp::ECHO_ID);
-            (id, id, 0)
+            (id, id)
         }
         // Other protocols (GRE, ESP, SCTP...): the kernel's.
         _ => return Err(Verdict::pass(Counter::PassProtocol)),
@@ -185,7 +198,13 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
         sport,
         dport,
         proto,
-        tcp_flags,
+        seg,
         total_len,
     }))
+}
+
+/// The big-endian 32-bit field at `at` of header `h`.
+#[inline(always)]
+fn get_u32<const N: usize>(h: &[u8; N], at: usize) -> u32 {
+    u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]])
 }

@@ -25,4 +25,5 @@ mod offload;
 mod prog_run;
 mod reliability;
 mod standalone;
+mod tcp_blind_reset;
 mod topology;

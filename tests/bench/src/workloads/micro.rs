@@ -154,7 +154,7 @@ const SPECS: [Spec; 7] = {
         ),
         spec(
             "hit-tcp-out",
-            "established TCP flow, LAN->WAN data segment (state tracking)",
+            "established TCP flow, LAN->WAN data segment (state and window tracking)",
             false,
             XDP_REDIRECT,
             Input::TcpData,
@@ -293,7 +293,7 @@ fn out_udp(m: Macs, sport: u16) -> Vec<u8> {
 
 /// Opens the established flows the hit cases need (their first packets
 /// run through the program) and builds every frame.
-fn open_flows(prog: &Xdp, m: Macs, lan: u32) -> Result<Frames, String> {
+fn open_flows(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<Frames, String> {
     let (cli, srv, wan_addr) = (
         CLIENT_ADDR.octets(),
         SERVER_ADDR.octets(),
@@ -318,7 +318,14 @@ fn open_flows(prog: &Xdp, m: Macs, lan: u32) -> Result<Frames, String> {
     // Established TCP flow: SYN opens it, then data segments hit.
     let tcp = |sport, flags| Tcp::new(sport, 5001, flags);
     let syn = Frame::new(m.lan, m.client, Ipv4::new(cli, srv, tcp(40_001, TCP_SYN))).bytes();
-    prog.run(&syn, lan, 1)?;
+    let (_, _, first) = prog.run(&syn, lan, 1)?;
+    // Its SYN+ACK (acknowledging the SYN) establishes it, so that the data
+    // segments take the tracked path (the window tracking's compare).
+    let port = u16::from_be_bytes([first[34], first[35]]);
+    let mut synack = Tcp::new(5001, port, TCP_SYN | TCP_ACK);
+    synack.ack = Tcp::new(0, 0, 0).seq.wrapping_add(1);
+    let synack = Frame::new(m.wan, m.server, Ipv4::new(srv, wan_addr, synack)).bytes();
+    prog.run(&synack, wan, 1)?;
     let data = |sport| {
         let seg = tcp(sport, TCP_ACK).payload(&PAYLOAD);
         Frame::new(m.lan, m.client, Ipv4::new(cli, srv, seg)).bytes()
@@ -386,7 +393,7 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
             .ok_or("no router program")?
             .try_into()
             .map_err(|e| format!("{e}"))?;
-        let frames = open_flows(prog, m, lan)?;
+        let frames = open_flows(prog, m, lan, wan)?;
         let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
         let mut cases = Vec::new();
         for s in &SPECS {

@@ -308,6 +308,25 @@ pub(super) fn case(
                             matches!(d, Counter::FlowNewMasquerade | Counter::FlowNewPortForward)
                         })
                 }
+                // A flow's SYN, FIN or RST that its receiver would not
+                // accept (the window check of `flow::tcp_control`): the
+                // state stays, the segment goes on as any hit does.
+                Counter::TcpOutOfWindow => {
+                    use router_common::{
+                        flow::TCP_CONTROL,
+                        hdr::{frame, ipv4, tcp},
+                    };
+                    v.packets == 1
+                        && f.get(frame::IPV4 + ipv4::PROTO) == Some(&IPPROTO_TCP)
+                        && f.get(frame::L4 + tcp::FLAGS)
+                            .is_some_and(|fl| fl & TCP_CONTROL != 0)
+                        && !matches!(
+                            c,
+                            Counter::DropMalformed
+                                | Counter::DropTruncated
+                                | Counter::DropIpChecksum
+                        )
+                }
                 _ => false,
             };
             if !fine {

@@ -29,6 +29,7 @@ mod port_forward;
 mod ports;
 mod standalone;
 mod tcp;
+mod tcp_window;
 mod udp;
 
 use std::collections::BTreeMap;
@@ -39,7 +40,7 @@ use router_common::{
     maps::{
         Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL,
         FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
-        Timeouts,
+        TcpWindow, Timeouts,
     },
 };
 use tests::addr::octets::{CLIENT, CLIENT2, LAN_NOBODY, ROUTER_LAN, SERVER, WAN, WAN_NOBODY};
@@ -348,9 +349,12 @@ fn dnat(ip: &Ipv4, addr: [u8; 4], port: u16) -> Ipv4 {
     o
 }
 
-/// `e` with the next-hop cache cleared, as a new entry has it.
+/// `e` with the next-hop cache cleared, as a new entry has it, and
+/// without the TCP window tracking (the `tcp_window` tests check that
+/// through [`Router::raw_entry`]).
 fn without_hop(mut e: FlowEntry) -> FlowEntry {
     e.clear_next_hop();
+    e.tcp = TcpWindow::default();
     e
 }
 

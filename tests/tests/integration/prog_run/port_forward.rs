@@ -33,11 +33,11 @@ fn port_forward_rules() {
         let ts = r.stamp(&f.orig, &run);
         r.assert_flows("after SYN", f.entries(FlowState::TcpSynSent, 0, ts, ts));
 
-        let synack = Ipv4::new(
-            CLIENT,
-            SERVER,
-            Tcp::new(80, 5555, TCP_SYN | TCP_ACK).options(&MSS),
-        );
+        // Acknowledging the SYN (`Tcp::new`'s sequence number + 1): one
+        // that does not is out of the opener's window (see `tcp_window`).
+        let mut synack_tcp = Tcp::new(80, 5555, TCP_SYN | TCP_ACK).options(&MSS);
+        synack_tcp.ack = Tcp::new(0, 0, 0).seq + 1;
+        let synack = Ipv4::new(CLIENT, SERVER, synack_tcp);
         let run = r.redirect(
             "SYN+ACK from the LAN target",
             &env.client_sends(&synack),

@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// The sequence number `Tcp::new` gives every segment: here both sides'
+/// initial sequence number.
+const ISN: u32 = 0x1000_0001;
+/// The end of the first flow's SYN (one byte of payload).
+const SYN_END: u32 = ISN + 2;
+
 /// TCP: SYN masqueraded (port preserved, options and payload kept), reply
 /// translated back, and the state machine visible in both entries: SYN ->
 /// `SYN_SENT`, SYN+ACK -> ESTABLISHED, RST -> CLOSED, SYN again -> reopened;
@@ -70,11 +76,11 @@ fn tcp_snat_reply_and_state_transitions() {
             f.entries(FlowState::TcpSynSent, 0, ts, seen),
         );
 
-        let synack = Ipv4::new(
-            SERVER,
-            WAN,
-            Tcp::new(80, 40000, TCP_SYN | TCP_ACK).options(&MSS),
-        );
+        // It acknowledges the SYN (ISN and one byte of payload): a SYN+ACK
+        // that does not is out of the client's window (see `tcp_window`).
+        let mut synack_tcp = Tcp::new(80, 40000, TCP_SYN | TCP_ACK).options(&MSS);
+        synack_tcp.ack = SYN_END;
+        let synack = Ipv4::new(SERVER, WAN, synack_tcp);
         let run = r.redirect(
             "SYN+ACK in",
             &env.server_sends(&synack),
@@ -108,7 +114,10 @@ fn tcp_snat_reply_and_state_transitions() {
             f.entries(FlowState::TcpEstablished, 0, ts, seen),
         );
 
-        let rst = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_RST | TCP_ACK));
+        // At the server's RCV.NXT, the end of the SYN.
+        let mut rst_tcp = Tcp::new(40000, 80, TCP_RST | TCP_ACK);
+        rst_tcp.seq = SYN_END;
+        let rst = Ipv4::new(CLIENT, SERVER, rst_tcp);
         let run = r.redirect(
             "RST out",
             &env.client_sends(&rst),
@@ -147,7 +156,9 @@ fn tcp_snat_reply_and_state_transitions() {
             &[Counter::FlowNewMasquerade],
         );
         let ts2 = r.stamp(&g.orig, &run);
-        let synack2 = Ipv4::new(SERVER, WAN, Tcp::new(80, 40001, TCP_SYN | TCP_ACK));
+        let mut synack2_tcp = Tcp::new(80, 40001, TCP_SYN | TCP_ACK);
+        synack2_tcp.ack = ISN + 1;
+        let synack2 = Ipv4::new(SERVER, WAN, synack2_tcp);
         let run = r.redirect(
             "SYN+ACK 2 in",
             &env.server_sends(&synack2),
@@ -157,7 +168,11 @@ fn tcp_snat_reply_and_state_transitions() {
             &[],
         );
         let seen2 = r.seen(&g.orig, ts2, &run);
-        let fin_out = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 80, TCP_FIN | TCP_ACK));
+        // Each FIN at its receiver's RCV.NXT: the end of the other's SYN.
+        let mut fin_out_tcp = Tcp::new(40001, 80, TCP_FIN | TCP_ACK);
+        fin_out_tcp.seq = ISN + 1;
+        fin_out_tcp.ack = ISN + 1;
+        let fin_out = Ipv4::new(CLIENT, SERVER, fin_out_tcp);
         let run = r.redirect(
             "FIN out",
             &env.client_sends(&fin_out),
@@ -173,7 +188,9 @@ fn tcp_snat_reply_and_state_transitions() {
                 .into_iter()
                 .chain(g.entries(FlowState::TcpFinWait, FLAG_FIN_ORIG, ts2, seen2)),
         );
-        let fin_in = Ipv4::new(SERVER, WAN, Tcp::new(80, 40001, TCP_FIN | TCP_ACK));
+        let mut fin_in_tcp = Tcp::new(80, 40001, TCP_FIN | TCP_ACK);
+        fin_in_tcp.seq = ISN + 1;
+        let fin_in = Ipv4::new(SERVER, WAN, fin_in_tcp);
         let run = r.redirect(
             "FIN in",
             &env.server_sends(&fin_in),
