@@ -29,6 +29,10 @@ const DEB_PACKAGES: &[&str] = &[
     // iptables-legacy) and the kernel's conntrack as `conntrack -L` shows it.
     "nftables",
     "conntrack",
+    // The service test: `systemd-analyze verify` on the shipped unit.
+    "systemd",
+    // The status page's test loads it in headless Chromium.
+    "chromium",
 ];
 
 /// The Debian compiler packages, not needed where rustup nightly has rust-src.

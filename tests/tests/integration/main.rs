@@ -14,6 +14,7 @@
 mod apply;
 mod ctl;
 mod ctl_errors;
+mod daemon_run;
 mod doctor;
 mod lifecycle;
 mod live_frames;
@@ -23,4 +24,5 @@ mod nat_e2e;
 mod offload;
 mod prog_run;
 mod reliability;
+mod service;
 mod topology;
