@@ -29,10 +29,11 @@ use crate::{
     clock::monotonic_ns,
     ctnetlink::{CtSocket, Event, Tuple},
     ctx::Ctx,
+    live::{DaemonView, Live},
     maps::ConntrackMap,
     netlink,
     offload::{Kernel, KernelTimeouts, OffloadStats, Offloader, Table},
-    service, state,
+    service, state, web,
 };
 
 /// Receive buffer of the event socket: room for bursts of events between
@@ -40,6 +41,8 @@ use crate::{
 const EVENT_RCVBUF: usize = 8 << 20;
 /// Routes remembered between resyncs (one lookup per new source address).
 const ROUTE_CACHE_MAX: usize = 65_536;
+/// Between two samples of the counters for the status page's chart.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// The daemon's health and counters, as its status file holds them.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -209,6 +212,9 @@ pub struct RunOptions {
     pub tick: Duration,
     /// Applied at start and again on SIGHUP, as `apply FILE` does.
     pub config: Option<PathBuf>,
+    /// The status page's and metrics' listener, bound by the caller in its
+    /// own namespace ([`web::bind`]).
+    pub listener: Option<std::net::TcpListener>,
 }
 
 /// The part of the daemon that depends on the router's mode: the offloader
@@ -273,7 +279,7 @@ impl Session {
 
 /// Runs the daemon until SIGINT or SIGTERM. The caller has entered the
 /// router's namespace on this (the only) thread; the runtime stays on it.
-pub fn run(ctx: &Ctx, opts: &RunOptions) -> Result<()> {
+pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     if let Some(path) = &opts.config {
         apply::apply(ctx, path, false)
             .with_context(|| format!("applying {} at start", path.display()))?;
@@ -294,6 +300,17 @@ fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()>
     status.offload.clone_from(&s.off.stats);
     let data = serde_json::to_vec_pretty(status)?;
     state::write_private(&status_path(ctx.ns()), &data)
+}
+
+/// What the status page shows about the daemon.
+fn daemon_view(status: &DaemonStatus, s: &Session) -> DaemonView {
+    DaemonView {
+        pid: status.pid,
+        started_unix: status.started_unix,
+        admit: s.admit(),
+        offloaded_flows: s.off.len() as u64,
+        offload: serde_json::to_value(&s.off.stats).unwrap_or_default(),
+    }
 }
 
 /// The status line systemd shows.
@@ -339,7 +356,45 @@ fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
     service::ready(&status_line(session));
 }
 
-async fn serve(ctx: &Ctx, opts: &RunOptions) -> Result<()> {
+/// Reads the conntrack events queued on the socket until none is left.
+fn drain_events(sock: &CtSocket, off: &mut Daemon, buf: &mut [u8]) -> Result<()> {
+    loop {
+        match sock.recv_events(buf) {
+            Ok(Some(ev)) => apply_events(off, ev),
+            Ok(None) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                // The kernel dropped events: start over from a dump.
+                off.stats.events_lost += 1;
+                tracing::warn!("conntrack events lost; resynchronising from a dump");
+                resync(off)?;
+            }
+            Err(e) => {
+                return Err(e).context(format!(
+                    "reading conntrack events (fd {})",
+                    sock.as_raw_fd()
+                ));
+            }
+        }
+    }
+}
+
+/// Samples the counters (and the table when a page is open) and renders
+/// the status page's document.
+fn publish(
+    ctx: &Ctx,
+    live: &mut Live,
+    shared: &web::Shared,
+    viewed: bool,
+    status: &DaemonStatus,
+    session: &Session,
+) {
+    live.sample(ctx, viewed);
+    shared
+        .doc
+        .send_replace(live.render(ctx, &daemon_view(status, session)).to_string());
+}
+
+async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
@@ -358,6 +413,16 @@ async fn serve(ctx: &Ctx, opts: &RunOptions) -> Result<()> {
     );
     service::ready(&status_line(&session));
     let watchdog = service::watchdog_enabled();
+    let listener = match opts.listener {
+        Some(l) => {
+            Some(tokio::net::TcpListener::from_std(l).context("registering the HTTP listener")?)
+        }
+        None => None,
+    };
+    let shared = web::SharedState::default();
+    let mut live = Live::default();
+    let mut sampler = tokio::time::interval(SAMPLE_EVERY);
+    sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticker = tokio::time::interval(opts.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 1 << 20];
@@ -366,6 +431,17 @@ async fn serve(ctx: &Ctx, opts: &RunOptions) -> Result<()> {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => reload(ctx, opts.config.as_deref(), &mut session),
+            // A page just opened: sample now rather than at the next tick.
+            () = shared.wake.notified() => publish(ctx, &mut live, &shared, true, &status, &session),
+            _ = sampler.tick() => {
+                publish(ctx, &mut live, &shared, shared.viewed(), &status, &session);
+            }
+            conn = async { listener.as_ref()?.accept().await.ok() }, if listener.is_some() => {
+                if let Some((sock, peer)) = conn {
+                    tracing::debug!("HTTP connection from {peer}");
+                    tokio::spawn(web::handle(sock, ctx.clone(), shared.clone()));
+                }
+            }
             _ = ticker.tick() => {
                 session.off.tick(monotonic_ns());
                 if let Err(e) = write_status(ctx, &mut status, &session) {
@@ -381,28 +457,8 @@ async fn serve(ctx: &Ctx, opts: &RunOptions) -> Result<()> {
                 let (Some(mut guard), Some(fd)) = (ready, session.events.as_ref()) else {
                     continue;
                 };
-                let off = &mut session.off;
-                loop {
-                    match fd.get_ref().recv_events(&mut buf) {
-                        Ok(Some(ev)) => apply_events(off, ev),
-                        Ok(None) => {
-                            guard.clear_ready();
-                            break;
-                        }
-                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                            // The kernel dropped events: start over from a dump.
-                            off.stats.events_lost += 1;
-                            tracing::warn!("conntrack events lost; resynchronising from a dump");
-                            resync(off)?;
-                        }
-                        Err(e) => {
-                            return Err(e).context(format!(
-                                "reading conntrack events (fd {})",
-                                fd.get_ref().as_raw_fd()
-                            ));
-                        }
-                    }
-                }
+                drain_events(fd.get_ref(), &mut session.off, &mut buf)?;
+                guard.clear_ready();
             }
         }
     }

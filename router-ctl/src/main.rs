@@ -11,8 +11,9 @@
 //   lifecycle: attach (fresh or replace), detach, the loader; uses doctor
 //   kernel:    ctnetlink (the kernel's conntrack), offload (which of its
 //              flows XDP carries, kept coherent)
-//   commands:  apply, conntrack, daemon (`run`; uses apply), doctor, forward,
-//              metrics, stats, status
+//   commands:  apply, conntrack, doctor, forward, metrics, stats, status;
+//              live (the status page's samples) and web (its HTTP side) over
+//              those; daemon (`run`) over apply, live and web
 mod apply;
 mod bpfsys;
 mod caps;
@@ -26,6 +27,7 @@ mod doctor;
 mod forward;
 mod inspect;
 mod lifecycle;
+mod live;
 mod maps;
 mod metrics;
 mod netlink;
@@ -38,6 +40,7 @@ mod signals;
 mod state;
 mod stats;
 mod status;
+mod web;
 
 use std::{fs, os::fd::AsRawFd, path::Path, path::PathBuf};
 
@@ -249,6 +252,7 @@ See examples/router.toml in the source tree for every field.")]
     #[command(after_help = "Examples:
   router-ctl -n rtr attach lan0 wan0 && router-ctl -n rtr run
   router-ctl run --config /etc/xdp-router/router.toml   # what the systemd unit starts
+  router-ctl -n rtr run --listen 127.0.0.1:8080  # status page on http://127.0.0.1:8080/
   kill -HUP $(pidof router-ctl)                  # re-apply the file
   RUST_LOG=debug router-ctl run                  # every offloaded flow")]
     Run {
@@ -259,6 +263,12 @@ See examples/router.toml in the source tree for every field.")]
         /// Apply this TOML file at start and on SIGHUP (see `apply`).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Serve the live status page (`/`), its JSON (`/api/status`) and the Prometheus
+        /// metrics (`/metrics`) here, or `none`. Bound in the caller's network namespace
+        /// (also with -n), like `metrics`; a non-loopback address gets a warning.
+        #[arg(long, value_name = "ADDR:PORT|none", default_value = web::DEFAULT_LISTEN,
+              value_parser = web::parse_listen)]
+        listen: web::Listen,
     },
     /// Print a shell completion script.
     #[command(after_help = "Examples:
@@ -451,6 +461,12 @@ fn run(cli: Cli) -> Result<i32> {
         // Bind before anything else, in the caller's namespace.
         return metrics::serve(&ctx, listen).map(|()| 0);
     }
+    // The status page listens in the caller's namespace, as `metrics` does:
+    // bound before the daemon enters the router's.
+    let listener = match &cli.cmd {
+        Cmd::Run { listen, .. } => web::bind(*listen)?,
+        _ => None,
+    };
     if let Some(ns) = &cli.netns {
         // Enter only the network namespace, on the only thread: interface
         // names and netlink resolve there, pins stay in our bpffs.
@@ -494,11 +510,12 @@ fn run(cli: Cli) -> Result<i32> {
         .map(|()| 0),
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
         Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &ctx.pin_dir, json)),
-        Cmd::Run { tick, config } => daemon::run(
+        Cmd::Run { tick, config, .. } => daemon::run(
             &ctx,
-            &daemon::RunOptions {
+            daemon::RunOptions {
                 tick: std::time::Duration::from_secs(tick),
                 config,
+                listener,
             },
         )
         .map(|()| 0),

@@ -196,3 +196,53 @@ impl Drop for RunningDaemon {
         }
     }
 }
+
+impl RunningDaemon {
+    /// The address the status page listens on, from the line `run` prints.
+    #[must_use]
+    pub fn page_addr(&self) -> std::net::SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log();
+            if let Some(a) = log.lines().find_map(|l| {
+                l.split("status page on http://")
+                    .nth(1)?
+                    .split('/')
+                    .next()?
+                    .parse()
+                    .ok()
+            }) {
+                return a;
+            }
+            assert!(Instant::now() < deadline, "no status page line in:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `METHOD PATH` over HTTP/1.1 to `addr`, from the namespace `ns`:
+/// (status code, head, body).
+pub fn http(
+    t: &Topology,
+    ns: Ns,
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+) -> (u16, String, String) {
+    use std::io::{Read as _, Write as _};
+    t.in_ns(ns, || {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: router\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("a status code");
+        (code, head.to_owned(), body.to_owned())
+    })
+}

@@ -25,4 +25,5 @@ mod offload;
 mod prog_run;
 mod reliability;
 mod service;
+mod status_page;
 mod topology;
