@@ -15,6 +15,7 @@ mod apply;
 mod ctl;
 mod ctl_errors;
 mod daemon_run;
+mod dashboard;
 mod doctor;
 mod lifecycle;
 mod live_frames;
