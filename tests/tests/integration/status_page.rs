@@ -176,7 +176,9 @@ fn status_page_shows_live_numbers_in_chromium() {
     let (code, _, body) = http(&t, Ns::Client, addr, "GET", "/api/status");
     assert_eq!(code, 200);
     let doc: Value = serde_json::from_str(&body).expect("status JSON");
-    assert!(doc["history"].as_array().unwrap().len() >= 3, "{doc}");
+    let samples = doc["history"].as_array().unwrap().len();
+    assert!(samples >= 3, "{doc}");
+    println!("/api/status: {} bytes with {samples} rate samples", body.len());
     assert_eq!(doc["router"]["mode"], "standalone");
     let (code, _, metrics) = http(&t, Ns::Client, addr, "GET", "/metrics");
     assert_eq!(code, 200);
