@@ -231,11 +231,20 @@ fn every_dashboard_metric_is_in_a_running_routers_metrics() {
         &[
             "--config",
             file.to_str().unwrap(),
+            // All addresses of the client's namespace: warned about.
             "--listen",
-            "127.0.0.1:0",
+            "0.0.0.0:0",
         ],
     );
-    let (code, _, body) = http(&t, Ns::Client, daemon.page_addr(), "GET", "/metrics");
+    let addr = daemon.page_addr();
+    assert!(addr.ip().is_unspecified(), "{addr}");
+    assert!(
+        daemon.log().contains("not loopback"),
+        "no warning for a non-loopback listener:\n{}",
+        daemon.log()
+    );
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], addr.port()));
+    let (code, _, body) = http(&t, Ns::Client, local, "GET", "/metrics");
     assert_eq!(code, 200, "{body}");
     let have = exposed(&body);
     let want = dashboard_metrics();

@@ -178,7 +178,10 @@ fn status_page_shows_live_numbers_in_chromium() {
     let doc: Value = serde_json::from_str(&body).expect("status JSON");
     let samples = doc["history"].as_array().unwrap().len();
     assert!(samples >= 3, "{doc}");
-    println!("/api/status: {} bytes with {samples} rate samples", body.len());
+    println!(
+        "/api/status: {} bytes with {samples} rate samples",
+        body.len()
+    );
     assert_eq!(doc["router"]["mode"], "standalone");
     let (code, _, metrics) = http(&t, Ns::Client, addr, "GET", "/metrics");
     assert_eq!(code, 200);
