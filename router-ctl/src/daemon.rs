@@ -25,13 +25,15 @@ use tokio::{
 };
 
 use crate::{
+    apply,
     clock::monotonic_ns,
     ctnetlink::{CtSocket, Event, Tuple},
     ctx::Ctx,
+    live::{DaemonView, Live},
     maps::ConntrackMap,
     netlink,
     offload::{Kernel, KernelTimeouts, OffloadStats, Offloader, Table},
-    state,
+    service, state, web,
 };
 
 /// Receive buffer of the event socket: room for bursts of events between
@@ -39,6 +41,8 @@ use crate::{
 const EVENT_RCVBUF: usize = 8 << 20;
 /// Routes remembered between resyncs (one lookup per new source address).
 const ROUTE_CACHE_MAX: usize = 65_536;
+/// Between two samples of the counters for the status page's chart.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// The daemon's health and counters, as its status file holds them.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -191,7 +195,7 @@ fn resync(off: &mut Daemon) -> Result<()> {
     Ok(())
 }
 
-fn apply(off: &mut Daemon, events: Vec<Event>) {
+fn apply_events(off: &mut Daemon, events: Vec<Event>) {
     let now = monotonic_ns();
     for e in events {
         match e {
@@ -201,129 +205,268 @@ fn apply(off: &mut Daemon, events: Vec<Event>) {
     }
 }
 
+/// What `run` is asked to do.
+#[derive(Debug)]
+pub struct RunOptions {
+    /// Between refreshes of active flows (and watchdog pings).
+    pub tick: Duration,
+    /// Applied at start and again on SIGHUP, as `apply FILE` does.
+    pub config: Option<PathBuf>,
+    /// The status page's and metrics' listener, bound by the caller in its
+    /// own namespace ([`web::bind`]).
+    pub listener: Option<std::net::TcpListener>,
+}
+
+/// The part of the daemon that depends on the router's mode: the offloader
+/// over the pinned table, and in offload mode the event subscription.
+/// Built again when a reload switches the mode.
+struct Session {
+    off: Daemon,
+    events: Option<AsyncFd<CtSocket>>,
+    kernel_mode: bool,
+}
+
+impl Session {
+    /// Reads the attached router's configuration, subscribes to conntrack
+    /// events (offload mode) and loads the kernel's table. Must run inside
+    /// the runtime (the event socket registers with it).
+    fn open(ctx: &Ctx) -> Result<Self> {
+        let maps = ctx.maps();
+        let cfg = maps.read_config()?;
+        let kernel_mode = cfg.admit == Admit::Kernel as u8;
+        let table = PinnedTable(maps.conntrack()?);
+        let kernel = NetlinkKernel {
+            ct: CtSocket::requests().context("opening a ctnetlink socket")?,
+            routes: HashMap::new(),
+        };
+        let mut off = Offloader::new(
+            table,
+            kernel,
+            cfg.lan_ifindex,
+            cfg.wan_ifindex,
+            KernelTimeouts::read(),
+        );
+        // Subscribe before the dump, so no event falls between the two.
+        let events = if kernel_mode {
+            let s = CtSocket::events(EVENT_RCVBUF)
+                .context("subscribing to conntrack events (ctnetlink)")?;
+            resync(&mut off)?;
+            // SAFETY: CtSocket owns its fd and never changes or closes it
+            // before it is dropped, which the AsyncFd does.
+            Some(
+                unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
+                    .map_err(|e| io::Error::other(e.to_string()))
+                    .context("registering the event socket")?,
+            )
+        } else {
+            tracing::warn!(
+                "standalone mode (attach --admit xdp): the data path admits flows itself, \
+                 nothing to offload"
+            );
+            None
+        };
+        Ok(Self {
+            off,
+            events,
+            kernel_mode,
+        })
+    }
+
+    fn admit(&self) -> &'static str {
+        if self.kernel_mode { "kernel" } else { "xdp" }
+    }
+}
+
 /// Runs the daemon until SIGINT or SIGTERM. The caller has entered the
 /// router's namespace on this (the only) thread; the runtime stays on it.
-pub fn run(ctx: &Ctx, tick: Duration) -> Result<()> {
-    let maps = ctx.maps();
-    let cfg = maps.read_config()?;
-    let kernel_mode = cfg.admit == Admit::Kernel as u8;
-    let table = PinnedTable(maps.conntrack()?);
-    let kernel = NetlinkKernel {
-        ct: CtSocket::requests().context("opening a ctnetlink socket")?,
-        routes: HashMap::new(),
-    };
-    let mut off = Offloader::new(
-        table,
-        kernel,
-        cfg.lan_ifindex,
-        cfg.wan_ifindex,
-        KernelTimeouts::read(),
-    );
-    let mut status = DaemonStatus {
-        pid: std::process::id(),
-        started_unix: unix_now(),
-        tick_secs: tick.as_secs().max(1),
-        admit: if kernel_mode { "kernel" } else { "xdp" }.into(),
-        ..DaemonStatus::default()
-    };
-    // Subscribe before the dump, so no event falls between the two.
-    let events = if kernel_mode {
-        let s = CtSocket::events(EVENT_RCVBUF)
-            .context("subscribing to conntrack events (ctnetlink)")?;
-        resync(&mut off)?;
-        Some(s)
-    } else {
-        tracing::warn!(
-            "standalone mode (attach --admit xdp): the data path admits flows itself, \
-             nothing to offload"
-        );
-        None
-    };
-    write_status(ctx, &mut status, &off)?;
-    eprintln!(
-        "router-ctl run: {} mode, {} flows offloaded from the kernel's table; stop with Ctrl-C",
-        status.admit,
-        off.len()
-    );
+pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
+    if let Some(path) = &opts.config {
+        apply::apply(ctx, path, false)
+            .with_context(|| format!("applying {} at start", path.display()))?;
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let res = rt.block_on(serve(ctx, &mut off, &mut status, events, tick));
+    let res = rt.block_on(serve(ctx, opts));
     let _ = std::fs::remove_file(status_path(ctx.ns()));
     res
 }
 
-fn write_status(ctx: &Ctx, status: &mut DaemonStatus, off: &Daemon) -> Result<()> {
+fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()> {
     status.heartbeat_unix = unix_now();
-    status.offloaded_flows = off.len() as u64;
-    status.offload.clone_from(&off.stats);
+    status.admit = s.admit().into();
+    status.offloaded_flows = s.off.len() as u64;
+    status.offload.clone_from(&s.off.stats);
     let data = serde_json::to_vec_pretty(status)?;
     state::write_private(&status_path(ctx.ns()), &data)
 }
 
-async fn serve(
+/// What the status page shows about the daemon.
+fn daemon_view(status: &DaemonStatus, s: &Session) -> DaemonView {
+    DaemonView {
+        pid: status.pid,
+        started_unix: status.started_unix,
+        admit: s.admit(),
+        offloaded_flows: s.off.len() as u64,
+        offload: serde_json::to_value(&s.off.stats).unwrap_or_default(),
+    }
+}
+
+/// The status line systemd shows.
+fn status_line(s: &Session) -> String {
+    format!("{} mode, {} flows offloaded", s.admit(), s.off.len())
+}
+
+/// SIGHUP: the file applied again with `apply`'s validation and no-op
+/// semantics. An error leaves the router as it was (apply validates the
+/// whole file before it changes anything) and the daemon running.
+fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
+    let Some(path) = config else {
+        tracing::warn!("SIGHUP: started without --config, nothing to reload");
+        return;
+    };
+    service::reloading();
+    match apply::apply(ctx, path, false) {
+        Ok(()) => {
+            tracing::info!("reloaded {}", path.display());
+            eprintln!("router-ctl run: reloaded {}", path.display());
+            let kernel_mode = ctx
+                .maps()
+                .read_config()
+                .is_ok_and(|c| c.admit == Admit::Kernel as u8);
+            if kernel_mode != session.kernel_mode {
+                match Session::open(ctx) {
+                    Ok(s) => *session = s,
+                    Err(e) => tracing::error!("after the reload, following the new mode: {e:#}"),
+                }
+            }
+        }
+        Err(e) => {
+            tracing::error!(
+                "reloading {}: {e:#}; the router keeps its previous configuration",
+                path.display()
+            );
+            eprintln!(
+                "router-ctl run: reload of {} refused: {e:#}; nothing changed",
+                path.display()
+            );
+        }
+    }
+    service::ready(&status_line(session));
+}
+
+/// Reads the conntrack events queued on the socket until none is left.
+fn drain_events(sock: &CtSocket, off: &mut Daemon, buf: &mut [u8]) -> Result<()> {
+    loop {
+        match sock.recv_events(buf) {
+            Ok(Some(ev)) => apply_events(off, ev),
+            Ok(None) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                // The kernel dropped events: start over from a dump.
+                off.stats.events_lost += 1;
+                tracing::warn!("conntrack events lost; resynchronising from a dump");
+                resync(off)?;
+            }
+            Err(e) => {
+                return Err(e).context(format!(
+                    "reading conntrack events (fd {})",
+                    sock.as_raw_fd()
+                ));
+            }
+        }
+    }
+}
+
+/// Samples the counters (and the table when a page is open) and renders
+/// the status page's document.
+fn publish(
     ctx: &Ctx,
-    off: &mut Daemon,
-    status: &mut DaemonStatus,
-    events: Option<CtSocket>,
-    tick: Duration,
-) -> Result<()> {
+    live: &mut Live,
+    shared: &web::Shared,
+    viewed: bool,
+    status: &DaemonStatus,
+    session: &Session,
+) {
+    live.sample(ctx, viewed);
+    shared
+        .doc
+        .send_replace(live.render(ctx, &daemon_view(status, session)).to_string());
+}
+
+async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut ticker = tokio::time::interval(tick);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let events = match events {
-        // SAFETY: CtSocket owns its fd and never changes or closes it
-        // before it is dropped, which the AsyncFd does.
-        Some(s) => Some(
-            unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
-                .map_err(|e| io::Error::other(e.to_string()))
-                .context("registering the event socket")?,
-        ),
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut session = Session::open(ctx)?;
+    let mut status = DaemonStatus {
+        pid: std::process::id(),
+        started_unix: unix_now(),
+        tick_secs: opts.tick.as_secs().max(1),
+        ..DaemonStatus::default()
+    };
+    write_status(ctx, &mut status, &session)?;
+    eprintln!(
+        "router-ctl run: {} mode, {} flows offloaded from the kernel's table; stop with Ctrl-C",
+        session.admit(),
+        session.off.len()
+    );
+    service::ready(&status_line(&session));
+    let watchdog = service::watchdog_enabled();
+    let listener = match opts.listener {
+        Some(l) => {
+            Some(tokio::net::TcpListener::from_std(l).context("registering the HTTP listener")?)
+        }
         None => None,
     };
+    let shared = web::SharedState::default();
+    let mut live = Live::default();
+    let mut sampler = tokio::time::interval(SAMPLE_EVERY);
+    sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = tokio::time::interval(opts.tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 1 << 20];
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = ticker.tick() => {
-                off.tick(monotonic_ns());
-                if let Err(e) = write_status(ctx, status, off) {
-                    tracing::warn!("writing the daemon status: {e:#}");
+            _ = hup.recv() => reload(ctx, opts.config.as_deref(), &mut session),
+            // A page just opened: sample now rather than at the next tick.
+            () = shared.wake.notified() => publish(ctx, &mut live, &shared, true, &status, &session),
+            _ = sampler.tick() => {
+                publish(ctx, &mut live, &shared, shared.viewed(), &status, &session);
+            }
+            conn = async { listener.as_ref()?.accept().await.ok() }, if listener.is_some() => {
+                if let Some((sock, peer)) = conn {
+                    tracing::debug!("HTTP connection from {peer}");
+                    tokio::spawn(web::handle(sock, ctx.clone(), shared.clone()));
                 }
             }
-            ready = async { events.as_ref()?.readable().await.ok() }, if events.is_some() => {
-                let (Some(mut guard), Some(fd)) = (ready, events.as_ref()) else { continue };
-                loop {
-                    match fd.get_ref().recv_events(&mut buf) {
-                        Ok(Some(ev)) => apply(off, ev),
-                        Ok(None) => {
-                            guard.clear_ready();
-                            break;
-                        }
-                        Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                            // The kernel dropped events: start over from a dump.
-                            off.stats.events_lost += 1;
-                            tracing::warn!("conntrack events lost; resynchronising from a dump");
-                            resync(off)?;
-                        }
-                        Err(e) => {
-                            return Err(e).context(format!(
-                                "reading conntrack events (fd {})",
-                                fd.get_ref().as_raw_fd()
-                            ));
-                        }
-                    }
+            _ = ticker.tick() => {
+                session.off.tick(monotonic_ns());
+                if let Err(e) = write_status(ctx, &mut status, &session) {
+                    tracing::warn!("writing the daemon status: {e:#}");
                 }
+                if watchdog {
+                    service::watchdog();
+                }
+                service::status(&status_line(&session));
+            }
+            ready = async { session.events.as_ref()?.readable().await.ok() },
+                if session.events.is_some() => {
+                let (Some(mut guard), Some(fd)) = (ready, session.events.as_ref()) else {
+                    continue;
+                };
+                drain_events(fd.get_ref(), &mut session.off, &mut buf)?;
+                guard.clear_ready();
             }
         }
     }
+    service::stopping();
     eprintln!(
-        "router-ctl run: stopping; {} offloaded flows stay on the fast path until their \
-         lease ends, then the kernel carries them",
-        off.len()
+        "router-ctl run: stopping; the data path stays attached, {} offloaded flows stay \
+         on the fast path until their lease ends, then the kernel carries them",
+        session.off.len()
     );
     Ok(())
 }

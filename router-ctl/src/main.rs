@@ -4,15 +4,16 @@
 //! declarative `apply`, a Prometheus endpoint, and `doctor`.
 
 // Module layers, each using only the layers above it (no circles):
-//   ground:    bpfsys, caps, clock, netlink, object, parse, signals
+//   ground:    bpfsys, caps, clock, netlink, object, parse, service, signals
 //   router:    pins (where), maps (the one typed facade over the pinned
 //              maps), ctx (which router), config (what is asked for),
 //              state (the attach record), inspect (what runs now)
 //   lifecycle: attach (fresh or replace), detach, the loader; uses doctor
 //   kernel:    ctnetlink (the kernel's conntrack), offload (which of its
 //              flows XDP carries, kept coherent)
-//   commands:  apply, conntrack, daemon (`run`), doctor, forward, metrics,
-//              stats, status
+//   commands:  apply, conntrack, doctor, forward, metrics, stats, status;
+//              live (the status page's samples) and web (its HTTP side) over
+//              those; daemon (`run`) over apply, live and web
 mod apply;
 mod bpfsys;
 mod caps;
@@ -26,6 +27,7 @@ mod doctor;
 mod forward;
 mod inspect;
 mod lifecycle;
+mod live;
 mod maps;
 mod metrics;
 mod netlink;
@@ -33,11 +35,13 @@ mod object;
 mod offload;
 mod parse;
 mod pins;
+mod service;
 mod signals;
 mod standalone;
 mod state;
 mod stats;
 mod status;
+mod web;
 
 use std::{fs, os::fd::AsRawFd, path::Path, path::PathBuf};
 
@@ -253,16 +257,31 @@ See examples/router.toml in the source tree for every field.")]
     /// Dumps the kernel's conntrack at start, then follows its events over ctnetlink
     /// (resynchronising by dump when events are lost). TCP flows are offloaded once
     /// ESTABLISHED and ASSURED, UDP and ICMP echo after the first reply, if they run
-    /// between LAN and WAN without a helper. Stops on SIGINT/SIGTERM; offloaded flows
-    /// then go back to the kernel within their lease (at most 60 s).
+    /// between LAN and WAN without a helper. Stops on SIGINT/SIGTERM and leaves the data
+    /// path attached; offloaded flows then go back to the kernel within their lease (at
+    /// most 60 s). With --config it applies the file first (as `apply`) and again on
+    /// SIGHUP (`systemctl reload`): a bad file changes nothing, is logged, and the daemon
+    /// keeps running. Reports readiness to systemd (Type=notify) when started by a unit.
     #[command(after_help = "Examples:
   router-ctl -n rtr attach lan0 wan0 && router-ctl -n rtr run
+  router-ctl run --config /etc/xdp-router/router.toml   # what the systemd unit starts
+  router-ctl -n rtr run --listen 127.0.0.1:8080  # status page on http://127.0.0.1:8080/
+  kill -HUP $(pidof router-ctl)                  # re-apply the file
   RUST_LOG=debug router-ctl run                  # every offloaded flow")]
     Run {
         /// Seconds between refreshes of active flows' kernel timeouts and leases.
         #[arg(long, default_value_t = 2, value_name = "SECS",
               value_parser = clap::value_parser!(u64).range(1..=30))]
         tick: u64,
+        /// Apply this TOML file at start and on SIGHUP (see `apply`).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Serve the live status page (`/`), its JSON (`/api/status`) and the Prometheus
+        /// metrics (`/metrics`) here, or `none`. Bound in the caller's network namespace
+        /// (also with -n), like `metrics`; a non-loopback address gets a warning.
+        #[arg(long, value_name = "ADDR:PORT|none", default_value = web::DEFAULT_LISTEN,
+              value_parser = web::parse_listen)]
+        listen: web::Listen,
     },
     /// Print a shell completion script.
     #[command(after_help = "Examples:
@@ -457,6 +476,12 @@ fn run(cli: Cli) -> Result<i32> {
         // Bind before anything else, in the caller's namespace.
         return metrics::serve(&ctx, listen).map(|()| 0);
     }
+    // The status page listens in the caller's namespace, as `metrics` does:
+    // bound before the daemon enters the router's.
+    let listener = match &cli.cmd {
+        Cmd::Run { listen, .. } => web::bind(*listen)?,
+        _ => None,
+    };
     if let Some(ns) = &cli.netns {
         // Enter only the network namespace, on the only thread: interface
         // names and netlink resolve there, pins stay in our bpffs.
@@ -500,7 +525,15 @@ fn run(cli: Cli) -> Result<i32> {
         .map(|()| 0),
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
         Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &ctx.pin_dir, json)),
-        Cmd::Run { tick } => daemon::run(&ctx, std::time::Duration::from_secs(tick)).map(|()| 0),
+        Cmd::Run { tick, config, .. } => daemon::run(
+            &ctx,
+            daemon::RunOptions {
+                tick: std::time::Duration::from_secs(tick),
+                config,
+                listener,
+            },
+        )
+        .map(|()| 0),
         Cmd::Metrics { .. } | Cmd::Completions { .. } | Cmd::Man => Ok(0),
     }
 }

@@ -35,6 +35,10 @@ const DEB_PACKAGES: &[&str] = &[
     // routers.
     "keepalived",
     "conntrackd",
+    // The service test: `systemd-analyze verify` on the shipped unit.
+    "systemd",
+    // The status page's test loads it in headless Chromium.
+    "chromium",
 ];
 
 /// The Debian compiler packages, not needed where rustup nightly has rust-src.

@@ -14,6 +14,8 @@
 mod apply;
 mod ctl;
 mod ctl_errors;
+mod daemon_run;
+mod dashboard;
 mod doctor;
 mod failover;
 mod lifecycle;
@@ -24,6 +26,8 @@ mod nat_e2e;
 mod offload;
 mod prog_run;
 mod reliability;
+mod service;
 mod standalone;
+mod status_page;
 mod tcp_blind_reset;
 mod topology;

@@ -145,6 +145,9 @@ impl Daemon {
     fn start(t: &Topology, extra: &[&str]) -> Self {
         let mut child = Command::new(router_ctl_bin())
             .args(["-n", t.ns_name(Ns::Router), "run"])
+            // No status page: the default port is shared by every test run
+            // on the machine (the page has its own tests).
+            .args(["--listen", "none"])
             .args(extra)
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())

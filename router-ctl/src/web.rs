@@ -1,0 +1,279 @@
+//! The HTTP side of `run`: the live status page at `/`, its data at
+//! `/api/status`, and the Prometheus metrics at `/metrics`, all on one
+//! listener. A small HTTP/1.1 responder on tokio (GET and HEAD, one
+//! request per connection): the daemon is a single-threaded runtime, and
+//! three read-only routes need no framework.
+//!
+//! The listener is bound in the caller's network namespace before the
+//! daemon enters the router's (see [`bind`]), as `metrics` does: with
+//! `-n rtr` the page is reached from where the command was started, not
+//! from inside the router's namespace.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpStream,
+    sync::{Notify, watch},
+};
+
+use crate::{ctx::Ctx, metrics};
+
+/// The default listen address of `run` and `metrics`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9469";
+/// A request head larger than this is refused.
+const MAX_HEAD: usize = 8 * 1024;
+/// A client that has not sent its request head by then is dropped.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The page: one file, no assets from elsewhere (the CSP below refuses
+/// them too), so it works on a router without internet access.
+const PAGE: &str = include_str!("web/status.html");
+
+/// A page that fetched within this long counts as open: the daemon walks
+/// the table (conntrack fill, flows) only then.
+pub const VIEW_TTL: Duration = Duration::from_secs(15);
+/// How long the first fetch of a newly opened page waits for the daemon to
+/// walk the table, rather than answer without flows.
+const FIRST_VIEW_WAIT: Duration = Duration::from_secs(2);
+
+/// Between the daemon and the connections: the JSON document it last
+/// rendered, when a page last asked for it, and the wake-up a newly opened
+/// page sends so it need not wait for the next sample.
+#[derive(Debug)]
+pub struct Shared {
+    pub doc: watch::Sender<String>,
+    last_view: Mutex<Option<Instant>>,
+    pub wake: Notify,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            doc: watch::Sender::new(String::from("{}")),
+            last_view: Mutex::new(None),
+            wake: Notify::new(),
+        }
+    }
+}
+
+impl Shared {
+    /// Whether a page fetched within [`VIEW_TTL`].
+    #[must_use]
+    pub fn viewed(&self) -> bool {
+        self.last_view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some_and(|t| t.elapsed() < VIEW_TTL)
+    }
+
+    /// Notes a fetch; true if no page was open before it.
+    fn view(&self) -> bool {
+        let mut last = self
+            .last_view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first = last.is_none_or(|t| t.elapsed() >= VIEW_TTL);
+        *last = Some(Instant::now());
+        first
+    }
+}
+
+pub type SharedState = Arc<Shared>;
+
+/// `--listen ADDR:PORT`, or `none` for no listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listen(pub Option<SocketAddr>);
+
+pub fn parse_listen(s: &str) -> Result<Listen, String> {
+    if s == "none" {
+        return Ok(Listen(None));
+    }
+    s.parse()
+        .map(|a| Listen(Some(a)))
+        .map_err(|_| format!("{s:?} is not ADDR:PORT (e.g. 127.0.0.1:9469) or `none`"))
+}
+
+/// Binds in the calling thread's network namespace: call it before the
+/// daemon enters the router's. A non-loopback address gets a warning.
+pub fn bind(listen: Listen) -> Result<Option<std::net::TcpListener>> {
+    let Some(addr) = listen.0 else {
+        return Ok(None);
+    };
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            "status page and metrics listen on {addr}, not loopback: anyone who reaches it \
+             sees the router's traffic, flows and rules (read-only, no authentication)"
+        );
+    }
+    let l = std::net::TcpListener::bind(addr).with_context(|| {
+        format!("listening on {addr} (another router-ctl run or metrics on that port? --listen ADDR:PORT or none)")
+    })?;
+    l.set_nonblocking(true).context("a non-blocking listener")?;
+    let bound = l
+        .local_addr()
+        .map_or_else(|_| addr.to_string(), |a| a.to_string());
+    println!("router-ctl run: status page on http://{bound}/ (metrics on /metrics)");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    Ok(Some(l))
+}
+
+struct Response {
+    code: u16,
+    reason: &'static str,
+    content_type: &'static str,
+    body: Vec<u8>,
+    allow: bool,
+}
+
+impl Response {
+    fn ok(content_type: &'static str, body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            code: 200,
+            reason: "OK",
+            content_type,
+            body: body.into(),
+            allow: false,
+        }
+    }
+
+    fn text(code: u16, reason: &'static str, body: &str) -> Self {
+        Self {
+            code,
+            reason,
+            content_type: "text/plain; charset=utf-8",
+            body: body.as_bytes().to_vec(),
+            allow: code == 405,
+        }
+    }
+
+    fn head(&self) -> String {
+        let mut h = format!(
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
+             Cache-Control: no-store\r\nConnection: close\r\nX-Content-Type-Options: nosniff\r\n\
+             Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; \
+             style-src 'unsafe-inline'; connect-src 'self'; img-src data:\r\n",
+            self.code,
+            self.reason,
+            self.content_type,
+            self.body.len()
+        );
+        if self.allow {
+            h.push_str("Allow: GET, HEAD\r\n");
+        }
+        h.push_str("\r\n");
+        h
+    }
+}
+
+/// The answer to `method path`.
+async fn route(ctx: &Ctx, shared: &SharedState, method: &str, path: &str) -> Response {
+    if method != "GET" && method != "HEAD" {
+        return Response::text(405, "Method Not Allowed", "only GET and HEAD\n");
+    }
+    match path {
+        "/" | "/index.html" => Response::ok("text/html; charset=utf-8", PAGE),
+        "/api/status" => {
+            if shared.view() {
+                let mut rx = shared.doc.subscribe();
+                rx.mark_unchanged();
+                shared.wake.notify_one();
+                let _ = tokio::time::timeout(FIRST_VIEW_WAIT, rx.changed()).await;
+            }
+            let doc = shared.doc.borrow().clone();
+            Response::ok("application/json", doc)
+        }
+        "/metrics" => match metrics::render(ctx) {
+            Ok(body) => Response::ok(
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                body,
+            ),
+            Err(e) => Response::text(500, "Internal Server Error", &format!("{e:#}\n")),
+        },
+        _ => Response::text(404, "Not Found", "not found; try / or /metrics\n"),
+    }
+}
+
+/// Method and path of a request head (`None`: not HTTP).
+fn request_line(head: &[u8]) -> Option<(String, String)> {
+    let text = std::str::from_utf8(head).ok()?;
+    let line = text.lines().next()?;
+    let mut parts = line.split_ascii_whitespace();
+    let method = parts.next()?.to_owned();
+    let target = parts.next()?;
+    parts.next()?.strip_prefix("HTTP/")?;
+    let path = target.split(['?', '#']).next().unwrap_or("/").to_owned();
+    Some((method, path))
+}
+
+/// Serves one connection: one request, one response, closed.
+pub async fn handle(mut sock: TcpStream, ctx: Ctx, shared: SharedState) {
+    let mut head = Vec::with_capacity(1024);
+    let read = tokio::time::timeout(READ_TIMEOUT, async {
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+            let n = sock.read(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Some(())
+    })
+    .await;
+    let (resp, head_only) = match (read, request_line(&head)) {
+        (Ok(Some(())), Some((method, path))) => {
+            tracing::debug!("{method} {path}");
+            (route(&ctx, &shared, &method, &path).await, method == "HEAD")
+        }
+        (Ok(_), _) => (
+            Response::text(400, "Bad Request", "not an HTTP request\n"),
+            false,
+        ),
+        (Err(_), _) => return,
+    };
+    let _ = sock.write_all(resp.head().as_bytes()).await;
+    if !head_only {
+        let _ = sock.write_all(&resp.body).await;
+    }
+    let _ = sock.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_lines() {
+        assert_eq!(
+            request_line(b"GET /api/status?x=1 HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Some(("GET".into(), "/api/status".into()))
+        );
+        assert_eq!(request_line(b"garbage\r\n\r\n"), None);
+        assert_eq!(request_line(b"GET / SMTP\r\n\r\n"), None);
+    }
+
+    #[test]
+    fn listen_values() {
+        assert_eq!(parse_listen("none"), Ok(Listen(None)));
+        assert_eq!(
+            parse_listen(DEFAULT_LISTEN).unwrap().0.unwrap().port(),
+            9469
+        );
+        assert!(parse_listen("localhost").is_err());
+    }
+
+    #[test]
+    fn the_page_loads_nothing_from_elsewhere() {
+        for needle in ["http://", "https://", "<link", "src=\"", "@import"] {
+            assert!(!PAGE.contains(needle), "the page has {needle}");
+        }
+        assert!(PAGE.contains("/api/status"));
+        assert!(PAGE.contains("name=\"viewport\""));
+    }
+}

@@ -1,0 +1,237 @@
+//! The daemon as a service: the shipped systemd unit passes
+//! `systemd-analyze verify`, and `run --config` applies the file at start,
+//! re-applies it on SIGHUP (a bad file changes nothing and the daemon
+//! lives on; a mode switch is followed), talks `Type=notify` and leaves
+//! the data path attached on stop.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{Topology, router_ctl_bin};
+
+use crate::ctl::{DetachOnDrop, stderr, stdout};
+use crate::daemon_run::{RunningDaemon, Scratch, config_text};
+
+const UNIT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/systemd/xdp-router.service"
+);
+/// Where the unit expects the binary (the README's install command puts it
+/// there).
+const INSTALLED_BIN: &str = "/usr/local/bin/router-ctl";
+
+/// `systemd-analyze verify` of a unit file: (success, everything it said).
+fn verify(unit: &Path) -> (bool, String) {
+    let o = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(unit)
+        .output()
+        .expect("systemd-analyze (Debian package systemd; `cargo xtask setup` installs it)");
+    (o.status.success(), format!("{}{}", stdout(&o), stderr(&o)))
+}
+
+#[test]
+fn systemd_unit_passes_systemd_analyze_verify() {
+    let text = std::fs::read_to_string(UNIT).expect("the shipped unit");
+    assert!(
+        text.contains(&format!(
+            "ExecStart={INSTALLED_BIN} run --config /etc/xdp-router/router.toml"
+        )),
+        "{text}"
+    );
+    for line in [
+        "Type=notify",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "WantedBy=multi-user.target",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in the unit");
+    }
+    // verify checks that ExecStart's binary exists: point it at the one
+    // this build made (the unit file name stays, it names the unit).
+    let scratch = Scratch::new("unit");
+    let unit = scratch.path("xdp-router.service");
+    let bin = router_ctl_bin();
+    std::fs::write(
+        &unit,
+        text.replace(INSTALLED_BIN, bin.to_str().expect("utf-8 path")),
+    )
+    .unwrap();
+    let (ok, said) = verify(&unit);
+    assert!(
+        ok && said.trim().is_empty(),
+        "systemd-analyze verify:\n{said}"
+    );
+    // The check can fail: an unknown key is reported.
+    std::fs::write(
+        &unit,
+        std::fs::read_to_string(&unit)
+            .unwrap()
+            .replace("WatchdogSec=", "WatchdogSecs="),
+    )
+    .unwrap();
+    let (_, said) = verify(&unit);
+    assert!(
+        said.contains("Unknown key"),
+        "a broken unit passed:\n{said}"
+    );
+}
+
+fn rules(t: &Topology) -> Vec<(String, u64, String)> {
+    let o = t.router_ctl_ok(&["forward", "list", "--json"]);
+    let v: Value = serde_json::from_str(&o).unwrap_or_else(|e| panic!("{e}: {o}"));
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["proto"].as_str().unwrap().to_owned(),
+                r["wan_port"].as_u64().unwrap(),
+                format!("{}:{}", r["lan_addr"].as_str().unwrap(), r["lan_port"]),
+            )
+        })
+        .collect()
+}
+
+/// Sends SIGHUP and waits for the reload to finish (RELOADING=1, READY=1).
+fn reload(d: &mut RunningDaemon) {
+    d.signal(libc::SIGHUP);
+    d.wait_note("RELOADING=1", Duration::from_secs(10));
+    d.wait_note("READY=1", Duration::from_secs(30));
+}
+
+/// Broken files: a syntax error, a bad value, an interface that does not
+/// exist (found only after parsing). Each is refused and logged; the router
+/// keeps its rules and program; the daemon lives on.
+fn refuse_bad_files(
+    t: &Topology,
+    d: &mut RunningDaemon,
+    file: &Path,
+    before: &[(String, u64, String)],
+) {
+    let prog_before = crate::ctl::prog_ids(&crate::ctl::status(t).0);
+    for (what, text) in [
+        ("syntax", "[interfaces\nlan = ".to_owned()),
+        (
+            "bad port",
+            config_text("1024-65535", &[("tcp", 70000, "192.168.50.2:80")]),
+        ),
+        (
+            "missing interface",
+            config_text("1024-65535", &[]).replace(tests::LAN_IF, "nosuch0"),
+        ),
+    ] {
+        std::fs::write(file, text).unwrap();
+        let refusals = d.log().matches("refused").count();
+        reload(d);
+        assert!(d.running(), "daemon died on a {what} file:\n{}", d.log());
+        assert_eq!(
+            d.log().matches("refused").count(),
+            refusals + 1,
+            "{what} not reported:\n{}",
+            d.log()
+        );
+        assert_eq!(rules(t), before, "{what} changed the rules");
+        assert_eq!(
+            crate::ctl::prog_ids(&crate::ctl::status(t).0),
+            prog_before,
+            "{what} changed the program"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn run_config_applies_at_start_and_reloads_on_sighup() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.warm_neighbours();
+    let scratch = Scratch::new("reload");
+    let file = scratch.path("router.toml");
+    std::fs::write(
+        &file,
+        config_text("1024-65535", &[("tcp", 8080, "192.168.50.2:80")]),
+    )
+    .unwrap();
+    let file_arg = file.to_str().unwrap();
+    let mut d = RunningDaemon::start(&t, None, &scratch, &["--config", file_arg]);
+    // Applied at start: attached in standalone mode, with the file's rule.
+    assert!(t.router_attached(), "{}", d.log());
+    assert_eq!(
+        rules(&t),
+        [("tcp".into(), 8080, "192.168.50.2:80".into())],
+        "{}",
+        d.log()
+    );
+    let status: Value = serde_json::from_str(&t.router_ctl_ok(&["status", "--json"])).unwrap();
+    println!("status after start: {status}");
+
+    // A changed file, applied on SIGHUP.
+    std::fs::write(
+        &file,
+        config_text(
+            "1024-65535",
+            &[
+                ("udp", 5353, "192.168.50.2:53"),
+                ("tcp", 2222, "192.168.50.2:22"),
+            ],
+        ),
+    )
+    .unwrap();
+    reload(&mut d);
+    assert_eq!(
+        rules(&t),
+        [
+            ("tcp".into(), 2222, "192.168.50.2:22".into()),
+            ("udp".into(), 5353, "192.168.50.2:53".into())
+        ],
+        "{}",
+        d.log()
+    );
+    assert!(d.log().contains("reloaded"), "{}", d.log());
+    // The same file again: nothing changes.
+    reload(&mut d);
+    assert!(d.log().contains("nothing changed"), "{}", d.log());
+    let before = rules(&t);
+
+    refuse_bad_files(&t, &mut d, &file, &before);
+
+    // A reload that switches the mode: offload (no forward rules in the
+    // file, they are the kernel's DNAT rules then). The daemon follows.
+    std::fs::write(
+        &file,
+        config_text("1024-65535", &[]).replace("admit = \"xdp\"", "admit = \"kernel\""),
+    )
+    .unwrap();
+    reload(&mut d);
+    assert!(d.log().contains("reloaded"), "{}", d.log());
+    crate::ctl::wait_for(
+        "the daemon in offload mode",
+        Duration::from_secs(10),
+        || {
+            let (v, _) = crate::ctl::status(&t);
+            v["admit"] == "kernel" && v["daemon"]["admit"] == "kernel"
+        },
+    );
+    assert!(rules(&t).is_empty());
+    assert!(!d.log().contains("following the new mode"), "{}", d.log());
+    println!("daemon log:\n{}", d.log());
+
+    // Stop: exit 0, STOPPING=1, and the data path stays attached (the
+    // README's documented state).
+    let st = d.stop();
+    assert!(st.success(), "exit {st}:\n{}", d.log());
+    assert!(
+        d.notes()
+            .iter()
+            .any(|n| n.lines().any(|l| l == "STOPPING=1")),
+        "{:?}",
+        d.notes()
+    );
+    let (v, code) = crate::ctl::status(&t);
+    assert_eq!(code, 0, "not attached after the daemon stopped: {v}");
+    assert_eq!(v["admit"], "kernel");
+}

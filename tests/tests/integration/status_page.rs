@@ -1,0 +1,214 @@
+//! The live status page of `router-ctl run`, loaded in headless Chromium
+//! while traffic runs through the router: the numbers appear and change,
+//! and a phone-sized screenshot is kept under target/tmp.
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology};
+
+use crate::ctl::{DetachOnDrop, Stream};
+use crate::daemon_run::{RunningDaemon, Scratch, config_text, http};
+
+/// Headless Chromium on `url`, started from the namespace `ns` (where the
+/// page's listener is); `what` is `--dump-dom` or `--screenshot=PATH`.
+/// Virtual time lets the page's timers fetch several times.
+fn chromium(t: &Topology, ns: Ns, profile: &Path, url: &str, what: &str, size: &str) -> String {
+    let o = t.in_ns(ns, || {
+        Command::new("timeout")
+            .args([
+                "-k",
+                "5",
+                "90",
+                "chromium",
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+            ])
+            .arg("--no-first-run")
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(format!("--window-size={size}"))
+            .arg("--virtual-time-budget=4000")
+            .arg(what)
+            .arg(url)
+            .output()
+            .expect("chromium (Debian package chromium; `cargo xtask setup` installs it)")
+    });
+    assert!(
+        o.status.success(),
+        "chromium {what} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The `data-value` the page set on the element with this id.
+fn value(dom: &str, id: &str) -> f64 {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page"));
+    let tag_start = dom[..at].rfind('<').unwrap();
+    let tag = &dom[tag_start..tag_start + dom[tag_start..].find('>').unwrap()];
+    let v = tag
+        .split("data-value=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_else(|| panic!("#{id} has no value yet: {tag}"));
+    v.parse()
+        .unwrap_or_else(|_| panic!("#{id} is not a number: {v:?}"))
+}
+
+fn screenshot_path() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("status-page-phone.png")
+}
+
+/// What every load of the page must show while the stream runs.
+fn check_page(dom: &str) {
+    assert!(
+        value(dom, "fwd-pps") > 10.0,
+        "no forwarding rate while traffic runs"
+    );
+    assert!(value(dom, "ct-entries") >= 2.0);
+    assert!((value(dom, "ct-capacity") - 524_288.0).abs() < 0.5);
+    assert!(value(dom, "flow-count") >= 1.0);
+    assert!(dom.contains("standalone mode"), "mode missing");
+    assert!(dom.contains(">healthy<"), "health missing");
+    assert!(
+        dom.contains(">lan0<") && dom.contains(">wan0<"),
+        "interfaces missing"
+    );
+    assert!(dom.contains(">192.168.50.2:80<"), "port forward missing");
+    // The stream's flow with both tuples: the client's and the WAN address.
+    let client = format!("{CLIENT_ADDR}:");
+    let wan = format!("{ROUTER_WAN_ADDR}:");
+    assert!(
+        dom.lines()
+            .any(|l| l.contains("class=\"flow\"") && l.contains(&client) && l.contains(&wan))
+            || dom
+                .split("<tr class=\"flow\">")
+                .skip(1)
+                .any(|r| r.contains(&client) && r.contains(&wan)),
+        "no flow row with both tuples"
+    );
+    assert!(dom.contains("<polyline"), "no chart");
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn status_page_shows_live_numbers_in_chromium() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.warm_neighbours();
+    let scratch = Scratch::new("page");
+    let file = scratch.path("router.toml");
+    std::fs::write(
+        &file,
+        config_text("1024-65535", &[("tcp", 8080, "192.168.50.2:80")]),
+    )
+    .unwrap();
+    // Started from the client's namespace: the page listens on the
+    // client's loopback, so the browser's traffic stays in the test's
+    // namespaces.
+    let daemon = RunningDaemon::start(
+        &t,
+        Some(Ns::Client),
+        &scratch,
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let addr = daemon.page_addr();
+    let url = format!("http://{addr}/");
+
+    // The routes, over plain HTTP.
+    let (code, head, page) = http(&t, Ns::Client, addr, "GET", "/");
+    assert_eq!(code, 200, "{head}");
+    assert!(
+        head.contains("text/html") && head.contains("Content-Security-Policy"),
+        "{head}"
+    );
+    assert!(page.contains("/api/status"));
+    assert_eq!(http(&t, Ns::Client, addr, "GET", "/nope").0, 404);
+    assert_eq!(http(&t, Ns::Client, addr, "POST", "/").0, 405);
+    let (code, _, head_body) = http(&t, Ns::Client, addr, "HEAD", "/metrics");
+    assert_eq!((code, head_body.as_str()), (200, ""));
+
+    // Traffic through the NAT for the rest of the test.
+    let stream = Stream::start(
+        &t,
+        SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, 7401)),
+        48 << 20,
+        14.0,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let profile = scratch.path("chromium");
+    let first = chromium(&t, Ns::Client, &profile, &url, "--dump-dom", "1280,900");
+    std::thread::sleep(Duration::from_secs(3));
+    let second = chromium(&t, Ns::Client, &profile, &url, "--dump-dom", "1280,900");
+
+    for dom in [&first, &second] {
+        check_page(dom);
+    }
+    let (a, b) = (value(&first, "fwd-total"), value(&second, "fwd-total"));
+    println!("forwarded packets on the page: {a} then {b}");
+    assert!(
+        b > a,
+        "the page's forwarded total did not grow ({a} -> {b})"
+    );
+    let updated = |dom: &str| {
+        dom.split("data-updated=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("body data-updated")
+    };
+    assert!(updated(&second) > updated(&first));
+
+    // The JSON and the metrics on the same listener.
+    let (code, _, body) = http(&t, Ns::Client, addr, "GET", "/api/status");
+    assert_eq!(code, 200);
+    let doc: Value = serde_json::from_str(&body).expect("status JSON");
+    let samples = doc["history"].as_array().unwrap().len();
+    assert!(samples >= 3, "{doc}");
+    println!(
+        "/api/status: {} bytes with {samples} rate samples",
+        body.len()
+    );
+    assert_eq!(doc["router"]["mode"], "standalone");
+    let (code, _, metrics) = http(&t, Ns::Client, addr, "GET", "/metrics");
+    assert_eq!(code, 200);
+    assert!(metrics.contains("xdp_router_up 1") && metrics.contains("xdp_router_daemon_up 1"));
+
+    let shot = screenshot_path();
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &t,
+        Ns::Client,
+        &profile,
+        &url,
+        &format!("--screenshot={}", shot.display()),
+        "412,1600",
+    );
+    let png = std::fs::read(&shot).expect("the screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    println!(
+        "status page screenshot (phone, 412 px wide): {}",
+        shot.display()
+    );
+
+    let bytes = stream.finish();
+    println!("stream: {bytes} bytes through the NAT while the page was open");
+    drop(daemon);
+}
