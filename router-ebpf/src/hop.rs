@@ -8,7 +8,7 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+        BPF_FIB_LKUP_RET_SUCCESS,
     },
     helpers::bpf_fib_lookup,
     programs::XdpContext,
@@ -20,6 +20,8 @@ use router_common::{
 };
 
 use crate::{Step, Verdict, maps::DEVICES};
+
+pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
 
 const AF_INET: u8 = 2;
 #[expect(clippy::cast_possible_wrap, reason = "64-byte struct")]
@@ -63,9 +65,17 @@ pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -
     p.__bindgen_anon_2.tos = ip[ipv4::TOS];
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    lookup(ctx, &mut p)
+}
+
+/// Runs `bpf_fib_lookup` on `p` (family, protocol, length and addresses
+/// set by the caller; both families share this part) from the ingress
+/// interface and turns the result into a [`Hop`] or a pass verdict.
+#[inline(always)]
+pub fn lookup(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
     p.ifindex = ctx.ingress_ifindex() as u32;
     // SAFETY: ctx is the program's context, p a valid stack struct.
-    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), &raw mut p, FIB_PARAMS_LEN, 0) };
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, FIB_PARAMS_LEN, 0) };
     #[expect(
         clippy::cast_sign_loss,
         reason = "negative errors map to no BPF_FIB_LKUP_RET_* and are passed"
@@ -128,10 +138,16 @@ pub fn forward_l2(
         return Verdict::pass(Counter::PassNoNeighbour);
     };
     decrement_ttl(ip);
-    eth[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&dmac);
-    eth[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&smac);
+    write_macs(eth, smac, dmac);
     Verdict {
         counter: forwarded,
         action,
     }
+}
+
+/// The next hop's MACs into the Ethernet header (both families).
+#[inline(always)]
+pub fn write_macs(eth: &mut [u8; eth::LEN], smac: [u8; eth::ADDR_LEN], dmac: [u8; eth::ADDR_LEN]) {
+    eth[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&dmac);
+    eth[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&smac);
 }

@@ -22,5 +22,6 @@ mod metrics;
 mod nat_e2e;
 mod offload;
 mod prog_run;
+mod prog_run6;
 mod reliability;
 mod topology;
