@@ -1,5 +1,5 @@
 //! IPv6 (routed, not translated): header layouts, the classification of an
-//! IPv6 header and of ICMPv6 types, host-tested here and used by the XDP
+//! IPv6 header and of `ICMPv6` types, host-tested here and used by the XDP
 //! program's IPv6 core.
 //!
 //! IPv6 routers never fragment and the fast path rewrites nothing that a
@@ -10,6 +10,10 @@ use crate::hdr::get_u16;
 use crate::maps::Counter;
 
 /// IPv6 header (RFC 8200 section 3).
+#[expect(
+    clippy::module_inception,
+    reason = "named like `hdr::ipv4`: fields read `ipv6::HOP_LIMIT`"
+)]
 pub mod ipv6 {
     /// Length of the fixed header.
     pub const LEN: usize = 40;
@@ -38,13 +42,13 @@ pub mod frame6 {
 
     /// The IPv6 header.
     pub const IPV6: usize = eth::LEN;
-    /// The TCP, UDP or ICMPv6 header.
+    /// The TCP, UDP or `ICMPv6` header.
     pub const L4: usize = IPV6 + ipv6::LEN;
-    /// The IPv6 header quoted by an ICMPv6 error (RFC 4443), after its
+    /// The IPv6 header quoted by an `ICMPv6` error (RFC 4443), after its
     /// 8-byte header (same layout as ICMP's).
     pub const INNER_IPV6: usize = L4 + icmp::LEN;
     /// The first 8 bytes after the quoted IPv6 header: TCP/UDP ports or an
-    /// ICMPv6 header.
+    /// `ICMPv6` header.
     pub const INNER_L4: usize = INNER_IPV6 + ipv6::LEN;
 }
 
@@ -56,9 +60,9 @@ pub mod min_payload {
     pub const TCP: usize = tcp::LEN;
     /// A UDP datagram.
     pub const UDP: usize = udp::LEN;
-    /// An ICMPv6 message.
+    /// An `ICMPv6` message.
     pub const ICMP: usize = icmp::LEN;
-    /// An ICMPv6 error quoting the fixed IPv6 header and 8 bytes after it.
+    /// An `ICMPv6` error quoting the fixed IPv6 header and 8 bytes after it.
     pub const ICMP_ERROR: usize = icmp::LEN + super::ipv6::LEN + ICMP_QUOTED_L4_LEN;
 }
 
@@ -81,7 +85,7 @@ pub mod next_header {
     pub const EXPERIMENT2: u8 = 254;
 }
 
-/// ICMPv6 message types (RFC 4443, 4861, 2710, 3810).
+/// `ICMPv6` message types (RFC 4443, 4861, 2710, 3810).
 pub mod icmp6 {
     pub const DEST_UNREACH: u8 = 1;
     pub const PACKET_TOO_BIG: u8 = 2;
@@ -154,7 +158,7 @@ pub enum Ipv6Verdict {
     /// Version != 6 or payload length beyond the frame.
     Malformed,
     /// Link-local or unspecified source, link-local or multicast
-    /// destination: neighbour discovery, router advertisements, MLD, DHCPv6
+    /// destination: neighbour discovery, router advertisements, MLD, `DHCPv6`
     /// and the like are the kernel's (never routed).
     LinkScope,
     /// An extension header follows: the kernel's.
@@ -163,13 +167,13 @@ pub enum Ipv6Verdict {
     HopLimit,
 }
 
-/// Whether `a` is in fe80::/10 (link-local unicast).
+/// Whether `a` is in `fe80::/10` (link-local unicast).
 #[must_use]
 pub const fn is_link_local(a: &[u8; 16]) -> bool {
     a[0] == 0xfe && a[1] & 0xc0 == 0x80
 }
 
-/// Whether `a` is in ff00::/8 (multicast).
+/// Whether `a` is in `ff00::/8` (multicast).
 #[must_use]
 pub const fn is_multicast(a: &[u8; 16]) -> bool {
     a[0] == 0xff
@@ -219,7 +223,7 @@ pub fn classify_ipv6(hdr: &[u8; ipv6::LEN], l3_len: usize) -> Ipv6Verdict {
     Ipv6Verdict::Forward
 }
 
-/// What an ICMPv6 message of `icmp_type` is to the fast path.
+/// What an `ICMPv6` message of `icmp_type` is to the fast path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Icmp6Kind {
     /// Echo request from the LAN or echo reply from the WAN: a flow packet
@@ -241,7 +245,7 @@ pub enum Icmp6Kind {
     Other,
 }
 
-/// The kind of an ICMPv6 message of `icmp_type` arriving on the LAN
+/// The kind of an `ICMPv6` message of `icmp_type` arriving on the LAN
 /// (`from_lan`) or the WAN.
 #[must_use]
 pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {

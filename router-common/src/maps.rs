@@ -243,7 +243,7 @@ pub struct PortForwardTarget {
 const _: () = assert!(core::mem::size_of::<PortForwardTarget>() == 8);
 
 /// An IPv6 flow as seen in one direction (routed: the key of the other
-/// direction is [`FlowKey6::reversed`]). For ICMPv6 echo both ports hold
+/// direction is [`FlowKey6::reversed`]). For `ICMPv6` echo both ports hold
 /// the identifier.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -596,14 +596,14 @@ counters! {
     CtEntriesFlushed = "ct_entries_flushed", true;
     /// IPv6 packet of a flow forwarded LAN -> WAN.
     Fwd6Outbound = "fwd6_outbound", false;
-    /// IPv6 packet forwarded WAN -> LAN (reply, pinhole, ICMPv6 error).
+    /// IPv6 packet forwarded WAN -> LAN (reply, pinhole, `ICMPv6` error).
     Fwd6Inbound = "fwd6_inbound", false;
     /// IPv6 with link scope (link-local or unspecified source, link-local
     /// or multicast destination): never routed, the kernel's.
     Pass6LinkScope = "pass6_link_scope", false;
-    /// ICMPv6 router/neighbour solicitation, advertisement or redirect.
+    /// `ICMPv6` router/neighbour solicitation, advertisement or redirect.
     Pass6Ndp = "pass6_ndp", false;
-    /// ICMPv6 multicast listener discovery.
+    /// `ICMPv6` multicast listener discovery.
     Pass6Mld = "pass6_mld", false;
     /// IPv6 hop-by-hop options header.
     Pass6ExtHopByHop = "pass6_ext_hop_by_hop", false;
@@ -613,9 +613,9 @@ counters! {
     Pass6ExtFragment = "pass6_ext_fragment", false;
     /// IPv6 destination options header.
     Pass6ExtDestOpts = "pass6_ext_dest_opts", false;
-    /// IPsec ESP.
+    /// `IPsec` ESP (encapsulating security payload).
     Pass6ExtEsp = "pass6_ext_esp", false;
-    /// IPsec AH.
+    /// `IPsec` AH (authentication header).
     Pass6ExtAh = "pass6_ext_ah", false;
     /// Mobility, HIP, Shim6 or experimental extension header.
     Pass6ExtOther = "pass6_ext_other", false;
@@ -633,7 +633,7 @@ counters! {
     Flow6NewOutbound = "flow6_new_outbound", true;
     /// New IPv6 flow opened from the WAN through a pinhole.
     Flow6NewPinhole = "flow6_new_pinhole", true;
-    /// ICMPv6 error quoting a known flow forwarded to the LAN host.
+    /// `ICMPv6` error quoting a known flow forwarded to the LAN host.
     Icmp6ErrorForwarded = "icmp6_error_forwarded", true;
     /// An IPv6 flow's other entry was missing (LRU eviction) and was put back.
     Eviction6Detected = "eviction6_detected", true;

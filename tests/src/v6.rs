@@ -1,7 +1,7 @@
 //! IPv6 in the test topology and crafted IPv6 frames: global addresses
-//! from the documentation prefix 2001:db8::/32 on every host (the server
+//! from the documentation prefix `2001:db8::/32` on every host (the server
 //! routed back to the LAN prefix through the router: IPv6 is routed, not
-//! translated), and builders for Ethernet + IPv6 + TCP/UDP/ICMPv6 frames
+//! translated), and builders for Ethernet + IPv6 + TCP/UDP/`ICMPv6` frames
 //! with every checksum computed from scratch, reusing the IPv4 kit's L4
 //! builders with the IPv6 pseudo-header.
 
@@ -15,11 +15,11 @@ use crate::addr::{HOST_IF, LAN_IF, WAN_IF};
 use crate::frames::{Tcp, Udp, be16};
 use crate::topology::{Ns, Topology};
 
-/// The client's address (LAN prefix 2001:db8:50::/64).
+/// The client's address (LAN prefix `2001:db8:50::/64`).
 pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2);
 /// The router on the LAN: the clients' default gateway.
 pub const ROUTER_LAN6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 1);
-/// The router on the WAN (WAN link 2001:db8:71::/64).
+/// The router on the WAN (WAN link `2001:db8:71::/64`).
 pub const ROUTER_WAN6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 1);
 /// The server.
 pub const SERVER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2);
@@ -97,7 +97,7 @@ pub const fn o(a: Ipv6Addr) -> [u8; 16] {
     a.octets()
 }
 
-/// TCP/UDP/ICMPv6 checksum of `segment` with the IPv6 pseudo-header
+/// TCP/UDP/`ICMPv6` checksum of `segment` with the IPv6 pseudo-header
 /// (RFC 8200 8.1); the checksum field zeroed to compute, intact to verify
 /// (-> 0).
 #[must_use]
@@ -156,7 +156,7 @@ impl Ipv6 {
         Self::new(src, dst, IPPROTO_UDP, d)
     }
 
-    /// An ICMPv6 message of `icmp_type`/`code` with the 4 bytes after the
+    /// An `ICMPv6` message of `icmp_type`/`code` with the 4 bytes after the
     /// checksum (`rest`: echo id and sequence, MTU...) and `body`.
     #[must_use]
     pub fn icmp6(

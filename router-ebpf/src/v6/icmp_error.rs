@@ -1,4 +1,4 @@
-//! ICMPv6 errors from the WAN (destination unreachable, Packet Too Big,
+//! `ICMPv6` errors from the WAN (destination unreachable, Packet Too Big,
 //! time exceeded, parameter problem) about a packet of a known flow:
 //! forwarded to the LAN host unchanged (routed: nothing to translate), so
 //! path-MTU discovery and traceroute work through the firewall.

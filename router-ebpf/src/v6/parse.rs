@@ -27,12 +27,12 @@ pub fn classify(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<()> {
     }
 }
 
-/// The tuple of a TCP/UDP/ICMPv6 echo packet.
+/// The tuple of a TCP/UDP/`ICMPv6` echo packet.
 #[derive(Clone, Copy)]
 pub struct Packet6 {
     pub src: [u8; 16],
     pub dst: [u8; 16],
-    /// Ports; for ICMPv6 echo both are the identifier.
+    /// Ports; for `ICMPv6` echo both are the identifier.
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
@@ -46,7 +46,7 @@ pub struct Packet6 {
 pub enum L4 {
     /// A packet of a (possible) flow.
     Flow(Packet6),
-    /// An ICMPv6 error from the WAN, quoting a packet of a flow maybe.
+    /// An `ICMPv6` error from the WAN, quoting a packet of a flow maybe.
     IcmpError,
     /// From the WAN and opening nothing (an echo request).
     Unsolicited,

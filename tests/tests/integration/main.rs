@@ -15,6 +15,7 @@ mod apply;
 mod ctl;
 mod ctl_errors;
 mod doctor;
+mod ipv6_e2e;
 mod lifecycle;
 mod live_frames;
 mod malformed_corpus;

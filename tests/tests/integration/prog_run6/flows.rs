@@ -1,4 +1,4 @@
-//! IPv6 flows through `BPF_PROG_RUN`: TCP, UDP and ICMPv6 echo forwarded
+//! IPv6 flows through `BPF_PROG_RUN`: TCP, UDP and `ICMPv6` echo forwarded
 //! both ways with exact bytes, their states in CONNTRACK6, RFC 6092
 //! admission (outbound opens, inbound only replies and pinholes), offload
 //! mode, and the next-hop cache with the egress MTU.
@@ -132,7 +132,7 @@ fn tcp6_outbound_flow_forwarded_exactly() {
     });
 }
 
-/// UDP and ICMPv6 echo from the LAN: opened, replies forwarded, UDP
+/// UDP and `ICMPv6` echo from the LAN: opened, replies forwarded, UDP
 /// UNREPLIED -> REPLIED.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]

@@ -1,4 +1,4 @@
-//! ICMPv6 errors from the WAN: forwarded unchanged (hop limit and MACs
+//! `ICMPv6` errors from the WAN: forwarded unchanged (hop limit and MACs
 //! only) when they quote a packet of a known flow sent by the LAN host
 //! they are addressed to; dropped as unsolicited otherwise (standalone),
 //! passed when addressed to the router.
@@ -14,6 +14,10 @@ use super::*;
 
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
 fn icmp6_errors_quoting_known_and_unknown_flows() {
     let env = topology();
     with_router(&env, config(&env, Admit::Xdp), |r| {

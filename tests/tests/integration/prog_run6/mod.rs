@@ -5,6 +5,10 @@
 //! independently (hop limit - 1, the next hop's MACs, nothing else: L4
 //! checksums verified unchanged), the exact change of every counter, and
 //! where flows are involved the `CONNTRACK6` content.
+#![allow(
+    clippy::similar_names,
+    reason = "each test is one scripted sequence of frames with short, parallel names"
+)]
 
 mod flows;
 mod icmp;
@@ -82,6 +86,10 @@ impl Router6 {
     /// Runs `frame` on `ifindex` and asserts the verdict, the output, and
     /// that exactly `counter` (+1, +len bytes) and `events` (+1 each)
     /// moved; `ct6_entries_inserted` must equal the growth of CONNTRACK6.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site shape for every check"
+    )]
     fn check(
         &self,
         what: &str,

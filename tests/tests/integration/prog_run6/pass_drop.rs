@@ -1,5 +1,5 @@
 //! What the IPv6 fast path leaves to the kernel or drops: extension
-//! headers by kind, hop limit 0/1, link scope (NDP, RS/RA, MLD, DHCPv6),
+//! headers by kind, hop limit 0/1, link scope (NDP, RS/RA, MLD, `DHCPv6`),
 //! NDP and MLD with global addresses, other protocols, and truncation or
 //! inconsistent lengths at every header boundary.
 
@@ -16,6 +16,10 @@ use super::*;
 /// fast path would otherwise forward (TCP after it): passed by kind.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
 fn ext_headers_hop_limit_and_link_scope_passed() {
     let env = topology();
     with_router(&env, config(&env, Admit::Xdp), |r| {
@@ -173,7 +177,7 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
     });
 }
 
-/// A TCP, UDP and ICMPv6 frame cut at every length: shorter than the
+/// A TCP, UDP and `ICMPv6` frame cut at every length: shorter than the
 /// Ethernet or IPv6 header -> truncated; payload length beyond the frame
 /// -> malformed. And L4 headers that do not fit their payload length.
 #[test]
