@@ -168,3 +168,58 @@ fn ipv6_unsolicited_inbound_blocked_until_a_pinhole() {
         "a port without a pinhole stays closed"
     );
 }
+
+/// Path-MTU discovery with the router's WAN link as the narrow hop (1280,
+/// the IPv6 minimum, on both ends of it): the client's first 1400-byte
+/// datagram is larger than the egress MTU, so the fast path passes it and
+/// the kernel answers Packet Too Big; the client learns the path MTU and
+/// fragments the next ones itself, and the fragments (an extension header)
+/// cross on the kernel path. (A Packet Too Big from a hop beyond the router,
+/// forwarded by the fast path, is covered by `prog_run6::icmp`.)
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn ipv6_path_mtu_discovery_through_the_router() {
+    let t = Topology::new();
+    v6::enable(&t);
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", tests::WAN_IF, "mtu", "1280"],
+    );
+    t.exec_ok(
+        Ns::Server,
+        &["ip", "link", "set", tests::HOST_IF, "mtu", "1280"],
+    );
+    attach_and_print(&t, &[]);
+    v6::resolve_neighbours(&t);
+    let before = t.stats();
+    let payload = tests::pattern(1400);
+    let srv = t.udp_echo_server(Ns::Server, SocketAddr::new(IpAddr::V6(SERVER6), 5300));
+    let got = t.udp_echo_client(
+        Ns::Client,
+        srv.local_addr(),
+        &payload,
+        Duration::from_secs(5),
+    );
+    let peer = srv.join();
+    assert_eq!(
+        got.as_deref().ok(),
+        Some(&payload[..]),
+        "1400-byte datagram across the 1280 link: {got:?}"
+    );
+    assert_eq!(peer.map(|p| p.ip()), Some(IpAddr::V6(CLIENT6)));
+    let after = t.stats();
+    println!("{}", t.router_ctl_ok(&["stats"]));
+    assert!(
+        counter_delta(&before, &after, "pass6_packet_too_big") >= 1,
+        "no oversize packet passed for Packet Too Big"
+    );
+    assert!(
+        counter_delta(&before, &after, "pass6_ext_fragment") >= 2,
+        "the client did not fragment after learning the path MTU"
+    );
+    let route = t.exec_ok(
+        Ns::Client,
+        &["ip", "-6", "route", "get", &SERVER6.to_string()],
+    );
+    assert!(route.contains("mtu 1280"), "client's path MTU: {route}");
+}
