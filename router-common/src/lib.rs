@@ -11,5 +11,6 @@ extern crate std;
 pub mod checksum;
 pub mod flow;
 pub mod hdr;
+pub mod ipv6;
 pub mod maps;
 pub mod nat;

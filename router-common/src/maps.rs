@@ -17,11 +17,22 @@ pub const CONFIG_MAP: &str = "CONFIG";
 pub const CONNTRACK_MAP: &str = "CONNTRACK";
 /// Hash of [`PortForwardKey`] -> [`PortForwardTarget`].
 pub const PORT_FORWARDS_MAP: &str = "PORT_FORWARDS";
+/// LRU hash of [`FlowKey6`] -> [`FlowEntry6`]: the IPv6 flows, two
+/// entries per flow. A map of its own rather than one key type for both
+/// families: the IPv4 key stays 16 bytes and its hit path unchanged.
+pub const CONNTRACK6_MAP: &str = "CONNTRACK6";
+/// Hash of [`PinholeKey6`] -> `u8` (1): IPv6 pinholes, the LAN addresses
+/// and ports the WAN may open flows to (standalone mode).
+pub const PINHOLES6_MAP: &str = "PINHOLES6";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
 /// Default conntrack capacity in flows; the map holds two entries per flow.
 pub const DEFAULT_MAX_FLOWS: u32 = 262_144;
+/// Default IPv6 conntrack capacity in flows (two entries per flow).
+pub const DEFAULT_MAX_FLOWS6: u32 = 65_536;
+/// Capacity of the IPv6 pinhole map.
+pub const MAX_PINHOLES6: u32 = 1024;
 /// Capacity of the port-forward rule map.
 pub const MAX_PORT_FORWARDS: u32 = 1024;
 
@@ -272,6 +283,102 @@ pub struct PortForwardTarget {
 }
 const _: () = assert!(core::mem::size_of::<PortForwardTarget>() == 8);
 
+/// An IPv6 flow as seen in one direction (routed: the key of the other
+/// direction is [`FlowKey6::reversed`]). For `ICMPv6` echo both ports hold
+/// the identifier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey6 {
+    pub src_addr: [u8; 16],
+    pub dst_addr: [u8; 16],
+    /// Host order.
+    pub src_port: u16,
+    /// Host order.
+    pub dst_port: u16,
+    pub proto: u8,
+    pub pad: u8,
+    pub pad2: u16,
+}
+const _: () = assert!(core::mem::size_of::<FlowKey6>() == 40);
+
+impl FlowKey6 {
+    #[must_use]
+    pub const fn new(
+        src_addr: [u8; 16],
+        dst_addr: [u8; 16],
+        src_port: u16,
+        dst_port: u16,
+        proto: u8,
+    ) -> Self {
+        Self {
+            src_addr,
+            dst_addr,
+            src_port,
+            dst_port,
+            proto,
+            pad: 0,
+            pad2: 0,
+        }
+    }
+
+    /// The same flow seen from the other end: the other entry's key.
+    #[must_use]
+    pub const fn reversed(&self) -> Self {
+        Self::new(
+            self.dst_addr,
+            self.src_addr,
+            self.dst_port,
+            self.src_port,
+            self.proto,
+        )
+    }
+}
+
+/// One direction of an IPv6 flow: no translation, only the flow's state,
+/// times and the cached next hop (as in [`FlowEntry`]). `flags` are the
+/// same `FLAG_*` bits: [`FLAG_ORIGINAL`] on the opening direction,
+/// [`FLAG_PORT_FORWARD`] on both entries of a flow opened through a
+/// pinhole.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEntry6 {
+    /// `bpf_ktime_get_coarse_ns` of the last refresh.
+    pub last_seen_ns: u64,
+    pub created_ns: u64,
+    /// A [`FlowState`] discriminant.
+    pub state: u8,
+    pub flags: u8,
+    /// Cached next hop (see [`FlowEntry::hop_ifindex`]); 0 = nothing.
+    pub hop_mtu: u16,
+    pub hop_ifindex: u32,
+    pub hop_dmac: [u8; 6],
+    pub hop_smac: [u8; 6],
+    pub pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<FlowEntry6>() == 40);
+
+impl FlowEntry6 {
+    /// Whether packets matching this entry's key arrive on the LAN (see
+    /// [`FlowEntry::lan_side`]).
+    #[must_use]
+    pub const fn lan_side(&self) -> bool {
+        (self.flags & FLAG_ORIGINAL != 0) != (self.flags & FLAG_PORT_FORWARD != 0)
+    }
+}
+
+/// Key of [`PINHOLES6_MAP`]: a LAN host's address, protocol and port that
+/// the WAN may open flows to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PinholeKey6 {
+    pub addr: [u8; 16],
+    /// Host order.
+    pub port: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<PinholeKey6>() == 20);
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY (all): repr(C), only integer and byte-array fields, no implicit
@@ -282,6 +389,9 @@ mod pod {
     unsafe impl aya::Pod for super::FlowEntry {}
     unsafe impl aya::Pod for super::PortForwardKey {}
     unsafe impl aya::Pod for super::PortForwardTarget {}
+    unsafe impl aya::Pod for super::FlowKey6 {}
+    unsafe impl aya::Pod for super::FlowEntry6 {}
+    unsafe impl aya::Pod for super::PinholeKey6 {}
 }
 
 /// Defines the flow states from one table: the [`FlowState`] enum, the
@@ -456,7 +566,7 @@ counters! {
     FwdOutbound = "fwd_outbound", false;
     /// WAN -> LAN packet (reply, port-forwarded, ICMP error) translated and redirected.
     FwdInbound = "fwd_inbound", false;
-    /// Not IPv4 (ARP, IPv6, VLAN-tagged): the kernel handles it.
+    /// Neither IPv4 nor IPv6 (ARP, VLAN-tagged...): the kernel handles it.
     PassNotIpv4 = "pass_not_ipv4", false;
     /// IPv4 header with options: left to the kernel.
     PassIpOptions = "pass_ip_options", false;
@@ -541,6 +651,51 @@ counters! {
     /// stays as it was; the segment is forwarded all the same (netfilter's
     /// default for such segments is to accept, not drop, them).
     TcpOutOfWindow = "tcp_out_of_window", true;
+    /// IPv6 packet of a flow forwarded LAN -> WAN.
+    Fwd6Outbound = "fwd6_outbound", false;
+    /// IPv6 packet forwarded WAN -> LAN (reply, pinhole, `ICMPv6` error).
+    Fwd6Inbound = "fwd6_inbound", false;
+    /// IPv6 with link scope (link-local or unspecified source, link-local
+    /// or multicast destination): never routed, the kernel's.
+    Pass6LinkScope = "pass6_link_scope", false;
+    /// `ICMPv6` router/neighbour solicitation, advertisement or redirect.
+    Pass6Ndp = "pass6_ndp", false;
+    /// `ICMPv6` multicast listener discovery.
+    Pass6Mld = "pass6_mld", false;
+    /// IPv6 hop-by-hop options header.
+    Pass6ExtHopByHop = "pass6_ext_hop_by_hop", false;
+    /// IPv6 routing header.
+    Pass6ExtRouting = "pass6_ext_routing", false;
+    /// IPv6 fragment header.
+    Pass6ExtFragment = "pass6_ext_fragment", false;
+    /// IPv6 destination options header.
+    Pass6ExtDestOpts = "pass6_ext_dest_opts", false;
+    /// `IPsec` ESP (encapsulating security payload).
+    Pass6ExtEsp = "pass6_ext_esp", false;
+    /// `IPsec` AH (authentication header).
+    Pass6ExtAh = "pass6_ext_ah", false;
+    /// Mobility, HIP, Shim6 or experimental extension header.
+    Pass6ExtOther = "pass6_ext_other", false;
+    /// Hop limit <= 1: the kernel sends time exceeded.
+    Pass6HopLimit = "pass6_hop_limit", false;
+    /// Larger than the egress MTU: the kernel sends Packet Too Big
+    /// (IPv6 routers never fragment).
+    Pass6PacketTooBig = "pass6_packet_too_big", false;
+    /// Standalone mode: IPv6 packet from the WAN to a LAN host that is no
+    /// reply of a known flow and matches no pinhole (RFC 6092).
+    Drop6Unsolicited = "drop6_unsolicited", false;
+    /// The IPv6 conntrack map refused a new flow: left to the kernel.
+    Pass6TableFull = "pass6_table_full", false;
+    /// New IPv6 flow opened from the LAN.
+    Flow6NewOutbound = "flow6_new_outbound", true;
+    /// New IPv6 flow opened from the WAN through a pinhole.
+    Flow6NewPinhole = "flow6_new_pinhole", true;
+    /// `ICMPv6` error quoting a known flow forwarded to the LAN host.
+    Icmp6ErrorForwarded = "icmp6_error_forwarded", true;
+    /// An IPv6 flow's other entry was missing (LRU eviction) and was put back.
+    Eviction6Detected = "eviction6_detected", true;
+    /// `CONNTRACK6` entries the data path added (new keys only).
+    Ct6EntriesInserted = "ct6_entries_inserted", true;
 }
 
 #[cfg(test)]

@@ -1,12 +1,14 @@
-//! `conntrack list|count|flush`: the flow table in `CONNTRACK`.
+//! `conntrack list|count|flush`: the flow table in `CONNTRACK`, and for
+//! `list` the IPv6 flows in `CONNTRACK6` too.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 use router_common::{
     flow,
     maps::{
-        FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, Timeouts,
+        FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
+        FlowState, Timeouts,
     },
 };
 use serde::Serialize;
@@ -34,6 +36,9 @@ pub struct FlowRow {
     pub reply_present: bool,
     /// Admitted by the kernel and carried by XDP for it (offload mode).
     pub offloaded: bool,
+    /// `ipv4` or `ipv6` (routed: its translated endpoints are the
+    /// original ones; `origin` `wan` means opened through a pinhole).
+    pub family: &'static str,
 }
 
 fn endpoint(addr: [u8; 4], port: u16) -> String {
@@ -78,7 +83,60 @@ pub fn flow_row(
         expired: flow::expired(orig.state, last_seen, now_ns, t),
         reply_present: reply.is_some(),
         offloaded: orig.flags & FLAG_OFFLOADED != 0,
+        family: "ipv4",
     }
+}
+
+fn endpoint6(addr: [u8; 16], port: u16) -> String {
+    format!("[{}]:{port}", Ipv6Addr::from(addr))
+}
+
+/// [`flow_row`] of an IPv6 flow: `reply` is the entry under the reversed
+/// key.
+#[must_use]
+pub fn flow_row6(
+    key: &FlowKey6,
+    orig: &FlowEntry6,
+    reply: Option<&FlowEntry6>,
+    now_ns: u64,
+    t: &Timeouts,
+) -> FlowRow {
+    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
+    let (src, dst) = (
+        endpoint6(key.src_addr, key.src_port),
+        endpoint6(key.dst_addr, key.dst_port),
+    );
+    FlowRow {
+        proto: proto_name(key.proto),
+        state: FlowState::name(orig.state),
+        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
+            "lan"
+        } else {
+            "wan"
+        },
+        xlat_src: src.clone(),
+        xlat_dst: dst.clone(),
+        orig_src: src,
+        orig_dst: dst,
+        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
+        idle_secs: secs(now_ns.saturating_sub(last_seen)),
+        expired: flow::expired(orig.state, last_seen, now_ns, t),
+        reply_present: reply.is_some(),
+        offloaded: orig.flags & FLAG_OFFLOADED != 0,
+        family: "ipv6",
+    }
+}
+
+/// Rows for every original-direction entry of an IPv6 table snapshot.
+#[must_use]
+pub fn flow_rows6(entries: &[(FlowKey6, FlowEntry6)], now_ns: u64, t: &Timeouts) -> Vec<FlowRow> {
+    let by_key: std::collections::BTreeMap<FlowKey6, &FlowEntry6> =
+        entries.iter().map(|(k, e)| (*k, e)).collect();
+    by_key
+        .iter()
+        .filter(|(_, e)| e.flags & FLAG_ORIGINAL != 0)
+        .map(|(k, e)| flow_row6(k, e, by_key.get(&k.reversed()).copied(), now_ns, t))
+        .collect()
 }
 
 /// Rows for every original-direction entry of a table snapshot, sorted by
@@ -137,7 +195,13 @@ pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
     let cfg = maps.read_config()?;
     let cap = maps::capacity(&table)?;
     let entries = snapshot(&table, cap)?;
-    let rows = flow_rows(&entries, monotonic_ns(), &cfg.timeouts);
+    let now = monotonic_ns();
+    let mut rows = flow_rows(&entries, now, &cfg.timeouts);
+    // A router attached by an older router-ctl has no CONNTRACK6 pinned.
+    if let Ok(table6) = maps.conntrack6() {
+        let cap6 = maps::capacity(&table6)?;
+        rows.extend(flow_rows6(&snapshot(&table6, cap6)?, now, &cfg.timeouts));
+    }
     if json {
         println!("{}", serde_json::to_string(&rows)?);
     } else {
@@ -257,6 +321,47 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_rows_pair_through_the_reversed_key() {
+        use router_common::maps::FLAG_PORT_FORWARD;
+        let client = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2).octets();
+        let server = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2).octets();
+        let k = FlowKey6::new(server, client, 50000, 22, IPPROTO_TCP);
+        let orig = FlowEntry6 {
+            last_seen_ns: 10 * SEC,
+            created_ns: 10 * SEC,
+            state: FlowState::TcpEstablished as u8,
+            flags: FLAG_ORIGINAL | FLAG_PORT_FORWARD,
+            ..FlowEntry6::default()
+        };
+        let reply = FlowEntry6 {
+            flags: FLAG_PORT_FORWARD,
+            last_seen_ns: 11 * SEC,
+            ..orig
+        };
+        let rows = flow_rows6(
+            &[(k, orig), (k.reversed(), reply)],
+            12 * SEC,
+            &Timeouts::default(),
+        );
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
+        assert_eq!(
+            (row.family, row.origin, row.state, row.proto.as_str()),
+            ("ipv6", "wan", "ESTABLISHED", "tcp")
+        );
+        assert_eq!(row.orig_src, "[2001:db8:71::2]:50000");
+        assert_eq!(row.orig_dst, "[2001:db8:50::2]:22");
+        assert_eq!(
+            (&row.xlat_src, &row.xlat_dst),
+            (&row.orig_src, &row.orig_dst)
+        );
+        assert!(row.reply_present);
+        assert!((row.idle_secs - 1.0).abs() < 1e-9, "{row:?}");
+        let alone = flow_rows6(&[(k, orig)], 12 * SEC, &Timeouts::default());
+        assert!(!alone[0].reply_present);
+    }
+
+    #[test]
     fn row_of_a_masqueraded_flow() {
         let [(k, mut oe), (_, mut re)] = masq(40000);
         oe.state = FlowState::TcpEstablished as u8;
@@ -279,6 +384,7 @@ mod tests {
                 expired: false,
                 reply_present: true,
                 offloaded: false,
+                family: "ipv4",
             }
         );
         assert_eq!(
@@ -288,7 +394,7 @@ mod tests {
                 "orig_src": "192.168.50.2:40000", "orig_dst": "203.0.113.2:5201",
                 "xlat_src": "203.0.113.1:40000", "xlat_dst": "203.0.113.2:5201",
                 "age_secs": 1.7, "idle_secs": 0.2, "expired": false, "reply_present": true,
-                "offloaded": false
+                "offloaded": false, "family": "ipv4"
             })
         );
         // Field order is the contract's.

@@ -1,9 +1,12 @@
-//! `forward add|del|list`: the port-forward rules in `PORT_FORWARDS`.
+//! `forward add|del|list`: the port-forward rules in `PORT_FORWARDS`, and
+//! the IPv6 pinholes in `PINHOLES6`.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
 use anyhow::{Context, Result, bail};
-use router_common::maps::{MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget};
+use router_common::maps::{
+    Admit, MAX_PINHOLES6, MAX_PORT_FORWARDS, PinholeKey6, PortForwardKey, PortForwardTarget,
+};
 use serde::Serialize;
 
 use crate::{
@@ -39,6 +42,10 @@ pub struct Rule {
     pub wan_port: u16,
     pub lan_addr: String,
     pub lan_port: u16,
+    /// `ipv6` for a pinhole (no translation: `wan_port` is `lan_port`);
+    /// absent for IPv4 rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub family: Option<&'static str>,
 }
 
 impl Rule {
@@ -49,11 +56,30 @@ impl Rule {
             wan_port: k.port,
             lan_addr: Ipv4Addr::from(t.addr).to_string(),
             lan_port: t.port,
+            family: None,
+        }
+    }
+
+    /// An IPv6 pinhole as a rule row.
+    #[must_use]
+    pub fn pinhole6(k: &PinholeKey6) -> Self {
+        Self {
+            proto: proto_name(k.proto),
+            wan_port: k.port,
+            lan_addr: Ipv6Addr::from(k.addr).to_string(),
+            lan_port: k.port,
+            family: Some("ipv6"),
         }
     }
 
     #[must_use]
     pub fn describe(&self) -> String {
+        if self.family.is_some() {
+            return format!(
+                "{} pinhole to [{}]:{}",
+                self.proto, self.lan_addr, self.lan_port
+            );
+        }
         format!(
             "{} {} -> {}:{}",
             self.proto, self.wan_port, self.lan_addr, self.lan_port
@@ -61,10 +87,70 @@ impl Rule {
     }
 }
 
+#[must_use]
+pub fn pinhole_key(proto: Proto, to: SocketAddrV6) -> PinholeKey6 {
+    PinholeKey6 {
+        addr: to.ip().octets(),
+        port: to.port(),
+        proto: proto.number(),
+        pad: 0,
+    }
+}
+
+/// Opens an IPv6 pinhole: new flows of `proto` from the WAN to `to`
+/// (standalone mode; in offload mode the kernel's firewall decides).
+pub fn add_pinhole6(maps: &PinnedMaps, proto: Proto, to: SocketAddrV6) -> Result<()> {
+    if maps
+        .read_config()
+        .is_ok_and(|c| c.admit == Admit::Kernel as u8)
+    {
+        bail!(
+            "in offload mode (attach --admit kernel) inbound IPv6 is the kernel firewall's:              allow it there (e.g. `nft add rule inet filter forward iifname WAN ip6 daddr {}              {} dport {} accept`)",
+            to.ip(),
+            proto.name(),
+            to.port()
+        );
+    }
+    let mut holes = maps.pinholes6()?;
+    let k = pinhole_key(proto, to);
+    let want = Rule::pinhole6(&k);
+    match holes.insert(k, 1, BPF_NOEXIST) {
+        Ok(()) => println!("added {}", want.describe()),
+        Err(e) if errno(&e) == Some(libc::EEXIST) => {
+            println!("{} already present; nothing changed", want.describe());
+        }
+        Err(e) if errno(&e) == Some(libc::E2BIG) => bail!(
+            "the pinhole table is full ({MAX_PINHOLES6}); delete pinholes you no longer need \
+             (`router-ctl forward list`)"
+        ),
+        Err(e) => return Err(e).context("inserting the pinhole"),
+    }
+    Ok(())
+}
+
+pub fn del_pinhole6(maps: &PinnedMaps, proto: Proto, to: SocketAddrV6) -> Result<()> {
+    let mut holes = maps.pinholes6()?;
+    let k = pinhole_key(proto, to);
+    match holes.remove(&k) {
+        Ok(()) => {
+            println!(
+                "deleted {}; flows it opened run until they expire",
+                Rule::pinhole6(&k).describe()
+            );
+            Ok(())
+        }
+        Err(e) if errno(&e) == Some(libc::ENOENT) => bail!(
+            "no {} pinhole to {to}; see `router-ctl forward list`",
+            proto.name()
+        ),
+        Err(e) => Err(e).context("deleting the pinhole"),
+    }
+}
+
 pub fn add(maps: &PinnedMaps, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Result<()> {
     if maps
         .read_config()
-        .is_ok_and(|c| c.admit == router_common::maps::Admit::Kernel as u8)
+        .is_ok_and(|c| c.admit == Admit::Kernel as u8)
     {
         bail!(
             "in offload mode (attach --admit kernel) port forwards are the kernel's DNAT rules: \
@@ -158,6 +244,15 @@ pub fn rules(maps: &PinnedMaps) -> Result<Vec<Rule>> {
         .map(|&(k, t)| Rule::new(k, t))
         .collect();
     out.sort_by(|a, b| (&a.proto, a.wan_port).cmp(&(&b.proto, b.wan_port)));
+    // A router attached by an older router-ctl has no PINHOLES6 pinned.
+    if let Ok(holes) = maps.pinholes6() {
+        let mut v6: Vec<Rule> = snapshot(&holes, MAX_PINHOLES6)?
+            .iter()
+            .map(|(k, _)| Rule::pinhole6(k))
+            .collect();
+        v6.sort();
+        out.extend(v6);
+    }
     Ok(out)
 }
 
@@ -169,6 +264,14 @@ pub fn rules_table(rules: &[Rule]) -> String {
     }
     let mut s = format!("{:<6} {:>8}    {}\n", "proto", "wan_port", "lan");
     for r in rules {
+        if r.family.is_some() {
+            let _ = writeln!(
+                s,
+                "{:<6} {:>8} -> [{}]:{} (IPv6 pinhole)",
+                r.proto, r.wan_port, r.lan_addr, r.lan_port
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
             "{:<6} {:>8} -> {}:{}",

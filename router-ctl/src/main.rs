@@ -51,7 +51,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use crate::{
     config::{AdmitMode, AttachArgs, Mode},
     ctx::Ctx,
-    parse::{Proto, TimeoutArg, WanAddr},
+    parse::{ForwardFrom, Proto, TimeoutArg, WanAddr},
 };
 
 const ABOUT: &str = "XDP NAT fast path controller";
@@ -313,27 +313,33 @@ enum ForwardCmd {
     ///
     /// Takes effect at once (a map update, no reload). The same rule twice is a no-op; a
     /// different target for a WAN port that has a rule is refused.
+    ///
+    /// IPv6 form: `forward add PROTO [LAN_ADDR6]:PORT` opens a pinhole (standalone mode):
+    /// the WAN may open flows to that LAN address and port; nothing is translated.
     #[command(after_help = "Examples:
   router-ctl forward add tcp 8080 192.168.50.2:80
-  router-ctl forward add udp 5353 192.168.50.3:53")]
+  router-ctl forward add udp 5353 192.168.50.3:53
+  router-ctl forward add tcp [2001:db8:50::2]:22")]
     Add {
         #[arg(value_enum)]
         proto: Proto,
-        /// Port on the WAN address, 1-65535.
-        #[arg(value_parser = parse::parse_port)]
-        wan_port: u16,
-        /// LAN host and port the flows go to, e.g. 192.168.50.2:80.
+        /// Port on the WAN address, 1-65535; or an IPv6 pinhole's LAN address and port.
+        #[arg(value_name = "WAN_PORT|[LAN_ADDR6]:PORT", value_parser = parse::parse_forward_from)]
+        from: parse::ForwardFrom,
+        /// LAN host and port the flows go to, e.g. 192.168.50.2:80 (not with a pinhole).
         #[arg(value_name = "LAN_ADDR:PORT", value_parser = parse::parse_forward_target)]
-        target: std::net::SocketAddrV4,
+        target: Option<std::net::SocketAddrV4>,
     },
     /// Delete the rule of a WAN port (flows it opened run until they expire).
-    #[command(after_help = "Example:\n  router-ctl forward del tcp 8080")]
+    #[command(
+        after_help = "Examples:\n  router-ctl forward del tcp 8080\n  router-ctl forward del tcp [2001:db8:50::2]:22"
+    )]
     Del {
         #[arg(value_enum)]
         proto: Proto,
-        /// Port on the WAN address, 1-65535.
-        #[arg(value_parser = parse::parse_port)]
-        wan_port: u16,
+        /// Port on the WAN address, 1-65535; or an IPv6 pinhole's LAN address and port.
+        #[arg(value_name = "WAN_PORT|[LAN_ADDR6]:PORT", value_parser = parse::parse_forward_from)]
+        from: parse::ForwardFrom,
     },
     /// List the rules.
     #[command(
@@ -510,10 +516,25 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Forward { cmd } => match cmd {
             ForwardCmd::Add {
                 proto,
-                wan_port,
+                from,
                 target,
-            } => forward::add(&maps, proto, wan_port, target),
-            ForwardCmd::Del { proto, wan_port } => forward::del(&maps, proto, wan_port),
+            } => match (from, target) {
+                (ForwardFrom::WanPort(port), Some(to)) => forward::add(&maps, proto, port, to),
+                (ForwardFrom::Pinhole6(to), None) => forward::add_pinhole6(&maps, proto, to),
+                (ForwardFrom::WanPort(port), None) => Err(anyhow::anyhow!(
+                    "forward add {} {port} needs the LAN_ADDR:PORT to send the flows to",
+                    proto.name()
+                )),
+                (ForwardFrom::Pinhole6(to), Some(_)) => Err(anyhow::anyhow!(
+                    "an IPv6 pinhole translates nothing: `forward add {} {to}` takes no \
+                     LAN_ADDR:PORT",
+                    proto.name()
+                )),
+            },
+            ForwardCmd::Del { proto, from } => match from {
+                ForwardFrom::WanPort(port) => forward::del(&maps, proto, port),
+                ForwardFrom::Pinhole6(to) => forward::del_pinhole6(&maps, proto, to),
+            },
             ForwardCmd::List { json } => forward::list(&maps, json),
         }
         .map(|()| 0),
@@ -669,7 +690,7 @@ mod tests {
             cmd:
                 ForwardCmd::Add {
                     proto,
-                    wan_port,
+                    from,
                     target,
                 },
         } = parse(&["forward", "add", "udp", "5353", "192.168.50.2:53"])
@@ -678,8 +699,18 @@ mod tests {
         else {
             panic!("not forward add");
         };
-        assert_eq!((proto, wan_port), (Proto::Udp, 5353));
-        assert_eq!(target.to_string(), "192.168.50.2:53");
+        assert_eq!((proto, from), (Proto::Udp, ForwardFrom::WanPort(5353)));
+        assert_eq!(target.unwrap().to_string(), "192.168.50.2:53");
+        let Cmd::Forward {
+            cmd: ForwardCmd::Add { from, target, .. },
+        } = parse(&["forward", "add", "tcp", "[2001:db8:50::2]:22"])
+            .unwrap()
+            .cmd
+        else {
+            panic!("not forward add");
+        };
+        assert!(matches!(from, ForwardFrom::Pinhole6(a) if a.port() == 22));
+        assert_eq!(target, None);
         assert!(matches!(
             parse(&["conntrack", "count", "--json"]).unwrap().cmd,
             Cmd::Conntrack {

@@ -13,8 +13,9 @@ use aya::{
     maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray},
 };
 use router_common::maps::{
-    CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, CounterValue, DEVICES_MAP, FlowEntry, FlowKey,
-    PORT_FORWARDS_MAP, PortForwardKey, PortForwardTarget,
+    CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, CounterValue, DEVICES_MAP,
+    FlowEntry, FlowEntry6, FlowKey, FlowKey6, PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6,
+    PortForwardKey, PortForwardTarget,
 };
 
 use crate::pins::LINK_PINS;
@@ -25,6 +26,10 @@ pub type CountersMap = PerCpuArray<MapData, CounterValue>;
 pub type ConntrackMap = HashMap<MapData, FlowKey, FlowEntry>;
 /// The single-entry configuration; all zero means "fast path off".
 pub type ConfigMap = Array<MapData, Config>;
+/// The IPv6 flow table: two entries per flow.
+pub type Conntrack6Map = HashMap<MapData, FlowKey6, FlowEntry6>;
+/// IPv6 pinholes (value 1).
+pub type Pinholes6Map = HashMap<MapData, PinholeKey6, u8>;
 /// Port-forward rules.
 pub type PortForwardsMap = HashMap<MapData, PortForwardKey, PortForwardTarget>;
 /// The attached interfaces, the redirect targets.
@@ -40,12 +45,14 @@ pub struct PinnedMaps {
 impl PinnedMaps {
     /// Every map `attach` pins, in pin order (the loader's pin paths, the
     /// layout check of a replace, `status`, `detach`).
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 7] = [
         COUNTERS_MAP,
         DEVICES_MAP,
         CONFIG_MAP,
         CONNTRACK_MAP,
         PORT_FORWARDS_MAP,
+        CONNTRACK6_MAP,
+        PINHOLES6_MAP,
     ];
 
     #[must_use]
@@ -71,6 +78,14 @@ impl PinnedMaps {
 
     pub fn conntrack(&self) -> Result<ConntrackMap> {
         self.typed(CONNTRACK_MAP)
+    }
+
+    pub fn conntrack6(&self) -> Result<Conntrack6Map> {
+        self.typed(CONNTRACK6_MAP)
+    }
+
+    pub fn pinholes6(&self) -> Result<Pinholes6Map> {
+        self.typed(PINHOLES6_MAP)
     }
 
     pub fn config(&self) -> Result<ConfigMap> {

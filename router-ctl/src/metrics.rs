@@ -20,15 +20,31 @@ use crate::{ctx::Ctx, daemon, forward, state, stats};
 #[must_use]
 pub fn family(c: Counter) -> (&'static str, &'static str, &'static str) {
     let n = c.name();
-    if let Some(d) = n.strip_prefix("fwd_") {
+    // IPv6-only verdicts (`fwd6_`, `pass6_`, `drop6_`) land in the same
+    // families; `ipv6_only` labels them with their family.
+    let tail = |prefix: &str| {
+        n.strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix('_').or_else(|| r.strip_prefix("6_")))
+    };
+    if let Some(d) = tail("fwd") {
         ("forwarded", "direction", d)
-    } else if let Some(r) = n.strip_prefix("pass_") {
+    } else if let Some(r) = tail("pass") {
         ("passed", "reason", r)
-    } else if let Some(r) = n.strip_prefix("drop_") {
+    } else if let Some(r) = tail("drop") {
         ("dropped", "reason", r)
     } else {
         ("events", "event", n)
     }
+}
+
+/// Whether `c` counts IPv6 packets only (its name says so: `fwd6_...`);
+/// those verdicts get a `family="ipv6"` label, the shared ones none.
+#[must_use]
+pub fn ipv6_only(c: Counter) -> bool {
+    let n = c.name();
+    ["fwd6_", "pass6_", "drop6_"]
+        .iter()
+        .any(|p| n.starts_with(p))
 }
 
 #[derive(Debug)]
@@ -192,7 +208,11 @@ impl Collector for RouterCollector {
                 .filter(move |(c, _)| family(*c).0 == fam)
                 .map(|&(c, v): &(Counter, CounterValue)| {
                     let (_, k, l) = family(c);
-                    (vec![(k, l.to_owned())], v)
+                    let mut labels = vec![(k, l.to_owned())];
+                    if ipv6_only(c) {
+                        labels.push(("family", "ipv6".to_owned()));
+                    }
+                    (labels, v)
                 })
                 .collect::<Vec<_>>()
         };
@@ -366,6 +386,21 @@ mod tests {
             family(Counter::FlowNewMasquerade),
             ("events", "event", "flow_new_masquerade")
         );
+        assert_eq!(
+            family(Counter::Fwd6Inbound),
+            ("forwarded", "direction", "inbound")
+        );
+        assert_eq!(
+            family(Counter::Pass6ExtFragment),
+            ("passed", "reason", "ext_fragment")
+        );
+        assert!(ipv6_only(Counter::Drop6Unsolicited) && !ipv6_only(Counter::DropMalformed));
+        // A label set appears once per metric family.
+        let mut seen = std::collections::BTreeSet::new();
+        for &c in Counter::ALL {
+            let (fam, key, val) = family(c);
+            assert!(seen.insert((fam, key, val, ipv6_only(c))), "{}", c.name());
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Pure parsers for command-line values. Each returns a message that names
 //! what is wrong and what is expected; clap prefixes it with the argument.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4, SocketAddrV6};
 
 use router_common::maps::{
     DEFAULT_MAX_FLOWS, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts,
@@ -43,6 +43,7 @@ pub fn proto_name(n: u8) -> String {
         IPPROTO_TCP => "tcp".to_owned(),
         IPPROTO_UDP => "udp".to_owned(),
         IPPROTO_ICMP => "icmp".to_owned(),
+        router_common::ipv6::IPPROTO_ICMPV6 => "icmpv6".to_owned(),
         other => format!("proto-{other}"),
     }
 }
@@ -192,11 +193,64 @@ pub fn parse_forward_target(s: &str) -> Result<SocketAddrV4, String> {
     Ok(SocketAddrV4::new(addr, port))
 }
 
+/// The second argument of `forward add|del`: a WAN port (IPv4, with a
+/// translation to `LAN_ADDR:PORT`), or `[LAN_ADDR6]:PORT`, an IPv6 pinhole
+/// (no translation: the WAN may open flows to that LAN address and port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardFrom {
+    WanPort(u16),
+    Pinhole6(SocketAddrV6),
+}
+
+/// `WAN_PORT` or `[LAN_ADDR6]:PORT` (a global unicast IPv6 address).
+pub fn parse_forward_from(s: &str) -> Result<ForwardFrom, String> {
+    if !s.starts_with('[') {
+        return parse_port(s).map(ForwardFrom::WanPort);
+    }
+    let a: SocketAddrV6 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not [LAN_ADDR6]:PORT (example: [2001:db8:50::2]:22)"))?;
+    let ip = a.ip();
+    if ip.is_multicast() || ip.is_unspecified() || ip.is_loopback() || ip.is_unicast_link_local() {
+        return Err(format!(
+            "{ip} is not a global unicast address; give the LAN host's address"
+        ));
+    }
+    if a.port() == 0 {
+        return Err("port 0 is out of range 1-65535".to_owned());
+    }
+    Ok(ForwardFrom::Pinhole6(SocketAddrV6::new(
+        *ip,
+        a.port(),
+        0,
+        0,
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::ValueEnum as _;
 
     use super::*;
+
+    #[test]
+    fn forward_from_port_or_pinhole() {
+        assert_eq!(parse_forward_from("8080"), Ok(ForwardFrom::WanPort(8080)));
+        assert!(parse_forward_from("0").is_err());
+        let ForwardFrom::Pinhole6(a) = parse_forward_from("[2001:db8:50::2]:22").unwrap() else {
+            panic!("not a pinhole");
+        };
+        assert_eq!(a.to_string(), "[2001:db8:50::2]:22");
+        for bad in [
+            "[fe80::1]:22",
+            "[ff02::1]:22",
+            "[::]:22",
+            "[2001:db8::2]:0",
+            "[2001:db8::2]",
+        ] {
+            assert!(parse_forward_from(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn ports() {

@@ -42,14 +42,19 @@ impl Group {
 
     #[must_use]
     pub fn of(c: Counter) -> Self {
+        // IPv6-only counters carry the family in their prefix (`fwd6_`).
         let n = c.name();
+        let is = |prefix: &str| {
+            n.strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('_') || rest.starts_with("6_"))
+        };
         if c.is_event() {
             Self::Events
-        } else if n.starts_with("fwd_") {
+        } else if is("fwd") {
             Self::Forwarded
-        } else if n.starts_with("pass_") {
+        } else if is("pass") {
             Self::Passed
-        } else if n.starts_with("drop_") {
+        } else if is("drop") {
             Self::Dropped
         } else {
             Self::Other
@@ -391,6 +396,9 @@ mod tests {
         assert_eq!(Group::of(Counter::PassNoFlow), Group::Passed);
         assert_eq!(Group::of(Counter::DropMalformed), Group::Dropped);
         assert_eq!(Group::of(Counter::FlowNewMasquerade), Group::Events);
+        assert_eq!(Group::of(Counter::Fwd6Inbound), Group::Forwarded);
+        assert_eq!(Group::of(Counter::Pass6ExtEsp), Group::Passed);
+        assert_eq!(Group::of(Counter::Drop6Unsolicited), Group::Dropped);
     }
 
     #[test]
@@ -468,9 +476,19 @@ mod tests {
         assert!(pos("passed to kernel") < pos("pass_not_ipv4"));
         assert!(pos("dropped") < pos("drop_truncated"));
         assert!(pos("events") < pos("flow_new_masquerade"));
-        // fwd_outbound 1 pkt/100 B + fwd_inbound 2/200.
+        // Both families' forwarded counters: fwd_outbound 1 pkt/100 B +
+        // fwd_inbound 2/200 + fwd6_outbound and fwd6_inbound.
+        let (p6, b6): (u64, u64) = sample()
+            .iter()
+            .filter(|(c, _)| matches!(c, Counter::Fwd6Outbound | Counter::Fwd6Inbound))
+            .fold((0, 0), |(p, b), (_, v)| (p + v.packets, b + v.bytes));
         assert!(
-            t.contains(&format!("  {:<30} {:>14} {:>16}", "total", 3, 300)),
+            t.contains(&format!(
+                "  {:<30} {:>14} {:>16}",
+                "total",
+                3 + p6,
+                300 + b6
+            )),
             "{t}"
         );
         assert!(t.contains("conntrack entries 2 of capacity 8"));

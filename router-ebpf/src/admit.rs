@@ -88,7 +88,10 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat) -> Step<NewFlow> 
 /// and counted instead. Runs on passed packets only, so the hit path does
 /// not pay for it; offload mode keeps passing (the kernel's firewall
 /// decides).
-#[inline(always)]
+// A BPF subprogram of its own: its FIB parameters stay off the entry
+// point's frame, which the hit path's subprograms (`track`, `claim_port`)
+// add to; the combined stack of a call chain must stay within 512 bytes.
+#[inline(never)]
 pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     // Not IPv4, not configured: no header to judge. No neighbour: the
     // packet was translated to its LAN host by a flow (a reply or a port

@@ -8,7 +8,7 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+        BPF_FIB_LKUP_RET_SUCCESS,
     },
     helpers::bpf_fib_lookup,
     programs::XdpContext,
@@ -20,6 +20,8 @@ use router_common::{
 };
 
 use crate::{Step, Verdict, maps::DEVICES};
+
+pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
 
 const AF_INET: u8 = 2;
 #[expect(clippy::cast_possible_wrap, reason = "64-byte struct")]
@@ -50,18 +52,10 @@ impl Hop {
     }
 }
 
-/// `bpf_fib_lookup` for the IPv4 packet `ip` with the addresses `src` and
-/// `dst` and IPv4 total length `tot_len` (0: no MTU check), from the
-/// ingress interface. Returns the helper's result code and the filled
-/// parameters.
+/// The FIB parameters of the IPv4 packet `ip` with the addresses `src` and
+/// `dst` and IPv4 total length `tot_len` (0: no MTU check).
 #[inline(always)]
-fn lookup(
-    ctx: &XdpContext,
-    ip: &[u8; ipv4::LEN],
-    src: [u8; 4],
-    dst: [u8; 4],
-    tot_len: u16,
-) -> (u32, FibParams) {
+fn params4(ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4], tot_len: u16) -> FibParams {
     // SAFETY: zeroed is a valid bit pattern for this plain C struct.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     p.family = AF_INET;
@@ -70,14 +64,22 @@ fn lookup(
     p.__bindgen_anon_2.tos = ip[ipv4::TOS];
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(src);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    p
+}
+
+/// Runs `bpf_fib_lookup` on `p` (family, protocol, length and addresses
+/// set by the caller) from the ingress interface: the helper's result code.
+#[inline(always)]
+fn call(ctx: &XdpContext, p: &mut FibParams) -> u32 {
     p.ifindex = ctx.ingress_ifindex() as u32;
     // SAFETY: ctx is the program's context, p a valid stack struct.
-    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), &raw mut p, FIB_PARAMS_LEN, 0) };
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, FIB_PARAMS_LEN, 0) };
     #[expect(
         clippy::cast_sign_loss,
         reason = "negative errors map to no BPF_FIB_LKUP_RET_* and are passed"
     )]
-    (rc as u32, p)
+    let rc = rc as u32;
+    rc
 }
 
 /// The interface the kernel would forward the IPv4 packet `ip` out of, as
@@ -85,7 +87,8 @@ fn lookup(
 /// delivery, broadcast, unreachable, forwarding off).
 #[inline(always)]
 pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
-    let (rc, p) = lookup(ctx, ip, get_addr(ip, ipv4::SRC), get_addr(ip, ipv4::DST), 0);
+    let mut p = params4(ip, get_addr(ip, ipv4::SRC), get_addr(ip, ipv4::DST), 0);
+    let rc = call(ctx, &mut p);
     // The kernel fills ifindex before the neighbour lookup.
     matches!(rc, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(p.ifindex)
 }
@@ -95,8 +98,15 @@ pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
 /// unreachable, needs fragmenting, forwarding off): passed with a reason.
 #[inline(always)]
 pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -> Step<Hop> {
-    let (rc, p) = lookup(ctx, ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
-    let reason = match rc {
+    let mut p = params4(ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
+    lookup(ctx, &mut p)
+}
+
+/// Runs `bpf_fib_lookup` on `p` (both families share this part) and turns
+/// the result into a [`Hop`] or a pass verdict.
+#[inline(always)]
+pub fn lookup(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
+    let reason = match call(ctx, p) {
         BPF_FIB_LKUP_RET_SUCCESS => {
             // SAFETY: on success the kernel wrote mtu_result (a union with
             // tot_len).
@@ -153,10 +163,16 @@ pub fn forward_l2(
         return Verdict::pass(Counter::PassNoNeighbour);
     };
     decrement_ttl(ip);
-    eth[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&dmac);
-    eth[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&smac);
+    write_macs(eth, smac, dmac);
     Verdict {
         counter: forwarded,
         action,
     }
+}
+
+/// The next hop's MACs into the Ethernet header (both families).
+#[inline(always)]
+pub fn write_macs(eth: &mut [u8; eth::LEN], smac: [u8; eth::ADDR_LEN], dmac: [u8; eth::ADDR_LEN]) {
+    eth[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&dmac);
+    eth[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&smac);
 }

@@ -34,12 +34,13 @@ mod hop;
 mod icmp_error;
 mod maps;
 mod parse;
+mod v6;
 
 use aya_ebpf::{
     bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext,
 };
 use router_common::{
-    hdr::{eth, frame, ipv4},
+    hdr::{eth, frame, get_u16, ipv4},
     maps::{Counter, FLAG_OFFLOADED, FlowKey},
 };
 
@@ -107,6 +108,9 @@ pub fn router(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     let eth: &mut [u8; eth::LEN] = header(ctx, 0)?;
+    if get_u16(eth, eth::ETHER_TYPE) == eth::P_IPV6 {
+        return v6::route(ctx, eth);
+    }
     parse::ethernet(eth)?;
     let ip: &mut [u8; ipv4::LEN] = header(ctx, frame::IPV4)?;
     parse::ipv4(ctx, ip)?;

@@ -52,10 +52,8 @@ pub fn header<'a, const N: usize>(
     Ok(unsafe { &mut *p })
 }
 
-/// Ethernet: only IPv4 is the fast path's (ARP, IPv6, VLAN tags: the
-/// kernel's).
-// An IPv6 path would branch here on the Ethernet type into a parser of its
-// own; the later phases take the parsed tuple, not the header.
+/// Ethernet: IPv4 here (IPv6 branched off to its own core before; ARP,
+/// VLAN tags: the kernel's).
 #[inline(always)]
 pub fn ethernet(eth: &[u8; eth::LEN]) -> Step<()> {
     if get_u16(eth, eth::ETHER_TYPE) != eth::P_IPV4 {

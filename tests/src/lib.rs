@@ -7,6 +7,7 @@
 //! - [`frames`]: frame builders, frame offsets and checksum checks;
 //! - [`prog`]: the XDP object loaded for `BPF_PROG_RUN`, XDP action names;
 //! - [`rawbpf`]: small programs assembled from raw instructions;
+//! - [`v6`]: IPv6 addresses in the topology and crafted IPv6 frames;
 //! - [`host`], [`netns`], [`echo`]: host commands, entering a namespace,
 //!   echo servers and clients.
 
@@ -20,6 +21,7 @@ pub mod prog;
 pub mod rawbpf;
 pub mod topology;
 pub mod trafficgen;
+pub mod v6;
 
 pub use addr::{
     BRIDGE_IF, CLIENT_ADDR, CLIENT2_ADDR, HOST_IF, LAN_IF, PIN_ROOT, ROUTER_LAN_ADDR,

@@ -289,11 +289,23 @@ fn pass_cases_ttl_fragments_options_protocols() {
             );
             // Not IPv4.
             let ok = frame(base);
-            for (what, ethertype) in [
-                ("ARP", [0x08, 0x06]),
-                ("IPv6", [0x86, 0xdd]),
-                ("VLAN", [0x81, 0x00]),
-            ] {
+            // The IPv6 type goes to the IPv6 core (prog_run6): an IPv4
+            // packet under it is a malformed IPv6 one.
+            let mut v = ok.clone();
+            v[ETHERTYPE_OFF..ETHERTYPE_OFF + 2].copy_from_slice(&[0x86, 0xdd]);
+            r.drop_frame(
+                &format!("{side}: IPv4 packet as IPv6"),
+                &v,
+                ifindex,
+                Counter::DropMalformed,
+            );
+            r.drop_frame(
+                &format!("{side}: IPv6 type, 14 bytes"),
+                &v[..ETH_HLEN],
+                ifindex,
+                Counter::DropTruncated,
+            );
+            for (what, ethertype) in [("ARP", [0x08, 0x06]), ("VLAN", [0x81, 0x00])] {
                 let mut v = ok.clone();
                 v[ETHERTYPE_OFF..ETHERTYPE_OFF + 2].copy_from_slice(&ethertype);
                 r.pass(

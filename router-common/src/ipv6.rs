@@ -1,0 +1,416 @@
+//! IPv6 (routed, not translated): header layouts, the classification of an
+//! IPv6 header and of `ICMPv6` types, host-tested here and used by the XDP
+//! program's IPv6 core.
+//!
+//! IPv6 routers never fragment and the fast path rewrites nothing that a
+//! checksum covers (the hop limit is in no checksum), so there is no
+//! checksum logic here.
+
+use crate::hdr::get_u16;
+use crate::maps::Counter;
+
+/// IPv6 header (RFC 8200 section 3).
+#[expect(
+    clippy::module_inception,
+    reason = "named like `hdr::ipv4`: fields read `ipv6::HOP_LIMIT`"
+)]
+pub mod ipv6 {
+    /// Length of the fixed header.
+    pub const LEN: usize = 40;
+    /// Length of an address.
+    pub const ADDR_LEN: usize = 16;
+    /// Version (high nibble), traffic class, flow label.
+    pub const VERSION: usize = 0;
+    /// Length of what follows the fixed header.
+    pub const PAYLOAD_LEN: usize = 4;
+    /// Protocol of the next header (an extension header or the L4).
+    pub const NEXT_HEADER: usize = 6;
+    /// Hop limit.
+    pub const HOP_LIMIT: usize = 7;
+    /// Source address.
+    pub const SRC: usize = 8;
+    /// Destination address.
+    pub const DST: usize = 24;
+}
+
+/// Offsets of the headers in a frame the IPv6 fast path handles: a packet
+/// with extension headers goes to the kernel, so every header sits at a
+/// fixed offset.
+pub mod frame6 {
+    use super::ipv6;
+    use crate::hdr::{eth, icmp};
+
+    /// The IPv6 header.
+    pub const IPV6: usize = eth::LEN;
+    /// The TCP, UDP or `ICMPv6` header.
+    pub const L4: usize = IPV6 + ipv6::LEN;
+    /// The IPv6 header quoted by an `ICMPv6` error (RFC 4443), after its
+    /// 8-byte header (same layout as ICMP's).
+    pub const INNER_IPV6: usize = L4 + icmp::LEN;
+    /// The first 8 bytes after the quoted IPv6 header: TCP/UDP ports or an
+    /// `ICMPv6` header.
+    pub const INNER_L4: usize = INNER_IPV6 + ipv6::LEN;
+}
+
+/// Least IPv6 payload length of each kind of packet the fast path reads.
+pub mod min_payload {
+    use crate::hdr::{ICMP_QUOTED_L4_LEN, icmp, tcp, udp};
+
+    /// A TCP segment: its header without options.
+    pub const TCP: usize = tcp::LEN;
+    /// A UDP datagram.
+    pub const UDP: usize = udp::LEN;
+    /// An `ICMPv6` message.
+    pub const ICMP: usize = icmp::LEN;
+    /// An `ICMPv6` error quoting the fixed IPv6 header and 8 bytes after it.
+    pub const ICMP_ERROR: usize = icmp::LEN + super::ipv6::LEN + ICMP_QUOTED_L4_LEN;
+}
+
+/// `IPPROTO_ICMPV6`.
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// Next-header values of the extension headers (RFC 8200 section 4, IANA
+/// "IPv6 Extension Header Types").
+pub mod next_header {
+    pub const HOP_BY_HOP: u8 = 0;
+    pub const ROUTING: u8 = 43;
+    pub const FRAGMENT: u8 = 44;
+    pub const ESP: u8 = 50;
+    pub const AH: u8 = 51;
+    pub const DEST_OPTS: u8 = 60;
+    pub const MOBILITY: u8 = 135;
+    pub const HIP: u8 = 139;
+    pub const SHIM6: u8 = 140;
+    pub const EXPERIMENT1: u8 = 253;
+    pub const EXPERIMENT2: u8 = 254;
+}
+
+/// `ICMPv6` message types (RFC 4443, 4861, 2710, 3810).
+pub mod icmp6 {
+    pub const DEST_UNREACH: u8 = 1;
+    pub const PACKET_TOO_BIG: u8 = 2;
+    pub const TIME_EXCEEDED: u8 = 3;
+    pub const PARAMETER_PROBLEM: u8 = 4;
+    pub const ECHO_REQUEST: u8 = 128;
+    pub const ECHO_REPLY: u8 = 129;
+    pub const MLD_QUERY: u8 = 130;
+    pub const MLD_REPORT: u8 = 131;
+    pub const MLD_DONE: u8 = 132;
+    pub const ROUTER_SOLICIT: u8 = 133;
+    pub const ROUTER_ADVERT: u8 = 134;
+    pub const NEIGHBOUR_SOLICIT: u8 = 135;
+    pub const NEIGHBOUR_ADVERT: u8 = 136;
+    pub const REDIRECT: u8 = 137;
+    pub const MLD2_REPORT: u8 = 143;
+}
+
+/// An extension header the fast path leaves to the kernel, by kind (each
+/// has its counter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ext {
+    HopByHop,
+    Routing,
+    Fragment,
+    DestOpts,
+    Esp,
+    Ah,
+    /// Mobility, HIP, Shim6, the experimental values.
+    Other,
+}
+
+impl Ext {
+    /// The extension header `next` names, if it names one.
+    #[must_use]
+    pub const fn of(next: u8) -> Option<Self> {
+        use next_header as nh;
+        Some(match next {
+            nh::HOP_BY_HOP => Ext::HopByHop,
+            nh::ROUTING => Ext::Routing,
+            nh::FRAGMENT => Ext::Fragment,
+            nh::DEST_OPTS => Ext::DestOpts,
+            nh::ESP => Ext::Esp,
+            nh::AH => Ext::Ah,
+            nh::MOBILITY | nh::HIP | nh::SHIM6 | nh::EXPERIMENT1 | nh::EXPERIMENT2 => Ext::Other,
+            _ => return None,
+        })
+    }
+
+    /// The pass counter of this kind.
+    #[must_use]
+    pub const fn counter(self) -> Counter {
+        match self {
+            Ext::HopByHop => Counter::Pass6ExtHopByHop,
+            Ext::Routing => Counter::Pass6ExtRouting,
+            Ext::Fragment => Counter::Pass6ExtFragment,
+            Ext::DestOpts => Counter::Pass6ExtDestOpts,
+            Ext::Esp => Counter::Pass6ExtEsp,
+            Ext::Ah => Counter::Pass6ExtAh,
+            Ext::Other => Counter::Pass6ExtOther,
+        }
+    }
+}
+
+/// What the fast path may do with an IPv6 header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ipv6Verdict {
+    /// Global unicast with a transport header next: forwardable.
+    Forward,
+    /// Version != 6 or payload length beyond the frame.
+    Malformed,
+    /// Link-local or unspecified source, link-local or multicast
+    /// destination: neighbour discovery, router advertisements, MLD, `DHCPv6`
+    /// and the like are the kernel's (never routed).
+    LinkScope,
+    /// An extension header follows: the kernel's.
+    Extension(Ext),
+    /// Hop limit 0 or 1: the kernel sends time exceeded (RFC 8200 3).
+    HopLimit,
+}
+
+/// Whether `a` is in `fe80::/10` (link-local unicast).
+#[must_use]
+pub const fn is_link_local(a: &[u8; 16]) -> bool {
+    a[0] == 0xfe && a[1] & 0xc0 == 0x80
+}
+
+/// Whether `a` is in `ff00::/8` (multicast).
+#[must_use]
+pub const fn is_multicast(a: &[u8; 16]) -> bool {
+    a[0] == 0xff
+}
+
+/// Whether `a` is `::` (the unspecified address of DAD probes).
+#[must_use]
+pub const fn is_unspecified(a: &[u8; 16]) -> bool {
+    let mut i = 0;
+    while i < 16 {
+        if a[i] != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The IPv6 address at `at` of header `h`.
+#[inline]
+#[must_use]
+pub fn get_addr6<const N: usize>(h: &[u8; N], at: usize) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&h[at..at + 16]);
+    a
+}
+
+/// Classifies an IPv6 header; `l3_len` is the frame length after the
+/// Ethernet header (trailing padding allowed).
+#[must_use]
+pub fn classify_ipv6(hdr: &[u8; ipv6::LEN], l3_len: usize) -> Ipv6Verdict {
+    let payload_len = usize::from(get_u16(hdr, ipv6::PAYLOAD_LEN));
+    if hdr[ipv6::VERSION] >> 4 != 6 || ipv6::LEN + payload_len > l3_len {
+        return Ipv6Verdict::Malformed;
+    }
+    let src = get_addr6(hdr, ipv6::SRC);
+    let dst = get_addr6(hdr, ipv6::DST);
+    if is_link_local(&src) || is_unspecified(&src) || is_link_local(&dst) || is_multicast(&dst) {
+        return Ipv6Verdict::LinkScope;
+    }
+    if let Some(ext) = Ext::of(hdr[ipv6::NEXT_HEADER]) {
+        return Ipv6Verdict::Extension(ext);
+    }
+    if hdr[ipv6::HOP_LIMIT] <= 1 {
+        return Ipv6Verdict::HopLimit;
+    }
+    Ipv6Verdict::Forward
+}
+
+/// What an `ICMPv6` message of `icmp_type` is to the fast path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Icmp6Kind {
+    /// Echo request from the LAN or echo reply from the WAN: a flow packet
+    /// (the identifier in both port fields).
+    Echo,
+    /// An echo request from the WAN: it opens nothing (RFC 6092 keeps
+    /// inbound flows to pinholes), so it is unsolicited unless it is for
+    /// the router itself.
+    InboundEchoRequest,
+    /// Destination unreachable, packet too big, time exceeded, parameter
+    /// problem from the WAN: forwarded if it quotes a known flow.
+    Error,
+    /// Router/neighbour solicitation and advertisement, redirect.
+    Ndp,
+    /// Multicast listener discovery.
+    Mld,
+    /// Anything else (errors from the LAN, LAN hosts' echo replies,
+    /// unknown informational types): the kernel's.
+    Other,
+}
+
+/// The kind of an `ICMPv6` message of `icmp_type` arriving on the LAN
+/// (`from_lan`) or the WAN.
+#[must_use]
+pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {
+    match (icmp_type, from_lan) {
+        (icmp6::ECHO_REQUEST, true) | (icmp6::ECHO_REPLY, false) => Icmp6Kind::Echo,
+        (icmp6::ECHO_REQUEST, false) => Icmp6Kind::InboundEchoRequest,
+        (
+            icmp6::DEST_UNREACH
+            | icmp6::PACKET_TOO_BIG
+            | icmp6::TIME_EXCEEDED
+            | icmp6::PARAMETER_PROBLEM,
+            false,
+        ) => Icmp6Kind::Error,
+        (
+            icmp6::ROUTER_SOLICIT
+            | icmp6::ROUTER_ADVERT
+            | icmp6::NEIGHBOUR_SOLICIT
+            | icmp6::NEIGHBOUR_ADVERT
+            | icmp6::REDIRECT,
+            _,
+        ) => Icmp6Kind::Ndp,
+        (icmp6::MLD_QUERY | icmp6::MLD_REPORT | icmp6::MLD_DONE | icmp6::MLD2_REPORT, _) => {
+            Icmp6Kind::Mld
+        }
+        _ => Icmp6Kind::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hdr::set_u16;
+
+    const GLOBAL_A: [u8; 16] = [
+        0x20, 0x01, 0x0d, 0xb8, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2,
+    ];
+    const GLOBAL_B: [u8; 16] = [
+        0x20, 0x01, 0x0d, 0xb8, 0, 0x71, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2,
+    ];
+
+    fn header(src: [u8; 16], dst: [u8; 16], next: u8, hop_limit: u8, payload: u16) -> [u8; 40] {
+        let mut h = [0u8; ipv6::LEN];
+        h[ipv6::VERSION] = 0x60;
+        set_u16(&mut h, ipv6::PAYLOAD_LEN, payload);
+        h[ipv6::NEXT_HEADER] = next;
+        h[ipv6::HOP_LIMIT] = hop_limit;
+        h[ipv6::SRC..ipv6::SRC + 16].copy_from_slice(&src);
+        h[ipv6::DST..ipv6::DST + 16].copy_from_slice(&dst);
+        h
+    }
+
+    #[test]
+    fn offsets_match_the_rfc_layouts() {
+        assert_eq!(frame6::L4, 54);
+        assert_eq!(frame6::INNER_IPV6, 62);
+        assert_eq!(frame6::INNER_L4, 102);
+        assert_eq!(min_payload::ICMP_ERROR, 56);
+    }
+
+    #[test]
+    fn plain_global_tcp_is_forwarded() {
+        let h = header(GLOBAL_A, GLOBAL_B, 6, 64, 20);
+        assert_eq!(classify_ipv6(&h, 60), Ipv6Verdict::Forward);
+        // Ethernet minimum-size padding after the packet is fine.
+        assert_eq!(classify_ipv6(&h, 66), Ipv6Verdict::Forward);
+    }
+
+    #[test]
+    fn malformed_version_and_length() {
+        let mut h = header(GLOBAL_A, GLOBAL_B, 6, 64, 20);
+        assert_eq!(classify_ipv6(&h, 59), Ipv6Verdict::Malformed);
+        h[ipv6::VERSION] = 0x40;
+        assert_eq!(classify_ipv6(&h, 60), Ipv6Verdict::Malformed);
+    }
+
+    #[test]
+    fn link_scope_goes_to_the_kernel() {
+        let ll = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let ll_high = [0xfe, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let mc = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0, 0, 2];
+        for (s, d) in [
+            (ll, GLOBAL_B),
+            (ll_high, GLOBAL_B),
+            (GLOBAL_A, ll),
+            (GLOBAL_A, mc),
+            ([0; 16], mc),
+            ([0; 16], GLOBAL_B),
+        ] {
+            let h = header(s, d, IPPROTO_ICMPV6, 255, 8);
+            assert_eq!(classify_ipv6(&h, 48), Ipv6Verdict::LinkScope, "{s:?} {d:?}");
+        }
+        // fec0::/10 (deprecated site-local) is not link-local.
+        let site = [0xfe, 0xc0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let h = header(site, GLOBAL_B, 17, 64, 8);
+        assert_eq!(classify_ipv6(&h, 48), Ipv6Verdict::Forward);
+    }
+
+    #[test]
+    fn extension_headers_by_kind_before_hop_limit() {
+        let cases = [
+            (0, Ext::HopByHop),
+            (43, Ext::Routing),
+            (44, Ext::Fragment),
+            (50, Ext::Esp),
+            (51, Ext::Ah),
+            (60, Ext::DestOpts),
+            (135, Ext::Other),
+            (139, Ext::Other),
+            (140, Ext::Other),
+            (253, Ext::Other),
+            (254, Ext::Other),
+        ];
+        for (next, ext) in cases {
+            let h = header(GLOBAL_A, GLOBAL_B, next, 1, 8);
+            assert_eq!(classify_ipv6(&h, 48), Ipv6Verdict::Extension(ext));
+        }
+        for next in [6, 17, 58, 59, 47, 132] {
+            assert_eq!(Ext::of(next), None, "{next}");
+        }
+    }
+
+    #[test]
+    fn hop_limit_zero_and_one_go_to_the_kernel() {
+        for (hl, v) in [
+            (0, Ipv6Verdict::HopLimit),
+            (1, Ipv6Verdict::HopLimit),
+            (2, Ipv6Verdict::Forward),
+        ] {
+            let h = header(GLOBAL_A, GLOBAL_B, 17, hl, 8);
+            assert_eq!(classify_ipv6(&h, 48), v);
+        }
+    }
+
+    #[test]
+    fn icmp6_kinds_by_side() {
+        use icmp6::*;
+        assert_eq!(icmp6_kind(ECHO_REQUEST, true), Icmp6Kind::Echo);
+        assert_eq!(icmp6_kind(ECHO_REPLY, false), Icmp6Kind::Echo);
+        assert_eq!(
+            icmp6_kind(ECHO_REQUEST, false),
+            Icmp6Kind::InboundEchoRequest
+        );
+        assert_eq!(icmp6_kind(ECHO_REPLY, true), Icmp6Kind::Other);
+        for t in [
+            DEST_UNREACH,
+            PACKET_TOO_BIG,
+            TIME_EXCEEDED,
+            PARAMETER_PROBLEM,
+        ] {
+            assert_eq!(icmp6_kind(t, false), Icmp6Kind::Error);
+            assert_eq!(icmp6_kind(t, true), Icmp6Kind::Other);
+        }
+        for t in [
+            ROUTER_SOLICIT,
+            ROUTER_ADVERT,
+            NEIGHBOUR_SOLICIT,
+            NEIGHBOUR_ADVERT,
+            REDIRECT,
+        ] {
+            assert_eq!(icmp6_kind(t, false), Icmp6Kind::Ndp);
+            assert_eq!(icmp6_kind(t, true), Icmp6Kind::Ndp);
+        }
+        for t in [MLD_QUERY, MLD_REPORT, MLD_DONE, MLD2_REPORT] {
+            assert_eq!(icmp6_kind(t, true), Icmp6Kind::Mld);
+        }
+        assert_eq!(icmp6_kind(200, false), Icmp6Kind::Other);
+    }
+}

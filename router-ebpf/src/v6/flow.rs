@@ -1,0 +1,193 @@
+//! IPv6 flows: conntrack lookup, state tracking of a hit (the same TCP/UDP
+//! state machine and timeouts as IPv4, from `router-common`), the cached
+//! next hop, and the admission of a new flow (RFC 6092 in standalone mode).
+
+use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
+use router_common::{
+    flow::{expired, initial_state, needs_refresh, tcp_next, tcp_opens_flow},
+    ipv6::{IPPROTO_ICMPV6, ipv6},
+    maps::{
+        Admit, Counter, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6, FlowState,
+        IPPROTO_TCP, IPPROTO_UDP,
+    },
+};
+
+use super::{
+    fib6,
+    maps::{CONNTRACK6, insert_counted, pinhole},
+    unsolicited,
+};
+use crate::{
+    Step, Verdict,
+    hop::{Hop, redirect_to},
+    maps::event,
+    parse::Ingress,
+};
+
+/// The entry of `key`, if it is a hit: on its own side and not expired.
+#[inline(always)]
+pub fn lookup(key: &FlowKey6, side: Ingress<'_>, now: u64) -> Option<*mut FlowEntry6> {
+    let e = CONNTRACK6.get_ptr_mut(key)?;
+    // SAFETY: map value pointer, valid for this run.
+    let entry = unsafe { &*e };
+    if entry.lan_side() != side.from_lan
+        || expired(entry.state, entry.last_seen_ns, now, &side.cfg.timeouts)
+    {
+        return None;
+    }
+    Some(e)
+}
+
+/// The hit's cached next hop, if still usable: not due for a refresh and
+/// the packet (`len` bytes) fits its MTU.
+#[inline(always)]
+pub fn cached_hop(e: &FlowEntry6, len: usize, now: u64) -> Step<Option<Hop>> {
+    if e.hop_ifindex == 0 || needs_refresh(e.last_seen_ns, now) || len > usize::from(e.hop_mtu) {
+        return Ok(None);
+    }
+    redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).map(Some)
+}
+
+/// Caches the FIB's next hop in the hit's entry.
+#[inline(always)]
+pub fn cache_hop(e: &mut FlowEntry6, hop: &Hop) {
+    if let Hop::Redirect {
+        ifindex,
+        mtu,
+        smac,
+        dmac,
+        ..
+    } = *hop
+    {
+        e.hop_ifindex = ifindex;
+        e.hop_mtu = mtu;
+        e.hop_smac = smac;
+        e.hop_dmac = dmac;
+    }
+}
+
+/// Updates TCP/UDP state and last-seen of a hit in both entries, writing
+/// only on a change or when the refresh interval passed (as IPv4's
+/// `track`). The other entry's key is the reverse of this one's.
+// A BPF subprogram of its own: its frame (a rebuilt entry) does not add to
+// the entry point's.
+#[inline(never)]
+pub fn track(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: u8, now: u64) {
+    let from_orig = e.flags & FLAG_ORIGINAL != 0;
+    let (state, flags) = match proto {
+        IPPROTO_TCP => tcp_next(e.state, e.flags, from_orig, tcp_flags),
+        IPPROTO_UDP if !from_orig && e.state == FlowState::UdpUnreplied as u8 => {
+            (FlowState::UdpReplied as u8, e.flags)
+        }
+        _ => (e.state, e.flags),
+    };
+    let refresh = needs_refresh(e.last_seen_ns, now);
+    if state == e.state && flags == e.flags && !refresh {
+        return;
+    }
+    e.state = state;
+    e.flags = flags;
+    if refresh {
+        e.last_seen_ns = now;
+    }
+    let peer_flags = (flags & !FLAG_ORIGINAL) | (!flags & FLAG_ORIGINAL);
+    let peer_key = key.reversed();
+    if let Some(p) = CONNTRACK6.get_ptr_mut(&peer_key) {
+        // SAFETY: map value pointer, valid for this run.
+        let p = unsafe { &mut *p };
+        p.state = state;
+        p.flags = peer_flags;
+        if refresh {
+            p.last_seen_ns = now;
+        }
+        return;
+    }
+    // The LRU evicted the other direction: put it back. NOEXIST: a flow
+    // that took the tuple meanwhile keeps it.
+    let peer = FlowEntry6 {
+        last_seen_ns: now,
+        created_ns: e.created_ns,
+        state,
+        flags: peer_flags,
+        ..FlowEntry6::default()
+    };
+    if CONNTRACK6
+        .insert(&peer_key, &peer, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        event(Counter::Ct6EntriesInserted);
+    }
+    event(Counter::Eviction6Detected);
+}
+
+/// A packet of no known flow. Offload mode: the kernel admits. Standalone:
+/// from the LAN, a packet that may open a flow (not a TCP segment without
+/// SYN) towards the WAN opens one; from the WAN, only through a pinhole,
+/// and anything else addressed to a LAN host is dropped (RFC 6092). The
+/// flow is written before the neighbour is known: a packet passed for
+/// neighbour resolution still opened its flow, so its reply gets in.
+#[inline(always)]
+pub fn admit(
+    ctx: &XdpContext,
+    ip: &[u8; ipv6::LEN],
+    key: &FlowKey6,
+    tcp_flags: u8,
+    side: Ingress<'_>,
+    now: u64,
+) -> Step<Hop> {
+    let cfg = side.cfg;
+    if cfg.admit == Admit::Kernel as u8 {
+        return Err(Verdict::pass(Counter::PassNotOffloaded));
+    }
+    let opens = key.proto != IPPROTO_TCP || tcp_opens_flow(tcp_flags);
+    let (extra_flags, toward, new_flow) = if side.from_lan {
+        if !opens {
+            return Err(Verdict::pass(Counter::PassNoFlow));
+        }
+        (0, cfg.wan_ifindex, Counter::Flow6NewOutbound)
+    } else {
+        if !opens || !pinhole(key.dst_addr, key.proto, key.dst_port) {
+            return Err(unsolicited(ctx, ip, side));
+        }
+        (FLAG_PORT_FORWARD, cfg.lan_ifindex, Counter::Flow6NewPinhole)
+    };
+    let hop = fib6(ctx, ip)?;
+    if hop.egress() != toward {
+        // LAN -> LAN (plain routing), or a pinhole for an address that is
+        // not on the LAN: the kernel's.
+        let c = if side.from_lan {
+            Counter::PassNoFlow
+        } else {
+            Counter::PassUnsolicited
+        };
+        return Err(Verdict::pass(c));
+    }
+    if !commit(key, extra_flags, now) {
+        return Err(Verdict::pass(Counter::Pass6TableFull));
+    }
+    event(new_flow);
+    Ok(hop)
+}
+
+/// Writes both entries of a new flow opened by `key`'s packet.
+#[inline(never)]
+fn commit(key: &FlowKey6, extra_flags: u8, now: u64) -> bool {
+    // ICMPv6 echo has the ICMP state (`initial_state` knows IPv4's numbers).
+    let state = if key.proto == IPPROTO_ICMPV6 {
+        FlowState::Icmp
+    } else {
+        initial_state(key.proto)
+    } as u8;
+    let mut e = FlowEntry6 {
+        last_seen_ns: now,
+        created_ns: now,
+        state,
+        flags: extra_flags,
+        ..FlowEntry6::default()
+    };
+    if !insert_counted(&key.reversed(), &e) {
+        return false;
+    }
+    e.flags = FLAG_ORIGINAL | extra_flags;
+    insert_counted(key, &e)
+}

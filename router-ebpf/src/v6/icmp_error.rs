@@ -1,0 +1,72 @@
+//! `ICMPv6` errors from the WAN (destination unreachable, Packet Too Big,
+//! time exceeded, parameter problem) about a packet of a known flow:
+//! forwarded to the LAN host unchanged (routed: nothing to translate), so
+//! path-MTU discovery and traceroute work through the firewall.
+
+use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use router_common::{
+    flow::expired,
+    hdr::{ICMP_QUOTED_L4_LEN, eth, get_u16, icmp, udp},
+    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, min_payload},
+    maps::{Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP},
+};
+
+use super::{fib6, forward as forward_l2, maps::CONNTRACK6, unsolicited};
+use crate::{Step, Verdict, maps::event, parse::Ingress, parse::header};
+
+/// Forwards the error if the packet it quotes was sent by a LAN host (the
+/// outer destination) in a known flow; else it is unsolicited.
+#[inline(always)]
+pub fn forward(
+    ctx: &XdpContext,
+    side: Ingress<'_>,
+    eth: &mut [u8; eth::LEN],
+    ip: &mut [u8; ipv6::LEN],
+) -> Step<Verdict> {
+    if usize::from(get_u16(ip, ipv6::PAYLOAD_LEN)) < min_payload::ICMP_ERROR {
+        return Err(unsolicited(ctx, ip, side));
+    }
+    let inner_ip: &mut [u8; ipv6::LEN] = header(ctx, frame6::INNER_IPV6)?;
+    let inner_l4: &mut [u8; ICMP_QUOTED_L4_LEN] = header(ctx, frame6::INNER_L4)?;
+    let proto = inner_ip[ipv6::NEXT_HEADER];
+    let ports = match proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            Some((get_u16(inner_l4, udp::SPORT), get_u16(inner_l4, udp::DPORT)))
+        }
+        IPPROTO_ICMPV6 if inner_l4[icmp::TYPE] == icmp6::ECHO_REQUEST => {
+            let id = get_u16(inner_l4, icmp::ECHO_ID);
+            Some((id, id))
+        }
+        // Extension headers in the quoted packet, other protocols.
+        _ => None,
+    };
+    let quoted_src = get_addr6(inner_ip, ipv6::SRC);
+    let Some((sport, dport)) = ports else {
+        return Err(unsolicited(ctx, ip, side));
+    };
+    if inner_ip[ipv6::VERSION] >> 4 != 6 || quoted_src != get_addr6(ip, ipv6::DST) {
+        return Err(unsolicited(ctx, ip, side));
+    }
+    // A reply to the quoted packet would carry this key.
+    let key = FlowKey6::new(
+        get_addr6(inner_ip, ipv6::DST),
+        quoted_src,
+        dport,
+        sport,
+        proto,
+    );
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: copied out at once.
+    let known = match unsafe { CONNTRACK6.get(&key) }.copied() {
+        // Only a WAN-side entry describes a packet that went to the WAN.
+        Some(e) => !e.lan_side() && !expired(e.state, e.last_seen_ns, now, &side.cfg.timeouts),
+        None => false,
+    };
+    if !known {
+        return Err(unsolicited(ctx, ip, side));
+    }
+    let hop = fib6(ctx, ip)?;
+    event(Counter::Icmp6ErrorForwarded);
+    Ok(forward_l2(eth, ip, &hop, Counter::Fwd6Inbound))
+}

@@ -1,0 +1,152 @@
+//! The IPv6 fast path: routed, not translated, with the stateful firewall
+//! of a residential gateway (RFC 6092) in standalone mode.
+//!
+//! Its own inline core, [`route`], entered from [`crate::try_router`] by
+//! the Ethernet type, built from named phases like the IPv4 one: parse
+//! ([`parse::classify`], [`parse::l4`]), conntrack lookup with state
+//! tracking ([`flow::lookup`], [`flow::track`]), admission of a new flow
+//! ([`flow::admit`]), next hop (the flow's cached one or `bpf_fib_lookup`
+//! with `AF_INET6`: [`flow::cached_hop`], [`fib6`]) and the forwarding
+//! tail ([`forward`]: hop limit - 1, MACs, the recorded redirect). Nothing
+//! that a checksum covers changes, so there is no rewrite phase. `ICMPv6`
+//! errors about known flows take [`icmp_error::forward`].
+//!
+//! Flows live in `CONNTRACK6` ([`maps`]), a map of their own: the IPv4 key
+//! and hit path stay exactly as they are.
+
+mod flow;
+mod icmp_error;
+mod maps;
+mod parse;
+
+use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use router_common::{
+    hdr::{eth, get_u16},
+    ipv6::{frame6, ipv6},
+    maps::{Admit, Counter, FlowKey6},
+};
+
+use crate::{
+    Step, Verdict,
+    hop::{FibParams, Hop, lookup, write_macs},
+    parse::{Ingress, header, ingress},
+};
+
+const AF_INET6: u8 = 10;
+
+/// The IPv6 core: the phases in order.
+#[inline(always)]
+pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
+    let ip: &mut [u8; ipv6::LEN] = header(ctx, frame6::IPV6)?;
+    parse::classify(ctx, ip)?;
+    let Some(side) = ingress(ctx) else {
+        return Err(Verdict::pass(Counter::PassNotConfigured));
+    };
+    let pkt = match parse::l4(ctx, ip, side.from_lan)? {
+        parse::L4::Flow(pkt) => pkt,
+        parse::L4::IcmpError => return icmp_error::forward(ctx, side, eth, ip),
+        parse::L4::Unsolicited => return Err(unsolicited(ctx, ip, side)),
+    };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let key = FlowKey6::new(pkt.src, pkt.dst, pkt.sport, pkt.dport, pkt.proto);
+    let forwarded = if side.from_lan {
+        Counter::Fwd6Outbound
+    } else {
+        Counter::Fwd6Inbound
+    };
+    let hop = if let Some(e) = flow::lookup(&key, side, now) {
+        // SAFETY: map value pointer from the lookup, valid for this run.
+        let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now)?;
+        // SAFETY: as above; no other reference to the entry is live.
+        flow::track(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags, now);
+        if let Some(h) = cached {
+            h
+        } else {
+            let h = fib6(ctx, ip)?;
+            // SAFETY: as above.
+            flow::cache_hop(unsafe { &mut *e }, &h);
+            h
+        }
+    } else {
+        flow::admit(ctx, ip, &key, pkt.tcp_flags, side, now)?
+    };
+    Ok(forward(eth, ip, &hop, forwarded))
+}
+
+/// Asks the FIB for the next hop of the IPv6 packet `ip`. A packet larger
+/// than the egress MTU is passed so that the kernel sends Packet Too Big.
+#[inline(always)]
+pub fn fib6(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
+    // SAFETY: zeroed is a valid bit pattern for this plain C struct.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET6;
+    p.l4_protocol = ip[ipv6::NEXT_HEADER];
+    // The kernel compares tot_len with the egress MTU.
+    #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
+    let tot_len = get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16);
+    p.__bindgen_anon_1.tot_len = tot_len;
+    // Version, traffic class and flow label in wire order: the kernel
+    // masks out the version.
+    p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes([ip[0], ip[1], ip[2], ip[3]]);
+    p.__bindgen_anon_3.ipv6_src = words(ip, ipv6::SRC);
+    p.__bindgen_anon_4.ipv6_dst = words(ip, ipv6::DST);
+    lookup(ctx, &mut p).map_err(|v| {
+        if v.counter == Counter::PassMtu {
+            Verdict::pass(Counter::Pass6PacketTooBig)
+        } else {
+            v
+        }
+    })
+}
+
+/// The address at `at` as the FIB parameters' four wire-order words.
+#[inline(always)]
+fn words(ip: &[u8; ipv6::LEN], at: usize) -> [u32; 4] {
+    let w = |i: usize| u32::from_ne_bytes([ip[i], ip[i + 1], ip[i + 2], ip[i + 3]]);
+    [w(at), w(at + 4), w(at + 8), w(at + 12)]
+}
+
+/// The forwarding tail: with a neighbour, hop limit - 1 (checked > 1 by
+/// the parse) and the next hop's MACs, then the recorded redirect, counted
+/// as `forwarded`; without one, passed untouched (the kernel resolves the
+/// neighbour and forwards; nothing was translated).
+#[inline(always)]
+pub fn forward(
+    eth: &mut [u8; eth::LEN],
+    ip: &mut [u8; ipv6::LEN],
+    hop: &Hop,
+    forwarded: Counter,
+) -> Verdict {
+    let Hop::Redirect {
+        smac, dmac, action, ..
+    } = *hop
+    else {
+        return Verdict::pass(Counter::PassNoNeighbour);
+    };
+    ip[ipv6::HOP_LIMIT] = ip[ipv6::HOP_LIMIT].wrapping_sub(1);
+    write_macs(eth, smac, dmac);
+    Verdict {
+        counter: forwarded,
+        action,
+    }
+}
+
+/// A WAN packet that no flow or pinhole admits. Offload mode: the kernel
+/// decides. Standalone (RFC 6092): dropped if it is addressed to a LAN
+/// host; the kernel's if it is for the router itself (or not routable,
+/// or routed elsewhere).
+#[inline(always)]
+pub fn unsolicited(ctx: &XdpContext, ip: &[u8; ipv6::LEN], side: Ingress<'_>) -> Verdict {
+    if side.cfg.admit == Admit::Kernel as u8 {
+        return Verdict::pass(Counter::PassNotOffloaded);
+    }
+    if side.from_lan {
+        return Verdict::pass(Counter::PassNoFlow);
+    }
+    match fib6(ctx, ip) {
+        Ok(hop) if hop.egress() == side.cfg.lan_ifindex => Verdict::drop(Counter::Drop6Unsolicited),
+        Ok(_) => Verdict::pass(Counter::PassUnsolicited),
+        Err(v) => v,
+    }
+}

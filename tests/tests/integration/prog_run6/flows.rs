@@ -1,0 +1,401 @@
+//! IPv6 flows through `BPF_PROG_RUN`: TCP, UDP and `ICMPv6` echo forwarded
+//! both ways with exact bytes, their states in CONNTRACK6, RFC 6092
+//! admission (outbound opens, inbound only replies and pinholes), offload
+//! mode, and the next-hop cache with the egress MTU.
+
+use router_common::ipv6::IPPROTO_ICMPV6;
+use router_common::maps::{
+    FLAG_FIN_ORIG, FLAG_ORIGINAL, FLAG_PORT_FORWARD, IPPROTO_TCP, IPPROTO_UDP,
+};
+use tests::frames::{TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, Tcp, Udp};
+use tests::v6::{CLIENT6, LAN_NOBODY6, ROUTER_LAN6, ROUTER_WAN6, SERVER6, o};
+
+use super::*;
+
+fn key(
+    src: std::net::Ipv6Addr,
+    sport: u16,
+    dst: std::net::Ipv6Addr,
+    dport: u16,
+    proto: u8,
+) -> FlowKey6 {
+    FlowKey6::new(o(src), o(dst), sport, dport, proto)
+}
+
+/// TCP from the LAN: SYN opens the flow, SYN-ACK establishes it, data both
+/// ways, FIN from the client; every packet forwarded with only the hop
+/// limit and MACs changed.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn tcp6_outbound_flow_forwarded_exactly() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let orig = key(CLIENT6, 40000, SERVER6, 443, IPPROTO_TCP);
+        let syn = Ipv6::tcp(
+            c,
+            s,
+            &Tcp::new(40000, 443, TCP_SYN).options(&[2, 4, 5, 0xa0]),
+        );
+        r.redirect(
+            "SYN out",
+            &from_client(&env, &syn),
+            lan,
+            &to_server(&env, &syn),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        r.assert_flows(
+            "after SYN",
+            &[
+                (orig, FlowState::TcpSynSent, FLAG_ORIGINAL),
+                (orig.reversed(), FlowState::TcpSynSent, 0),
+            ],
+        );
+        let syn_ack = Ipv6::tcp(s, c, &Tcp::new(443, 40000, TCP_SYN | TCP_ACK));
+        r.redirect(
+            "SYN-ACK in",
+            &from_server(&env, &syn_ack),
+            wan,
+            &to_client(&env, &syn_ack),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        r.assert_flows(
+            "after SYN-ACK",
+            &[
+                (orig, FlowState::TcpEstablished, FLAG_ORIGINAL),
+                (orig.reversed(), FlowState::TcpEstablished, 0),
+            ],
+        );
+        let data = Ipv6::tcp(
+            c,
+            s,
+            &Tcp::new(40000, 443, TCP_ACK | TCP_PSH).payload(b"GET / HTTP/1.1\r\n\r\n"),
+        )
+        .hop_limit(2);
+        r.redirect(
+            "data out, hop limit 2",
+            &from_client(&env, &data),
+            lan,
+            &to_server(&env, &data),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        let answer = Ipv6::tcp(s, c, &Tcp::new(443, 40000, TCP_ACK).payload(&[0x5a; 1000]));
+        r.redirect(
+            "data in (next hop now cached)",
+            &from_server(&env, &answer),
+            wan,
+            &to_client(&env, &answer),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        r.redirect(
+            "data in again (from the cache)",
+            &from_server(&env, &answer),
+            wan,
+            &to_client(&env, &answer),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        let cached = r.conntrack6()[&orig.reversed()];
+        assert_eq!(cached.hop_ifindex, lan, "cached egress: {cached:?}");
+        assert_eq!(cached.hop_dmac, env.client_mac);
+        assert_eq!(cached.hop_smac, env.lan_mac);
+        let fin = Ipv6::tcp(c, s, &Tcp::new(40000, 443, TCP_FIN | TCP_ACK));
+        r.redirect(
+            "FIN out",
+            &from_client(&env, &fin),
+            lan,
+            &to_server(&env, &fin),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        r.assert_flows(
+            "after FIN",
+            &[
+                (orig, FlowState::TcpFinWait, FLAG_ORIGINAL | FLAG_FIN_ORIG),
+                (orig.reversed(), FlowState::TcpFinWait, FLAG_FIN_ORIG),
+            ],
+        );
+        // The same tuple replayed on the other side is no hit: a WAN host
+        // cannot use the LAN side's entry.
+        // (Routed back to the WAN, so not a LAN host's business either.)
+        r.pass(
+            "client's tuple arriving on the WAN",
+            &data.frame(env.wan_mac, env.server_mac),
+            wan,
+            Counter::PassUnsolicited,
+        );
+    });
+}
+
+/// UDP and `ICMPv6` echo from the LAN: opened, replies forwarded, UDP
+/// UNREPLIED -> REPLIED.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn udp6_and_ping6_flows() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let q = Ipv6::udp(c, s, &Udp::new(5353, 53, b"odd-length query"));
+        r.redirect(
+            "UDP out",
+            &from_client(&env, &q),
+            lan,
+            &to_server(&env, &q),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        let uk = key(CLIENT6, 5353, SERVER6, 53, IPPROTO_UDP);
+        r.assert_flows(
+            "UDP unreplied",
+            &[
+                (uk, FlowState::UdpUnreplied, FLAG_ORIGINAL),
+                (uk.reversed(), FlowState::UdpUnreplied, 0),
+            ],
+        );
+        let a = Ipv6::udp(s, c, &Udp::new(53, 5353, b"answer"));
+        r.redirect(
+            "UDP reply",
+            &from_server(&env, &a),
+            wan,
+            &to_client(&env, &a),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        let ping = Ipv6::echo(c, s, false, 0x77, 1);
+        r.redirect(
+            "echo request out",
+            &from_client(&env, &ping),
+            lan,
+            &to_server(&env, &ping),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        let pong = Ipv6::echo(s, c, true, 0x77, 1);
+        r.redirect(
+            "echo reply in",
+            &from_server(&env, &pong),
+            wan,
+            &to_client(&env, &pong),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        let ek = key(CLIENT6, 0x77, SERVER6, 0x77, IPPROTO_ICMPV6);
+        r.assert_flows(
+            "UDP replied and ping",
+            &[
+                (uk, FlowState::UdpReplied, FLAG_ORIGINAL),
+                (uk.reversed(), FlowState::UdpReplied, 0),
+                (ek, FlowState::Icmp, FLAG_ORIGINAL),
+                (ek.reversed(), FlowState::Icmp, 0),
+            ],
+        );
+        // An echo request from the WAN opens nothing, even with the id of
+        // a known ping.
+        let inbound_ping = Ipv6::echo(s, c, false, 0x77, 2);
+        r.drop_frame(
+            "echo request from the WAN to the client",
+            &from_server(&env, &inbound_ping),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+    });
+}
+
+/// RFC 6092 from the WAN: unsolicited TCP/UDP/mid-stream TCP to a LAN host
+/// dropped; to the router's own addresses passed; through a pinhole a SYN
+/// opens a flow whose reply goes out; LAN -> LAN routing is the kernel's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn inbound6_unsolicited_dropped_pinhole_opens() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let syn = Ipv6::tcp(s, c, &Tcp::new(50000, 22, TCP_SYN));
+        r.drop_frame(
+            "unsolicited SYN",
+            &from_server(&env, &syn),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let ack = Ipv6::tcp(s, c, &Tcp::new(50000, 22, TCP_ACK));
+        r.drop_frame(
+            "unsolicited ACK",
+            &from_server(&env, &ack),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let udp = Ipv6::udp(s, c, &Udp::new(50000, 5060, b"INVITE"));
+        r.drop_frame(
+            "unsolicited UDP",
+            &from_server(&env, &udp),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let nobody = Ipv6::udp(s, o(LAN_NOBODY6), &Udp::new(50000, 5060, b"scan"));
+        r.drop_frame(
+            "unsolicited UDP to an unresolved LAN address",
+            &from_server(&env, &nobody),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        for router in [ROUTER_WAN6, ROUTER_LAN6] {
+            let own = Ipv6::tcp(s, o(router), &Tcp::new(50000, 22, TCP_SYN));
+            r.pass(
+                "SYN to the router itself",
+                &from_server(&env, &own),
+                wan,
+                Counter::PassFibNotForwarded,
+            );
+        }
+        let lan_to_router = Ipv6::udp(c, o(ROUTER_LAN6), &Udp::new(546, 547, b"dhcp"));
+        r.pass(
+            "LAN to the router itself",
+            &from_client(&env, &lan_to_router),
+            lan,
+            Counter::PassFibNotForwarded,
+        );
+        r.assert_flows("nothing opened", &[]);
+
+        r.pinhole(c, IPPROTO_TCP, 22);
+        r.drop_frame(
+            "ACK through the pinhole opens nothing",
+            &from_server(&env, &ack),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        r.drop_frame(
+            "UDP to the TCP pinhole's port",
+            &from_server(&env, &Ipv6::udp(s, c, &Udp::new(50000, 22, b"x"))),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        r.redirect(
+            "SYN through the pinhole",
+            &from_server(&env, &syn),
+            wan,
+            &to_client(&env, &syn),
+            Counter::Fwd6Inbound,
+            &[Counter::Flow6NewPinhole],
+        );
+        let k = key(SERVER6, 50000, CLIENT6, 22, IPPROTO_TCP);
+        let syn_ack = Ipv6::tcp(c, s, &Tcp::new(22, 50000, TCP_SYN | TCP_ACK));
+        r.redirect(
+            "SYN-ACK out",
+            &from_client(&env, &syn_ack),
+            lan,
+            &to_server(&env, &syn_ack),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        r.assert_flows(
+            "pinhole flow",
+            &[
+                (
+                    k,
+                    FlowState::TcpEstablished,
+                    FLAG_ORIGINAL | FLAG_PORT_FORWARD,
+                ),
+                (k.reversed(), FlowState::TcpEstablished, FLAG_PORT_FORWARD),
+            ],
+        );
+        r.redirect(
+            "data in",
+            &from_server(&env, &ack),
+            wan,
+            &to_client(&env, &ack),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+    });
+}
+
+/// Offload mode: a miss is the kernel's in both directions (netfilter
+/// admits; offloading IPv6 flows is not done yet).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_mode6_passes_misses() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let out = Ipv6::tcp(c, s, &Tcp::new(40000, 443, TCP_SYN));
+        r.pass(
+            "SYN out",
+            &from_client(&env, &out),
+            lan,
+            Counter::PassNotOffloaded,
+        );
+        let inb = Ipv6::tcp(s, c, &Tcp::new(50000, 22, TCP_SYN));
+        r.pass(
+            "SYN in",
+            &from_server(&env, &inb),
+            wan,
+            Counter::PassNotOffloaded,
+        );
+        let ping = Ipv6::echo(s, c, false, 1, 1);
+        r.pass(
+            "echo request in",
+            &from_server(&env, &ping),
+            wan,
+            Counter::PassNotOffloaded,
+        );
+        r.assert_flows("nothing opened", &[]);
+    });
+}
+
+/// Larger than the egress MTU: passed for the kernel's Packet Too Big,
+/// both for a new flow and on a hit (the cached hop's MTU is checked).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn oversize6_passed_for_packet_too_big() {
+    let env = topology();
+    env.t.exec_ok(
+        tests::Ns::Router,
+        &["ip", "link", "set", tests::WAN_IF, "mtu", "1280"],
+    );
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let lan = r.lan();
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let big = Ipv6::udp(c, s, &Udp::new(5000, 6000, &[7; 1300]));
+        r.pass(
+            "oversize first packet",
+            &from_client(&env, &big),
+            lan,
+            Counter::Pass6PacketTooBig,
+        );
+        r.assert_flows("no flow from an oversize packet", &[]);
+        // Exactly the MTU fits.
+        let fits = Ipv6::udp(c, s, &Udp::new(5000, 6000, &[7; 1280 - 48]));
+        r.redirect(
+            "1280 bytes",
+            &from_client(&env, &fits),
+            lan,
+            &to_server(&env, &fits),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        r.redirect(
+            "again (caches the hop)",
+            &from_client(&env, &fits),
+            lan,
+            &to_server(&env, &fits),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        let k = key(CLIENT6, 5000, SERVER6, 6000, IPPROTO_UDP);
+        assert_eq!(r.conntrack6()[&k].hop_mtu, 1280);
+        r.pass(
+            "oversize on a hit",
+            &from_client(&env, &big),
+            lan,
+            Counter::Pass6PacketTooBig,
+        );
+    });
+}

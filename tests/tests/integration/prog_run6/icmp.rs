@@ -1,0 +1,127 @@
+//! `ICMPv6` errors from the WAN: forwarded unchanged (hop limit and MACs
+//! only) when they quote a packet of a known flow sent by the LAN host
+//! they are addressed to; dropped as unsolicited otherwise (standalone),
+//! passed when addressed to the router.
+
+use router_common::maps::Counter;
+use tests::frames::{TCP_SYN, Tcp, Udp};
+use tests::v6::{
+    CLIENT6, ICMP6_DEST_UNREACH, ICMP6_PACKET_TOO_BIG, ICMP6_TIME_EXCEEDED, LAN_NOBODY6,
+    ROUTER_WAN6, SERVER6, o,
+};
+
+use super::*;
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn icmp6_errors_quoting_known_and_unknown_flows() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let udp = Ipv6::udp(c, s, &Udp::new(5000, 6000, &[1; 200]));
+        let tcp = Ipv6::tcp(c, s, &Tcp::new(40000, 443, TCP_SYN));
+        let ping = Ipv6::echo(c, s, false, 0x42, 1);
+        for (what, p) in [("UDP", &udp), ("TCP", &tcp), ("ping", &ping)] {
+            r.redirect(
+                &format!("{what} out"),
+                &from_client(&env, p),
+                r.lan(),
+                &to_server(&env, p),
+                Counter::Fwd6Outbound,
+                &[Counter::Flow6NewOutbound],
+            );
+        }
+        // As the packet arrived at the server (hop limit one less).
+        let quote = |p: &Ipv6, n: usize| {
+            let b = p.clone().hop_limit(p.hop_limit - 1).bytes();
+            b[..n.min(b.len())].to_vec()
+        };
+        let errors = [
+            (
+                "PTB quoting UDP",
+                ICMP6_PACKET_TOO_BIG,
+                1280,
+                quote(&udp, 1000),
+            ),
+            (
+                "unreachable quoting TCP",
+                ICMP6_DEST_UNREACH,
+                0,
+                quote(&tcp, 48),
+            ),
+            (
+                "time exceeded quoting ping",
+                ICMP6_TIME_EXCEEDED,
+                0,
+                quote(&ping, 200),
+            ),
+        ];
+        for (what, t, mtu, q) in &errors {
+            let e = Ipv6::error(s, c, *t, *mtu, q);
+            r.redirect(
+                what,
+                &from_server(&env, &e),
+                wan,
+                &to_client(&env, &e),
+                Counter::Fwd6Inbound,
+                &[Counter::Icmp6ErrorForwarded],
+            );
+        }
+        let other_port = Ipv6::udp(c, s, &Udp::new(5001, 6000, b"x"));
+        let spoofed_src = Ipv6::udp(o(LAN_NOBODY6), s, &Udp::new(5000, 6000, b"x"));
+        let unknown = [
+            ("quoting no flow", quote(&other_port, 100)),
+            ("quoting 47 bytes (no ports)", quote(&udp, 47)),
+            ("quoting a reply-direction packet", {
+                Ipv6::udp(s, c, &Udp::new(6000, 5000, b"x")).bytes()
+            }),
+        ];
+        for (what, q) in unknown {
+            let e = Ipv6::error(s, c, ICMP6_DEST_UNREACH, 0, &q);
+            r.drop_frame(what, &from_server(&env, &e), wan, Counter::Drop6Unsolicited);
+        }
+        // Addressed to another LAN host than the quoted source.
+        let e = Ipv6::error(s, o(LAN_NOBODY6), ICMP6_DEST_UNREACH, 0, &quote(&udp, 100));
+        r.drop_frame(
+            "to another LAN host",
+            &from_server(&env, &e),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let e = Ipv6::error(
+            s,
+            o(LAN_NOBODY6),
+            ICMP6_DEST_UNREACH,
+            0,
+            &spoofed_src.bytes(),
+        );
+        r.drop_frame(
+            "quoting an unknown LAN source",
+            &from_server(&env, &e),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        // About a packet the router sent itself: its kernel's.
+        let own = Ipv6::udp(o(ROUTER_WAN6), s, &Udp::new(5000, 6000, b"x"));
+        let e = Ipv6::error(s, o(ROUTER_WAN6), ICMP6_DEST_UNREACH, 0, &own.bytes());
+        r.pass(
+            "to the router",
+            &from_server(&env, &e),
+            wan,
+            Counter::PassFibNotForwarded,
+        );
+        // Errors from the LAN are the kernel's (it forwards them).
+        let e = Ipv6::error(c, s, ICMP6_DEST_UNREACH, 0, &quote(&udp, 100));
+        r.pass(
+            "error from the LAN",
+            &from_client(&env, &e),
+            lan,
+            Counter::PassProtocol,
+        );
+    });
+}

@@ -1,0 +1,244 @@
+//! What the IPv6 fast path leaves to the kernel or drops: extension
+//! headers by kind, hop limit 0/1, link scope (NDP, RS/RA, MLD, `DHCPv6`),
+//! NDP and MLD with global addresses, other protocols, and truncation or
+//! inconsistent lengths at every header boundary.
+
+use router_common::maps::{IPPROTO_TCP, IPPROTO_UDP};
+use tests::frames::{TCP_SYN, Tcp, Udp};
+use tests::v6::{
+    CLIENT6, ICMP6_MLD2_REPORT, ICMP6_NEIGHBOUR_ADVERT, ICMP6_NEIGHBOUR_SOLICIT,
+    ICMP6_ROUTER_ADVERT, ICMP6_ROUTER_SOLICIT, L4_6_OFF, ROUTER_LAN6, SERVER6, o,
+};
+
+use super::*;
+
+/// Every extension header kind, on both sides, with the next header the
+/// fast path would otherwise forward (TCP after it): passed by kind.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn ext_headers_hop_limit_and_link_scope_passed() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let tcp = Ipv6::tcp(c, s, &Tcp::new(40000, 80, TCP_SYN));
+        // An 8-byte extension header (next header TCP, length 0) then the
+        // segment; ESP/AH get the same shape (the fast path reads only
+        // the fixed header's next-header byte).
+        let with_ext = |next: u8, from_lan: bool| {
+            let (src, dst) = if from_lan { (c, s) } else { (s, c) };
+            let mut payload = vec![IPPROTO_TCP, 0, 0, 0, 0, 0, 0, 0];
+            payload.extend_from_slice(&tcp.payload);
+            Ipv6::new(src, dst, next, payload)
+        };
+        let cases = [
+            (0, Counter::Pass6ExtHopByHop),
+            (43, Counter::Pass6ExtRouting),
+            (44, Counter::Pass6ExtFragment),
+            (60, Counter::Pass6ExtDestOpts),
+            (50, Counter::Pass6ExtEsp),
+            (51, Counter::Pass6ExtAh),
+            (135, Counter::Pass6ExtOther),
+            (139, Counter::Pass6ExtOther),
+            (140, Counter::Pass6ExtOther),
+            (253, Counter::Pass6ExtOther),
+            (254, Counter::Pass6ExtOther),
+        ];
+        for (next, counter) in cases {
+            let p = with_ext(next, true);
+            r.pass(
+                &format!("ext {next} from the LAN"),
+                &from_client(&env, &p),
+                lan,
+                counter,
+            );
+            let p = with_ext(next, false);
+            r.pass(
+                &format!("ext {next} from the WAN"),
+                &from_server(&env, &p),
+                wan,
+                counter,
+            );
+        }
+        for hl in [0, 1] {
+            let p = tcp.clone().hop_limit(hl);
+            r.pass(
+                &format!("hop limit {hl}"),
+                &from_client(&env, &p),
+                lan,
+                Counter::Pass6HopLimit,
+            );
+        }
+        // Other protocols (SCTP, no next header): the kernel's.
+        for next in [132, 59] {
+            let p = Ipv6::new(c, s, next, vec![0; 16]);
+            r.pass(
+                &format!("next header {next}"),
+                &from_client(&env, &p),
+                lan,
+                Counter::PassProtocol,
+            );
+        }
+
+        let ll_client = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        let ll_router = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let all_routers = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        let solicited = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0, 0, 1];
+        let mld_routers = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x16];
+        let link_scope = [
+            (
+                "RS",
+                Ipv6::icmp6(ll_client, all_routers, ICMP6_ROUTER_SOLICIT, 0, [0; 4], &[])
+                    .hop_limit(255),
+            ),
+            (
+                "RA",
+                Ipv6::icmp6(
+                    ll_router,
+                    [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                    ICMP6_ROUTER_ADVERT,
+                    0,
+                    [64, 0, 0, 0],
+                    &[0; 8],
+                )
+                .hop_limit(255),
+            ),
+            (
+                "NS from ::",
+                Ipv6::icmp6(
+                    [0; 16],
+                    solicited,
+                    ICMP6_NEIGHBOUR_SOLICIT,
+                    0,
+                    [0; 4],
+                    &o(ROUTER_LAN6),
+                )
+                .hop_limit(255),
+            ),
+            (
+                "NS to solicited-node",
+                Ipv6::icmp6(
+                    c,
+                    solicited,
+                    ICMP6_NEIGHBOUR_SOLICIT,
+                    0,
+                    [0; 4],
+                    &o(ROUTER_LAN6),
+                )
+                .hop_limit(255),
+            ),
+            (
+                "MLDv2 report",
+                Ipv6::icmp6(ll_client, mld_routers, ICMP6_MLD2_REPORT, 0, [0; 4], &[]).hop_limit(1),
+            ),
+            (
+                "link-local UDP (DHCPv6 to the router)",
+                Ipv6::udp(ll_client, ll_router, &Udp::new(546, 547, b"solicit")),
+            ),
+            (
+                "global to link-local",
+                Ipv6::udp(c, ll_router, &Udp::new(1, 2, b"x")),
+            ),
+        ];
+        for (what, p) in link_scope {
+            r.pass(what, &from_client(&env, &p), lan, Counter::Pass6LinkScope);
+        }
+        // NDP and MLD between global addresses (NA answering an NS for a
+        // global address, a unicast MLD query): still the kernel's.
+        let na = Ipv6::icmp6(
+            c,
+            o(ROUTER_LAN6),
+            ICMP6_NEIGHBOUR_ADVERT,
+            0,
+            [0x60, 0, 0, 0],
+            &o(CLIENT6),
+        )
+        .hop_limit(255);
+        r.pass("NA global", &from_client(&env, &na), lan, Counter::Pass6Ndp);
+        let ns = Ipv6::icmp6(s, c, ICMP6_NEIGHBOUR_SOLICIT, 0, [0; 4], &o(CLIENT6)).hop_limit(255);
+        r.pass(
+            "NS global from the WAN",
+            &from_server(&env, &ns),
+            wan,
+            Counter::Pass6Ndp,
+        );
+        let query = Ipv6::icmp6(s, c, 130, 0, [0; 4], &[0; 16]).hop_limit(2);
+        r.pass(
+            "MLD query unicast",
+            &from_server(&env, &query),
+            wan,
+            Counter::Pass6Mld,
+        );
+        r.assert_flows("nothing opened", &[]);
+    });
+}
+
+/// A TCP, UDP and `ICMPv6` frame cut at every length: shorter than the
+/// Ethernet or IPv6 header -> truncated; payload length beyond the frame
+/// -> malformed. And L4 headers that do not fit their payload length.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn truncations_and_bad_lengths_dropped() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let lan = r.lan();
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let packets = [
+            Ipv6::tcp(
+                c,
+                s,
+                &Tcp::new(40000, 80, TCP_SYN).options(&[2, 4, 5, 0xa0]),
+            ),
+            Ipv6::udp(c, s, &Udp::new(40000, 53, b"q")),
+            Ipv6::echo(c, s, false, 9, 9),
+        ];
+        for p in &packets {
+            let full = from_client(&env, p);
+            // BPF_PROG_RUN refuses frames shorter than an Ethernet header.
+            for len in 14..full.len() {
+                let cut = &full[..len];
+                let counter = if len < L4_6_OFF {
+                    Counter::DropTruncated
+                } else {
+                    Counter::DropMalformed
+                };
+                r.drop_frame(
+                    &format!("proto {} cut at {len}", p.next_header),
+                    cut,
+                    lan,
+                    counter,
+                );
+            }
+        }
+        // Payload lengths shorter than the L4 header (frame consistent).
+        for (proto, short) in [(IPPROTO_TCP, 19), (IPPROTO_UDP, 7), (58, 7)] {
+            let p = Ipv6::new(c, s, proto, vec![0; short]);
+            r.drop_frame(
+                &format!("proto {proto} payload {short}"),
+                &from_client(&env, &p),
+                lan,
+                Counter::DropMalformed,
+            );
+        }
+        // TCP data offset below 5 words or beyond the payload.
+        for data_off in [4u8, 6] {
+            let mut p = Ipv6::tcp(c, s, &Tcp::new(40000, 80, TCP_SYN));
+            p.payload[12] = data_off << 4;
+            r.drop_frame(
+                &format!("TCP data offset {data_off}"),
+                &from_client(&env, &p),
+                lan,
+                Counter::DropMalformed,
+            );
+        }
+        // Version 4 in an IPv6 Ethernet type.
+        let mut f = from_client(&env, &packets[1]);
+        f[14] = 0x40;
+        r.drop_frame("version 4", &f, lan, Counter::DropMalformed);
+        r.assert_flows("nothing opened", &[]);
+    });
+}
