@@ -221,7 +221,7 @@ fn every_dashboard_metric_is_in_a_running_routers_metrics() {
     let file = scratch.path("router.toml");
     std::fs::write(
         &file,
-        config_text("1024-65535", &[("tcp", 8080, "192.168.50.2:80")]),
+        config_text("1024-60999", &[("tcp", 8080, "192.168.50.2:80")]),
     )
     .unwrap();
     let daemon = RunningDaemon::start(

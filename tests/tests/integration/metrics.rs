@@ -128,14 +128,24 @@ fn metrics_are_scraped_over_loopback_and_parse() {
     assert!(get("xdp_router_port_allocation_failures_total").abs() < 0.5);
     assert!(get("xdp_router_port_forward_rules").abs() < 0.5);
     // Every counter of the data path is exported, as a `_total` counter.
+    // IPv6-only verdicts (`fwd6_`, `pass6_`, `drop6_`) are in the same
+    // families with a `family="ipv6"` label after their own.
     for &c in Counter::ALL {
         let n = c.name();
-        let key = if let Some(d) = n.strip_prefix("fwd_") {
-            format!("xdp_router_forwarded_packets_total{{direction=\"{d}\"}}")
-        } else if let Some(r) = n.strip_prefix("pass_") {
-            format!("xdp_router_passed_packets_total{{reason=\"{r}\"}}")
-        } else if let Some(r) = n.strip_prefix("drop_") {
-            format!("xdp_router_dropped_packets_total{{reason=\"{r}\"}}")
+        let (v6, n4) = ["fwd6_", "pass6_", "drop6_"]
+            .iter()
+            .find_map(|p| {
+                n.strip_prefix(p)
+                    .map(|rest| (true, format!("{}_{rest}", &p[..p.len() - 2])))
+            })
+            .unwrap_or((false, n.to_owned()));
+        let fam = if v6 { ",family=\"ipv6\"" } else { "" };
+        let key = if let Some(d) = n4.strip_prefix("fwd_") {
+            format!("xdp_router_forwarded_packets_total{{direction=\"{d}\"{fam}}}")
+        } else if let Some(r) = n4.strip_prefix("pass_") {
+            format!("xdp_router_passed_packets_total{{reason=\"{r}\"{fam}}}")
+        } else if let Some(r) = n4.strip_prefix("drop_") {
+            format!("xdp_router_dropped_packets_total{{reason=\"{r}\"{fam}}}")
         } else {
             format!("xdp_router_events_total{{event=\"{n}\"}}")
         };

@@ -117,11 +117,11 @@ fn refuse_bad_files(
         ("syntax", "[interfaces\nlan = ".to_owned()),
         (
             "bad port",
-            config_text("1024-65535", &[("tcp", 70000, "192.168.50.2:80")]),
+            config_text("1024-60999", &[("tcp", 70000, "192.168.50.2:80")]),
         ),
         (
             "missing interface",
-            config_text("1024-65535", &[]).replace(tests::LAN_IF, "nosuch0"),
+            config_text("1024-60999", &[]).replace(tests::LAN_IF, "nosuch0"),
         ),
     ] {
         std::fs::write(file, text).unwrap();
@@ -153,7 +153,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
     let file = scratch.path("router.toml");
     std::fs::write(
         &file,
-        config_text("1024-65535", &[("tcp", 8080, "192.168.50.2:80")]),
+        config_text("1024-60999", &[("tcp", 8080, "192.168.50.2:80")]),
     )
     .unwrap();
     let file_arg = file.to_str().unwrap();
@@ -173,7 +173,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
     std::fs::write(
         &file,
         config_text(
-            "1024-65535",
+            "1024-60999",
             &[
                 ("udp", 5353, "192.168.50.2:53"),
                 ("tcp", 2222, "192.168.50.2:22"),
@@ -203,7 +203,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
     // file, they are the kernel's DNAT rules then). The daemon follows.
     std::fs::write(
         &file,
-        config_text("1024-65535", &[]).replace("admit = \"xdp\"", "admit = \"kernel\""),
+        config_text("1024-60999", &[]).replace("admit = \"xdp\"", "admit = \"kernel\""),
     )
     .unwrap();
     reload(&mut d);

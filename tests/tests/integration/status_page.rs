@@ -108,7 +108,7 @@ fn status_page_shows_live_numbers_in_chromium() {
     let file = scratch.path("router.toml");
     std::fs::write(
         &file,
-        config_text("1024-65535", &[("tcp", 8080, "192.168.50.2:80")]),
+        config_text("1024-60999", &[("tcp", 8080, "192.168.50.2:80")]),
     )
     .unwrap();
     // Started from the client's namespace: the page listens on the

@@ -14,8 +14,12 @@
 //! untouched are also timed with a large `repeat`, which amortises that
 //! overhead away.
 
+use aya::maps::{HashMap, MapData};
 use aya::programs::{TestRun, TestRunOptions, Xdp};
-use router_common::maps::{Config, DEFAULT_MAX_FLOWS, PROGRAM_NAME, Timeouts};
+use router_common::maps::{
+    Config, DEFAULT_MAX_FLOWS, FLAG_OFFLOADED, FlowEntry, FlowKey, IPPROTO_UDP, PROGRAM_NAME,
+    Timeouts,
+};
 use tests::frames::{Frame, Ipv4, TCP_ACK, TCP_SYN, Tcp, Udp};
 use tests::prog::LoadedRouter;
 use tests::rawbpf::{self, Prog, xdp_ctx};
@@ -82,6 +86,9 @@ enum Input {
     UdpOut,
     /// Its reply, WAN -> LAN.
     UdpReply,
+    /// An established UDP flow offloaded from the kernel (offload mode's
+    /// entries: `FLAG_OFFLOADED` and a lease), LAN -> WAN.
+    UdpOutOffloaded,
     TcpData,
     /// A fresh source port per call: every call opens a new flow.
     NewUdpFlow,
@@ -101,7 +108,7 @@ struct Spec {
 
 /// Every case, in report order. The first runs the trivial floor program,
 /// the others the router program.
-const SPECS: [Spec; 7] = {
+const SPECS: [Spec; 8] = {
     const fn spec(
         name: &'static str,
         what: &'static str,
@@ -142,6 +149,14 @@ const SPECS: [Spec; 7] = {
             false,
             XDP_REDIRECT,
             Input::UdpOut,
+            false,
+        ),
+        spec(
+            "hit-udp-out-offloaded",
+            "the same, on an offload-mode entry (the kernel admitted it): lease check too",
+            false,
+            XDP_REDIRECT,
+            Input::UdpOutOffloaded,
             false,
         ),
         spec(
@@ -262,6 +277,7 @@ impl Frames {
             Input::Arp => self.arp.clone(),
             Input::UdpOut => out_udp(self.macs, 40_000),
             Input::UdpReply => self.reply.clone(),
+            Input::UdpOutOffloaded => out_udp(self.macs, OFFLOADED_SPORT),
             Input::TcpData => self.tcp_data.clone(),
             Input::NewUdpFlow => out_udp(self.macs, 10_000 + (i % 30_000) as u16),
             Input::TcpNoFlow => self.tcp_no_flow.clone(),
@@ -279,6 +295,33 @@ struct Macs {
 }
 
 const PAYLOAD: [u8; 18] = [0x5a; 18];
+
+/// The client port of the flow the offloaded case uses.
+const OFFLOADED_SPORT: u16 = 40_003;
+
+/// Turns both entries of the flow `key` into offload mode's: the flag the
+/// offload daemon sets and a lease that does not run out during the run.
+/// The translation stays what the data path chose, so the offloaded and
+/// the standalone hit differ only in what offload mode adds.
+fn mark_offloaded(
+    conntrack: &mut HashMap<MapData, FlowKey, FlowEntry>,
+    key: FlowKey,
+) -> Result<(), String> {
+    let orig = conntrack
+        .get(&key, 0)
+        .map_err(|e| format!("offloaded case, {key:?}: {e}"))?;
+    for k in [key, orig.peer] {
+        let mut e = conntrack
+            .get(&k, 0)
+            .map_err(|e| format!("offloaded case, {k:?}: {e}"))?;
+        e.flags |= FLAG_OFFLOADED;
+        e.lease = u32::MAX;
+        conntrack
+            .insert(k, e, 0)
+            .map_err(|e| format!("offloaded case: {e}"))?;
+    }
+    Ok(())
+}
 
 /// A UDP datagram from the client's `sport` to the server, LAN -> WAN.
 fn out_udp(m: Macs, sport: u16) -> Vec<u8> {
@@ -309,6 +352,13 @@ fn open_flows(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<Frames, String>
         ));
     }
     let snat_port = u16::from_be_bytes([first[34], first[35]]);
+    // The flow of the offloaded case, opened the same way.
+    let (v, _, _) = prog.run(&out_udp(m, OFFLOADED_SPORT), lan, 1)?;
+    if v != XDP_REDIRECT {
+        return Err(format!(
+            "opening the offloaded case's flow gave verdict {v}"
+        ));
+    }
     let reply = Frame::new(
         m.wan,
         m.server,
@@ -386,7 +436,7 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
         t.try_ifindex(Ns::Router, WAN_IF)?,
     );
     t.in_ns(Ns::Router, || {
-        let router = load_router(lan, wan)?;
+        let mut router = load_router(lan, wan)?;
         let prog: &Xdp = router
             .ebpf
             .program(PROGRAM_NAME)
@@ -394,6 +444,14 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
             .try_into()
             .map_err(|e| format!("{e}"))?;
         let frames = open_flows(prog, m, lan, wan)?;
+        let offloaded = FlowKey::new(
+            CLIENT_ADDR.octets(),
+            SERVER_ADDR.octets(),
+            OFFLOADED_SPORT,
+            5001,
+            IPPROTO_UDP,
+        );
+        mark_offloaded(&mut router.conntrack, offloaded)?;
         let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
         let mut cases = Vec::new();
         for s in &SPECS {

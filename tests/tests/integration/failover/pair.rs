@@ -305,7 +305,7 @@ table ip nat {{
         self.spawn(
             DAEMON,
             Command::new(router_ctl_bin())
-                .args(["-n", &self.ns(r.role), "run"])
+                .args(["-n", &self.ns(r.role), "run", "--listen", "none"])
                 .env("RUST_LOG", "debug"),
             &self.file(&log),
         );
