@@ -75,8 +75,10 @@ pub fn review_section(runs: &[RunResult], cores: f64, offered_mbps: u32) -> Stri
         "## The review's table\n\nThe rows a soft-router review prints, measured here with the \
          same tool (iperf2) on this run's topology. The last column is the review's best \
          system (RouterOS on an Intel N5105 with 2.5G NICs): **another machine's figures**, \
-         for scale only. `offload` (the kernel admits flows, XDP carries them) is the third \
-         path once that mode is merged.\n\n",
+         for scale only. `offload` (the kernel admits flows, XDP carries them) is not yet a \
+         path of this benchmark: once the kernel has admitted a flow its packets take the \
+         same hit path as `xdp` (see `hit-udp-out-offloaded` in the micro-benchmark), but \
+         connection setup and the CPU at line rate differ.\n\n",
     );
     let _ = writeln!(
         s,
@@ -86,7 +88,7 @@ pub fn review_section(runs: &[RunResult], cores: f64, offered_mbps: u32) -> Stri
         let cells: Vec<String> = paths.iter().map(|&p| cell(p)).collect();
         let _ = writeln!(
             s,
-            "| {name} | {} | not measured yet | {review} |",
+            "| {name} | {} | not a bench path yet | {review} |",
             cells.join(" | ")
         );
     };
