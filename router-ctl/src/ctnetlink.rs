@@ -12,20 +12,16 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
 };
 
+use crate::nlmsg::{Msg, NLM_F_ACK, NLMSG_DONE, NLMSG_ERROR, attrs, messages};
+
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
 const NLM_F_DUMP: u16 = 0x300;
 /// On an `IPCTNL_MSG_CT_NEW` event: the entry is new (else an update).
 const NLM_F_CREATE: u16 = 0x400;
-const NLA_F_NESTED: u16 = 1 << 15;
-const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | (1 << 14));
 
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
@@ -159,23 +155,6 @@ pub enum Event {
     Destroy(Conn),
 }
 
-/// The attributes in `data` as (type without flags, payload).
-fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if data.len() < 4 {
-            return None;
-        }
-        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
-        let ty = u16::from_ne_bytes([data[2], data[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > data.len() {
-            return None;
-        }
-        let payload = &data[4..len];
-        data = &data[((len + 3) & !3).min(data.len())..];
-        Some((ty, payload))
-    })
-}
-
 fn be16(d: &[u8]) -> Option<u16> {
     Some(u16::from_be_bytes(d.get(..2)?.try_into().ok()?))
 }
@@ -292,78 +271,49 @@ pub fn parse_conn(data: &[u8]) -> Option<Conn> {
     Some(c)
 }
 
-/// Builds a netlink message: header, `nfgenmsg`, attributes.
-struct Msg(Vec<u8>);
+/// A ctnetlink request: header, `nfgenmsg` (family, `NFNETLINK_V0`,
+/// resource id 0), attributes to follow.
+fn ct_msg(msg_type: u16, flags: u16, family: u8) -> Msg {
+    Msg::new(
+        (NFNL_SUBSYS_CTNETLINK << 8) | msg_type,
+        flags,
+        &[family, 0, 0, 0],
+    )
+}
 
-impl Msg {
-    fn new(msg_type: u16, flags: u16, family: u8) -> Self {
-        let mut v = vec![0u8; 16];
-        let ty = (NFNL_SUBSYS_CTNETLINK << 8) | msg_type;
-        v[4..6].copy_from_slice(&ty.to_ne_bytes());
-        v[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-        // nfgenmsg: family, NFNETLINK_V0, resource id 0.
-        v.extend_from_slice(&[family, 0, 0, 0]);
-        Self(v)
-    }
-
-    fn attr(&mut self, ty: u16, data: &[u8]) {
-        let len = u16::try_from(4 + data.len()).unwrap_or(u16::MAX);
-        self.0.extend_from_slice(&len.to_ne_bytes());
-        self.0.extend_from_slice(&ty.to_ne_bytes());
-        self.0.extend_from_slice(data);
-        while !self.0.len().is_multiple_of(4) {
-            self.0.push(0);
-        }
-    }
-
-    fn nested(&mut self, ty: u16, build: impl FnOnce(&mut Self)) {
-        let start = self.0.len();
-        self.attr(ty | NLA_F_NESTED, &[]);
-        build(self);
-        let len = u16::try_from(self.0.len() - start).unwrap_or(u16::MAX);
-        self.0[start..start + 2].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    fn tuple(&mut self, ty: u16, t: &Tuple) {
-        self.nested(ty, |m| {
-            m.nested(CTA_TUPLE_IP, |m| match (t.src, t.dst) {
-                (IpAddr::V4(s), IpAddr::V4(d)) => {
-                    m.attr(CTA_IP_V4_SRC, &s.octets());
-                    m.attr(CTA_IP_V4_DST, &d.octets());
-                }
-                (s, d) => {
-                    m.attr(CTA_IP_V6_SRC, &v6_octets(s));
-                    m.attr(CTA_IP_V6_DST, &v6_octets(d));
-                }
-            });
-            m.nested(CTA_TUPLE_PROTO, |m| {
-                m.attr(CTA_PROTO_NUM, &[t.proto]);
-                match (t.proto, t.icmp) {
-                    (IPPROTO_ICMP, Some((ty, code))) => {
-                        m.attr(CTA_PROTO_ICMP_ID, &t.sport.to_be_bytes());
-                        m.attr(CTA_PROTO_ICMP_TYPE, &[ty]);
-                        m.attr(CTA_PROTO_ICMP_CODE, &[code]);
-                    }
-                    (IPPROTO_ICMPV6, Some((ty, code))) => {
-                        m.attr(CTA_PROTO_ICMPV6_ID, &t.sport.to_be_bytes());
-                        m.attr(CTA_PROTO_ICMPV6_TYPE, &[ty]);
-                        m.attr(CTA_PROTO_ICMPV6_CODE, &[code]);
-                    }
-                    _ => {
-                        m.attr(CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
-                        m.attr(CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
-                    }
-                }
-            });
+/// Appends the tuple `t` as the nested attribute `ty` (`CTA_TUPLE_*`).
+fn put_tuple(m: &mut Msg, ty: u16, t: &Tuple) {
+    m.nested(ty, |m| {
+        m.nested(CTA_TUPLE_IP, |m| match (t.src, t.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                m.attr(CTA_IP_V4_SRC, &s.octets());
+                m.attr(CTA_IP_V4_DST, &d.octets());
+            }
+            (s, d) => {
+                m.attr(CTA_IP_V6_SRC, &v6_octets(s));
+                m.attr(CTA_IP_V6_DST, &v6_octets(d));
+            }
         });
-    }
-
-    fn finish(mut self, seq: u32) -> Vec<u8> {
-        let len = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
-        self.0[0..4].copy_from_slice(&len.to_ne_bytes());
-        self.0[8..12].copy_from_slice(&seq.to_ne_bytes());
-        self.0
-    }
+        m.nested(CTA_TUPLE_PROTO, |m| {
+            m.attr(CTA_PROTO_NUM, &[t.proto]);
+            match (t.proto, t.icmp) {
+                (IPPROTO_ICMP, Some((ty, code))) => {
+                    m.attr(CTA_PROTO_ICMP_ID, &t.sport.to_be_bytes());
+                    m.attr(CTA_PROTO_ICMP_TYPE, &[ty]);
+                    m.attr(CTA_PROTO_ICMP_CODE, &[code]);
+                }
+                (IPPROTO_ICMPV6, Some((ty, code))) => {
+                    m.attr(CTA_PROTO_ICMPV6_ID, &t.sport.to_be_bytes());
+                    m.attr(CTA_PROTO_ICMPV6_TYPE, &[ty]);
+                    m.attr(CTA_PROTO_ICMPV6_CODE, &[code]);
+                }
+                _ => {
+                    m.attr(CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
+                    m.attr(CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
+                }
+            }
+        });
+    });
 }
 
 fn v6_octets(a: IpAddr) -> [u8; 16] {
@@ -384,26 +334,6 @@ fn family_of(t: &Tuple) -> u8 {
 /// The message type of a ctnetlink message, or `None` for another subsystem.
 fn ct_msg_type(nl_type: u16) -> Option<u16> {
     (nl_type >> 8 == NFNL_SUBSYS_CTNETLINK).then_some(nl_type & 0xff)
-}
-
-/// Splits a buffer of netlink messages into (type, flags, payload after
-/// the nlmsghdr). Stops at the first malformed header.
-fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
-    let mut off = 0;
-    std::iter::from_fn(move || {
-        if off + 16 > buf.len() {
-            return None;
-        }
-        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().ok()?) as usize;
-        let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-        let flags = u16::from_ne_bytes([buf[off + 6], buf[off + 7]]);
-        if len < 16 || off + len > buf.len() {
-            return None;
-        }
-        let payload = &buf[off + 16..off + len];
-        off += (len + 3) & !3;
-        Some((ty, flags, payload))
-    })
 }
 
 /// Parses one buffer of event messages.
@@ -587,11 +517,7 @@ impl CtSocket {
 
     /// Every entry of the table (both address families).
     pub fn dump(&mut self) -> io::Result<Vec<Conn>> {
-        self.transact(Msg::new(
-            IPCTNL_MSG_CT_GET,
-            NLM_F_DUMP,
-            libc::AF_UNSPEC as u8,
-        ))
+        self.transact(ct_msg(IPCTNL_MSG_CT_GET, NLM_F_DUMP, libc::AF_UNSPEC as u8))
     }
 
     /// Changes the entry whose original direction is `orig`: its timeout
@@ -604,8 +530,8 @@ impl CtSocket {
         timeout: Option<u32>,
         liberal: Option<bool>,
     ) -> io::Result<()> {
-        let mut m = Msg::new(IPCTNL_MSG_CT_NEW, NLM_F_ACK, family_of(orig));
-        m.tuple(CTA_TUPLE_ORIG, orig);
+        let mut m = ct_msg(IPCTNL_MSG_CT_NEW, NLM_F_ACK, family_of(orig));
+        put_tuple(&mut m, CTA_TUPLE_ORIG, orig);
         if let Some(t) = timeout {
             m.attr(CTA_TIMEOUT, &t.to_be_bytes());
         }
@@ -644,9 +570,9 @@ mod tests {
     /// A conntrack message as the kernel builds it, from the same encoder
     /// the requests use.
     fn encoded(c: &Conn) -> Vec<u8> {
-        let mut m = Msg(Vec::new());
-        m.tuple(CTA_TUPLE_ORIG, &c.orig);
-        m.tuple(CTA_TUPLE_REPLY, &c.reply);
+        let mut m = Msg::attrs_only();
+        put_tuple(&mut m, CTA_TUPLE_ORIG, &c.orig);
+        put_tuple(&mut m, CTA_TUPLE_REPLY, &c.reply);
         m.attr(CTA_STATUS, &c.status.to_be_bytes());
         if let Some(t) = c.timeout {
             m.attr(CTA_TIMEOUT, &t.to_be_bytes());
@@ -727,8 +653,8 @@ mod tests {
                 assert_eq!((p.orig, p.reply), (c.orig, c.reply));
             }
         }
-        let mut only_orig = Msg(Vec::new());
-        only_orig.tuple(CTA_TUPLE_ORIG, &c.orig);
+        let mut only_orig = Msg::attrs_only();
+        put_tuple(&mut only_orig, CTA_TUPLE_ORIG, &c.orig);
         assert_eq!(parse_conn(&only_orig.0), None);
     }
 
@@ -745,7 +671,7 @@ mod tests {
             (IPCTNL_MSG_CT_NEW, 0),
             (IPCTNL_MSG_CT_DELETE, 0),
         ] {
-            let mut m = Msg::new(ty, flags, 2);
+            let mut m = ct_msg(ty, flags, 2);
             m.0.extend_from_slice(&encoded(&c));
             buf.extend_from_slice(&m.finish(0));
         }

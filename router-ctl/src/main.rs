@@ -4,7 +4,7 @@
 //! declarative `apply`, a Prometheus endpoint, and `doctor`.
 
 // Module layers, each using only the layers above it (no circles):
-//   ground:    bpfsys, caps, clock, netlink, object, parse, service, signals
+//   ground:    bpfsys, caps, clock, netlink, nlmsg, object, parse, service, signals
 //   router:    pins (where), maps (the one typed facade over the pinned
 //              maps), ctx (which router), config (what is asked for),
 //              state (the attach record), inspect (what runs now)
@@ -31,6 +31,7 @@ mod live;
 mod maps;
 mod metrics;
 mod netlink;
+mod nlmsg;
 mod object;
 mod offload;
 mod parse;

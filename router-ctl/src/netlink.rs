@@ -14,8 +14,8 @@ use std::{
 
 use anyhow::{Result, anyhow, bail};
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
+use crate::nlmsg::{self, Msg, NLA_F_NESTED, NLM_F_ACK, NLMSG_DONE, NLMSG_ERROR};
+
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
 const RTM_SETLINK: u16 = 19;
@@ -23,9 +23,6 @@ const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLA_F_NESTED: u16 = 1 << 15;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_LINK: u16 = 5;
@@ -210,38 +207,9 @@ fn msg_flags(msg: &[u8]) -> u16 {
     u16::from_ne_bytes([msg[6], msg[7]])
 }
 
-/// Builds a netlink message: header, fixed part, attributes.
-struct Msg(Vec<u8>);
-
-impl Msg {
-    fn new(ty: u16, flags: u16, fixed: &[u8]) -> Self {
-        let mut v = vec![0u8; 16];
-        v[4..6].copy_from_slice(&ty.to_ne_bytes());
-        v[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-        v[8..12].copy_from_slice(&1u32.to_ne_bytes());
-        v.extend_from_slice(fixed);
-        Self(v)
-    }
-
-    fn attr(&mut self, ty: u16, data: &[u8]) {
-        let len = u16::try_from(4 + data.len()).unwrap_or(u16::MAX);
-        self.0.extend_from_slice(&len.to_ne_bytes());
-        self.0.extend_from_slice(&ty.to_ne_bytes());
-        self.0.extend_from_slice(data);
-        while !self.0.len().is_multiple_of(4) {
-            self.0.push(0);
-        }
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        let len = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
-        self.0[0..4].copy_from_slice(&len.to_ne_bytes());
-        self.0
-    }
-}
-
+/// The payload of a nested attribute holding `attrs`.
 fn nested(attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
-    let mut m = Msg(Vec::new());
+    let mut m = Msg::attrs_only();
     for (t, d) in attrs {
         m.attr(*t, d);
     }
@@ -249,19 +217,8 @@ fn nested(attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
 }
 
 /// The attributes in `data` as (type without flags, payload).
-fn attrs(mut data: &[u8]) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    while data.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([data[0], data[1]]));
-        let ty = u16::from_ne_bytes([data[2], data[3]]) & !NLA_F_NESTED & !(1 << 14);
-        if len < 4 || len > data.len() {
-            break;
-        }
-        out.push((ty, &data[4..len]));
-        let step = ((len + 3) & !3).min(data.len());
-        data = &data[step..];
-    }
-    out
+fn attrs(data: &[u8]) -> Vec<(u16, &[u8])> {
+    nlmsg::attrs(data).collect()
 }
 
 fn u32_of(d: &[u8]) -> u32 {
@@ -330,7 +287,7 @@ fn parse_link(payload: &[u8]) -> LinkAttrs {
 /// The attributes of interface `ifindex` in the current namespace.
 pub fn link(ifindex: u32) -> io::Result<LinkAttrs> {
     let s = Socket::new()?;
-    let msg = Msg::new(RTM_GETLINK, 0, &ifinfomsg(ifindex)).finish();
+    let msg = Msg::new(RTM_GETLINK, 0, &ifinfomsg(ifindex)).finish(1);
     let replies = s.request(&msg, RTM_NEWLINK)?;
     replies
         .first()
@@ -348,7 +305,7 @@ pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
         (IFLA_XDP_FLAGS, flags.to_ne_bytes().to_vec()),
     ]);
     m.attr(IFLA_XDP | NLA_F_NESTED, &xdp);
-    s.request(&m.finish(), 0).map(|_| ())
+    s.request(&m.finish(1), 0).map(|_| ())
 }
 
 /// The interface the kernel routes packets to `dst` out of (`lo` for the
@@ -367,7 +324,7 @@ pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
     rtm[1] = (addr.len() * 8) as u8;
     let mut m = Msg::new(RTM_GETROUTE, 0, &rtm);
     m.attr(RTA_DST, &addr);
-    match s.request(&m.finish(), RTM_NEWROUTE) {
+    match s.request(&m.finish(1), RTM_NEWROUTE) {
         Ok(replies) => Ok(replies.first().and_then(|p| {
             attrs(p.get(12..)?)
                 .into_iter()
@@ -395,7 +352,7 @@ pub fn nsid_of(netns_fd: RawFd) -> io::Result<Option<i32>> {
         NETNSA_FD,
         &u32::try_from(netns_fd).unwrap_or(0).to_ne_bytes(),
     );
-    let replies = s.request(&m.finish(), RTM_NEWNSID)?;
+    let replies = s.request(&m.finish(1), RTM_NEWNSID)?;
     Ok(replies.first().and_then(|p| {
         attrs(p.get(4..)?)
             .into_iter()
