@@ -24,6 +24,7 @@
 mod expiry;
 mod fib;
 mod icmp;
+mod nat_behaviour;
 mod pass_drop;
 mod port_forward;
 mod ports;
@@ -38,8 +39,8 @@ use std::fmt::Write as _;
 use router_common::{
     flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, flow_hash},
     maps::{
-        Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL,
-        FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
+        Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_MAPPED, FLAG_ORIGINAL,
+        FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
         TcpWindow, Timeouts,
     },
 };
