@@ -51,7 +51,7 @@ pub const CHANGE_ADDR: u8 = 1;
 /// Binding flag: answer from the other port.
 pub const CHANGE_PORT: u8 = 2;
 /// The server stops by itself after this long, also if nobody stops it.
-pub const SERVER_LIFETIME: Duration = Duration::from_secs(120);
+pub const SERVER_LIFETIME: Duration = Duration::from_mins(2);
 /// How long a client waits for a response it expects (retrying).
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a client waits for a response that filtering may drop: its
@@ -585,7 +585,7 @@ mod unit {
     #[test]
     fn no_nat_on_loopback_is_endpoint_independent() {
         let addrs = ServerAddrs {
-            primary: Ipv4Addr::new(127, 0, 0, 1),
+            primary: Ipv4Addr::LOCALHOST,
             alternate: Ipv4Addr::new(127, 0, 0, 2),
         };
         let server = StunServer::start(None, addrs);
