@@ -12,5 +12,6 @@ pub mod checksum;
 pub mod flow;
 pub mod hdr;
 pub mod ipv6;
+pub mod mapping;
 pub mod maps;
 pub mod nat;

@@ -24,6 +24,19 @@ pub const CONNTRACK6_MAP: &str = "CONNTRACK6";
 /// Hash of [`PinholeKey6`] -> `u8` (1): IPv6 pinholes, the LAN addresses
 /// and ports the WAN may open flows to (standalone mode).
 pub const PINHOLES6_MAP: &str = "PINHOLES6";
+/// Hash of [`MappingKey`] -> [`Mapping`]: standalone mode's NAT mappings
+/// by external port (RFC 4787 / 5382 endpoint-independent mapping). A
+/// plain hash, not an LRU: its keys (protocol, port) are bounded by
+/// [`MAX_NAT_MAPPINGS`], so it cannot fill up, and an expired mapping is
+/// replaced in place by the next claim of its port.
+pub const NAT_MAPPINGS_MAP: &str = "NAT_MAPPINGS";
+/// LRU hash of [`Endpoint`] -> [`MappingKey`]: the external port of an
+/// internal endpoint's mapping (valid only while that mapping is live and
+/// still names the endpoint).
+pub const NAT_ENDPOINTS_MAP: &str = "NAT_ENDPOINTS";
+/// LRU hash of [`PermitKey`] -> [`Endpoint`]: address-dependent filtering's
+/// permissions, a mapping's port and a remote address it has sent to.
+pub const NAT_PERMITS_MAP: &str = "NAT_PERMITS";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
@@ -33,6 +46,13 @@ pub const DEFAULT_MAX_FLOWS: u32 = 262_144;
 pub const DEFAULT_MAX_FLOWS6: u32 = 65_536;
 /// Capacity of the IPv6 pinhole map.
 pub const MAX_PINHOLES6: u32 = 1024;
+/// Capacity of the mapping map: every (protocol, port) of TCP, UDP and
+/// ICMP echo.
+pub const MAX_NAT_MAPPINGS: u32 = 3 * 65_536;
+/// Capacity of the endpoint -> mapping map (an LRU).
+pub const MAX_NAT_ENDPOINTS: u32 = 262_144;
+/// Capacity of the address-dependent filtering permissions (an LRU).
+pub const MAX_NAT_PERMITS: u32 = 262_144;
 /// Capacity of the port-forward rule map.
 pub const MAX_PORT_FORWARDS: u32 = 1024;
 
@@ -65,7 +85,9 @@ pub struct Config {
     pub hash_seed: u32,
     /// An [`Admit`] discriminant.
     pub admit: u8,
-    pub pad: [u8; 3],
+    /// A [`Filtering`] discriminant (standalone mode).
+    pub filtering: u8,
+    pub pad: [u8; 2],
     pub timeouts: Timeouts,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 56);
@@ -212,6 +234,7 @@ impl FlowEntry {
     #[must_use]
     pub const fn lan_side(&self) -> bool {
         (self.flags & FLAG_ORIGINAL != 0) != (self.flags & FLAG_PORT_FORWARD != 0)
+            || self.flags & FLAG_HAIRPIN != 0
     }
 
     /// Forgets the cached next hop (the FIB is asked on the next packet).
@@ -238,6 +261,14 @@ pub const FLAG_FIN_REPLY: u8 = 8;
 /// TCP FIN and RST go to the kernel, and the entry is used only within its
 /// [`FlowEntry::lease`].
 pub const FLAG_OFFLOADED: u8 = 16;
+/// Standalone mode: the flow holds a NAT mapping (a masqueraded flow, one
+/// opened from the WAN through a mapping, a hairpinned one); the periodic
+/// refresh of its LAN-side entry refreshes the mapping of its translated
+/// source port too.
+pub const FLAG_MAPPED: u8 = 32;
+/// Hairpinned flow (LAN host to the WAN address, back to a LAN host): both
+/// entries are keyed on the LAN side.
+pub const FLAG_HAIRPIN: u8 = 64;
 
 /// A lease tick is `1 << LEASE_TICK_SHIFT` ns (about 1.07 s): a `u32` of
 /// ticks lasts 146 years of uptime.
@@ -261,6 +292,94 @@ pub enum Admit {
     /// carries only what the offload daemon wrote, and passes misses.
     Kernel = 1,
 }
+
+/// Which unsolicited inbound packets an active mapping lets in (standalone
+/// mode; RFC 4787 section 5, RFC 5382 section 4.3), `Config::filtering`.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filtering {
+    /// Only replies of a known flow (the remote address and port the
+    /// internal endpoint sent to): Linux's behaviour, the default.
+    AddressPortDependent = 0,
+    /// Also new flows from any port of a remote address the mapping has
+    /// sent to.
+    AddressDependent = 1,
+    /// New flows from any remote ("full cone").
+    EndpointIndependent = 2,
+}
+
+impl Filtering {
+    pub const ALL: [Self; 3] = [
+        Self::AddressPortDependent,
+        Self::AddressDependent,
+        Self::EndpointIndependent,
+    ];
+
+    /// The name on the command line, in `apply` files and in `status`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::AddressPortDependent => "address-port-dependent",
+            Self::AddressDependent => "address-dependent",
+            Self::EndpointIndependent => "endpoint-independent",
+        }
+    }
+
+    /// The setting of a `Config::filtering` byte; an unknown byte is the
+    /// strictest.
+    #[must_use]
+    pub const fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::AddressDependent,
+            2 => Self::EndpointIndependent,
+            _ => Self::AddressPortDependent,
+        }
+    }
+}
+
+/// Key of [`NAT_MAPPINGS_MAP`]: protocol and external port (host order) on
+/// the WAN address; for ICMP echo the external identifier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MappingKey {
+    pub proto: u8,
+    pub pad: u8,
+    pub port: u16,
+}
+const _: () = assert!(core::mem::size_of::<MappingKey>() == 4);
+
+/// An internal endpoint: LAN address, port (host order) and protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub addr: [u8; 4],
+    pub port: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<Endpoint>() == 8);
+
+/// A NAT mapping: the internal endpoint an external port belongs to, until
+/// `expires_ns` (`CLOCK_MONOTONIC`; see [`crate::mapping`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mapping {
+    pub internal: Endpoint,
+    pub expires_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<Mapping>() == 16);
+
+/// Key of [`NAT_PERMITS_MAP`]: a mapping (protocol, external port) and a
+/// remote address it has sent to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PermitKey {
+    pub remote: [u8; 4],
+    pub port: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<PermitKey>() == 8);
 
 /// Key of [`PORT_FORWARDS_MAP`]: protocol and WAN port (host order).
 #[repr(C)]
@@ -392,6 +511,10 @@ mod pod {
     unsafe impl aya::Pod for super::FlowKey6 {}
     unsafe impl aya::Pod for super::FlowEntry6 {}
     unsafe impl aya::Pod for super::PinholeKey6 {}
+    unsafe impl aya::Pod for super::MappingKey {}
+    unsafe impl aya::Pod for super::Endpoint {}
+    unsafe impl aya::Pod for super::Mapping {}
+    unsafe impl aya::Pod for super::PermitKey {}
 }
 
 /// Defines the flow states from one table: the [`FlowState`] enum, the
@@ -696,6 +819,14 @@ counters! {
     Eviction6Detected = "eviction6_detected", true;
     /// `CONNTRACK6` entries the data path added (new keys only).
     Ct6EntriesInserted = "ct6_entries_inserted", true;
+    /// New WAN -> LAN flow opened through an active NAT mapping, as the
+    /// filtering setting allows (endpoint-independent or address-dependent).
+    FlowNewInboundMapping = "flow_new_inbound_mapping", true;
+    /// New flow from a LAN host to the WAN address hairpinned back to a LAN
+    /// host (a mapping's or a port forward's).
+    FlowNewHairpin = "flow_new_hairpin", true;
+    /// An expired NAT mapping of another internal endpoint was taken over.
+    MappingReclaimed = "mapping_reclaimed", true;
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    config::{self, AdmitMode, AttachArgs, ConfigError, ConfigField, Mode},
+    config::{self, AdmitMode, AttachArgs, ConfigError, ConfigField, FilteringMode, Mode},
     ctx::Ctx,
     forward::{self, Rule},
     lifecycle::{self, Outcome},
@@ -43,6 +43,8 @@ struct File {
 struct RouterSection {
     #[serde(default)]
     admit: Option<Spanned<String>>,
+    #[serde(default)]
+    filtering: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,6 +168,7 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
         list: Vec::new(),
     };
     let admit = errs.admit(file.router.as_ref());
+    let filtering = errs.filtering(file.router.as_ref(), admit);
     let (lan, wan, mode) = errs.interfaces(file.interfaces.get_ref());
     let nat = errs.nat(file.nat.as_ref());
     if admit == AdmitMode::Xdp
@@ -210,6 +213,7 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     Ok(Desired {
         args: AttachArgs {
             admit,
+            filtering,
             lan,
             wan,
             mode,
@@ -246,6 +250,28 @@ impl Errors<'_> {
             );
             AdmitMode::default_for_attach()
         })
+    }
+
+    fn filtering(&mut self, router: Option<&RouterSection>, admit: AdmitMode) -> FilteringMode {
+        let Some(f) = router.and_then(|r| r.filtering.as_ref()) else {
+            return FilteringMode::default();
+        };
+        let Some(mode) = FilteringMode::from_name(f.get_ref()) else {
+            self.at(
+                f.span(),
+                "router.filtering",
+                format!(
+                    "{:?} is not a filtering behaviour (expected address-port-dependent, \
+                     address-dependent or endpoint-independent)",
+                    f.get_ref()
+                ),
+            );
+            return FilteringMode::default();
+        };
+        if admit == AdmitMode::Kernel && mode != FilteringMode::default() {
+            self.at(f.span(), "router.filtering", config::OFFLOAD_FILTERING);
+        }
+        mode
     }
 
     fn interfaces(&mut self, ifs: &Interfaces) -> (String, String, Mode) {
@@ -489,6 +515,7 @@ const fn file_field(field: ConfigField) -> (&'static str, &'static str) {
         ConfigField::Wan => ("interfaces.wan", "wan"),
         ConfigField::MaxFlows => ("nat.max_flows", "max_flows"),
         ConfigField::PortRange => ("nat.port_range", "port_range"),
+        ConfigField::Filtering => ("router.filtering", "filtering"),
     }
 }
 
@@ -597,6 +624,49 @@ mod tests {
             e.contains("r:2: router.admit: \"nat\" is not an admit mode"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn filtering_key_parses_and_is_refused_in_offload_mode() {
+        let d = parse_file(
+            "r",
+            "[router]\nadmit = \"xdp\"\nfiltering = \"endpoint-independent\"\n\
+             [interfaces]\nlan = \"a\"\nwan = \"b\"\n",
+        )
+        .unwrap();
+        assert_eq!(d.args.filtering, FilteringMode::EndpointIndependent);
+        let d = parse_file("r", "[interfaces]\nlan = \"a\"\nwan = \"b\"\n").unwrap();
+        assert_eq!(d.args.filtering, FilteringMode::AddressPortDependent);
+        let e = parse_file(
+            "r",
+            "[router]\nadmit = \"xdp\"\nfiltering = \"full-cone\"\n\
+             [interfaces]\nlan = \"a\"\nwan = \"b\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("r:3: router.filtering: \"full-cone\" is not a filtering behaviour"),
+            "{e}"
+        );
+        let e = parse_file(
+            "r",
+            "[router]\nadmit = \"kernel\"\nfiltering = \"address-dependent\"\n\
+             [interfaces]\nlan = \"a\"\nwan = \"b\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("r:3: router.filtering: in offload mode (admit kernel) the kernel's NAT"),
+            "{e}"
+        );
+        // The default is fine in offload mode, written or not.
+        let d = parse_file(
+            "r",
+            "[router]\nadmit = \"kernel\"\nfiltering = \"address-port-dependent\"\n\
+             [interfaces]\nlan = \"a\"\nwan = \"b\"\n",
+        )
+        .unwrap();
+        assert_eq!(d.args.filtering, FilteringMode::AddressPortDependent);
     }
 
     #[test]

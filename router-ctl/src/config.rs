@@ -5,7 +5,7 @@
 
 use std::{fmt, net::Ipv4Addr, path::PathBuf};
 
-use router_common::maps::{Admit, Config, Timeouts};
+use router_common::maps::{Admit, Config, Filtering, Timeouts};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -92,10 +92,65 @@ impl AdmitMode {
     }
 }
 
+/// Which unsolicited inbound flows an active NAT mapping lets in
+/// (`attach --filtering`, `filtering` in an `apply` file's `[router]`;
+/// standalone mode only, RFC 4787 section 5 / RFC 5382 section 4.3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum FilteringMode {
+    /// Only replies from the remote address and port a flow was opened to
+    /// (Linux's behaviour; games call it a strict or moderate NAT).
+    #[default]
+    AddressPortDependent,
+    /// Also new flows from another port of an address the internal
+    /// endpoint has sent to.
+    AddressDependent,
+    /// New flows from any remote to an active mapping ("full cone", an
+    /// open NAT for games and P2P).
+    EndpointIndependent,
+}
+
+impl FilteringMode {
+    const ALL: [Self; 3] = [
+        Self::AddressPortDependent,
+        Self::AddressDependent,
+        Self::EndpointIndependent,
+    ];
+
+    /// The data path's value (`Config::filtering`).
+    #[must_use]
+    pub const fn to_map(self) -> Filtering {
+        match self {
+            Self::AddressPortDependent => Filtering::AddressPortDependent,
+            Self::AddressDependent => Filtering::AddressDependent,
+            Self::EndpointIndependent => Filtering::EndpointIndependent,
+        }
+    }
+
+    /// The name on the command line, in `apply` files and in `status`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        self.to_map().name()
+    }
+
+    /// The mode named `name` (see [`FilteringMode::name`]).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+/// Refusal of a filtering setting in offload mode, where it cannot apply.
+pub const OFFLOAD_FILTERING: &str = "in offload mode (admit kernel) the kernel's NAT decides \
+     filtering (Linux filters address-and-port dependent); for endpoint-independent or \
+     address-dependent filtering use standalone mode (`attach --admit xdp --filtering ...`, \
+     or `admit = \"xdp\"` in [router] of an apply file)";
+
 /// Everything `attach` (and `apply`) asks for.
 #[derive(Clone, Debug)]
 pub struct AttachArgs {
     pub admit: AdmitMode,
+    pub filtering: FilteringMode,
     pub lan: String,
     pub wan: String,
     pub mode: Mode,
@@ -123,6 +178,9 @@ pub struct AttachArgs {
 pub struct RouterConfig {
     #[serde(default)]
     pub admit: AdmitMode,
+    /// Records written before the setting existed filter as Linux does.
+    #[serde(default)]
+    pub filtering: FilteringMode,
     pub lan: String,
     pub wan: String,
     pub lan_ifindex: u32,
@@ -147,10 +205,11 @@ impl RouterConfig {
                                   `router-ctl run` moves established flows to XDP)"
                 .to_owned(),
             AdmitMode::Xdp => format!(
-                "admit xdp (standalone), masquerade to {} ports {}-{}, {}",
+                "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}, {}",
                 self.wan_addr,
                 self.port_min,
                 self.port_max,
+                self.filtering.name(),
                 self.kernel_nat_ports.map_or_else(
                     || "no kernel slow-path NAT".to_owned(),
                     |(lo, hi)| format!("kernel slow-path NAT ports {lo}-{hi}")
@@ -170,7 +229,8 @@ impl RouterConfig {
             port_max: self.port_max,
             hash_seed,
             admit: self.admit.to_map() as u8,
-            pad: [0; 3],
+            filtering: self.filtering.to_map() as u8,
+            pad: [0; 2],
             timeouts: self.timeouts,
         }
     }
@@ -185,6 +245,8 @@ pub enum ConfigField {
     MaxFlows,
     /// `--port-range` against `--kernel-nat-ports`.
     PortRange,
+    /// `--filtering` in offload mode.
+    Filtering,
 }
 
 /// A request that cannot be resolved on this machine, and which field
@@ -215,6 +277,12 @@ impl std::error::Error for ConfigError {}
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
+    if a.admit == AdmitMode::Kernel && a.filtering != FilteringMode::default() {
+        return Err(ConfigError::new(
+            ConfigField::Filtering,
+            OFFLOAD_FILTERING,
+        ));
+    }
     let kernel_nat_ports =
         (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
     if let Some(k) = kernel_nat_ports
@@ -278,6 +346,7 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     }
     Ok(RouterConfig {
         admit: a.admit,
+        filtering: a.filtering,
         lan: a.lan.clone(),
         wan: a.wan.clone(),
         lan_ifindex: lan_idx,
@@ -298,6 +367,7 @@ mod tests {
     fn args(lan: &str, wan: &str) -> AttachArgs {
         AttachArgs {
             admit: AdmitMode::Xdp,
+            filtering: FilteringMode::default(),
             lan: lan.into(),
             wan: wan.into(),
             mode: Mode::Auto,
@@ -336,6 +406,33 @@ mod tests {
         let e = resolve(&a).unwrap_err();
         assert_eq!(e.field, ConfigField::PortRange, "{e}");
         assert!(e.to_string().contains("overlap"), "{e}");
+    }
+
+    #[test]
+    fn filtering_other_than_linux_is_refused_in_offload_mode() {
+        let mut a = args("lo", "lo");
+        a.admit = AdmitMode::Kernel;
+        a.filtering = FilteringMode::EndpointIndependent;
+        let e = resolve(&a).unwrap_err();
+        assert_eq!(e.field, ConfigField::Filtering, "{e}");
+        assert!(e.to_string().contains("kernel's NAT decides filtering"), "{e}");
+        assert!(e.to_string().contains("--admit xdp"), "{e}");
+        a.filtering = FilteringMode::AddressPortDependent;
+        // Past the filtering check: refused for `lo` twice instead.
+        assert_eq!(resolve(&a).unwrap_err().field, ConfigField::Wan);
+    }
+
+    #[test]
+    fn filtering_names_round_trip_and_match_serde() {
+        for f in FilteringMode::ALL {
+            assert_eq!(FilteringMode::from_name(f.name()), Some(f));
+            assert_eq!(serde_json::to_value(f).unwrap(), f.name());
+            assert_eq!(
+                clap::ValueEnum::to_possible_value(&f).unwrap().get_name(),
+                f.name()
+            );
+        }
+        assert_eq!(FilteringMode::from_name("full-cone"), None);
     }
 
     #[test]

@@ -50,7 +50,7 @@ use anyhow::{Context, Result, bail};
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::{
-    config::{AdmitMode, AttachArgs, Mode},
+    config::{AdmitMode, AttachArgs, FilteringMode, Mode},
     ctx::Ctx,
     parse::{ForwardFrom, Proto, TimeoutArg, WanAddr},
 };
@@ -107,6 +107,13 @@ struct AttachOpts {
     /// XDP masquerades new flows itself and bypasses the firewall's forward rules.
     #[arg(long, value_enum, default_value_t = AdmitMode::default_for_attach())]
     admit: AdmitMode,
+    /// Standalone: which new inbound flows an active NAT mapping lets in.
+    /// `address-port-dependent` (the default, as Linux): only replies of known flows;
+    /// `address-dependent`: also from other ports of an address the LAN endpoint sent to;
+    /// `endpoint-independent`: from any remote ("full cone", an open NAT for games and
+    /// P2P). Offload mode refuses anything but the default: the kernel's NAT decides.
+    #[arg(long, value_enum, default_value_t = FilteringMode::default())]
+    filtering: FilteringMode,
     #[arg(long, value_enum, default_value = "auto")]
     mode: Mode,
     /// Masquerade address: `auto` takes the first IPv4 address of WAN.
@@ -440,6 +447,7 @@ fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
     let timeouts = parse::apply_timeouts(&o.timeouts).map_err(anyhow::Error::msg)?;
     Ok(AttachArgs {
         admit: o.admit,
+        filtering: o.filtering,
         lan: o.lan,
         wan: o.wan,
         mode: o.mode,

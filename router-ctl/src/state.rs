@@ -196,6 +196,7 @@ mod tests {
         use router_common::maps::{FlowState, Timeouts};
         let config = RouterConfig {
             admit: crate::config::AdmitMode::Xdp,
+            filtering: crate::config::FilteringMode::default(),
             lan: "lan0".into(),
             wan: "wan0".into(),
             lan_ifindex: 2,

@@ -221,6 +221,7 @@ pub fn status_json(ctx: &Ctx) -> Value {
             "pending": r.pending,
         });
         v["admit"] = json!(r.config.admit.name());
+        v["filtering"] = json!(r.config.filtering.name());
         v["daemon"] = daemon::health_json(ctx.ns());
     }
     if running.any_pins() {
@@ -262,10 +263,11 @@ pub fn status_text(v: &Value) -> String {
             "admit kernel (offload)".to_owned()
         } else {
             format!(
-                "admit xdp (standalone), masquerade to {} ports {}-{}",
+                "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}",
                 c["wan_addr"].as_str().unwrap_or("?"),
                 c["port_min"],
-                c["port_max"]
+                c["port_max"],
+                v["filtering"].as_str().unwrap_or("?")
             )
         };
         let _ = writeln!(

@@ -382,7 +382,8 @@ impl ResolvedTopology {
             port_max: 65535,
             hash_seed,
             admit: 0,
-            pad: [0; 3],
+            filtering: 0,
+            pad: [0; 2],
             timeouts,
         }
     }

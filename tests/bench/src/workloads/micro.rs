@@ -411,7 +411,8 @@ fn load_router(lan: u32, wan: u32) -> Result<LoadedRouter, String> {
         port_max: 65535,
         hash_seed: 0x5eed_1234,
         admit: 0,
-        pad: [0; 3],
+        filtering: 0,
+        pad: [0; 2],
         timeouts: Timeouts::default(),
     };
     router

@@ -1,0 +1,243 @@
+//! NAT mappings of standalone mode (RFC 4787 for UDP, RFC 5382 for TCP):
+//! endpoint-independent mapping, the three filtering behaviours, mapping
+//! lifetimes, and the translated tuple of a hairpinned flow.
+//!
+//! A mapping ties an external port on the WAN address (per protocol) to
+//! one internal endpoint. Every flow of that endpoint, whatever its
+//! destination, leaves with that port (REQ-1 of both RFCs), also when the
+//! endpoint's own port was taken and another one was chosen. The data path
+//! keeps the mappings in `NAT_MAPPINGS` (external port -> endpoint; its
+//! `BPF_NOEXIST` insert is the cross-CPU lock on the port) and
+//! `NAT_ENDPOINTS` (endpoint -> external port). A mapping is refreshed when
+//! one of its flows is created and at a flow's periodic refresh (at most
+//! once per `flow::REFRESH_NS` while packets flow), never per packet.
+//!
+//! Port parity and contiguity (RFC 4787 REQ-4 and section 4.2.3) are not
+//! kept: the first choice is the endpoint's own port (port preservation,
+//! REQ-3 "RECOMMENDED"), which keeps parity when it works; on a collision
+//! the port is hashed from the range, of any parity, and an RTP/RTCP pair
+//! may end up on non-adjacent ports.
+
+use crate::{
+    flow::masquerade_key,
+    maps::{Endpoint, Filtering, FlowKey, FlowState, IPPROTO_UDP, Mapping, Timeouts},
+};
+
+/// Minimum lifetime of a UDP mapping after its last refresh, in seconds.
+/// RFC 4787 REQ-5: a UDP mapping MUST NOT expire in less than two
+/// minutes, and five minutes is RECOMMENDED; this takes the recommended
+/// five, which keeps P2P and `VoIP` mappings alive across keep-alive
+/// intervals of a few minutes (many applications send one every two to
+/// three minutes, which the two-minute floor would cut).
+pub const UDP_MAPPING_SECS: u32 = 300;
+
+impl Endpoint {
+    /// The internal endpoint of a flow key seen from the LAN: its source.
+    #[must_use]
+    #[inline]
+    pub const fn source_of(k: &FlowKey) -> Self {
+        Self {
+            addr: k.src_addr,
+            port: k.src_port,
+            proto: k.proto,
+            pad: 0,
+        }
+    }
+}
+
+/// How long a mapping stays alive after a refresh by a flow of protocol
+/// `proto` in state `state`: as long as that flow can live idle (so a
+/// mapping never expires under a live flow that refreshed it last), and a
+/// UDP mapping at least [`UDP_MAPPING_SECS`]. A TCP mapping so follows its
+/// connection: established (at least 2 h 4 min, RFC 5382 REQ-5; 5 days by
+/// default), then the closing states' short timeouts, so that the ports of
+/// closed connections come free as fast as the conntrack entries do.
+#[must_use]
+#[inline]
+pub const fn mapping_secs(proto: u8, state: u8, t: &Timeouts) -> u32 {
+    let flow = FlowState::timeout_secs(state, t);
+    if proto == IPPROTO_UDP && flow < UDP_MAPPING_SECS {
+        UDP_MAPPING_SECS
+    } else {
+        flow
+    }
+}
+
+/// The expiry time of a mapping refreshed at `now_ns` by a flow of
+/// protocol `proto` in state `state`. The refresh sets it (it does not
+/// only extend it): with several TCP connections on one internal port, the
+/// mapping follows the one that refreshed it last.
+#[must_use]
+#[inline]
+pub const fn mapping_expiry(proto: u8, state: u8, now_ns: u64, t: &Timeouts) -> u64 {
+    now_ns + mapping_secs(proto, state, t) as u64 * 1_000_000_000
+}
+
+/// Whether mapping `m` is alive at `now_ns`.
+#[must_use]
+#[inline]
+pub const fn live(m: &Mapping, now_ns: u64) -> bool {
+    now_ns <= m.expires_ns
+}
+
+/// Whether mapping `m` is alive and belongs to the endpoint `ep`.
+#[must_use]
+#[inline]
+pub fn held_by(m: &Mapping, ep: &Endpoint, now_ns: u64) -> bool {
+    live(m, now_ns) && m.internal == *ep
+}
+
+/// Whether a new inbound flow from a remote to a live mapping owned by
+/// `owner` is let in under the `Config::filtering` byte `filtering`, given
+/// the address-dependent permission found for the remote's address
+/// (`permit`: the endpoint that sent to that address through this port).
+/// Address-and-port-dependent filtering lets in no new flow: only replies
+/// of known flows, which are conntrack hits and never come here.
+#[must_use]
+#[inline]
+pub fn filter_admits(filtering: u8, owner: &Endpoint, permit: Option<&Endpoint>) -> bool {
+    match Filtering::from_u8(filtering) {
+        Filtering::EndpointIndependent => true,
+        Filtering::AddressDependent => matches!(permit, Some(p) if p == owner),
+        Filtering::AddressPortDependent => false,
+    }
+}
+
+/// The translated key of a new LAN flow leaving with external `port`:
+/// masqueraded (`hairpin` `None`: only the source changes) or hairpinned
+/// to the internal endpoint `hairpin` (the destination, the WAN address
+/// and a mapped or forwarded port, becomes that endpoint, so the flow's
+/// reply key is the target's packet back to `wan_addr:port`).
+#[must_use]
+#[inline]
+pub const fn translated_key(
+    orig: &FlowKey,
+    wan_addr: [u8; 4],
+    port: u16,
+    hairpin: Option<&Endpoint>,
+) -> FlowKey {
+    match hairpin {
+        Some(t) => FlowKey::new(wan_addr, t.addr, port, t.port, orig.proto),
+        None => masquerade_key(orig, wan_addr, port),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        flow::new_flow,
+        maps::{FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, IPPROTO_ICMP, IPPROTO_TCP},
+    };
+
+    const A: [u8; 4] = [192, 168, 50, 2];
+    const B: [u8; 4] = [192, 168, 50, 3];
+    const WAN: [u8; 4] = [203, 0, 113, 1];
+    const SRV: [u8; 4] = [203, 0, 113, 2];
+
+    fn ep(addr: [u8; 4], port: u16, proto: u8) -> Endpoint {
+        Endpoint {
+            addr,
+            port,
+            proto,
+            pad: 0,
+        }
+    }
+
+    #[test]
+    fn udp_mappings_live_at_least_five_minutes_tcp_ones_follow_the_connection() {
+        let t = Timeouts::default();
+        for state in [FlowState::UdpUnreplied, FlowState::UdpReplied] {
+            let s = mapping_secs(IPPROTO_UDP, state as u8, &t);
+            assert!(s >= 120, "REQ-5 floor");
+            assert_eq!(s, UDP_MAPPING_SECS);
+        }
+        let mut long = t;
+        long.udp_replied = 600;
+        assert_eq!(
+            mapping_secs(IPPROTO_UDP, FlowState::UdpReplied as u8, &long),
+            600,
+            "never shorter than the flow it serves"
+        );
+        let est = mapping_secs(IPPROTO_TCP, FlowState::TcpEstablished as u8, &t);
+        assert!(est >= 2 * 3600 + 4 * 60, "RFC 5382 REQ-5");
+        assert_eq!(
+            mapping_secs(IPPROTO_TCP, FlowState::TcpClosed as u8, &t),
+            t.tcp_closed
+        );
+        assert_eq!(mapping_secs(IPPROTO_ICMP, FlowState::Icmp as u8, &t), t.icmp);
+    }
+
+    #[test]
+    fn expiry_and_ownership() {
+        let t = Timeouts::default();
+        let now = 5_000_000_000;
+        let owner = ep(A, 4000, IPPROTO_UDP);
+        let m = Mapping {
+            internal: owner,
+            expires_ns: mapping_expiry(IPPROTO_UDP, FlowState::UdpUnreplied as u8, now, &t),
+        };
+        assert!(held_by(&m, &owner, now));
+        assert!(held_by(&m, &owner, now + 300_000_000_000));
+        assert!(!live(&m, now + 300_000_000_001));
+        assert!(!held_by(&m, &ep(A, 4001, IPPROTO_UDP), now));
+        assert!(!held_by(&m, &ep(B, 4000, IPPROTO_UDP), now));
+        assert!(!held_by(&m, &ep(A, 4000, IPPROTO_TCP), now));
+    }
+
+    #[test]
+    fn each_filtering_admits_exactly_its_remotes() {
+        let owner = ep(A, 4000, IPPROTO_UDP);
+        let other = ep(B, 4000, IPPROTO_UDP);
+        let ei = Filtering::EndpointIndependent as u8;
+        let ad = Filtering::AddressDependent as u8;
+        let apd = Filtering::AddressPortDependent as u8;
+        assert!(filter_admits(ei, &owner, None));
+        assert!(filter_admits(ei, &owner, Some(&other)));
+        assert!(filter_admits(ad, &owner, Some(&owner)));
+        assert!(!filter_admits(ad, &owner, None));
+        assert!(
+            !filter_admits(ad, &owner, Some(&other)),
+            "a permission left by the port's previous owner"
+        );
+        assert!(!filter_admits(apd, &owner, Some(&owner)));
+        assert!(!filter_admits(apd, &owner, None));
+        assert!(!filter_admits(99, &owner, Some(&owner)), "unknown: strictest");
+        for f in Filtering::ALL {
+            assert_eq!(Filtering::from_u8(f as u8), f);
+        }
+    }
+
+    #[test]
+    fn hairpin_entries_translate_both_ways_on_the_lan_side() {
+        // A:5000 -> WAN:7000 (B:6000's mapping); A leaves with its own
+        // mapping's port 5555.
+        let orig = FlowKey::new(A, WAN, 5000, 7000, IPPROTO_UDP);
+        let target = ep(B, 6000, IPPROTO_UDP);
+        let tr = translated_key(&orig, WAN, 5555, Some(&target));
+        assert_eq!(tr, FlowKey::new(WAN, B, 5555, 6000, IPPROTO_UDP));
+        let (oe, rk, re) = new_flow(&orig, &tr, FLAG_MAPPED | FLAG_HAIRPIN, 1);
+        // B answers to A's mapping; the reply reaches A from B's mapping.
+        assert_eq!(rk, FlowKey::new(B, WAN, 6000, 5555, IPPROTO_UDP));
+        assert_eq!((re.new_src_addr, re.new_src_port), (WAN, 7000));
+        assert_eq!((re.new_dst_addr, re.new_dst_port), (A, 5000));
+        assert_eq!((oe.new_src_addr, oe.new_src_port), (WAN, 5555));
+        assert_eq!((oe.new_dst_addr, oe.new_dst_port), (B, 6000));
+        assert!(oe.lan_side() && re.lan_side(), "both packets come from the LAN");
+        // Without the hairpin flag only the opening side is the LAN's.
+        let (oe, _, re) = new_flow(&orig, &tr, FLAG_MAPPED, 1);
+        assert!(oe.lan_side() && !re.lan_side());
+        let (oe, _, re) = new_flow(&orig, &tr, FLAG_PORT_FORWARD | FLAG_MAPPED, 1);
+        assert!(!oe.lan_side() && re.lan_side());
+    }
+
+    #[test]
+    fn masquerade_translation_keeps_the_destination() {
+        let orig = FlowKey::new(A, SRV, 5000, 53, IPPROTO_UDP);
+        assert_eq!(
+            translated_key(&orig, WAN, 5555, None),
+            FlowKey::new(WAN, SRV, 5555, 53, IPPROTO_UDP)
+        );
+        assert_eq!(Endpoint::source_of(&orig), ep(A, 5000, IPPROTO_UDP));
+    }
+}
