@@ -504,3 +504,119 @@ fn p2p_udp_fails_with_address_port_dependent_filtering() {
         "the passive router refused only {refused} datagrams"
     );
 }
+
+/// What [`tcp_syn_to_a_mapping`] observed.
+#[derive(Debug)]
+struct InboundSyn {
+    /// Where the server saw the LAN host's outbound connection come from.
+    outbound_seen_as: SocketAddr,
+    /// The remote peer the LAN host's listener accepted, if any.
+    accepted: Option<SocketAddr>,
+    /// How the remote's connect to the mapping ended.
+    connect: Result<(), std::io::ErrorKind>,
+}
+
+/// `SO_REUSEPORT` on (socket2 has it only with its "all" feature).
+fn set_reuse_port(s: &socket2::Socket) {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket fd and a c_int option value of the given size.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&raw const on).cast(),
+            libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("small"),
+        )
+    };
+    assert_eq!(rc, 0, "SO_REUSEPORT: {}", std::io::Error::last_os_error());
+}
+
+/// RFC 5382 section 4.3: a LAN host connects out from port `LOCAL_PORT`
+/// (creating the mapping) while listening on the same port (`SO_REUSEPORT`,
+/// as TCP hole punching does); then the server connects *from another
+/// port* to the mapping. Only a filter that lets new remotes in
+/// (endpoint-independent; address-dependent too, the address being the
+/// same) opens that connection.
+fn tcp_syn_to_a_mapping(filtering: Option<Filtering>) -> InboundSyn {
+    use socket2::{Domain, Socket, Type};
+    const LOCAL_PORT: u16 = 45000;
+    let t = Topology::new();
+    attach_and_print(&t, &filtering_args(filtering));
+    let reusable = || {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+        s.set_reuse_address(true).expect("SO_REUSEADDR");
+        set_reuse_port(&s);
+        s.bind(&socket_addr(Ipv4Addr::UNSPECIFIED, LOCAL_PORT).into())
+            .expect("bind the shared port");
+        s
+    };
+    let (listener, outbound) = t.in_ns(Ns::Client, || {
+        let l = reusable();
+        l.listen(4).expect("listen");
+        l.set_nonblocking(true).expect("nonblocking");
+        (l, reusable())
+    });
+    let server = t.in_ns(Ns::Server, || {
+        std::net::TcpListener::bind(socket_addr(SERVER_ADDR, 5410)).expect("server bind")
+    });
+    outbound
+        .connect_timeout(&server.local_addr().expect("bound").into(), TIMEOUT)
+        .expect("outbound connection");
+    // The connection is established, so it waits in the accept queue. Both
+    // ends stay open until the test ends: the mapping lives under an
+    // established flow, as in TCP hole punching.
+    let (_server_side, outbound_seen_as) = server.accept().expect("server accept");
+    let mapping = socket_addr(ROUTER_WAN_ADDR, LOCAL_PORT);
+    let connect = t.in_ns(Ns::Server, || {
+        std::net::TcpStream::connect_timeout(&mapping, Duration::from_secs(2))
+            .map(drop)
+            .map_err(|e| e.kind())
+    });
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let accepted = loop {
+        match listener.accept() {
+            Ok((_, peer)) => break peer.as_socket(),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Err(_) => break None,
+        }
+    };
+    drop(outbound);
+    let r = InboundSyn {
+        outbound_seen_as,
+        accepted,
+        connect,
+    };
+    println!("{r:?}");
+    r
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn tcp_syn_to_a_mapping_opens_with_endpoint_independent_filtering() {
+    let r = tcp_syn_to_a_mapping(Some(Filtering::EndpointIndependent));
+    assert_eq!(
+        r.outbound_seen_as,
+        socket_addr(ROUTER_WAN_ADDR, 45000),
+        "mapping"
+    );
+    assert_eq!(r.connect, Ok(()), "{r:?}");
+    let peer = r
+        .accepted
+        .expect("the LAN host's listener accepted nothing");
+    assert_eq!(peer.ip(), IpAddr::V4(SERVER_ADDR), "{r:?}");
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn tcp_syn_to_a_mapping_is_refused_with_address_port_dependent_filtering() {
+    let r = tcp_syn_to_a_mapping(None);
+    assert_eq!(
+        r.outbound_seen_as,
+        socket_addr(ROUTER_WAN_ADDR, 45000),
+        "mapping"
+    );
+    assert!(r.connect.is_err(), "{r:?}");
+    assert_eq!(r.accepted, None, "{r:?}");
+}
