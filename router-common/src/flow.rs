@@ -12,8 +12,13 @@ use crate::maps::{
 /// their cache lines. Expiry is accurate to this interval.
 pub const REFRESH_NS: u64 = 1_000_000_000;
 
-/// SNAT ports tried for one new flow before giving up to the kernel.
-pub const MAX_PORT_PROBES: u32 = 16;
+/// SNAT ports tried for one new flow's NAT mapping before giving up to
+/// the kernel's slow path. Eight: the verifier walks every probe of the
+/// loop once per path that reaches it, and each probe (a mapping claim)
+/// costs about 57k verified instructions; with 16 the program went past
+/// the verifier's one million. At a range half full of live mappings,
+/// eight probes all collide with probability 1/256.
+pub const MAX_PORT_PROBES: u32 = 8;
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;

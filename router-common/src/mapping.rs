@@ -32,6 +32,15 @@ use crate::{
 pub const UDP_MAPPING_SECS: u32 = 300;
 
 impl Endpoint {
+    /// The endpoint as one integer, for comparisons: the derived `==` of
+    /// its byte array becomes a `bcmp` loop in BPF, which the verifier
+    /// walks byte by byte.
+    #[must_use]
+    #[inline]
+    pub const fn bits(&self) -> u64 {
+        u32::from_ne_bytes(self.addr) as u64 | (self.port as u64) << 32 | (self.proto as u64) << 48
+    }
+
     /// The internal endpoint of a flow key seen from the LAN: its source.
     #[must_use]
     #[inline]
@@ -84,7 +93,7 @@ pub const fn live(m: &Mapping, now_ns: u64) -> bool {
 #[must_use]
 #[inline]
 pub fn held_by(m: &Mapping, ep: &Endpoint, now_ns: u64) -> bool {
-    live(m, now_ns) && m.internal == *ep
+    live(m, now_ns) && m.internal.bits() == ep.bits()
 }
 
 /// Whether a new inbound flow from a remote to a live mapping owned by
@@ -98,7 +107,7 @@ pub fn held_by(m: &Mapping, ep: &Endpoint, now_ns: u64) -> bool {
 pub fn filter_admits(filtering: u8, owner: &Endpoint, permit: Option<&Endpoint>) -> bool {
     match Filtering::from_u8(filtering) {
         Filtering::EndpointIndependent => true,
-        Filtering::AddressDependent => matches!(permit, Some(p) if p == owner),
+        Filtering::AddressDependent => matches!(permit, Some(p) if p.bits() == owner.bits()),
         Filtering::AddressPortDependent => false,
     }
 }
@@ -165,7 +174,10 @@ mod tests {
             mapping_secs(IPPROTO_TCP, FlowState::TcpClosed as u8, &t),
             t.tcp_closed
         );
-        assert_eq!(mapping_secs(IPPROTO_ICMP, FlowState::Icmp as u8, &t), t.icmp);
+        assert_eq!(
+            mapping_secs(IPPROTO_ICMP, FlowState::Icmp as u8, &t),
+            t.icmp
+        );
     }
 
     #[test]
@@ -202,7 +214,10 @@ mod tests {
         );
         assert!(!filter_admits(apd, &owner, Some(&owner)));
         assert!(!filter_admits(apd, &owner, None));
-        assert!(!filter_admits(99, &owner, Some(&owner)), "unknown: strictest");
+        assert!(
+            !filter_admits(99, &owner, Some(&owner)),
+            "unknown: strictest"
+        );
         for f in Filtering::ALL {
             assert_eq!(Filtering::from_u8(f as u8), f);
         }
@@ -223,7 +238,10 @@ mod tests {
         assert_eq!((re.new_dst_addr, re.new_dst_port), (A, 5000));
         assert_eq!((oe.new_src_addr, oe.new_src_port), (WAN, 5555));
         assert_eq!((oe.new_dst_addr, oe.new_dst_port), (B, 6000));
-        assert!(oe.lan_side() && re.lan_side(), "both packets come from the LAN");
+        assert!(
+            oe.lan_side() && re.lan_side(),
+            "both packets come from the LAN"
+        );
         // Without the hairpin flag only the opening side is the LAN's.
         let (oe, _, re) = new_flow(&orig, &tr, FLAG_MAPPED, 1);
         assert!(oe.lan_side() && !re.lan_side());

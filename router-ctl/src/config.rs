@@ -278,10 +278,7 @@ impl std::error::Error for ConfigError {}
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     if a.admit == AdmitMode::Kernel && a.filtering != FilteringMode::default() {
-        return Err(ConfigError::new(
-            ConfigField::Filtering,
-            OFFLOAD_FILTERING,
-        ));
+        return Err(ConfigError::new(ConfigField::Filtering, OFFLOAD_FILTERING));
     }
     let kernel_nat_ports =
         (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
@@ -415,7 +412,10 @@ mod tests {
         a.filtering = FilteringMode::EndpointIndependent;
         let e = resolve(&a).unwrap_err();
         assert_eq!(e.field, ConfigField::Filtering, "{e}");
-        assert!(e.to_string().contains("kernel's NAT decides filtering"), "{e}");
+        assert!(
+            e.to_string().contains("kernel's NAT decides filtering"),
+            "{e}"
+        );
         assert!(e.to_string().contains("--admit xdp"), "{e}");
         a.filtering = FilteringMode::AddressPortDependent;
         // Past the filtering check: refused for `lo` twice instead.

@@ -14,8 +14,8 @@ use aya::{
 };
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, CounterValue, DEVICES_MAP,
-    FlowEntry, FlowEntry6, FlowKey, FlowKey6, PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6,
-    PortForwardKey, PortForwardTarget,
+    FlowEntry, FlowEntry6, FlowKey, FlowKey6, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP, NAT_PERMITS_MAP,
+    PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6, PortForwardKey, PortForwardTarget,
 };
 
 use crate::pins::LINK_PINS;
@@ -45,7 +45,9 @@ pub struct PinnedMaps {
 impl PinnedMaps {
     /// Every map `attach` pins, in pin order (the loader's pin paths, the
     /// layout check of a replace, `status`, `detach`).
-    pub const NAMES: [&'static str; 7] = [
+    /// The NAT mapping maps are pinned too, so that a replace (a new
+    /// filtering setting, an upgrade) keeps the mappings of live flows.
+    pub const NAMES: [&'static str; 10] = [
         COUNTERS_MAP,
         DEVICES_MAP,
         CONFIG_MAP,
@@ -53,6 +55,9 @@ impl PinnedMaps {
         PORT_FORWARDS_MAP,
         CONNTRACK6_MAP,
         PINHOLES6_MAP,
+        NAT_MAPPINGS_MAP,
+        NAT_ENDPOINTS_MAP,
+        NAT_PERMITS_MAP,
     ];
 
     #[must_use]

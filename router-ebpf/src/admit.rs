@@ -1,6 +1,7 @@
-//! Admission of new flows (standalone mode: XDP masquerades LAN flows and
-//! opens port-forwarded WAN flows itself) and the commit of a new flow's
-//! two conntrack entries.
+//! Admission of new flows (standalone mode: XDP masquerades LAN flows,
+//! opens port-forwarded WAN flows and those a NAT mapping's filtering lets
+//! in, and hairpins LAN flows to the WAN address back into the LAN) and
+//! the commit of a new flow's two conntrack entries.
 //
 // Kept apart from the hit path because who admits can change: with the
 // kernel admitting (offload mode), `admit` passes every miss to the kernel
@@ -8,12 +9,14 @@
 
 use router_common::{
     flow::{
-        MAX_PORT_PROBES, Segment, candidate_port, fill_new_flow, flow_hash, masquerade_key,
+        MAX_PORT_PROBES, Segment, candidate_port, fill_new_flow, flow_hash, initial_state,
         open_tracking, tcp_opens_flow,
     },
     hdr::{frame, get_addr, ipv4},
+    mapping::{mapping_expiry, translated_key},
     maps::{
-        Admit, Config, Counter, FLAG_PORT_FORWARD, FlowEntry, FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
+        Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry,
+        FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
     },
 };
 
@@ -28,24 +31,99 @@ use crate::{
     Step, Verdict,
     flow::Xlat,
     hop::forward_egress,
+    mapping::{self, MapClaim},
     maps::{CONNTRACK, EEXIST, event, insert_counted, port_forward, remove_counted, stale},
     parse::{self, Ingress, Packet, header},
 };
 
-/// What opens a flow when the lookup misses.
+/// What opens a flow when the lookup misses. How exactly (a hairpin, a
+/// mapping's inbound flow) is noted in `Scratch::kind` instead: a value in
+/// map memory, which the verifier does not track, so the phases after
+/// admission are walked once per variant here, not once per kind.
 #[derive(Clone, Copy)]
 pub enum NewFlow {
-    /// LAN -> WAN: masquerade (port chosen after the route check).
+    /// From the LAN: masqueraded to the WAN or hairpinned back into the
+    /// LAN (port chosen after the route check).
     Masquerade,
-    /// WAN -> LAN through a port-forward rule.
+    /// From the WAN: through a port-forward rule or a NAT mapping that the
+    /// filtering lets it in.
     PortForward,
 }
 
-/// Decides whether a packet of no known flow opens one, and sets the
-/// translation known so far (the port of a masqueraded flow is chosen in
-/// [`commit`], once the route is known). Else the kernel's.
+/// `Scratch::kind`: a plain masquerade or port-forward flow.
+const KIND_PLAIN: u8 = 0;
+/// `Scratch::kind`: a LAN flow to the WAN address hairpinned into the LAN.
+const KIND_HAIRPIN: u8 = 1;
+/// `Scratch::kind`: a WAN flow let in by a NAT mapping's filtering.
+const KIND_INBOUND_MAPPING: u8 = 2;
+
+/// Notes how the new flow is opened (`Scratch::kind`).
 #[inline(always)]
-pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat) -> Step<NewFlow> {
+fn note_kind(kind: u8) -> Step<()> {
+    if write_kind(kind) {
+        Ok(())
+    } else {
+        Err(Verdict::pass(Counter::PassPortsExhausted))
+    }
+}
+
+// BPF subprograms of their own (the miss path only), as is every access
+// to `SCRATCH`: its lookup key would take a slot of the entry point's
+// frame, whose call chains are at the verifier's 512-byte stack limit.
+#[inline(never)]
+fn write_kind(kind: u8) -> bool {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, used by this program run only.
+    unsafe { (*s).kind = kind };
+    true
+}
+
+/// Whether a LAN flow noted in `Scratch::kind` leaves where its kind
+/// says (the WAN, or the LAN for a hairpin); if so, records its
+/// destination after translation in `Scratch::target`.
+#[inline(never)]
+fn leaves_right(cfg: &Config, xlat: &Xlat, proto: u8, egress: u32) -> bool {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &mut *s };
+    let out = if s.kind == KIND_HAIRPIN {
+        cfg.lan_ifindex
+    } else {
+        cfg.wan_ifindex
+    };
+    if egress != out {
+        return false;
+    }
+    s.target = Endpoint {
+        addr: xlat.dst,
+        port: xlat.dport,
+        proto,
+        pad: 0,
+    };
+    true
+}
+
+/// The packet's source endpoint as [`Endpoint::bits`].
+#[inline(always)]
+fn sender_bits(pkt: &Packet) -> u64 {
+    Endpoint {
+        addr: pkt.src,
+        port: pkt.sport,
+        proto: pkt.proto,
+        pad: 0,
+    }
+    .bits()
+}
+
+/// Decides whether a packet of no known flow opens one, and sets the
+/// translation known so far (the port of a masqueraded or hairpinned flow
+/// is chosen in [`commit`], once the route is known). Else the kernel's.
+#[inline(always)]
+pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step<NewFlow> {
     if side.cfg.admit == Admit::Kernel as u8 {
         // Offload mode: netfilter decides about new flows (firewall, NAT,
         // helpers); the daemon offloads them once established.
@@ -61,21 +139,48 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat) -> Step<NewFlow> 
         };
         return Err(Verdict::pass(c));
     }
+    let to_wan_addr = pkt.dst == side.cfg.wan_addr && pkt.proto != IPPROTO_ICMP;
     if side.from_lan {
         xlat.src = side.cfg.wan_addr;
+        let mut kind = KIND_PLAIN;
+        if to_wan_addr {
+            // Hairpinning (RFC 4787 REQ-9, RFC 5382 REQ-8): to a port
+            // forward, or to a mapping as its filtering allows (the remote
+            // being the WAN address). Else it is for the router itself:
+            // the FIB says local and it is passed.
+            if let Some(target) = port_forward(pkt.proto, pkt.dport) {
+                xlat.dst = target.addr;
+                xlat.dport = target.port;
+                kind = KIND_HAIRPIN;
+            } else if mapping::inbound(
+                side.cfg,
+                sender_bits(pkt),
+                u32::from(pkt.dport) | mapping::HAIRPIN,
+                now,
+                xlat,
+            ) {
+                kind = KIND_HAIRPIN;
+            }
+        }
+        note_kind(kind)?;
         return Ok(NewFlow::Masquerade);
     }
-    if pkt.dst != side.cfg.wan_addr || pkt.proto == IPPROTO_ICMP {
+    if !to_wan_addr {
         return Err(Verdict::pass(Counter::PassUnsolicited));
     }
-    let Some(target) = port_forward(pkt.proto, pkt.dport) else {
-        // Unsolicited: the router's own stack answers (RST, port
-        // unreachable) or a local service takes it.
-        return Err(Verdict::pass(Counter::PassUnsolicited));
-    };
-    xlat.dst = target.addr;
-    xlat.dport = target.port;
-    Ok(NewFlow::PortForward)
+    if let Some(target) = port_forward(pkt.proto, pkt.dport) {
+        xlat.dst = target.addr;
+        xlat.dport = target.port;
+        note_kind(KIND_PLAIN)?;
+        return Ok(NewFlow::PortForward);
+    }
+    if mapping::inbound(side.cfg, sender_bits(pkt), u32::from(pkt.dport), now, xlat) {
+        note_kind(KIND_INBOUND_MAPPING)?;
+        return Ok(NewFlow::PortForward);
+    }
+    // Unsolicited: the router's own stack answers (RST, port
+    // unreachable) or a local service takes it.
+    Err(Verdict::pass(Counter::PassUnsolicited))
 }
 
 /// Standalone mode's forward policy from the WAN, applied to the verdict
@@ -139,18 +244,27 @@ pub fn commit(
 ) -> Step<()> {
     match new {
         NewFlow::Masquerade => {
-            if egress != cfg.wan_ifindex {
+            if !leaves_right(cfg, xlat, key.proto, egress) {
                 // LAN -> LAN or another interface: plain routing, not NAT.
                 return Err(Verdict::pass(Counter::PassNoFlow));
             }
-            let Some(port) = claim_port(cfg, key, open, now) else {
+            // Few values live across these calls: a spill would grow the
+            // entry point's frame, whose call chains are at the verifier's
+            // 512-byte limit.
+            let claimed = claim_mapping(cfg, key, now);
+            if claimed & MAPPING_CLAIMED == 0 {
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
-            };
+            }
+            let claimed = claim_port(cfg, key, open, claimed, now);
+            if claimed == 0 {
+                return Err(Verdict::pass(Counter::PassPortsExhausted));
+            }
+            #[expect(clippy::cast_possible_truncation, reason = "the port's 16 bits")]
+            let port = claimed as u16;
             xlat.sport = port;
             if key.proto == IPPROTO_ICMP {
                 xlat.dport = port;
             }
-            event(Counter::FlowNewMasquerade);
         }
         NewFlow::PortForward => {
             let translated = FlowKey::new(xlat.src, xlat.dst, xlat.sport, xlat.dport, key.proto);
@@ -158,22 +272,35 @@ pub fn commit(
                 // The map refused (out of memory): leave it to the kernel.
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
-            event(Counter::FlowNewPortForward);
         }
     }
     Ok(())
 }
 
-/// Chooses and claims the SNAT port of a new LAN flow. Probes a bounded
-/// number of candidates (see [`try_port`]); a port reserved by a
-/// port-forward rule is skipped.
-// A BPF subprogram of its own, like `track`.
+/// Chooses and claims the NAT mapping of a new LAN flow's endpoint: the
+/// live one it has (endpoint-independent mapping), else a new one: probes
+/// a bounded number of candidate ports (port preservation first, see
+/// `candidate_port`); a port with a live mapping of another endpoint is a
+/// collision, one reserved by a port-forward rule is skipped. Returns the
+/// port with [`MAPPING_CLAIMED`] (and [`MAPPING_FRESH`] for a new
+/// mapping), or 0.
+// A BPF subprogram of its own, called from the entry point, apart from
+// `claim_port`: the chain entry -> claim_port -> try_port is at the
+// verifier's 512-byte combined stack.
 #[inline(never)]
-fn claim_port(cfg: &Config, key: &FlowKey, open: &Segment, now: u64) -> Option<u16> {
-    let s = SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU slot, used by this program run only.
-    let s = unsafe { &mut *s };
-    (s.orig.tcp, s.reply.tcp) = open_tracking(key.proto, open);
+fn claim_mapping(cfg: &Config, key: &FlowKey, now: u64) -> u32 {
+    let ep = &Endpoint::source_of(key);
+    let expires = mapping_expiry(
+        key.proto,
+        initial_state(key.proto) as u8,
+        now,
+        &cfg.timeouts,
+    );
+    if let Some(port) = mapping::current_port(ep, now) {
+        // Extends it if this flow needs it longer.
+        let _ = mapping::claim(ep, port, expires, now);
+        return MAPPING_CLAIMED | u32::from(port);
+    }
     let hash = flow_hash(key, cfg.hash_seed);
     for attempt in 0..MAX_PORT_PROBES {
         let port = candidate_port(attempt, key.src_port, hash, cfg.port_min, cfg.port_max);
@@ -182,13 +309,59 @@ fn claim_port(cfg: &Config, key: &FlowKey, open: &Segment, now: u64) -> Option<u
             // collision with another flow: not counted).
             continue;
         }
-        match try_port(cfg, key, port, now) {
-            Claim::Done => return Some(port),
-            Claim::Taken => event(Counter::PortCollision),
-            Claim::Failed => return None,
+        match mapping::claim(ep, port, expires, now) {
+            MapClaim::New => return MAPPING_CLAIMED | MAPPING_FRESH | u32::from(port),
+            MapClaim::Held => return MAPPING_CLAIMED | u32::from(port),
+            MapClaim::Taken => event(Counter::PortCollision),
+            MapClaim::Failed => return 0,
         }
     }
-    None
+    0
+}
+
+/// [`claim_mapping`] found a port (in the low 16 bits).
+const MAPPING_CLAIMED: u32 = 1 << 16;
+/// ... and the mapping is new (released again if the flow fails).
+const MAPPING_FRESH: u32 = 1 << 17;
+
+/// Claims the conntrack entries of a new LAN flow leaving with the port of
+/// the mapping `claimed` ([`claim_mapping`]'s result) with [`try_port`],
+/// records the mapping and counts the new flow; returns `claimed` if that
+/// worked, else 0 (a `u32`, not an `Option`: that would be returned
+/// through a pointer, a sixth argument, which BPF calls cannot pass). The caller has set `Scratch::target` and `Scratch::kind`.
+// A BPF subprogram of its own, like `track`.
+#[inline(never)]
+fn claim_port(cfg: &Config, key: &FlowKey, open: &Segment, claimed: u32, now: u64) -> u32 {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &mut *s };
+    (s.orig.tcp, s.reply.tcp) = open_tracking(key.proto, open);
+    #[expect(clippy::cast_possible_truncation, reason = "the port's 16 bits")]
+    let port = claimed as u16;
+    let ep = &Endpoint::source_of(key);
+    match try_port(cfg, key, port, now) {
+        Claim::Done => {
+            mapping::bind(ep, port, cfg.filtering, key.dst_addr);
+            event(if s.kind == KIND_HAIRPIN {
+                Counter::FlowNewHairpin
+            } else {
+                Counter::FlowNewMasquerade
+            });
+            claimed
+        }
+        // The mapping's port is right but that exact tuple is another
+        // flow's (a previous owner's flow still alive): rare; the kernel's
+        // slow path takes this flow rather than the mapping changing.
+        Claim::Taken | Claim::Failed => {
+            event(Counter::PortCollision);
+            if claimed & MAPPING_FRESH != 0 {
+                mapping::release(ep, port);
+            }
+            0
+        }
+    }
 }
 
 #[repr(u32)]
@@ -206,6 +379,11 @@ struct Scratch {
     orig: FlowEntry,
     reply: FlowEntry,
     reply_key: FlowKey,
+    /// The flow's destination after translation: its own (masquerade) or
+    /// the LAN endpoint it is hairpinned to.
+    target: Endpoint,
+    /// How the flow is opened: `KIND_*` (see [`NewFlow`]).
+    kind: u8,
 }
 
 #[map(name = "SCRATCH")]
@@ -222,11 +400,18 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
     };
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };
-    let translated = masquerade_key(key, cfg.wan_addr, port);
+    let (translated, flags) = if s.kind == KIND_HAIRPIN {
+        (
+            translated_key(key, cfg.wan_addr, port, Some(&s.target)),
+            FLAG_MAPPED | FLAG_HAIRPIN,
+        )
+    } else {
+        (translated_key(key, cfg.wan_addr, port, None), FLAG_MAPPED)
+    };
     fill_new_flow(
         key,
         &translated,
-        0,
+        flags,
         now,
         &mut s.orig,
         &mut s.reply_key,
@@ -252,7 +437,8 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
     }
 }
 
-/// Inserts both entries of a flow opened by a port-forward rule.
+/// Inserts both entries of a flow opened from the WAN (a port-forward
+/// rule's, or a mapping's: `Scratch::kind`) and counts it.
 #[inline(never)]
 fn insert_port_forward(key: &FlowKey, translated: &FlowKey, open: &Segment, now: u64) -> bool {
     let Some(s) = SCRATCH.get_ptr_mut(0) else {
@@ -260,15 +446,27 @@ fn insert_port_forward(key: &FlowKey, translated: &FlowKey, open: &Segment, now:
     };
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };
+    let (flags, counter) = if s.kind == KIND_INBOUND_MAPPING {
+        (
+            FLAG_PORT_FORWARD | FLAG_MAPPED,
+            Counter::FlowNewInboundMapping,
+        )
+    } else {
+        (FLAG_PORT_FORWARD, Counter::FlowNewPortForward)
+    };
     (s.orig.tcp, s.reply.tcp) = open_tracking(key.proto, open);
     fill_new_flow(
         key,
         translated,
-        FLAG_PORT_FORWARD,
+        flags,
         now,
         &mut s.orig,
         &mut s.reply_key,
         &mut s.reply,
     );
-    insert_counted(&s.reply_key, &s.reply).is_ok() && insert_counted(key, &s.orig).is_ok()
+    let ok = insert_counted(&s.reply_key, &s.reply).is_ok() && insert_counted(key, &s.orig).is_ok();
+    if ok {
+        event(counter);
+    }
+    ok
 }

@@ -32,6 +32,7 @@ mod admit;
 mod flow;
 mod hop;
 mod icmp_error;
+mod mapping;
 mod maps;
 mod parse;
 mod v6;
@@ -41,7 +42,7 @@ use aya_ebpf::{
 };
 use router_common::{
     hdr::{eth, frame, get_u16, ipv4},
-    maps::{Counter, FLAG_OFFLOADED, FlowKey},
+    maps::{Counter, FLAG_MAPPED, FLAG_OFFLOADED, FlowKey},
 };
 
 use crate::{
@@ -138,11 +139,21 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
         flow::track(&key, entry, &pkt.seg, now);
+        if entry.flags & FLAG_MAPPED != 0 && entry.last_seen_ns == now {
+            // `track` just refreshed the flow (or a packet in the same
+            // tick of the coarse clock did): the flow's NAT mapping lives
+            // as long as the flow does. Called here, not in `track`: the
+            // chain entry -> track -> its callees is at the verifier's
+            // 512-byte stack already; and tested after `track` so that no
+            // value stays live across that call (a spill would grow this
+            // frame).
+            mapping::refresh(&key, entry, now);
+        }
         flow::within_lease(entry, now)?;
         offloaded = entry.flags & FLAG_OFFLOADED != 0;
         None
     } else {
-        Some(admit::admit(&pkt, side, &mut xlat)?)
+        Some(admit::admit(&pkt, side, &mut xlat, now)?)
     };
     let hop = flow::next_hop(ctx, ip, &xlat, hit, cached)?;
     if offloaded && matches!(hop, Hop::NoNeighbour { .. }) {

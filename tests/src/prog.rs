@@ -14,7 +14,8 @@ use aya::{
 };
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP, FlowEntry,
-    FlowKey, PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey, PortForwardTarget, Timeouts,
+    FlowKey, Mapping, MappingKey, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME,
+    PortForwardKey, PortForwardTarget, Timeouts,
 };
 
 use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
@@ -66,6 +67,8 @@ pub struct LoadedRouter {
     pub counters: PerCpuArray<MapData, CounterValue>,
     pub conntrack: HashMap<MapData, FlowKey, FlowEntry>,
     pub forwards: HashMap<MapData, PortForwardKey, PortForwardTarget>,
+    /// Standalone mode's NAT mappings (external port -> internal endpoint).
+    pub mappings: HashMap<MapData, MappingKey, Mapping>,
     pub config: Array<MapData, Config>,
     pub devices: DevMapHash<MapData>,
     pub lan: u32,
@@ -108,6 +111,7 @@ impl LoadedRouter {
         let counters = PerCpuArray::try_from(take(COUNTERS_MAP)).unwrap();
         let forwards = HashMap::try_from(take(PORT_FORWARDS_MAP)).unwrap();
         let config = Array::try_from(take(CONFIG_MAP)).unwrap();
+        let mappings = HashMap::try_from(take(NAT_MAPPINGS_MAP)).unwrap();
         let mut devices = DevMapHash::try_from(take(DEVICES_MAP)).unwrap();
         devices.insert(lan, lan, None, 0).unwrap();
         devices.insert(wan, wan, None, 0).unwrap();
@@ -118,6 +122,7 @@ impl LoadedRouter {
             counters,
             conntrack,
             forwards,
+            mappings,
             config,
             devices,
             lan,
@@ -176,6 +181,30 @@ impl LoadedRouter {
             port,
         };
         self.forwards.get(&k, 0).ok()
+    }
+
+    /// The NAT mapping of external `port` of `proto`, if any.
+    #[must_use]
+    pub fn mapping(&self, proto: u8, port: u16) -> Option<Mapping> {
+        let k = MappingKey {
+            proto,
+            pad: 0,
+            port,
+        };
+        self.mappings.get(&k, 0).ok()
+    }
+
+    /// Writes the NAT mapping of external `port` of `proto`.
+    ///
+    /// # Panics
+    /// If the map update fails.
+    pub fn put_mapping(&mut self, proto: u8, port: u16, m: Mapping) {
+        let k = MappingKey {
+            proto,
+            pad: 0,
+            port,
+        };
+        self.mappings.insert(k, m, 0).unwrap();
     }
 
     /// Adds a port-forward rule.

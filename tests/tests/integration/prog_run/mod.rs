@@ -24,6 +24,7 @@
 mod expiry;
 mod fib;
 mod icmp;
+mod nat_behaviour;
 mod pass_drop;
 mod port_forward;
 mod ports;
@@ -38,7 +39,7 @@ use std::fmt::Write as _;
 use router_common::{
     flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, flow_hash},
     maps::{
-        Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL,
+        Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_MAPPED, FLAG_ORIGINAL,
         FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
         TcpWindow, Timeouts,
     },
@@ -388,7 +389,8 @@ struct Flow {
     orig: FlowKey,
     /// The opening direction after translation.
     tr: FlowKey,
-    /// `FLAG_PORT_FORWARD` or 0.
+    /// `FLAG_PORT_FORWARD`, `FLAG_MAPPED` (a flow holding a NAT
+    /// mapping), `FLAG_HAIRPIN`.
     extra: u8,
 }
 
@@ -403,7 +405,7 @@ impl Flow {
         Self {
             orig,
             tr: FlowKey::new(WAN, orig.dst_addr, port, dport, orig.proto),
-            extra: 0,
+            extra: FLAG_MAPPED,
         }
     }
 

@@ -85,14 +85,15 @@ fn port_preservation_and_collision_two_lan_hosts() {
             &[Counter::FlowNewMasquerade],
         );
         let ts3 = r.stamp(&f3.orig, &run);
-        // Same source port, other destination port: a different reply key.
-        let f4 = Flow::masq(udp_key(CLIENT2, 40000, SERVER, 54), 40000);
+        // Same source port, other destination port: client 2's mapping
+        // (endpoint-independent mapping), not the port it asked for.
+        let f4 = Flow::masq(udp_key(CLIENT2, 40000, SERVER, 54), p2);
         let q4 = Ipv4::new(CLIENT2, SERVER, Udp::new(40000, 54, b"other dport"));
         let run = r.redirect(
             "client 2 other dport",
             &env.client2_sends(&q4),
             lan,
-            &env.to_server(&snat(&q4, 40000)),
+            &env.to_server(&snat(&q4, p2)),
             Counter::FwdOutbound,
             &[Counter::FlowNewMasquerade],
         );
@@ -125,9 +126,12 @@ fn port_preservation_and_collision_two_lan_hosts() {
     });
 }
 
-/// A one-port range: the first flow gets it, a second flow to the same
-/// server port finds it taken on every probe and is passed untouched;
-/// flows to another server port or another protocol can still use it.
+/// A one-port range: the first flow's endpoint gets its mapping, flows of
+/// other endpoints find it taken on every probe and are passed untouched,
+/// also to another server port (one external port per internal endpoint:
+/// no port overloading, RFC 4787 REQ-3); the first endpoint's flows to
+/// another server port use it (endpoint-independent mapping), and another
+/// protocol has its own port space.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn ports_exhausted_with_one_port_range() {
@@ -178,13 +182,23 @@ fn ports_exhausted_with_one_port_range() {
             f.entries(FlowState::TcpSynSent, 0, ts, ts),
         );
 
-        let g = Flow::masq(tcp_key(CLIENT, 40001, SERVER, 81), 5000);
         let s4 = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 81, TCP_SYN));
-        let run = r.redirect(
-            "other server port",
+        r.check(
+            "other endpoint, other server port: exhausted",
             &env.client_sends(&s4),
             lan,
-            &env.to_server(&snat(&s4, 5000)),
+            XDP_PASS,
+            &env.client_sends(&s4),
+            Counter::PassPortsExhausted,
+            &probes,
+        );
+        let g = Flow::masq(tcp_key(CLIENT, 40000, SERVER, 81), 5000);
+        let s5 = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 81, TCP_SYN));
+        let run = r.redirect(
+            "first endpoint, other server port",
+            &env.client_sends(&s5),
+            lan,
+            &env.to_server(&snat(&s5, 5000)),
             Counter::FwdOutbound,
             &[Counter::FlowNewMasquerade],
         );

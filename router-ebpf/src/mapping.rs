@@ -1,0 +1,216 @@
+//! Standalone mode's NAT mappings (the logic is in
+//! `router_common::mapping`): claiming an external port for an internal
+//! endpoint, finding its live mapping again (endpoint-independent
+//! mapping), the filtering of new inbound flows, and the refresh a flow's
+//! periodic refresh gives its mapping. Only new flows and refreshes come
+//! here, never a packet of an established flow between refreshes.
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    macros::map,
+    maps::{HashMap, LruHashMap},
+};
+use router_common::{
+    mapping::{filter_admits, held_by, live, mapping_expiry},
+    maps::{
+        Config, Counter, Endpoint, FLAG_MAPPED, Filtering, FlowEntry, FlowKey, MAX_NAT_ENDPOINTS,
+        MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey, PermitKey,
+    },
+};
+
+use crate::{
+    flow::Xlat,
+    maps::{CONFIG, EEXIST, event},
+};
+
+/// External port -> internal endpoint; its `BPF_NOEXIST` insert is the
+/// cross-CPU lock on a port (see `router_common::maps::NAT_MAPPINGS_MAP`).
+#[map(name = "NAT_MAPPINGS")]
+static NAT_MAPPINGS: HashMap<MappingKey, Mapping> = HashMap::with_max_entries(MAX_NAT_MAPPINGS, 0);
+
+/// Internal endpoint -> its mapping's key.
+#[map(name = "NAT_ENDPOINTS")]
+static NAT_ENDPOINTS: LruHashMap<Endpoint, MappingKey> =
+    LruHashMap::with_max_entries(MAX_NAT_ENDPOINTS, 0);
+
+/// Address-dependent filtering: (mapping, remote address) -> the endpoint
+/// that sent there.
+#[map(name = "NAT_PERMITS")]
+static NAT_PERMITS: LruHashMap<PermitKey, Endpoint> =
+    LruHashMap::with_max_entries(MAX_NAT_PERMITS, 0);
+
+#[inline(always)]
+const fn mapping_key(proto: u8, port: u16) -> MappingKey {
+    MappingKey {
+        proto,
+        pad: 0,
+        port,
+    }
+}
+
+/// The external port of `ep`'s live mapping, if it has one.
+#[inline(always)]
+pub fn current_port(ep: &Endpoint, now: u64) -> Option<u16> {
+    // SAFETY: copied out at once.
+    let mk = unsafe { NAT_ENDPOINTS.get(ep) }.copied()?;
+    // SAFETY: only read here.
+    let m = unsafe { NAT_MAPPINGS.get(&mk) }?;
+    held_by(m, ep, now).then_some(mk.port)
+}
+
+/// Outcome of [`claim`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum MapClaim {
+    /// The port was free (or its mapping expired): now `ep`'s.
+    New,
+    /// Already `ep`'s mapping (its `NAT_ENDPOINTS` entry was evicted).
+    Held,
+    /// A live mapping of another endpoint.
+    Taken,
+    /// The map refused.
+    Failed,
+}
+
+/// Claims external `port` for `ep` until `expires_ns` at the latest.
+#[inline(always)]
+pub fn claim(ep: &Endpoint, port: u16, expires_ns: u64, now: u64) -> MapClaim {
+    let mk = mapping_key(ep.proto, port);
+    let m = Mapping {
+        internal: *ep,
+        expires_ns,
+    };
+    match NAT_MAPPINGS.insert(&mk, &m, u64::from(BPF_NOEXIST)) {
+        Ok(()) => MapClaim::New,
+        Err(EEXIST) => {
+            let Some(cur) = NAT_MAPPINGS.get_ptr_mut(&mk) else {
+                return MapClaim::Taken;
+            };
+            // SAFETY: map value pointer, valid for this run.
+            let cur = unsafe { &mut *cur };
+            if cur.internal.bits() == ep.bits() {
+                if cur.expires_ns < expires_ns {
+                    cur.expires_ns = expires_ns;
+                }
+                return MapClaim::Held;
+            }
+            if live(cur, now) {
+                return MapClaim::Taken;
+            }
+            // Expired: taken over in place. Two CPUs taking over the same
+            // port at once both write here and the last one keeps it; the
+            // other's flow still works (its conntrack entries were claimed
+            // with `BPF_NOEXIST`), it only lacks the mapping's inbound
+            // filtering and reuse.
+            cur.internal = *ep;
+            cur.expires_ns = expires_ns;
+            event(Counter::MappingReclaimed);
+            MapClaim::New
+        }
+        Err(_) => MapClaim::Failed,
+    }
+}
+
+/// Gives back a port [`claim`] returned `New` for, when the flow could not
+/// use it after all.
+#[inline(always)]
+pub fn release(ep: &Endpoint, port: u16) {
+    if let Some(cur) = NAT_MAPPINGS.get_ptr_mut(&mapping_key(ep.proto, port)) {
+        // SAFETY: map value pointer, valid for this run.
+        let cur = unsafe { &mut *cur };
+        if cur.internal.bits() == ep.bits() {
+            cur.expires_ns = 0;
+        }
+    }
+}
+
+/// Records `port` as `ep`'s mapping, and for address-dependent filtering
+/// the permission for `remote` (the address the new flow goes to).
+#[inline(always)]
+pub fn bind(ep: &Endpoint, port: u16, filtering: u8, remote: [u8; 4]) {
+    let mk = mapping_key(ep.proto, port);
+    let _ = NAT_ENDPOINTS.insert(ep, &mk, u64::from(BPF_ANY));
+    if filtering == Filtering::AddressDependent as u8 {
+        let pk = PermitKey {
+            remote,
+            port,
+            proto: ep.proto,
+            pad: 0,
+        };
+        let _ = NAT_PERMITS.insert(&pk, ep, u64::from(BPF_ANY));
+    }
+}
+
+/// A new flow from the endpoint `sender` (its [`Endpoint::bits`]: a remote
+/// host, or a LAN host for a hairpin, [`HAIRPIN`] set in `to`) to the WAN
+/// address and the port in `to`'s low 16 bits with a live mapping, if the filtering setting lets it
+/// in: sets `xlat`'s destination to the mapping's internal endpoint. The
+/// remote of a hairpinned packet is the WAN address (the sender's own
+/// mapping), and a mapping never hairpins to its own endpoint.
+/// Address-and-port-dependent filtering (the default) lets nothing in and
+/// costs no lookup. Scalars, not the packet: a pointer to it would make
+/// the entry point keep the whole packet tuple on its stack, whose call
+/// chains are at the verifier's 512-byte limit.
+// A BPF subprogram of its own: the miss path only.
+#[inline(never)]
+pub fn inbound(cfg: &Config, sender: u64, to: u32, now: u64, xlat: &mut Xlat) -> bool {
+    let filtering = cfg.filtering;
+    let hairpin = to & HAIRPIN != 0;
+    #[expect(clippy::cast_possible_truncation, reason = "the low 16 bits")]
+    let dport = to as u16;
+    if filtering == Filtering::AddressPortDependent as u8 {
+        return false;
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "fields of Endpoint::bits")]
+    let (src, proto) = ((sender as u32).to_ne_bytes(), (sender >> 48) as u8);
+    // SAFETY: only read here.
+    let Some(m) = (unsafe { NAT_MAPPINGS.get(&mapping_key(proto, dport)) }) else {
+        return false;
+    };
+    if !live(m, now) || (hairpin && m.internal.bits() == sender) {
+        return false;
+    }
+    let permit = if filtering == Filtering::AddressDependent as u8 {
+        let pk = PermitKey {
+            remote: if hairpin { cfg.wan_addr } else { src },
+            port: dport,
+            proto,
+            pad: 0,
+        };
+        // SAFETY: only read here.
+        unsafe { NAT_PERMITS.get(&pk) }
+    } else {
+        None
+    };
+    if !filter_admits(filtering, &m.internal, permit) {
+        return false;
+    }
+    xlat.dst = m.internal.addr;
+    xlat.dport = m.internal.port;
+    true
+}
+
+/// In `inbound`'s `to`: the sender is a LAN host (a hairpin).
+pub const HAIRPIN: u32 = 1 << 16;
+
+/// The periodic refresh of a flow's entry `e`, hit through `key`, gives
+/// the flow's mapping a new expiry: outbound refresh (RFC 4787 REQ-6), so
+/// only for an entry of the LAN side, whose key's source is the internal
+/// endpoint and whose translated source port the mapping's.
+// A BPF subprogram of its own, called from `flow::track` at a refresh only.
+#[inline(never)]
+pub fn refresh(key: &FlowKey, e: &FlowEntry, now: u64) {
+    if e.flags & FLAG_MAPPED == 0 || !e.lan_side() {
+        return;
+    }
+    let Some(cfg) = CONFIG.get(0) else {
+        return;
+    };
+    let Some(m) = NAT_MAPPINGS.get_ptr_mut(&mapping_key(key.proto, e.new_src_port)) else {
+        return;
+    };
+    // SAFETY: map value pointer, valid for this run.
+    let m = unsafe { &mut *m };
+    if m.internal.bits() == Endpoint::source_of(key).bits() {
+        m.expires_ns = mapping_expiry(key.proto, e.state, now, &cfg.timeouts);
+    }
+}

@@ -1,0 +1,389 @@
+//! NAT behaviour of standalone mode (RFC 4787 / 5382): endpoint-independent
+//! mapping (also after a collision), each filtering setting, hairpinning,
+//! mapping expiry.
+
+use router_common::maps::{Endpoint, Filtering, Mapping};
+
+use super::*;
+
+/// A remote host that no flow has talked to.
+const OTHER: [u8; 4] = [198, 51, 100, 7];
+
+fn with_filtering(env: &ResolvedTopology, f: Filtering) -> Config {
+    Config {
+        filtering: f as u8,
+        ..config(env)
+    }
+}
+
+fn endpoint(addr: [u8; 4], port: u16, proto: u8) -> Endpoint {
+    Endpoint {
+        addr,
+        port,
+        proto,
+        pad: 0,
+    }
+}
+
+/// `ip` hairpinned by the router: source `WAN:sport`, destination
+/// `addr:dport`, TTL - 1.
+fn hairpinned(ip: &Ipv4, sport: u16, addr: [u8; 4], dport: u16) -> Ipv4 {
+    let mut o = ip.clone();
+    o.src = WAN;
+    o.dst = addr;
+    o.ttl -= 1;
+    set_ports(&mut o.l4, Some(sport), Some(dport));
+    o
+}
+
+/// One internal endpoint keeps its external port for every destination,
+/// also when its first choice collided (with another host's mapping, and
+/// with a live mapping written into the map beforehand).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn same_endpoint_keeps_its_external_port_for_every_destination() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let q1 = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"client 1"));
+        r.redirect(
+            "client 1 takes 40000",
+            &env.client_sends(&q1),
+            lan,
+            &env.to_server(&snat(&q1, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let k2 = udp_key(CLIENT2, 40000, SERVER, 53);
+        let (p2, collisions) = probe(&k2, PORT_MIN, PORT_MAX, &[40000], &[]).unwrap();
+        let mut events = vec![Counter::FlowNewMasquerade];
+        events.extend(std::iter::repeat_n(Counter::PortCollision, collisions));
+        let q2 = Ipv4::new(CLIENT2, SERVER, Udp::new(40000, 53, b"client 2"));
+        r.redirect(
+            "client 2 collides",
+            &env.client2_sends(&q2),
+            lan,
+            &env.to_server(&snat(&q2, p2)),
+            Counter::FwdOutbound,
+            &events,
+        );
+        for dport in [54, 123, 40000] {
+            let q = Ipv4::new(CLIENT2, SERVER, Udp::new(40000, dport, b"elsewhere"));
+            r.redirect(
+                &format!("client 2 to port {dport}: its mapping {p2}, no probe"),
+                &env.client2_sends(&q),
+                lan,
+                &env.to_server(&snat(&q, p2)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewMasquerade],
+            );
+        }
+        assert_eq!(
+            r.mapping(IPPROTO_UDP, p2).map(|m| m.internal),
+            Some(endpoint(CLIENT2, 40000, IPPROTO_UDP))
+        );
+
+        // A forced collision: a live mapping of another endpoint on the
+        // port client 1's 41000 would keep.
+        let squatter = endpoint(LAN_NOBODY, 41000, IPPROTO_UDP);
+        r.put_mapping(
+            IPPROTO_UDP,
+            41000,
+            Mapping {
+                internal: squatter,
+                expires_ns: now_ns() + 600 * NS_PER_SEC,
+            },
+        );
+        let k3 = udp_key(CLIENT, 41000, SERVER, 53);
+        let (p3, c3) = probe(&k3, PORT_MIN, PORT_MAX, &[41000], &[]).unwrap();
+        assert!(c3 >= 1);
+        let mut events = vec![Counter::FlowNewMasquerade];
+        events.extend(std::iter::repeat_n(Counter::PortCollision, c3));
+        let q3 = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, b"forced"));
+        r.redirect(
+            "client 1's 41000 collides with the written mapping",
+            &env.client_sends(&q3),
+            lan,
+            &env.to_server(&snat(&q3, p3)),
+            Counter::FwdOutbound,
+            &events,
+        );
+        let q4 = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 443, b"again"));
+        r.redirect(
+            "client 1's 41000 elsewhere: the same port",
+            &env.client_sends(&q4),
+            lan,
+            &env.to_server(&snat(&q4, p3)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        assert_eq!(
+            r.mapping(IPPROTO_UDP, 41000).map(|m| m.internal),
+            Some(squatter),
+            "the other endpoint's mapping is untouched"
+        );
+        // TCP has mappings of its own: 40000 is free there.
+        let s = Ipv4::new(CLIENT2, SERVER, Tcp::new(40000, 80, TCP_SYN));
+        r.redirect(
+            "client 2 TCP keeps its port",
+            &env.client2_sends(&s),
+            lan,
+            &env.to_server(&snat(&s, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+    });
+}
+
+/// What each filtering setting lets in to a mapping that sent to
+/// `SERVER:53`: from the same address's other port, from another address.
+fn filtering_admits(f: Filtering, same_address: bool, other_address: bool) {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(with_filtering(&env, f)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"out"));
+        r.redirect(
+            &format!("{f:?}: out"),
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        for (what, src, sport, admitted) in [
+            ("same address, other port", SERVER, 9999, same_address),
+            ("other address", OTHER, 53, other_address),
+        ] {
+            let a = Ipv4::new(src, WAN, Udp::new(sport, 40000, b"in"));
+            let what = format!("{f:?}: {what}");
+            if admitted {
+                r.redirect(
+                    &what,
+                    &env.server_sends(&a),
+                    wan,
+                    &env.to_client(&dnat(&a, CLIENT, 40000)),
+                    Counter::FwdInbound,
+                    &[Counter::FlowNewInboundMapping],
+                );
+                if src != SERVER {
+                    // No route to that address in this topology.
+                    continue;
+                }
+                // The flow it opened carries the client's answer back.
+                let b = Ipv4::new(CLIENT, src, Udp::new(40000, sport, b"answer"));
+                r.redirect(
+                    &format!("{what}: answer"),
+                    &env.client_sends(&b),
+                    lan,
+                    &env.to_server(&snat(&b, 40000)),
+                    Counter::FwdOutbound,
+                    &[],
+                );
+            } else {
+                r.pass(&what, &env.server_sends(&a), wan, Counter::PassUnsolicited);
+            }
+        }
+        // No mapping on that port: nothing in any setting.
+        let n = Ipv4::new(OTHER, WAN, Udp::new(53, 40001, b"no mapping"));
+        r.pass(
+            &format!("{f:?}: no mapping"),
+            &env.server_sends(&n),
+            wan,
+            Counter::PassUnsolicited,
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn endpoint_independent_filtering_admits_any_remote() {
+    filtering_admits(Filtering::EndpointIndependent, true, true);
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn address_dependent_filtering_admits_only_addresses_sent_to() {
+    filtering_admits(Filtering::AddressDependent, true, false);
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn address_port_dependent_filtering_admits_only_replies() {
+    filtering_admits(Filtering::AddressPortDependent, false, false);
+}
+
+/// Endpoint-independent filtering also opens TCP flows with a SYN (RFC
+/// 5382 REQ-3 allows it), never with a mid-stream segment.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn endpoint_independent_filtering_opens_tcp_with_a_syn_only() {
+    let env = ResolvedTopology::new(false);
+    with_router(
+        &env,
+        Some(with_filtering(&env, Filtering::EndpointIndependent)),
+        |r| {
+            let (lan, wan) = (r.lan, r.wan);
+            let s = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN));
+            r.redirect(
+                "out",
+                &env.client_sends(&s),
+                lan,
+                &env.to_server(&snat(&s, 40000)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewMasquerade],
+            );
+            let ack = Ipv4::new(OTHER, WAN, Tcp::new(5555, 40000, TCP_ACK));
+            r.pass(
+                "ACK",
+                &env.server_sends(&ack),
+                wan,
+                Counter::PassUnsolicited,
+            );
+            let syn = Ipv4::new(OTHER, WAN, Tcp::new(5555, 40000, TCP_SYN));
+            r.redirect(
+                "SYN",
+                &env.server_sends(&syn),
+                wan,
+                &env.to_client(&dnat(&syn, CLIENT, 40000)),
+                Counter::FwdInbound,
+                &[Counter::FlowNewInboundMapping],
+            );
+        },
+    );
+}
+
+/// A LAN host reaches another's mapping and a port forward through the
+/// WAN address: both translations (source the sender's own mapping,
+/// destination the LAN endpoint), checksums verified from scratch, both
+/// directions forwarded by XDP. With address-and-port-dependent
+/// filtering a mapping is not reachable this way, a port forward is.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn hairpinning_to_a_mapping_and_a_port_forward() {
+    let env = ResolvedTopology::new(true);
+    with_router(
+        &env,
+        Some(with_filtering(&env, Filtering::EndpointIndependent)),
+        |r| {
+            let lan = r.lan;
+            let q = Ipv4::new(CLIENT2, SERVER, Udp::new(6000, 3478, b"client 2 out"));
+            r.redirect(
+                "client 2's mapping",
+                &env.client2_sends(&q),
+                lan,
+                &env.to_server(&snat(&q, 6000)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewMasquerade],
+            );
+            let h = Ipv4::new(CLIENT, WAN, Udp::new(5000, 6000, b"hairpin"));
+            r.redirect(
+                "client 1 to WAN:6000",
+                &env.client_sends(&h),
+                lan,
+                &env.to_client2(&hairpinned(&h, 5000, CLIENT2, 6000)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewHairpin],
+            );
+            let back = Ipv4::new(CLIENT2, WAN, Udp::new(6000, 5000, b"back"));
+            r.redirect(
+                "client 2 answers to WAN:5000",
+                &env.client2_sends(&back),
+                lan,
+                &env.to_client(&hairpinned(&back, 6000, CLIENT, 5000)),
+                Counter::FwdOutbound,
+                &[],
+            );
+            assert_eq!(
+                r.mapping(IPPROTO_UDP, 5000).map(|m| m.internal),
+                Some(endpoint(CLIENT, 5000, IPPROTO_UDP)),
+                "client 1 hairpinned from its own mapping"
+            );
+            r.forward(IPPROTO_TCP, 8080, CLIENT2, 80);
+            let f = Ipv4::new(CLIENT, WAN, Tcp::new(5001, 8080, TCP_SYN));
+            r.redirect(
+                "client 1 to the port forward WAN:8080",
+                &env.client_sends(&f),
+                lan,
+                &env.to_client2(&hairpinned(&f, 5001, CLIENT2, 80)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewHairpin],
+            );
+            // A plain ACK (not judged against the window, which these
+            // made-up sequence numbers would not fit).
+            let sa = Ipv4::new(CLIENT2, WAN, Tcp::new(80, 5001, TCP_ACK));
+            r.redirect(
+                "ACK back",
+                &env.client2_sends(&sa),
+                lan,
+                &env.to_client(&hairpinned(&sa, 8080, CLIENT, 5001)),
+                Counter::FwdOutbound,
+                &[],
+            );
+        },
+    );
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let q = Ipv4::new(CLIENT2, SERVER, Udp::new(6000, 3478, b"client 2 out"));
+        r.redirect(
+            "client 2's mapping",
+            &env.client2_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 6000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let h = Ipv4::new(CLIENT, WAN, Udp::new(5000, 6000, b"hairpin"));
+        r.pass(
+            "address-and-port-dependent: for the router itself",
+            &env.client_sends(&h),
+            lan,
+            Counter::PassFibNotForwarded,
+        );
+    });
+}
+
+/// A mapping expires with the state of the flow that refreshed it last
+/// (here a TCP SYN unanswered past `tcp-syn-sent`): its port then goes to
+/// the next endpoint that asks for it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn expired_mapping_is_taken_over() {
+    let env = ResolvedTopology::new(true);
+    let cfg = Config {
+        timeouts: Timeouts {
+            tcp_syn_sent: 1,
+            ..Timeouts::default()
+        },
+        ..config(&env)
+    };
+    with_router(&env, Some(cfg), |r| {
+        let lan = r.lan;
+        let s1 = Ipv4::new(CLIENT, SERVER, Tcp::new(40000, 80, TCP_SYN));
+        r.redirect(
+            "client 1",
+            &env.client_sends(&s1),
+            lan,
+            &env.to_server(&snat(&s1, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let m = r.mapping(IPPROTO_TCP, 40000).expect("a mapping");
+        assert_eq!(m.internal, endpoint(CLIENT, 40000, IPPROTO_TCP));
+        let left = m.expires_ns.saturating_sub(now_ns());
+        assert!(left <= NS_PER_SEC, "expires with SYN_SENT's 1 s: {left} ns");
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        let s2 = Ipv4::new(CLIENT2, SERVER, Tcp::new(40000, 81, TCP_SYN));
+        r.redirect(
+            "client 2 takes the expired mapping's port",
+            &env.client2_sends(&s2),
+            lan,
+            &env.to_server(&snat(&s2, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade, Counter::MappingReclaimed],
+        );
+        assert_eq!(
+            r.mapping(IPPROTO_TCP, 40000).map(|m| m.internal),
+            Some(endpoint(CLIENT2, 40000, IPPROTO_TCP))
+        );
+    });
+}
