@@ -7,6 +7,10 @@
 //! - [`frames`]: frame builders, frame offsets and checksum checks;
 //! - [`prog`]: the XDP object loaded for `BPF_PROG_RUN`, XDP action names;
 //! - [`rawbpf`]: small programs assembled from raw instructions;
+//! - [`stun`]: a STUN-style server and client classifying NAT mapping and
+//!   filtering behaviour (RFC 5780's tests), with a rendezvous service;
+//! - [`two_routers`]: two LANs behind two routers on a shared internet
+//!   (peer-to-peer tests);
 //! - [`v6`]: IPv6 addresses in the topology and crafted IPv6 frames;
 //! - [`host`], [`netns`], [`echo`]: host commands, entering a namespace,
 //!   echo servers and clients.
@@ -19,8 +23,10 @@ pub mod host;
 pub mod netns;
 pub mod prog;
 pub mod rawbpf;
+pub mod stun;
 pub mod topology;
 pub mod trafficgen;
+pub mod two_routers;
 pub mod v6;
 
 pub use addr::{

@@ -40,6 +40,10 @@ pub enum Ns {
     CableLan,
     /// The "cable" between router and server ([`crate::bench_topology`]).
     CableWan,
+    /// A second router ([`crate::two_routers`]).
+    Router2,
+    /// The LAN host behind [`Ns::Router2`].
+    Router2Client,
 }
 
 impl Ns {
@@ -52,6 +56,8 @@ impl Ns {
             Ns::Switch => "sw",
             Ns::CableLan => "cl",
             Ns::CableWan => "cw",
+            Ns::Router2 => "rtr2",
+            Ns::Router2Client => "cli3",
         }
     }
 }
@@ -159,7 +165,7 @@ impl Topology {
     }
 
     /// tx checksum offload off and GRO on for an end host's `eth0`.
-    fn host_offloads(&self, ns: Ns) {
+    pub(crate) fn host_offloads(&self, ns: Ns) {
         // A veth with tx checksum offload on leaves TCP/UDP checksums
         // CHECKSUM_PARTIAL. The kernel's forwarding path copes (the skb
         // carries that state), but an XDP program cannot see it: a frame it
@@ -454,12 +460,19 @@ impl Topology {
     /// `-n ROUTER_NS ARGS` and returns its output.
     #[must_use]
     pub fn router_ctl(&self, args: &[&str]) -> Output {
+        self.router_ctl_in(Ns::Router, args)
+    }
+
+    /// [`Topology::router_ctl`] for the router in namespace `router`
+    /// (topologies with two routers).
+    #[must_use]
+    pub fn router_ctl_in(&self, router: Ns, args: &[&str]) -> Output {
         let bin = router_ctl_bin();
         Command::new("timeout")
             .args(["-k", "5", CMD_TIMEOUT])
             .arg(&bin)
             .arg("-n")
-            .arg(self.ns_name(Ns::Router))
+            .arg(self.ns_name(router))
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -552,7 +565,13 @@ impl Topology {
     /// Whether router-ctl has pins for this topology's router namespace.
     #[must_use]
     pub fn router_attached(&self) -> bool {
-        Path::new(PIN_ROOT).join(self.ns_name(Ns::Router)).exists()
+        self.router_attached_in(Ns::Router)
+    }
+
+    /// Whether router-ctl has pins for the router namespace `router`.
+    #[must_use]
+    pub fn router_attached_in(&self, router: Ns) -> bool {
+        Path::new(PIN_ROOT).join(self.ns_name(router)).exists()
     }
 
     fn kill_children(&self) {
@@ -607,8 +626,10 @@ impl Drop for Topology {
     fn drop(&mut self) {
         self.kill_children();
         // Detach first so no pin outlives the namespaces.
-        if self.has(Ns::Router) && self.router_attached() {
-            let _ = self.router_ctl(&["detach"]);
+        for router in [Ns::Router, Ns::Router2] {
+            if self.has(router) && self.router_attached_in(router) {
+                let _ = self.router_ctl_in(router, &["detach"]);
+            }
         }
         for (_, name) in &self.names {
             // Deleting a namespace destroys the veths inside it (and with them

@@ -23,6 +23,7 @@ mod lifecycle;
 mod live_frames;
 mod malformed_corpus;
 mod metrics;
+mod nat_behaviour;
 mod nat_e2e;
 mod offload;
 mod prog_run;
