@@ -99,7 +99,13 @@ pub fn router(ctx: XdpContext) -> u32 {
     let v = match try_router(&ctx) {
         Ok(v) | Err(v) => v,
     };
-    let v = admit::unsolicited(&ctx, v);
+    // Only a passed packet can be unsolicited: forwarded and dropped ones
+    // skip the subprogram call.
+    let v = if v.action == xdp_action::XDP_PASS {
+        admit::unsolicited(&ctx, v)
+    } else {
+        v
+    };
     maps::count(v.counter, len);
     v.action
 }
