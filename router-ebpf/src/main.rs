@@ -143,7 +143,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         flow::kernel_segment(entry, pkt.proto, pkt.seg.flags)?;
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
-        flow::track(&key, entry, &pkt.seg, now);
+        flow::track_hit(&key, entry, &pkt.seg, now);
         flow::within_lease(entry, now)?;
         offloaded = entry.flags & FLAG_OFFLOADED != 0;
         None
