@@ -100,7 +100,13 @@ pub fn router(ctx: XdpContext) -> u32 {
     let v = match try_router(&ctx) {
         Ok(v) | Err(v) => v,
     };
-    let v = admit::unsolicited(&ctx, v);
+    // Only a passed packet can be unsolicited: forwarded and dropped ones
+    // skip the subprogram call.
+    let v = if v.action == xdp_action::XDP_PASS {
+        admit::unsolicited(&ctx, v)
+    } else {
+        v
+    };
     maps::count(v.counter, len);
     v.action
 }
@@ -138,7 +144,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         flow::kernel_segment(entry, pkt.proto, pkt.seg.flags)?;
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
-        flow::track(&key, entry, &pkt.seg, now);
+        flow::track_hit(&key, entry, &pkt.seg, now);
         if entry.flags & FLAG_MAPPED != 0 && entry.last_seen_ns == now {
             // `track` just refreshed the flow (or a packet in the same
             // tick of the coarse clock did): the flow's NAT mapping lives

@@ -14,6 +14,7 @@ use std::{
 pub const INPUTS: &[&str] = &[
     "router-ebpf/src",
     "router-ebpf/Cargo.toml",
+    "router-ebpf/build.rs",
     "router-common/src",
     "router-common/Cargo.toml",
     "Cargo.lock",

@@ -231,12 +231,26 @@ fn hit_cost_goal(micro: &[Case]) -> Goal {
         .map(|c| c.median_ns)
         .reduce(f64::max);
     let floor = case("trivial-pass").map(|c| c.median_ns);
+    // The ping-pong figures (the program alone, without the per-call
+    // harness), shown beside the per-call goal, which stays the measure.
+    let amortised_hit = ["hit-udp-out", "hit-tcp-out"]
+        .iter()
+        .filter_map(|n| case(n).and_then(|c| c.amortized_ns))
+        .reduce(f64::max);
+    let amortised_floor = case("trivial-pass").and_then(|c| c.amortized_ns);
+    let amortised = match (amortised_hit, amortised_floor) {
+        (Some(h), Some(f)) => format!(
+            "; amortised, slowest hit {h:.0} ns per iteration vs floor {f:.0} ns ({:.1}x)",
+            h / f
+        ),
+        _ => String::new(),
+    };
     Goal {
         asks: "per-packet cost of an established-flow hit within 2x of the XDP_PASS floor",
         measured: match (hit, floor) {
             (Some(h), Some(f)) => format!(
                 "slowest hit case {h:.0} ns per call vs floor {f:.0} ns ({:.2}x; the program's \
-                 own share {:.0} ns)",
+                 own share {:.0} ns){amortised}",
                 h / f,
                 h - f
             ),

@@ -119,7 +119,10 @@ fn micro_section(micro: &[micro::Case]) -> String {
          is timed per call (`repeat` = 1, fresh frame) and reported as the median of the \
          calls; that includes the test-run harness's fixed cost, which the trivial floor \
          shows. Cases that leave the frame untouched are also timed with a large `repeat` \
-         (amortised: the program alone). The floor is a two-instruction `return \
+         (amortised: the program alone). The established LAN->WAN hits are amortised as a \
+         ping-pong: a second entry, keyed by the flow's translated tuple on the same side, \
+         translates it back, so each of 250 iterations of one call is a full hit (the frame \
+         starts with TTL 255). The floor is a two-instruction `return \
          XDP_PASS` program loaded with the raw bpf(2) syscall; `pass-not-ipv4` is the \
          router program passing an ARP frame at its first check.\n"
     );
