@@ -354,13 +354,38 @@ enum ForwardCmd {
 
 #[derive(Subcommand)]
 enum ConntrackCmd {
-    /// One row per flow: original and translated addresses, state, age.
+    /// One row per flow: original and translated addresses, state, age,
+    /// and per direction the packets and IP bytes the data path forwarded
+    /// (o_* original, r_* reply direction; packets passed to the kernel are
+    /// not counted: in offload mode the kernel's conntrack counts those).
     #[command(
-        after_help = "Examples:\n  router-ctl conntrack list\n  router-ctl conntrack list --json"
+        after_help = "Examples:\n  router-ctl conntrack list\n  router-ctl conntrack list \
+                          --json\n  router-ctl conntrack list --sort bytes --limit 10\n  \
+                          router-ctl conntrack list --addr 192.168.50.2 --proto tcp --port 443"
     )]
     List {
         #[arg(long)]
         json: bool,
+        /// Largest first: bytes (both directions), rate (both directions'
+        /// bytes over the flow's age: its mean rate since it opened, not a
+        /// recent sample; flows younger than 1 s count as 1 s old), age
+        /// (oldest first). Without it, by key.
+        #[arg(long, value_enum)]
+        sort: Option<conntrack::SortBy>,
+        /// Only flows with this address at either end, before or after
+        /// translation (IPv4 or IPv6).
+        #[arg(long, value_name = "IP")]
+        addr: Option<std::net::IpAddr>,
+        /// Only flows with this port at either end, before or after
+        /// translation.
+        #[arg(long, value_name = "N")]
+        port: Option<u16>,
+        /// Only flows of this protocol (icmp: ICMP and ICMPv6 echo).
+        #[arg(long, value_enum)]
+        proto: Option<conntrack::ProtoFilter>,
+        /// At most N rows (after filtering and sorting).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
     },
     /// Number of flows and entries, and the table's capacity in entries.
     #[command(after_help = "Example:\n  router-ctl conntrack count --json")]
@@ -540,7 +565,24 @@ fn run(cli: Cli) -> Result<i32> {
         }
         .map(|()| 0),
         Cmd::Conntrack { cmd } => match cmd {
-            ConntrackCmd::List { json } => conntrack::list(&maps, json),
+            ConntrackCmd::List {
+                json,
+                sort,
+                addr,
+                port,
+                proto,
+                limit,
+            } => conntrack::list(
+                &maps,
+                json,
+                &conntrack::Query {
+                    addr,
+                    port,
+                    proto,
+                    sort,
+                    limit,
+                },
+            ),
             ConntrackCmd::Count { json } => conntrack::count(&maps, json),
             ConntrackCmd::Flush => conntrack::flush(&maps),
         }
