@@ -265,7 +265,7 @@ impl Query {
             None => {}
             Some(SortBy::Bytes) => rows.sort_by_key(|r| std::cmp::Reverse(r.bytes())),
             Some(SortBy::Rate) => {
-                rows.sort_by(|a, b| b.mean_bytes_per_sec.total_cmp(&a.mean_bytes_per_sec))
+                rows.sort_by(|a, b| b.mean_bytes_per_sec.total_cmp(&a.mean_bytes_per_sec));
             }
             Some(SortBy::Age) => rows.sort_by(|a, b| b.age_secs.total_cmp(&a.age_secs)),
         }
@@ -273,6 +273,46 @@ impl Query {
             rows.truncate(n);
         }
         rows
+    }
+}
+
+/// The arguments of `conntrack list`.
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    #[arg(long)]
+    pub json: bool,
+    /// Largest first: bytes (both directions), rate (both directions'
+    /// bytes over the flow's age: its mean rate since it opened, not a
+    /// recent sample; flows younger than 1 s count as 1 s old), age
+    /// (oldest first). Without it, by key.
+    #[arg(long, value_enum)]
+    pub sort: Option<SortBy>,
+    /// Only flows with this address at either end, before or after
+    /// translation (IPv4 or IPv6).
+    #[arg(long, value_name = "IP")]
+    pub addr: Option<std::net::IpAddr>,
+    /// Only flows with this port at either end, before or after
+    /// translation.
+    #[arg(long, value_name = "N")]
+    pub port: Option<u16>,
+    /// Only flows of this protocol (icmp: ICMP and `ICMPv6` echo).
+    #[arg(long, value_enum)]
+    pub proto: Option<ProtoFilter>,
+    /// At most N rows (after filtering and sorting).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+impl ListArgs {
+    #[must_use]
+    pub const fn query(&self) -> Query {
+        Query {
+            addr: self.addr,
+            port: self.port,
+            proto: self.proto,
+            sort: self.sort,
+            limit: self.limit,
+        }
     }
 }
 

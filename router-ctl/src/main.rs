@@ -363,30 +363,7 @@ enum ConntrackCmd {
                           --json\n  router-ctl conntrack list --sort bytes --limit 10\n  \
                           router-ctl conntrack list --addr 192.168.50.2 --proto tcp --port 443"
     )]
-    List {
-        #[arg(long)]
-        json: bool,
-        /// Largest first: bytes (both directions), rate (both directions'
-        /// bytes over the flow's age: its mean rate since it opened, not a
-        /// recent sample; flows younger than 1 s count as 1 s old), age
-        /// (oldest first). Without it, by key.
-        #[arg(long, value_enum)]
-        sort: Option<conntrack::SortBy>,
-        /// Only flows with this address at either end, before or after
-        /// translation (IPv4 or IPv6).
-        #[arg(long, value_name = "IP")]
-        addr: Option<std::net::IpAddr>,
-        /// Only flows with this port at either end, before or after
-        /// translation.
-        #[arg(long, value_name = "N")]
-        port: Option<u16>,
-        /// Only flows of this protocol (icmp: ICMP and ICMPv6 echo).
-        #[arg(long, value_enum)]
-        proto: Option<conntrack::ProtoFilter>,
-        /// At most N rows (after filtering and sorting).
-        #[arg(long, value_name = "N")]
-        limit: Option<usize>,
-    },
+    List(conntrack::ListArgs),
     /// Number of flows and entries, and the table's capacity in entries.
     #[command(after_help = "Example:\n  router-ctl conntrack count --json")]
     Count {
@@ -447,7 +424,7 @@ impl Cmd {
             },
             Self::Conntrack { cmd } => match cmd {
                 ConntrackCmd::Flush => ("conntrack flush", Change),
-                ConntrackCmd::List { .. } => ("conntrack list", Read),
+                ConntrackCmd::List(_) => ("conntrack list", Read),
                 ConntrackCmd::Count { .. } => ("conntrack count", Read),
             },
             Self::Apply { check: true, .. } => ("apply --check", Read),
@@ -565,24 +542,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         .map(|()| 0),
         Cmd::Conntrack { cmd } => match cmd {
-            ConntrackCmd::List {
-                json,
-                sort,
-                addr,
-                port,
-                proto,
-                limit,
-            } => conntrack::list(
-                &maps,
-                json,
-                &conntrack::Query {
-                    addr,
-                    port,
-                    proto,
-                    sort,
-                    limit,
-                },
-            ),
+            ConntrackCmd::List(a) => conntrack::list(&maps, a.json, &a.query()),
             ConntrackCmd::Count { json } => conntrack::count(&maps, json),
             ConntrackCmd::Flush => conntrack::flush(&maps),
         }

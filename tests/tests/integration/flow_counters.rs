@@ -56,7 +56,7 @@ fn tcp_transfer_counted_per_direction_and_list_selects() {
             n(tcp, &format!("{dir}_bytes")),
         );
         assert!(
-            b >= ECHO_BYTES && b <= ECHO_BYTES + ECHO_BYTES / 4 + 20_000,
+            (ECHO_BYTES..=ECHO_BYTES + ECHO_BYTES / 4 + 20_000).contains(&b),
             "{dir}: {b} bytes for {ECHO_BYTES} of payload: {tcp}"
         );
         // At most a 64 KiB IP packet each, at least one per 1500 bytes
