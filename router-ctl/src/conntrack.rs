@@ -49,6 +49,58 @@ pub struct FlowRow {
     pub reply_bytes: u64,
     /// Both directions' bytes over the flow's age (`--sort rate`).
     pub mean_bytes_per_sec: f64,
+    /// Offloaded flows: the kernel's own accounting of the flow (what the
+    /// kernel forwarded itself, e.g. handshake and teardown), when its
+    /// conntrack has the flow and accounting is on
+    /// (`net.netfilter.nf_conntrack_acct=1`). The kernel cannot take XDP's
+    /// counts into its accounting, so the flow's total is the sum of both.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelCounts>,
+}
+
+/// Packets and bytes per direction of the kernel's conntrack entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KernelCounts {
+    pub orig_packets: u64,
+    pub orig_bytes: u64,
+    pub reply_packets: u64,
+    pub reply_bytes: u64,
+}
+
+/// The original tuple of a row or a kernel entry: protocol, source,
+/// destination.
+type TupleKey = (String, std::net::SocketAddr, std::net::SocketAddr);
+
+/// Adds the kernel's accounting to the offloaded rows, from `kernel` (a
+/// dump of the kernel's conntrack): matched by the original tuple, which
+/// the offload daemon keys the XDP entries by.
+pub fn add_kernel_counts(rows: &mut [FlowRow], kernel: &[crate::ctnetlink::Conn]) {
+    use std::net::SocketAddr;
+    let by_tuple: std::collections::HashMap<TupleKey, KernelCounts> = kernel
+        .iter()
+        .filter_map(|c| {
+            let [(op, ob), (rp, rb)] = c.counters?;
+            let o = &c.orig;
+            Some((
+                (
+                    proto_name(o.proto),
+                    SocketAddr::new(o.src, o.sport),
+                    SocketAddr::new(o.dst, o.dport),
+                ),
+                KernelCounts {
+                    orig_packets: op,
+                    orig_bytes: ob,
+                    reply_packets: rp,
+                    reply_bytes: rb,
+                },
+            ))
+        })
+        .collect();
+    for r in rows.iter_mut().filter(|r| r.offloaded) {
+        if let (Ok(src), Ok(dst)) = (r.orig_src.parse(), r.orig_dst.parse()) {
+            r.kernel = by_tuple.get(&(r.proto.clone(), src, dst)).copied();
+        }
+    }
 }
 
 impl FlowRow {
@@ -119,6 +171,7 @@ pub fn flow_row(
         reply_packets: reply.map_or(0, |r| r.count.packets),
         reply_bytes: reply.map_or(0, |r| r.count.bytes),
         mean_bytes_per_sec: 0.0,
+        kernel: None,
     }
     .with_rate()
 }
@@ -165,6 +218,7 @@ pub fn flow_row6(
         reply_packets: reply.map_or(0, |r| r.count.packets),
         reply_bytes: reply.map_or(0, |r| r.count.bytes),
         mean_bytes_per_sec: 0.0,
+        kernel: None,
     }
     .with_rate()
 }
@@ -365,6 +419,16 @@ pub fn rows_table(rows: &[FlowRow]) -> String {
         if !r.reply_present {
             notes.push_str(" no-reply-entry");
         }
+        if let Some(k) = &r.kernel {
+            let _ = write!(
+                notes,
+                " kernel:{}/{}/{}/{}",
+                compact(k.orig_packets),
+                compact(k.orig_bytes),
+                compact(k.reply_packets),
+                compact(k.reply_bytes)
+            );
+        }
         let _ = writeln!(
             s,
             "{:<5} {:<11} {:<6} {:<21} {:<21} {:<21} {:<21} {:>9.1}s {:>8.1}s {:>7} {:>7} {:>7} {:>7}{notes}",
@@ -397,6 +461,13 @@ pub fn list(maps: &PinnedMaps, json: bool, query: &Query) -> Result<()> {
     if let Ok(table6) = maps.conntrack6() {
         let cap6 = maps::capacity(&table6)?;
         rows.extend(flow_rows6(&snapshot(&table6, cap6)?, now, &cfg.timeouts));
+    }
+    if rows.iter().any(|r| r.offloaded) {
+        // Offload mode: the kernel's own counts next to XDP's.
+        match crate::ctnetlink::CtSocket::requests().and_then(|mut s| s.dump()) {
+            Ok(conns) => add_kernel_counts(&mut rows, &conns),
+            Err(e) => tracing::warn!("reading the kernel's conntrack for its counters: {e}"),
+        }
     }
     let rows = query.apply(rows);
     if json {
@@ -724,6 +795,55 @@ mod tests {
     }
 
     #[test]
+    fn offloaded_rows_get_the_kernels_counts_by_original_tuple() {
+        use crate::ctnetlink::{Conn, Tuple};
+        use std::net::IpAddr;
+        let mut rows = table();
+        rows[0].offloaded = true;
+        rows[1].offloaded = true;
+        let tuple = |sport| Tuple {
+            src: IpAddr::from(CLIENT),
+            dst: IpAddr::from(SERVER),
+            proto: IPPROTO_TCP,
+            sport,
+            dport: 443,
+            icmp: None,
+        };
+        let conn = |sport, counters| Conn {
+            orig: tuple(sport),
+            counters,
+            ..Conn::default()
+        };
+        let kernel = [
+            conn(40_001, Some([(3, 180), (2, 120)])),
+            // Not offloaded in XDP: ignored.
+            conn(40_003, Some([(9, 9), (9, 9)])),
+        ];
+        add_kernel_counts(&mut rows, &kernel);
+        assert_eq!(
+            rows[0].kernel,
+            Some(KernelCounts {
+                orig_packets: 3,
+                orig_bytes: 180,
+                reply_packets: 2,
+                reply_bytes: 120
+            })
+        );
+        // Offloaded but UDP: no kernel entry with that tuple.
+        assert_eq!(rows[1].kernel, None);
+        assert_eq!(rows[2].kernel, None, "not offloaded");
+        let v = serde_json::to_value(&rows[0]).unwrap();
+        assert_eq!(v["kernel"]["reply_bytes"], 120);
+        assert!(
+            serde_json::to_value(&rows[2])
+                .unwrap()
+                .get("kernel")
+                .is_none()
+        );
+        assert!(rows_table(&rows[..1]).contains(" kernel:3/180/2/120"));
+    }
+
+    #[test]
     fn compact_counts() {
         assert_eq!(compact(99_999), "99999");
         assert_eq!(compact(123_456), "123.5k");
@@ -801,6 +921,7 @@ mod tests {
                 reply_packets: 0,
                 reply_bytes: 0,
                 mean_bytes_per_sec: 0.0,
+                kernel: None,
             }
         );
         assert_eq!(
