@@ -168,12 +168,14 @@ pub struct FlowEntry {
 }
 const _: () = assert!(core::mem::size_of::<FlowEntry>() == 96);
 
-/// Packets and bytes of one direction of a flow that the data path
-/// forwarded (redirected) itself; bytes are IP bytes (header included,
-/// Ethernet not), as netfilter's conntrack accounting counts them.
-/// Packets the data path passes to the kernel are not counted: in offload
-/// mode the kernel's conntrack counts those, so the two add up to the
-/// flow's total. Each direction has its own entry, so a direction's
+/// Packets and bytes of one direction of a flow that the data path took
+/// as the flow's: hits past the offload checks, and a new flow's first
+/// packet; bytes are IP bytes (header included, Ethernet not), as
+/// netfilter's conntrack accounting counts them. An offloaded flow's
+/// packets that go to the kernel (TCP FIN/SYN/RST, past the lease) are not
+/// counted here: the kernel's conntrack counts those. (The rare hit that
+/// the FIB then hands to the kernel, for the MTU or an unresolved
+/// neighbour, is counted.) Each direction has its own entry, so a direction's
 /// packets, which RSS steers to one CPU, write to one cache line that no
 /// other CPU writes per packet; the add is a plain one (no atomic): two
 /// CPUs forwarding the same direction at once may rarely lose a count.
@@ -191,20 +193,6 @@ impl FlowCount {
     pub const fn add(&mut self, bytes: u64) {
         self.packets = self.packets.wrapping_add(1);
         self.bytes = self.bytes.wrapping_add(bytes);
-    }
-
-    /// What was counted since `earlier` (a previous reading of the same
-    /// entry); a counter that went back (the entry was rewritten) counts
-    /// from zero.
-    #[must_use]
-    pub const fn since(&self, earlier: &Self) -> Self {
-        if self.packets < earlier.packets || self.bytes < earlier.bytes {
-            return *self;
-        }
-        Self {
-            packets: self.packets - earlier.packets,
-            bytes: self.bytes - earlier.bytes,
-        }
     }
 }
 

@@ -39,10 +39,10 @@ pub struct FlowRow {
     /// `ipv4` or `ipv6` (routed: its translated endpoints are the
     /// original ones; `origin` `wan` means opened through a pinhole).
     pub family: &'static str,
-    /// Packets and IP bytes the data path forwarded in the original
-    /// direction (`orig_*`) and the reply direction (`reply_*`); packets it
-    /// passed to the kernel are not in them (in offload mode the kernel's
-    /// conntrack counts those).
+    /// Packets and IP bytes the data path carried in the original
+    /// direction (`orig_*`) and the reply direction (`reply_*`); an
+    /// offloaded flow's packets that it leaves to the kernel are not in
+    /// them (the kernel's conntrack counts those: [`FlowRow::kernel`]).
     pub orig_packets: u64,
     pub orig_bytes: u64,
     pub reply_packets: u64,
