@@ -185,8 +185,38 @@ pub struct FlowEntry {
     /// What the RST/FIN window check needs of the segments this direction
     /// sends (TCP only; see [`crate::flow::tcp_control`]).
     pub tcp: TcpWindow,
+    /// What the data path forwarded in this direction (see [`FlowCount`]).
+    pub count: FlowCount,
 }
-const _: () = assert!(core::mem::size_of::<FlowEntry>() == 80);
+const _: () = assert!(core::mem::size_of::<FlowEntry>() == 96);
+
+/// Packets and bytes of one direction of a flow that the data path took
+/// as the flow's: hits past the offload checks, and a new flow's first
+/// packet; bytes are IP bytes (header included, Ethernet not), as
+/// netfilter's conntrack accounting counts them. An offloaded flow's
+/// packets that go to the kernel (TCP FIN/SYN/RST, past the lease) are not
+/// counted here: the kernel's conntrack counts those. (The rare hit that
+/// the FIB then hands to the kernel, for the MTU or an unresolved
+/// neighbour, is counted.) Each direction has its own entry, so a direction's
+/// packets, which RSS steers to one CPU, write to one cache line that no
+/// other CPU writes per packet; the add is a plain one (no atomic): two
+/// CPUs forwarding the same direction at once may rarely lose a count.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowCount {
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(core::mem::size_of::<FlowCount>() == 16);
+
+impl FlowCount {
+    /// One more packet of `bytes` IP bytes.
+    #[inline]
+    pub const fn add(&mut self, bytes: u64) {
+        self.packets = self.packets.wrapping_add(1);
+        self.bytes = self.bytes.wrapping_add(bytes);
+    }
+}
 
 /// TCP window tracking of one direction of a flow: what its sender
 /// acknowledged and advertised, so that a RST or FIN from the other side
@@ -473,8 +503,10 @@ pub struct FlowEntry6 {
     pub hop_dmac: [u8; 6],
     pub hop_smac: [u8; 6],
     pub pad: u32,
+    /// What the data path forwarded in this direction (see [`FlowCount`]).
+    pub count: FlowCount,
 }
-const _: () = assert!(core::mem::size_of::<FlowEntry6>() == 40);
+const _: () = assert!(core::mem::size_of::<FlowEntry6>() == 56);
 
 impl FlowEntry6 {
     /// Whether packets matching this entry's key arrive on the LAN (see
@@ -506,6 +538,7 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::FlowKey {}
     unsafe impl aya::Pod for super::FlowEntry {}
+    unsafe impl aya::Pod for super::FlowCount {}
     unsafe impl aya::Pod for super::PortForwardKey {}
     unsafe impl aya::Pod for super::PortForwardTarget {}
     unsafe impl aya::Pod for super::FlowKey6 {}

@@ -39,6 +39,88 @@ pub struct FlowRow {
     /// `ipv4` or `ipv6` (routed: its translated endpoints are the
     /// original ones; `origin` `wan` means opened through a pinhole).
     pub family: &'static str,
+    /// Packets and IP bytes the data path carried in the original
+    /// direction (`orig_*`) and the reply direction (`reply_*`); an
+    /// offloaded flow's packets that it leaves to the kernel are not in
+    /// them (the kernel's conntrack counts those: [`FlowRow::kernel`]).
+    pub orig_packets: u64,
+    pub orig_bytes: u64,
+    pub reply_packets: u64,
+    pub reply_bytes: u64,
+    /// Both directions' bytes over the flow's age (`--sort rate`).
+    pub mean_bytes_per_sec: f64,
+    /// Offloaded flows: the kernel's own accounting of the flow (what the
+    /// kernel forwarded itself, e.g. handshake and teardown), when its
+    /// conntrack has the flow and accounting is on
+    /// (`net.netfilter.nf_conntrack_acct=1`). The kernel cannot take XDP's
+    /// counts into its accounting, so the flow's total is the sum of both.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelCounts>,
+}
+
+/// Packets and bytes per direction of the kernel's conntrack entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KernelCounts {
+    pub orig_packets: u64,
+    pub orig_bytes: u64,
+    pub reply_packets: u64,
+    pub reply_bytes: u64,
+}
+
+/// The original tuple of a row or a kernel entry: protocol, source,
+/// destination.
+type TupleKey = (String, std::net::SocketAddr, std::net::SocketAddr);
+
+/// Adds the kernel's accounting to the offloaded rows, from `kernel` (a
+/// dump of the kernel's conntrack): matched by the original tuple, which
+/// the offload daemon keys the XDP entries by.
+pub fn add_kernel_counts(rows: &mut [FlowRow], kernel: &[crate::ctnetlink::Conn]) {
+    use std::net::SocketAddr;
+    let by_tuple: std::collections::HashMap<TupleKey, KernelCounts> = kernel
+        .iter()
+        .filter_map(|c| {
+            let [(op, ob), (rp, rb)] = c.counters?;
+            let o = &c.orig;
+            Some((
+                (
+                    proto_name(o.proto),
+                    SocketAddr::new(o.src, o.sport),
+                    SocketAddr::new(o.dst, o.dport),
+                ),
+                KernelCounts {
+                    orig_packets: op,
+                    orig_bytes: ob,
+                    reply_packets: rp,
+                    reply_bytes: rb,
+                },
+            ))
+        })
+        .collect();
+    for r in rows.iter_mut().filter(|r| r.offloaded) {
+        if let (Ok(src), Ok(dst)) = (r.orig_src.parse(), r.orig_dst.parse()) {
+            r.kernel = by_tuple.get(&(r.proto.clone(), src, dst)).copied();
+        }
+    }
+}
+
+impl FlowRow {
+    /// Bytes of both directions.
+    #[must_use]
+    pub const fn bytes(&self) -> u64 {
+        self.orig_bytes.saturating_add(self.reply_bytes)
+    }
+}
+
+/// Both directions' bytes over `age_secs`; a flow younger than a second
+/// counts as one second old (no huge rate from a first packet).
+#[must_use]
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "a rate: 2^53 bytes is far beyond a flow"
+)]
+pub fn mean_rate(bytes: u64, age_secs: f64) -> f64 {
+    let r = bytes as f64 / age_secs.max(1.0);
+    (r * 10.0).round() / 10.0
 }
 
 fn endpoint(addr: [u8; 4], port: u16) -> String {
@@ -84,7 +166,14 @@ pub fn flow_row(
         reply_present: reply.is_some(),
         offloaded: orig.flags & FLAG_OFFLOADED != 0,
         family: "ipv4",
+        orig_packets: orig.count.packets,
+        orig_bytes: orig.count.bytes,
+        reply_packets: reply.map_or(0, |r| r.count.packets),
+        reply_bytes: reply.map_or(0, |r| r.count.bytes),
+        mean_bytes_per_sec: 0.0,
+        kernel: None,
     }
+    .with_rate()
 }
 
 fn endpoint6(addr: [u8; 16], port: u16) -> String {
@@ -124,6 +213,20 @@ pub fn flow_row6(
         reply_present: reply.is_some(),
         offloaded: orig.flags & FLAG_OFFLOADED != 0,
         family: "ipv6",
+        orig_packets: orig.count.packets,
+        orig_bytes: orig.count.bytes,
+        reply_packets: reply.map_or(0, |r| r.count.packets),
+        reply_bytes: reply.map_or(0, |r| r.count.bytes),
+        mean_bytes_per_sec: 0.0,
+        kernel: None,
+    }
+    .with_rate()
+}
+
+impl FlowRow {
+    fn with_rate(mut self) -> Self {
+        self.mean_bytes_per_sec = mean_rate(self.bytes(), self.age_secs);
+        self
     }
 }
 
@@ -152,6 +255,137 @@ pub fn flow_rows(entries: &[(FlowKey, FlowEntry)], now_ns: u64, t: &Timeouts) ->
         .collect()
 }
 
+/// `conntrack list --sort`: largest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortBy {
+    /// Bytes of both directions.
+    Bytes,
+    /// Both directions' bytes over the flow's age (its mean rate).
+    Rate,
+    /// Time since the flow opened (oldest first).
+    Age,
+}
+
+/// `conntrack list --proto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProtoFilter {
+    Tcp,
+    Udp,
+    /// ICMP echo, and `ICMPv6` echo of IPv6 flows.
+    Icmp,
+}
+
+/// Which rows `conntrack list` shows, in which order, how many.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Query {
+    /// Either endpoint, before or after translation, of either family.
+    pub addr: Option<std::net::IpAddr>,
+    /// Either port, before or after translation.
+    pub port: Option<u16>,
+    pub proto: Option<ProtoFilter>,
+    pub sort: Option<SortBy>,
+    pub limit: Option<usize>,
+}
+
+/// The endpoints of a row, original and translated.
+fn endpoints(r: &FlowRow) -> impl Iterator<Item = std::net::SocketAddr> + '_ {
+    [&r.orig_src, &r.orig_dst, &r.xlat_src, &r.xlat_dst]
+        .into_iter()
+        .filter_map(|e| e.parse().ok())
+}
+
+impl Query {
+    #[must_use]
+    pub fn matches(&self, r: &FlowRow) -> bool {
+        let proto_ok = match self.proto {
+            None => true,
+            Some(ProtoFilter::Tcp) => r.proto == "tcp",
+            Some(ProtoFilter::Udp) => r.proto == "udp",
+            Some(ProtoFilter::Icmp) => r.proto == "icmp" || r.proto == "icmpv6",
+        };
+        proto_ok
+            && self.addr.is_none_or(|a| endpoints(r).any(|e| e.ip() == a))
+            && self
+                .port
+                .is_none_or(|p| endpoints(r).any(|e| e.port() == p))
+    }
+
+    /// The matching rows, sorted (stable: ties keep the key order) and cut
+    /// to the limit.
+    #[must_use]
+    pub fn apply(&self, rows: Vec<FlowRow>) -> Vec<FlowRow> {
+        let mut rows: Vec<FlowRow> = rows.into_iter().filter(|r| self.matches(r)).collect();
+        match self.sort {
+            None => {}
+            Some(SortBy::Bytes) => rows.sort_by_key(|r| std::cmp::Reverse(r.bytes())),
+            Some(SortBy::Rate) => {
+                rows.sort_by(|a, b| b.mean_bytes_per_sec.total_cmp(&a.mean_bytes_per_sec));
+            }
+            Some(SortBy::Age) => rows.sort_by(|a, b| b.age_secs.total_cmp(&a.age_secs)),
+        }
+        if let Some(n) = self.limit {
+            rows.truncate(n);
+        }
+        rows
+    }
+}
+
+/// The arguments of `conntrack list`.
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    #[arg(long)]
+    pub json: bool,
+    /// Largest first: bytes (both directions), rate (both directions'
+    /// bytes over the flow's age: its mean rate since it opened, not a
+    /// recent sample; flows younger than 1 s count as 1 s old), age
+    /// (oldest first). Without it, by key.
+    #[arg(long, value_enum)]
+    pub sort: Option<SortBy>,
+    /// Only flows with this address at either end, before or after
+    /// translation (IPv4 or IPv6).
+    #[arg(long, value_name = "IP")]
+    pub addr: Option<std::net::IpAddr>,
+    /// Only flows with this port at either end, before or after
+    /// translation.
+    #[arg(long, value_name = "N")]
+    pub port: Option<u16>,
+    /// Only flows of this protocol (icmp: ICMP and `ICMPv6` echo).
+    #[arg(long, value_enum)]
+    pub proto: Option<ProtoFilter>,
+    /// At most N rows (after filtering and sorting).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+impl ListArgs {
+    #[must_use]
+    pub const fn query(&self) -> Query {
+        Query {
+            addr: self.addr,
+            port: self.port,
+            proto: self.proto,
+            sort: self.sort,
+            limit: self.limit,
+        }
+    }
+}
+
+/// A count for the table: exact below 100000, else with a unit suffix.
+#[expect(clippy::cast_precision_loss, reason = "display only")]
+fn compact(n: u64) -> String {
+    if n < 100_000 {
+        return n.to_string();
+    }
+    let mut v = n as f64;
+    for unit in ["k", "M", "G", "T"] {
+        v /= 1000.0;
+        if v < 1000.0 {
+            return format!("{v:.1}{unit}");
+        }
+    }
+    format!("{v:.0}T")
+}
+
 #[must_use]
 pub fn rows_table(rows: &[FlowRow]) -> String {
     use std::fmt::Write as _;
@@ -159,8 +393,20 @@ pub fn rows_table(rows: &[FlowRow]) -> String {
         return "no flows\n".to_owned();
     }
     let mut s = format!(
-        "{:<5} {:<11} {:<6} {:<21} {:<21} {:<21} {:<21} {:>10} {:>9}\n",
-        "proto", "state", "origin", "orig_src", "orig_dst", "xlat_src", "xlat_dst", "age", "idle"
+        "{:<5} {:<11} {:<6} {:<21} {:<21} {:<21} {:<21} {:>10} {:>9} {:>7} {:>7} {:>7} {:>7}\n",
+        "proto",
+        "state",
+        "origin",
+        "orig_src",
+        "orig_dst",
+        "xlat_src",
+        "xlat_dst",
+        "age",
+        "idle",
+        "o_pkts",
+        "o_bytes",
+        "r_pkts",
+        "r_bytes"
     );
     for r in rows {
         let mut notes = String::new();
@@ -173,9 +419,19 @@ pub fn rows_table(rows: &[FlowRow]) -> String {
         if !r.reply_present {
             notes.push_str(" no-reply-entry");
         }
+        if let Some(k) = &r.kernel {
+            let _ = write!(
+                notes,
+                " kernel:{}/{}/{}/{}",
+                compact(k.orig_packets),
+                compact(k.orig_bytes),
+                compact(k.reply_packets),
+                compact(k.reply_bytes)
+            );
+        }
         let _ = writeln!(
             s,
-            "{:<5} {:<11} {:<6} {:<21} {:<21} {:<21} {:<21} {:>9.1}s {:>8.1}s{notes}",
+            "{:<5} {:<11} {:<6} {:<21} {:<21} {:<21} {:<21} {:>9.1}s {:>8.1}s {:>7} {:>7} {:>7} {:>7}{notes}",
             r.proto,
             r.state,
             r.origin,
@@ -184,13 +440,17 @@ pub fn rows_table(rows: &[FlowRow]) -> String {
             r.xlat_src,
             r.xlat_dst,
             r.age_secs,
-            r.idle_secs
+            r.idle_secs,
+            compact(r.orig_packets),
+            compact(r.orig_bytes),
+            compact(r.reply_packets),
+            compact(r.reply_bytes)
         );
     }
     s
 }
 
-pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
+pub fn list(maps: &PinnedMaps, json: bool, query: &Query) -> Result<()> {
     let table = maps.conntrack()?;
     let cfg = maps.read_config()?;
     let cap = maps::capacity(&table)?;
@@ -202,6 +462,14 @@ pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
         let cap6 = maps::capacity(&table6)?;
         rows.extend(flow_rows6(&snapshot(&table6, cap6)?, now, &cfg.timeouts));
     }
+    if rows.iter().any(|r| r.offloaded) {
+        // Offload mode: the kernel's own counts next to XDP's.
+        match crate::ctnetlink::CtSocket::requests().and_then(|mut s| s.dump()) {
+            Ok(conns) => add_kernel_counts(&mut rows, &conns),
+            Err(e) => tracing::warn!("reading the kernel's conntrack for its counters: {e}"),
+        }
+    }
+    let rows = query.apply(rows);
     if json {
         println!("{}", serde_json::to_string(&rows)?);
     } else {
@@ -303,6 +571,7 @@ fn record_flushed(maps: &PinnedMaps, n: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use router_common::maps::FlowCount;
     use router_common::maps::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
     use serde_json::json;
 
@@ -318,6 +587,268 @@ mod tests {
         let x = flow::masquerade_key(&k, WAN, port);
         let (oe, rk, re) = flow::new_flow(&k, &x, 0, 10 * SEC);
         [(k, oe), (rk, re)]
+    }
+
+    /// A masqueraded flow from client port `port` whose directions
+    /// forwarded `out` and `back` bytes (one packet per 1000 bytes), `age`
+    /// seconds old at 100 s.
+    fn counted(port: u16, proto: u8, out: u64, back: u64, age: u64) -> Vec<(FlowKey, FlowEntry)> {
+        // ICMP echo: both ports hold the identifier.
+        let dport = if proto == IPPROTO_ICMP { port } else { 443 };
+        let k = FlowKey::new(CLIENT, SERVER, port, dport, proto);
+        let x = flow::masquerade_key(&k, WAN, port + 1000);
+        let (mut oe, rk, mut re) = flow::new_flow(&k, &x, 0, (100 - age) * SEC);
+        oe.count = FlowCount {
+            packets: out / 1000,
+            bytes: out,
+        };
+        re.count = FlowCount {
+            packets: back / 1000,
+            bytes: back,
+        };
+        oe.last_seen_ns = 100 * SEC;
+        vec![(k, oe), (rk, re)]
+    }
+
+    fn table() -> Vec<FlowRow> {
+        let entries: Vec<_> = [
+            counted(40_001, IPPROTO_TCP, 1_000, 9_000_000, 90),
+            counted(40_002, IPPROTO_UDP, 5_000_000, 1_000, 5),
+            counted(40_003, IPPROTO_TCP, 2_000, 2_000, 50),
+            counted(40_004, IPPROTO_ICMP, 0, 0, 1),
+        ]
+        .concat();
+        flow_rows(&entries, 100 * SEC, &Timeouts::default())
+    }
+
+    fn ports(rows: &[FlowRow]) -> Vec<String> {
+        rows.iter().map(|r| r.orig_src.clone()).collect()
+    }
+
+    #[test]
+    fn rows_carry_both_directions_counts_and_the_mean_rate() {
+        let rows = table();
+        let r = &rows[0];
+        assert_eq!(r.orig_src, "192.168.50.2:40001");
+        assert_eq!(
+            (r.orig_packets, r.orig_bytes, r.reply_packets, r.reply_bytes),
+            (1, 1_000, 9_000, 9_000_000)
+        );
+        assert_eq!(r.bytes(), 9_001_000);
+        assert!(
+            (r.mean_bytes_per_sec - 100_011.1).abs() < 0.01,
+            "{}",
+            r.mean_bytes_per_sec
+        );
+        // Younger than a second: one second old for the rate.
+        assert!((mean_rate(500, 0.2) - 500.0).abs() < f64::EPSILON);
+        let v = serde_json::to_value(r).unwrap();
+        for f in ["orig_packets", "orig_bytes", "reply_packets", "reply_bytes"] {
+            assert!(v[f].is_u64(), "{f} in {v}");
+        }
+    }
+
+    #[test]
+    fn sort_orders_largest_first() {
+        let by = |sort| {
+            ports(
+                &Query {
+                    sort: Some(sort),
+                    ..Query::default()
+                }
+                .apply(table()),
+            )
+        };
+        let p = |n: u16| format!("192.168.50.2:{n}");
+        assert_eq!(
+            by(SortBy::Bytes),
+            [p(40_001), p(40_002), p(40_003), p(40_004)]
+        );
+        // 5 MB over 5 s beats 9 MB over 90 s.
+        assert_eq!(
+            by(SortBy::Rate),
+            [p(40_002), p(40_001), p(40_003), p(40_004)]
+        );
+        assert_eq!(
+            by(SortBy::Age),
+            [p(40_001), p(40_003), p(40_002), p(40_004)]
+        );
+        let top = Query {
+            sort: Some(SortBy::Bytes),
+            limit: Some(2),
+            ..Query::default()
+        };
+        assert_eq!(ports(&top.apply(table())), [p(40_001), p(40_002)]);
+    }
+
+    #[test]
+    fn filters_match_either_end_before_or_after_translation() {
+        let q = |q: Query| q.apply(table()).len();
+        assert_eq!(q(Query::default()), 4);
+        assert_eq!(
+            q(Query {
+                proto: Some(ProtoFilter::Tcp),
+                ..Query::default()
+            }),
+            2
+        );
+        assert_eq!(
+            q(Query {
+                proto: Some(ProtoFilter::Udp),
+                ..Query::default()
+            }),
+            1
+        );
+        assert_eq!(
+            q(Query {
+                proto: Some(ProtoFilter::Icmp),
+                ..Query::default()
+            }),
+            1
+        );
+        // The client's port and the translated (WAN) port of the same flow.
+        assert_eq!(
+            q(Query {
+                port: Some(40_002),
+                ..Query::default()
+            }),
+            1
+        );
+        assert_eq!(
+            q(Query {
+                port: Some(41_002),
+                ..Query::default()
+            }),
+            1
+        );
+        assert_eq!(
+            q(Query {
+                port: Some(443),
+                ..Query::default()
+            }),
+            3
+        );
+        assert_eq!(
+            q(Query {
+                port: Some(9),
+                ..Query::default()
+            }),
+            0
+        );
+        let addr = |a: &str| Query {
+            addr: Some(a.parse().unwrap()),
+            ..Query::default()
+        };
+        assert_eq!(q(addr("192.168.50.2")), 4);
+        assert_eq!(
+            q(addr("203.0.113.1")),
+            4,
+            "the WAN address after translation"
+        );
+        assert_eq!(q(addr("192.168.50.3")), 0);
+        assert_eq!(q(addr("2001:db8::1")), 0);
+        let both = Query {
+            addr: Some("203.0.113.2".parse().unwrap()),
+            proto: Some(ProtoFilter::Tcp),
+            port: Some(40_003),
+            ..Query::default()
+        };
+        assert_eq!(ports(&both.apply(table())), ["192.168.50.2:40003"]);
+    }
+
+    #[test]
+    fn ipv6_rows_match_ipv6_address_filters() {
+        let c = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2);
+        let srv = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2);
+        let k = FlowKey6::new(c.octets(), srv.octets(), 50_000, 22, IPPROTO_TCP);
+        let orig = FlowEntry6 {
+            created_ns: 10 * SEC,
+            last_seen_ns: 10 * SEC,
+            state: FlowState::TcpEstablished as u8,
+            flags: FLAG_ORIGINAL,
+            count: FlowCount {
+                packets: 3,
+                bytes: 300,
+            },
+            ..FlowEntry6::default()
+        };
+        let reply = FlowEntry6 {
+            flags: 0,
+            count: FlowCount {
+                packets: 2,
+                bytes: 200,
+            },
+            ..orig
+        };
+        let rows = flow_rows6(
+            &[(k, orig), (k.reversed(), reply)],
+            11 * SEC,
+            &Timeouts::default(),
+        );
+        assert_eq!((rows[0].orig_bytes, rows[0].reply_packets), (300, 2));
+        let q = Query {
+            addr: Some(srv.into()),
+            port: Some(22),
+            ..Query::default()
+        };
+        assert_eq!(q.apply(rows).len(), 1);
+    }
+
+    #[test]
+    fn offloaded_rows_get_the_kernels_counts_by_original_tuple() {
+        use crate::ctnetlink::{Conn, Tuple};
+        use std::net::IpAddr;
+        let mut rows = table();
+        rows[0].offloaded = true;
+        rows[1].offloaded = true;
+        let tuple = |sport| Tuple {
+            src: IpAddr::from(CLIENT),
+            dst: IpAddr::from(SERVER),
+            proto: IPPROTO_TCP,
+            sport,
+            dport: 443,
+            icmp: None,
+        };
+        let conn = |sport, counters| Conn {
+            orig: tuple(sport),
+            counters,
+            ..Conn::default()
+        };
+        let kernel = [
+            conn(40_001, Some([(3, 180), (2, 120)])),
+            // Not offloaded in XDP: ignored.
+            conn(40_003, Some([(9, 9), (9, 9)])),
+        ];
+        add_kernel_counts(&mut rows, &kernel);
+        assert_eq!(
+            rows[0].kernel,
+            Some(KernelCounts {
+                orig_packets: 3,
+                orig_bytes: 180,
+                reply_packets: 2,
+                reply_bytes: 120
+            })
+        );
+        // Offloaded but UDP: no kernel entry with that tuple.
+        assert_eq!(rows[1].kernel, None);
+        assert_eq!(rows[2].kernel, None, "not offloaded");
+        let v = serde_json::to_value(&rows[0]).unwrap();
+        assert_eq!(v["kernel"]["reply_bytes"], 120);
+        assert!(
+            serde_json::to_value(&rows[2])
+                .unwrap()
+                .get("kernel")
+                .is_none()
+        );
+        assert!(rows_table(&rows[..1]).contains(" kernel:3/180/2/120"));
+    }
+
+    #[test]
+    fn compact_counts() {
+        assert_eq!(compact(99_999), "99999");
+        assert_eq!(compact(123_456), "123.5k");
+        assert_eq!(compact(9_000_000), "9.0M");
+        assert_eq!(compact(2_500_000_000), "2.5G");
     }
 
     #[test]
@@ -385,6 +916,12 @@ mod tests {
                 reply_present: true,
                 offloaded: false,
                 family: "ipv4",
+                orig_packets: 0,
+                orig_bytes: 0,
+                reply_packets: 0,
+                reply_bytes: 0,
+                mean_bytes_per_sec: 0.0,
+                kernel: None,
             }
         );
         assert_eq!(
@@ -394,7 +931,9 @@ mod tests {
                 "orig_src": "192.168.50.2:40000", "orig_dst": "203.0.113.2:5201",
                 "xlat_src": "203.0.113.1:40000", "xlat_dst": "203.0.113.2:5201",
                 "age_secs": 1.7, "idle_secs": 0.2, "expired": false, "reply_present": true,
-                "offloaded": false, "family": "ipv4"
+                "offloaded": false, "family": "ipv4",
+                "orig_packets": 0, "orig_bytes": 0, "reply_packets": 0, "reply_bytes": 0,
+                "mean_bytes_per_sec": 0.0
             })
         );
         // Field order is the contract's.
@@ -495,7 +1034,10 @@ mod tests {
             "{l}"
         );
         assert!(l.contains("203.0.113.1:40000"));
-        assert!(l.ends_with("2.0s      2.0s"), "{l}");
+        assert!(
+            l.ends_with("2.0s      2.0s       0       0       0       0"),
+            "{l}"
+        );
         assert_eq!(rows_table(&[]), "no flows\n");
         let expired = flow_rows(&entries, 1000 * SEC, &Timeouts::default());
         assert!(rows_table(&expired).contains(" expired"));

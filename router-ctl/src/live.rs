@@ -259,7 +259,13 @@ impl Live {
             let table = maps.conntrack()?;
             let cfg = maps.read_config()?;
             let entries = maps::snapshot(&table, maps::capacity(&table)?)?;
-            let rows = conntrack::flow_rows(&entries, monotonic_ns(), &cfg.timeouts);
+            let now = monotonic_ns();
+            let mut rows = conntrack::flow_rows(&entries, now, &cfg.timeouts);
+            // A router attached by an older router-ctl has no CONNTRACK6.
+            if let Ok(table6) = maps.conntrack6() {
+                let entries6 = maps::snapshot(&table6, maps::capacity(&table6)?)?;
+                rows.extend(conntrack::flow_rows6(&entries6, now, &cfg.timeouts));
+            }
             Ok(rows
                 .iter()
                 .filter_map(|r| serde_json::to_value(r).ok())

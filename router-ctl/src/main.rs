@@ -361,14 +361,16 @@ enum ForwardCmd {
 
 #[derive(Subcommand)]
 enum ConntrackCmd {
-    /// One row per flow: original and translated addresses, state, age.
+    /// One row per flow: original and translated addresses, state, age,
+    /// and per direction the packets and IP bytes the data path forwarded
+    /// (o_* original, r_* reply direction; packets passed to the kernel are
+    /// not counted: in offload mode the kernel's conntrack counts those).
     #[command(
-        after_help = "Examples:\n  router-ctl conntrack list\n  router-ctl conntrack list --json"
+        after_help = "Examples:\n  router-ctl conntrack list\n  router-ctl conntrack list \
+                          --json\n  router-ctl conntrack list --sort bytes --limit 10\n  \
+                          router-ctl conntrack list --addr 192.168.50.2 --proto tcp --port 443"
     )]
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    List(conntrack::ListArgs),
     /// Number of flows and entries, and the table's capacity in entries.
     #[command(after_help = "Example:\n  router-ctl conntrack count --json")]
     Count {
@@ -429,7 +431,7 @@ impl Cmd {
             },
             Self::Conntrack { cmd } => match cmd {
                 ConntrackCmd::Flush => ("conntrack flush", Change),
-                ConntrackCmd::List { .. } => ("conntrack list", Read),
+                ConntrackCmd::List(_) => ("conntrack list", Read),
                 ConntrackCmd::Count { .. } => ("conntrack count", Read),
             },
             Self::Apply { check: true, .. } => ("apply --check", Read),
@@ -548,7 +550,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         .map(|()| 0),
         Cmd::Conntrack { cmd } => match cmd {
-            ConntrackCmd::List { json } => conntrack::list(&maps, json),
+            ConntrackCmd::List(a) => conntrack::list(&maps, a.json, &a.query()),
             ConntrackCmd::Count { json } => conntrack::count(&maps, json),
             ConntrackCmd::Flush => conntrack::flush(&maps),
         }

@@ -2,12 +2,17 @@
 //! tracking of a hit), the next hop (the flow's cached one or the FIB's),
 //! and the address/port rewrite.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    macros::map,
+    maps::PerCpuArray,
+    programs::XdpContext,
+};
 use router_common::{
     flow::{Segment, TCP_CONTROL, expired, needs_refresh, tcp_control, tcp_observe},
     hdr::{frame, icmp, ipv4, tcp, udp},
     maps::{
-        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_TCP,
+        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey, FlowState, IPPROTO_TCP,
         IPPROTO_UDP, TcpWindow, lease_tick,
     },
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
@@ -148,6 +153,27 @@ pub fn next_hop(
     Ok(hop)
 }
 
+/// Counts a packet of `len` IP bytes of the hit `e` (a plain add into
+/// this direction's own entry, see [`FlowCount`]). Called once the data
+/// path has taken the packet as the flow's (past the offload checks:
+/// TCP control segments and packets past the lease are the kernel's).
+#[inline(always)]
+pub fn count(e: &mut FlowEntry, len: usize) {
+    e.count.add(len as u64);
+}
+
+/// Counts the first packet of a new flow, `len` IP bytes, in the entry
+/// its commit just wrote under `key`. A subprogram of its own: only new
+/// flows pay for the lookup, and its null check ends inside it, so the
+/// verifier does not explore the rest of the new-flow path twice.
+#[inline(never)]
+pub fn count_first(key: &FlowKey, len: usize) {
+    if let Some(e) = CONNTRACK.get_ptr_mut(key) {
+        // SAFETY: map value pointer, valid for this run.
+        unsafe { (*e).count.add(len as u64) };
+    }
+}
+
 /// Rewrites addresses and ports (the ICMP echo identifier) to `xlat`,
 /// with incremental checksum updates.
 #[inline(always)]
@@ -285,6 +311,10 @@ fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) 
     true
 }
 
+/// Where [`sync_peer`] rebuilds an evicted entry.
+#[map(name = "RESTORE_SCRATCH")]
+static RESTORE_SCRATCH: PerCpuArray<FlowEntry> = PerCpuArray::with_max_entries(1, 0);
+
 /// Copies the state of `e` to the other direction's entry; refreshes its
 /// last-seen time too if `refresh`.
 #[inline(never)]
@@ -302,10 +332,17 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool) {
     }
     // The LRU evicted the other direction: put it back, rebuilt from this
     // one (its translation is the reverse of our key; its window tracking
-    // is lost, so segments towards it are not judged). NOEXIST: if another
-    // flow took that tuple meanwhile, it keeps it.
+    // and counts are lost, so segments towards it are not judged).
+    // NOEXIST: if another flow took that tuple meanwhile, it keeps it.
+    // Built in a per-CPU slot, not on the stack: the chain main -> track ->
+    // sync_peer must stay within the verifier's 512 bytes.
+    let Some(peer) = RESTORE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, used by this program run only.
+    let peer = unsafe { &mut *peer };
     let back = key.reversed();
-    let peer = FlowEntry {
+    *peer = FlowEntry {
         peer: *key,
         new_src_addr: back.src_addr,
         new_dst_addr: back.dst_addr,
@@ -323,9 +360,10 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool) {
         pad2: [0; 2],
         lease: e.lease,
         tcp: TcpWindow::default(),
+        count: FlowCount::default(),
     };
     if CONNTRACK
-        .insert(&e.peer, &peer, u64::from(BPF_NOEXIST))
+        .insert(&e.peer, peer, u64::from(BPF_NOEXIST))
         .is_ok()
     {
         event(Counter::CtEntriesInserted);

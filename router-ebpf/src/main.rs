@@ -156,6 +156,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
             mapping::refresh(&key, entry, now);
         }
         flow::within_lease(entry, now)?;
+        flow::count(entry, pkt.total_len);
         offloaded = entry.flags & FLAG_OFFLOADED != 0;
         None
     } else {
@@ -178,6 +179,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     }
     if let Some(new) = new {
         admit::commit(new, &key, &pkt.seg, side.cfg, hop.egress(), &mut xlat, now)?;
+        flow::count_first(&key, pkt.total_len);
     }
     // The redirect was recorded before any rewrite (in `hop::redirect_to`),
     // so a failed one passed an untouched frame.

@@ -94,15 +94,18 @@ pub fn remove_counted(k: &FlowKey) {
 /// its other half is gone (evicted), so no packet can use it any more.
 #[inline(always)]
 pub fn stale(cfg: &Config, k: &FlowKey, now: u64) -> bool {
-    // SAFETY: copied out at once.
-    let Some(e) = (unsafe { CONNTRACK.get(k) }).copied() else {
+    // SAFETY: map value reference, valid for this run; only the fields
+    // needed are read (a copy of the whole entry would sit on the stack
+    // of the admission's call chain, which must stay within 512 bytes).
+    let Some(e) = (unsafe { CONNTRACK.get(k) }) else {
         return false;
     };
     if expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
         return true;
     }
+    let peer = e.peer;
     // SAFETY: only tested for presence.
-    match unsafe { CONNTRACK.get(&e.peer) } {
+    match unsafe { CONNTRACK.get(&peer) } {
         None => true,
         Some(p) => p.peer != *k,
     }

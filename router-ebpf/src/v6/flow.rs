@@ -66,6 +66,23 @@ pub fn cache_hop(e: &mut FlowEntry6, hop: &Hop) {
     }
 }
 
+/// Counts a packet of `len` IP bytes of the hit `e` (as IPv4's
+/// `flow::count`).
+#[inline(always)]
+pub fn count(e: &mut FlowEntry6, len: usize) {
+    e.count.add(len as u64);
+}
+
+/// Counts the first packet of a new flow in the entry its commit just
+/// wrote under `key` (as IPv4's `flow::count_first`).
+#[inline(never)]
+pub fn count_first(key: &FlowKey6, len: usize) {
+    if let Some(e) = CONNTRACK6.get_ptr_mut(key) {
+        // SAFETY: map value pointer, valid for this run.
+        unsafe { (*e).count.add(len as u64) };
+    }
+}
+
 /// Updates TCP/UDP state and last-seen of a hit in both entries, writing
 /// only on a change or when the refresh interval passed (as IPv4's
 /// `track`). The other entry's key is the reverse of this one's.

@@ -60,6 +60,8 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now)?;
         // SAFETY: as above; no other reference to the entry is live.
         flow::track(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags, now);
+        // SAFETY: as above.
+        flow::count(unsafe { &mut *e }, pkt.len);
         if let Some(h) = cached {
             h
         } else {
@@ -69,7 +71,9 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
             h
         }
     } else {
-        flow::admit(ctx, ip, &key, pkt.tcp_flags, side, now)?
+        let h = flow::admit(ctx, ip, &key, pkt.tcp_flags, side, now)?;
+        flow::count_first(&key, pkt.len);
+        h
     };
     Ok(forward(eth, ip, &hop, forwarded))
 }

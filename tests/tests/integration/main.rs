@@ -18,6 +18,7 @@ mod daemon_run;
 mod dashboard;
 mod doctor;
 mod failover;
+mod flow_counters;
 mod ipv6_e2e;
 mod lifecycle;
 mod live_frames;

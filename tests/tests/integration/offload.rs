@@ -273,8 +273,47 @@ fn kernel_entries(t: &Topology, filter: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// After the 40 echoes of the offloaded UDP flow from port 42000: XDP
+/// counted them in the flow's entries; the kernel's own accounting, listed
+/// next to them, has what the kernel forwarded before the offload (it
+/// takes no counts from XDP).
+fn assert_counted_by_both(t: &Topology) {
+    let row = offloaded_rows(t)
+        .into_iter()
+        .find(|f| f["proto"] == "udp" && f["orig_src"] == format!("{CLIENT_ADDR}:42000"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no offloaded UDP row: {}",
+                t.router_ctl_ok(&["conntrack", "list"])
+            )
+        });
+    let num = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {row}"));
+    assert!(
+        num(&row["orig_packets"]) >= 40 && num(&row["reply_packets"]) >= 40,
+        "XDP's counts: {row}"
+    );
+    let kernel = &row["kernel"];
+    assert!(
+        num(&kernel["orig_packets"]) >= 1 && num(&kernel["reply_packets"]) >= 1,
+        "the kernel's counts of the flow's start: {row}"
+    );
+    assert!(
+        num(&kernel["orig_packets"]) + num(&row["orig_packets"]) >= 43,
+        "{row}"
+    );
+}
+
 fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
     let t = Topology::new();
+    // The kernel's per-flow accounting, shown next to XDP's counts.
+    let acct = t.exec(
+        Ns::Router,
+        &["sysctl", "-qw", "net.netfilter.nf_conntrack_acct=1"],
+    );
+    assert!(
+        acct.status.success(),
+        "turning conntrack accounting on failed"
+    );
     install_firewall(&t, fw);
     let _detach = DetachOnDrop(&t);
     let life = Duration::from_secs(90);
@@ -343,6 +382,7 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
         kernel_fwd < 20,
         "the kernel still forwards the offloaded flow ({kernel_fwd})"
     );
+    assert_counted_by_both(&t);
 
     // The port forward (the kernel's DNAT rule) works and is offloaded.
     let lan_srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));

@@ -96,6 +96,12 @@ fn check_page(dom: &str) {
         "no flow row with both tuples"
     );
     assert!(dom.contains("<polyline"), "no chart");
+    // The data path counts bytes per flow: the busiest flows are ranked by
+    // them, not by last activity.
+    assert!(
+        dom.contains(">by bytes<") && dom.contains(">by rate<"),
+        "flows not ranked by bytes and rate"
+    );
 }
 
 #[test]

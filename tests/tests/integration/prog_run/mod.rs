@@ -21,6 +21,7 @@
     reason = "each test is one scripted sequence of frames with short, parallel names"
 )]
 
+mod counts;
 mod expiry;
 mod fib;
 mod icmp;
@@ -40,8 +41,8 @@ use router_common::{
     flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, flow_hash},
     maps::{
         Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_MAPPED, FLAG_ORIGINAL,
-        FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
-        TcpWindow, Timeouts,
+        FLAG_PORT_FORWARD, FlowCount, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP,
+        IPPROTO_UDP, TcpWindow, Timeouts,
     },
 };
 use tests::addr::octets::{CLIENT, CLIENT2, LAN_NOBODY, ROUTER_LAN, SERVER, WAN, WAN_NOBODY};
@@ -351,11 +352,12 @@ fn dnat(ip: &Ipv4, addr: [u8; 4], port: u16) -> Ipv4 {
 }
 
 /// `e` with the next-hop cache cleared, as a new entry has it, and
-/// without the TCP window tracking (the `tcp_window` tests check that
-/// through [`Router::raw_entry`]).
+/// without the TCP window tracking and the packet counts (the `tcp_window`
+/// and `counts` tests check those through [`Router::raw_entry`]).
 fn without_hop(mut e: FlowEntry) -> FlowEntry {
     e.clear_next_hop();
     e.tcp = TcpWindow::default();
+    e.count = FlowCount::default();
     e
 }
 

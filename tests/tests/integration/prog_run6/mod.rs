@@ -10,6 +10,7 @@
     reason = "each test is one scripted sequence of frames with short, parallel names"
 )]
 
+mod counts;
 mod flows;
 mod icmp;
 mod pass_drop;
