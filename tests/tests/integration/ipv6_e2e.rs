@@ -16,7 +16,7 @@ use tests::{Ns, Topology, counter_delta};
 use crate::ctl::attach_and_print;
 
 /// The router namespace's `Ip6OutForwDatagrams` (/proc/net/snmp6).
-fn kernel_forwarded6(t: &Topology) -> u64 {
+pub(crate) fn kernel_forwarded6(t: &Topology) -> u64 {
     let text = t.exec_ok(Ns::Router, &["cat", "/proc/net/snmp6"]);
     text.lines()
         .find_map(|l| {
@@ -26,7 +26,7 @@ fn kernel_forwarded6(t: &Topology) -> u64 {
         .expect("Ip6OutForwDatagrams in /proc/net/snmp6")
 }
 
-fn ping6(t: &Topology, from: Ns, to: std::net::Ipv6Addr, count: u32) -> bool {
+pub(crate) fn ping6(t: &Topology, from: Ns, to: std::net::Ipv6Addr, count: u32) -> bool {
     let (c, d) = (count.to_string(), to.to_string());
     t.exec(
         from,

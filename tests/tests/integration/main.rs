@@ -25,6 +25,7 @@ mod malformed_corpus;
 mod metrics;
 mod nat_e2e;
 mod offload;
+mod offload6;
 mod prog_run;
 mod prog_run6;
 mod reliability;
