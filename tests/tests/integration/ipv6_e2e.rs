@@ -106,6 +106,33 @@ fn ipv6_tcp_udp_ping6_through_the_fast_path() {
     assert_eq!(f["origin"], "lan");
     assert_eq!(f["xlat_src"], f["orig_src"]);
     assert!(flows.iter().any(|f| f["proto"] == "icmpv6"), "{flows:?}");
+
+    // Every view shows the IPv6 table: count, stats, status.
+    let count: Value =
+        serde_json::from_str(&t.router_ctl_ok(&["conntrack", "count", "--json"])).unwrap();
+    assert_eq!(count["ipv6"]["flows"], 3, "{count}");
+    assert_eq!(count["ipv6"]["entries"], 6, "{count}");
+    assert_eq!(count["ipv6"]["capacity"], 131_072, "{count}");
+    assert_eq!(after["conntrack"]["ipv6"]["entries"], 6, "{after}");
+    let stats = t.router_ctl_ok(&["stats"]);
+    assert!(
+        stats.contains("conntrack6 entries 6 of capacity 131072"),
+        "{stats}"
+    );
+    let status_json: Value =
+        serde_json::from_str(&t.router_ctl_ok(&["status", "--json"])).unwrap();
+    assert_eq!(
+        status_json["maps"]["conntrack6"]["entries"], 6,
+        "{status_json}"
+    );
+    assert!(
+        t.router_ctl_ok(&["status"]).contains("map conntrack6: 6 of 131072 entries"),
+        "status"
+    );
+    // Flush empties both tables.
+    let flushed = t.router_ctl_ok(&["conntrack", "flush"]);
+    assert!(flushed.contains("6 IPv6 entries (3 flows)"), "{flushed}");
+    assert!(ipv6_flows(&t).is_empty(), "{:?}", ipv6_flows(&t));
 }
 
 #[test]
