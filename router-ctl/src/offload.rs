@@ -249,12 +249,7 @@ impl Keys {
     fn last_seen<T: Table>(&self, table: &T) -> Option<u64> {
         match self {
             Self::V4([a, b]) => Some(table.get(a)?.last_seen_ns.max(table.get(b)?.last_seen_ns)),
-            Self::V6([a, b]) => Some(
-                table
-                    .get6(a)?
-                    .last_seen_ns
-                    .max(table.get6(b)?.last_seen_ns),
-            ),
+            Self::V6([a, b]) => Some(table.get6(a)?.last_seen_ns.max(table.get6(b)?.last_seen_ns)),
         }
     }
 
@@ -918,7 +913,10 @@ mod tests {
         assert_eq!(ok, flow_key6(&c.orig));
         assert_eq!(rk, ok.reversed());
         assert!(o.lan_side() && !r.lan_side());
-        assert_eq!((o.flags & FLAG_ORIGINAL, r.flags & FLAG_ORIGINAL), (FLAG_ORIGINAL, 0));
+        assert_eq!(
+            (o.flags & FLAG_ORIGINAL, r.flags & FLAG_ORIGINAL),
+            (FLAG_ORIGINAL, 0)
+        );
         for e in [o, r] {
             assert_ne!(e.flags & FLAG_OFFLOADED, 0);
             assert_eq!((e.lease, e.state), (9, FlowState::UdpReplied as u8));
@@ -951,7 +949,10 @@ mod tests {
             assert_eq!(o.table.1[&key].lease, lease_until(21_000_000_000, 60));
         }
         o.destroy(&c);
-        assert_eq!((o.len(), o.table.1.len(), o.stats.ended_destroyed), (0, 0, 1));
+        assert_eq!(
+            (o.len(), o.table.1.len(), o.stats.ended_destroyed),
+            (0, 0, 1)
+        );
         // An evicted half hands the flow back.
         o.conn(&c, 30);
         o.table.remove6(&k.reversed());

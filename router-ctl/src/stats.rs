@@ -551,7 +551,10 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("conntrack entries 2 of capacity 8"));
-        assert!(t.contains("conntrack6 entries 4 of capacity 16 (IPv6"), "{t}");
+        assert!(
+            t.contains("conntrack6 entries 4 of capacity 16 (IPv6"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -119,14 +119,14 @@ fn ipv6_tcp_udp_ping6_through_the_fast_path() {
         stats.contains("conntrack6 entries 6 of capacity 131072"),
         "{stats}"
     );
-    let status_json: Value =
-        serde_json::from_str(&t.router_ctl_ok(&["status", "--json"])).unwrap();
+    let status_json: Value = serde_json::from_str(&t.router_ctl_ok(&["status", "--json"])).unwrap();
     assert_eq!(
         status_json["maps"]["conntrack6"]["entries"], 6,
         "{status_json}"
     );
     assert!(
-        t.router_ctl_ok(&["status"]).contains("map conntrack6: 6 of 131072 entries"),
+        t.router_ctl_ok(&["status"])
+            .contains("map conntrack6: 6 of 131072 entries"),
         "status"
     );
     // Flush empties both tables.

@@ -202,7 +202,12 @@ impl Drop for Daemon {
 }
 
 /// A UDP echo service in `ns` on `addr` for `lifetime` (a thread).
-pub(crate) fn udp_echo(t: &Topology, ns: Ns, addr: SocketAddr, lifetime: Duration) -> JoinHandle<()> {
+pub(crate) fn udp_echo(
+    t: &Topology,
+    ns: Ns,
+    addr: SocketAddr,
+    lifetime: Duration,
+) -> JoinHandle<()> {
     let name = t.ns_name(ns).to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {

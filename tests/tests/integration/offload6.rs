@@ -105,11 +105,15 @@ fn offload6_firewall_decides_and_established_flows_move_to_xdp() {
     // An established UDP flow moves to XDP after its first reply.
     let udp = udp6_client(&t, 42000, sa6(SERVER6, 7000));
     assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
-    wait_for("the UDP flow to be offloaded", Duration::from_secs(5), || {
-        offloaded6(&t)
-            .iter()
-            .any(|f| f["proto"] == "udp" && f["orig_dst"] == format!("[{SERVER6}]:7000"))
-    });
+    wait_for(
+        "the UDP flow to be offloaded",
+        Duration::from_secs(5),
+        || {
+            offloaded6(&t)
+                .iter()
+                .any(|f| f["proto"] == "udp" && f["orig_dst"] == format!("[{SERVER6}]:7000"))
+        },
+    );
     let (kernel0, out0, in0) = (
         kernel_forwarded6(&t),
         t.counter("fwd6_outbound"),
@@ -137,9 +141,11 @@ fn offload6_firewall_decides_and_established_flows_move_to_xdp() {
     // its FIN/RST still go to the kernel, which ends it.
     let control0 = t.counter("pass_offload_tcp_control");
     let stream = Stream::start(&t, sa6(SERVER6, 7200), 4 << 20, 3.0);
-    wait_for("the TCP stream to be offloaded", Duration::from_secs(5), || {
-        offloaded6(&t).iter().any(|f| f["proto"] == "tcp")
-    });
+    wait_for(
+        "the TCP stream to be offloaded",
+        Duration::from_secs(5),
+        || offloaded6(&t).iter().any(|f| f["proto"] == "tcp"),
+    );
     let out1 = t.counter("fwd6_outbound");
     let bytes = stream.finish();
     println!("IPv6 TCP stream: {bytes} bytes intact");
@@ -159,7 +165,10 @@ fn offload6_firewall_decides_and_established_flows_move_to_xdp() {
 
     // ping6: after the first reply the echo flow is offloaded too.
     let ping_out0 = t.counter("fwd6_outbound");
-    assert!(ping6(&t, Ns::Client, SERVER6, 6), "ping6 through the router");
+    assert!(
+        ping6(&t, Ns::Client, SERVER6, 6),
+        "ping6 through the router"
+    );
     assert!(
         offloaded6(&t).iter().any(|f| f["proto"] == "icmpv6"),
         "no offloaded ICMPv6 echo flow: {}",
@@ -205,9 +214,11 @@ fn offload6_daemon_stop_hands_flows_back_to_the_kernel() {
     let _srv = udp_echo(&t, Ns::Server, sa6(SERVER6, 7400), Duration::from_mins(1));
     let udp = udp6_client(&t, 43000, sa6(SERVER6, 7400));
     assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
-    wait_for("the UDP flow to be offloaded", Duration::from_secs(5), || {
-        offloaded6(&t).iter().any(|f| f["proto"] == "udp")
-    });
+    wait_for(
+        "the UDP flow to be offloaded",
+        Duration::from_secs(5),
+        || offloaded6(&t).iter().any(|f| f["proto"] == "udp"),
+    );
     let secs = 6.0;
     let stream = Stream::start(&t, sa6(SERVER6, 7300), 6 << 20, secs);
     wait_for("the stream to be offloaded", Duration::from_secs(5), || {

@@ -455,7 +455,11 @@ fn offloaded_tcp6_forwarded_and_control_segments_passed() {
         let orig = key(CLIENT6, 40000, SERVER6, 443, IPPROTO_TCP);
         let lease = lease_tick(now_ns()) + 60;
         offloaded(r, &orig, FlowState::TcpEstablished, lease);
-        let data = Ipv6::tcp(c, s, &Tcp::new(40000, 443, TCP_ACK | TCP_PSH).payload(b"hi"));
+        let data = Ipv6::tcp(
+            c,
+            s,
+            &Tcp::new(40000, 443, TCP_ACK | TCP_PSH).payload(b"hi"),
+        );
         r.redirect(
             "data out",
             &from_client(&env, &data),
@@ -492,7 +496,11 @@ fn offloaded_tcp6_forwarded_and_control_segments_passed() {
         r.assert_flows(
             "control segments changed nothing",
             &[
-                (orig, FlowState::TcpEstablished, FLAG_ORIGINAL | FLAG_OFFLOADED),
+                (
+                    orig,
+                    FlowState::TcpEstablished,
+                    FLAG_ORIGINAL | FLAG_OFFLOADED,
+                ),
                 (orig.reversed(), FlowState::TcpEstablished, FLAG_OFFLOADED),
             ],
         );
@@ -530,9 +538,19 @@ fn offloaded6_carried_only_within_the_lease() {
             ("echo reply in", &reply, false),
         ] {
             let (frame, ifindex, expect, counter) = if from_lan {
-                (from_client(&env, p), lan, to_server(&env, p), Counter::Fwd6Outbound)
+                (
+                    from_client(&env, p),
+                    lan,
+                    to_server(&env, p),
+                    Counter::Fwd6Outbound,
+                )
             } else {
-                (from_server(&env, p), wan, to_client(&env, p), Counter::Fwd6Inbound)
+                (
+                    from_server(&env, p),
+                    wan,
+                    to_client(&env, p),
+                    Counter::Fwd6Inbound,
+                )
             };
             r.redirect(what, &frame, ifindex, &expect, counter, &[]);
         }
