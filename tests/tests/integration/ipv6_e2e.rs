@@ -411,3 +411,51 @@ fn ipv6_path_mtu_discovery_across_a_narrow_hop_beyond_the_router() {
         "the transfer did not go through the fast path"
     );
 }
+
+/// `apply FILE` with `[[pinhole]]` sections: the pinhole opens inbound TCP
+/// to the LAN host; applying the file without it closes it again.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn ipv6_pinholes_from_apply() {
+    let t = Topology::new();
+    v6::enable(&t);
+    let path = std::env::temp_dir().join(format!("router-{}-pinholes.toml", std::process::id()));
+    let file = |pinholes: &str| {
+        let text = format!(
+            "[router]\nadmit = \"xdp\"\n[interfaces]\nlan = \"{}\"\nwan = \"{}\"\n{pinholes}",
+            tests::LAN_IF,
+            tests::WAN_IF
+        );
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let hole = format!("[[pinhole]]\nproto = \"tcp\"\nto = \"[{CLIENT6}]:2222\"\n");
+    let _cleanup = ExtraFile(path.clone());
+    let out = t.router_ctl_ok(&["apply", &file(&hole)]);
+    println!("{out}");
+    v6::resolve_neighbours(&t);
+    assert!(
+        out.contains(&format!("added tcp pinhole to [{CLIENT6}]:2222")),
+        "{out}"
+    );
+    let tcp = SocketAddr::new(IpAddr::V6(CLIENT6), 2222);
+    t.try_tcp_echo(Ns::Server, Ns::Client, tcp, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("through the applied pinhole: {e}"));
+    let out = t.router_ctl_ok(&["apply", &file("")]);
+    println!("{out}");
+    assert!(
+        out.contains(&format!("deleted tcp pinhole to [{CLIENT6}]:2222")),
+        "{out}"
+    );
+    let r = t.try_tcp_echo(Ns::Server, Ns::Client, tcp, Duration::from_secs(2));
+    assert!(r.is_err(), "the pinhole stayed open: {r:?}");
+}
+
+/// A file removed on drop.
+struct ExtraFile(std::path::PathBuf);
+
+impl Drop for ExtraFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
