@@ -487,7 +487,9 @@ impl FlowKey6 {
 /// times and the cached next hop (as in [`FlowEntry`]). `flags` are the
 /// same `FLAG_*` bits: [`FLAG_ORIGINAL`] on the opening direction,
 /// [`FLAG_PORT_FORWARD`] on both entries of a flow opened through a
-/// pinhole.
+/// pinhole (or, offloaded, whose original direction came from the WAN),
+/// [`FLAG_OFFLOADED`] on a flow the kernel admitted and the offload daemon
+/// wrote.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowEntry6 {
@@ -502,7 +504,9 @@ pub struct FlowEntry6 {
     pub hop_ifindex: u32,
     pub hop_dmac: [u8; 6],
     pub hop_smac: [u8; 6],
-    pub pad: u32,
+    /// Offloaded flows only: the end of the lease, as
+    /// [`FlowEntry::lease`] (same ticks, same semantics).
+    pub lease: u32,
     /// What the data path forwarded in this direction (see [`FlowCount`]).
     pub count: FlowCount,
 }

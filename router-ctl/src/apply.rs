@@ -1,14 +1,15 @@
 //! `apply FILE`: the router from one declarative TOML file. The whole file
 //! is parsed and validated (every error with its line and field) before
 //! anything changes; then the router is attached, replaced or left alone,
-//! and the port-forward rules are made to match the file exactly. Applying
-//! the same file twice changes nothing.
+//! and the port-forward rules and IPv6 pinholes are made to match the file
+//! exactly. Applying the same file twice changes nothing.
 
 use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddrV4, path::Path};
 
 use anyhow::{Context, Result, bail};
 use router_common::maps::{
-    DEFAULT_MAX_FLOWS, FlowState, MAX_PORT_FORWARDS, PortForwardKey, PortForwardTarget, Timeouts,
+    DEFAULT_MAX_FLOWS, FlowState, MAX_PINHOLES6, MAX_PORT_FORWARDS, PinholeKey6, PortForwardKey,
+    PortForwardTarget, Timeouts,
 };
 use serde::Deserialize;
 use toml::Spanned;
@@ -19,7 +20,7 @@ use crate::{
     forward::{self, Rule},
     lifecycle::{self, Outcome},
     maps::{PinnedMaps, snapshot},
-    parse::{self, MAX_FLOWS_LIMIT, Proto, TimeoutArg, WanAddr},
+    parse::{self, ForwardFrom, MAX_FLOWS_LIMIT, Proto, TimeoutArg, WanAddr},
     signals::SignalsBlocked,
     standalone, state,
 };
@@ -36,6 +37,16 @@ struct File {
     timeouts: Option<BTreeMap<Spanned<String>, Spanned<i64>>>,
     #[serde(default, rename = "forward")]
     forwards: Vec<Spanned<Forward>>,
+    /// IPv6 pinholes: `[[pinhole]] proto = "tcp", to = "[LAN_ADDR6]:PORT"`.
+    #[serde(default, rename = "pinhole")]
+    pinholes: Vec<Spanned<Pinhole>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pinhole {
+    proto: Spanned<String>,
+    to: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,6 +109,7 @@ struct Forward {
 pub struct Desired {
     pub args: AttachArgs,
     pub forwards: Vec<(PortForwardKey, PortForwardTarget)>,
+    pub pinholes: Vec<PinholeKey6>,
 }
 
 /// 1-based line and column of byte `offset` in `text`.
@@ -202,6 +214,17 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
              \"kernel\"): write them in nftables/iptables, or use admit = \"xdp\"",
         );
     }
+    let pinholes = errs.pinholes(&file.pinholes);
+    if admit == AdmitMode::Kernel
+        && let Some(p) = file.pinholes.first()
+    {
+        errs.at(
+            p.span(),
+            "pinhole",
+            "inbound IPv6 is the kernel firewall's in offload mode (router.admit = \
+             \"kernel\"): allow it in nftables/ip6tables, or use admit = \"xdp\"",
+        );
+    }
     if !errs.list.is_empty() {
         let n = errs.list.len();
         bail!(
@@ -228,6 +251,7 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
             object: None,
         },
         forwards,
+        pinholes,
     })
 }
 
@@ -430,6 +454,64 @@ impl Errors<'_> {
         out
     }
 
+    /// The `[[pinhole]]`s, each valid and given once.
+    fn pinholes(&mut self, pinholes: &[Spanned<Pinhole>]) -> Vec<PinholeKey6> {
+        let mut out: Vec<PinholeKey6> = Vec::new();
+        if pinholes.len() > MAX_PINHOLES6 as usize {
+            self.at(
+                pinholes[MAX_PINHOLES6 as usize].span(),
+                "pinhole",
+                format!("more than {MAX_PINHOLES6} pinholes"),
+            );
+        }
+        for p in pinholes {
+            let ph = p.get_ref();
+            let proto = match ph.proto.get_ref().as_str() {
+                "tcp" => Some(Proto::Tcp),
+                "udp" => Some(Proto::Udp),
+                other => {
+                    self.at(
+                        ph.proto.span(),
+                        "pinhole.proto",
+                        format!("{other:?} is not tcp or udp"),
+                    );
+                    None
+                }
+            };
+            let to = match parse::parse_forward_from(ph.to.get_ref()) {
+                Ok(ForwardFrom::Pinhole6(a)) => Some(a),
+                Ok(ForwardFrom::WanPort(_)) => {
+                    self.at(
+                        ph.to.span(),
+                        "pinhole.to",
+                        format!(
+                            "{:?} is not [LAN_ADDR6]:PORT (example: [2001:db8:50::2]:22)",
+                            ph.to.get_ref()
+                        ),
+                    );
+                    None
+                }
+                Err(e) => {
+                    self.at(ph.to.span(), "pinhole.to", e);
+                    None
+                }
+            };
+            if let (Some(proto), Some(to)) = (proto, to) {
+                let k = forward::pinhole_key(proto, to);
+                if out.contains(&k) {
+                    self.at(
+                        ph.to.span(),
+                        "pinhole.to",
+                        format!("{} {to} is given twice", proto.name()),
+                    );
+                } else {
+                    out.push(k);
+                }
+            }
+        }
+        out
+    }
+
     /// One `[[forward]]`: its protocol, WAN port and target, each if valid.
     fn forward(&mut self, fw: &Forward) -> (Option<Proto>, Option<u16>, Option<SocketAddrV4>) {
         let proto = match fw.proto.get_ref().as_str() {
@@ -507,6 +589,30 @@ fn sync_rules(
     Ok(changes)
 }
 
+/// Makes the pinned IPv6 pinholes equal to `want`; returns the changes.
+/// A router attached by a router-ctl without `PINHOLES6` can take none.
+fn sync_pinholes(maps: &PinnedMaps, want: &[PinholeKey6]) -> Result<Vec<String>> {
+    let mut map = match maps.pinholes6() {
+        Ok(m) => m,
+        Err(_) if want.is_empty() => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let have: Vec<PinholeKey6> = snapshot(&map, MAX_PINHOLES6)?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    let mut changes = Vec::new();
+    for k in have.iter().filter(|k| !want.contains(k)) {
+        map.remove(k).context("deleting a pinhole")?;
+        changes.push(format!("deleted {}", Rule::pinhole6(k).describe()));
+    }
+    for k in want.iter().filter(|k| !have.contains(k)) {
+        map.insert(k, 1, 0).context("adding a pinhole")?;
+        changes.push(format!("added {}", Rule::pinhole6(k).describe()));
+    }
+    Ok(changes)
+}
+
 /// The file's field an error of [`config::resolve`] is about, and its
 /// key as written in the file.
 const fn file_field(field: ConfigField) -> (&'static str, &'static str) {
@@ -541,12 +647,13 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let mut summary = String::new();
     let _ = write!(
         summary,
-        "{} -> {}, {}, table {} flows, {} port-forward rule(s)",
+        "{} -> {}, {}, table {} flows, {} port-forward rule(s), {} IPv6 pinhole(s)",
         cfg.lan,
         cfg.wan,
         cfg.admit_summary(),
         cfg.max_flows,
-        d.forwards.len()
+        d.forwards.len(),
+        d.pinholes.len()
     );
     if check {
         println!("{name} is valid: {summary}");
@@ -556,7 +663,9 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let changes = {
         let _lock = state::lock(ctx.ns())?;
         let _signals = SignalsBlocked::new();
-        sync_rules(&ctx.maps(), &d.forwards)?
+        let mut changes = sync_rules(&ctx.maps(), &d.forwards)?;
+        changes.extend(sync_pinholes(&ctx.maps(), &d.pinholes)?);
+        changes
     };
     for c in &changes {
         println!("{c}");
@@ -599,6 +708,45 @@ mod tests {
         assert!(d.forwards.is_empty());
         assert_eq!(d.args.timeouts, router_common::maps::Timeouts::default());
         assert_eq!(d.args.admit, AdmitMode::Kernel);
+    }
+
+    #[test]
+    fn ipv6_pinholes_are_read_checked_and_refused_in_offload_mode() {
+        let base = "[router]\nadmit = \"xdp\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n";
+        let d = parse_file(
+            "r",
+            &format!(
+                "{base}[[pinhole]]\nproto = \"tcp\"\nto = \"[2001:db8:50::2]:22\"\n\
+                 [[pinhole]]\nproto = \"udp\"\nto = \"[2001:db8:50::3]:5000\"\n"
+            ),
+        )
+        .unwrap();
+        let to: std::net::SocketAddrV6 = "[2001:db8:50::2]:22".parse().unwrap();
+        assert_eq!(d.pinholes.len(), 2);
+        assert_eq!(d.pinholes[0], forward::pinhole_key(Proto::Tcp, to));
+        // Every error at once, with its line and field.
+        let e = err(&format!(
+            "{base}[[pinhole]]\nproto = \"sctp\"\nto = \"[fe80::1]:22\"\n\
+             [[pinhole]]\nproto = \"tcp\"\nto = \"22\"\n\
+             [[pinhole]]\nproto = \"tcp\"\nto = \"[2001:db8:50::2]:22\"\n\
+             [[pinhole]]\nproto = \"tcp\"\nto = \"[2001:db8:50::2]:22\"\n"
+        ));
+        for want in [
+            "r.toml:7: pinhole.proto: \"sctp\" is not tcp or udp",
+            "r.toml:8: pinhole.to: fe80::1 is not a global unicast address",
+            "r.toml:11: pinhole.to: \"22\" is not [LAN_ADDR6]:PORT",
+            "r.toml:17: pinhole.to: tcp [2001:db8:50::2]:22 is given twice",
+        ] {
+            assert!(e.contains(want), "{want:?} in {e}");
+        }
+        let e = err(
+            "[router]\nadmit = \"kernel\"\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n\
+             [[pinhole]]\nproto = \"tcp\"\nto = \"[2001:db8:50::2]:22\"\n",
+        );
+        assert!(
+            e.contains("r.toml:6: pinhole: inbound IPv6 is the kernel firewall's"),
+            "{e}"
+        );
     }
 
     #[test]

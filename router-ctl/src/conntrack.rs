@@ -1,5 +1,5 @@
-//! `conntrack list|count|flush`: the flow table in `CONNTRACK`, and for
-//! `list` the IPv6 flows in `CONNTRACK6` too.
+//! `conntrack list|count|flush`: the flow table in `CONNTRACK`, and the
+//! IPv6 flows in `CONNTRACK6` too.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -478,12 +478,37 @@ pub fn list(maps: &PinnedMaps, json: bool, query: &Query) -> Result<()> {
     Ok(())
 }
 
-/// Flows (original entries), all entries, capacity in entries.
+/// Flows (original entries), all entries, capacity in entries; IPv6's
+/// table under `ipv6` where it is pinned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Counts {
     pub flows: usize,
     pub entries: usize,
     pub capacity: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Counts6>,
+}
+
+/// [`Counts`] of `CONNTRACK6`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Counts6 {
+    pub flows: usize,
+    pub entries: usize,
+    pub capacity: u32,
+}
+
+impl Counts6 {
+    #[must_use]
+    pub fn of(entries: &[(FlowKey6, FlowEntry6)], capacity: u32) -> Self {
+        Self {
+            flows: entries
+                .iter()
+                .filter(|(_, e)| e.flags & FLAG_ORIGINAL != 0)
+                .count(),
+            entries: entries.len(),
+            capacity,
+        }
+    }
 }
 
 impl Counts {
@@ -496,6 +521,7 @@ impl Counts {
                 .count(),
             entries: entries.len(),
             capacity,
+            ipv6: None,
         }
     }
 
@@ -506,17 +532,31 @@ impl Counts {
 
     #[must_use]
     pub fn plain(&self) -> String {
-        format!(
+        use std::fmt::Write as _;
+        let mut s = format!(
             "flows {} entries {} capacity {}",
             self.flows, self.entries, self.capacity
-        )
+        );
+        if let Some(c) = self.ipv6 {
+            let _ = write!(
+                s,
+                "\nipv6 flows {} entries {} capacity {}",
+                c.flows, c.entries, c.capacity
+            );
+        }
+        s
     }
 }
 
 pub fn count(maps: &PinnedMaps, json: bool) -> Result<()> {
     let table = maps.conntrack()?;
     let cap = maps::capacity(&table)?;
-    let c = Counts::of(&snapshot(&table, cap)?, cap);
+    let mut c = Counts::of(&snapshot(&table, cap)?, cap);
+    // A router attached by an older router-ctl has no CONNTRACK6 pinned.
+    if let Ok(table6) = maps.conntrack6() {
+        let cap6 = maps::capacity(&table6)?;
+        c.ipv6 = Some(Counts6::of(&snapshot(&table6, cap6)?, cap6));
+    }
     if json {
         println!("{}", c.json());
     } else {
@@ -525,16 +565,20 @@ pub fn count(maps: &PinnedMaps, json: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn flush(maps: &PinnedMaps) -> Result<()> {
-    let mut table = maps.conntrack()?;
-    let cap = maps::capacity(&table)?;
-    let entries = snapshot(&table, cap)?;
+/// Removes every entry of `table`; entries and flows (entries whose flags
+/// `flags_of` has [`FLAG_ORIGINAL`]) removed.
+fn flush_table<K: aya::Pod + Ord, V: aya::Pod>(
+    table: &mut aya::maps::HashMap<aya::maps::MapData, K, V>,
+    flags_of: fn(&V) -> u8,
+) -> Result<(usize, usize)> {
+    let cap = maps::capacity(table)?;
+    let entries = snapshot(table, cap)?;
     let (mut removed, mut flows) = (0usize, 0usize);
     for (k, e) in &entries {
         match table.remove(k) {
             Ok(()) => {
                 removed += 1;
-                if e.flags & FLAG_ORIGINAL != 0 {
+                if flags_of(e) & FLAG_ORIGINAL != 0 {
                     flows += 1;
                 }
             }
@@ -543,9 +587,23 @@ pub fn flush(maps: &PinnedMaps) -> Result<()> {
             Err(err) => return Err(err).context("removing a conntrack entry"),
         }
     }
+    Ok((removed, flows))
+}
+
+pub fn flush(maps: &PinnedMaps) -> Result<()> {
+    let mut table = maps.conntrack()?;
+    let (removed, flows) = flush_table(&mut table, |e: &FlowEntry| e.flags)?;
     record_flushed(maps, removed as u64)?;
+    let v6 = match maps.conntrack6() {
+        Ok(mut table6) => {
+            let (removed6, flows6) = flush_table(&mut table6, |e: &FlowEntry6| e.flags)?;
+            format!(", {removed6} IPv6 entries ({flows6} flows)")
+        }
+        // Attached by an older router-ctl: no CONNTRACK6 pinned.
+        Err(_) => String::new(),
+    };
     println!(
-        "flushed {removed} entries ({flows} flows); new packets of those flows open new \
+        "flushed {removed} entries ({flows} flows){v6}; new packets of those flows open new \
          flows or go to the kernel"
     );
     Ok(())
@@ -1014,11 +1072,28 @@ mod tests {
             Counts {
                 flows: 2,
                 entries: 4,
-                capacity: 16
+                capacity: 16,
+                ipv6: None,
             }
         );
         assert_eq!(c.plain(), "flows 2 entries 4 capacity 16");
         assert_eq!(c.json(), r#"{"flows":2,"entries":4,"capacity":16}"#);
+        let c6 = Counts {
+            ipv6: Some(Counts6 {
+                flows: 1,
+                entries: 3,
+                capacity: 8,
+            }),
+            ..c
+        };
+        assert_eq!(
+            c6.plain(),
+            "flows 2 entries 4 capacity 16\nipv6 flows 1 entries 3 capacity 8"
+        );
+        assert_eq!(
+            c6.json(),
+            r#"{"flows":2,"entries":4,"capacity":16,"ipv6":{"flows":1,"entries":3,"capacity":8}}"#
+        );
     }
 
     #[test]

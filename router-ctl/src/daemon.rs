@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::maps::MapError;
-use router_common::maps::{Admit, FlowEntry, FlowKey};
+use router_common::maps::{Admit, FlowEntry, FlowEntry6, FlowKey, FlowKey6};
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{Interest, unix::AsyncFd},
@@ -30,7 +30,7 @@ use crate::{
     ctnetlink::{CtSocket, Event, Tuple},
     ctx::Ctx,
     live::{DaemonView, Live},
-    maps::ConntrackMap,
+    maps::{Conntrack6Map, ConntrackMap},
     netlink,
     offload::{Kernel, KernelTimeouts, OffloadStats, Offloader, Table},
     service, state, web,
@@ -142,22 +142,47 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The pinned XDP conntrack map.
-struct PinnedTable(ConntrackMap);
+/// The pinned XDP conntrack maps. `v6` is `None` for a router attached by
+/// a router-ctl without `CONNTRACK6`: its IPv6 flows stay in the kernel.
+struct PinnedTable {
+    v4: ConntrackMap,
+    v6: Option<Conntrack6Map>,
+}
+
+fn io_error(e: &MapError) -> io::Error {
+    match e {
+        MapError::SyscallError(s) => io::Error::new(s.io_error.kind(), e.to_string()),
+        _ => io::Error::other(e.to_string()),
+    }
+}
 
 impl Table for PinnedTable {
     fn get(&self, k: &FlowKey) -> Option<FlowEntry> {
-        self.0.get(k, 0).ok()
+        self.v4.get(k, 0).ok()
     }
     fn insert(&mut self, k: &FlowKey, v: &FlowEntry) -> io::Result<()> {
-        self.0.insert(k, v, 0).map_err(|e| match &e {
-            MapError::SyscallError(s) => io::Error::new(s.io_error.kind(), e.to_string()),
-            _ => io::Error::other(e.to_string()),
-        })
+        self.v4.insert(k, v, 0).map_err(|e| io_error(&e))
     }
     fn remove(&mut self, k: &FlowKey) {
         // Already gone (LRU eviction, flush) is fine.
-        let _ = self.0.remove(k);
+        let _ = self.v4.remove(k);
+    }
+    fn get6(&self, k: &FlowKey6) -> Option<FlowEntry6> {
+        self.v6.as_ref()?.get(k, 0).ok()
+    }
+    fn insert6(&mut self, k: &FlowKey6, v: &FlowEntry6) -> io::Result<()> {
+        let Some(m) = self.v6.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no CONNTRACK6 pinned (attached by an older router-ctl)",
+            ));
+        };
+        m.insert(k, v, 0).map_err(|e| io_error(&e))
+    }
+    fn remove6(&mut self, k: &FlowKey6) {
+        if let Some(m) = self.v6.as_mut() {
+            let _ = m.remove(k);
+        }
     }
 }
 
@@ -234,7 +259,10 @@ impl Session {
         let maps = ctx.maps();
         let cfg = maps.read_config()?;
         let kernel_mode = cfg.admit == Admit::Kernel as u8;
-        let table = PinnedTable(maps.conntrack()?);
+        let table = PinnedTable {
+            v4: maps.conntrack()?,
+            v6: maps.conntrack6().ok(),
+        };
         let kernel = NetlinkKernel {
             ct: CtSocket::requests().context("opening a ctnetlink socket")?,
             routes: HashMap::new(),

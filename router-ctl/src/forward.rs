@@ -105,7 +105,9 @@ pub fn add_pinhole6(maps: &PinnedMaps, proto: Proto, to: SocketAddrV6) -> Result
         .is_ok_and(|c| c.admit == Admit::Kernel as u8)
     {
         bail!(
-            "in offload mode (attach --admit kernel) inbound IPv6 is the kernel firewall's:              allow it there (e.g. `nft add rule inet filter forward iifname WAN ip6 daddr {}              {} dport {} accept`)",
+            "in offload mode (attach --admit kernel) inbound IPv6 is the kernel firewall's: \
+             allow it there (e.g. `nft add rule inet filter forward iifname WAN ip6 daddr {} \
+             {} dport {} accept`)",
             to.ip(),
             proto.name(),
             to.port()

@@ -240,13 +240,7 @@ impl Live {
             now.duration_since(*at) >= (self.walk_cost * 4).max(Duration::from_millis(900))
         });
         if viewed && due {
-            let fill = stats::table_use(&maps, &cs).map_or(Value::Null, |t| {
-                json!({
-                    "entries": t.entries,
-                    "capacity": t.capacity,
-                    "evicted_estimate": t.evicted_estimate,
-                })
-            });
+            let fill = stats::table_use(&maps, &cs).map_or(Value::Null, |t| t.json());
             let flows = self.flows(ctx);
             self.walk_cost = now.elapsed();
             self.table = Some((now, fill, flows));
@@ -261,7 +255,7 @@ impl Live {
             let entries = maps::snapshot(&table, maps::capacity(&table)?)?;
             let now = monotonic_ns();
             let mut rows = conntrack::flow_rows(&entries, now, &cfg.timeouts);
-            // A router attached by an older router-ctl has no CONNTRACK6.
+            // IPv6 flows (rows with `family: "ipv6"`), where pinned.
             if let Ok(table6) = maps.conntrack6() {
                 let entries6 = maps::snapshot(&table6, maps::capacity(&table6)?)?;
                 rows.extend(conntrack::flow_rows6(&entries6, now, &cfg.timeouts));

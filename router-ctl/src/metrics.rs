@@ -99,6 +99,26 @@ fn gauge(
     Ok(())
 }
 
+/// One gauge with a sample per label set.
+fn gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(Labels, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        name,
+        help,
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    for (labels, v) in rows {
+        let fam = m.encode_family(labels)?;
+        ConstGauge::new(*v).encode(fam)?;
+    }
+    Ok(())
+}
+
 fn i64_of(v: impl TryInto<i64>) -> i64 {
     v.try_into().unwrap_or(i64::MAX)
 }
@@ -260,19 +280,26 @@ impl Collector for RouterCollector {
             std::iter::once((Vec::new(), get(Counter::PortCollision))),
         )?;
         if let Some(t) = stats::table_use(&maps, &cs) {
-            gauge(
+            // IPv4's table unlabelled (as before IPv6 had one), IPv6's
+            // `CONNTRACK6` with `family="ipv6"`, as the counters do.
+            let v6 = |v: i64| (vec![("family", "ipv6".to_owned())], v);
+            let mut entries = vec![(Vec::new(), i64_of(t.entries))];
+            let mut capacity = vec![(Vec::new(), i64::from(t.capacity))];
+            if let Some(t6) = t.ipv6 {
+                entries.push(v6(i64_of(t6.entries)));
+                capacity.push(v6(i64::from(t6.capacity)));
+            }
+            gauges(
                 &mut enc,
                 "xdp_router_conntrack_entries",
                 "Conntrack entries in use (two per flow)",
-                &Vec::new(),
-                i64_of(t.entries),
+                &entries,
             )?;
-            gauge(
+            gauges(
                 &mut enc,
                 "xdp_router_conntrack_capacity",
                 "Conntrack capacity in entries",
-                &Vec::new(),
-                i64::from(t.capacity),
+                &capacity,
             )?;
             gauge(
                 &mut enc,

@@ -3,9 +3,12 @@
 //!
 //! The kernel admits every flow (firewall, NAT, helpers). Once a connection
 //! is established in its conntrack (TCP ESTABLISHED and ASSURED, UDP and
-//! ICMP echo after the first reply) and runs between the LAN and the WAN
-//! interface, [`Offloader`] writes both directions into the XDP conntrack
-//! map with the kernel's NAT mapping ([`entries`]). From then on:
+//! ICMP / `ICMPv6` echo after the first reply) and runs between the LAN and
+//! the WAN interface, [`Offloader`] writes both directions into the XDP
+//! conntrack map: IPv4 with the kernel's NAT mapping ([`entries`]) into
+//! `CONNTRACK`, IPv6 (routed, so only connections the kernel does not
+//! translate) into `CONNTRACK6` ([`entries6`]). From then on, in both
+//! families alike:
 //! - TCP FIN/RST/SYN still go to the kernel (the data path passes them), so
 //!   it sees the teardown; a closing state or a DESTROY event removes the
 //!   XDP entries.
@@ -28,11 +31,12 @@ use std::{
 };
 
 use router_common::maps::{
-    FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowKey, FlowState, lease_tick,
+    FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
+    FlowState, lease_tick,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::ctnetlink::{Conn, IPPROTO_ICMP, Tuple, status, tcp_state};
+use crate::ctnetlink::{Conn, IPPROTO_ICMP, IPPROTO_ICMPV6, Tuple, status, tcp_state};
 
 /// Longest lease: how long XDP may go on carrying a flow after the daemon
 /// last confirmed the kernel still has it.
@@ -44,6 +48,7 @@ const LEASE_MARGIN_SECS: u32 = 4;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const ICMP_ECHO_REQUEST: u8 = 8;
+const ICMPV6_ECHO_REQUEST: u8 = 128;
 
 /// Why a connection is (not yet, or never) carried by XDP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +64,17 @@ pub enum Verdict {
 #[must_use]
 pub fn eligibility(c: &Conn) -> Verdict {
     use Verdict::{Offload, Refuse, Wait};
-    if !(c.orig.src.is_ipv4() && c.orig.dst.is_ipv4()) {
-        return Refuse("ipv6");
+    let v4 = [c.orig.src, c.orig.dst, c.reply.src, c.reply.dst]
+        .iter()
+        .filter(|a| a.is_ipv4())
+        .count();
+    if v4 != 0 && v4 != 4 {
+        return Refuse("mixed_family");
+    }
+    // The IPv6 data path routes and never translates: a connection the
+    // kernel translates (NAT66, NPTv6) is its own to carry.
+    if v4 == 0 && !untranslated(c) {
+        return Refuse("ipv6_nat");
     }
     if c.status & (status::DYING | status::UNTRACKED | status::TEMPLATE) != 0 {
         return Refuse("dying");
@@ -87,11 +101,26 @@ pub fn eligibility(c: &Conn) -> Verdict {
         IPPROTO_ICMP if c.orig.icmp.map(|(t, _)| t) != Some(ICMP_ECHO_REQUEST) => {
             Refuse("icmp_type")
         }
+        IPPROTO_ICMPV6 if c.orig.icmp.map(|(t, _)| t) != Some(ICMPV6_ECHO_REQUEST) => {
+            Refuse("icmp_type")
+        }
+        // An ICMPv4 tuple over IPv6 or the reverse: not a flow either data
+        // path keys.
+        IPPROTO_ICMP | IPPROTO_ICMPV6 if (c.orig.proto == IPPROTO_ICMPV6) == (v4 != 0) => {
+            Refuse("protocol")
+        }
         // UDP and ICMP echo: once the other side answered.
-        IPPROTO_UDP | IPPROTO_ICMP if c.has(status::SEEN_REPLY) => Offload,
-        IPPROTO_UDP | IPPROTO_ICMP => Wait("unreplied"),
+        IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6 if c.has(status::SEEN_REPLY) => Offload,
+        IPPROTO_UDP | IPPROTO_ICMP | IPPROTO_ICMPV6 => Wait("unreplied"),
         _ => Refuse("protocol"),
     }
+}
+
+/// Whether the reply tuple is the original one reversed: the kernel
+/// translates nothing.
+fn untranslated(c: &Conn) -> bool {
+    let (o, r) = (&c.orig, &c.reply);
+    r.src == o.dst && r.dst == o.src && r.sport == o.dport && r.dport == o.sport
 }
 
 fn v4(a: IpAddr) -> [u8; 4] {
@@ -105,6 +134,19 @@ fn v4(a: IpAddr) -> [u8; 4] {
 #[must_use]
 pub fn flow_key(t: &Tuple) -> FlowKey {
     FlowKey::new(v4(t.src), v4(t.dst), t.sport, t.dport, t.proto)
+}
+
+fn v6(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+    }
+}
+
+/// The IPv6 XDP key of one direction of a kernel connection.
+#[must_use]
+pub fn flow_key6(t: &Tuple) -> FlowKey6 {
+    FlowKey6::new(v6(t.src), v6(t.dst), t.sport, t.dport, t.proto)
 }
 
 /// The data path's state for an offloaded connection.
@@ -150,11 +192,93 @@ pub fn entries(
     ]
 }
 
-/// The XDP conntrack map, as far as the offloader uses it.
+/// Both `CONNTRACK6` entries of the (untranslated, IPv6) kernel connection
+/// `c`, original direction first; `orig_from_lan` as for [`entries`].
+/// Routed: each entry's key is the other's reversed, and there is no
+/// translation to record.
+#[must_use]
+pub fn entries6(
+    c: &Conn,
+    orig_from_lan: bool,
+    now_ns: u64,
+    lease: u32,
+) -> [(FlowKey6, FlowEntry6); 2] {
+    let side = if orig_from_lan { 0 } else { FLAG_PORT_FORWARD };
+    let entry = |flags: u8| FlowEntry6 {
+        last_seen_ns: now_ns,
+        created_ns: now_ns,
+        state: flow_state(c.orig.proto) as u8,
+        flags: flags | side | FLAG_OFFLOADED,
+        lease,
+        ..FlowEntry6::default()
+    };
+    [
+        (flow_key6(&c.orig), entry(FLAG_ORIGINAL)),
+        (flow_key6(&c.reply), entry(0)),
+    ]
+}
+
+/// The XDP conntrack maps (`CONNTRACK`, and `CONNTRACK6` for IPv6), as far
+/// as the offloader uses them.
 pub trait Table {
     fn get(&self, k: &FlowKey) -> Option<FlowEntry>;
     fn insert(&mut self, k: &FlowKey, v: &FlowEntry) -> io::Result<()>;
     fn remove(&mut self, k: &FlowKey);
+    fn get6(&self, k: &FlowKey6) -> Option<FlowEntry6>;
+    fn insert6(&mut self, k: &FlowKey6, v: &FlowEntry6) -> io::Result<()>;
+    fn remove6(&mut self, k: &FlowKey6);
+}
+
+/// The XDP keys of an offloaded connection: original direction, reply
+/// direction, in the map of its family.
+#[derive(Clone, Copy, Debug)]
+enum Keys {
+    V4([FlowKey; 2]),
+    V6([FlowKey6; 2]),
+}
+
+impl Keys {
+    fn remove<T: Table>(&self, table: &mut T) {
+        match self {
+            Self::V4(keys) => keys.iter().for_each(|k| table.remove(k)),
+            Self::V6(keys) => keys.iter().for_each(|k| table.remove6(k)),
+        }
+    }
+
+    /// The newest last-seen time of the two entries, `None` if one is gone.
+    fn last_seen<T: Table>(&self, table: &T) -> Option<u64> {
+        match self {
+            Self::V4([a, b]) => Some(table.get(a)?.last_seen_ns.max(table.get(b)?.last_seen_ns)),
+            Self::V6([a, b]) => Some(table.get6(a)?.last_seen_ns.max(table.get6(b)?.last_seen_ns)),
+        }
+    }
+
+    /// Writes `lease` into both entries (read again, so the data path's
+    /// state and times written since are kept); the failed writes.
+    fn set_lease<T: Table>(&self, table: &mut T, lease: u32) -> u64 {
+        let mut failed = 0;
+        match self {
+            Self::V4(keys) => {
+                for k in keys {
+                    let ok = table.get(k).is_some_and(|mut e| {
+                        e.lease = lease;
+                        table.insert(k, &e).is_ok()
+                    });
+                    failed += u64::from(!ok);
+                }
+            }
+            Self::V6(keys) => {
+                for k in keys {
+                    let ok = table.get6(k).is_some_and(|mut e| {
+                        e.lease = lease;
+                        table.insert6(k, &e).is_ok()
+                    });
+                    failed += u64::from(!ok);
+                }
+            }
+        }
+        failed
+    }
 }
 
 /// The kernel's conntrack, as far as the offloader changes it.
@@ -173,6 +297,7 @@ pub struct KernelTimeouts {
     pub tcp_established: u32,
     pub udp_stream: u32,
     pub icmp: u32,
+    pub icmpv6: u32,
 }
 
 impl Default for KernelTimeouts {
@@ -182,6 +307,7 @@ impl Default for KernelTimeouts {
             tcp_established: 432_000,
             udp_stream: 120,
             icmp: 30,
+            icmpv6: 30,
         }
     }
 }
@@ -202,6 +328,7 @@ impl KernelTimeouts {
             tcp_established: sysctl("nf_conntrack_tcp_timeout_established", d.tcp_established),
             udp_stream: sysctl("nf_conntrack_udp_timeout_stream", d.udp_stream),
             icmp: sysctl("nf_conntrack_icmp_timeout", d.icmp),
+            icmpv6: sysctl("nf_conntrack_icmpv6_timeout", d.icmpv6),
         }
     }
 
@@ -210,6 +337,7 @@ impl KernelTimeouts {
         match proto {
             IPPROTO_TCP => self.tcp_established,
             IPPROTO_UDP => self.udp_stream,
+            IPPROTO_ICMPV6 => self.icmpv6,
             _ => self.icmp,
         }
     }
@@ -256,8 +384,7 @@ pub struct OffloadStats {
 }
 
 struct Offloaded {
-    /// XDP keys: original direction, reply direction.
-    keys: [FlowKey; 2],
+    keys: Keys,
     proto: u8,
     /// Newest `last_seen_ns` of the two XDP entries at the last tick.
     last_seen_ns: u64,
@@ -343,23 +470,28 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
             return;
         }
-        let pair = entries(c, orig_from_lan, now_ns, lease_until(now_ns, lease));
-        // Reply direction first: a packet of the original direction that
-        // hits before the pair is complete would have no way back in XDP.
-        for (i, (k, v)) in pair.iter().enumerate().rev() {
-            if let Err(e) = self.table.insert(k, v) {
+        let until = lease_until(now_ns, lease);
+        let written = if c.orig.src.is_ipv4() {
+            let pair = entries(c, orig_from_lan, now_ns, until);
+            write_pair(&mut self.table, &pair, T::insert, T::remove)
+                .map(|()| Keys::V4([pair[0].0, pair[1].0]))
+        } else {
+            let pair = entries6(c, orig_from_lan, now_ns, until);
+            write_pair(&mut self.table, &pair, T::insert6, T::remove6)
+                .map(|()| Keys::V6([pair[0].0, pair[1].0]))
+        };
+        let keys = match written {
+            Ok(keys) => keys,
+            Err(e) => {
                 self.stats.errors += 1;
-                tracing::warn!("offload: writing the XDP entry {k:?}: {e}");
-                for (k, _) in &pair[i + 1..] {
-                    self.table.remove(k);
-                }
+                tracing::warn!("offload: writing the XDP entries of {:?}: {e}", c.orig);
                 return;
             }
-        }
+        };
         self.flows.insert(
             c.orig,
             Offloaded {
-                keys: [pair[0].0, pair[1].0],
+                keys,
                 proto: c.orig.proto,
                 last_seen_ns: now_ns,
             },
@@ -373,9 +505,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let Some(f) = self.flows.remove(orig) else {
             return false;
         };
-        for k in &f.keys {
-            self.table.remove(k);
-        }
+        f.keys.remove(&mut self.table);
         true
     }
 
@@ -385,12 +515,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     pub fn tick(&mut self, now_ns: u64) {
         let mut gone = Vec::new();
         for (orig, f) in &mut self.flows {
-            let (Some(a), Some(b)) = (self.table.get(&f.keys[0]), self.table.get(&f.keys[1]))
-            else {
+            let Some(seen) = f.keys.last_seen(&self.table) else {
                 gone.push((*orig, false));
                 continue;
             };
-            let seen = a.last_seen_ns.max(b.last_seen_ns);
             if seen <= f.last_seen_ns {
                 continue;
             }
@@ -411,19 +539,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
             f.last_seen_ns = seen;
             let lease = lease_until(now_ns, lease_secs(timeout).unwrap_or(0));
-            for (k, mut e) in [(f.keys[0], a), (f.keys[1], b)] {
-                e.lease = lease;
-                if self.table.insert(&k, &e).is_err() {
-                    self.stats.errors += 1;
-                }
-            }
+            self.stats.errors += f.keys.set_lease(&mut self.table, lease);
             self.stats.refreshed += 1;
         }
         for (orig, kernel_gone) in gone {
             if let Some(f) = self.flows.remove(&orig) {
-                for k in &f.keys {
-                    self.table.remove(k);
-                }
+                f.keys.remove(&mut self.table);
             }
             if kernel_gone {
                 self.stats.ended_kernel_gone += 1;
@@ -455,6 +576,19 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     }
 }
 
+/// Writes a connection's two entries, reply direction first: a packet of
+/// the original direction that hits before the pair is complete would have
+/// no way back in XDP. On a failure the entries written are removed again.
+fn write_pair<T, K, V>(
+    table: &mut T,
+    pair: &[(K, V); 2],
+    insert: fn(&mut T, &K, &V) -> io::Result<()>,
+    remove: fn(&mut T, &K),
+) -> io::Result<()> {
+    insert(table, &pair[1].0, &pair[1].1)?;
+    insert(table, &pair[0].0, &pair[0].1).inspect_err(|_| remove(table, &pair[1].0))
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -466,7 +600,7 @@ mod tests {
     const WAN: u32 = 3;
 
     #[derive(Default)]
-    struct MemTable(BTreeMap<FlowKey, FlowEntry>);
+    struct MemTable(BTreeMap<FlowKey, FlowEntry>, BTreeMap<FlowKey6, FlowEntry6>);
 
     impl Table for MemTable {
         fn get(&self, k: &FlowKey) -> Option<FlowEntry> {
@@ -478,6 +612,16 @@ mod tests {
         }
         fn remove(&mut self, k: &FlowKey) {
             self.0.remove(k);
+        }
+        fn get6(&self, k: &FlowKey6) -> Option<FlowEntry6> {
+            self.1.get(k).copied()
+        }
+        fn insert6(&mut self, k: &FlowKey6, v: &FlowEntry6) -> io::Result<()> {
+            self.1.insert(*k, *v);
+            Ok(())
+        }
+        fn remove6(&mut self, k: &FlowKey6) {
+            self.1.remove(k);
         }
     }
 
@@ -502,6 +646,8 @@ mod tests {
             match addr {
                 IpAddr::V4(a) if a.octets()[..3] == [192, 168, 50] => Some(LAN),
                 IpAddr::V4(a) if a.octets() == [203, 0, 113, 1] => Some(1),
+                // fd00:50::/64 is the LAN prefix.
+                IpAddr::V6(a) if a.segments()[..4] == [0xfd00, 0x50, 0, 0] => Some(LAN),
                 _ => Some(WAN),
             }
         }
@@ -700,5 +846,127 @@ mod tests {
         assert_eq!(lease_secs(120), Some(60));
         assert_eq!(lease_secs(10), Some(5));
         assert_eq!(lease_secs(6), None);
+    }
+
+    /// A routed IPv6 UDP flow `[fd00:50::2]:5000 -> [2001:db8:1::2]:53` (no
+    /// translation: the reply tuple is the original reversed).
+    fn udp6(status: u32) -> Conn {
+        let orig = Tuple {
+            src: "fd00:50::2".parse().unwrap(),
+            dst: "2001:db8:1::2".parse().unwrap(),
+            proto: 17,
+            sport: 5000,
+            dport: 53,
+            icmp: None,
+        };
+        Conn {
+            orig,
+            reply: Tuple {
+                src: orig.dst,
+                dst: orig.src,
+                sport: orig.dport,
+                dport: orig.sport,
+                ..orig
+            },
+            status,
+            ..Conn::default()
+        }
+    }
+
+    #[test]
+    fn ipv6_eligibility_refuses_translation_and_foreign_icmp() {
+        let c = udp6(CONFIRMED | SEEN_REPLY);
+        assert_eq!(eligibility(&c), Verdict::Offload);
+        assert_eq!(eligibility(&udp6(CONFIRMED)), Verdict::Wait("unreplied"));
+        // NAT66 / masquerade: the reply goes to another address or port.
+        let mut nat = c.clone();
+        nat.reply.dst = "2001:db8::1".parse().unwrap();
+        assert_eq!(eligibility(&nat), Verdict::Refuse("ipv6_nat"));
+        let mut nat = c.clone();
+        nat.reply.dport = 61000;
+        assert_eq!(eligibility(&nat), Verdict::Refuse("ipv6_nat"));
+        let mut mixed = c.clone();
+        mixed.reply.src = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 2));
+        assert_eq!(eligibility(&mixed), Verdict::Refuse("mixed_family"));
+        // ICMPv6: echo only, and not under IPv4's protocol number.
+        let mut ping = c.clone();
+        for t in [&mut ping.orig, &mut ping.reply] {
+            t.proto = IPPROTO_ICMPV6;
+            (t.sport, t.dport) = (7, 7);
+        }
+        ping.orig.icmp = Some((128, 0));
+        ping.reply.icmp = Some((129, 0));
+        assert_eq!(eligibility(&ping), Verdict::Offload);
+        let mut other = ping.clone();
+        other.orig.icmp = Some((1, 4));
+        assert_eq!(eligibility(&other), Verdict::Refuse("icmp_type"));
+        let mut v4_over_v6 = ping.clone();
+        v4_over_v6.orig.proto = IPPROTO_ICMP;
+        v4_over_v6.orig.icmp = Some((8, 0));
+        assert_eq!(eligibility(&v4_over_v6), Verdict::Refuse("protocol"));
+    }
+
+    #[test]
+    fn ipv6_entries_are_routed_halves_of_one_flow() {
+        let c = udp6(CONFIRMED | SEEN_REPLY);
+        let [(ok, o), (rk, r)] = entries6(&c, true, 5, 9);
+        assert_eq!(ok, flow_key6(&c.orig));
+        assert_eq!(rk, ok.reversed());
+        assert!(o.lan_side() && !r.lan_side());
+        assert_eq!(
+            (o.flags & FLAG_ORIGINAL, r.flags & FLAG_ORIGINAL),
+            (FLAG_ORIGINAL, 0)
+        );
+        for e in [o, r] {
+            assert_ne!(e.flags & FLAG_OFFLOADED, 0);
+            assert_eq!((e.lease, e.state), (9, FlowState::UdpReplied as u8));
+            assert_eq!((e.last_seen_ns, e.created_ns), (5, 5));
+        }
+        // Opened from the WAN (a firewall rule admitted it): the reply
+        // direction is the LAN side.
+        let [(_, o), (_, r)] = entries6(&c, false, 5, 9);
+        assert!(!o.lan_side() && r.lan_side());
+    }
+
+    #[test]
+    fn ipv6_flow_is_offloaded_renewed_and_ended_like_ipv4() {
+        let c = udp6(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1_000);
+        assert_eq!((o.len(), o.table.0.len(), o.table.1.len()), (1, 0, 2));
+        assert_eq!(o.kernel.refreshed, vec![(c.orig, 120)]);
+        let k = flow_key6(&c.orig);
+        let lease0 = o.table.1[&k].lease;
+        assert_eq!(lease0, lease_until(1_000, 60));
+        // Idle: nothing renewed.
+        o.tick(10_000_000_000);
+        assert_eq!((o.kernel.refreshed.len(), o.table.1[&k].lease), (1, lease0));
+        // XDP carried a packet of the reply direction: both leases renewed.
+        o.table.1.get_mut(&k.reversed()).unwrap().last_seen_ns = 20_000_000_000;
+        o.tick(21_000_000_000);
+        assert_eq!(o.kernel.refreshed.len(), 2);
+        for key in [k, k.reversed()] {
+            assert_eq!(o.table.1[&key].lease, lease_until(21_000_000_000, 60));
+        }
+        o.destroy(&c);
+        assert_eq!(
+            (o.len(), o.table.1.len(), o.stats.ended_destroyed),
+            (0, 0, 1)
+        );
+        // An evicted half hands the flow back.
+        o.conn(&c, 30);
+        o.table.remove6(&k.reversed());
+        o.tick(40);
+        assert_eq!((o.len(), o.table.1.len(), o.stats.handed_back), (0, 0, 1));
+    }
+
+    #[test]
+    fn icmpv6_echo_uses_the_kernels_icmpv6_timeout() {
+        let t = KernelTimeouts {
+            icmp: 30,
+            icmpv6: 16,
+            ..KernelTimeouts::default()
+        };
+        assert_eq!((t.of(IPPROTO_ICMP), t.of(IPPROTO_ICMPV6)), (30, 16));
     }
 }

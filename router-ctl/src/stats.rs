@@ -91,6 +91,65 @@ pub struct TableUse {
     /// must have evicted. Approximate: the counters and the key walk are not
     /// one snapshot while traffic runs.
     pub evicted_estimate: u64,
+    /// The IPv6 flow table, `CONNTRACK6` (`None` on a router attached by a
+    /// router-ctl without it).
+    pub ipv6: Option<TableUse6>,
+}
+
+/// `CONNTRACK6` entries in use and capacity. No eviction estimate: the
+/// daemon's and `conntrack flush`'s removals of IPv6 entries are not
+/// counted, so inserted - present would overstate it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableUse6 {
+    pub entries: usize,
+    pub capacity: u32,
+}
+
+impl TableUse {
+    /// The `"conntrack"` object of `stats --json` and the watch samples.
+    #[must_use]
+    pub fn json(&self) -> Value {
+        let mut v = json!({
+            "entries": self.entries,
+            "capacity": self.capacity,
+            "evicted_estimate": self.evicted_estimate,
+        });
+        if let Some(t) = self.ipv6 {
+            v["ipv6"] = json!({"entries": t.entries, "capacity": t.capacity});
+        }
+        v
+    }
+
+    /// The table line(s) of `stats` and `stats --watch`.
+    #[must_use]
+    pub fn lines(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = format!(
+            "\nconntrack entries {} of capacity {} (two per flow), about {} evicted by the LRU\n",
+            self.entries, self.capacity, self.evicted_estimate
+        );
+        if let Some(t) = self.ipv6 {
+            let _ = writeln!(
+                s,
+                "conntrack6 entries {} of capacity {} (IPv6, two per flow)",
+                t.entries, t.capacity
+            );
+        }
+        s
+    }
+}
+
+/// Keys of a pinned map walked, at most its capacity.
+fn entries_in<K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::HashMap<aya::maps::MapData, K, V>,
+    capacity: u32,
+) -> usize {
+    let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
+    map.keys()
+        .take(limit)
+        .flatten()
+        .count()
+        .min(capacity as usize)
 }
 
 /// `counters` are the summed counters just read ([`read_counters`]), for
@@ -99,17 +158,19 @@ pub struct TableUse {
 pub fn table_use(maps: &PinnedMaps, counters: &[(Counter, CounterValue)]) -> Option<TableUse> {
     let map = maps.conntrack().ok()?;
     let capacity = maps::capacity(&map).ok()?;
-    let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
-    let entries = map
-        .keys()
-        .take(limit)
-        .flatten()
-        .count()
-        .min(capacity as usize);
+    let entries = entries_in(&map, capacity);
+    let ipv6 = maps.conntrack6().ok().and_then(|m| {
+        let capacity = maps::capacity(&m).ok()?;
+        Some(TableUse6 {
+            entries: entries_in(&m, capacity),
+            capacity,
+        })
+    });
     Some(TableUse {
         entries,
         capacity,
         evicted_estimate: evicted_estimate(counters, entries),
+        ipv6,
     })
 }
 
@@ -145,10 +206,7 @@ pub fn stats_json(counters: &[(Counter, CounterValue)], table: Option<TableUse>)
         })
         .collect();
     if let Some(t) = table {
-        obj.insert(
-            "conntrack".to_owned(),
-            json!({"entries": t.entries, "capacity": t.capacity, "evicted_estimate": t.evicted_estimate}),
-        );
+        obj.insert("conntrack".to_owned(), t.json());
     }
     Value::Object(obj)
 }
@@ -185,11 +243,7 @@ pub fn stats_table(counters: &[(Counter, CounterValue)], table: Option<TableUse>
         }
     }
     if let Some(t) = table {
-        let _ = writeln!(
-            s,
-            "\nconntrack entries {} of capacity {} (two per flow), about {} evicted by the LRU",
-            t.entries, t.capacity, t.evicted_estimate
-        );
+        s.push_str(&t.lines());
     }
     s
 }
@@ -260,7 +314,7 @@ pub fn rates_json(
         "counters": counters,
     });
     if let Some(t) = table {
-        obj["conntrack"] = json!({"entries": t.entries, "capacity": t.capacity, "evicted_estimate": t.evicted_estimate});
+        obj["conntrack"] = t.json();
     }
     obj
 }
@@ -322,11 +376,7 @@ pub fn rates_table(
         }
     }
     if let Some(t) = table {
-        let _ = writeln!(
-            s,
-            "\nconntrack entries {} of capacity {} (two per flow), about {} evicted by the LRU",
-            t.entries, t.capacity, t.evicted_estimate
-        );
+        s.push_str(&t.lines());
     }
     s
 }
@@ -421,11 +471,16 @@ mod tests {
                 entries: 6,
                 capacity: 524_288,
                 evicted_estimate: 4,
+                ipv6: Some(TableUse6 {
+                    entries: 2,
+                    capacity: 131_072,
+                }),
             }),
         );
         assert_eq!(
             with["conntrack"],
-            json!({"entries": 6, "capacity": 524_288, "evicted_estimate": 4})
+            json!({"entries": 6, "capacity": 524_288, "evicted_estimate": 4,
+                   "ipv6": {"entries": 2, "capacity": 131_072}})
         );
     }
 
@@ -458,6 +513,10 @@ mod tests {
                 entries: 2,
                 capacity: 8,
                 evicted_estimate: 0,
+                ipv6: Some(TableUse6 {
+                    entries: 4,
+                    capacity: 16,
+                }),
             }),
         );
         for &c in Counter::ALL {
@@ -492,6 +551,10 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("conntrack entries 2 of capacity 8"));
+        assert!(
+            t.contains("conntrack6 entries 4 of capacity 16 (IPv6"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use router_common::maps::MAX_PORT_FORWARDS;
+use router_common::maps::{MAX_PINHOLES6, MAX_PORT_FORWARDS};
 use serde_json::{Value, json};
 
 use crate::{
@@ -154,12 +154,26 @@ fn maps_json(ctx: &Ctx) -> Value {
             "conntrack".into(),
             json!({"entries": t.entries, "capacity": t.capacity}),
         );
+        if let Some(t6) = t.ipv6 {
+            m.insert(
+                "conntrack6".into(),
+                json!({"entries": t6.entries, "capacity": t6.capacity}),
+            );
+        }
     }
     if let Ok(r) = forward::rules(&maps) {
+        // `rules` lists IPv6 pinholes too: they have a map of their own.
+        let pinholes = r.iter().filter(|r| r.family.is_some()).count();
         m.insert(
             "port_forwards".into(),
-            json!({"entries": r.len(), "capacity": MAX_PORT_FORWARDS}),
+            json!({"entries": r.len() - pinholes, "capacity": MAX_PORT_FORWARDS}),
         );
+        if maps.pinholes6().is_ok() {
+            m.insert(
+                "pinholes6".into(),
+                json!({"entries": pinholes, "capacity": MAX_PINHOLES6}),
+            );
+        }
     }
     if let Ok(d) = maps.devices() {
         let n = d.keys().take(64).flatten().count();

@@ -4,11 +4,11 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
 use router_common::{
-    flow::{expired, initial_state, needs_refresh, tcp_next, tcp_opens_flow},
+    flow::{TCP_CONTROL, expired, initial_state, needs_refresh, tcp_next, tcp_opens_flow},
     ipv6::{IPPROTO_ICMPV6, ipv6},
     maps::{
-        Admit, Counter, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6, FlowState,
-        IPPROTO_TCP, IPPROTO_UDP,
+        Admit, Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6,
+        FlowState, IPPROTO_TCP, IPPROTO_UDP, lease_tick,
     },
 };
 
@@ -36,6 +36,29 @@ pub fn lookup(key: &FlowKey6, side: Ingress<'_>, now: u64) -> Option<*mut FlowEn
         return None;
     }
     Some(e)
+}
+
+/// An offloaded flow's TCP FIN, SYN or RST goes to the kernel, which owns
+/// the flow's TCP state and must see its teardown (as IPv4's
+/// `flow::kernel_segment`). Checked before [`track`].
+#[inline(always)]
+pub fn kernel_segment(e: &FlowEntry6, proto: u8, tcp_flags: u8) -> Step<()> {
+    if e.flags & FLAG_OFFLOADED != 0 && proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
+        return Err(Verdict::pass(Counter::PassOffloadTcpControl));
+    }
+    Ok(())
+}
+
+/// An offloaded flow is carried only within its lease (as IPv4's
+/// `flow::within_lease`); after it the kernel, which still has the flow,
+/// carries it. Checked after [`track`], so the packet still counts as
+/// activity that a running daemon renews the lease for.
+#[inline(always)]
+pub fn within_lease(e: &FlowEntry6, now: u64) -> Step<()> {
+    if e.flags & FLAG_OFFLOADED != 0 && lease_tick(now) > e.lease {
+        return Err(Verdict::pass(Counter::PassLeaseExpired));
+    }
+    Ok(())
 }
 
 /// The hit's cached next hop, if still usable: not due for a refresh and
@@ -119,13 +142,15 @@ pub fn track(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: u8, now: 
         }
         return;
     }
-    // The LRU evicted the other direction: put it back. NOEXIST: a flow
-    // that took the tuple meanwhile keeps it.
+    // The LRU evicted the other direction: put it back (an offloaded
+    // flow's with the same lease). NOEXIST: a flow that took the tuple
+    // meanwhile keeps it.
     let peer = FlowEntry6 {
         last_seen_ns: now,
         created_ns: e.created_ns,
         state,
         flags: peer_flags,
+        lease: e.lease,
         ..FlowEntry6::default()
     };
     if CONNTRACK6

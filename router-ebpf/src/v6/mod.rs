@@ -57,9 +57,13 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
     };
     let hop = if let Some(e) = flow::lookup(&key, side, now) {
         // SAFETY: map value pointer from the lookup, valid for this run.
+        flow::kernel_segment(unsafe { &*e }, pkt.proto, pkt.tcp_flags)?;
+        // SAFETY: as above.
         let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now)?;
         // SAFETY: as above; no other reference to the entry is live.
         flow::track(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags, now);
+        // SAFETY: as above.
+        flow::within_lease(unsafe { &*e }, now)?;
         // SAFETY: as above.
         flow::count(unsafe { &mut *e }, pkt.len);
         if let Some(h) = cached {

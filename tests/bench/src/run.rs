@@ -14,7 +14,9 @@ use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
 use crate::report::{self, Extra, RunEnv};
 use crate::router::{Router, congestion_control, offload_state};
-use crate::workloads::{bigtable, cable, connrate, frags, iperf, live, micro, reference, scaling};
+use crate::workloads::{
+    bigtable, cable, connrate, frags, iperf, ipv6, live, micro, reference, scaling,
+};
 
 /// Rough duration of one run in seconds, for the time-left estimate.
 fn estimate(secs: u32, p: Point) -> f64 {
@@ -437,6 +439,29 @@ impl Bench<'_> {
         })
     }
 
+    /// One TCP stream over IPv6, kernel and xdp (not in --smoke; --quick
+    /// runs them 3 s each, once per path).
+    fn ipv6(&mut self) -> Vec<ipv6::Row> {
+        let o = self.o;
+        if o.smoke || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
+            return Vec::new();
+        }
+        let secs = if o.quick { 3 } else { o.secs };
+        eprintln!("bench: IPv6: TCP -P 1, kernel IPv6 forwarding vs xdp (fresh topology)");
+        match ipv6::run(secs, !o.quick, &mut self.port) {
+            Ok(rows) => {
+                for r in &rows {
+                    eprintln!("        ipv6 {} {:.2} Gbit/s", r.path, r.gbps);
+                }
+                rows
+            }
+            Err(e) => {
+                self.failures.push(format!("ipv6 run: {e}"));
+                Vec::new()
+            }
+        }
+    }
+
     fn cable(&mut self) -> Vec<RunResult> {
         let o = self.o;
         if !o.cable || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
@@ -595,6 +620,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         cable: b.cable(),
         conn_rate,
         big_table,
+        ipv6: b.ipv6(),
         platform,
         micro: b.micro(),
     };

@@ -16,7 +16,7 @@ use tests::{Ns, Topology, counter_delta};
 use crate::ctl::attach_and_print;
 
 /// The router namespace's `Ip6OutForwDatagrams` (/proc/net/snmp6).
-fn kernel_forwarded6(t: &Topology) -> u64 {
+pub(crate) fn kernel_forwarded6(t: &Topology) -> u64 {
     let text = t.exec_ok(Ns::Router, &["cat", "/proc/net/snmp6"]);
     text.lines()
         .find_map(|l| {
@@ -26,7 +26,7 @@ fn kernel_forwarded6(t: &Topology) -> u64 {
         .expect("Ip6OutForwDatagrams in /proc/net/snmp6")
 }
 
-fn ping6(t: &Topology, from: Ns, to: std::net::Ipv6Addr, count: u32) -> bool {
+pub(crate) fn ping6(t: &Topology, from: Ns, to: std::net::Ipv6Addr, count: u32) -> bool {
     let (c, d) = (count.to_string(), to.to_string());
     t.exec(
         from,
@@ -106,6 +106,33 @@ fn ipv6_tcp_udp_ping6_through_the_fast_path() {
     assert_eq!(f["origin"], "lan");
     assert_eq!(f["xlat_src"], f["orig_src"]);
     assert!(flows.iter().any(|f| f["proto"] == "icmpv6"), "{flows:?}");
+
+    // Every view shows the IPv6 table: count, stats, status.
+    let count: Value =
+        serde_json::from_str(&t.router_ctl_ok(&["conntrack", "count", "--json"])).unwrap();
+    assert_eq!(count["ipv6"]["flows"], 3, "{count}");
+    assert_eq!(count["ipv6"]["entries"], 6, "{count}");
+    assert_eq!(count["ipv6"]["capacity"], 131_072, "{count}");
+    assert_eq!(after["conntrack"]["ipv6"]["entries"], 6, "{after}");
+    let stats = t.router_ctl_ok(&["stats"]);
+    assert!(
+        stats.contains("conntrack6 entries 6 of capacity 131072"),
+        "{stats}"
+    );
+    let status_json: Value = serde_json::from_str(&t.router_ctl_ok(&["status", "--json"])).unwrap();
+    assert_eq!(
+        status_json["maps"]["conntrack6"]["entries"], 6,
+        "{status_json}"
+    );
+    assert!(
+        t.router_ctl_ok(&["status"])
+            .contains("map conntrack6: 6 of 131072 entries"),
+        "status"
+    );
+    // Flush empties both tables.
+    let flushed = t.router_ctl_ok(&["conntrack", "flush"]);
+    assert!(flushed.contains("6 IPv6 entries (3 flows)"), "{flushed}");
+    assert!(ipv6_flows(&t).is_empty(), "{:?}", ipv6_flows(&t));
 }
 
 #[test]
@@ -222,4 +249,213 @@ fn ipv6_path_mtu_discovery_through_the_router() {
         &["ip", "-6", "route", "get", &SERVER6.to_string()],
     );
     assert!(route.contains("mtu 1280"), "client's path MTU: {route}");
+}
+
+/// A namespace of its own, deleted on drop (also when the test fails).
+struct ExtraNs(String);
+
+impl Drop for ExtraNs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+/// The far host: a namespace behind the server (which routes for it)
+/// over a 1280-byte link `2001:db8:72::/64`; its address.
+fn far_host(t: &Topology) -> (ExtraNs, std::net::Ipv6Addr) {
+    let far = ExtraNs(format!("{}-far", t.ns_name(Ns::Server)));
+    let far_addr: std::net::Ipv6Addr = "2001:db8:72::2".parse().unwrap();
+    let srv = t.ns_name(Ns::Server).to_owned();
+    let run = |cmd: &[&str]| {
+        let out = std::process::Command::new(cmd[0])
+            .args(&cmd[1..])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd:?}: {out:?}");
+    };
+    run(&["ip", "netns", "add", &far.0]);
+    run(&[
+        "ip", "-n", &srv, "link", "add", "far0", "mtu", "1280", "type", "veth", "peer", "name",
+        "eth0", "netns", &far.0,
+    ]);
+    run(&["ip", "-n", &far.0, "link", "set", "eth0", "mtu", "1280"]);
+    for (ns, dev, addr) in [
+        (srv.as_str(), "far0", "2001:db8:72::1/64"),
+        (far.0.as_str(), "eth0", "2001:db8:72::2/64"),
+    ] {
+        run(&["ip", "-n", ns, "addr", "add", addr, "dev", dev, "nodad"]);
+        run(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        // Complete checksums from the end host, as on the topology's
+        // hosts: the router's fast path forwards what comes back.
+        run(&["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off"]);
+    }
+    run(&[
+        "ip",
+        "netns",
+        "exec",
+        &srv,
+        "sysctl",
+        "-qw",
+        "net.ipv6.conf.all.forwarding=1",
+    ]);
+    run(&[
+        "ip",
+        "-n",
+        &far.0,
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        "2001:db8:72::1",
+        // The far host advertises the MSS of a 1500-byte path (as a host
+        // behind a narrow link further on does: it does not know the
+        // path), so the client starts with full-size segments and only
+        // path-MTU discovery brings them down.
+        "advmss",
+        "1440",
+    ]);
+    (far, far_addr)
+}
+
+/// Path-MTU discovery end to end across two narrow hops, one at the
+/// router and one beyond it: client -- router -(1400)- server -(1280)-
+/// far host, IPv6 forwarding in the server namespace. A TCP transfer from
+/// the client (full-size segments; IPv6 routers never fragment) completes:
+/// its 1500-byte segments are larger than the router's WAN MTU, so the
+/// fast path passes them and the router's kernel answers Packet Too Big
+/// (1400); its 1400-byte segments then cross the router and meet the
+/// 1280 hop, whose Packet Too Big comes back from beyond the router for a
+/// known flow and is forwarded by the fast path to the client.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn ipv6_path_mtu_discovery_across_a_narrow_hop_beyond_the_router() {
+    let t = Topology::new();
+    v6::enable(&t);
+    let (far, far_addr) = far_host(&t);
+    let via = SERVER6.to_string();
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "-6", "route", "add", "2001:db8:72::/64", "via", &via],
+    );
+    // The router's own narrow hop: its WAN link at 1400.
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", tests::WAN_IF, "mtu", "1400"],
+    );
+    t.exec_ok(
+        Ns::Server,
+        &["ip", "link", "set", tests::HOST_IF, "mtu", "1400"],
+    );
+    attach_and_print(&t, &[]);
+    v6::resolve_neighbours(&t);
+
+    let before = t.stats();
+    let kernel_before = kernel_forwarded6(&t);
+    let echo = tests::echo::tcp_server(&far.0, SocketAddr::new(IpAddr::V6(far_addr), 5400));
+    let payload = tests::pattern(1 << 20);
+    let got = t
+        .tcp_echo_client(
+            Ns::Client,
+            echo.local_addr(),
+            &payload,
+            Duration::from_secs(20),
+        )
+        .expect("TCP across the 1400 and 1280 hops");
+    assert!(got == payload, "the echo differs");
+    assert_eq!(echo.join().map(|p| p.ip()), Some(IpAddr::V6(CLIENT6)));
+    let after = t.stats();
+    println!("{}", t.router_ctl_ok(&["stats"]));
+    // The router's kernel answered the passed segments with Packet Too
+    // Big (this kernel counts them in Ip6OutForwDatagrams too, before its
+    // MTU check: they were not forwarded).
+    let snmp6 = t.exec_ok(Ns::Router, &["cat", "/proc/net/snmp6"]);
+    let too_big_sent = snmp6
+        .lines()
+        .find_map(|l| l.strip_prefix("Icmp6OutPktTooBigs"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("Icmp6OutPktTooBigs in /proc/net/snmp6");
+    assert!(
+        too_big_sent >= 1,
+        "the router's kernel sent no Packet Too Big"
+    );
+    let route = t.exec_ok(
+        Ns::Client,
+        &["ip", "-6", "route", "get", &far_addr.to_string()],
+    );
+    println!("client's route to the far host: {route}");
+    let delta = |c: &str| counter_delta(&before, &after, c);
+    println!(
+        "pass6_packet_too_big {}, icmp6_error_forwarded {}, fwd6_outbound {}, fwd6_inbound {}, \
+         kernel forwarded {}",
+        delta("pass6_packet_too_big"),
+        delta("icmp6_error_forwarded"),
+        delta("fwd6_outbound"),
+        delta("fwd6_inbound"),
+        kernel_forwarded6(&t) - kernel_before
+    );
+    assert!(
+        delta("pass6_packet_too_big") >= 1,
+        "no oversize segment was passed for the router's Packet Too Big"
+    );
+    assert!(
+        delta("icmp6_error_forwarded") >= 1,
+        "the Packet Too Big from beyond the router was not forwarded"
+    );
+    assert!(route.contains("mtu 1280"), "client's path MTU: {route}");
+    assert!(
+        delta("fwd6_outbound") >= 100 && delta("fwd6_inbound") >= 100,
+        "the transfer did not go through the fast path"
+    );
+}
+
+/// `apply FILE` with `[[pinhole]]` sections: the pinhole opens inbound TCP
+/// to the LAN host; applying the file without it closes it again.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn ipv6_pinholes_from_apply() {
+    let t = Topology::new();
+    v6::enable(&t);
+    let path = std::env::temp_dir().join(format!("router-{}-pinholes.toml", std::process::id()));
+    let file = |pinholes: &str| {
+        let text = format!(
+            "[router]\nadmit = \"xdp\"\n[interfaces]\nlan = \"{}\"\nwan = \"{}\"\n{pinholes}",
+            tests::LAN_IF,
+            tests::WAN_IF
+        );
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let hole = format!("[[pinhole]]\nproto = \"tcp\"\nto = \"[{CLIENT6}]:2222\"\n");
+    let _cleanup = ExtraFile(path.clone());
+    let out = t.router_ctl_ok(&["apply", &file(&hole)]);
+    println!("{out}");
+    v6::resolve_neighbours(&t);
+    assert!(
+        out.contains(&format!("added tcp pinhole to [{CLIENT6}]:2222")),
+        "{out}"
+    );
+    let tcp = SocketAddr::new(IpAddr::V6(CLIENT6), 2222);
+    t.try_tcp_echo(Ns::Server, Ns::Client, tcp, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("through the applied pinhole: {e}"));
+    let out = t.router_ctl_ok(&["apply", &file("")]);
+    println!("{out}");
+    assert!(
+        out.contains(&format!("deleted tcp pinhole to [{CLIENT6}]:2222")),
+        "{out}"
+    );
+    let r = t.try_tcp_echo(Ns::Server, Ns::Client, tcp, Duration::from_secs(2));
+    assert!(r.is_err(), "the pinhole stayed open: {r:?}");
+}
+
+/// A file removed on drop.
+struct ExtraFile(std::path::PathBuf);
+
+impl Drop for ExtraFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -27,6 +27,7 @@ mod metrics;
 mod nat_behaviour;
 mod nat_e2e;
 mod offload;
+mod offload6;
 mod prog_run;
 mod prog_run6;
 mod reliability;

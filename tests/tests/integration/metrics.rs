@@ -125,6 +125,9 @@ fn metrics_are_scraped_over_loopback_and_parse() {
     assert!(get("xdp_router_events_total{event=\"flow_new_masquerade\"}") >= 1.0);
     assert!((get("xdp_router_conntrack_capacity") - 524_288.0).abs() < 0.5);
     assert!(get("xdp_router_conntrack_entries") >= 2.0);
+    // IPv6's flow table, labelled as the IPv6 counters are.
+    assert!((get("xdp_router_conntrack_capacity{family=\"ipv6\"}") - 131_072.0).abs() < 0.5);
+    assert!(get("xdp_router_conntrack_entries{family=\"ipv6\"}").abs() < 0.5);
     assert!(get("xdp_router_port_allocation_failures_total").abs() < 0.5);
     assert!(get("xdp_router_port_forward_rules").abs() < 0.5);
     // Every counter of the data path is exported, as a `_total` counter.

@@ -134,7 +134,7 @@ table ip nat {{
 
 /// `router-ctl run` in the router namespace, killed on drop. Its stderr is
 /// collected for failure messages.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     log: Arc<Mutex<String>>,
     /// The status file it writes (left behind by a SIGKILL).
@@ -142,7 +142,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(t: &Topology, extra: &[&str]) -> Self {
+    pub(crate) fn start(t: &Topology, extra: &[&str]) -> Self {
         let mut child = Command::new(router_ctl_bin())
             .args(["-n", t.ns_name(Ns::Router), "run"])
             // No status page: the default port is shared by every test run
@@ -184,11 +184,11 @@ impl Daemon {
         d
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
 
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -202,7 +202,12 @@ impl Drop for Daemon {
 }
 
 /// A UDP echo service in `ns` on `addr` for `lifetime` (a thread).
-fn udp_echo(t: &Topology, ns: Ns, addr: SocketAddr, lifetime: Duration) -> JoinHandle<()> {
+pub(crate) fn udp_echo(
+    t: &Topology,
+    ns: Ns,
+    addr: SocketAddr,
+    lifetime: Duration,
+) -> JoinHandle<()> {
     let name = t.ns_name(ns).to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
@@ -236,7 +241,7 @@ fn udp_client(t: &Topology, port: u16, dst: SocketAddr) -> UdpSocket {
 }
 
 /// Sends `n` datagrams `gap` apart; how many echoes came back.
-fn echoes(s: &UdpSocket, n: u32, gap: Duration) -> u32 {
+pub(crate) fn echoes(s: &UdpSocket, n: u32, gap: Duration) -> u32 {
     let mut ok = 0;
     let mut buf = [0u8; 64];
     for i in 0..n {
@@ -255,7 +260,7 @@ fn counter(t: &Topology, name: &str) -> u64 {
 }
 
 /// Offloaded flows in the XDP table (conntrack list rows marked offloaded).
-fn offloaded_rows(t: &Topology) -> Vec<serde_json::Value> {
+pub(crate) fn offloaded_rows(t: &Topology) -> Vec<serde_json::Value> {
     t.conntrack()
         .into_iter()
         .filter(|f| f["offloaded"] == true)
@@ -263,7 +268,7 @@ fn offloaded_rows(t: &Topology) -> Vec<serde_json::Value> {
 }
 
 /// The kernel's conntrack entries (conntrack -L) matching `filter`.
-fn kernel_entries(t: &Topology, filter: &[&str]) -> Vec<String> {
+pub(crate) fn kernel_entries(t: &Topology, filter: &[&str]) -> Vec<String> {
     let mut cmd = vec!["conntrack", "-L"];
     cmd.extend_from_slice(filter);
     let o = t.exec(Ns::Router, &cmd);

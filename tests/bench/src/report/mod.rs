@@ -17,7 +17,7 @@ use crate::cli::Opts;
 use crate::measure::sys;
 use crate::model::RunResult;
 use crate::run::mmss;
-use crate::workloads::{bigtable, connrate, frags, micro, scaling};
+use crate::workloads::{bigtable, connrate, frags, ipv6, micro, scaling};
 
 /// Measurements besides the kernel/xdp runs.
 pub struct Extra {
@@ -33,6 +33,8 @@ pub struct Extra {
     pub conn_rate: Vec<connrate::Row>,
     /// TCP between XDP cables, offload off.
     pub cable: Vec<RunResult>,
+    /// One TCP stream over IPv6, kernel and xdp.
+    pub ipv6: Vec<ipv6::Row>,
     /// CPU, memory, kernel, NIC, crypto throughput.
     pub platform: serde_json::Value,
 }
@@ -188,6 +190,7 @@ fn results_json(
         "cable": json::runs_json(&extra.cable),
         "conn_rate": sections::conn_rate_json(&extra.conn_rate),
         "flow_table": sections::big_table_json(&extra.big_table),
+        "ipv6": ipv6::json(&extra.ipv6),
         // The same fields as a run.
         "reference_forwarding": reference.map(|r| json::runs_json(std::slice::from_ref(r))[0].take()),
         "goals": goals,
@@ -220,6 +223,7 @@ pub fn write_artifacts(
     md.push_str(&sections::cable_section(&extra.cable));
     md.push_str(&sections::conn_rate_section(&extra.conn_rate));
     md.push_str(&sections::big_table_section(&extra.big_table));
+    md.push_str(&ipv6::section(&extra.ipv6));
     let mut goals = goals::evaluate(runs, micro, reference);
     goals.push(review::line_rate_goal(runs));
     goals.push(sections::scaling_goal(&extra.scaling));

@@ -2,8 +2,8 @@
 //! generator (`live`), the `BPF_PROG_RUN` micro-benchmark (`micro`), the
 //! frags experiment (`frags`), the plain-forwarding reference
 //! (`reference`), scaling with cores (`scaling`), TCP between XDP
-//! cables (`cable`), the connection setup rate (`connrate`) and a large
-//! flow table (`bigtable`), with what they share: the TCP discard sink and
+//! cables (`cable`), the connection setup rate (`connrate`), a large
+//! flow table (`bigtable`) and IPv6 rows (`ipv6`), with what they share: the TCP discard sink and
 //! background processes.
 
 pub mod bigtable;
@@ -12,6 +12,7 @@ pub mod connrate;
 pub mod discard;
 pub mod frags;
 pub mod iperf;
+pub mod ipv6;
 pub mod live;
 pub mod micro;
 pub mod procs;

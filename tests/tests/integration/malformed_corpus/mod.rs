@@ -38,6 +38,7 @@
 mod check;
 mod corpus;
 mod frame_fields;
+mod ipv6;
 mod model;
 
 use std::collections::BTreeMap;

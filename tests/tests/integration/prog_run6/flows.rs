@@ -5,9 +5,11 @@
 
 use router_common::ipv6::IPPROTO_ICMPV6;
 use router_common::maps::{
-    FLAG_FIN_ORIG, FLAG_ORIGINAL, FLAG_PORT_FORWARD, IPPROTO_TCP, IPPROTO_UDP,
+    FLAG_FIN_ORIG, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, IPPROTO_TCP, IPPROTO_UDP,
+    lease_tick,
 };
-use tests::frames::{TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN, Tcp, Udp};
+use tests::frames::{TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, Tcp, Udp};
+use tests::prog::now_ns;
 use tests::v6::{CLIENT6, LAN_NOBODY6, ROUTER_LAN6, ROUTER_WAN6, SERVER6, o};
 
 use super::*;
@@ -317,7 +319,7 @@ fn inbound6_unsolicited_dropped_pinhole_opens() {
 }
 
 /// Offload mode: a miss is the kernel's in both directions (netfilter
-/// admits; offloading IPv6 flows is not done yet).
+/// admits; the daemon offloads the flow once established).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn offload_mode6_passes_misses() {
@@ -396,6 +398,197 @@ fn oversize6_passed_for_packet_too_big() {
             &from_client(&env, &big),
             lan,
             Counter::Pass6PacketTooBig,
+        );
+    });
+}
+
+/// The current lease tick, waited for until it is at least 50 ms old and
+/// has 250 ms to go: the program's coarse clock may lag a few ms, and the
+/// packets that follow must all fall in this same tick.
+fn settled_lease_tick() -> u32 {
+    let tick_ns = 1u64 << router_common::maps::LEASE_TICK_SHIFT;
+    loop {
+        let now = now_ns();
+        let into = now % tick_ns;
+        if (50_000_000..tick_ns - 250_000_000).contains(&into) {
+            return lease_tick(now);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(60));
+    }
+}
+
+/// Both entries of an offloaded flow opened by `orig` from the LAN, as the
+/// daemon writes them: `FLAG_OFFLOADED`, the kernel's state, `lease`.
+fn offloaded(
+    r: &mut Router6,
+    orig: &FlowKey6,
+    state: FlowState,
+    lease: u32,
+) -> [(FlowKey6, FlowEntry6); 2] {
+    let now = now_ns();
+    let e = |flags| FlowEntry6 {
+        last_seen_ns: now,
+        created_ns: now,
+        state: state as u8,
+        flags: flags | FLAG_OFFLOADED,
+        lease,
+        ..FlowEntry6::default()
+    };
+    let pair = [(*orig, e(FLAG_ORIGINAL)), (orig.reversed(), e(0))];
+    for (k, v) in &pair {
+        r.put6(k, v);
+    }
+    pair
+}
+
+/// Offload mode, an offloaded TCP flow within its lease: data both ways
+/// forwarded exactly; FIN, RST and SYN go to the kernel (which owns the
+/// flow's TCP state and must see its teardown) and change nothing in
+/// CONNTRACK6.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offloaded_tcp6_forwarded_and_control_segments_passed() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let orig = key(CLIENT6, 40000, SERVER6, 443, IPPROTO_TCP);
+        let lease = lease_tick(now_ns()) + 60;
+        offloaded(r, &orig, FlowState::TcpEstablished, lease);
+        let data = Ipv6::tcp(
+            c,
+            s,
+            &Tcp::new(40000, 443, TCP_ACK | TCP_PSH).payload(b"hi"),
+        );
+        r.redirect(
+            "data out",
+            &from_client(&env, &data),
+            lan,
+            &to_server(&env, &data),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        let answer = Ipv6::tcp(s, c, &Tcp::new(443, 40000, TCP_ACK).payload(&[0x5a; 600]));
+        r.redirect(
+            "data in",
+            &from_server(&env, &answer),
+            wan,
+            &to_client(&env, &answer),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        for (what, flags, from_lan) in [
+            ("FIN out", TCP_FIN | TCP_ACK, true),
+            ("FIN in", TCP_FIN | TCP_ACK, false),
+            ("RST in", TCP_RST, false),
+            ("RST out", TCP_RST | TCP_ACK, true),
+            ("SYN out", TCP_SYN, true),
+        ] {
+            let (frame, ifindex) = if from_lan {
+                let p = Ipv6::tcp(c, s, &Tcp::new(40000, 443, flags));
+                (from_client(&env, &p), lan)
+            } else {
+                let p = Ipv6::tcp(s, c, &Tcp::new(443, 40000, flags));
+                (from_server(&env, &p), wan)
+            };
+            r.pass(what, &frame, ifindex, Counter::PassOffloadTcpControl);
+        }
+        r.assert_flows(
+            "control segments changed nothing",
+            &[
+                (
+                    orig,
+                    FlowState::TcpEstablished,
+                    FLAG_ORIGINAL | FLAG_OFFLOADED,
+                ),
+                (orig.reversed(), FlowState::TcpEstablished, FLAG_OFFLOADED),
+            ],
+        );
+        for k in [orig, orig.reversed()] {
+            assert_eq!(r.conntrack6()[&k].lease, lease, "lease of {k:?} untouched");
+        }
+    });
+}
+
+/// Offload mode, the lease: UDP and `ICMPv6` echo of an offloaded flow go
+/// through XDP while the lease runs (its last tick included) and to the
+/// kernel once it ended (`pass_lease_expired`), in both directions, and a
+/// lease the daemon extends carries the flow again.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offloaded6_carried_only_within_the_lease() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let udp = key(CLIENT6, 5000, SERVER6, 53, IPPROTO_UDP);
+        let ping = key(CLIENT6, 77, SERVER6, 77, IPPROTO_ICMPV6);
+        let query = Ipv6::udp(c, s, &Udp::new(5000, 53, b"query"));
+        let answer = Ipv6::udp(s, c, &Udp::new(53, 5000, b"answer"));
+        let request = Ipv6::echo(c, s, false, 77, 1);
+        let reply = Ipv6::echo(s, c, true, 77, 1);
+        // Within the lease: the current tick is still inside.
+        let now = settled_lease_tick();
+        offloaded(r, &udp, FlowState::UdpReplied, now);
+        offloaded(r, &ping, FlowState::Icmp, now + 5);
+        for (what, p, from_lan) in [
+            ("UDP out", &query, true),
+            ("UDP in", &answer, false),
+            ("echo request out", &request, true),
+            ("echo reply in", &reply, false),
+        ] {
+            let (frame, ifindex, expect, counter) = if from_lan {
+                (
+                    from_client(&env, p),
+                    lan,
+                    to_server(&env, p),
+                    Counter::Fwd6Outbound,
+                )
+            } else {
+                (
+                    from_server(&env, p),
+                    wan,
+                    to_client(&env, p),
+                    Counter::Fwd6Inbound,
+                )
+            };
+            r.redirect(what, &frame, ifindex, &expect, counter, &[]);
+        }
+        // Lease over: the kernel carries the flow (it still has it).
+        let ended = settled_lease_tick() - 1;
+        offloaded(r, &udp, FlowState::UdpReplied, ended);
+        offloaded(r, &ping, FlowState::Icmp, ended);
+        for (what, p, from_lan) in [
+            ("UDP out after the lease", &query, true),
+            ("UDP in after the lease", &answer, false),
+            ("echo request out after the lease", &request, true),
+            ("echo reply in after the lease", &reply, false),
+        ] {
+            let (frame, ifindex) = if from_lan {
+                (from_client(&env, p), lan)
+            } else {
+                (from_server(&env, p), wan)
+            };
+            r.pass(what, &frame, ifindex, Counter::PassLeaseExpired);
+        }
+        r.assert_flows(
+            "the entries stay (the daemon or the kernel's DESTROY removes them)",
+            &[
+                (udp, FlowState::UdpReplied, FLAG_ORIGINAL | FLAG_OFFLOADED),
+                (udp.reversed(), FlowState::UdpReplied, FLAG_OFFLOADED),
+                (ping, FlowState::Icmp, FLAG_ORIGINAL | FLAG_OFFLOADED),
+                (ping.reversed(), FlowState::Icmp, FLAG_OFFLOADED),
+            ],
+        );
+        // The daemon renews the lease: XDP carries the flow again.
+        offloaded(r, &udp, FlowState::UdpReplied, lease_tick(now_ns()) + 30);
+        r.redirect(
+            "UDP in after the renewal",
+            &from_server(&env, &answer),
+            wan,
+            &to_client(&env, &answer),
+            Counter::Fwd6Inbound,
+            &[],
         );
     });
 }

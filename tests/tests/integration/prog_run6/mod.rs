@@ -72,6 +72,13 @@ impl Router6 {
         m.iter().map(|r| r.expect("iterate CONNTRACK6")).collect()
     }
 
+    /// Writes `k -> e` into CONNTRACK6, as the offload daemon does.
+    fn put6(&mut self, k: &FlowKey6, e: &FlowEntry6) {
+        let mut m: HashMap<_, FlowKey6, FlowEntry6> =
+            HashMap::try_from(self.0.ebpf.map_mut(CONNTRACK6_MAP).expect("CONNTRACK6")).unwrap();
+        m.insert(k, e, 0).unwrap();
+    }
+
     fn pinhole(&mut self, addr: [u8; 16], proto: u8, port: u16) {
         let mut m: HashMap<_, PinholeKey6, u8> =
             HashMap::try_from(self.0.ebpf.map_mut(PINHOLES6_MAP).expect("PINHOLES6")).unwrap();
