@@ -24,6 +24,11 @@ pub const CONNTRACK6_MAP: &str = "CONNTRACK6";
 /// Hash of [`PinholeKey6`] -> `u8` (1): IPv6 pinholes, the LAN addresses
 /// and ports the WAN may open flows to (standalone mode).
 pub const PINHOLES6_MAP: &str = "PINHOLES6";
+/// Single-entry array of `u32`: the highest level the data path's debug
+/// log (aya-log) writes, in aya-log's numbering (error 1 .. trace 5), 0
+/// for none. Written by `router-ctl run`; not pinned: every loaded program
+/// has its own, next to its own `AYA_LOGS` ring buffer.
+pub const LOG_LEVEL_MAP: &str = "LOG_LEVEL";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 

@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    Step, Verdict,
+    Step, Verdict, debug_log,
     flow::Xlat,
     hop::forward_egress,
     maps::{CONNTRACK, EEXIST, event, insert_counted, port_forward, remove_counted, stale},
@@ -144,6 +144,7 @@ pub fn commit(
                 return Err(Verdict::pass(Counter::PassNoFlow));
             }
             let Some(port) = claim_port(cfg, key, open, now) else {
+                debug_log::ports_exhausted(key);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             };
             xlat.sport = port;
@@ -151,6 +152,7 @@ pub fn commit(
                 xlat.dport = port;
             }
             event(Counter::FlowNewMasquerade);
+            debug_log::masqueraded(key, xlat.src, xlat.sport);
         }
         NewFlow::PortForward => {
             let translated = FlowKey::new(xlat.src, xlat.dst, xlat.sport, xlat.dport, key.proto);
@@ -159,6 +161,7 @@ pub fn commit(
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             event(Counter::FlowNewPortForward);
+            debug_log::port_forwarded(key, xlat.dst, xlat.dport);
         }
     }
     Ok(())
