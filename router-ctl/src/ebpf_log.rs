@@ -97,9 +97,7 @@ fn level_map(prog_id: u32) -> Result<LogLevelMap> {
         .context("listing the program's maps")?
         .unwrap_or_default()
         .into_iter()
-        .find(|id| {
-            MapInfo::from_id(*id).is_ok_and(|m| m.name_as_str() == Some(LOG_LEVEL_MAP))
-        })
+        .find(|id| MapInfo::from_id(*id).is_ok_and(|m| m.name_as_str() == Some(LOG_LEVEL_MAP)))
         .with_context(|| {
             format!(
                 "program {prog_id} has no {LOG_LEVEL_MAP} map (an object built before the \

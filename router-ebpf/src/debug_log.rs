@@ -10,21 +10,21 @@
 //! `AYA_LOG_LEVEL`, is fixed when the program is loaded (by `attach`, not
 //! by `run`) and stays at its default (every level).
 //
-// Each log line is a global BPF function (`extern "C"`, not mangled, never
-// inlined) taking only scalars: a log call site is about a thousand
-// instructions (header, fields, ring buffer reserve, copies); the verifier
-// checks a global function once, on its own, where it would re-verify a
-// static subprogram or inlined code for every distinct state of every path
-// through the inline core that reaches it (+98k verified instructions
-// measured that way). Scalars only, because a global function's pointer
-// arguments may be NULL to the verifier. Callers test [`enabled`] first,
-// so with the log off a call site costs one array lookup and a branch, and
-// only on the cold paths that have one.
+// Each log line is a BPF subprogram of its own (never inlined) taking
+// only scalars. A log call site is about a thousand instructions (header,
+// fields, ring buffer reserve, copies); the verifier still walks a
+// subprogram once per distinct state that reaches its call (the object has
+// no BTF, so there are no global functions it would check only once), and
+// that is why the call sites sit where few states meet: the drop log after
+// the count, where only the action is live. Scalars rather than references
+// keep the callers' values off the entry point's stack frame (the combined
+// stack of a call chain must stay within 512 bytes). Callers test
+// [`enabled`] first, so with the log off a call site costs one array
+// lookup and a branch, and only on the cold paths that have one.
 
 use aya_ebpf::{macros::map, maps::Array};
 use aya_log_ebpf::{debug, macro_support::Level};
 use router_common::maps::{Counter, FlowKey};
-
 
 /// The highest level logged (aya-log's numbering: error 1 .. trace 5),
 /// 0 for none. Written by `router-ctl run` only.
@@ -127,9 +127,8 @@ fn ports(high: u16, low: u16) -> u32 {
     (u32::from(high) << 16) | u32::from(low)
 }
 
-#[unsafe(no_mangle)]
 #[inline(never)]
-extern "C" fn router_log_masqueraded(src: u32, dst: u32, ports_: u32, wan: u32, proto_port: u32) {
+fn router_log_masqueraded(src: u32, dst: u32, ports_: u32, wan: u32, proto_port: u32) {
     debug!(
         &(),
         target: TARGET,
@@ -144,9 +143,8 @@ extern "C" fn router_log_masqueraded(src: u32, dst: u32, ports_: u32, wan: u32, 
     );
 }
 
-#[unsafe(no_mangle)]
 #[inline(never)]
-extern "C" fn router_log_port_forwarded(src: u32, dst: u32, ports_: u32, lan: u32, proto_port: u32) {
+fn router_log_port_forwarded(src: u32, dst: u32, ports_: u32, lan: u32, proto_port: u32) {
     debug!(
         &(),
         target: TARGET,
@@ -161,9 +159,8 @@ extern "C" fn router_log_port_forwarded(src: u32, dst: u32, ports_: u32, lan: u3
     );
 }
 
-#[unsafe(no_mangle)]
 #[inline(never)]
-extern "C" fn router_log_ports_exhausted(src: u32, dst: u32, ports_: u32, proto: u32) {
+fn router_log_ports_exhausted(src: u32, dst: u32, ports_: u32, proto: u32) {
     debug!(
         &(),
         target: TARGET,
@@ -177,9 +174,8 @@ extern "C" fn router_log_ports_exhausted(src: u32, dst: u32, ports_: u32, proto:
 }
 
 /// `reason`: the drop counter's index.
-#[unsafe(no_mangle)]
 #[inline(never)]
-extern "C" fn router_log_malformed(reason: u32, ingress_ifindex: u32) {
+fn router_log_malformed(reason: u32, ingress_ifindex: u32) {
     if reason == Counter::DropTruncated as u32 {
         debug!(
             &(),
@@ -206,15 +202,8 @@ extern "C" fn router_log_malformed(reason: u32, ingress_ifindex: u32) {
 
 /// The quoted packet `wan:wan_port -> remote:remote_port` (ports: wan
 /// high, remote low); its LAN host `lan:lan_port`.
-#[unsafe(no_mangle)]
 #[inline(never)]
-extern "C" fn router_log_icmp_error_translated(
-    wan: u32,
-    remote: u32,
-    ports_: u32,
-    lan: u32,
-    proto_port: u32,
-) {
+fn router_log_icmp_error_translated(wan: u32, remote: u32, ports_: u32, lan: u32, proto_port: u32) {
     debug!(
         &(),
         target: TARGET,
