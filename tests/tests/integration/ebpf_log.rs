@@ -303,3 +303,40 @@ fn no_data_path_lines_without_rust_log() {
     );
     assert_eq!(log_gate(&t), 0);
 }
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn debug_log_follows_a_replaced_program() {
+    let t = Topology::new();
+    attach_and_print(&t, &[]);
+    let d = Daemon::start(&t, Some("router_ebpf=debug"));
+    let old = t.router_ctl_ok(&["status", "--json"]);
+    // A live replace loads a new program, with its own log and gate.
+    attach_and_print(&t, &["--reload"]);
+    assert_ne!(
+        old,
+        t.router_ctl_ok(&["status", "--json"]),
+        "the reload replaced nothing"
+    );
+    // The daemon notices the new program (which starts with its log off)
+    // at its next tick (2 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while log_gate(&t) != 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not turn the replaced program's log on; output:\n{}",
+            d.output()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let seen = udp_through(&t, 40_125, 5_355);
+    let want = format!(
+        "{LINE_ADMITTED} proto 17 {CLIENT_ADDR}:40125 -> {SERVER_ADDR}:5355 as \
+         {ROUTER_WAN_ADDR}:{}",
+        seen.port()
+    );
+    println!(
+        "after the replace: {}",
+        d.wait_for(&want, Duration::from_secs(10))
+    );
+}
