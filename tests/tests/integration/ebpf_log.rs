@@ -4,7 +4,8 @@
 //! frame its drop line; without the variable no data-path line appears.
 //! The program's `LOG_LEVEL` gate is 0 after attach and again after the
 //! daemon stops (nobody drains the ring buffer then), 4 (debug) while a
-//! daemon with that filter runs.
+//! daemon with that filter runs; after a live replace the daemon follows
+//! the new program.
 
 use std::io::{BufRead as _, BufReader};
 use std::net::{SocketAddr, UdpSocket};
