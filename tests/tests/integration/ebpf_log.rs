@@ -271,6 +271,29 @@ fn debug_log_shows_admitted_flow_and_malformed_drop() {
         d.output()
     );
 
+    // A port forward: the WAN flow's tuple and the LAN host it goes to.
+    t.router_ctl_ok(&["forward", "add", "udp", "8053", "192.168.50.2:53"]);
+    let lan = t.in_ns(Ns::Client, || {
+        UdpSocket::bind(socket_addr(CLIENT_ADDR, 53)).expect("bind the LAN host")
+    });
+    lan.set_read_timeout(Some(IO)).unwrap();
+    let wan = t.in_ns(Ns::Server, || {
+        UdpSocket::bind(socket_addr(SERVER_ADDR, 40_200)).expect("bind the WAN host")
+    });
+    wan.send_to(b"forwarded", socket_addr(ROUTER_WAN_ADDR, 8053))
+        .expect("send");
+    let mut buf = [0u8; 64];
+    let (n, _) = lan.recv_from(&mut buf).expect("the forwarded datagram");
+    assert_eq!(&buf[..n], b"forwarded");
+    let want = format!(
+        "flow admitted: port forward proto 17 {SERVER_ADDR}:40200 -> {ROUTER_WAN_ADDR}:8053 \
+         to {CLIENT_ADDR}:53"
+    );
+    println!(
+        "port forward: {}",
+        d.wait_for(&want, Duration::from_secs(10))
+    );
+
     d.stop();
     assert_eq!(
         log_gate(&t),
