@@ -37,6 +37,11 @@ pub const NAT_ENDPOINTS_MAP: &str = "NAT_ENDPOINTS";
 /// LRU hash of [`PermitKey`] -> [`Endpoint`]: address-dependent filtering's
 /// permissions, a mapping's port and a remote address it has sent to.
 pub const NAT_PERMITS_MAP: &str = "NAT_PERMITS";
+/// Single-entry array of `u32`: the highest level the data path's debug
+/// log (aya-log) writes, in aya-log's numbering (error 1 .. trace 5), 0
+/// for none. Written by `router-ctl run`; not pinned: every loaded program
+/// has its own, next to its own `AYA_LOGS` ring buffer.
+pub const LOG_LEVEL_MAP: &str = "LOG_LEVEL";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 

@@ -29,6 +29,7 @@ use crate::{
     clock::monotonic_ns,
     ctnetlink::{CtSocket, Event, Tuple},
     ctx::Ctx,
+    ebpf_log::DataPathLog,
     live::{DaemonView, Live},
     maps::{Conntrack6Map, ConntrackMap},
     netlink,
@@ -454,11 +455,18 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut ticker = tokio::time::interval(opts.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 1 << 20];
+    // Kept for the daemon's lifetime: dropping it turns the log off.
+    let mut dp_log = DataPathLog::start(ctx);
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = hup.recv() => reload(ctx, opts.config.as_deref(), &mut session),
+            _ = hup.recv() => {
+                reload(ctx, opts.config.as_deref(), &mut session);
+                // A reload may have replaced the program (and its log).
+                dp_log.follow(ctx);
+            }
+            () = dp_log.readable(), if dp_log.is_open() => dp_log.drain(),
             // A page just opened: sample now rather than at the next tick.
             () = shared.wake.notified() => publish(ctx, &mut live, &shared, true, &status, &session),
             _ = sampler.tick() => {
@@ -472,6 +480,8 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             }
             _ = ticker.tick() => {
                 session.off.tick(monotonic_ns());
+                dp_log.drain();
+                dp_log.follow(ctx);
                 if let Err(e) = write_status(ctx, &mut status, &session) {
                     tracing::warn!("writing the daemon status: {e:#}");
                 }
@@ -491,6 +501,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
         }
     }
     service::stopping();
+    drop(dp_log);
     eprintln!(
         "router-ctl run: stopping; the data path stays attached, {} offloaded flows stay \
          on the fast path until their lease ends, then the kernel carries them",

@@ -24,6 +24,7 @@ mod ctnetlink;
 mod ctx;
 mod daemon;
 mod doctor;
+mod ebpf_log;
 mod forward;
 mod inspect;
 mod lifecycle;

@@ -28,7 +28,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    Step, Verdict,
+    Step, Verdict, debug_log,
     flow::Xlat,
     hop::forward_egress,
     mapping::{self, MapClaim},
@@ -253,10 +253,12 @@ pub fn commit(
             // 512-byte limit.
             let claimed = claim_mapping(cfg, key, now);
             if claimed & MAPPING_CLAIMED == 0 {
+                debug_log::ports_exhausted(key);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             let claimed = claim_port(cfg, key, open, claimed, now);
             if claimed == 0 {
+                debug_log::ports_exhausted(key);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             #[expect(clippy::cast_possible_truncation, reason = "the port's 16 bits")]
@@ -265,6 +267,7 @@ pub fn commit(
             if key.proto == IPPROTO_ICMP {
                 xlat.dport = port;
             }
+            debug_log::masqueraded(key, xlat.src, xlat.sport);
         }
         NewFlow::PortForward => {
             let translated = FlowKey::new(xlat.src, xlat.dst, xlat.sport, xlat.dport, key.proto);
@@ -272,6 +275,7 @@ pub fn commit(
                 // The map refused (out of memory): leave it to the kernel.
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
+            debug_log::port_forwarded(key, xlat.dst, xlat.dport);
         }
     }
     Ok(())

@@ -2,18 +2,13 @@
 //! tracking of a hit), the next hop (the flow's cached one or the FIB's),
 //! and the address/port rewrite.
 
-use aya_ebpf::{
-    bindings::BPF_NOEXIST,
-    macros::map,
-    maps::PerCpuArray,
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     flow::{Segment, TCP_CONTROL, expired, needs_refresh, tcp_control, tcp_observe},
     hdr::{frame, icmp, ipv4, tcp, udp},
     maps::{
-        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey, FlowState, IPPROTO_TCP,
-        IPPROTO_UDP, TcpWindow, lease_tick,
+        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey, FlowState,
+        IPPROTO_TCP, IPPROTO_UDP, TcpWindow, lease_tick,
     },
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };

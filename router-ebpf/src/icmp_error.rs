@@ -10,7 +10,7 @@ use router_common::{
 };
 
 use crate::{
-    Step, Verdict,
+    Step, Verdict, debug_log,
     hop::{fib, forward_l2},
     maps::{CONNTRACK, event},
     parse::header,
@@ -82,5 +82,6 @@ pub fn forward(
         e.new_dst_port,
     );
     event(Counter::IcmpErrorTranslated);
+    debug_log::icmp_error_translated(&key, e.new_dst_addr, e.new_dst_port);
     Ok(forward_l2(eth, ip, &hop, Counter::FwdInbound))
 }

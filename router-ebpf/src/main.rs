@@ -29,6 +29,7 @@
 )]
 
 mod admit;
+mod debug_log;
 mod flow;
 mod hop;
 mod icmp_error;
@@ -108,6 +109,11 @@ pub fn router(ctx: XdpContext) -> u32 {
         v
     };
     maps::count(v.counter, len);
+    // After the count, where only the action is still live: the verifier
+    // then prunes the paths that reach it with different drop reasons.
+    if v.action == xdp_action::XDP_DROP {
+        debug_log::dropped(v.counter, ctx.ingress_ifindex() as u32);
+    }
     v.action
 }
 

@@ -17,6 +17,7 @@ mod ctl_errors;
 mod daemon_run;
 mod dashboard;
 mod doctor;
+mod ebpf_log;
 mod failover;
 mod flow_counters;
 mod ipv6_e2e;

@@ -22,8 +22,8 @@
 use aya::maps::{HashMap, MapData};
 use aya::programs::{TestRun, TestRunOptions, Xdp};
 use router_common::maps::{
-    Config, DEFAULT_MAX_FLOWS, FLAG_OFFLOADED, FlowEntry, FlowKey, IPPROTO_TCP, IPPROTO_UDP, PROGRAM_NAME,
-    Timeouts,
+    Config, DEFAULT_MAX_FLOWS, FLAG_OFFLOADED, FlowEntry, FlowKey, IPPROTO_TCP, IPPROTO_UDP,
+    PROGRAM_NAME, Timeouts,
 };
 use tests::frames::{Frame, Ipv4, TCP_ACK, TCP_SYN, Tcp, Udp};
 use tests::prog::LoadedRouter;
