@@ -151,17 +151,24 @@ impl ObjectVariant {
         Self(path)
     }
 
-    /// A copy whose XDP program starts with `exit` before r0 is set: the
-    /// verifier rejects it.
+    /// A copy whose XDP program has an `exit` in place of the first
+    /// register move of its body: the verifier rejects it (r0 unset, or the
+    /// code after it unreachable).
     #[must_use]
     pub fn rejected_by_verifier() -> Self {
         let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
         let path = std::env::temp_dir().join(format!("router-bad-{}-{n}.o", std::process::id()));
         let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
-        let (off, size) = elf_section(&bytes, "xdp").expect("the object has an xdp section");
-        assert!(size >= 8);
+        let body = program_body(&bytes).expect("find the XDP program's body in the object");
+        // A move (BPF_ALU64 | BPF_MOV | BPF_X) is never the target of a
+        // relocation, unlike a call or a 64-bit immediate load, which the
+        // loader would fail to relocate before the verifier sees anything.
+        let insn = (body.0..body.1)
+            .step_by(8)
+            .find(|&i| bytes[i] == 0xbf)
+            .expect("the program has a register move");
         // BPF_JMP | BPF_EXIT, all other fields zero.
-        bytes[off..off + 8].copy_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
+        bytes[insn..insn + 8].copy_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
         std::fs::write(&path, bytes).expect("write the bad object");
         Self(path)
     }
@@ -176,6 +183,40 @@ impl Drop for ObjectVariant {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// File range of the XDP program's body: the `xdp` section itself, or,
+/// when that section only calls a function in `.text` (the entry point's
+/// body compiled as a subprogram), `.text` from that function on.
+fn program_body(b: &[u8]) -> Option<(usize, usize)> {
+    let (off, size) = elf_section(b, "xdp")?;
+    let Some((rel, rel_size)) = elf_section(b, ".relxdp") else {
+        return Some((off, off + size));
+    };
+    // The first relocation of the section: is it the call at its start?
+    let r_offset = u64::from_le_bytes(b[rel..rel + 8].try_into().ok()?);
+    if rel_size < 16 || r_offset != 0 || b[off] != 0x85 {
+        return Some((off, off + size));
+    }
+    let sym =
+        usize::try_from(u64::from_le_bytes(b[rel + 8..rel + 16].try_into().ok()?) >> 32).ok()?;
+    let (symtab, _) = elf_section(b, ".symtab")?;
+    let entry = symtab + sym * 24;
+    let st_info = b[entry + 4];
+    let st_value = usize::try_from(u64::from_le_bytes(
+        b[entry + 8..entry + 16].try_into().ok()?,
+    ))
+    .ok()?;
+    let imm = i32::from_le_bytes(b[off + 4..off + 8].try_into().ok()?);
+    // A section symbol (STT_SECTION) names the target by the call's
+    // immediate; a function symbol by its value.
+    let target = if st_info & 0xf == 3 {
+        st_value.checked_add_signed(isize::try_from(imm).ok()?.checked_add(1)? * 8)?
+    } else {
+        st_value
+    };
+    let (text, text_size) = elf_section(b, ".text")?;
+    (target < text_size).then_some((text + target, text + text_size))
 }
 
 /// File offset and size of an ELF64 little-endian section by name.
