@@ -31,6 +31,15 @@ enum Firewall {
     IptablesLegacy,
 }
 
+/// Loads an nftables ruleset into the router's namespace (`nft -f`, from a
+/// temporary file named after `tag` and this process).
+pub(crate) fn load_nft(t: &Topology, tag: &str, rules: &str) {
+    let path = std::env::temp_dir().join(format!("{tag}-{}.nft", std::process::id()));
+    std::fs::write(&path, rules).unwrap();
+    t.exec_ok(Ns::Router, &["nft", "-f", path.to_str().unwrap()]);
+    let _ = std::fs::remove_file(path);
+}
+
 /// The router's firewall and NAT, the way a router owner writes them.
 fn install_firewall(t: &Topology, fw: Firewall) {
     let dnat_to = format!("{CLIENT_ADDR}:80");
@@ -58,10 +67,7 @@ table ip nat {{
 }}
 "
             );
-            let path = std::env::temp_dir().join(format!("offload-fw-{}.nft", std::process::id()));
-            std::fs::write(&path, rules).unwrap();
-            t.exec_ok(Ns::Router, &["nft", "-f", path.to_str().unwrap()]);
-            let _ = std::fs::remove_file(path);
+            load_nft(t, "offload-fw", &rules);
         }
         Firewall::IptablesLegacy => {
             let blocked = BLOCKED_UDP_PORT.to_string();

@@ -15,7 +15,7 @@ use tests::{LAN_IF, Ns, Topology, WAN_IF};
 
 use crate::ctl::{DetachOnDrop, Stream, wait_for};
 use crate::ipv6_e2e::{kernel_forwarded6, ping6};
-use crate::offload::{Daemon, echoes, kernel_entries, offloaded_rows, udp_echo};
+use crate::offload::{Daemon, echoes, kernel_entries, load_nft, offloaded_rows, udp_echo};
 
 /// The UDP port the firewall drops from the LAN.
 const BLOCKED_UDP_PORT: u16 = 9999;
@@ -39,10 +39,7 @@ fn install_firewall6(t: &Topology) {
 }}
 "
     );
-    let path = std::env::temp_dir().join(format!("offload6-fw-{}.nft", std::process::id()));
-    std::fs::write(&path, rules).unwrap();
-    t.exec_ok(Ns::Router, &["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(path);
+    load_nft(t, "offload6-fw", &rules);
 }
 
 /// The firewalled IPv6 router in offload mode, its neighbours known.
