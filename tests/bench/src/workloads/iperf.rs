@@ -126,13 +126,11 @@ fn client_args(p: &Plan<'_>) -> Result<Vec<String>, String> {
         args.extend(["-Z".to_owned(), cc.clone()]);
     }
     // Per stream: iperf2's `-b` paces each stream, the total is the line rate.
-    let paced = format!(
-        "{}k",
-        (u64::from(p.s.line_rate_mbps) * 1000 / u64::from(p.point.conns.max(1))).max(1)
-    );
+    let (paced_kbps, paced_len) = paced_stream(p.s.line_rate_mbps, p.point.conns);
+    let (paced, paced_len) = (format!("{paced_kbps}k"), paced_len.to_string());
     let extra: &[&str] = match p.point.workload {
         Workload::Tcp => &[],
-        Workload::TcpPaced => &["-b", &paced],
+        Workload::TcpPaced => &["-b", &paced, "-l", &paced_len],
         Workload::TcpSmall if p.point.nodelay => &["-l", "128", "-N"],
         Workload::TcpSmall => &["-l", "128"],
         // `-b 0` fails in iperf 2.1.8; a rate no veth reaches is unlimited.
@@ -141,6 +139,22 @@ fn client_args(p: &Plan<'_>) -> Result<Vec<String>, String> {
     };
     args.extend(extra.iter().map(|&a| a.to_owned()));
     Ok(args)
+}
+
+/// iperf2's TCP write length when `-l` is not given.
+const DEFAULT_TCP_LEN: u64 = 128 * 1024;
+
+/// A paced stream's `-b` in kbit/s and its write length in bytes: the line
+/// rate split over `conns` streams; writes of an eighth of a second's bytes
+/// (at most the default 128 KiB, at least 1 KiB, whole KiB). iperf2 refuses
+/// a write length above about a fifth of a second's bytes ("option -b and
+/// -l of 131072 are incompatible"), so a slow stream (2.5 Gbit/s over 1000
+/// streams: 2.5 Mbit/s each) needs shorter writes than the default.
+fn paced_stream(line_rate_mbps: u32, conns: u32) -> (u64, u64) {
+    let kbps = (u64::from(line_rate_mbps) * 1000 / u64::from(conns.max(1))).max(1);
+    let eighth_second_bytes = kbps * 1000 / 8 / 8;
+    let len = (eighth_second_bytes / 1024 * 1024).clamp(1024, DEFAULT_TCP_LEN);
+    (kbps, len)
 }
 
 /// The client run and the counters around it.
@@ -530,4 +544,21 @@ pub fn next_port(port: &mut u16) {
 /// thousands of streams overruns `-t` by seconds.
 pub fn client_limit(secs: u32, slack: u32, conns: u32) -> u32 {
     secs + slack + conns / 50
+}
+
+#[cfg(test)]
+mod checks {
+    use super::paced_stream;
+
+    #[test]
+    fn paced_streams_write_what_iperf2_accepts() {
+        // One stream at 2.5 Gbit/s: the default length.
+        assert_eq!(paced_stream(2500, 1), (2_500_000, 128 * 1024));
+        // 1000 streams of 2.5 Mbit/s: iperf2 said "-l 56250 or lower".
+        let (kbps, len) = paced_stream(2500, 1000);
+        assert_eq!((kbps, len), (2500, 38 * 1024));
+        assert!(len <= 56_250);
+        // Very slow streams still write at least 1 KiB.
+        assert_eq!(paced_stream(1, 2000), (1, 1024));
+    }
 }
