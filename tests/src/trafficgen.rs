@@ -7,7 +7,7 @@
 //!
 //! Used by the benchmark (`udp-live`) and by the live-frame flood test.
 //!
-//! The same program generates IPv4 or IPv6 (`UdpFlows::client_to_server6`);
+//! The same program generates IPv4 or IPv6 (`UdpFlows::between`);
 //! the sink drops both.
 //!
 //! ```no_run
@@ -47,6 +47,13 @@ pub enum Hosts {
 }
 
 impl Hosts {
+    /// The topology's client to its server over IPv6: their global
+    /// addresses (`v6::enable`), routed through the router.
+    pub const CLIENT_TO_SERVER6: Self = Self::V6 {
+        src: CLIENT6,
+        dst: SERVER6,
+    };
+
     /// Where the generator finds the UDP header in frames between them.
     #[must_use]
     pub const fn layout(self) -> UdpLayout {
@@ -100,25 +107,10 @@ impl UdpFlows {
         })
     }
 
-    /// [`UdpFlows::client_to_server`] over IPv6: the client's and the
-    /// server's global addresses (`v6::enable`), routed through the router.
-    ///
-    /// # Errors
-    /// If an interface's MAC address cannot be read.
-    pub fn client_to_server6(
-        t: &Topology,
-        base_port: u16,
-        flows: u16,
-        dst_port: u16,
-        payload: Vec<u8>,
-    ) -> Result<Self, String> {
-        Ok(Self {
-            hosts: Hosts::V6 {
-                src: CLIENT6,
-                dst: SERVER6,
-            },
-            ..Self::client_to_server(t, base_port, flows, dst_port, payload)?
-        })
+    /// The same flows between `hosts` (e.g. [`Hosts::CLIENT_TO_SERVER6`]).
+    #[must_use]
+    pub fn between(self, hosts: Hosts) -> Self {
+        Self { hosts, ..self }
     }
 
     /// Most flows a generator can vary over from `base_port` (ports up to
@@ -327,7 +319,7 @@ mod unit {
 
     #[test]
     fn frame_carries_the_first_flow() {
-        let mut flows = UdpFlows {
+        let flows = UdpFlows {
             dst_mac: [2; 6],
             src_mac: [4; 6],
             hosts: Hosts::V4 {
@@ -345,10 +337,7 @@ mod unit {
         assert_eq!(u16::from_be_bytes([f[36], f[37]]), 9);
         assert_eq!(UdpFlows::max_flows(20_000), 45_536);
 
-        flows.hosts = Hosts::V6 {
-            src: CLIENT6,
-            dst: SERVER6,
-        };
+        let flows = flows.between(Hosts::CLIENT_TO_SERVER6);
         let f = flows.frame();
         let layout = flows.hosts.layout();
         assert_eq!(f.len(), layout.headers_len() + 64);

@@ -21,7 +21,7 @@ use tests::frames::{Frame, Ipv4, Udp};
 use tests::rawbpf::{Prog, UDP_HDRS_LEN, UdpLayout, udp_generator};
 
 use router_common::maps::IPPROTO_UDP;
-use tests::trafficgen::{Generator, UdpFlows};
+use tests::trafficgen::{Generator, Hosts, UdpFlows};
 use tests::v6::{self, CLIENT6, Ipv6, SERVER6};
 use tests::{
     CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF,
@@ -65,39 +65,19 @@ fn fast_path_translates_every_datagram_of_a_live_frame_flood() {
     sock.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
 
-    // A reader on another thread drains the socket while the generator
-    // runs; it stops after half a second without a datagram.
-    let generating = AtomicBool::new(true);
     let cli_if = t.ifindex(Ns::Client, HOST_IF);
-    let (seen, live) = std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let mut seen: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
-            let mut buf = [0u8; 2048];
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                match sock.recv_from(&mut buf) {
-                    Ok((n, from)) => seen.push((from, buf[..n].to_vec())),
-                    Err(_) if generating.load(Ordering::Relaxed) => {}
-                    Err(_) => break,
-                }
-            }
-            seen
-        });
-        let live = t.in_ns(Ns::Client, || {
-            generator.run_live(&frame, cli_if, FRAMES, 64)
-        });
-        generating.store(false, Ordering::Relaxed);
-        (reader.join().unwrap(), live)
-    });
-    if let Err(e) = live {
-        // Live-frame mode came with Linux 5.18; anywhere newer a failure is
-        // the generator's or the harness's fault.
-        if !kernel_at_least(5, 18) {
-            println!("SKIP: BPF_PROG_RUN live frames need Linux >= 5.18: {e}");
-            return;
-        }
-        panic!("{e}");
-    }
+    let seen = flood_and_collect(
+        || {
+            t.in_ns(Ns::Client, || {
+                generator.run_live(&frame, cli_if, FRAMES, 64)
+            })
+        },
+        |buf| {
+            let (n, from) = sock.recv_from(buf)?;
+            Ok(Some((from, buf[..n].to_vec())))
+        },
+    );
+    let Some(seen) = seen else { return };
 
     let after = t.stats();
     let delta = |name: &str| counter_of(&after, name) - counter_of(&before, name);
@@ -144,6 +124,46 @@ fn fast_path_translates_every_datagram_of_a_live_frame_flood() {
         .filter(|f| f["proto"] == "udp" && f["orig_dst"] == format!("{SERVER_ADDR}:{DST_PORT}"))
         .collect();
     assert_eq!(udp.len(), usize::from(FLOWS), "{udp:?}");
+}
+
+/// Runs `flood` (the generator) while a reader thread calls `recv` (a
+/// read with a timeout, into the buffer it is given) and keeps what it
+/// returns; the reader stops at its first timeout after the flood, or
+/// after 30 s. `None` (the test skips) where live-frame mode is missing.
+fn flood_and_collect<T: Send>(
+    flood: impl FnOnce() -> Result<(), String> + Send,
+    mut recv: impl FnMut(&mut [u8]) -> std::io::Result<Option<T>> + Send,
+) -> Option<Vec<T>> {
+    let generating = AtomicBool::new(true);
+    let (seen, live) = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 2048];
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                match recv(&mut buf) {
+                    Ok(Some(x)) => seen.push(x),
+                    Ok(None) => {}
+                    Err(_) if generating.load(Ordering::Relaxed) => {}
+                    Err(_) => break,
+                }
+            }
+            seen
+        });
+        let live = flood();
+        generating.store(false, Ordering::Relaxed);
+        (reader.join().unwrap(), live)
+    });
+    if let Err(e) = live {
+        // Live-frame mode came with Linux 5.18; anywhere newer a failure is
+        // the generator's or the harness's fault.
+        if !kernel_at_least(5, 18) {
+            println!("SKIP: BPF_PROG_RUN live frames need Linux >= 5.18: {e}");
+            return None;
+        }
+        panic!("{e}");
+    }
+    Some(seen)
 }
 
 /// IPv6 flood: first source port, destination port, payload and frames.
@@ -308,8 +328,9 @@ fn ipv6_live_frame_flood_is_routed_by_the_fast_path() {
     v6::enable(&t);
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     v6::resolve_neighbours(&t);
-    let flows =
-        UdpFlows::client_to_server6(&t, BASE_PORT6, FLOWS6, DST_PORT, pattern(PAYLOAD)).unwrap();
+    let flows = UdpFlows::client_to_server(&t, BASE_PORT6, FLOWS6, DST_PORT, pattern(PAYLOAD))
+        .unwrap()
+        .between(Hosts::CLIENT_TO_SERVER6);
     let cli_if = t.ifindex(Ns::Client, HOST_IF);
     let generator = Generator::load("test_gen6", &flows, cli_if)
         .expect("the verifier accepts the IPv6 generator");
@@ -325,43 +346,19 @@ fn ipv6_live_frame_flood_is_routed_by_the_fast_path() {
     let before = t.stats();
     let kernel_before = kernel_forwarded6(&t);
 
-    let generating = AtomicBool::new(true);
-    let (seen, live) = std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let mut seen: Vec<Vec<u8>> = Vec::new();
-            let mut buf = [0u8; 2048];
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                match (&capture.0).read(&mut buf) {
-                    // Only the flood: the capture sees NDP too.
-                    Ok(n)
-                        if n > v6::L4_6_OFF + 4
-                            && buf[v6::IP6_OFF + 6] == IPPROTO_UDP
-                            && u16::from_be_bytes([
-                                buf[v6::L4_6_OFF + 2],
-                                buf[v6::L4_6_OFF + 3],
-                            ]) == DST_PORT =>
-                    {
-                        seen.push(buf[..n].to_vec());
-                    }
-                    Ok(_) => {}
-                    Err(_) if generating.load(Ordering::Relaxed) => {}
-                    Err(_) => break,
-                }
-            }
-            seen
-        });
-        let live = t.in_ns(Ns::Client, || generator.send(FRAMES6));
-        generating.store(false, Ordering::Relaxed);
-        (reader.join().unwrap(), live)
-    });
-    if let Err(e) = live {
-        if !kernel_at_least(5, 18) {
-            println!("SKIP: BPF_PROG_RUN live frames need Linux >= 5.18: {e}");
-            return;
-        }
-        panic!("{e}");
-    }
+    let seen = flood_and_collect(
+        || t.in_ns(Ns::Client, || generator.send(FRAMES6)),
+        |buf| {
+            let n = (&capture.0).read(buf)?;
+            let f = &buf[..n];
+            // Only the flood: the capture sees NDP too.
+            let flood = n > v6::L4_6_OFF + 4
+                && f[v6::IP6_OFF + 6] == IPPROTO_UDP
+                && u16::from_be_bytes([f[v6::L4_6_OFF + 2], f[v6::L4_6_OFF + 3]]) == DST_PORT;
+            Ok(flood.then(|| f.to_vec()))
+        },
+    );
+    let Some(seen) = seen else { return };
     let after = t.stats();
     let kernel_fwd = kernel_forwarded6(&t) - kernel_before;
     let fwd6 = counter_delta(&before, &after, "fwd6_outbound");

@@ -27,7 +27,7 @@
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use tests::trafficgen::{self, Generator, Sink, UdpFlows};
+use tests::trafficgen::{self, Generator, Hosts, Sink, UdpFlows};
 use tests::{HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology, v6};
 
 use crate::measure::parse::{parse_ping, rtts_within};
@@ -60,11 +60,11 @@ pub enum Family {
 
 /// The generated datagrams: client -> server, `flows` source ports.
 fn flows(t: &Topology, family: Family, flows: u16) -> Result<UdpFlows, String> {
-    let payload = tests::pattern(PAYLOAD);
-    match family {
-        Family::Ipv4 => UdpFlows::client_to_server(t, BASE_PORT, flows, DST_PORT, payload),
-        Family::Ipv6 => UdpFlows::client_to_server6(t, BASE_PORT, flows, DST_PORT, payload),
-    }
+    let v4 = UdpFlows::client_to_server(t, BASE_PORT, flows, DST_PORT, tests::pattern(PAYLOAD))?;
+    Ok(match family {
+        Family::Ipv4 => v4,
+        Family::Ipv6 => v4.between(Hosts::CLIENT_TO_SERVER6),
+    })
 }
 
 /// Packets the router forwarded so far in `family` on `path`.
