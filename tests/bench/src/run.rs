@@ -460,9 +460,6 @@ impl Bench<'_> {
         };
         eprintln!("bench: IPv6: kernel IPv6 forwarding vs xdp (fresh topology): {plan:?}");
         let (rows, failures) = ipv6::run(&plan, &self.settings, self.stop, &mut self.port);
-        for r in &rows {
-            eprintln!("        {}", ipv6::show(r));
-        }
         self.failures.extend(failures);
         rows
     }

@@ -191,6 +191,12 @@ fn one_live(
     })
 }
 
+/// Shows `row` as the run's progress and keeps it.
+fn keep(rows: &mut Vec<Row>, row: Row) {
+    eprintln!("        {}", show(&row));
+    rows.push(row);
+}
+
 /// The rows of `plan` on one fresh topology: TCP (kernel, then XDP, then
 /// kernel again if `alternate`), then the live generator per flow count.
 /// A failed run is reported in the second list and the others go on.
@@ -220,7 +226,7 @@ pub fn run(
             };
             *port += 1;
             match switch(&t, dp).and_then(|()| one(&t, path, secs, *port)) {
-                Ok(r) => rows.push(Row::Tcp(r)),
+                Ok(r) => keep(&mut rows, Row::Tcp(r)),
                 Err(e) => failures.push(format!("ipv6 tcp {path}: {e}")),
             }
         }
@@ -235,7 +241,7 @@ pub fn run(
                 break;
             }
             match one_live(&t, s, (path, flows), stop) {
-                Ok(r) => rows.push(Row::Live(Box::new(r))),
+                Ok(r) => keep(&mut rows, Row::Live(Box::new(r))),
                 Err(e) => {
                     failures.push(format!("ipv6 udp-live {} {flows} flows: {e}", path.name()));
                 }
