@@ -45,7 +45,6 @@ pub enum Row {
 }
 
 /// One iperf2 TCP run.
-/// One measured run.
 #[derive(Clone, Debug)]
 pub struct TcpRow {
     /// `kernel` or `xdp`.
