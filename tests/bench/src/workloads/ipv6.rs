@@ -123,7 +123,9 @@ fn one(t: &Topology, path: &'static str, secs: u32, port: u16) -> Result<TcpRow,
         ],
     );
     let (k1, x1) = (kernel_forwarded6(t), xdp_forwarded6(t));
-    let _ = server.kill();
+    // The whole group: `Child::kill` would stop `timeout` alone and leave
+    // `iperf -s` running after the topology is gone.
+    crate::workloads::procs::kill_group(&server);
     let _ = server.wait();
     let text = String::from_utf8_lossy(&out.stdout);
     let bps = parse_bps(&text).ok_or_else(|| {
