@@ -48,6 +48,7 @@ const ALU64_ADD_X: u8 = 0x0f;
 /// `BPF_ALU | BPF_END | BPF_TO_BE`: to big endian (a byte swap on x86).
 const ALU_END_TO_BE: u8 = 0xdc;
 const JMP_JGT_X: u8 = 0x2d;
+const JMP_JEQ_K: u8 = 0x15;
 const JMP_JNE_K: u8 = 0x55;
 const JMP_JLT_K: u8 = 0xa5;
 const JMP_JLE_K: u8 = 0xb5;
@@ -73,11 +74,11 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
 }
 
 /// Packet offsets of the fields the programs touch (Ethernet + IPv4
-/// without options + UDP).
+/// without options + UDP, or Ethernet + IPv6 without extension headers).
 const ETHERTYPE_OFF: i16 = 12;
 const IP_PROTO_OFF: i16 = 23;
-const UDP_SPORT_OFF: usize = 34;
-const UDP_CSUM_OFF: usize = 40;
+/// The IPv6 next header (the L4 protocol without extension headers).
+const IP6_NEXT_HEADER_OFF: i16 = 20;
 const IP_TOS_OFF: i16 = 15;
 const IP_TOT_LEN_OFF: i16 = 16;
 const IP_TTL_OFF: i16 = 22;
@@ -90,6 +91,44 @@ const IPV4_HDRS_LEN: i32 = 34;
 const XDP_MD_INGRESS_IFINDEX: i16 = 12;
 /// Ethernet + IPv4 + UDP headers.
 pub const UDP_HDRS_LEN: usize = 42;
+/// Ethernet + IPv6 + UDP headers.
+pub const UDP6_HDRS_LEN: usize = 62;
+
+/// Where the generator finds the UDP header in its frame template: the
+/// same program serves IPv4 and IPv6. IPv6 has no header checksum, and
+/// IPv4's does not cover the ports, so on either only the UDP checksum
+/// changes with the source port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdpLayout {
+    /// Offset of the UDP source port in the frame.
+    pub sport_off: usize,
+    /// Offset of the UDP checksum: the last two bytes of the headers.
+    pub csum_off: usize,
+    /// Whether a checksum of 0 means "none" (IPv4) rather than being
+    /// invalid (IPv6, RFC 8200 8.1).
+    pub csum_optional: bool,
+}
+
+impl UdpLayout {
+    /// Ethernet + IPv4 without options + UDP.
+    pub const IPV4: Self = Self {
+        sport_off: 34,
+        csum_off: 40,
+        csum_optional: true,
+    };
+    /// Ethernet + IPv6 without extension headers + UDP.
+    pub const IPV6: Self = Self {
+        sport_off: 54,
+        csum_off: 60,
+        csum_optional: false,
+    };
+
+    /// Length of Ethernet + IP + UDP headers.
+    #[must_use]
+    pub const fn headers_len(self) -> usize {
+        self.csum_off + 2
+    }
+}
 
 /// Index of the jump in [`bounds`].
 const BOUNDS_JUMP: usize = 4;
@@ -130,28 +169,38 @@ pub fn constant(verdict: i32) -> Vec<Insn> {
 }
 
 /// The traffic generator, for `BPF_PROG_RUN` in live-frame mode: writes
-/// `headers` (Ethernet + IPv4 + UDP) over the frame, sets the UDP source
-/// port to `base_port + random % flows`, updates the UDP checksum for it
-/// (RFC 1624, from the port and checksum in `headers`; a checksum of 0,
-/// "none" in IPv4, stays 0), and returns `XDP_TX`, which live-frame
-/// mode turns into a transmit on the ingress interface.
+/// `headers` (Ethernet + IP + UDP, laid out as `layout` says) over the
+/// frame, sets the UDP source port to `base_port + random % flows`,
+/// updates the UDP checksum for it (RFC 1624, from the port and checksum
+/// in `headers`; a result of 0 is sent as 0xffff; an IPv4 checksum of 0,
+/// "none", stays 0), and returns `XDP_TX`, which live-frame mode turns
+/// into a transmit on the ingress interface.
 ///
 /// It rewrites every header byte on every run because live-frame mode
 /// recycles pages without re-initialising them: a page comes back after
-/// the router has rewritten it (NAT, TTL, MACs). Nobody touches the
-/// payload, so it stays as initialised.
+/// the router has rewritten it (NAT, TTL or hop limit, MACs). Nobody
+/// touches the payload, so it stays as initialised.
 ///
 /// # Panics
-/// If `flows` is 0 or the ports do not fit in 16 bits.
+/// If `flows` is 0, the ports do not fit in 16 bits, `headers` is not
+/// `layout.headers_len()` long, the checksum is not 4-byte aligned or is
+/// 0 where it is mandatory (IPv6).
 #[must_use]
-pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -> Vec<Insn> {
+pub fn udp_generator(headers: &[u8], layout: UdpLayout, flows: u16, base_port: u16) -> Vec<Insn> {
     assert!(flows > 0 && u32::from(base_port) + u32::from(flows) <= 65536);
+    assert_eq!(headers.len(), layout.headers_len(), "UDP frame headers");
+    // Everything before the checksum is stored in 4-byte words.
+    assert_eq!(layout.csum_off % 4, 0, "the UDP checksum is word-aligned");
     // One's complement sums commute with byte swapping, so the update is
     // computed on 16-bit words as a native load sees them: the fixed part
     // is ~HC + ~m (old checksum and old port), the program adds m'.
     let word = |at: usize| u32::from(u16::from_ne_bytes([headers[at], headers[at + 1]]));
-    let csum = word(UDP_CSUM_OFF);
-    let fixed = (!csum & 0xffff) + (!word(UDP_SPORT_OFF) & 0xffff);
+    let csum = word(layout.csum_off);
+    assert!(
+        csum != 0 || layout.csum_optional,
+        "the template's UDP checksum is mandatory here and must not be 0"
+    );
+    let fixed = (!csum & 0xffff) + (!word(layout.sport_off) & 0xffff);
     let mut v = vec![
         // r6 = ctx (the call clobbers r1-r5).
         insn(ALU64_MOV_X, 6, 1, 0, 0),
@@ -182,15 +231,18 @@ pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -
         v.push(insn(ALU64_MOV_K, 0, 0, 0, 0));
     }
     let check = v.len() + BOUNDS_JUMP;
-    v.extend(bounds(6, off16(UDP_HDRS_LEN).into()));
-    for (i, w) in headers[..40].chunks_exact(4).enumerate() {
-        let off = i16::try_from(i * 4).unwrap();
+    v.extend(bounds(
+        6,
+        i32::try_from(layout.headers_len()).expect("short headers"),
+    ));
+    for (i, w) in headers[..layout.csum_off].chunks_exact(4).enumerate() {
+        let off = off16(i * 4);
         let imm = i32::from_ne_bytes(w.try_into().unwrap());
         v.push(insn(ST_W, 2, 0, off, imm));
     }
     v.extend([
-        insn(STX_H, 2, 7, off16(UDP_SPORT_OFF), 0),
-        insn(STX_H, 2, 0, off16(UDP_CSUM_OFF), 0),
+        insn(STX_H, 2, 7, off16(layout.sport_off), 0),
+        insn(STX_H, 2, 0, off16(layout.csum_off), 0),
     ]);
     v.extend(ret(XDP_TX));
     let drop = v.len();
@@ -199,16 +251,27 @@ pub fn udp_generator(headers: &[u8; UDP_HDRS_LEN], flows: u16, base_port: u16) -
     v
 }
 
-/// The sink: drops IPv4 UDP, passes everything else (ARP, and ICMP so that
-/// ping measures latency through the router during the load).
+/// The sink: drops IPv4 and IPv6 UDP (an IPv6 header without extension
+/// headers), passes everything else (ARP, NDP, and ICMP and `ICMPv6` so
+/// that ping measures latency through the router during the load).
 #[must_use]
 pub fn udp_sink() -> Vec<Insn> {
     let mut v = bounds(1, 34).to_vec();
-    // The bounds jump and the two protocol checks below.
-    let to_pass = [BOUNDS_JUMP, v.len() + 1, v.len() + 3];
+    let mut to_pass = vec![BOUNDS_JUMP];
+    // r5 = the Ethernet type, r3 = the byte at the IPv6 next header (the
+    // bounds cover both candidate protocol bytes).
     v.extend([
         insn(LDX_H, 5, 2, ETHERTYPE_OFF, 0),
-        // 0x0800 as a native load sees it.
+        insn(LDX_B, 3, 2, IP6_NEXT_HEADER_OFF, 0),
+        // 0x86dd as a native load sees it: r3 is the protocol.
+        insn(
+            JMP_JEQ_K,
+            5,
+            0,
+            2,
+            i32::from(u16::from_ne_bytes([0x86, 0xdd])),
+        ),
+        // 0x0800 likewise.
         insn(
             JMP_JNE_K,
             5,
@@ -216,9 +279,11 @@ pub fn udp_sink() -> Vec<Insn> {
             0,
             i32::from(u16::from_ne_bytes([0x08, 0x00])),
         ),
-        insn(LDX_B, 5, 2, IP_PROTO_OFF, 0),
-        insn(JMP_JNE_K, 5, 0, 0, 17),
+        insn(LDX_B, 3, 2, IP_PROTO_OFF, 0),
     ]);
+    to_pass.push(v.len() - 2);
+    v.push(insn(JMP_JNE_K, 3, 0, 0, 17));
+    to_pass.push(v.len() - 1);
     v.extend(ret(XDP_DROP));
     let pass = v.len();
     v.extend(ret(XDP_PASS));
@@ -664,11 +729,31 @@ mod unit {
         let mut h = [0; UDP_HDRS_LEN];
         for csum in [[0, 0], [0x12, 0x34]] {
             h[40..].copy_from_slice(&csum);
-            let g = udp_generator(&h, 100, 0);
+            let g = udp_generator(&h, UdpLayout::IPV4, 100, 0);
             let j = g.iter().position(|i| i.code == JMP_JGT_X).unwrap();
             let target = j + 1 + usize::try_from(g[j].off).unwrap();
             assert_eq!((g[target].code, g[target].imm), (ALU64_MOV_K, XDP_DROP));
         }
+        let mut h6 = [0; UDP6_HDRS_LEN];
+        h6[UDP6_HDRS_LEN - 1] = 1;
+        let g = udp_generator(&h6, UdpLayout::IPV6, 1000, 20_000);
+        let j = g.iter().position(|i| i.code == JMP_JGT_X).unwrap();
+        assert_eq!(g[j].imm, 0);
+        let target = j + 1 + usize::try_from(g[j].off).unwrap();
+        assert_eq!((g[target].code, g[target].imm), (ALU64_MOV_K, XDP_DROP));
+        // The bounds cover the IPv6 checksum, the last byte stored.
+        assert_eq!(g[j - 1].imm, 62);
+        let stores: Vec<i16> = g
+            .iter()
+            .filter(|i| i.code == STX_H)
+            .map(|i| i.off)
+            .collect();
+        assert_eq!(stores, [54, 60]);
+        // The sink's IPv6 branch lands on the protocol check.
+        let sink = udp_sink();
+        let j = sink.iter().position(|i| i.code == JMP_JEQ_K).unwrap();
+        let t = &sink[j + 1 + usize::try_from(sink[j].off).unwrap()];
+        assert_eq!((t.code, t.regs, t.imm), (JMP_JNE_K, 3, 17));
         for s in [udp_sink(), fib_forwarder()] {
             for (at, i) in s.iter().enumerate() {
                 if matches!(i.code, JMP_JGT_X | JMP_JNE_K | JMP_JLE_K) {

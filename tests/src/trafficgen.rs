@@ -7,6 +7,9 @@
 //!
 //! Used by the benchmark (`udp-live`) and by the live-frame flood test.
 //!
+//! The same program generates IPv4 or IPv6 (`UdpFlows::between`);
+//! the sink drops both.
+//!
 //! ```no_run
 //! # use tests::{Ns, HOST_IF, Topology, pattern, trafficgen::{Generator, UdpFlows}};
 //! let t = Topology::new();
@@ -16,12 +19,13 @@
 //! t.in_ns(Ns::Client, || generator.send(100_000)).unwrap();
 //! ```
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::frames::{Frame, Ipv4, Udp};
-use crate::rawbpf::{self, Prog, UDP_HDRS_LEN, XdpLink, os_err};
+use crate::rawbpf::{self, Prog, UDP_HDRS_LEN, UdpLayout, XdpLink, os_err};
+use crate::v6::{CLIENT6, SERVER6};
 use crate::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology};
 
 /// Frames per batch inside one `BPF_PROG_RUN` call (the kernel's default
@@ -35,16 +39,41 @@ pub const CALL_SECS: f64 = 0.25;
 /// Frames of the first call of [`Generator::run_for`], before the rate is known.
 const FIRST_CALL: u32 = 1 << 18;
 
-/// What to generate: UDP datagrams from `src` to `dst:dst_port`, the source
-/// port random over `base_port .. base_port + flows`, with a valid checksum
-/// (as real hosts send; netfilter verifies it on the kernel path).
+/// Source and destination address of the generated datagrams: one family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hosts {
+    V4 { src: Ipv4Addr, dst: Ipv4Addr },
+    V6 { src: Ipv6Addr, dst: Ipv6Addr },
+}
+
+impl Hosts {
+    /// The topology's client to its server over IPv6: their global
+    /// addresses (`v6::enable`), routed through the router.
+    pub const CLIENT_TO_SERVER6: Self = Self::V6 {
+        src: CLIENT6,
+        dst: SERVER6,
+    };
+
+    /// Where the generator finds the UDP header in frames between them.
+    #[must_use]
+    pub const fn layout(self) -> UdpLayout {
+        match self {
+            Self::V4 { .. } => UdpLayout::IPV4,
+            Self::V6 { .. } => UdpLayout::IPV6,
+        }
+    }
+}
+
+/// What to generate: UDP datagrams from `hosts`' source to its destination
+/// at `dst_port`, the source port random over `base_port .. base_port +
+/// flows`, with a valid checksum (as real hosts send; netfilter verifies
+/// it on the kernel path; IPv6 requires it).
 #[derive(Clone, Debug)]
 pub struct UdpFlows {
     /// Ethernet destination: the next hop (the router's LAN MAC).
     pub dst_mac: [u8; 6],
     pub src_mac: [u8; 6],
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub hosts: Hosts,
     pub base_port: u16,
     /// Number of source ports (flows), at least 1.
     pub flows: u16,
@@ -67,13 +96,21 @@ impl UdpFlows {
         Ok(Self {
             dst_mac: t.try_mac(Ns::Router, LAN_IF)?,
             src_mac: t.try_mac(Ns::Client, HOST_IF)?,
-            src: CLIENT_ADDR,
-            dst: SERVER_ADDR,
+            hosts: Hosts::V4 {
+                src: CLIENT_ADDR,
+                dst: SERVER_ADDR,
+            },
             base_port,
             flows,
             dst_port,
             payload,
         })
+    }
+
+    /// The same flows between `hosts` (e.g. [`Hosts::CLIENT_TO_SERVER6`]).
+    #[must_use]
+    pub fn between(self, hosts: Hosts) -> Self {
+        Self { hosts, ..self }
     }
 
     /// Most flows a generator can vary over from `base_port` (ports up to
@@ -87,8 +124,14 @@ impl UdpFlows {
     #[must_use]
     pub fn frame(&self) -> Vec<u8> {
         let udp = Udp::new(self.base_port, self.dst_port, &self.payload);
-        let ip = Ipv4::new(self.src.octets(), self.dst.octets(), udp);
-        Frame::new(self.dst_mac, self.src_mac, ip).bytes()
+        match self.hosts {
+            Hosts::V4 { src, dst } => {
+                let ip = Ipv4::new(src.octets(), dst.octets(), udp);
+                Frame::new(self.dst_mac, self.src_mac, ip).bytes()
+            }
+            Hosts::V6 { src, dst } => crate::v6::Ipv6::udp(src.octets(), dst.octets(), &udp)
+                .frame(self.dst_mac, self.src_mac),
+        }
     }
 }
 
@@ -115,12 +158,15 @@ impl Generator {
             ));
         }
         let frame = flows.frame();
-        let headers: &[u8; UDP_HDRS_LEN] = frame[..UDP_HDRS_LEN]
-            .try_into()
-            .expect("a UDP frame holds all headers");
+        let layout = flows.hosts.layout();
         let prog = Prog::load(
             name,
-            &rawbpf::udp_generator(headers, flows.flows, flows.base_port),
+            &rawbpf::udp_generator(
+                &frame[..layout.headers_len()],
+                layout,
+                flows.flows,
+                flows.base_port,
+            ),
         )?;
         Ok(Self {
             prog,
@@ -168,12 +214,13 @@ impl Generator {
     }
 }
 
-/// Instructions of the generator program (with its checksum update).
+/// Instructions of the generator program (with its checksum update) for
+/// IPv4 frames.
 #[must_use]
 pub fn generator_instructions() -> usize {
     let mut headers = [0u8; UDP_HDRS_LEN];
     headers[UDP_HDRS_LEN - 1] = 1;
-    rawbpf::udp_generator(&headers, 1, 0).len()
+    rawbpf::udp_generator(&headers, UdpLayout::IPV4, 1, 0).len()
 }
 
 /// Instructions of the sink program.
@@ -182,8 +229,9 @@ pub fn sink_instructions() -> usize {
     rawbpf::udp_sink().len()
 }
 
-/// The sink: an XDP program that drops IPv4 UDP and passes the rest (ARP,
-/// and ICMP so that ping measures latency through the router under load).
+/// The sink: an XDP program that drops IPv4 and IPv6 UDP and passes the
+/// rest (ARP, NDP, and ICMP and `ICMPv6` so that ping measures latency
+/// through the router under load).
 /// Detached when dropped.
 pub struct Sink {
     _link: XdpLink,
@@ -274,8 +322,10 @@ mod unit {
         let flows = UdpFlows {
             dst_mac: [2; 6],
             src_mac: [4; 6],
-            src: CLIENT_ADDR,
-            dst: SERVER_ADDR,
+            hosts: Hosts::V4 {
+                src: CLIENT_ADDR,
+                dst: SERVER_ADDR,
+            },
             base_port: 20_000,
             flows: 3,
             dst_port: 9,
@@ -286,5 +336,18 @@ mod unit {
         assert_eq!(u16::from_be_bytes([f[34], f[35]]), 20_000);
         assert_eq!(u16::from_be_bytes([f[36], f[37]]), 9);
         assert_eq!(UdpFlows::max_flows(20_000), 45_536);
+
+        let flows = flows.between(Hosts::CLIENT_TO_SERVER6);
+        let f = flows.frame();
+        let layout = flows.hosts.layout();
+        assert_eq!(f.len(), layout.headers_len() + 64);
+        assert_eq!(u16::from_be_bytes([f[12], f[13]]), 0x86dd);
+        assert_eq!(
+            u16::from_be_bytes([f[layout.sport_off], f[layout.sport_off + 1]]),
+            20_000
+        );
+        assert_eq!(&f[22..38], &CLIENT6.octets());
+        assert!(crate::v6::checksum_errors6(&f).is_empty());
+        assert_ne!(&f[layout.csum_off..layout.csum_off + 2], &[0, 0]);
     }
 }

@@ -84,11 +84,26 @@ pub fn enable(t: &Topology) {
 /// # Panics
 /// If a host does not answer.
 pub fn resolve_neighbours(t: &Topology) {
+    try_resolve_neighbours(t).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// [`resolve_neighbours`], saying which host did not answer instead of
+/// panicking (for the benchmark, which records the failure and goes on).
+///
+/// # Errors
+/// If the router cannot ping the client or the server over IPv6.
+pub fn try_resolve_neighbours(t: &Topology) -> Result<(), String> {
     for addr in [CLIENT6, SERVER6] {
         let a = addr.to_string();
         let out = t.exec(Ns::Router, &["ping", "-6", "-c", "1", "-W", "2", &a]);
-        assert!(out.status.success(), "router cannot ping {a}: {out:?}");
+        if !out.status.success() {
+            return Err(format!(
+                "the router cannot ping {a} (IPv6 neighbour discovery): {}",
+                String::from_utf8_lossy(&out.stdout).trim()
+            ));
+        }
     }
+    Ok(())
 }
 
 /// The address as wire bytes.

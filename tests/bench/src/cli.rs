@@ -49,7 +49,8 @@ pub struct Cli {
     /// UDP streams [default: 1,2; quick 1].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     udp_conns: Option<Vec<u32>>,
-    /// Flows of the in-kernel UDP generator [default: 1,1000; smoke 64].
+    /// Flows of the in-kernel UDP generator, IPv4 and (not in smoke) IPv6
+    /// rows [default: 1,1000; smoke 64].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = live_flows)]
     live_flows: Option<Vec<u32>>,
     /// Workloads to run [default: all].

@@ -439,27 +439,29 @@ impl Bench<'_> {
         })
     }
 
-    /// One TCP stream over IPv6, kernel and xdp (not in --smoke; --quick
-    /// runs them 3 s each, once per path).
+    /// IPv6, kernel and xdp (not in --smoke): one TCP stream if tcp is
+    /// selected (--quick: 3 s each, once per path), the live generator per
+    /// --live-flows if udp-live is (for --secs per path).
     fn ipv6(&mut self) -> Vec<ipv6::Row> {
         let o = self.o;
-        if o.smoke || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
+        let tcp = o.workloads.contains(&Workload::Tcp);
+        let live = o.workloads.contains(&Workload::UdpLive) && self.live;
+        if o.smoke || !(tcp || live) || self.stopped() {
             return Vec::new();
         }
-        let secs = if o.quick { 3 } else { o.secs };
-        eprintln!("bench: IPv6: TCP -P 1, kernel IPv6 forwarding vs xdp (fresh topology)");
-        match ipv6::run(secs, !o.quick, &mut self.port) {
-            Ok(rows) => {
-                for r in &rows {
-                    eprintln!("        ipv6 {} {:.2} Gbit/s", r.path, r.gbps);
-                }
-                rows
-            }
-            Err(e) => {
-                self.failures.push(format!("ipv6 run: {e}"));
+        let plan = ipv6::Plan {
+            tcp_secs: tcp.then_some(if o.quick { 3 } else { o.secs }),
+            alternate: !o.quick,
+            live_flows: if live {
+                o.live_flows.clone()
+            } else {
                 Vec::new()
-            }
-        }
+            },
+        };
+        eprintln!("bench: IPv6: kernel IPv6 forwarding vs xdp (fresh topology): {plan:?}");
+        let (rows, failures) = ipv6::run(&plan, &self.settings, self.stop, &mut self.port);
+        self.failures.extend(failures);
+        rows
     }
 
     fn cable(&mut self) -> Vec<RunResult> {

@@ -17,12 +17,18 @@
 //! turns GRO on at `lan0` (the state of any real NIC; on both paths, so
 //! they stay alike), which enables NAPI. Forwarded UDP is not aggregated by
 //! GRO (`rx-udp-gro-forwarding` is off).
+//!
+//! The same workload runs over IPv6 ([`Family::Ipv6`], for the IPv6 rows
+//! in `ipv6`): the generator's frames carry the client's and the server's
+//! global addresses, the sink drops IPv6 UDP the same way, ping goes to the
+//! server's IPv6 address and the forwarded packets are counted from the
+//! IPv6 counters.
 
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use tests::trafficgen::{self, Generator, Sink, UdpFlows};
-use tests::{HOST_IF, LAN_IF, Ns, Topology};
+use tests::trafficgen::{self, Generator, Hosts, Sink, UdpFlows};
+use tests::{HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology, v6};
 
 use crate::measure::parse::{parse_ping, rtts_within};
 use crate::measure::sampler::{Sampler, active_window, rx_packets, wait_quiet};
@@ -30,7 +36,7 @@ use crate::measure::sys::CpuTicks;
 use crate::measure::{Measured, read, unix_now};
 use crate::model::{DataPath, Point, RunResult, Settings};
 use crate::router::{ethtool_feature, forwarded};
-use crate::workloads::start_ping;
+use crate::workloads::{ipv6, start_ping_to};
 
 /// UDP payload of every generated datagram (the iperf2 workload's size).
 pub const PAYLOAD: usize = 64;
@@ -44,9 +50,29 @@ pub fn max_flows() -> u32 {
     UdpFlows::max_flows(BASE_PORT)
 }
 
+/// The IP version the generator sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Ipv4,
+    /// Routed, not translated; needs `v6::enable` on the topology.
+    Ipv6,
+}
+
 /// The generated datagrams: client -> server, `flows` source ports.
-fn flows(t: &Topology, flows: u16) -> Result<UdpFlows, String> {
-    UdpFlows::client_to_server(t, BASE_PORT, flows, DST_PORT, tests::pattern(PAYLOAD))
+fn flows(t: &Topology, family: Family, flows: u16) -> Result<UdpFlows, String> {
+    let v4 = UdpFlows::client_to_server(t, BASE_PORT, flows, DST_PORT, tests::pattern(PAYLOAD))?;
+    Ok(match family {
+        Family::Ipv4 => v4,
+        Family::Ipv6 => v4.between(Hosts::CLIENT_TO_SERVER6),
+    })
+}
+
+/// Packets the router forwarded so far in `family` on `path`.
+fn forwarded_in(t: &Topology, family: Family, path: DataPath) -> u64 {
+    match family {
+        Family::Ipv4 => forwarded(t, path),
+        Family::Ipv6 => ipv6::forwarded6(t),
+    }
 }
 
 /// Interface feature switched for the run and switched back on drop (also
@@ -117,7 +143,7 @@ impl Drop for Feature<'_> {
 /// Whether this kernel runs XDP programs in live-frame mode (Linux >=
 /// 5.18), on the client's interface (nothing is sent).
 pub fn supported(t: &Topology) -> Result<(), String> {
-    let frame = flows(t, 1)?.frame();
+    let frame = flows(t, Family::Ipv4, 1)?.frame();
     let ifindex = t.try_ifindex(Ns::Client, HOST_IF)?;
     t.in_ns(Ns::Client, || trafficgen::probe(&frame, ifindex))
 }
@@ -180,13 +206,26 @@ pub fn run_on(
     cpus: &[usize],
     stop: &AtomicBool,
 ) -> Result<RunResult, String> {
+    run_family(t, s, Family::Ipv4, (path, point), cpus, stop)
+}
+
+/// [`run_on`] in `family`. The caller has set up the path (for IPv6:
+/// kernel forwarding with no netfilter rule, or `attach --admit xdp`).
+pub fn run_family(
+    t: &Topology,
+    s: &Settings,
+    family: Family,
+    (path, point): (DataPath, Point),
+    cpus: &[usize],
+    stop: &AtomicBool,
+) -> Result<RunResult, String> {
     let n_flows = u16::try_from(point.conns)
         .ok()
         .filter(|&f| u32::from(f) <= max_flows())
         .ok_or_else(|| format!("udp-live: at most {} flows", max_flows()))?;
     let quiet_wait_s = wait_quiet(t, 2000, Duration::from_secs(10));
     let cli_if = t.try_ifindex(Ns::Client, HOST_IF)?;
-    let generator = Generator::load("bench_gen", &flows(t, n_flows)?, cli_if)?;
+    let generator = Generator::load("bench_gen", &flows(t, family, n_flows)?, cli_if)?;
     let srv_if = t.try_ifindex(Ns::Server, HOST_IF)?;
     let _sink = t.in_ns(Ns::Server, || Sink::attach("bench_sink", srv_if))?;
     let _gro = Feature::set(
@@ -198,16 +237,26 @@ pub fn run_on(
     )?;
     // The router resolves the server's MAC before the load (the fast path
     // hands packets without a neighbour entry to the kernel).
-    t.warm_neighbours();
+    let ping_dst = match family {
+        Family::Ipv4 => {
+            t.warm_neighbours();
+            SERVER_ADDR.into()
+        }
+        Family::Ipv6 => {
+            v6::try_resolve_neighbours(t)?;
+            v6::SERVER6.into()
+        }
+    };
 
     let ping_out = s.tmp.join(format!(
-        "{}-live-{}-{}.ping.txt",
+        "{}-live{}-{}-{}.ping.txt",
         path.name(),
+        if family == Family::Ipv6 { "6" } else { "" },
         point.conns,
         cpus.len()
     ));
     let sink0 = rx_packets(t, Ns::Server, &[HOST_IF]);
-    let fwd0 = forwarded(t, path);
+    let fwd0 = forwarded_in(t, family, path);
     let ticks0 = CpuTicks::now();
     let start = Instant::now();
     let start_unix = unix_now();
@@ -218,7 +267,7 @@ pub fn run_on(
     // capture the router's NAPI there, and every frame then crosses cores
     // (measured: ~40 % more cost per packet and heavy loss, at random).
     let cpu = *cpus.last().ok_or("udp-live: no generator CPU")?;
-    let ping = start_ping(t, s, &ping_out, s.secs + 3, Some(cpu));
+    let ping = start_ping_to(t, s, (&ping_out, s.secs + 3, Some(cpu)), ping_dst);
     // Let ping start before the load, as in the iperf2 runs.
     std::thread::sleep(Duration::from_millis(300));
     let result = generate(t, &generator, (cpus, f64::from(s.secs)), stop);
@@ -230,7 +279,7 @@ pub fn run_on(
     let _ = ping.finish();
     let (sent, gen_s) = result?;
     let received = rx_packets(t, Ns::Server, &[HOST_IF]).saturating_sub(sink0);
-    let router_pkts = forwarded(t, path).saturating_sub(fwd0);
+    let router_pkts = forwarded_in(t, family, path).saturating_sub(fwd0);
 
     let Some(window) = active_window(&readings) else {
         return Err(format!(

@@ -19,6 +19,7 @@ pub mod procs;
 pub mod reference;
 pub mod scaling;
 
+use std::net::IpAddr;
 use std::path::Path;
 
 use tests::{Ns, SERVER_ADDR, Topology};
@@ -36,12 +37,23 @@ pub fn start_ping(
     limit: u32,
     cpu: Option<usize>,
 ) -> Watched {
+    start_ping_to(t, s, (out, limit, cpu), SERVER_ADDR.into())
+}
+
+/// [`start_ping`] to `dst` (e.g. the server's IPv6 address: ping picks the
+/// family from the address).
+pub fn start_ping_to(
+    t: &Topology,
+    s: &Settings,
+    (out, limit, cpu): (&Path, u32, Option<usize>),
+    dst: IpAddr,
+) -> Watched {
     let pin = cpu.map_or_else(String::new, |c| format!("taskset -c {c} "));
     spawn_sh(
         t,
         Ns::Client,
         &format!(
-            "exec {pin}timeout -k 1 {} ping -D -n -i {} -w {limit} -W 1 {SERVER_ADDR} > {} 2>&1",
+            "exec {pin}timeout -k 1 {} ping -D -n -i {} -w {limit} -W 1 {dst} > {} 2>&1",
             limit + 2,
             s.ping_interval,
             out.display()
