@@ -130,6 +130,11 @@ pub struct Cli {
     /// Skip the connection setup rate (short TCP connections, many in parallel).
     #[arg(long)]
     no_conn_rate: bool,
+    /// Leave out the offload path (`attach --admit kernel` and the daemon:
+    /// the kernel admits, XDP carries), which runs on the review table's
+    /// points and the connection setup rate.
+    #[arg(long)]
+    no_offload: bool,
     /// Parallel clients of the connection setup rate [default: 16; smoke 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     conn_rate_workers: Option<u32>,
@@ -179,6 +184,9 @@ pub struct Opts {
     pub cable: bool,
     pub cable_conns: Vec<u32>,
     pub conn_rate: bool,
+    /// Whether the offload path runs (on the review table's points and the
+    /// connection setup rate).
+    pub offload_path: bool,
     /// Flows of the large table; 0: skipped.
     pub big_table: u32,
     pub conn_rate_workers: u32,
@@ -264,6 +272,7 @@ impl Cli {
                 .cable_conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1], vec![1])),
             conn_rate: !self.no_conn_rate,
+            offload_path: !self.no_offload,
             big_table: if self.no_big_table {
                 0
             } else {
@@ -368,6 +377,8 @@ mod unit {
         assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
         assert_eq!((smoke.line_rate_mbps, smoke.big_table), (500, 20_000));
         assert_eq!(opts(&["--no-big-table"]).big_table, 0);
+        assert!(full.offload_path && smoke.offload_path);
+        assert!(!opts(&["--quick", "--no-offload"]).offload_path);
         // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.
         assert_eq!(smoke.points().len(), 5);
     }

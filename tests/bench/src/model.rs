@@ -18,8 +18,11 @@ pub enum DataPath {
     /// NAT, no table; `tests::rawbpf::fib_forwarder`), the server given a
     /// route back. Live-generator runs only.
     Limit,
-    // A third NAT path, "offload" (`router-ctl attach --admit kernel`:
-    // the kernel admits, XDP carries), goes here once that mode exists.
+    /// Offload mode: `router-ctl attach --admit kernel` with iptables
+    /// MASQUERADE and the daemon (`router-ctl run`): the kernel admits and
+    /// NATs each new flow, the daemon moves it to the XDP table once
+    /// established, XDP carries the rest of it.
+    Offload,
 }
 
 impl DataPath {
@@ -28,6 +31,7 @@ impl DataPath {
             DataPath::Kernel => "kernel",
             DataPath::Xdp => "xdp",
             DataPath::Limit => "limit",
+            DataPath::Offload => "offload",
         }
     }
 }
@@ -46,8 +50,8 @@ pub enum Workload {
     /// (`BPF_PROG_RUN` live frames, see `workloads/live.rs`).
     UdpLive,
     /// iperf2 TCP paced to a fixed total rate (`--line-rate`, split over the
-    /// streams with `-b`), offload off: both paths carry the same traffic,
-    /// so their CPU differs by the router's cost ("CPU at line rate").
+    /// streams with `-b`), veth offload off: every path carries the same
+    /// traffic, so their CPU differs by the router's cost ("CPU at line rate").
     TcpPaced,
 }
 
@@ -198,6 +202,36 @@ pub struct RunResult {
     pub notes: Vec<String>,
     /// tcp-paced: the total rate offered, Mbit/s (0 for unpaced runs).
     pub offered_mbps: u32,
+    /// Offload path: who forwarded the run's packets (None on the others).
+    pub fast_path: Option<FastPathShare>,
+}
+
+/// Who forwarded an offload run's packets, over the whole run: the proof
+/// that the fast path carried it, not the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FastPathShare {
+    /// Packets XDP redirected (`fwd_outbound` + `fwd_inbound`).
+    pub xdp_pkts: u64,
+    /// Packets the kernel forwarded (`IpForwDatagrams`): each flow's
+    /// handshake and teardown, anything before its offload, the pings.
+    pub kernel_pkts: u64,
+    /// Flows the daemon wrote to the XDP table during the run.
+    pub flows_offloaded: u64,
+    /// Most flows in the XDP table at one of the once-a-second samples
+    /// during the run (None: no sample succeeded).
+    pub peak_flows: Option<u64>,
+}
+
+impl FastPathShare {
+    /// XDP's share of the forwarded packets, % (NaN when nothing moved).
+    pub fn xdp_pct(&self) -> f64 {
+        let all = self.xdp_pkts + self.kernel_pkts;
+        if all == 0 {
+            f64::NAN
+        } else {
+            self.xdp_pkts as f64 * 100.0 / all as f64
+        }
+    }
 }
 
 /// What receives the TCP streams.
@@ -285,6 +319,7 @@ impl RunResult {
             attempts: 1,
             notes: Vec::new(),
             offered_mbps: 0,
+            fast_path: None,
         }
     }
 }

@@ -35,7 +35,7 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         .filter(|p| p.workload != Workload::UdpLive || !live_skipped)
         .collect();
     for p in &points {
-        for path in paths_of(*p) {
+        for path in paths_of(o, *p) {
             let found = runs.iter().find(|r| {
                 r["path"] == path.name()
                     && r["workload"] == p.workload.json_name()

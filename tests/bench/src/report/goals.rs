@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::model::{DataPath, Offload, Point, RunResult, Workload};
+use crate::workloads::connrate;
 use crate::workloads::micro::Case;
 
 fn find(runs: &[RunResult], path: DataPath, p: Point) -> Option<&RunResult> {
@@ -260,6 +261,40 @@ fn hit_cost_goal(micro: &[Case]) -> Goal {
             (Some(h), Some(f)) => Some(h <= 2.0 * f),
             _ => None,
         },
+    }
+}
+
+/// Offload's connection rate may fall this far below the kernel's: it is
+/// the kernel's setup plus the daemon's offload work per connection.
+const OFFLOAD_SETUP_MIN: f64 = 0.9;
+
+/// Connection setup rate per path: standalone XDP (which admits flows
+/// itself) at least as fast as the kernel, offload (the kernel's setup and
+/// the daemon's work) at least 0.9x the kernel.
+pub fn conn_setup_goal(rows: &[connrate::Row]) -> Goal {
+    let rate = |p| {
+        rows.iter()
+            .find(|r| r.path == p && r.completed > 0)
+            .map(|r| r.conns_per_s)
+    };
+    let kernel = rate(DataPath::Kernel);
+    let mut parts = Vec::new();
+    let mut met = None;
+    for (path, min) in [(DataPath::Xdp, 1.0), (DataPath::Offload, OFFLOAD_SETUP_MIN)] {
+        if let (Some(k), Some(x)) = (kernel, rate(path)) {
+            parts.push(format!("{} {x:.0}/s ({:.2}x kernel)", path.name(), x / k));
+            met = Some(met.unwrap_or(true) && x >= min * k);
+        }
+    }
+    Goal {
+        asks: "Connection setup (short TCP connections, new connections per second): xdp at \
+               least the kernel's rate, offload at least 0.9x (the kernel's setup plus the \
+               daemon's offload of each connection)",
+        measured: match kernel {
+            Some(k) if !parts.is_empty() => format!("kernel {k:.0}/s, {}", parts.join(", ")),
+            _ => "-".into(),
+        },
+        met,
     }
 }
 

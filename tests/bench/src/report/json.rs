@@ -1,7 +1,7 @@
 //! results.json: every run, the micro-benchmark's cases and the frags
 //! experiment's rows, field by field.
 
-use crate::model::RunResult;
+use crate::model::{FastPathShare, RunResult};
 use crate::workloads::frags;
 use crate::workloads::micro::Case;
 
@@ -45,9 +45,23 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
                 "attempts": r.attempts,
                 "notes": r.notes,
                 "offered_mbps": r.offered_mbps,
+                "fast_path": fast_path_json(r.fast_path.as_ref()),
             })
         })
         .collect()
+}
+
+/// Who forwarded an offload run's packets; null on the other paths.
+pub fn fast_path_json(fp: Option<&FastPathShare>) -> serde_json::Value {
+    fp.map_or(serde_json::Value::Null, |fp| {
+        serde_json::json!({
+            "xdp_pkts": fp.xdp_pkts,
+            "kernel_pkts": fp.kernel_pkts,
+            "xdp_pct": fp.xdp_pct(),
+            "flows_offloaded": fp.flows_offloaded,
+            "peak_flows": fp.peak_flows,
+        })
+    })
 }
 
 pub fn frags_json(rows: &[frags::Row]) -> serde_json::Value {
