@@ -27,7 +27,7 @@ pub struct Cli {
     #[arg(long)]
     quick: bool,
     /// One point per workload, 1 s runs, then check that every artifact was
-    /// written with both paths filled (what `cargo xtask test` runs; output
+    /// written with every path filled (what `cargo xtask test` runs; output
     /// in target/bench-smoke).
     #[arg(long)]
     smoke: bool,
@@ -42,7 +42,7 @@ pub struct Cli {
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     paced_conns: Option<Vec<u32>>,
     /// Total offered rate of tcp-paced in Mbit/s, the review's 2.5 Gbit/s
-    /// Ethernet [default: 2500; smoke 500, which both paths sustain, so
+    /// Ethernet [default: 2500; smoke 500, which every path sustains, so
     /// the smoke run needs no rerun at a lower rate].
     #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..))]
     line_rate: Option<u32>,
@@ -381,6 +381,40 @@ mod unit {
         assert!(!opts(&["--quick", "--no-offload"]).offload_path);
         // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.
         assert_eq!(smoke.points().len(), 5);
+    }
+
+    #[test]
+    fn offload_runs_on_the_review_points_unless_left_out() {
+        use crate::model::DataPath;
+        use crate::run::paths_of;
+        let quick = opts(&["--quick"]);
+        let with_offload: Vec<Point> = quick
+            .points()
+            .into_iter()
+            .filter(|&p| paths_of(&quick, p).contains(&DataPath::Offload))
+            .collect();
+        // tcp -P 1 and -P 100 (offload off) and tcp-paced -P 1.
+        assert_eq!(with_offload.len(), 3, "{with_offload:?}");
+        let full = opts(&[]);
+        let n = |o: &Opts| {
+            o.points()
+                .into_iter()
+                .filter(|&p| paths_of(o, p).contains(&DataPath::Offload))
+                .count()
+        };
+        // tcp -P 1/100/1000, tcp-small -P 2000, tcp-paced -P 1/100/1000.
+        assert_eq!(n(&full), 7);
+        assert_eq!(n(&opts(&["--no-offload"])), 0);
+        let live = Point {
+            workload: Workload::UdpLive,
+            conns: 1,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        assert_eq!(
+            paths_of(&full, live),
+            vec![DataPath::Kernel, DataPath::Xdp, DataPath::Limit]
+        );
     }
 
     #[test]

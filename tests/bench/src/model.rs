@@ -323,3 +323,41 @@ impl RunResult {
         }
     }
 }
+
+#[cfg(test)]
+impl RunResult {
+    /// A run with no figures, for the report's unit tests.
+    pub fn blank(path: DataPath, point: Point) -> Self {
+        Self::new(
+            path,
+            point,
+            Measured {
+                window: crate::measure::sampler::Window::default(),
+                rtts: Vec::new(),
+                ping_loss_pct: 0.0,
+                run_cpu: crate::measure::sys::CpuTicks::default(),
+                router_pkts: 0,
+                wall_s: 0.0,
+                quiet_wait_s: 0.0,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn xdp_share_of_the_forwarded_packets() {
+        let fp = |xdp_pkts, kernel_pkts| FastPathShare {
+            xdp_pkts,
+            kernel_pkts,
+            ..FastPathShare::default()
+        };
+        assert!((fp(990, 10).xdp_pct() - 99.0).abs() < 1e-9);
+        assert!((fp(0, 10).xdp_pct()).abs() < 1e-9);
+        assert!(fp(0, 0).xdp_pct().is_nan());
+        assert_eq!(DataPath::Offload.name(), "offload");
+    }
+}

@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tests::rawbpf::{self, Attached};
 use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_of, router_ctl_bin};
@@ -83,7 +83,7 @@ impl Daemon {
         let mut d = Self {
             child,
             log,
-            status_file: PathBuf::from("/run/xdp-router").join(format!("{ns}.daemon.json")),
+            status_file: daemon_status_file(t),
         };
         if rx.recv_timeout(DAEMON_START).is_err() {
             d.stop();
@@ -128,6 +128,14 @@ impl Daemon {
         let _ = std::fs::remove_file(&self.status_file);
     }
 }
+
+/// The status file of the router's daemon (rewritten every tick, 2 s).
+fn daemon_status_file(t: &Topology) -> PathBuf {
+    PathBuf::from("/run/xdp-router").join(format!("{}.daemon.json", t.ns_name(Ns::Router)))
+}
+
+/// How long to wait for the daemon's next status write (its tick is 2 s).
+const DAEMON_STATUS_WAIT: Duration = Duration::from_secs(6);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -397,20 +405,47 @@ pub struct OffloadCounters {
 }
 
 impl OffloadCounters {
-    /// Reads them (`router-ctl stats --json`, which has the daemon's
-    /// counters while it runs, and the router's `IpForwDatagrams`).
-    pub fn read(t: &Topology) -> Result<Self, String> {
+    /// Reads them: the fast path's `fwd_*` counters (`router-ctl stats
+    /// --json`), the router's `IpForwDatagrams` and the daemon's count of
+    /// offloaded flows from its status file. That file is rewritten once a
+    /// tick, so with `written_after` (Unix seconds) this waits for a write
+    /// in a later second, which counts everything up to that moment.
+    pub fn read(t: &Topology, written_after: Option<u64>) -> Result<Self, String> {
+        let file = daemon_status_file(t);
+        let until = Instant::now() + DAEMON_STATUS_WAIT;
+        let offloaded = loop {
+            let status: serde_json::Value = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            let heartbeat = status["heartbeat_unix"].as_u64();
+            let offloaded = status["offload"]["offloaded"].as_u64();
+            if let (Some(hb), Some(n)) = (heartbeat, offloaded)
+                && written_after.is_none_or(|s| hb > s)
+            {
+                break n;
+            }
+            if Instant::now() > until {
+                return Err(format!(
+                    "the offload daemon's status file {} was not {} within {} s (is \
+                     `router-ctl -n {} run` hung?): {status}",
+                    file.display(),
+                    if written_after.is_some() {
+                        "rewritten"
+                    } else {
+                        "written"
+                    },
+                    DAEMON_STATUS_WAIT.as_secs(),
+                    t.ns_name(Ns::Router)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         let s = stats_json(t)?;
         let fwd = |name: &str| s[name]["packets"].as_u64();
         let (Some(out), Some(inb)) = (fwd("fwd_outbound"), fwd("fwd_inbound")) else {
             return Err(format!(
                 "router-ctl stats --json has no fwd_* counters: {s}"
-            ));
-        };
-        let Some(offloaded) = s["daemon"]["offload"]["offloaded"].as_u64() else {
-            return Err(format!(
-                "router-ctl stats --json shows no running offload daemon: {}",
-                s["daemon"]
             ));
         };
         Ok(Self {
@@ -429,6 +464,13 @@ impl OffloadCounters {
             peak_flows,
         }
     }
+}
+
+/// Now, Unix seconds (for [`OffloadCounters::read`]).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Flows in the XDP table now (offload mode: each has an entry per

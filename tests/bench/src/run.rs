@@ -13,7 +13,9 @@ use crate::measure::platform::{self, CryptoRun};
 use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
 use crate::report::{self, Extra, RunEnv, review};
-use crate::router::{OffloadCounters, Router, congestion_control, offload_state, offloaded_flows};
+use crate::router::{
+    OffloadCounters, Router, congestion_control, offload_state, offloaded_flows, unix_now,
+};
 use crate::workloads::{
     bigtable, cable, connrate, frags, iperf, ipv6, live, micro, reference, scaling,
 };
@@ -126,7 +128,7 @@ fn with_fast_path_share(
     t: &Topology,
     run_once: impl FnOnce() -> Result<RunResult, String>,
 ) -> Result<RunResult, String> {
-    let before = OffloadCounters::read(t);
+    let before = OffloadCounters::read(t, None);
     let done = AtomicBool::new(false);
     let (res, peak) = std::thread::scope(|scope| {
         let sampler = scope.spawn(|| {
@@ -149,7 +151,7 @@ fn with_fast_path_share(
         (res, sampler.join().unwrap_or(None))
     });
     let mut result = res?;
-    match (before, OffloadCounters::read(t)) {
+    match (before, OffloadCounters::read(t, Some(unix_now()))) {
         (Ok(before), Ok(after)) => {
             let fp = before.share_until(after, peak);
             // NaN (nothing forwarded) counts as low.
@@ -595,9 +597,10 @@ impl Bench<'_> {
                 if path != DataPath::Offload {
                     return connrate::run(t, path, o.conn_rate_workers, o.secs);
                 }
-                let before = OffloadCounters::read(t)?;
+                let before = OffloadCounters::read(t, None)?;
                 let mut row = connrate::run(t, path, o.conn_rate_workers, o.secs)?;
-                row.fast_path = Some(before.share_until(OffloadCounters::read(t)?, None));
+                let after = OffloadCounters::read(t, Some(unix_now()))?;
+                row.fast_path = Some(before.share_until(after, None));
                 Ok(row)
             });
             match res {

@@ -323,3 +323,41 @@ pub fn json(goals: &[Goal]) -> serde_json::Value {
         .map(|g| serde_json::json!({"goal": g.asks, "measured": g.measured, "met": g.met}))
         .collect()
 }
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn row(path: DataPath, conns_per_s: f64) -> connrate::Row {
+        connrate::Row {
+            path,
+            workers: 16,
+            conns_per_s,
+            completed: 100,
+            failed: 0,
+            secs: 1.0,
+            cpu_pct: 100.0,
+            softirq_us_per_conn: 1.0,
+            fast_path: None,
+        }
+    }
+
+    #[test]
+    fn connection_setup_per_path_against_the_kernel() {
+        let rows = [
+            row(DataPath::Kernel, 1000.0),
+            row(DataPath::Xdp, 1200.0),
+            row(DataPath::Offload, 950.0),
+        ];
+        let g = conn_setup_goal(&rows);
+        assert_eq!(g.met, Some(true));
+        assert_eq!(
+            g.measured,
+            "kernel 1000/s, xdp 1200/s (1.20x kernel), offload 950/s (0.95x kernel)"
+        );
+        let slow = [row(DataPath::Kernel, 1000.0), row(DataPath::Offload, 500.0)];
+        assert_eq!(conn_setup_goal(&slow).met, Some(false));
+        assert_eq!(conn_setup_goal(&rows[1..]).met, None);
+        assert_eq!(conn_setup_goal(&[]).measured, "-");
+    }
+}

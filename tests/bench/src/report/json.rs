@@ -103,3 +103,34 @@ pub fn micro_json(cases: &[Case]) -> serde_json::Value {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+    use crate::model::{DataPath, Offload, Point, Workload};
+
+    #[test]
+    fn runs_carry_the_fast_path_share_or_null() {
+        let p = Point {
+            workload: Workload::Tcp,
+            conns: 1,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        let mut off = RunResult::blank(DataPath::Offload, p);
+        off.fast_path = Some(FastPathShare {
+            xdp_pkts: 90,
+            kernel_pkts: 10,
+            flows_offloaded: 2,
+            peak_flows: Some(2),
+        });
+        let v = runs_json(&[RunResult::blank(DataPath::Kernel, p), off]);
+        assert!(v[0]["fast_path"].is_null());
+        assert_eq!(v[1]["path"], "offload");
+        assert_eq!(
+            v[1]["fast_path"],
+            serde_json::json!({"xdp_pkts": 90, "kernel_pkts": 10, "xdp_pct": 90.0,
+                               "flows_offloaded": 2, "peak_flows": 2})
+        );
+    }
+}

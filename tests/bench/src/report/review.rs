@@ -273,3 +273,105 @@ pub fn line_rate_goal(runs: &[RunResult]) -> Goal {
         met,
     }
 }
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+    use crate::model::FastPathShare;
+
+    fn point(workload: Workload, conns: u32, offload: Offload) -> Point {
+        Point {
+            workload,
+            conns,
+            offload,
+            nodelay: false,
+        }
+    }
+
+    #[test]
+    fn the_table_shows_its_rows_points_only() {
+        let both = [Offload::Off, Offload::On];
+        assert!(shows(point(Workload::Tcp, 100, Offload::Off), &both));
+        // Offload on only where off did not run.
+        assert!(!shows(point(Workload::Tcp, 100, Offload::On), &both));
+        assert!(shows(
+            point(Workload::Tcp, 100, Offload::On),
+            &[Offload::On]
+        ));
+        assert!(!shows(point(Workload::Tcp, 2000, Offload::Off), &both));
+        assert!(shows(point(Workload::TcpSmall, 2000, Offload::Off), &both));
+        let nodelay = Point {
+            nodelay: true,
+            ..point(Workload::TcpSmall, 2000, Offload::Off)
+        };
+        assert!(!shows(nodelay, &both));
+        assert!(shows(point(Workload::TcpPaced, 1000, Offload::Off), &both));
+        assert!(!shows(point(Workload::UdpSmall, 1, Offload::Off), &both));
+    }
+
+    fn paced(path: DataPath, conns: u32, softirq_pct: f64) -> RunResult {
+        let mut r = RunResult::blank(path, point(Workload::TcpPaced, conns, Offload::Off));
+        r.softirq_pct = softirq_pct;
+        r.offered_mbps = 2500;
+        r
+    }
+
+    #[test]
+    fn line_rate_goal_needs_xdp_and_offload_below_the_kernel() {
+        let mut runs = vec![
+            paced(DataPath::Kernel, 1, 30.0),
+            paced(DataPath::Xdp, 1, 10.0),
+            paced(DataPath::Offload, 1, 12.0),
+        ];
+        let g = line_rate_goal(&runs);
+        assert_eq!(g.met, Some(true));
+        assert!(
+            g.measured.contains("xdp 10 %, offload 12 % vs kernel 30 %"),
+            "{}",
+            g.measured
+        );
+        runs.push(paced(DataPath::Kernel, 100, 20.0));
+        runs.push(paced(DataPath::Xdp, 100, 15.0));
+        runs.push(paced(DataPath::Offload, 100, 21.0));
+        assert_eq!(line_rate_goal(&runs).met, Some(false));
+        // Without the offload runs the comparison is xdp's alone.
+        runs.retain(|r| r.path != DataPath::Offload);
+        assert_eq!(line_rate_goal(&runs).met, Some(true));
+        assert_eq!(
+            line_rate_goal(&[paced(DataPath::Kernel, 1, 30.0)]).met,
+            None
+        );
+    }
+
+    #[test]
+    fn the_offload_column_is_filled_from_its_runs() {
+        let mut runs = Vec::new();
+        for (path, gbps) in [
+            (DataPath::Kernel, 1.0),
+            (DataPath::Xdp, 2.0),
+            (DataPath::Offload, 3.0),
+        ] {
+            let mut r = RunResult::blank(path, point(Workload::Tcp, 1, Offload::Off));
+            r.gbps = gbps;
+            if path == DataPath::Offload {
+                r.fast_path = Some(FastPathShare {
+                    xdp_pkts: 999,
+                    kernel_pkts: 1,
+                    ..FastPathShare::default()
+                });
+            }
+            runs.push(r);
+        }
+        let md = review_section(&runs, 2.0, 2500);
+        assert!(!md.contains("not a bench path"), "{md}");
+        let row = md
+            .lines()
+            .find(|l| l.starts_with("| single-connection throughput"))
+            .unwrap();
+        assert_eq!(
+            row,
+            "| single-connection throughput | 1.00 Gbit/s (offload off) | 2.00 Gbit/s (offload \
+             off) | 3.00 Gbit/s (offload off); XDP carried 99.9 % | - |"
+        );
+    }
+}
