@@ -606,12 +606,13 @@ impl Bench<'_> {
             match res {
                 Ok(r) => {
                     eprintln!(
-                        "[conn-rate] {:<7} {:.0} connections/s ({} done, {} failed), cpu {:.0}%, \
-                         {:.1} us softirq per connection{}",
+                        "[conn-rate] {:<7} {:.0} connections/s ({} done, {} failed, {} segments \
+                         retransmitted), cpu {:.0}%, {:.1} us softirq per connection{}",
                         path.name(),
                         r.conns_per_s,
                         r.completed,
                         r.failed,
+                        r.retransmits,
                         r.cpu_pct,
                         r.softirq_us_per_conn,
                         r.fast_path

@@ -338,6 +338,7 @@ mod unit {
             secs: 1.0,
             cpu_pct: 100.0,
             softirq_us_per_conn: 1.0,
+            retransmits: 0,
             fast_path: None,
         }
     }

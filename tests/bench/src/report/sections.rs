@@ -220,17 +220,19 @@ pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
     );
     let _ = writeln!(
         s,
-        "| path | connections/s | completed | failed | CPU % | softirq us per connection |"
+        "| path | connections/s | completed | failed | retransmitted segments | CPU % | softirq \
+         us per connection |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.path.name(),
             f(r.conns_per_s, 0),
             r.completed,
             r.failed,
+            r.retransmits,
             f(r.cpu_pct, 0),
             f(r.softirq_us_per_conn, 1)
         );
@@ -267,6 +269,7 @@ pub fn conn_rate_json(rows: &[connrate::Row]) -> serde_json::Value {
                 "secs": r.secs,
                 "cpu_pct": r.cpu_pct,
                 "softirq_us_per_conn": r.softirq_us_per_conn,
+                "retransmits": r.retransmits,
                 "fast_path": super::json::fast_path_json(r.fast_path.as_ref()),
             })
         })

@@ -46,6 +46,9 @@ pub struct Row {
     pub cpu_pct: f64,
     /// Machine softirq time per completed connection, microseconds.
     pub softirq_us_per_conn: f64,
+    /// TCP segments the client and the server retransmitted (a lost
+    /// handshake or reply costs a retransmission timeout, 200 ms or more).
+    pub retransmits: u64,
     /// Offload path: who forwarded the packets, how many flows the daemon
     /// offloaded (set by the caller, None on the other paths).
     pub fast_path: Option<FastPathShare>,
@@ -95,6 +98,9 @@ pub fn run(t: &Topology, path: DataPath, workers: u32, secs: u32) -> Result<Row,
     let stop = AtomicBool::new(false);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
     let deadline = Duration::from_secs(secs.into());
+    let retransmits =
+        || t.nstat(Ns::Client, "TcpRetransSegs") + t.nstat(Ns::Server, "TcpRetransSegs");
+    let retrans0 = retransmits();
     let ticks0 = CpuTicks::now();
     let start = Instant::now();
     std::thread::scope(|scope| {
@@ -139,6 +145,7 @@ pub fn run(t: &Topology, path: DataPath, workers: u32, secs: u32) -> Result<Row,
         } else {
             f64::NAN
         },
+        retransmits: retransmits().saturating_sub(retrans0),
         fast_path: None,
     })
 }
