@@ -220,6 +220,11 @@ pub struct FastPathShare {
     /// Most flows in the XDP table at one of the once-a-second samples
     /// during the run (None: no sample succeeded).
     pub peak_flows: Option<u64>,
+    /// XDP's share (%) of the packets forwarded from the first sample with
+    /// `peak_flows` in the table to the last sample: the run once all its
+    /// flows were offloaded, without the ramp (many streams connect over
+    /// seconds, and each flow's first packets take the kernel).
+    pub steady_xdp_pct: Option<f64>,
 }
 
 impl FastPathShare {

@@ -455,13 +455,16 @@ impl OffloadCounters {
         })
     }
 
-    /// What happened between `self` and `after`.
-    pub fn share_until(self, after: Self, peak_flows: Option<u64>) -> FastPathShare {
+    /// What happened between `self` and `after`, with what the samples in
+    /// between show ([`steady_share`]).
+    pub fn share_until(self, after: Self, samples: &[FastPathSample]) -> FastPathShare {
+        let (peak_flows, steady_xdp_pct) = steady_share(samples);
         FastPathShare {
             xdp_pkts: after.xdp_pkts.saturating_sub(self.xdp_pkts),
             kernel_pkts: after.kernel_pkts.saturating_sub(self.kernel_pkts),
             flows_offloaded: after.offloaded.saturating_sub(self.offloaded),
             peak_flows,
+            steady_xdp_pct,
         }
     }
 }
@@ -473,14 +476,56 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Flows in the XDP table now (offload mode: each has an entry per
-/// direction, and only the daemon writes them).
-pub fn offloaded_flows(t: &Topology) -> Result<u64, String> {
-    let s = stats_json(t)?;
-    s["conntrack"]["entries"]
-        .as_u64()
-        .map(|n| n / 2)
-        .ok_or_else(|| format!("router-ctl stats --json has no conntrack entries: {s}"))
+/// One reading during an offload run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastPathSample {
+    /// Flows in the XDP table (offload mode: an entry per direction, and
+    /// only the daemon writes them).
+    pub flows: u64,
+    /// Packets XDP redirected so far.
+    pub xdp_pkts: u64,
+    /// Packets the kernel forwarded so far.
+    pub kernel_pkts: u64,
+}
+
+impl FastPathSample {
+    pub fn read(t: &Topology) -> Result<Self, String> {
+        let s = stats_json(t)?;
+        let n = |v: &serde_json::Value| v.as_u64();
+        match (
+            n(&s["conntrack"]["entries"]),
+            n(&s["fwd_outbound"]["packets"]),
+            n(&s["fwd_inbound"]["packets"]),
+        ) {
+            (Some(entries), Some(out), Some(inb)) => Ok(Self {
+                flows: entries / 2,
+                xdp_pkts: out + inb,
+                kernel_pkts: t.nstat(Ns::Router, "IpForwDatagrams"),
+            }),
+            _ => Err(format!(
+                "router-ctl stats --json lacks conntrack entries or fwd_* counters: {s}"
+            )),
+        }
+    }
+}
+
+/// From samples taken once a second: the most flows in the XDP table at
+/// once, and XDP's share (%) of the packets forwarded from the first sample
+/// with that many flows to the last (once every flow of the run was
+/// offloaded; None when that span is empty or nothing moved in it).
+pub fn steady_share(samples: &[FastPathSample]) -> (Option<u64>, Option<f64>) {
+    let Some(peak) = samples.iter().map(|s| s.flows).max() else {
+        return (None, None);
+    };
+    let (Some(from), Some(to)) = (samples.iter().find(|s| s.flows == peak), samples.last()) else {
+        return (Some(peak), None);
+    };
+    let xdp = to.xdp_pkts.saturating_sub(from.xdp_pkts);
+    let all = xdp + to.kernel_pkts.saturating_sub(from.kernel_pkts);
+    (
+        Some(peak),
+        (all > 0).then(|| xdp as f64 * 100.0 / all as f64),
+    )
 }
 
 fn stats_json(t: &Topology) -> Result<serde_json::Value, String> {
@@ -537,4 +582,35 @@ pub fn congestion_control(t: &Topology, want: &str) -> (String, Option<String>) 
         }
     }
     (now(), None)
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn sample(flows: u64, xdp_pkts: u64, kernel_pkts: u64) -> FastPathSample {
+        FastPathSample {
+            flows,
+            xdp_pkts,
+            kernel_pkts,
+        }
+    }
+
+    #[test]
+    fn steady_share_counts_from_the_first_sample_with_every_flow() {
+        let ramp = [
+            sample(0, 0, 0),
+            sample(50, 100, 400),
+            sample(100, 1000, 500),
+            sample(100, 1990, 510),
+            sample(99, 2980, 520),
+        ];
+        let (peak, share) = steady_share(&ramp);
+        assert_eq!(peak, Some(100));
+        // (2980 - 1000) of (2980 - 1000) + (520 - 500).
+        assert!((share.unwrap() - 99.0).abs() < 1e-9, "{share:?}");
+        // The peak in the last sample: no span after it.
+        assert_eq!(steady_share(&ramp[..3]), (Some(100), None));
+        assert_eq!(steady_share(&[]), (None, None));
+    }
 }

@@ -60,6 +60,7 @@ pub fn fast_path_json(fp: Option<&FastPathShare>) -> serde_json::Value {
             "xdp_pct": fp.xdp_pct(),
             "flows_offloaded": fp.flows_offloaded,
             "peak_flows": fp.peak_flows,
+            "steady_xdp_pct": fp.steady_xdp_pct,
         })
     })
 }
@@ -123,6 +124,7 @@ mod unit {
             kernel_pkts: 10,
             flows_offloaded: 2,
             peak_flows: Some(2),
+            steady_xdp_pct: Some(99.5),
         });
         let v = runs_json(&[RunResult::blank(DataPath::Kernel, p), off]);
         assert!(v[0]["fast_path"].is_null());
@@ -130,7 +132,7 @@ mod unit {
         assert_eq!(
             v[1]["fast_path"],
             serde_json::json!({"xdp_pkts": 90, "kernel_pkts": 10, "xdp_pct": 90.0,
-                               "flows_offloaded": 2, "peak_flows": 2})
+                               "flows_offloaded": 2, "peak_flows": 2, "steady_xdp_pct": 99.5})
         );
     }
 }
