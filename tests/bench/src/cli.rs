@@ -27,7 +27,7 @@ pub struct Cli {
     #[arg(long)]
     quick: bool,
     /// One point per workload, 1 s runs, then check that every artifact was
-    /// written with both paths filled (what `cargo xtask test` runs; output
+    /// written with every path filled (what `cargo xtask test` runs; output
     /// in target/bench-smoke).
     #[arg(long)]
     smoke: bool,
@@ -42,7 +42,7 @@ pub struct Cli {
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     paced_conns: Option<Vec<u32>>,
     /// Total offered rate of tcp-paced in Mbit/s, the review's 2.5 Gbit/s
-    /// Ethernet [default: 2500; smoke 500, which both paths sustain, so
+    /// Ethernet [default: 2500; smoke 500, which every path sustains, so
     /// the smoke run needs no rerun at a lower rate].
     #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..))]
     line_rate: Option<u32>,
@@ -131,6 +131,11 @@ pub struct Cli {
     /// Skip the connection setup rate (short TCP connections, many in parallel).
     #[arg(long)]
     no_conn_rate: bool,
+    /// Leave out the offload path (`attach --admit kernel` and the daemon:
+    /// the kernel admits, XDP carries), which runs on the review table's
+    /// points and the connection setup rate.
+    #[arg(long)]
+    no_offload: bool,
     /// Parallel clients of the connection setup rate [default: 16; smoke 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     conn_rate_workers: Option<u32>,
@@ -180,6 +185,9 @@ pub struct Opts {
     pub cable: bool,
     pub cable_conns: Vec<u32>,
     pub conn_rate: bool,
+    /// Whether the offload path runs (on the review table's points and the
+    /// connection setup rate).
+    pub offload_path: bool,
     /// Flows of the large table; 0: skipped.
     pub big_table: u32,
     pub conn_rate_workers: u32,
@@ -265,6 +273,7 @@ impl Cli {
                 .cable_conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1], vec![1])),
             conn_rate: !self.no_conn_rate,
+            offload_path: !self.no_offload,
             big_table: if self.no_big_table {
                 0
             } else {
@@ -369,8 +378,44 @@ mod unit {
         assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
         assert_eq!((smoke.line_rate_mbps, smoke.big_table), (500, 20_000));
         assert_eq!(opts(&["--no-big-table"]).big_table, 0);
+        assert!(full.offload_path && smoke.offload_path);
+        assert!(!opts(&["--quick", "--no-offload"]).offload_path);
         // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.
         assert_eq!(smoke.points().len(), 5);
+    }
+
+    #[test]
+    fn offload_runs_on_the_review_points_unless_left_out() {
+        use crate::model::DataPath;
+        use crate::run::paths_of;
+        let quick = opts(&["--quick"]);
+        let with_offload: Vec<Point> = quick
+            .points()
+            .into_iter()
+            .filter(|&p| paths_of(&quick, p).contains(&DataPath::Offload))
+            .collect();
+        // tcp -P 1 and -P 100 (offload off) and tcp-paced -P 1.
+        assert_eq!(with_offload.len(), 3, "{with_offload:?}");
+        let full = opts(&[]);
+        let n = |o: &Opts| {
+            o.points()
+                .into_iter()
+                .filter(|&p| paths_of(o, p).contains(&DataPath::Offload))
+                .count()
+        };
+        // tcp -P 1/100/1000, tcp-small -P 2000, tcp-paced -P 1/100/1000.
+        assert_eq!(n(&full), 7);
+        assert_eq!(n(&opts(&["--no-offload"])), 0);
+        let live = Point {
+            workload: Workload::UdpLive,
+            conns: 1,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        assert_eq!(
+            paths_of(&full, live),
+            vec![DataPath::Kernel, DataPath::Xdp, DataPath::Limit]
+        );
     }
 
     #[test]

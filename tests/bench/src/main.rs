@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     }
     if o.smoke {
         match smoke::check_artifacts(&o) {
-            Ok(n) => eprintln!("bench: smoke check passed ({n} runs, both paths, all artifacts)"),
+            Ok(n) => eprintln!("bench: smoke check passed ({n} runs, every path, all artifacts)"),
             Err(e) => {
                 eprintln!("bench: smoke check failed: {e}");
                 return ExitCode::FAILURE;

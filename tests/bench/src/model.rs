@@ -18,8 +18,11 @@ pub enum DataPath {
     /// NAT, no table; `tests::rawbpf::fib_forwarder`), the server given a
     /// route back. Live-generator runs only.
     Limit,
-    // A third NAT path, "offload" (`router-ctl attach --admit kernel`:
-    // the kernel admits, XDP carries), goes here once that mode exists.
+    /// Offload mode: `router-ctl attach --admit kernel` with iptables
+    /// MASQUERADE and the daemon (`router-ctl run`): the kernel admits and
+    /// NATs each new flow, the daemon moves it to the XDP table once
+    /// established, XDP carries the rest of it.
+    Offload,
 }
 
 impl DataPath {
@@ -28,6 +31,7 @@ impl DataPath {
             DataPath::Kernel => "kernel",
             DataPath::Xdp => "xdp",
             DataPath::Limit => "limit",
+            DataPath::Offload => "offload",
         }
     }
 }
@@ -46,8 +50,8 @@ pub enum Workload {
     /// (`BPF_PROG_RUN` live frames, see `workloads/live.rs`).
     UdpLive,
     /// iperf2 TCP paced to a fixed total rate (`--line-rate`, split over the
-    /// streams with `-b`), offload off: both paths carry the same traffic,
-    /// so their CPU differs by the router's cost ("CPU at line rate").
+    /// streams with `-b`), veth offload off: every path carries the same
+    /// traffic, so their CPU differs by the router's cost ("CPU at line rate").
     TcpPaced,
 }
 
@@ -198,6 +202,41 @@ pub struct RunResult {
     pub notes: Vec<String>,
     /// tcp-paced: the total rate offered, Mbit/s (0 for unpaced runs).
     pub offered_mbps: u32,
+    /// Offload path: who forwarded the run's packets (None on the others).
+    pub fast_path: Option<FastPathShare>,
+}
+
+/// Who forwarded an offload run's packets, over the whole run: the proof
+/// that the fast path carried it, not the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FastPathShare {
+    /// Packets XDP redirected (`fwd_outbound` + `fwd_inbound`).
+    pub xdp_pkts: u64,
+    /// Packets the kernel forwarded (`IpForwDatagrams`): each flow's
+    /// handshake and teardown, anything before its offload, the pings.
+    pub kernel_pkts: u64,
+    /// Flows the daemon wrote to the XDP table during the run.
+    pub flows_offloaded: u64,
+    /// Most flows in the XDP table at one of the once-a-second samples
+    /// during the run (None: no sample succeeded).
+    pub peak_flows: Option<u64>,
+    /// XDP's share (%) of the packets forwarded from the first sample with
+    /// `peak_flows` in the table to the last sample: the run once all its
+    /// flows were offloaded, without the ramp (many streams connect over
+    /// seconds, and each flow's first packets take the kernel).
+    pub steady_xdp_pct: Option<f64>,
+}
+
+impl FastPathShare {
+    /// XDP's share of the forwarded packets, % (NaN when nothing moved).
+    pub fn xdp_pct(&self) -> f64 {
+        let all = self.xdp_pkts + self.kernel_pkts;
+        if all == 0 {
+            f64::NAN
+        } else {
+            self.xdp_pkts as f64 * 100.0 / all as f64
+        }
+    }
 }
 
 /// What receives the TCP streams.
@@ -285,6 +324,45 @@ impl RunResult {
             attempts: 1,
             notes: Vec::new(),
             offered_mbps: 0,
+            fast_path: None,
         }
+    }
+}
+
+#[cfg(test)]
+impl RunResult {
+    /// A run with no figures, for the report's unit tests.
+    pub fn blank(path: DataPath, point: Point) -> Self {
+        Self::new(
+            path,
+            point,
+            Measured {
+                window: crate::measure::sampler::Window::default(),
+                rtts: Vec::new(),
+                ping_loss_pct: 0.0,
+                run_cpu: crate::measure::sys::CpuTicks::default(),
+                router_pkts: 0,
+                wall_s: 0.0,
+                quiet_wait_s: 0.0,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn xdp_share_of_the_forwarded_packets() {
+        let fp = |xdp_pkts, kernel_pkts| FastPathShare {
+            xdp_pkts,
+            kernel_pkts,
+            ..FastPathShare::default()
+        };
+        assert!((fp(990, 10).xdp_pct() - 99.0).abs() < 1e-9);
+        assert!((fp(0, 10).xdp_pct()).abs() < 1e-9);
+        assert!(fp(0, 0).xdp_pct().is_nan());
+        assert_eq!(DataPath::Offload.name(), "offload");
     }
 }

@@ -1,10 +1,20 @@
-//! The router under test: switching it between the kernel path and the
-//! XDP path, veth offload settings, and what it forwarded.
+//! The router under test: switching it between the kernel path, the XDP
+//! path (standalone), the offload path (the kernel admits, the daemon
+//! offloads, XDP carries) and the limit, veth offload settings, and what
+//! it forwarded.
+
+use std::collections::VecDeque;
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tests::rawbpf::{self, Attached};
-use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_of};
+use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_of, router_ctl_bin};
 
-use crate::model::{DataPath, Offload};
+use crate::model::{DataPath, FastPathShare, Offload};
 
 /// Tracks the router's current path and offload setting, switching only
 /// when a run needs another.
@@ -15,6 +25,122 @@ pub struct Router<'a> {
     limit: Option<Attached>,
     /// `attach --max-flows` (None: router-ctl's default).
     max_flows: Option<u32>,
+    /// The offload daemon while the offload path runs.
+    daemon: Option<Daemon>,
+}
+
+/// Lines of the daemon's stderr kept for error messages.
+const DAEMON_LOG_LINES: usize = 40;
+/// How long the daemon may take to start (it waits for router-ctl's lock,
+/// at most 10 s, then dumps the kernel's conntrack table).
+const DAEMON_START: Duration = Duration::from_secs(15);
+/// How long a stopped daemon may take to exit before it is killed.
+const DAEMON_STOP: Duration = Duration::from_secs(5);
+
+/// `router-ctl -n <router> run --listen none` (the offload daemon), in its
+/// own process group; stopped (SIGTERM, then SIGKILL) and reaped on drop.
+struct Daemon {
+    child: Child,
+    /// The last lines of its stderr.
+    log: Arc<Mutex<VecDeque<String>>>,
+    /// The status file it writes (left behind by a SIGKILL).
+    status_file: PathBuf,
+}
+
+impl Daemon {
+    fn start(t: &Topology) -> Result<Self, String> {
+        let ns = t.ns_name(Ns::Router);
+        let mut child = Command::new(router_ctl_bin())
+            .args(["-n", ns, "run"])
+            // No status page: its default port is shared by every router
+            // on the machine.
+            .args(["--listen", "none"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("starting router-ctl -n {ns} run: {e}"))?;
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            let sink = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if line.contains("stop with Ctrl-C") {
+                        let _ = tx.send(());
+                    }
+                    let mut l = sink
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if l.len() == DAEMON_LOG_LINES {
+                        l.pop_front();
+                    }
+                    l.push_back(line);
+                }
+            });
+        }
+        let mut d = Self {
+            child,
+            log,
+            status_file: daemon_status_file(t),
+        };
+        if rx.recv_timeout(DAEMON_START).is_err() {
+            d.stop();
+            return Err(format!(
+                "router-ctl -n {ns} run did not report readiness within {} s (see its \
+                 output below; `router-ctl -n {ns} status` tells what is attached):\n{}",
+                DAEMON_START.as_secs(),
+                d.log()
+            ));
+        }
+        Ok(d)
+    }
+
+    fn log(&self) -> String {
+        let l = self
+            .log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        l.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
+    }
+
+    /// Whether it still runs (it has exited when this says so).
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM (it leaves the data path attached and exits), SIGKILL after
+    /// [`DAEMON_STOP`]; reaped either way.
+    fn stop(&mut self) {
+        if self.running() {
+            if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+                // SAFETY: signals our own child, which has not been reaped.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let until = Instant::now() + DAEMON_STOP;
+            while self.running() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.status_file);
+    }
+}
+
+/// The status file of the router's daemon (rewritten every tick, 2 s).
+fn daemon_status_file(t: &Topology) -> PathBuf {
+    PathBuf::from("/run/xdp-router").join(format!("{}.daemon.json", t.ns_name(Ns::Router)))
+}
+
+/// How long to wait for the daemon's next status write (its tick is 2 s).
+const DAEMON_STATUS_WAIT: Duration = Duration::from_secs(6);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }
 
 /// The LAN prefix, for the server's route back on the limit path.
@@ -27,6 +153,7 @@ impl<'a> Router<'a> {
             state: None,
             limit: None,
             max_flows: None,
+            daemon: None,
         }
     }
 
@@ -38,14 +165,30 @@ impl<'a> Router<'a> {
     }
 
     /// Puts the router on `path` with `offload`. Kernel: forwarding plus
-    /// iptables MASQUERADE; xdp: `router-ctl attach`, no iptables NAT.
+    /// iptables MASQUERADE; xdp: `router-ctl attach --admit xdp`, no
+    /// iptables NAT; offload: iptables MASQUERADE, `router-ctl attach
+    /// --admit kernel` and the daemon.
     pub fn switch(&mut self, path: DataPath, offload: Offload) -> Result<(), String> {
         if self.state == Some((path, offload)) {
-            return Ok(());
+            let dead = self.daemon.as_mut().is_some_and(|d| !d.running());
+            if !dead {
+                return Ok(());
+            }
+            if let Some(d) = &self.daemon {
+                eprintln!(
+                    "      the offload daemon exited; setting the offload path up again:\n{}",
+                    d.log()
+                );
+            }
         }
+        self.state = None;
         let t = self.t;
-        // Tear down whatever runs now; offloads change only while detached
-        // (an attached XDP program pins its peers' TSO off).
+        // Tear down whatever runs now (the daemon before the program it
+        // feeds); offloads change only while detached (an attached XDP
+        // program pins its peers' TSO off).
+        if let Some(mut d) = self.daemon.take() {
+            d.stop();
+        }
         if self.limit.take().is_some() {
             let _ = t.exec(Ns::Server, &["ip", "route", "del", LAN_PREFIX]);
         }
@@ -71,24 +214,45 @@ impl<'a> Router<'a> {
         apply_offload(t, path, offload);
         match path {
             DataPath::Kernel => t.masquerade(),
-            DataPath::Xdp => {
-                let max = self.max_flows.map(|n| n.to_string());
-                let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
-                if let Some(n) = &max {
-                    args.extend(["--max-flows", n]);
-                }
-                let o = t.router_ctl(&args);
-                if !o.status.success() {
-                    return Err(format!(
-                        "router-ctl attach {LAN_IF} {WAN_IF} failed: {}",
-                        String::from_utf8_lossy(&o.stderr)
-                    ));
-                }
+            DataPath::Xdp => self.attach("xdp")?,
+            DataPath::Offload => {
+                // The kernel path's NAT, which now admits the flows.
+                t.masquerade();
+                self.attach("kernel")?;
+                self.daemon = Some(Daemon::start(t)?);
             }
             DataPath::Limit => self.limit = Some(attach_limit(t)?),
         }
         self.state = Some((path, offload));
         Ok(())
+    }
+
+    /// `router-ctl attach lan0 wan0 --admit <admit>` with the table size.
+    fn attach(&self, admit: &str) -> Result<(), String> {
+        let max = self.max_flows.map(|n| n.to_string());
+        let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", admit];
+        if let Some(n) = &max {
+            args.extend(["--max-flows", n]);
+        }
+        let o = self.t.router_ctl(&args);
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "router-ctl attach {LAN_IF} {WAN_IF} --admit {admit} failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ))
+        }
+    }
+
+    /// Stops the offload daemon, if one runs (before the topology goes).
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            d.stop();
+        }
+        if self.state.is_some_and(|(p, _)| p == DataPath::Offload) {
+            self.state = None;
+        }
     }
 }
 
@@ -139,7 +303,7 @@ pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload) {
             &["tx", "on", "tso", "on", "gso", "on", "gro", "on"],
             &["tso", "on", "gso", "on", "gro", "off"],
         ),
-        (Offload::On, DataPath::Xdp | DataPath::Limit) => (
+        (Offload::On, DataPath::Xdp | DataPath::Limit | DataPath::Offload) => (
             &["tx", "off", "tso", "on", "gso", "on", "gro", "on"],
             &["tso", "on", "gso", "on", "gro", "off"],
         ),
@@ -217,18 +381,162 @@ pub fn ethtool_feature(t: &Topology, ns: Ns, dev: &str, name: &str) -> Option<St
 }
 
 /// Packets the router forwarded so far on `path`: the kernel's
-/// `IpForwDatagrams`, plus the fast path's redirects under XDP.
+/// `IpForwDatagrams`, plus the fast path's redirects under XDP (standalone
+/// or offload).
 pub fn forwarded(t: &Topology, path: DataPath) -> u64 {
     let kernel = t.nstat(Ns::Router, "IpForwDatagrams");
     match path {
         DataPath::Kernel => kernel,
         // The limit counts nothing: what reached the server came through it.
         DataPath::Limit => kernel + crate::measure::sampler::rx_packets(t, Ns::Server, &[HOST_IF]),
-        DataPath::Xdp => {
+        DataPath::Xdp | DataPath::Offload => {
             let s = t.stats();
             kernel + counter_of(&s, "fwd_outbound") + counter_of(&s, "fwd_inbound")
         }
     }
+}
+
+/// The counters an offload run's [`FastPathShare`] is the difference of.
+#[derive(Clone, Copy, Debug)]
+pub struct OffloadCounters {
+    xdp_pkts: u64,
+    kernel_pkts: u64,
+    offloaded: u64,
+}
+
+impl OffloadCounters {
+    /// Reads them: the fast path's `fwd_*` counters (`router-ctl stats
+    /// --json`), the router's `IpForwDatagrams` and the daemon's count of
+    /// offloaded flows from its status file. That file is rewritten once a
+    /// tick, so with `written_after` (Unix seconds) this waits for a write
+    /// in a later second, which counts everything up to that moment.
+    pub fn read(t: &Topology, written_after: Option<u64>) -> Result<Self, String> {
+        let file = daemon_status_file(t);
+        let until = Instant::now() + DAEMON_STATUS_WAIT;
+        let offloaded = loop {
+            let status: serde_json::Value = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            let heartbeat = status["heartbeat_unix"].as_u64();
+            let offloaded = status["offload"]["offloaded"].as_u64();
+            if let (Some(hb), Some(n)) = (heartbeat, offloaded)
+                && written_after.is_none_or(|s| hb > s)
+            {
+                break n;
+            }
+            if Instant::now() > until {
+                return Err(format!(
+                    "the offload daemon's status file {} was not {} within {} s (is \
+                     `router-ctl -n {} run` hung?): {status}",
+                    file.display(),
+                    if written_after.is_some() {
+                        "rewritten"
+                    } else {
+                        "written"
+                    },
+                    DAEMON_STATUS_WAIT.as_secs(),
+                    t.ns_name(Ns::Router)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let s = stats_json(t)?;
+        let fwd = |name: &str| s[name]["packets"].as_u64();
+        let (Some(out), Some(inb)) = (fwd("fwd_outbound"), fwd("fwd_inbound")) else {
+            return Err(format!(
+                "router-ctl stats --json has no fwd_* counters: {s}"
+            ));
+        };
+        Ok(Self {
+            xdp_pkts: out + inb,
+            kernel_pkts: t.nstat(Ns::Router, "IpForwDatagrams"),
+            offloaded,
+        })
+    }
+
+    /// What happened between `self` and `after`, with what the samples in
+    /// between show ([`steady_share`]).
+    pub fn share_until(self, after: Self, samples: &[FastPathSample]) -> FastPathShare {
+        let (peak_flows, steady_xdp_pct) = steady_share(samples);
+        FastPathShare {
+            xdp_pkts: after.xdp_pkts.saturating_sub(self.xdp_pkts),
+            kernel_pkts: after.kernel_pkts.saturating_sub(self.kernel_pkts),
+            flows_offloaded: after.offloaded.saturating_sub(self.offloaded),
+            peak_flows,
+            steady_xdp_pct,
+        }
+    }
+}
+
+/// Now, Unix seconds (for [`OffloadCounters::read`]).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// One reading during an offload run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastPathSample {
+    /// Flows in the XDP table (offload mode: an entry per direction, and
+    /// only the daemon writes them).
+    pub flows: u64,
+    /// Packets XDP redirected so far.
+    pub xdp_pkts: u64,
+    /// Packets the kernel forwarded so far.
+    pub kernel_pkts: u64,
+}
+
+impl FastPathSample {
+    pub fn read(t: &Topology) -> Result<Self, String> {
+        let s = stats_json(t)?;
+        let n = |v: &serde_json::Value| v.as_u64();
+        match (
+            n(&s["conntrack"]["entries"]),
+            n(&s["fwd_outbound"]["packets"]),
+            n(&s["fwd_inbound"]["packets"]),
+        ) {
+            (Some(entries), Some(out), Some(inb)) => Ok(Self {
+                flows: entries / 2,
+                xdp_pkts: out + inb,
+                kernel_pkts: t.nstat(Ns::Router, "IpForwDatagrams"),
+            }),
+            _ => Err(format!(
+                "router-ctl stats --json lacks conntrack entries or fwd_* counters: {s}"
+            )),
+        }
+    }
+}
+
+/// From samples taken once a second: the most flows in the XDP table at
+/// once, and XDP's share (%) of the packets forwarded from the first sample
+/// with that many flows to the last (once every flow of the run was
+/// offloaded; None when that span is empty or nothing moved in it).
+pub fn steady_share(samples: &[FastPathSample]) -> (Option<u64>, Option<f64>) {
+    let Some(peak) = samples.iter().map(|s| s.flows).max() else {
+        return (None, None);
+    };
+    let (Some(from), Some(to)) = (samples.iter().find(|s| s.flows == peak), samples.last()) else {
+        return (Some(peak), None);
+    };
+    let xdp = to.xdp_pkts.saturating_sub(from.xdp_pkts);
+    let all = xdp + to.kernel_pkts.saturating_sub(from.kernel_pkts);
+    (
+        Some(peak),
+        (all > 0).then(|| xdp as f64 * 100.0 / all as f64),
+    )
+}
+
+fn stats_json(t: &Topology) -> Result<serde_json::Value, String> {
+    let o = t.router_ctl(&["stats", "--json"]);
+    if !o.status.success() {
+        return Err(format!(
+            "router-ctl stats --json failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("router-ctl stats --json: {e}"))
 }
 
 /// Sets the TCP congestion control of the client and server namespaces
@@ -274,4 +582,35 @@ pub fn congestion_control(t: &Topology, want: &str) -> (String, Option<String>) 
         }
     }
     (now(), None)
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn sample(flows: u64, xdp_pkts: u64, kernel_pkts: u64) -> FastPathSample {
+        FastPathSample {
+            flows,
+            xdp_pkts,
+            kernel_pkts,
+        }
+    }
+
+    #[test]
+    fn steady_share_counts_from_the_first_sample_with_every_flow() {
+        let ramp = [
+            sample(0, 0, 0),
+            sample(50, 100, 400),
+            sample(100, 1000, 500),
+            sample(100, 1990, 510),
+            sample(99, 2980, 520),
+        ];
+        let (peak, share) = steady_share(&ramp);
+        assert_eq!(peak, Some(100));
+        // (2980 - 1000) of (2980 - 1000) + (520 - 500).
+        assert!((share.unwrap() - 99.0).abs() < 1e-9, "{share:?}");
+        // The peak in the last sample: no span after it.
+        assert_eq!(steady_share(&ramp[..3]), (Some(100), None));
+        assert_eq!(steady_share(&[]), (None, None));
+    }
 }

@@ -1,10 +1,10 @@
-//! One benchmark run: the topology, every point on both paths in
+//! One benchmark run: the topology, every point on its paths in
 //! alternation (retrying runs cut short), then the frags experiment, the
 //! plain-forwarding reference and the micro-benchmark, then the artifacts.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tests::Topology;
 
@@ -12,8 +12,10 @@ use crate::cli::Opts;
 use crate::measure::platform::{self, CryptoRun};
 use crate::measure::sys;
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
-use crate::report::{self, Extra, RunEnv};
-use crate::router::{Router, congestion_control, offload_state};
+use crate::report::{self, Extra, RunEnv, review};
+use crate::router::{
+    FastPathSample, OffloadCounters, Router, congestion_control, offload_state, unix_now,
+};
 use crate::workloads::{
     bigtable, cable, connrate, frags, iperf, ipv6, live, micro, reference, scaling,
 };
@@ -73,6 +75,22 @@ pub fn show(r: &RunResult) -> String {
     if r.quiet_wait_s > 1.0 {
         let _ = write!(s, ", waited {:.1} s for quiet", r.quiet_wait_s);
     }
+    if let Some(fp) = r.fast_path {
+        let _ = write!(
+            s,
+            ", XDP carried {} of {} forwarded pkts ({:.1} %{}), {} flows offloaded{}",
+            fp.xdp_pkts,
+            fp.xdp_pkts + fp.kernel_pkts,
+            fp.xdp_pct(),
+            fp.steady_xdp_pct
+                .map(|p| format!("; {p:.1} % once all were offloaded"))
+                .unwrap_or_default(),
+            fp.flows_offloaded,
+            fp.peak_flows
+                .map(|n| format!(" (at most {n} in the table at once)"))
+                .unwrap_or_default()
+        );
+    }
     if r.cut_short {
         s.push_str(" [cut short]");
     }
@@ -83,13 +101,80 @@ pub fn show(r: &RunResult) -> String {
 }
 
 /// The paths a point runs on: the limit only under the live generator
-/// (iperf2 cannot load it, and it has no NAT for replies).
-pub fn paths_of(p: Point) -> Vec<DataPath> {
+/// (iperf2 cannot load it, and it has no NAT for replies); offload only on
+/// the review table's points (TCP, where it has a column; iperf2's UDP has
+/// no reply direction, so the daemon would offload none of its flows).
+pub fn paths_of(o: &Opts, p: Point) -> Vec<DataPath> {
+    let mut paths = vec![DataPath::Kernel, DataPath::Xdp];
     if p.workload == Workload::UdpLive {
-        vec![DataPath::Kernel, DataPath::Xdp, DataPath::Limit]
-    } else {
-        vec![DataPath::Kernel, DataPath::Xdp]
+        paths.push(DataPath::Limit);
     }
+    let veth_offloads = if p.workload == Workload::TcpSmall {
+        &o.small_offloads
+    } else {
+        &o.offloads
+    };
+    if o.offload_path && review::shows(p, veth_offloads) {
+        paths.push(DataPath::Offload);
+    }
+    paths
+}
+
+/// Below this share of the forwarded packets on XDP an offload run gets a
+/// note: the kernel carried it, not the fast path.
+const LOW_XDP_SHARE_PCT: f64 = 90.0;
+
+/// `run_once` (a run on the offload path) with who forwarded its packets: the
+/// fast path's and the kernel's counters read around it, and the flows in
+/// the XDP table sampled once a second while it runs.
+fn with_fast_path_share(
+    t: &Topology,
+    run_once: impl FnOnce() -> Result<RunResult, String>,
+) -> Result<RunResult, String> {
+    let before = OffloadCounters::read(t, None);
+    let done = AtomicBool::new(false);
+    let (res, samples) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut samples = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                if let Ok(s) = FastPathSample::read(t) {
+                    samples.push(s);
+                }
+                for _ in 0..20 {
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            samples
+        });
+        let res = run_once();
+        done.store(true, Ordering::Relaxed);
+        (res, sampler.join().unwrap_or_default())
+    });
+    let mut result = res?;
+    match (before, OffloadCounters::read(t, Some(unix_now()))) {
+        (Ok(before), Ok(after)) => {
+            let fp = before.share_until(after, &samples);
+            // Judged once every flow was offloaded where the samples show
+            // it (the ramp of many streams goes through the kernel); NaN
+            // (nothing forwarded) counts as low.
+            let share = fp.steady_xdp_pct.unwrap_or_else(|| fp.xdp_pct());
+            if share.is_nan() || share < LOW_XDP_SHARE_PCT {
+                result.notes.push(format!(
+                    "XDP carried only {share:.1} % of the forwarded packets, the kernel the \
+                     rest: were the flows offloaded? (`router-ctl stats` shows the daemon's \
+                     reasons)"
+                ));
+            }
+            result.fast_path = Some(fp);
+        }
+        (Err(e), _) | (_, Err(e)) => result
+            .notes
+            .push(format!("fast path share not measured: {e}")),
+    }
+    Ok(result)
 }
 
 /// A run of `point` on `path`, retried when cut short or failed.
@@ -123,10 +208,17 @@ fn measured(
             continue;
         }
         iperf::next_port(port);
-        let res = if point.workload == Workload::UdpLive {
-            live::run(t, s, path, point, stop)
+        let one = || {
+            if point.workload == Workload::UdpLive {
+                live::run(t, s, path, point, stop)
+            } else {
+                iperf::run(t, s, path, point, *port)
+            }
+        };
+        let res = if path == DataPath::Offload {
+            with_fast_path_share(t, one)
         } else {
-            iperf::run(t, s, path, point, *port)
+            one()
         };
         match res {
             Ok(mut r) => {
@@ -244,14 +336,15 @@ impl Bench<'_> {
     }
 
     /// Every point on its paths (kernel and xdp; the limit too for the
-    /// live generator), rotating which path goes first: kernel-xdp,
-    /// xdp-kernel, ...
+    /// live generator, offload on the review table's points), rotating
+    /// which path goes first: kernel-xdp, xdp-kernel, ...
     fn run_points(&mut self, points: &[Point]) -> Result<(), String> {
+        let o = self.o;
         let mut progress = Progress {
-            total: points.iter().map(|p| paths_of(*p).len()).sum(),
+            total: points.iter().map(|p| paths_of(o, *p).len()).sum(),
             est_total: points
                 .iter()
-                .map(|p| paths_of(*p).len() as f64 * estimate(self.o.secs, *p))
+                .map(|p| paths_of(o, *p).len() as f64 * estimate(self.o.secs, *p))
                 .sum(),
             ..Progress::default()
         };
@@ -263,7 +356,7 @@ impl Bench<'_> {
             mmss(progress.est_total)
         );
         for (i, point) in points.iter().enumerate() {
-            let mut order = paths_of(*point);
+            let mut order = paths_of(o, *point);
             let n = order.len();
             order.rotate_left(i % n);
             for path in order {
@@ -285,8 +378,8 @@ impl Bench<'_> {
 
     /// "CPU at line rate" compares the paths at equal load: where a path
     /// carried less than 95 % of the offered rate (the shared cores could
-    /// not generate it), both run again at 90 % of the lower carried rate,
-    /// which replaces the first pair (kept in the notes).
+    /// not generate it), all run again at 90 % of the lowest carried rate,
+    /// which replaces the first set (kept in the notes).
     fn pace_down(&mut self, point: Point, progress: &mut Progress) -> Result<(), String> {
         let offered = self.settings.line_rate_mbps;
         let carried: Vec<(DataPath, f64)> = self
@@ -310,9 +403,11 @@ impl Bench<'_> {
         );
         self.runs.retain(|r| r.point != point);
         self.settings.line_rate_mbps = lower;
-        progress.total += 2;
+        let mut paths = paths_of(self.o, point);
+        paths.reverse();
+        progress.total += paths.len();
         let mut res = Ok(());
-        for path in [DataPath::Xdp, DataPath::Kernel] {
+        for path in paths {
             if self.stopped() {
                 break;
             }
@@ -323,7 +418,7 @@ impl Bench<'_> {
             if let Some(r) = self.runs.last_mut().filter(|r| r.point == point) {
                 r.notes.push(format!(
                     "{offered} Mbit/s offered first: carried {first} Mbit/s; run again at \
-                     {lower} Mbit/s, which both sustain"
+                     {lower} Mbit/s, which all sustain"
                 ));
             }
         }
@@ -497,25 +592,44 @@ impl Bench<'_> {
             o.conn_rate_workers, o.secs
         );
         let mut rows = Vec::new();
-        for path in [DataPath::Kernel, DataPath::Xdp] {
+        let mut paths = vec![DataPath::Kernel, DataPath::Xdp];
+        if o.offload_path {
+            paths.push(DataPath::Offload);
+        }
+        for path in paths {
             if self.stopped() {
                 break;
             }
-            let res = self
-                .router
-                .switch(path, Offload::Off)
-                .and_then(|()| connrate::run(self.t, path, o.conn_rate_workers, o.secs));
+            let t = self.t;
+            let res = self.router.switch(path, Offload::Off).and_then(|()| {
+                if path != DataPath::Offload {
+                    return connrate::run(t, path, o.conn_rate_workers, o.secs);
+                }
+                let before = OffloadCounters::read(t, None)?;
+                let mut row = connrate::run(t, path, o.conn_rate_workers, o.secs)?;
+                let after = OffloadCounters::read(t, Some(unix_now()))?;
+                row.fast_path = Some(before.share_until(after, &[]));
+                Ok(row)
+            });
             match res {
                 Ok(r) => {
                     eprintln!(
-                        "[conn-rate] {:<6} {:.0} connections/s ({} done, {} failed), cpu {:.0}%, \
-                         {:.1} us softirq per connection",
+                        "[conn-rate] {:<7} {:.0} connections/s ({} done, {} failed, {} segments \
+                         retransmitted), cpu {:.0}%, {:.1} us softirq per connection{}",
                         path.name(),
                         r.conns_per_s,
                         r.completed,
                         r.failed,
+                        r.retransmits,
                         r.cpu_pct,
-                        r.softirq_us_per_conn
+                        r.softirq_us_per_conn,
+                        r.fast_path
+                            .map(|fp| format!(
+                                ", {} flows offloaded, XDP carried {:.1} % of the forwarded pkts",
+                                fp.flows_offloaded,
+                                fp.xdp_pct()
+                            ))
+                            .unwrap_or_default()
                     );
                     rows.push(r);
                 }
@@ -630,8 +744,12 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         runs,
         failures,
         offload_states,
+        mut router,
         ..
     } = b;
+    // The daemon works on the topology's router namespace: stopped first.
+    router.stop_daemon();
+    drop(router);
     drop(t);
     let _ = std::fs::remove_dir_all(&tmp);
 

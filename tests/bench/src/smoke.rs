@@ -2,11 +2,12 @@
 //! artifacts are there and filled. No timing is asserted.
 
 use crate::cli::Opts;
-use crate::model::{Point, Workload};
+use crate::model::{DataPath, Point, Workload};
 use crate::run::paths_of;
 
 /// The smoke run's check: the three artifacts exist, and results.json has
-/// every point of the run on both paths with a throughput above zero, the
+/// every point of the run on each of its paths with a throughput above zero
+/// (offload runs: with the fast path's share, which carried packets), the
 /// goals, the frags experiment and every micro-benchmark case. Returns how
 /// many runs it checked.
 pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
@@ -34,32 +35,7 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         .into_iter()
         .filter(|p| p.workload != Workload::UdpLive || !live_skipped)
         .collect();
-    for p in &points {
-        for path in paths_of(*p) {
-            let found = runs.iter().find(|r| {
-                r["path"] == path.name()
-                    && r["workload"] == p.workload.json_name()
-                    && r["generator"] == p.workload.generator()
-                    && r["conns"] == p.conns
-                    && r["offload"] == p.offload.name()
-                    && r["nodelay"] == p.nodelay
-            });
-            let Some(r) = found else {
-                return Err(format!("no {} run of {p}", path.name()));
-            };
-            let thr = if p.workload.is_udp() {
-                &r["pps"]
-            } else {
-                &r["gbps"]
-            };
-            if !thr.as_f64().is_some_and(|x| x > 0.0) {
-                return Err(format!(
-                    "the {} run of {p} moved nothing: {thr}",
-                    path.name()
-                ));
-            }
-        }
-    }
+    check_runs(o, runs, &points)?;
     let mut wanted = Vec::new();
     if o.frags && o.workloads.contains(&Workload::Tcp) {
         wanted.push("frags_experiment");
@@ -75,6 +51,9 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     }
     if o.conn_rate {
         wanted.push("conn_rate");
+        if o.offload_path {
+            check_offload_conn_rate(&json)?;
+        }
     }
     if o.big_table > 0 && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
         wanted.push("flow_table");
@@ -111,6 +90,68 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         }
     }
     Ok(runs.len())
+}
+
+/// Every point of the run on each of its paths, with a throughput above
+/// zero (offload runs: with the fast path's share).
+fn check_runs(o: &Opts, runs: &[serde_json::Value], points: &[Point]) -> Result<(), String> {
+    for p in points {
+        for path in paths_of(o, *p) {
+            let found = runs.iter().find(|r| {
+                r["path"] == path.name()
+                    && r["workload"] == p.workload.json_name()
+                    && r["generator"] == p.workload.generator()
+                    && r["conns"] == p.conns
+                    && r["offload"] == p.offload.name()
+                    && r["nodelay"] == p.nodelay
+            });
+            let Some(r) = found else {
+                return Err(format!("no {} run of {p}", path.name()));
+            };
+            let thr = if p.workload.is_udp() {
+                &r["pps"]
+            } else {
+                &r["gbps"]
+            };
+            if !thr.as_f64().is_some_and(|x| x > 0.0) {
+                return Err(format!(
+                    "the {} run of {p} moved nothing: {thr}",
+                    path.name()
+                ));
+            }
+            if path == DataPath::Offload {
+                check_fast_path(&r["fast_path"], &format!("the offload run of {p}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The connection setup rate has an offload row whose fast path carried
+/// packets.
+fn check_offload_conn_rate(json: &serde_json::Value) -> Result<(), String> {
+    let row = json["conn_rate"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["path"] == DataPath::Offload.name()))
+        .ok_or("results.json: conn_rate has no offload row")?;
+    check_fast_path(&row["fast_path"], "the offload conn_rate row")
+}
+
+/// An offload run's `fast_path`: every count there, and XDP carried some
+/// of the packets (none would mean the daemon offloaded nothing).
+fn check_fast_path(fp: &serde_json::Value, what: &str) -> Result<(), String> {
+    for key in ["xdp_pkts", "kernel_pkts", "flows_offloaded"] {
+        if fp[key].as_u64().is_none() {
+            return Err(format!("results.json: {what} has no fast_path.{key}: {fp}"));
+        }
+    }
+    if fp["xdp_pkts"] == 0 {
+        return Err(format!(
+            "results.json: on {what} XDP carried no packet (did the daemon offload nothing?): \
+             {fp}"
+        ));
+    }
+    Ok(())
 }
 
 /// The review's table and the platform are in the report, with a crypto

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::model::{DataPath, Offload, Point, RunResult, Workload};
+use crate::workloads::connrate;
 use crate::workloads::micro::Case;
 
 fn find(runs: &[RunResult], path: DataPath, p: Point) -> Option<&RunResult> {
@@ -263,6 +264,40 @@ fn hit_cost_goal(micro: &[Case]) -> Goal {
     }
 }
 
+/// Offload's connection rate may fall this far below the kernel's: it is
+/// the kernel's setup plus the daemon's offload work per connection.
+const OFFLOAD_SETUP_MIN: f64 = 0.9;
+
+/// Connection setup rate per path: standalone XDP (which admits flows
+/// itself) at least as fast as the kernel, offload (the kernel's setup and
+/// the daemon's work) at least 0.9x the kernel.
+pub fn conn_setup_goal(rows: &[connrate::Row]) -> Goal {
+    let rate = |p| {
+        rows.iter()
+            .find(|r| r.path == p && r.completed > 0)
+            .map(|r| r.conns_per_s)
+    };
+    let kernel = rate(DataPath::Kernel);
+    let mut parts = Vec::new();
+    let mut met = None;
+    for (path, min) in [(DataPath::Xdp, 1.0), (DataPath::Offload, OFFLOAD_SETUP_MIN)] {
+        if let (Some(k), Some(x)) = (kernel, rate(path)) {
+            parts.push(format!("{} {x:.0}/s ({:.2}x kernel)", path.name(), x / k));
+            met = Some(met.unwrap_or(true) && x >= min * k);
+        }
+    }
+    Goal {
+        asks: "Connection setup (short TCP connections, new connections per second): xdp at \
+               least the kernel's rate, offload at least 0.9x (the kernel's setup plus the \
+               daemon's offload of each connection)",
+        measured: match kernel {
+            Some(k) if !parts.is_empty() => format!("kernel {k:.0}/s, {}", parts.join(", ")),
+            _ => "-".into(),
+        },
+        met,
+    }
+}
+
 /// The Markdown section.
 pub fn section(goals: &[Goal]) -> String {
     let mut s = String::from(
@@ -287,4 +322,43 @@ pub fn json(goals: &[Goal]) -> serde_json::Value {
         .iter()
         .map(|g| serde_json::json!({"goal": g.asks, "measured": g.measured, "met": g.met}))
         .collect()
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn row(path: DataPath, conns_per_s: f64) -> connrate::Row {
+        connrate::Row {
+            path,
+            workers: 16,
+            conns_per_s,
+            completed: 100,
+            failed: 0,
+            secs: 1.0,
+            cpu_pct: 100.0,
+            softirq_us_per_conn: 1.0,
+            retransmits: 0,
+            fast_path: None,
+        }
+    }
+
+    #[test]
+    fn connection_setup_per_path_against_the_kernel() {
+        let rows = [
+            row(DataPath::Kernel, 1000.0),
+            row(DataPath::Xdp, 1200.0),
+            row(DataPath::Offload, 950.0),
+        ];
+        let g = conn_setup_goal(&rows);
+        assert_eq!(g.met, Some(true));
+        assert_eq!(
+            g.measured,
+            "kernel 1000/s, xdp 1200/s (1.20x kernel), offload 950/s (0.95x kernel)"
+        );
+        let slow = [row(DataPath::Kernel, 1000.0), row(DataPath::Offload, 500.0)];
+        assert_eq!(conn_setup_goal(&slow).met, Some(false));
+        assert_eq!(conn_setup_goal(&rows[1..]).met, None);
+        assert_eq!(conn_setup_goal(&[]).measured, "-");
+    }
 }

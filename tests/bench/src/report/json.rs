@@ -1,7 +1,7 @@
 //! results.json: every run, the micro-benchmark's cases and the frags
 //! experiment's rows, field by field.
 
-use crate::model::RunResult;
+use crate::model::{FastPathShare, RunResult};
 use crate::workloads::frags;
 use crate::workloads::micro::Case;
 
@@ -45,9 +45,24 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
                 "attempts": r.attempts,
                 "notes": r.notes,
                 "offered_mbps": r.offered_mbps,
+                "fast_path": fast_path_json(r.fast_path.as_ref()),
             })
         })
         .collect()
+}
+
+/// Who forwarded an offload run's packets; null on the other paths.
+pub fn fast_path_json(fp: Option<&FastPathShare>) -> serde_json::Value {
+    fp.map_or(serde_json::Value::Null, |fp| {
+        serde_json::json!({
+            "xdp_pkts": fp.xdp_pkts,
+            "kernel_pkts": fp.kernel_pkts,
+            "xdp_pct": fp.xdp_pct(),
+            "flows_offloaded": fp.flows_offloaded,
+            "peak_flows": fp.peak_flows,
+            "steady_xdp_pct": fp.steady_xdp_pct,
+        })
+    })
 }
 
 pub fn frags_json(rows: &[frags::Row]) -> serde_json::Value {
@@ -88,4 +103,36 @@ pub fn micro_json(cases: &[Case]) -> serde_json::Value {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+    use crate::model::{DataPath, Offload, Point, Workload};
+
+    #[test]
+    fn runs_carry_the_fast_path_share_or_null() {
+        let p = Point {
+            workload: Workload::Tcp,
+            conns: 1,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        let mut off = RunResult::blank(DataPath::Offload, p);
+        off.fast_path = Some(FastPathShare {
+            xdp_pkts: 90,
+            kernel_pkts: 10,
+            flows_offloaded: 2,
+            peak_flows: Some(2),
+            steady_xdp_pct: Some(99.5),
+        });
+        let v = runs_json(&[RunResult::blank(DataPath::Kernel, p), off]);
+        assert!(v[0]["fast_path"].is_null());
+        assert_eq!(v[1]["path"], "offload");
+        assert_eq!(
+            v[1]["fast_path"],
+            serde_json::json!({"xdp_pkts": 90, "kernel_pkts": 10, "xdp_pct": 90.0,
+                               "flows_offloaded": 2, "peak_flows": 2, "steady_xdp_pct": 99.5})
+        );
+    }
 }

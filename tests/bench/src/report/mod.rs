@@ -6,7 +6,7 @@ mod chart;
 mod goals;
 mod json;
 mod notes;
-mod review;
+pub mod review;
 mod sections;
 mod tables;
 
@@ -226,6 +226,7 @@ pub fn write_artifacts(
     md.push_str(&ipv6::section(&extra.ipv6));
     let mut goals = goals::evaluate(runs, micro, reference);
     goals.push(review::line_rate_goal(runs));
+    goals.push(goals::conn_setup_goal(&extra.conn_rate));
     goals.push(sections::scaling_goal(&extra.scaling));
     goals.push(sections::cable_goal(&extra.cable));
     goals.push(sections::big_table_goal(&extra.big_table));

@@ -212,30 +212,46 @@ pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
          Short TCP connections through the router (connect, a 16-byte request, a 16-byte \
          reply, the server closes), {} clients in parallel, our own client and server \
          (`workloads/connrate.rs`), offload off. Each connection is a new flow: the kernel \
-         creates a conntrack entry and NAT mapping, standalone XDP admits the flow itself. The \
-         end hosts' own TCP setup costs the same on both paths and shares the cores.\n",
+         creates a conntrack entry and NAT mapping, standalone XDP admits the flow itself, \
+         offload takes the kernel's setup and then its daemon offloads the connection once \
+         established (over ctnetlink), shortly before it ends. The end hosts' own TCP setup \
+         costs the same on every path and shares the cores.\n",
         first.workers
     );
     let _ = writeln!(
         s,
-        "| path | connections/s | completed | failed | CPU % | softirq us per connection |"
+        "| path | connections/s | completed | failed | retransmitted segments | CPU % | softirq \
+         us per connection |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.path.name(),
             f(r.conns_per_s, 0),
             r.completed,
             r.failed,
+            r.retransmits,
             f(r.cpu_pct, 0),
             f(r.softirq_us_per_conn, 1)
         );
     }
     let rate = |p| rows.iter().find(|r| r.path == p).map(|r| r.conns_per_s);
-    if let (Some(k), Some(x)) = (rate(DataPath::Kernel), rate(DataPath::Xdp)) {
-        let _ = writeln!(s, "\nxdp / kernel: {}x.", f(x / k, 2));
+    for p in [DataPath::Xdp, DataPath::Offload] {
+        if let (Some(k), Some(x)) = (rate(DataPath::Kernel), rate(p)) {
+            let _ = writeln!(s, "\n{} / kernel: {}x.", p.name(), f(x / k, 2));
+        }
+    }
+    if let Some((r, fp)) = rows.iter().find_map(|r| Some((r, r.fast_path?))) {
+        let _ = writeln!(
+            s,
+            "\noffload: the daemon offloaded {} of the {} connections; XDP carried {} % of the \
+             forwarded packets.",
+            fp.flows_offloaded,
+            r.completed,
+            f(fp.xdp_pct(), 1)
+        );
     }
     s.push('\n');
     s
@@ -253,6 +269,8 @@ pub fn conn_rate_json(rows: &[connrate::Row]) -> serde_json::Value {
                 "secs": r.secs,
                 "cpu_pct": r.cpu_pct,
                 "softirq_us_per_conn": r.softirq_us_per_conn,
+                "retransmits": r.retransmits,
+                "fast_path": super::json::fast_path_json(r.fast_path.as_ref()),
             })
         })
         .collect()

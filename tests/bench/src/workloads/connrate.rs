@@ -2,7 +2,9 @@
 //! reply, close), many in parallel, through the router: the cost of
 //! setting a flow up, where the paths differ most (the kernel creates a
 //! conntrack entry and runs NAT setup per connection; standalone XDP
-//! admits the flow itself; offload will pass the setup to the kernel).
+//! admits the flow itself; offload leaves the setup to the kernel, and its
+//! daemon offloads each connection once established, shortly before it
+//! ends).
 //!
 //! A small client and server of our own, bounded in count and time: the
 //! server (threads in the server namespace) answers each request with a
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 use tests::{Ns, SERVER_ADDR, Topology};
 
 use crate::measure::sys::CpuTicks;
-use crate::model::DataPath;
+use crate::model::{DataPath, FastPathShare};
 
 /// The server's port (apart from iperf2's 5001-7000).
 const PORT: u16 = 7100;
@@ -44,6 +46,12 @@ pub struct Row {
     pub cpu_pct: f64,
     /// Machine softirq time per completed connection, microseconds.
     pub softirq_us_per_conn: f64,
+    /// TCP segments the client and the server retransmitted (a lost
+    /// handshake or reply costs a retransmission timeout, 200 ms or more).
+    pub retransmits: u64,
+    /// Offload path: who forwarded the packets, how many flows the daemon
+    /// offloaded (set by the caller, None on the other paths).
+    pub fast_path: Option<FastPathShare>,
 }
 
 /// Serves until `stop`: accept, read the request, reply, close.
@@ -90,6 +98,9 @@ pub fn run(t: &Topology, path: DataPath, workers: u32, secs: u32) -> Result<Row,
     let stop = AtomicBool::new(false);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
     let deadline = Duration::from_secs(secs.into());
+    let retransmits =
+        || t.nstat(Ns::Client, "TcpRetransSegs") + t.nstat(Ns::Server, "TcpRetransSegs");
+    let retrans0 = retransmits();
     let ticks0 = CpuTicks::now();
     let start = Instant::now();
     std::thread::scope(|scope| {
@@ -134,5 +145,7 @@ pub fn run(t: &Topology, path: DataPath, workers: u32, secs: u32) -> Result<Row,
         } else {
             f64::NAN
         },
+        retransmits: retransmits().saturating_sub(retrans0),
+        fast_path: None,
     })
 }
