@@ -535,9 +535,9 @@ impl Bench<'_> {
             bigtable::SMALL_TABLE,
             o.big_table
         );
-        // Quick and smoke runs leave out the middle row (large table, small
-        // traffic): it exercises nothing the other two do not; they run
-        // the rows once, a full run three times (medians in the report).
+        // Quick and smoke runs leave out the diagnostic rows (the large
+        // table with small traffic, a table of only the spread's flows) and
+        // run the rows once; a full run three times (medians in the report).
         let reps = if o.quick { 1 } else { bigtable::FULL_REPS };
         bigtable::run(
             self.t,

@@ -5,9 +5,10 @@
 //! `attach --max-flows`; the same capacity for both sizes, so only the
 //! number of flows differs. The live traffic's flows (the generator's
 //! source ports) are admitted by the data path itself: 1000 flows in the
-//! small table; in the large one first the same 1000 (the table's size
-//! alone), then a tenth of the table up to the generator's maximum
-//! (traffic spread over many flows).
+//! small table; in the large one the same 1000 (the table's size alone)
+//! and a tenth of the table up to the generator's maximum (traffic spread
+//! over many flows); and a table of nothing but those spread flows (their
+//! working set alone, without the large table).
 //!
 //! The rows are repeated (`reps`) and alternate: each repetition runs
 //! every row once, in the opposite order of the one before, so a busy
@@ -195,16 +196,20 @@ fn fill_one_by_one(data: MapData, path: &Path, n: u32, now: u64) -> Result<(), S
     Ok(())
 }
 
-/// The table sizes and live flows of the rows: the small table, the large
-/// one with the small one's live flows (`same_live`), the large one with a
-/// tenth of it live, at most what the generator varies (its source ports:
-/// 45,536 of 1,000,000).
-fn rows_of(big: u32, same_live: bool) -> Vec<(u32, u32)> {
+/// The table sizes and live flows of the rows: the small table; in a
+/// `full` run the large one with the small one's live flows and a table
+/// of nothing but the spread's live flows (what that working set costs
+/// without the large table); the large one with a tenth of it live, at
+/// most what the generator varies (its source ports: 45,536 of
+/// 1,000,000).
+fn rows_of(big: u32, full: bool) -> Vec<(u32, u32)> {
+    let spread = (big / 10).min(live::max_flows());
     let mut sizes = vec![(SMALL_TABLE, SMALL_TABLE)];
-    if same_live {
+    if full {
         sizes.push((big, SMALL_TABLE));
+        sizes.push((spread, spread));
     }
-    sizes.push((big, (big / 10).min(live::max_flows())));
+    sizes.push((big, spread));
     sizes
 }
 
@@ -218,21 +223,20 @@ fn order(sizes: &[(u32, u32)], rep: u32) -> Vec<(u32, u32)> {
     v
 }
 
-/// `reps` repetitions of: the small table, then the large table of `big`
-/// flows with 1000 live flows (if `same_live`) and with as many as the
-/// generator varies, through the XDP path (alternating order, see
-/// [`order`]); the map's capacity is 1.5x `big` for every row (an LRU map
-/// evicts before it is quite full). Every row starts from a fresh map. The
-/// router is left re-attachable at the default capacity.
+/// `reps` repetitions of the rows of [`rows_of`] (`full`: all four, else
+/// the small table and the spread), through the XDP path, alternating
+/// order (see [`order`]); the map's capacity is 1.5x `big` for every row
+/// (an LRU map evicts before it is quite full). Every row starts from a
+/// fresh map. The router is left re-attachable at the default capacity.
 pub fn run(
     t: &Topology,
     router: &mut Router<'_>,
     s: &Settings,
-    (big, same_live, reps): (u32, bool, u32),
+    (big, full, reps): (u32, bool, u32),
     stop: &AtomicBool,
 ) -> Result<Vec<Row>, String> {
     let capacity = big.max(SMALL_TABLE) / 2 * 3;
-    let sizes = rows_of(big, same_live);
+    let sizes = rows_of(big, full);
     let mut rows = Vec::new();
     let outcome = (|| {
         for rep in 0..reps {
@@ -382,14 +386,20 @@ mod unit {
     #[test]
     fn repetitions_alternate_the_order_of_the_rows() {
         let sizes = rows_of(1_000_000, true);
-        assert_eq!(sizes.len(), 3);
+        assert_eq!(sizes.len(), 4);
         assert_eq!(sizes[0], (SMALL_TABLE, SMALL_TABLE));
+        let spread = 100_000.min(live::max_flows());
+        assert!(sizes.contains(&(spread, spread)));
+        assert_eq!(sizes[3], (1_000_000, spread));
         assert_eq!(order(&sizes, 0), sizes);
         let mut back = sizes.clone();
         back.reverse();
         assert_eq!(order(&sizes, 1), back);
         assert_eq!(order(&sizes, 2), sizes);
-        assert_eq!(rows_of(1_000_000, false).len(), 2);
+        assert_eq!(
+            rows_of(1_000_000, false),
+            vec![(SMALL_TABLE, SMALL_TABLE), (1_000_000, spread)]
+        );
     }
 
     #[test]
