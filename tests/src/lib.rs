@@ -11,6 +11,7 @@
 //!   filtering behaviour (RFC 5780's tests), with a rendezvous service;
 //! - [`two_routers`]: two LANs behind two routers on a shared internet
 //!   (peer-to-peer tests);
+//! - [`packet`]: `AF_PACKET` sockets capturing one interface's packets;
 //! - [`v6`]: IPv6 addresses in the topology and crafted IPv6 frames;
 //! - [`host`], [`netns`], [`echo`]: host commands, entering a namespace,
 //!   echo servers and clients.
@@ -21,6 +22,7 @@ pub mod echo;
 pub mod frames;
 pub mod host;
 pub mod netns;
+pub mod packet;
 pub mod prog;
 pub mod rawbpf;
 pub mod stun;

@@ -232,47 +232,19 @@ impl Capture6 {
 
     /// Opens it in the calling thread's namespace.
     fn open(ifindex: u32) -> Self {
-        use std::os::fd::{FromRawFd, OwnedFd};
-        let proto = Self::ETH_P_IPV6.to_be();
-        // SAFETY: plain socket(2) call.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                i32::from(proto),
-            )
-        };
-        assert!(
-            fd >= 0,
-            "packet socket: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: fd is a new descriptor nothing else owns.
-        let sock = socket2::Socket::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        // SAFETY: zeroed is a valid sockaddr_ll.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto;
-        sll.sll_ifindex = i32::try_from(ifindex).unwrap();
-        // SAFETY: a valid address of the given length.
-        let rc = unsafe {
-            libc::bind(
-                fd,
-                (&raw const sll).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "bind packet socket: {}",
-            std::io::Error::last_os_error()
-        );
+        let fd = tests::packet::packet_socket(
+            ifindex,
+            Self::ETH_P_IPV6,
+            tests::packet::Framing::Frame,
+            false,
+        )
+        .expect("AF_PACKET socket on the capture interface");
+        let sock = socket2::Socket::from(fd);
         let size: libc::c_int = 64 << 20;
         // SAFETY: an int option of its size.
         let rc = unsafe {
             libc::setsockopt(
-                fd,
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
                 libc::SOL_SOCKET,
                 libc::SO_RCVBUFFORCE,
                 (&raw const size).cast(),

@@ -13,7 +13,7 @@
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -48,36 +48,13 @@ impl Capture {
     fn start(t: &Topology, ns: Ns, dev: &str) -> Self {
         let ifindex = t.ifindex(ns, dev);
         t.in_ns(ns, || {
-            let proto = (libc::ETH_P_IP as u16).to_be();
-            // SAFETY: plain socket(2) call.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_PACKET,
-                    libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                    i32::from(proto),
-                )
-            };
-            assert!(
-                fd >= 0,
-                "packet socket: {}",
-                std::io::Error::last_os_error()
-            );
-            // SAFETY: fd is a new, owned descriptor.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-            // SAFETY: zeroed is a valid sockaddr_ll.
-            let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            sll.sll_family = libc::AF_PACKET as u16;
-            sll.sll_protocol = proto;
-            sll.sll_ifindex = i32::try_from(ifindex).unwrap();
-            // SAFETY: valid address of the given length.
-            let rc = unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&raw const sll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+            let fd = tests::packet::packet_socket(
+                ifindex,
+                libc::ETH_P_IP as u16,
+                tests::packet::Framing::Packet,
+                true,
+            )
+            .expect("AF_PACKET socket on the capture interface");
             Self(fd)
         })
     }
