@@ -26,6 +26,10 @@ pub struct Cli {
     /// Fewer points and 2 s runs (under 3 minutes).
     #[arg(long)]
     quick: bool,
+    /// Print the planned runs, phase by phase, with an estimate of how
+    /// long each takes, and exit (runs nothing; no root needed).
+    #[arg(long)]
+    pub plan: bool,
     /// One point per workload, 1 s runs, then check that every artifact was
     /// written with every path filled (what `cargo xtask test` runs; output
     /// in target/bench-smoke).

@@ -763,6 +763,15 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         failures: Vec::new(),
         offload_states: serde_json::Map::new(),
     };
+    // Each phase's wall time, for the run-time budgets (`--plan` estimates
+    // them beforehand).
+    let mut phases: Vec<(&'static str, f64)> = Vec::new();
+    let mut timed = |name: &'static str, t0: Instant| {
+        let secs = t0.elapsed().as_secs_f64();
+        eprintln!("bench: phase {name} took {}", mmss(secs));
+        phases.push((name, secs));
+    };
+    let t0 = Instant::now();
     let platform = platform::platform(
         &t,
         CryptoRun {
@@ -770,19 +779,44 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
             all_sizes: !o.smoke,
         },
     );
+    timed("platform", t0);
+    let t0 = Instant::now();
     b.run_points(&points)?;
+    timed("points", t0);
+    let t0 = Instant::now();
     let conn_rate = b.conn_rate();
+    timed("conn-rate", t0);
+    let t0 = Instant::now();
     let big_table = b.big_table();
+    timed("flows", t0);
+    let t0 = Instant::now();
+    let frag_rows = b.frags();
+    timed("frags", t0);
+    let t0 = Instant::now();
+    let reference = b.reference();
+    timed("reference", t0);
+    let t0 = Instant::now();
+    let scaling = b.scaling();
+    timed("scaling", t0);
+    let t0 = Instant::now();
+    let cable = b.cable();
+    timed("cable", t0);
+    let t0 = Instant::now();
+    let ipv6 = b.ipv6();
+    timed("ipv6", t0);
+    let t0 = Instant::now();
+    let micro = b.micro();
+    timed("micro", t0);
     let extra = Extra {
-        frag_rows: b.frags(),
-        reference: b.reference(),
-        scaling: b.scaling(),
-        cable: b.cable(),
+        frag_rows,
+        reference,
+        scaling,
+        cable,
         conn_rate,
         big_table,
-        ipv6: b.ipv6(),
+        ipv6,
         platform,
-        micro: b.micro(),
+        micro,
     };
     let Bench {
         runs,
@@ -803,6 +837,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         cc,
         offloads: offload_states.into(),
         elapsed: started.elapsed(),
+        phases,
     };
     report::write_artifacts(o, &runs, &extra, &failures, &env)?;
     if failures.is_empty() {

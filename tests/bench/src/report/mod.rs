@@ -49,6 +49,8 @@ pub struct RunEnv {
     /// Active offload features per setting and path.
     pub offloads: serde_json::Value,
     pub elapsed: Duration,
+    /// Wall time of each phase, seconds, in run order.
+    pub phases: Vec<(&'static str, f64)>,
 }
 
 const MICRO_TITLE: &str = "### Packet cost: BPF_PROG_RUN micro-benchmark";
@@ -178,6 +180,7 @@ fn results_json(
             "retries": o.retries,
             "rlimit_nofile": env.nofile,
             "elapsed_s": env.elapsed.as_secs_f64(),
+            "phase_s": env.phases.iter().map(|&(name, secs)| (name.to_owned(), secs.into())).collect::<serde_json::Map<_, _>>(),
             "offload_features": env.offloads,
             "tcp_congestion_control": env.cc,
             "tcp_sink": o.tcp_sink.name(),

@@ -1,0 +1,347 @@
+//! `--plan`: the runs a benchmark would make with the options in force,
+//! phase by phase, and how long each phase should take, without running
+//! anything (no root needed). The run-time budgets (`--quick` under 3
+//! minutes, a full run under 15 on a 2-core machine) are checked against
+//! this estimate in the unit tests; a run prints each phase's real time
+//! (`bench: phase ... took`) and results.json keeps them
+//! (`settings.phase_s`), which is what the constants here were fitted to.
+
+use std::fmt::Write as _;
+
+use crate::cli::Opts;
+use crate::model::{Offload, Point, Workload};
+use crate::run::{cable_points, estimate, mmss, paths_of};
+use crate::workloads::live::max_flows as live_max_flows;
+use crate::workloads::{bigtable, cable, frags};
+
+/// A fresh topology (namespaces, links, addresses, neighbours) and its
+/// teardown, seconds.
+const TOPOLOGY_S: f64 = 3.0;
+/// A connection-setup-rate run besides its `--secs`: switching the path,
+/// connecting the workers, the counters, seconds.
+const CONN_RATE_EXTRA_S: f64 = 2.0;
+/// Writing a million flows into the XDP table (batch update), seconds.
+const FILL_S_PER_MILLION: f64 = 1.5;
+/// `openssl speed` besides its `-seconds` per block size, seconds.
+const CRYPTO_EXTRA_S: f64 = 1.0;
+/// The micro-benchmark: a fixed part (loading the program copy, filling
+/// its maps) and one per per-call sample and per amortised iteration, over
+/// all its cases, seconds.
+const MICRO_BASE_S: f64 = 2.0;
+const MICRO_S_PER_CALL: f64 = 0.000_15;
+const MICRO_S_PER_REPEAT: f64 = 0.000_002;
+
+/// One phase of the run as planned.
+#[derive(Debug)]
+pub struct Phase {
+    pub name: &'static str,
+    /// Measured runs (each on one path); 0 for a phase of other work.
+    pub runs: usize,
+    /// Estimated wall time, seconds.
+    pub secs: f64,
+    /// What it runs, one line per point or part.
+    pub detail: Vec<String>,
+}
+
+/// The points of `points` on their paths: (runs, seconds, one line each).
+fn runs_of(
+    secs: u32,
+    points: &[Point],
+    paths: impl Fn(Point) -> Vec<&'static str>,
+) -> (usize, f64, Vec<String>) {
+    let mut runs = 0;
+    let mut total = 0.0;
+    let mut lines = Vec::new();
+    for &p in points {
+        let on = paths(p);
+        let each = estimate(secs, p);
+        runs += on.len();
+        total += each * on.len() as f64;
+        lines.push(format!("{p}: {} (~{each:.0} s each)", on.join(", ")));
+    }
+    (runs, total, lines)
+}
+
+/// A live-generator run of `flows` flows.
+fn live(flows: u32) -> Point {
+    Point {
+        workload: Workload::UdpLive,
+        conns: flows,
+        offload: Offload::Off,
+        nodelay: false,
+    }
+}
+
+/// One TCP stream, offload `offload`.
+fn one_stream(offload: Offload) -> Point {
+    Point {
+        workload: Workload::Tcp,
+        conns: 1,
+        offload,
+        nodelay: false,
+    }
+}
+
+/// The phases of a run with `o`, in run order, as the bench decides them
+/// (it also assumes the live-frame generator works, Linux >= 5.18, and
+/// that no paced point has to run again at a lower rate; each such rerun
+/// adds that point's runs once more).
+#[expect(
+    clippy::too_many_lines,
+    reason = "one block per phase, in the bench's order"
+)]
+pub fn phases(o: &Opts) -> Vec<Phase> {
+    let has = |w| o.workloads.contains(&w);
+    let live_on = has(Workload::UdpLive);
+    let secs = f64::from(o.secs);
+    let mut v = Vec::new();
+
+    let (sizes, crypto_s) = (if o.smoke { 1 } else { 6 }, if o.quick { 1 } else { 3 });
+    v.push(Phase {
+        name: "platform",
+        runs: 0,
+        secs: f64::from(sizes) * (f64::from(crypto_s) + CRYPTO_EXTRA_S),
+        detail: vec![format!(
+            "openssl speed chacha20-poly1305: {sizes} block size(s) x {crypto_s} s"
+        )],
+    });
+
+    let points = o.points();
+    let (runs, total, detail) = runs_of(o.secs, &points, |p| {
+        paths_of(o, p).iter().map(|d| d.name()).collect()
+    });
+    v.push(Phase {
+        name: "points",
+        runs,
+        secs: total,
+        detail,
+    });
+
+    if o.conn_rate {
+        let paths = if o.offload_path { 3 } else { 2 };
+        v.push(Phase {
+            name: "conn-rate",
+            runs: paths,
+            secs: f64::from(paths as u32) * (secs + CONN_RATE_EXTRA_S),
+            detail: vec![format!(
+                "{} parallel clients, {} s per path",
+                o.conn_rate_workers, o.secs
+            )],
+        });
+    }
+
+    if o.big_table > 0 && live_on {
+        let reps = if o.quick { 1 } else { bigtable::FULL_REPS };
+        // As `bigtable`'s rows: a quick run the 1000-flow table and the
+        // large one; a full run also the large one with 1000 live flows and
+        // a table of only the spread's flows. Each large table is filled
+        // first; the live traffic spans at most the generator's flows.
+        let rows = if o.quick { 2 } else { 4 };
+        let large_tables = if o.quick { 1 } else { 2 };
+        let spread = live_max_flows().min(o.big_table / 10);
+        let per_rep = f64::from(rows) * estimate(o.secs, live(spread))
+            + f64::from(large_tables) * f64::from(o.big_table) / 1e6 * FILL_S_PER_MILLION;
+        v.push(Phase {
+            name: "flows",
+            runs: (rows * reps) as usize,
+            secs: f64::from(reps) * per_rep,
+            detail: vec![format!(
+                "{reps} repetition(s) of {rows} rows, xdp, tables of {} and {} flows",
+                bigtable::SMALL_TABLE,
+                o.big_table
+            )],
+        });
+    }
+
+    if o.frags && has(Workload::Tcp) {
+        let n = frags::Attached::ALL.len();
+        v.push(Phase {
+            name: "frags",
+            runs: n,
+            secs: n as f64 * estimate(o.secs, one_stream(Offload::On)),
+            detail: vec![format!("tcp -P 1, offload on, kernel path, {n} variants")],
+        });
+    }
+
+    if has(Workload::Tcp) && o.offloads.contains(&Offload::Off) && o.conns.contains(&1) {
+        v.push(Phase {
+            name: "reference",
+            runs: 1,
+            secs: TOPOLOGY_S + estimate(o.secs, one_stream(Offload::Off)),
+            detail: vec!["tcp -P 1, offload off, plain forwarding (fresh topology)".into()],
+        });
+    }
+
+    if o.scaling && live_on && let Some(&flows) = o.live_flows.last() {
+        // On 1 and on all CPUs (smoke: all only), kernel, xdp and limit.
+        let counts = if o.smoke { 1 } else { 2 };
+        let runs = counts * 3;
+        v.push(Phase {
+            name: "scaling",
+            runs,
+            secs: TOPOLOGY_S + runs as f64 * estimate(o.secs, live(flows)),
+            detail: vec![format!(
+                "udp-live, {flows} flows, on {} core count(s) x kernel, xdp, limit (fresh \
+                 topology)",
+                counts
+            )],
+        });
+    }
+
+    let cabled = cable_points(o);
+    if !cabled.is_empty() {
+        let (runs, total, detail) = runs_of(o.secs, &cabled, |p| {
+            cable::paths_of(p, o.offload_path)
+                .iter()
+                .map(|d| d.name())
+                .collect()
+        });
+        v.push(Phase {
+            name: "cable",
+            runs,
+            secs: TOPOLOGY_S + total,
+            detail,
+        });
+    }
+
+    let tcp = has(Workload::Tcp);
+    if !o.smoke && (tcp || live_on) {
+        // As `Bench::ipv6`: --quick one TCP run of 3 s per path, else the
+        // kernel again after xdp.
+        let (tcp_runs, tcp_secs) = match (tcp, o.quick) {
+            (false, _) => (0, 0),
+            (true, true) => (2, 3),
+            (true, false) => (3, o.secs),
+        };
+        let live_flows: &[u32] = if live_on { &o.live_flows } else { &[] };
+        let live_s: f64 = live_flows
+            .iter()
+            .map(|&f| 2.0 * estimate(o.secs, live(f)))
+            .sum();
+        v.push(Phase {
+            name: "ipv6",
+            runs: tcp_runs + 2 * live_flows.len(),
+            secs: TOPOLOGY_S
+                + f64::from(tcp_runs as u32) * estimate(tcp_secs, one_stream(Offload::On))
+                + live_s,
+            detail: vec![format!(
+                "tcp -P 1 x {tcp_runs} runs of {tcp_secs} s; udp-live {live_flows:?} flows on \
+                 kernel and xdp"
+            )],
+        });
+    }
+
+    if o.micro {
+        v.push(Phase {
+            name: "micro",
+            runs: 0,
+            secs: MICRO_BASE_S
+                + f64::from(o.micro_calls) * MICRO_S_PER_CALL
+                + f64::from(o.micro_repeat) * MICRO_S_PER_REPEAT,
+            detail: vec![format!(
+                "BPF_PROG_RUN: {} calls per case, repeat {}",
+                o.micro_calls, o.micro_repeat
+            )],
+        });
+    }
+    v
+}
+
+/// The estimated wall time of `phases`, seconds.
+pub fn total_secs(phases: &[Phase]) -> f64 {
+    phases.iter().map(|p| p.secs).sum()
+}
+
+/// What `--plan` prints.
+pub fn render(o: &Opts) -> String {
+    let phases = phases(o);
+    let mode = if o.smoke {
+        "--smoke"
+    } else if o.quick {
+        "--quick"
+    } else {
+        "full run"
+    };
+    let mut s = format!(
+        "Planned ({mode}, {} s per run; estimates fitted on a 2-core VM, a loaded machine \
+         takes longer):\n\n",
+        o.secs
+    );
+    for p in &phases {
+        let runs = if p.runs > 0 {
+            format!("{:>3} runs", p.runs)
+        } else {
+            "        ".to_owned()
+        };
+        let _ = writeln!(s, "{:<10} {runs}  ~{}", p.name, mmss(p.secs));
+        for d in &p.detail {
+            let _ = writeln!(s, "    {d}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\ntotal      {:>3} runs  ~{} (+ build; a paced point below its line rate runs again)",
+        phases.iter().map(|p| p.runs).sum::<usize>(),
+        mmss(total_secs(&phases))
+    );
+    s
+}
+
+#[cfg(test)]
+mod unit {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::Cli;
+
+    fn opts(args: &[&str]) -> Opts {
+        Cli::try_parse_from(std::iter::once("router-bench").chain(args.iter().copied()))
+            .unwrap()
+            .opts()
+    }
+
+    fn phase<'a>(phases: &'a [Phase], name: &str) -> Option<&'a Phase> {
+        phases.iter().find(|p| p.name == name)
+    }
+
+    #[test]
+    fn the_plan_counts_the_runs_the_bench_makes() {
+        let full = opts(&[]);
+        let ph = phases(&full);
+        let points = phase(&ph, "points").unwrap();
+        let want: usize = full.points().iter().map(|&p| paths_of(&full, p).len()).sum();
+        assert_eq!(points.runs, want);
+        assert_eq!(points.detail.len(), full.points().len());
+        // The cables: unpaced tcp and -l 128 on kernel and xdp, the paced
+        // points on the offload path too.
+        let cabled = cable_points(&full);
+        let paced = cabled
+            .iter()
+            .filter(|p| p.workload == Workload::TcpPaced)
+            .count();
+        assert_eq!(
+            phase(&ph, "cable").unwrap().runs,
+            2 * cabled.len() + paced
+        );
+        // Options that leave a phase out leave it out of the plan.
+        let lean = phases(&opts(&["--no-cable", "--no-micro", "--no-big-table"]));
+        for name in ["cable", "micro", "flows"] {
+            assert!(phase(&lean, name).is_none(), "{name} still planned");
+        }
+        let smoke = phases(&opts(&["--smoke"]));
+        assert!(phase(&smoke, "ipv6").is_none());
+        assert!(render(&opts(&["--quick"])).contains("\ntotal "));
+    }
+
+    #[test]
+    fn the_defaults_fit_the_run_time_budgets() {
+        // With a margin for a machine shared with other work: --quick
+        // under 3 minutes, a full run under 15 (issue 16).
+        let quick = total_secs(&phases(&opts(&["--quick"])));
+        assert!(quick < 0.85 * 180.0, "--quick planned at {}", mmss(quick));
+        let full = total_secs(&phases(&opts(&[])));
+        assert!(full < 0.85 * 900.0, "a full run planned at {}", mmss(full));
+        let smoke = total_secs(&phases(&opts(&["--smoke"])));
+        assert!(smoke < quick, "--smoke {} vs --quick {}", mmss(smoke), mmss(quick));
+    }
+}
