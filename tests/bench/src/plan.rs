@@ -10,26 +10,57 @@ use std::fmt::Write as _;
 
 use crate::cli::Opts;
 use crate::model::{Offload, Point, Workload};
-use crate::run::{cable_points, estimate, mmss, paths_of};
-use crate::workloads::live::max_flows as live_max_flows;
+use crate::run::{CRYPTO_SECS, cable_points, estimate, ipv6_live_flows, mmss, paths_of};
 use crate::workloads::{bigtable, cable, frags};
 
+// Fitted on `--quick` runs on the shared 2-core VM (load average 2 to 5
+// from other work; `settings.phase_s` of results.json) and one full
+// micro-benchmark: a loaded machine's figures, so that the budgets hold
+// when others run too.
+
+/// Real time of an iperf2 run over [`estimate`] (which the time-left
+/// display scales by itself): its 2 s of overhead are generous.
+const IPERF_FIT: f64 = 0.8;
+/// A live-generator run besides its `--secs`: switching, quiet wait,
+/// counters, seconds.
+const LIVE_EXTRA_S: f64 = 1.0;
 /// A fresh topology (namespaces, links, addresses, neighbours) and its
 /// teardown, seconds.
-const TOPOLOGY_S: f64 = 3.0;
+const TOPOLOGY_S: f64 = 1.5;
 /// A connection-setup-rate run besides its `--secs`: switching the path,
 /// connecting the workers, the counters, seconds.
 const CONN_RATE_EXTRA_S: f64 = 2.0;
+/// A flows row besides its `--secs`: attaching with a table of 1.5x the
+/// large one's capacity (allocating the map), the live run's overhead.
+const FLOWS_ROW_EXTRA_S: f64 = 5.5;
 /// Writing a million flows into the XDP table (batch update), seconds.
-const FILL_S_PER_MILLION: f64 = 1.5;
+const FILL_S_PER_MILLION: f64 = 3.0;
 /// `openssl speed` besides its `-seconds` per block size, seconds.
-const CRYPTO_EXTRA_S: f64 = 1.0;
-/// The micro-benchmark: a fixed part (loading the program copy, filling
-/// its maps) and one per per-call sample and per amortised iteration, over
-/// all its cases, seconds.
-const MICRO_BASE_S: f64 = 2.0;
-const MICRO_S_PER_CALL: f64 = 0.000_15;
-const MICRO_S_PER_REPEAT: f64 = 0.000_002;
+const CRYPTO_EXTRA_S: f64 = 0.2;
+/// The micro-benchmark: per per-call sample over all its cases (the
+/// debug-built harness dominates; the amortised runs are milliseconds),
+/// seconds.
+const MICRO_S_PER_CALL: f64 = 0.002_3;
+const MICRO_BASE_S: f64 = 0.5;
+
+/// An iperf2 run of `p`, seconds.
+fn iperf_secs(secs: u32, p: Point) -> f64 {
+    IPERF_FIT * estimate(secs, p)
+}
+
+/// A live-generator run, seconds.
+fn live_secs(secs: u32) -> f64 {
+    f64::from(secs) + LIVE_EXTRA_S
+}
+
+/// A run of `p` of whichever generator, seconds.
+fn run_secs(secs: u32, p: Point) -> f64 {
+    if p.workload == Workload::UdpLive {
+        live_secs(secs)
+    } else {
+        iperf_secs(secs, p)
+    }
+}
 
 /// One phase of the run as planned.
 #[derive(Debug)]
@@ -54,22 +85,12 @@ fn runs_of(
     let mut lines = Vec::new();
     for &p in points {
         let on = paths(p);
-        let each = estimate(secs, p);
+        let each = run_secs(secs, p);
         runs += on.len();
         total += each * on.len() as f64;
         lines.push(format!("{p}: {} (~{each:.0} s each)", on.join(", ")));
     }
     (runs, total, lines)
-}
-
-/// A live-generator run of `flows` flows.
-fn live(flows: u32) -> Point {
-    Point {
-        workload: Workload::UdpLive,
-        conns: flows,
-        offload: Offload::Off,
-        nodelay: false,
-    }
 }
 
 /// One TCP stream, offload `offload`.
@@ -96,7 +117,7 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
     let secs = f64::from(o.secs);
     let mut v = Vec::new();
 
-    let (sizes, crypto_s) = (if o.smoke { 1 } else { 6 }, if o.quick { 1 } else { 3 });
+    let (sizes, crypto_s) = (if o.smoke { 1 } else { 6 }, CRYPTO_SECS);
     v.push(Phase {
         name: "platform",
         runs: 0,
@@ -138,8 +159,7 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
         // first; the live traffic spans at most the generator's flows.
         let rows = if o.quick { 2 } else { 4 };
         let large_tables = if o.quick { 1 } else { 2 };
-        let spread = live_max_flows().min(o.big_table / 10);
-        let per_rep = f64::from(rows) * estimate(o.secs, live(spread))
+        let per_rep = f64::from(rows) * (f64::from(o.secs) + FLOWS_ROW_EXTRA_S)
             + f64::from(large_tables) * f64::from(o.big_table) / 1e6 * FILL_S_PER_MILLION;
         v.push(Phase {
             name: "flows",
@@ -158,7 +178,7 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
         v.push(Phase {
             name: "frags",
             runs: n,
-            secs: n as f64 * estimate(o.secs, one_stream(Offload::On)),
+            secs: n as f64 * iperf_secs(o.secs, one_stream(Offload::On)),
             detail: vec![format!("tcp -P 1, offload on, kernel path, {n} variants")],
         });
     }
@@ -167,19 +187,22 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
         v.push(Phase {
             name: "reference",
             runs: 1,
-            secs: TOPOLOGY_S + estimate(o.secs, one_stream(Offload::Off)),
+            secs: TOPOLOGY_S + iperf_secs(o.secs, one_stream(Offload::Off)),
             detail: vec!["tcp -P 1, offload off, plain forwarding (fresh topology)".into()],
         });
     }
 
-    if o.scaling && live_on && let Some(&flows) = o.live_flows.last() {
+    if o.scaling
+        && live_on
+        && let Some(&flows) = o.live_flows.last()
+    {
         // On 1 and on all CPUs (smoke: all only), kernel, xdp and limit.
         let counts = if o.smoke { 1 } else { 2 };
         let runs = counts * 3;
         v.push(Phase {
             name: "scaling",
             runs,
-            secs: TOPOLOGY_S + runs as f64 * estimate(o.secs, live(flows)),
+            secs: TOPOLOGY_S + runs as f64 * live_secs(o.secs),
             detail: vec![format!(
                 "udp-live, {flows} flows, on {} core count(s) x kernel, xdp, limit (fresh \
                  topology)",
@@ -213,16 +236,17 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
             (true, true) => (2, 3),
             (true, false) => (3, o.secs),
         };
-        let live_flows: &[u32] = if live_on { &o.live_flows } else { &[] };
-        let live_s: f64 = live_flows
-            .iter()
-            .map(|&f| 2.0 * estimate(o.secs, live(f)))
-            .sum();
+        let live_flows = if live_on {
+            ipv6_live_flows(o)
+        } else {
+            Vec::new()
+        };
+        let live_s: f64 = live_flows.iter().map(|_| 2.0 * live_secs(o.secs)).sum();
         v.push(Phase {
             name: "ipv6",
             runs: tcp_runs + 2 * live_flows.len(),
             secs: TOPOLOGY_S
-                + f64::from(tcp_runs as u32) * estimate(tcp_secs, one_stream(Offload::On))
+                + f64::from(tcp_runs as u32) * iperf_secs(tcp_secs, one_stream(Offload::On))
                 + live_s,
             detail: vec![format!(
                 "tcp -P 1 x {tcp_runs} runs of {tcp_secs} s; udp-live {live_flows:?} flows on \
@@ -235,9 +259,7 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
         v.push(Phase {
             name: "micro",
             runs: 0,
-            secs: MICRO_BASE_S
-                + f64::from(o.micro_calls) * MICRO_S_PER_CALL
-                + f64::from(o.micro_repeat) * MICRO_S_PER_REPEAT,
+            secs: MICRO_BASE_S + f64::from(o.micro_calls) * MICRO_S_PER_CALL,
             detail: vec![format!(
                 "BPF_PROG_RUN: {} calls per case, repeat {}",
                 o.micro_calls, o.micro_repeat
@@ -309,7 +331,11 @@ mod unit {
         let full = opts(&[]);
         let ph = phases(&full);
         let points = phase(&ph, "points").unwrap();
-        let want: usize = full.points().iter().map(|&p| paths_of(&full, p).len()).sum();
+        let want: usize = full
+            .points()
+            .iter()
+            .map(|&p| paths_of(&full, p).len())
+            .sum();
         assert_eq!(points.runs, want);
         assert_eq!(points.detail.len(), full.points().len());
         // The cables: unpaced tcp and -l 128 on kernel and xdp, the paced
@@ -319,10 +345,7 @@ mod unit {
             .iter()
             .filter(|p| p.workload == Workload::TcpPaced)
             .count();
-        assert_eq!(
-            phase(&ph, "cable").unwrap().runs,
-            2 * cabled.len() + paced
-        );
+        assert_eq!(phase(&ph, "cable").unwrap().runs, 2 * cabled.len() + paced);
         // Options that leave a phase out leave it out of the plan.
         let lean = phases(&opts(&["--no-cable", "--no-micro", "--no-big-table"]));
         for name in ["cable", "micro", "flows"] {
@@ -335,13 +358,19 @@ mod unit {
 
     #[test]
     fn the_defaults_fit_the_run_time_budgets() {
-        // With a margin for a machine shared with other work: --quick
-        // under 3 minutes, a full run under 15 (issue 16).
+        // --quick under 3 minutes, a full run under 15 (issue 16), with a
+        // margin: the fit is a loaded machine's (load average 3 to 5 on 2
+        // cores), where a quiet one ran about 12 % faster.
         let quick = total_secs(&phases(&opts(&["--quick"])));
-        assert!(quick < 0.85 * 180.0, "--quick planned at {}", mmss(quick));
+        assert!(quick < 165.0, "--quick planned at {}", mmss(quick));
         let full = total_secs(&phases(&opts(&[])));
-        assert!(full < 0.85 * 900.0, "a full run planned at {}", mmss(full));
+        assert!(full < 870.0, "a full run planned at {}", mmss(full));
         let smoke = total_secs(&phases(&opts(&["--smoke"])));
-        assert!(smoke < quick, "--smoke {} vs --quick {}", mmss(smoke), mmss(quick));
+        assert!(
+            smoke < quick,
+            "--smoke {} vs --quick {}",
+            mmss(smoke),
+            mmss(quick)
+        );
     }
 }
