@@ -206,3 +206,33 @@ fn check_review_and_platform(md: &str, json: &serde_json::Value) -> Result<(), S
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod unit {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn the_cable_paced_runs_must_carry_their_topology() {
+        let o = crate::cli::Cli::try_parse_from(["router-bench", "--smoke"])
+            .unwrap()
+            .opts();
+        let run = |path: &str, topology: &str| {
+            serde_json::json!({"path": path, "workload": "tcp-paced", "conns": 1,
+                               "topology": topology, "offered_mbps": 500, "gbps": 0.5})
+        };
+        let all = serde_json::json!({"cable": [
+            run("kernel", "cable"), run("xdp", "cable"), run("offload", "cable")
+        ]});
+        assert_eq!(check_cable_paced(&o, &all), Ok(()));
+        // A run recorded as the plain veth's, or one path missing: an error.
+        let veth = serde_json::json!({"cable": [
+            run("kernel", "cable"), run("xdp", "veth"), run("offload", "cable")
+        ]});
+        let e = check_cable_paced(&o, &veth).unwrap_err();
+        assert!(e.contains("no xdp run of tcp-paced -P 1"), "{e}");
+        let missing = serde_json::json!({"cable": [run("kernel", "cable"), run("xdp", "cable")]});
+        assert!(check_cable_paced(&o, &missing).is_err());
+    }
+}
