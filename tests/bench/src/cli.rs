@@ -37,7 +37,7 @@ pub struct Cli {
     /// in target/bench-smoke).
     #[arg(long)]
     smoke: bool,
-    /// Length of every iperf run in seconds [default: 5, quick 2, smoke 1].
+    /// Length of every run in seconds [default: 4, quick 2, smoke 1].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     secs: Option<u32>,
     /// TCP connection counts [default: 1,100,1000,2000; quick 1,100; smoke 1].
@@ -245,7 +245,7 @@ impl Cli {
         Opts {
             quick,
             smoke,
-            secs: self.secs.unwrap_or(mode.pick(5, 2, 1)),
+            secs: self.secs.unwrap_or(mode.pick(4, 2, 1)),
             conns: self
                 .conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1, 100], vec![1])),
@@ -382,7 +382,7 @@ mod unit {
             (full.secs, full.conns.len(), full.points().len()),
             // tcp at 4 counts x 2 offloads, tcp-small (offload off, Nagle
             // on) at 4, tcp-paced at 3, udp-small 1 stream, udp-live 2.
-            (5, 4, 8 + 4 + 3 + 1 + 2)
+            (4, 4, 8 + 4 + 3 + 1 + 2)
         );
         assert!(full.frags && full.workloads.contains(&Workload::UdpSmall));
         let quick = opts(&["--quick"]);
