@@ -23,15 +23,21 @@ use crate::workloads::live;
                   the run creates (and deletes on exit, also on Ctrl-C)."
 )]
 pub struct Cli {
-    /// Fewer points and 2 s runs (under 3 minutes).
+    /// Fewer points and 2 s runs (under 3 minutes): the review table's
+    /// offload-off points, the goals' runs and one of each extra phase; no
+    /// `-l 128`, veth offload on, iperf2 UDP or frags experiment.
     #[arg(long)]
     quick: bool,
+    /// Print the planned runs, phase by phase, with an estimate of how
+    /// long each takes, and exit (runs nothing; no root needed).
+    #[arg(long)]
+    pub plan: bool,
     /// One point per workload, 1 s runs, then check that every artifact was
     /// written with every path filled (what `cargo xtask test` runs; output
     /// in target/bench-smoke).
     #[arg(long)]
     smoke: bool,
-    /// Length of every iperf run in seconds [default: 5, quick 2, smoke 1].
+    /// Length of every run in seconds [default: 4, quick 2, smoke 1].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     secs: Option<u32>,
     /// TCP connection counts [default: 1,100,1000,2000; quick 1,100; smoke 1].
@@ -46,17 +52,18 @@ pub struct Cli {
     /// the smoke run needs no rerun at a lower rate].
     #[arg(long, value_name = "MBPS", value_parser = clap::value_parser!(u32).range(1..))]
     line_rate: Option<u32>,
-    /// UDP streams [default: 1,2; quick 1].
+    /// UDP streams of iperf2's udp-small [default: 1].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
     udp_conns: Option<Vec<u32>>,
     /// Flows of the in-kernel UDP generator, IPv4 and (not in smoke) IPv6
     /// rows [default: 1,1000; smoke 64].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = live_flows)]
     live_flows: Option<Vec<u32>>,
-    /// Workloads to run [default: all].
+    /// Workloads to run [default: all; quick all but udp-small (iperf2's
+    /// UDP; the live generator measures 64-byte UDP)].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_enum)]
     workloads: Option<Vec<Workload>>,
-    /// TCP offload settings [default: off,on; smoke off].
+    /// TCP offload settings [default: off,on; quick and smoke off].
     #[arg(
         long = "offload",
         value_name = "LIST",
@@ -64,7 +71,8 @@ pub struct Cli {
         value_enum
     )]
     offloads: Option<Vec<Offload>>,
-    /// Offload settings for tcp-small [default: off,on; quick off].
+    /// Offload settings for tcp-small (`-l 128`) [default: off; quick none:
+    /// no tcp-small points].
     #[arg(
         long = "small-offload",
         value_name = "LIST",
@@ -72,7 +80,8 @@ pub struct Cli {
         value_enum
     )]
     small_offloads: Option<Vec<Offload>>,
-    /// tcp-small variants, of off,on (-N, `TCP_NODELAY`) [default: off,on; smoke off].
+    /// tcp-small variants, of off,on (-N, `TCP_NODELAY`) [default: off, the
+    /// review's Nagle on].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = BoolishValueParser::new(), hide_possible_values = true)]
     nodelay: Option<Vec<bool>>,
     /// Ping interval during runs, seconds.
@@ -94,7 +103,7 @@ pub struct Cli {
     /// Reruns of a run cut short.
     #[arg(long, value_name = "N", default_value_t = 1)]
     retries: u32,
-    /// `BPF_PROG_RUN` calls per micro-benchmark case [default: 20000; quick 5000; smoke 500].
+    /// `BPF_PROG_RUN` calls per micro-benchmark case [default: 10000; quick 2000; smoke 500].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     micro_calls: Option<u32>,
     /// Repeat for the amortised micro-benchmark cases [default: 1000000;
@@ -105,7 +114,8 @@ pub struct Cli {
     #[arg(long)]
     no_micro: bool,
     /// Skip the frags experiment (TCP -P 1, offload on, kernel path with no /
-    /// a plain / a frags-aware `XDP_PASS` program on the router).
+    /// a plain / a frags-aware `XDP_PASS` program on the router; not in
+    /// --quick).
     #[arg(long)]
     no_frags: bool,
     /// Skip the scaling runs (live generator on 1 and on all CPUs, kernel,
@@ -232,11 +242,10 @@ impl Cli {
         let smoke = self.smoke;
         let quick = smoke || self.quick;
         let mode = Mode { quick, smoke };
-        let both = vec![Offload::Off, Offload::On];
         Opts {
             quick,
             smoke,
-            secs: self.secs.unwrap_or(mode.pick(5, 2, 1)),
+            secs: self.secs.unwrap_or(mode.pick(4, 2, 1)),
             conns: self
                 .conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1, 100], vec![1])),
@@ -244,29 +253,37 @@ impl Cli {
                 .paced_conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000], vec![1], vec![1])),
             line_rate_mbps: self.line_rate.unwrap_or(mode.pick(2500, 2500, 500)),
-            udp_conns: self
-                .udp_conns
-                .unwrap_or_else(|| mode.pick(vec![1, 2], vec![1], vec![1])),
+            udp_conns: self.udp_conns.unwrap_or_else(|| vec![1]),
             live_flows: self
                 .live_flows
                 .unwrap_or_else(|| mode.pick(vec![1, 1000], vec![1, 1000], vec![64])),
-            workloads: self.workloads.unwrap_or_else(|| Workload::ALL.to_vec()),
-            offloads: self
-                .offloads
-                .unwrap_or_else(|| mode.pick(both.clone(), both.clone(), vec![Offload::Off])),
+            workloads: self.workloads.unwrap_or_else(|| {
+                let all = Workload::ALL.to_vec();
+                let quick = all
+                    .iter()
+                    .copied()
+                    .filter(|&w| w != Workload::UdpSmall)
+                    .collect();
+                mode.pick(all.clone(), quick, all)
+            }),
+            offloads: self.offloads.unwrap_or_else(|| {
+                mode.pick(
+                    vec![Offload::Off, Offload::On],
+                    vec![Offload::Off],
+                    vec![Offload::Off],
+                )
+            }),
             small_offloads: self
                 .small_offloads
-                .unwrap_or_else(|| mode.pick(both.clone(), vec![Offload::Off], vec![Offload::Off])),
-            nodelay: self
-                .nodelay
-                .unwrap_or_else(|| mode.pick(vec![false, true], vec![false, true], vec![false])),
+                .unwrap_or_else(|| mode.pick(vec![Offload::Off], Vec::new(), vec![Offload::Off])),
+            nodelay: self.nodelay.unwrap_or_else(|| vec![false]),
             ping_interval: self.ping_interval,
             slack: self.slack,
             cc: self.cc,
             tcp_sink: self.tcp_sink,
             retries: self.retries,
             micro: !self.no_micro,
-            frags: !self.no_frags,
+            frags: !self.no_frags && (smoke || !quick),
             scaling: !self.no_scaling,
             cable: !self.no_cable,
             cable_conns: self
@@ -281,7 +298,7 @@ impl Cli {
                     .unwrap_or(mode.pick(1_000_000, 1_000_000, 20_000))
             },
             conn_rate_workers: self.conn_rate_workers.unwrap_or(mode.pick(16, 16, 4)),
-            micro_calls: self.micro_calls.unwrap_or(mode.pick(20_000, 5000, 500)),
+            micro_calls: self.micro_calls.unwrap_or(mode.pick(10_000, 2000, 500)),
             micro_repeat: self
                 .micro_repeat
                 .unwrap_or(mode.pick(1_000_000, 200_000, 10_000)),
@@ -363,11 +380,37 @@ mod unit {
         let full = opts(&[]);
         assert_eq!(
             (full.secs, full.conns.len(), full.points().len()),
-            (5, 4, 8 + 16 + 2 + 2 + 3)
+            // tcp at 4 counts x 2 offloads, tcp-small (offload off, Nagle
+            // on) at 4, tcp-paced at 3, udp-small 1 stream, udp-live 2.
+            (4, 4, 8 + 4 + 3 + 1 + 2)
         );
+        assert!(full.frags && full.workloads.contains(&Workload::UdpSmall));
         let quick = opts(&["--quick"]);
         assert_eq!((quick.secs, quick.conns.clone()), (2, vec![1, 100]));
-        assert_eq!(quick.small_offloads, vec![Offload::Off]);
+        // --quick: no tcp-small, veth offload on, iperf2 UDP or frags.
+        assert_eq!(
+            (quick.offloads.clone(), quick.small_offloads.clone()),
+            (vec![Offload::Off], vec![])
+        );
+        assert!(!quick.frags && !quick.workloads.contains(&Workload::UdpSmall));
+        assert!(
+            quick
+                .points()
+                .iter()
+                .all(|p| p.workload != Workload::TcpSmall)
+        );
+        // Options still win.
+        let asked = opts(&[
+            "--quick",
+            "--small-offload",
+            "off",
+            "--workloads",
+            "udp-small",
+        ]);
+        assert_eq!(
+            (asked.small_offloads, asked.workloads),
+            (vec![Offload::Off], vec![Workload::UdpSmall])
+        );
         assert_eq!(
             (quick.paced_conns.clone(), quick.cable_conns.clone()),
             (vec![1], vec![1])
@@ -382,6 +425,7 @@ mod unit {
         assert!(!opts(&["--quick", "--no-offload"]).offload_path);
         // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.
         assert_eq!(smoke.points().len(), 5);
+        assert!(smoke.frags);
     }
 
     #[test]

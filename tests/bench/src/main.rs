@@ -24,6 +24,7 @@
 mod cli;
 mod measure;
 mod model;
+mod plan;
 mod report;
 mod router;
 mod run;
@@ -56,7 +57,13 @@ fn install_signal_handlers() {
 }
 
 fn main() -> ExitCode {
-    let o = cli::Cli::parse().opts();
+    let cli = cli::Cli::parse();
+    let dry_run = cli.plan;
+    let o = cli.opts();
+    if dry_run {
+        print!("{}", plan::render(&o));
+        return ExitCode::SUCCESS;
+    }
     if !tests::is_root() {
         eprintln!("bench: needs root (network namespaces, BPF): run `sudo cargo xtask bench`");
         return ExitCode::FAILURE;

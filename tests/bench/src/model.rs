@@ -116,6 +116,36 @@ impl Offload {
     }
 }
 
+/// The wire a run's traffic crossed: results.json's `"topology"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// client -- router -- server on plain veth pairs: native XDP on the
+    /// router copies every cloned TCP skb before its program runs
+    /// (`skb_pp_cow_data`), which a NIC's receive ring does not do.
+    Veth,
+    /// An XDP "cable" namespace on each side of the router
+    /// (`tests::bench_topology::CabledTopology`): the cables take that
+    /// copy, and the router receives frames as from a NIC, on every path.
+    Cable,
+}
+
+impl Wire {
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Veth => "veth",
+            Wire::Cable => "cable",
+        }
+    }
+
+    /// How the report labels the topology.
+    pub fn label(self) -> &'static str {
+        match self {
+            Wire::Veth => "plain veth",
+            Wire::Cable => "XDP cables",
+        }
+    }
+}
+
 /// One point of the benchmark (measured once per path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Point {
@@ -150,6 +180,8 @@ impl fmt::Display for Point {
 pub struct RunResult {
     pub path: DataPath,
     pub point: Point,
+    /// The topology the run crossed.
+    pub wire: Wire,
     /// TCP: bytes into the server's interface over the active window (what
     /// crossed the router to the sink); UDP: received datagrams x 64 B.
     pub gbps: f64,
@@ -290,6 +322,7 @@ impl RunResult {
         Self {
             path,
             point,
+            wire: Wire::Veth,
             gbps: f64::NAN,
             iperf_gbps: f64::NAN,
             pps: f64::NAN,

@@ -21,7 +21,7 @@ use crate::workloads::{
 };
 
 /// Rough duration of one run in seconds, for the time-left estimate.
-fn estimate(secs: u32, p: Point) -> f64 {
+pub fn estimate(secs: u32, p: Point) -> f64 {
     let ramp = if p.workload.is_udp() {
         0.0
     } else {
@@ -127,7 +127,7 @@ const LOW_XDP_SHARE_PCT: f64 = 90.0;
 /// `run_once` (a run on the offload path) with who forwarded its packets: the
 /// fast path's and the kernel's counters read around it, and the flows in
 /// the XDP table sampled once a second while it runs.
-fn with_fast_path_share(
+pub fn with_fast_path_share(
     t: &Topology,
     run_once: impl FnOnce() -> Result<RunResult, String>,
 ) -> Result<RunResult, String> {
@@ -244,6 +244,45 @@ fn measured(
     best.ok_or(last_err)
 }
 
+/// A paced point run again at a rate every path sustains.
+#[derive(Debug, PartialEq)]
+pub struct PaceDown {
+    /// The lower total rate, Mbit/s.
+    pub mbps: u32,
+    /// What the first set carried, for the reruns' notes.
+    pub note: String,
+}
+
+/// "CPU at line rate" compares the paths at equal load: where one of the
+/// runs of paced `point` at `offered` Mbit/s among `runs` carried less than
+/// 95 % of it (the shared cores could not generate it), all paths run
+/// again at 90 % of the lowest carried rate (rounded down to 50 Mbit/s).
+/// None: all sustained it, or fewer than two paths ran.
+pub fn pace_down(point: Point, offered: u32, runs: &[RunResult]) -> Option<PaceDown> {
+    let carried: Vec<(DataPath, f64)> = runs
+        .iter()
+        .filter(|r| r.point == point && r.offered_mbps == offered)
+        .map(|r| (r.path, r.gbps * 1000.0))
+        .collect();
+    let lowest = carried.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+    if carried.len() < 2 || !lowest.is_finite() || lowest >= 0.95 * f64::from(offered) {
+        return None;
+    }
+    let mbps = ((lowest * 0.9 / 50.0).floor() * 50.0).max(50.0) as u32;
+    let first = carried
+        .iter()
+        .map(|(p, c)| format!("{} {c:.0}", p.name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(PaceDown {
+        mbps,
+        note: format!(
+            "{offered} Mbit/s offered first: carried {first} Mbit/s; run again at {mbps} \
+             Mbit/s, which all sustain"
+        ),
+    })
+}
+
 /// Raises the fd limit for the largest run; returns it.
 fn raise_nofile(o: &Opts) -> Result<u64, String> {
     let max_conns = o
@@ -290,6 +329,40 @@ fn runnable_points(
         points.retain(|p| p.workload != Workload::UdpLive);
     }
     Ok(points)
+}
+
+/// Seconds of `openssl speed` per block size: 1 s gives the same MB/s as
+/// its default 3 s within a few %, and the figure describes the machine,
+/// not the router.
+pub const CRYPTO_SECS: u32 = 1;
+
+/// The live generator's flow counts of the IPv6 rows: --quick only the
+/// last (the IPv4 rows have both).
+pub fn ipv6_live_flows(o: &Opts) -> Vec<u32> {
+    if o.quick {
+        o.live_flows.last().copied().into_iter().collect()
+    } else {
+        o.live_flows.clone()
+    }
+}
+
+/// The points on the cables: unpaced TCP if tcp is selected, the paced
+/// points if tcp-paced is; none with `--no-cable`.
+pub fn cable_points(o: &Opts) -> Vec<Point> {
+    if !o.cable {
+        return Vec::new();
+    }
+    let pick = |w: Workload, conns: &[u32]| {
+        if o.workloads.contains(&w) {
+            conns.to_vec()
+        } else {
+            Vec::new()
+        }
+    };
+    cable::points(
+        &pick(Workload::Tcp, &o.cable_conns),
+        &pick(Workload::TcpPaced, &o.paced_conns),
+    )
 }
 
 /// The state of a run in progress.
@@ -376,33 +449,16 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// "CPU at line rate" compares the paths at equal load: where a path
-    /// carried less than 95 % of the offered rate (the shared cores could
-    /// not generate it), all run again at 90 % of the lowest carried rate,
-    /// which replaces the first set (kept in the notes).
+    /// "CPU at line rate" compares the paths at equal load: see
+    /// [`pace_down`]; the rerun replaces the first set.
     fn pace_down(&mut self, point: Point, progress: &mut Progress) -> Result<(), String> {
         let offered = self.settings.line_rate_mbps;
-        let carried: Vec<(DataPath, f64)> = self
-            .runs
-            .iter()
-            .filter(|r| r.point == point && r.offered_mbps == offered)
-            .map(|r| (r.path, r.gbps * 1000.0))
-            .collect();
-        let lowest = carried.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
-        if carried.len() < 2 || !lowest.is_finite() || lowest >= 0.95 * f64::from(offered) {
+        let Some(rerun) = pace_down(point, offered, &self.runs) else {
             return Ok(());
-        }
-        let lower = ((lowest * 0.9 / 50.0).floor() * 50.0).max(50.0) as u32;
-        let first = carried
-            .iter()
-            .map(|(p, c)| format!("{} {c:.0}", p.name()))
-            .collect::<Vec<_>>()
-            .join(", ");
-        eprintln!(
-            "      {point}: {offered} Mbit/s offered, carried {first} Mbit/s; again at {lower}"
-        );
+        };
+        eprintln!("      {}", rerun.note);
         self.runs.retain(|r| r.point != point);
-        self.settings.line_rate_mbps = lower;
+        self.settings.line_rate_mbps = rerun.mbps;
         let mut paths = paths_of(self.o, point);
         paths.reverse();
         progress.total += paths.len();
@@ -416,10 +472,7 @@ impl Bench<'_> {
                 break;
             }
             if let Some(r) = self.runs.last_mut().filter(|r| r.point == point) {
-                r.notes.push(format!(
-                    "{offered} Mbit/s offered first: carried {first} Mbit/s; run again at \
-                     {lower} Mbit/s, which all sustain"
-                ));
+                r.notes.push(rerun.note.clone());
             }
         }
         self.settings.line_rate_mbps = offered;
@@ -547,11 +600,7 @@ impl Bench<'_> {
         let plan = ipv6::Plan {
             tcp_secs: tcp.then_some(if o.quick { 3 } else { o.secs }),
             alternate: !o.quick,
-            live_flows: if live {
-                o.live_flows.clone()
-            } else {
-                Vec::new()
-            },
+            live_flows: if live { ipv6_live_flows(o) } else { Vec::new() },
         };
         eprintln!("bench: IPv6: kernel IPv6 forwarding vs xdp (fresh topology): {plan:?}");
         let (rows, failures) = ipv6::run(&plan, &self.settings, self.stop, &mut self.port);
@@ -561,17 +610,21 @@ impl Bench<'_> {
 
     fn cable(&mut self) -> Vec<RunResult> {
         let o = self.o;
-        if !o.cable || !o.workloads.contains(&Workload::Tcp) || self.stopped() {
+        let points = cable_points(o);
+        if points.is_empty() || self.stopped() {
             return Vec::new();
         }
-        let points = cable::points(&o.cable_conns);
         eprintln!(
-            "bench: TCP between XDP cables (fresh topology, offload off): {} points x 2 paths",
-            points.len()
+            "bench: TCP between XDP cables (fresh topology, offload off): {} points, {} runs",
+            points.len(),
+            points
+                .iter()
+                .map(|&p| cable::paths_of(p, o.offload_path).len())
+                .sum::<usize>()
         );
         cable::run(
             &self.settings,
-            (&o.cc, &points),
+            (&o.cc, &points, o.offload_path),
             &mut self.port,
             self.stop,
             &mut self.failures,
@@ -685,6 +738,17 @@ impl Bench<'_> {
     }
 }
 
+/// `f`, timed as phase `name`: printed, and kept in `phases` for
+/// results.json.
+fn timed<T>(phases: &mut Vec<(&'static str, f64)>, name: &'static str, f: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let out = f();
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("bench: phase {name} took {}", mmss(secs));
+    phases.push((name, secs));
+    out
+}
+
 /// The whole benchmark; `stop` (set on SIGINT/SIGTERM) ends it after the
 /// current run, with what was measured written.
 pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
@@ -721,26 +785,37 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         failures: Vec::new(),
         offload_states: serde_json::Map::new(),
     };
-    let platform = platform::platform(
-        &t,
-        CryptoRun {
-            secs: if o.quick { 1 } else { 3 },
-            all_sizes: !o.smoke,
-        },
-    );
-    b.run_points(&points)?;
-    let conn_rate = b.conn_rate();
-    let big_table = b.big_table();
+    // Each phase's wall time, for the run-time budgets (`--plan` estimates
+    // them beforehand).
+    let mut phases = Vec::new();
+    let platform = timed(&mut phases, "platform", || {
+        platform::platform(
+            &t,
+            CryptoRun {
+                secs: CRYPTO_SECS,
+                all_sizes: !o.smoke,
+            },
+        )
+    });
+    timed(&mut phases, "points", || b.run_points(&points))?;
+    let conn_rate = timed(&mut phases, "conn-rate", || b.conn_rate());
+    let big_table = timed(&mut phases, "flows", || b.big_table());
+    let frag_rows = timed(&mut phases, "frags", || b.frags());
+    let reference = timed(&mut phases, "reference", || b.reference());
+    let scaling = timed(&mut phases, "scaling", || b.scaling());
+    let cable = timed(&mut phases, "cable", || b.cable());
+    let ipv6 = timed(&mut phases, "ipv6", || b.ipv6());
+    let micro = timed(&mut phases, "micro", || b.micro());
     let extra = Extra {
-        frag_rows: b.frags(),
-        reference: b.reference(),
-        scaling: b.scaling(),
-        cable: b.cable(),
-        conn_rate,
+        micro,
+        frag_rows,
+        reference,
+        scaling,
         big_table,
-        ipv6: b.ipv6(),
+        conn_rate,
+        cable,
+        ipv6,
         platform,
-        micro: b.micro(),
     };
     let Bench {
         runs,
@@ -761,6 +836,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         cc,
         offloads: offload_states.into(),
         elapsed: started.elapsed(),
+        phases,
     };
     report::write_artifacts(o, &runs, &extra, &failures, &env)?;
     if failures.is_empty() {
@@ -771,5 +847,51 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
             failures.len(),
             failures.join("\n  ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn paced(path: DataPath, carried_mbps: f64) -> RunResult {
+        let point = Point {
+            workload: Workload::TcpPaced,
+            conns: 100,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        let mut r = RunResult::blank(path, point);
+        r.gbps = carried_mbps / 1000.0;
+        r.offered_mbps = 2500;
+        r
+    }
+
+    #[test]
+    fn a_paced_point_runs_again_below_what_the_slowest_path_carried() {
+        let point = paced(DataPath::Kernel, 0.0).point;
+        let runs = [
+            paced(DataPath::Kernel, 2490.0),
+            paced(DataPath::Xdp, 2000.0),
+        ];
+        let again = pace_down(point, 2500, &runs).unwrap();
+        // 90 % of 2000, rounded down to 50 Mbit/s.
+        assert_eq!(again.mbps, 1800);
+        assert!(
+            again
+                .note
+                .contains("carried kernel 2490, xdp 2000 Mbit/s; run again at 1800"),
+            "{}",
+            again.note
+        );
+        // Every path within 95 % of the offered rate, or one path alone: no rerun.
+        let sustained = [
+            paced(DataPath::Kernel, 2400.0),
+            paced(DataPath::Xdp, 2380.0),
+        ];
+        assert_eq!(pace_down(point, 2500, &sustained), None);
+        assert_eq!(pace_down(point, 2500, &runs[1..]), None);
+        // Runs at another offered rate (a rerun's) do not count.
+        assert_eq!(pace_down(point, 1800, &runs), None);
     }
 }

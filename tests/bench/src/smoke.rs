@@ -46,8 +46,9 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     if o.scaling && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
         wanted.push("scaling");
     }
-    if o.cable && o.workloads.contains(&Workload::Tcp) {
+    if !crate::run::cable_points(o).is_empty() {
         wanted.push("cable");
+        check_cable_paced(o, &json)?;
     }
     if o.conn_rate {
         wanted.push("conn_rate");
@@ -90,6 +91,38 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         }
     }
     Ok(runs.len())
+}
+
+/// The paced points between the cables, on each of their paths, recorded
+/// with their topology and offered rate (the review table's "CPU at line
+/// rate" rows and goal take them).
+fn check_cable_paced(o: &Opts, json: &serde_json::Value) -> Result<(), String> {
+    let runs = json["cable"]
+        .as_array()
+        .ok_or("results.json has no cable runs")?;
+    for p in crate::run::cable_points(o) {
+        if p.workload != Workload::TcpPaced {
+            continue;
+        }
+        for path in crate::workloads::cable::paths_of(p, o.offload_path) {
+            let found = runs.iter().any(|r| {
+                r["path"] == path.name()
+                    && r["workload"] == p.workload.json_name()
+                    && r["conns"] == p.conns
+                    && r["topology"] == "cable"
+                    && r["offered_mbps"].as_u64().is_some_and(|m| m > 0)
+                    && r["gbps"].as_f64().is_some_and(|g| g > 0.0)
+            });
+            if !found {
+                return Err(format!(
+                    "results.json: no {} run of {p} between the cables (with \"topology\": \
+                     \"cable\", an offered rate and traffic)",
+                    path.name()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every point of the run on each of its paths, with a throughput above
@@ -172,4 +205,34 @@ fn check_review_and_platform(md: &str, json: &serde_json::Value) -> Result<(), S
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod unit {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn the_cable_paced_runs_must_carry_their_topology() {
+        let o = crate::cli::Cli::try_parse_from(["router-bench", "--smoke"])
+            .unwrap()
+            .opts();
+        let run = |path: &str, topology: &str| {
+            serde_json::json!({"path": path, "workload": "tcp-paced", "conns": 1,
+                               "topology": topology, "offered_mbps": 500, "gbps": 0.5})
+        };
+        let all = serde_json::json!({"cable": [
+            run("kernel", "cable"), run("xdp", "cable"), run("offload", "cable")
+        ]});
+        assert_eq!(check_cable_paced(&o, &all), Ok(()));
+        // A run recorded as the plain veth's, or one path missing: an error.
+        let veth = serde_json::json!({"cable": [
+            run("kernel", "cable"), run("xdp", "veth"), run("offload", "cable")
+        ]});
+        let e = check_cable_paced(&o, &veth).unwrap_err();
+        assert!(e.contains("no xdp run of tcp-paced -P 1"), "{e}");
+        let missing = serde_json::json!({"cable": [run("kernel", "cable"), run("xdp", "cable")]});
+        assert!(check_cable_paced(&o, &missing).is_err());
+    }
 }

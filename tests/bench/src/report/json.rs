@@ -11,6 +11,7 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
         .map(|r| {
             serde_json::json!({
                 "path": r.path.name(),
+                "topology": r.wire.name(),
                 "workload": r.point.workload.json_name(),
                 "generator": r.point.workload.generator(),
                 "conns": r.point.conns,
@@ -111,6 +112,23 @@ mod unit {
     use crate::model::{DataPath, Offload, Point, Workload};
 
     #[test]
+    fn runs_carry_their_topology() {
+        let p = Point {
+            workload: Workload::TcpPaced,
+            conns: 1,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        let mut cabled = RunResult::blank(DataPath::Xdp, p);
+        cabled.wire = crate::model::Wire::Cable;
+        let v = runs_json(&[RunResult::blank(DataPath::Kernel, p), cabled]);
+        assert_eq!(
+            (&v[0]["topology"], &v[1]["topology"]),
+            (&"veth".into(), &"cable".into())
+        );
+    }
+
+    #[test]
     fn runs_carry_the_fast_path_share_or_null() {
         let p = Point {
             workload: Workload::Tcp,
@@ -128,6 +146,7 @@ mod unit {
         });
         let v = runs_json(&[RunResult::blank(DataPath::Kernel, p), off]);
         assert!(v[0]["fast_path"].is_null());
+        assert_eq!(v[0]["topology"], "veth");
         assert_eq!(v[1]["path"], "offload");
         assert_eq!(
             v[1]["fast_path"],

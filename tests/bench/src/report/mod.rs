@@ -49,6 +49,8 @@ pub struct RunEnv {
     /// Active offload features per setting and path.
     pub offloads: serde_json::Value,
     pub elapsed: Duration,
+    /// Wall time of each phase, seconds, in run order.
+    pub phases: Vec<(&'static str, f64)>,
 }
 
 const MICRO_TITLE: &str = "### Packet cost: BPF_PROG_RUN micro-benchmark";
@@ -178,6 +180,7 @@ fn results_json(
             "retries": o.retries,
             "rlimit_nofile": env.nofile,
             "elapsed_s": env.elapsed.as_secs_f64(),
+            "phase_s": env.phases.iter().map(|&(name, secs)| (name.to_owned(), secs.into())).collect::<serde_json::Map<_, _>>(),
             "offload_features": env.offloads,
             "tcp_congestion_control": env.cc,
             "tcp_sink": o.tcp_sink.name(),
@@ -211,7 +214,12 @@ pub fn write_artifacts(
     let machine = sys::machine();
     let cores = machine["cores"].as_f64().unwrap_or(f64::NAN);
     let mut md = String::from("# XDP router benchmark: kernel path vs XDP path\n\n");
-    md.push_str(&review::review_section(runs, cores, o.line_rate_mbps));
+    md.push_str(&review::review_section(
+        runs,
+        &extra.cable,
+        cores,
+        o.line_rate_mbps,
+    ));
     md.push_str(&review::platform_section(&extra.platform));
     md.push_str(&header(o, runs, env, &machine));
     let tables = tables::tables(runs);
@@ -225,7 +233,7 @@ pub fn write_artifacts(
     md.push_str(&sections::big_table_section(&extra.big_table));
     md.push_str(&ipv6::section(&extra.ipv6));
     let mut goals = goals::evaluate(runs, micro, reference);
-    goals.push(review::line_rate_goal(runs));
+    goals.push(review::line_rate_goal(runs, &extra.cable));
     goals.push(goals::conn_setup_goal(&extra.conn_rate));
     goals.push(sections::scaling_goal(&extra.scaling));
     goals.push(sections::cable_goal(&extra.cable));

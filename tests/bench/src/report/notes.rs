@@ -285,8 +285,9 @@ fn tool_notes(o: &Opts, env: &RunEnv) -> String {
     let _ = writeln!(
         s,
         "- **iperf2 2.1.8.** `-b 0` fails, so UDP uses `-b 10G` (unlimited on veth). `-l 128` \
-         alone is coalesced by Nagle into ~1 KB segments, so `-l 128 -N` (TCP_NODELAY) runs \
-         too; reviews use plain `-l 128`. With hundreds of streams iperf2 overruns `-t` by \
+         alone is coalesced by Nagle into ~1 KB segments; `-l 128 -N` (TCP_NODELAY) sends \
+         each write as a segment (`--nodelay off,on`; not by default: reviews use plain \
+         `-l 128`). With hundreds of streams iperf2 overruns `-t` by \
          seconds, and its own Gbit/s (`iperf_gbps` in results.json, only where the client \
          ended by itself) counts bytes written into socket buffers, at -P 1000 several times \
          what crosses the router; the tables use the sink's interface counters instead. \

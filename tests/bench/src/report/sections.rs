@@ -155,7 +155,9 @@ pub fn cable_section(runs: &[RunResult]) -> String {
          runs (`skb_pp_cow_data`), which a NIC's receive ring does not do; here the cables \
          take that copy and the router receives frames as from a NIC, on both paths. The \
          kernel path has a `return XDP_PASS` program on the router's veths (NAPI, so that \
-         they accept redirected frames, with GRO kept off). Offload off.\n\n",
+         they accept redirected frames, with GRO kept off). Offload off. The paced runs \
+         (`tcp-paced`, also on the offload path) are the review table's \"CPU at line rate, \
+         XDP cables\" rows.\n\n",
     );
     s.push_str(&super::tables::tables(runs));
     s

@@ -6,6 +6,11 @@
 //! the cables that copy happens in the cable, and the router receives
 //! frames as from a NIC, on both paths alike.
 //!
+//! The paced "CPU at line rate" points run here too, on kernel, xdp and
+//! offload (offload mode's XDP program gives the router's veths NAPI like
+//! standalone mode's), so that the review table compares the router's CPU
+//! without the copy that only veth makes.
+//!
 //! The kernel path gets a `return XDP_PASS` program on the router's veths
 //! for its runs: a veth accepts the cables' redirected frames only while
 //! it runs NAPI, and GRO (the other way to get NAPI) would aggregate what
@@ -15,13 +20,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tests::bench_topology::CabledTopology;
 
-use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
+use crate::model::{DataPath, Offload, Point, RunResult, Settings, Wire, Workload};
 use crate::router::{Router, congestion_control};
+use crate::run::{pace_down, with_fast_path_share};
 use crate::workloads::iperf::{self, next_port};
 
-/// The points on the cables: TCP at every count of `conns`, and `-l 128`
-/// (Nagle on, the review's setting) at those of 1000 and more.
-pub fn points(conns: &[u32]) -> Vec<Point> {
+/// The points on the cables: TCP at every count of `conns`, `-l 128`
+/// (Nagle on, the review's setting) at those of 1000 and more, and the
+/// paced "CPU at line rate" load at every count of `paced_conns`.
+pub fn points(conns: &[u32], paced_conns: &[u32]) -> Vec<Point> {
     let p = |workload, conns| Point {
         workload,
         conns,
@@ -35,14 +42,106 @@ pub fn points(conns: &[u32]) -> Vec<Point> {
             .filter(|&&c| c >= 1000)
             .map(|&c| p(Workload::TcpSmall, c)),
     );
+    v.extend(paced_conns.iter().map(|&c| p(Workload::TcpPaced, c)));
     v
 }
 
-/// Every point on both paths, alternating which goes first. Failed runs are
-/// recorded in `failures`.
+/// The paths of a point on the cables: kernel and xdp; offload too on the
+/// paced points (the review table's "CPU at line rate" rows) when
+/// `offload_path`.
+pub fn paths_of(point: Point, offload_path: bool) -> Vec<DataPath> {
+    let mut paths = vec![DataPath::Kernel, DataPath::Xdp];
+    if offload_path && point.workload == Workload::TcpPaced {
+        paths.push(DataPath::Offload);
+    }
+    paths
+}
+
+/// The cabled topology and what its runs share.
+struct Cables<'a> {
+    t: &'a CabledTopology,
+    router: Router<'a>,
+    s: Settings,
+    port: &'a mut u16,
+    stop: &'a AtomicBool,
+    runs: Vec<RunResult>,
+    failures: &'a mut Vec<String>,
+}
+
+impl Cables<'_> {
+    /// `point` on `path`; a failure is recorded. Returns whether it ran
+    /// (not stopped).
+    fn run_point(&mut self, point: Point, path: DataPath) -> bool {
+        if self.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        eprintln!("[cable] {point} | {:<6}", path.name());
+        let res = self.one(point, path);
+        match res {
+            Ok(mut r) => {
+                r.wire = Wire::Cable;
+                if point.workload == Workload::TcpPaced {
+                    r.offered_mbps = self.s.line_rate_mbps;
+                }
+                eprintln!("        {}", crate::run::show(&r));
+                self.runs.push(r);
+            }
+            Err(e) => {
+                eprintln!("        FAILED: {e}");
+                self.failures
+                    .push(format!("cable, {point} on {}: {e}", path.name()));
+            }
+        }
+        true
+    }
+
+    fn one(&mut self, point: Point, path: DataPath) -> Result<RunResult, String> {
+        self.router.switch(path, point.offload)?;
+        // The kernel path alone has no XDP program of its own on the
+        // router's veths (see the module's comment).
+        let napi = match path {
+            DataPath::Kernel => Some(self.t.napi_for_kernel()?),
+            _ => None,
+        };
+        next_port(self.port);
+        let (t, s, port): (&tests::Topology, _, _) = (self.t, &self.s, *self.port);
+        let one = || iperf::run(t, s, path, point, port);
+        let res = if path == DataPath::Offload {
+            with_fast_path_share(t, one)
+        } else {
+            one()
+        };
+        drop(napi);
+        res
+    }
+
+    /// A paced point again at a rate every path sustains, when one did not
+    /// carry the offered rate (as on the plain veths).
+    fn pace_down(&mut self, point: Point, paths: &[DataPath]) {
+        let offered = self.s.line_rate_mbps;
+        let Some(rerun) = pace_down(point, offered, &self.runs) else {
+            return;
+        };
+        eprintln!("[cable] {point}: {}", rerun.note);
+        self.runs.retain(|r| r.point != point);
+        self.s.line_rate_mbps = rerun.mbps;
+        for &path in paths.iter().rev() {
+            if !self.run_point(point, path) {
+                break;
+            }
+            if let Some(r) = self.runs.last_mut().filter(|r| r.point == point) {
+                r.notes.push(rerun.note.clone());
+            }
+        }
+        self.s.line_rate_mbps = offered;
+    }
+}
+
+/// Every point on its paths ([`paths_of`]), rotating which goes first.
+/// Failed runs are recorded in `failures`.
 pub fn run(
     s: &Settings,
-    (cc, points): (&str, &[Point]),
+    (cc, points, offload_path): (&str, &[Point], bool),
     port: &mut u16,
     stop: &AtomicBool,
     failures: &mut Vec<String>,
@@ -50,40 +149,62 @@ pub fn run(
     let t = CabledTopology::new()?;
     t.warm_neighbours();
     let (_, per_socket) = congestion_control(&t, cc);
-    let s = Settings {
-        cc_per_socket: per_socket,
-        tmp: s.tmp.clone(),
-        ..*s
+    let mut cables = Cables {
+        t: &t,
+        router: Router::new(&t),
+        s: Settings {
+            cc_per_socket: per_socket,
+            tmp: s.tmp.clone(),
+            ..*s
+        },
+        port,
+        stop,
+        runs: Vec::new(),
+        failures,
     };
-    let mut router = Router::new(&t);
-    let mut runs = Vec::new();
-    for (i, &point) in points.iter().enumerate() {
-        let mut order = [DataPath::Kernel, DataPath::Xdp];
-        order.rotate_left(i % 2);
-        for path in order {
-            if stop.load(Ordering::SeqCst) {
-                return Ok(runs);
-            }
-            eprintln!("[cable] {point} | {:<6}", path.name());
-            router.switch(path, point.offload)?;
-            let napi = match path {
-                DataPath::Kernel => Some(t.napi_for_kernel()?),
-                _ => None,
-            };
-            next_port(port);
-            let res = iperf::run(&t, &s, path, point, *port);
-            drop(napi);
-            match res {
-                Ok(r) => {
-                    eprintln!("        {}", crate::run::show(&r));
-                    runs.push(r);
-                }
-                Err(e) => {
-                    eprintln!("        FAILED: {e}");
-                    failures.push(format!("cable, {point} on {}: {e}", path.name()));
-                }
+    'points: for (i, &point) in points.iter().enumerate() {
+        let mut order = paths_of(point, offload_path);
+        let n = order.len();
+        order.rotate_left(i % n);
+        for &path in &order {
+            if !cables.run_point(point, path) {
+                break 'points;
             }
         }
+        if point.workload == Workload::TcpPaced {
+            cables.pace_down(point, &order);
+        }
     }
-    Ok(runs)
+    // The daemon works on the cabled topology's router namespace: stopped
+    // before the topology goes.
+    cables.router.stop_daemon();
+    Ok(cables.runs)
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn paced_points_run_on_the_cables_with_offload_when_it_runs() {
+        let pts = points(&[1, 1000], &[1, 100]);
+        let names: Vec<String> = pts.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            names,
+            [
+                "tcp -P 1, offload off",
+                "tcp -P 1000, offload off",
+                "tcp-small -P 1000 -l 128, offload off",
+                "tcp-paced -P 1, offload off",
+                "tcp-paced -P 100, offload off",
+            ]
+        );
+        let paced = pts[3];
+        assert_eq!(
+            paths_of(paced, true),
+            [DataPath::Kernel, DataPath::Xdp, DataPath::Offload]
+        );
+        assert_eq!(paths_of(paced, false), [DataPath::Kernel, DataPath::Xdp]);
+        assert_eq!(paths_of(pts[0], true), [DataPath::Kernel, DataPath::Xdp]);
+    }
 }
