@@ -649,17 +649,17 @@ impl Bench<'_> {
         if o.offload_path {
             paths.push(DataPath::Offload);
         }
-        for path in paths {
+        for (port, path) in (connrate::FIRST_PORT..).zip(paths) {
             if self.stopped() {
                 break;
             }
             let t = self.t;
             let res = self.router.switch(path, Offload::Off).and_then(|()| {
                 if path != DataPath::Offload {
-                    return connrate::run(t, path, o.conn_rate_workers, o.secs);
+                    return connrate::run(t, path, port, o.conn_rate_workers, o.secs);
                 }
                 let before = OffloadCounters::read(t, None)?;
-                let mut row = connrate::run(t, path, o.conn_rate_workers, o.secs)?;
+                let mut row = connrate::run(t, path, port, o.conn_rate_workers, o.secs)?;
                 let after = OffloadCounters::read(t, Some(unix_now()))?;
                 row.fast_path = Some(before.share_until(after, &[]));
                 Ok(row)

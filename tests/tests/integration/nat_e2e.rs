@@ -284,6 +284,131 @@ fn two_clients_with_the_same_source_port() {
     assert_eq!(counter_delta(&before, &after, "flow_new_masquerade"), 4);
 }
 
+/// One short connection from the client's source `port` (`SO_REUSEADDR`)
+/// that the server closes first: sends `REUSE_REQUEST`, reads the reply to
+/// the server's FIN. Retries the `connect` while the previous connection
+/// on the port is still in `LAST_ACK` (its 4-tuple is taken until the
+/// server's ACK of the client's FIN arrives).
+fn tcp_reused_port_roundtrip(port: u16, dst: SocketAddr) -> Vec<u8> {
+    use socket2::{Domain, Socket, Type};
+    let deadline = Instant::now() + TIMEOUT;
+    let s = loop {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.set_reuse_address(true).unwrap();
+        s.bind(&socket_addr(Ipv4Addr::UNSPECIFIED, port).into())
+            .unwrap();
+        match s.connect_timeout(&dst.into(), TIMEOUT) {
+            Ok(()) => break s,
+            Err(e) if e.kind() == ErrorKind::AddrNotAvailable && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("connect from port {port} to {dst}: {e}"),
+        }
+    };
+    let mut s: TcpStream = s.into();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.write_all(REUSE_REQUEST).unwrap();
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).unwrap();
+    back
+}
+
+const REUSE_REQUEST: &[u8; 8] = b"request\n";
+
+/// A client that reuses its source port for one short connection after
+/// another to the same server, each closed by the server first (the
+/// connection-setup benchmark's pattern, and what a client with a fixed
+/// source port does): every new SYN meets the data path's entry of the
+/// previous connection in CLOSED and the server's `TIME_WAIT` for the
+/// same translated 4-tuple. The SYN reopens the entry (as netfilter
+/// reopens a flow in `TIME_WAIT`), so the flow keeps its WAN port and
+/// stays on the fast path, and the server accepts the SYN in `TIME_WAIT`
+/// (RFC 6191: its sequence number and timestamp are above the old
+/// connection's): every connection completes, none retransmits.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn tcp_port_reuse_reopens_the_closed_flow() {
+    const CONNS: usize = 30;
+    const CLIENT_PORT: u16 = 40100;
+    let t = Topology::new();
+    attach_and_print(&t, &[]);
+    let dst = socket_addr(SERVER_ADDR, 5302);
+    let listener = t.in_ns(Ns::Server, || TcpListener::bind(dst).unwrap());
+    let retransmits =
+        || t.nstat(Ns::Client, "TcpRetransSegs") + t.nstat(Ns::Server, "TcpRetransSegs");
+    let (retrans_before, fwd_before, before) = (
+        retransmits(),
+        t.nstat(Ns::Router, "IpForwDatagrams"),
+        t.stats(),
+    );
+    let peers = std::thread::scope(|scope| {
+        let server = scope.spawn(|| {
+            listener.set_nonblocking(true).unwrap();
+            // Bounded: a client that gives up must not leave it waiting.
+            let deadline = Instant::now() + TIMEOUT * 4;
+            let mut peers = Vec::new();
+            while peers.len() < CONNS && Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((mut c, peer)) => {
+                        c.set_nonblocking(false).unwrap();
+                        c.set_read_timeout(Some(TIMEOUT)).unwrap();
+                        let mut req = [0u8; REUSE_REQUEST.len()];
+                        if c.read_exact(&mut req).is_ok() {
+                            let _ = c.write_all(&req);
+                        }
+                        // Dropped: the server closes first and keeps
+                        // `TIME_WAIT`.
+                        peers.push(peer);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => panic!("accept: {e}"),
+                }
+            }
+            peers
+        });
+        for i in 0..CONNS {
+            let back = t.in_ns(Ns::Client, || tcp_reused_port_roundtrip(CLIENT_PORT, dst));
+            assert_eq!(back, REUSE_REQUEST, "connection {i}");
+        }
+        server.join().unwrap()
+    });
+    let after = t.stats();
+    println!("{}", t.router_ctl_ok(&["stats"]));
+    println!("{}", t.router_ctl_ok(&["conntrack", "list"]));
+    assert_eq!(
+        retransmits() - retrans_before,
+        0,
+        "segments retransmitted: a SYN was refused or lost"
+    );
+    assert!(
+        peers
+            .iter()
+            .all(|p| *p == socket_addr(ROUTER_WAN_ADDR, CLIENT_PORT)),
+        "the server saw other WAN tuples than the first (port preserved): {peers:?}"
+    );
+    assert_eq!(
+        counter_delta(&before, &after, "flow_new_masquerade"),
+        1,
+        "only the first connection is a new flow; the others reopen it"
+    );
+    // Each connection: SYN, ACK, request, ACK and FIN out (at least).
+    let out = counter_delta(&before, &after, "fwd_outbound");
+    assert!(
+        out >= 4 * CONNS as u64,
+        "fast path carried only {out} segments out"
+    );
+    let kernel_fwd = t.nstat(Ns::Router, "IpForwDatagrams") - fwd_before;
+    assert!(
+        kernel_fwd < 5,
+        "the kernel forwarded {kernel_fwd} packets; the fast path should have"
+    );
+    let flows = t.conntrack();
+    let tcp = flow(&flows, "tcp", dst);
+    assert_eq!(tcp["state"], "CLOSED", "{tcp}");
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn icmp_errors_come_back_translated() {

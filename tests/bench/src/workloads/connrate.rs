@@ -22,8 +22,9 @@ use tests::{Ns, SERVER_ADDR, Topology};
 use crate::measure::sys::CpuTicks;
 use crate::model::{DataPath, FastPathShare};
 
-/// The server's port (apart from iperf2's 5001-7000).
-const PORT: u16 = 7100;
+/// The server's port in the first run (apart from iperf2's 5001-7000);
+/// each path's run takes the next one (see [`run`]).
+pub const FIRST_PORT: u16 = 7100;
 const REQUEST: &[u8; 16] = b"GET /conn-rate\r\n";
 const REPLY: &[u8; 16] = b"200 ok, goodbye\n";
 /// Accepting threads of the server.
@@ -74,7 +75,19 @@ fn serve(listener: &TcpListener, stop: &AtomicBool) {
     }
 }
 
-/// One short connection; whether it completed.
+/// One short connection; whether it completed: the reply, then the
+/// server's FIN.
+///
+/// The client closes only after that FIN (the end of the stream), so the
+/// server is the active closer and the `TIME_WAIT` state stays on the
+/// server (RFC 9293 3.6). Dropping the socket right after the reply races
+/// the server's FIN: whenever the client's close wins, the client ends in
+/// `TIME_WAIT` (60 s on Linux) on its source port. Such ports add up over
+/// a run and across the alternating runs, and every `connect()` then
+/// searches the port range past them (`__inet_hash_connect` checking each
+/// candidate against its `TIME_WAIT` socket): client CPU that grows with
+/// the run's length and hits whichever path runs later, whatever the
+/// router does.
 fn one_connection(addr: SocketAddr) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, IO_TIMEOUT) else {
         return false;
@@ -82,13 +95,26 @@ fn one_connection(addr: SocketAddr) -> bool {
     let _ = s.set_read_timeout(Some(IO_TIMEOUT));
     let _ = s.set_nodelay(true);
     let mut buf = [0u8; REPLY.len()];
-    s.write_all(REQUEST).is_ok() && s.read_exact(&mut buf).is_ok() && &buf == REPLY
+    let mut past_reply = [0u8; 1];
+    s.write_all(REQUEST).is_ok()
+        && s.read_exact(&mut buf).is_ok()
+        && &buf == REPLY
+        && matches!(s.read(&mut past_reply), Ok(0))
 }
 
-/// `workers` clients for `secs` against the server through the router's
-/// current `path`.
-pub fn run(t: &Topology, path: DataPath, workers: u32, secs: u32) -> Result<Row, String> {
-    let addr = SocketAddr::new(SERVER_ADDR.into(), PORT);
+/// `workers` clients for `secs` against the server on `port` through the
+/// router's current `path`. A fresh port per run, as iperf's: the server's
+/// `TIME_WAIT` states of a run (one per client port used, for 60 s) then
+/// do not meet the next run's SYNs, so a run does not pay for its
+/// predecessor's connections.
+pub fn run(
+    t: &Topology,
+    path: DataPath,
+    port: u16,
+    workers: u32,
+    secs: u32,
+) -> Result<Row, String> {
+    let addr = SocketAddr::new(SERVER_ADDR.into(), port);
     let listener = t
         .in_ns(Ns::Server, || TcpListener::bind(addr))
         .map_err(|e| format!("conn-rate server on {addr}: {e}"))?;
@@ -148,4 +174,73 @@ pub fn run(t: &Topology, path: DataPath, workers: u32, secs: u32) -> Result<Row,
         retransmits: retransmits().saturating_sub(retrans0),
         fast_path: None,
     })
+}
+
+#[cfg(test)]
+mod checks {
+    use std::net::{Ipv4Addr, TcpListener};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::{one_connection, serve};
+
+    /// Connections of the check: enough for the race of a client that
+    /// closes without waiting for the server's FIN to leave some of them
+    /// in `TIME_WAIT`.
+    const CONNS: usize = 300;
+
+    /// `TIME_WAIT` sockets of this network namespace from `/proc/net/tcp`:
+    /// (local port, remote port) of each, in host order.
+    fn time_wait_ports() -> Vec<(u16, u16)> {
+        const TIME_WAIT: &str = "06";
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+        let port = |addr: &str| {
+            let hex = addr.rsplit(':').next().unwrap_or_default();
+            u16::from_str_radix(hex, 16).expect("a hex port in /proc/net/tcp")
+        };
+        table
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                (f.get(3) == Some(&TIME_WAIT)).then(|| (port(f[1]), port(f[2])))
+            })
+            .collect()
+    }
+
+    /// The workload's design holds: the server closes first, so the
+    /// `TIME_WAIT` states stay on the server and the client's ports are
+    /// free again at once (a client port in `TIME_WAIT` costs every later
+    /// `connect()` a longer port search, which made later and longer runs
+    /// slower whatever the router did). Over loopback, with the
+    /// workload's own client and server.
+    #[test]
+    fn the_client_closes_second_and_keeps_no_time_wait() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind on loopback");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let addr = listener.local_addr().expect("listener address");
+        let stop = AtomicBool::new(false);
+        let completed = std::thread::scope(|scope| {
+            scope.spawn(|| serve(&listener, &stop));
+            let completed = (0..CONNS).filter(|_| one_connection(addr)).count();
+            stop.store(true, Ordering::Relaxed);
+            completed
+        });
+        assert_eq!(completed, CONNS, "every connection completes");
+        let tw = time_wait_ports();
+        let on_client = tw
+            .iter()
+            .filter(|(_, remote)| *remote == addr.port())
+            .count();
+        let on_server = tw.iter().filter(|(local, _)| *local == addr.port()).count();
+        assert_eq!(
+            on_client, 0,
+            "client sockets left in TIME_WAIT ({on_server} on the server)"
+        );
+        assert!(
+            on_server > 0,
+            "the server closed first: TIME_WAIT on the server"
+        );
+    }
 }
