@@ -198,6 +198,9 @@ impl Kernel for NetlinkKernel {
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
         self.ct.update(orig, Some(timeout), Some(liberal))
     }
+    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
+        Ok(self.ct.get(orig)?.and_then(|c| c.tcp_state))
+    }
     fn route(&mut self, addr: IpAddr) -> Option<u32> {
         if self.routes.len() >= ROUTE_CACHE_MAX {
             self.routes.clear();

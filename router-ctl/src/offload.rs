@@ -309,6 +309,9 @@ pub trait Kernel {
     /// `orig`, and for TCP switches window checking off (`liberal`).
     /// `ENOENT` when the kernel no longer has it.
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()>;
+    /// The TCP state the kernel's connection with original tuple `orig` is
+    /// in now; `None` when the kernel no longer has it.
+    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>>;
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
 }
@@ -510,6 +513,23 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let Some(lease) = lease_secs(timeout) else {
             return self.refused("kernel_timeout_too_short");
         };
+        // A short connection may have closed while its ESTABLISHED update
+        // waited in the event queue: offloading it then would carry its
+        // final ACKs past the kernel (which would keep it in LAST_ACK) and
+        // give its closed entry the ESTABLISHED timeout (5 days by
+        // default). So the kernel's current state decides; the closing
+        // update that follows in the queue finds nothing to end.
+        if c.orig.proto == IPPROTO_TCP {
+            match self.kernel.tcp_state(&c.orig) {
+                Ok(Some(tcp_state::ESTABLISHED)) => {}
+                Ok(_) => return self.refused("tcp_closed_meanwhile"),
+                Err(e) => {
+                    self.stats.errors += 1;
+                    tracing::warn!("offload: reading the kernel entry {:?}: {e}", c.orig);
+                    return;
+                }
+            }
+        }
         // Kernel first: once the XDP entries exist, the kernel stops seeing
         // the flow's packets, so its window tracking must already be off.
         if let Err(e) = self.kernel.refresh(&c.orig, timeout, true) {
@@ -684,6 +704,8 @@ mod tests {
     #[derive(Default)]
     struct FakeKernel {
         present: Vec<Tuple>,
+        /// TCP connections the kernel has in a closing state already.
+        closing: Vec<Tuple>,
         refreshed: Vec<(Tuple, u32)>,
     }
 
@@ -695,6 +717,15 @@ mod tests {
             }
             self.refreshed.push((*orig, timeout));
             Ok(())
+        }
+        fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
+            Ok(self.present.contains(orig).then(|| {
+                if self.closing.contains(orig) {
+                    tcp_state::ESTABLISHED + 1
+                } else {
+                    tcp_state::ESTABLISHED
+                }
+            }))
         }
         fn route(&mut self, addr: IpAddr) -> Option<u32> {
             match addr {
@@ -892,6 +923,66 @@ mod tests {
         c.tcp_state = Some(4);
         o.conn(&c, 2);
         assert_eq!((o.len(), o.table.0.len(), o.stats.ended_closing), (0, 0, 1));
+    }
+
+    /// An established masqueraded TCP connection, as its update event
+    /// reports it.
+    fn established_tcp() -> Conn {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        c.orig.proto = 6;
+        c.reply.proto = 6;
+        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        c
+    }
+
+    #[test]
+    fn a_connection_closed_since_its_established_event_stays_in_the_kernel() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        o.kernel.closing.push(c.orig);
+        o.conn(&c, 1);
+        assert_eq!((o.len(), o.table.0.len()), (0, 0));
+        // Its kernel entry keeps the closing state's timeout.
+        assert!(o.kernel.refreshed.is_empty());
+        assert_eq!(o.stats.not_offloaded.get("tcp_closed_meanwhile"), Some(&1));
+    }
+
+    #[test]
+    fn a_handed_back_connection_leaves_xdp_and_its_ports_next_one_is_offloaded() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        let (ok, rk) = (flow_key(&c.orig), flow_key(&c.reply));
+        // The data path passed a FIN and handed the flow back (both
+        // entries), and forwarded a packet just before.
+        for k in [ok, rk] {
+            let e = o.table.0.get_mut(&k).unwrap();
+            e.lease = LEASE_HANDED_BACK;
+            e.last_seen_ns = 5_000_000_000;
+        }
+        // A lease renewal never takes the hand-back back.
+        let f = &o.flows[&c.orig];
+        assert_eq!(f.keys.set_lease(&mut o.table, 99), 0);
+        assert_eq!(o.table.0[&ok].lease, LEASE_HANDED_BACK);
+        // The tick ends it without refreshing the kernel entry.
+        o.tick(6_000_000_000);
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.ended_tcp_control),
+            (0, 0, 1)
+        );
+        assert_eq!(o.kernel.refreshed.len(), 1);
+        // The next connection on the same ports: offloaded once established.
+        o.conn(&c, 7_000_000_000);
+        assert_eq!((o.len(), o.table.0.len()), (1, 2));
+        // Its predecessor's closing update never came: an ESTABLISHED
+        // update of a handed-back connection offloads it again.
+        o.table.0.get_mut(&rk).unwrap().lease = LEASE_HANDED_BACK;
+        o.conn(&c, 8_000_000_000);
+        assert_eq!(
+            (o.len(), o.stats.offloaded, o.stats.ended_tcp_control),
+            (1, 3, 2)
+        );
+        assert_ne!(o.table.0[&rk].lease, LEASE_HANDED_BACK);
     }
 
     #[test]
