@@ -556,7 +556,7 @@ pub enum OffloadedHit {
     Carry,
     /// The first TCP SYN, FIN or RST of an offloaded connection: the
     /// kernel, which owns its TCP state, must see it, and every segment
-    /// after it: its FIN_WAIT / CLOSE_WAIT / LAST_ACK / TIME_WAIT only
+    /// after it: its `FIN_WAIT` / `CLOSE_WAIT` / `LAST_ACK` / `TIME_WAIT` only
     /// follow the ACKs of the FINs (RFC 9293 3.6, netfilter's
     /// `tcp_conntracks`), and a new connection on the same ports (a SYN
     /// after the close) becomes ESTABLISHED there only if the kernel sees

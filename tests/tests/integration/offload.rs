@@ -695,7 +695,7 @@ impl Recovery {
     /// right behind it, through the kernel, which can deliver the FIN
     /// first (seen in captures: 6 us apart); the client's SACK makes the
     /// server resend the 16 bytes at once. Nothing waits for a timeout.
-    fn assert_no_loss(self, what: &str, show: impl Fn(&str) -> String) {
+    fn assert_no_loss(self, what: &str, show: &dyn Fn(&str) -> String) {
         assert!(
             self.timeouts == 0 && self.retransmitted == self.fast,
             "{}",
@@ -704,13 +704,19 @@ impl Recovery {
     }
 }
 
+/// The reused-port connections' server.
+const SHORT_CONN_SERVER_PORT: u16 = 7500;
+/// The client port the connections one after the other reuse; the
+/// parallel ones use the next few.
+const SHORT_CONN_FIRST_PORT: u16 = 45000;
+
 /// Short TCP connections that reuse the client's source port, the way a
 /// busy client cycles through its ephemeral ports: each is offloaded once
 /// established, its FIN hands it back to the kernel, and the next one on
 /// the same port starts from the kernel again. Every connection completes
 /// with no segment lost (no retransmission timeout; see
 /// [`Recovery::assert_no_loss`]), the kernel's entry sees the whole close
-/// (it ends in TIME_WAIT), no closed connection keeps an offloaded one's
+/// (it ends in `TIME_WAIT`), no closed connection keeps an offloaded one's
 /// kernel timeout, and XDP carried the requests and replies.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
@@ -718,133 +724,32 @@ fn offload_short_connections_reusing_a_port() {
     const SEQUENTIAL: usize = 12;
     const PARALLEL_PORTS: u16 = 8;
     const PER_PORT: usize = 40;
-    const FIRST_PORT: u16 = 45000;
     let t = Topology::new();
     install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     let daemon = Daemon::start(&t, &[]);
-    let dst = sa(SERVER_ADDR, 7500);
+    let dst = sa(SERVER_ADDR, SHORT_CONN_SERVER_PORT);
     let total = SEQUENTIAL + usize::from(PARALLEL_PORTS) * PER_PORT;
-    let srv = request_reply_server(&t, dst, total, Duration::from_secs(120));
-    let kernel_flow = ["-p", "tcp", "--orig-port-src", "45000"];
+    let srv = request_reply_server(&t, dst, total, Duration::from_mins(2));
+    let server_port = SHORT_CONN_SERVER_PORT.to_string();
+    let all_flows = ["-p", "tcp", "--orig-port-dst", server_port.as_str()];
     let show = |what: &str| {
         format!(
             "{what}\nkernel: {:?}\nXDP: {}\nstats: {}\ndaemon:\n{}",
-            kernel_entries(&t, &["-p", "tcp", "--orig-port-dst", "7500"]),
+            kernel_entries(&t, &all_flows),
             t.router_ctl_ok(&["conntrack", "list"]),
             t.router_ctl_ok(&["stats"]),
             daemon.log()
         )
     };
-
-    // One after the other from one port, each offloaded before its request:
-    // the request and reply go through XDP, the close through the kernel.
-    let recovery0 = Recovery::now(&t);
-    let (out0, in0, control0) = (
-        counter(&t, "fwd_outbound"),
-        counter(&t, "fwd_inbound"),
-        counter(&t, "pass_offload_tcp_control"),
-    );
-    for i in 0..SEQUENTIAL {
-        let offloaded = || {
-            wait_for_or_show(
-                &format!("connection {i} to be offloaded"),
-                Duration::from_secs(5),
-                || {
-                    offloaded_rows(&t).iter().any(|f| {
-                        f["proto"] == "tcp"
-                            && f["orig_src"] == sa(CLIENT_ADDR, FIRST_PORT).to_string().as_str()
-                    })
-                },
-                || show("not offloaded"),
-            );
-        };
-        if let Err(e) = t.in_ns(Ns::Client, || short_connection(FIRST_PORT, dst, offloaded)) {
-            panic!("{}", show(&format!("connection {i}: {e}")));
-        }
-    }
-    let (xdp_out, xdp_in) = (
-        counter(&t, "fwd_outbound") - out0,
-        counter(&t, "fwd_inbound") - in0,
-    );
-    let recovery = Recovery::now(&t).since(recovery0);
-    let control = counter(&t, "pass_offload_tcp_control") - control0;
-    println!(
-        "{SEQUENTIAL} connections from one port: XDP {xdp_out} out / {xdp_in} in, \
-         {control} control segments passed, {recovery:?}"
-    );
-    // Each server's FIN met the offloaded entries and went to the kernel.
-    assert!(
-        control >= SEQUENTIAL as u64,
-        "{}",
-        show(&format!(
-            "only {control} TCP control segments met XDP entries"
-        ))
-    );
-    // At least each request and each reply went through XDP.
-    assert!(
-        xdp_out >= SEQUENTIAL as u64 && xdp_in >= SEQUENTIAL as u64,
-        "{}",
-        show(&format!(
-            "XDP did not carry the connections: {xdp_out}/{xdp_in}"
-        ))
-    );
-    recovery.assert_no_loss("one port", show);
-    // The kernel saw the last connection's whole close: the final ACK
-    // takes its entry to TIME_WAIT (RFC 9293 3.6; netfilter's TCP state
-    // table), not left in LAST_ACK or CLOSE_WAIT.
-    wait_for_or_show(
-        "the kernel's entry of the last connection to reach TIME_WAIT",
-        Duration::from_secs(3),
-        || {
-            kernel_entries(&t, &kernel_flow)
-                .iter()
-                .any(|e| e.contains("TIME_WAIT"))
-        },
-        || show("kernel state"),
-    );
-
-    // Several ports at once, back to back, without waiting for the daemon:
-    // the next connection on a port starts while the daemon may still be
-    // offloading or ending the previous one.
-    let recovery0 = Recovery::now(&t);
-    let failed: Vec<String> = std::thread::scope(|s| {
-        let workers: Vec<_> = (1..=PARALLEL_PORTS)
-            .map(|p| {
-                let name = t.ns_name(Ns::Client).to_owned();
-                s.spawn(move || {
-                    tests::netns::enter(&name);
-                    // Up to the first failure: the port is stuck after it.
-                    (0..PER_PORT)
-                        .find_map(|_| short_connection(FIRST_PORT + p, dst, || ()).err())
-                        .into_iter()
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap())
-            .collect()
-    });
-    let recovery = Recovery::now(&t).since(recovery0);
-    println!(
-        "{} connections from {PARALLEL_PORTS} ports at once: {} failed, {recovery:?}",
-        usize::from(PARALLEL_PORTS) * PER_PORT,
-        failed.len()
-    );
-    assert!(
-        failed.is_empty(),
-        "{}",
-        show(&format!("failed: {failed:?}"))
-    );
-    recovery.assert_no_loss("ports at once", show);
+    one_port_in_turn(&t, SEQUENTIAL, &show);
+    ports_at_once(&t, PARALLEL_PORTS, PER_PORT, &show);
     assert_eq!(srv.join().unwrap(), total);
     // No closed connection kept the timeout the daemon gives an offloaded
     // one (the kernel's ESTABLISHED timeout, 5 days by default): it was
     // offloaded only while the kernel had it ESTABLISHED.
-    let stuck: Vec<String> = kernel_entries(&t, &["-p", "tcp", "--orig-port-dst", "7500"])
+    let stuck: Vec<String> = kernel_entries(&t, &all_flows)
         .into_iter()
         .filter(|e| {
             let f: Vec<&str> = e.split_whitespace().collect();
@@ -856,4 +761,121 @@ fn offload_short_connections_reusing_a_port() {
         stuck.is_empty(),
         "closed connections with an offloaded one's timeout: {stuck:?}"
     );
+}
+
+/// `count` connections one after the other from one port, each offloaded
+/// before its request: the request and reply go through XDP, the close
+/// through the kernel.
+fn one_port_in_turn(t: &Topology, count: usize, show: &(dyn Fn(&str) -> String + Sync)) {
+    let dst = sa(SERVER_ADDR, SHORT_CONN_SERVER_PORT);
+    let port = SHORT_CONN_FIRST_PORT;
+    let recovery0 = Recovery::now(t);
+    let (out0, in0, control0) = (
+        counter(t, "fwd_outbound"),
+        counter(t, "fwd_inbound"),
+        counter(t, "pass_offload_tcp_control"),
+    );
+    for i in 0..count {
+        let offloaded = || {
+            wait_for_or_show(
+                &format!("connection {i} to be offloaded"),
+                Duration::from_secs(5),
+                || {
+                    offloaded_rows(t).iter().any(|f| {
+                        f["proto"] == "tcp"
+                            && f["orig_src"] == sa(CLIENT_ADDR, port).to_string().as_str()
+                    })
+                },
+                || show("not offloaded"),
+            );
+        };
+        if let Err(e) = t.in_ns(Ns::Client, || short_connection(port, dst, offloaded)) {
+            panic!("{}", show(&format!("connection {i}: {e}")));
+        }
+    }
+    let (xdp_out, xdp_in) = (
+        counter(t, "fwd_outbound") - out0,
+        counter(t, "fwd_inbound") - in0,
+    );
+    let recovery = Recovery::now(t).since(recovery0);
+    let control = counter(t, "pass_offload_tcp_control") - control0;
+    println!(
+        "{count} connections from one port: XDP {xdp_out} out / {xdp_in} in, \
+         {control} control segments passed, {recovery:?}"
+    );
+    // Each server's FIN met the offloaded entries and went to the kernel.
+    assert!(
+        control >= count as u64,
+        "{}",
+        show(&format!(
+            "only {control} TCP control segments met XDP entries"
+        ))
+    );
+    // At least each request and each reply went through XDP.
+    assert!(
+        xdp_out >= count as u64 && xdp_in >= count as u64,
+        "{}",
+        show(&format!(
+            "XDP did not carry the connections: {xdp_out}/{xdp_in}"
+        ))
+    );
+    recovery.assert_no_loss("one port", show);
+    // The kernel saw the last connection's whole close: the final ACK
+    // takes its entry to TIME_WAIT (RFC 9293 3.6; netfilter's TCP state
+    // table), not left in LAST_ACK or CLOSE_WAIT.
+    let port = port.to_string();
+    wait_for_or_show(
+        "the kernel's entry of the last connection to reach TIME_WAIT",
+        Duration::from_secs(3),
+        || {
+            kernel_entries(t, &["-p", "tcp", "--orig-port-src", port.as_str()])
+                .iter()
+                .any(|e| e.contains("TIME_WAIT"))
+        },
+        || show("kernel state"),
+    );
+}
+
+/// `per_port` connections back to back from each of `ports` ports at once,
+/// without waiting for the daemon: the next connection on a port starts
+/// while the daemon may still be offloading or ending the previous one.
+fn ports_at_once(
+    t: &Topology,
+    ports: u16,
+    per_port: usize,
+    show: &(dyn Fn(&str) -> String + Sync),
+) {
+    let dst = sa(SERVER_ADDR, SHORT_CONN_SERVER_PORT);
+    let recovery0 = Recovery::now(t);
+    let failed: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (1..=ports)
+            .map(|p| {
+                let name = t.ns_name(Ns::Client).to_owned();
+                s.spawn(move || {
+                    tests::netns::enter(&name);
+                    // Up to the first failure: the port is stuck after it.
+                    (0..per_port)
+                        .find_map(|_| short_connection(SHORT_CONN_FIRST_PORT + p, dst, || ()).err())
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    let recovery = Recovery::now(t).since(recovery0);
+    println!(
+        "{} connections from {ports} ports at once: {} failed, {recovery:?}",
+        usize::from(ports) * per_port,
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{}",
+        show(&format!("failed: {failed:?}"))
+    );
+    recovery.assert_no_loss("ports at once", show);
 }
