@@ -3,8 +3,9 @@
 //! of the SNAT port.
 
 use crate::maps::{
-    FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP,
-    IPPROTO_TCP, TCP_TRACK_EXPECT, TCP_TRACK_KNOWN, TCP_TRACK_SYN, TcpWindow, Timeouts,
+    FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState,
+    IPPROTO_ICMP, IPPROTO_TCP, LEASE_HANDED_BACK, TCP_TRACK_EXPECT, TCP_TRACK_KNOWN, TCP_TRACK_SYN,
+    TcpWindow, Timeouts,
 };
 
 /// How often (at most) the data path writes `last_seen_ns` of a flow: the
@@ -546,6 +547,56 @@ pub const fn candidate_port(attempt: u32, orig_port: u16, hash: u32, min: u16, m
     port
 }
 
+/// What the data path does with a packet that hit an entry (offload mode:
+/// one the daemon wrote from the kernel's conntrack).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffloadedHit {
+    /// XDP carries it (a standalone flow's packet, or an offloaded flow's
+    /// within its lease, which is checked after the state tracking).
+    Carry,
+    /// The first TCP SYN, FIN or RST of an offloaded connection: the
+    /// kernel, which owns its TCP state, must see it, and every segment
+    /// after it: its `FIN_WAIT` / `CLOSE_WAIT` / `LAST_ACK` / `TIME_WAIT` only
+    /// follow the ACKs of the FINs (RFC 9293 3.6, netfilter's
+    /// `tcp_conntracks`), and a new connection on the same ports (a SYN
+    /// after the close) becomes ESTABLISHED there only if the kernel sees
+    /// its handshake ACK; segments it did not see it later finds out of
+    /// window. So the data path hands the flow back (both entries'
+    /// lease becomes [`LEASE_HANDED_BACK`]) and passes the segment; the
+    /// daemon re-offloads the connection once the kernel has it
+    /// ESTABLISHED again. `nf_flowtable` does the same: a FIN or RST
+    /// tears its flow down (`nf_flow_state_check`).
+    HandBack,
+    /// Another TCP SYN, FIN or RST of a flow already handed back.
+    Control,
+    /// Any other packet of a flow already handed back: the kernel's.
+    HandedBack,
+}
+
+/// What the data path does with a packet of `proto` with TCP flags
+/// `tcp_flags` that hit an entry with `flags` and `lease`. Only the TCP
+/// control segments of offloaded flows and the packets of handed-back
+/// flows leave the hit path.
+#[must_use]
+#[inline]
+pub const fn offloaded_hit(flags: u8, lease: u32, proto: u8, tcp_flags: u8) -> OffloadedHit {
+    if flags & FLAG_OFFLOADED == 0 {
+        return OffloadedHit::Carry;
+    }
+    let handed_back = lease == LEASE_HANDED_BACK;
+    if proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
+        if handed_back {
+            OffloadedHit::Control
+        } else {
+            OffloadedHit::HandBack
+        }
+    } else if handed_back {
+        OffloadedHit::HandedBack
+    } else {
+        OffloadedHit::Carry
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,5 +1068,36 @@ mod tests {
             prop_assert_eq!(back, orig.reversed());
             prop_assert_eq!(re.peer, orig);
         }
+    }
+
+    #[test]
+    fn offloaded_tcp_control_hands_the_flow_back_for_good() {
+        use OffloadedHit::{Carry, Control, HandBack, HandedBack};
+        let off = FLAG_OFFLOADED | FLAG_ORIGINAL;
+        let lease = 1000;
+        // Established data and ACKs of an offloaded flow: XDP's.
+        assert_eq!(offloaded_hit(off, lease, IPPROTO_TCP, TCP_ACK), Carry);
+        assert_eq!(offloaded_hit(off, lease, IPPROTO_UDP, TCP_FIN), Carry);
+        // SYN, FIN or RST: handed back, and everything after it too.
+        for f in [TCP_SYN, TCP_FIN | TCP_ACK, TCP_RST, TCP_SYN | TCP_ACK] {
+            assert_eq!(offloaded_hit(off, lease, IPPROTO_TCP, f), HandBack);
+            assert_eq!(
+                offloaded_hit(off, LEASE_HANDED_BACK, IPPROTO_TCP, f),
+                Control
+            );
+        }
+        assert_eq!(
+            offloaded_hit(off, LEASE_HANDED_BACK, IPPROTO_TCP, TCP_ACK),
+            HandedBack
+        );
+        assert_eq!(
+            offloaded_hit(off, LEASE_HANDED_BACK, IPPROTO_UDP, 0),
+            HandedBack
+        );
+        // Standalone flows keep their own TCP state machine.
+        assert_eq!(
+            offloaded_hit(FLAG_ORIGINAL, LEASE_HANDED_BACK, IPPROTO_TCP, TCP_FIN),
+            Carry
+        );
     }
 }

@@ -186,6 +186,8 @@ pub struct FlowEntry {
     /// daemon extends it while the kernel's entry lives; a stopped daemon
     /// lets it run out, so the kernel, which keeps the flow's state, takes
     /// the flow back before its own entry can expire.
+    /// [`LEASE_HANDED_BACK`]: the data path passed one of the flow's TCP
+    /// SYN/FIN/RST to the kernel, which carries the rest of the connection.
     pub lease: u32,
     /// What the RST/FIN window check needs of the segments this direction
     /// sends (TCP only; see [`crate::flow::tcp_control`]).
@@ -308,6 +310,11 @@ pub const FLAG_HAIRPIN: u8 = 64;
 /// A lease tick is `1 << LEASE_TICK_SHIFT` ns (about 1.07 s): a `u32` of
 /// ticks lasts 146 years of uptime.
 pub const LEASE_TICK_SHIFT: u32 = 30;
+
+/// The lease of an offloaded flow the data path handed back to the kernel
+/// at a TCP SYN, FIN or RST: over for good (tick 0 is the first second of
+/// uptime), and never extended by the daemon, which removes the entries.
+pub const LEASE_HANDED_BACK: u32 = 0;
 
 /// The lease tick of a `CLOCK_MONOTONIC` time in ns.
 #[must_use]
@@ -757,6 +764,11 @@ counters! {
     /// Offloaded flow whose lease ran out (no daemon renewing it): the
     /// kernel carries it.
     PassLeaseExpired = "pass_lease_expired", false;
+    /// Offloaded TCP flow handed back to the kernel by one of its SYN, FIN
+    /// or RST (`pass_offload_tcp_control`): the kernel carries the rest of
+    /// the connection (the final ACKs, a new connection on the same ports)
+    /// until the daemon removes the entries.
+    PassOffloadHandedBack = "pass_offload_handed_back", false;
     /// Every probed SNAT port was taken.
     PassPortsExhausted = "pass_ports_exhausted", false;
     /// Destination is local, blackholed or unreachable per the FIB.

@@ -520,6 +520,18 @@ impl CtSocket {
         self.transact(ct_msg(IPCTNL_MSG_CT_GET, NLM_F_DUMP, libc::AF_UNSPEC as u8))
     }
 
+    /// The entry whose original direction is `orig` as the kernel has it
+    /// now; `None` when it is gone.
+    pub fn get(&mut self, orig: &Tuple) -> io::Result<Option<Conn>> {
+        let mut m = ct_msg(IPCTNL_MSG_CT_GET, NLM_F_ACK, family_of(orig));
+        put_tuple(&mut m, CTA_TUPLE_ORIG, orig);
+        match self.transact(m) {
+            Ok(found) => Ok(found.into_iter().next()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Changes the entry whose original direction is `orig`: its timeout
     /// to `timeout` seconds (if given) and, for TCP, whether conntrack
     /// checks the sequence numbers of both directions against the window

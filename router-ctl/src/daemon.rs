@@ -109,7 +109,8 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
             o["offloaded"],
             o["ended_destroyed"].as_u64().unwrap_or(0)
                 + o["ended_closing"].as_u64().unwrap_or(0)
-                + o["ended_kernel_gone"].as_u64().unwrap_or(0),
+                + o["ended_kernel_gone"].as_u64().unwrap_or(0)
+                + o["ended_tcp_control"].as_u64().unwrap_or(0),
             o["handed_back"],
             o["refreshed"],
             o["resyncs"],
@@ -196,6 +197,9 @@ struct NetlinkKernel {
 impl Kernel for NetlinkKernel {
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
         self.ct.update(orig, Some(timeout), Some(liberal))
+    }
+    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
+        Ok(self.ct.get(orig)?.and_then(|c| c.tcp_state))
     }
     fn route(&mut self, addr: IpAddr) -> Option<u32> {
         if self.routes.len() >= ROUTE_CACHE_MAX {

@@ -161,6 +161,7 @@ impl RouterCollector {
             "ended_destroyed",
             "ended_closing",
             "ended_kernel_gone",
+            "ended_tcp_control",
             "handed_back",
             "refreshed",
             "resyncs",

@@ -10,8 +10,12 @@
 //! translate) into `CONNTRACK6` ([`entries6`]). From then on, in both
 //! families alike:
 //! - TCP FIN/RST/SYN still go to the kernel (the data path passes them), so
-//!   it sees the teardown; a closing state or a DESTROY event removes the
-//!   XDP entries.
+//!   it sees the teardown; the first one also hands the connection back
+//!   (the data path ends both entries' lease, `LEASE_HANDED_BACK`), so the
+//!   kernel sees the rest of the close and a new connection's handshake on
+//!   the same ports. A closing state, a DESTROY event or a handed-back
+//!   entry found at a tick removes the XDP entries; a connection the
+//!   kernel has ESTABLISHED again (the ports reused) is offloaded anew.
 //! - Lifetimes: on every [`Offloader::tick`] a flow XDP forwarded since the
 //!   last tick gets its kernel timeout reset to the kernel's own value for
 //!   the state (`nf_conntrack_*_timeout*`), and its lease in the XDP entries
@@ -32,7 +36,7 @@ use std::{
 
 use router_common::maps::{
     FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
-    FlowState, lease_tick,
+    FlowState, LEASE_HANDED_BACK, lease_tick,
 };
 use serde::{Deserialize, Serialize};
 
@@ -245,6 +249,17 @@ impl Keys {
         }
     }
 
+    /// Whether the data path handed the connection back to the kernel (a
+    /// TCP SYN, FIN or RST) or one of its entries is gone: XDP no longer
+    /// carries it.
+    fn handed_back<T: Table>(&self, table: &T) -> bool {
+        let back = |lease: Option<u32>| lease.is_none_or(|l| l == LEASE_HANDED_BACK);
+        match self {
+            Self::V4(keys) => keys.iter().any(|k| back(table.get(k).map(|e| e.lease))),
+            Self::V6(keys) => keys.iter().any(|k| back(table.get6(k).map(|e| e.lease))),
+        }
+    }
+
     /// The newest last-seen time of the two entries, `None` if one is gone.
     fn last_seen<T: Table>(&self, table: &T) -> Option<u64> {
         match self {
@@ -254,15 +269,20 @@ impl Keys {
     }
 
     /// Writes `lease` into both entries (read again, so the data path's
-    /// state and times written since are kept); the failed writes.
+    /// state and times written since are kept); the failed writes. An
+    /// entry the data path handed back keeps [`LEASE_HANDED_BACK`].
+    // Between the read and the write the data path may still hand the
+    // entry back; the kernel's closing update then removes it.
     fn set_lease<T: Table>(&self, table: &mut T, lease: u32) -> u64 {
         let mut failed = 0;
         match self {
             Self::V4(keys) => {
                 for k in keys {
                     let ok = table.get(k).is_some_and(|mut e| {
-                        e.lease = lease;
-                        table.insert(k, &e).is_ok()
+                        e.lease == LEASE_HANDED_BACK || {
+                            e.lease = lease;
+                            table.insert(k, &e).is_ok()
+                        }
                     });
                     failed += u64::from(!ok);
                 }
@@ -270,8 +290,10 @@ impl Keys {
             Self::V6(keys) => {
                 for k in keys {
                     let ok = table.get6(k).is_some_and(|mut e| {
-                        e.lease = lease;
-                        table.insert6(k, &e).is_ok()
+                        e.lease == LEASE_HANDED_BACK || {
+                            e.lease = lease;
+                            table.insert6(k, &e).is_ok()
+                        }
                     });
                     failed += u64::from(!ok);
                 }
@@ -287,6 +309,9 @@ pub trait Kernel {
     /// `orig`, and for TCP switches window checking off (`liberal`).
     /// `ENOENT` when the kernel no longer has it.
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()>;
+    /// The TCP state the kernel's connection with original tuple `orig` is
+    /// in now; `None` when the kernel no longer has it.
+    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>>;
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
 }
@@ -368,6 +393,11 @@ pub struct OffloadStats {
     pub ended_closing: u64,
     /// Removed because the kernel no longer had the entry at a refresh.
     pub ended_kernel_gone: u64,
+    /// Removed at a tick because the data path had handed the connection
+    /// back at a TCP SYN, FIN or RST (before the kernel's closing update
+    /// arrived, or with none: a SYN on an established connection).
+    #[serde(default)]
+    pub ended_tcp_control: u64,
     /// XDP entries found missing (LRU eviction, flush): the kernel carries
     /// the connection again.
     pub handed_back: u64,
@@ -381,6 +411,17 @@ pub struct OffloadStats {
     pub errors: u64,
     /// Connections not offloaded, by reason.
     pub not_offloaded: BTreeMap<String, u64>,
+}
+
+/// Why [`Offloader::tick`] forgets a connection.
+#[derive(Clone, Copy)]
+enum Gone {
+    /// The kernel no longer has it.
+    Kernel,
+    /// An XDP entry is missing (LRU eviction, flush).
+    Evicted,
+    /// The data path handed it back at a TCP SYN, FIN or RST.
+    TcpControl,
 }
 
 struct Offloaded {
@@ -427,8 +468,19 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// A NEW or UPDATE event, or a dump row.
     pub fn conn(&mut self, c: &Conn, now_ns: u64) {
         match eligibility(c) {
-            Verdict::Offload if !self.flows.contains_key(&c.orig) => self.offload(c, now_ns),
-            Verdict::Offload | Verdict::Wait(_) => {}
+            Verdict::Offload => match self.flows.get(&c.orig) {
+                None => self.offload(c, now_ns),
+                // Established again after the data path handed it back: a
+                // new connection on the same ports, whose predecessor's
+                // closing update this daemon did not see.
+                Some(f) if f.keys.handed_back(&self.table) => {
+                    self.end(&c.orig);
+                    self.stats.ended_tcp_control += 1;
+                    self.offload(c, now_ns);
+                }
+                Some(_) => {}
+            },
+            Verdict::Wait(_) => {}
             Verdict::Refuse(why) => {
                 if self.end(&c.orig) {
                     self.stats.ended_closing += 1;
@@ -461,6 +513,23 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let Some(lease) = lease_secs(timeout) else {
             return self.refused("kernel_timeout_too_short");
         };
+        // A short connection may have closed while its ESTABLISHED update
+        // waited in the event queue: offloading it then would carry its
+        // final ACKs past the kernel (which would keep it in LAST_ACK) and
+        // give its closed entry the ESTABLISHED timeout (5 days by
+        // default). So the kernel's current state decides; the closing
+        // update that follows in the queue finds nothing to end.
+        if c.orig.proto == IPPROTO_TCP {
+            match self.kernel.tcp_state(&c.orig) {
+                Ok(Some(tcp_state::ESTABLISHED)) => {}
+                Ok(_) => return self.refused("tcp_closed_meanwhile"),
+                Err(e) => {
+                    self.stats.errors += 1;
+                    tracing::warn!("offload: reading the kernel entry {:?}: {e}", c.orig);
+                    return;
+                }
+            }
+        }
         // Kernel first: once the XDP entries exist, the kernel stops seeing
         // the flow's packets, so its window tracking must already be off.
         if let Err(e) = self.kernel.refresh(&c.orig, timeout, true) {
@@ -516,9 +585,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let mut gone = Vec::new();
         for (orig, f) in &mut self.flows {
             let Some(seen) = f.keys.last_seen(&self.table) else {
-                gone.push((*orig, false));
+                gone.push((*orig, Gone::Evicted));
                 continue;
             };
+            // The kernel carries the rest of the connection.
+            if f.keys.handed_back(&self.table) {
+                gone.push((*orig, Gone::TcpControl));
+                continue;
+            }
             if seen <= f.last_seen_ns {
                 continue;
             }
@@ -526,7 +600,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             match self.kernel.refresh(orig, timeout, true) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    gone.push((*orig, true));
+                    gone.push((*orig, Gone::Kernel));
                     continue;
                 }
                 Err(e) => {
@@ -542,15 +616,15 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             self.stats.errors += f.keys.set_lease(&mut self.table, lease);
             self.stats.refreshed += 1;
         }
-        for (orig, kernel_gone) in gone {
+        for (orig, why) in gone {
             if let Some(f) = self.flows.remove(&orig) {
                 f.keys.remove(&mut self.table);
             }
-            if kernel_gone {
-                self.stats.ended_kernel_gone += 1;
-            } else {
-                self.stats.handed_back += 1;
-            }
+            *match why {
+                Gone::Kernel => &mut self.stats.ended_kernel_gone,
+                Gone::Evicted => &mut self.stats.handed_back,
+                Gone::TcpControl => &mut self.stats.ended_tcp_control,
+            } += 1;
         }
     }
 
@@ -630,6 +704,8 @@ mod tests {
     #[derive(Default)]
     struct FakeKernel {
         present: Vec<Tuple>,
+        /// TCP connections the kernel has in a closing state already.
+        closing: Vec<Tuple>,
         refreshed: Vec<(Tuple, u32)>,
     }
 
@@ -641,6 +717,15 @@ mod tests {
             }
             self.refreshed.push((*orig, timeout));
             Ok(())
+        }
+        fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
+            Ok(self.present.contains(orig).then(|| {
+                if self.closing.contains(orig) {
+                    tcp_state::ESTABLISHED + 1
+                } else {
+                    tcp_state::ESTABLISHED
+                }
+            }))
         }
         fn route(&mut self, addr: IpAddr) -> Option<u32> {
             match addr {
@@ -838,6 +923,66 @@ mod tests {
         c.tcp_state = Some(4);
         o.conn(&c, 2);
         assert_eq!((o.len(), o.table.0.len(), o.stats.ended_closing), (0, 0, 1));
+    }
+
+    /// An established masqueraded TCP connection, as its update event
+    /// reports it.
+    fn established_tcp() -> Conn {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        c.orig.proto = 6;
+        c.reply.proto = 6;
+        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        c
+    }
+
+    #[test]
+    fn a_connection_closed_since_its_established_event_stays_in_the_kernel() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        o.kernel.closing.push(c.orig);
+        o.conn(&c, 1);
+        assert_eq!((o.len(), o.table.0.len()), (0, 0));
+        // Its kernel entry keeps the closing state's timeout.
+        assert!(o.kernel.refreshed.is_empty());
+        assert_eq!(o.stats.not_offloaded.get("tcp_closed_meanwhile"), Some(&1));
+    }
+
+    #[test]
+    fn a_handed_back_connection_leaves_xdp_and_its_ports_next_one_is_offloaded() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        let (ok, rk) = (flow_key(&c.orig), flow_key(&c.reply));
+        // The data path passed a FIN and handed the flow back (both
+        // entries), and forwarded a packet just before.
+        for k in [ok, rk] {
+            let e = o.table.0.get_mut(&k).unwrap();
+            e.lease = LEASE_HANDED_BACK;
+            e.last_seen_ns = 5_000_000_000;
+        }
+        // A lease renewal never takes the hand-back back.
+        let f = &o.flows[&c.orig];
+        assert_eq!(f.keys.set_lease(&mut o.table, 99), 0);
+        assert_eq!(o.table.0[&ok].lease, LEASE_HANDED_BACK);
+        // The tick ends it without refreshing the kernel entry.
+        o.tick(6_000_000_000);
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.ended_tcp_control),
+            (0, 0, 1)
+        );
+        assert_eq!(o.kernel.refreshed.len(), 1);
+        // The next connection on the same ports: offloaded once established.
+        o.conn(&c, 7_000_000_000);
+        assert_eq!((o.len(), o.table.0.len()), (1, 2));
+        // Its predecessor's closing update never came: an ESTABLISHED
+        // update of a handed-back connection offloads it again.
+        o.table.0.get_mut(&rk).unwrap().lease = LEASE_HANDED_BACK;
+        o.conn(&c, 8_000_000_000);
+        assert_eq!(
+            (o.len(), o.stats.offloaded, o.stats.ended_tcp_control),
+            (1, 3, 2)
+        );
+        assert_ne!(o.table.0[&rk].lease, LEASE_HANDED_BACK);
     }
 
     #[test]

@@ -4,11 +4,14 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
-    flow::{Segment, TCP_CONTROL, expired, needs_refresh, tcp_control, tcp_observe},
+    flow::{
+        OffloadedHit, Segment, TCP_CONTROL, expired, needs_refresh, offloaded_hit, tcp_control,
+        tcp_observe,
+    },
     hdr::{frame, icmp, ipv4, tcp, udp},
     maps::{
         Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey, FlowState,
-        IPPROTO_TCP, IPPROTO_UDP, TcpWindow, lease_tick,
+        IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
     },
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
@@ -73,15 +76,36 @@ pub fn lookup(key: &FlowKey, side: Ingress<'_>, now: u64) -> Option<*mut FlowEnt
 }
 
 /// An offloaded flow's TCP FIN, SYN or RST goes to the kernel, which owns
-/// the flow's TCP state and must see its teardown (the daemon then removes
-/// the flow). Checked before [`track`], so the data path's own state
-/// machine does not act on it.
+/// the flow's TCP state and must see its teardown, and so does the rest of
+/// the connection: the first such segment hands the flow back
+/// ([`OffloadedHit`]; the daemon then removes the entries, and offloads a
+/// new connection on the same ports once the kernel has it established).
+/// Checked before [`track`], so the data path's own state machine does not
+/// act on it. The hit path pays one compare of two fields it reads anyway.
 #[inline(always)]
-pub fn kernel_segment(e: &FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
-    if e.flags & FLAG_OFFLOADED != 0 && proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
-        return Err(Verdict::pass(Counter::PassOffloadTcpControl));
+pub fn kernel_segment(e: &mut FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
+    match offloaded_hit(e.flags, e.lease, proto, tcp_flags) {
+        OffloadedHit::Carry => Ok(()),
+        OffloadedHit::HandBack => {
+            hand_back(e);
+            Err(Verdict::pass(Counter::PassOffloadTcpControl))
+        }
+        OffloadedHit::Control => Err(Verdict::pass(Counter::PassOffloadTcpControl)),
+        OffloadedHit::HandedBack => Err(Verdict::pass(Counter::PassOffloadHandedBack)),
     }
-    Ok(())
+}
+
+/// Ends the lease of both entries of an offloaded flow for good
+/// ([`LEASE_HANDED_BACK`]): from now on the kernel sees every packet of
+/// it, in both directions. A subprogram: only control segments pay for
+/// the other direction's lookup.
+#[inline(never)]
+fn hand_back(e: &mut FlowEntry) {
+    e.lease = LEASE_HANDED_BACK;
+    if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
+        // SAFETY: map value pointer, valid for this run.
+        unsafe { (*p).lease = LEASE_HANDED_BACK };
+    }
 }
 
 /// An offloaded flow is carried only within its lease, which the daemon

@@ -4,11 +4,14 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
 use router_common::{
-    flow::{TCP_CONTROL, expired, initial_state, needs_refresh, tcp_next, tcp_opens_flow},
+    flow::{
+        OffloadedHit, expired, initial_state, needs_refresh, offloaded_hit, tcp_next,
+        tcp_opens_flow,
+    },
     ipv6::{IPPROTO_ICMPV6, ipv6},
     maps::{
         Admit, Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6,
-        FlowState, IPPROTO_TCP, IPPROTO_UDP, lease_tick,
+        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, lease_tick,
     },
 };
 
@@ -39,14 +42,32 @@ pub fn lookup(key: &FlowKey6, side: Ingress<'_>, now: u64) -> Option<*mut FlowEn
 }
 
 /// An offloaded flow's TCP FIN, SYN or RST goes to the kernel, which owns
-/// the flow's TCP state and must see its teardown (as IPv4's
-/// `flow::kernel_segment`). Checked before [`track`].
+/// the flow's TCP state and must see its teardown, and the first one hands
+/// the rest of the connection back to it too (as IPv4's
+/// `flow::kernel_segment`; [`OffloadedHit`]). Checked before [`track`].
 #[inline(always)]
-pub fn kernel_segment(e: &FlowEntry6, proto: u8, tcp_flags: u8) -> Step<()> {
-    if e.flags & FLAG_OFFLOADED != 0 && proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
-        return Err(Verdict::pass(Counter::PassOffloadTcpControl));
+pub fn kernel_segment(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: u8) -> Step<()> {
+    match offloaded_hit(e.flags, e.lease, proto, tcp_flags) {
+        OffloadedHit::Carry => Ok(()),
+        OffloadedHit::HandBack => {
+            hand_back(key, e);
+            Err(Verdict::pass(Counter::PassOffloadTcpControl))
+        }
+        OffloadedHit::Control => Err(Verdict::pass(Counter::PassOffloadTcpControl)),
+        OffloadedHit::HandedBack => Err(Verdict::pass(Counter::PassOffloadHandedBack)),
     }
-    Ok(())
+}
+
+/// Ends the lease of both entries of an offloaded flow for good (as
+/// IPv4's `flow::hand_back`; routed, so the other direction's key is this
+/// one reversed).
+#[inline(never)]
+fn hand_back(key: &FlowKey6, e: &mut FlowEntry6) {
+    e.lease = LEASE_HANDED_BACK;
+    if let Some(p) = CONNTRACK6.get_ptr_mut(&key.reversed()) {
+        // SAFETY: map value pointer, valid for this run.
+        unsafe { (*p).lease = LEASE_HANDED_BACK };
+    }
 }
 
 /// An offloaded flow is carried only within its lease (as IPv4's

@@ -56,8 +56,9 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         Counter::Fwd6Inbound
     };
     let hop = if let Some(e) = flow::lookup(&key, side, now) {
-        // SAFETY: map value pointer from the lookup, valid for this run.
-        flow::kernel_segment(unsafe { &*e }, pkt.proto, pkt.tcp_flags)?;
+        // SAFETY: map value pointer from the lookup, valid for this run;
+        // no other reference to the entry is live.
+        flow::kernel_segment(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags)?;
         // SAFETY: as above.
         let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now)?;
         // SAFETY: as above; no other reference to the entry is live.

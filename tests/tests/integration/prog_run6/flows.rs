@@ -6,7 +6,7 @@
 use router_common::ipv6::IPPROTO_ICMPV6;
 use router_common::maps::{
     FLAG_FIN_ORIG, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, IPPROTO_TCP, IPPROTO_UDP,
-    lease_tick,
+    LEASE_HANDED_BACK, lease_tick,
 };
 use tests::frames::{TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, Tcp, Udp};
 use tests::prog::now_ns;
@@ -443,8 +443,9 @@ fn offloaded(
 
 /// Offload mode, an offloaded TCP flow within its lease: data both ways
 /// forwarded exactly; FIN, RST and SYN go to the kernel (which owns the
-/// flow's TCP state and must see its teardown) and change nothing in
-/// CONNTRACK6.
+/// flow's TCP state and must see its teardown), the first of them hands
+/// the flow back (both entries' lease ends, state and flags unchanged), and
+/// the flow's data goes to the kernel after it.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn offloaded_tcp6_forwarded_and_control_segments_passed() {
@@ -493,8 +494,20 @@ fn offloaded_tcp6_forwarded_and_control_segments_passed() {
             };
             r.pass(what, &frame, ifindex, Counter::PassOffloadTcpControl);
         }
+        r.pass(
+            "data out after the hand-back",
+            &from_client(&env, &data),
+            lan,
+            Counter::PassOffloadHandedBack,
+        );
+        r.pass(
+            "data in after the hand-back",
+            &from_server(&env, &answer),
+            wan,
+            Counter::PassOffloadHandedBack,
+        );
         r.assert_flows(
-            "control segments changed nothing",
+            "control segments changed no state",
             &[
                 (
                     orig,
@@ -505,7 +518,11 @@ fn offloaded_tcp6_forwarded_and_control_segments_passed() {
             ],
         );
         for k in [orig, orig.reversed()] {
-            assert_eq!(r.conntrack6()[&k].lease, lease, "lease of {k:?} untouched");
+            assert_eq!(
+                r.conntrack6()[&k].lease,
+                LEASE_HANDED_BACK,
+                "lease of {k:?} (was {lease})"
+            );
         }
     });
 }
