@@ -2,7 +2,7 @@
 //! decrement, and address/port rewrites with incremental checksum updates
 //! (RFC 1624), including the headers embedded in ICMP errors (RFC 5508).
 
-use crate::checksum::{self, Delta};
+use crate::checksum::Delta;
 use crate::hdr::{self, get_addr, get_u16, icmp, ipv4, set_addr, set_u16, tcp, udp};
 use crate::maps::{IPPROTO_ICMP, IPPROTO_UDP};
 
@@ -211,7 +211,7 @@ pub fn translate_icmp_error(
 mod tests {
     use super::*;
 
-    use crate::checksum::l4_checksum;
+    use crate::checksum::{self, l4_checksum};
     use crate::maps::IPPROTO_TCP;
     use proptest::prelude::*;
     use std::vec::Vec;
