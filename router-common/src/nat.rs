@@ -2,7 +2,7 @@
 //! decrement, and address/port rewrites with incremental checksum updates
 //! (RFC 1624), including the headers embedded in ICMP errors (RFC 5508).
 
-use crate::checksum::Delta;
+use crate::checksum::{self, Delta};
 use crate::hdr::{self, get_addr, get_u16, icmp, ipv4, set_addr, set_u16, tcp, udp};
 use crate::maps::{IPPROTO_ICMP, IPPROTO_UDP};
 
@@ -54,29 +54,19 @@ pub fn classify_ipv4(hdr: &[u8; ipv4::LEN], l3_len: usize) -> Ipv4Verdict {
 /// Whether an option-less IPv4 header's checksum verifies (its words sum
 /// to 0xffff in one's complement).
 ///
-/// Summed as five 32-bit words in the packet's own byte order, then
-/// folded: the one's-complement sum does not depend on byte order (RFC
-/// 1071 2(B): swapped input gives the swapped sum, and 0xffff is its own
-/// swap) and may be taken over wider words and folded down (RFC 1071
-/// 2(C)). Five loads instead of ten 16-bit loads and byte swaps. The sum
-/// is never zero (the first byte is 0x45), so "folds to 0xffff" is exactly
-/// "sums to zero in one's complement".
+/// The words are summed in the packet's own byte order: the
+/// one's-complement sum does not depend on byte order (RFC 1071 2(B):
+/// swapped input gives the swapped sum, and 0xffff is its own swap), so
+/// the data path loads each word without a byte swap.
 #[must_use]
 pub const fn header_checksum_ok(hdr: &[u8; ipv4::LEN]) -> bool {
-    let mut sum = 0u64;
+    let mut sum = 0u32;
     let mut i = 0;
     while i < ipv4::LEN {
-        sum += u32::from_ne_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]) as u64;
-        i += 4;
+        sum += u16::from_ne_bytes([hdr[i], hdr[i + 1]]) as u32;
+        i += 2;
     }
-    // Five 32-bit words: at most 35 bits, one fold to 33 bits, a second to 32.
-    sum = (sum & 0xffff_ffff) + (sum >> 32);
-    sum = (sum & 0xffff_ffff) + (sum >> 32);
-    #[expect(clippy::cast_possible_truncation, reason = "folded to 32 bits above")]
-    let sum32 = sum as u32;
-    let folded = (sum32 & 0xffff) + (sum32 >> 16);
-    let folded = (folded & 0xffff) + (folded >> 16);
-    folded == 0xffff
+    checksum::fold(sum) == 0xffff
 }
 
 /// Decrements the TTL and updates the header checksum incrementally: the
@@ -211,7 +201,7 @@ pub fn translate_icmp_error(
 mod tests {
     use super::*;
 
-    use crate::checksum::{self, l4_checksum};
+    use crate::checksum::l4_checksum;
     use crate::maps::IPPROTO_TCP;
     use proptest::prelude::*;
     use std::vec::Vec;
