@@ -53,12 +53,17 @@ pub fn classify_ipv4(hdr: &[u8; ipv4::LEN], l3_len: usize) -> Ipv4Verdict {
 
 /// Whether an option-less IPv4 header's checksum verifies (its words sum
 /// to 0xffff in one's complement).
+///
+/// The words are summed in the packet's own byte order: the
+/// one's-complement sum does not depend on byte order (RFC 1071 2(B):
+/// swapped input gives the swapped sum, and 0xffff is its own swap), so
+/// the data path loads each word without a byte swap.
 #[must_use]
 pub const fn header_checksum_ok(hdr: &[u8; ipv4::LEN]) -> bool {
     let mut sum = 0u32;
     let mut i = 0;
     while i < ipv4::LEN {
-        sum += get_u16(hdr, i) as u32;
+        sum += u16::from_ne_bytes([hdr[i], hdr[i + 1]]) as u32;
         i += 2;
     }
     checksum::fold(sum) == 0xffff
@@ -463,6 +468,24 @@ mod tests {
         assert_eq!(classify_ipv4(&b, 60), Ipv4Verdict::BadChecksum);
         b[ipv4::TTL] = 1;
         assert_eq!(classify_ipv4(&b, 60), Ipv4Verdict::TtlExceeded);
+    }
+
+    proptest::proptest! {
+        /// The 32-bit native-order verification agrees with the RFC 1071
+        /// checksum of the header taken 16 bits at a time, big-endian.
+        #[test]
+        fn header_checksum_ok_matches_rfc1071(
+            mut h in proptest::array::uniform20(proptest::prelude::any::<u8>()),
+            fix in proptest::prelude::any::<bool>(),
+        ) {
+            h[ipv4::VERSION_IHL] = 0x45;
+            if fix {
+                set_u16(&mut h, ipv4::CHECK, 0);
+                let c = checksum::checksum(&h);
+                set_u16(&mut h, ipv4::CHECK, c);
+            }
+            proptest::prop_assert_eq!(header_checksum_ok(&h), checksum::checksum(&h) == 0);
+        }
     }
 
     #[test]
