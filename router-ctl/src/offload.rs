@@ -323,7 +323,30 @@ pub struct KernelTimeouts {
     pub udp_stream: u32,
     pub icmp: u32,
     pub icmpv6: u32,
+    /// TCP's timeout per conntrack state (`enum tcp_conntrack`: `NONE`,
+    /// `SYN_SENT`, `SYN_RECV`, `ESTABLISHED`, `FIN_WAIT`, `CLOSE_WAIT`,
+    /// `LAST_ACK`, `TIME_WAIT`, `CLOSE`, `SYN_SENT2`), to give a closed
+    /// connection back the timeout of its state.
+    pub tcp_by_state: [u32; TCP_STATES],
 }
+
+/// Conntrack's TCP states the kernel's timeouts are kept for.
+pub const TCP_STATES: usize = 10;
+
+/// The `nf_conntrack_tcp_timeout_*` sysctl of each TCP state, in
+/// [`KernelTimeouts::tcp_by_state`]'s order.
+const TCP_STATE_SYSCTLS: [&str; TCP_STATES] = [
+    "established", // NONE has no sysctl of its own; never read.
+    "syn_sent",
+    "syn_recv",
+    "established",
+    "fin_wait",
+    "close_wait",
+    "last_ack",
+    "time_wait",
+    "close",
+    "syn_sent",
+];
 
 impl Default for KernelTimeouts {
     /// Linux's defaults.
@@ -333,6 +356,7 @@ impl Default for KernelTimeouts {
             udp_stream: 120,
             icmp: 30,
             icmpv6: 30,
+            tcp_by_state: [432_000, 120, 60, 432_000, 120, 60, 30, 120, 10, 120],
         }
     }
 }
@@ -354,7 +378,20 @@ impl KernelTimeouts {
             udp_stream: sysctl("nf_conntrack_udp_timeout_stream", d.udp_stream),
             icmp: sysctl("nf_conntrack_icmp_timeout", d.icmp),
             icmpv6: sysctl("nf_conntrack_icmpv6_timeout", d.icmpv6),
+            tcp_by_state: std::array::from_fn(|i| {
+                let name = format!("nf_conntrack_tcp_timeout_{}", TCP_STATE_SYSCTLS[i]);
+                sysctl(&name, d.tcp_by_state[i])
+            }),
         }
+    }
+
+    /// The kernel's timeout for a TCP connection in conntrack state `state`.
+    #[must_use]
+    pub fn tcp_state(&self, state: u8) -> u32 {
+        self.tcp_by_state
+            .get(usize::from(state))
+            .copied()
+            .unwrap_or(self.tcp_established)
     }
 
     #[must_use]
@@ -398,6 +435,11 @@ pub struct OffloadStats {
     /// arrived, or with none: a SYN on an established connection).
     #[serde(default)]
     pub ended_tcp_control: u64,
+    /// TCP connections found closed right after their kernel timeout was
+    /// set (closed meanwhile through the kernel): their closing state's
+    /// timeout restored, not (or no longer) offloaded.
+    #[serde(default)]
+    pub closed_while_refreshed: u64,
     /// XDP entries found missing (LRU eviction, flush): the kernel carries
     /// the connection again.
     pub handed_back: u64,
@@ -532,12 +574,22 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
         // Kernel first: once the XDP entries exist, the kernel stops seeing
         // the flow's packets, so its window tracking must already be off.
-        if let Err(e) = self.kernel.refresh(&c.orig, timeout, true) {
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                self.stats.errors += 1;
-                tracing::warn!("offload: updating the kernel entry {:?}: {e}", c.orig);
+        match refresh_while_established(
+            &mut self.kernel,
+            &self.timeouts,
+            &mut self.stats,
+            &c.orig,
+            timeout,
+        ) {
+            Ok(true) => {}
+            Ok(false) => return self.refused("tcp_closed_meanwhile"),
+            Err(e) => {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    self.stats.errors += 1;
+                    tracing::warn!("offload: updating the kernel entry {:?}: {e}", c.orig);
+                }
+                return;
             }
-            return;
         }
         let until = lease_until(now_ns, lease);
         let written = if c.orig.src.is_ipv4() {
@@ -597,8 +649,18 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 continue;
             }
             let timeout = self.timeouts.of(f.proto);
-            match self.kernel.refresh(orig, timeout, true) {
-                Ok(()) => {}
+            match refresh_while_established(
+                &mut self.kernel,
+                &self.timeouts,
+                &mut self.stats,
+                orig,
+                timeout,
+            ) {
+                Ok(true) => {}
+                Ok(false) => {
+                    gone.push((*orig, Gone::TcpControl));
+                    continue;
+                }
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     gone.push((*orig, Gone::Kernel));
                     continue;
@@ -648,6 +710,49 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             self.conn(c, now_ns);
         }
     }
+}
+
+/// Gives the kernel entry `orig` an offloaded flow's `timeout`; for TCP
+/// then reads its state again: whether it is still ESTABLISHED.
+///
+/// ctnetlink has no compare-and-set: a short connection can close
+/// entirely through the kernel (its FINs hand it back to the kernel)
+/// between the daemon's last look and this write, which would leave its
+/// `TIME_WAIT` entry with the ESTABLISHED timeout (5 days by default;
+/// no later packet resets it). Seen after the write, the closing state
+/// gets its own kernel timeout back. Each packet the kernel handles
+/// after that sets its state's timeout itself. Remaining window: a
+/// packet between the read and the restoring write sets the next
+/// state's timeout, overwritten by the previous state's (for example
+/// `LAST_ACK`'s 30 s instead of `TIME_WAIT`'s 120 s): the state is read
+/// again after each restore, a few times, to keep that short-lived.
+fn refresh_while_established<K: Kernel>(
+    kernel: &mut K,
+    timeouts: &KernelTimeouts,
+    stats: &mut OffloadStats,
+    orig: &Tuple,
+    timeout: u32,
+) -> io::Result<bool> {
+    /// Restores after the first: each needs another packet in between.
+    const RESTORES: usize = 3;
+    kernel.refresh(orig, timeout, true)?;
+    if orig.proto != IPPROTO_TCP {
+        return Ok(true);
+    }
+    let mut restored = None;
+    for _ in 0..=RESTORES {
+        match kernel.tcp_state(orig)? {
+            None => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
+            Some(tcp_state::ESTABLISHED) if restored.is_none() => return Ok(true),
+            Some(s) if restored == Some(s) => break,
+            Some(s) => {
+                kernel.refresh(orig, timeouts.tcp_state(s), true)?;
+                restored = Some(s);
+            }
+        }
+    }
+    stats.closed_while_refreshed += 1;
+    Ok(false)
 }
 
 /// Writes a connection's two entries, reply direction first: a packet of
@@ -706,6 +811,9 @@ mod tests {
         present: Vec<Tuple>,
         /// TCP connections the kernel has in a closing state already.
         closing: Vec<Tuple>,
+        /// TCP connections that close through the kernel while their
+        /// timeout is being set (the race with the daemon's write).
+        closing_at_refresh: Vec<Tuple>,
         refreshed: Vec<(Tuple, u32)>,
     }
 
@@ -716,6 +824,9 @@ mod tests {
                 return Err(io::Error::from_raw_os_error(libc::ENOENT));
             }
             self.refreshed.push((*orig, timeout));
+            if self.closing_at_refresh.contains(orig) && !self.closing.contains(orig) {
+                self.closing.push(*orig);
+            }
             Ok(())
         }
         fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
@@ -945,6 +1056,44 @@ mod tests {
         // Its kernel entry keeps the closing state's timeout.
         assert!(o.kernel.refreshed.is_empty());
         assert_eq!(o.stats.not_offloaded.get("tcp_closed_meanwhile"), Some(&1));
+    }
+
+    /// The fake's closing state (`FIN_WAIT`) and its default timeout.
+    const FAKE_CLOSING_TIMEOUT: u32 = 120;
+
+    #[test]
+    fn a_connection_closed_while_offloaded_gets_its_closing_timeout_back() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        o.kernel.closing_at_refresh.push(c.orig);
+        o.conn(&c, 1);
+        // Not offloaded, and the kernel entry keeps no ESTABLISHED timeout.
+        assert_eq!((o.len(), o.table.0.len()), (0, 0));
+        assert_eq!(
+            o.kernel.refreshed,
+            [(c.orig, 432_000), (c.orig, FAKE_CLOSING_TIMEOUT)]
+        );
+        assert_eq!(o.stats.closed_while_refreshed, 1);
+    }
+
+    #[test]
+    fn a_connection_closed_while_its_lease_is_renewed_leaves_xdp() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        // XDP carried a packet, then the kernel closes the connection
+        // between the tick's look at the entries and its write.
+        let k = flow_key(&c.orig);
+        o.table.0.get_mut(&k).unwrap().last_seen_ns = 20_000_000_000;
+        o.kernel.closing_at_refresh.push(c.orig);
+        o.tick(21_000_000_000);
+        assert_eq!((o.len(), o.table.0.len()), (0, 0));
+        assert_eq!(
+            o.kernel.refreshed.last(),
+            Some(&(c.orig, FAKE_CLOSING_TIMEOUT))
+        );
+        assert_eq!(o.stats.closed_while_refreshed, 1);
     }
 
     #[test]
