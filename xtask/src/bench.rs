@@ -3,7 +3,8 @@
 //! forwarding + iptables MASQUERADE against the XDP router (and, under the
 //! live generator, the limit: a minimal XDP forwarder) on fresh namespace
 //! topologies, alternating point by point. Writes
-//! `target/bench/report.md`, `results.json` and `throughput.svg`. ARGS go
+//! `target/bench/report.md`, `results.json` and `throughput.svg`
+//! (`--quick`: `target/bench-quick/`). ARGS go
 //! to router-bench as they are (`cargo xtask bench -- --help` lists them).
 
 use std::time::Instant;

@@ -149,7 +149,8 @@ pub struct Cli {
     /// Parallel clients of the connection setup rate [default: 16; smoke 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     conn_rate_workers: Option<u32>,
-    /// Output directory [default: target/bench; smoke target/bench-smoke].
+    /// Output directory [default: target/bench; quick target/bench-quick;
+    /// smoke target/bench-smoke].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
 }
@@ -207,9 +208,11 @@ pub struct Opts {
 }
 
 /// target/bench beside the binary's profile directory (honours
-/// `CARGO_TARGET_DIR`): target/<profile>/router-bench -> target/bench.
-fn default_out(smoke: bool) -> PathBuf {
-    let name = if smoke { "bench-smoke" } else { "bench" };
+/// `CARGO_TARGET_DIR`): target/<profile>/router-bench -> target/bench;
+/// `--quick` and `--smoke` write beside it (bench-quick, bench-smoke), so
+/// neither overwrites the last full run's results.
+fn default_out(mode: Mode) -> PathBuf {
+    let name = mode.pick("bench", "bench-quick", "bench-smoke");
     std::env::current_exe()
         .ok()
         .and_then(|e| Some(e.parent()?.parent()?.join(name)))
@@ -302,7 +305,7 @@ impl Cli {
             micro_repeat: self
                 .micro_repeat
                 .unwrap_or(mode.pick(1_000_000, 200_000, 10_000)),
-            out: self.out.unwrap_or_else(|| default_out(smoke)),
+            out: self.out.unwrap_or_else(|| default_out(mode)),
         }
     }
 }
@@ -418,6 +421,8 @@ mod unit {
         assert_eq!((full.line_rate_mbps, full.big_table), (2500, 1_000_000));
         let smoke = opts(&["--smoke", "--secs", "3"]);
         assert!(smoke.quick && smoke.out.ends_with("bench-smoke"));
+        assert!(opts(&["--quick"]).out.ends_with("bench-quick"));
+        assert!(opts(&[]).out.ends_with("bench"));
         assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
         assert_eq!((smoke.line_rate_mbps, smoke.big_table), (500, 20_000));
         assert_eq!(opts(&["--no-big-table"]).big_table, 0);
