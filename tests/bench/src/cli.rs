@@ -368,15 +368,18 @@ impl Opts {
     }
 }
 
+/// The options a command line gives (tests: `args` without the program name).
+#[cfg(test)]
+pub(crate) fn opts_of(args: &[&str]) -> Opts {
+    Cli::try_parse_from(std::iter::once("router-bench").chain(args.iter().copied()))
+        .unwrap()
+        .opts()
+}
+
 #[cfg(test)]
 mod unit {
+    use super::opts_of as opts;
     use super::*;
-
-    fn opts(args: &[&str]) -> Opts {
-        Cli::try_parse_from(std::iter::once("router-bench").chain(args.iter().copied()))
-            .unwrap()
-            .opts()
-    }
 
     #[test]
     fn modes_choose_the_defaults_and_options_win() {

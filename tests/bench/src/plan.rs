@@ -330,16 +330,8 @@ pub fn render(o: &Opts) -> String {
 
 #[cfg(test)]
 mod unit {
-    use clap::Parser;
-
     use super::*;
-    use crate::cli::Cli;
-
-    fn opts(args: &[&str]) -> Opts {
-        Cli::try_parse_from(std::iter::once("router-bench").chain(args.iter().copied()))
-            .unwrap()
-            .opts()
-    }
+    use crate::cli::opts_of as opts;
 
     fn phase<'a>(phases: &'a [Phase], name: &str) -> Option<&'a Phase> {
         phases.iter().find(|p| p.name == name)
