@@ -319,14 +319,14 @@ pub trait Kernel {
 /// The kernel's idle timeouts (seconds) for the states XDP carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelTimeouts {
-    pub tcp_established: u32,
     pub udp_stream: u32,
     pub icmp: u32,
     pub icmpv6: u32,
     /// TCP's timeout per conntrack state (`enum tcp_conntrack`: `NONE`,
     /// `SYN_SENT`, `SYN_RECV`, `ESTABLISHED`, `FIN_WAIT`, `CLOSE_WAIT`,
     /// `LAST_ACK`, `TIME_WAIT`, `CLOSE`, `SYN_SENT2`), to give a closed
-    /// connection back the timeout of its state.
+    /// connection back the timeout of its state; `ESTABLISHED`'s is the one
+    /// an offloaded connection gets ([`KernelTimeouts::of`]).
     pub tcp_by_state: [u32; TCP_STATES],
 }
 
@@ -352,7 +352,6 @@ impl Default for KernelTimeouts {
     /// Linux's defaults.
     fn default() -> Self {
         Self {
-            tcp_established: 432_000,
             udp_stream: 120,
             icmp: 30,
             icmpv6: 30,
@@ -374,7 +373,6 @@ impl KernelTimeouts {
                 .unwrap_or(default)
         };
         Self {
-            tcp_established: sysctl("nf_conntrack_tcp_timeout_established", d.tcp_established),
             udp_stream: sysctl("nf_conntrack_udp_timeout_stream", d.udp_stream),
             icmp: sysctl("nf_conntrack_icmp_timeout", d.icmp),
             icmpv6: sysctl("nf_conntrack_icmpv6_timeout", d.icmpv6),
@@ -391,13 +389,19 @@ impl KernelTimeouts {
         self.tcp_by_state
             .get(usize::from(state))
             .copied()
-            .unwrap_or(self.tcp_established)
+            .unwrap_or(self.tcp_established())
+    }
+
+    /// The kernel's timeout for an established TCP connection.
+    #[must_use]
+    pub const fn tcp_established(&self) -> u32 {
+        self.tcp_by_state[tcp_state::ESTABLISHED as usize]
     }
 
     #[must_use]
     pub const fn of(&self, proto: u8) -> u32 {
         match proto {
-            IPPROTO_TCP => self.tcp_established,
+            IPPROTO_TCP => self.tcp_established(),
             IPPROTO_UDP => self.udp_stream,
             IPPROTO_ICMPV6 => self.icmpv6,
             _ => self.icmp,
