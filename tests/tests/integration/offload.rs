@@ -620,29 +620,8 @@ fn short_connection(
 ) -> Result<(), String> {
     use std::io::{Read as _, Write as _};
 
-    use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::IPV4, Type::STREAM, None).map_err(|e| format!("socket: {e}"))?;
-    s.set_reuse_address(true)
-        .map_err(|e| format!("SO_REUSEADDR: {e}"))?;
-    s.bind(&sa(CLIENT_ADDR, port).into())
-        .map_err(|e| format!("bind port {port}: {e}"))?;
-    // The previous connection on the port may still wait for the final
-    // ACK of its FIN (LAST_ACK): its 4-tuple is taken until then.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match s.connect_timeout(&dst.into(), Duration::from_secs(5)) {
-            Ok(()) => break,
-            Err(e)
-                if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(format!("connect from port {port}: {e}")),
-        }
-    }
-    let mut s: std::net::TcpStream = s.into();
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
+    let mut s = tests::echo::tcp_connect_from(sa(CLIENT_ADDR, port), dst, Duration::from_secs(5))
+        .map_err(|e| format!("connect from port {port}: {e}"))?;
     before_request();
     let req = [port.to_be_bytes()[1]; SHORT_CONN_BYTES];
     s.write_all(&req)
