@@ -120,6 +120,18 @@ fn first_line_of(cmd: &[&str]) -> String {
     )
 }
 
+/// The VM and the container layer `systemd-detect-virt --vm` and
+/// `--container` named ("none" for a layer that is not there).
+fn virtualization(vm: &str, container: &str) -> String {
+    let known = |x: &str| !x.is_empty() && x != "none" && !x.contains(' ');
+    match (known(vm), known(container)) {
+        (true, true) => format!("{vm} VM, {container} container"),
+        (true, false) => format!("{vm} VM"),
+        (false, true) => format!("{container} container"),
+        (false, false) => "none".to_owned(),
+    }
+}
+
 /// What the figures were measured on.
 pub fn machine() -> serde_json::Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -136,7 +148,12 @@ pub fn machine() -> serde_json::Value {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|x| x.parse().ok())
         .unwrap_or(0.0);
-    let virt = first_line_of(&["systemd-detect-virt"]);
+    // A container inside a VM: `systemd-detect-virt` alone names only the
+    // container, so ask for each layer.
+    let virt = virtualization(
+        &first_line_of(&["systemd-detect-virt", "--vm"]),
+        &first_line_of(&["systemd-detect-virt", "--container"]),
+    );
     serde_json::json!({
         "cpu_model": model,
         "cores": cores,
@@ -169,6 +186,16 @@ mod unit {
         assert_eq!(t.busy, 10 + 1 + 5 + 3 + 7 + 1);
         assert_eq!(t.softirq, 7);
         assert_eq!(t.total, 129);
+    }
+
+    #[test]
+    fn virtualization_names_every_layer() {
+        assert_eq!(virtualization("kvm", "docker"), "kvm VM, docker container");
+        assert_eq!(virtualization("kvm", "none"), "kvm VM");
+        assert_eq!(virtualization("none", "lxc"), "lxc container");
+        assert_eq!(virtualization("none", "none"), "none");
+        let missing = "systemd-detect-virt: No such file or directory (os error 2)";
+        assert_eq!(virtualization(missing, missing), "none");
     }
 
     #[test]
