@@ -35,7 +35,8 @@ pub fn scaling_section(rows: &[scaling::Row]) -> String {
          A fresh topology whose veths have {n} receive and transmit queues (`ethtool -L`), \
          one live-frame generator per CPU, each pinned: a veth transmit picks the peer's queue \
          by the sending CPU, so each generator feeds its own queue of the router's `lan0` and \
-         that queue's NAPI runs on the generator's CPU (as RSS spreads a NIC's queues). The \
+         that queue's NAPI runs on the generator's CPU (as RSS spreads a NIC's queues); each \
+         generator sends its own slice of the flows, as RSS keeps a flow on one queue. The \
          generators, the router and the sink share the same {n} cores: on all cores every CPU \
          runs a generator as well as the router's and the sink's work, so the figure is the \
          machine's, not the router's alone; ns/packet (softirq time per packet) shows whether \
@@ -91,8 +92,9 @@ fn where_scaling_stops(rows: &[scaling::Row], n: usize) -> String {
          packet went from {} to {} ns; the machine was {} % busy on {n} generators (loss {} %). \
          Every CPU also runs a generator and the sink, so the cores the router would scale \
          onto are already shared: the figure stops at the core count, and past the machine's \
-         saturation a rising ns/packet means cross-CPU contention (shared cache lines, the \
-         flow table's LRU lists), a flat one that the cores simply ran out.\n\n",
+         saturation a rising ns/packet means cross-CPU contention (shared cache lines: the \
+         flow table's LRU lists, the redirect and veth queues), a flat one that the cores \
+         simply ran out.\n\n",
         f(one.run.pps / 1e6, 3),
         f(all.run.pps / 1e6, 3),
         f(all.run.pps / one.run.pps, 2),
