@@ -235,6 +235,13 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
     t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
     t.router_ctl_ok(&["forward", "add", "udp", "5353", "192.168.50.2:53"]);
     let payload = pattern(64 * 1024);
+    let mut capture = SwitchCapture::start(&t);
+    let csum_errors = || {
+        [Ns::Client, Ns::Client2].map(|ns| {
+            t.nstat(ns, "TcpInCsumErrors") + t.nstat(ns, "UdpInCsumErrors")
+        })
+    };
+    let csum_errors_before = csum_errors();
     let (tcp_peer, udp_peer) = on_fast_path(&t, Ns::Router, 40, || {
         let srv = t.tcp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 80));
         let got = t.tcp_echo_client(
@@ -244,11 +251,13 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
             TIMEOUT,
         );
         let tcp_peer = srv.join();
-        assert!(
-            got.as_ref().is_ok_and(|g| *g == payload),
-            "TCP to the WAN address's port forward from the LAN: {:?} (server saw {tcp_peer:?})",
-            got.map(|g| g.len())
-        );
+        if !got.as_ref().is_ok_and(|g| *g == payload) {
+            println!("{}", hairpin_diagnostics(&t, &mut capture));
+            panic!(
+                "TCP to the WAN address's port forward from the LAN: {:?} (server saw {tcp_peer:?})",
+                got.map(|g| g.len())
+            );
+        }
         let srv = t.udp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 53));
         let got = t.udp_echo_client(
             Ns::Client2,
@@ -262,6 +271,16 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
             Some(&b"hairpin"[..]),
             "UDP to the WAN address's port forward from the LAN: {got:?} (server saw {udp_peer:?})"
         );
+        // TCP recovers from a few corrupt segments by retransmitting, so
+        // the echo above can pass with them: they are failures all the same.
+        if csum_errors() != csum_errors_before {
+            println!("{}", hairpin_diagnostics(&t, &mut capture));
+            panic!(
+                "the clients dropped segments with bad checksums (Client, Client2): {:?} -> {:?}",
+                csum_errors_before,
+                csum_errors()
+            );
+        }
         (tcp_peer, udp_peer)
     });
     for (proto, peer) in [("TCP", tcp_peer), ("UDP", udp_peer)] {
@@ -272,6 +291,137 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
             "{proto}: the service must see the WAN address as source, saw {peer}"
         );
     }
+}
+
+/// A packet capture on the switch's ports, read only when a test fails.
+struct SwitchCapture {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+impl SwitchCapture {
+    /// Captures TCP, UDP and ARP on every port of the switch (bounded by
+    /// `timeout`), written to a file; waits until tcpdump listens.
+    fn start(t: &Topology) -> Self {
+        let file = std::env::temp_dir().join(format!("{}.pcap", t.ns_name(Ns::Switch)));
+        let path = file.to_string_lossy().into_owned();
+        let child = t.spawn(
+            Ns::Switch,
+            &[
+                "timeout", "60", "tcpdump", "-q", "-i", "any", "-nn", "-s", "96", "-U", "-w",
+                &path, "tcp or udp or arp",
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !file.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, file }
+    }
+
+    /// Stops the capture and returns it as text (tcpdump -r).
+    fn finish(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        match std::process::Command::new("tcpdump")
+            .args(["-nn", "-tt", "-r"])
+            .arg(&self.file)
+            .output()
+        {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => format!("tcpdump -r: {e}"),
+        }
+    }
+}
+
+impl Drop for SwitchCapture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// What the router and the hosts saw, for a failed hairpin exchange: the
+/// data path's counters (pass reasons), the flow table, the router's
+/// neighbours and kernel conntrack, the kernel's drop and forwarding
+/// counters of the router and both clients, and the switch capture.
+fn hairpin_diagnostics(t: &Topology, capture: &mut SwitchCapture) -> String {
+    let text = |o: std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let mut d = String::from("--- diagnostics of the failed hairpin exchange ---\n");
+    let stats = t.router_ctl_in(Ns::Router, &["stats", "--json"]);
+    let nonzero: Vec<String> = serde_json::from_slice::<Value>(&stats.stdout)
+        .ok()
+        .and_then(|v| v.as_object().cloned())
+        .map(|m| {
+            m.iter()
+                .filter(|(_, c)| c["packets"].as_u64().or(c["events"].as_u64()) != Some(0))
+                .map(|(k, c)| format!("{k}={c}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    d += &format!("router-ctl stats (non-zero): {}\n", nonzero.join(" "));
+    let flows = t.router_ctl_in(Ns::Router, &["conntrack", "list"]);
+    d += &format!("router-ctl conntrack list:\n{}\n", text(flows));
+    for (ns, cmd) in [
+        (Ns::Router, &["ip", "neigh"][..]),
+        (Ns::Router, &["conntrack", "-L"][..]),
+        (Ns::Client, &["ip", "neigh"][..]),
+        (Ns::Client2, &["ip", "neigh"][..]),
+        (Ns::Client, &["ss", "-tani"][..]),
+        (Ns::Client2, &["ss", "-tani"][..]),
+    ] {
+        d += &format!("{ns:?}: {}:\n{}\n", cmd.join(" "), text(t.exec(ns, cmd)));
+    }
+    let counters = [
+        "IpForwDatagrams",
+        "IpInAddrErrors",
+        "IpInDiscards",
+        "IpOutDiscards",
+        "IpOutNoRoutes",
+        "IpExtInNoRoutes",
+        "TcpExtTCPAbortOnData",
+        "TcpExtTCPAbortOnClose",
+        "TcpExtTCPTimeouts",
+        "TcpRetransSegs",
+        "TcpInErrs",
+        "TcpInCsumErrors",
+        "TcpOutRsts",
+        "TcpEstabResets",
+        "TcpAttemptFails",
+        "TcpExtTCPLossProbes",
+        "TcpExtIPReversePathFilter",
+    ];
+    for ns in [Ns::Router, Ns::Client, Ns::Client2] {
+        let snmp = text(t.exec(ns, &["cat", "/proc/net/snmp", "/proc/net/netstat"]));
+        let values: Vec<String> = counters
+            .iter()
+            .filter_map(|c| tests::parse_snmp(&snmp, c).map(|v| format!("{c}={v}")))
+            .collect();
+        d += &format!("{ns:?} kernel counters: {}\n", values.join(" "));
+    }
+    let cap = capture.finish();
+    let lines: Vec<&str> = cap.lines().collect();
+    d += &format!("switch capture ({} packets):\n", lines.len());
+    const SHOWN: usize = 150;
+    for l in lines.iter().take(SHOWN) {
+        d += l;
+        d += "\n";
+    }
+    if lines.len() > 2 * SHOWN {
+        d += "...\n";
+    }
+    for l in lines.iter().skip(SHOWN.max(lines.len().saturating_sub(SHOWN))) {
+        d += l;
+        d += "\n";
+    }
+    d
 }
 
 /// A LAN host reaches another LAN host's *mapping* (learned from the
