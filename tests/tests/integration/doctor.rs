@@ -92,7 +92,12 @@ fn veth_hazards(t: &Topology, router: Ns) -> Vec<String> {
         .iter()
         .filter(|c| c["name"] == "redirect-target" || c["name"] == "tx-checksum")
         .filter(|c| c["level"] != "ok")
-        .map(|c| format!("{router:?} {}: {} (fix: {})", c["iface"], c["detail"], c["fix"]))
+        .map(|c| {
+            format!(
+                "{router:?} {}: {} (fix: {})",
+                c["iface"], c["detail"], c["fix"]
+            )
+        })
         .collect()
 }
 

@@ -9,6 +9,7 @@
 //!
 //! docs/nat-compliance.md cites these tests by name.
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -237,9 +238,8 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
     let payload = pattern(64 * 1024);
     let mut capture = SwitchCapture::start(&t);
     let csum_errors = || {
-        [Ns::Client, Ns::Client2].map(|ns| {
-            t.nstat(ns, "TcpInCsumErrors") + t.nstat(ns, "UdpInCsumErrors")
-        })
+        [Ns::Client, Ns::Client2]
+            .map(|ns| t.nstat(ns, "TcpInCsumErrors") + t.nstat(ns, "UdpInCsumErrors"))
     };
     let csum_errors_before = csum_errors();
     let (tcp_peer, udp_peer) = on_fast_path(&t, Ns::Router, 40, || {
@@ -300,18 +300,23 @@ struct SwitchCapture {
 }
 
 impl SwitchCapture {
-    /// Captures TCP, UDP and ARP on every port of the switch (bounded by
-    /// `timeout`), written to a file; waits until tcpdump listens.
+    /// Far more than a hairpin exchange sends, even with retransmissions.
+    const MAX_PACKETS: u32 = 20_000;
+
+    /// Captures TCP, UDP and ARP on every port of the switch (at most
+    /// [`Self::MAX_PACKETS`]), written to a file; waits until tcpdump
+    /// listens. tcpdump is the spawned process itself (`ip netns exec`
+    /// and the shell exec it), so killing the child stops the capture.
     fn start(t: &Topology) -> Self {
         let file = std::env::temp_dir().join(format!("{}.pcap", t.ns_name(Ns::Switch)));
         let path = file.to_string_lossy().into_owned();
-        let child = t.spawn(
-            Ns::Switch,
-            &[
-                "timeout", "60", "tcpdump", "-q", "-i", "any", "-nn", "-s", "96", "-U", "-w",
-                &path, "tcp or udp or arp",
-            ],
+        // `exec`: the shell becomes tcpdump; its banner is noise in the
+        // test output.
+        let script = format!(
+            "exec tcpdump -q -i any -nn -s 96 -U -c {} -w '{path}' 'tcp or udp or arp' 2>/dev/null",
+            Self::MAX_PACKETS
         );
+        let child = t.spawn(Ns::Switch, &["sh", "-c", &script]);
         let deadline = Instant::now() + Duration::from_secs(5);
         while !file.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
@@ -347,6 +352,27 @@ impl Drop for SwitchCapture {
 /// neighbours and kernel conntrack, the kernel's drop and forwarding
 /// counters of the router and both clients, and the switch capture.
 fn hairpin_diagnostics(t: &Topology, capture: &mut SwitchCapture) -> String {
+    /// Capture lines shown from the start and from the end.
+    const SHOWN: usize = 150;
+    const COUNTERS: [&str; 17] = [
+        "IpForwDatagrams",
+        "IpInAddrErrors",
+        "IpInDiscards",
+        "IpOutDiscards",
+        "IpOutNoRoutes",
+        "IpExtInNoRoutes",
+        "TcpExtTCPAbortOnData",
+        "TcpExtTCPAbortOnClose",
+        "TcpExtTCPTimeouts",
+        "TcpRetransSegs",
+        "TcpInErrs",
+        "TcpInCsumErrors",
+        "TcpOutRsts",
+        "TcpEstabResets",
+        "TcpAttemptFails",
+        "UdpInCsumErrors",
+        "TcpExtIPReversePathFilter",
+    ];
     let text = |o: std::process::Output| {
         format!(
             "{}{}",
@@ -366,9 +392,9 @@ fn hairpin_diagnostics(t: &Topology, capture: &mut SwitchCapture) -> String {
                 .collect()
         })
         .unwrap_or_default();
-    d += &format!("router-ctl stats (non-zero): {}\n", nonzero.join(" "));
+    let _ = writeln!(d, "router-ctl stats (non-zero): {}", nonzero.join(" "));
     let flows = t.router_ctl_in(Ns::Router, &["conntrack", "list"]);
-    d += &format!("router-ctl conntrack list:\n{}\n", text(flows));
+    let _ = writeln!(d, "router-ctl conntrack list:\n{}", text(flows));
     for (ns, cmd) in [
         (Ns::Router, &["ip", "neigh"][..]),
         (Ns::Router, &["conntrack", "-L"][..]),
@@ -377,49 +403,28 @@ fn hairpin_diagnostics(t: &Topology, capture: &mut SwitchCapture) -> String {
         (Ns::Client, &["ss", "-tani"][..]),
         (Ns::Client2, &["ss", "-tani"][..]),
     ] {
-        d += &format!("{ns:?}: {}:\n{}\n", cmd.join(" "), text(t.exec(ns, cmd)));
+        let _ = writeln!(d, "{ns:?}: {}:\n{}", cmd.join(" "), text(t.exec(ns, cmd)));
     }
-    let counters = [
-        "IpForwDatagrams",
-        "IpInAddrErrors",
-        "IpInDiscards",
-        "IpOutDiscards",
-        "IpOutNoRoutes",
-        "IpExtInNoRoutes",
-        "TcpExtTCPAbortOnData",
-        "TcpExtTCPAbortOnClose",
-        "TcpExtTCPTimeouts",
-        "TcpRetransSegs",
-        "TcpInErrs",
-        "TcpInCsumErrors",
-        "TcpOutRsts",
-        "TcpEstabResets",
-        "TcpAttemptFails",
-        "TcpExtTCPLossProbes",
-        "TcpExtIPReversePathFilter",
-    ];
     for ns in [Ns::Router, Ns::Client, Ns::Client2] {
         let snmp = text(t.exec(ns, &["cat", "/proc/net/snmp", "/proc/net/netstat"]));
-        let values: Vec<String> = counters
+        let values: Vec<String> = COUNTERS
             .iter()
             .filter_map(|c| tests::parse_snmp(&snmp, c).map(|v| format!("{c}={v}")))
             .collect();
-        d += &format!("{ns:?} kernel counters: {}\n", values.join(" "));
+        let _ = writeln!(d, "{ns:?} kernel counters: {}", values.join(" "));
     }
     let cap = capture.finish();
     let lines: Vec<&str> = cap.lines().collect();
-    d += &format!("switch capture ({} packets):\n", lines.len());
-    const SHOWN: usize = 150;
+    let _ = writeln!(d, "switch capture ({} packets):", lines.len());
+    let tail = SHOWN.max(lines.len().saturating_sub(SHOWN));
     for l in lines.iter().take(SHOWN) {
-        d += l;
-        d += "\n";
+        let _ = writeln!(d, "{l}");
     }
-    if lines.len() > 2 * SHOWN {
-        d += "...\n";
+    if tail > SHOWN {
+        d.push_str("...\n");
     }
-    for l in lines.iter().skip(SHOWN.max(lines.len().saturating_sub(SHOWN))) {
-        d += l;
-        d += "\n";
+    for l in lines.iter().skip(tail) {
+        let _ = writeln!(d, "{l}");
     }
     d
 }
