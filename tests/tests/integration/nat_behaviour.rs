@@ -324,18 +324,15 @@ impl SwitchCapture {
         Self { child, file }
     }
 
-    /// Stops the capture and returns it as text (tcpdump -r).
-    fn finish(&mut self) -> String {
+    /// Stops the capture and returns it as text: `tcpdump -r` in the
+    /// switch's namespace, where the capture's interface indexes name its
+    /// ports.
+    fn finish(&mut self, t: &Topology) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        match std::process::Command::new("tcpdump")
-            .args(["-nn", "-tt", "-r"])
-            .arg(&self.file)
-            .output()
-        {
-            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
-            Err(e) => format!("tcpdump -r: {e}"),
-        }
+        let path = self.file.to_string_lossy();
+        let o = t.exec(Ns::Switch, &["tcpdump", "-nn", "-tt", "-r", &path]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
     }
 }
 
@@ -413,7 +410,7 @@ fn hairpin_diagnostics(t: &Topology, capture: &mut SwitchCapture) -> String {
             .collect();
         let _ = writeln!(d, "{ns:?} kernel counters: {}", values.join(" "));
     }
-    let cap = capture.finish();
+    let cap = capture.finish(t);
     let lines: Vec<&str> = cap.lines().collect();
     let _ = writeln!(d, "switch capture ({} packets):", lines.len());
     let tail = SHOWN.max(lines.len().saturating_sub(SHOWN));
