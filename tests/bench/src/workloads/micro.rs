@@ -479,10 +479,13 @@ fn open_flows(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<Frames, String>
 
 /// The router program, loaded unattached in the calling thread's
 /// namespace, configured as `attach` does.
-fn load_router(lan: u32, wan: u32) -> Result<LoadedRouter, String> {
+fn load_router(object: Option<&[u8]>, lan: u32, wan: u32) -> Result<LoadedRouter, String> {
     // The test kit's loader panics on failure (it serves tests); here a
     // failure is one failed section of the report, not the end of the run.
-    let loaded = std::panic::catch_unwind(|| LoadedRouter::load(lan, wan, 2 * DEFAULT_MAX_FLOWS));
+    let loaded = std::panic::catch_unwind(|| match object {
+        None => LoadedRouter::load(lan, wan, 2 * DEFAULT_MAX_FLOWS),
+        Some(obj) => LoadedRouter::load_object(obj, lan, wan, 2 * DEFAULT_MAX_FLOWS),
+    });
     let mut router = loaded.map_err(|p| {
         let why = p
             .downcast_ref::<String>()
@@ -513,6 +516,67 @@ fn load_router(lan: u32, wan: u32) -> Result<LoadedRouter, String> {
 /// Runs every case; `calls` per-call samples each, `repeat` for the
 /// amortised ones.
 pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
+    let mut rounds = run_objects(t, &[None], calls, repeat, 1)?;
+    Ok(rounds.pop().and_then(|mut r| r.pop()).unwrap_or_default())
+}
+
+/// A loaded router program with the flows and frames of the cases.
+struct Prepared {
+    router: LoadedRouter,
+    frames: Frames,
+    partners: [FlowKey; 2],
+}
+
+/// Loads `object` (`None`: the embedded one) and opens the cases' flows;
+/// in the router namespace.
+fn prepare(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Prepared, String> {
+    let mut router = load_router(object, lan, wan)?;
+    let prog: &Xdp = router
+        .ebpf
+        .program(PROGRAM_NAME)
+        .ok_or("no router program")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    let frames = open_flows(prog, m, lan, wan)?;
+    let offloaded = FlowKey::new(
+        CLIENT_ADDR.octets(),
+        SERVER_ADDR.octets(),
+        OFFLOADED_SPORT,
+        5001,
+        IPPROTO_UDP,
+    );
+    mark_offloaded(&mut router.conntrack, offloaded)?;
+    let mut partner = |sport, proto| {
+        add_pingpong_partner(
+            &mut router.conntrack,
+            FlowKey::new(
+                CLIENT_ADDR.octets(),
+                SERVER_ADDR.octets(),
+                sport,
+                5001,
+                proto,
+            ),
+        )
+    };
+    let partners = [partner(40_000, IPPROTO_UDP)?, partner(40_001, IPPROTO_TCP)?];
+    Ok(Prepared {
+        router,
+        frames,
+        partners,
+    })
+}
+
+/// Every case on every object (`None`: the embedded one), `rounds` times:
+/// `[round][object][case]`. The objects take turns case by case (the
+/// first one rotating per round), so that noise from other load on the
+/// machine hits them alike.
+fn run_objects(
+    t: &Topology,
+    objects: &[Option<&[u8]>],
+    calls: u32,
+    repeat: u32,
+    rounds: u32,
+) -> Result<Vec<Vec<Vec<Case>>>, String> {
     t.warm_neighbours();
     let m = Macs {
         lan: t.try_mac(Ns::Router, LAN_IF)?,
@@ -525,79 +589,155 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
         t.try_ifindex(Ns::Router, WAN_IF)?,
     );
     t.in_ns(Ns::Router, || {
-        let mut router = load_router(lan, wan)?;
-        let prog: &Xdp = router
-            .ebpf
-            .program(PROGRAM_NAME)
-            .ok_or("no router program")?
-            .try_into()
-            .map_err(|e| format!("{e}"))?;
-        let frames = open_flows(prog, m, lan, wan)?;
-        let offloaded = FlowKey::new(
-            CLIENT_ADDR.octets(),
-            SERVER_ADDR.octets(),
-            OFFLOADED_SPORT,
-            5001,
-            IPPROTO_UDP,
-        );
-        mark_offloaded(&mut router.conntrack, offloaded)?;
-        let partners = [
-            add_pingpong_partner(
-                &mut router.conntrack,
-                FlowKey::new(
-                    CLIENT_ADDR.octets(),
-                    SERVER_ADDR.octets(),
-                    40_000,
-                    5001,
-                    IPPROTO_UDP,
-                ),
-            )?,
-            add_pingpong_partner(
-                &mut router.conntrack,
-                FlowKey::new(
-                    CLIENT_ADDR.octets(),
-                    SERVER_ADDR.octets(),
-                    40_001,
-                    5001,
-                    IPPROTO_TCP,
-                ),
-            )?,
-        ];
+        let mut prepared = objects
+            .iter()
+            .map(|o| prepare(*o, m, lan, wan))
+            .collect::<Result<Vec<_>, _>>()?;
+        let progs = prepared
+            .iter()
+            .map(|p| {
+                let prog: &Xdp = p
+                    .router
+                    .ebpf
+                    .program(PROGRAM_NAME)
+                    .ok_or("no router program")?
+                    .try_into()
+                    .map_err(|e| format!("{e}"))?;
+                Ok(prog)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
         let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
-        let mut cases = Vec::new();
-        for s in &SPECS {
-            let runner: &dyn Runner = if s.name == "trivial-pass" {
-                match &trivial {
-                    Ok(tr) => tr,
-                    Err(e) => {
-                        eprintln!("micro: skipping the trivial floor: {e}");
-                        continue;
-                    }
+        let mut out = Vec::new();
+        for round in 0..rounds as usize {
+            let mut per_object = vec![Vec::new(); objects.len()];
+            for s in &SPECS {
+                for k in 0..objects.len() {
+                    let i = (k + round) % objects.len();
+                    let frames = &prepared[i].frames;
+                    let runner: &dyn Runner = if s.name == "trivial-pass" {
+                        match &trivial {
+                            Ok(tr) => tr,
+                            Err(e) => {
+                                eprintln!("micro: skipping the trivial floor: {e}");
+                                continue;
+                            }
+                        }
+                    } else {
+                        progs[i]
+                    };
+                    let ingress = if s.from_wan { wan } else { lan };
+                    let pingpong = match s.input {
+                        Input::UdpOut => Some(frames.udp_out_ttl255.as_slice()),
+                        Input::TcpData => Some(frames.tcp_data_ttl255.as_slice()),
+                        _ => None,
+                    };
+                    per_object[i].push(measure(
+                        runner,
+                        s,
+                        (frames, ingress),
+                        calls,
+                        repeat,
+                        pingpong,
+                    )?);
                 }
-            } else {
-                prog
-            };
-            let ingress = if s.from_wan { wan } else { lan };
-            let pingpong = match s.input {
-                Input::UdpOut => Some(frames.udp_out_ttl255.as_slice()),
-                Input::TcpData => Some(frames.tcp_data_ttl255.as_slice()),
-                _ => None,
-            };
-            cases.push(measure(
-                runner,
-                s,
-                (&frames, ingress),
-                calls,
-                repeat,
-                pingpong,
-            )?);
+            }
+            out.push(per_object);
         }
-        for k in partners {
-            router
-                .conntrack
-                .remove(&k)
-                .map_err(|e| format!("ping-pong partner: {e}"))?;
+        drop(progs);
+        for p in &mut prepared {
+            for k in p.partners {
+                p.router
+                    .conntrack
+                    .remove(&k)
+                    .map_err(|e| format!("ping-pong partner: {e}"))?;
+            }
         }
-        Ok(cases)
+        Ok(out)
     })
+}
+
+/// The micro-benchmark of several builds of the program side by side
+/// (`--micro-compare`): one topology, then `rounds` rounds that each load
+/// and measure every object in turn (the order rotating per round), so
+/// noise from other load hits all alike. Prints, per case and object, the
+/// median over the rounds of the per-call median and of the amortised
+/// time, and each one's ratio to the first object's and to the floor.
+pub fn compare(
+    objects: &[std::path::PathBuf],
+    rounds: u32,
+    calls: u32,
+    repeat: u32,
+) -> Result<(), String> {
+    let bytes = objects
+        .iter()
+        .map(|p| std::fs::read(p).map_err(|e| format!("reading the object {}: {e}", p.display())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let t = Topology::new();
+    let refs: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
+    let results = run_objects(&t, &refs, calls, repeat, rounds)?;
+    let Some(names) = results
+        .first()
+        .and_then(|r| r.first())
+        .map(|cases| cases.iter().map(|c| c.name).collect::<Vec<_>>())
+    else {
+        return Err("no results".into());
+    };
+    // The median over the rounds of case `c` of object `o`: per call and
+    // amortised.
+    let med = |o: usize, c: usize| {
+        let mut call = Vec::new();
+        let mut amort = Vec::new();
+        for r in &results {
+            let case = &r[o][c];
+            call.push(case.median_ns);
+            if let Some(a) = case.amortized_ns {
+                amort.push(a);
+            }
+        }
+        let amort = if amort.is_empty() {
+            f64::NAN
+        } else {
+            percentile(&mut amort, 50.0)
+        };
+        (percentile(&mut call, 50.0), amort)
+    };
+    for r in &results {
+        for (o, cases) in r.iter().enumerate() {
+            if let Some(c) = cases.iter().find(|c| c.unexpected > 0) {
+                return Err(format!(
+                    "{}: {} of {} calls of {} got another verdict than {}",
+                    objects[o].display(),
+                    c.unexpected,
+                    c.calls,
+                    c.name,
+                    c.verdict
+                ));
+            }
+        }
+    }
+    println!(
+        "per-call median ns (amortised ns), median of {rounds} rounds; ratio to object [0]; \
+         per-call ratio to the floor"
+    );
+    for (o, p) in objects.iter().enumerate() {
+        println!("  [{o}] {}", p.display());
+    }
+    for (c, name) in names.iter().enumerate() {
+        let floor = med(0, 0).0;
+        let base = med(0, c);
+        let cols = (0..objects.len())
+            .map(|o| {
+                let (call, amort) = med(o, c);
+                format!(
+                    "{call:6.1} ({amort:5.1}) x{:.3} (x{:.3}) /floor {:.2}",
+                    call / base.0,
+                    amort / base.1,
+                    call / floor
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" | ");
+        println!("{name:22} {cols}");
+    }
+    Ok(())
 }
