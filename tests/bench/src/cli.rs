@@ -114,14 +114,11 @@ pub struct Cli {
     #[arg(long)]
     no_micro: bool,
     /// Run only the `BPF_PROG_RUN` micro-benchmark, on these XDP objects
-    /// (builds of router-ebpf) side by side instead of the embedded one:
-    /// `--micro-rounds` rounds, each measuring every object in turn; prints
-    /// the medians and their ratios (to the first object and to the floor).
+    /// (builds of router-ebpf) side by side instead of the embedded one,
+    /// interleaved call by call (`--micro-calls` each); prints the medians
+    /// and their ratios (to the first object and to the floor).
     #[arg(long, value_name = "OBJECTS", value_delimiter = ',', num_args = 1..)]
     micro_compare: Option<Vec<PathBuf>>,
-    /// Rounds of `--micro-compare`.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    micro_rounds: u32,
     /// Skip the frags experiment (TCP -P 1, offload on, kernel path with no /
     /// a plain / a frags-aware `XDP_PASS` program on the router; not in
     /// --quick).
@@ -215,7 +212,6 @@ pub struct Opts {
     pub micro_repeat: u32,
     /// `--micro-compare`'s objects (empty: the normal run).
     pub micro_compare: Vec<PathBuf>,
-    pub micro_rounds: u32,
     pub out: PathBuf,
 }
 
@@ -318,7 +314,6 @@ impl Cli {
                 .micro_repeat
                 .unwrap_or(mode.pick(1_000_000, 200_000, 10_000)),
             micro_compare: self.micro_compare.unwrap_or_default(),
-            micro_rounds: self.micro_rounds,
             out: self.out.unwrap_or_else(|| default_out(mode)),
         }
     }

@@ -69,12 +69,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if !o.micro_compare.is_empty() {
-        let r = workloads::micro::compare(
-            &o.micro_compare,
-            o.micro_rounds,
-            o.micro_calls,
-            o.micro_repeat,
-        );
+        let r = workloads::micro::compare(&o.micro_compare, o.micro_calls);
         if let Err(e) = r {
             eprintln!("bench: micro-compare: {e}");
             return ExitCode::FAILURE;

@@ -631,14 +631,9 @@ fn run_objects(
                         Input::TcpData => Some(frames.tcp_data_ttl255.as_slice()),
                         _ => None,
                     };
-                    per_object[i].push(measure(
-                        runner,
-                        s,
-                        (frames, ingress),
-                        calls,
-                        repeat,
-                        pingpong,
-                    )?);
+                    let case = measure(runner, s, (frames, ingress), calls, repeat, pingpong)
+                        .map_err(|e| format!("object {i}, round {}: {e}", round + 1))?;
+                    per_object[i].push(case);
                 }
             }
             out.push(per_object);
@@ -657,82 +652,135 @@ fn run_objects(
 }
 
 /// The micro-benchmark of several builds of the program side by side
-/// (`--micro-compare`): one topology, then `rounds` rounds that each load
-/// and measure every object in turn (the order rotating per round), so
-/// noise from other load hits all alike. Prints, per case and object, the
-/// median over the rounds of the per-call median and of the amortised
-/// time, and each one's ratio to the first object's and to the floor.
-pub fn compare(
-    objects: &[std::path::PathBuf],
-    rounds: u32,
-    calls: u32,
-    repeat: u32,
-) -> Result<(), String> {
+/// (`--micro-compare`): one topology, every object loaded at once, and
+/// every case measured interleaved call by call (object 0, 1, .., 0, 1,
+/// ..), so that load from elsewhere on the machine, which comes and goes
+/// over seconds, hits every object alike. Prints, per case and object, the
+/// median per-call time and (hit cases) the median per-iteration time of
+/// the ping-pong, and their ratios to object 0 and to the floor.
+pub fn compare(objects: &[std::path::PathBuf], calls: u32) -> Result<(), String> {
     let bytes = objects
         .iter()
         .map(|p| std::fs::read(p).map_err(|e| format!("reading the object {}: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
     let t = Topology::new();
-    let refs: Vec<Option<&[u8]>> = bytes.iter().map(|b| Some(b.as_slice())).collect();
-    let results = run_objects(&t, &refs, calls, repeat, rounds)?;
-    let Some(names) = results
-        .first()
-        .and_then(|r| r.first())
-        .map(|cases| cases.iter().map(|c| c.name).collect::<Vec<_>>())
-    else {
-        return Err("no results".into());
+    t.warm_neighbours();
+    let m = Macs {
+        lan: t.try_mac(Ns::Router, LAN_IF)?,
+        wan: t.try_mac(Ns::Router, WAN_IF)?,
+        client: t.try_mac(Ns::Client, HOST_IF)?,
+        server: t.try_mac(Ns::Server, HOST_IF)?,
     };
-    // The median over the rounds of case `c` of object `o`: per call and
-    // amortised.
-    let med = |o: usize, c: usize| {
-        let mut call = Vec::new();
-        let mut amort = Vec::new();
-        for r in &results {
-            let case = &r[o][c];
-            call.push(case.median_ns);
-            if let Some(a) = case.amortized_ns {
-                amort.push(a);
+    let (lan, wan) = (
+        t.try_ifindex(Ns::Router, LAN_IF)?,
+        t.try_ifindex(Ns::Router, WAN_IF)?,
+    );
+    let rows = t.in_ns(Ns::Router, || {
+        let prepared = bytes
+            .iter()
+            .map(|b| prepare(Some(b), m, lan, wan))
+            .collect::<Result<Vec<_>, _>>()?;
+        let progs = prepared
+            .iter()
+            .map(|p| {
+                let prog: &Xdp = p
+                    .router
+                    .ebpf
+                    .program(PROGRAM_NAME)
+                    .ok_or("no router program")?
+                    .try_into()
+                    .map_err(|e| format!("{e}"))?;
+                Ok(prog)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS))?;
+        let mut rows = Vec::new();
+        for s in &SPECS {
+            let ingress = if s.from_wan { wan } else { lan };
+            let runner = |o: usize| -> &dyn Runner {
+                if s.name == "trivial-pass" {
+                    &trivial
+                } else {
+                    progs[o]
+                }
+            };
+            let mut per_call = vec![Vec::new(); objects.len()];
+            for i in 0..calls {
+                for k in 0..objects.len() {
+                    let o = (k + i as usize) % objects.len();
+                    let f = prepared[o].frames.get(s.input, i);
+                    let (v, ns, _) = runner(o).run(&f, ingress, 1)?;
+                    if v != s.verdict {
+                        return Err(format!(
+                            "object {o}: {} gave verdict {v}, not {}",
+                            s.name,
+                            verdict_name(s.verdict)
+                        ));
+                    }
+                    per_call[o].push(ns);
+                }
+            }
+            let mut per_iteration = vec![Vec::new(); objects.len()];
+            if matches!(s.input, Input::UdpOut | Input::TcpData) {
+                for i in 0..(calls / 50).max(10) {
+                    for k in 0..objects.len() {
+                        let o = (k + i as usize) % objects.len();
+                        let frames = &prepared[o].frames;
+                        let f = if matches!(s.input, Input::UdpOut) {
+                            &frames.udp_out_ttl255
+                        } else {
+                            &frames.tcp_data_ttl255
+                        };
+                        let ns = pingpong_ns(runner(o), s, f, ingress, 1)
+                            .map_err(|e| format!("object {o}: {e}"))?;
+                        per_iteration[o].push(ns);
+                    }
+                }
+            }
+            let med = |v: &mut Vec<f64>| {
+                if v.is_empty() {
+                    f64::NAN
+                } else {
+                    percentile(v, 50.0)
+                }
+            };
+            let row: Vec<(f64, f64)> = per_call
+                .iter_mut()
+                .zip(&mut per_iteration)
+                .map(|(c, p)| (med(c), med(p)))
+                .collect();
+            rows.push((s.name, row));
+        }
+        drop(progs);
+        for mut p in prepared {
+            for k in p.partners {
+                p.router
+                    .conntrack
+                    .remove(&k)
+                    .map_err(|e| format!("ping-pong partner: {e}"))?;
             }
         }
-        let amort = if amort.is_empty() {
-            f64::NAN
-        } else {
-            percentile(&mut amort, 50.0)
-        };
-        (percentile(&mut call, 50.0), amort)
-    };
-    for r in &results {
-        for (o, cases) in r.iter().enumerate() {
-            if let Some(c) = cases.iter().find(|c| c.unexpected > 0) {
-                return Err(format!(
-                    "{}: {} of {} calls of {} got another verdict than {}",
-                    objects[o].display(),
-                    c.unexpected,
-                    c.calls,
-                    c.name,
-                    c.verdict
-                ));
-            }
-        }
-    }
+        Ok::<_, String>(rows)
+    })?;
     println!(
-        "per-call median ns (amortised ns), median of {rounds} rounds; ratio to object [0]; \
-         per-call ratio to the floor"
+        "median ns per call (per ping-pong iteration), {calls} calls per case and object, \
+         interleaved; ratio to object [0]; per-call ratio to the floor"
     );
     for (o, p) in objects.iter().enumerate() {
         println!("  [{o}] {}", p.display());
     }
-    for (c, name) in names.iter().enumerate() {
-        let floor = med(0, 0).0;
-        let base = med(0, c);
-        let cols = (0..objects.len())
-            .map(|o| {
-                let (call, amort) = med(o, c);
+    let floor: Vec<f64> = rows[0].1.iter().map(|r| r.0).collect();
+    for (name, row) in &rows {
+        let base = row[0];
+        let cols = row
+            .iter()
+            .enumerate()
+            .map(|(o, &(call, iter))| {
                 format!(
-                    "{call:6.1} ({amort:5.1}) x{:.3} (x{:.3}) /floor {:.2}",
+                    "{call:6.1} ({iter:5.1}) x{:.3} (x{:.3}) /floor {:.2}",
                     call / base.0,
-                    amort / base.1,
-                    call / floor
+                    iter / base.1,
+                    call / floor[o]
                 )
             })
             .collect::<Vec<_>>()
