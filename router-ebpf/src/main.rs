@@ -96,6 +96,10 @@ pub type Step<T> = Result<T, Verdict>;
     clippy::needless_pass_by_value,
     reason = "the #[xdp] macro passes the context by value"
 )]
+// The macro wraps this function in the program's entry point. Not inlined
+// (LLVM finds it too large), every packet paid a BPF-to-BPF call into it
+// and a return through the kernel's return thunk.
+#[inline(always)]
 pub fn router(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u64;
     let v = match try_router(&ctx) {
