@@ -38,9 +38,7 @@ mod maps;
 mod parse;
 mod v6;
 
-use aya_ebpf::{
-    bindings::xdp_action, helpers::bpf_ktime_get_coarse_ns, macros::xdp, programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use router_common::{
     hdr::{eth, frame, get_u16, ipv4},
     maps::{Counter, FLAG_MAPPED, FLAG_OFFLOADED, FlowKey},
@@ -140,11 +138,8 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
             return icmp_error::forward(ctx, side.cfg, eth, ip, total_len);
         }
     };
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-
     let key = FlowKey::new(pkt.src, pkt.dst, pkt.sport, pkt.dport, pkt.proto);
-    let hit = flow::lookup(&key, side, now);
+    let (hit, now) = flow::lookup(&key, side);
     let mut xlat = Xlat::of_packet(&pkt);
     let mut cached = None;
     let mut offloaded = false;
