@@ -97,11 +97,18 @@ pub fn kernel_segment(e: &mut FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
     match offloaded_hit(e.flags, e.lease, proto, tcp_flags) {
         OffloadedHit::Carry => Ok(()),
         OffloadedHit::HandBack => {
+            core::hint::cold_path();
             hand_back(e);
             Err(Verdict::pass(Counter::PassOffloadTcpControl))
         }
-        OffloadedHit::Control => Err(Verdict::pass(Counter::PassOffloadTcpControl)),
-        OffloadedHit::HandedBack => Err(Verdict::pass(Counter::PassOffloadHandedBack)),
+        OffloadedHit::Control => {
+            core::hint::cold_path();
+            Err(Verdict::pass(Counter::PassOffloadTcpControl))
+        }
+        OffloadedHit::HandedBack => {
+            core::hint::cold_path();
+            Err(Verdict::pass(Counter::PassOffloadHandedBack))
+        }
     }
 }
 
@@ -126,6 +133,7 @@ fn hand_back(e: &mut FlowEntry) {
 #[inline(always)]
 pub fn within_lease(e: &FlowEntry, now: u64) -> Step<()> {
     if e.flags & FLAG_OFFLOADED != 0 && lease_tick(now) > e.lease {
+        core::hint::cold_path();
         return Err(Verdict::pass(Counter::PassLeaseExpired));
     }
     Ok(())
@@ -140,6 +148,7 @@ pub fn cached_hop(e: &FlowEntry, total_len: usize, now: u64) -> Step<Option<Hop>
         || needs_refresh(e.last_seen_ns, now)
         || total_len > usize::from(e.hop_mtu)
     {
+        core::hint::cold_path();
         return Ok(None);
     }
     redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).map(Some)
