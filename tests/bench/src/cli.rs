@@ -480,6 +480,17 @@ mod unit {
     }
 
     #[test]
+    fn micro_compare_takes_a_list_of_objects() {
+        assert!(opts(&[]).micro_compare.is_empty());
+        let o = opts(&["--micro-compare", "main.o,branch.o", "--micro-calls", "300"]);
+        assert_eq!(
+            o.micro_compare,
+            [PathBuf::from("main.o"), PathBuf::from("branch.o")]
+        );
+        assert_eq!(o.micro_calls, 300);
+    }
+
+    #[test]
     fn lists_and_values_are_checked() {
         let o = opts(&[
             "--workloads",

@@ -513,11 +513,19 @@ fn load_router(object: Option<&[u8]>, lan: u32, wan: u32) -> Result<LoadedRouter
     Ok(router)
 }
 
-/// Runs every case; `calls` per-call samples each, `repeat` for the
-/// amortised ones.
-pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
-    let mut rounds = run_objects(t, &[None], calls, repeat, 1)?;
-    Ok(rounds.pop().and_then(|mut r| r.pop()).unwrap_or_default())
+/// The router's MACs and ifindexes (LAN, WAN) and its neighbours', with
+/// the neighbours resolved.
+fn sides(t: &Topology) -> Result<(Macs, u32, u32), String> {
+    t.warm_neighbours();
+    let m = Macs {
+        lan: t.try_mac(Ns::Router, LAN_IF)?,
+        wan: t.try_mac(Ns::Router, WAN_IF)?,
+        client: t.try_mac(Ns::Client, HOST_IF)?,
+        server: t.try_mac(Ns::Server, HOST_IF)?,
+    };
+    let lan = t.try_ifindex(Ns::Router, LAN_IF)?;
+    let wan = t.try_ifindex(Ns::Router, WAN_IF)?;
+    Ok((m, lan, wan))
 }
 
 /// A loaded router program with the flows and frames of the cases.
@@ -566,88 +574,57 @@ fn prepare(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Prepare
     })
 }
 
-/// Every case on every object (`None`: the embedded one), `rounds` times:
-/// `[round][object][case]`. The objects take turns case by case (the
-/// first one rotating per round), so that noise from other load on the
-/// machine hits them alike.
-fn run_objects(
-    t: &Topology,
-    objects: &[Option<&[u8]>],
-    calls: u32,
-    repeat: u32,
-    rounds: u32,
-) -> Result<Vec<Vec<Vec<Case>>>, String> {
-    t.warm_neighbours();
-    let m = Macs {
-        lan: t.try_mac(Ns::Router, LAN_IF)?,
-        wan: t.try_mac(Ns::Router, WAN_IF)?,
-        client: t.try_mac(Ns::Client, HOST_IF)?,
-        server: t.try_mac(Ns::Server, HOST_IF)?,
-    };
-    let (lan, wan) = (
-        t.try_ifindex(Ns::Router, LAN_IF)?,
-        t.try_ifindex(Ns::Router, WAN_IF)?,
-    );
+/// Runs every case; `calls` per-call samples each, `repeat` for the
+/// amortised ones.
+pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
+    let (m, lan, wan) = sides(t)?;
     t.in_ns(Ns::Router, || {
-        let mut prepared = objects
-            .iter()
-            .map(|o| prepare(*o, m, lan, wan))
-            .collect::<Result<Vec<_>, _>>()?;
-        let progs = prepared
-            .iter()
-            .map(|p| {
-                let prog: &Xdp = p
-                    .router
-                    .ebpf
-                    .program(PROGRAM_NAME)
-                    .ok_or("no router program")?
-                    .try_into()
-                    .map_err(|e| format!("{e}"))?;
-                Ok(prog)
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+        let mut prepared = prepare(None, m, lan, wan)?;
+        let prog: &Xdp = prepared
+            .router
+            .ebpf
+            .program(PROGRAM_NAME)
+            .ok_or("no router program")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        let frames = &prepared.frames;
         let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
-        let mut out = Vec::new();
-        for round in 0..rounds as usize {
-            let mut per_object = vec![Vec::new(); objects.len()];
-            for s in &SPECS {
-                for k in 0..objects.len() {
-                    let i = (k + round) % objects.len();
-                    let frames = &prepared[i].frames;
-                    let runner: &dyn Runner = if s.name == "trivial-pass" {
-                        match &trivial {
-                            Ok(tr) => tr,
-                            Err(e) => {
-                                eprintln!("micro: skipping the trivial floor: {e}");
-                                continue;
-                            }
-                        }
-                    } else {
-                        progs[i]
-                    };
-                    let ingress = if s.from_wan { wan } else { lan };
-                    let pingpong = match s.input {
-                        Input::UdpOut => Some(frames.udp_out_ttl255.as_slice()),
-                        Input::TcpData => Some(frames.tcp_data_ttl255.as_slice()),
-                        _ => None,
-                    };
-                    let case = measure(runner, s, (frames, ingress), calls, repeat, pingpong)
-                        .map_err(|e| format!("object {i}, round {}: {e}", round + 1))?;
-                    per_object[i].push(case);
+        let mut cases = Vec::new();
+        for s in &SPECS {
+            let runner: &dyn Runner = if s.name == "trivial-pass" {
+                match &trivial {
+                    Ok(tr) => tr,
+                    Err(e) => {
+                        eprintln!("micro: skipping the trivial floor: {e}");
+                        continue;
+                    }
                 }
-            }
-            out.push(per_object);
+            } else {
+                prog
+            };
+            let ingress = if s.from_wan { wan } else { lan };
+            let pingpong = match s.input {
+                Input::UdpOut => Some(frames.udp_out_ttl255.as_slice()),
+                Input::TcpData => Some(frames.tcp_data_ttl255.as_slice()),
+                _ => None,
+            };
+            cases.push(measure(
+                runner,
+                s,
+                (frames, ingress),
+                calls,
+                repeat,
+                pingpong,
+            )?);
         }
-        drop(progs);
-        for p in &mut prepared {
-            for k in p.partners {
-                p.router
-                    .conntrack
-                    .remove(&k)
-                    .map_err(|e| format!("ping-pong partner: {e}"))?;
-            }
+        for k in prepared.partners {
+            prepared
+                .router
+                .conntrack
+                .remove(&k)
+                .map_err(|e| format!("ping-pong partner: {e}"))?;
         }
-        Ok(out)
+        Ok(cases)
     })
 }
 
@@ -664,17 +641,7 @@ pub fn compare(objects: &[std::path::PathBuf], calls: u32) -> Result<(), String>
         .map(|p| std::fs::read(p).map_err(|e| format!("reading the object {}: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
     let t = Topology::new();
-    t.warm_neighbours();
-    let m = Macs {
-        lan: t.try_mac(Ns::Router, LAN_IF)?,
-        wan: t.try_mac(Ns::Router, WAN_IF)?,
-        client: t.try_mac(Ns::Client, HOST_IF)?,
-        server: t.try_mac(Ns::Server, HOST_IF)?,
-    };
-    let (lan, wan) = (
-        t.try_ifindex(Ns::Router, LAN_IF)?,
-        t.try_ifindex(Ns::Router, WAN_IF)?,
-    );
+    let (m, lan, wan) = sides(&t)?;
     let rows = t.in_ns(Ns::Router, || {
         let prepared = bytes
             .iter()
