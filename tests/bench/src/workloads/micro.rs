@@ -628,6 +628,10 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
     })
 }
 
+/// Per case: its name and, per object, the median ns per call and per
+/// ping-pong iteration (NaN: the case has no ping-pong).
+type CompareRow = (&'static str, Vec<(f64, f64)>);
+
 /// The micro-benchmark of several builds of the program side by side
 /// (`--micro-compare`): one topology, every object loaded at once, and
 /// every case measured interleaved call by call (object 0, 1, .., 0, 1,
@@ -640,85 +644,14 @@ pub fn compare(objects: &[std::path::PathBuf], calls: u32) -> Result<(), String>
         .iter()
         .map(|p| std::fs::read(p).map_err(|e| format!("reading the object {}: {e}", p.display())))
         .collect::<Result<Vec<_>, _>>()?;
-    let t = Topology::new();
-    let (m, lan, wan) = sides(&t)?;
-    let rows = t.in_ns(Ns::Router, || {
+    let topology = Topology::new();
+    let (macs, lan, wan) = sides(&topology)?;
+    let rows = topology.in_ns(Ns::Router, || {
         let prepared = bytes
             .iter()
-            .map(|b| prepare(Some(b), m, lan, wan))
+            .map(|b| prepare(Some(b), macs, lan, wan))
             .collect::<Result<Vec<_>, _>>()?;
-        let progs = prepared
-            .iter()
-            .map(|p| {
-                let prog: &Xdp = p
-                    .router
-                    .ebpf
-                    .program(PROGRAM_NAME)
-                    .ok_or("no router program")?
-                    .try_into()
-                    .map_err(|e| format!("{e}"))?;
-                Ok(prog)
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS))?;
-        let mut rows = Vec::new();
-        for s in &SPECS {
-            let ingress = if s.from_wan { wan } else { lan };
-            let runner = |o: usize| -> &dyn Runner {
-                if s.name == "trivial-pass" {
-                    &trivial
-                } else {
-                    progs[o]
-                }
-            };
-            let mut per_call = vec![Vec::new(); objects.len()];
-            for i in 0..calls {
-                for k in 0..objects.len() {
-                    let o = (k + i as usize) % objects.len();
-                    let f = prepared[o].frames.get(s.input, i);
-                    let (v, ns, _) = runner(o).run(&f, ingress, 1)?;
-                    if v != s.verdict {
-                        return Err(format!(
-                            "object {o}: {} gave verdict {v}, not {}",
-                            s.name,
-                            verdict_name(s.verdict)
-                        ));
-                    }
-                    per_call[o].push(ns);
-                }
-            }
-            let mut per_iteration = vec![Vec::new(); objects.len()];
-            if matches!(s.input, Input::UdpOut | Input::TcpData) {
-                for i in 0..(calls / 50).max(10) {
-                    for k in 0..objects.len() {
-                        let o = (k + i as usize) % objects.len();
-                        let frames = &prepared[o].frames;
-                        let f = if matches!(s.input, Input::UdpOut) {
-                            &frames.udp_out_ttl255
-                        } else {
-                            &frames.tcp_data_ttl255
-                        };
-                        let ns = pingpong_ns(runner(o), s, f, ingress, 1)
-                            .map_err(|e| format!("object {o}: {e}"))?;
-                        per_iteration[o].push(ns);
-                    }
-                }
-            }
-            let med = |v: &mut Vec<f64>| {
-                if v.is_empty() {
-                    f64::NAN
-                } else {
-                    percentile(v, 50.0)
-                }
-            };
-            let row: Vec<(f64, f64)> = per_call
-                .iter_mut()
-                .zip(&mut per_iteration)
-                .map(|(c, p)| (med(c), med(p)))
-                .collect();
-            rows.push((s.name, row));
-        }
-        drop(progs);
+        let rows = interleaved(&prepared, (lan, wan), calls);
         for mut p in prepared {
             for k in p.partners {
                 p.router
@@ -727,32 +660,120 @@ pub fn compare(objects: &[std::path::PathBuf], calls: u32) -> Result<(), String>
                     .map_err(|e| format!("ping-pong partner: {e}"))?;
             }
         }
-        Ok::<_, String>(rows)
+        rows
     })?;
+    print_comparison(objects, calls, &rows);
+    Ok(())
+}
+
+/// Every case on every prepared program, interleaved call by call.
+fn interleaved(
+    prepared: &[Prepared],
+    (lan, wan): (u32, u32),
+    calls: u32,
+) -> Result<Vec<CompareRow>, String> {
+    let progs = prepared
+        .iter()
+        .map(|p| {
+            let prog: &Xdp = p
+                .router
+                .ebpf
+                .program(PROGRAM_NAME)
+                .ok_or("no router program")?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            Ok(prog)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS))?;
+    let n = prepared.len();
+    let mut rows = Vec::new();
+    for spec in &SPECS {
+        let ingress = if spec.from_wan { wan } else { lan };
+        let runner = |obj: usize| -> &dyn Runner {
+            if spec.name == "trivial-pass" {
+                &trivial
+            } else {
+                progs[obj]
+            }
+        };
+        let mut per_call = vec![Vec::new(); n];
+        for i in 0..calls {
+            for k in 0..n {
+                let obj = (k + i as usize) % n;
+                let frame = prepared[obj].frames.get(spec.input, i);
+                let (verdict, ns, _) = runner(obj).run(&frame, ingress, 1)?;
+                if verdict != spec.verdict {
+                    return Err(format!(
+                        "object {obj}: {} gave verdict {verdict}, not {}",
+                        spec.name,
+                        verdict_name(spec.verdict)
+                    ));
+                }
+                per_call[obj].push(ns);
+            }
+        }
+        let mut per_iteration = vec![Vec::new(); n];
+        if matches!(spec.input, Input::UdpOut | Input::TcpData) {
+            for i in 0..(calls / 50).max(10) {
+                for k in 0..n {
+                    let obj = (k + i as usize) % n;
+                    let frames = &prepared[obj].frames;
+                    let frame = if matches!(spec.input, Input::UdpOut) {
+                        &frames.udp_out_ttl255
+                    } else {
+                        &frames.tcp_data_ttl255
+                    };
+                    let ns = pingpong_ns(runner(obj), spec, frame, ingress, 1)
+                        .map_err(|e| format!("object {obj}: {e}"))?;
+                    per_iteration[obj].push(ns);
+                }
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                percentile(v, 50.0)
+            }
+        };
+        let row = per_call
+            .iter_mut()
+            .zip(&mut per_iteration)
+            .map(|(c, p)| (median(c), median(p)))
+            .collect();
+        rows.push((spec.name, row));
+    }
+    Ok(rows)
+}
+
+/// `--micro-compare`'s table.
+fn print_comparison(objects: &[std::path::PathBuf], calls: u32, rows: &[CompareRow]) {
     println!(
         "median ns per call (per ping-pong iteration), {calls} calls per case and object, \
          interleaved; ratio to object [0]; per-call ratio to the floor"
     );
-    for (o, p) in objects.iter().enumerate() {
-        println!("  [{o}] {}", p.display());
+    for (obj, path) in objects.iter().enumerate() {
+        println!("  [{obj}] {}", path.display());
     }
-    let floor: Vec<f64> = rows[0].1.iter().map(|r| r.0).collect();
-    for (name, row) in &rows {
+    let Some((_, floor_row)) = rows.first() else {
+        return;
+    };
+    for (name, row) in rows {
         let base = row[0];
         let cols = row
             .iter()
-            .enumerate()
-            .map(|(o, &(call, iter))| {
+            .zip(floor_row)
+            .map(|(&(call, iter), &(floor, _))| {
                 format!(
                     "{call:6.1} ({iter:5.1}) x{:.3} (x{:.3}) /floor {:.2}",
                     call / base.0,
                     iter / base.1,
-                    call / floor[o]
+                    call / floor
                 )
             })
             .collect::<Vec<_>>()
             .join(" | ");
         println!("{name:22} {cols}");
     }
-    Ok(())
 }
