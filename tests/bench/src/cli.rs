@@ -113,6 +113,12 @@ pub struct Cli {
     /// Skip the `BPF_PROG_RUN` micro-benchmark.
     #[arg(long)]
     no_micro: bool,
+    /// Run only the `BPF_PROG_RUN` micro-benchmark, on these XDP objects
+    /// (builds of router-ebpf) side by side instead of the embedded one,
+    /// interleaved call by call (`--micro-calls` each); prints the medians
+    /// and their ratios (to the first object and to the floor).
+    #[arg(long, value_name = "OBJECTS", value_delimiter = ',', num_args = 1..)]
+    micro_compare: Option<Vec<PathBuf>>,
     /// Skip the frags experiment (TCP -P 1, offload on, kernel path with no /
     /// a plain / a frags-aware `XDP_PASS` program on the router; not in
     /// --quick).
@@ -204,6 +210,8 @@ pub struct Opts {
     pub conn_rate_workers: u32,
     pub micro_calls: u32,
     pub micro_repeat: u32,
+    /// `--micro-compare`'s objects (empty: the normal run).
+    pub micro_compare: Vec<PathBuf>,
     pub out: PathBuf,
 }
 
@@ -305,6 +313,7 @@ impl Cli {
             micro_repeat: self
                 .micro_repeat
                 .unwrap_or(mode.pick(1_000_000, 200_000, 10_000)),
+            micro_compare: self.micro_compare.unwrap_or_default(),
             out: self.out.unwrap_or_else(|| default_out(mode)),
         }
     }
@@ -468,6 +477,17 @@ mod unit {
             paths_of(&full, live),
             vec![DataPath::Kernel, DataPath::Xdp, DataPath::Limit]
         );
+    }
+
+    #[test]
+    fn micro_compare_takes_a_list_of_objects() {
+        assert!(opts(&[]).micro_compare.is_empty());
+        let o = opts(&["--micro-compare", "main.o,branch.o", "--micro-calls", "300"]);
+        assert_eq!(
+            o.micro_compare,
+            [PathBuf::from("main.o"), PathBuf::from("branch.o")]
+        );
+        assert_eq!(o.micro_calls, 300);
     }
 
     #[test]
