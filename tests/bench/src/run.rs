@@ -641,15 +641,18 @@ impl Bench<'_> {
             return Vec::new();
         }
         eprintln!(
-            "bench: connection setup rate: {} parallel clients, {} s per path",
-            o.conn_rate_workers, o.secs
+            "bench: connection setup rate: {} parallel clients, {} s per path, {} round(s)",
+            o.conn_rate_workers, o.secs, o.conn_rate_reps
         );
         let mut rows = Vec::new();
         let mut paths = vec![DataPath::Kernel, DataPath::Xdp];
         if o.offload_path {
             paths.push(DataPath::Offload);
         }
-        for (port, path) in (connrate::FIRST_PORT..).zip(paths) {
+        // Round by round, so the paths alternate; a fresh server port per
+        // run (see `connrate::run`).
+        let runs = (0..o.conn_rate_reps).flat_map(|_| paths.iter().copied());
+        for (port, path) in (connrate::FIRST_PORT..).zip(runs) {
             if self.stopped() {
                 break;
             }
@@ -793,7 +796,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
             &t,
             CryptoRun {
                 secs: CRYPTO_SECS,
-                all_sizes: !o.smoke,
+                all_sizes: !o.smoke && !o.only_conn_rate,
             },
         )
     });

@@ -287,11 +287,7 @@ const OFFLOAD_SETUP_MIN: f64 = 0.9;
 /// itself) at least as fast as the kernel, offload (the kernel's setup and
 /// the daemon's work) at least 0.9x the kernel.
 pub fn conn_setup_goal(rows: &[connrate::Row]) -> Goal {
-    let rate = |p| {
-        rows.iter()
-            .find(|r| r.path == p && r.completed > 0)
-            .map(|r| r.conns_per_s)
-    };
+    let rate = |p| connrate::median_rate(rows, p);
     let kernel = rate(DataPath::Kernel);
     let mut parts = Vec::new();
     let mut met = None;
@@ -410,5 +406,17 @@ mod unit {
         assert_eq!(conn_setup_goal(&slow).met, Some(false));
         assert_eq!(conn_setup_goal(&rows[1..]).met, None);
         assert_eq!(conn_setup_goal(&[]).measured, "-");
+        // Alternating rounds: each path's median, whatever the order.
+        let rounds = [
+            row(DataPath::Kernel, 900.0),
+            row(DataPath::Offload, 400.0),
+            row(DataPath::Kernel, 1000.0),
+            row(DataPath::Offload, 950.0),
+            row(DataPath::Kernel, 5000.0),
+            row(DataPath::Offload, 920.0),
+        ];
+        let g = conn_setup_goal(&rounds);
+        assert_eq!(g.measured, "kernel 1000/s, offload 920/s (0.92x kernel)");
+        assert_eq!(g.met, Some(true));
     }
 }

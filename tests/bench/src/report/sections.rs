@@ -241,10 +241,16 @@ pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
             f(r.softirq_us_per_conn, 1)
         );
     }
-    let rate = |p| rows.iter().find(|r| r.path == p).map(|r| r.conns_per_s);
+    let rate = |p| connrate::median_rate(rows, p);
+    let rounds = rows.iter().filter(|r| r.path == DataPath::Kernel).count();
+    let of = if rounds > 1 {
+        format!(" (medians of {rounds} alternating rounds)")
+    } else {
+        String::new()
+    };
     for p in [DataPath::Xdp, DataPath::Offload] {
         if let (Some(k), Some(x)) = (rate(DataPath::Kernel), rate(p)) {
-            let _ = writeln!(s, "\n{} / kernel: {}x.", p.name(), f(x / k, 2));
+            let _ = writeln!(s, "\n{} / kernel: {}x{of}.", p.name(), f(x / k, 2));
         }
     }
     if let Some((r, fp)) = rows.iter().find_map(|r| Some((r, r.fast_path?))) {

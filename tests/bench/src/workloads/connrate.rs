@@ -55,6 +55,18 @@ pub struct Row {
     pub fast_path: Option<FastPathShare>,
 }
 
+/// The median connection rate of `path`'s completed runs in `rows` (one
+/// per round of `--conn-rate-reps`); `None` when it has none.
+#[must_use]
+pub fn median_rate(rows: &[Row], path: DataPath) -> Option<f64> {
+    let rates: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.path == path && r.completed > 0)
+        .map(|r| r.conns_per_s)
+        .collect();
+    (!rates.is_empty()).then(|| super::bigtable::median(rates))
+}
+
 /// Serves until `stop`: accept, read the request, reply, close.
 fn serve(listener: &TcpListener, stop: &AtomicBool) {
     let mut buf = [0u8; REQUEST.len()];
