@@ -351,6 +351,7 @@ mod unit {
             softirq_us_per_conn: 1.0,
             retransmits: 0,
             fast_path: None,
+            daemon_us_per_conn: None,
         }
     }
 

@@ -263,6 +263,14 @@ pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
             f(fp.xdp_pct(), 1)
         );
     }
+    let daemon: Vec<f64> = rows.iter().filter_map(|r| r.daemon_us_per_conn).collect();
+    if !daemon.is_empty() {
+        let _ = writeln!(
+            s,
+            "\noffload: the daemon's CPU time per connection: {} us (median).",
+            f(crate::workloads::bigtable::median(daemon), 1)
+        );
+    }
     s.push('\n');
     s
 }
@@ -279,6 +287,7 @@ pub fn conn_rate_json(rows: &[connrate::Row]) -> serde_json::Value {
                 "secs": r.secs,
                 "cpu_pct": r.cpu_pct,
                 "softirq_us_per_conn": r.softirq_us_per_conn,
+                "daemon_us_per_conn": r.daemon_us_per_conn,
                 "retransmits": r.retransmits,
                 "fast_path": super::json::fast_path_json(r.fast_path.as_ref()),
             })

@@ -53,6 +53,9 @@ pub struct Row {
     /// Offload path: who forwarded the packets, how many flows the daemon
     /// offloaded (set by the caller, None on the other paths).
     pub fast_path: Option<FastPathShare>,
+    /// Offload path: CPU time of the offload daemon per completed
+    /// connection, microseconds (set by the caller).
+    pub daemon_us_per_conn: Option<f64>,
 }
 
 /// The median connection rate of `path`'s completed runs in `rows` (one
@@ -185,6 +188,7 @@ pub fn run(
         },
         retransmits: retransmits().saturating_sub(retrans0),
         fast_path: None,
+        daemon_us_per_conn: None,
     })
 }
 
