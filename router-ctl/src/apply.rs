@@ -683,6 +683,7 @@ mod tests {
     use super::*;
 
     const EXAMPLE: &str = include_str!("../../examples/router.toml");
+    const OFFLOAD_EXAMPLE: &str = include_str!("../../examples/router-offload.toml");
 
     fn err(text: &str) -> String {
         format!("{:#}", parse_file("r.toml", text).unwrap_err())
@@ -695,6 +696,14 @@ mod tests {
         assert_eq!(d.args.wan, "wan0");
         assert_eq!(d.args.mode, Mode::Auto);
         assert!(!d.forwards.is_empty());
+    }
+
+    #[test]
+    fn the_shipped_offload_example_is_valid() {
+        let d = parse_file("router-offload.toml", OFFLOAD_EXAMPLE).unwrap();
+        assert_eq!(d.args.admit, AdmitMode::Kernel);
+        assert_eq!((d.args.lan.as_str(), d.args.wan.as_str()), ("lan0", "wan0"));
+        assert!(d.forwards.is_empty());
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! tracking of a hit), the next hop (the flow's cached one or the FIB's),
 //! and the address/port rewrite.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray, programs::XdpContext};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST, helpers::bpf_ktime_get_coarse_ns, macros::map, maps::PerCpuArray,
+    programs::XdpContext,
+};
 use router_common::{
     flow::{
         OffloadedHit, Segment, TCP_CONTROL, expired, needs_refresh, offloaded_hit, tcp_control,
@@ -58,21 +61,28 @@ impl Xlat {
 
 /// The entry of `key`, if it is a hit: an entry counts only on its own
 /// side (the same tuple replayed on the other interface is spoofed) and
-/// while not expired.
+/// while not expired; with the time of the packet (the coarse clock, read
+/// after the map look-up: fewer of the packet's values are live across
+/// the clock's call, so fewer are spilled to the stack).
 // A raw pointer: the entry is written again (state, next hop) after other
 // phases borrowed what they need.
 #[inline(always)]
-pub fn lookup(key: &FlowKey, side: Ingress<'_>, now: u64) -> Option<*mut FlowEntry> {
-    let e = CONNTRACK.get_ptr_mut(key)?;
+pub fn lookup(key: &FlowKey, side: Ingress<'_>) -> (Option<*mut FlowEntry>, u64) {
+    let found = CONNTRACK.get_ptr_mut(key);
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let Some(e) = found else {
+        return (None, now);
+    };
     // SAFETY: map value pointer, valid for this run; fields are plain
     // integers, a concurrent writer can at worst tear a refresh.
     let entry = unsafe { &*e };
     if entry.lan_side() != side.from_lan
         || expired(entry.state, entry.last_seen_ns, now, &side.cfg.timeouts)
     {
-        return None;
+        return (None, now);
     }
-    Some(e)
+    (Some(e), now)
 }
 
 /// An offloaded flow's TCP FIN, SYN or RST goes to the kernel, which owns
@@ -87,11 +97,18 @@ pub fn kernel_segment(e: &mut FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
     match offloaded_hit(e.flags, e.lease, proto, tcp_flags) {
         OffloadedHit::Carry => Ok(()),
         OffloadedHit::HandBack => {
+            core::hint::cold_path();
             hand_back(e);
             Err(Verdict::pass(Counter::PassOffloadTcpControl))
         }
-        OffloadedHit::Control => Err(Verdict::pass(Counter::PassOffloadTcpControl)),
-        OffloadedHit::HandedBack => Err(Verdict::pass(Counter::PassOffloadHandedBack)),
+        OffloadedHit::Control => {
+            core::hint::cold_path();
+            Err(Verdict::pass(Counter::PassOffloadTcpControl))
+        }
+        OffloadedHit::HandedBack => {
+            core::hint::cold_path();
+            Err(Verdict::pass(Counter::PassOffloadHandedBack))
+        }
     }
 }
 
@@ -116,6 +133,7 @@ fn hand_back(e: &mut FlowEntry) {
 #[inline(always)]
 pub fn within_lease(e: &FlowEntry, now: u64) -> Step<()> {
     if e.flags & FLAG_OFFLOADED != 0 && lease_tick(now) > e.lease {
+        core::hint::cold_path();
         return Err(Verdict::pass(Counter::PassLeaseExpired));
     }
     Ok(())
@@ -130,6 +148,7 @@ pub fn cached_hop(e: &FlowEntry, total_len: usize, now: u64) -> Step<Option<Hop>
         || needs_refresh(e.last_seen_ns, now)
         || total_len > usize::from(e.hop_mtu)
     {
+        core::hint::cold_path();
         return Ok(None);
     }
     redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).map(Some)

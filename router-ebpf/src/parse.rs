@@ -35,6 +35,7 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, Truncated> {
     let start = ctx.data();
     let end = ctx.data_end();
     if start + offset + size_of::<T>() > end {
+        core::hint::cold_path();
         return Err(Truncated);
     }
     Ok((start + offset) as *mut T)
@@ -57,6 +58,7 @@ pub fn header<'a, const N: usize>(
 #[inline(always)]
 pub fn ethernet(eth: &[u8; eth::LEN]) -> Step<()> {
     if get_u16(eth, eth::ETHER_TYPE) != eth::P_IPV4 {
+        core::hint::cold_path();
         return Err(Verdict::pass(Counter::PassNotIpv4));
     }
     Ok(())
@@ -67,9 +69,14 @@ pub fn ethernet(eth: &[u8; eth::LEN]) -> Step<()> {
 #[inline(always)]
 pub fn ipv4(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Step<()> {
     let l3_len = ctx.data_end() - ctx.data() - frame::IPV4;
-    let drop_reason = match classify_ipv4(ip, l3_len) {
-        Ipv4Verdict::Forward => return Ok(()),
-        Ipv4Verdict::Malformed => Counter::DropMalformed,
+    let verdict = classify_ipv4(ip, l3_len);
+    if let Ipv4Verdict::Forward = verdict {
+        return Ok(());
+    }
+    core::hint::cold_path();
+    let drop_reason = match verdict {
+        // (Forward returned above.)
+        Ipv4Verdict::Forward | Ipv4Verdict::Malformed => Counter::DropMalformed,
         Ipv4Verdict::BadChecksum => Counter::DropIpChecksum,
         Ipv4Verdict::Options => return Err(Verdict::pass(Counter::PassIpOptions)),
         Ipv4Verdict::Fragment => return Err(Verdict::pass(Counter::PassFragment)),
@@ -94,6 +101,7 @@ pub fn ingress<'a>(ctx: &XdpContext) -> Option<Ingress<'a>> {
     let ifindex = ctx.ingress_ifindex() as u32;
     let from_lan = ifindex == cfg.lan_ifindex;
     if cfg.lan_ifindex == 0 || !(from_lan || ifindex == cfg.wan_ifindex) {
+        core::hint::cold_path();
         return None;
     }
     Some(Ingress { cfg, from_lan })
@@ -133,11 +141,13 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
     let (sport, dport) = match proto {
         IPPROTO_TCP => {
             if total_len < min_len::TCP {
+                core::hint::cold_path();
                 return Err(Verdict::drop(Counter::DropMalformed));
             }
             let tcp: &mut [u8; tcp::LEN] = header(ctx, frame::L4)?;
             let data_off = usize::from(tcp[tcp::DATA_OFF] >> 4) * 4;
             if data_off < tcp::LEN || data_off > total_len - ipv4::LEN {
+                core::hint::cold_path();
                 return Err(Verdict::drop(Counter::DropMalformed));
             }
             #[expect(
@@ -159,6 +169,7 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
         }
         IPPROTO_UDP => {
             if total_len < min_len::UDP {
+                core::hint::cold_path();
                 return Err(Verdict::drop(Counter::DropMalformed));
             }
             let udp: &mut [u8; udp::LEN] = header(ctx, frame::L4)?;
@@ -166,6 +177,7 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
         }
         IPPROTO_ICMP => {
             if total_len < min_len::ICMP {
+                core::hint::cold_path();
                 return Err(Verdict::drop(Counter::DropMalformed));
             }
             let icmp: &mut [u8; icmp::LEN] = header(ctx, frame::L4)?;
@@ -182,13 +194,17 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
                 ICMP_ECHO_REPLY
             };
             if icmp_type != wanted {
+                core::hint::cold_path();
                 return Err(Verdict::pass(Counter::PassProtocol));
             }
             let id = get_u16(icmp, icmp::ECHO_ID);
             (id, id)
         }
         // Other protocols (GRE, ESP, SCTP...): the kernel's.
-        _ => return Err(Verdict::pass(Counter::PassProtocol)),
+        _ => {
+            core::hint::cold_path();
+            return Err(Verdict::pass(Counter::PassProtocol));
+        }
     };
     Ok(L4::Flow(Packet {
         src: get_addr(ip, ipv4::SRC),

@@ -217,6 +217,41 @@ pub fn tcp_client(dst: SocketAddr, payload: &[u8], timeout: Duration) -> io::Res
     })
 }
 
+/// A TCP connection from the fixed local address `local` (`SO_REUSEADDR`)
+/// to `dst` (call on a thread inside the namespace), as a client that
+/// reuses its source port does. While the previous connection on the port
+/// waits for the final ACK of its FIN (`LAST_ACK`) the 4-tuple is taken
+/// and `connect` fails with `EADDRNOTAVAIL`: the same socket tries again
+/// until `timeout` has passed.
+///
+/// # Errors
+/// What creating, binding or connecting the socket failed with (the last
+/// `EADDRNOTAVAIL` once `timeout` has passed).
+pub fn tcp_connect_from(
+    local: SocketAddr,
+    dst: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(dst), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&local.into())?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match s.connect_timeout(&dst.into(), timeout) {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let s: TcpStream = s.into();
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    Ok(s)
+}
+
 /// UDP client (call on a thread inside the namespace): sends `payload` to
 /// `dst` (retrying a few times within `timeout`) and returns the reply.
 pub fn udp_client(dst: SocketAddr, payload: &[u8], timeout: Duration) -> io::Result<Vec<u8>> {

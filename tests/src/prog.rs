@@ -94,9 +94,25 @@ impl LoadedRouter {
     /// If loading or verification fails.
     #[must_use]
     pub fn load(lan: u32, wan: u32, ct_entries: u32) -> Self {
+        Self::load_object(
+            aya::include_bytes_aligned!(env!("ROUTER_EBPF_OBJ")),
+            lan,
+            wan,
+            ct_entries,
+        )
+    }
+
+    /// [`LoadedRouter::load`] of the object `object` (ELF bytes) instead of
+    /// the embedded one: the micro-benchmark's side-by-side comparison of
+    /// two builds.
+    ///
+    /// # Panics
+    /// If loading or verification fails.
+    #[must_use]
+    pub fn load_object(object: &[u8], lan: u32, wan: u32, ct_entries: u32) -> Self {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(CONNTRACK_MAP, ct_entries)
-            .load(aya::include_bytes_aligned!(env!("ROUTER_EBPF_OBJ")))
+            .load(object)
             .expect("load the XDP object");
         let mut take = |name: &str| -> Map {
             ebpf.take_map(name)

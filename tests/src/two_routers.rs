@@ -59,10 +59,8 @@ pub fn two_routers() -> Topology {
         ]);
         run_ok(&["ip", "-n", srv, "link", "set", port, "master", BRIDGE_IF]);
         run_ok(&["ip", "-n", srv, "link", "set", port, "up"]);
-        // The router XDP-redirects into its wan0, whose peer is this port:
-        // a veth accepts redirected frames only if the receiving side runs
-        // NAPI (an XDP program or GRO).
-        t.exec_ok(Ns::Server, &["ethtool", "-K", port, "gro", "on"]);
+        // The router XDP-redirects into its wan0, whose peer is this port.
+        t.switch_port_offloads(Ns::Server, port);
         t.setup_client(host, CLIENT_ADDR);
         address_router(&t, router, wan_addr);
     }

@@ -14,10 +14,11 @@ use crate::{cargo, is_root, prepare_topology_run, root};
 /// `quick`: the benchmark's `--quick`; `args`: everything after `--`.
 pub fn run(quick: bool, args: &[String]) -> Result<(), String> {
     let args = with_quick(quick, args);
-    // Help and version need neither root nor the topology's prerequisites.
+    // Help, version and the plan (which runs nothing) need neither root
+    // nor the topology's prerequisites.
     if args
         .iter()
-        .any(|a| matches!(a.as_str(), "-h" | "--help" | "-V" | "--version"))
+        .any(|a| matches!(a.as_str(), "-h" | "--help" | "-V" | "--version" | "--plan"))
     {
         return run_prepared(&args);
     }

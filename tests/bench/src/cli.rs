@@ -113,6 +113,12 @@ pub struct Cli {
     /// Skip the `BPF_PROG_RUN` micro-benchmark.
     #[arg(long)]
     no_micro: bool,
+    /// Run only the `BPF_PROG_RUN` micro-benchmark, on these XDP objects
+    /// (builds of router-ebpf) side by side instead of the embedded one,
+    /// interleaved call by call (`--micro-calls` each); prints the medians
+    /// and their ratios (to the first object and to the floor).
+    #[arg(long, value_name = "OBJECTS", value_delimiter = ',', num_args = 1..)]
+    micro_compare: Option<Vec<PathBuf>>,
     /// Skip the frags experiment (TCP -P 1, offload on, kernel path with no /
     /// a plain / a frags-aware `XDP_PASS` program on the router; not in
     /// --quick).
@@ -146,6 +152,17 @@ pub struct Cli {
     /// points and the connection setup rate.
     #[arg(long)]
     no_offload: bool,
+    /// Run only the connection setup rate (and the platform facts, one
+    /// crypto block size): no points and no other phase. With
+    /// --conn-rate-reps, the cheapest side-by-side comparison of the paths'
+    /// setup cost.
+    #[arg(long, conflicts_with = "no_conn_rate")]
+    only_conn_rate: bool,
+    /// Rounds of the connection setup rate: each round runs every path once
+    /// (kernel, xdp, offload), so the paths alternate and noise hits them
+    /// alike; the report's ratios take each path's median [default: 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=50))]
+    conn_rate_reps: Option<u32>,
     /// Parallel clients of the connection setup rate [default: 16; smoke 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     conn_rate_workers: Option<u32>,
@@ -196,6 +213,10 @@ pub struct Opts {
     pub cable: bool,
     pub cable_conns: Vec<u32>,
     pub conn_rate: bool,
+    /// Only the connection setup rate runs (`--only-conn-rate`).
+    pub only_conn_rate: bool,
+    /// Rounds of the connection setup rate, every path once per round.
+    pub conn_rate_reps: u32,
     /// Whether the offload path runs (on the review table's points and the
     /// connection setup rate).
     pub offload_path: bool,
@@ -204,6 +225,8 @@ pub struct Opts {
     pub conn_rate_workers: u32,
     pub micro_calls: u32,
     pub micro_repeat: u32,
+    /// `--micro-compare`'s objects (empty: the normal run).
+    pub micro_compare: Vec<PathBuf>,
     pub out: PathBuf,
 }
 
@@ -245,6 +268,7 @@ impl Cli {
         let smoke = self.smoke;
         let quick = smoke || self.quick;
         let mode = Mode { quick, smoke };
+        let only = self.only_conn_rate;
         Opts {
             quick,
             smoke,
@@ -260,15 +284,19 @@ impl Cli {
             live_flows: self
                 .live_flows
                 .unwrap_or_else(|| mode.pick(vec![1, 1000], vec![1, 1000], vec![64])),
-            workloads: self.workloads.unwrap_or_else(|| {
-                let all = Workload::ALL.to_vec();
-                let quick = all
-                    .iter()
-                    .copied()
-                    .filter(|&w| w != Workload::UdpSmall)
-                    .collect();
-                mode.pick(all.clone(), quick, all)
-            }),
+            workloads: if only {
+                Vec::new()
+            } else {
+                self.workloads.unwrap_or_else(|| {
+                    let all = Workload::ALL.to_vec();
+                    let quick = all
+                        .iter()
+                        .copied()
+                        .filter(|&w| w != Workload::UdpSmall)
+                        .collect();
+                    mode.pick(all.clone(), quick, all)
+                })
+            },
             offloads: self.offloads.unwrap_or_else(|| {
                 mode.pick(
                     vec![Offload::Off, Offload::On],
@@ -285,16 +313,18 @@ impl Cli {
             cc: self.cc,
             tcp_sink: self.tcp_sink,
             retries: self.retries,
-            micro: !self.no_micro,
-            frags: !self.no_frags && (smoke || !quick),
-            scaling: !self.no_scaling,
-            cable: !self.no_cable,
+            micro: !self.no_micro && !only,
+            frags: !self.no_frags && (smoke || !quick) && !only,
+            scaling: !self.no_scaling && !only,
+            cable: !self.no_cable && !only,
             cable_conns: self
                 .cable_conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1], vec![1])),
             conn_rate: !self.no_conn_rate,
+            only_conn_rate: only,
+            conn_rate_reps: self.conn_rate_reps.unwrap_or(1),
             offload_path: !self.no_offload,
-            big_table: if self.no_big_table {
+            big_table: if self.no_big_table || only {
                 0
             } else {
                 self.big_table
@@ -305,6 +335,7 @@ impl Cli {
             micro_repeat: self
                 .micro_repeat
                 .unwrap_or(mode.pick(1_000_000, 200_000, 10_000)),
+            micro_compare: self.micro_compare.unwrap_or_default(),
             out: self.out.unwrap_or_else(|| default_out(mode)),
         }
     }
@@ -468,6 +499,43 @@ mod unit {
             paths_of(&full, live),
             vec![DataPath::Kernel, DataPath::Xdp, DataPath::Limit]
         );
+    }
+
+    #[test]
+    fn micro_compare_takes_a_list_of_objects() {
+        assert!(opts(&[]).micro_compare.is_empty());
+        let o = opts(&["--micro-compare", "main.o,branch.o", "--micro-calls", "300"]);
+        assert_eq!(
+            o.micro_compare,
+            [PathBuf::from("main.o"), PathBuf::from("branch.o")]
+        );
+        assert_eq!(o.micro_calls, 300);
+    }
+
+    #[test]
+    fn only_conn_rate_leaves_every_other_phase_out() {
+        let o = opts(&["--only-conn-rate", "--conn-rate-reps", "5", "--secs", "3"]);
+        assert!(o.points().is_empty());
+        assert!(o.conn_rate && o.only_conn_rate && o.offload_path);
+        assert!(!(o.micro || o.frags || o.scaling || o.cable));
+        assert_eq!((o.big_table, o.conn_rate_reps, o.secs), (0, 5, 3));
+        // The plan: the platform's one crypto size and 5 rounds of kernel,
+        // xdp and offload, nothing else.
+        let phases = crate::plan::phases(&o);
+        let named: Vec<(&str, usize)> = phases
+            .iter()
+            .filter(|p| p.runs > 0 || p.name == "platform")
+            .map(|p| (p.name, p.runs))
+            .collect();
+        assert_eq!(named, vec![("platform", 0), ("conn-rate", 15)]);
+        assert_eq!(opts(&[]).conn_rate_reps, 1);
+        for bad in [
+            &["--only-conn-rate", "--no-conn-rate"][..],
+            &["--conn-rate-reps", "0"],
+        ] {
+            let args = std::iter::once("router-bench").chain(bad.iter().copied());
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -68,6 +68,14 @@ fn main() -> ExitCode {
         eprintln!("bench: needs root (network namespaces, BPF): run `sudo cargo xtask bench`");
         return ExitCode::FAILURE;
     }
+    if !o.micro_compare.is_empty() {
+        let r = workloads::micro::compare(&o.micro_compare, o.micro_calls);
+        if let Err(e) = r {
+            eprintln!("bench: micro-compare: {e}");
+            return ExitCode::FAILURE;
+        }
+        return ExitCode::SUCCESS;
+    }
     install_signal_handlers();
     if let Err(e) = run::bench(&o, &STOP) {
         eprintln!("bench: {e}");

@@ -117,7 +117,8 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
     let secs = f64::from(o.secs);
     let mut v = Vec::new();
 
-    let (sizes, crypto_s) = (if o.smoke { 1 } else { 6 }, CRYPTO_SECS);
+    let one_size = o.smoke || o.only_conn_rate;
+    let (sizes, crypto_s) = (if one_size { 1 } else { 6 }, CRYPTO_SECS);
     v.push(Phase {
         name: "platform",
         runs: 0,
@@ -140,13 +141,14 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
 
     if o.conn_rate {
         let paths = if o.offload_path { 3 } else { 2 };
+        let runs = paths * o.conn_rate_reps as usize;
         v.push(Phase {
             name: "conn-rate",
-            runs: paths,
-            secs: f64::from(paths as u32) * (secs + CONN_RATE_EXTRA_S),
+            runs,
+            secs: runs as f64 * (secs + CONN_RATE_EXTRA_S),
             detail: vec![format!(
-                "{} parallel clients, {} s per path",
-                o.conn_rate_workers, o.secs
+                "{} parallel clients, {} s per path, {} round(s) alternating the paths",
+                o.conn_rate_workers, o.secs, o.conn_rate_reps
             )],
         });
     }

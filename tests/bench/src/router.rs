@@ -245,6 +245,11 @@ impl<'a> Router<'a> {
         }
     }
 
+    /// The process id of the offload daemon, if one runs.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(|d| d.child.id())
+    }
+
     /// Stops the offload daemon, if one runs (before the topology goes).
     pub fn stop_daemon(&mut self) {
         if let Some(mut d) = self.daemon.take() {

@@ -641,15 +641,18 @@ impl Bench<'_> {
             return Vec::new();
         }
         eprintln!(
-            "bench: connection setup rate: {} parallel clients, {} s per path",
-            o.conn_rate_workers, o.secs
+            "bench: connection setup rate: {} parallel clients, {} s per path, {} round(s)",
+            o.conn_rate_workers, o.secs, o.conn_rate_reps
         );
         let mut rows = Vec::new();
         let mut paths = vec![DataPath::Kernel, DataPath::Xdp];
         if o.offload_path {
             paths.push(DataPath::Offload);
         }
-        for (port, path) in (connrate::FIRST_PORT..).zip(paths) {
+        // Round by round, so the paths alternate; a fresh server port per
+        // run (see `connrate::run`).
+        let runs = (0..o.conn_rate_reps).flat_map(|_| paths.iter().copied());
+        for (port, path) in (connrate::FIRST_PORT..).zip(runs) {
             if self.stopped() {
                 break;
             }
@@ -659,9 +662,18 @@ impl Bench<'_> {
                     return connrate::run(t, path, port, o.conn_rate_workers, o.secs);
                 }
                 let before = OffloadCounters::read(t, None)?;
+                let daemon = self.router.daemon_pid();
+                let cpu0 = daemon.and_then(sys::process_ticks);
                 let mut row = connrate::run(t, path, port, o.conn_rate_workers, o.secs)?;
+                let cpu1 = daemon.and_then(sys::process_ticks);
                 let after = OffloadCounters::read(t, Some(unix_now()))?;
                 row.fast_path = Some(before.share_until(after, &[]));
+                if let (Some(a), Some(b)) = (cpu0, cpu1)
+                    && row.completed > 0
+                {
+                    let us = b.saturating_sub(a) as f64 * 1e6 / sys::clk_tck();
+                    row.daemon_us_per_conn = Some(us / row.completed as f64);
+                }
                 Ok(row)
             });
             match res {
@@ -683,6 +695,9 @@ impl Bench<'_> {
                                 fp.xdp_pct()
                             ))
                             .unwrap_or_default()
+                            + &r.daemon_us_per_conn
+                                .map(|us| format!(", daemon {us:.1} us CPU per connection"))
+                                .unwrap_or_default()
                     );
                     rows.push(r);
                 }
@@ -793,7 +808,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
             &t,
             CryptoRun {
                 secs: CRYPTO_SECS,
-                all_sizes: !o.smoke,
+                all_sizes: !o.smoke && !o.only_conn_rate,
             },
         )
     });

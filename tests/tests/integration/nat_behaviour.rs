@@ -9,6 +9,7 @@
 //!
 //! docs/nat-compliance.md cites these tests by name.
 
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -235,6 +236,12 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
     t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
     t.router_ctl_ok(&["forward", "add", "udp", "5353", "192.168.50.2:53"]);
     let payload = pattern(64 * 1024);
+    let mut capture = SwitchCapture::start(&t);
+    let csum_errors = || {
+        [Ns::Client, Ns::Client2]
+            .map(|ns| t.nstat(ns, "TcpInCsumErrors") + t.nstat(ns, "UdpInCsumErrors"))
+    };
+    let csum_errors_before = csum_errors();
     let (tcp_peer, udp_peer) = on_fast_path(&t, Ns::Router, 40, || {
         let srv = t.tcp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 80));
         let got = t.tcp_echo_client(
@@ -244,11 +251,13 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
             TIMEOUT,
         );
         let tcp_peer = srv.join();
-        assert!(
-            got.as_ref().is_ok_and(|g| *g == payload),
-            "TCP to the WAN address's port forward from the LAN: {:?} (server saw {tcp_peer:?})",
-            got.map(|g| g.len())
-        );
+        if !got.as_ref().is_ok_and(|g| *g == payload) {
+            println!("{}", hairpin_diagnostics(&t, &mut capture));
+            panic!(
+                "TCP to the WAN address's port forward from the LAN: {:?} (server saw {tcp_peer:?})",
+                got.map(|g| g.len())
+            );
+        }
         let srv = t.udp_echo_server(Ns::Client, socket_addr(CLIENT_ADDR, 53));
         let got = t.udp_echo_client(
             Ns::Client2,
@@ -262,6 +271,16 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
             Some(&b"hairpin"[..]),
             "UDP to the WAN address's port forward from the LAN: {got:?} (server saw {udp_peer:?})"
         );
+        // TCP recovers from a few corrupt segments by retransmitting, so
+        // the echo above can pass with them: they are failures all the same.
+        if csum_errors() != csum_errors_before {
+            println!("{}", hairpin_diagnostics(&t, &mut capture));
+            panic!(
+                "the clients dropped segments with bad checksums (Client, Client2): {:?} -> {:?}",
+                csum_errors_before,
+                csum_errors()
+            );
+        }
         (tcp_peer, udp_peer)
     });
     for (proto, peer) in [("TCP", tcp_peer), ("UDP", udp_peer)] {
@@ -272,6 +291,139 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
             "{proto}: the service must see the WAN address as source, saw {peer}"
         );
     }
+}
+
+/// A packet capture on the switch's ports, read only when a test fails.
+struct SwitchCapture {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+impl SwitchCapture {
+    /// Far more than a hairpin exchange sends, even with retransmissions.
+    const MAX_PACKETS: u32 = 20_000;
+
+    /// Captures TCP, UDP and ARP on every port of the switch (at most
+    /// [`Self::MAX_PACKETS`]), written to a file; waits until tcpdump
+    /// listens. tcpdump is the spawned process itself (`ip netns exec`
+    /// and the shell exec it), so killing the child stops the capture.
+    fn start(t: &Topology) -> Self {
+        let file = std::env::temp_dir().join(format!("{}.pcap", t.ns_name(Ns::Switch)));
+        let path = file.to_string_lossy().into_owned();
+        // `exec`: the shell becomes tcpdump; its banner is noise in the
+        // test output.
+        let script = format!(
+            "exec tcpdump -q -i any -nn -s 96 -U -c {} -w '{path}' 'tcp or udp or arp' 2>/dev/null",
+            Self::MAX_PACKETS
+        );
+        let child = t.spawn(Ns::Switch, &["sh", "-c", &script]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !file.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, file }
+    }
+
+    /// Stops the capture and returns it as text: `tcpdump -r` in the
+    /// switch's namespace, where the capture's interface indexes name its
+    /// ports.
+    fn finish(&mut self, t: &Topology) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let path = self.file.to_string_lossy();
+        let o = t.exec(Ns::Switch, &["tcpdump", "-nn", "-tt", "-r", &path]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+}
+
+impl Drop for SwitchCapture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// What the router and the hosts saw, for a failed hairpin exchange: the
+/// data path's counters (pass reasons), the flow table, the router's
+/// neighbours and kernel conntrack, the kernel's drop and forwarding
+/// counters of the router and both clients, and the switch capture.
+fn hairpin_diagnostics(t: &Topology, capture: &mut SwitchCapture) -> String {
+    /// Capture lines shown from the start and from the end.
+    const SHOWN: usize = 150;
+    const COUNTERS: [&str; 17] = [
+        "IpForwDatagrams",
+        "IpInAddrErrors",
+        "IpInDiscards",
+        "IpOutDiscards",
+        "IpOutNoRoutes",
+        "IpExtInNoRoutes",
+        "TcpExtTCPAbortOnData",
+        "TcpExtTCPAbortOnClose",
+        "TcpExtTCPTimeouts",
+        "TcpRetransSegs",
+        "TcpInErrs",
+        "TcpInCsumErrors",
+        "TcpOutRsts",
+        "TcpEstabResets",
+        "TcpAttemptFails",
+        "UdpInCsumErrors",
+        "TcpExtIPReversePathFilter",
+    ];
+    let text = |o: std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let mut d = String::from("--- diagnostics of the failed hairpin exchange ---\n");
+    let stats = t.router_ctl_in(Ns::Router, &["stats", "--json"]);
+    let nonzero: Vec<String> = serde_json::from_slice::<Value>(&stats.stdout)
+        .ok()
+        .and_then(|v| v.as_object().cloned())
+        .map(|m| {
+            m.iter()
+                .filter(|(_, c)| c["packets"].as_u64().or(c["events"].as_u64()) != Some(0))
+                .map(|(k, c)| format!("{k}={c}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = writeln!(d, "router-ctl stats (non-zero): {}", nonzero.join(" "));
+    let flows = t.router_ctl_in(Ns::Router, &["conntrack", "list"]);
+    let _ = writeln!(d, "router-ctl conntrack list:\n{}", text(flows));
+    for (ns, cmd) in [
+        (Ns::Router, &["ip", "neigh"][..]),
+        (Ns::Router, &["conntrack", "-L"][..]),
+        (Ns::Client, &["ip", "neigh"][..]),
+        (Ns::Client2, &["ip", "neigh"][..]),
+        (Ns::Client, &["ss", "-tani"][..]),
+        (Ns::Client2, &["ss", "-tani"][..]),
+    ] {
+        let _ = writeln!(d, "{ns:?}: {}:\n{}", cmd.join(" "), text(t.exec(ns, cmd)));
+    }
+    for ns in [Ns::Router, Ns::Client, Ns::Client2] {
+        let snmp = text(t.exec(ns, &["cat", "/proc/net/snmp", "/proc/net/netstat"]));
+        let values: Vec<String> = COUNTERS
+            .iter()
+            .filter_map(|c| tests::parse_snmp(&snmp, c).map(|v| format!("{c}={v}")))
+            .collect();
+        let _ = writeln!(d, "{ns:?} kernel counters: {}", values.join(" "));
+    }
+    let cap = capture.finish(t);
+    let lines: Vec<&str> = cap.lines().collect();
+    let _ = writeln!(d, "switch capture ({} packets):", lines.len());
+    let tail = SHOWN.max(lines.len().saturating_sub(SHOWN));
+    for l in lines.iter().take(SHOWN) {
+        let _ = writeln!(d, "{l}");
+    }
+    if tail > SHOWN {
+        d.push_str("...\n");
+    }
+    for l in lines.iter().skip(tail) {
+        let _ = writeln!(d, "{l}");
+    }
+    d
 }
 
 /// A LAN host reaches another LAN host's *mapping* (learned from the

@@ -290,23 +290,9 @@ fn two_clients_with_the_same_source_port() {
 /// on the port is still in `LAST_ACK` (its 4-tuple is taken until the
 /// server's ACK of the client's FIN arrives).
 fn tcp_reused_port_roundtrip(port: u16, dst: SocketAddr) -> Vec<u8> {
-    use socket2::{Domain, Socket, Type};
-    let deadline = Instant::now() + TIMEOUT;
-    let s = loop {
-        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
-        s.set_reuse_address(true).unwrap();
-        s.bind(&socket_addr(Ipv4Addr::UNSPECIFIED, port).into())
-            .unwrap();
-        match s.connect_timeout(&dst.into(), TIMEOUT) {
-            Ok(()) => break s,
-            Err(e) if e.kind() == ErrorKind::AddrNotAvailable && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("connect from port {port} to {dst}: {e}"),
-        }
-    };
-    let mut s: TcpStream = s.into();
-    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let local = socket_addr(Ipv4Addr::UNSPECIFIED, port);
+    let mut s = tests::echo::tcp_connect_from(local, dst, TIMEOUT)
+        .unwrap_or_else(|e| panic!("connect from port {port} to {dst}: {e}"));
     s.write_all(REUSE_REQUEST).unwrap();
     let mut back = Vec::new();
     s.read_to_end(&mut back).unwrap();

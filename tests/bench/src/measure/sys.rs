@@ -71,6 +71,23 @@ pub fn parse_proc_stat(stat: &str) -> CpuTicks {
     }
 }
 
+/// CPU time (user + system) process `pid` has used, in clock ticks
+/// ([`clk_tck`]); `None` when it is gone.
+pub fn process_ticks(pid: u32) -> Option<u64> {
+    parse_pid_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// `utime + stime` (fields 14 and 15) of a /proc/PID/stat line. The
+/// command name (field 2, in parentheses) may hold spaces: fields are
+/// counted after its closing parenthesis.
+pub fn parse_pid_stat(stat: &str) -> Option<u64> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_comm.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// `sysconf(_SC_CLK_TCK)`, the unit of /proc/stat.
 pub fn clk_tck() -> f64 {
     // SAFETY: sysconf has no preconditions.
@@ -120,6 +137,18 @@ fn first_line_of(cmd: &[&str]) -> String {
     )
 }
 
+/// The VM and the container layer `systemd-detect-virt --vm` and
+/// `--container` named ("none" for a layer that is not there).
+fn virtualization(vm: &str, container: &str) -> String {
+    let known = |x: &str| !x.is_empty() && x != "none" && !x.contains(' ');
+    match (known(vm), known(container)) {
+        (true, true) => format!("{vm} VM, {container} container"),
+        (true, false) => format!("{vm} VM"),
+        (false, true) => format!("{container} container"),
+        (false, false) => "none".to_owned(),
+    }
+}
+
 /// What the figures were measured on.
 pub fn machine() -> serde_json::Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -136,7 +165,12 @@ pub fn machine() -> serde_json::Value {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|x| x.parse().ok())
         .unwrap_or(0.0);
-    let virt = first_line_of(&["systemd-detect-virt"]);
+    // A container inside a VM: `systemd-detect-virt` alone names only the
+    // container, so ask for each layer.
+    let virt = virtualization(
+        &first_line_of(&["systemd-detect-virt", "--vm"]),
+        &first_line_of(&["systemd-detect-virt", "--container"]),
+    );
     serde_json::json!({
         "cpu_model": model,
         "cores": cores,
@@ -169,6 +203,23 @@ mod unit {
         assert_eq!(t.busy, 10 + 1 + 5 + 3 + 7 + 1);
         assert_eq!(t.softirq, 7);
         assert_eq!(t.total, 129);
+    }
+
+    #[test]
+    fn virtualization_names_every_layer() {
+        assert_eq!(virtualization("kvm", "docker"), "kvm VM, docker container");
+        assert_eq!(virtualization("kvm", "none"), "kvm VM");
+        assert_eq!(virtualization("none", "lxc"), "lxc container");
+        assert_eq!(virtualization("none", "none"), "none");
+        let missing = "systemd-detect-virt: No such file or directory (os error 2)";
+        assert_eq!(virtualization(missing, missing), "none");
+    }
+
+    #[test]
+    fn pid_stat_cpu_time_after_a_command_with_spaces() {
+        let line = "4242 (router ctl) S 1 4242 4242 0 -1 4194560 500 0 0 0 37 12 0 0 20 0 1 0";
+        assert_eq!(parse_pid_stat(line), Some(37 + 12));
+        assert_eq!(parse_pid_stat("4242 (x) S 1"), None);
     }
 
     #[test]

@@ -63,7 +63,8 @@ fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Valu
         "{} run{}, {} s per iperf run, {} runs, took {}. Machine: {}, {} cores, {} GiB, kernel \
          {}, {} ({}). Topology: client ns -- veth -- router ns -- veth -- server ns, the server \
          has no route back (NAT required). kernel = `ip_forward=1` + iptables MASQUERADE; xdp = \
-         `router-ctl attach lan0 wan0` (native XDP, no iptables NAT). The two alternate point \
+         `router-ctl attach lan0 wan0 --admit xdp` (standalone mode, native XDP, no iptables \
+         NAT). The two alternate point \
          by point. TCP congestion control on the end hosts: {}.\n",
         machine["date"].as_str().unwrap_or("?"),
         if o.quick { " (--quick)" } else { "" },

@@ -35,7 +35,8 @@ pub fn scaling_section(rows: &[scaling::Row]) -> String {
          A fresh topology whose veths have {n} receive and transmit queues (`ethtool -L`), \
          one live-frame generator per CPU, each pinned: a veth transmit picks the peer's queue \
          by the sending CPU, so each generator feeds its own queue of the router's `lan0` and \
-         that queue's NAPI runs on the generator's CPU (as RSS spreads a NIC's queues). The \
+         that queue's NAPI runs on the generator's CPU (as RSS spreads a NIC's queues); each \
+         generator sends its own slice of the flows, as RSS keeps a flow on one queue. The \
          generators, the router and the sink share the same {n} cores: on all cores every CPU \
          runs a generator as well as the router's and the sink's work, so the figure is the \
          machine's, not the router's alone; ns/packet (softirq time per packet) shows whether \
@@ -91,8 +92,9 @@ fn where_scaling_stops(rows: &[scaling::Row], n: usize) -> String {
          packet went from {} to {} ns; the machine was {} % busy on {n} generators (loss {} %). \
          Every CPU also runs a generator and the sink, so the cores the router would scale \
          onto are already shared: the figure stops at the core count, and past the machine's \
-         saturation a rising ns/packet means cross-CPU contention (shared cache lines, the \
-         flow table's LRU lists), a flat one that the cores simply ran out.\n\n",
+         saturation a rising ns/packet means cross-CPU contention (shared cache lines: the \
+         flow table's LRU lists, the redirect and veth queues), a flat one that the cores \
+         simply ran out.\n\n",
         f(one.run.pps / 1e6, 3),
         f(all.run.pps / 1e6, 3),
         f(all.run.pps / one.run.pps, 2),
@@ -239,10 +241,16 @@ pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
             f(r.softirq_us_per_conn, 1)
         );
     }
-    let rate = |p| rows.iter().find(|r| r.path == p).map(|r| r.conns_per_s);
+    let rate = |p| connrate::median_rate(rows, p);
+    let rounds = rows.iter().filter(|r| r.path == DataPath::Kernel).count();
+    let of = if rounds > 1 {
+        format!(" (medians of {rounds} alternating rounds)")
+    } else {
+        String::new()
+    };
     for p in [DataPath::Xdp, DataPath::Offload] {
         if let (Some(k), Some(x)) = (rate(DataPath::Kernel), rate(p)) {
-            let _ = writeln!(s, "\n{} / kernel: {}x.", p.name(), f(x / k, 2));
+            let _ = writeln!(s, "\n{} / kernel: {}x{of}.", p.name(), f(x / k, 2));
         }
     }
     if let Some((r, fp)) = rows.iter().find_map(|r| Some((r, r.fast_path?))) {
@@ -253,6 +261,14 @@ pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
             fp.flows_offloaded,
             r.completed,
             f(fp.xdp_pct(), 1)
+        );
+    }
+    let daemon: Vec<f64> = rows.iter().filter_map(|r| r.daemon_us_per_conn).collect();
+    if !daemon.is_empty() {
+        let _ = writeln!(
+            s,
+            "\noffload: the daemon's CPU time per connection: {} us (median).",
+            f(crate::workloads::bigtable::median(daemon), 1)
         );
     }
     s.push('\n');
@@ -271,6 +287,7 @@ pub fn conn_rate_json(rows: &[connrate::Row]) -> serde_json::Value {
                 "secs": r.secs,
                 "cpu_pct": r.cpu_pct,
                 "softirq_us_per_conn": r.softirq_us_per_conn,
+                "daemon_us_per_conn": r.daemon_us_per_conn,
                 "retransmits": r.retransmits,
                 "fast_path": super::json::fast_path_json(r.fast_path.as_ref()),
             })

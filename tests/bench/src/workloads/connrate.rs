@@ -53,6 +53,21 @@ pub struct Row {
     /// Offload path: who forwarded the packets, how many flows the daemon
     /// offloaded (set by the caller, None on the other paths).
     pub fast_path: Option<FastPathShare>,
+    /// Offload path: CPU time of the offload daemon per completed
+    /// connection, microseconds (set by the caller).
+    pub daemon_us_per_conn: Option<f64>,
+}
+
+/// The median connection rate of `path`'s completed runs in `rows` (one
+/// per round of `--conn-rate-reps`); `None` when it has none.
+#[must_use]
+pub fn median_rate(rows: &[Row], path: DataPath) -> Option<f64> {
+    let rates: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.path == path && r.completed > 0)
+        .map(|r| r.conns_per_s)
+        .collect();
+    (!rates.is_empty()).then(|| super::bigtable::median(rates))
 }
 
 /// Serves until `stop`: accept, read the request, reply, close.
@@ -173,6 +188,7 @@ pub fn run(
         },
         retransmits: retransmits().saturating_sub(retrans0),
         fast_path: None,
+        daemon_us_per_conn: None,
     })
 }
 

@@ -58,13 +58,37 @@ pub enum Family {
     Ipv6,
 }
 
-/// The generated datagrams: client -> server, `flows` source ports.
-fn flows(t: &Topology, family: Family, flows: u16) -> Result<UdpFlows, String> {
-    let v4 = UdpFlows::client_to_server(t, BASE_PORT, flows, DST_PORT, tests::pattern(PAYLOAD))?;
+/// The generated datagrams: client -> server, `flows` source ports from
+/// `base_port`.
+fn flows(t: &Topology, family: Family, (base_port, flows): (u16, u16)) -> Result<UdpFlows, String> {
+    let v4 = UdpFlows::client_to_server(t, base_port, flows, DST_PORT, tests::pattern(PAYLOAD))?;
     Ok(match family {
         Family::Ipv4 => v4,
         Family::Ipv6 => v4.between(Hosts::CLIENT_TO_SERVER6),
     })
+}
+
+/// The source ports of `generators` generators sharing `flows` flows from
+/// `base_port`, as `(first port, count)` each: disjoint slices, as RSS
+/// keeps each flow on one receive queue (so one CPU writes a flow's
+/// entries; generators sending the same flows from two CPUs would make
+/// every entry's cache line bounce between them, which no NIC does). With
+/// fewer flows than generators every generator sends all of them.
+fn flow_slices(base_port: u16, flows: u16, generators: usize) -> Vec<(u16, u16)> {
+    let k = u16::try_from(generators.max(1)).unwrap_or(u16::MAX);
+    if flows < k {
+        return vec![(base_port, flows); generators.max(1)];
+    }
+    let (each, extra) = (flows / k, flows % k);
+    let mut next = base_port;
+    (0..k)
+        .map(|i| {
+            let n = each + u16::from(i < extra);
+            let slice = (next, n);
+            next = next.saturating_add(n);
+            slice
+        })
+        .collect()
 }
 
 /// Packets the router forwarded so far in `family` on `path`.
@@ -143,7 +167,7 @@ impl Drop for Feature<'_> {
 /// Whether this kernel runs XDP programs in live-frame mode (Linux >=
 /// 5.18), on the client's interface (nothing is sent).
 pub fn supported(t: &Topology) -> Result<(), String> {
-    let frame = flows(t, Family::Ipv4, 1)?.frame();
+    let frame = flows(t, Family::Ipv4, (BASE_PORT, 1))?.frame();
     let ifindex = t.try_ifindex(Ns::Client, HOST_IF)?;
     t.in_ns(Ns::Client, || trafficgen::probe(&frame, ifindex))
 }
@@ -152,14 +176,14 @@ pub fn supported(t: &Topology) -> Result<(), String> {
 /// `secs`, or until `stop`; returns (frames sent, seconds of the longest).
 fn generate(
     t: &Topology,
-    generator: &Generator,
-    (cpus, secs): (&[usize], f64),
+    generators: &[(usize, Generator)],
+    secs: f64,
     stop: &AtomicBool,
 ) -> Result<(u64, f64), String> {
     std::thread::scope(|scope| {
-        let threads: Vec<_> = cpus
+        let threads: Vec<_> = generators
             .iter()
-            .map(|&cpu| {
+            .map(|&(cpu, ref generator)| {
                 scope.spawn(move || {
                     t.in_ns(Ns::Client, || {
                         // One CPU per generator: it, and the router's and
@@ -225,7 +249,14 @@ pub fn run_family(
         .ok_or_else(|| format!("udp-live: at most {} flows", max_flows()))?;
     let quiet_wait_s = wait_quiet(t, 2000, Duration::from_secs(10));
     let cli_if = t.try_ifindex(Ns::Client, HOST_IF)?;
-    let generator = Generator::load("bench_gen", &flows(t, family, n_flows)?, cli_if)?;
+    // One generator per CPU, each with its own slice of the flows.
+    let generators = cpus
+        .iter()
+        .zip(flow_slices(BASE_PORT, n_flows, cpus.len()))
+        .map(|(&cpu, slice)| {
+            Generator::load("bench_gen", &flows(t, family, slice)?, cli_if).map(|g| (cpu, g))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     let srv_if = t.try_ifindex(Ns::Server, HOST_IF)?;
     let _sink = t.in_ns(Ns::Server, || Sink::attach("bench_sink", srv_if))?;
     let _gro = Feature::set(
@@ -270,7 +301,7 @@ pub fn run_family(
     let ping = start_ping_to(t, s, (&ping_out, s.secs + 3, Some(cpu)), ping_dst);
     // Let ping start before the load, as in the iperf2 runs.
     std::thread::sleep(Duration::from_millis(300));
-    let result = generate(t, &generator, (cpus, f64::from(s.secs)), stop);
+    let result = generate(t, &generators, f64::from(s.secs), stop);
     // Frames still in flight drain within milliseconds.
     std::thread::sleep(Duration::from_millis(200));
     let wall_s = start.elapsed().as_secs_f64();
@@ -319,4 +350,25 @@ pub fn run_family(
     r.stream_s = gen_s;
     r.streams = u32::from(n_flows);
     Ok(r)
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn generators_get_disjoint_slices_of_the_flows() {
+        assert_eq!(flow_slices(20_000, 1000, 1), [(20_000, 1000)]);
+        assert_eq!(flow_slices(20_000, 1000, 2), [(20_000, 500), (20_500, 500)]);
+        assert_eq!(
+            flow_slices(20_000, 1001, 3),
+            [(20_000, 334), (20_334, 334), (20_668, 333)]
+        );
+        // Every flow once, none twice.
+        let slices = flow_slices(20_000, 45_536, 4);
+        assert_eq!(slices.iter().map(|s| u32::from(s.1)).sum::<u32>(), 45_536);
+        assert!(slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+        // Fewer flows than generators: each sends them all.
+        assert_eq!(flow_slices(20_000, 1, 2), [(20_000, 1), (20_000, 1)]);
+    }
 }

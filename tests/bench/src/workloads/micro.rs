@@ -479,10 +479,13 @@ fn open_flows(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<Frames, String>
 
 /// The router program, loaded unattached in the calling thread's
 /// namespace, configured as `attach` does.
-fn load_router(lan: u32, wan: u32) -> Result<LoadedRouter, String> {
+fn load_router(object: Option<&[u8]>, lan: u32, wan: u32) -> Result<LoadedRouter, String> {
     // The test kit's loader panics on failure (it serves tests); here a
     // failure is one failed section of the report, not the end of the run.
-    let loaded = std::panic::catch_unwind(|| LoadedRouter::load(lan, wan, 2 * DEFAULT_MAX_FLOWS));
+    let loaded = std::panic::catch_unwind(|| match object {
+        None => LoadedRouter::load(lan, wan, 2 * DEFAULT_MAX_FLOWS),
+        Some(obj) => LoadedRouter::load_object(obj, lan, wan, 2 * DEFAULT_MAX_FLOWS),
+    });
     let mut router = loaded.map_err(|p| {
         let why = p
             .downcast_ref::<String>()
@@ -510,9 +513,9 @@ fn load_router(lan: u32, wan: u32) -> Result<LoadedRouter, String> {
     Ok(router)
 }
 
-/// Runs every case; `calls` per-call samples each, `repeat` for the
-/// amortised ones.
-pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
+/// The router's MACs and ifindexes (LAN, WAN) and its neighbours', with
+/// the neighbours resolved.
+fn sides(t: &Topology) -> Result<(Macs, u32, u32), String> {
     t.warm_neighbours();
     let m = Macs {
         lan: t.try_mac(Ns::Router, LAN_IF)?,
@@ -520,49 +523,71 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
         client: t.try_mac(Ns::Client, HOST_IF)?,
         server: t.try_mac(Ns::Server, HOST_IF)?,
     };
-    let (lan, wan) = (
-        t.try_ifindex(Ns::Router, LAN_IF)?,
-        t.try_ifindex(Ns::Router, WAN_IF)?,
+    let lan = t.try_ifindex(Ns::Router, LAN_IF)?;
+    let wan = t.try_ifindex(Ns::Router, WAN_IF)?;
+    Ok((m, lan, wan))
+}
+
+/// A loaded router program with the flows and frames of the cases.
+struct Prepared {
+    router: LoadedRouter,
+    frames: Frames,
+    partners: [FlowKey; 2],
+}
+
+/// Loads `object` (`None`: the embedded one) and opens the cases' flows;
+/// in the router namespace.
+fn prepare(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Prepared, String> {
+    let mut router = load_router(object, lan, wan)?;
+    let prog: &Xdp = router
+        .ebpf
+        .program(PROGRAM_NAME)
+        .ok_or("no router program")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    let frames = open_flows(prog, m, lan, wan)?;
+    let offloaded = FlowKey::new(
+        CLIENT_ADDR.octets(),
+        SERVER_ADDR.octets(),
+        OFFLOADED_SPORT,
+        5001,
+        IPPROTO_UDP,
     );
+    mark_offloaded(&mut router.conntrack, offloaded)?;
+    let mut partner = |sport, proto| {
+        add_pingpong_partner(
+            &mut router.conntrack,
+            FlowKey::new(
+                CLIENT_ADDR.octets(),
+                SERVER_ADDR.octets(),
+                sport,
+                5001,
+                proto,
+            ),
+        )
+    };
+    let partners = [partner(40_000, IPPROTO_UDP)?, partner(40_001, IPPROTO_TCP)?];
+    Ok(Prepared {
+        router,
+        frames,
+        partners,
+    })
+}
+
+/// Runs every case; `calls` per-call samples each, `repeat` for the
+/// amortised ones.
+pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
+    let (m, lan, wan) = sides(t)?;
     t.in_ns(Ns::Router, || {
-        let mut router = load_router(lan, wan)?;
-        let prog: &Xdp = router
+        let mut prepared = prepare(None, m, lan, wan)?;
+        let prog: &Xdp = prepared
+            .router
             .ebpf
             .program(PROGRAM_NAME)
             .ok_or("no router program")?
             .try_into()
             .map_err(|e| format!("{e}"))?;
-        let frames = open_flows(prog, m, lan, wan)?;
-        let offloaded = FlowKey::new(
-            CLIENT_ADDR.octets(),
-            SERVER_ADDR.octets(),
-            OFFLOADED_SPORT,
-            5001,
-            IPPROTO_UDP,
-        );
-        mark_offloaded(&mut router.conntrack, offloaded)?;
-        let partners = [
-            add_pingpong_partner(
-                &mut router.conntrack,
-                FlowKey::new(
-                    CLIENT_ADDR.octets(),
-                    SERVER_ADDR.octets(),
-                    40_000,
-                    5001,
-                    IPPROTO_UDP,
-                ),
-            )?,
-            add_pingpong_partner(
-                &mut router.conntrack,
-                FlowKey::new(
-                    CLIENT_ADDR.octets(),
-                    SERVER_ADDR.octets(),
-                    40_001,
-                    5001,
-                    IPPROTO_TCP,
-                ),
-            )?,
-        ];
+        let frames = &prepared.frames;
         let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
         let mut cases = Vec::new();
         for s in &SPECS {
@@ -586,18 +611,169 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
             cases.push(measure(
                 runner,
                 s,
-                (&frames, ingress),
+                (frames, ingress),
                 calls,
                 repeat,
                 pingpong,
             )?);
         }
-        for k in partners {
-            router
+        for k in prepared.partners {
+            prepared
+                .router
                 .conntrack
                 .remove(&k)
                 .map_err(|e| format!("ping-pong partner: {e}"))?;
         }
         Ok(cases)
     })
+}
+
+/// Per case: its name and, per object, the median ns per call and per
+/// ping-pong iteration (NaN: the case has no ping-pong).
+type CompareRow = (&'static str, Vec<(f64, f64)>);
+
+/// The micro-benchmark of several builds of the program side by side
+/// (`--micro-compare`): one topology, every object loaded at once, and
+/// every case measured interleaved call by call (object 0, 1, .., 0, 1,
+/// ..), so that load from elsewhere on the machine, which comes and goes
+/// over seconds, hits every object alike. Prints, per case and object, the
+/// median per-call time and (hit cases) the median per-iteration time of
+/// the ping-pong, and their ratios to object 0 and to the floor.
+pub fn compare(objects: &[std::path::PathBuf], calls: u32) -> Result<(), String> {
+    let bytes = objects
+        .iter()
+        .map(|p| std::fs::read(p).map_err(|e| format!("reading the object {}: {e}", p.display())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let topology = Topology::new();
+    let (macs, lan, wan) = sides(&topology)?;
+    let rows = topology.in_ns(Ns::Router, || {
+        let prepared = bytes
+            .iter()
+            .map(|b| prepare(Some(b), macs, lan, wan))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = interleaved(&prepared, (lan, wan), calls);
+        for mut p in prepared {
+            for k in p.partners {
+                p.router
+                    .conntrack
+                    .remove(&k)
+                    .map_err(|e| format!("ping-pong partner: {e}"))?;
+            }
+        }
+        rows
+    })?;
+    print_comparison(objects, calls, &rows);
+    Ok(())
+}
+
+/// Every case on every prepared program, interleaved call by call.
+fn interleaved(
+    prepared: &[Prepared],
+    (lan, wan): (u32, u32),
+    calls: u32,
+) -> Result<Vec<CompareRow>, String> {
+    let progs = prepared
+        .iter()
+        .map(|p| {
+            let prog: &Xdp = p
+                .router
+                .ebpf
+                .program(PROGRAM_NAME)
+                .ok_or("no router program")?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            Ok(prog)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS))?;
+    let n = prepared.len();
+    let mut rows = Vec::new();
+    for spec in &SPECS {
+        let ingress = if spec.from_wan { wan } else { lan };
+        let runner = |obj: usize| -> &dyn Runner {
+            if spec.name == "trivial-pass" {
+                &trivial
+            } else {
+                progs[obj]
+            }
+        };
+        let mut per_call = vec![Vec::new(); n];
+        for i in 0..calls {
+            for k in 0..n {
+                let obj = (k + i as usize) % n;
+                let frame = prepared[obj].frames.get(spec.input, i);
+                let (verdict, ns, _) = runner(obj).run(&frame, ingress, 1)?;
+                if verdict != spec.verdict {
+                    return Err(format!(
+                        "object {obj}: {} gave verdict {verdict}, not {}",
+                        spec.name,
+                        verdict_name(spec.verdict)
+                    ));
+                }
+                per_call[obj].push(ns);
+            }
+        }
+        let mut per_iteration = vec![Vec::new(); n];
+        if matches!(spec.input, Input::UdpOut | Input::TcpData) {
+            for i in 0..(calls / 50).max(10) {
+                for k in 0..n {
+                    let obj = (k + i as usize) % n;
+                    let frames = &prepared[obj].frames;
+                    let frame = if matches!(spec.input, Input::UdpOut) {
+                        &frames.udp_out_ttl255
+                    } else {
+                        &frames.tcp_data_ttl255
+                    };
+                    let ns = pingpong_ns(runner(obj), spec, frame, ingress, 1)
+                        .map_err(|e| format!("object {obj}: {e}"))?;
+                    per_iteration[obj].push(ns);
+                }
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                percentile(v, 50.0)
+            }
+        };
+        let row = per_call
+            .iter_mut()
+            .zip(&mut per_iteration)
+            .map(|(c, p)| (median(c), median(p)))
+            .collect();
+        rows.push((spec.name, row));
+    }
+    Ok(rows)
+}
+
+/// `--micro-compare`'s table.
+fn print_comparison(objects: &[std::path::PathBuf], calls: u32, rows: &[CompareRow]) {
+    println!(
+        "median ns per call (per ping-pong iteration), {calls} calls per case and object, \
+         interleaved; ratio to object [0]; per-call ratio to the floor"
+    );
+    for (obj, path) in objects.iter().enumerate() {
+        println!("  [{obj}] {}", path.display());
+    }
+    let Some((_, floor_row)) = rows.first() else {
+        return;
+    };
+    for (name, row) in rows {
+        let base = row[0];
+        let cols = row
+            .iter()
+            .zip(floor_row)
+            .map(|(&(call, iter), &(floor, _))| {
+                format!(
+                    "{call:6.1} ({iter:5.1}) x{:.3} (x{:.3}) /floor {:.2}",
+                    call / base.0,
+                    iter / base.1,
+                    call / floor
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" | ");
+        println!("{name:22} {cols}");
+    }
 }

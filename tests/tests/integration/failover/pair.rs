@@ -116,8 +116,18 @@ impl Pair {
         // a host's segments into super-packets before they reach the
         // router's XDP program (which does not take frags), and they would
         // be dropped at the router's egress; a real switch merges nothing.
-        let gro = if to_router { "on" } else { "off" };
-        self.exec_ok(bridge, &["ethtool", "-K", port, "gro", gro]);
+        // tx checksum offload off on the ports facing a router: what GRO
+        // merged there (another router's frames) then leaves towards a
+        // router with complete checksums, as its XDP program cannot
+        // complete a partial one (see `Topology::switch_port_offloads`).
+        let offloads: &[&str] = if to_router {
+            &["gro", "on", "tx", "off"]
+        } else {
+            &["gro", "off"]
+        };
+        let mut cmd = vec!["ethtool", "-K", port];
+        cmd.extend_from_slice(offloads);
+        self.exec_ok(bridge, &cmd);
     }
 
     fn build(&self) {
