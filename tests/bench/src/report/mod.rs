@@ -64,8 +64,8 @@ fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Valu
          {}, {} ({}). Topology: client ns -- veth -- router ns -- veth -- server ns, the server \
          has no route back (NAT required). kernel = `ip_forward=1` + iptables MASQUERADE; xdp = \
          `router-ctl attach lan0 wan0 --admit xdp` (standalone mode, native XDP, no iptables \
-         NAT). The two alternate point \
-         by point. TCP congestion control on the end hosts: {}.\n",
+         NAT). The two alternate point by point. TCP congestion control on the end hosts: \
+         {}. router-ctl (attach, the offload daemon) and the benchmark: {} build.\n",
         machine["date"].as_str().unwrap_or("?"),
         if o.quick { " (--quick)" } else { "" },
         o.secs,
@@ -78,6 +78,13 @@ fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Valu
         machine["iperf"].as_str().unwrap_or("?"),
         machine["virtualization"].as_str().unwrap_or("?"),
         env.cc,
+        // router-ctl is the one beside this binary (`tests::router_ctl_bin`),
+        // built with the same profile.
+        if cfg!(debug_assertions) {
+            "dev (debug)"
+        } else {
+            "release"
+        },
     );
     let _ = writeln!(
         md,
