@@ -651,11 +651,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         tracing::debug!("offloaded {:?} -> {:?}", c.orig, c.reply);
     }
 
-    /// Read back right after the XDP entries of TCP connection `c` were
-    /// written: whether the kernel's entry is still the one the daemon
-    /// checked and switched to liberal before the write, ESTABLISHED, with
-    /// the same translation. If not, the entries must go, and whatever
-    /// the kernel has on the tuple now gets window tracking off.
+    /// Right after the XDP entries of TCP connection `c` were written:
+    /// switches window tracking off on whatever connection the kernel has
+    /// on the tuple now, then whether that is still `c`, ESTABLISHED and
+    /// with the same translation. If not, the entries must go; a closed
+    /// connection gets its state's timeout back
+    /// ([`refresh_while_established`]).
     ///
     /// The state check before the write and the write are two steps (no
     /// compare-and-set between ctnetlink and the map): the daemon can
@@ -664,45 +665,40 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// SYN-ACK pass before the entries exist. The stale entries then carry
     /// the new connection's handshake ACK and request past the kernel,
     /// whose new entry (`SYN_RECV`, window tracking on) finds the server's
-    /// reply acknowledging data it never saw: invalid, so not translated
-    /// back, delivered to the router itself, which answers with a RST
-    /// (seen in captures: the client's ACK and request missing on the
-    /// router's WAN side, the reply there, the router's RST right after).
-    /// A new entry never has the liberal flags (`nf_conntrack_proto_tcp`
-    /// sets them from the SYN's options) unless the daemon set them, so a
-    /// liberal ESTABLISHED entry with the same reply tuple is the one
-    /// checked. Turning window tracking off on the new entry makes the
-    /// segments the stale entries carried harmless; its own ESTABLISHED
-    /// event offloads it properly.
+    /// next segment acknowledging data it never saw: invalid, so not
+    /// translated back, delivered to the router itself, which answers with
+    /// a RST (seen in captures: the client's ACK and request missing on
+    /// the router's WAN side, the server's reply there, the router's RST
+    /// right after). Window tracking goes off first, one write after the
+    /// entries: from then on a segment the entries carried can no longer
+    /// make a later one invalid. A new connection the kernel has
+    /// ESTABLISHED with the same translation is then one the entries may
+    /// carry: it keeps them.
     fn still_written_connection(&mut self, c: &Conn) -> bool {
-        let now = match self.kernel.tcp_now(&c.orig) {
+        let established = refresh_while_established(
+            &mut self.kernel,
+            &self.timeouts,
+            &mut self.stats,
+            &c.orig,
+            self.timeouts.of(IPPROTO_TCP),
+        );
+        let now = match established.and_then(|_| self.kernel.tcp_now(&c.orig)) {
             Ok(Some(now)) => now,
             Ok(None) => return false,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return false,
             Err(e) => {
                 self.stats.errors += 1;
                 tracing::warn!("offload: reading back the kernel entry {:?}: {e}", c.orig);
                 return false;
             }
         };
-        if now.state == tcp_state::ESTABLISHED && now.liberal && now.reply == c.reply {
+        if now.state == tcp_state::ESTABLISHED && now.reply == c.reply {
             return true;
         }
         tracing::debug!(
             "offload undone: the kernel entry of {:?} changed during the write: {now:?}",
             c.orig
         );
-        // Its own state's timeout: the kernel's for a connection it carries.
-        if let Err(e) = self
-            .kernel
-            .refresh(&c.orig, self.timeouts.tcp_state(now.state), true)
-            && e.raw_os_error() != Some(libc::ENOENT)
-        {
-            self.stats.errors += 1;
-            tracing::warn!(
-                "offload: switching the kernel entry {:?} to liberal: {e}",
-                c.orig
-            );
-        }
         false
     }
 
@@ -936,7 +932,7 @@ mod tests {
                 self.replaced.push(*orig);
                 self.liberal.retain(|t| t != orig);
             }
-            let state = if self.replaced.contains(orig) && !self.liberal.contains(orig) {
+            let state = if self.replaced.contains(orig) {
                 FAKE_SYN_RECV
             } else if self.closing.contains(orig) {
                 tcp_state::ESTABLISHED + 1
@@ -1269,13 +1265,14 @@ mod tests {
         let f = &o.flows[&c.orig];
         assert_eq!(f.keys.set_lease(&mut o.table, 99), 0);
         assert_eq!(o.table.0[&ok].lease, LEASE_HANDED_BACK);
-        // The tick ends it without refreshing the kernel entry.
+        // The tick ends it without refreshing the kernel entry (refreshed
+        // twice by the offload: before and right after the XDP write).
         o.tick(6_000_000_000);
         assert_eq!(
             (o.len(), o.table.0.len(), o.stats.ended_tcp_control),
             (0, 0, 1)
         );
-        assert_eq!(o.kernel.refreshed.len(), 1);
+        assert_eq!(o.kernel.refreshed.len(), 2);
         // The next connection on the same ports: offloaded once established.
         o.conn(&c, 7_000_000_000);
         assert_eq!((o.len(), o.table.0.len()), (1, 2));
