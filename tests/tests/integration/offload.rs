@@ -736,11 +736,11 @@ fn offload_short_connections_reusing_a_port() {
     let all_flows = ["-p", "tcp", "--orig-port-dst", server_port.as_str()];
     let show = |what: &str| {
         format!(
-            "{what}\nkernel: {:?}\nXDP: {}\nstats: {}\nresets: {}\ndaemon:\n{}",
+            "{what}\nkernel: {:?}\nXDP: {}\nstats: {}\ntcp: {}\ndaemon:\n{}",
             kernel_entries(&t, &all_flows),
             t.router_ctl_ok(&["conntrack", "list"]),
             t.router_ctl_ok(&["stats"]),
-            reset_counters(&t),
+            tcp_counters(&t),
             daemon.log()
         )
     };
@@ -764,16 +764,20 @@ fn offload_short_connections_reusing_a_port() {
     );
 }
 
-/// Who sent and met TCP resets, and what the router's conntrack found
-/// invalid: a failed connection's resets come from one of them.
-fn reset_counters(t: &Topology) -> String {
-    const COUNTERS: [&str; 6] = [
+/// Who sent and met TCP resets, how lost segments were recovered (loss
+/// probes and SYN retransmissions are retransmissions that are neither
+/// fast nor timeouts), and what the router's conntrack found invalid.
+fn tcp_counters(t: &Topology) -> String {
+    const COUNTERS: [&str; 9] = [
         "TcpOutRsts",
         "TcpEstabResets",
         "TcpAttemptFails",
         "TcpExtTCPAbortOnData",
         "TcpExtPAWSEstab",
         "TcpExtTCPChallengeACK",
+        "TcpExtTCPLossProbes",
+        "TcpExtTCPSynRetrans",
+        "TcpExtTCPSpuriousRtxHostQueues",
     ];
     let per_ns = [Ns::Client, Ns::Router, Ns::Server].map(|ns| {
         let values: Vec<String> = COUNTERS
