@@ -33,7 +33,7 @@ use crate::{
     live::{DaemonView, Live},
     maps::{Conntrack6Map, ConntrackMap},
     netlink,
-    offload::{Kernel, KernelTimeouts, OffloadStats, Offloader, Table},
+    offload::{Kernel, KernelTimeouts, OffloadStats, Offloader, Table, TcpNow},
     service, state, web,
 };
 
@@ -198,8 +198,14 @@ impl Kernel for NetlinkKernel {
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
         self.ct.update(orig, Some(timeout), Some(liberal))
     }
-    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
-        Ok(self.ct.get(orig)?.and_then(|c| c.tcp_state))
+    fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>> {
+        Ok(self.ct.get(orig)?.and_then(|c| {
+            Some(TcpNow {
+                state: c.tcp_state?,
+                liberal: c.tcp_liberal,
+                reply: c.reply,
+            })
+        }))
     }
     fn route(&mut self, addr: IpAddr) -> Option<u32> {
         if self.routes.len() >= ROUTE_CACHE_MAX {

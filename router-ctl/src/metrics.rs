@@ -162,6 +162,7 @@ impl RouterCollector {
             "ended_closing",
             "ended_kernel_gone",
             "ended_tcp_control",
+            "undone_replaced",
             "handed_back",
             "refreshed",
             "resyncs",

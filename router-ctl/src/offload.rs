@@ -309,11 +309,27 @@ pub trait Kernel {
     /// `orig`, and for TCP switches window checking off (`liberal`).
     /// `ENOENT` when the kernel no longer has it.
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()>;
+    /// The kernel's TCP connection with original tuple `orig` as it is
+    /// now; `None` when the kernel no longer has it.
+    fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>>;
     /// The TCP state the kernel's connection with original tuple `orig` is
     /// in now; `None` when the kernel no longer has it.
-    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>>;
+    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
+        Ok(self.tcp_now(orig)?.map(|t| t.state))
+    }
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
+}
+
+/// What the offloader reads back of a kernel TCP connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpNow {
+    /// `enum tcp_conntrack`.
+    pub state: u8,
+    /// Window tracking off in both directions ([`Conn::tcp_liberal`]).
+    pub liberal: bool,
+    /// The reply tuple: the translation.
+    pub reply: Tuple,
 }
 
 /// The kernel's idle timeouts (seconds) for the states XDP carries.
@@ -444,6 +460,11 @@ pub struct OffloadStats {
     /// timeout restored, not (or no longer) offloaded.
     #[serde(default)]
     pub closed_while_refreshed: u64,
+    /// TCP connections whose XDP entries were removed right after being
+    /// written: the kernel's entry had meanwhile become a new connection
+    /// on the same ports (or closed), which the entries must not carry.
+    #[serde(default)]
+    pub undone_replaced: u64,
     /// XDP entries found missing (LRU eviction, flush): the kernel carries
     /// the connection again.
     pub handed_back: u64,
@@ -613,6 +634,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 return;
             }
         };
+        if c.orig.proto == IPPROTO_TCP && !self.still_written_connection(c) {
+            keys.remove(&mut self.table);
+            self.stats.undone_replaced += 1;
+            return;
+        }
         self.flows.insert(
             c.orig,
             Offloaded {
@@ -623,6 +649,57 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         );
         self.stats.offloaded += 1;
         tracing::debug!("offloaded {:?} -> {:?}", c.orig, c.reply);
+    }
+
+    /// Right after the XDP entries of TCP connection `c` were written:
+    /// switches window tracking off on whatever connection the kernel has
+    /// on the tuple now, then whether that is still `c`, ESTABLISHED and
+    /// with the same translation. If not, the entries must go; a closed
+    /// connection gets its state's timeout back
+    /// ([`refresh_while_established`]).
+    ///
+    /// The state check before the write and the write are two steps (no
+    /// compare-and-set between ctnetlink and the map): the daemon can
+    /// stall between them while the connection closes through the kernel
+    /// and the client opens the next one on the same ports, whose SYN and
+    /// SYN-ACK pass before the entries exist. The stale entries then carry
+    /// the new connection's handshake ACK and request past the kernel,
+    /// whose new entry (`SYN_RECV`, window tracking on) finds the server's
+    /// next segment acknowledging data it never saw: invalid, so not
+    /// translated back, delivered to the router itself, which answers with
+    /// a RST (seen in captures: the client's ACK and request missing on
+    /// the router's WAN side, the server's reply there, the router's RST
+    /// right after). Window tracking goes off first, one write after the
+    /// entries: from then on a segment the entries carried can no longer
+    /// make a later one invalid. A new connection the kernel has
+    /// ESTABLISHED with the same translation is then one the entries may
+    /// carry: it keeps them.
+    fn still_written_connection(&mut self, c: &Conn) -> bool {
+        let established = refresh_while_established(
+            &mut self.kernel,
+            &self.timeouts,
+            &mut self.stats,
+            &c.orig,
+            self.timeouts.of(IPPROTO_TCP),
+        );
+        let now = match established.and_then(|_| self.kernel.tcp_now(&c.orig)) {
+            Ok(Some(now)) => now,
+            Ok(None) => return false,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return false,
+            Err(e) => {
+                self.stats.errors += 1;
+                tracing::warn!("offload: reading back the kernel entry {:?}: {e}", c.orig);
+                return false;
+            }
+        };
+        if now.state == tcp_state::ESTABLISHED && now.reply == c.reply {
+            return true;
+        }
+        tracing::debug!(
+            "offload undone: the kernel entry of {:?} changed during the write: {now:?}",
+            c.orig
+        );
+        false
     }
 
     /// Removes a connection's XDP entries; whether it was offloaded.
@@ -819,6 +896,18 @@ mod tests {
         /// timeout is being set (the race with the daemon's write).
         closing_at_refresh: Vec<Tuple>,
         refreshed: Vec<(Tuple, u32)>,
+        /// Reply tuples (translations) of the connections.
+        replies: HashMap<Tuple, Tuple>,
+        /// Connections whose window tracking the daemon switched off.
+        liberal: Vec<Tuple>,
+        /// `(orig, n)`: a new connection on the same ports replaces the
+        /// kernel's entry just before its `n`-th read (from 1): the old one
+        /// closed meanwhile and the client reconnected.
+        replaced_at_read: Vec<(Tuple, usize)>,
+        /// Reads of each connection so far.
+        reads: HashMap<Tuple, usize>,
+        /// Connections replaced by a new one, which is in `SYN_RECV`.
+        replaced: Vec<Tuple>,
     }
 
     impl Kernel for FakeKernel {
@@ -828,18 +917,32 @@ mod tests {
                 return Err(io::Error::from_raw_os_error(libc::ENOENT));
             }
             self.refreshed.push((*orig, timeout));
+            if !self.liberal.contains(orig) {
+                self.liberal.push(*orig);
+            }
             if self.closing_at_refresh.contains(orig) && !self.closing.contains(orig) {
                 self.closing.push(*orig);
             }
             Ok(())
         }
-        fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
-            Ok(self.present.contains(orig).then(|| {
-                if self.closing.contains(orig) {
-                    tcp_state::ESTABLISHED + 1
-                } else {
-                    tcp_state::ESTABLISHED
-                }
+        fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>> {
+            let reads = self.reads.entry(*orig).or_default();
+            *reads += 1;
+            if self.replaced_at_read.contains(&(*orig, *reads)) {
+                self.replaced.push(*orig);
+                self.liberal.retain(|t| t != orig);
+            }
+            let state = if self.replaced.contains(orig) {
+                FAKE_SYN_RECV
+            } else if self.closing.contains(orig) {
+                tcp_state::ESTABLISHED + 1
+            } else {
+                tcp_state::ESTABLISHED
+            };
+            Ok(self.present.contains(orig).then(|| TcpNow {
+                state,
+                liberal: self.liberal.contains(orig),
+                reply: self.replies.get(orig).copied().unwrap_or_default(),
             }))
         }
         fn route(&mut self, addr: IpAddr) -> Option<u32> {
@@ -878,6 +981,7 @@ mod tests {
     fn offloader(present: &[&Conn]) -> Offloader<MemTable, FakeKernel> {
         let kernel = FakeKernel {
             present: present.iter().map(|c| c.orig).collect(),
+            replies: present.iter().map(|c| (c.orig, c.reply)).collect(),
             ..FakeKernel::default()
         };
         Offloader::new(
@@ -1062,6 +1166,9 @@ mod tests {
         assert_eq!(o.stats.not_offloaded.get("tcp_closed_meanwhile"), Some(&1));
     }
 
+    /// `SYN_RECV`: a new connection's entry once its SYN-ACK passed.
+    const FAKE_SYN_RECV: u8 = 2;
+
     /// The fake's closing state (`FIN_WAIT`) and its default timeout.
     const FAKE_CLOSING_TIMEOUT: u32 = 120;
 
@@ -1078,6 +1185,47 @@ mod tests {
             [(c.orig, 432_000), (c.orig, FAKE_CLOSING_TIMEOUT)]
         );
         assert_eq!(o.stats.closed_while_refreshed, 1);
+    }
+
+    #[test]
+    fn entries_written_after_the_next_connection_on_the_ports_began_are_undone() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        // Read 1: the check, read 2: after the liberal write, both
+        // ESTABLISHED; then, before the XDP write, the connection closes
+        // and the next one on the same ports has passed its SYN and
+        // SYN-ACK: read 3, after the write, finds a new entry.
+        o.kernel.replaced_at_read.push((c.orig, 3));
+        o.conn(&c, 1);
+        assert_eq!((o.len(), o.table.0.len()), (0, 0));
+        assert_eq!(o.stats.undone_replaced, 1);
+        // The new entry gets window tracking off (XDP may have carried its
+        // handshake ACK and request) and keeps its state's timeout.
+        assert!(o.kernel.liberal.contains(&c.orig));
+        assert_eq!(
+            o.kernel.refreshed.last(),
+            Some(&(c.orig, KernelTimeouts::default().tcp_state(FAKE_SYN_RECV)))
+        );
+        // Its own ESTABLISHED update offloads it.
+        o.kernel.replaced.clear();
+        o.conn(&c, 2);
+        assert_eq!((o.len(), o.table.0.len(), o.stats.offloaded), (1, 2, 1));
+    }
+
+    #[test]
+    fn entries_are_undone_when_the_kernel_translates_the_ports_differently() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        // The kernel's connection on these ports is another one by now,
+        // mapped to another port (and offloaded already: liberal).
+        let mut other = c.reply;
+        other.dport += 1;
+        o.kernel.replies.insert(c.orig, other);
+        o.conn(&c, 1);
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.undone_replaced),
+            (0, 0, 1)
+        );
     }
 
     #[test]
@@ -1117,13 +1265,14 @@ mod tests {
         let f = &o.flows[&c.orig];
         assert_eq!(f.keys.set_lease(&mut o.table, 99), 0);
         assert_eq!(o.table.0[&ok].lease, LEASE_HANDED_BACK);
-        // The tick ends it without refreshing the kernel entry.
+        // The tick ends it without refreshing the kernel entry (refreshed
+        // twice by the offload: before and right after the XDP write).
         o.tick(6_000_000_000);
         assert_eq!(
             (o.len(), o.table.0.len(), o.stats.ended_tcp_control),
             (0, 0, 1)
         );
-        assert_eq!(o.kernel.refreshed.len(), 1);
+        assert_eq!(o.kernel.refreshed.len(), 2);
         // The next connection on the same ports: offloaded once established.
         o.conn(&c, 7_000_000_000);
         assert_eq!((o.len(), o.table.0.len()), (1, 2));

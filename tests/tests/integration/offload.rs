@@ -722,10 +722,11 @@ fn offload_short_connections_reusing_a_port() {
     let all_flows = ["-p", "tcp", "--orig-port-dst", server_port.as_str()];
     let show = |what: &str| {
         format!(
-            "{what}\nkernel: {:?}\nXDP: {}\nstats: {}\ndaemon:\n{}",
+            "{what}\nkernel: {:?}\nXDP: {}\nstats: {}\ntcp: {}\ndaemon:\n{}",
             kernel_entries(&t, &all_flows),
             t.router_ctl_ok(&["conntrack", "list"]),
             t.router_ctl_ok(&["stats"]),
+            tcp_counters(&t),
             daemon.log()
         )
     };
@@ -747,6 +748,36 @@ fn offload_short_connections_reusing_a_port() {
         stuck.is_empty(),
         "closed connections with an offloaded one's timeout: {stuck:?}"
     );
+}
+
+/// Who sent and met TCP resets, how lost segments were recovered (loss
+/// probes and SYN retransmissions are retransmissions that are neither
+/// fast nor timeouts), and what the router's conntrack found invalid.
+fn tcp_counters(t: &Topology) -> String {
+    const COUNTERS: [&str; 9] = [
+        "TcpOutRsts",
+        "TcpEstabResets",
+        "TcpAttemptFails",
+        "TcpExtTCPAbortOnData",
+        "TcpExtPAWSEstab",
+        "TcpExtTCPChallengeACK",
+        "TcpExtTCPLossProbes",
+        "TcpExtTCPSynRetrans",
+        "TcpExtTCPSpuriousRtxHostQueues",
+    ];
+    let per_ns = [Ns::Client, Ns::Router, Ns::Server].map(|ns| {
+        let values: Vec<String> = COUNTERS
+            .iter()
+            .map(|c| format!("{c}={}", t.nstat(ns, c)))
+            .collect();
+        format!("{}: {}", t.ns_name(ns), values.join(" "))
+    });
+    let invalid = t.exec(Ns::Router, &["conntrack", "-S"]);
+    format!(
+        "{}\nrouter conntrack -S:\n{}",
+        per_ns.join("\n"),
+        String::from_utf8_lossy(&invalid.stdout)
+    )
 }
 
 /// `count` connections one after the other from one port, each offloaded
@@ -857,6 +888,17 @@ fn ports_at_once(
         "{} connections from {ports} ports at once: {} failed, {recovery:?}",
         usize::from(ports) * per_port,
         failed.len()
+    );
+    // The router's own TCP stack answers a segment only when conntrack
+    // found it invalid and did not translate it back (it was addressed to
+    // the router's WAN address): the kernel missed segments XDP carried.
+    let router_resets = t.nstat(Ns::Router, "TcpOutRsts");
+    assert!(
+        router_resets == 0,
+        "{}",
+        show(&format!(
+            "the router reset {router_resets} segments (failed: {failed:?})"
+        ))
     );
     assert!(
         failed.is_empty(),
