@@ -535,17 +535,21 @@ struct Prepared {
     partners: [FlowKey; 2],
 }
 
-/// Loads `object` (`None`: the embedded one) and opens the cases' flows;
-/// in the router namespace.
-fn prepare(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Prepared, String> {
-    let mut router = load_router(object, lan, wan)?;
-    let prog: &Xdp = router
+/// The router program of a loaded object.
+fn router_program(router: &LoadedRouter) -> Result<&Xdp, String> {
+    router
         .ebpf
         .program(PROGRAM_NAME)
         .ok_or("no router program")?
         .try_into()
-        .map_err(|e| format!("{e}"))?;
-    let frames = open_flows(prog, m, lan, wan)?;
+        .map_err(|e| format!("{e}"))
+}
+
+/// Loads `object` (`None`: the embedded one) and opens the cases' flows;
+/// in the router namespace.
+fn prepare(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Prepared, String> {
+    let mut router = load_router(object, lan, wan)?;
+    let frames = open_flows(router_program(&router)?, m, lan, wan)?;
     let offloaded = FlowKey::new(
         CLIENT_ADDR.octets(),
         SERVER_ADDR.octets(),
@@ -580,13 +584,7 @@ pub fn run(t: &Topology, calls: u32, repeat: u32) -> Result<Vec<Case>, String> {
     let (m, lan, wan) = sides(t)?;
     t.in_ns(Ns::Router, || {
         let mut prepared = prepare(None, m, lan, wan)?;
-        let prog: &Xdp = prepared
-            .router
-            .ebpf
-            .program(PROGRAM_NAME)
-            .ok_or("no router program")?
-            .try_into()
-            .map_err(|e| format!("{e}"))?;
+        let prog = router_program(&prepared.router)?;
         let frames = &prepared.frames;
         let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS));
         let mut cases = Vec::new();
@@ -674,16 +672,7 @@ fn interleaved(
 ) -> Result<Vec<CompareRow>, String> {
     let progs = prepared
         .iter()
-        .map(|p| {
-            let prog: &Xdp = p
-                .router
-                .ebpf
-                .program(PROGRAM_NAME)
-                .ok_or("no router program")?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
-            Ok(prog)
-        })
+        .map(|p| router_program(&p.router))
         .collect::<Result<Vec<_>, String>>()?;
     let trivial = Prog::load("xdppass", &rawbpf::constant(rawbpf::XDP_PASS))?;
     let n = prepared.len();
