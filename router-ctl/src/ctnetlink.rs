@@ -128,10 +128,6 @@ pub struct Conn {
     pub status: u32,
     /// TCP only: `enum tcp_conntrack`.
     pub tcp_state: Option<u8>,
-    /// TCP only: conntrack checks neither direction's sequence numbers
-    /// ([`TCP_FLAG_BE_LIBERAL`] in both directions' flags). A new
-    /// connection's entry starts without it: only the offloader sets it.
-    pub tcp_liberal: bool,
     /// Seconds left before the entry expires.
     pub timeout: Option<u32>,
     /// A helper (ALG) is attached, or the entry is an expected one.
@@ -256,19 +252,11 @@ pub fn parse_conn(data: &[u8]) -> Option<Conn> {
             CTA_PROTOINFO => {
                 for (ty, d) in attrs(d) {
                     if ty == CTA_PROTOINFO_TCP {
-                        // struct nf_ct_tcp_flags { u8 flags; u8 mask; }
-                        let liberal =
-                            |d: &[u8]| d.first().is_some_and(|f| f & TCP_FLAG_BE_LIBERAL != 0);
-                        let (mut orig_liberal, mut reply_liberal) = (false, false);
                         for (ty, d) in attrs(d) {
-                            match ty {
-                                CTA_PROTOINFO_TCP_STATE => c.tcp_state = d.first().copied(),
-                                CTA_PROTOINFO_TCP_FLAGS_ORIGINAL => orig_liberal = liberal(d),
-                                CTA_PROTOINFO_TCP_FLAGS_REPLY => reply_liberal = liberal(d),
-                                _ => {}
+                            if ty == CTA_PROTOINFO_TCP_STATE {
+                                c.tcp_state = d.first().copied();
                             }
                         }
-                        c.tcp_liberal = orig_liberal && reply_liberal;
                     }
                 }
             }
@@ -603,22 +591,8 @@ mod tests {
         }
         m.attr(CTA_ID, &c.id.to_be_bytes());
         if let Some(s) = c.tcp_state {
-            // As the kernel reports them: flags (here also SACK_PERM,
-            // 0x02, which says nothing about liberal) and a mask.
-            let flags = [
-                if c.tcp_liberal {
-                    TCP_FLAG_BE_LIBERAL
-                } else {
-                    0
-                } | 0x02,
-                0xff,
-            ];
             m.nested(CTA_PROTOINFO, |m| {
-                m.nested(CTA_PROTOINFO_TCP, |m| {
-                    m.attr(CTA_PROTOINFO_TCP_STATE, &[s]);
-                    m.attr(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, &flags);
-                    m.attr(CTA_PROTOINFO_TCP_FLAGS_REPLY, &flags);
-                });
+                m.nested(CTA_PROTOINFO_TCP, |m| m.attr(CTA_PROTOINFO_TCP_STATE, &[s]));
             });
         }
         m.0
@@ -635,13 +609,7 @@ mod tests {
             timeout: Some(431_999),
             ..Conn::default()
         };
-        assert_eq!(parse_conn(&encoded(&c)), Some(c.clone()));
-        // An offloaded one: window tracking off in both directions.
-        let liberal = Conn {
-            tcp_liberal: true,
-            ..c
-        };
-        assert_eq!(parse_conn(&encoded(&liberal)), Some(liberal));
+        assert_eq!(parse_conn(&encoded(&c)), Some(c));
     }
 
     #[test]

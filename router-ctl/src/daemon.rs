@@ -202,7 +202,6 @@ impl Kernel for NetlinkKernel {
         Ok(self.ct.get(orig)?.and_then(|c| {
             Some(TcpNow {
                 state: c.tcp_state?,
-                liberal: c.tcp_liberal,
                 reply: c.reply,
             })
         }))

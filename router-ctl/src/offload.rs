@@ -326,8 +326,6 @@ pub trait Kernel {
 pub struct TcpNow {
     /// `enum tcp_conntrack`.
     pub state: u8,
-    /// Window tracking off in both directions ([`Conn::tcp_liberal`]).
-    pub liberal: bool,
     /// The reply tuple: the translation.
     pub reply: Tuple,
 }
@@ -941,7 +939,6 @@ mod tests {
             };
             Ok(self.present.contains(orig).then(|| TcpNow {
                 state,
-                liberal: self.liberal.contains(orig),
                 reply: self.replies.get(orig).copied().unwrap_or_default(),
             }))
         }
