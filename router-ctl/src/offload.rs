@@ -601,7 +601,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             &mut self.kernel,
             &self.timeouts,
             &mut self.stats,
-            &c.orig,
+            (&c.orig, None),
             timeout,
         ) {
             Ok(true) => {}
@@ -677,27 +677,25 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             &mut self.kernel,
             &self.timeouts,
             &mut self.stats,
-            &c.orig,
+            (&c.orig, Some(&c.reply)),
             self.timeouts.of(IPPROTO_TCP),
         );
-        let now = match established.and_then(|_| self.kernel.tcp_now(&c.orig)) {
-            Ok(Some(now)) => now,
-            Ok(None) => return false,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return false,
+        match established {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::debug!(
+                    "offload undone: the kernel entry of {:?} changed during the write",
+                    c.orig
+                );
+                false
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
             Err(e) => {
                 self.stats.errors += 1;
                 tracing::warn!("offload: reading back the kernel entry {:?}: {e}", c.orig);
-                return false;
+                false
             }
-        };
-        if now.state == tcp_state::ESTABLISHED && now.reply == c.reply {
-            return true;
         }
-        tracing::debug!(
-            "offload undone: the kernel entry of {:?} changed during the write: {now:?}",
-            c.orig
-        );
-        false
     }
 
     /// Removes a connection's XDP entries; whether it was offloaded.
@@ -732,7 +730,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 &mut self.kernel,
                 &self.timeouts,
                 &mut self.stats,
-                orig,
+                (orig, None),
                 timeout,
             ) {
                 Ok(true) => {}
@@ -792,7 +790,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 }
 
 /// Gives the kernel entry `orig` an offloaded flow's `timeout`; for TCP
-/// then reads its state again: whether it is still ESTABLISHED.
+/// then reads it again: whether it is still ESTABLISHED (and, when
+/// `reply` is given, still translated to that reply tuple: the same
+/// connection, not the next one on the ports).
 ///
 /// ctnetlink has no compare-and-set: a short connection can close
 /// entirely through the kernel (its FINs hand it back to the kernel)
@@ -809,7 +809,7 @@ fn refresh_while_established<K: Kernel>(
     kernel: &mut K,
     timeouts: &KernelTimeouts,
     stats: &mut OffloadStats,
-    orig: &Tuple,
+    (orig, reply): (&Tuple, Option<&Tuple>),
     timeout: u32,
 ) -> io::Result<bool> {
     /// Restores after the first: each needs another packet in between.
@@ -820,13 +820,15 @@ fn refresh_while_established<K: Kernel>(
     }
     let mut restored = None;
     for _ in 0..=RESTORES {
-        match kernel.tcp_state(orig)? {
+        match kernel.tcp_now(orig)? {
             None => return Err(io::Error::from_raw_os_error(libc::ENOENT)),
-            Some(tcp_state::ESTABLISHED) if restored.is_none() => return Ok(true),
-            Some(s) if restored == Some(s) => break,
-            Some(s) => {
-                kernel.refresh(orig, timeouts.tcp_state(s), true)?;
-                restored = Some(s);
+            Some(now) if now.state == tcp_state::ESTABLISHED && restored.is_none() => {
+                return Ok(reply.is_none_or(|r| *r == now.reply));
+            }
+            Some(now) if restored == Some(now.state) => break,
+            Some(now) => {
+                kernel.refresh(orig, timeouts.tcp_state(now.state), true)?;
+                restored = Some(now.state);
             }
         }
     }
