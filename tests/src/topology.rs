@@ -332,6 +332,20 @@ impl Topology {
         })
     }
 
+    /// `NAME=VALUE` of each of `counters` that `ns`'s `/proc/net/snmp` or
+    /// `netstat` has, space-separated, from one read: for a failing test's
+    /// diagnostics (a counter this kernel lacks is left out, not a panic).
+    #[must_use]
+    pub fn nstat_line(&self, ns: Ns, counters: &[&str]) -> String {
+        let o = self.exec(ns, &["cat", "/proc/net/snmp", "/proc/net/netstat"]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        counters
+            .iter()
+            .filter_map(|c| parse_snmp(&text, c).map(|v| format!("{c}={v}")))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     /// Runs `iptables ARGS` in `ns`, falling back to `iptables-legacy`.
     pub fn iptables(&self, ns: Ns, args: &[&str]) {
         let mut cmd = vec!["iptables"];

@@ -403,12 +403,7 @@ fn hairpin_diagnostics(t: &Topology, capture: &mut SwitchCapture) -> String {
         let _ = writeln!(d, "{ns:?}: {}:\n{}", cmd.join(" "), text(t.exec(ns, cmd)));
     }
     for ns in [Ns::Router, Ns::Client, Ns::Client2] {
-        let snmp = text(t.exec(ns, &["cat", "/proc/net/snmp", "/proc/net/netstat"]));
-        let values: Vec<String> = COUNTERS
-            .iter()
-            .filter_map(|c| tests::parse_snmp(&snmp, c).map(|v| format!("{c}={v}")))
-            .collect();
-        let _ = writeln!(d, "{ns:?} kernel counters: {}", values.join(" "));
+        let _ = writeln!(d, "{ns:?} kernel counters: {}", t.nstat_line(ns, &COUNTERS));
     }
     let cap = capture.finish(t);
     let lines: Vec<&str> = cap.lines().collect();

@@ -765,13 +765,8 @@ fn tcp_counters(t: &Topology) -> String {
         "TcpExtTCPSynRetrans",
         "TcpExtTCPSpuriousRtxHostQueues",
     ];
-    let per_ns = [Ns::Client, Ns::Router, Ns::Server].map(|ns| {
-        let values: Vec<String> = COUNTERS
-            .iter()
-            .map(|c| format!("{c}={}", t.nstat(ns, c)))
-            .collect();
-        format!("{}: {}", t.ns_name(ns), values.join(" "))
-    });
+    let per_ns = [Ns::Client, Ns::Router, Ns::Server]
+        .map(|ns| format!("{}: {}", t.ns_name(ns), t.nstat_line(ns, &COUNTERS)));
     let invalid = t.exec(Ns::Router, &["conntrack", "-S"]);
     format!(
         "{}\nrouter conntrack -S:\n{}",
