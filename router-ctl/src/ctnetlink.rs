@@ -80,6 +80,10 @@ pub mod status {
 /// `enum tcp_conntrack` values that matter here.
 pub mod tcp_state {
     pub const ESTABLISHED: u8 = 3;
+    /// A FIN seen (in either direction) on an established connection.
+    pub const FIN_WAIT: u8 = 4;
+    /// A RST seen.
+    pub const CLOSE: u8 = 8;
 }
 
 /// `NFNLGRP_CONNTRACK_*` as `nl_groups` bits (group n is bit n - 1).
@@ -355,6 +359,125 @@ pub fn parse_events(buf: &[u8]) -> Vec<Event> {
     out
 }
 
+/// Whether the offload daemon acts on a conntrack event (NEW, UPDATE or
+/// DESTROY) about `c`: what [`event_filter`] lets through, in Rust.
+///
+/// TCP events name the connection's state (when it changed, and always in
+/// DESTROY). The daemon offloads only ESTABLISHED connections and ends an
+/// offloaded (or pending) one at the first state after ESTABLISHED, which
+/// is always `FIN_WAIT` (a FIN in either direction) or `CLOSE` (a RST)
+/// (netfilter's TCP state table, `nf_conntrack_proto_tcp.c`): the
+/// handshake's states (NEW at the SYN, `SYN_RECV`) and the later closing
+/// ones (`CLOSE_WAIT`, `LAST_ACK`, `TIME_WAIT`, and the DESTROY of a
+/// connection that ended through them) change nothing it carries. That is
+/// five to six of a short connection's seven to eight events. Everything
+/// else (other protocols, TCP events without a state) it reads.
+#[must_use]
+pub fn event_needed(c: &Conn) -> bool {
+    c.orig.proto != libc::IPPROTO_TCP as u8
+        || c.tcp_state.is_none_or(|s| {
+            matches!(
+                s,
+                tcp_state::ESTABLISHED | tcp_state::FIN_WAIT | tcp_state::CLOSE
+            )
+        })
+}
+
+/// Classic BPF instructions (`linux/bpf_common.h`, `linux/filter.h`):
+/// `ld #k`, `ldx #k`, `ld b[k]`, `ld b[x + k]`, `tax`, `jeq #k`, `ret #k`.
+const LD_IMM: u16 = (libc::BPF_LD | libc::BPF_IMM) as u16;
+const LDX_IMM: u16 = (libc::BPF_LDX | libc::BPF_IMM) as u16;
+const LD_ABS_B: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
+const LD_IND_B: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_IND) as u16;
+/// `BPF_MISC | BPF_TAX` (`BPF_TAX` is 0).
+const TAX: u16 = libc::BPF_MISC as u16;
+const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+/// The ancillary loads that find a netlink attribute: `A` = offset of the
+/// attribute of type `X` in the attributes starting at offset `A`
+/// (`NLATTR`) or inside the nested attribute at offset `A`
+/// (`NLATTR_NEST`); 0 when there is none.
+const AD_NLATTR: u32 = (libc::SKF_AD_OFF + libc::SKF_AD_NLATTR).cast_unsigned();
+const AD_NLATTR_NEST: u32 = (libc::SKF_AD_OFF + libc::SKF_AD_NLATTR_NEST).cast_unsigned();
+/// Where an event's attributes start: after the `nlmsghdr` and the
+/// `nfgenmsg` (each event is a datagram of one message).
+const EVENT_ATTRS_AT: u32 = 16 + 4;
+/// Attribute header length: a value is at the attribute's offset + 4.
+const NLA_HDRLEN: u32 = 4;
+
+/// The classic BPF socket filter that drops, in the kernel, the events
+/// [`event_needed`] says the daemon does not act on, before they are
+/// queued and wake it (as conntrackd's filters do). A short connection
+/// then costs the daemon two events instead of seven or eight.
+#[must_use]
+pub fn event_filter() -> Vec<libc::sock_filter> {
+    /// A step of the program; jumps go to "accept" (the last instruction).
+    #[derive(Clone, Copy)]
+    enum Step {
+        Insn(u16, u32),
+        /// `jeq #k`: accept when equal.
+        AcceptIfEq(u32),
+        /// `jeq #k`: go on when equal, else accept.
+        AcceptIfNe(u32),
+    }
+    use Step::{AcceptIfEq, AcceptIfNe, Insn};
+    // A = offset of attribute `ty` in the top-level attributes / in the
+    // nest at A; no such attribute (A = 0): accept.
+    let find = |ty: u16| {
+        [
+            Insn(LDX_IMM, ty.into()),
+            Insn(LD_ABS_B, AD_NLATTR),
+            AcceptIfEq(0),
+        ]
+    };
+    let find_in = |ty: u16| {
+        [
+            Insn(LDX_IMM, ty.into()),
+            Insn(LD_ABS_B, AD_NLATTR_NEST),
+            AcceptIfEq(0),
+        ]
+    };
+    // A = the u8 value of the attribute at offset A.
+    let value = [Insn(TAX, 0), Insn(LD_IND_B, NLA_HDRLEN)];
+    let mut steps = vec![Insn(LD_IMM, EVENT_ATTRS_AT)];
+    steps.extend(find(CTA_TUPLE_ORIG));
+    steps.extend(find_in(CTA_TUPLE_PROTO));
+    steps.extend(find_in(CTA_PROTO_NUM));
+    steps.extend(value);
+    steps.push(AcceptIfNe(libc::IPPROTO_TCP.cast_unsigned()));
+    steps.push(Insn(LD_IMM, EVENT_ATTRS_AT));
+    steps.extend(find(CTA_PROTOINFO));
+    steps.extend(find_in(CTA_PROTOINFO_TCP));
+    steps.extend(find_in(CTA_PROTOINFO_TCP_STATE));
+    steps.extend(value);
+    for state in [
+        tcp_state::ESTABLISHED,
+        tcp_state::FIN_WAIT,
+        tcp_state::CLOSE,
+    ] {
+        steps.push(AcceptIfEq(state.into()));
+    }
+    // Drop, then accept (the whole message).
+    steps.push(Insn(RET_K, 0));
+    let accept = steps.len();
+    steps.push(Insn(RET_K, u32::MAX));
+    steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, step)| {
+            // Jumps are relative to the next instruction and only go
+            // forward; the program is far shorter than 255.
+            let to_accept = u8::try_from(accept.saturating_sub(i + 1)).unwrap_or(u8::MAX);
+            let (code, jt, jf, k) = match step {
+                Insn(code, k) => (code, 0, 0, k),
+                AcceptIfEq(k) => (JEQ_K, to_accept, 0, k),
+                AcceptIfNe(k) => (JEQ_K, 0, to_accept, k),
+            };
+            libc::sock_filter { code, jt, jf, k }
+        })
+        .collect()
+}
+
 /// A `NETLINK_NETFILTER` socket: requests, or (after [`CtSocket::events`])
 /// the conntrack event groups.
 pub struct CtSocket {
@@ -442,6 +565,25 @@ impl CtSocket {
     /// lost and the caller must resynchronise with a dump.
     pub fn events(rcvbuf: usize) -> io::Result<Self> {
         let s = Self::open(GROUP_NEW | GROUP_UPDATE | GROUP_DESTROY, true)?;
+        let program = event_filter();
+        let prog = libc::sock_fprog {
+            len: u16::try_from(program.len()).unwrap_or(u16::MAX),
+            filter: program.as_ptr().cast_mut(),
+        };
+        // SAFETY: prog points to `program`, alive during the call (the
+        // kernel copies it).
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                (&raw const prog).cast(),
+                size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let size = i32::try_from(rcvbuf).unwrap_or(i32::MAX);
         // SO_RCVBUFFORCE needs CAP_NET_ADMIN (the daemon has it); fall back
         // to the limited SO_RCVBUF.
@@ -668,6 +810,135 @@ mod tests {
         let mut only_orig = Msg::attrs_only();
         put_tuple(&mut only_orig, CTA_TUPLE_ORIG, &c.orig);
         assert_eq!(parse_conn(&only_orig.0), None);
+    }
+
+    /// Runs the classic BPF `program` on the datagram `pkt` as the kernel
+    /// does for a netlink socket (`net/core/filter.c`): the instructions
+    /// [`event_filter`] uses, with the kernel's semantics of the netlink
+    /// attribute loads (`bpf_skb_get_nlattr`, `..._nest`, over
+    /// `nla_find`). Returns what the program returns (0: dropped).
+    fn run_cbpf(program: &[libc::sock_filter], pkt: &[u8]) -> u32 {
+        /// `nla_find`: the offset of the first attribute of type `ty` in
+        /// `pkt[from..from + len]`, 0 if none.
+        fn nla_find(pkt: &[u8], from: usize, len: usize, ty: u32) -> u32 {
+            let end = (from + len).min(pkt.len());
+            let mut at = from;
+            while at + 4 <= end {
+                let nla_len = usize::from(u16::from_ne_bytes([pkt[at], pkt[at + 1]]));
+                let nla_type = u16::from_ne_bytes([pkt[at + 2], pkt[at + 3]]) & 0x3fff;
+                if nla_len < 4 || nla_len > end - at {
+                    return 0;
+                }
+                if u32::from(nla_type) == ty {
+                    return u32::try_from(at).unwrap();
+                }
+                at += (nla_len + 3) & !3;
+            }
+            0
+        }
+        let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
+        let len = pkt.len();
+        loop {
+            let i = program[pc];
+            pc += 1;
+            match i.code {
+                LD_IMM => a = i.k,
+                LDX_IMM => x = i.k,
+                TAX => x = a,
+                LD_ABS_B if i.k == AD_NLATTR => {
+                    let at = a as usize;
+                    a = if len < 4 || at > len - 4 {
+                        0
+                    } else {
+                        nla_find(pkt, at, len - at, x)
+                    };
+                }
+                LD_ABS_B if i.k == AD_NLATTR_NEST => {
+                    let at = a as usize;
+                    a = if len < 4 || at > len - 4 {
+                        0
+                    } else {
+                        let nla_len = usize::from(u16::from_ne_bytes([pkt[at], pkt[at + 1]]));
+                        if nla_len > len - at {
+                            0
+                        } else {
+                            nla_find(pkt, at + 4, nla_len.saturating_sub(4), x)
+                        }
+                    };
+                }
+                // Out of bounds: the kernel's filter returns 0 (drop).
+                LD_IND_B => match pkt.get((x + i.k) as usize) {
+                    Some(&b) => a = b.into(),
+                    None => return 0,
+                },
+                JEQ_K => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+                RET_K => return i.k,
+                code => panic!("instruction {code:#x} not modelled"),
+            }
+        }
+    }
+
+    /// An event message as the kernel sends it: `nlmsghdr`, `nfgenmsg`,
+    /// the connection's attributes.
+    fn event_message(ty: u16, flags: u16, c: &Conn) -> Vec<u8> {
+        let mut m = ct_msg(ty, flags, 2);
+        m.0.extend_from_slice(&encoded(c));
+        m.finish(0)
+    }
+
+    #[test]
+    fn the_kernel_filter_drops_exactly_the_events_the_daemon_ignores() {
+        let program = event_filter();
+        assert!(program.len() < 64, "{} instructions", program.len());
+        let mut seen = (0, 0);
+        for proto in [6, 17, 1, 132] {
+            // None: an update without the TCP state (a mark, a status bit).
+            for state in std::iter::once(None).chain((0..=10).map(Some)) {
+                for (ty, flags) in [
+                    (IPCTNL_MSG_CT_NEW, NLM_F_CREATE),
+                    (IPCTNL_MSG_CT_NEW, 0),
+                    (IPCTNL_MSG_CT_DELETE, 0),
+                ] {
+                    let c = Conn {
+                        orig: tuple([192, 168, 50, 2], [203, 0, 113, 2], proto, 40000, 80),
+                        reply: tuple([203, 0, 113, 2], [203, 0, 113, 1], proto, 80, 40000),
+                        status: status::CONFIRMED | status::SEEN_REPLY | status::ASSURED,
+                        tcp_state: state,
+                        ..Conn::default()
+                    };
+                    let kept = run_cbpf(&program, &event_message(ty, flags, &c)) != 0;
+                    assert_eq!(kept, event_needed(&c), "{proto} {state:?} {ty} {flags}");
+                    if kept {
+                        seen.0 += 1;
+                    } else {
+                        seen.1 += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen.0 > 0 && seen.1 > 0, "{seen:?}");
+        // A TCP handshake and a closed connection's later states are
+        // dropped; ESTABLISHED and the first closing states kept.
+        let tcp = |s| Conn {
+            orig: tuple([1, 1, 1, 1], [2, 2, 2, 2], 6, 1, 2),
+            reply: tuple([2, 2, 2, 2], [1, 1, 1, 1], 6, 2, 1),
+            tcp_state: Some(s),
+            ..Conn::default()
+        };
+        let kept: Vec<u8> = (0..=9).filter(|&s| event_needed(&tcp(s))).collect();
+        assert_eq!(
+            kept,
+            [
+                tcp_state::ESTABLISHED,
+                tcp_state::FIN_WAIT,
+                tcp_state::CLOSE
+            ]
+        );
+        // Truncated messages: decided without reading out of bounds.
+        let full = event_message(IPCTNL_MSG_CT_NEW, 0, &tcp(2));
+        for cut in 0..full.len() {
+            let _ = run_cbpf(&program, &full[..cut]);
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ use tokio::{
 use crate::{
     apply,
     clock::monotonic_ns,
-    ctnetlink::{CtSocket, Event, Tuple},
+    ctnetlink::{CtSocket, Event, Tuple, event_needed},
     ctx::Ctx,
     ebpf_log::DataPathLog,
     live::{DaemonView, Live},
@@ -234,6 +234,9 @@ fn apply_events(off: &mut Daemon, events: Vec<Event>) {
     let now = monotonic_ns();
     for e in events {
         match e {
+            // What the kernel's filter lets through (the same test, should
+            // the socket have no filter).
+            Event::New(c) | Event::Update(c) | Event::Destroy(c) if !event_needed(&c) => {}
             Event::New(c) | Event::Update(c) => off.conn(&c, now),
             Event::Destroy(c) => off.destroy(&c),
         }

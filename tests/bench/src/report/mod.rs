@@ -274,6 +274,12 @@ pub fn write_artifacts(
     std::fs::write(&md_path, &md).map_err(|e| format!("{}: {e}", md_path.display()))?;
     let pretty = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
     std::fs::write(&json_path, pretty).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    if o.only_conn_rate {
+        // No points ran: nothing to chart.
+        println!("{}", sections::conn_rate_section(&extra.conn_rate));
+        println!("wrote {}, {}", md_path.display(), json_path.display());
+        return Ok(());
+    }
     if runs.is_empty() {
         return Err("no run succeeded; nothing to chart".into());
     }
