@@ -483,7 +483,13 @@ pub fn event_filter() -> Vec<libc::sock_filter> {
 pub struct CtSocket {
     fd: OwnedFd,
     seq: u32,
+    /// The replies' receive buffer, allocated at the first request and
+    /// kept (the daemon makes a request per connection it offloads).
+    replies: Vec<u8>,
 }
+
+/// Size of the replies' receive buffer: a dump's datagrams fit.
+const REPLY_BUF: usize = 1 << 17;
 
 impl AsRawFd for CtSocket {
     fn as_raw_fd(&self) -> RawFd {
@@ -536,7 +542,11 @@ impl CtSocket {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Self { fd, seq: 1 })
+        Ok(Self {
+            fd,
+            seq: 1,
+            replies: Vec::new(),
+        })
     }
 
     /// A socket for requests (dump, get, update). Replies wait at most 5 s.
@@ -630,10 +640,19 @@ impl CtSocket {
         // A request socket carries only the answers to its own requests,
         // one at a time: no need to match sequence numbers.
         self.send(m)?;
+        let mut buf = std::mem::take(&mut self.replies);
+        buf.resize(REPLY_BUF, 0);
+        let answer = self.answer(&mut buf);
+        self.replies = buf;
+        answer
+    }
+
+    /// The conntrack entries answered to the request just sent, until
+    /// DONE, an ack or an error.
+    fn answer(&self, buf: &mut [u8]) -> io::Result<Vec<Conn>> {
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 1 << 17];
         loop {
-            let n = self.recv(&mut buf)?.unwrap_or(0);
+            let n = self.recv(buf)?.unwrap_or(0);
             for (ty, _flags, payload) in messages(&buf[..n]) {
                 match ty {
                     NLMSG_ERROR => {

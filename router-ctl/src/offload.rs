@@ -527,7 +527,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     }
 
     fn refused(&mut self, why: &str) {
-        *self.stats.not_offloaded.entry(why.to_owned()).or_default() += 1;
+        // No allocation for a reason counted before (most events).
+        if let Some(n) = self.stats.not_offloaded.get_mut(why) {
+            *n += 1;
+        } else {
+            self.stats.not_offloaded.insert(why.to_owned(), 1);
+        }
     }
 
     /// A NEW or UPDATE event, or a dump row.
