@@ -407,7 +407,8 @@ impl Report<'_> {
             Level::Fail,
             format!(
                 "the MAC changed since attach (now {now}, the data path still expects {}): \
-                 every frame goes to the kernel (counted as pass_not_for_us), slow but correct",
+                 the data path passes every frame addressed to {now} to the kernel (counted \
+                 as pass_not_for_us): slow but correct",
                 netlink::mac_str(written)
             ),
             Some(format!(
