@@ -392,8 +392,10 @@ pub fn mac(name: &str, ifindex: u32) -> Result<[u8; 6]> {
 /// `aa:bb:cc:dd:ee:ff`, as `ip link` shows a MAC address.
 #[must_use]
 pub fn mac_str(m: [u8; 6]) -> String {
-    let [a, b, c, d, e, f] = m;
-    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The name of interface `idx`, if it exists.

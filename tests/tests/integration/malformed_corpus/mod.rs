@@ -268,8 +268,8 @@ fn bad_ipv4_header_checksum_is_not_forwarded() {
 #[test]
 fn checker_self_test() {
     use router_common::nat::{rewrite_addrs, rewrite_udp};
-    let ip = Ipv4::new(CLIENT, SERVER, Udp::new(40001, 53, b"some payload"));
     const ROUTER_MAC: [u8; 6] = [2; 6];
+    let ip = Ipv4::new(CLIENT, SERVER, Udp::new(40001, 53, b"some payload"));
     let good = Frame::new(ROUTER_MAC, [4; 6], ip).bytes();
     for corrupt in [false, true] {
         let mut f = good.clone();
