@@ -369,6 +369,11 @@ impl Frames {
 /// Addresses of the two sides, as seen by the router.
 #[derive(Clone, Copy)]
 struct Macs {
+    /// The MAC LAN frames are addressed to, and CONFIG's LAN MAC: the
+    /// server's, not `lan0`'s. The ping-pong feeds a redirected frame,
+    /// addressed to its next hop (the server), back in on the LAN side, and
+    /// the data path takes only frames to CONFIG's MAC (the compare costs
+    /// the same whatever the MAC).
     lan: [u8; 6],
     wan: [u8; 6],
     client: [u8; 6],
@@ -517,7 +522,7 @@ fn load_router(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Loa
 fn sides(t: &Topology) -> Result<(Macs, u32, u32), String> {
     t.warm_neighbours();
     let m = Macs {
-        lan: t.try_mac(Ns::Router, LAN_IF)?,
+        lan: t.try_mac(Ns::Server, HOST_IF)?,
         wan: t.try_mac(Ns::Router, WAN_IF)?,
         client: t.try_mac(Ns::Client, HOST_IF)?,
         server: t.try_mac(Ns::Server, HOST_IF)?,
