@@ -178,6 +178,18 @@ pub const fn set_u16<const N: usize>(h: &mut [u8; N], at: usize, v: u16) {
     h[at + 1] = b[1];
 }
 
+/// Whether the Ethernet header `eth` is addressed to `mac`: one 32-bit and
+/// one 16-bit compare (the frame's bytes are read one by one, see the
+/// module doc on the packet start's alignment).
+#[inline]
+#[must_use]
+pub const fn eth_dst_is(eth: &[u8; eth::LEN], mac: &[u8; eth::ADDR_LEN]) -> bool {
+    let d = eth::DST;
+    u32::from_ne_bytes([eth[d], eth[d + 1], eth[d + 2], eth[d + 3]])
+        == u32::from_ne_bytes([mac[0], mac[1], mac[2], mac[3]])
+        && u16::from_ne_bytes([eth[d + 4], eth[d + 5]]) == u16::from_ne_bytes([mac[4], mac[5]])
+}
+
 /// The IPv4 address at `at` of header `h`, in wire order.
 #[inline]
 #[must_use]
@@ -217,5 +229,23 @@ mod tests {
         assert_eq!(get_u16(&h, ipv4::TOT_LEN), 0x1234);
         assert_eq!(h[16..20], [203, 0, 113, 2]);
         assert_eq!(get_addr(&h, ipv4::DST), [203, 0, 113, 2]);
+    }
+
+    #[test]
+    fn eth_dst_is_compares_all_six_bytes_of_the_destination_only() {
+        let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+        let mut h = [0u8; eth::LEN];
+        h[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&mac);
+        // The source and type do not matter.
+        h[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&[0xff; 6]);
+        assert!(eth_dst_is(&h, &mac));
+        for i in 0..eth::ADDR_LEN {
+            let mut other = h;
+            other[eth::DST + i] ^= 1;
+            assert!(!eth_dst_is(&other, &mac), "byte {i} differs");
+        }
+        let mut broadcast = h;
+        broadcast[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&[0xff; 6]);
+        assert!(!eth_dst_is(&broadcast, &mac));
     }
 }

@@ -94,8 +94,13 @@ pub struct Config {
     pub filtering: u8,
     pub pad: [u8; 2],
     pub timeouts: Timeouts,
+    /// The LAN and the WAN interface's own MAC addresses: the data path
+    /// forwards only frames addressed to the ingress interface's one, as
+    /// the kernel does (see [`Counter::PassNotForUs`]).
+    pub lan_mac: [u8; 6],
+    pub wan_mac: [u8; 6],
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 56);
+const _: () = assert!(core::mem::size_of::<Config>() == 68);
 
 /// A flow as seen in one direction on one interface. For ICMP echo both
 /// ports hold the echo identifier, so [`FlowKey::reversed`] of the
@@ -881,6 +886,19 @@ counters! {
     FlowNewHairpin = "flow_new_hairpin", true;
     /// An expired NAT mapping of another internal endpoint was taken over.
     MappingReclaimed = "mapping_reclaimed", true;
+    /// Ethernet destination is not the ingress interface's own MAC: a
+    /// broadcast or multicast frame, or unicast to another host (a bridge
+    /// flooding a frame whose destination it has not learned, a
+    /// promiscuous interface). The kernel forwards only frames addressed
+    /// to the interface (it drops the other hosts' frames in `ip_rcv`, and
+    /// `ip_forward`/`ip6_forward` forward only `PACKET_HOST` ones), and a
+    /// router must not forward a packet received as a link-layer broadcast
+    /// or multicast (RFC 1812 5.3.4): the kernel gets it (and delivers
+    /// what is for the router itself: ARP, DHCP, VRRP...). Also counted
+    /// after an interface's MAC changed until attach runs again
+    /// (`router-ctl doctor` says so). Last in the list: the other counters
+    /// keep the indexes older objects write.
+    PassNotForUs = "pass_not_for_us", false;
 }
 
 #[cfg(test)]

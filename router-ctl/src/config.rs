@@ -185,6 +185,13 @@ pub struct RouterConfig {
     pub wan: String,
     pub lan_ifindex: u32,
     pub wan_ifindex: u32,
+    /// The interfaces' MAC addresses when attach ran: the data path
+    /// forwards only frames addressed to them. (Zero in records written
+    /// before the data path checked; the next attach rewrites them.)
+    #[serde(default)]
+    pub lan_mac: [u8; 6],
+    #[serde(default)]
+    pub wan_mac: [u8; 6],
     pub wan_addr: Ipv4Addr,
     pub port_min: u16,
     pub port_max: u16,
@@ -232,6 +239,8 @@ impl RouterConfig {
             filtering: self.filtering.to_map() as u8,
             pad: [0; 2],
             timeouts: self.timeouts,
+            lan_mac: self.lan_mac,
+            wan_mac: self.wan_mac,
         }
     }
 }
@@ -307,6 +316,10 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
         netlink::ifindex(lan).map_err(|e| ConfigError::new(ConfigField::Lan, e.to_string()))?;
     let wan_idx =
         netlink::ifindex(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
+    let lan_mac = netlink::mac(lan, lan_idx)
+        .map_err(|e| ConfigError::new(ConfigField::Lan, format!("{e:#}")))?;
+    let wan_mac = netlink::mac(wan, wan_idx)
+        .map_err(|e| ConfigError::new(ConfigField::Wan, format!("{e:#}")))?;
     if lan_idx == wan_idx {
         return Err(ConfigError::new(
             ConfigField::Wan,
@@ -348,6 +361,8 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
         wan: a.wan.clone(),
         lan_ifindex: lan_idx,
         wan_ifindex: wan_idx,
+        lan_mac,
+        wan_mac,
         wan_addr,
         port_min: a.port_range.0,
         port_max: a.port_range.1,

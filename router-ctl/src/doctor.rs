@@ -10,7 +10,10 @@
 //! - MTU: interfaces with different MTUs send big packets to the slow
 //!   path; native XDP on a veth needs an MTU that fits one page;
 //! - netfilter forward rules or a forward drop policy (nftables, iptables
-//!   legacy), which standalone mode would bypass.
+//!   legacy), which standalone mode would bypass;
+//! - an attached interface whose MAC changed since attach: the data path
+//!   compares frames' destinations with the MAC attach wrote, so it passes
+//!   every frame to the kernel until attach runs again.
 
 use std::{
     fs,
@@ -21,7 +24,9 @@ use std::{
 use serde::Serialize;
 use serde_json::json;
 
-use crate::{bpfsys, netlink, pins::LINK_PINS, standalone};
+use router_common::maps::Config;
+
+use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, standalone};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
@@ -223,6 +228,10 @@ fn our_progs(pin_dir: &Path) -> Vec<u32> {
 #[must_use]
 pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
     let ours = our_progs(pin_dir);
+    let attached = PinnedMaps::at(pin_dir)
+        .read_config()
+        .ok()
+        .filter(|c| c.lan_ifindex != 0);
     let mut out = Vec::new();
     let mut mtus: Vec<(String, u32)> = Vec::new();
     for iface in ifaces {
@@ -236,6 +245,9 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             r.programs(&l, &ours);
             if l.kind.as_deref() == Some("veth") {
                 r.veth(&l);
+            }
+            if let Some(cfg) = &attached {
+                r.router_mac(&l, cfg);
             }
         }
     }
@@ -370,6 +382,42 @@ impl Report<'_> {
         }
     }
 
+    /// On an attached interface: whether the MAC the data path compares
+    /// frames' destinations with is still the interface's.
+    fn router_mac(&mut self, l: &netlink::LinkAttrs, cfg: &Config) {
+        let Some(written) = attached_mac(cfg, l.ifindex) else {
+            return;
+        };
+        let iface = self.iface;
+        if l.mac == Some(written) {
+            self.add(
+                "router-mac",
+                Level::Ok,
+                format!(
+                    "the data path forwards frames addressed to {}",
+                    netlink::mac_str(written)
+                ),
+                None,
+            );
+            return;
+        }
+        let now = l.mac.map_or_else(|| "none".to_owned(), netlink::mac_str);
+        self.add(
+            "router-mac",
+            Level::Fail,
+            format!(
+                "the MAC changed since attach (now {now}, the data path still expects {}): \
+                 the data path passes every frame addressed to {now} to the kernel (counted \
+                 as pass_not_for_us): slow but correct",
+                netlink::mac_str(written)
+            ),
+            Some(format!(
+                "run the same `router-ctl attach` again: it writes {iface}'s new MAC in place \
+                 (flows kept)"
+            )),
+        );
+    }
+
     /// A veth's peer (NAPI for redirected frames, checksums it sends) and
     /// the MTU native XDP on a veth allows.
     fn veth(&mut self, l: &netlink::LinkAttrs) {
@@ -469,6 +517,18 @@ fn mtu_mismatches(mtus: &[(String, u32)], out: &mut Vec<Check>) {
                 });
             }
         }
+    }
+}
+
+/// The MAC the data path expects on `ifindex`, if it is an attached
+/// interface.
+fn attached_mac(cfg: &Config, ifindex: u32) -> Option<[u8; 6]> {
+    if ifindex == cfg.lan_ifindex {
+        Some(cfg.lan_mac)
+    } else if ifindex == cfg.wan_ifindex {
+        Some(cfg.wan_mac)
+    } else {
+        None
     }
 }
 

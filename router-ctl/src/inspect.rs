@@ -25,6 +25,9 @@ pub struct Running {
     pub links: Vec<(&'static str, Result<LinkNow, String>)>,
     /// The `CONFIG` map's entry, if the map is pinned and readable.
     pub config: Option<Config>,
+    /// Why a pinned `CONFIG` map could not be read (e.g. its value has the
+    /// layout of another build).
+    pub config_error: Option<String>,
 }
 
 impl Running {
@@ -103,7 +106,10 @@ pub fn inspect(dir: &Path) -> Running {
         r.links.push((pin, now));
     }
     if r.maps_present.contains(&CONFIG_MAP) {
-        r.config = PinnedMaps::at(dir).read_config().ok();
+        match PinnedMaps::at(dir).read_config() {
+            Ok(c) => r.config = Some(c),
+            Err(e) => r.config_error = Some(format!("{e:#}")),
+        }
     }
     r
 }

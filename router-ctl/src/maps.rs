@@ -112,6 +112,27 @@ impl PinnedMaps {
             .context("reading the configuration")
     }
 
+    /// Turns the fast path off: the `CONFIG` entry all zero, which every
+    /// build reads as "not configured". Written at the pinned map's own
+    /// value size, so that a router attached by another build (whose
+    /// `Config` has another layout) can be detached too.
+    pub fn clear_config(&self) -> Result<()> {
+        let Map::Array(data) = self.open(CONFIG_MAP)? else {
+            bail!("{CONFIG_MAP} is not an array map; detach cannot turn the fast path off");
+        };
+        let size = data
+            .info()
+            .context("reading CONFIG's map info")?
+            .value_size();
+        let zero = vec![0u8; size as usize];
+        crate::bpfsys::map_update(
+            std::os::fd::AsFd::as_fd(data.fd()),
+            &0u32.to_ne_bytes(),
+            &zero,
+        )
+        .context("clearing the configuration")
+    }
+
     fn typed<T: TryFrom<Map, Error = MapError>>(&self, name: &str) -> Result<T> {
         T::try_from(self.open(name)?).with_context(|| {
             format!(

@@ -12,7 +12,7 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
 };
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::nlmsg::{self, Msg, NLA_F_NESTED, NLM_F_ACK, NLMSG_DONE, NLMSG_ERROR};
 
@@ -23,6 +23,7 @@ const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
+const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_LINK: u16 = 5;
@@ -109,6 +110,8 @@ pub struct LinkAttrs {
     pub xdp: XdpState,
     /// `IFF_UP`.
     pub up: bool,
+    /// `IFLA_ADDRESS` when it is a 6-byte (Ethernet) hardware address.
+    pub mac: Option<[u8; 6]>,
 }
 
 struct Socket(OwnedFd);
@@ -247,6 +250,7 @@ fn parse_link(payload: &[u8]) -> LinkAttrs {
     };
     for (ty, d) in attrs(&payload[16..]) {
         match ty {
+            IFLA_ADDRESS => l.mac = <[u8; 6]>::try_from(d).ok(),
             IFLA_IFNAME => l.name = str_of(d),
             IFLA_MTU => l.mtu = u32_of(d),
             IFLA_LINK => l.link = Some(u32_of(d)),
@@ -373,6 +377,27 @@ pub fn ifindex(name: &str) -> Result<u32> {
     Ok(idx)
 }
 
+/// The Ethernet address of interface `name` (`ifindex` its index), which
+/// the data path compares frames' destinations with.
+pub fn mac(name: &str, ifindex: u32) -> Result<[u8; 6]> {
+    let attrs = link(ifindex).with_context(|| format!("reading the link of {name}"))?;
+    attrs.mac.ok_or_else(|| {
+        anyhow!(
+            "{name} has no Ethernet address (`ip link show {name}`): the XDP router forwards \
+             Ethernet frames only; attach it to Ethernet interfaces"
+        )
+    })
+}
+
+/// `aa:bb:cc:dd:ee:ff`, as `ip link` shows a MAC address.
+#[must_use]
+pub fn mac_str(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// The name of interface `idx`, if it exists.
 #[must_use]
 pub fn ifname(idx: u32) -> Option<String> {
@@ -440,6 +465,25 @@ mod tests {
         assert!(lo.mtu > 0);
         assert_eq!(lo.xdp.attached, XdpAttached::None);
         assert!(lo.xdp.programs().is_empty());
+        assert_eq!(
+            lo.mac,
+            Some([0; 6]),
+            "lo's hardware address is 6 zero bytes"
+        );
+    }
+
+    #[test]
+    fn only_a_six_byte_hardware_address_is_a_mac() {
+        let payload = |addr: &[u8]| {
+            let mut p = vec![0u8; 16];
+            p.extend(nested(&[(IFLA_ADDRESS, addr.to_vec())]));
+            p
+        };
+        let mac = [0x02, 0, 0, 0, 0, 0x01];
+        assert_eq!(parse_link(&payload(&mac)).mac, Some(mac));
+        // An IPIP tunnel's "hardware address" is its IPv4 address.
+        assert_eq!(parse_link(&payload(&[192, 0, 2, 1])).mac, None);
+        assert_eq!(mac_str(mac), "02:00:00:00:00:01");
     }
 
     #[test]

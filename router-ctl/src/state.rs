@@ -201,6 +201,8 @@ mod tests {
             wan: "wan0".into(),
             lan_ifindex: 2,
             wan_ifindex: 3,
+            lan_mac: [2, 0, 0, 0, 0, 2],
+            wan_mac: [2, 0, 0, 0, 0, 3],
             wan_addr: [203, 0, 113, 1].into(),
             port_min: 1024,
             port_max: 65535,
@@ -249,6 +251,9 @@ mod tests {
         assert_eq!(s.config.timeouts.icmp, 7);
         assert_eq!(s.config.timeouts.pad, 0);
         assert_eq!(s.config.timeouts.tcp_syn_sent, 120);
+        // Recorded before the data path checked the destination MAC: the
+        // next attach finds the interfaces' MACs differ and rewrites them.
+        assert_eq!(s.config.lan_mac, [0; 6]);
     }
 
     #[test]

@@ -83,6 +83,18 @@ pub fn diagnose(
         );
         return ("incomplete", problems);
     }
+    if let Some(e) = &running.config_error {
+        problems.insert(
+            0,
+            format!(
+                "this router-ctl cannot read the pinned configuration ({e}): the router was \
+                 attached by another build whose map layouts differ, and its program keeps \
+                 running; use that build's router-ctl, or `router-ctl detach` and attach again \
+                 to switch to this one"
+            ),
+        );
+        return ("other_build", problems);
+    }
     if !running.configured() {
         problems.insert(
             0,
@@ -359,5 +371,33 @@ mod tests {
     fn nothing_pinned() {
         let r = Running::default();
         assert_eq!(diagnose(&r, None, false).0, "not_attached");
+    }
+
+    /// Pins of another build (an older `CONFIG` layout): said so, with
+    /// what to do, not "unconfigured".
+    #[test]
+    fn configuration_of_another_build() {
+        let link = |prog_id, ifindex| {
+            Ok(crate::inspect::LinkNow {
+                info: crate::bpfsys::LinkInfo {
+                    id: 1,
+                    prog_id,
+                    link_type: 6,
+                    ifindex,
+                },
+                iface: None,
+                mode: Some("native"),
+            })
+        };
+        let r = Running {
+            maps_present: PinnedMaps::NAMES.to_vec(),
+            links: vec![(LINK_PINS[0], link(7, 2)), (LINK_PINS[1], link(7, 3))],
+            config: None,
+            config_error: Some("invalid value size".to_owned()),
+        };
+        let (state, problems) = diagnose(&r, None, false);
+        assert_eq!(state, "other_build");
+        assert!(problems[0].contains("another build"), "{problems:?}");
+        assert!(problems[0].contains("detach"), "{problems:?}");
     }
 }

@@ -198,13 +198,17 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step
 // add to; the combined stack of a call chain must stay within 512 bytes.
 #[inline(never)]
 pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
-    // Not IPv4, not configured: no header to judge. No neighbour: the
+    // Not IPv4, not configured: no header to judge. Not addressed to the
+    // router: the kernel does not forward it either. No neighbour: the
     // packet was translated to its LAN host by a flow (a reply or a port
     // forward) and is passed for the kernel to resolve the neighbour.
     if v.action != xdp_action::XDP_PASS
         || matches!(
             v.counter,
-            Counter::PassNotIpv4 | Counter::PassNotConfigured | Counter::PassNoNeighbour
+            Counter::PassNotIpv4
+                | Counter::PassNotConfigured
+                | Counter::PassNotForUs
+                | Counter::PassNoNeighbour
         )
     {
         return v;

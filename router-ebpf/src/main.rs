@@ -132,6 +132,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     let Some(side) = parse::ingress(ctx) else {
         return Err(Verdict::pass(Counter::PassNotConfigured));
     };
+    parse::addressed_to_us(eth, side)?;
     let pkt = match parse::l4(ctx, ip, side.from_lan)? {
         L4::Flow(pkt) => pkt,
         L4::IcmpError { total_len } => {

@@ -10,7 +10,7 @@ use core::mem::size_of;
 use aya_ebpf::programs::XdpContext;
 use router_common::{
     flow::{ASSUMED_WSCALE, Segment},
-    hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, min_len, tcp, udp},
+    hdr::{eth, eth_dst_is, frame, get_addr, get_u16, icmp, ipv4, min_len, tcp, udp},
     maps::{Config, Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
     nat::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Ipv4Verdict, classify_ipv4, icmp_is_error},
 };
@@ -105,6 +105,29 @@ pub fn ingress<'a>(ctx: &XdpContext) -> Option<Ingress<'a>> {
         return None;
     }
     Some(Ingress { cfg, from_lan })
+}
+
+/// Only frames link-layer addressed to the ingress interface itself go on:
+/// broadcast, multicast and other hosts' unicast frames are the kernel's,
+/// which forwards none of them (it forwards `PACKET_HOST` frames only) and
+/// delivers what is for the router itself (ARP, DHCP, VRRP). A router must
+/// not forward a packet received as a link-layer broadcast or multicast
+/// (RFC 1812 5.3.4); a frame a bridge floods to every port, or one seen by
+/// a promiscuous interface, would otherwise be forwarded twice (also by its
+/// real next hop) and could open flows. Both families, before any flow
+/// work.
+#[inline(always)]
+pub fn addressed_to_us(eth: &[u8; eth::LEN], side: Ingress<'_>) -> Step<()> {
+    let own = if side.from_lan {
+        &side.cfg.lan_mac
+    } else {
+        &side.cfg.wan_mac
+    };
+    if eth_dst_is(eth, own) {
+        return Ok(());
+    }
+    core::hint::cold_path();
+    Err(Verdict::pass(Counter::PassNotForUs))
 }
 
 /// The tuple of a TCP/UDP/ICMP echo packet, as it arrived.

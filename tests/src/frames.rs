@@ -378,6 +378,18 @@ impl Ipv4 {
     }
 }
 
+/// The Ethernet broadcast address.
+pub const BROADCAST_MAC: [u8; 6] = [0xff; 6];
+/// An IPv4 multicast MAC (224.0.0.251, mDNS: RFC 1112 6.4 mapping).
+pub const IPV4_MULTICAST_MAC: [u8; 6] = [0x01, 0x00, 0x5e, 0x00, 0x00, 0xfb];
+/// An IPv6 multicast MAC (`ff02::1`, RFC 2464 7).
+pub const IPV6_MULTICAST_MAC: [u8; 6] = [0x33, 0x33, 0x00, 0x00, 0x00, 0x01];
+/// A locally administered unicast MAC that no interface of the test
+/// topologies has (the kit's interfaces get random ones): a frame to it
+/// is another host's, which a bridge floods while it has not learned where
+/// that host is.
+pub const NOBODY_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x10, 0xde, 0xad];
+
 /// An Ethernet frame carrying an IPv4 packet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {

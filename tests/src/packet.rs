@@ -1,5 +1,6 @@
 //! `AF_PACKET` sockets bound to one interface, for the tests that capture
-//! what a namespace's interface carries (in and out) without tcpdump.
+//! what a namespace's interface carries (in and out) without tcpdump,
+//! and send crafted frames ([`send_frame`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -58,4 +59,25 @@ pub fn packet_socket(
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// Sends `frame` (Ethernet header included, as it is: any destination
+/// MAC) out of interface `ifindex` of the calling thread's namespace,
+/// through a send-only `AF_PACKET` socket.
+///
+/// # Errors
+/// `socket(2)`, `bind(2)` or `send(2)` failed, or sent only part of it.
+pub fn send_frame(ifindex: u32, frame: &[u8]) -> io::Result<()> {
+    // Ethertype 0: the socket receives nothing, it only sends.
+    let fd = packet_socket(ifindex, 0, Framing::Frame, false)?;
+    // SAFETY: a live buffer of the given length.
+    let sent = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+    match usize::try_from(sent) {
+        Ok(n) if n == frame.len() => Ok(()),
+        Ok(n) => Err(io::Error::other(format!(
+            "sent {n} of the frame's {} bytes",
+            frame.len()
+        ))),
+        Err(_) => Err(io::Error::last_os_error()),
+    }
 }

@@ -5,11 +5,11 @@
 //! Load it inside the router namespace ([`ResolvedTopology::in_router`]) so
 //! `bpf_fib_lookup` sees that namespace's routes and neighbours.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, os::fd::AsFd as _};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, DevMapHash, HashMap, Map, MapData, PerCpuArray},
+    maps::{DevMapHash, HashMap, Map, MapData, PerCpuArray},
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use router_common::maps::{
@@ -20,6 +20,7 @@ use router_common::maps::{
 
 use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
 use crate::frames::{Frame, Ipv4};
+use crate::rawbpf;
 use crate::topology::{Ns, Topology};
 
 // `enum xdp_action` of the kernel's UAPI: a program's return value.
@@ -69,10 +70,58 @@ pub struct LoadedRouter {
     pub forwards: HashMap<MapData, PortForwardKey, PortForwardTarget>,
     /// Standalone mode's NAT mappings (external port -> internal endpoint).
     pub mappings: HashMap<MapData, MappingKey, Mapping>,
-    pub config: Array<MapData, Config>,
+    pub config: ConfigMap,
     pub devices: DevMapHash<MapData>,
     pub lan: u32,
     pub wan: u32,
+}
+
+/// A loaded object's `CONFIG` map. An object built before the last fields
+/// of [`Config`] were added (the benchmark's `--micro-compare` of an older
+/// build) has a shorter value: it gets the prefix of the value that its
+/// layout knows (fields are only ever appended).
+pub struct ConfigMap {
+    map: MapData,
+    value_size: usize,
+}
+
+impl ConfigMap {
+    /// # Panics
+    /// If `map` is not an array, or its value is longer than [`Config`].
+    #[must_use]
+    pub fn new(map: Map) -> Self {
+        let Map::Array(map) = map else {
+            panic!("CONFIG is not an array: {map:?}");
+        };
+        let value_size = map.info().expect("CONFIG's map info").value_size() as usize;
+        assert!(
+            value_size <= size_of::<Config>(),
+            "CONFIG's value ({value_size} B) is longer than this build's Config ({} B): \
+             the object is newer than this test kit",
+            size_of::<Config>()
+        );
+        Self { map, value_size }
+    }
+
+    /// Writes the single entry.
+    ///
+    /// # Errors
+    /// If the map update fails.
+    pub fn set(&mut self, cfg: &Config) -> Result<(), String> {
+        // SAFETY: `Config` is `repr(C)` of integers and byte arrays without
+        // padding (its size is asserted in router-common), so all its
+        // bytes are initialised.
+        let value = unsafe {
+            std::slice::from_raw_parts(std::ptr::from_ref(cfg).cast::<u8>(), size_of::<Config>())
+        };
+        // Through the fd: aya's typed array needs the value sizes to match.
+        rawbpf::map_update(
+            self.map.fd().as_fd(),
+            &0u32.to_ne_bytes(),
+            &value[..self.value_size],
+        )
+        .map_err(|e| format!("writing CONFIG: {e}"))
+    }
 }
 
 /// One `BPF_PROG_RUN`: verdict, output frame, every counter that moved,
@@ -126,7 +175,7 @@ impl LoadedRouter {
         let conntrack = HashMap::try_from(ct).unwrap();
         let counters = PerCpuArray::try_from(take(COUNTERS_MAP)).unwrap();
         let forwards = HashMap::try_from(take(PORT_FORWARDS_MAP)).unwrap();
-        let config = Array::try_from(take(CONFIG_MAP)).unwrap();
+        let config = ConfigMap::new(take(CONFIG_MAP));
         let mappings = HashMap::try_from(take(NAT_MAPPINGS_MAP)).unwrap();
         let mut devices = DevMapHash::try_from(take(DEVICES_MAP)).unwrap();
         devices.insert(lan, lan, None, 0).unwrap();
@@ -151,7 +200,7 @@ impl LoadedRouter {
     /// # Panics
     /// If the map update fails.
     pub fn configure(&mut self, cfg: &Config) {
-        self.config.set(0, cfg, 0).unwrap();
+        self.config.set(cfg).unwrap();
     }
 
     /// Inserts or replaces a `CONNTRACK` entry.
@@ -430,6 +479,8 @@ impl ResolvedTopology {
             filtering: 0,
             pad: [0; 2],
             timeouts,
+            lan_mac: self.lan_mac,
+            wan_mac: self.wan_mac,
         }
     }
 

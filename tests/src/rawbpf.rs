@@ -10,7 +10,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("tests::rawbpf encodes bpf_insn registers for little-endian hosts");
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 pub const XDP_DROP: i32 = 1;
 pub const XDP_PASS: i32 = 2;
@@ -485,6 +485,18 @@ struct LinkCreateAttr {
     rest: [u64; 4],
 }
 
+/// `BPF_MAP_*_ELEM`'s part of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct MapElemAttr {
+    map_fd: u32,
+    pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -508,6 +520,25 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
             size_of::<T>(),
         )
     }
+}
+
+/// `BPF_MAP_UPDATE_ELEM` of `key` -> `value` in the map `map`, whose key
+/// and value sizes the slices must have (the kernel reads that many
+/// bytes).
+///
+/// # Errors
+/// If the kernel refuses the update.
+pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> Result<(), String> {
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd().cast_unsigned(),
+        key: key.as_ptr() as u64,
+        value: value.as_ptr() as u64,
+        ..MapElemAttr::default()
+    };
+    if bpf(BPF_MAP_UPDATE_ELEM, &mut attr) < 0 {
+        return Err(os_err("BPF_MAP_UPDATE_ELEM"));
+    }
+    Ok(())
 }
 
 /// `what: <the last OS error>`.

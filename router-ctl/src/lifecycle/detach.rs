@@ -5,7 +5,7 @@
 use std::{fs, os::fd::AsFd as _, path::Path};
 
 use anyhow::{Context, Result};
-use router_common::maps::{CONFIG_MAP, Config};
+use router_common::maps::CONFIG_MAP;
 use tracing::{debug, warn};
 
 use crate::{
@@ -48,10 +48,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     }
     // Commit: both interfaces back to the kernel path in one write.
     if running.maps_present.contains(&CONFIG_MAP) {
-        ctx.maps()
-            .config()?
-            .set(0, Config::default(), 0)
-            .context("clearing the configuration")?;
+        ctx.maps().clear_config()?;
     }
     crash_point("detach-after-unconfigure");
     state::remove(ctx.ns())?;

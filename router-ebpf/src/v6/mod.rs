@@ -29,7 +29,7 @@ use router_common::{
 use crate::{
     Step, Verdict,
     hop::{FibParams, Hop, lookup, write_macs},
-    parse::{Ingress, header, ingress},
+    parse::{Ingress, addressed_to_us, header, ingress},
 };
 
 const AF_INET6: u8 = 10;
@@ -42,6 +42,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
     let Some(side) = ingress(ctx) else {
         return Err(Verdict::pass(Counter::PassNotConfigured));
     };
+    addressed_to_us(eth, side)?;
     let pkt = match parse::l4(ctx, ip, side.from_lan)? {
         parse::L4::Flow(pkt) => pkt,
         parse::L4::IcmpError => return icmp_error::forward(ctx, side, eth, ip),

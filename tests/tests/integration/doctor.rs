@@ -3,7 +3,7 @@
 //! warning about them.
 
 use serde_json::Value;
-use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF};
+use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_delta};
 
 use crate::ctl::*;
 
@@ -121,4 +121,61 @@ fn the_kit_topologies_have_no_veth_hazards() {
         hazards.extend(veth_hazards(&t, router));
     }
     assert!(hazards.is_empty(), "doctor: {hazards:#?}");
+}
+
+/// An attached interface whose MAC changes: the data path still compares
+/// frames' destinations with the MAC attach wrote (and passes them all to
+/// the kernel as `pass_not_for_us`), so doctor fails `router-mac` and says
+/// to run attach again; that attach writes the new MAC in place, after
+/// which doctor is content and the fast path carries the traffic again.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn doctor_reports_a_mac_changed_since_attach() {
+    const NEW_MAC: &str = "02:00:5e:10:be:ef";
+    let t = Topology::new();
+    attach_and_print(&t, &[]);
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    for iface in [LAN_IF, WAN_IF] {
+        assert_eq!(check(&v, iface, "router-mac")["level"], "ok", "{v}");
+    }
+
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", "dev", LAN_IF, "address", NEW_MAC],
+    );
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    println!("{}", stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF])));
+    assert_eq!(code, 1, "{v}");
+    let lan = check(&v, LAN_IF, "router-mac");
+    assert_eq!(lan["level"], "fail", "{lan}");
+    let detail = lan["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(NEW_MAC) && detail.contains("pass_not_for_us"),
+        "{lan}"
+    );
+    assert!(lan["fix"].as_str().unwrap().contains("attach"), "{lan}");
+    assert_eq!(check(&v, WAN_IF, "router-mac")["level"], "ok", "{v}");
+
+    // The client learns the new MAC; its frames to it go to the kernel.
+    t.exec_ok(Ns::Client, &["ip", "neigh", "flush", "dev", HOST_IF]);
+    let before = t.stats();
+    assert!(t.ping(Ns::Client, tests::ROUTER_LAN_ADDR, 1));
+    assert!(counter_delta(&before, &t.stats(), "pass_not_for_us") >= 1);
+
+    let out = attach(&t, &[]);
+    println!("{out}");
+    assert!(out.contains("new configuration"), "{out}");
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(check(&v, LAN_IF, "router-mac")["level"], "ok", "{v}");
+    assert_eq!(code, 0, "{v}");
+    let before = t.stats();
+    let peer = t.udp_echo_roundtrip(
+        Ns::Client,
+        Ns::Server,
+        tests::socket_addr(tests::SERVER_ADDR, 5320),
+    );
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(tests::ROUTER_WAN_ADDR));
+    let after = t.stats();
+    assert!(counter_delta(&before, &after, "fwd_outbound") >= 1);
+    assert_eq!(counter_delta(&before, &after, "pass_not_for_us"), 0);
 }

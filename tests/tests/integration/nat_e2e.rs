@@ -497,3 +497,65 @@ fn attach_twice_is_a_noop_and_detach_restores_the_kernel_path() {
         "kernel forwards after detach"
     );
 }
+
+/// RFC 1812 5.3.4 and the kernel's `PACKET_HOST` rule: a frame of an
+/// established flow addressed to another host's MAC, which the LAN's bridge
+/// floods to every port (the router's too) while it has not learned that
+/// MAC, is not forwarded; the same datagram to the router's MAC is. Both
+/// are sent raw from the client, the foreign one first: the first datagram
+/// the server receives must be the one to the router's MAC.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn flooded_frame_for_another_host_is_not_forwarded() {
+    use tests::addr::HOST_IF;
+    use tests::frames::{Frame, Ipv4, NOBODY_MAC, Udp};
+    const CLIENT_PORT: u16 = 40200;
+    let t = Topology::with_two_clients();
+    attach_and_print(&t, &[]);
+    let server = t.in_ns(Ns::Server, || {
+        UdpSocket::bind(socket_addr(SERVER_ADDR, 5310)).unwrap()
+    });
+    // The flow, opened and answered through the router.
+    std::thread::scope(|s| {
+        let echo = s.spawn(|| udp_echo_n(&server, 1));
+        let back = t.in_ns(Ns::Client, || {
+            udp_from_port(CLIENT_PORT, socket_addr(SERVER_ADDR, 5310), b"open")
+        });
+        assert_eq!(back, b"open");
+        assert_eq!(echo.join().unwrap().len(), 1);
+    });
+    server.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let (client_mac, router_mac) = (t.mac(Ns::Client, HOST_IF), t.mac(Ns::Router, LAN_IF));
+    let eth0 = t.ifindex(Ns::Client, HOST_IF);
+    let datagram = |payload: &[u8]| {
+        Ipv4::new(
+            CLIENT_ADDR.octets(),
+            SERVER_ADDR.octets(),
+            Udp::new(CLIENT_PORT, 5310, payload),
+        )
+    };
+    let before = t.stats();
+    t.in_ns(Ns::Client, || {
+        for (dst, payload) in [
+            (NOBODY_MAC, &b"to another host"[..]),
+            (router_mac, &b"to the router"[..]),
+        ] {
+            let frame = Frame::new(dst, client_mac, datagram(payload)).bytes();
+            tests::packet::send_frame(eth0, &frame).expect("sending a raw frame");
+        }
+    });
+    let mut buf = [0u8; 1500];
+    let (n, _) = server
+        .recv_from(&mut buf)
+        .expect("the datagram to the router's MAC reached the server");
+    assert_eq!(
+        String::from_utf8_lossy(&buf[..n]),
+        "to the router",
+        "the server received the frame flooded to another host's MAC"
+    );
+    let after = t.stats();
+    assert!(
+        counter_delta(&before, &after, "pass_not_for_us") >= 1,
+        "pass_not_for_us did not count the flooded frame"
+    );
+}

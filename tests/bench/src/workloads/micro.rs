@@ -369,6 +369,11 @@ impl Frames {
 /// Addresses of the two sides, as seen by the router.
 #[derive(Clone, Copy)]
 struct Macs {
+    /// The MAC LAN frames are addressed to, and CONFIG's LAN MAC: the
+    /// server's, not `lan0`'s. The ping-pong feeds a redirected frame,
+    /// addressed to its next hop (the server), back in on the LAN side, and
+    /// the data path takes only frames to CONFIG's MAC (the compare costs
+    /// the same whatever the MAC).
     lan: [u8; 6],
     wan: [u8; 6],
     client: [u8; 6],
@@ -479,7 +484,7 @@ fn open_flows(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<Frames, String>
 
 /// The router program, loaded unattached in the calling thread's
 /// namespace, configured as `attach` does.
-fn load_router(object: Option<&[u8]>, lan: u32, wan: u32) -> Result<LoadedRouter, String> {
+fn load_router(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<LoadedRouter, String> {
     // The test kit's loader panics on failure (it serves tests); here a
     // failure is one failed section of the report, not the end of the run.
     let loaded = std::panic::catch_unwind(|| match object {
@@ -505,11 +510,10 @@ fn load_router(object: Option<&[u8]>, lan: u32, wan: u32) -> Result<LoadedRouter
         filtering: 0,
         pad: [0; 2],
         timeouts: Timeouts::default(),
+        lan_mac: m.lan,
+        wan_mac: m.wan,
     };
-    router
-        .config
-        .set(0, config, 0)
-        .map_err(|e| format!("CONFIG: {e}"))?;
+    router.config.set(&config)?;
     Ok(router)
 }
 
@@ -518,7 +522,7 @@ fn load_router(object: Option<&[u8]>, lan: u32, wan: u32) -> Result<LoadedRouter
 fn sides(t: &Topology) -> Result<(Macs, u32, u32), String> {
     t.warm_neighbours();
     let m = Macs {
-        lan: t.try_mac(Ns::Router, LAN_IF)?,
+        lan: t.try_mac(Ns::Server, HOST_IF)?,
         wan: t.try_mac(Ns::Router, WAN_IF)?,
         client: t.try_mac(Ns::Client, HOST_IF)?,
         server: t.try_mac(Ns::Server, HOST_IF)?,
@@ -548,7 +552,7 @@ fn router_program(router: &LoadedRouter) -> Result<&Xdp, String> {
 /// Loads `object` (`None`: the embedded one) and opens the cases' flows;
 /// in the router namespace.
 fn prepare(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Prepared, String> {
-    let mut router = load_router(object, lan, wan)?;
+    let mut router = load_router(object, m, lan, wan)?;
     let frames = open_flows(router_program(&router)?, m, lan, wan)?;
     let offloaded = FlowKey::new(
         CLIENT_ADDR.octets(),

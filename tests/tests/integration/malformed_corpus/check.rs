@@ -242,7 +242,8 @@ pub(super) fn case(
     s: &mut Summary,
 ) {
     let ifindex = if from_lan { env.lan } else { env.wan };
-    let stage = model(f, from_lan);
+    let own_mac = if from_lan { env.lan_mac } else { env.wan_mac };
+    let stage = model(f, from_lan, own_mac);
     let (ok, new_event) = match stage {
         Stage::Exactly(c) => (vec![c], None),
         _ => allowed_after_lookup(r, f, from_lan, stage),

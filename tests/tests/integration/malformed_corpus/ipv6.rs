@@ -56,8 +56,9 @@ enum Expect6 {
 
 /// The IPv6 checks in the README's order, written from the table, not
 /// from the program: frame, version and lengths, scope, extension headers,
-/// hop limit, then the L4 header by protocol.
-fn model6(f: &[u8], from_lan: bool) -> Expect6 {
+/// hop limit, the Ethernet destination (`own_mac`: the ingress
+/// interface's), then the L4 header by protocol.
+fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
     use Expect6::{Exactly, FlowPhases};
     if f.len() < L4_6 {
         return Exactly(Counter::DropTruncated);
@@ -87,6 +88,9 @@ fn model6(f: &[u8], from_lan: bool) -> Expect6 {
     }
     if ip[7] <= 1 {
         return Exactly(Counter::Pass6HopLimit);
+    }
+    if f[..6] != own_mac {
+        return Exactly(Counter::PassNotForUs);
     }
     let l4 = &ip[40..];
     match ip[6] {
@@ -126,6 +130,7 @@ fn parse_only(c: Counter) -> bool {
             | Counter::Pass6HopLimit
             | Counter::Pass6Ndp
             | Counter::Pass6Mld
+            | Counter::PassNotForUs
     )
 }
 
@@ -493,7 +498,11 @@ fn case6(
         if !kind_ok {
             errs.push(format!("{name} with {}", action_name(run.verdict)));
         }
-        match model6(f, from_lan) {
+        match model6(
+            f,
+            from_lan,
+            if from_lan { env.lan_mac } else { env.wan_mac },
+        ) {
             Expect6::Exactly(want) if want != c => {
                 errs.push(format!("model says {}, got {name}", want.name()));
             }
@@ -635,33 +644,49 @@ fn ipv6_malformed_and_mutated_frames_keep_the_invariants() {
 /// The model itself (no root needed) on frames built by hand.
 #[test]
 fn ipv6_model_self_test() {
+    const ROUTER_MAC: [u8; 6] = [2; 6];
     let (c, s) = (o(CLIENT6), o(SERVER6));
     let f = v6::Ipv6::tcp(c, s, &Tcp::new(1, 2, TCP_ACK)).frame([2; 6], [4; 6]);
-    assert_eq!(model6(&f, true), Expect6::FlowPhases);
+    assert_eq!(model6(&f, true, ROUTER_MAC), Expect6::FlowPhases);
     assert_eq!(
-        model6(&f[..53], true),
+        model6(&f[..53], true, ROUTER_MAC),
         Expect6::Exactly(Counter::DropTruncated)
     );
     assert_eq!(
-        model6(&f[..60], true),
+        model6(&f[..60], true, ROUTER_MAC),
         Expect6::Exactly(Counter::DropMalformed)
     );
     let chained = with_chain(&f, &[0, 43]);
     assert_eq!(chained.len(), f.len() + 16);
     assert_eq!(
-        model6(&chained, true),
+        model6(&chained, true, ROUTER_MAC),
         Expect6::Exactly(Counter::Pass6ExtHopByHop)
     );
     assert_eq!(chained[L4_6], 43);
     assert_eq!(chained[L4_6 + 8], IPPROTO_TCP);
     let mut hl = f.clone();
     hl[IP6 + 7] = 1;
-    assert_eq!(model6(&hl, true), Expect6::Exactly(Counter::Pass6HopLimit));
+    assert_eq!(
+        model6(&hl, true, ROUTER_MAC),
+        Expect6::Exactly(Counter::Pass6HopLimit)
+    );
     let mut off = f.clone();
     off[L4_6 + 12] = 0x40;
-    assert_eq!(model6(&off, true), Expect6::Exactly(Counter::DropMalformed));
+    assert_eq!(
+        model6(&off, true, ROUTER_MAC),
+        Expect6::Exactly(Counter::DropMalformed)
+    );
     let echo_in = v6::Ipv6::echo(s, c, false, 1, 1).frame([2; 6], [4; 6]);
-    assert_eq!(model6(&echo_in, false), Expect6::FlowPhases);
+    assert_eq!(model6(&echo_in, false, ROUTER_MAC), Expect6::FlowPhases);
     let ns = v6::Ipv6::icmp6(c, s, 135, 0, [0; 4], &[0; 16]).frame([2; 6], [4; 6]);
-    assert_eq!(model6(&ns, true), Expect6::Exactly(Counter::Pass6Ndp));
+    assert_eq!(
+        model6(&ns, true, ROUTER_MAC),
+        Expect6::Exactly(Counter::Pass6Ndp)
+    );
+    let mut multicast = f.clone();
+    multicast[..6].copy_from_slice(&tests::frames::IPV6_MULTICAST_MAC);
+    assert_eq!(
+        model6(&multicast, true, ROUTER_MAC),
+        Expect6::Exactly(Counter::PassNotForUs)
+    );
 }

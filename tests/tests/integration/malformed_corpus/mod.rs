@@ -268,8 +268,9 @@ fn bad_ipv4_header_checksum_is_not_forwarded() {
 #[test]
 fn checker_self_test() {
     use router_common::nat::{rewrite_addrs, rewrite_udp};
+    const ROUTER_MAC: [u8; 6] = [2; 6];
     let ip = Ipv4::new(CLIENT, SERVER, Udp::new(40001, 53, b"some payload"));
-    let good = Frame::new([2; 6], [4; 6], ip).bytes();
+    let good = Frame::new(ROUTER_MAC, [4; 6], ip).bytes();
     for corrupt in [false, true] {
         let mut f = good.clone();
         if corrupt {
@@ -292,18 +293,30 @@ fn checker_self_test() {
         assert_ne!(frame_residuals(&f), frame_residuals(&sloppy));
     }
     assert!(may_change(&good, L4_OFF + 6, false) && !may_change(&good, L4_OFF + 4, false));
-    assert_eq!(model(&good, true), Stage::Lookup);
+    assert_eq!(model(&good, true, ROUTER_MAC), Stage::Lookup);
     assert_eq!(
-        model(&good[..20], true),
+        model(&good[..20], true, ROUTER_MAC),
         Stage::Exactly(Counter::DropTruncated)
     );
     let mut ihl4 = good.clone();
     ihl4[IP_OFF] = 0x44;
     ihl4[IP_OFF + 8] = 1;
-    assert_eq!(model(&ihl4, true), Stage::Exactly(Counter::DropMalformed));
+    assert_eq!(
+        model(&ihl4, true, ROUTER_MAC),
+        Stage::Exactly(Counter::DropMalformed)
+    );
     let mut ttl1 = good.clone();
     ttl1[IP_OFF + 8] = 1;
-    assert_eq!(model(&ttl1, true), Stage::Exactly(Counter::PassTtlExceeded));
+    assert_eq!(
+        model(&ttl1, true, ROUTER_MAC),
+        Stage::Exactly(Counter::PassTtlExceeded)
+    );
+    let mut broadcast = good.clone();
+    broadcast[..6].copy_from_slice(&[0xff; 6]);
+    assert_eq!(
+        model(&broadcast, true, ROUTER_MAC),
+        Stage::Exactly(Counter::PassNotForUs)
+    );
     let mut rng = SplitMix64(RNG_SEED);
     let first: Vec<u64> = (0..3).map(|_| rng.next_u64()).collect();
     let mut again = SplitMix64(RNG_SEED);

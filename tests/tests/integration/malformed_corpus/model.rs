@@ -13,8 +13,9 @@ pub(super) enum Stage {
 }
 
 /// What the spec decides from the bytes alone (README "Per packet", steps
-/// 1 and 5 of the ICMP error path), in its order of checks.
-pub(super) fn model(f: &[u8], from_lan: bool) -> Stage {
+/// 1 and 5 of the ICMP error path), in its order of checks; `own_mac` is
+/// the ingress interface's MAC.
+pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
     use Stage::Exactly;
     if !is_ipv4(f) {
         return Exactly(Counter::PassNotIpv4);
@@ -39,6 +40,9 @@ pub(super) fn model(f: &[u8], from_lan: bool) -> Stage {
     }
     if checksum(&f[IP_OFF..L4_OFF]) != 0 {
         return Exactly(Counter::DropIpChecksum);
+    }
+    if f[..6] != own_mac {
+        return Exactly(Counter::PassNotForUs);
     }
     match f[IP_OFF + 9] {
         IPPROTO_TCP => {
@@ -151,8 +155,8 @@ pub(super) fn allowed_after_lookup(
 /// whose destination the router forwards out of the LAN interface (a LAN
 /// host: not the router's own LAN address, not the subnet's broadcast) is
 /// dropped as `DropUnsolicited` instead. Packets passed translated
-/// (`PassNoNeighbour`), not IPv4 or too short to have a destination keep
-/// their verdicts.
+/// (`PassNoNeighbour`), not addressed to the router's MAC, not IPv4 or too
+/// short to have a destination keep their verdicts.
 pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> Vec<Counter> {
     if from_lan || !is_ipv4(f) || f.len() < L4_OFF {
         return ok;
@@ -172,7 +176,10 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
             let untranslated_pass = c.name().starts_with("pass_")
                 && !matches!(
                     c,
-                    Counter::PassNoNeighbour | Counter::PassNotIpv4 | Counter::PassNotConfigured
+                    Counter::PassNoNeighbour
+                        | Counter::PassNotIpv4
+                        | Counter::PassNotConfigured
+                        | Counter::PassNotForUs
                 );
             if untranslated_pass {
                 Counter::DropUnsolicited

@@ -26,6 +26,7 @@ mod expiry;
 mod fib;
 mod icmp;
 mod nat_behaviour;
+mod not_for_us;
 mod pass_drop;
 mod port_forward;
 mod ports;

@@ -609,3 +609,54 @@ fn offloaded6_carried_only_within_the_lease() {
         );
     });
 }
+
+/// IPv6 frames not link-layer addressed to the router (broadcast, IPv6
+/// multicast, another host's MAC) are passed untouched as
+/// `pass_not_for_us` (RFC 1812 5.3.4, the kernel's `PACKET_HOST` rule):
+/// an established flow's packets both ways leave its entries as they were
+/// (state, times, counts), and a new flow's first packet opens nothing.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn udp6_frames_not_for_the_router_are_passed() {
+    use tests::frames::{BROADCAST_MAC, IPV6_MULTICAST_MAC, NOBODY_MAC};
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let q = Ipv6::udp(c, s, &Udp::new(5353, 53, b"query"));
+        let a = Ipv6::udp(s, c, &Udp::new(53, 5353, b"answer"));
+        r.redirect(
+            "UDP out",
+            &from_client(&env, &q),
+            lan,
+            &to_server(&env, &q),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        r.redirect(
+            "UDP reply",
+            &from_server(&env, &a),
+            wan,
+            &to_client(&env, &a),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        let before = r.conntrack6();
+        let new = Ipv6::udp(c, s, &Udp::new(5354, 53, b"new flow"));
+        for mac in [BROADCAST_MAC, IPV6_MULTICAST_MAC, NOBODY_MAC] {
+            for (what, frame, ingress) in [
+                ("LAN, flow", q.frame(mac, env.client_mac), lan),
+                ("LAN, new flow", new.frame(mac, env.client_mac), lan),
+                ("WAN, flow", a.frame(mac, env.server_mac), wan),
+            ] {
+                r.pass(
+                    &format!("{what} to {mac:02x?}"),
+                    &frame,
+                    ingress,
+                    Counter::PassNotForUs,
+                );
+            }
+        }
+        assert_eq!(r.conntrack6(), before, "no entry opened or changed");
+    });
+}

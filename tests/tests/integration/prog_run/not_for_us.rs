@@ -1,0 +1,135 @@
+//! Frames not link-layer addressed to the router (broadcast, multicast,
+//! another host's unicast MAC): passed to the kernel untouched and counted
+//! as `pass_not_for_us`, before any flow work (RFC 1812 5.3.4; the kernel
+//! forwards only `PACKET_HOST` frames).
+
+use tests::frames::{BROADCAST_MAC, IPV4_MULTICAST_MAC, NOBODY_MAC};
+
+use super::*;
+
+/// The destinations a frame may carry that are not the ingress
+/// interface's MAC, with the other attached interface's own MAC (a router
+/// MAC, but not this interface's).
+fn foreign_macs(env: &ResolvedTopology, from_lan: bool) -> [(&'static str, [u8; 6]); 4] {
+    let other = if from_lan { env.wan_mac } else { env.lan_mac };
+    [
+        ("broadcast", BROADCAST_MAC),
+        ("IPv4 multicast", IPV4_MULTICAST_MAC),
+        ("another host's unicast MAC", NOBODY_MAC),
+        ("the other interface's MAC", other),
+    ]
+}
+
+/// `ip` as sent by the client (`from_lan`) or the server to `dst_mac`.
+fn sent_to(env: &ResolvedTopology, from_lan: bool, dst_mac: [u8; 6], ip: &Ipv4) -> Vec<u8> {
+    let src_mac = if from_lan {
+        env.client_mac
+    } else {
+        env.server_mac
+    };
+    Frame::new(dst_mac, src_mac, ip.clone()).bytes()
+}
+
+/// An established UDP flow: its packets (both ways) and an ICMP error
+/// quoting it, each to a MAC that is not the ingress interface's, are
+/// passed untouched with only `pass_not_for_us` counted; the flow's
+/// entries (state, times, packet counts) do not change. The same
+/// packets to the router's MAC are then forwarded as before.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn established_flow_frames_not_for_the_router_are_passed() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
+        let a = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"));
+        r.redirect(
+            "UDP out",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        r.redirect(
+            "UDP reply",
+            &env.server_sends(&a),
+            wan,
+            &env.to_client(&dnat(&a, CLIENT, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        let flows = r.flows();
+        let counts = (r.raw_entry(&f.orig).count, r.raw_entry(&f.reply()).count);
+        assert_eq!(counts.0.packets, 1, "the opening packet is counted");
+
+        let quoted = snat(&q, 40000).bytes();
+        let icmp_error = Ipv4::new(
+            SERVER,
+            WAN,
+            Icmp::error(ICMP_DEST_UNREACH, 3, &quoted[..28]),
+        );
+        for (from_lan, ip) in [(true, &q), (false, &a), (false, &icmp_error)] {
+            for (what, mac) in foreign_macs(&env, from_lan) {
+                let ingress = if from_lan { lan } else { wan };
+                r.pass(
+                    &format!("{} to {what}", if from_lan { "LAN" } else { "WAN" }),
+                    &sent_to(&env, from_lan, mac, ip),
+                    ingress,
+                    Counter::PassNotForUs,
+                );
+            }
+        }
+        assert_eq!(r.flows(), flows, "no entry changed");
+        assert_eq!(
+            (r.raw_entry(&f.orig).count, r.raw_entry(&f.reply()).count),
+            counts,
+            "the flow's packet counts did not move"
+        );
+
+        r.redirect(
+            "UDP out to the router's MAC",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+    });
+}
+
+/// A new flow's first packet to a MAC that is not the router's admits
+/// nothing: no entry, no mapping, no new-flow event (TCP SYN and UDP from
+/// the LAN; from the WAN a packet to a LAN host that standalone mode would
+/// otherwise drop as unsolicited, and one to a port-forward rule's port).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn new_flows_to_a_foreign_mac_admit_nothing() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        r.forward(IPPROTO_TCP, 8080, CLIENT, 80);
+        let syn = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 80, TCP_SYN));
+        let udp = Ipv4::new(CLIENT, SERVER, Udp::new(40002, 53, b"query"));
+        let to_lan_host = Ipv4::new(SERVER, CLIENT, Udp::new(53, 40003, b"unsolicited"));
+        let to_forward = Ipv4::new(SERVER, WAN, Tcp::new(50000, 8080, TCP_SYN));
+        for (from_lan, ip) in [
+            (true, &syn),
+            (true, &udp),
+            (false, &to_lan_host),
+            (false, &to_forward),
+        ] {
+            for (what, mac) in foreign_macs(&env, from_lan) {
+                r.pass(
+                    &format!("{} to {what}", if from_lan { "LAN" } else { "WAN" }),
+                    &sent_to(&env, from_lan, mac, ip),
+                    if from_lan { lan } else { wan },
+                    Counter::PassNotForUs,
+                );
+            }
+        }
+        r.assert_flows("after the foreign frames", []);
+        assert_eq!(r.mappings.iter().count(), 0, "no NAT mapping claimed");
+    });
+}
