@@ -481,3 +481,72 @@ pub fn big_table_json(rows: &[bigtable::Row]) -> serde_json::Value {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+    use crate::model::{Offload, Point};
+
+    fn row(
+        path: DataPath,
+        (table_flows, live_flows): (u32, u32),
+        rep: u32,
+        pps: f64,
+    ) -> bigtable::Row {
+        let point = Point {
+            workload: Workload::UdpLive,
+            conns: live_flows,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        let mut run = RunResult::blank(path, point);
+        run.pps = pps;
+        bigtable::Row {
+            path,
+            table_flows,
+            live_flows,
+            rep,
+            value_bytes: 96,
+            fill_s: 0.0,
+            run,
+        }
+    }
+
+    #[test]
+    fn the_flows_goal_and_section_show_the_control_beside_xdp() {
+        let (x, l) = (DataPath::Xdp, DataPath::Lookup);
+        let small = (bigtable::SMALL_TABLE, bigtable::SMALL_TABLE);
+        let spread = (1_000_000, 45_536);
+        let rows = [
+            row(x, small, 0, 4e6),
+            row(l, small, 0, 5e6),
+            row(x, spread, 0, 1.6e6),
+            row(l, spread, 0, 3e6),
+        ];
+        let goal = big_table_goal(&rows);
+        assert_eq!(goal.met, Some(false));
+        assert!(
+            goal.measured.contains(
+                ": 40 % (one run each) (the kernel's LRU hash alone, the \
+                                    lookup control on the same rows: 60 %)"
+            ),
+            "{}",
+            goal.measured
+        );
+        let section = big_table_section(&rows);
+        assert!(section.contains("The control (path `lookup`)"), "{section}");
+        assert!(
+            section.contains("| xdp | 1000000 | 45536 | 1 | 1.600 |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("| lookup | 1000000 | 45536 | 1 | 3.000 |"),
+            "{section}"
+        );
+        assert!(section.contains("| 60 % (60) |"), "{section}");
+        // Without the control: the goal as before, no control paragraph.
+        let xdp_only = [row(x, small, 0, 4e6), row(x, spread, 0, 1.6e6)];
+        assert!(!big_table_goal(&xdp_only).measured.contains("lookup"));
+        assert!(!big_table_section(&xdp_only).contains("The control"));
+    }
+}
