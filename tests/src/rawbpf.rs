@@ -972,6 +972,28 @@ impl FlowTable {
         self.value_size
     }
 
+    /// Where a packet count goes in this table's values: where the router
+    /// counts a direction's packets ([`FLOW_ENTRY_PACKETS_OFF`]), or the
+    /// last 8 bytes of a value too small for that.
+    ///
+    /// # Panics
+    /// If the values are shorter than 8 bytes.
+    #[must_use]
+    pub fn packets_off(&self) -> u32 {
+        FLOW_ENTRY_PACKETS_OFF.min(self.value_size.checked_sub(8).expect("8-byte values"))
+    }
+
+    /// The packet count of `key` at [`FlowTable::packets_off`], if the
+    /// table has the key.
+    #[must_use]
+    pub fn packets(&self, key: &FlowKey) -> Option<u64> {
+        let at = self.packets_off() as usize;
+        let v = self.get(key)?;
+        Some(u64::from_ne_bytes(
+            v[at..at + 8].try_into().expect("8 bytes"),
+        ))
+    }
+
     /// Writes `key -> value` (`BPF_ANY`).
     ///
     /// # Errors

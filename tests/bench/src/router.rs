@@ -251,7 +251,7 @@ impl<'a> Router<'a> {
                 // capacity (two per flow).
                 let flows = self.max_flows.unwrap_or(DEFAULT_MAX_FLOWS);
                 let table = FlowTable::create("lookup_flows", self.lookup_value_size, 2 * flows)?;
-                let insns = rawbpf::flow_lookup_forwarder(&table, lookup_count_off(&table));
+                let insns = rawbpf::flow_lookup_forwarder(&table, table.packets_off());
                 self.limit = Some(attach_limit(t, "lookup_fwd", &insns)?);
                 self.lookup_table = Some(table);
             }
@@ -292,13 +292,6 @@ impl<'a> Router<'a> {
             self.state = None;
         }
     }
-}
-
-/// Where the control counts in its table's values: where the router
-/// counts a direction's packets, or the last 8 bytes of a value too small
-/// for that.
-fn lookup_count_off(table: &FlowTable) -> u32 {
-    rawbpf::FLOW_ENTRY_PACKETS_OFF.min(table.value_size() - 8)
 }
 
 /// The limit's forwarder, or another forwarder without NAT (`insns`,

@@ -496,11 +496,8 @@ fn flow_lookup_control_counts_the_hits_of_its_flow_key() {
     )
     .bytes();
     let ingress = t.ifindex(Ns::Router, LAN_IF);
-    let count = |k: &FlowKey| {
-        let v = table.get(k).expect("the entry is still there");
-        let at = FLOW_ENTRY_PACKETS_OFF as usize;
-        u64::from_ne_bytes(v[at..at + 8].try_into().unwrap())
-    };
+    assert_eq!(table.packets_off(), FLOW_ENTRY_PACKETS_OFF);
+    let count = |k: &FlowKey| table.packets(k).expect("the entry is still there");
     /// `bpf_redirect`'s verdict: forwarded (not carried out under a
     /// plain BPF_PROG_RUN).
     const XDP_REDIRECT: u32 = 4;

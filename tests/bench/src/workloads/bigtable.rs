@@ -34,7 +34,7 @@ use aya::maps::{HashMap, MapData};
 use router_common::maps::{
     CONNTRACK_MAP, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_TCP,
 };
-use tests::rawbpf::update_batch;
+use tests::rawbpf::{FlowTable, update_batch};
 use tests::{Ns, PIN_ROOT, ROUTER_WAN_ADDR, Topology};
 
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
@@ -184,7 +184,7 @@ fn entry_bytes<const N: usize>(e: &FlowEntry) -> [u8; N] {
 /// Fills the control's table as the router's: `n` filler flows, then both
 /// directions of the first `live` flows of the generator (values zero),
 /// which the router admits itself; in batches as [`fill`].
-fn fill_control(table: &tests::rawbpf::FlowTable, n: u32, live: u32) -> Result<(), String> {
+fn fill_control(table: &FlowTable, n: u32, live: u32) -> Result<(), String> {
     let now = monotonic_ns();
     let fd = table.as_fd();
     let written = match table.value_size() {
@@ -200,6 +200,30 @@ fn fill_control(table: &tests::rawbpf::FlowTable, n: u32, live: u32) -> Result<(
     written.map_err(|(start, end, e)| {
         format!("the control's table: writing flows {start}..{end} of {n} (+{live} live): {e}")
     })
+}
+
+/// How often the control counted a hit on the first `live` flows of the
+/// generator (the sum of their entries' counts).
+fn live_hits(table: &FlowTable, live: u32) -> u64 {
+    live::flow_keys(live)
+        .iter()
+        .filter_map(|k| table.packets(k))
+        .sum()
+}
+
+/// The control must have found the live flows in its table for about every
+/// packet it forwarded (a few go before and after the measured window, and
+/// an LRU may evict a live entry under pressure): if under half, it looked
+/// up something else and its figures say nothing of the table.
+fn check_hits(hits: u64, run: &RunResult) -> Result<(), String> {
+    if hits.saturating_mul(2) < run.router_pkts {
+        return Err(format!(
+            "the flows control hit its live flows {hits} times for {} forwarded packets: \
+             its keys do not match the generator's (see tests::rawbpf::flow_lookup_forwarder)",
+            run.router_pkts
+        ));
+    }
+    Ok(())
 }
 
 /// The router's value size, and the smaller one the control can try
@@ -333,7 +357,14 @@ pub fn run(
                     offload: Offload::Off,
                     nodelay: false,
                 };
-                let run = live::run(t, s, path, point, stop)?;
+                let mut run = live::run(t, s, path, point, stop)?;
+                if let Some(table) = router.lookup_table() {
+                    let hits = live_hits(table, live_flows);
+                    check_hits(hits, &run)?;
+                    run.notes.push(format!(
+                        "the control's lookups hit the live flows {hits} times"
+                    ));
+                }
                 eprintln!("        {}", crate::run::show(&run));
                 rows.push(Row {
                     path,
@@ -555,5 +586,21 @@ mod unit {
         assert_eq!(ratios_of(&control, (l, 1_000_000, 45_536)), vec![0.75]);
         assert_eq!(ratios_of(&control, big), vec![0.5]);
         assert!(ratios_of(&control[..2], (l, 1_000_000, 45_536)).is_empty());
+    }
+
+    #[test]
+    fn a_control_that_misses_its_live_flows_is_an_error() {
+        let point = Point {
+            workload: Workload::UdpLive,
+            conns: 1000,
+            offload: Offload::Off,
+            nodelay: false,
+        };
+        let mut run = RunResult::blank(DataPath::Lookup, point);
+        run.router_pkts = 1000;
+        assert!(check_hits(990, &run).is_ok());
+        assert!(check_hits(500, &run).is_ok());
+        let e = check_hits(0, &run).unwrap_err();
+        assert!(e.contains("hit its live flows 0 times for 1000"), "{e}");
     }
 }
