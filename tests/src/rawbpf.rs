@@ -370,8 +370,8 @@ const KEY: i16 = FIB - 16;
 const _: () = assert!(size_of::<FlowKey>() == 16);
 
 /// The stack offset of the key's field at `field` (bytes into [`FlowKey`]).
-const fn key_at(field: usize) -> i16 {
-    KEY + field as i16
+fn key_at(field: usize) -> i16 {
+    KEY + off16(field)
 }
 
 /// The flow lookup of [`flow_lookup_forwarder`], with the context in r6;

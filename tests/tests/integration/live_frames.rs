@@ -449,7 +449,7 @@ fn sink_drops_udp_of_both_families_and_passes_the_rest() {
 
 /// The benchmark's flow-table control (the limit plus one lookup of the
 /// packet's 5-tuple) under `BPF_PROG_RUN` in the router's namespace: it
-/// builds the key as the router's FlowKey (ports in host order), adds 1 to
+/// builds the key as the router's `FlowKey` (ports in host order), adds 1 to
 /// the packet count of the entry it hits, misses every other flow and
 /// protocol, and still forwards.
 #[test]
@@ -498,21 +498,22 @@ fn flow_lookup_control_counts_the_hits_of_its_flow_key() {
     let ingress = t.ifindex(Ns::Router, LAN_IF);
     assert_eq!(table.packets_off(), FLOW_ENTRY_PACKETS_OFF);
     let count = |k: &FlowKey| table.packets(k).expect("the entry is still there");
-    /// `bpf_redirect`'s verdict: forwarded (not carried out under a
-    /// plain BPF_PROG_RUN).
-    const XDP_REDIRECT: u32 = 4;
     t.in_ns(Ns::Router, || {
         let (verdict, _, _) = prog
             .test_run(&udp_from(BASE_PORT), ingress, 3)
             .expect("BPF_PROG_RUN");
-        assert_eq!(verdict, XDP_REDIRECT, "the flow's datagram is forwarded");
+        assert_eq!(
+            verdict,
+            tests::prog::XDP_REDIRECT,
+            "the flow's datagram is forwarded"
+        );
         assert_eq!(count(&key), 3, "three runs of the flow's datagram");
         for (what, frame) in [
             ("another source port", udp_from(BASE_PORT + 1)),
             ("ping", ping),
         ] {
             let (verdict, _, _) = prog.test_run(&frame, ingress, 1).expect("BPF_PROG_RUN");
-            assert_eq!(verdict, XDP_REDIRECT, "{what} is forwarded");
+            assert_eq!(verdict, tests::prog::XDP_REDIRECT, "{what} is forwarded");
         }
     });
     assert_eq!(count(&key), 3, "a miss counts nothing");
