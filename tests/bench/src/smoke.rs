@@ -262,4 +262,21 @@ mod unit {
         let missing = serde_json::json!({"cable": [run("kernel", "cable"), run("xdp", "cable")]});
         assert!(check_cable_paced(&o, &missing).is_err());
     }
+
+    #[test]
+    fn the_flows_rows_must_include_the_control_when_it_ran() {
+        let opts = |args: &[&str]| crate::cli::opts_of(args);
+        let row = |path: &str, pps: f64| serde_json::json!({"path": path, "table_flows": 20000, "live_flows": 2000, "pps": pps});
+        let both = serde_json::json!({"flow_table": [row("xdp", 2e6), row("lookup", 2e6)]});
+        assert_eq!(check_flow_table(&opts(&["--smoke"]), &both), Ok(()));
+        let xdp_only = serde_json::json!({"flow_table": [row("xdp", 2e6)]});
+        let e = check_flow_table(&opts(&["--smoke"]), &xdp_only).unwrap_err();
+        assert!(e.contains("on the lookup path"), "{e}");
+        // Not asked for: not wanted.
+        let none = opts(&["--smoke", "--flows-control-reps", "0"]);
+        assert_eq!(check_flow_table(&none, &xdp_only), Ok(()));
+        // A control row without traffic does not count.
+        let idle = serde_json::json!({"flow_table": [row("xdp", 2e6), row("lookup", 0.0)]});
+        assert!(check_flow_table(&opts(&["--smoke"]), &idle).is_err());
+    }
 }
