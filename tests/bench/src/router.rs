@@ -188,7 +188,9 @@ impl<'a> Router<'a> {
     /// Puts the router on `path` with `offload`. Kernel: forwarding plus
     /// iptables MASQUERADE; xdp: `router-ctl attach --admit xdp`, no
     /// iptables NAT; offload: iptables MASQUERADE, `router-ctl attach
-    /// --admit kernel` and the daemon.
+    /// --admit kernel` and the daemon; limit: its raw forwarder and a route
+    /// back on the server; lookup: the same with one flow lookup, in a
+    /// fresh, empty table of the capacity set by [`Router::set_max_flows`].
     pub fn switch(&mut self, path: DataPath, offload: Offload) -> Result<(), String> {
         if self.state == Some((path, offload)) {
             let dead = self.daemon.as_mut().is_some_and(|d| !d.running());
