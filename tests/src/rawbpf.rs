@@ -1,8 +1,9 @@
 //! Tiny XDP programs written as raw instructions and loaded with the
 //! `bpf(2)` syscall: the benchmark's floor (`return XDP_PASS`), the
 //! live-frame traffic generator and its sink, the limit (a minimal
-//! `bpf_fib_lookup` + redirect forwarder) and the "cable" (redirect
-//! everything to one interface). They are a handful of
+//! `bpf_fib_lookup` + redirect forwarder), the limit with one flow-table
+//! lookup (a control: what the kernel's hash table alone costs) and the
+//! "cable" (redirect everything to one interface). They are a handful of
 //! instructions each, not part of the product, and need no ELF object or
 //! second eBPF crate. Little-endian hosts only: `struct bpf_insn` packs the
 //! registers in a bitfield whose order follows the host's byte order.
@@ -10,7 +11,9 @@
 #[cfg(target_endian = "big")]
 compile_error!("tests::rawbpf encodes bpf_insn registers for little-endian hosts");
 
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use router_common::maps::{FlowCount, FlowEntry, FlowKey};
 
 pub const XDP_DROP: i32 = 1;
 pub const XDP_PASS: i32 = 2;
@@ -31,6 +34,10 @@ pub struct Insn {
 const LDX_W: u8 = 0x61;
 const LDX_H: u8 = 0x69;
 const LDX_B: u8 = 0x71;
+const LDX_DW: u8 = 0x79;
+const STX_DW: u8 = 0x7b;
+/// `BPF_LD | BPF_IMM | BPF_DW`: a 64-bit immediate over two instructions.
+const LD_IMM64: u8 = 0x18;
 const ST_W: u8 = 0x62;
 const STX_H: u8 = 0x6b;
 const STX_B: u8 = 0x73;
@@ -55,6 +62,8 @@ const JMP_JLE_K: u8 = 0xb5;
 const JMP_CALL: u8 = 0x85;
 const JMP_EXIT: u8 = 0x95;
 
+/// `bpf_map_lookup_elem(map, key)`.
+const FN_MAP_LOOKUP_ELEM: i32 = 1;
 /// `bpf_get_prandom_u32`.
 const FN_GET_PRANDOM_U32: i32 = 7;
 /// `bpf_redirect(ifindex, flags)`.
@@ -87,6 +96,9 @@ const IP_SRC_OFF: i16 = 26;
 const IP_DST_OFF: i16 = 30;
 /// Ethernet + IPv4 without options.
 const IPV4_HDRS_LEN: i32 = 34;
+/// The UDP or TCP ports right after an IPv4 header without options.
+const L4_SPORT_OFF: i16 = 34;
+const L4_DPORT_OFF: i16 = 36;
 /// `struct xdp_md`: `ingress_ifindex`.
 const XDP_MD_INGRESS_IFINDEX: i16 = 12;
 /// Ethernet + IPv4 + UDP headers.
@@ -319,6 +331,129 @@ const AF_INET: i32 = 2;
 /// the kernel. What a NAT router cannot beat on the same topology.
 #[must_use]
 pub fn fib_forwarder() -> Vec<Insn> {
+    forwarder(None)
+}
+
+/// The limit ([`fib_forwarder`]) plus one lookup of the packet's 5-tuple
+/// in `table` and, on a hit, one plain 8-byte add of 1 at `count_off` in
+/// the value (as the router counts a flow's packets): a control for the
+/// router's flow table, what the kernel's hash table alone costs per
+/// packet at a given working set. The key has [`FlowKey`]'s layout, built
+/// from any IPv4 packet with at least 4 bytes after a 20-byte header (the
+/// ports of UDP or TCP; other protocols simply miss). The lookup comes
+/// before the FIB's, so it happens (and counts) also for packets the FIB
+/// then passes to the kernel.
+///
+/// # Panics
+/// If the 8 bytes at `count_off` do not fit in the table's value.
+#[must_use]
+pub fn flow_lookup_forwarder(table: &FlowTable, count_off: u32) -> Vec<Insn> {
+    assert!(
+        count_off
+            .checked_add(8)
+            .is_some_and(|end| end <= table.value_size),
+        "the count at {count_off} lies outside the {}-byte value",
+        table.value_size
+    );
+    let count_off = i16::try_from(count_off).expect("small value");
+    forwarder(Some((table.fd.as_raw_fd(), count_off)))
+}
+
+/// Where the router counts a direction's packets in its [`FlowEntry`]:
+/// where [`flow_lookup_forwarder`] adds, for a table of its values.
+pub const FLOW_ENTRY_PACKETS_OFF: u32 =
+    (std::mem::offset_of!(FlowEntry, count) + std::mem::offset_of!(FlowCount, packets)) as u32;
+
+/// `bpf_map_lookup_elem`'s key on the stack at `FP + KEY`, below the FIB
+/// parameters: a [`FlowKey`].
+const KEY: i16 = FIB - 16;
+const _: () = assert!(size_of::<FlowKey>() == 16);
+
+/// The stack offset of the key's field at `field` (bytes into [`FlowKey`]).
+fn key_at(field: usize) -> i16 {
+    KEY + off16(field)
+}
+
+/// The flow lookup of [`flow_lookup_forwarder`], with the context in r6;
+/// ends with the packet pointers loaded again (r2, r3) and checked for
+/// the IPv4 headers, jumps that fail pushed to `to_pass`. The key's ports
+/// are stored in host order, as [`FlowKey`] keeps them.
+fn flow_lookup(v: &mut Vec<Insn>, to_pass: &mut Vec<usize>, map_fd: i32, count_off: i16) {
+    let short = v.len() + BOUNDS_JUMP;
+    v.extend(bounds(6, i32::from(L4_DPORT_OFF) + 2));
+    v.extend([
+        // Proto and padding first: the helper reads all 16 bytes.
+        insn(
+            ST_DW,
+            FP,
+            0,
+            key_at(std::mem::offset_of!(FlowKey, src_port)),
+            0,
+        ),
+        insn(LDX_W, 5, 2, IP_SRC_OFF, 0),
+        insn(
+            STX_W,
+            FP,
+            5,
+            key_at(std::mem::offset_of!(FlowKey, src_addr)),
+            0,
+        ),
+        insn(LDX_W, 5, 2, IP_DST_OFF, 0),
+        insn(
+            STX_W,
+            FP,
+            5,
+            key_at(std::mem::offset_of!(FlowKey, dst_addr)),
+            0,
+        ),
+        insn(LDX_H, 5, 2, L4_SPORT_OFF, 0),
+        insn(ALU_END_TO_BE, 5, 0, 0, 16),
+        insn(
+            STX_H,
+            FP,
+            5,
+            key_at(std::mem::offset_of!(FlowKey, src_port)),
+            0,
+        ),
+        insn(LDX_H, 5, 2, L4_DPORT_OFF, 0),
+        insn(ALU_END_TO_BE, 5, 0, 0, 16),
+        insn(
+            STX_H,
+            FP,
+            5,
+            key_at(std::mem::offset_of!(FlowKey, dst_port)),
+            0,
+        ),
+        insn(LDX_B, 5, 2, IP_PROTO_OFF, 0),
+        insn(
+            STX_B,
+            FP,
+            5,
+            key_at(std::mem::offset_of!(FlowKey, proto)),
+            0,
+        ),
+    ]);
+    v.extend(ld_map_fd(1, map_fd));
+    v.extend([
+        insn(ALU64_MOV_X, 2, FP, 0, 0),
+        insn(ALU64_ADD_K, 2, 0, 0, KEY.into()),
+        insn(JMP_CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM),
+        // A miss: nothing to count.
+        insn(JMP_JEQ_K, 0, 0, 3, 0),
+        insn(LDX_DW, 1, 0, count_off, 0),
+        insn(ALU64_ADD_K, 1, 0, 0, 1),
+        insn(STX_DW, 0, 1, count_off, 0),
+    ]);
+    let after = v.len();
+    patch_jump(v, short, after);
+    // The call invalidated the packet pointers: load and check them again.
+    to_pass.push(v.len() + BOUNDS_JUMP);
+    v.extend(bounds(6, IPV4_HDRS_LEN));
+}
+
+/// [`fib_forwarder`], with [`flow_lookup`] in the map of the fd given
+/// (counting at the offset given) after the checks of the IPv4 header.
+fn forwarder(lookup: Option<(i32, i16)>) -> Vec<Insn> {
     let mut v = vec![insn(ALU64_MOV_X, 6, 1, 0, 0)];
     let mut to_pass = vec![v.len() + BOUNDS_JUMP];
     v.extend(bounds(6, IPV4_HDRS_LEN));
@@ -338,6 +473,9 @@ pub fn fib_forwarder() -> Vec<Insn> {
         insn(JMP_JLE_K, 5, 0, 0, 1),
     ]);
     to_pass.push(v.len() - 1);
+    if let Some((map_fd, count_off)) = lookup {
+        flow_lookup(&mut v, &mut to_pass, map_fd, count_off);
+    }
     // The lookup's parameters, zeroed first (the helper reads all of them).
     for i in 0..FIB_SIZE / 8 {
         v.push(insn(
@@ -725,6 +863,194 @@ impl Prog {
     }
 }
 
+/// `BPF_MAP_TYPE_LRU_HASH`: the router's flow table's type.
+const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+/// `BPF_PSEUDO_MAP_FD`: the `src_reg` of an `ld_imm64` whose immediate is
+/// a map's fd, which the kernel replaces by the map at load time.
+const BPF_PSEUDO_MAP_FD: u8 = 1;
+
+/// `r<dst> = the map of map_fd`: the `ld_imm64` that names a map by fd,
+/// which the kernel relocates to the map when the program is loaded (so
+/// the fd must be open then; the program keeps the map alive after).
+fn ld_map_fd(dst: u8, map_fd: i32) -> [Insn; 2] {
+    [
+        insn(LD_IMM64, dst, BPF_PSEUDO_MAP_FD, 0, map_fd),
+        insn(0, 0, 0, 0, 0),
+    ]
+}
+
+/// The start of `union bpf_attr` for `BPF_MAP_CREATE`.
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+/// `union bpf_attr` for the batch commands.
+#[repr(C)]
+struct MapBatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Writes `keys[i] -> values[i]` into the map `map` (`BPF_ANY`) with one
+/// `BPF_MAP_UPDATE_BATCH` call (kernel >= 5.6).
+///
+/// # Errors
+/// The OS error if the call fails (`EINVAL` on kernels or map types
+/// without batch updates), or if the kernel wrote fewer entries.
+///
+/// # Panics
+/// If `keys` and `values` differ in length.
+pub fn update_batch<K: Copy, V: Copy>(
+    map: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> std::io::Result<()> {
+    assert_eq!(keys.len(), values.len(), "one value per key");
+    let count = u32::try_from(keys.len()).map_err(std::io::Error::other)?;
+    let mut attr = MapBatchAttr {
+        in_batch: 0,
+        out_batch: 0,
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count,
+        map_fd: map.as_raw_fd().cast_unsigned(),
+        elem_flags: 0,
+        flags: 0,
+    };
+    // The caller's key and value types have the map's sizes (the kernel
+    // reads `count` of each) and outlive the call.
+    if bpf(BPF_MAP_UPDATE_BATCH, &mut attr) < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if attr.count != count {
+        return Err(std::io::Error::other(format!(
+            "the kernel wrote {} of {count} entries",
+            attr.count
+        )));
+    }
+    Ok(())
+}
+
+/// A `BPF_MAP_TYPE_LRU_HASH` of [`FlowKey`] to values of `value_size`
+/// bytes, created with the `bpf(2)` syscall for a raw program (closed on
+/// drop; a program that uses it keeps it alive while loaded).
+pub struct FlowTable {
+    fd: OwnedFd,
+    value_size: u32,
+}
+
+impl FlowTable {
+    /// A new, empty table of `max_entries` entries (preallocated, as the
+    /// kernel does every LRU hash) named `name`.
+    ///
+    /// # Errors
+    /// If the kernel refuses (memory, limits).
+    pub fn create(name: &str, value_size: u32, max_entries: u32) -> Result<Self, String> {
+        let mut map_name = [0u8; 16];
+        let n = name.len().min(15);
+        map_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+        let mut attr = MapCreateAttr {
+            map_type: BPF_MAP_TYPE_LRU_HASH,
+            key_size: size_of::<FlowKey>() as u32,
+            value_size,
+            max_entries,
+            map_name,
+            ..MapCreateAttr::default()
+        };
+        let fd = bpf(BPF_MAP_CREATE, &mut attr);
+        if fd < 0 {
+            return Err(os_err(&format!(
+                "creating the LRU hash {name} ({max_entries} entries of {value_size}-byte values)"
+            )));
+        }
+        // SAFETY: a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).unwrap()) };
+        Ok(Self { fd, value_size })
+    }
+
+    /// Bytes per value.
+    #[must_use]
+    pub fn value_size(&self) -> u32 {
+        self.value_size
+    }
+
+    /// Where a packet count goes in this table's values: where the router
+    /// counts a direction's packets ([`FLOW_ENTRY_PACKETS_OFF`]), or the
+    /// last 8 bytes of a value too small for that.
+    ///
+    /// # Panics
+    /// If the values are shorter than 8 bytes.
+    #[must_use]
+    pub fn packets_off(&self) -> u32 {
+        FLOW_ENTRY_PACKETS_OFF.min(self.value_size.checked_sub(8).expect("8-byte values"))
+    }
+
+    /// The packet count of `key` at [`FlowTable::packets_off`], if the
+    /// table has the key.
+    #[must_use]
+    pub fn packets(&self, key: &FlowKey) -> Option<u64> {
+        let at = self.packets_off() as usize;
+        let v = self.get(key)?;
+        Some(u64::from_ne_bytes(
+            v[at..at + 8].try_into().expect("8 bytes"),
+        ))
+    }
+
+    /// Writes `key -> value` (`BPF_ANY`).
+    ///
+    /// # Errors
+    /// If the kernel refuses.
+    ///
+    /// # Panics
+    /// If `value` is not [`FlowTable::value_size`] long.
+    pub fn insert(&self, key: &FlowKey, value: &[u8]) -> Result<(), String> {
+        assert_eq!(value.len(), self.value_size as usize, "value size");
+        // SAFETY: FlowKey is plain old data (repr(C), no padding).
+        let key = unsafe {
+            std::slice::from_raw_parts(std::ptr::from_ref(key).cast::<u8>(), size_of::<FlowKey>())
+        };
+        map_update(self.fd.as_fd(), key, value)
+    }
+
+    /// The value of `key`, if the table has it.
+    #[must_use]
+    pub fn get(&self, key: &FlowKey) -> Option<Vec<u8>> {
+        let mut value = vec![0u8; self.value_size as usize];
+        let mut attr = MapElemAttr {
+            map_fd: self.fd.as_raw_fd().cast_unsigned(),
+            pad: 0,
+            key: std::ptr::from_ref(key) as u64,
+            value: value.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        (bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0).then_some(value)
+    }
+}
+
+impl AsFd for FlowTable {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// One raw program attached in native mode to several interfaces of the
 /// calling thread's network namespace; detached from all when dropped.
 pub struct Attached {
@@ -791,6 +1117,71 @@ mod unit {
                     let t = &s[at + 1 + usize::try_from(i.off).unwrap()];
                     assert_eq!((t.code, t.imm), (ALU64_MOV_K, XDP_PASS));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn the_lookup_builds_a_flow_key_and_its_jumps_land_where_they_should() {
+        let v = forwarder(Some((7, 80)));
+        // The key's stores: the field offsets of FlowKey, with the bytes
+        // after the ports zeroed first.
+        let stores: Vec<(u8, i16)> = v
+            .iter()
+            .filter(|i| i.regs & 0xf == FP && i.off < FIB)
+            .map(|i| (i.code, i.off - KEY))
+            .collect();
+        assert_eq!(
+            stores,
+            [
+                (ST_DW, 8),
+                (STX_W, 0),
+                (STX_W, 4),
+                (STX_H, 8),
+                (STX_H, 10),
+                (STX_B, 12)
+            ]
+        );
+        let key = FlowKey::new([1; 4], [2; 4], 3, 4, 5);
+        assert_eq!(
+            [
+                std::mem::offset_of!(FlowKey, src_addr),
+                std::mem::offset_of!(FlowKey, dst_addr),
+                std::mem::offset_of!(FlowKey, src_port),
+                std::mem::offset_of!(FlowKey, dst_port),
+                std::mem::offset_of!(FlowKey, proto),
+            ],
+            [0, 4, 8, 10, 12]
+        );
+        assert_eq!((key.pad, key.pad2), (0, 0));
+        // The map's fd, relocated by the kernel.
+        let ld = v.iter().position(|i| i.code == LD_IMM64).unwrap();
+        assert_eq!((v[ld].regs, v[ld].imm, v[ld + 1].code), (0x11, 7, 0));
+        let target = |at: usize| at + 1 + usize::try_from(v[at].off).unwrap();
+        // A miss skips the count, a hit adds 1 at the offset given.
+        let miss = v.iter().position(|i| i.code == JMP_JEQ_K).unwrap();
+        assert_eq!(
+            v[miss + 1..target(miss)]
+                .iter()
+                .map(|i| (i.code, i.off))
+                .collect::<Vec<_>>(),
+            [(LDX_DW, 80), (ALU64_ADD_K, 0), (STX_DW, 80)]
+        );
+        // A packet too short for the ports skips the lookup to the new
+        // bounds check after it; every other failed check passes.
+        let bounds_checks: Vec<usize> =
+            (0..v.len()).filter(|&at| v[at].code == JMP_JGT_X).collect();
+        assert_eq!(bounds_checks.len(), 4);
+        let short = bounds_checks[1];
+        assert_eq!(v[short - 1].imm, 38);
+        assert_eq!(target(short), miss + 4);
+        assert_eq!(target(short) + BOUNDS_JUMP, bounds_checks[2]);
+        for (at, i) in v.iter().enumerate() {
+            if at != short && matches!(i.code, JMP_JGT_X | JMP_JNE_K | JMP_JLE_K) {
+                assert_eq!(
+                    (v[target(at)].code, v[target(at)].imm),
+                    (ALU64_MOV_K, XDP_PASS)
+                );
             }
         }
     }

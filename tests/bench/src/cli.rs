@@ -8,7 +8,7 @@ use clap::Parser;
 use clap::builder::BoolishValueParser;
 
 use crate::model::{Offload, Point, TcpSink, Workload};
-use crate::workloads::live;
+use crate::workloads::{bigtable, live};
 
 /// The XDP router against the kernel's forwarding with iptables MASQUERADE,
 /// on one fresh client -- router -- server topology, alternating the two
@@ -144,6 +144,19 @@ pub struct Cli {
     /// Skip the large flow table runs.
     #[arg(long)]
     no_big_table: bool,
+    /// Repetitions of the flows rows' control (path `lookup`: the limit
+    /// plus one lookup of each packet in a kernel LRU hash of the router
+    /// table's key and value sizes and capacity), each run next to the xdp
+    /// row of its table; 0: none. Capped at the xdp rows' repetitions (3;
+    /// quick 1). One repetition adds about 30 s to a full run, past its
+    /// worst-case budget (every paced point rerun), so only the smoke run
+    /// has it by default [default: 0; smoke 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=3))]
+    flows_control_reps: Option<u32>,
+    /// Value size of the control's table in bytes: 96, the router's flow
+    /// entry, or 64 (whether a one-cache-line entry would pay) [default: 96].
+    #[arg(long, value_name = "BYTES", value_parser = control_value)]
+    flows_control_value: Option<u32>,
     /// Skip the connection setup rate (short TCP connections, many in parallel).
     #[arg(long)]
     no_conn_rate: bool,
@@ -170,6 +183,14 @@ pub struct Cli {
     /// smoke target/bench-smoke].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+}
+
+fn control_value(s: &str) -> Result<u32, String> {
+    let sizes = [bigtable::CONTROL_VALUE_FULL, bigtable::CONTROL_VALUE_SMALL];
+    s.parse()
+        .ok()
+        .filter(|n| sizes.contains(n))
+        .ok_or_else(|| format!("{} or {}", sizes[0], sizes[1]))
 }
 
 fn live_flows(s: &str) -> Result<u32, String> {
@@ -222,6 +243,8 @@ pub struct Opts {
     pub offload_path: bool,
     /// Flows of the large table; 0: skipped.
     pub big_table: u32,
+    /// The flows rows' control (`reps` 0: skipped).
+    pub flows_control: bigtable::Control,
     pub conn_rate_workers: u32,
     pub micro_calls: u32,
     pub micro_repeat: u32,
@@ -329,6 +352,12 @@ impl Cli {
             } else {
                 self.big_table
                     .unwrap_or(mode.pick(1_000_000, 1_000_000, 20_000))
+            },
+            flows_control: bigtable::Control {
+                reps: self.flows_control_reps.unwrap_or(mode.pick(0, 0, 1)),
+                value_size: self
+                    .flows_control_value
+                    .unwrap_or(bigtable::CONTROL_VALUE_FULL),
             },
             conn_rate_workers: self.conn_rate_workers.unwrap_or(mode.pick(16, 16, 4)),
             micro_calls: self.micro_calls.unwrap_or(mode.pick(10_000, 2000, 500)),
@@ -460,6 +489,16 @@ mod unit {
         assert_eq!((smoke.secs, smoke.live_flows.clone()), (3, vec![64]));
         assert_eq!((smoke.line_rate_mbps, smoke.big_table), (500, 20_000));
         assert_eq!(opts(&["--no-big-table"]).big_table, 0);
+        // The flows rows' control: smoke runs, others when asked.
+        let control = |o: &Opts| (o.flows_control.reps, o.flows_control.value_size);
+        assert_eq!(control(&full), (0, 96));
+        assert_eq!((control(&smoke), control(&quick)), ((1, 96), (0, 96)));
+        let asked = opts(&["--flows-control-reps", "3", "--flows-control-value", "64"]);
+        assert_eq!(control(&asked), (3, 64));
+        assert!(
+            Cli::try_parse_from(["router-bench", "--flows-control-value", "72"]).is_err(),
+            "only the router's value size and one cache line"
+        );
         assert!(full.offload_path && smoke.offload_path);
         assert!(!opts(&["--quick", "--no-offload"]).offload_path);
         // One point per workload: tcp, tcp-small, udp-small, udp-live, tcp-paced.

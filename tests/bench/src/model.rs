@@ -18,6 +18,12 @@ pub enum DataPath {
     /// NAT, no table; `tests::rawbpf::fib_forwarder`), the server given a
     /// route back. Live-generator runs only.
     Limit,
+    /// A control for the flow table: the limit plus one lookup of each
+    /// packet's 5-tuple in a kernel LRU hash of the router's key and value
+    /// sizes, and one add into the entry it hits
+    /// (`tests::rawbpf::flow_lookup_forwarder`): what the kernel's hash
+    /// table alone costs at a working set. The flows rows only.
+    Lookup,
     /// Offload mode: `router-ctl attach --admit kernel` with iptables
     /// MASQUERADE and the daemon (`router-ctl run`): the kernel admits and
     /// NATs each new flow, the daemon moves it to the XDP table once
@@ -31,6 +37,7 @@ impl DataPath {
             DataPath::Kernel => "kernel",
             DataPath::Xdp => "xdp",
             DataPath::Limit => "limit",
+            DataPath::Lookup => "lookup",
             DataPath::Offload => "offload",
         }
     }

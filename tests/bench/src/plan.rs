@@ -163,15 +163,29 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
         let large_tables = if o.quick { 1 } else { 2 };
         let per_rep = f64::from(rows) * (f64::from(o.secs) + FLOWS_ROW_EXTRA_S)
             + f64::from(large_tables) * f64::from(o.big_table) / 1e6 * FILL_S_PER_MILLION;
+        // The control: every row but the large table with small traffic,
+        // in its first repetitions; its one large table filled per row.
+        let control_reps = o.flows_control.reps.min(reps);
+        let control_rows = rows - u32::from(!o.quick);
+        let control_per_rep = f64::from(control_rows) * (f64::from(o.secs) + FLOWS_ROW_EXTRA_S)
+            + f64::from(o.big_table) / 1e6 * FILL_S_PER_MILLION;
+        let mut detail = vec![format!(
+            "{reps} repetition(s) of {rows} rows, xdp, tables of {} and {} flows",
+            bigtable::SMALL_TABLE,
+            o.big_table
+        )];
+        if control_reps > 0 {
+            detail.push(format!(
+                "{control_reps} repetition(s) of {control_rows} rows of the control \
+                 (lookup, {}-byte values)",
+                o.flows_control.value_size
+            ));
+        }
         v.push(Phase {
             name: "flows",
-            runs: (rows * reps) as usize,
-            secs: f64::from(reps) * per_rep,
-            detail: vec![format!(
-                "{reps} repetition(s) of {rows} rows, xdp, tables of {} and {} flows",
-                bigtable::SMALL_TABLE,
-                o.big_table
-            )],
+            runs: (rows * reps + control_rows * control_reps) as usize,
+            secs: f64::from(reps) * per_rep + f64::from(control_reps) * control_per_rep,
+            detail,
         });
     }
 
@@ -393,5 +407,28 @@ mod unit {
             mmss(smoke),
             mmss(quick)
         );
+    }
+
+    #[test]
+    fn the_flows_control_adds_its_rows_to_the_plan() {
+        let flows = |args: &[&str]| {
+            let ph = phases(&opts(args));
+            let p = phase(&ph, "flows").expect("flows planned");
+            (p.runs, p.secs)
+        };
+        let (runs, secs) = flows(&[]);
+        let (with_runs, with_secs) = flows(&["--flows-control-reps", "1"]);
+        // Every row but the large table with small traffic, within a minute.
+        assert_eq!(with_runs, runs + 3);
+        assert!(
+            with_secs > secs && with_secs - secs < 60.0,
+            "{with_secs} vs {secs}"
+        );
+        let (quick, _) = flows(&["--quick"]);
+        assert_eq!(
+            flows(&["--quick", "--flows-control-reps", "3"]).0,
+            quick + 2
+        );
+        assert_eq!(flows(&["--smoke"]).0, 4);
     }
 }

@@ -1,7 +1,7 @@
 //! The router under test: switching it between the kernel path, the XDP
 //! path (standalone), the offload path (the kernel admits, the daemon
-//! offloads, XDP carries) and the limit, veth offload settings, and what
-//! it forwarded.
+//! offloads, XDP carries), the limit and its flow-table control, veth
+//! offload settings, and what it forwarded.
 
 use std::collections::VecDeque;
 use std::io::{BufRead as _, BufReader};
@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tests::rawbpf::{self, Attached};
+use router_common::maps::DEFAULT_MAX_FLOWS;
+use tests::rawbpf::{self, Attached, FlowTable, Insn};
 use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_of, router_ctl_bin};
 
 use crate::model::{DataPath, FastPathShare, Offload};
@@ -21,8 +22,13 @@ use crate::model::{DataPath, FastPathShare, Offload};
 pub struct Router<'a> {
     t: &'a Topology,
     state: Option<(DataPath, Offload)>,
-    /// The limit's forwarder while that path runs.
+    /// The limit's forwarder (or its flow-table control's) while that
+    /// path runs.
     limit: Option<Attached>,
+    /// The flow-table control's table while that path runs.
+    lookup_table: Option<FlowTable>,
+    /// Bytes per value of the control's table.
+    lookup_value_size: u32,
     /// `attach --max-flows` (None: router-ctl's default).
     max_flows: Option<u32>,
     /// The offload daemon while the offload path runs.
@@ -152,9 +158,24 @@ impl<'a> Router<'a> {
             t,
             state: None,
             limit: None,
+            lookup_table: None,
+            lookup_value_size: crate::workloads::bigtable::CONTROL_VALUE_FULL,
             max_flows: None,
             daemon: None,
         }
+    }
+
+    /// The value size of the flow-table control's next table
+    /// (default: the router's `FlowEntry`); the next [`Router::switch`]
+    /// sets up whatever runs again.
+    pub fn set_lookup_value_size(&mut self, bytes: u32) {
+        self.lookup_value_size = bytes;
+        self.state = None;
+    }
+
+    /// The flow-table control's table, while the control runs.
+    pub fn lookup_table(&self) -> Option<&FlowTable> {
+        self.lookup_table.as_ref()
     }
 
     /// The flow table capacity of the next XDP attach; the next
@@ -167,7 +188,9 @@ impl<'a> Router<'a> {
     /// Puts the router on `path` with `offload`. Kernel: forwarding plus
     /// iptables MASQUERADE; xdp: `router-ctl attach --admit xdp`, no
     /// iptables NAT; offload: iptables MASQUERADE, `router-ctl attach
-    /// --admit kernel` and the daemon.
+    /// --admit kernel` and the daemon; limit: its raw forwarder and a route
+    /// back on the server; lookup: the same with one flow lookup, in a
+    /// fresh, empty table of the capacity set by [`Router::set_max_flows`].
     pub fn switch(&mut self, path: DataPath, offload: Offload) -> Result<(), String> {
         if self.state == Some((path, offload)) {
             let dead = self.daemon.as_mut().is_some_and(|d| !d.running());
@@ -192,6 +215,7 @@ impl<'a> Router<'a> {
         if self.limit.take().is_some() {
             let _ = t.exec(Ns::Server, &["ip", "route", "del", LAN_PREFIX]);
         }
+        self.lookup_table = None;
         if t.router_attached() {
             let o = t.router_ctl(&["detach"]);
             if !o.status.success() {
@@ -221,7 +245,18 @@ impl<'a> Router<'a> {
                 self.attach("kernel")?;
                 self.daemon = Some(Daemon::start(t)?);
             }
-            DataPath::Limit => self.limit = Some(attach_limit(t)?),
+            DataPath::Limit => {
+                self.limit = Some(attach_limit(t, "limit_fwd", &rawbpf::fib_forwarder())?);
+            }
+            DataPath::Lookup => {
+                // As many entries as the router's table of the same
+                // capacity (two per flow).
+                let flows = self.max_flows.unwrap_or(DEFAULT_MAX_FLOWS);
+                let table = FlowTable::create("lookup_flows", self.lookup_value_size, 2 * flows)?;
+                let insns = rawbpf::flow_lookup_forwarder(&table, table.packets_off());
+                self.limit = Some(attach_limit(t, "lookup_fwd", &insns)?);
+                self.lookup_table = Some(table);
+            }
         }
         self.state = Some((path, offload));
         Ok(())
@@ -261,9 +296,10 @@ impl<'a> Router<'a> {
     }
 }
 
-/// The limit's forwarder on the router's `lan0` and `wan0`, and a route
-/// back on the server (no NAT: ping replies go to the client's address).
-fn attach_limit(t: &Topology) -> Result<Attached, String> {
+/// The limit's forwarder, or another forwarder without NAT (`insns`,
+/// loaded as `name`), on the router's `lan0` and `wan0`, and a route back
+/// on the server (no NAT: ping replies go to the client's address).
+fn attach_limit(t: &Topology, name: &str, insns: &[Insn]) -> Result<Attached, String> {
     let o = t.exec(
         Ns::Server,
         &[
@@ -285,9 +321,7 @@ fn attach_limit(t: &Topology) -> Result<Attached, String> {
         t.try_ifindex(Ns::Router, LAN_IF)?,
         t.try_ifindex(Ns::Router, WAN_IF)?,
     ];
-    t.in_ns(Ns::Router, || {
-        Attached::new("limit_fwd", &rawbpf::fib_forwarder(), &ifs)
-    })
+    t.in_ns(Ns::Router, || Attached::new(name, insns, &ifs))
 }
 
 /// ethtool settings of a path and offload mode.
@@ -308,7 +342,7 @@ pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload) {
             &["tx", "on", "tso", "on", "gso", "on", "gro", "on"],
             &["tso", "on", "gso", "on", "gro", "off"],
         ),
-        (Offload::On, DataPath::Xdp | DataPath::Limit | DataPath::Offload) => (
+        (Offload::On, DataPath::Xdp | DataPath::Limit | DataPath::Lookup | DataPath::Offload) => (
             &["tx", "off", "tso", "on", "gso", "on", "gro", "on"],
             &["tso", "on", "gso", "on", "gro", "off"],
         ),
@@ -392,8 +426,11 @@ pub fn forwarded(t: &Topology, path: DataPath) -> u64 {
     let kernel = t.nstat(Ns::Router, "IpForwDatagrams");
     match path {
         DataPath::Kernel => kernel,
-        // The limit counts nothing: what reached the server came through it.
-        DataPath::Limit => kernel + crate::measure::sampler::rx_packets(t, Ns::Server, &[HOST_IF]),
+        // The limit (and its control) counts nothing: what reached the
+        // server came through it.
+        DataPath::Limit | DataPath::Lookup => {
+            kernel + crate::measure::sampler::rx_packets(t, Ns::Server, &[HOST_IF])
+        }
         DataPath::Xdp | DataPath::Offload => {
             let s = t.stats();
             kernel + counter_of(&s, "fwd_outbound") + counter_of(&s, "fwd_inbound")

@@ -728,6 +728,7 @@ impl Bench<'_> {
             &mut self.router,
             &self.settings,
             (o.big_table, !o.quick, reps),
+            o.flows_control,
             self.stop,
         )
         .unwrap_or_else(|e| {

@@ -58,6 +58,7 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     }
     if o.big_table > 0 && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
         wanted.push("flow_table");
+        check_flow_table(o, &json)?;
     }
     for key in wanted {
         if json[key].as_array().is_none_or(Vec::is_empty) {
@@ -91,6 +92,32 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         }
     }
     Ok(runs.len())
+}
+
+/// The flows rows: the xdp path's, and the control's when it ran, each
+/// with traffic.
+fn check_flow_table(o: &Opts, json: &serde_json::Value) -> Result<(), String> {
+    let rows = json["flow_table"]
+        .as_array()
+        .ok_or("results.json: no flow_table")?;
+    let mut paths = vec![DataPath::Xdp];
+    if o.flows_control.reps > 0 {
+        paths.push(DataPath::Lookup);
+    }
+    for path in paths {
+        let ran = rows.iter().any(|r| {
+            r["path"] == path.name()
+                && r["table_flows"].as_u64().is_some_and(|n| n > 0)
+                && r["pps"].as_f64().is_some_and(|p| p > 0.0)
+        });
+        if !ran {
+            return Err(format!(
+                "results.json: no flow_table row on the {} path with traffic",
+                path.name()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The paced points between the cables, on each of their paths, recorded
@@ -234,5 +261,22 @@ mod unit {
         assert!(e.contains("no xdp run of tcp-paced -P 1"), "{e}");
         let missing = serde_json::json!({"cable": [run("kernel", "cable"), run("xdp", "cable")]});
         assert!(check_cable_paced(&o, &missing).is_err());
+    }
+
+    #[test]
+    fn the_flows_rows_must_include_the_control_when_it_ran() {
+        let opts = |args: &[&str]| crate::cli::opts_of(args);
+        let row = |path: &str, pps: f64| serde_json::json!({"path": path, "table_flows": 20000, "live_flows": 2000, "pps": pps});
+        let both = serde_json::json!({"flow_table": [row("xdp", 2e6), row("lookup", 2e6)]});
+        assert_eq!(check_flow_table(&opts(&["--smoke"]), &both), Ok(()));
+        let xdp_only = serde_json::json!({"flow_table": [row("xdp", 2e6)]});
+        let e = check_flow_table(&opts(&["--smoke"]), &xdp_only).unwrap_err();
+        assert!(e.contains("on the lookup path"), "{e}");
+        // Not asked for: not wanted.
+        let none = opts(&["--smoke", "--flows-control-reps", "0"]);
+        assert_eq!(check_flow_table(&none, &xdp_only), Ok(()));
+        // A control row without traffic does not count.
+        let idle = serde_json::json!({"flow_table": [row("xdp", 2e6), row("lookup", 0.0)]});
+        assert!(check_flow_table(&opts(&["--smoke"]), &idle).is_err());
     }
 }

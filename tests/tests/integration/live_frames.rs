@@ -18,9 +18,12 @@ use std::time::{Duration, Instant};
 
 use std::io::Read as _;
 use tests::frames::{Frame, Ipv4, Udp};
-use tests::rawbpf::{Prog, UDP_HDRS_LEN, UdpLayout, udp_generator};
+use tests::rawbpf::{
+    FLOW_ENTRY_PACKETS_OFF, FlowTable, Prog, UDP_HDRS_LEN, UdpLayout, flow_lookup_forwarder,
+    udp_generator,
+};
 
-use router_common::maps::IPPROTO_UDP;
+use router_common::maps::{FlowEntry, FlowKey, IPPROTO_UDP};
 use tests::trafficgen::{Generator, Hosts, UdpFlows};
 use tests::v6::{self, CLIENT6, Ipv6, SERVER6};
 use tests::{
@@ -441,5 +444,82 @@ fn sink_drops_udp_of_both_families_and_passes_the_rest() {
         verdict,
         tests::rawbpf::XDP_PASS.cast_unsigned(),
         "a 33-byte frame"
+    );
+}
+
+/// The benchmark's flow-table control (the limit plus one lookup of the
+/// packet's 5-tuple) under `BPF_PROG_RUN` in the router's namespace: it
+/// builds the key as the router's `FlowKey` (ports in host order), adds 1 to
+/// the packet count of the entry it hits, misses every other flow and
+/// protocol, and still forwards.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn flow_lookup_control_counts_the_hits_of_its_flow_key() {
+    let t = Topology::new();
+    t.warm_neighbours();
+    let value_size = u32::try_from(size_of::<FlowEntry>()).unwrap();
+    let table = FlowTable::create("test_flows", value_size, 64).expect("LRU hash created");
+    let key = FlowKey::new(
+        CLIENT_ADDR.octets(),
+        SERVER_ADDR.octets(),
+        BASE_PORT,
+        DST_PORT,
+        IPPROTO_UDP,
+    );
+    let zero = vec![0u8; size_of::<FlowEntry>()];
+    for k in [key, key.reversed()] {
+        table.insert(&k, &zero).expect("entry written");
+    }
+    let prog = Prog::load(
+        "test_lookup",
+        &flow_lookup_forwarder(&table, FLOW_ENTRY_PACKETS_OFF),
+    )
+    .expect("the verifier accepts the control");
+    let (lan, client) = (t.mac(Ns::Router, LAN_IF), t.mac(Ns::Client, HOST_IF));
+    let udp_from = |sport: u16| {
+        let udp = Udp::new(sport, DST_PORT, &pattern(PAYLOAD));
+        Frame::new(
+            lan,
+            client,
+            Ipv4::new(CLIENT_ADDR.octets(), SERVER_ADDR.octets(), udp),
+        )
+        .bytes()
+    };
+    let ping = Frame::new(
+        lan,
+        client,
+        Ipv4::new(
+            CLIENT_ADDR.octets(),
+            SERVER_ADDR.octets(),
+            tests::frames::Icmp::echo_request(7, 1, b"ping"),
+        ),
+    )
+    .bytes();
+    let ingress = t.ifindex(Ns::Router, LAN_IF);
+    assert_eq!(table.packets_off(), FLOW_ENTRY_PACKETS_OFF);
+    let count = |k: &FlowKey| table.packets(k).expect("the entry is still there");
+    t.in_ns(Ns::Router, || {
+        let (verdict, _, _) = prog
+            .test_run(&udp_from(BASE_PORT), ingress, 3)
+            .expect("BPF_PROG_RUN");
+        assert_eq!(
+            verdict,
+            tests::prog::XDP_REDIRECT,
+            "the flow's datagram is forwarded"
+        );
+        assert_eq!(count(&key), 3, "three runs of the flow's datagram");
+        for (what, frame) in [
+            ("another source port", udp_from(BASE_PORT + 1)),
+            ("ping", ping),
+        ] {
+            let (verdict, _, _) = prog.test_run(&frame, ingress, 1).expect("BPF_PROG_RUN");
+            assert_eq!(verdict, tests::prog::XDP_REDIRECT, "{what} is forwarded");
+        }
+    });
+    assert_eq!(count(&key), 3, "a miss counts nothing");
+    assert_eq!(
+        count(&key.reversed()),
+        0,
+        "the reply direction is another key"
     );
 }

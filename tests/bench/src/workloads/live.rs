@@ -27,6 +27,7 @@
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use router_common::maps::{FlowKey, IPPROTO_UDP};
 use tests::trafficgen::{self, Generator, Hosts, Sink, UdpFlows};
 use tests::{HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology, v6};
 
@@ -48,6 +49,24 @@ const DST_PORT: u16 = 9;
 /// Flows the generator can vary over (source ports up to 65535).
 pub fn max_flows() -> u32 {
     UdpFlows::max_flows(BASE_PORT)
+}
+
+/// The keys of the first `flows` IPv4 flows the generator sends, as a
+/// router without NAT sees them: client -> server, UDP, the source ports
+/// from the first, in [`FlowKey`]'s layout.
+pub fn flow_keys(flows: u32) -> Vec<FlowKey> {
+    (0..flows.min(max_flows()))
+        .map(|i| {
+            let port = u16::try_from(u32::from(BASE_PORT) + i).expect("within max_flows");
+            FlowKey::new(
+                tests::CLIENT_ADDR.octets(),
+                SERVER_ADDR.octets(),
+                port,
+                DST_PORT,
+                IPPROTO_UDP,
+            )
+        })
+        .collect()
 }
 
 /// The IP version the generator sends.
