@@ -12,6 +12,7 @@ pub mod checksum;
 pub mod flow;
 pub mod hdr;
 pub mod ipv6;
+pub mod lease_cas;
 pub mod mapping;
 pub mod maps;
 pub mod nat;
