@@ -6,9 +6,10 @@
 //! would overwrite a hand-back ([`LEASE_HANDED_BACK`]) the data path made
 //! between the read and the write.
 //!
-//! Built here, with no system call, so that the daemon (which loads and
-//! runs it against the pinned map) and the integration tests (which run it
-//! against a map of their own) use the same instructions. Little-endian
+//! The instructions are built with no system call (unit-tested anywhere);
+//! the `user` feature loads and runs them ([`LeaseCas`]), for the daemon
+//! (against the pinned maps) and the integration tests (against a loaded
+//! router's maps) alike. Little-endian
 //! hosts only: `struct bpf_insn` packs the registers in a bitfield whose
 //! order follows the host's byte order.
 //!
@@ -244,6 +245,100 @@ fn program(map_fd: i32, lease_off: i16) -> Program {
     assert!(n == LEN, "lease_cas::LEN is the instruction count");
     p
 }
+
+/// Loading and running the program (host side, `user` feature): shared by
+/// the offload daemon and the integration tests.
+#[cfg(feature = "user")]
+mod host {
+    use super::{LeaseCasCtx, LeaseSwap, PROG_FLAGS, PROG_TYPE_SYSCALL, Program};
+    use std::{
+        format, io,
+        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    };
+
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_RUN: libc::c_long = 10;
+
+    fn sys_bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<libc::c_long> {
+        // SAFETY: attr is a valid, writable buffer of the given size; the
+        // kernel reads and writes only within it (and the memory its
+        // pointers name, which the callers keep alive).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr.as_mut_ptr(),
+                libc::c_uint::try_from(attr.len()).unwrap_or(0),
+            )
+        };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    }
+
+    /// A loaded lease compare-and-swap program for one conntrack map; it
+    /// holds its own reference to the map.
+    pub struct LeaseCas {
+        prog: OwnedFd,
+    }
+
+    impl LeaseCas {
+        /// Loads `insns` (a [`Program`] for an open map).
+        ///
+        /// # Errors
+        /// If the kernel refuses it: no `BPF_PROG_TYPE_SYSCALL` (Linux < 5.14)
+        /// or no 32-bit `BPF_CMPXCHG` (Linux < 5.12).
+        pub fn load(insns: &Program) -> io::Result<Self> {
+            let license = c"GPL";
+            // union bpf_attr, BPF_PROG_LOAD: prog_type, insn_cnt, insns,
+            // license, log_level, log_size, log_buf, kern_version, prog_flags,
+            // prog_name[16].
+            let mut attr = [0u8; 64];
+            let insn_cnt = u32::try_from(insns.len()).unwrap_or(u32::MAX);
+            attr[0..4].copy_from_slice(&PROG_TYPE_SYSCALL.to_ne_bytes());
+            attr[4..8].copy_from_slice(&insn_cnt.to_ne_bytes());
+            attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+            attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+            attr[44..48].copy_from_slice(&PROG_FLAGS.to_ne_bytes());
+            attr[48..58].copy_from_slice(b"lease_cas\0");
+            let fd = sys_bpf(BPF_PROG_LOAD, &mut attr)?;
+            let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+            // SAFETY: the kernel returned a new fd that we own.
+            Ok(Self {
+                prog: unsafe { OwnedFd::from_raw_fd(fd) },
+            })
+        }
+
+        /// Runs the swap `ctx` asks for (key, expected and new lease),
+        /// atomically with respect to the data path.
+        ///
+        /// # Errors
+        /// If `BPF_PROG_RUN` fails.
+        pub fn swap(&self, mut ctx: LeaseCasCtx) -> io::Result<LeaseSwap> {
+            let fd = u32::try_from(self.prog.as_raw_fd())
+                .map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+            // union bpf_attr, BPF_PROG_RUN: prog_fd, retval, data_size_in,
+            // data_size_out, data_in, data_out, repeat, duration, ctx_size_in,
+            // ctx_size_out, ctx_in, ctx_out. A syscall program's context is
+            // copied back into ctx_in.
+            let mut attr = [0u8; 72];
+            attr[0..4].copy_from_slice(&fd.to_ne_bytes());
+            let size = u32::try_from(std::mem::size_of::<LeaseCasCtx>()).unwrap_or(0);
+            attr[40..44].copy_from_slice(&size.to_ne_bytes());
+            let ctx_ptr = std::ptr::from_mut(&mut ctx) as u64;
+            attr[48..56].copy_from_slice(&ctx_ptr.to_ne_bytes());
+            sys_bpf(BPF_PROG_RUN, &mut attr)?;
+            let retval = u32::from_ne_bytes(attr[4..8].try_into().unwrap_or([0xff; 4]));
+            LeaseSwap::of_run(retval, &ctx).ok_or_else(|| {
+                io::Error::other(format!("the lease compare-and-swap returned {retval}"))
+            })
+        }
+    }
+}
+#[cfg(feature = "user")]
+pub use host::LeaseCas;
 
 #[cfg(test)]
 mod tests {

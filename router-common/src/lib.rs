@@ -5,7 +5,7 @@
 //! unit-tested on the host.
 #![no_std]
 
-#[cfg(test)]
+#[cfg(any(test, feature = "user"))]
 extern crate std;
 
 pub mod checksum;

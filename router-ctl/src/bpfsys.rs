@@ -1,17 +1,12 @@
 //! The few `bpf(2)` commands aya 0.14 does not expose: the interface of an
-//! XDP link, detaching a link by id (`attach --force`), and loading and
-//! running the offload daemon's lease compare-and-swap
-//! ([`router_common::lease_cas`]).
+//! XDP link, and detaching a link by id (`attach --force`).
 
-use router_common::lease_cas::{LeaseCasCtx, LeaseSwap};
 use std::{
     io,
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
 };
 
-const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_PROG_RUN: libc::c_long = 10;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 const BPF_LINK_DETACH: libc::c_long = 34;
@@ -117,66 +112,4 @@ pub fn find_xdp_link(prog_id: u32, ifindex: u32) -> Option<(u32, OwnedFd)> {
         }
     }
     None
-}
-
-/// A loaded lease compare-and-swap program for one conntrack map
-/// ([`router_common::lease_cas`]); it holds its own reference to the map.
-pub struct LeaseCas {
-    prog: OwnedFd,
-}
-
-impl LeaseCas {
-    /// Loads `insns` (a [`lease_cas::Program`] for an open map).
-    ///
-    /// # Errors
-    /// If the kernel refuses it: no `BPF_PROG_TYPE_SYSCALL` (Linux < 5.14)
-    /// or no 32-bit `BPF_CMPXCHG` (Linux < 5.12).
-    ///
-    /// [`lease_cas::Program`]: router_common::lease_cas::Program
-    pub fn load(insns: &router_common::lease_cas::Program) -> io::Result<Self> {
-        use router_common::lease_cas::{PROG_FLAGS, PROG_TYPE_SYSCALL};
-        let license = c"GPL";
-        // union bpf_attr, BPF_PROG_LOAD: prog_type, insn_cnt, insns,
-        // license, log_level, log_size, log_buf, kern_version, prog_flags,
-        // prog_name[16].
-        let mut attr = [0u8; 64];
-        let insn_cnt = u32::try_from(insns.len()).unwrap_or(u32::MAX);
-        attr[0..4].copy_from_slice(&PROG_TYPE_SYSCALL.to_ne_bytes());
-        attr[4..8].copy_from_slice(&insn_cnt.to_ne_bytes());
-        attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
-        attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-        attr[44..48].copy_from_slice(&PROG_FLAGS.to_ne_bytes());
-        attr[48..58].copy_from_slice(b"lease_cas\0");
-        let fd = sys_bpf(BPF_PROG_LOAD, &mut attr)?;
-        let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-        // SAFETY: the kernel returned a new fd that we own.
-        Ok(Self {
-            prog: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
-    }
-
-    /// Runs the swap `ctx` asks for (key, expected and new lease),
-    /// atomically with respect to the data path.
-    ///
-    /// # Errors
-    /// If `BPF_PROG_RUN` fails.
-    pub fn swap(&self, mut ctx: LeaseCasCtx) -> io::Result<LeaseSwap> {
-        let fd = u32::try_from(self.prog.as_raw_fd())
-            .map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-        // union bpf_attr, BPF_PROG_RUN: prog_fd, retval, data_size_in,
-        // data_size_out, data_in, data_out, repeat, duration, ctx_size_in,
-        // ctx_size_out, ctx_in, ctx_out. A syscall program's context is
-        // copied back into ctx_in.
-        let mut attr = [0u8; 72];
-        attr[0..4].copy_from_slice(&fd.to_ne_bytes());
-        let size = u32::try_from(std::mem::size_of::<LeaseCasCtx>()).unwrap_or(0);
-        attr[40..44].copy_from_slice(&size.to_ne_bytes());
-        let ctx_ptr = std::ptr::from_mut(&mut ctx) as u64;
-        attr[48..56].copy_from_slice(&ctx_ptr.to_ne_bytes());
-        sys_bpf(BPF_PROG_RUN, &mut attr)?;
-        let retval = u32::from_ne_bytes(attr[4..8].try_into().unwrap_or([0xff; 4]));
-        LeaseSwap::of_run(retval, &ctx).ok_or_else(|| {
-            io::Error::other(format!("the lease compare-and-swap returned {retval}"))
-        })
-    }
 }

@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::MapError;
 use router_common::{
-    lease_cas::{self, LeaseSwap},
+    lease_cas::{self, LeaseCas, LeaseSwap},
     maps::{Admit, FlowEntry, FlowEntry6, FlowKey, FlowKey6},
 };
 use serde::{Deserialize, Serialize};
@@ -29,7 +29,6 @@ use tokio::{
 
 use crate::{
     apply,
-    bpfsys::LeaseCas,
     clock::monotonic_ns,
     ctnetlink::{CtSocket, Event, Tuple},
     ctx::Ctx,
