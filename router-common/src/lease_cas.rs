@@ -153,8 +153,10 @@ const JMP_EXIT: u8 = 0x95;
 const FN_MAP_LOOKUP_ELEM: i32 = 1;
 /// The frame pointer (read-only stack base).
 const FP: u8 = 10;
-/// Where the key is copied to on the stack.
-const KEY_STACK: i16 = -(KEY_MAX as i16);
+/// Where the key is copied to on the stack: the frame's top `KEY_MAX`
+/// bytes.
+const KEY_STACK: i16 = -40;
+const _: () = assert!(KEY_MAX == 40);
 
 const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     Insn {

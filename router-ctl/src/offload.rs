@@ -23,6 +23,12 @@
 //!   entry always outlives the lease: if the daemon stops, the lease runs
 //!   out first and the kernel, which still has the flow, carries it again.
 //!   An idle flow gets neither: both tables let it expire.
+//! - The entries are written pending ([`LEASE_PENDING`]: the data path passes
+//!   every packet to the kernel, and a TCP SYN, FIN or RST hands the pair
+//!   back), the kernel's connection is read back, and only then are both
+//!   activated by a compare-and-swap of the lease in the kernel
+//!   ([`router_common::lease_cas`]), which fails if the data path handed
+//!   them back meanwhile. Lease renewals are the same compare-and-swap.
 //! - TCP window tracking is switched off for offloaded connections
 //!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as `nf_flowtable` does): the kernel does not
 //!   see the segments XDP carries, and must not call the next FIN it sees
