@@ -506,7 +506,8 @@ pub struct OffloadStats {
     /// Connections whose XDP entries were removed before their activation:
     /// the data path handed them back while they were pending (a TCP SYN,
     /// FIN or RST: the connection closed, or the next one on the same
-    /// ports began, during the offload).
+    /// ports began, during the offload), or one was gone (LRU eviction,
+    /// flush).
     #[serde(default)]
     pub undone_handed_back: u64,
     /// XDP entries found missing (LRU eviction, flush): the kernel carries
