@@ -4,8 +4,8 @@
 
 use crate::maps::{
     FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState,
-    IPPROTO_ICMP, IPPROTO_TCP, LEASE_HANDED_BACK, TCP_TRACK_EXPECT, TCP_TRACK_KNOWN, TCP_TRACK_SYN,
-    TcpWindow, Timeouts,
+    IPPROTO_ICMP, IPPROTO_TCP, LEASE_HANDED_BACK, LEASE_PENDING, TCP_TRACK_EXPECT, TCP_TRACK_KNOWN,
+    TCP_TRACK_SYN, TcpWindow, Timeouts,
 };
 
 /// How often (at most) the data path writes `last_seen_ns` of a flow: the
@@ -571,6 +571,9 @@ pub enum OffloadedHit {
     Control,
     /// Any other packet of a flow already handed back: the kernel's.
     HandedBack,
+    /// Any other packet of an offloaded flow not yet activated
+    /// ([`LEASE_PENDING`]): the kernel's, untouched.
+    Pending,
 }
 
 /// What the data path does with a packet of `proto` with TCP flags
@@ -583,17 +586,17 @@ pub const fn offloaded_hit(flags: u8, lease: u32, proto: u8, tcp_flags: u8) -> O
     if flags & FLAG_OFFLOADED == 0 {
         return OffloadedHit::Carry;
     }
-    let handed_back = lease == LEASE_HANDED_BACK;
-    if proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
-        if handed_back {
-            OffloadedHit::Control
-        } else {
-            OffloadedHit::HandBack
-        }
-    } else if handed_back {
-        OffloadedHit::HandedBack
-    } else {
-        OffloadedHit::Carry
+    let control = proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0;
+    match lease {
+        LEASE_HANDED_BACK if control => OffloadedHit::Control,
+        LEASE_HANDED_BACK => OffloadedHit::HandedBack,
+        // A pending pair is handed back like a live one: the daemon's
+        // activation (a compare-and-swap from `LEASE_PENDING`) then fails,
+        // so no entry written before this segment ever carries a packet
+        // after it.
+        _ if control => OffloadedHit::HandBack,
+        LEASE_PENDING => OffloadedHit::Pending,
+        _ => OffloadedHit::Carry,
     }
 }
 
@@ -1098,6 +1101,31 @@ mod tests {
         assert_eq!(
             offloaded_hit(FLAG_ORIGINAL, LEASE_HANDED_BACK, IPPROTO_TCP, TCP_FIN),
             Carry
+        );
+    }
+
+    #[test]
+    fn a_pending_offload_passes_everything_and_hands_back_at_tcp_control() {
+        use OffloadedHit::{HandBack, Pending};
+        let off = FLAG_OFFLOADED | FLAG_ORIGINAL;
+        // Written, not yet activated: the kernel's, whatever the packet.
+        assert_eq!(
+            offloaded_hit(off, LEASE_PENDING, IPPROTO_TCP, TCP_ACK),
+            Pending
+        );
+        assert_eq!(
+            offloaded_hit(off, LEASE_PENDING, IPPROTO_UDP, TCP_FIN),
+            Pending
+        );
+        // A SYN (the next connection on the ports), FIN or RST hands the
+        // pair back, so that the daemon's activation fails.
+        for f in [TCP_SYN, TCP_FIN | TCP_ACK, TCP_RST, TCP_SYN | TCP_ACK] {
+            assert_eq!(offloaded_hit(off, LEASE_PENDING, IPPROTO_TCP, f), HandBack);
+        }
+        // Standalone entries know no lease.
+        assert_eq!(
+            offloaded_hit(FLAG_ORIGINAL, LEASE_PENDING, IPPROTO_TCP, TCP_ACK),
+            OffloadedHit::Carry
         );
     }
 }

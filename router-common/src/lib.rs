@@ -5,13 +5,14 @@
 //! unit-tested on the host.
 #![no_std]
 
-#[cfg(test)]
+#[cfg(any(test, feature = "user"))]
 extern crate std;
 
 pub mod checksum;
 pub mod flow;
 pub mod hdr;
 pub mod ipv6;
+pub mod lease_cas;
 pub mod mapping;
 pub mod maps;
 pub mod nat;

@@ -321,6 +321,17 @@ pub const LEASE_TICK_SHIFT: u32 = 30;
 /// uptime), and never extended by the daemon, which removes the entries.
 pub const LEASE_HANDED_BACK: u32 = 0;
 
+/// The lease of an offloaded flow's entries between the daemon's write and
+/// its activation: the data path passes every packet to the kernel
+/// untouched (`pass_offload_pending`), and a TCP SYN, FIN or RST hands the
+/// pair back ([`LEASE_HANDED_BACK`]) as for a live lease. The daemon then
+/// checks the kernel's connection again and activates the entries with a
+/// compare-and-swap of this value to the real lease ([`crate::lease_cas`]),
+/// which fails if the data path handed them back meanwhile. Tick 1 is in
+/// the past for every packet after the first seconds of uptime, and no
+/// real lease is this small.
+pub const LEASE_PENDING: u32 = 1;
+
 /// The lease tick of a `CLOCK_MONOTONIC` time in ns.
 #[must_use]
 #[inline]
@@ -774,6 +785,9 @@ counters! {
     /// the connection (the final ACKs, a new connection on the same ports)
     /// until the daemon removes the entries.
     PassOffloadHandedBack = "pass_offload_handed_back", false;
+    /// Offloaded flow whose entries the daemon has written but not yet
+    /// activated ([`LEASE_PENDING`]): the kernel carries the packet.
+    PassOffloadPending = "pass_offload_pending", false;
     /// Every probed SNAT port was taken.
     PassPortsExhausted = "pass_ports_exhausted", false;
     /// Destination is local, blackholed or unreachable per the FIB.

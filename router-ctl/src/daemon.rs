@@ -17,7 +17,10 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::maps::MapError;
-use router_common::maps::{Admit, FlowEntry, FlowEntry6, FlowKey, FlowKey6};
+use router_common::{
+    lease_cas::{self, LeaseCas, LeaseSwap},
+    maps::{Admit, FlowEntry, FlowEntry6, FlowKey, FlowKey6},
+};
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{Interest, unix::AsyncFd},
@@ -149,6 +152,47 @@ fn unix_now() -> u64 {
 struct PinnedTable {
     v4: ConntrackMap,
     v6: Option<Conntrack6Map>,
+    /// The lease compare-and-swap of each map (offload mode only).
+    cas: Option<LeaseCas>,
+    cas6: Option<LeaseCas>,
+}
+
+impl PinnedTable {
+    /// The pinned maps; with `offload`, the lease compare-and-swap
+    /// programs for them too (loaded here, against the maps' fds, so they
+    /// need nothing but the maps `attach` pins).
+    fn open(maps: &crate::maps::PinnedMaps, offload: bool) -> Result<Self> {
+        use aya::maps::IterableMap as _;
+        use std::os::fd::AsFd as _;
+        let v4 = maps.conntrack()?;
+        let v6 = maps.conntrack6().ok();
+        let load = |insns: &lease_cas::Program| {
+            LeaseCas::load(insns).context(
+                "loading the offload daemon's lease compare-and-swap (a BPF_PROG_TYPE_SYSCALL \
+                 program run with BPF_PROG_RUN; needs Linux >= 5.14 and CAP_BPF)",
+            )
+        };
+        let (mut cas, mut cas6) = (None, None);
+        if offload {
+            let fd = v4.map().fd().as_fd().as_raw_fd();
+            cas = Some(load(&lease_cas::conntrack_program(fd))?);
+            if let Some(m) = &v6 {
+                let fd = m.map().fd().as_fd().as_raw_fd();
+                cas6 = Some(load(&lease_cas::conntrack6_program(fd))?);
+            }
+        }
+        Ok(Self { v4, v6, cas, cas6 })
+    }
+}
+
+fn swap_with(cas: Option<&LeaseCas>, ctx: lease_cas::LeaseCasCtx) -> io::Result<LeaseSwap> {
+    cas.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            "no lease compare-and-swap loaded (standalone mode, or no CONNTRACK6 pinned)",
+        )
+    })?
+    .swap(ctx)
 }
 
 fn io_error(e: &MapError) -> io::Error {
@@ -168,6 +212,18 @@ impl Table for PinnedTable {
     fn remove(&mut self, k: &FlowKey) {
         // Already gone (LRU eviction, flush) is fine.
         let _ = self.v4.remove(k);
+    }
+    fn swap_lease(&mut self, k: &FlowKey, expected: u32, new: u32) -> io::Result<LeaseSwap> {
+        swap_with(
+            self.cas.as_ref(),
+            lease_cas::LeaseCasCtx::v4(k, expected, new),
+        )
+    }
+    fn swap_lease6(&mut self, k: &FlowKey6, expected: u32, new: u32) -> io::Result<LeaseSwap> {
+        swap_with(
+            self.cas6.as_ref(),
+            lease_cas::LeaseCasCtx::v6(k, expected, new),
+        )
     }
     fn get6(&self, k: &FlowKey6) -> Option<FlowEntry6> {
         self.v6.as_ref()?.get(k, 0).ok()
@@ -272,10 +328,7 @@ impl Session {
         let maps = ctx.maps();
         let cfg = maps.read_config()?;
         let kernel_mode = cfg.admit == Admit::Kernel as u8;
-        let table = PinnedTable {
-            v4: maps.conntrack()?,
-            v6: maps.conntrack6().ok(),
-        };
+        let table = PinnedTable::open(&maps, kernel_mode)?;
         let kernel = NetlinkKernel {
             ct: CtSocket::requests().context("opening a ctnetlink socket")?,
             routes: HashMap::new(),

@@ -163,6 +163,7 @@ impl RouterCollector {
             "ended_kernel_gone",
             "ended_tcp_control",
             "undone_replaced",
+            "undone_handed_back",
             "handed_back",
             "refreshed",
             "resyncs",

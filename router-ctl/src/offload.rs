@@ -23,6 +23,12 @@
 //!   entry always outlives the lease: if the daemon stops, the lease runs
 //!   out first and the kernel, which still has the flow, carries it again.
 //!   An idle flow gets neither: both tables let it expire.
+//! - The entries are written pending ([`LEASE_PENDING`]: the data path passes
+//!   every packet to the kernel, and a TCP SYN, FIN or RST hands the pair
+//!   back), the kernel's connection is read back, and only then are both
+//!   activated by a compare-and-swap of the lease in the kernel
+//!   ([`router_common::lease_cas`]), which fails if the data path handed
+//!   them back meanwhile. Lease renewals are the same compare-and-swap.
 //! - TCP window tracking is switched off for offloaded connections
 //!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as `nf_flowtable` does): the kernel does not
 //!   see the segments XDP carries, and must not call the next FIN it sees
@@ -34,9 +40,10 @@ use std::{
     net::IpAddr,
 };
 
+use router_common::lease_cas::LeaseSwap;
 use router_common::maps::{
     FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
-    FlowState, LEASE_HANDED_BACK, lease_tick,
+    FlowState, LEASE_HANDED_BACK, LEASE_PENDING, lease_tick,
 };
 use serde::{Deserialize, Serialize};
 
@@ -228,9 +235,15 @@ pub trait Table {
     fn get(&self, k: &FlowKey) -> Option<FlowEntry>;
     fn insert(&mut self, k: &FlowKey, v: &FlowEntry) -> io::Result<()>;
     fn remove(&mut self, k: &FlowKey);
+    /// Sets the lease of the entry under `k` to `new` if it is `expected`,
+    /// atomically with respect to the data path (which may hand the entry
+    /// back at any time): [`router_common::lease_cas`].
+    fn swap_lease(&mut self, k: &FlowKey, expected: u32, new: u32) -> io::Result<LeaseSwap>;
     fn get6(&self, k: &FlowKey6) -> Option<FlowEntry6>;
     fn insert6(&mut self, k: &FlowKey6, v: &FlowEntry6) -> io::Result<()>;
     fn remove6(&mut self, k: &FlowKey6);
+    /// [`Table::swap_lease`] in `CONNTRACK6`.
+    fn swap_lease6(&mut self, k: &FlowKey6, expected: u32, new: u32) -> io::Result<LeaseSwap>;
 }
 
 /// The XDP keys of an offloaded connection: original direction, reply
@@ -268,36 +281,63 @@ impl Keys {
         }
     }
 
-    /// Writes `lease` into both entries (read again, so the data path's
-    /// state and times written since are kept); the failed writes. An
-    /// entry the data path handed back keeps [`LEASE_HANDED_BACK`].
-    // Between the read and the write the data path may still hand the
-    // entry back; the kernel's closing update then removes it.
+    /// The lease of the entry under the `i`-th key, `None` if it is gone.
+    fn lease<T: Table>(&self, table: &T, i: usize) -> Option<u32> {
+        match self {
+            Self::V4(keys) => table.get(&keys[i]).map(|e| e.lease),
+            Self::V6(keys) => table.get6(&keys[i]).map(|e| e.lease),
+        }
+    }
+
+    /// Swaps the lease of the `i`-th entry from `expected` to `new`
+    /// ([`Table::swap_lease`]).
+    fn swap_lease<T: Table>(
+        &self,
+        table: &mut T,
+        i: usize,
+        expected: u32,
+        new: u32,
+    ) -> io::Result<LeaseSwap> {
+        match self {
+            Self::V4(keys) => table.swap_lease(&keys[i], expected, new),
+            Self::V6(keys) => table.swap_lease6(&keys[i], expected, new),
+        }
+    }
+
+    /// Activates a pair written with [`LEASE_PENDING`]: both leases go from
+    /// pending to `lease`, reply direction first (as [`write_pair`]
+    /// writes). Whether both did; if not, the data path handed the pair
+    /// back in between (a TCP SYN, FIN or RST hit a pending entry) or an
+    /// entry is gone, and the pair must be removed: the first entry, if
+    /// activated, was handed back too (the data path ends both leases).
+    fn activate<T: Table>(&self, table: &mut T, lease: u32) -> io::Result<bool> {
+        for i in [1, 0] {
+            if self.swap_lease(table, i, LEASE_PENDING, lease)? != LeaseSwap::Swapped {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Extends both entries' lease to `lease`; the failed renewals. Each is
+    /// a compare-and-swap from the lease read: an entry the data path
+    /// handed back (before or during the renewal) keeps
+    /// [`LEASE_HANDED_BACK`], and the tick removes the pair.
     fn set_lease<T: Table>(&self, table: &mut T, lease: u32) -> u64 {
         let mut failed = 0;
-        match self {
-            Self::V4(keys) => {
-                for k in keys {
-                    let ok = table.get(k).is_some_and(|mut e| {
-                        e.lease == LEASE_HANDED_BACK || {
-                            e.lease = lease;
-                            table.insert(k, &e).is_ok()
+        for i in [0, 1] {
+            let ok = self.lease(table, i).is_some_and(|now| {
+                now == LEASE_HANDED_BACK
+                    || match self.swap_lease(table, i, now, lease) {
+                        Ok(LeaseSwap::Swapped | LeaseSwap::Changed(LEASE_HANDED_BACK)) => true,
+                        Ok(LeaseSwap::Changed(_) | LeaseSwap::Gone) => false,
+                        Err(e) => {
+                            tracing::warn!("offload: renewing a lease: {e}");
+                            false
                         }
-                    });
-                    failed += u64::from(!ok);
-                }
-            }
-            Self::V6(keys) => {
-                for k in keys {
-                    let ok = table.get6(k).is_some_and(|mut e| {
-                        e.lease == LEASE_HANDED_BACK || {
-                            e.lease = lease;
-                            table.insert6(k, &e).is_ok()
-                        }
-                    });
-                    failed += u64::from(!ok);
-                }
-            }
+                    }
+            });
+            failed += u64::from(!ok);
         }
         failed
     }
@@ -463,6 +503,13 @@ pub struct OffloadStats {
     /// on the same ports (or closed), which the entries must not carry.
     #[serde(default)]
     pub undone_replaced: u64,
+    /// Connections whose XDP entries were removed before their activation:
+    /// the data path handed them back while they were pending (a TCP SYN,
+    /// FIN or RST: the connection closed, or the next one on the same
+    /// ports began, during the offload), or one was gone (LRU eviction,
+    /// flush).
+    #[serde(default)]
+    pub undone_handed_back: u64,
     /// XDP entries found missing (LRU eviction, flush): the kernel carries
     /// the connection again.
     pub handed_back: u64,
@@ -619,13 +666,19 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 return;
             }
         }
-        let until = lease_until(now_ns, lease);
+        // Written pending (the data path passes every packet to the kernel,
+        // and a SYN, FIN or RST hands the pair back), then checked against
+        // the kernel again, then activated by a compare-and-swap from
+        // pending: a segment of a new connection either passed before the
+        // write (the read-back sees the kernel's new entry) or hit a
+        // pending entry (the activation fails). None rides an entry whose
+        // activation did not see it.
         let written = if c.orig.src.is_ipv4() {
-            let pair = entries(c, orig_from_lan, now_ns, until);
+            let pair = entries(c, orig_from_lan, now_ns, LEASE_PENDING);
             write_pair(&mut self.table, &pair, T::insert, T::remove)
                 .map(|()| Keys::V4([pair[0].0, pair[1].0]))
         } else {
-            let pair = entries6(c, orig_from_lan, now_ns, until);
+            let pair = entries6(c, orig_from_lan, now_ns, LEASE_PENDING);
             write_pair(&mut self.table, &pair, T::insert6, T::remove6)
                 .map(|()| Keys::V6([pair[0].0, pair[1].0]))
         };
@@ -641,6 +694,21 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             keys.remove(&mut self.table);
             self.stats.undone_replaced += 1;
             return;
+        }
+        match keys.activate(&mut self.table, lease_until(now_ns, lease)) {
+            Ok(true) => {}
+            Ok(false) => {
+                keys.remove(&mut self.table);
+                self.stats.undone_handed_back += 1;
+                tracing::debug!("offload undone: {:?} handed back while pending", c.orig);
+                return;
+            }
+            Err(e) => {
+                keys.remove(&mut self.table);
+                self.stats.errors += 1;
+                tracing::warn!("offload: activating the XDP entries of {:?}: {e}", c.orig);
+                return;
+            }
         }
         self.flows.insert(
             c.orig,
@@ -865,7 +933,12 @@ mod tests {
     const WAN: u32 = 3;
 
     #[derive(Default)]
-    struct MemTable(BTreeMap<FlowKey, FlowEntry>, BTreeMap<FlowKey6, FlowEntry6>);
+    struct MemTable(
+        BTreeMap<FlowKey, FlowEntry>,
+        BTreeMap<FlowKey6, FlowEntry6>,
+        /// Hand back before the next compare-and-swap (once).
+        bool,
+    );
 
     impl Table for MemTable {
         fn get(&self, k: &FlowKey) -> Option<FlowEntry> {
@@ -878,6 +951,10 @@ mod tests {
         fn remove(&mut self, k: &FlowKey) {
             self.0.remove(k);
         }
+        fn swap_lease(&mut self, k: &FlowKey, expected: u32, new: u32) -> io::Result<LeaseSwap> {
+            self.data_path_before_swap();
+            Ok(swap(self.0.get_mut(k).map(|e| &mut e.lease), expected, new))
+        }
         fn get6(&self, k: &FlowKey6) -> Option<FlowEntry6> {
             self.1.get(k).copied()
         }
@@ -887,6 +964,37 @@ mod tests {
         }
         fn remove6(&mut self, k: &FlowKey6) {
             self.1.remove(k);
+        }
+        fn swap_lease6(&mut self, k: &FlowKey6, expected: u32, new: u32) -> io::Result<LeaseSwap> {
+            self.data_path_before_swap();
+            Ok(swap(self.1.get_mut(k).map(|e| &mut e.lease), expected, new))
+        }
+    }
+
+    /// The kernel program's compare-and-swap ([`router_common::lease_cas`]).
+    fn swap(lease: Option<&mut u32>, expected: u32, new: u32) -> LeaseSwap {
+        match lease {
+            None => LeaseSwap::Gone,
+            Some(l) if *l == expected => {
+                *l = new;
+                LeaseSwap::Swapped
+            }
+            Some(l) => LeaseSwap::Changed(*l),
+        }
+    }
+
+    impl MemTable {
+        /// The data path hands every pair back (a TCP SYN, FIN or RST hit
+        /// each) right before the next compare-and-swap, if asked to.
+        fn data_path_before_swap(&mut self) {
+            if std::mem::take(&mut self.2) {
+                self.0
+                    .values_mut()
+                    .for_each(|e| e.lease = LEASE_HANDED_BACK);
+                self.1
+                    .values_mut()
+                    .for_each(|e| e.lease = LEASE_HANDED_BACK);
+            }
         }
     }
 
@@ -1228,6 +1336,70 @@ mod tests {
         o.conn(&c, 1);
         assert_eq!(
             (o.len(), o.table.0.len(), o.stats.undone_replaced),
+            (0, 0, 1)
+        );
+    }
+
+    #[test]
+    fn entries_handed_back_while_pending_are_removed_not_activated() {
+        for c in [established_tcp(), masq_udp(CONFIRMED | SEEN_REPLY)] {
+            let mut o = offloader(&[&c]);
+            // Between the write (pending) and the activation, the data
+            // path hands the pair back: the connection's FIN or the next
+            // connection's SYN hit a pending entry.
+            o.table.2 = true;
+            o.conn(&c, 1);
+            assert_eq!(
+                (o.len(), o.table.0.len(), o.stats.undone_handed_back),
+                (0, 0, 1)
+            );
+            assert_eq!((o.stats.offloaded, o.stats.undone_replaced), (0, 0));
+            // Its own ESTABLISHED update (or the next packet's) offloads it.
+            o.conn(&c, 2);
+            assert_eq!((o.len(), o.table.0.len(), o.stats.offloaded), (1, 2, 1));
+            let lease = lease_until(2, lease_secs(o.timeouts.of(c.orig.proto)).unwrap());
+            for e in o.table.0.values() {
+                assert_eq!(e.lease, lease);
+            }
+        }
+    }
+
+    #[test]
+    fn entries_are_written_pending_and_activated_after_the_read_back() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        // The read after the write finds another connection: the entries
+        // go while still pending, never carrying a packet.
+        o.kernel.replaced_at_read.push((c.orig, 3));
+        o.table.2 = true;
+        o.conn(&c, 1);
+        assert_eq!(
+            (o.stats.undone_replaced, o.stats.undone_handed_back),
+            (1, 0)
+        );
+        // The hand-back was not consumed by a swap: none ran.
+        assert!(o.table.2);
+    }
+
+    #[test]
+    fn a_lease_renewal_never_overwrites_a_hand_back() {
+        let c = established_tcp();
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        let k = flow_key(&c.orig);
+        o.table.0.get_mut(&k).unwrap().last_seen_ns = 20_000_000_000;
+        // The tick reads a live lease, then the data path hands the pair
+        // back before the renewal's write.
+        o.table.2 = true;
+        o.tick(21_000_000_000);
+        assert_eq!(o.stats.errors, 0);
+        for e in o.table.0.values() {
+            assert_eq!(e.lease, LEASE_HANDED_BACK);
+        }
+        // The next tick ends it.
+        o.tick(22_000_000_000);
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.ended_tcp_control),
             (0, 0, 1)
         );
     }

@@ -109,6 +109,10 @@ pub fn kernel_segment(e: &mut FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
             core::hint::cold_path();
             Err(Verdict::pass(Counter::PassOffloadHandedBack))
         }
+        OffloadedHit::Pending => {
+            core::hint::cold_path();
+            Err(Verdict::pass(Counter::PassOffloadPending))
+        }
     }
 }
 

@@ -55,6 +55,7 @@ pub fn kernel_segment(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: 
         }
         OffloadedHit::Control => Err(Verdict::pass(Counter::PassOffloadTcpControl)),
         OffloadedHit::HandedBack => Err(Verdict::pass(Counter::PassOffloadHandedBack)),
+        OffloadedHit::Pending => Err(Verdict::pass(Counter::PassOffloadPending)),
     }
 }
 

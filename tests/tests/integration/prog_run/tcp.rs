@@ -220,3 +220,94 @@ fn tcp_snat_reply_and_state_transitions() {
         );
     });
 }
+
+/// Offload mode, IPv4: a pair the daemon wrote pending (`LEASE_PENDING`)
+/// passes every packet to the kernel untouched, a SYN on it hands both
+/// entries back, and the daemon's lease compare-and-swap (the real
+/// program, on this router's `CONNTRACK`) activates only from pending.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn pending_offload_passes_hands_back_and_activates_only_from_pending() {
+    use aya::maps::IterableMap as _;
+    use router_common::lease_cas::{self, LeaseCas, LeaseCasCtx, LeaseSwap};
+    use router_common::maps::{
+        Admit, FLAG_OFFLOADED, LEASE_HANDED_BACK, LEASE_PENDING, lease_tick,
+    };
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let env = ResolvedTopology::new(false);
+    let mut cfg = config(&env);
+    cfg.admit = Admit::Kernel as u8;
+    with_router(&env, Some(cfg), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let fd = r.conntrack.map().fd().as_fd().as_raw_fd();
+        let cas = LeaseCas::load(&lease_cas::conntrack_program(fd))
+            .expect("load the lease compare-and-swap");
+        // 192.168.x client:40001 -> server:443, masqueraded to WAN:61001.
+        let orig = tcp_key(CLIENT, 40001, SERVER, 443);
+        let reply = tcp_key(SERVER, 443, WAN, 61001);
+        let write_pending = |r: &mut Router| {
+            let e = |peer: FlowKey, flags| FlowEntry {
+                peer,
+                state: FlowState::TcpEstablished as u8,
+                flags: flags | FLAG_OFFLOADED,
+                lease: LEASE_PENDING,
+                ..FlowEntry::default()
+            };
+            r.put(orig, e(reply, FLAG_ORIGINAL));
+            r.put(reply, e(orig, 0));
+        };
+        write_pending(r);
+        let before = (r.entry(&orig), r.entry(&reply));
+        let data = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 443, TCP_ACK).payload(b"hi"));
+        let answer = Ipv4::new(SERVER, WAN, Tcp::new(443, 61001, TCP_ACK).payload(b"ho"));
+        r.pass(
+            "data out, pending",
+            &env.client_sends(&data),
+            lan,
+            Counter::PassOffloadPending,
+        );
+        r.pass(
+            "data in, pending",
+            &env.server_sends(&answer),
+            wan,
+            Counter::PassOffloadPending,
+        );
+        assert_eq!((r.entry(&orig), r.entry(&reply)), before, "untouched");
+        // Activation only from pending.
+        let lease = lease_tick(now_ns()) + 60;
+        for k in [reply, orig] {
+            let swap = cas.swap(LeaseCasCtx::v4(&k, LEASE_PENDING, lease)).unwrap();
+            assert_eq!(swap, LeaseSwap::Swapped, "activate {k:?}");
+            let again = cas
+                .swap(LeaseCasCtx::v4(&k, LEASE_PENDING, lease + 1))
+                .unwrap();
+            assert_eq!(again, LeaseSwap::Changed(lease), "activate {k:?} again");
+            assert_eq!(r.entry(&k).unwrap().lease, lease);
+        }
+        // Written pending again; the client's next connection on the same
+        // ports sends its SYN before the activation: both handed back, the
+        // activation fails.
+        write_pending(r);
+        let syn = Ipv4::new(CLIENT, SERVER, Tcp::new(40001, 443, TCP_SYN));
+        r.pass(
+            "SYN out, pending",
+            &env.client_sends(&syn),
+            lan,
+            Counter::PassOffloadTcpControl,
+        );
+        for k in [reply, orig] {
+            assert_eq!(r.entry(&k).unwrap().lease, LEASE_HANDED_BACK, "{k:?}");
+            let swap = cas.swap(LeaseCasCtx::v4(&k, LEASE_PENDING, lease)).unwrap();
+            assert_eq!(
+                swap,
+                LeaseSwap::Changed(LEASE_HANDED_BACK),
+                "activate {k:?}"
+            );
+        }
+        let other = tcp_key(CLIENT, 40002, SERVER, 443);
+        let gone = cas
+            .swap(LeaseCasCtx::v4(&other, LEASE_PENDING, lease))
+            .unwrap();
+        assert_eq!(gone, LeaseSwap::Gone);
+    });
+}

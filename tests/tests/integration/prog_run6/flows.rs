@@ -4,9 +4,10 @@
 //! mode, and the next-hop cache with the egress MTU.
 
 use router_common::ipv6::IPPROTO_ICMPV6;
+use router_common::lease_cas::{self, LeaseCas, LeaseCasCtx, LeaseSwap};
 use router_common::maps::{
     FLAG_FIN_ORIG, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, IPPROTO_TCP, IPPROTO_UDP,
-    LEASE_HANDED_BACK, lease_tick,
+    LEASE_HANDED_BACK, LEASE_PENDING, lease_tick,
 };
 use tests::frames::{TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, Tcp, Udp};
 use tests::prog::now_ns;
@@ -524,6 +525,113 @@ fn offloaded_tcp6_forwarded_and_control_segments_passed() {
                 "lease of {k:?} (was {lease})"
             );
         }
+    });
+}
+
+/// The offload daemon's lease compare-and-swap (the real program), loaded
+/// against this router's `CONNTRACK6`.
+fn lease_cas6(r: &Router6) -> LeaseCas {
+    use aya::maps::IterableMap as _;
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let m: HashMap<_, FlowKey6, FlowEntry6> =
+        HashMap::try_from(r.0.ebpf.map(CONNTRACK6_MAP).expect("CONNTRACK6")).unwrap();
+    let fd = m.map().fd().as_fd().as_raw_fd();
+    LeaseCas::load(&lease_cas::conntrack6_program(fd)).expect("load the lease compare-and-swap")
+}
+
+/// Offload mode, the daemon's write in two steps: entries written pending
+/// (`LEASE_PENDING`) pass every packet to the kernel untouched; a SYN (the
+/// next connection on the ports) or FIN on a pending entry hands both back
+/// as on a live one; and the daemon's compare-and-swap activates a lease
+/// only from pending, so it fails on a pair handed back meanwhile.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn pending6_offload_passes_hands_back_and_activates_only_from_pending() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let cas = lease_cas6(r);
+        let orig = key(CLIENT6, 40001, SERVER6, 443, IPPROTO_TCP);
+        let pair = offloaded(r, &orig, FlowState::TcpEstablished, LEASE_PENDING);
+        let data = Ipv6::tcp(
+            c,
+            s,
+            &Tcp::new(40001, 443, TCP_ACK | TCP_PSH).payload(b"hi"),
+        );
+        let answer = Ipv6::tcp(s, c, &Tcp::new(443, 40001, TCP_ACK).payload(b"ho"));
+        r.pass(
+            "data out, pending",
+            &from_client(&env, &data),
+            lan,
+            Counter::PassOffloadPending,
+        );
+        r.pass(
+            "data in, pending",
+            &from_server(&env, &answer),
+            wan,
+            Counter::PassOffloadPending,
+        );
+        for (k, e) in &pair {
+            assert_eq!(r.conntrack6()[k], *e, "pending entry {k:?} untouched");
+        }
+        // Activation, reply direction first as the daemon does: only from
+        // pending.
+        let lease = lease_tick(now_ns()) + 60;
+        for k in [orig.reversed(), orig] {
+            let swap = cas.swap(LeaseCasCtx::v6(&k, LEASE_PENDING, lease)).unwrap();
+            assert_eq!(swap, LeaseSwap::Swapped, "activate {k:?}");
+            let again = cas
+                .swap(LeaseCasCtx::v6(&k, LEASE_PENDING, lease + 1))
+                .unwrap();
+            assert_eq!(again, LeaseSwap::Changed(lease), "activate {k:?} again");
+            assert_eq!(r.conntrack6()[&k].lease, lease);
+        }
+        r.redirect(
+            "data out, activated",
+            &from_client(&env, &data),
+            lan,
+            &to_server(&env, &data),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        // A renewal from the lease read.
+        let renewed = cas.swap(LeaseCasCtx::v6(&orig, lease, lease + 5)).unwrap();
+        assert_eq!(renewed, LeaseSwap::Swapped);
+        // A pair written pending, then a SYN of the client's next
+        // connection on the same ports (or the FIN of this one) before the
+        // activation: handed back, and the activation fails.
+        for (what, flags, from_lan) in [
+            ("SYN out", TCP_SYN, true),
+            ("FIN in", TCP_FIN | TCP_ACK, false),
+        ] {
+            offloaded(r, &orig, FlowState::TcpEstablished, LEASE_PENDING);
+            let (frame, ifindex) = if from_lan {
+                let p = Ipv6::tcp(c, s, &Tcp::new(40001, 443, flags));
+                (from_client(&env, &p), lan)
+            } else {
+                let p = Ipv6::tcp(s, c, &Tcp::new(443, 40001, flags));
+                (from_server(&env, &p), wan)
+            };
+            r.pass(what, &frame, ifindex, Counter::PassOffloadTcpControl);
+            for k in [orig.reversed(), orig] {
+                assert_eq!(r.conntrack6()[&k].lease, LEASE_HANDED_BACK, "{what}: {k:?}");
+                let swap = cas.swap(LeaseCasCtx::v6(&k, LEASE_PENDING, lease)).unwrap();
+                assert_eq!(
+                    swap,
+                    LeaseSwap::Changed(LEASE_HANDED_BACK),
+                    "{what}: activate {k:?}"
+                );
+                assert_eq!(r.conntrack6()[&k].lease, LEASE_HANDED_BACK);
+            }
+        }
+        // No entry: nothing written.
+        let other = key(CLIENT6, 40002, SERVER6, 443, IPPROTO_TCP);
+        let gone = cas
+            .swap(LeaseCasCtx::v6(&other, LEASE_PENDING, lease))
+            .unwrap();
+        assert_eq!(gone, LeaseSwap::Gone);
+        assert!(!r.conntrack6().contains_key(&other));
     });
 }
 

@@ -1,0 +1,384 @@
+//! The offload daemon's compare-and-swap of an XDP entry's lease, done in
+//! the kernel: a few raw eBPF instructions (a `BPF_PROG_TYPE_SYSCALL`
+//! program, run with `BPF_PROG_RUN`) that look the entry up and swap its
+//! `lease` with `BPF_ATOMIC | BPF_CMPXCHG`. The map API has no
+//! compare-and-swap of a field, and a read-modify-write from user space
+//! would overwrite a hand-back ([`LEASE_HANDED_BACK`]) the data path made
+//! between the read and the write.
+//!
+//! The instructions are built with no system call (unit-tested anywhere);
+//! the `user` feature loads and runs them ([`LeaseCas`]), for the daemon
+//! (against the pinned maps) and the integration tests (against a loaded
+//! router's maps) alike. Little-endian
+//! hosts only: `struct bpf_insn` packs the registers in a bitfield whose
+//! order follows the host's byte order.
+//!
+//! [`LEASE_HANDED_BACK`]: crate::maps::LEASE_HANDED_BACK
+
+use crate::maps::{FlowEntry, FlowEntry6, FlowKey, FlowKey6};
+
+/// `struct bpf_insn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Insn {
+    pub code: u8,
+    /// `src_reg << 4 | dst_reg`.
+    pub regs: u8,
+    pub off: i16,
+    pub imm: i32,
+}
+
+/// `BPF_PROG_TYPE_SYSCALL` (Linux >= 5.14): run only with `BPF_PROG_RUN`,
+/// on a context of the caller's making.
+pub const PROG_TYPE_SYSCALL: u32 = 31;
+/// `BPF_F_SLEEPABLE`: syscall programs must be loaded sleepable.
+pub const PROG_FLAGS: u32 = 1 << 4;
+
+/// The program's context: `expected` and `new` lease, the map key (zero
+/// padded). After the run `expected` holds the lease the entry had.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseCasCtx {
+    pub expected: u32,
+    pub new: u32,
+    pub key: [u8; KEY_MAX],
+}
+
+/// The largest key (`FlowKey6`), a multiple of 8: the key is copied to the
+/// stack in 8-byte words.
+pub const KEY_MAX: usize = 40;
+const _: () = assert!(core::mem::size_of::<FlowKey6>() <= KEY_MAX);
+const _: () = assert!(core::mem::size_of::<FlowKey>() <= KEY_MAX);
+const _: () = assert!(core::mem::size_of::<LeaseCasCtx>() == 8 + KEY_MAX);
+
+impl LeaseCasCtx {
+    /// The context for swapping the lease of the entry under `key` (the
+    /// bytes of a `FlowKey` or `FlowKey6`) from `expected` to `new`.
+    ///
+    /// # Panics
+    /// If `key` is longer than [`KEY_MAX`].
+    #[must_use]
+    pub fn new(key: &[u8], expected: u32, new: u32) -> Self {
+        let mut ctx = Self {
+            expected,
+            new,
+            key: [0; KEY_MAX],
+        };
+        ctx.key[..key.len()].copy_from_slice(key);
+        ctx
+    }
+
+    /// [`Self::new`] for a `CONNTRACK` key: its bytes as the map stores
+    /// them (`repr(C)`, no padding holes).
+    #[must_use]
+    pub fn v4(k: &FlowKey, expected: u32, new: u32) -> Self {
+        let mut b = [0u8; 16];
+        b[0..4].copy_from_slice(&k.src_addr);
+        b[4..8].copy_from_slice(&k.dst_addr);
+        b[8..10].copy_from_slice(&k.src_port.to_ne_bytes());
+        b[10..12].copy_from_slice(&k.dst_port.to_ne_bytes());
+        b[12] = k.proto;
+        b[13] = k.pad;
+        b[14..16].copy_from_slice(&k.pad2.to_ne_bytes());
+        Self::new(&b, expected, new)
+    }
+
+    /// [`Self::new`] for a `CONNTRACK6` key.
+    #[must_use]
+    pub fn v6(k: &FlowKey6, expected: u32, new: u32) -> Self {
+        let mut b = [0u8; 40];
+        b[0..16].copy_from_slice(&k.src_addr);
+        b[16..32].copy_from_slice(&k.dst_addr);
+        b[32..34].copy_from_slice(&k.src_port.to_ne_bytes());
+        b[34..36].copy_from_slice(&k.dst_port.to_ne_bytes());
+        b[36] = k.proto;
+        b[37] = k.pad;
+        b[38..40].copy_from_slice(&k.pad2.to_ne_bytes());
+        Self::new(&b, expected, new)
+    }
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
+const _: () = assert!(core::mem::size_of::<FlowKey6>() == 40);
+
+/// What one run of the program found; its return value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseSwap {
+    /// The lease was the expected one and is now the new one.
+    Swapped,
+    /// The lease was another (returned in the context's `expected`):
+    /// nothing written.
+    Changed(u32),
+    /// No entry under the key.
+    Gone,
+}
+
+/// Return values of the program.
+const RET_SWAPPED: i32 = 0;
+const RET_CHANGED: i32 = 1;
+const RET_GONE: i32 = 2;
+
+impl LeaseSwap {
+    /// The outcome of a run that returned `retval` and left `ctx`.
+    #[must_use]
+    pub const fn of_run(retval: u32, ctx: &LeaseCasCtx) -> Option<Self> {
+        match retval {
+            0 => Some(Self::Swapped),
+            1 => Some(Self::Changed(ctx.expected)),
+            2 => Some(Self::Gone),
+            _ => None,
+        }
+    }
+}
+
+// Opcodes (include/uapi/linux/bpf.h, bpf_common.h).
+const LDX_W: u8 = 0x61;
+const LDX_DW: u8 = 0x79;
+const STX_W: u8 = 0x63;
+const STX_DW: u8 = 0x7b;
+/// `BPF_STX | BPF_W | BPF_ATOMIC`, with `imm` the operation.
+const ATOMIC_W: u8 = 0xc3;
+/// `BPF_CMPXCHG`: `r0 = cmpxchg(dst + off, r0, src)`.
+const CMPXCHG: i32 = 0xf0 | 0x01;
+const LD_IMM64: u8 = 0x18;
+/// `BPF_PSEUDO_MAP_FD` in `src_reg` of `LD_IMM64`: `imm` is a map fd.
+const PSEUDO_MAP_FD: u8 = 1;
+const ALU64_MOV_K: u8 = 0xb7;
+const ALU64_MOV_X: u8 = 0xbf;
+const ALU64_ADD_K: u8 = 0x07;
+const JMP_JNE_K: u8 = 0x55;
+const JMP_JNE_X: u8 = 0x5d;
+const JMP_CALL: u8 = 0x85;
+const JMP_EXIT: u8 = 0x95;
+/// `bpf_map_lookup_elem(map, key)`.
+const FN_MAP_LOOKUP_ELEM: i32 = 1;
+/// The frame pointer (read-only stack base).
+const FP: u8 = 10;
+/// Where the key is copied to on the stack: the frame's top `KEY_MAX`
+/// bytes.
+const KEY_STACK: i16 = -40;
+const _: () = assert!(KEY_MAX == 40);
+
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn {
+        code,
+        regs: (src << 4) | dst,
+        off,
+        imm,
+    }
+}
+
+/// Instructions of the program for the `CONNTRACK` map (fd `map_fd`).
+pub type Program = [Insn; LEN];
+const KEY_WORDS: usize = KEY_MAX / 8;
+/// Instructions: 1 + 2 per key word + 19.
+const LEN: usize = 1 + 2 * KEY_WORDS + 19;
+
+/// The program for `CONNTRACK` (`FlowKey` -> `FlowEntry`) with fd `map_fd`.
+#[must_use]
+pub fn conntrack_program(map_fd: i32) -> Program {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        reason = "the lease sits a few dozen bytes into the entry"
+    )]
+    program(map_fd, core::mem::offset_of!(FlowEntry, lease) as i16)
+}
+
+/// The program for `CONNTRACK6` (`FlowKey6` -> `FlowEntry6`) with fd
+/// `map_fd`.
+#[must_use]
+pub fn conntrack6_program(map_fd: i32) -> Program {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        reason = "the lease sits a few dozen bytes into the entry"
+    )]
+    program(map_fd, core::mem::offset_of!(FlowEntry6, lease) as i16)
+}
+
+/// `r6` = context; the key goes to the stack (a map key may not point
+/// into the context), the entry is looked up, and its `u32` lease at
+/// `lease_off` compared with `expected` and swapped for `new` in one
+/// atomic instruction. The lease found is written back into the context.
+/// The key is copied whole ([`KEY_MAX`] bytes); the lookup reads only the
+/// map's key size of it.
+fn program(map_fd: i32, lease_off: i16) -> Program {
+    const CTX: u8 = 6;
+    let mut p = [insn(0, 0, 0, 0, 0); LEN];
+    let mut n = 0;
+    let mut push = |i: Insn| {
+        p[n] = i;
+        n += 1;
+    };
+    push(insn(ALU64_MOV_X, CTX, 1, 0, 0));
+    let mut w = 0;
+    while w < KEY_WORDS {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_possible_wrap,
+            reason = "w < 5"
+        )]
+        let off = 8 * w as i16;
+        push(insn(LDX_DW, 2, CTX, 8 + off, 0));
+        push(insn(STX_DW, FP, 2, KEY_STACK + off, 0));
+        w += 1;
+    }
+    push(insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, map_fd));
+    push(insn(0, 0, 0, 0, 0));
+    push(insn(ALU64_MOV_X, 2, FP, 0, 0));
+    push(insn(ALU64_ADD_K, 2, 0, 0, i32::from(KEY_STACK)));
+    push(insn(JMP_CALL, 0, 0, 0, FN_MAP_LOOKUP_ELEM));
+    push(insn(JMP_JNE_K, 0, 0, 2, 0));
+    push(insn(ALU64_MOV_K, 0, 0, 0, RET_GONE));
+    push(insn(JMP_EXIT, 0, 0, 0, 0));
+    // r1 = entry, r0 = expected (compared and replaced by the old value),
+    // r2 = new, r3 = expected (kept for the comparison after).
+    push(insn(ALU64_MOV_X, 1, 0, 0, 0));
+    push(insn(LDX_W, 0, CTX, 0, 0));
+    push(insn(LDX_W, 2, CTX, 4, 0));
+    push(insn(ALU64_MOV_X, 3, 0, 0, 0));
+    push(insn(ATOMIC_W, 1, 2, lease_off, CMPXCHG));
+    push(insn(STX_W, CTX, 0, 0, 0));
+    push(insn(JMP_JNE_X, 0, 3, 2, 0));
+    push(insn(ALU64_MOV_K, 0, 0, 0, RET_SWAPPED));
+    push(insn(JMP_EXIT, 0, 0, 0, 0));
+    push(insn(ALU64_MOV_K, 0, 0, 0, RET_CHANGED));
+    push(insn(JMP_EXIT, 0, 0, 0, 0));
+    assert!(n == LEN, "lease_cas::LEN is the instruction count");
+    p
+}
+
+/// Loading and running the program (host side, `user` feature): shared by
+/// the offload daemon and the integration tests.
+#[cfg(feature = "user")]
+mod host {
+    use super::{LeaseCasCtx, LeaseSwap, PROG_FLAGS, PROG_TYPE_SYSCALL, Program};
+    use std::{
+        format, io,
+        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    };
+
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_RUN: libc::c_long = 10;
+
+    fn sys_bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<libc::c_long> {
+        // SAFETY: attr is a valid, writable buffer of the given size; the
+        // kernel reads and writes only within it (and the memory its
+        // pointers name, which the callers keep alive).
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr.as_mut_ptr(),
+                libc::c_uint::try_from(attr.len()).unwrap_or(0),
+            )
+        };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    }
+
+    /// A loaded lease compare-and-swap program for one conntrack map; it
+    /// holds its own reference to the map.
+    pub struct LeaseCas {
+        prog: OwnedFd,
+    }
+
+    impl LeaseCas {
+        /// Loads `insns` (a [`Program`] for an open map).
+        ///
+        /// # Errors
+        /// If the kernel refuses it: no `BPF_PROG_TYPE_SYSCALL` (Linux < 5.14)
+        /// or no 32-bit `BPF_CMPXCHG` (Linux < 5.12).
+        pub fn load(insns: &Program) -> io::Result<Self> {
+            let license = c"GPL";
+            // union bpf_attr, BPF_PROG_LOAD: prog_type, insn_cnt, insns,
+            // license, log_level, log_size, log_buf, kern_version, prog_flags,
+            // prog_name[16].
+            let mut attr = [0u8; 64];
+            let insn_cnt = u32::try_from(insns.len()).unwrap_or(u32::MAX);
+            attr[0..4].copy_from_slice(&PROG_TYPE_SYSCALL.to_ne_bytes());
+            attr[4..8].copy_from_slice(&insn_cnt.to_ne_bytes());
+            attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+            attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+            attr[44..48].copy_from_slice(&PROG_FLAGS.to_ne_bytes());
+            attr[48..58].copy_from_slice(b"lease_cas\0");
+            let fd = sys_bpf(BPF_PROG_LOAD, &mut attr)?;
+            let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+            // SAFETY: the kernel returned a new fd that we own.
+            Ok(Self {
+                prog: unsafe { OwnedFd::from_raw_fd(fd) },
+            })
+        }
+
+        /// Runs the swap `ctx` asks for (key, expected and new lease),
+        /// atomically with respect to the data path.
+        ///
+        /// # Errors
+        /// If `BPF_PROG_RUN` fails.
+        pub fn swap(&self, mut ctx: LeaseCasCtx) -> io::Result<LeaseSwap> {
+            let fd = u32::try_from(self.prog.as_raw_fd())
+                .map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+            // union bpf_attr, BPF_PROG_RUN: prog_fd, retval, data_size_in,
+            // data_size_out, data_in, data_out, repeat, duration, ctx_size_in,
+            // ctx_size_out, ctx_in, ctx_out. A syscall program's context is
+            // copied back into ctx_in.
+            let mut attr = [0u8; 72];
+            attr[0..4].copy_from_slice(&fd.to_ne_bytes());
+            let size = u32::try_from(std::mem::size_of::<LeaseCasCtx>()).unwrap_or(0);
+            attr[40..44].copy_from_slice(&size.to_ne_bytes());
+            let ctx_ptr = std::ptr::from_mut(&mut ctx) as u64;
+            attr[48..56].copy_from_slice(&ctx_ptr.to_ne_bytes());
+            sys_bpf(BPF_PROG_RUN, &mut attr)?;
+            let retval = u32::from_ne_bytes(attr[4..8].try_into().unwrap_or([0xff; 4]));
+            LeaseSwap::of_run(retval, &ctx).ok_or_else(|| {
+                io::Error::other(format!("the lease compare-and-swap returned {retval}"))
+            })
+        }
+    }
+}
+#[cfg(feature = "user")]
+pub use host::LeaseCas;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_swap_is_one_atomic_cmpxchg_on_the_lease() {
+        let p = conntrack_program(7);
+        let cas: std::vec::Vec<_> = p.iter().filter(|i| i.code == ATOMIC_W).collect();
+        assert_eq!(cas.len(), 1);
+        assert_eq!(cas[0].imm, CMPXCHG);
+        assert_eq!(
+            usize::try_from(cas[0].off).unwrap(),
+            core::mem::offset_of!(FlowEntry, lease)
+        );
+        assert_eq!(
+            usize::try_from(
+                conntrack6_program(7)
+                    .iter()
+                    .find(|i| i.code == ATOMIC_W)
+                    .unwrap()
+                    .off
+            )
+            .unwrap(),
+            core::mem::offset_of!(FlowEntry6, lease)
+        );
+        // The map fd is the LD_IMM64's immediate.
+        assert!(p.iter().any(|i| i.code == LD_IMM64 && i.imm == 7));
+        assert_eq!(p[LEN - 1].code, JMP_EXIT);
+    }
+
+    #[test]
+    fn the_run_result_reads_the_lease_found() {
+        let ctx = LeaseCasCtx::new(&[1, 2, 3], 1, 99);
+        assert_eq!(ctx.key[..4], [1, 2, 3, 0]);
+        assert_eq!(LeaseSwap::of_run(0, &ctx), Some(LeaseSwap::Swapped));
+        assert_eq!(LeaseSwap::of_run(1, &ctx), Some(LeaseSwap::Changed(1)));
+        assert_eq!(LeaseSwap::of_run(2, &ctx), Some(LeaseSwap::Gone));
+        assert_eq!(LeaseSwap::of_run(3, &ctx), None);
+    }
+}
