@@ -15,18 +15,9 @@
 //!
 //! [`LEASE_HANDED_BACK`]: crate::maps::LEASE_HANDED_BACK
 
+pub use crate::bpf_insn::Insn;
+use crate::bpf_insn::insn;
 use crate::maps::{FlowEntry, FlowEntry6, FlowKey, FlowKey6};
-
-/// `struct bpf_insn`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Insn {
-    pub code: u8,
-    /// `src_reg << 4 | dst_reg`.
-    pub regs: u8,
-    pub off: i16,
-    pub imm: i32,
-}
 
 /// `BPF_PROG_TYPE_SYSCALL` (Linux >= 5.14): run only with `BPF_PROG_RUN`,
 /// on a context of the caller's making.
@@ -158,15 +149,6 @@ const FP: u8 = 10;
 const KEY_STACK: i16 = -40;
 const _: () = assert!(KEY_MAX == 40);
 
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: (src << 4) | dst,
-        off,
-        imm,
-    }
-}
-
 /// Instructions of the program for the `CONNTRACK` map (fd `map_fd`).
 pub type Program = [Insn; LEN];
 const KEY_WORDS: usize = KEY_MAX / 8;
@@ -253,6 +235,7 @@ fn program(map_fd: i32, lease_off: i16) -> Program {
 #[cfg(feature = "user")]
 mod host {
     use super::{LeaseCasCtx, LeaseSwap, PROG_FLAGS, PROG_TYPE_SYSCALL, Program};
+    use crate::bpf_insn::sys_bpf;
     use std::{
         format, io,
         os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -260,25 +243,6 @@ mod host {
 
     const BPF_PROG_LOAD: libc::c_long = 5;
     const BPF_PROG_RUN: libc::c_long = 10;
-
-    fn sys_bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<libc::c_long> {
-        // SAFETY: attr is a valid, writable buffer of the given size; the
-        // kernel reads and writes only within it (and the memory its
-        // pointers name, which the callers keep alive).
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                cmd,
-                attr.as_mut_ptr(),
-                libc::c_uint::try_from(attr.len()).unwrap_or(0),
-            )
-        };
-        if rc < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(rc)
-        }
-    }
 
     /// A loaded lease compare-and-swap program for one conntrack map; it
     /// holds its own reference to the map.

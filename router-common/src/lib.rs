@@ -8,6 +8,7 @@
 #[cfg(any(test, feature = "user"))]
 extern crate std;
 
+pub mod bpf_insn;
 pub mod checksum;
 pub mod flow;
 pub mod hdr;

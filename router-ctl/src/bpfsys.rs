@@ -2,6 +2,7 @@
 //! XDP link, detaching a link by id (`attach --force`), and writing a map
 //! value of a size only the kernel knows (an older build's `CONFIG`).
 
+use router_common::bpf_insn::sys_bpf;
 use std::{
     io,
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
@@ -23,24 +24,6 @@ pub struct LinkInfo {
     pub link_type: u32,
     /// For XDP links: the interface (in the namespace the link was made in).
     pub ifindex: u32,
-}
-
-fn sys_bpf(cmd: libc::c_long, attr: &mut [u8]) -> io::Result<libc::c_long> {
-    // SAFETY: attr is a valid, writable buffer of the given size; the kernel
-    // reads and writes only within it.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.as_mut_ptr(),
-            libc::c_uint::try_from(attr.len()).unwrap_or(0),
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
 }
 
 /// `BPF_MAP_UPDATE_ELEM` of `key` -> `value` in the map `map`; the slices

@@ -19,16 +19,8 @@ pub const XDP_DROP: i32 = 1;
 pub const XDP_PASS: i32 = 2;
 pub const XDP_TX: i32 = 3;
 
-/// `struct bpf_insn`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Insn {
-    code: u8,
-    /// `src_reg << 4 | dst_reg`.
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
+pub use router_common::bpf_insn::Insn;
+use router_common::bpf_insn::insn;
 
 // Opcodes (include/uapi/linux/bpf.h, bpf_common.h).
 const LDX_W: u8 = 0x61;
@@ -72,15 +64,6 @@ const FN_REDIRECT: i32 = 23;
 const FN_FIB_LOOKUP: i32 = 69;
 /// The frame pointer (read-only stack base).
 const FP: u8 = 10;
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: (src << 4) | dst,
-        off,
-        imm,
-    }
-}
 
 /// Packet offsets of the fields the programs touch (Ethernet + IPv4
 /// without options + UDP, or Ethernet + IPv6 without extension headers).
