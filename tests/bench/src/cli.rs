@@ -417,12 +417,11 @@ impl Opts {
         // iperf2 UDP runs; the setting does not matter to 64-byte UDP.
         if has(Workload::UdpLive) {
             let offload = groups.first().copied().unwrap_or(Offload::Off);
-            pts.extend(self.live_flows.iter().map(|&conns| Point {
-                workload: Workload::UdpLive,
-                conns,
-                offload,
-                nodelay: false,
-            }));
+            pts.extend(
+                self.live_flows
+                    .iter()
+                    .map(|&conns| Point::new(Workload::UdpLive, conns, offload)),
+            );
         }
         pts
     }
@@ -528,12 +527,7 @@ mod unit {
         // tcp -P 1/100/1000, tcp-small -P 2000, tcp-paced -P 1/100/1000.
         assert_eq!(n(&full), 7);
         assert_eq!(n(&opts(&["--no-offload"])), 0);
-        let live = Point {
-            workload: Workload::UdpLive,
-            conns: 1,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let live = Point::new(Workload::UdpLive, 1, Offload::Off);
         assert_eq!(
             paths_of(&full, live),
             vec![DataPath::Kernel, DataPath::Xdp, DataPath::Limit]

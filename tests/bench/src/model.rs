@@ -163,6 +163,19 @@ pub struct Point {
     pub nodelay: bool,
 }
 
+impl Point {
+    /// A point without `TCP_NODELAY` (every workload but `tcp-small -N`).
+    #[must_use]
+    pub const fn new(workload: Workload, conns: u32, offload: Offload) -> Self {
+        Self {
+            workload,
+            conns,
+            offload,
+            nodelay: false,
+        }
+    }
+}
+
 impl fmt::Display for Point {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.workload == Workload::UdpLive {

@@ -95,12 +95,7 @@ fn runs_of(
 
 /// One TCP stream, offload `offload`.
 fn one_stream(offload: Offload) -> Point {
-    Point {
-        workload: Workload::Tcp,
-        conns: 1,
-        offload,
-        nodelay: false,
-    }
+    Point::new(Workload::Tcp, 1, offload)
 }
 
 /// The phases of a run with `o`, in run order, as the bench decides them

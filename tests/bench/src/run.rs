@@ -871,12 +871,7 @@ mod unit {
     use super::*;
 
     fn paced(path: DataPath, carried_mbps: f64) -> RunResult {
-        let point = Point {
-            workload: Workload::TcpPaced,
-            conns: 100,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let point = Point::new(Workload::TcpPaced, 100, Offload::Off);
         let mut r = RunResult::blank(path, point);
         r.gbps = carried_mbps / 1000.0;
         r.offered_mbps = 2500;

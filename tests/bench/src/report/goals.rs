@@ -142,12 +142,7 @@ fn limit_goal(runs: &[RunResult]) -> Goal {
 
 /// One TCP stream against plain forwarding.
 fn single_stream_goal(runs: &[RunResult], fwd: Option<&RunResult>) -> Goal {
-    let single = Point {
-        workload: Workload::Tcp,
-        conns: 1,
-        offload: Offload::Off,
-        nodelay: false,
-    };
+    let single = Point::new(Workload::Tcp, 1, Offload::Off);
     let xdp1 = find(runs, DataPath::Xdp, single);
     Goal {
         asks: "TCP single stream, offloads off: xdp NAT at least as fast as plain kernel \
@@ -173,12 +168,7 @@ fn single_stream_goal(runs: &[RunResult], fwd: Option<&RunResult>) -> Goal {
 
 /// `-l 128` at 1000 and 2000 connections.
 fn small_writes_goal(runs: &[RunResult]) -> Goal {
-    let small = |conns| Point {
-        workload: Workload::TcpSmall,
-        conns,
-        offload: Offload::Off,
-        nodelay: false,
-    };
+    let small = |conns| Point::new(Workload::TcpSmall, conns, Offload::Off);
     let small1 = find(runs, DataPath::Xdp, small(1));
     let mut parts = Vec::new();
     let mut ok = Some(true);
@@ -356,12 +346,7 @@ mod unit {
     }
 
     fn live(path: DataPath, flows: u32, mpps: f64) -> RunResult {
-        let point = Point {
-            workload: Workload::UdpLive,
-            conns: flows,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let point = Point::new(Workload::UdpLive, flows, Offload::Off);
         let mut r = RunResult::blank(path, point);
         r.pps = mpps * 1e6;
         r

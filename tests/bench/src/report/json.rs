@@ -113,12 +113,7 @@ mod unit {
 
     #[test]
     fn runs_carry_their_topology() {
-        let p = Point {
-            workload: Workload::TcpPaced,
-            conns: 1,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let p = Point::new(Workload::TcpPaced, 1, Offload::Off);
         let mut cabled = RunResult::blank(DataPath::Xdp, p);
         cabled.wire = crate::model::Wire::Cable;
         let v = runs_json(&[RunResult::blank(DataPath::Kernel, p), cabled]);
@@ -130,12 +125,7 @@ mod unit {
 
     #[test]
     fn runs_carry_the_fast_path_share_or_null() {
-        let p = Point {
-            workload: Workload::Tcp,
-            conns: 1,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let p = Point::new(Workload::Tcp, 1, Offload::Off);
         let mut off = RunResult::blank(DataPath::Offload, p);
         off.fast_path = Some(FastPathShare {
             xdp_pkts: 90,

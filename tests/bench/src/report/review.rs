@@ -45,12 +45,7 @@ pub fn shows(p: Point, veth_offloads: &[Offload]) -> bool {
 fn run(runs: &[RunResult], path: DataPath, workload: Workload, conns: u32) -> Option<&RunResult> {
     // Offload off (wire-like) first, the veth defaults where off was not run.
     [Offload::Off, Offload::On].into_iter().find_map(|offload| {
-        let p = Point {
-            workload,
-            conns,
-            offload,
-            nodelay: false,
-        };
+        let p = Point::new(workload, conns, offload);
         runs.iter().find(|r| r.path == path && r.point == p)
     })
 }
@@ -335,38 +330,38 @@ mod unit {
     use super::*;
     use crate::model::FastPathShare;
 
-    fn point(workload: Workload, conns: u32, offload: Offload) -> Point {
-        Point {
-            workload,
-            conns,
-            offload,
-            nodelay: false,
-        }
-    }
-
     #[test]
     fn the_table_shows_its_rows_points_only() {
         let both = [Offload::Off, Offload::On];
-        assert!(shows(point(Workload::Tcp, 100, Offload::Off), &both));
+        assert!(shows(Point::new(Workload::Tcp, 100, Offload::Off), &both));
         // Offload on only where off did not run.
-        assert!(!shows(point(Workload::Tcp, 100, Offload::On), &both));
+        assert!(!shows(Point::new(Workload::Tcp, 100, Offload::On), &both));
         assert!(shows(
-            point(Workload::Tcp, 100, Offload::On),
+            Point::new(Workload::Tcp, 100, Offload::On),
             &[Offload::On]
         ));
-        assert!(!shows(point(Workload::Tcp, 2000, Offload::Off), &both));
-        assert!(shows(point(Workload::TcpSmall, 2000, Offload::Off), &both));
+        assert!(!shows(Point::new(Workload::Tcp, 2000, Offload::Off), &both));
+        assert!(shows(
+            Point::new(Workload::TcpSmall, 2000, Offload::Off),
+            &both
+        ));
         let nodelay = Point {
             nodelay: true,
-            ..point(Workload::TcpSmall, 2000, Offload::Off)
+            ..Point::new(Workload::TcpSmall, 2000, Offload::Off)
         };
         assert!(!shows(nodelay, &both));
-        assert!(shows(point(Workload::TcpPaced, 1000, Offload::Off), &both));
-        assert!(!shows(point(Workload::UdpSmall, 1, Offload::Off), &both));
+        assert!(shows(
+            Point::new(Workload::TcpPaced, 1000, Offload::Off),
+            &both
+        ));
+        assert!(!shows(
+            Point::new(Workload::UdpSmall, 1, Offload::Off),
+            &both
+        ));
     }
 
     fn paced(path: DataPath, conns: u32, softirq_pct: f64) -> RunResult {
-        let mut r = RunResult::blank(path, point(Workload::TcpPaced, conns, Offload::Off));
+        let mut r = RunResult::blank(path, Point::new(Workload::TcpPaced, conns, Offload::Off));
         r.softirq_pct = softirq_pct;
         r.offered_mbps = 2500;
         r
@@ -476,7 +471,7 @@ mod unit {
             (DataPath::Xdp, 2.0),
             (DataPath::Offload, 3.0),
         ] {
-            let mut r = RunResult::blank(path, point(Workload::Tcp, 1, Offload::Off));
+            let mut r = RunResult::blank(path, Point::new(Workload::Tcp, 1, Offload::Off));
             r.gbps = gbps;
             if path == DataPath::Offload {
                 r.fast_path = Some(FastPathShare {

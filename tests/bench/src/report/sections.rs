@@ -493,12 +493,7 @@ mod unit {
         rep: u32,
         pps: f64,
     ) -> bigtable::Row {
-        let point = Point {
-            workload: Workload::UdpLive,
-            conns: live_flows,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let point = Point::new(Workload::UdpLive, live_flows, Offload::Off);
         let mut run = RunResult::blank(path, point);
         run.pps = pps;
         bigtable::Row {

@@ -351,12 +351,7 @@ pub fn run(
                     rep + 1,
                     path.name(),
                 );
-                let point = Point {
-                    workload: Workload::UdpLive,
-                    conns: live_flows,
-                    offload: Offload::Off,
-                    nodelay: false,
-                };
+                let point = Point::new(Workload::UdpLive, live_flows, Offload::Off);
                 let mut run = live::run(t, s, path, point, stop)?;
                 if let Some(table) = router.lookup_table() {
                     let hits = live_hits(table, live_flows);
@@ -590,12 +585,7 @@ mod unit {
 
     #[test]
     fn a_control_that_misses_its_live_flows_is_an_error() {
-        let point = Point {
-            workload: Workload::UdpLive,
-            conns: 1000,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let point = Point::new(Workload::UdpLive, 1000, Offload::Off);
         let mut run = RunResult::blank(DataPath::Lookup, point);
         run.router_pkts = 1000;
         assert!(check_hits(990, &run).is_ok());

@@ -29,12 +29,7 @@ use crate::workloads::iperf::{self, next_port};
 /// (Nagle on, the review's setting) at those of 1000 and more, and the
 /// paced "CPU at line rate" load at every count of `paced_conns`.
 pub fn points(conns: &[u32], paced_conns: &[u32]) -> Vec<Point> {
-    let p = |workload, conns| Point {
-        workload,
-        conns,
-        offload: Offload::Off,
-        nodelay: false,
-    };
+    let p = |workload, conns| Point::new(workload, conns, Offload::Off);
     let mut v: Vec<Point> = conns.iter().map(|&c| p(Workload::Tcp, c)).collect();
     v.extend(
         conns

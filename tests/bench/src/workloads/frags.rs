@@ -71,12 +71,7 @@ pub fn run(
     s: &Settings,
     port: &mut u16,
 ) -> Result<Vec<Row>, String> {
-    let point = Point {
-        workload: Workload::Tcp,
-        conns: 1,
-        offload: Offload::On,
-        nodelay: false,
-    };
+    let point = Point::new(Workload::Tcp, 1, Offload::On);
     let mut rows = Vec::new();
     for attached in Attached::ALL {
         router.switch(DataPath::Kernel, Offload::On)?;

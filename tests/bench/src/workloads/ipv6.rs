@@ -167,14 +167,9 @@ fn one_live(
     stop: &AtomicBool,
 ) -> Result<LiveRow, String> {
     switch(t, path)?;
-    let point = Point {
-        workload: Workload::UdpLive,
-        conns: flows,
-        // Not applied: the IPv6 topology keeps its own offloads, which
-        // 64-byte UDP does not use.
-        offload: Offload::Off,
-        nodelay: false,
-    };
+    // Offload not applied: the IPv6 topology keeps its own offloads, which
+    // 64-byte UDP does not use.
+    let point = Point::new(Workload::UdpLive, flows, Offload::Off);
     let (k0, x0) = (kernel_forwarded6(t), xdp_forwarded6(t));
     let run = live::run_family(
         t,
@@ -445,12 +440,7 @@ mod checks {
     }
 
     fn live(path: DataPath, flows: u32, mpps: f64, ns: f64) -> Row {
-        let point = Point {
-            workload: Workload::UdpLive,
-            conns: flows,
-            offload: Offload::Off,
-            nodelay: false,
-        };
+        let point = Point::new(Workload::UdpLive, flows, Offload::Off);
         let mut run = RunResult::new(
             path,
             point,

@@ -22,12 +22,7 @@ pub fn run(s: &Settings, cc: &str, port: &mut u16) -> Result<(RunResult, String)
         ..*s
     };
     apply_offload(&t, DataPath::Kernel, Offload::Off);
-    let point = Point {
-        workload: Workload::Tcp,
-        conns: 1,
-        offload: Offload::Off,
-        nodelay: false,
-    };
+    let point = Point::new(Workload::Tcp, 1, Offload::Off);
     next_port(port);
     let r = iperf::run(&t, &s, DataPath::Kernel, point, *port)?;
     Ok((r, cc_in_force))

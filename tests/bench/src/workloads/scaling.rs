@@ -55,12 +55,7 @@ pub fn run(
     set_queues(&t, cpus.len())?;
     t.warm_neighbours();
     let mut router = Router::new(&t);
-    let point = Point {
-        workload: Workload::UdpLive,
-        conns: flows,
-        offload: Offload::Off,
-        nodelay: false,
-    };
+    let point = Point::new(Workload::UdpLive, flows, Offload::Off);
     let mut counts = vec![1];
     if cpus.len() > 1 {
         counts.push(cpus.len());
