@@ -68,15 +68,17 @@ fn main() -> ExitCode {
         eprintln!("bench: needs root (network namespaces, BPF): run `sudo cargo xtask bench`");
         return ExitCode::FAILURE;
     }
+    // Before any topology exists: a signal only sets STOP, and the run
+    // ends through the topology's guard, which deletes its namespaces.
+    install_signal_handlers();
     if !o.micro_compare.is_empty() {
-        let r = workloads::micro::compare(&o.micro_compare, o.micro_calls);
+        let r = workloads::micro::compare(&o.micro_compare, o.micro_calls, &STOP);
         if let Err(e) = r {
             eprintln!("bench: micro-compare: {e}");
             return ExitCode::FAILURE;
         }
         return ExitCode::SUCCESS;
     }
-    install_signal_handlers();
     if let Err(e) = run::bench(&o, &STOP) {
         eprintln!("bench: {e}");
         return ExitCode::FAILURE;

@@ -641,7 +641,11 @@ type CompareRow = (&'static str, Vec<(f64, f64)>);
 /// over seconds, hits every object alike. Prints, per case and object, the
 /// median per-call time and (hit cases) the median per-iteration time of
 /// the ping-pong, and their ratios to object 0 and to the floor.
-pub fn compare(objects: &[std::path::PathBuf], calls: u32) -> Result<(), String> {
+pub fn compare(
+    objects: &[std::path::PathBuf],
+    calls: u32,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(), String> {
     let bytes = objects
         .iter()
         .map(|p| std::fs::read(p).map_err(|e| format!("reading the object {}: {e}", p.display())))
@@ -653,7 +657,7 @@ pub fn compare(objects: &[std::path::PathBuf], calls: u32) -> Result<(), String>
             .iter()
             .map(|b| prepare(Some(b), macs, lan, wan))
             .collect::<Result<Vec<_>, _>>()?;
-        let rows = interleaved(&prepared, (lan, wan), calls);
+        let rows = interleaved(&prepared, (lan, wan), calls, stop);
         for mut p in prepared {
             for k in p.partners {
                 p.router
@@ -673,6 +677,7 @@ fn interleaved(
     prepared: &[Prepared],
     (lan, wan): (u32, u32),
     calls: u32,
+    stop: &std::sync::atomic::AtomicBool,
 ) -> Result<Vec<CompareRow>, String> {
     let progs = prepared
         .iter()
@@ -682,6 +687,11 @@ fn interleaved(
     let n = prepared.len();
     let mut rows = Vec::new();
     for spec in &SPECS {
+        // Interrupted (SIGINT, SIGTERM): end here, so the topology's guard
+        // deletes its namespaces.
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("interrupted".into());
+        }
         let ingress = if spec.from_wan { wan } else { lan };
         let runner = |obj: usize| -> &dyn Runner {
             if spec.name == "trivial-pass" {
