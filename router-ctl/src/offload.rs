@@ -266,27 +266,26 @@ impl Keys {
     /// TCP SYN, FIN or RST) or one of its entries is gone: XDP no longer
     /// carries it.
     fn handed_back<T: Table>(&self, table: &T) -> bool {
-        let back = |lease: Option<u32>| lease.is_none_or(|l| l == LEASE_HANDED_BACK);
-        match self {
-            Self::V4(keys) => keys.iter().any(|k| back(table.get(k).map(|e| e.lease))),
-            Self::V6(keys) => keys.iter().any(|k| back(table.get6(k).map(|e| e.lease))),
-        }
+        self.read(table).is_none_or(|r| r.handed_back())
     }
 
-    /// The newest last-seen time of the two entries, `None` if one is gone.
-    fn last_seen<T: Table>(&self, table: &T) -> Option<u64> {
-        match self {
-            Self::V4([a, b]) => Some(table.get(a)?.last_seen_ns.max(table.get(b)?.last_seen_ns)),
-            Self::V6([a, b]) => Some(table.get6(a)?.last_seen_ns.max(table.get6(b)?.last_seen_ns)),
-        }
-    }
-
-    /// The lease of the entry under the `i`-th key, `None` if it is gone.
-    fn lease<T: Table>(&self, table: &T, i: usize) -> Option<u32> {
-        match self {
-            Self::V4(keys) => table.get(&keys[i]).map(|e| e.lease),
-            Self::V6(keys) => table.get6(&keys[i]).map(|e| e.lease),
-        }
+    /// Both entries' leases and their newest last-seen time (one read of
+    /// each), `None` if one is gone.
+    fn read<T: Table>(&self, table: &T) -> Option<PairRead> {
+        let (leases, seen) = match self {
+            Self::V4([a, b]) => {
+                let (a, b) = (table.get(a)?, table.get(b)?);
+                ([a.lease, b.lease], [a.last_seen_ns, b.last_seen_ns])
+            }
+            Self::V6([a, b]) => {
+                let (a, b) = (table.get6(a)?, table.get6(b)?);
+                ([a.lease, b.lease], [a.last_seen_ns, b.last_seen_ns])
+            }
+        };
+        Some(PairRead {
+            leases,
+            last_seen_ns: seen[0].max(seen[1]),
+        })
     }
 
     /// Swaps the lease of the `i`-th entry from `expected` to `new`
@@ -320,23 +319,21 @@ impl Keys {
     }
 
     /// Extends both entries' lease to `lease`; the failed renewals. Each is
-    /// a compare-and-swap from the lease read: an entry the data path
-    /// handed back (before or during the renewal) keeps
+    /// a compare-and-swap from the lease `read` found: an entry the data
+    /// path handed back (before or during the renewal) keeps
     /// [`LEASE_HANDED_BACK`], and the tick removes the pair.
-    fn set_lease<T: Table>(&self, table: &mut T, lease: u32) -> u64 {
+    fn set_lease<T: Table>(&self, table: &mut T, read: &PairRead, lease: u32) -> u64 {
         let mut failed = 0;
-        for i in [0, 1] {
-            let ok = self.lease(table, i).is_some_and(|now| {
-                now == LEASE_HANDED_BACK
-                    || match self.swap_lease(table, i, now, lease) {
-                        Ok(LeaseSwap::Swapped | LeaseSwap::Changed(LEASE_HANDED_BACK)) => true,
-                        Ok(LeaseSwap::Changed(_) | LeaseSwap::Gone) => false,
-                        Err(e) => {
-                            tracing::warn!("offload: renewing a lease: {e}");
-                            false
-                        }
+        for (i, now) in read.leases.into_iter().enumerate() {
+            let ok = now == LEASE_HANDED_BACK
+                || match self.swap_lease(table, i, now, lease) {
+                    Ok(LeaseSwap::Swapped | LeaseSwap::Changed(LEASE_HANDED_BACK)) => true,
+                    Ok(LeaseSwap::Changed(_) | LeaseSwap::Gone) => false,
+                    Err(e) => {
+                        tracing::warn!("offload: renewing a lease: {e}");
+                        false
                     }
-            });
+                };
             failed += u64::from(!ok);
         }
         failed
@@ -534,6 +531,21 @@ enum Gone {
     Evicted,
     /// The data path handed it back at a TCP SYN, FIN or RST.
     TcpControl,
+}
+
+/// What one read of a connection's two XDP entries found.
+struct PairRead {
+    /// Original direction's, reply direction's.
+    leases: [u32; 2],
+    last_seen_ns: u64,
+}
+
+impl PairRead {
+    /// The data path handed the connection back to the kernel (a TCP SYN,
+    /// FIN or RST): XDP no longer carries it.
+    fn handed_back(&self) -> bool {
+        self.leases.contains(&LEASE_HANDED_BACK)
+    }
 }
 
 struct Offloaded {
@@ -786,15 +798,16 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     pub fn tick(&mut self, now_ns: u64) {
         let mut gone = Vec::new();
         for (orig, f) in &mut self.flows {
-            let Some(seen) = f.keys.last_seen(&self.table) else {
+            let Some(read) = f.keys.read(&self.table) else {
                 gone.push((*orig, Gone::Evicted));
                 continue;
             };
             // The kernel carries the rest of the connection.
-            if f.keys.handed_back(&self.table) {
+            if read.handed_back() {
                 gone.push((*orig, Gone::TcpControl));
                 continue;
             }
+            let seen = read.last_seen_ns;
             if seen <= f.last_seen_ns {
                 continue;
             }
@@ -825,7 +838,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
             f.last_seen_ns = seen;
             let lease = lease_until(now_ns, lease_secs(timeout).unwrap_or(0));
-            self.stats.errors += f.keys.set_lease(&mut self.table, lease);
+            self.stats.errors += f.keys.set_lease(&mut self.table, &read, lease);
             self.stats.refreshed += 1;
         }
         for (orig, why) in gone {
@@ -1439,7 +1452,8 @@ mod tests {
         }
         // A lease renewal never takes the hand-back back.
         let f = &o.flows[&c.orig];
-        assert_eq!(f.keys.set_lease(&mut o.table, 99), 0);
+        let read = f.keys.read(&o.table).unwrap();
+        assert_eq!(f.keys.set_lease(&mut o.table, &read, 99), 0);
         assert_eq!(o.table.0[&ok].lease, LEASE_HANDED_BACK);
         // The tick ends it without refreshing the kernel entry (refreshed
         // twice by the offload: before and right after the XDP write).
