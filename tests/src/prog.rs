@@ -108,12 +108,7 @@ impl ConfigMap {
     /// # Errors
     /// If the map update fails.
     pub fn set(&mut self, cfg: &Config) -> Result<(), String> {
-        // SAFETY: `Config` is `repr(C)` of integers and byte arrays without
-        // padding (its size is asserted in router-common), so all its
-        // bytes are initialised.
-        let value = unsafe {
-            std::slice::from_raw_parts(std::ptr::from_ref(cfg).cast::<u8>(), size_of::<Config>())
-        };
+        let value = rawbpf::pod_bytes(cfg);
         // Through the fd: aya's typed array needs the value sizes to match.
         rawbpf::map_update(
             self.map.fd().as_fd(),

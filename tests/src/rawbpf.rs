@@ -662,6 +662,15 @@ pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> Result<(), S
     Ok(())
 }
 
+/// The bytes of a map key or value as the kernel stores them.
+#[must_use]
+pub fn pod_bytes<T: aya::Pod>(v: &T) -> &[u8] {
+    // SAFETY: `Pod` types are `repr(C)` without padding (router-common
+    // asserts their sizes), so every byte is initialised; the slice
+    // borrows `v`.
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), size_of::<T>()) }
+}
+
 /// `what: <the last OS error>`.
 #[must_use]
 pub fn os_err(what: &str) -> String {
@@ -1006,11 +1015,7 @@ impl FlowTable {
     /// If `value` is not [`FlowTable::value_size`] long.
     pub fn insert(&self, key: &FlowKey, value: &[u8]) -> Result<(), String> {
         assert_eq!(value.len(), self.value_size as usize, "value size");
-        // SAFETY: FlowKey is plain old data (repr(C), no padding).
-        let key = unsafe {
-            std::slice::from_raw_parts(std::ptr::from_ref(key).cast::<u8>(), size_of::<FlowKey>())
-        };
-        map_update(self.fd.as_fd(), key, value)
+        map_update(self.fd.as_fd(), pod_bytes(key), value)
     }
 
     /// The value of `key`, if the table has it.

@@ -34,7 +34,8 @@ use aya::maps::{HashMap, MapData};
 use router_common::maps::{
     CONNTRACK_MAP, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState, IPPROTO_TCP,
 };
-use tests::rawbpf::{FlowTable, update_batch};
+use tests::prog::now_ns;
+use tests::rawbpf::{self, FlowTable, update_batch};
 use tests::{Ns, PIN_ROOT, ROUTER_WAN_ADDR, Topology};
 
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
@@ -103,17 +104,6 @@ fn filler(i: u32, now_ns: u64) -> [(FlowKey, FlowEntry); 2] {
     ]
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec; CLOCK_MONOTONIC always exists (the
-    // clock of bpf_ktime_get_coarse_ns, which stamps the data path's flows).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
 /// Filler flows written per `BPF_MAP_UPDATE_BATCH` call.
 const FILL_BATCH: u32 = 32_768;
 
@@ -125,7 +115,7 @@ fn fill(t: &Topology, n: u32) -> Result<(), String> {
         .join(t.ns_name(Ns::Router))
         .join(CONNTRACK_MAP);
     let data = MapData::from_pin(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let now = monotonic_ns();
+    let now = now_ns();
     match write_fillers(data.fd().as_fd(), n, now, |e| e) {
         Ok(()) => Ok(()),
         // A kernel without batch updates for this map: one at a time.
@@ -170,11 +160,7 @@ fn write_fillers<V: Copy>(
 /// The first `value_size` bytes of `e` (zeros past its end): the value of
 /// the control's table, which may be smaller or larger than the router's.
 fn entry_bytes<const N: usize>(e: &FlowEntry) -> [u8; N] {
-    // SAFETY: FlowEntry is repr(C) with every padding byte an explicit
-    // field (router_common::maps), so all its bytes are initialised.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(std::ptr::from_ref(e).cast::<u8>(), size_of::<FlowEntry>())
-    };
+    let bytes = rawbpf::pod_bytes(e);
     let mut out = [0u8; N];
     let n = N.min(bytes.len());
     out[..n].copy_from_slice(&bytes[..n]);
@@ -185,7 +171,7 @@ fn entry_bytes<const N: usize>(e: &FlowEntry) -> [u8; N] {
 /// directions of the first `live` flows of the generator (values zero),
 /// which the router admits itself; in batches as [`fill`].
 fn fill_control(table: &FlowTable, n: u32, live: u32) -> Result<(), String> {
-    let now = monotonic_ns();
+    let now = now_ns();
     let fd = table.as_fd();
     let written = match table.value_size() {
         CONTROL_VALUE_FULL => write_control(fd, n, live, now, |e| entry_bytes::<96>(&e)),
