@@ -52,6 +52,29 @@ pub fn sys_bpf(cmd: libc::c_long, attr: &mut [u8]) -> std::io::Result<libc::c_lo
     }
 }
 
+/// `BPF_MAP_UPDATE_ELEM` (`BPF_ANY`) of `key` -> `value` in the map `map`:
+/// the slices must have the map's key and value sizes (the kernel reads
+/// that many bytes), which aya's typed maps insist on knowing beforehand.
+///
+/// # Errors
+/// The OS error of a refused update.
+#[cfg(feature = "user")]
+pub fn map_update(
+    map: std::os::fd::BorrowedFd<'_>,
+    key: &[u8],
+    value: &[u8],
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+    // union bpf_attr: map_fd (u32, then 4 bytes of padding), key, value
+    // (pointers as u64), flags (u64: BPF_ANY = 0).
+    let mut attr = [0u8; 32];
+    attr[0..4].copy_from_slice(&map.as_raw_fd().cast_unsigned().to_ne_bytes());
+    attr[8..16].copy_from_slice(&(key.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(value.as_ptr() as u64).to_ne_bytes());
+    sys_bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

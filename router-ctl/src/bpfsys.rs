@@ -1,6 +1,5 @@
 //! The few `bpf(2)` commands aya 0.14 does not expose: the interface of an
-//! XDP link, detaching a link by id (`attach --force`), and writing a map
-//! value of a size only the kernel knows (an older build's `CONFIG`).
+//! XDP link, and detaching a link by id (`attach --force`).
 
 use router_common::bpf_insn::sys_bpf;
 use std::{
@@ -8,7 +7,6 @@ use std::{
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
 };
 
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
@@ -24,19 +22,6 @@ pub struct LinkInfo {
     pub link_type: u32,
     /// For XDP links: the interface (in the namespace the link was made in).
     pub ifindex: u32,
-}
-
-/// `BPF_MAP_UPDATE_ELEM` of `key` -> `value` in the map `map`; the slices
-/// must have the map's key and value sizes (the kernel reads that many
-/// bytes).
-pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
-    // union bpf_attr: map_fd (u32, then 4 bytes of padding), key, value
-    // (pointers as u64), flags (u64: BPF_ANY = 0).
-    let mut attr = [0u8; 32];
-    attr[0..4].copy_from_slice(&map.as_raw_fd().cast_unsigned().to_ne_bytes());
-    attr[8..16].copy_from_slice(&(key.as_ptr() as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(value.as_ptr() as u64).to_ne_bytes());
-    sys_bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(|_| ())
 }
 
 /// `BPF_OBJ_GET`: an fd for the object pinned at `path`.

@@ -125,7 +125,7 @@ impl PinnedMaps {
             .context("reading CONFIG's map info")?
             .value_size();
         let zero = vec![0u8; size as usize];
-        crate::bpfsys::map_update(
+        router_common::bpf_insn::map_update(
             std::os::fd::AsFd::as_fd(data.fd()),
             &0u32.to_ne_bytes(),
             &zero,

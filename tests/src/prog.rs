@@ -110,7 +110,7 @@ impl ConfigMap {
     pub fn set(&mut self, cfg: &Config) -> Result<(), String> {
         let value = rawbpf::pod_bytes(cfg);
         // Through the fd: aya's typed array needs the value sizes to match.
-        rawbpf::map_update(
+        router_common::bpf_insn::map_update(
             self.map.fd().as_fd(),
             &0u32.to_ne_bytes(),
             &value[..self.value_size],

@@ -20,7 +20,7 @@ pub const XDP_PASS: i32 = 2;
 pub const XDP_TX: i32 = 3;
 
 pub use router_common::bpf_insn::Insn;
-use router_common::bpf_insn::insn;
+use router_common::bpf_insn::{insn, map_update};
 
 // Opcodes (include/uapi/linux/bpf.h, bpf_common.h).
 const LDX_W: u8 = 0x61;
@@ -608,7 +608,6 @@ struct LinkCreateAttr {
 
 /// `BPF_MAP_*_ELEM`'s part of `union bpf_attr`.
 #[repr(C)]
-#[derive(Default)]
 struct MapElemAttr {
     map_fd: u32,
     pad: u32,
@@ -617,7 +616,6 @@ struct MapElemAttr {
     flags: u64,
 }
 
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -641,25 +639,6 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
             size_of::<T>(),
         )
     }
-}
-
-/// `BPF_MAP_UPDATE_ELEM` of `key` -> `value` in the map `map`, whose key
-/// and value sizes the slices must have (the kernel reads that many
-/// bytes).
-///
-/// # Errors
-/// If the kernel refuses the update.
-pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> Result<(), String> {
-    let mut attr = MapElemAttr {
-        map_fd: map.as_raw_fd().cast_unsigned(),
-        key: key.as_ptr() as u64,
-        value: value.as_ptr() as u64,
-        ..MapElemAttr::default()
-    };
-    if bpf(BPF_MAP_UPDATE_ELEM, &mut attr) < 0 {
-        return Err(os_err("BPF_MAP_UPDATE_ELEM"));
-    }
-    Ok(())
 }
 
 /// The bytes of a map key or value as the kernel stores them.
@@ -1016,6 +995,7 @@ impl FlowTable {
     pub fn insert(&self, key: &FlowKey, value: &[u8]) -> Result<(), String> {
         assert_eq!(value.len(), self.value_size as usize, "value size");
         map_update(self.fd.as_fd(), pod_bytes(key), value)
+            .map_err(|e| format!("BPF_MAP_UPDATE_ELEM: {e}"))
     }
 
     /// The value of `key`, if the table has it.
