@@ -24,7 +24,9 @@ use anyhow::{Context, Result};
 use aya::maps::MapError;
 use router_common::{
     lease_cas::{self, LeaseCas, LeaseSwap},
-    maps::{Admit, Config, FLAG_OFFLOADED, FlowEntry, FlowEntry6, FlowKey, FlowKey6, LEASE_PENDING},
+    maps::{
+        Admit, Config, FLAG_OFFLOADED, FlowEntry, FlowEntry6, FlowKey, FlowKey6, LEASE_PENDING,
+    },
 };
 use serde::{Deserialize, Serialize};
 use tokio::{
@@ -330,10 +332,8 @@ fn resync(off: &mut Daemon) -> Result<()> {
 fn sweep_stale_pending(off: &mut Daemon) -> Result<u64> {
     let pending = |flags: u8, lease: u32| flags & FLAG_OFFLOADED != 0 && lease == LEASE_PENDING;
     let t = &off.table;
-    let v4 = maps::snapshot_where(&t.v4, maps::capacity(&t.v4)?, |e| {
-        pending(e.flags, e.lease)
-    })
-    .context("reading CONNTRACK for entries left pending")?;
+    let v4 = maps::snapshot_where(&t.v4, maps::capacity(&t.v4)?, |e| pending(e.flags, e.lease))
+        .context("reading CONNTRACK for entries left pending")?;
     let v6 = match &t.v6 {
         Some(m) => maps::snapshot_where(m, maps::capacity(m)?, |e| pending(e.flags, e.lease))
             .context("reading CONNTRACK6 for entries left pending")?,
@@ -594,9 +594,9 @@ impl LinkWatch {
                 Ok(Some(events)) => {
                     for e in events {
                         let followed = match e {
-                            LinkEvent::Changed(l) => {
-                                l.mac.map_or(Ok(()), |mac| follow_mac(ctx, l.ifindex, mac, status))
-                            }
+                            LinkEvent::Changed(l) => l
+                                .mac
+                                .map_or(Ok(()), |mac| follow_mac(ctx, l.ifindex, mac, status)),
                             LinkEvent::Deleted { ifindex, name } => {
                                 interface_gone(ctx, ifindex, &name, status)
                             }
@@ -695,7 +695,8 @@ fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) 
         .set(0, cfg, 0)
         .context("writing the configuration")?;
     if let Some(mut rec) = state::load(ctx.ns())? {
-        let configs = std::iter::once(&mut rec.config).chain(rec.pending.as_mut().map(|p| &mut p.config));
+        let configs =
+            std::iter::once(&mut rec.config).chain(rec.pending.as_mut().map(|p| &mut p.config));
         for c in configs {
             if c.lan_ifindex == ifindex {
                 c.lan_mac = mac;

@@ -45,8 +45,8 @@ const RTA_OIF: u16 = 4;
 const NETNSA_NSID: u16 = 1;
 const NETNSA_FD: u16 = 3;
 
-/// `RTMGRP_LINK`: the multicast group of link notifications (RTM_NEWLINK
-/// on any change, RTM_DELLINK), as an `nl_groups` bit.
+/// `RTMGRP_LINK`: the multicast group of link notifications (`RTM_NEWLINK`
+/// on any change, `RTM_DELLINK`), as an `nl_groups` bit.
 const RTMGRP_LINK: u32 = 1;
 
 pub const XDP_FLAGS_SKB_MODE: u32 = 2;
@@ -572,7 +572,7 @@ mod tests {
         assert_eq!(mac_str(mac), "02:00:00:00:00:01");
     }
 
-    /// RTM_NEWLINK and RTM_DELLINK as the kernel sends them to
+    /// `RTM_NEWLINK` and `RTM_DELLINK` as the kernel sends them to
     /// `RTMGRP_LINK` (`rtnl_fill_ifinfo`: an `ifinfomsg`, then
     /// `IFLA_IFNAME`, `IFLA_MTU`, ..., `IFLA_ADDRESS`), two in one datagram.
     #[test]

@@ -26,7 +26,7 @@ fn daemon_health(t: &Topology) -> Value {
 }
 
 /// The LAN interface's MAC changes while the daemon runs (as a user,
-/// NetworkManager or keepalived changes it): the daemon writes the new one
+/// `NetworkManager` or keepalived changes it): the daemon writes the new one
 /// into the configuration and the attach record, so doctor is content,
 /// XDP carries the client's traffic again (not `pass_not_for_us`), and a
 /// later attach finds nothing to change.
@@ -74,7 +74,10 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
     );
     assert_eq!(peer.ip(), std::net::IpAddr::V4(tests::ROUTER_WAN_ADDR));
     let after = t.stats();
-    assert!(counter_delta(&before, &after, "fwd_outbound") >= 1, "{after}");
+    assert!(
+        counter_delta(&before, &after, "fwd_outbound") >= 1,
+        "{after}"
+    );
     assert_eq!(counter_delta(&before, &after, "pass_not_for_us"), 0);
 
     // Counted in the daemon's status (written every tick).
@@ -171,18 +174,37 @@ fn daemon_start_removes_pairs_left_pending() {
         ..FlowEntry6::default()
     };
     v6.insert(orig6, pending6, 0).unwrap();
-    v6.insert(orig6.reversed(), FlowEntry6 { flags: FLAG_OFFLOADED, ..pending6 }, 0)
-        .unwrap();
+    v6.insert(
+        orig6.reversed(),
+        FlowEntry6 {
+            flags: FLAG_OFFLOADED,
+            ..pending6
+        },
+        0,
+    )
+    .unwrap();
 
     let daemon = Daemon::start(&t, &[]);
     for k in left {
-        assert!(v4.get(&k, 0).is_err(), "{k:?} still there:\n{}", daemon.log());
+        assert!(
+            v4.get(&k, 0).is_err(),
+            "{k:?} still there:\n{}",
+            daemon.log()
+        );
     }
     for k in [orig6, orig6.reversed()] {
-        assert!(v6.get(&k, 0).is_err(), "{k:?} still there:\n{}", daemon.log());
+        assert!(
+            v6.get(&k, 0).is_err(),
+            "{k:?} still there:\n{}",
+            daemon.log()
+        );
     }
     for k in active {
-        assert!(v4.get(&k, 0).is_ok(), "active {k:?} removed:\n{}", daemon.log());
+        assert!(
+            v4.get(&k, 0).is_ok(),
+            "active {k:?} removed:\n{}",
+            daemon.log()
+        );
     }
     let log = daemon.log();
     assert!(log.contains("removed 4 XDP entries left pending"), "{log}");
