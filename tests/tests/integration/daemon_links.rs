@@ -25,19 +25,32 @@ fn daemon_health(t: &Topology) -> Value {
     status(t).0["daemon"].clone()
 }
 
-/// The LAN interface's MAC changes while the daemon runs (as a user,
-/// `NetworkManager` or keepalived changes it): the daemon writes the new one
-/// into the configuration and the attach record, so doctor is content,
-/// XDP carries the client's traffic again (not `pass_not_for_us`), and a
-/// later attach finds nothing to change.
+/// The WAN interface's MAC changes while no daemon runs, the LAN's while
+/// it runs (as a user, `NetworkManager` or keepalived changes them): the
+/// daemon writes each new one into the configuration and the attach
+/// record (the WAN's at its start), so doctor is content, XDP carries the
+/// traffic again both ways (not `pass_not_for_us`), and a later attach
+/// finds nothing to change.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn daemon_follows_a_mac_change_of_an_attached_interface() {
     const NEW_MAC: &str = "02:00:5e:10:be:ef";
+    const NEW_WAN_MAC: &str = "02:00:5e:10:be:f0";
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
     println!("{}", attach(&t, &[]));
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", "dev", WAN_IF, "address", NEW_WAN_MAC],
+    );
+    assert_eq!(
+        check(&doctor(&t, &[WAN_IF]).0, WAN_IF, "router-mac")["level"],
+        "fail"
+    );
     let daemon = Daemon::start(&t, &[]);
+    // Looked at when it starts, before it says it runs.
+    let (v, _) = doctor(&t, &[WAN_IF]);
+    assert_eq!(check(&v, WAN_IF, "router-mac")["level"], "ok", "{v}");
 
     t.exec_ok(
         Ns::Router,
@@ -64,8 +77,13 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
         "{log}"
     );
 
-    // The client learns the new MAC; XDP carries its traffic again.
+    // The hosts learn the new MACs; XDP carries the traffic again.
     t.exec_ok(Ns::Client, &["ip", "neigh", "flush", "dev", HOST_IF]);
+    t.exec_ok(Ns::Server, &["ip", "neigh", "flush", "dev", HOST_IF]);
+    // A new MAC flushes the interface's neighbours (neigh_changeaddr): the
+    // router learns the hosts' again (the fast path passes packets to a
+    // host it has none for).
+    t.warm_neighbours();
     let before = t.stats();
     let peer = t.udp_echo_roundtrip(
         Ns::Client,
@@ -74,21 +92,23 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
     );
     assert_eq!(peer.ip(), std::net::IpAddr::V4(tests::ROUTER_WAN_ADDR));
     let after = t.stats();
-    assert!(
-        counter_delta(&before, &after, "fwd_outbound") >= 1,
-        "{after}"
-    );
+    for verdict in ["fwd_outbound", "fwd_inbound"] {
+        assert!(
+            counter_delta(&before, &after, verdict) >= 1,
+            "{verdict}: {after}"
+        );
+    }
     assert_eq!(counter_delta(&before, &after, "pass_not_for_us"), 0);
 
     // Counted in the daemon's status (written every tick).
     wait_for_or_show(
         "the status to count the MAC change",
         Duration::from_secs(5),
-        || daemon_health(&t)["mac_changes_followed"] == 1,
+        || daemon_health(&t)["mac_changes_followed"] == 2,
         || daemon_health(&t).to_string(),
     );
     let text = stdout(&t.router_ctl(&["status"]));
-    assert!(text.contains("1 interface MAC changes followed"), "{text}");
+    assert!(text.contains("2 interface MAC changes followed"), "{text}");
     // The attach record has the new MAC too: attaching again changes nothing.
     let out = attach(&t, &[]);
     assert!(out.contains("nothing changed"), "{out}");
