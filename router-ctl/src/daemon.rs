@@ -647,9 +647,20 @@ fn attached_mac(cfg: &mut Config, ifindex: u32) -> Option<(&'static str, &mut [u
     }
 }
 
+/// The attached router's configuration; `None` when there is none to
+/// follow (detached meanwhile: the pins are gone).
+fn attached_config(ctx: &Ctx) -> Option<Config> {
+    ctx.maps()
+        .read_config()
+        .inspect_err(|e| tracing::debug!("no configuration to follow link changes in: {e:#}"))
+        .ok()
+}
+
 /// Compares both attached interfaces with the configuration.
 fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
-    let cfg = ctx.maps().read_config()?;
+    let Some(cfg) = attached_config(ctx) else {
+        return Ok(());
+    };
     for ifindex in [cfg.lan_ifindex, cfg.wan_ifindex] {
         if ifindex == 0 {
             continue;
@@ -676,7 +687,9 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
 /// as attach writes it, and into the attach record (so that the next
 /// attach finds nothing to change), under the lock attach takes.
 fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) -> Result<()> {
-    let mut cfg = ctx.maps().read_config()?;
+    let Some(mut cfg) = attached_config(ctx) else {
+        return Ok(());
+    };
     if attached_mac(&mut cfg, ifindex).is_none_or(|(_, m)| *m == mac) {
         return Ok(());
     }
@@ -721,7 +734,9 @@ fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) 
 /// an attached one, its XDP program went with it; says so once, in the
 /// log and the status.
 fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus) -> Result<()> {
-    let mut cfg = ctx.maps().read_config()?;
+    let Some(mut cfg) = attached_config(ctx) else {
+        return Ok(());
+    };
     let Some((role, _)) = attached_mac(&mut cfg, ifindex) else {
         return Ok(());
     };
