@@ -598,7 +598,8 @@ impl LinkWatch {
                                 .mac
                                 .map_or(Ok(()), |mac| follow_mac(ctx, l.ifindex, mac, status)),
                             LinkEvent::Deleted { ifindex, name } => {
-                                interface_gone(ctx, ifindex, &name, status)
+                                interface_gone(ctx, ifindex, &name, status);
+                                Ok(())
                             }
                         };
                         if let Err(e) = followed {
@@ -672,7 +673,7 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
-                interface_gone(ctx, ifindex, &format!("ifindex {ifindex}"), status)?;
+                interface_gone(ctx, ifindex, &format!("ifindex {ifindex}"), status);
             }
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
@@ -733,16 +734,16 @@ fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) 
 /// An interface was deleted (or moved to another namespace): if it was
 /// an attached one, its XDP program went with it; says so once, in the
 /// log and the status.
-fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus) -> Result<()> {
+fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus) {
     let Some(mut cfg) = attached_config(ctx) else {
-        return Ok(());
+        return;
     };
     let Some((role, _)) = attached_mac(&mut cfg, ifindex) else {
-        return Ok(());
+        return;
     };
     let what = format!("{name} ({role})");
     if status.interfaces_gone.contains(&what) {
-        return Ok(());
+        return;
     }
     tracing::error!(
         "the {role} interface {name} (ifindex {ifindex}) is gone (deleted or moved to another \
@@ -750,7 +751,6 @@ fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus
          it is back, run `router-ctl detach` and `router-ctl attach` again"
     );
     status.interfaces_gone.push(what);
-    Ok(())
 }
 
 async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
