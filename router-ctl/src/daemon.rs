@@ -153,7 +153,8 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
             let _ = write!(
                 line,
                 "\nINTERFACE GONE: {}: its XDP program went with it; once it is back, run \
-                 `router-ctl detach` and `router-ctl attach` again",
+                 `router-ctl detach` and `router-ctl attach` again, then restart \
+                 `router-ctl run` (it keeps the maps it opened)",
                 gone.join(", ")
             );
         }
@@ -748,7 +749,8 @@ fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus
     tracing::error!(
         "the {role} interface {name} (ifindex {ifindex}) is gone (deleted or moved to another \
          namespace): its XDP program went with it, and nothing goes through XDP on it; once \
-         it is back, run `router-ctl detach` and `router-ctl attach` again"
+         it is back, run `router-ctl detach` and `router-ctl attach` again, then restart \
+         `router-ctl run` (it keeps the maps it opened)"
     );
     status.interfaces_gone.push(what);
 }
