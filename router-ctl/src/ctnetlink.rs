@@ -611,16 +611,7 @@ impl CtSocket {
     /// One datagram into `buf`: `Ok(None)` if none is queued on a
     /// non-blocking socket.
     fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        // SAFETY: buf is writable for its length.
-        let n = unsafe { libc::recv(self.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::WouldBlock {
-                return Ok(None);
-            }
-            return Err(e);
-        }
-        Ok(Some(usize::try_from(n).unwrap_or(0)))
+        crate::nlmsg::recv(self.as_raw_fd(), buf)
     }
 
     fn send(&mut self, m: Msg) -> io::Result<()> {

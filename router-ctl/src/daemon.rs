@@ -3,11 +3,16 @@
 //! then NEW / UPDATE / DESTROY events) and keeps the XDP table in step
 //! through [`Offloader`]; every tick it refreshes active flows and writes
 //! its health and counters to a status file that `status`, `stats` and
-//! `metrics` read. Foreground; stops on SIGINT or SIGTERM. Offloaded flows
-//! outlive it until their lease runs out, then the kernel carries them.
+//! `metrics` read. In both modes it follows the attached interfaces over
+//! rtnetlink: a new MAC address goes into the data path's configuration
+//! (which passes frames not addressed to it to the kernel), a deleted
+//! interface is reported. Foreground; stops on SIGINT or SIGTERM.
+//! Offloaded flows outlive it until their lease runs out, then the kernel
+//! carries them.
 
 use std::{
     collections::HashMap,
+    fmt::Write as _,
     io,
     net::IpAddr,
     os::fd::AsRawFd as _,
@@ -19,7 +24,9 @@ use anyhow::{Context, Result};
 use aya::maps::MapError;
 use router_common::{
     lease_cas::{self, LeaseCas, LeaseSwap},
-    maps::{Admit, FlowEntry, FlowEntry6, FlowKey, FlowKey6},
+    maps::{
+        Admit, Config, FLAG_OFFLOADED, FlowEntry, FlowEntry6, FlowKey, FlowKey6, LEASE_PENDING,
+    },
 };
 use serde::{Deserialize, Serialize};
 use tokio::{
@@ -34,9 +41,9 @@ use crate::{
     ctx::Ctx,
     ebpf_log::DataPathLog,
     live::{DaemonView, Live},
-    maps::{Conntrack6Map, ConntrackMap},
-    netlink,
-    offload::{Kernel, KernelTimeouts, OffloadStats, Offloader, Table, TcpNow},
+    maps::{self, Conntrack6Map, ConntrackMap},
+    netlink::{self, LinkEvent, LinkEvents},
+    offload::{self, Kernel, KernelTimeouts, OffloadStats, Offloader, Table, TcpNow},
     service, state, web,
 };
 
@@ -61,6 +68,18 @@ pub struct DaemonStatus {
     /// Connections XDP carries for the kernel now.
     pub offloaded_flows: u64,
     pub offload: OffloadStats,
+    /// New MAC addresses of the attached interfaces written into the data
+    /// path's configuration (and the attach record).
+    #[serde(default)]
+    pub mac_changes_followed: u64,
+    /// Attached interfaces deleted (or moved to another namespace) while
+    /// the daemon ran, as `NAME (LAN)`: their XDP program went with them.
+    #[serde(default)]
+    pub interfaces_gone: Vec<String>,
+    /// XDP entries found pending at start (left by a daemon killed between
+    /// writing a pair and activating it), removed.
+    #[serde(default)]
+    pub stale_pending_removed: u64,
 }
 
 impl DaemonStatus {
@@ -92,6 +111,9 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "admit": s.admit,
             "offloaded_flows": s.offloaded_flows,
             "offload": s.offload,
+            "mac_changes_followed": s.mac_changes_followed,
+            "interfaces_gone": s.interfaces_gone,
+            "stale_pending_removed": s.stale_pending_removed,
         }),
         _ => serde_json::json!({ "running": false }),
     }
@@ -103,7 +125,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
 pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
     if d["running"] == true {
         let o = &d["offload"];
-        format!(
+        let mut line = format!(
             "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded; {} offloaded, \
              {} ended, {} handed back, {} refreshes, {} resyncs, {} event losses",
             d["pid"],
@@ -118,7 +140,25 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
             o["refreshed"],
             o["resyncs"],
             o["events_lost"],
-        )
+        );
+        let macs = d["mac_changes_followed"].as_u64().unwrap_or(0);
+        if macs > 0 {
+            let _ = write!(line, ", {macs} interface MAC changes followed");
+        }
+        let gone: Vec<&str> = d["interfaces_gone"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        if !gone.is_empty() {
+            let _ = write!(
+                line,
+                "\nINTERFACE GONE: {}: its XDP program went with it; once it is back, run \
+                 `router-ctl detach` and `router-ctl attach` again, then restart \
+                 `router-ctl run` (it keeps the maps it opened)",
+                gone.join(", ")
+            );
+        }
+        line
     } else if kernel_mode {
         "daemon: NOT RUNNING: offload mode carries nothing on the fast path (the kernel \
          forwards every flow); start `router-ctl run`"
@@ -286,6 +326,33 @@ fn resync(off: &mut Daemon) -> Result<()> {
     Ok(())
 }
 
+/// Removes the XDP entries an earlier daemon left pending (killed between
+/// writing a pair and activating it: the data path passes the pair's
+/// packets to the kernel until it is evicted). Runs after the first
+/// resync, when every pair this daemon wrote is active or removed again.
+fn sweep_stale_pending(off: &mut Daemon) -> Result<u64> {
+    let pending = |flags: u8, lease: u32| flags & FLAG_OFFLOADED != 0 && lease == LEASE_PENDING;
+    let t = &off.table;
+    let v4 = maps::snapshot_where(&t.v4, maps::capacity(&t.v4)?, |e| pending(e.flags, e.lease))
+        .context("reading CONNTRACK for entries left pending")?;
+    let v6 = match &t.v6 {
+        Some(m) => maps::snapshot_where(m, maps::capacity(m)?, |e| pending(e.flags, e.lease))
+            .context("reading CONNTRACK6 for entries left pending")?,
+        None => Vec::new(),
+    };
+    let removed = offload::sweep_pending(&mut off.table, &v4, &v6);
+    if removed > 0 {
+        tracing::info!(
+            "removed {removed} XDP entries left pending by an earlier daemon (killed between \
+             writing a connection's entries and activating them); the kernel carried their \
+             packets meanwhile"
+        );
+    } else {
+        tracing::debug!("no XDP entries left pending by an earlier daemon");
+    }
+    Ok(removed)
+}
+
 fn apply_events(off: &mut Daemon, events: Vec<Event>) {
     let now = monotonic_ns();
     for e in events {
@@ -318,6 +385,8 @@ struct Session {
     off: Daemon,
     events: Option<AsyncFd<CtSocket>>,
     kernel_mode: bool,
+    /// XDP entries a killed daemon had left pending, removed at the start.
+    stale_pending_removed: u64,
 }
 
 impl Session {
@@ -340,11 +409,13 @@ impl Session {
             cfg.wan_ifindex,
             KernelTimeouts::read(),
         );
+        let mut stale_pending_removed = 0;
         // Subscribe before the dump, so no event falls between the two.
         let events = if kernel_mode {
             let s = CtSocket::events(EVENT_RCVBUF)
                 .context("subscribing to conntrack events (ctnetlink)")?;
             resync(&mut off)?;
+            stale_pending_removed = sweep_stale_pending(&mut off)?;
             // SAFETY: CtSocket owns its fd and never changes or closes it
             // before it is dropped, which the AsyncFd does.
             Some(
@@ -363,6 +434,7 @@ impl Session {
             off,
             events,
             kernel_mode,
+            stale_pending_removed,
         })
     }
 
@@ -392,6 +464,7 @@ fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()>
     status.admit = s.admit().into();
     status.offloaded_flows = s.off.len() as u64;
     status.offload.clone_from(&s.off.stats);
+    status.stale_pending_removed = s.stale_pending_removed;
     let data = serde_json::to_vec_pretty(status)?;
     state::write_private(&status_path(ctx.ns()), &data)
 }
@@ -488,17 +561,213 @@ fn publish(
         .send_replace(live.render(ctx, &daemon_view(status, session)).to_string());
 }
 
+/// The attached interfaces, followed over rtnetlink link notifications.
+struct LinkWatch {
+    events: AsyncFd<LinkEvents>,
+    /// Look at the links again at the next tick: notifications were lost
+    /// (`ENOBUFS`) or following one failed.
+    recheck: bool,
+}
+
+impl LinkWatch {
+    /// Subscribes; the first look at the links ([`Self::recheck`]) comes
+    /// after, so no change falls between the two.
+    fn open() -> Result<Self> {
+        let s = LinkEvents::subscribe()
+            .context("subscribing to link notifications (rtnetlink RTMGRP_LINK)")?;
+        // SAFETY: LinkEvents owns its fd and never changes or closes it
+        // before it is dropped, which the AsyncFd does.
+        let events = unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
+            .map_err(|e| io::Error::other(e.to_string()))
+            .context("registering the link notification socket")?;
+        Ok(Self {
+            events,
+            recheck: true,
+        })
+    }
+
+    /// Follows the notifications queued on `events` until none is left;
+    /// whether the links must be looked at again ([`Self::recheck`]).
+    fn drain(events: &LinkEvents, ctx: &Ctx, status: &mut DaemonStatus, buf: &mut [u8]) -> bool {
+        let mut recheck = false;
+        loop {
+            match events.recv(buf) {
+                Ok(Some(events)) => {
+                    for e in events {
+                        let followed = match e {
+                            LinkEvent::Changed(l) => l
+                                .mac
+                                .map_or(Ok(()), |mac| follow_mac(ctx, l.ifindex, mac, status)),
+                            LinkEvent::Deleted { ifindex, name } => {
+                                interface_gone(ctx, ifindex, &name, status);
+                                Ok(())
+                            }
+                        };
+                        if let Err(e) = followed {
+                            tracing::warn!("following a link change: {e:#}; trying again");
+                            recheck = true;
+                        }
+                    }
+                }
+                Ok(None) => return recheck,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    tracing::warn!("link notifications lost; reading the interfaces again");
+                    recheck = true;
+                }
+                Err(e) => {
+                    tracing::warn!("reading link notifications: {e}; reading the interfaces again");
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// The links as they are now, when a notification may have been
+    /// missed (at the start: a change while no daemon ran).
+    fn recheck(&mut self, ctx: &Ctx, status: &mut DaemonStatus) {
+        if !std::mem::take(&mut self.recheck) {
+            return;
+        }
+        if let Err(e) = check_links(ctx, status) {
+            tracing::warn!("reading the attached interfaces: {e:#}; trying again");
+            self.recheck = true;
+        }
+    }
+}
+
+/// The data path's MAC of the attached interface `ifindex` (LAN or WAN)
+/// in `cfg`, with the interface's role.
+fn attached_mac(cfg: &mut Config, ifindex: u32) -> Option<(&'static str, &mut [u8; 6])> {
+    if ifindex == 0 {
+        None
+    } else if ifindex == cfg.lan_ifindex {
+        Some(("LAN", &mut cfg.lan_mac))
+    } else if ifindex == cfg.wan_ifindex {
+        Some(("WAN", &mut cfg.wan_mac))
+    } else {
+        None
+    }
+}
+
+/// The attached router's configuration; `None` when there is none to
+/// follow (detached meanwhile: the pins are gone).
+fn attached_config(ctx: &Ctx) -> Option<Config> {
+    ctx.maps()
+        .read_config()
+        .inspect_err(|e| tracing::debug!("no configuration to follow link changes in: {e:#}"))
+        .ok()
+}
+
+/// Compares both attached interfaces with the configuration.
+fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
+    let Some(cfg) = attached_config(ctx) else {
+        return Ok(());
+    };
+    for ifindex in [cfg.lan_ifindex, cfg.wan_ifindex] {
+        if ifindex == 0 {
+            continue;
+        }
+        match netlink::link(ifindex) {
+            Ok(l) => {
+                if let Some(mac) = l.mac {
+                    follow_mac(ctx, ifindex, mac, status)?;
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
+                interface_gone(ctx, ifindex, &format!("ifindex {ifindex}"), status);
+            }
+            Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
+        }
+    }
+    Ok(())
+}
+
+/// An attached interface has the MAC `mac`: if the data path still
+/// compares frames' destinations with another (it passes every frame
+/// addressed to the new one to the kernel, as `pass_not_for_us`), the
+/// new one goes into the configuration, in one write of the whole value
+/// as attach writes it, and into the attach record (so that the next
+/// attach finds nothing to change), under the lock attach takes.
+fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) -> Result<()> {
+    let Some(mut cfg) = attached_config(ctx) else {
+        return Ok(());
+    };
+    if attached_mac(&mut cfg, ifindex).is_none_or(|(_, m)| *m == mac) {
+        return Ok(());
+    }
+    let _lock = state::lock(ctx.ns())?;
+    // Again under the lock: an attach may have changed it meanwhile.
+    let mut cfg = ctx.maps().read_config()?;
+    let Some((role, slot)) = attached_mac(&mut cfg, ifindex) else {
+        return Ok(());
+    };
+    if *slot == mac {
+        return Ok(());
+    }
+    let old = std::mem::replace(slot, mac);
+    ctx.maps()
+        .config()?
+        .set(0, cfg, 0)
+        .context("writing the configuration")?;
+    if let Some(mut rec) = state::load(ctx.ns())? {
+        let configs =
+            std::iter::once(&mut rec.config).chain(rec.pending.as_mut().map(|p| &mut p.config));
+        for c in configs {
+            if c.lan_ifindex == ifindex {
+                c.lan_mac = mac;
+            } else if c.wan_ifindex == ifindex {
+                c.wan_mac = mac;
+            }
+        }
+        state::save(ctx.ns(), &rec)?;
+    }
+    status.mac_changes_followed += 1;
+    let name = netlink::ifname(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}"));
+    tracing::info!(
+        "{name} ({role}) changed its MAC from {} to {}: the data path now forwards frames \
+         addressed to the new one",
+        netlink::mac_str(old),
+        netlink::mac_str(mac)
+    );
+    Ok(())
+}
+
+/// An interface was deleted (or moved to another namespace): if it was
+/// an attached one, its XDP program went with it; says so once, in the
+/// log and the status.
+fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus) {
+    let Some(mut cfg) = attached_config(ctx) else {
+        return;
+    };
+    let Some((role, _)) = attached_mac(&mut cfg, ifindex) else {
+        return;
+    };
+    let what = format!("{name} ({role})");
+    if status.interfaces_gone.contains(&what) {
+        return;
+    }
+    tracing::error!(
+        "the {role} interface {name} (ifindex {ifindex}) is gone (deleted or moved to another \
+         namespace): its XDP program went with it, and nothing goes through XDP on it; once \
+         it is back, run `router-ctl detach` and `router-ctl attach` again, then restart \
+         `router-ctl run` (it keeps the maps it opened)"
+    );
+    status.interfaces_gone.push(what);
+}
+
 async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let mut session = Session::open(ctx)?;
+    let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),
         started_unix: unix_now(),
         tick_secs: opts.tick.as_secs().max(1),
         ..DaemonStatus::default()
     };
+    links.recheck(ctx, &mut status);
     write_status(ctx, &mut status, &session)?;
     eprintln!(
         "router-ctl run: {} mode, {} flows offloaded from the kernel's table; stop with Ctrl-C",
@@ -520,6 +789,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut ticker = tokio::time::interval(opts.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 1 << 20];
+    let mut link_buf = vec![0u8; 1 << 16];
     // Kept for the daemon's lifetime: dropping it turns the log off.
     let mut dp_log = DataPathLog::start(ctx);
     loop {
@@ -543,7 +813,14 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                     tokio::spawn(web::handle(sock, ctx.clone(), shared.clone()));
                 }
             }
+            ready = links.events.readable() => {
+                let Ok(mut guard) = ready else { continue };
+                links.recheck |=
+                    LinkWatch::drain(guard.get_inner(), ctx, &mut status, &mut link_buf);
+                guard.clear_ready();
+            }
             _ = ticker.tick() => {
+                links.recheck(ctx, &mut status);
                 session.off.tick(monotonic_ns());
                 dp_log.drain();
                 dp_log.follow(ctx);

@@ -413,7 +413,8 @@ impl Report<'_> {
             ),
             Some(format!(
                 "run the same `router-ctl attach` again: it writes {iface}'s new MAC in place \
-                 (flows kept)"
+                 (flows kept); a running `router-ctl run` does so by itself as soon as it \
+                 sees the change"
             )),
         );
     }

@@ -179,16 +179,25 @@ pub fn snapshot<K: Pod + Ord, V: Pod>(
     map: &HashMap<MapData, K, V>,
     capacity: u32,
 ) -> Result<Vec<(K, V)>> {
+    snapshot_where(map, capacity, |_| true)
+}
+
+/// [`snapshot`], keeping only the entries whose value passes `keep`.
+pub fn snapshot_where<K: Pod + Ord, V: Pod>(
+    map: &HashMap<MapData, K, V>,
+    capacity: u32,
+    keep: impl Fn(&V) -> bool,
+) -> Result<Vec<(K, V)>> {
     let limit = (capacity as usize).saturating_mul(2).saturating_add(64);
     let mut keys = BTreeSet::new();
     for k in map.keys().take(limit) {
         keys.insert(k.context("walking the map's keys")?);
     }
-    let mut out = Vec::with_capacity(keys.len());
+    let mut out = Vec::new();
     for k in keys {
         match map.get(&k, 0) {
-            Ok(v) => out.push((k, v)),
-            Err(MapError::KeyNotFound) => {}
+            Ok(v) if keep(&v) => out.push((k, v)),
+            Ok(_) | Err(MapError::KeyNotFound) => {}
             Err(e) => return Err(e).context("reading a map entry"),
         }
     }

@@ -1,9 +1,10 @@
 //! Interfaces: names, indexes and IPv4 addresses (libc), and a minimal
 //! rtnetlink client: what an interface is (MTU, kind, veth peer) and which
 //! XDP program runs on it, removing a netlink-attached XDP program
-//! (`attach --force`), and the namespace id of a netns fd (to find a veth's
-//! peer for `doctor`). Everything runs in the calling thread's network
-//! namespace.
+//! (`attach --force`), the namespace id of a netns fd (to find a veth's
+//! peer for `doctor`), and the link notifications the daemon follows
+//! (address changes, deletions). Everything runs in the calling thread's
+//! network namespace.
 
 use std::{
     ffi::{CStr, CString},
@@ -17,6 +18,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use crate::nlmsg::{self, Msg, NLA_F_NESTED, NLM_F_ACK, NLMSG_DONE, NLMSG_ERROR};
 
 const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
 const RTM_SETLINK: u16 = 19;
 const RTM_NEWROUTE: u16 = 24;
@@ -42,6 +44,10 @@ const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const NETNSA_NSID: u16 = 1;
 const NETNSA_FD: u16 = 3;
+
+/// `RTMGRP_LINK`: the multicast group of link notifications (`RTM_NEWLINK`
+/// on any change, `RTM_DELLINK`), as an `nl_groups` bit.
+const RTMGRP_LINK: u32 = 1;
 
 pub const XDP_FLAGS_SKB_MODE: u32 = 2;
 pub const XDP_FLAGS_DRV_MODE: u32 = 4;
@@ -288,6 +294,86 @@ fn parse_link(payload: &[u8]) -> LinkAttrs {
     l
 }
 
+/// A change of an interface, as rtnetlink announces it to `RTMGRP_LINK`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// `RTM_NEWLINK`: created or changed (address, flags, MTU, XDP...), with
+    /// all its attributes as they are now.
+    Changed(LinkAttrs),
+    /// `RTM_DELLINK`: deleted, or moved to another namespace.
+    Deleted { ifindex: u32, name: String },
+}
+
+/// The link notifications in one datagram of an `RTMGRP_LINK` socket;
+/// other messages and truncated ones are skipped.
+#[must_use]
+pub fn parse_link_events(buf: &[u8]) -> Vec<LinkEvent> {
+    nlmsg::messages(buf)
+        .filter(|(_, _, p)| p.len() >= 16)
+        .filter_map(|(ty, _, p)| match ty {
+            RTM_NEWLINK => Some(LinkEvent::Changed(parse_link(p))),
+            RTM_DELLINK => {
+                let l = parse_link(p);
+                Some(LinkEvent::Deleted {
+                    ifindex: l.ifindex,
+                    name: l.name,
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A non-blocking rtnetlink socket subscribed to link notifications.
+pub struct LinkEvents(OwnedFd);
+
+impl LinkEvents {
+    pub fn subscribe() -> io::Result<Self> {
+        // SAFETY: plain socket(2).
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a new socket we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: zeroed sockaddr_nl is valid; fields set below.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        sa.nl_groups = RTMGRP_LINK;
+        // SAFETY: sa is a valid sockaddr_nl.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const sa).cast(),
+                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self(fd))
+    }
+
+    /// The notifications of one queued datagram: `Ok(None)` when none is
+    /// queued; `ENOBUFS` when the kernel dropped some (read the links
+    /// again).
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<Vec<LinkEvent>>> {
+        Ok(nlmsg::recv(self.0.as_raw_fd(), buf)?.map(|n| parse_link_events(&buf[..n])))
+    }
+}
+
+impl AsRawFd for LinkEvents {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
 /// The attributes of interface `ifindex` in the current namespace.
 pub fn link(ifindex: u32) -> io::Result<LinkAttrs> {
     let s = Socket::new()?;
@@ -484,6 +570,52 @@ mod tests {
         // An IPIP tunnel's "hardware address" is its IPv4 address.
         assert_eq!(parse_link(&payload(&[192, 0, 2, 1])).mac, None);
         assert_eq!(mac_str(mac), "02:00:00:00:00:01");
+    }
+
+    /// `RTM_NEWLINK` and `RTM_DELLINK` as the kernel sends them to
+    /// `RTMGRP_LINK` (`rtnl_fill_ifinfo`: an `ifinfomsg`, then
+    /// `IFLA_IFNAME`, `IFLA_MTU`, ..., `IFLA_ADDRESS`), two in one datagram.
+    #[test]
+    fn link_notifications_are_parsed_as_the_kernel_sends_them() {
+        let notification = |ty: u16, ifindex: u32, mac: [u8; 6]| {
+            // struct ifinfomsg: family, pad, type (ARPHRD_ETHER), index,
+            // flags (IFF_UP | IFF_BROADCAST | IFF_RUNNING | IFF_MULTICAST),
+            // change.
+            let mut ifi = [0u8; 16];
+            ifi[2..4].copy_from_slice(&1u16.to_ne_bytes());
+            ifi[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+            ifi[8..12].copy_from_slice(&0x1043u32.to_ne_bytes());
+            let mut m = Msg::new(ty, 0, &ifi);
+            m.attr(IFLA_IFNAME, b"lan0\0");
+            m.attr(IFLA_MTU, &1500u32.to_ne_bytes());
+            m.nested(IFLA_LINKINFO, |m| m.attr(IFLA_INFO_KIND, b"veth\0"));
+            m.attr(IFLA_ADDRESS, &mac);
+            m.attr(2 /* IFLA_BROADCAST */, &[0xff; 6]);
+            m.finish(0)
+        };
+        let new_mac = [0x02, 0, 0x5e, 0x10, 0xbe, 0xef];
+        let mut buf = notification(RTM_NEWLINK, 7, new_mac);
+        buf.extend(notification(RTM_DELLINK, 7, new_mac));
+        // A notification of another kind in the same group is skipped.
+        buf.extend(Msg::new(RTM_NEWROUTE, 0, &[0u8; 12]).finish(0));
+        let events = parse_link_events(&buf);
+        assert_eq!(events.len(), 2, "{events:?}");
+        let LinkEvent::Changed(l) = &events[0] else {
+            panic!("{events:?}");
+        };
+        assert_eq!((l.ifindex, l.name.as_str()), (7, "lan0"));
+        assert_eq!(l.mac, Some(new_mac));
+        assert!(l.up);
+        assert_eq!(l.kind.as_deref(), Some("veth"));
+        assert_eq!(
+            events[1],
+            LinkEvent::Deleted {
+                ifindex: 7,
+                name: "lan0".into()
+            }
+        );
+        // Truncated after the header: nothing.
+        assert!(parse_link_events(&buf[..20]).is_empty());
     }
 
     #[test]

@@ -58,6 +58,22 @@ impl Msg {
     }
 }
 
+/// One datagram from netlink socket `fd` into `buf`: `Ok(None)` if none is
+/// queued on a non-blocking socket. `ENOBUFS` means the kernel dropped
+/// notifications for this socket (its receive buffer was full).
+pub fn recv(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    // SAFETY: buf is writable for its length.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(usize::try_from(n).unwrap_or(0)))
+}
+
 /// The attributes in `data` as (type without flags, payload); stops at the
 /// first malformed one.
 pub fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {

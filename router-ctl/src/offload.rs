@@ -922,6 +922,32 @@ fn refresh_while_established<K: Kernel>(
     Ok(false)
 }
 
+/// Removes the entries of `v4` and `v6` (the XDP tables' entries, as read)
+/// that a daemon left pending ([`LEASE_PENDING`]): one killed between
+/// writing a pair and activating it. The data path passes every packet of
+/// such a pair to the kernel until the pair is evicted or overwritten.
+/// Only the daemon writes pending entries, and it activates or removes
+/// each pair before it reads the next event, so once a starting daemon
+/// has offloaded its first dump every pending entry is stale. Returns how
+/// many entries it removed.
+pub fn sweep_pending<T: Table>(
+    table: &mut T,
+    v4: &[(FlowKey, FlowEntry)],
+    v6: &[(FlowKey6, FlowEntry6)],
+) -> u64 {
+    let stale = |flags: u8, lease: u32| flags & FLAG_OFFLOADED != 0 && lease == LEASE_PENDING;
+    let mut removed = 0;
+    for (k, _) in v4.iter().filter(|(_, e)| stale(e.flags, e.lease)) {
+        table.remove(k);
+        removed += 1;
+    }
+    for (k, _) in v6.iter().filter(|(_, e)| stale(e.flags, e.lease)) {
+        table.remove6(k);
+        removed += 1;
+    }
+    removed
+}
+
 /// Writes a connection's two entries, reply direction first: a packet of
 /// the original direction that hits before the pair is complete would have
 /// no way back in XDP. On a failure the entries written are removed again.
@@ -1605,5 +1631,51 @@ mod tests {
             ..KernelTimeouts::default()
         };
         assert_eq!((t.of(IPPROTO_ICMP), t.of(IPPROTO_ICMPV6)), (30, 16));
+    }
+
+    /// A pair left pending by a killed daemon (IPv4 and IPv6) is removed;
+    /// the starting daemon's own offloaded pair and a standalone entry
+    /// (no `FLAG_OFFLOADED`, whose lease field means nothing) stay.
+    #[test]
+    fn sweep_removes_only_pairs_left_pending() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        let mut o = offloader(&[&c]);
+        o.resync(std::slice::from_ref(&c), 10);
+        assert_eq!(o.len(), 1);
+        let pending = |flags| FlowEntry {
+            flags: flags | FLAG_OFFLOADED,
+            lease: LEASE_PENDING,
+            ..FlowEntry::default()
+        };
+        let left = flow_key(&t([192, 168, 50, 3], 6000, [198, 51, 100, 2], 53, 17));
+        o.table.0.insert(left, pending(FLAG_ORIGINAL));
+        o.table.0.insert(left.reversed(), pending(0));
+        let standalone = flow_key(&t([192, 168, 50, 4], 6000, [198, 51, 100, 2], 53, 17));
+        o.table.0.insert(
+            standalone,
+            FlowEntry {
+                lease: LEASE_PENDING,
+                ..FlowEntry::default()
+            },
+        );
+        let k6 = FlowKey6::new([0xfd; 16], [0x20; 16], 6000, 53, 17);
+        let pending6 = FlowEntry6 {
+            flags: FLAG_OFFLOADED,
+            lease: LEASE_PENDING,
+            ..FlowEntry6::default()
+        };
+        o.table.1.insert(k6, pending6);
+        o.table.1.insert(k6.reversed(), pending6);
+        let before: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
+        let before6: Vec<_> = o.table.1.iter().map(|(k, e)| (*k, *e)).collect();
+        assert_eq!(sweep_pending(&mut o.table, &before, &before6), 4);
+        assert!(o.table.1.is_empty());
+        assert!(!o.table.0.contains_key(&left) && !o.table.0.contains_key(&left.reversed()));
+        assert!(o.table.0.contains_key(&standalone));
+        // The offloaded connection: both entries, active.
+        for k in [flow_key(&c.orig), flow_key(&c.reply)] {
+            assert!(o.table.0[&k].lease > LEASE_PENDING, "{k:?}");
+        }
+        assert_eq!(o.table.0.len(), 3);
     }
 }

@@ -7,7 +7,7 @@ use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_delta};
 
 use crate::ctl::*;
 
-fn doctor(t: &Topology, args: &[&str]) -> (Value, i32) {
+pub(crate) fn doctor(t: &Topology, args: &[&str]) -> (Value, i32) {
     let mut a = vec!["doctor"];
     a.extend_from_slice(args);
     a.push("--json");
@@ -17,7 +17,7 @@ fn doctor(t: &Topology, args: &[&str]) -> (Value, i32) {
     (v, o.status.code().unwrap_or(-1))
 }
 
-fn check<'a>(v: &'a Value, iface: &str, name: &str) -> &'a Value {
+pub(crate) fn check<'a>(v: &'a Value, iface: &str, name: &str) -> &'a Value {
     v["checks"]
         .as_array()
         .unwrap()

@@ -14,6 +14,7 @@
 mod apply;
 mod ctl;
 mod ctl_errors;
+mod daemon_links;
 mod daemon_run;
 mod dashboard;
 mod doctor;

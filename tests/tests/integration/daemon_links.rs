@@ -1,0 +1,232 @@
+//! `router-ctl run` keeping the attached router in step with the machine:
+//! an attached interface's new MAC address goes into the data path's
+//! configuration (rtnetlink link notifications), a deleted one is
+//! reported, and XDP entries a killed daemon left pending are removed when
+//! the next one starts.
+
+use std::time::Duration;
+
+use aya::maps::{HashMap, Map, MapData};
+use router_common::maps::{
+    CONNTRACK_MAP, CONNTRACK6_MAP, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowEntry6, FlowKey,
+    FlowKey6, FlowState, IPPROTO_UDP, LEASE_PENDING, lease_tick,
+};
+use serde_json::Value;
+use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_delta};
+
+use crate::{
+    ctl::{DetachOnDrop, attach, pin_dir, status, stdout, wait_for_or_show},
+    doctor::{check, doctor},
+    offload::Daemon,
+};
+
+/// The daemon's part of `status --json`.
+fn daemon_health(t: &Topology) -> Value {
+    status(t).0["daemon"].clone()
+}
+
+/// The WAN interface's MAC changes while no daemon runs, the LAN's while
+/// it runs (as a user, `NetworkManager` or keepalived changes them): the
+/// daemon writes each new one into the configuration and the attach
+/// record (the WAN's at its start), so doctor is content, XDP carries the
+/// traffic again both ways (not `pass_not_for_us`), and a later attach
+/// finds nothing to change.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_follows_a_mac_change_of_an_attached_interface() {
+    const NEW_MAC: &str = "02:00:5e:10:be:ef";
+    const NEW_WAN_MAC: &str = "02:00:5e:10:be:f0";
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    println!("{}", attach(&t, &[]));
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", "dev", WAN_IF, "address", NEW_WAN_MAC],
+    );
+    assert_eq!(
+        check(&doctor(&t, &[WAN_IF]).0, WAN_IF, "router-mac")["level"],
+        "fail"
+    );
+    let daemon = Daemon::start(&t, &[]);
+    // Looked at when it starts, before it says it runs.
+    let (v, _) = doctor(&t, &[WAN_IF]);
+    assert_eq!(check(&v, WAN_IF, "router-mac")["level"], "ok", "{v}");
+
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", "dev", LAN_IF, "address", NEW_MAC],
+    );
+    wait_for_or_show(
+        "the daemon to write the LAN's new MAC",
+        Duration::from_secs(10),
+        || check(&doctor(&t, &[LAN_IF, WAN_IF]).0, LAN_IF, "router-mac")["level"] == "ok",
+        || format!("{}\ndaemon log:\n{}", doctor(&t, &[LAN_IF]).0, daemon.log()),
+    );
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(code, 0, "{v}");
+    assert!(
+        check(&v, LAN_IF, "router-mac")["detail"]
+            .as_str()
+            .unwrap()
+            .contains(NEW_MAC),
+        "{v}"
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains("changed its MAC") && log.contains(NEW_MAC),
+        "{log}"
+    );
+
+    // The hosts learn the new MACs; XDP carries the traffic again.
+    t.exec_ok(Ns::Client, &["ip", "neigh", "flush", "dev", HOST_IF]);
+    t.exec_ok(Ns::Server, &["ip", "neigh", "flush", "dev", HOST_IF]);
+    // A new MAC flushes the interface's neighbours (neigh_changeaddr): the
+    // router learns the hosts' again (the fast path passes packets to a
+    // host it has none for).
+    t.warm_neighbours();
+    let before = t.stats();
+    let peer = t.udp_echo_roundtrip(
+        Ns::Client,
+        Ns::Server,
+        tests::socket_addr(tests::SERVER_ADDR, 5321),
+    );
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(tests::ROUTER_WAN_ADDR));
+    let after = t.stats();
+    for verdict in ["fwd_outbound", "fwd_inbound"] {
+        assert!(
+            counter_delta(&before, &after, verdict) >= 1,
+            "{verdict}: {after}"
+        );
+    }
+    assert_eq!(counter_delta(&before, &after, "pass_not_for_us"), 0);
+
+    // Counted in the daemon's status (written every tick).
+    wait_for_or_show(
+        "the status to count the MAC change",
+        Duration::from_secs(5),
+        || daemon_health(&t)["mac_changes_followed"] == 2,
+        || daemon_health(&t).to_string(),
+    );
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(text.contains("2 interface MAC changes followed"), "{text}");
+    // The attach record has the new MAC too: attaching again changes nothing.
+    let out = attach(&t, &[]);
+    assert!(out.contains("nothing changed"), "{out}");
+}
+
+/// The LAN interface is deleted while the daemon runs: its XDP program
+/// went with it; the daemon says so, in its log and in `status`, with
+/// what to do.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_reports_a_deleted_attached_interface() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    println!("{}", attach(&t, &[]));
+    let daemon = Daemon::start(&t, &[]);
+    assert_eq!(daemon_health(&t)["interfaces_gone"], serde_json::json!([]));
+
+    t.exec_ok(Ns::Router, &["ip", "link", "del", "dev", LAN_IF]);
+    wait_for_or_show(
+        "the status to report the LAN interface gone",
+        Duration::from_secs(10),
+        || daemon_health(&t)["interfaces_gone"] == serde_json::json!([format!("{LAN_IF} (LAN)")]),
+        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
+    );
+    let text = stdout(&t.router_ctl(&["status"]));
+    println!("{text}");
+    assert!(
+        text.contains(&format!("INTERFACE GONE: {LAN_IF} (LAN)"))
+            && text.contains("router-ctl detach"),
+        "{text}"
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains("ERROR") && log.contains("is gone") && log.contains("attach"),
+        "{log}"
+    );
+}
+
+/// An XDP conntrack table of the router, opened from its pin.
+fn pinned_table<K: aya::Pod, V: aya::Pod>(t: &Topology, name: &str) -> HashMap<MapData, K, V> {
+    let path = pin_dir(t).join(name);
+    let data = MapData::from_pin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    HashMap::try_from(Map::from_map_data(data).expect("a map")).expect("a hash map")
+}
+
+/// A daemon killed between writing a connection's two entries pending and
+/// activating them leaves the pair pending: the data path would pass its
+/// packets to the kernel until the entries are evicted. The next daemon
+/// removes such pairs (IPv4 and IPv6) once it has offloaded the kernel's
+/// table, and counts them; an active offloaded pair stays.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_start_removes_pairs_left_pending() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let mut v4 = pinned_table::<FlowKey, FlowEntry>(&t, CONNTRACK_MAP);
+    let mut v6 = pinned_table::<FlowKey6, FlowEntry6>(&t, CONNTRACK6_MAP);
+    let entry = |peer: FlowKey, flags: u8, lease: u32| FlowEntry {
+        peer,
+        state: FlowState::UdpReplied as u8,
+        flags: flags | FLAG_OFFLOADED,
+        lease,
+        ..FlowEntry::default()
+    };
+    let pair = |v4: &mut HashMap<MapData, FlowKey, FlowEntry>, sport: u16, lease: u32| {
+        let orig = FlowKey::new([192, 168, 1, 2], [198, 51, 100, 7], sport, 53, IPPROTO_UDP);
+        let reply = FlowKey::new([198, 51, 100, 7], [203, 0, 113, 1], 53, sport, IPPROTO_UDP);
+        v4.insert(orig, entry(reply, FLAG_ORIGINAL, lease), 0)
+            .unwrap();
+        v4.insert(reply, entry(orig, 0, lease), 0).unwrap();
+        [orig, reply]
+    };
+    let left = pair(&mut v4, 40001, LEASE_PENDING);
+    // Active for ten minutes (a flow the kernel no longer has, which the
+    // daemon does not know: its lease ends it, not the sweep).
+    let active = pair(&mut v4, 40002, lease_tick(tests::prog::now_ns()) + 600);
+    let orig6 = FlowKey6::new([0xfd; 16], [0x20; 16], 40003, 53, IPPROTO_UDP);
+    let pending6 = FlowEntry6 {
+        state: FlowState::UdpReplied as u8,
+        flags: FLAG_OFFLOADED | FLAG_ORIGINAL,
+        lease: LEASE_PENDING,
+        ..FlowEntry6::default()
+    };
+    v6.insert(orig6, pending6, 0).unwrap();
+    v6.insert(
+        orig6.reversed(),
+        FlowEntry6 {
+            flags: FLAG_OFFLOADED,
+            ..pending6
+        },
+        0,
+    )
+    .unwrap();
+
+    let daemon = Daemon::start(&t, &[]);
+    for k in left {
+        assert!(
+            v4.get(&k, 0).is_err(),
+            "{k:?} still there:\n{}",
+            daemon.log()
+        );
+    }
+    for k in [orig6, orig6.reversed()] {
+        assert!(
+            v6.get(&k, 0).is_err(),
+            "{k:?} still there:\n{}",
+            daemon.log()
+        );
+    }
+    for k in active {
+        assert!(
+            v4.get(&k, 0).is_ok(),
+            "active {k:?} removed:\n{}",
+            daemon.log()
+        );
+    }
+    let log = daemon.log();
+    assert!(log.contains("removed 4 XDP entries left pending"), "{log}");
+    assert_eq!(daemon_health(&t)["stale_pending_removed"], 4);
+}
