@@ -741,70 +741,36 @@ mod tests {
 
     #[test]
     fn filters_match_either_end_before_or_after_translation() {
-        let q = |q: Query| q.apply(table()).len();
-        assert_eq!(q(Query::default()), 4);
-        assert_eq!(
-            q(Query {
-                proto: Some(ProtoFilter::Tcp),
-                ..Query::default()
-            }),
-            2
-        );
-        assert_eq!(
-            q(Query {
-                proto: Some(ProtoFilter::Udp),
-                ..Query::default()
-            }),
-            1
-        );
-        assert_eq!(
-            q(Query {
-                proto: Some(ProtoFilter::Icmp),
-                ..Query::default()
-            }),
-            1
-        );
-        // The client's port and the translated (WAN) port of the same flow.
-        assert_eq!(
-            q(Query {
-                port: Some(40_002),
-                ..Query::default()
-            }),
-            1
-        );
-        assert_eq!(
-            q(Query {
-                port: Some(41_002),
-                ..Query::default()
-            }),
-            1
-        );
-        assert_eq!(
-            q(Query {
-                port: Some(443),
-                ..Query::default()
-            }),
-            3
-        );
-        assert_eq!(
-            q(Query {
-                port: Some(9),
-                ..Query::default()
-            }),
-            0
-        );
+        let proto = |p| Query {
+            proto: Some(p),
+            ..Query::default()
+        };
+        let port = |p| Query {
+            port: Some(p),
+            ..Query::default()
+        };
         let addr = |a: &str| Query {
             addr: Some(a.parse().unwrap()),
             ..Query::default()
         };
-        assert_eq!(q(addr("192.168.50.2")), 4);
-        assert_eq!(
-            q(addr("203.0.113.1")),
-            4,
-            "the WAN address after translation"
-        );
-        assert_eq!(q(addr("192.168.50.3")), 0);
-        assert_eq!(q(addr("2001:db8::1")), 0);
+        for (query, flows, why) in [
+            (Query::default(), 4, "no filter"),
+            (proto(ProtoFilter::Tcp), 2, "tcp"),
+            (proto(ProtoFilter::Udp), 1, "udp"),
+            (proto(ProtoFilter::Icmp), 1, "icmp"),
+            // The client's port and the translated (WAN) port of the same
+            // flow.
+            (port(40_002), 1, "the client's port"),
+            (port(41_002), 1, "the WAN port after translation"),
+            (port(443), 3, "the server's port"),
+            (port(9), 0, "no flow's port"),
+            (addr("192.168.50.2"), 4, "the client's address"),
+            (addr("203.0.113.1"), 4, "the WAN address after translation"),
+            (addr("192.168.50.3"), 0, "no flow's address"),
+            (addr("2001:db8::1"), 0, "an IPv6 address"),
+        ] {
+            assert_eq!(query.apply(table()).len(), flows, "{why}: {query:?}");
+        }
         let both = Query {
             addr: Some("203.0.113.2".parse().unwrap()),
             proto: Some(ProtoFilter::Tcp),
@@ -814,38 +780,40 @@ mod tests {
         assert_eq!(ports(&both.apply(table())), ["192.168.50.2:40003"]);
     }
 
-    #[test]
-    fn ipv6_rows_match_ipv6_address_filters() {
-        let c = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2);
-        let srv = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2);
-        let k = FlowKey6::new(c.octets(), srv.octets(), 50_000, 22, IPPROTO_TCP);
+    const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2);
+    const SERVER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2);
+
+    /// Both entries of an established IPv6 TCP flow under `k` (original)
+    /// and its reverse, created and last seen at 10 s, with `flags` (beside
+    /// `FLAG_ORIGINAL`) on both.
+    fn established6(k: FlowKey6, flags: u8) -> [(FlowKey6, FlowEntry6); 2] {
         let orig = FlowEntry6 {
             created_ns: 10 * SEC,
             last_seen_ns: 10 * SEC,
             state: FlowState::TcpEstablished as u8,
-            flags: FLAG_ORIGINAL,
-            count: FlowCount {
-                packets: 3,
-                bytes: 300,
-            },
+            flags: FLAG_ORIGINAL | flags,
             ..FlowEntry6::default()
         };
-        let reply = FlowEntry6 {
-            flags: 0,
-            count: FlowCount {
-                packets: 2,
-                bytes: 200,
-            },
-            ..orig
+        let reply = FlowEntry6 { flags, ..orig };
+        [(k, orig), (k.reversed(), reply)]
+    }
+
+    #[test]
+    fn ipv6_rows_match_ipv6_address_filters() {
+        let k = FlowKey6::new(CLIENT6.octets(), SERVER6.octets(), 50_000, 22, IPPROTO_TCP);
+        let mut flow = established6(k, 0);
+        flow[0].1.count = FlowCount {
+            packets: 3,
+            bytes: 300,
         };
-        let rows = flow_rows6(
-            &[(k, orig), (k.reversed(), reply)],
-            11 * SEC,
-            &Timeouts::default(),
-        );
+        flow[1].1.count = FlowCount {
+            packets: 2,
+            bytes: 200,
+        };
+        let rows = flow_rows6(&flow, 11 * SEC, &Timeouts::default());
         assert_eq!((rows[0].orig_bytes, rows[0].reply_packets), (300, 2));
         let q = Query {
-            addr: Some(srv.into()),
+            addr: Some(SERVER6.into()),
             port: Some(22),
             ..Query::default()
         };
@@ -912,26 +880,10 @@ mod tests {
     #[test]
     fn ipv6_rows_pair_through_the_reversed_key() {
         use router_common::maps::FLAG_PORT_FORWARD;
-        let client = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2).octets();
-        let server = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2).octets();
-        let k = FlowKey6::new(server, client, 50000, 22, IPPROTO_TCP);
-        let orig = FlowEntry6 {
-            last_seen_ns: 10 * SEC,
-            created_ns: 10 * SEC,
-            state: FlowState::TcpEstablished as u8,
-            flags: FLAG_ORIGINAL | FLAG_PORT_FORWARD,
-            ..FlowEntry6::default()
-        };
-        let reply = FlowEntry6 {
-            flags: FLAG_PORT_FORWARD,
-            last_seen_ns: 11 * SEC,
-            ..orig
-        };
-        let rows = flow_rows6(
-            &[(k, orig), (k.reversed(), reply)],
-            12 * SEC,
-            &Timeouts::default(),
-        );
+        let k = FlowKey6::new(SERVER6.octets(), CLIENT6.octets(), 50000, 22, IPPROTO_TCP);
+        let mut flow = established6(k, FLAG_PORT_FORWARD);
+        flow[1].1.last_seen_ns = 11 * SEC;
+        let rows = flow_rows6(&flow, 12 * SEC, &Timeouts::default());
         assert_eq!(rows.len(), 1);
         let row = &rows[0];
         assert_eq!(
@@ -946,7 +898,7 @@ mod tests {
         );
         assert!(row.reply_present);
         assert!((row.idle_secs - 1.0).abs() < 1e-9, "{row:?}");
-        let alone = flow_rows6(&[(k, orig)], 12 * SEC, &Timeouts::default());
+        let alone = flow_rows6(&flow[..1], 12 * SEC, &Timeouts::default());
         assert!(!alone[0].reply_present);
     }
 
