@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use router_common::{
     flow,
     maps::{
-        FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
-        FlowState, Timeouts,
+        FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowCount, FlowEntry, FlowEntry6,
+        FlowKey, FlowKey6, FlowState, Timeouts,
     },
 };
 use serde::Serialize;
@@ -136,6 +136,90 @@ fn secs(ns: u64) -> f64 {
     (ns / 1_000_000) as f64 / 1000.0
 }
 
+/// What a row reads of a conntrack entry, the same in both families.
+#[derive(Clone, Copy)]
+struct EntryFields {
+    state: u8,
+    flags: u8,
+    created_ns: u64,
+    last_seen_ns: u64,
+    count: FlowCount,
+}
+
+/// `EntryFields` of either family's entry: the fields carry the same names.
+macro_rules! entry_fields_of {
+    ($($entry:ty),*) => {$(
+        impl From<&$entry> for EntryFields {
+            fn from(e: &$entry) -> Self {
+                Self {
+                    state: e.state,
+                    flags: e.flags,
+                    created_ns: e.created_ns,
+                    last_seen_ns: e.last_seen_ns,
+                    count: e.count,
+                }
+            }
+        }
+    )*};
+}
+entry_fields_of!(FlowEntry, FlowEntry6);
+
+/// A row's tuples as printed: original and translated source and
+/// destination.
+struct Tuples {
+    orig_src: String,
+    orig_dst: String,
+    xlat_src: String,
+    xlat_dst: String,
+}
+
+/// The row of a flow of `family` and protocol `proto` with `tuples`, from
+/// its original-direction entry `orig` and its reply entry, if present.
+/// Times are the flow's newest refresh of either entry.
+fn row(
+    family: &'static str,
+    proto: u8,
+    tuples: Tuples,
+    orig: EntryFields,
+    reply: Option<EntryFields>,
+    now_ns: u64,
+    t: &Timeouts,
+) -> FlowRow {
+    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
+    let Tuples {
+        orig_src,
+        orig_dst,
+        xlat_src,
+        xlat_dst,
+    } = tuples;
+    FlowRow {
+        proto: proto_name(proto),
+        state: FlowState::name(orig.state),
+        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
+            "lan"
+        } else {
+            "wan"
+        },
+        orig_src,
+        orig_dst,
+        xlat_src,
+        xlat_dst,
+        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
+        idle_secs: secs(now_ns.saturating_sub(last_seen)),
+        expired: flow::expired(orig.state, last_seen, now_ns, t),
+        reply_present: reply.is_some(),
+        offloaded: orig.flags & FLAG_OFFLOADED != 0,
+        family,
+        orig_packets: orig.count.packets,
+        orig_bytes: orig.count.bytes,
+        reply_packets: reply.map_or(0, |r| r.count.packets),
+        reply_bytes: reply.map_or(0, |r| r.count.bytes),
+        mean_bytes_per_sec: 0.0,
+        kernel: None,
+    }
+    .with_rate()
+}
+
 /// The row of the flow whose original-direction entry is `key` -> `orig`;
 /// `reply` is the entry under `orig.peer`, if present. Times are the
 /// flow's newest refresh of either entry.
@@ -147,33 +231,14 @@ pub fn flow_row(
     now_ns: u64,
     t: &Timeouts,
 ) -> FlowRow {
-    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
-    FlowRow {
-        proto: proto_name(key.proto),
-        state: FlowState::name(orig.state),
-        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
-            "lan"
-        } else {
-            "wan"
-        },
+    let tuples = Tuples {
         orig_src: endpoint(key.src_addr, key.src_port),
         orig_dst: endpoint(key.dst_addr, key.dst_port),
         xlat_src: endpoint(orig.new_src_addr, orig.new_src_port),
         xlat_dst: endpoint(orig.new_dst_addr, orig.new_dst_port),
-        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
-        idle_secs: secs(now_ns.saturating_sub(last_seen)),
-        expired: flow::expired(orig.state, last_seen, now_ns, t),
-        reply_present: reply.is_some(),
-        offloaded: orig.flags & FLAG_OFFLOADED != 0,
-        family: "ipv4",
-        orig_packets: orig.count.packets,
-        orig_bytes: orig.count.bytes,
-        reply_packets: reply.map_or(0, |r| r.count.packets),
-        reply_bytes: reply.map_or(0, |r| r.count.bytes),
-        mean_bytes_per_sec: 0.0,
-        kernel: None,
-    }
-    .with_rate()
+    };
+    let reply = reply.map(EntryFields::from);
+    row("ipv4", key.proto, tuples, orig.into(), reply, now_ns, t)
 }
 
 fn endpoint6(addr: [u8; 16], port: u16) -> String {
@@ -181,7 +246,7 @@ fn endpoint6(addr: [u8; 16], port: u16) -> String {
 }
 
 /// [`flow_row`] of an IPv6 flow: `reply` is the entry under the reversed
-/// key.
+/// key. IPv6 is routed: the translated tuples are the original ones.
 #[must_use]
 pub fn flow_row6(
     key: &FlowKey6,
@@ -190,37 +255,18 @@ pub fn flow_row6(
     now_ns: u64,
     t: &Timeouts,
 ) -> FlowRow {
-    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
     let (src, dst) = (
         endpoint6(key.src_addr, key.src_port),
         endpoint6(key.dst_addr, key.dst_port),
     );
-    FlowRow {
-        proto: proto_name(key.proto),
-        state: FlowState::name(orig.state),
-        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
-            "lan"
-        } else {
-            "wan"
-        },
+    let tuples = Tuples {
         xlat_src: src.clone(),
         xlat_dst: dst.clone(),
         orig_src: src,
         orig_dst: dst,
-        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
-        idle_secs: secs(now_ns.saturating_sub(last_seen)),
-        expired: flow::expired(orig.state, last_seen, now_ns, t),
-        reply_present: reply.is_some(),
-        offloaded: orig.flags & FLAG_OFFLOADED != 0,
-        family: "ipv6",
-        orig_packets: orig.count.packets,
-        orig_bytes: orig.count.bytes,
-        reply_packets: reply.map_or(0, |r| r.count.packets),
-        reply_bytes: reply.map_or(0, |r| r.count.bytes),
-        mean_bytes_per_sec: 0.0,
-        kernel: None,
-    }
-    .with_rate()
+    };
+    let reply = reply.map(EntryFields::from);
+    row("ipv6", key.proto, tuples, orig.into(), reply, now_ns, t)
 }
 
 impl FlowRow {
@@ -629,7 +675,6 @@ fn record_flushed(maps: &PinnedMaps, n: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use router_common::maps::FlowCount;
     use router_common::maps::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
     use serde_json::json;
 
