@@ -28,68 +28,56 @@ pub const PROG_FLAGS: u32 = 1 << 4;
 /// The program's context: `expected` and `new` lease, the map key (zero
 /// padded). After the run `expected` holds the lease the entry had.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub struct LeaseCasCtx {
     pub expected: u32,
     pub new: u32,
-    pub key: [u8; KEY_MAX],
+    pub key: CasKey,
+}
+
+/// The key of the context: a `FlowKey` (zero padded to [`KEY_MAX`]) or a
+/// `FlowKey6`. A union so that the key is stored as the map stores it
+/// (`repr(C)`, no padding holes) by a plain field write, not serialised
+/// field by field; only the kernel reads it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CasKey {
+    pub v4: FlowKey,
+    pub v6: FlowKey6,
 }
 
 /// The largest key (`FlowKey6`), a multiple of 8: the key is copied to the
 /// stack in 8-byte words.
 pub const KEY_MAX: usize = 40;
-const _: () = assert!(core::mem::size_of::<FlowKey6>() <= KEY_MAX);
+const _: () = assert!(core::mem::size_of::<FlowKey6>() == KEY_MAX);
 const _: () = assert!(core::mem::size_of::<FlowKey>() <= KEY_MAX);
+const _: () = assert!(core::mem::size_of::<CasKey>() == KEY_MAX);
 const _: () = assert!(core::mem::size_of::<LeaseCasCtx>() == 8 + KEY_MAX);
 
 impl LeaseCasCtx {
-    /// The context for swapping the lease of the entry under `key` (the
-    /// bytes of a `FlowKey` or `FlowKey6`) from `expected` to `new`.
-    ///
-    /// # Panics
-    /// If `key` is longer than [`KEY_MAX`].
-    #[must_use]
-    pub fn new(key: &[u8], expected: u32, new: u32) -> Self {
-        let mut ctx = Self {
-            expected,
-            new,
-            key: [0; KEY_MAX],
-        };
-        ctx.key[..key.len()].copy_from_slice(key);
-        ctx
-    }
-
-    /// [`Self::new`] for a `CONNTRACK` key: its bytes as the map stores
-    /// them (`repr(C)`, no padding holes).
+    /// The context for swapping the lease of the `CONNTRACK` entry under
+    /// `k` from `expected` to `new`.
     #[must_use]
     pub fn v4(k: &FlowKey, expected: u32, new: u32) -> Self {
-        let mut b = [0u8; 16];
-        b[0..4].copy_from_slice(&k.src_addr);
-        b[4..8].copy_from_slice(&k.dst_addr);
-        b[8..10].copy_from_slice(&k.src_port.to_ne_bytes());
-        b[10..12].copy_from_slice(&k.dst_port.to_ne_bytes());
-        b[12] = k.proto;
-        b[13] = k.pad;
-        b[14..16].copy_from_slice(&k.pad2.to_ne_bytes());
-        Self::new(&b, expected, new)
+        // All KEY_MAX bytes written (zero) first, then the key's: the
+        // program copies the whole key area to the stack.
+        let mut key = CasKey {
+            v6: FlowKey6::default(),
+        };
+        key.v4 = *k;
+        Self { expected, new, key }
     }
 
-    /// [`Self::new`] for a `CONNTRACK6` key.
+    /// [`Self::v4`] for a `CONNTRACK6` key.
     #[must_use]
-    pub fn v6(k: &FlowKey6, expected: u32, new: u32) -> Self {
-        let mut b = [0u8; 40];
-        b[0..16].copy_from_slice(&k.src_addr);
-        b[16..32].copy_from_slice(&k.dst_addr);
-        b[32..34].copy_from_slice(&k.src_port.to_ne_bytes());
-        b[34..36].copy_from_slice(&k.dst_port.to_ne_bytes());
-        b[36] = k.proto;
-        b[37] = k.pad;
-        b[38..40].copy_from_slice(&k.pad2.to_ne_bytes());
-        Self::new(&b, expected, new)
+    pub const fn v6(k: &FlowKey6, expected: u32, new: u32) -> Self {
+        Self {
+            expected,
+            new,
+            key: CasKey { v6: *k },
+        }
     }
 }
-const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
-const _: () = assert!(core::mem::size_of::<FlowKey6>() == 40);
 
 /// What one run of the program found; its return value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,10 +100,10 @@ impl LeaseSwap {
     /// The outcome of a run that returned `retval` and left `ctx`.
     #[must_use]
     pub const fn of_run(retval: u32, ctx: &LeaseCasCtx) -> Option<Self> {
-        match retval {
-            0 => Some(Self::Swapped),
-            1 => Some(Self::Changed(ctx.expected)),
-            2 => Some(Self::Gone),
+        match retval.cast_signed() {
+            RET_SWAPPED => Some(Self::Swapped),
+            RET_CHANGED => Some(Self::Changed(ctx.expected)),
+            RET_GONE => Some(Self::Gone),
             _ => None,
         }
     }
@@ -338,11 +326,50 @@ mod tests {
 
     #[test]
     fn the_run_result_reads_the_lease_found() {
-        let ctx = LeaseCasCtx::new(&[1, 2, 3], 1, 99);
-        assert_eq!(ctx.key[..4], [1, 2, 3, 0]);
+        let ctx = LeaseCasCtx::v4(&FlowKey::default(), 1, 99);
         assert_eq!(LeaseSwap::of_run(0, &ctx), Some(LeaseSwap::Swapped));
         assert_eq!(LeaseSwap::of_run(1, &ctx), Some(LeaseSwap::Changed(1)));
         assert_eq!(LeaseSwap::of_run(2, &ctx), Some(LeaseSwap::Gone));
         assert_eq!(LeaseSwap::of_run(3, &ctx), None);
+    }
+
+    /// The context as the kernel reads it (`ctx_in`).
+    fn ctx_bytes(ctx: &LeaseCasCtx) -> [u8; 8 + KEY_MAX] {
+        // SAFETY: LeaseCasCtx is repr(C) of 8 + KEY_MAX bytes (asserted),
+        // all written by its constructors (no padding holes).
+        let bytes = unsafe {
+            core::slice::from_raw_parts(core::ptr::from_ref(ctx).cast::<u8>(), 8 + KEY_MAX)
+        };
+        bytes.try_into().unwrap()
+    }
+
+    #[test]
+    fn the_context_holds_the_key_as_the_map_stores_it_zero_padded() {
+        let k = FlowKey::new([10, 0, 0, 1], [192, 0, 2, 7], 0x1234, 0x5678, 6);
+        let b = ctx_bytes(&LeaseCasCtx::v4(&k, 0x0102_0304, 0x0506_0708));
+        assert_eq!(b[0..4], 0x0102_0304u32.to_ne_bytes());
+        assert_eq!(b[4..8], 0x0506_0708u32.to_ne_bytes());
+        assert_eq!(b[8..12], [10, 0, 0, 1]);
+        assert_eq!(b[12..16], [192, 0, 2, 7]);
+        assert_eq!(b[16..18], 0x1234u16.to_ne_bytes());
+        assert_eq!(b[18..20], 0x5678u16.to_ne_bytes());
+        assert_eq!(b[20..24], [6, 0, 0, 0]);
+        assert_eq!(b[24..], [0; KEY_MAX - 16]);
+
+        let k6 = FlowKey6 {
+            src_addr: [1; 16],
+            dst_addr: [2; 16],
+            src_port: 0x1234,
+            dst_port: 0x5678,
+            proto: 17,
+            pad: 0,
+            pad2: 0,
+        };
+        let b = ctx_bytes(&LeaseCasCtx::v6(&k6, 1, 2));
+        assert_eq!(b[8..24], [1; 16]);
+        assert_eq!(b[24..40], [2; 16]);
+        assert_eq!(b[40..42], 0x1234u16.to_ne_bytes());
+        assert_eq!(b[42..44], 0x5678u16.to_ne_bytes());
+        assert_eq!(b[44..], [17, 0, 0, 0]);
     }
 }

@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use router_common::{
     flow,
     maps::{
-        FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
-        FlowState, Timeouts,
+        FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowCount, FlowEntry, FlowEntry6,
+        FlowKey, FlowKey6, FlowState, Timeouts,
     },
 };
 use serde::Serialize;
@@ -136,6 +136,90 @@ fn secs(ns: u64) -> f64 {
     (ns / 1_000_000) as f64 / 1000.0
 }
 
+/// What a row reads of a conntrack entry, the same in both families.
+#[derive(Clone, Copy)]
+struct EntryFields {
+    state: u8,
+    flags: u8,
+    created_ns: u64,
+    last_seen_ns: u64,
+    count: FlowCount,
+}
+
+/// `EntryFields` of either family's entry: the fields carry the same names.
+macro_rules! entry_fields_of {
+    ($($entry:ty),*) => {$(
+        impl From<&$entry> for EntryFields {
+            fn from(e: &$entry) -> Self {
+                Self {
+                    state: e.state,
+                    flags: e.flags,
+                    created_ns: e.created_ns,
+                    last_seen_ns: e.last_seen_ns,
+                    count: e.count,
+                }
+            }
+        }
+    )*};
+}
+entry_fields_of!(FlowEntry, FlowEntry6);
+
+/// A row's tuples as printed: original and translated source and
+/// destination.
+struct Tuples {
+    orig_src: String,
+    orig_dst: String,
+    xlat_src: String,
+    xlat_dst: String,
+}
+
+/// The row of a flow of `family` and protocol `proto` with `tuples`, from
+/// its original-direction entry `orig` and its reply entry, if present.
+/// Times are the flow's newest refresh of either entry.
+fn row(
+    family: &'static str,
+    proto: u8,
+    tuples: Tuples,
+    orig: EntryFields,
+    reply: Option<EntryFields>,
+    now_ns: u64,
+    t: &Timeouts,
+) -> FlowRow {
+    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
+    let Tuples {
+        orig_src,
+        orig_dst,
+        xlat_src,
+        xlat_dst,
+    } = tuples;
+    FlowRow {
+        proto: proto_name(proto),
+        state: FlowState::name(orig.state),
+        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
+            "lan"
+        } else {
+            "wan"
+        },
+        orig_src,
+        orig_dst,
+        xlat_src,
+        xlat_dst,
+        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
+        idle_secs: secs(now_ns.saturating_sub(last_seen)),
+        expired: flow::expired(orig.state, last_seen, now_ns, t),
+        reply_present: reply.is_some(),
+        offloaded: orig.flags & FLAG_OFFLOADED != 0,
+        family,
+        orig_packets: orig.count.packets,
+        orig_bytes: orig.count.bytes,
+        reply_packets: reply.map_or(0, |r| r.count.packets),
+        reply_bytes: reply.map_or(0, |r| r.count.bytes),
+        mean_bytes_per_sec: 0.0,
+        kernel: None,
+    }
+    .with_rate()
+}
+
 /// The row of the flow whose original-direction entry is `key` -> `orig`;
 /// `reply` is the entry under `orig.peer`, if present. Times are the
 /// flow's newest refresh of either entry.
@@ -147,33 +231,14 @@ pub fn flow_row(
     now_ns: u64,
     t: &Timeouts,
 ) -> FlowRow {
-    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
-    FlowRow {
-        proto: proto_name(key.proto),
-        state: FlowState::name(orig.state),
-        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
-            "lan"
-        } else {
-            "wan"
-        },
+    let tuples = Tuples {
         orig_src: endpoint(key.src_addr, key.src_port),
         orig_dst: endpoint(key.dst_addr, key.dst_port),
         xlat_src: endpoint(orig.new_src_addr, orig.new_src_port),
         xlat_dst: endpoint(orig.new_dst_addr, orig.new_dst_port),
-        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
-        idle_secs: secs(now_ns.saturating_sub(last_seen)),
-        expired: flow::expired(orig.state, last_seen, now_ns, t),
-        reply_present: reply.is_some(),
-        offloaded: orig.flags & FLAG_OFFLOADED != 0,
-        family: "ipv4",
-        orig_packets: orig.count.packets,
-        orig_bytes: orig.count.bytes,
-        reply_packets: reply.map_or(0, |r| r.count.packets),
-        reply_bytes: reply.map_or(0, |r| r.count.bytes),
-        mean_bytes_per_sec: 0.0,
-        kernel: None,
-    }
-    .with_rate()
+    };
+    let reply = reply.map(EntryFields::from);
+    row("ipv4", key.proto, tuples, orig.into(), reply, now_ns, t)
 }
 
 fn endpoint6(addr: [u8; 16], port: u16) -> String {
@@ -181,7 +246,7 @@ fn endpoint6(addr: [u8; 16], port: u16) -> String {
 }
 
 /// [`flow_row`] of an IPv6 flow: `reply` is the entry under the reversed
-/// key.
+/// key. IPv6 is routed: the translated tuples are the original ones.
 #[must_use]
 pub fn flow_row6(
     key: &FlowKey6,
@@ -190,37 +255,18 @@ pub fn flow_row6(
     now_ns: u64,
     t: &Timeouts,
 ) -> FlowRow {
-    let last_seen = reply.map_or(orig.last_seen_ns, |r| r.last_seen_ns.max(orig.last_seen_ns));
     let (src, dst) = (
         endpoint6(key.src_addr, key.src_port),
         endpoint6(key.dst_addr, key.dst_port),
     );
-    FlowRow {
-        proto: proto_name(key.proto),
-        state: FlowState::name(orig.state),
-        origin: if orig.flags & FLAG_PORT_FORWARD == 0 {
-            "lan"
-        } else {
-            "wan"
-        },
+    let tuples = Tuples {
         xlat_src: src.clone(),
         xlat_dst: dst.clone(),
         orig_src: src,
         orig_dst: dst,
-        age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
-        idle_secs: secs(now_ns.saturating_sub(last_seen)),
-        expired: flow::expired(orig.state, last_seen, now_ns, t),
-        reply_present: reply.is_some(),
-        offloaded: orig.flags & FLAG_OFFLOADED != 0,
-        family: "ipv6",
-        orig_packets: orig.count.packets,
-        orig_bytes: orig.count.bytes,
-        reply_packets: reply.map_or(0, |r| r.count.packets),
-        reply_bytes: reply.map_or(0, |r| r.count.bytes),
-        mean_bytes_per_sec: 0.0,
-        kernel: None,
-    }
-    .with_rate()
+    };
+    let reply = reply.map(EntryFields::from);
+    row("ipv6", key.proto, tuples, orig.into(), reply, now_ns, t)
 }
 
 impl FlowRow {
@@ -629,7 +675,6 @@ fn record_flushed(maps: &PinnedMaps, n: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use router_common::maps::FlowCount;
     use router_common::maps::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
     use serde_json::json;
 
@@ -741,70 +786,36 @@ mod tests {
 
     #[test]
     fn filters_match_either_end_before_or_after_translation() {
-        let q = |q: Query| q.apply(table()).len();
-        assert_eq!(q(Query::default()), 4);
-        assert_eq!(
-            q(Query {
-                proto: Some(ProtoFilter::Tcp),
-                ..Query::default()
-            }),
-            2
-        );
-        assert_eq!(
-            q(Query {
-                proto: Some(ProtoFilter::Udp),
-                ..Query::default()
-            }),
-            1
-        );
-        assert_eq!(
-            q(Query {
-                proto: Some(ProtoFilter::Icmp),
-                ..Query::default()
-            }),
-            1
-        );
-        // The client's port and the translated (WAN) port of the same flow.
-        assert_eq!(
-            q(Query {
-                port: Some(40_002),
-                ..Query::default()
-            }),
-            1
-        );
-        assert_eq!(
-            q(Query {
-                port: Some(41_002),
-                ..Query::default()
-            }),
-            1
-        );
-        assert_eq!(
-            q(Query {
-                port: Some(443),
-                ..Query::default()
-            }),
-            3
-        );
-        assert_eq!(
-            q(Query {
-                port: Some(9),
-                ..Query::default()
-            }),
-            0
-        );
+        let proto = |p| Query {
+            proto: Some(p),
+            ..Query::default()
+        };
+        let port = |p| Query {
+            port: Some(p),
+            ..Query::default()
+        };
         let addr = |a: &str| Query {
             addr: Some(a.parse().unwrap()),
             ..Query::default()
         };
-        assert_eq!(q(addr("192.168.50.2")), 4);
-        assert_eq!(
-            q(addr("203.0.113.1")),
-            4,
-            "the WAN address after translation"
-        );
-        assert_eq!(q(addr("192.168.50.3")), 0);
-        assert_eq!(q(addr("2001:db8::1")), 0);
+        for (query, flows, why) in [
+            (Query::default(), 4, "no filter"),
+            (proto(ProtoFilter::Tcp), 2, "tcp"),
+            (proto(ProtoFilter::Udp), 1, "udp"),
+            (proto(ProtoFilter::Icmp), 1, "icmp"),
+            // The client's port and the translated (WAN) port of the same
+            // flow.
+            (port(40_002), 1, "the client's port"),
+            (port(41_002), 1, "the WAN port after translation"),
+            (port(443), 3, "the server's port"),
+            (port(9), 0, "no flow's port"),
+            (addr("192.168.50.2"), 4, "the client's address"),
+            (addr("203.0.113.1"), 4, "the WAN address after translation"),
+            (addr("192.168.50.3"), 0, "no flow's address"),
+            (addr("2001:db8::1"), 0, "an IPv6 address"),
+        ] {
+            assert_eq!(query.apply(table()).len(), flows, "{why}: {query:?}");
+        }
         let both = Query {
             addr: Some("203.0.113.2".parse().unwrap()),
             proto: Some(ProtoFilter::Tcp),
@@ -814,38 +825,40 @@ mod tests {
         assert_eq!(ports(&both.apply(table())), ["192.168.50.2:40003"]);
     }
 
-    #[test]
-    fn ipv6_rows_match_ipv6_address_filters() {
-        let c = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2);
-        let srv = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2);
-        let k = FlowKey6::new(c.octets(), srv.octets(), 50_000, 22, IPPROTO_TCP);
+    const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2);
+    const SERVER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2);
+
+    /// Both entries of an established IPv6 TCP flow under `k` (original)
+    /// and its reverse, created and last seen at 10 s, with `flags` (beside
+    /// `FLAG_ORIGINAL`) on both.
+    fn established6(k: FlowKey6, flags: u8) -> [(FlowKey6, FlowEntry6); 2] {
         let orig = FlowEntry6 {
             created_ns: 10 * SEC,
             last_seen_ns: 10 * SEC,
             state: FlowState::TcpEstablished as u8,
-            flags: FLAG_ORIGINAL,
-            count: FlowCount {
-                packets: 3,
-                bytes: 300,
-            },
+            flags: FLAG_ORIGINAL | flags,
             ..FlowEntry6::default()
         };
-        let reply = FlowEntry6 {
-            flags: 0,
-            count: FlowCount {
-                packets: 2,
-                bytes: 200,
-            },
-            ..orig
+        let reply = FlowEntry6 { flags, ..orig };
+        [(k, orig), (k.reversed(), reply)]
+    }
+
+    #[test]
+    fn ipv6_rows_match_ipv6_address_filters() {
+        let k = FlowKey6::new(CLIENT6.octets(), SERVER6.octets(), 50_000, 22, IPPROTO_TCP);
+        let mut flow = established6(k, 0);
+        flow[0].1.count = FlowCount {
+            packets: 3,
+            bytes: 300,
         };
-        let rows = flow_rows6(
-            &[(k, orig), (k.reversed(), reply)],
-            11 * SEC,
-            &Timeouts::default(),
-        );
+        flow[1].1.count = FlowCount {
+            packets: 2,
+            bytes: 200,
+        };
+        let rows = flow_rows6(&flow, 11 * SEC, &Timeouts::default());
         assert_eq!((rows[0].orig_bytes, rows[0].reply_packets), (300, 2));
         let q = Query {
-            addr: Some(srv.into()),
+            addr: Some(SERVER6.into()),
             port: Some(22),
             ..Query::default()
         };
@@ -912,26 +925,10 @@ mod tests {
     #[test]
     fn ipv6_rows_pair_through_the_reversed_key() {
         use router_common::maps::FLAG_PORT_FORWARD;
-        let client = Ipv6Addr::new(0x2001, 0xdb8, 0x50, 0, 0, 0, 0, 2).octets();
-        let server = Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 2).octets();
-        let k = FlowKey6::new(server, client, 50000, 22, IPPROTO_TCP);
-        let orig = FlowEntry6 {
-            last_seen_ns: 10 * SEC,
-            created_ns: 10 * SEC,
-            state: FlowState::TcpEstablished as u8,
-            flags: FLAG_ORIGINAL | FLAG_PORT_FORWARD,
-            ..FlowEntry6::default()
-        };
-        let reply = FlowEntry6 {
-            flags: FLAG_PORT_FORWARD,
-            last_seen_ns: 11 * SEC,
-            ..orig
-        };
-        let rows = flow_rows6(
-            &[(k, orig), (k.reversed(), reply)],
-            12 * SEC,
-            &Timeouts::default(),
-        );
+        let k = FlowKey6::new(SERVER6.octets(), CLIENT6.octets(), 50000, 22, IPPROTO_TCP);
+        let mut flow = established6(k, FLAG_PORT_FORWARD);
+        flow[1].1.last_seen_ns = 11 * SEC;
+        let rows = flow_rows6(&flow, 12 * SEC, &Timeouts::default());
         assert_eq!(rows.len(), 1);
         let row = &rows[0];
         assert_eq!(
@@ -946,7 +943,7 @@ mod tests {
         );
         assert!(row.reply_present);
         assert!((row.idle_secs - 1.0).abs() < 1e-9, "{row:?}");
-        let alone = flow_rows6(&[(k, orig)], 12 * SEC, &Timeouts::default());
+        let alone = flow_rows6(&flow[..1], 12 * SEC, &Timeouts::default());
         assert!(!alone[0].reply_present);
     }
 

@@ -12,8 +12,18 @@
 //! drains. The log map and the level map belong to one loaded program (they
 //! are not pinned): after a replace the reader follows the new program
 //! ([`DataPathLog::follow`]).
+//!
+//! aya-log (0.3) unwraps its parse of each record in `EbpfLogger::flush`:
+//! a malformed record (an object whose log layout this aya-log does not
+//! know) would panic the daemon. Its parser is private, so the reader
+//! catches that panic instead ([`flush_past_bad_records`]): the bad record
+//! is consumed all the same (the ring buffer item is released as the panic
+//! unwinds), counted and reported, and reading goes on with the next one.
 
-use std::os::fd::AsRawFd as _;
+use std::{
+    os::fd::AsRawFd as _,
+    panic::{AssertUnwindSafe, catch_unwind},
+};
 
 use anyhow::{Context, Result};
 use aya::{
@@ -47,11 +57,52 @@ pub fn wanted_level() -> u32 {
     wanted.iter().take_while(|on| **on).count() as u32
 }
 
+/// The most malformed records one drain skips: each is consumed as it is
+/// skipped, so this only bounds a drain racing a program that writes
+/// nothing else; the rest wait for the next drain.
+const BAD_RECORDS_PER_DRAIN: u64 = 1024;
+
+/// Runs `flush` (aya-log's `EbpfLogger::flush`, which panics on a record it
+/// cannot parse, having consumed it) until it returns, at most
+/// [`BAD_RECORDS_PER_DRAIN`] times over; returns how many times it
+/// panicked: the malformed records skipped. The panic's own message still
+/// goes to the panic hook (stderr).
+fn flush_past_bad_records(mut flush: impl FnMut()) -> u64 {
+    let mut bad = 0;
+    // The logger stays consistent across the panic: the ring buffer's
+    // consumer position advances as the record's item is dropped.
+    while bad < BAD_RECORDS_PER_DRAIN && catch_unwind(AssertUnwindSafe(&mut flush)).is_err() {
+        bad += 1;
+    }
+    bad
+}
+
 /// One program's log being read.
 struct Open {
     prog_id: u32,
     logs: AsyncFd<EbpfLogger<&'static dyn log::Log>>,
     level: LogLevelMap,
+    /// Malformed records skipped so far.
+    bad_records: u64,
+}
+
+impl Open {
+    /// Writes every line waiting in the ring buffer to the log; a record
+    /// aya-log cannot parse is skipped, counted and reported.
+    fn drain(&mut self) {
+        let logs = self.logs.get_mut();
+        let bad = flush_past_bad_records(|| logs.flush());
+        if bad > 0 {
+            self.bad_records += bad;
+            tracing::warn!(
+                "skipped {bad} malformed data path log record(s) of program {} ({} so far): \
+                 the attached object's log format is not the one this router-ctl's aya-log \
+                 reads; attach this router-ctl's object",
+                self.prog_id,
+                self.bad_records
+            );
+        }
+    }
 }
 
 impl Open {
@@ -72,6 +123,7 @@ impl Open {
             prog_id,
             logs,
             level: level_map,
+            bad_records: 0,
         })
     }
 }
@@ -81,8 +133,7 @@ impl Drop for Open {
         // Nobody reads any more: the program stops writing. A program
         // already unloaded (replaced, detached) has nothing to turn off.
         let _ = self.level.set(0, 0, 0);
-        let logs = self.logs.get_mut();
-        logs.flush();
+        self.drain();
     }
 }
 
@@ -179,7 +230,33 @@ impl DataPathLog {
     /// Writes every line waiting in the ring buffer to the log.
     pub fn drain(&mut self) {
         if let Some(o) = &mut self.open {
-            o.logs.get_mut().flush();
+            o.drain();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_record_is_counted_not_a_panic() {
+        // A flush that meets two bad records (each consumed by its panic)
+        // before the ring buffer is empty.
+        let mut records = vec![Ok(()), Err(()), Ok(()), Err(()), Ok(())];
+        let mut logged = 0;
+        let bad = flush_past_bad_records(|| {
+            while !records.is_empty() {
+                records.remove(0).expect("a record aya-log cannot parse");
+                logged += 1;
+            }
+        });
+        assert_eq!((bad, logged), (2, 3));
+        assert_eq!(flush_past_bad_records(|| {}), 0);
+        // A flush that never stops panicking is given up on.
+        assert_eq!(
+            flush_past_bad_records(|| panic!("always")),
+            BAD_RECORDS_PER_DRAIN
+        );
     }
 }

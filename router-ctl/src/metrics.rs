@@ -7,8 +7,8 @@ use std::{fmt::Write as _, net::SocketAddr};
 use anyhow::{Result, anyhow};
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
 use router_common::maps::{Admit, Counter, CounterValue};
@@ -54,49 +54,36 @@ struct RouterCollector {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// One metric family of `kind`: its descriptor and a sample per label set
+/// (an empty label set is written without braces, so an unlabelled sample
+/// reads `name value`).
+fn samples<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (Labels, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    for (labels, v) in rows {
+        v.encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A counter with a sample per label set; none at all if there are no
+/// rows.
 fn counters<'a>(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     rows: impl Iterator<Item = (Labels, u64)> + 'a,
 ) -> Result<(), std::fmt::Error> {
-    let rows: Vec<_> = rows.collect();
+    let rows: Vec<_> = rows.map(|(l, v)| (l, ConstCounter::new(v))).collect();
     if rows.is_empty() {
         return Ok(());
     }
-    let mut m = enc.encode_descriptor(
-        name,
-        help,
-        None,
-        prometheus_client::metrics::MetricType::Counter,
-    )?;
-    for (labels, v) in rows {
-        let fam = m.encode_family(&labels)?;
-        ConstCounter::new(v).encode(fam)?;
-    }
-    Ok(())
-}
-
-fn gauge(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    labels: &Labels,
-    v: i64,
-) -> Result<(), std::fmt::Error> {
-    let mut m = enc.encode_descriptor(
-        name,
-        help,
-        None,
-        prometheus_client::metrics::MetricType::Gauge,
-    )?;
-    if labels.is_empty() {
-        ConstGauge::new(v).encode(m)?;
-    } else {
-        let fam = m.encode_family(labels)?;
-        ConstGauge::new(v).encode(fam)?;
-    }
-    Ok(())
+    samples(enc, name, help, MetricType::Counter, rows)
 }
 
 /// One gauge with a sample per label set.
@@ -104,19 +91,20 @@ fn gauges(
     enc: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    rows: &[(Labels, i64)],
+    rows: Vec<(Labels, i64)>,
 ) -> Result<(), std::fmt::Error> {
-    let mut m = enc.encode_descriptor(
-        name,
-        help,
-        None,
-        prometheus_client::metrics::MetricType::Gauge,
-    )?;
-    for (labels, v) in rows {
-        let fam = m.encode_family(labels)?;
-        ConstGauge::new(*v).encode(fam)?;
-    }
-    Ok(())
+    let rows = rows.into_iter().map(|(l, v)| (l, ConstGauge::new(v)));
+    samples(enc, name, help, MetricType::Gauge, rows)
+}
+
+/// One unlabelled gauge.
+fn gauge(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: i64,
+) -> Result<(), std::fmt::Error> {
+    gauges(enc, name, help, vec![(Labels::new(), v)])
 }
 
 fn i64_of(v: impl TryInto<i64>) -> i64 {
@@ -135,7 +123,6 @@ impl RouterCollector {
             enc,
             "xdp_router_admit_kernel",
             "1 in offload mode (the kernel admits flows), 0 in standalone mode",
-            &Vec::new(),
             i64::from(kernel_mode),
         )?;
         let d = daemon::health_json(self.ctx.ns());
@@ -143,7 +130,6 @@ impl RouterCollector {
             enc,
             "xdp_router_daemon_up",
             "1 if `router-ctl run` runs and its heartbeat is current",
-            &Vec::new(),
             i64::from(d["running"] == true),
         )?;
         if d["running"] != true {
@@ -153,7 +139,6 @@ impl RouterCollector {
             enc,
             "xdp_router_offloaded_flows",
             "Kernel flows the fast path carries now",
-            &Vec::new(),
             i64_of(d["offloaded_flows"].as_u64().unwrap_or(0)),
         )?;
         let events = [
@@ -196,7 +181,6 @@ impl Collector for RouterCollector {
             &mut enc,
             "xdp_router_up",
             "1 if the router's pinned maps could be read",
-            &Vec::new(),
             i64::from(read.is_ok()),
         )?;
         let Ok(cs) = read else {
@@ -210,18 +194,16 @@ impl Collector for RouterCollector {
                 ("lan_mode", r.lan_mode.clone()),
                 ("wan_mode", r.wan_mode.clone()),
             ];
-            gauge(
+            gauges(
                 &mut enc,
                 "xdp_router_info",
                 "The attached router: object version, interfaces and modes",
-                &labels,
-                1,
+                vec![(labels, 1)],
             )?;
             gauge(
                 &mut enc,
                 "xdp_router_attached_since_seconds",
                 "Unix time of the attach",
-                &Vec::new(),
                 i64_of(r.attached_at),
             )?;
         }
@@ -296,19 +278,18 @@ impl Collector for RouterCollector {
                 &mut enc,
                 "xdp_router_conntrack_entries",
                 "Conntrack entries in use (two per flow)",
-                &entries,
+                entries,
             )?;
             gauges(
                 &mut enc,
                 "xdp_router_conntrack_capacity",
                 "Conntrack capacity in entries",
-                &capacity,
+                capacity,
             )?;
             gauge(
                 &mut enc,
                 "xdp_router_conntrack_evicted_estimate",
                 "Conntrack entries evicted by the LRU (estimate: inserted - removed - flushed - present)",
-                &Vec::new(),
                 i64_of(t.evicted_estimate),
             )?;
         }
@@ -317,7 +298,6 @@ impl Collector for RouterCollector {
                 &mut enc,
                 "xdp_router_port_forward_rules",
                 "Port-forward rules installed",
-                &Vec::new(),
                 i64_of(r.len()),
             )?;
         }

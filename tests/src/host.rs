@@ -82,6 +82,19 @@ pub fn run_ok(cmd: &[&str]) {
     check(cmd, &out);
 }
 
+/// Loads the nftables ruleset `rules` into namespace `ns` (`nft -f`, from
+/// a temporary file named after the namespace and this process, removed
+/// after); panics (with nft's output) unless it loads.
+pub fn load_nft(ns: &str, rules: &str) {
+    let path = std::env::temp_dir().join(format!("{ns}-{}.nft", std::process::id()));
+    std::fs::write(&path, rules).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    let path_arg = path.to_string_lossy().into_owned();
+    let cmd = ["ip", "netns", "exec", ns, "nft", "-f", path_arg.as_str()];
+    let out = run(&cmd);
+    let _ = std::fs::remove_file(&path);
+    check(&cmd, &out);
+}
+
 /// Whether `/run/netns/NAME` exists.
 #[must_use]
 pub fn netns_exists(name: &str) -> bool {

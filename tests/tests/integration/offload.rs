@@ -14,8 +14,8 @@ use std::{
 };
 
 use tests::{
-    CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, router_ctl_bin,
-    socket_addr as sa,
+    CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, host::load_nft,
+    router_ctl_bin, socket_addr as sa,
 };
 
 use crate::ctl::{DetachOnDrop, Stream, wait_for, wait_for_or_show};
@@ -29,15 +29,6 @@ const FORWARDED_PORT: u16 = 8080;
 enum Firewall {
     Nftables,
     IptablesLegacy,
-}
-
-/// Loads an nftables ruleset into the router's namespace (`nft -f`, from a
-/// temporary file named after `tag` and this process).
-pub(crate) fn load_nft(t: &Topology, tag: &str, rules: &str) {
-    let path = std::env::temp_dir().join(format!("{tag}-{}.nft", std::process::id()));
-    std::fs::write(&path, rules).unwrap();
-    t.exec_ok(Ns::Router, &["nft", "-f", path.to_str().unwrap()]);
-    let _ = std::fs::remove_file(path);
 }
 
 /// The router's firewall and NAT, the way a router owner writes them.
@@ -67,7 +58,7 @@ table ip nat {{
 }}
 "
             );
-            load_nft(t, "offload-fw", &rules);
+            load_nft(t.ns_name(Ns::Router), &rules);
         }
         Firewall::IptablesLegacy => {
             let blocked = BLOCKED_UDP_PORT.to_string();

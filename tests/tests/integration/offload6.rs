@@ -11,11 +11,11 @@ use std::{
 };
 
 use tests::v6::{self, CLIENT6, SERVER6};
-use tests::{LAN_IF, Ns, Topology, WAN_IF};
+use tests::{LAN_IF, Ns, Topology, WAN_IF, host::load_nft};
 
 use crate::ctl::{DetachOnDrop, Stream, wait_for};
 use crate::ipv6_e2e::{kernel_forwarded6, ping6};
-use crate::offload::{Daemon, echoes, kernel_entries, load_nft, offloaded_rows, udp_echo};
+use crate::offload::{Daemon, echoes, kernel_entries, offloaded_rows, udp_echo};
 
 /// The UDP port the firewall drops from the LAN.
 const BLOCKED_UDP_PORT: u16 = 9999;
@@ -39,7 +39,7 @@ fn install_firewall6(t: &Topology) {
 }}
 "
     );
-    load_nft(t, "offload6-fw", &rules);
+    load_nft(t.ns_name(Ns::Router), &rules);
 }
 
 /// The firewalled IPv6 router in offload mode, its neighbours known.

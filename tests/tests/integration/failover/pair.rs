@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::host::{check, run, run_ok};
+use tests::host::{check, load_nft, run, run_ok};
 use tests::{HOST_IF, LAN_IF, WAN_IF, counter_of, netns_exists, router_ctl_bin};
 
 use super::{CLIENT, LAN_NET, LAN_VIP, R1, R2, Router, SERVER, SYNC_IF, WAN_VIP};
@@ -214,9 +214,7 @@ table ip nat {{
 }}
 "
         );
-        let path = self.dir.join(format!("{role}-firewall.nft"));
-        std::fs::write(&path, rules).unwrap();
-        self.exec_ok(role, &["nft", "-f", path.to_str().unwrap()]);
+        load_nft(&self.ns(role), &rules);
     }
 
     /// Lets a router learn the client's and the server's MACs (the fast
