@@ -12,6 +12,7 @@
 //! the client's ports are free again at once; the client (one thread per
 //! worker in the client namespace) loops until the time is up.
 
+use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -217,14 +218,15 @@ fn show(r: &Row) -> String {
         r.softirq_us_per_conn,
     );
     if let Some(fp) = r.fast_path {
-        s += &format!(
+        let _ = write!(
+            s,
             ", {} flows offloaded, XDP carried {:.1} % of the forwarded pkts",
             fp.flows_offloaded,
             fp.xdp_pct()
         );
     }
     if let Some(us) = r.daemon_us_per_conn {
-        s += &format!(", daemon {us:.1} us CPU per connection");
+        let _ = write!(s, ", daemon {us:.1} us CPU per connection");
     }
     s
 }
