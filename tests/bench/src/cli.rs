@@ -167,8 +167,9 @@ pub struct Cli {
     /// points and the connection setup rate.
     #[arg(long)]
     no_offload: bool,
-    /// Run only the connection setup rate (and the platform facts, one
-    /// crypto block size): no points and no other phase. With
+    /// Run only the connection setup rate, on the plain veths and between
+    /// the cables (--no-cable: the plain veths only), and the platform
+    /// facts (one crypto block size): no points and no other phase. With
     /// --conn-rate-reps, the cheapest side-by-side comparison of the paths'
     /// setup cost.
     #[arg(long, conflicts_with = "no_conn_rate")]
