@@ -37,7 +37,8 @@ pub struct Cli {
     /// in target/bench-smoke).
     #[arg(long)]
     smoke: bool,
-    /// Length of every run in seconds [default: 4, quick 2, smoke 1].
+    /// Length of every run in seconds [default: 4, quick 2, smoke 1]; the
+    /// connection setup rate's too when given (see --conn-rate-secs).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     secs: Option<u32>,
     /// TCP connection counts [default: 1,100,1000,2000; quick 1,100; smoke 1].
@@ -128,8 +129,9 @@ pub struct Cli {
     /// xdp and limit, on multi-queue veths).
     #[arg(long)]
     no_scaling: bool,
-    /// Skip the TCP runs between XDP cables (a fresh topology with an XDP
-    /// "cable" namespace on each side of the router; offload off).
+    /// Skip the runs between XDP cables (a fresh topology with an XDP
+    /// "cable" namespace on each side of the router; offload off): TCP and
+    /// the connection setup rate's cable rows.
     #[arg(long)]
     no_cable: bool,
     /// TCP connection counts between the cables (`-l 128` too at 1000 and
@@ -165,8 +167,9 @@ pub struct Cli {
     /// points and the connection setup rate.
     #[arg(long)]
     no_offload: bool,
-    /// Run only the connection setup rate (and the platform facts, one
-    /// crypto block size): no points and no other phase. With
+    /// Run only the connection setup rate, on the plain veths and between
+    /// the cables (--no-cable: the plain veths only), and the platform
+    /// facts (one crypto block size): no points and no other phase. With
     /// --conn-rate-reps, the cheapest side-by-side comparison of the paths'
     /// setup cost.
     #[arg(long, conflicts_with = "no_conn_rate")]
@@ -176,6 +179,12 @@ pub struct Cli {
     /// alike; the report's ratios take each path's median [default: 1].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=50))]
     conn_rate_reps: Option<u32>,
+    /// Seconds of each connection setup rate run, on the plain veths and
+    /// between the cables [default: --secs if given, else 2; quick and
+    /// smoke 1]. Shorter than the other runs so that both wires fit the
+    /// run-time budgets; each run still makes thousands of connections.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u32).range(1..=600))]
+    conn_rate_secs: Option<u32>,
     /// Parallel clients of the connection setup rate [default: 16; smoke 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     conn_rate_workers: Option<u32>,
@@ -238,6 +247,8 @@ pub struct Opts {
     pub only_conn_rate: bool,
     /// Rounds of the connection setup rate, every path once per round.
     pub conn_rate_reps: u32,
+    /// Seconds of each connection setup rate run.
+    pub conn_rate_secs: u32,
     /// Whether the offload path runs (on the review table's points and the
     /// connection setup rate).
     pub offload_path: bool,
@@ -339,13 +350,19 @@ impl Cli {
             micro: !self.no_micro && !only,
             frags: !self.no_frags && (smoke || !quick) && !only,
             scaling: !self.no_scaling && !only,
-            cable: !self.no_cable && !only,
+            // --only-conn-rate: no cable points (no workloads), the
+            // connection setup rate's cable rows.
+            cable: !self.no_cable,
             cable_conns: self
                 .cable_conns
                 .unwrap_or_else(|| mode.pick(vec![1, 100, 1000, 2000], vec![1], vec![1])),
             conn_rate: !self.no_conn_rate,
             only_conn_rate: only,
             conn_rate_reps: self.conn_rate_reps.unwrap_or(1),
+            conn_rate_secs: self
+                .conn_rate_secs
+                .or(self.secs)
+                .unwrap_or(mode.pick(2, 1, 1)),
             offload_path: !self.no_offload,
             big_table: if self.no_big_table || only {
                 0
@@ -550,18 +567,33 @@ mod unit {
         let o = opts(&["--only-conn-rate", "--conn-rate-reps", "5", "--secs", "3"]);
         assert!(o.points().is_empty());
         assert!(o.conn_rate && o.only_conn_rate && o.offload_path);
-        assert!(!(o.micro || o.frags || o.scaling || o.cable));
+        assert!(!(o.micro || o.frags || o.scaling));
+        assert!(crate::run::cable_points(&o).is_empty());
         assert_eq!((o.big_table, o.conn_rate_reps, o.secs), (0, 5, 3));
+        // --secs sets the connection runs' length too.
+        assert_eq!(o.conn_rate_secs, 3);
         // The plan: the platform's one crypto size and 5 rounds of kernel,
-        // xdp and offload, nothing else.
+        // xdp and offload on each wire, nothing else.
         let phases = crate::plan::phases(&o);
         let named: Vec<(&str, usize)> = phases
             .iter()
             .filter(|p| p.runs > 0 || p.name == "platform")
             .map(|p| (p.name, p.runs))
             .collect();
-        assert_eq!(named, vec![("platform", 0), ("conn-rate", 15)]);
+        assert_eq!(
+            named,
+            vec![("platform", 0), ("conn-rate", 15), ("cable", 15)]
+        );
+        let plain_only = opts(&["--only-conn-rate", "--no-cable"]);
+        assert!(!crate::run::cable_conn_rate(&plain_only));
         assert_eq!(opts(&[]).conn_rate_reps, 1);
+        // The connection runs' length: their own, else --secs, else the mode's.
+        let secs = |args: &[&str]| opts(args).conn_rate_secs;
+        assert_eq!(
+            (secs(&[]), secs(&["--quick"]), secs(&["--smoke"])),
+            (2, 1, 1)
+        );
+        assert_eq!(secs(&["--secs", "5", "--conn-rate-secs", "3"]), 3);
         for bad in [
             &["--only-conn-rate", "--no-conn-rate"][..],
             &["--conn-rate-reps", "0"],

@@ -9,9 +9,13 @@
 use std::fmt::Write as _;
 
 use crate::cli::Opts;
+use crate::model::Wire;
 use crate::model::{Offload, Point, Workload};
-use crate::run::{CRYPTO_SECS, cable_points, estimate, ipv6_live_flows, mmss, paths_of};
-use crate::workloads::{bigtable, cable, frags};
+use crate::run::{
+    CRYPTO_SECS, cable_conn_rate, cable_points, conn_rate_rounds, estimate, ipv6_live_flows, mmss,
+    paths_of,
+};
+use crate::workloads::{bigtable, cable, connrate, frags};
 
 // Fitted on `--quick` runs on the shared 2-core VM (load average 2 to 5
 // from other work; `settings.phase_s` of results.json) and one full
@@ -27,9 +31,11 @@ const LIVE_EXTRA_S: f64 = 1.0;
 /// A fresh topology (namespaces, links, addresses, neighbours) and its
 /// teardown, seconds.
 const TOPOLOGY_S: f64 = 1.5;
-/// A connection-setup-rate run besides its `--secs`: switching the path,
-/// connecting the workers, the counters, seconds.
-const CONN_RATE_EXTRA_S: f64 = 2.0;
+/// A connection-setup-rate run besides its seconds: switching the path,
+/// connecting the workers, the counters (the cables' kernel path also
+/// attaches its `XDP_PASS` program), seconds. The last full and quick runs
+/// took 1.0 s per run besides their seconds.
+const CONN_RATE_EXTRA_S: f64 = 1.5;
 /// A flows row besides its `--secs`: attaching with a table of 1.5x the
 /// large one's capacity (allocating the map), the live run's overhead.
 const FLOWS_ROW_EXTRA_S: f64 = 5.5;
@@ -60,6 +66,25 @@ fn run_secs(secs: u32, p: Point) -> f64 {
     } else {
         iperf_secs(secs, p)
     }
+}
+
+/// The connection setup rate's rounds: (runs, seconds, what they run).
+fn conn_rate_of(plan: &connrate::Rounds) -> (usize, f64, String) {
+    let runs = plan.runs();
+    let paths: Vec<&str> = plan.paths().iter().map(|p| p.name()).collect();
+    (
+        runs,
+        runs as f64 * (f64::from(plan.secs) + CONN_RATE_EXTRA_S),
+        format!(
+            "connection setup rate, {}: {} parallel clients, {} round(s) of {} alternating, \
+             {} s each",
+            plan.wire.label(),
+            plan.workers,
+            plan.reps,
+            paths.join(", "),
+            plan.secs
+        ),
+    )
 }
 
 /// One phase of the run as planned.
@@ -109,7 +134,6 @@ fn one_stream(offload: Offload) -> Point {
 pub fn phases(o: &Opts) -> Vec<Phase> {
     let has = |w| o.workloads.contains(&w);
     let live_on = has(Workload::UdpLive);
-    let secs = f64::from(o.secs);
     let mut v = Vec::new();
 
     let one_size = o.smoke || o.only_conn_rate;
@@ -135,16 +159,12 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
     });
 
     if o.conn_rate {
-        let paths = if o.offload_path { 3 } else { 2 };
-        let runs = paths * o.conn_rate_reps as usize;
+        let (runs, secs, detail) = conn_rate_of(&conn_rate_rounds(o, Wire::Veth));
         v.push(Phase {
             name: "conn-rate",
             runs,
-            secs: runs as f64 * (secs + CONN_RATE_EXTRA_S),
-            detail: vec![format!(
-                "{} parallel clients, {} s per path, {} round(s) alternating the paths",
-                o.conn_rate_workers, o.secs, o.conn_rate_reps
-            )],
+            secs,
+            detail: vec![detail],
         });
     }
 
@@ -223,13 +243,19 @@ pub fn phases(o: &Opts) -> Vec<Phase> {
     }
 
     let cabled = cable_points(o);
-    if !cabled.is_empty() {
-        let (runs, total, detail) = runs_of(o.secs, &cabled, |p| {
+    if !cabled.is_empty() || cable_conn_rate(o) {
+        let (mut runs, mut total, mut detail) = runs_of(o.secs, &cabled, |p| {
             cable::paths_of(p, o.offload_path)
                 .iter()
                 .map(|d| d.name())
                 .collect()
         });
+        if cable_conn_rate(o) {
+            let (conn_runs, conn_secs, line) = conn_rate_of(&conn_rate_rounds(o, Wire::Cable));
+            runs += conn_runs;
+            total += conn_secs;
+            detail.push(line);
+        }
         v.push(Phase {
             name: "cable",
             runs,
@@ -361,13 +387,36 @@ mod unit {
         assert_eq!(points.runs, want);
         assert_eq!(points.detail.len(), full.points().len());
         // The cables: unpaced tcp and -l 128 on kernel and xdp, the paced
-        // points on the offload path too.
+        // points on the offload path too, then a round of the connection
+        // setup rate on kernel, xdp and offload, as on the plain veths.
         let cabled = cable_points(&full);
         let paced = cabled
             .iter()
             .filter(|p| p.workload == Workload::TcpPaced)
             .count();
-        assert_eq!(phase(&ph, "cable").unwrap().runs, 2 * cabled.len() + paced);
+        let cable = phase(&ph, "cable").unwrap();
+        assert_eq!(cable.runs, 2 * cabled.len() + paced + 3);
+        assert_eq!(phase(&ph, "conn-rate").unwrap().runs, 3);
+        assert!(
+            cable.detail.last().unwrap().starts_with(
+                "connection setup rate, XDP cables: 16 parallel clients, 1 round(s) of kernel, \
+                 xdp, offload alternating, 2 s each"
+            ),
+            "{:?}",
+            cable.detail
+        );
+        // Without the connection setup rate, or the offload path, the
+        // cables run what they did.
+        let no_conn = phases(&opts(&["--no-conn-rate"]));
+        assert_eq!(
+            phase(&no_conn, "cable").unwrap().runs,
+            2 * cabled.len() + paced
+        );
+        let no_offload = phases(&opts(&["--no-offload", "--conn-rate-reps", "2"]));
+        assert_eq!(
+            phase(&no_offload, "cable").unwrap().runs,
+            2 * cabled.len() + 4
+        );
         // Options that leave a phase out leave it out of the plan.
         let lean = phases(&opts(&["--no-cable", "--no-micro", "--no-big-table"]));
         for name in ["cable", "micro", "flows"] {

@@ -11,7 +11,7 @@ use tests::Topology;
 use crate::cli::Opts;
 use crate::measure::platform::{self, CryptoRun};
 use crate::measure::sys;
-use crate::model::{DataPath, Offload, Point, RunResult, Settings, Workload};
+use crate::model::{DataPath, Offload, Point, RunResult, Settings, Wire, Workload};
 use crate::report::{self, Extra, RunEnv, review};
 use crate::router::{
     FastPathSample, OffloadCounters, Router, congestion_control, offload_state, unix_now,
@@ -365,6 +365,22 @@ pub fn cable_points(o: &Opts) -> Vec<Point> {
     )
 }
 
+/// Whether the connection setup rate runs between the cables too.
+pub fn cable_conn_rate(o: &Opts) -> bool {
+    o.cable && o.conn_rate
+}
+
+/// The connection setup rate's rounds on `wire`: the same on both.
+pub fn conn_rate_rounds(o: &Opts, wire: Wire) -> connrate::Rounds {
+    connrate::Rounds {
+        wire,
+        workers: o.conn_rate_workers,
+        secs: o.conn_rate_secs,
+        reps: o.conn_rate_reps,
+        offload_path: o.offload_path,
+    }
+}
+
 /// The state of a run in progress.
 struct Bench<'a> {
     o: &'a Opts,
@@ -608,30 +624,35 @@ impl Bench<'_> {
         rows
     }
 
-    fn cable(&mut self) -> Vec<RunResult> {
+    /// TCP between the cables, then the connection setup rate there.
+    fn cable(&mut self) -> (Vec<RunResult>, Vec<connrate::Row>) {
         let o = self.o;
         let points = cable_points(o);
-        if points.is_empty() || self.stopped() {
-            return Vec::new();
+        let conn_rate = cable_conn_rate(o).then(|| conn_rate_rounds(o, Wire::Cable));
+        if (points.is_empty() && conn_rate.is_none()) || self.stopped() {
+            return (Vec::new(), Vec::new());
         }
         eprintln!(
-            "bench: TCP between XDP cables (fresh topology, offload off): {} points, {} runs",
+            "bench: TCP between XDP cables (fresh topology, offload off): {} points, {} runs; \
+             connection setup rate: {} runs",
             points.len(),
             points
                 .iter()
                 .map(|&p| cable::paths_of(p, o.offload_path).len())
-                .sum::<usize>()
+                .sum::<usize>(),
+            conn_rate.as_ref().map_or(0, connrate::Rounds::runs)
         );
         cable::run(
             &self.settings,
             (&o.cc, &points, o.offload_path),
+            conn_rate.as_ref(),
             &mut self.port,
             self.stop,
             &mut self.failures,
         )
         .unwrap_or_else(|e| {
             self.failures.push(format!("cable: {e}"));
-            Vec::new()
+            (Vec::new(), Vec::new())
         })
     }
 
@@ -640,73 +661,19 @@ impl Bench<'_> {
         if !o.conn_rate || self.stopped() {
             return Vec::new();
         }
+        let plan = conn_rate_rounds(o, Wire::Veth);
         eprintln!(
             "bench: connection setup rate: {} parallel clients, {} s per path, {} round(s)",
-            o.conn_rate_workers, o.secs, o.conn_rate_reps
+            plan.workers, plan.secs, plan.reps
         );
-        let mut rows = Vec::new();
-        let mut paths = vec![DataPath::Kernel, DataPath::Xdp];
-        if o.offload_path {
-            paths.push(DataPath::Offload);
-        }
-        // Round by round, so the paths alternate; a fresh server port per
-        // run (see `connrate::run`).
-        let runs = (0..o.conn_rate_reps).flat_map(|_| paths.iter().copied());
-        for (port, path) in (connrate::FIRST_PORT..).zip(runs) {
-            if self.stopped() {
-                break;
-            }
-            let t = self.t;
-            let res = self.router.switch(path, Offload::Off).and_then(|()| {
-                if path != DataPath::Offload {
-                    return connrate::run(t, path, port, o.conn_rate_workers, o.secs);
-                }
-                let before = OffloadCounters::read(t, None)?;
-                let daemon = self.router.daemon_pid();
-                let cpu0 = daemon.and_then(sys::process_ticks);
-                let mut row = connrate::run(t, path, port, o.conn_rate_workers, o.secs)?;
-                let cpu1 = daemon.and_then(sys::process_ticks);
-                let after = OffloadCounters::read(t, Some(unix_now()))?;
-                row.fast_path = Some(before.share_until(after, &[]));
-                if let (Some(a), Some(b)) = (cpu0, cpu1)
-                    && row.completed > 0
-                {
-                    let us = b.saturating_sub(a) as f64 * 1e6 / sys::clk_tck();
-                    row.daemon_us_per_conn = Some(us / row.completed as f64);
-                }
-                Ok(row)
-            });
-            match res {
-                Ok(r) => {
-                    eprintln!(
-                        "[conn-rate] {:<7} {:.0} connections/s ({} done, {} failed, {} segments \
-                         retransmitted), cpu {:.0}%, {:.1} us softirq per connection{}",
-                        path.name(),
-                        r.conns_per_s,
-                        r.completed,
-                        r.failed,
-                        r.retransmits,
-                        r.cpu_pct,
-                        r.softirq_us_per_conn,
-                        r.fast_path
-                            .map(|fp| format!(
-                                ", {} flows offloaded, XDP carried {:.1} % of the forwarded pkts",
-                                fp.flows_offloaded,
-                                fp.xdp_pct()
-                            ))
-                            .unwrap_or_default()
-                            + &r.daemon_us_per_conn
-                                .map(|us| format!(", daemon {us:.1} us CPU per connection"))
-                                .unwrap_or_default()
-                    );
-                    rows.push(r);
-                }
-                Err(e) => self
-                    .failures
-                    .push(format!("conn-rate on {}: {e}", path.name())),
-            }
-        }
-        rows
+        connrate::rounds(
+            self.t,
+            &mut self.router,
+            &plan,
+            |_| Ok(None),
+            self.stop,
+            &mut self.failures,
+        )
     }
 
     fn big_table(&mut self) -> Vec<bigtable::Row> {
@@ -819,9 +786,12 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
     let frag_rows = timed(&mut phases, "frags", || b.frags());
     let reference = timed(&mut phases, "reference", || b.reference());
     let scaling = timed(&mut phases, "scaling", || b.scaling());
-    let cable = timed(&mut phases, "cable", || b.cable());
+    let (cable, cable_conn_rate) = timed(&mut phases, "cable", || b.cable());
     let ipv6 = timed(&mut phases, "ipv6", || b.ipv6());
     let micro = timed(&mut phases, "micro", || b.micro());
+    // Both wires' rows, each row saying its own.
+    let mut conn_rate = conn_rate;
+    conn_rate.extend(cable_conn_rate);
     let extra = Extra {
         micro,
         frag_rows,

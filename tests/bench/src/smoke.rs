@@ -2,7 +2,7 @@
 //! artifacts are there and filled. No timing is asserted.
 
 use crate::cli::Opts;
-use crate::model::{DataPath, Point, Workload};
+use crate::model::{DataPath, Point, Wire, Workload};
 use crate::run::paths_of;
 
 /// The smoke run's check: the three artifacts exist, and results.json has
@@ -52,9 +52,7 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
     }
     if o.conn_rate {
         wanted.push("conn_rate");
-        if o.offload_path {
-            check_offload_conn_rate(&json)?;
-        }
+        check_conn_rate(o, &json)?;
     }
     if o.big_table > 0 && o.workloads.contains(&Workload::UdpLive) && !live_skipped {
         wanted.push("flow_table");
@@ -187,14 +185,36 @@ fn check_runs(o: &Opts, runs: &[serde_json::Value], points: &[Point]) -> Result<
     Ok(())
 }
 
-/// The connection setup rate has an offload row whose fast path carried
+/// The connection setup rate has a row with completed connections for
+/// every path on each wire it ran on (the plain veths; the cables unless
+/// --no-cable), each saying its wire; the offload rows' fast path carried
 /// packets.
-fn check_offload_conn_rate(json: &serde_json::Value) -> Result<(), String> {
-    let row = json["conn_rate"]
+fn check_conn_rate(o: &Opts, json: &serde_json::Value) -> Result<(), String> {
+    let rows = json["conn_rate"]
         .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["path"] == DataPath::Offload.name()))
-        .ok_or("results.json: conn_rate has no offload row")?;
-    check_fast_path(&row["fast_path"], "the offload conn_rate row")
+        .ok_or("results.json has no conn_rate")?;
+    let mut wires = vec![Wire::Veth];
+    if crate::run::cable_conn_rate(o) {
+        wires.push(Wire::Cable);
+    }
+    for wire in wires {
+        for path in crate::run::conn_rate_rounds(o, wire).paths() {
+            let what = format!("the {} conn_rate row on the {}", path.name(), wire.label());
+            let row = rows
+                .iter()
+                .find(|r| r["path"] == path.name() && r["topology"] == wire.name())
+                .ok_or_else(|| format!("results.json: {what} is missing"))?;
+            if row["completed"].as_u64().is_none_or(|n| n == 0) {
+                return Err(format!(
+                    "results.json: {what} completed no connection: {row}"
+                ));
+            }
+            if path == DataPath::Offload {
+                check_fast_path(&row["fast_path"], &what)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An offload run's `fast_path`: every count there, and XDP carried some
@@ -261,6 +281,46 @@ mod unit {
         assert!(e.contains("no xdp run of tcp-paced -P 1"), "{e}");
         let missing = serde_json::json!({"cable": [run("kernel", "cable"), run("xdp", "cable")]});
         assert!(check_cable_paced(&o, &missing).is_err());
+    }
+
+    #[test]
+    fn the_conn_rate_rows_must_cover_every_path_on_both_wires() {
+        let opts = |args: &[&str]| crate::cli::opts_of(args);
+        let row = |path: &str, topology: &str| {
+            serde_json::json!({"path": path, "topology": topology, "completed": 10,
+                               "fast_path": {"xdp_pkts": 5, "kernel_pkts": 50,
+                                             "flows_offloaded": 2}})
+        };
+        let paths = ["kernel", "xdp", "offload"];
+        let rows_on = |wires: &[&str]| {
+            let rows: Vec<_> = wires
+                .iter()
+                .flat_map(|w| paths.iter().map(|p| row(p, w)))
+                .collect();
+            serde_json::json!({ "conn_rate": rows })
+        };
+        let both = rows_on(&["veth", "cable"]);
+        assert_eq!(check_conn_rate(&opts(&["--smoke"]), &both), Ok(()));
+        let plain = rows_on(&["veth"]);
+        let e = check_conn_rate(&opts(&["--smoke"]), &plain).unwrap_err();
+        assert!(
+            e.contains("the kernel conn_rate row on the XDP cables is missing"),
+            "{e}"
+        );
+        // --no-cable: the plain veths' rows are all it wants.
+        assert_eq!(
+            check_conn_rate(&opts(&["--smoke", "--no-cable"]), &plain),
+            Ok(())
+        );
+        // A row without completed connections, or an offload row whose
+        // fast path carried nothing: an error.
+        let mut idle = both.clone();
+        idle["conn_rate"][4]["completed"] = 0.into();
+        let e = check_conn_rate(&opts(&["--smoke"]), &idle).unwrap_err();
+        assert!(e.contains("the xdp conn_rate row on the XDP cables"), "{e}");
+        let mut unoffloaded = both;
+        unoffloaded["conn_rate"][5]["fast_path"]["xdp_pkts"] = 0.into();
+        assert!(check_conn_rate(&opts(&["--smoke"]), &unoffloaded).is_err());
     }
 
     #[test]

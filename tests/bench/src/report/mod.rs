@@ -29,7 +29,8 @@ pub struct Extra {
     pub scaling: Vec<scaling::Row>,
     /// The live generator through small and large flow tables.
     pub big_table: Vec<bigtable::Row>,
-    /// Short TCP connections per second.
+    /// Short TCP connections per second, on the plain veths and between
+    /// the cables (each row says its wire).
     pub conn_rate: Vec<connrate::Row>,
     /// TCP between XDP cables, offload off.
     pub cable: Vec<RunResult>,

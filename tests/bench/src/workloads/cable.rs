@@ -11,6 +11,12 @@
 //! standalone mode's), so that the review table compares the router's CPU
 //! without the copy that only veth makes.
 //!
+//! The connection setup rate runs here too (`workloads::connrate`, every
+//! path, alternating): on a plain veth, with any XDP program attached,
+//! each handshake and close the kernel handles first takes veth's XDP
+//! path (the copy above, a new skb after `XDP_PASS`), which is all of a
+//! connection on the offload path until its daemon offloads it.
+//!
 //! The kernel path gets a `return XDP_PASS` program on the router's veths
 //! for its runs: a veth accepts the cables' redirected frames only while
 //! it runs NAPI, and GRO (the other way to get NAPI) would aggregate what
@@ -19,10 +25,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tests::bench_topology::CabledTopology;
+use tests::rawbpf::Attached;
 
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Wire, Workload};
 use crate::router::{Router, congestion_control};
 use crate::run::{pace_down, with_fast_path_share};
+use crate::workloads::connrate;
 use crate::workloads::iperf::{self, next_port};
 
 /// The points on the cables: TCP at every count of `conns`, `-l 128`
@@ -50,6 +58,16 @@ pub fn paths_of(point: Point, offload_path: bool) -> Vec<DataPath> {
         paths.push(DataPath::Offload);
     }
     paths
+}
+
+/// The kernel path alone has no XDP program of its own on the router's
+/// veths (see the module's comment): its NAPI program, attached while the
+/// result lives.
+fn napi_for(t: &CabledTopology, path: DataPath) -> Result<Option<Attached>, String> {
+    match path {
+        DataPath::Kernel => t.napi_for_kernel().map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// The cabled topology and what its runs share.
@@ -92,12 +110,7 @@ impl Cables<'_> {
 
     fn one(&mut self, point: Point, path: DataPath) -> Result<RunResult, String> {
         self.router.switch(path, point.offload)?;
-        // The kernel path alone has no XDP program of its own on the
-        // router's veths (see the module's comment).
-        let napi = match path {
-            DataPath::Kernel => Some(self.t.napi_for_kernel()?),
-            _ => None,
-        };
+        let napi = napi_for(self.t, path)?;
         next_port(self.port);
         let (t, s, port): (&tests::Topology, _, _) = (self.t, &self.s, *self.port);
         let one = || iperf::run(t, s, path, point, port);
@@ -132,15 +145,17 @@ impl Cables<'_> {
     }
 }
 
-/// Every point on its paths ([`paths_of`]), rotating which goes first.
+/// Every point on its paths ([`paths_of`]), rotating which goes first,
+/// then the connection setup rate's rounds of `conn_rate` if given.
 /// Failed runs are recorded in `failures`.
 pub fn run(
     s: &Settings,
     (cc, points, offload_path): (&str, &[Point], bool),
+    conn_rate: Option<&connrate::Rounds>,
     port: &mut u16,
     stop: &AtomicBool,
     failures: &mut Vec<String>,
-) -> Result<Vec<RunResult>, String> {
+) -> Result<(Vec<RunResult>, Vec<connrate::Row>), String> {
     let t = CabledTopology::new()?;
     t.warm_neighbours();
     let (_, per_socket) = congestion_control(&t, cc);
@@ -170,10 +185,21 @@ pub fn run(
             cables.pace_down(point, &order);
         }
     }
+    let conn_rows = match conn_rate {
+        Some(plan) if !stop.load(Ordering::SeqCst) => connrate::rounds(
+            &t,
+            &mut cables.router,
+            plan,
+            |path| napi_for(&t, path),
+            stop,
+            cables.failures,
+        ),
+        _ => Vec::new(),
+    };
     // The daemon works on the cabled topology's router namespace: stopped
     // before the topology goes.
     cables.router.stop_daemon();
-    Ok(cables.runs)
+    Ok((cables.runs, conn_rows))
 }
 
 #[cfg(test)]

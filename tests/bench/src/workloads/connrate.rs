@@ -12,15 +12,18 @@
 //! the client's ports are free again at once; the client (one thread per
 //! worker in the client namespace) loops until the time is up.
 
+use std::fmt::Write as _;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tests::rawbpf::Attached;
 use tests::{Ns, SERVER_ADDR, Topology};
 
-use crate::measure::sys::CpuTicks;
-use crate::model::{DataPath, FastPathShare};
+use crate::measure::sys::{self, CpuTicks};
+use crate::model::{DataPath, FastPathShare, Offload, Wire};
+use crate::router::{OffloadCounters, Router, unix_now};
 
 /// The server's port in the first run (apart from iperf2's 5001-7000);
 /// each path's run takes the next one (see [`run`]).
@@ -37,6 +40,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(1);
 /// What one run measured.
 pub struct Row {
     pub path: DataPath,
+    /// The topology the connections crossed (set by the caller).
+    pub wire: Wire,
     pub workers: u32,
     /// Completed connections per second.
     pub conns_per_s: f64,
@@ -58,16 +63,172 @@ pub struct Row {
     pub daemon_us_per_conn: Option<f64>,
 }
 
-/// The median connection rate of `path`'s completed runs in `rows` (one
-/// per round of `--conn-rate-reps`); `None` when it has none.
+#[cfg(test)]
+impl Row {
+    /// A row for the report's tests: 16 workers, 100 connections in 1 s,
+    /// no offload figures.
+    pub fn sample(path: DataPath, wire: Wire, conns_per_s: f64) -> Self {
+        Row {
+            path,
+            wire,
+            workers: 16,
+            conns_per_s,
+            completed: 100,
+            failed: 0,
+            secs: 1.0,
+            cpu_pct: 100.0,
+            softirq_us_per_conn: 1.0,
+            retransmits: 0,
+            fast_path: None,
+            daemon_us_per_conn: None,
+        }
+    }
+}
+
+/// The median connection rate of `path`'s completed runs on `wire` in
+/// `rows` (one per round of `--conn-rate-reps`); `None` when it has none.
 #[must_use]
-pub fn median_rate(rows: &[Row], path: DataPath) -> Option<f64> {
+pub fn median_rate(rows: &[Row], wire: Wire, path: DataPath) -> Option<f64> {
     let rates: Vec<f64> = rows
         .iter()
-        .filter(|r| r.path == path && r.completed > 0)
+        .filter(|r| r.wire == wire && r.path == path && r.completed > 0)
         .map(|r| r.conns_per_s)
         .collect();
     (!rates.is_empty()).then(|| super::bigtable::median(rates))
+}
+
+/// The wires `rows` ran on, the cables first: they are the NIC-like guide
+/// (the router receives frames as from a NIC, see `workloads::cable`).
+#[must_use]
+pub fn wires(rows: &[Row]) -> Vec<Wire> {
+    [Wire::Cable, Wire::Veth]
+        .into_iter()
+        .filter(|&w| rows.iter().any(|r| r.wire == w))
+        .collect()
+}
+
+/// What [`rounds`] runs, on one topology.
+pub struct Rounds {
+    pub wire: Wire,
+    /// Parallel clients.
+    pub workers: u32,
+    /// Seconds per run.
+    pub secs: u32,
+    /// Rounds: each runs every path once.
+    pub reps: u32,
+    /// Whether the offload path runs too.
+    pub offload_path: bool,
+}
+
+impl Rounds {
+    /// The paths of one round, in order.
+    #[must_use]
+    pub fn paths(&self) -> Vec<DataPath> {
+        let mut paths = vec![DataPath::Kernel, DataPath::Xdp];
+        if self.offload_path {
+            paths.push(DataPath::Offload);
+        }
+        paths
+    }
+
+    /// The runs of all rounds.
+    #[must_use]
+    pub fn runs(&self) -> usize {
+        self.paths().len() * self.reps as usize
+    }
+}
+
+/// `plan`'s rounds on `t`, round by round so that the paths alternate, a
+/// fresh server port per run (see [`run`]). `prepare` readies the
+/// topology for a path after the router switched to it (the cables'
+/// kernel path needs an `XDP_PASS` program on the router's veths, see
+/// `workloads::cable`); what it returns lives for the run. The offload
+/// runs also record who forwarded the packets and the daemon's CPU time.
+/// Failed runs are recorded in `failures`.
+pub fn rounds(
+    t: &Topology,
+    router: &mut Router<'_>,
+    plan: &Rounds,
+    prepare: impl Fn(DataPath) -> Result<Option<Attached>, String>,
+    stop: &AtomicBool,
+    failures: &mut Vec<String>,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let paths = plan.paths();
+    let runs = (0..plan.reps).flat_map(|_| paths.iter().copied());
+    for (port, path) in (FIRST_PORT..).zip(runs) {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let res = router.switch(path, Offload::Off).and_then(|()| {
+            let _prepared = prepare(path)?;
+            let mut row = if path == DataPath::Offload {
+                offload_run(t, router, plan, port)
+            } else {
+                run(t, path, port, plan.workers, plan.secs)
+            }?;
+            row.wire = plan.wire;
+            Ok(row)
+        });
+        match res {
+            Ok(r) => {
+                eprintln!("[conn-rate, {}] {}", plan.wire.label(), show(&r));
+                rows.push(r);
+            }
+            Err(e) => failures.push(format!(
+                "conn-rate on {}, {}: {e}",
+                path.name(),
+                plan.wire.label()
+            )),
+        }
+    }
+    rows
+}
+
+/// A run on the offload path, with who forwarded its packets and the
+/// daemon's CPU time per connection.
+fn offload_run(t: &Topology, router: &Router<'_>, plan: &Rounds, port: u16) -> Result<Row, String> {
+    let before = OffloadCounters::read(t, None)?;
+    let daemon = router.daemon_pid();
+    let cpu0 = daemon.and_then(sys::process_ticks);
+    let mut row = run(t, DataPath::Offload, port, plan.workers, plan.secs)?;
+    let cpu1 = daemon.and_then(sys::process_ticks);
+    let after = OffloadCounters::read(t, Some(unix_now()))?;
+    row.fast_path = Some(before.share_until(after, &[]));
+    if let (Some(a), Some(b)) = (cpu0, cpu1)
+        && row.completed > 0
+    {
+        let us = b.saturating_sub(a) as f64 * 1e6 / sys::clk_tck();
+        row.daemon_us_per_conn = Some(us / row.completed as f64);
+    }
+    Ok(row)
+}
+
+/// One row as the progress output prints it.
+fn show(r: &Row) -> String {
+    let mut s = format!(
+        "{:<7} {:.0} connections/s ({} done, {} failed, {} segments retransmitted), cpu \
+         {:.0}%, {:.1} us softirq per connection",
+        r.path.name(),
+        r.conns_per_s,
+        r.completed,
+        r.failed,
+        r.retransmits,
+        r.cpu_pct,
+        r.softirq_us_per_conn,
+    );
+    if let Some(fp) = r.fast_path {
+        let _ = write!(
+            s,
+            ", {} flows offloaded, XDP carried {:.1} % of the forwarded pkts",
+            fp.flows_offloaded,
+            fp.xdp_pct()
+        );
+    }
+    if let Some(us) = r.daemon_us_per_conn {
+        let _ = write!(s, ", daemon {us:.1} us CPU per connection");
+    }
+    s
 }
 
 /// Serves until `stop`: accept, read the request, reply, close.
@@ -175,6 +336,7 @@ pub fn run(
     let completed = done.load(Ordering::Relaxed);
     Ok(Row {
         path,
+        wire: Wire::Veth,
         workers,
         conns_per_s: completed as f64 / secs.max(1e-9),
         completed,
