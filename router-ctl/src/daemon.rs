@@ -45,6 +45,10 @@ use crate::{
 const EVENT_RCVBUF: usize = 8 << 20;
 /// Routes remembered between resyncs (one lookup per new source address).
 const ROUTE_CACHE_MAX: usize = 65_536;
+/// Between two looks at the TCP connections settling before their
+/// offload ([`crate::offload::TCP_SETTLE_NS`]), while there are any: a
+/// settled connection waits at most this much longer.
+const SETTLE_EVERY: Duration = Duration::from_millis(50);
 /// Between two samples of the counters for the status page's chart.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
@@ -60,6 +64,10 @@ pub struct DaemonStatus {
     pub admit: String,
     /// Connections XDP carries for the kernel now.
     pub offloaded_flows: u64,
+    /// TCP connections waiting to settle before their offload (under a
+    /// burst of new ones).
+    #[serde(default)]
+    pub settling_flows: u64,
     pub offload: OffloadStats,
 }
 
@@ -91,6 +99,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "started_unix": s.started_unix,
             "admit": s.admit,
             "offloaded_flows": s.offloaded_flows,
+            "settling_flows": s.settling_flows,
             "offload": s.offload,
         }),
         _ => serde_json::json!({ "running": false }),
@@ -104,11 +113,12 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
     if d["running"] == true {
         let o = &d["offload"];
         format!(
-            "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded; {} offloaded, \
-             {} ended, {} handed back, {} refreshes, {} resyncs, {} event losses",
+            "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded, {} settling; \
+             {} offloaded, {} ended, {} handed back, {} refreshes, {} resyncs, {} event losses",
             d["pid"],
             d["heartbeat_age_secs"],
             d["offloaded_flows"],
+            d["settling_flows"].as_u64().unwrap_or(0),
             o["offloaded"],
             o["ended_destroyed"].as_u64().unwrap_or(0)
                 + o["ended_closing"].as_u64().unwrap_or(0)
@@ -391,6 +401,7 @@ fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()>
     status.heartbeat_unix = unix_now();
     status.admit = s.admit().into();
     status.offloaded_flows = s.off.len() as u64;
+    status.settling_flows = s.off.settling() as u64;
     status.offload.clone_from(&s.off.stats);
     let data = serde_json::to_vec_pretty(status)?;
     state::write_private(&status_path(ctx.ns()), &data)
@@ -501,9 +512,11 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     };
     write_status(ctx, &mut status, &session)?;
     eprintln!(
-        "router-ctl run: {} mode, {} flows offloaded from the kernel's table; stop with Ctrl-C",
+        "router-ctl run: {} mode, {} flows offloaded from the kernel's table ({} TCP \
+         connections to follow once settled); stop with Ctrl-C",
         session.admit(),
-        session.off.len()
+        session.off.len(),
+        session.off.settling()
     );
     service::ready(&status_line(&session));
     let watchdog = service::watchdog_enabled();
@@ -517,6 +530,8 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut live = Live::default();
     let mut sampler = tokio::time::interval(SAMPLE_EVERY);
     sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut settler = tokio::time::interval(SETTLE_EVERY);
+    settler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticker = tokio::time::interval(opts.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 1 << 20];
@@ -543,7 +558,11 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                     tokio::spawn(web::handle(sock, ctx.clone(), shared.clone()));
                 }
             }
+            _ = settler.tick(), if session.off.settling() > 0 => {
+                session.off.settle(monotonic_ns());
+            }
             _ = ticker.tick() => {
+                session.off.settle(monotonic_ns());
                 session.off.tick(monotonic_ns());
                 dp_log.drain();
                 dp_log.follow(ctx);
