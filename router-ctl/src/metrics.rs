@@ -175,6 +175,7 @@ fn encode_offload(
     )?;
     let events = [
         "offloaded",
+        "settled",
         "ended_destroyed",
         "ended_closing",
         "ended_kernel_gone",

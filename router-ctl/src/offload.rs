@@ -498,6 +498,10 @@ fn lease_until(now_ns: u64, secs: u32) -> u32 {
 pub struct OffloadStats {
     /// Connections written to the XDP table.
     pub offloaded: u64,
+    /// TCP connections that settled under a burst ([`TCP_SETTLE_NS`]) and
+    /// were then offloaded (the offload's checks may still refuse them).
+    #[serde(default)]
+    pub settled: u64,
     /// Removed because the kernel destroyed its entry.
     pub ended_destroyed: u64,
     /// Removed because the kernel's TCP state went to closing.
@@ -756,6 +760,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             if self.settling.get(&orig).is_some_and(|p| p.due_ns == due_ns)
                 && let Some(p) = self.settling.remove(&orig)
             {
+                self.stats.settled += 1;
                 self.offload(&p.conn, now_ns);
             }
         }
@@ -1490,6 +1495,7 @@ mod tests {
         assert_eq!((o.len(), o.settling(), state_reads(&o)), (0, 1, 0));
         o.settle(1_000 + TCP_SETTLE_NS);
         assert_eq!((o.len(), o.settling(), o.table.0.len()), (1, 0, 2));
+        assert_eq!((o.stats.settled, o.stats.offloaded), (1, 1));
         assert_eq!(o.kernel.refreshed.len(), 2);
         assert_eq!(o.kernel.refreshed[0], (c.orig, 432_000));
         // UDP does not wait: no request to the kernel to spare.
