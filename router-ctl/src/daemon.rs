@@ -307,6 +307,10 @@ fn apply_events(off: &mut Daemon, events: Vec<Event>) {
             Event::Destroy(c) => off.destroy(&c),
         }
     }
+    // The settle timer gets no turn while events keep arriving (the drain
+    // reads until the queue is empty, which under a burst it rarely is):
+    // connections due are offloaded here too.
+    off.settle(now);
 }
 
 /// What `run` is asked to do.
