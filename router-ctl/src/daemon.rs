@@ -52,6 +52,10 @@ use crate::{
 const EVENT_RCVBUF: usize = 8 << 20;
 /// Routes remembered between resyncs (one lookup per new source address).
 const ROUTE_CACHE_MAX: usize = 65_536;
+/// Between two looks at the TCP connections settling before their
+/// offload ([`crate::offload::TCP_SETTLE_NS`]), while there are any: a
+/// settled connection waits at most this much longer.
+const SETTLE_EVERY: Duration = Duration::from_millis(50);
 /// Between two samples of the counters for the status page's chart.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
@@ -67,6 +71,10 @@ pub struct DaemonStatus {
     pub admit: String,
     /// Connections XDP carries for the kernel now.
     pub offloaded_flows: u64,
+    /// TCP connections waiting to settle before their offload (under a
+    /// burst of new ones).
+    #[serde(default)]
+    pub settling_flows: u64,
     pub offload: OffloadStats,
     /// New MAC addresses of the attached interfaces written into the data
     /// path's configuration (and the attach record).
@@ -110,6 +118,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "started_unix": s.started_unix,
             "admit": s.admit,
             "offloaded_flows": s.offloaded_flows,
+            "settling_flows": s.settling_flows,
             "offload": s.offload,
             "mac_changes_followed": s.mac_changes_followed,
             "interfaces_gone": s.interfaces_gone,
@@ -126,11 +135,12 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
     if d["running"] == true {
         let o = &d["offload"];
         let mut line = format!(
-            "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded; {} offloaded, \
-             {} ended, {} handed back, {} refreshes, {} resyncs, {} event losses",
+            "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded, {} settling; \
+             {} offloaded, {} ended, {} handed back, {} refreshes, {} resyncs, {} event losses",
             d["pid"],
             d["heartbeat_age_secs"],
             d["offloaded_flows"],
+            d["settling_flows"].as_u64().unwrap_or(0),
             o["offloaded"],
             o["ended_destroyed"].as_u64().unwrap_or(0)
                 + o["ended_closing"].as_u64().unwrap_or(0)
@@ -364,6 +374,10 @@ fn apply_events(off: &mut Daemon, events: Vec<Event>) {
             Event::Destroy(c) => off.destroy(&c),
         }
     }
+    // The settle timer gets no turn while events keep arriving (the drain
+    // reads until the queue is empty, which under a burst it rarely is):
+    // connections due are offloaded here too.
+    off.settle(now);
 }
 
 /// What `run` is asked to do.
@@ -463,6 +477,7 @@ fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()>
     status.heartbeat_unix = unix_now();
     status.admit = s.admit().into();
     status.offloaded_flows = s.off.len() as u64;
+    status.settling_flows = s.off.settling() as u64;
     status.offload.clone_from(&s.off.stats);
     status.stale_pending_removed = s.stale_pending_removed;
     let data = serde_json::to_vec_pretty(status)?;
@@ -770,9 +785,11 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     links.recheck(ctx, &mut status);
     write_status(ctx, &mut status, &session)?;
     eprintln!(
-        "router-ctl run: {} mode, {} flows offloaded from the kernel's table; stop with Ctrl-C",
+        "router-ctl run: {} mode, {} flows offloaded from the kernel's table ({} TCP \
+         connections to follow once settled); stop with Ctrl-C",
         session.admit(),
-        session.off.len()
+        session.off.len(),
+        session.off.settling()
     );
     service::ready(&status_line(&session));
     let watchdog = service::watchdog_enabled();
@@ -786,6 +803,8 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut live = Live::default();
     let mut sampler = tokio::time::interval(SAMPLE_EVERY);
     sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut settler = tokio::time::interval(SETTLE_EVERY);
+    settler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticker = tokio::time::interval(opts.tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = vec![0u8; 1 << 20];
@@ -819,8 +838,12 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                     LinkWatch::drain(guard.get_inner(), ctx, &mut status, &mut link_buf);
                 guard.clear_ready();
             }
+            _ = settler.tick(), if session.off.settling() > 0 => {
+                session.off.settle(monotonic_ns());
+            }
             _ = ticker.tick() => {
                 links.recheck(ctx, &mut status);
+                session.off.settle(monotonic_ns());
                 session.off.tick(monotonic_ns());
                 dp_log.drain();
                 dp_log.follow(ctx);

@@ -135,38 +135,64 @@ impl RouterCollector {
         if d["running"] != true {
             return Ok(());
         }
-        gauge(
-            enc,
-            "xdp_router_offloaded_flows",
-            "Kernel flows the fast path carries now",
-            i64_of(d["offloaded_flows"].as_u64().unwrap_or(0)),
-        )?;
-        let events = [
-            "offloaded",
-            "ended_destroyed",
-            "ended_closing",
-            "ended_kernel_gone",
-            "ended_tcp_control",
-            "undone_replaced",
-            "undone_handed_back",
-            "handed_back",
-            "refreshed",
-            "resyncs",
-            "events_lost",
-            "errors",
-        ];
-        counters(
-            enc,
-            "xdp_router_offload_events",
-            "Offload daemon events (flows offloaded, ended, handed back; refreshes, resyncs)",
-            events.iter().map(|e| {
-                (
-                    vec![("event", (*e).to_owned())],
-                    d["offload"][*e].as_u64().unwrap_or(0),
-                )
-            }),
-        )
+        encode_offload(enc, &d)
     }
+}
+
+/// The running offload daemon's flows and events, from its health JSON
+/// ([`daemon::health_json`]).
+fn encode_offload(
+    enc: &mut DescriptorEncoder,
+    d: &serde_json::Value,
+) -> Result<(), std::fmt::Error> {
+    gauge(
+        enc,
+        "xdp_router_offloaded_flows",
+        "Kernel flows the fast path carries now",
+        i64_of(d["offloaded_flows"].as_u64().unwrap_or(0)),
+    )?;
+    gauge(
+        enc,
+        "xdp_router_settling_flows",
+        "TCP connections waiting to settle before their offload (under a burst of new ones)",
+        i64_of(d["settling_flows"].as_u64().unwrap_or(0)),
+    )?;
+    let events = [
+        "offloaded",
+        "settled",
+        "ended_destroyed",
+        "ended_closing",
+        "ended_kernel_gone",
+        "ended_tcp_control",
+        "undone_replaced",
+        "undone_handed_back",
+        "handed_back",
+        "refreshed",
+        "resyncs",
+        "events_lost",
+        "errors",
+    ];
+    counters(
+        enc,
+        "xdp_router_offload_events",
+        "Offload daemon events (flows offloaded, ended, handed back; refreshes, resyncs)",
+        events.iter().map(|e| {
+            (
+                vec![("event", (*e).to_owned())],
+                d["offload"][*e].as_u64().unwrap_or(0),
+            )
+        }),
+    )?;
+    let not_offloaded = d["offload"]["not_offloaded"].as_object();
+    counters(
+        enc,
+        "xdp_router_offload_not_offloaded",
+        "Kernel connections the offload daemon left to the kernel, by reason",
+        not_offloaded
+            .into_iter()
+            .flatten()
+            .map(|(reason, n)| (vec![("reason", reason.clone())], n.as_u64().unwrap_or(0))),
+    )
 }
 
 impl Collector for RouterCollector {
@@ -410,6 +436,44 @@ mod tests {
         for &c in Counter::ALL {
             let (fam, key, val) = family(c);
             assert!(seen.insert((fam, key, val, ipv6_only(c))), "{}", c.name());
+        }
+    }
+
+    /// The offload daemon's part of the metrics for its health JSON `d`.
+    fn offload_metrics(d: serde_json::Value) -> String {
+        #[derive(Debug)]
+        struct Offload(serde_json::Value);
+        impl Collector for Offload {
+            fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+                encode_offload(&mut enc, &self.0)
+            }
+        }
+        let mut reg = Registry::default();
+        reg.register_collector(Box::new(Offload(d)));
+        let mut s = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut s, &reg).unwrap();
+        s
+    }
+
+    #[test]
+    fn the_offload_daemons_flows_and_reasons_not_to_offload_are_metrics() {
+        let s = offload_metrics(serde_json::json!({
+            "running": true,
+            "offloaded_flows": 3,
+            "settling_flows": 7,
+            "offload": {
+                "offloaded": 10,
+                "not_offloaded": {"tcp_closed_while_settling": 5, "not_lan_wan": 2},
+            },
+        }));
+        for line in [
+            "xdp_router_offloaded_flows 3",
+            "xdp_router_settling_flows 7",
+            "xdp_router_offload_events_total{event=\"offloaded\"} 10",
+            "xdp_router_offload_not_offloaded_total{reason=\"tcp_closed_while_settling\"} 5",
+            "xdp_router_offload_not_offloaded_total{reason=\"not_lan_wan\"} 2",
+        ] {
+            assert!(s.lines().any(|l| l == line), "{line} missing in:\n{s}");
         }
     }
 

@@ -35,7 +35,7 @@
 //!   out of window.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     io,
     net::IpAddr,
 };
@@ -52,6 +52,25 @@ use crate::ctnetlink::{Conn, IPPROTO_ICMP, IPPROTO_ICMPV6, Tuple, status, tcp_st
 /// Longest lease: how long XDP may go on carrying a flow after the daemon
 /// last confirmed the kernel still has it.
 pub const MAX_LEASE_SECS: u32 = 60;
+/// Under a burst of new TCP connections (beyond [`IMMEDIATE_TCP`]), how
+/// long one must stay ESTABLISHED before it is offloaded (nanoseconds).
+/// Most short connections (a request and a reply) close within it, and
+/// then cost the daemon no request to the kernel and no XDP entries, and
+/// their close no hand-back (whose FIN can overtake the reply's last
+/// segments still in flight on the fast path, and cost the client a
+/// spurious fast retransmission); a long flow spends it on the kernel's
+/// path.
+pub const TCP_SETTLE_NS: u64 = 200_000_000;
+/// TCP connections offloaded as soon as they are ESTABLISHED: a rate per
+/// second and a burst. Beyond it they wait [`TCP_SETTLE_NS`]: each
+/// immediate offload costs requests to the kernel (its state before and
+/// after the timeout is set) and map writes, which a burst of short
+/// connections pays for nothing (they close right after), on the cores
+/// their packets need. Below it, a short transfer is offloaded at once.
+pub const IMMEDIATE_TCP: Rate = Rate {
+    per_sec: 200,
+    burst: 50,
+};
 /// The kernel entry must outlive the lease by at least this much (the lease
 /// is checked in ~1.07 s ticks, and a tick of the daemon may be late).
 const LEASE_MARGIN_SECS: u32 = 4;
@@ -479,6 +498,10 @@ fn lease_until(now_ns: u64, secs: u32) -> u32 {
 pub struct OffloadStats {
     /// Connections written to the XDP table.
     pub offloaded: u64,
+    /// TCP connections that settled under a burst ([`TCP_SETTLE_NS`]) and
+    /// were then offloaded (the offload's checks may still refuse them).
+    #[serde(default)]
+    pub settled: u64,
     /// Removed because the kernel destroyed its entry.
     pub ended_destroyed: u64,
     /// Removed because the kernel's TCP state went to closing.
@@ -548,6 +571,59 @@ impl PairRead {
     }
 }
 
+/// A rate limit: so many events per second, up to `burst` at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub per_sec: u32,
+    pub burst: u32,
+}
+
+/// A token bucket of [`Rate`]: whether an event may happen now.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBucket {
+    rate: Rate,
+    /// Tokens, in billionths (one token is earned in `1e9 / per_sec`
+    /// nanoseconds, so a billionth per nanosecond and event per second).
+    nano_tokens: u64,
+    at_ns: u64,
+}
+
+impl TokenBucket {
+    const ONE: u64 = 1_000_000_000;
+
+    /// Full: `burst` events may happen at once.
+    #[must_use]
+    pub fn new(rate: Rate) -> Self {
+        Self {
+            rate,
+            nano_tokens: u64::from(rate.burst) * Self::ONE,
+            at_ns: 0,
+        }
+    }
+
+    /// Takes a token if there is one at `now_ns`.
+    pub fn take(&mut self, now_ns: u64) -> bool {
+        let cap = u64::from(self.rate.burst) * Self::ONE;
+        let earned = now_ns
+            .saturating_sub(self.at_ns)
+            .saturating_mul(u64::from(self.rate.per_sec));
+        self.nano_tokens = self.nano_tokens.saturating_add(earned).min(cap);
+        self.at_ns = self.at_ns.max(now_ns);
+        let ok = self.nano_tokens >= Self::ONE;
+        if ok {
+            self.nano_tokens -= Self::ONE;
+        }
+        ok
+    }
+}
+
+/// A TCP connection seen ESTABLISHED under a burst, waiting out
+/// [`TCP_SETTLE_NS`].
+struct Settling {
+    conn: Conn,
+    due_ns: u64,
+}
+
 struct Offloaded {
     keys: Keys,
     proto: u8,
@@ -563,6 +639,13 @@ pub struct Offloader<T, K> {
     wan: u32,
     timeouts: KernelTimeouts,
     flows: HashMap<Tuple, Offloaded>,
+    /// TCP connections to offload once settled, and their due times in
+    /// order (a tuple ended and seen again leaves a stale earlier entry
+    /// there, skipped).
+    settling: HashMap<Tuple, Settling>,
+    settle_order: VecDeque<(Tuple, u64)>,
+    /// Which TCP connections are offloaded at once ([`IMMEDIATE_TCP`]).
+    immediate_tcp: TokenBucket,
     pub stats: OffloadStats,
 }
 
@@ -575,6 +658,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             wan,
             timeouts,
             flows: HashMap::new(),
+            settling: HashMap::new(),
+            settle_order: VecDeque::new(),
+            immediate_tcp: TokenBucket::new(IMMEDIATE_TCP),
             stats: OffloadStats::default(),
         }
     }
@@ -583,6 +669,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     #[must_use]
     pub fn len(&self) -> usize {
         self.flows.len()
+    }
+
+    /// TCP connections waiting to be offloaded ([`TCP_SETTLE_NS`]).
+    #[must_use]
+    pub fn settling(&self) -> usize {
+        self.settling.len()
     }
 
     fn refused(&mut self, why: &str) {
@@ -598,14 +690,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     pub fn conn(&mut self, c: &Conn, now_ns: u64) {
         match eligibility(c) {
             Verdict::Offload => match self.flows.get(&c.orig) {
-                None => self.offload(c, now_ns),
+                None => self.offload_when_settled(c, now_ns),
                 // Established again after the data path handed it back: a
                 // new connection on the same ports, whose predecessor's
                 // closing update this daemon did not see.
                 Some(f) if f.keys.handed_back(&self.table) => {
                     self.end(&c.orig);
                     self.stats.ended_tcp_control += 1;
-                    self.offload(c, now_ns);
+                    self.offload_when_settled(c, now_ns);
                 }
                 Some(_) => {}
             },
@@ -613,6 +705,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             Verdict::Refuse(why) => {
                 if self.end(&c.orig) {
                     self.stats.ended_closing += 1;
+                } else if self.settling.remove(&c.orig).is_some() {
+                    self.refused("tcp_closed_while_settling");
                 } else {
                     self.refused(why);
                 }
@@ -624,6 +718,51 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     pub fn destroy(&mut self, c: &Conn) {
         if self.end(&c.orig) {
             self.stats.ended_destroyed += 1;
+        } else if self.settling.remove(&c.orig).is_some() {
+            self.refused("tcp_closed_while_settling");
+        }
+    }
+
+    /// Offloads `c` now, or for TCP beyond [`IMMEDIATE_TCP`] once it has
+    /// stayed ESTABLISHED for [`TCP_SETTLE_NS`] ([`Offloader::settle`]): a
+    /// closing update or a DESTROY before then leaves it to the kernel at
+    /// no cost. UDP and ICMP are not delayed: their offload costs no
+    /// request for a state, and they have no close to hand back.
+    fn offload_when_settled(&mut self, c: &Conn, now_ns: u64) {
+        // A repeated update does not postpone it.
+        if self.settling.contains_key(&c.orig) {
+            return;
+        }
+        if c.orig.proto != IPPROTO_TCP || self.immediate_tcp.take(now_ns) {
+            return self.offload(c, now_ns);
+        }
+        let due_ns = now_ns + TCP_SETTLE_NS;
+        self.settling.insert(
+            c.orig,
+            Settling {
+                conn: c.clone(),
+                due_ns,
+            },
+        );
+        self.settle_order.push_back((c.orig, due_ns));
+    }
+
+    /// Offloads the TCP connections that stayed ESTABLISHED (no closing
+    /// update, no DESTROY) for [`TCP_SETTLE_NS`] up to `now_ns`. The
+    /// offload still reads the kernel's state first (`tcp_closed_meanwhile`).
+    pub fn settle(&mut self, now_ns: u64) {
+        while let Some(&(orig, due_ns)) = self.settle_order.front() {
+            if due_ns > now_ns {
+                break;
+            }
+            self.settle_order.pop_front();
+            // A stale entry: the tuple ended and came back later.
+            if self.settling.get(&orig).is_some_and(|p| p.due_ns == due_ns)
+                && let Some(p) = self.settling.remove(&orig)
+            {
+                self.stats.settled += 1;
+                self.offload(&p.conn, now_ns);
+            }
         }
     }
 
@@ -869,6 +1008,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 self.stats.ended_destroyed += 1;
             }
         }
+        // Their stale order entries are skipped by `settle`.
+        self.settling.retain(|k, _| present.contains(k));
         for c in dump {
             self.conn(c, now_ns);
         }
@@ -1129,6 +1270,10 @@ mod tests {
         }
     }
 
+    /// An offloader that knows the kernel connections `present`. Its
+    /// immediate TCP offloads ([`IMMEDIATE_TCP`]) are not used up: a TCP
+    /// connection's ESTABLISHED update offloads it at once, as outside a
+    /// burst.
     fn offloader(present: &[&Conn]) -> Offloader<MemTable, FakeKernel> {
         let kernel = FakeKernel {
             present: present.iter().map(|c| c.orig).collect(),
@@ -1281,18 +1426,146 @@ mod tests {
         assert_eq!(o.stats.resyncs, 2);
     }
 
+    /// An offloader whose next TCP connections all wait to settle, as
+    /// under a burst.
+    fn in_a_burst(present: &[&Conn]) -> Offloader<MemTable, FakeKernel> {
+        let mut o = offloader(present);
+        o.immediate_tcp = TokenBucket::new(Rate {
+            per_sec: 0,
+            burst: 0,
+        });
+        o
+    }
+
+    /// Both ways a TCP connection is offloaded: at once (outside a burst)
+    /// and once settled (in a burst), each driven by [`established`].
+    fn at_once_and_settled(present: &[&Conn]) -> [Offloader<MemTable, FakeKernel>; 2] {
+        [offloader(present), in_a_burst(present)]
+    }
+
+    /// The ESTABLISHED update of `c` at `now_ns`, and no closing one until
+    /// it settled (the settle clock run to its due time).
+    fn established(o: &mut Offloader<MemTable, FakeKernel>, c: &Conn, now_ns: u64) {
+        o.conn(c, now_ns);
+        o.settle(now_ns + TCP_SETTLE_NS);
+    }
+
+    /// Requests the fake kernel answered for a TCP connection's state.
+    fn state_reads(o: &Offloader<MemTable, FakeKernel>) -> usize {
+        o.kernel.reads.values().sum()
+    }
+
     #[test]
     fn closing_tcp_leaves_xdp() {
-        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
-        c.orig.proto = 6;
-        c.reply.proto = 6;
-        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        let mut c = established_tcp();
+        for mut o in at_once_and_settled(&[&c]) {
+            c.tcp_state = Some(tcp_state::ESTABLISHED);
+            established(&mut o, &c, 1);
+            assert_eq!(o.len(), 1);
+            c.tcp_state = Some(tcp_state::FIN_WAIT);
+            o.conn(&c, TCP_SETTLE_NS + 2);
+            assert_eq!((o.len(), o.table.0.len(), o.stats.ended_closing), (0, 0, 1));
+        }
+    }
+
+    #[test]
+    fn the_immediate_offloads_follow_their_rate() {
+        let mut b = TokenBucket::new(Rate {
+            per_sec: 10,
+            burst: 3,
+        });
+        let t0 = 5_000_000_000;
+        assert_eq!((0..5).filter(|_| b.take(t0)).count(), 3);
+        // A token per 100 ms, never more than the burst.
+        assert!(!b.take(t0 + 99_000_000));
+        assert!(b.take(t0 + 100_000_000));
+        assert_eq!((0..10).filter(|_| b.take(t0 + 60_000_000_000)).count(), 3);
+        // A clock read late (an event stamped before the last) earns no
+        // token.
+        assert!(!b.take(t0));
+    }
+
+    #[test]
+    fn outside_a_burst_a_tcp_connection_is_offloaded_at_once() {
+        let c = established_tcp();
         let mut o = offloader(&[&c]);
         o.conn(&c, 1);
+        assert_eq!((o.len(), o.settling()), (1, 0));
+        // In a burst the immediate ones run out: the rest wait.
+        let conns: Vec<Conn> = (0..IMMEDIATE_TCP.burst + 10)
+            .map(|i| {
+                let mut d = established_tcp();
+                d.orig.sport = 10_000 + u16::try_from(i).unwrap();
+                d.reply.dport = d.orig.sport;
+                d
+            })
+            .collect();
+        let mut o = offloader(&conns.iter().collect::<Vec<_>>());
+        for d in &conns {
+            o.conn(d, 1);
+        }
+        assert_eq!(o.len(), IMMEDIATE_TCP.burst as usize);
+        assert_eq!(o.settling(), 10);
+        o.settle(1 + TCP_SETTLE_NS);
+        assert_eq!((o.len(), o.settling()), (conns.len(), 0));
+    }
+
+    #[test]
+    fn in_a_burst_a_tcp_connection_is_offloaded_once_it_stayed_established() {
+        let c = established_tcp();
+        let mut o = in_a_burst(&[&c]);
+        o.conn(&c, 1_000);
+        // A repeated update does not postpone it.
+        o.conn(&c, 50_000_000);
+        o.settle(TCP_SETTLE_NS);
+        assert_eq!((o.len(), o.settling(), state_reads(&o)), (0, 1, 0));
+        o.settle(1_000 + TCP_SETTLE_NS);
+        assert_eq!((o.len(), o.settling(), o.table.0.len()), (1, 0, 2));
+        assert_eq!((o.stats.settled, o.stats.offloaded), (1, 1));
+        assert_eq!(o.kernel.refreshed.len(), 2);
+        assert_eq!(o.kernel.refreshed[0], (c.orig, 432_000));
+        // UDP does not wait: no request to the kernel to spare.
+        let u = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = in_a_burst(&[&u]);
+        o.conn(&u, 1);
+        assert_eq!((o.len(), o.settling()), (1, 0));
+    }
+
+    #[test]
+    fn a_connection_closed_while_settling_costs_no_request_to_the_kernel() {
+        let c = established_tcp();
+        let mut closing = c.clone();
+        closing.tcp_state = Some(tcp_state::FIN_WAIT);
+        let mut d = established_tcp();
+        d.orig.sport = 5001;
+        d.reply.dport = 61001;
+        let mut o = in_a_burst(&[&c, &d]);
+        o.conn(&c, 1);
+        o.conn(&closing, 2);
+        // Or gone altogether.
+        o.conn(&d, 3);
+        o.destroy(&d);
+        o.settle(10 * TCP_SETTLE_NS);
+        assert_eq!((o.len(), o.settling(), o.table.0.len()), (0, 0, 0));
+        assert_eq!((state_reads(&o), o.kernel.refreshed.len()), (0, 0));
+        assert_eq!(
+            o.stats.not_offloaded.get("tcp_closed_while_settling"),
+            Some(&2)
+        );
+        // The ports' next connection waits its own time, not its
+        // predecessor's.
+        o.conn(&c, 100_000_000);
+        o.settle(TCP_SETTLE_NS + 1);
+        assert_eq!(o.len(), 0);
+        o.settle(100_000_000 + TCP_SETTLE_NS);
         assert_eq!(o.len(), 1);
-        c.tcp_state = Some(4);
-        o.conn(&c, 2);
-        assert_eq!((o.len(), o.table.0.len(), o.stats.ended_closing), (0, 0, 1));
+        // A resync forgets a settling connection the kernel no longer has.
+        o.conn(&d, 1_000_000_000);
+        o.resync(std::slice::from_ref(&c), 1_000_000_001);
+        o.settle(2_000_000_000);
+        // (c's offload: a read before setting its timeout, one after, one
+        // after the XDP write; d's: none.)
+        assert_eq!((o.len(), o.settling(), state_reads(&o)), (1, 0, 3));
     }
 
     /// An established masqueraded TCP connection, as its update event
@@ -1308,13 +1581,14 @@ mod tests {
     #[test]
     fn a_connection_closed_since_its_established_event_stays_in_the_kernel() {
         let c = established_tcp();
-        let mut o = offloader(&[&c]);
-        o.kernel.closing.push(c.orig);
-        o.conn(&c, 1);
-        assert_eq!((o.len(), o.table.0.len()), (0, 0));
-        // Its kernel entry keeps the closing state's timeout.
-        assert!(o.kernel.refreshed.is_empty());
-        assert_eq!(o.stats.not_offloaded.get("tcp_closed_meanwhile"), Some(&1));
+        for mut o in at_once_and_settled(&[&c]) {
+            o.kernel.closing.push(c.orig);
+            established(&mut o, &c, 1);
+            assert_eq!((o.len(), o.table.0.len()), (0, 0));
+            // Its kernel entry keeps the closing state's timeout.
+            assert!(o.kernel.refreshed.is_empty());
+            assert_eq!(o.stats.not_offloaded.get("tcp_closed_meanwhile"), Some(&1));
+        }
     }
 
     /// `SYN_RECV`: a new connection's entry once its SYN-ACK passed.
@@ -1326,16 +1600,18 @@ mod tests {
     #[test]
     fn a_connection_closed_while_offloaded_gets_its_closing_timeout_back() {
         let c = established_tcp();
-        let mut o = offloader(&[&c]);
-        o.kernel.closing_at_refresh.push(c.orig);
-        o.conn(&c, 1);
-        // Not offloaded, and the kernel entry keeps no ESTABLISHED timeout.
-        assert_eq!((o.len(), o.table.0.len()), (0, 0));
-        assert_eq!(
-            o.kernel.refreshed,
-            [(c.orig, 432_000), (c.orig, FAKE_CLOSING_TIMEOUT)]
-        );
-        assert_eq!(o.stats.closed_while_refreshed, 1);
+        for mut o in at_once_and_settled(&[&c]) {
+            o.kernel.closing_at_refresh.push(c.orig);
+            established(&mut o, &c, 1);
+            // Not offloaded, and the kernel entry keeps no ESTABLISHED
+            // timeout.
+            assert_eq!((o.len(), o.table.0.len()), (0, 0));
+            assert_eq!(
+                o.kernel.refreshed,
+                [(c.orig, 432_000), (c.orig, FAKE_CLOSING_TIMEOUT)]
+            );
+            assert_eq!(o.stats.closed_while_refreshed, 1);
+        }
     }
 
     #[test]
@@ -1446,61 +1722,65 @@ mod tests {
     #[test]
     fn a_connection_closed_while_its_lease_is_renewed_leaves_xdp() {
         let c = established_tcp();
-        let mut o = offloader(&[&c]);
-        o.conn(&c, 1);
-        assert_eq!(o.len(), 1);
-        // XDP carried a packet, then the kernel closes the connection
-        // between the tick's look at the entries and its write.
-        let k = flow_key(&c.orig);
-        o.table.0.get_mut(&k).unwrap().last_seen_ns = 20_000_000_000;
-        o.kernel.closing_at_refresh.push(c.orig);
-        o.tick(21_000_000_000);
-        assert_eq!((o.len(), o.table.0.len()), (0, 0));
-        assert_eq!(
-            o.kernel.refreshed.last(),
-            Some(&(c.orig, FAKE_CLOSING_TIMEOUT))
-        );
-        assert_eq!(o.stats.closed_while_refreshed, 1);
+        for mut o in at_once_and_settled(&[&c]) {
+            established(&mut o, &c, 1);
+            assert_eq!(o.len(), 1);
+            // XDP carried a packet, then the kernel closes the connection
+            // between the tick's look at the entries and its write.
+            let k = flow_key(&c.orig);
+            o.table.0.get_mut(&k).unwrap().last_seen_ns = 20_000_000_000;
+            o.kernel.closing_at_refresh.push(c.orig);
+            o.tick(21_000_000_000);
+            assert_eq!((o.len(), o.table.0.len()), (0, 0));
+            assert_eq!(
+                o.kernel.refreshed.last(),
+                Some(&(c.orig, FAKE_CLOSING_TIMEOUT))
+            );
+            assert_eq!(o.stats.closed_while_refreshed, 1);
+        }
     }
 
     #[test]
     fn a_handed_back_connection_leaves_xdp_and_its_ports_next_one_is_offloaded() {
         let c = established_tcp();
-        let mut o = offloader(&[&c]);
-        o.conn(&c, 1);
-        let (ok, rk) = (flow_key(&c.orig), flow_key(&c.reply));
-        // The data path passed a FIN and handed the flow back (both
-        // entries), and forwarded a packet just before.
-        for k in [ok, rk] {
-            let e = o.table.0.get_mut(&k).unwrap();
-            e.lease = LEASE_HANDED_BACK;
-            e.last_seen_ns = 5_000_000_000;
+        for mut o in at_once_and_settled(&[&c]) {
+            established(&mut o, &c, 1);
+            let (ok, rk) = (flow_key(&c.orig), flow_key(&c.reply));
+            // The data path passed a FIN and handed the flow back (both
+            // entries), and forwarded a packet just before.
+            for k in [ok, rk] {
+                let e = o.table.0.get_mut(&k).unwrap();
+                e.lease = LEASE_HANDED_BACK;
+                e.last_seen_ns = 5_000_000_000;
+            }
+            // A lease renewal never takes the hand-back back.
+            let f = &o.flows[&c.orig];
+            let read = f.keys.read(&o.table).unwrap();
+            assert_eq!(f.keys.set_lease(&mut o.table, &read, 99), 0);
+            assert_eq!(o.table.0[&ok].lease, LEASE_HANDED_BACK);
+            // The tick ends it without refreshing the kernel entry
+            // (refreshed twice by the offload: before and right after the
+            // XDP write).
+            o.tick(6_000_000_000);
+            assert_eq!(
+                (o.len(), o.table.0.len(), o.stats.ended_tcp_control),
+                (0, 0, 1)
+            );
+            assert_eq!(o.kernel.refreshed.len(), 2);
+            // The next connection on the same ports: offloaded once
+            // established.
+            established(&mut o, &c, 7_000_000_000);
+            assert_eq!((o.len(), o.table.0.len()), (1, 2));
+            // Its predecessor's closing update never came: an ESTABLISHED
+            // update of a handed-back connection offloads it again.
+            o.table.0.get_mut(&rk).unwrap().lease = LEASE_HANDED_BACK;
+            established(&mut o, &c, 8_000_000_000);
+            assert_eq!(
+                (o.len(), o.stats.offloaded, o.stats.ended_tcp_control),
+                (1, 3, 2)
+            );
+            assert_ne!(o.table.0[&rk].lease, LEASE_HANDED_BACK);
         }
-        // A lease renewal never takes the hand-back back.
-        let f = &o.flows[&c.orig];
-        let read = f.keys.read(&o.table).unwrap();
-        assert_eq!(f.keys.set_lease(&mut o.table, &read, 99), 0);
-        assert_eq!(o.table.0[&ok].lease, LEASE_HANDED_BACK);
-        // The tick ends it without refreshing the kernel entry (refreshed
-        // twice by the offload: before and right after the XDP write).
-        o.tick(6_000_000_000);
-        assert_eq!(
-            (o.len(), o.table.0.len(), o.stats.ended_tcp_control),
-            (0, 0, 1)
-        );
-        assert_eq!(o.kernel.refreshed.len(), 2);
-        // The next connection on the same ports: offloaded once established.
-        o.conn(&c, 7_000_000_000);
-        assert_eq!((o.len(), o.table.0.len()), (1, 2));
-        // Its predecessor's closing update never came: an ESTABLISHED
-        // update of a handed-back connection offloads it again.
-        o.table.0.get_mut(&rk).unwrap().lease = LEASE_HANDED_BACK;
-        o.conn(&c, 8_000_000_000);
-        assert_eq!(
-            (o.len(), o.stats.offloaded, o.stats.ended_tcp_control),
-            (1, 3, 2)
-        );
-        assert_ne!(o.table.0[&rk].lease, LEASE_HANDED_BACK);
     }
 
     #[test]

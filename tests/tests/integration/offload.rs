@@ -741,6 +741,124 @@ fn offload_short_connections_reusing_a_port() {
     );
 }
 
+/// A server on `addr` in the server namespace for `count` connections:
+/// answers each one's `SHORT_CONN_BYTES` request, keeps it open until the
+/// client closes it (or `lifetime` ends). How many it answered.
+fn holding_server(
+    t: &Topology,
+    addr: SocketAddr,
+    count: usize,
+    lifetime: Duration,
+) -> JoinHandle<usize> {
+    use std::io::{Read as _, Write as _};
+    let name = t.ns_name(Ns::Server).to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        tests::netns::enter(&name);
+        let listener = std::net::TcpListener::bind(addr).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        tx.send(()).unwrap();
+        let end = Instant::now() + lifetime;
+        let mut held = Vec::new();
+        while held.len() < count && Instant::now() < end {
+            let Ok((mut s, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut req = [0u8; SHORT_CONN_BYTES];
+            if s.read_exact(&mut req).is_ok() && s.write_all(&req).is_ok() {
+                held.push(s);
+            }
+        }
+        // Until the client's close (EOF) or the end of the lifetime.
+        for s in &mut held {
+            let left = end.saturating_duration_since(Instant::now());
+            s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            let _ = s.read(&mut [0u8; 1]);
+        }
+        held.len()
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("holding server bound");
+    h
+}
+
+/// A burst of new TCP connections, far beyond the daemon's immediate
+/// offloads (`IMMEDIATE_TCP` in router-ctl's offload.rs: 200/s, 50 at
+/// once), that stay open: each is offloaded, the first at once, the rest
+/// once they stayed ESTABLISHED for the settle time (the daemon's settle
+/// timer). Nothing is left waiting or lost.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_a_burst_of_lasting_connections_offloads_each_once_settled() {
+    const CONNECTIONS: usize = 200;
+    const SERVER_PORT: u16 = 7600;
+    use std::io::{Read as _, Write as _};
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &[]);
+    let dst = sa(SERVER_ADDR, SERVER_PORT);
+    let srv = holding_server(&t, dst, CONNECTIONS, Duration::from_mins(1));
+    let conns: Vec<std::net::TcpStream> = t.in_ns(Ns::Client, || {
+        (0..CONNECTIONS)
+            .map(|i| {
+                let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(5))
+                    .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let req = [u8::try_from(i % 256).unwrap(); SHORT_CONN_BYTES];
+                let mut reply = [0u8; SHORT_CONN_BYTES];
+                s.write_all(&req).unwrap();
+                s.read_exact(&mut reply).unwrap();
+                assert_eq!(reply, req, "connection {i}: reply differs");
+                s
+            })
+            .collect()
+    });
+    let stats = || {
+        let v: serde_json::Value =
+            serde_json::from_str(&t.router_ctl_ok(&["stats", "--json"])).unwrap();
+        v["daemon"].clone()
+    };
+    println!("{CONNECTIONS} connections open: daemon {}", stats());
+    let server_port = format!(":{SERVER_PORT}");
+    let offloaded = || {
+        offloaded_rows(&t)
+            .iter()
+            .filter(|f| {
+                f["proto"] == "tcp"
+                    && f["orig_dst"]
+                        .as_str()
+                        .is_some_and(|d| d.ends_with(&server_port))
+            })
+            .count()
+    };
+    wait_for_or_show(
+        "every connection of the burst to be offloaded",
+        Duration::from_secs(10),
+        || offloaded() == CONNECTIONS,
+        || {
+            format!(
+                "{} of {CONNECTIONS} offloaded\ndaemon: {}\nlog:\n{}",
+                offloaded(),
+                stats(),
+                daemon.log()
+            )
+        },
+    );
+    // The daemon's status file is rewritten at its next tick.
+    std::thread::sleep(Duration::from_millis(1500));
+    let d = stats();
+    println!("all offloaded: daemon {d}");
+    assert_eq!(d["settling_flows"], 0, "{d}");
+    drop(conns);
+    assert_eq!(srv.join().unwrap(), CONNECTIONS);
+}
+
 /// Who sent and met TCP resets, how lost segments were recovered (loss
 /// probes and SYN retransmissions are retransmissions that are neither
 /// fast nor timeouts), and what the router's conntrack found invalid.
