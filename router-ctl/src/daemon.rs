@@ -770,6 +770,38 @@ fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus
     status.interfaces_gone.push(what);
 }
 
+/// A timer whose missed ticks are delayed, not bunched: the daemon's
+/// periodic work runs once after a stall.
+fn interval(every: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval(every);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+/// The periodic work: settled connections offloaded, the kernel timeout
+/// and lease of active flows refreshed and flows gone forgotten
+/// ([`Offloader::tick`]), the data path's log, the status file and
+/// systemd's watchdog and status line.
+fn tick(
+    ctx: &Ctx,
+    session: &mut Session,
+    status: &mut DaemonStatus,
+    dp_log: &mut DataPathLog,
+    watchdog: bool,
+) {
+    session.off.settle(monotonic_ns());
+    session.off.tick(monotonic_ns());
+    dp_log.drain();
+    dp_log.follow(ctx);
+    if let Err(e) = write_status(ctx, status, session) {
+        tracing::warn!("writing the daemon status: {e:#}");
+    }
+    if watchdog {
+        service::watchdog();
+    }
+    service::status(&status_line(session));
+}
+
 async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -801,12 +833,9 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     };
     let shared = web::SharedState::default();
     let mut live = Live::default();
-    let mut sampler = tokio::time::interval(SAMPLE_EVERY);
-    sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut settler = tokio::time::interval(SETTLE_EVERY);
-    settler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut ticker = tokio::time::interval(opts.tick);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sampler = interval(SAMPLE_EVERY);
+    let mut settler = interval(SETTLE_EVERY);
+    let mut ticker = interval(opts.tick);
     let mut buf = vec![0u8; 1 << 20];
     let mut link_buf = vec![0u8; 1 << 16];
     // Kept for the daemon's lifetime: dropping it turns the log off.
@@ -843,17 +872,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             }
             _ = ticker.tick() => {
                 links.recheck(ctx, &mut status);
-                session.off.settle(monotonic_ns());
-                session.off.tick(monotonic_ns());
-                dp_log.drain();
-                dp_log.follow(ctx);
-                if let Err(e) = write_status(ctx, &mut status, &session) {
-                    tracing::warn!("writing the daemon status: {e:#}");
-                }
-                if watchdog {
-                    service::watchdog();
-                }
-                service::status(&status_line(&session));
+                tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);
             }
             ready = async { session.events.as_ref()?.readable().await.ok() },
                 if session.events.is_some() => {
