@@ -1032,3 +1032,61 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reopened_session_counts_on_from_the_old_one() {
+        let mut old = OffloadStats {
+            offloaded: 5,
+            resyncs: 1,
+            ..OffloadStats::default()
+        };
+        old.not_offloaded.insert("not_lan_wan".into(), 2);
+        let mut new = OffloadStats {
+            offloaded: 3,
+            resyncs: 1,
+            ..OffloadStats::default()
+        };
+        new.not_offloaded.insert("not_lan_wan".into(), 1);
+        new.not_offloaded.insert("tcp_closed_meanwhile".into(), 4);
+        let sum = summed(&old, &new);
+        assert_eq!((sum.offloaded, sum.resyncs, sum.errors), (8, 2, 0));
+        assert_eq!(sum.not_offloaded.get("not_lan_wan"), Some(&3));
+        assert_eq!(sum.not_offloaded.get("tcp_closed_meanwhile"), Some(&4));
+    }
+
+    #[test]
+    fn the_health_line_says_what_the_daemon_followed() {
+        let running = |extra: serde_json::Value| {
+            let mut d = serde_json::json!({
+                "running": true, "pid": 7, "heartbeat_age_secs": 1, "offloaded_flows": 0,
+                "offload": OffloadStats::default(), "interfaces_gone": [],
+            });
+            d.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            health_line(&d, true)
+        };
+        let line = running(serde_json::json!({
+            "reattaches_followed": 2, "log_records_malformed": 3,
+        }));
+        assert!(line.contains(", 2 re-attaches followed"), "{line}");
+        assert!(
+            line.contains(", 3 malformed data path log records"),
+            "{line}"
+        );
+        let line = running(serde_json::json!({ "detached": true }));
+        assert!(
+            line.contains("waiting: the router is detached") && !line.contains("offloaded"),
+            "{line}"
+        );
+        let line = running(serde_json::json!({ "interfaces_gone": ["lan0 (LAN)"] }));
+        assert!(
+            line.contains("INTERFACE GONE: lan0 (LAN)") && line.contains("follows the new attach"),
+            "{line}"
+        );
+    }
+}
