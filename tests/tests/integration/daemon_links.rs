@@ -21,8 +21,16 @@ use tests::{
 use crate::{
     ctl::{DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stdout, wait_for_or_show},
     doctor::{check, doctor},
+    metrics::Server,
     offload::{Daemon, Firewall, counter, install_firewall, offloaded_rows},
 };
+
+/// The value of the unlabelled Prometheus sample `name` of one scrape.
+fn sample(srv: &Server, name: &str) -> f64 {
+    let s = srv.scrape();
+    *s.get(name)
+        .unwrap_or_else(|| panic!("no sample {name} in {s:?}"))
+}
 
 /// The daemon's part of `status --json`.
 fn daemon_health(t: &Topology) -> Value {
@@ -113,6 +121,8 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
     );
     let text = stdout(&t.router_ctl(&["status"]));
     assert!(text.contains("2 interface MAC changes followed"), "{text}");
+    let srv = Server::start(&t);
+    assert!((sample(&srv, "xdp_router_daemon_mac_changes_total") - 2.0).abs() < 0.5);
     // The attach record has the new MAC too: attaching again changes nothing.
     let out = attach(&t, &[]);
     assert!(out.contains("nothing changed"), "{out}");
@@ -149,6 +159,8 @@ fn daemon_reports_a_deleted_attached_interface() {
         log.contains("ERROR") && log.contains("is gone") && log.contains("attach"),
         "{log}"
     );
+    let srv = Server::start(&t);
+    assert!((sample(&srv, "xdp_router_daemon_interfaces_gone") - 1.0).abs() < 0.5);
 
     // The interface comes back (a new one of the same name, as a
     // re-plugged USB NIC or a re-created VLAN), the router is attached
@@ -192,6 +204,8 @@ fn daemon_reports_a_deleted_attached_interface() {
         !text.contains("INTERFACE GONE") && text.contains("1 re-attaches followed"),
         "{text}"
     );
+    assert!(sample(&srv, "xdp_router_daemon_interfaces_gone").abs() < 0.5);
+    assert!((sample(&srv, "xdp_router_daemon_reattach_total") - 1.0).abs() < 0.5);
 }
 
 /// The router is detached and attached again (new maps) while the daemon
@@ -243,6 +257,7 @@ fn daemon_follows_a_detach_and_a_new_attach() {
     );
     let text = stdout(&t.router_ctl(&["status"]));
     assert!(text.contains("waiting: the router is detached"), "{text}");
+    assert_eq!(status(&t).0["daemon"]["detached"], true);
 
     t.router_ctl_ok(&kernel);
     wait_for_or_show(
@@ -362,4 +377,8 @@ fn daemon_start_removes_pairs_left_pending() {
     let log = daemon.log();
     assert!(log.contains("removed 4 XDP entries left pending"), "{log}");
     assert_eq!(daemon_health(&t)["stale_pending_removed"], 4);
+    let srv = Server::start(&t);
+    assert!((sample(&srv, "xdp_router_daemon_stale_pending_removed_total") - 4.0).abs() < 0.5);
+    assert!(sample(&srv, "xdp_router_daemon_log_records_malformed_total").abs() < 0.5);
+    assert!(sample(&srv, "xdp_router_daemon_detached").abs() < 0.5);
 }
