@@ -552,10 +552,10 @@ fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
                 .maps()
                 .read_config()
                 .is_ok_and(|c| c.admit == Admit::Kernel as u8);
-            if kernel_mode != session.kernel_mode {
-                if let Err(e) = reopen(ctx, session) {
-                    tracing::error!("after the reload, following the new mode: {e:#}");
-                }
+            if kernel_mode != session.kernel_mode
+                && let Err(e) = reopen(ctx, session)
+            {
+                tracing::error!("after the reload, following the new mode: {e:#}");
             }
         }
         Err(e) => {
