@@ -212,7 +212,7 @@ fn daemon_reports_a_deleted_attached_interface() {
 /// runs in offload mode: it says it waits while detached, then re-opens
 /// on the new maps, so a new connection is offloaded (XDP carries it)
 /// without a restart. A replace of the program, which keeps the maps,
-/// re-opens nothing.
+/// re-opens nothing; one that changes the mode re-opens in the new mode.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn daemon_follows_a_detach_and_a_new_attach() {
@@ -292,6 +292,22 @@ fn daemon_follows_a_detach_and_a_new_attach() {
     stream.finish();
     let carried = counter(&t, "fwd_outbound") - out0;
     assert!(carried > 100, "XDP carried only {carried} packets");
+    assert!(daemon_health(&t)["offload"]["offloaded"].as_u64() >= Some(1));
+
+    // A replace that changes the mode (maps kept): followed too, the
+    // daemon stops offloading.
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    assert!(out.contains("replaced"), "{out}");
+    wait_for_or_show(
+        "the daemon to follow the new mode",
+        Duration::from_secs(10),
+        || {
+            let d = daemon_health(&t);
+            d["reattaches_followed"] == 2 && d["admit"] == "xdp"
+        },
+        show,
+    );
+    // The counters go on from the first session's.
     assert!(daemon_health(&t)["offload"]["offloaded"].as_u64() >= Some(1));
 }
 
