@@ -672,7 +672,8 @@ fn follow_attach(
     let Some(now) = now else {
         if !status.detached {
             tracing::info!(
-                "the router was detached; waiting for the next `router-ctl attach`, which this                  daemon follows"
+                "the router was detached; waiting for the next `router-ctl attach`, which this \
+                 daemon follows"
             );
             status.detached = true;
         }
