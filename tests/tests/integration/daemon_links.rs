@@ -274,6 +274,13 @@ fn daemon_follows_a_detach_and_a_new_attach() {
         "{}",
         show()
     );
+    // Said once while detached, not at every tick.
+    assert_eq!(
+        daemon.log().matches("the router was detached").count(),
+        1,
+        "{}",
+        show()
+    );
 
     // A new TCP connection: offloaded into the new maps, carried by XDP.
     let dst = sa(SERVER_ADDR, 7310);
