@@ -88,6 +88,19 @@ pub struct DaemonStatus {
     /// writing a pair and activating it), removed.
     #[serde(default)]
     pub stale_pending_removed: u64,
+    /// New attaches followed (after a detach and attach, new maps; or a
+    /// replace that changed the mode): the daemon re-opened its session on
+    /// them.
+    #[serde(default)]
+    pub reattaches_followed: u64,
+    /// The router is detached (its maps are no longer pinned): the daemon
+    /// waits for the next attach and follows it.
+    #[serde(default)]
+    pub detached: bool,
+    /// Records of the data path's debug log that this router-ctl's aya-log
+    /// could not parse, skipped.
+    #[serde(default)]
+    pub log_records_malformed: u64,
 }
 
 impl DaemonStatus {
@@ -123,6 +136,9 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "mac_changes_followed": s.mac_changes_followed,
             "interfaces_gone": s.interfaces_gone,
             "stale_pending_removed": s.stale_pending_removed,
+            "reattaches_followed": s.reattaches_followed,
+            "detached": s.detached,
+            "log_records_malformed": s.log_records_malformed,
         }),
         _ => serde_json::json!({ "running": false }),
     }
@@ -132,7 +148,13 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
 /// mode with what running it or not means.
 #[must_use]
 pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
-    if d["running"] == true {
+    if d["running"] == true && d["detached"] == true {
+        format!(
+            "daemon: running (pid {}, heartbeat {} s ago), waiting: the router is detached; \
+             it follows the next `router-ctl attach` by itself",
+            d["pid"], d["heartbeat_age_secs"],
+        )
+    } else if d["running"] == true {
         let o = &d["offload"];
         let mut line = format!(
             "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded, {} settling; \
@@ -155,6 +177,18 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
         if macs > 0 {
             let _ = write!(line, ", {macs} interface MAC changes followed");
         }
+        let reattaches = d["reattaches_followed"].as_u64().unwrap_or(0);
+        if reattaches > 0 {
+            let _ = write!(line, ", {reattaches} re-attaches followed");
+        }
+        let malformed = d["log_records_malformed"].as_u64().unwrap_or(0);
+        if malformed > 0 {
+            let _ = write!(
+                line,
+                ", {malformed} malformed data path log records skipped (attach this \
+                 router-ctl's object)"
+            );
+        }
         let gone: Vec<&str> = d["interfaces_gone"]
             .as_array()
             .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
@@ -163,8 +197,8 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
             let _ = write!(
                 line,
                 "\nINTERFACE GONE: {}: its XDP program went with it; once it is back, run \
-                 `router-ctl detach` and `router-ctl attach` again, then restart \
-                 `router-ctl run` (it keeps the maps it opened)",
+                 `router-ctl detach` and `router-ctl attach` again (the running daemon \
+                 follows the new attach)",
                 gone.join(", ")
             );
         }
@@ -401,6 +435,8 @@ struct Session {
     kernel_mode: bool,
     /// XDP entries a killed daemon had left pending, removed at the start.
     stale_pending_removed: u64,
+    /// The attach whose maps it works on.
+    attached: AttachedRouter,
 }
 
 impl Session {
@@ -409,7 +445,14 @@ impl Session {
     /// the runtime (the event socket registers with it).
     fn open(ctx: &Ctx) -> Result<Self> {
         let maps = ctx.maps();
+        // Before anything else is read: an attach meanwhile gives new ids,
+        // which the next tick follows.
+        let ids = AttachedRouter::pinned(ctx);
         let cfg = maps.read_config()?;
+        let attached = ids?.context(
+            "no attached router to follow (detached, or an attach under way); run \
+             `router-ctl attach LAN WAN` first",
+        )?;
         let kernel_mode = cfg.admit == Admit::Kernel as u8;
         let table = PinnedTable::open(&maps, kernel_mode)?;
         let kernel = NetlinkKernel {
@@ -449,6 +492,7 @@ impl Session {
             events,
             kernel_mode,
             stale_pending_removed,
+            attached,
         })
     }
 
@@ -492,6 +536,12 @@ fn daemon_view(status: &DaemonStatus, s: &Session) -> DaemonView {
         admit: s.admit(),
         offloaded_flows: s.off.len() as u64,
         offload: serde_json::to_value(&s.off.stats).unwrap_or_default(),
+        mac_changes_followed: status.mac_changes_followed,
+        interfaces_gone: status.interfaces_gone.clone(),
+        stale_pending_removed: s.stale_pending_removed,
+        reattaches_followed: status.reattaches_followed,
+        detached: status.detached,
+        log_records_malformed: status.log_records_malformed,
     }
 }
 
@@ -517,11 +567,10 @@ fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
                 .maps()
                 .read_config()
                 .is_ok_and(|c| c.admit == Admit::Kernel as u8);
-            if kernel_mode != session.kernel_mode {
-                match Session::open(ctx) {
-                    Ok(s) => *session = s,
-                    Err(e) => tracing::error!("after the reload, following the new mode: {e:#}"),
-                }
+            if kernel_mode != session.kernel_mode
+                && let Err(e) = reopen(ctx, session)
+            {
+                tracing::error!("after the reload, following the new mode: {e:#}");
             }
         }
         Err(e) => {
@@ -536,6 +585,137 @@ fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
         }
     }
     service::ready(&status_line(session));
+}
+
+/// The attach a session works on: its maps by kernel id (a detach and
+/// attach pin new maps, a replace keeps them) and its mode (a replace may
+/// change it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AttachedRouter {
+    config_map: u32,
+    conntrack_map: u32,
+    kernel_mode: bool,
+}
+
+impl AttachedRouter {
+    /// The router attached now; `None` when it is detached (its maps are
+    /// not pinned) or not configured yet (an attach under way).
+    fn pinned(ctx: &Ctx) -> Result<Option<Self>> {
+        use router_common::maps::{CONFIG_MAP, CONNTRACK_MAP};
+        let maps = ctx.maps();
+        let (Some(config_map), Some(conntrack_map)) =
+            (maps.map_id(CONFIG_MAP)?, maps.map_id(CONNTRACK_MAP)?)
+        else {
+            return Ok(None);
+        };
+        let cfg = maps.read_config()?;
+        if cfg.lan_ifindex == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            config_map,
+            conntrack_map,
+            kernel_mode: cfg.admit == Admit::Kernel as u8,
+        }))
+    }
+}
+
+/// Opens a new session on the attached router in place of `session`
+/// (whose maps may be orphans of a detach): the offload counters go on
+/// from the old session's, the old one's flows are left to their maps.
+fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
+    let old = std::mem::replace(session, Session::open(ctx)?);
+    session.off.stats = summed(&old.off.stats, &session.off.stats);
+    session.stale_pending_removed += old.stale_pending_removed;
+    Ok(())
+}
+
+/// `a + b`, field by field, for a structure of counters (numbers, and maps
+/// of them): the counts of two sessions as one.
+fn summed<T: Serialize + serde::de::DeserializeOwned + Clone>(a: &T, b: &T) -> T {
+    fn add(a: &mut serde_json::Value, b: &serde_json::Value) {
+        use serde_json::Value;
+        match (a, b) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, v) in b {
+                    match a.get_mut(k) {
+                        Some(x) => add(x, v),
+                        None => {
+                            a.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            (a @ Value::Number(_), Value::Number(b)) => {
+                *a = (a
+                    .as_u64()
+                    .unwrap_or(0)
+                    .saturating_add(b.as_u64().unwrap_or(0)))
+                .into();
+            }
+            _ => {}
+        }
+    }
+    let (Ok(mut sum), Ok(b_json)) = (serde_json::to_value(a), serde_json::to_value(b)) else {
+        return b.clone();
+    };
+    add(&mut sum, &b_json);
+    serde_json::from_value(sum).unwrap_or_else(|_| b.clone())
+}
+
+/// Follows the router's attach, at each tick: when it is detached, says
+/// so (once) and waits; when another attach is there (new maps after a
+/// detach and attach, or a replace that changed the mode), re-opens the
+/// session on it (a resync follows, as at the start), forgets the
+/// interfaces gone with the old attach and looks at the new one's links.
+/// A replace that keeps maps and mode changes nothing here.
+fn follow_attach(
+    ctx: &Ctx,
+    session: &mut Session,
+    status: &mut DaemonStatus,
+    links: &mut LinkWatch,
+) {
+    let now = match AttachedRouter::pinned(ctx) {
+        Ok(now) => now,
+        Err(e) => {
+            // Read between the pins and the configuration of an attach or
+            // a detach under way: the next tick looks again.
+            tracing::debug!("reading the attached router: {e:#}");
+            return;
+        }
+    };
+    let Some(now) = now else {
+        if !status.detached {
+            tracing::info!(
+                "the router was detached; waiting for the next `router-ctl attach`, which this \
+                 daemon follows"
+            );
+            status.detached = true;
+        }
+        return;
+    };
+    if now == session.attached {
+        status.detached = false;
+        return;
+    }
+    // Under the lock attach takes: an attach under way finishes first.
+    let opened = state::lock(ctx.ns()).and_then(|_lock| reopen(ctx, session));
+    if let Err(e) = opened {
+        tracing::warn!("following the new attach: {e:#}; trying again at the next tick");
+        return;
+    }
+    status.reattaches_followed += 1;
+    status.detached = false;
+    status.interfaces_gone.clear();
+    links.recheck = true;
+    tracing::info!(
+        "following the new attach ({} mode, CONFIG map {}, CONNTRACK map {}): {} flows \
+         offloaded from the kernel's table",
+        session.admit(),
+        session.attached.config_map,
+        session.attached.conntrack_map,
+        session.off.len()
+    );
 }
 
 /// Reads the conntrack events queued on the socket until none is left.
@@ -764,8 +944,8 @@ fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus
     tracing::error!(
         "the {role} interface {name} (ifindex {ifindex}) is gone (deleted or moved to another \
          namespace): its XDP program went with it, and nothing goes through XDP on it; once \
-         it is back, run `router-ctl detach` and `router-ctl attach` again, then restart \
-         `router-ctl run` (it keeps the maps it opened)"
+         it is back, run `router-ctl detach` and `router-ctl attach` again (this daemon \
+         follows the new attach)"
     );
     status.interfaces_gone.push(what);
 }
@@ -793,6 +973,7 @@ fn tick(
     session.off.tick(monotonic_ns());
     dp_log.drain();
     dp_log.follow(ctx);
+    status.log_records_malformed = dp_log.malformed_records();
     if let Err(e) = write_status(ctx, status, session) {
         tracing::warn!("writing the daemon status: {e:#}");
     }
@@ -871,6 +1052,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                 session.off.settle(monotonic_ns());
             }
             _ = ticker.tick() => {
+                follow_attach(ctx, &mut session, &mut status, &mut links);
                 links.recheck(ctx, &mut status);
                 tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);
             }
@@ -892,4 +1074,62 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
         session.off.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reopened_session_counts_on_from_the_old_one() {
+        let mut old = OffloadStats {
+            offloaded: 5,
+            resyncs: 1,
+            ..OffloadStats::default()
+        };
+        old.not_offloaded.insert("not_lan_wan".into(), 2);
+        let mut new = OffloadStats {
+            offloaded: 3,
+            resyncs: 1,
+            ..OffloadStats::default()
+        };
+        new.not_offloaded.insert("not_lan_wan".into(), 1);
+        new.not_offloaded.insert("tcp_closed_meanwhile".into(), 4);
+        let sum = summed(&old, &new);
+        assert_eq!((sum.offloaded, sum.resyncs, sum.errors), (8, 2, 0));
+        assert_eq!(sum.not_offloaded.get("not_lan_wan"), Some(&3));
+        assert_eq!(sum.not_offloaded.get("tcp_closed_meanwhile"), Some(&4));
+    }
+
+    #[test]
+    fn the_health_line_says_what_the_daemon_followed() {
+        let running = |extra: serde_json::Value| {
+            let mut d = serde_json::json!({
+                "running": true, "pid": 7, "heartbeat_age_secs": 1, "offloaded_flows": 0,
+                "offload": OffloadStats::default(), "interfaces_gone": [],
+            });
+            d.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            health_line(&d, true)
+        };
+        let line = running(serde_json::json!({
+            "reattaches_followed": 2, "log_records_malformed": 3,
+        }));
+        assert!(line.contains(", 2 re-attaches followed"), "{line}");
+        assert!(
+            line.contains(", 3 malformed data path log records"),
+            "{line}"
+        );
+        let line = running(serde_json::json!({ "detached": true }));
+        assert!(
+            line.contains("waiting: the router is detached") && !line.contains("offloaded"),
+            "{line}"
+        );
+        let line = running(serde_json::json!({ "interfaces_gone": ["lan0 (LAN)"] }));
+        assert!(
+            line.contains("INTERFACE GONE: lan0 (LAN)") && line.contains("follows the new attach"),
+            "{line}"
+        );
+    }
 }

@@ -88,8 +88,9 @@ struct Open {
 
 impl Open {
     /// Writes every line waiting in the ring buffer to the log; a record
-    /// aya-log cannot parse is skipped, counted and reported.
-    fn drain(&mut self) {
+    /// aya-log cannot parse is skipped, counted and reported; returns how
+    /// many were.
+    fn drain(&mut self) -> u64 {
         let logs = self.logs.get_mut();
         let bad = flush_past_bad_records(|| logs.flush());
         if bad > 0 {
@@ -102,6 +103,7 @@ impl Open {
                 self.bad_records
             );
         }
+        bad
     }
 }
 
@@ -133,7 +135,9 @@ impl Drop for Open {
         // Nobody reads any more: the program stops writing. A program
         // already unloaded (replaced, detached) has nothing to turn off.
         let _ = self.level.set(0, 0, 0);
-        self.drain();
+        // The lines written since the last drain; `DataPathLog::follow`
+        // drains (and counts) before it lets go of a program.
+        let _ = self.drain();
     }
 }
 
@@ -164,6 +168,8 @@ fn level_map(prog_id: u32) -> Result<LogLevelMap> {
 pub struct DataPathLog {
     level: u32,
     open: Option<Open>,
+    /// Malformed records skipped, of every program read so far.
+    malformed: u64,
 }
 
 impl DataPathLog {
@@ -175,6 +181,7 @@ impl DataPathLog {
         let mut me = Self {
             level: wanted_level(),
             open: None,
+            malformed: 0,
         };
         me.follow(ctx);
         me
@@ -197,6 +204,7 @@ impl DataPathLog {
             return;
         }
         // Drain and turn off the old one first.
+        self.drain();
         self.open = None;
         let Some(prog_id) = attached else {
             return;
@@ -230,8 +238,15 @@ impl DataPathLog {
     /// Writes every line waiting in the ring buffer to the log.
     pub fn drain(&mut self) {
         if let Some(o) = &mut self.open {
-            o.drain();
+            self.malformed += o.drain();
         }
+    }
+
+    /// The malformed records skipped so far (records this router-ctl's
+    /// aya-log cannot parse: the attached object's log layout differs).
+    #[must_use]
+    pub fn malformed_records(&self) -> u64 {
+        self.malformed
     }
 }
 

@@ -204,6 +204,18 @@ pub struct DaemonView {
     pub admit: &'static str,
     pub offloaded_flows: u64,
     pub offload: Value,
+    /// New MAC addresses of the attached interfaces followed.
+    pub mac_changes_followed: u64,
+    /// Attached interfaces deleted while it ran, as `NAME (LAN)`.
+    pub interfaces_gone: Vec<String>,
+    /// XDP entries left pending by an earlier daemon, removed.
+    pub stale_pending_removed: u64,
+    /// New attaches it followed (re-opened on their maps).
+    pub reattaches_followed: u64,
+    /// The router is detached: the daemon waits for the next attach.
+    pub detached: bool,
+    /// Data path log records this router-ctl could not parse, skipped.
+    pub log_records_malformed: u64,
 }
 
 /// The sampler: counters every call, the table walk while a page is open.

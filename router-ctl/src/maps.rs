@@ -133,6 +133,22 @@ impl PinnedMaps {
         .context("clearing the configuration")
     }
 
+    /// The kernel's id of the pinned map `name`: a new attach pins new
+    /// maps (new ids), a replace keeps them (same ids). `None` when it is
+    /// not pinned (detached).
+    pub fn map_id(&self, name: &str) -> Result<Option<u32>> {
+        let path = self.dir.join(name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let data =
+            MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+        let info = data
+            .info()
+            .with_context(|| format!("reading the map info of {}", path.display()))?;
+        Ok(Some(info.id()))
+    }
+
     fn typed<T: TryFrom<Map, Error = MapError>>(&self, name: &str) -> Result<T> {
         T::try_from(self.open(name)?).with_context(|| {
             format!(

@@ -107,6 +107,16 @@ fn gauge(
     gauges(enc, name, help, vec![(Labels::new(), v)])
 }
 
+/// One unlabelled counter.
+fn counter(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: u64,
+) -> Result<(), std::fmt::Error> {
+    counters(enc, name, help, std::iter::once((Labels::new(), v)))
+}
+
 fn i64_of(v: impl TryInto<i64>) -> i64 {
     v.try_into().unwrap_or(i64::MAX)
 }
@@ -135,6 +145,7 @@ impl RouterCollector {
         if d["running"] != true {
             return Ok(());
         }
+        encode_daemon_follow(enc, &d)?;
         encode_offload(enc, &d)
     }
 }
@@ -192,6 +203,52 @@ fn encode_offload(
             .into_iter()
             .flatten()
             .map(|(reason, n)| (vec![("reason", reason.clone())], n.as_u64().unwrap_or(0))),
+    )
+}
+
+/// What the daemon did to keep up with the machine: interfaces and
+/// attaches followed, leftovers removed, log records skipped.
+fn encode_daemon_follow(
+    enc: &mut DescriptorEncoder,
+    d: &serde_json::Value,
+) -> Result<(), std::fmt::Error> {
+    let n = |k: &str| d[k].as_u64().unwrap_or(0);
+    counter(
+        enc,
+        "xdp_router_daemon_mac_changes",
+        "New MAC addresses of the attached interfaces the daemon wrote into the data path",
+        n("mac_changes_followed"),
+    )?;
+    gauge(
+        enc,
+        "xdp_router_daemon_interfaces_gone",
+        "Attached interfaces deleted while the daemon ran (their XDP program went with \
+             them); 0 again after a new attach",
+        i64_of(d["interfaces_gone"].as_array().map_or(0, Vec::len)),
+    )?;
+    counter(
+        enc,
+        "xdp_router_daemon_stale_pending_removed",
+        "XDP entries left pending by an earlier daemon, removed",
+        n("stale_pending_removed"),
+    )?;
+    counter(
+        enc,
+        "xdp_router_daemon_reattach",
+        "New attaches the daemon followed (re-opened on their maps)",
+        n("reattaches_followed"),
+    )?;
+    gauge(
+        enc,
+        "xdp_router_daemon_detached",
+        "1 while the router is detached and the daemon waits for an attach",
+        i64::from(d["detached"] == true),
+    )?;
+    counter(
+        enc,
+        "xdp_router_daemon_log_records_malformed",
+        "Data path log records this router-ctl could not parse, skipped",
+        n("log_records_malformed"),
     )
 }
 

@@ -249,6 +249,12 @@ pub fn status_json(ctx: &Ctx) -> Value {
         v["admit"] = json!(r.config.admit.name());
         v["filtering"] = json!(r.config.filtering.name());
         v["daemon"] = daemon::health_json(ctx.ns());
+    } else {
+        // Detached: a daemon still running waits for the next attach.
+        let d = daemon::health_json(ctx.ns());
+        if d["running"] == true {
+            v["daemon"] = d;
+        }
     }
     if running.any_pins() {
         v["configured"] = json!(running.configured());
@@ -337,6 +343,9 @@ pub fn status_text(v: &Value) -> String {
         for x in p {
             let _ = writeln!(s, "problem: {}", x.as_str().unwrap_or("?"));
         }
+    }
+    if v.get("record").is_none() && v["daemon"]["running"] == true {
+        let _ = writeln!(s, "{}", daemon::health_line(&v["daemon"], false));
     }
     if st == "not_attached" {
         let _ = writeln!(

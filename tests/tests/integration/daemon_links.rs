@@ -1,8 +1,9 @@
 //! `router-ctl run` keeping the attached router in step with the machine:
 //! an attached interface's new MAC address goes into the data path's
 //! configuration (rtnetlink link notifications), a deleted one is
-//! reported, and XDP entries a killed daemon left pending are removed when
-//! the next one starts.
+//! reported, XDP entries a killed daemon left pending are removed when
+//! the next one starts, and a detach and new attach are followed without a
+//! restart.
 
 use std::time::Duration;
 
@@ -12,13 +13,24 @@ use router_common::maps::{
     FlowKey6, FlowState, IPPROTO_UDP, LEASE_PENDING, lease_tick,
 };
 use serde_json::Value;
-use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_delta};
+use tests::{
+    CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_LAN_ADDR, SERVER_ADDR, Topology, WAN_IF,
+    counter_delta, socket_addr as sa,
+};
 
 use crate::{
-    ctl::{DetachOnDrop, attach, pin_dir, status, stdout, wait_for_or_show},
+    ctl::{DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stdout, wait_for_or_show},
     doctor::{check, doctor},
-    offload::Daemon,
+    metrics::Server,
+    offload::{Daemon, Firewall, counter, install_firewall, offloaded_rows},
 };
+
+/// The value of the unlabelled Prometheus sample `name` of one scrape.
+fn sample(srv: &Server, name: &str) -> f64 {
+    let s = srv.scrape();
+    *s.get(name)
+        .unwrap_or_else(|| panic!("no sample {name} in {s:?}"))
+}
 
 /// The daemon's part of `status --json`.
 fn daemon_health(t: &Topology) -> Value {
@@ -109,6 +121,8 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
     );
     let text = stdout(&t.router_ctl(&["status"]));
     assert!(text.contains("2 interface MAC changes followed"), "{text}");
+    let srv = Server::start(&t);
+    assert!((sample(&srv, "xdp_router_daemon_mac_changes_total") - 2.0).abs() < 0.5);
     // The attach record has the new MAC too: attaching again changes nothing.
     let out = attach(&t, &[]);
     assert!(out.contains("nothing changed"), "{out}");
@@ -145,6 +159,163 @@ fn daemon_reports_a_deleted_attached_interface() {
         log.contains("ERROR") && log.contains("is gone") && log.contains("attach"),
         "{log}"
     );
+    let srv = Server::start(&t);
+    assert!((sample(&srv, "xdp_router_daemon_interfaces_gone") - 1.0).abs() < 0.5);
+
+    // The interface comes back (a new one of the same name, as a
+    // re-plugged USB NIC or a re-created VLAN), the router is attached
+    // again: the running daemon follows the new attach and the interface
+    // is no longer reported gone.
+    t.router_ctl_ok(&["detach"]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip",
+            "link",
+            "add",
+            LAN_IF,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            HOST_IF,
+            "netns",
+            t.ns_name(Ns::Client),
+        ],
+    );
+    let lan = format!("{ROUTER_LAN_ADDR}/24");
+    t.exec_ok(Ns::Router, &["ip", "addr", "add", &lan, "dev", LAN_IF]);
+    t.exec_ok(Ns::Router, &["ip", "link", "set", LAN_IF, "up"]);
+    let client = format!("{CLIENT_ADDR}/24");
+    t.exec_ok(Ns::Client, &["ip", "addr", "add", &client, "dev", HOST_IF]);
+    t.exec_ok(Ns::Client, &["ip", "link", "set", HOST_IF, "up"]);
+    println!("{}", attach(&t, &[]));
+    wait_for_or_show(
+        "the daemon to follow the new attach",
+        Duration::from_secs(10),
+        || {
+            let d = daemon_health(&t);
+            d["reattaches_followed"] == 1 && d["interfaces_gone"] == serde_json::json!([])
+        },
+        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
+    );
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        !text.contains("INTERFACE GONE") && text.contains("1 re-attaches followed"),
+        "{text}"
+    );
+    assert!(sample(&srv, "xdp_router_daemon_interfaces_gone").abs() < 0.5);
+    assert!((sample(&srv, "xdp_router_daemon_reattach_total") - 1.0).abs() < 0.5);
+}
+
+/// The router is detached and attached again (new maps) while the daemon
+/// runs in offload mode: it says it waits while detached, then re-opens
+/// on the new maps, so a new connection is offloaded (XDP carries it)
+/// without a restart. A replace of the program, which keeps the maps,
+/// re-opens nothing; one that changes the mode re-opens in the new mode.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_follows_a_detach_and_a_new_attach() {
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    let kernel = ["attach", LAN_IF, WAN_IF, "--admit", "kernel"];
+    t.router_ctl_ok(&kernel);
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log());
+
+    // A replace: new program, same maps.
+    let prog0 = prog_ids(&status(&t).0)[0];
+    let out = t.router_ctl_ok(&[&kernel[..], &["--reload"]].concat());
+    assert!(out.contains("replaced"), "{out}");
+    let prog1 = prog_ids(&status(&t).0)[0];
+    assert_ne!(prog0, prog1);
+    // The daemon's tick that opens the new program's debug log follows
+    // the attach first.
+    wait_for_or_show(
+        "the daemon to see the replaced program",
+        Duration::from_secs(10),
+        || {
+            daemon
+                .log()
+                .contains(&format!("debug log of program {prog1}"))
+        },
+        show,
+    );
+    assert!(
+        !daemon.log().contains("following the new attach"),
+        "{}",
+        show()
+    );
+
+    t.router_ctl_ok(&["detach"]);
+    wait_for_or_show(
+        "the daemon to report the router detached",
+        Duration::from_secs(10),
+        || daemon_health(&t)["detached"] == true,
+        show,
+    );
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(text.contains("waiting: the router is detached"), "{text}");
+    assert_eq!(status(&t).0["daemon"]["detached"], true);
+
+    t.router_ctl_ok(&kernel);
+    wait_for_or_show(
+        "the daemon to follow the new attach",
+        Duration::from_secs(10),
+        || {
+            let d = daemon_health(&t);
+            d["reattaches_followed"] == 1 && d["detached"] == false
+        },
+        show,
+    );
+    assert!(
+        daemon.log().contains("following the new attach"),
+        "{}",
+        show()
+    );
+    // Said once while detached, not at every tick.
+    assert_eq!(
+        daemon.log().matches("the router was detached").count(),
+        1,
+        "{}",
+        show()
+    );
+
+    // A new TCP connection: offloaded into the new maps, carried by XDP.
+    let dst = sa(SERVER_ADDR, 7310);
+    let out0 = counter(&t, "fwd_outbound");
+    let stream = Stream::start(&t, dst, 6 << 20, 4.0);
+    wait_for_or_show(
+        "the new connection to be offloaded",
+        Duration::from_secs(10),
+        || {
+            offloaded_rows(&t)
+                .iter()
+                .any(|f| f["orig_dst"] == dst.to_string().as_str())
+        },
+        show,
+    );
+    stream.finish();
+    let carried = counter(&t, "fwd_outbound") - out0;
+    assert!(carried > 100, "XDP carried only {carried} packets");
+    assert!(daemon_health(&t)["offload"]["offloaded"].as_u64() >= Some(1));
+
+    // A replace that changes the mode (maps kept): followed too, the
+    // daemon stops offloading.
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    assert!(out.contains("replaced"), "{out}");
+    wait_for_or_show(
+        "the daemon to follow the new mode",
+        Duration::from_secs(10),
+        || {
+            let d = daemon_health(&t);
+            d["reattaches_followed"] == 2 && d["admit"] == "xdp"
+        },
+        show,
+    );
+    // The counters go on from the first session's.
+    assert!(daemon_health(&t)["offload"]["offloaded"].as_u64() >= Some(1));
 }
 
 /// An XDP conntrack table of the router, opened from its pin.
@@ -229,4 +400,8 @@ fn daemon_start_removes_pairs_left_pending() {
     let log = daemon.log();
     assert!(log.contains("removed 4 XDP entries left pending"), "{log}");
     assert_eq!(daemon_health(&t)["stale_pending_removed"], 4);
+    let srv = Server::start(&t);
+    assert!((sample(&srv, "xdp_router_daemon_stale_pending_removed_total") - 4.0).abs() < 0.5);
+    assert!(sample(&srv, "xdp_router_daemon_log_records_malformed_total").abs() < 0.5);
+    assert!(sample(&srv, "xdp_router_daemon_detached").abs() < 0.5);
 }

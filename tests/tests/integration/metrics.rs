@@ -13,13 +13,13 @@ use tests::{Ns, SERVER_ADDR, Topology, router_ctl_bin};
 use crate::ctl::*;
 
 /// The metrics server, killed on drop.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     addr: SocketAddr,
 }
 
 impl Server {
-    fn start(t: &Topology) -> Self {
+    pub(crate) fn start(t: &Topology) -> Self {
         let mut child = Command::new(router_ctl_bin())
             .args([
                 "-n",
@@ -46,7 +46,7 @@ impl Server {
     }
 
     /// (status code, headers, body) of `METHOD PATH`.
-    fn request(&self, method: &str, path: &str) -> (u16, String, String) {
+    pub(crate) fn request(&self, method: &str, path: &str) -> (u16, String, String) {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         write!(s, "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
@@ -60,6 +60,13 @@ impl Server {
             .expect("status code");
         (code, head.to_owned(), body.to_owned())
     }
+
+    /// The samples of one scrape, `name{labels}` -> value.
+    pub(crate) fn scrape(&self) -> BTreeMap<String, f64> {
+        let (code, _, body) = self.request("GET", "/metrics");
+        assert_eq!(code, 200, "{body}");
+        parse(&body).0
+    }
 }
 
 impl Drop for Server {
@@ -70,7 +77,7 @@ impl Drop for Server {
 }
 
 /// Sample lines `name{labels} value` -> value, keyed by `name{labels}`.
-fn parse(body: &str) -> (BTreeMap<String, f64>, BTreeMap<String, String>) {
+pub(crate) fn parse(body: &str) -> (BTreeMap<String, f64>, BTreeMap<String, String>) {
     let mut samples = BTreeMap::new();
     let mut types = BTreeMap::new();
     for l in body.lines() {

@@ -26,13 +26,13 @@ const BLOCKED_UDP_PORT: u16 = 9999;
 const FORWARDED_PORT: u16 = 8080;
 
 #[derive(Clone, Copy, Debug)]
-enum Firewall {
+pub(crate) enum Firewall {
     Nftables,
     IptablesLegacy,
 }
 
 /// The router's firewall and NAT, the way a router owner writes them.
-fn install_firewall(t: &Topology, fw: Firewall) {
+pub(crate) fn install_firewall(t: &Topology, fw: Firewall) {
     let dnat_to = format!("{CLIENT_ADDR}:80");
     match fw {
         Firewall::Nftables => {
@@ -252,7 +252,7 @@ pub(crate) fn echoes(s: &UdpSocket, n: u32, gap: Duration) -> u32 {
     ok
 }
 
-fn counter(t: &Topology, name: &str) -> u64 {
+pub(crate) fn counter(t: &Topology, name: &str) -> u64 {
     t.counter(name)
 }
 

@@ -96,12 +96,46 @@ fn check_page(dom: &str) {
         "no flow row with both tuples"
     );
     assert!(dom.contains("<polyline"), "no chart");
+    // The daemon's follow counters (nothing followed in this test).
+    assert!(
+        dom.contains("0 MAC changes followed · 0 re-attaches followed"),
+        "the daemon's follow counters missing"
+    );
     // The data path counts bytes per flow: the busiest flows are ranked by
     // them, not by last activity.
     assert!(
         dom.contains(">by bytes<") && dom.contains(">by rate<"),
         "flows not ranked by bytes and rate"
     );
+}
+
+/// The daemon's follow counters (nothing followed in this test) in the
+/// page's JSON and in the metrics.
+fn check_daemon_follow(doc: &Value, metrics: &str) {
+    let d = &doc["daemon"];
+    for k in [
+        "mac_changes_followed",
+        "stale_pending_removed",
+        "reattaches_followed",
+        "log_records_malformed",
+    ] {
+        assert_eq!(d[k], 0, "daemon.{k}: {d}");
+    }
+    assert_eq!(
+        (&d["interfaces_gone"], &d["detached"]),
+        (&serde_json::json!([]), &Value::Bool(false)),
+        "{d}"
+    );
+    for m in [
+        "xdp_router_daemon_mac_changes_total 0",
+        "xdp_router_daemon_interfaces_gone 0",
+        "xdp_router_daemon_stale_pending_removed_total 0",
+        "xdp_router_daemon_reattach_total 0",
+        "xdp_router_daemon_detached 0",
+        "xdp_router_daemon_log_records_malformed_total 0",
+    ] {
+        assert!(metrics.contains(m), "{m} missing:\n{metrics}");
+    }
 }
 
 #[test]
@@ -192,6 +226,7 @@ fn status_page_shows_live_numbers_in_chromium() {
     let (code, _, metrics) = http(&t, Ns::Client, addr, "GET", "/metrics");
     assert_eq!(code, 200);
     assert!(metrics.contains("xdp_router_up 1") && metrics.contains("xdp_router_daemon_up 1"));
+    check_daemon_follow(&doc, &metrics);
 
     let shot = screenshot_path();
     let _ = std::fs::remove_file(&shot);
