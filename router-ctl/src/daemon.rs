@@ -698,8 +698,16 @@ fn follow_attach(
         status.detached = false;
         return;
     }
-    // Under the lock attach takes: an attach under way finishes first.
-    let opened = state::lock(ctx.ns()).and_then(|_lock| reopen(ctx, session));
+    // Under the lock attach takes, not waiting for it (the event loop
+    // would stall): an attach under way is followed once it finished.
+    let opened = match state::try_lock(ctx.ns()) {
+        Ok(Some(_lock)) => reopen(ctx, session),
+        Ok(None) => {
+            tracing::debug!("an attach or detach is under way; following it at the next tick");
+            return;
+        }
+        Err(e) => Err(e),
+    };
     if let Err(e) = opened {
         tracing::warn!("following the new attach: {e:#}; trying again at the next tick");
         return;
@@ -790,17 +798,21 @@ impl LinkWatch {
                 Ok(Some(events)) => {
                     for e in events {
                         let followed = match e {
-                            LinkEvent::Changed(l) => l
-                                .mac
-                                .map_or(Ok(()), |mac| follow_mac(ctx, l.ifindex, mac, status)),
+                            LinkEvent::Changed(l) => l.mac.map_or(Ok(Followed::Done), |mac| {
+                                follow_mac(ctx, l.ifindex, mac, status)
+                            }),
                             LinkEvent::Deleted { ifindex, name } => {
                                 interface_gone(ctx, ifindex, &name, status);
-                                Ok(())
+                                Ok(Followed::Done)
                             }
                         };
-                        if let Err(e) = followed {
-                            tracing::warn!("following a link change: {e:#}; trying again");
-                            recheck = true;
+                        match followed {
+                            Ok(Followed::Done) => {}
+                            Ok(Followed::LockBusy) => recheck = true,
+                            Err(e) => {
+                                tracing::warn!("following a link change: {e:#}; trying again");
+                                recheck = true;
+                            }
                         }
                     }
                 }
@@ -823,9 +835,13 @@ impl LinkWatch {
         if !std::mem::take(&mut self.recheck) {
             return;
         }
-        if let Err(e) = check_links(ctx, status) {
-            tracing::warn!("reading the attached interfaces: {e:#}; trying again");
-            self.recheck = true;
+        match check_links(ctx, status) {
+            Ok(Followed::Done) => {}
+            Ok(Followed::LockBusy) => self.recheck = true,
+            Err(e) => {
+                tracing::warn!("reading the attached interfaces: {e:#}; trying again");
+                self.recheck = true;
+            }
         }
     }
 }
@@ -853,19 +869,32 @@ fn attached_config(ctx: &Ctx) -> Option<Config> {
         .ok()
 }
 
+/// Whether a link change was followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Followed {
+    /// Followed, or nothing to follow.
+    Done,
+    /// Another router-ctl (an attach) holds the router's lock: the links
+    /// are looked at again at the next tick.
+    LockBusy,
+}
+
 /// Compares both attached interfaces with the configuration.
-fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
+fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
     let Some(cfg) = attached_config(ctx) else {
-        return Ok(());
+        return Ok(Followed::Done);
     };
+    let mut followed = Followed::Done;
     for ifindex in [cfg.lan_ifindex, cfg.wan_ifindex] {
         if ifindex == 0 {
             continue;
         }
         match netlink::link(ifindex) {
             Ok(l) => {
-                if let Some(mac) = l.mac {
-                    follow_mac(ctx, ifindex, mac, status)?;
+                if let Some(mac) = l.mac
+                    && follow_mac(ctx, ifindex, mac, status)? == Followed::LockBusy
+                {
+                    followed = Followed::LockBusy;
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
@@ -874,7 +903,7 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
     }
-    Ok(())
+    Ok(followed)
 }
 
 /// An attached interface has the MAC `mac`: if the data path still
@@ -882,22 +911,36 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
 /// addressed to the new one to the kernel, as `pass_not_for_us`), the
 /// new one goes into the configuration, in one write of the whole value
 /// as attach writes it, and into the attach record (so that the next
-/// attach finds nothing to change), under the lock attach takes.
-fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) -> Result<()> {
+/// attach finds nothing to change), under the lock attach takes. While
+/// another router-ctl holds it (an attach under way), the daemon does not
+/// wait (its event loop would stall for as long): it looks again at the
+/// next tick ([`Followed::LockBusy`]).
+fn follow_mac(
+    ctx: &Ctx,
+    ifindex: u32,
+    mac: [u8; 6],
+    status: &mut DaemonStatus,
+) -> Result<Followed> {
     let Some(mut cfg) = attached_config(ctx) else {
-        return Ok(());
+        return Ok(Followed::Done);
     };
     if attached_mac(&mut cfg, ifindex).is_none_or(|(_, m)| *m == mac) {
-        return Ok(());
+        return Ok(Followed::Done);
     }
-    let _lock = state::lock(ctx.ns())?;
+    let Some(_lock) = state::try_lock(ctx.ns())? else {
+        tracing::debug!(
+            "another router-ctl holds the router's lock; following the new MAC of ifindex \
+             {ifindex} at the next tick"
+        );
+        return Ok(Followed::LockBusy);
+    };
     // Again under the lock: an attach may have changed it meanwhile.
     let mut cfg = ctx.maps().read_config()?;
     let Some((role, slot)) = attached_mac(&mut cfg, ifindex) else {
-        return Ok(());
+        return Ok(Followed::Done);
     };
     if *slot == mac {
-        return Ok(());
+        return Ok(Followed::Done);
     }
     let old = std::mem::replace(slot, mac);
     ctx.maps()
@@ -924,7 +967,7 @@ fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) 
         netlink::mac_str(old),
         netlink::mac_str(mac)
     );
-    Ok(())
+    Ok(Followed::Done)
 }
 
 /// An interface was deleted (or moved to another namespace): if it was
