@@ -632,7 +632,8 @@ fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
 }
 
 /// Follows the router's attach, at each tick: when it is detached, says
-/// so (once) and waits; when another attach is there (new maps after a
+/// so (once), stops offloading into the orphaned maps and waits; when
+/// another attach is there (new maps after a
 /// detach and attach, or a replace that changed the mode), re-opens the
 /// session on it (a resync follows, as at the start), forgets the
 /// interfaces gone with the old attach and looks at the new one's links.
@@ -660,9 +661,17 @@ fn follow_attach(
             );
             status.detached = true;
         }
+        // The session's maps are orphans now (no program reads them): no
+        // new connection is offloaded into them. The next attach re-opens
+        // the session, with a new subscription and a resync.
+        session.events = None;
         return;
     };
-    if now == session.attached {
+    let same = now == session.attached;
+    // Unsubscribed while it looked detached (an attach under way): the
+    // events since are lost, a re-open reads the table again.
+    let unsubscribed = session.kernel_mode && session.events.is_none();
+    if same && !unsubscribed {
         status.detached = false;
         return;
     }
@@ -680,13 +689,20 @@ fn follow_attach(
         tracing::warn!("following the new attach: {e:#}; trying again at the next tick");
         return;
     }
-    status.reattaches_followed += 1;
+    if !same {
+        status.reattaches_followed += 1;
+        status.interfaces_gone.clear();
+    }
     status.detached = false;
-    status.interfaces_gone.clear();
     links.recheck = true;
     tracing::info!(
-        "following the new attach ({} mode, CONFIG map {}, CONNTRACK map {}): {} flows \
-         offloaded from the kernel's table",
+        "following {} ({} mode, CONFIG map {}, CONNTRACK map {}): {} flows offloaded from the \
+         kernel's table",
+        if same {
+            "the attach again (its maps unchanged)"
+        } else {
+            "the new attach"
+        },
         session.admit(),
         session.attached.config_map,
         session.attached.conntrack_map,

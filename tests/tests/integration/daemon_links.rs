@@ -317,6 +317,16 @@ fn daemon_follows_a_detach_and_a_new_attach() {
     let text = stdout(&t.router_ctl(&["status"]));
     assert!(text.contains("waiting: the router is detached"), "{text}");
     assert_eq!(status(&t).0["daemon"]["detached"], true);
+    // Detached, the old maps are orphans (no program reads them): a new
+    // connection, which the kernel carries, is not offloaded into them.
+    let offloaded = || daemon_health(&t)["offload"]["offloaded"].as_u64();
+    let before = offloaded();
+    Stream::start(&t, sa(SERVER_ADDR, 7309), 1 << 20, 1.0).finish();
+    // Its events are read within a tick; three go by.
+    for _ in 0..30 {
+        assert_eq!(offloaded(), before, "offloaded while detached\n{}", show());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     t.router_ctl_ok(&kernel);
     wait_for_or_show(
