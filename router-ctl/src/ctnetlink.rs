@@ -9,7 +9,7 @@
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsRawFd, OwnedFd, RawFd},
 };
 
 use crate::nlmsg::{Msg, NLM_F_ACK, NLMSG_DONE, NLMSG_ERROR, attrs, messages};
@@ -516,32 +516,7 @@ fn setsockopt_int(fd: RawFd, level: i32, opt: i32, value: i32) -> io::Result<()>
 
 impl CtSocket {
     fn open(groups: u32, nonblocking: bool) -> io::Result<Self> {
-        let mut ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
-        if nonblocking {
-            ty |= libc::SOCK_NONBLOCK;
-        }
-        // SAFETY: plain socket(2).
-        let fd = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_NETFILTER) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a new socket we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: zeroed sockaddr_nl is valid; fields set below.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        sa.nl_groups = groups;
-        // SAFETY: sa is a valid sockaddr_nl.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&raw const sa).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = crate::nlmsg::bound_socket(libc::NETLINK_NETFILTER, groups, nonblocking)?;
         Ok(Self {
             fd,
             seq: 1,

@@ -442,8 +442,9 @@ struct Session {
 impl Session {
     /// Reads the attached router's configuration, subscribes to conntrack
     /// events (offload mode) and loads the kernel's table. Must run inside
-    /// the runtime (the event socket registers with it).
-    fn open(ctx: &Ctx) -> Result<Self> {
+    /// the runtime (the event socket registers with it). Its offload
+    /// counters go on from `carried` (a re-opened session's).
+    fn open(ctx: &Ctx, carried: &OffloadStats) -> Result<Self> {
         let maps = ctx.maps();
         // Before anything else is read: an attach meanwhile gives new ids,
         // which the next tick follows.
@@ -466,6 +467,7 @@ impl Session {
             cfg.wan_ifindex,
             KernelTimeouts::read(),
         );
+        off.stats.clone_from(carried);
         let mut stale_pending_removed = 0;
         // Subscribe before the dump, so no event falls between the two.
         let events = if kernel_mode {
@@ -624,47 +626,14 @@ impl AttachedRouter {
 /// (whose maps may be orphans of a detach): the offload counters go on
 /// from the old session's, the old one's flows are left to their maps.
 fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
-    let old = std::mem::replace(session, Session::open(ctx)?);
-    session.off.stats = summed(&old.off.stats, &session.off.stats);
+    let old = std::mem::replace(session, Session::open(ctx, &session.off.stats)?);
     session.stale_pending_removed += old.stale_pending_removed;
     Ok(())
 }
 
-/// `a + b`, field by field, for a structure of counters (numbers, and maps
-/// of them): the counts of two sessions as one.
-fn summed<T: Serialize + serde::de::DeserializeOwned + Clone>(a: &T, b: &T) -> T {
-    fn add(a: &mut serde_json::Value, b: &serde_json::Value) {
-        use serde_json::Value;
-        match (a, b) {
-            (Value::Object(a), Value::Object(b)) => {
-                for (k, v) in b {
-                    match a.get_mut(k) {
-                        Some(x) => add(x, v),
-                        None => {
-                            a.insert(k.clone(), v.clone());
-                        }
-                    }
-                }
-            }
-            (a @ Value::Number(_), Value::Number(b)) => {
-                *a = (a
-                    .as_u64()
-                    .unwrap_or(0)
-                    .saturating_add(b.as_u64().unwrap_or(0)))
-                .into();
-            }
-            _ => {}
-        }
-    }
-    let (Ok(mut sum), Ok(b_json)) = (serde_json::to_value(a), serde_json::to_value(b)) else {
-        return b.clone();
-    };
-    add(&mut sum, &b_json);
-    serde_json::from_value(sum).unwrap_or_else(|_| b.clone())
-}
-
 /// Follows the router's attach, at each tick: when it is detached, says
-/// so (once) and waits; when another attach is there (new maps after a
+/// so (once), stops offloading into the orphaned maps and waits; when
+/// another attach is there (new maps after a
 /// detach and attach, or a replace that changed the mode), re-opens the
 /// session on it (a resync follows, as at the start), forgets the
 /// interfaces gone with the old attach and looks at the new one's links.
@@ -692,25 +661,48 @@ fn follow_attach(
             );
             status.detached = true;
         }
+        // The session's maps are orphans now (no program reads them): no
+        // new connection is offloaded into them. The next attach re-opens
+        // the session, with a new subscription and a resync.
+        session.events = None;
         return;
     };
-    if now == session.attached {
+    let same = now == session.attached;
+    // Unsubscribed while it looked detached (an attach under way): the
+    // events since are lost, a re-open reads the table again.
+    let unsubscribed = session.kernel_mode && session.events.is_none();
+    if same && !unsubscribed {
         status.detached = false;
         return;
     }
-    // Under the lock attach takes: an attach under way finishes first.
-    let opened = state::lock(ctx.ns()).and_then(|_lock| reopen(ctx, session));
+    // Under the lock attach takes, not waiting for it (the event loop
+    // would stall): an attach under way is followed once it finished.
+    let opened = match state::try_lock(ctx.ns()) {
+        Ok(Some(_lock)) => reopen(ctx, session),
+        Ok(None) => {
+            tracing::debug!("an attach or detach is under way; following it at the next tick");
+            return;
+        }
+        Err(e) => Err(e),
+    };
     if let Err(e) = opened {
         tracing::warn!("following the new attach: {e:#}; trying again at the next tick");
         return;
     }
-    status.reattaches_followed += 1;
+    if !same {
+        status.reattaches_followed += 1;
+        status.interfaces_gone.clear();
+    }
     status.detached = false;
-    status.interfaces_gone.clear();
     links.recheck = true;
     tracing::info!(
-        "following the new attach ({} mode, CONFIG map {}, CONNTRACK map {}): {} flows \
-         offloaded from the kernel's table",
+        "following {} ({} mode, CONFIG map {}, CONNTRACK map {}): {} flows offloaded from the \
+         kernel's table",
+        if same {
+            "the attach again (its maps unchanged)"
+        } else {
+            "the new attach"
+        },
         session.admit(),
         session.attached.config_map,
         session.attached.conntrack_map,
@@ -790,17 +782,21 @@ impl LinkWatch {
                 Ok(Some(events)) => {
                     for e in events {
                         let followed = match e {
-                            LinkEvent::Changed(l) => l
-                                .mac
-                                .map_or(Ok(()), |mac| follow_mac(ctx, l.ifindex, mac, status)),
+                            LinkEvent::Changed(l) => l.mac.map_or(Ok(Followed::Done), |mac| {
+                                follow_mac(ctx, l.ifindex, mac, status)
+                            }),
                             LinkEvent::Deleted { ifindex, name } => {
                                 interface_gone(ctx, ifindex, &name, status);
-                                Ok(())
+                                Ok(Followed::Done)
                             }
                         };
-                        if let Err(e) = followed {
-                            tracing::warn!("following a link change: {e:#}; trying again");
-                            recheck = true;
+                        match followed {
+                            Ok(Followed::Done) => {}
+                            Ok(Followed::LockBusy) => recheck = true,
+                            Err(e) => {
+                                tracing::warn!("following a link change: {e:#}; trying again");
+                                recheck = true;
+                            }
                         }
                     }
                 }
@@ -823,9 +819,13 @@ impl LinkWatch {
         if !std::mem::take(&mut self.recheck) {
             return;
         }
-        if let Err(e) = check_links(ctx, status) {
-            tracing::warn!("reading the attached interfaces: {e:#}; trying again");
-            self.recheck = true;
+        match check_links(ctx, status) {
+            Ok(Followed::Done) => {}
+            Ok(Followed::LockBusy) => self.recheck = true,
+            Err(e) => {
+                tracing::warn!("reading the attached interfaces: {e:#}; trying again");
+                self.recheck = true;
+            }
         }
     }
 }
@@ -853,19 +853,32 @@ fn attached_config(ctx: &Ctx) -> Option<Config> {
         .ok()
 }
 
+/// Whether a link change was followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Followed {
+    /// Followed, or nothing to follow.
+    Done,
+    /// Another router-ctl (an attach) holds the router's lock: the links
+    /// are looked at again at the next tick.
+    LockBusy,
+}
+
 /// Compares both attached interfaces with the configuration.
-fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
+fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
     let Some(cfg) = attached_config(ctx) else {
-        return Ok(());
+        return Ok(Followed::Done);
     };
+    let mut followed = Followed::Done;
     for ifindex in [cfg.lan_ifindex, cfg.wan_ifindex] {
         if ifindex == 0 {
             continue;
         }
         match netlink::link(ifindex) {
             Ok(l) => {
-                if let Some(mac) = l.mac {
-                    follow_mac(ctx, ifindex, mac, status)?;
+                if let Some(mac) = l.mac
+                    && follow_mac(ctx, ifindex, mac, status)? == Followed::LockBusy
+                {
+                    followed = Followed::LockBusy;
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
@@ -874,7 +887,7 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
     }
-    Ok(())
+    Ok(followed)
 }
 
 /// An attached interface has the MAC `mac`: if the data path still
@@ -882,22 +895,36 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<()> {
 /// addressed to the new one to the kernel, as `pass_not_for_us`), the
 /// new one goes into the configuration, in one write of the whole value
 /// as attach writes it, and into the attach record (so that the next
-/// attach finds nothing to change), under the lock attach takes.
-fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) -> Result<()> {
+/// attach finds nothing to change), under the lock attach takes. While
+/// another router-ctl holds it (an attach under way), the daemon does not
+/// wait (its event loop would stall for as long): it looks again at the
+/// next tick ([`Followed::LockBusy`]).
+fn follow_mac(
+    ctx: &Ctx,
+    ifindex: u32,
+    mac: [u8; 6],
+    status: &mut DaemonStatus,
+) -> Result<Followed> {
     let Some(mut cfg) = attached_config(ctx) else {
-        return Ok(());
+        return Ok(Followed::Done);
     };
     if attached_mac(&mut cfg, ifindex).is_none_or(|(_, m)| *m == mac) {
-        return Ok(());
+        return Ok(Followed::Done);
     }
-    let _lock = state::lock(ctx.ns())?;
+    let Some(_lock) = state::try_lock(ctx.ns())? else {
+        tracing::debug!(
+            "another router-ctl holds the router's lock; following the new MAC of ifindex \
+             {ifindex} at the next tick"
+        );
+        return Ok(Followed::LockBusy);
+    };
     // Again under the lock: an attach may have changed it meanwhile.
     let mut cfg = ctx.maps().read_config()?;
     let Some((role, slot)) = attached_mac(&mut cfg, ifindex) else {
-        return Ok(());
+        return Ok(Followed::Done);
     };
     if *slot == mac {
-        return Ok(());
+        return Ok(Followed::Done);
     }
     let old = std::mem::replace(slot, mac);
     ctx.maps()
@@ -924,7 +951,7 @@ fn follow_mac(ctx: &Ctx, ifindex: u32, mac: [u8; 6], status: &mut DaemonStatus) 
         netlink::mac_str(old),
         netlink::mac_str(mac)
     );
-    Ok(())
+    Ok(Followed::Done)
 }
 
 /// An interface was deleted (or moved to another namespace): if it was
@@ -987,7 +1014,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut session = Session::open(ctx)?;
+    let mut session = Session::open(ctx, &OffloadStats::default())?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),
@@ -1079,27 +1106,6 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_reopened_session_counts_on_from_the_old_one() {
-        let mut old = OffloadStats {
-            offloaded: 5,
-            resyncs: 1,
-            ..OffloadStats::default()
-        };
-        old.not_offloaded.insert("not_lan_wan".into(), 2);
-        let mut new = OffloadStats {
-            offloaded: 3,
-            resyncs: 1,
-            ..OffloadStats::default()
-        };
-        new.not_offloaded.insert("not_lan_wan".into(), 1);
-        new.not_offloaded.insert("tcp_closed_meanwhile".into(), 4);
-        let sum = summed(&old, &new);
-        assert_eq!((sum.offloaded, sum.resyncs, sum.errors), (8, 2, 0));
-        assert_eq!(sum.not_offloaded.get("not_lan_wan"), Some(&3));
-        assert_eq!(sum.not_offloaded.get("tcp_closed_meanwhile"), Some(&4));
-    }
 
     #[test]
     fn the_health_line_says_what_the_daemon_followed() {

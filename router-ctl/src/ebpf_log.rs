@@ -57,6 +57,14 @@ pub fn wanted_level() -> u32 {
     wanted.iter().take_while(|on| **on).count() as u32
 }
 
+// `flush_past_bad_records` catches aya-log's panic on a malformed record;
+// built with `panic = "abort"` that panic would end the daemon instead.
+#[cfg(not(panic = "unwind"))]
+compile_error!(
+    "router-ctl must be built with panic = \"unwind\": the data path log reader catches \
+     aya-log's panic on a malformed record (ebpf_log.rs)"
+);
+
 /// The most malformed records one drain skips: each is consumed as it is
 /// skipped, so this only bounds a drain racing a program that writes
 /// nothing else; the rest wait for the next drain.

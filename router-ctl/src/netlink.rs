@@ -329,35 +329,7 @@ pub struct LinkEvents(OwnedFd);
 
 impl LinkEvents {
     pub fn subscribe() -> io::Result<Self> {
-        // SAFETY: plain socket(2).
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a new socket we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: zeroed sockaddr_nl is valid; fields set below.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        sa.nl_groups = RTMGRP_LINK;
-        // SAFETY: sa is a valid sockaddr_nl.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&raw const sa).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Self(fd))
+        nlmsg::bound_socket(libc::NETLINK_ROUTE, RTMGRP_LINK, true).map(Self)
     }
 
     /// The notifications of one queued datagram: `Ok(None)` when none is

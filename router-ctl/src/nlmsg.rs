@@ -58,6 +58,44 @@ impl Msg {
     }
 }
 
+/// A netlink socket of `protocol` (`NETLINK_ROUTE`, `NETLINK_NETFILTER`)
+/// bound to the multicast `groups` (0: none, requests only), close-on-exec
+/// and, if `nonblocking`, non-blocking.
+pub fn bound_socket(
+    protocol: i32,
+    groups: u32,
+    nonblocking: bool,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    let mut ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
+    if nonblocking {
+        ty |= libc::SOCK_NONBLOCK;
+    }
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, ty, protocol) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new socket we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: zeroed sockaddr_nl is valid; fields set below.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    sa.nl_groups = groups;
+    // SAFETY: sa is a valid sockaddr_nl.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&raw const sa).cast(),
+            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
 /// One datagram from netlink socket `fd` into `buf`: `Ok(None)` if none is
 /// queued on a non-blocking socket. `ENOBUFS` means the kernel dropped
 /// notifications for this socket (its receive buffer was full).

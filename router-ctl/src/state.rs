@@ -151,11 +151,35 @@ fn same_file(f: &fs::File, path: &Path) -> bool {
     }
 }
 
+/// The router's lock, waiting up to 10 s for another router-ctl to
+/// release it.
 pub fn lock(netns: Option<&str>) -> Result<Lock> {
-    let dir = Path::new(LOCK_DIR);
-    private_dir(dir)?;
-    let path = dir.join(format!("{}.lock", ns_key(netns)));
     let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(lock) = try_lock(netns)? {
+            return Ok(lock);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "another router-ctl is changing this router (it holds {} for more than 10 s); \
+                 wait for it to finish",
+                lock_path(netns).display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn lock_path(netns: Option<&str>) -> PathBuf {
+    Path::new(LOCK_DIR).join(format!("{}.lock", ns_key(netns)))
+}
+
+/// The router's lock if no other router-ctl holds it now, else `None`
+/// without waiting: the daemon, whose event loop must not stall behind an
+/// attach, looks again at its next tick.
+pub fn try_lock(netns: Option<&str>) -> Result<Option<Lock>> {
+    private_dir(Path::new(LOCK_DIR))?;
+    let path = lock_path(netns);
     loop {
         let f = fs::OpenOptions::new()
             .write(true)
@@ -167,23 +191,16 @@ pub fn lock(netns: Option<&str>) -> Result<Lock> {
         // SAFETY: flock on a valid fd.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             if same_file(&f, &path) {
-                return Ok(Lock { file: f, path });
+                return Ok(Some(Lock { file: f, path }));
             }
-            // Removed by a detach while we waited: lock the new file.
+            // Removed by a detach meanwhile: lock the new file.
             continue;
         }
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(e).with_context(|| format!("locking {}", path.display()));
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
         }
-        if Instant::now() > deadline {
-            bail!(
-                "another router-ctl is changing this router (it holds {} for more than 10 s); \
-                 wait for it to finish",
-                path.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        return Err(e).with_context(|| format!("locking {}", path.display()));
     }
 }
 

@@ -128,6 +128,65 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
     assert!(out.contains("nothing changed"), "{out}");
 }
 
+/// Where router-ctl keeps the lock attach, detach and apply take
+/// (router-ctl's `state::LOCK_DIR`), one file per router namespace.
+const LOCK_DIR: &str = "/run/xdp-router";
+
+/// Holds the lock of the router in `t`'s router namespace, as an attach
+/// under way does, until dropped.
+fn hold_router_lock(t: &Topology) -> std::fs::File {
+    use std::os::fd::AsRawFd as _;
+    std::fs::create_dir_all(LOCK_DIR).unwrap();
+    let path = format!("{LOCK_DIR}/{}.lock", t.ns_name(Ns::Router));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("opening {path}: {e}"));
+    // SAFETY: flock on a valid fd.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "locking {path}: {}", std::io::Error::last_os_error());
+    f
+}
+
+/// An attached interface's MAC changes while another router-ctl holds the
+/// router's lock (an attach under way) for longer than router-ctl waits
+/// for it (10 s): the daemon does not wait for the lock (its event loop
+/// would stall, and give up with an error), it follows the change once
+/// the lock is free.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_follows_a_mac_change_once_the_lock_is_free() {
+    const NEW_MAC: &str = "02:00:5e:10:be:f1";
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    println!("{}", attach(&t, &[]));
+    let daemon = Daemon::start(&t, &[]);
+    let lock = hold_router_lock(&t);
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "link", "set", "dev", LAN_IF, "address", NEW_MAC],
+    );
+    // Longer than a wait for the lock may last.
+    std::thread::sleep(Duration::from_secs(12));
+    let log = daemon.log();
+    assert!(
+        !log.contains("another router-ctl is changing this router"),
+        "the daemon waited for the lock:\n{log}"
+    );
+    assert_eq!(daemon_health(&t)["mac_changes_followed"], 0);
+    drop(lock);
+    wait_for_or_show(
+        "the daemon to follow the MAC change once the lock is free",
+        Duration::from_secs(10),
+        || daemon_health(&t)["mac_changes_followed"] == 1,
+        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
+    );
+    let (v, code) = doctor(&t, &[LAN_IF]);
+    assert_eq!(code, 0, "{v}");
+}
+
 /// The LAN interface is deleted while the daemon runs: its XDP program
 /// went with it; the daemon says so, in its log and in `status`, with
 /// what to do.
@@ -258,6 +317,16 @@ fn daemon_follows_a_detach_and_a_new_attach() {
     let text = stdout(&t.router_ctl(&["status"]));
     assert!(text.contains("waiting: the router is detached"), "{text}");
     assert_eq!(status(&t).0["daemon"]["detached"], true);
+    // Detached, the old maps are orphans (no program reads them): a new
+    // connection, which the kernel carries, is not offloaded into them.
+    let offloaded = || daemon_health(&t)["offload"]["offloaded"].as_u64();
+    let before = offloaded();
+    Stream::start(&t, sa(SERVER_ADDR, 7309), 1 << 20, 1.0).finish();
+    // Its events are read within a tick; three go by.
+    for _ in 0..30 {
+        assert_eq!(offloaded(), before, "offloaded while detached\n{}", show());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     t.router_ctl_ok(&kernel);
     wait_for_or_show(

@@ -560,15 +560,26 @@ fn offload_lifetimes_follow_the_traffic() {
 /// benchmark's connection-rate workload exchanges as much).
 const SHORT_CONN_BYTES: usize = 16;
 
-/// A server for `count` short connections on `addr` (a thread in the
-/// server namespace): each 16-byte request gets a 16-byte reply, then the
-/// server closes first. Accepts until `count` connections or `lifetime`;
-/// returns how many it answered.
-fn request_reply_server(
+/// What a [`request_server`] does with a connection once it answered its
+/// request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AfterReply {
+    /// Closes it at once: the server closes first.
+    Close,
+    /// Keeps it open until the client closes it (or the lifetime ends).
+    HoldUntilClientCloses,
+}
+
+/// A server for `count` connections on `addr` (a thread in the server
+/// namespace): each `SHORT_CONN_BYTES` request gets the same bytes back,
+/// then `after` says who closes. Accepts until `count` connections or
+/// `lifetime`; returns how many it answered.
+fn request_server(
     t: &Topology,
     addr: SocketAddr,
     count: usize,
     lifetime: Duration,
+    after: AfterReply,
 ) -> JoinHandle<usize> {
     use std::io::{Read as _, Write as _};
     let name = t.ns_name(Ns::Server).to_owned();
@@ -580,6 +591,7 @@ fn request_reply_server(
         tx.send(()).unwrap();
         let end = Instant::now() + lifetime;
         let mut answered = 0;
+        let mut held = Vec::new();
         while answered < count && Instant::now() < end {
             let Ok((mut s, _)) = listener.accept() else {
                 std::thread::sleep(Duration::from_millis(1));
@@ -590,13 +602,23 @@ fn request_reply_server(
             let mut req = [0u8; SHORT_CONN_BYTES];
             if s.read_exact(&mut req).is_ok() && s.write_all(&req).is_ok() {
                 answered += 1;
+                if after == AfterReply::HoldUntilClientCloses {
+                    held.push(s);
+                }
             }
-            // Dropped here: the server closes first.
+            // Otherwise dropped here: the server closes first.
+        }
+        // Until the client's close (EOF) or the end of the lifetime.
+        for s in &mut held {
+            let left = end.saturating_duration_since(Instant::now());
+            s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            let _ = s.read(&mut [0u8; 1]);
         }
         answered
     });
     rx.recv_timeout(Duration::from_secs(5))
-        .expect("request/reply server bound");
+        .expect("request server bound");
     h
 }
 
@@ -708,7 +730,7 @@ fn offload_short_connections_reusing_a_port() {
     let daemon = Daemon::start(&t, &[]);
     let dst = sa(SERVER_ADDR, SHORT_CONN_SERVER_PORT);
     let total = SEQUENTIAL + usize::from(PARALLEL_PORTS) * PER_PORT;
-    let srv = request_reply_server(&t, dst, total, Duration::from_mins(2));
+    let srv = request_server(&t, dst, total, Duration::from_mins(2), AfterReply::Close);
     let server_port = SHORT_CONN_SERVER_PORT.to_string();
     let all_flows = ["-p", "tcp", "--orig-port-dst", server_port.as_str()];
     let show = |what: &str| {
@@ -741,51 +763,6 @@ fn offload_short_connections_reusing_a_port() {
     );
 }
 
-/// A server on `addr` in the server namespace for `count` connections:
-/// answers each one's `SHORT_CONN_BYTES` request, keeps it open until the
-/// client closes it (or `lifetime` ends). How many it answered.
-fn holding_server(
-    t: &Topology,
-    addr: SocketAddr,
-    count: usize,
-    lifetime: Duration,
-) -> JoinHandle<usize> {
-    use std::io::{Read as _, Write as _};
-    let name = t.ns_name(Ns::Server).to_owned();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = std::thread::spawn(move || {
-        tests::netns::enter(&name);
-        let listener = std::net::TcpListener::bind(addr).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        tx.send(()).unwrap();
-        let end = Instant::now() + lifetime;
-        let mut held = Vec::new();
-        while held.len() < count && Instant::now() < end {
-            let Ok((mut s, _)) = listener.accept() else {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            };
-            s.set_nonblocking(false).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            let mut req = [0u8; SHORT_CONN_BYTES];
-            if s.read_exact(&mut req).is_ok() && s.write_all(&req).is_ok() {
-                held.push(s);
-            }
-        }
-        // Until the client's close (EOF) or the end of the lifetime.
-        for s in &mut held {
-            let left = end.saturating_duration_since(Instant::now());
-            s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .unwrap();
-            let _ = s.read(&mut [0u8; 1]);
-        }
-        held.len()
-    });
-    rx.recv_timeout(Duration::from_secs(5))
-        .expect("holding server bound");
-    h
-}
-
 /// A burst of new TCP connections, far beyond the daemon's immediate
 /// offloads (`IMMEDIATE_TCP` in router-ctl's offload.rs: 200/s, 50 at
 /// once), that stay open: each is offloaded, the first at once, the rest
@@ -803,7 +780,13 @@ fn offload_a_burst_of_lasting_connections_offloads_each_once_settled() {
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     let daemon = Daemon::start(&t, &[]);
     let dst = sa(SERVER_ADDR, SERVER_PORT);
-    let srv = holding_server(&t, dst, CONNECTIONS, Duration::from_mins(1));
+    let srv = request_server(
+        &t,
+        dst,
+        CONNECTIONS,
+        Duration::from_mins(1),
+        AfterReply::HoldUntilClientCloses,
+    );
     let conns: Vec<std::net::TcpStream> = t.in_ns(Ns::Client, || {
         (0..CONNECTIONS)
             .map(|i| {
