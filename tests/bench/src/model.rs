@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::measure::Measured;
+use crate::measure::hosts::HostTcp;
 use crate::measure::sys::percentile;
 
 /// How the router forwards during a run.
@@ -256,6 +257,9 @@ pub struct RunResult {
     pub offered_mbps: u32,
     /// Offload path: who forwarded the run's packets (None on the others).
     pub fast_path: Option<FastPathShare>,
+    /// TCP runs: the end hosts' sent and retransmitted segments, timeouts
+    /// and transmit drops over the whole run (None for UDP).
+    pub host_tcp: Option<HostTcp>,
 }
 
 /// Who forwarded an offload run's packets, over the whole run: the proof
@@ -378,6 +382,7 @@ impl RunResult {
             notes: Vec::new(),
             offered_mbps: 0,
             fast_path: None,
+            host_tcp: None,
         }
     }
 }

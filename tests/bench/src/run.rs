@@ -69,6 +69,15 @@ pub fn show(r: &RunResult) -> String {
         r.run_ns_per_pkt,
         r.router_pkts,
     );
+    if let Some(h) = &r.host_tcp {
+        let _ = write!(
+            s,
+            ", end hosts: {:.1}% of segments retransmitted, {} timeouts, {} tx drops",
+            h.retrans_pct(),
+            h.timeouts,
+            h.tx_dropped
+        );
+    }
     if r.backlog_drops > 0 {
         let _ = write!(s, ", {} backlog drops", r.backlog_drops);
     }

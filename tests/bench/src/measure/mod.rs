@@ -2,6 +2,7 @@
 //! CPU during a run (`sampler`), and parsers of what iperf2, ping and
 //! `/proc` print (`parse`).
 
+pub mod hosts;
 pub mod parse;
 pub mod platform;
 pub mod sampler;

@@ -1,6 +1,7 @@
 //! results.json: every run, the micro-benchmark's cases and the frags
 //! experiment's rows, field by field.
 
+use crate::measure::hosts::HostTcp;
 use crate::model::{FastPathShare, RunResult};
 use crate::workloads::frags;
 use crate::workloads::micro::Case;
@@ -47,9 +48,24 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
                 "notes": r.notes,
                 "offered_mbps": r.offered_mbps,
                 "fast_path": fast_path_json(r.fast_path.as_ref()),
+                "host_tcp": host_tcp_json(r.host_tcp.as_ref()),
             })
         })
         .collect()
+}
+
+/// The end hosts' TCP segments, retransmissions, timeouts and transmit
+/// drops; null for UDP.
+pub fn host_tcp_json(h: Option<&HostTcp>) -> serde_json::Value {
+    h.map_or(serde_json::Value::Null, |h| {
+        serde_json::json!({
+            "out_segs": h.out_segs,
+            "retrans_segs": h.retrans_segs,
+            "retrans_pct": h.retrans_pct(),
+            "timeouts": h.timeouts,
+            "tx_dropped": h.tx_dropped,
+        })
+    })
 }
 
 /// Who forwarded an offload run's packets; null on the other paths.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tests::{Ns, SERVER_ADDR, Topology};
 
+use crate::measure::hosts::HostTcp;
 use crate::measure::parse::{
     ClientCsv, parse_client_csv, parse_ping, parse_server_udp, rtts_within,
 };
@@ -415,9 +416,11 @@ pub fn run(
         }
     };
     let drops0 = plan.udp().then(|| t.nstat(Ns::Server, "UdpRcvbufErrors"));
+    let hosts0 = (!plan.udp()).then(|| HostTcp::read(t));
     let fwd0 = forwarded(t, path);
     let driven = drive(t, &plan, &args);
     let fwd1 = forwarded(t, path);
+    let host_tcp = hosts0.map(|h0| HostTcp::read(t).since(h0));
     let srv = finish_server(server, &plan);
     let run = driven?;
     let csv = parse_client_csv(&String::from_utf8_lossy(&run.out.stdout));
@@ -476,6 +479,7 @@ pub fn run(
             r.iperf_gbps
         };
     }
+    r.host_tcp = host_tcp;
     r.stream_s = csv.secs;
     r.streams = csv.streams;
     r.connect_failures = verdict.connect_failures;
