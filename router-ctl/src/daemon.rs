@@ -554,8 +554,9 @@ fn status_line(s: &Session) -> String {
 
 /// SIGHUP: the file applied again with `apply`'s validation and no-op
 /// semantics. An error leaves the router as it was (apply validates the
-/// whole file before it changes anything) and the daemon running.
-fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
+/// whole file before it changes anything) and the daemon running. A mode
+/// the file changed is followed by [`follow_attach`] right after.
+fn reload(ctx: &Ctx, config: Option<&Path>) {
     let Some(path) = config else {
         tracing::warn!("SIGHUP: started without --config, nothing to reload");
         return;
@@ -565,15 +566,6 @@ fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
         Ok(()) => {
             tracing::info!("reloaded {}", path.display());
             eprintln!("router-ctl run: reloaded {}", path.display());
-            let kernel_mode = ctx
-                .maps()
-                .read_config()
-                .is_ok_and(|c| c.admit == Admit::Kernel as u8);
-            if kernel_mode != session.kernel_mode
-                && let Err(e) = reopen(ctx, session)
-            {
-                tracing::error!("after the reload, following the new mode: {e:#}");
-            }
         }
         Err(e) => {
             tracing::error!(
@@ -586,7 +578,6 @@ fn reload(ctx: &Ctx, config: Option<&Path>, session: &mut Session) {
             );
         }
     }
-    service::ready(&status_line(session));
 }
 
 /// The attach a session works on: its maps by kernel id (a detach and
@@ -1053,7 +1044,11 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => {
-                reload(ctx, opts.config.as_deref(), &mut session);
+                reload(ctx, opts.config.as_deref());
+                // A reload that changed the mode is followed (and counted)
+                // as an attach that changed it is, at once.
+                follow_attach(ctx, &mut session, &mut status, &mut links);
+                service::ready(&status_line(&session));
                 // A reload may have replaced the program (and its log).
                 dp_log.follow(ctx);
             }

@@ -217,7 +217,19 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         },
     );
     assert!(rules(&t).is_empty());
-    assert!(!d.log().contains("following the new mode"), "{}", d.log());
+    assert!(
+        !d.log().contains("trying again at the next tick"),
+        "{}",
+        d.log()
+    );
+    // Followed as an attach that changes the mode is, and counted so.
+    let (v, _) = crate::ctl::status(&t);
+    assert_eq!(
+        v["daemon"]["reattaches_followed"],
+        1,
+        "the mode change by SIGHUP is counted: {v}\n{}",
+        d.log()
+    );
     println!("daemon log:\n{}", d.log());
 
     // Stop: exit 0, STOPPING=1, and the data path stays attached (the
