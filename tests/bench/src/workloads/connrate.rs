@@ -160,15 +160,15 @@ pub fn rounds(
         if stop.load(Ordering::SeqCst) {
             break;
         }
+        // Offload::Off (the veths' offloads, not offload mode): TSO/GSO
+        // off, MTU-size packets through the router, as on the TCP points.
         let res = router.switch(path, Offload::Off).and_then(|()| {
             let _prepared = prepare(path)?;
-            let mut row = if path == DataPath::Offload {
+            if path == DataPath::Offload {
                 offload_run(t, router, plan, port)
             } else {
-                run(t, path, port, plan.workers, plan.secs)
-            }?;
-            row.wire = plan.wire;
-            Ok(row)
+                run(t, path, plan.wire, port, plan.workers, plan.secs)
+            }
         });
         match res {
             Ok(r) => {
@@ -191,7 +191,14 @@ fn offload_run(t: &Topology, router: &Router<'_>, plan: &Rounds, port: u16) -> R
     let before = OffloadCounters::read(t, None)?;
     let daemon = router.daemon_pid();
     let cpu0 = daemon.and_then(sys::process_ticks);
-    let mut row = run(t, DataPath::Offload, port, plan.workers, plan.secs)?;
+    let mut row = run(
+        t,
+        DataPath::Offload,
+        plan.wire,
+        port,
+        plan.workers,
+        plan.secs,
+    )?;
     let cpu1 = daemon.and_then(sys::process_ticks);
     let after = OffloadCounters::read(t, Some(unix_now()))?;
     row.fast_path = Some(before.share_until(after, &[]));
@@ -279,13 +286,14 @@ fn one_connection(addr: SocketAddr) -> bool {
 }
 
 /// `workers` clients for `secs` against the server on `port` through the
-/// router's current `path`. A fresh port per run, as iperf's: the server's
+/// router's current `path`, on the topology `t` (whose wire is `wire`). A fresh port per run, as iperf's: the server's
 /// `TIME_WAIT` states of a run (one per client port used, for 60 s) then
 /// do not meet the next run's SYNs, so a run does not pay for its
 /// predecessor's connections.
 pub fn run(
     t: &Topology,
     path: DataPath,
+    wire: Wire,
     port: u16,
     workers: u32,
     secs: u32,
@@ -336,7 +344,7 @@ pub fn run(
     let completed = done.load(Ordering::Relaxed);
     Ok(Row {
         path,
-        wire: Wire::Veth,
+        wire,
         workers,
         conns_per_s: completed as f64 / secs.max(1e-9),
         completed,
