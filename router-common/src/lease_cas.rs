@@ -146,24 +146,14 @@ const LEN: usize = 1 + 2 * KEY_WORDS + 19;
 /// The program for `CONNTRACK` (`FlowKey` -> `FlowEntry`) with fd `map_fd`.
 #[must_use]
 pub fn conntrack_program(map_fd: i32) -> Program {
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_possible_wrap,
-        reason = "the lease sits a few dozen bytes into the entry"
-    )]
-    program(map_fd, core::mem::offset_of!(FlowEntry, lease) as i16)
+    program(map_fd, core::mem::offset_of!(FlowEntry, lease))
 }
 
 /// The program for `CONNTRACK6` (`FlowKey6` -> `FlowEntry6`) with fd
 /// `map_fd`.
 #[must_use]
 pub fn conntrack6_program(map_fd: i32) -> Program {
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_possible_wrap,
-        reason = "the lease sits a few dozen bytes into the entry"
-    )]
-    program(map_fd, core::mem::offset_of!(FlowEntry6, lease) as i16)
+    program(map_fd, core::mem::offset_of!(FlowEntry6, lease))
 }
 
 /// `r6` = context; the key goes to the stack (a map key may not point
@@ -172,8 +162,14 @@ pub fn conntrack6_program(map_fd: i32) -> Program {
 /// atomic instruction. The lease found is written back into the context.
 /// The key is copied whole ([`KEY_MAX`] bytes); the lookup reads only the
 /// map's key size of it.
-fn program(map_fd: i32, lease_off: i16) -> Program {
+fn program(map_fd: i32, lease_off: usize) -> Program {
     const CTX: u8 = 6;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        reason = "the lease sits a few dozen bytes into the entry"
+    )]
+    let lease_off = lease_off as i16;
     let mut p = [insn(0, 0, 0, 0, 0); LEN];
     let mut n = 0;
     let mut push = |i: Insn| {
