@@ -446,15 +446,13 @@ impl Session {
     /// counters go on from `carried` (a re-opened session's).
     fn open(ctx: &Ctx, carried: &OffloadStats) -> Result<Self> {
         let maps = ctx.maps();
-        // Before anything else is read: an attach meanwhile gives new ids,
-        // which the next tick follows.
-        let ids = AttachedRouter::pinned(ctx);
-        let cfg = maps.read_config()?;
-        let attached = ids?.context(
+        // The map ids are read before the configuration: an attach
+        // meanwhile gives new ids, which the next tick follows.
+        let (attached, cfg) = AttachedRouter::pinned(ctx)?.context(
             "no attached router to follow (detached, or an attach under way); run \
              `router-ctl attach LAN WAN` first",
         )?;
-        let kernel_mode = cfg.admit == Admit::Kernel as u8;
+        let kernel_mode = attached.kernel_mode;
         let table = PinnedTable::open(&maps, kernel_mode)?;
         let kernel = NetlinkKernel {
             ct: CtSocket::requests().context("opening a ctnetlink socket")?,
@@ -591,9 +589,10 @@ struct AttachedRouter {
 }
 
 impl AttachedRouter {
-    /// The router attached now; `None` when it is detached (its maps are
-    /// not pinned) or not configured yet (an attach under way).
-    fn pinned(ctx: &Ctx) -> Result<Option<Self>> {
+    /// The router attached now, with the configuration it was read from;
+    /// `None` when it is detached (its maps are not pinned) or not
+    /// configured yet (an attach under way).
+    fn pinned(ctx: &Ctx) -> Result<Option<(Self, Config)>> {
         use router_common::maps::{CONFIG_MAP, CONNTRACK_MAP};
         let maps = ctx.maps();
         let (Some(config_map), Some(conntrack_map)) =
@@ -605,11 +604,12 @@ impl AttachedRouter {
         if cfg.lan_ifindex == 0 {
             return Ok(None);
         }
-        Ok(Some(Self {
+        let router = Self {
             config_map,
             conntrack_map,
             kernel_mode: cfg.admit == Admit::Kernel as u8,
-        }))
+        };
+        Ok(Some((router, cfg)))
     }
 }
 
@@ -644,7 +644,7 @@ fn follow_attach(
             return;
         }
     };
-    let Some(now) = now else {
+    let Some((now, _)) = now else {
         if !status.detached {
             tracing::info!(
                 "the router was detached; waiting for the next `router-ctl attach`, which this \
