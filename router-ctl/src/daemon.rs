@@ -24,9 +24,7 @@ use anyhow::{Context, Result};
 use aya::maps::MapError;
 use router_common::{
     lease_cas::{self, LeaseCas, LeaseSwap},
-    maps::{
-        Admit, Config, FLAG_OFFLOADED, FlowEntry, FlowEntry6, FlowKey, FlowKey6, LEASE_PENDING,
-    },
+    maps::{Admit, Config, FlowEntry, FlowEntry6, FlowKey, FlowKey6},
 };
 use serde::{Deserialize, Serialize};
 use tokio::{
@@ -375,12 +373,13 @@ fn resync(off: &mut Daemon) -> Result<()> {
 /// packets to the kernel until it is evicted). Runs after the first
 /// resync, when every pair this daemon wrote is active or removed again.
 fn sweep_stale_pending(off: &mut Daemon) -> Result<u64> {
-    let pending = |flags: u8, lease: u32| flags & FLAG_OFFLOADED != 0 && lease == LEASE_PENDING;
+    let pending = |e: &FlowEntry| offload::pending(e.flags, e.lease);
+    let pending6 = |e: &FlowEntry6| offload::pending(e.flags, e.lease);
     let t = &off.table;
-    let v4 = maps::snapshot_where(&t.v4, maps::capacity(&t.v4)?, |e| pending(e.flags, e.lease))
+    let v4 = maps::snapshot_where(&t.v4, maps::capacity(&t.v4)?, pending)
         .context("reading CONNTRACK for entries left pending")?;
     let v6 = match &t.v6 {
-        Some(m) => maps::snapshot_where(m, maps::capacity(m)?, |e| pending(e.flags, e.lease))
+        Some(m) => maps::snapshot_where(m, maps::capacity(m)?, pending6)
             .context("reading CONNTRACK6 for entries left pending")?,
         None => Vec::new(),
     };

@@ -1063,6 +1063,13 @@ fn refresh_while_established<K: Kernel>(
     Ok(false)
 }
 
+/// Whether an XDP entry with `flags` and `lease` is an offloaded one
+/// written and not (yet) activated ([`LEASE_PENDING`]).
+#[must_use]
+pub const fn pending(flags: u8, lease: u32) -> bool {
+    flags & FLAG_OFFLOADED != 0 && lease == LEASE_PENDING
+}
+
 /// Removes the entries of `v4` and `v6` (the XDP tables' entries, as read)
 /// that a daemon left pending ([`LEASE_PENDING`]): one killed between
 /// writing a pair and activating it. The data path passes every packet of
@@ -1076,13 +1083,12 @@ pub fn sweep_pending<T: Table>(
     v4: &[(FlowKey, FlowEntry)],
     v6: &[(FlowKey6, FlowEntry6)],
 ) -> u64 {
-    let stale = |flags: u8, lease: u32| flags & FLAG_OFFLOADED != 0 && lease == LEASE_PENDING;
     let mut removed = 0;
-    for (k, _) in v4.iter().filter(|(_, e)| stale(e.flags, e.lease)) {
+    for (k, _) in v4.iter().filter(|(_, e)| pending(e.flags, e.lease)) {
         table.remove(k);
         removed += 1;
     }
-    for (k, _) in v6.iter().filter(|(_, e)| stale(e.flags, e.lease)) {
+    for (k, _) in v6.iter().filter(|(_, e)| pending(e.flags, e.lease)) {
         table.remove6(k);
         removed += 1;
     }
