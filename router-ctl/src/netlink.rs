@@ -10,7 +10,7 @@ use std::{
     ffi::{CStr, CString},
     io,
     net::Ipv4Addr,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsRawFd, OwnedFd, RawFd},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -124,19 +124,8 @@ struct Socket(OwnedFd);
 
 impl Socket {
     fn new() -> io::Result<Self> {
-        // SAFETY: plain socket(2).
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a new socket we own.
-        let s = Self(unsafe { OwnedFd::from_raw_fd(fd) });
+        // Requests only (no multicast group), blocking with a timeout.
+        let s = Self(nlmsg::bound_socket(libc::NETLINK_ROUTE, 0, false)?);
         let tv = libc::timeval {
             tv_sec: 5,
             tv_usec: 0,
