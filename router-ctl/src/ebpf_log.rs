@@ -90,8 +90,6 @@ struct Open {
     prog_id: u32,
     logs: AsyncFd<EbpfLogger<&'static dyn log::Log>>,
     level: LogLevelMap,
-    /// Malformed records skipped so far.
-    bad_records: u64,
 }
 
 impl Open {
@@ -102,13 +100,11 @@ impl Open {
         let logs = self.logs.get_mut();
         let bad = flush_past_bad_records(|| logs.flush());
         if bad > 0 {
-            self.bad_records += bad;
             tracing::warn!(
-                "skipped {bad} malformed data path log record(s) of program {} ({} so far): \
-                 the attached object's log format is not the one this router-ctl's aya-log \
-                 reads; attach this router-ctl's object",
-                self.prog_id,
-                self.bad_records
+                "skipped {bad} malformed data path log record(s) of program {} (the daemon \
+                 status counts them all): the attached object's log format is not the one \
+                 this router-ctl's aya-log reads; attach this router-ctl's object",
+                self.prog_id
             );
         }
         bad
@@ -133,7 +129,6 @@ impl Open {
             prog_id,
             logs,
             level: level_map,
-            bad_records: 0,
         })
     }
 }
