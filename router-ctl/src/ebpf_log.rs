@@ -19,10 +19,15 @@
 //! catches that panic instead ([`flush_past_bad_records`]): the bad record
 //! is consumed all the same (the ring buffer item is released as the panic
 //! unwinds), counted and reported, and reading goes on with the next one.
+//! Such a panic is an expected, counted event, not a crash: the panic hook
+//! stays quiet for it ([`quiet_flush_panics`]), the daemon's warning says
+//! it; every other panic is reported as before.
 
 use std::{
+    cell::Cell,
     os::fd::AsRawFd as _,
-    panic::{AssertUnwindSafe, catch_unwind},
+    panic::{self, AssertUnwindSafe, catch_unwind},
+    sync::Once,
 };
 
 use anyhow::{Context, Result};
@@ -70,12 +75,57 @@ compile_error!(
 /// nothing else; the rest wait for the next drain.
 const BAD_RECORDS_PER_DRAIN: u64 = 1024;
 
+thread_local! {
+    /// Set on the thread running [`flush_past_bad_records`] while it runs.
+    static IN_LOG_FLUSH: Cell<bool> = const { Cell::new(false) };
+    /// Panics the hook kept quiet on this thread (what the tests check).
+    static QUIETED_PANICS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Installs, once per process, a panic hook in front of the one before it
+/// (the default prints the message and location on stderr): it stays
+/// quiet for a panic raised inside [`flush_past_bad_records`], which
+/// catches and counts it, and hands every other panic on. Without it each
+/// malformed record would print aya-log's `unwrap` message on the daemon's
+/// stderr (a journal full of "panicked at" lines for a daemon that runs on).
+fn quiet_flush_panics() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if IN_LOG_FLUSH.with(Cell::get) {
+                QUIETED_PANICS.with(|n| n.set(n.get() + 1));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Clears [`IN_LOG_FLUSH`] when the flush is over, however it ends.
+struct InLogFlush;
+
+impl InLogFlush {
+    fn enter() -> Self {
+        IN_LOG_FLUSH.with(|f| f.set(true));
+        Self
+    }
+}
+
+impl Drop for InLogFlush {
+    fn drop(&mut self) {
+        IN_LOG_FLUSH.with(|f| f.set(false));
+    }
+}
+
 /// Runs `flush` (aya-log's `EbpfLogger::flush`, which panics on a record it
 /// cannot parse, having consumed it) until it returns, at most
 /// [`BAD_RECORDS_PER_DRAIN`] times over; returns how many times it
-/// panicked: the malformed records skipped. The panic's own message still
-/// goes to the panic hook (stderr).
+/// panicked: the malformed records skipped. Those panics print nothing
+/// ([`quiet_flush_panics`]); the caller reports the count.
 fn flush_past_bad_records(mut flush: impl FnMut()) -> u64 {
+    quiet_flush_panics();
+    let _quiet = InLogFlush::enter();
     let mut bad = 0;
     // The logger stays consistent across the panic: the ring buffer's
     // consumer position advances as the record's item is dropped.
@@ -276,5 +326,21 @@ mod tests {
             flush_past_bad_records(|| panic!("always")),
             BAD_RECORDS_PER_DRAIN
         );
+    }
+
+    #[test]
+    fn only_the_panics_of_a_log_flush_are_kept_quiet() {
+        let quieted = || QUIETED_PANICS.with(Cell::get);
+        let before = quieted();
+        assert_eq!(
+            flush_past_bad_records(|| panic!("a record aya-log cannot parse")),
+            BAD_RECORDS_PER_DRAIN
+        );
+        assert_eq!(quieted() - before, BAD_RECORDS_PER_DRAIN);
+        // Any other panic, on this thread after the flush, still reaches
+        // the hook before ours (here the test harness's, which prints it).
+        let other = catch_unwind(|| panic!("not in a log flush (expected in this test)"));
+        assert!(other.is_err());
+        assert_eq!(quieted() - before, BAD_RECORDS_PER_DRAIN);
     }
 }
