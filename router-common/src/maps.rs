@@ -478,7 +478,11 @@ const _: () = assert!(core::mem::size_of::<VirtualMacKey>() == 12);
 impl VirtualMacKey {
     #[must_use]
     pub const fn new(ifindex: u32, mac: [u8; 6]) -> Self {
-        Self { ifindex, mac, pad: 0 }
+        Self {
+            ifindex,
+            mac,
+            pad: 0,
+        }
     }
 }
 

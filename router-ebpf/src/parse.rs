@@ -163,7 +163,14 @@ fn virtual_mac(ctx: *mut xdp_md, family: u8) -> bool {
     if eth[d] & 1 != 0 {
         return false;
     }
-    let dst = [eth[d], eth[d + 1], eth[d + 2], eth[d + 3], eth[d + 4], eth[d + 5]];
+    let dst = [
+        eth[d],
+        eth[d + 1],
+        eth[d + 2],
+        eth[d + 3],
+        eth[d + 4],
+        eth[d + 5],
+    ];
     let key = VirtualMacKey::new(ctx.ingress_ifindex() as u32, dst);
     // SAFETY: hash map value, read at once.
     unsafe { VIRTUAL_MACS.get(&key) }.is_some_and(|families| families & family != 0)
