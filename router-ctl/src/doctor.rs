@@ -264,7 +264,7 @@ impl Report<'_> {
                 "virtual-macs",
                 Level::Ok,
                 format!(
-                    "the data path forwards frames to the VRRP virtual MAC(s) {} (this router                      is their master)",
+                    "the data path forwards frames to the VRRP virtual MAC(s) {} (this router is their master)",
                     list(&have)
                 ),
                 None,
@@ -275,12 +275,15 @@ impl Report<'_> {
             "virtual-macs",
             Level::Warn,
             format!(
-                "the data path accepts the virtual MAC(s) [{}] but the VRRP macvlans say [{}]:                  frames to a missing one go to the kernel (slow but correct); an extra one is                  a former master's",
+                "the data path accepts the virtual MAC(s) [{}] but the VRRP macvlans say [{}]: \
+                 frames to a missing one go to the kernel (slow but correct); frames to an \
+                 extra one are forwarded although this router is not their master",
                 list(&have),
                 list(&want)
             ),
             Some(
-                "run `router-ctl run` (it follows keepalived's changes), or the same                  `router-ctl attach` again"
+                "run `router-ctl run` (it follows keepalived's changes), or the same \
+                 `router-ctl attach` again"
                     .to_owned(),
             ),
         );

@@ -33,6 +33,7 @@ mod ha;
 mod pair;
 mod scenario;
 mod traffic;
+mod vmac;
 
 use std::net::Ipv4Addr;
 

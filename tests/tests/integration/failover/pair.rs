@@ -289,7 +289,7 @@ table ip nat {{
         ctl_in(&self.ns(r.role), &[], args)
     }
 
-    fn router_ctl_ok(&self, r: Router, args: &[&str]) -> String {
+    pub(super) fn router_ctl_ok(&self, r: Router, args: &[&str]) -> String {
         let o = self.router_ctl(r, args);
         assert!(
             o.status.success(),
