@@ -8,7 +8,7 @@
 //! it. The kernel takes a frame to that MAC on the lower interface as the
 //! macvlan's (`PACKET_HOST`) and forwards it. Both routers keep the
 //! macvlan up with the virtual MAC; the master holds the virtual addresses
-//! on it, the backup none (keepalived 2.2 with VRRPv3: the backup's
+//! on it, the backup none (keepalived 2.2 with `VRRPv3`: the backup's
 //! macvlan has no address at all, IPv6 off for an IPv4 instance). So a
 //! macvlan's MAC is accepted for a family while it is up and holds an
 //! address of that family other than a link-local one: the router is then
@@ -168,7 +168,7 @@ pub fn sync(maps: &PinnedMaps, want: &[VirtualMac]) -> Result<Vec<String>> {
     let mut map = maps.virtual_macs()?;
     let have: BTreeMap<VirtualMacKey, u8> = pinned(maps)?.into_iter().collect();
     let mut changes = Vec::new();
-    for (k, _) in &have {
+    for k in have.keys() {
         if !want.iter().any(|v| v.key() == *k) {
             map.remove(k).context("removing a virtual MAC")?;
             let lower =

@@ -7,7 +7,7 @@
 //! new master's does, and the former master passes the frames a flooding
 //! switch still sends it (`pass_not_for_us`), forwarding none.
 
-use std::{process::Command, time::Duration};
+use std::{fmt::Write as _, process::Command, time::Duration};
 
 use tests::{LAN_IF, WAN_IF, counter_of};
 
@@ -134,11 +134,14 @@ impl Pair {
     }
 
     fn vmac_logs(&self) -> String {
-        [R1, R2]
-            .iter()
-            .flat_map(|r| ["keepalived.out", "daemon.out"].map(|f| format!("{}-{f}", r.role)))
-            .map(|name| format!("--- {name}\n{}", self.read(&name)))
-            .collect()
+        let mut s = String::new();
+        for r in [R1, R2] {
+            for f in ["keepalived.out", "daemon.out"] {
+                let name = format!("{}-{f}", r.role);
+                let _ = writeln!(s, "--- {name}\n{}", self.read(&name));
+            }
+        }
+        s
     }
 }
 

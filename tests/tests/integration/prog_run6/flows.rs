@@ -809,9 +809,21 @@ fn udp6_frames_to_an_accepted_virtual_mac_are_forwarded() {
         );
         let before = r.conntrack6();
         for (what, frame, ingress) in [
-            ("LAN to an IPv4-only virtual MAC", q.frame(VMAC4, env.client_mac), lan),
-            ("WAN to the LAN's virtual MAC", a.frame(VMAC6, env.server_mac), wan),
-            ("LAN to the WAN's virtual MAC", q.frame(WAN_VMAC6, env.client_mac), lan),
+            (
+                "LAN to an IPv4-only virtual MAC",
+                q.frame(VMAC4, env.client_mac),
+                lan,
+            ),
+            (
+                "WAN to the LAN's virtual MAC",
+                a.frame(VMAC6, env.server_mac),
+                wan,
+            ),
+            (
+                "LAN to the WAN's virtual MAC",
+                q.frame(WAN_VMAC6, env.client_mac),
+                lan,
+            ),
         ] {
             r.pass(what, &frame, ingress, Counter::PassNotForUs);
         }
