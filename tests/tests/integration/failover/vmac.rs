@@ -12,7 +12,7 @@ use std::{fmt::Write as _, process::Command, time::Duration};
 use tests::{LAN_IF, WAN_IF, counter_of};
 
 use super::{LAN_VIP, R1, R2, Router, WAN_VIP, pair::Pair, traffic::UdpFlow};
-use crate::ctl::wait_for_or_show;
+use crate::{ctl::wait_for_or_show, metrics};
 
 /// The macvlans keepalived creates, one per instance.
 const LAN_VMAC_IF: &str = "vrrp.61";
@@ -207,6 +207,15 @@ fn use_vmac_frames_are_forwarded_in_xdp_by_the_master_only() {
         pair.accepted_vmacs(R2).is_empty(),
         "the backup accepts none"
     );
+    for (r, n) in [(R1, 2.0), (R2, 0.0)] {
+        let m = metrics::Server::start_in(&pair.ns(r.role)).scrape();
+        assert_eq!(
+            m.get("xdp_router_virtual_macs"),
+            Some(&n),
+            "{}'s metric",
+            r.role
+        );
+    }
 
     let udp = UdpFlow::start(&pair);
     let carried = |r: Router, what: &str| {
