@@ -160,14 +160,12 @@ fn deltas(before: &serde_json::Value, after: &serde_json::Value) -> (u64, u64) {
     (d("fwd_outbound") + d("fwd_inbound"), d("pass_not_for_us"))
 }
 
-#[test]
-#[ignore = "needs root: run cargo xtask test"]
-fn use_vmac_frames_are_forwarded_in_xdp_by_the_master_only() {
-    let pair = Pair::new();
+/// Both routers' keepalived with `use_vmac`, r1 master; the forward rule
+/// for the connections' first packets, which the kernel takes in on the
+/// macvlan.
+fn start_vrrp(pair: &Pair) {
     for r in [R1, R2] {
         pair.warm_neighbours(r);
-        // The kernel takes a frame to a virtual MAC in on the macvlan: the
-        // connection's first packets come from it.
         pair.exec_ok(
             r.role,
             &[
@@ -199,6 +197,13 @@ fn use_vmac_frames_are_forwarded_in_xdp_by_the_master_only() {
         },
         || pair.vmac_logs(),
     );
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn use_vmac_frames_are_forwarded_in_xdp_by_the_master_only() {
+    let pair = Pair::new();
+    start_vrrp(&pair);
     for r in [R1, R2] {
         pair.start_fast_path(r);
     }
