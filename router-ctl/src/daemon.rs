@@ -889,7 +889,6 @@ fn follow_virtual_macs(ctx: &Ctx) -> Result<()> {
 /// Compares both attached interfaces with the configuration, and the
 /// virtual MACs with the macvlans on them.
 fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
-    follow_virtual_macs(ctx)?;
     let Some(cfg) = attached_config(ctx) else {
         return Ok(Followed::Done);
     };
@@ -912,6 +911,7 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
     }
+    follow_virtual_macs(ctx)?;
     Ok(followed)
 }
 
