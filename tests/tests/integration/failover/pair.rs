@@ -285,7 +285,7 @@ table ip nat {{
         std::fs::read_to_string(self.file(name)).unwrap_or_default()
     }
 
-    fn router_ctl(&self, r: Router, args: &[&str]) -> Output {
+    pub(super) fn router_ctl(&self, r: Router, args: &[&str]) -> Output {
         ctl_in(&self.ns(r.role), &[], args)
     }
 

@@ -212,6 +212,13 @@ fn use_vmac_frames_are_forwarded_in_xdp_by_the_master_only() {
         pair.accepted_vmacs(R2).is_empty(),
         "the backup accepts none"
     );
+    let doctor = pair.router_ctl(R1, &["doctor", LAN_IF, WAN_IF]);
+    let doctor = String::from_utf8_lossy(&doctor.stdout);
+    assert_eq!(
+        doctor.matches("[ok]   virtual-macs").count(),
+        2,
+        "doctor on the master, both interfaces:\n{doctor}"
+    );
     for (r, n) in [(R1, 2.0), (R2, 0.0)] {
         let m = metrics::Server::start_in(&pair.ns(r.role)).scrape();
         assert_eq!(
