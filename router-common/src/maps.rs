@@ -42,6 +42,14 @@ pub const NAT_PERMITS_MAP: &str = "NAT_PERMITS";
 /// for none. Written by `router-ctl run`; not pinned: every loaded program
 /// has its own, next to its own `AYA_LOGS` ring buffer.
 pub const LOG_LEVEL_MAP: &str = "LOG_LEVEL";
+/// Hash of [`VirtualMacKey`] -> `u8` ([`VMAC_IPV4`] | [`VMAC_IPV6`]): the
+/// VRRP virtual MACs (RFC 5798 7.3) of keepalived `use_vmac` macvlans on
+/// top of an attached interface, which the data path forwards frames to
+/// besides the interface's own MAC, for the families the router is the
+/// VRRP master of. Written by `attach` and `router-ctl run` from the
+/// kernel's links and addresses; read only for a unicast frame not
+/// addressed to the interface's own MAC.
+pub const VIRTUAL_MACS_MAP: &str = "VIRTUAL_MACS";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
@@ -58,6 +66,12 @@ pub const MAX_NAT_MAPPINGS: u32 = 3 * 65_536;
 pub const MAX_NAT_ENDPOINTS: u32 = 262_144;
 /// Capacity of the address-dependent filtering permissions (an LRU).
 pub const MAX_NAT_PERMITS: u32 = 262_144;
+/// Capacity of the virtual MAC map: a VRRP MAC per VRID and family on
+/// each of the two interfaces.
+pub const MAX_VIRTUAL_MACS: u32 = 2 * 2 * 256;
+/// [`VIRTUAL_MACS_MAP`] value bits: the families accepted for a MAC.
+pub const VMAC_IPV4: u8 = 1;
+pub const VMAC_IPV6: u8 = 2;
 /// Capacity of the port-forward rule map.
 pub const MAX_PORT_FORWARDS: u32 = 1024;
 
@@ -449,6 +463,29 @@ pub struct PortForwardKey {
 }
 const _: () = assert!(core::mem::size_of::<PortForwardKey>() == 4);
 
+/// Key of [`VIRTUAL_MACS_MAP`]: an attached interface and a MAC that frames
+/// arriving on it may be addressed to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VirtualMacKey {
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    /// Zero.
+    pub pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<VirtualMacKey>() == 12);
+
+impl VirtualMacKey {
+    #[must_use]
+    pub const fn new(ifindex: u32, mac: [u8; 6]) -> Self {
+        Self {
+            ifindex,
+            mac,
+            pad: 0,
+        }
+    }
+}
+
 /// Where a port-forward rule sends new inbound flows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -576,6 +613,7 @@ mod pod {
     unsafe impl aya::Pod for super::FlowKey6 {}
     unsafe impl aya::Pod for super::FlowEntry6 {}
     unsafe impl aya::Pod for super::PinholeKey6 {}
+    unsafe impl aya::Pod for super::VirtualMacKey {}
     unsafe impl aya::Pod for super::MappingKey {}
     unsafe impl aya::Pod for super::Endpoint {}
     unsafe impl aya::Pod for super::Mapping {}
@@ -908,7 +946,9 @@ counters! {
     /// `ip_forward`/`ip6_forward` forward only `PACKET_HOST` ones), and a
     /// router must not forward a packet received as a link-layer broadcast
     /// or multicast (RFC 1812 5.3.4): the kernel gets it (and delivers
-    /// what is for the router itself: ARP, DHCP, VRRP...). Also counted
+    /// what is for the router itself: ARP, DHCP, VRRP...). Frames to a
+    /// VRRP virtual MAC ([`VIRTUAL_MACS_MAP`]) go on only while this router
+    /// is the master (a backup's macvlan keeps the MAC). Also counted
     /// after an interface's MAC changed until attach runs again
     /// (`router-ctl doctor` says so). Last in the list: the other counters
     /// keep the indexes older objects write.

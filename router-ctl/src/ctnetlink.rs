@@ -12,14 +12,13 @@ use std::{
     os::fd::{AsRawFd, OwnedFd, RawFd},
 };
 
-use crate::nlmsg::{Msg, NLM_F_ACK, NLMSG_DONE, NLMSG_ERROR, attrs, messages};
+use crate::nlmsg::{Msg, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, attrs, messages};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 
-const NLM_F_DUMP: u16 = 0x300;
 /// On an `IPCTNL_MSG_CT_NEW` event: the entry is new (else an update).
 const NLM_F_CREATE: u16 = 0x400;
 

@@ -42,7 +42,7 @@ use crate::{
     maps::{self, Conntrack6Map, ConntrackMap},
     netlink::{self, LinkEvent, LinkEvents},
     offload::{self, Kernel, KernelTimeouts, OffloadStats, Offloader, Table, TcpNow},
-    service, state, web,
+    service, state, vmac, web,
 };
 
 /// Receive buffer of the event socket: room for bursts of events between
@@ -751,7 +751,7 @@ impl LinkWatch {
     /// after, so no change falls between the two.
     fn open() -> Result<Self> {
         let s = LinkEvents::subscribe()
-            .context("subscribing to link notifications (rtnetlink RTMGRP_LINK)")?;
+            .context("subscribing to link and address notifications (rtnetlink RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR)")?;
         // SAFETY: LinkEvents owns its fd and never changes or closes it
         // before it is dropped, which the AsyncFd does.
         let events = unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
@@ -765,11 +765,15 @@ impl LinkWatch {
 
     /// Follows the notifications queued on `events` until none is left;
     /// whether the links must be looked at again ([`Self::recheck`]).
+    /// Any notification (a macvlan created, up or down, a virtual address
+    /// added or removed) is followed by one look at the virtual MACs.
     fn drain(events: &LinkEvents, ctx: &Ctx, status: &mut DaemonStatus, buf: &mut [u8]) -> bool {
         let mut recheck = false;
+        let mut any = false;
         loop {
             match events.recv(buf) {
                 Ok(Some(events)) => {
+                    any |= !events.is_empty();
                     for e in events {
                         let followed = match e {
                             LinkEvent::Changed(l) => l.mac.map_or(Ok(Followed::Done), |mac| {
@@ -779,6 +783,7 @@ impl LinkWatch {
                                 interface_gone(ctx, ifindex, &name, status);
                                 Ok(Followed::Done)
                             }
+                            LinkEvent::Address { .. } => Ok(Followed::Done),
                         };
                         match followed {
                             Ok(Followed::Done) => {}
@@ -790,7 +795,13 @@ impl LinkWatch {
                         }
                     }
                 }
-                Ok(None) => return recheck,
+                Ok(None) => {
+                    if any && let Err(e) = follow_virtual_macs(ctx) {
+                        tracing::warn!("following the VRRP virtual MACs: {e:#}; trying again");
+                        recheck = true;
+                    }
+                    return recheck;
+                }
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     tracing::warn!("link notifications lost; reading the interfaces again");
                     recheck = true;
@@ -853,7 +864,30 @@ enum Followed {
     LockBusy,
 }
 
-/// Compares both attached interfaces with the configuration.
+/// Makes the data path's virtual MACs match the VRRP macvlans on the
+/// attached interfaces as they are now ([`vmac`]). Without the lock: the
+/// map is written from the kernel's state alone, which an attach writing
+/// it at the same time reads too. A router attached by a router-ctl
+/// without the map has none to follow.
+fn follow_virtual_macs(ctx: &Ctx) -> Result<()> {
+    let maps = ctx.maps();
+    if maps
+        .map_id(router_common::maps::VIRTUAL_MACS_MAP)?
+        .is_none()
+    {
+        return Ok(());
+    }
+    let Some(cfg) = attached_config(ctx) else {
+        return Ok(());
+    };
+    if cfg.lan_ifindex == 0 {
+        return Ok(());
+    }
+    vmac::follow(&maps, &cfg)
+}
+
+/// Compares both attached interfaces with the configuration, and the
+/// virtual MACs with the macvlans on them.
 fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
     let Some(cfg) = attached_config(ctx) else {
         return Ok(Followed::Done);
@@ -877,6 +911,7 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
     }
+    follow_virtual_macs(ctx)?;
     Ok(followed)
 }
 

@@ -26,7 +26,7 @@ use serde_json::json;
 
 use router_common::maps::Config;
 
-use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, standalone};
+use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, standalone, vmac};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
@@ -224,6 +224,72 @@ fn our_progs(pin_dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+impl Report<'_> {
+    /// On an attached interface with VRRP macvlans (keepalived `use_vmac`):
+    /// whether the virtual MACs the data path accepts are those of the
+    /// instances this router is the master of.
+    fn virtual_macs(&mut self, l: &netlink::LinkAttrs, cfg: &Config, maps: &PinnedMaps) {
+        if attached_mac(cfg, l.ifindex).is_none() {
+            return;
+        }
+        let (Ok(want), Ok(pinned)) = (
+            vmac::current([cfg.lan_ifindex, cfg.wan_ifindex]),
+            vmac::pinned(maps),
+        ) else {
+            return;
+        };
+        let mut want: Vec<_> = want
+            .iter()
+            .filter(|v| v.ifindex == l.ifindex)
+            .map(|v| (v.mac, v.families))
+            .collect();
+        let mut have: Vec<_> = pinned
+            .iter()
+            .filter(|(k, _)| k.ifindex == l.ifindex)
+            .map(|(k, f)| (k.mac, *f))
+            .collect();
+        if want.is_empty() && have.is_empty() {
+            return;
+        }
+        want.sort_unstable();
+        have.sort_unstable();
+        let list = |v: &[([u8; 6], u8)]| {
+            v.iter()
+                .map(|(m, f)| format!("{} ({})", netlink::mac_str(*m), vmac::families_str(*f)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if want == have {
+            self.add(
+                "virtual-macs",
+                Level::Ok,
+                format!(
+                    "the data path forwards frames to the VRRP virtual MAC(s) {} (this router is their master)",
+                    list(&have)
+                ),
+                None,
+            );
+            return;
+        }
+        self.add(
+            "virtual-macs",
+            Level::Warn,
+            format!(
+                "the data path accepts the virtual MAC(s) [{}] but the VRRP macvlans say [{}]: \
+                 frames to a missing one go to the kernel (slow but correct); frames to an \
+                 extra one are forwarded although this router is not their master",
+                list(&have),
+                list(&want)
+            ),
+            Some(
+                "run `router-ctl run` (it follows keepalived's changes), or the same \
+                 `router-ctl attach` again"
+                    .to_owned(),
+            ),
+        );
+    }
+}
+
 /// Every check for `ifaces` (names in the current namespace).
 #[must_use]
 pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
@@ -248,6 +314,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             }
             if let Some(cfg) = &attached {
                 r.router_mac(&l, cfg);
+                r.virtual_macs(&l, cfg, &PinnedMaps::at(pin_dir));
             }
         }
     }

@@ -43,6 +43,7 @@ mod standalone;
 mod state;
 mod stats;
 mod status;
+mod vmac;
 mod web;
 
 use std::{fs, os::fd::AsRawFd, path::Path, path::PathBuf};

@@ -16,6 +16,7 @@ use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, CounterValue, DEVICES_MAP,
     FlowEntry, FlowEntry6, FlowKey, FlowKey6, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP, NAT_PERMITS_MAP,
     PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6, PortForwardKey, PortForwardTarget,
+    VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::pins::LINK_PINS;
@@ -32,6 +33,9 @@ pub type Conntrack6Map = HashMap<MapData, FlowKey6, FlowEntry6>;
 pub type Pinholes6Map = HashMap<MapData, PinholeKey6, u8>;
 /// Port-forward rules.
 pub type PortForwardsMap = HashMap<MapData, PortForwardKey, PortForwardTarget>;
+/// The VRRP virtual MACs accepted besides the interfaces' own, with their
+/// families (`VMAC_IPV4` | `VMAC_IPV6`).
+pub type VirtualMacsMap = HashMap<MapData, VirtualMacKey, u8>;
 /// The attached interfaces, the redirect targets.
 pub type DevicesMap = DevMapHash<MapData>;
 
@@ -47,7 +51,7 @@ impl PinnedMaps {
     /// layout check of a replace, `status`, `detach`).
     /// The NAT mapping maps are pinned too, so that a replace (a new
     /// filtering setting, an upgrade) keeps the mappings of live flows.
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 11] = [
         COUNTERS_MAP,
         DEVICES_MAP,
         CONFIG_MAP,
@@ -58,6 +62,7 @@ impl PinnedMaps {
         NAT_MAPPINGS_MAP,
         NAT_ENDPOINTS_MAP,
         NAT_PERMITS_MAP,
+        VIRTUAL_MACS_MAP,
     ];
 
     #[must_use]
@@ -99,6 +104,10 @@ impl PinnedMaps {
 
     pub fn port_forwards(&self) -> Result<PortForwardsMap> {
         self.typed(PORT_FORWARDS_MAP)
+    }
+
+    pub fn virtual_macs(&self) -> Result<VirtualMacsMap> {
+        self.typed(VIRTUAL_MACS_MAP)
     }
 
     pub fn devices(&self) -> Result<DevicesMap> {

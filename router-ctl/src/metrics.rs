@@ -14,7 +14,7 @@ use prometheus_client::{
 use router_common::maps::{Admit, Counter, CounterValue};
 use tracing::{info, warn};
 
-use crate::{ctx::Ctx, daemon, forward, state, stats};
+use crate::{ctx::Ctx, daemon, forward, state, stats, vmac};
 
 /// The label set of one counter: which metric family and its labels.
 #[must_use]
@@ -382,6 +382,15 @@ impl Collector for RouterCollector {
                 "xdp_router_port_forward_rules",
                 "Port-forward rules installed",
                 i64_of(r.len()),
+            )?;
+        }
+        if let Ok(v) = vmac::pinned(&maps) {
+            gauge(
+                &mut enc,
+                "xdp_router_virtual_macs",
+                "VRRP virtual MACs (keepalived use_vmac) the fast path forwards frames to: \
+                 this router is their master",
+                i64_of(v.len()),
             )?;
         }
         Ok(())

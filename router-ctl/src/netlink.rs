@@ -9,18 +9,20 @@
 use std::{
     ffi::{CStr, CString},
     io,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsRawFd, OwnedFd, RawFd},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use crate::nlmsg::{self, Msg, NLA_F_NESTED, NLM_F_ACK, NLMSG_DONE, NLMSG_ERROR};
+use crate::nlmsg::{self, Msg, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR};
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
 const RTM_SETLINK: u16 = 19;
+const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
@@ -48,6 +50,11 @@ const NETNSA_FD: u16 = 3;
 /// `RTMGRP_LINK`: the multicast group of link notifications (`RTM_NEWLINK`
 /// on any change, `RTM_DELLINK`), as an `nl_groups` bit.
 const RTMGRP_LINK: u32 = 1;
+/// `RTMGRP_IPV4_IFADDR` and `RTMGRP_IPV6_IFADDR`: address notifications
+/// (`RTM_NEWADDR`, `RTM_DELADDR`), which say when keepalived adds or
+/// removes a virtual address (see [`crate::vmac`]).
+const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+const RTMGRP_IPV6_IFADDR: u32 = 0x100;
 
 pub const XDP_FLAGS_SKB_MODE: u32 = 2;
 pub const XDP_FLAGS_DRV_MODE: u32 = 4;
@@ -189,7 +196,7 @@ impl Socket {
                         out.push(payload.to_vec());
                         // A non-dump request gets exactly one answer (and
                         // an ack only if asked for).
-                        if msg_flags(msg) & NLM_F_ACK == 0 {
+                        if msg_flags(msg) & (NLM_F_ACK | NLM_F_DUMP) == 0 {
                             return Ok(out);
                         }
                     }
@@ -283,7 +290,8 @@ fn parse_link(payload: &[u8]) -> LinkAttrs {
     l
 }
 
-/// A change of an interface, as rtnetlink announces it to `RTMGRP_LINK`.
+/// A change of an interface, as rtnetlink announces it to `RTMGRP_LINK`
+/// and the address groups.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LinkEvent {
     /// `RTM_NEWLINK`: created or changed (address, flags, MTU, XDP...), with
@@ -291,34 +299,42 @@ pub enum LinkEvent {
     Changed(LinkAttrs),
     /// `RTM_DELLINK`: deleted, or moved to another namespace.
     Deleted { ifindex: u32, name: String },
+    /// `RTM_NEWADDR` or `RTM_DELADDR`: an IP address of interface
+    /// `ifindex` was added or removed.
+    Address { ifindex: u32 },
 }
 
-/// The link notifications in one datagram of an `RTMGRP_LINK` socket;
-/// other messages and truncated ones are skipped.
+/// The link and address notifications in one datagram of a
+/// [`LinkEvents`] socket; other messages and truncated ones are skipped.
 #[must_use]
 pub fn parse_link_events(buf: &[u8]) -> Vec<LinkEvent> {
     nlmsg::messages(buf)
-        .filter(|(_, _, p)| p.len() >= 16)
         .filter_map(|(ty, _, p)| match ty {
-            RTM_NEWLINK => Some(LinkEvent::Changed(parse_link(p))),
-            RTM_DELLINK => {
+            RTM_NEWLINK if p.len() >= 16 => Some(LinkEvent::Changed(parse_link(p))),
+            RTM_DELLINK if p.len() >= 16 => {
                 let l = parse_link(p);
                 Some(LinkEvent::Deleted {
                     ifindex: l.ifindex,
                     name: l.name,
                 })
             }
+            // struct ifaddrmsg: family, prefix length, flags, scope, index.
+            RTM_NEWADDR | RTM_DELADDR if p.len() >= 8 => Some(LinkEvent::Address {
+                ifindex: u32_of(&p[4..8]),
+            }),
             _ => None,
         })
         .collect()
 }
 
-/// A non-blocking rtnetlink socket subscribed to link notifications.
+/// A non-blocking rtnetlink socket subscribed to link and address
+/// notifications.
 pub struct LinkEvents(OwnedFd);
 
 impl LinkEvents {
     pub fn subscribe() -> io::Result<Self> {
-        nlmsg::bound_socket(libc::NETLINK_ROUTE, RTMGRP_LINK, true).map(Self)
+        let groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+        nlmsg::bound_socket(libc::NETLINK_ROUTE, groups, true).map(Self)
     }
 
     /// The notifications of one queued datagram: `Ok(None)` when none is
@@ -333,6 +349,17 @@ impl AsRawFd for LinkEvents {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+}
+
+/// Every interface of the current namespace (an `RTM_GETLINK` dump).
+pub fn links() -> io::Result<Vec<LinkAttrs>> {
+    let s = Socket::new()?;
+    let msg = Msg::new(RTM_GETLINK, NLM_F_DUMP, &ifinfomsg(0)).finish(1);
+    Ok(s.request(&msg, RTM_NEWLINK)?
+        .iter()
+        .filter(|p| p.len() >= 16)
+        .map(|p| parse_link(p))
+        .collect())
 }
 
 /// The attributes of interface `ifindex` in the current namespace.
@@ -465,6 +492,19 @@ pub fn ifname(idx: u32) -> Option<String> {
 /// The IPv4 addresses of `iface` in the current network namespace, in the
 /// kernel's order (primary addresses first).
 pub fn ipv4_addrs(iface: &str) -> Result<Vec<Ipv4Addr>> {
+    Ok(ip_addrs()?
+        .into_iter()
+        .filter(|(name, _)| name == iface)
+        .filter_map(|(_, a)| match a {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        })
+        .collect())
+}
+
+/// Every IPv4 and IPv6 address of the current network namespace with its
+/// interface's name, in the kernel's order (primary addresses first).
+pub fn ip_addrs() -> Result<Vec<(String, IpAddr)>> {
     let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills ifap with a list freed below.
     if unsafe { libc::getifaddrs(&raw mut ifap) } != 0 {
@@ -483,18 +523,25 @@ pub fn ipv4_addrs(iface: &str) -> Result<Vec<Ipv4Addr>> {
             continue;
         }
         // SAFETY: ifa_addr points to a sockaddr of at least its family's size.
-        let family = unsafe { (*ifa.ifa_addr).sa_family };
-        if i32::from(family) != libc::AF_INET {
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let addr = if family == libc::AF_INET {
+            // SAFETY: an AF_INET address is a sockaddr_in; read without
+            // assuming alignment.
+            let sin = unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>()) };
+            IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+        } else if family == libc::AF_INET6 {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let sin6 =
+                unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in6>()) };
+            IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+        } else {
             continue;
-        }
+        };
         // SAFETY: ifa_name is a NUL-terminated string.
-        if unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes() != iface.as_bytes() {
-            continue;
-        }
-        // SAFETY: an AF_INET address is a sockaddr_in; read without
-        // assuming alignment.
-        let sin = unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>()) };
-        out.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        out.push((name, addr));
     }
     // SAFETY: ifap came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(ifap) };
@@ -577,6 +624,49 @@ mod tests {
         );
         // Truncated after the header: nothing.
         assert!(parse_link_events(&buf[..20]).is_empty());
+    }
+
+    /// `RTM_NEWADDR` and `RTM_DELADDR` as the kernel sends them to the
+    /// address groups (`inet_fill_ifaddr`: an `ifaddrmsg`, then
+    /// `IFA_ADDRESS`, `IFA_LOCAL`, `IFA_LABEL`...), as keepalived's virtual
+    /// address on its macvlan comes and goes.
+    #[test]
+    fn address_notifications_name_their_interface() {
+        let notification = |ty: u16, ifindex: u32| {
+            // struct ifaddrmsg: family AF_INET, prefix length 24, flags
+            // IFA_F_PERMANENT, scope universe, index.
+            let mut ifa = [0u8; 8];
+            ifa[0] = 2;
+            ifa[1] = 24;
+            ifa[2] = 0x80;
+            ifa[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+            let mut m = Msg::new(ty, 0, &ifa);
+            m.attr(1 /* IFA_ADDRESS */, &[192, 168, 70, 1]);
+            m.attr(2 /* IFA_LOCAL */, &[192, 168, 70, 1]);
+            m.attr(3 /* IFA_LABEL */, b"vrrp.51\0");
+            m.finish(0)
+        };
+        let mut buf = notification(RTM_NEWADDR, 9);
+        buf.extend(notification(RTM_DELADDR, 9));
+        assert_eq!(
+            parse_link_events(&buf),
+            [
+                LinkEvent::Address { ifindex: 9 },
+                LinkEvent::Address { ifindex: 9 }
+            ]
+        );
+        // Shorter than an ifaddrmsg: skipped.
+        let short = Msg::new(RTM_NEWADDR, 0, &[2, 24, 0, 0]).finish(0);
+        assert!(parse_link_events(&short).is_empty());
+    }
+
+    #[test]
+    fn the_link_dump_lists_loopback() {
+        let all = links().expect("RTM_GETLINK dump");
+        assert!(
+            all.iter().any(|l| l.ifindex == 1 && l.name == "lo"),
+            "{all:?}"
+        );
     }
 
     #[test]

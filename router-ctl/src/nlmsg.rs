@@ -7,6 +7,8 @@ pub const NLMSG_ERROR: u16 = 2;
 pub const NLMSG_DONE: u16 = 3;
 pub const NLM_F_REQUEST: u16 = 1;
 pub const NLM_F_ACK: u16 = 4;
+/// `NLM_F_ROOT | NLM_F_MATCH`: every object of the requested kind.
+pub const NLM_F_DUMP: u16 = 0x300;
 pub const NLA_F_NESTED: u16 = 1 << 15;
 /// The attribute type without the nested and byte-order flags.
 const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | (1 << 14));

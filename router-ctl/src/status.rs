@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use router_common::maps::{MAX_PINHOLES6, MAX_PORT_FORWARDS};
+use router_common::maps::{MAX_PINHOLES6, MAX_PORT_FORWARDS, VirtualMacKey};
 use serde_json::{Value, json};
 
 use crate::{
@@ -13,10 +13,11 @@ use crate::{
     daemon, forward,
     inspect::{Running, inspect},
     maps::PinnedMaps,
+    netlink,
     object::Object,
     pins::LINK_PINS,
     state::{self, State},
-    stats,
+    stats, vmac,
 };
 
 /// Exit code of `status` when nothing is attached.
@@ -259,8 +260,28 @@ pub fn status_json(ctx: &Ctx) -> Value {
     if running.any_pins() {
         v["configured"] = json!(running.configured());
         v["maps"] = maps_json(ctx);
+        if let Ok(macs) = vmac::pinned(&ctx.maps()) {
+            v["virtual_macs"] = virtual_macs_json(&macs);
+        }
     }
     v
+}
+
+/// The VRRP virtual MACs the data path accepts (keepalived `use_vmac`, this
+/// router the master), sorted by interface and MAC.
+fn virtual_macs_json(macs: &[(VirtualMacKey, u8)]) -> Value {
+    let mut macs = macs.to_vec();
+    macs.sort_unstable();
+    macs.iter()
+        .map(|(k, families)| {
+            json!({
+                "interface": netlink::ifname(k.ifindex),
+                "ifindex": k.ifindex,
+                "mac": netlink::mac_str(k.mac),
+                "families": vmac::families_str(*families),
+            })
+        })
+        .collect()
 }
 
 /// The human-readable rendering of [`status_json`].
@@ -338,6 +359,15 @@ pub fn status_text(v: &Value) -> String {
             };
             let _ = writeln!(s, "map {name}: {e} of {c} entries ({pct:.1}%)");
         }
+    }
+    for m in v["virtual_macs"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "virtual MAC {} on {} ({}): forwarded (VRRP master, keepalived use_vmac)",
+            m["mac"].as_str().unwrap_or("?"),
+            m["interface"].as_str().unwrap_or("(gone)"),
+            m["families"].as_str().unwrap_or("?")
+        );
     }
     if let Some(p) = v["problems"].as_array() {
         for x in p {

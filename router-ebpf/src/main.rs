@@ -41,7 +41,7 @@ mod v6;
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use router_common::{
     hdr::{eth, frame, get_u16, ipv4},
-    maps::{Counter, FLAG_MAPPED, FLAG_OFFLOADED, FlowKey},
+    maps::{Counter, FLAG_MAPPED, FLAG_OFFLOADED, FlowKey, VMAC_IPV4},
 };
 
 use crate::{
@@ -132,7 +132,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     let Some(side) = parse::ingress(ctx) else {
         return Err(Verdict::pass(Counter::PassNotConfigured));
     };
-    parse::addressed_to_us(eth, side)?;
+    parse::addressed_to_us(ctx, eth, side, VMAC_IPV4)?;
     let pkt = match parse::l4(ctx, ip, side.from_lan)? {
         L4::Flow(pkt) => pkt,
         L4::IcmpError { total_len } => {

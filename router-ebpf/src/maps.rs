@@ -11,7 +11,7 @@ use router_common::{
     flow::expired,
     maps::{
         Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, MAX_PORT_FORWARDS,
-        PortForwardKey, PortForwardTarget,
+        MAX_VIRTUAL_MACS, PortForwardKey, PortForwardTarget, VirtualMacKey,
     },
 };
 
@@ -33,6 +33,12 @@ pub static CONNTRACK: LruHashMap<FlowKey, FlowEntry> =
 #[map(name = "PORT_FORWARDS")]
 pub static PORT_FORWARDS: HashMap<PortForwardKey, PortForwardTarget> =
     HashMap::with_max_entries(MAX_PORT_FORWARDS, 0);
+
+/// VRRP virtual MACs accepted besides the interfaces' own (see
+/// `router_common::maps::VIRTUAL_MACS_MAP`).
+#[map(name = "VIRTUAL_MACS")]
+pub static VIRTUAL_MACS: HashMap<VirtualMacKey, u8> =
+    HashMap::with_max_entries(MAX_VIRTUAL_MACS, 0);
 
 /// `-EEXIST` from a `BPF_NOEXIST` update: the key is taken.
 pub const EEXIST: i32 = -17;

@@ -7,15 +7,18 @@
 
 use core::mem::size_of;
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
     flow::{ASSUMED_WSCALE, Segment},
     hdr::{eth, eth_dst_is, frame, get_addr, get_u16, icmp, ipv4, min_len, tcp, udp},
-    maps::{Config, Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
+    maps::{Config, Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VirtualMacKey},
     nat::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Ipv4Verdict, classify_ipv4, icmp_is_error},
 };
 
-use crate::{Step, Verdict, maps::CONFIG};
+use crate::{
+    Step, Verdict,
+    maps::{CONFIG, VIRTUAL_MACS},
+};
 
 /// A header runs past the end of the frame: dropped as truncated. An error
 /// without a payload, so that a result holding a packet pointer is just a
@@ -114,10 +117,17 @@ pub fn ingress<'a>(ctx: &XdpContext) -> Option<Ingress<'a>> {
 /// not forward a packet received as a link-layer broadcast or multicast
 /// (RFC 1812 5.3.4); a frame a bridge floods to every port, or one seen by
 /// a promiscuous interface, would otherwise be forwarded twice (also by its
-/// real next hop) and could open flows. Both families, before any flow
-/// work.
+/// real next hop) and could open flows. Both families (`family` is
+/// `VMAC_IPV4` or `VMAC_IPV6`), before any flow work. Besides the own MAC,
+/// the VRRP virtual MACs of this router's master macvlans
+/// ([`virtual_mac`]), looked up only here, off the hit path.
 #[inline(always)]
-pub fn addressed_to_us(eth: &[u8; eth::LEN], side: Ingress<'_>) -> Step<()> {
+pub fn addressed_to_us(
+    ctx: &XdpContext,
+    eth: &[u8; eth::LEN],
+    side: Ingress<'_>,
+    family: u8,
+) -> Step<()> {
     let own = if side.from_lan {
         &side.cfg.lan_mac
     } else {
@@ -127,7 +137,43 @@ pub fn addressed_to_us(eth: &[u8; eth::LEN], side: Ingress<'_>) -> Step<()> {
         return Ok(());
     }
     core::hint::cold_path();
+    if virtual_mac(ctx.ctx, family) {
+        return Ok(());
+    }
     Err(Verdict::pass(Counter::PassNotForUs))
+}
+
+/// Whether `dst` is a VRRP virtual MAC (RFC 5798 7.3) that the controller
+/// accepts for `family` on interface `ifindex`: a keepalived `use_vmac`
+/// macvlan on top of it, of the instance this router is the master of
+/// (the kernel would forward the frame: the macvlan takes it as
+/// `PACKET_HOST`). A backup keeps the macvlan and its MAC up, without the
+/// virtual addresses: the controller leaves its MAC out, so frames a
+/// switch floods to it go to the kernel. A group address (multicast or
+/// broadcast) is never accepted. A subprogram taking only the context:
+/// the key is built on the cold path only (values the caller passed would
+/// be kept live, or computed, on the hit path too).
+#[inline(never)]
+fn virtual_mac(ctx: *mut xdp_md, family: u8) -> bool {
+    let ctx = XdpContext::new(ctx);
+    let Ok(eth) = header::<{ eth::LEN }>(&ctx, 0) else {
+        return false;
+    };
+    let d = eth::DST;
+    if eth[d] & 1 != 0 {
+        return false;
+    }
+    let dst = [
+        eth[d],
+        eth[d + 1],
+        eth[d + 2],
+        eth[d + 3],
+        eth[d + 4],
+        eth[d + 5],
+    ];
+    let key = VirtualMacKey::new(ctx.ingress_ifindex() as u32, dst);
+    // SAFETY: hash map value, read at once.
+    unsafe { VIRTUAL_MACS.get(&key) }.is_some_and(|families| families & family != 0)
 }
 
 /// The tuple of a TCP/UDP/ICMP echo packet, as it arrived.

@@ -15,7 +15,7 @@ use aya::{
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP, FlowEntry,
     FlowKey, Mapping, MappingKey, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME,
-    PortForwardKey, PortForwardTarget, Timeouts,
+    PortForwardKey, PortForwardTarget, Timeouts, VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
@@ -72,6 +72,9 @@ pub struct LoadedRouter {
     pub mappings: HashMap<MapData, MappingKey, Mapping>,
     pub config: ConfigMap,
     pub devices: DevMapHash<MapData>,
+    /// The accepted VRRP virtual MACs; `None` in an object older than them
+    /// (the benchmark's `--micro-compare`).
+    pub virtual_macs: Option<HashMap<MapData, VirtualMacKey, u8>>,
     pub lan: u32,
     pub wan: u32,
 }
@@ -175,6 +178,9 @@ impl LoadedRouter {
         let mut devices = DevMapHash::try_from(take(DEVICES_MAP)).unwrap();
         devices.insert(lan, lan, None, 0).unwrap();
         devices.insert(wan, wan, None, 0).unwrap();
+        let virtual_macs = ebpf
+            .take_map(VIRTUAL_MACS_MAP)
+            .map(|m| HashMap::try_from(m).unwrap());
         let prog: &mut Xdp = ebpf.program_mut(PROGRAM_NAME).unwrap().try_into().unwrap();
         prog.load().expect("the verifier accepts the program");
         Self {
@@ -185,9 +191,24 @@ impl LoadedRouter {
             mappings,
             config,
             devices,
+            virtual_macs,
             lan,
             wan,
         }
+    }
+
+    /// Accepts frames to `mac` arriving on `ifindex` for `families`
+    /// (`VMAC_IPV4` | `VMAC_IPV6`), as `router-ctl` does for a VRRP master's
+    /// virtual MAC.
+    ///
+    /// # Panics
+    /// If the object has no virtual MAC map or the update fails.
+    pub fn accept_virtual_mac(&mut self, ifindex: u32, mac: [u8; 6], families: u8) {
+        self.virtual_macs
+            .as_mut()
+            .expect("the object has no VIRTUAL_MACS map")
+            .insert(VirtualMacKey::new(ifindex, mac), families, 0)
+            .unwrap();
     }
 
     /// Writes `CONFIG` (which turns the data path on).

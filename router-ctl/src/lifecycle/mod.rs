@@ -48,6 +48,7 @@ use crate::{
     signals::SignalsBlocked,
     standalone,
     state::{self, State},
+    vmac,
 };
 
 /// What `attach` did.
@@ -120,6 +121,14 @@ pub fn attach(
     };
     if !standalone_mode && standalone::tear_down(ctx.ns())? {
         info!("offload mode: removed standalone mode's kernel slow-path table and sysctls");
+    }
+    // After the configuration turned the fast path on: until then frames
+    // to a virtual MAC go to the kernel, which forwards them too.
+    let virtual_macs = vmac::current([desired.lan_ifindex, desired.wan_ifindex])?;
+    vmac::sync(&ctx.maps(), &virtual_macs)
+        .context("writing the VRRP virtual MACs (keepalived use_vmac) into the data path")?;
+    for v in &virtual_macs {
+        println!("forwarding frames to the virtual MAC {}", v.describe());
     }
     Ok(outcome)
 }

@@ -23,7 +23,7 @@ use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use router_common::{
     hdr::{eth, get_u16},
     ipv6::{frame6, ipv6},
-    maps::{Admit, Counter, FlowKey6},
+    maps::{Admit, Counter, FlowKey6, VMAC_IPV6},
 };
 
 use crate::{
@@ -42,7 +42,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
     let Some(side) = ingress(ctx) else {
         return Err(Verdict::pass(Counter::PassNotConfigured));
     };
-    addressed_to_us(eth, side)?;
+    addressed_to_us(ctx, eth, side, VMAC_IPV6)?;
     let pkt = match parse::l4(ctx, ip, side.from_lan)? {
         parse::L4::Flow(pkt) => pkt,
         parse::L4::IcmpError => return icmp_error::forward(ctx, side, eth, ip),

@@ -20,14 +20,13 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(t: &Topology) -> Self {
+        Self::start_in(t.ns_name(Ns::Router))
+    }
+
+    /// The metrics server of the router in namespace `netns`.
+    pub(crate) fn start_in(netns: &str) -> Self {
         let mut child = Command::new(router_ctl_bin())
-            .args([
-                "-n",
-                t.ns_name(Ns::Router),
-                "metrics",
-                "--listen",
-                "127.0.0.1:0",
-            ])
+            .args(["-n", netns, "metrics", "--listen", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()

@@ -27,12 +27,16 @@
 //! - [`ha`]: keepalived and conntrackd from the example templates, and what
 //!   they report (notify events, virtual addresses, conntrackd's cache);
 //! - [`traffic`]: the TCP stream and the UDP flow, their gaps and losses;
-//! - [`scenario`]: one failover and failback, its figures and the table.
+//! - [`scenario`]: one failover and failback, its figures and the table;
+//! - [`vmac`]: keepalived `use_vmac` (VRRP on macvlans with the virtual
+//!   MACs): the master's XDP forwards frames to them, a former master's
+//!   passes them.
 
 mod ha;
 mod pair;
 mod scenario;
 mod traffic;
+mod vmac;
 
 use std::net::Ipv4Addr;
 

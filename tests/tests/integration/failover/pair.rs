@@ -285,11 +285,11 @@ table ip nat {{
         std::fs::read_to_string(self.file(name)).unwrap_or_default()
     }
 
-    fn router_ctl(&self, r: Router, args: &[&str]) -> Output {
+    pub(super) fn router_ctl(&self, r: Router, args: &[&str]) -> Output {
         ctl_in(&self.ns(r.role), &[], args)
     }
 
-    fn router_ctl_ok(&self, r: Router, args: &[&str]) -> String {
+    pub(super) fn router_ctl_ok(&self, r: Router, args: &[&str]) -> String {
         let o = self.router_ctl(r, args);
         assert!(
             o.status.success(),

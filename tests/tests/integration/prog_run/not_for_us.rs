@@ -1,8 +1,11 @@
 //! Frames not link-layer addressed to the router (broadcast, multicast,
 //! another host's unicast MAC): passed to the kernel untouched and counted
 //! as `pass_not_for_us`, before any flow work (RFC 1812 5.3.4; the kernel
-//! forwards only `PACKET_HOST` frames).
+//! forwards only `PACKET_HOST` frames). Frames to a VRRP virtual MAC the
+//! controller accepted (keepalived `use_vmac`, this router the master) are
+//! forwarded as frames to the router's own MAC are.
 
+use router_common::maps::{VMAC_IPV4, VMAC_IPV6};
 use tests::frames::{BROADCAST_MAC, IPV4_MULTICAST_MAC, NOBODY_MAC};
 
 use super::*;
@@ -130,6 +133,109 @@ fn new_flows_to_a_foreign_mac_admit_nothing() {
             }
         }
         r.assert_flows("after the foreign frames", []);
+        assert_eq!(r.mappings.iter().count(), 0, "no NAT mapping claimed");
+    });
+}
+
+/// A VRRP virtual MAC (RFC 5798 7.3: `00:00:5e:00:01:VRID` for IPv4).
+const fn vrrp_mac(vrid: u8) -> [u8; 6] {
+    [0x00, 0x00, 0x5e, 0x00, 0x01, vrid]
+}
+
+/// keepalived `use_vmac`: frames to a virtual MAC that the controller
+/// accepts on the ingress interface (this router the VRRP master) are
+/// forwarded as frames to the interface's own MAC are, with the same
+/// output bytes (the next hop's MACs from the FIB), both ways; the flow
+/// opens as it would.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn frames_to_an_accepted_virtual_mac_are_forwarded() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        r.accept_virtual_mac(lan, vrrp_mac(61), VMAC_IPV4);
+        r.accept_virtual_mac(wan, vrrp_mac(62), VMAC_IPV4);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
+        let a = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"));
+        r.redirect(
+            "UDP out to the LAN's virtual MAC",
+            &sent_to(&env, true, vrrp_mac(61), &q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        r.redirect(
+            "UDP reply to the WAN's virtual MAC",
+            &sent_to(&env, false, vrrp_mac(62), &a),
+            wan,
+            &env.to_client(&dnat(&a, CLIENT, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        r.redirect(
+            "UDP out to the LAN interface's own MAC",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+    });
+}
+
+/// Virtual MACs the controller did not accept for this frame are passed as
+/// `pass_not_for_us` and open nothing: another VRID's (a backup's
+/// instance), an accepted one arriving on the other interface, one
+/// accepted for IPv6 only, and group addresses even when the map holds
+/// them (broadcast, the VRRP advert's multicast MAC, a virtual MAC with
+/// the group bit set).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn frames_to_other_virtual_macs_are_passed() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let group_vmac = {
+            let mut m = vrrp_mac(63);
+            m[0] |= 1;
+            m
+        };
+        // The VRRP adverts' destination, 224.0.0.18.
+        let vrrp_multicast = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x12];
+        r.accept_virtual_mac(lan, vrrp_mac(61), VMAC_IPV4);
+        r.accept_virtual_mac(wan, vrrp_mac(62), VMAC_IPV4);
+        r.accept_virtual_mac(lan, vrrp_mac(64), VMAC_IPV6);
+        for mac in [BROADCAST_MAC, vrrp_multicast, group_vmac] {
+            r.accept_virtual_mac(lan, mac, VMAC_IPV4 | VMAC_IPV6);
+        }
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
+        let a = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"));
+        let to_lan_host = Ipv4::new(SERVER, CLIENT, Udp::new(53, 40003, b"unsolicited"));
+        for (what, mac) in [
+            ("another VRID's virtual MAC", vrrp_mac(51)),
+            ("the WAN's virtual MAC", vrrp_mac(62)),
+            ("a virtual MAC accepted for IPv6 only", vrrp_mac(64)),
+            ("broadcast", BROADCAST_MAC),
+            ("the VRRP multicast MAC", vrrp_multicast),
+            ("a virtual MAC with the group bit", group_vmac),
+        ] {
+            r.pass(
+                &format!("LAN to {what}"),
+                &sent_to(&env, true, mac, &q),
+                lan,
+                Counter::PassNotForUs,
+            );
+        }
+        for (what, ip) in [("reply", &a), ("unsolicited", &to_lan_host)] {
+            r.pass(
+                &format!("WAN {what} to the LAN's virtual MAC"),
+                &sent_to(&env, false, vrrp_mac(61), ip),
+                wan,
+                Counter::PassNotForUs,
+            );
+        }
+        r.assert_flows("after the frames to other virtual MACs", []);
         assert_eq!(r.mappings.iter().count(), 0, "no NAT mapping claimed");
     });
 }

@@ -768,3 +768,65 @@ fn udp6_frames_not_for_the_router_are_passed() {
         assert_eq!(r.conntrack6(), before, "no entry opened or changed");
     });
 }
+
+/// keepalived `use_vmac` over IPv6: a frame to a virtual MAC accepted for
+/// IPv6 on the ingress interface is forwarded with the same output bytes
+/// as one to the router's own MAC; one accepted for IPv4 only, and an
+/// IPv6 VRID's MAC accepted on the other interface, are passed as
+/// `pass_not_for_us`.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn udp6_frames_to_an_accepted_virtual_mac_are_forwarded() {
+    use router_common::maps::{VMAC_IPV4, VMAC_IPV6};
+    // RFC 5798 7.3: 00:00:5e:00:02:VRID for IPv6, 00:00:5e:00:01:VRID for IPv4.
+    const VMAC6: [u8; 6] = [0, 0, 0x5e, 0, 2, 61];
+    const VMAC4: [u8; 6] = [0, 0, 0x5e, 0, 1, 61];
+    const WAN_VMAC6: [u8; 6] = [0, 0, 0x5e, 0, 2, 62];
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        r.0.accept_virtual_mac(lan, VMAC6, VMAC_IPV6);
+        r.0.accept_virtual_mac(lan, VMAC4, VMAC_IPV4);
+        r.0.accept_virtual_mac(wan, WAN_VMAC6, VMAC_IPV6);
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let q = Ipv6::udp(c, s, &Udp::new(5353, 53, b"query"));
+        let a = Ipv6::udp(s, c, &Udp::new(53, 5353, b"answer"));
+        r.redirect(
+            "UDP out to the LAN's IPv6 virtual MAC",
+            &q.frame(VMAC6, env.client_mac),
+            lan,
+            &to_server(&env, &q),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        r.redirect(
+            "UDP reply to the WAN's IPv6 virtual MAC",
+            &a.frame(WAN_VMAC6, env.server_mac),
+            wan,
+            &to_client(&env, &a),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        let before = r.conntrack6();
+        for (what, frame, ingress) in [
+            (
+                "LAN to an IPv4-only virtual MAC",
+                q.frame(VMAC4, env.client_mac),
+                lan,
+            ),
+            (
+                "WAN to the LAN's virtual MAC",
+                a.frame(VMAC6, env.server_mac),
+                wan,
+            ),
+            (
+                "LAN to the WAN's virtual MAC",
+                q.frame(WAN_VMAC6, env.client_mac),
+                lan,
+            ),
+        ] {
+            r.pass(what, &frame, ingress, Counter::PassNotForUs);
+        }
+        assert_eq!(r.conntrack6(), before, "no entry opened or changed");
+    });
+}

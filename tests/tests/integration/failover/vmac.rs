@@ -1,0 +1,291 @@
+//! keepalived `use_vmac` on the failover pair: VRRP on macvlans carrying
+//! the virtual MACs (RFC 5798 7.3), so the client's gateway resolves to
+//! `00:00:5e:00:01:3d` and the server's route back to the WAN VIP to
+//! `00:00:5e:00:01:3e`. The master's XDP forwards the frames to those
+//! MACs (both directions); after it steps down (a lower priority, keepalived
+//! reloaded: its macvlans stay up with the MACs, without the addresses) the
+//! new master's does, and the former master passes the frames a flooding
+//! switch still sends it (`pass_not_for_us`), forwarding none.
+
+use std::{fmt::Write as _, process::Command, time::Duration};
+
+use tests::{LAN_IF, WAN_IF, counter_of};
+
+use super::{LAN_VIP, R1, R2, Router, WAN_VIP, pair::Pair, traffic::UdpFlow};
+use crate::{ctl::wait_for_or_show, metrics};
+
+/// The macvlans keepalived creates, one per instance.
+const LAN_VMAC_IF: &str = "vrrp.61";
+const WAN_VMAC_IF: &str = "vrrp.62";
+/// `00:00:5e:00:01:VRID`.
+const LAN_VMAC: &str = "00:00:5e:00:01:3d";
+const WAN_VMAC: &str = "00:00:5e:00:01:3e";
+
+/// keepalived's configuration for router `r` with `priority`: the
+/// example's two instances in a sync group, each on its macvlan.
+fn keepalived_conf(r: Router, priority: u8) -> String {
+    let instance = |name: &str, dev: &str, vrid: u8, vmac_if: &str, vip: std::net::Ipv4Addr| {
+        format!(
+            "vrrp_instance {name} {{
+    state {state}
+    interface {dev}
+    virtual_router_id {vrid}
+    priority {priority}
+    advert_int 0.5
+    use_vmac {vmac_if}
+    virtual_ipaddress {{
+        {vip}/24
+    }}
+}}
+",
+            state = r.state,
+        )
+    };
+    format!(
+        "global_defs {{
+    router_id {role}
+    vrrp_version 3
+    script_user root
+    vrrp_garp_master_delay 1
+    vrrp_garp_master_repeat 3
+}}
+vrrp_sync_group ROUTER {{
+    group {{
+        LAN
+        WAN
+    }}
+}}
+{lan}{wan}",
+        role = r.role,
+        lan = instance("LAN", LAN_IF, 61, LAN_VMAC_IF, LAN_VIP),
+        wan = instance("WAN", WAN_IF, 62, WAN_VMAC_IF, WAN_VIP),
+    )
+}
+
+impl Pair {
+    fn vmac_conf_path(&self, r: Router) -> std::path::PathBuf {
+        self.file(&format!("{}-vmac-keepalived.conf", r.role))
+    }
+
+    /// keepalived (VRRP only) with `use_vmac` on router `r`.
+    fn start_vmac_keepalived(&self, r: Router) {
+        let conf = self.vmac_conf_path(r);
+        std::fs::write(&conf, keepalived_conf(r, r.priority)).unwrap();
+        let pid = |what: &str| {
+            self.file(&format!("{}-{what}.pid", r.role))
+                .display()
+                .to_string()
+        };
+        self.spawn(
+            "keepalived",
+            Command::new("ip")
+                .args(["netns", "exec", &self.ns(r.role), "keepalived"])
+                .args([
+                    "--dont-fork",
+                    "--log-console",
+                    "--no-syslog",
+                    "--vrrp",
+                    "-f",
+                ])
+                .arg(&conf)
+                .args(["-p", &pid("keepalived"), "-r", &pid("vrrp")])
+                .args(["-c", &pid("checkers")]),
+            &self.file(&format!("{}-keepalived.out", r.role)),
+        );
+    }
+
+    /// Router `r`'s keepalived reloads with `priority` (SIGHUP).
+    fn set_priority(&self, r: Router, priority: u8) {
+        std::fs::write(self.vmac_conf_path(r), keepalived_conf(r, priority)).unwrap();
+        let pid = self.read(&format!("{}-keepalived.pid", r.role));
+        let pid: libc::pid_t = pid.trim().parse().expect("keepalived's pid file");
+        // SAFETY: kill(2) on the keepalived this test started (its pid
+        // file, while it runs).
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0, "SIGHUP");
+    }
+
+    /// Whether router `r` holds both VIPs on its macvlans.
+    fn has_vmac_vips(&self, r: Router) -> bool {
+        [(LAN_VMAC_IF, LAN_VIP), (WAN_VMAC_IF, WAN_VIP)]
+            .iter()
+            .all(|(dev, vip)| {
+                let out = self.exec(r.role, &["ip", "-4", "-o", "addr", "show", "dev", dev]);
+                String::from_utf8_lossy(&out.stdout).contains(&format!(" {vip}/"))
+            })
+    }
+
+    /// The virtual MACs `status --json` says router `r`'s data path accepts.
+    fn accepted_vmacs(&self, r: Router) -> Vec<String> {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.router_ctl_ok(r, &["status", "--json"])).unwrap();
+        let mut macs: Vec<String> = v["virtual_macs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| format!("{} {}", m["interface"].as_str().unwrap_or("?"), m["mac"]))
+            .collect();
+        macs.sort();
+        macs
+    }
+
+    /// Router `r`'s counters (`stats --json`).
+    fn stats(&self, r: Router) -> serde_json::Value {
+        serde_json::from_str(&self.router_ctl_ok(r, &["stats", "--json"])).unwrap()
+    }
+
+    fn vmac_logs(&self) -> String {
+        let mut s = String::new();
+        for r in [R1, R2] {
+            for f in ["keepalived.out", "daemon.out"] {
+                let name = format!("{}-{f}", r.role);
+                let _ = writeln!(s, "--- {name}\n{}", self.read(&name));
+            }
+        }
+        s
+    }
+}
+
+/// The virtual MACs of both instances, as `accepted_vmacs` lists them.
+fn both_vmacs() -> Vec<String> {
+    vec![
+        format!("{LAN_IF} \"{LAN_VMAC}\""),
+        format!("{WAN_IF} \"{WAN_VMAC}\""),
+    ]
+}
+
+/// Packets router `r`'s XDP forwarded (both directions) and passed as not
+/// addressed to it, between `before` and `after`.
+fn deltas(before: &serde_json::Value, after: &serde_json::Value) -> (u64, u64) {
+    let d = |name| counter_of(after, name) - counter_of(before, name);
+    (d("fwd_outbound") + d("fwd_inbound"), d("pass_not_for_us"))
+}
+
+/// Both routers' keepalived with `use_vmac`, r1 master; the forward rule
+/// for the connections' first packets, which the kernel takes in on the
+/// macvlan.
+fn start_vrrp(pair: &Pair) {
+    for r in [R1, R2] {
+        pair.warm_neighbours(r);
+        pair.exec_ok(
+            r.role,
+            &[
+                "nft",
+                "add",
+                "rule",
+                "inet",
+                "filter",
+                "forward",
+                "iifname",
+                LAN_VMAC_IF,
+                "oifname",
+                WAN_IF,
+                "accept",
+            ],
+        );
+        pair.start_vmac_keepalived(r);
+    }
+    wait_for_or_show(
+        "r1 to be master with both VIPs on its macvlans, r2 backup with its macvlans up",
+        Duration::from_secs(20),
+        || {
+            pair.has_vmac_vips(R1)
+                && !pair.has_vmac_vips(R2)
+                && pair
+                    .exec(R2.role, &["ip", "link", "show", WAN_VMAC_IF])
+                    .status
+                    .success()
+        },
+        || pair.vmac_logs(),
+    );
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn use_vmac_frames_are_forwarded_in_xdp_by_the_master_only() {
+    let pair = Pair::new();
+    start_vrrp(&pair);
+    for r in [R1, R2] {
+        pair.start_fast_path(r);
+    }
+    assert_eq!(pair.accepted_vmacs(R1), both_vmacs(), "the master's");
+    assert!(
+        pair.accepted_vmacs(R2).is_empty(),
+        "the backup accepts none"
+    );
+    let doctor = pair.router_ctl(R1, &["doctor", LAN_IF, WAN_IF]);
+    let doctor = String::from_utf8_lossy(&doctor.stdout);
+    assert_eq!(
+        doctor.matches("[ok]   virtual-macs").count(),
+        2,
+        "doctor on the master, both interfaces:\n{doctor}"
+    );
+    for (r, n) in [(R1, 2.0), (R2, 0.0)] {
+        let m = metrics::Server::start_in(&pair.ns(r.role)).scrape();
+        assert_eq!(
+            m.get("xdp_router_virtual_macs"),
+            Some(&n),
+            "{}'s metric",
+            r.role
+        );
+    }
+
+    let udp = UdpFlow::start(&pair);
+    let carried = |r: Router, what: &str| {
+        wait_for_or_show(
+            &format!("{} to offload the UDP flow ({what})", r.role),
+            Duration::from_secs(10),
+            || udp.echoes() > 20 && pair.offloaded(r) >= 1,
+            || pair.vmac_logs(),
+        );
+        let before = pair.stats(r);
+        std::thread::sleep(Duration::from_millis(500));
+        let d = deltas(&before, &pair.stats(r));
+        println!(
+            "{} ({what}), 0.5 s: XDP forwarded {}, passed as not for it {}",
+            r.role, d.0, d.1
+        );
+        d
+    };
+    let neigh = pair.exec_ok("cli", &["ip", "neigh", "show", &LAN_VIP.to_string()]);
+    assert!(neigh.contains(LAN_VMAC), "the client's gateway: {neigh}");
+    let (fwd, not_for_us) = carried(R1, "r1 master");
+    assert!(
+        fwd >= 100 && not_for_us == 0,
+        "r1's XDP forwarded {fwd} packets in 0.5 s and passed {not_for_us} as not for it"
+    );
+
+    // r1 steps down: r2 preempts it; r1's macvlans stay up, with their
+    // MACs, without the VIPs.
+    pair.set_priority(R1, 50);
+    wait_for_or_show(
+        "r2 to take both VIPs and r1's daemon to drop the virtual MACs",
+        Duration::from_secs(20),
+        || {
+            pair.has_vmac_vips(R2)
+                && !pair.has_vmac_vips(R1)
+                && pair.accepted_vmacs(R1).is_empty()
+                && pair.accepted_vmacs(R2) == both_vmacs()
+        },
+        || pair.vmac_logs(),
+    );
+    let (fwd, _) = carried(R2, "r2 master");
+    assert!(fwd >= 100, "r2's XDP forwarded only {fwd} packets in 0.5 s");
+    // A LAN switch that floods (it learns no MAC): r1 sees the client's
+    // frames to the virtual MAC again, and its XDP must not forward them.
+    pair.ip(
+        "lan",
+        &["link", "set", "br0", "type", "bridge", "ageing_time", "0"],
+    );
+    let before = pair.stats(R1);
+    std::thread::sleep(Duration::from_millis(500));
+    let (fwd, not_for_us) = deltas(&before, &pair.stats(R1));
+    assert!(
+        fwd == 0 && not_for_us >= 50,
+        "the former master's XDP forwarded {fwd} packets and passed {not_for_us} as not for it"
+    );
+    let (sent, echoed, _) = udp.finish();
+    assert!(
+        echoed > 0 && echoed <= sent,
+        "UDP: {echoed} of {sent} echoed"
+    );
+}
