@@ -262,6 +262,24 @@ pub struct RunResult {
     pub host_tcp: Option<HostTcp>,
 }
 
+/// The share of its offered rate a paced run must carry to count as
+/// sustained: "CPU at line rate" compares the paths at equal loads.
+pub const SUSTAINED_SHARE: f64 = 0.95;
+
+impl RunResult {
+    /// What the run carried, Mbit/s.
+    pub fn carried_mbps(&self) -> f64 {
+        self.gbps * 1000.0
+    }
+
+    /// A paced run (`offered_mbps` set) that carried at least
+    /// [`SUSTAINED_SHARE`] of its offered rate; false for an unpaced run.
+    pub fn sustained(&self) -> bool {
+        self.offered_mbps > 0
+            && self.carried_mbps() >= SUSTAINED_SHARE * f64::from(self.offered_mbps)
+    }
+}
+
 /// Who forwarded an offload run's packets, over the whole run: the proof
 /// that the fast path carried it, not the kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::cli::Opts;
 use crate::measure::sys;
-use crate::model::RunResult;
+use crate::model::{DataPath, RunResult};
 use crate::run::mmss;
 use crate::workloads::{bigtable, connrate, frags, ipv6, micro, scaling};
 
@@ -242,7 +242,12 @@ pub fn write_artifacts(
     md.push_str(&sections::big_table_section(&extra.big_table));
     md.push_str(&ipv6::section(&extra.ipv6));
     let mut goals = goals::evaluate(runs, micro, reference);
-    goals.push(review::line_rate_goal(runs, &extra.cable));
+    goals.push(review::line_rate_goal(runs, &extra.cable, DataPath::Xdp));
+    goals.push(review::line_rate_goal(
+        runs,
+        &extra.cable,
+        DataPath::Offload,
+    ));
     goals.push(goals::conn_setup_goal(&extra.conn_rate));
     goals.push(sections::scaling_goal(&extra.scaling));
     goals.push(sections::cable_goal(&extra.cable));
