@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use clap::builder::BoolishValueParser;
 
-use crate::model::{Offload, Point, TcpSink, Workload};
+use crate::model::{Offload, Pacing, Point, TcpSink, Workload};
 use crate::workloads::{bigtable, live};
 
 /// The XDP router against the kernel's forwarding with iptables MASQUERADE,
@@ -97,6 +97,13 @@ pub struct Cli {
     /// with 1000+ streams).
     #[arg(long, value_name = "SINK", value_enum, default_value_t = TcpSink::Discard)]
     tcp_sink: TcpSink,
+    /// How tcp-paced holds each stream to its share of the offered rate:
+    /// the kernel's per-socket pacing (iperf2 `--fq-rate`), or iperf2's
+    /// `-b` token bucket, whose threads poll every few microseconds (with
+    /// 1000 streams that fills the shared cores and the rate is not
+    /// generated).
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = Pacing::Fq)]
+    pacing: Pacing,
     /// TCP congestion control of client and server (the Linux default;
     /// `keep` leaves the namespaces' own).
     #[arg(long, value_name = "NAME", default_value = "cubic")]
@@ -236,6 +243,7 @@ pub struct Opts {
     pub slack: u32,
     pub cc: String,
     pub tcp_sink: TcpSink,
+    pub pacing: Pacing,
     pub retries: u32,
     pub micro: bool,
     pub frags: bool,
@@ -346,6 +354,7 @@ impl Cli {
             slack: self.slack,
             cc: self.cc,
             tcp_sink: self.tcp_sink,
+            pacing: self.pacing,
             retries: self.retries,
             micro: !self.no_micro && !only,
             frags: !self.no_frags && (smoke || !quick) && !only,
@@ -615,6 +624,9 @@ mod unit {
         ]);
         assert_eq!(o.workloads, vec![Workload::Tcp, Workload::UdpLive]);
         assert_eq!((o.nodelay, o.tcp_sink), (vec![true], TcpSink::Iperf));
+        // The kernel paces tcp-paced's streams unless iperf2's -b is asked.
+        assert_eq!(opts(&[]).pacing, Pacing::Fq);
+        assert_eq!(opts(&["--pacing", "iperf"]).pacing, Pacing::Iperf);
         for bad in [
             &["--conns", "0"][..],
             &["--workloads", "tcp,bogus"],

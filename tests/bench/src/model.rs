@@ -331,9 +331,34 @@ impl TcpSink {
     }
 }
 
+/// How tcp-paced holds each stream to its share of the offered rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pacing {
+    /// The kernel paces each socket (iperf2 `--fq-rate`:
+    /// `SO_MAX_PACING_RATE`, which TCP honours without the fq qdisc since
+    /// Linux 4.13); iperf2 writes whenever the socket takes more.
+    Fq,
+    /// iperf2's `-b`: a token bucket per stream whose thread, out of
+    /// tokens, waits in a 4 us `delay_loop` (iperf 2.1.8
+    /// `RunRateLimitedTCP`): with hundreds of streams these wake-ups fill
+    /// the shared cores, and the offered rate is not generated.
+    Iperf,
+}
+
+impl Pacing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pacing::Fq => "fq",
+            Pacing::Iperf => "iperf",
+        }
+    }
+}
+
 /// Settings shared by every run.
 pub struct Settings {
     pub tcp_sink: TcpSink,
+    /// How tcp-paced paces its streams.
+    pub pacing: Pacing,
     pub secs: u32,
     /// Seconds a client may overrun `-t` (plus 1 per 50 streams) before
     /// `timeout` stops it.

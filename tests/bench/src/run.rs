@@ -952,6 +952,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         router: Router::new(&t),
         settings: Settings {
             tcp_sink: o.tcp_sink,
+            pacing: o.pacing,
             secs: o.secs,
             slack: o.slack,
             ping_interval: o.ping_interval,

@@ -193,6 +193,7 @@ fn results_json(
             "offload_features": env.offloads,
             "tcp_congestion_control": env.cc,
             "tcp_sink": o.tcp_sink.name(),
+            "pacing": o.pacing.name(),
             "skipped": env.skipped,
         },
         "runs": json::runs_json(runs),
@@ -227,7 +228,7 @@ pub fn write_artifacts(
         runs,
         &extra.cable,
         cores,
-        o.line_rate_mbps,
+        (o.line_rate_mbps, o.pacing),
     ));
     md.push_str(&review::platform_section(&extra.platform));
     md.push_str(&header(o, runs, env, &machine));

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::model::{DataPath, Offload, Point, RunResult, Wire, Workload};
+use crate::model::{DataPath, Offload, Pacing, Point, RunResult, Wire, Workload};
 
 use super::goals::Goal;
 use super::tables::f;
@@ -117,13 +117,14 @@ fn paced_sets<'a>(runs: &'a [RunResult], cable: &'a [RunResult]) -> Vec<(Wire, &
 }
 
 /// The review table. `runs`: the main topology's (plain veth); `cable`:
-/// the runs between XDP cables; `cores`: CPUs of the machine; `line_mbps`:
-/// the paced workload's offered rate.
+/// the runs between XDP cables; `cores`: CPUs of the machine;
+/// `(offered_mbps, pacing)`: the paced workload's offered rate and how its
+/// streams were paced.
 pub fn review_section(
     runs: &[RunResult],
     cable: &[RunResult],
     cores: f64,
-    offered_mbps: u32,
+    (offered_mbps, pacing): (u32, Pacing),
 ) -> String {
     let line_gbps = f64::from(offered_mbps) / 1000.0;
     let mut s = String::from(
@@ -205,8 +206,8 @@ pub fn review_section(
     }
     let _ = writeln!(
         s,
-        "\n\"CPU at line rate\": every path carries the same paced TCP load (iperf2 `-b`, the \
-         rate split over the streams), so the difference in softirq time is the router's. \
+        "\n\"CPU at line rate\": every path carries the same paced TCP load (the rate split \
+         over the streams, each paced {}), so the difference in softirq time is the router's. \
          The rows \"XDP cables\" are measured on the cabled topology (an XDP cable namespace \
          on each side of the router, see \"A fairer wire for TCP\"): the router receives \
          frames as from a NIC, and the goal is judged on them. The rows \"plain veth\" are \
@@ -221,7 +222,11 @@ pub fn review_section(
          marked below the offered rate is at unequal loads: its row compares nothing, and the \
          goal counts it as not met. \
          Throughput rows: bytes into the server's interface; latency: ping through the router \
-         during the load.\n"
+         during the load.\n",
+        match pacing {
+            Pacing::Fq => "by the kernel (iperf2 `--fq-rate`, `--pacing fq`)",
+            Pacing::Iperf => "by iperf2's `-b` (`--pacing iperf`)",
+        }
     );
     s
 }
@@ -449,7 +454,7 @@ mod unit {
         assert_eq!(line_rate_goal(&runs, &[], DataPath::Xdp).met, Some(true));
         // The table marks the cell.
         runs[0].gbps = 1.0;
-        let md = review_section(&runs, &[], 2.0, 2500);
+        let md = review_section(&runs, &[], 2.0, (2500, Pacing::Fq));
         assert!(
             md.contains("1.00 of 1.5 Gbit/s offered **below the offered rate: unequal loads**"),
             "{md}"
@@ -502,11 +507,11 @@ mod unit {
         };
         // No cable runs: the plain-veth rows alone.
         assert_eq!(
-            rows(&review_section(&veth, &[], 2.0, 2500)),
+            rows(&review_section(&veth, &[], 2.0, (2500, Pacing::Fq))),
             ["| CPU at line rate, plain veth"; 3]
         );
         let cable = vec![on_cables(paced(DataPath::Xdp, 1, 10.0))];
-        let md = review_section(&veth, &cable, 2.0, 2500);
+        let md = review_section(&veth, &cable, 2.0, (2500, Pacing::Fq));
         let mut want = vec!["| CPU at line rate, XDP cables"; 3];
         want.extend(["| CPU at line rate, plain veth"; 3]);
         assert_eq!(rows(&md), want);
@@ -545,7 +550,7 @@ mod unit {
             }
             runs.push(r);
         }
-        let md = review_section(&runs, &[], 2.0, 2500);
+        let md = review_section(&runs, &[], 2.0, (2500, Pacing::Fq));
         assert!(!md.contains("not a bench path"), "{md}");
         let row = md
             .lines()
