@@ -204,8 +204,14 @@ pub fn review_section(
             );
         }
     }
-    let _ = writeln!(
-        s,
+    s.push_str(&line_rate_note(pacing));
+    s
+}
+
+/// What the "CPU at line rate" rows compare, and how their loads were
+/// made equal.
+fn line_rate_note(pacing: Pacing) -> String {
+    format!(
         "\n\"CPU at line rate\": every path carries the same paced TCP load (the rate split \
          over the streams, each paced {}), so the difference in softirq time is the router's. \
          The rows \"XDP cables\" are measured on the cabled topology (an XDP cable namespace \
@@ -222,13 +228,12 @@ pub fn review_section(
          marked below the offered rate is at unequal loads: its row compares nothing, and the \
          goal counts it as not met. \
          Throughput rows: bytes into the server's interface; latency: ping through the router \
-         during the load.\n",
+         during the load.\n\n",
         match pacing {
             Pacing::Fq => "by the kernel (iperf2 `--fq-rate`, `--pacing fq`)",
             Pacing::Iperf => "by iperf2's `-b` (`--pacing iperf`)",
         }
-    );
-    s
+    )
 }
 
 /// The platform, as reviews print it.
