@@ -213,7 +213,9 @@ pub fn review_section(
 fn line_rate_note(pacing: Pacing) -> String {
     format!(
         "\n\"CPU at line rate\": every path carries the same paced TCP load (the rate split \
-         over the streams, each paced {}), so the difference in softirq time is the router's. \
+         over the streams, each paced {}), so the difference in softirq time is the router's \
+         (softirq time is the whole machine's: the end hosts' share, pacing included, is the \
+         same on every path). \
          The rows \"XDP cables\" are measured on the cabled topology (an XDP cable namespace \
          on each side of the router, see \"A fairer wire for TCP\"): the router receives \
          frames as from a NIC, and the goal is judged on them. The rows \"plain veth\" are \
@@ -230,8 +232,8 @@ fn line_rate_note(pacing: Pacing) -> String {
          Throughput rows: bytes into the server's interface; latency: ping through the router \
          during the load.\n\n",
         match pacing {
-            Pacing::Fq => "by the kernel (iperf2 `--fq-rate`, `--pacing fq`)",
-            Pacing::Iperf => "by iperf2's `-b` (`--pacing iperf`)",
+            Pacing::Fq => "by the kernel: iperf2 `--fq-rate`, `--pacing fq`",
+            Pacing::Iperf => "by iperf2's `-b`, `--pacing iperf`",
         }
     )
 }

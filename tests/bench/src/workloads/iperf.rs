@@ -556,7 +556,43 @@ pub fn client_limit(secs: u32, slack: u32, conns: u32) -> u32 {
 
 #[cfg(test)]
 mod checks {
-    use super::paced_stream;
+    use std::path::PathBuf;
+
+    use super::{Plan, client_args, paced_stream};
+    use crate::model::{DataPath, Offload, Pacing, Point, Settings, TcpSink, Workload};
+
+    #[test]
+    fn paced_streams_are_paced_by_the_kernel_or_by_iperf2() {
+        let mut s = Settings {
+            tcp_sink: TcpSink::Discard,
+            pacing: Pacing::Fq,
+            secs: 2,
+            slack: 10,
+            ping_interval: 0.02,
+            tmp: PathBuf::from("/nonexistent"),
+            nofile: 4096,
+            cc_per_socket: None,
+            line_rate_mbps: 2500,
+        };
+        let point = Point::new(Workload::TcpPaced, 1000, Offload::Off);
+        let args = |s: &Settings| {
+            client_args(&Plan::new(s, DataPath::Kernel, point, 5001))
+                .unwrap()
+                .join(" ")
+        };
+        // 2.5 Gbit/s over 1000 streams.
+        assert!(
+            args(&s).ends_with(" -P 1000 -y C --fq-rate 2500k"),
+            "{}",
+            args(&s)
+        );
+        s.pacing = Pacing::Iperf;
+        assert!(
+            args(&s).ends_with(" -P 1000 -y C -b 2500k -l 38912"),
+            "{}",
+            args(&s)
+        );
+    }
 
     #[test]
     fn paced_streams_write_what_iperf2_accepts() {
