@@ -98,11 +98,12 @@ pub struct Cli {
     #[arg(long, value_name = "SINK", value_enum, default_value_t = TcpSink::Discard)]
     tcp_sink: TcpSink,
     /// How tcp-paced holds each stream to its share of the offered rate:
-    /// the kernel's per-socket pacing (iperf2 `--fq-rate`), or iperf2's
-    /// `-b` token bucket, whose threads poll every few microseconds (with
-    /// 1000 streams that fills the shared cores and the rate is not
-    /// generated).
-    #[arg(long, value_name = "HOW", value_enum, default_value_t = Pacing::Fq)]
+    /// `iperf` iperf2's `-b` token bucket, whose threads poll every few
+    /// microseconds (with 1000 streams that fills the shared cores and the
+    /// rate is not generated); `fq` the kernel's per-socket pacing (iperf2
+    /// `--fq-rate`; the client's transmit then counts as softirq time, on
+    /// every path alike); `auto` `-b` up to 100 streams, the kernel above.
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = Pacing::Auto)]
     pacing: Pacing,
     /// TCP congestion control of client and server (the Linux default;
     /// `keep` leaves the namespaces' own).
@@ -624,9 +625,12 @@ mod unit {
         ]);
         assert_eq!(o.workloads, vec![Workload::Tcp, Workload::UdpLive]);
         assert_eq!((o.nodelay, o.tcp_sink), (vec![true], TcpSink::Iperf));
-        // The kernel paces tcp-paced's streams unless iperf2's -b is asked.
-        assert_eq!(opts(&[]).pacing, Pacing::Fq);
+        // iperf2's -b paces up to 100 streams, the kernel more, unless asked.
+        let auto = opts(&[]).pacing;
+        assert_eq!(auto, Pacing::Auto);
+        assert!(!auto.by_kernel(100) && auto.by_kernel(1000));
         assert_eq!(opts(&["--pacing", "iperf"]).pacing, Pacing::Iperf);
+        assert!(opts(&["--pacing", "fq"]).pacing.by_kernel(1));
         for bad in [
             &["--conns", "0"][..],
             &["--workloads", "tcp,bogus"],

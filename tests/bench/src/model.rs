@@ -334,22 +334,41 @@ impl TcpSink {
 /// How tcp-paced holds each stream to its share of the offered rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pacing {
+    /// iperf2's `-b` up to [`Pacing::IPERF_MAX_STREAMS`] streams, the
+    /// kernel's pacing above, where `-b` cannot generate the load.
+    Auto,
     /// The kernel paces each socket (iperf2 `--fq-rate`:
     /// `SO_MAX_PACING_RATE`, which TCP honours without the fq qdisc since
-    /// Linux 4.13); iperf2 writes whenever the socket takes more.
+    /// Linux 4.13); iperf2 writes whenever the socket takes more. The
+    /// client's transmit then runs from the pacing timer, in softirq: every
+    /// path's softirq time includes it alike.
     Fq,
     /// iperf2's `-b`: a token bucket per stream whose thread, out of
     /// tokens, waits in a 4 us `delay_loop` (iperf 2.1.8
-    /// `RunRateLimitedTCP`): with hundreds of streams these wake-ups fill
-    /// the shared cores, and the offered rate is not generated.
+    /// `RunRateLimitedTCP`): with 1000 streams these wake-ups fill the
+    /// shared cores, and no path gets the offered rate (at any rate: it
+    /// carried a quarter to a half of it down to 50 Mbit/s).
     Iperf,
 }
 
 impl Pacing {
+    /// The most streams `Auto` leaves to iperf2's `-b`.
+    pub const IPERF_MAX_STREAMS: u32 = 100;
+
     pub fn name(self) -> &'static str {
         match self {
+            Pacing::Auto => "auto",
             Pacing::Fq => "fq",
             Pacing::Iperf => "iperf",
+        }
+    }
+
+    /// Whether the kernel paces a run of `conns` streams (else iperf2's `-b`).
+    pub fn by_kernel(self, conns: u32) -> bool {
+        match self {
+            Pacing::Auto => conns > Self::IPERF_MAX_STREAMS,
+            Pacing::Fq => true,
+            Pacing::Iperf => false,
         }
     }
 }

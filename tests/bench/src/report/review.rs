@@ -232,6 +232,11 @@ fn line_rate_note(pacing: Pacing) -> String {
          Throughput rows: bytes into the server's interface; latency: ping through the router \
          during the load.\n\n",
         match pacing {
+            Pacing::Auto =>
+                "by iperf2's `-b` up to 100 streams and by the kernel above \
+                             (iperf2 `--fq-rate`: `-b` polls for tokens every few microseconds \
+                             per stream, which with 1000 streams fills the shared cores), \
+                             `--pacing auto`",
             Pacing::Fq => "by the kernel: iperf2 `--fq-rate`, `--pacing fq`",
             Pacing::Iperf => "by iperf2's `-b`, `--pacing iperf`",
         }

@@ -16,7 +16,7 @@ use crate::measure::parse::{
 use crate::measure::sampler::{Sample, Sampler, Window, active_window, wait_quiet, window_ending};
 use crate::measure::sys::CpuTicks;
 use crate::measure::{Measured, read, unix_now};
-use crate::model::{DataPath, Pacing, Point, RunResult, Settings, TcpSink, Workload};
+use crate::model::{DataPath, Point, RunResult, Settings, TcpSink, Workload};
 use crate::router::forwarded;
 use crate::workloads::discard::DiscardSink;
 use crate::workloads::procs::{Watched, kill_group, spawn_sh};
@@ -129,9 +129,10 @@ fn client_args(p: &Plan<'_>) -> Result<Vec<String>, String> {
     // Per stream: each stream paced at its share, the total is the line rate.
     let (paced_kbps, paced_len) = paced_stream(p.s.line_rate_mbps, p.point.conns);
     let (paced, paced_len) = (format!("{paced_kbps}k"), paced_len.to_string());
-    let paced_args: &[&str] = match p.s.pacing {
-        Pacing::Fq => &["--fq-rate", &paced],
-        Pacing::Iperf => &["-b", &paced, "-l", &paced_len],
+    let paced_args: &[&str] = if p.s.pacing.by_kernel(p.point.conns) {
+        &["--fq-rate", &paced]
+    } else {
+        &["-b", &paced, "-l", &paced_len]
     };
     let extra: &[&str] = match p.point.workload {
         Workload::Tcp => &[],
