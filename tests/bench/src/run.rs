@@ -662,7 +662,9 @@ impl Bench<'_> {
                 );
                 self.paced_budget = budget;
                 res?;
-                !self.stopped()
+                // A stop during the rounds is recorded (and ends the loop)
+                // at the next point, as after any other.
+                true
             } else {
                 self.run_paths(*point, &order, &mut progress)?
             };
