@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use clap::builder::BoolishValueParser;
 
-use crate::model::{Offload, Point, TcpSink, Workload};
+use crate::model::{Offload, Pacing, Point, TcpSink, Workload};
 use crate::workloads::{bigtable, live};
 
 /// The XDP router against the kernel's forwarding with iptables MASQUERADE,
@@ -97,6 +97,14 @@ pub struct Cli {
     /// with 1000+ streams).
     #[arg(long, value_name = "SINK", value_enum, default_value_t = TcpSink::Discard)]
     tcp_sink: TcpSink,
+    /// How tcp-paced holds each stream to its share of the offered rate:
+    /// `iperf` iperf2's `-b` token bucket, whose threads poll every few
+    /// microseconds (with 1000 streams that fills the shared cores and the
+    /// rate is not generated); `fq` the kernel's per-socket pacing (iperf2
+    /// `--fq-rate`; the client's transmit then counts as softirq time, on
+    /// every path alike); `auto` `-b` up to 100 streams, the kernel above.
+    #[arg(long, value_name = "HOW", value_enum, default_value_t = Pacing::Auto)]
+    pacing: Pacing,
     /// TCP congestion control of client and server (the Linux default;
     /// `keep` leaves the namespaces' own).
     #[arg(long, value_name = "NAME", default_value = "cubic")]
@@ -236,6 +244,7 @@ pub struct Opts {
     pub slack: u32,
     pub cc: String,
     pub tcp_sink: TcpSink,
+    pub pacing: Pacing,
     pub retries: u32,
     pub micro: bool,
     pub frags: bool,
@@ -346,6 +355,7 @@ impl Cli {
             slack: self.slack,
             cc: self.cc,
             tcp_sink: self.tcp_sink,
+            pacing: self.pacing,
             retries: self.retries,
             micro: !self.no_micro && !only,
             frags: !self.no_frags && (smoke || !quick) && !only,
@@ -615,6 +625,12 @@ mod unit {
         ]);
         assert_eq!(o.workloads, vec![Workload::Tcp, Workload::UdpLive]);
         assert_eq!((o.nodelay, o.tcp_sink), (vec![true], TcpSink::Iperf));
+        // iperf2's -b paces up to 100 streams, the kernel more, unless asked.
+        let auto = opts(&[]).pacing;
+        assert_eq!(auto, Pacing::Auto);
+        assert!(!auto.by_kernel(100) && auto.by_kernel(1000));
+        assert_eq!(opts(&["--pacing", "iperf"]).pacing, Pacing::Iperf);
+        assert!(opts(&["--pacing", "fq"]).pacing.by_kernel(1));
         for bad in [
             &["--conns", "0"][..],
             &["--workloads", "tcp,bogus"],

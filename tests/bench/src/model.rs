@@ -262,6 +262,24 @@ pub struct RunResult {
     pub host_tcp: Option<HostTcp>,
 }
 
+/// The share of its offered rate a paced run must carry to count as
+/// sustained: "CPU at line rate" compares the paths at equal loads.
+pub const SUSTAINED_SHARE: f64 = 0.95;
+
+impl RunResult {
+    /// What the run carried, Mbit/s.
+    pub fn carried_mbps(&self) -> f64 {
+        self.gbps * 1000.0
+    }
+
+    /// A paced run (`offered_mbps` set) that carried at least
+    /// [`SUSTAINED_SHARE`] of its offered rate; false for an unpaced run.
+    pub fn sustained(&self) -> bool {
+        self.offered_mbps > 0
+            && self.carried_mbps() >= SUSTAINED_SHARE * f64::from(self.offered_mbps)
+    }
+}
+
 /// Who forwarded an offload run's packets, over the whole run: the proof
 /// that the fast path carried it, not the kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -313,9 +331,53 @@ impl TcpSink {
     }
 }
 
+/// How tcp-paced holds each stream to its share of the offered rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pacing {
+    /// iperf2's `-b` up to [`Pacing::IPERF_MAX_STREAMS`] streams, the
+    /// kernel's pacing above, where `-b` cannot generate the load.
+    Auto,
+    /// The kernel paces each socket (iperf2 `--fq-rate`:
+    /// `SO_MAX_PACING_RATE`, which TCP honours without the fq qdisc since
+    /// Linux 4.13); iperf2 writes whenever the socket takes more. The
+    /// client's transmit then runs from the pacing timer, in softirq: every
+    /// path's softirq time includes it alike.
+    Fq,
+    /// iperf2's `-b`: a token bucket per stream whose thread, out of
+    /// tokens, waits in a 4 us `delay_loop` (iperf 2.1.8
+    /// `RunRateLimitedTCP`): with 1000 streams these wake-ups fill the
+    /// shared cores, and no path gets the offered rate (at any rate: it
+    /// carried a quarter to a half of it down to 50 Mbit/s).
+    Iperf,
+}
+
+impl Pacing {
+    /// The most streams `Auto` leaves to iperf2's `-b`.
+    pub const IPERF_MAX_STREAMS: u32 = 100;
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pacing::Auto => "auto",
+            Pacing::Fq => "fq",
+            Pacing::Iperf => "iperf",
+        }
+    }
+
+    /// Whether the kernel paces a run of `conns` streams (else iperf2's `-b`).
+    pub fn by_kernel(self, conns: u32) -> bool {
+        match self {
+            Pacing::Auto => conns > Self::IPERF_MAX_STREAMS,
+            Pacing::Fq => true,
+            Pacing::Iperf => false,
+        }
+    }
+}
+
 /// Settings shared by every run.
 pub struct Settings {
     pub tcp_sink: TcpSink,
+    /// How tcp-paced paces its streams.
+    pub pacing: Pacing,
     pub secs: u32,
     /// Seconds a client may overrun `-t` (plus 1 per 50 streams) before
     /// `timeout` stops it.

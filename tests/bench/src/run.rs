@@ -11,7 +11,10 @@ use tests::Topology;
 use crate::cli::Opts;
 use crate::measure::platform::{self, CryptoRun};
 use crate::measure::sys;
-use crate::model::{DataPath, Offload, Point, RunResult, Settings, Wire, Workload};
+use crate::model::{
+    DataPath, Offload, Point, RunResult, SUSTAINED_SHARE, Settings, Wire, Workload,
+};
+use crate::plan;
 use crate::report::{self, Extra, RunEnv, review};
 use crate::router::{
     FastPathSample, OffloadCounters, Router, congestion_control, offload_state, unix_now,
@@ -253,43 +256,194 @@ fn measured(
     best.ok_or(last_err)
 }
 
-/// A paced point run again at a rate every path sustains.
-#[derive(Debug, PartialEq)]
-pub struct PaceDown {
-    /// The lower total rate, Mbit/s.
-    pub mbps: u32,
-    /// What the first set carried, for the reruns' notes.
-    pub note: String,
+/// Rounds a paced point runs at most: the first, then each rerun at
+/// [`RERUN_SHARE`] of the lowest rate the round before carried.
+pub const PACED_ROUNDS: u32 = 3;
+/// A rerun's rate against the lowest rate the round before carried: the
+/// margin that lets every path sustain it.
+const RERUN_SHARE: f64 = 0.9;
+/// Paced rates are whole multiples of this, and never below it, Mbit/s.
+pub const PACED_STEP_MBPS: u32 = 50;
+
+/// [`RERUN_SHARE`] of `lowest` Mbit/s, rounded down to
+/// [`PACED_STEP_MBPS`], at least that.
+fn below(lowest: f64) -> u32 {
+    let step = f64::from(PACED_STEP_MBPS);
+    ((lowest * RERUN_SHARE / step).floor() * step).max(step) as u32
 }
 
-/// "CPU at line rate" compares the paths at equal load: where one of the
-/// runs of paced `point` at `offered` Mbit/s among `runs` carried less than
-/// 95 % of it (the shared cores could not generate it), all paths run
-/// again at 90 % of the lowest carried rate (rounded down to 50 Mbit/s).
-/// None: all sustained it, or fewer than two paths ran.
-pub fn pace_down(point: Point, offered: u32, runs: &[RunResult]) -> Option<PaceDown> {
-    let carried: Vec<(DataPath, f64)> = runs
+/// The lowest rate the runs `keep` picks carried, Mbit/s, and each path's
+/// ("kernel 2490, xdp 2000"); None with fewer than two paths.
+fn carried_by(runs: &[RunResult], keep: impl Fn(&RunResult) -> bool) -> Option<(f64, String)> {
+    let picked: Vec<&RunResult> = runs.iter().filter(|r| keep(r)).collect();
+    let lowest = picked
         .iter()
-        .filter(|r| r.point == point && r.offered_mbps == offered)
-        .map(|r| (r.path, r.gbps * 1000.0))
-        .collect();
-    let lowest = carried.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
-    if carried.len() < 2 || !lowest.is_finite() || lowest >= 0.95 * f64::from(offered) {
+        .map(|r| r.carried_mbps())
+        .fold(f64::INFINITY, f64::min);
+    if picked.len() < 2 || !lowest.is_finite() {
         return None;
     }
-    let mbps = ((lowest * 0.9 / 50.0).floor() * 50.0).max(50.0) as u32;
-    let first = carried
+    let each = picked
         .iter()
-        .map(|(p, c)| format!("{} {c:.0}", p.name()))
+        .map(|r| format!("{} {:.0}", r.path.name(), r.carried_mbps()))
         .collect::<Vec<_>>()
         .join(", ");
-    Some(PaceDown {
-        mbps,
-        note: format!(
-            "{offered} Mbit/s offered first: carried {first} Mbit/s; run again at {mbps} \
-             Mbit/s, which all sustain"
-        ),
-    })
+    Some((lowest, each))
+}
+
+/// The rate the first round of paced `point` offers: the line rate, or
+/// below what the slowest path carried unpaced at the same count of
+/// streams on the same wire (offload off, earlier among `runs`) when that
+/// was under 95 % of the line rate: a paced run carries no more than an
+/// unpaced one, so a round at the line rate would only be run again (the
+/// shared cores cannot generate it). The note says so.
+pub fn paced_start(point: Point, line_rate: u32, runs: &[RunResult]) -> (u32, Option<String>) {
+    let unpaced = Point::new(Workload::Tcp, point.conns, Offload::Off);
+    match carried_by(runs, |r| r.point == unpaced) {
+        Some((lowest, each)) if lowest < SUSTAINED_SHARE * f64::from(line_rate) => {
+            let mbps = below(lowest);
+            (
+                mbps,
+                Some(format!(
+                    "unpaced, -P {} carried {each} Mbit/s, less than {line_rate}: started at \
+                     {mbps} Mbit/s",
+                    point.conns
+                )),
+            )
+        }
+        _ => (line_rate, None),
+    }
+}
+
+/// What follows a round of a paced point.
+#[derive(Debug, PartialEq)]
+pub enum NextRound {
+    /// Every path carried at least 95 % of the offered rate (or fewer than
+    /// two paths ran): the round stands.
+    Stands,
+    /// Every path runs again at `mbps`, replacing the round, which carried
+    /// `carried` (each path's, Mbit/s).
+    Rerun { mbps: u32, carried: String },
+    /// A path carried less than 95 %, and no rerun is left (`why`): the
+    /// round stands at unequal loads.
+    Unequal { carried: String, why: String },
+}
+
+/// After round `round` (1: the first) of paced `point` at `offered` Mbit/s
+/// among `runs`: "CPU at line rate" compares the paths at equal loads, so
+/// where a path carried less than 95 % of the offered rate, every path runs
+/// again at 90 % of the lowest carried rate (whole 50 Mbit/s, at least 50),
+/// for at most [`PACED_ROUNDS`] rounds in all.
+pub fn next_round(point: Point, offered: u32, round: u32, runs: &[RunResult]) -> NextRound {
+    let Some((lowest, carried)) =
+        carried_by(runs, |r| r.point == point && r.offered_mbps == offered)
+    else {
+        return NextRound::Stands;
+    };
+    if lowest >= SUSTAINED_SHARE * f64::from(offered) {
+        return NextRound::Stands;
+    }
+    let mbps = below(lowest);
+    if round >= PACED_ROUNDS {
+        NextRound::Unequal {
+            carried,
+            why: format!("{PACED_ROUNDS} rounds run"),
+        }
+    } else if mbps >= offered {
+        NextRound::Unequal {
+            carried,
+            why: format!("no lower rate than {PACED_STEP_MBPS} Mbit/s"),
+        }
+    } else {
+        NextRound::Rerun { mbps, carried }
+    }
+}
+
+/// The planned seconds the paced points' reruns may still take (see
+/// [`crate::plan::paced_rerun_budget_s`]).
+#[derive(Debug)]
+pub struct RerunBudget {
+    pub left_s: f64,
+}
+
+/// What [`paced_rounds`] needs of a wire's runner (the plain veths' bench,
+/// the cables).
+pub trait PacedRunner {
+    fn runs_mut(&mut self) -> &mut Vec<RunResult>;
+    /// Runs `point` at `mbps` Mbit/s on each path of `order` in turn,
+    /// pushing the results; false: the bench was stopped. `rerun`: not the
+    /// point's first round.
+    fn round(
+        &mut self,
+        point: Point,
+        order: &[DataPath],
+        mbps: u32,
+        rerun: bool,
+    ) -> Result<bool, String>;
+}
+
+/// Paced `point` on the paths of `order`: first at [`paced_start`], then
+/// again as [`next_round`] says, in the reverse order each time, while a
+/// round's planned `round_s` fits `budget`. Only the last round's runs
+/// stay; they note the rounds before, and why they are at unequal loads
+/// where they are.
+pub fn paced_rounds(
+    w: &mut impl PacedRunner,
+    point: Point,
+    order: &[DataPath],
+    line_rate: u32,
+    round_s: f64,
+    budget: &mut RerunBudget,
+) -> Result<(), String> {
+    let (mut mbps, start) = paced_start(point, line_rate, w.runs_mut());
+    let mut history: Vec<String> = start.into_iter().collect();
+    let mut order = order.to_vec();
+    for round in 1..=PACED_ROUNDS {
+        if !w.round(point, &order, mbps, round > 1)? {
+            break;
+        }
+        let (said, again) = match next_round(point, mbps, round, w.runs_mut()) {
+            NextRound::Stands => break,
+            NextRound::Rerun {
+                mbps: again,
+                carried,
+            } if round_s <= budget.left_s => {
+                budget.left_s -= round_s;
+                (
+                    format!(
+                        "{mbps} Mbit/s offered: carried {carried} Mbit/s; run again at {again}"
+                    ),
+                    Some(again),
+                )
+            }
+            NextRound::Rerun { carried, .. } => (
+                format!(
+                    "{mbps} Mbit/s offered: carried {carried} Mbit/s; no time left for a rerun \
+                     in the run's budget: unequal loads"
+                ),
+                None,
+            ),
+            NextRound::Unequal { carried, why } => (
+                format!("{mbps} Mbit/s offered: carried {carried} Mbit/s; {why}: unequal loads"),
+                None,
+            ),
+        };
+        history.push(said);
+        let Some(again) = again else {
+            break;
+        };
+        w.runs_mut().retain(|r| r.point != point);
+        mbps = again;
+        order.reverse();
+    }
+    if !history.is_empty() {
+        let note = history.join("; ");
+        eprintln!("      {point}: {note}");
+        for r in w.runs_mut().iter_mut().filter(|r| r.point == point) {
+            r.notes.push(note.clone());
+        }
+    }
+    Ok(())
 }
 
 /// Raises the fd limit for the largest run; returns it.
@@ -404,6 +558,9 @@ struct Bench<'a> {
     failures: Vec<String>,
     /// Active offload features per setting and path.
     offload_states: serde_json::Map<String, serde_json::Value>,
+    /// What the paced points' reruns may still take: the plain veths' share
+    /// during the points, then the rest for the cables.
+    paced_budget: RerunBudget,
 }
 
 /// Progress through the runs, for the time-left estimate.
@@ -425,6 +582,36 @@ impl Progress {
             1.0
         };
         (self.est_total - self.done_est) * scale
+    }
+}
+
+/// The plain veths' paced rounds: the bench's runs at the rate of each
+/// round, counted in its progress.
+struct VethRounds<'a, 'b> {
+    bench: &'a mut Bench<'b>,
+    progress: &'a mut Progress,
+}
+
+impl PacedRunner for VethRounds<'_, '_> {
+    fn runs_mut(&mut self) -> &mut Vec<RunResult> {
+        &mut self.bench.runs
+    }
+
+    fn round(
+        &mut self,
+        point: Point,
+        order: &[DataPath],
+        mbps: u32,
+        rerun: bool,
+    ) -> Result<bool, String> {
+        if rerun {
+            self.progress.total += order.len();
+        }
+        let line_rate = self.bench.settings.line_rate_mbps;
+        self.bench.settings.line_rate_mbps = mbps;
+        let res = self.bench.run_paths(point, order, self.progress);
+        self.bench.settings.line_rate_mbps = line_rate;
+        res
     }
 }
 
@@ -457,51 +644,56 @@ impl Bench<'_> {
             let mut order = paths_of(o, *point);
             let n = order.len();
             order.rotate_left(i % n);
-            for path in order {
-                if self.stopped() {
-                    self.failures.push(format!(
-                        "interrupted after {} of {} runs",
-                        progress.done, progress.total
-                    ));
-                    return Ok(());
-                }
-                self.run_point(*point, path, &mut progress)?;
-            }
-            if point.workload == Workload::TcpPaced {
-                self.pace_down(*point, &mut progress)?;
+            let completed = if point.workload == Workload::TcpPaced {
+                let round_s = plan::paced_round_secs(o.secs, *point, order.len());
+                let mut budget =
+                    std::mem::replace(&mut self.paced_budget, RerunBudget { left_s: 0.0 });
+                let mut veth = VethRounds {
+                    bench: self,
+                    progress: &mut progress,
+                };
+                let res = paced_rounds(
+                    &mut veth,
+                    *point,
+                    &order,
+                    o.line_rate_mbps,
+                    round_s,
+                    &mut budget,
+                );
+                self.paced_budget = budget;
+                res?;
+                // A stop during the rounds is recorded (and ends the loop)
+                // at the next point, as after any other.
+                true
+            } else {
+                self.run_paths(*point, &order, &mut progress)?
+            };
+            if !completed {
+                return Ok(());
             }
         }
         Ok(())
     }
 
-    /// "CPU at line rate" compares the paths at equal load: see
-    /// [`pace_down`]; the rerun replaces the first set.
-    fn pace_down(&mut self, point: Point, progress: &mut Progress) -> Result<(), String> {
-        let offered = self.settings.line_rate_mbps;
-        let Some(rerun) = pace_down(point, offered, &self.runs) else {
-            return Ok(());
-        };
-        eprintln!("      {}", rerun.note);
-        self.runs.retain(|r| r.point != point);
-        self.settings.line_rate_mbps = rerun.mbps;
-        let mut paths = paths_of(self.o, point);
-        paths.reverse();
-        progress.total += paths.len();
-        let mut res = Ok(());
-        for path in paths {
+    /// `point` on each path of `order` in turn; false: stopped (recorded
+    /// as a failure).
+    fn run_paths(
+        &mut self,
+        point: Point,
+        order: &[DataPath],
+        progress: &mut Progress,
+    ) -> Result<bool, String> {
+        for &path in order {
             if self.stopped() {
-                break;
+                self.failures.push(format!(
+                    "interrupted after {} of {} runs",
+                    progress.done, progress.total
+                ));
+                return Ok(false);
             }
-            res = self.run_point(point, path, progress);
-            if res.is_err() {
-                break;
-            }
-            if let Some(r) = self.runs.last_mut().filter(|r| r.point == point) {
-                r.notes.push(rerun.note.clone());
-            }
+            self.run_point(point, path, progress)?;
         }
-        self.settings.line_rate_mbps = offered;
-        res
+        Ok(true)
     }
 
     /// One point on one path; a failure is recorded, except one that
@@ -656,7 +848,7 @@ impl Bench<'_> {
             (&o.cc, &points, o.offload_path),
             conn_rate.as_ref(),
             &mut self.port,
-            self.stop,
+            (self.stop, &mut self.paced_budget),
             &mut self.failures,
         )
         .unwrap_or_else(|e| {
@@ -762,6 +954,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         router: Router::new(&t),
         settings: Settings {
             tcp_sink: o.tcp_sink,
+            pacing: o.pacing,
             secs: o.secs,
             slack: o.slack,
             ping_interval: o.ping_interval,
@@ -776,6 +969,11 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         runs: Vec::new(),
         failures: Vec::new(),
         offload_states: serde_json::Map::new(),
+        // Half for the plain veths, the rest (with what they left) for the
+        // cables, where the goal is judged.
+        paced_budget: RerunBudget {
+            left_s: plan::paced_rerun_budget_s(o) / 2.0,
+        },
     };
     // Each phase's wall time, for the run-time budgets (`--plan` estimates
     // them beforehand).
@@ -790,6 +988,7 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
         )
     });
     timed(&mut phases, "points", || b.run_points(&points))?;
+    b.paced_budget.left_s += plan::paced_rerun_budget_s(o) / 2.0;
     let conn_rate = timed(&mut phases, "conn-rate", || b.conn_rate());
     let big_table = timed(&mut phases, "flows", || b.big_table());
     let frag_rows = timed(&mut phases, "frags", || b.frags());
@@ -864,24 +1063,202 @@ mod unit {
             paced(DataPath::Kernel, 2490.0),
             paced(DataPath::Xdp, 2000.0),
         ];
-        let again = pace_down(point, 2500, &runs).unwrap();
         // 90 % of 2000, rounded down to 50 Mbit/s.
-        assert_eq!(again.mbps, 1800);
-        assert!(
-            again
-                .note
-                .contains("carried kernel 2490, xdp 2000 Mbit/s; run again at 1800"),
-            "{}",
-            again.note
+        assert_eq!(
+            next_round(point, 2500, 1, &runs),
+            NextRound::Rerun {
+                mbps: 1800,
+                carried: "kernel 2490, xdp 2000".into()
+            }
         );
-        // Every path within 95 % of the offered rate, or one path alone: no rerun.
+        // Every path within 95 % of the offered rate, or one path alone: it stands.
         let sustained = [
             paced(DataPath::Kernel, 2400.0),
             paced(DataPath::Xdp, 2380.0),
         ];
-        assert_eq!(pace_down(point, 2500, &sustained), None);
-        assert_eq!(pace_down(point, 2500, &runs[1..]), None);
-        // Runs at another offered rate (a rerun's) do not count.
-        assert_eq!(pace_down(point, 1800, &runs), None);
+        assert_eq!(next_round(point, 2500, 1, &sustained), NextRound::Stands);
+        assert_eq!(next_round(point, 2500, 1, &runs[1..]), NextRound::Stands);
+        // Runs at another offered rate (an earlier round's) do not count.
+        assert_eq!(next_round(point, 1800, 2, &runs), NextRound::Stands);
+        // The last round stands at unequal loads.
+        assert!(matches!(
+            next_round(point, 2500, PACED_ROUNDS, &runs),
+            NextRound::Unequal { why, .. } if why == "3 rounds run"
+        ));
+        // Never below 50 Mbit/s: a round there that a path did not sustain
+        // stands; one above it reruns at 50.
+        let mut slow = [paced(DataPath::Kernel, 10.0), paced(DataPath::Xdp, 20.0)];
+        assert!(matches!(
+            next_round(point, 2500, 1, &slow),
+            NextRound::Rerun { mbps: 50, .. }
+        ));
+        for r in &mut slow {
+            r.offered_mbps = 50;
+        }
+        assert!(matches!(
+            next_round(point, 50, 2, &slow),
+            NextRound::Unequal { why, .. } if why == "no lower rate than 50 Mbit/s"
+        ));
+    }
+
+    /// A wire whose paths carry `carry(path, offered)` Mbit/s.
+    struct Fake {
+        runs: Vec<RunResult>,
+        carry: fn(DataPath, u32) -> f64,
+        /// Each round's rate and order.
+        rounds: Vec<(u32, Vec<DataPath>)>,
+    }
+
+    impl PacedRunner for Fake {
+        fn runs_mut(&mut self) -> &mut Vec<RunResult> {
+            &mut self.runs
+        }
+
+        fn round(
+            &mut self,
+            point: Point,
+            order: &[DataPath],
+            mbps: u32,
+            rerun: bool,
+        ) -> Result<bool, String> {
+            assert_eq!(rerun, !self.rounds.is_empty());
+            self.rounds.push((mbps, order.to_vec()));
+            for &path in order {
+                let mut r = RunResult::blank(path, point);
+                r.gbps = (self.carry)(path, mbps) / 1000.0;
+                r.offered_mbps = mbps;
+                self.runs.push(r);
+            }
+            Ok(true)
+        }
+    }
+
+    const PATHS: [DataPath; 3] = [DataPath::Kernel, DataPath::Xdp, DataPath::Offload];
+
+    /// `paced_rounds` of -P 1000 at 2500 Mbit/s on `fake` with `budget_s`
+    /// (rounds of 10 s): each round's rate, the notes of the runs left.
+    fn rounds_of(fake: &mut Fake, budget_s: f64) -> (Vec<u32>, Vec<String>) {
+        let point = Point::new(Workload::TcpPaced, 1000, Offload::Off);
+        let mut budget = RerunBudget { left_s: budget_s };
+        paced_rounds(fake, point, &PATHS, 2500, 10.0, &mut budget).unwrap();
+        let kept: Vec<&RunResult> = fake.runs.iter().filter(|r| r.point == point).collect();
+        assert_eq!(kept.len(), 3, "only the last round stays");
+        let last = fake.rounds.last().unwrap().0;
+        assert!(
+            kept.iter()
+                .all(|r| r.offered_mbps == last && r.notes == kept[0].notes)
+        );
+        (
+            fake.rounds.iter().map(|r| r.0).collect(),
+            kept[0].notes.clone(),
+        )
+    }
+
+    #[test]
+    fn paced_rounds_converge_to_a_rate_every_path_sustains() {
+        // The kernel path tops out at 1000 Mbit/s, the others at 1500.
+        let mut fake = Fake {
+            runs: Vec::new(),
+            carry: |path, offered| {
+                let top = if path == DataPath::Kernel {
+                    1000.0
+                } else {
+                    1500.0
+                };
+                f64::from(offered).min(top)
+            },
+            rounds: Vec::new(),
+        };
+        let (rates, notes) = rounds_of(&mut fake, 100.0);
+        assert_eq!(rates, [2500, 900]);
+        // The rerun goes the other way round.
+        let order: Vec<&[DataPath]> = fake.rounds.iter().map(|r| &r.1[..]).collect();
+        assert_eq!(
+            order,
+            [
+                &PATHS[..],
+                &[DataPath::Offload, DataPath::Xdp, DataPath::Kernel]
+            ]
+        );
+        assert_eq!(
+            notes,
+            [
+                "2500 Mbit/s offered: carried kernel 1000, xdp 1500, offload 1500 Mbit/s; run \
+              again at 900"
+            ]
+        );
+        assert!(fake.runs.iter().all(RunResult::sustained));
+    }
+
+    #[test]
+    fn paced_rounds_stop_at_the_bound_the_floor_and_the_budget() {
+        // Every path carries half of any rate: never sustained.
+        let half = |_: DataPath, offered: u32| f64::from(offered) / 2.0;
+        let fake = || Fake {
+            runs: Vec::new(),
+            carry: half,
+            rounds: Vec::new(),
+        };
+        let mut bounded = fake();
+        let (rates, notes) = rounds_of(&mut bounded, 100.0);
+        assert_eq!(rates, [2500, 1100, 450]);
+        assert!(
+            notes[0].ends_with(
+                "450 Mbit/s offered: carried kernel 225, xdp 225, offload 225 \
+                 Mbit/s; 3 rounds run: unequal loads"
+            ),
+            "{notes:?}"
+        );
+        // The budget pays for one rerun of 10 s only.
+        let mut short = fake();
+        let (rates, notes) = rounds_of(&mut short, 15.0);
+        assert_eq!(rates, [2500, 1100]);
+        assert!(notes[0].ends_with("no time left for a rerun in the run's budget: unequal loads"));
+        // A path that carries almost nothing: down to 50 Mbit/s, no lower.
+        let mut crawl = Fake {
+            runs: Vec::new(),
+            carry: |_, offered| f64::from(offered).min(5.0),
+            rounds: Vec::new(),
+        };
+        let (rates, notes) = rounds_of(&mut crawl, 100.0);
+        assert_eq!(rates, [2500, 50]);
+        assert!(notes[0].ends_with("no lower rate than 50 Mbit/s: unequal loads"));
+    }
+
+    #[test]
+    fn a_paced_point_starts_below_what_its_unpaced_run_carried() {
+        let unpaced = |path, mbps: f64| {
+            let mut r = RunResult::blank(path, Point::new(Workload::Tcp, 1000, Offload::Off));
+            r.gbps = mbps / 1000.0;
+            r
+        };
+        let mut fake = Fake {
+            runs: vec![
+                unpaced(DataPath::Kernel, 1200.0),
+                unpaced(DataPath::Xdp, 1700.0),
+            ],
+            carry: |_, offered| f64::from(offered),
+            rounds: Vec::new(),
+        };
+        let (rates, notes) = rounds_of(&mut fake, 100.0);
+        assert_eq!(rates, [1050]);
+        assert_eq!(
+            notes,
+            [
+                "unpaced, -P 1000 carried kernel 1200, xdp 1700 Mbit/s, less than 2500: started \
+              at 1050 Mbit/s"
+            ]
+        );
+        // The unpaced runs stay; an unpaced run near the line rate (or at
+        // another count of streams) leaves the start at the line rate.
+        assert_eq!(fake.runs.len(), 5);
+        let point = Point::new(Workload::TcpPaced, 1000, Offload::Off);
+        let fast = [
+            unpaced(DataPath::Kernel, 2400.0),
+            unpaced(DataPath::Xdp, 3000.0),
+        ];
+        assert_eq!(paced_start(point, 2500, &fast), (2500, None));
+        let other = Point::new(Workload::TcpPaced, 100, Offload::Off);
+        assert_eq!(paced_start(other, 2500, &fake.runs[..2]), (2500, None));
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::cli::Opts;
 use crate::measure::sys;
-use crate::model::RunResult;
+use crate::model::{DataPath, RunResult};
 use crate::run::mmss;
 use crate::workloads::{bigtable, connrate, frags, ipv6, micro, scaling};
 
@@ -193,6 +193,7 @@ fn results_json(
             "offload_features": env.offloads,
             "tcp_congestion_control": env.cc,
             "tcp_sink": o.tcp_sink.name(),
+            "pacing": o.pacing.name(),
             "skipped": env.skipped,
         },
         "runs": json::runs_json(runs),
@@ -227,7 +228,7 @@ pub fn write_artifacts(
         runs,
         &extra.cable,
         cores,
-        o.line_rate_mbps,
+        (o.line_rate_mbps, o.pacing),
     ));
     md.push_str(&review::platform_section(&extra.platform));
     md.push_str(&header(o, runs, env, &machine));
@@ -242,7 +243,12 @@ pub fn write_artifacts(
     md.push_str(&sections::big_table_section(&extra.big_table));
     md.push_str(&ipv6::section(&extra.ipv6));
     let mut goals = goals::evaluate(runs, micro, reference);
-    goals.push(review::line_rate_goal(runs, &extra.cable));
+    goals.push(review::line_rate_goal(runs, &extra.cable, DataPath::Xdp));
+    goals.push(review::line_rate_goal(
+        runs,
+        &extra.cable,
+        DataPath::Offload,
+    ));
     goals.push(goals::conn_setup_goal(&extra.conn_rate));
     goals.push(sections::scaling_goal(&extra.scaling));
     goals.push(sections::cable_goal(&extra.cable));

@@ -28,8 +28,9 @@ use tests::bench_topology::CabledTopology;
 use tests::rawbpf::Attached;
 
 use crate::model::{DataPath, Offload, Point, RunResult, Settings, Wire, Workload};
+use crate::plan;
 use crate::router::{Router, congestion_control};
-use crate::run::{pace_down, with_fast_path_share};
+use crate::run::{PacedRunner, RerunBudget, paced_rounds, with_fast_path_share};
 use crate::workloads::connrate;
 use crate::workloads::iperf::{self, next_port};
 
@@ -122,38 +123,38 @@ impl Cables<'_> {
         drop(napi);
         res
     }
+}
 
-    /// A paced point again at a rate every path sustains, when one did not
-    /// carry the offered rate (as on the plain veths).
-    fn pace_down(&mut self, point: Point, paths: &[DataPath]) {
-        let offered = self.s.line_rate_mbps;
-        let Some(rerun) = pace_down(point, offered, &self.runs) else {
-            return;
-        };
-        eprintln!("[cable] {point}: {}", rerun.note);
-        self.runs.retain(|r| r.point != point);
-        self.s.line_rate_mbps = rerun.mbps;
-        for &path in paths.iter().rev() {
-            if !self.run_point(point, path) {
-                break;
-            }
-            if let Some(r) = self.runs.last_mut().filter(|r| r.point == point) {
-                r.notes.push(rerun.note.clone());
-            }
-        }
-        self.s.line_rate_mbps = offered;
+impl PacedRunner for Cables<'_> {
+    fn runs_mut(&mut self) -> &mut Vec<RunResult> {
+        &mut self.runs
+    }
+
+    fn round(
+        &mut self,
+        point: Point,
+        order: &[DataPath],
+        mbps: u32,
+        _rerun: bool,
+    ) -> Result<bool, String> {
+        let line_rate = self.s.line_rate_mbps;
+        self.s.line_rate_mbps = mbps;
+        let all = order.iter().all(|&path| self.run_point(point, path));
+        self.s.line_rate_mbps = line_rate;
+        Ok(all)
     }
 }
 
-/// Every point on its paths ([`paths_of`]), rotating which goes first,
-/// then the connection setup rate's rounds of `conn_rate` if given.
-/// Failed runs are recorded in `failures`.
+/// Every point on its paths ([`paths_of`]), rotating which goes first
+/// (the paced ones in rounds, within `paced_budget`: see
+/// [`paced_rounds`]), then the connection setup rate's rounds of
+/// `conn_rate` if given. Failed runs are recorded in `failures`.
 pub fn run(
     s: &Settings,
     (cc, points, offload_path): (&str, &[Point], bool),
     conn_rate: Option<&connrate::Rounds>,
     port: &mut u16,
-    stop: &AtomicBool,
+    (stop, paced_budget): (&AtomicBool, &mut RerunBudget),
     failures: &mut Vec<String>,
 ) -> Result<(Vec<RunResult>, Vec<connrate::Row>), String> {
     let t = CabledTopology::new()?;
@@ -176,13 +177,27 @@ pub fn run(
         let mut order = paths_of(point, offload_path);
         let n = order.len();
         order.rotate_left(i % n);
-        for &path in &order {
-            if !cables.run_point(point, path) {
-                break 'points;
+        if point.workload == Workload::TcpPaced {
+            let round_s = plan::paced_round_secs(s.secs, point, order.len());
+            if let Err(e) = paced_rounds(
+                &mut cables,
+                point,
+                &order,
+                s.line_rate_mbps,
+                round_s,
+                paced_budget,
+            ) {
+                cables.failures.push(format!("cable, {point}: {e}"));
+            }
+        } else {
+            for &path in &order {
+                if !cables.run_point(point, path) {
+                    break 'points;
+                }
             }
         }
-        if point.workload == Workload::TcpPaced {
-            cables.pace_down(point, &order);
+        if stop.load(Ordering::SeqCst) {
+            break;
         }
     }
     let conn_rows = match conn_rate {

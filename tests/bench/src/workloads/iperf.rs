@@ -126,12 +126,17 @@ fn client_args(p: &Plan<'_>) -> Result<Vec<String>, String> {
     if let (Some(cc), false) = (&p.s.cc_per_socket, p.udp()) {
         args.extend(["-Z".to_owned(), cc.clone()]);
     }
-    // Per stream: iperf2's `-b` paces each stream, the total is the line rate.
+    // Per stream: each stream paced at its share, the total is the line rate.
     let (paced_kbps, paced_len) = paced_stream(p.s.line_rate_mbps, p.point.conns);
     let (paced, paced_len) = (format!("{paced_kbps}k"), paced_len.to_string());
+    let paced_args: &[&str] = if p.s.pacing.by_kernel(p.point.conns) {
+        &["--fq-rate", &paced]
+    } else {
+        &["-b", &paced, "-l", &paced_len]
+    };
     let extra: &[&str] = match p.point.workload {
         Workload::Tcp => &[],
-        Workload::TcpPaced => &["-b", &paced, "-l", &paced_len],
+        Workload::TcpPaced => paced_args,
         Workload::TcpSmall if p.point.nodelay => &["-l", "128", "-N"],
         Workload::TcpSmall => &["-l", "128"],
         // `-b 0` fails in iperf 2.1.8; a rate no veth reaches is unlimited.
@@ -552,7 +557,43 @@ pub fn client_limit(secs: u32, slack: u32, conns: u32) -> u32 {
 
 #[cfg(test)]
 mod checks {
-    use super::paced_stream;
+    use std::path::PathBuf;
+
+    use super::{Plan, client_args, paced_stream};
+    use crate::model::{DataPath, Offload, Pacing, Point, Settings, TcpSink, Workload};
+
+    #[test]
+    fn paced_streams_are_paced_by_the_kernel_or_by_iperf2() {
+        let mut s = Settings {
+            tcp_sink: TcpSink::Discard,
+            pacing: Pacing::Fq,
+            secs: 2,
+            slack: 10,
+            ping_interval: 0.02,
+            tmp: PathBuf::from("/nonexistent"),
+            nofile: 4096,
+            cc_per_socket: None,
+            line_rate_mbps: 2500,
+        };
+        let point = Point::new(Workload::TcpPaced, 1000, Offload::Off);
+        let args = |s: &Settings| {
+            client_args(&Plan::new(s, DataPath::Kernel, point, 5001))
+                .unwrap()
+                .join(" ")
+        };
+        // 2.5 Gbit/s over 1000 streams.
+        assert!(
+            args(&s).ends_with(" -P 1000 -y C --fq-rate 2500k"),
+            "{}",
+            args(&s)
+        );
+        s.pacing = Pacing::Iperf;
+        assert!(
+            args(&s).ends_with(" -P 1000 -y C -b 2500k -l 38912"),
+            "{}",
+            args(&s)
+        );
+    }
 
     #[test]
     fn paced_streams_write_what_iperf2_accepts() {
