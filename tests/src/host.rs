@@ -154,8 +154,8 @@ pub fn conntrack_listeners_in(table: &str) -> Vec<u64> {
 ///
 /// The kernel keeps whether anyone listens machine-wide, not per network
 /// namespace (`nf_ctnetlink_has_listener`, "can't be pernet due to
-/// NETLINK_LISTEN_ALL_NSID", include/linux/netfilter.h; and netlink's
-/// per-protocol listener bitmap): while one socket anywhere listens, the
+/// `NETLINK_LISTEN_ALL_NSID`", include/linux/netfilter.h; and netlink's
+/// per-protocol listener bitmap, which `ctnetlink_conntrack_event` asks): while one socket anywhere listens, the
 /// conntrack of every namespace builds an event message for each state
 /// change, also where nobody receives it. A benchmark of the kernel's
 /// forwarding pays for every listener on the machine (the offload daemon
@@ -167,7 +167,12 @@ pub fn conntrack_event_listeners() -> std::collections::BTreeSet<u64> {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
         .map(|e| e.path().join("net/netlink"));
     for path in numbered {
         // A process may end while this reads: skipped.
@@ -178,7 +183,10 @@ pub fn conntrack_event_listeners() -> std::collections::BTreeSet<u64> {
     // Namespaces no process lives in: read from a thread inside each (a
     // daemon started with `router-ctl -n` keeps its sockets there while it
     // runs in its caller's namespace).
-    let named = std::fs::read_dir("/run/netns").into_iter().flatten().flatten();
+    let named = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten();
     for entry in named {
         let table = std::thread::scope(|s| {
             s.spawn(|| {
@@ -265,7 +273,7 @@ mod unit {
 
     /// The table's netfilter sockets with an event group; not those of
     /// another protocol, nor a request socket (groups 0), nor a netfilter
-    /// socket of other groups only (NFNLGRP_CONNTRACK_EXP_NEW, bit 4).
+    /// socket of other groups only (`NFNLGRP_CONNTRACK_EXP_NEW`, bit 4).
     #[test]
     fn finds_conntrack_event_listeners_in_a_netlink_table() {
         let t = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n\
