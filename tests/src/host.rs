@@ -124,9 +124,89 @@ pub fn parse_snmp(text: &str, counter: &str) -> Option<u64> {
     None
 }
 
+/// `NETLINK_NETFILTER` in `/proc/net/netlink`'s protocol column.
+const NETLINK_NETFILTER: u32 = 12;
+/// The conntrack event groups (`NFNLGRP_CONNTRACK_NEW`, `_UPDATE`,
+/// `_DESTROY`) as the bits of `/proc/net/netlink`'s groups column.
+const CONNTRACK_EVENT_GROUPS: u32 = 0b111;
+
+/// The inodes of the sockets in a `/proc/net/netlink` table that listen to
+/// conntrack events.
+#[must_use]
+pub fn conntrack_listeners_in(table: &str) -> Vec<u64> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let protocol: u32 = f.get(1)?.parse().ok()?;
+            let groups = u32::from_str_radix(f.get(3)?, 16).ok()?;
+            (protocol == NETLINK_NETFILTER && groups & CONNTRACK_EVENT_GROUPS != 0)
+                .then(|| f.get(9)?.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// The conntrack event listeners on the whole machine (socket inodes), in
+/// every network namespace a process lives in or `/run/netns` names.
+///
+/// The kernel keeps whether anyone listens machine-wide, not per network
+/// namespace (`nf_ctnetlink_has_listener`, "can't be pernet due to
+/// `NETLINK_LISTEN_ALL_NSID`", include/linux/netfilter.h; and netlink's
+/// per-protocol listener bitmap, which `ctnetlink_conntrack_event` asks): while one socket anywhere listens, the
+/// conntrack of every namespace builds an event message for each state
+/// change, also where nobody receives it. A benchmark of the kernel's
+/// forwarding pays for every listener on the machine (the offload daemon
+/// of another topology, conntrackd, another suite's tests).
+#[must_use]
+pub fn conntrack_event_listeners() -> std::collections::BTreeSet<u64> {
+    let mut found = std::collections::BTreeSet::new();
+    let numbered = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .map(|e| e.path().join("net/netlink"));
+    for path in numbered {
+        // A process may end while this reads: skipped.
+        if let Ok(table) = std::fs::read_to_string(path) {
+            found.extend(conntrack_listeners_in(&table));
+        }
+    }
+    // Namespaces no process lives in: read from a thread inside each (a
+    // daemon started with `router-ctl -n` keeps its sockets there while it
+    // runs in its caller's namespace).
+    let named = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten();
+    for entry in named {
+        let table = std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::netns::try_enter(&entry.path()).ok()?;
+                std::fs::read_to_string("/proc/thread-self/net/netlink").ok()
+            })
+            .join()
+            .ok()
+            .flatten()
+        });
+        if let Some(table) = table {
+            found.extend(conntrack_listeners_in(&table));
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod unit {
-    use super::{parse_snmp, release_at_least};
+    use super::{conntrack_listeners_in, parse_snmp, release_at_least};
 
     #[test]
     fn kernel_releases() {
@@ -146,5 +226,63 @@ mod unit {
         assert_eq!(parse_snmp(t, "TcpMaxConn"), Some(0));
         assert_eq!(parse_snmp(t, "TcpExtSyncookiesSent"), Some(7));
         assert_eq!(parse_snmp(t, "IpNope"), None);
+    }
+
+    /// A socket of this process subscribed to conntrack's NEW events is
+    /// found while it is open, and gone once closed (as root: the groups
+    /// need `CAP_NET_ADMIN`).
+    #[test]
+    fn finds_a_listener_of_this_process() {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        if !super::is_root() {
+            eprintln!("skipped: subscribing to conntrack events needs root");
+            return;
+        }
+        // SAFETY: plain socket(2); the fd is owned below.
+        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_NETFILTER) };
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh fd of our own.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: zeroed sockaddr_nl is valid; family and groups set below.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as u16;
+        addr.nl_groups = 1; // NFNLGRP_CONNTRACK_NEW
+        // SAFETY: addr is a valid sockaddr_nl of the given size.
+        let rc = unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&raw const addr).cast(),
+                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+        // SAFETY: fstat into a zeroed stat of our own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(sock.as_raw_fd(), &raw mut st) }, 0);
+        let inode = st.st_ino;
+        assert!(
+            super::conntrack_event_listeners().contains(&inode),
+            "our listening socket (inode {inode}) found"
+        );
+        drop(sock);
+        assert!(
+            !super::conntrack_event_listeners().contains(&inode),
+            "a closed socket is no listener"
+        );
+    }
+
+    /// The table's netfilter sockets with an event group; not those of
+    /// another protocol, nor a request socket (groups 0), nor a netfilter
+    /// socket of other groups only (`NFNLGRP_CONNTRACK_EXP_NEW`, bit 4).
+    #[test]
+    fn finds_conntrack_event_listeners_in_a_netlink_table() {
+        let t = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n\
+                 00000000a1 0   1234       00000000 0        0        0     2        0        100\n\
+                 00000000a2 12  2000       00000007 0        0        0     2        0        201\n\
+                 00000000a3 12  2001       00000000 0        0        0     2        0        202\n\
+                 00000000a4 12  2002       00000008 0        0        0     2        0        203\n\
+                 00000000a5 12  2003       00000004 0        0        0     2        0        204\n\
+                 00000000a6 0   2004       00000007 0        0        0     2        0        205\n";
+        assert_eq!(conntrack_listeners_in(t), [201, 204]);
     }
 }

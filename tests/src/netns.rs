@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::path::Path;
 
 /// Moves the *calling thread* into the network namespace `/run/netns/NAME`.
 ///
@@ -14,12 +15,23 @@ use std::os::fd::AsRawFd;
 /// If the namespace file cannot be opened or `setns` fails.
 pub fn enter(name: &str) {
     let path = format!("/run/netns/{name}");
-    let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    if let Err(e) = try_enter(Path::new(&path)) {
+        panic!("entering {path} (setns CLONE_NEWNET): {e}");
+    }
+}
+
+/// Moves the *calling thread* into the network namespace of the file
+/// `path` (`/run/netns/NAME`, `/proc/PID/ns/net`), as [`enter`].
+///
+/// # Errors
+/// If the file cannot be opened or `setns` fails.
+pub fn try_enter(path: &Path) -> std::io::Result<()> {
+    let file = File::open(path)?;
     // SAFETY: `file` is an open namespace fd for the duration of the call.
     let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert!(
-        rc == 0,
-        "setns({path}, CLONE_NEWNET) failed: {}",
-        std::io::Error::last_os_error()
-    );
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }

@@ -55,6 +55,12 @@ pub struct Row {
     /// TCP segments the client and the server retransmitted (a lost
     /// handshake or reply costs a retransmission timeout, 200 ms or more).
     pub retransmits: u64,
+    /// Sockets on the machine listening to conntrack events during the run
+    /// (the most seen at its start and end; an offload run's daemon is
+    /// one): the kernel tracks listeners machine-wide, so with any, every
+    /// connection of the kernel and offload paths builds its event messages
+    /// (see `tests::host::conntrack_event_listeners`).
+    pub event_listeners: usize,
     /// Offload path: who forwarded the packets, how many flows the daemon
     /// offloaded (set by the caller, None on the other paths).
     pub fast_path: Option<FastPathShare>,
@@ -79,6 +85,7 @@ impl Row {
             cpu_pct: 100.0,
             softirq_us_per_conn: 1.0,
             retransmits: 0,
+            event_listeners: 0,
             fast_path: None,
             daemon_us_per_conn: None,
         }
@@ -224,6 +231,13 @@ fn show(r: &Row) -> String {
         r.cpu_pct,
         r.softirq_us_per_conn,
     );
+    if r.event_listeners > 0 {
+        let _ = write!(
+            s,
+            ", {} conntrack event listener(s) on the machine",
+            r.event_listeners
+        );
+    }
     if let Some(fp) = r.fast_path {
         let _ = write!(
             s,
@@ -311,6 +325,7 @@ pub fn run(
     let retransmits =
         || t.nstat(Ns::Client, "TcpRetransSegs") + t.nstat(Ns::Server, "TcpRetransSegs");
     let retrans0 = retransmits();
+    let listeners0 = tests::host::conntrack_event_listeners().len();
     let ticks0 = CpuTicks::now();
     let start = Instant::now();
     std::thread::scope(|scope| {
@@ -357,6 +372,7 @@ pub fn run(
             f64::NAN
         },
         retransmits: retransmits().saturating_sub(retrans0),
+        event_listeners: listeners0.max(tests::host::conntrack_event_listeners().len()),
         fast_path: None,
         daemon_us_per_conn: None,
     })
