@@ -25,6 +25,7 @@ mod ctx;
 mod daemon;
 mod doctor;
 mod ebpf_log;
+mod event_pace;
 mod forward;
 mod inspect;
 mod lifecycle;
