@@ -785,8 +785,17 @@ fn follow_attach(
 }
 
 /// Reads the conntrack events queued on the socket until none is left, a
-/// batch of datagrams per syscall: how many datagrams it read.
-fn drain_events(sock: &CtSocket, off: &mut Daemon, batch: &mut Datagrams) -> Result<u64> {
+/// batch of datagrams per syscall: how many datagrams it read. The kernel
+/// ends a batch early at an empty queue, or at an error it then keeps for
+/// the next call (`ENOBUFS`: events lost). A `polled` read stops there (the
+/// next poll gets such an error); one the socket woke the daemon for reads
+/// on until nothing is left, as nothing would wake it for the error.
+fn drain_events(
+    sock: &CtSocket,
+    off: &mut Daemon,
+    batch: &mut Datagrams,
+    polled: bool,
+) -> Result<u64> {
     let mut read = 0;
     loop {
         match sock.recv_events(batch) {
@@ -797,8 +806,7 @@ fn drain_events(sock: &CtSocket, off: &mut Daemon, batch: &mut Datagrams) -> Res
                     // An event cut short is an event lost: as below.
                     events_lost(off)?;
                 }
-                // Fewer than asked for: the kernel found the queue empty.
-                if n < batch.slots() {
+                if n == 0 || (polled && n < batch.slots()) {
                     return Ok(read);
                 }
             }
@@ -1219,7 +1227,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                     let (Some(mut guard), Some(fd)) = (ready, session.events.as_ref()) else {
                         continue;
                     };
-                    drain_events(fd.socket(), &mut session.off, &mut events_batch)?;
+                    drain_events(fd.socket(), &mut session.off, &mut events_batch, false)?;
                     guard.clear_ready();
                 }
                 if session.event_pace.woke(monotonic_ns()) == ReadMode::Poll {
@@ -1229,7 +1237,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             }
             _ = event_poller.tick(), if session.events_polled() => {
                 let Some(events) = session.events.as_ref() else { continue };
-                let read = drain_events(events.socket(), &mut session.off, &mut events_batch)?;
+                let read = drain_events(events.socket(), &mut session.off, &mut events_batch, true)?;
                 session.off.stats.event_polls += 1;
                 if session.event_pace.polled(monotonic_ns(), read) == ReadMode::Wait {
                     session.read_events_by(ReadMode::Wait);
