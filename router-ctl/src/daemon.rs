@@ -435,6 +435,8 @@ pub struct RunOptions {
     /// The status page's and metrics' listener, bound by the caller in its
     /// own namespace ([`web::bind`]).
     pub listener: Option<std::net::TcpListener>,
+    /// Conntrack events always polled, never waited for (tests).
+    pub poll_events: bool,
 }
 
 /// The part of the daemon that depends on the router's mode: the offloader
@@ -457,7 +459,7 @@ impl Session {
     /// events (offload mode) and loads the kernel's table. Must run inside
     /// the runtime (the event socket registers with it). Its offload
     /// counters go on from `carried` (a re-opened session's).
-    fn open(ctx: &Ctx, carried: &OffloadStats) -> Result<Self> {
+    fn open(ctx: &Ctx, carried: &OffloadStats, poll_events: bool) -> Result<Self> {
         let maps = ctx.maps();
         // The map ids are read before the configuration: an attach
         // meanwhile gives new ids, which the next tick follows.
@@ -498,14 +500,22 @@ impl Session {
             );
             None
         };
-        Ok(Self {
+        let mut session = Self {
             off,
             events,
-            event_pace: EventPace::new(monotonic_ns()),
+            event_pace: if poll_events {
+                EventPace::always_polling()
+            } else {
+                EventPace::new(monotonic_ns())
+            },
             kernel_mode,
             stale_pending_removed,
             attached,
-        })
+        };
+        if poll_events {
+            session.read_events_by(ReadMode::Poll);
+        }
+        Ok(session)
     }
 
     fn admit(&self) -> &'static str {
@@ -700,7 +710,11 @@ impl AttachedRouter {
 /// (whose maps may be orphans of a detach): the offload counters go on
 /// from the old session's, the old one's flows are left to their maps.
 fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
-    let old = std::mem::replace(session, Session::open(ctx, &session.off.stats)?);
+    let always_polled = session.event_pace.is_always_polling();
+    let old = std::mem::replace(
+        session,
+        Session::open(ctx, &session.off.stats, always_polled)?,
+    );
     session.stale_pending_removed += old.stale_pending_removed;
     Ok(())
 }
@@ -1146,7 +1160,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut session = Session::open(ctx, &OffloadStats::default())?;
+    let mut session = Session::open(ctx, &OffloadStats::default(), opts.poll_events)?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),

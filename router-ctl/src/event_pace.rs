@@ -43,6 +43,8 @@ pub enum ReadMode {
 #[derive(Debug)]
 pub struct EventPace {
     mode: ReadMode,
+    /// Polling whatever the load (tests: [`EventPace::always_polling`]).
+    pinned: bool,
     window_start_ns: u64,
     /// Wake-ups (waiting) or datagrams (polling) since `window_start_ns`.
     count: u64,
@@ -53,9 +55,26 @@ impl EventPace {
     pub fn new(now_ns: u64) -> Self {
         Self {
             mode: ReadMode::Wait,
+            pinned: false,
             window_start_ns: now_ns,
             count: 0,
         }
+    }
+
+    /// Polling from the start and whatever the load (`run --poll-events`,
+    /// for tests of the polled path).
+    pub fn always_polling() -> Self {
+        Self {
+            mode: ReadMode::Poll,
+            pinned: true,
+            window_start_ns: 0,
+            count: 0,
+        }
+    }
+
+    /// Whether it is [`EventPace::always_polling`].
+    pub fn is_always_polling(&self) -> bool {
+        self.pinned
     }
 
     /// After a read the socket woke the daemon for (waiting): the mode of
@@ -76,7 +95,7 @@ impl EventPace {
     /// window starts, also when the mode changes: each mode counts its own).
     fn close_window(&mut self, now_ns: u64) -> ReadMode {
         let elapsed = now_ns.saturating_sub(self.window_start_ns);
-        if elapsed < WINDOW_NS {
+        if elapsed < WINDOW_NS || self.pinned {
             return self.mode;
         }
         // count / elapsed s compared with the per-second thresholds, in
@@ -178,6 +197,12 @@ mod tests {
         assert_eq!(mode, ReadMode::Wait);
         // And a new window starts: one wake-up does not switch back.
         assert_eq!(pace.woke(400 * MS), ReadMode::Wait);
+    }
+
+    #[test]
+    fn always_polling_stays_polling_without_events() {
+        let mut pace = EventPace::always_polling();
+        assert_eq!(poll_evenly(&mut pace, 0, 1_000, 0), ReadMode::Poll);
     }
 
     #[test]
