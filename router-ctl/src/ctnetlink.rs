@@ -12,7 +12,9 @@ use std::{
     os::fd::{AsRawFd, OwnedFd, RawFd},
 };
 
-use crate::nlmsg::{Datagrams, Msg, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, attrs, messages};
+use crate::nlmsg::{
+    Datagrams, Msg, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, attrs, messages,
+};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;

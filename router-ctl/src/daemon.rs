@@ -527,6 +527,21 @@ impl Session {
         matches!(self.events, Some(EventSocket::Polled(_)))
     }
 
+    /// After a read of the event socket, when it woke the daemon (`polled`
+    /// None) or on the poll timer (the datagrams it read): reads it the way
+    /// its recent load says from now on. True when it just became polled
+    /// (the caller starts the poll timer).
+    fn pace_events(&mut self, polled: Option<u64>) -> bool {
+        let now = monotonic_ns();
+        let mode = match polled {
+            None => self.event_pace.woke(now),
+            Some(datagrams) => self.event_pace.polled(now, datagrams),
+        };
+        let was_polled = self.events_polled();
+        self.read_events_by(mode);
+        !was_polled && self.events_polled()
+    }
+
     /// Reads the event socket the way `mode` says from now on.
     fn read_events_by(&mut self, mode: ReadMode) {
         if let Some(events) = self.events.take() {
@@ -576,19 +591,17 @@ impl EventSocket {
     fn read_by(self, mode: ReadMode) -> Self {
         match (self, mode) {
             (Self::Waited(fd), ReadMode::Poll) => Self::Polled(fd.into_inner()),
-            (Self::Polled(s), ReadMode::Wait) => {
-                match Self::register(s) {
-                    Ok(fd) => Self::Waited(fd),
-                    Err(e) => {
-                        let (s, e) = e.into_parts();
-                        tracing::warn!(
-                            "registering the conntrack event socket again: {e}; it stays read \
+            (Self::Polled(s), ReadMode::Wait) => match Self::register(s) {
+                Ok(fd) => Self::Waited(fd),
+                Err(e) => {
+                    let (s, e) = e.into_parts();
+                    tracing::warn!(
+                        "registering the conntrack event socket again: {e}; it stays read \
                              every {POLL_EVERY:?}"
-                        );
-                        Self::Polled(s)
-                    }
+                    );
+                    Self::Polled(s)
                 }
-            }
+            },
             (same, _) => same,
         }
     }
@@ -1237,15 +1250,10 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             }
             ready = async { session.events.as_ref()?.waited()?.readable().await.ok() },
                 if session.events.as_ref().is_some_and(|e| e.waited().is_some()) => {
-                {
-                    let (Some(mut guard), Some(fd)) = (ready, session.events.as_ref()) else {
-                        continue;
-                    };
-                    drain_events(fd.socket(), &mut session.off, &mut events_batch, false)?;
-                    guard.clear_ready();
-                }
-                if session.event_pace.woke(monotonic_ns()) == ReadMode::Poll {
-                    session.read_events_by(ReadMode::Poll);
+                let Some(mut guard) = ready else { continue };
+                drain_events(guard.get_inner(), &mut session.off, &mut events_batch, false)?;
+                guard.clear_ready();
+                if session.pace_events(None) {
                     event_poller.reset();
                 }
             }
@@ -1253,9 +1261,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                 let Some(events) = session.events.as_ref() else { continue };
                 let read = drain_events(events.socket(), &mut session.off, &mut events_batch, true)?;
                 session.off.stats.event_polls += 1;
-                if session.event_pace.polled(monotonic_ns(), read) == ReadMode::Wait {
-                    session.read_events_by(ReadMode::Wait);
-                }
+                session.pace_events(Some(read));
             }
         }
     }

@@ -472,6 +472,10 @@ fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
     })
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the dispatch: one arm per subcommand, each a call"
+)]
 fn run(cli: Cli) -> Result<i32> {
     let (name, need) = cli.cmd.need();
     match &cli.cmd {
