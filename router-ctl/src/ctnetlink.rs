@@ -12,7 +12,9 @@ use std::{
     os::fd::{AsRawFd, OwnedFd, RawFd},
 };
 
-use crate::nlmsg::{Msg, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, attrs, messages};
+use crate::nlmsg::{
+    Datagrams, Msg, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, attrs, messages,
+};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
@@ -577,9 +579,11 @@ impl CtSocket {
         Ok(s)
     }
 
-    /// Receives one batch of events: `Ok(None)` when nothing is queued.
-    pub fn recv_events(&self, buf: &mut [u8]) -> io::Result<Option<Vec<Event>>> {
-        Ok(self.recv(buf)?.map(|n| parse_events(&buf[..n])))
+    /// Receives the event datagrams queued (the kernel sends each event in
+    /// its own), up to `batch`'s slots in one syscall: how many (0: none is
+    /// queued). Read their events with [`parse_events`].
+    pub fn recv_events(&self, batch: &mut Datagrams) -> io::Result<usize> {
+        batch.recv(self.as_raw_fd())
     }
 
     /// One datagram into `buf`: `Ok(None)` if none is queued on a

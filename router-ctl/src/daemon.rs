@@ -28,26 +28,38 @@ use router_common::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::{
-    io::{Interest, unix::AsyncFd},
+    io::{
+        Interest,
+        unix::{AsyncFd, AsyncFdRegisterError},
+    },
     signal::unix::{SignalKind, signal},
 };
 
 use crate::{
     apply,
     clock::monotonic_ns,
-    ctnetlink::{CtSocket, Event, Tuple, event_needed},
+    ctnetlink::{CtSocket, Event, Tuple, event_needed, parse_events},
     ctx::Ctx,
     ebpf_log::DataPathLog,
+    event_pace::{EventPace, POLL_EVERY, ReadMode},
     live::{DaemonView, Live},
     maps::{self, Conntrack6Map, ConntrackMap},
     netlink::{self, LinkEvent, LinkEvents},
+    nlmsg::Datagrams,
     offload::{self, Kernel, KernelTimeouts, OffloadStats, Offloader, Table, TcpNow},
     service, state, vmac, web,
 };
 
 /// Receive buffer of the event socket: room for bursts of events between
-/// two wake-ups (overflow is detected and followed by a resync).
+/// two wake-ups or polls (overflow is detected and followed by a resync).
 const EVENT_RCVBUF: usize = 8 << 20;
+/// Event datagrams read per syscall: a 5 ms poll under ~25,000 events a
+/// second takes one or two reads.
+const EVENT_BATCH: usize = 128;
+/// Room for one event datagram: a conntrack event message is well under
+/// 1 KiB (tuples, status, timeout, counters, labels); a longer one would
+/// be cut short, counted as lost events and followed by a resync.
+const EVENT_DATAGRAM_MAX: usize = 8 << 10;
 /// Routes remembered between resyncs (one lookup per new source address).
 const ROUTE_CACHE_MAX: usize = 65_536;
 /// Between two looks at the TCP connections settling before their
@@ -396,7 +408,7 @@ fn sweep_stale_pending(off: &mut Daemon) -> Result<u64> {
     Ok(removed)
 }
 
-fn apply_events(off: &mut Daemon, events: Vec<Event>) {
+fn apply_events(off: &mut Daemon, events: impl IntoIterator<Item = Event>) {
     let now = monotonic_ns();
     for e in events {
         match e {
@@ -423,6 +435,8 @@ pub struct RunOptions {
     /// The status page's and metrics' listener, bound by the caller in its
     /// own namespace ([`web::bind`]).
     pub listener: Option<std::net::TcpListener>,
+    /// Conntrack events always polled, never waited for (tests).
+    pub poll_events: bool,
 }
 
 /// The part of the daemon that depends on the router's mode: the offloader
@@ -430,7 +444,9 @@ pub struct RunOptions {
 /// Built again when a reload switches the mode.
 struct Session {
     off: Daemon,
-    events: Option<AsyncFd<CtSocket>>,
+    events: Option<EventSocket>,
+    /// Whether `events` is waited for or polled, from its recent load.
+    event_pace: EventPace,
     kernel_mode: bool,
     /// XDP entries a killed daemon had left pending, removed at the start.
     stale_pending_removed: u64,
@@ -443,7 +459,7 @@ impl Session {
     /// events (offload mode) and loads the kernel's table. Must run inside
     /// the runtime (the event socket registers with it). Its offload
     /// counters go on from `carried` (a re-opened session's).
-    fn open(ctx: &Ctx, carried: &OffloadStats) -> Result<Self> {
+    fn open(ctx: &Ctx, carried: &OffloadStats, poll_events: bool) -> Result<Self> {
         let maps = ctx.maps();
         // The map ids are read before the configuration: an attach
         // meanwhile gives new ids, which the next tick follows.
@@ -472,13 +488,11 @@ impl Session {
                 .context("subscribing to conntrack events (ctnetlink)")?;
             resync(&mut off)?;
             stale_pending_removed = sweep_stale_pending(&mut off)?;
-            // SAFETY: CtSocket owns its fd and never changes or closes it
-            // before it is dropped, which the AsyncFd does.
-            Some(
-                unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
+            Some(EventSocket::Waited(
+                EventSocket::register(s)
                     .map_err(|e| io::Error::other(e.to_string()))
                     .context("registering the event socket")?,
-            )
+            ))
         } else {
             tracing::warn!(
                 "standalone mode (attach --admit xdp): the data path admits flows itself, \
@@ -486,17 +500,110 @@ impl Session {
             );
             None
         };
-        Ok(Self {
+        let mut session = Self {
             off,
             events,
+            event_pace: if poll_events {
+                EventPace::always_polling()
+            } else {
+                EventPace::new(monotonic_ns())
+            },
             kernel_mode,
             stale_pending_removed,
             attached,
-        })
+        };
+        if poll_events {
+            session.read_events_by(ReadMode::Poll);
+        }
+        Ok(session)
     }
 
     fn admit(&self) -> &'static str {
         if self.kernel_mode { "kernel" } else { "xdp" }
+    }
+
+    /// Whether the event socket is read on the poll timer now.
+    fn events_polled(&self) -> bool {
+        matches!(self.events, Some(EventSocket::Polled(_)))
+    }
+
+    /// After a read of the event socket, when it woke the daemon (`polled`
+    /// None) or on the poll timer (the datagrams it read): reads it the way
+    /// its recent load says from now on. True when it just became polled
+    /// (the caller starts the poll timer).
+    fn pace_events(&mut self, polled: Option<u64>) -> bool {
+        let now = monotonic_ns();
+        let mode = match polled {
+            None => self.event_pace.woke(now),
+            Some(datagrams) => self.event_pace.polled(now, datagrams),
+        };
+        let was_polled = self.events_polled();
+        self.read_events_by(mode);
+        !was_polled && self.events_polled()
+    }
+
+    /// Reads the event socket the way `mode` says from now on.
+    fn read_events_by(&mut self, mode: ReadMode) {
+        if let Some(events) = self.events.take() {
+            self.events = Some(events.read_by(mode));
+        }
+    }
+}
+
+/// The conntrack event subscription, waited for or polled
+/// ([`crate::event_pace`]).
+enum EventSocket {
+    /// In the runtime's epoll set: each datagram wakes the daemon.
+    Waited(AsyncFd<CtSocket>),
+    /// Out of the epoll set (an edge-triggered registration would wake the
+    /// runtime, and the sender's softirq would wake it, for every datagram
+    /// even with no task waiting): read on the poll timer.
+    Polled(CtSocket),
+}
+
+impl EventSocket {
+    /// `s` in the runtime's epoll set, readable.
+    fn register(s: CtSocket) -> Result<AsyncFd<CtSocket>, AsyncFdRegisterError<CtSocket>> {
+        // SAFETY: CtSocket owns its fd and never changes or closes it
+        // before it is dropped, which the AsyncFd does (or hands it back
+        // first: `into_inner` deregisters it).
+        unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
+    }
+
+    fn socket(&self) -> &CtSocket {
+        match self {
+            Self::Waited(fd) => fd.get_ref(),
+            Self::Polled(s) => s,
+        }
+    }
+
+    fn waited(&self) -> Option<&AsyncFd<CtSocket>> {
+        match self {
+            Self::Waited(fd) => Some(fd),
+            Self::Polled(_) => None,
+        }
+    }
+
+    /// The same socket, read the way `mode` says. Registering it again
+    /// reports the datagrams already queued at once (epoll looks at the
+    /// socket when it is added), so none waits for the next one. Should the
+    /// registration fail, it stays polled: slower to react, nothing lost.
+    fn read_by(self, mode: ReadMode) -> Self {
+        match (self, mode) {
+            (Self::Waited(fd), ReadMode::Poll) => Self::Polled(fd.into_inner()),
+            (Self::Polled(s), ReadMode::Wait) => match Self::register(s) {
+                Ok(fd) => Self::Waited(fd),
+                Err(e) => {
+                    let (s, e) = e.into_parts();
+                    tracing::warn!(
+                        "registering the conntrack event socket again: {e}; it stays read \
+                             every {POLL_EVERY:?}"
+                    );
+                    Self::Polled(s)
+                }
+            },
+            (same, _) => same,
+        }
     }
 }
 
@@ -616,7 +723,11 @@ impl AttachedRouter {
 /// (whose maps may be orphans of a detach): the offload counters go on
 /// from the old session's, the old one's flows are left to their maps.
 fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
-    let old = std::mem::replace(session, Session::open(ctx, &session.off.stats)?);
+    let always_polled = session.event_pace.is_always_polling();
+    let old = std::mem::replace(
+        session,
+        Session::open(ctx, &session.off.stats, always_polled)?,
+    );
     session.stale_pending_removed += old.stale_pending_removed;
     Ok(())
 }
@@ -700,18 +811,33 @@ fn follow_attach(
     );
 }
 
-/// Reads the conntrack events queued on the socket until none is left.
-fn drain_events(sock: &CtSocket, off: &mut Daemon, buf: &mut [u8]) -> Result<()> {
+/// Reads the conntrack events queued on the socket until none is left, a
+/// batch of datagrams per syscall: how many datagrams it read. The kernel
+/// ends a batch early at an empty queue, or at an error it then keeps for
+/// the next call (`ENOBUFS`: events lost). A `polled` read stops there (the
+/// next poll gets such an error); one the socket woke the daemon for reads
+/// on until nothing is left, as nothing would wake it for the error.
+fn drain_events(
+    sock: &CtSocket,
+    off: &mut Daemon,
+    batch: &mut Datagrams,
+    polled: bool,
+) -> Result<u64> {
+    let mut read = 0;
     loop {
-        match sock.recv_events(buf) {
-            Ok(Some(ev)) => apply_events(off, ev),
-            Ok(None) => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                // The kernel dropped events: start over from a dump.
-                off.stats.events_lost += 1;
-                tracing::warn!("conntrack events lost; resynchronising from a dump");
-                resync(off)?;
+        match sock.recv_events(batch) {
+            Ok(n) => {
+                read += n as u64;
+                apply_events(off, batch.iter().flat_map(parse_events));
+                if batch.truncated() > 0 {
+                    // An event cut short is an event lost: as below.
+                    events_lost(off)?;
+                }
+                if n == 0 || (polled && n < batch.slots()) {
+                    return Ok(read);
+                }
             }
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => events_lost(off)?,
             Err(e) => {
                 return Err(e).context(format!(
                     "reading conntrack events (fd {})",
@@ -720,6 +846,14 @@ fn drain_events(sock: &CtSocket, off: &mut Daemon, buf: &mut [u8]) -> Result<()>
             }
         }
     }
+}
+
+/// The kernel dropped events (or one was cut short): start over from a
+/// dump.
+fn events_lost(off: &mut Daemon) -> Result<()> {
+    off.stats.events_lost += 1;
+    tracing::warn!("conntrack events lost; resynchronising from a dump");
+    resync(off)
 }
 
 /// Samples the counters (and the table when a page is open) and renders
@@ -1039,7 +1173,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut session = Session::open(ctx, &OffloadStats::default())?;
+    let mut session = Session::open(ctx, &OffloadStats::default(), opts.poll_events)?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),
@@ -1069,7 +1203,9 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut sampler = interval(SAMPLE_EVERY);
     let mut settler = interval(SETTLE_EVERY);
     let mut ticker = interval(opts.tick);
-    let mut buf = vec![0u8; 1 << 20];
+    let mut events_batch = Datagrams::new(EVENT_BATCH, EVENT_DATAGRAM_MAX);
+    // Armed (reset) when the event socket is polled, idle while waited for.
+    let mut event_poller = interval(POLL_EVERY);
     let mut link_buf = vec![0u8; 1 << 16];
     // Kept for the daemon's lifetime: dropping it turns the log off.
     let mut dp_log = DataPathLog::start(ctx);
@@ -1112,13 +1248,20 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                 links.recheck(ctx, &mut status);
                 tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);
             }
-            ready = async { session.events.as_ref()?.readable().await.ok() },
-                if session.events.is_some() => {
-                let (Some(mut guard), Some(fd)) = (ready, session.events.as_ref()) else {
-                    continue;
-                };
-                drain_events(fd.get_ref(), &mut session.off, &mut buf)?;
+            ready = async { session.events.as_ref()?.waited()?.readable().await.ok() },
+                if session.events.as_ref().is_some_and(|e| e.waited().is_some()) => {
+                let Some(mut guard) = ready else { continue };
+                drain_events(guard.get_inner(), &mut session.off, &mut events_batch, false)?;
                 guard.clear_ready();
+                if session.pace_events(None) {
+                    event_poller.reset();
+                }
+            }
+            _ = event_poller.tick(), if session.events_polled() => {
+                let Some(events) = session.events.as_ref() else { continue };
+                let read = drain_events(events.socket(), &mut session.off, &mut events_batch, true)?;
+                session.off.stats.event_polls += 1;
+                session.pace_events(Some(read));
             }
         }
     }

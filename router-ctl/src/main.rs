@@ -25,6 +25,7 @@ mod ctx;
 mod daemon;
 mod doctor;
 mod ebpf_log;
+mod event_pace;
 mod forward;
 mod inspect;
 mod lifecycle;
@@ -292,6 +293,10 @@ See examples/router.toml in the source tree for every field.")]
         #[arg(long, value_name = "ADDR:PORT|none", default_value = web::DEFAULT_LISTEN,
               value_parser = web::parse_listen)]
         listen: web::Listen,
+        /// Read conntrack events on the poll timer from the start and whatever the load
+        /// (tests: the polled path without the load that switches to it).
+        #[arg(long, hide = true)]
+        poll_events: bool,
     },
     /// Print a shell completion script.
     #[command(after_help = "Examples:
@@ -467,6 +472,10 @@ fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
     })
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the dispatch: one arm per subcommand, each a call"
+)]
 fn run(cli: Cli) -> Result<i32> {
     let (name, need) = cli.cmd.need();
     match &cli.cmd {
@@ -559,12 +568,18 @@ fn run(cli: Cli) -> Result<i32> {
         .map(|()| 0),
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
         Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &ctx.pin_dir, json)),
-        Cmd::Run { tick, config, .. } => daemon::run(
+        Cmd::Run {
+            tick,
+            config,
+            poll_events,
+            ..
+        } => daemon::run(
             &ctx,
             daemon::RunOptions {
                 tick: std::time::Duration::from_secs(tick),
                 config,
                 listener,
+                poll_events,
             },
         )
         .map(|()| 0),

@@ -181,6 +181,7 @@ fn encode_offload(
         "refreshed",
         "resyncs",
         "events_lost",
+        "event_polls",
         "errors",
     ];
     counters(

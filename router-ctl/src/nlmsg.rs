@@ -114,6 +114,112 @@ pub fn recv(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<Option<us
     Ok(Some(usize::try_from(n).unwrap_or(0)))
 }
 
+/// Room to receive up to `slots` datagrams of at most `slot_len` bytes each
+/// in one `recvmmsg` call: a socket that gets one datagram per
+/// notification (ctnetlink sends each event in its own) is read a batch
+/// per syscall instead of one.
+pub struct Datagrams {
+    slot_len: usize,
+    /// The slots, one after the other; never resized (`iovs` points into it).
+    bufs: Vec<u8>,
+    /// One per slot, built once; never resized (`hdrs` points into it).
+    iovs: Vec<libc::iovec>,
+    /// One per slot, the kernel fills in each's length and flags.
+    hdrs: Vec<libc::mmsghdr>,
+    /// Lengths of the datagrams the last receive got, in order.
+    lens: Vec<usize>,
+    /// Datagrams the last receive got cut short (longer than a slot).
+    truncated: usize,
+}
+
+impl Datagrams {
+    pub fn new(slots: usize, slot_len: usize) -> Self {
+        let mut bufs = vec![0; slots * slot_len];
+        let mut iovs: Vec<libc::iovec> = bufs
+            .chunks_exact_mut(slot_len)
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        let hdrs = iovs
+            .iter_mut()
+            .map(|iov| {
+                // SAFETY: all-zero is a valid mmsghdr (no name, no control).
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_iov = iov;
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        Self {
+            slot_len,
+            bufs,
+            iovs,
+            hdrs,
+            lens: Vec::with_capacity(slots),
+            truncated: 0,
+        }
+    }
+
+    /// How many datagrams one receive takes at most.
+    pub fn slots(&self) -> usize {
+        self.bufs.len() / self.slot_len
+    }
+
+    /// Receives, without waiting, the datagrams queued on `fd` up to
+    /// [`Self::slots`]: how many (0: none is queued). An error the socket
+    /// holds (`ENOBUFS`: notifications dropped) comes first when nothing
+    /// was received; after some were, the kernel keeps it for the next
+    /// call, so the datagrams queued before it are read first.
+    pub fn recv(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<usize> {
+        self.lens.clear();
+        self.truncated = 0;
+        debug_assert_eq!(self.iovs.len(), self.hdrs.len());
+        let vlen = u32::try_from(self.hdrs.len()).unwrap_or(u32::MAX);
+        // SAFETY: each header points to its own iovec in `iovs` over its
+        // own slot of `bufs`; neither vector is resized after `new`, so the
+        // pointers stay valid while `self` lives.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                vlen,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        for h in &self.hdrs[..usize::try_from(n).unwrap_or(0)] {
+            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                self.truncated += 1;
+            }
+            self.lens
+                .push(usize::try_from(h.msg_len).unwrap_or(0).min(self.slot_len));
+        }
+        Ok(self.lens.len())
+    }
+
+    /// The datagrams the last receive got, in the order they were queued.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        self.bufs
+            .chunks_exact(self.slot_len)
+            .zip(&self.lens)
+            .map(|(b, &n)| &b[..n])
+    }
+
+    /// Datagrams the last receive got only in part (longer than a slot).
+    pub fn truncated(&self) -> usize {
+        self.truncated
+    }
+}
+
 /// The attributes in `data` as (type without flags, payload); stops at the
 /// first malformed one.
 pub fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
@@ -155,6 +261,36 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::{fd::AsRawFd, unix::net::UnixDatagram};
+
+    #[test]
+    fn datagrams_are_received_a_batch_at_a_time_in_order() {
+        let (tx, rx) = UnixDatagram::pair().expect("socketpair");
+        for d in [&b"one"[..], b"two", b"three"] {
+            tx.send(d).expect("send");
+        }
+        let mut batch = Datagrams::new(2, 16);
+        assert_eq!(batch.slots(), 2);
+        assert_eq!(batch.recv(rx.as_raw_fd()).expect("recv"), 2);
+        assert_eq!(batch.iter().collect::<Vec<_>>(), [&b"one"[..], b"two"]);
+        assert_eq!(batch.recv(rx.as_raw_fd()).expect("recv"), 1);
+        assert_eq!(batch.iter().collect::<Vec<_>>(), [&b"three"[..]]);
+        assert_eq!(batch.truncated(), 0);
+        // Nothing queued: none, without waiting.
+        assert_eq!(batch.recv(rx.as_raw_fd()).expect("recv"), 0);
+        assert_eq!(batch.iter().count(), 0);
+    }
+
+    #[test]
+    fn a_datagram_longer_than_a_slot_is_reported_cut_short() {
+        let (tx, rx) = UnixDatagram::pair().expect("socketpair");
+        tx.send(b"0123456789").expect("send");
+        tx.send(b"ok").expect("send");
+        let mut batch = Datagrams::new(4, 4);
+        assert_eq!(batch.recv(rx.as_raw_fd()).expect("recv"), 2);
+        assert_eq!(batch.truncated(), 1);
+        assert_eq!(batch.iter().collect::<Vec<_>>(), [&b"0123"[..], b"ok"]);
+    }
 
     #[test]
     fn nested_attributes_round_trip() {

@@ -539,6 +539,11 @@ pub struct OffloadStats {
     pub resyncs: u64,
     /// Times the kernel reported lost events (`ENOBUFS`).
     pub events_lost: u64,
+    /// Reads of the event socket on the poll timer, a batch each: under a
+    /// load of events the daemon polls for them rather than waking for each
+    /// ([`crate::event_pace`]).
+    #[serde(default)]
+    pub event_polls: u64,
     /// Failed writes to the XDP table or the kernel.
     pub errors: u64,
     /// Connections not offloaded, by reason.

@@ -771,6 +771,24 @@ fn offload_short_connections_reusing_a_port() {
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn offload_a_burst_of_lasting_connections_offloads_each_once_settled() {
+    burst_of_lasting_connections(&[]);
+}
+
+/// The same burst with the daemon reading conntrack events on its poll
+/// timer, a batch per read, as it does under a load of events (`run
+/// --poll-events` pins it there: the test's burst is too short to switch
+/// it reliably): every connection is offloaded all the same.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_a_burst_read_by_polling_offloads_each_once_settled() {
+    let d = burst_of_lasting_connections(&["--poll-events"]);
+    assert!(d["offload"]["event_polls"].as_u64() > Some(0), "{d}");
+    assert_eq!(d["offload"]["events_lost"], 0, "{d}");
+}
+
+/// The burst of lasting connections, against a daemon started with
+/// `daemon_args`: its stats once every connection was offloaded.
+fn burst_of_lasting_connections(daemon_args: &[&str]) -> serde_json::Value {
     const CONNECTIONS: usize = 200;
     const SERVER_PORT: u16 = 7600;
     use std::io::{Read as _, Write as _};
@@ -778,7 +796,7 @@ fn offload_a_burst_of_lasting_connections_offloads_each_once_settled() {
     install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
-    let daemon = Daemon::start(&t, &[]);
+    let daemon = Daemon::start(&t, daemon_args);
     let dst = sa(SERVER_ADDR, SERVER_PORT);
     let srv = request_server(
         &t,
@@ -840,6 +858,7 @@ fn offload_a_burst_of_lasting_connections_offloads_each_once_settled() {
     assert_eq!(d["settling_flows"], 0, "{d}");
     drop(conns);
     assert_eq!(srv.join().unwrap(), CONNECTIONS);
+    d
 }
 
 /// Who sent and met TCP resets, how lost segments were recovered (loss

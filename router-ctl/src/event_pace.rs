@@ -1,0 +1,215 @@
+//! When the offload daemon waits for conntrack events and when it polls
+//! for them. Waiting (the event socket in the runtime's epoll set) handles
+//! each event at once, but every datagram the kernel queues wakes the
+//! daemon: under a stream of short connections that is ~6 us of CPU per
+//! wake-up between the daemon's `epoll_wait`, the sender's softirq and the
+//! clients' extra context switches (REPORT-offperf). Polling (the socket out
+//! of the epoll set, read on a timer, a batch per `recvmmsg`) costs one
+//! timer wake-up per [`POLL_EVERY`] however many events came, and delays
+//! them by at most that much: nothing next to the 200 ms a TCP connection
+//! settles before its offload ([`crate::offload::TCP_SETTLE_NS`]).
+
+use std::time::Duration;
+
+/// Between two reads of the event socket while polling. Short next to the
+/// TCP settle time, long enough that a busy socket gives a batch per read.
+pub const POLL_EVERY: Duration = Duration::from_millis(5);
+/// Over how long the rates that switch the mode are measured: long enough
+/// that a short burst or a quiet moment does not flip it, short enough to
+/// follow a load that starts or stops.
+const WINDOW_NS: u64 = 100_000_000;
+/// Wake-ups per second from which waiting costs more than polling would:
+/// polling wakes 1 s / [`POLL_EVERY`] = 200 times a second; at 500 the
+/// timer saves more than half the wake-ups.
+const POLL_FROM_WAKES_PER_SEC: u64 = 500;
+/// Datagrams per second below which polling goes back to waiting: then
+/// waiting would wake no more often than the poll timer does (a datagram
+/// wakes the daemon at most once), and events are handled at once again.
+/// Below [`POLL_FROM_WAKES_PER_SEC`], so a load near either does not make
+/// the mode flap.
+const WAIT_BELOW_DATAGRAMS_PER_SEC: u64 = 200;
+
+/// How the event socket is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// In the epoll set: each datagram wakes the daemon.
+    Wait,
+    /// Out of the epoll set, read every [`POLL_EVERY`].
+    Poll,
+}
+
+/// The mode switch: counts wake-ups (waiting) or datagrams (polling) over
+/// windows of [`WINDOW_NS`] and says which mode the next read uses.
+#[derive(Debug)]
+pub struct EventPace {
+    mode: ReadMode,
+    /// Polling whatever the load (tests: [`EventPace::always_polling`]).
+    pinned: bool,
+    window_start_ns: u64,
+    /// Wake-ups (waiting) or datagrams (polling) since `window_start_ns`.
+    count: u64,
+}
+
+impl EventPace {
+    /// Waiting, with a window from `now_ns`.
+    pub fn new(now_ns: u64) -> Self {
+        Self {
+            mode: ReadMode::Wait,
+            pinned: false,
+            window_start_ns: now_ns,
+            count: 0,
+        }
+    }
+
+    /// Polling from the start and whatever the load (`run --poll-events`,
+    /// for tests of the polled path).
+    pub fn always_polling() -> Self {
+        Self {
+            mode: ReadMode::Poll,
+            pinned: true,
+            window_start_ns: 0,
+            count: 0,
+        }
+    }
+
+    /// Whether it is [`EventPace::always_polling`].
+    pub fn is_always_polling(&self) -> bool {
+        self.pinned
+    }
+
+    /// After a read the socket woke the daemon for (waiting): the mode of
+    /// the next read.
+    pub fn woke(&mut self, now_ns: u64) -> ReadMode {
+        self.count += 1;
+        self.close_window(now_ns)
+    }
+
+    /// After a read on the poll timer that got `datagrams`: the mode of the
+    /// next read.
+    pub fn polled(&mut self, now_ns: u64, datagrams: u64) -> ReadMode {
+        self.count += datagrams;
+        self.close_window(now_ns)
+    }
+
+    /// At the end of a window, the rate over it decides the mode (and a new
+    /// window starts, also when the mode changes: each mode counts its own).
+    fn close_window(&mut self, now_ns: u64) -> ReadMode {
+        let elapsed = now_ns.saturating_sub(self.window_start_ns);
+        if elapsed < WINDOW_NS || self.pinned {
+            return self.mode;
+        }
+        // count / elapsed s compared with the per-second thresholds, in
+        // integers: count * 1e9 vs rate * elapsed ns.
+        let scaled = u128::from(self.count) * 1_000_000_000;
+        let per = |rate: u64| u128::from(rate) * u128::from(elapsed);
+        self.mode = match self.mode {
+            ReadMode::Wait if scaled >= per(POLL_FROM_WAKES_PER_SEC) => ReadMode::Poll,
+            ReadMode::Poll if scaled < per(WAIT_BELOW_DATAGRAMS_PER_SEC) => ReadMode::Wait,
+            same => same,
+        };
+        self.window_start_ns = now_ns;
+        self.count = 0;
+        self.mode
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Wakes `pace` `n` times evenly over `ms` milliseconds from `from_ms`:
+    /// the mode after the last.
+    fn wake_evenly(pace: &mut EventPace, from_ms: u64, ms: u64, n: u64) -> ReadMode {
+        (1..=n)
+            .map(|i| pace.woke(from_ms * MS + i * ms * MS / n))
+            .last()
+            .expect("at least one read")
+    }
+
+    /// Polls `pace` every 5 ms for `ms` milliseconds from `from_ms`, with
+    /// `per_poll` datagrams each time: the mode after the last.
+    fn poll_evenly(pace: &mut EventPace, from_ms: u64, ms: u64, per_poll: u64) -> ReadMode {
+        (1..=ms / 5)
+            .map(|i| pace.polled((from_ms + i * 5) * MS, per_poll))
+            .last()
+            .expect("at least one read")
+    }
+
+    #[test]
+    fn a_few_events_a_second_are_waited_for() {
+        let mut pace = EventPace::new(0);
+        // 10 a second for 10 s, then one after a long quiet.
+        assert_eq!(wake_evenly(&mut pace, 0, 10_000, 100), ReadMode::Wait);
+        assert_eq!(pace.woke(3_600_000 * MS), ReadMode::Wait);
+    }
+
+    #[test]
+    fn a_short_burst_does_not_switch_to_polling() {
+        let mut pace = EventPace::new(0);
+        // 40 wake-ups within 10 ms, then quiet: the window that closes
+        // holds fewer than 500 a second.
+        assert_eq!(wake_evenly(&mut pace, 0, 10, 40), ReadMode::Wait);
+        assert_eq!(pace.woke(150 * MS), ReadMode::Wait);
+    }
+
+    #[test]
+    fn sustained_wake_ups_switch_to_polling_after_a_window() {
+        let mut pace = EventPace::new(0);
+        // 2000 a second: still waiting within the first window...
+        assert_eq!(wake_evenly(&mut pace, 0, 90, 180), ReadMode::Wait);
+        // ...polling once it closed.
+        assert_eq!(wake_evenly(&mut pace, 90, 20, 40), ReadMode::Poll);
+    }
+
+    #[test]
+    fn the_switch_to_polling_is_at_the_threshold() {
+        // Exactly 500 a second over a window switches; just under does not.
+        let mut at = EventPace::new(0);
+        assert_eq!(wake_evenly(&mut at, 0, 100, 50), ReadMode::Poll);
+        let mut under = EventPace::new(0);
+        assert_eq!(wake_evenly(&mut under, 0, 100, 49), ReadMode::Wait);
+    }
+
+    #[test]
+    fn polling_goes_on_while_events_keep_coming() {
+        let mut pace = EventPace::new(0);
+        assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
+        // 2 datagrams per 5 ms poll = 400 a second: between the thresholds,
+        // it stays polling (no flapping).
+        assert_eq!(poll_evenly(&mut pace, 100, 1_000, 2), ReadMode::Poll);
+        // An empty poll now and then does not stop it either.
+        assert_eq!(pace.polled(1_105 * MS, 0), ReadMode::Poll);
+        assert_eq!(poll_evenly(&mut pace, 1_105, 200, 3), ReadMode::Poll);
+    }
+
+    #[test]
+    fn polling_goes_back_to_waiting_when_events_thin_out() {
+        let mut pace = EventPace::new(0);
+        assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
+        // 1 datagram every other 5 ms poll = 100 a second: waiting again
+        // once a window closed.
+        let mut mode = ReadMode::Poll;
+        for i in 1..=40u64 {
+            mode = pace.polled((100 + i * 5) * MS, i % 2);
+        }
+        assert_eq!(mode, ReadMode::Wait);
+        // And a new window starts: one wake-up does not switch back.
+        assert_eq!(pace.woke(400 * MS), ReadMode::Wait);
+    }
+
+    #[test]
+    fn always_polling_stays_polling_without_events() {
+        let mut pace = EventPace::always_polling();
+        assert_eq!(poll_evenly(&mut pace, 0, 1_000, 0), ReadMode::Poll);
+    }
+
+    #[test]
+    fn a_stalled_daemon_counts_the_time_it_was_away() {
+        // A window that closes late (the daemon was busy) counts the rate
+        // over the whole time: 60 wake-ups in 1 s is waiting.
+        let mut pace = EventPace::new(0);
+        assert_eq!(wake_evenly(&mut pace, 0, 1_000, 60), ReadMode::Wait);
+    }
+}
