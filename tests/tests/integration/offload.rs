@@ -851,8 +851,14 @@ fn burst_of_lasting_connections(daemon_args: &[&str]) -> serde_json::Value {
             )
         },
     );
-    // The daemon's status file is rewritten at its next tick.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The daemon's status file is rewritten at its ticks (every 2 s by
+    // default): wait for one written after the last offload.
+    wait_for_or_show(
+        "the daemon's status to count every offload",
+        Duration::from_secs(10),
+        || stats()["offload"]["offloaded"].as_u64() >= Some(CONNECTIONS as u64),
+        || format!("daemon: {}", stats()),
+    );
     let d = stats();
     println!("all offloaded: daemon {d}");
     assert_eq!(d["settling_flows"], 0, "{d}");
