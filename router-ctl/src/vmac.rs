@@ -23,6 +23,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use aya::maps::MapError;
 use router_common::maps::{Config, VMAC_IPV4, VMAC_IPV6, VirtualMacKey};
 use serde::Serialize;
 
@@ -170,7 +171,14 @@ pub fn sync(maps: &PinnedMaps, want: &[VirtualMac]) -> Result<Vec<String>> {
     let mut changes = Vec::new();
     for k in have.keys() {
         if !want.iter().any(|v| v.key() == *k) {
-            map.remove(k).context("removing a virtual MAC")?;
+            match map.remove(k) {
+                Ok(()) => {}
+                // Removed meanwhile by the other writer (the daemon and an
+                // attach both follow keepalived): what was asked for.
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e).context("removing a virtual MAC"),
+            }
             let lower =
                 netlink::ifname(k.ifindex).unwrap_or_else(|| format!("ifindex {}", k.ifindex));
             changes.push(format!(

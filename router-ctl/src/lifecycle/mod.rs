@@ -123,14 +123,33 @@ pub fn attach(
         info!("offload mode: removed standalone mode's kernel slow-path table and sysctls");
     }
     // After the configuration turned the fast path on: until then frames
-    // to a virtual MAC go to the kernel, which forwards them too.
-    let virtual_macs = vmac::current([desired.lan_ifindex, desired.wan_ifindex])?;
-    vmac::sync(&ctx.maps(), &virtual_macs)
-        .context("writing the VRRP virtual MACs (keepalived use_vmac) into the data path")?;
-    for v in &virtual_macs {
-        println!("forwarding frames to the virtual MAC {}", v.describe());
+    // to a virtual MAC go to the kernel, which forwards them too. Past the
+    // point where the router is attached, so a failure here only warns: an
+    // error would tell the caller (and `apply`, which would then skip the
+    // rules) that the attach did not happen. Frames to a virtual MAC then
+    // go to the kernel until the map is written.
+    match sync_virtual_macs(ctx, [desired.lan_ifindex, desired.wan_ifindex]) {
+        Ok(virtual_macs) => {
+            for v in &virtual_macs {
+                println!("forwarding frames to the virtual MAC {}", v.describe());
+            }
+        }
+        Err(e) => warn!(
+            "{e:#}; frames to a VRRP virtual MAC (keepalived use_vmac) go to the kernel until \
+             `router-ctl run` writes them (at its start and at each link or address change) or \
+             attach runs again"
+        ),
     }
     Ok(outcome)
+}
+
+/// The VRRP virtual MACs of the attached interfaces, written into the
+/// pinned map.
+fn sync_virtual_macs(ctx: &Ctx, attached: [u32; 2]) -> Result<Vec<vmac::VirtualMac>> {
+    let virtual_macs = vmac::current(attached)?;
+    vmac::sync(&ctx.maps(), &virtual_macs)
+        .context("writing the VRRP virtual MACs (keepalived use_vmac) into the data path")?;
+    Ok(virtual_macs)
 }
 
 /// Standalone mode bypasses netfilter's forward chains: refuses when the
