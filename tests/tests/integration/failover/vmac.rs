@@ -24,7 +24,9 @@ const WAN_VMAC: &str = "00:00:5e:00:01:3e";
 /// keepalived's configuration for router `r` with `priority`: the
 /// example's two instances in a sync group, each on its macvlan.
 fn keepalived_conf(r: Router, priority: u8) -> String {
-    let instance = |name: &str, dev: &str, vrid: u8, vmac_if: &str, vip: std::net::Ipv4Addr| {
+    // The LAN VIP carries a label (its name in `getifaddrs`), which the
+    // router must not take for the interface's.
+    let instance = |name: &str, dev: &str, vrid: u8, vmac_if: &str, vip: &str| {
         format!(
             "vrrp_instance {name} {{
     state {state}
@@ -34,7 +36,7 @@ fn keepalived_conf(r: Router, priority: u8) -> String {
     advert_int 0.5
     use_vmac {vmac_if}
     virtual_ipaddress {{
-        {vip}/24
+        {vip}
     }}
 }}
 ",
@@ -57,8 +59,14 @@ vrrp_sync_group ROUTER {{
 }}
 {lan}{wan}",
         role = r.role,
-        lan = instance("LAN", LAN_IF, 61, LAN_VMAC_IF, LAN_VIP),
-        wan = instance("WAN", WAN_IF, 62, WAN_VMAC_IF, WAN_VIP),
+        lan = instance(
+            "LAN",
+            LAN_IF,
+            61,
+            LAN_VMAC_IF,
+            &format!("{LAN_VIP}/24 label {LAN_VMAC_IF}:vip")
+        ),
+        wan = instance("WAN", WAN_IF, 62, WAN_VMAC_IF, &format!("{WAN_VIP}/24")),
     )
 }
 
