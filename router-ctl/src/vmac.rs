@@ -101,6 +101,24 @@ fn vrrp_held(a: &IpAddr) -> bool {
     }
 }
 
+/// The macvlans in this namespace carrying a VRRP MAC on top of an
+/// attached interface (`attached`, LAN and WAN ifindex), up or down:
+/// keepalived's `use_vmac` interfaces, with their MAC.
+pub fn vrrp_macvlans(
+    links: &[LinkAttrs],
+    attached: [u32; 2],
+) -> impl Iterator<Item = (&LinkAttrs, [u8; 6])> {
+    links.iter().filter_map(move |l| {
+        let on_attached = l.kind.as_deref() == Some("macvlan")
+            // A lower device in another namespace has an ifindex of that
+            // namespace.
+            && l.link_netnsid.is_none()
+            && l.link.is_some_and(|lower| lower != 0 && attached.contains(&lower));
+        let mac = l.mac.filter(|&m| on_attached && vrrp_family(m).is_some())?;
+        Some((l, mac))
+    })
+}
+
 /// The virtual MACs to accept: of each macvlan in this namespace on top of
 /// an attached interface (`attached`, LAN and WAN ifindex) that is up and
 /// carries a VRRP MAC, for the families it holds a non-link-local address
@@ -112,19 +130,9 @@ pub fn accepted(
     addrs: &[(u32, IpAddr)],
     attached: [u32; 2],
 ) -> Vec<VirtualMac> {
-    links
-        .iter()
-        .filter(|l| {
-            l.kind.as_deref() == Some("macvlan")
-                && l.up
-                // A lower device in another namespace has an ifindex of
-                // that namespace.
-                && l.link_netnsid.is_none()
-                && l.link.is_some_and(|lower| lower != 0 && attached.contains(&lower))
-        })
-        .filter_map(|l| {
-            let mac = l.mac?;
-            vrrp_family(mac)?;
+    vrrp_macvlans(links, attached)
+        .filter(|(l, _)| l.up)
+        .filter_map(|(l, mac)| {
             let families = addrs
                 .iter()
                 .filter(|(ifindex, a)| *ifindex == l.ifindex && vrrp_held(a))
