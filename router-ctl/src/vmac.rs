@@ -283,7 +283,7 @@ mod tests {
         let links = [macvlan(6, "vrrp6.51", WAN, VMAC6, true)];
         let backup = [addr(6, "fe80::200:5eff:fe00:233")];
         assert!(accepted(&links, &backup, [LAN, WAN]).is_empty());
-        let master = [backup[0].clone(), addr(6, "2001:db8::1")];
+        let master = [backup[0], addr(6, "2001:db8::1")];
         let got = accepted(&links, &master, [LAN, WAN]);
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].ifindex, got[0].families), (WAN, VMAC_IPV6));

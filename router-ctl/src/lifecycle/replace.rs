@@ -134,17 +134,7 @@ pub fn replace_or_keep(
     rec.replaced_at = Some(now);
     rec.replacements += 1;
     state::save(ctx.ns(), &rec)?;
-    let what = match &old {
-        Some(o) if !o.object.same(&obj.id) && o.config != *desired => {
-            "new object and configuration"
-        }
-        Some(o) if !o.object.same(&obj.id) => "new object",
-        Some(o) if o.config != *desired => "new configuration",
-        Some(_) if !added_maps.is_empty() => "creating the maps this router-ctl added",
-        Some(_) if a.reload => "same object and configuration (--reload)",
-        Some(_) => "finishing an interrupted change",
-        None => "no attach record (repaired)",
-    };
+    let what = what_changed(old.as_ref(), obj, desired, a.reload, !added_maps.is_empty());
     println!(
         "replaced the program on {} and {} in place ({what}): program {} -> {prog_id}, object \
          {}; conntrack, counters and rules kept",
@@ -154,6 +144,29 @@ pub fn replace_or_keep(
         obj.id.version()
     );
     Ok(Outcome::Replaced)
+}
+
+/// Why the replace ran, for its message: against the previous record
+/// `old`, the new object and configuration; `reload` asked for;
+/// `added_maps` created.
+fn what_changed(
+    old: Option<&State>,
+    obj: &Object,
+    desired: &RouterConfig,
+    reload: bool,
+    added_maps: bool,
+) -> &'static str {
+    match old {
+        Some(o) if !o.object.same(&obj.id) && o.config != *desired => {
+            "new object and configuration"
+        }
+        Some(o) if !o.object.same(&obj.id) => "new object",
+        Some(o) if o.config != *desired => "new configuration",
+        Some(_) if added_maps => "creating the maps this router-ctl added",
+        Some(_) if reload => "same object and configuration (--reload)",
+        Some(_) => "finishing an interrupted change",
+        None => "no attach record (repaired)",
+    }
 }
 
 /// What a replace cannot change: the pins must be complete, the links stay
