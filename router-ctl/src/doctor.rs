@@ -663,9 +663,69 @@ pub fn firewall_checks() -> Vec<Check> {
     out
 }
 
-/// Prints the checks; exit code 1 if any failed.
-pub fn doctor(ifaces: &[String], pin_dir: &Path, as_json: bool) -> i32 {
+/// keepalived `use_vmac` needs `router-ctl run`: `attach` writes the
+/// virtual MACs once, the daemon follows each VRRP transition. Checked
+/// when none runs (`daemon_running`: its status file's heartbeat is
+/// fresh) on an attached router.
+#[must_use]
+pub fn vrrp_daemon_check(pin_dir: &Path, daemon_running: bool) -> Option<Check> {
+    if daemon_running {
+        return None;
+    }
+    let maps = PinnedMaps::at(pin_dir);
+    let cfg = maps.read_config().ok().filter(|c| c.lan_ifindex != 0)?;
+    // Unreadable (no map: attached by an earlier router-ctl): none.
+    let accepted = vmac::pinned(&maps).map_or(0, |v| v.len());
+    let links = netlink::links().unwrap_or_default();
+    let macvlans: Vec<String> = vmac::vrrp_macvlans(&links, [cfg.lan_ifindex, cfg.wan_ifindex])
+        .map(|(l, _)| l.name.clone())
+        .collect();
+    unfollowed_virtual_macs(accepted, &macvlans)
+}
+
+/// The warning when no daemon follows keepalived: the data path accepts
+/// `accepted` virtual MACs, or `macvlans` (VRRP macvlans on the attached
+/// interfaces) exist; nothing without either.
+fn unfollowed_virtual_macs(accepted: usize, macvlans: &[String]) -> Option<Check> {
+    if accepted == 0 && macvlans.is_empty() {
+        return None;
+    }
+    let mut what = Vec::new();
+    if accepted > 0 {
+        what.push(format!(
+            "the data path forwards frames to {accepted} VRRP virtual MAC(s)"
+        ));
+    }
+    if !macvlans.is_empty() {
+        what.push(format!(
+            "keepalived's use_vmac macvlan(s) {} sit on the attached interfaces",
+            macvlans.join(", ")
+        ));
+    }
+    Some(Check {
+        iface: "daemon".into(),
+        name: "virtual-macs",
+        level: Level::Warn,
+        detail: format!(
+            "no `router-ctl run` is running (no fresh heartbeat in its status file), and {}: \
+             the virtual MACs stay as the last attach wrote them; after a VRRP transition the \
+             new master's frames go the slow way and the former master's XDP keeps forwarding \
+             the frames a switch floods to it",
+            what.join(" and ")
+        ),
+        fix: Some(
+            "run `router-ctl run` (examples/systemd/xdp-router.service does): it follows \
+             keepalived's changes"
+                .to_owned(),
+        ),
+    })
+}
+
+/// Prints the checks; exit code 1 if any failed. `daemon_running`: a
+/// `router-ctl run` ticks (its status file's heartbeat).
+pub fn doctor(ifaces: &[String], pin_dir: &Path, daemon_running: bool, as_json: bool) -> i32 {
     let mut cs = checks(ifaces, pin_dir);
+    cs.extend(vrrp_daemon_check(pin_dir, daemon_running));
     cs.extend(firewall_checks());
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
@@ -689,4 +749,21 @@ pub fn doctor(ifaces: &[String], pin_dir: &Path, as_json: bool) -> i32 {
         println!("{f} failed, {w} warnings");
     }
     i32::from(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn virtual_macs_without_a_daemon_warn() {
+        assert!(unfollowed_virtual_macs(0, &[]).is_none());
+        let c = unfollowed_virtual_macs(2, &[]).expect("accepted MACs warn");
+        assert_eq!((c.level, c.name), (Level::Warn, "virtual-macs"));
+        assert!(c.detail.contains("2 VRRP virtual MAC(s)"), "{}", c.detail);
+        assert!(c.fix.is_some_and(|f| f.contains("router-ctl run")));
+        // A backup: its macvlan, no MAC accepted.
+        let c = unfollowed_virtual_macs(0, &["vrrp.61".into()]).expect("a macvlan warns");
+        assert!(c.detail.contains("vrrp.61"), "{}", c.detail);
+    }
 }

@@ -36,11 +36,27 @@ impl Running {
         !self.maps_present.is_empty() || !self.links.is_empty()
     }
 
+    /// Every pin a running router needs: the maps of
+    /// [`PinnedMaps::NAMES`] but those a replace creates
+    /// ([`PinnedMaps::ADDED_LATER`]), and both links.
     #[must_use]
     pub fn complete(&self) -> bool {
-        self.maps_present.len() == PinnedMaps::NAMES.len()
+        PinnedMaps::NAMES
+            .iter()
+            .all(|n| self.maps_present.contains(n) || PinnedMaps::ADDED_LATER.contains(n))
             && self.links.len() == LINK_PINS.len()
             && self.links.iter().all(|(_, l)| l.is_ok())
+    }
+
+    /// The maps of [`PinnedMaps::ADDED_LATER`] that are not pinned: the
+    /// router was attached by an earlier router-ctl.
+    #[must_use]
+    pub fn maps_added_later_missing(&self) -> Vec<&'static str> {
+        PinnedMaps::ADDED_LATER
+            .iter()
+            .copied()
+            .filter(|n| !self.maps_present.contains(n))
+            .collect()
     }
 
     /// The program ids of the links, in `LINK_PINS` order.

@@ -567,7 +567,10 @@ fn run(cli: Cli) -> Result<i32> {
         }
         .map(|()| 0),
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
-        Cmd::Doctor { ifaces, json } => Ok(doctor::doctor(&ifaces, &ctx.pin_dir, json)),
+        Cmd::Doctor { ifaces, json } => {
+            let daemon_running = daemon::health_json(ctx.ns())["running"] == true;
+            Ok(doctor::doctor(&ifaces, &ctx.pin_dir, daemon_running, json))
+        }
         Cmd::Run {
             tick,
             config,

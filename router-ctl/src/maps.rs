@@ -65,6 +65,11 @@ impl PinnedMaps {
         VIRTUAL_MACS_MAP,
     ];
 
+    /// The maps of [`Self::NAMES`] that a router attached by an earlier
+    /// router-ctl lacks: a live replace creates them (`load_pinned` pins a
+    /// missing map), so neither a replace nor `status` requires them.
+    pub const ADDED_LATER: [&'static str; 1] = [VIRTUAL_MACS_MAP];
+
     #[must_use]
     pub fn at(dir: &Path) -> Self {
         Self {

@@ -23,6 +23,7 @@ const RTM_GETLINK: u16 = 18;
 const RTM_SETLINK: u16 = 19;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
+const RTM_GETADDR: u16 = 22;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
@@ -42,6 +43,8 @@ const IFLA_XDP_PROG_ID: u16 = 4;
 const IFLA_XDP_DRV_PROG_ID: u16 = 5;
 const IFLA_XDP_SKB_PROG_ID: u16 = 6;
 const IFLA_XDP_HW_PROG_ID: u16 = 7;
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const NETNSA_NSID: u16 = 1;
@@ -362,6 +365,49 @@ pub fn links() -> io::Result<Vec<LinkAttrs>> {
         .collect())
 }
 
+/// Parses an `RTM_NEWADDR` payload: the index of the address's interface
+/// (`struct ifaddrmsg`: family, prefix length, flags, scope, index) and
+/// the address; `None` for another family or a truncated message.
+fn parse_addr(payload: &[u8]) -> Option<(u32, IpAddr)> {
+    let family = i32::from(*payload.first()?);
+    let ifindex = u32_of(payload.get(4..8)?);
+    let (mut address, mut local) = (None, None);
+    for (t, d) in attrs(payload.get(8..)?) {
+        match t {
+            IFA_ADDRESS => address = Some(d),
+            IFA_LOCAL => local = Some(d),
+            _ => {}
+        }
+    }
+    // rtnetlink(7): IFA_LOCAL is the interface's own address; IFA_ADDRESS
+    // is the peer's on a point-to-point link, the own one otherwise.
+    let d = local.or(address)?;
+    match family {
+        libc::AF_INET => Some(IpAddr::V4(Ipv4Addr::from(
+            <[u8; 4]>::try_from(d.get(..4)?).ok()?,
+        ))),
+        libc::AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(d.get(..16)?).ok()?,
+        ))),
+        _ => None,
+    }
+    .map(|a| (ifindex, a))
+}
+
+/// Every IPv4 and IPv6 address of the current namespace with its
+/// interface's index (an `RTM_GETADDR` dump). By index, not by name: an
+/// IPv4 address's name in `getifaddrs` is its label (keepalived's
+/// `label vrrp.61:vip`), not its interface's.
+pub fn addrs_by_ifindex() -> io::Result<Vec<(u32, IpAddr)>> {
+    let s = Socket::new()?;
+    // struct ifaddrmsg, family AF_UNSPEC: every family.
+    let msg = Msg::new(RTM_GETADDR, NLM_F_DUMP, &[0u8; 8]).finish(1);
+    Ok(s.request(&msg, RTM_NEWADDR)?
+        .iter()
+        .filter_map(|p| parse_addr(p))
+        .collect())
+}
+
 /// The attributes of interface `ifindex` in the current namespace.
 pub fn link(ifindex: u32) -> io::Result<LinkAttrs> {
     let s = Socket::new()?;
@@ -658,6 +704,66 @@ mod tests {
         // Shorter than an ifaddrmsg: skipped.
         let short = Msg::new(RTM_NEWADDR, 0, &[2, 24, 0, 0]).finish(0);
         assert!(parse_link_events(&short).is_empty());
+    }
+
+    /// The dump's replies as the kernel sends them: an IPv4 address with a
+    /// label other than its interface's name (keepalived's `label
+    /// vrrp.61:vip`) belongs to the interface of its index.
+    #[test]
+    fn addresses_are_parsed_with_their_interface_index_whatever_their_label() {
+        let reply = |family: u8, ifindex: u32, attrs: &[(u16, &[u8])]| {
+            let mut ifa = [0u8; 8];
+            ifa[0] = family;
+            ifa[1] = 24;
+            ifa[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+            let mut m = Msg::new(RTM_NEWADDR, 0, &ifa);
+            for (t, d) in attrs {
+                m.attr(*t, d);
+            }
+            m.finish(0)[16..].to_vec()
+        };
+        let labelled = reply(
+            2,
+            9,
+            &[
+                (IFA_ADDRESS, &[192, 168, 70, 1]),
+                (IFA_LOCAL, &[192, 168, 70, 1]),
+                (3 /* IFA_LABEL */, b"vrrp.61:vip\0"),
+            ],
+        );
+        assert_eq!(
+            parse_addr(&labelled),
+            Some((9, IpAddr::V4(Ipv4Addr::new(192, 168, 70, 1))))
+        );
+        // Point-to-point: IFA_ADDRESS is the peer's.
+        let ptp = reply(
+            2,
+            4,
+            &[(IFA_ADDRESS, &[10, 0, 0, 2]), (IFA_LOCAL, &[10, 0, 0, 1])],
+        );
+        assert_eq!(
+            parse_addr(&ptp),
+            Some((4, IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))))
+        );
+        let v6 = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+        assert_eq!(
+            parse_addr(&reply(10, 6, &[(IFA_ADDRESS, &v6.octets())])),
+            Some((6, IpAddr::V6(v6)))
+        );
+        // Another family, no address, truncated: none.
+        assert_eq!(parse_addr(&reply(17, 6, &[(IFA_ADDRESS, &[1; 6])])), None);
+        assert_eq!(parse_addr(&reply(2, 6, &[])), None);
+        assert_eq!(parse_addr(&reply(2, 6, &[(IFA_LOCAL, &[10, 0])])), None);
+        assert_eq!(parse_addr(&[2, 24, 0, 0]), None);
+    }
+
+    #[test]
+    fn the_address_dump_lists_loopbacks_address() {
+        let all = addrs_by_ifindex().expect("RTM_GETADDR dump");
+        assert!(
+            all.contains(&(1, IpAddr::V4(Ipv4Addr::LOCALHOST))),
+            "{all:?}"
+        );
     }
 
     #[test]

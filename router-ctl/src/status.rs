@@ -66,7 +66,7 @@ pub fn diagnose(
         let missing: Vec<&str> = PinnedMaps::NAMES
             .iter()
             .copied()
-            .filter(|m| !running.maps_present.contains(m))
+            .filter(|m| !running.maps_present.contains(m) && !PinnedMaps::ADDED_LATER.contains(m))
             .chain(
                 LINK_PINS
                     .iter()
@@ -128,6 +128,15 @@ pub fn diagnose(
                 l.info.prog_id
             ));
         }
+    }
+    let added_maps = running.maps_added_later_missing();
+    if !added_maps.is_empty() {
+        problems.push(format!(
+            "{} not pinned (the router was attached by an earlier router-ctl; keepalived \
+             use_vmac's virtual MACs go the slow way); run `router-ctl attach` again: a live \
+             replace creates it",
+            added_maps.join(", ")
+        ));
     }
     match record {
         None => problems.push(

@@ -101,33 +101,41 @@ fn vrrp_held(a: &IpAddr) -> bool {
     }
 }
 
+/// The macvlans in this namespace carrying a VRRP MAC on top of an
+/// attached interface (`attached`, LAN and WAN ifindex), up or down:
+/// keepalived's `use_vmac` interfaces, with their MAC.
+pub fn vrrp_macvlans(
+    links: &[LinkAttrs],
+    attached: [u32; 2],
+) -> impl Iterator<Item = (&LinkAttrs, [u8; 6])> {
+    links.iter().filter_map(move |l| {
+        let on_attached = l.kind.as_deref() == Some("macvlan")
+            // A lower device in another namespace has an ifindex of that
+            // namespace.
+            && l.link_netnsid.is_none()
+            && l.link.is_some_and(|lower| lower != 0 && attached.contains(&lower));
+        let mac = l.mac.filter(|&m| on_attached && vrrp_family(m).is_some())?;
+        Some((l, mac))
+    })
+}
+
 /// The virtual MACs to accept: of each macvlan in this namespace on top of
 /// an attached interface (`attached`, LAN and WAN ifindex) that is up and
 /// carries a VRRP MAC, for the families it holds a non-link-local address
-/// of (`addrs`: interface name and address). A macvlan without one is a
+/// of (`addrs`: interface index and address). A macvlan without one is a
 /// backup's: left out.
 #[must_use]
 pub fn accepted(
     links: &[LinkAttrs],
-    addrs: &[(String, IpAddr)],
+    addrs: &[(u32, IpAddr)],
     attached: [u32; 2],
 ) -> Vec<VirtualMac> {
-    links
-        .iter()
-        .filter(|l| {
-            l.kind.as_deref() == Some("macvlan")
-                && l.up
-                // A lower device in another namespace has an ifindex of
-                // that namespace.
-                && l.link_netnsid.is_none()
-                && l.link.is_some_and(|lower| lower != 0 && attached.contains(&lower))
-        })
-        .filter_map(|l| {
-            let mac = l.mac?;
-            vrrp_family(mac)?;
+    vrrp_macvlans(links, attached)
+        .filter(|(l, _)| l.up)
+        .filter_map(|(l, mac)| {
             let families = addrs
                 .iter()
-                .filter(|(name, a)| *name == l.name && vrrp_held(a))
+                .filter(|(ifindex, a)| *ifindex == l.ifindex && vrrp_held(a))
                 .fold(0, |f, (_, a)| {
                     f | if a.is_ipv4() { VMAC_IPV4 } else { VMAC_IPV6 }
                 });
@@ -146,7 +154,7 @@ pub fn accepted(
 /// namespace.
 pub fn current(attached: [u32; 2]) -> Result<Vec<VirtualMac>> {
     let links = netlink::links().context("listing the interfaces (rtnetlink)")?;
-    let addrs = netlink::ip_addrs()?;
+    let addrs = netlink::addrs_by_ifindex().context("listing the addresses (rtnetlink)")?;
     Ok(accepted(&links, &addrs, attached))
 }
 
@@ -233,8 +241,8 @@ mod tests {
         }
     }
 
-    fn addr(name: &str, a: &str) -> (String, IpAddr) {
-        (name.into(), a.parse().unwrap())
+    fn addr(ifindex: u32, a: &str) -> (u32, IpAddr) {
+        (ifindex, a.parse().unwrap())
     }
 
     #[test]
@@ -252,10 +260,7 @@ mod tests {
     #[test]
     fn the_master_accepts_and_the_backup_does_not() {
         let links = [macvlan(5, "vrrp.51", LAN, VMAC4, true)];
-        let master = [
-            addr("lan0", "192.168.70.2"),
-            addr("vrrp.51", "192.168.70.1"),
-        ];
+        let master = [addr(LAN, "192.168.70.2"), addr(5, "192.168.70.1")];
         let got = accepted(&links, &master, [LAN, WAN]);
         assert_eq!(
             got,
@@ -266,7 +271,7 @@ mod tests {
                 families: VMAC_IPV4
             }]
         );
-        let backup = [addr("lan0", "192.168.70.3")];
+        let backup = [addr(LAN, "192.168.70.3")];
         assert!(accepted(&links, &backup, [LAN, WAN]).is_empty());
         // Down (keepalived stopped with the address left): not accepted.
         let down = [macvlan(5, "vrrp.51", LAN, VMAC4, false)];
@@ -276,19 +281,19 @@ mod tests {
     #[test]
     fn an_ipv6_instance_needs_more_than_its_link_local_address() {
         let links = [macvlan(6, "vrrp6.51", WAN, VMAC6, true)];
-        let backup = [addr("vrrp6.51", "fe80::200:5eff:fe00:233")];
+        let backup = [addr(6, "fe80::200:5eff:fe00:233")];
         assert!(accepted(&links, &backup, [LAN, WAN]).is_empty());
-        let master = [backup[0].clone(), addr("vrrp6.51", "2001:db8::1")];
+        let master = [backup[0], addr(6, "2001:db8::1")];
         let got = accepted(&links, &master, [LAN, WAN]);
         assert_eq!(got.len(), 1);
         assert_eq!((got[0].ifindex, got[0].families), (WAN, VMAC_IPV6));
-        let v4_link_local = [addr("vrrp6.51", "169.254.1.1")];
+        let v4_link_local = [addr(6, "169.254.1.1")];
         assert!(accepted(&links, &v4_link_local, [LAN, WAN]).is_empty());
     }
 
     #[test]
     fn other_macvlans_and_other_lower_devices_are_left_out() {
-        let held = |n: &str| addr(n, "192.168.70.1");
+        let held = |ifindex| addr(ifindex, "192.168.70.1");
         // Not a VRRP MAC (a container's macvlan).
         let other_mac = macvlan(5, "mv0", LAN, [2, 0, 0, 0, 0, 9], true);
         // On top of an interface that is not attached.
@@ -300,7 +305,7 @@ mod tests {
         let mut foreign = macvlan(8, "vrrp.54", LAN, [0, 0, 0x5e, 0, 1, 54], true);
         foreign.link_netnsid = Some(0);
         let links = [other_mac, other_lower, dummy, foreign];
-        let addrs: Vec<_> = links.iter().map(|l| held(&l.name)).collect();
+        let addrs: Vec<_> = links.iter().map(|l| held(l.ifindex)).collect();
         assert!(accepted(&links, &addrs, [LAN, WAN]).is_empty());
     }
 

@@ -4,11 +4,7 @@
 //! written, and only then the configuration: that one map write turns the
 //! fast path on for both interfaces at once.
 
-use std::{
-    fs,
-    os::{fd::AsFd as _, unix::fs::PermissionsExt as _},
-    path::Path,
-};
+use std::{fs, os::fd::AsFd as _, path::Path};
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
@@ -142,7 +138,7 @@ fn load(
         if ebpf.map(name).is_none() || !path.exists() {
             bail!("the XDP object has no {name} map; rebuild router-ctl");
         }
-        chmod_600(&path)?;
+        loader::chmod_600(&path)?;
     }
     let maps = PinnedMaps::at(tmp);
     let mut devices = maps.devices()?;
@@ -278,10 +274,5 @@ fn pin_private(fd: FdLink, path: &Path) -> Result<()> {
         .pin(path)
         .with_context(|| format!("pinning {}", path.display()))?;
     drop(pinned);
-    chmod_600(path)
-}
-
-fn chmod_600(path: &Path) -> Result<()> {
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", path.display()))
+    loader::chmod_600(path)
 }

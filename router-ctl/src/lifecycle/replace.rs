@@ -43,6 +43,11 @@ pub fn replace_or_keep(
     let entries = desired.max_flows * 2;
     loader::check_layout(dir, obj, entries)?;
 
+    // Maps this build added, not pinned by the router-ctl that attached:
+    // the replace below creates them, so it runs even when nothing else
+    // changed.
+    let added_maps = running.maps_added_later_missing();
+
     let ids = running.prog_ids();
     let consistent = ids.len() == 2 && ids[0] == ids[1];
     let cur_cfg = running.config;
@@ -56,7 +61,8 @@ pub fn replace_or_keep(
             && r.pending.is_none()
             && consistent
             && ids[0] == r.prog_id
-    }) && cur_cfg == Some(want_cfg);
+    }) && cur_cfg == Some(want_cfg)
+        && added_maps.is_empty();
     if same && !a.reload {
         println!(
             "already attached to {} and {} with this object ({}) and configuration; nothing \
@@ -76,6 +82,10 @@ pub fn replace_or_keep(
 
     let mut ebpf = loader::load_pinned(obj, dir, entries)
         .context("loading the new XDP object against the pinned maps")?;
+    for name in &added_maps {
+        loader::chmod_600(&dir.join(name))?;
+        info!("created the {name} map (the router was attached by an earlier router-ctl)");
+    }
     let prog_id = loader::load_program(&mut ebpf)?;
     crash_point("replace-after-load");
 
@@ -124,16 +134,7 @@ pub fn replace_or_keep(
     rec.replaced_at = Some(now);
     rec.replacements += 1;
     state::save(ctx.ns(), &rec)?;
-    let what = match &old {
-        Some(o) if !o.object.same(&obj.id) && o.config != *desired => {
-            "new object and configuration"
-        }
-        Some(o) if !o.object.same(&obj.id) => "new object",
-        Some(o) if o.config != *desired => "new configuration",
-        Some(_) if a.reload => "same object and configuration (--reload)",
-        Some(_) => "finishing an interrupted change",
-        None => "no attach record (repaired)",
-    };
+    let what = what_changed(old.as_ref(), obj, desired, a.reload, !added_maps.is_empty());
     println!(
         "replaced the program on {} and {} in place ({what}): program {} -> {prog_id}, object \
          {}; conntrack, counters and rules kept",
@@ -143,6 +144,29 @@ pub fn replace_or_keep(
         obj.id.version()
     );
     Ok(Outcome::Replaced)
+}
+
+/// Why the replace ran, for its message: against the previous record
+/// `old`, the new object and configuration; `reload` asked for;
+/// `added_maps` created.
+fn what_changed(
+    old: Option<&State>,
+    obj: &Object,
+    desired: &RouterConfig,
+    reload: bool,
+    added_maps: bool,
+) -> &'static str {
+    match old {
+        Some(o) if !o.object.same(&obj.id) && o.config != *desired => {
+            "new object and configuration"
+        }
+        Some(o) if !o.object.same(&obj.id) => "new object",
+        Some(o) if o.config != *desired => "new configuration",
+        Some(_) if added_maps => "creating the maps this router-ctl added",
+        Some(_) if reload => "same object and configuration (--reload)",
+        Some(_) => "finishing an interrupted change",
+        None => "no attach record (repaired)",
+    }
 }
 
 /// What a replace cannot change: the pins must be complete, the links stay
@@ -158,7 +182,7 @@ fn check_replaceable(
             .iter()
             .chain(LINK_PINS.iter())
             .copied()
-            .filter(|n| !dir.join(n).exists())
+            .filter(|n| !dir.join(n).exists() && !PinnedMaps::ADDED_LATER.contains(n))
             .collect();
         bail!(
             "the pins in {} are incomplete (missing: {}; unreadable links: {}): this is not a \

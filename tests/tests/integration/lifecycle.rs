@@ -388,6 +388,45 @@ fn lost_pins_are_detected_and_repaired() {
     assert_eq!(status(&t).1, 3);
 }
 
+/// An upgrade: a router attached by a router-ctl without the
+/// `VIRTUAL_MACS` map (keepalived `use_vmac`) lacks its pin; the new
+/// router-ctl's attach (as `apply` and `run --config` do at start) must
+/// not refuse it but create the map in a live replace.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn attach_creates_the_map_an_earlier_router_ctl_did_not_pin() {
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    attach(&t, &[]);
+    let pin = pin_dir(&t).join(router_common::maps::VIRTUAL_MACS_MAP);
+    // What the previous router-ctl left: every pin but this one.
+    std::fs::remove_file(&pin).unwrap();
+    let (v, code) = status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
+    assert!(
+        v["problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("VIRTUAL_MACS not pinned"),
+        "{v}"
+    );
+
+    let out = attach(&t, &[]);
+    assert!(out.contains("replaced"), "{out}");
+    assert_eq!(mode_of(&pin), 0o600, "{}", pin.display());
+    let (v, code) = status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
+    assert!(v["virtual_macs"].is_array(), "status reads the map: {v}");
+    let before = t.stats();
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 6101));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+    let after = t.stats();
+    assert!(
+        tests::counter_delta(&before, &after, "fwd_outbound") >= 1,
+        "the replaced program forwarded nothing: {after}"
+    );
+}
+
 fn crashed(t: &Topology, at: &str, args: &[&str]) {
     let o = ctl_env(t, &[("ROUTER_CTL_CRASH_AT", at)], args);
     assert!(

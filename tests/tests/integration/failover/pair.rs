@@ -301,14 +301,20 @@ table ip nat {{
         stdout(&o)
     }
 
-    /// Offload mode on router `r` and its daemon.
-    pub(super) fn start_fast_path(&self, r: Router) {
+    /// Router `r` attached in offload mode, without its daemon (which
+    /// [`Self::start_fast_path`] adds); detached when the pair is dropped.
+    pub(super) fn attach(&self, r: Router) {
         self.attached.lock().unwrap().push(r);
         let out = self.router_ctl_ok(r, &["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
         assert!(
             out.contains("kernel"),
             "attach does not say offload mode: {out}"
         );
+    }
+
+    /// Offload mode on router `r` and its daemon.
+    pub(super) fn start_fast_path(&self, r: Router) {
+        self.attach(r);
         let log = format!("{}-daemon.out", r.role);
         self.spawn(
             DAEMON,

@@ -24,7 +24,9 @@ const WAN_VMAC: &str = "00:00:5e:00:01:3e";
 /// keepalived's configuration for router `r` with `priority`: the
 /// example's two instances in a sync group, each on its macvlan.
 fn keepalived_conf(r: Router, priority: u8) -> String {
-    let instance = |name: &str, dev: &str, vrid: u8, vmac_if: &str, vip: std::net::Ipv4Addr| {
+    // The LAN VIP carries a label (its name in `getifaddrs`), which the
+    // router must not take for the interface's.
+    let instance = |name: &str, dev: &str, vrid: u8, vmac_if: &str, vip: &str| {
         format!(
             "vrrp_instance {name} {{
     state {state}
@@ -34,7 +36,7 @@ fn keepalived_conf(r: Router, priority: u8) -> String {
     advert_int 0.5
     use_vmac {vmac_if}
     virtual_ipaddress {{
-        {vip}/24
+        {vip}
     }}
 }}
 ",
@@ -57,8 +59,14 @@ vrrp_sync_group ROUTER {{
 }}
 {lan}{wan}",
         role = r.role,
-        lan = instance("LAN", LAN_IF, 61, LAN_VMAC_IF, LAN_VIP),
-        wan = instance("WAN", WAN_IF, 62, WAN_VMAC_IF, WAN_VIP),
+        lan = instance(
+            "LAN",
+            LAN_IF,
+            61,
+            LAN_VMAC_IF,
+            &format!("{LAN_VIP}/24 label {LAN_VMAC_IF}:vip")
+        ),
+        wan = instance("WAN", WAN_IF, 62, WAN_VMAC_IF, &format!("{WAN_VIP}/24")),
     )
 }
 
@@ -94,14 +102,26 @@ impl Pair {
         );
     }
 
-    /// Router `r`'s keepalived reloads with `priority` (SIGHUP).
-    fn set_priority(&self, r: Router, priority: u8) {
-        std::fs::write(self.vmac_conf_path(r), keepalived_conf(r, priority)).unwrap();
+    /// Sends `signal` to router `r`'s keepalived.
+    fn signal_keepalived(&self, r: Router, signal: libc::c_int) {
         let pid = self.read(&format!("{}-keepalived.pid", r.role));
         let pid: libc::pid_t = pid.trim().parse().expect("keepalived's pid file");
         // SAFETY: kill(2) on the keepalived this test started (its pid
         // file, while it runs).
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0, "SIGHUP");
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal}");
+    }
+
+    /// Router `r`'s keepalived reloads with `priority` (SIGHUP).
+    fn set_priority(&self, r: Router, priority: u8) {
+        std::fs::write(self.vmac_conf_path(r), keepalived_conf(r, priority)).unwrap();
+        self.signal_keepalived(r, libc::SIGHUP);
+    }
+
+    /// Whether router `r` has the macvlan `dev`.
+    fn has_link(&self, r: Router, dev: &str) -> bool {
+        self.exec(r.role, &["ip", "link", "show", dev])
+            .status
+            .success()
     }
 
     /// Whether router `r` holds both VIPs on its macvlans.
@@ -118,10 +138,11 @@ impl Pair {
     fn accepted_vmacs(&self, r: Router) -> Vec<String> {
         let v: serde_json::Value =
             serde_json::from_str(&self.router_ctl_ok(r, &["status", "--json"])).unwrap();
+        // Absent when status could not read the map: not "none".
         let mut macs: Vec<String> = v["virtual_macs"]
             .as_array()
-            .into_iter()
-            .flatten()
+            .unwrap_or_else(|| panic!("{} status lists no virtual_macs: {v}", r.role))
+            .iter()
             .map(|m| format!("{} {}", m["interface"].as_str().unwrap_or("?"), m["mac"]))
             .collect();
         macs.sort();
@@ -187,14 +208,7 @@ fn start_vrrp(pair: &Pair) {
     wait_for_or_show(
         "r1 to be master with both VIPs on its macvlans, r2 backup with its macvlans up",
         Duration::from_secs(20),
-        || {
-            pair.has_vmac_vips(R1)
-                && !pair.has_vmac_vips(R2)
-                && pair
-                    .exec(R2.role, &["ip", "link", "show", WAN_VMAC_IF])
-                    .status
-                    .success()
-        },
+        || pair.has_vmac_vips(R1) && !pair.has_vmac_vips(R2) && pair.has_link(R2, WAN_VMAC_IF),
         || pair.vmac_logs(),
     );
 }
@@ -287,5 +301,57 @@ fn use_vmac_frames_are_forwarded_in_xdp_by_the_master_only() {
     assert!(
         echoed > 0 && echoed <= sent,
         "UDP: {echoed} of {sent} echoed"
+    );
+}
+
+/// keepalived stopped on the master deletes its macvlans: the daemon
+/// (`RTM_DELLINK`) removes their MACs from the data path. A router that
+/// runs no daemon is flagged by `doctor`: nothing would follow keepalived.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_stopped_keepalived_takes_its_virtual_macs_along_and_doctor_asks_for_the_daemon() {
+    let pair = Pair::new();
+    start_vrrp(&pair);
+    pair.start_fast_path(R1);
+    // The backup, attached without `router-ctl run`.
+    pair.attach(R2);
+    assert_eq!(pair.accepted_vmacs(R1), both_vmacs(), "the master's");
+    assert!(pair.accepted_vmacs(R2).is_empty(), "the backup's");
+    let doctor = |r: Router| {
+        let out = pair.router_ctl(r, &["doctor", LAN_IF, WAN_IF]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let no_daemon = "no `router-ctl run` is running";
+    let d1 = doctor(R1);
+    assert!(
+        !d1.contains(no_daemon),
+        "doctor on r1 (daemon running):\n{d1}"
+    );
+    let d2 = doctor(R2);
+    assert!(
+        d2.contains("[warn] virtual-macs")
+            && d2.contains(no_daemon)
+            && d2.contains(LAN_VMAC_IF)
+            && d2.contains(WAN_VMAC_IF),
+        "doctor on r2 (no daemon, keepalived's macvlans):\n{d2}"
+    );
+
+    pair.signal_keepalived(R1, libc::SIGTERM);
+    wait_for_or_show(
+        "r1's keepalived to delete its macvlans and r1's daemon to drop their MACs",
+        Duration::from_secs(20),
+        || {
+            !pair.has_link(R1, LAN_VMAC_IF)
+                && !pair.has_link(R1, WAN_VMAC_IF)
+                && pair.accepted_vmacs(R1).is_empty()
+        },
+        || pair.vmac_logs(),
+    );
+    let log = pair.read(&format!("{}-daemon.out", R1.role));
+    assert!(
+        log.contains(&format!(
+            "no longer forwarding frames to the virtual MAC {LAN_VMAC}"
+        )),
+        "r1's daemon log:\n{log}"
     );
 }
