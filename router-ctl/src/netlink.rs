@@ -536,62 +536,19 @@ pub fn ifname(idx: u32) -> Option<String> {
 }
 
 /// The IPv4 addresses of `iface` in the current network namespace, in the
-/// kernel's order (primary addresses first).
+/// kernel's order (primary addresses first); by index, so a labelled
+/// address (`ip addr add ... label wan0:1`) counts for its interface.
 pub fn ipv4_addrs(iface: &str) -> Result<Vec<Ipv4Addr>> {
-    Ok(ip_addrs()?
+    let index = ifindex(iface)?;
+    Ok(addrs_by_ifindex()
+        .context("listing interface addresses (rtnetlink)")?
         .into_iter()
-        .filter(|(name, _)| name == iface)
+        .filter(|(i, _)| *i == index)
         .filter_map(|(_, a)| match a {
             IpAddr::V4(a) => Some(a),
             IpAddr::V6(_) => None,
         })
         .collect())
-}
-
-/// Every IPv4 and IPv6 address of the current network namespace with its
-/// interface's name, in the kernel's order (primary addresses first).
-pub fn ip_addrs() -> Result<Vec<(String, IpAddr)>> {
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills ifap with a list freed below.
-    if unsafe { libc::getifaddrs(&raw mut ifap) } != 0 {
-        bail!(
-            "listing interface addresses: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    let mut out = Vec::new();
-    let mut p = ifap;
-    while !p.is_null() {
-        // SAFETY: p is a node of the list getifaddrs returned.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr points to a sockaddr of at least its family's size.
-        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-        let addr = if family == libc::AF_INET {
-            // SAFETY: an AF_INET address is a sockaddr_in; read without
-            // assuming alignment.
-            let sin = unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>()) };
-            IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-        } else if family == libc::AF_INET6 {
-            // SAFETY: an AF_INET6 address is a sockaddr_in6.
-            let sin6 =
-                unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in6>()) };
-            IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-        } else {
-            continue;
-        };
-        // SAFETY: ifa_name is a NUL-terminated string.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        out.push((name, addr));
-    }
-    // SAFETY: ifap came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(ifap) };
-    Ok(out)
 }
 
 #[cfg(test)]

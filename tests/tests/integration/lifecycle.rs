@@ -1,7 +1,8 @@
 //! router-ctl's lifecycle in fresh topologies: attach (idempotent), live
 //! replace under a running TCP stream, detach back to the kernel path,
 //! rollback when the second interface fails, foreign XDP programs, pins
-//! lost (as after a reboot), and a crash (`kill -9`) at every step.
+//! lost (as after a reboot), a crash (`kill -9`) at every step, and the WAN
+//! address found on a labelled address.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -206,6 +207,30 @@ fn detach_restores_kernel_forwarding() {
     // Detach again: nothing to do, still success.
     let out = t.router_ctl_ok(&["detach"]);
     assert!(out.contains("nothing to do"), "{out}");
+}
+
+/// `--wan-addr auto` finds the WAN address by the interface's index: an
+/// address with a label (`ip addr add ... label wan0:nat`, as keepalived
+/// and ifupdown write them) is the interface's too, and flows leave with it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn the_wan_address_is_found_by_interface_also_when_labelled() {
+    let t = Topology::new();
+    let wan = format!("{ROUTER_WAN_ADDR}/24");
+    t.exec_ok(Ns::Router, &["ip", "addr", "del", &wan, "dev", WAN_IF]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip", "addr", "add", &wan, "dev", WAN_IF, "label", "wan0:nat",
+        ],
+    );
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    assert!(
+        out.contains(&format!("masquerade to {ROUTER_WAN_ADDR}")),
+        "{out}"
+    );
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5705));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
 }
 
 #[test]
