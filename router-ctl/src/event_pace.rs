@@ -28,6 +28,11 @@ const POLL_FROM_WAKES_PER_SEC: u64 = 500;
 /// Below [`POLL_FROM_WAKES_PER_SEC`], so a load near either does not make
 /// the mode flap.
 const WAIT_BELOW_DATAGRAMS_PER_SEC: u64 = 200;
+/// After registering the socket for waiting failed (`ENOSPC` at
+/// `fs.epoll.max_user_watches`, `ENOMEM`), how long it is polled before
+/// waiting is tried again: a cause that lasts costs one attempt a second,
+/// not one per poll.
+pub const WAIT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// How the event socket is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +53,11 @@ pub struct EventPace {
     window_start_ns: u64,
     /// Wake-ups (waiting) or datagrams (polling) since `window_start_ns`.
     count: u64,
+    /// Polling, whatever the load, before this time: waiting failed
+    /// ([`EventPace::wait_failed`]).
+    no_wait_before_ns: u64,
+    /// Waiting failed at the last attempt (and has not succeeded since).
+    wait_failing: bool,
 }
 
 impl EventPace {
@@ -58,6 +68,8 @@ impl EventPace {
             pinned: false,
             window_start_ns: now_ns,
             count: 0,
+            no_wait_before_ns: 0,
+            wait_failing: false,
         }
     }
 
@@ -69,6 +81,8 @@ impl EventPace {
             pinned: true,
             window_start_ns: 0,
             count: 0,
+            no_wait_before_ns: 0,
+            wait_failing: false,
         }
     }
 
@@ -91,6 +105,25 @@ impl EventPace {
         self.close_window(now_ns)
     }
 
+    /// Waiting was decided but the socket could not be registered for it:
+    /// polling again, for [`WAIT_RETRY_AFTER`] at least, with a new
+    /// window. True for the first failure since waiting last worked (the
+    /// one to warn about; the attempts after it while the cause lasts are
+    /// the same occurrence).
+    pub fn wait_failed(&mut self, now_ns: u64) -> bool {
+        self.mode = ReadMode::Poll;
+        self.window_start_ns = now_ns;
+        self.count = 0;
+        self.no_wait_before_ns = now_ns.saturating_add(WAIT_RETRY_AFTER.as_nanos() as u64);
+        !std::mem::replace(&mut self.wait_failing, true)
+    }
+
+    /// The socket was registered for waiting: true when that ends a run of
+    /// failures ([`EventPace::wait_failed`]).
+    pub fn wait_worked(&mut self) -> bool {
+        std::mem::replace(&mut self.wait_failing, false)
+    }
+
     /// At the end of a window, the rate over it decides the mode (and a new
     /// window starts, also when the mode changes: each mode counts its own).
     fn close_window(&mut self, now_ns: u64) -> ReadMode {
@@ -104,7 +137,12 @@ impl EventPace {
         let per = |rate: u64| u128::from(rate) * u128::from(elapsed);
         self.mode = match self.mode {
             ReadMode::Wait if scaled >= per(POLL_FROM_WAKES_PER_SEC) => ReadMode::Poll,
-            ReadMode::Poll if scaled < per(WAIT_BELOW_DATAGRAMS_PER_SEC) => ReadMode::Wait,
+            ReadMode::Poll
+                if now_ns >= self.no_wait_before_ns
+                    && scaled < per(WAIT_BELOW_DATAGRAMS_PER_SEC) =>
+            {
+                ReadMode::Wait
+            }
             same => same,
         };
         self.window_start_ns = now_ns;
@@ -197,6 +235,37 @@ mod tests {
         assert_eq!(mode, ReadMode::Wait);
         // And a new window starts: one wake-up does not switch back.
         assert_eq!(pace.woke(400 * MS), ReadMode::Wait);
+    }
+
+    #[test]
+    fn a_failed_switch_to_waiting_polls_for_a_second_and_is_reported_once() {
+        let mut pace = EventPace::new(0);
+        assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
+        assert_eq!(poll_evenly(&mut pace, 100, 100, 0), ReadMode::Wait);
+        // Registering failed at 200 ms: polled again, and an idle socket is
+        // not tried again every window, only after WAIT_RETRY_AFTER.
+        assert!(pace.wait_failed(200 * MS), "the first failure is reported");
+        assert_eq!(poll_evenly(&mut pace, 200, 995, 0), ReadMode::Poll);
+        assert_eq!(pace.polled(1_200 * MS, 0), ReadMode::Wait);
+        // Failing again is the same occurrence: not reported again...
+        assert!(!pace.wait_failed(1_200 * MS));
+        assert_eq!(poll_evenly(&mut pace, 1_200, 995, 0), ReadMode::Poll);
+        assert_eq!(pace.polled(2_200 * MS, 0), ReadMode::Wait);
+        // ...until waiting worked once.
+        assert!(pace.wait_worked(), "the end of the failures is reported");
+        assert!(!pace.wait_worked());
+        assert_eq!(wake_evenly(&mut pace, 2_200, 100, 100), ReadMode::Poll);
+        assert_eq!(poll_evenly(&mut pace, 2_300, 100, 0), ReadMode::Wait);
+        assert!(pace.wait_failed(2_400 * MS), "a new failure is reported");
+    }
+
+    #[test]
+    fn a_busy_socket_stays_polled_after_a_failed_switch() {
+        let mut pace = EventPace::new(0);
+        assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
+        assert!(pace.wait_failed(100 * MS));
+        // 400 a second after the retry time: still between the thresholds.
+        assert_eq!(poll_evenly(&mut pace, 100, 2_000, 2), ReadMode::Poll);
     }
 
     #[test]
