@@ -41,7 +41,7 @@ use crate::{
     ctnetlink::{CtSocket, Event, Tuple, event_needed, parse_events},
     ctx::Ctx,
     ebpf_log::DataPathLog,
-    event_pace::{EventPace, POLL_EVERY, ReadMode, WAIT_RETRY_AFTER},
+    event_pace::{EventPace, POLL_EVERY, PaceRates, Pacing, ReadMode, WAIT_RETRY_AFTER},
     live::{DaemonView, Live},
     maps::{self, Conntrack6Map, ConntrackMap},
     netlink::{self, LinkEvent, LinkEvents},
@@ -437,6 +437,20 @@ pub struct RunOptions {
     pub listener: Option<std::net::TcpListener>,
     /// Conntrack events always polled, never waited for (tests).
     pub poll_events: bool,
+    /// The rates that switch between waiting for and polling conntrack
+    /// events (tests set others to cross both switches).
+    pub event_pace_rates: PaceRates,
+}
+
+impl RunOptions {
+    /// How the conntrack event socket is read.
+    fn pacing(&self) -> Pacing {
+        if self.poll_events {
+            Pacing::AlwaysPolling
+        } else {
+            Pacing::ByLoad(self.event_pace_rates)
+        }
+    }
 }
 
 /// The part of the daemon that depends on the router's mode: the offloader
@@ -459,7 +473,7 @@ impl Session {
     /// events (offload mode) and loads the kernel's table. Must run inside
     /// the runtime (the event socket registers with it). Its offload
     /// counters go on from `carried` (a re-opened session's).
-    fn open(ctx: &Ctx, carried: &OffloadStats, poll_events: bool) -> Result<Self> {
+    fn open(ctx: &Ctx, carried: &OffloadStats, pacing: Pacing) -> Result<Self> {
         let maps = ctx.maps();
         // The map ids are read before the configuration: an attach
         // meanwhile gives new ids, which the next tick follows.
@@ -503,16 +517,12 @@ impl Session {
         let mut session = Self {
             off,
             events,
-            event_pace: if poll_events {
-                EventPace::always_polling()
-            } else {
-                EventPace::new(monotonic_ns())
-            },
+            event_pace: EventPace::start(monotonic_ns(), pacing),
             kernel_mode,
             stale_pending_removed,
             attached,
         };
-        if poll_events {
+        if pacing == Pacing::AlwaysPolling {
             session.read_events_by(ReadMode::Poll);
         }
         Ok(session)
@@ -539,6 +549,9 @@ impl Session {
         };
         let was_polled = self.events_polled();
         self.read_events_by(mode);
+        if was_polled && !self.events_polled() {
+            self.off.stats.event_waits_again += 1;
+        }
         !was_polled && self.events_polled()
     }
 
@@ -750,11 +763,8 @@ impl AttachedRouter {
 /// (whose maps may be orphans of a detach): the offload counters go on
 /// from the old session's, the old one's flows are left to their maps.
 fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
-    let always_polled = session.event_pace.is_always_polling();
-    let old = std::mem::replace(
-        session,
-        Session::open(ctx, &session.off.stats, always_polled)?,
-    );
+    let pacing = session.event_pace.pacing();
+    let old = std::mem::replace(session, Session::open(ctx, &session.off.stats, pacing)?);
     session.stale_pending_removed += old.stale_pending_removed;
     Ok(())
 }
@@ -1201,7 +1211,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut session = Session::open(ctx, &OffloadStats::default(), opts.poll_events)?;
+    let mut session = Session::open(ctx, &OffloadStats::default(), opts.pacing())?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),
