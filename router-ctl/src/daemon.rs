@@ -41,7 +41,7 @@ use crate::{
     ctnetlink::{CtSocket, Event, Tuple, event_needed, parse_events},
     ctx::Ctx,
     ebpf_log::DataPathLog,
-    event_pace::{EventPace, POLL_EVERY, ReadMode},
+    event_pace::{EventPace, POLL_EVERY, PaceRates, Pacing, ReadMode, WAIT_RETRY_AFTER},
     live::{DaemonView, Live},
     maps::{self, Conntrack6Map, ConntrackMap},
     netlink::{self, LinkEvent, LinkEvents},
@@ -437,6 +437,20 @@ pub struct RunOptions {
     pub listener: Option<std::net::TcpListener>,
     /// Conntrack events always polled, never waited for (tests).
     pub poll_events: bool,
+    /// The rates that switch between waiting for and polling conntrack
+    /// events (tests set others to cross both switches).
+    pub event_pace_rates: PaceRates,
+}
+
+impl RunOptions {
+    /// How the conntrack event socket is read.
+    fn pacing(&self) -> Pacing {
+        if self.poll_events {
+            Pacing::AlwaysPolling
+        } else {
+            Pacing::ByLoad(self.event_pace_rates)
+        }
+    }
 }
 
 /// The part of the daemon that depends on the router's mode: the offloader
@@ -459,7 +473,7 @@ impl Session {
     /// events (offload mode) and loads the kernel's table. Must run inside
     /// the runtime (the event socket registers with it). Its offload
     /// counters go on from `carried` (a re-opened session's).
-    fn open(ctx: &Ctx, carried: &OffloadStats, poll_events: bool) -> Result<Self> {
+    fn open(ctx: &Ctx, carried: &OffloadStats, pacing: Pacing) -> Result<Self> {
         let maps = ctx.maps();
         // The map ids are read before the configuration: an attach
         // meanwhile gives new ids, which the next tick follows.
@@ -503,16 +517,12 @@ impl Session {
         let mut session = Self {
             off,
             events,
-            event_pace: if poll_events {
-                EventPace::always_polling()
-            } else {
-                EventPace::new(monotonic_ns())
-            },
+            event_pace: EventPace::start(monotonic_ns(), pacing),
             kernel_mode,
             stale_pending_removed,
             attached,
         };
-        if poll_events {
+        if pacing == Pacing::AlwaysPolling {
             session.read_events_by(ReadMode::Poll);
         }
         Ok(session)
@@ -539,14 +549,41 @@ impl Session {
         };
         let was_polled = self.events_polled();
         self.read_events_by(mode);
+        if was_polled && !self.events_polled() {
+            self.off.stats.event_waits_again += 1;
+        }
         !was_polled && self.events_polled()
     }
 
-    /// Reads the event socket the way `mode` says from now on.
+    /// Reads the event socket the way `mode` says from now on. Should
+    /// registering it for waiting fail, it is polled again and waiting is
+    /// tried again later ([`EventPace::wait_failed`]), with one warning per
+    /// run of failures.
     fn read_events_by(&mut self, mode: ReadMode) {
-        if let Some(events) = self.events.take() {
-            self.events = Some(events.read_by(mode));
-        }
+        let Some(events) = self.events.take() else {
+            return;
+        };
+        self.events = Some(match events.read_by(mode) {
+            Ok(events) => {
+                if events.waited().is_some() && self.event_pace.wait_worked() {
+                    tracing::info!("the conntrack event socket is waited for again");
+                }
+                events
+            }
+            Err((s, e)) => {
+                let retry = WAIT_RETRY_AFTER;
+                if self.event_pace.wait_failed(monotonic_ns()) {
+                    tracing::warn!(
+                        "registering the conntrack event socket again: {e}; it stays read \
+                         every {POLL_EVERY:?}, and waiting for it is tried again after \
+                         {retry:?} (no further warning until that works)"
+                    );
+                } else {
+                    tracing::debug!("registering the conntrack event socket again: {e}");
+                }
+                EventSocket::Polled(s)
+            }
+        });
     }
 }
 
@@ -561,13 +598,22 @@ enum EventSocket {
     Polled(CtSocket),
 }
 
+/// What wakes the daemon for its waited event socket: a datagram queued,
+/// or an error pending with none queued (`ENOBUFS`, events lost: kept by a
+/// poll that ended its batch early, or met by a broadcast that could not
+/// even queue its datagram). epoll reports the error as `EPOLLERR` alone,
+/// netlink sets `EPOLLIN` only for a non-empty queue, and tokio's
+/// `readable()` does not wake for an error: the daemon would learn of the
+/// loss only at the next event, on a quiet router a long time later.
+const EVENTS_READY: Interest = Interest::READABLE.add(Interest::ERROR);
+
 impl EventSocket {
-    /// `s` in the runtime's epoll set, readable.
+    /// `s` in the runtime's epoll set, for [`EVENTS_READY`].
     fn register(s: CtSocket) -> Result<AsyncFd<CtSocket>, AsyncFdRegisterError<CtSocket>> {
         // SAFETY: CtSocket owns its fd and never changes or closes it
         // before it is dropped, which the AsyncFd does (or hands it back
         // first: `into_inner` deregisters it).
-        unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
+        unsafe { AsyncFd::register_with_interest(s, EVENTS_READY) }
     }
 
     fn socket(&self) -> &CtSocket {
@@ -585,24 +631,18 @@ impl EventSocket {
     }
 
     /// The same socket, read the way `mode` says. Registering it again
-    /// reports the datagrams already queued at once (epoll looks at the
-    /// socket when it is added), so none waits for the next one. Should the
-    /// registration fail, it stays polled: slower to react, nothing lost.
-    fn read_by(self, mode: ReadMode) -> Self {
+    /// reports at once what is already there (epoll looks at the socket
+    /// when it is added): queued datagrams, and an error kept from the last
+    /// poll ([`EVENTS_READY`]), so neither waits for the next datagram.
+    /// Should the registration fail, the socket comes back with the error,
+    /// to be polled: slower to react, nothing lost.
+    fn read_by(self, mode: ReadMode) -> Result<Self, (CtSocket, io::Error)> {
         match (self, mode) {
-            (Self::Waited(fd), ReadMode::Poll) => Self::Polled(fd.into_inner()),
-            (Self::Polled(s), ReadMode::Wait) => match Self::register(s) {
-                Ok(fd) => Self::Waited(fd),
-                Err(e) => {
-                    let (s, e) = e.into_parts();
-                    tracing::warn!(
-                        "registering the conntrack event socket again: {e}; it stays read \
-                             every {POLL_EVERY:?}"
-                    );
-                    Self::Polled(s)
-                }
-            },
-            (same, _) => same,
+            (Self::Waited(fd), ReadMode::Poll) => Ok(Self::Polled(fd.into_inner())),
+            (Self::Polled(s), ReadMode::Wait) => Self::register(s)
+                .map(Self::Waited)
+                .map_err(AsyncFdRegisterError::into_parts),
+            (same, _) => Ok(same),
         }
     }
 }
@@ -723,11 +763,8 @@ impl AttachedRouter {
 /// (whose maps may be orphans of a detach): the offload counters go on
 /// from the old session's, the old one's flows are left to their maps.
 fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
-    let always_polled = session.event_pace.is_always_polling();
-    let old = std::mem::replace(
-        session,
-        Session::open(ctx, &session.off.stats, always_polled)?,
-    );
+    let pacing = session.event_pace.pacing();
+    let old = std::mem::replace(session, Session::open(ctx, &session.off.stats, pacing)?);
     session.stale_pending_removed += old.stale_pending_removed;
     Ok(())
 }
@@ -815,8 +852,9 @@ fn follow_attach(
 /// batch of datagrams per syscall: how many datagrams it read. The kernel
 /// ends a batch early at an empty queue, or at an error it then keeps for
 /// the next call (`ENOBUFS`: events lost). A `polled` read stops there (the
-/// next poll gets such an error); one the socket woke the daemon for reads
-/// on until nothing is left, as nothing would wake it for the error.
+/// next poll, or the registration when it goes back to waiting, gets such
+/// an error: [`EVENTS_READY`]); one the socket woke the daemon for reads on
+/// until nothing is left.
 fn drain_events(
     sock: &CtSocket,
     off: &mut Daemon,
@@ -1173,7 +1211,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut session = Session::open(ctx, &OffloadStats::default(), opts.poll_events)?;
+    let mut session = Session::open(ctx, &OffloadStats::default(), opts.pacing())?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),
@@ -1248,7 +1286,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                 links.recheck(ctx, &mut status);
                 tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);
             }
-            ready = async { session.events.as_ref()?.waited()?.readable().await.ok() },
+            ready = async { session.events.as_ref()?.waited()?.ready(EVENTS_READY).await.ok() },
                 if session.events.as_ref().is_some_and(|e| e.waited().is_some()) => {
                 let Some(mut guard) = ready else { continue };
                 drain_events(guard.get_inner(), &mut session.off, &mut events_batch, false)?;
@@ -1309,5 +1347,45 @@ mod tests {
             line.contains("INTERFACE GONE: lan0 (LAN)") && line.contains("follows the new attach"),
             "{line}"
         );
+    }
+
+    /// An error pending on a waited socket with nothing queued wakes the
+    /// daemon (review finding 5): a connected UDP socket on loopback whose
+    /// datagram met a closed port holds `ECONNREFUSED` and an empty queue,
+    /// as an event socket holds `ENOBUFS` after a batch ended early.
+    #[test]
+    fn a_pending_error_without_a_datagram_wakes_the_waited_socket() {
+        use std::net::UdpSocket;
+        let closed = UdpSocket::bind("127.0.0.1:0").expect("binding a UDP socket on loopback");
+        let closed_addr = closed.local_addr().expect("its address");
+        drop(closed);
+        let sock = UdpSocket::bind("127.0.0.1:0").expect("binding a UDP socket on loopback");
+        sock.connect(closed_addr).expect("connecting it");
+        sock.set_nonblocking(true).expect("making it non-blocking");
+        sock.send(b"x").expect("sending to the closed port");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            // Registered as `EventSocket::register` does, waited for as the
+            // event loop does: the bound only keeps a broken build from
+            // hanging.
+            // SAFETY: the UdpSocket owns its fd; the AsyncFd owns the
+            // socket until it is dropped.
+            let fd = unsafe { AsyncFd::register_with_interest(sock, EVENTS_READY) }
+                .expect("registering");
+            let mut guard = tokio::time::timeout(Duration::from_secs(10), fd.ready(EVENTS_READY))
+                .await
+                .expect("the pending error woke the waiter")
+                .expect("waiting for the socket");
+            assert!(guard.ready().is_error(), "{:?}", guard.ready());
+            let e = guard
+                .get_inner()
+                .recv(&mut [0; 8])
+                .expect_err("the error, no datagram");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+            guard.clear_ready();
+        });
     }
 }

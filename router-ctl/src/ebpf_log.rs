@@ -21,10 +21,11 @@
 //! unwinds), counted and reported, and reading goes on with the next one.
 //! Such a panic is an expected, counted event, not a crash: the panic hook
 //! stays quiet for it ([`quiet_flush_panics`]), the daemon's warning says
-//! it; every other panic is reported as before.
+//! it (with the first one's message and location); every other panic, also
+//! one in the daemon's own log sink during a flush, is reported as before.
 
 use std::{
-    cell::Cell,
+    cell::{Cell, RefCell},
     os::fd::AsRawFd as _,
     panic::{self, AssertUnwindSafe, catch_unwind},
     sync::Once,
@@ -78,26 +79,70 @@ const BAD_RECORDS_PER_DRAIN: u64 = 1024;
 thread_local! {
     /// Set on the thread running [`flush_past_bad_records`] while it runs.
     static IN_LOG_FLUSH: Cell<bool> = const { Cell::new(false) };
+    /// The panics the hook kept quiet during the current flush.
+    static FLUSH_QUIETED: RefCell<Quieted> = const { RefCell::new(Quieted::NONE) };
     /// Panics the hook kept quiet on this thread (what the tests check).
     static QUIETED_PANICS: Cell<u64> = const { Cell::new(0) };
 }
 
+/// The panics raised in aya-log during one flush: how many, and the first
+/// one's message and location (for the daemon's warning: what the hook
+/// did not print).
+#[derive(Debug, PartialEq, Eq)]
+struct Quieted {
+    count: u64,
+    first: Option<String>,
+}
+
+impl Quieted {
+    const NONE: Self = Self {
+        count: 0,
+        first: None,
+    };
+}
+
+/// Whether a panic at source `file` (a panic's `Location::file()`) was
+/// raised in aya-log: its record parser's `unwrap`s, whose panics mean a
+/// record this aya-log cannot parse. A crate's sources sit under a
+/// directory named after it (`.../aya-log-0.3.0/src/lib.rs`, or
+/// `.../aya-log/src/lib.rs` from git); `aya_log` covers a renamed path.
+fn raised_in_aya_log(file: &str) -> bool {
+    file.contains("aya-log") || file.contains("aya_log")
+}
+
 /// Installs, once per process, a panic hook in front of the one before it
 /// (the default prints the message and location on stderr): it stays
-/// quiet for a panic raised inside [`flush_past_bad_records`], which
-/// catches and counts it, and hands every other panic on. Without it each
-/// malformed record would print aya-log's `unwrap` message on the daemon's
-/// stderr (a journal full of "panicked at" lines for a daemon that runs on).
+/// quiet for a panic raised in aya-log inside [`flush_past_bad_records`],
+/// which catches and counts it, keeping the first one's message for the
+/// warning, and hands every other panic on (one in the daemon's own log
+/// sink during a flush too). Without it each malformed record would print
+/// aya-log's `unwrap` message on the daemon's stderr (a journal full of
+/// "panicked at" lines for a daemon that runs on).
 fn quiet_flush_panics() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         let previous = panic::take_hook();
         panic::set_hook(Box::new(move |info| {
-            if IN_LOG_FLUSH.with(Cell::get) {
-                QUIETED_PANICS.with(|n| n.set(n.get() + 1));
-            } else {
+            let location = info.location();
+            let quiet = IN_LOG_FLUSH.with(Cell::get)
+                && location.is_some_and(|l| raised_in_aya_log(l.file()));
+            if !quiet {
                 previous(info);
+                return;
             }
+            QUIETED_PANICS.with(|n| n.set(n.get() + 1));
+            FLUSH_QUIETED.with_borrow_mut(|q| {
+                q.count += 1;
+                if q.first.is_none() {
+                    let message = info
+                        .payload_as_str()
+                        .unwrap_or("(a panic without a message)");
+                    q.first = Some(match location {
+                        Some(l) => format!("{message} at {l}"),
+                        None => message.to_owned(),
+                    });
+                }
+            });
         }));
     });
 }
@@ -108,6 +153,7 @@ struct InLogFlush;
 impl InLogFlush {
     fn enter() -> Self {
         IN_LOG_FLUSH.with(|f| f.set(true));
+        FLUSH_QUIETED.set(Quieted::NONE);
         Self
     }
 }
@@ -118,21 +164,35 @@ impl Drop for InLogFlush {
     }
 }
 
+/// The records one drain skipped.
+#[derive(Debug, PartialEq, Eq)]
+struct Skipped {
+    /// Records whose flush panicked, for any cause.
+    records: u64,
+    /// Of those, the panics raised in aya-log (malformed records, kept
+    /// quiet), and the first one's message and location.
+    malformed: Quieted,
+}
+
 /// Runs `flush` (aya-log's `EbpfLogger::flush`, which panics on a record it
 /// cannot parse, having consumed it) until it returns, at most
 /// [`BAD_RECORDS_PER_DRAIN`] times over; returns how many times it
-/// panicked: the malformed records skipped. Those panics print nothing
-/// ([`quiet_flush_panics`]); the caller reports the count.
-fn flush_past_bad_records(mut flush: impl FnMut()) -> u64 {
+/// panicked: the records skipped. The panics raised in aya-log print
+/// nothing ([`quiet_flush_panics`]); the caller reports them.
+fn flush_past_bad_records(mut flush: impl FnMut()) -> Skipped {
     quiet_flush_panics();
-    let _quiet = InLogFlush::enter();
-    let mut bad = 0;
+    let quiet = InLogFlush::enter();
+    let mut records = 0;
     // The logger stays consistent across the panic: the ring buffer's
     // consumer position advances as the record's item is dropped.
-    while bad < BAD_RECORDS_PER_DRAIN && catch_unwind(AssertUnwindSafe(&mut flush)).is_err() {
-        bad += 1;
+    while records < BAD_RECORDS_PER_DRAIN && catch_unwind(AssertUnwindSafe(&mut flush)).is_err() {
+        records += 1;
     }
-    bad
+    drop(quiet);
+    Skipped {
+        records,
+        malformed: FLUSH_QUIETED.replace(Quieted::NONE),
+    }
 }
 
 /// One program's log being read.
@@ -148,12 +208,22 @@ impl Open {
     /// many were.
     fn drain(&mut self) -> u64 {
         let logs = self.logs.get_mut();
-        let bad = flush_past_bad_records(|| logs.flush());
-        if bad > 0 {
+        let skipped = flush_past_bad_records(|| logs.flush());
+        let Quieted { count: bad, first } = skipped.malformed;
+        if let Some(first) = first {
             tracing::warn!(
                 "skipped {bad} malformed data path log record(s) of program {} (the daemon \
-                 status counts them all): the attached object's log format is not the one \
-                 this router-ctl's aya-log reads; attach this router-ctl's object",
+                 status counts them all; aya-log's first panic: {first}): the attached \
+                 object's log format is not the one this router-ctl's aya-log reads; attach \
+                 this router-ctl's object",
+                self.prog_id
+            );
+        }
+        let other = skipped.records - bad;
+        if other > 0 {
+            tracing::warn!(
+                "skipped {other} data path log record(s) of program {}: writing them to the \
+                 log panicked outside aya-log (the panic is printed above)",
                 self.prog_id
             );
         }
@@ -307,40 +377,86 @@ impl DataPathLog {
 mod tests {
     use super::*;
 
+    /// A closure that panics in a file under an `aya-log` directory, as
+    /// aya-log's parser does.
+    fn aya_log_panic() -> impl Fn() {
+        include!("testdata/aya-log/raise.rs")
+    }
+
     #[test]
     fn a_malformed_record_is_counted_not_a_panic() {
         // A flush that meets two bad records (each consumed by its panic)
         // before the ring buffer is empty.
-        let mut records = vec![Ok(()), Err(()), Ok(()), Err(()), Ok(())];
+        let mut records = vec![true, false, true, false, true];
         let mut logged = 0;
-        let bad = flush_past_bad_records(|| {
+        let raise = aya_log_panic();
+        let skipped = flush_past_bad_records(|| {
             while !records.is_empty() {
-                records.remove(0).expect("a record aya-log cannot parse");
+                if !records.remove(0) {
+                    raise();
+                }
                 logged += 1;
             }
         });
-        assert_eq!((bad, logged), (2, 3));
-        assert_eq!(flush_past_bad_records(|| {}), 0);
+        assert_eq!(
+            (skipped.records, skipped.malformed.count, logged),
+            (2, 2, 3)
+        );
+        let first = skipped.malformed.first.expect("the first panic's message");
+        assert!(
+            first.starts_with("a record aya-log cannot parse (expected in this test) at ")
+                && first.contains("testdata/aya-log/raise.rs:"),
+            "{first}"
+        );
+        let nothing = flush_past_bad_records(|| {});
+        assert_eq!((nothing.records, nothing.malformed), (0, Quieted::NONE));
         // A flush that never stops panicking is given up on.
         assert_eq!(
-            flush_past_bad_records(|| panic!("always")),
+            flush_past_bad_records(aya_log_panic()).records,
             BAD_RECORDS_PER_DRAIN
         );
     }
 
     #[test]
-    fn only_the_panics_of_a_log_flush_are_kept_quiet() {
+    fn only_the_panics_of_aya_log_in_a_log_flush_are_kept_quiet() {
         let quieted = || QUIETED_PANICS.with(Cell::get);
         let before = quieted();
-        assert_eq!(
-            flush_past_bad_records(|| panic!("a record aya-log cannot parse")),
-            BAD_RECORDS_PER_DRAIN
-        );
+        let skipped = flush_past_bad_records(aya_log_panic());
+        assert_eq!(skipped.malformed.count, BAD_RECORDS_PER_DRAIN);
         assert_eq!(quieted() - before, BAD_RECORDS_PER_DRAIN);
-        // Any other panic, on this thread after the flush, still reaches
-        // the hook before ours (here the test harness's, which prints it).
-        let other = catch_unwind(|| panic!("not in a log flush (expected in this test)"));
+        // A panic in the flush outside aya-log (the daemon's log sink) is
+        // skipped too, but reaches the hook before ours (here the test
+        // harness's, which prints it) and is not counted as malformed.
+        let mut calls = 0;
+        let skipped = flush_past_bad_records(|| {
+            calls += 1;
+            assert!(
+                calls > 1,
+                "a log sink's bug, in a flush (expected in this test)"
+            );
+        });
+        assert_eq!((skipped.records, skipped.malformed), (1, Quieted::NONE));
+        assert_eq!(quieted() - before, BAD_RECORDS_PER_DRAIN);
+        // Nor is any panic on this thread after the flush.
+        let other = catch_unwind(aya_log_panic());
         assert!(other.is_err());
         assert_eq!(quieted() - before, BAD_RECORDS_PER_DRAIN);
+    }
+
+    #[test]
+    fn aya_logs_sources_are_told_from_others() {
+        for file in [
+            "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/aya-log-0.3.0/src/lib.rs",
+            "/root/.cargo/git/checkouts/aya-c55fbc69175ac116/2a3f4c1/aya-log/src/lib.rs",
+            "/build/vendor/aya_log/src/lib.rs",
+        ] {
+            assert!(raised_in_aya_log(file), "{file}");
+        }
+        for file in [
+            "router-ctl/src/ebpf_log.rs",
+            "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/tracing-log-0.2.0/src/lib.rs",
+        ] {
+            assert!(!raised_in_aya_log(file), "{file}");
+        }
     }
 }

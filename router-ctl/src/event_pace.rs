@@ -28,6 +28,67 @@ const POLL_FROM_WAKES_PER_SEC: u64 = 500;
 /// Below [`POLL_FROM_WAKES_PER_SEC`], so a load near either does not make
 /// the mode flap.
 const WAIT_BELOW_DATAGRAMS_PER_SEC: u64 = 200;
+/// After registering the socket for waiting failed (`ENOSPC` at
+/// `fs.epoll.max_user_watches`, `ENOMEM`), how long it is polled before
+/// waiting is tried again: a cause that lasts costs one attempt a second,
+/// not one per poll.
+pub const WAIT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The rates that switch the mode, per second: the defaults
+/// ([`POLL_FROM_WAKES_PER_SEC`], [`WAIT_BELOW_DATAGRAMS_PER_SEC`]) or, for
+/// tests, others (`run --event-pace-rates`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaceRates {
+    /// Wake-ups per second from which waiting switches to polling.
+    pub poll_from: u64,
+    /// Datagrams per second below which polling goes back to waiting.
+    pub wait_below: u64,
+}
+
+impl Default for PaceRates {
+    fn default() -> Self {
+        Self {
+            poll_from: POLL_FROM_WAKES_PER_SEC,
+            wait_below: WAIT_BELOW_DATAGRAMS_PER_SEC,
+        }
+    }
+}
+
+impl std::str::FromStr for PaceRates {
+    type Err = String;
+
+    /// `POLL_FROM,WAIT_BELOW`, e.g. `500,200` (the defaults).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage = || {
+            format!(
+                "{s:?}: expected POLL_FROM,WAIT_BELOW (wake-ups per second from which events \
+                 are polled, datagrams per second below which they are waited for again; \
+                 0 < WAIT_BELOW <= POLL_FROM), e.g. 500,200"
+            )
+        };
+        let (poll_from, wait_below) = s.split_once(',').ok_or_else(usage)?;
+        let rate = |r: &str| r.trim().parse::<u64>().map_err(|_| usage());
+        let rates = Self {
+            poll_from: rate(poll_from)?,
+            wait_below: rate(wait_below)?,
+        };
+        // A wait_below above poll_from would flap between the modes.
+        if rates.wait_below == 0 || rates.wait_below > rates.poll_from {
+            return Err(usage());
+        }
+        Ok(rates)
+    }
+}
+
+/// How the event socket is read over the daemon's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pacing {
+    /// Waited for or polled as the load says, at these rates.
+    ByLoad(PaceRates),
+    /// Polled whatever the load (`run --poll-events`, for tests of the
+    /// polled path).
+    AlwaysPolling,
+}
 
 /// How the event socket is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,19 +106,28 @@ pub struct EventPace {
     mode: ReadMode,
     /// Polling whatever the load (tests: [`EventPace::always_polling`]).
     pinned: bool,
+    rates: PaceRates,
     window_start_ns: u64,
     /// Wake-ups (waiting) or datagrams (polling) since `window_start_ns`.
     count: u64,
+    /// Polling, whatever the load, before this time: waiting failed
+    /// ([`EventPace::wait_failed`]).
+    no_wait_before_ns: u64,
+    /// Waiting failed at the last attempt (and has not succeeded since).
+    wait_failing: bool,
 }
 
 impl EventPace {
-    /// Waiting, with a window from `now_ns`.
-    pub fn new(now_ns: u64) -> Self {
+    /// Waiting, with a window from `now_ns`, switched at `rates`.
+    pub fn with_rates(now_ns: u64, rates: PaceRates) -> Self {
         Self {
             mode: ReadMode::Wait,
             pinned: false,
+            rates,
             window_start_ns: now_ns,
             count: 0,
+            no_wait_before_ns: 0,
+            wait_failing: false,
         }
     }
 
@@ -67,14 +137,29 @@ impl EventPace {
         Self {
             mode: ReadMode::Poll,
             pinned: true,
+            rates: PaceRates::default(),
             window_start_ns: 0,
             count: 0,
+            no_wait_before_ns: 0,
+            wait_failing: false,
         }
     }
 
-    /// Whether it is [`EventPace::always_polling`].
-    pub fn is_always_polling(&self) -> bool {
-        self.pinned
+    /// As `pacing` says, from `now_ns`.
+    pub fn start(now_ns: u64, pacing: Pacing) -> Self {
+        match pacing {
+            Pacing::ByLoad(rates) => Self::with_rates(now_ns, rates),
+            Pacing::AlwaysPolling => Self::always_polling(),
+        }
+    }
+
+    /// How it was started ([`EventPace::start`]).
+    pub fn pacing(&self) -> Pacing {
+        if self.pinned {
+            Pacing::AlwaysPolling
+        } else {
+            Pacing::ByLoad(self.rates)
+        }
     }
 
     /// After a read the socket woke the daemon for (waiting): the mode of
@@ -91,6 +176,25 @@ impl EventPace {
         self.close_window(now_ns)
     }
 
+    /// Waiting was decided but the socket could not be registered for it:
+    /// polling again, for [`WAIT_RETRY_AFTER`] at least, with a new
+    /// window. True for the first failure since waiting last worked (the
+    /// one to warn about; the attempts after it while the cause lasts are
+    /// the same occurrence).
+    pub fn wait_failed(&mut self, now_ns: u64) -> bool {
+        self.mode = ReadMode::Poll;
+        self.window_start_ns = now_ns;
+        self.count = 0;
+        self.no_wait_before_ns = now_ns.saturating_add(WAIT_RETRY_AFTER.as_nanos() as u64);
+        !std::mem::replace(&mut self.wait_failing, true)
+    }
+
+    /// The socket was registered for waiting: true when that ends a run of
+    /// failures ([`EventPace::wait_failed`]).
+    pub fn wait_worked(&mut self) -> bool {
+        std::mem::replace(&mut self.wait_failing, false)
+    }
+
     /// At the end of a window, the rate over it decides the mode (and a new
     /// window starts, also when the mode changes: each mode counts its own).
     fn close_window(&mut self, now_ns: u64) -> ReadMode {
@@ -103,8 +207,12 @@ impl EventPace {
         let scaled = u128::from(self.count) * 1_000_000_000;
         let per = |rate: u64| u128::from(rate) * u128::from(elapsed);
         self.mode = match self.mode {
-            ReadMode::Wait if scaled >= per(POLL_FROM_WAKES_PER_SEC) => ReadMode::Poll,
-            ReadMode::Poll if scaled < per(WAIT_BELOW_DATAGRAMS_PER_SEC) => ReadMode::Wait,
+            ReadMode::Wait if scaled >= per(self.rates.poll_from) => ReadMode::Poll,
+            ReadMode::Poll
+                if now_ns >= self.no_wait_before_ns && scaled < per(self.rates.wait_below) =>
+            {
+                ReadMode::Wait
+            }
             same => same,
         };
         self.window_start_ns = now_ns;
@@ -118,6 +226,11 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    /// Waiting at the default rates, with a window from 0.
+    fn waiting() -> EventPace {
+        EventPace::with_rates(0, PaceRates::default())
+    }
 
     /// Wakes `pace` `n` times evenly over `ms` milliseconds from `from_ms`:
     /// the mode after the last.
@@ -139,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_few_events_a_second_are_waited_for() {
-        let mut pace = EventPace::new(0);
+        let mut pace = waiting();
         // 10 a second for 10 s, then one after a long quiet.
         assert_eq!(wake_evenly(&mut pace, 0, 10_000, 100), ReadMode::Wait);
         assert_eq!(pace.woke(3_600_000 * MS), ReadMode::Wait);
@@ -147,7 +260,7 @@ mod tests {
 
     #[test]
     fn a_short_burst_does_not_switch_to_polling() {
-        let mut pace = EventPace::new(0);
+        let mut pace = waiting();
         // 40 wake-ups within 10 ms, then quiet: the window that closes
         // holds fewer than 500 a second.
         assert_eq!(wake_evenly(&mut pace, 0, 10, 40), ReadMode::Wait);
@@ -156,7 +269,7 @@ mod tests {
 
     #[test]
     fn sustained_wake_ups_switch_to_polling_after_a_window() {
-        let mut pace = EventPace::new(0);
+        let mut pace = waiting();
         // 2000 a second: still waiting within the first window...
         assert_eq!(wake_evenly(&mut pace, 0, 90, 180), ReadMode::Wait);
         // ...polling once it closed.
@@ -166,15 +279,15 @@ mod tests {
     #[test]
     fn the_switch_to_polling_is_at_the_threshold() {
         // Exactly 500 a second over a window switches; just under does not.
-        let mut at = EventPace::new(0);
+        let mut at = waiting();
         assert_eq!(wake_evenly(&mut at, 0, 100, 50), ReadMode::Poll);
-        let mut under = EventPace::new(0);
+        let mut under = waiting();
         assert_eq!(wake_evenly(&mut under, 0, 100, 49), ReadMode::Wait);
     }
 
     #[test]
     fn polling_goes_on_while_events_keep_coming() {
-        let mut pace = EventPace::new(0);
+        let mut pace = waiting();
         assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
         // 2 datagrams per 5 ms poll = 400 a second: between the thresholds,
         // it stays polling (no flapping).
@@ -186,7 +299,7 @@ mod tests {
 
     #[test]
     fn polling_goes_back_to_waiting_when_events_thin_out() {
-        let mut pace = EventPace::new(0);
+        let mut pace = waiting();
         assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
         // 1 datagram every other 5 ms poll = 100 a second: waiting again
         // once a window closed.
@@ -200,6 +313,69 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_switch_to_waiting_polls_for_a_second_and_is_reported_once() {
+        let mut pace = waiting();
+        assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
+        assert_eq!(poll_evenly(&mut pace, 100, 100, 0), ReadMode::Wait);
+        // Registering failed at 200 ms: polled again, and an idle socket is
+        // not tried again every window, only after WAIT_RETRY_AFTER.
+        assert!(pace.wait_failed(200 * MS), "the first failure is reported");
+        assert_eq!(poll_evenly(&mut pace, 200, 995, 0), ReadMode::Poll);
+        assert_eq!(pace.polled(1_200 * MS, 0), ReadMode::Wait);
+        // Failing again is the same occurrence: not reported again...
+        assert!(!pace.wait_failed(1_200 * MS));
+        assert_eq!(poll_evenly(&mut pace, 1_200, 995, 0), ReadMode::Poll);
+        assert_eq!(pace.polled(2_200 * MS, 0), ReadMode::Wait);
+        // ...until waiting worked once.
+        assert!(pace.wait_worked(), "the end of the failures is reported");
+        assert!(!pace.wait_worked());
+        assert_eq!(wake_evenly(&mut pace, 2_200, 100, 100), ReadMode::Poll);
+        assert_eq!(poll_evenly(&mut pace, 2_300, 100, 0), ReadMode::Wait);
+        assert!(pace.wait_failed(2_400 * MS), "a new failure is reported");
+    }
+
+    #[test]
+    fn a_busy_socket_stays_polled_after_a_failed_switch() {
+        let mut pace = waiting();
+        assert_eq!(wake_evenly(&mut pace, 0, 100, 100), ReadMode::Poll);
+        assert!(pace.wait_failed(100 * MS));
+        // 400 a second after the retry time: still between the thresholds.
+        assert_eq!(poll_evenly(&mut pace, 100, 2_000, 2), ReadMode::Poll);
+    }
+
+    #[test]
+    fn other_rates_switch_at_their_thresholds() {
+        let rates: PaceRates = "100,10".parse().unwrap();
+        assert_eq!(
+            rates,
+            PaceRates {
+                poll_from: 100,
+                wait_below: 10
+            }
+        );
+        let mut pace = EventPace::start(0, Pacing::ByLoad(rates));
+        assert_eq!(pace.pacing(), Pacing::ByLoad(rates));
+        // 10 wake-ups in 100 ms = 100 a second: polling.
+        assert_eq!(wake_evenly(&mut pace, 0, 100, 10), ReadMode::Poll);
+        // 1 datagram per 100 ms = 10 a second: polling still...
+        let mut mode = ReadMode::Poll;
+        for i in 1..=20u64 {
+            mode = pace.polled((100 + i * 5) * MS, u64::from(i == 20));
+        }
+        assert_eq!(mode, ReadMode::Poll);
+        // ...and a window without any: waiting.
+        assert_eq!(poll_evenly(&mut pace, 200, 100, 0), ReadMode::Wait);
+        assert_eq!(PaceRates::default(), "500,200".parse().unwrap());
+        for bad in ["", "500", "500,", "200,500", "10,0", "a,b", "1,1,1"] {
+            assert!(bad.parse::<PaceRates>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            EventPace::start(0, Pacing::AlwaysPolling).pacing(),
+            Pacing::AlwaysPolling
+        );
+    }
+
+    #[test]
     fn always_polling_stays_polling_without_events() {
         let mut pace = EventPace::always_polling();
         assert_eq!(poll_evenly(&mut pace, 0, 1_000, 0), ReadMode::Poll);
@@ -209,7 +385,7 @@ mod tests {
     fn a_stalled_daemon_counts_the_time_it_was_away() {
         // A window that closes late (the daemon was busy) counts the rate
         // over the whole time: 60 wake-ups in 1 s is waiting.
-        let mut pace = EventPace::new(0);
+        let mut pace = waiting();
         assert_eq!(wake_evenly(&mut pace, 0, 1_000, 60), ReadMode::Wait);
     }
 }

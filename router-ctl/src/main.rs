@@ -297,6 +297,15 @@ See examples/router.toml in the source tree for every field.")]
         /// (tests: the polled path without the load that switches to it).
         #[arg(long, hide = true)]
         poll_events: bool,
+        /// The rates that switch conntrack events from waited for to polled and back:
+        /// `POLL_FROM,WAIT_BELOW` per second (tests: lower ones, to cross both switches).
+        #[arg(
+            long,
+            hide = true,
+            value_name = "POLL_FROM,WAIT_BELOW",
+            default_value = "500,200"
+        )]
+        event_pace_rates: event_pace::PaceRates,
     },
     /// Print a shell completion script.
     #[command(after_help = "Examples:
@@ -575,6 +584,7 @@ fn run(cli: Cli) -> Result<i32> {
             tick,
             config,
             poll_events,
+            event_pace_rates,
             ..
         } => daemon::run(
             &ctx,
@@ -583,6 +593,7 @@ fn run(cli: Cli) -> Result<i32> {
                 config,
                 listener,
                 poll_events,
+                event_pace_rates,
             },
         )
         .map(|()| 0),

@@ -182,6 +182,7 @@ fn encode_offload(
         "resyncs",
         "events_lost",
         "event_polls",
+        "event_waits_again",
         "errors",
     ];
     counters(

@@ -544,6 +544,10 @@ pub struct OffloadStats {
     /// ([`crate::event_pace`]).
     #[serde(default)]
     pub event_polls: u64,
+    /// Times the event socket went back from polling to being waited for
+    /// (the load thinned out).
+    #[serde(default)]
+    pub event_waits_again: u64,
     /// Failed writes to the XDP table or the kernel.
     pub errors: u64,
     /// Connections not offloaded, by reason.

@@ -386,7 +386,8 @@ pub trait PacedRunner {
 /// again as [`next_round`] says, in the reverse order each time, while a
 /// round's planned `round_s` fits `budget`. Only the last round's runs
 /// stay; they note the rounds before, and why they are at unequal loads
-/// where they are.
+/// where they are. False: the bench was stopped during a round (which
+/// recorded it).
 pub fn paced_rounds(
     w: &mut impl PacedRunner,
     point: Point,
@@ -394,12 +395,14 @@ pub fn paced_rounds(
     line_rate: u32,
     round_s: f64,
     budget: &mut RerunBudget,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let (mut mbps, start) = paced_start(point, line_rate, w.runs_mut());
     let mut history: Vec<String> = start.into_iter().collect();
     let mut order = order.to_vec();
+    let mut completed = true;
     for round in 1..=PACED_ROUNDS {
         if !w.round(point, &order, mbps, round > 1)? {
+            completed = false;
             break;
         }
         let (said, again) = match next_round(point, mbps, round, w.runs_mut()) {
@@ -443,7 +446,7 @@ pub fn paced_rounds(
             r.notes.push(note.clone());
         }
     }
-    Ok(())
+    Ok(completed)
 }
 
 /// Raises the fd limit for the largest run; returns it.
@@ -652,7 +655,7 @@ impl Bench<'_> {
                     bench: self,
                     progress: &mut progress,
                 };
-                let res = paced_rounds(
+                let completed = paced_rounds(
                     &mut veth,
                     *point,
                     &order,
@@ -661,10 +664,7 @@ impl Bench<'_> {
                     &mut budget,
                 );
                 self.paced_budget = budget;
-                res?;
-                // A stop during the rounds is recorded (and ends the loop)
-                // at the next point, as after any other.
-                true
+                completed?
             } else {
                 self.run_paths(*point, &order, &mut progress)?
             };
@@ -1115,6 +1115,8 @@ mod unit {
         carry: fn(DataPath, u32) -> f64,
         /// Each round's rate and order.
         rounds: Vec<(u32, Vec<DataPath>)>,
+        /// The bench is stopped during this round (1-based), if any.
+        stopped_in_round: Option<usize>,
     }
 
     impl PacedRunner for Fake {
@@ -1131,6 +1133,9 @@ mod unit {
         ) -> Result<bool, String> {
             assert_eq!(rerun, !self.rounds.is_empty());
             self.rounds.push((mbps, order.to_vec()));
+            if self.stopped_in_round == Some(self.rounds.len()) {
+                return Ok(false);
+            }
             for &path in order {
                 let mut r = RunResult::blank(path, point);
                 r.gbps = (self.carry)(path, mbps) / 1000.0;
@@ -1148,7 +1153,7 @@ mod unit {
     fn rounds_of(fake: &mut Fake, budget_s: f64) -> (Vec<u32>, Vec<String>) {
         let point = Point::new(Workload::TcpPaced, 1000, Offload::Off);
         let mut budget = RerunBudget { left_s: budget_s };
-        paced_rounds(fake, point, &PATHS, 2500, 10.0, &mut budget).unwrap();
+        assert!(paced_rounds(fake, point, &PATHS, 2500, 10.0, &mut budget).unwrap());
         let kept: Vec<&RunResult> = fake.runs.iter().filter(|r| r.point == point).collect();
         assert_eq!(kept.len(), 3, "only the last round stays");
         let last = fake.rounds.last().unwrap().0;
@@ -1176,6 +1181,7 @@ mod unit {
                 f64::from(offered).min(top)
             },
             rounds: Vec::new(),
+            stopped_in_round: None,
         };
         let (rates, notes) = rounds_of(&mut fake, 100.0);
         assert_eq!(rates, [2500, 900]);
@@ -1199,6 +1205,33 @@ mod unit {
     }
 
     #[test]
+    fn a_stop_during_paced_rounds_ends_them_and_says_so() {
+        // Never sustained, so it would run again; the bench is stopped in
+        // the second round. The round recorded the stop: paced_rounds says
+        // false, so the caller ends there rather than recording it again
+        // at the next point (review finding 11).
+        let point = Point::new(Workload::TcpPaced, 1000, Offload::Off);
+        let mut fake = Fake {
+            runs: Vec::new(),
+            carry: |_, offered| f64::from(offered) / 2.0,
+            rounds: Vec::new(),
+            stopped_in_round: Some(2),
+        };
+        let mut budget = RerunBudget { left_s: 100.0 };
+        let completed = paced_rounds(&mut fake, point, &PATHS, 2500, 10.0, &mut budget);
+        assert_eq!(completed, Ok(false));
+        assert_eq!(fake.rounds.len(), 2, "no round after the stop");
+        // Not stopped: it completes.
+        fake.stopped_in_round = None;
+        fake.rounds.clear();
+        let mut budget = RerunBudget { left_s: 100.0 };
+        assert_eq!(
+            paced_rounds(&mut fake, point, &PATHS, 2500, 10.0, &mut budget),
+            Ok(true)
+        );
+    }
+
+    #[test]
     fn paced_rounds_stop_at_the_bound_the_floor_and_the_budget() {
         // Every path carries half of any rate: never sustained.
         let half = |_: DataPath, offered: u32| f64::from(offered) / 2.0;
@@ -1206,6 +1239,7 @@ mod unit {
             runs: Vec::new(),
             carry: half,
             rounds: Vec::new(),
+            stopped_in_round: None,
         };
         let mut bounded = fake();
         let (rates, notes) = rounds_of(&mut bounded, 100.0);
@@ -1227,6 +1261,7 @@ mod unit {
             runs: Vec::new(),
             carry: |_, offered| f64::from(offered).min(5.0),
             rounds: Vec::new(),
+            stopped_in_round: None,
         };
         let (rates, notes) = rounds_of(&mut crawl, 100.0);
         assert_eq!(rates, [2500, 50]);
@@ -1247,6 +1282,7 @@ mod unit {
             ],
             carry: |_, offered| f64::from(offered),
             rounds: Vec::new(),
+            stopped_in_round: None,
         };
         let (rates, notes) = rounds_of(&mut fake, 100.0);
         assert_eq!(rates, [1050]);

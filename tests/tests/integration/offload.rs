@@ -786,6 +786,131 @@ fn offload_a_burst_read_by_polling_offloads_each_once_settled() {
     assert_eq!(d["offload"]["events_lost"], 0, "{d}");
 }
 
+/// The daemon at low switch rates (`run --event-pace-rates 100,10`, hidden):
+/// a burst of short connections makes it poll for conntrack events, the
+/// quiet after it makes it wait for them again, and a connection made then
+/// is offloaded with its events read by waiting (no poll and no switch since
+/// the return). Both hand-overs of the event socket (out of the runtime's
+/// epoll set and back in) lose and delay nothing.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_after_polling_and_back_waits_for_a_new_connection() {
+    const LASTING_PORT: u16 = 7701;
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    // Status written every second: the switches show sooner.
+    let daemon = Daemon::start(&t, &["--event-pace-rates", "100,10", "--tick", "1"]);
+    let offload = || {
+        let v: serde_json::Value =
+            serde_json::from_str(&t.router_ctl_ok(&["stats", "--json"])).unwrap();
+        v["daemon"]["offload"].clone()
+    };
+    let counter = |o: &serde_json::Value, name: &str| o[name].as_u64().unwrap_or(0);
+    let bursts = bursts_until_polled(&t, &|| counter(&offload(), "event_polls") > 0);
+    let show = |what: &str| format!("{what}\ndaemon: {}\nlog:\n{}", offload(), daemon.log());
+    assert!(
+        counter(&offload(), "event_polls") > 0,
+        "{}",
+        show(&format!(
+            "{bursts} bursts of short connections did not switch to polling"
+        ))
+    );
+    wait_for_or_show(
+        "the daemon to wait for events again after the burst",
+        Duration::from_secs(10),
+        || counter(&offload(), "event_waits_again") > 0,
+        || show("still polling"),
+    );
+    // Written after the return to waiting: its polls are all there were.
+    let before = offload();
+    println!("after {bursts} burst(s), back to waiting: {before}");
+    let lasting_dst = sa(SERVER_ADDR, LASTING_PORT);
+    let lasting_srv = request_server(
+        &t,
+        lasting_dst,
+        1,
+        Duration::from_mins(1),
+        AfterReply::HoldUntilClientCloses,
+    );
+    let lasting = t.in_ns(Ns::Client, || echo_connection(lasting_dst, 0));
+    let lasting_port = format!(":{LASTING_PORT}");
+    wait_for_or_show(
+        "the connection made after the return to waiting to be offloaded",
+        Duration::from_secs(10),
+        || {
+            offloaded_rows(&t).iter().any(|f| {
+                f["proto"] == "tcp"
+                    && f["orig_dst"]
+                        .as_str()
+                        .is_some_and(|d| d.ends_with(&lasting_port))
+            })
+        },
+        || show("not offloaded"),
+    );
+    wait_for_or_show(
+        "the daemon's status to count that offload",
+        Duration::from_secs(10),
+        || counter(&offload(), "offloaded") > counter(&before, "offloaded"),
+        || show(&format!("before: {before}")),
+    );
+    let after = offload();
+    println!("the new connection offloaded: {after}");
+    for name in ["event_polls", "event_waits_again"] {
+        assert_eq!(
+            counter(&after, name),
+            counter(&before, name),
+            "{name}: its events were not read by waiting\nbefore: {before}\n{}",
+            show("after")
+        );
+    }
+    assert_eq!(counter(&after, "events_lost"), 0, "{}", show("events lost"));
+    drop(lasting);
+    assert_eq!(lasting_srv.join().unwrap(), 1);
+}
+
+/// A connection from the client's namespace (the caller's) to `dst` with
+/// one `SHORT_CONN_BYTES` request (bytes of `i`) and its reply.
+fn echo_connection(dst: SocketAddr, i: usize) -> std::net::TcpStream {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let req = [u8::try_from(i % 256).unwrap(); SHORT_CONN_BYTES];
+    let mut reply = [0u8; SHORT_CONN_BYTES];
+    s.write_all(&req).unwrap();
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(reply, req, "connection {i}: reply differs");
+    s
+}
+
+/// Bursts of short connections, one after the other, until `polled` (the
+/// daemon's status says it polled for events) or a few bursts: how many.
+fn bursts_until_polled(t: &Topology, polled: &dyn Fn() -> bool) -> usize {
+    const BURST: usize = 200;
+    const MAX_BURSTS: usize = 5;
+    const BURST_PORT: u16 = 7700;
+    let dst = sa(SERVER_ADDR, BURST_PORT);
+    let mut bursts = 0;
+    while bursts < MAX_BURSTS && !polled() {
+        let srv = request_server(t, dst, BURST, Duration::from_mins(1), AfterReply::Close);
+        t.in_ns(Ns::Client, || {
+            for i in 0..BURST {
+                drop(echo_connection(dst, i));
+            }
+        });
+        assert_eq!(srv.join().unwrap(), BURST);
+        bursts += 1;
+        // The status is written at each tick (1 s): look at the next few.
+        let look_until = Instant::now() + Duration::from_millis(2500);
+        while Instant::now() < look_until && !polled() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    bursts
+}
+
 /// The burst of lasting connections, against a daemon started with
 /// `daemon_args`: its stats once every connection was offloaded.
 fn burst_of_lasting_connections(daemon_args: &[&str]) -> serde_json::Value {

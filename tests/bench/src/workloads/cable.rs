@@ -179,7 +179,7 @@ pub fn run(
         order.rotate_left(i % n);
         if point.workload == Workload::TcpPaced {
             let round_s = plan::paced_round_secs(s.secs, point, order.len());
-            if let Err(e) = paced_rounds(
+            match paced_rounds(
                 &mut cables,
                 point,
                 &order,
@@ -187,7 +187,9 @@ pub fn run(
                 round_s,
                 paced_budget,
             ) {
-                cables.failures.push(format!("cable, {point}: {e}"));
+                Ok(true) => {}
+                Ok(false) => break 'points,
+                Err(e) => cables.failures.push(format!("cable, {point}: {e}")),
             }
         } else {
             for &path in &order {
