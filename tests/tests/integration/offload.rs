@@ -916,7 +916,6 @@ fn bursts_until_polled(t: &Topology, polled: &dyn Fn() -> bool) -> usize {
 fn burst_of_lasting_connections(daemon_args: &[&str]) -> serde_json::Value {
     const CONNECTIONS: usize = 200;
     const SERVER_PORT: u16 = 7600;
-    use std::io::{Read as _, Write as _};
     let t = Topology::new();
     install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
@@ -931,19 +930,7 @@ fn burst_of_lasting_connections(daemon_args: &[&str]) -> serde_json::Value {
         AfterReply::HoldUntilClientCloses,
     );
     let conns: Vec<std::net::TcpStream> = t.in_ns(Ns::Client, || {
-        (0..CONNECTIONS)
-            .map(|i| {
-                let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(5))
-                    .unwrap_or_else(|e| panic!("connection {i}: {e}"));
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let req = [u8::try_from(i % 256).unwrap(); SHORT_CONN_BYTES];
-                let mut reply = [0u8; SHORT_CONN_BYTES];
-                s.write_all(&req).unwrap();
-                s.read_exact(&mut reply).unwrap();
-                assert_eq!(reply, req, "connection {i}: reply differs");
-                s
-            })
-            .collect()
+        (0..CONNECTIONS).map(|i| echo_connection(dst, i)).collect()
     });
     let stats = || {
         let v: serde_json::Value =
