@@ -217,8 +217,10 @@ pub fn conn_rate_section(rows: &[connrate::Row]) -> String {
          reply, the server closes), {} clients in parallel, our own client and server \
          (`workloads/connrate.rs`), offload off. Each connection is a new flow: the kernel \
          creates a conntrack entry and NAT mapping, standalone XDP admits the flow itself, \
-         offload takes the kernel's setup and then its daemon offloads the connection once \
-         established (over ctnetlink), shortly before it ends. The end hosts' own TCP setup \
+         offload takes the kernel's setup, and its daemon offloads a connection once \
+         established (over ctnetlink) unless it closes first: under this load most do, \
+         while they settle (200 ms) or within one batch of events, and then cost the daemon no \
+         offload. The end hosts' own TCP setup \
          costs the same on every path and shares the cores.\n\n\
          Two wires, each with its own rounds: \"XDP cables\" (the cabled topology of \"A fairer \
          wire for TCP\") is the NIC-like guide and decides the goal; \"plain veth\" is the main \
