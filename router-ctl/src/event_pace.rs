@@ -104,9 +104,8 @@ pub enum ReadMode {
 #[derive(Debug)]
 pub struct EventPace {
     mode: ReadMode,
-    /// Polling whatever the load (tests: [`EventPace::always_polling`]).
-    pinned: bool,
-    rates: PaceRates,
+    /// How it was started: at which rates the mode switches, or never.
+    pacing: Pacing,
     window_start_ns: u64,
     /// Wake-ups (waiting) or datagrams (polling) since `window_start_ns`.
     count: u64,
@@ -118,12 +117,16 @@ pub struct EventPace {
 }
 
 impl EventPace {
-    /// Waiting, with a window from `now_ns`, switched at `rates`.
-    pub fn with_rates(now_ns: u64, rates: PaceRates) -> Self {
+    /// As `pacing` says, with a window from `now_ns`: waiting, switched at
+    /// its rates, or polling whatever the load (`run --poll-events`, for
+    /// tests of the polled path).
+    pub fn start(now_ns: u64, pacing: Pacing) -> Self {
         Self {
-            mode: ReadMode::Wait,
-            pinned: false,
-            rates,
+            mode: match pacing {
+                Pacing::ByLoad(_) => ReadMode::Wait,
+                Pacing::AlwaysPolling => ReadMode::Poll,
+            },
+            pacing,
             window_start_ns: now_ns,
             count: 0,
             no_wait_before_ns: 0,
@@ -131,35 +134,9 @@ impl EventPace {
         }
     }
 
-    /// Polling from the start and whatever the load (`run --poll-events`,
-    /// for tests of the polled path).
-    pub fn always_polling() -> Self {
-        Self {
-            mode: ReadMode::Poll,
-            pinned: true,
-            rates: PaceRates::default(),
-            window_start_ns: 0,
-            count: 0,
-            no_wait_before_ns: 0,
-            wait_failing: false,
-        }
-    }
-
-    /// As `pacing` says, from `now_ns`.
-    pub fn start(now_ns: u64, pacing: Pacing) -> Self {
-        match pacing {
-            Pacing::ByLoad(rates) => Self::with_rates(now_ns, rates),
-            Pacing::AlwaysPolling => Self::always_polling(),
-        }
-    }
-
     /// How it was started ([`EventPace::start`]).
     pub fn pacing(&self) -> Pacing {
-        if self.pinned {
-            Pacing::AlwaysPolling
-        } else {
-            Pacing::ByLoad(self.rates)
-        }
+        self.pacing
     }
 
     /// After a read the socket woke the daemon for (waiting): the mode of
@@ -199,7 +176,10 @@ impl EventPace {
     /// window starts, also when the mode changes: each mode counts its own).
     fn close_window(&mut self, now_ns: u64) -> ReadMode {
         let elapsed = now_ns.saturating_sub(self.window_start_ns);
-        if elapsed < WINDOW_NS || self.pinned {
+        let Pacing::ByLoad(rates) = self.pacing else {
+            return self.mode;
+        };
+        if elapsed < WINDOW_NS {
             return self.mode;
         }
         // count / elapsed s compared with the per-second thresholds, in
@@ -207,9 +187,9 @@ impl EventPace {
         let scaled = u128::from(self.count) * 1_000_000_000;
         let per = |rate: u64| u128::from(rate) * u128::from(elapsed);
         self.mode = match self.mode {
-            ReadMode::Wait if scaled >= per(self.rates.poll_from) => ReadMode::Poll,
+            ReadMode::Wait if scaled >= per(rates.poll_from) => ReadMode::Poll,
             ReadMode::Poll
-                if now_ns >= self.no_wait_before_ns && scaled < per(self.rates.wait_below) =>
+                if now_ns >= self.no_wait_before_ns && scaled < per(rates.wait_below) =>
             {
                 ReadMode::Wait
             }
@@ -229,7 +209,7 @@ mod tests {
 
     /// Waiting at the default rates, with a window from 0.
     fn waiting() -> EventPace {
-        EventPace::with_rates(0, PaceRates::default())
+        EventPace::start(0, Pacing::ByLoad(PaceRates::default()))
     }
 
     /// Wakes `pace` `n` times evenly over `ms` milliseconds from `from_ms`:
@@ -377,7 +357,7 @@ mod tests {
 
     #[test]
     fn always_polling_stays_polling_without_events() {
-        let mut pace = EventPace::always_polling();
+        let mut pace = EventPace::start(0, Pacing::AlwaysPolling);
         assert_eq!(poll_evenly(&mut pace, 0, 1_000, 0), ReadMode::Poll);
     }
 
