@@ -28,7 +28,7 @@ use router_common::maps::{Config, VMAC_IPV4, VMAC_IPV6, VirtualMacKey};
 use serde::Serialize;
 
 use crate::{
-    maps::PinnedMaps,
+    maps::{PinnedMaps, VirtualMacsMap},
     netlink::{self, LinkAttrs},
 };
 
@@ -160,7 +160,11 @@ pub fn current(attached: [u32; 2]) -> Result<Vec<VirtualMac>> {
 
 /// The pinned map's entries: key and families.
 pub fn pinned(maps: &PinnedMaps) -> Result<Vec<(VirtualMacKey, u8)>> {
-    let map = maps.virtual_macs()?;
+    entries(&maps.virtual_macs()?)
+}
+
+/// The entries of the open map `map`: key and families.
+fn entries(map: &VirtualMacsMap) -> Result<Vec<(VirtualMacKey, u8)>> {
     let mut out = Vec::new();
     for k in map.keys() {
         let k = k.context("walking the virtual MAC map")?;
@@ -175,7 +179,7 @@ pub fn pinned(maps: &PinnedMaps) -> Result<Vec<(VirtualMacKey, u8)>> {
 /// for the log (nothing when it held them already).
 pub fn sync(maps: &PinnedMaps, want: &[VirtualMac]) -> Result<Vec<String>> {
     let mut map = maps.virtual_macs()?;
-    let have: BTreeMap<VirtualMacKey, u8> = pinned(maps)?.into_iter().collect();
+    let have: BTreeMap<VirtualMacKey, u8> = entries(&map)?.into_iter().collect();
     let mut changes = Vec::new();
     for k in have.keys() {
         if !want.iter().any(|v| v.key() == *k) {
