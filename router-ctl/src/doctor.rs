@@ -24,7 +24,7 @@ use std::{
 use serde::Serialize;
 use serde_json::json;
 
-use router_common::maps::Config;
+use router_common::maps::{Config, VirtualMacKey};
 
 use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, standalone, vmac};
 
@@ -224,20 +224,30 @@ fn our_progs(pin_dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// The virtual MACs of both attached interfaces: those the VRRP macvlans
+/// say this router is the master of, and those the data path accepts.
+struct VirtualMacs {
+    want: Vec<vmac::VirtualMac>,
+    pinned: Vec<(VirtualMacKey, u8)>,
+}
+
+impl VirtualMacs {
+    /// Read once for all interfaces (two rtnetlink dumps and a map walk);
+    /// `None` if either cannot be read.
+    fn read(cfg: &Config, maps: &PinnedMaps) -> Option<Self> {
+        Some(Self {
+            want: vmac::current([cfg.lan_ifindex, cfg.wan_ifindex]).ok()?,
+            pinned: vmac::pinned(maps).ok()?,
+        })
+    }
+}
+
 impl Report<'_> {
     /// On an attached interface with VRRP macvlans (keepalived `use_vmac`):
     /// whether the virtual MACs the data path accepts are those of the
     /// instances this router is the master of.
-    fn virtual_macs(&mut self, l: &netlink::LinkAttrs, cfg: &Config, maps: &PinnedMaps) {
-        if attached_mac(cfg, l.ifindex).is_none() {
-            return;
-        }
-        let (Ok(want), Ok(pinned)) = (
-            vmac::current([cfg.lan_ifindex, cfg.wan_ifindex]),
-            vmac::pinned(maps),
-        ) else {
-            return;
-        };
+    fn virtual_macs(&mut self, l: &netlink::LinkAttrs, vm: &VirtualMacs) {
+        let VirtualMacs { want, pinned } = vm;
         let mut want: Vec<_> = want
             .iter()
             .filter(|v| v.ifindex == l.ifindex)
@@ -300,6 +310,8 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
         .filter(|c| c.lan_ifindex != 0);
     let mut out = Vec::new();
     let mut mtus: Vec<(String, u32)> = Vec::new();
+    // Read at the first attached interface checked.
+    let mut virtual_macs: Option<Option<VirtualMacs>> = None;
     for iface in ifaces {
         let mut r = Report {
             iface,
@@ -314,7 +326,12 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             }
             if let Some(cfg) = &attached {
                 r.router_mac(&l, cfg);
-                r.virtual_macs(&l, cfg, &PinnedMaps::at(pin_dir));
+                if attached_mac(cfg, l.ifindex).is_some()
+                    && let Some(vm) = virtual_macs
+                        .get_or_insert_with(|| VirtualMacs::read(cfg, &PinnedMaps::at(pin_dir)))
+                {
+                    r.virtual_macs(&l, vm);
+                }
             }
         }
     }
