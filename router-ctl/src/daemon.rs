@@ -1037,25 +1037,28 @@ enum Followed {
 }
 
 /// Makes the data path's virtual MACs match the VRRP macvlans on the
-/// attached interfaces as they are now ([`vmac`]). Without the lock: the
-/// map is written from the kernel's state alone, which an attach writing
-/// it at the same time reads too. A router attached by a router-ctl
-/// without the map has none to follow.
+/// attached interfaces as they are now ([`vmac`]).
 fn follow_virtual_macs(ctx: &Ctx) -> Result<()> {
+    match attached_config(ctx) {
+        Some(cfg) => follow_virtual_macs_of(ctx, &cfg),
+        None => Ok(()),
+    }
+}
+
+/// [`follow_virtual_macs`] for the router attached with `cfg`. Without the
+/// lock: the map is written from the kernel's state alone, which an
+/// attach writing it at the same time reads too. A router attached by a
+/// router-ctl without the map has none to follow.
+fn follow_virtual_macs_of(ctx: &Ctx, cfg: &Config) -> Result<()> {
     let maps = ctx.maps();
-    if maps
-        .map_id(router_common::maps::VIRTUAL_MACS_MAP)?
-        .is_none()
+    if cfg.lan_ifindex == 0
+        || maps
+            .map_id(router_common::maps::VIRTUAL_MACS_MAP)?
+            .is_none()
     {
         return Ok(());
     }
-    let Some(cfg) = attached_config(ctx) else {
-        return Ok(());
-    };
-    if cfg.lan_ifindex == 0 {
-        return Ok(());
-    }
-    vmac::follow(&maps, &cfg)
+    vmac::follow(&maps, cfg)
 }
 
 /// Compares both attached interfaces with the configuration, and the
@@ -1083,7 +1086,7 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
     }
-    follow_virtual_macs(ctx)?;
+    follow_virtual_macs_of(ctx, &cfg)?;
     Ok(followed)
 }
 
