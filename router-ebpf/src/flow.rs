@@ -2,10 +2,7 @@
 //! tracking of a hit), the next hop (the flow's cached one or the FIB's),
 //! and the address/port rewrite.
 
-use aya_ebpf::{
-    bindings::BPF_NOEXIST, helpers::bpf_ktime_get_coarse_ns, macros::map, maps::PerCpuArray,
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     flow::{
         OffloadedHit, Segment, TCP_CONTROL, expired, needs_refresh, offloaded_hit, tcp_control,
@@ -61,16 +58,16 @@ impl Xlat {
 
 /// The entry of `key`, if it is a hit: an entry counts only on its own
 /// side (the same tuple replayed on the other interface is spoofed) and
-/// while not expired; with the time of the packet (the coarse clock, read
-/// after the map look-up: fewer of the packet's values are live across
-/// the clock's call, so fewer are spilled to the stack).
+/// while not expired; with the time of the packet ([`crate::clock::now`],
+/// read after the map look-up: on a tick's first packet it calls the
+/// helper, and fewer of the packet's values are then live across the
+/// call, so fewer are spilled to the stack).
 // A raw pointer: the entry is written again (state, next hop) after other
 // phases borrowed what they need.
 #[inline(always)]
 pub fn lookup(key: &FlowKey, side: Ingress<'_>) -> (Option<*mut FlowEntry>, u64) {
     let found = CONNTRACK.get_ptr_mut(key);
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = crate::clock::now();
     let Some(e) = found else {
         return (None, now);
     };

@@ -1,7 +1,7 @@
 //! ICMP errors from the WAN about packets the NAT sent: translated back to
 //! the LAN host (RFC 5508 4.2) and forwarded with the flow path's tail.
 
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use router_common::{
     flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
@@ -54,8 +54,7 @@ pub fn forward(
         src_port_quoted,
         proto,
     );
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = crate::clock::now();
     // SAFETY: copied out at once.
     let Some(e) = (unsafe { CONNTRACK.get(&key) }).copied() else {
         return Err(unsolicited);

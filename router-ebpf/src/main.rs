@@ -29,6 +29,7 @@
 )]
 
 mod admit;
+mod clock;
 mod debug_log;
 mod flow;
 mod hop;

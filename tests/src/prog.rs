@@ -56,6 +56,18 @@ fn clock_ns(id: libc::clockid_t) -> u64 {
     u64::try_from(ts.tv_sec).unwrap() * NS_PER_SEC + u64::try_from(ts.tv_nsec).unwrap()
 }
 
+/// The coarse clock's resolution: one timer tick (`clock_getres`).
+fn coarse_tick_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_getres writes the timespec we pass.
+    let rc = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    assert_eq!(rc, 0, "clock_getres");
+    u64::try_from(ts.tv_sec).unwrap() * NS_PER_SEC + u64::try_from(ts.tv_nsec).unwrap()
+}
+
 /// `CLOCK_MONOTONIC` now: the clock of a flow entry's `last_seen_ns`.
 #[must_use]
 pub fn now_ns() -> u64 {
@@ -334,9 +346,11 @@ impl LoadedRouter {
     pub fn test_run(&self, frame: &[u8], ifindex: u32) -> ProgRun {
         let prog: &Xdp = self.ebpf.program(PROGRAM_NAME).unwrap().try_into().unwrap();
         let before = self.counter_values();
-        // The coarse clock lags the fine one by up to a tick: a reading
-        // taken before the run is never later than the program's.
-        let t0 = clock_ns(libc::CLOCK_MONOTONIC_COARSE);
+        // The program's clock is the coarse one as its CPU read it in the
+        // current tick (router-ebpf's `clock`): at most one tick older
+        // than a coarse reading taken before the run, and the coarse clock
+        // lags the fine one by up to a tick.
+        let t0 = clock_ns(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(coarse_tick_ns());
         let mut out = vec![0u8; frame.len() + 256];
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex.

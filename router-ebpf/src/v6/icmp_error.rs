@@ -3,7 +3,7 @@
 //! forwarded to the LAN host unchanged (routed: nothing to translate), so
 //! path-MTU discovery and traceroute work through the firewall.
 
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use router_common::{
     flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, get_u16, icmp, udp},
@@ -55,8 +55,7 @@ pub fn forward(
         sport,
         proto,
     );
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = crate::clock::now();
     // SAFETY: copied out at once.
     let known = match unsafe { CONNTRACK6.get(&key) }.copied() {
         // Only a WAN-side entry describes a packet that went to the WAN.

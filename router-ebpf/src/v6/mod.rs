@@ -19,7 +19,7 @@ mod icmp_error;
 mod maps;
 mod parse;
 
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use router_common::{
     hdr::{eth, get_u16},
     ipv6::{frame6, ipv6},
@@ -48,8 +48,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         parse::L4::IcmpError => return icmp_error::forward(ctx, side, eth, ip),
         parse::L4::Unsolicited => return Err(unsolicited(ctx, ip, side)),
     };
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let now = crate::clock::now();
     let key = FlowKey6::new(pkt.src, pkt.dst, pkt.sport, pkt.dport, pkt.proto);
     let forwarded = if side.from_lan {
         Counter::Fwd6Outbound
