@@ -9,13 +9,17 @@
 //! lookup into a few instructions, while `bpf_ktime_get_coarse_ns` is a
 //! helper call that calls the timekeeper in turn: two returns through the
 //! kernel's return thunk per packet on hosts with the SRSO or retbleed
-//! mitigations. So the clock is read once per tick and CPU, and every
-//! other packet of that tick takes the value read then: the same reading
-//! the helper would give, except in the tick where a packet saw the new
-//! `jiffies` before the timekeeper's update, whose later packets keep the
-//! previous tick's time (at most one tick older, as the coarse clock
-//! itself can be; a time, never a future one). What the times serve
-//! (expiry, the 1 s refresh, ~1 s lease ticks) is coarser by far.
+//! mitigations. So a CPU reads the clock once per tick, and its other
+//! packets of that tick take the value read then: the helper's own reading
+//! at that instant, never a later one. A packet that finds `jiffies`
+//! advanced but the coarse time not yet (the timekeeper's update follows)
+//! gets the time as it still is and leaves the cache as it was, so the
+//! next packet reads again; only a CPU whose cached reading is from an
+//! earlier tick than the last one can keep a reading from before that
+//! update for the rest of the tick. What the times serve (expiry, the 1 s
+//! refresh, ~1 s lease ticks) is coarser by far.
+
+use core::sync::atomic::{Ordering, compiler_fence};
 
 use aya_ebpf::{
     helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
@@ -27,9 +31,10 @@ use aya_ebpf::{
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct TickTime {
-    /// `jiffies_64` when `ns` was read.
+    /// `jiffies_64` when `ns` was read. Never 0 once read: on 64-bit
+    /// kernels `jiffies_64` starts at 2^32 - 300 s of ticks and grows.
     pub jiffies: u64,
-    /// `bpf_ktime_get_coarse_ns` then; 0: not read yet on this CPU.
+    /// `bpf_ktime_get_coarse_ns` then.
     pub ns: u64,
 }
 
@@ -46,19 +51,20 @@ pub fn now() -> u64 {
         // SAFETY: helper without arguments.
         return unsafe { bpf_ktime_get_coarse_ns() };
     };
-    // SAFETY: per-CPU slot. A run that interrupts another on this CPU (a
-    // softirq in a `BPF_PROG_RUN` call) can find it written half: a new
-    // `jiffies` beside the previous tick's time, which it takes as it is,
-    // one tick old; never a later time than its own.
+    // SAFETY: per-CPU slot. Runs on one CPU do not nest (XDP runs with
+    // bottom halves off, and so does `BPF_PROG_RUN`); were one to find
+    // the slot half written, `ns` is stored before `jiffies`, so it would
+    // not match and it would read the clock itself.
     let t = unsafe { &mut *t };
-    // `ns != 0`: `jiffies_64` starts 5 minutes before its wrap to 0, so a
-    // never-written slot's 0 must not pass for that tick's reading.
-    if t.jiffies == jiffies && t.ns != 0 {
+    if t.jiffies == jiffies {
         return t.ns;
     }
     // SAFETY: helper without arguments.
     let ns = unsafe { bpf_ktime_get_coarse_ns() };
-    t.jiffies = jiffies;
-    t.ns = ns;
+    if ns != t.ns {
+        t.ns = ns;
+        compiler_fence(Ordering::Release);
+        t.jiffies = jiffies;
+    }
     ns
 }

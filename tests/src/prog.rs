@@ -347,10 +347,11 @@ impl LoadedRouter {
         let prog: &Xdp = self.ebpf.program(PROGRAM_NAME).unwrap().try_into().unwrap();
         let before = self.counter_values();
         // The program's clock is the coarse one as its CPU read it in the
-        // current tick (router-ebpf's `clock`): at most one tick older
-        // than a coarse reading taken before the run, and the coarse clock
-        // lags the fine one by up to a tick.
-        let t0 = clock_ns(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(coarse_tick_ns());
+        // current tick (router-ebpf's `clock`), which can be from just
+        // before the tick's timekeeper update: a tick older than a coarse
+        // reading taken before the run, a little more when NTP slews the
+        // tick. Two ticks of margin; the coarse clock lags the fine one.
+        let t0 = clock_ns(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(2 * coarse_tick_ns());
         let mut out = vec![0u8; frame.len() + 256];
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex.

@@ -199,3 +199,38 @@ fn refresh_and_evicted_peer_reinserted() {
         );
     });
 }
+
+/// The packet's time follows the clock from tick to tick on one CPU: the
+/// data path reads the coarse clock once per tick and CPU and keeps it in a
+/// per-CPU slot (router-ebpf's `clock`), and flows created ticks apart on
+/// the same CPU are each stamped with their own run's time (within a tick
+/// or two of it), not with a reading kept from an earlier tick.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn packet_time_follows_the_ticks_on_one_cpu() {
+    // One CPU for every run, so that they all share one slot.
+    tests::trafficgen::pin_to_cpu(0).expect("pinning the test's thread to CPU 0");
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let mut last = 0;
+        for port in 42000..42005 {
+            let f = Flow::masq(udp_key(CLIENT, port, SERVER, 53), port);
+            let q = Ipv4::new(CLIENT, SERVER, Udp::new(port, 53, b"tick"));
+            let run = r.redirect(
+                "new flow, ticks after the one before",
+                &env.client_sends(&q),
+                lan,
+                &env.to_server(&snat(&q, port)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewMasquerade],
+            );
+            let ts = r.stamp(&f.orig, &run);
+            assert!(ts > last, "flow {port} stamped {ts}, not after {last}");
+            last = ts;
+            // Five ticks at HZ 100, more at any higher HZ: past the two
+            // ticks of slack in the run's clock window.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    });
+}
