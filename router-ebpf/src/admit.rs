@@ -12,7 +12,7 @@ use router_common::{
         MAX_PORT_PROBES, Segment, candidate_port, fill_new_flow, flow_hash, initial_state,
         open_tracking, tcp_opens_flow,
     },
-    hdr::{frame, get_addr, ipv4},
+    hdr::{eth, frame, get_addr, get_u16, ipv4},
     mapping::{mapping_expiry, translated_key},
     maps::{
         Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry,
@@ -217,6 +217,15 @@ pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
         return v;
     };
     if side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
+        return v;
+    }
+    // IPv4 only: the IPv6 path applies its own policy (RFC 6092 inbound
+    // filtering), and an IPv6 header read as IPv4 would put source address
+    // bytes where the destination is judged.
+    let Ok(l2) = header::<{ eth::LEN }>(ctx, 0) else {
+        return v;
+    };
+    if get_u16(l2, eth::ETHER_TYPE) != eth::P_IPV4 {
         return v;
     }
     let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {

@@ -180,6 +180,33 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
 /// A TCP, UDP and `ICMPv6` frame cut at every length: shorter than the
 /// Ethernet or IPv6 header -> truncated; payload length beyond the frame
 /// -> malformed. And L4 headers that do not fit their payload length.
+/// Standalone mode drops unsolicited IPv4 from the WAN that the FIB would
+/// forward to the LAN (`admit::unsolicited`); that policy reads IPv4
+/// headers and must leave IPv6 alone. An IPv6 frame passed from the WAN
+/// whose bytes where an IPv4 header would hold its destination spell a
+/// LAN host's IPv4 address (the source address's bytes 8-11) is passed
+/// all the same, with its own reason.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn ipv6_from_the_wan_is_not_judged_as_ipv4() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let wan = r.wan();
+        let mut src = o(SERVER6);
+        src[8..12].copy_from_slice(&tests::addr::octets::CLIENT);
+        let tcp = Ipv6::tcp(src, o(CLIENT6), &Tcp::new(80, 40000, TCP_SYN));
+        let mut payload = vec![IPPROTO_TCP, 0, 0, 0, 0, 0, 0, 0];
+        payload.extend_from_slice(&tcp.payload);
+        let hop_by_hop = Ipv6::new(src, o(CLIENT6), 0, payload);
+        r.pass(
+            "hop-by-hop from a WAN host whose address holds a LAN IPv4 address",
+            &from_server(&env, &hop_by_hop),
+            wan,
+            Counter::Pass6ExtHopByHop,
+        );
+    });
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn truncations_and_bad_lengths_dropped() {
