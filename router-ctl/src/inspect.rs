@@ -37,13 +37,10 @@ impl Running {
     }
 
     /// Every pin a running router needs: the maps of
-    /// [`PinnedMaps::NAMES`] but those a replace creates
-    /// ([`PinnedMaps::ADDED_LATER`]), and both links.
+    /// [`PinnedMaps::required`] and both links.
     #[must_use]
     pub fn complete(&self) -> bool {
-        PinnedMaps::NAMES
-            .iter()
-            .all(|n| self.maps_present.contains(n) || PinnedMaps::ADDED_LATER.contains(n))
+        PinnedMaps::required().all(|n| self.maps_present.contains(&n))
             && self.links.len() == LINK_PINS.len()
             && self.links.iter().all(|(_, l)| l.is_ok())
     }

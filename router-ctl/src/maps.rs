@@ -70,6 +70,14 @@ impl PinnedMaps {
     /// missing map), so neither a replace nor `status` requires them.
     pub const ADDED_LATER: [&'static str; 1] = [VIRTUAL_MACS_MAP];
 
+    /// The maps every attached router has pinned: [`Self::NAMES`] but
+    /// [`Self::ADDED_LATER`].
+    pub fn required() -> impl Iterator<Item = &'static str> {
+        Self::NAMES
+            .into_iter()
+            .filter(|n| !Self::ADDED_LATER.contains(n))
+    }
+
     #[must_use]
     pub fn at(dir: &Path) -> Self {
         Self {

@@ -63,10 +63,8 @@ pub fn diagnose(
         };
     }
     if !running.complete() {
-        let missing: Vec<&str> = PinnedMaps::NAMES
-            .iter()
-            .copied()
-            .filter(|m| !running.maps_present.contains(m) && !PinnedMaps::ADDED_LATER.contains(m))
+        let missing: Vec<&str> = PinnedMaps::required()
+            .filter(|m| !running.maps_present.contains(m))
             .chain(
                 LINK_PINS
                     .iter()

@@ -178,11 +178,9 @@ fn check_replaceable(
     running: &Running,
 ) -> Result<()> {
     if !running.complete() {
-        let missing: Vec<&str> = PinnedMaps::NAMES
-            .iter()
-            .chain(LINK_PINS.iter())
-            .copied()
-            .filter(|n| !dir.join(n).exists() && !PinnedMaps::ADDED_LATER.contains(n))
+        let missing: Vec<&str> = PinnedMaps::required()
+            .chain(LINK_PINS.iter().copied())
+            .filter(|n| !dir.join(n).exists())
             .collect();
         bail!(
             "the pins in {} are incomplete (missing: {}; unreadable links: {}): this is not a \
