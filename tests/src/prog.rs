@@ -45,27 +45,34 @@ pub fn action_name(verdict: u32) -> &'static str {
 
 pub const NS_PER_SEC: u64 = 1_000_000_000;
 
-fn clock_ns(id: libc::clockid_t) -> u64 {
+/// `clock_gettime` or `clock_getres` (`call`, named `what`) of clock `id`,
+/// in ns.
+fn timespec_ns(
+    call: unsafe extern "C" fn(libc::clockid_t, *mut libc::timespec) -> libc::c_int,
+    what: &str,
+    id: libc::clockid_t,
+) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    let rc = unsafe { libc::clock_gettime(id, &raw mut ts) };
-    assert_eq!(rc, 0, "clock_gettime");
+    // SAFETY: both calls write the timespec we pass.
+    let rc = unsafe { call(id, &raw mut ts) };
+    assert_eq!(rc, 0, "{what}");
     u64::try_from(ts.tv_sec).unwrap() * NS_PER_SEC + u64::try_from(ts.tv_nsec).unwrap()
+}
+
+fn clock_ns(id: libc::clockid_t) -> u64 {
+    timespec_ns(libc::clock_gettime, "clock_gettime", id)
 }
 
 /// The coarse clock's resolution: one timer tick (`clock_getres`).
 fn coarse_tick_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_getres writes the timespec we pass.
-    let rc = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
-    assert_eq!(rc, 0, "clock_getres");
-    u64::try_from(ts.tv_sec).unwrap() * NS_PER_SEC + u64::try_from(ts.tv_nsec).unwrap()
+    timespec_ns(
+        libc::clock_getres,
+        "clock_getres",
+        libc::CLOCK_MONOTONIC_COARSE,
+    )
 }
 
 /// `CLOCK_MONOTONIC` now: the clock of a flow entry's `last_seen_ns`.
