@@ -23,6 +23,13 @@ pub const HISTORY_LEN: usize = 600;
 pub const TOP_FLOWS: usize = 10;
 /// Conntrack use above which the page reports a problem.
 const TABLE_FULL_WARN: f64 = 0.9;
+/// The shortest interval a rate is computed over. A newly opened page
+/// samples at once, which can fall just after the once-a-second sample
+/// (and a late timer's ticks come in a burst): over a few milliseconds a
+/// steady stream whose packets come every few tens of milliseconds shows
+/// as 0 or as a spike. Such a sample updates the totals only; the next
+/// one computes the rate over the whole interval.
+pub const MIN_RATE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Counter totals per outcome.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -96,10 +103,15 @@ pub struct History {
 
 impl History {
     /// Adds the rates since the previous totals (the first call only
-    /// remembers them).
+    /// remembers them); totals less than [`MIN_RATE_INTERVAL`] after the
+    /// previous ones are not a sample of their own.
     pub fn push(&mut self, now: Instant, unix_ms: u64, totals: Totals) {
         if let Some((then, before)) = self.prev {
-            let secs = now.duration_since(then).as_secs_f64();
+            let elapsed = now.duration_since(then);
+            if elapsed < MIN_RATE_INTERVAL {
+                return;
+            }
+            let secs = elapsed.as_secs_f64();
             if self.samples.len() == HISTORY_LEN {
                 self.samples.pop_front();
             }
@@ -381,6 +393,32 @@ mod tests {
         assert!((last.fwd_pps - 100.0).abs() < 1e-9);
         assert!((last.fwd_bps - 8000.0).abs() < 1e-9);
         assert_eq!(h.samples().front().unwrap().t, 6);
+    }
+
+    #[test]
+    fn totals_soon_after_a_sample_wait_for_the_whole_interval() {
+        // 100 packets a second, counted at 0 s, 1 s, 1.01 s (a page
+        // opened) and 2 s: the rate stays 100, never 0 or a spike.
+        let mut h = History::default();
+        let t0 = Instant::now();
+        let at = |ms: u64, packets: u64| {
+            (
+                t0 + Duration::from_millis(ms),
+                ms,
+                Totals {
+                    forwarded_packets: packets,
+                    ..Totals::default()
+                },
+            )
+        };
+        for (now, unix_ms, tot) in [at(0, 0), at(1000, 100), at(1010, 100), at(2000, 200)] {
+            h.push(now, unix_ms, tot);
+        }
+        let got: Vec<(u64, f64)> = h.samples().iter().map(|s| (s.t, s.fwd_pps)).collect();
+        assert_eq!(got, [(1000, 100.0), (2000, 100.0)]);
+        // Half a second is a sample of its own.
+        h.push(t0 + Duration::from_millis(2500), 2500, at(0, 250).2);
+        assert_eq!(h.samples().back().map(|s| s.fwd_pps), Some(100.0));
     }
 
     #[test]
