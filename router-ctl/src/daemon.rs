@@ -1224,6 +1224,9 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     };
     links.recheck(ctx, &mut status);
     write_status(ctx, &mut status, &session)?;
+    // Kept for the daemon's lifetime: dropping it turns the log off. Opened
+    // before the daemon says it runs, so the log is on once it has said so.
+    let mut dp_log = DataPathLog::start(ctx);
     eprintln!(
         "router-ctl run: {} mode, {} flows offloaded from the kernel's table ({} TCP \
          connections to follow once settled); stop with Ctrl-C",
@@ -1248,8 +1251,6 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // Armed (reset) when the event socket is polled, idle while waited for.
     let mut event_poller = interval(POLL_EVERY);
     let mut link_buf = vec![0u8; 1 << 16];
-    // Kept for the daemon's lifetime: dropping it turns the log off.
-    let mut dp_log = DataPathLog::start(ctx);
     loop {
         tokio::select! {
             _ = term.recv() => break,
