@@ -9,7 +9,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -347,12 +348,55 @@ pub fn same_bytes(client: Result<Tally, String>, server: Result<Tally, String>) 
 pub struct Stream {
     client: std::thread::JoinHandle<Result<Tally, String>>,
     server: std::thread::JoinHandle<Result<Tally, String>>,
+    /// A [`Stream::until_stopped`]'s flag, set by [`Stream::finish`].
+    stop: Option<Arc<AtomicBool>>,
 }
+
+/// A 16 KiB chunk: the unit a stream is paced in.
+const STREAM_CHUNK: usize = 16 * 1024;
 
 impl Stream {
     /// Streams `total` bytes in chunks over about `secs` seconds.
     #[must_use]
     pub fn start(t: &Topology, dst: SocketAddr, total: usize, secs: f64) -> Self {
+        let chunks = u32::try_from(total / STREAM_CHUNK).expect("chunk count");
+        Self::spawn(t, dst, secs, chunks, secs, None)
+    }
+
+    /// Streams `bytes_per_sec` until [`Stream::finish`], for at most
+    /// `max_secs`: traffic for as long as the test's steps take, however
+    /// slow the machine.
+    #[must_use]
+    pub fn until_stopped(t: &Topology, dst: SocketAddr, bytes_per_sec: f64, max_secs: f64) -> Self {
+        let per_sec = bytes_per_sec / f64::from(u32::try_from(STREAM_CHUNK).expect("16 KiB"));
+        // Chunk i is due at (i + 1) / per_sec; the last one at max_secs.
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a chunk count of a few thousand"
+        )]
+        let chunks = (max_secs * per_sec) as u32;
+        let stop = Arc::new(AtomicBool::new(false));
+        Self::spawn(
+            t,
+            dst,
+            f64::from(chunks) / per_sec,
+            chunks,
+            max_secs,
+            Some(stop),
+        )
+    }
+
+    /// `chunks` chunks evenly over `secs` seconds (fewer if stopped); the
+    /// sink gives up `run_secs` + 30 s after it bound.
+    fn spawn(
+        t: &Topology,
+        dst: SocketAddr,
+        secs: f64,
+        chunks: u32,
+        run_secs: f64,
+        stop: Option<Arc<AtomicBool>>,
+    ) -> Self {
         let srv_ns = t.ns_name(Ns::Server).to_owned();
         let (tx, rx) = std::sync::mpsc::channel();
         let server = std::thread::spawn(move || {
@@ -360,7 +404,7 @@ impl Stream {
             let listener = TcpListener::bind(dst).map_err(|e| format!("bind {dst}: {e}"))?;
             tx.send(listener.local_addr().unwrap()).unwrap();
             listener.set_nonblocking(true).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
+            let deadline = Instant::now() + Duration::from_secs_f64(run_secs + 30.0);
             let (mut sock, _) = loop {
                 match listener.accept() {
                     Ok(x) => break x,
@@ -377,6 +421,7 @@ impl Stream {
         });
         let server_addr = rx.recv_timeout(Duration::from_secs(5)).expect("sink bound");
         let cli_ns = t.ns_name(Ns::Client).to_owned();
+        let stopped = stop.clone();
         let client = std::thread::spawn(move || {
             tests::netns::enter(&cli_ns);
             let mut sock = TcpStream::connect_timeout(&server_addr, Duration::from_secs(5))
@@ -385,19 +430,26 @@ impl Stream {
                 .unwrap();
             sock.set_read_timeout(Some(Duration::from_secs(10)))
                 .unwrap();
-            let chunk = 16 * 1024;
-            let chunks = u32::try_from(total / chunk).expect("chunk count");
             // Pace: chunk i is due at (i + 1)/chunks of the duration.
-            send_paced(&mut sock, chunk, |i| {
-                (i < chunks)
+            send_paced(&mut sock, STREAM_CHUNK, |i| {
+                (i < chunks && !stopped.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)))
                     .then(|| Duration::from_secs_f64(secs * f64::from(i + 1) / f64::from(chunks)))
             })
         });
-        Self { client, server }
+        Self {
+            client,
+            server,
+            stop,
+        }
     }
 
-    /// Waits for both ends; panics unless every byte arrived intact.
+    /// Ends an [`Stream::until_stopped`] and waits for both ends (a
+    /// [`Stream::start`] runs its course); panics unless every byte
+    /// arrived intact.
     pub fn finish(self) -> u64 {
+        if let Some(stop) = &self.stop {
+            stop.store(true, Ordering::Relaxed);
+        }
         let c = self.client.join().expect("client thread");
         let s = self.server.join().expect("server thread");
         same_bytes(c, s)
@@ -434,6 +486,25 @@ pub fn wait_for_or_show(
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("timed out waiting for {what}\n{}", context());
+}
+
+/// Takes a reading every 50 ms until `done` holds of one or `timeout`
+/// passed, and returns the last: for counts a test wants to see grow by
+/// at least so much, however slowly a loaded machine runs the traffic,
+/// and then asserts on with the numbers in its message.
+pub fn read_until<T>(
+    timeout: Duration,
+    mut read: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let r = read();
+        if done(&r) || Instant::now() >= deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// SIGKILL to the process group of `child` (started with

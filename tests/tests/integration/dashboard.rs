@@ -4,11 +4,12 @@
 //! failures, offload events, the daemon's health).
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use serde_json::Value;
 use tests::{Ns, Topology};
 
-use crate::ctl::DetachOnDrop;
+use crate::ctl::{DetachOnDrop, wait_for_or_show};
 use crate::daemon_run::{RunningDaemon, Scratch, config_text, http};
 
 const DASHBOARD: &str = include_str!("../../../examples/grafana/xdp-router.json");
@@ -238,10 +239,12 @@ fn every_dashboard_metric_is_in_a_running_routers_metrics() {
     );
     let addr = daemon.page_addr();
     assert!(addr.ip().is_unspecified(), "{addr}");
-    assert!(
-        daemon.log().contains("not loopback"),
-        "no warning for a non-loopback listener:\n{}",
-        daemon.log()
+    // On stderr, read by another thread than the address's stdout line.
+    wait_for_or_show(
+        "the warning for a non-loopback listener",
+        Duration::from_secs(5),
+        || daemon.log().contains("not loopback"),
+        || daemon.log(),
     );
     let local = std::net::SocketAddr::from(([127, 0, 0, 1], addr.port()));
     let (code, _, body) = http(&t, Ns::Client, local, "GET", "/metrics");

@@ -3,6 +3,8 @@
 //! per direction, and `--sort`, `--limit` and the filters select what they
 //! should.
 
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 use tests::{Ns, SERVER_ADDR, Topology, counter_delta, socket_addr};
 
@@ -40,7 +42,6 @@ fn tcp_transfer_counted_per_direction_and_list_selects() {
     let before = t.stats();
     let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5301));
     let _ = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5302));
-    let after = t.stats();
     println!("{}", t.router_ctl_ok(&["conntrack", "list"]));
 
     let flows = list(&t, &[]);
@@ -67,14 +68,27 @@ fn tcp_transfer_counted_per_direction_and_list_selects() {
         );
     }
     // Every packet the data path forwarded belongs to a flow: the flows'
-    // counts add up to the forwarded counters.
-    let flow_packets: u64 = flows
-        .iter()
-        .map(|f| n(f, "orig_packets") + n(f, "reply_packets"))
-        .sum();
-    let forwarded = counter_delta(&before, &after, "fwd_outbound")
-        + counter_delta(&before, &after, "fwd_inbound");
-    assert_eq!(flow_packets, forwarded, "flows: {flows:?}");
+    // counts add up to the forwarded counters. Read again until they do:
+    // the connections' last ACKs can still be on their way through the
+    // router (a softirq the loaded machine defers) between the readings.
+    let sums = || {
+        let after = t.stats();
+        let flows = list(&t, &[]);
+        let flow_packets: u64 = flows
+            .iter()
+            .map(|f| n(f, "orig_packets") + n(f, "reply_packets"))
+            .sum();
+        let forwarded = counter_delta(&before, &after, "fwd_outbound")
+            + counter_delta(&before, &after, "fwd_inbound");
+        (flow_packets, forwarded, flows)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = sums();
+    while seen.0 != seen.1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        seen = sums();
+    }
+    assert_eq!(seen.0, seen.1, "flows: {:?}", seen.2);
 
     let by_bytes = list(&t, &["--sort", "bytes", "--limit", "1"]);
     assert_eq!(dsts(&by_bytes), ["203.0.113.2:5301"]);

@@ -94,7 +94,11 @@ fn replace_under_a_running_tcp_stream_loses_nothing() {
 
     // 24 MiB over 5 s while the program is replaced three times.
     let stream = Stream::start(&t, socket_addr(SERVER_ADDR, 5601), 24 << 20, 5.0);
-    std::thread::sleep(Duration::from_millis(800));
+    wait_for(
+        "the stream's flow to be tracked",
+        Duration::from_secs(4),
+        || flow_xlat(&t, 5601).is_some(),
+    );
     let xlat0 = flow_xlat(&t, 5601).expect("the stream's flow is tracked");
 
     // 1. A new object (same code, another file hash).

@@ -275,20 +275,24 @@ pub(crate) fn kernel_entries(t: &Topology, filter: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The offloaded row of the UDP flow from the client's port 42000.
+fn offloaded_udp_42000(t: &Topology) -> Option<serde_json::Value> {
+    offloaded_rows(t)
+        .into_iter()
+        .find(|f| f["proto"] == "udp" && f["orig_src"] == format!("{CLIENT_ADDR}:42000"))
+}
+
 /// After the 40 echoes of the offloaded UDP flow from port 42000: XDP
 /// counted them in the flow's entries; the kernel's own accounting, listed
 /// next to them, has what the kernel forwarded before the offload (it
 /// takes no counts from XDP).
 fn assert_counted_by_both(t: &Topology) {
-    let row = offloaded_rows(t)
-        .into_iter()
-        .find(|f| f["proto"] == "udp" && f["orig_src"] == format!("{CLIENT_ADDR}:42000"))
-        .unwrap_or_else(|| {
-            panic!(
-                "no offloaded UDP row: {}",
-                t.router_ctl_ok(&["conntrack", "list"])
-            )
-        });
+    let row = offloaded_udp_42000(t).unwrap_or_else(|| {
+        panic!(
+            "no offloaded UDP row: {}",
+            t.router_ctl_ok(&["conntrack", "list"])
+        )
+    });
     let num = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {row}"));
     assert!(
         num(&row["orig_packets"]) >= 40 && num(&row["reply_packets"]) >= 40,
@@ -303,6 +307,44 @@ fn assert_counted_by_both(t: &Topology) {
         num(&kernel["orig_packets"]) + num(&row["orig_packets"]) >= 43,
         "{row}"
     );
+}
+
+/// An established UDP flow moves to XDP: after its first reply the
+/// kernel forwards (almost) none of its packets any more.
+fn established_udp_flow_moves_to_xdp(t: &Topology) {
+    let udp = udp_client(t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    // The daemon offloads it after the kernel's event: polled, as that
+    // takes longer than any fixed pause on a loaded machine.
+    wait_for(
+        "the UDP flow to be offloaded",
+        Duration::from_secs(10),
+        || offloaded_udp_42000(t).is_some(),
+    );
+    let (kernel0, out0, in0) = (
+        t.nstat(Ns::Router, "IpForwDatagrams"),
+        counter(t, "fwd_outbound"),
+        counter(t, "fwd_inbound"),
+    );
+    assert_eq!(echoes(&udp, 40, Duration::from_millis(5)), 40);
+    let kernel_fwd = t.nstat(Ns::Router, "IpForwDatagrams") - kernel0;
+    let (xdp_out, xdp_in) = (
+        counter(t, "fwd_outbound") - out0,
+        counter(t, "fwd_inbound") - in0,
+    );
+    println!(
+        "40 echoes of an offloaded UDP flow: kernel forwarded {kernel_fwd}, XDP {xdp_out} out / {xdp_in} in"
+    );
+    assert!(
+        xdp_out >= 40 && xdp_in >= 40,
+        "XDP did not carry the flow: {xdp_out}/{xdp_in}"
+    );
+    // Other flows run meanwhile (the early TCP stream): allow a few.
+    assert!(
+        kernel_fwd < 20,
+        "the kernel still forwards the offloaded flow ({kernel_fwd})"
+    );
+    assert_counted_by_both(t);
 }
 
 fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
@@ -356,35 +398,7 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
         "ping through the router failed"
     );
 
-    // An established UDP flow moves to XDP: after its first reply the
-    // kernel forwards (almost) none of its packets any more.
-    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
-    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
-    std::thread::sleep(Duration::from_millis(300));
-    let (kernel0, out0, in0) = (
-        t.nstat(Ns::Router, "IpForwDatagrams"),
-        counter(&t, "fwd_outbound"),
-        counter(&t, "fwd_inbound"),
-    );
-    assert_eq!(echoes(&udp, 40, Duration::from_millis(5)), 40);
-    let kernel_fwd = t.nstat(Ns::Router, "IpForwDatagrams") - kernel0;
-    let (xdp_out, xdp_in) = (
-        counter(&t, "fwd_outbound") - out0,
-        counter(&t, "fwd_inbound") - in0,
-    );
-    println!(
-        "40 echoes of an offloaded UDP flow: kernel forwarded {kernel_fwd}, XDP {xdp_out} out / {xdp_in} in"
-    );
-    assert!(
-        xdp_out >= 40 && xdp_in >= 40,
-        "XDP did not carry the flow: {xdp_out}/{xdp_in}"
-    );
-    // Other flows run meanwhile (the early TCP stream): allow a few.
-    assert!(
-        kernel_fwd < 20,
-        "the kernel still forwards the offloaded flow ({kernel_fwd})"
-    );
-    assert_counted_by_both(&t);
+    established_udp_flow_moves_to_xdp(&t);
 
     // The port forward (the kernel's DNAT rule) works and is offloaded.
     let lan_srv = t.tcp_echo_server(Ns::Client, sa(CLIENT_ADDR, 80));

@@ -181,12 +181,13 @@ fn status_page_shows_live_numbers_in_chromium() {
     let (code, _, head_body) = http(&t, Ns::Client, addr, "HEAD", "/metrics");
     assert_eq!((code, head_body.as_str()), (200, ""));
 
-    // Traffic through the NAT for the rest of the test.
-    let stream = Stream::start(
+    // Traffic through the NAT for the rest of the test, however long the
+    // browser takes (about 3.4 MB/s, as a 48 MiB stream over 14 s).
+    let stream = Stream::until_stopped(
         &t,
         SocketAddr::V4(SocketAddrV4::new(SERVER_ADDR, 7401)),
-        48 << 20,
-        14.0,
+        3.5e6,
+        120.0,
     );
     std::thread::sleep(Duration::from_secs(3));
     let profile = scratch.path("chromium");
