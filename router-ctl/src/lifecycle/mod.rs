@@ -51,6 +51,41 @@ use crate::{
     vmac,
 };
 
+/// What standalone mode's kernel side is set up for, from a router's
+/// configuration.
+fn standalone_wanted(c: &RouterConfig) -> standalone::Wanted<'_> {
+    standalone::Wanted {
+        lan: &c.lan,
+        wan: &c.wan,
+        wan_addr: c.wan_addr,
+        kernel_ports: c.kernel_nat_ports,
+    }
+}
+
+/// Puts standalone mode's kernel side back as it was before a failed
+/// attach set it up: as the running router's record has it (a standalone
+/// router), or gone (none was attached, or an offload router, which has
+/// none); left alone when a router runs without a record. Best effort: a
+/// failure is reported, the attach's own error is the one returned.
+fn undo_standalone_set_up(ctx: &Ctx, attached: bool, record: Option<&State>) {
+    let undone = match (attached, record) {
+        (true, Some(r)) if r.config.admit == AdmitMode::Xdp => {
+            standalone::set_up(ctx.ns(), &standalone_wanted(&r.config))
+        }
+        (false, _) | (true, Some(_)) => standalone::tear_down(ctx.ns()).map(|_| ()),
+        // Attached without a record: what was set up before is unknown.
+        (true, None) => return,
+    };
+    if let Err(e) = undone {
+        warn!(
+            "putting the kernel side of standalone mode (nftables table ip {}, the LAN's \
+             accept_local and rp_filter) back as it was before this attach: {e:#}; \
+             `router-ctl status` and `doctor` show what is set up",
+            standalone::TABLE
+        );
+    }
+}
+
 /// What `attach` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -81,29 +116,33 @@ pub fn attach(
         warn!("ignoring the attach record: {e:#}");
         None
     });
+    if running.any_pins() {
+        replace::preflight(ctx, a, &desired, &obj, &running)?;
+    }
     if standalone_mode {
         // Before the fast path turns on: its first packets towards
         // unresolved neighbours need the sysctls, what it passes the table.
-        let set_up = standalone::set_up(
-            ctx.ns(),
-            &standalone::Wanted {
-                lan: &desired.lan,
-                wan: &desired.wan,
-                wan_addr: desired.wan_addr,
-                kernel_ports: desired.kernel_nat_ports,
-            },
-        );
-        if let Err(e) = set_up {
-            if !running.any_pins()
-                && let Err(t) = standalone::tear_down(ctx.ns())
-            {
-                warn!("undoing the kernel side of standalone mode: {t:#}");
-            }
+        if let Err(e) = standalone::set_up(ctx.ns(), &standalone_wanted(&desired)) {
+            undo_standalone_set_up(ctx, running.any_pins(), record.as_ref());
             return Err(e);
         }
     }
     let outcome = if running.any_pins() {
-        replace::replace_or_keep(ctx, a, &desired, &obj, &running, record)?
+        let before = record.clone();
+        match replace::replace_or_keep(ctx, a, &desired, &obj, &running, record) {
+            Ok(o) => o,
+            Err(e) => {
+                // Undone only if the replace failed before its journal (the
+                // record unchanged): past it, the new configuration may be
+                // live, and the next attach finishes the replace with the
+                // kernel side it needs.
+                let journaled = state::load(ctx.ns()).ok().flatten() != before;
+                if standalone_mode && !journaled {
+                    undo_standalone_set_up(ctx, true, before.as_ref());
+                }
+                return Err(e);
+            }
+        }
     } else {
         if record.is_some() {
             warn!(

@@ -29,7 +29,23 @@ use crate::{
     state::{self, Pending, State},
 };
 
-/// Already attached: nothing to do, or a live replace.
+/// Whether the running router can take `desired` in place: checked before
+/// anything changes (the standalone kernel side included), so a refused
+/// attach leaves everything as it was.
+pub fn preflight(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    desired: &RouterConfig,
+    obj: &Object,
+    running: &Running,
+) -> Result<()> {
+    let dir = &ctx.pin_dir;
+    check_replaceable(dir, a, desired, running)?;
+    loader::check_layout(dir, obj, desired.max_flows * 2)
+}
+
+/// Already attached: nothing to do, or a live replace ([`preflight`]
+/// passed).
 pub fn replace_or_keep(
     ctx: &Ctx,
     a: &AttachArgs,
@@ -39,9 +55,7 @@ pub fn replace_or_keep(
     record: Option<State>,
 ) -> Result<Outcome> {
     let dir = &ctx.pin_dir;
-    check_replaceable(dir, a, desired, running)?;
     let entries = desired.max_flows * 2;
-    loader::check_layout(dir, obj, entries)?;
 
     // Maps this build added, not pinned by the router-ctl that attached:
     // the replace below creates them, so it runs even when nothing else

@@ -9,7 +9,7 @@
 //! - unsolicited WAN -> LAN traffic is dropped and counted, while replies
 //!   and port forwards work;
 //! - the slow-path table and the LAN sysctls follow attach, replace and
-//!   detach exactly.
+//!   detach exactly, and a refused attach changes neither.
 
 use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -24,7 +24,7 @@ use tests::{
     socket_addr,
 };
 
-use crate::ctl::{attach, attach_and_print, ctl_env, stderr};
+use crate::ctl::{DetachOnDrop, attach, attach_and_print, ctl_env, stderr};
 
 const IO: Duration = Duration::from_secs(3);
 const LAN_PREFIX: [u8; 3] = [192, 168, 50];
@@ -561,4 +561,67 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
     assert_eq!(slow_path_table(&t), None, "detach left the table");
     assert_eq!(sysctl(&t, &accept_local), old_accept_local);
     assert_eq!(sysctl(&t, &rp_filter), "1");
+}
+
+/// A replace the running router refuses (here: another table size) leaves
+/// standalone mode's kernel side as it was: the slow-path table keeps its
+/// ports, the LAN's sysctls their values; and an offload router that is
+/// refused a switch to standalone mode gets no table and no sysctl.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_refused_replace_leaves_the_kernel_side_as_it_was() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    let accept_local = format!("net.ipv4.conf.{LAN_IF}.accept_local");
+    let rp_filter = format!("net.ipv4.conf.{LAN_IF}.rp_filter");
+    t.exec_ok(Ns::Router, &["sysctl", "-qw", &format!("{rp_filter}=1")]);
+    let old_accept_local = sysctl(&t, &accept_local);
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["attach", LAN_IF, WAN_IF];
+        args.extend_from_slice(extra);
+        let o = t.router_ctl(&args);
+        let e = stderr(&o);
+        assert!(!o.status.success(), "attached with {extra:?}");
+        assert!(e.contains("cannot be resized"), "{e}");
+    };
+
+    attach(&t, &["--max-flows", "1000"]);
+    let table = slow_path_table(&t).expect("slow-path table");
+    refused(&[
+        "--admit",
+        "xdp",
+        "--max-flows",
+        "2000",
+        "--port-range",
+        "1024-49999",
+        "--kernel-nat-ports",
+        "50000-65535",
+    ]);
+    assert_eq!(
+        slow_path_table(&t).as_deref(),
+        Some(table.as_str()),
+        "a refused attach changed the slow-path table"
+    );
+    assert_eq!(sysctl(&t, &accept_local), "1");
+    assert_eq!(sysctl(&t, &rp_filter), "2");
+    t.router_ctl_ok(&["detach"]);
+
+    t.router_ctl_ok(&[
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--admit",
+        "kernel",
+        "--max-flows",
+        "1000",
+    ]);
+    refused(&["--admit", "xdp", "--max-flows", "2000"]);
+    assert_eq!(
+        slow_path_table(&t),
+        None,
+        "a refused switch to standalone set up the slow-path table"
+    );
+    assert_eq!(sysctl(&t, &accept_local), old_accept_local);
+    assert_eq!(sysctl(&t, &rp_filter), "1");
+    t.router_ctl_ok(&["detach"]);
 }
