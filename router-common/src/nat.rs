@@ -145,29 +145,52 @@ pub const ICMP_ECHO_REQUEST: u8 = 8;
 pub const ICMP_TIME_EXCEEDED: u8 = 11;
 pub const ICMP_PARAMETER_PROBLEM: u8 = 12;
 
-/// Translates an ICMP error that came back from the WAN about a packet the
-/// NAT sent (RFC 5508 section 4.2, RFC 5382/4787): the outer destination and
-/// the embedded packet's source become `addr:port` (for an embedded ICMP
-/// echo, `port` is the identifier). Fixes, incrementally, the outer IPv4
-/// checksum, the embedded IPv4 checksum, the embedded UDP checksum (unless
-/// 0), the embedded TCP checksum when the error carries it
-/// (`inner_tcp_check`), the embedded echo's checksum, and the outer ICMP
-/// checksum over all of those changes.
+/// Which way an ICMP error about a flow goes through the NAT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorWay {
+    /// From the WAN about a packet the NAT sent there (RFC 5508 section
+    /// 4.2): the outer destination and the quoted packet's source become
+    /// the LAN host's.
+    Inbound,
+    /// From a LAN host about a packet of a flow the NAT delivered to it
+    /// (RFC 5508 REQ-5): the outer source and the quoted packet's
+    /// destination become the NAT's own (its WAN address and the flow's
+    /// mapped port).
+    Outbound,
+}
+
+/// Translates an ICMP error about a flow (RFC 5508, RFC 5382/4787): on
+/// the `way` given, one outer address becomes `addr` and the quoted
+/// packet's matching endpoint `addr:port` (for a quoted ICMP echo, `port`
+/// is the identifier). Fixes, incrementally, the outer IPv4 checksum, the
+/// embedded IPv4 checksum, the embedded UDP checksum (unless 0), the
+/// embedded TCP checksum when the error carries it (`inner_tcp_check`),
+/// the embedded echo's checksum, and the outer ICMP checksum over all of
+/// those changes.
 pub fn translate_icmp_error(
+    way: ErrorWay,
     outer_ip: &mut [u8; ipv4::LEN],
     icmp: &mut [u8; icmp::LEN],
     inner_ip: &mut [u8; ipv4::LEN],
     inner_l4: &mut [u8; hdr::ICMP_QUOTED_L4_LEN],
     inner_tcp_check: Option<&mut [u8; 2]>,
-    addr: [u8; 4],
-    port: u16,
+    (addr, port): ([u8; 4], u16),
 ) {
-    let outer_src = get_addr(outer_ip, ipv4::SRC);
-    let _ = rewrite_addrs(outer_ip, outer_src, addr);
+    let (outer_src, outer_dst) = (get_addr(outer_ip, ipv4::SRC), get_addr(outer_ip, ipv4::DST));
+    let (inner_src, inner_dst) = (get_addr(inner_ip, ipv4::SRC), get_addr(inner_ip, ipv4::DST));
+    let inbound = way == ErrorWay::Inbound;
+    let _ = if inbound {
+        rewrite_addrs(outer_ip, outer_src, addr)
+    } else {
+        rewrite_addrs(outer_ip, addr, outer_dst)
+    };
 
-    let inner_dst = get_addr(inner_ip, ipv4::DST);
     let old_inner_check = get_u16(inner_ip, ipv4::CHECK);
-    let pseudo = rewrite_addrs(inner_ip, addr, inner_dst);
+    let pseudo = if inbound {
+        rewrite_addrs(inner_ip, addr, inner_dst)
+    } else {
+        rewrite_addrs(inner_ip, inner_src, addr)
+    };
     let new_inner_check = get_u16(inner_ip, ipv4::CHECK);
     let mut outer = pseudo.word(old_inner_check, new_inner_check);
 
@@ -176,8 +199,13 @@ pub fn translate_icmp_error(
             outer = outer.merge(rewrite_icmp_echo(inner_l4, port));
         }
         proto => {
-            let old_dport = get_u16(inner_l4, udp::DPORT);
-            let ports = set_ports(inner_l4, port, old_dport);
+            let (quoted_src_port, quoted_dst_port) =
+                (get_u16(inner_l4, udp::SPORT), get_u16(inner_l4, udp::DPORT));
+            let ports = if inbound {
+                set_ports(inner_l4, port, quoted_dst_port)
+            } else {
+                set_ports(inner_l4, quoted_src_port, port)
+            };
             outer = outer.merge(ports);
             let l4 = ports.merge(pseudo);
             if proto == IPPROTO_UDP {
@@ -331,36 +359,49 @@ mod tests {
             assert_checksums(&p);
         }
 
-        /// An ICMP error quoting a whole UDP/TCP/echo packet the NAT sent:
-        /// after translation every checksum (outer IP, ICMP, inner IP,
-        /// inner L4) equals a recomputation, and the quoted source is the
-        /// LAN host's.
+        /// An ICMP error quoting a whole UDP/TCP/echo packet (or, for TCP,
+        /// only its first 8 bytes), either way: from the WAN about a packet
+        /// the NAT sent (the quoted source becomes the LAN host's, and the
+        /// outer destination), or from the LAN host about a packet the NAT
+        /// delivered to it (the quoted destination becomes the NAT's
+        /// mapping, and the outer source its address). After translation
+        /// every checksum (outer IP, ICMP, inner IP, inner L4) equals a
+        /// recomputation.
         #[test]
         fn icmp_error_translation_equals_recompute(
             which in 0u8..3, router: [u8; 4], wan: [u8; 4], remote: [u8; 4], lan: [u8; 4],
             wport: u16, lport: u16, rport: u16, with_tcp_check: bool, udp_zero: bool,
+            outbound: bool,
             body in proptest::collection::vec(any::<u8>(), 20..64),
         ) {
             let proto = [IPPROTO_UDP, IPPROTO_TCP, IPPROTO_ICMP][usize::from(which)];
+            // Inbound: the NAT sent wan:wport -> remote:rport. Outbound: it
+            // delivered remote:rport -> lan:lport (an echo: id lport).
+            let (q_src, q_dst, q_sport, q_dport) = if outbound {
+                (remote, lan, rport, lport)
+            } else {
+                (wan, remote, wport, rport)
+            };
             let mut l4 = body;
             match proto {
                 IPPROTO_TCP => {
-                    l4 = with_ports(l4, wport, rport);
+                    l4 = with_ports(l4, q_sport, q_dport);
                     l4[tcp::DATA_OFF] = 0x50;
                 }
                 IPPROTO_UDP => {
-                    l4 = with_ports(l4, wport, rport);
+                    l4 = with_ports(l4, q_sport, q_dport);
                     let len = u16::try_from(l4.len()).unwrap();
                     l4[udp::LENGTH..udp::LENGTH + 2].copy_from_slice(&len.to_be_bytes());
                 }
                 _ => {
                     l4[icmp::TYPE] = ICMP_ECHO_REQUEST;
                     l4[icmp::CODE] = 0;
-                    l4[icmp::ECHO_ID..icmp::ECHO_ID + 2].copy_from_slice(&wport.to_be_bytes());
+                    let id = if outbound { lport } else { wport };
+                    l4[icmp::ECHO_ID..icmp::ECHO_ID + 2].copy_from_slice(&id.to_be_bytes());
                 }
             }
             let udp_check = L4 + udp::CHECK..L4 + udp::CHECK + 2;
-            let mut inner = packet(proto, wan, remote, &l4);
+            let mut inner = packet(proto, q_src, q_dst, &l4);
             if proto == IPPROTO_UDP && udp_zero {
                 inner[udp_check.clone()].fill(0);
             }
@@ -370,7 +411,11 @@ mod tests {
             let quoted = if proto == IPPROTO_TCP && !with_tcp_check { least } else { inner.len() };
             let mut icmp = std::vec![ICMP_DEST_UNREACH, 4, 0, 0, 0, 0, 0x05, 0xdc];
             icmp.extend_from_slice(&inner[..quoted]);
-            let mut outer = packet(IPPROTO_ICMP, router, wan, &icmp);
+            let mut outer = if outbound {
+                packet(IPPROTO_ICMP, lan, remote, &icmp)
+            } else {
+                packet(IPPROTO_ICMP, router, wan, &icmp)
+            };
 
             let (o_ip, rest) = outer.split_at_mut(ipv4::LEN);
             let (o_icmp, rest) = rest.split_at_mut(icmp::LEN);
@@ -382,18 +427,29 @@ mod tests {
             } else {
                 None
             };
+            let (way, to_addr, to_port) = if outbound {
+                (ErrorWay::Outbound, wan, wport)
+            } else {
+                (ErrorWay::Inbound, lan, lport)
+            };
             translate_icmp_error(
-                o_ip.try_into().unwrap(), o_icmp.try_into().unwrap(),
-                i_ip.try_into().unwrap(), i_l4.try_into().unwrap(), tcp_check, lan, lport,
+                way, o_ip.try_into().unwrap(), o_icmp.try_into().unwrap(),
+                i_ip.try_into().unwrap(), i_l4.try_into().unwrap(), tcp_check, (to_addr, to_port),
             );
-            // Outer: destination is the LAN host, IP and ICMP checksums right.
-            prop_assert_eq!(addr(&outer, ipv4::DST), lan);
+            // Outer: the LAN host's destination (inbound) or the NAT's
+            // source (outbound); IP and ICMP checksums right.
+            let (outer_at, inner_at, port_field) = if outbound {
+                (ipv4::SRC, ipv4::DST, udp::DPORT)
+            } else {
+                (ipv4::DST, ipv4::SRC, udp::SPORT)
+            };
+            prop_assert_eq!(addr(&outer, outer_at), to_addr);
             assert_checksums(&outer);
-            // Inner: source is the LAN host's address and port.
+            // Inner: the translated endpoint's address and port.
             let inner_new = &outer[L4 + icmp::LEN..];
-            prop_assert_eq!(addr(inner_new, ipv4::SRC), lan);
-            let port_at = L4 + if proto == IPPROTO_ICMP { icmp::ECHO_ID } else { udp::SPORT };
-            prop_assert_eq!(&inner_new[port_at..port_at + 2], &lport.to_be_bytes());
+            prop_assert_eq!(addr(inner_new, inner_at), to_addr);
+            let port_at = L4 + if proto == IPPROTO_ICMP { icmp::ECHO_ID } else { port_field };
+            prop_assert_eq!(&inner_new[port_at..port_at + 2], &to_port.to_be_bytes());
             let inner_hdr: [u8; ipv4::LEN] = inner_new[..ipv4::LEN].try_into().unwrap();
             let mut h = inner_hdr;
             set_u16(&mut h, ipv4::CHECK, 0);

@@ -128,7 +128,11 @@ fn nft(args: &[&str], input: Option<&str>) -> Result<String> {
 /// The slow-path table as `nft -f` input: created, emptied and filled in
 /// one transaction (so attach and replace are idempotent and atomic).
 /// TCP, UDP and ICMP (echo identifiers) get ports from `ports`; other
-/// protocols only the address.
+/// protocols only the address. A filter chain after the NAT drops what
+/// still leaves for the WAN with another source than the WAN address: the
+/// packets netfilter does not translate because its conntrack calls them
+/// invalid (a LAN host's TCP RST or FIN, or its ICMP error, about an XDP
+/// flow the kernel never saw), so no LAN address leaves on the WAN.
 #[must_use]
 pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16)) -> String {
     let m = format!("iifname \"{lan}\" oifname \"{wan}\" ip saddr != {wan_addr}");
@@ -141,10 +145,17 @@ pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16))
          \t\t{m} meta l4proto {{ tcp, udp, icmp }} snat ip to {wan_addr}:{}-{}\n\
          \t\t{m} snat ip to {wan_addr}\n\
          \t}}\n\
+         \tchain {UNTRANSLATED_CHAIN} {{\n\
+         \t\ttype filter hook postrouting priority srcnat + 10; policy accept;\n\
+         \t\t{m} counter drop\n\
+         \t}}\n\
          }}\n",
         ports.0, ports.1
     )
 }
+
+/// The slow-path table's chain that drops untranslated LAN packets.
+pub const UNTRANSLATED_CHAIN: &str = "untranslated";
 
 /// Whether `nft` lists our table.
 fn table_present() -> bool {
@@ -431,6 +442,15 @@ mod tests {
             t.contains(
                 "iifname \"lan0\" oifname \"wan0\" ip saddr != 203.0.113.1 meta l4proto { tcp, \
                  udp, icmp } snat ip to 203.0.113.1:61000-65535"
+            ),
+            "{t}"
+        );
+        // After the NAT (srcnat + 10): what it left untranslated is dropped.
+        assert!(
+            t.contains(
+                "chain untranslated {\n\t\ttype filter hook postrouting priority srcnat + 10; \
+                 policy accept;\n\t\tiifname \"lan0\" oifname \"wan0\" ip saddr != 203.0.113.1 \
+                 counter drop\n"
             ),
             "{t}"
         );

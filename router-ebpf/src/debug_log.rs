@@ -100,17 +100,18 @@ pub fn dropped(reason: Counter, ingress_ifindex: u32) {
     }
 }
 
-/// An ICMP error about the WAN tuple `key` (as a reply would carry it)
-/// translated back to the LAN host `lan_addr:lan_port`.
+/// An ICMP error about the packet that the reply tuple `key` answers
+/// (from the WAN: one the NAT sent; from the LAN: one it delivered),
+/// translated to `to_addr:to_port` (the LAN host, or the NAT's mapping).
 #[inline(always)]
-pub fn icmp_error_translated(key: &FlowKey, lan_addr: [u8; 4], lan_port: u16) {
+pub fn icmp_error_translated(key: &FlowKey, to_addr: [u8; 4], to_port: u16) {
     if enabled(Level::Debug) {
         router_log_icmp_error_translated(
             addr(key.dst_addr),
             addr(key.src_addr),
             ports(key.dst_port, key.src_port),
-            addr(lan_addr),
-            ports(u16::from(key.proto), lan_port),
+            addr(to_addr),
+            ports(u16::from(key.proto), to_port),
         );
     }
 }
@@ -200,20 +201,20 @@ fn router_log_malformed(reason: u32, ingress_ifindex: u32) {
     }
 }
 
-/// The quoted packet `wan:wan_port -> remote:remote_port` (ports: wan
-/// high, remote low); its LAN host `lan:lan_port`.
+/// The quoted packet `src:src_port -> dst:dst_port` (ports: source high,
+/// destination low); the endpoint it was translated to, `to:to_port`.
 #[inline(never)]
-fn router_log_icmp_error_translated(wan: u32, remote: u32, ports_: u32, lan: u32, proto_port: u32) {
+fn router_log_icmp_error_translated(src: u32, dst: u32, ports_: u32, to: u32, proto_port: u32) {
     debug!(
         &(),
         target: TARGET,
         "ICMP error translated: about proto {} {:i}:{} -> {:i}:{}, to {:i}:{}",
         proto_port >> 16,
-        wan,
+        src,
         ports_ >> 16,
-        remote,
+        dst,
         ports_ & 0xffff,
-        lan,
+        to,
         proto_port & 0xffff
     );
 }

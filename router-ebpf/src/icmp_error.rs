@@ -1,12 +1,15 @@
-//! ICMP errors from the WAN about packets the NAT sent: translated back to
-//! the LAN host (RFC 5508 4.2) and forwarded with the flow path's tail.
+//! ICMP errors about packets of a flow, translated and forwarded with the
+//! flow path's tail: from the WAN about packets the NAT sent, back to the
+//! LAN host (RFC 5508 4.2); from a LAN host about packets the NAT
+//! delivered to it, out as the NAT's own (RFC 5508 REQ-5), since the
+//! kernel, which never saw the flow, would let it leave untranslated.
 
 use aya_ebpf::programs::XdpContext;
 use router_common::{
     flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
     maps::{Config, Counter, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
-    nat::{ICMP_ECHO_REQUEST, translate_icmp_error},
+    nat::{ErrorWay, ICMP_ECHO_REQUEST, translate_icmp_error},
 };
 
 use crate::{
@@ -16,18 +19,26 @@ use crate::{
     parse::header,
 };
 
-/// If the packet the error quotes belongs to a known flow, translates the
-/// quoted header and the outer destination back to the LAN host and
-/// forwards it; else the kernel's.
+/// If the packet the error quotes belongs to a known flow of this side,
+/// translates the quoted header and the outer address (from the WAN: the
+/// destination, back to the LAN host; from the LAN: the source, to the
+/// NAT's) and forwards it; else the kernel's (from the LAN: it may belong
+/// to a slow-path flow, which the kernel translates; the slow-path table
+/// drops what it cannot).
 #[inline(always)]
 pub fn forward(
     ctx: &XdpContext,
     cfg: &Config,
+    from_lan: bool,
     eth: &mut [u8; eth::LEN],
     ip: &mut [u8; ipv4::LEN],
     total_len: usize,
 ) -> Step<Verdict> {
-    let unsolicited = Verdict::pass(Counter::PassUnsolicited);
+    let unsolicited = Verdict::pass(if from_lan {
+        Counter::PassNoFlow
+    } else {
+        Counter::PassUnsolicited
+    });
     if total_len < min_len::ICMP_ERROR {
         return Err(unsolicited);
     }
@@ -40,13 +51,16 @@ pub fn forward(
     let proto = inner_ip[ipv4::PROTO];
     let (src_port_quoted, dst_port_quoted) = match proto {
         IPPROTO_TCP | IPPROTO_UDP => (get_u16(inner_l4, udp::SPORT), get_u16(inner_l4, udp::DPORT)),
-        IPPROTO_ICMP if inner_l4[icmp::TYPE] == ICMP_ECHO_REQUEST => {
+        // A quoted echo request the NAT sent to the WAN (a LAN host does
+        // not answer echo replies with errors).
+        IPPROTO_ICMP if !from_lan && inner_l4[icmp::TYPE] == ICMP_ECHO_REQUEST => {
             let id = get_u16(inner_l4, icmp::ECHO_ID);
             (id, id)
         }
         _ => return Err(unsolicited),
     };
-    // A reply to the quoted packet would carry this key.
+    // A reply to the quoted packet would carry this key: the entry of the
+    // direction the error travels.
     let key = FlowKey::new(
         get_addr(inner_ip, ipv4::DST),
         get_addr(inner_ip, ipv4::SRC),
@@ -59,11 +73,34 @@ pub fn forward(
     let Some(e) = (unsafe { CONNTRACK.get(&key) }).copied() else {
         return Err(unsolicited);
     };
-    // Only a WAN-side entry describes a packet the NAT sent to the WAN.
-    if e.lan_side() || expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
+    // From the WAN only a WAN-side entry describes a packet the NAT sent
+    // there; from the LAN only a LAN-side one a packet it delivered.
+    if e.lan_side() != from_lan || expired(e.state, e.last_seen_ns, now, &cfg.timeouts) {
         return Err(unsolicited);
     }
-    let hop = fib(ctx, ip, get_addr(ip, ipv4::SRC), e.new_dst_addr)?;
+    // The NAT's side of the flow: the LAN host (inbound) or the mapping
+    // (outbound), which the entry's translation of its own direction holds.
+    let (way, addr, port, forwarded) = if from_lan {
+        (
+            ErrorWay::Outbound,
+            e.new_src_addr,
+            e.new_src_port,
+            Counter::FwdOutbound,
+        )
+    } else {
+        (
+            ErrorWay::Inbound,
+            e.new_dst_addr,
+            e.new_dst_port,
+            Counter::FwdInbound,
+        )
+    };
+    let (src, dst) = if from_lan {
+        (addr, get_addr(ip, ipv4::DST))
+    } else {
+        (get_addr(ip, ipv4::SRC), addr)
+    };
+    let hop = fib(ctx, ip, src, dst)?;
     let icmp: &mut [u8; icmp::LEN] = header(ctx, frame::L4)?;
     // The quoted TCP checksum is rewritten only if the error carries it.
     let tcp_check = if proto == IPPROTO_TCP && total_len >= min_len::ICMP_ERROR_TCP_CHECK {
@@ -71,16 +108,8 @@ pub fn forward(
     } else {
         None
     };
-    translate_icmp_error(
-        ip,
-        icmp,
-        inner_ip,
-        inner_l4,
-        tcp_check,
-        e.new_dst_addr,
-        e.new_dst_port,
-    );
+    translate_icmp_error(way, ip, icmp, inner_ip, inner_l4, tcp_check, (addr, port));
     event(Counter::IcmpErrorTranslated);
-    debug_log::icmp_error_translated(&key, e.new_dst_addr, e.new_dst_port);
-    Ok(forward_l2(eth, ip, &hop, Counter::FwdInbound))
+    debug_log::icmp_error_translated(&key, addr, port);
+    Ok(forward_l2(eth, ip, &hop, forwarded))
 }

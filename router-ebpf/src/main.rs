@@ -137,7 +137,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     let pkt = match parse::l4(ctx, ip, side.from_lan)? {
         L4::Flow(pkt) => pkt,
         L4::IcmpError { total_len } => {
-            return icmp_error::forward(ctx, side.cfg, eth, ip, total_len);
+            return icmp_error::forward(ctx, side.cfg, side.from_lan, eth, ip, total_len);
         }
     };
     let key = FlowKey::new(pkt.src, pkt.dst, pkt.sport, pkt.dport, pkt.proto);

@@ -195,7 +195,7 @@ pub struct Packet {
 pub enum L4 {
     /// A packet of a (possible) flow.
     Flow(Packet),
-    /// An ICMP error from the WAN, quoting a packet of a flow maybe.
+    /// An ICMP error, quoting a packet of a flow maybe.
     IcmpError { total_len: usize },
 }
 
@@ -251,7 +251,7 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
             }
             let icmp: &mut [u8; icmp::LEN] = header(ctx, frame::L4)?;
             let icmp_type = icmp[icmp::TYPE];
-            if !from_lan && icmp_is_error(icmp_type) {
+            if icmp_is_error(icmp_type) {
                 return Ok(L4::IcmpError { total_len });
             }
             // Echo requests leave from the LAN, replies come back on the

@@ -431,6 +431,53 @@ fn icmp_errors_come_back_translated() {
     assert!(counter_delta(&before, &after, "icmp_error_translated") >= 1);
 }
 
+/// The other way (RFC 5508 REQ-5): a LAN host's ICMP port unreachable
+/// about a datagram the NAT delivered to it (to a socket since closed)
+/// leaves as the NAT's own, quoting the mapping. Only then does the
+/// server's socket, connected to the mapping, see it (`ECONNREFUSED`); the
+/// kernel, which never saw the flow, would let it leave untranslated.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn icmp_errors_from_the_lan_leave_translated() {
+    let t = Topology::new();
+    attach_and_print(&t, &[]);
+    let client = t.in_ns(Ns::Client, || {
+        UdpSocket::bind(socket_addr(CLIENT_ADDR, 42100)).unwrap()
+    });
+    let server = t.in_ns(Ns::Server, || {
+        UdpSocket::bind(socket_addr(SERVER_ADDR, 5998)).unwrap()
+    });
+    server.set_read_timeout(Some(TIMEOUT)).unwrap();
+    client
+        .send_to(b"hello", socket_addr(SERVER_ADDR, 5998))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let (_, mapped) = server.recv_from(&mut buf).expect("the client's datagram");
+    assert_eq!(mapped.ip(), IpAddr::V4(ROUTER_WAN_ADDR), "not masqueraded");
+    server.connect(mapped).unwrap();
+    // Closed: the client's kernel answers the next datagram with an error.
+    drop(client);
+    server
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let before = t.stats();
+    let refused = (0..10).any(|_| {
+        server.send(b"late").unwrap();
+        match server.recv(&mut buf) {
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => true,
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::TimedOut => false,
+            other => panic!("the server's socket: {other:?}"),
+        }
+    });
+    let after = t.stats();
+    println!("{}", t.router_ctl_ok(&["stats"]));
+    assert!(
+        refused,
+        "no translated ICMP error reached the server's socket"
+    );
+    assert!(counter_delta(&before, &after, "icmp_error_translated") >= 1);
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn unsolicited_wan_traffic_creates_no_state() {

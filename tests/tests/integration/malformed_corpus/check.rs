@@ -60,25 +60,33 @@ impl Summary {
 }
 
 /// Bytes a translation may change: MACs, TTL, IPv4 checksum, addresses,
-/// ports/identifier and the L4 checksum; for ICMP errors the outer
-/// destination, ICMP checksum, quoted source address and port (or echo
-/// identifier) and the quoted checksums.
-pub(super) fn may_change(f: &[u8], at: usize, icmp_error: bool) -> bool {
+/// ports/identifier and the L4 checksum; for ICMP errors (`icmp_error`:
+/// from the LAN or not) the NAT's side only: from the WAN the outer
+/// destination and the quoted source address and port (or echo
+/// identifier), from the LAN the outer source and the quoted destination
+/// address and port; the ICMP checksum and the quoted checksums.
+pub(super) fn may_change(f: &[u8], at: usize, icmp_error: Option<bool>) -> bool {
     if at < 12 || at == IP_OFF + 8 || (IP_OFF + 10..IP_OFF + 12).contains(&at) {
         return true;
     }
-    if icmp_error {
+    if let Some(from_lan) = icmp_error {
         let inner_proto = f[INNER_IP_OFF + 9];
-        return (IP_OFF + 16..IP_OFF + 20).contains(&at)
+        let (outer_addr, inner_addr, port) = if from_lan {
+            (IP_OFF + 12, INNER_IP_OFF + 16, INNER_L4_OFF + 2)
+        } else {
+            (IP_OFF + 16, INNER_IP_OFF + 12, INNER_L4_OFF)
+        };
+        return (outer_addr..outer_addr + 4).contains(&at)
             || (L4_OFF + 2..L4_OFF + 4).contains(&at)
-            || (INNER_IP_OFF + 10..INNER_IP_OFF + 16).contains(&at)
+            || (INNER_IP_OFF + 10..INNER_IP_OFF + 12).contains(&at)
+            || (inner_addr..inner_addr + 4).contains(&at)
             || match inner_proto {
                 IPPROTO_ICMP => (INNER_L4_OFF + 2..INNER_L4_OFF + 6).contains(&at),
                 IPPROTO_UDP => {
-                    (INNER_L4_OFF..INNER_L4_OFF + 2).contains(&at)
+                    (port..port + 2).contains(&at)
                         || (INNER_L4_OFF + 6..INNER_L4_OFF + 8).contains(&at)
                 }
-                _ => (INNER_L4_OFF..INNER_L4_OFF + 2).contains(&at) || (78..80).contains(&at),
+                _ => (port..port + 2).contains(&at) || (78..80).contains(&at),
             };
     }
     if (IP_OFF + 12..IP_OFF + 20).contains(&at) {
@@ -132,7 +140,7 @@ pub(super) fn check_rewrite(
     }
     let icmp_error = stage == Stage::IcmpError;
     for (at, (a, b)) in f.iter().zip(out).enumerate() {
-        if a != b && !may_change(f, at, icmp_error) {
+        if a != b && !may_change(f, at, icmp_error.then_some(from_lan)) {
             errs.push(format!("byte {at} changed {a:#04x} -> {b:#04x}"));
         }
     }
@@ -296,7 +304,10 @@ pub(super) fn case(
                 Counter::IcmpErrorTranslated => {
                     stage == Stage::IcmpError
                         && v.packets == 1
-                        && matches!(c, Counter::FwdInbound | Counter::PassNoNeighbour)
+                        && matches!(
+                            c,
+                            Counter::FwdOutbound | Counter::FwdInbound | Counter::PassNoNeighbour
+                        )
                 }
                 Counter::PortCollision => {
                     new_event == Some(Counter::FlowNewMasquerade) && v.packets <= 16
@@ -335,7 +346,10 @@ pub(super) fn case(
             }
         }
         let translated = stage == Stage::IcmpError
-            && matches!(c, Counter::FwdInbound | Counter::PassNoNeighbour)
+            && matches!(
+                c,
+                Counter::FwdOutbound | Counter::FwdInbound | Counter::PassNoNeighbour
+            )
             && run.out != f;
         if stage == Stage::IcmpError
             && !translated

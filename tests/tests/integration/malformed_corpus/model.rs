@@ -8,7 +8,7 @@ pub(super) enum Stage {
     Exactly(Counter),
     /// TCP/UDP/echo reaching the conntrack lookup.
     Lookup,
-    /// ICMP error from the WAN whose quote is usable: looked up as a reply.
+    /// ICMP error whose quote is usable: looked up as a reply.
     IcmpError,
 }
 
@@ -66,17 +66,19 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
                 return Exactly(Counter::DropMalformed);
             }
             let t = f[L4_OFF];
-            if !from_lan && is_icmp_error_type(t) {
+            if is_icmp_error_type(t) {
+                let unusable = Exactly(icmp_error_miss(from_lan));
                 if total < 56 || f[INNER_IP_OFF] != 0x45 {
-                    return Exactly(Counter::PassUnsolicited);
+                    return unusable;
                 }
+                // A quoted echo request: one the NAT sent to the WAN.
                 let ok = match f[INNER_IP_OFF + 9] {
                     IPPROTO_TCP | IPPROTO_UDP => true,
-                    IPPROTO_ICMP => f[INNER_L4_OFF] == ICMP_ECHO_REQUEST,
+                    IPPROTO_ICMP => !from_lan && f[INNER_L4_OFF] == ICMP_ECHO_REQUEST,
                     _ => false,
                 };
                 if !ok {
-                    return Exactly(Counter::PassUnsolicited);
+                    return unusable;
                 }
                 return Stage::IcmpError;
             }
@@ -88,6 +90,16 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
             }
         }
         _ => Exactly(Counter::PassProtocol),
+    }
+}
+
+/// The verdict of an ICMP error about no flow of its side: from the LAN
+/// the kernel's (a slow-path flow's, maybe), from the WAN unsolicited.
+const fn icmp_error_miss(from_lan: bool) -> Counter {
+    if from_lan {
+        Counter::PassNoFlow
+    } else {
+        Counter::PassUnsolicited
     }
 }
 
@@ -117,9 +129,12 @@ pub(super) fn allowed_after_lookup(
     let mut ok = vec![fwd];
     ok.extend_from_slice(&FIB_PASSES);
     if stage == Stage::IcmpError {
-        // Only a WAN-side entry may translate an error from the WAN.
-        if r.entry(&icmp_error_key(f)).is_none_or(|e| e.lan_side()) {
-            return (vec![Counter::PassUnsolicited], None);
+        // Only an entry of the error's own side may translate it: a
+        // WAN-side one an error from the WAN, a LAN-side one from the LAN.
+        if r.entry(&icmp_error_key(f))
+            .is_none_or(|e| e.lan_side() != from_lan)
+        {
+            return (vec![icmp_error_miss(from_lan)], None);
         }
         return (ok, None);
     }

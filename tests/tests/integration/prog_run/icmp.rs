@@ -304,22 +304,87 @@ fn icmp_errors_with_embedded_headers() {
             wan,
             Counter::PassUnsolicited,
         );
-        // From the LAN, errors are the kernel's business.
-        let from_lan = Ipv4::new(
-            CLIENT,
-            SERVER,
-            Icmp::error(ICMP_DEST_UNREACH, 3, &udp_lan.bytes()),
-        );
-        r.pass(
-            "ICMP error from the LAN",
-            &env.client_sends(&from_lan),
-            lan,
-            Counter::PassProtocol,
-        );
-        assert_eq!(
-            r.flows(),
-            flows,
-            "passed errors leave the flows as they were"
-        );
+        lan_errors_about_delivered_packets(&env, r, pu);
+        assert_eq!(r.flows(), flows, "ICMP errors leave the flows as they were");
     });
+}
+
+/// From a LAN host, an ICMP error about a packet of a flow the NAT
+/// delivered to it (a late reply to a closed UDP socket, a segment it
+/// refuses) leaves as the NAT's own (RFC 5508 REQ-5): outer source the WAN
+/// address, the quoted packet's destination the flow's mapping, checksums
+/// as recomputed. Errors about no flow of the LAN side go to the kernel
+/// (`pass_no_flow`), whose slow-path table translates them or drops them.
+/// The flows are those of [`icmp_errors_with_embedded_headers`]: UDP 500
+/// mapped to `pu`, TCP 40000 kept.
+fn lan_errors_about_delivered_packets(env: &ResolvedTopology, r: &mut Router, pu: u16) {
+    let lan = r.lan;
+    // What the server sent to the mapping, and what the client got.
+    let answer =
+        |dst: [u8; 4], dport: u16| Ipv4::new(SERVER, dst, Udp::new(53, dport, b"answer")).ttl(63);
+    let synack = |dst: [u8; 4]| {
+        Ipv4::new(
+            SERVER,
+            dst,
+            Tcp::new(80, 40000, TCP_SYN | TCP_ACK).options(&MSS),
+        )
+        .ttl(63)
+    };
+    let answer0 = |dst: [u8; 4], dport: u16| {
+        Ipv4::new(SERVER, dst, Udp::new(53, dport, b"answer").no_checksum()).ttl(63)
+    };
+    let cases: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
+        (
+            "UDP quoted whole",
+            answer(CLIENT, 500).bytes(),
+            answer(WAN, pu).bytes(),
+        ),
+        (
+            "UDP checksum 0 quoted",
+            answer0(CLIENT, 500).bytes(),
+            answer0(WAN, pu).bytes(),
+        ),
+        (
+            "TCP quoted whole",
+            synack(CLIENT).bytes(),
+            synack(WAN).bytes(),
+        ),
+        (
+            "TCP quoted 28 bytes",
+            synack(CLIENT).bytes()[..28].to_vec(),
+            synack(WAN).bytes()[..28].to_vec(),
+        ),
+    ];
+    let from_client =
+        |t: u8, c: u8, quoted: &[u8]| Ipv4::new(CLIENT, SERVER, Icmp::error(t, c, quoted));
+    for (what, lan_q, wan_q) in &cases {
+        for (t, c) in [(ICMP_DEST_UNREACH, 3), (ICMP_PARAMETER_PROBLEM, 0)] {
+            let want = Ipv4::new(WAN, SERVER, Icmp::error(t, c, wan_q)).ttl(63);
+            r.redirect(
+                &format!("from the LAN, ICMP {t}/{c}: {what}"),
+                &env.client_sends(&from_client(t, c, lan_q)),
+                lan,
+                &env.to_server(&want),
+                Counter::FwdOutbound,
+                &[Counter::IcmpErrorTranslated],
+            );
+        }
+    }
+    // Not a packet the NAT delivered on a LAN-side flow: the kernel's.
+    let unknown = Ipv4::new(SERVER, CLIENT, Udp::new(53, 501, b"not ours")).ttl(63);
+    let as_sent = answer(WAN, pu);
+    let echo_reply = Ipv4::new(SERVER, CLIENT, Icmp::echo_reply(7, 1, b"")).ttl(63);
+    for (what, quoted) in [
+        ("about an unknown flow", unknown.bytes()),
+        ("quoting the WAN side's tuple", as_sent.bytes()),
+        ("quoting an echo reply", echo_reply.bytes()),
+        ("nothing quoted", Vec::new()),
+    ] {
+        r.pass(
+            &format!("ICMP error from the LAN {what}"),
+            &env.client_sends(&from_client(ICMP_DEST_UNREACH, 3, &quoted)),
+            lan,
+            Counter::PassNoFlow,
+        );
+    }
 }
