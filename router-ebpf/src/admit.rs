@@ -165,7 +165,10 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step
         note_kind(kind)?;
         return Ok(NewFlow::Masquerade);
     }
-    if !to_wan_addr {
+    // From the WAN with the router's own address as source: spoofed (a
+    // martian, RFC 1812 5.3.7), whose reply entry could be a hairpinned
+    // flow's. It opens nothing; the kernel drops it.
+    if !to_wan_addr || pkt.src == side.cfg.wan_addr {
         return Err(Verdict::pass(Counter::PassUnsolicited));
     }
     if let Some(target) = port_forward(pkt.proto, pkt.dport) {

@@ -154,8 +154,10 @@ pub(super) fn allowed_after_lookup(
         ok.push(Counter::PassPortsExhausted);
         return (ok, Some(Counter::FlowNewMasquerade));
     }
+    // The WAN address as source from the WAN: spoofed, opens nothing.
     if proto == IPPROTO_TCP && !plain_syn
         || key.dst_addr != WAN
+        || key.src_addr == WAN
         || proto == IPPROTO_ICMP
         || r.rule(proto, key.dst_port).is_none()
     {

@@ -90,6 +90,26 @@ fn port_forward_rules() {
             wan,
             Counter::PassUnsolicited,
         );
+        // The router's own address as source, from the WAN (spoofed: a
+        // martian, RFC 1812 5.3.7): it opens nothing (its reply entry could
+        // be a hairpinned flow's), the kernel drops it.
+        for (what, spoofed) in [
+            (
+                "SYN from the WAN address itself to a TCP rule",
+                Ipv4::new(WAN, WAN, Tcp::new(5555, 8080, TCP_SYN)),
+            ),
+            (
+                "UDP from the WAN address itself to a UDP rule",
+                Ipv4::new(WAN, WAN, Udp::new(5555, 5353, b"spoofed")),
+            ),
+        ] {
+            r.pass(
+                what,
+                &env.server_sends(&spoofed),
+                wan,
+                Counter::PassUnsolicited,
+            );
+        }
         let other_dst = Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 8080, TCP_SYN));
         r.drop_frame(
             "SYN to rule port, not WAN addr (a LAN host)",
