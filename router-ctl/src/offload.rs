@@ -389,6 +389,10 @@ pub struct TcpNow {
 /// The kernel's idle timeouts (seconds) for the states XDP carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelTimeouts {
+    /// A replied UDP flow that is not (yet) a stream: the kernel's
+    /// `nf_conntrack_udp_timeout` (a DNS exchange keeps it).
+    pub udp: u32,
+    /// A UDP stream (assured: still active 2 s after it began).
     pub udp_stream: u32,
     pub icmp: u32,
     pub icmpv6: u32,
@@ -422,6 +426,7 @@ impl Default for KernelTimeouts {
     /// Linux's defaults.
     fn default() -> Self {
         Self {
+            udp: 30,
             udp_stream: 120,
             icmp: 30,
             icmpv6: 30,
@@ -443,6 +448,7 @@ impl KernelTimeouts {
                 .unwrap_or(default)
         };
         Self {
+            udp: sysctl("nf_conntrack_udp_timeout", d.udp),
             udp_stream: sysctl("nf_conntrack_udp_timeout_stream", d.udp_stream),
             icmp: sysctl("nf_conntrack_icmp_timeout", d.icmp),
             icmpv6: sysctl("nf_conntrack_icmpv6_timeout", d.icmpv6),
@@ -468,11 +474,15 @@ impl KernelTimeouts {
         self.tcp_by_state[tcp_state::ESTABLISHED as usize]
     }
 
+    /// The kernel's timeout for an offloaded flow of `proto`; a UDP flow's
+    /// as the kernel would give it: the stream timeout once it is a stream
+    /// (`stream`), else the plain one.
     #[must_use]
-    pub const fn of(&self, proto: u8) -> u32 {
+    pub const fn of(&self, proto: u8, stream: bool) -> u32 {
         match proto {
             IPPROTO_TCP => self.tcp_established(),
-            IPPROTO_UDP => self.udp_stream,
+            IPPROTO_UDP if stream => self.udp_stream,
+            IPPROTO_UDP => self.udp,
             IPPROTO_ICMPV6 => self.icmpv6,
             _ => self.icmp,
         }
@@ -638,6 +648,24 @@ struct Offloaded {
     proto: u8,
     /// Newest `last_seen_ns` of the two XDP entries at the last tick.
     last_seen_ns: u64,
+    /// When it was offloaded (`CLOCK_MONOTONIC` ns).
+    since_ns: u64,
+    /// A UDP flow the kernel would call a stream (see [`udp_stream`]).
+    stream: bool,
+}
+
+/// How long a UDP flow must stay active to be a stream, which gets the
+/// kernel's longer timeout: netfilter marks a replied flow assured (and
+/// gives it `nf_conntrack_udp_timeout_stream`) when a packet comes more
+/// than 2 s after the flow began; before, a reply only keeps
+/// `nf_conntrack_udp_timeout`. Counted here from the offload.
+const UDP_STREAM_AFTER_NS: u64 = 2_000_000_000;
+
+/// Whether an offloaded UDP flow is a stream: the kernel had it assured
+/// when it was offloaded, or XDP carried it at least
+/// [`UDP_STREAM_AFTER_NS`] after the offload.
+const fn udp_stream(assured: bool, offloaded_ns: u64, seen_ns: u64) -> bool {
+    assured || seen_ns.saturating_sub(offloaded_ns) >= UDP_STREAM_AFTER_NS
 }
 
 /// Keeps the XDP table in step with the kernel's offloadable connections.
@@ -786,7 +814,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             (Some(f), Some(t)) if f == self.wan && t == self.lan => false,
             _ => return self.refused("not_lan_wan"),
         };
-        let timeout = self.timeouts.of(c.orig.proto);
+        let stream = c.has(status::ASSURED);
+        let timeout = self.timeouts.of(c.orig.proto, stream);
         let Some(lease) = lease_secs(timeout) else {
             return self.refused("kernel_timeout_too_short");
         };
@@ -876,6 +905,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 keys,
                 proto: c.orig.proto,
                 last_seen_ns: now_ns,
+                since_ns: now_ns,
+                stream,
             },
         );
         self.stats.offloaded += 1;
@@ -911,7 +942,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             &self.timeouts,
             &mut self.stats,
             (&c.orig, Some(&c.reply)),
-            self.timeouts.of(IPPROTO_TCP),
+            self.timeouts.tcp_established(),
         );
         match established {
             Ok(true) => true,
@@ -959,7 +990,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             if seen <= f.last_seen_ns {
                 continue;
             }
-            let timeout = self.timeouts.of(f.proto);
+            f.stream = udp_stream(f.stream, f.since_ns, seen);
+            let timeout = self.timeouts.of(f.proto, f.stream);
             match refresh_while_established(
                 &mut self.kernel,
                 &self.timeouts,
@@ -1365,7 +1397,7 @@ mod tests {
         assert_eq!((o.len(), o.table.0.len()), (0, 0));
         o.conn(&c, 1);
         assert_eq!((o.len(), o.table.0.len()), (1, 2));
-        assert_eq!(o.kernel.refreshed, vec![(c.orig, 120)]);
+        assert_eq!(o.kernel.refreshed, vec![(c.orig, 30)]);
         // A second update changes nothing.
         o.conn(&c, 2);
         assert_eq!((o.stats.offloaded, o.kernel.refreshed.len()), (1, 1));
@@ -1385,6 +1417,35 @@ mod tests {
         o.conn(&c, 1);
         assert_eq!(o.len(), 0);
         assert_eq!(o.stats.not_offloaded.get("not_lan_wan"), Some(&1));
+    }
+
+    /// A UDP flow keeps the timeout the kernel would give it: replied but
+    /// not a stream, `nf_conntrack_udp_timeout` (a DNS exchange does not
+    /// hold a kernel entry for 120 s); assured when offloaded, or carried
+    /// by XDP 2 s or more after the offload, the stream timeout.
+    #[test]
+    fn udp_gets_the_stream_timeout_only_as_a_stream() {
+        let replied = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&replied]);
+        o.conn(&replied, 1_000_000_000);
+        let k = flow_key(&replied.orig);
+        assert_eq!(o.kernel.refreshed, vec![(replied.orig, 30)]);
+        assert_eq!(o.table.0[&k].lease, lease_until(1_000_000_000, 15));
+        // Active again 1.5 s after the offload: still not a stream.
+        o.table.0.get_mut(&k).unwrap().last_seen_ns = 2_500_000_000;
+        o.tick(2_600_000_000);
+        assert_eq!(o.kernel.refreshed[1], (replied.orig, 30));
+        assert_eq!(o.table.0[&k].lease, lease_until(2_600_000_000, 15));
+        // Active 2 s after it: a stream from then on.
+        o.table.0.get_mut(&k).unwrap().last_seen_ns = 3_000_000_000;
+        o.tick(3_100_000_000);
+        assert_eq!(o.kernel.refreshed[2], (replied.orig, 120));
+        assert_eq!(o.table.0[&k].lease, lease_until(3_100_000_000, 60));
+
+        let assured = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        let mut o = offloader(&[&assured]);
+        o.conn(&assured, 1_000);
+        assert_eq!(o.kernel.refreshed, vec![(assured.orig, 120)]);
     }
 
     #[test]
@@ -1687,7 +1748,10 @@ mod tests {
             // Its own ESTABLISHED update (or the next packet's) offloads it.
             o.conn(&c, 2);
             assert_eq!((o.len(), o.table.0.len(), o.stats.offloaded), (1, 2, 1));
-            let lease = lease_until(2, lease_secs(o.timeouts.of(c.orig.proto)).unwrap());
+            let lease = lease_until(
+                2,
+                lease_secs(o.timeouts.of(c.orig.proto, c.has(ASSURED))).unwrap(),
+            );
             for e in o.table.0.values() {
                 assert_eq!(e.lease, lease);
             }
@@ -1892,17 +1956,19 @@ mod tests {
         let mut o = offloader(&[&c]);
         o.conn(&c, 1_000);
         assert_eq!((o.len(), o.table.0.len(), o.table.1.len()), (1, 0, 2));
-        assert_eq!(o.kernel.refreshed, vec![(c.orig, 120)]);
+        // Replied, not a stream yet: the kernel's plain UDP timeout.
+        assert_eq!(o.kernel.refreshed, vec![(c.orig, 30)]);
         let k = flow_key6(&c.orig);
         let lease0 = o.table.1[&k].lease;
-        assert_eq!(lease0, lease_until(1_000, 60));
+        assert_eq!(lease0, lease_until(1_000, 15));
         // Idle: nothing renewed.
         o.tick(10_000_000_000);
         assert_eq!((o.kernel.refreshed.len(), o.table.1[&k].lease), (1, lease0));
         // XDP carried a packet of the reply direction: both leases renewed.
         o.table.1.get_mut(&k.reversed()).unwrap().last_seen_ns = 20_000_000_000;
         o.tick(21_000_000_000);
-        assert_eq!(o.kernel.refreshed.len(), 2);
+        // Active 20 s after the offload: a stream, with its timeout.
+        assert_eq!(o.kernel.refreshed[1], (c.orig, 120));
         for key in [k, k.reversed()] {
             assert_eq!(o.table.1[&key].lease, lease_until(21_000_000_000, 60));
         }
@@ -1925,7 +1991,10 @@ mod tests {
             icmpv6: 16,
             ..KernelTimeouts::default()
         };
-        assert_eq!((t.of(IPPROTO_ICMP), t.of(IPPROTO_ICMPV6)), (30, 16));
+        assert_eq!(
+            (t.of(IPPROTO_ICMP, false), t.of(IPPROTO_ICMPV6, false)),
+            (30, 16)
+        );
     }
 
     /// A pair left pending by a killed daemon (IPv4 and IPv6) is removed;
