@@ -1270,10 +1270,9 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             _ = sampler.tick() => {
                 publish(ctx, &mut live, &shared, shared.viewed(), &status, &session);
             }
-            conn = async { listener.as_ref()?.accept().await.ok() }, if listener.is_some() => {
+            conn = web::accept(listener.as_ref()), if listener.is_some() => {
                 if let Some((sock, peer)) = conn {
-                    tracing::debug!("HTTP connection from {peer}");
-                    tokio::spawn(web::handle(sock, ctx.clone(), shared.clone()));
+                    web::serve_connection(sock, peer, ctx, &shared);
                 }
             }
             ready = links.events.readable() => {

@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::TcpStream,
-    sync::{Notify, watch},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore, watch},
 };
 
 use crate::{ctx::Ctx, metrics};
@@ -28,8 +28,15 @@ use crate::{ctx::Ctx, metrics};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9469";
 /// A request head larger than this is refused.
 const MAX_HEAD: usize = 8 * 1024;
-/// A client that has not sent its request head by then is dropped.
+/// A client that has not sent its request head by then is dropped, and
+/// one that does not take its response by then.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; one more is closed at once, so idle
+/// connections cannot use up the daemon's file descriptors.
+pub const MAX_CONNECTIONS: usize = 64;
+/// After a failed `accept` (out of file descriptors, say) the listener
+/// rests this long: the error would otherwise repeat at once, in a loop.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The page: one file, no assets from elsewhere (the CSP below refuses
 /// them too), so it works on a router without internet access.
@@ -50,6 +57,8 @@ pub struct Shared {
     pub doc: watch::Sender<String>,
     last_view: Mutex<Option<Instant>>,
     pub wake: Notify,
+    /// [`MAX_CONNECTIONS`] permits, one per connection being served.
+    slots: Arc<Semaphore>,
 }
 
 impl Default for Shared {
@@ -58,11 +67,19 @@ impl Default for Shared {
             doc: watch::Sender::new(String::from("{}")),
             last_view: Mutex::new(None),
             wake: Notify::new(),
+            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
         }
     }
 }
 
 impl Shared {
+    /// A slot for one more connection, if fewer than [`MAX_CONNECTIONS`]
+    /// are being served; held until the connection is done.
+    #[must_use]
+    pub fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.slots).try_acquire_owned().ok()
+    }
+
     /// Whether a page fetched within [`VIEW_TTL`].
     #[must_use]
     pub fn viewed(&self) -> bool {
@@ -211,8 +228,70 @@ fn request_line(head: &[u8]) -> Option<(String, String)> {
     Some((method, path))
 }
 
-/// Serves one connection: one request, one response, closed.
-pub async fn handle(mut sock: TcpStream, ctx: Ctx, shared: SharedState) {
+/// The next connection on `listener` (`None`: no listener, or accepting
+/// failed: after [`ACCEPT_BACKOFF`], since a listener that failed for want
+/// of file descriptors stays readable and would fail again at once).
+pub async fn accept(listener: Option<&tokio::net::TcpListener>) -> Option<(TcpStream, SocketAddr)> {
+    match listener?.accept().await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!("accepting an HTTP connection: {e}");
+            tokio::time::sleep(ACCEPT_BACKOFF).await;
+            None
+        }
+    }
+}
+
+/// Serves a connection from `peer` in a task of its own, if a slot is
+/// free ([`MAX_CONNECTIONS`]); else closes it at once.
+pub fn serve_connection(sock: TcpStream, peer: SocketAddr, ctx: &Ctx, shared: &SharedState) {
+    let Some(slot) = shared.slot() else {
+        tracing::debug!(
+            "HTTP connection from {peer} closed: {MAX_CONNECTIONS} connections are being served"
+        );
+        return;
+    };
+    tracing::debug!("HTTP connection from {peer}");
+    tokio::spawn(handle(sock, ctx.clone(), Arc::clone(shared), slot));
+}
+
+/// Whether a request may be answered by a listener on `local`: one on a
+/// loopback address answers only requests whose `Host` is an address or
+/// `localhost` (or that have none), so a web page whose name an attacker
+/// points at 127.0.0.1 (DNS rebinding) cannot read the router's flows
+/// through the owner's browser or `ssh -L` tunnel. A listener the owner
+/// exposed on another address answers any name they give it.
+fn host_allowed(head: &[u8], local: SocketAddr) -> bool {
+    if !local.ip().is_loopback() {
+        return true;
+    }
+    let Ok(text) = std::str::from_utf8(head) else {
+        return false;
+    };
+    let Some(host) = text.lines().skip(1).find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("host")
+            .then(|| value.trim())
+    }) else {
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        // `[v6]` or `[v6]:port`.
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// Serves one connection: one request, one response, closed; `_slot` is
+/// its place among the [`MAX_CONNECTIONS`], given back when it is done.
+pub async fn handle(
+    mut sock: TcpStream,
+    ctx: Ctx,
+    shared: SharedState,
+    _slot: OwnedSemaphorePermit,
+) {
     let mut head = Vec::with_capacity(1024);
     let read = tokio::time::timeout(READ_TIMEOUT, async {
         let mut buf = [0u8; 1024];
@@ -226,7 +305,16 @@ pub async fn handle(mut sock: TcpStream, ctx: Ctx, shared: SharedState) {
         Some(())
     })
     .await;
+    let local = sock.local_addr().ok();
     let (resp, head_only) = match (read, request_line(&head)) {
+        (Ok(Some(())), Some(_)) if local.is_some_and(|l| !host_allowed(&head, l)) => (
+            Response::text(
+                421,
+                "Misdirected Request",
+                "this listener answers requests to its address or localhost only\n",
+            ),
+            false,
+        ),
         (Ok(Some(())), Some((method, path))) => {
             tracing::debug!("{method} {path}");
             (route(&ctx, &shared, &method, &path).await, method == "HEAD")
@@ -237,11 +325,14 @@ pub async fn handle(mut sock: TcpStream, ctx: Ctx, shared: SharedState) {
         ),
         (Err(_), _) => return,
     };
-    let _ = sock.write_all(resp.head().as_bytes()).await;
-    if !head_only {
-        let _ = sock.write_all(&resp.body).await;
-    }
-    let _ = sock.shutdown().await;
+    let _ = tokio::time::timeout(READ_TIMEOUT, async {
+        sock.write_all(resp.head().as_bytes()).await?;
+        if !head_only {
+            sock.write_all(&resp.body).await?;
+        }
+        sock.shutdown().await
+    })
+    .await;
 }
 
 #[cfg(test)]
@@ -256,6 +347,30 @@ mod tests {
         );
         assert_eq!(request_line(b"garbage\r\n\r\n"), None);
         assert_eq!(request_line(b"GET / SMTP\r\n\r\n"), None);
+    }
+
+    #[test]
+    fn a_loopback_listener_answers_addresses_and_localhost_only() {
+        let lo: SocketAddr = "127.0.0.1:9469".parse().unwrap();
+        let req = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
+        for ok in [
+            "127.0.0.1:9469",
+            "localhost:9469",
+            "LOCALHOST",
+            "[::1]:9469",
+            "10.0.0.1",
+        ] {
+            assert!(host_allowed(&req(ok), lo), "{ok}");
+        }
+        for refused in ["evil.example:9469", "router.lan", "127.0.0.1.nip.io:9469"] {
+            assert!(!host_allowed(&req(refused), lo), "{refused}");
+        }
+        assert!(
+            host_allowed(b"GET / HTTP/1.0\r\n\r\n", lo),
+            "no Host header"
+        );
+        let exposed: SocketAddr = "0.0.0.0:9469".parse().unwrap();
+        assert!(host_allowed(&req("router.lan:9469"), exposed));
     }
 
     #[test]

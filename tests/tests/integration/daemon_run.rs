@@ -234,7 +234,7 @@ pub fn http(
         let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: router\r\n\r\n").unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
         let mut resp = String::new();
         s.read_to_string(&mut resp).unwrap();
         let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");

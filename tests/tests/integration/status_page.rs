@@ -138,6 +138,69 @@ fn check_daemon_follow(doc: &Value, metrics: &str) {
     }
 }
 
+/// The loopback listener answers a request for another name (DNS
+/// rebinding) with 421 and no data; with `MAX_CONNECTIONS` (64) idle
+/// connections open, one more is closed at once, and once they are gone
+/// the page answers again.
+fn listener_limits(t: &Topology, addr: SocketAddr) {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+    t.in_ns(Ns::Client, || {
+        let connect = || {
+            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s
+        };
+        let mut s = connect();
+        write!(
+            s,
+            "GET /api/status HTTP/1.1\r\nHost: evil.example:{}\r\n\r\n",
+            addr.port()
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 421 "), "{resp}");
+        assert!(!resp.contains("\"flows\""), "{resp}");
+
+        let idle: Vec<TcpStream> = (0..64).map(|_| connect()).collect();
+        // Served in the order accepted: the 65th finds no slot.
+        std::thread::sleep(Duration::from_millis(300));
+        // Closed at once: well before the 5 s a served connection gets
+        // to send its request (then it would be closed too, unanswered).
+        let mut extra = connect();
+        extra
+            .set_read_timeout(Some(Duration::from_secs(4)))
+            .unwrap();
+        let mut buf = [0u8; 1];
+        let got = extra.read(&mut buf);
+        assert!(
+            matches!(got, Ok(0))
+                || got
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+            "a 65th connection was kept open: {got:?}"
+        );
+        drop(idle);
+        // Their slots come back as the daemon sees them closed.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut s = connect();
+            write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+            let mut resp = String::new();
+            let _ = s.read_to_string(&mut resp);
+            if resp.starts_with("HTTP/1.1 200 ") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the page did not answer again: {resp:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn status_page_shows_live_numbers_in_chromium() {
@@ -180,6 +243,7 @@ fn status_page_shows_live_numbers_in_chromium() {
     assert_eq!(http(&t, Ns::Client, addr, "POST", "/").0, 405);
     let (code, _, head_body) = http(&t, Ns::Client, addr, "HEAD", "/metrics");
     assert_eq!((code, head_body.as_str()), (200, ""));
+    listener_limits(&t, addr);
 
     // Traffic through the NAT for the rest of the test, however long the
     // browser takes (about 3.4 MB/s, as a 48 MiB stream over 14 s).
