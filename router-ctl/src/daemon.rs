@@ -60,7 +60,9 @@ const EVENT_BATCH: usize = 128;
 /// 1 KiB (tuples, status, timeout, counters, labels); a longer one would
 /// be cut short, counted as lost events and followed by a resync.
 const EVENT_DATAGRAM_MAX: usize = 8 << 10;
-/// Routes remembered between resyncs (one lookup per new source address).
+/// Routes remembered within a tick (one lookup per new address); the cache
+/// is emptied at every tick, so a route that changed (a WAN failover, a
+/// VPN) is followed within one.
 const ROUTE_CACHE_MAX: usize = 65_536;
 /// Between two looks at the TCP connections settling before their
 /// offload ([`crate::offload::TCP_SETTLE_NS`]), while there are any: a
@@ -341,7 +343,7 @@ impl Table for PinnedTable {
 /// The kernel over ctnetlink and rtnetlink.
 struct NetlinkKernel {
     ct: CtSocket,
-    routes: HashMap<IpAddr, Option<u32>>,
+    routes: HashMap<IpAddr, u32>,
 }
 
 impl Kernel for NetlinkKernel {
@@ -357,13 +359,17 @@ impl Kernel for NetlinkKernel {
         }))
     }
     fn route(&mut self, addr: IpAddr) -> Option<u32> {
+        if let Some(&oif) = self.routes.get(&addr) {
+            return Some(oif);
+        }
         if self.routes.len() >= ROUTE_CACHE_MAX {
             self.routes.clear();
         }
-        *self
-            .routes
-            .entry(addr)
-            .or_insert_with(|| netlink::route_oif(addr).ok().flatten())
+        // Only routes found are kept: an unreachable address or a failed
+        // lookup (the WAN's default route gone for a moment) is asked again.
+        let oif = netlink::route_oif(addr).ok().flatten()?;
+        self.routes.insert(addr, oif);
+        Some(oif)
     }
 }
 
@@ -650,6 +656,9 @@ impl EventSocket {
 /// Runs the daemon until SIGINT or SIGTERM. The caller has entered the
 /// router's namespace on this (the only) thread; the runtime stays on it.
 pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
+    // Held until it returns; before anything, so a second daemon changes
+    // nothing of the first's (not even its status file).
+    let _one_daemon = state::daemon_lock(ctx.ns())?;
     if let Some(path) = &opts.config {
         apply::apply(ctx, path, false)
             .with_context(|| format!("applying {} at start", path.display()))?;
@@ -1198,6 +1207,7 @@ fn tick(
 ) {
     session.off.settle(monotonic_ns());
     session.off.tick(monotonic_ns());
+    session.off.kernel.routes.clear();
     dp_log.drain();
     dp_log.follow(ctx);
     status.log_records_malformed = dp_log.malformed_records();

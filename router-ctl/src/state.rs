@@ -204,6 +204,41 @@ pub fn try_lock(netns: Option<&str>) -> Result<Option<Lock>> {
     }
 }
 
+/// Held by a running `router-ctl run` for the router of `netns` as long
+/// as it runs (released by the kernel when it exits, however it exits).
+pub struct DaemonLock {
+    #[expect(dead_code, reason = "held open: the flock lasts as long as the file")]
+    file: fs::File,
+}
+
+/// The daemon's lock of the router of `netns`: two daemons on one router
+/// would each sweep the other's pending offloads, send the kernel every
+/// update twice and overwrite each other's status file.
+pub fn daemon_lock(netns: Option<&str>) -> Result<DaemonLock> {
+    private_dir(Path::new(LOCK_DIR))?;
+    let path = Path::new(LOCK_DIR).join(format!("{}.daemon.lock", ns_key(netns)));
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("opening the lock {}", path.display()))?;
+    // SAFETY: flock on a valid fd.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!(
+                "another `router-ctl run` serves this router (it holds {}); `router-ctl status` \
+                 shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
+                path.display()
+            );
+        }
+        return Err(e).with_context(|| format!("locking {}", path.display()));
+    }
+    Ok(DaemonLock { file })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -457,6 +457,21 @@ fn offload_detach_and_daemon_kill_lose_no_flow() {
     let _detach = DetachOnDrop(&t);
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     let mut daemon = Daemon::start(&t, &[]);
+    // A second daemon on the router is refused and changes nothing of the
+    // first's (the one after the SIGKILL below starts: the lock went with
+    // the killed process).
+    let second = t.router_ctl(&["run", "--listen", "none"]);
+    let e = crate::ctl::stderr(&second);
+    assert!(
+        !second.status.success() && e.contains("another `router-ctl run` serves this router"),
+        "{e}"
+    );
+    let status_file = std::path::Path::new("/run/xdp-router")
+        .join(format!("{}.daemon.json", t.ns_name(Ns::Router)));
+    assert!(
+        status_file.exists(),
+        "the refused daemon removed the status file"
+    );
 
     // Kill the daemon mid-stream: the flow stays on XDP for its lease.
     let secs = 6.0;
