@@ -57,7 +57,15 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
         .iter()
         .filter_map(|(_, l)| l.as_ref().ok().map(|l| (l.info.ifindex, l.info.prog_id)))
         .collect();
-    let left = remove_pins(dir)?;
+    let left = match remove_pins(dir) {
+        Ok(left) => left,
+        Err(e) => {
+            // The fast path is off (CONFIG cleared): the kernel side goes
+            // too, so a failed unpin leaves no slow-path table behind.
+            tear_down_kernel_side(ctx);
+            return Err(e.context("detached, but not every pin could be removed; run detach again"));
+        }
+    };
     crash_point("detach-after-unpin");
     if !left.is_empty() {
         warn!(
