@@ -181,27 +181,35 @@ pub fn try_lock(netns: Option<&str>) -> Result<Option<Lock>> {
     private_dir(Path::new(LOCK_DIR))?;
     let path = lock_path(netns);
     loop {
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .with_context(|| format!("opening the lock {}", path.display()))?;
-        // SAFETY: flock on a valid fd.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            if same_file(&f, &path) {
-                return Ok(Some(Lock { file: f, path }));
-            }
-            // Removed by a detach meanwhile: lock the new file.
-            continue;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        let Some(f) = lock_file(&path)? else {
             return Ok(None);
+        };
+        if same_file(&f, &path) {
+            return Ok(Some(Lock { file: f, path }));
         }
-        return Err(e).with_context(|| format!("locking {}", path.display()));
+        // Removed by a detach meanwhile: lock the new file.
     }
+}
+
+/// The file at `path` (created 0600), locked exclusively; `None` if
+/// another process holds the lock.
+fn lock_file(path: &Path) -> Result<Option<fs::File>> {
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("opening the lock {}", path.display()))?;
+    // SAFETY: flock on a valid fd.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(f));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(None);
+    }
+    Err(e).with_context(|| format!("locking {}", path.display()))
 }
 
 /// Held by a running `router-ctl run` for the router of `netns` as long
@@ -217,25 +225,13 @@ pub struct DaemonLock {
 pub fn daemon_lock(netns: Option<&str>) -> Result<DaemonLock> {
     private_dir(Path::new(LOCK_DIR))?;
     let path = Path::new(LOCK_DIR).join(format!("{}.daemon.lock", ns_key(netns)));
-    let file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("opening the lock {}", path.display()))?;
-    // SAFETY: flock on a valid fd.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            bail!(
-                "another `router-ctl run` serves this router (it holds {}); `router-ctl status` \
-                 shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
-                path.display()
-            );
-        }
-        return Err(e).with_context(|| format!("locking {}", path.display()));
-    }
+    let Some(file) = lock_file(&path)? else {
+        bail!(
+            "another `router-ctl run` serves this router (it holds {}); `router-ctl status` \
+             shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
+            path.display()
+        );
+    };
     Ok(DaemonLock { file })
 }
 
