@@ -828,7 +828,8 @@ counters! {
     PassOffloadPending = "pass_offload_pending", false;
     /// Every probed SNAT port was taken.
     PassPortsExhausted = "pass_ports_exhausted", false;
-    /// Destination is local, blackholed or unreachable per the FIB.
+    /// Destination is local, blackholed or unreachable per the FIB, or not
+    /// one a router forwards to (multicast, broadcast, 0/8, 127/8).
     PassFibNotForwarded = "pass_fib_not_forwarded", false;
     /// Forwarding disabled on the ingress device.
     PassFibForwardingDisabled = "pass_fib_forwarding_disabled", false;

@@ -130,6 +130,16 @@ pub fn rewrite_icmp_echo(icmp: &mut [u8; icmp::LEN], id: u16) -> Delta {
     d.word(old_check, check)
 }
 
+/// Whether `dst` is an address a router forwards a packet to: not "this
+/// network" (0/8), loopback (127/8), multicast (224/4, which only a
+/// multicast router forwards) or reserved and the limited broadcast
+/// (240/4; RFC 1812 5.3.5.1, 5.3.7). The FIB alone would send those out
+/// of the default route.
+#[must_use]
+pub const fn forwardable_dst(dst: [u8; 4]) -> bool {
+    !matches!(dst[0], 0 | 127 | 224..=255)
+}
+
 /// ICMP types whose body embeds the offending packet's header.
 #[must_use]
 pub const fn icmp_is_error(icmp_type: u8) -> bool {
@@ -233,6 +243,30 @@ mod tests {
     use crate::maps::IPPROTO_TCP;
     use proptest::prelude::*;
     use std::vec::Vec;
+
+    #[test]
+    fn only_unicast_destinations_are_forwardable() {
+        for ok in [
+            [1, 0, 0, 0],
+            [10, 0, 0, 1],
+            [126, 255, 255, 255],
+            [128, 0, 0, 1],
+            [223, 255, 255, 254],
+        ] {
+            assert!(forwardable_dst(ok), "{ok:?}");
+        }
+        for not in [
+            [0, 0, 0, 0],
+            [0, 1, 2, 3],
+            [127, 0, 0, 1],
+            [224, 0, 0, 251],
+            [239, 255, 255, 250],
+            [240, 0, 0, 1],
+            [255, 255, 255, 255],
+        ] {
+            assert!(!forwardable_dst(not), "{not:?}");
+        }
+    }
 
     /// IPv4 + L4 packet with correct checksums computed from scratch.
     fn packet(proto: u8, src: [u8; 4], dst: [u8; 4], l4: &[u8]) -> Vec<u8> {

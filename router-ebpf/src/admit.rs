@@ -18,6 +18,7 @@ use router_common::{
         Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry,
         FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
     },
+    nat::forwardable_dst,
 };
 
 use aya_ebpf::{
@@ -141,6 +142,11 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step
     }
     let to_wan_addr = pkt.dst == side.cfg.wan_addr && pkt.proto != IPPROTO_ICMP;
     if side.from_lan {
+        // Multicast, broadcast, loopback...: not for the FIB's default
+        // route. No flow is made to one, so its later packets never hit.
+        if !forwardable_dst(pkt.dst) {
+            return Err(Verdict::pass(Counter::PassFibNotForwarded));
+        }
         xlat.src = side.cfg.wan_addr;
         let mut kind = KIND_PLAIN;
         if to_wan_addr {

@@ -486,3 +486,67 @@ fn local_destination_and_tcp_without_flow() {
         r.assert_flows("nothing created", []);
     });
 }
+
+/// With a default route (a router's usual FIB), a frame to the router's
+/// MAC whose destination is not unicast (RFC 1812 5.3.5: a router does not
+/// forward a limited broadcast, nor multicast it does not route) or not an
+/// address a packet may go to (0/8, 127/8, 240/4) is not forwarded out of
+/// the default route (`bpf_fib_lookup` matches it like any address): it
+/// goes to the kernel (`pass_fib_not_forwarded`) and opens no flow.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn non_unicast_destinations_do_not_follow_the_default_route() {
+    let env = ResolvedTopology::new(false);
+    let gw = std::net::Ipv4Addr::from(SERVER).to_string();
+    env.t
+        .exec_ok(Ns::Router, &["ip", "route", "add", "default", "via", &gw]);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let cases: Vec<(&str, Ipv4, Counter)> = vec![
+            (
+                "UDP to multicast 224.0.0.251, router MAC",
+                Ipv4::new(CLIENT, [224, 0, 0, 251], Udp::new(5353, 5353, b"mdns")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "UDP to multicast 239.255.255.250, router MAC",
+                Ipv4::new(CLIENT, [239, 255, 255, 250], Udp::new(40000, 1900, b"ssdp")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "UDP to the limited broadcast, router MAC",
+                Ipv4::new(CLIENT, [255, 255, 255, 255], Udp::new(68, 67, b"dhcp")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "UDP to class E 240.0.0.1",
+                Ipv4::new(CLIENT, [240, 0, 0, 1], Udp::new(40000, 53, b"e")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "SYN to 127.0.0.1",
+                Ipv4::new(CLIENT, [127, 0, 0, 1], Tcp::new(40000, 22, TCP_SYN)),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "echo to 0.0.0.1",
+                Ipv4::new(CLIENT, [0, 0, 0, 1], Icmp::echo_request(7, 1, b"")),
+                Counter::PassFibNotForwarded,
+            ),
+        ];
+        for (what, ip, counter) in &cases {
+            r.pass(what, &env.client_sends(ip), lan, *counter);
+        }
+        assert!(r.flows().is_empty(), "{:?}", r.flows());
+        // A unicast destination beyond the default route is forwarded.
+        let far = Ipv4::new(CLIENT, [198, 51, 100, 7], Udp::new(40000, 53, b"far"));
+        r.redirect(
+            "UDP to a host beyond the default route",
+            &env.client_sends(&far),
+            lan,
+            &env.to_server(&snat(&far, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+    });
+}
