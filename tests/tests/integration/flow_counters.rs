@@ -3,12 +3,12 @@
 //! per direction, and `--sort`, `--limit` and the filters select what they
 //! should.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use tests::{Ns, SERVER_ADDR, Topology, counter_delta, socket_addr};
 
-use crate::ctl::attach_and_print;
+use crate::ctl::{attach_and_print, read_until};
 
 /// Payload of the echo round trip, each way (`Topology::try_tcp_echo`).
 const ECHO_BYTES: u64 = 256 * 1024;
@@ -82,12 +82,7 @@ fn tcp_transfer_counted_per_direction_and_list_selects() {
             + counter_delta(&before, &after, "fwd_inbound");
         (flow_packets, forwarded, flows)
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut seen = sums();
-    while seen.0 != seen.1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        seen = sums();
-    }
+    let seen = read_until(Duration::from_secs(5), sums, |s| s.0 == s.1);
     assert_eq!(seen.0, seen.1, "flows: {:?}", seen.2);
 
     let by_bytes = list(&t, &["--sort", "bytes", "--limit", "1"]);

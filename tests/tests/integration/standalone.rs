@@ -24,7 +24,7 @@ use tests::{
     socket_addr,
 };
 
-use crate::ctl::{DetachOnDrop, attach, attach_and_print, ctl_env, stderr};
+use crate::ctl::{DetachOnDrop, attach, attach_and_print, ctl_env, read_until, stderr};
 
 const IO: Duration = Duration::from_secs(3);
 const LAN_PREFIX: [u8; 3] = [192, 168, 50];
@@ -677,10 +677,7 @@ fn untranslatable_lan_packets_do_not_leave_on_the_wan() {
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or_else(|| panic!("no counter in:\n{chain}"))
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while dropped(&t) < 3 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    read_until(Duration::from_secs(5), || dropped(&t), |n| *n >= 3);
     std::thread::sleep(Duration::from_millis(200));
     let seen = cap.drain();
     let after = t.stats();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology};
 
-use crate::ctl::{DetachOnDrop, Stream};
+use crate::ctl::{DetachOnDrop, Stream, read_until};
 use crate::daemon_run::{RunningDaemon, Scratch, config_text, http};
 
 /// Headless Chromium on `url`, started from the namespace `ns` (where the
@@ -183,21 +183,23 @@ fn listener_limits(t: &Topology, addr: SocketAddr) {
         );
         drop(idle);
         // Their slots come back as the daemon sees them closed.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let mut s = connect();
-            write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-            let mut resp = String::new();
-            let _ = s.read_to_string(&mut resp);
-            if resp.starts_with("HTTP/1.1 200 ") {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the page did not answer again: {resp:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let resp = read_until(
+            Duration::from_secs(10),
+            || {
+                // Closed at once while no slot is free: the write may fail
+                // too; the answer decides.
+                let mut s = connect();
+                let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+                let mut resp = String::new();
+                let _ = s.read_to_string(&mut resp);
+                resp
+            },
+            |r| r.starts_with("HTTP/1.1 200 "),
+        );
+        assert!(
+            resp.starts_with("HTTP/1.1 200 "),
+            "the page did not answer again: {resp:?}"
+        );
     });
 }
 

@@ -13,7 +13,7 @@ use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tests::frames::{TCP_ACK, TCP_FIN, TCP_RST, Tcp};
 use tests::{Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, counter_delta, socket_addr};
 
-use crate::ctl::attach_and_print;
+use crate::ctl::{attach_and_print, read_until};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const PORT: u16 = 5301;
@@ -139,10 +139,7 @@ fn idle_connection_survives_blind_rst_and_fin() {
     );
     // Judged in the router's softirq, which a loaded machine may defer.
     let judged = || counter_delta(&before, &t.stats(), "tcp_out_of_window");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while judged() < 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    read_until(Duration::from_secs(5), judged, |n| *n >= 2);
     let after = t.stats();
     println!("{}", t.router_ctl_ok(&["stats"]));
     assert_eq!(
