@@ -648,10 +648,10 @@ struct Offloaded {
     proto: u8,
     /// Newest `last_seen_ns` of the two XDP entries at the last tick.
     last_seen_ns: u64,
-    /// When it was offloaded (`CLOCK_MONOTONIC` ns).
-    since_ns: u64,
-    /// A UDP flow the kernel would call a stream (see [`udp_stream`]).
-    stream: bool,
+    /// From when (`CLOCK_MONOTONIC` ns) a packet makes a UDP flow a
+    /// stream: the offload if the kernel had it assured, else
+    /// [`UDP_STREAM_AFTER_NS`] after it.
+    stream_from_ns: u64,
 }
 
 /// How long a UDP flow must stay active to be a stream, which gets the
@@ -660,13 +660,6 @@ struct Offloaded {
 /// than 2 s after the flow began; before, a reply only keeps
 /// `nf_conntrack_udp_timeout`. Counted here from the offload.
 const UDP_STREAM_AFTER_NS: u64 = 2_000_000_000;
-
-/// Whether an offloaded UDP flow is a stream: the kernel had it assured
-/// when it was offloaded, or XDP carried it at least
-/// [`UDP_STREAM_AFTER_NS`] after the offload.
-const fn udp_stream(assured: bool, offloaded_ns: u64, seen_ns: u64) -> bool {
-    assured || seen_ns.saturating_sub(offloaded_ns) >= UDP_STREAM_AFTER_NS
-}
 
 /// Keeps the XDP table in step with the kernel's offloadable connections.
 pub struct Offloader<T, K> {
@@ -905,8 +898,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 keys,
                 proto: c.orig.proto,
                 last_seen_ns: now_ns,
-                since_ns: now_ns,
-                stream,
+                stream_from_ns: if stream {
+                    now_ns
+                } else {
+                    now_ns + UDP_STREAM_AFTER_NS
+                },
             },
         );
         self.stats.offloaded += 1;
@@ -990,8 +986,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             if seen <= f.last_seen_ns {
                 continue;
             }
-            f.stream = udp_stream(f.stream, f.since_ns, seen);
-            let timeout = self.timeouts.of(f.proto, f.stream);
+            let timeout = self.timeouts.of(f.proto, seen >= f.stream_from_ns);
             match refresh_while_established(
                 &mut self.kernel,
                 &self.timeouts,
