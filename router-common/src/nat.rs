@@ -189,18 +189,16 @@ pub fn translate_icmp_error(
     let (outer_src, outer_dst) = (get_addr(outer_ip, ipv4::SRC), get_addr(outer_ip, ipv4::DST));
     let (inner_src, inner_dst) = (get_addr(inner_ip, ipv4::SRC), get_addr(inner_ip, ipv4::DST));
     let inbound = way == ErrorWay::Inbound;
-    let _ = if inbound {
-        rewrite_addrs(outer_ip, outer_src, addr)
+    // The outer and the quoted addresses after translation.
+    let ((new_outer_src, new_outer_dst), (new_inner_src, new_inner_dst)) = if inbound {
+        ((outer_src, addr), (addr, inner_dst))
     } else {
-        rewrite_addrs(outer_ip, addr, outer_dst)
+        ((addr, outer_dst), (inner_src, addr))
     };
+    let _ = rewrite_addrs(outer_ip, new_outer_src, new_outer_dst);
 
     let old_inner_check = get_u16(inner_ip, ipv4::CHECK);
-    let pseudo = if inbound {
-        rewrite_addrs(inner_ip, addr, inner_dst)
-    } else {
-        rewrite_addrs(inner_ip, inner_src, addr)
-    };
+    let pseudo = rewrite_addrs(inner_ip, new_inner_src, new_inner_dst);
     let new_inner_check = get_u16(inner_ip, ipv4::CHECK);
     let mut outer = pseudo.word(old_inner_check, new_inner_check);
 
