@@ -360,7 +360,7 @@ impl Stream {
     #[must_use]
     pub fn start(t: &Topology, dst: SocketAddr, total: usize, secs: f64) -> Self {
         let chunks = u32::try_from(total / STREAM_CHUNK).expect("chunk count");
-        Self::spawn(t, dst, secs, chunks, secs, None)
+        Self::spawn(t, dst, secs, chunks, None)
     }
 
     /// Streams `bytes_per_sec` until [`Stream::finish`], for at most
@@ -377,24 +377,16 @@ impl Stream {
         )]
         let chunks = (max_secs * per_sec) as u32;
         let stop = Arc::new(AtomicBool::new(false));
-        Self::spawn(
-            t,
-            dst,
-            f64::from(chunks) / per_sec,
-            chunks,
-            max_secs,
-            Some(stop),
-        )
+        Self::spawn(t, dst, f64::from(chunks) / per_sec, chunks, Some(stop))
     }
 
     /// `chunks` chunks evenly over `secs` seconds (fewer if stopped); the
-    /// sink gives up `run_secs` + 30 s after it bound.
+    /// sink gives up `secs` + 30 s after it bound.
     fn spawn(
         t: &Topology,
         dst: SocketAddr,
         secs: f64,
         chunks: u32,
-        run_secs: f64,
         stop: Option<Arc<AtomicBool>>,
     ) -> Self {
         let srv_ns = t.ns_name(Ns::Server).to_owned();
@@ -404,7 +396,7 @@ impl Stream {
             let listener = TcpListener::bind(dst).map_err(|e| format!("bind {dst}: {e}"))?;
             tx.send(listener.local_addr().unwrap()).unwrap();
             listener.set_nonblocking(true).unwrap();
-            let deadline = Instant::now() + Duration::from_secs_f64(run_secs + 30.0);
+            let deadline = Instant::now() + Duration::from_secs_f64(secs + 30.0);
             let (mut sock, _) = loop {
                 match listener.accept() {
                     Ok(x) => break x,
@@ -475,17 +467,14 @@ pub fn wait_for(what: &str, timeout: Duration, f: impl FnMut() -> bool) {
 pub fn wait_for_or_show(
     what: &str,
     timeout: Duration,
-    mut f: impl FnMut() -> bool,
+    f: impl FnMut() -> bool,
     context: impl FnOnce() -> String,
 ) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}\n{}", context());
+    assert!(
+        read_until(timeout, f, |held| *held),
+        "timed out waiting for {what}\n{}",
+        context()
+    );
 }
 
 /// Takes a reading every 50 ms until `done` holds of one or `timeout`
