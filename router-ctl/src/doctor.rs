@@ -13,7 +13,9 @@
 //!   legacy), which standalone mode would bypass;
 //! - an attached interface whose MAC changed since attach: the data path
 //!   compares frames' destinations with the MAC attach wrote, so it passes
-//!   every frame to the kernel until attach runs again.
+//!   every frame to the kernel until attach runs again;
+//! - standalone mode: the router's own sockets taking local ports
+//!   (`net.ipv4.ip_local_port_range`) inside XDP's `--port-range`.
 
 use std::{
     fs,
@@ -24,9 +26,9 @@ use std::{
 use serde::Serialize;
 use serde_json::json;
 
-use router_common::maps::{Config, VirtualMacKey};
+use router_common::maps::{Admit, Config, VirtualMacKey};
 
-use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, standalone, vmac};
+use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, standalone, state, vmac};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
@@ -738,11 +740,125 @@ fn unfollowed_virtual_macs(accepted: usize, macvlans: &[String]) -> Option<Check
     })
 }
 
+/// Where the kernel lists the local ports of this network namespace's
+/// sockets (`net.ipv4.ip_local_port_range`, one per namespace).
+const LOCAL_PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+
+/// `LOW\tHIGH` of [`LOCAL_PORT_RANGE`].
+fn parse_local_port_range(s: &str) -> Option<(u16, u16)> {
+    let mut it = s.split_ascii_whitespace().map(str::parse::<u16>);
+    match (it.next(), it.next(), it.next()) {
+        (Some(Ok(lo)), Some(Ok(hi)), None) if lo <= hi => Some((lo, hi)),
+        _ => None,
+    }
+}
+
+/// Standalone mode only (`--admit xdp`; in offload mode the kernel's NAT
+/// knows the router's own sockets): whether those take local ports inside
+/// XDP's range. The router of `netns` (the one this process runs in).
+#[must_use]
+pub fn local_ports_check(netns: Option<&str>, pin_dir: &Path) -> Option<Check> {
+    let cfg = PinnedMaps::at(pin_dir)
+        .read_config()
+        .ok()
+        .filter(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8)?;
+    // The kernel NAT's ports are only in the attach record (`None`: it
+    // has none, or --no-kernel-nat).
+    let kernel_nat = state::load(netns)
+        .ok()
+        .flatten()
+        .and_then(|r| r.config.kernel_nat_ports);
+    let xdp = (cfg.port_min, cfg.port_max);
+    let text = fs::read_to_string(LOCAL_PORT_RANGE);
+    let Some(local) = text.as_deref().ok().and_then(parse_local_port_range) else {
+        return Some(Check {
+            iface: "sysctl".into(),
+            name: "local-ports",
+            level: Level::Warn,
+            detail: format!(
+                "cannot read {LOCAL_PORT_RANGE} ({}): whether the router's own sockets take \
+                 ports inside XDP's {}-{} is unknown",
+                text.map_or_else(|e| e.to_string(), |t| format!("{:?}", t.trim())),
+                xdp.0,
+                xdp.1
+            ),
+            fix: None,
+        });
+    };
+    Some(local_ports(xdp, local, kernel_nat))
+}
+
+/// The ports to give the router's own sockets, outside XDP's `xdp`: the
+/// kernel NAT's (`kernel_nat`; its conntrack knows the router's sockets
+/// too, so they share its ports safely), else those above XDP's, else
+/// those below (down to 1024, where unprivileged ports start); `None` if
+/// XDP takes them all.
+fn ports_outside(xdp: (u16, u16), kernel_nat: Option<(u16, u16)>) -> Option<(u16, u16)> {
+    kernel_nat
+        .filter(|&k| !standalone::overlap(k, xdp))
+        .or_else(|| (xdp.1 < u16::MAX).then(|| (xdp.1 + 1, u16::MAX)))
+        .or_else(|| (xdp.0 > 1024).then(|| (1024, xdp.0 - 1)))
+}
+
+/// The router's own local ports `local` against XDP's `xdp` in
+/// standalone mode: a warning if they overlap, with a range outside XDP's.
+fn local_ports(xdp: (u16, u16), local: (u16, u16), kernel_nat: Option<(u16, u16)>) -> Check {
+    let (name, iface) = ("local-ports", "sysctl".to_owned());
+    if !standalone::overlap(xdp, local) {
+        return Check {
+            iface,
+            name,
+            level: Level::Ok,
+            detail: format!(
+                "the router's own sockets take local ports {}-{} \
+                 (net.ipv4.ip_local_port_range), outside XDP's {}-{}",
+                local.0, local.1, xdp.0, xdp.1
+            ),
+            fix: None,
+        };
+    }
+    let fix = match ports_outside(xdp, kernel_nat) {
+        Some((lo, hi)) => format!(
+            "sysctl -w net.ipv4.ip_local_port_range=\"{lo} {hi}\" in the router's namespace \
+             ({}), and in /etc/sysctl.d to keep it",
+            if kernel_nat == Some((lo, hi)) {
+                "the kernel NAT's --kernel-nat-ports: its conntrack knows the router's sockets \
+                 too, so they share those ports safely"
+            } else {
+                "outside XDP's --port-range"
+            }
+        ),
+        None => "narrow --port-range to leave ports for the router's own sockets, then give \
+                 them those (sysctl net.ipv4.ip_local_port_range)"
+            .to_owned(),
+    };
+    Check {
+        iface,
+        name,
+        level: Level::Warn,
+        detail: format!(
+            "the router's own sockets (resolver, NTP, a VPN client) take local ports {}-{} \
+             (net.ipv4.ip_local_port_range), which overlap XDP's --port-range {}-{}: XDP \
+             does not know them, so the router and a LAN host can pick the same WAN tuple \
+             towards the same server, and the server's replies then go to the LAN host",
+            local.0, local.1, xdp.0, xdp.1
+        ),
+        fix: Some(fix),
+    }
+}
+
 /// Prints the checks; exit code 1 if any failed. `daemon_running`: a
 /// `router-ctl run` ticks (its status file's heartbeat).
-pub fn doctor(ifaces: &[String], pin_dir: &Path, daemon_running: bool, as_json: bool) -> i32 {
+pub fn doctor(
+    ifaces: &[String],
+    netns: Option<&str>,
+    pin_dir: &Path,
+    daemon_running: bool,
+    as_json: bool,
+) -> i32 {
     let mut cs = checks(ifaces, pin_dir);
     cs.extend(vrrp_daemon_check(pin_dir, daemon_running));
+    cs.extend(local_ports_check(netns, pin_dir));
     cs.extend(firewall_checks());
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
@@ -782,5 +898,68 @@ mod tests {
         // A backup: its macvlan, no MAC accepted.
         let c = unfollowed_virtual_macs(0, &["vrrp.61".into()]).expect("a macvlan warns");
         assert!(c.detail.contains("vrrp.61"), "{}", c.detail);
+    }
+
+    #[test]
+    fn the_routers_own_ports_inside_xdps_warn() {
+        let (xdp, kernel) = (
+            standalone::DEFAULT_XDP_PORTS,
+            standalone::DEFAULT_KERNEL_PORTS,
+        );
+        // Linux's default range, inside XDP's default one.
+        let c = local_ports(xdp, (32768, 60999), Some(kernel));
+        assert_eq!((c.level, c.name), (Level::Warn, "local-ports"));
+        assert!(
+            c.detail.contains("32768-60999") && c.detail.contains("1024-60999"),
+            "{}",
+            c.detail
+        );
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("sysctl -w net.ipv4.ip_local_port_range=\"61000 65535\""),
+            "{fix}"
+        );
+        // Edges: one shared port warns, the next one up does not.
+        assert_eq!(local_ports(xdp, (60999, 65535), None).level, Level::Warn);
+        assert_eq!(local_ports(xdp, (61000, 65535), None).level, Level::Ok);
+        assert_eq!(
+            local_ports((2000, 3000), (1024, 1999), None).level,
+            Level::Ok
+        );
+        assert_eq!(
+            local_ports((2000, 3000), (1024, 2000), None).level,
+            Level::Warn
+        );
+        // Inside XDP's, or around it.
+        assert_eq!(local_ports(xdp, (40000, 40010), None).level, Level::Warn);
+        assert_eq!(
+            local_ports((40000, 40010), (1024, 65535), None).level,
+            Level::Warn
+        );
+    }
+
+    #[test]
+    fn the_fix_gives_the_router_ports_outside_xdps() {
+        let fix = |xdp, kernel| local_ports(xdp, (1024, 65535), kernel).fix.unwrap();
+        // The kernel NAT's ports, when they are outside XDP's.
+        assert!(fix((1024, 40000), Some((50000, 50999))).contains("\"50000 50999\""));
+        // Without a kernel NAT: the ports above XDP's, else below.
+        assert!(fix((1024, 40000), None).contains("\"40001 65535\""));
+        assert!(fix((1024, 65534), None).contains("\"65535 65535\""));
+        assert!(fix((30000, 65535), None).contains("\"1024 29999\""));
+        // XDP takes every unprivileged port: narrow it first.
+        assert!(fix((1024, 65535), None).contains("narrow --port-range"));
+    }
+
+    #[test]
+    fn local_port_ranges_parse_as_the_kernel_writes_them() {
+        assert_eq!(
+            parse_local_port_range("32768\t60999\n"),
+            Some((32768, 60999))
+        );
+        assert_eq!(parse_local_port_range("61000 65535"), Some((61000, 65535)));
+        for bad in ["", "32768", "1 2 3", "60999\t32768", "a b"] {
+            assert_eq!(parse_local_port_range(bad), None, "{bad:?}");
+        }
     }
 }

@@ -578,7 +578,13 @@ fn run(cli: Cli) -> Result<i32> {
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
         Cmd::Doctor { ifaces, json } => {
             let daemon_running = daemon::health_json(ctx.ns())["running"] == true;
-            Ok(doctor::doctor(&ifaces, &ctx.pin_dir, daemon_running, json))
+            Ok(doctor::doctor(
+                &ifaces,
+                ctx.ns(),
+                &ctx.pin_dir,
+                daemon_running,
+                json,
+            ))
         }
         Cmd::Run {
             tick,

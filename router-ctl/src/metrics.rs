@@ -1,6 +1,8 @@
 //! `metrics`: a Prometheus text exposition of the router's counters, read
 //! from the pinned maps on every scrape (prometheus-client encodes, `tiny_http`
-//! serves). Binds to loopback by default.
+//! serves). Binds to loopback by default, where it answers only requests
+//! for an address or `localhost`, as the status page does
+//! ([`web::host_allowed`]).
 
 use std::{fmt::Write as _, net::SocketAddr};
 
@@ -14,7 +16,7 @@ use prometheus_client::{
 use router_common::maps::{Admit, Counter, CounterValue};
 use tracing::{info, warn};
 
-use crate::{ctx::Ctx, daemon, forward, state, stats, vmac};
+use crate::{ctx::Ctx, daemon, forward, state, stats, vmac, web};
 
 /// The label set of one counter: which metric family and its labels.
 #[must_use]
@@ -409,6 +411,26 @@ pub fn render(ctx: &Ctx) -> Result<String> {
     Ok(s)
 }
 
+/// The `Host` header of a request (the first, as the status page reads it).
+fn host_header(headers: &[tiny_http::Header]) -> Option<&str> {
+    headers
+        .iter()
+        .find(|h| h.field.equiv("Host"))
+        .map(|h| h.value.as_str())
+}
+
+/// The local address a scrape came in on, as far as [`web::host_allowed`]
+/// asks (is it loopback?): `tiny_http` tells only the listener's address
+/// (`bound`) and the peer's. A connection from a loopback peer came over
+/// loopback, even to a listener on `0.0.0.0`, so it is held to the
+/// loopback rule as the status page's listener holds it.
+fn arrived_on(bound: SocketAddr, peer: Option<&SocketAddr>) -> SocketAddr {
+    match peer {
+        Some(p) if p.ip().is_loopback() => SocketAddr::new(p.ip(), bound.port()),
+        _ => bound,
+    }
+}
+
 /// Serves `/metrics` on `listen` until killed.
 pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
     if !listen.ip().is_loopback() {
@@ -419,11 +441,8 @@ pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
     }
     let server = tiny_http::Server::http(listen)
         .map_err(|e| anyhow!("listening on {listen}: {e} (is another exporter on that port?)"))?;
-    let addr = server
-        .server_addr()
-        .to_ip()
-        .map_or_else(|| listen.to_string(), |a| a.to_string());
-    println!("serving metrics on http://{addr}/metrics");
+    let bound = server.server_addr().to_ip().unwrap_or(listen);
+    println!("serving metrics on http://{bound}/metrics");
     let _ = std::io::Write::flush(&mut std::io::stdout());
     for req in server.incoming_requests() {
         let path = req.url().split('?').next().unwrap_or("").to_owned();
@@ -433,7 +452,14 @@ pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
             tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes())
                 .unwrap_or_else(|()| unreachable!("static header"))
         };
+        let local = arrived_on(bound, req.remote_addr());
         let resp = match (&method, path.as_str()) {
+            _ if !web::host_allowed(host_header(req.headers()), local) => {
+                tiny_http::Response::from_string(
+                    "this listener answers requests to its address or localhost only\n",
+                )
+                .with_status_code(421)
+            }
             (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => match render(ctx) {
                 Ok(body) => tiny_http::Response::from_string(body).with_header(header(
                     "Content-Type",
@@ -543,6 +569,34 @@ mod tests {
         ] {
             assert!(s.lines().any(|l| l == line), "{line} missing in:\n{s}");
         }
+    }
+
+    #[test]
+    fn a_scrape_is_held_to_the_status_pages_host_rule() {
+        let headers = |host: &str| {
+            vec![
+                tiny_http::Header::from_bytes("Accept", "*/*").unwrap(),
+                tiny_http::Header::from_bytes("HOST", host).unwrap(),
+            ]
+        };
+        let lo: SocketAddr = "127.0.0.1:9469".parse().unwrap();
+        let allowed = |host: Option<&str>, bound: SocketAddr, peer: &str| {
+            let h = host.map(headers).unwrap_or_default();
+            let peer: SocketAddr = peer.parse().unwrap();
+            web::host_allowed(host_header(&h), arrived_on(bound, Some(&peer)))
+        };
+        for ok in ["127.0.0.1:9469", "localhost", "[::1]:9469"] {
+            assert!(allowed(Some(ok), lo, "127.0.0.1:40000"), "{ok}");
+        }
+        assert!(!allowed(Some("evil.example:9469"), lo, "127.0.0.1:40000"));
+        assert!(allowed(None, lo, "127.0.0.1:40000"), "no Host header");
+        // On every address: a scrape over loopback is held to the rule, one
+        // from elsewhere answered whatever name it uses.
+        let any: SocketAddr = "0.0.0.0:9469".parse().unwrap();
+        assert!(!allowed(Some("evil.example"), any, "127.0.0.1:40000"));
+        assert!(allowed(Some("router.lan"), any, "192.0.2.7:40000"));
+        let exposed: SocketAddr = "192.0.2.1:9469".parse().unwrap();
+        assert!(allowed(Some("router.lan"), exposed, "192.0.2.7:40000"));
     }
 
     #[test]

@@ -255,33 +255,42 @@ pub fn serve_connection(sock: TcpStream, peer: SocketAddr, ctx: &Ctx, shared: &S
     tokio::spawn(handle(sock, ctx.clone(), Arc::clone(shared), slot));
 }
 
-/// Whether a request may be answered by a listener on `local`: one on a
-/// loopback address answers only requests whose `Host` is an address or
-/// `localhost` (or that have none), so a web page whose name an attacker
-/// points at 127.0.0.1 (DNS rebinding) cannot read the router's flows
-/// through the owner's browser or `ssh -L` tunnel. A listener the owner
-/// exposed on another address answers any name they give it.
-fn host_allowed(head: &[u8], local: SocketAddr) -> bool {
+/// Whether a request whose `Host` header is `host` (`None`: it has none)
+/// may be answered by a listener on `local`: one on a loopback address
+/// answers only requests whose `Host` is an address or `localhost`, so a
+/// web page whose name an attacker points at 127.0.0.1 (DNS rebinding)
+/// cannot read the router's flows through the owner's browser or `ssh -L`
+/// tunnel. A listener the owner exposed on another address answers any
+/// name they give it. The rule of both listeners: this page's and
+/// `metrics`'s.
+pub(crate) fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
     if !local.ip().is_loopback() {
         return true;
     }
-    let Ok(text) = std::str::from_utf8(head) else {
-        return false;
-    };
-    let Some(host) = text.lines().skip(1).find_map(|l| {
-        let (name, value) = l.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("host")
-            .then(|| value.trim())
-    }) else {
+    let Some(host) = host else {
         return true;
     };
+    let host = host.trim();
     let name = match host.strip_prefix('[') {
         // `[v6]` or `[v6]:port`.
         Some(rest) => rest.split(']').next().unwrap_or(""),
         None => host.split(':').next().unwrap_or(""),
     };
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// [`host_allowed`] for a raw request head. One that is not UTF-8 counts
+/// as naming no address (its `Host` cannot be read): refused by a loopback
+/// listener.
+fn head_host_allowed(head: &[u8], local: SocketAddr) -> bool {
+    let Ok(text) = std::str::from_utf8(head) else {
+        return host_allowed(Some(""), local);
+    };
+    let host = text.lines().skip(1).find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim().eq_ignore_ascii_case("host").then_some(value)
+    });
+    host_allowed(host, local)
 }
 
 /// Serves one connection: one request, one response, closed; `_slot` is
@@ -307,7 +316,7 @@ pub async fn handle(
     .await;
     let local = sock.local_addr().ok();
     let (resp, head_only) = match (read, request_line(&head)) {
-        (Ok(Some(())), Some(_)) if local.is_some_and(|l| !host_allowed(&head, l)) => (
+        (Ok(Some(())), Some(_)) if local.is_some_and(|l| !head_host_allowed(&head, l)) => (
             Response::text(
                 421,
                 "Misdirected Request",
@@ -360,17 +369,21 @@ mod tests {
             "[::1]:9469",
             "10.0.0.1",
         ] {
-            assert!(host_allowed(&req(ok), lo), "{ok}");
+            assert!(head_host_allowed(&req(ok), lo), "{ok}");
         }
         for refused in ["evil.example:9469", "router.lan", "127.0.0.1.nip.io:9469"] {
-            assert!(!host_allowed(&req(refused), lo), "{refused}");
+            assert!(!head_host_allowed(&req(refused), lo), "{refused}");
         }
         assert!(
-            host_allowed(b"GET / HTTP/1.0\r\n\r\n", lo),
+            head_host_allowed(b"GET / HTTP/1.0\r\n\r\n", lo),
             "no Host header"
         );
+        assert!(
+            !head_host_allowed(b"GET / HTTP/1.1\r\nHost: \xff\r\n\r\n", lo),
+            "a head that is not UTF-8"
+        );
         let exposed: SocketAddr = "0.0.0.0:9469".parse().unwrap();
-        assert!(host_allowed(&req("router.lan:9469"), exposed));
+        assert!(head_host_allowed(&req("router.lan:9469"), exposed));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `router-ctl doctor`: the veth hazards (no NAPI on the peer, partial
 //! checksums from the peer), MTU mismatch, each with its fix; and `attach`
-//! warning about them.
+//! warning about them; in standalone mode, the router's own local ports
+//! inside XDP's.
 
 use serde_json::Value;
 use tests::{HOST_IF, LAN_IF, Ns, Topology, WAN_IF, counter_delta};
@@ -178,4 +179,58 @@ fn doctor_reports_a_mac_changed_since_attach() {
     let after = t.stats();
     assert!(counter_delta(&before, &after, "fwd_outbound") >= 1);
     assert_eq!(counter_delta(&before, &after, "pass_not_for_us"), 0);
+}
+
+/// Standalone mode: with Linux's default `ip_local_port_range`
+/// (32768-60999) in the router's namespace, its own sockets take ports
+/// inside XDP's default range (1024-60999), so doctor warns and gives the
+/// kernel NAT's ports as the fix; with those set, the warning is gone.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn doctor_warns_of_the_routers_own_ports_inside_xdps() {
+    const SYSCTL: &str = "net.ipv4.ip_local_port_range";
+    let t = Topology::new();
+    // Not attached: nothing to compare with.
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert!(
+        !v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "local-ports"),
+        "{v}"
+    );
+    attach_and_print(&t, &[]);
+    let range = t.exec_ok(Ns::Router, &["sysctl", "-n", SYSCTL]);
+    assert_eq!(
+        range.split_whitespace().collect::<Vec<_>>(),
+        ["32768", "60999"],
+        "a new namespace's default"
+    );
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    println!("{}", stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF])));
+    assert_eq!(code, 0, "a warning, not a failure: {v}");
+    let c = check(&v, "sysctl", "local-ports");
+    assert_eq!(c["level"], "warn", "{c}");
+    let detail = c["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("32768-60999") && detail.contains("1024-60999"),
+        "{c}"
+    );
+    assert!(
+        c["fix"]
+            .as_str()
+            .unwrap()
+            .contains("sysctl -w net.ipv4.ip_local_port_range=\"61000 65535\""),
+        "{c}"
+    );
+
+    t.exec_ok(
+        Ns::Router,
+        &["sysctl", "-w", &format!("{SYSCTL}=61000 65535")],
+    );
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    let c = check(&v, "sysctl", "local-ports");
+    assert_eq!(c["level"], "ok", "{c}");
+    assert!(c["fix"].is_null(), "{c}");
 }

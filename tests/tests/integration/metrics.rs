@@ -46,9 +46,19 @@ impl Server {
 
     /// (status code, headers, body) of `METHOD PATH`.
     pub(crate) fn request(&self, method: &str, path: &str) -> (u16, String, String) {
+        self.request_for(method, path, "localhost")
+    }
+
+    /// [`Self::request`] with `Host: HOST`.
+    pub(crate) fn request_for(
+        &self,
+        method: &str,
+        path: &str,
+        host: &str,
+    ) -> (u16, String, String) {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        write!(s, "{method} {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
         let mut resp = String::new();
         s.read_to_string(&mut resp).unwrap();
         let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
@@ -188,4 +198,25 @@ fn metrics_are_scraped_over_loopback_and_parse() {
 
     assert_eq!(srv.request("GET", "/nope").0, 404);
     assert_eq!(srv.request("POST", "/metrics").0, 405);
+}
+
+/// The loopback listener answers a request for another name (DNS
+/// rebinding through a browser or `ssh -L`) with 421 and no metrics, as
+/// the status page does; requests for its address or `localhost` get them.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn metrics_answer_requests_for_their_address_or_localhost_only() {
+    let t = Topology::new();
+    let srv = Server::start(&t);
+    let port = srv.addr.port();
+    for host in [format!("evil.example:{port}"), "evil.example".to_owned()] {
+        let (code, head, body) = srv.request_for("GET", "/metrics", &host);
+        assert_eq!(code, 421, "Host: {host}: {head}\n{body}");
+        assert!(!body.contains("xdp_router_"), "Host: {host}: {body}");
+    }
+    for host in [format!("127.0.0.1:{port}"), "localhost".to_owned()] {
+        let (code, _, body) = srv.request_for("GET", "/metrics", &host);
+        assert_eq!(code, 200, "Host: {host}: {body}");
+        assert!(body.contains("xdp_router_up 0"), "Host: {host}: {body}");
+    }
 }
