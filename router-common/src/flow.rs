@@ -398,6 +398,12 @@ pub struct TcpControl {
 /// A segment that changes nothing (a retransmitted SYN or FIN, a RST on a
 /// closed flow) is not judged: what it would change already happened.
 #[must_use]
+#[expect(
+    clippy::inline_always,
+    reason = "seven arguments are more than a BPF call passes in registers, and the data \
+              path calls it from the IPv4 and the IPv6 tracking: a call would not link"
+)]
+#[inline(always)]
 pub const fn tcp_control(
     state: u8,
     flags: u8,

@@ -572,10 +572,13 @@ pub struct FlowEntry6 {
     /// Offloaded flows only: the end of the lease, as
     /// [`FlowEntry::lease`] (same ticks, same semantics).
     pub lease: u32,
+    /// What the RST/FIN window check needs of the segments this direction
+    /// sends, as [`FlowEntry::tcp`] (TCP only).
+    pub tcp: TcpWindow,
     /// What the data path forwarded in this direction (see [`FlowCount`]).
     pub count: FlowCount,
 }
-const _: () = assert!(core::mem::size_of::<FlowEntry6>() == 56);
+const _: () = assert!(core::mem::size_of::<FlowEntry6>() == 64);
 
 impl FlowEntry6 {
     /// Whether packets matching this entry's key arrive on the LAN (see

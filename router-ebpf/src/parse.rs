@@ -288,6 +288,6 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
 
 /// The big-endian 32-bit field at `at` of header `h`.
 #[inline(always)]
-fn get_u32<const N: usize>(h: &[u8; N], at: usize) -> u32 {
+pub fn get_u32<const N: usize>(h: &[u8; N], at: usize) -> u32 {
     u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]])
 }

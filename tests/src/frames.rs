@@ -91,6 +91,31 @@ impl Tcp {
         self
     }
 
+    /// The segment with acknowledgement number `ack` (and the ACK bit).
+    #[must_use]
+    pub const fn acking(mut self, ack: u32) -> Self {
+        self.ack = ack;
+        self.flags |= TCP_ACK;
+        self
+    }
+
+    /// The segment with sequence number `seq` and acknowledgement number
+    /// `ack`.
+    #[must_use]
+    pub const fn numbered(mut self, seq: u32, ack: u32) -> Self {
+        self.seq = seq;
+        self.ack = ack;
+        self
+    }
+
+    /// The SYN+ACK answering the SYN `syn` (whose ports it swaps): it
+    /// acknowledges exactly the SYN's sequence number plus one, as the
+    /// data path's window check requires of an answer to an opening SYN.
+    #[must_use]
+    pub fn syn_ack_to(syn: &Self) -> Self {
+        Self::new(syn.dport, syn.sport, TCP_SYN | TCP_ACK).acking(syn.seq.wrapping_add(1))
+    }
+
     #[must_use]
     pub fn payload(mut self, payload: &[u8]) -> Self {
         self.payload = payload.to_vec();

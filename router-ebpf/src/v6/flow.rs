@@ -2,22 +2,28 @@
 //! state machine and timeouts as IPv4, from `router-common`), the cached
 //! next hop, and the admission of a new flow (RFC 6092 in standalone mode).
 
-use aya_ebpf::{bindings::BPF_NOEXIST, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, xdp_md},
+    macros::map,
+    maps::PerCpuArray,
+    programs::XdpContext,
+};
 use router_common::{
     flow::{
-        OffloadedHit, expired, initial_state, needs_refresh, offloaded_hit, tcp_next,
-        tcp_opens_flow,
+        OffloadedHit, Segment, TCP_CONTROL, UNTRACKED, expired, initial_state, needs_refresh,
+        offloaded_hit, open_tracking, tcp_control, tcp_observe, tcp_opens_flow,
     },
     ipv6::{IPPROTO_ICMPV6, ipv6},
     maps::{
         Admit, Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6,
-        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, lease_tick,
+        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
     },
 };
 
 use super::{
     fib6,
     maps::{CONNTRACK6, insert_counted, pinhole},
+    parse::read_tcp_segment,
     unsolicited,
 };
 use crate::{
@@ -128,36 +134,169 @@ pub fn count_first(key: &FlowKey6, len: usize) {
     }
 }
 
-/// Updates TCP/UDP state and last-seen of a hit in both entries, writing
-/// only on a change or when the refresh interval passed (as IPv4's
-/// `track`). The other entry's key is the reverse of this one's.
-// A BPF subprogram of its own: its frame (a rebuilt entry) does not add to
-// the entry point's.
-#[inline(never)]
-pub fn track(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: u8, now: u64) {
-    let from_orig = e.flags & FLAG_ORIGINAL != 0;
-    let (state, flags) = match proto {
-        IPPROTO_TCP => tcp_next(e.state, e.flags, from_orig, tcp_flags),
-        IPPROTO_UDP if !from_orig && e.state == FlowState::UdpUnreplied as u8 => {
-            (FlowState::UdpReplied as u8, e.flags)
+/// The state tracking of a hit. A TCP SYN, FIN or RST goes to
+/// [`track_tcp_control`], anything else to [`track`]; both are subprograms
+/// called from here, so no chain of calls (the window check's frame, a
+/// rebuilt entry's) takes the verifier's 512 bytes of stack past the
+/// entry point's.
+#[inline(always)]
+pub fn track_hit(ctx: &XdpContext, key: &FlowKey6, e: &mut FlowEntry6, tcp_flags: u8, now: u64) {
+    let md = ctx.ctx;
+    if key.proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
+        match track_tcp_control(md, e, peer_entry(key), now) {
+            PeerSync::Nothing => {}
+            PeerSync::State => sync_peer(key, e, now, false),
+            PeerSync::Refreshed => sync_peer(key, e, now, true),
         }
-        _ => (e.state, e.flags),
-    };
+        return;
+    }
+    track(md, key, e, now);
+}
+
+/// What [`sync_peer`] must copy from a hit's entry to the other
+/// direction's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum PeerSync {
+    Nothing,
+    /// State and flags.
+    State,
+    /// State, flags and the last-seen time.
+    Refreshed,
+}
+
+/// Updates UDP state, the window tracking of a TCP segment without SYN,
+/// FIN or RST, and last-seen of a hit in both entries, writing only on a
+/// change or when the refresh interval passed (as IPv4's `track`). The
+/// other entry's key is the reverse of this one's.
+// A BPF subprogram of its own, as is `sync_peer`: their stack frames (a
+// rebuilt entry) do not add to the entry point's.
+#[inline(never)]
+fn track(md: *mut xdp_md, key: &FlowKey6, e: &mut FlowEntry6, now: u64) {
     let refresh = needs_refresh(e.last_seen_ns, now);
-    if state == e.state && flags == e.flags && !refresh {
+    let state = match key.proto {
+        IPPROTO_TCP => {
+            let Some(seg) = segment(md) else {
+                return;
+            };
+            let t = tcp_observe(e.tcp, seg, refresh);
+            if t != e.tcp {
+                e.tcp = t;
+            }
+            e.state
+        }
+        IPPROTO_UDP if e.flags & FLAG_ORIGINAL == 0 && e.state == FlowState::UdpUnreplied as u8 => {
+            FlowState::UdpReplied as u8
+        }
+        _ => e.state,
+    };
+    if state == e.state && !refresh {
         return;
     }
     e.state = state;
-    e.flags = flags;
     if refresh {
         e.last_seen_ns = now;
     }
-    let peer_flags = (flags & !FLAG_ORIGINAL) | (!flags & FLAG_ORIGINAL);
+    sync_peer(key, e, now, refresh);
+}
+
+/// A TCP segment with SYN, FIN or RST (as IPv4's `track_tcp_control`):
+/// the state changes only if the receiver would accept the segment
+/// (`tcp_control`; RFC 5961: a blind RST or FIN whose tuple was guessed
+/// but not a sequence number in the window changes nothing, is counted
+/// `tcp_out_of_window` and forwarded all the same). Writes the window
+/// tracking of both directions; returns what must go to the other
+/// direction's entry too.
+#[inline(never)]
+fn track_tcp_control(
+    md: *mut xdp_md,
+    e: &mut FlowEntry6,
+    peer: Option<*mut FlowEntry6>,
+    now: u64,
+) -> PeerSync {
+    let before = match peer {
+        // SAFETY: map value pointer, valid for this run.
+        Some(p) => unsafe { (*p).tcp },
+        // Evicted: `sync_peer` puts it back, untracked.
+        None => TcpWindow::default(),
+    };
+    let refresh = needs_refresh(e.last_seen_ns, now);
+    let from_orig = e.flags & FLAG_ORIGINAL != 0;
+    let Some(seg) = segment(md) else {
+        return PeerSync::Nothing;
+    };
+    let c = tcp_control(e.state, e.flags, from_orig, e.tcp, before, seg, refresh);
+    if c.out_of_window {
+        event(Counter::TcpOutOfWindow);
+    }
+    if c.own != e.tcp {
+        e.tcp = c.own;
+    }
+    if let Some(p) = peer
+        && c.peer != before
+    {
+        // SAFETY: map value pointer, valid for this run.
+        unsafe { (*p).tcp = c.peer };
+    }
+    if refresh {
+        e.last_seen_ns = now;
+    } else if c.state == e.state && c.flags == e.flags {
+        return PeerSync::Nothing;
+    }
+    e.state = c.state;
+    e.flags = c.flags;
+    if refresh {
+        PeerSync::Refreshed
+    } else {
+        PeerSync::State
+    }
+}
+
+/// The other direction's entry of the flow whose key is `key`. Its key is
+/// built in a per-CPU slot, not on the stack: the entry point's frame,
+/// where this is inlined, is at the verifier's limit with the deepest
+/// chain of calls below it (IPv4 keeps the other key in the entry).
+#[inline(always)]
+fn peer_entry(key: &FlowKey6) -> Option<*mut FlowEntry6> {
+    let peer_key = PEER_KEY_SCRATCH6.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, used by this program run only.
+    let peer_key = unsafe { &mut *peer_key };
+    *peer_key = key.reversed();
+    CONNTRACK6.get_ptr_mut(peer_key)
+}
+
+/// The TCP fields of the packet (see [`read_tcp_segment`]), read into a
+/// per-CPU slot: not on the stack of the subprograms that need them.
+#[inline(always)]
+fn segment(md: *mut xdp_md) -> Option<&'static Segment> {
+    let seg = SEGMENT_SCRATCH6.get_ptr_mut(0)?;
+    // SAFETY: per-CPU slot, used by this program run only.
+    let seg = unsafe { &mut *seg };
+    read_tcp_segment(md, seg);
+    Some(seg)
+}
+
+/// Where [`segment`] reads a packet's TCP fields into.
+#[map(name = "SEGMENT_SCRATCH6")]
+static SEGMENT_SCRATCH6: PerCpuArray<Segment> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where [`peer_entry`] builds the other direction's key.
+#[map(name = "PEER_KEY_SCRATCH6")]
+static PEER_KEY_SCRATCH6: PerCpuArray<FlowKey6> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where [`sync_peer`] rebuilds an evicted entry.
+#[map(name = "RESTORE_SCRATCH6")]
+static RESTORE_SCRATCH6: PerCpuArray<FlowEntry6> = PerCpuArray::with_max_entries(1, 0);
+
+/// Copies the state of `e` to the other direction's entry; refreshes its
+/// last-seen time too if `refresh`.
+#[inline(never)]
+fn sync_peer(key: &FlowKey6, e: &FlowEntry6, now: u64, refresh: bool) {
+    let peer_flags = (e.flags & !FLAG_ORIGINAL) | (!e.flags & FLAG_ORIGINAL);
     let peer_key = key.reversed();
     if let Some(p) = CONNTRACK6.get_ptr_mut(&peer_key) {
         // SAFETY: map value pointer, valid for this run.
         let p = unsafe { &mut *p };
-        p.state = state;
+        p.state = e.state;
         p.flags = peer_flags;
         if refresh {
             p.last_seen_ns = now;
@@ -165,18 +304,26 @@ pub fn track(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: u8, now: 
         return;
     }
     // The LRU evicted the other direction: put it back (an offloaded
-    // flow's with the same lease). NOEXIST: a flow that took the tuple
-    // meanwhile keeps it.
-    let peer = FlowEntry6 {
+    // flow's with the same lease; its window tracking and counts are lost,
+    // so segments towards it are not judged). NOEXIST: a flow that took
+    // the tuple meanwhile keeps it. Built in a per-CPU slot, not on the
+    // stack: the chain main -> track -> sync_peer must stay within the
+    // verifier's 512 bytes.
+    let Some(peer) = RESTORE_SCRATCH6.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, used by this program run only.
+    let peer = unsafe { &mut *peer };
+    *peer = FlowEntry6 {
         last_seen_ns: now,
         created_ns: e.created_ns,
-        state,
+        state: e.state,
         flags: peer_flags,
         lease: e.lease,
         ..FlowEntry6::default()
     };
     if CONNTRACK6
-        .insert(&peer_key, &peer, u64::from(BPF_NOEXIST))
+        .insert(&peer_key, peer, u64::from(BPF_NOEXIST))
         .is_ok()
     {
         event(Counter::Ct6EntriesInserted);
@@ -226,32 +373,43 @@ pub fn admit(
         };
         return Err(Verdict::pass(c));
     }
-    if !commit(key, extra_flags, now) {
+    if !commit(ctx.ctx, key, extra_flags, now) {
         return Err(Verdict::pass(Counter::Pass6TableFull));
     }
     event(new_flow);
     Ok(hop)
 }
 
-/// Writes both entries of a new flow opened by `key`'s packet.
+/// Writes both entries of a new flow opened by `key`'s packet, with the
+/// window tracking a TCP SYN starts (as IPv4's).
 #[inline(never)]
-fn commit(key: &FlowKey6, extra_flags: u8, now: u64) -> bool {
+fn commit(md: *mut xdp_md, key: &FlowKey6, extra_flags: u8, now: u64) -> bool {
     // ICMPv6 echo has the ICMP state (`initial_state` knows IPv4's numbers).
     let state = if key.proto == IPPROTO_ICMPV6 {
         FlowState::Icmp
     } else {
         initial_state(key.proto)
     } as u8;
+    let (orig_tcp, reply_tcp) = if key.proto == IPPROTO_TCP {
+        match segment(md) {
+            Some(seg) => open_tracking(key.proto, seg),
+            None => (UNTRACKED, UNTRACKED),
+        }
+    } else {
+        (UNTRACKED, UNTRACKED)
+    };
     let mut e = FlowEntry6 {
         last_seen_ns: now,
         created_ns: now,
         state,
         flags: extra_flags,
+        tcp: reply_tcp,
         ..FlowEntry6::default()
     };
     if !insert_counted(&key.reversed(), &e) {
         return false;
     }
     e.flags = FLAG_ORIGINAL | extra_flags;
+    e.tcp = orig_tcp;
     insert_counted(key, &e)
 }

@@ -4,7 +4,7 @@
 //! Its own inline core, [`route`], entered from [`crate::try_router`] by
 //! the Ethernet type, built from named phases like the IPv4 one: parse
 //! ([`parse::classify`], [`parse::l4`]), conntrack lookup with state
-//! tracking ([`flow::lookup`], [`flow::track`]), admission of a new flow
+//! tracking ([`flow::lookup`], [`flow::track_hit`]), admission of a new flow
 //! ([`flow::admit`]), next hop (the flow's cached one or `bpf_fib_lookup`
 //! with `AF_INET6`: [`flow::cached_hop`], [`fib6`]) and the forwarding
 //! tail ([`forward`]: hop limit - 1, MACs, the recorded redirect). Nothing
@@ -62,7 +62,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         // SAFETY: as above.
         let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now)?;
         // SAFETY: as above; no other reference to the entry is live.
-        flow::track(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags, now);
+        flow::track_hit(ctx, &key, unsafe { &mut *e }, pkt.tcp_flags, now);
         // SAFETY: as above.
         flow::within_lease(unsafe { &*e }, now)?;
         // SAFETY: as above.

@@ -1,8 +1,9 @@
 //! Parse phases of the IPv6 core: the fixed header, then the L4 header of
 //! a flow packet. Bounds checked through [`header`], like IPv4's.
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
+    flow::{ASSUMED_WSCALE, Segment},
     hdr::{get_u16, icmp, tcp, udp},
     ipv6::{
         IPPROTO_ICMPV6, Icmp6Kind, Ipv6Verdict, classify_ipv6, frame6, get_addr6, icmp6_kind, ipv6,
@@ -11,7 +12,10 @@ use router_common::{
     maps::{Counter, IPPROTO_TCP, IPPROTO_UDP},
 };
 
-use crate::{Step, Verdict, parse::header};
+use crate::{
+    Step, Verdict,
+    parse::{get_u32, header},
+};
 
 /// The fixed header: forwardable, or passed (link scope, extension
 /// headers by kind, hop limit <= 1) or dropped (malformed).
@@ -132,4 +136,60 @@ fn packet(
         tcp_flags,
         len: ipv6::LEN + payload_len,
     }
+}
+
+/// Writes into `seg` the TCP fields the window tracking reads, of a
+/// packet that [`l4`] found to be TCP: read again from the frame by the
+/// subprograms that need them (the hit's window check, a new flow's
+/// commit), so the entry point's stack does not hold them; it is at the
+/// verifier's limit with the deepest chain of calls below it. All zero if
+/// the headers are not where `l4` found them (they are: nothing moved
+/// them since).
+///
+/// Takes the raw context (a register, where `&XdpContext` would put the
+/// context on the entry point's stack) and reads its packet bounds with
+/// volatile loads: LLVM would otherwise pass the bounds themselves
+/// (argument promotion), as 32-bit values that this subprogram widens with
+/// shifts the verifier refuses on packet pointers.
+#[inline(never)]
+pub fn read_tcp_segment(md: *mut xdp_md, seg: &mut Segment) {
+    // SAFETY: `md` is the program's context; its `data` and `data_end`
+    // are the packet's bounds, checked below before any access.
+    let (data, end) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*md).data) as usize,
+            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
+        )
+    };
+    // Field by field: a whole-struct write of a zeroed one becomes a byte
+    // loop in `memset`.
+    if data + frame6::L4 + tcp::LEN > end {
+        seg.seq = 0;
+        seg.ack = 0;
+        seg.len = 0;
+        seg.win = 0;
+        seg.flags = 0;
+        seg.wscale = 0;
+        return;
+    }
+    // SAFETY: both headers lie within the bounds checked above.
+    let (ip, tcp) = unsafe {
+        (
+            &*((data + frame6::IPV6) as *const [u8; ipv6::LEN]),
+            &*((data + frame6::L4) as *const [u8; tcp::LEN]),
+        )
+    };
+    let payload_len = usize::from(get_u16(ip, ipv6::PAYLOAD_LEN));
+    let data_off = usize::from(tcp[tcp::DATA_OFF] >> 4) * 4;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the payload length field has 16 bits"
+    )]
+    let len = payload_len.saturating_sub(data_off) as u16;
+    seg.seq = get_u32(tcp, tcp::SEQ);
+    seg.ack = get_u32(tcp, tcp::ACK_SEQ);
+    seg.len = len;
+    seg.win = get_u16(tcp, tcp::WINDOW);
+    seg.flags = tcp[tcp::FLAGS];
+    seg.wscale = ASSUMED_WSCALE;
 }

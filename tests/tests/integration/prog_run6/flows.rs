@@ -30,17 +30,18 @@ fn key(
 /// limit and MACs changed.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted connection: each step's frame, its exact output and the flow after it"
+)]
 fn tcp6_outbound_flow_forwarded_exactly() {
     let env = topology();
     with_router(&env, config(&env, Admit::Xdp), |r| {
         let (lan, wan) = (r.lan(), r.wan());
         let (c, s) = (o(CLIENT6), o(SERVER6));
         let orig = key(CLIENT6, 40000, SERVER6, 443, IPPROTO_TCP);
-        let syn = Ipv6::tcp(
-            c,
-            s,
-            &Tcp::new(40000, 443, TCP_SYN).options(&[2, 4, 5, 0xa0]),
-        );
+        let syn_tcp = Tcp::new(40000, 443, TCP_SYN).options(&[2, 4, 5, 0xa0]);
+        let syn = Ipv6::tcp(c, s, &syn_tcp);
         r.redirect(
             "SYN out",
             &from_client(&env, &syn),
@@ -56,7 +57,10 @@ fn tcp6_outbound_flow_forwarded_exactly() {
                 (orig.reversed(), FlowState::TcpSynSent, 0),
             ],
         );
-        let syn_ack = Ipv6::tcp(s, c, &Tcp::new(443, 40000, TCP_SYN | TCP_ACK));
+        let syn_ack_tcp = Tcp::syn_ack_to(&syn_tcp);
+        let syn_ack = Ipv6::tcp(s, c, &syn_ack_tcp);
+        // The next sequence number of each side, for the window check.
+        let (c_next, s_next) = (syn_tcp.seq + 1, syn_ack_tcp.seq + 1);
         r.redirect(
             "SYN-ACK in",
             &from_server(&env, &syn_ack),
@@ -75,7 +79,9 @@ fn tcp6_outbound_flow_forwarded_exactly() {
         let data = Ipv6::tcp(
             c,
             s,
-            &Tcp::new(40000, 443, TCP_ACK | TCP_PSH).payload(b"GET / HTTP/1.1\r\n\r\n"),
+            &Tcp::new(40000, 443, TCP_ACK | TCP_PSH)
+                .numbered(c_next, s_next)
+                .payload(b"GET / HTTP/1.1\r\n\r\n"),
         )
         .hop_limit(2);
         r.redirect(
@@ -86,7 +92,13 @@ fn tcp6_outbound_flow_forwarded_exactly() {
             Counter::Fwd6Outbound,
             &[],
         );
-        let answer = Ipv6::tcp(s, c, &Tcp::new(443, 40000, TCP_ACK).payload(&[0x5a; 1000]));
+        let answer = Ipv6::tcp(
+            s,
+            c,
+            &Tcp::new(443, 40000, TCP_ACK)
+                .numbered(s_next, c_next + 18)
+                .payload(&[0x5a; 1000]),
+        );
         r.redirect(
             "data in (next hop now cached)",
             &from_server(&env, &answer),
@@ -107,7 +119,11 @@ fn tcp6_outbound_flow_forwarded_exactly() {
         assert_eq!(cached.hop_ifindex, lan, "cached egress: {cached:?}");
         assert_eq!(cached.hop_dmac, env.client_mac);
         assert_eq!(cached.hop_smac, env.lan_mac);
-        let fin = Ipv6::tcp(c, s, &Tcp::new(40000, 443, TCP_FIN | TCP_ACK));
+        let fin = Ipv6::tcp(
+            c,
+            s,
+            &Tcp::new(40000, 443, TCP_FIN | TCP_ACK).numbered(c_next + 18, s_next + 1000),
+        );
         r.redirect(
             "FIN out",
             &from_client(&env, &fin),
@@ -288,7 +304,7 @@ fn inbound6_unsolicited_dropped_pinhole_opens() {
             &[Counter::Flow6NewPinhole],
         );
         let k = key(SERVER6, 50000, CLIENT6, 22, IPPROTO_TCP);
-        let syn_ack = Ipv6::tcp(c, s, &Tcp::new(22, 50000, TCP_SYN | TCP_ACK));
+        let syn_ack = Ipv6::tcp(c, s, &Tcp::syn_ack_to(&Tcp::new(50000, 22, TCP_SYN)));
         r.redirect(
             "SYN-ACK out",
             &from_client(&env, &syn_ack),

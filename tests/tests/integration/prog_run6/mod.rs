@@ -14,6 +14,7 @@ mod counts;
 mod flows;
 mod icmp;
 mod pass_drop;
+mod tcp_window;
 
 use std::collections::BTreeMap;
 
