@@ -105,6 +105,15 @@ fn ipv6_tcp_udp_ping6_through_the_fast_path() {
         .unwrap_or_else(|| panic!("no IPv6 TCP flow to {want}: {flows:?}"));
     assert_eq!(f["origin"], "lan");
     assert_eq!(f["xlat_src"], f["orig_src"]);
+    // Real stacks' FINs (after 256 KiB each way, windows scaled) fall in
+    // the windows the data path tracked: none judged out of window, and
+    // the two FINs closed the flow.
+    assert_eq!(
+        counter_delta(&before, &after, "tcp_out_of_window"),
+        0,
+        "a real segment was judged out of window"
+    );
+    assert_eq!(f["state"], "CLOSED", "{f}");
     assert!(flows.iter().any(|f| f["proto"] == "icmpv6"), "{flows:?}");
 
     // Every view shows the IPv6 table: count, stats, status.
