@@ -832,7 +832,9 @@ counters! {
     /// Every probed SNAT port was taken.
     PassPortsExhausted = "pass_ports_exhausted", false;
     /// Destination is local, blackholed or unreachable per the FIB, or not
-    /// one a router forwards to (multicast, broadcast, 0/8, 127/8).
+    /// one a router forwards to (multicast, broadcast, 0/8, 127/8); or a
+    /// source no router forwards from (the same ranges, RFC 1812 5.3.7;
+    /// IPv6: multicast or loopback either way, which the FIB refuses).
     PassFibNotForwarded = "pass_fib_not_forwarded", false;
     /// Forwarding disabled on the ingress device.
     PassFibForwardingDisabled = "pass_fib_forwarding_disabled", false;

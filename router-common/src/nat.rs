@@ -130,14 +130,16 @@ pub fn rewrite_icmp_echo(icmp: &mut [u8; icmp::LEN], id: u16) -> Delta {
     d.word(old_check, check)
 }
 
-/// Whether `dst` is an address a router forwards a packet to: not "this
-/// network" (0/8), loopback (127/8), multicast (224/4, which only a
-/// multicast router forwards) or reserved and the limited broadcast
-/// (240/4; RFC 1812 5.3.5.1, 5.3.7). The FIB alone would send those out
-/// of the default route.
+/// Whether `addr` is an address a router forwards a packet to or from:
+/// not "this network" (0/8), loopback (127/8), multicast (224/4, which
+/// only a multicast router forwards) or reserved and the limited broadcast
+/// (240/4; RFC 1812 5.3.5.1, and 5.3.7: a source in any of them is a
+/// martian, which a router does not forward). The FIB alone would send
+/// such a destination out of the default route, and NAT would translate
+/// such a source like any LAN host's.
 #[must_use]
-pub const fn forwardable_dst(dst: [u8; 4]) -> bool {
-    !matches!(dst[0], 0 | 127 | 224..=255)
+pub const fn forwardable_addr(addr: [u8; 4]) -> bool {
+    !matches!(addr[0], 0 | 127 | 224..=255)
 }
 
 /// ICMP types whose body embeds the offending packet's header.
@@ -243,7 +245,7 @@ mod tests {
     use std::vec::Vec;
 
     #[test]
-    fn only_unicast_destinations_are_forwardable() {
+    fn only_unicast_addresses_are_forwardable() {
         for ok in [
             [1, 0, 0, 0],
             [10, 0, 0, 1],
@@ -251,7 +253,7 @@ mod tests {
             [128, 0, 0, 1],
             [223, 255, 255, 254],
         ] {
-            assert!(forwardable_dst(ok), "{ok:?}");
+            assert!(forwardable_addr(ok), "{ok:?}");
         }
         for not in [
             [0, 0, 0, 0],
@@ -262,7 +264,7 @@ mod tests {
             [240, 0, 0, 1],
             [255, 255, 255, 255],
         ] {
-            assert!(!forwardable_dst(not), "{not:?}");
+            assert!(!forwardable_addr(not), "{not:?}");
         }
     }
 

@@ -18,7 +18,7 @@ use router_common::{
         Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry,
         FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
     },
-    nat::forwardable_dst,
+    nat::forwardable_addr,
 };
 
 use aya_ebpf::{
@@ -141,10 +141,16 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step
         return Err(Verdict::pass(c));
     }
     let to_wan_addr = pkt.dst == side.cfg.wan_addr && pkt.proto != IPPROTO_ICMP;
+    // A martian source (RFC 1812 5.3.7: 0/8, 127/8, multicast, 240/4)
+    // opens no flow from either side: NAT would translate it like a LAN
+    // host's, or a port forward would answer it. The kernel drops it.
+    if !forwardable_addr(pkt.src) {
+        return Err(Verdict::pass(Counter::PassFibNotForwarded));
+    }
     if side.from_lan {
         // Multicast, broadcast, loopback...: not for the FIB's default
         // route. No flow is made to one, so its later packets never hit.
-        if !forwardable_dst(pkt.dst) {
+        if !forwardable_addr(pkt.dst) {
             return Err(Verdict::pass(Counter::PassFibNotForwarded));
         }
         xlat.src = side.cfg.wan_addr;

@@ -9,7 +9,7 @@ use router_common::{
     flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
     maps::{Config, Counter, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
-    nat::{ErrorWay, ICMP_ECHO_REQUEST, forwardable_dst, translate_icmp_error},
+    nat::{ErrorWay, ICMP_ECHO_REQUEST, forwardable_addr, translate_icmp_error},
 };
 
 use crate::{
@@ -100,7 +100,7 @@ pub fn forward(
     } else {
         (get_addr(ip, ipv4::SRC), addr)
     };
-    if !forwardable_dst(dst) {
+    if !forwardable_addr(dst) {
         return Err(Verdict::pass(Counter::PassFibNotForwarded));
     }
     let hop = fib(ctx, ip, src, dst)?;

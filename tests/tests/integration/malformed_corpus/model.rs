@@ -154,9 +154,16 @@ pub(super) fn allowed_after_lookup(
         ok.push(Counter::PassPortsExhausted);
         return (ok, Some(Counter::FlowNewMasquerade));
     }
+    if proto == IPPROTO_TCP && !plain_syn {
+        return (vec![Counter::PassUnsolicited], None);
+    }
+    // A martian source (RFC 1812 5.3.7: 0/8, 127/8, 224/4, 240/4) opens
+    // nothing.
+    if matches!(key.src_addr[0], 0 | 127 | 224..=255) {
+        return (vec![Counter::PassFibNotForwarded], None);
+    }
     // The WAN address as source from the WAN: spoofed, opens nothing.
-    if proto == IPPROTO_TCP && !plain_syn
-        || key.dst_addr != WAN
+    if key.dst_addr != WAN
         || key.src_addr == WAN
         || proto == IPPROTO_ICMP
         || r.rule(proto, key.dst_port).is_none()

@@ -492,10 +492,12 @@ fn local_destination_and_tcp_without_flow() {
 /// forward a limited broadcast, nor multicast it does not route) or not an
 /// address a packet may go to (0/8, 127/8, 240/4) is not forwarded out of
 /// the default route (`bpf_fib_lookup` matches it like any address): it
-/// goes to the kernel (`pass_fib_not_forwarded`) and opens no flow.
+/// goes to the kernel (`pass_fib_not_forwarded`) and opens no flow; so
+/// does a LAN packet from a martian source (RFC 1812 5.3.7), which NAT
+/// would otherwise translate like a LAN host's.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn non_unicast_destinations_do_not_follow_the_default_route() {
+fn non_unicast_destinations_and_martian_sources_do_not_follow_the_default_route() {
     let env = ResolvedTopology::new(false);
     let gw = std::net::Ipv4Addr::from(SERVER).to_string();
     env.t
@@ -531,6 +533,28 @@ fn non_unicast_destinations_do_not_follow_the_default_route() {
             (
                 "echo to 0.0.0.1",
                 Ipv4::new(CLIENT, [0, 0, 0, 1], Icmp::echo_request(7, 1, b"")),
+                Counter::PassFibNotForwarded,
+            ),
+            // Martian sources (RFC 1812 5.3.7) to a forwardable server:
+            // not translated like a LAN host's.
+            (
+                "SYN from 127.0.0.1",
+                Ipv4::new([127, 0, 0, 1], SERVER, Tcp::new(40000, 80, TCP_SYN)),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "UDP from multicast 224.1.2.3",
+                Ipv4::new([224, 1, 2, 3], SERVER, Udp::new(40000, 53, b"m")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "UDP from 0.0.0.5",
+                Ipv4::new([0, 0, 0, 5], SERVER, Udp::new(40000, 53, b"z")),
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                "echo from class E 240.0.0.9",
+                Ipv4::new([240, 0, 0, 9], SERVER, Icmp::echo_request(8, 1, b"")),
                 Counter::PassFibNotForwarded,
             ),
         ];

@@ -147,6 +147,34 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
         for (what, p) in link_scope {
             r.pass(what, &from_client(&env, &p), lan, Counter::Pass6LinkScope);
         }
+        // Addresses no router forwards (RFC 4291 2.5.3, 2.7): a multicast
+        // source, loopback either way. `bpf_fib_lookup` refuses them (it
+        // forwards no multicast or loopback address on either side), the
+        // kernel drops them; no flow opens.
+        let mut lo = [0; 16];
+        lo[15] = 1;
+        let mc_global = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        for (what, p) in [
+            (
+                "SYN from ::1",
+                Ipv6::tcp(lo, s, &Tcp::new(40000, 80, TCP_SYN)),
+            ),
+            (
+                "SYN to ::1",
+                Ipv6::tcp(c, lo, &Tcp::new(40000, 80, TCP_SYN)),
+            ),
+            (
+                "UDP from a global multicast address",
+                Ipv6::udp(mc_global, s, &Udp::new(40000, 53, b"m")),
+            ),
+        ] {
+            r.pass(
+                what,
+                &from_client(&env, &p),
+                lan,
+                Counter::PassFibNotForwarded,
+            );
+        }
         // NDP and MLD between global addresses (NA answering an NS for a
         // global address, a unicast MLD query): still the kernel's.
         let na = Ipv6::icmp6(
