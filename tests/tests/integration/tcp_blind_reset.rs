@@ -1,7 +1,8 @@
-//! End to end: an idle TCP connection through the NAT survives a blind RST and a
-//! blind FIN from the WAN side (a host that knows only the 4-tuple, with
-//! sequence numbers it cannot know), longer than the closing timeouts;
-//! a real RST from the server still closes the flow.
+//! End to end: an idle TCP connection through the router survives a blind
+//! RST and a blind FIN from the WAN side (a host that knows only the
+//! 4-tuple, with sequence numbers it cannot know), longer than the closing
+//! timeouts; a real RST from the server still closes the flow. IPv4
+//! through the NAT, and IPv6 (routed: its own flow table and parse).
 
 use std::io::{Read, Write};
 use std::mem::MaybeUninit;
@@ -11,7 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tests::frames::{TCP_ACK, TCP_FIN, TCP_RST, Tcp};
-use tests::{Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, counter_delta, socket_addr};
+use tests::v6::{self, CLIENT6, Ipv6, SERVER6, o};
+use tests::{Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, counter_delta};
 
 use crate::ctl::{attach_and_print, read_until};
 
@@ -20,9 +22,54 @@ const PORT: u16 = 5301;
 /// The closing timeouts of this test (seconds), shortened from 120 / 10.
 const CLOSING_SECS: u64 = 2;
 
+/// The address family a test runs in: where the server listens, what
+/// source the server sees (the NAT's address, or the client itself), and
+/// how its raw socket reads and writes segments.
+#[derive(Clone, Copy)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn server(self) -> SocketAddr {
+        match self {
+            Self::V4 => SocketAddr::new(IpAddr::V4(SERVER_ADDR), PORT),
+            Self::V6 => SocketAddr::new(IpAddr::V6(SERVER6), PORT),
+        }
+    }
+
+    /// The client's address as the server sees it.
+    fn peer_ip(self) -> IpAddr {
+        match self {
+            Self::V4 => IpAddr::V4(ROUTER_WAN_ADDR),
+            Self::V6 => IpAddr::V6(CLIENT6),
+        }
+    }
+
+    /// The TCP segment in what a raw socket received from `from`: an IPv4
+    /// raw socket gets the IP header too, an IPv6 one the segment only.
+    fn segment(self, p: &[u8]) -> &[u8] {
+        match self {
+            Self::V4 => &p[usize::from(p[0] & 0x0f) * 4..],
+            Self::V6 => p,
+        }
+    }
+
+    /// `seg` from the server to the client's address `to`, with its
+    /// checksum (an IPv6 raw socket does not compute it).
+    fn segment_bytes(self, seg: &Tcp, to: IpAddr) -> Vec<u8> {
+        match (self, to) {
+            (Self::V4, IpAddr::V4(to)) => seg.bytes(SERVER_ADDR.octets(), to.octets()),
+            (Self::V6, IpAddr::V6(to)) => Ipv6::tcp(o(SERVER6), o(to), seg).bytes()[40..].to_vec(),
+            _ => unreachable!("one family"),
+        }
+    }
+}
+
 /// The TCP flow to the test server's port in `router-ctl conntrack list`.
-fn tcp_flow(t: &Topology) -> Value {
-    let dst = socket_addr(SERVER_ADDR, PORT).to_string();
+fn tcp_flow(t: &Topology, family: Family) -> Value {
+    let dst = family.server().to_string();
     t.conntrack()
         .into_iter()
         .find(|f| f["proto"] == "tcp" && f["orig_dst"] == dst.as_str())
@@ -32,25 +79,25 @@ fn tcp_flow(t: &Topology) -> Value {
 /// Waits on the server's raw socket for a segment of the client (arriving
 /// from `wan_peer`) and returns its (sequence end, acknowledgement): the
 /// server's RCV.NXT and SND.NXT as the client sees them.
-fn client_segment(raw: &Socket, wan_peer: SocketAddr) -> (u32, u32) {
+fn client_segment(raw: &Socket, family: Family, wan_peer: SocketAddr) -> (u32, u32) {
     let deadline = Instant::now() + TIMEOUT;
     let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
     while Instant::now() < deadline {
-        let Ok(n) = raw.recv(&mut buf) else { continue };
-        // SAFETY: recv initialised the first n bytes.
+        let Ok((n, from)) = raw.recv_from(&mut buf) else {
+            continue;
+        };
+        // SAFETY: recv_from initialised the first n bytes.
         let p: Vec<u8> = buf[..n]
             .iter()
             .map(|b| unsafe { b.assume_init() })
             .collect();
-        let ihl = usize::from(p[0] & 0x0f) * 4;
-        let (ip_len, tcp) = (usize::from(u16::from_be_bytes([p[2], p[3]])), &p[ihl..]);
-        let src = IpAddr::from([p[12], p[13], p[14], p[15]]);
+        let tcp = family.segment(&p);
         let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
-        if src != wan_peer.ip() || sport != wan_peer.port() {
+        if from.as_socket().map(|a| a.ip()) != Some(wan_peer.ip()) || sport != wan_peer.port() {
             continue;
         }
         let word = |at: usize| u32::from_be_bytes([tcp[at], tcp[at + 1], tcp[at + 2], tcp[at + 3]]);
-        let data = ip_len - ihl - usize::from(tcp[12] >> 4) * 4;
+        let data = tcp.len() - usize::from(tcp[12] >> 4) * 4;
         let end = word(4).wrapping_add(u32::try_from(data).unwrap());
         return (end, word(8));
     }
@@ -72,35 +119,48 @@ fn blind_offset(salt: u32) -> u32 {
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn idle_connection_survives_blind_rst_and_fin() {
+    survives_blind_rst_and_fin(Family::V4);
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn idle_ipv6_connection_survives_blind_rst_and_fin() {
+    survives_blind_rst_and_fin(Family::V6);
+}
+
+fn survives_blind_rst_and_fin(family: Family) {
     let t = Topology::new();
+    if matches!(family, Family::V6) {
+        v6::enable(&t);
+    }
     let closing = CLOSING_SECS.to_string();
     let closed = format!("tcp-closed={closing}");
     let fin_wait = format!("tcp-fin-wait={closing}");
     attach_and_print(&t, &["--timeout", &closed, "--timeout", &fin_wait]);
+    if matches!(family, Family::V6) {
+        v6::resolve_neighbours(&t);
+    }
 
-    let listener = t.in_ns(Ns::Server, || {
-        TcpListener::bind(socket_addr(SERVER_ADDR, PORT)).unwrap()
-    });
+    let listener = t.in_ns(Ns::Server, || TcpListener::bind(family.server()).unwrap());
     let raw = t.in_ns(Ns::Server, || {
-        Socket::new(
-            Domain::IPV4,
-            Type::from(libc::SOCK_RAW),
-            Some(Protocol::TCP),
-        )
-        .expect("raw socket")
+        let domain = match family {
+            Family::V4 => Domain::IPV4,
+            Family::V6 => Domain::IPV6,
+        };
+        Socket::new(domain, Type::from(libc::SOCK_RAW), Some(Protocol::TCP)).expect("raw socket")
     });
     raw.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let mut client = t.in_ns(Ns::Client, || {
-        TcpStream::connect_timeout(&socket_addr(SERVER_ADDR, PORT), TIMEOUT).unwrap()
+        TcpStream::connect_timeout(&family.server(), TIMEOUT).unwrap()
     });
     client.set_read_timeout(Some(TIMEOUT)).unwrap();
     let (mut server, wan_peer) = listener.accept().unwrap();
     server.set_read_timeout(Some(TIMEOUT)).unwrap();
     assert_eq!(
         wan_peer.ip(),
-        IpAddr::V4(ROUTER_WAN_ADDR),
-        "not masqueraded"
+        family.peer_ip(),
+        "masqueraded (IPv4) or routed (IPv6)"
     );
 
     let echo = |client: &mut TcpStream, server: &mut TcpStream, msg: &[u8]| {
@@ -115,20 +175,19 @@ fn idle_connection_survives_blind_rst_and_fin() {
     // One more byte from the client: its segment acknowledges all the
     // server sent, so its ACK is the client's RCV.NXT.
     client.write_all(b"!").unwrap();
-    let (client_next, server_next) = client_segment(&raw, wan_peer);
+    let (client_next, server_next) = client_segment(&raw, family, wan_peer);
     let mut one = [0u8; 1];
     server.read_exact(&mut one).unwrap();
-    assert_eq!(tcp_flow(&t)["state"], "ESTABLISHED");
+    assert_eq!(tcp_flow(&t, family)["state"], "ESTABLISHED");
 
     // The blind attacker, from the WAN, with sequence numbers far off.
     let before = t.stats();
-    let dst = SocketAddr::new(IpAddr::V4(ROUTER_WAN_ADDR), 0);
+    let dst = SocketAddr::new(wan_peer.ip(), 0);
     let send = |flags: u8, seq: u32, ack: u32| {
         let mut seg = Tcp::new(PORT, wan_peer.port(), flags);
         seg.seq = seq;
         seg.ack = ack;
-        let bytes = seg.bytes(SERVER_ADDR.octets(), ROUTER_WAN_ADDR.octets());
-        raw.send_to(&bytes, &dst.into())
+        raw.send_to(&family.segment_bytes(&seg, wan_peer.ip()), &dst.into())
             .expect("send a blind segment");
     };
     send(TCP_RST, server_next.wrapping_add(blind_offset(1)), 0);
@@ -148,7 +207,7 @@ fn idle_connection_survives_blind_rst_and_fin() {
         "both blind segments judged out of window"
     );
     assert_eq!(
-        tcp_flow(&t)["state"],
+        tcp_flow(&t, family)["state"],
         "ESTABLISHED",
         "a blind segment changed the state"
     );
@@ -156,7 +215,7 @@ fn idle_connection_survives_blind_rst_and_fin() {
     // Idle for longer than the closing timeouts, then the connection works.
     std::thread::sleep(Duration::from_secs(CLOSING_SECS * 2 + 1));
     echo(&mut client, &mut server, b"still here");
-    assert_eq!(tcp_flow(&t)["state"], "ESTABLISHED");
+    assert_eq!(tcp_flow(&t, family)["state"], "ESTABLISHED");
 
     // A real RST from the server (close with linger 0) closes the flow.
     SockRef::from(&server)
@@ -168,5 +227,5 @@ fn idle_connection_survives_blind_rst_and_fin() {
         .read(&mut buf)
         .expect_err("the client sees the reset");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
-    assert_eq!(tcp_flow(&t)["state"], "CLOSED");
+    assert_eq!(tcp_flow(&t, family)["state"], "CLOSED");
 }
