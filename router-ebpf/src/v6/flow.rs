@@ -150,6 +150,17 @@ pub fn track_hit(ctx: &XdpContext, key: &FlowKey6, e: &mut FlowEntry6, tcp_flags
         }
         return;
     }
+    // A UDP or `ICMPv6` echo hit with no refresh due and not a UDP flow's
+    // first reply: `track` would change nothing (as in IPv4's
+    // `track_hit`), so no call.
+    if key.proto != IPPROTO_TCP
+        && !needs_refresh(e.last_seen_ns, now)
+        && (key.proto != IPPROTO_UDP
+            || e.flags & FLAG_ORIGINAL != 0
+            || e.state != FlowState::UdpUnreplied as u8)
+    {
+        return;
+    }
     track(md, key, e, now);
 }
 
