@@ -956,9 +956,16 @@ counters! {
     /// VRRP virtual MAC ([`VIRTUAL_MACS_MAP`]) go on only while this router
     /// is the master (a backup's macvlan keeps the MAC). Also counted
     /// after an interface's MAC changed until attach runs again
-    /// (`router-ctl doctor` says so). Last in the list: the other counters
-    /// keep the indexes older objects write.
+    /// (`router-ctl doctor` says so).
     PassNotForUs = "pass_not_for_us", false;
+    /// A WAN packet that would open a flow to a LAN endpoint (a port
+    /// forward, a mapping's inbound flow) whose reply tuple is already a
+    /// live flow's: the LAN endpoint talks to the same remote endpoint
+    /// through another mapping. Opening it would take that flow's entry
+    /// over and change its mapping mid-flow (RFC 4787 REQ-1); the kernel
+    /// gets the packet instead. New counters go last: the others keep the
+    /// indexes older objects write.
+    PassReplyTupleTaken = "pass_reply_tuple_taken", false;
 }
 
 #[cfg(test)]

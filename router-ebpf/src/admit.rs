@@ -299,9 +299,11 @@ pub fn commit(
         }
         NewFlow::PortForward => {
             let translated = FlowKey::new(xlat.src, xlat.dst, xlat.sport, xlat.dport, key.proto);
-            if !insert_port_forward(key, &translated, open, now) {
+            match insert_port_forward(key, &translated, open, cfg, now) {
+                Claim::Done => {}
+                Claim::Taken => return Err(Verdict::pass(Counter::PassReplyTupleTaken)),
                 // The map refused (out of memory): leave it to the kernel.
-                return Err(Verdict::pass(Counter::PassPortsExhausted));
+                Claim::Failed => return Err(Verdict::pass(Counter::PassPortsExhausted)),
             }
             debug_log::port_forwarded(key, xlat.dst, xlat.dport);
         }
@@ -470,11 +472,21 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
 }
 
 /// Inserts both entries of a flow opened from the WAN (a port-forward
-/// rule's, or a mapping's: `Scratch::kind`) and counts it.
+/// rule's, or a mapping's: `Scratch::kind`) and counts it. Its reply
+/// tuple (the LAN endpoint towards the remote one) may already be a live
+/// flow's own, when the LAN endpoint talks to the same remote endpoint
+/// through its mapping: that flow keeps its entry (`Claim::Taken`), as the
+/// kernel's conntrack refuses a clashing tuple; a stale one is replaced.
 #[inline(never)]
-fn insert_port_forward(key: &FlowKey, translated: &FlowKey, open: &Segment, now: u64) -> bool {
+fn insert_port_forward(
+    key: &FlowKey,
+    translated: &FlowKey,
+    open: &Segment,
+    cfg: &Config,
+    now: u64,
+) -> Claim {
     let Some(s) = SCRATCH.get_ptr_mut(0) else {
-        return false;
+        return Claim::Failed;
     };
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };
@@ -496,9 +508,21 @@ fn insert_port_forward(key: &FlowKey, translated: &FlowKey, open: &Segment, now:
         &mut s.reply_key,
         &mut s.reply,
     );
-    let ok = insert_counted(&s.reply_key, &s.reply).is_ok() && insert_counted(key, &s.orig).is_ok();
-    if ok {
-        event(counter);
+    let mut rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
+    if rc == Err(EEXIST) && stale(cfg, &s.reply_key, now) {
+        remove_counted(&s.reply_key);
+        event(Counter::FlowExpiredReplaced);
+        rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
     }
-    ok
+    match rc {
+        Ok(()) => event(Counter::CtEntriesInserted),
+        Err(EEXIST) => return Claim::Taken,
+        Err(_) => return Claim::Failed,
+    }
+    if insert_counted(key, &s.orig).is_err() {
+        remove_counted(&s.reply_key);
+        return Claim::Failed;
+    }
+    event(counter);
+    Claim::Done
 }

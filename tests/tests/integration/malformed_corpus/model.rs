@@ -171,6 +171,9 @@ pub(super) fn allowed_after_lookup(
         return (vec![Counter::PassUnsolicited], None);
     }
     ok.push(Counter::PassPortsExhausted);
+    // Its reply tuple may be a live LAN flow's own (a mutated frame can
+    // hit one): that flow keeps it.
+    ok.push(Counter::PassReplyTupleTaken);
     (ok, Some(Counter::FlowNewPortForward))
 }
 

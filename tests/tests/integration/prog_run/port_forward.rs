@@ -239,3 +239,62 @@ fn unsolicited_wan_packets_pass_or_drop_untouched() {
         r.assert_flows("nothing created", []);
     });
 }
+
+/// A port forward whose reply tuple is a live flow's own: the LAN target
+/// already talks, through its own mapping, to the remote endpoint that now
+/// sends to the forwarded port. The live flow keeps its entry and its
+/// mapping (RFC 4787 REQ-1; the kernel's conntrack refuses the clashing
+/// tuple the same way): the WAN packet goes to the kernel
+/// (`pass_reply_tuple_taken`), nothing is overwritten, and the LAN
+/// endpoint's packets still leave from its mapping's port.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_port_forward_does_not_take_over_a_live_flows_tuple() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(5000, 3478, b"out"));
+        r.redirect(
+            "the LAN endpoint's flow, mapped to WAN:5000",
+            &env.client_sends(&out),
+            lan,
+            &env.to_server(&snat(&out, 5000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let live = Flow::masq(udp_key(CLIENT, 5000, SERVER, 3478), 5000);
+        let before = (r.get(&live.orig), r.get(&live.reply()));
+        // The same LAN endpoint behind a port forward on another port.
+        r.forward(IPPROTO_UDP, 6000, CLIENT, 5000);
+        let clash = Ipv4::new(SERVER, WAN, Udp::new(3478, 6000, b"to the forward"));
+        r.pass(
+            "the remote endpoint to the forwarded port",
+            &env.server_sends(&clash),
+            wan,
+            Counter::PassReplyTupleTaken,
+        );
+        assert_eq!(
+            (r.get(&live.orig), r.get(&live.reply())),
+            before,
+            "the live flow's entries changed"
+        );
+        r.redirect(
+            "the LAN endpoint again: still from its mapping's port",
+            &env.client_sends(&out),
+            lan,
+            &env.to_server(&snat(&out, 5000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        // Another remote endpoint reaches the forward as usual.
+        let other = Ipv4::new(SERVER, WAN, Udp::new(3479, 6000, b"another port"));
+        r.redirect(
+            "another remote port to the forwarded port",
+            &env.server_sends(&other),
+            wan,
+            &env.to_client(&dnat(&other, CLIENT, 5000)),
+            Counter::FwdInbound,
+            &[Counter::FlowNewPortForward],
+        );
+    });
+}
