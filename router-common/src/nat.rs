@@ -136,7 +136,9 @@ pub fn rewrite_icmp_echo(icmp: &mut [u8; icmp::LEN], id: u16) -> Delta {
 /// (240/4; RFC 1812 5.3.5.1, and 5.3.7: a source in any of them is a
 /// martian, which a router does not forward). The FIB alone would send
 /// such a destination out of the default route, and NAT would translate
-/// such a source like any LAN host's.
+/// such a source like any LAN host's; the fast path leaves them to the
+/// kernel (which, unlike RFC 1812, takes 240/4 and 0/8 but 0.0.0.0 as
+/// unicast).
 #[must_use]
 pub const fn forwardable_addr(addr: [u8; 4]) -> bool {
     !matches!(addr[0], 0 | 127 | 224..=255)

@@ -143,7 +143,8 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step
     let to_wan_addr = pkt.dst == side.cfg.wan_addr && pkt.proto != IPPROTO_ICMP;
     // A martian source (RFC 1812 5.3.7: 0/8, 127/8, multicast, 240/4)
     // opens no flow from either side: NAT would translate it like a LAN
-    // host's, or a port forward would answer it. The kernel drops it.
+    // host's, or a port forward would answer it. The kernel's rules decide
+    // (Linux drops loopback, multicast and broadcast sources).
     if !forwardable_addr(pkt.src) {
         return Err(Verdict::pass(Counter::PassFibNotForwarded));
     }
@@ -338,9 +339,16 @@ fn claim_mapping(cfg: &Config, key: &FlowKey, now: u64) -> u32 {
     let hash = flow_hash(key, cfg.hash_seed);
     for attempt in 0..MAX_PORT_PROBES {
         let port = candidate_port(attempt, key.src_port, hash, cfg.port_min, cfg.port_max);
-        if key.proto != IPPROTO_ICMP && port_forward(key.proto, port).is_some() {
-            // Reserved for inbound flows by a port-forward rule (not a
-            // collision with another flow: not counted).
+        if key.proto != IPPROTO_ICMP
+            && port_forward(key.proto, port)
+                .is_some_and(|t| t.addr != key.src_addr || t.port != key.src_port)
+        {
+            // Reserved for inbound flows by a port-forward rule to another
+            // endpoint (not a collision with another flow: not counted). A
+            // rule to this very endpoint does not keep it from its own
+            // port: it leaves from the port the WAN reaches it on (as the
+            // kernel's masquerade keeps a free port), so a peer it talks to
+            // that sends to the forward hits this flow's reply entry.
             continue;
         }
         match mapping::claim(ep, port, expires, now) {

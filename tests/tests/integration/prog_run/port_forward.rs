@@ -298,3 +298,52 @@ fn a_port_forward_does_not_take_over_a_live_flows_tuple() {
         );
     });
 }
+
+/// A forward on the endpoint's own port (a `WireGuard` or SIP endpoint,
+/// `udp 51820 -> L:51820`): the endpoint's own flows leave from that port
+/// (port preservation is not kept from it by its own rule), so a peer it
+/// talks to that sends to the forward hits the flow's reply entry instead
+/// of clashing with it. A forward to another endpoint still keeps the port
+/// from everyone else.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_endpoint_leaves_from_the_port_forwarded_to_it() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        r.forward(IPPROTO_UDP, 51820, CLIENT, 51820);
+        r.forward(IPPROTO_UDP, 51821, CLIENT, 9);
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(51820, 51820, b"handshake"));
+        r.redirect(
+            "the endpoint to its peer: from its own, forwarded port",
+            &env.client_sends(&out),
+            lan,
+            &env.to_server(&snat(&out, 51820)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let back = Ipv4::new(SERVER, WAN, Udp::new(51820, 51820, b"peer to the forward"));
+        r.redirect(
+            "the peer to the forwarded port: a reply of that flow",
+            &env.server_sends(&back),
+            wan,
+            &env.to_client(&dnat(&back, CLIENT, 51820)),
+            Counter::FwdInbound,
+            &[],
+        );
+        // Port 51821 forwards to another endpoint (CLIENT:9): CLIENT:51821
+        // does not get it.
+        let k = udp_key(CLIENT, 51821, SERVER, 53);
+        let (p, _) = probe(&k, PORT_MIN, PORT_MAX, &[], &[51821]).unwrap();
+        assert_ne!(p, 51821);
+        let other = Ipv4::new(CLIENT, SERVER, Udp::new(51821, 53, b"q"));
+        r.redirect(
+            "another endpoint's forwarded port is skipped",
+            &env.client_sends(&other),
+            lan,
+            &env.to_server(&snat(&other, p)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+    });
+}
