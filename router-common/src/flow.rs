@@ -347,12 +347,15 @@ pub const fn syn_sender(syn: &Segment) -> TcpWindow {
 }
 
 /// The tracking of the direction that answers the SYN `syn`: the
-/// acknowledgement it must send (the end of the SYN); no window yet.
+/// acknowledgement it must send (the end of the SYN), and in place of a
+/// window the SYN's payload bytes, which its SYN+ACK may leave
+/// unacknowledged (TCP Fast Open data the server did not take: RFC 7413
+/// 4.2; RFC 9293 3.10.7.3 accepts any ACK in `ISS+1 ..= SND.NXT`).
 #[must_use]
 pub const fn syn_answerer(syn: &Segment) -> TcpWindow {
     TcpWindow {
         ack: syn.end(),
-        win: 0,
+        win: syn.len,
         wscale: 0,
         flags: TCP_TRACK_KNOWN | TCP_TRACK_EXPECT,
     }
@@ -430,7 +433,10 @@ pub const fn tcp_control(
     };
     let own_known = own.flags & TCP_TRACK_KNOWN != 0;
     if state == FlowState::TcpSynSent as u8 && !from_orig {
-        if own_known && (seg.flags & TCP_ACK == 0 || seg.ack != own.ack) {
+        // The answer must acknowledge the SYN: at least its sequence
+        // number + 1, at most its end (its data too).
+        if own_known && (seg.flags & TCP_ACK == 0 || own.ack.wrapping_sub(seg.ack) > own.win as u32)
+        {
             return refused;
         }
         if next != FlowState::TcpEstablished as u8 || !own_known || peer.flags & TCP_TRACK_SYN == 0
@@ -800,6 +806,43 @@ mod tests {
         assert_eq!((c.wscale, s.wscale, c.win, s.win), (0, 0, 64240, 65160));
         let (_, _, c, s) = handshake(100, 5000, NO_WSCALE, 9);
         assert_eq!((c.wscale, s.wscale), (0, 0));
+    }
+
+    #[test]
+    fn a_syn_ack_may_leave_fast_open_data_unacknowledged() {
+        // A SYN with 100 bytes of data (TCP Fast Open): the server may
+        // acknowledge all of it or only the SYN (RFC 7413 4.2), nothing
+        // below the SYN nor past its end.
+        let syn = Segment {
+            len: 100,
+            ..seg(TCP_SYN, 1000, 0, 64240)
+        };
+        let (ct, st) = open_tracking(IPPROTO_TCP, &syn);
+        let s = FlowState::TcpSynSent as u8;
+        for (ack, accepted) in [
+            (1101, true),
+            (1001, true),
+            (1050, true),
+            (1000, false),
+            (1102, false),
+        ] {
+            let r = tcp_control(
+                s,
+                0,
+                false,
+                st,
+                ct,
+                &seg(TCP_SYN | TCP_ACK, 7, ack, 65160),
+                false,
+            );
+            assert_eq!(!r.out_of_window, accepted, "ack {ack}");
+            let want = if accepted {
+                FlowState::TcpEstablished
+            } else {
+                FlowState::TcpSynSent
+            };
+            assert_eq!(r.state, want as u8, "ack {ack}");
+        }
     }
 
     #[test]

@@ -259,7 +259,8 @@ pub struct TcpWindow {
     /// acknowledgement it must send.
     pub ack: u32,
     /// The largest window this direction advertised, in its units of
-    /// `1 << wscale` bytes.
+    /// `1 << wscale` bytes. Of the answering direction before its SYN+ACK:
+    /// the opening SYN's payload bytes (see `flow::syn_answerer`).
     pub win: u16,
     /// Window scale shift of this direction's advertisements (RFC 7323),
     /// 0 when scaling is off; of the opening direction before the SYN+ACK,
