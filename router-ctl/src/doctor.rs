@@ -792,13 +792,23 @@ pub fn local_ports_check(netns: Option<&str>, pin_dir: &Path) -> Option<Check> {
 /// kernel NAT's (`kernel_nat`; its conntrack knows the router's sockets
 /// too, so they share its ports safely), else those above XDP's, else
 /// those below (down to 1024, where unprivileged ports start); `None` if
-/// XDP takes them all.
+/// XDP leaves fewer than [`MIN_LOCAL_PORTS`] on either side (a resolver
+/// with a handful of ports fails under load: narrowing XDP's range is the
+/// fix then).
 fn ports_outside(xdp: (u16, u16), kernel_nat: Option<(u16, u16)>) -> Option<(u16, u16)> {
-    kernel_nat
-        .filter(|&k| !standalone::overlap(k, xdp))
-        .or_else(|| (xdp.1 < u16::MAX).then(|| (xdp.1 + 1, u16::MAX)))
-        .or_else(|| (xdp.0 > 1024).then(|| (1024, xdp.0 - 1)))
+    [
+        kernel_nat.filter(|&k| !standalone::overlap(k, xdp)),
+        (xdp.1 < u16::MAX).then(|| (xdp.1 + 1, u16::MAX)),
+        (xdp.0 > 1024).then(|| (1024, xdp.0 - 1)),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|&(lo, hi)| lo <= hi && u32::from(hi - lo) + 1 >= MIN_LOCAL_PORTS)
 }
+
+/// The fewest local ports [`ports_outside`] offers the router's own
+/// sockets (the kernel's default range has 28,232).
+const MIN_LOCAL_PORTS: u32 = 1024;
 
 /// The router's own local ports `local` against XDP's `xdp` in
 /// standalone mode: a warning if they overlap, with a range outside XDP's.
@@ -942,10 +952,14 @@ mod tests {
     fn the_fix_gives_the_router_ports_outside_xdps() {
         let fix = |xdp, kernel| local_ports(xdp, (1024, 65535), kernel).fix.unwrap();
         // The kernel NAT's ports, when they are outside XDP's.
-        assert!(fix((1024, 40000), Some((50000, 50999))).contains("\"50000 50999\""));
+        assert!(fix((1024, 40000), Some((50000, 51999))).contains("\"50000 51999\""));
         // Without a kernel NAT: the ports above XDP's, else below.
         assert!(fix((1024, 40000), None).contains("\"40001 65535\""));
-        assert!(fix((1024, 65534), None).contains("\"65535 65535\""));
+        // Too few on a side (one port above, 100 below): the other side,
+        // or narrow XDP's.
+        assert!(fix((1124, 65534), None).contains("narrow --port-range"));
+        assert!(fix((3000, 65534), None).contains("\"1024 2999\""));
+        assert!(fix((1024, 40000), Some((65000, 65100))).contains("\"40001 65535\""));
         assert!(fix((30000, 65535), None).contains("\"1024 29999\""));
         // XDP takes every unprivileged port: narrow it first.
         assert!(fix((1024, 65535), None).contains("narrow --port-range"));

@@ -426,7 +426,7 @@ fn host_header(headers: &[tiny_http::Header]) -> Option<&str> {
 /// loopback rule as the status page's listener holds it.
 fn arrived_on(bound: SocketAddr, peer: Option<&SocketAddr>) -> SocketAddr {
     match peer {
-        Some(p) if p.ip().is_loopback() => SocketAddr::new(p.ip(), bound.port()),
+        Some(p) if p.ip().to_canonical().is_loopback() => SocketAddr::new(p.ip(), bound.port()),
         _ => bound,
     }
 }

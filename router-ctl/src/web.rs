@@ -262,9 +262,10 @@ pub fn serve_connection(sock: TcpStream, peer: SocketAddr, ctx: &Ctx, shared: &S
 /// cannot read the router's flows through the owner's browser or `ssh -L`
 /// tunnel. A listener the owner exposed on another address answers any
 /// name they give it. The rule of both listeners: this page's and
-/// `metrics`'s.
+/// `metrics`'s. An IPv4 loopback connection to a dual-stack listener
+/// (`[::]`) arrives on `::ffff:127.0.0.1`: loopback too.
 pub(crate) fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
-    if !local.ip().is_loopback() {
+    if !local.ip().to_canonical().is_loopback() {
         return true;
     }
     let Some(host) = host else {
@@ -384,6 +385,9 @@ mod tests {
         );
         let exposed: SocketAddr = "0.0.0.0:9469".parse().unwrap();
         assert!(head_host_allowed(&req("router.lan:9469"), exposed));
+        // IPv4 loopback through a dual-stack listener.
+        let mapped: SocketAddr = "[::ffff:127.0.0.1]:9469".parse().unwrap();
+        assert!(!head_host_allowed(&req("router.lan:9469"), mapped));
     }
 
     #[test]
