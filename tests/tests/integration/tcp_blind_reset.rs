@@ -76,9 +76,12 @@ fn tcp_flow(t: &Topology, family: Family) -> Value {
         .unwrap_or_else(|| panic!("no tcp flow to {dst}"))
 }
 
-/// Waits on the server's raw socket for a segment of the client (arriving
-/// from `wan_peer`) and returns its (sequence end, acknowledgement): the
-/// server's RCV.NXT and SND.NXT as the client sees them.
+/// Waits on the server's raw socket for the client's one-byte segment
+/// (arriving from `wan_peer`) and returns its (sequence end,
+/// acknowledgement): the server's RCV.NXT and SND.NXT as the client sees
+/// them. The raw socket also holds copies of every earlier segment of the
+/// connection (the SYN, the handshake's ACK, "hello"), which are skipped:
+/// the SYN's numbers would put the "blind" segments anywhere.
 fn client_segment(raw: &Socket, family: Family, wan_peer: SocketAddr) -> (u32, u32) {
     let deadline = Instant::now() + TIMEOUT;
     let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
@@ -98,8 +101,10 @@ fn client_segment(raw: &Socket, family: Family, wan_peer: SocketAddr) -> (u32, u
         }
         let word = |at: usize| u32::from_be_bytes([tcp[at], tcp[at + 1], tcp[at + 2], tcp[at + 3]]);
         let data = tcp.len() - usize::from(tcp[12] >> 4) * 4;
-        let end = word(4).wrapping_add(u32::try_from(data).unwrap());
-        return (end, word(8));
+        if data != 1 {
+            continue;
+        }
+        return (word(4).wrapping_add(1), word(8));
     }
     panic!("no segment of the client seen on the server");
 }
