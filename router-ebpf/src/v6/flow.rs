@@ -23,7 +23,7 @@ use router_common::{
 use super::{
     fib6,
     maps::{CONNTRACK6, insert_counted, pinhole},
-    parse::read_tcp_segment,
+    parse::{fill_tcp_segment, read_tcp_segment},
     unsolicited,
 };
 use crate::{
@@ -186,9 +186,12 @@ fn track(md: *mut xdp_md, key: &FlowKey6, e: &mut FlowEntry6, now: u64) {
     let refresh = needs_refresh(e.last_seen_ns, now);
     let state = match key.proto {
         IPPROTO_TCP => {
-            let Some(seg) = segment(md) else {
+            let Some(seg) = SEGMENT_SCRATCH6.get_ptr_mut(0) else {
                 return;
             };
+            // SAFETY: per-CPU slot, used by this program run only.
+            let seg = unsafe { &mut *seg };
+            fill_tcp_segment(md, seg);
             let t = tcp_observe(e.tcp, seg, refresh);
             if t != e.tcp {
                 e.tcp = t;

@@ -153,6 +153,14 @@ fn packet(
 /// shifts the verifier refuses on packet pointers.
 #[inline(never)]
 pub fn read_tcp_segment(md: *mut xdp_md, seg: &mut Segment) {
+    fill_tcp_segment(md, seg);
+}
+
+/// [`read_tcp_segment`]'s work, inlined where the caller's frame has room
+/// (the hit's `track`, on every TCP segment without SYN, FIN or RST: a
+/// call less per packet).
+#[inline(always)]
+pub fn fill_tcp_segment(md: *mut xdp_md, seg: &mut Segment) {
     // SAFETY: `md` is the program's context; its `data` and `data_end`
     // are the packet's bounds, checked below before any access.
     let (data, end) = unsafe {
