@@ -28,6 +28,7 @@ use router_common::maps::{
 use tests::frames::{Frame, Ipv4, TCP_ACK, TCP_SYN, Tcp, Udp};
 use tests::prog::LoadedRouter;
 use tests::rawbpf::{self, Prog, xdp_ctx};
+use tests::v6::{CLIENT6, Ipv6, ROUTER_LAN6, ROUTER_WAN6, SERVER6, o};
 use tests::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF};
 
 use crate::measure::sys::percentile;
@@ -95,6 +96,10 @@ enum Input {
     /// entries: `FLAG_OFFLOADED` and a lease), LAN -> WAN.
     UdpOutOffloaded,
     TcpData,
+    /// An established IPv6 UDP flow, LAN -> WAN (routed, not translated).
+    Udp6Out,
+    /// A data segment of an established IPv6 TCP flow, LAN -> WAN.
+    Tcp6Data,
     /// A fresh source port per call: every call opens a new flow.
     NewUdpFlow,
     TcpNoFlow,
@@ -113,7 +118,7 @@ struct Spec {
 
 /// Every case, in report order. The first runs the trivial floor program,
 /// the others the router program.
-const SPECS: [Spec; 8] = {
+const SPECS: [Spec; 10] = {
     const fn spec(
         name: &'static str,
         what: &'static str,
@@ -178,6 +183,22 @@ const SPECS: [Spec; 8] = {
             false,
             XDP_REDIRECT,
             Input::TcpData,
+            false,
+        ),
+        spec(
+            "hit-udp6-out",
+            "established IPv6 UDP flow, LAN->WAN: lookup, cached next hop, hop limit, redirect",
+            false,
+            XDP_REDIRECT,
+            Input::Udp6Out,
+            false,
+        ),
+        spec(
+            "hit-tcp6-out",
+            "established IPv6 TCP flow, LAN->WAN data segment (state and window tracking)",
+            false,
+            XDP_REDIRECT,
+            Input::Tcp6Data,
             false,
         ),
         spec(
@@ -346,6 +367,9 @@ struct Frames {
     tcp_data: Vec<u8>,
     /// A data segment of no known flow.
     tcp_no_flow: Vec<u8>,
+    /// The IPv6 hits' frames.
+    udp6_out: Vec<u8>,
+    tcp6_data: Vec<u8>,
     /// `UdpOut` and `TcpData` with TTL 255, for the ping-pong.
     udp_out_ttl255: Vec<u8>,
     tcp_data_ttl255: Vec<u8>,
@@ -360,6 +384,8 @@ impl Frames {
             Input::UdpReply => self.reply.clone(),
             Input::UdpOutOffloaded => out_udp(self.macs, OFFLOADED_SPORT),
             Input::TcpData => self.tcp_data.clone(),
+            Input::Udp6Out => self.udp6_out.clone(),
+            Input::Tcp6Data => self.tcp6_data.clone(),
             Input::NewUdpFlow => out_udp(self.macs, 10_000 + (i % 30_000) as u16),
             Input::TcpNoFlow => self.tcp_no_flow.clone(),
         }
@@ -466,12 +492,15 @@ fn open_flows(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<Frames, String>
         let seg = tcp(sport, TCP_ACK).payload(&PAYLOAD);
         Frame::new(m.lan, m.client, Ipv4::new(cli, srv, seg).ttl(ttl)).bytes()
     };
+    let (udp6_out, tcp6_data) = open_flows6(prog, m, lan, wan)?;
     Ok(Frames {
         macs: m,
         arp: arp_frame(m.lan, m.client),
         reply,
         tcp_data: data(40_001, 64),
         tcp_no_flow: data(40_002, 64),
+        udp6_out,
+        tcp6_data,
         udp_out_ttl255: Frame::new(
             m.lan,
             m.client,
@@ -480,6 +509,88 @@ fn open_flows(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<Frames, String>
         .bytes(),
         tcp_data_ttl255: data(40_001, 255),
     })
+}
+
+/// Opens the IPv6 flows of the IPv6 hit cases (a UDP flow; a TCP flow
+/// through its handshake, so that its data segments take the tracked
+/// path) and returns their LAN -> WAN frames.
+fn open_flows6(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let (c, s) = (o(CLIENT6), o(SERVER6));
+    let udp6 = Ipv6::udp(c, s, &Udp::new(40_010, 5001, &PAYLOAD)).frame(m.lan, m.client);
+    let (v, _, _) = prog.run(&udp6, lan, 1)?;
+    if v != XDP_REDIRECT {
+        return Err(format!(
+            "opening an IPv6 UDP flow gave verdict {v} (expected XDP_REDIRECT); are the \
+             IPv6 neighbours known?"
+        ));
+    }
+    let syn = Tcp::new(40_011, 5001, TCP_SYN);
+    prog.run(&Ipv6::tcp(c, s, &syn).frame(m.lan, m.client), lan, 1)?;
+    let synack = Tcp::syn_ack_to(&syn);
+    prog.run(&Ipv6::tcp(s, c, &synack).frame(m.wan, m.server), wan, 1)?;
+    let seg = Tcp::new(40_011, 5001, TCP_ACK)
+        .numbered(syn.seq + 1, synack.seq + 1)
+        .payload(&PAYLOAD);
+    Ok((udp6, Ipv6::tcp(c, s, &seg).frame(m.lan, m.client)))
+}
+
+/// Gives the router namespace what the IPv6 cases' FIB lookups need,
+/// without touching the hosts (the topology is the benchmark's, shared
+/// with the other phases): IPv6 forwarding, its two addresses, and the
+/// client and server as permanent neighbours with the MACs the cases'
+/// frames use.
+fn ipv6_router_side(t: &Topology, m: Macs) -> Result<(), String> {
+    let mac = |a: [u8; 6]| {
+        a.iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    let (client_mac, server_mac) = (mac(m.client), mac(m.server));
+    let (lan6, wan6) = (format!("{ROUTER_LAN6}/64"), format!("{ROUTER_WAN6}/64"));
+    let (client6, server6) = (CLIENT6.to_string(), SERVER6.to_string());
+    let cmds: [&[&str]; 5] = [
+        &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"],
+        &["ip", "-6", "addr", "replace", &lan6, "dev", LAN_IF, "nodad"],
+        &["ip", "-6", "addr", "replace", &wan6, "dev", WAN_IF, "nodad"],
+        &[
+            "ip",
+            "-6",
+            "neigh",
+            "replace",
+            &client6,
+            "lladdr",
+            &client_mac,
+            "dev",
+            LAN_IF,
+            "nud",
+            "permanent",
+        ],
+        &[
+            "ip",
+            "-6",
+            "neigh",
+            "replace",
+            &server6,
+            "lladdr",
+            &server_mac,
+            "dev",
+            WAN_IF,
+            "nud",
+            "permanent",
+        ],
+    ];
+    for cmd in cmds {
+        let out = t.exec(Ns::Router, cmd);
+        if !out.status.success() {
+            return Err(format!(
+                "IPv6 set-up of the micro-benchmark, `{}`: {}",
+                cmd.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The router program, loaded unattached in the calling thread's
@@ -518,7 +629,7 @@ fn load_router(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Loa
 }
 
 /// The router's MACs and ifindexes (LAN, WAN) and its neighbours', with
-/// the neighbours resolved.
+/// the neighbours resolved (IPv6 ones too, see [`ipv6_router_side`]).
 fn sides(t: &Topology) -> Result<(Macs, u32, u32), String> {
     t.warm_neighbours();
     let m = Macs {
@@ -529,6 +640,7 @@ fn sides(t: &Topology) -> Result<(Macs, u32, u32), String> {
     };
     let lan = t.try_ifindex(Ns::Router, LAN_IF)?;
     let wan = t.try_ifindex(Ns::Router, WAN_IF)?;
+    ipv6_router_side(t, m)?;
     Ok((m, lan, wan))
 }
 
