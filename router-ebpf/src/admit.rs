@@ -459,6 +459,15 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
         &mut s.reply_key,
         &mut s.reply,
     );
+    insert_pair(cfg, key, s, now)
+}
+
+/// Inserts the new flow's entries built in `s`: the reply entry with
+/// `BPF_NOEXIST` (a taken one whose entry expired or lost its other half
+/// is reclaimed; a live one is `Claim::Taken`), then the original under
+/// `key`.
+#[inline(always)]
+fn insert_pair(cfg: &Config, key: &FlowKey, s: &Scratch, now: u64) -> Claim {
     let mut rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
     if rc == Err(EEXIST) && stale(cfg, &s.reply_key, now) {
         remove_counted(&s.reply_key);
@@ -466,17 +475,15 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
         rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
     }
     match rc {
-        Ok(()) => {
-            event(Counter::CtEntriesInserted);
-            if insert_counted(key, &s.orig).is_err() {
-                remove_counted(&s.reply_key);
-                return Claim::Failed;
-            }
-            Claim::Done
-        }
-        Err(EEXIST) => Claim::Taken,
-        Err(_) => Claim::Failed,
+        Ok(()) => event(Counter::CtEntriesInserted),
+        Err(EEXIST) => return Claim::Taken,
+        Err(_) => return Claim::Failed,
     }
+    if insert_counted(key, &s.orig).is_err() {
+        remove_counted(&s.reply_key);
+        return Claim::Failed;
+    }
+    Claim::Done
 }
 
 /// Inserts both entries of a flow opened from the WAN (a port-forward
@@ -516,21 +523,9 @@ fn insert_port_forward(
         &mut s.reply_key,
         &mut s.reply,
     );
-    let mut rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
-    if rc == Err(EEXIST) && stale(cfg, &s.reply_key, now) {
-        remove_counted(&s.reply_key);
-        event(Counter::FlowExpiredReplaced);
-        rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
+    let claim = insert_pair(cfg, key, s, now);
+    if matches!(claim, Claim::Done) {
+        event(counter);
     }
-    match rc {
-        Ok(()) => event(Counter::CtEntriesInserted),
-        Err(EEXIST) => return Claim::Taken,
-        Err(_) => return Claim::Failed,
-    }
-    if insert_counted(key, &s.orig).is_err() {
-        remove_counted(&s.reply_key);
-        return Claim::Failed;
-    }
-    event(counter);
-    Claim::Done
+    claim
 }
