@@ -455,10 +455,7 @@ pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
         let local = arrived_on(bound, req.remote_addr());
         let resp = match (&method, path.as_str()) {
             _ if !web::host_allowed(host_header(req.headers()), local) => {
-                tiny_http::Response::from_string(
-                    "this listener answers requests to its address or localhost only\n",
-                )
-                .with_status_code(421)
+                tiny_http::Response::from_string(web::MISDIRECTED).with_status_code(421)
             }
             (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => match render(ctx) {
                 Ok(body) => tiny_http::Response::from_string(body).with_header(header(

@@ -34,6 +34,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once; one more is closed at once, so idle
 /// connections cannot use up the daemon's file descriptors.
 pub const MAX_CONNECTIONS: usize = 64;
+/// The body of the 421 a loopback listener answers a request for another
+/// name with ([`host_allowed`]), here and in `metrics`.
+pub(crate) const MISDIRECTED: &str =
+    "this listener answers requests to its address or localhost only\n";
 /// After a failed `accept` (out of file descriptors, say) the listener
 /// rests this long: the error would otherwise repeat at once, in a loop.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -318,11 +322,7 @@ pub async fn handle(
     let local = sock.local_addr().ok();
     let (resp, head_only) = match (read, request_line(&head)) {
         (Ok(Some(())), Some(_)) if local.is_some_and(|l| !head_host_allowed(&head, l)) => (
-            Response::text(
-                421,
-                "Misdirected Request",
-                "this listener answers requests to its address or localhost only\n",
-            ),
+            Response::text(421, "Misdirected Request", MISDIRECTED),
             false,
         ),
         (Ok(Some(())), Some((method, path))) => {
