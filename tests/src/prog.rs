@@ -582,7 +582,9 @@ impl ResolvedTopology {
     }
 }
 
-fn mac_str(m: [u8; 6]) -> String {
+/// `m` as `ip` writes a MAC address (`aa:bb:...`).
+#[must_use]
+pub fn mac_str(m: [u8; 6]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()

@@ -26,7 +26,7 @@ use router_common::maps::{
     PROGRAM_NAME, Timeouts,
 };
 use tests::frames::{Frame, Ipv4, TCP_ACK, TCP_SYN, Tcp, Udp};
-use tests::prog::LoadedRouter;
+use tests::prog::{LoadedRouter, mac_str};
 use tests::rawbpf::{self, Prog, xdp_ctx};
 use tests::v6::{CLIENT6, Ipv6, ROUTER_LAN6, ROUTER_WAN6, SERVER6, o};
 use tests::{CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF};
@@ -540,13 +540,7 @@ fn open_flows6(prog: &Xdp, m: Macs, lan: u32, wan: u32) -> Result<(Vec<u8>, Vec<
 /// client and server as permanent neighbours with the MACs the cases'
 /// frames use.
 fn ipv6_router_side(t: &Topology, m: Macs) -> Result<(), String> {
-    let mac = |a: [u8; 6]| {
-        a.iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(":")
-    };
-    let (client_mac, server_mac) = (mac(m.client), mac(m.server));
+    let (client_mac, server_mac) = (mac_str(m.client), mac_str(m.server));
     let (lan6, wan6) = (format!("{ROUTER_LAN6}/64"), format!("{ROUTER_WAN6}/64"));
     let (client6, server6) = (CLIENT6.to_string(), SERVER6.to_string());
     let cmds: [&[&str]; 5] = [
