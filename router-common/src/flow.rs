@@ -395,7 +395,8 @@ pub struct TcpControl {
 ///   its SYN+ACK settles both directions' window scale (RFC 7323: only if
 ///   both SYNs offered it);
 /// - a SYN from the opening side that reopens a closed flow starts the
-///   tracking afresh;
+///   tracking afresh, as does one that starts later than the SYN of a
+///   flow still in `SYN_SENT` (the client reconnected from the same port);
 /// - any other change (RST, FIN) must be [`in_window`] of the receiver.
 ///
 /// A segment that changes nothing (a retransmitted SYN or FIN, a RST on a
@@ -416,6 +417,26 @@ pub const fn tcp_control(
     seg: &Segment,
     refresh: bool,
 ) -> TcpControl {
+    if state == FlowState::TcpSynSent as u8
+        && from_orig
+        && tcp_opens_flow(seg.flags)
+        && peer.flags & TCP_TRACK_EXPECT != 0
+        && seq_after(seg.end(), peer.ack)
+    {
+        // A new SYN with a later sequence number before any answer: the
+        // opening side started over (a new connection on the same port,
+        // RFC 9293 3.4: a reinitialised TCP uses larger sequence numbers),
+        // so its answer acknowledges this SYN. Netfilter's
+        // `tcp_in_window` re-initialises the sender alike; a retransmitted
+        // (same end) or older SYN changes nothing.
+        return TcpControl {
+            state,
+            flags,
+            own: syn_sender(seg),
+            peer: syn_answerer(seg),
+            out_of_window: false,
+        };
+    }
     let (next, next_flags) = tcp_next(state, flags, from_orig, seg.flags);
     let keep = TcpControl {
         state,
@@ -504,6 +525,17 @@ pub const fn tcp_control(
         peer,
         out_of_window: false,
     }
+}
+
+/// Whether sequence number `a` is after `b` (RFC 9293 3.4, modulo 2^32).
+#[must_use]
+pub const fn seq_after(a: u32, b: u32) -> bool {
+    #[expect(
+        clippy::cast_possible_wrap,
+        reason = "the sign of the distance is the order"
+    )]
+    let d = a.wrapping_sub(b) as i32;
+    d > 0
 }
 
 /// 32-bit hash of a flow key with a per-attach seed (murmur3's finaliser
@@ -1017,6 +1049,49 @@ mod tests {
         assert_eq!(r.state, FlowState::TcpSynSent as u8);
         assert_eq!((r.own, r.peer), open_tracking(IPPROTO_TCP, &syn));
         assert_eq!(r.peer.ack, 9001);
+    }
+
+    #[test]
+    fn a_later_syn_in_syn_sent_restarts_the_tracking() {
+        let s = FlowState::TcpSynSent as u8;
+        let first = seg(TCP_SYN, 9000, 0, 1000);
+        let (ct, st) = open_tracking(IPPROTO_TCP, &first);
+        // A retransmission of the first SYN, and an older one: nothing.
+        for again in [first, seg(TCP_SYN, 8000, 0, 2000)] {
+            let r = tcp_control(s, 0, true, ct, st, &again, false);
+            assert_eq!(
+                (r.state, r.own, r.peer, r.out_of_window),
+                (s, ct, st, false)
+            );
+        }
+        // The client starts over from the same port with a later ISN.
+        let second = seg(TCP_SYN, 70_000, 0, 3000);
+        let r = tcp_control(s, 0, true, ct, st, &second, false);
+        assert!(!r.out_of_window);
+        assert_eq!(r.state, s);
+        assert_eq!((r.own, r.peer), open_tracking(IPPROTO_TCP, &second));
+        // Its answer establishes the flow; an answer to the first SYN does
+        // not any more.
+        let late = seg(TCP_SYN | TCP_ACK, 5000, 9001, 65160);
+        let stale = tcp_control(s, 0, false, r.peer, r.own, &late, false);
+        assert!(stale.out_of_window);
+        assert_eq!(stale.state, s);
+        let synack = seg(TCP_SYN | TCP_ACK, 5000, 70_001, 65160);
+        let est = tcp_control(s, 0, false, r.peer, r.own, &synack, false);
+        assert!(!est.out_of_window);
+        assert_eq!(est.state, FlowState::TcpEstablished as u8);
+        // Across the wrap of sequence numbers too.
+        let wrapped = seg(TCP_SYN, 5, 0, 3000);
+        let (hi_c, hi_s) = open_tracking(IPPROTO_TCP, &seg(TCP_SYN, u32::MAX - 10, 0, 1000));
+        let r = tcp_control(s, 0, true, hi_c, hi_s, &wrapped, false);
+        assert_eq!(r.peer.ack, 6);
+        // Only the opening side's plain SYN: not a SYN from the answering
+        // side, nor once the flow is established.
+        let from_reply = tcp_control(s, 0, false, st, ct, &second, false);
+        assert_eq!(from_reply.own, st);
+        let (es, ef, c, sv) = handshake(9000, 5000, NO_WSCALE, NO_WSCALE);
+        let r = tcp_control(es, ef, true, c, sv, &second, false);
+        assert_eq!((r.state, r.own, r.peer), (es, c, sv));
     }
 
     #[test]

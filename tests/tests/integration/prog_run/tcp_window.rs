@@ -253,3 +253,66 @@ fn rst_answering_a_syn_closes_only_with_its_ack() {
         }
     });
 }
+
+/// A client that starts over from the same port before any answer (a new
+/// SYN with a later ISN while the flow is `SYN_SENT`): the answer to the
+/// new SYN establishes the flow, one to the old SYN does not.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_new_syn_in_syn_sent_is_the_one_answered() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f = Flow::masq(tcp_key(CLIENT, 41002, SERVER, 82), 41002);
+        let second_isn = C_ISN.wrapping_add(0x0100_0000);
+        for (what, isn, events) in [
+            ("SYN", C_ISN, &[Counter::FlowNewMasquerade][..]),
+            ("SYN with a later ISN", second_isn, &[][..]),
+        ] {
+            let syn = Ipv4::new(CLIENT, SERVER, seg(41002, 82, TCP_SYN, isn, 0, 64240));
+            r.redirect(
+                what,
+                &env.client_sends(&syn),
+                lan,
+                &env.to_server(&snat(&syn, 41002)),
+                Counter::FwdOutbound,
+                events,
+            );
+            assert_eq!(
+                r.raw_entry(&f.reply()).tcp.ack,
+                isn.wrapping_add(1),
+                "{what}"
+            );
+        }
+        for (what, ack, events, want) in [
+            (
+                "SYN+ACK to the first SYN",
+                C_ISN.wrapping_add(1),
+                &[Counter::TcpOutOfWindow][..],
+                FlowState::TcpSynSent,
+            ),
+            (
+                "SYN+ACK to the second SYN",
+                second_isn.wrapping_add(1),
+                &[][..],
+                FlowState::TcpEstablished,
+            ),
+        ] {
+            let synack = Ipv4::new(
+                SERVER,
+                WAN,
+                seg(82, 41002, TCP_SYN | TCP_ACK, S_ISN, ack, 65160),
+            );
+            r.redirect(
+                what,
+                &env.server_sends(&synack),
+                wan,
+                &env.to_client(&dnat(&synack, CLIENT, 41002)),
+                Counter::FwdInbound,
+                events,
+            );
+            assert_eq!(r.get(&f.orig).state, want as u8, "{what}");
+            assert_eq!(r.get(&f.reply()).state, want as u8, "{what}");
+        }
+    });
+}

@@ -203,3 +203,64 @@ fn rst_and_fin6_only_in_the_receivers_window() {
         assert_eq!(state(r), (FlowState::TcpClosed, FLAG_FIN_ORIG));
     });
 }
+
+/// As IPv4's `a_new_syn_in_syn_sent_is_the_one_answered`: a client that
+/// starts over from the same port with a later ISN before any answer gets
+/// its flow established by the answer to the new SYN only.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_new_syn6_in_syn_sent_is_the_one_answered() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let orig = FlowKey6::new(c, s, 41002, 82, IPPROTO_TCP);
+        let second_isn = C_ISN.wrapping_add(0x0100_0000);
+        for (what, isn, events) in [
+            ("SYN", C_ISN, &[Counter::Flow6NewOutbound][..]),
+            ("SYN with a later ISN", second_isn, &[][..]),
+        ] {
+            let ip = Ipv6::tcp(c, s, &seg(41002, 82, TCP_SYN, isn, 0, 64240));
+            r.redirect(
+                what,
+                &from_client(&env, &ip),
+                lan,
+                &to_server(&env, &ip),
+                Counter::Fwd6Outbound,
+                events,
+            );
+            assert_eq!(
+                r.conntrack6()[&orig.reversed()].tcp.ack,
+                isn.wrapping_add(1),
+                "{what}"
+            );
+        }
+        for (what, ack, events, want) in [
+            (
+                "SYN+ACK to the first SYN",
+                C_ISN.wrapping_add(1),
+                &[Counter::TcpOutOfWindow][..],
+                FlowState::TcpSynSent,
+            ),
+            (
+                "SYN+ACK to the second SYN",
+                second_isn.wrapping_add(1),
+                &[][..],
+                FlowState::TcpEstablished,
+            ),
+        ] {
+            let ip = Ipv6::tcp(s, c, &seg(82, 41002, TCP_SYN | TCP_ACK, S_ISN, ack, 65160));
+            r.redirect(
+                what,
+                &from_server(&env, &ip),
+                wan,
+                &to_client(&env, &ip),
+                Counter::Fwd6Inbound,
+                events,
+            );
+            let ct = r.conntrack6();
+            assert_eq!(ct[&orig].state, want as u8, "{what}");
+            assert_eq!(ct[&orig.reversed()].state, want as u8, "{what}");
+        }
+    });
+}
