@@ -15,7 +15,8 @@
 //!   compares frames' destinations with the MAC attach wrote, so it passes
 //!   every frame to the kernel until attach runs again;
 //! - standalone mode: the router's own sockets taking local ports
-//!   (`net.ipv4.ip_local_port_range`) inside XDP's `--port-range`.
+//!   (`net.ipv4.ip_local_port_range`, less `ip_local_reserved_ports`) inside
+//!   XDP's `--port-range`.
 
 use std::{
     fs,
@@ -626,15 +627,21 @@ pub fn attach_warnings(lan: &str, wan: &str) -> Vec<String> {
     checks(&[lan.to_owned(), wan.to_owned()], Path::new("/nonexistent"))
         .into_iter()
         .filter(|c| matches!(c.level, Level::Warn | Level::Fail) && c.name != "xdp-program")
-        .map(|c| {
-            format!(
-                "{}: {}{}",
-                c.iface,
-                c.detail,
-                c.fix.map_or(String::new(), |f| format!(" (fix: {f})"))
-            )
-        })
+        .map(Check::line)
         .collect()
+}
+
+impl Check {
+    /// The check as one line of a command's warnings: where, what, the fix.
+    #[must_use]
+    pub fn line(self) -> String {
+        format!(
+            "{}: {}{}",
+            self.iface,
+            self.detail,
+            self.fix.map_or(String::new(), |f| format!(" (fix: {f})"))
+        )
+    }
 }
 
 /// The router's netfilter forward rules, which standalone mode
@@ -744,6 +751,10 @@ fn unfollowed_virtual_macs(accepted: usize, macvlans: &[String]) -> Option<Check
 /// sockets (`net.ipv4.ip_local_port_range`, one per namespace).
 const LOCAL_PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
 
+/// The ports this namespace's sockets never take automatically (an
+/// explicit `bind` still may): `net.ipv4.ip_local_reserved_ports`.
+const LOCAL_RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
 /// `LOW\tHIGH` of [`LOCAL_PORT_RANGE`].
 fn parse_local_port_range(s: &str) -> Option<(u16, u16)> {
     let mut it = s.split_ascii_whitespace().map(str::parse::<u16>);
@@ -751,6 +762,21 @@ fn parse_local_port_range(s: &str) -> Option<(u16, u16)> {
         (Some(Ok(lo)), Some(Ok(hi)), None) if lo <= hi => Some((lo, hi)),
         _ => None,
     }
+}
+
+/// `8080,9000-9100` of [`LOCAL_RESERVED_PORTS`] (an empty line: none).
+fn parse_reserved_ports(s: &str) -> Option<Vec<(u16, u16)>> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Some(Vec::new());
+    }
+    s.split(',')
+        .map(|r| {
+            let (lo, hi) = r.split_once('-').unwrap_or((r, r));
+            let (lo, hi) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+            (lo <= hi).then_some((lo, hi))
+        })
+        .collect()
 }
 
 /// Standalone mode only (`--admit xdp`; in offload mode the kernel's NAT
@@ -768,10 +794,17 @@ pub fn local_ports_check(netns: Option<&str>, pin_dir: &Path) -> Option<Check> {
         .ok()
         .flatten()
         .and_then(|r| r.config.kernel_nat_ports);
-    let xdp = (cfg.port_min, cfg.port_max);
+    Some(local_ports_now((cfg.port_min, cfg.port_max), kernel_nat))
+}
+
+/// The local-ports check of standalone mode for XDP's ports `xdp` and the
+/// kernel NAT's `kernel_nat`, against this namespace's sysctls as they are
+/// (also what `attach` warns of before it turns the fast path on).
+#[must_use]
+pub fn local_ports_now(xdp: (u16, u16), kernel_nat: Option<(u16, u16)>) -> Check {
     let text = fs::read_to_string(LOCAL_PORT_RANGE);
     let Some(local) = text.as_deref().ok().and_then(parse_local_port_range) else {
-        return Some(Check {
+        return Check {
             iface: "sysctl".into(),
             name: "local-ports",
             level: Level::Warn,
@@ -783,9 +816,25 @@ pub fn local_ports_check(netns: Option<&str>, pin_dir: &Path) -> Option<Check> {
                 xdp.1
             ),
             fix: None,
-        });
+        };
     };
-    Some(local_ports(xdp, local, kernel_nat))
+    // Without the file (an old kernel) nothing is reserved.
+    let reserved = fs::read_to_string(LOCAL_RESERVED_PORTS)
+        .ok()
+        .and_then(|t| parse_reserved_ports(&t))
+        .unwrap_or_default();
+    local_ports(xdp, local, &reserved, kernel_nat)
+}
+
+/// How many ports of `local` inside `xdp` are not `reserved`: those the
+/// router's own sockets may take automatically.
+fn shared_unreserved(xdp: (u16, u16), local: (u16, u16), reserved: &[(u16, u16)]) -> u32 {
+    let (lo, hi) = (xdp.0.max(local.0), xdp.1.min(local.1));
+    if lo > hi {
+        return 0;
+    }
+    let reserved_port = |p: u16| reserved.iter().any(|&(a, b)| (a..=b).contains(&p));
+    (lo..=hi).filter(|&p| !reserved_port(p)).map(|_| 1).sum()
 }
 
 /// The ports to give the router's own sockets, outside XDP's `xdp`: the
@@ -810,23 +859,39 @@ fn ports_outside(xdp: (u16, u16), kernel_nat: Option<(u16, u16)>) -> Option<(u16
 /// sockets (the kernel's default range has 28,232).
 const MIN_LOCAL_PORTS: u32 = 1024;
 
-/// The router's own local ports `local` against XDP's `xdp` in
-/// standalone mode: a warning if they overlap, with a range outside XDP's.
-fn local_ports(xdp: (u16, u16), local: (u16, u16), kernel_nat: Option<(u16, u16)>) -> Check {
+/// The router's own local ports `local` (less the `reserved` ones)
+/// against XDP's `xdp` in standalone mode: a warning if they overlap, with
+/// a range outside XDP's.
+fn local_ports(
+    xdp: (u16, u16),
+    local: (u16, u16),
+    reserved: &[(u16, u16)],
+    kernel_nat: Option<(u16, u16)>,
+) -> Check {
     let (name, iface) = ("local-ports", "sysctl".to_owned());
-    if !standalone::overlap(xdp, local) {
+    let shared = shared_unreserved(xdp, local, reserved);
+    if shared == 0 {
         return Check {
             iface,
             name,
             level: Level::Ok,
             detail: format!(
                 "the router's own sockets take local ports {}-{} \
-                 (net.ipv4.ip_local_port_range), outside XDP's {}-{}",
-                local.0, local.1, xdp.0, xdp.1
+                 (net.ipv4.ip_local_port_range), outside XDP's {}-{}{}",
+                local.0,
+                local.1,
+                xdp.0,
+                xdp.1,
+                if standalone::overlap(xdp, local) {
+                    " but for reserved ones (net.ipv4.ip_local_reserved_ports)"
+                } else {
+                    ""
+                }
             ),
             fix: None,
         };
     }
+    let all_shared = u32::from(xdp.1.min(local.1) - xdp.0.max(local.0)) + 1;
     let fix = match ports_outside(xdp, kernel_nat) {
         Some((lo, hi)) => format!(
             "sysctl -w net.ipv4.ip_local_port_range=\"{lo} {hi}\" in the router's namespace \
@@ -848,10 +913,18 @@ fn local_ports(xdp: (u16, u16), local: (u16, u16), kernel_nat: Option<(u16, u16)
         level: Level::Warn,
         detail: format!(
             "the router's own sockets (resolver, NTP, a VPN client) take local ports {}-{} \
-             (net.ipv4.ip_local_port_range), which overlap XDP's --port-range {}-{}: XDP \
+             (net.ipv4.ip_local_port_range), which overlap XDP's --port-range {}-{}{}: XDP \
              does not know them, so the router and a LAN host can pick the same WAN tuple \
              towards the same server, and the server's replies then go to the LAN host",
-            local.0, local.1, xdp.0, xdp.1
+            local.0,
+            local.1,
+            xdp.0,
+            xdp.1,
+            if shared < all_shared {
+                format!(" in {shared} port(s) not reserved (net.ipv4.ip_local_reserved_ports)")
+            } else {
+                String::new()
+            }
         ),
         fix: Some(fix),
     }
@@ -917,7 +990,7 @@ mod tests {
             standalone::DEFAULT_KERNEL_PORTS,
         );
         // Linux's default range, inside XDP's default one.
-        let c = local_ports(xdp, (32768, 60999), Some(kernel));
+        let c = local_ports(xdp, (32768, 60999), &[], Some(kernel));
         assert_eq!((c.level, c.name), (Level::Warn, "local-ports"));
         assert!(
             c.detail.contains("32768-60999") && c.detail.contains("1024-60999"),
@@ -930,27 +1003,70 @@ mod tests {
             "{fix}"
         );
         // Edges: one shared port warns, the next one up does not.
-        assert_eq!(local_ports(xdp, (60999, 65535), None).level, Level::Warn);
-        assert_eq!(local_ports(xdp, (61000, 65535), None).level, Level::Ok);
         assert_eq!(
-            local_ports((2000, 3000), (1024, 1999), None).level,
+            local_ports(xdp, (60999, 65535), &[], None).level,
+            Level::Warn
+        );
+        assert_eq!(local_ports(xdp, (61000, 65535), &[], None).level, Level::Ok);
+        assert_eq!(
+            local_ports((2000, 3000), (1024, 1999), &[], None).level,
             Level::Ok
         );
         assert_eq!(
-            local_ports((2000, 3000), (1024, 2000), None).level,
+            local_ports((2000, 3000), (1024, 2000), &[], None).level,
             Level::Warn
         );
         // Inside XDP's, or around it.
-        assert_eq!(local_ports(xdp, (40000, 40010), None).level, Level::Warn);
         assert_eq!(
-            local_ports((40000, 40010), (1024, 65535), None).level,
+            local_ports(xdp, (40000, 40010), &[], None).level,
+            Level::Warn
+        );
+        assert_eq!(
+            local_ports((40000, 40010), (1024, 65535), &[], None).level,
             Level::Warn
         );
     }
 
     #[test]
+    fn reserved_ports_are_not_the_routers_to_take() {
+        let (xdp, local) = ((1024, 60999), (32768, 60999));
+        let c = local_ports(xdp, local, &[(32768, 60999)], None);
+        assert_eq!(c.level, Level::Ok, "{}", c.detail);
+        assert!(c.detail.contains("ip_local_reserved_ports"), "{}", c.detail);
+        // Reserved in two pieces, with one port left between them.
+        let c = local_ports(xdp, local, &[(30000, 40000), (40002, 61000)], None);
+        assert_eq!(c.level, Level::Warn);
+        assert!(
+            c.detail.contains("in 1 port(s) not reserved"),
+            "{}",
+            c.detail
+        );
+        assert_eq!(
+            local_ports(xdp, local, &[(30000, 40000), (40001, 61000)], None).level,
+            Level::Ok
+        );
+        // Reserved ports elsewhere change nothing.
+        let c = local_ports(xdp, local, &[(8080, 8080)], None);
+        assert!(!c.detail.contains("reserved"), "{}", c.detail);
+        assert_eq!(shared_unreserved(xdp, local, &[]), 28232);
+        assert_eq!(shared_unreserved((1024, 2000), local, &[]), 0);
+    }
+
+    #[test]
+    fn reserved_ports_parse_as_the_kernel_writes_them() {
+        assert_eq!(parse_reserved_ports("\n"), Some(vec![]));
+        assert_eq!(
+            parse_reserved_ports("8080,9000-9100\n"),
+            Some(vec![(8080, 8080), (9000, 9100)])
+        );
+        for bad in ["a", "9100-9000", "1,", "70000"] {
+            assert_eq!(parse_reserved_ports(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn the_fix_gives_the_router_ports_outside_xdps() {
-        let fix = |xdp, kernel| local_ports(xdp, (1024, 65535), kernel).fix.unwrap();
+        let fix = |xdp, kernel| local_ports(xdp, (1024, 65535), &[], kernel).fix.unwrap();
         // The kernel NAT's ports, when they are outside XDP's.
         assert!(fix((1024, 40000), Some((50000, 51999))).contains("\"50000 51999\""));
         // Without a kernel NAT: the ports above XDP's, else below.

@@ -42,6 +42,7 @@ use crate::{
     clock,
     config::{self, AdmitMode, AttachArgs, RouterConfig},
     ctx::Ctx,
+    doctor,
     inspect::inspect,
     object::Object,
     pins::ensure_bpffs,
@@ -105,6 +106,13 @@ pub fn attach(
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     if standalone_mode {
         check_firewall(a.force)?;
+        let ports = doctor::local_ports_now(
+            (desired.port_min, desired.port_max),
+            desired.kernel_nat_ports,
+        );
+        if ports.level != doctor::Level::Ok {
+            warn!("{}", ports.line());
+        }
     }
     let obj = Object::load(a.object.as_deref())?;
     ensure_bpffs()?;

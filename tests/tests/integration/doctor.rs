@@ -183,12 +183,15 @@ fn doctor_reports_a_mac_changed_since_attach() {
 
 /// Standalone mode: with Linux's default `ip_local_port_range`
 /// (32768-60999) in the router's namespace, its own sockets take ports
-/// inside XDP's default range (1024-60999), so doctor warns and gives the
-/// kernel NAT's ports as the fix; with those set, the warning is gone.
+/// inside XDP's default range (1024-60999), so attach and doctor warn and
+/// give the kernel NAT's ports as the fix; ports reserved from automatic
+/// use (`ip_local_reserved_ports`) do not count; with the fix set, the
+/// warning is gone.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn doctor_warns_of_the_routers_own_ports_inside_xdps() {
     const SYSCTL: &str = "net.ipv4.ip_local_port_range";
+    const RESERVED: &str = "net.ipv4.ip_local_reserved_ports";
     let t = Topology::new();
     // Not attached: nothing to compare with.
     let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
@@ -200,7 +203,14 @@ fn doctor_warns_of_the_routers_own_ports_inside_xdps() {
             .any(|c| c["name"] == "local-ports"),
         "{v}"
     );
-    attach_and_print(&t, &[]);
+    t.warm_neighbours();
+    let out = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let warned = stderr(&out);
+    assert!(
+        warned.contains("ip_local_port_range") && warned.contains("overlap XDP's --port-range"),
+        "attach warns: {warned}"
+    );
     let range = t.exec_ok(Ns::Router, &["sysctl", "-n", SYSCTL]);
     assert_eq!(
         range.split_whitespace().collect::<Vec<_>>(),
@@ -225,6 +235,27 @@ fn doctor_warns_of_the_routers_own_ports_inside_xdps() {
         "{c}"
     );
 
+    // Reserved ports are not taken automatically: half of the shared ones
+    // reserved still warns, all of them does not.
+    for (reserved, level) in [("8080,46000-60999", "warn"), ("32768-60999", "ok")] {
+        t.exec_ok(
+            Ns::Router,
+            &["sysctl", "-w", &format!("{RESERVED}={reserved}")],
+        );
+        let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+        let c = check(&v, "sysctl", "local-ports");
+        assert_eq!(c["level"], level, "{reserved}: {c}");
+        if level == "warn" {
+            assert!(
+                c["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("in 13232 port(s) not reserved"),
+                "{c}"
+            );
+        }
+    }
+    t.exec_ok(Ns::Router, &["sysctl", "-w", &format!("{RESERVED}=")]);
     t.exec_ok(
         Ns::Router,
         &["sysctl", "-w", &format!("{SYSCTL}=61000 65535")],
