@@ -139,6 +139,11 @@ fn standalone_path(t: &Topology) -> PathRun {
     println!(
         "\n== XDP path: router-ctl attach {LAN_IF} {WAN_IF} --admit xdp (standalone, no iptables NAT) =="
     );
+    // What a router owner sets first (attach and doctor warn otherwise):
+    // the router's own sockets take the kernel NAT's ports, outside XDP's.
+    let own_ports = "net.ipv4.ip_local_port_range=61000 65535";
+    t.exec_ok(Ns::Router, &["sysctl", "-qw", own_ports]);
+    println!("sysctl -w {own_ports} (the router's own sockets, outside XDP's ports)");
     println!(
         "{}",
         t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"])
