@@ -645,10 +645,14 @@ impl Check {
 }
 
 /// The router's netfilter forward rules, which standalone mode
-/// (`--admit xdp`) would bypass (offload mode keeps them in charge).
-/// Reported under the name `netfilter`.
+/// (`--admit xdp`) would bypass (offload mode keeps them in charge: on a
+/// router attached in offload mode they are fine). Reported under the
+/// name `netfilter`.
 #[must_use]
-pub fn firewall_checks() -> Vec<Check> {
+pub fn firewall_checks(pin_dir: &Path) -> Vec<Check> {
+    let offload = PinnedMaps::at(pin_dir)
+        .read_config()
+        .is_ok_and(|c| c.lan_ifindex != 0 && c.admit == Admit::Kernel as u8);
     let (chains, notes) = standalone::forward_chains();
     let mut out: Vec<Check> = notes
         .into_iter()
@@ -670,6 +674,19 @@ pub fn firewall_checks() -> Vec<Check> {
         });
     }
     for c in chains {
+        if offload {
+            out.push(Check {
+                iface: "netfilter".into(),
+                name: "forward-rules",
+                level: Level::Ok,
+                detail: format!(
+                    "{}: in charge (offload mode: the kernel admits every flow)",
+                    c.describe()
+                ),
+                fix: None,
+            });
+            continue;
+        }
         out.push(Check {
             iface: "netfilter".into(),
             name: "forward-rules",
@@ -942,7 +959,7 @@ pub fn doctor(
     let mut cs = checks(ifaces, pin_dir);
     cs.extend(vrrp_daemon_check(pin_dir, daemon_running));
     cs.extend(local_ports_check(netns, pin_dir));
-    cs.extend(firewall_checks());
+    cs.extend(firewall_checks(pin_dir));
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
         println!("{}", json!({"checks": cs, "ok": !failed}));

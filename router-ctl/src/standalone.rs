@@ -318,7 +318,8 @@ pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
     for item in items {
         let Some(c) = item.get("chain") else { continue };
         let family = s(c, "family");
-        if s(c, "hook") != "forward" || !matches!(family.as_str(), "ip" | "inet") {
+        // Standalone mode admits IPv6 flows too: `ip6` chains count.
+        if s(c, "hook") != "forward" || !matches!(family.as_str(), "ip" | "ip6" | "inet") {
             continue;
         }
         let (table, name) = (s(c, "table"), s(c, "name"));
@@ -375,25 +376,29 @@ pub fn forward_chains() -> (Vec<ForwardChain>, Vec<String>) {
         },
         Err(e) => notes.push(format!("nftables not checked: {e:#}")),
     }
-    // Listing a legacy table that is not there would create it: look first.
-    let legacy_filter = fs::read_to_string("/proc/net/ip_tables_names")
-        .is_ok_and(|t| t.lines().any(|l| l.trim() == "filter"));
-    if legacy_filter {
-        match Command::new("iptables-legacy")
-            .args(["-w", "-S", "FORWARD"])
-            .output()
-        {
+    for (names, tool) in [
+        ("/proc/net/ip_tables_names", "iptables-legacy"),
+        ("/proc/net/ip6_tables_names", "ip6tables-legacy"),
+    ] {
+        // Listing a legacy table that is not there would create it: look
+        // first.
+        let legacy_filter =
+            fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == "filter"));
+        if !legacy_filter {
+            continue;
+        }
+        match Command::new(tool).args(["-w", "-S", "FORWARD"]).output() {
             Ok(o) if o.status.success() => out.extend(iptables_forward_chain(
-                "iptables-legacy",
+                tool,
                 &String::from_utf8_lossy(&o.stdout),
             )),
             Ok(o) => notes.push(format!(
-                "iptables-legacy -S FORWARD failed: {}",
+                "{tool} -S FORWARD failed: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
             )),
             Err(e) => notes.push(format!(
-                "a legacy iptables filter table exists but iptables-legacy cannot run ({e}); \
-                 its FORWARD chain was not checked"
+                "a legacy {tool} filter table exists but {tool} cannot run ({e}); its FORWARD \
+                 chain was not checked"
             )),
         }
     }
@@ -466,15 +471,20 @@ mod tests {
             {"rule":{"family":"ip","table":"t2","chain":"f","expr":[]}},
             {"rule":{"family":"ip","table":"t2","chain":"f","expr":[]}},
             {"chain":{"family":"ip","table":"xdp_router","name":"postrouting","hook":"postrouting"}},
+            {"chain":{"family":"ip6","table":"fw6","name":"fwd","hook":"forward","policy":"drop"}},
+            {"chain":{"family":"bridge","table":"br","name":"fwd","hook":"forward","policy":"drop"}},
             {"chain":{"family":"inet","table":"fw","name":"in","hook":"input","policy":"drop"}}]}"#,
         )
         .unwrap();
         let c = nft_forward_chains(&v);
-        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(c.len(), 3, "{c:?}");
         assert_eq!(c[0].chain, "table inet fw chain fwd");
         assert!(c[0].policy_drop);
         assert_eq!((c[1].rules, c[1].policy_drop), (2, false));
         assert!(c[1].describe().contains("2 rules"));
+        // IPv6's: standalone admits IPv6 flows too. A bridge's do not
+        // see routed traffic.
+        assert_eq!(c[2].chain, "table ip6 fw6 chain fwd");
     }
 
     #[test]

@@ -319,10 +319,11 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
     assert_eq!(xlat, vec![format!("{ROUTER_WAN_ADDR}:43000")], "{xlat:?}");
 }
 
-/// nftables forward chain with policy drop, then an iptables-legacy
-/// FORWARD rule: standalone attach refuses (naming the chain and the fix),
-/// changes nothing, doctor reports the chain; `--force` attaches; offload
-/// mode attaches without complaint.
+/// nftables forward chains with policy drop (IPv4 and IPv6), then
+/// iptables-legacy and ip6tables-legacy FORWARD rules: standalone attach
+/// refuses (naming the chain and the fix), changes nothing, doctor reports
+/// the chain; `--force` attaches; offload mode attaches without complaint
+/// and doctor finds the rules in charge.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn attach_refuses_over_forward_rules_unless_forced() {
@@ -359,6 +360,35 @@ fn attach_refuses_over_forward_rules_unless_forced() {
     );
     refuse("nftables", "table inet fw chain forward");
     t.exec_ok(Ns::Router, &["nft", "delete", "table", "inet", "fw"]);
+    // Standalone mode admits IPv6 flows itself: an IPv6-only firewall
+    // counts as much.
+    t.exec_ok(Ns::Router, &["nft", "add", "table", "ip6", "fw6"]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "nft",
+            "add chain ip6 fw6 forward { type filter hook forward priority 0; policy drop; }",
+        ],
+    );
+    refuse("nftables ip6", "table ip6 fw6 chain forward");
+    t.exec_ok(Ns::Router, &["nft", "delete", "table", "ip6", "fw6"]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip6tables-legacy",
+            "-A",
+            "FORWARD",
+            "-i",
+            LAN_IF,
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    refuse(
+        "ip6tables-legacy",
+        "ip6tables-legacy table filter chain FORWARD",
+    );
+    t.exec_ok(Ns::Router, &["ip6tables-legacy", "-F", "FORWARD"]);
 
     t.exec_ok(
         Ns::Router,
@@ -376,8 +406,18 @@ fn attach_refuses_over_forward_rules_unless_forced() {
         "iptables-legacy",
         "iptables-legacy table filter chain FORWARD",
     );
-    // Offload mode keeps the firewall in charge: nothing to refuse.
+    // Offload mode keeps the firewall in charge: nothing to refuse, and
+    // doctor does not warn of it.
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let d = t.router_ctl_ok(&["doctor", LAN_IF, WAN_IF]);
+    let line = d
+        .lines()
+        .find(|l| l.contains("forward-rules"))
+        .unwrap_or_else(|| panic!("no forward-rules check: {d}"));
+    assert!(
+        line.contains("[ok]") && line.contains("in charge"),
+        "offload mode: {line}"
+    );
     t.router_ctl_ok(&["detach"]);
     t.exec_ok(Ns::Router, &["iptables-legacy", "-F", "FORWARD"]);
     // No forward rules: doctor says so.
