@@ -322,6 +322,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
         };
         if let Some(l) = r.link() {
             mtus.push((iface.clone(), l.mtu));
+            r.forwarding();
             r.driver();
             r.programs(&l, &ours);
             if l.kind.as_deref() == Some("veth") {
@@ -392,6 +393,42 @@ impl Report<'_> {
             (!l.up).then(|| format!("ip link set dev {iface} up")),
         );
         Some(l)
+    }
+
+    /// Whether the kernel forwards what arrives on the interface: with
+    /// forwarding off, `bpf_fib_lookup` answers "forwarding disabled" for
+    /// every packet from it (counted `pass_fib_forwarding_disabled`), the
+    /// data path passes it, and the kernel drops it (Debian's default).
+    /// IPv4's is needed, IPv6's only to route IPv6.
+    fn forwarding(&mut self) {
+        let iface = self.iface;
+        let read = |family: &str| {
+            fs::read_to_string(format!("/proc/sys/net/{family}/conf/{iface}/forwarding"))
+                .ok()
+                .map(|t| t.trim() != "0")
+        };
+        match read("ipv4") {
+            Some(true) => self.add("forwarding", Level::Ok, "IPv4 forwarding on".into(), None),
+            Some(false) => self.add(
+                "forwarding",
+                Level::Warn,
+                "IPv4 forwarding is off: nothing that arrives here is routed, by XDP or the \
+                 kernel (counted pass_fib_forwarding_disabled)"
+                    .into(),
+                Some("sysctl -w net.ipv4.ip_forward=1, and in /etc/sysctl.d to keep it".into()),
+            ),
+            None => {}
+        }
+        if read("ipv6") == Some(false) {
+            self.add(
+                "forwarding",
+                Level::Ok,
+                "IPv6 forwarding is off: IPv6 is not routed (to route it: sysctl -w \
+                 net.ipv6.conf.all.forwarding=1)"
+                    .into(),
+                None,
+            );
+        }
     }
 
     /// Whether the driver is known to support native XDP.

@@ -265,3 +265,50 @@ fn doctor_warns_of_the_routers_own_ports_inside_xdps() {
     assert_eq!(c["level"], "ok", "{c}");
     assert!(c["fix"].is_null(), "{c}");
 }
+
+/// IPv4 forwarding off on the LAN interface (Debian's default for every
+/// interface): attach and doctor warn and name the sysctl; the data path
+/// passes what arrives there (`pass_fib_forwarding_disabled`) and nothing
+/// reaches the server; with forwarding on, the check is fine and pings
+/// go through.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn attach_and_doctor_warn_when_forwarding_is_off() {
+    let t = Topology::new();
+    let lan_forwarding = format!("net.ipv4.conf.{LAN_IF}.forwarding");
+    t.exec_ok(
+        Ns::Router,
+        &["sysctl", "-qw", &format!("{lan_forwarding}=0")],
+    );
+    t.warm_neighbours();
+    let out = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let warned = stderr(&out);
+    assert!(
+        warned.contains("IPv4 forwarding is off") && warned.contains("net.ipv4.ip_forward=1"),
+        "attach warns: {warned}"
+    );
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    let c = check(&v, LAN_IF, "forwarding");
+    assert_eq!(c["level"], "warn", "{c}");
+    assert_eq!(check(&v, WAN_IF, "forwarding")["level"], "ok", "{v}");
+
+    let before = t.stats();
+    assert!(
+        !t.ping(Ns::Client, tests::SERVER_ADDR, 2),
+        "a ping was routed with forwarding off"
+    );
+    let after = t.stats();
+    assert!(
+        counter_delta(&before, &after, "pass_fib_forwarding_disabled") >= 2,
+        "{after}"
+    );
+
+    t.exec_ok(
+        Ns::Router,
+        &["sysctl", "-qw", &format!("{lan_forwarding}=1")],
+    );
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(check(&v, LAN_IF, "forwarding")["level"], "ok", "{v}");
+    assert!(t.ping(Ns::Client, tests::SERVER_ADDR, 2), "forwarding on");
+}
