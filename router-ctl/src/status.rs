@@ -165,6 +165,19 @@ pub fn diagnose(
     }
 }
 
+/// An attached router in offload mode whose daemon does not run: its
+/// fast path carries no flow (only the daemon moves them there), which a
+/// monitor reading the exit status must see.
+fn offload_without_daemon(v: &Value) -> Option<String> {
+    let healthy_else = matches!(v["state"].as_str(), Some("attached" | "degraded"));
+    (healthy_else && v["admit"] == "kernel" && v["daemon"]["running"] != true).then(|| {
+        "offload mode without its daemon: the fast path carries no flow (every packet \
+             takes the kernel path); start it (`systemctl start xdp-router`, or `router-ctl \
+             run`)"
+            .to_owned()
+    })
+}
+
 fn maps_json(ctx: &Ctx) -> Value {
     let mut m = serde_json::Map::new();
     let maps = ctx.maps();
@@ -257,6 +270,12 @@ pub fn status_json(ctx: &Ctx) -> Value {
         v["admit"] = json!(r.config.admit.name());
         v["filtering"] = json!(r.config.filtering.name());
         v["daemon"] = daemon::health_json(ctx.ns());
+        if let Some(problem) = offload_without_daemon(&v) {
+            v["state"] = json!("degraded");
+            if let Some(p) = v["problems"].as_array_mut() {
+                p.push(json!(problem));
+            }
+        }
     } else {
         // Detached: a daemon still running waits for the next attach.
         let d = daemon::health_json(ctx.ns());
@@ -412,6 +431,17 @@ pub fn status(ctx: &Ctx, json: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offload_mode_needs_its_daemon() {
+        let v = |state: &str, admit: &str, running: bool| json!({"state": state, "admit": admit, "daemon": {"running": running}});
+        assert!(offload_without_daemon(&v("attached", "kernel", false)).is_some());
+        assert!(offload_without_daemon(&v("attached", "kernel", true)).is_none());
+        assert!(offload_without_daemon(&v("attached", "xdp", false)).is_none());
+        assert!(offload_without_daemon(&v("degraded", "kernel", false)).is_some());
+        // Already a problem of its own: the first one stays the verdict.
+        assert!(offload_without_daemon(&v("inconsistent", "kernel", false)).is_none());
+    }
 
     #[test]
     fn nothing_pinned() {

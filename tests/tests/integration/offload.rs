@@ -423,7 +423,19 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
         out.contains("kernel"),
         "attach does not say offload mode: {out}"
     );
+    // Without its daemon offload mode carries nothing: status says so in
+    // its exit code too (a monitor reads that).
+    let (v, code) = crate::ctl::status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
+    assert!(
+        v["problems"]
+            .to_string()
+            .contains("offload mode without its daemon"),
+        "{v}"
+    );
     let daemon = Daemon::start(&t, &[]);
+    let (v, code) = crate::ctl::status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
     wait_for(
         "the early stream to be offloaded",
         Duration::from_secs(5),
