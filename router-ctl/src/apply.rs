@@ -13,6 +13,7 @@ use router_common::maps::{
 };
 use serde::Deserialize;
 use toml::Spanned;
+use tracing::warn;
 
 use crate::{
     config::{self, AdmitMode, AttachArgs, ConfigError, ConfigField, FilteringMode, Mode},
@@ -56,6 +57,10 @@ struct RouterSection {
     admit: Option<Spanned<String>>,
     #[serde(default)]
     filtering: Option<Spanned<String>>,
+    /// Standalone mode over netfilter forward rules it would bypass (what
+    /// `attach --force` does for them).
+    #[serde(default)]
+    bypass_forward_rules: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -247,6 +252,11 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
             max_flows: nat.max_flows,
             timeouts,
             force: false,
+            bypass_forward_rules: file
+                .router
+                .as_ref()
+                .and_then(|r| r.bypass_forward_rules)
+                .unwrap_or(false),
             reload: false,
             object: None,
         },
@@ -655,11 +665,31 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         d.forwards.len(),
         d.pinholes.len()
     );
+    let mut args = d.args;
+    if args.admit == AdmitMode::Xdp {
+        // Checked here too (`--check` included), so the refusal says how to
+        // bypass from the file; attach then need not check again.
+        let (chains, notes) = standalone::forward_chains();
+        for n in notes {
+            warn!("{n}");
+        }
+        if !chains.is_empty() {
+            let msg = standalone::bypass_message(
+                &chains,
+                &format!("set `bypass_forward_rules = true` in [router] of {name}"),
+            );
+            if !args.bypass_forward_rules {
+                bail!("{name} cannot be applied, nothing was changed: {msg}");
+            }
+            warn!("{name}: bypass_forward_rules = true: {msg}");
+        }
+        args.bypass_forward_rules = true;
+    }
     if check {
         println!("{name} is valid: {summary}");
         return Ok(());
     }
-    let outcome = lifecycle::attach(ctx, &d.args, &d.forwards)?;
+    let outcome = lifecycle::attach(ctx, &args, &d.forwards)?;
     let changes = {
         let _lock = state::lock(ctx.ns())?;
         let _signals = SignalsBlocked::new();

@@ -148,6 +148,10 @@ pub const OFFLOAD_FILTERING: &str = "in offload mode (admit kernel) the kernel's
 
 /// Everything `attach` (and `apply`) asks for.
 #[derive(Clone, Debug)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of one attach, each a flag of the command line"
+)]
 pub struct AttachArgs {
     pub admit: AdmitMode,
     pub filtering: FilteringMode,
@@ -163,9 +167,11 @@ pub struct AttachArgs {
     pub kernel_nat_ports: (u16, u16),
     pub max_flows: u32,
     pub timeouts: Timeouts,
-    /// Replace an XDP program router-ctl did not attach; in standalone
-    /// mode also bypass netfilter forward rules.
+    /// Replace an XDP program router-ctl did not attach.
     pub force: bool,
+    /// Standalone mode: attach even over netfilter forward rules it would
+    /// bypass (`--force`, or `bypass_forward_rules` in an `apply` file).
+    pub bypass_forward_rules: bool,
     /// Replace the program even when object and configuration are unchanged.
     pub reload: bool,
     /// Load this object instead of the embedded one (hidden, for tests).
@@ -390,6 +396,7 @@ mod tests {
             max_flows: 10,
             timeouts: Timeouts::default(),
             force: false,
+            bypass_forward_rules: false,
             reload: false,
             object: None,
         }

@@ -476,6 +476,7 @@ fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
         max_flows: o.max_flows,
         timeouts,
         force: o.force,
+        bypass_forward_rules: o.force,
         reload: o.reload,
         object: o.object,
     })

@@ -405,16 +405,17 @@ pub fn forward_chains() -> (Vec<ForwardChain>, Vec<String>) {
     (out, notes)
 }
 
-/// The message for forward chains standalone mode would bypass, with the fix.
+/// The message for forward chains standalone mode would bypass, with the
+/// fix and, last, `override_how`: how this command's user bypasses them.
 #[must_use]
-pub fn bypass_message(chains: &[ForwardChain]) -> String {
+pub fn bypass_message(chains: &[ForwardChain], override_how: &str) -> String {
     let list: Vec<String> = chains.iter().map(ForwardChain::describe).collect();
     format!(
         "this router has netfilter forward rules that standalone mode (--admit xdp) would \
          bypass: {}. XDP would admit every LAN flow and every port forward itself, so those \
          rules would no longer decide. Fix: use offload mode (--admit kernel, the default; \
-         `router-ctl run` moves the flows your firewall admits onto the fast path), or pass \
-         --force to bypass them anyway",
+         `router-ctl run` moves the flows your firewall admits onto the fast path), or \
+         {override_how}",
         list.join("; ")
     )
 }

@@ -105,7 +105,7 @@ pub fn attach(
     let desired = config::resolve(a)?;
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     if standalone_mode {
-        check_firewall(a.force)?;
+        check_firewall(a.bypass_forward_rules)?;
         let ports = doctor::local_ports_now(
             (desired.port_min, desired.port_max),
             desired.kernel_nat_ports,
@@ -209,11 +209,11 @@ fn check_firewall(force: bool) -> Result<()> {
     if chains.is_empty() {
         return Ok(());
     }
-    let msg = standalone::bypass_message(&chains);
+    let msg = standalone::bypass_message(&chains, "pass --force to bypass them anyway");
     if !force {
         bail!("{msg}");
     }
-    warn!("--force: {msg}");
+    warn!("bypassing them: {msg}");
     Ok(())
 }
 

@@ -310,3 +310,55 @@ fn each_invalid_field_is_named_and_nothing_changes() {
     assert_eq!(v1["record"]["config"], v0["record"]["config"]);
     assert_eq!(rules(&t), rules0, "an invalid file changed the rules");
 }
+
+/// Standalone mode from a file on a router with a forward rule: `apply`
+/// (and `apply --check`) refuses, naming the chain and the file's key that
+/// bypasses it, and changes nothing; with `bypass_forward_rules = true` in
+/// `[router]` it applies and warns.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_file_bypasses_forward_rules_only_when_it_says_so() {
+    let t = Topology::new();
+    t.warm_neighbours();
+    t.exec_ok(Ns::Router, &["nft", "add", "table", "inet", "fw"]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "nft",
+            "add chain inet fw forward { type filter hook forward priority 0; policy drop; }",
+        ],
+    );
+    let refused = TempFile::new("fw-refused", &example_text());
+    for check in [true, false] {
+        let mut args = vec!["apply", refused.path()];
+        if check {
+            args.push("--check");
+        }
+        let o = t.router_ctl(&args);
+        let e = stderr(&o);
+        assert!(!o.status.success(), "{args:?} applied over a forward rule");
+        for needle in [
+            "table inet fw chain forward",
+            "bypass_forward_rules = true",
+            "nothing was changed",
+        ] {
+            assert!(e.contains(needle), "{args:?}: {needle:?} not in {e}");
+        }
+        assert!(!t.router_attached(), "{args:?}: pins left");
+    }
+    let text = example_text().replacen("[router]\n", "[router]\nbypass_forward_rules = true\n", 1);
+    assert!(
+        text.contains("bypass_forward_rules"),
+        "the example has no [router]"
+    );
+    let bypassing = TempFile::new("fw-bypassed", &text);
+    let o = t.router_ctl(&["apply", bypassing.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("table inet fw chain forward"),
+        "no warning: {}",
+        stderr(&o)
+    );
+    assert!(t.router_attached());
+    t.router_ctl_ok(&["detach"]);
+}
