@@ -199,6 +199,10 @@ pub struct RouterConfig {
     #[serde(default)]
     pub wan_mac: [u8; 6],
     pub wan_addr: Ipv4Addr,
+    /// `wan_addr` is the WAN's first IPv4 address (`--wan-addr auto`):
+    /// `router-ctl run` follows it when it changes (DHCP, PPP).
+    #[serde(default)]
+    pub wan_addr_auto: bool,
     pub port_min: u16,
     pub port_max: u16,
     /// Standalone mode's kernel slow-path NAT ports (`None`: no table, in
@@ -370,6 +374,7 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
         lan_mac,
         wan_mac,
         wan_addr,
+        wan_addr_auto: matches!(a.wan_addr, WanAddr::Auto),
         port_min: a.port_range.0,
         port_max: a.port_range.1,
         kernel_nat_ports,

@@ -636,6 +636,35 @@ fn flush_table<K: aya::Pod + Ord, V: aya::Pod>(
     Ok((removed, flows))
 }
 
+/// Removes both entries of every IPv4 flow translated to or from `addr`
+/// on the WAN side (masqueraded to it, or a port forward to it): what
+/// `router-ctl run` does when the WAN's address changed, as the kernel's
+/// masquerade drops its connections of a vanished address
+/// (`nf_nat_masquerade`). Their hosts' next packets open new flows, on the
+/// new address. Returns the flows removed.
+pub fn remove_translated_to(maps: &PinnedMaps, addr: [u8; 4]) -> Result<usize> {
+    let mut table = maps.conntrack()?;
+    let cap = maps::capacity(&table)?;
+    let mut flows = 0;
+    for (k, e) in snapshot(&table, cap)? {
+        if !on_the_wan_side_of(&k, &e, addr) {
+            continue;
+        }
+        match table.remove(&k) {
+            Ok(()) => flows += usize::from(e.flags & FLAG_ORIGINAL != 0),
+            Err(err) if errno(&err) == Some(libc::ENOENT) => {}
+            Err(err) => return Err(err).context("removing a conntrack entry"),
+        }
+    }
+    Ok(flows)
+}
+
+/// Whether the WAN side of the flow of entry `e` (keyed `k`) is `addr`:
+/// the entry from the WAN is addressed to it, or the other direction's is.
+fn on_the_wan_side_of(k: &FlowKey, e: &FlowEntry, addr: [u8; 4]) -> bool {
+    k.dst_addr == addr || e.peer.dst_addr == addr
+}
+
 pub fn flush(maps: &PinnedMaps) -> Result<()> {
     let mut table = maps.conntrack()?;
     let (removed, flows) = flush_table(&mut table, |e: &FlowEntry| e.flags)?;
@@ -690,6 +719,14 @@ mod tests {
         let x = flow::masquerade_key(&k, WAN, port);
         let (oe, rk, re) = flow::new_flow(&k, &x, 0, 10 * SEC);
         [(k, oe), (rk, re)]
+    }
+
+    #[test]
+    fn both_entries_of_a_flow_on_an_address_are_on_its_wan_side() {
+        let [(ok, oe), (rk, re)] = masq(40000);
+        assert!(on_the_wan_side_of(&ok, &oe, WAN) && on_the_wan_side_of(&rk, &re, WAN));
+        assert!(!on_the_wan_side_of(&ok, &oe, [203, 0, 113, 9]));
+        assert!(!on_the_wan_side_of(&rk, &re, [203, 0, 113, 9]));
     }
 
     /// A masqueraded flow from client port `port` whose directions

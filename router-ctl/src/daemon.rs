@@ -14,7 +14,7 @@ use std::{
     collections::HashMap,
     fmt::Write as _,
     io,
-    net::IpAddr,
+    net::{IpAddr, Ipv4Addr},
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -38,6 +38,8 @@ use tokio::{
 use crate::{
     apply,
     clock::monotonic_ns,
+    config::{AdmitMode, RouterConfig},
+    conntrack,
     ctnetlink::{CtSocket, Event, Tuple, event_needed, parse_events},
     ctx::Ctx,
     ebpf_log::DataPathLog,
@@ -47,7 +49,7 @@ use crate::{
     netlink::{self, LinkEvent, LinkEvents},
     nlmsg::Datagrams,
     offload::{self, Kernel, KernelTimeouts, OffloadStats, Offloader, Table, TcpNow},
-    service, state, vmac, web,
+    service, standalone, state, vmac, web,
 };
 
 /// Receive buffer of the event socket: room for bursts of events between
@@ -92,6 +94,10 @@ pub struct DaemonStatus {
     /// path's configuration (and the attach record).
     #[serde(default)]
     pub mac_changes_followed: u64,
+    /// New IPv4 addresses of the WAN (`--wan-addr auto`: DHCP, PPP)
+    /// written into the configuration, the slow-path NAT and the record.
+    #[serde(default)]
+    pub wan_addr_changes_followed: u64,
     /// Attached interfaces deleted (or moved to another namespace) while
     /// the daemon ran, as `NAME (LAN)`: their XDP program went with them.
     #[serde(default)]
@@ -146,6 +152,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "settling_flows": s.settling_flows,
             "offload": s.offload,
             "mac_changes_followed": s.mac_changes_followed,
+            "wan_addr_changes_followed": s.wan_addr_changes_followed,
             "interfaces_gone": s.interfaces_gone,
             "stale_pending_removed": s.stale_pending_removed,
             "reattaches_followed": s.reattaches_followed,
@@ -188,6 +195,10 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
         let macs = d["mac_changes_followed"].as_u64().unwrap_or(0);
         if macs > 0 {
             let _ = write!(line, ", {macs} interface MAC changes followed");
+        }
+        let wan_addrs = d["wan_addr_changes_followed"].as_u64().unwrap_or(0);
+        if wan_addrs > 0 {
+            let _ = write!(line, ", {wan_addrs} WAN address changes followed");
         }
         let reattaches = d["reattaches_followed"].as_u64().unwrap_or(0);
         if reattaches > 0 {
@@ -964,7 +975,7 @@ impl LinkWatch {
                                 interface_gone(ctx, ifindex, &name, status);
                                 Ok(Followed::Done)
                             }
-                            LinkEvent::Address { .. } => Ok(Followed::Done),
+                            LinkEvent::Address { ifindex } => follow_wan_addr(ctx, ifindex, status),
                         };
                         match followed {
                             Ok(Followed::Done) => {}
@@ -1095,6 +1106,9 @@ fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
     }
+    if follow_wan_addr(ctx, cfg.wan_ifindex, status)? == Followed::LockBusy {
+        followed = Followed::LockBusy;
+    }
     follow_virtual_macs_of(ctx, &cfg)?;
     Ok(followed)
 }
@@ -1161,6 +1175,89 @@ fn follow_mac(
         netlink::mac_str(mac)
     );
     Ok(Followed::Done)
+}
+
+/// An address of interface `ifindex` was added or removed: if it is the
+/// WAN of a router attached with `--wan-addr auto` whose first IPv4
+/// address is now another one (a DHCP or PPP renumbering), the router
+/// masquerades to the new one: the data path's configuration (one write),
+/// standalone mode's slow-path NAT and its untranslated-source drop, and
+/// the attach record; the XDP flows translated to the old address end
+/// (their replies could not come back; the kernel's masquerade drops its
+/// own likewise), so their hosts' next packets open flows on the new one.
+/// A WAN left without an IPv4 address keeps the old one until it has one.
+fn follow_wan_addr(ctx: &Ctx, ifindex: u32, status: &mut DaemonStatus) -> Result<Followed> {
+    let Some(cfg) = attached_config(ctx) else {
+        return Ok(Followed::Done);
+    };
+    if ifindex == 0 || ifindex != cfg.wan_ifindex {
+        return Ok(Followed::Done);
+    }
+    let Some(rec) = state::load(ctx.ns())? else {
+        return Ok(Followed::Done);
+    };
+    let Some(now) = wan_addr_now(&rec.config) else {
+        return Ok(Followed::Done);
+    };
+    let Some(_lock) = state::try_lock(ctx.ns())? else {
+        tracing::debug!(
+            "another router-ctl holds the router's lock; following the WAN address at the \
+             next tick"
+        );
+        return Ok(Followed::LockBusy);
+    };
+    // Again under the lock: an attach may have changed it meanwhile.
+    let (Some(mut rec), Ok(mut cfg)) = (state::load(ctx.ns())?, ctx.maps().read_config()) else {
+        return Ok(Followed::Done);
+    };
+    if wan_addr_now(&rec.config) != Some(now) || rec.pending.is_some() {
+        return Ok(Followed::Done);
+    }
+    let old = rec.config.wan_addr;
+    cfg.wan_addr = now.octets();
+    ctx.maps()
+        .config()?
+        .set(0, cfg, 0)
+        .context("writing the configuration")?;
+    rec.config.wan_addr = now;
+    let standalone_mode = rec.config.admit == AdmitMode::Xdp;
+    if standalone_mode {
+        standalone::set_up(
+            ctx.ns(),
+            &standalone::Wanted {
+                lan: &rec.config.lan,
+                wan: &rec.config.wan,
+                wan_addr: now,
+                kernel_ports: rec.config.kernel_nat_ports,
+            },
+        )
+        .context("moving standalone mode's slow-path NAT to the new WAN address")?;
+    }
+    state::save(ctx.ns(), &rec)?;
+    // Offload mode: the flows are the kernel's, which drops them itself.
+    let ended = if standalone_mode {
+        conntrack::remove_translated_to(&ctx.maps(), old.octets())?
+    } else {
+        0
+    };
+    status.wan_addr_changes_followed += 1;
+    tracing::info!(
+        "{} (WAN) changed its IPv4 address from {old} to {now}: the router masquerades to \
+         {now} now; {ended} XDP flows translated to {old} ended (their hosts' next packets \
+         open new ones)",
+        rec.config.wan
+    );
+    Ok(Followed::Done)
+}
+
+/// The WAN's first IPv4 address now, if the router follows it
+/// (`--wan-addr auto`) and it differs from the configured one.
+fn wan_addr_now(c: &RouterConfig) -> Option<Ipv4Addr> {
+    if !c.wan_addr_auto {
+        return None;
+    }
+    let now = *netlink::ipv4_addrs(&c.wan).ok()?.first()?;
+    (now != c.wan_addr).then_some(now)
 }
 
 /// An interface was deleted (or moved to another namespace): if it was

@@ -252,6 +252,7 @@ mod tests {
             lan_mac: [2, 0, 0, 0, 0, 2],
             wan_mac: [2, 0, 0, 0, 0, 3],
             wan_addr: [203, 0, 113, 1].into(),
+            wan_addr_auto: true,
             port_min: 1024,
             port_max: 65535,
             kernel_nat_ports: None,

@@ -474,3 +474,89 @@ fn daemon_start_removes_pairs_left_pending() {
     assert!(sample(&srv, "xdp_router_daemon_log_records_malformed_total").abs() < 0.5);
     assert!(sample(&srv, "xdp_router_daemon_detached").abs() < 0.5);
 }
+
+/// Standalone mode with `--wan-addr auto` (the default) and a WAN that is
+/// renumbered (a DHCP or PPP lease with a new address): the daemon moves
+/// the masquerade to the new address (the data path's configuration, the
+/// slow-path NAT table, the attach record), ends the XDP flows translated
+/// to the old one, and new flows leave from the new address, carried by
+/// XDP both ways.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_follows_a_new_wan_address() {
+    const NEW_WAN: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 77);
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    println!("{}", attach(&t, &[]));
+    let daemon = Daemon::start(&t, &[]);
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5330));
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(tests::ROUTER_WAN_ADDR));
+    let xlat = |t: &Topology| -> Vec<String> {
+        t.conntrack()
+            .iter()
+            .map(|f| f["xlat_src"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert!(
+        xlat(&t).iter().any(|x| x.starts_with("203.0.113.1:")),
+        "{:?}",
+        xlat(&t)
+    );
+
+    let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
+    assert!(mentions(&table, tests::ROUTER_WAN_ADDR), "{table}");
+
+    // The lease changes: the old address goes, the new one comes.
+    let old_cidr = format!("{}/24", tests::ROUTER_WAN_ADDR);
+    t.exec_ok(Ns::Router, &["ip", "addr", "del", &old_cidr, "dev", WAN_IF]);
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "addr", "add", &format!("{NEW_WAN}/24"), "dev", WAN_IF],
+    );
+    wait_for_or_show(
+        "the daemon to follow the new WAN address",
+        Duration::from_secs(10),
+        || daemon_health(&t)["wan_addr_changes_followed"] == 1,
+        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains(&format!("from {} to {NEW_WAN}", tests::ROUTER_WAN_ADDR)),
+        "{log}"
+    );
+    let (v, _) = status(&t);
+    assert_eq!(
+        v["record"]["config"]["wan_addr"],
+        NEW_WAN.to_string(),
+        "{v}"
+    );
+    let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
+    assert!(
+        mentions(&table, NEW_WAN) && !mentions(&table, tests::ROUTER_WAN_ADDR),
+        "{table}"
+    );
+    assert!(
+        xlat(&t).is_empty(),
+        "flows on the old address: {:?}",
+        xlat(&t)
+    );
+
+    t.warm_neighbours();
+    let before = t.stats();
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5331));
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(NEW_WAN));
+    let after = t.stats();
+    for verdict in ["fwd_outbound", "fwd_inbound"] {
+        assert!(
+            counter_delta(&before, &after, verdict) >= 1,
+            "{verdict}: {after}"
+        );
+    }
+}
+
+/// Whether `text` names `addr` (not merely a longer address it begins).
+fn mentions(text: &str, addr: std::net::Ipv4Addr) -> bool {
+    let a = addr.to_string();
+    text.match_indices(&a)
+        .any(|(i, _)| !text[i + a.len()..].starts_with(|c: char| c.is_ascii_digit()))
+}
