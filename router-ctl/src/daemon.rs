@@ -98,6 +98,10 @@ pub struct DaemonStatus {
     /// written into the configuration, the slow-path NAT and the record.
     #[serde(default)]
     pub wan_addr_changes_followed: u64,
+    /// Standalone mode's kernel side (slow-path NAT table, LAN sysctls)
+    /// put back after something removed it.
+    #[serde(default)]
+    pub standalone_repairs: u64,
     /// Attached interfaces deleted (or moved to another namespace) while
     /// the daemon ran, as `NAME (LAN)`: their XDP program went with them.
     #[serde(default)]
@@ -153,6 +157,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "offload": s.offload,
             "mac_changes_followed": s.mac_changes_followed,
             "wan_addr_changes_followed": s.wan_addr_changes_followed,
+            "standalone_repairs": s.standalone_repairs,
             "interfaces_gone": s.interfaces_gone,
             "stale_pending_removed": s.stale_pending_removed,
             "reattaches_followed": s.reattaches_followed,
@@ -195,6 +200,13 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
         let macs = d["mac_changes_followed"].as_u64().unwrap_or(0);
         if macs > 0 {
             let _ = write!(line, ", {macs} interface MAC changes followed");
+        }
+        let repairs = d["standalone_repairs"].as_u64().unwrap_or(0);
+        if repairs > 0 {
+            let _ = write!(
+                line,
+                ", standalone mode's kernel side put back {repairs} time(s)"
+            );
         }
         let wan_addrs = d["wan_addr_changes_followed"].as_u64().unwrap_or(0);
         if wan_addrs > 0 {
@@ -1250,6 +1262,56 @@ fn follow_wan_addr(ctx: &Ctx, ifindex: u32, status: &mut DaemonStatus) -> Result
     Ok(Followed::Done)
 }
 
+/// Standalone mode's kernel side as attach set it up: put back (and
+/// said, once per repair) when something removed it behind the router's
+/// back ([`standalone::kernel_side_gaps`]). Looked at each tick; while
+/// another router-ctl holds the lock (an attach, which sets it up itself),
+/// at the next one.
+fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus) {
+    let standalone = |ctx: &Ctx| {
+        state::load(ctx.ns())
+            .ok()
+            .flatten()
+            .filter(|r| r.config.admit == AdmitMode::Xdp && r.pending.is_none())
+    };
+    if standalone(ctx).is_none() {
+        return;
+    }
+    let gaps = standalone::kernel_side_gaps(ctx.ns());
+    if gaps.is_empty() {
+        return;
+    }
+    let Ok(Some(_lock)) = state::try_lock(ctx.ns()) else {
+        return;
+    };
+    // Again under the lock: a detach or another mode meanwhile.
+    let Some(rec) = standalone(ctx) else {
+        return;
+    };
+    let c = &rec.config;
+    let wanted = standalone::Wanted {
+        lan: &c.lan,
+        wan: &c.wan,
+        wan_addr: c.wan_addr,
+        kernel_ports: c.kernel_nat_ports,
+    };
+    match standalone::set_up(ctx.ns(), &wanted) {
+        Ok(()) => {
+            status.standalone_repairs += 1;
+            tracing::warn!(
+                "standalone mode's kernel side was changed behind the router's back: {}; put \
+                 back",
+                gaps.join("; ")
+            );
+        }
+        Err(e) => tracing::error!(
+            "standalone mode's kernel side is not in place ({}) and putting it back failed: \
+             {e:#}; run `router-ctl attach` again",
+            gaps.join("; ")
+        ),
+    }
+}
+
 /// The WAN's first IPv4 address now, if the router follows it
 /// (`--wan-addr auto`) and it differs from the configured one.
 fn wan_addr_now(c: &RouterConfig) -> Option<Ipv4Addr> {
@@ -1394,6 +1456,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             _ = ticker.tick() => {
                 follow_attach(ctx, &mut session, &mut status, &mut links);
                 links.recheck(ctx, &mut status);
+                repair_standalone(ctx, &mut status);
                 tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);
             }
             ready = async { session.events.as_ref()?.waited()?.ready(EVENTS_READY).await.ok() },

@@ -162,6 +162,49 @@ fn table_present() -> bool {
     nft(&["list", "table", "ip", TABLE], None).is_ok()
 }
 
+/// What of the kernel side that [`set_up`] put in place (as its record
+/// says) is no longer there: the slow-path table (a firewall reload whose
+/// ruleset starts with `flush ruleset`, as Debian's stock
+/// `/etc/nftables.conf` does, removes it) or the LAN's sysctls (reset by
+/// `sysctl --system`, or by hand). Without the table what XDP passes from
+/// the LAN leaves untranslated (nothing drops LAN sources on the WAN); without
+/// `accept_local` or with a strict `rp_filter` the first packets of flows
+/// towards unresolved neighbours are dropped as martians.
+#[must_use]
+pub fn kernel_side_gaps(netns: Option<&str>) -> Vec<String> {
+    let Ok(Some(rec)) = load_record(netns) else {
+        return Vec::new();
+    };
+    let mut gaps = Vec::new();
+    if rec.table {
+        match nft(&["list", "table", "ip", TABLE], None) {
+            Ok(t) if t.contains("chain postrouting") && t.contains(UNTRANSLATED_CHAIN) => {}
+            _ => gaps.push(format!(
+                "the nftables table ip {TABLE} (slow-path NAT, the drop of untranslated LAN \
+                 sources) is gone or changed (a firewall reload whose ruleset starts with \
+                 `flush ruleset`?)"
+            )),
+        }
+    }
+    if read_sysctl(&rec.lan, "accept_local").is_ok_and(|v| v != "1") {
+        gaps.push(format!(
+            "net.ipv4.conf.{}.accept_local is off (`sysctl --system`?)",
+            rec.lan
+        ));
+    }
+    if let (Ok(rp), Ok(rp_all)) = (
+        read_sysctl(&rec.lan, "rp_filter"),
+        read_sysctl("all", "rp_filter"),
+    ) && (rp == "1" || (rp_all == "1" && rp == "0"))
+    {
+        gaps.push(format!(
+            "net.ipv4.conf.{}.rp_filter is strict (`sysctl --system`?)",
+            rec.lan
+        ));
+    }
+    gaps
+}
+
 /// What `attach` asks of the kernel side.
 pub struct Wanted<'a> {
     pub lan: &'a str,

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::{
     clock::{format_age, format_time, now_unix},
+    config,
     ctx::Ctx,
     daemon, forward,
     inspect::{Running, inspect},
@@ -16,6 +17,7 @@ use crate::{
     netlink,
     object::Object,
     pins::LINK_PINS,
+    standalone,
     state::{self, State},
     stats, vmac,
 };
@@ -270,11 +272,23 @@ pub fn status_json(ctx: &Ctx) -> Value {
         v["admit"] = json!(r.config.admit.name());
         v["filtering"] = json!(r.config.filtering.name());
         v["daemon"] = daemon::health_json(ctx.ns());
+        let mut found = Vec::new();
+        if r.config.admit == config::AdmitMode::Xdp && running.any_pins() {
+            found.extend(standalone::kernel_side_gaps(ctx.ns()).into_iter().map(|g| {
+                format!(
+                    "standalone mode's kernel side: {g}; a running `router-ctl run` puts it \
+                     back at its next tick, else run `router-ctl attach` again"
+                )
+            }));
+        }
         if let Some(problem) = offload_without_daemon(&v) {
+            found.push(problem);
+        }
+        if !found.is_empty() && v["state"] == "attached" {
             v["state"] = json!("degraded");
-            if let Some(p) = v["problems"].as_array_mut() {
-                p.push(json!(problem));
-            }
+        }
+        if let Some(p) = v["problems"].as_array_mut() {
+            p.extend(found.into_iter().map(Value::from));
         }
     } else {
         // Detached: a daemon still running waits for the next attach.

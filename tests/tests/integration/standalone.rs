@@ -734,3 +734,54 @@ fn untranslatable_lan_packets_do_not_leave_on_the_wan() {
     );
     assert_eq!(dropped(&t), 3, "the untranslated chain's drops");
 }
+
+/// Something removes standalone mode's kernel side behind the router's
+/// back (a firewall reload with `flush ruleset`, `sysctl --system`):
+/// `status` says so (degraded, exit 1) with what is gone; `router-ctl run`
+/// puts it back at its next tick and says so, after which status is
+/// healthy again and the table drops untranslated LAN sources again.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_removed_kernel_side_is_reported_and_put_back_by_the_daemon() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    attach_and_print(&t, &[]);
+    let (v, code) = crate::ctl::status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
+    let accept_local = format!("net.ipv4.conf.{LAN_IF}.accept_local");
+
+    t.exec_ok(Ns::Router, &["nft", "flush", "ruleset"]);
+    t.exec_ok(Ns::Router, &["sysctl", "-qw", &format!("{accept_local}=0")]);
+    let (v, code) = crate::ctl::status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
+    let problems = v["problems"].to_string();
+    for gap in ["table ip xdp_router", "accept_local"] {
+        assert!(problems.contains(gap), "{gap}: {problems}");
+    }
+
+    let daemon = crate::offload::Daemon::start(&t, &[]);
+    crate::ctl::wait_for_or_show(
+        "the daemon to put the kernel side back",
+        Duration::from_secs(10),
+        || crate::ctl::status(&t).1 == 0,
+        || {
+            format!(
+                "{}\ndaemon log:\n{}",
+                crate::ctl::status(&t).0,
+                daemon.log()
+            )
+        },
+    );
+    assert!(
+        slow_path_table(&t).is_some_and(|s| s.contains("untranslated")),
+        "no table"
+    );
+    assert_eq!(sysctl(&t, &accept_local), "1");
+    let log = daemon.log();
+    assert!(
+        log.contains("changed behind the router's back") && log.contains("put back"),
+        "{log}"
+    );
+    let (v, _) = crate::ctl::status(&t);
+    assert_eq!(v["daemon"]["standalone_repairs"], 1, "{v}");
+}
