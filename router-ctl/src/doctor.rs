@@ -710,6 +710,29 @@ pub fn firewall_checks(pin_dir: &Path) -> Vec<Check> {
             fix: None,
         });
     }
+    // Standalone mode's slow-path table competes with source NAT rules of
+    // the router's own; offload mode's NAT is the router's own.
+    let own_nat = if offload {
+        Vec::new()
+    } else {
+        standalone::foreign_source_nat()
+    };
+    if !own_nat.is_empty() {
+        out.push(Check {
+            iface: "netfilter".into(),
+            name: "source-nat",
+            level: Level::Warn,
+            detail: format!(
+                "standalone mode (--admit xdp): {}",
+                standalone::source_nat_message(&own_nat)
+            ),
+            fix: Some(
+                "remove the router's own masquerade/snat rules for LAN->WAN traffic, or attach \
+                 with --no-kernel-nat and give them ports outside XDP's --port-range"
+                    .into(),
+            ),
+        });
+    }
     for c in chains {
         if offload {
             out.push(Check {

@@ -19,6 +19,7 @@
 //! namespace (the caller entered it before any thread started).
 
 use std::{
+    collections::BTreeMap,
     fs,
     io::Write as _,
     net::Ipv4Addr,
@@ -448,6 +449,96 @@ pub fn forward_chains() -> (Vec<ForwardChain>, Vec<String>) {
     (out, notes)
 }
 
+/// Source NAT rules of the router's own (masquerade or snat), outside our
+/// table, in nftables' ruleset JSON (iptables-nft's included), one line
+/// per table: `table ip nat (2 rules)`.
+#[must_use]
+pub fn nft_source_nat(ruleset: &serde_json::Value) -> Vec<String> {
+    let items = ruleset
+        .get("nftables")
+        .and_then(serde_json::Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let mut per_table: BTreeMap<String, usize> = BTreeMap::new();
+    for r in items.iter().filter_map(|i| i.get("rule")) {
+        let s = |k: &str| r.get(k).and_then(|x| x.as_str()).unwrap_or("");
+        let (family, table) = (s("family"), s("table"));
+        if !matches!(family, "ip" | "inet") || (family == "ip" && table == TABLE) {
+            continue;
+        }
+        let expr = r.get("expr").map(ToString::to_string).unwrap_or_default();
+        // Native expressions, or xtables targets (iptables-nft with
+        // options it cannot translate).
+        if ["\"masquerade\"", "\"snat\"", "\"MASQUERADE\"", "\"SNAT\""]
+            .iter()
+            .any(|e| expr.contains(e))
+        {
+            *per_table
+                .entry(format!("table {family} {table}"))
+                .or_default() += 1;
+        }
+    }
+    per_table
+        .into_iter()
+        .map(|(t, n)| format!("nftables {t} ({n} rule{})", if n == 1 { "" } else { "s" }))
+        .collect()
+}
+
+/// `iptables -t nat -S` output's MASQUERADE and SNAT rules, counted.
+#[must_use]
+pub fn iptables_source_nat(listing: &str) -> usize {
+    listing
+        .lines()
+        .filter(|l| l.starts_with("-A ") && (l.contains("-j MASQUERADE") || l.contains("-j SNAT")))
+        .count()
+}
+
+/// The router's own source NAT rules besides standalone mode's table: the
+/// kernel may apply them first to what XDP passes from the LAN (netfilter
+/// runs NAT chains of equal priority in registration order), with ports
+/// of XDP's range, which its conntrack does not know are taken. Empty with
+/// none (or none readable).
+#[must_use]
+pub fn foreign_source_nat() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(text) = nft(&["-j", "list", "ruleset"], None)
+        && let Ok(v) = serde_json::from_str(&text)
+    {
+        out.extend(nft_source_nat(&v));
+    }
+    // Listing a legacy table that is not there would create it: look first.
+    let legacy_nat = fs::read_to_string("/proc/net/ip_tables_names")
+        .is_ok_and(|t| t.lines().any(|l| l.trim() == "nat"));
+    if legacy_nat
+        && let Ok(o) = Command::new("iptables-legacy")
+            .args(["-w", "-t", "nat", "-S"])
+            .output()
+        && o.status.success()
+    {
+        let n = iptables_source_nat(&String::from_utf8_lossy(&o.stdout));
+        if n > 0 {
+            out.push(format!(
+                "iptables-legacy table nat ({n} MASQUERADE/SNAT rule{})",
+                if n == 1 { "" } else { "s" }
+            ));
+        }
+    }
+    out
+}
+
+/// The warning for [`foreign_source_nat`]'s rules, with the fix.
+#[must_use]
+pub fn source_nat_message(rules: &[String]) -> String {
+    format!(
+        "this router has source NAT rules of its own ({}): if they match traffic from the LAN \
+         to the WAN, the kernel may translate what XDP passes (fragments, other protocols, \
+         flows past XDP's port search) with them instead of standalone mode's table \
+         (61000-65535 by default), picking ports XDP has mapped: replies then reach the wrong \
+         host. Remove them for LAN->WAN traffic (standalone's table masquerades it), or keep \
+         them with ports outside XDP's --port-range and attach with --no-kernel-nat",
+        rules.join("; ")
+    )
+}
+
 /// The message for forward chains standalone mode would bypass, with the
 /// fix and, last, `override_how`: how this command's user bypasses them.
 #[must_use]
@@ -529,6 +620,34 @@ mod tests {
         // IPv6's: standalone admits IPv6 flows too. A bridge's do not
         // see routed traffic.
         assert_eq!(c[2].chain, "table ip6 fw6 chain fwd");
+    }
+
+    #[test]
+    fn source_nat_rules_found_in_nft_json_and_iptables() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"nftables":[
+            {"rule":{"family":"ip","table":"nat","chain":"POSTROUTING","expr":[{"masquerade":null}]}},
+            {"rule":{"family":"ip","table":"nat","chain":"POSTROUTING","expr":[{"snat":{"addr":"1.2.3.4"}}]}},
+            {"rule":{"family":"inet","table":"fw","chain":"srcnat","expr":[{"xt":{"type":"target","name":"MASQUERADE"}}]}},
+            {"rule":{"family":"inet","table":"fw","chain":"fwd","expr":[{"accept":null}]}},
+            {"rule":{"family":"ip","table":"xdp_router","chain":"postrouting","expr":[{"snat":{}}]}},
+            {"rule":{"family":"ip6","table":"nat6","chain":"p","expr":[{"masquerade":null}]}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            nft_source_nat(&v),
+            [
+                "nftables table inet fw (1 rule)",
+                "nftables table ip nat (2 rules)"
+            ]
+        );
+        assert_eq!(
+            iptables_source_nat(
+                "-P POSTROUTING ACCEPT\n-A POSTROUTING -o wan0 -j MASQUERADE\n\
+                 -A POSTROUTING -j SNAT --to-source 1.2.3.4\n-A PREROUTING -j DNAT --to 1.2.3.4\n"
+            ),
+            2
+        );
     }
 
     #[test]

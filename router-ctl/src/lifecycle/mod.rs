@@ -113,6 +113,10 @@ pub fn attach(
         if ports.level != doctor::Level::Ok {
             warn!("{}", ports.line());
         }
+        let own_nat = standalone::foreign_source_nat();
+        if desired.kernel_nat_ports.is_some() && !own_nat.is_empty() {
+            warn!("{}", standalone::source_nat_message(&own_nat));
+        }
     }
     let obj = Object::load(a.object.as_deref())?;
     ensure_bpffs()?;

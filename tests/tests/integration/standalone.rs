@@ -785,3 +785,80 @@ fn a_removed_kernel_side_is_reported_and_put_back_by_the_daemon() {
     let (v, _) = crate::ctl::status(&t);
     assert_eq!(v["daemon"]["standalone_repairs"], 1, "{v}");
 }
+
+/// A masquerade rule of the router's own (iptables-legacy, then nftables)
+/// competes with standalone mode's slow-path table: attach and doctor warn
+/// and name it; with `--no-kernel-nat` (the owner's rule does the slow
+/// path) attach does not; on a router attached in offload mode doctor
+/// does not either (the router's NAT is in charge there).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_source_nat_rule_of_the_routers_own_is_warned_of() {
+    let t = Topology::new();
+    t.warm_neighbours();
+    let _detach = DetachOnDrop(&t);
+    let attach_warning = |extra: &[&str]| {
+        let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
+        args.extend_from_slice(extra);
+        let o = t.router_ctl(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let e = stderr(&o);
+        t.router_ctl_ok(&["detach"]);
+        e
+    };
+    let doctor_says = || {
+        let o = t.router_ctl(&["doctor", LAN_IF, WAN_IF]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(!attach_warning(&[]).contains("source NAT rules of its own"));
+    assert!(!doctor_says().contains("source-nat"));
+
+    for (what, add, needle, remove) in [
+        (
+            "iptables-legacy",
+            vec![
+                "iptables-legacy",
+                "-t",
+                "nat",
+                "-A",
+                "POSTROUTING",
+                "-o",
+                WAN_IF,
+                "-j",
+                "MASQUERADE",
+            ],
+            "iptables-legacy table nat (1 MASQUERADE/SNAT rule)",
+            vec!["iptables-legacy", "-t", "nat", "-F", "POSTROUTING"],
+        ),
+        (
+            "nftables",
+            vec![
+                "nft",
+                "add table ip mynat; add chain ip mynat post { type nat hook postrouting priority srcnat; }; add rule ip mynat post oifname wan0 masquerade",
+            ],
+            "nftables table ip mynat (1 rule)",
+            vec!["nft", "delete", "table", "ip", "mynat"],
+        ),
+    ] {
+        t.exec_ok(Ns::Router, &add);
+        let e = attach_warning(&[]);
+        assert!(
+            e.contains("source NAT rules of its own") && e.contains(needle),
+            "{what}: attach: {e}"
+        );
+        let d = doctor_says();
+        assert!(
+            d.contains("source-nat") && d.contains(needle),
+            "{what}: doctor: {d}"
+        );
+        let e = attach_warning(&["--no-kernel-nat"]);
+        assert!(!e.contains("source NAT rules of its own"), "{what}: {e}");
+        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+        assert!(
+            !doctor_says().contains("source-nat"),
+            "{what}: offload mode"
+        );
+        t.router_ctl_ok(&["detach"]);
+        t.exec_ok(Ns::Router, &remove);
+    }
+}
