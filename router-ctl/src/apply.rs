@@ -647,6 +647,21 @@ fn located(name: &str, text: &str, e: &ConfigError) -> anyhow::Error {
     anyhow::anyhow!("{name}:{line}: {field}: {e}; nothing was changed")
 }
 
+/// The context of an `apply` error raised once the file was found valid
+/// and the router may have begun to change: a part of it may be applied
+/// (a reload must not say "nothing changed").
+#[derive(Debug)]
+pub struct PartlyApplied;
+
+impl std::fmt::Display for PartlyApplied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "the file is valid, but applying it failed (a part may be applied: `router-ctl \
+             status` shows the router; applying the file again finishes it)",
+        )
+    }
+}
+
 pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -689,14 +704,15 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         println!("{name} is valid: {summary}");
         return Ok(());
     }
-    let outcome = lifecycle::attach(ctx, &args, &d.forwards)?;
-    let changes = {
+    let outcome = lifecycle::attach(ctx, &args, &d.forwards).context(PartlyApplied)?;
+    let changes = (|| {
         let _lock = state::lock(ctx.ns())?;
         let _signals = SignalsBlocked::new();
         let mut changes = sync_rules(&ctx.maps(), &d.forwards)?;
         changes.extend(sync_pinholes(&ctx.maps(), &d.pinholes)?);
-        changes
-    };
+        Ok::<_, anyhow::Error>(changes)
+    })()
+    .context(PartlyApplied)?;
     for c in &changes {
         println!("{c}");
     }

@@ -743,6 +743,10 @@ fn reload(ctx: &Ctx, config: Option<&Path>) {
             tracing::info!("reloaded {}", path.display());
             eprintln!("router-ctl run: reloaded {}", path.display());
         }
+        Err(e) if e.downcast_ref::<apply::PartlyApplied>().is_some() => {
+            tracing::error!("reloading {}: {e:#}", path.display());
+            eprintln!("router-ctl run: reload of {} failed: {e:#}", path.display());
+        }
         Err(e) => {
             tracing::error!(
                 "reloading {}: {e:#}; the router keeps its previous configuration",
