@@ -495,7 +495,17 @@ struct Session {
     stale_pending_removed: u64,
     /// The attach whose maps it works on.
     attached: AttachedRouter,
+    /// Offloaded flows lost their XDP entries (a `conntrack flush`, an
+    /// eviction) since the last resync, which offloads them again; and
+    /// when that resync ran (at most one per [`EVICTED_RESYNC_EVERY_NS`]: a
+    /// dump of a large table is not free, and under table pressure entries
+    /// keep being evicted).
+    evicted_since_resync: bool,
+    last_evicted_resync_ns: u64,
 }
+
+/// Least time (ns) between two resyncs that put evicted flows back.
+const EVICTED_RESYNC_EVERY_NS: u64 = 30 * 1_000_000_000;
 
 impl Session {
     /// Reads the attached router's configuration, subscribes to conntrack
@@ -550,6 +560,8 @@ impl Session {
             kernel_mode,
             stale_pending_removed,
             attached,
+            evicted_since_resync: false,
+            last_evicted_resync_ns: 0,
         };
         if pacing == Pacing::AlwaysPolling {
             session.read_events_by(ReadMode::Poll);
@@ -1369,7 +1381,23 @@ fn tick(
     watchdog: bool,
 ) {
     session.off.settle(monotonic_ns());
-    session.off.tick(monotonic_ns());
+    session.evicted_since_resync |= session.off.tick(monotonic_ns()) > 0;
+    let now = monotonic_ns();
+    if session.kernel_mode
+        && session.evicted_since_resync
+        && now.saturating_sub(session.last_evicted_resync_ns) >= EVICTED_RESYNC_EVERY_NS
+    {
+        // Flows the kernel still has go back onto the fast path.
+        session.last_evicted_resync_ns = now;
+        session.evicted_since_resync = false;
+        match resync(&mut session.off) {
+            Ok(()) => tracing::info!(
+                "offloaded flows lost their XDP entries (conntrack flush, or evicted); \
+                 resynchronised from the kernel's table"
+            ),
+            Err(e) => tracing::warn!("resynchronising after evicted flows: {e:#}"),
+        }
+    }
     session.off.kernel.routes.clear();
     dp_log.drain();
     dp_log.follow(ctx);

@@ -393,8 +393,10 @@ enum ConntrackCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Remove every entry (established flows through the fast path break
-    /// unless the kernel can take them over).
+    /// Remove every entry. Standalone mode: established flows through the
+    /// fast path break unless the kernel can take them over. Offload mode:
+    /// the kernel carries them, and a running `router-ctl run` puts them
+    /// back on the fast path within a tick (a resync).
     #[command(after_help = "Example:\n  router-ctl conntrack flush")]
     Flush,
 }

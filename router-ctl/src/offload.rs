@@ -969,8 +969,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// The periodic pass: refresh the kernel timeout and extend the lease of
     /// every flow XDP forwarded since the last tick; forget flows whose XDP
-    /// entries are gone or whose kernel entry is.
-    pub fn tick(&mut self, now_ns: u64) {
+    /// entries are gone or whose kernel entry is. Returns how many flows
+    /// lost their XDP entries while the kernel may still have them
+    /// (`conntrack flush`, an eviction): a resync offloads those again.
+    pub fn tick(&mut self, now_ns: u64) -> usize {
         let mut gone = Vec::new();
         for (orig, f) in &mut self.flows {
             let Some(read) = f.keys.read(&self.table) else {
@@ -1016,6 +1018,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             self.stats.errors += f.keys.set_lease(&mut self.table, &read, lease);
             self.stats.refreshed += 1;
         }
+        let evicted = gone
+            .iter()
+            .filter(|(_, why)| matches!(why, Gone::Evicted))
+            .count();
         for (orig, why) in gone {
             if let Some(f) = self.flows.remove(&orig) {
                 f.keys.remove(&mut self.table);
@@ -1026,6 +1032,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 Gone::TcpControl => &mut self.stats.ended_tcp_control,
             } += 1;
         }
+        evicted
     }
 
     /// Starts over from a dump of the kernel's table: connections the
@@ -1470,17 +1477,20 @@ mod tests {
         o.conn(&c, 1);
         o.kernel.present.clear();
         o.table.0.get_mut(&flow_key(&c.orig)).unwrap().last_seen_ns = 5;
-        o.tick(10);
+        assert_eq!(o.tick(10), 0, "the kernel's end is no eviction");
         assert_eq!(
             (o.len(), o.table.0.len(), o.stats.ended_kernel_gone),
             (0, 0, 1)
         );
-        // An evicted XDP half hands the flow back.
+        // An evicted XDP half hands the flow back, and is counted for a
+        // resync to offload it again.
         o.kernel.present.push(c.orig);
         o.conn(&c, 20);
         o.table.remove(&flow_key(&c.reply));
-        o.tick(30);
+        assert_eq!(o.tick(30), 1);
         assert_eq!((o.len(), o.table.0.len(), o.stats.handed_back), (0, 0, 1));
+        o.resync(std::slice::from_ref(&c), 40);
+        assert_eq!((o.len(), o.table.0.len()), (1, 2), "offloaded again");
     }
 
     #[test]

@@ -395,6 +395,21 @@ fn established_udp_flow_moves_to_xdp(t: &Topology) {
         "the kernel still forwards the offloaded flow ({kernel_fwd})"
     );
     assert_counted_by_both(t);
+
+    // `conntrack flush` takes it off XDP (the kernel carries it, nothing
+    // lost); the daemon finds its entries gone at its next tick and puts
+    // it back from a dump of the kernel's table.
+    let resyncs = |t: &Topology| crate::ctl::status(t).0["daemon"]["offload"]["resyncs"].as_u64();
+    let resyncs0 = resyncs(t);
+    t.router_ctl_ok(&["conntrack", "flush"]);
+    assert!(offloaded_udp_42000(t).is_none(), "flushed");
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    wait_for(
+        "the flushed UDP flow to be offloaded again",
+        Duration::from_secs(15),
+        || offloaded_udp_42000(t).is_some(),
+    );
+    assert!(resyncs(t) > resyncs0, "offloaded again without a resync");
 }
 
 fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
