@@ -223,6 +223,19 @@ fn encode_daemon_follow(
         "New MAC addresses of the attached interfaces the daemon wrote into the data path",
         n("mac_changes_followed"),
     )?;
+    counter(
+        enc,
+        "xdp_router_daemon_wan_addr_changes",
+        "New IPv4 addresses of the WAN (--wan-addr auto) the daemon moved the masquerade to",
+        n("wan_addr_changes_followed"),
+    )?;
+    counter(
+        enc,
+        "xdp_router_daemon_standalone_repairs",
+        "Times the daemon put standalone mode's kernel side (slow-path NAT table, LAN \
+             sysctls) back after something removed it",
+        n("standalone_repairs"),
+    )?;
     gauge(
         enc,
         "xdp_router_daemon_interfaces_gone",

@@ -530,6 +530,10 @@ fn daemon_follows_a_new_wan_address() {
         NEW_WAN.to_string(),
         "{v}"
     );
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(text.contains("1 WAN address changes followed"), "{text}");
+    let srv = Server::start(&t);
+    assert!((sample(&srv, "xdp_router_daemon_wan_addr_changes_total") - 1.0).abs() < 0.5);
     let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
     assert!(
         mentions(&table, NEW_WAN) && !mentions(&table, tests::ROUTER_WAN_ADDR),

@@ -128,6 +128,8 @@ fn check_daemon_follow(doc: &Value, metrics: &str) {
     );
     for m in [
         "xdp_router_daemon_mac_changes_total 0",
+        "xdp_router_daemon_wan_addr_changes_total 0",
+        "xdp_router_daemon_standalone_repairs_total 0",
         "xdp_router_daemon_interfaces_gone 0",
         "xdp_router_daemon_stale_pending_removed_total 0",
         "xdp_router_daemon_reattach_total 0",
