@@ -41,12 +41,17 @@ pub fn forward(
         _ => None,
     };
     let quoted_src = get_addr6(inner_ip, ipv6::SRC);
-    let Some((sport, dport)) = ports else {
-        return Err(unsolicited(ctx, ip, side));
-    };
     if inner_ip[ipv6::VERSION] >> 4 != 6 || quoted_src != get_addr6(ip, ipv6::DST) {
         return Err(unsolicited(ctx, ip, side));
     }
+    let Some((sport, dport)) = ports else {
+        // About a packet the fast path does not carry (its extension
+        // headers or protocol: ESP, a fragment, GRE) and passes both ways:
+        // the kernel's to forward, as it forwards that traffic. Dropping
+        // it would break path-MTU discovery for it (RFC 4890 4.3.1: Packet
+        // Too Big must not be dropped; RFC 8201).
+        return Err(Verdict::pass(Counter::PassProtocol));
+    };
     // A reply to the quoted packet would carry this key.
     let key = FlowKey6::new(
         get_addr6(inner_ip, ipv6::DST),

@@ -1,6 +1,7 @@
 //! `ICMPv6` errors from the WAN: forwarded unchanged (hop limit and MACs
 //! only) when they quote a packet of a known flow sent by the LAN host
-//! they are addressed to; dropped as unsolicited otherwise (standalone),
+//! they are addressed to; passed when they quote what the fast path
+//! passes (ESP, fragments); dropped as unsolicited otherwise (standalone),
 //! passed when addressed to the router.
 
 use router_common::maps::Counter;
@@ -102,6 +103,25 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
         );
         r.drop_frame(
             "quoting an unknown LAN source",
+            &from_server(&env, &e),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        // About what the fast path passes both ways (ESP, a fragment): the
+        // kernel's, which forwards that traffic too (path-MTU discovery,
+        // RFC 4890 4.3.1); from another LAN host than the addressee: no.
+        let esp = Ipv6::new(c, s, 50, vec![0x11; 64]).bytes();
+        let fragment = Ipv6::new(c, s, 44, vec![17, 0, 0, 1, 0, 0, 0, 7]).bytes();
+        for (what, q) in [
+            ("PTB quoting ESP", &esp),
+            ("PTB quoting a fragment", &fragment),
+        ] {
+            let e = Ipv6::error(s, c, ICMP6_PACKET_TOO_BIG, 1280, q);
+            r.pass(what, &from_server(&env, &e), wan, Counter::PassProtocol);
+        }
+        let e = Ipv6::error(s, o(LAN_NOBODY6), ICMP6_PACKET_TOO_BIG, 1280, &esp);
+        r.drop_frame(
+            "PTB quoting another host's ESP",
             &from_server(&env, &e),
             wan,
             Counter::Drop6Unsolicited,
