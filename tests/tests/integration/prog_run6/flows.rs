@@ -419,6 +419,66 @@ fn oversize6_passed_for_packet_too_big() {
     });
 }
 
+/// An unsolicited WAN packet larger than the LAN's MTU is dropped like a
+/// small one (RFC 6092 3: unsolicited inbound traffic is discarded), not
+/// passed for the kernel to answer with Packet Too Big, which would tell a
+/// scanner that the address is routed; an `ICMPv6` error quoting no flow
+/// likewise. A pinhole's or a known flow's oversize packet is still passed
+/// for Packet Too Big (path-MTU discovery).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn oversize6_unsolicited_dropped_not_answered() {
+    let env = topology();
+    env.t.exec_ok(
+        tests::Ns::Router,
+        &["ip", "link", "set", tests::LAN_IF, "mtu", "1280"],
+    );
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let big = Ipv6::udp(s, c, &Udp::new(4444, 9999, &[7; 1400]));
+        r.drop_frame(
+            "oversize unsolicited UDP",
+            &from_server(&env, &big),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let quoted = Ipv6::udp(c, s, &Udp::new(5001, 6000, &[1; 1300])).bytes();
+        let error = Ipv6::error(s, c, tests::v6::ICMP6_DEST_UNREACH, 0, &quoted);
+        r.drop_frame(
+            "oversize ICMPv6 error quoting no flow",
+            &from_server(&env, &error),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        r.assert_flows("nothing opened", &[]);
+
+        r.pinhole(c, IPPROTO_UDP, 9999);
+        r.pass(
+            "oversize through a pinhole",
+            &from_server(&env, &big),
+            wan,
+            Counter::Pass6PacketTooBig,
+        );
+        let out = Ipv6::udp(c, s, &Udp::new(5000, 6000, b"hello"));
+        r.redirect(
+            "flow out",
+            &from_client(&env, &out),
+            lan,
+            &to_server(&env, &out),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        let reply = Ipv6::udp(s, c, &Udp::new(6000, 5000, &[7; 1400]));
+        r.pass(
+            "oversize reply of a known flow",
+            &from_server(&env, &reply),
+            wan,
+            Counter::Pass6PacketTooBig,
+        );
+    });
+}
+
 /// The current lease tick, waited for until it is at least 50 ms old and
 /// has 250 ms to go: the program's coarse clock may lag a few ms, and the
 /// packets that follow must all fall in this same tick.
