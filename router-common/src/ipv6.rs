@@ -161,6 +161,10 @@ pub enum Ipv6Verdict {
     /// destination: neighbour discovery, router advertisements, MLD, `DHCPv6`
     /// and the like are the kernel's (never routed).
     LinkScope,
+    /// Unspecified destination, IPv4-mapped source or destination: no
+    /// address a router forwards (RFC 4291 2.5.2, 2.5.5.2; RFC 6890), which
+    /// `bpf_fib_lookup` would match to a default route: the kernel's.
+    NotForwardable,
     /// An extension header follows: the kernel's.
     Extension(Ext),
     /// Hop limit 0 or 1: the kernel sends time exceeded (RFC 8200 3).
@@ -192,6 +196,20 @@ pub const fn is_unspecified(a: &[u8; 16]) -> bool {
     true
 }
 
+/// Whether `a` is in `::ffff:0:0/96` (IPv4-mapped: how a dual-stack host
+/// names an IPv4 peer to its own sockets, never a packet's address).
+#[must_use]
+pub const fn is_ipv4_mapped(a: &[u8; 16]) -> bool {
+    let mut i = 0;
+    while i < 10 {
+        if a[i] != 0 {
+            return false;
+        }
+        i += 1;
+    }
+    a[10] == 0xff && a[11] == 0xff
+}
+
 /// The IPv6 address at `at` of header `h`.
 #[inline]
 #[must_use]
@@ -213,6 +231,9 @@ pub fn classify_ipv6(hdr: &[u8; ipv6::LEN], l3_len: usize) -> Ipv6Verdict {
     let dst = get_addr6(hdr, ipv6::DST);
     if is_link_local(&src) || is_unspecified(&src) || is_link_local(&dst) || is_multicast(&dst) {
         return Ipv6Verdict::LinkScope;
+    }
+    if is_unspecified(&dst) || is_ipv4_mapped(&dst) || is_ipv4_mapped(&src) {
+        return Ipv6Verdict::NotForwardable;
     }
     if let Some(ext) = Ext::of(hdr[ipv6::NEXT_HEADER]) {
         return Ipv6Verdict::Extension(ext);
@@ -341,6 +362,40 @@ mod tests {
         let site = [0xfe, 0xc0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
         let h = header(site, GLOBAL_B, 17, 64, 8);
         assert_eq!(classify_ipv6(&h, 48), Ipv6Verdict::Forward);
+    }
+
+    #[test]
+    fn unspecified_destination_and_ipv4_mapped_are_not_forwardable() {
+        let mapped = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 51, 100, 1];
+        for (s, d) in [
+            (GLOBAL_A, [0; 16]),
+            (GLOBAL_A, mapped),
+            (mapped, GLOBAL_B),
+            (mapped, mapped),
+        ] {
+            // Before the extension headers and the hop limit.
+            let h = header(s, d, 44, 1, 8);
+            assert_eq!(
+                classify_ipv6(&h, 48),
+                Ipv6Verdict::NotForwardable,
+                "{s:?} {d:?}"
+            );
+        }
+        // The unspecified source (a DAD probe) stays link scope.
+        let h = header([0; 16], [0; 16], 17, 64, 8);
+        assert_eq!(classify_ipv6(&h, 48), Ipv6Verdict::LinkScope);
+        // Neighbours of the mapped prefix are addresses like any other:
+        // IPv4-compatible (::/96, deprecated), ::fffe:0:0, 64:ff9b::/96
+        // (NAT64) and the loopback (the FIB refuses it).
+        for d in [
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 198, 51, 100, 1],
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xfe, 198, 51, 100, 1],
+            [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0, 198, 51, 100, 1],
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        ] {
+            let h = header(GLOBAL_A, d, 17, 64, 8);
+            assert_eq!(classify_ipv6(&h, 48), Ipv6Verdict::Forward, "{d:?}");
+        }
     }
 
     #[test]

@@ -964,8 +964,9 @@ counters! {
     /// live flow's: the LAN endpoint talks to the same remote endpoint
     /// through another mapping. Opening it would take that flow's entry
     /// over and change its mapping mid-flow (RFC 4787 REQ-1); the kernel
-    /// gets the packet instead. New counters go last: the others keep the
-    /// indexes older objects write.
+    /// gets the packet instead. IPv6: a new flow (pinhole or outbound)
+    /// whose reverse tuple is a live entry's. New counters go last: the
+    /// others keep the indexes older objects write.
     PassReplyTupleTaken = "pass_reply_tuple_taken", false;
 }
 

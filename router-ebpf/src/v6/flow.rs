@@ -16,13 +16,13 @@ use router_common::{
     ipv6::{IPPROTO_ICMPV6, ipv6},
     maps::{
         Admit, Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6,
-        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
+        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, Timeouts, lease_tick,
     },
 };
 
 use super::{
     fib6,
-    maps::{CONNTRACK6, insert_counted, pinhole},
+    maps::{CONNTRACK6, Claim, claim, insert_counted, pinhole},
     parse::{fill_tcp_segment, read_tcp_segment},
     unsolicited,
 };
@@ -293,7 +293,8 @@ fn segment(md: *mut xdp_md) -> Option<&'static Segment> {
 #[map(name = "SEGMENT_SCRATCH6")]
 static SEGMENT_SCRATCH6: PerCpuArray<Segment> = PerCpuArray::with_max_entries(1, 0);
 
-/// Where [`peer_entry`] builds the other direction's key.
+/// Where [`peer_entry`] (a hit) and [`commit`] (a miss) build the other
+/// direction's key.
 #[map(name = "PEER_KEY_SCRATCH6")]
 static PEER_KEY_SCRATCH6: PerCpuArray<FlowKey6> = PerCpuArray::with_max_entries(1, 0);
 
@@ -387,17 +388,32 @@ pub fn admit(
         };
         return Err(Verdict::pass(c));
     }
-    if !commit(ctx.ctx, key, extra_flags, now) {
-        return Err(Verdict::pass(Counter::Pass6TableFull));
+    match commit(ctx.ctx, key, extra_flags, &cfg.timeouts, now) {
+        Claim::Done => {}
+        // The reverse tuple is a live flow's own (its entry for the other
+        // direction): it keeps it, as IPv4 and the kernel's conntrack keep
+        // a clashing tuple's flow; the kernel gets the packet.
+        Claim::Taken => return Err(Verdict::pass(Counter::PassReplyTupleTaken)),
+        Claim::Failed => return Err(Verdict::pass(Counter::Pass6TableFull)),
     }
     event(new_flow);
     Ok(hop)
 }
 
 /// Writes both entries of a new flow opened by `key`'s packet, with the
-/// window tracking a TCP SYN starts (as IPv4's).
+/// window tracking a TCP SYN starts (as IPv4's `insert_pair`): the reverse
+/// entry first, claiming its tuple ([`claim`]), then `key`'s, which may
+/// overwrite only an entry the lookup refused (expired, or of the other
+/// side); if that fails the reverse entry is removed, so no half-flow is
+/// left to admit packets.
 #[inline(never)]
-fn commit(md: *mut xdp_md, key: &FlowKey6, extra_flags: u8, now: u64) -> bool {
+fn commit(
+    md: *mut xdp_md,
+    key: &FlowKey6,
+    extra_flags: u8,
+    timeouts: &Timeouts,
+    now: u64,
+) -> Claim {
     // ICMPv6 echo has the ICMP state (`initial_state` knows IPv4's numbers).
     let state = if key.proto == IPPROTO_ICMPV6 {
         FlowState::Icmp
@@ -420,10 +436,25 @@ fn commit(md: *mut xdp_md, key: &FlowKey6, extra_flags: u8, now: u64) -> bool {
         tcp: reply_tcp,
         ..FlowEntry6::default()
     };
-    if !insert_counted(&key.reversed(), &e) {
-        return false;
+    // The reverse key in a per-CPU slot, not on the stack: main + commit
+    // is at the verifier's 512 bytes.
+    let Some(reverse) = PEER_KEY_SCRATCH6.get_ptr_mut(0) else {
+        return Claim::Failed;
+    };
+    // SAFETY: per-CPU slot, used by this program run only (a miss: no
+    // `peer_entry` in this run).
+    let reverse = unsafe { &mut *reverse };
+    *reverse = key.reversed();
+    match claim(reverse, &e, timeouts, now) {
+        Claim::Done => {}
+        other => return other,
     }
     e.flags = FLAG_ORIGINAL | extra_flags;
     e.tcp = orig_tcp;
-    insert_counted(key, &e)
+    if insert_counted(key, &e) {
+        Claim::Done
+    } else {
+        let _ = CONNTRACK6.remove(reverse);
+        Claim::Failed
+    }
 }

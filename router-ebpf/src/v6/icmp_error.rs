@@ -12,7 +12,7 @@ use router_common::{
 };
 
 use super::{fib6, forward as forward_l2, maps::CONNTRACK6, unsolicited};
-use crate::{Step, Verdict, maps::event, parse::Ingress, parse::header};
+use crate::{Step, Verdict, hop::Hop, maps::event, parse::Ingress, parse::header};
 
 /// Forwards the error if the packet it quotes was sent by a LAN host (the
 /// outer destination) in a known flow; else it is unsolicited.
@@ -71,6 +71,11 @@ pub fn forward(
         return Err(unsolicited(ctx, ip, side));
     }
     let hop = fib6(ctx, ip)?;
-    event(Counter::Icmp6ErrorForwarded);
+    // Counted only when redirected: without a neighbour entry `forward_l2`
+    // passes the error for the kernel to resolve and forward
+    // (`pass_no_neighbour`), which is not the fast path forwarding it.
+    if matches!(hop, Hop::Redirect { .. }) {
+        event(Counter::Icmp6ErrorForwarded);
+    }
     Ok(forward_l2(eth, ip, &hop, Counter::Fwd6Inbound))
 }

@@ -5,8 +5,11 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap},
 };
-use router_common::maps::{
-    Counter, DEFAULT_MAX_FLOWS6, FlowEntry6, FlowKey6, MAX_PINHOLES6, PinholeKey6,
+use router_common::{
+    flow::expired,
+    maps::{
+        Counter, DEFAULT_MAX_FLOWS6, FlowEntry6, FlowKey6, MAX_PINHOLES6, PinholeKey6, Timeouts,
+    },
 };
 
 use crate::maps::{EEXIST, event};
@@ -33,8 +36,58 @@ pub fn pinhole(addr: [u8; 16], proto: u8, port: u16) -> bool {
     unsafe { PINHOLES6.get(&k) }.is_some()
 }
 
-/// Inserts `k -> v`, counting a new key (an existing, stale entry of the
-/// same tuple is overwritten uncounted).
+/// How claiming a tuple for a new flow's first entry went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    Done,
+    /// A live entry holds the tuple: it keeps it.
+    Taken,
+    /// The map refused the insert.
+    Failed,
+}
+
+/// Inserts `k -> v` with `BPF_NOEXIST`, the cross-CPU lock on the tuple
+/// (as IPv4's `insert_pair`), counting a new key. An entry of the tuple
+/// idle past its state's timeout is replaced (`flow_expired_replaced`); a
+/// live one is `Claim::Taken`, also when its other half was evicted: IPv6
+/// rebuilds that half from this one (`flow::sync_peer`), so unlike IPv4's
+/// orphaned reply entry it is still its flow's.
+#[inline(always)]
+pub fn claim(k: &FlowKey6, v: &FlowEntry6, timeouts: &Timeouts, now: u64) -> Claim {
+    match CONNTRACK6.insert(k, v, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            event(Counter::Ct6EntriesInserted);
+            return Claim::Done;
+        }
+        Err(EEXIST) => {}
+        Err(_) => return Claim::Failed,
+    }
+    // SAFETY: map value reference, valid for this run; only the two
+    // fields needed are read (no copy of the entry on the stack).
+    if let Some(e) = unsafe { CONNTRACK6.get(k) }
+        && !expired(e.state, e.last_seen_ns, now, timeouts)
+    {
+        return Claim::Taken;
+    }
+    let replaced = CONNTRACK6.remove(k).is_ok();
+    match CONNTRACK6.insert(k, v, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            if replaced {
+                event(Counter::FlowExpiredReplaced);
+            } else {
+                event(Counter::Ct6EntriesInserted);
+            }
+            Claim::Done
+        }
+        // Another CPU's new flow took it meanwhile.
+        Err(EEXIST) => Claim::Taken,
+        Err(_) => Claim::Failed,
+    }
+}
+
+/// Inserts `k -> v`, counting a new key (an existing entry of the tuple,
+/// one the lookup refused as expired or of the other side, is overwritten
+/// uncounted).
 #[inline(always)]
 pub fn insert_counted(k: &FlowKey6, v: &FlowEntry6) -> bool {
     match CONNTRACK6.insert(k, v, u64::from(BPF_NOEXIST)) {

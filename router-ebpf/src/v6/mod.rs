@@ -87,13 +87,20 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
 /// than the egress MTU is passed so that the kernel sends Packet Too Big.
 #[inline(always)]
 pub fn fib6(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
+    #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
+    let tot_len = get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16);
+    fib6_sized(ctx, ip, tot_len)
+}
+
+/// [`fib6`] for a packet of `tot_len` bytes, which the kernel compares
+/// with the egress MTU; 0: no MTU check, the egress question only (as
+/// IPv4's `hop::forward_egress`).
+#[inline(always)]
+fn fib6_sized(ctx: &XdpContext, ip: &[u8; ipv6::LEN], tot_len: u16) -> Step<Hop> {
     // SAFETY: zeroed is a valid bit pattern for this plain C struct.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     p.family = AF_INET6;
     p.l4_protocol = ip[ipv6::NEXT_HEADER];
-    // The kernel compares tot_len with the egress MTU.
-    #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
-    let tot_len = get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16);
     p.__bindgen_anon_1.tot_len = tot_len;
     // Version, traffic class and flow label in wire order: the kernel
     // masks out the version.
@@ -153,7 +160,11 @@ pub fn unsolicited(ctx: &XdpContext, ip: &[u8; ipv6::LEN], side: Ingress<'_>) ->
     if side.from_lan {
         return Verdict::pass(Counter::PassNoFlow);
     }
-    match fib6(ctx, ip) {
+    // Where it would go, not whether it fits: with the MTU check an
+    // oversize packet to a LAN host would be passed and answered with
+    // Packet Too Big by the kernel, telling a scanner that the address is
+    // routed, where RFC 6092 3 discards unsolicited inbound traffic.
+    match fib6_sized(ctx, ip, 0) {
         Ok(hop) if hop.egress() == side.cfg.lan_ifindex => Verdict::drop(Counter::Drop6Unsolicited),
         Ok(_) => Verdict::pass(Counter::PassUnsolicited),
         Err(v) => v,

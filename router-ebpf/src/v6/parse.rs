@@ -17,8 +17,9 @@ use crate::{
     parse::{get_u32, header},
 };
 
-/// The fixed header: forwardable, or passed (link scope, extension
-/// headers by kind, hop limit <= 1) or dropped (malformed).
+/// The fixed header: forwardable, or passed (link scope, not a
+/// forwardable address, extension headers by kind, hop limit <= 1) or
+/// dropped (malformed).
 #[inline(always)]
 pub fn classify(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<()> {
     let l3_len = ctx.data_end() - ctx.data() - frame6::IPV6;
@@ -26,6 +27,8 @@ pub fn classify(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<()> {
         Ipv6Verdict::Forward => Ok(()),
         Ipv6Verdict::Malformed => Err(Verdict::drop(Counter::DropMalformed)),
         Ipv6Verdict::LinkScope => Err(Verdict::pass(Counter::Pass6LinkScope)),
+        // As IPv4's destinations a router does not forward (0/8, 240/4).
+        Ipv6Verdict::NotForwardable => Err(Verdict::pass(Counter::PassFibNotForwarded)),
         Ipv6Verdict::Extension(ext) => Err(Verdict::pass(ext.counter())),
         Ipv6Verdict::HopLimit => Err(Verdict::pass(Counter::Pass6HopLimit)),
     }

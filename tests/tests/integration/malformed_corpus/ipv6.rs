@@ -2,8 +2,8 @@
 //! mutation as for IPv4 (truncation at every byte, payload lengths around
 //! the frame and every header's minimum, version, hop limit 0/1/2/255,
 //! every extension header kind and whole extension header chains, cut
-//! ones too, TCP data offsets, link-scope, multicast and unspecified
-//! addresses, trailing padding, `ICMPv6` errors quoting ever shorter
+//! ones too, TCP data offsets, link-scope, multicast, unspecified and
+//! IPv4-mapped addresses, trailing padding, `ICMPv6` errors quoting ever shorter
 //! packets) plus seeded random mutations, through one program in
 //! standalone mode with established TCP, UDP, echo and pinhole flows.
 //!
@@ -72,6 +72,10 @@ fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
     let link_local = |a: &[u8]| a[0] == 0xfe && a[1] & 0xc0 == 0x80;
     if link_local(src) || src.iter().all(|&b| b == 0) || link_local(dst) || dst[0] == 0xff {
         return Exactly(Counter::Pass6LinkScope);
+    }
+    let mapped = |a: &[u8]| a[..10].iter().all(|&b| b == 0) && a[10..12] == [0xff, 0xff];
+    if dst.iter().all(|&b| b == 0) || mapped(src) || mapped(dst) {
+        return Exactly(Counter::PassFibNotForwarded);
     }
     let ext = match ip[6] {
         0 => Some(Counter::Pass6ExtHopByHop),
@@ -267,7 +271,7 @@ fn systematic6(s: &Seed6) -> Vec<(String, Vec<u8>)> {
             push(format!("ICMPv6 type {ty}"), g);
         }
     }
-    let odd: [(&str, [u8; 16]); 8] = [
+    let odd: [(&str, [u8; 16]); 9] = [
         (
             "link-local",
             [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7],
@@ -282,6 +286,10 @@ fn systematic6(s: &Seed6) -> Vec<(String, Vec<u8>)> {
             [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
         ),
         ("loopback", [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+        (
+            "IPv4-mapped",
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 51, 100, 1],
+        ),
         ("router LAN", o(ROUTER_LAN6)),
         ("router WAN", o(ROUTER_WAN6)),
         ("LAN nobody", o(LAN_NOBODY6)),

@@ -335,6 +335,78 @@ fn inbound6_unsolicited_dropped_pinhole_opens() {
     });
 }
 
+/// A pinhole flow's reverse entry is the tuple of a LAN host's own
+/// outbound flow whose WAN-side half the LRU evicted: that live entry keeps
+/// its flow (state, flags, counts; a hit from the LAN puts the other half
+/// back), and the WAN packet goes to the kernel (`pass_reply_tuple_taken`),
+/// as IPv4 keeps a live flow's reply tuple. Once that entry has expired, the
+/// pinhole opens its flow over it (`flow_expired_replaced`).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn pinhole6_does_not_take_over_a_live_flows_entry() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        r.pinhole(c, IPPROTO_UDP, 5060);
+        let out = Ipv6::udp(c, s, &Udp::new(5060, 5060, b"REGISTER"));
+        r.redirect(
+            "outbound flow from the pinholed port",
+            &from_client(&env, &out),
+            lan,
+            &to_server(&env, &out),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        let k = key(CLIENT6, 5060, SERVER6, 5060, IPPROTO_UDP);
+        let live = r.conntrack6()[&k];
+        r.remove6(&k.reversed());
+        let inbound = Ipv6::udp(s, c, &Udp::new(5060, 5060, b"INVITE"));
+        r.pass(
+            "WAN packet on the tuple of a live flow's evicted half",
+            &from_server(&env, &inbound),
+            wan,
+            Counter::PassReplyTupleTaken,
+        );
+        let after = r.conntrack6();
+        assert_eq!(
+            after.keys().collect::<Vec<_>>(),
+            vec![&k],
+            "only the live entry"
+        );
+        assert_eq!(after[&k], live, "the live entry is untouched");
+
+        // Expired: the pinhole's flow replaces it.
+        r.put6(
+            &k,
+            &FlowEntry6 {
+                last_seen_ns: 1,
+                created_ns: 1,
+                ..live
+            },
+        );
+        r.redirect(
+            "pinhole over an expired entry",
+            &from_server(&env, &inbound),
+            wan,
+            &to_client(&env, &inbound),
+            Counter::Fwd6Inbound,
+            &[Counter::Flow6NewPinhole, Counter::FlowExpiredReplaced],
+        );
+        r.assert_flows(
+            "the pinhole's flow",
+            &[
+                (
+                    k.reversed(),
+                    FlowState::UdpUnreplied,
+                    FLAG_ORIGINAL | FLAG_PORT_FORWARD,
+                ),
+                (k, FlowState::UdpUnreplied, FLAG_PORT_FORWARD),
+            ],
+        );
+    });
+}
+
 /// Offload mode: a miss is the kernel's in both directions (netfilter
 /// admits; the daemon offloads the flow once established).
 #[test]
@@ -414,6 +486,66 @@ fn oversize6_passed_for_packet_too_big() {
             "oversize on a hit",
             &from_client(&env, &big),
             lan,
+            Counter::Pass6PacketTooBig,
+        );
+    });
+}
+
+/// An unsolicited WAN packet larger than the LAN's MTU is dropped like a
+/// small one (RFC 6092 3: unsolicited inbound traffic is discarded), not
+/// passed for the kernel to answer with Packet Too Big, which would tell a
+/// scanner that the address is routed; an `ICMPv6` error quoting no flow
+/// likewise. A pinhole's or a known flow's oversize packet is still passed
+/// for Packet Too Big (path-MTU discovery).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn oversize6_unsolicited_dropped_not_answered() {
+    let env = topology();
+    env.t.exec_ok(
+        tests::Ns::Router,
+        &["ip", "link", "set", tests::LAN_IF, "mtu", "1280"],
+    );
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let big = Ipv6::udp(s, c, &Udp::new(4444, 9999, &[7; 1400]));
+        r.drop_frame(
+            "oversize unsolicited UDP",
+            &from_server(&env, &big),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let quoted = Ipv6::udp(c, s, &Udp::new(5001, 6000, &[1; 1300])).bytes();
+        let error = Ipv6::error(s, c, tests::v6::ICMP6_DEST_UNREACH, 0, &quoted);
+        r.drop_frame(
+            "oversize ICMPv6 error quoting no flow",
+            &from_server(&env, &error),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        r.assert_flows("nothing opened", &[]);
+
+        r.pinhole(c, IPPROTO_UDP, 9999);
+        r.pass(
+            "oversize through a pinhole",
+            &from_server(&env, &big),
+            wan,
+            Counter::Pass6PacketTooBig,
+        );
+        let out = Ipv6::udp(c, s, &Udp::new(5000, 6000, b"hello"));
+        r.redirect(
+            "flow out",
+            &from_client(&env, &out),
+            lan,
+            &to_server(&env, &out),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        let reply = Ipv6::udp(s, c, &Udp::new(6000, 5000, &[7; 1400]));
+        r.pass(
+            "oversize reply of a known flow",
+            &from_server(&env, &reply),
+            wan,
             Counter::Pass6PacketTooBig,
         );
     });

@@ -145,3 +145,34 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
         );
     });
 }
+
+/// An `ICMPv6` error about a known flow whose LAN host has no neighbour
+/// entry is passed for the kernel to resolve and forward: counted
+/// `pass_no_neighbour` only, not `icmp6_error_forwarded` (the fast path did
+/// not forward it).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn icmp6_error_to_an_unresolved_lan_host_not_counted_forwarded() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (n, s) = (o(LAN_NOBODY6), o(SERVER6));
+        let udp = Ipv6::udp(n, s, &Udp::new(5000, 6000, &[1; 200]));
+        r.redirect(
+            "UDP out from an unresolved LAN address",
+            &from_client(&env, &udp),
+            lan,
+            &to_server(&env, &udp),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        let quoted = udp.clone().hop_limit(udp.hop_limit - 1).bytes();
+        let e = Ipv6::error(s, n, ICMP6_PACKET_TOO_BIG, 1280, &quoted);
+        r.pass(
+            "PTB to the unresolved LAN host",
+            &from_server(&env, &e),
+            wan,
+            Counter::PassNoNeighbour,
+        );
+    });
+}

@@ -80,6 +80,13 @@ impl Router6 {
         m.insert(k, e, 0).unwrap();
     }
 
+    /// Deletes `k` from CONNTRACK6, as an LRU eviction does.
+    fn remove6(&mut self, k: &FlowKey6) {
+        let mut m: HashMap<_, FlowKey6, FlowEntry6> =
+            HashMap::try_from(self.0.ebpf.map_mut(CONNTRACK6_MAP).expect("CONNTRACK6")).unwrap();
+        m.remove(k).unwrap();
+    }
+
     fn pinhole(&mut self, addr: [u8; 16], proto: u8, port: u16) {
         let mut m: HashMap<_, PinholeKey6, u8> =
             HashMap::try_from(self.0.ebpf.map_mut(PINHOLES6_MAP).expect("PINHOLES6")).unwrap();

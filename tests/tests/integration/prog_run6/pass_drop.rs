@@ -235,6 +235,83 @@ fn ipv6_from_the_wan_is_not_judged_as_ipv4() {
     });
 }
 
+/// With a default route on the router (which `bpf_fib_lookup` matches
+/// `::` and `::ffff:0:0/96` to), the unspecified destination (RFC 4291
+/// 2.5.2) and IPv4-mapped addresses (RFC 4291 2.5.5.2; RFC 6890: not
+/// forwardable) neither open a flow nor are forwarded: passed as not a
+/// destination a router forwards to, as IPv4's 0/8 and 240/4. A global
+/// destination behind the same default route is forwarded.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn unspecified_and_ipv4_mapped_addresses_do_not_follow_the_default_route() {
+    let env = topology();
+    let gw = SERVER6.to_string();
+    env.t.exec_ok(
+        tests::Ns::Router,
+        &["ip", "-6", "route", "add", "default", "via", &gw],
+    );
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let mapped: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 198, 51, 100, 1];
+        let mapped_src: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 2];
+        let cases = [
+            (
+                "UDP to ::",
+                Ipv6::udp(c, [0; 16], &Udp::new(5000, 53, b"q")),
+            ),
+            (
+                "SYN to ::",
+                Ipv6::tcp(c, [0; 16], &Tcp::new(40000, 80, TCP_SYN)),
+            ),
+            (
+                "UDP to ::ffff:198.51.100.1",
+                Ipv6::udp(c, mapped, &Udp::new(5000, 53, b"q")),
+            ),
+            (
+                "SYN to ::ffff:198.51.100.1",
+                Ipv6::tcp(c, mapped, &Tcp::new(40000, 80, TCP_SYN)),
+            ),
+            (
+                "echo to ::ffff:198.51.100.1",
+                Ipv6::echo(c, mapped, false, 7, 1),
+            ),
+            (
+                "UDP from ::ffff:192.168.1.2",
+                Ipv6::udp(mapped_src, s, &Udp::new(5000, 53, b"q")),
+            ),
+        ];
+        for (what, p) in &cases {
+            r.pass(
+                &format!("{what} from the LAN"),
+                &from_client(&env, p),
+                lan,
+                Counter::PassFibNotForwarded,
+            );
+        }
+        let in_to_unspecified = Ipv6::udp(s, [0; 16], &Udp::new(5000, 53, b"q"));
+        r.pass(
+            "UDP to :: from the WAN",
+            &from_server(&env, &in_to_unspecified),
+            wan,
+            Counter::PassFibNotForwarded,
+        );
+        r.assert_flows("nothing opened", &[]);
+        let far: [u8; 16] = [
+            0x20, 0x01, 0x0d, 0xb8, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+        ];
+        let global = Ipv6::udp(c, far, &Udp::new(5000, 53, b"q"));
+        r.redirect(
+            "UDP to a global address by the default route",
+            &from_client(&env, &global),
+            lan,
+            &to_server(&env, &global),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+    });
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn truncations_and_bad_lengths_dropped() {
