@@ -662,6 +662,14 @@ impl CtSocket {
         }
     }
 
+    /// Removes the entry whose original direction is `orig`; `ENOENT`
+    /// when it is gone already.
+    pub fn delete(&mut self, orig: &Tuple) -> io::Result<()> {
+        let mut m = ct_msg(IPCTNL_MSG_CT_DELETE, NLM_F_ACK, family_of(orig));
+        put_tuple(&mut m, CTA_TUPLE_ORIG, orig);
+        self.transact(m).map(|_| ())
+    }
+
     /// Changes the entry whose original direction is `orig`: its timeout
     /// to `timeout` seconds (if given) and, for TCP, whether conntrack
     /// checks the sequence numbers of both directions against the window

@@ -1238,17 +1238,18 @@ fn follow_wan_addr(ctx: &Ctx, ifindex: u32, status: &mut DaemonStatus) -> Result
     let (Some(mut rec), Ok(mut cfg)) = (state::load(ctx.ns())?, ctx.maps().read_config()) else {
         return Ok(Followed::Done);
     };
-    if wan_addr_now(&rec.config) != Some(now) || rec.pending.is_some() {
+    if wan_addr_now(&rec.config) != Some(now) {
         return Ok(Followed::Done);
     }
+    if rec.pending.is_some() {
+        // An interrupted replace: the next attach finishes it (with the
+        // address as it is then); until then, looked at again each tick.
+        return Ok(Followed::LockBusy);
+    }
     let old = rec.config.wan_addr;
-    cfg.wan_addr = now.octets();
-    ctx.maps()
-        .config()?
-        .set(0, cfg, 0)
-        .context("writing the configuration")?;
-    rec.config.wan_addr = now;
     let standalone_mode = rec.config.admit == AdmitMode::Xdp;
+    // The kernel side first: if it fails nothing changed, and the next
+    // tick tries again.
     if standalone_mode {
         standalone::set_up(
             ctx.ns(),
@@ -1261,10 +1262,24 @@ fn follow_wan_addr(ctx: &Ctx, ifindex: u32, status: &mut DaemonStatus) -> Result
         )
         .context("moving standalone mode's slow-path NAT to the new WAN address")?;
     }
+    cfg.wan_addr = now.octets();
+    ctx.maps()
+        .config()?
+        .set(0, cfg, 0)
+        .context("writing the configuration")?;
+    rec.config.wan_addr = now;
     state::save(ctx.ns(), &rec)?;
-    // Offload mode: the flows are the kernel's, which drops them itself.
+    // Offload mode: the flows are the kernel's, whose masquerade drops
+    // them itself.
     let ended = if standalone_mode {
-        conntrack::remove_translated_to(&ctx.maps(), old.octets())?
+        let kernel = end_kernel_flows_translated_to(old).unwrap_or_else(|e| {
+            tracing::warn!(
+                "ending the kernel slow path's connections translated to {old}: {e}; they \
+                 end when they time out"
+            );
+            0
+        });
+        conntrack::remove_translated_to(&ctx.maps(), old.octets())? + kernel
     } else {
         0
     };
@@ -1326,6 +1341,27 @@ fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus) {
             gaps.join("; ")
         ),
     }
+}
+
+/// Removes the kernel's connections whose reply goes to `old` (what the
+/// slow-path table's `snat` translated to it): the kernel's masquerade
+/// cleanup on an address change covers `masquerade` rules only, and a LAN
+/// host that keeps sending (an ESP or GRE tunnel) would otherwise keep its
+/// entry, and its dead translation, alive. Returns how many.
+fn end_kernel_flows_translated_to(old: Ipv4Addr) -> io::Result<usize> {
+    let mut ct = CtSocket::requests()?;
+    let mut ended = 0;
+    for c in ct.dump()? {
+        if c.reply.dst != IpAddr::V4(old) || c.orig.dst == IpAddr::V4(old) {
+            continue;
+        }
+        match ct.delete(&c.orig) {
+            Ok(()) => ended += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ended)
 }
 
 /// The WAN's first IPv4 address now, if the router follows it

@@ -506,6 +506,25 @@ fn daemon_follows_a_new_wan_address() {
     let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
     assert!(mentions(&table, tests::ROUTER_WAN_ADDR), "{table}");
 
+    // A connection of the kernel's slow path (a fragmented datagram, which
+    // XDP passes), translated by the standalone table's snat.
+    t.in_ns(Ns::Client, || {
+        let s = std::net::UdpSocket::bind(sa(CLIENT_ADDR, 0)).unwrap();
+        s.send_to(&[7u8; 3000], sa(SERVER_ADDR, 5332)).unwrap();
+    });
+    let slow_path = |t: &Topology| {
+        let o = t.exec(
+            Ns::Router,
+            &["conntrack", "-L", "-p", "udp", "--dport", "5332"],
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(
+        slow_path(&t).contains("dst=203.0.113.1 "),
+        "no slow-path connection: {}",
+        slow_path(&t)
+    );
+
     // The lease changes: the old address goes, the new one comes.
     let old_cidr = format!("{}/24", tests::ROUTER_WAN_ADDR);
     t.exec_ok(Ns::Router, &["ip", "addr", "del", &old_cidr, "dev", WAN_IF]);
@@ -543,6 +562,11 @@ fn daemon_follows_a_new_wan_address() {
         xlat(&t).is_empty(),
         "flows on the old address: {:?}",
         xlat(&t)
+    );
+    assert!(
+        !slow_path(&t).contains("dst=203.0.113.1 "),
+        "the slow path's connection kept the old address: {}",
+        slow_path(&t)
     );
 
     t.warm_neighbours();
