@@ -684,6 +684,17 @@ pub fn flush(maps: &PinnedMaps) -> Result<()> {
     Ok(())
 }
 
+/// The `ct_entries_flushed` counter: entries `conntrack flush` removed
+/// since attach (a flush is what a daemon follows with a resync).
+pub fn flushed(maps: &PinnedMaps) -> Result<u64> {
+    use router_common::maps::Counter;
+    let map = maps.counters()?;
+    let values = map
+        .get(&(Counter::CtEntriesFlushed as u32), 0)
+        .context("reading COUNTERS")?;
+    Ok(values.iter().map(|v| v.packets).sum())
+}
+
 /// Adds `n` to the `ct_entries_flushed` counter (CPU 0's slot: the data
 /// path never writes this counter, so there is no lost update), for the
 /// eviction estimate of `stats`.

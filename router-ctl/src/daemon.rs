@@ -495,17 +495,15 @@ struct Session {
     stale_pending_removed: u64,
     /// The attach whose maps it works on.
     attached: AttachedRouter,
-    /// Offloaded flows lost their XDP entries (a `conntrack flush`, an
-    /// eviction) since the last resync, which offloads them again; and
-    /// when that resync ran (at most one per [`EVICTED_RESYNC_EVERY_NS`]: a
-    /// dump of a large table is not free, and under table pressure entries
-    /// keep being evicted).
-    evicted_since_resync: bool,
-    last_evicted_resync_ns: u64,
+    /// The `ct_entries_flushed` counter when last looked at: a `conntrack
+    /// flush` since then took offloaded flows off the fast path, and a
+    /// resync puts them back. (Not after evictions: under table pressure a
+    /// resync would only evict others.)
+    flushed_seen: Option<u64>,
 }
 
-/// Least time (ns) between two resyncs that put evicted flows back.
-const EVICTED_RESYNC_EVERY_NS: u64 = 30 * 1_000_000_000;
+/// How often (ns) standalone mode's kernel side is looked at.
+const KERNEL_SIDE_CHECK_NS: u64 = 15 * 1_000_000_000;
 
 impl Session {
     /// Reads the attached router's configuration, subscribes to conntrack
@@ -560,8 +558,7 @@ impl Session {
             kernel_mode,
             stale_pending_removed,
             attached,
-            evicted_since_resync: false,
-            last_evicted_resync_ns: 0,
+            flushed_seen: None,
         };
         if pacing == Pacing::AlwaysPolling {
             session.read_events_by(ReadMode::Poll);
@@ -1295,10 +1292,15 @@ fn follow_wan_addr(ctx: &Ctx, ifindex: u32, status: &mut DaemonStatus) -> Result
 
 /// Standalone mode's kernel side as attach set it up: put back (and
 /// said, once per repair) when something removed it behind the router's
-/// back ([`standalone::kernel_side_gaps`]). Looked at each tick; while
-/// another router-ctl holds the lock (an attach, which sets it up itself),
-/// at the next one.
-fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus) {
+/// back ([`standalone::kernel_side_gaps`]). Looked at every
+/// [`KERNEL_SIDE_CHECK_NS`] (it runs `nft`, a process); while another
+/// router-ctl holds the lock (an attach, which sets it up itself), at the
+/// next tick.
+fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns: &mut u64) {
+    let now = monotonic_ns();
+    if *checked_ns != 0 && now.saturating_sub(*checked_ns) < KERNEL_SIDE_CHECK_NS {
+        return;
+    }
     let standalone = |ctx: &Ctx| {
         state::load(ctx.ns())
             .ok()
@@ -1310,11 +1312,13 @@ fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus) {
     }
     let gaps = standalone::kernel_side_gaps(ctx.ns());
     if gaps.is_empty() {
+        *checked_ns = now;
         return;
     }
     let Ok(Some(_lock)) = state::try_lock(ctx.ns()) else {
         return;
     };
+    *checked_ns = now;
     // Again under the lock: a detach or another mode meanwhile.
     let Some(rec) = standalone(ctx) else {
         return;
@@ -1417,21 +1421,21 @@ fn tick(
     watchdog: bool,
 ) {
     session.off.settle(monotonic_ns());
-    session.evicted_since_resync |= session.off.tick(monotonic_ns()) > 0;
-    let now = monotonic_ns();
+    let evicted = session.off.tick(monotonic_ns());
     if session.kernel_mode
-        && session.evicted_since_resync
-        && now.saturating_sub(session.last_evicted_resync_ns) >= EVICTED_RESYNC_EVERY_NS
+        && let Ok(flushed) = conntrack::flushed(&ctx.maps())
+        && session
+            .flushed_seen
+            .replace(flushed)
+            .is_some_and(|seen| flushed != seen)
     {
         // Flows the kernel still has go back onto the fast path.
-        session.last_evicted_resync_ns = now;
-        session.evicted_since_resync = false;
         match resync(&mut session.off) {
             Ok(()) => tracing::info!(
-                "offloaded flows lost their XDP entries (conntrack flush, or evicted); \
-                 resynchronised from the kernel's table"
+                "conntrack flush: {evicted} offloaded flows left the fast path; resynchronised \
+                 from the kernel's table"
             ),
-            Err(e) => tracing::warn!("resynchronising after evicted flows: {e:#}"),
+            Err(e) => tracing::warn!("resynchronising after a conntrack flush: {e:#}"),
         }
     }
     session.off.kernel.routes.clear();
@@ -1484,6 +1488,9 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut sampler = interval(SAMPLE_EVERY);
     let mut settler = interval(SETTLE_EVERY);
     let mut ticker = interval(opts.tick);
+    // When standalone mode's kernel side was last looked at (0: at the
+    // first tick).
+    let mut kernel_side_checked_ns = 0;
     let mut events_batch = Datagrams::new(EVENT_BATCH, EVENT_DATAGRAM_MAX);
     // Armed (reset) when the event socket is polled, idle while waited for.
     let mut event_poller = interval(POLL_EVERY);
@@ -1524,7 +1531,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             _ = ticker.tick() => {
                 follow_attach(ctx, &mut session, &mut status, &mut links);
                 links.recheck(ctx, &mut status);
-                repair_standalone(ctx, &mut status);
+                repair_standalone(ctx, &mut status, &mut kernel_side_checked_ns);
                 tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);
             }
             ready = async { session.events.as_ref()?.waited()?.ready(EVENTS_READY).await.ok() },

@@ -971,7 +971,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// every flow XDP forwarded since the last tick; forget flows whose XDP
     /// entries are gone or whose kernel entry is. Returns how many flows
     /// lost their XDP entries while the kernel may still have them
-    /// (`conntrack flush`, an eviction): a resync offloads those again.
+    /// (`conntrack flush`, an eviction): a resync would offload them
+    /// again.
     pub fn tick(&mut self, now_ns: u64) -> usize {
         let mut gone = Vec::new();
         for (orig, f) in &mut self.flows {

@@ -277,7 +277,7 @@ pub fn status_json(ctx: &Ctx) -> Value {
             found.extend(standalone::kernel_side_gaps(ctx.ns()).into_iter().map(|g| {
                 format!(
                     "standalone mode's kernel side: {g}; a running `router-ctl run` puts it \
-                     back at its next tick, else run `router-ctl attach` again"
+                     back within 15 s, else run `router-ctl attach` again"
                 )
             }));
         }
