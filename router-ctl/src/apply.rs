@@ -16,7 +16,9 @@ use toml::Spanned;
 use tracing::warn;
 
 use crate::{
-    config::{self, AdmitMode, AttachArgs, ConfigError, ConfigField, FilteringMode, Mode},
+    config::{
+        self, AdmitMode, AttachArgs, ConfigError, ConfigField, FilteringMode, ForwardRules, Mode,
+    },
     ctx::Ctx,
     forward::{self, Rule},
     lifecycle::{self, Outcome},
@@ -252,11 +254,16 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
             max_flows: nat.max_flows,
             timeouts,
             force: false,
-            bypass_forward_rules: file
+            forward_rules: if file
                 .router
                 .as_ref()
                 .and_then(|r| r.bypass_forward_rules)
-                .unwrap_or(false),
+                .unwrap_or(false)
+            {
+                ForwardRules::Bypass
+            } else {
+                ForwardRules::Refuse
+            },
             reload: false,
             object: None,
         },
@@ -693,18 +700,27 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
                 &chains,
                 &format!("set `bypass_forward_rules = true` in [router] of {name}"),
             );
-            if !args.bypass_forward_rules {
+            if args.forward_rules == ForwardRules::Refuse {
                 bail!("{name} cannot be applied, nothing was changed: {msg}");
             }
             warn!("{name}: bypass_forward_rules = true: {msg}");
         }
-        args.bypass_forward_rules = true;
+        args.forward_rules = ForwardRules::Checked;
     }
     if check {
         println!("{name} is valid: {summary}");
         return Ok(());
     }
-    let outcome = lifecycle::attach(ctx, &args, &d.forwards).context(PartlyApplied)?;
+    // An attach that refuses (a resize, another interface) or rolls back
+    // leaves the record as it was: nothing changed then.
+    let record_before = state::load(ctx.ns()).ok().flatten();
+    let outcome = lifecycle::attach(ctx, &args, &d.forwards).map_err(|e| {
+        if state::load(ctx.ns()).ok().flatten() == record_before {
+            e
+        } else {
+            e.context(PartlyApplied)
+        }
+    })?;
     let changes = (|| {
         let _lock = state::lock(ctx.ns())?;
         let _signals = SignalsBlocked::new();

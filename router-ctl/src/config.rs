@@ -146,12 +146,21 @@ pub const OFFLOAD_FILTERING: &str = "in offload mode (admit kernel) the kernel's
      address-dependent filtering use standalone mode (`attach --admit xdp --filtering ...`, \
      or `admit = \"xdp\"` in [router] of an apply file)";
 
+/// What standalone mode's attach does about netfilter forward rules it
+/// would bypass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardRules {
+    /// Refuse, naming them (the default).
+    Refuse,
+    /// Warn and attach (`attach --force`).
+    Bypass,
+    /// Already looked at and answered for by the caller (`apply`, with the
+    /// file's own way out).
+    Checked,
+}
+
 /// Everything `attach` (and `apply`) asks for.
 #[derive(Clone, Debug)]
-#[expect(
-    clippy::struct_excessive_bools,
-    reason = "independent switches of one attach, each a flag of the command line"
-)]
 pub struct AttachArgs {
     pub admit: AdmitMode,
     pub filtering: FilteringMode,
@@ -169,9 +178,8 @@ pub struct AttachArgs {
     pub timeouts: Timeouts,
     /// Replace an XDP program router-ctl did not attach.
     pub force: bool,
-    /// Standalone mode: attach even over netfilter forward rules it would
-    /// bypass (`--force`, or `bypass_forward_rules` in an `apply` file).
-    pub bypass_forward_rules: bool,
+    /// Standalone mode over netfilter forward rules it would bypass.
+    pub forward_rules: ForwardRules,
     /// Replace the program even when object and configuration are unchanged.
     pub reload: bool,
     /// Load this object instead of the embedded one (hidden, for tests).
@@ -401,7 +409,7 @@ mod tests {
             max_flows: 10,
             timeouts: Timeouts::default(),
             force: false,
-            bypass_forward_rules: false,
+            forward_rules: ForwardRules::Refuse,
             reload: false,
             object: None,
         }

@@ -686,10 +686,15 @@ impl Check {
 /// router attached in offload mode they are fine). Reported under the
 /// name `netfilter`.
 #[must_use]
-pub fn firewall_checks(pin_dir: &Path) -> Vec<Check> {
+pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
     let offload = PinnedMaps::at(pin_dir)
         .read_config()
         .is_ok_and(|c| c.lan_ifindex != 0 && c.admit == Admit::Kernel as u8);
+    // Attached with --no-kernel-nat: the router's own NAT rule is the slow
+    // path, as the README asks.
+    let own_slow_path = state::load(netns).ok().flatten().is_some_and(|r| {
+        r.config.admit == crate::config::AdmitMode::Xdp && r.config.kernel_nat_ports.is_none()
+    });
     let (chains, notes) = standalone::forward_chains();
     let mut out: Vec<Check> = notes
         .into_iter()
@@ -712,7 +717,7 @@ pub fn firewall_checks(pin_dir: &Path) -> Vec<Check> {
     }
     // Standalone mode's slow-path table competes with source NAT rules of
     // the router's own; offload mode's NAT is the router's own.
-    let own_nat = if offload {
+    let own_nat = if offload || own_slow_path {
         Vec::new()
     } else {
         standalone::foreign_source_nat()
@@ -1019,7 +1024,7 @@ pub fn doctor(
     let mut cs = checks(ifaces, pin_dir);
     cs.extend(vrrp_daemon_check(pin_dir, daemon_running));
     cs.extend(local_ports_check(netns, pin_dir));
-    cs.extend(firewall_checks(pin_dir));
+    cs.extend(firewall_checks(netns, pin_dir));
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
         println!("{}", json!({"checks": cs, "ok": !failed}));

@@ -53,7 +53,7 @@ use anyhow::{Context, Result, bail};
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::{
-    config::{AdmitMode, AttachArgs, FilteringMode, Mode},
+    config::{AdmitMode, AttachArgs, FilteringMode, ForwardRules, Mode},
     ctx::Ctx,
     parse::{ForwardFrom, Proto, TimeoutArg, WanAddr},
 };
@@ -478,7 +478,11 @@ fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
         max_flows: o.max_flows,
         timeouts,
         force: o.force,
-        bypass_forward_rules: o.force,
+        forward_rules: if o.force {
+            ForwardRules::Bypass
+        } else {
+            ForwardRules::Refuse
+        },
         reload: o.reload,
         object: o.object,
     })

@@ -40,7 +40,7 @@ pub use detach::detach;
 
 use crate::{
     clock,
-    config::{self, AdmitMode, AttachArgs, RouterConfig},
+    config::{self, AdmitMode, AttachArgs, ForwardRules, RouterConfig},
     ctx::Ctx,
     doctor,
     inspect::inspect,
@@ -105,7 +105,7 @@ pub fn attach(
     let desired = config::resolve(a)?;
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     if standalone_mode {
-        check_firewall(a.bypass_forward_rules)?;
+        check_firewall(a.forward_rules)?;
         let ports = doctor::local_ports_now(
             (desired.port_min, desired.port_max),
             desired.kernel_nat_ports,
@@ -205,7 +205,10 @@ fn sync_virtual_macs(ctx: &Ctx, attached: [u32; 2]) -> Result<Vec<vmac::VirtualM
 
 /// Standalone mode bypasses netfilter's forward chains: refuses when the
 /// router has forward rules or a drop policy, unless `force`.
-fn check_firewall(force: bool) -> Result<()> {
+fn check_firewall(rules: ForwardRules) -> Result<()> {
+    if rules == ForwardRules::Checked {
+        return Ok(());
+    }
     let (chains, notes) = standalone::forward_chains();
     for n in notes {
         warn!("{n}");
@@ -214,7 +217,7 @@ fn check_firewall(force: bool) -> Result<()> {
         return Ok(());
     }
     let msg = standalone::bypass_message(&chains, "pass --force to bypass them anyway");
-    if !force {
+    if rules == ForwardRules::Refuse {
         bail!("{msg}");
     }
     warn!("bypassing them: {msg}");

@@ -853,6 +853,19 @@ fn a_source_nat_rule_of_the_routers_own_is_warned_of() {
         );
         let e = attach_warning(&["--no-kernel-nat"]);
         assert!(!e.contains("source NAT rules of its own"), "{what}: {e}");
+        t.router_ctl_ok(&[
+            "attach",
+            LAN_IF,
+            WAN_IF,
+            "--admit",
+            "xdp",
+            "--no-kernel-nat",
+        ]);
+        assert!(
+            !doctor_says().contains("source-nat"),
+            "{what}: --no-kernel-nat"
+        );
+        t.router_ctl_ok(&["detach"]);
         t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
         assert!(
             !doctor_says().contains("source-nat"),
