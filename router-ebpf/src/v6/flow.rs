@@ -346,6 +346,32 @@ fn sync_peer(key: &FlowKey6, e: &FlowEntry6, now: u64, refresh: bool) {
     event(Counter::Eviction6Detected);
 }
 
+/// The entry of `key`, which missed, if it belongs to a live flow that
+/// lost this direction's entry (the LRU evicted it) while the other
+/// direction's lives: rebuilt from the other ([`sync_peer`]; untracked, as
+/// after any eviction), and the packet is a hit of the flow. IPv6 translates nothing, so the
+/// lost entry is exactly the other one's key reversed; without this, a
+/// flow whose WAN-side entry was lost would drop the server's packets as
+/// unsolicited until the LAN host happened to send (RFC 6092 3.3: the
+/// state of a flow, not its table entries, decides).
+#[inline(always)]
+pub fn restored(key: &FlowKey6, side: Ingress<'_>, now: u64) -> Option<*mut FlowEntry6> {
+    // SAFETY: map value pointer, valid for this run; no other reference
+    // to the entry is live.
+    let other = unsafe { &mut *peer_entry(key)? };
+    if other.lan_side() == side.from_lan
+        || expired(other.state, other.last_seen_ns, now, &side.cfg.timeouts)
+    {
+        return None;
+    }
+    // Seen now, as the rebuilt entry is: both directions' times agree.
+    other.last_seen_ns = now;
+    let other_key = PEER_KEY_SCRATCH6.get_ptr(0)?;
+    // SAFETY: per-CPU slot holding the key `peer_entry` looked up.
+    sync_peer(unsafe { &*other_key }, other, now, true);
+    lookup(key, side, now)
+}
+
 /// A packet of no known flow. Offload mode: the kernel admits. Standalone:
 /// from the LAN, a packet that may open a flow (not a TCP segment without
 /// SYN) towards the WAN opens one; from the WAN, only through a pinhole,

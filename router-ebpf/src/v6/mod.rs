@@ -55,7 +55,9 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
     } else {
         Counter::Fwd6Inbound
     };
-    let hop = if let Some(e) = flow::lookup(&key, side, now) {
+    let hop = if let Some(e) =
+        flow::lookup(&key, side, now).or_else(|| flow::restored(&key, side, now))
+    {
         // SAFETY: map value pointer from the lookup, valid for this run;
         // no other reference to the entry is live.
         flow::kernel_segment(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags)?;
