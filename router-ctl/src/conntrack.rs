@@ -611,26 +611,38 @@ pub fn count(maps: &PinnedMaps, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// Removes every entry of `table`; entries and flows (entries whose flags
-/// `flags_of` has [`FLAG_ORIGINAL`]) removed.
+/// Removes every entry of `table`, both entries of a flow one right after
+/// the other (`other_half_of`): the data path puts a lost half back from
+/// the other one, so a flow whose halves went far apart in the table's
+/// order would come back if a packet arrived in between. Entries and flows
+/// (entries whose flags `flags_of` has [`FLAG_ORIGINAL`]) removed.
 fn flush_table<K: aya::Pod + Ord, V: aya::Pod>(
     table: &mut aya::maps::HashMap<aya::maps::MapData, K, V>,
     flags_of: fn(&V) -> u8,
+    other_half_of: fn(&K, &V) -> K,
 ) -> Result<(usize, usize)> {
     let cap = maps::capacity(table)?;
     let entries = snapshot(table, cap)?;
+    let flags: std::collections::BTreeMap<K, u8> =
+        entries.iter().map(|(k, e)| (*k, flags_of(e))).collect();
+    let mut done = std::collections::BTreeSet::new();
     let (mut removed, mut flows) = (0usize, 0usize);
     for (k, e) in &entries {
-        match table.remove(k) {
-            Ok(()) => {
-                removed += 1;
-                if flags_of(e) & FLAG_ORIGINAL != 0 {
-                    flows += 1;
-                }
+        for key in [*k, other_half_of(k, e)] {
+            if !done.insert(key) {
+                continue;
             }
-            // Gone already (expired and replaced, or evicted).
-            Err(err) if errno(&err) == Some(libc::ENOENT) => {}
-            Err(err) => return Err(err).context("removing a conntrack entry"),
+            match table.remove(&key) {
+                Ok(()) => {
+                    removed += 1;
+                    if flags.get(&key).is_some_and(|f| f & FLAG_ORIGINAL != 0) {
+                        flows += 1;
+                    }
+                }
+                // Gone already (expired and replaced, or evicted).
+                Err(err) if errno(&err) == Some(libc::ENOENT) => {}
+                Err(err) => return Err(err).context("removing a conntrack entry"),
+            }
         }
     }
     Ok((removed, flows))
@@ -667,16 +679,22 @@ fn on_the_wan_side_of(k: &FlowKey, e: &FlowEntry, addr: [u8; 4]) -> bool {
 
 pub fn flush(maps: &PinnedMaps) -> Result<()> {
     let mut table = maps.conntrack()?;
-    let (removed, flows) = flush_table(&mut table, |e: &FlowEntry| e.flags)?;
-    record_flushed(maps, removed as u64)?;
-    let v6 = match maps.conntrack6() {
+    let (removed, flows) = flush_table(&mut table, |e: &FlowEntry| e.flags, |_, e| e.peer)?;
+    let (v6, removed6) = match maps.conntrack6() {
         Ok(mut table6) => {
-            let (removed6, flows6) = flush_table(&mut table6, |e: &FlowEntry6| e.flags)?;
-            format!(", {removed6} IPv6 entries ({flows6} flows)")
+            let (removed6, flows6) =
+                flush_table(&mut table6, |e: &FlowEntry6| e.flags, |k, _| k.reversed())?;
+            (
+                format!(", {removed6} IPv6 entries ({flows6} flows)"),
+                removed6,
+            )
         }
         // Attached by an older router-ctl: no CONNTRACK6 pinned.
-        Err(_) => String::new(),
+        Err(_) => (String::new(), 0),
     };
+    // Both families, once both are flushed: a running daemon resyncs
+    // offload mode's flows when this moves.
+    record_flushed(maps, (removed + removed6) as u64)?;
     println!(
         "flushed {removed} entries ({flows} flows){v6}; new packets of those flows open new \
          flows or go to the kernel"

@@ -558,7 +558,8 @@ impl Session {
             kernel_mode,
             stale_pending_removed,
             attached,
-            flushed_seen: None,
+            // Read with the table loaded: a flush from now on is followed.
+            flushed_seen: conntrack::flushed(&maps).ok(),
         };
         if pacing == Pacing::AlwaysPolling {
             session.read_events_by(ReadMode::Poll);

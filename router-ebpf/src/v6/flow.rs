@@ -356,6 +356,12 @@ fn sync_peer(key: &FlowKey6, e: &FlowEntry6, now: u64, refresh: bool) {
 /// state of a flow, not its table entries, decides).
 #[inline(always)]
 pub fn restored(key: &FlowKey6, side: Ingress<'_>, now: u64) -> Option<*mut FlowEntry6> {
+    // Standalone only: offload mode's entries are the daemon's, which
+    // removes a pair it ends (a half put back in between would carry the
+    // flow past the kernel's firewall until its lease ran out).
+    if side.cfg.admit != Admit::Xdp as u8 {
+        return None;
+    }
     // SAFETY: map value pointer, valid for this run; no other reference
     // to the entry is live.
     let other = unsafe { &mut *peer_entry(key)? };

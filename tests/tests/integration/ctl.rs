@@ -68,6 +68,24 @@ pub fn status(t: &Topology) -> (Value, i32) {
     (v, o.status.code().unwrap_or(-1))
 }
 
+/// An offload-mode router attached and configured, whose daemon does not
+/// run: `status` says degraded (exit 1) and why.
+pub fn assert_offload_without_daemon(t: &Topology) {
+    let (v, code) = status(t);
+    assert_eq!(
+        (v["admit"].as_str(), &v["configured"]),
+        (Some("kernel"), &Value::Bool(true)),
+        "not an attached offload router: {v}"
+    );
+    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
+    assert!(
+        v["problems"]
+            .to_string()
+            .contains("offload mode without its daemon"),
+        "{v}"
+    );
+}
+
 /// The program ids of the two links in `status --json`.
 pub fn prog_ids(v: &Value) -> Vec<u64> {
     v["links"]

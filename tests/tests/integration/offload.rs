@@ -440,14 +440,7 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
     );
     // Without its daemon offload mode carries nothing: status says so in
     // its exit code too (a monitor reads that).
-    let (v, code) = crate::ctl::status(&t);
-    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
-    assert!(
-        v["problems"]
-            .to_string()
-            .contains("offload mode without its daemon"),
-        "{v}"
-    );
+    crate::ctl::assert_offload_without_daemon(&t);
     let daemon = Daemon::start(&t, &[]);
     let (v, code) = crate::ctl::status(&t);
     assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");

@@ -133,6 +133,7 @@ fn offload6_firewall_decides_and_established_flows_move_to_xdp() {
         kernel_fwd < 10,
         "the kernel still forwards the offloaded flow ({kernel_fwd})"
     );
+    flushed_udp6_flow_is_offloaded_again(&t, &udp);
 
     // TCP: a stream is offloaded once established, then carried by XDP;
     // its FIN/RST still go to the kernel, which ends it.
@@ -254,5 +255,24 @@ fn offload6_daemon_stop_hands_flows_back_to_the_kernel() {
         kernel_entries(&t, &["-f", "ipv6", "-p", "udp", "--orig-port-src", "43000"]).len(),
         1,
         "the kernel lost the flow"
+    );
+}
+
+/// `conntrack flush` of IPv6 entries alone (no IPv4 flow on the router):
+/// the kernel carries the offloaded UDP flow to port 7000 meanwhile, and
+/// the daemon offloads it again (the flush counter covers both families).
+fn flushed_udp6_flow_is_offloaded_again(t: &Topology, udp: &std::net::UdpSocket) {
+    let udp_offloaded = || {
+        offloaded6(t)
+            .iter()
+            .any(|f| f["proto"] == "udp" && f["orig_dst"] == format!("[{SERVER6}]:7000"))
+    };
+    t.router_ctl_ok(&["conntrack", "flush"]);
+    assert!(!udp_offloaded(), "flushed");
+    assert_eq!(echoes(udp, 3, Duration::from_millis(100)), 3);
+    wait_for(
+        "the flushed IPv6 UDP flow to be offloaded again",
+        Duration::from_secs(15),
+        udp_offloaded,
     );
 }

@@ -264,19 +264,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         "{:?}",
         d.notes()
     );
-    let (v, code) = crate::ctl::status(&t);
-    assert_eq!(
-        v["admit"], "kernel",
-        "not attached after the daemon stopped: {v}"
-    );
-    assert_eq!(v["configured"], true, "{v}");
     // Attached, but offload mode carries nothing without its daemon: the
     // exit status says so.
-    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
-    assert!(
-        v["problems"]
-            .to_string()
-            .contains("offload mode without its daemon"),
-        "{v}"
-    );
+    crate::ctl::assert_offload_without_daemon(&t);
 }

@@ -372,40 +372,16 @@ fn attach_refuses_over_forward_rules_unless_forced() {
     );
     refuse("nftables ip6", "table ip6 fw6 chain forward");
     t.exec_ok(Ns::Router, &["nft", "delete", "table", "ip6", "fw6"]);
-    t.exec_ok(
-        Ns::Router,
-        &[
-            "ip6tables-legacy",
-            "-A",
-            "FORWARD",
-            "-i",
-            LAN_IF,
-            "-j",
-            "ACCEPT",
-        ],
-    );
-    refuse(
-        "ip6tables-legacy",
-        "ip6tables-legacy table filter chain FORWARD",
-    );
-    t.exec_ok(Ns::Router, &["ip6tables-legacy", "-F", "FORWARD"]);
-
-    t.exec_ok(
-        Ns::Router,
-        &[
-            "iptables-legacy",
-            "-A",
-            "FORWARD",
-            "-i",
-            LAN_IF,
-            "-j",
-            "ACCEPT",
-        ],
-    );
-    refuse(
-        "iptables-legacy",
-        "iptables-legacy table filter chain FORWARD",
-    );
+    for tool in ["ip6tables-legacy", "iptables-legacy"] {
+        t.exec_ok(
+            Ns::Router,
+            &[tool, "-A", "FORWARD", "-i", LAN_IF, "-j", "ACCEPT"],
+        );
+        refuse(tool, &format!("{tool} table filter chain FORWARD"));
+        if tool == "ip6tables-legacy" {
+            t.exec_ok(Ns::Router, &[tool, "-F", "FORWARD"]);
+        }
+    }
     // Offload mode keeps the firewall in charge: nothing to refuse, and
     // doctor does not warn of it.
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);

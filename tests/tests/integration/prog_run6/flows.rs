@@ -918,6 +918,20 @@ fn offloaded6_carried_only_within_the_lease() {
             Counter::Fwd6Inbound,
             &[],
         );
+        // One entry gone (the daemon removing the pair it ends, one entry
+        // at a time): the other does not bring it back, the kernel decides
+        // (its firewall, not a lease the daemon has forgotten).
+        r.remove6(&udp.reversed());
+        r.pass(
+            "UDP in with the WAN-side entry gone",
+            &from_server(&env, &answer),
+            wan,
+            Counter::PassNotOffloaded,
+        );
+        assert!(
+            !r.conntrack6().contains_key(&udp.reversed()),
+            "offload mode put the entry back"
+        );
     });
 }
 
