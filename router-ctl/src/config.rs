@@ -347,6 +347,12 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     let wan_addrs =
         netlink::ipv4_addrs(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
     let wan_addr = match a.wan_addr {
+        // Offload mode translates nothing itself (the kernel's NAT does):
+        // an IPv6-only WAN (DS-Lite), or one whose DHCP lease is not there
+        // yet, needs no address. `router-ctl run` follows one that comes.
+        WanAddr::Auto if a.admit == AdmitMode::Kernel && wan_addrs.is_empty() => {
+            Ipv4Addr::UNSPECIFIED
+        }
         WanAddr::Auto => *wan_addrs.first().ok_or_else(|| {
             ConfigError::new(
                 ConfigField::Wan,

@@ -237,6 +237,26 @@ fn the_wan_address_is_found_by_interface_also_when_labelled() {
     assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
 }
 
+/// A WAN without an IPv4 address (IPv6 only, or its DHCP lease not there
+/// yet): standalone mode, which masquerades to it, refuses and says how to
+/// give one; offload mode, where the kernel's NAT translates, attaches.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_wan_without_ipv4_is_refused_by_standalone_only() {
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    let wan = format!("{ROUTER_WAN_ADDR}/24");
+    t.exec_ok(Ns::Router, &["ip", "addr", "del", &wan, "dev", WAN_IF]);
+    let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    assert!(
+        err.contains("has no IPv4 address") && err.contains("--wan-addr"),
+        "{err}"
+    );
+    assert!(!t.router_attached());
+    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    assert!(out.contains("attached"), "{out}");
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_failing_second_interface_rolls_the_first_back() {
