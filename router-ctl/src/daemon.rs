@@ -725,6 +725,8 @@ fn daemon_view(status: &DaemonStatus, s: &Session) -> DaemonView {
         offloaded_flows: s.off.len() as u64,
         offload: serde_json::to_value(&s.off.stats).unwrap_or_default(),
         mac_changes_followed: status.mac_changes_followed,
+        wan_addr_changes_followed: status.wan_addr_changes_followed,
+        standalone_repairs: status.standalone_repairs,
         interfaces_gone: status.interfaces_gone.clone(),
         stale_pending_removed: s.stale_pending_removed,
         reattaches_followed: status.reattaches_followed,

@@ -218,6 +218,10 @@ pub struct DaemonView {
     pub offload: Value,
     /// New MAC addresses of the attached interfaces followed.
     pub mac_changes_followed: u64,
+    /// New WAN addresses followed (`--wan-addr auto`).
+    pub wan_addr_changes_followed: u64,
+    /// Standalone mode's kernel side put back.
+    pub standalone_repairs: u64,
     /// Attached interfaces deleted while it ran, as `NAME (LAN)`.
     pub interfaces_gone: Vec<String>,
     /// XDP entries left pending by an earlier daemon, removed.

@@ -98,7 +98,10 @@ fn check_page(dom: &str) {
     assert!(dom.contains("<polyline"), "no chart");
     // The daemon's follow counters (nothing followed in this test).
     assert!(
-        dom.contains("0 MAC changes followed · 0 re-attaches followed"),
+        dom.contains(
+            "0 MAC changes followed · 0 WAN address changes followed · 0 kernel-side repairs · \
+             0 re-attaches followed"
+        ),
         "the daemon's follow counters missing"
     );
     // The data path counts bytes per flow: the busiest flows are ranked by
@@ -115,6 +118,8 @@ fn check_daemon_follow(doc: &Value, metrics: &str) {
     let d = &doc["daemon"];
     for k in [
         "mac_changes_followed",
+        "wan_addr_changes_followed",
+        "standalone_repairs",
         "stale_pending_removed",
         "reattaches_followed",
         "log_records_malformed",
