@@ -13,7 +13,6 @@ use router_common::maps::{
 };
 use serde::Deserialize;
 use toml::Spanned;
-use tracing::warn;
 
 use crate::{
     config::{
@@ -689,22 +688,14 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     );
     let mut args = d.args;
     if args.admit == AdmitMode::Xdp {
-        // Checked here too (`--check` included), so the refusal says how to
+        // Checked here (`--check` included), so the refusal says how to
         // bypass from the file; attach then need not check again.
-        let (chains, notes) = standalone::forward_chains();
-        for n in notes {
-            warn!("{n}");
-        }
-        if !chains.is_empty() {
-            let msg = standalone::bypass_message(
-                &chains,
-                &format!("set `bypass_forward_rules = true` in [router] of {name}"),
-            );
-            if args.forward_rules == ForwardRules::Refuse {
-                bail!("{name} cannot be applied, nothing was changed: {msg}");
-            }
-            warn!("{name}: bypass_forward_rules = true: {msg}");
-        }
+        lifecycle::check_firewall(
+            args.forward_rules,
+            &standalone::Ruleset::read(),
+            &format!("set `bypass_forward_rules = true` in [router] of {name}"),
+        )
+        .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
         args.forward_rules = ForwardRules::Checked;
     }
     if check {

@@ -1246,28 +1246,19 @@ fn follow_wan_addr(ctx: &Ctx, ifindex: u32, status: &mut DaemonStatus) -> Result
         // address as it is then); until then, looked at again each tick.
         return Ok(Followed::LockBusy);
     }
-    let old = rec.config.wan_addr;
+    let old = std::mem::replace(&mut rec.config.wan_addr, now);
     let standalone_mode = rec.config.admit == AdmitMode::Xdp;
-    // The kernel side first: if it fails nothing changed, and the next
-    // tick tries again.
+    // The kernel side first: if it fails nothing changed (the record is
+    // saved last), and the next tick tries again.
     if standalone_mode {
-        standalone::set_up(
-            ctx.ns(),
-            &standalone::Wanted {
-                lan: &rec.config.lan,
-                wan: &rec.config.wan,
-                wan_addr: now,
-                kernel_ports: rec.config.kernel_nat_ports,
-            },
-        )
-        .context("moving standalone mode's slow-path NAT to the new WAN address")?;
+        standalone::set_up(ctx.ns(), &standalone::Wanted::of(&rec.config))
+            .context("moving standalone mode's slow-path NAT to the new WAN address")?;
     }
     cfg.wan_addr = now.octets();
     ctx.maps()
         .config()?
         .set(0, cfg, 0)
         .context("writing the configuration")?;
-    rec.config.wan_addr = now;
     state::save(ctx.ns(), &rec)?;
     // Offload mode: the flows are the kernel's, whose masquerade drops
     // them itself.
@@ -1326,14 +1317,7 @@ fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns: &mut u64)
     let Some(rec) = standalone(ctx) else {
         return;
     };
-    let c = &rec.config;
-    let wanted = standalone::Wanted {
-        lan: &c.lan,
-        wan: &c.wan,
-        wan_addr: c.wan_addr,
-        kernel_ports: c.kernel_nat_ports,
-    };
-    match standalone::set_up(ctx.ns(), &wanted) {
+    match standalone::set_up(ctx.ns(), &standalone::Wanted::of(&rec.config)) {
         Ok(()) => {
             status.standalone_repairs += 1;
             tracing::warn!(

@@ -695,7 +695,8 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
     let own_slow_path = state::load(netns).ok().flatten().is_some_and(|r| {
         r.config.admit == crate::config::AdmitMode::Xdp && r.config.kernel_nat_ports.is_none()
     });
-    let (chains, notes) = standalone::forward_chains();
+    let ruleset = standalone::Ruleset::read();
+    let (chains, notes) = standalone::forward_chains(&ruleset);
     let mut out: Vec<Check> = notes
         .into_iter()
         .map(|n| Check {
@@ -720,7 +721,7 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
     let own_nat = if offload || own_slow_path {
         Vec::new()
     } else {
-        standalone::foreign_source_nat()
+        standalone::foreign_source_nat(&ruleset)
     };
     if !own_nat.is_empty() {
         out.push(Check {

@@ -31,7 +31,10 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::state::{self, STATE_DIR};
+use crate::{
+    config::RouterConfig,
+    state::{self, STATE_DIR},
+};
 
 /// The nftables table standalone mode owns (family `ip`).
 pub const TABLE: &str = "xdp_router";
@@ -196,7 +199,7 @@ pub fn kernel_side_gaps(netns: Option<&str>) -> Vec<String> {
     if let (Ok(rp), Ok(rp_all)) = (
         read_sysctl(&rec.lan, "rp_filter"),
         read_sysctl("all", "rp_filter"),
-    ) && (rp == "1" || (rp_all == "1" && rp == "0"))
+    ) && strict_rp_filter(&rp, &rp_all)
     {
         gaps.push(format!(
             "net.ipv4.conf.{}.rp_filter is strict (`sysctl --system`?)",
@@ -206,6 +209,12 @@ pub fn kernel_side_gaps(netns: Option<&str>) -> Vec<String> {
     gaps
 }
 
+/// Whether a LAN interface with `rp_filter` `rp` filters strictly, `all`
+/// being `rp_all`: the effective value is the larger of the two.
+fn strict_rp_filter(rp: &str, rp_all: &str) -> bool {
+    rp == "1" || (rp_all == "1" && rp == "0")
+}
+
 /// What `attach` asks of the kernel side.
 pub struct Wanted<'a> {
     pub lan: &'a str,
@@ -213,6 +222,19 @@ pub struct Wanted<'a> {
     pub wan_addr: Ipv4Addr,
     /// `None`: no slow-path table (`--no-kernel-nat`).
     pub kernel_ports: Option<(u16, u16)>,
+}
+
+impl<'a> Wanted<'a> {
+    /// What a router's configuration `c` asks of the kernel side.
+    #[must_use]
+    pub fn of(c: &'a RouterConfig) -> Self {
+        Self {
+            lan: &c.lan,
+            wan: &c.wan,
+            wan_addr: c.wan_addr,
+            kernel_ports: c.kernel_nat_ports,
+        }
+    }
 }
 
 /// Sets up (or updates) the kernel side of standalone mode, recording the
@@ -234,7 +256,7 @@ pub fn set_up(netns: Option<&str>, w: &Wanted<'_>) -> Result<()> {
     // The effective rp_filter is the larger of `all` and the interface's.
     let rp = read_sysctl(w.lan, "rp_filter")?;
     let rp_all = read_sysctl("all", "rp_filter")?;
-    if rp == "1" || (rp_all == "1" && rp == "0") {
+    if strict_rp_filter(&rp, &rp_all) {
         rec.rp_filter.get_or_insert(rp);
         save_record(netns, &rec)?;
         write_sysctl(w.lan, "rp_filter", "2")?;
@@ -407,28 +429,45 @@ pub fn iptables_forward_chain(tool: &'static str, listing: &str) -> Option<Forwa
     })
 }
 
+/// This namespace's nftables ruleset as JSON (`nft -j list ruleset`), read
+/// once for the checks that look at it ([`forward_chains`],
+/// [`foreign_source_nat`]); else why it could not be read.
+pub struct Ruleset(Result<serde_json::Value, String>);
+
+impl Ruleset {
+    #[must_use]
+    pub fn read() -> Self {
+        Self(match nft(&["-j", "list", "ruleset"], None) {
+            Ok(text) => serde_json::from_str(&text)
+                .map_err(|e| format!("nft -j list ruleset: unreadable output ({e})")),
+            Err(e) => Err(format!("nftables not checked: {e:#}")),
+        })
+    }
+}
+
+/// Whether iptables-legacy's table `table` exists; `names` lists them
+/// (`/proc/net/ip_tables_names`, `ip6_tables_names`). Listing a legacy
+/// table that is not there would create it: look first.
+fn legacy_table_exists(names: &str, table: &str) -> bool {
+    fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == table))
+}
+
 /// The forward chains of this namespace that standalone mode would
-/// bypass, and notes on what could not be checked.
+/// bypass (`ruleset`'s, and iptables-legacy's), and notes on what could
+/// not be checked.
 #[must_use]
-pub fn forward_chains() -> (Vec<ForwardChain>, Vec<String>) {
+pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<String>) {
     let mut out = Vec::new();
     let mut notes = Vec::new();
-    match nft(&["-j", "list", "ruleset"], None) {
-        Ok(text) => match serde_json::from_str(&text) {
-            Ok(v) => out.extend(nft_forward_chains(&v)),
-            Err(e) => notes.push(format!("nft -j list ruleset: unreadable output ({e})")),
-        },
-        Err(e) => notes.push(format!("nftables not checked: {e:#}")),
+    match &ruleset.0 {
+        Ok(v) => out.extend(nft_forward_chains(v)),
+        Err(note) => notes.push(note.clone()),
     }
     for (names, tool) in [
         ("/proc/net/ip_tables_names", "iptables-legacy"),
         ("/proc/net/ip6_tables_names", "ip6tables-legacy"),
     ] {
-        // Listing a legacy table that is not there would create it: look
-        // first.
-        let legacy_filter =
-            fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == "filter"));
-        if !legacy_filter {
+        if !legacy_table_exists(names, "filter") {
             continue;
         }
         match Command::new(tool).args(["-w", "-S", "FORWARD"]).output() {
@@ -498,17 +537,12 @@ pub fn iptables_source_nat(listing: &str) -> usize {
 /// of XDP's range, which its conntrack does not know are taken. Empty with
 /// none (or none readable).
 #[must_use]
-pub fn foreign_source_nat() -> Vec<String> {
+pub fn foreign_source_nat(ruleset: &Ruleset) -> Vec<String> {
     let mut out = Vec::new();
-    if let Ok(text) = nft(&["-j", "list", "ruleset"], None)
-        && let Ok(v) = serde_json::from_str(&text)
-    {
-        out.extend(nft_source_nat(&v));
+    if let Ok(v) = &ruleset.0 {
+        out.extend(nft_source_nat(v));
     }
-    // Listing a legacy table that is not there would create it: look first.
-    let legacy_nat = fs::read_to_string("/proc/net/ip_tables_names")
-        .is_ok_and(|t| t.lines().any(|l| l.trim() == "nat"));
-    if legacy_nat
+    if legacy_table_exists("/proc/net/ip_tables_names", "nat")
         && let Ok(o) = Command::new("iptables-legacy")
             .args(["-w", "-t", "nat", "-S"])
             .output()

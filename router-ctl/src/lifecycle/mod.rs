@@ -52,17 +52,6 @@ use crate::{
     vmac,
 };
 
-/// What standalone mode's kernel side is set up for, from a router's
-/// configuration.
-fn standalone_wanted(c: &RouterConfig) -> standalone::Wanted<'_> {
-    standalone::Wanted {
-        lan: &c.lan,
-        wan: &c.wan,
-        wan_addr: c.wan_addr,
-        kernel_ports: c.kernel_nat_ports,
-    }
-}
-
 /// Puts standalone mode's kernel side back as it was before a failed
 /// attach set it up: as the running router's record has it (a standalone
 /// router), or gone (none was attached, or an offload router, which has
@@ -71,7 +60,7 @@ fn standalone_wanted(c: &RouterConfig) -> standalone::Wanted<'_> {
 fn undo_standalone_set_up(ctx: &Ctx, attached: bool, record: Option<&State>) {
     let undone = match (attached, record) {
         (true, Some(r)) if r.config.admit == AdmitMode::Xdp => {
-            standalone::set_up(ctx.ns(), &standalone_wanted(&r.config))
+            standalone::set_up(ctx.ns(), &standalone::Wanted::of(&r.config))
         }
         (false, _) | (true, Some(_)) => standalone::tear_down(ctx.ns()).map(|_| ()),
         // Attached without a record: what was set up before is unknown.
@@ -105,7 +94,12 @@ pub fn attach(
     let desired = config::resolve(a)?;
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     if standalone_mode {
-        check_firewall(a.forward_rules)?;
+        let ruleset = standalone::Ruleset::read();
+        check_firewall(
+            a.forward_rules,
+            &ruleset,
+            "pass --force to bypass them anyway",
+        )?;
         let ports = doctor::local_ports_now(
             (desired.port_min, desired.port_max),
             desired.kernel_nat_ports,
@@ -113,7 +107,7 @@ pub fn attach(
         if ports.level != doctor::Level::Ok {
             warn!("{}", ports.line());
         }
-        let own_nat = standalone::foreign_source_nat();
+        let own_nat = standalone::foreign_source_nat(&ruleset);
         if desired.kernel_nat_ports.is_some() && !own_nat.is_empty() {
             warn!("{}", standalone::source_nat_message(&own_nat));
         }
@@ -134,7 +128,7 @@ pub fn attach(
     if standalone_mode {
         // Before the fast path turns on: its first packets towards
         // unresolved neighbours need the sysctls, what it passes the table.
-        if let Err(e) = standalone::set_up(ctx.ns(), &standalone_wanted(&desired)) {
+        if let Err(e) = standalone::set_up(ctx.ns(), &standalone::Wanted::of(&desired)) {
             undo_standalone_set_up(ctx, running.any_pins(), record.as_ref());
             return Err(e);
         }
@@ -204,19 +198,25 @@ fn sync_virtual_macs(ctx: &Ctx, attached: [u32; 2]) -> Result<Vec<vmac::VirtualM
 }
 
 /// Standalone mode bypasses netfilter's forward chains: refuses when the
-/// router has forward rules or a drop policy, unless `force`.
-fn check_firewall(rules: ForwardRules) -> Result<()> {
+/// router has forward rules or a drop policy (`ruleset`'s, and
+/// iptables-legacy's), unless `rules` says to bypass them, naming
+/// `bypass_how` (the way this command's user does that).
+pub fn check_firewall(
+    rules: ForwardRules,
+    ruleset: &standalone::Ruleset,
+    bypass_how: &str,
+) -> Result<()> {
     if rules == ForwardRules::Checked {
         return Ok(());
     }
-    let (chains, notes) = standalone::forward_chains();
+    let (chains, notes) = standalone::forward_chains(ruleset);
     for n in notes {
         warn!("{n}");
     }
     if chains.is_empty() {
         return Ok(());
     }
-    let msg = standalone::bypass_message(&chains, "pass --force to bypass them anyway");
+    let msg = standalone::bypass_message(&chains, bypass_how);
     if rules == ForwardRules::Refuse {
         bail!("{msg}");
     }
