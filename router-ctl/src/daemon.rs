@@ -40,7 +40,7 @@ use crate::{
     clock::monotonic_ns,
     config::{AdmitMode, RouterConfig},
     conntrack,
-    ctnetlink::{CtSocket, Event, Tuple, event_needed, parse_events},
+    ctnetlink::{Conn, CtSocket, Event, Tuple, event_needed, parse_events},
     ctx::Ctx,
     ebpf_log::DataPathLog,
     event_pace::{EventPace, POLL_EVERY, PaceRates, Pacing, ReadMode, WAIT_RETRY_AFTER},
@@ -381,6 +381,12 @@ impl Kernel for NetlinkKernel {
             })
         }))
     }
+    fn dump(&mut self) -> io::Result<Vec<Conn>> {
+        let dump = self.ct.dump()?;
+        // Routes may have changed while events were lost.
+        self.routes.clear();
+        Ok(dump)
+    }
     fn route(&mut self, addr: IpAddr) -> Option<u32> {
         if let Some(&oif) = self.routes.get(&addr) {
             return Some(oif);
@@ -399,14 +405,16 @@ impl Kernel for NetlinkKernel {
 type Daemon = Offloader<PinnedTable, NetlinkKernel>;
 
 fn resync(off: &mut Daemon) -> Result<()> {
-    let dump = off
-        .kernel
-        .ct
-        .dump()
-        .context("dumping the kernel's conntrack table (ctnetlink)")?;
-    off.kernel.routes.clear();
-    off.resync(&dump, monotonic_ns());
-    Ok(())
+    off.resync_from_kernel(monotonic_ns())
+        .context("dumping the kernel's conntrack table (ctnetlink)")
+}
+
+/// [`resync`], and when it fails, says that it is tried again at the next
+/// tick (which [`tick`] does while it is owed).
+fn resync_or_retry(off: &mut Daemon, why: &str) {
+    if let Err(e) = resync(off) {
+        tracing::warn!("resynchronising after {why}: {e:#}; trying again at the next tick");
+    }
 }
 
 /// Removes the XDP entries an earlier daemon left pending (killed between
@@ -917,13 +925,13 @@ fn drain_events(
                 apply_events(off, batch.iter().flat_map(parse_events));
                 if batch.truncated() > 0 {
                     // An event cut short is an event lost: as below.
-                    events_lost(off)?;
+                    events_lost(off);
                 }
                 if n == 0 || (polled && n < batch.slots()) {
                     return Ok(read);
                 }
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => events_lost(off)?,
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => events_lost(off),
             Err(e) => {
                 return Err(e).context(format!(
                     "reading conntrack events (fd {})",
@@ -936,10 +944,10 @@ fn drain_events(
 
 /// The kernel dropped events (or one was cut short): start over from a
 /// dump.
-fn events_lost(off: &mut Daemon) -> Result<()> {
+fn events_lost(off: &mut Daemon) {
     off.stats.events_lost += 1;
     tracing::warn!("conntrack events lost; resynchronising from a dump");
-    resync(off)
+    resync_or_retry(off, "lost events");
 }
 
 /// Samples the counters (and the table when a page is open) and renders
@@ -1417,13 +1425,10 @@ fn tick(
             .is_some_and(|seen| flushed != seen)
     {
         // Flows the kernel still has go back onto the fast path.
-        match resync(&mut session.off) {
-            Ok(()) => tracing::info!(
-                "conntrack flush: {evicted} offloaded flows left the fast path; resynchronised \
-                 from the kernel's table"
-            ),
-            Err(e) => tracing::warn!("resynchronising after a conntrack flush: {e:#}"),
-        }
+        tracing::info!("conntrack flush: {evicted} offloaded flows left the fast path");
+        resync_or_retry(&mut session.off, "a conntrack flush");
+    } else if session.events.is_some() && session.off.resync_due() {
+        resync_or_retry(&mut session.off, "an earlier failed one");
     }
     session.off.kernel.routes.clear();
     dp_log.drain();

@@ -183,6 +183,7 @@ fn encode_offload(
         "refreshed",
         "resyncs",
         "events_lost",
+        "resync_failures",
         "event_polls",
         "event_waits_again",
         "errors",

@@ -375,6 +375,8 @@ pub trait Kernel {
     }
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
+    /// Every connection the kernel has now (a dump of its table).
+    fn dump(&mut self) -> io::Result<Vec<Conn>>;
 }
 
 /// What the offloader reads back of a kernel TCP connection.
@@ -549,6 +551,10 @@ pub struct OffloadStats {
     pub resyncs: u64,
     /// Times the kernel reported lost events (`ENOBUFS`).
     pub events_lost: u64,
+    /// Resyncs whose dump of the kernel's table failed: tried again at
+    /// the next tick ([`Offloader::resync_due`]).
+    #[serde(default)]
+    pub resync_failures: u64,
     /// Reads of the event socket on the poll timer, a batch each: under a
     /// load of events the daemon polls for them rather than waking for each
     /// ([`crate::event_pace`]).
@@ -676,6 +682,9 @@ pub struct Offloader<T, K> {
     settle_order: VecDeque<(Tuple, u64)>,
     /// Which TCP connections are offloaded at once ([`IMMEDIATE_TCP`]).
     immediate_tcp: TokenBucket,
+    /// The last resync's dump failed: the table may miss connections the
+    /// kernel has (events lost) or hold some it ended.
+    resync_due: bool,
     pub stats: OffloadStats,
 }
 
@@ -691,7 +700,35 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             settling: HashMap::new(),
             settle_order: VecDeque::new(),
             immediate_tcp: TokenBucket::new(IMMEDIATE_TCP),
+            resync_due: false,
             stats: OffloadStats::default(),
+        }
+    }
+
+    /// Whether a resync is owed: the last one could not read the kernel's
+    /// table ([`Self::resync_from_kernel`]).
+    #[must_use]
+    pub const fn resync_due(&self) -> bool {
+        self.resync_due
+    }
+
+    /// Starts over from a dump of the kernel's table ([`Self::resync`]).
+    /// When the dump fails (a transient netlink error, memory), nothing
+    /// changes but the resync stays owed: the caller tries again later
+    /// while events go on being followed, rather than giving up the
+    /// offload of every connection.
+    pub fn resync_from_kernel(&mut self, now_ns: u64) -> io::Result<()> {
+        match self.kernel.dump() {
+            Ok(dump) => {
+                self.resync_due = false;
+                self.resync(&dump, now_ns);
+                Ok(())
+            }
+            Err(e) => {
+                self.resync_due = true;
+                self.stats.resync_failures += 1;
+                Err(e)
+            }
         }
     }
 
@@ -1233,6 +1270,10 @@ mod tests {
     #[derive(Default)]
     struct FakeKernel {
         present: Vec<Tuple>,
+        /// What a dump returns.
+        conns: Vec<Conn>,
+        /// Dumps to fail before one succeeds.
+        dump_failures: u32,
         /// TCP connections the kernel has in a closing state already.
         closing: Vec<Tuple>,
         /// TCP connections that close through the kernel while their
@@ -1296,6 +1337,13 @@ mod tests {
                 _ => Some(WAN),
             }
         }
+        fn dump(&mut self) -> io::Result<Vec<Conn>> {
+            if self.dump_failures > 0 {
+                self.dump_failures -= 1;
+                return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
+            }
+            Ok(self.conns.clone())
+        }
     }
 
     fn t(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, proto: u8) -> Tuple {
@@ -1327,6 +1375,7 @@ mod tests {
     fn offloader(present: &[&Conn]) -> Offloader<MemTable, FakeKernel> {
         let kernel = FakeKernel {
             present: present.iter().map(|c| c.orig).collect(),
+            conns: present.iter().map(|&c| c.clone()).collect(),
             replies: present.iter().map(|c| (c.orig, c.reply)).collect(),
             ..FakeKernel::default()
         };
@@ -1506,6 +1555,25 @@ mod tests {
         o.resync(&[b], 2);
         assert_eq!((o.len(), o.table.0.len()), (1, 2));
         assert_eq!(o.stats.resyncs, 2);
+    }
+
+    #[test]
+    fn a_failed_resync_stays_owed_and_changes_nothing() {
+        let a = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&a]);
+        o.kernel.dump_failures = 1;
+        assert!(o.resync_from_kernel(1).is_err());
+        assert!(o.resync_due());
+        assert_eq!(
+            (o.len(), o.stats.resyncs, o.stats.resync_failures),
+            (0, 0, 1)
+        );
+        o.resync_from_kernel(2).expect("the second dump succeeds");
+        assert!(!o.resync_due());
+        assert_eq!(
+            (o.len(), o.stats.resyncs, o.stats.resync_failures),
+            (1, 1, 1)
+        );
     }
 
     /// An offloader whose next TCP connections all wait to settle, as
