@@ -437,11 +437,38 @@ pub struct Ruleset(Result<serde_json::Value, String>);
 impl Ruleset {
     #[must_use]
     pub fn read() -> Self {
-        Self(match nft(&["-j", "list", "ruleset"], None) {
-            Ok(text) => serde_json::from_str(&text)
+        let listed = Command::new("nft")
+            .args(["-j", "list", "ruleset"])
+            .stdin(Stdio::null())
+            .output();
+        Self(match listed {
+            Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout)
                 .map_err(|e| format!("nft -j list ruleset: unreadable output ({e})")),
-            Err(e) => Err(format!("nftables not checked: {e:#}")),
+            Ok(o) => Err(format!(
+                "nftables not checked: nft -j list ruleset failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(
+                "nftables not checked: `nft` not found (iptables-nft rules are nftables rules \
+                 too; `apt-get install nftables` lets them be read)"
+                    .to_owned(),
+            ),
+            Err(e) => Err(format!("nftables not checked: running nft: {e}")),
         })
+    }
+
+    /// A ruleset that could not be read, for tests.
+    #[cfg(test)]
+    #[must_use]
+    pub fn unreadable(why: &str) -> Self {
+        Self(Err(why.to_owned()))
+    }
+
+    /// A ruleset from `nft -j list ruleset`'s output, for tests.
+    #[cfg(test)]
+    #[must_use]
+    pub fn of(json: serde_json::Value) -> Self {
+        Self(Ok(json))
     }
 }
 

@@ -199,8 +199,9 @@ fn sync_virtual_macs(ctx: &Ctx, attached: [u32; 2]) -> Result<Vec<vmac::VirtualM
 
 /// Standalone mode bypasses netfilter's forward chains: refuses when the
 /// router has forward rules or a drop policy (`ruleset`'s, and
-/// iptables-legacy's), unless `rules` says to bypass them, naming
-/// `bypass_how` (the way this command's user does that).
+/// iptables-legacy's), or when they could not be read (a firewall not
+/// looked at is not known to be absent), unless `rules` says to bypass
+/// them, naming `bypass_how` (the way this command's user does that).
 pub fn check_firewall(
     rules: ForwardRules,
     ruleset: &standalone::Ruleset,
@@ -210,13 +211,22 @@ pub fn check_firewall(
         return Ok(());
     }
     let (chains, notes) = standalone::forward_chains(ruleset);
-    for n in notes {
-        warn!("{n}");
+    if !chains.is_empty() {
+        let msg = standalone::bypass_message(&chains, bypass_how);
+        if rules == ForwardRules::Refuse {
+            bail!("{msg}");
+        }
+        warn!("bypassing them: {msg}");
     }
-    if chains.is_empty() {
+    if notes.is_empty() {
         return Ok(());
     }
-    let msg = standalone::bypass_message(&chains, bypass_how);
+    let msg = format!(
+        "the router's forward rules could not all be checked ({}); standalone mode (--admit \
+         xdp) would bypass any it has. Fix: make them readable, use offload mode (--admit \
+         kernel, the default), or {bypass_how}",
+        notes.join("; ")
+    );
     if rules == ForwardRules::Refuse {
         bail!("{msg}");
     }
@@ -271,5 +281,24 @@ fn new_record(
         replaced_at: None,
         replacements: 0,
         pending: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_firewall_that_could_not_be_read_is_refused_unless_bypassed() {
+        let unread = standalone::Ruleset::unreadable("nftables not checked: `nft` not found");
+        let e = check_firewall(ForwardRules::Refuse, &unread, "pass --force")
+            .expect_err("an unread firewall must not count as none");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("`nft` not found") && msg.contains("pass --force"),
+            "{msg}"
+        );
+        check_firewall(ForwardRules::Bypass, &unread, "pass --force").expect("bypassed");
+        check_firewall(ForwardRules::Checked, &unread, "pass --force").expect("checked before");
     }
 }
