@@ -463,13 +463,6 @@ impl Ruleset {
     pub fn unreadable(why: &str) -> Self {
         Self(Err(why.to_owned()))
     }
-
-    /// A ruleset from `nft -j list ruleset`'s output, for tests.
-    #[cfg(test)]
-    #[must_use]
-    pub fn of(json: serde_json::Value) -> Self {
-        Self(Ok(json))
-    }
 }
 
 /// Whether iptables-legacy's table `table` exists; `names` lists them
