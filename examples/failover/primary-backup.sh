@@ -53,7 +53,7 @@ case "$1" in
     ;;
   backup)
     note backup-begin
-    ctl -t   # shorten kernel timers: purge zombie entries after PurgeTimeout
+    ctl -t   # purge zombie entries: conntrackd 1.4 flushes the kernel table after PurgeTimeout
     ctl -n   # request a resync from the master
     note backup-done
     ;;

@@ -510,7 +510,8 @@ struct Session {
     flushed_seen: Option<u64>,
 }
 
-/// How often (ns) standalone mode's kernel side is looked at.
+/// How often (ns) standalone mode's kernel side is looked at, and the
+/// attached interfaces and virtual MACs without a notification.
 const KERNEL_SIDE_CHECK_NS: u64 = 15 * 1_000_000_000;
 
 impl Session {
@@ -1292,6 +1293,38 @@ fn follow_wan_addr(ctx: &Ctx, ifindex: u32, status: &mut DaemonStatus) -> Result
     Ok(Followed::Done)
 }
 
+/// When the daemon last looked at what it follows without notifications.
+struct LookedAt {
+    /// Standalone mode's kernel side (0: at the first tick).
+    kernel_side_ns: u64,
+    /// The attached interfaces and the virtual MACs on them.
+    links_ns: u64,
+}
+
+impl LookedAt {
+    /// The links were looked at just now, the kernel side not yet.
+    fn at_start() -> Self {
+        Self {
+            kernel_side_ns: 0,
+            links_ns: monotonic_ns(),
+        }
+    }
+}
+
+/// At a tick: the attached interfaces and virtual MACs when a notification
+/// asked for it, and every [`KERNEL_SIDE_CHECK_NS`] without one (an attach
+/// or apply writes the virtual MACs from a look at the links it took
+/// before a VRRP transition this daemon followed meanwhile, and would
+/// leave them so until the next one); standalone mode's kernel side.
+fn look_again(ctx: &Ctx, status: &mut DaemonStatus, links: &mut LinkWatch, looked: &mut LookedAt) {
+    if monotonic_ns().saturating_sub(looked.links_ns) >= KERNEL_SIDE_CHECK_NS {
+        links.recheck = true;
+        looked.links_ns = monotonic_ns();
+    }
+    links.recheck(ctx, status);
+    repair_standalone(ctx, status, &mut looked.kernel_side_ns);
+}
+
 /// Standalone mode's kernel side as attach set it up: put back (and
 /// said, once per repair) when something removed it behind the router's
 /// back ([`standalone::kernel_side_gaps`]). Looked at every
@@ -1480,9 +1513,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut sampler = interval(SAMPLE_EVERY);
     let mut settler = interval(SETTLE_EVERY);
     let mut ticker = interval(opts.tick);
-    // When standalone mode's kernel side was last looked at (0: at the
-    // first tick).
-    let mut kernel_side_checked_ns = 0;
+    let mut looked = LookedAt::at_start();
     let mut events_batch = Datagrams::new(EVENT_BATCH, EVENT_DATAGRAM_MAX);
     // Armed (reset) when the event socket is polled, idle while waited for.
     let mut event_poller = interval(POLL_EVERY);
@@ -1522,8 +1553,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             }
             _ = ticker.tick() => {
                 follow_attach(ctx, &mut session, &mut status, &mut links);
-                links.recheck(ctx, &mut status);
-                repair_standalone(ctx, &mut status, &mut kernel_side_checked_ns);
+                look_again(ctx, &mut status, &mut links, &mut looked);
                 tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);
             }
             ready = async { session.events.as_ref()?.waited()?.ready(EVENTS_READY).await.ok() },
