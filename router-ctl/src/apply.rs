@@ -168,7 +168,14 @@ impl Errors<'_> {
 }
 
 /// Parses and validates a file's text. `name` is used in messages.
+#[cfg(test)]
 pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
+    parse_file_as(name, text, AdmitMode::default_for_attach())
+}
+
+/// [`parse_file`] where `unstated` is the admit mode of a file that
+/// states none ([`lifecycle::unstated_admit`]).
+pub fn parse_file_as(name: &str, text: &str, unstated: AdmitMode) -> Result<Desired> {
     let file: File = toml::from_str(text).map_err(|e| {
         let (line, col) = e.span().map_or((0, 0), |s| line_col(text, s.start));
         let field = e
@@ -185,7 +192,7 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
         text,
         list: Vec::new(),
     };
-    let admit = errs.admit(file.router.as_ref());
+    let admit = errs.admit(file.router.as_ref(), unstated);
     let filtering = errs.filtering(file.router.as_ref(), admit);
     let (lan, wan, mode) = errs.interfaces(file.interfaces.get_ref());
     let nat = errs.nat(file.nat.as_ref());
@@ -275,9 +282,9 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
 /// where a value is wrong) and records what is wrong, so every error of a
 /// file is reported at once.
 impl Errors<'_> {
-    fn admit(&mut self, router: Option<&RouterSection>) -> AdmitMode {
+    fn admit(&mut self, router: Option<&RouterSection>, unstated: AdmitMode) -> AdmitMode {
         let Some(a) = router.and_then(|r| r.admit.as_ref()) else {
-            return AdmitMode::default_for_attach();
+            return unstated;
         };
         AdmitMode::from_name(a.get_ref()).unwrap_or_else(|| {
             self.at(
@@ -672,7 +679,15 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let name = path.display().to_string();
-    let d = parse_file(&name, &text)?;
+    let stated = toml::from_str::<File>(&text)
+        .ok()
+        .is_some_and(|f| f.router.is_some_and(|r| r.admit.is_some()));
+    let unstated = if stated {
+        AdmitMode::default_for_attach()
+    } else {
+        lifecycle::unstated_admit(ctx, &format!("`admit` in [router] of {name}"))
+    };
+    let d = parse_file_as(&name, &text, unstated)?;
     // The interfaces and the WAN address, still without changing anything.
     let cfg = config::resolve(&d.args).map_err(|e| located(&name, &text, &e))?;
     let mut summary = String::new();
@@ -809,6 +824,15 @@ mod tests {
             e.contains("r.toml:6: pinhole: inbound IPv6 is the kernel firewall's"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_file_without_admit_takes_the_mode_it_is_given() {
+        let text = "[interfaces]\nlan = \"a\"\nwan = \"b\"\n\
+            [[forward]]\nproto = \"tcp\"\nwan_port = 8080\nto = \"192.168.50.2:80\"\n";
+        let d = parse_file_as("r", text, AdmitMode::Xdp).expect("standalone takes forwards");
+        assert_eq!((d.args.admit, d.forwards.len()), (AdmitMode::Xdp, 1));
+        assert!(parse_file_as("r", text, AdmitMode::Kernel).is_err());
     }
 
     #[test]

@@ -105,11 +105,12 @@ struct AttachOpts {
     lan: String,
     /// Interface towards the upstream; its address is the masquerade source.
     wan: String,
-    /// Who admits new flows. `kernel` (offload, the default): netfilter's firewall and
+    /// Who admits new flows. `kernel` (offload, the default for a new router): netfilter's firewall and
     /// NAT decide, `router-ctl run` moves established flows to XDP. `xdp` (standalone):
     /// XDP masquerades new flows itself and bypasses the firewall's forward rules.
-    #[arg(long, value_enum, default_value_t = AdmitMode::default_for_attach())]
-    admit: AdmitMode,
+    /// Without it: the attached router's mode, `kernel` for a new one.
+    #[arg(long, value_enum)]
+    admit: Option<AdmitMode>,
     /// Standalone: which new inbound flows an active NAT mapping lets in.
     /// `address-port-dependent` (the default, as Linux): only replies of known flows;
     /// `address-dependent`: also from other ports of an address the LAN endpoint sent to;
@@ -463,10 +464,12 @@ impl Cmd {
     }
 }
 
-fn attach_args(o: AttachOpts) -> Result<AttachArgs> {
+fn attach_args(ctx: &Ctx, o: AttachOpts) -> Result<AttachArgs> {
     let timeouts = parse::apply_timeouts(&o.timeouts).map_err(anyhow::Error::msg)?;
     Ok(AttachArgs {
-        admit: o.admit,
+        admit: o
+            .admit
+            .unwrap_or_else(|| lifecycle::unstated_admit(ctx, "--admit")),
         filtering: o.filtering,
         lan: o.lan,
         wan: o.wan,
@@ -534,7 +537,7 @@ fn run(cli: Cli) -> Result<i32> {
     let maps = ctx.maps();
     match cli.cmd {
         Cmd::Attach(o) => {
-            let a = attach_args(o)?;
+            let a = attach_args(&ctx, o)?;
             lifecycle::attach(&ctx, &a, &[]).map(|_| 0)
         }
         Cmd::Detach => lifecycle::detach(&ctx).map(|_| 0),

@@ -362,3 +362,44 @@ fn a_file_bypasses_forward_rules_only_when_it_says_so() {
     assert!(t.router_attached());
     t.router_ctl_ok(&["detach"]);
 }
+
+/// An attach or a file that states no admit mode keeps the attached
+/// router's: a standalone router stays standalone (its LAN flows would
+/// otherwise go to a kernel without a NAT rule of its own), here with the
+/// shipped example minus its `admit` line, whose port forwards offload
+/// mode would refuse.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_unstated_admit_mode_keeps_the_attached_routers() {
+    let t = Topology::new();
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF, "--admit", "xdp"]);
+    let admit = |t: &Topology| status(t).0["record"]["config"]["admit"].clone();
+    assert_eq!(admit(&t), "xdp");
+    let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
+    assert!(
+        out.contains("keeping the attached router's mode, admit xdp"),
+        "{out}"
+    );
+    assert_eq!(admit(&t), "xdp", "attach without --admit switched the mode");
+
+    let text = example_text()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("admit"))
+        .fold(String::new(), |t, l| t + l + "\n");
+    assert!(!text.contains("admit ="), "{text}");
+    let file = TempFile::new("no-admit", &text);
+    let out = t.router_ctl_ok(&["apply", file.path()]);
+    assert!(
+        out.contains("keeping the attached router's mode, admit xdp"),
+        "{out}"
+    );
+    assert_eq!(admit(&t), "xdp", "a file without admit switched the mode");
+    port_forward_works(&t);
+
+    // A router never attached gets offload mode.
+    t.router_ctl_ok(&["detach"]);
+    let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
+    assert!(!out.contains("keeping"), "{out}");
+    assert_eq!(admit(&t), "kernel");
+}
