@@ -278,7 +278,8 @@ See examples/router.toml in the source tree for every field.")]
   router-ctl -n rtr attach lan0 wan0 && router-ctl -n rtr run
   router-ctl run --config /etc/xdp-router/router.toml   # what the systemd unit starts
   router-ctl -n rtr run --listen 127.0.0.1:8080  # status page on http://127.0.0.1:8080/
-  kill -HUP $(pidof router-ctl)                  # re-apply the file
+  systemctl reload xdp-router                    # re-apply the file (SIGHUP to the unit's daemon)
+  kill -HUP PID        # the same by hand; PID: `status --json`'s daemon.pid (not pidof: other router-ctl runs)
   RUST_LOG=debug router-ctl run                  # every offloaded flow")]
     Run {
         /// Seconds between refreshes of active flows' kernel timeouts and leases.
