@@ -92,7 +92,12 @@ fn the_example_applies_and_applying_it_again_changes_nothing() {
     assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
 
     let out = t.router_ctl_ok(&["apply", f]);
-    assert!(out.contains("nothing changed"), "{out}");
+    // apply's own verdict (attach's "nothing changed" comes before it).
+    assert_eq!(
+        out.lines().last(),
+        Some(format!("applied {f}: nothing changed").as_str()),
+        "{out}"
+    );
     let (v2, _) = status(&t);
     assert_eq!(prog_ids(&v2), prog_ids(&v));
     assert_eq!(v2["record"]["replacements"], 0);
@@ -150,7 +155,11 @@ fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
         "port range not applied: {peer}"
     );
     let out = t.router_ctl_ok(&["apply", f.path()]);
-    assert!(out.contains("nothing changed"), "{out}");
+    assert_eq!(
+        out.lines().last(),
+        Some(format!("applied {}: nothing changed", f.path()).as_str()),
+        "{out}"
+    );
 }
 
 #[test]
