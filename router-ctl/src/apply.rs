@@ -701,6 +701,11 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         d.forwards.len(),
         d.pinholes.len()
     );
+    for (k, _) in &d.forwards {
+        if let Some(note) = forward::kernel_range_note(k.port, cfg.kernel_nat_ports) {
+            println!("{name}: {note}");
+        }
+    }
     let mut args = d.args;
     if args.admit == AdmitMode::Xdp {
         // Checked here (`--check` included), so the refusal says how to

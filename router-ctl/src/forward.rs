@@ -149,7 +149,33 @@ pub fn del_pinhole6(maps: &PinnedMaps, proto: Proto, to: SocketAddrV6) -> Result
     }
 }
 
-pub fn add(maps: &PinnedMaps, proto: Proto, wan_port: u16, to: SocketAddrV4) -> Result<()> {
+/// What a forward of `wan_port` inside `kernel_ports` (standalone mode's
+/// kernel slow-path NAT range, when it has one) takes: the slow path
+/// masquerades what XDP passes (fragments, other protocols, exhausted
+/// ports) to ports of that range, and their replies, which XDP does not
+/// know, would match the forward first and reach its host instead.
+#[must_use]
+pub fn kernel_range_note(wan_port: u16, kernel_ports: Option<(u16, u16)>) -> Option<String> {
+    let (min, max) = kernel_ports?;
+    (min..=max).contains(&wan_port).then(|| {
+        format!(
+            "note: WAN port {wan_port} is inside the kernel slow path's NAT range {min}-{max}: a \
+             reply to a LAN flow the slow path masqueraded to that port would reach the \
+             forward's host instead; attach with --kernel-nat-ports (apply: \
+             nat.kernel_nat_ports) outside the forwarded ports to rule that out"
+        )
+    })
+}
+
+/// Adds the port forward `proto` `wan_port` -> `to`; `kernel_ports` is
+/// the kernel slow path's NAT range, if any ([`kernel_range_note`]).
+pub fn add(
+    maps: &PinnedMaps,
+    proto: Proto,
+    wan_port: u16,
+    to: SocketAddrV4,
+    kernel_ports: Option<(u16, u16)>,
+) -> Result<()> {
     if maps
         .read_config()
         .is_ok_and(|c| c.admit == Admit::Kernel as u8)
@@ -185,6 +211,9 @@ pub fn add(maps: &PinnedMaps, proto: Proto, wan_port: u16, to: SocketAddrV4) -> 
         match rules.insert(k, t, BPF_NOEXIST) {
             Ok(()) => {
                 println!("added rule {}", want.describe());
+                if let Some(note) = kernel_range_note(wan_port, kernel_ports) {
+                    println!("{note}");
+                }
                 if let Ok(cfg) = maps.read_config()
                     && (cfg.port_min..=cfg.port_max).contains(&wan_port)
                 {
@@ -295,6 +324,15 @@ pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_forward_inside_the_kernel_nat_range_is_noted() {
+        let range = Some((61000, 65535));
+        assert!(super::kernel_range_note(64738, range).is_some());
+        assert!(super::kernel_range_note(61000, range).is_some());
+        assert!(super::kernel_range_note(60999, range).is_none());
+        assert!(super::kernel_range_note(64738, None).is_none());
+    }
+
     use super::*;
     use router_common::maps::{IPPROTO_TCP, IPPROTO_UDP};
 

@@ -561,7 +561,13 @@ fn run(cli: Cli) -> Result<i32> {
                 from,
                 target,
             } => match (from, target) {
-                (ForwardFrom::WanPort(port), Some(to)) => forward::add(&maps, proto, port, to),
+                (ForwardFrom::WanPort(port), Some(to)) => {
+                    let kernel_ports = state::load(ctx.ns())
+                        .ok()
+                        .flatten()
+                        .and_then(|r| r.config.kernel_nat_ports);
+                    forward::add(&maps, proto, port, to, kernel_ports)
+                }
                 (ForwardFrom::Pinhole6(to), None) => forward::add_pinhole6(&maps, proto, to),
                 (ForwardFrom::WanPort(port), None) => Err(anyhow::anyhow!(
                     "forward add {} {port} needs the LAN_ADDR:PORT to send the flows to",

@@ -103,8 +103,17 @@ fn masquerade_tcp_udp_and_ping() {
 fn port_forward_reaches_the_lan_service() {
     let t = Topology::new();
     attach_and_print(&t, &[]);
-    t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
+    let out = t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
+    assert!(!out.contains("kernel slow path"), "{out}");
     t.router_ctl_ok(&["forward", "add", "udp", "5353", "192.168.50.2:53"]);
+    // A port inside the slow path's NAT range (61000-65535 by default; here
+    // Mumble's): said, as its replies could be taken.
+    let out = t.router_ctl_ok(&["forward", "add", "udp", "64738", "192.168.50.2:64738"]);
+    assert!(
+        out.contains("inside the kernel slow path's NAT range 61000-65535"),
+        "{out}"
+    );
+    t.router_ctl_ok(&["forward", "del", "udp", "64738"]);
     // The same rule again is a no-op, a different target a conflict.
     t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
     let o = t.router_ctl(&["forward", "add", "tcp", "8080", "192.168.50.2:81"]);
