@@ -4,6 +4,7 @@
 
 use anyhow::{Result, bail};
 
+pub const CAP_DAC_OVERRIDE: u32 = 1;
 pub const CAP_NET_ADMIN: u32 = 12;
 pub const CAP_SYS_ADMIN: u32 = 21;
 pub const CAP_BPF: u32 = 39;
@@ -40,12 +41,18 @@ const fn has(set: u64, cap: u32) -> bool {
 }
 
 /// The names of the capabilities missing from `set` for `need` (and for
-/// entering a namespace, `CAP_SYS_ADMIN`).
+/// entering a namespace, `CAP_SYS_ADMIN`); `root`: the effective uid is 0.
+/// Another uid also needs `CAP_DAC_OVERRIDE`: the pins, the records and
+/// their directories are root's, owner-only (0600, 0700), and without it
+/// they would look absent ("not attached").
 #[must_use]
-pub fn missing(set: u64, need: Need, netns: bool) -> Vec<&'static str> {
+pub fn missing(set: u64, need: Need, netns: bool, root: bool) -> Vec<&'static str> {
     let mut m = Vec::new();
     if need == Need::Nothing {
         return m;
+    }
+    if !root && !has(set, CAP_DAC_OVERRIDE) {
+        m.push("CAP_DAC_OVERRIDE (the pins and records are root's, owner-only)");
     }
     if !has(set, CAP_BPF) && !has(set, CAP_SYS_ADMIN) {
         m.push("CAP_BPF");
@@ -62,21 +69,22 @@ pub fn missing(set: u64, need: Need, netns: bool) -> Vec<&'static str> {
 /// Fails with a message naming the missing capabilities.
 pub fn require(command: &str, need: Need, netns: bool) -> Result<()> {
     let set = effective();
-    let m = missing(set, need, netns);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let m = missing(set, need, netns, root);
     if m.is_empty() {
         return Ok(());
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
     let who = if root {
         "running as root, but without"
     } else {
         "not root and without"
     };
+    // No setcap advice: capabilities on the binary would let every local
+    // user attach, detach and rewrite the router.
     bail!(
-        "`router-ctl {command}` needs CAP_BPF and CAP_NET_ADMIN ({who} {}); run it as root \
-         (sudo router-ctl ...), or grant the capabilities: \
-         `setcap cap_bpf,cap_net_admin,cap_sys_admin+ep router-ctl`",
+        "`router-ctl {command}` cannot run {who} {}: run it as root (sudo router-ctl ...) or \
+         from a service running as root",
         m.join(", ")
     )
 }
@@ -95,21 +103,25 @@ mod tests {
     #[test]
     fn names_what_is_missing() {
         let all = u64::MAX;
-        assert!(missing(all, Need::Change, true).is_empty());
-        assert!(missing(0, Need::Nothing, true).is_empty());
-        assert_eq!(missing(0, Need::Read, false), vec!["CAP_BPF"]);
+        assert!(missing(all, Need::Change, true, true).is_empty());
+        assert!(missing(0, Need::Nothing, true, false).is_empty());
+        assert_eq!(missing(0, Need::Read, false, true), vec!["CAP_BPF"]);
         assert_eq!(
-            missing(0, Need::Change, false),
+            missing(0, Need::Change, false, true),
             vec!["CAP_BPF", "CAP_NET_ADMIN"]
         );
         let no_net_admin = all & !(1 << CAP_NET_ADMIN);
         assert_eq!(
-            missing(no_net_admin, Need::Change, true),
+            missing(no_net_admin, Need::Change, true, true),
             vec!["CAP_NET_ADMIN"]
         );
-        assert!(missing(no_net_admin, Need::Read, true).is_empty());
+        assert!(missing(no_net_admin, Need::Read, true, true).is_empty());
         // CAP_SYS_ADMIN stands in for CAP_BPF (kernels before 5.8).
         let sys_admin_only = (1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN);
-        assert!(missing(sys_admin_only, Need::Change, true).is_empty());
+        assert!(missing(sys_admin_only, Need::Change, true, true).is_empty());
+        // Another uid with CAP_BPF alone cannot open root's 0600 pins.
+        let bpf_only = 1 << CAP_BPF;
+        assert_eq!(missing(bpf_only, Need::Read, false, false).len(), 1);
+        assert!(missing(bpf_only | (1 << CAP_DAC_OVERRIDE), Need::Read, false, false).is_empty());
     }
 }

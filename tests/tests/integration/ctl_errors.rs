@@ -57,6 +57,11 @@ fn missing_capabilities_are_named() {
     println!("{e}");
     let o = ctl_via(&t, &nobody, &["stats"]);
     fails_with(&o, &["CAP_BPF"]);
+    // Another uid cannot open root's owner-only pins even with CAP_BPF:
+    // named, not taken for "not attached".
+    let o = ctl_via(&t, &nobody, &["status"]);
+    fails_with(&o, &["CAP_DAC_OVERRIDE", "run it as root"]);
+    assert_ne!(o.status.code(), Some(3), "taken for not attached");
     // Root, but without CAP_NET_ADMIN: the uid alone is not enough.
     let no_net_admin = [
         "setpriv",
