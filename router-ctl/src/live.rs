@@ -14,7 +14,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::{
-    clock::monotonic_ns, conntrack, ctx::Ctx, forward, maps, metrics::family, netlink, state, stats,
+    clock::monotonic_ns, conntrack, ctx::Ctx, forward, inspect, maps, metrics::family, netlink,
+    state, stats,
 };
 
 /// Ten minutes of one-second samples.
@@ -331,6 +332,14 @@ impl Live {
         let attached = record.is_some() && maps.read_config().is_ok();
         if !attached {
             problems.push("the data path is not attached (router-ctl attach / apply)".into());
+        }
+        // Its counters and table cannot be read: say why, or the page would
+        // show no numbers and no problem.
+        if let Some(m) = inspect::layout_mismatch(&ctx.pin_dir) {
+            problems.push(format!(
+                "the router was {}",
+                inspect::other_build_message(&m)
+            ));
         }
         let (conntrack, flows) = match &self.table {
             Some((_, fill, flows)) => (fill.clone(), flows.clone()),

@@ -16,7 +16,21 @@ use prometheus_client::{
 use router_common::maps::{Admit, Counter, CounterValue};
 use tracing::{info, warn};
 
-use crate::{ctx::Ctx, daemon, forward, state, stats, vmac, web};
+use crate::{ctx::Ctx, daemon, forward, inspect, state, stats, vmac, web};
+
+/// Logs a router attached by another build once (until it is gone), not at
+/// every scrape.
+fn note_mismatch(m: Option<&crate::lifecycle::loader::Mismatch>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    match m {
+        Some(m) if !SAID.swap(true, Ordering::Relaxed) => {
+            warn!("metrics: {}", inspect::other_build_message(m));
+        }
+        Some(_) => {}
+        None => SAID.store(false, Ordering::Relaxed),
+    }
+}
 
 /// The label set of one counter: which metric family and its labels.
 #[must_use]
@@ -277,15 +291,28 @@ impl Collector for RouterCollector {
     )]
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let maps = self.ctx.maps();
-        let read = stats::read_counters(&maps);
+        let running = inspect::inspect(&self.ctx.pin_dir);
         gauge(
             &mut enc,
             "xdp_router_up",
-            "1 if the router's pinned maps could be read",
-            i64::from(read.is_ok()),
+            "1 if the router's XDP program is attached (its links and maps pinned)",
+            i64::from(running.complete()),
         )?;
-        let Ok(cs) = read else {
-            return Ok(());
+        gauge(
+            &mut enc,
+            "xdp_router_layout_mismatch",
+            "1 if the router was attached by another build of router-ctl (a pinned map's \
+             layout differs) and no counter is read: use that build's router-ctl, or \
+             `router-ctl detach` and attach again with this one",
+            i64::from(running.layout_mismatch.is_some()),
+        )?;
+        note_mismatch(running.layout_mismatch.as_ref());
+        let read = match running.layout_mismatch {
+            Some(_) => None,
+            None => match stats::read_counters(&maps) {
+                Ok(cs) => Some(cs),
+                Err(_) => return Ok(()),
+            },
         };
         if let Ok(Some(r)) = state::load(self.ctx.ns()) {
             let labels: Labels = vec![
@@ -309,6 +336,9 @@ impl Collector for RouterCollector {
             )?;
         }
         self.encode_daemon(&mut enc)?;
+        let Some(cs) = read else {
+            return Ok(());
+        };
         let verdicts = |fam: &'static str| {
             cs.iter()
                 .filter(move |(c, _)| family(*c).0 == fam)

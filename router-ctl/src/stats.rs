@@ -62,7 +62,14 @@ impl Group {
     }
 }
 
+/// The counters summed over the CPUs. A router attached by another build
+/// (a pinned map of another layout: a counter more or fewer, another entry
+/// size) is refused with what to do, rather than read wrongly or failing at
+/// the first counter past the end of an older `COUNTERS`.
 pub fn read_counters(maps: &PinnedMaps) -> Result<Vec<(Counter, CounterValue)>> {
+    if let Some(m) = crate::inspect::layout_mismatch(maps.dir()) {
+        anyhow::bail!("{}", crate::inspect::other_build_message(&m));
+    }
     let map = maps.counters()?;
     let mut out = Vec::new();
     for &c in Counter::ALL {
