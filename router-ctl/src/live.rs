@@ -269,7 +269,15 @@ impl Live {
             now.duration_since(*at) >= (self.walk_cost * 4).max(Duration::from_millis(900))
         });
         if viewed && due {
-            let fill = stats::table_use(&maps, &cs).map_or(Value::Null, |t| t.json());
+            let table = stats::table_use(&maps, &cs);
+            // A scrape of `/metrics` in the next seconds reuses this fill.
+            if let Some(t) = table {
+                stats::FILL_CACHE
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .put(maps.dir(), now, now.elapsed(), t);
+            }
+            let fill = table.map_or(Value::Null, |t| t.json());
             let flows = self.flows(ctx);
             self.walk_cost = now.elapsed();
             self.table = Some((now, fill, flows));

@@ -395,7 +395,7 @@ impl Collector for RouterCollector {
             "SNAT port probes that found the port taken",
             std::iter::once((Vec::new(), get(Counter::PortCollision))),
         )?;
-        if let Some(t) = stats::table_use(&maps, &cs) {
+        if let Some(t) = stats::table_use_cached(&maps, &cs) {
             // IPv4's table unlabelled (as before IPv6 had one), IPv6's
             // `CONNTRACK6` with `family="ipv6"`, as the counters do.
             let v6 = |v: i64| (vec![("family", "ipv6".to_owned())], v);
