@@ -477,6 +477,20 @@ fn a_router_of_a_build_with_another_counters_layout_is_other_build() {
     );
     assert!(!err.contains("reading counter"), "{err}");
 
+    // The exporter: the program is attached (up 1), its maps are another
+    // build's (layout_mismatch 1), and no counter is served.
+    let srv = crate::metrics::Server::start(&t);
+    let (code, _, body) = srv.request("GET", "/metrics");
+    assert_eq!(code, 200, "{body}");
+    let lines: Vec<&str> = body.lines().collect();
+    assert!(lines.contains(&"xdp_router_up 1"), "{body}");
+    assert!(lines.contains(&"xdp_router_layout_mismatch 1"), "{body}");
+    assert!(
+        !body.contains("xdp_router_forwarded_packets_total"),
+        "{body}"
+    );
+    drop(srv);
+
     let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     assert!(err.contains("COUNTERS") && err.contains("detach"), "{err}");
 
@@ -485,6 +499,12 @@ fn a_router_of_a_build_with_another_counters_layout_is_other_build() {
     let (v, code) = status(&t);
     assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
     t.router_ctl_ok(&["stats"]);
+    let srv = crate::metrics::Server::start(&t);
+    let (_, _, body) = srv.request("GET", "/metrics");
+    assert!(
+        body.lines().any(|l| l == "xdp_router_layout_mismatch 0"),
+        "{body}"
+    );
 }
 
 /// An upgrade: a router attached by a router-ctl without the
