@@ -2,11 +2,18 @@
 //! kernel says about each pinned link (interface, program, mode), and the
 //! configuration. `attach`, `detach` and `status` decide from this.
 
-use std::{os::fd::AsFd as _, path::Path};
+use std::{os::fd::AsFd as _, path::Path, sync::OnceLock};
 
 use router_common::maps::{CONFIG_MAP, Config};
 
-use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS};
+use crate::{
+    bpfsys,
+    lifecycle::loader::{self, Layout, Mismatch},
+    maps::PinnedMaps,
+    netlink,
+    object::Object,
+    pins::LINK_PINS,
+};
 
 /// One pinned link as the kernel sees it.
 #[derive(Clone, Debug)]
@@ -28,6 +35,9 @@ pub struct Running {
     /// Why a pinned `CONFIG` map could not be read (e.g. its value has the
     /// layout of another build).
     pub config_error: Option<String>,
+    /// A pinned map whose type, key size, value size or size differs from
+    /// this router-ctl's object: the router was attached by another build.
+    pub layout_mismatch: Option<Mismatch>,
 }
 
 impl Running {
@@ -124,5 +134,36 @@ pub fn inspect(dir: &Path) -> Running {
             Err(e) => r.config_error = Some(format!("{e:#}")),
         }
     }
+    r.layout_mismatch = layout_mismatch(dir);
     r
+}
+
+/// The layouts of the embedded object's maps, parsed once.
+fn embedded_layouts() -> &'static [(&'static str, Layout)] {
+    static LAYOUTS: OnceLock<Vec<(&'static str, Layout)>> = OnceLock::new();
+    LAYOUTS.get_or_init(|| {
+        Object::load(None)
+            .and_then(|o| loader::object_layouts(&o.bytes))
+            .unwrap_or_default()
+    })
+}
+
+/// The first map pinned in `dir` whose layout differs from the embedded
+/// object's (what a live replace's layout check would refuse, but the
+/// conntrack table's size, which `--max-flows` sets). Changes nothing.
+#[must_use]
+pub fn layout_mismatch(dir: &Path) -> Option<Mismatch> {
+    loader::first_mismatch(dir, embedded_layouts())
+}
+
+/// What `stats`, `metrics` and the status page say about a router another
+/// build attached.
+#[must_use]
+pub fn other_build_message(m: &Mismatch) -> String {
+    format!(
+        "attached by another build of router-ctl (map {}'s layout differs: this build {}, \
+         pinned {}): use that build's router-ctl, or `router-ctl detach` and attach again \
+         with this one",
+        m.map, m.object, m.pinned
+    )
 }

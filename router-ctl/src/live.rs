@@ -14,7 +14,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::{
-    clock::monotonic_ns, conntrack, ctx::Ctx, forward, maps, metrics::family, netlink, state, stats,
+    clock::monotonic_ns, conntrack, ctx::Ctx, forward, inspect, maps, metrics::family, netlink,
+    state, stats,
 };
 
 /// Ten minutes of one-second samples.
@@ -268,7 +269,15 @@ impl Live {
             now.duration_since(*at) >= (self.walk_cost * 4).max(Duration::from_millis(900))
         });
         if viewed && due {
-            let fill = stats::table_use(&maps, &cs).map_or(Value::Null, |t| t.json());
+            let table = stats::table_use(&maps, &cs);
+            // A scrape of `/metrics` in the next seconds reuses this fill.
+            if let Some(t) = table {
+                stats::FILL_CACHE
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .put(maps.dir(), now, now.elapsed(), t);
+            }
+            let fill = table.map_or(Value::Null, |t| t.json());
             let flows = self.flows(ctx);
             self.walk_cost = now.elapsed();
             self.table = Some((now, fill, flows));
@@ -331,6 +340,14 @@ impl Live {
         let attached = record.is_some() && maps.read_config().is_ok();
         if !attached {
             problems.push("the data path is not attached (router-ctl attach / apply)".into());
+        }
+        // Its counters and table cannot be read: say why, or the page would
+        // show no numbers and no problem.
+        if let Some(m) = inspect::layout_mismatch(&ctx.pin_dir) {
+            problems.push(format!(
+                "the router was {}",
+                inspect::other_build_message(&m)
+            ));
         }
         let (conntrack, flows) = match &self.table {
             Some((_, fill, flows)) => (fill.clone(), flows.clone()),

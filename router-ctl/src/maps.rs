@@ -85,6 +85,12 @@ impl PinnedMaps {
         }
     }
 
+    /// The pin directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The names in [`Self::NAMES`] that are pinned.
     #[must_use]
     pub fn present(&self) -> Vec<&'static str> {

@@ -16,14 +16,28 @@ use prometheus_client::{
 use router_common::maps::{Admit, Counter, CounterValue};
 use tracing::{info, warn};
 
-use crate::{ctx::Ctx, daemon, forward, state, stats, vmac, web};
+use crate::{ctx::Ctx, daemon, forward, inspect, state, stats, vmac, web};
+
+/// Logs a router attached by another build once (until it is gone), not at
+/// every scrape.
+fn note_mismatch(m: Option<&crate::lifecycle::loader::Mismatch>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    match m {
+        Some(m) if !SAID.swap(true, Ordering::Relaxed) => {
+            warn!("metrics: {}", inspect::other_build_message(m));
+        }
+        Some(_) => {}
+        None => SAID.store(false, Ordering::Relaxed),
+    }
+}
 
 /// The label set of one counter: which metric family and its labels.
 #[must_use]
 pub fn family(c: Counter) -> (&'static str, &'static str, &'static str) {
     let n = c.name();
     // IPv6-only verdicts (`fwd6_`, `pass6_`, `drop6_`) land in the same
-    // families; `ipv6_only` labels them with their family.
+    // families; [`ip_family`] labels every verdict with its family.
     let tail = |prefix: &str| {
         n.strip_prefix(prefix)
             .and_then(|r| r.strip_prefix('_').or_else(|| r.strip_prefix("6_")))
@@ -39,14 +53,130 @@ pub fn family(c: Counter) -> (&'static str, &'static str, &'static str) {
     }
 }
 
-/// Whether `c` counts IPv6 packets only (its name says so: `fwd6_...`);
-/// those verdicts get a `family="ipv6"` label, the shared ones none.
+/// The IP family a verdict counter counts, its `family` label: `ipv4` or
+/// `ipv6` for the counters only one family's path increments, `both` for
+/// those the two share (the IPv6 path counts into them too, or the frame's
+/// family is not known yet: `pass_not_ipv4` counts frames that are neither
+/// IPv4 nor IPv6, such as ARP). `None` for events, which carry no family
+/// label. Every counter is named here, so a new one needs a decision.
 #[must_use]
-pub fn ipv6_only(c: Counter) -> bool {
-    let n = c.name();
-    ["fwd6_", "pass6_", "drop6_"]
-        .iter()
-        .any(|p| n.starts_with(p))
+pub fn ip_family(c: Counter) -> Option<&'static str> {
+    use Counter as C;
+    match c {
+        // The IPv4 path only (IPv6 has its own `fwd6_`/`drop6_`, no header
+        // checksum or options, no SNAT; its "too big" is
+        // `pass6_packet_too_big`).
+        C::FwdOutbound
+        | C::FwdInbound
+        | C::PassIpOptions
+        | C::PassFragment
+        | C::PassTtlExceeded
+        | C::PassPortsExhausted
+        | C::PassMtu
+        | C::DropIpChecksum
+        | C::DropUnsolicited => Some("ipv4"),
+        // Counted on both paths (shared parsing, next-hop, redirect and
+        // flow code).
+        C::PassNotIpv4
+        | C::PassProtocol
+        | C::PassNoFlow
+        | C::PassUnsolicited
+        | C::PassNotOffloaded
+        | C::PassOffloadTcpControl
+        | C::PassLeaseExpired
+        | C::PassOffloadHandedBack
+        | C::PassOffloadPending
+        | C::PassFibNotForwarded
+        | C::PassFibForwardingDisabled
+        | C::PassNoNeighbour
+        | C::PassEgressNotAttached
+        | C::PassNotConfigured
+        | C::PassNotForUs
+        | C::PassReplyTupleTaken
+        | C::DropTruncated
+        | C::DropMalformed => Some("both"),
+        C::Fwd6Outbound
+        | C::Fwd6Inbound
+        | C::Pass6LinkScope
+        | C::Pass6Ndp
+        | C::Pass6Mld
+        | C::Pass6ExtHopByHop
+        | C::Pass6ExtRouting
+        | C::Pass6ExtFragment
+        | C::Pass6ExtDestOpts
+        | C::Pass6ExtEsp
+        | C::Pass6ExtAh
+        | C::Pass6ExtOther
+        | C::Pass6HopLimit
+        | C::Pass6PacketTooBig
+        | C::Drop6Unsolicited
+        | C::Pass6TableFull => Some("ipv6"),
+        C::FlowNewMasquerade
+        | C::FlowNewPortForward
+        | C::PortCollision
+        | C::FlowExpiredReplaced
+        | C::EvictionDetected
+        | C::IcmpErrorTranslated
+        | C::CtEntriesInserted
+        | C::CtEntriesRemoved
+        | C::CtEntriesFlushed
+        | C::TcpOutOfWindow
+        | C::Flow6NewOutbound
+        | C::Flow6NewPinhole
+        | C::Icmp6ErrorForwarded
+        | C::Eviction6Detected
+        | C::Ct6EntriesInserted
+        | C::FlowNewInboundMapping
+        | C::FlowNewHairpin
+        | C::MappingReclaimed => None,
+    }
+}
+
+/// The verdict counters (forwarded, passed, dropped: packets and bytes,
+/// with their `direction`/`reason` and `family` labels) and the events.
+fn encode_verdicts(
+    enc: &mut DescriptorEncoder,
+    cs: &[(Counter, CounterValue)],
+) -> Result<(), std::fmt::Error> {
+    let verdicts = |fam: &'static str| {
+        cs.iter()
+            .filter(move |(c, _)| family(*c).0 == fam)
+            .map(|&(c, v): &(Counter, CounterValue)| {
+                let (_, k, l) = family(c);
+                let mut labels = vec![(k, l.to_owned())];
+                if let Some(f) = ip_family(c) {
+                    labels.push(("family", f.to_owned()));
+                }
+                (labels, v)
+            })
+            .collect::<Vec<_>>()
+    };
+    for (fam, what) in [
+        ("forwarded", "translated and redirected by the fast path"),
+        ("passed", "passed to the kernel"),
+        ("dropped", "dropped as malformed"),
+    ] {
+        let rows = verdicts(fam);
+        counters(
+            enc,
+            &format!("xdp_router_{fam}_packets"),
+            &format!("Packets {what}"),
+            rows.iter().map(|(l, v)| (l.clone(), v.packets)),
+        )?;
+        counters(
+            enc,
+            &format!("xdp_router_{fam}_bytes"),
+            &format!("Bytes {what}"),
+            rows.iter().map(|(l, v)| (l.clone(), v.bytes)),
+        )?;
+    }
+    let events = verdicts("events");
+    counters(
+        enc,
+        "xdp_router_events",
+        "Data path events (new flows, port collisions, evictions, ICMP errors translated)",
+        events.iter().map(|(l, v)| (l.clone(), v.packets)),
+    )
 }
 
 #[derive(Debug)]
@@ -277,15 +407,28 @@ impl Collector for RouterCollector {
     )]
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let maps = self.ctx.maps();
-        let read = stats::read_counters(&maps);
+        let running = inspect::inspect(&self.ctx.pin_dir);
         gauge(
             &mut enc,
             "xdp_router_up",
-            "1 if the router's pinned maps could be read",
-            i64::from(read.is_ok()),
+            "1 if the router's XDP program is attached (its links and maps pinned)",
+            i64::from(running.complete()),
         )?;
-        let Ok(cs) = read else {
-            return Ok(());
+        gauge(
+            &mut enc,
+            "xdp_router_layout_mismatch",
+            "1 if the router was attached by another build of router-ctl (a pinned map's \
+             layout differs) and no counter is read: use that build's router-ctl, or \
+             `router-ctl detach` and attach again with this one",
+            i64::from(running.layout_mismatch.is_some()),
+        )?;
+        note_mismatch(running.layout_mismatch.as_ref());
+        let read = match running.layout_mismatch {
+            Some(_) => None,
+            None => match stats::read_counters(&maps) {
+                Ok(cs) => Some(cs),
+                Err(_) => return Ok(()),
+            },
         };
         if let Ok(Some(r)) = state::load(self.ctx.ns()) {
             let labels: Labels = vec![
@@ -303,51 +446,16 @@ impl Collector for RouterCollector {
             )?;
             gauge(
                 &mut enc,
-                "xdp_router_attached_since_seconds",
+                "xdp_router_attached_timestamp_seconds",
                 "Unix time of the attach",
                 i64_of(r.attached_at),
             )?;
         }
         self.encode_daemon(&mut enc)?;
-        let verdicts = |fam: &'static str| {
-            cs.iter()
-                .filter(move |(c, _)| family(*c).0 == fam)
-                .map(|&(c, v): &(Counter, CounterValue)| {
-                    let (_, k, l) = family(c);
-                    let mut labels = vec![(k, l.to_owned())];
-                    if ipv6_only(c) {
-                        labels.push(("family", "ipv6".to_owned()));
-                    }
-                    (labels, v)
-                })
-                .collect::<Vec<_>>()
+        let Some(cs) = read else {
+            return Ok(());
         };
-        for (fam, what) in [
-            ("forwarded", "translated and redirected by the fast path"),
-            ("passed", "passed to the kernel"),
-            ("dropped", "dropped as malformed"),
-        ] {
-            let rows = verdicts(fam);
-            counters(
-                &mut enc,
-                &format!("xdp_router_{fam}_packets"),
-                &format!("Packets {what}"),
-                rows.iter().map(|(l, v)| (l.clone(), v.packets)),
-            )?;
-            counters(
-                &mut enc,
-                &format!("xdp_router_{fam}_bytes"),
-                &format!("Bytes {what}"),
-                rows.iter().map(|(l, v)| (l.clone(), v.bytes)),
-            )?;
-        }
-        let events = verdicts("events");
-        counters(
-            &mut enc,
-            "xdp_router_events",
-            "Data path events (new flows, port collisions, evictions, ICMP errors translated)",
-            events.iter().map(|(l, v)| (l.clone(), v.packets)),
-        )?;
+        encode_verdicts(&mut enc, &cs)?;
         let get = |c: Counter| {
             cs.iter()
                 .find(|(x, _)| *x == c)
@@ -365,12 +473,13 @@ impl Collector for RouterCollector {
             "SNAT port probes that found the port taken",
             std::iter::once((Vec::new(), get(Counter::PortCollision))),
         )?;
-        if let Some(t) = stats::table_use(&maps, &cs) {
-            // IPv4's table unlabelled (as before IPv6 had one), IPv6's
-            // `CONNTRACK6` with `family="ipv6"`, as the counters do.
-            let v6 = |v: i64| (vec![("family", "ipv6".to_owned())], v);
-            let mut entries = vec![(Vec::new(), i64_of(t.entries))];
-            let mut capacity = vec![(Vec::new(), i64::from(t.capacity))];
+        if let Some(t) = stats::table_use_cached(&maps, &cs) {
+            // IPv4's `CONNTRACK` with `family="ipv4"`, IPv6's `CONNTRACK6`
+            // with `family="ipv6"`, as the verdict counters are labelled.
+            let fam = |f: &str, v: i64| (vec![("family", f.to_owned())], v);
+            let v6 = |v: i64| fam("ipv6", v);
+            let mut entries = vec![fam("ipv4", i64_of(t.entries))];
+            let mut capacity = vec![fam("ipv4", i64::from(t.capacity))];
             if let Some(t6) = t.ipv6 {
                 entries.push(v6(i64_of(t6.entries)));
                 capacity.push(v6(i64::from(t6.capacity)));
@@ -387,11 +496,12 @@ impl Collector for RouterCollector {
                 "Conntrack capacity in entries",
                 capacity,
             )?;
-            gauge(
+            gauges(
                 &mut enc,
                 "xdp_router_conntrack_evicted_estimate",
-                "Conntrack entries evicted by the LRU (estimate: inserted - removed - flushed - present)",
-                i64_of(t.evicted_estimate),
+                "Conntrack entries evicted by the LRU (estimate: inserted - removed - flushed - \
+                 present; IPv4's table)",
+                vec![fam("ipv4", i64_of(t.evicted_estimate))],
             )?;
         }
         if let Ok(r) = forward::rules(&maps) {
@@ -535,13 +645,78 @@ mod tests {
             family(Counter::Pass6ExtFragment),
             ("passed", "reason", "ext_fragment")
         );
-        assert!(ipv6_only(Counter::Drop6Unsolicited) && !ipv6_only(Counter::DropMalformed));
+        assert_eq!(ip_family(Counter::Drop6Unsolicited), Some("ipv6"));
+        assert_eq!(ip_family(Counter::FwdOutbound), Some("ipv4"));
+        assert_eq!(ip_family(Counter::PassNoNeighbour), Some("both"));
+        for &c in Counter::ALL {
+            // The name says IPv6 only (`fwd6_`...) exactly when the label does;
+            // verdicts carry a family, events none.
+            let v6_name = ["fwd6_", "pass6_", "drop6_"]
+                .iter()
+                .any(|p| c.name().starts_with(p));
+            assert_eq!(ip_family(c) == Some("ipv6"), v6_name, "{}", c.name());
+            assert_eq!(ip_family(c).is_none(), c.is_event(), "{}", c.name());
+        }
         // A label set appears once per metric family.
         let mut seen = std::collections::BTreeSet::new();
         for &c in Counter::ALL {
             let (fam, key, val) = family(c);
-            assert!(seen.insert((fam, key, val, ipv6_only(c))), "{}", c.name());
+            assert!(seen.insert((fam, key, val, ip_family(c))), "{}", c.name());
         }
+    }
+
+    /// Every verdict sample rendered (forwarded, passed, dropped) carries a
+    /// `family` label, so that no unlabelled series means IPv4 in one
+    /// metric and both families in another.
+    #[test]
+    fn every_rendered_verdict_sample_has_a_family() {
+        #[derive(Debug)]
+        struct Verdicts;
+        impl Collector for Verdicts {
+            fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+                let cs: Vec<_> = Counter::ALL
+                    .iter()
+                    .map(|&c| {
+                        (
+                            c,
+                            CounterValue {
+                                packets: 1,
+                                bytes: 1,
+                            },
+                        )
+                    })
+                    .collect();
+                encode_verdicts(&mut enc, &cs)
+            }
+        }
+        let mut reg = Registry::default();
+        reg.register_collector(Box::new(Verdicts));
+        let mut s = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut s, &reg).unwrap();
+        let samples: Vec<&str> = s
+            .lines()
+            .filter(|l| {
+                ["forwarded", "passed", "dropped"]
+                    .iter()
+                    .any(|f| l.starts_with(&format!("xdp_router_{f}_")))
+            })
+            .collect();
+        // Packets and bytes of every verdict counter.
+        let verdicts = Counter::ALL.iter().filter(|c| !c.is_event()).count();
+        assert_eq!(samples.len(), 2 * verdicts, "{s}");
+        for l in samples {
+            assert!(
+                ["ipv4", "ipv6", "both"]
+                    .iter()
+                    .any(|f| l.contains(&format!("family=\"{f}\""))),
+                "{l}"
+            );
+        }
+        assert!(
+            s.lines().any(|l| l
+                == "xdp_router_forwarded_packets_total{direction=\"outbound\",family=\"ipv4\"} 1"),
+            "{s}"
+        );
     }
 
     /// The offload daemon's part of the metrics for its health JSON `d`.

@@ -1,5 +1,11 @@
 //! `stats`: the per-CPU counters summed, grouped by outcome.
 
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
 use anyhow::{Context, Result};
 use router_common::maps::{Admit, Counter, CounterValue};
 use serde_json::{Map as JsonMap, Value, json};
@@ -62,7 +68,14 @@ impl Group {
     }
 }
 
+/// The counters summed over the CPUs. A router attached by another build
+/// (a pinned map of another layout: a counter more or fewer, another entry
+/// size) is refused with what to do, rather than read wrongly or failing at
+/// the first counter past the end of an older `COUNTERS`.
 pub fn read_counters(maps: &PinnedMaps) -> Result<Vec<(Counter, CounterValue)>> {
+    if let Some(m) = crate::inspect::layout_mismatch(maps.dir()) {
+        anyhow::bail!("{}", crate::inspect::other_build_message(&m));
+    }
     let map = maps.counters()?;
     let mut out = Vec::new();
     for &c in Counter::ALL {
@@ -172,6 +185,89 @@ pub fn table_use(maps: &PinnedMaps, counters: &[(Counter, CounterValue)]) -> Opt
         evicted_estimate: evicted_estimate(counters, entries),
         ipv6,
     })
+}
+
+/// How long a conntrack fill serves scrapes before the table is walked
+/// again: at least this, and at least four times the last walk's duration
+/// (so scrapes spend at most a quarter of the time walking, as the status
+/// page does).
+pub const FILL_MAX_AGE: Duration = Duration::from_secs(5);
+
+/// The last conntrack fill of a pin directory and how long its walk took:
+/// `/metrics` is scraped on the daemon's single thread, and a walk is one
+/// syscall per key (hundreds of milliseconds for a full default table), so
+/// a scrape reuses a recent fill rather than walking every time.
+#[derive(Debug, Default)]
+pub struct FillCache {
+    last: Option<CachedFill>,
+}
+
+#[derive(Debug)]
+struct CachedFill {
+    dir: PathBuf,
+    at: Instant,
+    cost: Duration,
+    table: TableUse,
+}
+
+impl FillCache {
+    /// The fill of `dir`'s table: the cached one if it is recent (see
+    /// [`FILL_MAX_AGE`]), else `walk`'s, remembered. The eviction
+    /// estimate is always computed from `counters`, read just now.
+    pub fn get(
+        &mut self,
+        dir: &Path,
+        now: Instant,
+        counters: &[(Counter, CounterValue)],
+        walk: impl FnOnce() -> Option<TableUse>,
+    ) -> Option<TableUse> {
+        let fresh = |c: &CachedFill| {
+            c.dir == dir && now.saturating_duration_since(c.at) < FILL_MAX_AGE.max(c.cost * 4)
+        };
+        let table = match &self.last {
+            Some(c) if fresh(c) => c.table,
+            _ => {
+                let started = Instant::now();
+                let table = walk()?;
+                self.put(dir, now, started.elapsed(), table);
+                table
+            }
+        };
+        Some(TableUse {
+            evicted_estimate: evicted_estimate(counters, table.entries),
+            ..table
+        })
+    }
+
+    /// Remembers a fill walked elsewhere (the status page's sampler) at
+    /// `at`, its walk having taken `cost`.
+    pub fn put(&mut self, dir: &Path, at: Instant, cost: Duration, table: TableUse) {
+        self.last = Some(CachedFill {
+            dir: dir.to_path_buf(),
+            at,
+            cost,
+            table,
+        });
+    }
+}
+
+/// The process's fill cache: the daemon's scrapes and its status page
+/// sampler share it, as do the scrapes of `router-ctl metrics`.
+pub static FILL_CACHE: Mutex<FillCache> = Mutex::new(FillCache { last: None });
+
+/// [`table_use`] through [`FILL_CACHE`]: a walk at most once per
+/// [`FILL_MAX_AGE`] (or four times the last walk's duration).
+#[must_use]
+pub fn table_use_cached(
+    maps: &PinnedMaps,
+    counters: &[(Counter, CounterValue)],
+) -> Option<TableUse> {
+    FILL_CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(maps.dir(), Instant::now(), counters, || {
+            table_use(maps, counters)
+        })
 }
 
 /// See [`TableUse::evicted_estimate`].
@@ -425,6 +521,58 @@ pub fn watch(maps: &PinnedMaps, json: bool, interval: f64, count: Option<u64>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two scrapes in a row walk the table once; a scrape after
+    /// [`FILL_MAX_AGE`] walks again; a slow walk spaces them further; the
+    /// eviction estimate follows the counters of each scrape.
+    #[test]
+    fn scrapes_within_the_interval_walk_the_table_once() {
+        let walks = std::cell::Cell::new(0);
+        let table = TableUse {
+            entries: 10,
+            capacity: 100,
+            evicted_estimate: 0,
+            ipv6: None,
+        };
+        let walk = || {
+            walks.set(walks.get() + 1);
+            Some(table)
+        };
+        let inserted = |n| {
+            [(
+                Counter::CtEntriesInserted,
+                CounterValue {
+                    packets: n,
+                    bytes: 0,
+                },
+            )]
+        };
+        let dir = Path::new("/sys/fs/bpf/xdp-router/unit");
+        let mut cache = FillCache::default();
+        let t0 = Instant::now();
+        let first = cache.get(dir, t0, &inserted(10), walk).unwrap();
+        assert_eq!(first.evicted_estimate, 0);
+        let second = cache
+            .get(dir, t0 + Duration::from_secs(1), &inserted(15), walk)
+            .unwrap();
+        assert_eq!(walks.get(), 1, "the second scrape walked again");
+        assert_eq!((second.entries, second.evicted_estimate), (10, 5));
+        let _ = cache.get(dir, t0 + FILL_MAX_AGE, &[], walk);
+        assert_eq!(walks.get(), 2);
+        // Another router's pins are not this one's fill.
+        let _ = cache.get(Path::new("/elsewhere"), t0 + FILL_MAX_AGE, &[], walk);
+        assert_eq!(walks.get(), 3);
+        // A walk that took 3 s is reused for 12 s.
+        cache.put(dir, t0, Duration::from_secs(3), table);
+        let _ = cache.get(dir, t0 + Duration::from_secs(11), &[], walk);
+        assert_eq!(walks.get(), 3);
+        let _ = cache.get(dir, t0 + Duration::from_secs(12), &[], walk);
+        assert_eq!(walks.get(), 4);
+        // Nothing to walk (not attached): not remembered.
+        let mut empty = FillCache::default();
+        assert!(empty.get(dir, t0, &[], || None).is_none());
+        assert!(empty.last.is_none());
+    }
 
     fn sample() -> Vec<(Counter, CounterValue)> {
         Counter::ALL

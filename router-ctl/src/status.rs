@@ -96,6 +96,18 @@ pub fn diagnose(
         );
         return ("other_build", problems);
     }
+    if let Some(m) = &running.layout_mismatch {
+        problems.insert(
+            0,
+            format!(
+                "the router was {}; its program keeps running, but `stats`, `metrics` and a \
+                 live replace (the service's start) refuse its maps; `router-ctl detach` resets \
+                 the fast path's flows",
+                crate::inspect::other_build_message(m)
+            ),
+        );
+        return ("other_build", problems);
+    }
     if !running.configured() {
         problems.insert(
             0,
@@ -484,10 +496,57 @@ mod tests {
             links: vec![(LINK_PINS[0], link(7, 2)), (LINK_PINS[1], link(7, 3))],
             config: None,
             config_error: Some("invalid value size".to_owned()),
+            layout_mismatch: None,
         };
         let (state, problems) = diagnose(&r, None, false);
         assert_eq!(state, "other_build");
         assert!(problems[0].contains("another build"), "{problems:?}");
         assert!(problems[0].contains("detach"), "{problems:?}");
+    }
+
+    /// A map other than CONFIG of another layout (a counter added, say):
+    /// `other_build`, naming the map.
+    #[test]
+    fn counters_of_another_build() {
+        use crate::lifecycle::loader::{Layout, Mismatch};
+        let link = |prog_id, ifindex| {
+            Ok(crate::inspect::LinkNow {
+                info: crate::bpfsys::LinkInfo {
+                    id: 1,
+                    prog_id,
+                    link_type: 6,
+                    ifindex,
+                },
+                iface: None,
+                mode: Some("native"),
+            })
+        };
+        let counters = |max_entries| Layout {
+            map_type: 6,
+            key_size: 4,
+            value_size: 16,
+            max_entries,
+        };
+        let r = Running {
+            maps_present: PinnedMaps::NAMES.to_vec(),
+            links: vec![(LINK_PINS[0], link(7, 2)), (LINK_PINS[1], link(7, 3))],
+            config: Some(router_common::maps::Config {
+                lan_ifindex: 2,
+                ..Default::default()
+            }),
+            config_error: None,
+            layout_mismatch: Some(Mismatch {
+                map: "COUNTERS",
+                object: counters(60),
+                pinned: counters(59),
+            }),
+        };
+        let (state, problems) = diagnose(&r, None, false);
+        assert_eq!(state, "other_build");
+        assert!(
+            problems[0].contains("map COUNTERS's layout differs"),
+            "{problems:?}"
+        );
+        assert!(problems[0].contains("router-ctl detach"), "{problems:?}");
     }
 }

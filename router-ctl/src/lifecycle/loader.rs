@@ -66,56 +66,177 @@ fn verifier_error(e: ProgramError) -> anyhow::Error {
     }
 }
 
+/// One map's layout: what two programs sharing it must agree on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "type {}, key {} B, value {} B, {} entries",
+            self.map_type, self.key_size, self.value_size, self.max_entries
+        )
+    }
+}
+
+/// The layouts of an object's maps of [`PinnedMaps::NAMES`], in that order.
+pub fn object_layouts(bytes: &[u8]) -> Result<Vec<(&'static str, Layout)>> {
+    let parsed = aya_obj::Object::parse(bytes).context("parsing the XDP object")?;
+    PinnedMaps::NAMES
+        .iter()
+        .map(|&name| {
+            let def = parsed
+                .maps
+                .get(name)
+                .with_context(|| format!("the object has no {name} map"))?;
+            Ok((
+                name,
+                Layout {
+                    map_type: def.map_type(),
+                    key_size: def.key_size(),
+                    value_size: def.value_size(),
+                    max_entries: def.max_entries(),
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The layout of the map pinned at `path` (reads its info; changes nothing).
+pub fn pinned_layout(path: &Path) -> Result<Layout> {
+    let pinned = MapInfo::from_pin(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Layout {
+        map_type: pinned.map_type().map_or(u32::MAX, |t| t as u32),
+        key_size: pinned.key_size(),
+        value_size: pinned.value_size(),
+        max_entries: pinned.max_entries(),
+    })
+}
+
+/// Whether the pinned map `name` of layout `pinned` fits an object whose
+/// definition is `def`. The conntrack table's size is the attach's
+/// (`--max-flows`), not the object's: `conntrack_entries` is the size a
+/// replace wants, `None` to accept any size (a table attached with another
+/// `--max-flows` is not another build's).
+#[must_use]
+pub fn fits(name: &str, def: Layout, pinned: Layout, conntrack_entries: Option<u32>) -> bool {
+    let want_entries = if name == CONNTRACK_MAP {
+        conntrack_entries.unwrap_or(pinned.max_entries)
+    } else {
+        def.max_entries
+    };
+    Layout {
+        max_entries: want_entries,
+        ..def
+    } == pinned
+}
+
+/// A pinned map whose layout differs from the object's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    pub map: &'static str,
+    pub object: Layout,
+    pub pinned: Layout,
+}
+
+/// The first pinned map of `dir` whose layout differs from `want`'s
+/// (side-effect free: only reads the maps' info). Maps not pinned, or whose
+/// info cannot be read, are not compared (`status` reports missing pins of
+/// its own). The conntrack table may have any size.
+#[must_use]
+pub fn first_mismatch(dir: &Path, want: &[(&'static str, Layout)]) -> Option<Mismatch> {
+    want.iter().find_map(|&(map, object)| {
+        let path = dir.join(map);
+        if !path.exists() {
+            return None;
+        }
+        let pinned = pinned_layout(&path).ok()?;
+        (!fits(map, object, pinned, None)).then_some(Mismatch {
+            map,
+            object,
+            pinned,
+        })
+    })
+}
+
 /// The map definitions of the new object must match the pinned maps it is
 /// about to share, or the two programs would read each other's entries
 /// wrongly.
 pub fn check_layout(dir: &Path, obj: &Object, entries: u32) -> Result<()> {
-    let parsed = aya_obj::Object::parse(&obj.bytes).context("parsing the XDP object")?;
-    for name in PinnedMaps::NAMES {
+    for (name, def) in object_layouts(&obj.bytes)? {
         // Not pinned by an earlier router-ctl: the replace creates it.
         if PinnedMaps::ADDED_LATER.contains(&name) && !dir.join(name).exists() {
             continue;
         }
-        let def = parsed
-            .maps
-            .get(name)
-            .with_context(|| format!("the new object has no {name} map"))?;
-        let pinned = MapInfo::from_pin(dir.join(name))
-            .with_context(|| format!("reading the pinned {name}"))?;
-        let ty = pinned.map_type().map_or(u32::MAX, |t| t as u32);
-        let want_entries = if name == CONNTRACK_MAP {
-            entries
-        } else {
-            def.max_entries()
-        };
-        if name == CONNTRACK_MAP && pinned.max_entries() != want_entries {
+        let pinned =
+            pinned_layout(&dir.join(name)).with_context(|| format!("reading the pinned {name}"))?;
+        if name == CONNTRACK_MAP && pinned.max_entries != entries {
             bail!(
                 "the conntrack table holds {} flows and cannot be resized while attached \
                  (its flows live in it); `router-ctl detach` and attach again to resize \
                  (open connections through the router are then dropped), or keep \
                  --max-flows {}",
-                pinned.max_entries() / 2,
-                pinned.max_entries() / 2
+                pinned.max_entries / 2,
+                pinned.max_entries / 2
             );
         }
-        if ty != def.map_type()
-            || pinned.key_size() != def.key_size()
-            || pinned.value_size() != def.value_size()
-            || pinned.max_entries() != want_entries
-        {
+        if !fits(name, def, pinned, Some(entries)) {
+            let want = Layout {
+                max_entries: if name == CONNTRACK_MAP {
+                    entries
+                } else {
+                    def.max_entries
+                },
+                ..def
+            };
             bail!(
-                "the new object's {name} map (type {}, key {} B, value {} B, {} entries) does \
-                 not match the pinned one (type {ty}, key {} B, value {} B, {} entries): a live \
-                 replace would corrupt it; `router-ctl detach` and attach again",
-                def.map_type(),
-                def.key_size(),
-                def.value_size(),
-                want_entries,
-                pinned.key_size(),
-                pinned.value_size(),
-                pinned.max_entries()
+                "the new object's {name} map ({want}) does not match the pinned one \
+                 ({pinned}): a live replace would corrupt it; `router-ctl detach` and attach \
+                 again"
             );
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: Layout = Layout {
+        map_type: 9,
+        key_size: 40,
+        value_size: 96,
+        max_entries: 1000,
+    };
+
+    #[test]
+    fn the_conntrack_tables_size_is_the_attachs() {
+        let bigger = Layout {
+            max_entries: 4000,
+            ..L
+        };
+        assert!(fits(CONNTRACK_MAP, L, bigger, None));
+        assert!(fits(CONNTRACK_MAP, L, bigger, Some(4000)));
+        assert!(!fits(CONNTRACK_MAP, L, bigger, Some(1000)));
+        assert!(!fits("COUNTERS", L, bigger, None));
+        let other_value = Layout {
+            value_size: 56,
+            ..bigger
+        };
+        assert!(!fits(CONNTRACK_MAP, L, other_value, None));
+        assert!(fits("COUNTERS", L, L, None));
+    }
+
+    #[test]
+    fn the_embedded_object_has_every_pinned_map() {
+        let l = object_layouts(&Object::load(None).unwrap().bytes).unwrap();
+        assert_eq!(l.len(), PinnedMaps::NAMES.len());
+    }
 }

@@ -26,7 +26,7 @@
 
 mod detach;
 mod fresh;
-mod loader;
+pub(crate) mod loader;
 mod replace;
 
 use std::fs;

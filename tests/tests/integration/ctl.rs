@@ -192,6 +192,36 @@ impl ObjectVariant {
         Self(path)
     }
 
+    /// A copy whose `COUNTERS` map has one entry fewer: the object of a
+    /// build from before the last counter was added. Its map definitions
+    /// are the legacy `maps` section's 28-byte `bpf_map_def`s (type, key
+    /// size, value size, max entries, ...); `COUNTERS` is the per-CPU array
+    /// of `Counter::COUNT` counter values.
+    #[must_use]
+    pub fn with_one_counter_fewer() -> Self {
+        use router_common::maps::{Counter, CounterValue};
+        const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+        let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("router-fewer-{}-{n}.o", std::process::id()));
+        let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
+        let (off, size) = elf_section(&bytes, "maps").expect("the object has a maps section");
+        let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let value_size = u32::try_from(std::mem::size_of::<CounterValue>()).unwrap();
+        let defs: Vec<usize> = (off..off + size - 27)
+            .step_by(28)
+            .filter(|&d| {
+                u32_at(&bytes, d) == BPF_MAP_TYPE_PERCPU_ARRAY
+                    && u32_at(&bytes, d + 4) == 4
+                    && u32_at(&bytes, d + 8) == value_size
+                    && u32_at(&bytes, d + 12) == Counter::COUNT
+            })
+            .collect();
+        assert_eq!(defs.len(), 1, "one COUNTERS definition in the maps section");
+        bytes[defs[0] + 12..defs[0] + 16].copy_from_slice(&(Counter::COUNT - 1).to_le_bytes());
+        std::fs::write(&path, bytes).expect("write the object with one counter fewer");
+        Self(path)
+    }
+
     #[must_use]
     pub fn path(&self) -> &str {
         self.0.to_str().expect("utf-8 temp path")

@@ -204,6 +204,51 @@ fn dashboard_covers_what_an_operator_watches() {
     }
 }
 
+/// The metrics with a `family` label (every verdict, the conntrack
+/// gauges) are plotted per family: a panel target that queries one keeps
+/// the label (no `sum by` without it) and shows it in its legend.
+#[test]
+fn family_labelled_metrics_keep_their_family_in_the_legend() {
+    fn targets(v: &Value, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::Object(m) => {
+                if let (Some(e), Some(l)) = (
+                    m.get("expr").and_then(Value::as_str),
+                    m.get("legendFormat").and_then(Value::as_str),
+                ) {
+                    out.push((e.to_owned(), l.to_owned()));
+                }
+                m.values().for_each(|x| targets(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| targets(x, out)),
+            _ => {}
+        }
+    }
+    let dash: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
+    let mut all = Vec::new();
+    targets(&dash, &mut all);
+    let labelled = [
+        "xdp_router_forwarded_",
+        "xdp_router_passed_",
+        "xdp_router_dropped_",
+        "xdp_router_conntrack_",
+    ];
+    let mut seen = 0;
+    for (expr, legend) in &all {
+        if labelled.iter().any(|m| expr.contains(m)) {
+            seen += 1;
+            assert!(legend.contains("{{family}}"), "{expr}: legend {legend:?}");
+            if let Some(by) = expr.split("sum by (").nth(1) {
+                assert!(
+                    by.split(')').next().is_some_and(|l| l.contains("family")),
+                    "{expr} sums the families together"
+                );
+            }
+        }
+    }
+    assert!(seen >= 8, "only {seen} targets of family-labelled metrics");
+}
+
 /// Sample names of a Prometheus text exposition.
 fn exposed(body: &str) -> BTreeSet<String> {
     body.lines()

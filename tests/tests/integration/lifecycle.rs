@@ -437,6 +437,76 @@ fn lost_pins_are_detected_and_repaired() {
     assert_eq!(status(&t).1, 3);
 }
 
+/// An upgrade whose build changes a map other than CONFIG: attached by a
+/// build with one counter fewer, this router-ctl's `status` says
+/// `other_build` naming the map (exit 1), `stats` refuses with what to do,
+/// and a live replace (what `run --config` does at start) is refused;
+/// `detach` and attach again switch to this build.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_router_of_a_build_with_another_counters_layout_is_other_build() {
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    let older = ObjectVariant::with_one_counter_fewer();
+    attach(&t, &["--object", older.path()]);
+    let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 6201));
+    assert_eq!(
+        peer.ip(),
+        IpAddr::V4(ROUTER_WAN_ADDR),
+        "the older build forwards"
+    );
+
+    let (v, code) = status(&t);
+    println!("{v}");
+    assert_eq!((v["state"].as_str(), code), (Some("other_build"), 1), "{v}");
+    let problem = v["problems"][0].as_str().unwrap();
+    assert!(problem.contains("map COUNTERS's layout differs"), "{v}");
+    assert!(problem.contains("router-ctl detach"), "{v}");
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(text.contains("state: other_build"), "{text}");
+
+    let err = ctl_fails(&t, &["stats"]);
+    println!("{err}");
+    assert!(
+        err.contains("attached by another build of router-ctl (map COUNTERS's layout differs"),
+        "{err}"
+    );
+    assert!(
+        err.contains("use that build's router-ctl, or `router-ctl detach` and attach again"),
+        "{err}"
+    );
+    assert!(!err.contains("reading counter"), "{err}");
+
+    // The exporter: the program is attached (up 1), its maps are another
+    // build's (layout_mismatch 1), and no counter is served.
+    let srv = crate::metrics::Server::start(&t);
+    let (code, _, body) = srv.request("GET", "/metrics");
+    assert_eq!(code, 200, "{body}");
+    let lines: Vec<&str> = body.lines().collect();
+    assert!(lines.contains(&"xdp_router_up 1"), "{body}");
+    assert!(lines.contains(&"xdp_router_layout_mismatch 1"), "{body}");
+    assert!(
+        !body.contains("xdp_router_forwarded_packets_total"),
+        "{body}"
+    );
+    drop(srv);
+
+    let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    assert!(err.contains("COUNTERS") && err.contains("detach"), "{err}");
+
+    t.router_ctl_ok(&["detach"]);
+    attach(&t, &[]);
+    let (v, code) = status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
+    t.router_ctl_ok(&["stats"]);
+    let srv = crate::metrics::Server::start(&t);
+    let (_, _, body) = srv.request("GET", "/metrics");
+    assert!(
+        body.lines().any(|l| l == "xdp_router_layout_mismatch 0"),
+        "{body}"
+    );
+}
+
 /// An upgrade: a router attached by a router-ctl without the
 /// `VIRTUAL_MACS` map (keepalived `use_vmac`) lacks its pin; the new
 /// router-ctl's attach (as `apply` and `run --config` do at start) must

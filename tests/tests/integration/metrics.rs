@@ -136,11 +136,15 @@ fn metrics_are_scraped_over_loopback_and_parse() {
         *s.get(k)
             .unwrap_or_else(|| panic!("no sample {k} in\n{body}"))
     };
-    assert!(get("xdp_router_forwarded_packets_total{direction=\"outbound\"}") > 50.0);
-    assert!(get("xdp_router_forwarded_bytes_total{direction=\"inbound\"}") > 50_000.0);
+    assert!(
+        get("xdp_router_forwarded_packets_total{direction=\"outbound\",family=\"ipv4\"}") > 50.0
+    );
+    assert!(
+        get("xdp_router_forwarded_bytes_total{direction=\"inbound\",family=\"ipv4\"}") > 50_000.0
+    );
     assert!(get("xdp_router_events_total{event=\"flow_new_masquerade\"}") >= 1.0);
-    assert!((get("xdp_router_conntrack_capacity") - 524_288.0).abs() < 0.5);
-    assert!(get("xdp_router_conntrack_entries") >= 2.0);
+    assert!((get("xdp_router_conntrack_capacity{family=\"ipv4\"}") - 524_288.0).abs() < 0.5);
+    assert!(get("xdp_router_conntrack_entries{family=\"ipv4\"}") >= 2.0);
     // IPv6's flow table, labelled as the IPv6 counters are.
     assert!((get("xdp_router_conntrack_capacity{family=\"ipv6\"}") - 131_072.0).abs() < 0.5);
     assert!(get("xdp_router_conntrack_entries{family=\"ipv6\"}").abs() < 0.5);
@@ -148,7 +152,8 @@ fn metrics_are_scraped_over_loopback_and_parse() {
     assert!(get("xdp_router_port_forward_rules").abs() < 0.5);
     // Every counter of the data path is exported, as a `_total` counter.
     // IPv6-only verdicts (`fwd6_`, `pass6_`, `drop6_`) are in the same
-    // families with a `family="ipv6"` label after their own.
+    // families as the others; every verdict carries a `family` label:
+    // `ipv6` for those, `ipv4` or `both` for the others.
     for &c in Counter::ALL {
         let n = c.name();
         let (v6, n4) = ["fwd6_", "pass6_", "drop6_"]
@@ -158,18 +163,35 @@ fn metrics_are_scraped_over_loopback_and_parse() {
                     .map(|rest| (true, format!("{}_{rest}", &p[..p.len() - 2])))
             })
             .unwrap_or((false, n.to_owned()));
-        let fam = if v6 { ",family=\"ipv6\"" } else { "" };
-        let key = if let Some(d) = n4.strip_prefix("fwd_") {
-            format!("xdp_router_forwarded_packets_total{{direction=\"{d}\"{fam}}}")
-        } else if let Some(r) = n4.strip_prefix("pass_") {
-            format!("xdp_router_passed_packets_total{{reason=\"{r}\"{fam}}}")
-        } else if let Some(r) = n4.strip_prefix("drop_") {
-            format!("xdp_router_dropped_packets_total{{reason=\"{r}\"{fam}}}")
-        } else {
-            format!("xdp_router_events_total{{event=\"{n}\"}}")
-        };
-        assert!(s.contains_key(&key), "{key} missing");
+        let families: &[&str] = if v6 { &["ipv6"] } else { &["ipv4", "both"] };
+        let keys: Vec<String> = families
+            .iter()
+            .map(|f| {
+                let fam = format!(",family=\"{f}\"");
+                if let Some(d) = n4.strip_prefix("fwd_") {
+                    format!("xdp_router_forwarded_packets_total{{direction=\"{d}\"{fam}}}")
+                } else if let Some(r) = n4.strip_prefix("pass_") {
+                    format!("xdp_router_passed_packets_total{{reason=\"{r}\"{fam}}}")
+                } else if let Some(r) = n4.strip_prefix("drop_") {
+                    format!("xdp_router_dropped_packets_total{{reason=\"{r}\"{fam}}}")
+                } else {
+                    format!("xdp_router_events_total{{event=\"{n}\"}}")
+                }
+            })
+            .collect();
+        assert!(keys.iter().any(|k| s.contains_key(k)), "{keys:?} missing");
     }
+    // No verdict sample without a family.
+    for k in s.keys() {
+        if ["forwarded", "passed", "dropped"]
+            .iter()
+            .any(|f| k.starts_with(&format!("xdp_router_{f}_")))
+        {
+            assert!(k.contains("family=\""), "{k} has no family label");
+        }
+    }
+    assert!(get("xdp_router_passed_packets_total{reason=\"no_flow\",family=\"both\"}") >= 0.0);
+    assert!(get("xdp_router_attached_timestamp_seconds") > 1.0e9);
     for (name, ty) in &types {
         if ty == "counter" {
             assert!(name.ends_with("_total"), "counter {name} without _total");
@@ -193,7 +215,7 @@ fn metrics_are_scraped_over_loopback_and_parse() {
     );
     let (_, _, body2) = srv.request("GET", "/metrics");
     let (s2, _) = parse(&body2);
-    let k = "xdp_router_forwarded_packets_total{direction=\"outbound\"}";
+    let k = "xdp_router_forwarded_packets_total{direction=\"outbound\",family=\"ipv4\"}";
     assert!(s2[k] > s[k]);
 
     assert_eq!(srv.request("GET", "/nope").0, 404);
