@@ -284,6 +284,17 @@ pub(crate) fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
 }
 
+/// Where the request head in `buf` ends: after its empty line, `CRLF CRLF`
+/// or, as RFC 9112 2.2 lets a recipient accept, a bare `LF LF`.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// [`host_allowed`] for a raw request head. One that is not UTF-8 counts
 /// as naming no address (its `Host` cannot be read): refused by a loopback
 /// listener.
@@ -309,23 +320,35 @@ pub async fn handle(
     let mut head = Vec::with_capacity(1024);
     let read = tokio::time::timeout(READ_TIMEOUT, async {
         let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+        while head_end(&head).is_none() {
+            if head.len() > MAX_HEAD {
+                // Ended or not, too long: refused, not served from a part.
+                return Some(false);
+            }
             let n = sock.read(&mut buf).await.ok()?;
             if n == 0 {
                 return None;
             }
             head.extend_from_slice(&buf[..n]);
         }
-        Some(())
+        Some(head_end(&head).is_some_and(|end| end <= MAX_HEAD))
     })
     .await;
     let local = sock.local_addr().ok();
     let (resp, head_only) = match (read, request_line(&head)) {
-        (Ok(Some(())), Some(_)) if local.is_some_and(|l| !head_host_allowed(&head, l)) => (
+        (Ok(Some(false)), _) => (
+            Response::text(
+                431,
+                "Request Header Fields Too Large",
+                "the request head is over 8 KiB\n",
+            ),
+            false,
+        ),
+        (Ok(Some(true)), Some(_)) if local.is_some_and(|l| !head_host_allowed(&head, l)) => (
             Response::text(421, "Misdirected Request", MISDIRECTED),
             false,
         ),
-        (Ok(Some(())), Some((method, path))) => {
+        (Ok(Some(true)), Some((method, path))) => {
             tracing::debug!("{method} {path}");
             (route(&ctx, &shared, &method, &path).await, method == "HEAD")
         }

@@ -170,6 +170,25 @@ fn listener_limits(t: &Topology, addr: SocketAddr) {
         assert!(resp.starts_with("HTTP/1.1 421 "), "{resp}");
         assert!(!resp.contains("\"flows\""), "{resp}");
 
+        // A head over 8 KiB is refused, not served from its first part.
+        let mut s = connect();
+        let filler = "x".repeat(9 * 1024);
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nX-Filler: {filler}\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 431 "), "{resp}");
+        // A head ended by bare newlines (RFC 9112 2.2) is answered (it was
+        // held to the read timeout and closed unanswered).
+        let mut s = connect();
+        write!(s, "GET /metrics HTTP/1.1\nHost: {addr}\n\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200 "), "{resp}");
+
         let idle: Vec<TcpStream> = (0..64).map(|_| connect()).collect();
         // Served in the order accepted: the 65th finds no slot.
         std::thread::sleep(Duration::from_millis(300));
