@@ -430,7 +430,12 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::exit(1);
+            let needs_detach = e.downcast_ref::<lifecycle::loader::NeedsDetach>().is_some();
+            std::process::exit(if needs_detach {
+                lifecycle::loader::NeedsDetach::EXIT_CODE
+            } else {
+                1
+            });
         }
     }
 }

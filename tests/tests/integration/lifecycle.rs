@@ -491,8 +491,12 @@ fn a_router_of_a_build_with_another_counters_layout_is_other_build() {
     );
     drop(srv);
 
-    let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    // Refused with the exit code the service's unit does not restart on
+    // (78, EX_CONFIG): trying again would not help.
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let err = stderr(&o);
     assert!(err.contains("COUNTERS") && err.contains("detach"), "{err}");
+    assert_eq!(o.status.code(), Some(78), "{err}");
 
     t.router_ctl_ok(&["detach"]);
     attach(&t, &[]);
