@@ -130,7 +130,8 @@ impl History {
 
 /// The bytes of a flow row, when the data path counts them: the sum of its
 /// numeric fields named `bytes` or `..._bytes` (one per direction or a
-/// total). `conntrack list` carries none yet, so this is `None` today.
+/// total): `conntrack list` rows carry `orig_bytes` and `reply_bytes`, the
+/// data path's per-flow counts; `None` for a row without any.
 #[must_use]
 pub fn flow_bytes(row: &Value) -> Option<u64> {
     let obj = row.as_object()?;
