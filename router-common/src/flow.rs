@@ -99,7 +99,11 @@ pub fn fill_new_flow(
     orig_entry.new_dst_port = translated.dst_port;
     orig_entry.state = state;
     orig_entry.flags = FLAG_ORIGINAL | extra_flags;
-    orig_entry.pad = [0; 2];
+    // The first outbound hit refreshes the mapping (which the creation
+    // claimed) once more: tick 0 is past, except in one tick of every
+    // 65536. Not the creation's tick: computing it here grew the data
+    // path's `try_port` frame, on a call chain at the verifier's 512 bytes.
+    orig_entry.out_tick = 0;
     orig_entry.last_seen_ns = now_ns;
     orig_entry.created_ns = now_ns;
     orig_entry.clear_next_hop();
@@ -111,7 +115,7 @@ pub fn fill_new_flow(
     reply_entry.new_dst_port = orig.src_port;
     reply_entry.state = state;
     reply_entry.flags = extra_flags;
-    reply_entry.pad = [0; 2];
+    reply_entry.out_tick = 0;
     reply_entry.last_seen_ns = now_ns;
     reply_entry.created_ns = now_ns;
     reply_entry.clear_next_hop();

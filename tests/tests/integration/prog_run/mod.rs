@@ -353,10 +353,12 @@ fn dnat(ip: &Ipv4, addr: [u8; 4], port: u16) -> Ipv4 {
 }
 
 /// `e` with the next-hop cache cleared, as a new entry has it, and
-/// without the TCP window tracking and the packet counts (the `tcp_window`
-/// and `counts` tests check those through [`Router::raw_entry`]).
+/// without the TCP window tracking, the packet counts and the outbound
+/// mapping refresh tick (the `tcp_window`, `counts` and `nat_behaviour`
+/// tests check those through [`Router::raw_entry`] and the mappings).
 fn without_hop(mut e: FlowEntry) -> FlowEntry {
     e.clear_next_hop();
+    e.out_tick = 0;
     e.tcp = TcpWindow::default();
     e.count = FlowCount::default();
     e
@@ -378,7 +380,7 @@ fn entry(
         new_dst_port: tr.dst_port,
         state: state as u8,
         flags,
-        pad: [0; 2],
+        out_tick: 0,
         last_seen_ns: seen,
         created_ns: created,
         ..FlowEntry::default()
