@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use router_common::{
-    flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, flow_hash},
+    flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, endpoint_hash},
     maps::{
         Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_MAPPED, FLAG_ORIGINAL,
         FLAG_PORT_FORWARD, FlowCount, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP,
@@ -465,7 +465,7 @@ impl Flow {
 /// collisions on the way.
 fn probe(key: &FlowKey, min: u16, max: u16, taken: &[u16], skip: &[u16]) -> Option<(u16, usize)> {
     let sport = key.src_port;
-    let h = flow_hash(key, SEED);
+    let h = endpoint_hash(key, SEED);
     let mut collisions = 0;
     for attempt in 0..MAX_PORT_PROBES {
         let p = candidate_port(attempt, sport, h, min, max);
