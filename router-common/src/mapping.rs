@@ -134,16 +134,19 @@ pub const fn refresh_tick(now_ns: u64) -> u16 {
     t
 }
 
-/// Whether the hit entry `e` of an outbound packet at `now_ns` is due to
-/// refresh its flow's NAT mapping: an entry of the LAN side (outbound
-/// refresh only, RFC 4787 REQ-6) of a flow with a mapping whose own
-/// outbound refresh tick has passed, whatever direction refreshed
-/// `last_seen_ns`. The hit path's whole cost: compares of the entry's
-/// flags and one 16-bit field next to them.
+/// Whether the entry `e`, hit at `now_ns` by a packet that arrived on the
+/// LAN (`from_lan`; a hit's entry is always of its packet's side, which
+/// the look-up checks, so this is [`FlowEntry::lan_side`] without
+/// computing it again), is due to refresh its flow's NAT mapping: an
+/// outbound packet (outbound refresh only, RFC 4787 REQ-6) of a flow with
+/// a mapping whose own outbound refresh tick has passed, whatever
+/// direction refreshed `last_seen_ns`. The hit path's whole cost: the
+/// side it knows, a test of the entry's flags and a compare of one 16-bit
+/// field next to them.
 #[must_use]
 #[inline]
-pub const fn outbound_refresh_due(e: &FlowEntry, now_ns: u64) -> bool {
-    e.flags & FLAG_MAPPED != 0 && e.lan_side() && e.out_tick != refresh_tick(now_ns)
+pub const fn outbound_refresh_due(from_lan: bool, e: &FlowEntry, now_ns: u64) -> bool {
+    from_lan && e.flags & FLAG_MAPPED != 0 && e.out_tick != refresh_tick(now_ns)
 }
 
 /// The mapping a flow's entry `e`, hit through `key`, belongs to: its
@@ -311,18 +314,16 @@ mod tests {
         let tr = masquerade_key(&orig, WAN, 5555);
         let now = 7 << REFRESH_TICK_SHIFT;
         let (mut oe, _, mut re) = new_flow(&orig, &tr, FLAG_MAPPED, now);
-        assert!(outbound_refresh_due(&oe, now), "due after the creation");
+        let due = |e: &FlowEntry, now| outbound_refresh_due(e.lan_side(), e, now);
+        assert!(due(&oe, now), "due after the creation");
         oe.out_tick = refresh_tick(now);
-        assert!(!outbound_refresh_due(
-            &oe,
-            now + (1 << REFRESH_TICK_SHIFT) - 1
-        ));
-        assert!(outbound_refresh_due(&oe, now + (1 << REFRESH_TICK_SHIFT)));
+        assert!(!due(&oe, now + (1 << REFRESH_TICK_SHIFT) - 1));
+        assert!(due(&oe, now + (1 << REFRESH_TICK_SHIFT)));
         re.out_tick = 3;
-        assert!(!outbound_refresh_due(&re, now), "inbound: never (REQ-6)");
+        assert!(!due(&re, now), "inbound: never (REQ-6)");
         oe.flags &= !FLAG_MAPPED;
         oe.out_tick = 3;
-        assert!(!outbound_refresh_due(&oe, now), "no mapping");
+        assert!(!due(&oe, now), "no mapping");
         // The tick wraps in 16 bits.
         assert_eq!(refresh_tick(0x1_0000 << REFRESH_TICK_SHIFT), 0);
     }

@@ -153,13 +153,13 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
         flow::track_hit(&key, entry, &pkt.seg, now);
-        if outbound_refresh_due(entry, now) {
+        if outbound_refresh_due(side.from_lan, entry, now) {
             // An outbound packet whose flow has not refreshed its NAT
             // mapping in this tick (its own tick, `out_tick`: a refresh of
             // `last_seen_ns` by the other direction does not count), so
             // the mapping lives as long as outbound traffic does (RFC 4787
-            // REQ-6: outbound refresh). Compares of the entry's flags and
-            // `out_tick` only, per packet. Called here, not in `track`:
+            // REQ-6: outbound refresh). Per packet: the side, a test of
+            // the entry's flags and a compare of `out_tick`. Called here, not in `track`:
             // `track` runs at a refresh of `last_seen_ns`, which either
             // direction makes; and tested after `track` so that no value
             // stays live across that call (a spill would grow this frame).
