@@ -99,7 +99,11 @@ pub fn fill_new_flow(
     orig_entry.new_dst_port = translated.dst_port;
     orig_entry.state = state;
     orig_entry.flags = FLAG_ORIGINAL | extra_flags;
-    orig_entry.pad = [0; 2];
+    // The first outbound hit refreshes the mapping (which the creation
+    // claimed) once more: tick 0 is past, except in one tick of every
+    // 65536. Not the creation's tick: computing it here grew the data
+    // path's `try_port` frame, on a call chain at the verifier's 512 bytes.
+    orig_entry.out_tick = 0;
     orig_entry.last_seen_ns = now_ns;
     orig_entry.created_ns = now_ns;
     orig_entry.clear_next_hop();
@@ -111,7 +115,7 @@ pub fn fill_new_flow(
     reply_entry.new_dst_port = orig.src_port;
     reply_entry.state = state;
     reply_entry.flags = extra_flags;
-    reply_entry.pad = [0; 2];
+    reply_entry.out_tick = 0;
     reply_entry.last_seen_ns = now_ns;
     reply_entry.created_ns = now_ns;
     reply_entry.clear_next_hop();
@@ -538,10 +542,19 @@ pub const fn seq_after(a: u32, b: u32) -> bool {
     d > 0
 }
 
-/// 32-bit hash of a flow key with a per-attach seed (murmur3's finaliser
-/// over the key's words): spreads SNAT port probes, not cryptographic.
+/// 32-bit hash of a new flow's internal endpoint (the key's source
+/// address, source port and protocol) with a per-attach seed (murmur3's
+/// finaliser over those words): spreads SNAT port probes, not
+/// cryptographic. Not the destination: the probes are the endpoint's, so
+/// two first flows of one endpoint to two destinations, admitted at once
+/// on two CPUs before either recorded the endpoint's mapping, probe the
+/// same ports in the same order, and the one that loses the race for a
+/// port finds it already its endpoint's (`Held`) instead of claiming a
+/// second mapping elsewhere (endpoint-independent mapping, RFC 4787 REQ-1;
+/// source ports outside `--port-range` are common: macOS, iOS and Windows
+/// hand out 49152-65535).
 #[must_use]
-pub const fn flow_hash(k: &FlowKey, seed: u32) -> u32 {
+pub const fn endpoint_hash(k: &FlowKey, seed: u32) -> u32 {
     const fn mix(h: u32, w: u32) -> u32 {
         let w = w
             .wrapping_mul(0xcc9e_2d51)
@@ -554,10 +567,10 @@ pub const fn flow_hash(k: &FlowKey, seed: u32) -> u32 {
     }
     let mut h = seed;
     h = mix(h, u32::from_be_bytes(k.src_addr));
-    h = mix(h, u32::from_be_bytes(k.dst_addr));
-    h = mix(h, ((k.src_port as u32) << 16) | k.dst_port as u32);
+    h = mix(h, k.src_port as u32);
     h = mix(h, k.proto as u32);
-    h ^= 16;
+    // The length hashed, in bytes (three words).
+    h ^= 0xc;
     h ^= h >> 16;
     h = h.wrapping_mul(0x85eb_ca6b);
     h ^= h >> 13;
@@ -773,7 +786,7 @@ mod tests {
     #[test]
     fn probes_spread_over_the_range() {
         let k = FlowKey::new(LAN, SRV, 40000, 80, IPPROTO_TCP);
-        let h = flow_hash(&k, 1);
+        let h = endpoint_hash(&k, 1);
         let mut seen = std::collections::BTreeSet::new();
         for a in 1..MAX_PORT_PROBES {
             seen.insert(candidate_port(a, 40000, h, 1024, 65535));
@@ -783,7 +796,42 @@ mod tests {
             MAX_PORT_PROBES as usize - 1,
             "probes repeat: {seen:?}"
         );
-        assert_ne!(flow_hash(&k, 1), flow_hash(&k, 2), "seed changes the hash");
+        assert_ne!(
+            endpoint_hash(&k, 1),
+            endpoint_hash(&k, 2),
+            "seed changes the hash"
+        );
+    }
+
+    #[test]
+    fn an_endpoints_probes_do_not_depend_on_the_destination() {
+        // A source port outside the range (macOS/iOS/Windows ephemeral
+        // ports above 60999): the first probe is hashed. Two first flows
+        // of one endpoint, to two destinations, probe the same ports in
+        // the same order, so concurrent ones race for one port (the
+        // loser finds it `Held`) instead of each taking its own mapping.
+        let (min, max) = (1024, 60999);
+        let k1 = FlowKey::new(LAN, SRV, 62000, 3478, IPPROTO_UDP);
+        let k2 = FlowKey::new(LAN, [198, 51, 100, 9], 62000, 19302, IPPROTO_UDP);
+        let (h1, h2) = (endpoint_hash(&k1, 7), endpoint_hash(&k2, 7));
+        for a in 0..MAX_PORT_PROBES {
+            assert_eq!(
+                candidate_port(a, 62000, h1, min, max),
+                candidate_port(a, 62000, h2, min, max),
+                "probe {a}"
+            );
+        }
+        // Other endpoints (another port, address or protocol) start
+        // elsewhere.
+        let first = |k: &FlowKey| candidate_port(0, k.src_port, endpoint_hash(k, 7), min, max);
+        let others = [
+            FlowKey::new(LAN, SRV, 62001, 3478, IPPROTO_UDP),
+            FlowKey::new([192, 168, 1, 3], SRV, 62000, 3478, IPPROTO_UDP),
+            FlowKey::new(LAN, SRV, 62000, 3478, IPPROTO_TCP),
+        ];
+        for k in &others {
+            assert_ne!(first(k), first(&k1), "{k:?}");
+        }
     }
 
     fn seg(flags: u8, seq: u32, ack: u32, win: u16) -> Segment {

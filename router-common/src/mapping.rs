@@ -9,8 +9,12 @@
 //! keeps the mappings in `NAT_MAPPINGS` (external port -> endpoint; its
 //! `BPF_NOEXIST` insert is the cross-CPU lock on the port) and
 //! `NAT_ENDPOINTS` (endpoint -> external port). A mapping is refreshed when
-//! one of its flows is created and at a flow's periodic refresh (at most
-//! once per `flow::REFRESH_NS` while packets flow), never per packet.
+//! one of its flows is created and by that flow's outbound packets, at most
+//! once per refresh tick ([`refresh_tick`], about a second) per flow,
+//! never per packet and never by inbound packets (RFC 4787 REQ-6); a TCP
+//! flow's state change (SYN+ACK, FIN, RST) sets its mapping's expiry from
+//! the new state whichever side sent the segment (RFC 5382 REQ-5), so the
+//! port of a closed connection comes free after the closed state's timeout.
 //!
 //! Port parity and contiguity (RFC 4787 REQ-4 and section 4.2.3) are not
 //! kept: the first choice is the endpoint's own port (port preservation,
@@ -20,7 +24,10 @@
 
 use crate::{
     flow::masquerade_key,
-    maps::{Endpoint, Filtering, FlowKey, FlowState, IPPROTO_UDP, Mapping, Timeouts},
+    maps::{
+        Endpoint, FLAG_MAPPED, Filtering, FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP,
+        Mapping, Timeouts,
+    },
 };
 
 /// Minimum lifetime of a UDP mapping after its last refresh, in seconds.
@@ -72,14 +79,100 @@ pub const fn mapping_secs(proto: u8, state: u8, t: &Timeouts) -> u32 {
     }
 }
 
-/// The expiry time of a mapping refreshed at `now_ns` by a flow of
-/// protocol `proto` in state `state`. The refresh sets it (it does not
-/// only extend it): with several TCP connections on one internal port, the
-/// mapping follows the one that refreshed it last.
+/// The expiry time a flow of protocol `proto` in state `state` needs of
+/// its mapping at `now_ns`.
 #[must_use]
 #[inline]
 pub const fn mapping_expiry(proto: u8, state: u8, now_ns: u64, t: &Timeouts) -> u64 {
     now_ns + mapping_secs(proto, state, t) as u64 * 1_000_000_000
+}
+
+/// The expiry of a mapping that expired at `current` after a refresh at
+/// `now_ns` by one of its flows, of protocol `proto` in state `state`.
+/// UDP (and ICMP echo): never earlier than it was, as a new flow's claim
+/// extends it, so a flow with a shorter timeout (unreplied, say) cannot cut
+/// the mapping short under an older live flow with a longer one (RFC 4787
+/// REQ-5: a mapping lives as long as its flows need). TCP: set from the
+/// state, shorter too, so that the mapping follows its connection to the
+/// close and the port of a closed connection comes free after the closed
+/// state's timeout (RFC 5382 REQ-5 asks only that established
+/// connections' mappings live at least 2 h 4 min). With several TCP
+/// connections on one internal port the mapping follows the one that
+/// refreshed it last.
+#[must_use]
+#[inline]
+pub const fn refreshed_expiry(
+    proto: u8,
+    current: u64,
+    state: u8,
+    now_ns: u64,
+    t: &Timeouts,
+) -> u64 {
+    let want = mapping_expiry(proto, state, now_ns, t);
+    if proto != IPPROTO_TCP && current > want {
+        current
+    } else {
+        want
+    }
+}
+
+/// How coarse the outbound refresh of a mapping is: [`refresh_tick`]
+/// counts units of `1 << REFRESH_TICK_SHIFT` ns (1.07 s), about
+/// `flow::REFRESH_NS`.
+pub const REFRESH_TICK_SHIFT: u32 = 30;
+
+/// The refresh tick of `now_ns` (see [`FlowEntry::out_tick`]): a shift
+/// instead of a division, kept in 16 bits, so it wraps after 65536 ticks
+/// (19.5 hours). An outbound packet exactly a multiple of that after the
+/// last outbound refresh (no outbound packet in between) skips one
+/// refresh; the next packet in another tick makes it.
+#[must_use]
+#[inline]
+pub const fn refresh_tick(now_ns: u64) -> u16 {
+    #[expect(clippy::cast_possible_truncation, reason = "wraps, see above")]
+    let t = (now_ns >> REFRESH_TICK_SHIFT) as u16;
+    t
+}
+
+/// Whether the entry `e`, hit at `now_ns` by a packet that arrived on the
+/// LAN (`from_lan`; a hit's entry is always of its packet's side, which
+/// the look-up checks, so this is [`FlowEntry::lan_side`] without
+/// computing it again), is due to refresh its flow's NAT mapping: an
+/// outbound packet (outbound refresh only, RFC 4787 REQ-6) of a flow with
+/// a mapping whose own outbound refresh tick has passed, whatever
+/// direction refreshed `last_seen_ns`. The hit path's whole cost: the
+/// side it knows, a test of the entry's flags and a compare of one 16-bit
+/// field next to them.
+#[must_use]
+#[inline]
+pub const fn outbound_refresh_due(from_lan: bool, e: &FlowEntry, now_ns: u64) -> bool {
+    from_lan && e.flags & FLAG_MAPPED != 0 && e.out_tick != refresh_tick(now_ns)
+}
+
+/// The mapping a flow's entry `e`, hit through `key`, belongs to: its
+/// external port and the internal endpoint that must own it. On the LAN
+/// side the key's source is the internal endpoint and the translated
+/// source port the mapping's; on the WAN side (a masqueraded flow's reply,
+/// or a flow opened from the WAN to a mapping) the key's destination port
+/// is the mapping's and the translated destination the endpoint. Of a
+/// hairpinned flow (both entries on the LAN side) each entry names its
+/// sender's mapping.
+#[must_use]
+#[inline]
+pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint) {
+    if e.lan_side() {
+        (e.new_src_port, Endpoint::source_of(key))
+    } else {
+        (
+            key.dst_port,
+            Endpoint {
+                addr: e.new_dst_addr,
+                port: e.new_dst_port,
+                proto: key.proto,
+                pad: 0,
+            },
+        )
+    }
 }
 
 /// Whether mapping `m` is alive at `now_ns`.
@@ -178,6 +271,86 @@ mod tests {
             mapping_secs(IPPROTO_ICMP, FlowState::Icmp as u8, &t),
             t.icmp
         );
+    }
+
+    #[test]
+    fn udp_refresh_never_shortens_tcp_refresh_follows_the_state() {
+        let t = Timeouts {
+            udp_replied: 600,
+            ..Timeouts::default()
+        };
+        let now = 5_000_000_000;
+        let s = 1_000_000_000;
+        let replied = FlowState::UdpReplied as u8;
+        let unreplied = FlowState::UdpUnreplied as u8;
+        // A replied flow's 600 s, then an unreplied one's 300 s: kept.
+        let long = refreshed_expiry(IPPROTO_UDP, 0, replied, now, &t);
+        assert_eq!(long, now + 600 * s);
+        assert_eq!(
+            refreshed_expiry(IPPROTO_UDP, long, unreplied, now + s, &t),
+            long
+        );
+        assert_eq!(
+            refreshed_expiry(IPPROTO_UDP, now, unreplied, now + s, &t),
+            now + 301 * s,
+            "extended"
+        );
+        assert_eq!(
+            refreshed_expiry(IPPROTO_ICMP, now + 100 * s, FlowState::Icmp as u8, now, &t),
+            now + 100 * s
+        );
+        // TCP: the close lowers an established connection's 5 days.
+        let est = refreshed_expiry(IPPROTO_TCP, 0, FlowState::TcpEstablished as u8, now, &t);
+        assert_eq!(est, now + u64::from(t.tcp_established) * s);
+        assert_eq!(
+            refreshed_expiry(IPPROTO_TCP, est, FlowState::TcpClosed as u8, now + s, &t),
+            now + s + u64::from(t.tcp_closed) * s
+        );
+    }
+
+    #[test]
+    fn outbound_refresh_is_due_once_per_tick_on_the_lan_side_only() {
+        let orig = FlowKey::new(A, SRV, 5000, 53, IPPROTO_UDP);
+        let tr = masquerade_key(&orig, WAN, 5555);
+        let now = 7 << REFRESH_TICK_SHIFT;
+        let (mut oe, _, mut re) = new_flow(&orig, &tr, FLAG_MAPPED, now);
+        let due = |e: &FlowEntry, now| outbound_refresh_due(e.lan_side(), e, now);
+        assert!(due(&oe, now), "due after the creation");
+        oe.out_tick = refresh_tick(now);
+        assert!(!due(&oe, now + (1 << REFRESH_TICK_SHIFT) - 1));
+        assert!(due(&oe, now + (1 << REFRESH_TICK_SHIFT)));
+        re.out_tick = 3;
+        assert!(!due(&re, now), "inbound: never (REQ-6)");
+        oe.flags &= !FLAG_MAPPED;
+        oe.out_tick = 3;
+        assert!(!due(&oe, now), "no mapping");
+        // The tick wraps in 16 bits.
+        assert_eq!(refresh_tick(0x1_0000 << REFRESH_TICK_SHIFT), 0);
+    }
+
+    #[test]
+    fn both_entries_name_the_flows_mapping() {
+        let owner = ep(A, 5000, IPPROTO_TCP);
+        // Masqueraded: A:5000 -> SRV:443 leaves as WAN:5555.
+        let orig = FlowKey::new(A, SRV, 5000, 443, IPPROTO_TCP);
+        let tr = masquerade_key(&orig, WAN, 5555);
+        let (oe, rk, re) = new_flow(&orig, &tr, FLAG_MAPPED, 1);
+        assert_eq!(mapping_of(&orig, &oe), (5555, owner));
+        assert_eq!(mapping_of(&rk, &re), (5555, owner));
+        // Opened from the WAN to the mapping (endpoint-independent
+        // filtering): SRV:9 -> WAN:5555 reaches A:5000.
+        let orig = FlowKey::new(SRV, WAN, 9, 5555, IPPROTO_TCP);
+        let tr = FlowKey::new(SRV, A, 9, 5000, IPPROTO_TCP);
+        let (oe, rk, re) = new_flow(&orig, &tr, FLAG_PORT_FORWARD | FLAG_MAPPED, 1);
+        assert_eq!(mapping_of(&orig, &oe), (5555, owner));
+        assert_eq!(mapping_of(&rk, &re), (5555, owner));
+        // Hairpinned: each entry names its sender's mapping.
+        let orig = FlowKey::new(A, WAN, 5000, 7000, IPPROTO_UDP);
+        let target = ep(B, 6000, IPPROTO_UDP);
+        let tr = translated_key(&orig, WAN, 5555, Some(&target));
+        let (oe, rk, re) = new_flow(&orig, &tr, FLAG_MAPPED | FLAG_HAIRPIN, 1);
+        assert_eq!(mapping_of(&orig, &oe), (5555, ep(A, 5000, IPPROTO_UDP)));
+        assert_eq!(mapping_of(&rk, &re), (7000, target));
     }
 
     #[test]

@@ -185,7 +185,15 @@ pub struct FlowEntry {
     pub state: u8,
     /// `FLAG_*` bits.
     pub flags: u8,
-    pub pad: [u8; 2],
+    /// The LAN-side entry of a flow with a NAT mapping ([`FLAG_MAPPED`]):
+    /// the [`crate::mapping::refresh_tick`] of this direction's last
+    /// refresh of the mapping. Written by this direction's own packets
+    /// only (never by [`Self::last_seen_ns`]'s refresh from the other
+    /// direction), so outbound packets refresh the mapping about once per
+    /// tick whichever direction keeps the flow alive (RFC 4787 REQ-6).
+    /// Unused in other entries. It took the place of two padding bytes:
+    /// the entry stays 96 bytes.
+    pub out_tick: u16,
     /// `bpf_ktime_get_coarse_ns` (`CLOCK_MONOTONIC`) of the last refresh.
     pub last_seen_ns: u64,
     pub created_ns: u64,
@@ -319,9 +327,10 @@ pub const FLAG_FIN_REPLY: u8 = 8;
 /// [`FlowEntry::lease`].
 pub const FLAG_OFFLOADED: u8 = 16;
 /// Standalone mode: the flow holds a NAT mapping (a masqueraded flow, one
-/// opened from the WAN through a mapping, a hairpinned one); the periodic
-/// refresh of its LAN-side entry refreshes the mapping of its translated
-/// source port too.
+/// opened from the WAN through a mapping, a hairpinned one): outbound
+/// packets (LAN-side hits) refresh the mapping about once a second
+/// ([`FlowEntry::out_tick`]), and a TCP state change from either side sets
+/// its expiry from the new state (see [`crate::mapping`]).
 pub const FLAG_MAPPED: u8 = 32;
 /// Hairpinned flow (LAN host to the WAN address, back to a LAN host): both
 /// entries are keyed on the LAN side.

@@ -9,7 +9,7 @@
 
 use router_common::{
     flow::{
-        MAX_PORT_PROBES, Segment, candidate_port, fill_new_flow, flow_hash, initial_state,
+        MAX_PORT_PROBES, Segment, candidate_port, endpoint_hash, fill_new_flow, initial_state,
         open_tracking, tcp_opens_flow,
     },
     hdr::{eth, frame, get_addr, get_u16, ipv4},
@@ -336,7 +336,7 @@ fn claim_mapping(cfg: &Config, key: &FlowKey, now: u64) -> u32 {
         let _ = mapping::claim(ep, port, expires, now);
         return MAPPING_CLAIMED | u32::from(port);
     }
-    let hash = flow_hash(key, cfg.hash_seed);
+    let hash = endpoint_hash(key, cfg.hash_seed);
     for attempt in 0..MAX_PORT_PROBES {
         let port = candidate_port(attempt, key.src_port, hash, cfg.port_min, cfg.port_max);
         if key.proto != IPPROTO_ICMP

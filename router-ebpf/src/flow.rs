@@ -10,8 +10,8 @@ use router_common::{
     },
     hdr::{frame, icmp, ipv4, tcp, udp},
     maps::{
-        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey, FlowState,
-        IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
+        Counter, FLAG_MAPPED, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey,
+        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
     },
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
@@ -280,8 +280,18 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
     let refresh = needs_refresh(e.last_seen_ns, now);
     let state = match key.proto {
         IPPROTO_TCP if seg.flags & TCP_CONTROL != 0 => {
-            if track_tcp_control(e, seg, now, refresh) {
+            let c = track_tcp_control(e, seg, now, refresh);
+            if c & CONTROL_SYNC != 0 {
                 sync_peer(key, e, now, refresh);
+            }
+            if c & CONTROL_STATE_CHANGED != 0 && e.flags & FLAG_MAPPED != 0 {
+                // The mapping follows the connection's new state, whichever
+                // side sent the segment: a RST or FIN from the server sets
+                // the closing state's timeout, so the port of a closed
+                // connection comes free (RFC 5382 REQ-5). A call from here
+                // (entry -> track -> refresh), not from `track_tcp_control`,
+                // whose chain is at the verifier's 512 bytes.
+                crate::mapping::refresh(key, e, now);
             }
             return;
         }
@@ -314,10 +324,12 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
 /// all the same, as netfilter's `tcp_in_window` does by default (it marks
 /// such a segment invalid rather than dropping it; RFC 5961 has the
 /// endpoint discard it or answer with a challenge ACK). Writes the window
-/// tracking of both directions; returns whether the state or the
-/// last-seen time must go to the other direction's entry too.
+/// tracking of both directions; returns [`CONTROL_SYNC`] if the state or
+/// the last-seen time must go to the other direction's entry too, and
+/// [`CONTROL_STATE_CHANGED`] if the state changed (bits of one integer:
+/// returned in a register, nothing more kept live across the call).
 #[inline(never)]
-fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) -> bool {
+fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) -> u32 {
     let peer = CONNTRACK.get_ptr_mut(&e.peer);
     let before = match peer {
         // SAFETY: map value pointer, valid for this run.
@@ -340,15 +352,25 @@ fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) 
         unsafe { (*p).tcp = c.peer };
     }
     if c.state == e.state && c.flags == e.flags && !refresh {
-        return false;
+        return 0;
     }
+    let changed = if c.state == e.state {
+        0
+    } else {
+        CONTROL_STATE_CHANGED
+    };
     e.state = c.state;
     e.flags = c.flags;
     if refresh {
         e.last_seen_ns = now;
     }
-    true
+    CONTROL_SYNC | changed
 }
+
+/// [`track_tcp_control`]: copy the entry to the other direction's.
+const CONTROL_SYNC: u32 = 1;
+/// [`track_tcp_control`]: the state changed.
+const CONTROL_STATE_CHANGED: u32 = 2;
 
 /// Where [`sync_peer`] rebuilds an evicted entry.
 #[map(name = "RESTORE_SCRATCH")]
@@ -389,7 +411,8 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool) {
         new_dst_port: back.dst_port,
         state: e.state,
         flags: peer_flags,
-        pad: [0; 2],
+        // Due: the next outbound packet refreshes the mapping.
+        out_tick: 0,
         last_seen_ns: now,
         created_ns: e.created_ns,
         hop_ifindex: 0,

@@ -42,7 +42,8 @@ mod v6;
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use router_common::{
     hdr::{eth, frame, get_u16, ipv4},
-    maps::{Counter, FLAG_MAPPED, FLAG_OFFLOADED, FlowKey, VMAC_IPV4},
+    mapping::outbound_refresh_due,
+    maps::{Counter, FLAG_OFFLOADED, FlowKey, VMAC_IPV4},
 };
 
 use crate::{
@@ -152,14 +153,16 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now)?;
         flow::track_hit(&key, entry, &pkt.seg, now);
-        if entry.flags & FLAG_MAPPED != 0 && entry.last_seen_ns == now {
-            // `track` just refreshed the flow (or a packet in the same
-            // tick of the coarse clock did): the flow's NAT mapping lives
-            // as long as the flow does. Called here, not in `track`: the
-            // chain entry -> track -> its callees is at the verifier's
-            // 512-byte stack already; and tested after `track` so that no
-            // value stays live across that call (a spill would grow this
-            // frame).
+        if outbound_refresh_due(side.from_lan, entry, now) {
+            // An outbound packet whose flow has not refreshed its NAT
+            // mapping in this tick (its own tick, `out_tick`: a refresh of
+            // `last_seen_ns` by the other direction does not count), so
+            // the mapping lives as long as outbound traffic does (RFC 4787
+            // REQ-6: outbound refresh). Per packet: the side, a test of
+            // the entry's flags and a compare of `out_tick`. Called here, not in `track`:
+            // `track` runs at a refresh of `last_seen_ns`, which either
+            // direction makes; and tested after `track` so that no value
+            // stays live across that call (a spill would grow this frame).
             mapping::refresh(&key, entry, now);
         }
         flow::within_lease(entry, now)?;

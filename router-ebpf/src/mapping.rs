@@ -1,8 +1,9 @@
 //! Standalone mode's NAT mappings (the logic is in
 //! `router_common::mapping`): claiming an external port for an internal
 //! endpoint, finding its live mapping again (endpoint-independent
-//! mapping), the filtering of new inbound flows, and the refresh a flow's
-//! periodic refresh gives its mapping. Only new flows and refreshes come
+//! mapping), the filtering of new inbound flows, and the refresh of a
+//! mapping by its flows (outbound, about once a second per flow, and at a
+//! TCP state change). Only new flows, refreshes and state changes come
 //! here, never a packet of an established flow between refreshes.
 
 use aya_ebpf::{
@@ -11,9 +12,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
 };
 use router_common::{
-    mapping::{filter_admits, held_by, live, mapping_expiry},
+    mapping::{filter_admits, held_by, live, mapping_of, refresh_tick, refreshed_expiry},
     maps::{
-        Config, Counter, Endpoint, FLAG_MAPPED, Filtering, FlowEntry, FlowKey, MAX_NAT_ENDPOINTS,
+        Config, Counter, Endpoint, Filtering, FlowEntry, FlowKey, MAX_NAT_ENDPOINTS,
         MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey, PermitKey,
     },
 };
@@ -192,25 +193,39 @@ pub fn inbound(cfg: &Config, sender: u64, to: u32, now: u64, xlat: &mut Xlat) ->
 /// In `inbound`'s `to`: the sender is a LAN host (a hairpin).
 pub const HAIRPIN: u32 = 1 << 16;
 
-/// The periodic refresh of a flow's entry `e`, hit through `key`, gives
-/// the flow's mapping a new expiry: outbound refresh (RFC 4787 REQ-6), so
-/// only for an entry of the LAN side, whose key's source is the internal
-/// endpoint and whose translated source port the mapping's.
-// A BPF subprogram of its own, called from `flow::track` at a refresh only.
+/// Gives the NAT mapping of the flow whose entry `e` was hit through `key`
+/// the expiry the flow's state needs ([`refreshed_expiry`]: UDP and ICMP
+/// never shorter, TCP set from the state), if the mapping is still this
+/// flow's endpoint's. Called for two reasons, never per packet:
+/// - an outbound packet (a LAN-side hit) whose flow's own outbound refresh
+///   tick passed ([`router_common::mapping::outbound_refresh_due`]):
+///   outbound refresh, at most once per tick per flow, whichever direction
+///   refreshed `last_seen_ns` (RFC 4787 REQ-6 requires outbound refresh;
+///   inbound packets refresh their flow, never the mapping);
+/// - a TCP state change of the flow (SYN+ACK, FIN, RST, a new SYN), from
+///   either side: the mapping follows its connection (RFC 5382 REQ-5),
+///   down to the closed state's short timeout, so that the port of a
+///   connection the server closed or reset comes free (a lowering at the
+///   close, not an inbound refresh).
+///
+/// Records the tick in `e.out_tick`, found or not, so that the hit path
+/// does not call again in this tick.
+// A BPF subprogram of its own, called from the entry point (outbound
+// refresh) and from `flow::track` (state change): its frame adds to both
+// chains, which are near the verifier's 512 bytes.
 #[inline(never)]
-pub fn refresh(key: &FlowKey, e: &FlowEntry, now: u64) {
-    if e.flags & FLAG_MAPPED == 0 || !e.lan_side() {
-        return;
-    }
+pub fn refresh(key: &FlowKey, e: &mut FlowEntry, now: u64) {
+    e.out_tick = refresh_tick(now);
     let Some(cfg) = CONFIG.get(0) else {
         return;
     };
-    let Some(m) = NAT_MAPPINGS.get_ptr_mut(&mapping_key(key.proto, e.new_src_port)) else {
+    let (port, owner) = mapping_of(key, e);
+    let Some(m) = NAT_MAPPINGS.get_ptr_mut(&mapping_key(key.proto, port)) else {
         return;
     };
     // SAFETY: map value pointer, valid for this run.
     let m = unsafe { &mut *m };
-    if m.internal.bits() == Endpoint::source_of(key).bits() {
-        m.expires_ns = mapping_expiry(key.proto, e.state, now, &cfg.timeouts);
+    if m.internal.bits() == owner.bits() {
+        m.expires_ns = refreshed_expiry(key.proto, m.expires_ns, e.state, now, &cfg.timeouts);
     }
 }

@@ -211,8 +211,12 @@ fn stun_port_collision_keeps_endpoint_independent_mapping() {
     });
     assert_eq!(first.mapping, Mapping::EndpointIndependent, "{first:?}");
     assert_eq!(first.mapped[0].port(), SHARED_PORT, "{first:?}");
-    let stats = t.stats();
-    println!("port_collision events: {}", stats["port_collision"]);
+    let collisions = t.counter("port_collision");
+    println!("port_collision events: {collisions}");
+    assert!(
+        collisions >= 1,
+        "the second client's port {SHARED_PORT} collided with the first's mapping"
+    );
     assert_eq!(
         second.mapping,
         Mapping::EndpointIndependent,

@@ -140,6 +140,13 @@ fn icmp_errors_with_embedded_headers() {
         );
         let flows = r.flows();
         assert_eq!(flows.len(), 6);
+        // RFC 4787 REQ-12, RFC 5382 REQ-10, RFC 5508 REQ-6: errors neither
+        // end nor refresh a flow or its mapping.
+        let mappings = |r: &Router| {
+            [(IPPROTO_UDP, pu), (IPPROTO_TCP, 40000), (IPPROTO_ICMP, pe)]
+                .map(|(proto, port)| r.mapping(proto, port).expect("a mapping"))
+        };
+        let held = mappings(r);
 
         // What the server got (after the router) and quotes back; and what
         // the client must see quoted (its own packet, TTL as quoted).
@@ -233,6 +240,7 @@ fn icmp_errors_with_embedded_headers() {
             &[Counter::IcmpErrorTranslated],
         );
         assert_eq!(r.flows(), flows, "ICMP errors leave the flows as they were");
+        assert_eq!(mappings(r), held, "and their mappings");
 
         // Not translatable: passed untouched.
         let unknown = Ipv4::new(WAN, SERVER, Udp::new(1111, 53, b"not ours")).ttl(63);
@@ -306,6 +314,7 @@ fn icmp_errors_with_embedded_headers() {
         );
         lan_errors_about_delivered_packets(&env, r, pu);
         assert_eq!(r.flows(), flows, "ICMP errors leave the flows as they were");
+        assert_eq!(mappings(r), held, "and their mappings");
     });
 }
 

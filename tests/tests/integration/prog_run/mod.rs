@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use router_common::{
-    flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, flow_hash},
+    flow::{MAX_PORT_PROBES, REFRESH_NS, candidate_port, endpoint_hash},
     maps::{
         Config, Counter, CounterValue, FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_MAPPED, FLAG_ORIGINAL,
         FLAG_PORT_FORWARD, FlowCount, FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP,
@@ -353,10 +353,12 @@ fn dnat(ip: &Ipv4, addr: [u8; 4], port: u16) -> Ipv4 {
 }
 
 /// `e` with the next-hop cache cleared, as a new entry has it, and
-/// without the TCP window tracking and the packet counts (the `tcp_window`
-/// and `counts` tests check those through [`Router::raw_entry`]).
+/// without the TCP window tracking, the packet counts and the outbound
+/// mapping refresh tick (the `tcp_window`, `counts` and `nat_behaviour`
+/// tests check those through [`Router::raw_entry`] and the mappings).
 fn without_hop(mut e: FlowEntry) -> FlowEntry {
     e.clear_next_hop();
+    e.out_tick = 0;
     e.tcp = TcpWindow::default();
     e.count = FlowCount::default();
     e
@@ -378,7 +380,7 @@ fn entry(
         new_dst_port: tr.dst_port,
         state: state as u8,
         flags,
-        pad: [0; 2],
+        out_tick: 0,
         last_seen_ns: seen,
         created_ns: created,
         ..FlowEntry::default()
@@ -463,7 +465,7 @@ impl Flow {
 /// collisions on the way.
 fn probe(key: &FlowKey, min: u16, max: u16, taken: &[u16], skip: &[u16]) -> Option<(u16, usize)> {
     let sport = key.src_port;
-    let h = flow_hash(key, SEED);
+    let h = endpoint_hash(key, SEED);
     let mut collisions = 0;
     for attempt in 0..MAX_PORT_PROBES {
         let p = candidate_port(attempt, sport, h, min, max);

@@ -2,7 +2,10 @@
 //! mapping (also after a collision), each filtering setting, hairpinning,
 //! mapping expiry.
 
-use router_common::maps::{Endpoint, Filtering, Mapping};
+use router_common::{
+    mapping::{UDP_MAPPING_SECS, refresh_tick},
+    maps::{Endpoint, Filtering, Mapping},
+};
 
 use super::*;
 
@@ -384,6 +387,276 @@ fn expired_mapping_is_taken_over() {
         assert_eq!(
             r.mapping(IPPROTO_TCP, 40000).map(|m| m.internal),
             Some(endpoint(CLIENT2, 40000, IPPROTO_TCP))
+        );
+    });
+}
+
+/// Writes the entries `keys` back as if their last refresh, of
+/// `last_seen_ns` and of the mapping by outbound packets (`out_tick`), had
+/// been `d` ns earlier: the next packet is due to refresh both.
+fn age(r: &mut Router, keys: &[FlowKey], d: u64) {
+    let tick = refresh_tick(now_ns() - d);
+    for k in keys {
+        let mut e = r.raw_entry(k);
+        e.last_seen_ns -= d;
+        e.out_tick = tick;
+        r.put(*k, e);
+    }
+}
+
+/// The expiry of the mapping of `port`, asserted to be `internal`'s.
+fn expiry(r: &Router, proto: u8, port: u16, internal: Endpoint) -> u64 {
+    let m = r.mapping(proto, port).expect("a mapping");
+    assert_eq!(m.internal, internal, "the mapping's endpoint");
+    m.expires_ns
+}
+
+/// RFC 4787 REQ-6 (outbound refresh, required) and REQ-5: in a UDP flow
+/// that the WAN side keeps alive (a game server's snapshots, a
+/// receive-only RTP leg), the WAN's packets refresh both entries'
+/// `last_seen_ns`, and the client's few packets still refresh the mapping,
+/// so it does not expire under the live flow. Inbound packets do not
+/// refresh the mapping.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn outbound_packets_refresh_the_mapping_of_a_flow_the_wan_keeps_alive() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let client = endpoint(CLIENT, 40000, IPPROTO_UDP);
+        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 3478), 40000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 3478, b"client"));
+        let a = Ipv4::new(SERVER, WAN, Udp::new(3478, 40000, b"snapshot"));
+        let out = |r: &Router, what: &str| {
+            r.redirect(
+                what,
+                &env.client_sends(&q),
+                lan,
+                &env.to_server(&snat(&q, 40000)),
+                Counter::FwdOutbound,
+                &[],
+            )
+        };
+        let inb = |r: &Router, what: &str| {
+            r.redirect(
+                what,
+                &env.server_sends(&a),
+                wan,
+                &env.to_client(&dnat(&a, CLIENT, 40000)),
+                Counter::FwdInbound,
+                &[],
+            )
+        };
+        r.redirect(
+            "out: new flow",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        inb(r, "first snapshot");
+        // The mapping about to expire, the flow last refreshed 2 s ago.
+        let soon = now_ns() + 5 * NS_PER_SEC;
+        r.put_mapping(
+            IPPROTO_UDP,
+            40000,
+            Mapping {
+                internal: client,
+                expires_ns: soon,
+            },
+        );
+        age(r, &[f.orig, f.reply()], 2 * NS_PER_SEC);
+        let run = inb(r, "snapshot: refreshes the flow");
+        let t = r.get(&f.orig).last_seen_ns;
+        assert!(
+            (run.t0..=run.t1).contains(&t),
+            "the WAN's packet refreshed the LAN entry too: {t} vs {}..={}",
+            run.t0,
+            run.t1
+        );
+        assert_eq!(
+            expiry(r, IPPROTO_UDP, 40000, client),
+            soon,
+            "an inbound packet does not refresh the mapping (REQ-6)"
+        );
+        // A later tick of the coarse clock than the WAN's refresh.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let run = out(r, "client: refreshes the mapping");
+        let secs = u64::from(UDP_MAPPING_SECS) * NS_PER_SEC;
+        let e = expiry(r, IPPROTO_UDP, 40000, client);
+        assert!(
+            (run.t0 + secs..=run.t1 + secs).contains(&e),
+            "mapping expires {} s from the outbound packet, want {UDP_MAPPING_SECS}",
+            (i128::from(e) - i128::from(run.t1)) / 1_000_000_000
+        );
+    });
+}
+
+/// RFC 5382 REQ-5 (and no port leak): a TCP mapping follows its
+/// connection. Established, it lives the established timeout; a RST from
+/// the server (no LAN packet after it) lowers it to the closed state's
+/// timeout, after which another LAN host gets the port.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_wan_rst_frees_the_mapping_of_an_established_connection() {
+    const C_ISN: u32 = 0x1000_0000;
+    const S_ISN: u32 = 0x7fff_0000;
+    let seg = |sport, dport, flags, seq, ack| {
+        let mut t = Tcp::new(sport, dport, flags);
+        t.seq = seq;
+        t.ack = ack;
+        t.window = 64240;
+        t
+    };
+    let env = ResolvedTopology::new(true);
+    let cfg = Config {
+        timeouts: Timeouts {
+            tcp_closed: 1,
+            ..Timeouts::default()
+        },
+        ..config(&env)
+    };
+    with_router(&env, Some(cfg), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
+        let f = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 80), 41000);
+        let out = |r: &Router, what: &str, t: Tcp, events: &[Counter]| {
+            let ip = Ipv4::new(CLIENT, SERVER, t);
+            r.redirect(
+                what,
+                &env.client_sends(&ip),
+                lan,
+                &env.to_server(&snat(&ip, 41000)),
+                Counter::FwdOutbound,
+                events,
+            )
+        };
+        let inb = |r: &Router, what: &str, t: Tcp| {
+            let ip = Ipv4::new(SERVER, WAN, t);
+            r.redirect(
+                what,
+                &env.server_sends(&ip),
+                wan,
+                &env.to_client(&dnat(&ip, CLIENT, 41000)),
+                Counter::FwdInbound,
+                &[],
+            )
+        };
+        out(
+            r,
+            "SYN",
+            seg(41000, 80, TCP_SYN, C_ISN, 0),
+            &[Counter::FlowNewMasquerade],
+        );
+        inb(
+            r,
+            "SYN+ACK",
+            seg(80, 41000, TCP_SYN | TCP_ACK, S_ISN, C_ISN + 1),
+        );
+        out(r, "ACK", seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1), &[]);
+        age(r, &[f.orig, f.reply()], 2 * NS_PER_SEC);
+        out(
+            r,
+            "ACK, 2 s later",
+            seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1),
+            &[],
+        );
+        let day = 86400 * NS_PER_SEC;
+        assert!(
+            expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + day,
+            "established: the mapping lives days"
+        );
+        let run = inb(
+            r,
+            "RST from the server",
+            seg(80, 41000, TCP_RST | TCP_ACK, S_ISN + 1, C_ISN + 1),
+        );
+        assert_eq!(r.get(&f.orig).state, FlowState::TcpClosed as u8);
+        let closed = NS_PER_SEC;
+        let e = expiry(r, IPPROTO_TCP, 41000, client);
+        assert!(
+            (run.t0 + closed..=run.t1 + closed).contains(&e),
+            "after the RST the mapping expires with CLOSED's 1 s: {} ns after the RST",
+            i128::from(e) - i128::from(run.t1)
+        );
+        // Past CLOSED's timeout: another LAN host's SYN from the same
+        // port keeps it (no collision).
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        let s2 = Ipv4::new(CLIENT2, SERVER, Tcp::new(41000, 81, TCP_SYN));
+        r.redirect(
+            "client 2 gets the closed connection's port",
+            &env.client2_sends(&s2),
+            lan,
+            &env.to_server(&snat(&s2, 41000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade, Counter::MappingReclaimed],
+        );
+    });
+}
+
+/// RFC 4787 REQ-5: a mapping never expires under a live flow that needs it
+/// longer. With `udp-replied` at 600 s, a replied flow's refresh gives the
+/// mapping 600 s; a newer, unreplied flow of the same endpoint (300 s)
+/// refreshing it later does not shorten it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_shorter_udp_flow_does_not_shorten_the_mapping() {
+    let env = ResolvedTopology::new(false);
+    let cfg = Config {
+        timeouts: Timeouts {
+            udp_replied: 600,
+            ..Timeouts::default()
+        },
+        ..config(&env)
+    };
+    with_router(&env, Some(cfg), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let client = endpoint(CLIENT, 40000, IPPROTO_UDP);
+        let fa = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
+        let fb = Flow::masq(udp_key(CLIENT, 40000, SERVER, 54), 40000);
+        let qa = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"flow A"));
+        let qb = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 54, b"flow B"));
+        let out = |r: &Router, what: &str, q: &Ipv4, events: &[Counter]| {
+            r.redirect(
+                what,
+                &env.client_sends(q),
+                lan,
+                &env.to_server(&snat(q, 40000)),
+                Counter::FwdOutbound,
+                events,
+            )
+        };
+        out(r, "flow A", &qa, &[Counter::FlowNewMasquerade]);
+        let a = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"A answered"));
+        r.redirect(
+            "flow A answered",
+            &env.server_sends(&a),
+            wan,
+            &env.to_client(&dnat(&a, CLIENT, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        age(r, &[fa.orig, fa.reply()], 2 * NS_PER_SEC);
+        let run = out(r, "flow A refreshes", &qa, &[]);
+        let long = 600 * NS_PER_SEC;
+        let ea = expiry(r, IPPROTO_UDP, 40000, client);
+        assert!(
+            (run.t0 + long..=run.t1 + long).contains(&ea),
+            "replied: 600 s"
+        );
+        out(
+            r,
+            "flow B, same mapping",
+            &qb,
+            &[Counter::FlowNewMasquerade],
+        );
+        age(r, &[fb.orig, fb.reply()], 2 * NS_PER_SEC);
+        out(r, "flow B refreshes", &qb, &[]);
+        assert_eq!(
+            expiry(r, IPPROTO_UDP, 40000, client),
+            ea,
+            "the unreplied flow's 300 s does not cut flow A's 600 s"
         );
     });
 }
