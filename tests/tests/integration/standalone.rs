@@ -502,22 +502,28 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
     let old_accept_local = sysctl(&t, &accept_local);
     assert_eq!(slow_path_table(&t), None);
 
-    // Without nft (not on PATH) a clear error, and nothing changed.
+    // Without nft (not on PATH) a clear error, and nothing changed: the
+    // firewall's forward rules cannot be read (refused unless forced),
+    // and forced, the slow-path table cannot be made.
     t.warm_neighbours();
-    let o = ctl_env(
-        &t,
-        &[("PATH", "/usr/bin:/bin")],
-        &["attach", LAN_IF, WAN_IF, "--admit", "xdp"],
-    );
-    let e = stderr(&o);
-    assert!(!o.status.success(), "attached without nft");
-    assert!(
-        e.contains("`nft` not found") && e.contains("--no-kernel-nat"),
-        "{e}"
-    );
-    assert!(!t.router_attached());
-    assert_eq!(sysctl(&t, &accept_local), old_accept_local);
-    assert_eq!(sysctl(&t, &rp_filter), "1");
+    for (force, needle) in [
+        (None, "forward rules could not all be checked"),
+        (Some("--force"), "--no-kernel-nat"),
+    ] {
+        let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
+        args.extend(force);
+        let o = ctl_env(&t, &[("PATH", "/usr/bin:/bin")], &args);
+        let e = stderr(&o);
+        assert!(!o.status.success(), "attached without nft ({force:?})");
+        assert!(
+            e.contains("`nft` not found") && e.contains("apt-get install nftables"),
+            "{e}"
+        );
+        assert!(e.contains(needle), "{needle:?} not in {e}");
+        assert!(!t.router_attached());
+        assert_eq!(sysctl(&t, &accept_local), old_accept_local);
+        assert_eq!(sysctl(&t, &rp_filter), "1");
+    }
 
     let out = attach(&t, &[]);
     assert!(
