@@ -430,9 +430,9 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
-            let needs_detach = e.downcast_ref::<lifecycle::loader::NeedsDetach>().is_some();
-            std::process::exit(if needs_detach {
-                lifecycle::loader::NeedsDetach::EXIT_CODE
+            let unretryable = e.downcast_ref::<lifecycle::Unretryable>().is_some();
+            std::process::exit(if unretryable {
+                lifecycle::Unretryable::EXIT_CODE
             } else {
                 1
             });

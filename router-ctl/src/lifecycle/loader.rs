@@ -13,6 +13,7 @@ use aya::{
 };
 use router_common::maps::{CONNTRACK_MAP, PROGRAM_NAME};
 
+use super::Unretryable;
 use crate::{maps::PinnedMaps, object::Object};
 
 /// Loads `obj` with every map of [`PinnedMaps::NAMES`] pinned in `dir`:
@@ -165,32 +166,11 @@ pub fn first_mismatch(dir: &Path, want: &[(&'static str, Layout)]) -> Option<Mis
     })
 }
 
-/// An attach refused because only a detach (and a new attach) can do what
-/// it asks: a live replace whose pinned maps do not fit the new object.
-/// `router-ctl` exits with [`NeedsDetach::EXIT_CODE`] then, so a service
-/// that applies the file at start (`RestartPreventExitStatus=`) stops
-/// instead of trying again every few seconds.
-#[derive(Debug)]
-pub struct NeedsDetach(pub String);
-
-impl NeedsDetach {
-    /// `EX_CONFIG` of sysexits.h.
-    pub const EXIT_CODE: i32 = 78;
-}
-
-impl std::fmt::Display for NeedsDetach {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for NeedsDetach {}
-
 /// The map definitions of the new object must match the pinned maps it is
 /// about to share, or the two programs would read each other's entries
 /// wrongly.
 ///
-/// A refusal is a [`NeedsDetach`]: trying again changes nothing.
+/// A refusal is [`Unretryable`]: trying again changes nothing.
 pub fn check_layout(dir: &Path, obj: &Object, entries: u32) -> Result<()> {
     for (name, def) in object_layouts(&obj.bytes)? {
         // Not pinned by an earlier router-ctl: the replace creates it.
@@ -200,7 +180,7 @@ pub fn check_layout(dir: &Path, obj: &Object, entries: u32) -> Result<()> {
         let pinned =
             pinned_layout(&dir.join(name)).with_context(|| format!("reading the pinned {name}"))?;
         if name == CONNTRACK_MAP && pinned.max_entries != entries {
-            bail!(NeedsDetach(format!(
+            bail!(Unretryable(format!(
                 "the conntrack table holds {} flows and cannot be resized while attached \
                  (its flows live in it); `router-ctl detach` and attach again to resize \
                  (open connections through the router are then dropped), or keep \
@@ -218,7 +198,7 @@ pub fn check_layout(dir: &Path, obj: &Object, entries: u32) -> Result<()> {
                 },
                 ..def
             };
-            bail!(NeedsDetach(format!(
+            bail!(Unretryable(format!(
                 "the new object's {name} map ({want}) does not match the pinned one \
                  ({pinned}): a live replace would corrupt it; `router-ctl detach` and attach \
                  again"

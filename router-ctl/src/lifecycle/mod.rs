@@ -52,6 +52,29 @@ use crate::{
     vmac,
 };
 
+/// An attach refused for a reason trying again does not change: only a
+/// detach (a live replace whose pinned maps do not fit the new object,
+/// other interfaces, another XDP mode, incomplete pins) or a change of the
+/// file or the host (a firewall standalone mode would bypass, or could not
+/// read) can. `router-ctl` exits with [`Unretryable::EXIT_CODE`] then, so a
+/// service that applies its file at start (`RestartPreventExitStatus=`)
+/// stops instead of trying again every few seconds.
+#[derive(Debug)]
+pub struct Unretryable(pub String);
+
+impl Unretryable {
+    /// `EX_CONFIG` of sysexits.h.
+    pub const EXIT_CODE: i32 = 78;
+}
+
+impl std::fmt::Display for Unretryable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unretryable {}
+
 /// Puts standalone mode's kernel side back as it was before a failed
 /// attach set it up: as the running router's record has it (a standalone
 /// router), or gone (none was attached, or an offload router, which has
@@ -236,7 +259,7 @@ pub fn check_firewall(
     if !chains.is_empty() {
         let msg = standalone::bypass_message(&chains, bypass_how);
         if rules == ForwardRules::Refuse {
-            bail!("{msg}");
+            bail!(Unretryable(msg));
         }
         warn!("bypassing them: {msg}");
     }
@@ -246,11 +269,11 @@ pub fn check_firewall(
     let msg = format!(
         "the router's forward rules could not all be checked ({}); standalone mode (--admit \
          xdp) would bypass any it has. Fix: make them readable, use offload mode (--admit \
-         kernel, the default), or {bypass_how}",
+         kernel), or {bypass_how}",
         notes.join("; ")
     );
     if rules == ForwardRules::Refuse {
-        bail!("{msg}");
+        bail!(Unretryable(msg));
     }
     warn!("bypassing them: {msg}");
     Ok(())
@@ -319,6 +342,10 @@ mod tests {
         assert!(
             msg.contains("`nft` not found") && msg.contains("pass --force"),
             "{msg}"
+        );
+        assert!(
+            e.downcast_ref::<Unretryable>().is_some(),
+            "not exit 78: {msg}"
         );
         check_firewall(ForwardRules::Bypass, &unread, "pass --force").expect("bypassed");
         check_firewall(ForwardRules::Checked, &unread, "pass --force").expect("checked before");

@@ -15,7 +15,7 @@ use aya::{
 };
 use tracing::{info, warn};
 
-use super::{Outcome, loader, new_record, random_u32};
+use super::{Outcome, Unretryable, loader, new_record, random_u32};
 use crate::{
     clock,
     config::{AttachArgs, Mode, RouterConfig},
@@ -196,7 +196,7 @@ fn check_replaceable(
             .chain(LINK_PINS.iter().copied())
             .filter(|n| !dir.join(n).exists())
             .collect();
-        bail!(
+        bail!(Unretryable(format!(
             "the pins in {} are incomplete (missing: {}; unreadable links: {}): this is not a \
              router that can be updated in place; run `router-ctl detach` and attach again",
             dir.display(),
@@ -211,7 +211,7 @@ fn check_replaceable(
                 .filter_map(|(_, l)| l.as_ref().err().cloned())
                 .collect::<Vec<_>>()
                 .join("; ")
-        );
+        )));
     }
     // Interfaces: a link cannot move to another interface.
     let cur_idx: Vec<u32> = running
@@ -224,14 +224,14 @@ fn check_replaceable(
             .iter()
             .map(|&i| netlink::ifname(i).unwrap_or_else(|| format!("ifindex {i}")))
             .collect();
-        bail!(
+        bail!(Unretryable(format!(
             "already attached to {} (LAN) and {} (WAN); to move the router to {} and {}, \
              run `router-ctl detach` first",
             names.first().map_or("?", String::as_str),
             names.get(1).map_or("?", String::as_str),
             a.lan,
             a.wan
-        );
+        )));
     }
     // Mode: fixed when a link is made.
     for (pin, iface) in LINK_PINS.iter().zip([&a.lan, &a.wan]) {
@@ -244,10 +244,10 @@ fn check_replaceable(
         if let (Some(w), Some(c)) = (want, cur)
             && w != c
         {
-            bail!(
+            bail!(Unretryable(format!(
                 "{iface} runs in {c} mode; a mode change needs new links (a short gap): \
                  `router-ctl detach` and attach again with --mode {w}"
-            );
+            )));
         }
     }
     Ok(())

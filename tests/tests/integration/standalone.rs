@@ -515,6 +515,10 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
         let o = ctl_env(&t, &[("PATH", "/usr/bin:/bin")], &args);
         let e = stderr(&o);
         assert!(!o.status.success(), "attached without nft ({force:?})");
+        // Refused for the firewall: trying again changes nothing (78).
+        if force.is_none() {
+            assert_eq!(o.status.code(), Some(78), "{}", stderr(&o));
+        }
         assert!(
             e.contains("`nft` not found") && e.contains("apt-get install nftables"),
             "{e}"
