@@ -26,8 +26,10 @@ use crate::{ctx::Ctx, metrics};
 
 /// The default listen address of `run` and `metrics`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9469";
-/// A request head larger than this is refused.
-const MAX_HEAD: usize = 8 * 1024;
+/// A request head larger than this is refused (431). Room for a browser's
+/// cookies: every `localhost` cookie of the user's other local apps comes
+/// along to a page opened through an SSH tunnel on localhost.
+const MAX_HEAD: usize = 32 * 1024;
 /// A client that has not sent its request head by then is dropped, and
 /// one that does not take its response by then.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -335,12 +337,13 @@ pub async fn handle(
     })
     .await;
     let local = sock.local_addr().ok();
+    let unread_rest = matches!(read, Ok(Some(false)));
     let (resp, head_only) = match (read, request_line(&head)) {
         (Ok(Some(false)), _) => (
             Response::text(
                 431,
                 "Request Header Fields Too Large",
-                "the request head is over 8 KiB\n",
+                "the request head is over 32 KiB\n",
             ),
             false,
         ),
@@ -358,12 +361,25 @@ pub async fn handle(
         ),
         (Err(_), _) => return,
     };
+    // A refused head's rest is still coming in (`unread_rest`): closed with
+    // unread data, the socket would send a reset, which can take the 431
+    // away from the client before it reads it. So the rest is read
+    // (bounded) first.
     let _ = tokio::time::timeout(READ_TIMEOUT, async {
         sock.write_all(resp.head().as_bytes()).await?;
         if !head_only {
             sock.write_all(&resp.body).await?;
         }
-        sock.shutdown().await
+        sock.shutdown().await?;
+        let mut buf = [0u8; 1024];
+        let mut drained = 0;
+        while unread_rest && drained < 4 * MAX_HEAD {
+            match sock.read(&mut buf).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
     })
     .await;
 }

@@ -170,9 +170,20 @@ fn listener_limits(t: &Topology, addr: SocketAddr) {
         assert!(resp.starts_with("HTTP/1.1 421 "), "{resp}");
         assert!(!resp.contains("\"flows\""), "{resp}");
 
-        // A head over 8 KiB is refused, not served from its first part.
+        // A browser's localhost cookies are served ...
         let mut s = connect();
-        let filler = "x".repeat(9 * 1024);
+        let cookies = "c".repeat(12 * 1024);
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nCookie: a={cookies}\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200 "), "{resp}");
+        // ... a head over 32 KiB is refused, not served from its first part.
+        let mut s = connect();
+        let filler = "x".repeat(33 * 1024);
         write!(
             s,
             "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nX-Filler: {filler}\r\n\r\n"
