@@ -100,25 +100,34 @@ fn undo_standalone_set_up(ctx: &Ctx, attached: bool, record: Option<&State>) {
 }
 
 /// The admit mode of an attach or an `apply` file that states none: the
-/// attached router's (as its record has it, also after a reboot took the
-/// pins), so attaching again or applying a file written before the mode
-/// existed never switches a standalone router to offload mode (and its
-/// LAN flows to a kernel that may have no NAT rule); offload mode for a
-/// router never attached. `how_to_choose` names the option or key that
-/// states it.
+/// attached router's (its pinned configuration's, else its record's, which
+/// outlives a reboot that took the pins), so attaching again or applying a
+/// file written before the mode existed never switches a standalone router
+/// to offload mode (and its LAN flows to a kernel that may have no NAT
+/// rule); offload mode for a router never attached. `how_to_choose` names
+/// the option or key that states it.
 pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
     let default = AdmitMode::default_for_attach();
-    let Some(rec) = state::load(ctx.ns()).ok().flatten() else {
+    let pinned = ctx.maps().read_config().ok().map(|c| {
+        if c.admit == AdmitMode::Xdp.to_map() as u8 {
+            AdmitMode::Xdp
+        } else {
+            AdmitMode::Kernel
+        }
+    });
+    let Some(admit) =
+        pinned.or_else(|| state::load(ctx.ns()).ok().flatten().map(|r| r.config.admit))
+    else {
         return default;
     };
-    if rec.config.admit != default {
+    if admit != default {
         println!(
             "keeping the attached router's mode, admit {} ({} chooses one)",
-            rec.config.admit.name(),
+            admit.name(),
             how_to_choose
         );
     }
-    rec.config.admit
+    admit
 }
 
 /// What `attach` did.

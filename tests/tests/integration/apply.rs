@@ -406,6 +406,21 @@ fn an_unstated_admit_mode_keeps_the_attached_routers() {
     assert_eq!(admit(&t), "xdp", "a file without admit switched the mode");
     port_forward_works(&t);
 
+    // An unreadable record (a downgrade, a truncated file): the pinned
+    // configuration still says standalone.
+    let record = format!(
+        "{}/{}.json",
+        crate::ctl::STATE_DIR,
+        t.ns_name(tests::Ns::Router)
+    );
+    std::fs::write(&record, "{").unwrap();
+    let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
+    assert!(
+        out.contains("keeping the attached router's mode, admit xdp"),
+        "{out}"
+    );
+    assert_eq!(admit(&t), "xdp", "an unreadable record switched the mode");
+
     // A router never attached gets offload mode.
     t.router_ctl_ok(&["detach"]);
     let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
