@@ -413,7 +413,12 @@ fn resync(off: &mut Daemon) -> Result<()> {
 /// tick (which [`tick`] does while it is owed).
 fn resync_or_retry(off: &mut Daemon, why: &str) {
     if let Err(e) = resync(off) {
-        tracing::warn!("resynchronising after {why}: {e:#}; trying again at the next tick");
+        // Said once for a run of failures, then at debug level.
+        if off.resync_failed_in_row() == 1 {
+            tracing::warn!("resynchronising after {why}: {e:#}; trying again later");
+        } else {
+            tracing::debug!("resynchronising after {why}: {e:#}; trying again later");
+        }
     }
 }
 
@@ -1460,7 +1465,7 @@ fn tick(
         // Flows the kernel still has go back onto the fast path.
         tracing::info!("conntrack flush: {evicted} offloaded flows left the fast path");
         resync_or_retry(&mut session.off, "a conntrack flush");
-    } else if session.events.is_some() && session.off.resync_due() {
+    } else if session.events.is_some() && session.off.resync_retry_due(monotonic_ns()) {
         resync_or_retry(&mut session.off, "an earlier failed one");
     }
     session.off.kernel.routes.clear();

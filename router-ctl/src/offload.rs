@@ -660,6 +660,11 @@ struct Offloaded {
     stream_from_ns: u64,
 }
 
+/// After a resync whose dump failed, the next try; doubled after each
+/// failure in a row, up to the second.
+const RESYNC_RETRY_FIRST_NS: u64 = 2_000_000_000;
+const RESYNC_RETRY_MAX_NS: u64 = 60_000_000_000;
+
 /// How long a UDP flow must stay active to be a stream, which gets the
 /// kernel's longer timeout: netfilter marks a replied flow assured (and
 /// gives it `nf_conntrack_udp_timeout_stream`) when a packet comes more
@@ -685,6 +690,10 @@ pub struct Offloader<T, K> {
     /// The last resync's dump failed: the table may miss connections the
     /// kernel has (events lost) or hold some it ended.
     resync_due: bool,
+    /// Resyncs failed in a row, and when (`CLOCK_MONOTONIC` ns) the next
+    /// try is due: a dump that keeps failing (memory) is tried less often.
+    resync_failed_in_row: u32,
+    resync_retry_at_ns: u64,
     pub stats: OffloadStats,
 }
 
@@ -701,15 +710,25 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             settle_order: VecDeque::new(),
             immediate_tcp: TokenBucket::new(IMMEDIATE_TCP),
             resync_due: false,
+            resync_failed_in_row: 0,
+            resync_retry_at_ns: 0,
             stats: OffloadStats::default(),
         }
     }
 
-    /// Whether a resync is owed: the last one could not read the kernel's
-    /// table ([`Self::resync_from_kernel`]).
+    /// Whether a resync is owed (the last one could not read the kernel's
+    /// table, [`Self::resync_from_kernel`]) and its next try is due at
+    /// `now_ns`: 2 s after the first failure, doubling with each one in a
+    /// row up to [`RESYNC_RETRY_MAX_NS`].
     #[must_use]
-    pub const fn resync_due(&self) -> bool {
-        self.resync_due
+    pub const fn resync_retry_due(&self, now_ns: u64) -> bool {
+        self.resync_due && now_ns >= self.resync_retry_at_ns
+    }
+
+    /// Resyncs failed in a row (0 after one succeeded).
+    #[must_use]
+    pub const fn resync_failed_in_row(&self) -> u32 {
+        self.resync_failed_in_row
     }
 
     /// Starts over from a dump of the kernel's table ([`Self::resync`]).
@@ -721,12 +740,17 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         match self.kernel.dump() {
             Ok(dump) => {
                 self.resync_due = false;
+                self.resync_failed_in_row = 0;
                 self.resync(&dump, now_ns);
                 Ok(())
             }
             Err(e) => {
                 self.resync_due = true;
                 self.stats.resync_failures += 1;
+                let wait = (RESYNC_RETRY_FIRST_NS << self.resync_failed_in_row.min(8))
+                    .min(RESYNC_RETRY_MAX_NS);
+                self.resync_failed_in_row += 1;
+                self.resync_retry_at_ns = now_ns + wait;
                 Err(e)
             }
         }
@@ -1563,17 +1587,37 @@ mod tests {
         let mut o = offloader(&[&a]);
         o.kernel.dump_failures = 1;
         assert!(o.resync_from_kernel(1).is_err());
-        assert!(o.resync_due());
+        assert!(o.resync_retry_due(1 + RESYNC_RETRY_FIRST_NS));
         assert_eq!(
             (o.len(), o.stats.resyncs, o.stats.resync_failures),
             (0, 0, 1)
         );
         o.resync_from_kernel(2).expect("the second dump succeeds");
-        assert!(!o.resync_due());
+        assert!(!o.resync_retry_due(u64::MAX));
+        assert_eq!(o.resync_failed_in_row(), 0);
         assert_eq!(
             (o.len(), o.stats.resyncs, o.stats.resync_failures),
             (1, 1, 1)
         );
+    }
+
+    #[test]
+    fn a_dump_that_keeps_failing_is_tried_less_often() {
+        let mut o = offloader(&[]);
+        o.kernel.dump_failures = 100;
+        let mut now = 0;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            assert!(o.resync_from_kernel(now).is_err());
+            let at = (now..)
+                .step_by(1_000_000_000)
+                .find(|&t| o.resync_retry_due(t))
+                .unwrap();
+            waits.push((at - now) / 1_000_000_000);
+            now = at;
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(o.resync_failed_in_row(), 8);
     }
 
     /// An offloader whose next TCP connections all wait to settle, as
