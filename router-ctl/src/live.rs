@@ -276,7 +276,7 @@ impl Live {
                 stats::FILL_CACHE
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .put(maps.dir(), now, now.elapsed(), t);
+                    .put(&stats::FillKey::of(&maps), now, now.elapsed(), t);
             }
             let fill = table.map_or(Value::Null, |t| t.json());
             let flows = self.flows(ctx);

@@ -1,7 +1,7 @@
 //! `stats`: the per-CPU counters summed, grouped by outcome.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -202,34 +202,56 @@ pub struct FillCache {
     last: Option<CachedFill>,
 }
 
+/// Which table a cached fill is of: the router's pin directory and its
+/// CONNTRACK map's kernel id (a detach and attach, or a resize, makes a
+/// new map under the same directory).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FillKey {
+    pub dir: PathBuf,
+    pub conntrack_id: Option<u32>,
+}
+
+impl FillKey {
+    #[must_use]
+    pub fn of(maps: &PinnedMaps) -> Self {
+        Self {
+            dir: maps.dir().to_path_buf(),
+            conntrack_id: maps
+                .map_id(router_common::maps::CONNTRACK_MAP)
+                .ok()
+                .flatten(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct CachedFill {
-    dir: PathBuf,
+    key: FillKey,
     at: Instant,
     cost: Duration,
     table: TableUse,
 }
 
 impl FillCache {
-    /// The fill of `dir`'s table: the cached one if it is recent (see
+    /// The fill of `key`'s table: the cached one if it is recent (see
     /// [`FILL_MAX_AGE`]), else `walk`'s, remembered. The eviction
     /// estimate is always computed from `counters`, read just now.
     pub fn get(
         &mut self,
-        dir: &Path,
+        key: &FillKey,
         now: Instant,
         counters: &[(Counter, CounterValue)],
         walk: impl FnOnce() -> Option<TableUse>,
     ) -> Option<TableUse> {
         let fresh = |c: &CachedFill| {
-            c.dir == dir && now.saturating_duration_since(c.at) < FILL_MAX_AGE.max(c.cost * 4)
+            c.key == *key && now.saturating_duration_since(c.at) < FILL_MAX_AGE.max(c.cost * 4)
         };
         let table = match &self.last {
             Some(c) if fresh(c) => c.table,
             _ => {
                 let started = Instant::now();
                 let table = walk()?;
-                self.put(dir, now, started.elapsed(), table);
+                self.put(key, now, started.elapsed(), table);
                 table
             }
         };
@@ -241,9 +263,9 @@ impl FillCache {
 
     /// Remembers a fill walked elsewhere (the status page's sampler) at
     /// `at`, its walk having taken `cost`.
-    pub fn put(&mut self, dir: &Path, at: Instant, cost: Duration, table: TableUse) {
+    pub fn put(&mut self, key: &FillKey, at: Instant, cost: Duration, table: TableUse) {
         self.last = Some(CachedFill {
-            dir: dir.to_path_buf(),
+            key: key.clone(),
             at,
             cost,
             table,
@@ -265,7 +287,7 @@ pub fn table_use_cached(
     FILL_CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(maps.dir(), Instant::now(), counters, || {
+        .get(&FillKey::of(maps), Instant::now(), counters, || {
             table_use(maps, counters)
         })
 }
@@ -547,7 +569,10 @@ mod tests {
                 },
             )]
         };
-        let dir = Path::new("/sys/fs/bpf/xdp-router/unit");
+        let dir = &FillKey {
+            dir: "/sys/fs/bpf/xdp-router/unit".into(),
+            conntrack_id: Some(7),
+        };
         let mut cache = FillCache::default();
         let t0 = Instant::now();
         let first = cache.get(dir, t0, &inserted(10), walk).unwrap();
@@ -559,15 +584,30 @@ mod tests {
         assert_eq!((second.entries, second.evicted_estimate), (10, 5));
         let _ = cache.get(dir, t0 + FILL_MAX_AGE, &[], walk);
         assert_eq!(walks.get(), 2);
-        // Another router's pins are not this one's fill.
-        let _ = cache.get(Path::new("/elsewhere"), t0 + FILL_MAX_AGE, &[], walk);
+        // Another router's pins are not this one's fill, nor a new table
+        // under the same pins (a detach and attach, a resize).
+        let elsewhere = FillKey {
+            dir: "/elsewhere".into(),
+            conntrack_id: Some(7),
+        };
+        let _ = cache.get(&elsewhere, t0 + FILL_MAX_AGE, &[], walk);
         assert_eq!(walks.get(), 3);
+        let _ = cache.get(dir, t0 + FILL_MAX_AGE, &[], walk);
+        assert_eq!(walks.get(), 4);
+        let reattached = FillKey {
+            conntrack_id: Some(8),
+            ..dir.clone()
+        };
+        let _ = cache.get(&reattached, t0 + FILL_MAX_AGE, &[], walk);
+        assert_eq!(walks.get(), 5);
+        let _ = cache.get(&reattached, t0 + FILL_MAX_AGE, &[], walk);
+        assert_eq!(walks.get(), 5);
         // A walk that took 3 s is reused for 12 s.
         cache.put(dir, t0, Duration::from_secs(3), table);
         let _ = cache.get(dir, t0 + Duration::from_secs(11), &[], walk);
-        assert_eq!(walks.get(), 3);
+        assert_eq!(walks.get(), 5);
         let _ = cache.get(dir, t0 + Duration::from_secs(12), &[], walk);
-        assert_eq!(walks.get(), 4);
+        assert_eq!(walks.get(), 6);
         // Nothing to walk (not attached): not remembered.
         let mut empty = FillCache::default();
         assert!(empty.get(dir, t0, &[], || None).is_none());
