@@ -475,22 +475,24 @@ mod tests {
         assert_eq!(diagnose(&r, None, false).0, "not_attached");
     }
 
+    /// A pinned link of program `prog_id` on interface `ifindex`.
+    fn link(prog_id: u32, ifindex: u32) -> Result<crate::inspect::LinkNow, String> {
+        Ok(crate::inspect::LinkNow {
+            info: crate::bpfsys::LinkInfo {
+                id: 1,
+                prog_id,
+                link_type: 6,
+                ifindex,
+            },
+            iface: None,
+            mode: Some("native"),
+        })
+    }
+
     /// Pins of another build (an older `CONFIG` layout): said so, with
     /// what to do, not "unconfigured".
     #[test]
     fn configuration_of_another_build() {
-        let link = |prog_id, ifindex| {
-            Ok(crate::inspect::LinkNow {
-                info: crate::bpfsys::LinkInfo {
-                    id: 1,
-                    prog_id,
-                    link_type: 6,
-                    ifindex,
-                },
-                iface: None,
-                mode: Some("native"),
-            })
-        };
         let r = Running {
             maps_present: PinnedMaps::NAMES.to_vec(),
             links: vec![(LINK_PINS[0], link(7, 2)), (LINK_PINS[1], link(7, 3))],
@@ -509,18 +511,6 @@ mod tests {
     #[test]
     fn counters_of_another_build() {
         use crate::lifecycle::loader::{Layout, Mismatch};
-        let link = |prog_id, ifindex| {
-            Ok(crate::inspect::LinkNow {
-                info: crate::bpfsys::LinkInfo {
-                    id: 1,
-                    prog_id,
-                    link_type: 6,
-                    ifindex,
-                },
-                iface: None,
-                mode: Some("native"),
-            })
-        };
         let counters = |max_entries| Layout {
             map_type: 6,
             key_size: 4,
