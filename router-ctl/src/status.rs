@@ -476,8 +476,8 @@ mod tests {
     }
 
     /// A pinned link of program `prog_id` on interface `ifindex`.
-    fn link(prog_id: u32, ifindex: u32) -> Result<crate::inspect::LinkNow, String> {
-        Ok(crate::inspect::LinkNow {
+    fn link(prog_id: u32, ifindex: u32) -> crate::inspect::LinkNow {
+        crate::inspect::LinkNow {
             info: crate::bpfsys::LinkInfo {
                 id: 1,
                 prog_id,
@@ -486,7 +486,7 @@ mod tests {
             },
             iface: None,
             mode: Some("native"),
-        })
+        }
     }
 
     /// Pins of another build (an older `CONFIG` layout): said so, with
@@ -495,7 +495,10 @@ mod tests {
     fn configuration_of_another_build() {
         let r = Running {
             maps_present: PinnedMaps::NAMES.to_vec(),
-            links: vec![(LINK_PINS[0], link(7, 2)), (LINK_PINS[1], link(7, 3))],
+            links: vec![
+                (LINK_PINS[0], Ok(link(7, 2))),
+                (LINK_PINS[1], Ok(link(7, 3))),
+            ],
             config: None,
             config_error: Some("invalid value size".to_owned()),
             layout_mismatch: None,
@@ -519,7 +522,10 @@ mod tests {
         };
         let r = Running {
             maps_present: PinnedMaps::NAMES.to_vec(),
-            links: vec![(LINK_PINS[0], link(7, 2)), (LINK_PINS[1], link(7, 3))],
+            links: vec![
+                (LINK_PINS[0], Ok(link(7, 2))),
+                (LINK_PINS[1], Ok(link(7, 3))),
+            ],
             config: Some(router_common::maps::Config {
                 lan_ifindex: 2,
                 ..Default::default()
