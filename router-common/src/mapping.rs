@@ -67,7 +67,8 @@ impl Endpoint {
 
 /// How long a mapping stays alive after a refresh by a flow of protocol
 /// `proto` in state `state`: as long as that flow can live idle (so a
-/// mapping never expires under a live flow that refreshed it last), and a
+/// mapping never expires under the live flow that set its expiry, see
+/// [`refreshed_mapping`]), and a
 /// UDP mapping at least [`UDP_MAPPING_SECS`]. A TCP mapping so follows its
 /// connection: established (at least 2 h 4 min, RFC 5382 REQ-5; 5 days by
 /// default), then the closing states' short timeouts, so that the ports of

@@ -354,7 +354,7 @@ fn hairpinning_to_a_mapping_and_a_port_forward() {
     });
 }
 
-/// A mapping expires with the state of the flow that refreshed it last
+/// A mapping expires with the state of the flow that set its expiry
 /// (here a TCP SYN unanswered past `tcp-syn-sent`): its port then goes to
 /// the next endpoint that asks for it.
 #[test]
