@@ -3,7 +3,7 @@
 //! mapping expiry.
 
 use router_common::{
-    mapping::{UDP_MAPPING_SECS, refresh_tick},
+    mapping::{UDP_MAPPING_SECS, refresh_tick, remote_tag},
     maps::{Endpoint, Filtering, Mapping},
 };
 
@@ -714,6 +714,86 @@ fn a_siblings_reset_leaves_the_mapping_of_an_idle_established_connection() {
     });
 }
 
+/// Two established connections of one internal endpoint: the one whose
+/// refresh came last (X's outbound packet after Y was established) is the
+/// mapping's setter, and the other's close (Y reset by its server) does not
+/// lower the mapping. (Had Y refreshed it last, Y's close would lower it
+/// until X's next outbound packet: the mapping records one setter.)
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_sibling_that_is_not_the_setter_closes_without_cutting_the_mapping() {
+    let env = ResolvedTopology::new(true);
+    let cfg = Config {
+        timeouts: Timeouts {
+            tcp_closed: 1,
+            ..Timeouts::default()
+        },
+        ..config(&env)
+    };
+    with_router(&env, Some(cfg), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
+        establish_41000(&env, r);
+        let x = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 80), 41000);
+        let y = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 81), 41000);
+        let out = |r: &Router, what: &str, t: Tcp, events: &[Counter]| {
+            let ip = Ipv4::new(CLIENT, SERVER, t);
+            r.redirect(
+                what,
+                &env.client_sends(&ip),
+                lan,
+                &env.to_server(&snat(&ip, 41000)),
+                Counter::FwdOutbound,
+                events,
+            );
+        };
+        let inb = |r: &Router, what: &str, t: Tcp| {
+            let ip = Ipv4::new(SERVER, WAN, t);
+            r.redirect(
+                what,
+                &env.server_sends(&ip),
+                wan,
+                &env.to_client(&dnat(&ip, CLIENT, 41000)),
+                Counter::FwdInbound,
+                &[],
+            );
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        out(
+            r,
+            "Y: SYN",
+            seg(41000, 81, TCP_SYN, Y_ISN, 0),
+            &[Counter::FlowNewMasquerade],
+        );
+        inb(
+            r,
+            "Y: SYN+ACK (Y extends the mapping)",
+            seg(81, 41000, TCP_SYN | TCP_ACK, S_ISN, Y_ISN + 1),
+        );
+        assert_eq!(r.get(&y.orig).state, FlowState::TcpEstablished as u8);
+        let by_y = expiry(r, IPPROTO_TCP, 41000, client);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        age(r, &[x.orig, x.reply()], 2 * NS_PER_SEC);
+        out(
+            r,
+            "X: ACK (X extends it again)",
+            seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1),
+            &[],
+        );
+        assert!(expiry(r, IPPROTO_TCP, 41000, client) > by_y);
+        inb(
+            r,
+            "Y: RST from its server",
+            seg(81, 41000, TCP_RST | TCP_ACK, S_ISN + 1, Y_ISN + 1),
+        );
+        assert_eq!(r.get(&y.orig).state, FlowState::TcpClosed as u8);
+        assert!(
+            expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + 86400 * NS_PER_SEC,
+            "Y's close did not cut the mapping X set"
+        );
+    });
+}
+
 /// A connection refused at its SYN frees the mapping it created: the
 /// SYN's claim made it the mapping's setter, and a RST that closes a flow
 /// still in `SYN_SENT` lowers a mapping no longer than `SYN_SENT`'s own.
@@ -765,7 +845,8 @@ fn a_refused_syn_frees_the_mapping_it_created() {
 /// LAN host answers a RST (its port is a connected socket, not a
 /// listener). That flow never got past `SYN_SENT`
 /// and did not set the mapping: its close does not cut the mapping of the
-/// established connection, so a remote cannot drop it at will.
+/// established connection, so a remote cannot drop it at will, also from a
+/// port whose tag is the setter's.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connection() {
@@ -781,7 +862,13 @@ fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connecti
         let (lan, wan) = (r.lan, r.wan);
         let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
         establish_41000(&env, r);
-        let syn = Ipv4::new(SERVER, WAN, seg(5555, 41000, TCP_SYN, O_ISN, 0));
+        // The worst case: a remote port whose tag is the setter's (a
+        // remote trying ports finds one within 256).
+        let setter = remote_tag(SERVER, 80);
+        let rport = (1024..=u16::MAX)
+            .find(|&p| remote_tag(SERVER, p) == setter)
+            .expect("a port");
+        let syn = Ipv4::new(SERVER, WAN, seg(rport, 41000, TCP_SYN, O_ISN, 0));
         r.redirect(
             "a SYN from another remote endpoint to WAN:41000",
             &env.server_sends(&syn),
@@ -793,7 +880,7 @@ fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connecti
         let rst = Ipv4::new(
             CLIENT,
             SERVER,
-            seg(41000, 5555, TCP_RST | TCP_ACK, 0, O_ISN + 1),
+            seg(41000, rport, TCP_RST | TCP_ACK, 0, O_ISN + 1),
         );
         r.redirect(
             "the client's RST",
@@ -803,7 +890,7 @@ fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connecti
             Counter::FwdOutbound,
             &[],
         );
-        let inbound = tcp_key(SERVER, 5555, WAN, 41000);
+        let inbound = tcp_key(SERVER, rport, WAN, 41000);
         assert_eq!(r.get(&inbound).state, FlowState::TcpClosed as u8);
         assert!(
             expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + 86400 * NS_PER_SEC,
