@@ -11,10 +11,14 @@
 //! `NAT_ENDPOINTS` (endpoint -> external port). A mapping is refreshed when
 //! one of its flows is created and by that flow's outbound packets, at most
 //! once per refresh tick ([`refresh_tick`], about a second) per flow,
-//! never per packet and never by inbound packets (RFC 4787 REQ-6); a TCP
-//! flow's state change (SYN+ACK, FIN, RST) sets its mapping's expiry from
-//! the new state whichever side sent the segment (RFC 5382 REQ-5), so the
-//! port of a closed connection comes free after the closed state's timeout.
+//! never per packet; inbound packets never refresh a UDP or ICMP mapping
+//! (RFC 4787 REQ-6). A TCP flow's state change (SYN+ACK, FIN, RST) also
+//! refreshes its mapping from the new state whichever side sent the
+//! segment (RFC 5382 REQ-5): the server's SYN+ACK extends it to the
+//! established timeout, and the close of the connection that set the
+//! mapping's expiry (its setter, [`refreshed_mapping`]) lowers it, so the
+//! port of a closed connection comes free after the closed state's
+//! timeout. Any other flow only extends a mapping.
 //!
 //! Port parity and contiguity (RFC 4787 REQ-4 and section 4.2.3) are not
 //! kept: the first choice is the endpoint's own port (port preservation,
@@ -63,7 +67,8 @@ impl Endpoint {
 
 /// How long a mapping stays alive after a refresh by a flow of protocol
 /// `proto` in state `state`: as long as that flow can live idle (so a
-/// mapping never expires under a live flow that refreshed it last), and a
+/// mapping never expires under the live flow that set its expiry, see
+/// [`refreshed_mapping`]), and a
 /// UDP mapping at least [`UDP_MAPPING_SECS`]. A TCP mapping so follows its
 /// connection: established (at least 2 h 4 min, RFC 5382 REQ-5; 5 days by
 /// default), then the closing states' short timeouts, so that the ports of
@@ -87,33 +92,85 @@ pub const fn mapping_expiry(proto: u8, state: u8, now_ns: u64, t: &Timeouts) -> 
     now_ns + mapping_secs(proto, state, t) as u64 * 1_000_000_000
 }
 
-/// The expiry of a mapping that expired at `current` after a refresh at
-/// `now_ns` by one of its flows, of protocol `proto` in state `state`.
-/// UDP (and ICMP echo): never earlier than it was, as a new flow's claim
-/// extends it, so a flow with a shorter timeout (unreplied, say) cannot cut
-/// the mapping short under an older live flow with a longer one (RFC 4787
-/// REQ-5: a mapping lives as long as its flows need). TCP: set from the
-/// state, shorter too, so that the mapping follows its connection to the
-/// close and the port of a closed connection comes free after the closed
-/// state's timeout (RFC 5382 REQ-5 asks only that established
-/// connections' mappings live at least 2 h 4 min). With several TCP
-/// connections on one internal port the mapping follows the one that
-/// refreshed it last.
+/// The tag of a flow's remote endpoint `addr:port` as the LAN side sees
+/// it (the server of a masqueraded flow, the remote host of one opened
+/// from the WAN, the WAN address and mapped port of a hairpinned one):
+/// 8 bits of a multiplicative hash, kept in the spare byte of a mapping's
+/// internal endpoint ([`Endpoint::pad`], which [`Endpoint::bits`] and
+/// every ownership comparison ignore) to name the flow that set the
+/// mapping's expiry (see [`refreshed_mapping`]). Two remotes may share a
+/// tag (1 in 256).
 #[must_use]
 #[inline]
-pub const fn refreshed_expiry(
+pub const fn remote_tag(addr: [u8; 4], port: u16) -> u8 {
+    let x =
+        (u32::from_ne_bytes(addr) ^ (port as u32) << 16 ^ port as u32).wrapping_mul(0x9E37_79B1);
+    (x >> 24) as u8
+}
+
+/// Whether a TCP flow whose state changes from `old_state` counts as one
+/// that has been established, for [`refreshed_mapping`]: any state but
+/// `SYN_SENT` (the data path's tracker has no `SYN_RECV`). A flow that
+/// never got past `SYN_SENT` (a SYN that was refused, or a remote's
+/// unsolicited SYN to a mapped port that the LAN host answers with a RST)
+/// lowers no mapping it could not have set.
+#[must_use]
+#[inline]
+pub const fn settled(old_state: u8) -> bool {
+    old_state != FlowState::TcpSynSent as u8
+}
+
+/// Mapping `m` after a refresh at `now_ns` by one of its flows, of
+/// protocol `proto` in state `state`, whose remote has the tag `tag`
+/// ([`remote_tag`]); `settled`: the refresh is a TCP state change of a
+/// flow that had got past `SYN_SENT` ([`settled`]). The mapping's
+/// internal endpoint's `pad` byte holds the tag of its setter, the flow
+/// whose refresh set its current expiry.
+/// - A refresh that needs a later expiry extends the mapping, and its
+///   flow becomes the setter (also UDP and ICMP echo: a flow with a
+///   shorter timeout, unreplied, say, never cuts the mapping short under
+///   an older live flow with a longer one; RFC 4787 REQ-5).
+/// - Only a TCP refresh by the setter lowers it, to the new state's
+///   timeout, so that the mapping follows its connection to the close and
+///   the port of a closed connection comes free after the closed state's
+///   timeout (RFC 5382 REQ-5 asks only that established connections'
+///   mappings live at least 2 h 4 min). A sibling connection of the same
+///   internal endpoint (another remote) that closes, or that sits in
+///   `SYN_SENT`, does not cut the mapping of an idle established one.
+/// - The setter lowers only when `settled`, or when the mapping lives no
+///   longer than a `SYN_SENT` flow needs: a connection refused at its
+///   SYN frees the mapping it created, and a flow that never got past
+///   `SYN_SENT` and only shares the setter's tag (a remote that sends
+///   SYNs from many ports to a mapped port) cannot cut an established
+///   connection's mapping.
+///
+/// With several connections on one internal port the mapping follows the
+/// one that extended it last: when that one closes, an older idle
+/// connection's mapping is cut until its next outbound packet.
+#[must_use]
+#[inline]
+pub const fn refreshed_mapping(
+    m: &Mapping,
     proto: u8,
-    current: u64,
     state: u8,
+    tag: u8,
+    settled: bool,
     now_ns: u64,
     t: &Timeouts,
-) -> u64 {
+) -> Mapping {
     let want = mapping_expiry(proto, state, now_ns, t);
-    if proto != IPPROTO_TCP && current > want {
-        current
-    } else {
-        want
+    let mut out = *m;
+    if want > m.expires_ns {
+        out.expires_ns = want;
+        out.internal.pad = tag;
+    } else if proto == IPPROTO_TCP
+        && tag == m.internal.pad
+        && (settled
+            || m.expires_ns <= mapping_expiry(proto, FlowState::TcpSynSent as u8, now_ns, t))
+    {
+        out.expires_ns = want;
     }
+    out
 }
 
 /// How coarse the outbound refresh of a mapping is: [`refresh_tick`]
@@ -156,12 +213,18 @@ pub const fn outbound_refresh_due(from_lan: bool, e: &FlowEntry, now_ns: u64) ->
 /// or a flow opened from the WAN to a mapping) the key's destination port
 /// is the mapping's and the translated destination the endpoint. Of a
 /// hairpinned flow (both entries on the LAN side) each entry names its
-/// sender's mapping.
+/// sender's mapping. Third: the [`remote_tag`] of the flow's remote, the
+/// key's destination on the LAN side, its source on the WAN side (the
+/// same remote for both entries).
 #[must_use]
 #[inline]
-pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint) {
+pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint, u8) {
     if e.lan_side() {
-        (e.new_src_port, Endpoint::source_of(key))
+        (
+            e.new_src_port,
+            Endpoint::source_of(key),
+            remote_tag(key.dst_addr, key.dst_port),
+        )
     } else {
         (
             key.dst_port,
@@ -171,6 +234,7 @@ pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint) {
                 proto: key.proto,
                 pad: 0,
             },
+            remote_tag(key.src_addr, key.src_port),
         )
     }
 }
@@ -273,39 +337,175 @@ mod tests {
         );
     }
 
+    /// A mapping of `ep` expiring at `expires_ns`, set by the flow with
+    /// `tag`.
+    fn mapping(expires_ns: u64, tag: u8) -> Mapping {
+        Mapping {
+            internal: Endpoint {
+                pad: tag,
+                ..ep(A, 41000, IPPROTO_TCP)
+            },
+            expires_ns,
+        }
+    }
+
     #[test]
-    fn udp_refresh_never_shortens_tcp_refresh_follows_the_state() {
+    fn udp_refresh_never_shortens_and_its_extender_becomes_the_setter() {
         let t = Timeouts {
             udp_replied: 600,
             ..Timeouts::default()
         };
         let now = 5_000_000_000;
-        let s = 1_000_000_000;
+        let sec = 1_000_000_000;
         let replied = FlowState::UdpReplied as u8;
         let unreplied = FlowState::UdpUnreplied as u8;
-        // A replied flow's 600 s, then an unreplied one's 300 s: kept.
-        let long = refreshed_expiry(IPPROTO_UDP, 0, replied, now, &t);
-        assert_eq!(long, now + 600 * s);
+        let (x, y) = (remote_tag(SRV, 53), remote_tag(SRV, 54));
+        let at = |m: &Mapping| (m.expires_ns, m.internal.pad);
+        // A replied flow's 600 s, then an unreplied one's 300 s: kept,
+        // also when the unreplied one is the setter (UDP never lowers).
+        let long = refreshed_mapping(&mapping(0, y), IPPROTO_UDP, replied, x, true, now, &t);
+        assert_eq!(at(&long), (now + 600 * sec, x), "extended: x sets");
+        for tag in [x, y] {
+            let m = refreshed_mapping(&long, IPPROTO_UDP, unreplied, tag, true, now + sec, &t);
+            assert_eq!(m, long);
+        }
+        let m = refreshed_mapping(
+            &mapping(now, x),
+            IPPROTO_UDP,
+            unreplied,
+            y,
+            false,
+            now + sec,
+            &t,
+        );
+        assert_eq!(at(&m), (now + 301 * sec, y), "extended: y sets");
+        let icmp = FlowState::Icmp as u8;
+        let m = mapping(now + 100 * sec, x);
         assert_eq!(
-            refreshed_expiry(IPPROTO_UDP, long, unreplied, now + s, &t),
-            long
+            refreshed_mapping(&m, IPPROTO_ICMP, icmp, x, true, now, &t),
+            m
+        );
+        // The endpoint is kept.
+        assert_eq!(long.internal.bits(), ep(A, 41000, IPPROTO_TCP).bits());
+    }
+
+    #[test]
+    fn only_the_setter_lowers_a_tcp_mapping() {
+        let t = Timeouts::default();
+        let now = 5_000_000_000;
+        let sec = 1_000_000_000;
+        let est = FlowState::TcpEstablished as u8;
+        let syn = FlowState::TcpSynSent as u8;
+        let closed = FlowState::TcpClosed as u8;
+        let fin = FlowState::TcpFinWait as u8;
+        let (x, y) = (remote_tag(SRV, 80), remote_tag(SRV, 81));
+        assert_ne!(x, y);
+        let days = u64::from(t.tcp_established) * sec;
+        // X (A:41000 -> SRV:80) established: sets 5 days.
+        let mx = refreshed_mapping(
+            &mapping(now + 120 * sec, x),
+            IPPROTO_TCP,
+            est,
+            x,
+            false,
+            now,
+            &t,
+        );
+        assert_eq!((mx.expires_ns, mx.internal.pad), (now + days, x));
+        // A sibling Y (-> SRV:81) in SYN_SENT, then reset: no change.
+        let later = now + 10 * sec;
+        assert_eq!(
+            refreshed_mapping(&mx, IPPROTO_TCP, syn, y, false, later, &t),
+            mx
         );
         assert_eq!(
-            refreshed_expiry(IPPROTO_UDP, now, unreplied, now + s, &t),
-            now + 301 * s,
-            "extended"
+            refreshed_mapping(&mx, IPPROTO_TCP, closed, y, false, later, &t),
+            mx
+        );
+        // Y closes after it was established (settled), but X set it.
+        assert_eq!(
+            refreshed_mapping(&mx, IPPROTO_TCP, fin, y, true, later, &t),
+            mx
         );
         assert_eq!(
-            refreshed_expiry(IPPROTO_ICMP, now + 100 * s, FlowState::Icmp as u8, now, &t),
-            now + 100 * s
+            refreshed_mapping(&mx, IPPROTO_TCP, closed, y, true, later, &t),
+            mx
         );
-        // TCP: the close lowers an established connection's 5 days.
-        let est = refreshed_expiry(IPPROTO_TCP, 0, FlowState::TcpEstablished as u8, now, &t);
-        assert_eq!(est, now + u64::from(t.tcp_established) * s);
+        // The setter X lowers at its close (FIN, then RST).
+        let m = refreshed_mapping(&mx, IPPROTO_TCP, fin, x, true, later, &t);
         assert_eq!(
-            refreshed_expiry(IPPROTO_TCP, est, FlowState::TcpClosed as u8, now + s, &t),
-            now + s + u64::from(t.tcp_closed) * s
+            (m.expires_ns, m.internal.pad),
+            (later + u64::from(t.tcp_fin_wait) * sec, x)
         );
+        let m = refreshed_mapping(&m, IPPROTO_TCP, closed, x, true, later + sec, &t);
+        assert_eq!(
+            (m.expires_ns, m.internal.pad),
+            (later + sec + u64::from(t.tcp_closed) * sec, x)
+        );
+        // A sibling Y established later extends: Y becomes the setter, and
+        // its close then lowers, X's no longer.
+        let my = refreshed_mapping(&mx, IPPROTO_TCP, est, y, false, later, &t);
+        assert_eq!((my.expires_ns, my.internal.pad), (later + days, y));
+        assert_eq!(
+            refreshed_mapping(&my, IPPROTO_TCP, closed, x, true, later + sec, &t),
+            my
+        );
+        let m = refreshed_mapping(&my, IPPROTO_TCP, closed, y, true, later + sec, &t);
+        assert_eq!(m.expires_ns, later + sec + u64::from(t.tcp_closed) * sec);
+        // UDP with the setter's tag: never lowered.
+        let udp = FlowState::UdpUnreplied as u8;
+        assert_eq!(
+            refreshed_mapping(&mx, IPPROTO_UDP, udp, x, true, later, &t),
+            mx
+        );
+    }
+
+    #[test]
+    fn a_flow_that_never_got_past_syn_sent_lowers_only_a_syn_sent_mapping() {
+        let t = Timeouts::default();
+        let now = 5_000_000_000;
+        let sec = 1_000_000_000;
+        let closed = FlowState::TcpClosed as u8;
+        let x = remote_tag(SRV, 80);
+        assert!(!settled(FlowState::TcpSynSent as u8));
+        for st in [
+            FlowState::TcpEstablished,
+            FlowState::TcpFinWait,
+            FlowState::TcpClosed,
+        ] {
+            assert!(settled(st as u8));
+        }
+        // Its own SYN's mapping (SYN_SENT's 120 s), refused by a RST:
+        // lowered to the closed timeout, the port comes free.
+        let m = mapping(now + u64::from(t.tcp_syn_sent) * sec, x);
+        let r = refreshed_mapping(&m, IPPROTO_TCP, closed, x, false, now, &t);
+        assert_eq!(r.expires_ns, now + u64::from(t.tcp_closed) * sec);
+        // An established connection's 5 days with the same tag (a remote's
+        // unsolicited SYN from a port whose tag collides, answered with a
+        // RST): kept.
+        let m = mapping(now + u64::from(t.tcp_established) * sec, x);
+        assert_eq!(
+            refreshed_mapping(&m, IPPROTO_TCP, closed, x, false, now, &t),
+            m
+        );
+        // The same flow past SYN_SENT (settled) lowers it.
+        let r = refreshed_mapping(&m, IPPROTO_TCP, closed, x, true, now, &t);
+        assert_eq!(r.expires_ns, now + u64::from(t.tcp_closed) * sec);
+    }
+
+    #[test]
+    fn remote_tags_spread() {
+        // Ports of one remote, and addresses with one port, hit many tags.
+        let mut seen = [false; 256];
+        for p in 0..256u16 {
+            seen[usize::from(remote_tag(SRV, 40000 + p))] = true;
+        }
+        assert!(seen.iter().filter(|&&b| b).count() > 128);
+        let mut seen = [false; 256];
+        for a in 0..=255u8 {
+            seen[usize::from(remote_tag([203, 0, 113, a], 443))] = true;
+        }
+        assert!(seen.iter().filter(|&&b| b).count() > 128);
     }
 
     #[test]
@@ -335,22 +535,27 @@ mod tests {
         let orig = FlowKey::new(A, SRV, 5000, 443, IPPROTO_TCP);
         let tr = masquerade_key(&orig, WAN, 5555);
         let (oe, rk, re) = new_flow(&orig, &tr, FLAG_MAPPED, 1);
-        assert_eq!(mapping_of(&orig, &oe), (5555, owner));
-        assert_eq!(mapping_of(&rk, &re), (5555, owner));
+        let tag = remote_tag(SRV, 443);
+        assert_eq!(mapping_of(&orig, &oe), (5555, owner, tag));
+        assert_eq!(mapping_of(&rk, &re), (5555, owner, tag));
         // Opened from the WAN to the mapping (endpoint-independent
         // filtering): SRV:9 -> WAN:5555 reaches A:5000.
         let orig = FlowKey::new(SRV, WAN, 9, 5555, IPPROTO_TCP);
         let tr = FlowKey::new(SRV, A, 9, 5000, IPPROTO_TCP);
         let (oe, rk, re) = new_flow(&orig, &tr, FLAG_PORT_FORWARD | FLAG_MAPPED, 1);
-        assert_eq!(mapping_of(&orig, &oe), (5555, owner));
-        assert_eq!(mapping_of(&rk, &re), (5555, owner));
+        let tag = remote_tag(SRV, 9);
+        assert_eq!(mapping_of(&orig, &oe), (5555, owner, tag));
+        assert_eq!(mapping_of(&rk, &re), (5555, owner, tag));
         // Hairpinned: each entry names its sender's mapping.
         let orig = FlowKey::new(A, WAN, 5000, 7000, IPPROTO_UDP);
         let target = ep(B, 6000, IPPROTO_UDP);
         let tr = translated_key(&orig, WAN, 5555, Some(&target));
         let (oe, rk, re) = new_flow(&orig, &tr, FLAG_MAPPED | FLAG_HAIRPIN, 1);
-        assert_eq!(mapping_of(&orig, &oe), (5555, ep(A, 5000, IPPROTO_UDP)));
-        assert_eq!(mapping_of(&rk, &re), (7000, target));
+        assert_eq!(
+            mapping_of(&orig, &oe),
+            (5555, ep(A, 5000, IPPROTO_UDP), remote_tag(WAN, 7000))
+        );
+        assert_eq!(mapping_of(&rk, &re), (7000, target, remote_tag(WAN, 5555)));
     }
 
     #[test]

@@ -185,14 +185,17 @@ pub struct FlowEntry {
     pub state: u8,
     /// `FLAG_*` bits.
     pub flags: u8,
-    /// The LAN-side entry of a flow with a NAT mapping ([`FLAG_MAPPED`]):
-    /// the [`crate::mapping::refresh_tick`] of this direction's last
-    /// refresh of the mapping. Written by this direction's own packets
-    /// only (never by [`Self::last_seen_ns`]'s refresh from the other
-    /// direction), so outbound packets refresh the mapping about once per
-    /// tick whichever direction keeps the flow alive (RFC 4787 REQ-6).
-    /// Unused in other entries. It took the place of two padding bytes:
-    /// the entry stays 96 bytes.
+    /// An entry of a flow with a NAT mapping ([`FLAG_MAPPED`]): the
+    /// [`crate::mapping::refresh_tick`] of the last refresh of the mapping
+    /// through this entry. Written at every such refresh: an outbound
+    /// packet's (LAN side), and a TCP state change's of the segment's own
+    /// entry (so also a WAN-side entry, at a WAN-side state change);
+    /// never by [`Self::last_seen_ns`]'s refresh from the other direction.
+    /// Read on the LAN side only ([`crate::mapping::outbound_refresh_due`]),
+    /// so outbound packets refresh the mapping about once per tick
+    /// whichever direction keeps the flow alive (RFC 4787 REQ-6); a
+    /// WAN-side entry's is written but never read. It took the place of
+    /// two padding bytes: the entry stays 96 bytes.
     pub out_tick: u16,
     /// `bpf_ktime_get_coarse_ns` (`CLOCK_MONOTONIC`) of the last refresh.
     pub last_seen_ns: u64,
@@ -446,6 +449,12 @@ const _: () = assert!(core::mem::size_of::<Endpoint>() == 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Mapping {
+    /// The internal endpoint. Its `pad` byte is the setter's tag: the
+    /// [`crate::mapping::remote_tag`] of the flow whose refresh set
+    /// `expires_ns` (only that flow lowers it, see
+    /// [`crate::mapping::refreshed_mapping`]); every comparison of the
+    /// endpoint goes through [`Endpoint::bits`], which leaves it out, and
+    /// `NAT_ENDPOINTS` keys and `NAT_PERMITS` values keep it 0.
     pub internal: Endpoint,
     pub expires_ns: u64,
 }

@@ -13,7 +13,7 @@ use router_common::{
         open_tracking, tcp_opens_flow,
     },
     hdr::{eth, frame, get_addr, get_u16, ipv4},
-    mapping::{mapping_expiry, translated_key},
+    mapping::{mapping_expiry, remote_tag, translated_key},
     maps::{
         Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry,
         FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
@@ -331,9 +331,13 @@ fn claim_mapping(cfg: &Config, key: &FlowKey, now: u64) -> u32 {
         now,
         &cfg.timeouts,
     );
+    // The new flow's remote (for a hairpin, the WAN address and mapped
+    // port it sent to): the setter of the mapping if it creates or extends
+    // it.
+    let tag = remote_tag(key.dst_addr, key.dst_port);
     if let Some(port) = mapping::current_port(ep, now) {
         // Extends it if this flow needs it longer.
-        let _ = mapping::claim(ep, port, expires, now);
+        let _ = mapping::claim(ep, port, expires, now, tag);
         return MAPPING_CLAIMED | u32::from(port);
     }
     let hash = endpoint_hash(key, cfg.hash_seed);
@@ -351,7 +355,7 @@ fn claim_mapping(cfg: &Config, key: &FlowKey, now: u64) -> u32 {
             // that sends to the forward hits this flow's reply entry.
             continue;
         }
-        match mapping::claim(ep, port, expires, now) {
+        match mapping::claim(ep, port, expires, now, tag) {
             MapClaim::New => return MAPPING_CLAIMED | MAPPING_FRESH | u32::from(port),
             MapClaim::Held => return MAPPING_CLAIMED | u32::from(port),
             MapClaim::Taken => event(Counter::PortCollision),

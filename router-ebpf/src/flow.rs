@@ -9,6 +9,7 @@ use router_common::{
         tcp_observe,
     },
     hdr::{frame, icmp, ipv4, tcp, udp},
+    mapping::settled,
     maps::{
         Counter, FLAG_MAPPED, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey,
         FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
@@ -286,12 +287,14 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
             }
             if c & CONTROL_STATE_CHANGED != 0 && e.flags & FLAG_MAPPED != 0 {
                 // The mapping follows the connection's new state, whichever
-                // side sent the segment: a RST or FIN from the server sets
-                // the closing state's timeout, so the port of a closed
-                // connection comes free (RFC 5382 REQ-5). A call from here
+                // side sent the segment: the server's SYN+ACK extends it, a
+                // RST or FIN from either side lowers it to the closing
+                // state's timeout if this connection set it (not a
+                // sibling's), so the port of a closed connection comes
+                // free (RFC 5382 REQ-5). A call from here
                 // (entry -> track -> refresh), not from `track_tcp_control`,
                 // whose chain is at the verifier's 512 bytes.
-                crate::mapping::refresh(key, e, now);
+                crate::mapping::refresh(key, e, now, c & CONTROL_SETTLED != 0);
             }
             return;
         }
@@ -326,7 +329,8 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
 /// endpoint discard it or answer with a challenge ACK). Writes the window
 /// tracking of both directions; returns [`CONTROL_SYNC`] if the state or
 /// the last-seen time must go to the other direction's entry too, and
-/// [`CONTROL_STATE_CHANGED`] if the state changed (bits of one integer:
+/// [`CONTROL_STATE_CHANGED`] if the state changed, with [`CONTROL_SETTLED`]
+/// if it changed from a state past `SYN_SENT` (bits of one integer:
 /// returned in a register, nothing more kept live across the call).
 #[inline(never)]
 fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) -> u32 {
@@ -356,6 +360,8 @@ fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) 
     }
     let changed = if c.state == e.state {
         0
+    } else if settled(e.state) {
+        CONTROL_STATE_CHANGED | CONTROL_SETTLED
     } else {
         CONTROL_STATE_CHANGED
     };
@@ -371,6 +377,9 @@ fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) 
 const CONTROL_SYNC: u32 = 1;
 /// [`track_tcp_control`]: the state changed.
 const CONTROL_STATE_CHANGED: u32 = 2;
+/// [`track_tcp_control`]: ... from a state past `SYN_SENT`
+/// ([`settled`]: the flow may lower a mapping it set).
+const CONTROL_SETTLED: u32 = 4;
 
 /// Where [`sync_peer`] rebuilds an evicted entry.
 #[map(name = "RESTORE_SCRATCH")]

@@ -12,7 +12,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
 };
 use router_common::{
-    mapping::{filter_admits, held_by, live, mapping_of, refresh_tick, refreshed_expiry},
+    mapping::{filter_admits, held_by, live, mapping_of, refresh_tick, refreshed_mapping},
     maps::{
         Config, Counter, Endpoint, Filtering, FlowEntry, FlowKey, MAX_NAT_ENDPOINTS,
         MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey, PermitKey,
@@ -72,12 +72,16 @@ pub enum MapClaim {
     Failed,
 }
 
-/// Claims external `port` for `ep` until `expires_ns` at the latest.
+/// Claims external `port` for `ep` until `expires_ns` at the latest, for
+/// a new flow whose remote has the tag `tag`
+/// ([`router_common::mapping::remote_tag`]): a new mapping, or one this
+/// claim extends, records it as its setter (see [`refresh`]).
 #[inline(always)]
-pub fn claim(ep: &Endpoint, port: u16, expires_ns: u64, now: u64) -> MapClaim {
+pub fn claim(ep: &Endpoint, port: u16, expires_ns: u64, now: u64, tag: u8) -> MapClaim {
     let mk = mapping_key(ep.proto, port);
+    let internal = Endpoint { pad: tag, ..*ep };
     let m = Mapping {
-        internal: *ep,
+        internal,
         expires_ns,
     };
     match NAT_MAPPINGS.insert(&mk, &m, u64::from(BPF_NOEXIST)) {
@@ -91,6 +95,7 @@ pub fn claim(ep: &Endpoint, port: u16, expires_ns: u64, now: u64) -> MapClaim {
             if cur.internal.bits() == ep.bits() {
                 if cur.expires_ns < expires_ns {
                     cur.expires_ns = expires_ns;
+                    cur.internal.pad = tag;
                 }
                 return MapClaim::Held;
             }
@@ -102,7 +107,7 @@ pub fn claim(ep: &Endpoint, port: u16, expires_ns: u64, now: u64) -> MapClaim {
             // other's flow still works (its conntrack entries were claimed
             // with `BPF_NOEXIST`), it only lacks the mapping's inbound
             // filtering and reuse.
-            cur.internal = *ep;
+            cur.internal = internal;
             cur.expires_ns = expires_ns;
             event(Counter::MappingReclaimed);
             MapClaim::New
@@ -194,38 +199,45 @@ pub fn inbound(cfg: &Config, sender: u64, to: u32, now: u64, xlat: &mut Xlat) ->
 pub const HAIRPIN: u32 = 1 << 16;
 
 /// Gives the NAT mapping of the flow whose entry `e` was hit through `key`
-/// the expiry the flow's state needs ([`refreshed_expiry`]: UDP and ICMP
-/// never shorter, TCP set from the state), if the mapping is still this
-/// flow's endpoint's. Called for two reasons, never per packet:
+/// the expiry the flow's state needs, if the mapping is still this flow's
+/// endpoint's ([`refreshed_mapping`]: a later expiry extends it and makes
+/// this flow, named by its remote's tag, the mapping's setter; only the
+/// setter lowers a TCP mapping; UDP and ICMP never lower). Called for two
+/// reasons, never per packet:
 /// - an outbound packet (a LAN-side hit) whose flow's own outbound refresh
 ///   tick passed ([`router_common::mapping::outbound_refresh_due`]):
 ///   outbound refresh, at most once per tick per flow, whichever direction
 ///   refreshed `last_seen_ns` (RFC 4787 REQ-6 requires outbound refresh;
-///   inbound packets refresh their flow, never the mapping);
+///   inbound packets refresh their flow, never the mapping); it only
+///   extends (`settled` false: the state did not change);
 /// - a TCP state change of the flow (SYN+ACK, FIN, RST, a new SYN), from
 ///   either side: the mapping follows its connection (RFC 5382 REQ-5),
-///   down to the closed state's short timeout, so that the port of a
-///   connection the server closed or reset comes free (a lowering at the
-///   close, not an inbound refresh).
+///   the setter's down to the closed state's short timeout, so that the
+///   port of a connection the server closed or reset comes free (a
+///   lowering at the close, not an inbound refresh). `settled`: the flow
+///   had got past `SYN_SENT` ([`router_common::mapping::settled`]).
 ///
-/// Records the tick in `e.out_tick`, found or not, so that the hit path
-/// does not call again in this tick.
+/// Records the tick in `e.out_tick` (also of a WAN-side entry, at a
+/// WAN-side state change; only LAN-side entries read it), found or not,
+/// so that the hit path does not call again in this tick.
 // A BPF subprogram of its own, called from the entry point (outbound
 // refresh) and from `flow::track` (state change): its frame adds to both
 // chains, which are near the verifier's 512 bytes.
 #[inline(never)]
-pub fn refresh(key: &FlowKey, e: &mut FlowEntry, now: u64) {
+pub fn refresh(key: &FlowKey, e: &mut FlowEntry, now: u64, settled: bool) {
     e.out_tick = refresh_tick(now);
     let Some(cfg) = CONFIG.get(0) else {
         return;
     };
-    let (port, owner) = mapping_of(key, e);
+    let (port, owner, tag) = mapping_of(key, e);
     let Some(m) = NAT_MAPPINGS.get_ptr_mut(&mapping_key(key.proto, port)) else {
         return;
     };
     // SAFETY: map value pointer, valid for this run.
     let m = unsafe { &mut *m };
     if m.internal.bits() == owner.bits() {
-        m.expires_ns = refreshed_expiry(key.proto, m.expires_ns, e.state, now, &cfg.timeouts);
+        let r = refreshed_mapping(m, key.proto, e.state, tag, settled, now, &cfg.timeouts);
+        m.expires_ns = r.expires_ns;
+        m.internal.pad = r.internal.pad;
     }
 }
