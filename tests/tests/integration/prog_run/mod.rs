@@ -210,6 +210,37 @@ impl Router {
         run
     }
 
+    /// `t` from `CLIENT` to `SERVER`, masqueraded to the client's own port
+    /// (port preservation): asserts the redirect, `fwd_outbound` and
+    /// `events`.
+    fn masq_out(&self, env: &ResolvedTopology, what: &str, t: Tcp, events: &[Counter]) -> ProgRun {
+        let port = t.sport;
+        let ip = Ipv4::new(CLIENT, SERVER, t);
+        self.redirect(
+            what,
+            &env.client_sends(&ip),
+            self.lan,
+            &env.to_server(&snat(&ip, port)),
+            Counter::FwdOutbound,
+            events,
+        )
+    }
+
+    /// `t` from `SERVER` to the WAN address, translated to `CLIENT`'s same
+    /// port: asserts the redirect, `fwd_inbound` and `events`.
+    fn masq_in(&self, env: &ResolvedTopology, what: &str, t: Tcp, events: &[Counter]) -> ProgRun {
+        let port = t.dport;
+        let ip = Ipv4::new(SERVER, WAN, t);
+        self.redirect(
+            what,
+            &env.server_sends(&ip),
+            self.wan,
+            &env.to_client(&dnat(&ip, CLIENT, port)),
+            Counter::FwdInbound,
+            events,
+        )
+    }
+
     /// CONNTRACK content without the next-hop caches (see
     /// [`Router::raw_entry`] and the `next_hop_cache` test for those).
     fn flows(&self) -> BTreeMap<FlowKey, FlowEntry> {

@@ -502,97 +502,16 @@ fn outbound_packets_refresh_the_mapping_of_a_flow_the_wan_keeps_alive() {
     });
 }
 
-/// RFC 5382 REQ-5 (and no port leak): a TCP mapping follows its
-/// connection. Established, it lives the established timeout; a RST from
-/// the server (no LAN packet after it) lowers it to the closed state's
-/// timeout, after which another LAN host gets the port.
-#[test]
-#[ignore = "needs root: run cargo xtask test"]
-fn a_wan_rst_frees_the_mapping_of_an_established_connection() {
-    let env = ResolvedTopology::new(true);
-    let cfg = Config {
+/// `cfg` with TCP's closed state lasting 1 s, so a freed mapping's port
+/// comes free within the test.
+fn closing_in_1s(cfg: Config) -> Config {
+    Config {
         timeouts: Timeouts {
             tcp_closed: 1,
-            ..Timeouts::default()
+            ..cfg.timeouts
         },
-        ..config(&env)
-    };
-    with_router(&env, Some(cfg), |r| {
-        let (lan, wan) = (r.lan, r.wan);
-        let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
-        let f = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 80), 41000);
-        let out = |r: &Router, what: &str, t: Tcp, events: &[Counter]| {
-            let ip = Ipv4::new(CLIENT, SERVER, t);
-            r.redirect(
-                what,
-                &env.client_sends(&ip),
-                lan,
-                &env.to_server(&snat(&ip, 41000)),
-                Counter::FwdOutbound,
-                events,
-            )
-        };
-        let inb = |r: &Router, what: &str, t: Tcp| {
-            let ip = Ipv4::new(SERVER, WAN, t);
-            r.redirect(
-                what,
-                &env.server_sends(&ip),
-                wan,
-                &env.to_client(&dnat(&ip, CLIENT, 41000)),
-                Counter::FwdInbound,
-                &[],
-            )
-        };
-        out(
-            r,
-            "SYN",
-            seg(41000, 80, TCP_SYN, C_ISN, 0),
-            &[Counter::FlowNewMasquerade],
-        );
-        inb(
-            r,
-            "SYN+ACK",
-            seg(80, 41000, TCP_SYN | TCP_ACK, S_ISN, C_ISN + 1),
-        );
-        out(r, "ACK", seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1), &[]);
-        age(r, &[f.orig, f.reply()], 2 * NS_PER_SEC);
-        out(
-            r,
-            "ACK, 2 s later",
-            seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1),
-            &[],
-        );
-        let day = 86400 * NS_PER_SEC;
-        assert!(
-            expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + day,
-            "established: the mapping lives days"
-        );
-        let run = inb(
-            r,
-            "RST from the server",
-            seg(80, 41000, TCP_RST | TCP_ACK, S_ISN + 1, C_ISN + 1),
-        );
-        assert_eq!(r.get(&f.orig).state, FlowState::TcpClosed as u8);
-        let closed = NS_PER_SEC;
-        let e = expiry(r, IPPROTO_TCP, 41000, client);
-        assert!(
-            (run.t0 + closed..=run.t1 + closed).contains(&e),
-            "after the RST the mapping expires with CLOSED's 1 s: {} ns after the RST",
-            i128::from(e) - i128::from(run.t1)
-        );
-        // Past CLOSED's timeout: another LAN host's SYN from the same
-        // port keeps it (no collision).
-        std::thread::sleep(std::time::Duration::from_millis(2100));
-        let s2 = Ipv4::new(CLIENT2, SERVER, Tcp::new(41000, 81, TCP_SYN));
-        r.redirect(
-            "client 2 gets the closed connection's port",
-            &env.client2_sends(&s2),
-            lan,
-            &env.to_server(&snat(&s2, 41000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade, Counter::MappingReclaimed],
-        );
-    });
+        ..cfg
+    }
 }
 
 /// A TCP segment from `sport` to `dport` with `flags`, `seq` and `ack`.
@@ -609,61 +528,76 @@ const S_ISN: u32 = 0x7fff_0000;
 /// A second connection's, and a remote's, initial sequence numbers.
 const Y_ISN: u32 = 0x2000_0000;
 const O_ISN: u32 = 0x3000_0000;
+const DAY_NS: u64 = 86400 * NS_PER_SEC;
+
+/// The internal endpoint of the connections from `CLIENT:41000`.
+fn client_41000() -> Endpoint {
+    endpoint(CLIENT, 41000, IPPROTO_TCP)
+}
+
+/// Asserts that the mapping of WAN port 41000 (TCP) lives days.
+fn lives_days(r: &Router, what: &str) {
+    assert!(
+        expiry(r, IPPROTO_TCP, 41000, client_41000()) > now_ns() + DAY_NS,
+        "{what}"
+    );
+}
+
+/// Asserts that the mapping of WAN port 41000 (TCP) expires 1 s (the
+/// closed state's timeout of [`closing_in_1s`]) after `run`.
+fn expires_1s_after(r: &Router, run: &ProgRun) {
+    let e = expiry(r, IPPROTO_TCP, 41000, client_41000());
+    assert!(
+        (run.t0 + NS_PER_SEC..=run.t1 + NS_PER_SEC).contains(&e),
+        "the mapping expires with CLOSED's 1 s: {} ns after the segment",
+        i128::from(e) - i128::from(run.t1)
+    );
+}
 
 /// `CLIENT:41000 -> SERVER:80` established (SYN, SYN+ACK, ACK) and, 2 s
 /// later, refreshed by an outbound ACK: its mapping (WAN port 41000)
 /// lives days.
 fn establish_41000(env: &ResolvedTopology, r: &mut Router) {
-    let (lan, wan) = (r.lan, r.wan);
-    let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
     let f = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 80), 41000);
-    let out = |r: &Router, what: &str, t: Tcp, events: &[Counter]| {
-        let ip = Ipv4::new(CLIENT, SERVER, t);
-        r.redirect(
-            what,
-            &env.client_sends(&ip),
-            lan,
-            &env.to_server(&snat(&ip, 41000)),
-            Counter::FwdOutbound,
-            events,
-        );
-    };
-    out(
-        r,
-        "X: SYN",
-        seg(41000, 80, TCP_SYN, C_ISN, 0),
-        &[Counter::FlowNewMasquerade],
-    );
-    let sa = Ipv4::new(
-        SERVER,
-        WAN,
-        seg(80, 41000, TCP_SYN | TCP_ACK, S_ISN, C_ISN + 1),
-    );
-    r.redirect(
-        "X: SYN+ACK",
-        &env.server_sends(&sa),
-        wan,
-        &env.to_client(&dnat(&sa, CLIENT, 41000)),
-        Counter::FwdInbound,
-        &[],
-    );
-    out(
-        r,
-        "X: ACK",
-        seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1),
-        &[],
-    );
+    let syn = seg(41000, 80, TCP_SYN, C_ISN, 0);
+    r.masq_out(env, "X: SYN", syn, &[Counter::FlowNewMasquerade]);
+    let syn_ack = seg(80, 41000, TCP_SYN | TCP_ACK, S_ISN, C_ISN + 1);
+    r.masq_in(env, "X: SYN+ACK", syn_ack, &[]);
+    let ack = || seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1);
+    r.masq_out(env, "X: ACK", ack(), &[]);
     age(r, &[f.orig, f.reply()], 2 * NS_PER_SEC);
-    out(
-        r,
-        "X: ACK, 2 s later",
-        seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1),
-        &[],
-    );
-    assert!(
-        expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + 86400 * NS_PER_SEC,
-        "established: the mapping lives days"
-    );
+    r.masq_out(env, "X: ACK, 2 s later", ack(), &[]);
+    lives_days(r, "established: the mapping lives days");
+}
+
+/// RFC 5382 REQ-5 (and no port leak): a TCP mapping follows its
+/// connection. Established, it lives the established timeout; a RST from
+/// the server (no LAN packet after it) lowers it to the closed state's
+/// timeout, after which another LAN host gets the port.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_wan_rst_frees_the_mapping_of_an_established_connection() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
+        establish_41000(&env, r);
+        let rst = seg(80, 41000, TCP_RST | TCP_ACK, S_ISN + 1, C_ISN + 1);
+        let run = r.masq_in(&env, "RST from the server", rst, &[]);
+        let f = tcp_key(CLIENT, 41000, SERVER, 80);
+        assert_eq!(r.get(&f).state, FlowState::TcpClosed as u8);
+        expires_1s_after(r, &run);
+        // Past CLOSED's timeout: another LAN host's SYN from the same
+        // port keeps it (no collision).
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        let s2 = Ipv4::new(CLIENT2, SERVER, Tcp::new(41000, 81, TCP_SYN));
+        r.redirect(
+            "client 2 gets the closed connection's port",
+            &env.client2_sends(&s2),
+            r.lan,
+            &env.to_server(&snat(&s2, 41000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade, Counter::MappingReclaimed],
+        );
+    });
 }
 
 /// Only the connection that set a TCP mapping's expiry lowers it: a
@@ -676,40 +610,22 @@ fn establish_41000(env: &ResolvedTopology, r: &mut Router) {
 #[ignore = "needs root: run cargo xtask test"]
 fn a_siblings_reset_leaves_the_mapping_of_an_idle_established_connection() {
     let env = ResolvedTopology::new(true);
-    let cfg = Config {
-        timeouts: Timeouts {
-            tcp_closed: 1,
-            ..Timeouts::default()
-        },
-        ..config(&env)
-    };
-    with_router(&env, Some(cfg), |r| {
-        let (lan, wan) = (r.lan, r.wan);
-        let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
         establish_41000(&env, r);
-        let y = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 81), 41000);
-        let syn = Ipv4::new(CLIENT, SERVER, seg(41000, 81, TCP_SYN, Y_ISN, 0));
-        r.redirect(
+        let syn = seg(41000, 81, TCP_SYN, Y_ISN, 0);
+        r.masq_out(
+            &env,
             "Y: SYN from the same port to port 81",
-            &env.client_sends(&syn),
-            lan,
-            &env.to_server(&snat(&syn, 41000)),
-            Counter::FwdOutbound,
+            syn,
             &[Counter::FlowNewMasquerade],
         );
-        let rst = Ipv4::new(SERVER, WAN, seg(81, 41000, TCP_RST | TCP_ACK, 0, Y_ISN + 1));
-        r.redirect(
-            "Y: RST from the server",
-            &env.server_sends(&rst),
-            wan,
-            &env.to_client(&dnat(&rst, CLIENT, 41000)),
-            Counter::FwdInbound,
-            &[],
-        );
-        assert_eq!(r.get(&y.orig).state, FlowState::TcpClosed as u8);
-        assert!(
-            expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + 86400 * NS_PER_SEC,
-            "the sibling's reset did not cut the established connection's mapping"
+        let rst = seg(81, 41000, TCP_RST | TCP_ACK, 0, Y_ISN + 1);
+        r.masq_in(&env, "Y: RST from the server", rst, &[]);
+        let y = tcp_key(CLIENT, 41000, SERVER, 81);
+        assert_eq!(r.get(&y).state, FlowState::TcpClosed as u8);
+        lives_days(
+            r,
+            "the sibling's reset did not cut the established connection's mapping",
         );
     });
 }
@@ -723,74 +639,26 @@ fn a_siblings_reset_leaves_the_mapping_of_an_idle_established_connection() {
 #[ignore = "needs root: run cargo xtask test"]
 fn a_sibling_that_is_not_the_setter_closes_without_cutting_the_mapping() {
     let env = ResolvedTopology::new(true);
-    let cfg = Config {
-        timeouts: Timeouts {
-            tcp_closed: 1,
-            ..Timeouts::default()
-        },
-        ..config(&env)
-    };
-    with_router(&env, Some(cfg), |r| {
-        let (lan, wan) = (r.lan, r.wan);
-        let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
         establish_41000(&env, r);
         let x = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 80), 41000);
-        let y = Flow::masq(tcp_key(CLIENT, 41000, SERVER, 81), 41000);
-        let out = |r: &Router, what: &str, t: Tcp, events: &[Counter]| {
-            let ip = Ipv4::new(CLIENT, SERVER, t);
-            r.redirect(
-                what,
-                &env.client_sends(&ip),
-                lan,
-                &env.to_server(&snat(&ip, 41000)),
-                Counter::FwdOutbound,
-                events,
-            );
-        };
-        let inb = |r: &Router, what: &str, t: Tcp| {
-            let ip = Ipv4::new(SERVER, WAN, t);
-            r.redirect(
-                what,
-                &env.server_sends(&ip),
-                wan,
-                &env.to_client(&dnat(&ip, CLIENT, 41000)),
-                Counter::FwdInbound,
-                &[],
-            );
-        };
+        let y = tcp_key(CLIENT, 41000, SERVER, 81);
         std::thread::sleep(std::time::Duration::from_millis(50));
-        out(
-            r,
-            "Y: SYN",
-            seg(41000, 81, TCP_SYN, Y_ISN, 0),
-            &[Counter::FlowNewMasquerade],
-        );
-        inb(
-            r,
-            "Y: SYN+ACK (Y extends the mapping)",
-            seg(81, 41000, TCP_SYN | TCP_ACK, S_ISN, Y_ISN + 1),
-        );
-        assert_eq!(r.get(&y.orig).state, FlowState::TcpEstablished as u8);
-        let by_y = expiry(r, IPPROTO_TCP, 41000, client);
+        let syn = seg(41000, 81, TCP_SYN, Y_ISN, 0);
+        r.masq_out(&env, "Y: SYN", syn, &[Counter::FlowNewMasquerade]);
+        let syn_ack = seg(81, 41000, TCP_SYN | TCP_ACK, S_ISN, Y_ISN + 1);
+        r.masq_in(&env, "Y: SYN+ACK (Y extends the mapping)", syn_ack, &[]);
+        assert_eq!(r.get(&y).state, FlowState::TcpEstablished as u8);
+        let by_y = expiry(r, IPPROTO_TCP, 41000, client_41000());
         std::thread::sleep(std::time::Duration::from_millis(50));
         age(r, &[x.orig, x.reply()], 2 * NS_PER_SEC);
-        out(
-            r,
-            "X: ACK (X extends it again)",
-            seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1),
-            &[],
-        );
-        assert!(expiry(r, IPPROTO_TCP, 41000, client) > by_y);
-        inb(
-            r,
-            "Y: RST from its server",
-            seg(81, 41000, TCP_RST | TCP_ACK, S_ISN + 1, Y_ISN + 1),
-        );
-        assert_eq!(r.get(&y.orig).state, FlowState::TcpClosed as u8);
-        assert!(
-            expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + 86400 * NS_PER_SEC,
-            "Y's close did not cut the mapping X set"
-        );
+        let ack = seg(41000, 80, TCP_ACK, C_ISN + 1, S_ISN + 1);
+        r.masq_out(&env, "X: ACK (X extends it again)", ack, &[]);
+        assert!(expiry(r, IPPROTO_TCP, 41000, client_41000()) > by_y);
+        let rst = seg(81, 41000, TCP_RST | TCP_ACK, S_ISN + 1, Y_ISN + 1);
+        r.masq_in(&env, "Y: RST from its server", rst, &[]);
+        assert_eq!(r.get(&y).state, FlowState::TcpClosed as u8);
+        lives_days(r, "Y's close did not cut the mapping X set");
     });
 }
 
@@ -801,41 +669,13 @@ fn a_sibling_that_is_not_the_setter_closes_without_cutting_the_mapping() {
 #[ignore = "needs root: run cargo xtask test"]
 fn a_refused_syn_frees_the_mapping_it_created() {
     let env = ResolvedTopology::new(false);
-    let cfg = Config {
-        timeouts: Timeouts {
-            tcp_closed: 1,
-            ..Timeouts::default()
-        },
-        ..config(&env)
-    };
-    with_router(&env, Some(cfg), |r| {
-        let (lan, wan) = (r.lan, r.wan);
-        let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
-        let syn = Ipv4::new(CLIENT, SERVER, seg(41000, 80, TCP_SYN, C_ISN, 0));
-        r.redirect(
-            "SYN",
-            &env.client_sends(&syn),
-            lan,
-            &env.to_server(&snat(&syn, 41000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
-        assert!(expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + 60 * NS_PER_SEC);
-        let rst = Ipv4::new(SERVER, WAN, seg(80, 41000, TCP_RST | TCP_ACK, 0, C_ISN + 1));
-        let run = r.redirect(
-            "RST from the server",
-            &env.server_sends(&rst),
-            wan,
-            &env.to_client(&dnat(&rst, CLIENT, 41000)),
-            Counter::FwdInbound,
-            &[],
-        );
-        let e = expiry(r, IPPROTO_TCP, 41000, client);
-        assert!(
-            (run.t0 + NS_PER_SEC..=run.t1 + NS_PER_SEC).contains(&e),
-            "after the RST the mapping expires with CLOSED's 1 s: {} ns after the RST",
-            i128::from(e) - i128::from(run.t1)
-        );
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
+        let syn = seg(41000, 80, TCP_SYN, C_ISN, 0);
+        r.masq_out(&env, "SYN", syn, &[Counter::FlowNewMasquerade]);
+        assert!(expiry(r, IPPROTO_TCP, 41000, client_41000()) > now_ns() + 60 * NS_PER_SEC);
+        let rst = seg(80, 41000, TCP_RST | TCP_ACK, 0, C_ISN + 1);
+        let run = r.masq_in(&env, "RST from the server", rst, &[]);
+        expires_1s_after(r, &run);
     });
 }
 
@@ -851,16 +691,8 @@ fn a_refused_syn_frees_the_mapping_it_created() {
 #[ignore = "needs root: run cargo xtask test"]
 fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connection() {
     let env = ResolvedTopology::new(true);
-    let cfg = Config {
-        timeouts: Timeouts {
-            tcp_closed: 1,
-            ..Timeouts::default()
-        },
-        ..with_filtering(&env, Filtering::EndpointIndependent)
-    };
+    let cfg = closing_in_1s(with_filtering(&env, Filtering::EndpointIndependent));
     with_router(&env, Some(cfg), |r| {
-        let (lan, wan) = (r.lan, r.wan);
-        let client = endpoint(CLIENT, 41000, IPPROTO_TCP);
         establish_41000(&env, r);
         // The worst case: a remote port whose tag is the setter's (a
         // remote trying ports finds one within 256).
@@ -868,33 +700,20 @@ fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connecti
         let rport = (1024..=u16::MAX)
             .find(|&p| remote_tag(SERVER, p) == setter)
             .expect("a port");
-        let syn = Ipv4::new(SERVER, WAN, seg(rport, 41000, TCP_SYN, O_ISN, 0));
-        r.redirect(
+        let syn = seg(rport, 41000, TCP_SYN, O_ISN, 0);
+        r.masq_in(
+            &env,
             "a SYN from another remote endpoint to WAN:41000",
-            &env.server_sends(&syn),
-            wan,
-            &env.to_client(&dnat(&syn, CLIENT, 41000)),
-            Counter::FwdInbound,
+            syn,
             &[Counter::FlowNewInboundMapping],
         );
-        let rst = Ipv4::new(
-            CLIENT,
-            SERVER,
-            seg(41000, rport, TCP_RST | TCP_ACK, 0, O_ISN + 1),
-        );
-        r.redirect(
-            "the client's RST",
-            &env.client_sends(&rst),
-            lan,
-            &env.to_server(&snat(&rst, 41000)),
-            Counter::FwdOutbound,
-            &[],
-        );
+        let rst = seg(41000, rport, TCP_RST | TCP_ACK, 0, O_ISN + 1);
+        r.masq_out(&env, "the client's RST", rst, &[]);
         let inbound = tcp_key(SERVER, rport, WAN, 41000);
         assert_eq!(r.get(&inbound).state, FlowState::TcpClosed as u8);
-        assert!(
-            expiry(r, IPPROTO_TCP, 41000, client) > now_ns() + 86400 * NS_PER_SEC,
-            "the remote's flow did not cut the established connection's mapping"
+        lives_days(
+            r,
+            "the remote's flow did not cut the established connection's mapping",
         );
     });
 }
