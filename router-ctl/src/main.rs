@@ -463,7 +463,7 @@ impl Cmd {
             Self::Apply { .. } => ("apply", Change),
             Self::Metrics { .. } => ("metrics", Read),
             Self::Run { .. } => ("run", Change),
-            Self::Doctor { .. } => ("doctor", Nothing),
+            Self::Doctor { .. } => ("doctor", Read),
             Self::Completions { .. } => ("completions", Nothing),
             Self::Man => ("man", Nothing),
         }

@@ -62,6 +62,10 @@ fn missing_capabilities_are_named() {
     let o = ctl_via(&t, &nobody, &["status"]);
     fails_with(&o, &["CAP_DAC_OVERRIDE", "run it as root"]);
     assert_ne!(o.status.code(), Some(3), "taken for not attached");
+    // doctor reads the pins and the firewall, and enters the router's
+    // namespace: named, not a bare setns error.
+    let o = ctl_via(&t, &nobody, &["doctor", LAN_IF]);
+    fails_with(&o, &["CAP_SYS_ADMIN (for -n NETNS)", "run it as root"]);
     // Root, but without CAP_NET_ADMIN: the uid alone is not enough.
     let no_net_admin = [
         "setpriv",
