@@ -108,13 +108,20 @@ fn undo_standalone_set_up(ctx: &Ctx, attached: bool, record: Option<&State>) {
 /// the option or key that states it.
 pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
     let default = AdmitMode::default_for_attach();
-    let pinned = ctx.maps().read_config().ok().map(|c| {
-        if c.admit == AdmitMode::Xdp.to_map() as u8 {
-            AdmitMode::Xdp
-        } else {
-            AdmitMode::Kernel
-        }
-    });
+    // An all-zero CONFIG (a detach cut short after clearing it) configures
+    // nothing; its `admit` byte reads as xdp.
+    let pinned = ctx
+        .maps()
+        .read_config()
+        .ok()
+        .filter(|c| c.lan_ifindex != 0)
+        .map(|c| {
+            if c.admit == AdmitMode::Xdp.to_map() as u8 {
+                AdmitMode::Xdp
+            } else {
+                AdmitMode::Kernel
+            }
+        });
     let Some(admit) =
         pinned.or_else(|| state::load(ctx.ns()).ok().flatten().map(|r| r.config.admit))
     else {

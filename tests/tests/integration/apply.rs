@@ -426,4 +426,18 @@ fn an_unstated_admit_mode_keeps_the_attached_routers() {
     let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
     assert!(!out.contains("keeping"), "{out}");
     assert_eq!(admit(&t), "kernel");
+
+    // A detach cut short after it cleared CONFIG, its record gone too (as
+    // a failed unpin leaves it): the all-zero CONFIG configures nothing
+    // (its admit byte reads as xdp), so the next attach gets offload mode.
+    let o = ctl_env(
+        &t,
+        &[("ROUTER_CTL_CRASH_AT", "detach-after-unconfigure")],
+        &["detach"],
+    );
+    assert!(!o.status.success(), "the crash point was not reached");
+    std::fs::remove_file(&record).unwrap();
+    let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
+    assert!(!out.contains("keeping"), "{out}");
+    assert_eq!(admit(&t), "kernel");
 }
