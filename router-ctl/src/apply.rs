@@ -687,7 +687,10 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     } else {
         lifecycle::unstated_admit(ctx, &format!("`admit` in [router] of {name}"))
     };
-    let d = parse_file_as(&name, &text, unstated)?;
+    // A file that does not parse or validate stays so until it is edited
+    // (the interfaces and the WAN address, resolved below, may yet come).
+    let d = parse_file_as(&name, &text, unstated)
+        .map_err(|e| anyhow::Error::new(lifecycle::Unretryable(format!("{e:#}"))))?;
     // The interfaces and the WAN address, still without changing anything.
     let cfg = config::resolve(&d.args).map_err(|e| located(&name, &text, &e))?;
     let mut summary = String::new();

@@ -703,7 +703,7 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
             iface: "netfilter".into(),
             name: "forward-rules",
             level: Level::Warn,
-            detail: n,
+            detail: n.why,
             fix: None,
         })
         .collect();

@@ -432,7 +432,32 @@ pub fn iptables_forward_chain(tool: &'static str, listing: &str) -> Option<Forwa
 /// This namespace's nftables ruleset as JSON (`nft -j list ruleset`), read
 /// once for the checks that look at it ([`forward_chains`],
 /// [`foreign_source_nat`]); else why it could not be read.
-pub struct Ruleset(Result<serde_json::Value, String>);
+pub struct Ruleset(Result<serde_json::Value, Unread>);
+
+/// Why something could not be read, and whether that may pass (`nft`
+/// failing in a firewall reload at boot, a fork failing) or lasts (the
+/// tool missing, output it cannot parse).
+#[derive(Clone, Debug)]
+pub struct Unread {
+    pub why: String,
+    pub transient: bool,
+}
+
+impl Unread {
+    fn lasting(why: String) -> Self {
+        Self {
+            why,
+            transient: false,
+        }
+    }
+
+    fn transient(why: String) -> Self {
+        Self {
+            why,
+            transient: true,
+        }
+    }
+}
 
 impl Ruleset {
     #[must_use]
@@ -442,26 +467,33 @@ impl Ruleset {
             .stdin(Stdio::null())
             .output();
         Self(match listed {
-            Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout)
-                .map_err(|e| format!("nft -j list ruleset: unreadable output ({e})")),
-            Ok(o) => Err(format!(
+            Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).map_err(|e| {
+                Unread::lasting(format!("nft -j list ruleset: unreadable output ({e})"))
+            }),
+            Ok(o) => Err(Unread::transient(format!(
                 "nftables not checked: nft -j list ruleset failed: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
-            )),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Unread::lasting(
                 "nftables not checked: `nft` not found (iptables-nft rules are nftables rules \
                  too; `apt-get install nftables` lets them be read)"
                     .to_owned(),
-            ),
-            Err(e) => Err(format!("nftables not checked: running nft: {e}")),
+            )),
+            Err(e) => Err(Unread::transient(format!(
+                "nftables not checked: running nft: {e}"
+            ))),
         })
     }
 
-    /// A ruleset that could not be read, for tests.
+    /// A ruleset that could not be read (for a reason that may pass, or
+    /// not), for tests.
     #[cfg(test)]
     #[must_use]
-    pub fn unreadable(why: &str) -> Self {
-        Self(Err(why.to_owned()))
+    pub fn unreadable(why: &str, transient: bool) -> Self {
+        Self(Err(Unread {
+            why: why.to_owned(),
+            transient,
+        }))
     }
 }
 
@@ -473,10 +505,10 @@ fn legacy_table_exists(names: &str, table: &str) -> bool {
 }
 
 /// The forward chains of this namespace that standalone mode would
-/// bypass (`ruleset`'s, and iptables-legacy's), and notes on what could
-/// not be checked.
+/// bypass (`ruleset`'s, and iptables-legacy's), and what could not be
+/// checked.
 #[must_use]
-pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<String>) {
+pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<Unread>) {
     let mut out = Vec::new();
     let mut notes = Vec::new();
     match &ruleset.0 {
@@ -495,14 +527,21 @@ pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<String>) {
                 tool,
                 &String::from_utf8_lossy(&o.stdout),
             )),
-            Ok(o) => notes.push(format!(
+            Ok(o) => notes.push(Unread::transient(format!(
                 "{tool} -S FORWARD failed: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
-            )),
-            Err(e) => notes.push(format!(
-                "a legacy {tool} filter table exists but {tool} cannot run ({e}); its FORWARD \
-                 chain was not checked"
-            )),
+            ))),
+            Err(e) => {
+                let why = format!(
+                    "a legacy {tool} filter table exists but {tool} cannot run ({e}); its \
+                     FORWARD chain was not checked"
+                );
+                notes.push(if e.kind() == std::io::ErrorKind::NotFound {
+                    Unread::lasting(why)
+                } else {
+                    Unread::transient(why)
+                });
+            }
         }
     }
     (out, notes)

@@ -214,11 +214,11 @@ fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
             _ => "native",
         };
         if !force {
-            bail!(
+            bail!(super::Unretryable(format!(
                 "{iface} already has an XDP program (id {prog_id}, {mode} mode) that router-ctl \
                  did not attach; remove it (`ip link set dev {iface} xdp off`, or detach the \
                  tool that owns it), or pass --force to replace it"
-            );
+            )));
         }
         if let Err(e) = netlink::xdp_detach(idx, flag) {
             // Attached through a bpf_link, which netlink cannot remove.

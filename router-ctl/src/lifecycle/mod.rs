@@ -55,8 +55,9 @@ use crate::{
 /// An attach refused for a reason trying again does not change: only a
 /// detach (a live replace whose pinned maps do not fit the new object,
 /// other interfaces, another XDP mode, incomplete pins) or a change of the
-/// file or the host (a firewall standalone mode would bypass, or could not
-/// read) can. `router-ctl` exits with [`Unretryable::EXIT_CODE`] then, so a
+/// file or the host (a file that does not parse or validate, another
+/// tool's XDP program, a firewall standalone mode would bypass, or a tool
+/// missing to read it) can. `router-ctl` exits with [`Unretryable::EXIT_CODE`] then, so a
 /// service that applies its file at start (`RestartPreventExitStatus=`)
 /// stops instead of trying again every few seconds.
 #[derive(Debug)]
@@ -286,9 +287,18 @@ pub fn check_firewall(
         "the router's forward rules could not all be checked ({}); standalone mode (--admit \
          xdp) would bypass any it has. Fix: make them readable, use offload mode (--admit \
          kernel), or {bypass_how}",
-        notes.join("; ")
+        notes
+            .iter()
+            .map(|n| n.why.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
     );
     if rules == ForwardRules::Refuse {
+        // A tool missing stays missing; a failed run (a firewall reload at
+        // boot) may pass, and the service's next start tries again.
+        if notes.iter().any(|n| n.transient) {
+            bail!("{msg}");
+        }
         bail!(Unretryable(msg));
     }
     warn!("bypassing them: {msg}");
@@ -351,7 +361,8 @@ mod tests {
 
     #[test]
     fn a_firewall_that_could_not_be_read_is_refused_unless_bypassed() {
-        let unread = standalone::Ruleset::unreadable("nftables not checked: `nft` not found");
+        let unread =
+            standalone::Ruleset::unreadable("nftables not checked: `nft` not found", false);
         let e = check_firewall(ForwardRules::Refuse, &unread, "pass --force")
             .expect_err("an unread firewall must not count as none");
         let msg = format!("{e:#}");
@@ -363,6 +374,14 @@ mod tests {
             e.downcast_ref::<Unretryable>().is_some(),
             "not exit 78: {msg}"
         );
+        // A run of nft that failed may pass: refused, but not for good.
+        let failed = standalone::Ruleset::unreadable(
+            "nftables not checked: nft -j list ruleset failed: Interrupted system call",
+            true,
+        );
+        let e = check_firewall(ForwardRules::Refuse, &failed, "pass --force")
+            .expect_err("an unread firewall must not count as none");
+        assert!(e.downcast_ref::<Unretryable>().is_none(), "exit 78: {e:#}");
         check_firewall(ForwardRules::Bypass, &unread, "pass --force").expect("bypassed");
         check_firewall(ForwardRules::Checked, &unread, "pass --force").expect("checked before");
     }

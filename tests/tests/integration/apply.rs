@@ -294,7 +294,10 @@ fn each_invalid_field_is_named_and_nothing_changes() {
         "{text}\n[[forward]]\nproto = \"tcp\"\nwan_port = 8080\nto = \"192.168.50.3:80\"\n"
     );
     let f = TempFile::new("dup", &dup);
-    let e = ctl_fails(&t, &["apply", f.path()]);
+    let o = t.router_ctl(&["apply", f.path()]);
+    let e = stderr(&o);
+    // Invalid until edited: exit 78, which the service does not restart on.
+    assert_eq!(o.status.code(), Some(78), "{e}");
     let dup_line = dup.lines().count() - 1;
     assert!(
         e.contains(&format!(":{dup_line}: forward.wan_port"))
@@ -303,8 +306,16 @@ fn each_invalid_field_is_named_and_nothing_changes() {
     );
     // Not TOML at all.
     let f = TempFile::new("syntax", "[interfaces\nlan = \"lan0\"\n");
-    let e = ctl_fails(&t, &["apply", f.path()]);
+    let o = t.router_ctl(&["apply", f.path()]);
+    let e = stderr(&o);
     assert!(e.contains(&format!("{}:1:", f.path())), "{e}");
+    assert_eq!(o.status.code(), Some(78), "{e}");
+    // An interface not there (yet: at boot it may come): exit 1, tried again.
+    let f = TempFile::new(
+        "noif",
+        &text.replacen("lan = \"lan0\"", "lan = \"nope0\"", 1),
+    );
+    assert_eq!(t.router_ctl(&["apply", f.path()]).status.code(), Some(1));
     // A missing file.
     let e = ctl_fails(&t, &["apply", "/nonexistent/router.toml"]);
     assert!(e.contains("/nonexistent/router.toml"), "{e}");
