@@ -297,6 +297,14 @@ fn head_end(buf: &[u8]) -> Option<usize> {
     }
 }
 
+/// [`head_end`] of `head` whose first `scanned` bytes held no end: only
+/// the rest is scanned (with the 3 bytes before it, where an end split
+/// across reads begins).
+fn head_end_after(head: &[u8], scanned: usize) -> Option<usize> {
+    let from = scanned.saturating_sub(3);
+    head_end(&head[from..]).map(|end| from + end)
+}
+
 /// [`host_allowed`] for a raw request head. One that is not UTF-8 counts
 /// as naming no address (its `Host` cannot be read): refused by a loopback
 /// listener.
@@ -322,7 +330,16 @@ pub async fn handle(
     let mut head = Vec::with_capacity(1024);
     let read = tokio::time::timeout(READ_TIMEOUT, async {
         let mut buf = [0u8; 1024];
-        while head_end(&head).is_none() {
+        // Each read's bytes are scanned once (with the 3 before them, where
+        // an end split across reads begins): a head trickled in byte by
+        // byte costs its length, not its length squared, on the daemon's
+        // one thread.
+        let mut scanned = 0;
+        loop {
+            if let Some(end) = head_end_after(&head, scanned) {
+                return Some(end <= MAX_HEAD);
+            }
+            scanned = head.len();
             if head.len() > MAX_HEAD {
                 // Ended or not, too long: refused, not served from a part.
                 return Some(false);
@@ -333,7 +350,6 @@ pub async fn handle(
             }
             head.extend_from_slice(&buf[..n]);
         }
-        Some(head_end(&head).is_some_and(|end| end <= MAX_HEAD))
     })
     .await;
     let local = sock.local_addr().ok();
@@ -387,6 +403,24 @@ pub async fn handle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_head_fed_byte_by_byte_ends_where_a_whole_one_does() {
+        for head in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\n\r\nbody"[..],
+            b"GET / HTTP/1.0\nHost: a\n\nbody",
+        ] {
+            let whole = head_end(head).expect("an end");
+            let mut scanned = 0;
+            let fed = (1..=head.len()).find_map(|n| {
+                let end = head_end_after(&head[..n], scanned);
+                scanned = n;
+                end
+            });
+            assert_eq!(fed, Some(whole), "{head:?}");
+            assert_eq!(&head[whole..], b"body");
+        }
+    }
 
     #[test]
     fn request_lines() {
