@@ -679,23 +679,16 @@ fn a_refused_syn_frees_the_mapping_it_created() {
     });
 }
 
-/// With endpoint-independent filtering any remote endpoint opens an
-/// inbound flow to a mapping with a SYN (here the server's address from
-/// another port: the only remote address the test router routes); the
-/// LAN host answers a RST (its port is a connected socket, not a
-/// listener). That flow never got past `SYN_SENT`
-/// and did not set the mapping: its close does not cut the mapping of the
-/// established connection, so a remote cannot drop it at will, also from a
-/// port whose tag is the setter's.
-#[test]
-#[ignore = "needs root: run cargo xtask test"]
-fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connection() {
+/// With endpoint-independent filtering, after [`establish_41000`]: a SYN
+/// to WAN:41000 from a remote port whose tag is the setter's (the worst
+/// case: a remote trying ports finds one within 256; the server's address,
+/// the only remote address the test router routes), which opens an inbound
+/// flow to the mapping. Then `rest` with that port.
+fn after_a_colliding_syn(rest: impl FnOnce(&ResolvedTopology, &mut Router, u16) + Send) {
     let env = ResolvedTopology::new(true);
     let cfg = closing_in_1s(with_filtering(&env, Filtering::EndpointIndependent));
     with_router(&env, Some(cfg), |r| {
         establish_41000(&env, r);
-        // The worst case: a remote port whose tag is the setter's (a
-        // remote trying ports finds one within 256).
         let setter = remote_tag(SERVER, 80);
         let rport = (1024..=u16::MAX)
             .find(|&p| remote_tag(SERVER, p) == setter)
@@ -707,14 +700,51 @@ fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connecti
             syn,
             &[Counter::FlowNewInboundMapping],
         );
-        let rst = seg(41000, rport, TCP_RST | TCP_ACK, 0, O_ISN + 1);
-        r.masq_out(&env, "the client's RST", rst, &[]);
-        let inbound = tcp_key(SERVER, rport, WAN, 41000);
-        assert_eq!(r.get(&inbound).state, FlowState::TcpClosed as u8);
-        lives_days(
-            r,
-            "the remote's flow did not cut the established connection's mapping",
-        );
+        rest(&env, r, rport);
+    });
+}
+
+/// The state of the inbound flow from `SERVER:rport` to WAN:41000.
+fn inbound_state(r: &Router, rport: u16) -> u8 {
+    r.get(&tcp_key(SERVER, rport, WAN, 41000)).state
+}
+
+/// A remote's unsolicited SYN to a mapped port, which the LAN host answers
+/// with a RST (its port is a connected socket, not a listener), and the
+/// same again after the closed flow was reopened by a second SYN: the
+/// flow never was established and its closes do not cut the mapping of
+/// the established connection, so a remote cannot drop it at will, also
+/// from a port whose tag is the setter's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connection() {
+    after_a_colliding_syn(|env, r, rport| {
+        let rst = |ack| seg(41000, rport, TCP_RST | TCP_ACK, 0, ack);
+        r.masq_out(env, "the client's RST", rst(O_ISN + 1), &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpClosed as u8);
+        lives_days(r, "the remote's flow did not cut the mapping");
+        let syn = seg(rport, 41000, TCP_SYN, O_ISN + 5000, 0);
+        r.masq_in(env, "a second SYN: reopens the closed flow", syn, &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpSynSent as u8);
+        r.masq_out(env, "the client's RST again", rst(O_ISN + 5001), &[]);
+        lives_days(r, "nor did its reopened flow");
+    });
+}
+
+/// The same remote flow closed by a FIN in `SYN_SENT` (straight to
+/// `FIN_WAIT`), then the client's RST: no LAN packet but the RST, and
+/// still no cut.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_remotes_fin_after_its_syn_does_not_cut_the_mapping_of_an_established_connection() {
+    after_a_colliding_syn(|env, r, rport| {
+        let fin = seg(rport, 41000, TCP_FIN | TCP_ACK, O_ISN + 1, 0);
+        r.masq_in(env, "the remote's FIN", fin, &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpFinWait as u8);
+        let rst = seg(41000, rport, TCP_RST | TCP_ACK, 0, O_ISN + 2);
+        r.masq_out(env, "the client's RST", rst, &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpClosed as u8);
+        lives_days(r, "the remote's flow did not cut the mapping");
     });
 }
 
