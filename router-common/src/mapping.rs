@@ -29,8 +29,8 @@
 use crate::{
     flow::masquerade_key,
     maps::{
-        Endpoint, FLAG_MAPPED, Filtering, FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP,
-        Mapping, Timeouts,
+        Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, Filtering,
+        FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP, Mapping, Timeouts,
     },
 };
 
@@ -111,13 +111,18 @@ pub const fn remote_tag(addr: [u8; 4], port: u16) -> u8 {
 /// Mapping `m` after a refresh at `now_ns` by one of its flows, of
 /// protocol `proto` in state `state` (before the refresh: `old_state`,
 /// the same when the state did not change), whose remote has the tag
-/// `tag` ([`remote_tag`]). The mapping's internal endpoint's `pad` byte
-/// holds the tag of its setter, the flow whose refresh set its current
-/// expiry.
+/// `tag` ([`remote_tag`]; 0 for a flow opened towards the mapping, see
+/// [`mapping_of`]). The mapping's internal endpoint's `pad` byte holds
+/// the tag of its setter, the flow whose refresh set its current expiry.
 /// - A refresh that needs a later expiry extends the mapping, and its
 ///   flow becomes the setter (also UDP and ICMP echo: a flow with a
 ///   shorter timeout, unreplied, say, never cuts the mapping short under
-///   an older live flow with a longer one; RFC 4787 REQ-5).
+///   an older live flow with a longer one; RFC 4787 REQ-5). A flow opened
+///   towards the mapping (tag 0: from the WAN, or a hairpin's target
+///   side) extends it too but never becomes the setter, and never lowers
+///   it: a remote that connects to a listening LAN endpoint and then
+///   resets cannot cut its mapping (the mapping then lives on until the
+///   expiry that connection gave it).
 /// - Only a TCP refresh by the setter lowers it, to the new state's
 ///   timeout, so that the mapping follows its connection to the close and
 ///   the port of a closed connection comes free after the closed state's
@@ -153,8 +158,11 @@ pub const fn refreshed_mapping(
     let mut out = *m;
     if want > m.expires_ns {
         out.expires_ns = want;
-        out.internal.pad = tag;
+        if tag != 0 {
+            out.internal.pad = tag;
+        }
     } else if proto == IPPROTO_TCP
+        && tag != 0
         && tag == m.internal.pad
         && m.expires_ns <= mapping_expiry(proto, old_state, now_ns, t)
     {
@@ -203,13 +211,15 @@ pub const fn outbound_refresh_due(from_lan: bool, e: &FlowEntry, now_ns: u64) ->
 /// or a flow opened from the WAN to a mapping) the key's destination port
 /// is the mapping's and the translated destination the endpoint. Of a
 /// hairpinned flow (both entries on the LAN side) each entry names its
-/// sender's mapping. Third: the [`remote_tag`] of the flow's remote, the
+/// sender's mapping. Third: the tag the flow refreshes the mapping with
+/// ([`refreshed_mapping`]): the [`remote_tag`] of the flow's remote, the
 /// key's destination on the LAN side, its source on the WAN side (the
-/// same remote for both entries).
+/// same remote for both entries), for a flow the mapping's endpoint
+/// opened; 0 for one opened towards the mapping ([`opened_inward`]).
 #[must_use]
 #[inline]
 pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint, u8) {
-    if e.lan_side() {
+    let (port, ep, tag) = if e.lan_side() {
         (
             e.new_src_port,
             Endpoint::source_of(key),
@@ -226,7 +236,19 @@ pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint, u8) {
             },
             remote_tag(key.src_addr, key.src_port),
         )
-    }
+    };
+    (port, ep, if opened_inward(e.flags) { 0 } else { tag })
+}
+
+/// Whether the entry with `flags` is of a flow opened towards the mapping
+/// [`mapping_of`] names: from the WAN through it (endpoint-independent or
+/// address-dependent filtering, [`FLAG_PORT_FORWARD`] with
+/// [`FLAG_MAPPED`]), or the target side of a hairpin (its reply entry,
+/// which names the target's mapping).
+#[must_use]
+#[inline]
+pub const fn opened_inward(flags: u8) -> bool {
+    flags & FLAG_PORT_FORWARD != 0 || flags & (FLAG_HAIRPIN | FLAG_ORIGINAL) == FLAG_HAIRPIN
 }
 
 /// Whether mapping `m` is alive at `now_ns`.
@@ -283,7 +305,7 @@ mod tests {
     use super::*;
     use crate::{
         flow::new_flow,
-        maps::{FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, IPPROTO_ICMP, IPPROTO_TCP},
+        maps::{IPPROTO_ICMP, IPPROTO_TCP},
     };
 
     const A: [u8; 4] = [192, 168, 50, 2];
@@ -456,6 +478,27 @@ mod tests {
     }
 
     #[test]
+    fn a_flow_opened_towards_the_mapping_extends_it_but_never_sets_or_lowers_it() {
+        let t = Timeouts::default();
+        let now = 5_000_000_000;
+        let sec = 1_000_000_000;
+        let x = remote_tag(SRV, 80);
+        let days = u64::from(t.tcp_established) * sec;
+        // X's established mapping; a remote's connection to it (tag 0)
+        // established a second later extends it, X stays the setter.
+        let mx = mapping(now + days, x);
+        let m = tcp(&mx, SYN, EST, 0, now + sec);
+        assert_eq!((m.expires_ns, m.internal.pad), (now + sec + days, x));
+        // Its RST, or FIN, lowers nothing.
+        for new in [FIN, CLOSED] {
+            assert_eq!(tcp(&m, EST, new, 0, now + 2 * sec), m);
+        }
+        // Also of a mapping no longer than its own state needed.
+        let m = mapping(now + u64::from(t.tcp_syn_sent) * sec, x);
+        assert_eq!(tcp(&m, SYN, CLOSED, 0, now), m);
+    }
+
+    #[test]
     fn remote_tags_spread() {
         // Ports of one remote, and addresses with one port, hit many tags.
         let mut seen = [false; 256];
@@ -504,10 +547,10 @@ mod tests {
         // filtering): SRV:9 -> WAN:5555 reaches A:5000.
         let orig = FlowKey::new(SRV, WAN, 9, 5555, IPPROTO_TCP);
         let tr = FlowKey::new(SRV, A, 9, 5000, IPPROTO_TCP);
+        // Opened towards the mapping: tag 0, never the setter.
         let (oe, rk, re) = new_flow(&orig, &tr, FLAG_PORT_FORWARD | FLAG_MAPPED, 1);
-        let tag = remote_tag(SRV, 9);
-        assert_eq!(mapping_of(&orig, &oe), (5555, owner, tag));
-        assert_eq!(mapping_of(&rk, &re), (5555, owner, tag));
+        assert_eq!(mapping_of(&orig, &oe), (5555, owner, 0));
+        assert_eq!(mapping_of(&rk, &re), (5555, owner, 0));
         // Hairpinned: each entry names its sender's mapping.
         let orig = FlowKey::new(A, WAN, 5000, 7000, IPPROTO_UDP);
         let target = ep(B, 6000, IPPROTO_UDP);
@@ -517,7 +560,11 @@ mod tests {
             mapping_of(&orig, &oe),
             (5555, ep(A, 5000, IPPROTO_UDP), remote_tag(WAN, 7000))
         );
-        assert_eq!(mapping_of(&rk, &re), (7000, target, remote_tag(WAN, 5555)));
+        assert_eq!(
+            mapping_of(&rk, &re),
+            (7000, target, 0),
+            "the target's: inward"
+        );
     }
 
     #[test]

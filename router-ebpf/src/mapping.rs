@@ -201,8 +201,9 @@ pub const HAIRPIN: u32 = 1 << 16;
 /// Gives the NAT mapping of the flow whose entry `e` was hit through `key`
 /// the expiry the flow's state needs, if the mapping is still this flow's
 /// endpoint's ([`refreshed_mapping`]: a later expiry extends it and makes
-/// this flow, named by its remote's tag, the mapping's setter; only the
-/// setter lowers a TCP mapping; UDP and ICMP never lower). Called for two
+/// this flow, named by its remote's tag, the mapping's setter, unless the
+/// flow was opened towards the mapping; only the setter lowers a TCP
+/// mapping; UDP and ICMP never lower). Called for two
 /// reasons, never per packet:
 /// - an outbound packet (a LAN-side hit) whose flow's own outbound refresh
 ///   tick passed ([`router_common::mapping::outbound_refresh_due`]):

@@ -679,20 +679,24 @@ fn a_refused_syn_frees_the_mapping_it_created() {
     });
 }
 
+/// A remote port whose tag is the setter's of [`establish_41000`] (the
+/// worst case: a remote trying ports finds one within 256).
+fn colliding_port() -> u16 {
+    let setter = remote_tag(SERVER, 80);
+    (1024..=u16::MAX)
+        .find(|&p| remote_tag(SERVER, p) == setter)
+        .expect("a port")
+}
+
 /// With endpoint-independent filtering, after [`establish_41000`]: a SYN
-/// to WAN:41000 from a remote port whose tag is the setter's (the worst
-/// case: a remote trying ports finds one within 256; the server's address,
-/// the only remote address the test router routes), which opens an inbound
-/// flow to the mapping. Then `rest` with that port.
-fn after_a_colliding_syn(rest: impl FnOnce(&ResolvedTopology, &mut Router, u16) + Send) {
+/// to WAN:41000 from `SERVER:rport` (the only remote address the test
+/// router routes), which opens an inbound flow to the mapping. Then
+/// `rest`.
+fn after_a_syn_from(rport: u16, rest: impl FnOnce(&ResolvedTopology, &mut Router) + Send) {
     let env = ResolvedTopology::new(true);
     let cfg = closing_in_1s(with_filtering(&env, Filtering::EndpointIndependent));
     with_router(&env, Some(cfg), |r| {
         establish_41000(&env, r);
-        let setter = remote_tag(SERVER, 80);
-        let rport = (1024..=u16::MAX)
-            .find(|&p| remote_tag(SERVER, p) == setter)
-            .expect("a port");
         let syn = seg(rport, 41000, TCP_SYN, O_ISN, 0);
         r.masq_in(
             &env,
@@ -700,7 +704,7 @@ fn after_a_colliding_syn(rest: impl FnOnce(&ResolvedTopology, &mut Router, u16) 
             syn,
             &[Counter::FlowNewInboundMapping],
         );
-        rest(&env, r, rport);
+        rest(&env, r);
     });
 }
 
@@ -718,7 +722,8 @@ fn inbound_state(r: &Router, rport: u16) -> u8 {
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connection() {
-    after_a_colliding_syn(|env, r, rport| {
+    let rport = colliding_port();
+    after_a_syn_from(rport, |env, r| {
         let rst = |ack| seg(41000, rport, TCP_RST | TCP_ACK, 0, ack);
         r.masq_out(env, "the client's RST", rst(O_ISN + 1), &[]);
         assert_eq!(inbound_state(r, rport), FlowState::TcpClosed as u8);
@@ -737,7 +742,8 @@ fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connecti
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_remotes_fin_after_its_syn_does_not_cut_the_mapping_of_an_established_connection() {
-    after_a_colliding_syn(|env, r, rport| {
+    let rport = colliding_port();
+    after_a_syn_from(rport, |env, r| {
         let fin = seg(rport, 41000, TCP_FIN | TCP_ACK, O_ISN + 1, 0);
         r.masq_in(env, "the remote's FIN", fin, &[]);
         assert_eq!(inbound_state(r, rport), FlowState::TcpFinWait as u8);
@@ -745,6 +751,28 @@ fn a_remotes_fin_after_its_syn_does_not_cut_the_mapping_of_an_established_connec
         r.masq_out(env, "the client's RST", rst, &[]);
         assert_eq!(inbound_state(r, rport), FlowState::TcpClosed as u8);
         lives_days(r, "the remote's flow did not cut the mapping");
+    });
+}
+
+/// A connection opened from the WAN to a listening LAN endpoint's mapping
+/// (endpoint-independent filtering) extends the mapping but does not
+/// become its setter: the remote's RST after the LAN host accepted does
+/// not cut the mapping (after which the listener would be unreachable and
+/// its port could be reclaimed), whatever the remote's tag.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_remote_that_connects_and_resets_does_not_cut_the_listeners_mapping() {
+    after_a_syn_from(5555, |env, r| {
+        // A later tick of the coarse clock: the SYN+ACK's refresh extends.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let syn_ack = seg(41000, 5555, TCP_SYN | TCP_ACK, Y_ISN, O_ISN + 1);
+        r.masq_out(env, "the client's SYN+ACK", syn_ack, &[]);
+        assert_eq!(inbound_state(r, 5555), FlowState::TcpEstablished as u8);
+        lives_days(r, "the accepted connection extends the mapping");
+        let rst = seg(5555, 41000, TCP_RST | TCP_ACK, O_ISN + 1, Y_ISN + 1);
+        r.masq_in(env, "the remote's RST", rst, &[]);
+        assert_eq!(inbound_state(r, 5555), FlowState::TcpClosed as u8);
+        lives_days(r, "the remote's RST did not cut the mapping");
     });
 }
 
