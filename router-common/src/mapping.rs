@@ -99,13 +99,17 @@ pub const fn mapping_expiry(proto: u8, state: u8, now_ns: u64, t: &Timeouts) -> 
 /// internal endpoint ([`Endpoint::pad`], which [`Endpoint::bits`] and
 /// every ownership comparison ignore) to name the flow that set the
 /// mapping's expiry (see [`refreshed_mapping`]). Two remotes may share a
-/// tag (1 in 256).
+/// tag (about 1 in 256). Never 0: a `pad` of 0 means the setter is unknown (a
+/// mapping written by an older build, before the tag existed, and kept
+/// across a live replace), and as an argument of [`refreshed_mapping`] a
+/// flow that never becomes the setter.
 #[must_use]
 #[inline]
 pub const fn remote_tag(addr: [u8; 4], port: u16) -> u8 {
     let x =
         (u32::from_ne_bytes(addr) ^ (port as u32) << 16 ^ port as u32).wrapping_mul(0x9E37_79B1);
-    (x >> 24) as u8
+    let t = (x >> 24) as u8;
+    t | (t == 0) as u8
 }
 
 /// Mapping `m` after a refresh at `now_ns` by one of its flows, of
@@ -123,7 +127,8 @@ pub const fn remote_tag(addr: [u8; 4], port: u16) -> u8 {
 ///   it: a remote that connects to a listening LAN endpoint and then
 ///   resets cannot cut its mapping (the mapping then lives on until the
 ///   expiry that connection gave it).
-/// - Only a TCP refresh by the setter lowers it, to the new state's
+/// - Only a TCP refresh by the setter (by any flow the mapping's endpoint
+///   opened if the setter is unknown: `pad` 0) lowers it, to the new state's
 ///   timeout, so that the mapping follows its connection to the close and
 ///   the port of a closed connection comes free after the closed state's
 ///   timeout (RFC 5382 REQ-5 asks only that established connections'
@@ -163,7 +168,7 @@ pub const fn refreshed_mapping(
         }
     } else if proto == IPPROTO_TCP
         && tag != 0
-        && tag == m.internal.pad
+        && (tag == m.internal.pad || m.internal.pad == 0)
         && m.expires_ns <= mapping_expiry(proto, old_state, now_ns, t)
     {
         out.expires_ns = want;
@@ -496,6 +501,45 @@ mod tests {
         // Also of a mapping no longer than its own state needed.
         let m = mapping(now + u64::from(t.tcp_syn_sent) * sec, x);
         assert_eq!(tcp(&m, SYN, CLOSED, 0, now), m);
+    }
+
+    #[test]
+    fn a_mapping_of_an_older_build_is_lowered_by_a_close_as_its_state_allows() {
+        let t = Timeouts::default();
+        let now = 5_000_000_000;
+        let sec = 1_000_000_000;
+        let x = remote_tag(SRV, 80);
+        // `pad` 0: written before the tag existed, setter unknown. An
+        // established connection's close lowers it (FIN, then RST).
+        let old = mapping(now + u64::from(t.tcp_established) * sec, 0);
+        let m = tcp(&old, EST, FIN, x, now);
+        assert_eq!(
+            (m.expires_ns, m.internal.pad),
+            (now + u64::from(t.tcp_fin_wait) * sec, 0)
+        );
+        let m = tcp(&m, FIN, CLOSED, x, now + sec);
+        assert_eq!(m.expires_ns, now + sec + u64::from(t.tcp_closed) * sec);
+        // Still within the state bound: a flow never established does
+        // not; nor does one opened towards the mapping.
+        for (old_state, new) in [(SYN, CLOSED), (CLOSED, SYN), (SYN, FIN), (FIN, CLOSED)] {
+            assert_eq!(tcp(&old, old_state, new, x, now), old);
+        }
+        assert_eq!(tcp(&old, EST, CLOSED, 0, now), old);
+        // An extension names its setter.
+        let m = tcp(&mapping(now, 0), SYN, EST, x, now);
+        assert_eq!(m.internal.pad, x);
+    }
+
+    #[test]
+    fn remote_tags_are_never_zero() {
+        let zero = (0..=u16::MAX).find(|&p| {
+            let x = (u32::from_ne_bytes(SRV) ^ u32::from(p) << 16 ^ u32::from(p))
+                .wrapping_mul(0x9E37_79B1);
+            x >> 24 == 0
+        });
+        let p = zero.expect("a port whose hash is 0");
+        assert_eq!(remote_tag(SRV, p), 1);
+        assert!((0..=u16::MAX).all(|p| remote_tag(SRV, p) != 0));
     }
 
     #[test]
