@@ -776,6 +776,30 @@ fn a_remotes_fin_after_its_syn_does_not_cut_the_mapping_of_an_established_connec
     });
 }
 
+/// The same FIN in `SYN_SENT`, then a RST, on a connection the client
+/// opened from the mapping's port to a server port whose tag is the
+/// setter's (not opened towards the mapping: only the state bound keeps
+/// it from cutting the mapping).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_servers_fin_in_syn_sent_does_not_cut_the_mapping_of_an_established_connection() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
+        establish_41000(&env, r);
+        let rport = colliding_port();
+        let y = tcp_key(CLIENT, 41000, SERVER, rport);
+        let syn = seg(41000, rport, TCP_SYN, Y_ISN, 0);
+        r.masq_out(&env, "Y: SYN", syn, &[Counter::FlowNewMasquerade]);
+        let fin = seg(rport, 41000, TCP_FIN | TCP_ACK, O_ISN, Y_ISN + 1);
+        r.masq_in(&env, "Y: FIN from its server", fin, &[]);
+        assert_eq!(r.get(&y).state, FlowState::TcpFinWait as u8);
+        let rst = seg(rport, 41000, TCP_RST | TCP_ACK, O_ISN + 1, Y_ISN + 1);
+        r.masq_in(&env, "Y: RST from its server", rst, &[]);
+        assert_eq!(r.get(&y).state, FlowState::TcpClosed as u8);
+        lives_days(r, "Y never was established: the mapping X set is kept");
+    });
+}
+
 /// A connection opened from the WAN to a listening LAN endpoint's mapping
 /// (endpoint-independent filtering) extends the mapping but does not
 /// become its setter: the remote's RST after the LAN host accepted does
