@@ -29,8 +29,8 @@
 use crate::{
     flow::masquerade_key,
     maps::{
-        Endpoint, FLAG_MAPPED, Filtering, FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP,
-        Mapping, Timeouts,
+        Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, Filtering,
+        FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP, Mapping, Timeouts,
     },
 };
 
@@ -99,50 +99,51 @@ pub const fn mapping_expiry(proto: u8, state: u8, now_ns: u64, t: &Timeouts) -> 
 /// internal endpoint ([`Endpoint::pad`], which [`Endpoint::bits`] and
 /// every ownership comparison ignore) to name the flow that set the
 /// mapping's expiry (see [`refreshed_mapping`]). Two remotes may share a
-/// tag (1 in 256).
+/// tag (about 1 in 256). Never 0: a `pad` of 0 means the setter is unknown (a
+/// mapping written by an older build, before the tag existed, and kept
+/// across a live replace), and as an argument of [`refreshed_mapping`] a
+/// flow that never becomes the setter.
 #[must_use]
 #[inline]
 pub const fn remote_tag(addr: [u8; 4], port: u16) -> u8 {
     let x =
         (u32::from_ne_bytes(addr) ^ (port as u32) << 16 ^ port as u32).wrapping_mul(0x9E37_79B1);
-    (x >> 24) as u8
-}
-
-/// Whether a TCP flow whose state changes from `old_state` counts as one
-/// that has been established, for [`refreshed_mapping`]: any state but
-/// `SYN_SENT` (the data path's tracker has no `SYN_RECV`). A flow that
-/// never got past `SYN_SENT` (a SYN that was refused, or a remote's
-/// unsolicited SYN to a mapped port that the LAN host answers with a RST)
-/// lowers no mapping it could not have set.
-#[must_use]
-#[inline]
-pub const fn settled(old_state: u8) -> bool {
-    old_state != FlowState::TcpSynSent as u8
+    let t = (x >> 24) as u8;
+    t | (t == 0) as u8
 }
 
 /// Mapping `m` after a refresh at `now_ns` by one of its flows, of
-/// protocol `proto` in state `state`, whose remote has the tag `tag`
-/// ([`remote_tag`]); `settled`: the refresh is a TCP state change of a
-/// flow that had got past `SYN_SENT` ([`settled`]). The mapping's
-/// internal endpoint's `pad` byte holds the tag of its setter, the flow
-/// whose refresh set its current expiry.
+/// protocol `proto` in state `state` (before the refresh: `old_state`,
+/// the same when the state did not change), whose remote has the tag
+/// `tag` ([`remote_tag`]; 0 for a flow opened towards the mapping, see
+/// [`mapping_of`]). The mapping's internal endpoint's `pad` byte holds
+/// the tag of its setter, the flow whose refresh set its current expiry.
 /// - A refresh that needs a later expiry extends the mapping, and its
 ///   flow becomes the setter (also UDP and ICMP echo: a flow with a
 ///   shorter timeout, unreplied, say, never cuts the mapping short under
-///   an older live flow with a longer one; RFC 4787 REQ-5).
-/// - Only a TCP refresh by the setter lowers it, to the new state's
+///   an older live flow with a longer one; RFC 4787 REQ-5). A flow opened
+///   towards the mapping (tag 0: from the WAN, or a hairpin's target
+///   side) extends it too but never becomes the setter, and never lowers
+///   it: a remote that connects to a listening LAN endpoint and then
+///   resets cannot cut its mapping (the mapping then lives on until the
+///   expiry that connection gave it).
+/// - Only a TCP refresh by the setter (by any flow the mapping's endpoint
+///   opened if the setter is unknown: `pad` 0) lowers it, to the new state's
 ///   timeout, so that the mapping follows its connection to the close and
 ///   the port of a closed connection comes free after the closed state's
 ///   timeout (RFC 5382 REQ-5 asks only that established connections'
 ///   mappings live at least 2 h 4 min). A sibling connection of the same
 ///   internal endpoint (another remote) that closes, or that sits in
 ///   `SYN_SENT`, does not cut the mapping of an idle established one.
-/// - The setter lowers only when `settled`, or when the mapping lives no
-///   longer than a `SYN_SENT` flow needs: a connection refused at its
-///   SYN frees the mapping it created, and a flow that never got past
-///   `SYN_SENT` and only shares the setter's tag (a remote that sends
-///   SYNs from many ports to a mapped port) cannot cut an established
-///   connection's mapping.
+/// - The setter lowers only a mapping that lives no longer than its flow's
+///   previous state needed (`m.expires_ns <= mapping_expiry(old_state)`):
+///   the established state's close (to `FIN_WAIT` or `CLOSED`), then
+///   `FIN_WAIT`'s, and a connection refused at its SYN (`SYN_SENT` to
+///   `CLOSED`: a mapping its SYN created) lower; a flow that never was
+///   established (`SYN_SENT`, `FIN_WAIT` reached from it, a `CLOSED` flow
+///   reopened by a SYN) and only shares the setter's tag (a remote that
+///   sends SYN, FIN or RST from many ports to a mapped port) cannot cut
+///   an established connection's mapping.
 ///
 /// With several connections on one internal port the mapping follows the
 /// one that extended it last: when that one closes, an older idle
@@ -153,8 +154,8 @@ pub const fn refreshed_mapping(
     m: &Mapping,
     proto: u8,
     state: u8,
+    old_state: u8,
     tag: u8,
-    settled: bool,
     now_ns: u64,
     t: &Timeouts,
 ) -> Mapping {
@@ -162,11 +163,13 @@ pub const fn refreshed_mapping(
     let mut out = *m;
     if want > m.expires_ns {
         out.expires_ns = want;
-        out.internal.pad = tag;
+        if tag != 0 {
+            out.internal.pad = tag;
+        }
     } else if proto == IPPROTO_TCP
-        && tag == m.internal.pad
-        && (settled
-            || m.expires_ns <= mapping_expiry(proto, FlowState::TcpSynSent as u8, now_ns, t))
+        && tag != 0
+        && (tag == m.internal.pad || m.internal.pad == 0)
+        && m.expires_ns <= mapping_expiry(proto, old_state, now_ns, t)
     {
         out.expires_ns = want;
     }
@@ -213,13 +216,15 @@ pub const fn outbound_refresh_due(from_lan: bool, e: &FlowEntry, now_ns: u64) ->
 /// or a flow opened from the WAN to a mapping) the key's destination port
 /// is the mapping's and the translated destination the endpoint. Of a
 /// hairpinned flow (both entries on the LAN side) each entry names its
-/// sender's mapping. Third: the [`remote_tag`] of the flow's remote, the
+/// sender's mapping. Third: the tag the flow refreshes the mapping with
+/// ([`refreshed_mapping`]): the [`remote_tag`] of the flow's remote, the
 /// key's destination on the LAN side, its source on the WAN side (the
-/// same remote for both entries).
+/// same remote for both entries), for a flow the mapping's endpoint
+/// opened; 0 for one opened towards the mapping ([`opened_inward`]).
 #[must_use]
 #[inline]
 pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint, u8) {
-    if e.lan_side() {
+    let (port, ep, tag) = if e.lan_side() {
         (
             e.new_src_port,
             Endpoint::source_of(key),
@@ -236,7 +241,19 @@ pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint, u8) {
             },
             remote_tag(key.src_addr, key.src_port),
         )
-    }
+    };
+    (port, ep, if opened_inward(e.flags) { 0 } else { tag })
+}
+
+/// Whether the entry with `flags` is of a flow opened towards the mapping
+/// [`mapping_of`] names: from the WAN through it (endpoint-independent or
+/// address-dependent filtering, [`FLAG_PORT_FORWARD`] with
+/// [`FLAG_MAPPED`]), or the target side of a hairpin (its reply entry,
+/// which names the target's mapping).
+#[must_use]
+#[inline]
+pub const fn opened_inward(flags: u8) -> bool {
+    flags & FLAG_PORT_FORWARD != 0 || flags & (FLAG_HAIRPIN | FLAG_ORIGINAL) == FLAG_HAIRPIN
 }
 
 /// Whether mapping `m` is alive at `now_ns`.
@@ -293,7 +310,7 @@ mod tests {
     use super::*;
     use crate::{
         flow::new_flow,
-        maps::{FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, IPPROTO_ICMP, IPPROTO_TCP},
+        maps::{IPPROTO_ICMP, IPPROTO_TCP},
     };
 
     const A: [u8; 4] = [192, 168, 50, 2];
@@ -361,32 +378,36 @@ mod tests {
         let unreplied = FlowState::UdpUnreplied as u8;
         let (x, y) = (remote_tag(SRV, 53), remote_tag(SRV, 54));
         let at = |m: &Mapping| (m.expires_ns, m.internal.pad);
+        let udp = |m: &Mapping, state, tag, now| {
+            refreshed_mapping(m, IPPROTO_UDP, state, replied, tag, now, &t)
+        };
         // A replied flow's 600 s, then an unreplied one's 300 s: kept,
         // also when the unreplied one is the setter (UDP never lowers).
-        let long = refreshed_mapping(&mapping(0, y), IPPROTO_UDP, replied, x, true, now, &t);
+        let long = udp(&mapping(0, y), replied, x, now);
         assert_eq!(at(&long), (now + 600 * sec, x), "extended: x sets");
         for tag in [x, y] {
-            let m = refreshed_mapping(&long, IPPROTO_UDP, unreplied, tag, true, now + sec, &t);
-            assert_eq!(m, long);
+            assert_eq!(udp(&long, unreplied, tag, now + sec), long);
         }
-        let m = refreshed_mapping(
-            &mapping(now, x),
-            IPPROTO_UDP,
-            unreplied,
-            y,
-            false,
-            now + sec,
-            &t,
-        );
+        let m = udp(&mapping(now, x), unreplied, y, now + sec);
         assert_eq!(at(&m), (now + 301 * sec, y), "extended: y sets");
         let icmp = FlowState::Icmp as u8;
         let m = mapping(now + 100 * sec, x);
         assert_eq!(
-            refreshed_mapping(&m, IPPROTO_ICMP, icmp, x, true, now, &t),
+            refreshed_mapping(&m, IPPROTO_ICMP, icmp, icmp, x, now, &t),
             m
         );
         // The endpoint is kept.
         assert_eq!(long.internal.bits(), ep(A, 41000, IPPROTO_TCP).bits());
+    }
+
+    const EST: u8 = FlowState::TcpEstablished as u8;
+    const SYN: u8 = FlowState::TcpSynSent as u8;
+    const FIN: u8 = FlowState::TcpFinWait as u8;
+    const CLOSED: u8 = FlowState::TcpClosed as u8;
+
+    /// `m` after a TCP state change `old` -> `new` of the flow with `tag`.
+    fn tcp(m: &Mapping, old: u8, new: u8, tag: u8, now: u64) -> Mapping {
+        refreshed_mapping(m, IPPROTO_TCP, new, old, tag, now, &Timeouts::default())
     }
 
     #[test]
@@ -394,103 +415,131 @@ mod tests {
         let t = Timeouts::default();
         let now = 5_000_000_000;
         let sec = 1_000_000_000;
-        let est = FlowState::TcpEstablished as u8;
-        let syn = FlowState::TcpSynSent as u8;
-        let closed = FlowState::TcpClosed as u8;
-        let fin = FlowState::TcpFinWait as u8;
         let (x, y) = (remote_tag(SRV, 80), remote_tag(SRV, 81));
         assert_ne!(x, y);
         let days = u64::from(t.tcp_established) * sec;
         // X (A:41000 -> SRV:80) established: sets 5 days.
-        let mx = refreshed_mapping(
-            &mapping(now + 120 * sec, x),
-            IPPROTO_TCP,
-            est,
-            x,
-            false,
-            now,
-            &t,
-        );
+        let mx = tcp(&mapping(now + 120 * sec, x), SYN, EST, x, now);
         assert_eq!((mx.expires_ns, mx.internal.pad), (now + days, x));
         // A sibling Y (-> SRV:81) in SYN_SENT, then reset: no change.
         let later = now + 10 * sec;
-        assert_eq!(
-            refreshed_mapping(&mx, IPPROTO_TCP, syn, y, false, later, &t),
-            mx
-        );
-        assert_eq!(
-            refreshed_mapping(&mx, IPPROTO_TCP, closed, y, false, later, &t),
-            mx
-        );
-        // Y closes after it was established (settled), but X set it.
-        assert_eq!(
-            refreshed_mapping(&mx, IPPROTO_TCP, fin, y, true, later, &t),
-            mx
-        );
-        assert_eq!(
-            refreshed_mapping(&mx, IPPROTO_TCP, closed, y, true, later, &t),
-            mx
-        );
+        assert_eq!(tcp(&mx, CLOSED, SYN, y, later), mx);
+        assert_eq!(tcp(&mx, SYN, CLOSED, y, later), mx);
+        // Y closes after it was established, but X set it.
+        assert_eq!(tcp(&mx, EST, FIN, y, later), mx);
+        assert_eq!(tcp(&mx, EST, CLOSED, y, later), mx);
         // The setter X lowers at its close (FIN, then RST).
-        let m = refreshed_mapping(&mx, IPPROTO_TCP, fin, x, true, later, &t);
+        let m = tcp(&mx, EST, FIN, x, later);
         assert_eq!(
             (m.expires_ns, m.internal.pad),
             (later + u64::from(t.tcp_fin_wait) * sec, x)
         );
-        let m = refreshed_mapping(&m, IPPROTO_TCP, closed, x, true, later + sec, &t);
+        let m = tcp(&m, FIN, CLOSED, x, later + sec);
         assert_eq!(
             (m.expires_ns, m.internal.pad),
             (later + sec + u64::from(t.tcp_closed) * sec, x)
         );
+        // Or at its RST.
+        let m = tcp(&mx, EST, CLOSED, x, later);
+        assert_eq!(m.expires_ns, later + u64::from(t.tcp_closed) * sec);
         // A sibling Y established later extends: Y becomes the setter, and
         // its close then lowers, X's no longer.
-        let my = refreshed_mapping(&mx, IPPROTO_TCP, est, y, false, later, &t);
+        let my = tcp(&mx, SYN, EST, y, later);
         assert_eq!((my.expires_ns, my.internal.pad), (later + days, y));
-        assert_eq!(
-            refreshed_mapping(&my, IPPROTO_TCP, closed, x, true, later + sec, &t),
-            my
-        );
-        let m = refreshed_mapping(&my, IPPROTO_TCP, closed, y, true, later + sec, &t);
+        assert_eq!(tcp(&my, EST, CLOSED, x, later + sec), my);
+        let m = tcp(&my, EST, CLOSED, y, later + sec);
         assert_eq!(m.expires_ns, later + sec + u64::from(t.tcp_closed) * sec);
         // UDP with the setter's tag: never lowered.
         let udp = FlowState::UdpUnreplied as u8;
         assert_eq!(
-            refreshed_mapping(&mx, IPPROTO_UDP, udp, x, true, later, &t),
+            refreshed_mapping(&mx, IPPROTO_UDP, udp, EST, x, later, &t),
             mx
         );
     }
 
     #[test]
-    fn a_flow_that_never_got_past_syn_sent_lowers_only_a_syn_sent_mapping() {
+    fn a_flow_that_never_was_established_lowers_no_established_mapping() {
         let t = Timeouts::default();
         let now = 5_000_000_000;
         let sec = 1_000_000_000;
-        let closed = FlowState::TcpClosed as u8;
         let x = remote_tag(SRV, 80);
-        assert!(!settled(FlowState::TcpSynSent as u8));
-        for st in [
-            FlowState::TcpEstablished,
-            FlowState::TcpFinWait,
-            FlowState::TcpClosed,
-        ] {
-            assert!(settled(st as u8));
-        }
         // Its own SYN's mapping (SYN_SENT's 120 s), refused by a RST:
         // lowered to the closed timeout, the port comes free.
         let m = mapping(now + u64::from(t.tcp_syn_sent) * sec, x);
-        let r = refreshed_mapping(&m, IPPROTO_TCP, closed, x, false, now, &t);
+        let r = tcp(&m, SYN, CLOSED, x, now);
         assert_eq!(r.expires_ns, now + u64::from(t.tcp_closed) * sec);
-        // An established connection's 5 days with the same tag (a remote's
-        // unsolicited SYN from a port whose tag collides, answered with a
-        // RST): kept.
+        // An established connection's 5 days with the same tag: a remote's
+        // flow from a port whose tag collides is kept from cutting it
+        // whatever it sends. SYN answered with a RST; then a second SYN
+        // (reopens the closed flow) and a RST again; or a FIN in SYN_SENT
+        // (to FIN_WAIT), then a RST.
         let m = mapping(now + u64::from(t.tcp_established) * sec, x);
-        assert_eq!(
-            refreshed_mapping(&m, IPPROTO_TCP, closed, x, false, now, &t),
-            m
-        );
-        // The same flow past SYN_SENT (settled) lowers it.
-        let r = refreshed_mapping(&m, IPPROTO_TCP, closed, x, true, now, &t);
+        for (old, new) in [(SYN, CLOSED), (CLOSED, SYN), (SYN, FIN), (FIN, CLOSED)] {
+            assert_eq!(tcp(&m, old, new, x, now), m, "{old} -> {new}");
+        }
+        // The same flow once established lowers it.
+        let r = tcp(&m, EST, CLOSED, x, now);
         assert_eq!(r.expires_ns, now + u64::from(t.tcp_closed) * sec);
+    }
+
+    #[test]
+    fn a_flow_opened_towards_the_mapping_extends_it_but_never_sets_or_lowers_it() {
+        let t = Timeouts::default();
+        let now = 5_000_000_000;
+        let sec = 1_000_000_000;
+        let x = remote_tag(SRV, 80);
+        let days = u64::from(t.tcp_established) * sec;
+        // X's established mapping; a remote's connection to it (tag 0)
+        // established a second later extends it, X stays the setter.
+        let mx = mapping(now + days, x);
+        let m = tcp(&mx, SYN, EST, 0, now + sec);
+        assert_eq!((m.expires_ns, m.internal.pad), (now + sec + days, x));
+        // Its RST, or FIN, lowers nothing.
+        for new in [FIN, CLOSED] {
+            assert_eq!(tcp(&m, EST, new, 0, now + 2 * sec), m);
+        }
+        // Also of a mapping no longer than its own state needed.
+        let m = mapping(now + u64::from(t.tcp_syn_sent) * sec, x);
+        assert_eq!(tcp(&m, SYN, CLOSED, 0, now), m);
+    }
+
+    #[test]
+    fn a_mapping_of_an_older_build_is_lowered_by_a_close_as_its_state_allows() {
+        let t = Timeouts::default();
+        let now = 5_000_000_000;
+        let sec = 1_000_000_000;
+        let x = remote_tag(SRV, 80);
+        // `pad` 0: written before the tag existed, setter unknown. An
+        // established connection's close lowers it (FIN, then RST).
+        let old = mapping(now + u64::from(t.tcp_established) * sec, 0);
+        let m = tcp(&old, EST, FIN, x, now);
+        assert_eq!(
+            (m.expires_ns, m.internal.pad),
+            (now + u64::from(t.tcp_fin_wait) * sec, 0)
+        );
+        let m = tcp(&m, FIN, CLOSED, x, now + sec);
+        assert_eq!(m.expires_ns, now + sec + u64::from(t.tcp_closed) * sec);
+        // Still within the state bound: a flow never established does
+        // not; nor does one opened towards the mapping.
+        for (old_state, new) in [(SYN, CLOSED), (CLOSED, SYN), (SYN, FIN), (FIN, CLOSED)] {
+            assert_eq!(tcp(&old, old_state, new, x, now), old);
+        }
+        assert_eq!(tcp(&old, EST, CLOSED, 0, now), old);
+        // An extension names its setter.
+        let m = tcp(&mapping(now, 0), SYN, EST, x, now);
+        assert_eq!(m.internal.pad, x);
+    }
+
+    #[test]
+    fn remote_tags_are_never_zero() {
+        let zero = (0..=u16::MAX).find(|&p| {
+            let x = (u32::from_ne_bytes(SRV) ^ u32::from(p) << 16 ^ u32::from(p))
+                .wrapping_mul(0x9E37_79B1);
+            x >> 24 == 0
+        });
+        let p = zero.expect("a port whose hash is 0");
+        assert_eq!(remote_tag(SRV, p), 1);
+        assert!((0..=u16::MAX).all(|p| remote_tag(SRV, p) != 0));
     }
 
     #[test]
@@ -542,10 +591,10 @@ mod tests {
         // filtering): SRV:9 -> WAN:5555 reaches A:5000.
         let orig = FlowKey::new(SRV, WAN, 9, 5555, IPPROTO_TCP);
         let tr = FlowKey::new(SRV, A, 9, 5000, IPPROTO_TCP);
+        // Opened towards the mapping: tag 0, never the setter.
         let (oe, rk, re) = new_flow(&orig, &tr, FLAG_PORT_FORWARD | FLAG_MAPPED, 1);
-        let tag = remote_tag(SRV, 9);
-        assert_eq!(mapping_of(&orig, &oe), (5555, owner, tag));
-        assert_eq!(mapping_of(&rk, &re), (5555, owner, tag));
+        assert_eq!(mapping_of(&orig, &oe), (5555, owner, 0));
+        assert_eq!(mapping_of(&rk, &re), (5555, owner, 0));
         // Hairpinned: each entry names its sender's mapping.
         let orig = FlowKey::new(A, WAN, 5000, 7000, IPPROTO_UDP);
         let target = ep(B, 6000, IPPROTO_UDP);
@@ -555,7 +604,11 @@ mod tests {
             mapping_of(&orig, &oe),
             (5555, ep(A, 5000, IPPROTO_UDP), remote_tag(WAN, 7000))
         );
-        assert_eq!(mapping_of(&rk, &re), (7000, target, remote_tag(WAN, 5555)));
+        assert_eq!(
+            mapping_of(&rk, &re),
+            (7000, target, 0),
+            "the target's: inward"
+        );
     }
 
     #[test]

@@ -452,7 +452,8 @@ pub struct Mapping {
     /// The internal endpoint. Its `pad` byte is the setter's tag: the
     /// [`crate::mapping::remote_tag`] of the flow whose refresh set
     /// `expires_ns` (only that flow lowers it, see
-    /// [`crate::mapping::refreshed_mapping`]); every comparison of the
+    /// [`crate::mapping::refreshed_mapping`]), never 0; 0: the setter is
+    /// unknown (written by an older build); every comparison of the
     /// endpoint goes through [`Endpoint::bits`], which leaves it out, and
     /// `NAT_ENDPOINTS` keys and `NAT_PERMITS` values keep it 0.
     pub internal: Endpoint,

@@ -9,7 +9,6 @@ use router_common::{
         tcp_observe,
     },
     hdr::{frame, icmp, ipv4, tcp, udp},
-    mapping::settled,
     maps::{
         Counter, FLAG_MAPPED, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey,
         FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
@@ -294,7 +293,9 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
                 // free (RFC 5382 REQ-5). A call from here
                 // (entry -> track -> refresh), not from `track_tcp_control`,
                 // whose chain is at the verifier's 512 bytes.
-                crate::mapping::refresh(key, e, now, c & CONTROL_SETTLED != 0);
+                #[expect(clippy::cast_possible_truncation, reason = "bits 8-15")]
+                let old_state = (c >> CONTROL_OLD_STATE_SHIFT) as u8;
+                crate::mapping::refresh(key, e, now, old_state);
             }
             return;
         }
@@ -329,9 +330,10 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
 /// endpoint discard it or answer with a challenge ACK). Writes the window
 /// tracking of both directions; returns [`CONTROL_SYNC`] if the state or
 /// the last-seen time must go to the other direction's entry too, and
-/// [`CONTROL_STATE_CHANGED`] if the state changed, with [`CONTROL_SETTLED`]
-/// if it changed from a state past `SYN_SENT` (bits of one integer:
-/// returned in a register, nothing more kept live across the call).
+/// [`CONTROL_STATE_CHANGED`] if the state changed, with the state it
+/// changed from in bits 8-15 ([`CONTROL_OLD_STATE_SHIFT`]; bits of one
+/// integer: returned in a register, nothing more kept live across the
+/// call).
 #[inline(never)]
 fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) -> u32 {
     let peer = CONNTRACK.get_ptr_mut(&e.peer);
@@ -360,10 +362,8 @@ fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) 
     }
     let changed = if c.state == e.state {
         0
-    } else if settled(e.state) {
-        CONTROL_STATE_CHANGED | CONTROL_SETTLED
     } else {
-        CONTROL_STATE_CHANGED
+        CONTROL_STATE_CHANGED | u32::from(e.state) << CONTROL_OLD_STATE_SHIFT
     };
     e.state = c.state;
     e.flags = c.flags;
@@ -377,9 +377,10 @@ fn track_tcp_control(e: &mut FlowEntry, seg: &Segment, now: u64, refresh: bool) 
 const CONTROL_SYNC: u32 = 1;
 /// [`track_tcp_control`]: the state changed.
 const CONTROL_STATE_CHANGED: u32 = 2;
-/// [`track_tcp_control`]: ... from a state past `SYN_SENT`
-/// ([`settled`]: the flow may lower a mapping it set).
-const CONTROL_SETTLED: u32 = 4;
+/// [`track_tcp_control`]: ... from the state in these bits (8-15): the
+/// flow lowers a mapping it set only as far as that state needed
+/// ([`router_common::mapping::refreshed_mapping`]).
+const CONTROL_OLD_STATE_SHIFT: u32 = 8;
 
 /// Where [`sync_peer`] rebuilds an evicted entry.
 #[map(name = "RESTORE_SCRATCH")]

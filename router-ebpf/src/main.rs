@@ -163,7 +163,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
             // `track` runs at a refresh of `last_seen_ns`, which either
             // direction makes; and tested after `track` so that no value
             // stays live across that call (a spill would grow this frame).
-            mapping::refresh(&key, entry, now, false);
+            mapping::refresh(&key, entry, now, entry.state);
         }
         flow::within_lease(entry, now)?;
         flow::count(entry, pkt.total_len);

@@ -201,21 +201,23 @@ pub const HAIRPIN: u32 = 1 << 16;
 /// Gives the NAT mapping of the flow whose entry `e` was hit through `key`
 /// the expiry the flow's state needs, if the mapping is still this flow's
 /// endpoint's ([`refreshed_mapping`]: a later expiry extends it and makes
-/// this flow, named by its remote's tag, the mapping's setter; only the
-/// setter lowers a TCP mapping; UDP and ICMP never lower). Called for two
+/// this flow, named by its remote's tag, the mapping's setter, unless the
+/// flow was opened towards the mapping; only the setter lowers a TCP
+/// mapping; UDP and ICMP never lower). Called for two
 /// reasons, never per packet:
 /// - an outbound packet (a LAN-side hit) whose flow's own outbound refresh
 ///   tick passed ([`router_common::mapping::outbound_refresh_due`]):
 ///   outbound refresh, at most once per tick per flow, whichever direction
 ///   refreshed `last_seen_ns` (RFC 4787 REQ-6 requires outbound refresh;
 ///   inbound packets refresh their flow, never the mapping); it only
-///   extends (`settled` false: the state did not change);
+///   extends (`old_state` is the flow's state: it did not change);
 /// - a TCP state change of the flow (SYN+ACK, FIN, RST, a new SYN), from
 ///   either side: the mapping follows its connection (RFC 5382 REQ-5),
 ///   the setter's down to the closed state's short timeout, so that the
 ///   port of a connection the server closed or reset comes free (a
-///   lowering at the close, not an inbound refresh). `settled`: the flow
-///   had got past `SYN_SENT` ([`router_common::mapping::settled`]).
+///   lowering at the close, not an inbound refresh), but only as far as
+///   the flow's previous state `old_state` needed (a flow never
+///   established lowers no established connection's mapping).
 ///
 /// Records the tick in `e.out_tick` (also of a WAN-side entry, at a
 /// WAN-side state change; only LAN-side entries read it), found or not,
@@ -224,7 +226,7 @@ pub const HAIRPIN: u32 = 1 << 16;
 // refresh) and from `flow::track` (state change): its frame adds to both
 // chains, which are near the verifier's 512 bytes.
 #[inline(never)]
-pub fn refresh(key: &FlowKey, e: &mut FlowEntry, now: u64, settled: bool) {
+pub fn refresh(key: &FlowKey, e: &mut FlowEntry, now: u64, old_state: u8) {
     e.out_tick = refresh_tick(now);
     let Some(cfg) = CONFIG.get(0) else {
         return;
@@ -236,7 +238,7 @@ pub fn refresh(key: &FlowKey, e: &mut FlowEntry, now: u64, settled: bool) {
     // SAFETY: map value pointer, valid for this run.
     let m = unsafe { &mut *m };
     if m.internal.bits() == owner.bits() {
-        let r = refreshed_mapping(m, key.proto, e.state, tag, settled, now, &cfg.timeouts);
+        let r = refreshed_mapping(m, key.proto, e.state, old_state, tag, now, &cfg.timeouts);
         m.expires_ns = r.expires_ns;
         m.internal.pad = r.internal.pad;
     }

@@ -570,6 +570,11 @@ fn establish_41000(env: &ResolvedTopology, r: &mut Router) {
     lives_days(r, "established: the mapping lives days");
 }
 
+/// The server's RST of the connection [`establish_41000`] made.
+fn server_rst() -> Tcp {
+    seg(80, 41000, TCP_RST | TCP_ACK, S_ISN + 1, C_ISN + 1)
+}
+
 /// RFC 5382 REQ-5 (and no port leak): a TCP mapping follows its
 /// connection. Established, it lives the established timeout; a RST from
 /// the server (no LAN packet after it) lowers it to the closed state's
@@ -580,8 +585,7 @@ fn a_wan_rst_frees_the_mapping_of_an_established_connection() {
     let env = ResolvedTopology::new(true);
     with_router(&env, Some(closing_in_1s(config(&env))), |r| {
         establish_41000(&env, r);
-        let rst = seg(80, 41000, TCP_RST | TCP_ACK, S_ISN + 1, C_ISN + 1);
-        let run = r.masq_in(&env, "RST from the server", rst, &[]);
+        let run = r.masq_in(&env, "RST from the server", server_rst(), &[]);
         let f = tcp_key(CLIENT, 41000, SERVER, 80);
         assert_eq!(r.get(&f).state, FlowState::TcpClosed as u8);
         expires_1s_after(r, &run);
@@ -597,6 +601,24 @@ fn a_wan_rst_frees_the_mapping_of_an_established_connection() {
             Counter::FwdOutbound,
             &[Counter::FlowNewMasquerade, Counter::MappingReclaimed],
         );
+    });
+}
+
+/// A mapping written by an older build, before the setter's tag existed
+/// (`pad` 0, kept across a live replace): its setter is unknown, so an
+/// established connection's close lowers it (else the port of an idle
+/// connection that closes after the upgrade would be held for days).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn the_close_of_a_connection_lowers_a_mapping_of_an_older_build() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
+        establish_41000(&env, r);
+        let m = r.mapping(IPPROTO_TCP, 41000).expect("a mapping");
+        let internal = owner(m);
+        r.put_mapping(IPPROTO_TCP, 41000, Mapping { internal, ..m });
+        let run = r.masq_in(&env, "RST from the server", server_rst(), &[]);
+        expires_1s_after(r, &run);
     });
 }
 
@@ -679,27 +701,24 @@ fn a_refused_syn_frees_the_mapping_it_created() {
     });
 }
 
-/// With endpoint-independent filtering any remote endpoint opens an
-/// inbound flow to a mapping with a SYN (here the server's address from
-/// another port: the only remote address the test router routes); the
-/// LAN host answers a RST (its port is a connected socket, not a
-/// listener). That flow never got past `SYN_SENT`
-/// and did not set the mapping: its close does not cut the mapping of the
-/// established connection, so a remote cannot drop it at will, also from a
-/// port whose tag is the setter's.
-#[test]
-#[ignore = "needs root: run cargo xtask test"]
-fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connection() {
+/// A remote port whose tag is the setter's of [`establish_41000`] (the
+/// worst case: a remote trying ports finds one within 256).
+fn colliding_port() -> u16 {
+    let setter = remote_tag(SERVER, 80);
+    (1024..=u16::MAX)
+        .find(|&p| remote_tag(SERVER, p) == setter)
+        .expect("a port")
+}
+
+/// With endpoint-independent filtering, after [`establish_41000`]: a SYN
+/// to WAN:41000 from `SERVER:rport` (the only remote address the test
+/// router routes), which opens an inbound flow to the mapping. Then
+/// `rest`.
+fn after_a_syn_from(rport: u16, rest: impl FnOnce(&ResolvedTopology, &mut Router) + Send) {
     let env = ResolvedTopology::new(true);
     let cfg = closing_in_1s(with_filtering(&env, Filtering::EndpointIndependent));
     with_router(&env, Some(cfg), |r| {
         establish_41000(&env, r);
-        // The worst case: a remote port whose tag is the setter's (a
-        // remote trying ports finds one within 256).
-        let setter = remote_tag(SERVER, 80);
-        let rport = (1024..=u16::MAX)
-            .find(|&p| remote_tag(SERVER, p) == setter)
-            .expect("a port");
         let syn = seg(rport, 41000, TCP_SYN, O_ISN, 0);
         r.masq_in(
             &env,
@@ -707,14 +726,99 @@ fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connecti
             syn,
             &[Counter::FlowNewInboundMapping],
         );
-        let rst = seg(41000, rport, TCP_RST | TCP_ACK, 0, O_ISN + 1);
-        r.masq_out(&env, "the client's RST", rst, &[]);
-        let inbound = tcp_key(SERVER, rport, WAN, 41000);
-        assert_eq!(r.get(&inbound).state, FlowState::TcpClosed as u8);
-        lives_days(
-            r,
-            "the remote's flow did not cut the established connection's mapping",
-        );
+        rest(&env, r);
+    });
+}
+
+/// The state of the inbound flow from `SERVER:rport` to WAN:41000.
+fn inbound_state(r: &Router, rport: u16) -> u8 {
+    r.get(&tcp_key(SERVER, rport, WAN, 41000)).state
+}
+
+/// A remote's unsolicited SYN to a mapped port, which the LAN host answers
+/// with a RST (its port is a connected socket, not a listener), and the
+/// same again after the closed flow was reopened by a second SYN: the
+/// flow never was established and its closes do not cut the mapping of
+/// the established connection, so a remote cannot drop it at will, also
+/// from a port whose tag is the setter's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_remotes_unsolicited_syn_does_not_cut_the_mapping_of_an_established_connection() {
+    let rport = colliding_port();
+    after_a_syn_from(rport, |env, r| {
+        let rst = |ack| seg(41000, rport, TCP_RST | TCP_ACK, 0, ack);
+        r.masq_out(env, "the client's RST", rst(O_ISN + 1), &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpClosed as u8);
+        lives_days(r, "the remote's flow did not cut the mapping");
+        let syn = seg(rport, 41000, TCP_SYN, O_ISN + 5000, 0);
+        r.masq_in(env, "a second SYN: reopens the closed flow", syn, &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpSynSent as u8);
+        r.masq_out(env, "the client's RST again", rst(O_ISN + 5001), &[]);
+        lives_days(r, "nor did its reopened flow");
+    });
+}
+
+/// The same remote flow closed by a FIN in `SYN_SENT` (straight to
+/// `FIN_WAIT`), then the client's RST: no LAN packet but the RST, and
+/// still no cut.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_remotes_fin_after_its_syn_does_not_cut_the_mapping_of_an_established_connection() {
+    let rport = colliding_port();
+    after_a_syn_from(rport, |env, r| {
+        let fin = seg(rport, 41000, TCP_FIN | TCP_ACK, O_ISN + 1, 0);
+        r.masq_in(env, "the remote's FIN", fin, &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpFinWait as u8);
+        let rst = seg(41000, rport, TCP_RST | TCP_ACK, 0, O_ISN + 2);
+        r.masq_out(env, "the client's RST", rst, &[]);
+        assert_eq!(inbound_state(r, rport), FlowState::TcpClosed as u8);
+        lives_days(r, "the remote's flow did not cut the mapping");
+    });
+}
+
+/// The same FIN in `SYN_SENT`, then a RST, on a connection the client
+/// opened from the mapping's port to a server port whose tag is the
+/// setter's (not opened towards the mapping: only the state bound keeps
+/// it from cutting the mapping).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_servers_fin_in_syn_sent_does_not_cut_the_mapping_of_an_established_connection() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
+        establish_41000(&env, r);
+        let rport = colliding_port();
+        let y = tcp_key(CLIENT, 41000, SERVER, rport);
+        let syn = seg(41000, rport, TCP_SYN, Y_ISN, 0);
+        r.masq_out(&env, "Y: SYN", syn, &[Counter::FlowNewMasquerade]);
+        let fin = seg(rport, 41000, TCP_FIN | TCP_ACK, O_ISN, Y_ISN + 1);
+        r.masq_in(&env, "Y: FIN from its server", fin, &[]);
+        assert_eq!(r.get(&y).state, FlowState::TcpFinWait as u8);
+        let rst = seg(rport, 41000, TCP_RST | TCP_ACK, O_ISN + 1, Y_ISN + 1);
+        r.masq_in(&env, "Y: RST from its server", rst, &[]);
+        assert_eq!(r.get(&y).state, FlowState::TcpClosed as u8);
+        lives_days(r, "Y never was established: the mapping X set is kept");
+    });
+}
+
+/// A connection opened from the WAN to a listening LAN endpoint's mapping
+/// (endpoint-independent filtering) extends the mapping but does not
+/// become its setter: the remote's RST after the LAN host accepted does
+/// not cut the mapping (after which the listener would be unreachable and
+/// its port could be reclaimed), whatever the remote's tag.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_remote_that_connects_and_resets_does_not_cut_the_listeners_mapping() {
+    after_a_syn_from(5555, |env, r| {
+        // A later tick of the coarse clock: the SYN+ACK's refresh extends.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let syn_ack = seg(41000, 5555, TCP_SYN | TCP_ACK, Y_ISN, O_ISN + 1);
+        r.masq_out(env, "the client's SYN+ACK", syn_ack, &[]);
+        assert_eq!(inbound_state(r, 5555), FlowState::TcpEstablished as u8);
+        lives_days(r, "the accepted connection extends the mapping");
+        let rst = seg(5555, 41000, TCP_RST | TCP_ACK, O_ISN + 1, Y_ISN + 1);
+        r.masq_in(env, "the remote's RST", rst, &[]);
+        assert_eq!(inbound_state(r, 5555), FlowState::TcpClosed as u8);
+        lives_days(r, "the remote's RST did not cut the mapping");
     });
 }
 
