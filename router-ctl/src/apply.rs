@@ -170,12 +170,16 @@ impl Errors<'_> {
 /// Parses and validates a file's text. `name` is used in messages.
 #[cfg(test)]
 pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
-    parse_file_as(name, text, AdmitMode::default_for_attach())
+    parse_file_as(name, text, AdmitMode::default_for_attach)
 }
 
-/// [`parse_file`] where `unstated` is the admit mode of a file that
-/// states none ([`lifecycle::unstated_admit`]).
-pub fn parse_file_as(name: &str, text: &str, unstated: AdmitMode) -> Result<Desired> {
+/// [`parse_file`] where `unstated` gives the admit mode of a file that
+/// states none ([`lifecycle::unstated_admit`]), asked only then.
+pub fn parse_file_as(
+    name: &str,
+    text: &str,
+    unstated: impl FnOnce() -> AdmitMode,
+) -> Result<Desired> {
     let file: File = toml::from_str(text).map_err(|e| {
         let (line, col) = e.span().map_or((0, 0), |s| line_col(text, s.start));
         let field = e
@@ -282,9 +286,13 @@ pub fn parse_file_as(name: &str, text: &str, unstated: AdmitMode) -> Result<Desi
 /// where a value is wrong) and records what is wrong, so every error of a
 /// file is reported at once.
 impl Errors<'_> {
-    fn admit(&mut self, router: Option<&RouterSection>, unstated: AdmitMode) -> AdmitMode {
+    fn admit(
+        &mut self,
+        router: Option<&RouterSection>,
+        unstated: impl FnOnce() -> AdmitMode,
+    ) -> AdmitMode {
         let Some(a) = router.and_then(|r| r.admit.as_ref()) else {
-            return unstated;
+            return unstated();
         };
         AdmitMode::from_name(a.get_ref()).unwrap_or_else(|| {
             self.at(
@@ -679,14 +687,7 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let name = path.display().to_string();
-    let stated = toml::from_str::<File>(&text)
-        .ok()
-        .is_some_and(|f| f.router.is_some_and(|r| r.admit.is_some()));
-    let unstated = if stated {
-        AdmitMode::default_for_attach()
-    } else {
-        lifecycle::unstated_admit(ctx, &format!("`admit` in [router] of {name}"))
-    };
+    let unstated = || lifecycle::unstated_admit(ctx, &format!("`admit` in [router] of {name}"));
     // A file that does not parse or validate stays so until it is edited
     // (the interfaces and the WAN address, resolved below, may yet come).
     let d = parse_file_as(&name, &text, unstated)
@@ -838,9 +839,9 @@ mod tests {
     fn a_file_without_admit_takes_the_mode_it_is_given() {
         let text = "[interfaces]\nlan = \"a\"\nwan = \"b\"\n\
             [[forward]]\nproto = \"tcp\"\nwan_port = 8080\nto = \"192.168.50.2:80\"\n";
-        let d = parse_file_as("r", text, AdmitMode::Xdp).expect("standalone takes forwards");
+        let d = parse_file_as("r", text, || AdmitMode::Xdp).expect("standalone takes forwards");
         assert_eq!((d.args.admit, d.forwards.len()), (AdmitMode::Xdp, 1));
-        assert!(parse_file_as("r", text, AdmitMode::Kernel).is_err());
+        assert!(parse_file_as("r", text, || AdmitMode::Kernel).is_err());
     }
 
     #[test]
