@@ -69,16 +69,22 @@ impl Group {
 }
 
 /// The counters summed over the CPUs. A router attached by another build
-/// (a pinned map of another layout: a counter more or fewer, another entry
-/// size) is refused with what to do, rather than read wrongly or failing at
-/// the first counter past the end of an older `COUNTERS`.
+/// whose maps do not fit this one's (another entry size) is refused with
+/// what to do, rather than read wrongly. One attached by a build with fewer
+/// counters (an older one, before attach replaced it) reads 0 for the
+/// counters it lacks: counters only ever go last.
 pub fn read_counters(maps: &PinnedMaps) -> Result<Vec<(Counter, CounterValue)>> {
     if let Some(m) = crate::inspect::layout_mismatch(maps.dir()) {
         anyhow::bail!("{}", crate::inspect::other_build_message(&m));
     }
     let map = maps.counters()?;
+    let len = map.len();
     let mut out = Vec::new();
     for &c in Counter::ALL {
+        if c as u32 >= len {
+            out.push((c, CounterValue::default()));
+            continue;
+        }
         let values = map
             .get(&(c as u32), 0)
             .with_context(|| format!("reading counter {}", c.name()))?;

@@ -509,16 +509,16 @@ mod tests {
         assert!(problems[0].contains("detach"), "{problems:?}");
     }
 
-    /// A map other than CONFIG of another layout (a counter added, say):
-    /// `other_build`, naming the map.
+    /// A map other than CONFIG of another layout (a wider counter value,
+    /// say): `other_build`, naming the map.
     #[test]
     fn counters_of_another_build() {
         use crate::lifecycle::loader::{Layout, Mismatch};
-        let counters = |max_entries| Layout {
+        let counters = |value_size| Layout {
             map_type: 6,
             key_size: 4,
-            value_size: 16,
-            max_entries,
+            value_size,
+            max_entries: 60,
         };
         let r = Running {
             maps_present: PinnedMaps::NAMES.to_vec(),
@@ -533,8 +533,8 @@ mod tests {
             config_error: None,
             layout_mismatch: Some(Mismatch {
                 map: "COUNTERS",
-                object: counters(60),
-                pinned: counters(59),
+                object: counters(16),
+                pinned: counters(24),
             }),
         };
         let (state, problems) = diagnose(&r, None, false);

@@ -127,7 +127,14 @@ pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
     for name in LINK_PINS {
         detach_link_pin(&dir.join(name));
     }
-    for name in LINK_PINS.iter().chain(PinnedMaps::NAMES.iter()) {
+    // A replace cut short may have left the new COUNTERS it was about to
+    // put in place.
+    let ours = [super::counters_carry::NEXT_PIN];
+    for name in LINK_PINS
+        .iter()
+        .chain(PinnedMaps::NAMES.iter())
+        .chain(&ours)
+    {
         let p = dir.join(name);
         match fs::remove_file(&p) {
             Ok(()) => debug!("removed {}", p.display()),

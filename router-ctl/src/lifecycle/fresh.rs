@@ -126,13 +126,14 @@ fn load(
     forwards: &[(PortForwardKey, PortForwardTarget)],
     tmp: &Path,
 ) -> Result<(Ebpf, u32)> {
-    let mut ebpf = loader::load_pinned(obj, tmp, desired.max_flows * 2).with_context(|| {
-        format!(
-            "loading the XDP object (a conntrack table of {} flows needs memory; a smaller \
+    let mut ebpf =
+        loader::load_pinned(obj, tmp, desired.max_flows * 2, None).with_context(|| {
+            format!(
+                "loading the XDP object (a conntrack table of {} flows needs memory; a smaller \
              --max-flows needs less)",
-            desired.max_flows
-        )
-    })?;
+                desired.max_flows
+            )
+        })?;
     for name in PinnedMaps::NAMES {
         let path = tmp.join(name);
         if ebpf.map(name).is_none() || !path.exists() {

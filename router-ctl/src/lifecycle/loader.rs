@@ -11,19 +11,30 @@ use aya::{
     maps::MapInfo,
     programs::{ProgramError, Xdp},
 };
-use router_common::maps::{CONNTRACK_MAP, PROGRAM_NAME};
+use router_common::maps::{CONNTRACK_MAP, COUNTERS_MAP, PROGRAM_NAME};
 
 use super::Unretryable;
 use crate::{maps::PinnedMaps, object::Object};
 
 /// Loads `obj` with every map of [`PinnedMaps::NAMES`] pinned in `dir`:
 /// maps already pinned there are reused, missing ones are created and
-/// pinned. The conntrack table gets `entries` entries.
-pub fn load_pinned(obj: &Object, dir: &Path, entries: u32) -> Result<Ebpf, EbpfError> {
+/// pinned. The conntrack table gets `entries` entries. `COUNTERS` is pinned
+/// as `counters_pin` instead when given (a replace that carries the counts
+/// into a map of another length: `counters_carry`).
+pub fn load_pinned(
+    obj: &Object,
+    dir: &Path,
+    entries: u32,
+    counters_pin: Option<&str>,
+) -> Result<Ebpf, EbpfError> {
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(CONNTRACK_MAP, entries);
     for name in PinnedMaps::NAMES {
-        loader.map_pin_path(name, dir.join(name));
+        let pin = match counters_pin {
+            Some(other) if name == COUNTERS_MAP => other,
+            _ => name,
+        };
+        loader.map_pin_path(name, dir.join(pin));
     }
     loader.load(&obj.bytes)
 }
@@ -124,13 +135,16 @@ pub fn pinned_layout(path: &Path) -> Result<Layout> {
 /// definition is `def`. The conntrack table's size is the attach's
 /// (`--max-flows`), not the object's: `conntrack_entries` is the size a
 /// replace wants, `None` to accept any size (a table attached with another
-/// `--max-flows` is not another build's).
+/// `--max-flows` is not another build's). `COUNTERS` may have any length:
+/// counters only ever go last, so a build with more or fewer of them
+/// shares the indexes of the ones both have (readers read what is there, a
+/// replace carries the counts into a map of its own length).
 #[must_use]
 pub fn fits(name: &str, def: Layout, pinned: Layout, conntrack_entries: Option<u32>) -> bool {
-    let want_entries = if name == CONNTRACK_MAP {
-        conntrack_entries.unwrap_or(pinned.max_entries)
-    } else {
-        def.max_entries
+    let want_entries = match name {
+        CONNTRACK_MAP => conntrack_entries.unwrap_or(pinned.max_entries),
+        COUNTERS_MAP => pinned.max_entries,
+        _ => def.max_entries,
     };
     Layout {
         max_entries: want_entries,
@@ -228,13 +242,23 @@ mod tests {
         assert!(fits(CONNTRACK_MAP, L, bigger, None));
         assert!(fits(CONNTRACK_MAP, L, bigger, Some(4000)));
         assert!(!fits(CONNTRACK_MAP, L, bigger, Some(1000)));
-        assert!(!fits("COUNTERS", L, bigger, None));
+        assert!(!fits("CONFIG", L, bigger, None));
+        // One counter more or fewer: the same indexes for the ones both have.
+        assert!(fits("COUNTERS", L, bigger, None));
+        assert!(!fits("COUNTERS", L, other_value_size(L), None));
         let other_value = Layout {
             value_size: 56,
             ..bigger
         };
         assert!(!fits(CONNTRACK_MAP, L, other_value, None));
         assert!(fits("COUNTERS", L, L, None));
+    }
+
+    fn other_value_size(l: Layout) -> Layout {
+        Layout {
+            value_size: l.value_size + 8,
+            ..l
+        }
     }
 
     #[test]

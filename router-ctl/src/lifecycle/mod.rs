@@ -24,6 +24,7 @@
 //!   interfaces back on the kernel path at once), then the record, the
 //!   links and the maps are removed.
 
+mod counters_carry;
 mod detach;
 mod fresh;
 pub(crate) mod loader;

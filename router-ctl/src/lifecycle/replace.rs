@@ -15,7 +15,11 @@ use aya::{
 };
 use tracing::{info, warn};
 
-use super::{Outcome, Unretryable, loader, new_record, random_u32};
+use super::{
+    Outcome, Unretryable,
+    counters_carry::{self, Carry},
+    loader, new_record, random_u32,
+};
 use crate::{
     clock,
     config::{AttachArgs, Mode, RouterConfig},
@@ -94,14 +98,19 @@ pub fn replace_or_keep(
         );
     }
 
-    let mut ebpf = loader::load_pinned(obj, dir, entries)
-        .context("loading the new XDP object against the pinned maps")?;
+    // A build with more or fewer counters: its COUNTERS is a new map of
+    // its own length, the counts carried over.
+    let mut carry = Carry::prepare(dir, obj)?;
+    let (prog_id, mut ebpf) = load(obj, dir, entries, carry.is_some())?;
     for name in &added_maps {
         loader::chmod_600(&dir.join(name))?;
         info!("created the {name} map (the router was attached by an earlier router-ctl)");
     }
-    let prog_id = loader::load_program(&mut ebpf)?;
     crash_point("replace-after-load");
+    if let Some(c) = carry.as_mut() {
+        c.take_over(dir)?;
+        crash_point("replace-after-counters");
+    }
 
     let now = clock::now_unix();
     let old = record.clone();
@@ -141,6 +150,9 @@ pub fn replace_or_keep(
     // Commit 2: each link switches program atomically (BPF_LINK_UPDATE).
     switch_links(dir, &mut ebpf, prog_id)?;
     crash_point("replace-after-links");
+    if let Some(c) = carry {
+        c.finish(dir)?;
+    }
     rec.pending = None;
     rec.config = desired.clone();
     rec.object = obj.id.clone();
@@ -158,6 +170,19 @@ pub fn replace_or_keep(
         obj.id.version()
     );
     Ok(Outcome::Replaced)
+}
+
+/// Loads the new object against the pinned maps (`COUNTERS` a new one at
+/// `counters_carry::NEXT_PIN` if `carry`) and its program: its id.
+fn load(obj: &Object, dir: &Path, entries: u32, carry: bool) -> Result<(u32, Ebpf)> {
+    let loaded = loader::load_pinned(obj, dir, entries, carry.then_some(counters_carry::NEXT_PIN))
+        .context("loading the new XDP object against the pinned maps")
+        .and_then(|mut ebpf| Ok((loader::load_program(&mut ebpf)?, ebpf)));
+    if loaded.is_err() && carry {
+        // Nothing uses the new COUNTERS.
+        let _ = std::fs::remove_file(dir.join(counters_carry::NEXT_PIN));
+    }
+    loaded
 }
 
 /// Why the replace ran, for its message: against the previous record

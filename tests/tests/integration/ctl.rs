@@ -163,6 +163,12 @@ static OBJ_COUNTER: AtomicU32 = AtomicU32::new(0);
 /// with the same code. Removed on drop.
 pub struct ObjectVariant(pub PathBuf);
 
+/// The parts of `COUNTERS`'s definition an [`ObjectVariant`] changes.
+struct CountersDef {
+    value_size: u32,
+    max_entries: u32,
+}
+
 impl ObjectVariant {
     #[must_use]
     pub fn new(tag: &str) -> Self {
@@ -198,16 +204,29 @@ impl ObjectVariant {
     }
 
     /// A copy whose `COUNTERS` map has one entry fewer: the object of a
-    /// build from before the last counter was added. Its map definitions
-    /// are the legacy `maps` section's 28-byte `bpf_map_def`s (type, key
-    /// size, value size, max entries, ...); `COUNTERS` is the per-CPU array
-    /// of `Counter::COUNT` counter values.
+    /// build from before the last counter was added.
     #[must_use]
     pub fn with_one_counter_fewer() -> Self {
+        Self::with_counters_def("fewer", |def| def.max_entries -= 1)
+    }
+
+    /// A copy whose `COUNTERS` values are 8 bytes wider: a build whose
+    /// counter value has another layout (its program still writes the
+    /// first 16 bytes, which the verifier accepts).
+    #[must_use]
+    pub fn with_wider_counter_values() -> Self {
+        Self::with_counters_def("wider", |def| def.value_size += 8)
+    }
+
+    /// A copy with `COUNTERS`'s definition changed by `change`. The map
+    /// definitions are the legacy `maps` section's 28-byte `bpf_map_def`s
+    /// (type, key size, value size, max entries, ...); `COUNTERS` is the
+    /// per-CPU array of `Counter::COUNT` counter values.
+    fn with_counters_def(tag: &str, change: impl FnOnce(&mut CountersDef)) -> Self {
         use router_common::maps::{Counter, CounterValue};
         const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
         let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
-        let path = std::env::temp_dir().join(format!("router-fewer-{}-{n}.o", std::process::id()));
+        let path = std::env::temp_dir().join(format!("router-{tag}-{}-{n}.o", std::process::id()));
         let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
         let (off, size) = elf_section(&bytes, "maps").expect("the object has a maps section");
         let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
@@ -222,8 +241,15 @@ impl ObjectVariant {
             })
             .collect();
         assert_eq!(defs.len(), 1, "one COUNTERS definition in the maps section");
-        bytes[defs[0] + 12..defs[0] + 16].copy_from_slice(&(Counter::COUNT - 1).to_le_bytes());
-        std::fs::write(&path, bytes).expect("write the object with one counter fewer");
+        let mut def = CountersDef {
+            value_size,
+            max_entries: Counter::COUNT,
+        };
+        change(&mut def);
+        let d = defs[0];
+        bytes[d + 8..d + 12].copy_from_slice(&def.value_size.to_le_bytes());
+        bytes[d + 12..d + 16].copy_from_slice(&def.max_entries.to_le_bytes());
+        std::fs::write(&path, bytes).expect("write the object variant");
         Self(path)
     }
 

@@ -451,13 +451,13 @@ fn lost_pins_are_detected_and_repaired() {
 fn a_router_of_a_build_with_another_counters_layout_is_other_build() {
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
-    let older = ObjectVariant::with_one_counter_fewer();
-    attach(&t, &["--object", older.path()]);
+    let other = ObjectVariant::with_wider_counter_values();
+    attach(&t, &["--object", other.path()]);
     let peer = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 6201));
     assert_eq!(
         peer.ip(),
         IpAddr::V4(ROUTER_WAN_ADDR),
-        "the older build forwards"
+        "the other build forwards"
     );
 
     let (v, code) = status(&t);
@@ -519,6 +519,73 @@ fn a_router_of_a_build_with_another_counters_layout_is_other_build() {
 /// `VIRTUAL_MACS` map (keepalived `use_vmac`) lacks its pin; the new
 /// router-ctl's attach (as `apply` and `run --config` do at start) must
 /// not refuse it but create the map in a live replace.
+/// An upgrade to a build that counts one thing more: `stats` reads the
+/// older router (0 for the counter it lacks) and `attach` replaces it in
+/// place: the flows and their NAT stay, the counts go on from where they
+/// were in a `COUNTERS` of the new length.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_upgrade_that_adds_a_counter_is_a_live_replace_keeping_flows_and_counts() {
+    use router_common::maps::{COUNTERS_MAP, Counter};
+    let t = Topology::new();
+    let _cleanup = DetachOnDrop(&t);
+    let older = ObjectVariant::with_one_counter_fewer();
+    attach(&t, &["--object", older.path()]);
+    let pin = pin_dir(&t).join(COUNTERS_MAP);
+    let pinned_len = || aya::maps::MapInfo::from_pin(&pin).unwrap().max_entries();
+    assert_eq!(pinned_len(), Counter::COUNT - 1);
+    let (v, code) = status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
+
+    let stream = Stream::until_stopped(&t, socket_addr(SERVER_ADDR, 5611), 2e6, 60.0);
+    wait_for(
+        "the stream's flow to be tracked",
+        Duration::from_secs(10),
+        || flow_xlat(&t, 5611).is_some(),
+    );
+    let xlat0 = flow_xlat(&t, 5611).expect("the stream's flow is tracked");
+    std::thread::sleep(Duration::from_millis(1500));
+    let last = Counter::ALL[Counter::ALL.len() - 1].name();
+    let before = t.stats();
+    assert_eq!(tests::counter_of(&before, last), 0, "{before}");
+    assert!(tests::counter_of(&before, "fwd_outbound") > 100, "{before}");
+
+    let out = attach(&t, &[]);
+    println!("{out}");
+    assert!(
+        out.contains("replaced") && out.contains("new object"),
+        "{out}"
+    );
+    let after = t.stats();
+    assert_eq!(pinned_len(), Counter::COUNT);
+    assert_eq!(mode_of(&pin), 0o600, "{}", pin.display());
+    assert!(!pin_dir(&t).join("COUNTERS_NEXT").exists());
+    // The stream's one flow: no flow opened meanwhile, so the count is the
+    // same; the packet counts went on from where they were.
+    assert_eq!(
+        tests::counter_of(&after, "flow_new_masquerade"),
+        tests::counter_of(&before, "flow_new_masquerade"),
+        "{after}"
+    );
+    for c in ["fwd_outbound", "fwd_inbound"] {
+        assert!(
+            tests::counter_of(&after, c) >= tests::counter_of(&before, c),
+            "{c}: {before} -> {after}"
+        );
+    }
+    assert_eq!(flow_xlat(&t, 5611).as_deref(), Some(xlat0.as_str()));
+    std::thread::sleep(Duration::from_millis(500));
+    let n = stream.finish();
+    assert!(n > 0);
+    let end = t.stats();
+    assert!(
+        tests::counter_delta(&after, &end, "fwd_outbound") > 10,
+        "the new program carries the stream: {end}"
+    );
+    let (v, code) = status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn attach_creates_the_map_an_earlier_router_ctl_did_not_pin() {
