@@ -984,9 +984,19 @@ counters! {
     /// through another mapping. Opening it would take that flow's entry
     /// over and change its mapping mid-flow (RFC 4787 REQ-1); the kernel
     /// gets the packet instead. IPv6: a new flow (pinhole or outbound)
-    /// whose reverse tuple is a live entry's. New counters go last: the
-    /// others keep the indexes older objects write.
+    /// whose reverse tuple is a live entry's.
     PassReplyTupleTaken = "pass_reply_tuple_taken", false;
+    /// Standalone mode: an IPv6 packet that would open a flow with a source
+    /// address that cannot be the sender's from that side (RFC 6092 3.1,
+    /// BCP 38 ingress filtering, RFC 3704 strict reverse path): from the
+    /// LAN one the FIB does not route back out of the LAN (a spoofed or
+    /// foreign prefix would leave on the WAN); from the WAN one it routes
+    /// to the LAN or one of the router's own addresses. Checked when a
+    /// flow opens, not per packet.
+    ///
+    /// New counters go last: the others keep the indexes older objects
+    /// write, and a live replace carries the counts over by index.
+    Drop6SpoofedSource = "drop6_spoofed_source", false;
 }
 
 #[cfg(test)]

@@ -110,6 +110,7 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         | C::Pass6HopLimit
         | C::Pass6PacketTooBig
         | C::Drop6Unsolicited
+        | C::Drop6SpoofedSource
         | C::Pass6TableFull => Some("ipv6"),
         C::FlowNewMasquerade
         | C::FlowNewPortForward

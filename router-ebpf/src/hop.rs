@@ -88,7 +88,15 @@ fn call(ctx: &XdpContext, p: &mut FibParams) -> u32 {
 #[inline(always)]
 pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
     let mut p = params4(ip, get_addr(ip, ipv4::SRC), get_addr(ip, ipv4::DST), 0);
-    let rc = call(ctx, &mut p);
+    egress(ctx, &mut p)
+}
+
+/// The interface the kernel would forward a packet of the FIB parameters
+/// `p` out of (family, protocol, length and addresses set by the caller);
+/// `None` when it would not forward it.
+#[inline(always)]
+pub fn egress(ctx: &XdpContext, p: &mut FibParams) -> Option<u32> {
+    let rc = call(ctx, p);
     // The kernel fills ifindex before the neighbour lookup.
     matches!(rc, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(p.ifindex)
 }

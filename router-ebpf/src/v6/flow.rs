@@ -24,7 +24,7 @@ use super::{
     fib6,
     maps::{CONNTRACK6, Claim, claim, insert_counted, pinhole},
     parse::{fill_tcp_segment, read_tcp_segment},
-    unsolicited,
+    source_valid, unsolicited,
 };
 use crate::{
     Step, Verdict,
@@ -419,6 +419,9 @@ pub fn admit(
             Counter::PassUnsolicited
         };
         return Err(Verdict::pass(c));
+    }
+    if !source_valid(ctx, side.from_lan, cfg.lan_ifindex) {
+        return Err(Verdict::drop(Counter::Drop6SpoofedSource));
     }
     match commit(ctx.ctx, key, extra_flags, &cfg.timeouts, now) {
         Claim::Done => {}

@@ -28,8 +28,8 @@ use router_common::{
 
 use crate::{
     Step, Verdict,
-    hop::{FibParams, Hop, lookup, write_macs},
-    parse::{Ingress, addressed_to_us, header, ingress},
+    hop::{FibParams, Hop, egress, lookup, write_macs},
+    parse::{Ingress, addressed_to_us, header, ingress, ptr_at},
 };
 
 const AF_INET6: u8 = 10;
@@ -116,6 +116,41 @@ fn fib6_sized(ctx: &XdpContext, ip: &[u8; ipv6::LEN], tot_len: u16) -> Step<Hop>
             v
         }
     })
+}
+
+/// Whether the IPv6 packet of `ctx`, which would open a flow, has a source
+/// its sender may use from the side it came in on (standalone mode; RFC
+/// 6092 3.1, BCP 38 ingress filtering): from the LAN the FIB must route
+/// the source back out of the LAN, the interface it came in on (strict
+/// reverse path, RFC 3704 2.2: a spoofed source, another network's prefix
+/// or one of the router's own addresses never leaves on the WAN); from the
+/// WAN it must route elsewhere than to the LAN and not be the router's own
+/// (a loose check: a WAN host's route may be any but the interior's).
+/// Asked once per new flow, never on a hit.
+// A BPF subprogram of its own, called from the entry point: its FIB
+// parameters stay off the entry point's frame (whose deepest chains are
+// at the verifier's 512 bytes).
+#[inline(never)]
+pub fn source_valid(ctx: &XdpContext, from_lan: bool, lan_ifindex: u32) -> bool {
+    let Ok(ip) = ptr_at::<[u8; ipv6::LEN]>(ctx, frame6::IPV6) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at; only read, as the caller's
+    // reference to the same header is.
+    let ip = unsafe { &*ip };
+    // SAFETY: zeroed is a valid bit pattern for this plain C struct.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET6;
+    p.l4_protocol = ip[ipv6::NEXT_HEADER];
+    // The way back: from the packet's destination to its source; no
+    // length, so no MTU check.
+    p.__bindgen_anon_3.ipv6_src = words(ip, ipv6::DST);
+    p.__bindgen_anon_4.ipv6_dst = words(ip, ipv6::SRC);
+    match egress(ctx, &mut p) {
+        Some(back) if from_lan => back == lan_ifindex,
+        Some(back) => back != lan_ifindex,
+        None => false,
+    }
 }
 
 /// The address at `at` as the FIB parameters' four wire-order words.

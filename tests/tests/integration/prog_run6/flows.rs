@@ -1047,3 +1047,75 @@ fn udp6_frames_to_an_accepted_virtual_mac_are_forwarded() {
         assert_eq!(r.conntrack6(), before, "no entry opened or changed");
     });
 }
+
+/// Standalone mode opens a flow only for a source its sender may use from
+/// that side (RFC 6092 3.1, BCP 38): from the LAN one the FIB routes back
+/// out of the LAN (any host of the LAN prefix, resolved or not), from the
+/// WAN one it routes elsewhere than to the LAN and not the router's own.
+/// A spoofed source opens nothing and is dropped, counted
+/// `drop6_spoofed_source`; a source that is fine opens its flow as before.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn spoofed_sources_open_no_flow() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let foreign = o(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 9));
+        let other_server = o(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 7));
+        for (what, src, dst) in [
+            ("another network's prefix", foreign, s),
+            ("the router's LAN address", o(ROUTER_LAN6), s),
+            ("the router's WAN address", o(ROUTER_WAN6), s),
+            ("a WAN host's address", s, other_server),
+        ] {
+            let p = Ipv6::udp(src, dst, &Udp::new(40000, 53, b"query"));
+            r.drop_frame(
+                &format!("from the LAN with {what} as source"),
+                &from_client(&env, &p),
+                lan,
+                Counter::Drop6SpoofedSource,
+            );
+        }
+        r.assert_flows("nothing opened from the LAN", &[]);
+
+        r.pinhole(c, IPPROTO_TCP, 22);
+        for (what, src) in [
+            ("a LAN address", o(LAN_NOBODY6)),
+            ("the router's WAN address", o(ROUTER_WAN6)),
+        ] {
+            let syn = Ipv6::tcp(src, c, &Tcp::new(50000, 22, TCP_SYN));
+            r.drop_frame(
+                &format!("SYN through the pinhole from the WAN with {what} as source"),
+                &from_server(&env, &syn),
+                wan,
+                Counter::Drop6SpoofedSource,
+            );
+        }
+        r.assert_flows("nothing opened from the WAN", &[]);
+
+        // The same shapes with sources that are fine open their flows: a
+        // LAN host (one not resolved yet too) and a WAN host.
+        for src in [c, o(LAN_NOBODY6)] {
+            let p = Ipv6::udp(src, s, &Udp::new(40000, 53, b"query"));
+            r.redirect(
+                "from the LAN with a LAN address as source",
+                &from_client(&env, &p),
+                lan,
+                &to_server(&env, &p),
+                Counter::Fwd6Outbound,
+                &[Counter::Flow6NewOutbound],
+            );
+        }
+        let syn = Ipv6::tcp(s, c, &Tcp::new(50000, 22, TCP_SYN));
+        r.redirect(
+            "SYN through the pinhole from a WAN host",
+            &from_server(&env, &syn),
+            wan,
+            &to_client(&env, &syn),
+            Counter::Fwd6Inbound,
+            &[Counter::Flow6NewPinhole],
+        );
+        assert_eq!(r.conntrack6().len(), 6, "three flows, two entries each");
+    });
+}
