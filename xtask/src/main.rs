@@ -39,7 +39,17 @@ const DEB_PACKAGES: &[&str] = &[
     "systemd",
     // The status page's test loads it in headless Chromium.
     "chromium",
+    // `sysctl` in the tests; the hairpin test's capture on failure.
+    "procps",
+    "tcpdump",
 ];
+
+/// The bpf-linker release the build is known to work with (LLVM 22).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Attempts of a step that fetches from the network (a mirror or the
+/// registry failing once must not fail a fresh machine's CI run).
+const NETWORK_ATTEMPTS: u32 = 3;
 
 /// The Debian compiler packages, not needed where rustup nightly has rust-src.
 const DEB_RUSTC_PACKAGES: &[&str] = &["rustc-web", "libstd-rust-web-dev-bpf", "rust-web-clippy"];
@@ -101,6 +111,23 @@ pub(crate) fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// [`run`], tried again after 10 s and 20 s if it fails: for steps that
+/// fetch from the network.
+fn run_retried(cmd: &mut Command) -> Result<(), String> {
+    let mut attempt = 1;
+    loop {
+        match run(cmd) {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < NETWORK_ATTEMPTS => {
+                eprintln!("setup: {e}; trying again ({attempt} of {NETWORK_ATTEMPTS} failed)");
+                std::thread::sleep(std::time::Duration::from_secs(10 * u64::from(attempt)));
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 pub(crate) fn run(cmd: &mut Command) -> Result<(), String> {
     eprintln!("+ {cmd:?}");
     let st = cmd.status().map_err(|e| format!("{cmd:?}: {e}"))?;
@@ -133,7 +160,8 @@ fn missing_packages() -> Vec<&'static str> {
 fn linker_install_cmd() -> String {
     format!(
         "LLVM_PREFIX={LLVM_PREFIX} LLVM_SYS_221_PREFIX={LLVM_PREFIX} \
-         cargo install bpf-linker --locked --no-default-features --features llvm-22"
+         cargo install bpf-linker --version ={BPF_LINKER_VERSION} --locked \
+         --no-default-features --features llvm-22"
     )
 }
 
@@ -169,25 +197,31 @@ pub(crate) fn setup() -> Result<(), String> {
     }
     if !pkgs.is_empty() {
         eprintln!("setup: installing Debian packages: {}", pkgs.join(" "));
-        run(Command::new("apt-get").arg("update"))?;
-        run(Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y"])
-            .args(&pkgs))?;
+        run_retried(Command::new("apt-get").arg("update"))?;
+        run_retried(
+            Command::new("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args(["-o", "Acquire::Retries=3", "install", "-y"])
+                .args(&pkgs),
+        )?;
     }
     if !ebpf_build::has_bpf_linker() {
         eprintln!("setup: installing bpf-linker (about 4 minutes on 2 cores)");
-        run(cargo()
-            .env("LLVM_PREFIX", LLVM_PREFIX)
-            .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
-            .args([
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--no-default-features",
-                "--features",
-                "llvm-22",
-            ]))?;
+        run_retried(
+            cargo()
+                .env("LLVM_PREFIX", LLVM_PREFIX)
+                .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
+                .args([
+                    "install",
+                    "bpf-linker",
+                    "--version",
+                    &format!("={BPF_LINKER_VERSION}"),
+                    "--locked",
+                    "--no-default-features",
+                    "--features",
+                    "llvm-22",
+                ]),
+        )?;
     }
     Ok(())
 }

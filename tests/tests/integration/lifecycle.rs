@@ -319,6 +319,9 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
     // pinned program. WAN: attached through a bpf_link the test holds.
     let pin =
         std::path::Path::new(tests::PIN_ROOT).join(format!("foreign-{}", t.ns_name(Ns::Router)));
+    // The pin is in the host's bpffs, which deleting the namespaces does
+    // not clean: removed on drop, also when an assertion fails.
+    let _pin_guard = RemoveOnDrop(pin.clone());
     let mut lan_prog = foreign_ebpf();
     let p: &mut aya::programs::Xdp = lan_prog
         .program_mut(router_common::maps::PROGRAM_NAME)
@@ -404,9 +407,17 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
     let ours = prog_ids(&v);
     assert_eq!(xdp_progs(&t, LAN_IF), vec![ours[0]]);
     assert_eq!(xdp_progs(&t, WAN_IF), vec![ours[1]]);
-    let _ = std::fs::remove_file(&pin);
     let _ = t.tcp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5901));
     drop((lan_prog, wan_prog));
+}
+
+/// Removes a file on drop (a pin outside the test's namespaces).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 #[test]

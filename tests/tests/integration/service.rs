@@ -201,7 +201,23 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
     )
     .unwrap();
     let file_arg = file.to_str().unwrap();
-    let mut d = RunningDaemon::start(&t, None, &scratch, &["--config", file_arg]);
+    // No listener: the default port on the host's loopback is shared by
+    // every run on the machine.
+    let mut d = RunningDaemon::start(
+        &t,
+        None,
+        &scratch,
+        &["--config", file_arg, "--listen", "none"],
+    );
+    // This reload's own line, counted (the log keeps the earlier ones).
+    let reloaded = |log: &str| {
+        let done = format!("router-ctl run: reloaded {file_arg}");
+        let failed = format!("router-ctl run: reload of {file_arg} failed");
+        (
+            log.lines().filter(|l| *l == done).count(),
+            log.lines().filter(|l| l.starts_with(&failed)).count(),
+        )
+    };
     // Applied at start: attached in standalone mode, with the file's rule.
     assert!(t.router_attached(), "{}", d.log());
     assert_eq!(
@@ -225,6 +241,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         ),
     )
     .unwrap();
+    let (done0, failed0) = reloaded(&d.log());
     reload(&mut d);
     assert_eq!(
         rules(&t),
@@ -235,7 +252,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         "{}",
         d.log()
     );
-    assert!(d.log().contains("reloaded"), "{}", d.log());
+    assert_eq!(reloaded(&d.log()), (done0 + 1, failed0), "{}", d.log());
     reload_unchanged(&t, &mut d);
     let before = rules(&t);
 
@@ -248,8 +265,9 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         config_text("1024-60999", &[]).replace("admit = \"xdp\"", "admit = \"kernel\""),
     )
     .unwrap();
+    let (done0, failed0) = reloaded(&d.log());
     reload(&mut d);
-    assert!(d.log().contains("reloaded"), "{}", d.log());
+    assert_eq!(reloaded(&d.log()), (done0 + 1, failed0), "{}", d.log());
     crate::ctl::wait_for(
         "the daemon in offload mode",
         Duration::from_secs(10),

@@ -1061,7 +1061,9 @@ fn spoofed_sources_open_no_flow() {
     with_router(&env, config(&env, Admit::Xdp), |r| {
         let (lan, wan) = (r.lan(), r.wan());
         let (c, s) = (o(CLIENT6), o(SERVER6));
-        let foreign = o(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 9));
+        let foreign = o(std::net::Ipv6Addr::new(
+            0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 9,
+        ));
         let other_server = o(std::net::Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, 7));
         for (what, src, dst) in [
             ("another network's prefix", foreign, s),
