@@ -43,16 +43,16 @@ impl Mode {
 }
 
 /// Who admits new flows (`attach --admit`, `admit` in an `apply` file).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+/// No `Default`: what applies when none is stated depends on the router
+/// (`lifecycle::unstated_admit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum AdmitMode {
     /// Offload: the kernel admits every flow (firewall, NAT, helpers) and
     /// `router-ctl run` moves established ones to XDP.
     Kernel,
     /// Standalone: XDP masquerades new LAN flows and opens port forwards
-    /// itself, bypassing netfilter's forward rules. Records written before
-    /// modes existed are standalone.
-    #[default]
+    /// itself, bypassing netfilter's forward rules.
     Xdp,
 }
 
@@ -66,12 +66,20 @@ impl AdmitMode {
         }
     }
 
-    /// What `attach` and `apply` use when not told: offload, so that the
-    /// router's firewall and NAT rules stay in charge unless the owner
-    /// asks for standalone mode, which bypasses them.
+    /// What `attach` and `apply` use when not told, for a router that was
+    /// never attached: offload, so that the router's firewall and NAT rules
+    /// stay in charge unless the owner asks for standalone mode, which
+    /// bypasses them.
     #[must_use]
     pub const fn default_for_attach() -> Self {
         Self::Kernel
+    }
+
+    /// The mode of an attach record without one: written before modes
+    /// existed, when every router was standalone.
+    #[must_use]
+    pub const fn of_records_without_one() -> Self {
+        Self::Xdp
     }
 
     /// The mode named `name` (see [`AdmitMode::name`]).
@@ -190,7 +198,7 @@ pub struct AttachArgs {
 /// Also the `config` of the attach record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouterConfig {
-    #[serde(default)]
+    #[serde(default = "AdmitMode::of_records_without_one")]
     pub admit: AdmitMode,
     /// Records written before the setting existed filter as Linux does.
     #[serde(default)]

@@ -17,7 +17,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::{config::RouterConfig, object::ObjectId};
+use crate::{
+    config::{AdmitMode, RouterConfig},
+    object::ObjectId,
+};
 
 /// Directory of the attach records.
 pub const STATE_DIR: &str = "/var/lib/xdp-router";
@@ -112,6 +115,26 @@ pub fn load(netns: Option<&str>) -> Result<Option<State>> {
 pub fn save(netns: Option<&str>, s: &State) -> Result<()> {
     let data = serde_json::to_vec_pretty(s)?;
     write_private(&state_path(netns), &data)
+}
+
+/// Where detach leaves the admit mode of the router it detached: an attach
+/// or `apply` file that states none takes it (`lifecycle::unstated_admit`),
+/// so a detach (a resize, an upgrade that changes a map's layout) does not
+/// turn a standalone router into an offload one.
+fn last_mode_path(netns: Option<&str>) -> PathBuf {
+    Path::new(STATE_DIR).join(format!("{}.last-admit", ns_key(netns)))
+}
+
+/// Remembers `admit` as the mode of the router just detached.
+pub fn save_last_mode(netns: Option<&str>, admit: AdmitMode) -> Result<()> {
+    write_private(&last_mode_path(netns), admit.name().as_bytes())
+}
+
+/// The mode of the router last detached here, if any.
+#[must_use]
+pub fn last_mode(netns: Option<&str>) -> Option<AdmitMode> {
+    let text = fs::read_to_string(last_mode_path(netns)).ok()?;
+    AdmitMode::from_name(text.trim())
 }
 
 pub fn remove(netns: Option<&str>) -> Result<()> {

@@ -25,6 +25,16 @@ pub const BRIDGE_IF: &str = "br0";
 
 /// Where router-ctl pins its links and maps, one directory per namespace.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/xdp-router";
+
+/// router-ctl's records (attach records, the mode of a detached router),
+/// one set per namespace.
+pub const STATE_DIR: &str = "/var/lib/xdp-router";
+
+/// Removes what `router-ctl detach` leaves in [`STATE_DIR`] for the router
+/// in namespace `ns` (the mode it had), once the test is done with it.
+pub fn forget_detached_router(ns: &str) {
+    let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.last-admit"));
+}
 /// A LAN address nobody has: the router has no neighbour entry for it.
 pub const LAN_NOBODY_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 9);
 /// A WAN address nobody has: the router has no neighbour entry for it.

@@ -33,7 +33,7 @@ pub mod v6;
 
 pub use addr::{
     BRIDGE_IF, CLIENT_ADDR, CLIENT2_ADDR, HOST_IF, LAN_IF, PIN_ROOT, ROUTER_LAN_ADDR,
-    ROUTER_WAN_ADDR, SERVER_ADDR, WAN_IF, socket_addr,
+    ROUTER_WAN_ADDR, SERVER_ADDR, STATE_DIR, WAN_IF, forget_detached_router, socket_addr,
 };
 pub use echo::EchoServer;
 pub use host::{is_root, kernel_at_least, netns_exists, parse_snmp, router_ctl_bin};

@@ -663,6 +663,9 @@ impl Drop for Topology {
             if self.has(router) && self.router_attached_in(router) {
                 let _ = self.router_ctl_in(router, &["detach"]);
             }
+            if self.has(router) {
+                crate::addr::forget_detached_router(self.ns_name(router));
+            }
         }
         for (_, name) in &self.names {
             // Deleting a namespace destroys the veths inside it (and with them

@@ -32,6 +32,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     if !running.any_pins() {
         tear_down_kernel_side(ctx);
         let had_record = record.is_some();
+        remember_mode(ctx);
         state::remove(ctx.ns())?;
         let _ = fs::remove_dir(dir);
         if had_record {
@@ -46,6 +47,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
         lock.remove_file();
         return Ok(false);
     }
+    remember_mode(ctx);
     // Commit: both interfaces back to the kernel path in one write.
     if running.maps_present.contains(&CONFIG_MAP) {
         ctx.maps().clear_config()?;
@@ -93,6 +95,21 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     }
     lock.remove_file();
     Ok(true)
+}
+
+/// Leaves the detached router's mode for the next attach that states none
+/// (`unstated_admit`). A failure only costs that: said, not fatal.
+fn remember_mode(ctx: &Ctx) {
+    if let Some(admit) = super::attached_mode(ctx)
+        && let Err(e) = state::save_last_mode(ctx.ns(), admit)
+    {
+        warn!(
+            "could not note the detached router's mode (admit {}): {e:#}; attach it again \
+             with --admit {} (or `admit` in its file) to keep it",
+            admit.name(),
+            admit.name()
+        );
+    }
 }
 
 /// Removes standalone mode's slow-path table and puts its sysctls back

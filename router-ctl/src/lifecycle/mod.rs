@@ -103,13 +103,33 @@ fn undo_standalone_set_up(ctx: &Ctx, attached: bool, record: Option<&State>) {
 
 /// The admit mode of an attach or an `apply` file that states none: the
 /// attached router's (its pinned configuration's, else its record's, which
-/// outlives a reboot that took the pins), so attaching again or applying a
-/// file written before the mode existed never switches a standalone router
-/// to offload mode (and its LAN flows to a kernel that may have no NAT
-/// rule); offload mode for a router never attached. `how_to_choose` names
-/// the option or key that states it.
+/// outlives a reboot that took the pins), else the mode of the router last
+/// detached here (a detach for a resize or a layout-changing upgrade), so
+/// attaching again or applying a file written before the mode existed
+/// never switches a standalone router to offload mode (and its LAN flows
+/// to a kernel that may have no NAT rule); offload mode for a router never
+/// attached. `how_to_choose` names the option or key that states it.
 pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
     let default = AdmitMode::default_for_attach();
+    let (admit, whose) = if let Some(admit) = attached_mode(ctx) {
+        (admit, "the attached router's mode")
+    } else if let Some(admit) = state::last_mode(ctx.ns()) {
+        (admit, "the mode the router had when it was detached")
+    } else {
+        return default;
+    };
+    if admit != default {
+        println!(
+            "keeping {whose}, admit {} ({how_to_choose} chooses one)",
+            admit.name()
+        );
+    }
+    admit
+}
+
+/// The admit mode of the router attached here, if any: its pinned
+/// configuration's, else its record's.
+pub fn attached_mode(ctx: &Ctx) -> Option<AdmitMode> {
     // An all-zero CONFIG (a detach cut short after clearing it) configures
     // nothing; its `admit` byte reads as xdp.
     let pinned = ctx
@@ -124,19 +144,7 @@ pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
                 AdmitMode::Kernel
             }
         });
-    let Some(admit) =
-        pinned.or_else(|| state::load(ctx.ns()).ok().flatten().map(|r| r.config.admit))
-    else {
-        return default;
-    };
-    if admit != default {
-        println!(
-            "keeping the attached router's mode, admit {} ({} chooses one)",
-            admit.name(),
-            how_to_choose
-        );
-    }
-    admit
+    pinned.or_else(|| state::load(ctx.ns()).ok().flatten().map(|r| r.config.admit))
 }
 
 /// What `attach` did.

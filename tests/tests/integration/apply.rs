@@ -432,8 +432,27 @@ fn an_unstated_admit_mode_keeps_the_attached_routers() {
     );
     assert_eq!(admit(&t), "xdp", "an unreadable record switched the mode");
 
-    // A router never attached gets offload mode.
+    // Detached (as for a resize or an upgrade that changes a map's
+    // layout): attach again, or the service's file, keeps standalone mode.
     t.router_ctl_ok(&["detach"]);
+    let out = t.router_ctl_ok(&["apply", file.path()]);
+    assert!(
+        out.contains("keeping the mode the router had when it was detached, admit xdp"),
+        "{out}"
+    );
+    assert_eq!(
+        admit(&t),
+        "xdp",
+        "a detach and a file without admit switched the mode"
+    );
+    t.router_ctl_ok(&["detach"]);
+    let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
+    assert!(out.contains("admit xdp"), "{out}");
+    assert_eq!(admit(&t), "xdp", "a detach and attach switched the mode");
+
+    // A router never attached here gets offload mode.
+    t.router_ctl_ok(&["detach"]);
+    tests::forget_detached_router(t.ns_name(tests::Ns::Router));
     let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
     assert!(!out.contains("keeping"), "{out}");
     assert_eq!(admit(&t), "kernel");

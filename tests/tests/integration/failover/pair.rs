@@ -374,6 +374,7 @@ impl Drop for Pair {
             let _ = self.router_ctl(r, &["detach"]);
         }
         for role in ROLES {
+            tests::forget_detached_router(&self.ns(role));
             // Deleting a namespace destroys the veths inside it (and their
             // peers). Errors (e.g. never created) are ignored.
             let _ = run(&["ip", "netns", "delete", &self.ns(role)]);
