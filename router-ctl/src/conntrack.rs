@@ -379,6 +379,7 @@ impl Query {
 /// The arguments of `conntrack list`.
 #[derive(clap::Args, Debug)]
 pub struct ListArgs {
+    /// One JSON array of the rows.
     #[arg(long)]
     pub json: bool,
     /// Largest first: bytes (both directions), rate (both directions'

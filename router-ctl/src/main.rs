@@ -74,7 +74,10 @@ const AFTER_HELP: &str = "Examples:
   RUST_LOG=debug router-ctl attach lan0 wan0        # log every step
 
 Exit status: 0 success, 1 error (the message says what failed and what to do), \
-3 `status` when nothing is attached.";
+3 `status` when nothing is attached, 78 an attach (`attach`, `apply`, `run --config`) \
+refused for a reason that trying again does not change (a map layout or table size \
+change, other interfaces or XDP mode, forward rules in the way: the message says what \
+to do; the service's unit does not restart on it).";
 
 #[derive(Parser)]
 #[command(version = version_string(), about = ABOUT, long_about = LONG_ABOUT,
@@ -118,6 +121,8 @@ struct AttachOpts {
     /// P2P). Offload mode refuses anything but the default: the kernel's NAT decides.
     #[arg(long, value_enum, default_value_t = FilteringMode::default())]
     filtering: FilteringMode,
+    /// XDP attach mode: `native` (in the driver), `generic` (on the skb, any
+    /// interface, slower), `auto` (native where the driver has it).
     #[arg(long, value_enum, default_value = "auto")]
     mode: Mode,
     /// Masquerade address: `auto` takes the first IPv4 address of WAN.
@@ -182,11 +187,14 @@ enum Cmd {
     /// What is attached where, in which mode, since when, which object, map fill levels.
     ///
     /// Exit status 0 attached and healthy, 3 not attached, 1 a problem (pins lost after a
-    /// reboot, an interrupted attach or replace, interfaces gone).
+    /// reboot, an interrupted attach or replace, interfaces gone; `degraded`: offload mode
+    /// with no daemon running, or standalone's kernel side removed; `other_build`: maps
+    /// of another build's layout).
     #[command(
         after_help = "Examples:\n  router-ctl -n rtr status\n  router-ctl -n rtr status --json | jq .state"
     )]
     Status {
+        /// One JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -211,7 +219,8 @@ enum Cmd {
         #[arg(long, value_name = "N", requires = "watch")]
         count: Option<u64>,
     },
-    /// Port-forward rules: new WAN -> LAN flows to the WAN address.
+    /// Port-forward rules: new WAN -> LAN flows to the WAN address (standalone mode,
+    /// `--admit xdp`; in offload mode a port forward is the firewall's DNAT rule).
     Forward {
         #[command(subcommand)]
         cmd: ForwardCmd,
@@ -251,15 +260,23 @@ See examples/router.toml in the source tree for every field.")]
     },
     /// Check interfaces for XDP hazards and print a fix for each.
     ///
-    /// Native XDP support, programs already attached, veth peers that drop redirected
-    /// frames (no XDP program and no GRO), peers that send partial checksums (tx
-    /// checksum offload), MTU mismatches. Exit status 1 if a check failed.
+    /// Per interface: native XDP support (`native-xdp`), programs already attached
+    /// (`xdp-program`), IP forwarding (`forwarding`), a MAC changed since attach
+    /// (`router-mac`), veth peers that drop redirected frames (`veth-peer`,
+    /// `redirect-target`), peers that send partial checksums (`tx-checksum`), MTU
+    /// mismatches (`mtu-mismatch`), VRRP virtual MACs (`virtual-macs`). For the router
+    /// (`netfilter`, `sysctl`, `daemon`): forward rules standalone mode would bypass
+    /// (`forward-rules`), source NAT rules beside its own (`source-nat`), the router's
+    /// local ports inside XDP's port range (`local-ports`). Exit status 1 if a check
+    /// failed.
     #[command(
         after_help = "Examples:\n  router-ctl -n rtr doctor lan0 wan0\n  router-ctl doctor eth0 eth1 --json"
     )]
     Doctor {
+        /// The interfaces to check (the router's LAN and WAN).
         #[arg(required = true, value_name = "IFACE")]
         ifaces: Vec<String>,
+        /// One JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -282,7 +299,7 @@ See examples/router.toml in the source tree for every field.")]
   kill -HUP PID        # the same by hand; PID: `status --json`'s daemon.pid (not pidof: other router-ctl runs)
   RUST_LOG=debug router-ctl run                  # every offloaded flow")]
     Run {
-        /// Seconds between refreshes of active flows' kernel timeouts and leases.
+        /// Seconds between refreshes of active flows' kernel timeouts and leases (1-30).
         #[arg(long, default_value_t = 2, value_name = "SECS",
               value_parser = clap::value_parser!(u64).range(1..=30))]
         tick: u64,
@@ -335,9 +352,10 @@ fn parse_interval(s: &str) -> Result<f64, String> {
 
 #[derive(Subcommand)]
 enum ForwardCmd {
-    /// Send new flows to a port of the WAN address on to a LAN host.
+    /// Send new flows to a port of the WAN address on to a LAN host (standalone mode).
     ///
-    /// Takes effect at once (a map update, no reload). The same rule twice is a no-op; a
+    /// Takes effect at once (a map update, no reload). Offload mode refuses it: there a
+    /// port forward is the firewall's DNAT rule, which the kernel admits. The same rule twice is a no-op; a
     /// different target for a WAN port that has a rule is refused.
     ///
     /// IPv6 form: `forward add PROTO [LAN_ADDR6]:PORT` opens a pinhole (standalone mode):
@@ -372,6 +390,7 @@ enum ForwardCmd {
         after_help = "Examples:\n  router-ctl forward list\n  router-ctl forward list --json"
     )]
     List {
+        /// One JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -392,6 +411,7 @@ enum ConntrackCmd {
     /// Number of flows and entries, and the table's capacity in entries.
     #[command(after_help = "Example:\n  router-ctl conntrack count --json")]
     Count {
+        /// One JSON object.
         #[arg(long)]
         json: bool,
     },
