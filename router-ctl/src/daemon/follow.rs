@@ -1,0 +1,506 @@
+//! What the daemon follows besides conntrack, in both modes: the attached
+//! interfaces over rtnetlink (a new MAC into the data path's
+//! configuration, a new WAN address, a deleted interface reported), the
+//! VRRP virtual MACs, and standalone mode's kernel side (put back when a
+//! firewall reload removed it).
+
+use std::{
+    io,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use anyhow::{Context, Result};
+use router_common::maps::Config;
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::{
+    clock::monotonic_ns,
+    config::{AdmitMode, RouterConfig},
+    conntrack,
+    ctnetlink::CtSocket,
+    ctx::Ctx,
+    netlink::{self, LinkEvent, LinkEvents},
+    standalone, state, vmac,
+};
+
+use super::DaemonStatus;
+
+/// How often (ns) standalone mode's kernel side is looked at, and the
+/// attached interfaces and virtual MACs without a notification.
+const KERNEL_SIDE_CHECK_NS: u64 = 15 * 1_000_000_000;
+
+/// The attached interfaces, followed over rtnetlink link notifications.
+pub(super) struct LinkWatch {
+    pub(super) events: AsyncFd<LinkEvents>,
+    /// Look at the links again at the next tick: notifications were lost
+    /// (`ENOBUFS`) or following one failed.
+    pub(super) recheck: bool,
+}
+
+impl LinkWatch {
+    /// Subscribes; the first look at the links ([`Self::recheck`]) comes
+    /// after, so no change falls between the two.
+    pub(super) fn open() -> Result<Self> {
+        let s = LinkEvents::subscribe()
+            .context("subscribing to link and address notifications (rtnetlink RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR)")?;
+        // SAFETY: LinkEvents owns its fd and never changes or closes it
+        // before it is dropped, which the AsyncFd does.
+        let events = unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
+            .map_err(|e| io::Error::other(e.to_string()))
+            .context("registering the link notification socket")?;
+        Ok(Self {
+            events,
+            recheck: true,
+        })
+    }
+
+    /// Follows the notifications queued on `events` until none is left;
+    /// whether the links must be looked at again ([`Self::recheck`]).
+    /// Any notification (a macvlan created, up or down, a virtual address
+    /// added or removed) is followed by one look at the virtual MACs.
+    pub(super) fn drain(
+        events: &LinkEvents,
+        ctx: &Ctx,
+        status: &mut DaemonStatus,
+        buf: &mut [u8],
+    ) -> bool {
+        let mut recheck = false;
+        let mut any = false;
+        loop {
+            match events.recv(buf) {
+                Ok(Some(events)) => {
+                    any |= !events.is_empty();
+                    for e in events {
+                        let followed = match e {
+                            LinkEvent::Changed(l) => l.mac.map_or(Ok(Followed::Done), |mac| {
+                                follow_mac(ctx, l.ifindex, mac, status)
+                            }),
+                            LinkEvent::Deleted { ifindex, name } => {
+                                interface_gone(ctx, ifindex, &name, status);
+                                Ok(Followed::Done)
+                            }
+                            LinkEvent::Address { ifindex } => follow_wan_addr(ctx, ifindex, status),
+                        };
+                        match followed {
+                            Ok(Followed::Done) => {}
+                            Ok(Followed::LockBusy) => recheck = true,
+                            Err(e) => {
+                                tracing::warn!("following a link change: {e:#}; trying again");
+                                recheck = true;
+                            }
+                        }
+                    }
+                }
+                Ok(None) => {
+                    if any && let Err(e) = follow_virtual_macs(ctx) {
+                        tracing::warn!("following the VRRP virtual MACs: {e:#}; trying again");
+                        recheck = true;
+                    }
+                    return recheck;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    tracing::warn!("link notifications lost; reading the interfaces again");
+                    recheck = true;
+                }
+                Err(e) => {
+                    tracing::warn!("reading link notifications: {e}; reading the interfaces again");
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// The links as they are now, when a notification may have been
+    /// missed (at the start: a change while no daemon ran).
+    pub(super) fn recheck(&mut self, ctx: &Ctx, status: &mut DaemonStatus) {
+        if !std::mem::take(&mut self.recheck) {
+            return;
+        }
+        match check_links(ctx, status) {
+            Ok(Followed::Done) => {}
+            Ok(Followed::LockBusy) => self.recheck = true,
+            Err(e) => {
+                tracing::warn!("reading the attached interfaces: {e:#}; trying again");
+                self.recheck = true;
+            }
+        }
+    }
+}
+
+/// The data path's MAC of the attached interface `ifindex` (LAN or WAN)
+/// in `cfg`, with the interface's role.
+pub(super) fn attached_mac(cfg: &mut Config, ifindex: u32) -> Option<(&'static str, &mut [u8; 6])> {
+    if ifindex == 0 {
+        None
+    } else if ifindex == cfg.lan_ifindex {
+        Some(("LAN", &mut cfg.lan_mac))
+    } else if ifindex == cfg.wan_ifindex {
+        Some(("WAN", &mut cfg.wan_mac))
+    } else {
+        None
+    }
+}
+
+/// The attached router's configuration; `None` when there is none to
+/// follow (detached meanwhile: the pins are gone).
+pub(super) fn attached_config(ctx: &Ctx) -> Option<Config> {
+    ctx.maps()
+        .read_config()
+        .inspect_err(|e| tracing::debug!("no configuration to follow link changes in: {e:#}"))
+        .ok()
+}
+
+/// Whether a link change was followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Followed {
+    /// Followed, or nothing to follow.
+    Done,
+    /// Another router-ctl (an attach) holds the router's lock: the links
+    /// are looked at again at the next tick.
+    LockBusy,
+}
+
+/// Makes the data path's virtual MACs match the VRRP macvlans on the
+/// attached interfaces as they are now ([`vmac`]).
+pub(super) fn follow_virtual_macs(ctx: &Ctx) -> Result<()> {
+    match attached_config(ctx) {
+        Some(cfg) => follow_virtual_macs_of(ctx, &cfg),
+        None => Ok(()),
+    }
+}
+
+/// [`follow_virtual_macs`] for the router attached with `cfg`. Without the
+/// lock: the map is written from the kernel's state alone, which an
+/// attach writing it at the same time reads too. A router attached by a
+/// router-ctl without the map has none to follow.
+pub(super) fn follow_virtual_macs_of(ctx: &Ctx, cfg: &Config) -> Result<()> {
+    let maps = ctx.maps();
+    if cfg.lan_ifindex == 0
+        || maps
+            .map_id(router_common::maps::VIRTUAL_MACS_MAP)?
+            .is_none()
+    {
+        return Ok(());
+    }
+    vmac::follow(&maps, cfg)
+}
+
+/// Compares both attached interfaces with the configuration, and the
+/// virtual MACs with the macvlans on them.
+pub(super) fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
+    let Some(cfg) = attached_config(ctx) else {
+        return Ok(Followed::Done);
+    };
+    let mut followed = Followed::Done;
+    for ifindex in [cfg.lan_ifindex, cfg.wan_ifindex] {
+        if ifindex == 0 {
+            continue;
+        }
+        match netlink::link(ifindex) {
+            Ok(l) => {
+                if let Some(mac) = l.mac
+                    && follow_mac(ctx, ifindex, mac, status)? == Followed::LockBusy
+                {
+                    followed = Followed::LockBusy;
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
+                interface_gone(ctx, ifindex, &format!("ifindex {ifindex}"), status);
+            }
+            Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
+        }
+    }
+    if follow_wan_addr(ctx, cfg.wan_ifindex, status)? == Followed::LockBusy {
+        followed = Followed::LockBusy;
+    }
+    follow_virtual_macs_of(ctx, &cfg)?;
+    Ok(followed)
+}
+
+/// An attached interface has the MAC `mac`: if the data path still
+/// compares frames' destinations with another (it passes every frame
+/// addressed to the new one to the kernel, as `pass_not_for_us`), the
+/// new one goes into the configuration, in one write of the whole value
+/// as attach writes it, and into the attach record (so that the next
+/// attach finds nothing to change), under the lock attach takes. While
+/// another router-ctl holds it (an attach under way), the daemon does not
+/// wait (its event loop would stall for as long): it looks again at the
+/// next tick ([`Followed::LockBusy`]).
+pub(super) fn follow_mac(
+    ctx: &Ctx,
+    ifindex: u32,
+    mac: [u8; 6],
+    status: &mut DaemonStatus,
+) -> Result<Followed> {
+    let Some(mut cfg) = attached_config(ctx) else {
+        return Ok(Followed::Done);
+    };
+    if attached_mac(&mut cfg, ifindex).is_none_or(|(_, m)| *m == mac) {
+        return Ok(Followed::Done);
+    }
+    let Some(_lock) = state::try_lock(ctx.ns())? else {
+        tracing::debug!(
+            "another router-ctl holds the router's lock; following the new MAC of ifindex \
+             {ifindex} at the next tick"
+        );
+        return Ok(Followed::LockBusy);
+    };
+    // Again under the lock: an attach may have changed it meanwhile.
+    let mut cfg = ctx.maps().read_config()?;
+    let Some((role, slot)) = attached_mac(&mut cfg, ifindex) else {
+        return Ok(Followed::Done);
+    };
+    if *slot == mac {
+        return Ok(Followed::Done);
+    }
+    let old = std::mem::replace(slot, mac);
+    ctx.maps()
+        .config()?
+        .set(0, cfg, 0)
+        .context("writing the configuration")?;
+    if let Some(mut rec) = state::load(ctx.ns())? {
+        let configs =
+            std::iter::once(&mut rec.config).chain(rec.pending.as_mut().map(|p| &mut p.config));
+        for c in configs {
+            if c.lan_ifindex == ifindex {
+                c.lan_mac = mac;
+            } else if c.wan_ifindex == ifindex {
+                c.wan_mac = mac;
+            }
+        }
+        state::save(ctx.ns(), &rec)?;
+    }
+    status.mac_changes_followed += 1;
+    let name = netlink::ifname(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}"));
+    tracing::info!(
+        "{name} ({role}) changed its MAC from {} to {}: the data path now forwards frames \
+         addressed to the new one",
+        netlink::mac_str(old),
+        netlink::mac_str(mac)
+    );
+    Ok(Followed::Done)
+}
+
+/// An address of interface `ifindex` was added or removed: if it is the
+/// WAN of a router attached with `--wan-addr auto` whose first IPv4
+/// address is now another one (a DHCP or PPP renumbering), the router
+/// masquerades to the new one: the data path's configuration (one write),
+/// standalone mode's slow-path NAT and its untranslated-source drop, and
+/// the attach record; the XDP flows translated to the old address end
+/// (their replies could not come back; the kernel's masquerade drops its
+/// own likewise), so their hosts' next packets open flows on the new one.
+/// A WAN left without an IPv4 address keeps the old one until it has one.
+pub(super) fn follow_wan_addr(
+    ctx: &Ctx,
+    ifindex: u32,
+    status: &mut DaemonStatus,
+) -> Result<Followed> {
+    let Some(cfg) = attached_config(ctx) else {
+        return Ok(Followed::Done);
+    };
+    if ifindex == 0 || ifindex != cfg.wan_ifindex {
+        return Ok(Followed::Done);
+    }
+    let Some(rec) = state::load(ctx.ns())? else {
+        return Ok(Followed::Done);
+    };
+    let Some(now) = wan_addr_now(&rec.config) else {
+        return Ok(Followed::Done);
+    };
+    let Some(_lock) = state::try_lock(ctx.ns())? else {
+        tracing::debug!(
+            "another router-ctl holds the router's lock; following the WAN address at the \
+             next tick"
+        );
+        return Ok(Followed::LockBusy);
+    };
+    // Again under the lock: an attach may have changed it meanwhile.
+    let (Some(mut rec), Ok(mut cfg)) = (state::load(ctx.ns())?, ctx.maps().read_config()) else {
+        return Ok(Followed::Done);
+    };
+    if wan_addr_now(&rec.config) != Some(now) {
+        return Ok(Followed::Done);
+    }
+    if rec.pending.is_some() {
+        // An interrupted replace: the next attach finishes it (with the
+        // address as it is then); until then, looked at again each tick.
+        return Ok(Followed::LockBusy);
+    }
+    let old = std::mem::replace(&mut rec.config.wan_addr, now);
+    let standalone_mode = rec.config.admit == AdmitMode::Xdp;
+    // The kernel side first: if it fails nothing changed (the record is
+    // saved last), and the next tick tries again.
+    if standalone_mode {
+        standalone::set_up(ctx.ns(), &standalone::Wanted::of(&rec.config))
+            .context("moving standalone mode's slow-path NAT to the new WAN address")?;
+    }
+    cfg.wan_addr = now.octets();
+    ctx.maps()
+        .config()?
+        .set(0, cfg, 0)
+        .context("writing the configuration")?;
+    state::save(ctx.ns(), &rec)?;
+    // Offload mode: the flows are the kernel's, whose masquerade drops
+    // them itself.
+    let ended = if standalone_mode {
+        let kernel = end_kernel_flows_translated_to(old).unwrap_or_else(|e| {
+            tracing::warn!(
+                "ending the kernel slow path's connections translated to {old}: {e}; they \
+                 end when they time out"
+            );
+            0
+        });
+        conntrack::remove_translated_to(&ctx.maps(), old.octets())? + kernel
+    } else {
+        0
+    };
+    status.wan_addr_changes_followed += 1;
+    tracing::info!(
+        "{} (WAN) changed its IPv4 address from {old} to {now}: the router masquerades to \
+         {now} now; {ended} XDP flows translated to {old} ended (their hosts' next packets \
+         open new ones)",
+        rec.config.wan
+    );
+    Ok(Followed::Done)
+}
+
+/// When the daemon last looked at what it follows without notifications.
+pub(super) struct LookedAt {
+    /// Standalone mode's kernel side (0: at the first tick).
+    kernel_side_ns: u64,
+    /// The attached interfaces and the virtual MACs on them.
+    links_ns: u64,
+}
+
+impl LookedAt {
+    /// The links were looked at just now, the kernel side not yet.
+    pub(super) fn at_start() -> Self {
+        Self {
+            kernel_side_ns: 0,
+            links_ns: monotonic_ns(),
+        }
+    }
+}
+
+/// At a tick: the attached interfaces and virtual MACs when a notification
+/// asked for it, and every [`KERNEL_SIDE_CHECK_NS`] without one (an attach
+/// or apply writes the virtual MACs from a look at the links it took
+/// before a VRRP transition this daemon followed meanwhile, and would
+/// leave them so until the next one); standalone mode's kernel side.
+pub(super) fn look_again(
+    ctx: &Ctx,
+    status: &mut DaemonStatus,
+    links: &mut LinkWatch,
+    looked: &mut LookedAt,
+) {
+    if monotonic_ns().saturating_sub(looked.links_ns) >= KERNEL_SIDE_CHECK_NS {
+        links.recheck = true;
+        looked.links_ns = monotonic_ns();
+    }
+    links.recheck(ctx, status);
+    repair_standalone(ctx, status, &mut looked.kernel_side_ns);
+}
+
+/// Standalone mode's kernel side as attach set it up: put back (and
+/// said, once per repair) when something removed it behind the router's
+/// back ([`standalone::kernel_side_gaps`]). Looked at every
+/// [`KERNEL_SIDE_CHECK_NS`] (it runs `nft`, a process); while another
+/// router-ctl holds the lock (an attach, which sets it up itself), at the
+/// next tick.
+pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns: &mut u64) {
+    let now = monotonic_ns();
+    if *checked_ns != 0 && now.saturating_sub(*checked_ns) < KERNEL_SIDE_CHECK_NS {
+        return;
+    }
+    let standalone = |ctx: &Ctx| {
+        state::load(ctx.ns())
+            .ok()
+            .flatten()
+            .filter(|r| r.config.admit == AdmitMode::Xdp && r.pending.is_none())
+    };
+    if standalone(ctx).is_none() {
+        return;
+    }
+    let gaps = standalone::kernel_side_gaps(ctx.ns());
+    if gaps.is_empty() {
+        *checked_ns = now;
+        return;
+    }
+    let Ok(Some(_lock)) = state::try_lock(ctx.ns()) else {
+        return;
+    };
+    *checked_ns = now;
+    // Again under the lock: a detach or another mode meanwhile.
+    let Some(rec) = standalone(ctx) else {
+        return;
+    };
+    match standalone::set_up(ctx.ns(), &standalone::Wanted::of(&rec.config)) {
+        Ok(()) => {
+            status.standalone_repairs += 1;
+            tracing::warn!(
+                "standalone mode's kernel side was changed behind the router's back: {}; put \
+                 back",
+                gaps.join("; ")
+            );
+        }
+        Err(e) => tracing::error!(
+            "standalone mode's kernel side is not in place ({}) and putting it back failed: \
+             {e:#}; run `router-ctl attach` again",
+            gaps.join("; ")
+        ),
+    }
+}
+
+/// Removes the kernel's connections whose reply goes to `old` (what the
+/// slow-path table's `snat` translated to it): the kernel's masquerade
+/// cleanup on an address change covers `masquerade` rules only, and a LAN
+/// host that keeps sending (an ESP or GRE tunnel) would otherwise keep its
+/// entry, and its dead translation, alive. Returns how many.
+pub(super) fn end_kernel_flows_translated_to(old: Ipv4Addr) -> io::Result<usize> {
+    let mut ct = CtSocket::requests()?;
+    let mut ended = 0;
+    for c in ct.dump()? {
+        if c.reply.dst != IpAddr::V4(old) || c.orig.dst == IpAddr::V4(old) {
+            continue;
+        }
+        match ct.delete(&c.orig) {
+            Ok(()) => ended += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ended)
+}
+
+/// The WAN's first IPv4 address now, if the router follows it
+/// (`--wan-addr auto`) and it differs from the configured one.
+pub(super) fn wan_addr_now(c: &RouterConfig) -> Option<Ipv4Addr> {
+    if !c.wan_addr_auto {
+        return None;
+    }
+    let now = *netlink::ipv4_addrs(&c.wan).ok()?.first()?;
+    (now != c.wan_addr).then_some(now)
+}
+
+/// An interface was deleted (or moved to another namespace): if it was
+/// an attached one, its XDP program went with it; says so once, in the
+/// log and the status.
+pub(super) fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut DaemonStatus) {
+    let Some(mut cfg) = attached_config(ctx) else {
+        return;
+    };
+    let Some((role, _)) = attached_mac(&mut cfg, ifindex) else {
+        return;
+    };
+    let what = format!("{name} ({role})");
+    if status.interfaces_gone.contains(&what) {
+        return;
+    }
+    tracing::error!(
+        "the {role} interface {name} (ifindex {ifindex}) is gone (deleted or moved to another \
+         namespace): its XDP program went with it, and nothing goes through XDP on it; once \
+         it is back, run `router-ctl detach` and `router-ctl attach` again (this daemon \
+         follows the new attach)"
+    );
+    status.interfaces_gone.push(what);
+}

@@ -1,0 +1,164 @@
+//! The offloader's two sides as the daemon has them: the pinned XDP
+//! conntrack maps ([`PinnedTable`], the offloader's `Table`) and the
+//! kernel's conntrack over ctnetlink with the routes it asks about
+//! ([`NetlinkKernel`], its `Kernel`).
+
+use std::{collections::HashMap, io, net::IpAddr, os::fd::AsRawFd as _};
+
+use anyhow::{Context, Result};
+use aya::maps::MapError;
+use router_common::{
+    lease_cas::{self, LeaseCas, LeaseSwap},
+    maps::{FlowEntry, FlowEntry6, FlowKey, FlowKey6},
+};
+
+use crate::{
+    ctnetlink::{Conn, CtSocket, Tuple},
+    maps::{Conntrack6Map, ConntrackMap},
+    netlink,
+    offload::{Kernel, Table, TcpNow},
+};
+
+/// Routes remembered within a tick (one lookup per new address); the cache
+/// is emptied at every tick, so a route that changed (a WAN failover, a
+/// VPN) is followed within one.
+const ROUTE_CACHE_MAX: usize = 65_536;
+
+/// The pinned XDP conntrack maps. `v6` is `None` for a router attached by
+/// a router-ctl without `CONNTRACK6`: its IPv6 flows stay in the kernel.
+pub(super) struct PinnedTable {
+    pub(super) v4: ConntrackMap,
+    pub(super) v6: Option<Conntrack6Map>,
+    /// The lease compare-and-swap of each map (offload mode only).
+    cas: Option<LeaseCas>,
+    cas6: Option<LeaseCas>,
+}
+
+impl PinnedTable {
+    /// The pinned maps; with `offload`, the lease compare-and-swap
+    /// programs for them too (loaded here, against the maps' fds, so they
+    /// need nothing but the maps `attach` pins).
+    pub(super) fn open(maps: &crate::maps::PinnedMaps, offload: bool) -> Result<Self> {
+        use aya::maps::IterableMap as _;
+        use std::os::fd::AsFd as _;
+        let v4 = maps.conntrack()?;
+        let v6 = maps.conntrack6().ok();
+        let load = |insns: &lease_cas::Program| {
+            LeaseCas::load(insns).context(
+                "loading the offload daemon's lease compare-and-swap (a BPF_PROG_TYPE_SYSCALL \
+                 program run with BPF_PROG_RUN; needs Linux >= 5.14 and CAP_BPF)",
+            )
+        };
+        let (mut cas, mut cas6) = (None, None);
+        if offload {
+            let fd = v4.map().fd().as_fd().as_raw_fd();
+            cas = Some(load(&lease_cas::conntrack_program(fd))?);
+            if let Some(m) = &v6 {
+                let fd = m.map().fd().as_fd().as_raw_fd();
+                cas6 = Some(load(&lease_cas::conntrack6_program(fd))?);
+            }
+        }
+        Ok(Self { v4, v6, cas, cas6 })
+    }
+}
+
+pub(super) fn swap_with(
+    cas: Option<&LeaseCas>,
+    ctx: lease_cas::LeaseCasCtx,
+) -> io::Result<LeaseSwap> {
+    cas.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            "no lease compare-and-swap loaded (standalone mode, or no CONNTRACK6 pinned)",
+        )
+    })?
+    .swap(ctx)
+}
+
+pub(super) fn io_error(e: &MapError) -> io::Error {
+    match e {
+        MapError::SyscallError(s) => io::Error::new(s.io_error.kind(), e.to_string()),
+        _ => io::Error::other(e.to_string()),
+    }
+}
+
+impl Table for PinnedTable {
+    fn get(&self, k: &FlowKey) -> Option<FlowEntry> {
+        self.v4.get(k, 0).ok()
+    }
+    fn insert(&mut self, k: &FlowKey, v: &FlowEntry) -> io::Result<()> {
+        self.v4.insert(k, v, 0).map_err(|e| io_error(&e))
+    }
+    fn remove(&mut self, k: &FlowKey) {
+        // Already gone (LRU eviction, flush) is fine.
+        let _ = self.v4.remove(k);
+    }
+    fn swap_lease(&mut self, k: &FlowKey, expected: u32, new: u32) -> io::Result<LeaseSwap> {
+        swap_with(
+            self.cas.as_ref(),
+            lease_cas::LeaseCasCtx::v4(k, expected, new),
+        )
+    }
+    fn swap_lease6(&mut self, k: &FlowKey6, expected: u32, new: u32) -> io::Result<LeaseSwap> {
+        swap_with(
+            self.cas6.as_ref(),
+            lease_cas::LeaseCasCtx::v6(k, expected, new),
+        )
+    }
+    fn get6(&self, k: &FlowKey6) -> Option<FlowEntry6> {
+        self.v6.as_ref()?.get(k, 0).ok()
+    }
+    fn insert6(&mut self, k: &FlowKey6, v: &FlowEntry6) -> io::Result<()> {
+        let Some(m) = self.v6.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no CONNTRACK6 pinned (attached by an older router-ctl)",
+            ));
+        };
+        m.insert(k, v, 0).map_err(|e| io_error(&e))
+    }
+    fn remove6(&mut self, k: &FlowKey6) {
+        if let Some(m) = self.v6.as_mut() {
+            let _ = m.remove(k);
+        }
+    }
+}
+
+/// The kernel over ctnetlink and rtnetlink.
+pub(super) struct NetlinkKernel {
+    pub(super) ct: CtSocket,
+    pub(super) routes: HashMap<IpAddr, u32>,
+}
+
+impl Kernel for NetlinkKernel {
+    fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
+        self.ct.update(orig, Some(timeout), Some(liberal))
+    }
+    fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>> {
+        Ok(self.ct.get(orig)?.and_then(|c| {
+            Some(TcpNow {
+                state: c.tcp_state?,
+                reply: c.reply,
+            })
+        }))
+    }
+    fn dump(&mut self) -> io::Result<Vec<Conn>> {
+        let dump = self.ct.dump()?;
+        // Routes may have changed while events were lost.
+        self.routes.clear();
+        Ok(dump)
+    }
+    fn route(&mut self, addr: IpAddr) -> Option<u32> {
+        if let Some(&oif) = self.routes.get(&addr) {
+            return Some(oif);
+        }
+        if self.routes.len() >= ROUTE_CACHE_MAX {
+            self.routes.clear();
+        }
+        // Only routes found are kept: an unreachable address or a failed
+        // lookup (the WAN's default route gone for a moment) is asked again.
+        let oif = netlink::route_oif(addr).ok().flatten()?;
+        self.routes.insert(addr, oif);
+        Some(oif)
+    }
+}

@@ -1,0 +1,243 @@
+//! The daemon's status file: its health and counters, written every tick
+//! and read by `status`, `stats`, `metrics` and the status page (also
+//! while no daemon runs: then it says so).
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{offload::OffloadStats, state};
+
+/// The daemon's health and counters, as its status file holds them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DaemonStatus {
+    pub pid: u32,
+    pub started_unix: u64,
+    /// Rewritten every tick: a stale one means a hung or killed daemon.
+    pub heartbeat_unix: u64,
+    pub tick_secs: u64,
+    /// `kernel` (offload) or `xdp` (standalone: nothing to offload).
+    pub admit: String,
+    /// Connections XDP carries for the kernel now.
+    pub offloaded_flows: u64,
+    /// TCP connections waiting to settle before their offload (under a
+    /// burst of new ones).
+    #[serde(default)]
+    pub settling_flows: u64,
+    pub offload: OffloadStats,
+    /// New MAC addresses of the attached interfaces written into the data
+    /// path's configuration (and the attach record).
+    #[serde(default)]
+    pub mac_changes_followed: u64,
+    /// New IPv4 addresses of the WAN (`--wan-addr auto`: DHCP, PPP)
+    /// written into the configuration, the slow-path NAT and the record.
+    #[serde(default)]
+    pub wan_addr_changes_followed: u64,
+    /// Standalone mode's kernel side (slow-path NAT table, LAN sysctls)
+    /// put back after something removed it.
+    #[serde(default)]
+    pub standalone_repairs: u64,
+    /// Attached interfaces deleted (or moved to another namespace) while
+    /// the daemon ran, as `NAME (LAN)`: their XDP program went with them.
+    #[serde(default)]
+    pub interfaces_gone: Vec<String>,
+    /// XDP entries found pending at start (left by a daemon killed between
+    /// writing a pair and activating it), removed.
+    #[serde(default)]
+    pub stale_pending_removed: u64,
+    /// New attaches followed (after a detach and attach, new maps; or a
+    /// replace that changed the mode): the daemon re-opened its session on
+    /// them.
+    #[serde(default)]
+    pub reattaches_followed: u64,
+    /// The router is detached (its maps are no longer pinned): the daemon
+    /// waits for the next attach and follows it.
+    #[serde(default)]
+    pub detached: bool,
+    /// Records of the data path's debug log that this router-ctl's aya-log
+    /// could not parse, skipped.
+    #[serde(default)]
+    pub log_records_malformed: u64,
+}
+
+impl DaemonStatus {
+    /// Whether the process that wrote it still runs and ticks.
+    #[must_use]
+    pub fn alive(&self, now_unix: u64) -> bool {
+        process_exists(self.pid)
+            && now_unix.saturating_sub(self.heartbeat_unix) <= 3 * self.tick_secs.max(1) + 2
+    }
+}
+
+pub(super) fn process_exists(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid.cast_signed(), 0) == 0 }
+}
+
+/// The daemon's health and counters as `status --json`, `stats --json`
+/// and the metrics report them: `running` false when none runs (or its
+/// heartbeat stopped).
+#[must_use]
+pub fn health_json(netns: Option<&str>) -> serde_json::Value {
+    let now = unix_now();
+    match read_status(netns) {
+        Some(s) if s.alive(now) => serde_json::json!({
+            "running": true,
+            "pid": s.pid,
+            "heartbeat_age_secs": now.saturating_sub(s.heartbeat_unix),
+            "started_unix": s.started_unix,
+            "admit": s.admit,
+            "offloaded_flows": s.offloaded_flows,
+            "settling_flows": s.settling_flows,
+            "offload": s.offload,
+            "mac_changes_followed": s.mac_changes_followed,
+            "wan_addr_changes_followed": s.wan_addr_changes_followed,
+            "standalone_repairs": s.standalone_repairs,
+            "interfaces_gone": s.interfaces_gone,
+            "stale_pending_removed": s.stale_pending_removed,
+            "reattaches_followed": s.reattaches_followed,
+            "detached": s.detached,
+            "log_records_malformed": s.log_records_malformed,
+        }),
+        _ => serde_json::json!({ "running": false }),
+    }
+}
+
+/// One line for `status` and `stats`: the daemon's health, in offload
+/// mode with what running it or not means.
+#[must_use]
+pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
+    if d["running"] == true && d["detached"] == true {
+        format!(
+            "daemon: running (pid {}, heartbeat {} s ago), waiting: the router is detached; \
+             it follows the next `router-ctl attach` by itself",
+            d["pid"], d["heartbeat_age_secs"],
+        )
+    } else if d["running"] == true {
+        let o = &d["offload"];
+        let mut line = format!(
+            "daemon: running (pid {}, heartbeat {} s ago), {} flows offloaded, {} settling; \
+             {} offloaded, {} ended, {} handed back, {} refreshes, {} resyncs, {} event losses",
+            d["pid"],
+            d["heartbeat_age_secs"],
+            d["offloaded_flows"],
+            d["settling_flows"].as_u64().unwrap_or(0),
+            o["offloaded"],
+            o["ended_destroyed"].as_u64().unwrap_or(0)
+                + o["ended_closing"].as_u64().unwrap_or(0)
+                + o["ended_kernel_gone"].as_u64().unwrap_or(0)
+                + o["ended_tcp_control"].as_u64().unwrap_or(0),
+            o["handed_back"],
+            o["refreshed"],
+            o["resyncs"],
+            o["events_lost"],
+        );
+        let macs = d["mac_changes_followed"].as_u64().unwrap_or(0);
+        if macs > 0 {
+            let _ = write!(line, ", {macs} interface MAC changes followed");
+        }
+        let repairs = d["standalone_repairs"].as_u64().unwrap_or(0);
+        if repairs > 0 {
+            let _ = write!(
+                line,
+                ", standalone mode's kernel side put back {repairs} time(s)"
+            );
+        }
+        let wan_addrs = d["wan_addr_changes_followed"].as_u64().unwrap_or(0);
+        if wan_addrs > 0 {
+            let _ = write!(line, ", {wan_addrs} WAN address changes followed");
+        }
+        let reattaches = d["reattaches_followed"].as_u64().unwrap_or(0);
+        if reattaches > 0 {
+            let _ = write!(line, ", {reattaches} re-attaches followed");
+        }
+        let malformed = d["log_records_malformed"].as_u64().unwrap_or(0);
+        if malformed > 0 {
+            let _ = write!(
+                line,
+                ", {malformed} malformed data path log records skipped (attach this \
+                 router-ctl's object)"
+            );
+        }
+        let gone: Vec<&str> = d["interfaces_gone"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        if !gone.is_empty() {
+            let _ = write!(
+                line,
+                "\nINTERFACE GONE: {}: its XDP program went with it; once it is back, run \
+                 `router-ctl detach` and `router-ctl attach` again (the running daemon \
+                 follows the new attach)",
+                gone.join(", ")
+            );
+        }
+        line
+    } else if kernel_mode {
+        "daemon: NOT RUNNING: offload mode carries nothing on the fast path (the kernel \
+         forwards every flow); start `router-ctl run`"
+            .to_owned()
+    } else {
+        "daemon: not running (standalone mode does not need it)".to_owned()
+    }
+}
+
+/// Where the daemon of a namespace keeps its status.
+#[must_use]
+pub fn status_path(netns: Option<&str>) -> PathBuf {
+    Path::new(state::LOCK_DIR).join(format!("{}.daemon.json", state::ns_key(netns)))
+}
+
+/// The daemon's last status, if one ever ran (and left its file).
+#[must_use]
+pub fn read_status(netns: Option<&str>) -> Option<DaemonStatus> {
+    let data = std::fs::read(status_path(netns)).ok()?;
+    serde_json::from_slice(&data).ok()
+}
+
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_health_line_says_what_the_daemon_followed() {
+        let running = |extra: serde_json::Value| {
+            let mut d = serde_json::json!({
+                "running": true, "pid": 7, "heartbeat_age_secs": 1, "offloaded_flows": 0,
+                "offload": OffloadStats::default(), "interfaces_gone": [],
+            });
+            d.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            health_line(&d, true)
+        };
+        let line = running(serde_json::json!({
+            "reattaches_followed": 2, "log_records_malformed": 3,
+        }));
+        assert!(line.contains(", 2 re-attaches followed"), "{line}");
+        assert!(
+            line.contains(", 3 malformed data path log records"),
+            "{line}"
+        );
+        let line = running(serde_json::json!({ "detached": true }));
+        assert!(
+            line.contains("waiting: the router is detached") && !line.contains("offloaded"),
+            "{line}"
+        );
+        let line = running(serde_json::json!({ "interfaces_gone": ["lan0 (LAN)"] }));
+        assert!(
+            line.contains("INTERFACE GONE: lan0 (LAN)") && line.contains("follows the new attach"),
+            "{line}"
+        );
+    }
+}
