@@ -238,12 +238,10 @@ fn family_labelled_metrics_keep_their_family_in_the_legend() {
         if labelled.iter().any(|m| expr.contains(m)) {
             seen += 1;
             assert!(legend.contains("{{family}}"), "{expr}: legend {legend:?}");
-            if let Some(by) = expr.split("sum by (").nth(1) {
-                assert!(
-                    by.split(')').next().is_some_and(|l| l.contains("family")),
-                    "{expr} sums the families together"
-                );
-            }
+            assert!(
+                keeps_family(expr),
+                "{expr} aggregates the families together"
+            );
         }
     }
     assert!(seen >= 8, "only {seen} targets of family-labelled metrics");
@@ -306,4 +304,52 @@ fn every_dashboard_metric_is_in_a_running_routers_metrics() {
         want.len(),
         have.len()
     );
+}
+
+/// Whether every aggregation in the `PromQL` expression `expr` keeps the
+/// `family` label: `sum by (..., family)` does; `sum(...)`,
+/// `sum without (family)` and a `by` list without it do not.
+fn keeps_family(expr: &str) -> bool {
+    let ops = ["sum", "avg", "max", "min", "count"];
+    let mut rest = expr;
+    while let Some(at) = ops
+        .iter()
+        .filter_map(|op| rest.find(op).map(|i| (i, op.len())))
+        .min()
+    {
+        let (i, len) = at;
+        // Only a whole word: `max_over_time`, `xdp_router_..._sum` are not.
+        let before_ok = rest[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        let after = &rest[i + len..];
+        let after_ok = after.starts_with([' ', '(']);
+        if before_ok && after_ok {
+            let clause = after.trim_start();
+            if let Some(list) = clause.strip_prefix("by") {
+                let list = list.trim_start().trim_start_matches('(');
+                if !list.split(')').next().is_some_and(|l| l.contains("family")) {
+                    return false;
+                }
+            } else {
+                // `sum(` or `sum without (...)`: the label goes (a
+                // `without` that keeps family lists other labels, which
+                // this dashboard does not use).
+                return false;
+            }
+        }
+        rest = &rest[i + len..];
+    }
+    true
+}
+
+#[test]
+fn an_aggregation_keeps_the_family_only_with_it_in_by() {
+    assert!(keeps_family("sum by (reason, family) (rate(x[1m]))"));
+    assert!(keeps_family("rate(x_total[1m])"));
+    assert!(!keeps_family("sum(rate(x[1m]))"));
+    assert!(!keeps_family("sum without (family) (rate(x[1m]))"));
+    assert!(!keeps_family("sum by (reason) (rate(x[1m]))"));
+    assert!(keeps_family("max_over_time(x[5m])"));
 }

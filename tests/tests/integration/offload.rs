@@ -535,7 +535,7 @@ fn offload_detach_and_daemon_kill_lose_no_flow() {
     let start = Instant::now();
     killed.finish();
     assert!(
-        start.elapsed() < Duration::from_secs_f64(secs + 3.0),
+        start.elapsed() < Duration::from_secs_f64(secs + 10.0),
         "the stream stalled"
     );
     assert!(
@@ -567,7 +567,7 @@ fn offload_detach_and_daemon_kill_lose_no_flow() {
     let start = Instant::now();
     detached.finish();
     assert!(
-        start.elapsed() < Duration::from_secs_f64(secs + 3.0),
+        start.elapsed() < Duration::from_secs_f64(secs + 10.0),
         "the stream stalled after detach"
     );
     assert!(
