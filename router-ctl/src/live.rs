@@ -270,13 +270,18 @@ impl Live {
             now.duration_since(*at) >= (self.walk_cost * 4).max(Duration::from_millis(900))
         });
         if viewed && due {
-            let table = stats::table_use(&maps, &cs);
+            let table = crate::table_fill::table_use(&maps, &cs);
             // A scrape of `/metrics` in the next seconds reuses this fill.
             if let Some(t) = table {
-                stats::FILL_CACHE
+                crate::table_fill::FILL_CACHE
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .put(&stats::FillKey::of(&maps), now, now.elapsed(), t);
+                    .put(
+                        &crate::table_fill::FillKey::of(&maps),
+                        now,
+                        now.elapsed(),
+                        t,
+                    );
             }
             let fill = table.map_or(Value::Null, |t| t.json());
             let flows = self.flows(ctx);

@@ -44,6 +44,7 @@ mod standalone;
 mod state;
 mod stats;
 mod status;
+mod table_fill;
 mod vmac;
 mod web;
 

@@ -469,7 +469,7 @@ impl Collector for RouterCollector {
             "SNAT port probes that found the port taken",
             std::iter::once((Vec::new(), get(Counter::PortCollision))),
         )?;
-        if let Some(t) = stats::table_use_cached(&maps, &cs) {
+        if let Some(t) = crate::table_fill::table_use_cached(&maps, &cs) {
             // IPv4's `CONNTRACK` with `family="ipv4"`, IPv6's `CONNTRACK6`
             // with `family="ipv6"`, as the verdict counters are labelled.
             let fam = |f: &str, v: i64| (vec![("family", f.to_owned())], v);

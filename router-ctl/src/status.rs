@@ -19,7 +19,7 @@ use crate::{
     pins::LINK_PINS,
     standalone,
     state::{self, State},
-    stats, vmac,
+    vmac,
 };
 
 /// Exit code of `status` when nothing is attached.
@@ -196,7 +196,7 @@ fn maps_json(ctx: &Ctx) -> Value {
     let mut m = serde_json::Map::new();
     let maps = ctx.maps();
     // Only entries and capacity are shown here: no counters needed.
-    if let Some(t) = stats::table_use(&maps, &[]) {
+    if let Some(t) = crate::table_fill::table_use(&maps, &[]) {
         m.insert(
             "conntrack".into(),
             json!({"entries": t.entries, "capacity": t.capacity}),
