@@ -17,13 +17,18 @@ use crate::ctl::attach_and_print;
 
 /// The router namespace's `Ip6OutForwDatagrams` (/proc/net/snmp6).
 pub(crate) fn kernel_forwarded6(t: &Topology) -> u64 {
-    let text = t.exec_ok(Ns::Router, &["cat", "/proc/net/snmp6"]);
+    snmp6(t, Ns::Router, "Ip6OutForwDatagrams")
+}
+
+/// The IPv6 counter `name` of namespace `ns` (/proc/net/snmp6).
+fn snmp6(t: &Topology, ns: Ns, name: &str) -> u64 {
+    let text = t.exec_ok(ns, &["cat", "/proc/net/snmp6"]);
     text.lines()
         .find_map(|l| {
             let mut w = l.split_whitespace();
-            (w.next() == Some("Ip6OutForwDatagrams")).then(|| w.next()?.parse().ok())?
+            (w.next() == Some(name)).then(|| w.next()?.parse().ok())?
         })
-        .expect("Ip6OutForwDatagrams in /proc/net/snmp6")
+        .unwrap_or_else(|| panic!("{name} in /proc/net/snmp6"))
 }
 
 pub(crate) fn ping6(t: &Topology, from: Ns, to: std::net::Ipv6Addr, count: u32) -> bool {
@@ -467,4 +472,73 @@ impl Drop for ExtraFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// Standalone mode forwards no IPv6 packet whose source the LAN does not
+/// route (BCP 38, RFC 6092 3.1): a LAN host that also holds an address of
+/// another network pings the server from it, and nothing reaches the
+/// server (`drop6_spoofed_source`); its own LAN address still does.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_lan_host_pinging_from_a_foreign_address_reaches_nothing() {
+    let t = router();
+    // As an upstream gives it: a default route out of the WAN, so the
+    // foreign address is routable (out of the WAN, not the LAN).
+    let server = SERVER6.to_string();
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip",
+            "-6",
+            "route",
+            "replace",
+            "default",
+            "via",
+            &server,
+            "dev",
+            tests::WAN_IF,
+        ],
+    );
+    let foreign = "2001:db8:ffff::9";
+    t.exec_ok(
+        Ns::Client,
+        &[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{foreign}/128"),
+            "dev",
+            tests::HOST_IF,
+            "nodad",
+        ],
+    );
+    let echos = |t: &Topology| snmp6(t, Ns::Server, "Icmp6InEchos");
+    let (before, echos0) = (t.stats(), echos(&t));
+    let o = t.exec(
+        Ns::Client,
+        &[
+            "ping", "-6", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "1", "-I", foreign, &server,
+        ],
+    );
+    assert!(!o.status.success(), "a ping from {foreign} was answered");
+    let after = t.stats();
+    assert_eq!(echos(&t), echos0, "the server got a ping from {foreign}");
+    assert_eq!(
+        counter_delta(&before, &after, "drop6_spoofed_source"),
+        3,
+        "{after}"
+    );
+    assert_eq!(
+        counter_delta(&before, &after, "flow6_new_outbound"),
+        0,
+        "{after}"
+    );
+    assert!(ipv6_flows(&t).is_empty(), "{:?}", ipv6_flows(&t));
+
+    assert!(
+        ping6(&t, Ns::Client, SERVER6, 3),
+        "its LAN address still reaches the server"
+    );
+    assert!(echos(&t) >= echos0 + 3);
 }
