@@ -704,6 +704,8 @@ fn untranslatable_lan_packets_do_not_leave_on_the_wan() {
             .unwrap_or_else(|| panic!("no counter in:\n{chain}"))
     };
     read_until(Duration::from_secs(5), || dropped(&t), |n| *n >= 3);
+    // The capture's positive control: a datagram that leaves translated.
+    let _ = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5332));
     std::thread::sleep(Duration::from_millis(200));
     let seen = cap.drain();
     let after = t.stats();
@@ -712,6 +714,11 @@ fn untranslatable_lan_packets_do_not_leave_on_the_wan() {
         counter_delta(&before, &after, "pass_no_flow"),
         3,
         "XDP passed the segments to the kernel"
+    );
+    assert!(
+        seen.iter()
+            .any(|s| s.proto == 17 && s.src == ROUTER_WAN_ADDR && s.dst == SERVER_ADDR),
+        "the capture saw no translated datagram: {seen:?}"
     );
     let leaked: Vec<&Seen> = seen.iter().filter(|s| in_lan(s.src)).collect();
     assert!(
