@@ -245,6 +245,34 @@ pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint, u8) {
     (port, ep, if opened_inward(e.flags) { 0 } else { tag })
 }
 
+/// The other mapping a hairpinned flow's target-side entry `e` (its reply
+/// entry, hit through `key`) belongs to: the opener's, named as a WAN-side
+/// entry names it ([`mapping_of`] names the target's, with tag 0): the
+/// key's destination port, the translated destination as its endpoint,
+/// and the tag of the translated source (the WAN address and the port the
+/// opener sent to), which is the tag the opener's entry refreshes it
+/// with. `None` for every other entry. A TCP state change on the target
+/// side (its FIN or RST, often first: servers close idle connections)
+/// refreshes this mapping too, so it follows its connection to the close
+/// from either side (RFC 5382 REQ-5) and the opener's port comes free.
+#[must_use]
+#[inline]
+pub const fn hairpin_opener_mapping(key: &FlowKey, e: &FlowEntry) -> Option<(u16, Endpoint, u8)> {
+    if e.flags & (FLAG_HAIRPIN | FLAG_ORIGINAL) != FLAG_HAIRPIN {
+        return None;
+    }
+    Some((
+        key.dst_port,
+        Endpoint {
+            addr: e.new_dst_addr,
+            port: e.new_dst_port,
+            proto: key.proto,
+            pad: 0,
+        },
+        remote_tag(e.new_src_addr, e.new_src_port),
+    ))
+}
+
 /// Whether the entry with `flags` is of a flow opened towards the mapping
 /// [`mapping_of`] names: from the WAN through it (endpoint-independent or
 /// address-dependent filtering, [`FLAG_PORT_FORWARD`] with
@@ -609,6 +637,17 @@ mod tests {
             (7000, target, 0),
             "the target's: inward"
         );
+        // The target side's entry also names the opener's mapping, with
+        // the tag the opener's entry sets it with.
+        assert_eq!(
+            hairpin_opener_mapping(&rk, &re),
+            Some(mapping_of(&orig, &oe))
+        );
+        assert_eq!(hairpin_opener_mapping(&orig, &oe), None, "the opener's own");
+        let masq = FlowKey::new(A, SRV, 5000, 443, IPPROTO_TCP);
+        let (me, mrk, mre) = new_flow(&masq, &masquerade_key(&masq, WAN, 5555), FLAG_MAPPED, 1);
+        assert_eq!(hairpin_opener_mapping(&masq, &me), None);
+        assert_eq!(hairpin_opener_mapping(&mrk, &mre), None);
     }
 
     #[test]

@@ -9,8 +9,8 @@
 
 use router_common::{
     flow::{
-        MAX_PORT_PROBES, Segment, candidate_port, endpoint_hash, fill_new_flow, initial_state,
-        open_tracking, tcp_opens_flow,
+        MAX_PORT_PROBES, Segment, candidate_port, endpoint_hash, expired, fill_new_flow,
+        initial_state, open_tracking, tcp_opens_flow,
     },
     hdr::{eth, frame, get_addr, get_u16, ipv4},
     mapping::{mapping_expiry, remote_tag, translated_key},
@@ -22,7 +22,7 @@ use router_common::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, xdp_action},
+    bindings::{BPF_ANY, BPF_NOEXIST, xdp_action},
     macros::map,
     maps::PerCpuArray,
     programs::XdpContext,
@@ -31,9 +31,9 @@ use aya_ebpf::{
 use crate::{
     Step, Verdict, debug_log,
     flow::Xlat,
-    hop::forward_egress,
+    hop::{forward_egress, reverse_egress},
     mapping::{self, MapClaim},
-    maps::{CONNTRACK, EEXIST, event, insert_counted, port_forward, remove_counted, stale},
+    maps::{CONNTRACK, EEXIST, event, port_forward, remove_counted, stale},
     parse::{self, Ingress, Packet, header},
 };
 
@@ -124,7 +124,13 @@ fn sender_bits(pkt: &Packet) -> u64 {
 /// translation known so far (the port of a masqueraded or hairpinned flow
 /// is chosen in [`commit`], once the route is known). Else the kernel's.
 #[inline(always)]
-pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step<NewFlow> {
+pub fn admit(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    side: Ingress<'_>,
+    xlat: &mut Xlat,
+    now: u64,
+) -> Step<NewFlow> {
     if side.cfg.admit == Admit::Kernel as u8 {
         // Offload mode: netfilter decides about new flows (firewall, NAT,
         // helpers); the daemon offloads them once established.
@@ -184,19 +190,42 @@ pub fn admit(pkt: &Packet, side: Ingress<'_>, xlat: &mut Xlat, now: u64) -> Step
     if !to_wan_addr || pkt.src == side.cfg.wan_addr {
         return Err(Verdict::pass(Counter::PassUnsolicited));
     }
-    if let Some(target) = port_forward(pkt.proto, pkt.dport) {
+    let kind = if let Some(target) = port_forward(pkt.proto, pkt.dport) {
         xlat.dst = target.addr;
         xlat.dport = target.port;
-        note_kind(KIND_PLAIN)?;
-        return Ok(NewFlow::PortForward);
+        KIND_PLAIN
+    } else if mapping::inbound(side.cfg, sender_bits(pkt), u32::from(pkt.dport), now, xlat) {
+        KIND_INBOUND_MAPPING
+    } else {
+        // Unsolicited: the router's own stack answers (RST, port
+        // unreachable) or a local service takes it.
+        return Err(Verdict::pass(Counter::PassUnsolicited));
+    };
+    // A source that lives behind the LAN cannot arrive on the WAN: spoofed
+    // (RFC 1812 5.3.8, BCP 38 ingress filtering). Forwarded, it would
+    // reach a LAN service that trusts its LAN with a LAN source, and its
+    // tuple could be a hairpinned flow's. It opens nothing; the kernel
+    // decides (`rp_filter` drops it). Asked only of a packet that would
+    // open a flow, after the rule or mapping that lets it in.
+    if source_in_lan(ctx, side.cfg.lan_ifindex) {
+        return Err(Verdict::pass(Counter::PassUnsolicited));
     }
-    if mapping::inbound(side.cfg, sender_bits(pkt), u32::from(pkt.dport), now, xlat) {
-        note_kind(KIND_INBOUND_MAPPING)?;
-        return Ok(NewFlow::PortForward);
-    }
-    // Unsolicited: the router's own stack answers (RST, port
-    // unreachable) or a local service takes it.
-    Err(Verdict::pass(Counter::PassUnsolicited))
+    note_kind(kind)?;
+    Ok(NewFlow::PortForward)
+}
+
+/// Whether the FIB sends a reply to the source of the IPv4 packet of `ctx`
+/// out of the LAN interface (`lan_ifindex`): the reverse path (RFC 3704
+/// 2.2), as the IPv6 path's `v6::source_valid`.
+// A BPF subprogram of its own, called from the entry point on the miss
+// path only: its FIB parameters stay off the entry point's frame, whose
+// call chains are at the verifier's 512 bytes.
+#[inline(never)]
+fn source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
+    let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
+        return false;
+    };
+    reverse_egress(ctx, ip) == Some(lan_ifindex)
 }
 
 /// Standalone mode's forward policy from the WAN, applied to the verdict
@@ -286,6 +315,9 @@ pub fn commit(
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             let claimed = claim_port(cfg, key, open, claimed, now);
+            if claimed == TUPLE_TAKEN {
+                return Err(Verdict::pass(Counter::PassReplyTupleTaken));
+            }
             if claimed == 0 {
                 debug_log::ports_exhausted(key);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
@@ -302,7 +334,9 @@ pub fn commit(
             let translated = FlowKey::new(xlat.src, xlat.dst, xlat.sport, xlat.dport, key.proto);
             match insert_port_forward(key, &translated, open, cfg, now) {
                 Claim::Done => {}
-                Claim::Taken => return Err(Verdict::pass(Counter::PassReplyTupleTaken)),
+                Claim::Taken | Claim::TupleTaken => {
+                    return Err(Verdict::pass(Counter::PassReplyTupleTaken));
+                }
                 // The map refused (out of memory): leave it to the kernel.
                 Claim::Failed => return Err(Verdict::pass(Counter::PassPortsExhausted)),
             }
@@ -365,6 +399,9 @@ fn claim_mapping(cfg: &Config, key: &FlowKey, now: u64) -> u32 {
     0
 }
 
+/// [`claim_port`]: the packet's own tuple is a live flow's
+/// (`Claim::TupleTaken`); no port claimed.
+const TUPLE_TAKEN: u32 = 1 << 18;
 /// [`claim_mapping`] found a port (in the low 16 bits).
 const MAPPING_CLAIMED: u32 = 1 << 16;
 /// ... and the mapping is new (released again if the flow fails).
@@ -407,13 +444,24 @@ fn claim_port(cfg: &Config, key: &FlowKey, open: &Segment, claimed: u32, now: u6
             }
             0
         }
+        // Not the port's fault: another port would not help.
+        Claim::TupleTaken => {
+            if claimed & MAPPING_FRESH != 0 {
+                mapping::release(ep, port);
+            }
+            TUPLE_TAKEN
+        }
     }
 }
 
 #[repr(u32)]
 enum Claim {
     Done,
+    /// The reply tuple is a live flow's.
     Taken,
+    /// The packet's own tuple is a live flow's entry of the other side
+    /// (see [`insert_pair`]).
+    TupleTaken,
     /// The map refused (out of memory or similar): no point probing on.
     Failed,
 }
@@ -469,7 +517,15 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
 /// Inserts the new flow's entries built in `s`: the reply entry with
 /// `BPF_NOEXIST` (a taken one whose entry expired or lost its other half
 /// is reclaimed; a live one is `Claim::Taken`), then the original under
-/// `key`.
+/// `key`, also with `BPF_NOEXIST`: the lookup missed, but an entry of the
+/// other side may hold that tuple (a hairpinned flow's LAN-side original
+/// entry, or a masqueraded flow's WAN-side reply entry, replayed from the
+/// other interface with a spoofed source). Only an expired one is
+/// replaced; a live one keeps its tuple, also when its other half was
+/// evicted (its next packet puts that back) (`Claim::TupleTaken`: the reply entry just
+/// inserted is removed again), as the kernel's conntrack refuses a
+/// clashing tuple and as step 2 of the README's data path says a tuple of
+/// the other side is never translated.
 #[inline(always)]
 fn insert_pair(cfg: &Config, key: &FlowKey, s: &Scratch, now: u64) -> Claim {
     let mut rc = CONNTRACK.insert(&s.reply_key, &s.reply, u64::from(BPF_NOEXIST));
@@ -483,7 +539,22 @@ fn insert_pair(cfg: &Config, key: &FlowKey, s: &Scratch, now: u64) -> Claim {
         Err(EEXIST) => return Claim::Taken,
         Err(_) => return Claim::Failed,
     }
-    if insert_counted(key, &s.orig).is_err() {
+    let mut rc = CONNTRACK.insert(key, &s.orig, u64::from(BPF_NOEXIST));
+    if rc == Err(EEXIST) {
+        // SAFETY: map value reference, valid for this run; two fields read.
+        let live = unsafe { CONNTRACK.get(key) }
+            .is_some_and(|e| !expired(e.state, e.last_seen_ns, now, &cfg.timeouts));
+        if live {
+            remove_counted(&s.reply_key);
+            return Claim::TupleTaken;
+        }
+        // Overwritten in place, not counted: inserted - removed - present
+        // then estimates the LRU's evictions.
+        rc = CONNTRACK.insert(key, &s.orig, u64::from(BPF_ANY));
+    } else if rc.is_ok() {
+        event(Counter::CtEntriesInserted);
+    }
+    if rc.is_err() {
         remove_counted(&s.reply_key);
         return Claim::Failed;
     }

@@ -170,26 +170,36 @@ pub fn next_hop(
     }
     // A new LAN flow that is not routed anywhere (e.g. to the router
     // itself) is not NAT's business either: `fib` passes it.
-    let hop = fib(ctx, ip, xlat.src, xlat.dst)?;
-    if let (
-        Some(e),
-        Hop::Redirect {
-            ifindex,
-            mtu,
-            smac,
-            dmac,
-            ..
-        },
-    ) = (hit, &hop)
+    let hop = fib(ctx, ip, xlat.src, xlat.dst);
+    let Some(e) = hit else {
+        return hop;
+    };
+    // SAFETY: map value pointer from the lookup.
+    let e = unsafe { &mut *e };
+    if let Ok(Hop::Redirect {
+        ifindex,
+        mtu,
+        smac,
+        dmac,
+        ..
+    }) = &hop
     {
-        // SAFETY: map value pointer from the lookup.
-        let e = unsafe { &mut *e };
         e.hop_ifindex = *ifindex;
         e.hop_mtu = *mtu;
         e.hop_smac = *smac;
         e.hop_dmac = *dmac;
+    } else if e.hop_ifindex != 0 {
+        // The FIB refuses the hop now (blackhole, unreachable, forwarding
+        // off, a lower MTU, no neighbour): forget the cached one, so the
+        // next packet asks the FIB again instead of being redirected to
+        // the old hop until the next refresh (the last-seen time was just
+        // refreshed). While the refusal lasts, every packet goes to the
+        // kernel, as it would without XDP. Only on this path: a hit with
+        // a usable cached hop never gets here.
+        core::hint::cold_path();
+        e.hop_ifindex = 0;
     }
-    Ok(hop)
+    hop
 }
 
 /// Counts a packet of `len` IP bytes of the hit `e` (a plain add into

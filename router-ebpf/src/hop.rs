@@ -91,6 +91,15 @@ pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
     egress(ctx, &mut p)
 }
 
+/// The interface the kernel would send a reply to the IPv4 packet `ip`
+/// out of: its addresses swapped, no MTU check; `None` when it would not
+/// forward one.
+#[inline(always)]
+pub fn reverse_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
+    let mut p = params4(ip, get_addr(ip, ipv4::DST), get_addr(ip, ipv4::SRC), 0);
+    egress(ctx, &mut p)
+}
+
 /// The interface the kernel would forward a packet of the FIB parameters
 /// `p` out of (family, protocol, length and addresses set by the caller);
 /// `None` when it would not forward it.

@@ -12,10 +12,13 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
 };
 use router_common::{
-    mapping::{filter_admits, held_by, live, mapping_of, refresh_tick, refreshed_mapping},
+    mapping::{
+        filter_admits, hairpin_opener_mapping, held_by, live, mapping_of, refresh_tick,
+        refreshed_mapping,
+    },
     maps::{
         Config, Counter, Endpoint, Filtering, FlowEntry, FlowKey, MAX_NAT_ENDPOINTS,
-        MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey, PermitKey,
+        MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey, PermitKey, Timeouts,
     },
 };
 
@@ -219,6 +222,15 @@ pub const HAIRPIN: u32 = 1 << 16;
 ///   the flow's previous state `old_state` needed (a flow never
 ///   established lowers no established connection's mapping).
 ///
+/// A state change of a hairpinned flow's target side (its reply entry)
+/// also refreshes the opener's mapping
+/// ([`router_common::mapping::hairpin_opener_mapping`]), with the
+/// opener's tag: the target (a server reached through the WAN address)
+/// often closes first, and the opener's mapping would otherwise keep the
+/// established state's days after the connection closed (RFC 5382
+/// REQ-5; the same rules: only its setter lowers it, and only as far as
+/// `old_state` needed).
+///
 /// Records the tick in `e.out_tick` (also of a WAN-side entry, at a
 /// WAN-side state change; only LAN-side entries read it), found or not,
 /// so that the hit path does not call again in this tick.
@@ -231,14 +243,33 @@ pub fn refresh(key: &FlowKey, e: &mut FlowEntry, now: u64, old_state: u8) {
     let Some(cfg) = CONFIG.get(0) else {
         return;
     };
-    let (port, owner, tag) = mapping_of(key, e);
-    let Some(m) = NAT_MAPPINGS.get_ptr_mut(&mapping_key(key.proto, port)) else {
+    refresh_named(mapping_of(key, e), e.state, old_state, now, &cfg.timeouts);
+    // A state change (an outbound refresh passes the state unchanged).
+    if old_state != e.state
+        && let Some(opener) = hairpin_opener_mapping(key, e)
+    {
+        refresh_named(opener, e.state, old_state, now, &cfg.timeouts);
+    }
+}
+
+/// [`refresh`] of the mapping `(port, owner, tag)` (as
+/// [`router_common::mapping::mapping_of`] names it) by a flow now in
+/// `state`, before in `old_state`: only while the mapping is `owner`'s.
+#[inline(always)]
+fn refresh_named(
+    (port, owner, tag): (u16, Endpoint, u8),
+    state: u8,
+    old_state: u8,
+    now: u64,
+    t: &Timeouts,
+) {
+    let Some(m) = NAT_MAPPINGS.get_ptr_mut(&mapping_key(owner.proto, port)) else {
         return;
     };
     // SAFETY: map value pointer, valid for this run.
     let m = unsafe { &mut *m };
     if m.internal.bits() == owner.bits() {
-        let r = refreshed_mapping(m, key.proto, e.state, old_state, tag, now, &cfg.timeouts);
+        let r = refreshed_mapping(m, owner.proto, state, old_state, tag, now, t);
         m.expires_ns = r.expires_ns;
         m.internal.pad = r.internal.pad;
     }

@@ -3,7 +3,6 @@
 //! counters honest (so `router-ctl stats` can estimate LRU evictions).
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
     macros::map,
     maps::{Array, DevMapHash, HashMap, LruHashMap, PerCpuArray},
 };
@@ -71,21 +70,6 @@ pub fn port_forward(proto: u8, port: u16) -> Option<PortForwardTarget> {
     };
     // SAFETY: hash map value, copied out at once.
     unsafe { PORT_FORWARDS.get(&rule) }.copied()
-}
-
-/// Inserts `k -> v` and counts a new entry; an existing entry (a stale one
-/// of the same tuple) is overwritten without counting, so that inserted -
-/// removed - present estimates the LRU's evictions.
-#[inline(always)]
-pub fn insert_counted(k: &FlowKey, v: &FlowEntry) -> Result<(), i32> {
-    match CONNTRACK.insert(k, v, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {
-            event(Counter::CtEntriesInserted);
-            Ok(())
-        }
-        Err(EEXIST) => CONNTRACK.insert(k, v, u64::from(BPF_ANY)),
-        Err(e) => Err(e),
-    }
 }
 
 /// Removes `k`, counting it if it was there.

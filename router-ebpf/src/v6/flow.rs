@@ -99,21 +99,26 @@ pub fn cached_hop(e: &FlowEntry6, len: usize, now: u64) -> Step<Option<Hop>> {
     redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).map(Some)
 }
 
-/// Caches the FIB's next hop in the hit's entry.
+/// Caches the FIB's next hop in the hit's entry; forgets the cached one
+/// when the FIB refuses the hop (as IPv4's `flow::next_hop`: the next
+/// packet asks the FIB again instead of using the old hop until the next
+/// refresh).
 #[inline(always)]
-pub fn cache_hop(e: &mut FlowEntry6, hop: &Hop) {
-    if let Hop::Redirect {
+pub fn cache_hop(e: &mut FlowEntry6, hop: &Step<Hop>) {
+    if let Ok(Hop::Redirect {
         ifindex,
         mtu,
         smac,
         dmac,
         ..
-    } = *hop
+    }) = *hop
     {
         e.hop_ifindex = ifindex;
         e.hop_mtu = mtu;
         e.hop_smac = smac;
         e.hop_dmac = dmac;
+    } else if e.hop_ifindex != 0 {
+        e.hop_ifindex = 0;
     }
 }
 

@@ -72,10 +72,10 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         if let Some(h) = cached {
             h
         } else {
-            let h = fib6(ctx, ip)?;
+            let h = fib6(ctx, ip);
             // SAFETY: as above.
             flow::cache_hop(unsafe { &mut *e }, &h);
-            h
+            h?
         }
     } else {
         let h = flow::admit(ctx, ip, &key, pkt.tcp_flags, side, now)?;

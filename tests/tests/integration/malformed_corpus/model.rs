@@ -170,11 +170,23 @@ pub(super) fn allowed_after_lookup(
     {
         return (vec![Counter::PassUnsolicited], None);
     }
+    // A LAN host's address as source from the WAN: spoofed (RFC 1812
+    // 5.3.8, BCP 38; replies to it leave on the LAN), opens nothing.
+    if lan_host(key.src_addr) {
+        return (vec![Counter::PassUnsolicited], None);
+    }
     ok.push(Counter::PassPortsExhausted);
     // Its reply tuple may be a live LAN flow's own (a mutated frame can
     // hit one): that flow keeps it.
     ok.push(Counter::PassReplyTupleTaken);
     (ok, Some(Counter::FlowNewPortForward))
+}
+
+/// Whether the router forwards a packet to `addr` out of the LAN interface:
+/// a LAN host, not the router's own LAN address nor the subnet's network
+/// or broadcast address.
+fn lan_host(addr: [u8; 4]) -> bool {
+    addr[..3] == ROUTER_LAN[..3] && addr != ROUTER_LAN && addr[3] != 0 && addr[3] != 255
 }
 
 /// Standalone mode's forward policy from the WAN (README "Standalone
@@ -194,8 +206,7 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
         f[IP_OFF + 18],
         f[IP_OFF + 19],
     ];
-    let lan_host = dst[..3] == ROUTER_LAN[..3] && dst != ROUTER_LAN && dst[3] != 0 && dst[3] != 255;
-    if !lan_host {
+    if !lan_host(dst) {
         return ok;
     }
     ok.into_iter()

@@ -151,7 +151,8 @@ fn fib_outcomes_other_than_success() {
 /// Established flows use the next hop cached in their entry (no FIB lookup
 /// per packet); the FIB is asked again when nothing is cached, when the
 /// packet is bigger than the cached MTU, and at each refresh. A cached hop
-/// to an interface no longer attached is not used blindly.
+/// to an interface no longer attached is not used blindly, and one the FIB
+/// refuses at a refresh (blackhole route, forwarding off) is forgotten.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn next_hop_cache() {
@@ -229,5 +230,42 @@ fn next_hop_cache() {
         );
         r.devices.insert(wan, wan, None, 0).unwrap();
         r.redirect("egress back", &frame, lan, &out, fwd, &[]);
+        assert_eq!(r.raw_entry(&f.orig).hop_ifindex, wan, "cached again");
+
+        // The FIB refuses the hop at a refresh (a blackhole route, then
+        // forwarding off): the cached hop is forgotten, so the packets
+        // after the refused one are passed too, not redirected to the old
+        // hop until the next refresh.
+        let server = tests::addr::SERVER_ADDR.to_string();
+        let forwarding = format!("net.ipv4.conf.{LAN_IF}.forwarding");
+        let refusals: [(&[&str], &[&str], Counter); 2] = [
+            (
+                &["ip", "route", "add", "blackhole", &server],
+                &["ip", "route", "del", "blackhole", &server],
+                Counter::PassFibNotForwarded,
+            ),
+            (
+                &["sysctl", "-qw", &format!("{forwarding}=0")],
+                &["sysctl", "-qw", &format!("{forwarding}=1")],
+                Counter::PassFibForwardingDisabled,
+            ),
+        ];
+        for (refuse, undo, counter) in refusals {
+            env.t.exec_ok(Ns::Router, refuse);
+            let mut due = r.raw_entry(&f.orig);
+            assert_eq!(due.hop_ifindex, wan, "{refuse:?}: cached before");
+            due.last_seen_ns -= 2 * REFRESH_NS;
+            r.put(f.orig, due);
+            r.pass("refused at the refresh", &frame, lan, counter);
+            assert_eq!(
+                r.raw_entry(&f.orig).hop_ifindex,
+                0,
+                "{refuse:?}: cached hop forgotten"
+            );
+            r.pass("refused again, not the old hop", &frame, lan, counter);
+            env.t.exec_ok(Ns::Router, undo);
+            r.redirect("forwarded again", &frame, lan, &out, fwd, &[]);
+            assert_eq!(r.raw_entry(&f.orig).hop_ifindex, wan, "{undo:?}: cached");
+        }
     });
 }

@@ -887,3 +887,106 @@ fn a_shorter_udp_flow_does_not_shorten_the_mapping() {
         );
     });
 }
+
+/// `t` from `CLIENT` to WAN:8080, hairpinned to `CLIENT2:80` from WAN:41000
+/// (the client's port, preserved): asserts the redirect and `events`.
+fn hairpin_out(
+    env: &ResolvedTopology,
+    r: &Router,
+    what: &str,
+    t: Tcp,
+    events: &[Counter],
+) -> ProgRun {
+    let ip = Ipv4::new(CLIENT, WAN, t);
+    r.redirect(
+        what,
+        &env.client_sends(&ip),
+        r.lan,
+        &env.to_client2(&hairpinned(&ip, 41000, CLIENT2, 80)),
+        Counter::FwdOutbound,
+        events,
+    )
+}
+
+/// `t` from `CLIENT2:80` to WAN:41000, hairpinned back to `CLIENT:41000`
+/// from WAN:8080: asserts the redirect.
+fn hairpin_back(env: &ResolvedTopology, r: &Router, what: &str, t: Tcp) -> ProgRun {
+    let ip = Ipv4::new(CLIENT2, WAN, t);
+    r.redirect(
+        what,
+        &env.client2_sends(&ip),
+        r.lan,
+        &env.to_client(&hairpinned(&ip, 8080, CLIENT, 41000)),
+        Counter::FwdOutbound,
+        &[],
+    )
+}
+
+/// `CLIENT:41000 -> WAN:8080`, forwarded to `CLIENT2:80` (hairpinned),
+/// established (SYN, SYN+ACK, ACK) and, 2 s later, refreshed by the
+/// client's ACK: its mapping (WAN port 41000) lives days.
+fn establish_hairpin_41000(env: &ResolvedTopology, r: &mut Router) {
+    r.forward(IPPROTO_TCP, 8080, CLIENT2, 80);
+    let syn = seg(41000, 8080, TCP_SYN, C_ISN, 0);
+    hairpin_out(
+        env,
+        r,
+        "SYN to the forward",
+        syn,
+        &[Counter::FlowNewHairpin],
+    );
+    let syn_ack = seg(80, 41000, TCP_SYN | TCP_ACK, S_ISN, C_ISN + 1);
+    hairpin_back(env, r, "SYN+ACK from client 2", syn_ack);
+    let ack = || seg(41000, 8080, TCP_ACK, C_ISN + 1, S_ISN + 1);
+    hairpin_out(env, r, "ACK", ack(), &[]);
+    let (orig, reply) = (
+        tcp_key(CLIENT, 41000, WAN, 8080),
+        tcp_key(CLIENT2, 80, WAN, 41000),
+    );
+    age(r, &[orig, reply], 2 * NS_PER_SEC);
+    hairpin_out(env, r, "ACK, 2 s later", ack(), &[]);
+    lives_days(r, "established: the mapping lives days");
+}
+
+/// RFC 5382 REQ-5 (and no port leak) for a hairpinned connection (NAT
+/// loopback to a server on the LAN, which usually closes first): the
+/// target's FIN lowers the opener's mapping to `FIN_WAIT`'s timeout, the
+/// opener's FIN then to the closed state's; a RST from the target lowers
+/// it to the closed state's at once. (The target's entry names the
+/// target's side of the flow; the opener's mapping follows it too.)
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_hairpin_targets_close_frees_the_openers_mapping() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
+        establish_hairpin_41000(&env, r);
+        let fin = seg(80, 41000, TCP_FIN | TCP_ACK, S_ISN + 1, C_ISN + 1);
+        let run = hairpin_back(&env, r, "FIN from client 2", fin);
+        let e = expiry(r, IPPROTO_TCP, 41000, client_41000());
+        let fin_wait = u64::from(Timeouts::default().tcp_fin_wait) * NS_PER_SEC;
+        assert!(
+            e <= run.t1 + fin_wait,
+            "the target's FIN lowers the mapping to FIN_WAIT's: {} s left",
+            (i128::from(e) - i128::from(run.t1)) / 1_000_000_000
+        );
+        let ack = seg(41000, 8080, TCP_ACK, C_ISN + 1, S_ISN + 2);
+        hairpin_out(&env, r, "ACK of client 2's FIN", ack, &[]);
+        let fin = seg(41000, 8080, TCP_FIN | TCP_ACK, C_ISN + 1, S_ISN + 2);
+        let run = hairpin_out(&env, r, "the client's FIN", fin, &[]);
+        assert_eq!(
+            r.get(&tcp_key(CLIENT, 41000, WAN, 8080)).state,
+            FlowState::TcpClosed as u8
+        );
+        expires_1s_after(r, &run);
+    });
+    with_router(&env, Some(closing_in_1s(config(&env))), |r| {
+        establish_hairpin_41000(&env, r);
+        let rst = seg(80, 41000, TCP_RST | TCP_ACK, S_ISN + 1, C_ISN + 1);
+        let run = hairpin_back(&env, r, "RST from client 2", rst);
+        assert_eq!(
+            r.get(&tcp_key(CLIENT2, 80, WAN, 41000)).state,
+            FlowState::TcpClosed as u8
+        );
+        expires_1s_after(r, &run);
+    });
+}

@@ -347,3 +347,116 @@ fn an_endpoint_leaves_from_the_port_forwarded_to_it() {
         );
     });
 }
+
+/// A WAN packet whose source is a LAN address (spoofed: the router sends
+/// replies to it out of the LAN; RFC 1812 5.3.8, BCP 38) opens no flow
+/// through a port forward: passed as `pass_unsolicited`. With the tuple of
+/// a live hairpinned flow (`CLIENT:41000 -> WAN:8080 -> CLIENT2:80`) it
+/// leaves that flow's entries as they were (the flow goes on), and from a
+/// LAN address no flow uses it does not reach the forward's target either.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_wan_packet_with_a_lan_source_opens_no_forward() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        r.forward(IPPROTO_TCP, 8080, CLIENT2, 80);
+        // `ip` from a LAN host to WAN:8080 as the router hairpins it.
+        let hairpinned = |ip: &Ipv4| {
+            let mut o = dnat(ip, CLIENT2, 80);
+            o.src = WAN;
+            set_ports(&mut o.l4, Some(41000), None);
+            o
+        };
+        let syn = Ipv4::new(CLIENT, WAN, Tcp::new(41000, 8080, TCP_SYN));
+        r.redirect(
+            "hairpinned SYN",
+            &env.client_sends(&syn),
+            lan,
+            &env.to_client2(&hairpinned(&syn)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewHairpin],
+        );
+        let orig = tcp_key(CLIENT, 41000, WAN, 8080);
+        let (entry, flows) = (r.raw_entry(&orig), r.flows());
+        r.pass(
+            "the hairpin's tuple from the WAN",
+            &env.server_sends(&syn),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        assert_eq!(r.raw_entry(&orig), entry, "the hairpin's entry changed");
+        r.assert_flows("nothing opened", flows.clone());
+        let ack = Ipv4::new(CLIENT, WAN, Tcp::new(41000, 8080, TCP_ACK));
+        r.redirect(
+            "the hairpinned flow goes on",
+            &env.client_sends(&ack),
+            lan,
+            &env.to_client2(&hairpinned(&ack)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let nobody = Ipv4::new(LAN_NOBODY, WAN, Tcp::new(41001, 8080, TCP_SYN));
+        r.pass(
+            "another LAN source from the WAN",
+            &env.server_sends(&nobody),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        r.assert_flows("nothing opened", flows);
+    });
+}
+
+/// The tuple of a live flow's WAN-side entry arriving on the LAN (a LAN
+/// host spoofing the remote `SERVER:3478` of `CLIENT`'s flow, to the
+/// client's mapping WAN:5000, which endpoint-independent filtering lets a
+/// hairpin reach): the hairpin's original entry would be that tuple, so no
+/// flow opens (`pass_reply_tuple_taken`, the reply entry it tried is
+/// removed again and its new mapping released), and the live flow keeps
+/// its entry: the server's replies still reach the client.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_new_flow_does_not_overwrite_a_live_entry_of_the_other_side() {
+    let env = ResolvedTopology::new(true);
+    let cfg = Config {
+        filtering: router_common::maps::Filtering::EndpointIndependent as u8,
+        ..config(&env)
+    };
+    with_router(&env, Some(cfg), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(5000, 3478, b"out"));
+        r.redirect(
+            "the client's flow, mapped to WAN:5000",
+            &env.client_sends(&out),
+            lan,
+            &env.to_server(&snat(&out, 5000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let live = Flow::masq(udp_key(CLIENT, 5000, SERVER, 3478), 5000);
+        let (entry, flows) = (r.raw_entry(&live.reply()), r.flows());
+        let spoofed = Ipv4::new(SERVER, WAN, Udp::new(3478, 5000, b"spoofed"));
+        r.pass(
+            "the flow's WAN-side tuple from the LAN",
+            &env.client2_sends(&spoofed),
+            lan,
+            Counter::PassReplyTupleTaken,
+        );
+        assert_eq!(r.raw_entry(&live.reply()), entry, "the live entry changed");
+        r.assert_flows("nothing opened", flows);
+        assert!(
+            r.mapping(IPPROTO_UDP, 3478)
+                .is_none_or(|m| m.expires_ns < now_ns()),
+            "no mapping left for the spoofed endpoint"
+        );
+        let back = Ipv4::new(SERVER, WAN, Udp::new(3478, 5000, b"reply"));
+        r.redirect(
+            "the server's reply still reaches the client",
+            &env.server_sends(&back),
+            wan,
+            &env.to_client(&dnat(&back, CLIENT, 5000)),
+            Counter::FwdInbound,
+            &[],
+        );
+    });
+}

@@ -546,6 +546,46 @@ fn oversize6_passed_for_packet_too_big() {
     });
 }
 
+/// A cached next hop that the FIB refuses at a refresh (a blackhole route
+/// to the peer) is forgotten: the packets after the refused one are passed
+/// too, not redirected to the old hop until the next refresh; once the
+/// route is back the FIB's hop is cached again.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn hop6_refused_at_a_refresh_is_forgotten() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let q = Ipv6::udp(c, s, &Udp::new(5001, 6001, b"q"));
+        let (frame, out) = (from_client(&env, &q), to_server(&env, &q));
+        let fwd = Counter::Fwd6Outbound;
+        r.redirect("open", &frame, lan, &out, fwd, &[Counter::Flow6NewOutbound]);
+        r.redirect("again (caches the hop)", &frame, lan, &out, fwd, &[]);
+        let k = key(CLIENT6, 5001, SERVER6, 6001, IPPROTO_UDP);
+        assert_eq!(r.conntrack6()[&k].hop_ifindex, wan, "cached");
+
+        let server = SERVER6.to_string();
+        env.t.exec_ok(
+            tests::Ns::Router,
+            &["ip", "-6", "route", "add", "blackhole", &server],
+        );
+        let mut due = r.conntrack6()[&k];
+        due.last_seen_ns -= 2 * router_common::flow::REFRESH_NS;
+        r.put6(&k, &due);
+        let refused = Counter::PassFibNotForwarded;
+        r.pass("refused at the refresh", &frame, lan, refused);
+        assert_eq!(r.conntrack6()[&k].hop_ifindex, 0, "cached hop forgotten");
+        r.pass("refused again, not the old hop", &frame, lan, refused);
+        env.t.exec_ok(
+            tests::Ns::Router,
+            &["ip", "-6", "route", "del", "blackhole", &server],
+        );
+        r.redirect("route back", &frame, lan, &out, fwd, &[]);
+        assert_eq!(r.conntrack6()[&k].hop_ifindex, wan, "cached again");
+    });
+}
+
 /// An unsolicited WAN packet larger than the LAN's MTU is dropped like a
 /// small one (RFC 6092 3: unsolicited inbound traffic is discarded), not
 /// passed for the kernel to answer with Packet Too Big, which would tell a
