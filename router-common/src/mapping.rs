@@ -233,16 +233,23 @@ pub const fn mapping_of(key: &FlowKey, e: &FlowEntry) -> (u16, Endpoint, u8) {
     } else {
         (
             key.dst_port,
-            Endpoint {
-                addr: e.new_dst_addr,
-                port: e.new_dst_port,
-                proto: key.proto,
-                pad: 0,
-            },
+            translated_destination(key, e),
             remote_tag(key.src_addr, key.src_port),
         )
     };
     (port, ep, if opened_inward(e.flags) { 0 } else { tag })
+}
+
+/// The endpoint a WAN-side entry `e` (hit through `key`) translates to:
+/// the LAN endpoint whose mapping the entry's destination port is.
+#[inline]
+const fn translated_destination(key: &FlowKey, e: &FlowEntry) -> Endpoint {
+    Endpoint {
+        addr: e.new_dst_addr,
+        port: e.new_dst_port,
+        proto: key.proto,
+        pad: 0,
+    }
 }
 
 /// The other mapping a hairpinned flow's target-side entry `e` (its reply
@@ -263,12 +270,7 @@ pub const fn hairpin_opener_mapping(key: &FlowKey, e: &FlowEntry) -> Option<(u16
     }
     Some((
         key.dst_port,
-        Endpoint {
-            addr: e.new_dst_addr,
-            port: e.new_dst_port,
-            proto: key.proto,
-            pad: 0,
-        },
+        translated_destination(key, e),
         remote_tag(e.new_src_addr, e.new_src_port),
     ))
 }
