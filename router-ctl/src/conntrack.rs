@@ -708,6 +708,10 @@ pub fn flush(maps: &PinnedMaps) -> Result<()> {
 pub fn flushed(maps: &PinnedMaps) -> Result<u64> {
     use router_common::maps::Counter;
     let map = maps.counters()?;
+    // An older build's shorter COUNTERS may not have it.
+    if Counter::CtEntriesFlushed as u32 >= map.len() {
+        return Ok(0);
+    }
     let values = map
         .get(&(Counter::CtEntriesFlushed as u32), 0)
         .context("reading COUNTERS")?;
@@ -722,6 +726,10 @@ fn record_flushed(maps: &PinnedMaps, n: u64) -> Result<()> {
     use router_common::maps::{Counter, CounterValue};
     let mut map = maps.counters()?;
     let idx = Counter::CtEntriesFlushed as u32;
+    if idx >= map.len() {
+        // An older build's shorter COUNTERS: nothing to count into.
+        return Ok(());
+    }
     let mut values: Vec<CounterValue> = map.get(&idx, 0).context("reading COUNTERS")?.to_vec();
     if let Some(v) = values.first_mut() {
         v.packets = v.packets.wrapping_add(n);

@@ -8,7 +8,7 @@ use router_common::{
         OffloadedHit, Segment, TCP_CONTROL, expired, needs_refresh, offloaded_hit, tcp_control,
         tcp_observe,
     },
-    hdr::{frame, icmp, ipv4, tcp, udp},
+    hdr::{frame, get_u16, icmp, ipv4, tcp, udp},
     maps::{
         Counter, FLAG_MAPPED, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey,
         FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
@@ -188,7 +188,7 @@ pub fn next_hop(
         e.hop_mtu = *mtu;
         e.hop_smac = *smac;
         e.hop_dmac = *dmac;
-    } else if e.hop_ifindex != 0 {
+    } else if e.hop_ifindex != 0 && !too_big_for_the_cache(&hop, ip, e.hop_mtu) {
         // The FIB refuses the hop now (blackhole, unreachable, forwarding
         // off, a lower MTU, no neighbour): forget the cached one, so the
         // next packet asks the FIB again instead of being redirected to
@@ -200,6 +200,17 @@ pub fn next_hop(
         e.hop_ifindex = 0;
     }
     hop
+}
+
+/// Whether the FIB refused `hop` only for a packet that the cached hop's
+/// MTU `cached_mtu` would not take either: an oversize packet of a flow
+/// whose route is fine keeps the cache (its smaller packets stay on it);
+/// one that fits the cached MTU but not the route's means the route's MTU
+/// went down, and the cache goes.
+#[inline(always)]
+fn too_big_for_the_cache(hop: &Step<Hop>, ip: &[u8; ipv4::LEN], cached_mtu: u16) -> bool {
+    matches!(hop, Err(v) if v.counter == Counter::PassMtu)
+        && get_u16(ip, ipv4::TOT_LEN) > cached_mtu
 }
 
 /// Counts a packet of `len` IP bytes of the hit `e` (a plain add into

@@ -11,9 +11,11 @@
 //! 1. [`Carry::prepare`]: the old map is opened; the loader creates the new
 //!    one pinned as [`NEXT_PIN`] (a leftover of a replace cut short before
 //!    step 2 is removed first: no program used it).
-//! 2. [`Carry::take_over`]: the old counts are written into the new map
-//!    (no program uses it yet, so nothing races), and the new map's pin
-//!    replaces `COUNTERS` in one rename.
+//! 2. [`Carry::take_over`], once the replace is journaled (`pending` in the
+//!    record, so the next attach finishes a replace cut short after it,
+//!    also for the same object): the old counts are written into the new
+//!    map (no program uses it yet, so nothing races), and the new map's
+//!    pin replaces `COUNTERS` in one rename.
 //! 3. The links switch to the new program.
 //! 4. [`Carry::finish`]: what the old program counted between step 2 and its
 //!    last run is added. A replace cut short between 2 and 4 loses the old

@@ -107,10 +107,6 @@ pub fn replace_or_keep(
         info!("created the {name} map (the router was attached by an earlier router-ctl)");
     }
     crash_point("replace-after-load");
-    if let Some(c) = carry.as_mut() {
-        c.take_over(dir)?;
-        crash_point("replace-after-counters");
-    }
 
     let now = clock::now_unix();
     let old = record.clone();
@@ -135,8 +131,7 @@ pub fn replace_or_keep(
         prog_id,
         started_at: now,
     });
-    state::save(ctx.ns(), &rec)?;
-    crash_point("replace-after-journal");
+    journal(ctx, &rec, dir, carry.as_mut())?;
 
     // Commit 1: the configuration, one write seen by both interfaces.
     if cur_cfg != Some(want_cfg) {
@@ -150,8 +145,12 @@ pub fn replace_or_keep(
     // Commit 2: each link switches program atomically (BPF_LINK_UPDATE).
     switch_links(dir, &mut ebpf, prog_id)?;
     crash_point("replace-after-links");
-    if let Some(c) = carry {
-        c.finish(dir)?;
+    if let Some(c) = carry
+        && let Err(e) = c.finish(dir)
+    {
+        // The program runs on its new COUNTERS; only what the old one
+        // counted while the links switched is missing.
+        warn!("adding the old program's last counts to the new COUNTERS: {e:#}");
     }
     rec.pending = None;
     rec.config = desired.clone();
@@ -170,6 +169,26 @@ pub fn replace_or_keep(
         obj.id.version()
     );
     Ok(Outcome::Replaced)
+}
+
+/// Saves the record with its `pending` replace; then, if the counters are
+/// carried, the new `COUNTERS` takes the pin: only once the replace is
+/// journaled, so that one cut short from here on is finished by the next
+/// attach (the record's `pending` makes it run even for the same object).
+fn journal(ctx: &Ctx, rec: &State, dir: &Path, carry: Option<&mut Carry>) -> Result<()> {
+    if let Err(e) = state::save(ctx.ns(), rec) {
+        if carry.is_some() {
+            // Nothing uses the new COUNTERS yet.
+            let _ = std::fs::remove_file(dir.join(counters_carry::NEXT_PIN));
+        }
+        return Err(e);
+    }
+    crash_point("replace-after-journal");
+    if let Some(c) = carry {
+        c.take_over(dir)?;
+        crash_point("replace-after-counters");
+    }
+    Ok(())
 }
 
 /// Loads the new object against the pinned maps (`COUNTERS` a new one at

@@ -102,9 +102,10 @@ pub fn cached_hop(e: &FlowEntry6, len: usize, now: u64) -> Step<Option<Hop>> {
 /// Caches the FIB's next hop in the hit's entry; forgets the cached one
 /// when the FIB refuses the hop (as IPv4's `flow::next_hop`: the next
 /// packet asks the FIB again instead of using the old hop until the next
-/// refresh).
+/// refresh), but not for a packet `oversize` for the cached hop's MTU too
+/// (the route may be fine: the flow's other packets stay on the cache).
 #[inline(always)]
-pub fn cache_hop(e: &mut FlowEntry6, hop: &Step<Hop>) {
+pub fn cache_hop(e: &mut FlowEntry6, hop: &Step<Hop>, oversize: bool) {
     if let Ok(Hop::Redirect {
         ifindex,
         mtu,
@@ -117,7 +118,7 @@ pub fn cache_hop(e: &mut FlowEntry6, hop: &Step<Hop>) {
         e.hop_mtu = mtu;
         e.hop_smac = smac;
         e.hop_dmac = dmac;
-    } else if e.hop_ifindex != 0 {
+    } else if e.hop_ifindex != 0 && !oversize {
         e.hop_ifindex = 0;
     }
 }

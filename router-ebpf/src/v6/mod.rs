@@ -72,9 +72,11 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         if let Some(h) = cached {
             h
         } else {
+            // SAFETY: as above.
+            let oversize = pkt.len > usize::from(unsafe { (*e).hop_mtu });
             let h = fib6(ctx, ip);
             // SAFETY: as above.
-            flow::cache_hop(unsafe { &mut *e }, &h);
+            flow::cache_hop(unsafe { &mut *e }, &h, oversize);
             h?
         }
     } else {

@@ -561,6 +561,19 @@ fn an_upgrade_that_adds_a_counter_is_a_live_replace_keeping_flows_and_counts() {
     assert_eq!(tests::counter_of(&before, last), 0, "{before}");
     assert!(tests::counter_of(&before, "fwd_outbound") > 100, "{before}");
 
+    // Cut short right after the new COUNTERS took the pin: the replace is
+    // journaled, the old program still forwards, and the next attach
+    // finishes it.
+    crashed(
+        &t,
+        "replace-after-counters",
+        &["attach", LAN_IF, WAN_IF, "--admit", "xdp"],
+    );
+    assert_eq!(pinned_len(), Counter::COUNT);
+    let (v, _) = status(&t);
+    assert!(!v["record"]["pending"].is_null(), "not journaled: {v}");
+    assert_eq!(flow_xlat(&t, 5611).as_deref(), Some(xlat0.as_str()));
+
     let out = attach(&t, &[]);
     println!("{out}");
     assert!(

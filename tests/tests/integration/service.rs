@@ -97,6 +97,32 @@ fn rules(t: &Topology) -> Vec<(String, u64, String)> {
 }
 
 /// Sends SIGHUP and waits for the reload to finish (RELOADING=1, READY=1).
+/// The daemon's "reloaded FILE" and "reload of FILE failed" lines in
+/// `log` (it keeps the earlier ones: a reload is checked by its own).
+fn reloads(log: &str, file: &str) -> (usize, usize) {
+    let done = format!("router-ctl run: reloaded {file}");
+    let failed = format!("router-ctl run: reload of {file} failed");
+    (
+        log.lines().filter(|l| *l == done).count(),
+        log.lines().filter(|l| l.starts_with(&failed)).count(),
+    )
+}
+
+/// The last reload of `file` succeeded: one "reloaded" line more than
+/// `before`, and no failure.
+fn one_more_reload(d: &RunningDaemon, file: &str, before: (usize, usize)) {
+    // Its line may still be on its way from the daemon's stderr.
+    crate::ctl::wait_for("the reload's own line", Duration::from_secs(5), || {
+        reloads(&d.log(), file).0 > before.0
+    });
+    assert_eq!(
+        reloads(&d.log(), file),
+        (before.0 + 1, before.1),
+        "{}",
+        d.log()
+    );
+}
+
 fn reload(d: &mut RunningDaemon) {
     d.signal(libc::SIGHUP);
     d.wait_note("RELOADING=1", Duration::from_secs(10));
@@ -209,15 +235,6 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         &scratch,
         &["--config", file_arg, "--listen", "none"],
     );
-    // This reload's own line, counted (the log keeps the earlier ones).
-    let reloaded = |log: &str| {
-        let done = format!("router-ctl run: reloaded {file_arg}");
-        let failed = format!("router-ctl run: reload of {file_arg} failed");
-        (
-            log.lines().filter(|l| *l == done).count(),
-            log.lines().filter(|l| l.starts_with(&failed)).count(),
-        )
-    };
     // Applied at start: attached in standalone mode, with the file's rule.
     assert!(t.router_attached(), "{}", d.log());
     assert_eq!(
@@ -241,7 +258,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         ),
     )
     .unwrap();
-    let (done0, failed0) = reloaded(&d.log());
+    let before_reload = reloads(&d.log(), file_arg);
     reload(&mut d);
     assert_eq!(
         rules(&t),
@@ -252,7 +269,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         "{}",
         d.log()
     );
-    assert_eq!(reloaded(&d.log()), (done0 + 1, failed0), "{}", d.log());
+    one_more_reload(&d, file_arg, before_reload);
     reload_unchanged(&t, &mut d);
     let before = rules(&t);
 
@@ -265,9 +282,9 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
         config_text("1024-60999", &[]).replace("admit = \"xdp\"", "admit = \"kernel\""),
     )
     .unwrap();
-    let (done0, failed0) = reloaded(&d.log());
+    let before_reload = reloads(&d.log(), file_arg);
     reload(&mut d);
-    assert_eq!(reloaded(&d.log()), (done0 + 1, failed0), "{}", d.log());
+    one_more_reload(&d, file_arg, before_reload);
     crate::ctl::wait_for(
         "the daemon in offload mode",
         Duration::from_secs(10),

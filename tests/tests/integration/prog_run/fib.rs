@@ -269,3 +269,80 @@ fn next_hop_cache() {
         }
     });
 }
+
+/// A packet over the route's MTU keeps a flow's cached hop (the route is
+/// fine, the flow's other packets stay on it); a route MTU lowered under
+/// the cached one forgets it at the refresh, so no packet goes on at the
+/// old MTU.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_oversize_packet_keeps_the_cached_hop_and_a_lowered_mtu_forgets_it() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f = Flow::masq(udp_key(CLIENT, 41000, SERVER, 53), 41000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, b"q"));
+        let frame = env.client_sends(&q);
+        let out = env.to_server(&snat(&q, 41000));
+        let fwd = Counter::FwdOutbound;
+        r.redirect(
+            "open",
+            &frame,
+            lan,
+            &out,
+            fwd,
+            &[Counter::FlowNewMasquerade],
+        );
+        r.redirect("cached", &frame, lan, &out, fwd, &[]);
+        assert_eq!(r.raw_entry(&f.orig).hop_ifindex, wan);
+        let server = tests::addr::SERVER_ADDR.to_string();
+
+        // A packet over the route's MTU (1500) is the kernel's, and the
+        // route is fine: the flow keeps its cached hop for the rest.
+        let big = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, &[7; 1600]));
+        r.pass(
+            "over the MTU",
+            &env.client_sends(&big),
+            lan,
+            Counter::PassMtu,
+        );
+        assert_eq!(
+            r.raw_entry(&f.orig).hop_ifindex,
+            wan,
+            "an oversize packet kept the cache"
+        );
+        r.redirect("still cached", &frame, lan, &out, fwd, &[]);
+
+        // The route's MTU went down under the cached one (locked: a
+        // forwarding router uses a route's MTU only then, as the FIB
+        // helper does): a packet the cache would take but the route
+        // refuses forgets the cache.
+        let route = [
+            "ip", "route", "add", &server, "dev", WAN_IF, "mtu", "lock", "1000",
+        ];
+        env.t.exec_ok(Ns::Router, &route);
+        let mid = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, &[7; 1200]));
+        let mut due = r.raw_entry(&f.orig);
+        due.last_seen_ns -= 2 * REFRESH_NS;
+        r.put(f.orig, due);
+        r.pass(
+            "over the lowered MTU",
+            &env.client_sends(&mid),
+            lan,
+            Counter::PassMtu,
+        );
+        assert_eq!(
+            r.raw_entry(&f.orig).hop_ifindex,
+            0,
+            "the lowered MTU forgot the cache"
+        );
+        r.pass(
+            "not on the old MTU",
+            &env.client_sends(&mid),
+            lan,
+            Counter::PassMtu,
+        );
+        env.t
+            .exec_ok(Ns::Router, &["ip", "route", "del", &server, "dev", WAN_IF]);
+    });
+}

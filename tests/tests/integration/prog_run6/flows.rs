@@ -583,6 +583,21 @@ fn hop6_refused_at_a_refresh_is_forgotten() {
         );
         r.redirect("route back", &frame, lan, &out, fwd, &[]);
         assert_eq!(r.conntrack6()[&k].hop_ifindex, wan, "cached again");
+
+        // Over the route's MTU (1500): the kernel's (Packet Too Big), and
+        // the route is fine, so the flow keeps its cached hop.
+        let big = Ipv6::udp(c, s, &Udp::new(5001, 6001, &[7; 1500]));
+        r.pass(
+            "over the MTU",
+            &from_client(&env, &big),
+            lan,
+            Counter::Pass6PacketTooBig,
+        );
+        assert_eq!(
+            r.conntrack6()[&k].hop_ifindex,
+            wan,
+            "an oversize packet kept the cache"
+        );
     });
 }
 
