@@ -89,6 +89,17 @@ pub struct CounterValue {
 }
 const _: () = assert!(core::mem::size_of::<CounterValue>() == 16);
 
+impl CounterValue {
+    /// Both counts added, wrapping as the data path's counters do.
+    #[must_use]
+    pub const fn wrapping_add(self, o: Self) -> Self {
+        Self {
+            packets: self.packets.wrapping_add(o.packets),
+            bytes: self.bytes.wrapping_add(o.bytes),
+        }
+    }
+}
+
 /// Controller-written configuration (the single entry of [`CONFIG_MAP`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

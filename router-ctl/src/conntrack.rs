@@ -708,13 +708,10 @@ pub fn flush(maps: &PinnedMaps) -> Result<()> {
 pub fn flushed(maps: &PinnedMaps) -> Result<u64> {
     use router_common::maps::Counter;
     let map = maps.counters()?;
-    // An older build's shorter COUNTERS may not have it.
-    if Counter::CtEntriesFlushed as u32 >= map.len() {
+    let Some(idx) = maps::counter_index(&map, Counter::CtEntriesFlushed) else {
         return Ok(0);
-    }
-    let values = map
-        .get(&(Counter::CtEntriesFlushed as u32), 0)
-        .context("reading COUNTERS")?;
+    };
+    let values = map.get(&idx, 0).context("reading COUNTERS")?;
     Ok(values.iter().map(|v| v.packets).sum())
 }
 
@@ -725,11 +722,9 @@ fn record_flushed(maps: &PinnedMaps, n: u64) -> Result<()> {
     use aya::maps::PerCpuValues;
     use router_common::maps::{Counter, CounterValue};
     let mut map = maps.counters()?;
-    let idx = Counter::CtEntriesFlushed as u32;
-    if idx >= map.len() {
-        // An older build's shorter COUNTERS: nothing to count into.
+    let Some(idx) = maps::counter_index(&map, Counter::CtEntriesFlushed) else {
         return Ok(());
-    }
+    };
     let mut values: Vec<CounterValue> = map.get(&idx, 0).context("reading COUNTERS")?.to_vec();
     if let Some(v) = values.first_mut() {
         v.packets = v.packets.wrapping_add(n);

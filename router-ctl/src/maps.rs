@@ -13,10 +13,10 @@ use aya::{
     maps::{Array, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray},
 };
 use router_common::maps::{
-    CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, CounterValue, DEVICES_MAP,
-    FlowEntry, FlowEntry6, FlowKey, FlowKey6, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP, NAT_PERMITS_MAP,
-    PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6, PortForwardKey, PortForwardTarget,
-    VIRTUAL_MACS_MAP, VirtualMacKey,
+    CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, Counter, CounterValue,
+    DEVICES_MAP, FlowEntry, FlowEntry6, FlowKey, FlowKey6, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP,
+    NAT_PERMITS_MAP, PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6, PortForwardKey,
+    PortForwardTarget, VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::pins::LINK_PINS;
@@ -177,7 +177,10 @@ impl PinnedMaps {
         Ok(Some(info.id()))
     }
 
-    fn typed<T: TryFrom<Map, Error = MapError>>(&self, name: &str) -> Result<T> {
+    /// The map pinned as `name` in this directory, as `T` (also a map
+    /// pinned under another name than its role's, as a replace's staging
+    /// pin).
+    pub(crate) fn typed<T: TryFrom<Map, Error = MapError>>(&self, name: &str) -> Result<T> {
         T::try_from(self.open(name)?).with_context(|| {
             format!(
                 "{name} does not have the layout this router-ctl expects; detach and attach again"
@@ -204,6 +207,15 @@ impl PinnedMaps {
             MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
         Map::from_map_data(data).with_context(|| format!("opening {}", path.display()))
     }
+}
+
+/// The index of counter `c` in the pinned `map`, if it has one: counters
+/// only ever go last, and an older build's shorter `COUNTERS` lacks the
+/// newer ones.
+#[must_use]
+pub fn counter_index(map: &CountersMap, c: Counter) -> Option<u32> {
+    let i = c as u32;
+    (i < map.len()).then_some(i)
 }
 
 /// Capacity (`max_entries`) of a hash map.

@@ -73,22 +73,18 @@ pub fn read_counters(maps: &PinnedMaps) -> Result<Vec<(Counter, CounterValue)>> 
         anyhow::bail!("{}", crate::inspect::other_build_message(&m));
     }
     let map = maps.counters()?;
-    let len = map.len();
     let mut out = Vec::new();
     for &c in Counter::ALL {
-        if c as u32 >= len {
+        let Some(idx) = crate::maps::counter_index(&map, c) else {
             out.push((c, CounterValue::default()));
             continue;
-        }
+        };
         let values = map
-            .get(&(c as u32), 0)
+            .get(&idx, 0)
             .with_context(|| format!("reading counter {}", c.name()))?;
         let sum = values
             .iter()
-            .fold(CounterValue::default(), |a, v| CounterValue {
-                packets: a.packets.wrapping_add(v.packets),
-                bytes: a.bytes.wrapping_add(v.bytes),
-            });
+            .fold(CounterValue::default(), |a, v| a.wrapping_add(*v));
         out.push((c, sum));
     }
     Ok(out)

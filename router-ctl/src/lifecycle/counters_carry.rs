@@ -24,11 +24,14 @@
 use std::{fs, path::Path, thread, time::Duration};
 
 use anyhow::{Context, Result};
-use aya::maps::{MapData, PerCpuArray, PerCpuValues};
+use aya::maps::PerCpuValues;
 use router_common::maps::{COUNTERS_MAP, CounterValue};
 use tracing::info;
 
-use crate::{maps::CountersMap, object::Object};
+use crate::{
+    maps::{CountersMap, PinnedMaps},
+    object::Object,
+};
 
 use super::loader;
 
@@ -64,11 +67,7 @@ impl Carry {
             .find(|(n, _)| *n == COUNTERS_MAP)
             .map(|(_, l)| l.max_entries)
             .context("the object has no COUNTERS map")?;
-        let path = dir.join(COUNTERS_MAP);
-        let data =
-            MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
-        let old = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))
-            .with_context(|| format!("{} is not a per-CPU array", path.display()))?;
+        let old = PinnedMaps::at(dir).counters()?;
         let old_len = old.len();
         if old_len == new_len {
             return Ok(None);
@@ -86,7 +85,7 @@ impl Carry {
     pub fn take_over(&mut self, dir: &Path) -> Result<()> {
         let next = dir.join(NEXT_PIN);
         loader::chmod_600(&next)?;
-        let mut new = open(&next)?;
+        let mut new: CountersMap = PinnedMaps::at(dir).typed(NEXT_PIN)?;
         self.copied = read_all(&self.old, self.old_len.min(self.new_len))?;
         for (i, values) in (0u32..).zip(&self.copied) {
             set(&mut new, i, values.clone())?;
@@ -108,24 +107,22 @@ impl Carry {
     pub fn finish(self, dir: &Path) -> Result<()> {
         thread::sleep(OLD_RUNS_DONE);
         let now = read_all(&self.old, self.old_len.min(self.new_len))?;
-        let mut new = open(&dir.join(COUNTERS_MAP))?;
+        let mut new = PinnedMaps::at(dir).counters()?;
         for (i, (was, is)) in (0u32..).zip(self.copied.iter().zip(&now)) {
             let late: Vec<CounterValue> = was.iter().zip(is).map(|(w, n)| minus(*n, *w)).collect();
             if late.iter().all(|v| *v == CounterValue::default()) {
                 continue;
             }
             let cur = new.get(&i, 0).context("reading COUNTERS")?;
-            let sum = cur.iter().zip(&late).map(|(c, l)| plus(*c, *l)).collect();
+            let sum = cur
+                .iter()
+                .zip(&late)
+                .map(|(c, l)| c.wrapping_add(*l))
+                .collect();
             set(&mut new, i, sum)?;
         }
         Ok(())
     }
-}
-
-fn open(path: &Path) -> Result<CountersMap> {
-    let data = MapData::from_pin(path).with_context(|| format!("opening {}", path.display()))?;
-    PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))
-        .with_context(|| format!("{} is not a per-CPU array", path.display()))
 }
 
 /// Counters `0..n`, each as its per-CPU values.
@@ -138,13 +135,6 @@ fn read_all(map: &CountersMap, n: u32) -> Result<Vec<Vec<CounterValue>>> {
 fn set(map: &mut CountersMap, i: u32, values: Vec<CounterValue>) -> Result<()> {
     let values = PerCpuValues::try_from(values).context("per-CPU values")?;
     map.set(i, values, 0).context("writing COUNTERS")
-}
-
-fn plus(a: CounterValue, b: CounterValue) -> CounterValue {
-    CounterValue {
-        packets: a.packets.wrapping_add(b.packets),
-        bytes: a.bytes.wrapping_add(b.bytes),
-    }
 }
 
 fn minus(a: CounterValue, b: CounterValue) -> CounterValue {
@@ -163,6 +153,6 @@ mod tests {
         let v = |packets, bytes| CounterValue { packets, bytes };
         assert_eq!(minus(v(10, 1000), v(7, 600)), v(3, 400));
         assert_eq!(minus(v(2, 5), v(u64::MAX, u64::MAX - 1)), v(3, 7));
-        assert_eq!(plus(v(u64::MAX, 1), v(2, 2)), v(1, 3));
+        assert_eq!(v(u64::MAX, 1).wrapping_add(v(2, 2)), v(1, 3));
     }
 }

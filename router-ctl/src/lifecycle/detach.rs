@@ -10,6 +10,7 @@ use tracing::{debug, warn};
 
 use crate::{
     bpfsys,
+    config::AdmitMode,
     ctx::Ctx,
     inspect::inspect,
     maps::PinnedMaps,
@@ -32,7 +33,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     if !running.any_pins() {
         tear_down_kernel_side(ctx);
         let had_record = record.is_some();
-        remember_mode(ctx);
+        remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
         state::remove(ctx.ns())?;
         let _ = fs::remove_dir(dir);
         if had_record {
@@ -47,7 +48,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
         lock.remove_file();
         return Ok(false);
     }
-    remember_mode(ctx);
+    remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
     // Commit: both interfaces back to the kernel path in one write.
     if running.maps_present.contains(&CONFIG_MAP) {
         ctx.maps().clear_config()?;
@@ -97,10 +98,11 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     Ok(true)
 }
 
-/// Leaves the detached router's mode for the next attach that states none
-/// (`unstated_admit`). A failure only costs that: said, not fatal.
-fn remember_mode(ctx: &Ctx) {
-    if let Some(admit) = super::attached_mode(ctx)
+/// Leaves the detached router's mode `admit` for the next attach that
+/// states none (`unstated_admit`). A failure only costs that: said, not
+/// fatal.
+fn remember_mode(ctx: &Ctx, admit: Option<AdmitMode>) {
+    if let Some(admit) = admit
         && let Err(e) = state::save_last_mode(ctx.ns(), admit)
     {
         warn!(

@@ -34,7 +34,7 @@ use std::fs;
 
 use anyhow::{Context, Result, bail};
 use aya::programs::XdpMode;
-use router_common::maps::{PortForwardKey, PortForwardTarget};
+use router_common::maps::{Config, PortForwardKey, PortForwardTarget};
 use tracing::{info, warn};
 
 pub use detach::detach;
@@ -130,21 +130,25 @@ pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
 /// The admit mode of the router attached here, if any: its pinned
 /// configuration's, else its record's.
 pub fn attached_mode(ctx: &Ctx) -> Option<AdmitMode> {
+    mode_of(
+        ctx.maps().read_config().ok(),
+        state::load(ctx.ns()).ok().flatten().as_ref(),
+    )
+}
+
+/// [`attached_mode`] from the pinned configuration `pinned` and the
+/// attach record `record`, as read.
+pub fn mode_of(pinned: Option<Config>, record: Option<&State>) -> Option<AdmitMode> {
     // An all-zero CONFIG (a detach cut short after clearing it) configures
     // nothing; its `admit` byte reads as xdp.
-    let pinned = ctx
-        .maps()
-        .read_config()
-        .ok()
-        .filter(|c| c.lan_ifindex != 0)
-        .map(|c| {
-            if c.admit == AdmitMode::Xdp.to_map() as u8 {
-                AdmitMode::Xdp
-            } else {
-                AdmitMode::Kernel
-            }
-        });
-    pinned.or_else(|| state::load(ctx.ns()).ok().flatten().map(|r| r.config.admit))
+    let pinned = pinned.filter(|c| c.lan_ifindex != 0).map(|c| {
+        if c.admit == AdmitMode::Xdp.to_map() as u8 {
+            AdmitMode::Xdp
+        } else {
+            AdmitMode::Kernel
+        }
+    });
+    pinned.or_else(|| record.map(|r| r.config.admit))
 }
 
 /// What `attach` did.
