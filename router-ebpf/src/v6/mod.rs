@@ -101,16 +101,11 @@ pub fn fib6(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
 /// IPv4's `hop::forward_egress`).
 #[inline(always)]
 fn fib6_sized(ctx: &XdpContext, ip: &[u8; ipv6::LEN], tot_len: u16) -> Step<Hop> {
-    // SAFETY: zeroed is a valid bit pattern for this plain C struct.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
-    p.family = AF_INET6;
-    p.l4_protocol = ip[ipv6::NEXT_HEADER];
+    let mut p = params6(ip, ipv6::SRC, ipv6::DST);
     p.__bindgen_anon_1.tot_len = tot_len;
     // Version, traffic class and flow label in wire order: the kernel
     // masks out the version.
     p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes([ip[0], ip[1], ip[2], ip[3]]);
-    p.__bindgen_anon_3.ipv6_src = words(ip, ipv6::SRC);
-    p.__bindgen_anon_4.ipv6_dst = words(ip, ipv6::DST);
     lookup(ctx, &mut p).map_err(|v| {
         if v.counter == Counter::PassMtu {
             Verdict::pass(Counter::Pass6PacketTooBig)
@@ -140,19 +135,28 @@ pub fn source_valid(ctx: &XdpContext, from_lan: bool, lan_ifindex: u32) -> bool 
     // SAFETY: bounds checked by ptr_at; only read, as the caller's
     // reference to the same header is.
     let ip = unsafe { &*ip };
-    // SAFETY: zeroed is a valid bit pattern for this plain C struct.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
-    p.family = AF_INET6;
-    p.l4_protocol = ip[ipv6::NEXT_HEADER];
     // The way back: from the packet's destination to its source; no
     // length, so no MTU check.
-    p.__bindgen_anon_3.ipv6_src = words(ip, ipv6::DST);
-    p.__bindgen_anon_4.ipv6_dst = words(ip, ipv6::SRC);
+    let mut p = params6(ip, ipv6::DST, ipv6::SRC);
     match egress(ctx, &mut p) {
         Some(back) if from_lan => back == lan_ifindex,
         Some(back) => back != lan_ifindex,
         None => false,
     }
+}
+
+/// The FIB parameters of the IPv6 packet `ip` from the address at
+/// `src_at` to the one at `dst_at` (as IPv4's `hop::params4`): no length
+/// (no MTU check) and no flow label unless the caller sets them.
+#[inline(always)]
+fn params6(ip: &[u8; ipv6::LEN], src_at: usize, dst_at: usize) -> FibParams {
+    // SAFETY: zeroed is a valid bit pattern for this plain C struct.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET6;
+    p.l4_protocol = ip[ipv6::NEXT_HEADER];
+    p.__bindgen_anon_3.ipv6_src = words(ip, src_at);
+    p.__bindgen_anon_4.ipv6_dst = words(ip, dst_at);
+    p
 }
 
 /// The address at `at` as the FIB parameters' four wire-order words.
