@@ -148,6 +148,17 @@ fn fib_outcomes_other_than_success() {
     });
 }
 
+/// The client's DNS query of the next-hop cache tests: its flow, the frame
+/// as the client sends it and as it leaves masqueraded (port kept).
+fn dns_query(env: &ResolvedTopology) -> (Flow, Vec<u8>, Vec<u8>) {
+    let q = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, b"q"));
+    (
+        Flow::masq(udp_key(CLIENT, 41000, SERVER, 53), 41000),
+        env.client_sends(&q),
+        env.to_server(&snat(&q, 41000)),
+    )
+}
+
 /// Established flows use the next hop cached in their entry (no FIB lookup
 /// per packet); the FIB is asked again when nothing is cached, when the
 /// packet is bigger than the cached MTU, and at each refresh. A cached hop
@@ -159,10 +170,7 @@ fn next_hop_cache() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
-        let f = Flow::masq(udp_key(CLIENT, 41000, SERVER, 53), 41000);
-        let q = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, b"q"));
-        let frame = env.client_sends(&q);
-        let out = env.to_server(&snat(&q, 41000));
+        let (f, frame, out) = dns_query(&env);
         let fwd = Counter::FwdOutbound;
         r.redirect(
             "open",
@@ -280,10 +288,7 @@ fn an_oversize_packet_keeps_the_cached_hop_and_a_lowered_mtu_forgets_it() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
-        let f = Flow::masq(udp_key(CLIENT, 41000, SERVER, 53), 41000);
-        let q = Ipv4::new(CLIENT, SERVER, Udp::new(41000, 53, b"q"));
-        let frame = env.client_sends(&q);
-        let out = env.to_server(&snat(&q, 41000));
+        let (f, frame, out) = dns_query(&env);
         let fwd = Counter::FwdOutbound;
         r.redirect(
             "open",

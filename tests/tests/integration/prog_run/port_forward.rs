@@ -247,22 +247,28 @@ fn unsolicited_wan_packets_pass_or_drop_untouched() {
 /// tuple the same way): the WAN packet goes to the kernel
 /// (`pass_reply_tuple_taken`), nothing is overwritten, and the LAN
 /// endpoint's packets still leave from its mapping's port.
+/// The client's UDP flow to `SERVER:3478`, opened and mapped to WAN:5000
+/// (its own port): its datagram and its flow.
+fn client_flow_mapped_to_5000(r: &Router, env: &ResolvedTopology) -> (Ipv4, Flow) {
+    let out = Ipv4::new(CLIENT, SERVER, Udp::new(5000, 3478, b"out"));
+    r.redirect(
+        "the client's flow, mapped to WAN:5000",
+        &env.client_sends(&out),
+        r.lan,
+        &env.to_server(&snat(&out, 5000)),
+        Counter::FwdOutbound,
+        &[Counter::FlowNewMasquerade],
+    );
+    (out, Flow::masq(udp_key(CLIENT, 5000, SERVER, 3478), 5000))
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_port_forward_does_not_take_over_a_live_flows_tuple() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
-        let out = Ipv4::new(CLIENT, SERVER, Udp::new(5000, 3478, b"out"));
-        r.redirect(
-            "the LAN endpoint's flow, mapped to WAN:5000",
-            &env.client_sends(&out),
-            lan,
-            &env.to_server(&snat(&out, 5000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
-        let live = Flow::masq(udp_key(CLIENT, 5000, SERVER, 3478), 5000);
+        let (out, live) = client_flow_mapped_to_5000(r, &env);
         let before = (r.get(&live.orig), r.get(&live.reply()));
         // The same LAN endpoint behind a port forward on another port.
         r.forward(IPPROTO_UDP, 6000, CLIENT, 5000);
@@ -424,16 +430,7 @@ fn a_new_flow_does_not_overwrite_a_live_entry_of_the_other_side() {
     };
     with_router(&env, Some(cfg), |r| {
         let (lan, wan) = (r.lan, r.wan);
-        let out = Ipv4::new(CLIENT, SERVER, Udp::new(5000, 3478, b"out"));
-        r.redirect(
-            "the client's flow, mapped to WAN:5000",
-            &env.client_sends(&out),
-            lan,
-            &env.to_server(&snat(&out, 5000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
-        let live = Flow::masq(udp_key(CLIENT, 5000, SERVER, 3478), 5000);
+        let (_, live) = client_flow_mapped_to_5000(r, &env);
         let (entry, flows) = (r.raw_entry(&live.reply()), r.flows());
         let spoofed = Ipv4::new(SERVER, WAN, Udp::new(3478, 5000, b"spoofed"));
         r.pass(
