@@ -50,6 +50,11 @@ pub const LOG_LEVEL_MAP: &str = "LOG_LEVEL";
 /// kernel's links and addresses; read only for a unicast frame not
 /// addressed to the interface's own MAC.
 pub const VIRTUAL_MACS_MAP: &str = "VIRTUAL_MACS";
+/// LRU hash of [`FragmentKey`] -> [`FragmentXlat`]: the translation of
+/// each IPv4 datagram whose first fragment the data path translated, for
+/// its later fragments (which carry no ports). Not pinned: a record lives
+/// for one datagram's reassembly time ([`FRAGMENT_TIMEOUT_NS`]).
+pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
@@ -72,6 +77,12 @@ pub const MAX_VIRTUAL_MACS: u32 = 2 * 2 * 256;
 /// [`VIRTUAL_MACS_MAP`] value bits: the families accepted for a MAC.
 pub const VMAC_IPV4: u8 = 1;
 pub const VMAC_IPV6: u8 = 2;
+/// Capacity of [`FRAGMENTS_MAP`]: fragmented datagrams in flight at once.
+pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
+/// How long after its first fragment a datagram's later fragments are
+/// still translated: Linux's reassembly timeout (`ipfrag_time`, 30 s; RFC
+/// 791 suggests 15 s as the lower bound).
+pub const FRAGMENT_TIMEOUT_NS: u64 = 30_000_000_000;
 /// Capacity of the port-forward rule map.
 pub const MAX_PORT_FORWARDS: u32 = 1024;
 
@@ -494,6 +505,34 @@ pub struct PortForwardKey {
 }
 const _: () = assert!(core::mem::size_of::<PortForwardKey>() == 4);
 
+/// Key of [`FRAGMENTS_MAP`]: a fragmented datagram as it arrived (RFC 791:
+/// source, destination, protocol and identification name the datagram
+/// whose fragments a receiver reassembles), and the side it came in on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FragmentKey {
+    pub src_addr: [u8; 4],
+    pub dst_addr: [u8; 4],
+    /// The identification field, wire bytes.
+    pub id: [u8; 2],
+    pub proto: u8,
+    /// 1 when it came in on the LAN interface, else 0.
+    pub from_lan: u8,
+}
+const _: () = assert!(core::mem::size_of::<FragmentKey>() == 12);
+
+/// Value of [`FRAGMENTS_MAP`]: the addresses the datagram's first fragment
+/// was translated to (the later fragments get the same), and when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragmentXlat {
+    pub new_src_addr: [u8; 4],
+    pub new_dst_addr: [u8; 4],
+    /// `bpf_ktime_get_coarse_ns` of the first fragment.
+    pub first_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<FragmentXlat>() == 16);
+
 /// Key of [`VIRTUAL_MACS_MAP`]: an attached interface and a MAC that frames
 /// arriving on it may be addressed to.
 #[repr(C)]
@@ -652,6 +691,8 @@ mod pod {
     unsafe impl aya::Pod for super::Endpoint {}
     unsafe impl aya::Pod for super::Mapping {}
     unsafe impl aya::Pod for super::PermitKey {}
+    unsafe impl aya::Pod for super::FragmentKey {}
+    unsafe impl aya::Pod for super::FragmentXlat {}
 }
 
 /// Defines the flow states from one table: the [`FlowState`] enum, the
@@ -830,7 +871,9 @@ counters! {
     PassNotIpv4 = "pass_not_ipv4", false;
     /// IPv4 header with options: left to the kernel.
     PassIpOptions = "pass_ip_options", false;
-    /// IPv4 fragment: no ports to look at, the kernel reassembles.
+    /// IPv4 fragment the data path does not carry (of TCP, of no flow it
+    /// carries or an offloaded one, a later fragment before its first):
+    /// the kernel reassembles it. See `fwd_fragment`.
     PassFragment = "pass_fragment", false;
     /// TTL <= 1: the kernel sends ICMP time exceeded (RFC 1812 5.3.1).
     PassTtlExceeded = "pass_ttl_exceeded", false;
@@ -1005,9 +1048,17 @@ counters! {
     /// to the LAN or one of the router's own addresses. Checked when a
     /// flow opens, not per packet.
     ///
+    Drop6SpoofedSource = "drop6_spoofed_source", false;
+    /// IPv4 fragment of a UDP or ICMP echo flow the data path carries (not
+    /// an offloaded one), translated and redirected, either direction: the
+    /// first fragment through the flow's entry, a later one through the
+    /// record its first left in `FRAGMENTS` (RFC 4787 REQ-14). Fragments
+    /// of anything else, and later fragments that arrive before their
+    /// first, go to the kernel (`pass_fragment`).
+    ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    Drop6SpoofedSource = "drop6_spoofed_source", false;
+    FwdFragment = "fwd_fragment", false;
 }
 
 #[cfg(test)]

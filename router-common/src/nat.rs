@@ -15,7 +15,9 @@ pub enum Ipv4Verdict {
     Malformed,
     /// IHL > 5: options are left to the kernel.
     Options,
-    /// MF set or fragment offset != 0.
+    /// MF set or fragment offset != 0, and otherwise forwardable (no
+    /// options, TTL > 1, header checksum right): the fragment path may
+    /// carry it ([`fragment_is_first`]).
     Fragment,
     /// TTL 0 or 1 (RFC 1812 5.3.1: the router must not forward it).
     TtlExceeded,
@@ -39,16 +41,25 @@ pub fn classify_ipv4(hdr: &[u8; ipv4::LEN], l3_len: usize) -> Ipv4Verdict {
     if ihl > 5 {
         return Ipv4Verdict::Options;
     }
-    if get_u16(hdr, ipv4::FRAG_OFF) & ipv4::FRAG_MF_AND_OFFSET != 0 {
-        return Ipv4Verdict::Fragment;
-    }
     if hdr[ipv4::TTL] <= 1 {
         return Ipv4Verdict::TtlExceeded;
     }
     if !header_checksum_ok(hdr) {
         return Ipv4Verdict::BadChecksum;
     }
+    // Last: a fragment is otherwise a header the fast path may forward.
+    if get_u16(hdr, ipv4::FRAG_OFF) & ipv4::FRAG_MF_AND_OFFSET != 0 {
+        return Ipv4Verdict::Fragment;
+    }
     Ipv4Verdict::Forward
+}
+
+/// Whether the fragment `hdr` ([`Ipv4Verdict::Fragment`]) is its
+/// datagram's first (offset 0, MF set), the one that carries the L4
+/// header; a later one carries payload only (RFC 791).
+#[must_use]
+pub const fn fragment_is_first(hdr: &[u8; ipv4::LEN]) -> bool {
+    get_u16(hdr, ipv4::FRAG_OFF) & ipv4::FRAG_OFFSET == 0
 }
 
 /// Whether an option-less IPv4 header's checksum verifies (its words sum
@@ -536,12 +547,45 @@ mod tests {
         assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Options);
         h[ipv4::VERSION_IHL] = 0x65;
         assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Malformed);
-        let mut h = header(64);
-        set_u16(&mut h, ipv4::FRAG_OFF, 0x2000); // MF
-        assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Fragment);
-        let mut h = header(64);
-        set_u16(&mut h, ipv4::FRAG_OFF, 0x0001); // offset 8
-        assert_eq!(classify_ipv4(&h, 60), Ipv4Verdict::Fragment);
+        let fragment = |frag_off: u16, ttl: u8| {
+            let mut h = header(ttl);
+            set_u16(&mut h, ipv4::CHECK, 0);
+            set_u16(&mut h, ipv4::FRAG_OFF, frag_off);
+            let c = checksum::checksum(&h);
+            set_u16(&mut h, ipv4::CHECK, c);
+            h
+        };
+        // MF: the first fragment; offset 8 (MF or not): a later one; DF
+        // alone is no fragment.
+        for (frag_off, first) in [
+            (0x2000, true),
+            (0x6000, true),
+            (0x0001, false),
+            (0x2001, false),
+        ] {
+            let h = fragment(frag_off, 64);
+            assert_eq!(
+                classify_ipv4(&h, 60),
+                Ipv4Verdict::Fragment,
+                "{frag_off:#x}"
+            );
+            assert_eq!(fragment_is_first(&h), first, "{frag_off:#x}");
+        }
+        assert_eq!(
+            classify_ipv4(&fragment(0x4000, 64), 60),
+            Ipv4Verdict::Forward
+        );
+        // A fragment is judged like any packet first: TTL, checksum, options.
+        assert_eq!(
+            classify_ipv4(&fragment(0x2000, 1), 60),
+            Ipv4Verdict::TtlExceeded
+        );
+        let mut bad = fragment(0x2000, 64);
+        bad[ipv4::CHECK] ^= 1;
+        assert_eq!(classify_ipv4(&bad, 60), Ipv4Verdict::BadChecksum);
+        let mut opts = fragment(0x2000, 64);
+        opts[ipv4::VERSION_IHL] = 0x46;
+        assert_eq!(classify_ipv4(&opts, 60), Ipv4Verdict::Options);
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         // `pass6_packet_too_big`).
         C::FwdOutbound
         | C::FwdInbound
+        | C::FwdFragment
         | C::PassIpOptions
         | C::PassFragment
         | C::PassTtlExceeded

@@ -119,6 +119,21 @@ pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -
     lookup(ctx, &mut p)
 }
 
+/// [`fib`] with its parameters in `p` (a per-CPU map slot of the caller)
+/// rather than on the stack: for a subprogram whose call chain has no room
+/// for them.
+#[inline(always)]
+pub fn fib_in(
+    ctx: &XdpContext,
+    p: &mut FibParams,
+    ip: &[u8; ipv4::LEN],
+    src: [u8; 4],
+    dst: [u8; 4],
+) -> Step<Hop> {
+    *p = params4(ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
+    lookup(ctx, p)
+}
+
 /// Runs `bpf_fib_lookup` on `p` (both families share this part) and turns
 /// the result into a [`Hop`] or a pass verdict.
 #[inline(always)]

@@ -7,7 +7,9 @@
 //! flow's cached one or `bpf_fib_lookup`: [`flow::next_hop`]), commit of a
 //! new flow's entries ([`admit::commit`]), the rewrite with incremental
 //! checksum updates ([`flow::rewrite`]) and the L2 forwarding tail shared
-//! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]).
+//! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]). IPv4
+//! fragments take a path of their own ([`fragment`]), IPv6 its own core
+//! ([`v6`]).
 //! Each phase either hands its result on or ends the packet with a
 //! [`Verdict`]: everything not handled goes to the kernel with `XDP_PASS`
 //! and a per-reason counter; malformed packets are dropped and counted. The
@@ -32,6 +34,7 @@ mod admit;
 mod clock;
 mod debug_log;
 mod flow;
+mod fragment;
 mod hop;
 mod icmp_error;
 mod mapping;
@@ -105,9 +108,15 @@ pub fn router(ctx: XdpContext) -> u32 {
     let v = match try_router(&ctx) {
         Ok(v) | Err(v) => v,
     };
-    // Only a passed packet can be unsolicited: forwarded and dropped ones
-    // skip the subprogram call.
+    // Only a passed packet can be a fragment the core left to its own
+    // path, or unsolicited: forwarded and dropped ones skip the
+    // subprogram calls.
     let v = if v.action == xdp_action::XDP_PASS {
+        let v = if v.counter == Counter::PassFragment {
+            fragment::forward(&ctx)
+        } else {
+            v
+        };
         admit::unsolicited(&ctx, v)
     } else {
         v

@@ -9,8 +9,9 @@ use aya_ebpf::{
 use router_common::{
     flow::expired,
     maps::{
-        Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, MAX_PORT_FORWARDS,
-        MAX_VIRTUAL_MACS, PortForwardKey, PortForwardTarget, VirtualMacKey,
+        Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, FragmentKey,
+        FragmentXlat, MAX_FRAGMENTED_DATAGRAMS, MAX_PORT_FORWARDS, MAX_VIRTUAL_MACS,
+        PortForwardKey, PortForwardTarget, VirtualMacKey,
     },
 };
 
@@ -38,6 +39,12 @@ pub static PORT_FORWARDS: HashMap<PortForwardKey, PortForwardTarget> =
 #[map(name = "VIRTUAL_MACS")]
 pub static VIRTUAL_MACS: HashMap<VirtualMacKey, u8> =
     HashMap::with_max_entries(MAX_VIRTUAL_MACS, 0);
+
+/// The translation of fragmented datagrams, for their later fragments
+/// (see `router_common::maps::FRAGMENTS_MAP`).
+#[map(name = "FRAGMENTS")]
+pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentXlat> =
+    LruHashMap::with_max_entries(MAX_FRAGMENTED_DATAGRAMS, 0);
 
 /// `-EEXIST` from a `BPF_NOEXIST` update: the key is taken.
 pub const EEXIST: i32 = -17;

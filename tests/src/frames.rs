@@ -403,6 +403,36 @@ impl Ipv4 {
     }
 }
 
+/// `ip`'s datagram in two fragments (RFC 791 3.2): the first carries
+/// the first `first_len` bytes of its IP payload (a multiple of 8; MF set,
+/// DF cleared), the second the rest (offset `first_len / 8`). The payload
+/// is the whole datagram's, its L4 checksum computed over all of it.
+///
+/// # Panics
+/// If `first_len` is not a multiple of 8 inside the payload.
+#[must_use]
+pub fn fragments(ip: &Ipv4, first_len: usize) -> [Ipv4; 2] {
+    let payload = ip.l4.bytes(ip.src, ip.dst);
+    assert!(
+        first_len.is_multiple_of(8) && first_len > 0 && first_len < payload.len(),
+        "cannot cut a {}-byte payload after {first_len} bytes",
+        payload.len()
+    );
+    let part = |bytes: &[u8], frag: u16| Ipv4 {
+        frag,
+        l4: L4::Raw {
+            proto: ip.l4.proto(),
+            bytes: bytes.to_vec(),
+        },
+        ..ip.clone()
+    };
+    let offset = u16::try_from(first_len / 8).expect("fragment offset");
+    [
+        part(&payload[..first_len], IP_MF),
+        part(&payload[first_len..], offset),
+    ]
+}
+
 /// The Ethernet broadcast address.
 pub const BROADCAST_MAC: [u8; 6] = [0xff; 6];
 /// An IPv4 multicast MAC (224.0.0.251, mDNS: RFC 1112 6.4 mapping).

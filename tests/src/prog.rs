@@ -13,9 +13,10 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use router_common::maps::{
-    CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP, FlowEntry,
-    FlowKey, Mapping, MappingKey, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME,
-    PortForwardKey, PortForwardTarget, Timeouts, VIRTUAL_MACS_MAP, VirtualMacKey,
+    CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP,
+    FRAGMENTS_MAP, FlowEntry, FlowKey, FragmentKey, FragmentXlat, Mapping, MappingKey,
+    NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey, PortForwardTarget, Timeouts,
+    VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
@@ -244,6 +245,38 @@ impl LoadedRouter {
     /// If the map update fails.
     pub fn put(&mut self, k: FlowKey, e: FlowEntry) {
         self.conntrack.insert(k, e, 0).unwrap();
+    }
+
+    /// Writes the `FRAGMENTS` record of a fragmented datagram, as its first
+    /// fragment would have.
+    ///
+    /// # Panics
+    /// If the object has no such map or the update fails.
+    pub fn put_fragment(&mut self, k: FragmentKey, v: FragmentXlat) {
+        let map = self
+            .ebpf
+            .map_mut(FRAGMENTS_MAP)
+            .expect("the object has no FRAGMENTS map");
+        HashMap::<_, FragmentKey, FragmentXlat>::try_from(map)
+            .unwrap()
+            .insert(k, v, 0)
+            .unwrap();
+    }
+
+    /// The `FRAGMENTS` record of a fragmented datagram, if any.
+    ///
+    /// # Panics
+    /// If the object has no such map.
+    #[must_use]
+    pub fn fragment(&self, k: &FragmentKey) -> Option<FragmentXlat> {
+        let map = self
+            .ebpf
+            .map(FRAGMENTS_MAP)
+            .expect("the object has no FRAGMENTS map");
+        HashMap::<_, FragmentKey, FragmentXlat>::try_from(map)
+            .unwrap()
+            .get(k, 0)
+            .ok()
     }
 
     /// Removes a `CONNTRACK` entry.

@@ -266,12 +266,15 @@ fn no_lan_source_address_leaves_on_the_wan() {
     );
 }
 
-/// One LAN socket, two paths: small datagrams go through XDP (source port
-/// preserved), a 3000-byte datagram is fragmented by the client and goes
+/// One LAN socket, two paths. A 3000-byte datagram as the socket's first
+/// is fragmented by the client, and a fragment opens no XDP flow: it goes
 /// through the kernel's slow path, whose NAT would keep the same source
-/// port, and so the same WAN tuple as XDP's flow, if its ports were not
-/// disjoint from XDP's. With the table attach sets up it gets a port of its
-/// own range; both are answered.
+/// port, and so the same WAN tuple as the XDP flow the next small datagram
+/// opens, if its ports were not disjoint from XDP's. With the table attach
+/// sets up it gets a port of its own range. Once XDP carries the flow, its
+/// fragmented datagrams go through XDP both ways, with the flow's port
+/// (RFC 4787 REQ-14): the client's fragments out, the server's fragmented
+/// echo back to the client. Every datagram is answered.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
@@ -281,35 +284,47 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
     let before = t.stats();
     let sock = client_udp(&t, 43000, socket_addr(SERVER_ADDR, 5302));
     let big = vec![0x5a; 3000];
+    assert!(
+        echo_once(&sock, &big).is_some(),
+        "fragmented datagram, no flow yet"
+    );
+    let kernel_path = t.stats();
     assert!(echo_once(&sock, b"small 1").is_some(), "small datagram");
-    assert!(echo_once(&sock, &big).is_some(), "fragmented datagram");
+    let xdp_before = t.stats();
+    assert!(
+        echo_once(&sock, &big).is_some(),
+        "fragmented datagram of the XDP flow, echoed whole"
+    );
+    let xdp_after = t.stats();
     assert!(
         echo_once(&sock, b"small 2").is_some(),
         "small datagram again"
     );
-    let after = t.stats();
     let got = echo.finish();
     println!("server saw {got:?}");
-    let small: Vec<SocketAddr> = got
-        .iter()
-        .filter(|(_, n)| *n < 100)
-        .map(|(p, _)| *p)
-        .collect();
-    let large: Vec<SocketAddr> = got
-        .iter()
-        .filter(|(_, n)| *n == 3000)
-        .map(|(p, _)| *p)
-        .collect();
-    assert_eq!(small, vec![socket_addr(ROUTER_WAN_ADDR, 43000); 2]);
-    assert_eq!(large.len(), 1, "{got:?}");
+    let seen_as = |len: usize| -> Vec<SocketAddr> {
+        got.iter()
+            .filter(|(_, n)| *n == len)
+            .map(|(p, _)| *p)
+            .collect()
+    };
+    let flow = socket_addr(ROUTER_WAN_ADDR, 43000);
+    assert_eq!(seen_as(7), vec![flow; 2], "{got:?}");
+    let large = seen_as(3000);
+    assert_eq!(large.len(), 2, "{got:?}");
     assert_eq!(large[0].ip(), IpAddr::V4(ROUTER_WAN_ADDR));
     assert!(
         (61000..=65535).contains(&large[0].port()),
         "the kernel path mapped to {}: not its own port range",
         large[0]
     );
-    assert!(counter_delta(&before, &after, "pass_fragment") >= 2);
-    assert!(counter_delta(&before, &after, "fwd_outbound") >= 2);
+    assert_eq!(large[1], flow, "the XDP flow's fragments left on its port");
+    // The first datagram's fragments (3 each way at MTU 1500) went to the
+    // kernel; the second's went through XDP, both ways.
+    assert!(counter_delta(&before, &kernel_path, "pass_fragment") >= 6);
+    assert_eq!(counter_delta(&before, &kernel_path, "fwd_fragment"), 0);
+    assert_eq!(counter_delta(&xdp_before, &xdp_after, "fwd_fragment"), 6);
+    assert_eq!(counter_delta(&xdp_before, &xdp_after, "pass_fragment"), 0);
     // XDP's table holds only its own flow's tuple.
     let xlat: Vec<String> = t
         .conntrack()

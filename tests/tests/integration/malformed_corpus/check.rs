@@ -92,6 +92,10 @@ pub(super) fn may_change(f: &[u8], at: usize, icmp_error: Option<bool>) -> bool 
     if (IP_OFF + 12..IP_OFF + 20).contains(&at) {
         return true;
     }
+    // A later fragment: no L4 header, only the addresses change.
+    if be16(f, IP_OFF + 6) & 0x1fff != 0 {
+        return false;
+    }
     match f[IP_OFF + 9] {
         IPPROTO_TCP => {
             (L4_OFF..L4_OFF + 4).contains(&at) || (L4_OFF + 16..L4_OFF + 18).contains(&at)
@@ -126,8 +130,9 @@ pub(super) fn check_rewrite(
     let allowed = match (redirect, counter) {
         (true, Counter::FwdOutbound) => from_lan,
         (true, Counter::FwdInbound) => !from_lan,
-        // Without a neighbour: translated, for the kernel (both ways).
-        (false, Counter::PassNoNeighbour) => true,
+        // A fragment, either way; without a neighbour: translated, for
+        // the kernel (both ways).
+        (true, Counter::FwdFragment) | (false, Counter::PassNoNeighbour) => true,
         _ => false,
     };
     if !allowed {
@@ -211,6 +216,16 @@ pub(super) fn check_rewrite(
                 "ICMP error translated to {got:?}, entry {key:?} says {want:?}"
             ));
         }
+    } else if stage == Stage::LaterFragment {
+        let key = fragment_key(f, from_lan);
+        let Some(x) = r.fragment(&key) else {
+            errs.push(format!("rewritten but no FRAGMENTS record {key:?}"));
+            return errs;
+        };
+        let got = (addr(out, IP_OFF + 12), addr(out, IP_OFF + 16));
+        if got != (x.new_src_addr, x.new_dst_addr) {
+            errs.push(format!("translated to {got:?}, record {key:?} says {x:?}"));
+        }
     } else {
         let key = lookup_key(f);
         let Some(e) = r.entry(&key) else {
@@ -277,7 +292,7 @@ pub(super) fn case(
             errs.push(format!("counter {c:?}, the spec allows {ok:?}"));
         }
         let want_verdict = match c {
-            Counter::FwdOutbound | Counter::FwdInbound => XDP_REDIRECT,
+            Counter::FwdOutbound | Counter::FwdInbound | Counter::FwdFragment => XDP_REDIRECT,
             Counter::DropMalformed
             | Counter::DropTruncated
             | Counter::DropIpChecksum

@@ -46,7 +46,11 @@ pub(super) fn residuals(
     }
     out.push((format!("{what} ip"), Some(residual(0, &pkt[..hlen]))));
     let total = usize::from(be16(pkt, 2));
-    if total < hlen || total > pkt.len() || be16(pkt, 6) & 0x3fff != 0 {
+    // A later fragment has no L4 header; a first one's L4 checksum covers
+    // the whole datagram, but a translation changes it by exactly what it
+    // changes in the header words, so the residual over the fragment's
+    // own bytes stays too.
+    if total < hlen || total > pkt.len() || be16(pkt, 6) & 0x1fff != 0 {
         return;
     }
     let (src, dst, proto) = (addr(pkt, 12), addr(pkt, 16), pkt[9]);
@@ -172,6 +176,18 @@ pub(super) fn lookup_key(f: &[u8]) -> FlowKey {
         dport,
         proto,
     )
+}
+
+/// The `FRAGMENTS` key of a fragment arriving on the LAN (`from_lan`) or
+/// the WAN.
+pub(super) fn fragment_key(f: &[u8], from_lan: bool) -> FragmentKey {
+    FragmentKey {
+        src_addr: addr(f, IP_OFF + 12),
+        dst_addr: addr(f, IP_OFF + 16),
+        id: [f[IP_OFF + 4], f[IP_OFF + 5]],
+        proto: f[IP_OFF + 9],
+        from_lan: u8::from(from_lan),
+    }
 }
 
 /// The key an ICMP error is looked up with: a reply to the quoted packet.

@@ -48,8 +48,8 @@ use std::time::Instant;
 
 use router_common::checksum::{checksum, fold, sum_words};
 use router_common::maps::{
-    Config, Counter, CounterValue, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowKey, IPPROTO_ICMP,
-    IPPROTO_TCP, IPPROTO_UDP, Timeouts,
+    Config, Counter, CounterValue, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowKey,
+    FragmentKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts,
 };
 use tests::addr::octets::{CLIENT, LAN_NOBODY, ROUTER_LAN, SERVER, WAN, WAN_NOBODY};
 use tests::frames::{

@@ -10,6 +10,11 @@ pub(super) enum Stage {
     Lookup,
     /// ICMP error whose quote is usable: looked up as a reply.
     IcmpError,
+    /// A first fragment of UDP or an ICMP echo of its direction: carried
+    /// if its flow is (README "IPv4 fragments").
+    FirstFragment,
+    /// A later fragment: carried if its datagram's first was.
+    LaterFragment,
 }
 
 /// What the spec decides from the bytes alone (README "Per packet", steps
@@ -32,9 +37,6 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
     if ihl > 5 {
         return Exactly(Counter::PassIpOptions);
     }
-    if be16(f, IP_OFF + 6) & 0x3fff != 0 {
-        return Exactly(Counter::PassFragment);
-    }
     if f[IP_OFF + 8] <= 1 {
         return Exactly(Counter::PassTtlExceeded);
     }
@@ -43,6 +45,9 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
     }
     if f[..6] != own_mac {
         return Exactly(Counter::PassNotForUs);
+    }
+    if be16(f, IP_OFF + 6) & 0x3fff != 0 {
+        return fragment(f, from_lan, total);
     }
     match f[IP_OFF + 9] {
         IPPROTO_TCP => {
@@ -93,6 +98,35 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
     }
 }
 
+/// A fragment (README "IPv4 fragments"): a later one depends on its
+/// datagram's first; a first one of UDP or of an ICMP echo of its
+/// direction (whose 8-byte header it must hold) on its flow; the rest is
+/// the kernel's.
+fn fragment(f: &[u8], from_lan: bool, total: usize) -> Stage {
+    if be16(f, IP_OFF + 6) & 0x1fff != 0 {
+        return Stage::LaterFragment;
+    }
+    let echo = if from_lan { ICMP_ECHO_REQUEST } else { 0 };
+    match f[IP_OFF + 9] {
+        IPPROTO_UDP | IPPROTO_ICMP if total < 28 => Stage::Exactly(Counter::DropMalformed),
+        IPPROTO_UDP => Stage::FirstFragment,
+        IPPROTO_ICMP if f[L4_OFF] == echo => Stage::FirstFragment,
+        _ => Stage::Exactly(Counter::PassFragment),
+    }
+}
+
+/// The verdicts of a fragment the data path carries: forwarded, or
+/// passed by the FIB step (with no neighbour: `pass_fragment`).
+fn carried_fragment() -> Vec<Counter> {
+    let mut ok = vec![Counter::FwdFragment, Counter::PassFragment];
+    ok.extend(
+        FIB_PASSES
+            .iter()
+            .filter(|&&c| c != Counter::PassNoNeighbour),
+    );
+    ok
+}
+
 /// The verdict of an ICMP error about no flow of its side: from the LAN
 /// the kernel's (a slow-path flow's, maybe), from the WAN unsolicited.
 const fn icmp_error_miss(from_lan: bool) -> Counter {
@@ -121,6 +155,28 @@ pub(super) fn allowed_after_lookup(
     from_lan: bool,
     stage: Stage,
 ) -> (Vec<Counter>, Option<Counter>) {
+    match stage {
+        Stage::FirstFragment => {
+            let hit = r
+                .entry(&lookup_key(f))
+                .is_some_and(|e| e.lan_side() == from_lan && e.flags & FLAG_OFFLOADED == 0);
+            let ok = if hit {
+                carried_fragment()
+            } else {
+                vec![Counter::PassFragment]
+            };
+            return (ok, None);
+        }
+        Stage::LaterFragment => {
+            let ok = if r.fragment(&fragment_key(f, from_lan)).is_some() {
+                carried_fragment()
+            } else {
+                vec![Counter::PassFragment]
+            };
+            return (ok, None);
+        }
+        _ => {}
+    }
     let fwd = if from_lan {
         Counter::FwdOutbound
     } else {

@@ -24,6 +24,7 @@
 mod counts;
 mod expiry;
 mod fib;
+mod fragments;
 mod icmp;
 mod nat_behaviour;
 mod not_for_us;

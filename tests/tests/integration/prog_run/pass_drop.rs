@@ -234,7 +234,7 @@ fn pass_cases_ttl_fragments_options_protocols() {
                         ip.frag = 8;
                         ip.ttl = 1;
                     }),
-                    Counter::PassFragment,
+                    Counter::PassTtlExceeded,
                 ),
                 (
                     "GRE",

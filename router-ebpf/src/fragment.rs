@@ -1,0 +1,315 @@
+//! IPv4 fragments of the flows the data path carries (RFC 4787 REQ-14).
+//!
+//! Only a datagram's first fragment carries the ports, so the flow is found
+//! through it: translated through the flow's entry like any hit, it leaves
+//! a record in `FRAGMENTS` (the datagram's source, destination, protocol
+//! and identification, RFC 791, and the addresses it was translated to),
+//! and the datagram's later fragments get the same addresses from it. The
+//! ports and the L4 checksum live in the first fragment only: the checksum
+//! covers the whole datagram, and its incremental update (RFC 1624) needs
+//! only the changed words, so the first fragment's rewrite is the
+//! datagram's. Every fragment is forwarded as it is (the receiver
+//! reassembles), never reassembled here.
+//!
+//! Carried: UDP and ICMP echo flows that the data path owns. Passed to the
+//! kernel (`pass_fragment`), as before this path existed: TCP (its header
+//! may be split over fragments, RFC 1858, and TCP avoids fragmenting with
+//! path MTU discovery), fragments of no flow or of a new one (the kernel's
+//! slow path admits it), an offloaded flow's (the kernel's conntrack
+//! reassembles and translates them, in any order), a later fragment that
+//! arrives before its first or more than [`FRAGMENT_TIMEOUT_NS`] after it
+//! (a datagram whose first fragment XDP forwarded is then lost, as the
+//! kernel cannot reassemble it without that one; an endpoint resends), and
+//! a fragment whose next hop the FIB refuses or has no neighbour for (the
+//! kernel's defragmentation would hold it translated, waiting for the
+//! fragments XDP forwards).
+
+use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpContext};
+use router_common::{
+    flow::needs_refresh,
+    hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
+    maps::{
+        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FRAGMENT_TIMEOUT_NS, FlowKey, FlowState,
+        FragmentKey, FragmentXlat, IPPROTO_ICMP, IPPROTO_UDP, VMAC_IPV4,
+    },
+    nat::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, fragment_is_first, rewrite_addrs},
+};
+
+use crate::{
+    Step, Verdict,
+    flow::{self, Xlat},
+    hop::{self, FibParams, Hop, forward_l2},
+    maps::{CONNTRACK, FRAGMENTS},
+    parse::{self, Ingress, header},
+};
+
+/// What [`forward`]'s steps share, off the stack (see there): the
+/// fragment's datagram, its translation and the FIB parameters.
+#[repr(C)]
+struct Scratch {
+    fib: FibParams,
+    key: FragmentKey,
+    /// The first fragment's ports after translation.
+    sport: u16,
+    dport: u16,
+    /// The addresses after translation, and when the first fragment came.
+    record: FragmentXlat,
+}
+
+#[map(name = "FRAGMENT_SCRATCH")]
+static FRAGMENT_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// The verdict of a fragment this path does not carry: the kernel's.
+const NOT_CARRIED: Verdict = Verdict::pass(Counter::PassFragment);
+
+/// What a translation step returns when the scratch slot holds the
+/// fragment's translation: no verdict, the go-ahead for [`send`] (no other
+/// step passes with this counter).
+const TRANSLATED: Verdict = Verdict::pass(Counter::FwdFragment);
+
+/// Forwards the IPv4 fragment of `ctx` (the core's `pass_fragment`
+/// verdict: a header otherwise forwardable, see
+/// [`router_common::nat::Ipv4Verdict::Fragment`]) if it belongs to a flow
+/// the data path carries; else passes it with a reason.
+// BPF subprograms, called from the entry point for fragments only: their
+// frames stay off the entry point's, whose call chains are at the
+// verifier's 512 bytes. The steps are siblings (each returns before the
+// next), so each has the room left under this one, and what they hand on
+// is in a per-CPU slot, not in a frame.
+#[inline(never)]
+pub fn forward(ctx: &XdpContext) -> Verdict {
+    let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
+        return NOT_CARRIED;
+    };
+    let first = fragment_is_first(ip);
+    let v = if first {
+        translate_first(ctx)
+    } else {
+        translate_later(ctx)
+    };
+    if v.counter != TRANSLATED.counter {
+        return v;
+    }
+    send(ctx, first)
+}
+
+/// A datagram's first fragment: its flow's translation, if the data path
+/// carries the flow, into the scratch slot ([`TRANSLATED`]).
+#[inline(never)]
+fn translate_first(ctx: &XdpContext) -> Verdict {
+    match try_translate_first(ctx) {
+        Ok(()) => TRANSLATED,
+        Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_translate_first(ctx: &XdpContext) -> Step<()> {
+    let (ip, side, s) = arrived(ctx)?;
+    of_first(ctx, ip, side, s)
+}
+
+/// A later fragment: the translation its datagram's first fragment
+/// recorded, if there is one, into the scratch slot ([`TRANSLATED`]).
+#[inline(never)]
+fn translate_later(ctx: &XdpContext) -> Verdict {
+    match try_translate_later(ctx) {
+        Ok(()) => TRANSLATED,
+        Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_translate_later(ctx: &XdpContext) -> Step<()> {
+    let (_, _, s) = arrived(ctx)?;
+    // SAFETY: hash map value, copied out at once.
+    let Some(r) = (unsafe { FRAGMENTS.get(&s.key) }).copied() else {
+        return Err(NOT_CARRIED);
+    };
+    if crate::clock::now().saturating_sub(r.first_ns) > FRAGMENT_TIMEOUT_NS {
+        return Err(NOT_CARRIED);
+    }
+    s.record = r;
+    Ok(())
+}
+
+/// The fragment's IPv4 header and side, and the scratch slot with its
+/// datagram's key, if it came in addressed to the router on an attached
+/// interface.
+#[inline(always)]
+fn arrived<'a>(ctx: &XdpContext) -> Step<(&'a mut [u8; ipv4::LEN], Ingress<'a>, &'a mut Scratch)> {
+    let eth: &mut [u8; eth::LEN] = header(ctx, 0)?;
+    let ip: &mut [u8; ipv4::LEN] = header(ctx, frame::IPV4)?;
+    let side = parse::ingress(ctx).ok_or(NOT_CARRIED)?;
+    parse::addressed_to_us(ctx, eth, side, VMAC_IPV4)?;
+    let s = FRAGMENT_SCRATCH.get_ptr_mut(0).ok_or(NOT_CARRIED)?;
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &mut *s };
+    s.key = FragmentKey {
+        src_addr: get_addr(ip, ipv4::SRC),
+        dst_addr: get_addr(ip, ipv4::DST),
+        id: [ip[ipv4::ID], ip[ipv4::ID + 1]],
+        proto: ip[ipv4::PROTO],
+        from_lan: u8::from(side.from_lan),
+    };
+    Ok((ip, side, s))
+}
+
+/// Sends the fragment translated as the scratch slot says (a first
+/// fragment's ports too, and its translation recorded for the later ones),
+/// if XDP can forward it: else the kernel's (whose defragmentation would
+/// hold a translated fragment, waiting for the ones XDP forwards).
+#[inline(never)]
+fn send(ctx: &XdpContext, first: bool) -> Verdict {
+    match try_send(ctx, first) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_send(ctx: &XdpContext, first: bool) -> Step<Verdict> {
+    let eth: &mut [u8; eth::LEN] = header(ctx, 0)?;
+    let ip: &mut [u8; ipv4::LEN] = header(ctx, frame::IPV4)?;
+    let s = FRAGMENT_SCRATCH.get_ptr_mut(0).ok_or(NOT_CARRIED)?;
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &mut *s };
+    let (src, dst) = (s.record.new_src_addr, s.record.new_dst_addr);
+    let hop = hop::fib_in(ctx, &mut s.fib, ip, src, dst)?;
+    if !matches!(hop, Hop::Redirect { .. }) {
+        return Err(NOT_CARRIED);
+    }
+    if first {
+        // A record of an earlier datagram with the same identification is
+        // replaced: its sender reused the identification, so that one is
+        // done. Should the insert fail, the later fragments go to the
+        // kernel (and the datagram is lost).
+        let _ = FRAGMENTS.insert(&s.key, &s.record, u64::from(BPF_ANY));
+        let xlat = Xlat {
+            src,
+            dst,
+            sport: s.sport,
+            dport: s.dport,
+        };
+        flow::rewrite(ctx, ip, s.key.proto, &xlat)?;
+    } else {
+        let _ = rewrite_addrs(ip, src, dst);
+    }
+    Ok(forward_l2(eth, ip, &hop, Counter::FwdFragment))
+}
+
+/// A first fragment: the translation of its flow into `s`, if the data
+/// path carries that flow (a hit on its own side, not expired, not
+/// offloaded), whose timers it refreshes and whose counts it adds to as any
+/// hit does. Written into the slot, not returned: a translation returned
+/// on the stack is read back with wider loads than its alignment, which
+/// the verifier refuses on the stack.
+#[inline(always)]
+fn of_first(
+    ctx: &XdpContext,
+    ip: &[u8; ipv4::LEN],
+    side: Ingress<'_>,
+    s: &mut Scratch,
+) -> Step<()> {
+    let (sport, dport) = ports(ctx, ip, side.from_lan)?;
+    let key = StackKey(FlowKey::new(
+        get_addr(ip, ipv4::SRC),
+        get_addr(ip, ipv4::DST),
+        sport,
+        dport,
+        ip[ipv4::PROTO],
+    ));
+    let (Some(e), now) = flow::lookup(&key.0, side) else {
+        return Err(NOT_CARRIED);
+    };
+    // SAFETY: map value pointer from the lookup, valid for this run.
+    let entry = unsafe { &mut *e };
+    if entry.flags & FLAG_OFFLOADED != 0 {
+        return Err(NOT_CARRIED);
+    }
+    touch(entry, now);
+    flow::count(entry, usize::from(get_u16(ip, ipv4::TOT_LEN)));
+    s.sport = entry.new_src_port;
+    s.dport = entry.new_dst_port;
+    s.record = FragmentXlat {
+        new_src_addr: entry.new_src_addr,
+        new_dst_addr: entry.new_dst_addr,
+        first_ns: now,
+    };
+    Ok(())
+}
+
+/// A flow key on the stack at an 8-byte boundary: LLVM stores its two
+/// addresses, read from the packet, as one 8-byte word, which the verifier
+/// refuses at a stack offset that is not a multiple of 8 (the key alone is
+/// 2-byte aligned).
+#[repr(C, align(8))]
+struct StackKey(FlowKey);
+
+/// The ports of a first fragment's flow (for ICMP echo the identifier
+/// twice, as [`parse::l4`] gives them): UDP, and the ICMP echo of the
+/// packet's direction; else the kernel's. TCP stays the kernel's: its
+/// header may be split over fragments (RFC 1858), and TCP avoids
+/// fragmenting (path MTU discovery). The header checks are
+/// [`parse::l4`]'s, without its TCP fields.
+#[inline(always)]
+fn ports(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<(u16, u16)> {
+    let total_len = usize::from(get_u16(ip, ipv4::TOT_LEN));
+    match ip[ipv4::PROTO] {
+        IPPROTO_UDP => {
+            if total_len < min_len::UDP {
+                return Err(Verdict::drop(Counter::DropMalformed));
+            }
+            let udp: &[u8; udp::LEN] = header(ctx, frame::L4)?;
+            Ok((get_u16(udp, udp::SPORT), get_u16(udp, udp::DPORT)))
+        }
+        IPPROTO_ICMP => {
+            if total_len < min_len::ICMP {
+                return Err(Verdict::drop(Counter::DropMalformed));
+            }
+            let icmp: &[u8; icmp::LEN] = header(ctx, frame::L4)?;
+            let echo = if from_lan {
+                ICMP_ECHO_REQUEST
+            } else {
+                ICMP_ECHO_REPLY
+            };
+            if icmp[icmp::TYPE] != echo {
+                return Err(NOT_CARRIED);
+            }
+            let id = get_u16(icmp, icmp::ECHO_ID);
+            Ok((id, id))
+        }
+        _ => Err(NOT_CARRIED),
+    }
+}
+
+/// What a UDP or ICMP echo hit's state tracking does (`flow::track`): the
+/// first reply of a UDP flow marks it replied, and the last-seen time is
+/// refreshed once per interval, in both entries. Inline here, not through
+/// `track`: that subprogram's call chain (to the TCP control tracking) has
+/// no room left under this one. An evicted other entry is put back by the
+/// flow's next unfragmented packet. (The NAT mapping's outbound refresh,
+/// RFC 4787 REQ-6, is left to those packets too.)
+#[inline(always)]
+fn touch(e: &mut router_common::maps::FlowEntry, now: u64) {
+    let refresh = needs_refresh(e.last_seen_ns, now);
+    let first_reply = e.flags & FLAG_ORIGINAL == 0
+        && e.peer.proto == IPPROTO_UDP
+        && e.state == FlowState::UdpUnreplied as u8;
+    if !refresh && !first_reply {
+        return;
+    }
+    if first_reply {
+        e.state = FlowState::UdpReplied as u8;
+    }
+    if refresh {
+        e.last_seen_ns = now;
+    }
+    if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
+        // SAFETY: map value pointer, valid for this run.
+        let p = unsafe { &mut *p };
+        p.state = e.state;
+        if refresh {
+            p.last_seen_ns = now;
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! IPv4 fragments through `BPF_PROG_RUN`: a UDP or ICMP echo flow's
+//! fragments translated both ways (the first through the flow, the later
+//! ones through the record the first left in `FRAGMENTS`), and the
+//! fragments left to the kernel. Every expected fragment is cut from the
+//! translated datagram built from scratch, so its bytes (the first
+//! fragment's L4 checksum covers the whole datagram) say that the
+//! reassembled datagram verifies.
+
+use router_common::maps::{
+    FLAG_OFFLOADED, FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat, lease_tick,
+};
+use tests::frames::fragments;
+
+use super::*;
+
+/// Where the test datagrams are cut: 64 bytes of IP payload (the 8-byte
+/// UDP or ICMP header and 56 of data) in the first fragment.
+const CUT: usize = 64;
+
+/// `n` bytes of data.
+fn data(n: usize) -> Vec<u8> {
+    (0..n).map(|i| u8::try_from(i % 251).unwrap()).collect()
+}
+
+/// `ip` with the identification `id`.
+fn with_id(mut ip: Ipv4, id: u16) -> Ipv4 {
+    ip.id = id;
+    ip
+}
+
+/// Both fragments of `sent` (from the client when `from_lan`, else from
+/// the server) redirected as the fragments of `want`, each counted
+/// `fwd_fragment`; the runs.
+fn fragments_redirected(
+    r: &Router,
+    env: &ResolvedTopology,
+    what: &str,
+    from_lan: bool,
+    sent: &Ipv4,
+    want: &Ipv4,
+) -> Vec<ProgRun> {
+    let ifindex = if from_lan { r.lan } else { r.wan };
+    let to = |ip: &Ipv4| {
+        if from_lan {
+            env.to_server(ip)
+        } else {
+            env.to_client(ip)
+        }
+    };
+    fragments(sent, CUT)
+        .iter()
+        .zip(&fragments(want, CUT))
+        .zip(["first", "later"])
+        .map(|((s, w), which)| {
+            r.redirect(
+                &format!("{what}: {which} fragment"),
+                &env.sends(from_lan, s),
+                ifindex,
+                &to(w),
+                Counter::FwdFragment,
+                &[],
+            )
+        })
+        .collect()
+}
+
+/// A UDP flow opened by a small datagram: the client's fragmented
+/// datagram leaves on the flow's mapping (not the kernel's), the server's
+/// fragmented answer reaches the client and marks the flow replied; a
+/// later fragment whose first has not come goes to the kernel, and is
+/// translated once it has; each first fragment counts as the flow's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn udp_fragments_of_a_flow_are_translated_both_ways() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"small"));
+        let run = r.redirect(
+            "small datagram out",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts = r.stamp(&f.orig, &run);
+
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, &data(120)));
+        let runs = fragments_redirected(r, &env, "datagram out", true, &out, &snat(&out, 40000));
+        let seen = r.seen(&f.orig, ts, &runs[0]);
+        r.assert_flows(
+            "after the fragments out",
+            f.entries(FlowState::UdpUnreplied, 0, ts, seen),
+        );
+
+        let answer = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(200)));
+        let runs = fragments_redirected(
+            r,
+            &env,
+            "answer in",
+            false,
+            &answer,
+            &dnat(&answer, CLIENT, 40000),
+        );
+        let seen = r.seen(&f.orig, seen, &runs[0]);
+        r.assert_flows(
+            "a fragmented first reply marks the flow replied",
+            f.entries(FlowState::UdpReplied, 0, ts, seen),
+        );
+
+        // Out of order: the later fragment of another answer before its
+        // first is the kernel's (which cannot reassemble it without the
+        // first, which XDP forwards: that datagram is lost); after the
+        // first it is translated.
+        let answer2 = with_id(
+            Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(100))),
+            0x4321,
+        );
+        let [first2, later2] = fragments(&answer2, CUT);
+        r.pass(
+            "later fragment before its first",
+            &env.server_sends(&later2),
+            wan,
+            Counter::PassFragment,
+        );
+        let runs = fragments_redirected(
+            r,
+            &env,
+            "the same answer in order",
+            false,
+            &answer2,
+            &dnat(&answer2, CLIENT, 40000),
+        );
+        let seen = r.seen(&f.orig, seen, &runs[0]);
+        // A duplicate of the first fragment is translated again.
+        let dnat2 = dnat(&answer2, CLIENT, 40000);
+        r.redirect(
+            "first fragment again",
+            &env.server_sends(&first2),
+            wan,
+            &env.to_client(&fragments(&dnat2, CUT)[0]),
+            Counter::FwdFragment,
+            &[],
+        );
+        let seen = r.seen(&f.orig, seen, &runs[0]);
+        r.assert_flows("end", f.entries(FlowState::UdpReplied, 0, ts, seen));
+        // Counted as the flow's: the small datagram and the first fragment
+        // out, the three first fragments in (IP bytes).
+        let first = (20 + CUT) as u64;
+        let count = r.raw_entry(&f.orig).count;
+        assert_eq!(
+            (count.packets, count.bytes),
+            (2, q.bytes().len() as u64 + first),
+            "outbound counts"
+        );
+        let count = r.raw_entry(&f.reply()).count;
+        assert_eq!(
+            (count.packets, count.bytes),
+            (3, 3 * first),
+            "inbound counts"
+        );
+    });
+}
+
+/// An ICMP echo flow opened by a small ping: a fragmented echo request
+/// leaves with the flow's identifier and its fragmented reply comes back
+/// with the client's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn icmp_echo_fragments_of_a_flow_are_translated_both_ways() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let f = Flow::masq(icmp_key(CLIENT, SERVER, 40020), 40020);
+        let ping = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(40020, 1, b"small"));
+        let run = r.redirect(
+            "small ping out",
+            &env.client_sends(&ping),
+            lan,
+            &env.to_server(&snat(&ping, 40020)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let ts = r.stamp(&f.orig, &run);
+        let big = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(40020, 2, &data(300)));
+        fragments_redirected(r, &env, "big ping out", true, &big, &snat(&big, 40020));
+        let pong = Ipv4::new(SERVER, WAN, Icmp::echo_reply(40020, 2, &data(300)));
+        let runs = fragments_redirected(
+            r,
+            &env,
+            "big pong in",
+            false,
+            &pong,
+            &dnat(&pong, CLIENT, 40020),
+        );
+        let seen = r.seen(&f.orig, ts, &runs[0]);
+        r.assert_flows("end", f.entries(FlowState::Icmp, 0, ts, seen));
+    });
+}
+
+/// Fragments the data path leaves to the kernel: of no flow (the kernel's
+/// slow path admits them; no flow opened, no record left), of an
+/// offloaded flow (the kernel's conntrack reassembles and translates
+/// them), a later fragment whose record is older than the reassembly
+/// timeout or that arrives on the other side; one within the timeout is
+/// translated. From the WAN to a LAN host, a fragment of no flow is
+/// standalone mode's unsolicited traffic.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn fragments_the_data_path_does_not_carry_go_to_the_kernel() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(40010, 53, &data(120)));
+        for (i, frag) in fragments(&out, CUT).iter().enumerate() {
+            r.pass(
+                &format!("fragment {i} of no flow"),
+                &env.client_sends(frag),
+                lan,
+                Counter::PassFragment,
+            );
+        }
+        r.assert_flows("no flow opened", []);
+
+        // An offloaded flow CLIENT:40011 -> SERVER:53 as WAN:61011.
+        let orig = udp_key(CLIENT, 40011, SERVER, 53);
+        let reply = udp_key(SERVER, 53, WAN, 61011);
+        let lease = lease_tick(now_ns()) + 60;
+        let e = |peer: FlowKey, new_src, new_dst, sport, dport, flags| FlowEntry {
+            peer,
+            new_src_addr: new_src,
+            new_dst_addr: new_dst,
+            new_src_port: sport,
+            new_dst_port: dport,
+            state: FlowState::UdpReplied as u8,
+            flags: flags | FLAG_OFFLOADED,
+            last_seen_ns: now_ns(),
+            lease,
+            ..FlowEntry::default()
+        };
+        r.put(orig, e(reply, WAN, SERVER, 61011, 53, FLAG_ORIGINAL));
+        r.put(reply, e(orig, SERVER, CLIENT, 53, 40011, 0));
+        let small = Ipv4::new(CLIENT, SERVER, Udp::new(40011, 53, b"small"));
+        r.redirect(
+            "the offloaded flow carries a small datagram",
+            &env.client_sends(&small),
+            lan,
+            &env.to_server(&snat(&small, 61011)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(40011, 53, &data(120)));
+        r.pass(
+            "first fragment of an offloaded flow",
+            &env.client_sends(&fragments(&out, CUT)[0]),
+            lan,
+            Counter::PassFragment,
+        );
+
+        // A record of an answer's first fragment, written by hand.
+        let answer = with_id(
+            Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(120))),
+            0x5555,
+        );
+        let later = &fragments(&answer, CUT)[1];
+        let key = FragmentKey {
+            src_addr: SERVER,
+            dst_addr: WAN,
+            id: 0x5555u16.to_be_bytes(),
+            proto: IPPROTO_UDP,
+            from_lan: 0,
+        };
+        let record = |first_ns| FragmentXlat {
+            new_src_addr: SERVER,
+            new_dst_addr: CLIENT,
+            first_ns,
+        };
+        r.put_fragment(key, record(now_ns() - FRAGMENT_TIMEOUT_NS - 2 * NS_PER_SEC));
+        r.pass(
+            "later fragment past the reassembly timeout",
+            &env.server_sends(later),
+            wan,
+            Counter::PassFragment,
+        );
+        r.put_fragment(key, record(now_ns() - FRAGMENT_TIMEOUT_NS + 5 * NS_PER_SEC));
+        let mut want = later.clone();
+        want.dst = CLIENT;
+        want.ttl -= 1;
+        r.redirect(
+            "later fragment within the reassembly timeout",
+            &env.server_sends(later),
+            wan,
+            &env.to_client(&want),
+            Counter::FwdFragment,
+            &[],
+        );
+        r.pass(
+            "the same fragment from the LAN",
+            &env.client_sends(later),
+            lan,
+            Counter::PassFragment,
+        );
+        let to_lan_host = with_id(
+            Ipv4::new(SERVER, CLIENT, Udp::new(53, 40012, &data(120))),
+            0x6666,
+        );
+        r.drop_frame(
+            "fragment of no flow to a LAN host",
+            &env.server_sends(&fragments(&to_lan_host, CUT)[0]),
+            wan,
+            Counter::DropUnsolicited,
+        );
+    });
+}
