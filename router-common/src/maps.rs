@@ -55,6 +55,11 @@ pub const VIRTUAL_MACS_MAP: &str = "VIRTUAL_MACS";
 /// its later fragments (which carry no ports). Not pinned: a record lives
 /// for one datagram's reassembly time ([`FRAGMENT_TIMEOUT_NS`]).
 pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
+/// Per-CPU array of one token bucket (answers left, `u64`, and the
+/// `CLOCK_MONOTONIC` ns of its last fill, `u64`): the ICMP errors the data
+/// path may still send itself (see [`Counter::DropTtlExceededAnswered`]). Not
+/// pinned.
+pub const ICMP_ANSWER_BUDGET_MAP: &str = "ICMP_ANSWER_BUDGET";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
@@ -875,7 +880,9 @@ counters! {
     /// carries or an offloaded one, a later fragment before its first):
     /// the kernel reassembles it. See `fwd_fragment`.
     PassFragment = "pass_fragment", false;
-    /// TTL <= 1: the kernel sends ICMP time exceeded (RFC 1812 5.3.1).
+    /// TTL <= 1: the kernel sends ICMP time exceeded (RFC 1812 5.3.1), or
+    /// takes a packet addressed to the router as its own. (A WAN packet of
+    /// a flow the data path carries is answered by it: `drop_ttl_exceeded_answered`.)
     PassTtlExceeded = "pass_ttl_exceeded", false;
     /// Not TCP/UDP, or an ICMP type the fast path does not translate.
     PassProtocol = "pass_protocol", false;
@@ -1055,10 +1062,21 @@ counters! {
     /// record its first left in `FRAGMENTS` (RFC 4787 REQ-14). Fragments
     /// of anything else, and later fragments that arrive before their
     /// first, go to the kernel (`pass_fragment`).
+    FwdFragment = "fwd_fragment", false;
+    /// A WAN packet of a flow the data path carries (not an offloaded one)
+    /// with TTL <= 1: discarded and answered with an ICMP Time Exceeded
+    /// from the WAN address quoting it as received (RFC 1812 5.3.1), which
+    /// takes the packet's place in the frame, sent back out of the WAN
+    /// (a redirect to the interface it came in on).
+    /// Passed to the kernel it would be taken as the router's own and
+    /// answered as the endpoint (a TCP RST).
+    DropTtlExceededAnswered = "drop_ttl_exceeded_answered", false;
+    /// The same, past the answers' rate limit (per CPU, Linux's ICMP
+    /// defaults: 1000 a second, bursts of 50): dropped unanswered.
     ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    FwdFragment = "fwd_fragment", false;
+    DropTtlExceeded = "drop_ttl_exceeded", false;
 }
 
 #[cfg(test)]

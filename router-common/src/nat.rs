@@ -164,6 +164,61 @@ pub const fn icmp_is_error(icmp_type: u8) -> bool {
     )
 }
 
+/// Length of the ICMP Time Exceeded frame [`time_exceeded`] builds:
+/// Ethernet, IPv4, ICMP and the quote (the received packet's IPv4 header and
+/// the first 8 bytes of its payload, what RFC 792 asks for).
+pub const TIME_EXCEEDED_LEN: usize = hdr::frame::INNER_L4 + hdr::ICMP_QUOTED_L4_LEN;
+/// Where the received frame sits in that frame before [`time_exceeded`]
+/// runs: its IPv4 header already where the quote goes, its Ethernet header
+/// just before (overwritten by the new headers).
+pub const TIME_EXCEEDED_RECEIVED_AT: usize = hdr::frame::INNER_IPV4 - hdr::eth::LEN;
+/// TTL of the ICMP errors the data path sends (Linux's default TTL).
+pub const ICMP_ERROR_TTL: u8 = 64;
+
+/// Builds, in place, an ICMP Time Exceeded in transit (RFC 792, RFC 1812
+/// 5.3.1) back to the sender of the frame whose first
+/// `TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT` bytes sit at
+/// [`TIME_EXCEEDED_RECEIVED_AT`]: from `own_mac` to the MAC that frame came
+/// from, from `own_addr` to its source address, quoting its IPv4 header
+/// and 8 payload bytes as received (a NAT quotes the packet as its sender
+/// sent it, RFC 5508 REQ-4). The type of service keeps the received one's
+/// and is marked internetwork control, as Linux's errors are (`icmp_send`);
+/// no DF, identification 0.
+pub fn time_exceeded(f: &mut [u8; TIME_EXCEEDED_LEN], own_mac: [u8; 6], own_addr: [u8; 4]) {
+    use hdr::{eth, frame};
+    let received_src_mac = TIME_EXCEEDED_RECEIVED_AT + eth::SRC;
+    let mut peer_mac = [0u8; eth::ADDR_LEN];
+    peer_mac.copy_from_slice(&f[received_src_mac..received_src_mac + eth::ADDR_LEN]);
+    let remote = get_addr(f, frame::INNER_IPV4 + ipv4::SRC);
+    let tos = f[frame::INNER_IPV4 + ipv4::TOS];
+    f[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&peer_mac);
+    f[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&own_mac);
+    set_u16(f, eth::ETHER_TYPE, eth::P_IPV4);
+    let ip = frame::IPV4;
+    #[expect(clippy::cast_possible_truncation, reason = "a 56-byte packet")]
+    let total = (TIME_EXCEEDED_LEN - ip) as u16;
+    f[ip + ipv4::VERSION_IHL] = ipv4::VERSION_IHL_PLAIN;
+    f[ip + ipv4::TOS] = (tos & 0x1e) | 0xc0;
+    set_u16(f, ip + ipv4::TOT_LEN, total);
+    set_u16(f, ip + ipv4::ID, 0);
+    set_u16(f, ip + ipv4::FRAG_OFF, 0);
+    f[ip + ipv4::TTL] = ICMP_ERROR_TTL;
+    f[ip + ipv4::PROTO] = IPPROTO_ICMP;
+    set_u16(f, ip + ipv4::CHECK, 0);
+    set_addr(f, ip + ipv4::SRC, own_addr);
+    set_addr(f, ip + ipv4::DST, remote);
+    let c = checksum::checksum(&f[ip..frame::L4]);
+    set_u16(f, ip + ipv4::CHECK, c);
+    let l4 = frame::L4;
+    f[l4 + icmp::TYPE] = ICMP_TIME_EXCEEDED;
+    f[l4 + icmp::CODE] = 0;
+    set_u16(f, l4 + icmp::CHECK, 0);
+    set_u16(f, l4 + icmp::ECHO_ID, 0);
+    set_u16(f, l4 + icmp::ECHO_SEQ, 0);
+    let c = checksum::checksum(&f[l4..]);
+    set_u16(f, l4 + icmp::CHECK, c);
+}
+
 pub const ICMP_ECHO_REPLY: u8 = 0;
 pub const ICMP_DEST_UNREACH: u8 = 3;
 pub const ICMP_ECHO_REQUEST: u8 = 8;
@@ -586,6 +641,60 @@ mod tests {
         let mut opts = fragment(0x2000, 64);
         opts[ipv4::VERSION_IHL] = 0x46;
         assert_eq!(classify_ipv4(&opts, 60), Ipv4Verdict::Options);
+    }
+
+    #[test]
+    fn time_exceeded_goes_back_to_the_sender_quoting_what_it_sent() {
+        let (own_mac, peer_mac) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9]);
+        let own_addr = [203, 0, 113, 1];
+        let mut received = header(1);
+        received[ipv4::TOS] = 0x2e;
+        set_u16(&mut received, ipv4::CHECK, 0);
+        let c = checksum::checksum(&received);
+        set_u16(&mut received, ipv4::CHECK, c);
+        let payload = [0x00, 0x35, 0x9c, 0x40, 0x00, 0x28, 0xab, 0xcd];
+        let mut f = [0x77u8; TIME_EXCEEDED_LEN];
+        let at = TIME_EXCEEDED_RECEIVED_AT;
+        f[at..at + 6].copy_from_slice(&own_mac);
+        f[at + 6..at + 12].copy_from_slice(&peer_mac);
+        f[at + 12..at + 14].copy_from_slice(&[0x08, 0x00]);
+        f[at + 14..at + 34].copy_from_slice(&received);
+        f[at + 34..].copy_from_slice(&payload);
+        time_exceeded(&mut f, own_mac, own_addr);
+        assert_eq!(f[..6], peer_mac);
+        assert_eq!(f[6..12], own_mac);
+        assert_eq!(f[12..14], [0x08, 0x00]);
+        let ip: [u8; 20] = f[14..34].try_into().unwrap();
+        assert_eq!(
+            ip,
+            [
+                0x45,
+                0xc0 | 0x0e,
+                0,
+                56,
+                0,
+                0,
+                0,
+                0,
+                64,
+                1,
+                ip[10],
+                ip[11],
+                203,
+                0,
+                113,
+                1,
+                received[12],
+                received[13],
+                received[14],
+                received[15],
+            ]
+        );
+        assert_eq!(checksum::checksum(&ip), 0, "IPv4 header checksum");
+        assert_eq!(f[34..42], [11, 0, f[36], f[37], 0, 0, 0, 0]);
+        assert_eq!(checksum::checksum(&f[34..]), 0, "ICMP checksum");
+        assert_eq!(f[42..62], received, "the quote: the header as received");
+        assert_eq!(f[62..], payload, "and 8 bytes of payload");
     }
 
     #[test]

@@ -69,6 +69,8 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         C::FwdOutbound
         | C::FwdInbound
         | C::FwdFragment
+        | C::DropTtlExceededAnswered
+        | C::DropTtlExceeded
         | C::PassIpOptions
         | C::PassFragment
         | C::PassTtlExceeded
@@ -156,7 +158,10 @@ fn encode_verdicts(
     for (fam, what) in [
         ("forwarded", "translated and redirected by the fast path"),
         ("passed", "passed to the kernel"),
-        ("dropped", "dropped as malformed"),
+        (
+            "dropped",
+            "dropped (malformed, unsolicited, spoofed, TTL exceeded)",
+        ),
     ] {
         let rows = verdicts(fam);
         counters(

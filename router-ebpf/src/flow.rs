@@ -56,6 +56,13 @@ impl Xlat {
     }
 }
 
+/// A flow key on the stack at an 8-byte boundary, for the paths that build
+/// one off the hit path: LLVM stores its two addresses, read from the
+/// packet, as one 8-byte word, which the verifier refuses at a stack offset
+/// that is not a multiple of 8 (the key alone is 2-byte aligned).
+#[repr(C, align(8))]
+pub struct StackKey(pub FlowKey);
+
 /// The entry of `key`, if it is a hit: an entry counts only on its own
 /// side (the same tuple replayed on the other interface is spoofed) and
 /// while not expired; with the time of the packet ([`crate::clock::now`],

@@ -27,12 +27,12 @@
 use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     flow::needs_refresh,
-    hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
+    hdr::{eth, frame, get_addr, get_u16, ipv4},
     maps::{
         Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FRAGMENT_TIMEOUT_NS, FlowKey, FlowState,
-        FragmentKey, FragmentXlat, IPPROTO_ICMP, IPPROTO_UDP, VMAC_IPV4,
+        FragmentKey, FragmentXlat, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4,
     },
-    nat::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, fragment_is_first, rewrite_addrs},
+    nat::{fragment_is_first, rewrite_addrs},
 };
 
 use crate::{
@@ -210,8 +210,13 @@ fn of_first(
     side: Ingress<'_>,
     s: &mut Scratch,
 ) -> Step<()> {
-    let (sport, dport) = ports(ctx, ip, side.from_lan)?;
-    let key = StackKey(FlowKey::new(
+    // TCP stays the kernel's: its header may be split over fragments
+    // (RFC 1858), and TCP avoids fragmenting (path MTU discovery).
+    if ip[ipv4::PROTO] == IPPROTO_TCP {
+        return Err(NOT_CARRIED);
+    }
+    let (sport, dport) = parse::ports(ctx, ip, side.from_lan)?.ok_or(NOT_CARRIED)?;
+    let key = flow::StackKey(FlowKey::new(
         get_addr(ip, ipv4::SRC),
         get_addr(ip, ipv4::DST),
         sport,
@@ -236,50 +241,6 @@ fn of_first(
         first_ns: now,
     };
     Ok(())
-}
-
-/// A flow key on the stack at an 8-byte boundary: LLVM stores its two
-/// addresses, read from the packet, as one 8-byte word, which the verifier
-/// refuses at a stack offset that is not a multiple of 8 (the key alone is
-/// 2-byte aligned).
-#[repr(C, align(8))]
-struct StackKey(FlowKey);
-
-/// The ports of a first fragment's flow (for ICMP echo the identifier
-/// twice, as [`parse::l4`] gives them): UDP, and the ICMP echo of the
-/// packet's direction; else the kernel's. TCP stays the kernel's: its
-/// header may be split over fragments (RFC 1858), and TCP avoids
-/// fragmenting (path MTU discovery). The header checks are
-/// [`parse::l4`]'s, without its TCP fields.
-#[inline(always)]
-fn ports(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<(u16, u16)> {
-    let total_len = usize::from(get_u16(ip, ipv4::TOT_LEN));
-    match ip[ipv4::PROTO] {
-        IPPROTO_UDP => {
-            if total_len < min_len::UDP {
-                return Err(Verdict::drop(Counter::DropMalformed));
-            }
-            let udp: &[u8; udp::LEN] = header(ctx, frame::L4)?;
-            Ok((get_u16(udp, udp::SPORT), get_u16(udp, udp::DPORT)))
-        }
-        IPPROTO_ICMP => {
-            if total_len < min_len::ICMP {
-                return Err(Verdict::drop(Counter::DropMalformed));
-            }
-            let icmp: &[u8; icmp::LEN] = header(ctx, frame::L4)?;
-            let echo = if from_lan {
-                ICMP_ECHO_REQUEST
-            } else {
-                ICMP_ECHO_REPLY
-            };
-            if icmp[icmp::TYPE] != echo {
-                return Err(NOT_CARRIED);
-            }
-            let id = get_u16(icmp, icmp::ECHO_ID);
-            Ok((id, id))
-        }
-        _ => Err(NOT_CARRIED),
-    }
 }
 
 /// What a UDP or ICMP echo hit's state tracking does (`flow::track`): the

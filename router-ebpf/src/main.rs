@@ -8,8 +8,9 @@
 //! new flow's entries ([`admit::commit`]), the rewrite with incremental
 //! checksum updates ([`flow::rewrite`]) and the L2 forwarding tail shared
 //! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]). IPv4
-//! fragments take a path of their own ([`fragment`]), IPv6 its own core
-//! ([`v6`]).
+//! fragments take a path of their own ([`fragment`]), and so does a WAN
+//! packet of a flow whose TTL ran out ([`time_exceeded`]); IPv6 has its own
+//! core ([`v6`]).
 //! Each phase either hands its result on or ends the packet with a
 //! [`Verdict`]: everything not handled goes to the kernel with `XDP_PASS`
 //! and a per-reason counter; malformed packets are dropped and counted. The
@@ -40,6 +41,7 @@ mod icmp_error;
 mod mapping;
 mod maps;
 mod parse;
+mod time_exceeded;
 mod v6;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
@@ -109,13 +111,13 @@ pub fn router(ctx: XdpContext) -> u32 {
         Ok(v) | Err(v) => v,
     };
     // Only a passed packet can be a fragment the core left to its own
-    // path, or unsolicited: forwarded and dropped ones skip the
-    // subprogram calls.
+    // path, a flow's packet whose TTL ran out, or unsolicited: forwarded
+    // and dropped ones skip the subprogram calls.
     let v = if v.action == xdp_action::XDP_PASS {
-        let v = if v.counter == Counter::PassFragment {
-            fragment::forward(&ctx)
-        } else {
-            v
+        let v = match v.counter {
+            Counter::PassFragment => fragment::forward(&ctx),
+            Counter::PassTtlExceeded => time_exceeded::answer(&ctx, v),
+            _ => v,
         };
         admit::unsolicited(&ctx, v)
     } else {

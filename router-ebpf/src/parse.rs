@@ -286,6 +286,40 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
     }))
 }
 
+/// The ports of a TCP, UDP or ICMP echo packet (the echo identifier twice,
+/// as [`l4`] gives them) on its own, for the paths off the hit path that
+/// need only the flow's key: `None` for other protocols and ICMP types (an
+/// echo counts only in its direction: requests from the LAN, replies from
+/// the WAN). A packet too short for its 8 bytes of ports (or identifier)
+/// is malformed. Reads no more than those 8 bytes, so also a first
+/// fragment's.
+#[inline(always)]
+pub fn ports(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<Option<(u16, u16)>> {
+    let total_len = usize::from(get_u16(ip, ipv4::TOT_LEN));
+    let proto = ip[ipv4::PROTO];
+    if !matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP) {
+        return Ok(None);
+    }
+    // 8 bytes: UDP's and ICMP's header, TCP's ports and sequence number.
+    if total_len < min_len::UDP {
+        return Err(Verdict::drop(Counter::DropMalformed));
+    }
+    let l4: &[u8; udp::LEN] = header(ctx, frame::L4)?;
+    if proto != IPPROTO_ICMP {
+        return Ok(Some((get_u16(l4, udp::SPORT), get_u16(l4, udp::DPORT))));
+    }
+    let echo = if from_lan {
+        ICMP_ECHO_REQUEST
+    } else {
+        ICMP_ECHO_REPLY
+    };
+    if l4[icmp::TYPE] != echo {
+        return Ok(None);
+    }
+    let id = get_u16(l4, icmp::ECHO_ID);
+    Ok(Some((id, id)))
+}
+
 /// The big-endian 32-bit field at `at` of header `h`.
 #[inline(always)]
 pub fn get_u32<const N: usize>(h: &[u8; N], at: usize) -> u32 {

@@ -14,9 +14,9 @@ use aya::{
 };
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP,
-    FRAGMENTS_MAP, FlowEntry, FlowKey, FragmentKey, FragmentXlat, Mapping, MappingKey,
-    NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey, PortForwardTarget, Timeouts,
-    VIRTUAL_MACS_MAP, VirtualMacKey,
+    FRAGMENTS_MAP, FlowEntry, FlowKey, FragmentKey, FragmentXlat, ICMP_ANSWER_BUDGET_MAP, Mapping,
+    MappingKey, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey,
+    PortForwardTarget, Timeouts, VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
@@ -261,6 +261,23 @@ impl LoadedRouter {
             .unwrap()
             .insert(k, v, 0)
             .unwrap();
+    }
+
+    /// Sets every CPU's ICMP answer budget of the data path (its
+    /// `ICMP_ANSWER_BUDGET`: answers left, time of the last fill in
+    /// `CLOCK_MONOTONIC` ns).
+    ///
+    /// # Panics
+    /// If the object has no such map or the update fails.
+    pub fn set_icmp_answer_budget(&mut self, tokens: u64, filled_ns: u64) {
+        let map = self
+            .ebpf
+            .map_mut(ICMP_ANSWER_BUDGET_MAP)
+            .expect("the object has no ICMP_ANSWER_BUDGET map");
+        let mut budget = PerCpuArray::<_, [u64; 2]>::try_from(map).unwrap();
+        let cpus = aya::util::nr_cpus().unwrap();
+        let values = aya::maps::PerCpuValues::try_from(vec![[tokens, filled_ns]; cpus]).unwrap();
+        budget.set(0, values, 0).unwrap();
     }
 
     /// The `FRAGMENTS` record of a fragmented datagram, if any.

@@ -2,7 +2,9 @@
 //! RST and a blind FIN from the WAN side (a host that knows only the
 //! 4-tuple, with sequence numbers it cannot know), longer than the closing
 //! timeouts; a real RST from the server still closes the flow. IPv4
-//! through the NAT, and IPv6 (routed: its own flow table and parse).
+//! through the NAT, and IPv6 (routed: its own flow table and parse). And a
+//! TTL-limited segment from the server over a live connection gets Time
+//! Exceeded from the router, not a reset.
 
 use std::io::{Read, Write};
 use std::mem::MaybeUninit;
@@ -233,4 +235,100 @@ fn survives_blind_rst_and_fin(family: Family) {
         .expect_err("the client sees the reset");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     assert_eq!(tcp_flow(&t, family)["state"], "CLOSED");
+}
+
+/// A TTL-limited segment from the server over a live connection (a
+/// tcptraceroute/0trace-style probe: its TTL runs out at the router) is
+/// answered by the router with an ICMP Time Exceeded from its WAN address,
+/// quoting the segment as the server sent it (to the WAN address and the
+/// connection's port), and the connection lives on: the segment's
+/// retransmission with a normal TTL gets through. Passed to the router's
+/// own stack instead, which knows nothing of the data path's flows, the
+/// segment would be answered with a RST that closes the server's side.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_ttl_limited_segment_gets_time_exceeded_and_the_connection_lives_on() {
+    let t = Topology::new();
+    attach_and_print(&t, &[]);
+    let family = Family::V4;
+    let listener = t.in_ns(Ns::Server, || TcpListener::bind(family.server()).unwrap());
+    let icmp = t.in_ns(Ns::Server, || {
+        Socket::new(
+            Domain::IPV4,
+            Type::from(libc::SOCK_RAW),
+            Some(Protocol::ICMPV4),
+        )
+        .expect("raw ICMP socket")
+    });
+    icmp.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut client = t.in_ns(Ns::Client, || {
+        TcpStream::connect_timeout(&family.server(), TIMEOUT).unwrap()
+    });
+    client.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let (mut server, wan_peer) = listener.accept().unwrap();
+    server.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut got = [0u8; 5];
+    client.write_all(b"hello").unwrap();
+    server.read_exact(&mut got).unwrap();
+
+    let before = t.stats();
+    let ttl = server.ttl().unwrap();
+    server.set_ttl(1).unwrap();
+    server.write_all(b"probe").unwrap();
+    let quote = time_exceeded_from_router(&icmp);
+    server.set_ttl(ttl).unwrap();
+    // The quote: the segment as the server sent it, TTL 1, to the
+    // connection's WAN address and port.
+    assert_eq!(quote[8], 1, "quoted TTL");
+    assert_eq!(quote[9], 6, "quoted protocol");
+    assert_eq!(quote[12..16], SERVER_ADDR.octets(), "quoted source");
+    assert_eq!(
+        quote[16..20],
+        ROUTER_WAN_ADDR.octets(),
+        "quoted destination"
+    );
+    assert_eq!(
+        quote[20..24],
+        [PORT.to_be_bytes(), wan_peer.port().to_be_bytes()].concat()[..],
+        "quoted ports"
+    );
+    let after = t.stats();
+    assert_eq!(
+        counter_delta(&before, &after, "drop_ttl_exceeded_answered"),
+        1
+    );
+
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"probe", "the retransmission got through");
+    client.write_all(b"again").unwrap();
+    server.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"again", "the connection lives on both ways");
+    assert_eq!(tcp_flow(&t, family)["state"], "ESTABLISHED");
+}
+
+/// Waits on the server's raw ICMP socket for a Time Exceeded from the
+/// router's WAN address; returns the packet it quotes.
+fn time_exceeded_from_router(icmp: &Socket) -> Vec<u8> {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
+    while Instant::now() < deadline {
+        let Ok((n, from)) = icmp.recv_from(&mut buf) else {
+            continue;
+        };
+        // SAFETY: recv_from initialised the first n bytes.
+        let p: Vec<u8> = buf[..n]
+            .iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
+        let hlen = usize::from(p[0] & 0x0f) * 4;
+        if from.as_socket().map(|a| a.ip()) != Some(IpAddr::V4(ROUTER_WAN_ADDR))
+            || p.len() < hlen + 8 + 28
+            || p[hlen] != 11
+        {
+            continue;
+        }
+        return p[hlen + 8..].to_vec();
+    }
+    panic!("no Time Exceeded from the router seen on the server");
 }

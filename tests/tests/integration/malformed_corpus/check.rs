@@ -122,6 +122,17 @@ pub(super) fn check_rewrite(
 ) -> Vec<String> {
     let mut errs = Vec::new();
     let out = &run.out;
+    if counter == Counter::DropTtlExceededAnswered {
+        // Built from the input by the spec's own function, on the host.
+        let mut want = [0u8; TIME_EXCEEDED_LEN];
+        want[TIME_EXCEEDED_RECEIVED_AT..]
+            .copy_from_slice(&f[..TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT]);
+        time_exceeded(&mut want, env.wan_mac, WAN);
+        if out[..] != want[..] {
+            errs.push(format!("Time Exceeded {out:02x?}, want {want:02x?}"));
+        }
+        return errs;
+    }
     if out.len() != f.len() {
         errs.push(format!("length {} -> {}", f.len(), out.len()));
         return errs;
@@ -292,11 +303,15 @@ pub(super) fn case(
             errs.push(format!("counter {c:?}, the spec allows {ok:?}"));
         }
         let want_verdict = match c {
-            Counter::FwdOutbound | Counter::FwdInbound | Counter::FwdFragment => XDP_REDIRECT,
+            Counter::FwdOutbound
+            | Counter::FwdInbound
+            | Counter::FwdFragment
+            | Counter::DropTtlExceededAnswered => XDP_REDIRECT,
             Counter::DropMalformed
             | Counter::DropTruncated
             | Counter::DropIpChecksum
-            | Counter::DropUnsolicited => XDP_DROP,
+            | Counter::DropUnsolicited
+            | Counter::DropTtlExceeded => XDP_DROP,
             _ => XDP_PASS,
         };
         if run.verdict != want_verdict {

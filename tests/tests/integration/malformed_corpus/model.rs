@@ -15,6 +15,9 @@ pub(super) enum Stage {
     FirstFragment,
     /// A later fragment: carried if its datagram's first was.
     LaterFragment,
+    /// A WAN packet with TTL <= 1 that may be a flow's: answered with Time
+    /// Exceeded if it is (README "Per packet" step 11).
+    TtlExceeded,
 }
 
 /// What the spec decides from the bytes alone (README "Per packet", steps
@@ -38,7 +41,7 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
         return Exactly(Counter::PassIpOptions);
     }
     if f[IP_OFF + 8] <= 1 {
-        return Exactly(Counter::PassTtlExceeded);
+        return ttl_exceeded(f, from_lan, own_mac, total);
     }
     if checksum(&f[IP_OFF..L4_OFF]) != 0 {
         return Exactly(Counter::DropIpChecksum);
@@ -96,6 +99,21 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
         }
         _ => Exactly(Counter::PassProtocol),
     }
+}
+
+/// TTL <= 1: the kernel's, unless it is a WAN packet addressed to the
+/// router's MAC with a right header checksum and the 8 bytes of a TCP, UDP
+/// or echo reply flow's ports (what the lookup then decides).
+fn ttl_exceeded(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
+    let flow_like = match f[IP_OFF + 9] {
+        IPPROTO_TCP | IPPROTO_UDP => total >= 28,
+        IPPROTO_ICMP => total >= 28 && f[L4_OFF] == 0,
+        _ => false,
+    };
+    if from_lan || checksum(&f[IP_OFF..L4_OFF]) != 0 || f[..6] != own_mac || !flow_like {
+        return Stage::Exactly(Counter::PassTtlExceeded);
+    }
+    Stage::TtlExceeded
 }
 
 /// A fragment (README "IPv4 fragments"): a later one depends on its
@@ -164,6 +182,17 @@ pub(super) fn allowed_after_lookup(
                 carried_fragment()
             } else {
                 vec![Counter::PassFragment]
+            };
+            return (ok, None);
+        }
+        Stage::TtlExceeded => {
+            let hit = r
+                .entry(&lookup_key(f))
+                .is_some_and(|e| !e.lan_side() && e.flags & FLAG_OFFLOADED == 0);
+            let ok = if hit {
+                vec![Counter::DropTtlExceededAnswered, Counter::DropTtlExceeded]
+            } else {
+                vec![Counter::PassTtlExceeded]
             };
             return (ok, None);
         }

@@ -6,9 +6,7 @@
 //! fragment's L4 checksum covers the whole datagram) say that the
 //! reassembled datagram verifies.
 
-use router_common::maps::{
-    FLAG_OFFLOADED, FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat, lease_tick,
-};
+use router_common::maps::{FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat};
 use tests::frames::fragments;
 
 use super::*;
@@ -224,24 +222,7 @@ fn fragments_the_data_path_does_not_carry_go_to_the_kernel() {
         }
         r.assert_flows("no flow opened", []);
 
-        // An offloaded flow CLIENT:40011 -> SERVER:53 as WAN:61011.
-        let orig = udp_key(CLIENT, 40011, SERVER, 53);
-        let reply = udp_key(SERVER, 53, WAN, 61011);
-        let lease = lease_tick(now_ns()) + 60;
-        let e = |peer: FlowKey, new_src, new_dst, sport, dport, flags| FlowEntry {
-            peer,
-            new_src_addr: new_src,
-            new_dst_addr: new_dst,
-            new_src_port: sport,
-            new_dst_port: dport,
-            state: FlowState::UdpReplied as u8,
-            flags: flags | FLAG_OFFLOADED,
-            last_seen_ns: now_ns(),
-            lease,
-            ..FlowEntry::default()
-        };
-        r.put(orig, e(reply, WAN, SERVER, 61011, 53, FLAG_ORIGINAL));
-        r.put(reply, e(orig, SERVER, CLIENT, 53, 40011, 0));
+        put_offloaded_udp_flow(r, 40011, 61011);
         let small = Ipv4::new(CLIENT, SERVER, Udp::new(40011, 53, b"small"));
         r.redirect(
             "the offloaded flow carries a small datagram",

@@ -34,6 +34,7 @@ mod ports;
 mod standalone;
 mod tcp;
 mod tcp_window;
+mod time_exceeded;
 mod udp;
 
 use std::collections::BTreeMap;
@@ -490,6 +491,29 @@ impl Flow {
             ),
         ]
     }
+}
+
+/// Writes an offloaded UDP flow (offload mode's, with a live lease) from
+/// `CLIENT:sport` to `SERVER:53`, masqueraded to `WAN:wan_port`.
+fn put_offloaded_udp_flow(r: &mut Router, sport: u16, wan_port: u16) {
+    use router_common::maps::{FLAG_OFFLOADED, lease_tick};
+    let orig = udp_key(CLIENT, sport, SERVER, 53);
+    let reply = udp_key(SERVER, 53, WAN, wan_port);
+    let lease = lease_tick(now_ns()) + 60;
+    let e = |peer: FlowKey, new_src, new_dst, sport, dport, flags| FlowEntry {
+        peer,
+        new_src_addr: new_src,
+        new_dst_addr: new_dst,
+        new_src_port: sport,
+        new_dst_port: dport,
+        state: FlowState::UdpReplied as u8,
+        flags: flags | FLAG_OFFLOADED,
+        last_seen_ns: now_ns(),
+        lease,
+        ..FlowEntry::default()
+    };
+    r.put(orig, e(reply, WAN, SERVER, wan_port, 53, FLAG_ORIGINAL));
+    r.put(reply, e(orig, SERVER, CLIENT, 53, sport, 0));
 }
 
 /// The SNAT port the spec's probing picks for `key` when `taken` ports

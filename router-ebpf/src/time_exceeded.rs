@@ -1,0 +1,172 @@
+//! ICMP Time Exceeded for a WAN packet of a flow the data path carries
+//! whose TTL ran out here (RFC 1812 5.3.1).
+//!
+//! Such a packet is addressed to the WAN address: passed to the kernel as
+//! it is, it would be taken as the router's own (TTL is not checked for
+//! local delivery), and the router's stack, which knows nothing of the
+//! data path's flows, would answer as the endpoint: a TCP RST that the
+//! remote accepts (a TTL-limited probe over a live connection resets it),
+//! a port unreachable for UDP. The kernel's NAT would translate it and
+//! find the TTL exhausted on forwarding; so does this: it answers with the
+//! Time Exceeded the kernel would send, from the WAN address, quoting the
+//! packet as the remote sent it (the kernel's NAT translates its quote
+//! back to that too, RFC 5508 REQ-4), sent back out of the WAN (redirected
+//! to the interface it came in on) to the MAC the packet came from. Rate-limited per CPU as
+//! Linux limits its ICMP errors (`icmp_msgs_per_sec` 1000, burst 50):
+//! past the limit the packet is dropped unanswered.
+//!
+//! Left to the kernel as before (`pass_ttl_exceeded`): LAN packets (the
+//! kernel forwards them and answers the LAN host itself), packets of no
+//! flow the data path carries (the router's own traffic: a traceroute to
+//! its WAN address gets the kernel's port unreachable), offloaded flows'
+//! (the kernel's conntrack translates them), and a header with a wrong
+//! checksum (the kernel drops it, RFC 1812 5.2.2).
+
+use aya_ebpf::{
+    helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
+    macros::map,
+    maps::PerCpuArray,
+    programs::XdpContext,
+};
+use router_common::{
+    hdr::{eth, frame, get_addr, ipv4},
+    maps::{Counter, FLAG_OFFLOADED, FlowKey, VMAC_IPV4},
+    nat::{TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, header_checksum_ok, time_exceeded},
+};
+
+use crate::{
+    Verdict,
+    flow::{self, StackKey},
+    maps::DEVICES,
+    parse::{self, header},
+};
+
+/// Linux's `icmp_msgs_per_sec` default: the steady rate of answers, per
+/// CPU here.
+const ANSWERS_PER_SEC: u64 = 1000;
+/// Linux's `icmp_msgs_burst` default: answers in a burst.
+const ANSWER_BURST: u64 = 50;
+
+/// A token bucket of answers: what is left, and when it was last filled
+/// (see `router_common::maps::ICMP_ANSWER_BUDGET_MAP`).
+#[repr(C)]
+struct AnswerBudget {
+    tokens: u64,
+    filled_ns: u64,
+}
+
+/// Per CPU: the answers this CPU may still send (see [`AnswerBudget`]).
+#[map(name = "ICMP_ANSWER_BUDGET")]
+static ICMP_ANSWER_BUDGET: PerCpuArray<AnswerBudget> = PerCpuArray::with_max_entries(1, 0);
+
+/// Answers the packet of `ctx`, passed as `v` (`pass_ttl_exceeded`), with
+/// an ICMP Time Exceeded if it is a WAN packet of a flow the data path
+/// carries; else `v`.
+// A BPF subprogram, called from the entry point for such packets only: its
+// frame stays off the entry point's, whose call chains are at the
+// verifier's 512 bytes.
+#[inline(never)]
+pub fn answer(ctx: &XdpContext, v: Verdict) -> Verdict {
+    let Some(now) = flow_of(ctx) else {
+        return v;
+    };
+    if !within_budget(now) {
+        return Verdict::drop(Counter::DropTtlExceeded);
+    }
+    build(ctx).unwrap_or(v)
+}
+
+/// The time of the packet, if it is a WAN packet of a flow the data path
+/// carries (the hit of its side, not offloaded), with a right header
+/// checksum, addressed to the router's MAC.
+#[inline(always)]
+fn flow_of(ctx: &XdpContext) -> Option<u64> {
+    let eth: &[u8; eth::LEN] = header(ctx, 0).ok()?;
+    let ip: &[u8; ipv4::LEN] = header(ctx, frame::IPV4).ok()?;
+    let side = parse::ingress(ctx)?;
+    if side.from_lan || !header_checksum_ok(ip) {
+        return None;
+    }
+    parse::addressed_to_us(ctx, eth, side, VMAC_IPV4).ok()?;
+    let (sport, dport) = parse::ports(ctx, ip, false).ok()??;
+    let key = StackKey(FlowKey::new(
+        get_addr(ip, ipv4::SRC),
+        get_addr(ip, ipv4::DST),
+        sport,
+        dport,
+        ip[ipv4::PROTO],
+    ));
+    let (Some(e), now) = flow::lookup(&key.0, side) else {
+        return None;
+    };
+    // SAFETY: map value pointer from the lookup, valid for this run.
+    if unsafe { (*e).flags } & FLAG_OFFLOADED != 0 {
+        return None;
+    }
+    Some(now)
+}
+
+/// Takes an answer from this CPU's budget, if one is left (refilled at
+/// [`ANSWERS_PER_SEC`] up to [`ANSWER_BURST`] since the last fill).
+#[inline(always)]
+fn within_budget(now: u64) -> bool {
+    let Some(b) = ICMP_ANSWER_BUDGET.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, used by this program run only.
+    let b = unsafe { &mut *b };
+    let earned = now.saturating_sub(b.filled_ns) / (1_000_000_000 / ANSWERS_PER_SEC);
+    if earned > 0 {
+        b.tokens = (b.tokens + earned).min(ANSWER_BURST);
+        b.filled_ns = now;
+    }
+    if b.tokens == 0 {
+        return false;
+    }
+    b.tokens -= 1;
+    true
+}
+
+/// Turns the frame into the Time Exceeded ([`time_exceeded`]): 28 bytes
+/// more room at its head, so the received IPv4 header lands where the
+/// quote goes, and cut after the quote. `None` if the frame cannot be
+/// resized (it is then as it came).
+#[inline(always)]
+fn build(ctx: &XdpContext) -> Option<Verdict> {
+    // Read before the resize, which ends every packet pointer.
+    let cfg = parse::ingress(ctx)?.cfg;
+    let (own_mac, own_addr) = (cfg.wan_mac, cfg.wan_addr);
+    // Back out of the interface it came in on, through the `DEVICES` map
+    // rather than `XDP_TX`: a veth passes `XDP_TX` frames to its peer only
+    // when the peer runs an XDP program of its own (it kicks the peer's
+    // receive queue for them only then), while a redirect's flush always
+    // does; a NIC takes either.
+    let action = DEVICES.redirect(ctx.ingress_ifindex() as u32, 0).ok()?;
+    let len = ctx.data_end() - ctx.data();
+    #[expect(clippy::cast_possible_wrap, reason = "frames are < 64 KiB")]
+    let cut = (TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT) as i32 - len as i32;
+    #[expect(clippy::cast_possible_wrap, reason = "28")]
+    let room = TIME_EXCEEDED_RECEIVED_AT as i32;
+    // SAFETY: the program's own context; the helper checks the headroom.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -room) } != 0 {
+        return None;
+    }
+    // The ports were read, so the frame holds at least the 42 bytes kept:
+    // `cut` is 0 or less.
+    // SAFETY: as above; shrinking to 70 bytes leaves a whole Ethernet header.
+    if cut != 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, cut) } != 0 {
+        // SAFETY: gives back the room taken above: the frame as it came.
+        unsafe { bpf_xdp_adjust_head(ctx.ctx, room) };
+        return None;
+    }
+    // Exactly that long now; checked for the verifier. Resized, the frame
+    // is no longer the one that came: dropped should this ever fail.
+    let Ok(f) = header::<TIME_EXCEEDED_LEN>(ctx, 0) else {
+        return Some(Verdict::drop(Counter::DropTruncated));
+    };
+    time_exceeded(f, own_mac, own_addr);
+    Some(Verdict {
+        counter: Counter::DropTtlExceededAnswered,
+        action,
+    })
+}

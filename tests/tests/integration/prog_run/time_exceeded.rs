@@ -1,0 +1,142 @@
+//! A WAN packet of a flow the data path carries whose TTL ran out, through
+//! `BPF_PROG_RUN`: answered with an ICMP Time Exceeded (redirected out of the WAN, the
+//! exact frame built from scratch), within the per-CPU rate limit; what
+//! the kernel keeps.
+
+use super::*;
+
+/// The Time Exceeded the router sends back for `received` (sent by the
+/// server to the WAN address): from the WAN address and MAC to the
+/// server's, quoting its IPv4 header and 8 payload bytes as received.
+fn time_exceeded_for(env: &ResolvedTopology, received: &Ipv4) -> Vec<u8> {
+    let quote = &received.bytes()[..28];
+    let mut ip = Ipv4::new(WAN, received.src, Icmp::error(ICMP_TIME_EXCEEDED, 0, quote));
+    ip.tos = 0xc0 | (received.tos & 0x1e);
+    ip.id = 0;
+    ip.frag = 0;
+    ip.ttl = 64;
+    env.to_server(&ip)
+}
+
+/// UDP, TCP and ICMP echo flows: the server's packets with TTL 1 or 0 are
+/// answered, the flows untouched; a packet of no flow (a traceroute to the
+/// router), a LAN packet, a wrong header checksum and an offloaded flow's
+/// packet stay the kernel's; past the budget of answers the packet is
+/// dropped, and the budget refills.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
+        r.redirect(
+            "UDP out",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        r.masq_out(
+            &env,
+            "SYN out",
+            Tcp::new(40001, 80, TCP_SYN),
+            &[Counter::FlowNewMasquerade],
+        );
+        let ping = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(40020, 1, b"ping"));
+        r.redirect(
+            "ping out",
+            &env.client_sends(&ping),
+            lan,
+            &env.to_server(&snat(&ping, 40020)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let flows = r.flows();
+        let answer = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"));
+        let mut tos = answer.clone().ttl(1);
+        tos.tos = 0x2e;
+        for (what, ip) in [
+            ("UDP, TTL 1", answer.clone().ttl(1)),
+            ("UDP, TTL 0", answer.clone().ttl(0)),
+            ("UDP, TOS kept", tos),
+            (
+                "TCP",
+                Ipv4::new(
+                    SERVER,
+                    WAN,
+                    Tcp::new(80, 40001, TCP_SYN | TCP_ACK).payload(b"probe"),
+                )
+                .ttl(1),
+            ),
+            (
+                "echo reply",
+                Ipv4::new(SERVER, WAN, Icmp::echo_reply(40020, 1, b"pong")).ttl(1),
+            ),
+        ] {
+            let run = r.check(
+                what,
+                &env.server_sends(&ip),
+                wan,
+                XDP_REDIRECT,
+                &time_exceeded_for(&env, &ip),
+                Counter::DropTtlExceededAnswered,
+                &[],
+            );
+            frames::verify_checksums(&run.out);
+        }
+        assert_eq!(r.flows(), flows, "the flows untouched");
+
+        let untouched = |r: &Router, what: &str, frame: &[u8], ifindex| {
+            r.pass(what, frame, ifindex, Counter::PassTtlExceeded);
+        };
+        untouched(
+            r,
+            "no flow: a traceroute to the router",
+            &env.server_sends(&Ipv4::new(SERVER, WAN, Udp::new(53, 33434, b"trace")).ttl(1)),
+            wan,
+        );
+        untouched(r, "from the LAN", &env.client_sends(&q.clone().ttl(1)), lan);
+        let mut bad = env.server_sends(&answer.clone().ttl(1));
+        bad[IP_OFF + 10] ^= 0x40;
+        untouched(r, "a wrong header checksum", &bad, wan);
+        put_offloaded_udp_flow(r, 40011, 61011);
+        untouched(
+            r,
+            "an offloaded flow's",
+            &env.server_sends(&Ipv4::new(SERVER, WAN, Udp::new(53, 61011, b"x")).ttl(1)),
+            wan,
+        );
+
+        // The budget: none left (last filled in the future, so nothing is
+        // earned meanwhile), then one, then a fill long past: a burst.
+        let later = now_ns() + 3600 * NS_PER_SEC;
+        let frame = env.server_sends(&answer.clone().ttl(1));
+        r.set_icmp_answer_budget(0, later);
+        r.drop_frame("no answer left", &frame, wan, Counter::DropTtlExceeded);
+        r.set_icmp_answer_budget(1, later);
+        let expect = time_exceeded_for(&env, &answer.clone().ttl(1));
+        let answered = |r: &Router, what: &str| {
+            r.check(
+                what,
+                &frame,
+                wan,
+                XDP_REDIRECT,
+                &expect,
+                Counter::DropTtlExceededAnswered,
+                &[],
+            );
+        };
+        answered(r, "the one answer left");
+        r.drop_frame("none left again", &frame, wan, Counter::DropTtlExceeded);
+        r.set_icmp_answer_budget(0, 0);
+        for i in 0..50 {
+            answered(r, &format!("refilled: answer {i} of the burst"));
+        }
+    });
+}
