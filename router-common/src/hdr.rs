@@ -58,6 +58,8 @@ pub mod ipv4 {
     /// The "more fragments" flag and the fragment offset in the `FRAG_OFF`
     /// word: any of them set means a fragment. DF (0x4000) is fine.
     pub const FRAG_MF_AND_OFFSET: u16 = 0x3fff;
+    /// The "don't fragment" flag in the `FRAG_OFF` word.
+    pub const FRAG_DF: u16 = 0x4000;
     /// The fragment offset alone (in 8-byte units): 0 in a datagram's
     /// first fragment.
     pub const FRAG_OFFSET: u16 = 0x1fff;

@@ -1073,10 +1073,16 @@ counters! {
     DropTtlExceededAnswered = "drop_ttl_exceeded_answered", false;
     /// The same, past the answers' rate limit (per CPU, Linux's ICMP
     /// defaults: 1000 a second, bursts of 50): dropped unanswered.
+    DropTtlExceeded = "drop_ttl_exceeded", false;
+    /// Standalone mode: a LAN packet that would open an IPv4 flow with a
+    /// source the FIB does not route back out of the LAN (BCP 38, RFC 3704
+    /// strict reverse path): a spoofed or foreign address, or one of the
+    /// router's own. Checked when a flow opens, not per packet; IPv6 has
+    /// `drop6_spoofed_source`.
     ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    DropTtlExceeded = "drop_ttl_exceeded", false;
+    DropSpoofedSource = "drop_spoofed_source", false;
 }
 
 #[cfg(test)]

@@ -178,17 +178,21 @@ pub const ICMP_ERROR_TTL: u8 = 64;
 /// Builds, in place, an ICMP Time Exceeded in transit (RFC 792, RFC 1812
 /// 5.3.1) back to the sender of the frame whose first
 /// `TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT` bytes sit at
-/// [`TIME_EXCEEDED_RECEIVED_AT`]: from `own_mac` to the MAC that frame came
-/// from, from `own_addr` to its source address, quoting its IPv4 header
-/// and 8 payload bytes as received (a NAT quotes the packet as its sender
-/// sent it, RFC 5508 REQ-4). The type of service keeps the received one's
-/// and is marked internetwork control, as Linux's errors are (`icmp_send`);
-/// no DF, identification 0.
-pub fn time_exceeded(f: &mut [u8; TIME_EXCEEDED_LEN], own_mac: [u8; 6], own_addr: [u8; 4]) {
+/// [`TIME_EXCEEDED_RECEIVED_AT`]: from the MAC that frame was sent to (the
+/// interface's own, or a VRRP virtual MAC it answers for) to the MAC it
+/// came from, from `own_addr` to its source address, quoting its IPv4
+/// header and 8 payload bytes as received (RFC 792's minimum; Linux
+/// quotes up to 576 bytes in all), as a NAT quotes a packet: as its sender
+/// sent it. The type of service keeps the received one's and is marked
+/// internetwork control, as Linux's errors are (`icmp_send`); DF set, so
+/// identification 0 is fine (RFC 6864: an atomic datagram).
+pub fn time_exceeded(f: &mut [u8; TIME_EXCEEDED_LEN], own_addr: [u8; 4]) {
     use hdr::{eth, frame};
-    let received_src_mac = TIME_EXCEEDED_RECEIVED_AT + eth::SRC;
+    let received = TIME_EXCEEDED_RECEIVED_AT;
     let mut peer_mac = [0u8; eth::ADDR_LEN];
-    peer_mac.copy_from_slice(&f[received_src_mac..received_src_mac + eth::ADDR_LEN]);
+    peer_mac.copy_from_slice(&f[received + eth::SRC..received + eth::SRC + eth::ADDR_LEN]);
+    let mut own_mac = [0u8; eth::ADDR_LEN];
+    own_mac.copy_from_slice(&f[received + eth::DST..received + eth::DST + eth::ADDR_LEN]);
     let remote = get_addr(f, frame::INNER_IPV4 + ipv4::SRC);
     let tos = f[frame::INNER_IPV4 + ipv4::TOS];
     f[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&peer_mac);
@@ -201,7 +205,7 @@ pub fn time_exceeded(f: &mut [u8; TIME_EXCEEDED_LEN], own_mac: [u8; 6], own_addr
     f[ip + ipv4::TOS] = (tos & 0x1e) | 0xc0;
     set_u16(f, ip + ipv4::TOT_LEN, total);
     set_u16(f, ip + ipv4::ID, 0);
-    set_u16(f, ip + ipv4::FRAG_OFF, 0);
+    set_u16(f, ip + ipv4::FRAG_OFF, ipv4::FRAG_DF);
     f[ip + ipv4::TTL] = ICMP_ERROR_TTL;
     f[ip + ipv4::PROTO] = IPPROTO_ICMP;
     set_u16(f, ip + ipv4::CHECK, 0);
@@ -660,7 +664,7 @@ mod tests {
         f[at + 12..at + 14].copy_from_slice(&[0x08, 0x00]);
         f[at + 14..at + 34].copy_from_slice(&received);
         f[at + 34..].copy_from_slice(&payload);
-        time_exceeded(&mut f, own_mac, own_addr);
+        time_exceeded(&mut f, own_addr);
         assert_eq!(f[..6], peer_mac);
         assert_eq!(f[6..12], own_mac);
         assert_eq!(f[12..14], [0x08, 0x00]);
@@ -674,7 +678,7 @@ mod tests {
                 56,
                 0,
                 0,
-                0,
+                0x40,
                 0,
                 64,
                 1,

@@ -71,6 +71,7 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         | C::FwdFragment
         | C::DropTtlExceededAnswered
         | C::DropTtlExceeded
+        | C::DropSpoofedSource
         | C::PassIpOptions
         | C::PassFragment
         | C::PassTtlExceeded

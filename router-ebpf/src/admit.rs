@@ -160,6 +160,17 @@ pub fn admit(
         if !forwardable_addr(pkt.dst) {
             return Err(Verdict::pass(Counter::PassFibNotForwarded));
         }
+        // A source the FIB does not route back out of the LAN is not a LAN
+        // host's own (BCP 38 / RFC 2827 ingress filtering, RFC 3704 strict
+        // reverse path; the IPv6 path's `source_valid` is the same): a
+        // spoofed or foreign address, whose masqueraded flow would carry
+        // replies to it, and the router's own addresses. Dropped: the
+        // kernel's slow-path masquerade would translate it too, as its
+        // `rp_filter` in loose mode (Linux's usual) lets it in. One FIB
+        // lookup per new flow, none per hit.
+        if !source_in_lan(ctx, side.cfg.lan_ifindex) {
+            return Err(Verdict::drop(Counter::DropSpoofedSource));
+        }
         xlat.src = side.cfg.wan_addr;
         let mut kind = KIND_PLAIN;
         if to_wan_addr {

@@ -7,13 +7,14 @@
 //! data path's flows, would answer as the endpoint: a TCP RST that the
 //! remote accepts (a TTL-limited probe over a live connection resets it),
 //! a port unreachable for UDP. The kernel's NAT would translate it and
-//! find the TTL exhausted on forwarding; so does this: it answers with the
-//! Time Exceeded the kernel would send, from the WAN address, quoting the
-//! packet as the remote sent it (the kernel's NAT translates its quote
-//! back to that too, RFC 5508 REQ-4), sent back out of the WAN (redirected
-//! to the interface it came in on) to the MAC the packet came from. Rate-limited per CPU as
-//! Linux limits its ICMP errors (`icmp_msgs_per_sec` 1000, burst 50):
-//! past the limit the packet is dropped unanswered.
+//! find the TTL exhausted on forwarding; so does this: it answers with a
+//! Time Exceeded from the WAN address, quoting the packet as the remote
+//! sent it (the kernel's NAT translates its quote back to that too),
+//! sent back out of the WAN (redirected to the interface it came in on)
+//! to the MAC the packet came from. Rate-limited per CPU at Linux's global
+//! defaults for its ICMP errors (`icmp_msgs_per_sec` 1000, burst 50;
+//! Linux also limits each destination, this does not): past the limit the
+//! packet is dropped unanswered. A later fragment is never answered.
 //!
 //! Left to the kernel as before (`pass_ttl_exceeded`): LAN packets (the
 //! kernel forwards them and answers the LAN host itself), packets of no
@@ -31,7 +32,10 @@ use aya_ebpf::{
 use router_common::{
     hdr::{eth, frame, get_addr, ipv4},
     maps::{Counter, FLAG_OFFLOADED, FlowKey, VMAC_IPV4},
-    nat::{TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, header_checksum_ok, time_exceeded},
+    nat::{
+        TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, fragment_is_first, header_checksum_ok,
+        time_exceeded,
+    },
 };
 
 use crate::{
@@ -84,7 +88,10 @@ fn flow_of(ctx: &XdpContext) -> Option<u64> {
     let eth: &[u8; eth::LEN] = header(ctx, 0).ok()?;
     let ip: &[u8; ipv4::LEN] = header(ctx, frame::IPV4).ok()?;
     let side = parse::ingress(ctx)?;
-    if side.from_lan || !header_checksum_ok(ip) {
+    // A later fragment is never answered (RFC 1812 4.3.2.7, RFC 1122
+    // 3.2.2): it has no ports, and its payload read as ports could match
+    // a flow.
+    if side.from_lan || !header_checksum_ok(ip) || !fragment_is_first(ip) {
         return None;
     }
     parse::addressed_to_us(ctx, eth, side, VMAC_IPV4).ok()?;
@@ -135,7 +142,7 @@ fn within_budget(now: u64) -> bool {
 fn build(ctx: &XdpContext) -> Option<Verdict> {
     // Read before the resize, which ends every packet pointer.
     let cfg = parse::ingress(ctx)?.cfg;
-    let (own_mac, own_addr) = (cfg.wan_mac, cfg.wan_addr);
+    let own_addr = cfg.wan_addr;
     // Back out of the interface it came in on, through the `DEVICES` map
     // rather than `XDP_TX`: a veth passes `XDP_TX` frames to its peer only
     // when the peer runs an XDP program of its own (it kicks the peer's
@@ -164,7 +171,7 @@ fn build(ctx: &XdpContext) -> Option<Verdict> {
     let Ok(f) = header::<TIME_EXCEEDED_LEN>(ctx, 0) else {
         return Some(Verdict::drop(Counter::DropTruncated));
     };
-    time_exceeded(f, own_mac, own_addr);
+    time_exceeded(f, own_addr);
     Some(Verdict {
         counter: Counter::DropTtlExceededAnswered,
         action,

@@ -280,6 +280,22 @@ impl LoadedRouter {
         budget.set(0, values, 0).unwrap();
     }
 
+    /// CPU `cpu`'s ICMP answer budget: (answers left, time of the last
+    /// fill).
+    ///
+    /// # Panics
+    /// If the object has no such map or it cannot be read.
+    #[must_use]
+    pub fn icmp_answer_budget(&self, cpu: usize) -> (u64, u64) {
+        let map = self
+            .ebpf
+            .map(ICMP_ANSWER_BUDGET_MAP)
+            .expect("the object has no ICMP_ANSWER_BUDGET map");
+        let budget = PerCpuArray::<_, [u64; 2]>::try_from(map).unwrap();
+        let [tokens, filled] = budget.get(&0, 0).unwrap()[cpu];
+        (tokens, filled)
+    }
+
     /// The `FRAGMENTS` record of a fragmented datagram, if any.
     ///
     /// # Panics

@@ -883,3 +883,65 @@ fn a_source_nat_rule_of_the_routers_own_is_warned_of() {
         t.exec_ok(Ns::Router, &remove);
     }
 }
+
+/// The IPv4 counter `name` of group `group` (`Icmp`, `Ip`...) of
+/// namespace `ns` (/proc/net/snmp: a line of names, then one of values).
+fn snmp(t: &Topology, ns: Ns, group: &str, name: &str) -> u64 {
+    let text = t.exec_ok(ns, &["cat", "/proc/net/snmp"]);
+    let prefix = format!("{group}:");
+    let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
+    let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find_map(|(n, v)| (n == name).then(|| v.parse().ok())?)
+        .unwrap_or_else(|| panic!("{group} {name} in /proc/net/snmp"))
+}
+
+/// Standalone mode forwards no IPv4 packet whose source the LAN does not
+/// route (BCP 38, RFC 3704 strict reverse path): a LAN host that also
+/// holds an address of another network pings the server from it, and
+/// nothing reaches the server (`drop_spoofed_source`; masqueraded, its
+/// replies would go to that address); its own LAN address still does.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_lan_host_pinging_from_a_foreign_address_reaches_nothing() {
+    let t = Topology::new();
+    attach_and_print(&t, &[]);
+    // As an upstream gives it: a default route out of the WAN, so the
+    // foreign address is routable (out of the WAN, not the LAN).
+    let server = SERVER_ADDR.to_string();
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip", "route", "replace", "default", "via", &server, "dev", WAN_IF,
+        ],
+    );
+    let foreign = "10.9.9.9";
+    t.exec_ok(
+        Ns::Client,
+        &["ip", "addr", "add", "10.9.9.9/32", "dev", tests::HOST_IF],
+    );
+    let echos = |t: &Topology| snmp(t, Ns::Server, "Icmp", "InEchos");
+    let (before, echos0) = (t.stats(), echos(&t));
+    let ping = |from: &[&str]| {
+        let mut cmd = vec!["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "1"];
+        cmd.extend_from_slice(from);
+        cmd.push(&server);
+        t.exec(Ns::Client, &cmd).status.success()
+    };
+    assert!(
+        !ping(&["-I", foreign]),
+        "a ping from {foreign} was answered"
+    );
+    let after = t.stats();
+    assert_eq!(echos(&t), echos0, "the server got a ping from {foreign}");
+    assert_eq!(
+        counter_delta(&before, &after, "drop_spoofed_source"),
+        3,
+        "{after}"
+    );
+    assert_eq!(counter_delta(&before, &after, "flow_new_masquerade"), 0);
+    assert!(ping(&[]), "its LAN address still reaches the server");
+    assert!(echos(&t) >= echos0 + 3);
+}

@@ -294,10 +294,9 @@ fn a_ttl_limited_segment_gets_time_exceeded_and_the_connection_lives_on() {
         "quoted ports"
     );
     let after = t.stats();
-    assert_eq!(
-        counter_delta(&before, &after, "drop_ttl_exceeded_answered"),
-        1
-    );
+    // At least the first segment's (a retransmission may have left
+    // before the TTL was restored).
+    assert!(counter_delta(&before, &after, "drop_ttl_exceeded_answered") >= 1);
 
     client.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"probe", "the retransmission got through");

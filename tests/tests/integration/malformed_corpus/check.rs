@@ -127,7 +127,7 @@ pub(super) fn check_rewrite(
         let mut want = [0u8; TIME_EXCEEDED_LEN];
         want[TIME_EXCEEDED_RECEIVED_AT..]
             .copy_from_slice(&f[..TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT]);
-        time_exceeded(&mut want, env.wan_mac, WAN);
+        time_exceeded(&mut want, WAN);
         if out[..] != want[..] {
             errs.push(format!("Time Exceeded {out:02x?}, want {want:02x?}"));
         }
@@ -311,7 +311,8 @@ pub(super) fn case(
             | Counter::DropTruncated
             | Counter::DropIpChecksum
             | Counter::DropUnsolicited
-            | Counter::DropTtlExceeded => XDP_DROP,
+            | Counter::DropTtlExceeded
+            | Counter::DropSpoofedSource => XDP_DROP,
             _ => XDP_PASS,
         };
         if run.verdict != want_verdict {

@@ -51,7 +51,9 @@ use router_common::maps::{
     Config, Counter, CounterValue, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowKey,
     FragmentKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts,
 };
-use router_common::nat::{TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, time_exceeded};
+use router_common::nat::{
+    TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, forwardable_addr, time_exceeded,
+};
 use tests::addr::octets::{CLIENT, LAN_NOBODY, ROUTER_LAN, SERVER, WAN, WAN_NOBODY};
 use tests::frames::{
     self, Frame, ICMP_DEST_UNREACH, ICMP_ECHO_REQUEST, ICMP_PARAMETER_PROBLEM, ICMP_TIME_EXCEEDED,

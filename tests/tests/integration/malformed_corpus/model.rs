@@ -103,14 +103,21 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
 
 /// TTL <= 1: the kernel's, unless it is a WAN packet addressed to the
 /// router's MAC with a right header checksum and the 8 bytes of a TCP, UDP
-/// or echo reply flow's ports (what the lookup then decides).
+/// or echo reply flow's ports (what the lookup then decides), and not a
+/// later fragment (whose payload is no ports).
 fn ttl_exceeded(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
     let flow_like = match f[IP_OFF + 9] {
         IPPROTO_TCP | IPPROTO_UDP => total >= 28,
         IPPROTO_ICMP => total >= 28 && f[L4_OFF] == 0,
         _ => false,
     };
-    if from_lan || checksum(&f[IP_OFF..L4_OFF]) != 0 || f[..6] != own_mac || !flow_like {
+    let later_fragment = be16(f, IP_OFF + 6) & 0x1fff != 0;
+    if from_lan
+        || checksum(&f[IP_OFF..L4_OFF]) != 0
+        || f[..6] != own_mac
+        || !flow_like
+        || later_fragment
+    {
         return Stage::Exactly(Counter::PassTtlExceeded);
     }
     Stage::TtlExceeded
@@ -234,6 +241,17 @@ pub(super) fn allowed_after_lookup(
     if from_lan {
         if proto == IPPROTO_TCP && !plain_syn {
             return (vec![Counter::PassNoFlow], None);
+        }
+        // A source the LAN does not route (BCP 38): dropped, once the
+        // martian checks let it through. The LAN's network address: as the
+        // FIB has it (a route of its own or not).
+        let (src, dst) = (key.src_addr, key.dst_addr);
+        let network = [ROUTER_LAN[0], ROUTER_LAN[1], ROUTER_LAN[2], 0];
+        if forwardable_addr(src) && forwardable_addr(dst) && !lan_host(src) {
+            if src != network {
+                return (vec![Counter::DropSpoofedSource], None);
+            }
+            ok.push(Counter::DropSpoofedSource);
         }
         ok.push(Counter::PassNoFlow);
         ok.push(Counter::PassPortsExhausted);

@@ -413,13 +413,17 @@ fn a_wan_packet_with_a_lan_source_opens_no_forward() {
     });
 }
 
-/// The tuple of a live flow's WAN-side entry arriving on the LAN (a LAN
+/// The tuple of a live flow's WAN-side entry arriving on the LAN: a LAN
 /// host spoofing the remote `SERVER:3478` of `CLIENT`'s flow, to the
-/// client's mapping WAN:5000, which endpoint-independent filtering lets a
-/// hairpin reach): the hairpin's original entry would be that tuple, so no
-/// flow opens (`pass_reply_tuple_taken`, the reply entry it tried is
-/// removed again and its new mapping released), and the live flow keeps
-/// its entry: the server's replies still reach the client.
+/// client's mapping WAN:5000, is refused by the source check
+/// (`drop_spoofed_source`). Behind it, the commit's own guard: a WAN-side
+/// entry whose remote is a LAN address (written here by hand: the WAN's
+/// source check keeps such flows from opening) and a LAN host of that
+/// address sending its tuple to the mapping, which endpoint-independent
+/// filtering lets a hairpin reach: the hairpin's original entry would be
+/// that tuple, so no flow opens (`pass_reply_tuple_taken`, the reply entry
+/// it tried is removed again and its new mapping released), and the live
+/// entry stays. The server's replies still reach the client.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_new_flow_does_not_overwrite_a_live_entry_of_the_other_side() {
@@ -433,18 +437,30 @@ fn a_new_flow_does_not_overwrite_a_live_entry_of_the_other_side() {
         let (_, live) = client_flow_mapped_to_5000(r, &env);
         let (entry, flows) = (r.raw_entry(&live.reply()), r.flows());
         let spoofed = Ipv4::new(SERVER, WAN, Udp::new(3478, 5000, b"spoofed"));
-        r.pass(
+        r.drop_frame(
             "the flow's WAN-side tuple from the LAN",
             &env.client2_sends(&spoofed),
             lan,
-            Counter::PassReplyTupleTaken,
+            Counter::DropSpoofedSource,
         );
         assert_eq!(r.raw_entry(&live.reply()), entry, "the live entry changed");
+        r.assert_flows("nothing opened", flows);
+        let taken = udp_key(LAN_NOBODY, 3478, WAN, 5000);
+        r.put(taken, entry);
+        let (entry, flows) = (r.raw_entry(&taken), r.flows());
+        let replayed = Ipv4::new(LAN_NOBODY, WAN, Udp::new(3478, 5000, b"replayed"));
+        r.pass(
+            "a live WAN-side tuple from a LAN host",
+            &env.client2_sends(&replayed),
+            lan,
+            Counter::PassReplyTupleTaken,
+        );
+        assert_eq!(r.raw_entry(&taken), entry, "the live entry changed");
         r.assert_flows("nothing opened", flows);
         assert!(
             r.mapping(IPPROTO_UDP, 3478)
                 .is_none_or(|m| m.expires_ns < now_ns()),
-            "no mapping left for the spoofed endpoint"
+            "no mapping left for the replaying endpoint"
         );
         let back = Ipv4::new(SERVER, WAN, Udp::new(3478, 5000, b"reply"));
         r.redirect(

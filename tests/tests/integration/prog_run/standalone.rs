@@ -2,7 +2,9 @@
 //! unresolved next hop is translated and passed (never a LAN source to
 //! the kernel's WAN side), and WAN packets of no flow addressed to a LAN
 //! host are dropped (`drop_unsolicited`), while those for the router's
-//! own addresses still go to its kernel. Offload mode keeps passing.
+//! own addresses still go to its kernel; a LAN packet whose source the LAN
+//! does not route opens nothing (`drop_spoofed_source`). Offload mode
+//! keeps passing.
 
 use super::*;
 
@@ -204,6 +206,51 @@ fn unsolicited_packets_to_lan_hosts_are_dropped() {
             &env.server_sends(&to_lan[3].1),
             wan,
             Counter::PassProtocol,
+        );
+    });
+}
+
+/// A LAN packet that would open a flow from a source the FIB does not
+/// route back out of the LAN (BCP 38, RFC 3704 strict reverse path) is
+/// dropped and opens nothing: another network's address, a WAN host's,
+/// the router's own LAN and WAN addresses, the LAN's broadcast address.
+/// An unused address of the LAN's own prefix opens its flow.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn lan_packets_from_sources_the_lan_does_not_route_open_nothing() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        for (what, src) in [
+            ("another network's", [10, 9, 9, 9]),
+            ("a WAN host's", WAN_NOBODY),
+            ("the router's LAN address", ROUTER_LAN),
+            ("the router's WAN address", WAN),
+            ("the LAN's broadcast", [192, 168, 50, 255]),
+        ] {
+            for l4 in [
+                L4::from(Udp::new(40000, 53, b"query")),
+                L4::from(Tcp::new(40000, 80, TCP_SYN)),
+                L4::from(Icmp::echo_request(40000, 1, b"ping")),
+            ] {
+                let ip = Ipv4::new(src, SERVER, l4);
+                r.drop_frame(
+                    &format!("{what} source"),
+                    &env.client_sends(&ip),
+                    lan,
+                    Counter::DropSpoofedSource,
+                );
+            }
+        }
+        r.assert_flows("nothing opened", []);
+        let q = Ipv4::new(LAN_NOBODY, SERVER, Udp::new(40000, 53, b"query"));
+        r.redirect(
+            "an unused address of the LAN",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
         );
     });
 }

@@ -13,7 +13,7 @@ fn time_exceeded_for(env: &ResolvedTopology, received: &Ipv4) -> Vec<u8> {
     let mut ip = Ipv4::new(WAN, received.src, Icmp::error(ICMP_TIME_EXCEEDED, 0, quote));
     ip.tos = 0xc0 | (received.tos & 0x1e);
     ip.id = 0;
-    ip.frag = 0;
+    ip.frag = IP_DF;
     ip.ttl = 64;
     env.to_server(&ip)
 }
@@ -105,6 +105,19 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
         let mut bad = env.server_sends(&answer.clone().ttl(1));
         bad[IP_OFF + 10] ^= 0x40;
         untouched(r, "a wrong header checksum", &bad, wan);
+        // A later fragment whose payload reads as the UDP flow's ports: no
+        // ports of its own, never answered.
+        let mut later = Ipv4::new(
+            SERVER,
+            WAN,
+            L4::Raw {
+                proto: IPPROTO_UDP,
+                bytes: [53u16.to_be_bytes(), 40000u16.to_be_bytes(), [0, 16], [0, 0]].concat(),
+            },
+        )
+        .ttl(1);
+        later.frag = 3;
+        untouched(r, "a later fragment", &env.server_sends(&later), wan);
         put_offloaded_udp_flow(r, 40011, 61011);
         untouched(
             r,
@@ -113,8 +126,11 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
             wan,
         );
 
-        // The budget: none left (last filled in the future, so nothing is
-        // earned meanwhile), then one, then a fill long past: a burst.
+        // The budget, per CPU: this thread stays on one, whose budget is
+        // the one the runs take from. None left (last filled in the
+        // future, so nothing is earned meanwhile), then one, then a full
+        // burst, then a fill long past: up to the burst, no more.
+        let cpu = pin_to_this_cpu();
         let later = now_ns() + 3600 * NS_PER_SEC;
         let frame = env.server_sends(&answer.clone().ttl(1));
         r.set_icmp_answer_budget(0, later);
@@ -134,9 +150,33 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
         };
         answered(r, "the one answer left");
         r.drop_frame("none left again", &frame, wan, Counter::DropTtlExceeded);
-        r.set_icmp_answer_budget(0, 0);
+        r.set_icmp_answer_budget(50, later);
         for i in 0..50 {
-            answered(r, &format!("refilled: answer {i} of the burst"));
+            answered(r, &format!("answer {i} of a burst"));
         }
+        r.drop_frame("past the burst", &frame, wan, Counter::DropTtlExceeded);
+        r.set_icmp_answer_budget(0, 0);
+        answered(r, "a fill long past");
+        let (left, filled) = r.icmp_answer_budget(cpu);
+        assert_eq!(left, 49, "filled up to the burst of 50, one taken");
+        assert!(filled > 0, "the fill's time is recorded");
     });
+}
+
+/// Keeps the calling thread on the CPU it runs on (`BPF_PROG_RUN` runs the
+/// program there, with that CPU's per-CPU map slots); that CPU.
+fn pin_to_this_cpu() -> usize {
+    // SAFETY: plain libc calls on this thread, with a zeroed, then filled,
+    // CPU set of the right size.
+    unsafe {
+        let cpu = usize::try_from(libc::sched_getcpu()).expect("sched_getcpu");
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set),
+            0,
+            "pin to CPU {cpu}"
+        );
+        cpu
+    }
 }
