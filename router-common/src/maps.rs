@@ -876,9 +876,11 @@ counters! {
     PassNotIpv4 = "pass_not_ipv4", false;
     /// IPv4 header with options: left to the kernel.
     PassIpOptions = "pass_ip_options", false;
-    /// IPv4 fragment the data path does not carry (of TCP, of no flow it
-    /// carries or an offloaded one, a later fragment before its first):
-    /// the kernel reassembles it. See `fwd_fragment`.
+    /// IPv4 fragment the data path does not carry (a TCP header split over
+    /// fragments, of no flow it carries or an offloaded one, a later
+    /// fragment before its first, a first fragment under another
+    /// translation's live record): the kernel reassembles it. See
+    /// `fwd_fragment`.
     PassFragment = "pass_fragment", false;
     /// TTL <= 1: the kernel sends ICMP time exceeded (RFC 1812 5.3.1), or
     /// takes a packet addressed to the router as its own. (A WAN packet of
@@ -1056,8 +1058,9 @@ counters! {
     /// flow opens, not per packet.
     ///
     Drop6SpoofedSource = "drop6_spoofed_source", false;
-    /// IPv4 fragment of a UDP or ICMP echo flow the data path carries (not
-    /// an offloaded one), translated and redirected, either direction: the
+    /// IPv4 fragment of a TCP (whole header in the first fragment), UDP or
+    /// ICMP echo flow the data path carries (not an offloaded one),
+    /// translated and redirected, either direction: the
     /// first fragment through the flow's entry, a later one through the
     /// record its first left in `FRAGMENTS` (RFC 4787 REQ-14). Fragments
     /// of anything else, and later fragments that arrive before their

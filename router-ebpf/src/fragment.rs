@@ -11,23 +11,29 @@
 //! datagram's. Every fragment is forwarded as it is (the receiver
 //! reassembles), never reassembled here.
 //!
-//! Carried: UDP and ICMP echo flows that the data path owns. Passed to the
-//! kernel (`pass_fragment`), as before this path existed: TCP (its header
-//! may be split over fragments, RFC 1858, and TCP avoids fragmenting with
-//! path MTU discovery), fragments of no flow or of a new one (the kernel's
-//! slow path admits it), an offloaded flow's (the kernel's conntrack
-//! reassembles and translates them, in any order), a later fragment that
-//! arrives before its first or more than [`FRAGMENT_TIMEOUT_NS`] after it
-//! (a datagram whose first fragment XDP forwarded is then lost, as the
-//! kernel cannot reassemble it without that one; an endpoint resends), and
-//! a fragment whose next hop the FIB refuses or has no neighbour for (the
-//! kernel's defragmentation would hold it translated, waiting for the
-//! fragments XDP forwards).
+//! Carried: TCP, UDP and ICMP echo flows that the data path owns (TCP
+//! only when the first fragment holds the whole TCP header, and with it
+//! the checksum; a fragment does not change a flow's TCP state). Passed to
+//! the kernel (`pass_fragment`), as before this path existed: a TCP header
+//! split over fragments (RFC 1858's tiny fragment), fragments of no flow
+//! or of a new one (the kernel's slow path admits it), an offloaded flow's
+//! (the kernel's conntrack reassembles and translates them, in any order),
+//! a later fragment that arrives before its first or more than
+//! [`FRAGMENT_TIMEOUT_NS`] after it (a datagram whose first fragment XDP
+//! forwarded is then lost, as the kernel cannot reassemble it without that
+//! one; an endpoint resends), a first fragment whose datagram key a live
+//! record of another translation holds (a spoof), and a fragment whose
+//! next hop has no neighbour (the kernel's defragmentation would hold it
+//! translated, waiting for the fragments XDP forwards); one the FIB
+//! refuses goes with the FIB's reason. A record lives on for its timeout
+//! after its flow ends; the map is an LRU of 8192 datagrams, so a sender
+//! that fills it with first fragments pushes older records out (their
+//! later fragments then go to the kernel).
 
 use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     flow::needs_refresh,
-    hdr::{eth, frame, get_addr, get_u16, ipv4},
+    hdr::{eth, frame, get_addr, get_u16, ipv4, min_len},
     maps::{
         Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FRAGMENT_TIMEOUT_NS, FlowKey, FlowState,
         FragmentKey, FragmentXlat, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4,
@@ -179,10 +185,23 @@ fn try_send(ctx: &XdpContext, first: bool) -> Step<Verdict> {
         return Err(NOT_CARRIED);
     }
     if first {
-        // A record of an earlier datagram with the same identification is
-        // replaced: its sender reused the identification, so that one is
-        // done. Should the insert fail, the later fragments go to the
-        // kernel (and the datagram is lost).
+        // A live record of the same datagram with another translation: a
+        // first fragment of another flow under the same identification, a
+        // spoof (the sender's identifications are unique per source,
+        // destination and protocol while the datagram lives, RFC 791 and
+        // RFC 6864); taking the record over would send the first
+        // datagram's later fragments to that flow's host. The kernel gets
+        // it (Linux's reassembly drops such an overlap). One with the same
+        // translation, or an expired one, is replaced: the flow's sender
+        // reused the identification. Should the insert fail, the later
+        // fragments go to the kernel (and the datagram is lost).
+        // SAFETY: hash map value, read at once.
+        if let Some(old) = unsafe { FRAGMENTS.get(&s.key) }
+            && s.record.first_ns.saturating_sub(old.first_ns) <= FRAGMENT_TIMEOUT_NS
+            && (old.new_src_addr, old.new_dst_addr) != (src, dst)
+        {
+            return Err(NOT_CARRIED);
+        }
         let _ = FRAGMENTS.insert(&s.key, &s.record, u64::from(BPF_ANY));
         let xlat = Xlat {
             src,
@@ -210,9 +229,10 @@ fn of_first(
     side: Ingress<'_>,
     s: &mut Scratch,
 ) -> Step<()> {
-    // TCP stays the kernel's: its header may be split over fragments
-    // (RFC 1858), and TCP avoids fragmenting (path MTU discovery).
-    if ip[ipv4::PROTO] == IPPROTO_TCP {
+    // TCP only with its whole header in the first fragment: its checksum
+    // is there then. A header split over fragments (RFC 1858's tiny
+    // fragment) is the kernel's.
+    if ip[ipv4::PROTO] == IPPROTO_TCP && usize::from(get_u16(ip, ipv4::TOT_LEN)) < min_len::TCP {
         return Err(NOT_CARRIED);
     }
     let (sport, dport) = parse::ports(ctx, ip, side.from_lan)?.ok_or(NOT_CARRIED)?;

@@ -123,18 +123,20 @@ fn ttl_exceeded(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Sta
     Stage::TtlExceeded
 }
 
-/// A fragment (README "IPv4 fragments"): a later one depends on its
-/// datagram's first; a first one of UDP or of an ICMP echo of its
-/// direction (whose 8-byte header it must hold) on its flow; the rest is
-/// the kernel's.
+/// A fragment (README "Per packet" step 10): a later one depends on its
+/// datagram's first; a first one of TCP (with its whole header), UDP or an
+/// ICMP echo of its direction (whose 8-byte header it must hold) on its
+/// flow; the rest is the kernel's.
 fn fragment(f: &[u8], from_lan: bool, total: usize) -> Stage {
     if be16(f, IP_OFF + 6) & 0x1fff != 0 {
         return Stage::LaterFragment;
     }
     let echo = if from_lan { ICMP_ECHO_REQUEST } else { 0 };
     match f[IP_OFF + 9] {
+        // TCP only with its whole header (and checksum) in the fragment.
+        IPPROTO_TCP if total < 40 => Stage::Exactly(Counter::PassFragment),
         IPPROTO_UDP | IPPROTO_ICMP if total < 28 => Stage::Exactly(Counter::DropMalformed),
-        IPPROTO_UDP => Stage::FirstFragment,
+        IPPROTO_TCP | IPPROTO_UDP => Stage::FirstFragment,
         IPPROTO_ICMP if f[L4_OFF] == echo => Stage::FirstFragment,
         _ => Stage::Exactly(Counter::PassFragment),
     }

@@ -295,3 +295,112 @@ fn fragments_the_data_path_does_not_carry_go_to_the_kernel() {
         );
     });
 }
+
+/// A TCP flow's segment fragmented with the whole TCP header (and its
+/// checksum) in the first fragment is translated both fragments through;
+/// one whose first fragment holds only 8 bytes of the header (RFC 1858's
+/// tiny fragment) is the kernel's, first and later.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn tcp_fragments_with_the_whole_header_are_translated() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let wan = r.wan;
+        r.masq_out(
+            &env,
+            "SYN out",
+            Tcp::new(40001, 80, TCP_SYN),
+            &[Counter::FlowNewMasquerade],
+        );
+        let flows = r.flows();
+        let seg = Ipv4::new(
+            SERVER,
+            WAN,
+            Tcp::new(80, 40001, TCP_ACK).payload(&data(100)),
+        );
+        fragments_redirected(
+            r,
+            &env,
+            "segment in",
+            false,
+            &seg,
+            &dnat(&seg, CLIENT, 40001),
+        );
+        assert_eq!(
+            r.flows(),
+            flows,
+            "the TCP state is a whole segment's to change"
+        );
+        let tiny = fragments(&with_id(seg, 0x2468), 8);
+        for (i, frag) in tiny.iter().enumerate() {
+            r.pass(
+                &format!("tiny fragment {i}"),
+                &env.server_sends(frag),
+                wan,
+                Counter::PassFragment,
+            );
+        }
+    });
+}
+
+/// A first fragment under the identification of a live record with
+/// another translation (another flow's ports, spoofed by a sender of the
+/// same source) takes nothing over: the kernel gets it, and the first
+/// datagram's later fragment still goes to its own host. The same flow
+/// reusing the identification replaces the record.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_first_fragment_of_another_flow_does_not_take_a_live_record_over() {
+    let env = ResolvedTopology::new(true);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        for (host, port) in [(CLIENT, 40000), (CLIENT2, 40001)] {
+            let q = Ipv4::new(host, SERVER, Udp::new(port, 53, b"query"));
+            let to = env.to_server(&snat(&q, port));
+            let sent = if host == CLIENT {
+                env.client_sends(&q)
+            } else {
+                env.client2_sends(&q)
+            };
+            r.redirect(
+                "query out",
+                &sent,
+                lan,
+                &to,
+                Counter::FwdOutbound,
+                &[Counter::FlowNewMasquerade],
+            );
+        }
+        let answer = with_id(
+            Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(120))),
+            0x7777,
+        );
+        let to_client = dnat(&answer, CLIENT, 40000);
+        r.redirect(
+            "the answer's first fragment",
+            &env.server_sends(&fragments(&answer, CUT)[0]),
+            wan,
+            &env.to_client(&fragments(&to_client, CUT)[0]),
+            Counter::FwdFragment,
+            &[],
+        );
+        let spoof = with_id(
+            Ipv4::new(SERVER, WAN, Udp::new(53, 40001, &data(120))),
+            0x7777,
+        );
+        r.pass(
+            "another flow's first fragment, same identification",
+            &env.server_sends(&fragments(&spoof, CUT)[0]),
+            wan,
+            Counter::PassFragment,
+        );
+        fragments_redirected(
+            r,
+            &env,
+            "the answer again, the same flow reusing the identification",
+            false,
+            &answer,
+            &to_client,
+        );
+    });
+}

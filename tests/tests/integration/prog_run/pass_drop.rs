@@ -182,15 +182,15 @@ fn pass_cases_ttl_fragments_options_protocols() {
                 g(&mut ip);
                 frame(&ip)
             };
-            let cases: Vec<(&str, Vec<u8>, Counter)> = vec![
-                ("TTL 1", with(&|ip| ip.ttl = 1), Counter::PassTtlExceeded),
-                ("TTL 0", with(&|ip| ip.ttl = 0), Counter::PassTtlExceeded),
-                ("MF", with(&|ip| ip.frag = IP_MF), Counter::PassFragment),
-                (
-                    "MF + DF",
-                    with(&|ip| ip.frag = IP_MF | IP_DF),
-                    Counter::PassFragment,
-                ),
+            // TTL <= 1 of a flow from the WAN is answered
+            // (`prog_run::time_exceeded`), and a flow's first fragment is
+            // carried (below).
+            let mut cases: Vec<(&str, Vec<u8>, Counter)> = Vec::new();
+            if ifindex == lan {
+                cases.push(("TTL 1", with(&|ip| ip.ttl = 1), Counter::PassTtlExceeded));
+                cases.push(("TTL 0", with(&|ip| ip.ttl = 0), Counter::PassTtlExceeded));
+            }
+            cases.extend(vec![
                 ("offset 1", with(&|ip| ip.frag = 1), Counter::PassFragment),
                 (
                     "offset 0x1fff",
@@ -274,9 +274,28 @@ fn pass_cases_ttl_fragments_options_protocols() {
                     )),
                     Counter::PassProtocol,
                 ),
-            ];
+            ]);
             for (what, f, counter) in &cases {
                 r.pass(&format!("{side}: {what}"), f, ifindex, *counter);
+            }
+            // A first fragment of the flow (the whole segment, MF set):
+            // translated and forwarded.
+            for (what, frag) in [("MF", IP_MF), ("MF + DF", IP_MF | IP_DF)] {
+                let mut ip = base.clone();
+                ip.frag = frag;
+                let want = if ifindex == lan {
+                    env.to_server(&snat(&ip, 40000))
+                } else {
+                    env.to_client(&dnat(&ip, CLIENT, 40000))
+                };
+                r.redirect(
+                    &format!("{side}: {what}"),
+                    &frame(&ip),
+                    ifindex,
+                    &want,
+                    Counter::FwdFragment,
+                    &[],
+                );
             }
             // IHL 4 with TTL 1: malformed wins.
             let mut bad = with(&|ip| ip.ttl = 1);
