@@ -34,6 +34,7 @@ use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpC
 use router_common::{
     flow::needs_refresh,
     hdr::{eth, frame, get_addr, get_u16, ipv4, min_len},
+    mapping::outbound_refresh_due,
     maps::{
         Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FRAGMENT_TIMEOUT_NS, FlowKey, FlowState,
         FragmentKey, FragmentXlat, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4,
@@ -252,6 +253,11 @@ fn of_first(
         return Err(NOT_CARRIED);
     }
     touch(entry, now);
+    if outbound_refresh_due(side.from_lan, entry, now) {
+        // An outbound datagram refreshes its flow's NAT mapping as an
+        // unfragmented packet does (RFC 4787 REQ-6).
+        crate::mapping::refresh(&key.0, entry, now, entry.state);
+    }
     flow::count(entry, usize::from(get_u16(ip, ipv4::TOT_LEN)));
     s.sport = entry.new_src_port;
     s.dport = entry.new_dst_port;
@@ -268,8 +274,8 @@ fn of_first(
 /// refreshed once per interval, in both entries. Inline here, not through
 /// `track`: that subprogram's call chain (to the TCP control tracking) has
 /// no room left under this one. An evicted other entry is put back by the
-/// flow's next unfragmented packet. (The NAT mapping's outbound refresh,
-/// RFC 4787 REQ-6, is left to those packets too.)
+/// flow's next unfragmented packet. (An outbound first fragment refreshes
+/// the NAT mapping, RFC 4787 REQ-6, in [`of_first`].)
 #[inline(always)]
 fn touch(e: &mut router_common::maps::FlowEntry, now: u64) {
     let refresh = needs_refresh(e.last_seen_ns, now);

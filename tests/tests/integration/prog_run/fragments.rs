@@ -404,3 +404,47 @@ fn a_first_fragment_of_another_flow_does_not_take_a_live_record_over() {
         );
     });
 }
+
+/// An outbound first fragment refreshes its flow's NAT mapping as an
+/// unfragmented packet does (RFC 4787 REQ-6): a flow whose outbound
+/// datagrams are all fragmented keeps its port.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_outbound_first_fragment_refreshes_the_flows_mapping() {
+    use router_common::mapping::{UDP_MAPPING_SECS, refresh_tick};
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
+        r.redirect(
+            "out: new flow",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        // The mapping about to expire, the flow's last outbound refresh
+        // 2 s ago.
+        let soon = now_ns() + 5 * NS_PER_SEC;
+        let mut m = r.mapping(IPPROTO_UDP, 40000).expect("the flow's mapping");
+        m.expires_ns = soon;
+        r.put_mapping(IPPROTO_UDP, 40000, m);
+        let mut e = r.raw_entry(&f.orig);
+        e.out_tick = refresh_tick(now_ns() - 2 * NS_PER_SEC);
+        r.put(f.orig, e);
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, &data(120)));
+        let runs = fragments_redirected(r, &env, "datagram out", true, &out, &snat(&out, 40000));
+        let secs = u64::from(UDP_MAPPING_SECS) * NS_PER_SEC;
+        let e = r
+            .mapping(IPPROTO_UDP, 40000)
+            .expect("the mapping")
+            .expires_ns;
+        assert!(
+            (runs[0].t0 + secs..=runs[0].t1 + secs).contains(&e),
+            "mapping expires {} s from the first fragment, want {UDP_MAPPING_SECS}",
+            (i128::from(e) - i128::from(runs[0].t1)) / 1_000_000_000
+        );
+    });
+}
