@@ -85,9 +85,12 @@ pub const VMAC_IPV6: u8 = 2;
 /// Capacity of [`FRAGMENTS_MAP`]: fragmented datagrams in flight at once.
 pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
 /// How long after its first fragment a datagram's later fragments are
-/// still translated: Linux's reassembly timeout (`ipfrag_time`, 30 s; RFC
-/// 791 suggests 15 s as the lower bound).
-pub const FRAGMENT_TIMEOUT_NS: u64 = 30_000_000_000;
+/// still translated: 5 s. A datagram's fragments travel together (ms
+/// apart), while a record held as long as Linux's reassembly waits
+/// (`ipfrag_time`, 30 s) would meet the identification's reuse sooner:
+/// a busy sender's next datagram under the same identification to
+/// another host is refused while the record lives.
+pub const FRAGMENT_TIMEOUT_NS: u64 = 5_000_000_000;
 /// Capacity of the port-forward rule map.
 pub const MAX_PORT_FORWARDS: u32 = 1024;
 
@@ -874,7 +877,9 @@ counters! {
     FwdInbound = "fwd_inbound", false;
     /// Neither IPv4 nor IPv6 (ARP, VLAN-tagged...): the kernel handles it.
     PassNotIpv4 = "pass_not_ipv4", false;
-    /// IPv4 header with options: left to the kernel.
+    /// IPv4 header with options of no flow the data path carries (or TTL
+    /// <= 1, a wrong checksum, a fragment): left to the kernel. See
+    /// `fwd_ip_options`.
     PassIpOptions = "pass_ip_options", false;
     /// IPv4 fragment the data path does not carry (a TCP header split over
     /// fragments, of no flow it carries or an offloaded one, a later
@@ -1082,10 +1087,14 @@ counters! {
     /// strict reverse path): a spoofed or foreign address, or one of the
     /// router's own. Checked when a flow opens, not per packet; IPv6 has
     /// `drop6_spoofed_source`.
+    DropSpoofedSource = "drop_spoofed_source", false;
+    /// IPv4 packet with options (IHL > 5) of a flow the data path carries
+    /// (not an offloaded one), translated and redirected with its options
+    /// as they are, either direction.
     ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    DropSpoofedSource = "drop_spoofed_source", false;
+    FwdIpOptions = "fwd_ip_options", false;
 }
 
 #[cfg(test)]

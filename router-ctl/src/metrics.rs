@@ -69,6 +69,7 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         C::FwdOutbound
         | C::FwdInbound
         | C::FwdFragment
+        | C::FwdIpOptions
         | C::DropTtlExceededAnswered
         | C::DropTtlExceeded
         | C::DropSpoofedSource

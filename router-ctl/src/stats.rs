@@ -417,13 +417,17 @@ mod tests {
         assert!(pos("dropped") < pos("drop_truncated"));
         assert!(pos("events") < pos("flow_new_masquerade"));
         // Every forwarded counter: fwd_outbound 1 pkt/100 B + fwd_inbound
-        // 2/200 + fwd_fragment, fwd6_outbound and fwd6_inbound.
+        // 2/200 + fwd_fragment, fwd_ip_options, fwd6_outbound and
+        // fwd6_inbound.
         let (p6, b6): (u64, u64) = sample()
             .iter()
             .filter(|(c, _)| {
                 matches!(
                     c,
-                    Counter::FwdFragment | Counter::Fwd6Outbound | Counter::Fwd6Inbound
+                    Counter::FwdFragment
+                        | Counter::FwdIpOptions
+                        | Counter::Fwd6Outbound
+                        | Counter::Fwd6Inbound
                 )
             })
             .fold((0, 0), |(p, b), (_, v)| (p + v.packets, b + v.bytes));

@@ -470,3 +470,36 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool) {
     }
     event(Counter::EvictionDetected);
 }
+
+/// The timers of a hit that [`track`] does not see (a fragment's, a
+/// packet's with IP options: `fragment`, `ip_options`): the first reply of
+/// a UDP flow marks it replied, and the last-seen time is refreshed once
+/// per interval, in both entries. No TCP state change (such a packet is
+/// forwarded, never judged). Inline, not through `track`: that
+/// subprogram's call chain (to the TCP control tracking) has no room left
+/// under those paths' own. An evicted other entry is put back by the
+/// flow's next ordinary packet.
+#[inline(always)]
+pub fn touch(e: &mut FlowEntry, now: u64) {
+    let refresh = needs_refresh(e.last_seen_ns, now);
+    let first_reply = e.flags & FLAG_ORIGINAL == 0
+        && e.peer.proto == IPPROTO_UDP
+        && e.state == FlowState::UdpUnreplied as u8;
+    if !refresh && !first_reply {
+        return;
+    }
+    if first_reply {
+        e.state = FlowState::UdpReplied as u8;
+    }
+    if refresh {
+        e.last_seen_ns = now;
+    }
+    if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
+        // SAFETY: map value pointer, valid for this run.
+        let p = unsafe { &mut *p };
+        p.state = e.state;
+        if refresh {
+            p.last_seen_ns = now;
+        }
+    }
+}

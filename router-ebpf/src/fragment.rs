@@ -12,32 +12,33 @@
 //! reassembles), never reassembled here.
 //!
 //! Carried: TCP, UDP and ICMP echo flows that the data path owns (TCP
-//! only when the first fragment holds the whole TCP header, and with it
-//! the checksum; a fragment does not change a flow's TCP state). Passed to
-//! the kernel (`pass_fragment`), as before this path existed: a TCP header
-//! split over fragments (RFC 1858's tiny fragment), fragments of no flow
-//! or of a new one (the kernel's slow path admits it), an offloaded flow's
-//! (the kernel's conntrack reassembles and translates them, in any order),
-//! a later fragment that arrives before its first or more than
+//! only when the first fragment holds the header's fixed 20 bytes, and
+//! with them the checksum, and no SYN, FIN or RST: a fragment changes no
+//! TCP state). Passed to the kernel (`pass_fragment`), as before this path
+//! existed: a TCP header split over fragments (RFC 1858's tiny fragment)
+//! or a fragmented SYN, FIN or RST, fragments of no flow or of a new one
+//! (the kernel's slow path admits it), an offloaded flow's (the kernel's
+//! conntrack reassembles and translates them, in any order), a later
+//! fragment that arrives before its first or more than
 //! [`FRAGMENT_TIMEOUT_NS`] after it (a datagram whose first fragment XDP
 //! forwarded is then lost, as the kernel cannot reassemble it without that
 //! one; an endpoint resends), a first fragment whose datagram key a live
-//! record of another translation holds (a spoof), and a fragment whose
-//! next hop has no neighbour (the kernel's defragmentation would hold it
-//! translated, waiting for the fragments XDP forwards); one the FIB
-//! refuses goes with the FIB's reason. A record lives on for its timeout
-//! after its flow ends; the map is an LRU of 8192 datagrams, so a sender
-//! that fills it with first fragments pushes older records out (their
-//! later fragments then go to the kernel).
+//! record of another translation holds (the record goes too: see
+//! [`send`]), and a fragment whose next hop has no neighbour (the kernel's
+//! defragmentation would hold it translated, waiting for the fragments XDP
+//! forwards); one the FIB refuses goes with the FIB's reason. A record
+//! lives on for its timeout after its flow ends; the map is an LRU of 8192
+//! datagrams, so a sender that fills it with first fragments pushes older
+//! records out (their later fragments then go to the kernel).
 
 use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
-    flow::needs_refresh,
-    hdr::{eth, frame, get_addr, get_u16, ipv4, min_len},
+    flow::TCP_CONTROL,
+    hdr::{eth, frame, get_addr, get_u16, ipv4, min_len, tcp},
     mapping::outbound_refresh_due,
     maps::{
-        Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FRAGMENT_TIMEOUT_NS, FlowKey, FlowState,
-        FragmentKey, FragmentXlat, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4,
+        Counter, FLAG_OFFLOADED, FRAGMENT_TIMEOUT_NS, FlowKey, FragmentKey, FragmentXlat,
+        IPPROTO_TCP, VMAC_IPV4,
     },
     nat::{fragment_is_first, rewrite_addrs},
 };
@@ -46,7 +47,7 @@ use crate::{
     Step, Verdict,
     flow::{self, Xlat},
     hop::{self, FibParams, Hop, forward_l2},
-    maps::{CONNTRACK, FRAGMENTS},
+    maps::FRAGMENTS,
     parse::{self, Ingress, header},
 };
 
@@ -201,6 +202,10 @@ fn try_send(ctx: &XdpContext, first: bool) -> Step<Verdict> {
             && s.record.first_ns.saturating_sub(old.first_ns) <= FRAGMENT_TIMEOUT_NS
             && (old.new_src_addr, old.new_dst_addr) != (src, dst)
         {
+            // Neither datagram can be told apart by its later fragments:
+            // the record goes, and they all go to the kernel (both
+            // datagrams are lost; their senders resend).
+            let _ = FRAGMENTS.remove(&s.key);
             return Err(NOT_CARRIED);
         }
         let _ = FRAGMENTS.insert(&s.key, &s.record, u64::from(BPF_ANY));
@@ -230,11 +235,19 @@ fn of_first(
     side: Ingress<'_>,
     s: &mut Scratch,
 ) -> Step<()> {
-    // TCP only with its whole header in the first fragment: its checksum
-    // is there then. A header split over fragments (RFC 1858's tiny
-    // fragment) is the kernel's.
-    if ip[ipv4::PROTO] == IPPROTO_TCP && usize::from(get_u16(ip, ipv4::TOT_LEN)) < min_len::TCP {
-        return Err(NOT_CARRIED);
+    // TCP only with its header's fixed 20 bytes in the first fragment:
+    // its checksum is there then (a header split over fragments, RFC
+    // 1858's tiny fragment, is the kernel's), and only a segment without
+    // SYN, FIN or RST: a fragment changes no TCP state here, so those go
+    // to the kernel as before.
+    if ip[ipv4::PROTO] == IPPROTO_TCP {
+        if usize::from(get_u16(ip, ipv4::TOT_LEN)) < min_len::TCP {
+            return Err(NOT_CARRIED);
+        }
+        let t: &[u8; tcp::LEN] = header(ctx, frame::L4)?;
+        if t[tcp::FLAGS] & TCP_CONTROL != 0 {
+            return Err(NOT_CARRIED);
+        }
     }
     let (sport, dport) = parse::ports(ctx, ip, side.from_lan)?.ok_or(NOT_CARRIED)?;
     let key = flow::StackKey(FlowKey::new(
@@ -252,7 +265,7 @@ fn of_first(
     if entry.flags & FLAG_OFFLOADED != 0 {
         return Err(NOT_CARRIED);
     }
-    touch(entry, now);
+    flow::touch(entry, now);
     if outbound_refresh_due(side.from_lan, entry, now) {
         // An outbound datagram refreshes its flow's NAT mapping as an
         // unfragmented packet does (RFC 4787 REQ-6).
@@ -267,36 +280,4 @@ fn of_first(
         first_ns: now,
     };
     Ok(())
-}
-
-/// What a UDP or ICMP echo hit's state tracking does (`flow::track`): the
-/// first reply of a UDP flow marks it replied, and the last-seen time is
-/// refreshed once per interval, in both entries. Inline here, not through
-/// `track`: that subprogram's call chain (to the TCP control tracking) has
-/// no room left under this one. An evicted other entry is put back by the
-/// flow's next unfragmented packet. (An outbound first fragment refreshes
-/// the NAT mapping, RFC 4787 REQ-6, in [`of_first`].)
-#[inline(always)]
-fn touch(e: &mut router_common::maps::FlowEntry, now: u64) {
-    let refresh = needs_refresh(e.last_seen_ns, now);
-    let first_reply = e.flags & FLAG_ORIGINAL == 0
-        && e.peer.proto == IPPROTO_UDP
-        && e.state == FlowState::UdpUnreplied as u8;
-    if !refresh && !first_reply {
-        return;
-    }
-    if first_reply {
-        e.state = FlowState::UdpReplied as u8;
-    }
-    if refresh {
-        e.last_seen_ns = now;
-    }
-    if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
-        // SAFETY: map value pointer, valid for this run.
-        let p = unsafe { &mut *p };
-        p.state = e.state;
-        if refresh {
-            p.last_seen_ns = now;
-        }
-    }
 }

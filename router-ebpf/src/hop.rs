@@ -8,7 +8,7 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_SUCCESS,
+        BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
     },
     helpers::bpf_fib_lookup,
     programs::XdpContext,
@@ -91,13 +91,38 @@ pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
     egress(ctx, &mut p)
 }
 
-/// The interface the kernel would send a reply to the IPv4 packet `ip`
-/// out of: its addresses swapped, no MTU check; `None` when it would not
-/// forward one.
+/// Whether the IPv4 packet `ip`'s source is reachable out of interface
+/// `oif`: the reverse path (RFC 3704 strict), asked as Linux's `rp_filter`
+/// asks it, from the router's own perspective (an output lookup, as if
+/// from loopback, restricted to `oif`), so policy rules that select a
+/// table by the incoming interface (`ip rule iif LAN lookup VPN`) do not
+/// apply. A local or broadcast address of `oif` is not reachable out of
+/// it. `None`: not judged, forwarding is off on `oif` (the FIB helper
+/// checks that first; the forward lookup that follows then passes the
+/// packet as `pass_fib_forwarding_disabled`).
 #[inline(always)]
-pub fn reverse_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
+pub fn source_reachable_via(ctx: &XdpContext, ip: &[u8; ipv4::LEN], oif: u32) -> Option<bool> {
     let mut p = params4(ip, get_addr(ip, ipv4::DST), get_addr(ip, ipv4::SRC), 0);
-    egress(ctx, &mut p)
+    reachable_via(ctx, &mut p, oif)
+}
+
+/// Whether the FIB parameters' destination is reachable out of `oif`,
+/// looked up from the router's own perspective (see
+/// [`source_reachable_via`]; both families).
+#[inline(always)]
+pub fn reachable_via(ctx: &XdpContext, p: &mut FibParams, oif: u32) -> Option<bool> {
+    p.ifindex = oif;
+    // SAFETY: ctx is the program's context, p a valid struct.
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, FIB_PARAMS_LEN, BPF_FIB_LOOKUP_OUTPUT) };
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "negative errors map to no BPF_FIB_LKUP_RET_* and are not reachable"
+    )]
+    match rc as u32 {
+        BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH => Some(p.ifindex == oif),
+        BPF_FIB_LKUP_RET_FWD_DISABLED => None,
+        _ => Some(false),
+    }
 }
 
 /// The interface the kernel would forward a packet of the FIB parameters

@@ -8,7 +8,8 @@
 //! new flow's entries ([`admit::commit`]), the rewrite with incremental
 //! checksum updates ([`flow::rewrite`]) and the L2 forwarding tail shared
 //! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]). IPv4
-//! fragments take a path of their own ([`fragment`]), and so does a WAN
+//! fragments take a path of their own ([`fragment`]), as do packets with
+//! IP options ([`ip_options`]) and a WAN
 //! packet of a flow whose TTL ran out ([`time_exceeded`]); IPv6 has its own
 //! core ([`v6`]).
 //! Each phase either hands its result on or ends the packet with a
@@ -38,6 +39,7 @@ mod flow;
 mod fragment;
 mod hop;
 mod icmp_error;
+mod ip_options;
 mod mapping;
 mod maps;
 mod parse;
@@ -116,6 +118,7 @@ pub fn router(ctx: XdpContext) -> u32 {
     let v = if v.action == xdp_action::XDP_PASS {
         let v = match v.counter {
             Counter::PassFragment => fragment::forward(&ctx),
+            Counter::PassIpOptions => ip_options::forward(&ctx),
             Counter::PassTtlExceeded => time_exceeded::answer(&ctx, v),
             _ => v,
         };

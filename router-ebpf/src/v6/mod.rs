@@ -28,7 +28,7 @@ use router_common::{
 
 use crate::{
     Step, Verdict,
-    hop::{FibParams, Hop, egress, lookup, write_macs},
+    hop::{FibParams, Hop, egress, lookup, reachable_via, write_macs},
     parse::{Ingress, addressed_to_us, header, ingress, ptr_at},
 };
 
@@ -138,11 +138,15 @@ pub fn source_valid(ctx: &XdpContext, from_lan: bool, lan_ifindex: u32) -> bool 
     // The way back: from the packet's destination to its source; no
     // length, so no MTU check.
     let mut p = params6(ip, ipv6::DST, ipv6::SRC);
-    match egress(ctx, &mut p) {
-        Some(back) if from_lan => back == lan_ifindex,
-        Some(back) => back != lan_ifindex,
-        None => false,
+    if from_lan {
+        // From the router's own perspective, as IPv4's
+        // `hop::source_reachable_via` (policy rules on the incoming
+        // interface do not apply).
+        // Forwarding off on the LAN: not judged (the forward lookup passes
+        // the packet).
+        return reachable_via(ctx, &mut p, lan_ifindex) != Some(false);
     }
+    matches!(egress(ctx, &mut p), Some(back) if back != lan_ifindex)
 }
 
 /// The FIB parameters of the IPv6 packet `ip` from the address at

@@ -902,7 +902,8 @@ fn snmp(t: &Topology, ns: Ns, group: &str, name: &str) -> u64 {
 /// route (BCP 38, RFC 3704 strict reverse path): a LAN host that also
 /// holds an address of another network pings the server from it, and
 /// nothing reaches the server (`drop_spoofed_source`; masqueraded, its
-/// replies would go to that address); its own LAN address still does.
+/// replies would go to that address); its own LAN address still does,
+/// also with a policy rule on the LAN's incoming interface.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_lan_host_pinging_from_a_foreign_address_reaches_nothing() {
@@ -944,4 +945,24 @@ fn a_lan_host_pinging_from_a_foreign_address_reaches_nothing() {
     assert_eq!(counter_delta(&before, &after, "flow_new_masquerade"), 0);
     assert!(ping(&[]), "its LAN address still reaches the server");
     assert!(echos(&t) >= echos0 + 3);
+    // Policy routing of the LAN's traffic (a "LAN via VPN" rule, here to a
+    // table whose default route is the WAN's): the source check asks from
+    // the router's own perspective, as `rp_filter` does, so such a rule
+    // changes nothing for it. A new flow (another ping) still opens.
+    for cmd in [
+        &["ip", "rule", "add", "iif", LAN_IF, "lookup", "100"][..],
+        &[
+            "ip", "route", "add", "default", "via", &server, "dev", WAN_IF, "table", "100",
+        ],
+    ] {
+        t.exec_ok(Ns::Router, cmd);
+    }
+    let before = t.stats();
+    assert!(
+        ping(&[]),
+        "a LAN host policy-routed by its incoming interface"
+    );
+    let after = t.stats();
+    assert_eq!(counter_delta(&before, &after, "drop_spoofed_source"), 0);
+    assert_eq!(counter_delta(&before, &after, "flow_new_masquerade"), 1);
 }

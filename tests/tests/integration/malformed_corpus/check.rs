@@ -96,12 +96,12 @@ pub(super) fn may_change(f: &[u8], at: usize, icmp_error: Option<bool>) -> bool 
     if be16(f, IP_OFF + 6) & 0x1fff != 0 {
         return false;
     }
+    // After the options, if any.
+    let l4 = l4_off(f);
     match f[IP_OFF + 9] {
-        IPPROTO_TCP => {
-            (L4_OFF..L4_OFF + 4).contains(&at) || (L4_OFF + 16..L4_OFF + 18).contains(&at)
-        }
-        IPPROTO_UDP => (L4_OFF..L4_OFF + 4).contains(&at) || (L4_OFF + 6..L4_OFF + 8).contains(&at),
-        _ => (L4_OFF + 2..L4_OFF + 6).contains(&at),
+        IPPROTO_TCP => (l4..l4 + 4).contains(&at) || (l4 + 16..l4 + 18).contains(&at),
+        IPPROTO_UDP => (l4..l4 + 4).contains(&at) || (l4 + 6..l4 + 8).contains(&at),
+        _ => (l4 + 2..l4 + 6).contains(&at),
     }
 }
 
@@ -141,9 +141,10 @@ pub(super) fn check_rewrite(
     let allowed = match (redirect, counter) {
         (true, Counter::FwdOutbound) => from_lan,
         (true, Counter::FwdInbound) => !from_lan,
-        // A fragment, either way; without a neighbour: translated, for
-        // the kernel (both ways).
-        (true, Counter::FwdFragment) | (false, Counter::PassNoNeighbour) => true,
+        // A fragment or a packet with options, either way; without a
+        // neighbour: translated, for the kernel (both ways).
+        (true, Counter::FwdFragment | Counter::FwdIpOptions)
+        | (false, Counter::PassNoNeighbour) => true,
         _ => false,
     };
     if !allowed {
@@ -306,6 +307,7 @@ pub(super) fn case(
             Counter::FwdOutbound
             | Counter::FwdInbound
             | Counter::FwdFragment
+            | Counter::FwdIpOptions
             | Counter::DropTtlExceededAnswered => XDP_REDIRECT,
             Counter::DropMalformed
             | Counter::DropTruncated

@@ -159,15 +159,21 @@ pub(super) fn consistent_truncation(f: &[u8], len: usize) -> Vec<u8> {
     v
 }
 
+/// Where the L4 header of an IPv4 frame starts: after its options.
+pub(super) fn l4_off(f: &[u8]) -> usize {
+    IP_OFF + usize::from(f[IP_OFF] & 0x0f).max(5) * 4
+}
+
 /// The key a packet is looked up with (its 5-tuple; ICMP echo: the
 /// identifier in both port fields). Only for frames the model lets through
 /// to the lookup.
 pub(super) fn lookup_key(f: &[u8]) -> FlowKey {
     let proto = f[IP_OFF + 9];
+    let l4 = l4_off(f);
     let (sport, dport) = if proto == IPPROTO_ICMP {
-        (be16(f, L4_OFF + 4), be16(f, L4_OFF + 4))
+        (be16(f, l4 + 4), be16(f, l4 + 4))
     } else {
-        (be16(f, L4_OFF), be16(f, L4_OFF + 2))
+        (be16(f, l4), be16(f, l4 + 2))
     };
     FlowKey::new(
         addr(f, IP_OFF + 12),

@@ -1,5 +1,7 @@
 //! The model of the spec's checks: which counter a frame must move.
 
+use router_common::flow::TCP_CONTROL;
+
 use super::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +17,9 @@ pub(super) enum Stage {
     FirstFragment,
     /// A later fragment: carried if its datagram's first was.
     LaterFragment,
+    /// A packet with IP options that may be a flow's: carried if it is
+    /// (README "Per packet" step 12).
+    Options,
     /// A WAN packet with TTL <= 1 that may be a flow's: answered with Time
     /// Exceeded if it is (README "Per packet" step 11).
     TtlExceeded,
@@ -38,7 +43,7 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
         return Exactly(Counter::DropMalformed);
     }
     if ihl > 5 {
-        return Exactly(Counter::PassIpOptions);
+        return options(f, from_lan, own_mac, total);
     }
     if f[IP_OFF + 8] <= 1 {
         return ttl_exceeded(f, from_lan, own_mac, total);
@@ -101,6 +106,37 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
     }
 }
 
+/// IP options: the kernel's, unless the header is otherwise forwardable
+/// (TTL > 1, its checksum over the options right, no fragment) and the
+/// packet holds a TCP header, a UDP one or an ICMP echo of its direction
+/// at the offset the IHL gives (what the lookup then decides); not
+/// addressed to the interface: the kernel's as any such frame.
+fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
+    if f[..6] != own_mac {
+        return Stage::Exactly(Counter::PassNotForUs);
+    }
+    let hlen = usize::from(f[IP_OFF] & 0x0f) * 4;
+    let l4 = IP_OFF + hlen;
+    let proto = f[IP_OFF + 9];
+    let need = if proto == IPPROTO_TCP { 20 } else { 8 };
+    let echo = if from_lan { ICMP_ECHO_REQUEST } else { 0 };
+    let header_ok = f[IP_OFF + 8] > 1
+        && be16(f, IP_OFF + 6) & 0x3fff == 0
+        && checksum(&f[IP_OFF..l4]) == 0
+        && total >= hlen + need;
+    let flow_like = match proto {
+        IPPROTO_TCP => header_ok && f[l4 + 13] & TCP_CONTROL == 0,
+        IPPROTO_UDP => true,
+        IPPROTO_ICMP => header_ok && f[l4] == echo,
+        _ => false,
+    };
+    if header_ok && flow_like {
+        Stage::Options
+    } else {
+        Stage::Exactly(Counter::PassIpOptions)
+    }
+}
+
 /// TTL <= 1: the kernel's, unless it is a WAN packet addressed to the
 /// router's MAC with a right header checksum and the 8 bytes of a TCP, UDP
 /// or echo reply flow's ports (what the lookup then decides), and not a
@@ -133,8 +169,11 @@ fn fragment(f: &[u8], from_lan: bool, total: usize) -> Stage {
     }
     let echo = if from_lan { ICMP_ECHO_REQUEST } else { 0 };
     match f[IP_OFF + 9] {
-        // TCP only with its whole header (and checksum) in the fragment.
-        IPPROTO_TCP if total < 40 => Stage::Exactly(Counter::PassFragment),
+        // TCP only with its header's fixed 20 bytes (and checksum) in the
+        // fragment, and without SYN, FIN or RST.
+        IPPROTO_TCP if total < 40 || f[L4_OFF + 13] & TCP_CONTROL != 0 => {
+            Stage::Exactly(Counter::PassFragment)
+        }
         IPPROTO_UDP | IPPROTO_ICMP if total < 28 => Stage::Exactly(Counter::DropMalformed),
         IPPROTO_TCP | IPPROTO_UDP => Stage::FirstFragment,
         IPPROTO_ICMP if f[L4_OFF] == echo => Stage::FirstFragment,
@@ -142,16 +181,56 @@ fn fragment(f: &[u8], from_lan: bool, total: usize) -> Stage {
     }
 }
 
-/// The verdicts of a fragment the data path carries: forwarded, or
-/// passed by the FIB step (with no neighbour: `pass_fragment`).
-fn carried_fragment() -> Vec<Counter> {
-    let mut ok = vec![Counter::FwdFragment, Counter::PassFragment];
+/// The verdicts of a packet one of the paths off the hit path carries
+/// (counted `forwarded`), which passes with `passed` when the next hop has
+/// no neighbour and with the FIB's reason when the FIB refuses it.
+fn carried(forwarded: Counter, passed: Counter) -> Vec<Counter> {
+    let mut ok = vec![forwarded, passed];
     ok.extend(
         FIB_PASSES
             .iter()
             .filter(|&&c| c != Counter::PassNoNeighbour),
     );
     ok
+}
+
+/// The verdicts of the stages the paths off the hit path decide
+/// (fragments, options, Time Exceeded): by the flow (its own side, not
+/// offloaded) or the fragment record a packet has; `None` for the others.
+fn off_the_hit_path(
+    r: &LoadedRouter,
+    f: &[u8],
+    from_lan: bool,
+    stage: Stage,
+) -> Option<Vec<Counter>> {
+    let hit = |side: bool| {
+        r.entry(&lookup_key(f))
+            .is_some_and(|e| e.lan_side() == side && e.flags & FLAG_OFFLOADED == 0)
+    };
+    let (carried_if, yes, no) = match stage {
+        Stage::FirstFragment => (
+            hit(from_lan),
+            carried(Counter::FwdFragment, Counter::PassFragment),
+            Counter::PassFragment,
+        ),
+        Stage::LaterFragment => (
+            r.fragment(&fragment_key(f, from_lan)).is_some(),
+            carried(Counter::FwdFragment, Counter::PassFragment),
+            Counter::PassFragment,
+        ),
+        Stage::Options => (
+            hit(from_lan),
+            carried(Counter::FwdIpOptions, Counter::PassIpOptions),
+            Counter::PassIpOptions,
+        ),
+        Stage::TtlExceeded => (
+            hit(false),
+            vec![Counter::DropTtlExceededAnswered, Counter::DropTtlExceeded],
+            Counter::PassTtlExceeded,
+        ),
+        _ => return None,
+    };
+    Some(if carried_if { yes } else { vec![no] })
 }
 
 /// The verdict of an ICMP error about no flow of its side: from the LAN
@@ -182,38 +261,8 @@ pub(super) fn allowed_after_lookup(
     from_lan: bool,
     stage: Stage,
 ) -> (Vec<Counter>, Option<Counter>) {
-    match stage {
-        Stage::FirstFragment => {
-            let hit = r
-                .entry(&lookup_key(f))
-                .is_some_and(|e| e.lan_side() == from_lan && e.flags & FLAG_OFFLOADED == 0);
-            let ok = if hit {
-                carried_fragment()
-            } else {
-                vec![Counter::PassFragment]
-            };
-            return (ok, None);
-        }
-        Stage::TtlExceeded => {
-            let hit = r
-                .entry(&lookup_key(f))
-                .is_some_and(|e| !e.lan_side() && e.flags & FLAG_OFFLOADED == 0);
-            let ok = if hit {
-                vec![Counter::DropTtlExceededAnswered, Counter::DropTtlExceeded]
-            } else {
-                vec![Counter::PassTtlExceeded]
-            };
-            return (ok, None);
-        }
-        Stage::LaterFragment => {
-            let ok = if r.fragment(&fragment_key(f, from_lan)).is_some() {
-                carried_fragment()
-            } else {
-                vec![Counter::PassFragment]
-            };
-            return (ok, None);
-        }
-        _ => {}
+    if let Some(ok) = off_the_hit_path(r, f, from_lan, stage) {
+        return (ok, None);
     }
     let fwd = if from_lan {
         Counter::FwdOutbound

@@ -296,10 +296,11 @@ fn fragments_the_data_path_does_not_carry_go_to_the_kernel() {
     });
 }
 
-/// A TCP flow's segment fragmented with the whole TCP header (and its
-/// checksum) in the first fragment is translated both fragments through;
-/// one whose first fragment holds only 8 bytes of the header (RFC 1858's
-/// tiny fragment) is the kernel's, first and later.
+/// A TCP flow's segment fragmented with the TCP header's fixed 20 bytes
+/// (and its checksum) in the first fragment is translated both fragments
+/// through, its state unchanged; one whose first fragment holds only 8 or
+/// 16 bytes of the header (RFC 1858's tiny fragment) is the kernel's,
+/// first and later, and so is a fragmented FIN.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn tcp_fragments_with_the_whole_header_are_translated() {
@@ -312,7 +313,8 @@ fn tcp_fragments_with_the_whole_header_are_translated() {
             Tcp::new(40001, 80, TCP_SYN),
             &[Counter::FlowNewMasquerade],
         );
-        let flows = r.flows();
+        let state = |r: &Router| r.get(&tcp_key(CLIENT, 40001, SERVER, 80)).state;
+        let before = state(r);
         let seg = Ipv4::new(
             SERVER,
             WAN,
@@ -326,28 +328,40 @@ fn tcp_fragments_with_the_whole_header_are_translated() {
             &seg,
             &dnat(&seg, CLIENT, 40001),
         );
-        assert_eq!(
-            r.flows(),
-            flows,
-            "the TCP state is a whole segment's to change"
-        );
-        let tiny = fragments(&with_id(seg, 0x2468), 8);
-        for (i, frag) in tiny.iter().enumerate() {
-            r.pass(
-                &format!("tiny fragment {i}"),
-                &env.server_sends(frag),
-                wan,
-                Counter::PassFragment,
-            );
+        assert_eq!(state(r), before, "a fragment changes no TCP state");
+        // Cut inside the header: after the ports (8), before the checksum
+        // (16: total length 36).
+        for (id, cut) in [(0x2468, 8), (0x2469, 16)] {
+            for (i, frag) in fragments(&with_id(seg.clone(), id), cut).iter().enumerate() {
+                r.pass(
+                    &format!("fragment {i} of a segment cut after {cut} bytes"),
+                    &env.server_sends(frag),
+                    wan,
+                    Counter::PassFragment,
+                );
+            }
         }
+        // SYN, FIN or RST: the kernel's, whose state tracking sees it.
+        let fin = Ipv4::new(
+            SERVER,
+            WAN,
+            Tcp::new(80, 40001, TCP_FIN | TCP_ACK).payload(&data(100)),
+        );
+        r.pass(
+            "the first fragment of a FIN",
+            &env.server_sends(&fragments(&fin, CUT)[0]),
+            wan,
+            Counter::PassFragment,
+        );
     });
 }
 
 /// A first fragment under the identification of a live record with
-/// another translation (another flow's ports, spoofed by a sender of the
-/// same source) takes nothing over: the kernel gets it, and the first
-/// datagram's later fragment still goes to its own host. The same flow
-/// reusing the identification replaces the record.
+/// another translation (another flow's ports: a spoof, or a sender's
+/// identification reused within the record's life) takes nothing over: the
+/// record goes, and the kernel gets it and both datagrams' later
+/// fragments. The same flow reusing the identification makes a record
+/// again.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_first_fragment_of_another_flow_does_not_take_a_live_record_over() {
@@ -394,6 +408,16 @@ fn a_first_fragment_of_another_flow_does_not_take_a_live_record_over() {
             wan,
             Counter::PassFragment,
         );
+        // The record is gone: neither datagram's later fragment can be
+        // told apart, both go to the kernel.
+        for (what, ip) in [("the answer's", &answer), ("the other's", &spoof)] {
+            r.pass(
+                &format!("{what} later fragment"),
+                &env.server_sends(&fragments(ip, CUT)[1]),
+                wan,
+                Counter::PassFragment,
+            );
+        }
         fragments_redirected(
             r,
             &env,

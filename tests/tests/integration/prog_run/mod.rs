@@ -26,6 +26,7 @@ mod expiry;
 mod fib;
 mod fragments;
 mod icmp;
+mod ip_options;
 mod nat_behaviour;
 mod not_for_us;
 mod pass_drop;

@@ -183,12 +183,25 @@ fn pass_cases_ttl_fragments_options_protocols() {
                 frame(&ip)
             };
             // TTL <= 1 of a flow from the WAN is answered
-            // (`prog_run::time_exceeded`), and a flow's first fragment is
-            // carried (below).
+            // (`prog_run::time_exceeded`), and a flow's first fragment and
+            // packets with options are carried (below).
             let mut cases: Vec<(&str, Vec<u8>, Counter)> = Vec::new();
             if ifindex == lan {
                 cases.push(("TTL 1", with(&|ip| ip.ttl = 1), Counter::PassTtlExceeded));
                 cases.push(("TTL 0", with(&|ip| ip.ttl = 0), Counter::PassTtlExceeded));
+            }
+            if ifindex == wan {
+                // The SYN+ACK with options or as a first fragment.
+                cases.push((
+                    "MF, SYN+ACK",
+                    with(&|ip| ip.frag = IP_MF),
+                    Counter::PassFragment,
+                ));
+                cases.push((
+                    "options, SYN+ACK",
+                    with(&|ip| ip.options = vec![1, 1, 1, 0]),
+                    Counter::PassIpOptions,
+                ));
             }
             cases.extend(vec![
                 ("offset 1", with(&|ip| ip.frag = 1), Counter::PassFragment),
@@ -201,16 +214,6 @@ fn pass_cases_ttl_fragments_options_protocols() {
                     "MF + offset 0xb9",
                     with(&|ip| ip.frag = IP_MF | 0xb9),
                     Counter::PassFragment,
-                ),
-                (
-                    "options (IHL 6)",
-                    with(&|ip| ip.options = vec![1, 1, 1, 0]),
-                    Counter::PassIpOptions,
-                ),
-                (
-                    "options (IHL 15)",
-                    with(&|ip| ip.options = [[1u8, 1, 1, 1]; 10].concat()),
-                    Counter::PassIpOptions,
                 ),
                 (
                     "options + MF",
@@ -278,11 +281,36 @@ fn pass_cases_ttl_fragments_options_protocols() {
             for (what, f, counter) in &cases {
                 r.pass(&format!("{side}: {what}"), f, ifindex, *counter);
             }
-            // A first fragment of the flow (the whole segment, MF set):
-            // translated and forwarded.
-            for (what, frag) in [("MF", IP_MF), ("MF + DF", IP_MF | IP_DF)] {
-                let mut ip = base.clone();
-                ip.frag = frag;
+            // A first fragment of the flow (the whole segment, MF set), and
+            // its packets with options: translated and forwarded.
+            // A segment without SYN, FIN or RST (those are the kernel's
+            // in a fragment or with options: no state change there).
+            let data_in = Ipv4::new(SERVER, WAN, Tcp::new(80, 40000, TCP_ACK).payload(b"data"));
+            let carried_base = if ifindex == lan { &data_out } else { &data_in };
+            let variant = |g: &dyn Fn(&mut Ipv4)| {
+                let mut ip = carried_base.clone();
+                g(&mut ip);
+                ip
+            };
+            let carried = [
+                ("MF", variant(&|ip| ip.frag = IP_MF), Counter::FwdFragment),
+                (
+                    "MF + DF",
+                    variant(&|ip| ip.frag = IP_MF | IP_DF),
+                    Counter::FwdFragment,
+                ),
+                (
+                    "options (IHL 6)",
+                    variant(&|ip| ip.options = vec![1, 1, 1, 0]),
+                    Counter::FwdIpOptions,
+                ),
+                (
+                    "options (IHL 15)",
+                    variant(&|ip| ip.options = [[1u8, 1, 1, 1]; 10].concat()),
+                    Counter::FwdIpOptions,
+                ),
+            ];
+            for (what, ip, counter) in carried {
                 let want = if ifindex == lan {
                     env.to_server(&snat(&ip, 40000))
                 } else {
@@ -293,7 +321,7 @@ fn pass_cases_ttl_fragments_options_protocols() {
                     &frame(&ip),
                     ifindex,
                     &want,
-                    Counter::FwdFragment,
+                    counter,
                     &[],
                 );
             }

@@ -1,0 +1,247 @@
+//! IPv4 packets with options (IHL > 5) of the flows the data path carries,
+//! either direction.
+//!
+//! The core parses option-less headers only (every offset fixed) and
+//! passes the rest. A flow's packet with options passed so would leave the
+//! flow: from the LAN through the kernel's slow-path NAT with another
+//! external port; from the WAN, addressed to the WAN address, to the
+//! router's own stack, which knows nothing of the data path's flows and
+//! answers as the endpoint (a TCP RST the remote accepts). Here such a
+//! packet is translated through its flow like a hit (the L4 header at the
+//! offset the IHL gives) and forwarded with its options as they are: not
+//! processed (a record-route or timestamp option gets no entry of this
+//! hop), as many routers forward them (RFC 7126 4.3 ff. lets a router
+//! ignore such options); the header checksum, which covers them, is
+//! updated for the changed words only.
+//!
+//! Left to the kernel (`pass_ip_options`): a header with TTL <= 1, a wrong
+//! checksum or the fragment bits set, packets of no flow the data path
+//! carries, an offloaded flow's, a next hop the FIB refuses (with its
+//! reason) or without a neighbour.
+
+use aya_ebpf::{macros::map, maps::PerCpuArray, programs::XdpContext};
+use router_common::{
+    checksum,
+    flow::TCP_CONTROL,
+    hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, tcp, udp},
+    mapping::outbound_refresh_due,
+    maps::{Counter, FLAG_OFFLOADED, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
+    nat::{
+        ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, rewrite_addrs, rewrite_icmp_echo, rewrite_tcp,
+        rewrite_udp,
+    },
+};
+
+use crate::{
+    Step, Verdict,
+    flow::{self, StackKey},
+    hop::{self, FibParams, Hop, forward_l2},
+    parse::{self, header, ptr_at},
+};
+
+/// What [`forward`]'s two steps hand on, off the stack: the translation,
+/// the L4 header's offset and the FIB parameters.
+#[repr(C)]
+struct Scratch {
+    fib: FibParams,
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport: u16,
+    dport: u16,
+    /// The L4 header's offset in the frame.
+    l4: u32,
+}
+
+#[map(name = "OPTIONS_SCRATCH")]
+static OPTIONS_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// The verdict of a packet this path does not carry: the kernel's.
+const NOT_CARRIED: Verdict = Verdict::pass(Counter::PassIpOptions);
+
+/// What [`translate`] returns when the scratch slot holds the packet's
+/// translation (no other step passes with this counter).
+const TRANSLATED: Verdict = Verdict::pass(Counter::FwdIpOptions);
+
+/// Forwards the IPv4 packet with options of `ctx` (the core's
+/// `pass_ip_options` verdict) if it belongs to a flow the data path
+/// carries; else passes it with a reason.
+// BPF subprograms, called from the entry point for such packets only:
+// their frames stay off the entry point's (call chains at the verifier's
+// 512 bytes), and the two steps are siblings.
+#[inline(never)]
+pub fn forward(ctx: &XdpContext) -> Verdict {
+    let v = translate(ctx);
+    if v.counter != TRANSLATED.counter {
+        return v;
+    }
+    send(ctx)
+}
+
+/// The packet's flow translation into the scratch slot ([`TRANSLATED`]),
+/// if the data path carries its flow.
+#[inline(never)]
+fn translate(ctx: &XdpContext) -> Verdict {
+    match try_translate(ctx) {
+        Ok(()) => TRANSLATED,
+        Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_translate(ctx: &XdpContext) -> Step<()> {
+    let eth: &[u8; eth::LEN] = header(ctx, 0)?;
+    let ip: &[u8; ipv4::LEN] = header(ctx, frame::IPV4)?;
+    let side = parse::ingress(ctx).ok_or(NOT_CARRIED)?;
+    parse::addressed_to_us(ctx, eth, side, VMAC_IPV4)?;
+    // The core judged the header as far as the options (`classify_ipv4`:
+    // version, IHL within the total length, total length within the
+    // frame); the rest of its checks here.
+    let hlen = usize::from(ip[ipv4::VERSION_IHL] & 0x0f) * 4;
+    if ip[ipv4::TTL] <= 1
+        || get_u16(ip, ipv4::FRAG_OFF) & ipv4::FRAG_MF_AND_OFFSET != 0
+        || !header_checksum_ok(ctx, hlen)
+    {
+        return Err(NOT_CARRIED);
+    }
+    let total_len = usize::from(get_u16(ip, ipv4::TOT_LEN));
+    let l4 = frame::IPV4 + hlen;
+    let proto = ip[ipv4::PROTO];
+    let need = if proto == IPPROTO_TCP {
+        tcp::LEN
+    } else {
+        udp::LEN
+    };
+    if total_len < hlen + need {
+        return Err(NOT_CARRIED);
+    }
+    let h: *const [u8; udp::LEN] = ptr_at(ctx, l4)?;
+    // SAFETY: bounds checked by ptr_at.
+    let h = unsafe { &*h };
+    let (sport, dport) = match proto {
+        IPPROTO_TCP => {
+            // No SYN, FIN or RST: such a packet changes no TCP state here,
+            // so those go to the kernel.
+            let t: *const [u8; tcp::LEN] = ptr_at(ctx, l4)?;
+            // SAFETY: bounds checked by ptr_at.
+            if unsafe { (*t)[tcp::FLAGS] } & TCP_CONTROL != 0 {
+                return Err(NOT_CARRIED);
+            }
+            (get_u16(h, udp::SPORT), get_u16(h, udp::DPORT))
+        }
+        IPPROTO_UDP => (get_u16(h, udp::SPORT), get_u16(h, udp::DPORT)),
+        IPPROTO_ICMP => {
+            let echo = if side.from_lan {
+                ICMP_ECHO_REQUEST
+            } else {
+                ICMP_ECHO_REPLY
+            };
+            if h[icmp::TYPE] != echo {
+                return Err(NOT_CARRIED);
+            }
+            let id = get_u16(h, icmp::ECHO_ID);
+            (id, id)
+        }
+        _ => return Err(NOT_CARRIED),
+    };
+    let key = StackKey(FlowKey::new(
+        get_addr(ip, ipv4::SRC),
+        get_addr(ip, ipv4::DST),
+        sport,
+        dport,
+        proto,
+    ));
+    let (Some(e), now) = flow::lookup(&key.0, side) else {
+        return Err(NOT_CARRIED);
+    };
+    // SAFETY: map value pointer from the lookup, valid for this run.
+    let entry = unsafe { &mut *e };
+    if entry.flags & FLAG_OFFLOADED != 0 {
+        return Err(NOT_CARRIED);
+    }
+    flow::touch(entry, now);
+    if outbound_refresh_due(side.from_lan, entry, now) {
+        crate::mapping::refresh(&key.0, entry, now, entry.state);
+    }
+    flow::count(entry, total_len);
+    let s = OPTIONS_SCRATCH.get_ptr_mut(0).ok_or(NOT_CARRIED)?;
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &mut *s };
+    s.src = entry.new_src_addr;
+    s.dst = entry.new_dst_addr;
+    s.sport = entry.new_src_port;
+    s.dport = entry.new_dst_port;
+    #[expect(clippy::cast_possible_truncation, reason = "at most 74")]
+    {
+        s.l4 = l4 as u32;
+    }
+    Ok(())
+}
+
+/// Whether the header checksum of the `hlen`-byte IPv4 header (options
+/// included) verifies (RFC 1812 5.2.2), one word at a time.
+#[inline(always)]
+fn header_checksum_ok(ctx: &XdpContext, hlen: usize) -> bool {
+    let mut sum = 0u32;
+    let mut at = 0;
+    // At most 60 bytes: 30 words.
+    while at < 60 {
+        if at >= hlen {
+            break;
+        }
+        let Ok(w) = ptr_at::<[u8; 2]>(ctx, frame::IPV4 + at) else {
+            return false;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        let w = unsafe { &*w };
+        sum += u32::from(u16::from_be_bytes(*w));
+        at += 2;
+    }
+    checksum::fold(sum) == 0xffff
+}
+
+/// Sends the packet translated as the scratch slot says, if XDP can
+/// forward it.
+#[inline(never)]
+fn send(ctx: &XdpContext) -> Verdict {
+    match try_send(ctx) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_send(ctx: &XdpContext) -> Step<Verdict> {
+    let eth: &mut [u8; eth::LEN] = header(ctx, 0)?;
+    let ip: &mut [u8; ipv4::LEN] = header(ctx, frame::IPV4)?;
+    let s = OPTIONS_SCRATCH.get_ptr_mut(0).ok_or(NOT_CARRIED)?;
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &mut *s };
+    let (src, dst) = (s.src, s.dst);
+    let hop = hop::fib_in(ctx, &mut s.fib, ip, src, dst)?;
+    if !matches!(hop, Hop::Redirect { .. }) {
+        return Err(NOT_CARRIED);
+    }
+    // At most 14 + 60: the offset `translate` found, bounded again for
+    // the verifier.
+    let l4 = (s.l4 as usize) & 0x7f;
+    let proto = ip[ipv4::PROTO];
+    let pseudo = rewrite_addrs(ip, src, dst);
+    match proto {
+        IPPROTO_TCP => {
+            let t: *mut [u8; tcp::LEN] = ptr_at(ctx, l4)?;
+            // SAFETY: bounds checked by ptr_at; no other header borrowed
+            // overlaps it.
+            rewrite_tcp(unsafe { &mut *t }, pseudo, s.sport, s.dport);
+        }
+        IPPROTO_UDP => {
+            let u: *mut [u8; udp::LEN] = ptr_at(ctx, l4)?;
+            // SAFETY: as above.
+            rewrite_udp(unsafe { &mut *u }, pseudo, s.sport, s.dport);
+        }
+        _ => {
+            let i: *mut [u8; icmp::LEN] = ptr_at(ctx, l4)?;
+            // SAFETY: as above.
+            let _ = rewrite_icmp_echo(unsafe { &mut *i }, s.sport);
+        }
+    }
+    Ok(forward_l2(eth, ip, &hop, Counter::FwdIpOptions))
+}
