@@ -8,7 +8,8 @@ use router_common::{
         OffloadedHit, Segment, TCP_CONTROL, expired, needs_refresh, offloaded_hit, tcp_control,
         tcp_observe,
     },
-    hdr::{frame, get_u16, icmp, ipv4, tcp, udp},
+    hdr::{frame, get_addr, get_u16, icmp, ipv4, tcp, udp},
+    mapping::outbound_refresh_due,
     maps::{
         Counter, FLAG_MAPPED, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey,
         FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
@@ -62,6 +63,50 @@ impl Xlat {
 /// that is not a multiple of 8 (the key alone is 2-byte aligned).
 #[repr(C, align(8))]
 pub struct StackKey(pub FlowKey);
+
+impl StackKey {
+    /// The key of the IPv4 packet `ip` with the ports (or echo
+    /// identifier) `sport` and `dport`.
+    #[inline(always)]
+    pub fn of(ip: &[u8; ipv4::LEN], sport: u16, dport: u16) -> Self {
+        Self(FlowKey::new(
+            get_addr(ip, ipv4::SRC),
+            get_addr(ip, ipv4::DST),
+            sport,
+            dport,
+            ip[ipv4::PROTO],
+        ))
+    }
+}
+
+/// The hit of `key` on `side` if the data path carries its flow itself
+/// (not an offloaded one, whose packets the kernel's conntrack
+/// translates), with the packet's time: the lookup of the paths off the
+/// hit path (fragments, IP options, Time Exceeded).
+#[inline(always)]
+pub fn own_hit(key: &FlowKey, side: Ingress<'_>) -> Option<(*mut FlowEntry, u64)> {
+    let (Some(e), now) = lookup(key, side) else {
+        return None;
+    };
+    // SAFETY: map value pointer from the lookup, valid for this run.
+    if unsafe { (*e).flags } & FLAG_OFFLOADED != 0 {
+        return None;
+    }
+    Some((e, now))
+}
+
+/// What a hit taken off the hit path does to its flow (`key`/`e`, a packet
+/// of `len` IP bytes at `now`): the timers ([`touch`]), the NAT mapping's
+/// outbound refresh (RFC 4787 REQ-6; the chain to `mapping::refresh` has
+/// room under these paths' subprograms) and the flow's counts.
+#[inline(always)]
+pub fn off_path_hit(key: &FlowKey, e: &mut FlowEntry, now: u64, from_lan: bool, len: usize) {
+    touch(e, now);
+    if outbound_refresh_due(from_lan, e, now) {
+        crate::mapping::refresh(key, e, now, e.state);
+    }
+    count(e, len);
+}
 
 /// The entry of `key`, if it is a hit: an entry counts only on its own
 /// side (the same tuple replayed on the other interface is spoofed) and

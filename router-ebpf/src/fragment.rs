@@ -35,11 +35,7 @@ use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpC
 use router_common::{
     flow::TCP_CONTROL,
     hdr::{eth, frame, get_addr, get_u16, ipv4, min_len, tcp},
-    mapping::outbound_refresh_due,
-    maps::{
-        Counter, FLAG_OFFLOADED, FRAGMENT_TIMEOUT_NS, FlowKey, FragmentKey, FragmentXlat,
-        IPPROTO_TCP, VMAC_IPV4,
-    },
+    maps::{Counter, FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat, IPPROTO_TCP, VMAC_IPV4},
     nat::{fragment_is_first, rewrite_addrs},
 };
 
@@ -250,28 +246,12 @@ fn of_first(
         }
     }
     let (sport, dport) = parse::ports(ctx, ip, side.from_lan)?.ok_or(NOT_CARRIED)?;
-    let key = flow::StackKey(FlowKey::new(
-        get_addr(ip, ipv4::SRC),
-        get_addr(ip, ipv4::DST),
-        sport,
-        dport,
-        ip[ipv4::PROTO],
-    ));
-    let (Some(e), now) = flow::lookup(&key.0, side) else {
-        return Err(NOT_CARRIED);
-    };
+    let key = flow::StackKey::of(ip, sport, dport);
+    let (e, now) = flow::own_hit(&key.0, side).ok_or(NOT_CARRIED)?;
     // SAFETY: map value pointer from the lookup, valid for this run.
     let entry = unsafe { &mut *e };
-    if entry.flags & FLAG_OFFLOADED != 0 {
-        return Err(NOT_CARRIED);
-    }
-    flow::touch(entry, now);
-    if outbound_refresh_due(side.from_lan, entry, now) {
-        // An outbound datagram refreshes its flow's NAT mapping as an
-        // unfragmented packet does (RFC 4787 REQ-6).
-        crate::mapping::refresh(&key.0, entry, now, entry.state);
-    }
-    flow::count(entry, usize::from(get_u16(ip, ipv4::TOT_LEN)));
+    let len = usize::from(get_u16(ip, ipv4::TOT_LEN));
+    flow::off_path_hit(&key.0, entry, now, side.from_lan, len);
     s.sport = entry.new_src_port;
     s.dport = entry.new_dst_port;
     s.record = FragmentXlat {

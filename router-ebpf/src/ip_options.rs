@@ -23,9 +23,8 @@ use aya_ebpf::{macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     checksum,
     flow::TCP_CONTROL,
-    hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, tcp, udp},
-    mapping::outbound_refresh_due,
-    maps::{Counter, FLAG_OFFLOADED, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
+    hdr::{eth, frame, get_u16, icmp, ipv4, tcp, udp},
+    maps::{Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
     nat::{
         ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, rewrite_addrs, rewrite_icmp_echo, rewrite_tcp,
         rewrite_udp,
@@ -143,26 +142,11 @@ fn try_translate(ctx: &XdpContext) -> Step<()> {
         }
         _ => return Err(NOT_CARRIED),
     };
-    let key = StackKey(FlowKey::new(
-        get_addr(ip, ipv4::SRC),
-        get_addr(ip, ipv4::DST),
-        sport,
-        dport,
-        proto,
-    ));
-    let (Some(e), now) = flow::lookup(&key.0, side) else {
-        return Err(NOT_CARRIED);
-    };
+    let key = StackKey::of(ip, sport, dport);
+    let (e, now) = flow::own_hit(&key.0, side).ok_or(NOT_CARRIED)?;
     // SAFETY: map value pointer from the lookup, valid for this run.
     let entry = unsafe { &mut *e };
-    if entry.flags & FLAG_OFFLOADED != 0 {
-        return Err(NOT_CARRIED);
-    }
-    flow::touch(entry, now);
-    if outbound_refresh_due(side.from_lan, entry, now) {
-        crate::mapping::refresh(&key.0, entry, now, entry.state);
-    }
-    flow::count(entry, total_len);
+    flow::off_path_hit(&key.0, entry, now, side.from_lan, total_len);
     let s = OPTIONS_SCRATCH.get_ptr_mut(0).ok_or(NOT_CARRIED)?;
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };

@@ -30,8 +30,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use router_common::{
-    hdr::{eth, frame, get_addr, ipv4},
-    maps::{Counter, FLAG_OFFLOADED, FlowKey, VMAC_IPV4},
+    hdr::{eth, frame, ipv4},
+    maps::{Counter, VMAC_IPV4},
     nat::{
         TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, fragment_is_first, header_checksum_ok,
         time_exceeded,
@@ -96,21 +96,8 @@ fn flow_of(ctx: &XdpContext) -> Option<u64> {
     }
     parse::addressed_to_us(ctx, eth, side, VMAC_IPV4).ok()?;
     let (sport, dport) = parse::ports(ctx, ip, false).ok()??;
-    let key = StackKey(FlowKey::new(
-        get_addr(ip, ipv4::SRC),
-        get_addr(ip, ipv4::DST),
-        sport,
-        dport,
-        ip[ipv4::PROTO],
-    ));
-    let (Some(e), now) = flow::lookup(&key.0, side) else {
-        return None;
-    };
-    // SAFETY: map value pointer from the lookup, valid for this run.
-    if unsafe { (*e).flags } & FLAG_OFFLOADED != 0 {
-        return None;
-    }
-    Some(now)
+    let key = StackKey::of(ip, sport, dport);
+    flow::own_hit(&key.0, side).map(|(_, now)| now)
 }
 
 /// Takes an answer from this CPU's budget, if one is left (refilled at
