@@ -85,6 +85,25 @@ fn tcp_flow(t: &Topology, family: Family) -> Value {
 /// connection (the SYN, the handshake's ACK, "hello"), which are skipped:
 /// the SYN's numbers would put the "blind" segments anywhere.
 fn client_segment(raw: &Socket, family: Family, wan_peer: SocketAddr) -> (u32, u32) {
+    first_packet(raw, |p, from| {
+        let tcp = family.segment(p);
+        let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
+        if from != Some(wan_peer.ip()) || sport != wan_peer.port() {
+            return None;
+        }
+        let word = |at: usize| u32::from_be_bytes([tcp[at], tcp[at + 1], tcp[at + 2], tcp[at + 3]]);
+        let data = tcp.len() - usize::from(tcp[12] >> 4) * 4;
+        (data == 1).then(|| (word(4).wrapping_add(1), word(8)))
+    })
+    .expect("no segment of the client seen on the server")
+}
+
+/// The first packet the raw socket `raw` receives within [`TIMEOUT`] that
+/// `pick` (given the packet and its source address) makes something of.
+fn first_packet<T>(
+    raw: &Socket,
+    mut pick: impl FnMut(&[u8], Option<IpAddr>) -> Option<T>,
+) -> Option<T> {
     let deadline = Instant::now() + TIMEOUT;
     let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
     while Instant::now() < deadline {
@@ -96,19 +115,11 @@ fn client_segment(raw: &Socket, family: Family, wan_peer: SocketAddr) -> (u32, u
             .iter()
             .map(|b| unsafe { b.assume_init() })
             .collect();
-        let tcp = family.segment(&p);
-        let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
-        if from.as_socket().map(|a| a.ip()) != Some(wan_peer.ip()) || sport != wan_peer.port() {
-            continue;
+        if let Some(t) = pick(&p, from.as_socket().map(|a| a.ip())) {
+            return Some(t);
         }
-        let word = |at: usize| u32::from_be_bytes([tcp[at], tcp[at + 1], tcp[at + 2], tcp[at + 3]]);
-        let data = tcp.len() - usize::from(tcp[12] >> 4) * 4;
-        if data != 1 {
-            continue;
-        }
-        return (word(4).wrapping_add(1), word(8));
     }
-    panic!("no segment of the client seen on the server");
+    None
 }
 
 /// Offsets far from the true sequence number, varying per run: farther
@@ -309,25 +320,10 @@ fn a_ttl_limited_segment_gets_time_exceeded_and_the_connection_lives_on() {
 /// Waits on the server's raw ICMP socket for a Time Exceeded from the
 /// router's WAN address; returns the packet it quotes.
 fn time_exceeded_from_router(icmp: &Socket) -> Vec<u8> {
-    let deadline = Instant::now() + TIMEOUT;
-    let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
-    while Instant::now() < deadline {
-        let Ok((n, from)) = icmp.recv_from(&mut buf) else {
-            continue;
-        };
-        // SAFETY: recv_from initialised the first n bytes.
-        let p: Vec<u8> = buf[..n]
-            .iter()
-            .map(|b| unsafe { b.assume_init() })
-            .collect();
+    first_packet(icmp, |p, from| {
         let hlen = usize::from(p[0] & 0x0f) * 4;
-        if from.as_socket().map(|a| a.ip()) != Some(IpAddr::V4(ROUTER_WAN_ADDR))
-            || p.len() < hlen + 8 + 28
-            || p[hlen] != 11
-        {
-            continue;
-        }
-        return p[hlen + 8..].to_vec();
-    }
-    panic!("no Time Exceeded from the router seen on the server");
+        (from == Some(IpAddr::V4(ROUTER_WAN_ADDR)) && p.len() >= hlen + 8 + 28 && p[hlen] == 11)
+            .then(|| p[hlen + 8..].to_vec())
+    })
+    .expect("no Time Exceeded from the router seen on the server")
 }
