@@ -70,8 +70,10 @@ use corpus::*;
 use frame_fields::*;
 use model::*;
 
-/// Addresses a mutation puts into address fields.
-const ODD_ADDRS: [[u8; 4]; 12] = [
+/// Addresses a mutation puts into address fields: odd ones, the
+/// topology's, and other hosts of the LAN's prefix (sources a LAN frame
+/// may open flows from, colliding on their ports).
+const ODD_ADDRS: [[u8; 4]; 15] = [
     [0, 0, 0, 0],
     [255, 255, 255, 255],
     [127, 0, 0, 1],
@@ -84,6 +86,9 @@ const ODD_ADDRS: [[u8; 4]; 12] = [
     SERVER,
     LAN_NOBODY,
     WAN_NOBODY,
+    [192, 168, 50, 20],
+    [192, 168, 50, 77],
+    [192, 168, 50, 0],
 ];
 
 /// Ports of the flows and rules below, and the ends of the range.

@@ -294,15 +294,10 @@ pub(super) fn allowed_after_lookup(
             return (vec![Counter::PassNoFlow], None);
         }
         // A source the LAN does not route (BCP 38): dropped, once the
-        // martian checks let it through. The LAN's network address: as the
-        // FIB has it (a route of its own or not).
+        // martian checks let it through.
         let (src, dst) = (key.src_addr, key.dst_addr);
-        let network = [ROUTER_LAN[0], ROUTER_LAN[1], ROUTER_LAN[2], 0];
         if forwardable_addr(src) && forwardable_addr(dst) && !lan_host(src) {
-            if src != network {
-                return (vec![Counter::DropSpoofedSource], None);
-            }
-            ok.push(Counter::DropSpoofedSource);
+            return (vec![Counter::DropSpoofedSource], None);
         }
         ok.push(Counter::PassNoFlow);
         ok.push(Counter::PassPortsExhausted);
@@ -337,10 +332,11 @@ pub(super) fn allowed_after_lookup(
 }
 
 /// Whether the router forwards a packet to `addr` out of the LAN interface:
-/// a LAN host, not the router's own LAN address nor the subnet's network
-/// or broadcast address.
+/// an address of the LAN's prefix, not the router's own LAN address nor the
+/// subnet's broadcast address. The network address is forwarded too: Linux
+/// keeps no broadcast route for it.
 fn lan_host(addr: [u8; 4]) -> bool {
-    addr[..3] == ROUTER_LAN[..3] && addr != ROUTER_LAN && addr[3] != 0 && addr[3] != 255
+    addr[..3] == ROUTER_LAN[..3] && addr != ROUTER_LAN && addr[3] != 255
 }
 
 /// Standalone mode's forward policy from the WAN (README "Standalone
