@@ -31,7 +31,7 @@ use aya_ebpf::{
 use crate::{
     Step, Verdict, debug_log,
     flow::Xlat,
-    hop::{forward_egress, source_reachable_via},
+    hop::{forward_egress, reverse_egress, source_reachable_via},
     mapping::{self, MapClaim},
     maps::{CONNTRACK, EEXIST, event, port_forward, remove_counted, stale},
     parse::{self, Ingress, Packet, header},
@@ -167,8 +167,8 @@ pub fn admit(
         // replies to it, and the router's own addresses. Dropped: the
         // kernel's slow-path masquerade would translate it too, as its
         // `rp_filter` in loose mode (Linux's usual) lets it in. One FIB
-        // lookup per new flow, none per hit.
-        if source_in_lan(ctx, side.cfg.lan_ifindex) == Some(false) {
+        // lookup per packet that would open a flow, none per hit.
+        if lan_source_reachable(ctx, side.cfg.lan_ifindex) == Some(false) {
             return Err(Verdict::drop(Counter::DropSpoofedSource));
         }
         xlat.src = side.cfg.wan_addr;
@@ -218,27 +218,41 @@ pub fn admit(
     // tuple could be a hairpinned flow's. It opens nothing; the kernel
     // decides (`rp_filter` drops it). Asked only of a packet that would
     // open a flow, after the rule or mapping that lets it in.
-    if source_in_lan(ctx, side.cfg.lan_ifindex) == Some(true) {
+    if wan_source_in_lan(ctx, side.cfg.lan_ifindex) {
         return Err(Verdict::pass(Counter::PassUnsolicited));
     }
     note_kind(kind)?;
     Ok(NewFlow::PortForward)
 }
 
-/// Whether the source of the IPv4 packet of `ctx` is reachable out of the
-/// LAN interface (`lan_ifindex`): the reverse path (RFC 3704 2.2), asked
-/// from the router's own perspective as `rp_filter` asks it
-/// ([`source_reachable_via`]), as the IPv6 path's `v6::source_valid`;
+/// Whether the source of the IPv4 packet of `ctx`, from the LAN, is
+/// reachable out of the LAN interface (`lan_ifindex`): the reverse path
+/// (RFC 3704 2.2), asked from the router's own perspective as `rp_filter`
+/// asks it ([`source_reachable_via`]: a policy rule on the LAN's incoming
+/// interface does not apply), as the IPv6 path's `v6::source_valid`;
 /// `None` with forwarding off on the LAN (not judged).
-// A BPF subprogram of its own, called from the entry point on the miss
-// path only: its FIB parameters stay off the entry point's frame, whose
-// call chains are at the verifier's 512 bytes.
+// BPF subprograms of their own (this and the next), called from the entry
+// point on the miss path only: their FIB parameters stay off the entry
+// point's frame, whose call chains are at the verifier's 512 bytes.
 #[inline(never)]
-fn source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> Option<bool> {
+fn lan_source_reachable(ctx: &XdpContext, lan_ifindex: u32) -> Option<bool> {
     let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
         return Some(false);
     };
     source_reachable_via(ctx, ip, lan_ifindex)
+}
+
+/// Whether the FIB sends a reply to the source of the IPv4 packet of `ctx`,
+/// from the WAN, out of the LAN interface (`lan_ifindex`): a lookup as the
+/// kernel routes that reply, whatever the LAN's forwarding setting (an
+/// output lookup restricted to the LAN answers nothing with forwarding off
+/// there, which would let a spoofed LAN source through).
+#[inline(never)]
+fn wan_source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
+    let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
+        return false;
+    };
+    reverse_egress(ctx, ip) == Some(lan_ifindex)
 }
 
 /// Standalone mode's forward policy from the WAN, applied to the verdict

@@ -91,6 +91,15 @@ pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
     egress(ctx, &mut p)
 }
 
+/// The interface the kernel would send a reply to the IPv4 packet `ip`
+/// out of: its addresses swapped, looked up as arriving where `ip` did, no
+/// MTU check; `None` when it would not forward one.
+#[inline(always)]
+pub fn reverse_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
+    let mut p = params4(ip, get_addr(ip, ipv4::DST), get_addr(ip, ipv4::SRC), 0);
+    egress(ctx, &mut p)
+}
+
 /// Whether the IPv4 packet `ip`'s source is reachable out of interface
 /// `oif`: the reverse path (RFC 3704 strict), asked as Linux's `rp_filter`
 /// asks it, from the router's own perspective (an output lookup, as if

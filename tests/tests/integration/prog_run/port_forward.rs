@@ -409,6 +409,26 @@ fn a_wan_packet_with_a_lan_source_opens_no_forward() {
             wan,
             Counter::PassUnsolicited,
         );
+        // With forwarding off on the LAN (the kernel forwards from the WAN
+        // by the WAN's setting) the check still judges.
+        let lan_forwarding = |on: &str| {
+            env.t.exec_ok(
+                Ns::Router,
+                &[
+                    "sysctl",
+                    "-qw",
+                    &format!("net.ipv4.conf.{LAN_IF}.forwarding={on}"),
+                ],
+            );
+        };
+        lan_forwarding("0");
+        r.pass(
+            "a LAN source from the WAN, forwarding off on the LAN",
+            &env.server_sends(&nobody),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        lan_forwarding("1");
         r.assert_flows("nothing opened", flows);
     });
 }
