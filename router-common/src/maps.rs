@@ -882,10 +882,11 @@ counters! {
     /// `fwd_ip_options`.
     PassIpOptions = "pass_ip_options", false;
     /// IPv4 fragment the data path does not carry (a TCP header split over
-    /// fragments, of no flow it carries or an offloaded one, a later
-    /// fragment before its first, a first fragment under another
-    /// translation's live record): the kernel reassembles it. See
-    /// `fwd_fragment`.
+    /// fragments, a fragmented TCP SYN, FIN or RST, of no flow it carries
+    /// or an offloaded one, a later fragment before its first or past
+    /// `FRAGMENT_TIMEOUT_NS`, a first fragment under another translation's
+    /// live record, one without a neighbour): the kernel reassembles it.
+    /// See `fwd_fragment`.
     PassFragment = "pass_fragment", false;
     /// TTL <= 1: the kernel sends ICMP time exceeded (RFC 1812 5.3.1), or
     /// takes a packet addressed to the router as its own. (A WAN packet of

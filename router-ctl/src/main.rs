@@ -136,8 +136,8 @@ struct AttachOpts {
           value_parser = parse::parse_port_range)]
     port_range: (u16, u16),
     /// Standalone: ports of the kernel slow-path NAT (the nftables table `ip xdp_router`
-    /// that attach sets up for what XDP passes: fragments, IP options, other protocols,
-    /// exhausted ports).
+    /// that attach sets up for what XDP passes: fragments and IP options of no XDP
+    /// flow, other protocols, exhausted ports).
     #[arg(long, value_name = "MIN-MAX", default_value = "61000-65535",
           value_parser = parse::parse_port_range)]
     kernel_nat_ports: (u16, u16),

@@ -2,8 +2,8 @@
 //! `attach` and undone by `detach`:
 //! - the slow-path NAT: an nftables table of our own (`table ip
 //!   xdp_router`) that source-NATs what XDP passes from the LAN to the WAN
-//!   (fragments, IP options, other protocols, exhausted ports) to the WAN
-//!   address and a port range disjoint from XDP's, so the two never map
+//!   (fragments and IP options of no XDP flow, other protocols, exhausted
+//!   ports) to the WAN address and a port range disjoint from XDP's, so the two never map
 //!   two flows to the same WAN tuple. Packets XDP already translated
 //!   (source = the WAN address) are left alone.
 //! - the sysctls that let the kernel forward the translated first packet
