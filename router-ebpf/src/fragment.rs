@@ -33,8 +33,7 @@
 
 use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
-    flow::TCP_CONTROL,
-    hdr::{eth, frame, get_addr, get_u16, ipv4, min_len, tcp},
+    hdr::{eth, frame, get_addr, get_u16, ipv4, min_len},
     maps::{Counter, FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat, IPPROTO_TCP, VMAC_IPV4},
     nat::{fragment_is_first, rewrite_addrs},
 };
@@ -240,12 +239,11 @@ fn of_first(
         if usize::from(get_u16(ip, ipv4::TOT_LEN)) < min_len::TCP {
             return Err(NOT_CARRIED);
         }
-        let t: &[u8; tcp::LEN] = header(ctx, frame::L4)?;
-        if t[tcp::FLAGS] & TCP_CONTROL != 0 {
+        if parse::tcp_control(ctx, frame::L4)? {
             return Err(NOT_CARRIED);
         }
     }
-    let (sport, dport) = parse::ports(ctx, ip, side.from_lan)?.ok_or(NOT_CARRIED)?;
+    let (sport, dport) = parse::ports(ctx, ip, frame::L4, side.from_lan)?.ok_or(NOT_CARRIED)?;
     let key = flow::StackKey::of(ip, sport, dport);
     let (e, now) = flow::own_hit(&key.0, side).ok_or(NOT_CARRIED)?;
     // SAFETY: map value pointer from the lookup, valid for this run.

@@ -71,9 +71,17 @@ fn params4(ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4], tot_len: u16) -> Fi
 /// set by the caller) from the ingress interface: the helper's result code.
 #[inline(always)]
 fn call(ctx: &XdpContext, p: &mut FibParams) -> u32 {
-    p.ifindex = ctx.ingress_ifindex() as u32;
-    // SAFETY: ctx is the program's context, p a valid stack struct.
-    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, FIB_PARAMS_LEN, 0) };
+    call_on(ctx, p, ctx.ingress_ifindex() as u32, 0)
+}
+
+/// Runs `bpf_fib_lookup` on `p` for interface `ifindex` with `flags` (the
+/// ingress one and none: a forward lookup; `BPF_FIB_LOOKUP_OUTPUT`: an
+/// output lookup restricted to it): the helper's result code.
+#[inline(always)]
+fn call_on(ctx: &XdpContext, p: &mut FibParams, ifindex: u32, flags: u32) -> u32 {
+    p.ifindex = ifindex;
+    // SAFETY: ctx is the program's context, p a valid struct.
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, FIB_PARAMS_LEN, flags) };
     #[expect(
         clippy::cast_sign_loss,
         reason = "negative errors map to no BPF_FIB_LKUP_RET_* and are passed"
@@ -120,14 +128,7 @@ pub fn source_reachable_via(ctx: &XdpContext, ip: &[u8; ipv4::LEN], oif: u32) ->
 /// [`source_reachable_via`]; both families).
 #[inline(always)]
 pub fn reachable_via(ctx: &XdpContext, p: &mut FibParams, oif: u32) -> Option<bool> {
-    p.ifindex = oif;
-    // SAFETY: ctx is the program's context, p a valid struct.
-    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, FIB_PARAMS_LEN, BPF_FIB_LOOKUP_OUTPUT) };
-    #[expect(
-        clippy::cast_sign_loss,
-        reason = "negative errors map to no BPF_FIB_LKUP_RET_* and are not reachable"
-    )]
-    match rc as u32 {
+    match call_on(ctx, p, oif, BPF_FIB_LOOKUP_OUTPUT) {
         BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH => Some(p.ifindex == oif),
         BPF_FIB_LKUP_RET_FWD_DISABLED => None,
         _ => Some(false),

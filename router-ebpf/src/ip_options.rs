@@ -22,13 +22,9 @@
 use aya_ebpf::{macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     checksum,
-    flow::TCP_CONTROL,
     hdr::{eth, frame, get_u16, icmp, ipv4, tcp, udp},
-    maps::{Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
-    nat::{
-        ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, rewrite_addrs, rewrite_icmp_echo, rewrite_tcp,
-        rewrite_udp,
-    },
+    maps::{Counter, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
+    nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
 
 use crate::{
@@ -113,35 +109,12 @@ fn try_translate(ctx: &XdpContext) -> Step<()> {
     if total_len < hlen + need {
         return Err(NOT_CARRIED);
     }
-    let h: *const [u8; udp::LEN] = ptr_at(ctx, l4)?;
-    // SAFETY: bounds checked by ptr_at.
-    let h = unsafe { &*h };
-    let (sport, dport) = match proto {
-        IPPROTO_TCP => {
-            // No SYN, FIN or RST: such a packet changes no TCP state here,
-            // so those go to the kernel.
-            let t: *const [u8; tcp::LEN] = ptr_at(ctx, l4)?;
-            // SAFETY: bounds checked by ptr_at.
-            if unsafe { (*t)[tcp::FLAGS] } & TCP_CONTROL != 0 {
-                return Err(NOT_CARRIED);
-            }
-            (get_u16(h, udp::SPORT), get_u16(h, udp::DPORT))
-        }
-        IPPROTO_UDP => (get_u16(h, udp::SPORT), get_u16(h, udp::DPORT)),
-        IPPROTO_ICMP => {
-            let echo = if side.from_lan {
-                ICMP_ECHO_REQUEST
-            } else {
-                ICMP_ECHO_REPLY
-            };
-            if h[icmp::TYPE] != echo {
-                return Err(NOT_CARRIED);
-            }
-            let id = get_u16(h, icmp::ECHO_ID);
-            (id, id)
-        }
-        _ => return Err(NOT_CARRIED),
-    };
+    // No SYN, FIN or RST: such a packet changes no TCP state here, so
+    // those go to the kernel.
+    if proto == IPPROTO_TCP && parse::tcp_control(ctx, l4)? {
+        return Err(NOT_CARRIED);
+    }
+    let (sport, dport) = parse::ports(ctx, ip, l4, side.from_lan)?.ok_or(NOT_CARRIED)?;
     let key = StackKey::of(ip, sport, dport);
     let (e, now) = flow::own_hit(&key.0, side).ok_or(NOT_CARRIED)?;
     // SAFETY: map value pointer from the lookup, valid for this run.

@@ -9,7 +9,7 @@ use core::mem::size_of;
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
-    flow::{ASSUMED_WSCALE, Segment},
+    flow::{ASSUMED_WSCALE, Segment, TCP_CONTROL},
     hdr::{eth, eth_dst_is, frame, get_addr, get_u16, icmp, ipv4, min_len, tcp, udp},
     maps::{Config, Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VirtualMacKey},
     nat::{ICMP_ECHO_REPLY, ICMP_ECHO_REQUEST, Ipv4Verdict, classify_ipv4, icmp_is_error},
@@ -287,24 +287,30 @@ pub fn l4(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<L4> {
 }
 
 /// The ports of a TCP, UDP or ICMP echo packet (the echo identifier twice,
-/// as [`l4`] gives them) on its own, for the paths off the hit path that
-/// need only the flow's key: `None` for other protocols and ICMP types (an
-/// echo counts only in its direction: requests from the LAN, replies from
-/// the WAN). A packet too short for its 8 bytes of ports (or identifier)
-/// is malformed. Reads no more than those 8 bytes, so also a first
-/// fragment's.
+/// as [`l4`] gives them) whose L4 header starts at `l4_at` (after the IPv4
+/// header and its options), on its own, for the paths off the hit path
+/// that need only the flow's key: `None` for other protocols and ICMP
+/// types (an echo counts only in its direction: requests from the LAN,
+/// replies from the WAN). A packet too short for its 8 bytes of ports (or
+/// identifier) is malformed. Reads no more than those 8 bytes, so also a
+/// first fragment's.
 #[inline(always)]
-pub fn ports(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<Option<(u16, u16)>> {
+pub fn ports(
+    ctx: &XdpContext,
+    ip: &[u8; ipv4::LEN],
+    l4_at: usize,
+    from_lan: bool,
+) -> Step<Option<(u16, u16)>> {
     let total_len = usize::from(get_u16(ip, ipv4::TOT_LEN));
     let proto = ip[ipv4::PROTO];
     if !matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP) {
         return Ok(None);
     }
     // 8 bytes: UDP's and ICMP's header, TCP's ports and sequence number.
-    if total_len < min_len::UDP {
+    if total_len < l4_at - frame::IPV4 + udp::LEN {
         return Err(Verdict::drop(Counter::DropMalformed));
     }
-    let l4: &[u8; udp::LEN] = header(ctx, frame::L4)?;
+    let l4: &[u8; udp::LEN] = header(ctx, l4_at)?;
     if proto != IPPROTO_ICMP {
         return Ok(Some((get_u16(l4, udp::SPORT), get_u16(l4, udp::DPORT))));
     }
@@ -318,6 +324,16 @@ pub fn ports(ctx: &XdpContext, ip: &[u8; ipv4::LEN], from_lan: bool) -> Step<Opt
     }
     let id = get_u16(l4, icmp::ECHO_ID);
     Ok(Some((id, id)))
+}
+
+/// Whether the TCP segment whose header starts at `l4_at`, and whose
+/// fixed 20 bytes the caller found within the total length, carries SYN,
+/// FIN or RST: the paths off the hit path, which change no TCP state,
+/// leave those to the kernel.
+#[inline(always)]
+pub fn tcp_control(ctx: &XdpContext, l4_at: usize) -> Step<bool> {
+    let t: &[u8; tcp::LEN] = header(ctx, l4_at)?;
+    Ok(t[tcp::FLAGS] & TCP_CONTROL != 0)
 }
 
 /// The big-endian 32-bit field at `at` of header `h`.

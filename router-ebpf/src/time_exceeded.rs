@@ -95,7 +95,7 @@ fn flow_of(ctx: &XdpContext) -> Option<u64> {
         return None;
     }
     parse::addressed_to_us(ctx, eth, side, VMAC_IPV4).ok()?;
-    let (sport, dport) = parse::ports(ctx, ip, false).ok()??;
+    let (sport, dport) = parse::ports(ctx, ip, frame::L4, false).ok()??;
     let key = StackKey::of(ip, sport, dport);
     flow::own_hit(&key.0, side).map(|(_, now)| now)
 }
