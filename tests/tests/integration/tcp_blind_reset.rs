@@ -98,6 +98,34 @@ fn client_segment(raw: &Socket, family: Family, wan_peer: SocketAddr) -> (u32, u
     .expect("no segment of the client seen on the server")
 }
 
+/// A raw socket of `protocol` in the server's namespace, each read waiting
+/// at most 200 ms.
+fn server_raw_socket(t: &Topology, domain: Domain, protocol: Protocol) -> Socket {
+    let raw = t.in_ns(Ns::Server, || {
+        Socket::new(domain, Type::from(libc::SOCK_RAW), Some(protocol)).expect("raw socket")
+    });
+    raw.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    raw
+}
+
+/// A TCP connection from the client to the server's `listener` through the
+/// router: the client's and the server's ends (reads waiting at most
+/// [`TIMEOUT`]) and the client's address as the server sees it.
+fn connect(
+    t: &Topology,
+    listener: &TcpListener,
+    family: Family,
+) -> (TcpStream, TcpStream, SocketAddr) {
+    let client = t.in_ns(Ns::Client, || {
+        TcpStream::connect_timeout(&family.server(), TIMEOUT).unwrap()
+    });
+    client.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let (server, wan_peer) = listener.accept().unwrap();
+    server.set_read_timeout(Some(TIMEOUT)).unwrap();
+    (client, server, wan_peer)
+}
+
 /// The first packet the raw socket `raw` receives within [`TIMEOUT`] that
 /// `pick` (given the packet and its source address) makes something of.
 fn first_packet<T>(
@@ -160,21 +188,12 @@ fn survives_blind_rst_and_fin(family: Family) {
     }
 
     let listener = t.in_ns(Ns::Server, || TcpListener::bind(family.server()).unwrap());
-    let raw = t.in_ns(Ns::Server, || {
-        let domain = match family {
-            Family::V4 => Domain::IPV4,
-            Family::V6 => Domain::IPV6,
-        };
-        Socket::new(domain, Type::from(libc::SOCK_RAW), Some(Protocol::TCP)).expect("raw socket")
-    });
-    raw.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let mut client = t.in_ns(Ns::Client, || {
-        TcpStream::connect_timeout(&family.server(), TIMEOUT).unwrap()
-    });
-    client.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let (mut server, wan_peer) = listener.accept().unwrap();
-    server.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let domain = match family {
+        Family::V4 => Domain::IPV4,
+        Family::V6 => Domain::IPV6,
+    };
+    let raw = server_raw_socket(&t, domain, Protocol::TCP);
+    let (mut client, mut server, wan_peer) = connect(&t, &listener, family);
     assert_eq!(
         wan_peer.ip(),
         family.peer_ip(),
@@ -263,22 +282,8 @@ fn a_ttl_limited_segment_gets_time_exceeded_and_the_connection_lives_on() {
     attach_and_print(&t, &[]);
     let family = Family::V4;
     let listener = t.in_ns(Ns::Server, || TcpListener::bind(family.server()).unwrap());
-    let icmp = t.in_ns(Ns::Server, || {
-        Socket::new(
-            Domain::IPV4,
-            Type::from(libc::SOCK_RAW),
-            Some(Protocol::ICMPV4),
-        )
-        .expect("raw ICMP socket")
-    });
-    icmp.set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
-    let mut client = t.in_ns(Ns::Client, || {
-        TcpStream::connect_timeout(&family.server(), TIMEOUT).unwrap()
-    });
-    client.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let (mut server, wan_peer) = listener.accept().unwrap();
-    server.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let icmp = server_raw_socket(&t, Domain::IPV4, Protocol::ICMPV4);
+    let (mut client, mut server, wan_peer) = connect(&t, &listener, family);
     let mut got = [0u8; 5];
     client.write_all(b"hello").unwrap();
     server.read_exact(&mut got).unwrap();

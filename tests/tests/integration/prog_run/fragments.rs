@@ -72,17 +72,10 @@ fn fragments_redirected(
 fn udp_fragments_of_a_flow_are_translated_both_ways() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
-        let (lan, wan) = (r.lan, r.wan);
+        let wan = r.wan;
         let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
         let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"small"));
-        let run = r.redirect(
-            "small datagram out",
-            &env.client_sends(&q),
-            lan,
-            &env.to_server(&snat(&q, 40000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        let run = r.opens_out(&env, "small datagram out", &q, 40000);
         let ts = r.stamp(&f.orig, &run);
 
         let out = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, &data(120)));
@@ -170,17 +163,9 @@ fn udp_fragments_of_a_flow_are_translated_both_ways() {
 fn icmp_echo_fragments_of_a_flow_are_translated_both_ways() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
-        let lan = r.lan;
         let f = Flow::masq(icmp_key(CLIENT, SERVER, 40020), 40020);
         let ping = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(40020, 1, b"small"));
-        let run = r.redirect(
-            "small ping out",
-            &env.client_sends(&ping),
-            lan,
-            &env.to_server(&snat(&ping, 40020)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        let run = r.opens_out(&env, "small ping out", &ping, 40020);
         let ts = r.stamp(&f.orig, &run);
         let big = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(40020, 2, &data(300)));
         fragments_redirected(r, &env, "big ping out", true, &big, &snat(&big, 40020));
@@ -438,17 +423,9 @@ fn an_outbound_first_fragment_refreshes_the_flows_mapping() {
     use router_common::mapping::{UDP_MAPPING_SECS, refresh_tick};
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
-        let lan = r.lan;
         let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
         let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
-        r.redirect(
-            "out: new flow",
-            &env.client_sends(&q),
-            lan,
-            &env.to_server(&snat(&q, 40000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        r.opens_out(&env, "out: new flow", &q, 40000);
         // The mapping about to expire, the flow's last outbound refresh
         // 2 s ago.
         let soon = now_ns() + 5 * NS_PER_SEC;

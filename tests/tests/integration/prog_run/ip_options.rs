@@ -39,14 +39,7 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
             lan,
             Counter::PassIpOptions,
         );
-        let run = r.redirect(
-            "a plain query opens the flow",
-            &env.client_sends(&plain),
-            lan,
-            &env.to_server(&snat(&plain, 40000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        let run = r.opens_out(&env, "a plain query opens the flow", &plain, 40000);
         let ts = r.stamp(&f.orig, &run);
         r.redirect(
             "query with options",
@@ -91,14 +84,7 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
             &[],
         );
         let ping = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(40020, 1, b"ping"));
-        r.redirect(
-            "ping out",
-            &env.client_sends(&ping),
-            lan,
-            &env.to_server(&snat(&ping, 40020)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        r.opens_out(&env, "ping out", &ping, 40020);
         let pong = with_options(Ipv4::new(SERVER, WAN, Icmp::echo_reply(40020, 1, b"pong")));
         r.redirect(
             "echo reply with options",

@@ -213,6 +213,20 @@ impl Router {
         run
     }
 
+    /// `ip`, sent by `CLIENT`, opening a flow masqueraded to `WAN:port`
+    /// (ICMP echo: identifier `port`): asserts the redirect, `fwd_outbound`
+    /// and `flow_new_masquerade`.
+    fn opens_out(&self, env: &ResolvedTopology, what: &str, ip: &Ipv4, port: u16) -> ProgRun {
+        self.redirect(
+            what,
+            &env.client_sends(ip),
+            self.lan,
+            &env.to_server(&snat(ip, port)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        )
+    }
+
     /// `t` from `CLIENT` to `SERVER`, masqueraded to the client's own port
     /// (port preservation): asserts the redirect, `fwd_outbound` and
     /// `events`.

@@ -34,14 +34,7 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
         let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
-        r.redirect(
-            "UDP out",
-            &env.client_sends(&q),
-            lan,
-            &env.to_server(&snat(&q, 40000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        r.opens_out(&env, "UDP out", &q, 40000);
         r.masq_out(
             &env,
             "SYN out",
@@ -49,14 +42,7 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
             &[Counter::FlowNewMasquerade],
         );
         let ping = Ipv4::new(CLIENT, SERVER, Icmp::echo_request(40020, 1, b"ping"));
-        r.redirect(
-            "ping out",
-            &env.client_sends(&ping),
-            lan,
-            &env.to_server(&snat(&ping, 40020)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        r.opens_out(&env, "ping out", &ping, 40020);
         let flows = r.flows();
         let answer = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"));
         let mut tos = answer.clone().ttl(1);
