@@ -16,4 +16,5 @@ pub mod ipv6;
 pub mod lease_cas;
 pub mod mapping;
 pub mod maps;
+pub mod mss;
 pub mod nat;

@@ -136,7 +136,13 @@ pub struct Config {
     pub admit: u8,
     /// A [`Filtering`] discriminant (standalone mode).
     pub filtering: u8,
-    pub pad: [u8; 2],
+    /// TCP MSS clamping of forwarded SYNs (standalone mode,
+    /// [`crate::mss`]): the largest path MTU to clamp to, lowered further
+    /// to the ingress and egress interfaces' MTUs;
+    /// [`crate::mss::CLAMP_OFF`] (0, what older controllers wrote into the
+    /// padding here): no clamping; [`crate::mss::CLAMP_PMTU`]: the
+    /// interfaces' MTUs alone.
+    pub mss_clamp_mtu: u16,
     pub timeouts: Timeouts,
     /// The LAN and the WAN interface's own MAC addresses: the data path
     /// forwards only frames addressed to the ingress interface's one, as
@@ -1092,10 +1098,15 @@ counters! {
     /// IPv4 packet with options (IHL > 5) of a flow the data path carries
     /// (not an offloaded one), translated and redirected with its options
     /// as they are, either direction.
+    FwdIpOptions = "fwd_ip_options", false;
+    /// Standalone mode: a TCP SYN (either direction, IPv4 or IPv6) whose
+    /// MSS option the data path lowered to what the path's MTU carries
+    /// (`attach --clamp-mss`, [`crate::mss`]); the packet is also counted
+    /// by its verdict.
     ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    FwdIpOptions = "fwd_ip_options", false;
+    TcpMssClamped = "tcp_mss_clamped", true;
 }
 
 #[cfg(test)]

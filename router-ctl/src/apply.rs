@@ -17,6 +17,7 @@ use toml::Spanned;
 use crate::{
     config::{
         self, AdmitMode, AttachArgs, ConfigError, ConfigField, FilteringMode, ForwardRules, Mode,
+        MssClamp,
     },
     ctx::Ctx,
     forward::{self, Rule},
@@ -58,10 +59,30 @@ struct RouterSection {
     admit: Option<Spanned<String>>,
     #[serde(default)]
     filtering: Option<Spanned<String>>,
+    /// `"pmtu"`, `"off"` or an MTU (`1492`, a number or a string).
+    #[serde(default)]
+    clamp_mss: Option<Spanned<StringOrNumber>>,
     /// Standalone mode over netfilter forward rules it would bypass (what
     /// `attach --force` does for them).
     #[serde(default)]
     bypass_forward_rules: Option<bool>,
+}
+
+/// A value a file may write as a string or a number.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StringOrNumber {
+    String(String),
+    Number(i64),
+}
+
+impl StringOrNumber {
+    fn text(&self) -> String {
+        match self {
+            Self::String(s) => s.clone(),
+            Self::Number(n) => n.to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,6 +219,7 @@ pub fn parse_file_as(
     };
     let admit = errs.admit(file.router.as_ref(), unstated);
     let filtering = errs.filtering(file.router.as_ref(), admit);
+    let mss_clamp = errs.mss_clamp(file.router.as_ref(), admit);
     let (lan, wan, mode) = errs.interfaces(file.interfaces.get_ref());
     let nat = errs.nat(file.nat.as_ref());
     if admit == AdmitMode::Xdp
@@ -254,6 +276,7 @@ pub fn parse_file_as(
         args: AttachArgs {
             admit,
             filtering,
+            mss_clamp,
             lan,
             wan,
             mode,
@@ -264,12 +287,7 @@ pub fn parse_file_as(
             max_flows: nat.max_flows,
             timeouts,
             force: false,
-            forward_rules: if file
-                .router
-                .as_ref()
-                .and_then(|r| r.bypass_forward_rules)
-                .unwrap_or(false)
-            {
+            forward_rules: if file.router.and_then(|r| r.bypass_forward_rules) == Some(true) {
                 ForwardRules::Bypass
             } else {
                 ForwardRules::Refuse
@@ -327,6 +345,17 @@ impl Errors<'_> {
             self.at(f.span(), "router.filtering", config::OFFLOAD_FILTERING);
         }
         mode
+    }
+
+    fn mss_clamp(&mut self, router: Option<&RouterSection>, admit: AdmitMode) -> Option<MssClamp> {
+        let c = router.and_then(|r| r.clamp_mss.as_ref())?;
+        let clamp = MssClamp::parse(&c.get_ref().text())
+            .map_err(|e| self.at(c.span(), "router.clamp_mss", e))
+            .ok()?;
+        if admit == AdmitMode::Kernel && clamp != MssClamp::Off {
+            self.at(c.span(), "router.clamp_mss", config::OFFLOAD_MSS_CLAMP);
+        }
+        Some(clamp)
     }
 
     fn interfaces(&mut self, ifs: &Interfaces) -> (String, String, Mode) {
@@ -653,6 +682,7 @@ const fn file_field(field: ConfigField) -> (&'static str, &'static str) {
         ConfigField::MaxFlows => ("nat.max_flows", "max_flows"),
         ConfigField::PortRange => ("nat.port_range", "port_range"),
         ConfigField::Filtering => ("router.filtering", "filtering"),
+        ConfigField::MssClamp => ("router.clamp_mss", "clamp_mss"),
     }
 }
 
@@ -867,6 +897,46 @@ mod tests {
             e.contains("r:2: router.admit: \"nat\" is not an admit mode"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn clamp_mss_key_parses_and_is_refused_in_offload_mode() {
+        let parse = |router: &str| {
+            parse_file(
+                "r",
+                &format!("[router]\n{router}\n[interfaces]\nlan = \"a\"\nwan = \"b\"\n"),
+            )
+        };
+        let d = parse("admit = \"xdp\"\nclamp_mss = 1492").unwrap();
+        assert_eq!(d.args.mss_clamp, Some(MssClamp::Mtu(1492)));
+        let d = parse("admit = \"xdp\"\nclamp_mss = \"off\"").unwrap();
+        assert_eq!(d.args.mss_clamp, Some(MssClamp::Off));
+        // Unsaid: the mode's default, decided when the file resolves.
+        let d = parse("admit = \"xdp\"").unwrap();
+        assert_eq!(d.args.mss_clamp, None);
+        let e = parse("admit = \"xdp\"\nclamp_mss = \"auto\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("r:3: router.clamp_mss: \"auto\" is not off, pmtu or an MTU"),
+            "{e}"
+        );
+        let e = parse("admit = \"xdp\"\nclamp_mss = 100")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("r:3: router.clamp_mss: MTU 100 is below 576"),
+            "{e}"
+        );
+        let e = parse("admit = \"kernel\"\nclamp_mss = \"pmtu\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("r:3: router.clamp_mss: in offload mode (admit kernel) every SYN"),
+            "{e}"
+        );
+        let d = parse("admit = \"kernel\"\nclamp_mss = \"off\"").unwrap();
+        assert_eq!(d.args.mss_clamp, Some(MssClamp::Off));
     }
 
     #[test]

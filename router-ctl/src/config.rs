@@ -148,6 +148,119 @@ impl FilteringMode {
     }
 }
 
+/// TCP MSS clamping of the SYNs standalone mode forwards (`attach
+/// --clamp-mss`, `clamp_mss` in an `apply` file's `[router]`): what a
+/// firewall rule such as `TCPMSS --clamp-mss-to-pmtu` (`OpenWrt`'s
+/// `mtu_fix`) does in the kernel path, which standalone mode's SYNs do not
+/// take. Written and read as `off`, `pmtu` or an MTU (`1492`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum MssClamp {
+    /// SYNs keep the MSS their sender wrote.
+    Off,
+    /// Lowered to fit the smaller MTU of the egress route and the ingress
+    /// interface (standalone mode's default).
+    Pmtu,
+    /// As `Pmtu`, and to fit this path MTU too: a narrower link beyond
+    /// the router that it cannot see (a `PPPoE` modem in front of it: 1492).
+    Mtu(u16),
+}
+
+impl MssClamp {
+    /// The smallest MTU accepted: IPv4's smallest datagram every host
+    /// takes (RFC 791); MSS 536.
+    pub const MIN_MTU: u16 = 576;
+
+    /// A record written before the setting existed: its data path did not
+    /// clamp.
+    #[must_use]
+    pub const fn of_records_without_one() -> Self {
+        Self::Off
+    }
+
+    /// What a mode applies when not told: standalone clamps to the path's
+    /// MTU; offload leaves SYNs to the kernel's rules.
+    #[must_use]
+    pub const fn default_for(admit: AdmitMode) -> Self {
+        match admit {
+            AdmitMode::Xdp => Self::Pmtu,
+            AdmitMode::Kernel => Self::Off,
+        }
+    }
+
+    /// The data path's value (`Config::mss_clamp_mtu`).
+    #[must_use]
+    pub const fn to_map(self) -> u16 {
+        match self {
+            Self::Off => router_common::mss::CLAMP_OFF,
+            Self::Pmtu => router_common::mss::CLAMP_PMTU,
+            Self::Mtu(mtu) => mtu,
+        }
+    }
+
+    /// The setting named `s`: `off`, `pmtu` or an MTU of
+    /// [`MssClamp::MIN_MTU`]-65535 (65535: `pmtu`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "off" => return Ok(Self::Off),
+            "pmtu" => return Ok(Self::Pmtu),
+            _ => {}
+        }
+        let mtu: u16 = s.trim().parse().map_err(|_| {
+            format!("{s:?} is not off, pmtu or an MTU (example: 1492 behind a PPPoE modem)")
+        })?;
+        match mtu {
+            u16::MAX => Ok(Self::Pmtu),
+            m if m >= Self::MIN_MTU => Ok(Self::Mtu(m)),
+            m => Err(format!(
+                "MTU {m} is below {} (the least every IPv4 host takes)",
+                Self::MIN_MTU
+            )),
+        }
+    }
+
+    /// The setting as written (`off`, `pmtu`, `1492`).
+    #[must_use]
+    pub fn name(self) -> String {
+        match self {
+            Self::Off => "off".to_owned(),
+            Self::Pmtu => "pmtu".to_owned(),
+            Self::Mtu(m) => m.to_string(),
+        }
+    }
+
+    /// How `attach` and `status` describe it.
+    #[must_use]
+    pub fn describe(self) -> String {
+        match self {
+            Self::Off => "no MSS clamping".to_owned(),
+            Self::Pmtu => "MSS clamped to the path MTU".to_owned(),
+            Self::Mtu(m) => format!("MSS clamped to the path MTU, at most {m}"),
+        }
+    }
+}
+
+impl From<MssClamp> for String {
+    fn from(c: MssClamp) -> Self {
+        c.name()
+    }
+}
+
+impl TryFrom<String> for MssClamp {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::parse(&s)
+    }
+}
+
+/// Refusal of an MSS clamping setting in offload mode, where the kernel
+/// forwards every SYN.
+pub const OFFLOAD_MSS_CLAMP: &str = "in offload mode (admit kernel) every SYN takes the \
+     kernel's path, where the firewall clamps the MSS (nftables: `tcp flags syn tcp option \
+     maxseg size set rt mtu` in a forward chain; iptables: `-t mangle -A FORWARD -p tcp \
+     --tcp-flags SYN,RST SYN -j TCPMSS --clamp-mss-to-pmtu`); --clamp-mss is for standalone \
+     mode (`attach --admit xdp`)";
+
 /// Refusal of a filtering setting in offload mode, where it cannot apply.
 pub const OFFLOAD_FILTERING: &str = "in offload mode (admit kernel) the kernel's NAT decides \
      filtering (Linux filters address-and-port dependent); for endpoint-independent or \
@@ -172,6 +285,8 @@ pub enum ForwardRules {
 pub struct AttachArgs {
     pub admit: AdmitMode,
     pub filtering: FilteringMode,
+    /// `None`: the mode's default ([`MssClamp::default_for`]).
+    pub mss_clamp: Option<MssClamp>,
     pub lan: String,
     pub wan: String,
     pub mode: Mode,
@@ -203,6 +318,8 @@ pub struct RouterConfig {
     /// Records written before the setting existed filter as Linux does.
     #[serde(default)]
     pub filtering: FilteringMode,
+    #[serde(default = "MssClamp::of_records_without_one")]
+    pub mss_clamp: MssClamp,
     pub lan: String,
     pub wan: String,
     pub lan_ifindex: u32,
@@ -238,11 +355,12 @@ impl RouterConfig {
                                   `router-ctl run` moves established flows to XDP)"
                 .to_owned(),
             AdmitMode::Xdp => format!(
-                "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}, {}",
+                "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}, {}, {}",
                 self.wan_addr,
                 self.port_min,
                 self.port_max,
                 self.filtering.name(),
+                self.mss_clamp.describe(),
                 self.kernel_nat_ports.map_or_else(
                     || "no kernel slow-path NAT".to_owned(),
                     |(lo, hi)| format!("kernel slow-path NAT ports {lo}-{hi}")
@@ -263,7 +381,7 @@ impl RouterConfig {
             hash_seed,
             admit: self.admit.to_map() as u8,
             filtering: self.filtering.to_map() as u8,
-            pad: [0; 2],
+            mss_clamp_mtu: self.mss_clamp.to_map(),
             timeouts: self.timeouts,
             lan_mac: self.lan_mac,
             wan_mac: self.wan_mac,
@@ -282,6 +400,8 @@ pub enum ConfigField {
     PortRange,
     /// `--filtering` in offload mode.
     Filtering,
+    /// `--clamp-mss` in offload mode.
+    MssClamp,
 }
 
 /// A request that cannot be resolved on this machine, and which field
@@ -314,6 +434,10 @@ impl std::error::Error for ConfigError {}
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     if a.admit == AdmitMode::Kernel && a.filtering != FilteringMode::default() {
         return Err(ConfigError::new(ConfigField::Filtering, OFFLOAD_FILTERING));
+    }
+    let mss_clamp = a.mss_clamp.unwrap_or(MssClamp::default_for(a.admit));
+    if a.admit == AdmitMode::Kernel && mss_clamp != MssClamp::Off {
+        return Err(ConfigError::new(ConfigField::MssClamp, OFFLOAD_MSS_CLAMP));
     }
     let kernel_nat_ports =
         (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
@@ -389,6 +513,7 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     Ok(RouterConfig {
         admit: a.admit,
         filtering: a.filtering,
+        mss_clamp,
         lan: a.lan.clone(),
         wan: a.wan.clone(),
         lan_ifindex: lan_idx,
@@ -413,6 +538,7 @@ mod tests {
         AttachArgs {
             admit: AdmitMode::Xdp,
             filtering: FilteringMode::default(),
+            mss_clamp: None,
             lan: lan.into(),
             wan: wan.into(),
             mode: Mode::Auto,
@@ -469,6 +595,50 @@ mod tests {
         a.filtering = FilteringMode::AddressPortDependent;
         // Past the filtering check: refused for `lo` twice instead.
         assert_eq!(resolve(&a).unwrap_err().field, ConfigField::Wan);
+    }
+
+    #[test]
+    fn mss_clamp_defaults_per_mode_and_offload_refuses_clamping() {
+        let mut a = args("lo", "lo");
+        a.admit = AdmitMode::Kernel;
+        for c in [MssClamp::Pmtu, MssClamp::Mtu(1492)] {
+            a.mss_clamp = Some(c);
+            let e = resolve(&a).unwrap_err();
+            assert_eq!(e.field, ConfigField::MssClamp, "{e}");
+            assert!(e.to_string().contains("TCPMSS --clamp-mss-to-pmtu"), "{e}");
+            assert!(e.to_string().contains("--admit xdp"), "{e}");
+        }
+        // Off, said or not, passes the check: refused for `lo` instead.
+        for c in [None, Some(MssClamp::Off)] {
+            a.mss_clamp = c;
+            assert_eq!(resolve(&a).unwrap_err().field, ConfigField::Wan);
+        }
+        assert_eq!(MssClamp::default_for(AdmitMode::Xdp), MssClamp::Pmtu);
+        assert_eq!(MssClamp::default_for(AdmitMode::Kernel), MssClamp::Off);
+    }
+
+    #[test]
+    fn mss_clamp_parses_maps_and_round_trips() {
+        assert_eq!(MssClamp::parse("off"), Ok(MssClamp::Off));
+        assert_eq!(MssClamp::parse("pmtu"), Ok(MssClamp::Pmtu));
+        assert_eq!(MssClamp::parse(" 1492 "), Ok(MssClamp::Mtu(1492)));
+        assert_eq!(MssClamp::parse("65535"), Ok(MssClamp::Pmtu));
+        assert_eq!(MssClamp::parse("576"), Ok(MssClamp::Mtu(576)));
+        let low = MssClamp::parse("575").unwrap_err();
+        assert!(low.contains("below 576"), "{low}");
+        for bad in ["", "on", "-1", "65536", "1492b"] {
+            let e = MssClamp::parse(bad).unwrap_err();
+            assert!(e.contains("is not off, pmtu or an MTU"), "{bad}: {e}");
+        }
+        assert_eq!(MssClamp::Off.to_map(), 0);
+        assert_eq!(MssClamp::Pmtu.to_map(), u16::MAX);
+        assert_eq!(MssClamp::Mtu(1492).to_map(), 1492);
+        for c in [MssClamp::Off, MssClamp::Pmtu, MssClamp::Mtu(1400)] {
+            let j = serde_json::to_value(c).unwrap();
+            assert_eq!(j, c.name());
+            assert_eq!(serde_json::from_value::<MssClamp>(j).unwrap(), c);
+        }
+        assert!(serde_json::from_value::<MssClamp>(serde_json::json!("9")).is_err());
     }
 
     #[test]

@@ -54,7 +54,7 @@ use anyhow::{Context, Result, bail};
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::{
-    config::{AdmitMode, AttachArgs, FilteringMode, ForwardRules, Mode},
+    config::{AdmitMode, AttachArgs, FilteringMode, ForwardRules, Mode, MssClamp},
     ctx::Ctx,
     parse::{ForwardFrom, Proto, TimeoutArg, WanAddr},
 };
@@ -122,6 +122,14 @@ struct AttachOpts {
     /// P2P). Offload mode refuses anything but the default: the kernel's NAT decides.
     #[arg(long, value_enum, default_value_t = FilteringMode::default())]
     filtering: FilteringMode,
+    /// Standalone: lower the MSS option of the TCP SYNs XDP forwards to what the path
+    /// carries, as a firewall's `TCPMSS --clamp-mss-to-pmtu` rule does in the kernel path
+    /// (a WAN with a smaller MTU than the LAN, `PPPoE`: 1492). `pmtu` (standalone's
+    /// default): the smaller of the egress route's and the ingress interface's MTU; an MTU
+    /// (`1492`): that too, for a narrower link the router cannot see (a `PPPoE` modem in
+    /// front of it); `off`. Offload mode refuses anything but `off`: clamp in the firewall.
+    #[arg(long, value_name = "pmtu|off|MTU", value_parser = MssClamp::parse)]
+    clamp_mss: Option<MssClamp>,
     /// XDP attach mode: `native` (in the driver), `generic` (on the skb, any
     /// interface, slower), `auto` (native where the driver has it).
     #[arg(long, value_enum, default_value = "auto")]
@@ -498,6 +506,7 @@ fn attach_args(ctx: &Ctx, o: AttachOpts) -> Result<AttachArgs> {
             .admit
             .unwrap_or_else(|| lifecycle::unstated_admit(ctx, "--admit")),
         filtering: o.filtering,
+        mss_clamp: o.clamp_mss,
         lan: o.lan,
         wan: o.wan,
         mode: o.mode,

@@ -134,7 +134,8 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         | C::Ct6EntriesInserted
         | C::FlowNewInboundMapping
         | C::FlowNewHairpin
-        | C::MappingReclaimed => None,
+        | C::MappingReclaimed
+        | C::TcpMssClamped => None,
     }
 }
 

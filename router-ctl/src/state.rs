@@ -268,6 +268,7 @@ mod tests {
         let config = RouterConfig {
             admit: crate::config::AdmitMode::Xdp,
             filtering: crate::config::FilteringMode::default(),
+            mss_clamp: crate::config::MssClamp::Pmtu,
             lan: "lan0".into(),
             wan: "wan0".into(),
             lan_ifindex: 2,
@@ -290,6 +291,7 @@ mod tests {
         assert_eq!(t["icmp"], 5);
         assert_eq!(t["tcp-established"], 432_000);
         assert!(t.get("pad").is_none(), "{t}");
+        assert_eq!(j["mss_clamp"], "pmtu");
         for s in FlowState::ALL {
             assert!(t.get(s.key()).is_some(), "{}", s.key());
         }
@@ -326,6 +328,9 @@ mod tests {
         // Recorded before the data path checked the destination MAC: the
         // next attach finds the interfaces' MACs differ and rewrites them.
         assert_eq!(s.config.lan_mac, [0; 6]);
+        // Recorded before standalone mode clamped the MSS: its data path
+        // did not, so the next attach sees a change and replaces it.
+        assert_eq!(s.config.mss_clamp, crate::config::MssClamp::Off);
     }
 
     #[test]

@@ -338,6 +338,25 @@ fn virtual_macs_json(macs: &[(VirtualMacKey, u8)]) -> Value {
 
 /// The human-readable rendering of [`status_json`].
 #[must_use]
+/// Who admits flows, and standalone mode's NAT settings, from the
+/// record's configuration `c`.
+fn admit_text(c: &Value, v: &Value) -> String {
+    if c["admit"] == "kernel" {
+        return "admit kernel (offload)".to_owned();
+    }
+    format!(
+        "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}, {}",
+        c["wan_addr"].as_str().unwrap_or("?"),
+        c["port_min"],
+        c["port_max"],
+        v["filtering"].as_str().unwrap_or("?"),
+        c["mss_clamp"]
+            .as_str()
+            .and_then(|m| config::MssClamp::parse(m).ok())
+            .map_or_else(|| "MSS clamping ?".to_owned(), config::MssClamp::describe)
+    )
+}
+
 pub fn status_text(v: &Value) -> String {
     let mut s = String::new();
     let st = v["state"].as_str().unwrap_or("?");
@@ -364,17 +383,7 @@ pub fn status_text(v: &Value) -> String {
         );
         let c = &r["config"];
         let kernel_mode = c["admit"] == "kernel";
-        let admit = if kernel_mode {
-            "admit kernel (offload)".to_owned()
-        } else {
-            format!(
-                "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}",
-                c["wan_addr"].as_str().unwrap_or("?"),
-                c["port_min"],
-                c["port_max"],
-                v["filtering"].as_str().unwrap_or("?")
-            )
-        };
+        let admit = admit_text(c, v);
         let _ = writeln!(
             s,
             "config: {admit}, table {} flows, mode asked {}",

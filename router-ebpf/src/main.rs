@@ -7,7 +7,8 @@
 //! flow's cached one or `bpf_fib_lookup`: [`flow::next_hop`]), commit of a
 //! new flow's entries ([`admit::commit`]), the rewrite with incremental
 //! checksum updates ([`flow::rewrite`]) and the L2 forwarding tail shared
-//! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]). IPv4
+//! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]); a SYN's
+//! MSS is clamped on the way ([`mss`]). IPv4
 //! fragments take a path of their own ([`fragment`]), as do packets with
 //! IP options ([`ip_options`]) and a WAN
 //! packet of a flow whose TTL ran out ([`time_exceeded`]); IPv6 has its own
@@ -42,6 +43,7 @@ mod icmp_error;
 mod ip_options;
 mod mapping;
 mod maps;
+mod mss;
 mod parse;
 mod time_exceeded;
 mod v6;
@@ -208,6 +210,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     // The redirect was recorded before any rewrite (in `hop::redirect_to`),
     // so a failed one passed an untouched frame.
     flow::rewrite(ctx, ip, pkt.proto, &xlat)?;
+    mss::clamp_syn(ctx, side.cfg, pkt.seg.flags, &hop, false);
     let forwarded = if side.from_lan {
         Counter::FwdOutbound
     } else {

@@ -581,7 +581,7 @@ impl ResolvedTopology {
             hash_seed,
             admit: 0,
             filtering: 0,
-            pad: [0; 2],
+            mss_clamp_mtu: router_common::mss::CLAMP_OFF,
             timeouts,
             lan_mac: self.lan_mac,
             wan_mac: self.wan_mac,

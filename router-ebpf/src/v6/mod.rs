@@ -84,6 +84,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         flow::count_first(&key, pkt.len);
         h
     };
+    crate::mss::clamp_syn(ctx, side.cfg, pkt.tcp_flags, &hop, true);
     Ok(forward(eth, ip, &hop, forwarded))
 }
 
@@ -172,8 +173,9 @@ fn words(ip: &[u8; ipv6::LEN], at: usize) -> [u32; 4] {
 
 /// The forwarding tail: with a neighbour, hop limit - 1 (checked > 1 by
 /// the parse) and the next hop's MACs, then the recorded redirect, counted
-/// as `forwarded`; without one, passed untouched (the kernel resolves the
-/// neighbour and forwards; nothing was translated).
+/// as `forwarded`; without one, passed as it is (the kernel resolves the
+/// neighbour and forwards; nothing was translated, a SYN's MSS may have
+/// been clamped).
 #[inline(always)]
 pub fn forward(
     eth: &mut [u8; eth::LEN],

@@ -613,7 +613,7 @@ fn load_router(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Loa
         hash_seed: 0x5eed_1234,
         admit: 0,
         filtering: 0,
-        pad: [0; 2],
+        mss_clamp_mtu: router_common::mss::CLAMP_OFF,
         timeouts: Timeouts::default(),
         lan_mac: m.lan,
         wan_mac: m.wan,

@@ -27,6 +27,7 @@ mod fib;
 mod fragments;
 mod icmp;
 mod ip_options;
+mod mss_clamp;
 mod nat_behaviour;
 mod not_for_us;
 mod pass_drop;
