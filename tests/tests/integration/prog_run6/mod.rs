@@ -13,6 +13,7 @@
 mod counts;
 mod flows;
 mod icmp;
+mod mss_clamp;
 mod pass_drop;
 mod tcp_window;
 
