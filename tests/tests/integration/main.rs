@@ -26,6 +26,7 @@ mod lifecycle;
 mod live_frames;
 mod malformed_corpus;
 mod metrics;
+mod mss_clamp;
 mod nat_behaviour;
 mod nat_e2e;
 mod offload;

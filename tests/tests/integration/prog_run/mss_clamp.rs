@@ -25,7 +25,7 @@ fn clamping(env: &ResolvedTopology, mtu: u16) -> Config {
     c
 }
 
-/// The router's WAN link at `mtu` bytes (PPPoE's 1492 against the LAN's
+/// The router's WAN link at `mtu` bytes (`PPPoE`'s 1492 against the LAN's
 /// 1500).
 fn wan_mtu(env: &ResolvedTopology, mtu: u16) {
     env.t.exec_ok(
