@@ -633,10 +633,14 @@ fn mtu_mismatches(mtus: &[(String, u32)], out: &mut Vec<Check>) {
                     level: Level::Warn,
                     detail: format!(
                         "MTU {m} differs from {first}'s {m0}: packets above {lo} bytes are \
-                         handed to the kernel (slow path, or ICMP fragmentation needed)"
+                         handed to the kernel (slow path, or ICMP fragmentation needed); TCP \
+                         stays below it when SYNs are MSS-clamped (standalone mode does so \
+                         unless `--clamp-mss off`; offload mode: the firewall's `tcp option \
+                         maxseg size set rt mtu` or `TCPMSS --clamp-mss-to-pmtu` rule)"
                     ),
                     fix: Some(format!(
-                        "ip link set dev {} mtu {lo} (make the MTUs equal)",
+                        "ip link set dev {} mtu {lo} (make the MTUs equal), or clamp the \
+                         MSS as said",
                         if *m > m0 { other } else { &first }
                     )),
                 });
