@@ -92,6 +92,10 @@ pub(super) fn may_change(f: &[u8], at: usize, icmp_error: Option<bool>) -> bool 
     if (IP_OFF + 12..IP_OFF + 20).contains(&at) {
         return true;
     }
+    // A SYN's MSS value (clamping, `mss_clamp_mtu` of the corpus's config).
+    if syn_mss_at(f).is_some_and(|m| (m..m + 2).contains(&at)) {
+        return true;
+    }
     // A later fragment: no L4 header, only the addresses change.
     if be16(f, IP_OFF + 6) & 0x1fff != 0 {
         return false;
@@ -171,6 +175,7 @@ pub(super) fn check_rewrite(
             errs.push(format!("valid input, output checksums wrong: {e:?}"));
         }
     }
+    errs.extend(check_mss(f, out));
     let ttl = if redirect {
         f[IP_OFF + 8].wrapping_sub(1)
     } else {
@@ -263,6 +268,20 @@ pub(super) fn check_rewrite(
     errs
 }
 
+/// A translated SYN's MSS: lowered to the corpus's clamp (the links are
+/// wider), exactly, when it was above it; else as it was.
+fn check_mss(f: &[u8], out: &[u8]) -> Option<String> {
+    let m = syn_mss_at(f)?;
+    let (old, new) = (be16(f, m), be16(out, m));
+    let want = old.min(CLAMP_MSS);
+    (new != want).then(|| format!("SYN's MSS {old} -> {new}, want {want}"))
+}
+
+/// Whether `run` changed the MSS of the SYN `f`.
+fn mss_changed(f: &[u8], run: &ProgRun) -> bool {
+    syn_mss_at(f).is_some_and(|m| run.out.get(m..m + 2) != f.get(m..m + 2))
+}
+
 /// Runs one case, checks everything, records it in `s`.
 #[expect(
     clippy::too_many_lines,
@@ -353,6 +372,16 @@ pub(super) fn case(
                             matches!(d, Counter::FlowNewMasquerade | Counter::FlowNewPortForward)
                         })
                 }
+                // A translated SYN whose MSS was lowered (the output's
+                // value itself is checked with the rewrite).
+                Counter::TcpMssClamped => {
+                    v.packets == 1
+                        && mss_changed(f, &run)
+                        && matches!(
+                            c,
+                            Counter::FwdOutbound | Counter::FwdInbound | Counter::PassNoNeighbour
+                        )
+                }
                 // A flow's SYN, FIN or RST that its receiver would not
                 // accept (the window check of `flow::tcp_control`): the
                 // state stays, the segment goes on as any hit does.
@@ -400,6 +429,9 @@ pub(super) fn case(
                 .any(|(e, _)| *e == Counter::IcmpErrorTranslated)
         {
             errs.push("ICMP error translated, not counted".to_owned());
+        }
+        if mss_changed(f, &run) && !run.delta.iter().any(|(e, _)| *e == Counter::TcpMssClamped) {
+            errs.push("SYN's MSS lowered, not counted".to_owned());
         }
         if run.out != f {
             s.rewritten += 1;

@@ -31,7 +31,11 @@ pub(super) fn setup(env: &ResolvedTopology, r: &mut LoadedRouter) -> Vec<Base> {
         ),
         (
             false,
-            Ipv4::new(SERVER, WAN, Tcp::new(80, 40000, TCP_SYN | TCP_ACK)),
+            Ipv4::new(
+                SERVER,
+                WAN,
+                Tcp::new(80, 40000, TCP_SYN | TCP_ACK).options(&[2, 4, 5, 0xb4]),
+            ),
         ),
         (
             true,
@@ -228,6 +232,70 @@ pub(super) fn with_options(f: &[u8], words: usize) -> Vec<u8> {
     v
 }
 
+/// `f` (TCP) with `options` (a multiple of 4 bytes) instead of its own,
+/// the data offset, total length and checksums following.
+fn with_tcp_options(f: &[u8], options: &[u8]) -> Vec<u8> {
+    let hlen = usize::from(f[L4_OFF + 12] >> 4) * 4;
+    let mut v = f[..L4_OFF + 20].to_vec();
+    v.extend_from_slice(options);
+    v.extend_from_slice(&f[L4_OFF + hlen..]);
+    v[L4_OFF + 12] = u8::try_from((20 + options.len()) / 4).unwrap() << 4;
+    let l3 = v.len() - IP_OFF;
+    set_total(&mut v, l3);
+    fix_frame(&mut v, true);
+    v
+}
+
+/// Option layouts for a SYN's MSS clamping: the MSS at odd and even
+/// offsets, first, after others and last; values around the corpus's clamp
+/// ([`super::CLAMP_MSS`]); and walks that must stop before it.
+fn mss_layouts() -> Vec<(&'static str, Vec<u8>)> {
+    let mut last = vec![1u8; 36];
+    last.extend_from_slice(&[2, 4, 0x05, 0xb4]);
+    let [hi, lo] = super::CLAMP_MSS.to_be_bytes();
+    let [hi1, lo1] = (super::CLAMP_MSS + 1).to_be_bytes();
+    vec![
+        (
+            "MSS after a NOP (odd offset)",
+            vec![1, 2, 4, 0x05, 0xb4, 1, 1, 0],
+        ),
+        (
+            "MSS after three NOPs (odd)",
+            vec![1, 1, 1, 2, 4, 0x05, 0xb4, 0],
+        ),
+        (
+            "MSS 8960 after a window scale (odd)",
+            vec![3, 3, 7, 2, 4, 0x23, 0x00, 0],
+        ),
+        (
+            "MSS after timestamps",
+            vec![8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 2, 4, 5, 0xb4, 1, 0],
+        ),
+        ("MSS last of 40 bytes", last),
+        ("MSS 65535", vec![2, 4, 0xff, 0xff]),
+        ("MSS at the clamp", vec![2, 4, hi, lo]),
+        ("MSS one above the clamp", vec![2, 4, hi1, lo1]),
+        ("MSS 0", vec![2, 4, 0, 0]),
+        ("MSS option of length 3", vec![2, 3, 5, 0xb4]),
+        ("MSS option of length 2", vec![2, 2, 1, 1]),
+        ("MSS cut by the header's end", vec![1, 1, 1, 1, 1, 2, 4, 5]),
+        (
+            "an option of length 0 first",
+            vec![3, 0, 2, 4, 5, 0xb4, 0, 0],
+        ),
+        (
+            "an option of length 1 first",
+            vec![3, 1, 2, 4, 5, 0xb4, 0, 0],
+        ),
+        (
+            "an option past the header first",
+            vec![3, 40, 2, 4, 5, 0xb4, 0, 0],
+        ),
+        ("end of list first", vec![0, 2, 4, 5, 0xb4, 0, 0, 0]),
+        ("two MSS options", vec![2, 4, 0x05, 0xb4, 2, 4, 0x23, 0x00]),
+    ]
+}
+
 #[expect(
     clippy::too_many_lines,
     reason = "a list of cases, or one check per field, read top to bottom"
@@ -315,6 +383,14 @@ pub(super) fn systematic(b: &Base) -> Vec<(String, Vec<u8>)> {
                 format!("TCP flags {flags:#04x}"),
                 patched(&|x| x[L4_OFF + 13] = flags, true),
             ));
+        }
+        if f[L4_OFF + 13] & TCP_SYN != 0 {
+            for (what, options) in mss_layouts() {
+                v.push((
+                    format!("SYN options: {what}"),
+                    with_tcp_options(f, &options),
+                ));
+            }
         }
     }
     for (what, frag) in [

@@ -212,3 +212,23 @@ pub(super) fn icmp_error_key(f: &[u8]) -> FlowKey {
         proto,
     )
 }
+
+/// Where the MSS option's value of the TCP SYN `f` (IPv4 without options,
+/// not a fragment: what the core path carries) sits in the frame, if it
+/// has one and all of it is in the frame: the two bytes MSS clamping may
+/// lower.
+pub(super) fn syn_mss_at(f: &[u8]) -> Option<usize> {
+    use router_common::mss::{find_mss_value, header_len};
+    let l4 = L4_OFF;
+    let syn = f.get(IP_OFF + 9) == Some(&IPPROTO_TCP)
+        && f.get(IP_OFF).is_some_and(|b| b & 0x0f == 5)
+        && f.len() >= IP_OFF + 8
+        && be16(f, IP_OFF + 6) & 0x3fff == 0
+        && f.get(l4 + 13).is_some_and(|fl| fl & TCP_SYN != 0);
+    if !syn {
+        return None;
+    }
+    let len = header_len(*f.get(l4 + 12)?);
+    let at = l4 + find_mss_value(len, |i| f.get(l4 + i).copied())?;
+    (at + 2 <= f.len()).then_some(at)
+}

@@ -16,7 +16,9 @@
 //! dropped frame leaves untouched; a redirected one differs from the input
 //! only in its MACs (the egress pair of the interface its counter names)
 //! and the hop limit, one less (IPv6 is routed: nothing a checksum covers
-//! changes); new-flow and `ICMPv6`-error events only with a verdict that
+//! changes), except a SYN's MSS above the corpus's clamp, lowered to it
+//! with its TCP checksum still valid and `tcp_mss_clamped` counted (a
+//! passed-translated SYN without a neighbour likewise); new-flow and `ICMPv6`-error events only with a verdict that
 //! allows them. At the end every `CONNTRACK6` entry has its reversed peer
 //! and the two agree.
 
@@ -26,7 +28,8 @@ use router_common::maps::{
     Admit, CONNTRACK6_MAP, FlowEntry6, FlowKey6, PINHOLES6_MAP, PinholeKey6,
 };
 use tests::v6::{
-    self, CLIENT6, ICMP6_PACKET_TOO_BIG, LAN_NOBODY6, ROUTER_LAN6, ROUTER_WAN6, SERVER6, o,
+    self, CLIENT6, ICMP6_PACKET_TOO_BIG, LAN_NOBODY6, ROUTER_LAN6, ROUTER_WAN6, SERVER6,
+    checksum_errors6, o,
 };
 
 use super::*;
@@ -325,7 +328,12 @@ fn setup6(env: &ResolvedTopology, r: &mut LoadedRouter) -> Vec<Seed6> {
         };
         holes.insert(k, 1, 0).unwrap();
     }
-    let syn = v6::Ipv6::tcp(c, s, &Tcp::new(40000, 443, TCP_SYN));
+    // MSS 1440, SACK permitted, window scale: the clamp walks them.
+    let syn = v6::Ipv6::tcp(
+        c,
+        s,
+        &Tcp::new(40000, 443, TCP_SYN).options(&[2, 4, 5, 0xa0, 4, 2, 1, 1, 1, 3, 3, 7]),
+    );
     let syn_ack = v6::Ipv6::tcp(s, c, &Tcp::new(443, 40000, TCP_SYN | TCP_ACK));
     let udp_out = v6::Ipv6::udp(c, s, &Udp::new(5353, 53, b"a question"));
     let echo = v6::Ipv6::echo(c, s, false, 1911, 1);
@@ -367,6 +375,11 @@ fn setup6(env: &ResolvedTopology, r: &mut LoadedRouter) -> Vec<Seed6> {
         &quoted[..quoted.len().min(1184)],
     );
     vec![
+        Seed6 {
+            name: "tcp SYN out again (MSS clamped)",
+            frame: lan_frame(&syn),
+            from_lan: true,
+        },
         Seed6 {
             name: "tcp data out",
             frame: lan_frame(&data_out),
@@ -537,24 +550,34 @@ fn case6(
                 if from_lan { "LAN" } else { "WAN" }
             ));
         }
+        let mut want = f.to_vec();
         if run.verdict == XDP_REDIRECT {
             let (dmac, smac) = if c == Counter::Fwd6Outbound {
                 (env.server_mac, env.wan_mac)
             } else {
                 (env.client_mac, env.lan_mac)
             };
-            let mut want = f.to_vec();
             want[..6].copy_from_slice(&dmac);
             want[6..12].copy_from_slice(&smac);
             want[IP6 + 7] = f[IP6 + 7].wrapping_sub(1);
-            if run.out != want {
-                errs.push(format!(
-                    "redirected output is not the input with MACs and hop limit - 1:\n  input  {f:02x?}\n  output {:02x?}",
-                    run.out
-                ));
-            }
-        } else if run.out != f {
-            errs.push(format!("{} changed the frame", action_name(run.verdict)));
+        }
+        let forwarded = matches!(
+            c,
+            Counter::Fwd6Outbound | Counter::Fwd6Inbound | Counter::PassNoNeighbour
+        );
+        let clamped = forwarded && expect_clamp6(f, &run.out, &mut want, &mut errs);
+        if clamped != ev(Counter::TcpMssClamped) {
+            errs.push(format!(
+                "MSS clamped: {clamped}, tcp_mss_clamped counted: {}",
+                ev(Counter::TcpMssClamped)
+            ));
+        }
+        if run.out != want {
+            errs.push(format!(
+                "output is not the input with (redirected) MACs and hop limit - 1 and (a SYN) \
+                 the MSS clamped:\n  input  {f:02x?}\n  output {:02x?}",
+                run.out
+            ));
         }
     }
     s.cases += 1;
@@ -571,6 +594,39 @@ fn case6(
     if !errs.is_empty() {
         s.failures.push(format!("{what}: {}", errs.join("; ")));
     }
+}
+
+/// The MSS the corpus's config clamps IPv6 SYNs to: its path MTU less 60
+/// bytes of headers.
+const CLAMP_MSS6: u16 = super::CLAMP_MTU - 60;
+
+/// For a forwarded TCP SYN `f` whose MSS option is above [`CLAMP_MSS6`]:
+/// puts the lowered value into `want`, takes the output's TCP checksum
+/// (checked here instead: valid if the input's was) and says it was
+/// clamped.
+fn expect_clamp6(f: &[u8], out: &[u8], want: &mut [u8], errs: &mut Vec<String>) -> bool {
+    use router_common::mss::{find_mss_value, header_len};
+    let l4 = IP6 + 40;
+    if f.get(IP6 + 6) != Some(&IPPROTO_TCP) || f.get(l4 + 13).is_none_or(|fl| fl & TCP_SYN == 0) {
+        return false;
+    }
+    let len = header_len(f[l4 + 12]);
+    let Some(at) = find_mss_value(len, |i| f.get(l4 + i).copied()).map(|o| l4 + o) else {
+        return false;
+    };
+    if at + 2 > f.len() || u16::from_be_bytes([f[at], f[at + 1]]) <= CLAMP_MSS6 {
+        return false;
+    }
+    want[at..at + 2].copy_from_slice(&CLAMP_MSS6.to_be_bytes());
+    let check = l4 + 16..l4 + 18;
+    want[check.clone()].copy_from_slice(&out[check]);
+    if checksum_errors6(f).is_empty() && !checksum_errors6(out).is_empty() {
+        errs.push(format!(
+            "valid input, output checksums wrong after the clamp: {:?}",
+            checksum_errors6(out)
+        ));
+    }
+    true
 }
 
 /// Every `CONNTRACK6` entry has its reversed peer, exactly one of the two

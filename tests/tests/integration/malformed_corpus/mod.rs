@@ -22,7 +22,8 @@
 //!   one's-complement residual preserved (a valid checksum stays valid, a
 //!   corrupt L4 checksum stays exactly as corrupt, as RFC 1624 updates do),
 //!   TTL - 1 and the egress MACs for redirects, the translated tuple equal
-//!   to the `CONNTRACK` entry of the input's tuple, redirects leaving by the
+//!   to the `CONNTRACK` entry of the input's tuple, a SYN's MSS lowered to
+//!   the corpus's clamp exactly when above it, redirects leaving by the
 //!   interface their counter names (`fwd_outbound`: WAN, `fwd_inbound`: LAN);
 //! - at the end, every `CONNTRACK` entry has its peer and the two agree.
 //!
@@ -106,10 +107,18 @@ const CT_ENTRIES: u32 = 1 << 17;
 /// Echo identifier of the ICMP flow (in the port range: preserved).
 const ECHO_ID: u16 = 1911;
 
+/// The path MTU the corpus's config clamps SYNs to (standalone's
+/// `--clamp-mss 1400`): below the links' 1500, so the base SYNs' MSS
+/// 1460 is lowered and mutated SYNs walk their options in the data path.
+const CLAMP_MTU: u16 = 1400;
+/// The MSS a clamped SYN carries: [`CLAMP_MTU`] less 40 bytes of headers.
+const CLAMP_MSS: u16 = CLAMP_MTU - 40;
+
 /// Long timeouts: nothing expires while the corpus runs, so a hit
-/// looked up before a run is a hit in the run.
+/// looked up before a run is a hit in the run. SYNs clamped to
+/// [`CLAMP_MTU`].
 fn config(env: &ResolvedTopology) -> Config {
-    env.config(
+    let mut c = env.config(
         HASH_SEED,
         Timeouts {
             tcp_syn_sent: 3600,
@@ -121,7 +130,9 @@ fn config(env: &ResolvedTopology) -> Config {
             icmp: 3600,
             pad: 0,
         },
-    )
+    );
+    c.mss_clamp_mtu = CLAMP_MTU;
+    c
 }
 
 fn report(what: &str, s: &Summary) {
