@@ -1,10 +1,12 @@
 //! TCP MSS clamping of the SYNs the data path forwards (standalone mode):
 //! what iptables' `TCPMSS --clamp-mss-to-pmtu` and nftables' `tcp option
-//! maxseg size set rt mtu` do in the kernel path, and what a router whose
-//! WAN has a smaller MTU than its LAN (`PPPoE`: 1492) needs when ICMP
+//! maxseg size set rt mtu` do in the kernel path, and what a router on a
+//! path narrower than one of its links (a jumbo-frame LAN behind a
+//! 1500-byte WAN, a `PPPoE` modem in front of it) needs when ICMP
 //! "fragmentation needed" does not get through to the remote host (RFC
 //! 2923 2.1, "PMTUD black holes"). Only lowers an MSS option, never adds
-//! one or raises it (RFC 879: without the option the peer assumes 536).
+//! one or raises it (without the option a peer assumes 536 over IPv4,
+//! 1220 over IPv6: RFC 9293 3.7.1, RFC 8200 8.3).
 
 use crate::{checksum::Delta, hdr::tcp};
 

@@ -70,7 +70,10 @@ struct RouterSection {
 
 /// A value a file may write as a string or a number.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "off, pmtu or an MTU (a string, or a number such as 1492)"
+)]
 enum StringOrNumber {
     String(String),
     Number(i64),
@@ -919,6 +922,13 @@ mod tests {
             .to_string();
         assert!(
             e.contains("r:3: router.clamp_mss: \"auto\" is not off, pmtu or an MTU"),
+            "{e}"
+        );
+        let e = parse("admit = \"xdp\"\nclamp_mss = true")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("r:3:13: router.clamp_mss: off, pmtu or an MTU (a string, or a number"),
             "{e}"
         );
         let e = parse("admit = \"xdp\"\nclamp_mss = 100")

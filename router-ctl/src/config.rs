@@ -235,7 +235,7 @@ impl MssClamp {
         match self {
             Self::Off => "no MSS clamping".to_owned(),
             Self::Pmtu => "MSS clamped to the path MTU".to_owned(),
-            Self::Mtu(m) => format!("MSS clamped to the path MTU, at most {m}"),
+            Self::Mtu(m) => format!("MSS clamped to a path MTU of at most {m}"),
         }
     }
 }

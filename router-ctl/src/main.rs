@@ -124,10 +124,11 @@ struct AttachOpts {
     filtering: FilteringMode,
     /// Standalone: lower the MSS option of the TCP SYNs XDP forwards to what the path
     /// carries, as a firewall's `TCPMSS --clamp-mss-to-pmtu` rule does in the kernel path
-    /// (a WAN with a smaller MTU than the LAN, `PPPoE`: 1492). `pmtu` (standalone's
-    /// default): the smaller of the egress route's and the ingress interface's MTU; an MTU
-    /// (`1492`): that too, for a narrower link the router cannot see (a `PPPoE` modem in
-    /// front of it); `off`. Offload mode refuses anything but `off`: clamp in the firewall.
+    /// (a jumbo-frame LAN behind a 1500-byte WAN). `pmtu` (standalone's default): the
+    /// smaller of the egress route's and the ingress interface's MTU; an MTU (`1492`): that
+    /// too, for a narrower link the router cannot see (a `PPPoE` modem or an ONT in front
+    /// of it, a tunnel upstream); `off`. Like the other options but --admit, left out it
+    /// is the default again. Offload mode refuses anything but `off`: clamp in the firewall.
     #[arg(long, value_name = "pmtu|off|MTU", value_parser = MssClamp::parse)]
     clamp_mss: Option<MssClamp>,
     /// XDP attach mode: `native` (in the driver), `generic` (on the skb, any

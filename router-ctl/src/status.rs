@@ -336,8 +336,6 @@ fn virtual_macs_json(macs: &[(VirtualMacKey, u8)]) -> Value {
         .collect()
 }
 
-/// The human-readable rendering of [`status_json`].
-#[must_use]
 /// Who admits flows, and standalone mode's NAT settings, from the
 /// record's configuration `c`.
 fn admit_text(c: &Value, v: &Value) -> String {
@@ -357,6 +355,8 @@ fn admit_text(c: &Value, v: &Value) -> String {
     )
 }
 
+/// The human-readable rendering of [`status_json`].
+#[must_use]
 pub fn status_text(v: &Value) -> String {
     let mut s = String::new();
     let st = v["state"].as_str().unwrap_or("?");

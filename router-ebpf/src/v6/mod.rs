@@ -8,7 +8,8 @@
 //! ([`flow::admit`]), next hop (the flow's cached one or `bpf_fib_lookup`
 //! with `AF_INET6`: [`flow::cached_hop`], [`fib6`]) and the forwarding
 //! tail ([`forward`]: hop limit - 1, MACs, the recorded redirect). Nothing
-//! that a checksum covers changes, so there is no rewrite phase. `ICMPv6`
+//! that a checksum covers changes, so there is no rewrite phase; only a
+//! SYN's MSS may be clamped on the way (`crate::mss`). `ICMPv6`
 //! errors about known flows take [`icmp_error::forward`].
 //!
 //! Flows live in `CONNTRACK6` ([`maps`]), a map of their own: the IPv4 key

@@ -222,7 +222,8 @@ fn the_option_is_found_wherever_it_sits_and_only_lowered() {
 
 /// The configured MTU lowers the limit further (a narrower link beyond the
 /// router: 1400 -> MSS 1360); off leaves every MSS as sent; with both
-/// links at 1500 a jumbo LAN host's 8960 is lowered to 1460 and 1460 kept.
+/// links at 1500 a jumbo LAN host's 8960 is lowered to 1460 and 1460 kept;
+/// a locked route MTU (1300) counts where the devices' do not.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn the_configured_mtu_lowers_the_limit_and_off_clamps_nothing() {
@@ -261,6 +262,22 @@ fn the_configured_mtu_lowers_the_limit_and_off_clamps_nothing() {
             "MSS 8960 (a jumbo LAN host)",
             &syn(42003, &linux_options(8960)),
             &o,
+            true,
+        );
+        // A route's MTU, not the device's: the FIB's answer decides (for
+        // forwarding, Linux takes a route's MTU only when it is locked).
+        let server = std::net::Ipv4Addr::from(SERVER).to_string();
+        env.t.exec_ok(
+            Ns::Router,
+            &[
+                "ip", "route", "add", &server, "dev", WAN_IF, "mtu", "lock", "1300",
+            ],
+        );
+        r.syn_out(
+            &env,
+            "a route MTU of 1300 over 1500-byte devices",
+            &syn(42004, &o),
+            &linux_options(1260),
             true,
         );
     });
