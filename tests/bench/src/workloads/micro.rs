@@ -102,6 +102,9 @@ enum Input {
     Tcp6Data,
     /// A fresh source port per call: every call opens a new flow.
     NewUdpFlow,
+    /// A TCP SYN from a fresh source port per call, advertising a jumbo
+    /// host's MSS (8960): a new flow whose MSS is clamped.
+    NewTcpSyn,
     TcpNoFlow,
 }
 
@@ -118,7 +121,7 @@ struct Spec {
 
 /// Every case, in report order. The first runs the trivial floor program,
 /// the others the router program.
-const SPECS: [Spec; 10] = {
+const SPECS: [Spec; 11] = {
     const fn spec(
         name: &'static str,
         what: &'static str,
@@ -207,6 +210,14 @@ const SPECS: [Spec; 10] = {
             false,
             XDP_REDIRECT,
             Input::NewUdpFlow,
+            false,
+        ),
+        spec(
+            "new-flow-tcp-syn",
+            "new TCP flow, LAN->WAN SYN with MSS 8960: as new-flow-udp, plus the MSS clamped",
+            false,
+            XDP_REDIRECT,
+            Input::NewTcpSyn,
             false,
         ),
         spec(
@@ -387,6 +398,7 @@ impl Frames {
             Input::Udp6Out => self.udp6_out.clone(),
             Input::Tcp6Data => self.tcp6_data.clone(),
             Input::NewUdpFlow => out_udp(self.macs, 10_000 + (i % 30_000) as u16),
+            Input::NewTcpSyn => out_syn(self.macs, 10_000 + (i % 30_000) as u16),
             Input::TcpNoFlow => self.tcp_no_flow.clone(),
         }
     }
@@ -444,6 +456,17 @@ fn out_udp(m: Macs, sport: u16) -> Vec<u8> {
         Ipv4::new(cli, srv, Udp::new(sport, 5001, &PAYLOAD)),
     )
     .bytes()
+}
+
+/// A SYN from `CLIENT:sport` with a Linux SYN's options and a jumbo
+/// host's MSS (8960), which the router's default clamping lowers.
+fn out_syn(m: Macs, sport: u16) -> Vec<u8> {
+    let (cli, srv) = (CLIENT_ADDR.octets(), SERVER_ADDR.octets());
+    let options = [
+        2, 4, 0x23, 0x00, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7,
+    ];
+    let syn = Tcp::new(sport, 5002, TCP_SYN).options(&options);
+    Frame::new(m.lan, m.client, Ipv4::new(cli, srv, syn)).bytes()
 }
 
 /// Opens the established flows the hit cases need (their first packets
@@ -613,7 +636,8 @@ fn load_router(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<Loa
         hash_seed: 0x5eed_1234,
         admit: 0,
         filtering: 0,
-        mss_clamp_mtu: router_common::mss::CLAMP_OFF,
+        // Standalone's default: SYNs clamped to the path MTU.
+        mss_clamp_mtu: router_common::mss::CLAMP_PMTU,
         timeouts: Timeouts::default(),
         lan_mac: m.lan,
         wan_mac: m.wan,
