@@ -267,13 +267,48 @@ fn without_clamping_a_download_stalls_in_a_pmtud_black_hole() {
     );
 }
 
-/// `--clamp-mss 1400`: a configured MTU below the path's; the server's
-/// send MSS follows the clamped SYN (at most 1400 - 40 = 1360 bytes) and
-/// the download completes.
+/// `status --json`'s recorded MSS clamping setting, and the `status`
+/// text's line about it.
+fn status_clamp(t: &Topology) -> (String, String) {
+    let (v, _) = crate::ctl::status(t);
+    let setting = v["record"]["config"]["mss_clamp"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no record.config.mss_clamp in {v}"))
+        .to_owned();
+    let text = t.router_ctl_ok(&["status"]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("config:"))
+        .unwrap_or_default()
+        .to_owned();
+    (setting, line)
+}
+
+/// The setting changes in place: attached with the default (`pmtu`),
+/// then `--clamp-mss 1400` replaces the program in place, and `status`
+/// says so; the server's send MSS follows the clamped SYN (at most
+/// 1400 - 40 = 1360 bytes) and the download completes. An attach that
+/// leaves the option out puts the default back, as for `--filtering`.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn a_configured_mtu_clamps_below_the_path_mtu() {
-    let (d, clamped, _) = download_through_black_hole(&["--clamp-mss", "1400"], COMPLETES_WITHIN);
+fn a_configured_mtu_changes_in_place_and_clamps_below_the_path_mtu() {
+    let t = Topology::new();
+    narrow_wan(&t);
+    attach_and_print(&t, &[]);
+    let (setting, line) = status_clamp(&t);
+    assert_eq!(setting, "pmtu", "{line}");
+    assert!(line.contains("MSS clamped to the path MTU"), "{line}");
+    let out = crate::ctl::attach(&t, &["--clamp-mss", "1400"]);
+    assert!(out.contains("in place"), "not replaced in place: {out}");
+    let (setting, line) = status_clamp(&t);
+    assert_eq!(setting, "1400", "{line}");
+    assert!(
+        line.contains("MSS clamped to a path MTU of at most 1400"),
+        "{line}"
+    );
+    let before = t.stats();
+    let d = download(&t, COMPLETES_WITHIN);
+    let clamped = counter_delta(&before, &t.stats(), "tcp_mss_clamped");
     assert!(clamped >= 2, "tcp_mss_clamped grew by {clamped}");
     assert!(
         d.server.tcpi_snd_mss as usize <= 1400 - HEADERS,
@@ -291,4 +326,7 @@ fn a_configured_mtu_clamps_below_the_path_mtu() {
         d.got.len(),
         d.complete
     );
+    let out = crate::ctl::attach(&t, &[]);
+    assert!(out.contains("in place"), "not replaced in place: {out}");
+    assert_eq!(status_clamp(&t).0, "pmtu");
 }
