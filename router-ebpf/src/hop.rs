@@ -99,6 +99,36 @@ pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
     egress(ctx, &mut p)
 }
 
+/// The FIB parameters of the IPv4 packet `ip` as it now is (its
+/// addresses and length: the MTU checked).
+#[inline(always)]
+pub fn params_of(ip: &[u8; ipv4::LEN]) -> FibParams {
+    params4(
+        ip,
+        get_addr(ip, ipv4::SRC),
+        get_addr(ip, ipv4::DST),
+        get_u16(ip, ipv4::TOT_LEN),
+    )
+}
+
+/// The egress interface and MTU the FIB gives a packet of the parameters
+/// `p` (with its length set, so the kernel reports the MTU): `(ifindex,
+/// mtu)`, the MTU 0 when the kernel did not say (no neighbour yet);
+/// `None` when it would not forward it.
+#[inline(always)]
+pub fn path(ctx: &XdpContext, p: &mut FibParams) -> Option<(u32, u32)> {
+    match call(ctx, p) {
+        // SAFETY: on success the kernel wrote mtu_result (a union with
+        // tot_len).
+        BPF_FIB_LKUP_RET_SUCCESS => Some((
+            p.ifindex,
+            u32::from(unsafe { p.__bindgen_anon_1.mtu_result }),
+        )),
+        BPF_FIB_LKUP_RET_NO_NEIGH => Some((p.ifindex, 0)),
+        _ => None,
+    }
+}
+
 /// The interface the kernel would send a reply to the IPv4 packet `ip`
 /// out of: its addresses swapped, looked up as arriving where `ip` did, no
 /// MTU check; `None` when it would not forward one.

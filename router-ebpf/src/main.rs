@@ -7,8 +7,8 @@
 //! flow's cached one or `bpf_fib_lookup`: [`flow::next_hop`]), commit of a
 //! new flow's entries ([`admit::commit`]), the rewrite with incremental
 //! checksum updates ([`flow::rewrite`]) and the L2 forwarding tail shared
-//! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]); a SYN's
-//! MSS is clamped on the way ([`mss`]). IPv4
+//! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]); a
+//! forwarded SYN's MSS is clamped last, from the entry point ([`mss`]). IPv4
 //! fragments take a path of their own ([`fragment`]), as do packets with
 //! IP options ([`ip_options`]) and a WAN
 //! packet of a flow whose TTL ran out ([`time_exceeded`]); IPv6 has its own
@@ -128,11 +128,18 @@ pub fn router(ctx: XdpContext) -> u32 {
     } else {
         v
     };
+    let forwarded = mss::carried(v.counter);
     maps::count(v.counter, len);
     // After the count, where only the action is still live: the verifier
     // then prunes the paths that reach it with different drop reasons.
     if v.action == xdp_action::XDP_DROP {
         debug_log::dropped(v.counter, ctx.ingress_ifindex() as u32);
+    }
+    // Here too, for the same reason: the verifier walks a subprogram again
+    // for each distinct state its call is reached with (called from the
+    // cores, the option walk cost a fifth of the verifier's budget).
+    if forwarded && mss::is_syn(&ctx) {
+        mss::clamp(&ctx);
     }
     v.action
 }
@@ -210,7 +217,6 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     // The redirect was recorded before any rewrite (in `hop::redirect_to`),
     // so a failed one passed an untouched frame.
     flow::rewrite(ctx, ip, pkt.proto, &xlat)?;
-    mss::clamp_syn(ctx, side.cfg, pkt.seg.flags, &hop, false);
     let forwarded = if side.from_lan {
         Counter::FwdOutbound
     } else {

@@ -11,13 +11,20 @@
 //! relying on ICMP "fragmentation needed" reaching the sender (RFC 2923
 //! 2.1). Offload mode leaves SYNs to the kernel, where the firewall's
 //! rules clamp.
+//!
+//! Done from the entry point, after the count, for packets the cores
+//! forwarded (or passed translated for want of a neighbour): a test of the
+//! SYN bit per such packet, and for a SYN a subprogram that asks the FIB
+//! for the translated packet's egress and MTU again and walks the options.
+//! There the verifier reaches the call with few distinct states; called
+//! from inside the cores it walked the subprogram for each of their paths.
 
 use aya_ebpf::{EbpfContext, helpers::bpf_check_mtu, programs::XdpContext};
 use router_common::{
     flow::TCP_SYN,
-    hdr::{frame, tcp},
-    ipv6::frame6,
-    maps::{Config, Counter},
+    hdr::{eth, frame, get_u16, ipv4, tcp},
+    ipv6::{frame6, ipv6},
+    maps::{Counter, IPPROTO_TCP},
     mss::{
         CLAMP_OFF, IPV4_OVERHEAD, IPV6_OVERHEAD, checksum_after, find_mss_value, header_len,
         max_mss,
@@ -25,40 +32,89 @@ use router_common::{
 };
 
 use crate::{
-    hop::Hop,
-    maps,
+    hop, maps,
     parse::{header, ptr_at},
+    v6,
 };
 
-/// Clamps the MSS option of the forwarded packet in `ctx` if it is a TCP
-/// SYN (`tcp_flags`) and the configuration asks for it; `hop` is where it
-/// goes.
+/// Whether the verdict counter `c` says the core forwarded the packet (or
+/// passed it translated, without a neighbour): the packets whose SYN
+/// [`clamp`] may lower.
 #[inline(always)]
-pub fn clamp_syn(ctx: &XdpContext, cfg: &Config, tcp_flags: u8, hop: &Hop, v6: bool) {
-    if tcp_flags & TCP_SYN == 0 || cfg.mss_clamp_mtu == CLAMP_OFF {
-        return;
-    }
-    let hop_mtu = match *hop {
-        Hop::Redirect { mtu, .. } => u32::from(mtu),
-        Hop::NoNeighbour { .. } => 0,
-    };
-    clamp(ctx, hop.egress(), hop_mtu, u32::from(cfg.mss_clamp_mtu), v6);
+pub fn carried(c: Counter) -> bool {
+    matches!(
+        c,
+        Counter::FwdOutbound
+            | Counter::FwdInbound
+            | Counter::Fwd6Outbound
+            | Counter::Fwd6Inbound
+            | Counter::PassNoNeighbour
+    )
 }
 
-/// Lowers the MSS option of the TCP SYN in `ctx` (IPv6 if `v6`, else
-/// IPv4 without options; already translated) to what a path of MTU
-/// `limit` carries, lowered further to the egress route's MTU `hop_mtu`
-/// (0: not known, the egress interface `egress`'s is asked) and to the
-/// ingress interface's. A SYN without the option, or with options the
-/// walk cannot follow, goes on unchanged.
-// A BPF subprogram called from the entry point for SYNs only: the option
-// walk's frame and instructions stay off the hit path.
-#[inline(never)]
-pub fn clamp(ctx: &XdpContext, egress: u32, hop_mtu: u32, limit: u32, v6: bool) {
-    let (l4_at, overhead) = if v6 {
-        (frame6::L4, IPV6_OVERHEAD)
+/// Whether the packet of `ctx`, which a core carried (IPv4 without
+/// options, or IPv6 without extension headers), is a TCP SYN: the
+/// protocol and the control bits at the fixed offsets the cores read them.
+#[inline(always)]
+pub fn is_syn(ctx: &XdpContext) -> bool {
+    let Ok(eth) = header::<{ eth::LEN }>(ctx, 0) else {
+        return false;
+    };
+    let (proto_at, flags_at) = if get_u16(eth, eth::ETHER_TYPE) == eth::P_IPV6 {
+        (frame6::IPV6 + ipv6::NEXT_HEADER, frame6::L4 + tcp::FLAGS)
     } else {
-        (frame::L4, IPV4_OVERHEAD)
+        (frame::IPV4 + ipv4::PROTO, frame::L4 + tcp::FLAGS)
+    };
+    let byte = |at: usize| {
+        ptr_at::<u8>(ctx, at)
+            .ok()
+            // SAFETY: bounds checked by ptr_at.
+            .map(|p| unsafe { *p })
+    };
+    byte(proto_at) == Some(IPPROTO_TCP) && byte(flags_at).is_some_and(|f| f & TCP_SYN != 0)
+}
+
+/// Lowers the MSS option of the carried TCP SYN in `ctx` (already
+/// translated; see [`is_syn`]) to what its path carries, if the
+/// configuration asks for clamping: the smallest of the configured MTU,
+/// the egress route's MTU (the FIB's; the egress interface's when there
+/// is no neighbour yet) and the ingress interface's, less the headers. A
+/// SYN without the option, or with options the walk cannot follow, goes on
+/// unchanged.
+// A BPF subprogram called from the entry point for SYNs only: the FIB
+// parameters, the option walk's frame and its instructions stay off the
+// hit path.
+#[inline(never)]
+pub fn clamp(ctx: &XdpContext) {
+    let Some(cfg) = maps::CONFIG.get(0) else {
+        return;
+    };
+    if cfg.mss_clamp_mtu == CLAMP_OFF {
+        return;
+    }
+    let limit = u32::from(cfg.mss_clamp_mtu);
+    let Ok(eth) = header::<{ eth::LEN }>(ctx, 0) else {
+        return;
+    };
+    let v6 = get_u16(eth, eth::ETHER_TYPE) == eth::P_IPV6;
+    // Each family's FIB parameters stay inside its branch: built in one
+    // place for both, LLVM stored them at unaligned stack offsets, which
+    // the verifier refuses.
+    let (l4_at, overhead, path) = if v6 {
+        let Ok(ip) = header::<{ ipv6::LEN }>(ctx, frame6::IPV6) else {
+            return;
+        };
+        let mut p = v6::params_of(ip);
+        (frame6::L4, IPV6_OVERHEAD, hop::path(ctx, &mut p))
+    } else {
+        let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
+            return;
+        };
+        let mut p = hop::params_of(ip);
+        (frame::L4, IPV4_OVERHEAD, hop::path(ctx, &mut p))
+    };
+    let Some((egress, hop_mtu)) = path else {
+        return;
     };
     let egress_mtu = if hop_mtu == 0 {
         device_mtu(ctx, egress)
@@ -74,6 +130,13 @@ pub fn clamp(ctx: &XdpContext, egress: u32, hop_mtu: u32, limit: u32, v6: bool) 
         // An MTU no TCP segment fits: nothing sensible to clamp to.
         return;
     }
+    lower(ctx, l4_at, max);
+}
+
+/// Lowers the MSS option of the TCP header at `l4_at` to `max` if it is
+/// above, the checksum following.
+#[inline(always)]
+fn lower(ctx: &XdpContext, l4_at: usize, max: u16) {
     let Ok(hdr) = header::<{ tcp::LEN }>(ctx, l4_at) else {
         return;
     };

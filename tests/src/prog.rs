@@ -411,6 +411,21 @@ impl LoadedRouter {
             .collect()
     }
 
+    /// How many instructions the verifier processed to accept the program
+    /// (`bpf_prog_info.verified_insns`): its complexity, against the
+    /// kernel's limit of 1,000,000.
+    ///
+    /// # Panics
+    /// If the kernel does not report it.
+    #[must_use]
+    pub fn verified_insns(&self) -> u32 {
+        let prog: &Xdp = self.ebpf.program(PROGRAM_NAME).unwrap().try_into().unwrap();
+        prog.info()
+            .expect("the loaded program's info")
+            .verified_instruction_count()
+            .expect("verified_insns (kernel 5.16 and later)")
+    }
+
     /// Runs the program once on `frame` as if it arrived on `ifindex`.
     ///
     /// # Panics

@@ -85,7 +85,6 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         flow::count_first(&key, pkt.len);
         h
     };
-    crate::mss::clamp_syn(ctx, side.cfg, pkt.tcp_flags, &hop, true);
     Ok(forward(eth, ip, &hop, forwarded))
 }
 
@@ -96,6 +95,18 @@ pub fn fib6(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
     #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
     let tot_len = get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16);
     fib6_sized(ctx, ip, tot_len)
+}
+
+/// The FIB parameters of the IPv6 packet `ip` as it is, its length set
+/// (so the kernel reports the egress MTU), as [`fib6`] asks.
+#[inline(always)]
+pub fn params_of(ip: &[u8; ipv6::LEN]) -> FibParams {
+    #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
+    let tot_len = get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16);
+    let mut p = params6(ip, ipv6::SRC, ipv6::DST);
+    p.__bindgen_anon_1.tot_len = tot_len;
+    p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes([ip[0], ip[1], ip[2], ip[3]]);
+    p
 }
 
 /// [`fib6`] for a packet of `tot_len` bytes, which the kernel compares
@@ -175,8 +186,8 @@ fn words(ip: &[u8; ipv6::LEN], at: usize) -> [u32; 4] {
 /// The forwarding tail: with a neighbour, hop limit - 1 (checked > 1 by
 /// the parse) and the next hop's MACs, then the recorded redirect, counted
 /// as `forwarded`; without one, passed as it is (the kernel resolves the
-/// neighbour and forwards; nothing was translated, a SYN's MSS may have
-/// been clamped).
+/// neighbour and forwards; nothing was translated; the entry point may
+/// still clamp a SYN's MSS, `crate::mss`).
 #[inline(always)]
 pub fn forward(
     eth: &mut [u8; eth::LEN],

@@ -38,6 +38,7 @@ mod tcp;
 mod tcp_window;
 mod time_exceeded;
 mod udp;
+mod verifier;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
