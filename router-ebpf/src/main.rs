@@ -111,9 +111,9 @@ pub type Step<T> = Result<T, Verdict>;
 #[inline(always)]
 pub fn router(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let v = match try_router(&ctx) {
+    let (v, syn) = mss::take_mark(match try_router(&ctx) {
         Ok(v) | Err(v) => v,
-    };
+    });
     // Only a passed packet can be a fragment the core left to its own
     // path, a flow's packet whose TTL ran out, or unsolicited: forwarded
     // and dropped ones skip the subprogram calls.
@@ -128,7 +128,6 @@ pub fn router(ctx: XdpContext) -> u32 {
     } else {
         v
     };
-    let forwarded = mss::carried(v.counter);
     maps::count(v.counter, len);
     // After the count, where only the action is still live: the verifier
     // then prunes the paths that reach it with different drop reasons.
@@ -138,7 +137,7 @@ pub fn router(ctx: XdpContext) -> u32 {
     // Here too, for the same reason: the verifier walks a subprogram again
     // for each distinct state its call is reached with (called from the
     // cores, the option walk cost a fifth of the verifier's budget).
-    if forwarded && mss::is_syn(&ctx) {
+    if syn {
         mss::clamp(&ctx);
     }
     v.action
@@ -222,7 +221,11 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     } else {
         Counter::FwdInbound
     };
-    Ok(forward_l2(eth, ip, &hop, forwarded))
+    Ok(mss::mark_syn(
+        forward_l2(eth, ip, &hop, forwarded),
+        side.cfg,
+        pkt.seg.flags,
+    ))
 }
 
 #[cfg(not(test))]

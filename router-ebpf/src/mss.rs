@@ -12,9 +12,9 @@
 //! 2.1). Offload mode leaves SYNs to the kernel, where the firewall's
 //! rules clamp.
 //!
-//! Done from the entry point, after the count, for packets the cores
-//! forwarded (or passed translated for want of a neighbour): a test of the
-//! SYN bit per such packet, and for a SYN a subprogram that asks the FIB
+//! Done from the entry point, after the count, for SYNs the cores forwarded
+//! (or passed translated for want of a neighbour) and marked in their
+//! verdict ([`mark_syn`]): a subprogram that asks the FIB
 //! for the translated packet's egress and MTU again and walks the options.
 //! There the verifier reaches the call with few distinct states; called
 //! from inside the cores it walked the subprogram for each of their paths.
@@ -24,7 +24,7 @@ use router_common::{
     flow::TCP_SYN,
     hdr::{eth, frame, get_u16, ipv4, tcp},
     ipv6::{frame6, ipv6},
-    maps::{Counter, IPPROTO_TCP},
+    maps::{Config, Counter},
     mss::{
         CLAMP_OFF, IPV4_OVERHEAD, IPV6_OVERHEAD, checksum_after, find_mss_value, header_len,
         max_mss,
@@ -32,51 +32,47 @@ use router_common::{
 };
 
 use crate::{
-    hop, maps,
+    Verdict, hop, maps,
     parse::{header, ptr_at},
     v6,
 };
 
-/// Whether the verdict counter `c` says the core forwarded the packet (or
-/// passed it translated, without a neighbour): the packets whose SYN
-/// [`clamp`] may lower.
+/// A bit of [`Verdict::action`] (whose values are 0 to 4) a core sets on
+/// the verdict of a carried TCP SYN when clamping is on: the entry point
+/// takes it off and calls [`clamp`]. The SYN bit travels in the register
+/// that holds the verdict anyway; read again from the packet at the entry
+/// point it cost every forwarded packet a few nanoseconds.
+const CLAMP_MARK: u32 = 0x100;
+
+/// `v`, the verdict of a carried packet with TCP flags `tcp_flags` (0 for
+/// other protocols), marked for [`clamp`] if it is a SYN and the
+/// configuration asks for clamping.
 #[inline(always)]
-pub fn carried(c: Counter) -> bool {
-    matches!(
-        c,
-        Counter::FwdOutbound
-            | Counter::FwdInbound
-            | Counter::Fwd6Outbound
-            | Counter::Fwd6Inbound
-            | Counter::PassNoNeighbour
+pub fn mark_syn(v: Verdict, cfg: &Config, tcp_flags: u8) -> Verdict {
+    if tcp_flags & TCP_SYN != 0 && cfg.mss_clamp_mtu != CLAMP_OFF {
+        Verdict {
+            action: v.action | CLAMP_MARK,
+            ..v
+        }
+    } else {
+        v
+    }
+}
+
+/// `v` without the mark, and whether it had it.
+#[inline(always)]
+pub fn take_mark(v: Verdict) -> (Verdict, bool) {
+    (
+        Verdict {
+            action: v.action & !CLAMP_MARK,
+            ..v
+        },
+        v.action & CLAMP_MARK != 0,
     )
 }
 
-/// Whether the packet of `ctx`, which a core carried (IPv4 without
-/// options, or IPv6 without extension headers), is a TCP SYN: the
-/// protocol and the control bits at the fixed offsets the cores read them.
-#[inline(always)]
-pub fn is_syn(ctx: &XdpContext) -> bool {
-    let Ok(eth) = header::<{ eth::LEN }>(ctx, 0) else {
-        return false;
-    };
-    let (proto_at, flags_at) = if get_u16(eth, eth::ETHER_TYPE) == eth::P_IPV6 {
-        (frame6::IPV6 + ipv6::NEXT_HEADER, frame6::L4 + tcp::FLAGS)
-    } else {
-        (frame::IPV4 + ipv4::PROTO, frame::L4 + tcp::FLAGS)
-    };
-    let byte = |at: usize| {
-        ptr_at::<u8>(ctx, at)
-            .ok()
-            // SAFETY: bounds checked by ptr_at.
-            .map(|p| unsafe { *p })
-    };
-    byte(proto_at) == Some(IPPROTO_TCP) && byte(flags_at).is_some_and(|f| f & TCP_SYN != 0)
-}
-
 /// Lowers the MSS option of the carried TCP SYN in `ctx` (already
-/// translated; see [`is_syn`]) to what its path carries, if the
-/// configuration asks for clamping: the smallest of the configured MTU,
+/// translated; marked by its core, [`mark_syn`]) to what its path carries: the smallest of the configured MTU,
 /// the egress route's MTU (the FIB's; the egress interface's when there
 /// is no neighbour yet) and the ingress interface's, less the headers. A
 /// SYN without the option, or with options the walk cannot follow, goes on

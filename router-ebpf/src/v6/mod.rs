@@ -85,7 +85,11 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         flow::count_first(&key, pkt.len);
         h
     };
-    Ok(forward(eth, ip, &hop, forwarded))
+    Ok(crate::mss::mark_syn(
+        forward(eth, ip, &hop, forwarded),
+        side.cfg,
+        pkt.tcp_flags,
+    ))
 }
 
 /// Asks the FIB for the next hop of the IPv6 packet `ip`. A packet larger
