@@ -119,11 +119,12 @@ pub fn params_of(ip: &[u8; ipv4::LEN]) -> FibParams {
 pub fn path(ctx: &XdpContext, p: &mut FibParams) -> Option<(u32, u32)> {
     match call(ctx, p) {
         // SAFETY: on success the kernel wrote mtu_result (a union with
-        // tot_len).
+        // tot_len; the length itself when it was 0: no MTU asked).
         BPF_FIB_LKUP_RET_SUCCESS => Some((
             p.ifindex,
             u32::from(unsafe { p.__bindgen_anon_1.mtu_result }),
         )),
+        // The kernel fills ifindex before the neighbour lookup.
         BPF_FIB_LKUP_RET_NO_NEIGH => Some((p.ifindex, 0)),
         _ => None,
     }
@@ -170,9 +171,7 @@ pub fn reachable_via(ctx: &XdpContext, p: &mut FibParams, oif: u32) -> Option<bo
 /// `None` when it would not forward it.
 #[inline(always)]
 pub fn egress(ctx: &XdpContext, p: &mut FibParams) -> Option<u32> {
-    let rc = call(ctx, p);
-    // The kernel fills ifindex before the neighbour lookup.
-    matches!(rc, BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH).then_some(p.ifindex)
+    path(ctx, p).map(|(ifindex, _)| ifindex)
 }
 
 /// Asks the FIB for the next hop of the IPv4 packet `ip` once its

@@ -72,22 +72,21 @@ pub fn take_mark(v: Verdict) -> (Verdict, bool) {
 }
 
 /// Lowers the MSS option of the carried TCP SYN in `ctx` (already
-/// translated; marked by its core, [`mark_syn`]) to what its path carries: the smallest of the configured MTU,
-/// the egress route's MTU (the FIB's; the egress interface's when there
-/// is no neighbour yet) and the ingress interface's, less the headers. A
-/// SYN without the option, or with options the walk cannot follow, goes on
-/// unchanged.
+/// translated; marked by its core, [`mark_syn`]) to what its path
+/// carries: the smallest of the configured MTU, the egress route's MTU
+/// (the FIB's; the egress interface's when there is no neighbour yet) and
+/// the ingress interface's, less the headers. A SYN without the option,
+/// or with options the walk cannot follow, goes on unchanged.
 // A BPF subprogram called from the entry point for SYNs only: the FIB
 // parameters, the option walk's frame and its instructions stay off the
 // hit path.
 #[inline(never)]
 pub fn clamp(ctx: &XdpContext) {
+    // Clamping is on: `mark_syn` asked. (Turned off since, the limit is 0
+    // and no MSS fits it: `max` below stops there.)
     let Some(cfg) = maps::CONFIG.get(0) else {
         return;
     };
-    if cfg.mss_clamp_mtu == CLAMP_OFF {
-        return;
-    }
     let limit = u32::from(cfg.mss_clamp_mtu);
     let Ok(eth) = header::<{ eth::LEN }>(ctx, 0) else {
         return;
@@ -123,7 +122,8 @@ pub fn clamp(ctx: &XdpContext) {
     #[expect(clippy::cast_possible_truncation, reason = "min with a u16 limit")]
     let max = max_mss(mtu as u16, overhead);
     if max == 0 {
-        // An MTU no TCP segment fits: nothing sensible to clamp to.
+        // An MTU no TCP segment fits (or clamping off): nothing sensible to
+        // clamp to.
         return;
     }
     lower(ctx, l4_at, max);

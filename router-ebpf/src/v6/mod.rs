@@ -96,19 +96,32 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
 /// than the egress MTU is passed so that the kernel sends Packet Too Big.
 #[inline(always)]
 pub fn fib6(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
+    fib6_sized(ctx, ip, packet_len(ip))
+}
+
+/// The length of the IPv6 packet `ip`, header included: what the FIB
+/// compares with the egress MTU.
+#[inline(always)]
+fn packet_len(ip: &[u8; ipv6::LEN]) -> u16 {
     #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
-    let tot_len = get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16);
-    fib6_sized(ctx, ip, tot_len)
+    get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16)
 }
 
 /// The FIB parameters of the IPv6 packet `ip` as it is, its length set
 /// (so the kernel reports the egress MTU), as [`fib6`] asks.
 #[inline(always)]
 pub fn params_of(ip: &[u8; ipv6::LEN]) -> FibParams {
-    #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
-    let tot_len = get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16);
+    params_sized(ip, packet_len(ip))
+}
+
+/// The forward lookup's FIB parameters of the IPv6 packet `ip` as if it
+/// were `tot_len` bytes long (0: no MTU check).
+#[inline(always)]
+fn params_sized(ip: &[u8; ipv6::LEN], tot_len: u16) -> FibParams {
     let mut p = params6(ip, ipv6::SRC, ipv6::DST);
     p.__bindgen_anon_1.tot_len = tot_len;
+    // Version, traffic class and flow label in wire order: the kernel
+    // masks out the version.
     p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes([ip[0], ip[1], ip[2], ip[3]]);
     p
 }
@@ -118,11 +131,7 @@ pub fn params_of(ip: &[u8; ipv6::LEN]) -> FibParams {
 /// IPv4's `hop::forward_egress`).
 #[inline(always)]
 fn fib6_sized(ctx: &XdpContext, ip: &[u8; ipv6::LEN], tot_len: u16) -> Step<Hop> {
-    let mut p = params6(ip, ipv6::SRC, ipv6::DST);
-    p.__bindgen_anon_1.tot_len = tot_len;
-    // Version, traffic class and flow label in wire order: the kernel
-    // masks out the version.
-    p.__bindgen_anon_2.flowinfo = u32::from_ne_bytes([ip[0], ip[1], ip[2], ip[3]]);
+    let mut p = params_sized(ip, tot_len);
     lookup(ctx, &mut p).map_err(|v| {
         if v.counter == Counter::PassMtu {
             Verdict::pass(Counter::Pass6PacketTooBig)
