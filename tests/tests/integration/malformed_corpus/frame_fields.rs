@@ -218,17 +218,25 @@ pub(super) fn icmp_error_key(f: &[u8]) -> FlowKey {
 /// has one and all of it is in the frame: the two bytes MSS clamping may
 /// lower.
 pub(super) fn syn_mss_at(f: &[u8]) -> Option<usize> {
-    use router_common::mss::{find_mss_value, header_len};
-    let l4 = L4_OFF;
-    let syn = f.get(IP_OFF + 9) == Some(&IPPROTO_TCP)
+    let carried = f.get(IP_OFF + 9) == Some(&IPPROTO_TCP)
         && f.get(IP_OFF).is_some_and(|b| b & 0x0f == 5)
         && f.len() >= IP_OFF + 8
-        && be16(f, IP_OFF + 6) & 0x3fff == 0
-        && f.get(l4 + 13).is_some_and(|fl| fl & TCP_SYN != 0);
-    if !syn {
+        && be16(f, IP_OFF + 6) & 0x3fff == 0;
+    if !carried {
         return None;
     }
-    let len = header_len(*f.get(l4 + 12)?);
+    mss_value_at(f, L4_OFF)
+}
+
+/// Where the MSS option's value of the TCP header at `l4` in `f` sits, if
+/// the segment is a SYN with one and all of it is in the frame (both
+/// families' corpus).
+pub(super) fn mss_value_at(f: &[u8], l4: usize) -> Option<usize> {
+    use router_common::mss::{find_mss_value, header_len};
+    if f.get(l4 + 13).is_none_or(|fl| fl & TCP_SYN == 0) {
+        return None;
+    }
+    let len = header_len(f[l4 + 12]);
     let at = l4 + find_mss_value(len, |i| f.get(l4 + i).copied())?;
     (at + 2 <= f.len()).then_some(at)
 }

@@ -605,16 +605,14 @@ const CLAMP_MSS6: u16 = super::CLAMP_MTU - 60;
 /// (checked here instead: valid if the input's was) and says it was
 /// clamped.
 fn expect_clamp6(f: &[u8], out: &[u8], want: &mut [u8], errs: &mut Vec<String>) -> bool {
-    use router_common::mss::{find_mss_value, header_len};
     let l4 = IP6 + 40;
-    if f.get(IP6 + 6) != Some(&IPPROTO_TCP) || f.get(l4 + 13).is_none_or(|fl| fl & TCP_SYN == 0) {
+    if f.get(IP6 + 6) != Some(&IPPROTO_TCP) {
         return false;
     }
-    let len = header_len(f[l4 + 12]);
-    let Some(at) = find_mss_value(len, |i| f.get(l4 + i).copied()).map(|o| l4 + o) else {
+    let Some(at) = super::frame_fields::mss_value_at(f, l4) else {
         return false;
     };
-    if at + 2 > f.len() || u16::from_be_bytes([f[at], f[at + 1]]) <= CLAMP_MSS6 {
+    if u16::from_be_bytes([f[at], f[at + 1]]) <= CLAMP_MSS6 {
         return false;
     }
     want[at..at + 2].copy_from_slice(&CLAMP_MSS6.to_be_bytes());
