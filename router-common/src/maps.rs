@@ -940,8 +940,12 @@ counters! {
     /// packets are passed untranslated (the kernel's conntrack translates
     /// them).
     PassNoNeighbour = "pass_no_neighbour", false;
-    /// Packet exceeds the egress MTU: the kernel fragments or sends
-    /// ICMP fragmentation needed.
+    /// Packet exceeds the egress MTU, passed untranslated: the kernel
+    /// fragments it or sends ICMP fragmentation needed. A flow's packet the
+    /// data path carries is finished off the hit path instead (passed
+    /// translated, `pass_mtu_translated`, or answered from the WAN,
+    /// `drop_frag_needed_answered`); this stays for a LAN packet with DF
+    /// set, a new flow's first packet and an offloaded flow's.
     PassMtu = "pass_mtu", false;
     /// Egress interface is not one of the attached ones.
     PassEgressNotAttached = "pass_egress_not_attached", false;
@@ -1104,9 +1108,26 @@ counters! {
     /// (`attach --clamp-mss`, [`crate::mss`]); the packet is also counted
     /// by its verdict.
     ///
+    TcpMssClamped = "tcp_mss_clamped", true;
+    /// A packet of a flow the data path carries (not an offloaded one),
+    /// larger than its next hop's MTU with DF clear: translated and passed
+    /// (TTL untouched) for the kernel to fragment and forward (RFC 1812
+    /// 5.2.6), with the flow's own mapping. With DF set, a LAN packet stays
+    /// `pass_mtu` (the kernel answers the LAN host) and a WAN packet is
+    /// answered: `drop_frag_needed_answered`.
+    PassMtuTranslated = "pass_mtu_translated", false;
+    /// A WAN packet of a flow the data path carries, larger than its next
+    /// hop's MTU with DF set: discarded and answered with an ICMP
+    /// Fragmentation Needed carrying that MTU (RFC 1191), from the WAN
+    /// address quoting it as received, sent back out of the WAN. Passed to
+    /// the kernel it would be taken as the router's own (a TCP RST).
+    DropFragNeededAnswered = "drop_frag_needed_answered", false;
+    /// The same, past the answers' rate limit (shared with Time Exceeded):
+    /// dropped unanswered.
+    ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    TcpMssClamped = "tcp_mss_clamped", true;
+    DropFragNeeded = "drop_frag_needed", false;
 }
 
 #[cfg(test)]

@@ -164,31 +164,46 @@ pub const fn icmp_is_error(icmp_type: u8) -> bool {
     )
 }
 
-/// Length of the ICMP Time Exceeded frame [`time_exceeded`] builds:
-/// Ethernet, IPv4, ICMP and the quote (the received packet's IPv4 header and
-/// the first 8 bytes of its payload, what RFC 792 asks for).
-pub const TIME_EXCEEDED_LEN: usize = hdr::frame::INNER_L4 + hdr::ICMP_QUOTED_L4_LEN;
-/// Where the received frame sits in that frame before [`time_exceeded`]
+/// Length of the ICMP error frame [`icmp_answer`] builds: Ethernet, IPv4,
+/// ICMP and the quote (the received packet's IPv4 header and the first 8
+/// bytes of its payload, what RFC 792 asks for).
+pub const ICMP_ANSWER_LEN: usize = hdr::frame::INNER_L4 + hdr::ICMP_QUOTED_L4_LEN;
+/// Where the received frame sits in that frame before [`icmp_answer`]
 /// runs: its IPv4 header already where the quote goes, its Ethernet header
 /// just before (overwritten by the new headers).
-pub const TIME_EXCEEDED_RECEIVED_AT: usize = hdr::frame::INNER_IPV4 - hdr::eth::LEN;
+pub const ICMP_ANSWER_RECEIVED_AT: usize = hdr::frame::INNER_IPV4 - hdr::eth::LEN;
 /// TTL of the ICMP errors the data path sends (Linux's default TTL).
 pub const ICMP_ERROR_TTL: u8 = 64;
+/// Code of a destination unreachable: fragmentation needed and DF set
+/// (RFC 792; the next-hop MTU is RFC 1191's).
+pub const ICMP_FRAG_NEEDED: u8 = 4;
 
-/// Builds, in place, an ICMP Time Exceeded in transit (RFC 792, RFC 1812
-/// 5.3.1) back to the sender of the frame whose first
-/// `TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT` bytes sit at
-/// [`TIME_EXCEEDED_RECEIVED_AT`]: from the MAC that frame was sent to (the
-/// interface's own, or a VRRP virtual MAC it answers for) to the MAC it
-/// came from, from `own_addr` to its source address, quoting its IPv4
+/// The ICMP error the data path answers a packet of one of its flows with,
+/// where the kernel's NAT would have translated the packet and sent the
+/// error about it while forwarding (and translated the error's quote back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IcmpAnswer {
+    /// Time exceeded in transit: the TTL ran out here (RFC 1812 5.3.1).
+    TimeExceeded,
+    /// Destination unreachable, fragmentation needed and DF set: larger
+    /// than the next hop's MTU `mtu`, which the error carries (RFC 1191
+    /// section 4; RFC 1812 5.2.7.1).
+    FragmentationNeeded { mtu: u16 },
+}
+
+/// Builds, in place, the ICMP error `answer` (RFC 792) back to the sender of
+/// the frame whose first `ICMP_ANSWER_LEN - ICMP_ANSWER_RECEIVED_AT` bytes
+/// sit at [`ICMP_ANSWER_RECEIVED_AT`]: from the MAC that frame was sent to
+/// (the interface's own, or a VRRP virtual MAC it answers for) to the MAC
+/// it came from, from `own_addr` to its source address, quoting its IPv4
 /// header and 8 payload bytes as received (RFC 792's minimum; Linux
 /// quotes up to 576 bytes in all), as a NAT quotes a packet: as its sender
 /// sent it. The type of service keeps the received one's and is marked
 /// internetwork control, as Linux's errors are (`icmp_send`); DF set, so
 /// identification 0 is fine (RFC 6864: an atomic datagram).
-pub fn time_exceeded(f: &mut [u8; TIME_EXCEEDED_LEN], own_addr: [u8; 4]) {
+pub fn icmp_answer(f: &mut [u8; ICMP_ANSWER_LEN], own_addr: [u8; 4], answer: IcmpAnswer) {
     use hdr::{eth, frame};
-    let received = TIME_EXCEEDED_RECEIVED_AT;
+    let received = ICMP_ANSWER_RECEIVED_AT;
     let mut peer_mac = [0u8; eth::ADDR_LEN];
     peer_mac.copy_from_slice(&f[received + eth::SRC..received + eth::SRC + eth::ADDR_LEN]);
     let mut own_mac = [0u8; eth::ADDR_LEN];
@@ -200,7 +215,7 @@ pub fn time_exceeded(f: &mut [u8; TIME_EXCEEDED_LEN], own_addr: [u8; 4]) {
     set_u16(f, eth::ETHER_TYPE, eth::P_IPV4);
     let ip = frame::IPV4;
     #[expect(clippy::cast_possible_truncation, reason = "a 56-byte packet")]
-    let total = (TIME_EXCEEDED_LEN - ip) as u16;
+    let total = (ICMP_ANSWER_LEN - ip) as u16;
     f[ip + ipv4::VERSION_IHL] = ipv4::VERSION_IHL_PLAIN;
     f[ip + ipv4::TOS] = (tos & 0x1e) | 0xc0;
     set_u16(f, ip + ipv4::TOT_LEN, total);
@@ -214,11 +229,17 @@ pub fn time_exceeded(f: &mut [u8; TIME_EXCEEDED_LEN], own_addr: [u8; 4]) {
     let c = checksum::checksum(&f[ip..frame::L4]);
     set_u16(f, ip + ipv4::CHECK, c);
     let l4 = frame::L4;
-    f[l4 + icmp::TYPE] = ICMP_TIME_EXCEEDED;
-    f[l4 + icmp::CODE] = 0;
+    // The second word: unused (0) but for RFC 1191's next-hop MTU in its
+    // low half.
+    let (icmp_type, code, mtu) = match answer {
+        IcmpAnswer::TimeExceeded => (ICMP_TIME_EXCEEDED, 0, 0),
+        IcmpAnswer::FragmentationNeeded { mtu } => (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, mtu),
+    };
+    f[l4 + icmp::TYPE] = icmp_type;
+    f[l4 + icmp::CODE] = code;
     set_u16(f, l4 + icmp::CHECK, 0);
     set_u16(f, l4 + icmp::ECHO_ID, 0);
-    set_u16(f, l4 + icmp::ECHO_SEQ, 0);
+    set_u16(f, l4 + icmp::ECHO_SEQ, mtu);
     let c = checksum::checksum(&f[l4..]);
     set_u16(f, l4 + icmp::CHECK, c);
 }
@@ -648,7 +669,7 @@ mod tests {
     }
 
     #[test]
-    fn time_exceeded_goes_back_to_the_sender_quoting_what_it_sent() {
+    fn icmp_answers_go_back_to_the_sender_quoting_what_it_sent() {
         let (own_mac, peer_mac) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 9]);
         let own_addr = [203, 0, 113, 1];
         let mut received = header(1);
@@ -657,14 +678,15 @@ mod tests {
         let c = checksum::checksum(&received);
         set_u16(&mut received, ipv4::CHECK, c);
         let payload = [0x00, 0x35, 0x9c, 0x40, 0x00, 0x28, 0xab, 0xcd];
-        let mut f = [0x77u8; TIME_EXCEEDED_LEN];
-        let at = TIME_EXCEEDED_RECEIVED_AT;
-        f[at..at + 6].copy_from_slice(&own_mac);
-        f[at + 6..at + 12].copy_from_slice(&peer_mac);
-        f[at + 12..at + 14].copy_from_slice(&[0x08, 0x00]);
-        f[at + 14..at + 34].copy_from_slice(&received);
-        f[at + 34..].copy_from_slice(&payload);
-        time_exceeded(&mut f, own_addr);
+        let mut received_frame = [0x77u8; ICMP_ANSWER_LEN];
+        let at = ICMP_ANSWER_RECEIVED_AT;
+        received_frame[at..at + 6].copy_from_slice(&own_mac);
+        received_frame[at + 6..at + 12].copy_from_slice(&peer_mac);
+        received_frame[at + 12..at + 14].copy_from_slice(&[0x08, 0x00]);
+        received_frame[at + 14..at + 34].copy_from_slice(&received);
+        received_frame[at + 34..].copy_from_slice(&payload);
+        let mut f = received_frame;
+        icmp_answer(&mut f, own_addr, IcmpAnswer::TimeExceeded);
         assert_eq!(f[..6], peer_mac);
         assert_eq!(f[6..12], own_mac);
         assert_eq!(f[12..14], [0x08, 0x00]);
@@ -699,6 +721,19 @@ mod tests {
         assert_eq!(checksum::checksum(&f[34..]), 0, "ICMP checksum");
         assert_eq!(f[42..62], received, "the quote: the header as received");
         assert_eq!(f[62..], payload, "and 8 bytes of payload");
+
+        // Fragmentation needed: the same but for the ICMP header, whose
+        // second word carries the next-hop MTU (RFC 1191).
+        let mut g = received_frame;
+        icmp_answer(
+            &mut g,
+            own_addr,
+            IcmpAnswer::FragmentationNeeded { mtu: 1400 },
+        );
+        assert_eq!(g[..34], f[..34], "the same Ethernet and IPv4 headers");
+        assert_eq!(g[34..42], [3, 4, g[36], g[37], 0, 0, 0x05, 0x78]);
+        assert_eq!(checksum::checksum(&g[34..]), 0, "ICMP checksum");
+        assert_eq!(g[42..], f[42..], "the same quote");
     }
 
     #[test]

@@ -632,9 +632,10 @@ fn mtu_mismatches(mtus: &[(String, u32)], out: &mut Vec<Check>) {
                     name: "mtu-mismatch",
                     level: Level::Warn,
                     detail: format!(
-                        "MTU {m} differs from {first}'s {m0}: packets above {lo} bytes are \
-                         handed to the kernel (slow path, or ICMP fragmentation needed); TCP \
-                         stays below it when SYNs are MSS-clamped (standalone mode does so \
+                        "MTU {m} differs from {first}'s {m0}: packets above {lo} bytes leave \
+                         the fast path (fragmented by the kernel, or answered with ICMP \
+                         fragmentation needed); TCP stays below it when SYNs are MSS-clamped \
+                         (standalone mode does so \
                          unless `--clamp-mss off`; offload mode: the firewall's `tcp option \
                          maxseg size set rt mtu` or `TCPMSS --clamp-mss-to-pmtu` rule)"
                     ),

@@ -78,6 +78,9 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         | C::PassTtlExceeded
         | C::PassPortsExhausted
         | C::PassMtu
+        | C::PassMtuTranslated
+        | C::DropFragNeededAnswered
+        | C::DropFragNeeded
         | C::DropIpChecksum
         | C::DropUnsolicited => Some("ipv4"),
         // Counted on both paths (shared parsing, next-hop, redirect and

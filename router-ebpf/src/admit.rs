@@ -271,9 +271,10 @@ fn wan_source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
 #[inline(never)]
 pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     // Not IPv4, not configured: no header to judge. Not addressed to the
-    // router: the kernel does not forward it either. No neighbour: the
-    // packet was translated to its LAN host by a flow (a reply or a port
-    // forward) and is passed for the kernel to resolve the neighbour.
+    // router: the kernel does not forward it either. No neighbour, or too
+    // large for the next hop: the packet was translated to its LAN host by
+    // a flow (a reply or a port forward) and is passed for the kernel to
+    // resolve the neighbour or fragment it.
     if v.action != xdp_action::XDP_PASS
         || matches!(
             v.counter,
@@ -281,6 +282,7 @@ pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
                 | Counter::PassNotConfigured
                 | Counter::PassNotForUs
                 | Counter::PassNoNeighbour
+                | Counter::PassMtuTranslated
         )
     {
         return v;

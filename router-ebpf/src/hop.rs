@@ -130,6 +130,28 @@ pub fn path(ctx: &XdpContext, p: &mut FibParams) -> Option<(u32, u32)> {
     }
 }
 
+/// The next hop's MTU when the FIB refuses the IPv4 packet `ip`, with its
+/// addresses translated to `src` and `dst`, as larger than it
+/// (`BPF_FIB_LKUP_RET_FRAG_NEEDED`: the route's MTU if locked, else the
+/// egress device's); `None` for any other answer. The parameters go in
+/// `p` (a per-CPU map slot of the caller).
+#[inline(always)]
+pub fn mtu_exceeded(
+    ctx: &XdpContext,
+    p: &mut FibParams,
+    ip: &[u8; ipv4::LEN],
+    src: [u8; 4],
+    dst: [u8; 4],
+) -> Option<u16> {
+    *p = params4(ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
+    if call(ctx, p) != BPF_FIB_LKUP_RET_FRAG_NEEDED {
+        return None;
+    }
+    // SAFETY: with this result the kernel wrote mtu_result (a union with
+    // tot_len).
+    Some(unsafe { p.__bindgen_anon_1.mtu_result })
+}
+
 /// The interface the kernel would send a reply to the IPv4 packet `ip`
 /// out of: its addresses swapped, looked up as arriving where `ip` did, no
 /// MTU check; `None` when it would not forward one.

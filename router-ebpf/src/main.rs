@@ -10,9 +10,10 @@
 //! with the ICMP error path ([`hop::forward_l2`], [`icmp_error`]); a
 //! forwarded SYN's MSS is clamped last, from the entry point ([`mss`]). IPv4
 //! fragments take a path of their own ([`fragment`]), as do packets with
-//! IP options ([`ip_options`]) and a WAN
-//! packet of a flow whose TTL ran out ([`time_exceeded`]); IPv6 has its own
-//! core ([`v6`]).
+//! IP options ([`ip_options`]), a WAN
+//! packet of a flow whose TTL ran out ([`icmp_answer`]) and a flow's packet
+//! larger than its next hop's MTU ([`oversize`]); IPv6 has its own core
+//! ([`v6`]).
 //! Each phase either hands its result on or ends the packet with a
 //! [`Verdict`]: everything not handled goes to the kernel with `XDP_PASS`
 //! and a per-reason counter; malformed packets are dropped and counted. The
@@ -39,13 +40,14 @@ mod debug_log;
 mod flow;
 mod fragment;
 mod hop;
+mod icmp_answer;
 mod icmp_error;
 mod ip_options;
 mod mapping;
 mod maps;
 mod mss;
+mod oversize;
 mod parse;
-mod time_exceeded;
 mod v6;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
@@ -115,13 +117,15 @@ pub fn router(ctx: XdpContext) -> u32 {
         Ok(v) | Err(v) => v,
     });
     // Only a passed packet can be a fragment the core left to its own
-    // path, a flow's packet whose TTL ran out, or unsolicited: forwarded
-    // and dropped ones skip the subprogram calls.
+    // path, a flow's packet whose TTL ran out or that is too large for its
+    // next hop, or unsolicited: forwarded and dropped ones skip the
+    // subprogram calls.
     let v = if v.action == xdp_action::XDP_PASS {
         let v = match v.counter {
             Counter::PassFragment => fragment::forward(&ctx),
             Counter::PassIpOptions => ip_options::forward(&ctx),
-            Counter::PassTtlExceeded => time_exceeded::answer(&ctx, v),
+            Counter::PassTtlExceeded => icmp_answer::time_exceeded(&ctx, v),
+            Counter::PassMtu => oversize::forward(&ctx, v),
             _ => v,
         };
         admit::unsolicited(&ctx, v)

@@ -41,6 +41,8 @@ pub const TCP_ACK: u8 = 0x10;
 
 pub const ICMP_ECHO_REPLY: u8 = 0;
 pub const ICMP_DEST_UNREACH: u8 = 3;
+/// Destination unreachable code: fragmentation needed and DF set (RFC 792).
+pub const ICMP_FRAG_NEEDED: u8 = 4;
 pub const ICMP_ECHO_REQUEST: u8 = 8;
 pub const ICMP_TIME_EXCEEDED: u8 = 11;
 pub const ICMP_PARAMETER_PROBLEM: u8 = 12;
@@ -241,6 +243,19 @@ impl Icmp {
             icmp_type,
             code,
             rest: [0; 4],
+            body: quoted.to_vec(),
+        }
+    }
+
+    /// A destination unreachable, fragmentation needed (RFC 792 code 4),
+    /// with RFC 1191's next-hop MTU in the low half of its second word.
+    #[must_use]
+    pub fn frag_needed(mtu: u16, quoted: &[u8]) -> Self {
+        let [hi, lo] = mtu.to_be_bytes();
+        Self::Other {
+            icmp_type: ICMP_DEST_UNREACH,
+            code: ICMP_FRAG_NEEDED,
+            rest: [0, 0, hi, lo],
             body: quoted.to_vec(),
         }
     }

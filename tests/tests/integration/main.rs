@@ -31,6 +31,7 @@ mod nat_behaviour;
 mod nat_e2e;
 mod offload;
 mod offload6;
+mod path_mtu;
 mod prog_run;
 mod prog_run6;
 mod reliability;

@@ -31,9 +31,9 @@ const WAN_MTU: usize = 1492;
 /// The IPv4 and TCP headers without options, which an MSS leaves out.
 const HEADERS: usize = 40;
 /// The download: 512 KiB, hundreds of full-size segments.
-const PAYLOAD: usize = 512 * 1024;
+pub(crate) const PAYLOAD: usize = 512 * 1024;
 /// Bound of a download that should complete (it takes milliseconds).
-const COMPLETES_WITHIN: Duration = Duration::from_secs(10);
+pub(crate) const COMPLETES_WITHIN: Duration = Duration::from_secs(10);
 /// How long a download that should stall is given: several of the
 /// server's retransmission timeouts (200 ms, doubling).
 const STALLS_FOR: Duration = Duration::from_secs(4);
@@ -66,7 +66,7 @@ fn wan_rx_dropped(t: &Topology) -> u64 {
 }
 
 /// The kernel's `TCP_INFO` of `sock`.
-fn tcp_info(sock: &TcpStream) -> libc::tcp_info {
+pub(crate) fn tcp_info(sock: &TcpStream) -> libc::tcp_info {
     // SAFETY: an all-zero tcp_info is valid; getsockopt writes at most
     // `len` bytes into it.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
@@ -98,22 +98,24 @@ fn largest_packet(info: &libc::tcp_info) -> usize {
 }
 
 /// What a download got to see.
-struct Download {
+pub(crate) struct Download {
     /// The bytes the client received.
-    got: Vec<u8>,
+    pub(crate) got: Vec<u8>,
     /// Whether the server's FIN arrived (the whole download).
-    complete: bool,
+    pub(crate) complete: bool,
     /// The server's connection right after the handshake.
-    server: libc::tcp_info,
+    pub(crate) server: libc::tcp_info,
     /// Segments the server retransmitted on the connection, at the end.
-    server_retrans: u32,
+    pub(crate) server_retrans: u32,
+    /// The server's connection at the end.
+    pub(crate) server_end: libc::tcp_info,
 }
 
 /// The client connects through the router to a server on [`PORT`], which
 /// writes [`PAYLOAD`] bytes of [`pattern`] and closes; the client reads
 /// until the end or until `limit` has passed. Both sockets are shut down
 /// at the end either way.
-fn download(t: &Topology, limit: Duration) -> Download {
+pub(crate) fn download(t: &Topology, limit: Duration) -> Download {
     let dst = socket_addr(SERVER_ADDR, PORT);
     let listener = t.in_ns(Ns::Server, || {
         TcpListener::bind(dst).expect("bind the server")
@@ -156,13 +158,14 @@ fn download(t: &Topology, limit: Duration) -> Download {
         writer.join().expect("server writer thread");
         (got, complete)
     });
-    let server_retrans = tcp_info(&server).tcpi_total_retrans;
+    let server_end = tcp_info(&server);
     let _ = client.shutdown(Shutdown::Both);
     Download {
         got,
         complete,
         server: info,
-        server_retrans,
+        server_retrans: server_end.tcpi_total_retrans,
+        server_end,
     }
 }
 

@@ -128,10 +128,10 @@ pub(super) fn check_rewrite(
     let out = &run.out;
     if counter == Counter::DropTtlExceededAnswered {
         // Built from the input by the spec's own function, on the host.
-        let mut want = [0u8; TIME_EXCEEDED_LEN];
-        want[TIME_EXCEEDED_RECEIVED_AT..]
-            .copy_from_slice(&f[..TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT]);
-        time_exceeded(&mut want, WAN);
+        let mut want = [0u8; ICMP_ANSWER_LEN];
+        want[ICMP_ANSWER_RECEIVED_AT..]
+            .copy_from_slice(&f[..ICMP_ANSWER_LEN - ICMP_ANSWER_RECEIVED_AT]);
+        icmp_answer(&mut want, WAN, IcmpAnswer::TimeExceeded);
         if out[..] != want[..] {
             errs.push(format!("Time Exceeded {out:02x?}, want {want:02x?}"));
         }

@@ -53,7 +53,7 @@ use router_common::maps::{
     FragmentKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts,
 };
 use router_common::nat::{
-    TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, forwardable_addr, time_exceeded,
+    ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, forwardable_addr, icmp_answer,
 };
 use tests::addr::octets::{CLIENT, LAN_NOBODY, ROUTER_LAN, SERVER, WAN, WAN_NOBODY};
 use tests::frames::{

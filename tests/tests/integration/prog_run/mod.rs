@@ -30,6 +30,7 @@ mod ip_options;
 mod mss_clamp;
 mod nat_behaviour;
 mod not_for_us;
+mod oversize;
 mod pass_drop;
 mod port_forward;
 mod ports;
@@ -565,4 +566,22 @@ fn udp_key(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> FlowKey {
 
 fn icmp_key(src: [u8; 4], dst: [u8; 4], id: u16) -> FlowKey {
     FlowKey::new(src, dst, id, id, IPPROTO_ICMP)
+}
+
+/// Keeps the calling thread on the CPU it runs on (`BPF_PROG_RUN` runs the
+/// program there, with that CPU's per-CPU map slots); that CPU.
+fn pin_to_this_cpu() -> usize {
+    // SAFETY: plain libc calls on this thread, with a zeroed, then filled,
+    // CPU set of the right size.
+    unsafe {
+        let cpu = usize::try_from(libc::sched_getcpu()).expect("sched_getcpu");
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set),
+            0,
+            "pin to CPU {cpu}"
+        );
+        cpu
+    }
 }

@@ -148,21 +148,3 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
         assert!(filled > 0, "the fill's time is recorded");
     });
 }
-
-/// Keeps the calling thread on the CPU it runs on (`BPF_PROG_RUN` runs the
-/// program there, with that CPU's per-CPU map slots); that CPU.
-fn pin_to_this_cpu() -> usize {
-    // SAFETY: plain libc calls on this thread, with a zeroed, then filled,
-    // CPU set of the right size.
-    unsafe {
-        let cpu = usize::try_from(libc::sched_getcpu()).expect("sched_getcpu");
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set),
-            0,
-            "pin to CPU {cpu}"
-        );
-        cpu
-    }
-}

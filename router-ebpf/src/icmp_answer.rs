@@ -1,20 +1,27 @@
-//! ICMP Time Exceeded for a WAN packet of a flow the data path carries
-//! whose TTL ran out here (RFC 1812 5.3.1).
+//! ICMP errors the data path sends itself about a WAN packet of a flow it
+//! carries (not an offloaded one), where the kernel's NAT would have
+//! translated the packet, found it undeliverable while forwarding, and
+//! sent the error with its quote translated back:
+//! - Time Exceeded ([`time_exceeded`]): its TTL ran out here (RFC 1812
+//!   5.3.1);
+//! - Fragmentation Needed ([`fragmentation_needed`], called by
+//!   [`crate::oversize`]): larger than the next hop's MTU with DF set
+//!   (RFC 1191, RFC 1812 5.2.7.1), so that the remote's path MTU
+//!   discovery works.
 //!
 //! Such a packet is addressed to the WAN address: passed to the kernel as
 //! it is, it would be taken as the router's own (TTL is not checked for
-//! local delivery), and the router's stack, which knows nothing of the
-//! data path's flows, would answer as the endpoint: a TCP RST that the
-//! remote accepts (a TTL-limited probe over a live connection resets it),
-//! a port unreachable for UDP. The kernel's NAT would translate it and
-//! find the TTL exhausted on forwarding; so does this: it answers with a
-//! Time Exceeded from the WAN address, quoting the packet as the remote
-//! sent it (the kernel's NAT translates its quote back to that too),
-//! sent back out of the WAN (redirected to the interface it came in on)
-//! to the MAC the packet came from. Rate-limited per CPU at Linux's global
-//! defaults for its ICMP errors (`icmp_msgs_per_sec` 1000, burst 50;
-//! Linux also limits each destination, this does not): past the limit the
-//! packet is dropped unanswered. A later fragment is never answered.
+//! local delivery, nor the next hop's MTU), and the router's stack, which
+//! knows nothing of the data path's flows, would answer as the endpoint: a
+//! TCP RST that the remote accepts (a TTL-limited probe or one oversize
+//! segment over a live connection resets it), a port unreachable for UDP.
+//! So the answer goes from the WAN address, quoting the packet as the
+//! remote sent it, back out of the WAN (redirected to the interface it
+//! came in on) to the MAC the packet came from. Rate-limited per CPU at
+//! Linux's global defaults for its ICMP errors (`icmp_msgs_per_sec` 1000,
+//! burst 50; Linux also limits each destination, this does not): past the
+//! limit the packet is dropped unanswered. A later fragment is never
+//! answered.
 //!
 //! Left to the kernel as before (`pass_ttl_exceeded`): LAN packets (the
 //! kernel forwards them and answers the LAN host itself), packets of no
@@ -33,8 +40,8 @@ use router_common::{
     hdr::{eth, frame, ipv4},
     maps::{Counter, VMAC_IPV4},
     nat::{
-        TIME_EXCEEDED_LEN, TIME_EXCEEDED_RECEIVED_AT, fragment_is_first, header_checksum_ok,
-        time_exceeded,
+        ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, fragment_is_first,
+        header_checksum_ok, icmp_answer,
     },
 };
 
@@ -70,14 +77,34 @@ static ICMP_ANSWER_BUDGET: PerCpuArray<AnswerBudget> = PerCpuArray::with_max_ent
 // frame stays off the entry point's, whose call chains are at the
 // verifier's 512 bytes.
 #[inline(never)]
-pub fn answer(ctx: &XdpContext, v: Verdict) -> Verdict {
+pub fn time_exceeded(ctx: &XdpContext, v: Verdict) -> Verdict {
     let Some(now) = flow_of(ctx) else {
         return v;
     };
     if !within_budget(now) {
         return Verdict::drop(Counter::DropTtlExceeded);
     }
-    build(ctx).unwrap_or(v)
+    build(
+        ctx,
+        IcmpAnswer::TimeExceeded,
+        Counter::DropTtlExceededAnswered,
+    )
+    .unwrap_or(v)
+}
+
+/// Answers the packet of `ctx`, received at `now` (a WAN packet of a flow
+/// the data path carries, with DF set, larger than the next hop's MTU
+/// `mtu`), with an ICMP Fragmentation Needed. Dropped unanswered past the
+/// rate limit or should the frame not be resizable: passed, it would be
+/// taken as the router's own (see the module's text).
+#[inline(always)]
+pub fn fragmentation_needed(ctx: &XdpContext, now: u64, mtu: u16) -> Verdict {
+    if !within_budget(now) {
+        return Verdict::drop(Counter::DropFragNeeded);
+    }
+    let answered = Counter::DropFragNeededAnswered;
+    build(ctx, IcmpAnswer::FragmentationNeeded { mtu }, answered)
+        .unwrap_or(Verdict::drop(Counter::DropFragNeeded))
 }
 
 /// The time of the packet, if it is a WAN packet of a flow the data path
@@ -121,12 +148,12 @@ fn within_budget(now: u64) -> bool {
     true
 }
 
-/// Turns the frame into the Time Exceeded ([`time_exceeded`]): 28 bytes
-/// more room at its head, so the received IPv4 header lands where the
-/// quote goes, and cut after the quote. `None` if the frame cannot be
-/// resized (it is then as it came).
+/// Turns the frame into the ICMP error `answer` ([`icmp_answer`]), sent
+/// back and counted as `answered`: 28 bytes more room at its head, so the
+/// received IPv4 header lands where the quote goes, and cut after the
+/// quote. `None` if the frame cannot be resized (it is then as it came).
 #[inline(always)]
-fn build(ctx: &XdpContext) -> Option<Verdict> {
+fn build(ctx: &XdpContext, answer: IcmpAnswer, answered: Counter) -> Option<Verdict> {
     // Read before the resize, which ends every packet pointer.
     let cfg = parse::ingress(ctx)?.cfg;
     let own_addr = cfg.wan_addr;
@@ -138,9 +165,9 @@ fn build(ctx: &XdpContext) -> Option<Verdict> {
     let action = DEVICES.redirect(ctx.ingress_ifindex() as u32, 0).ok()?;
     let len = ctx.data_end() - ctx.data();
     #[expect(clippy::cast_possible_wrap, reason = "frames are < 64 KiB")]
-    let cut = (TIME_EXCEEDED_LEN - TIME_EXCEEDED_RECEIVED_AT) as i32 - len as i32;
+    let cut = (ICMP_ANSWER_LEN - ICMP_ANSWER_RECEIVED_AT) as i32 - len as i32;
     #[expect(clippy::cast_possible_wrap, reason = "28")]
-    let room = TIME_EXCEEDED_RECEIVED_AT as i32;
+    let room = ICMP_ANSWER_RECEIVED_AT as i32;
     // SAFETY: the program's own context; the helper checks the headroom.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -room) } != 0 {
         return None;
@@ -155,12 +182,12 @@ fn build(ctx: &XdpContext) -> Option<Verdict> {
     }
     // Exactly that long now; checked for the verifier. Resized, the frame
     // is no longer the one that came: dropped should this ever fail.
-    let Ok(f) = header::<TIME_EXCEEDED_LEN>(ctx, 0) else {
+    let Ok(f) = header::<ICMP_ANSWER_LEN>(ctx, 0) else {
         return Some(Verdict::drop(Counter::DropTruncated));
     };
-    time_exceeded(f, own_addr);
+    icmp_answer(f, own_addr, answer);
     Some(Verdict {
-        counter: Counter::DropTtlExceededAnswered,
+        counter: answered,
         action,
     })
 }
