@@ -23,9 +23,11 @@
 //! limit the packet is dropped unanswered. A later fragment is never
 //! answered.
 //!
+//! Time Exceeded also answers a WAN packet of no flow yet that a
+//! port-forward rule would open (a TTL-limited SYN to a forwarded port).
 //! Left to the kernel as before (`pass_ttl_exceeded`): LAN packets (the
-//! kernel forwards them and answers the LAN host itself), packets of no
-//! flow the data path carries (the router's own traffic: a traceroute to
+//! kernel forwards them and answers the LAN host itself), other packets of
+//! no flow the data path carries (the router's own traffic: a traceroute to
 //! its WAN address gets the kernel's port unreachable), offloaded flows'
 //! (the kernel's conntrack translates them), and a header with a wrong
 //! checksum (the kernel drops it, RFC 1812 5.2.2).
@@ -37,10 +39,10 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use router_common::{
-    hdr::{eth, frame, ipv4},
-    maps::{Counter, VMAC_IPV4},
+    hdr::{eth, frame, get_addr, ipv4},
+    maps::{Admit, Counter, IPPROTO_ICMP, VMAC_IPV4},
     nat::{
-        ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, fragment_is_first,
+        ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, forwardable_addr, fragment_is_first,
         header_checksum_ok, icmp_answer,
     },
 };
@@ -48,7 +50,7 @@ use router_common::{
 use crate::{
     Verdict,
     flow::{self, StackKey},
-    maps::DEVICES,
+    maps::{DEVICES, port_forward},
     parse::{self, header},
 };
 
@@ -108,8 +110,9 @@ pub fn fragmentation_needed(ctx: &XdpContext, now: u64, mtu: u16) -> Verdict {
 }
 
 /// The time of the packet, if it is a WAN packet of a flow the data path
-/// carries (the hit of its side, not offloaded), with a right header
-/// checksum, addressed to the router's MAC.
+/// carries (the hit of its side, not offloaded) or would open through a
+/// port-forward rule, with a right header checksum, addressed to the
+/// router's MAC.
 #[inline(always)]
 fn flow_of(ctx: &XdpContext) -> Option<u64> {
     let eth: &[u8; eth::LEN] = header(ctx, 0).ok()?;
@@ -124,7 +127,25 @@ fn flow_of(ctx: &XdpContext) -> Option<u64> {
     parse::addressed_to_us(ctx, eth, side, VMAC_IPV4).ok()?;
     let (sport, dport) = parse::ports(ctx, ip, frame::L4, false).ok()??;
     let key = StackKey::of(ip, sport, dport);
-    flow::own_hit(&key.0, side).map(|(_, now)| now)
+    if let Some((_, now)) = flow::own_hit(&key.0, side) {
+        return Some(now);
+    }
+    // No flow yet, but a port-forward rule of standalone mode would open
+    // one (the kernel's NAT would translate it and find the TTL exhausted
+    // on forwarding): a TTL-limited SYN or datagram to a forwarded port,
+    // as tcptraceroute sends them, is answered too rather than taken by
+    // the router's own stack. Sources that could open no flow (martians,
+    // the WAN address itself) are left to the kernel, as admission leaves
+    // them.
+    let src = get_addr(ip, ipv4::SRC);
+    let proto = ip[ipv4::PROTO];
+    let opens = side.cfg.admit == Admit::Xdp as u8
+        && proto != IPPROTO_ICMP
+        && get_addr(ip, ipv4::DST) == side.cfg.wan_addr
+        && src != side.cfg.wan_addr
+        && forwardable_addr(src)
+        && port_forward(proto, dport).is_some();
+    opens.then(crate::clock::now)
 }
 
 /// Takes an answer from this CPU's budget, if one is left (refilled at

@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// The corpus's port-forward rules: protocol, WAN port, LAN address and
+/// port. The last is to a LAN address without a neighbour: translated
+/// passes.
+pub(super) const PORT_FORWARDS: [(u8, u16, [u8; 4], u16); 3] = [
+    (IPPROTO_TCP, 8080, CLIENT, 80),
+    (IPPROTO_UDP, 5353, CLIENT, 53),
+    (IPPROTO_UDP, 5354, LAN_NOBODY, 53),
+];
+
 pub(super) struct Base {
     pub(super) name: &'static str,
     pub(super) from_lan: bool,
@@ -16,10 +25,9 @@ pub(super) struct Base {
     reason = "a list of cases, or one check per field, read top to bottom"
 )]
 pub(super) fn setup(env: &ResolvedTopology, r: &mut LoadedRouter) -> Vec<Base> {
-    r.forward(IPPROTO_TCP, 8080, CLIENT, 80);
-    r.forward(IPPROTO_UDP, 5353, CLIENT, 53);
-    // A rule to a LAN address without a neighbour: translated passes.
-    r.forward(IPPROTO_UDP, 5354, LAN_NOBODY, 53);
+    for (proto, port, addr, to) in PORT_FORWARDS {
+        r.forward(proto, port, addr, to);
+    }
     let opening: Vec<(bool, Ipv4)> = vec![
         (
             true,

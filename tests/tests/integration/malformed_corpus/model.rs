@@ -194,6 +194,20 @@ fn carried(forwarded: Counter, passed: Counter) -> Vec<Counter> {
     ok
 }
 
+/// Whether the WAN packet `f` (no options) would open a flow through one
+/// of the corpus's port-forward rules: TCP or UDP to the WAN address and a
+/// forwarded port, from a source that may open one (not a martian, not
+/// the WAN address). A TTL-limited one is answered with Time Exceeded.
+fn opens_by_rule(f: &[u8]) -> bool {
+    let (proto, src) = (f[IP_OFF + 9], addr(f, IP_OFF + 12));
+    addr(f, IP_OFF + 16) == WAN
+        && src != WAN
+        && forwardable_addr(src)
+        && PORT_FORWARDS
+            .iter()
+            .any(|&(p, port, ..)| p == proto && port == be16(f, L4_OFF + 2))
+}
+
 /// The verdicts of the stages the paths off the hit path decide
 /// (fragments, options, Time Exceeded): by the flow (its own side, not
 /// offloaded) or the fragment record a packet has; `None` for the others.
@@ -224,7 +238,7 @@ fn off_the_hit_path(
             Counter::PassIpOptions,
         ),
         Stage::TtlExceeded => (
-            hit(false),
+            hit(false) || opens_by_rule(f),
             vec![Counter::DropTtlExceededAnswered, Counter::DropTtlExceeded],
             Counter::PassTtlExceeded,
         ),

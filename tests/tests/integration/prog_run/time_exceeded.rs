@@ -19,8 +19,9 @@ fn time_exceeded_for(env: &ResolvedTopology, received: &Ipv4) -> Vec<u8> {
 }
 
 /// UDP, TCP and ICMP echo flows: the server's packets with TTL 1 or 0 are
-/// answered, the flows untouched; a packet of no flow (a traceroute to the
-/// router), a LAN packet, a wrong header checksum and an offloaded flow's
+/// answered, the flows untouched, and so are packets that a port-forward
+/// rule would let in (no flow opened); a packet of no flow (a traceroute
+/// to the router), a LAN packet, a wrong header checksum and an offloaded flow's
 /// packet stay the kernel's; past the budget of answers the packet is
 /// dropped, and the budget refills.
 #[test]
@@ -85,6 +86,45 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
             r,
             "no flow: a traceroute to the router",
             &env.server_sends(&Ipv4::new(SERVER, WAN, Udp::new(53, 33434, b"trace")).ttl(1)),
+            wan,
+        );
+        // No flow yet, but a port-forward rule would open one (what
+        // tcptraceroute sends to a forwarded service): answered, and no
+        // flow opened. Not for another protocol's rule, nor from a source
+        // that opens no flow (the WAN address itself).
+        r.forward(IPPROTO_TCP, 8080, CLIENT, 80);
+        r.forward(IPPROTO_UDP, 5353, CLIENT, 53);
+        for (what, ip) in [
+            (
+                "a SYN to a forwarded port",
+                Ipv4::new(SERVER, WAN, Tcp::new(33000, 8080, TCP_SYN)).ttl(1),
+            ),
+            (
+                "UDP to a forwarded port",
+                Ipv4::new(SERVER, WAN, Udp::new(33001, 5353, b"probe")).ttl(1),
+            ),
+        ] {
+            r.check(
+                what,
+                &env.server_sends(&ip),
+                wan,
+                XDP_REDIRECT,
+                &time_exceeded_for(&env, &ip),
+                Counter::DropTtlExceededAnswered,
+                &[],
+            );
+        }
+        assert_eq!(r.flows(), flows, "no flow opened");
+        untouched(
+            r,
+            "UDP to a TCP rule's port",
+            &env.server_sends(&Ipv4::new(SERVER, WAN, Udp::new(33002, 8080, b"x")).ttl(1)),
+            wan,
+        );
+        untouched(
+            r,
+            "from the WAN address to a forwarded port",
+            &env.server_sends(&Ipv4::new(WAN, WAN, Tcp::new(33003, 8080, TCP_SYN)).ttl(1)),
             wan,
         );
         untouched(r, "from the LAN", &env.client_sends(&q.clone().ttl(1)), lan);
