@@ -943,9 +943,12 @@ counters! {
     /// Packet exceeds the egress MTU, passed untranslated: the kernel
     /// fragments it or sends ICMP fragmentation needed. A flow's packet the
     /// data path carries is finished off the hit path instead (passed
-    /// translated, `pass_mtu_translated`, or answered from the WAN,
+    /// translated, `pass_mtu_translated`, or answered,
     /// `drop_frag_needed_answered`); this stays for a LAN packet with DF
-    /// set, a new flow's first packet and an offloaded flow's.
+    /// set to the WAN, a new flow's first packet (but a port forward's with
+    /// DF set), an offloaded flow's, a frame larger than the link it came
+    /// in on (generic mode's GRO/TSO super-packets), fragments, packets
+    /// with IP options and ICMP errors.
     PassMtu = "pass_mtu", false;
     /// Egress interface is not one of the attached ones.
     PassEgressNotAttached = "pass_egress_not_attached", false;
@@ -1107,7 +1110,6 @@ counters! {
     /// MSS option the data path lowered to what the path's MTU carries
     /// (`attach --clamp-mss`, [`crate::mss`]); the packet is also counted
     /// by its verdict.
-    ///
     TcpMssClamped = "tcp_mss_clamped", true;
     /// A packet of a flow the data path carries (not an offloaded one),
     /// larger than its next hop's MTU with DF clear: translated and passed
@@ -1116,14 +1118,16 @@ counters! {
     /// `pass_mtu` (the kernel answers the LAN host) and a WAN packet is
     /// answered: `drop_frag_needed_answered`.
     PassMtuTranslated = "pass_mtu_translated", false;
-    /// A WAN packet of a flow the data path carries, larger than its next
-    /// hop's MTU with DF set: discarded and answered with an ICMP
-    /// Fragmentation Needed carrying that MTU (RFC 1191), from the WAN
-    /// address quoting it as received, sent back out of the WAN. Passed to
-    /// the kernel it would be taken as the router's own (a TCP RST).
+    /// A packet to the WAN address (from the WAN, or hairpinned from the
+    /// LAN) of a flow the data path carries, or a port forward's first,
+    /// larger than its next hop's MTU with DF set: discarded and answered
+    /// with an ICMP Fragmentation Needed carrying that MTU (RFC 1191), from
+    /// the WAN address quoting it as received, sent back out of the
+    /// interface it came in on. Passed to the kernel it would be taken as
+    /// the router's own (a TCP RST).
     DropFragNeededAnswered = "drop_frag_needed_answered", false;
-    /// The same, past the answers' rate limit (shared with Time Exceeded):
-    /// dropped unanswered.
+    /// The same, past the answers' rate limit (shared with Time Exceeded),
+    /// or with a frame that could not be resized: dropped unanswered.
     ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.

@@ -2,13 +2,14 @@
 //! with a fix. `attach` runs the same checks and warns.
 //!
 //! - native XDP support of the driver (else `auto` falls back to generic);
+//! - GRO in generic mode (its super-packets go to the kernel);
 //! - an XDP program already attached (router-ctl's own, or a foreign one);
 //! - veth: frames redirected into a veth are dropped unless its peer runs
 //!   NAPI (an XDP program or GRO on the peer);
 //! - veth: a peer with tx checksum offload on sends `CHECKSUM_PARTIAL`
 //!   packets, which leave the fast path with wrong checksums;
-//! - MTU: interfaces with different MTUs send big packets to the slow
-//!   path; native XDP on a veth needs an MTU that fits one page;
+//! - MTU: with different MTUs, packets larger than the narrower one leave
+//!   the fast path; native XDP on a veth needs an MTU that fits one page;
 //! - netfilter forward rules or a forward drop policy (nftables, iptables
 //!   legacy), which standalone mode would bypass;
 //! - an attached interface whose MAC changed since attach: the data path
@@ -325,6 +326,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             r.forwarding();
             r.driver();
             r.programs(&l, &ours);
+            r.gro_in_generic_mode(&l, &ours);
             if l.kind.as_deref() == Some("veth") {
                 r.veth(&l);
             }
@@ -541,6 +543,48 @@ impl Report<'_> {
                  sees the change"
             )),
         );
+    }
+
+    /// GRO on an interface where the program runs in generic mode (or
+    /// would: a driver without native XDP, where `--mode auto` falls back).
+    /// Generic XDP runs after GRO, so it sees GRO's super-packets: larger
+    /// than the MTU, with a partial checksum, which XDP can neither forward
+    /// (the FIB refuses them as too big) nor translate (its incremental
+    /// update assumes a complete checksum). They go to the kernel as
+    /// `pass_mtu`: an offload-mode flow's take the slow path, a standalone
+    /// flow's reach the router's own stack untranslated, which answers a
+    /// TCP segment as the endpoint (a reset).
+    fn gro_in_generic_mode(&mut self, l: &netlink::LinkAttrs, ours: &[u32]) {
+        let ours_generic = l
+            .xdp
+            .programs()
+            .iter()
+            .any(|&(id, flag)| ours.contains(&id) && flag == netlink::XDP_FLAGS_SKB_MODE);
+        let falls_back =
+            driver(self.iface).is_some_and(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()));
+        if !(ours_generic || falls_back) {
+            return;
+        }
+        let iface = self.iface;
+        match ethtool_value(iface, ETHTOOL_GGRO) {
+            Some(true) => self.add(
+                "generic-gro",
+                Level::Warn,
+                "GRO is on: in generic mode XDP sees its merged super-packets (larger than the \
+                 MTU, with partial checksums), which it can neither forward nor translate: \
+                 they go to the kernel, whose stack takes a standalone flow's as its own (TCP \
+                 connections reset)"
+                    .into(),
+                Some(format!("ethtool -K {iface} gro off")),
+            ),
+            Some(false) => self.add(
+                "generic-gro",
+                Level::Ok,
+                "GRO is off (generic mode sees the packets as they came)".into(),
+                None,
+            ),
+            None => {}
+        }
     }
 
     /// A veth's peer (NAPI for redirected frames, checksums it sends) and

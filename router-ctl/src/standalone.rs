@@ -7,7 +7,9 @@
 //!   two flows to the same WAN tuple. Packets XDP already translated
 //!   (source = the WAN address) are left alone.
 //! - the sysctls that let the kernel forward the translated first packet
-//!   of a flow whose next hop XDP could not resolve yet: `accept_local=1`
+//!   of a flow whose next hop XDP could not resolve yet (and a flow's
+//!   packet too large for its next hop with DF clear, which XDP translates
+//!   for the kernel to fragment): `accept_local=1`
 //!   on the LAN interface (its source is the router's own address, a
 //!   martian otherwise) and `rp_filter` loose (2) where it was strict.
 //!   The old values are recorded and put back by `detach`.
@@ -173,7 +175,8 @@ fn table_present() -> bool {
 /// `sysctl --system`, or by hand). Without the table what XDP passes from
 /// the LAN leaves untranslated (nothing drops LAN sources on the WAN); without
 /// `accept_local` or with a strict `rp_filter` the first packets of flows
-/// towards unresolved neighbours are dropped as martians.
+/// towards unresolved neighbours (and oversize packets to fragment) are
+/// dropped as martians.
 #[must_use]
 pub fn kernel_side_gaps(netns: Option<&str>) -> Vec<String> {
     let Ok(Some(rec)) = load_record(netns) else {

@@ -16,7 +16,7 @@ use router_common::{
     mapping::{mapping_expiry, remote_tag, translated_key},
     maps::{
         Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry,
-        FlowKey, IPPROTO_ICMP, IPPROTO_TCP,
+        FlowKey, IPPROTO_ICMP, IPPROTO_TCP, PortForwardTarget,
     },
     nat::forwardable_addr,
 };
@@ -29,7 +29,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    Step, Verdict, debug_log,
+    Packed, Step, Verdict, debug_log,
     flow::Xlat,
     hop::{forward_egress, reverse_egress, source_reachable_via},
     mapping::{self, MapClaim},
@@ -225,6 +225,28 @@ pub fn admit(
     Ok(NewFlow::PortForward)
 }
 
+/// The port-forward rule that would let the WAN packet `ip` (to port
+/// `dport`) in, opening a flow, in standalone mode: TCP or UDP to the WAN
+/// address from a source that may open one (not a martian, RFC 1812
+/// 5.3.7, nor the WAN address itself), as [`admit`] judges it. For the
+/// paths that answer such a packet without opening its flow (Time
+/// Exceeded, Fragmentation Needed); the spoof check of a LAN source
+/// (`wan_source_in_lan`, a FIB lookup) is left to admission.
+#[inline(always)]
+pub fn forward_rule(cfg: &Config, ip: &[u8; ipv4::LEN], dport: u16) -> Option<PortForwardTarget> {
+    let src = get_addr(ip, ipv4::SRC);
+    let proto = ip[ipv4::PROTO];
+    if cfg.admit != Admit::Xdp as u8
+        || proto == IPPROTO_ICMP
+        || get_addr(ip, ipv4::DST) != cfg.wan_addr
+        || src == cfg.wan_addr
+        || !forwardable_addr(src)
+    {
+        return None;
+    }
+    port_forward(proto, dport)
+}
+
 /// Whether the source of the IPv4 packet of `ctx`, from the LAN, is
 /// reachable out of the LAN interface (`lan_ifindex`): the reverse path
 /// (RFC 3704 2.2), asked from the router's own perspective as `rp_filter`
@@ -269,7 +291,13 @@ fn wan_source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
 // point's frame, which the hit path's subprograms (`track`, `claim_port`)
 // add to; the combined stack of a call chain must stay within 512 bytes.
 #[inline(never)]
-pub fn unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
+pub fn unsolicited(ctx: &XdpContext, v: Packed) -> Packed {
+    judge_unsolicited(ctx, v.unpack()).pack()
+}
+
+/// [`unsolicited`]'s judgement.
+#[inline(always)]
+fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     // Not IPv4, not configured: no header to judge. Not addressed to the
     // router: the kernel does not forward it either. No neighbour, or too
     // large for the next hop: the packet was translated to its LAN host by

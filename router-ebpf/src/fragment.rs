@@ -39,7 +39,7 @@ use router_common::{
 };
 
 use crate::{
-    Step, Verdict,
+    Packed, Step, Verdict,
     flow::{self, Xlat},
     hop::{self, FibParams, Hop, forward_l2},
     maps::FRAGMENTS,
@@ -80,9 +80,9 @@ const TRANSLATED: Verdict = Verdict::pass(Counter::FwdFragment);
 // next), so each has the room left under this one, and what they hand on
 // is in a per-CPU slot, not in a frame.
 #[inline(never)]
-pub fn forward(ctx: &XdpContext) -> Verdict {
+pub fn forward(ctx: &XdpContext) -> Packed {
     let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
-        return NOT_CARRIED;
+        return NOT_CARRIED.pack();
     };
     let first = fragment_is_first(ip);
     let v = if first {
@@ -90,7 +90,7 @@ pub fn forward(ctx: &XdpContext) -> Verdict {
     } else {
         translate_later(ctx)
     };
-    if v.counter != TRANSLATED.counter {
+    if v.unpack().counter != TRANSLATED.counter {
         return v;
     }
     send(ctx, first)
@@ -99,11 +99,12 @@ pub fn forward(ctx: &XdpContext) -> Verdict {
 /// A datagram's first fragment: its flow's translation, if the data path
 /// carries the flow, into the scratch slot ([`TRANSLATED`]).
 #[inline(never)]
-fn translate_first(ctx: &XdpContext) -> Verdict {
+fn translate_first(ctx: &XdpContext) -> Packed {
     match try_translate_first(ctx) {
         Ok(()) => TRANSLATED,
         Err(v) => v,
     }
+    .pack()
 }
 
 #[inline(always)]
@@ -115,11 +116,12 @@ fn try_translate_first(ctx: &XdpContext) -> Step<()> {
 /// A later fragment: the translation its datagram's first fragment
 /// recorded, if there is one, into the scratch slot ([`TRANSLATED`]).
 #[inline(never)]
-fn translate_later(ctx: &XdpContext) -> Verdict {
+fn translate_later(ctx: &XdpContext) -> Packed {
     match try_translate_later(ctx) {
         Ok(()) => TRANSLATED,
         Err(v) => v,
     }
+    .pack()
 }
 
 #[inline(always)]
@@ -163,9 +165,9 @@ fn arrived<'a>(ctx: &XdpContext) -> Step<(&'a mut [u8; ipv4::LEN], Ingress<'a>, 
 /// if XDP can forward it: else the kernel's (whose defragmentation would
 /// hold a translated fragment, waiting for the ones XDP forwards).
 #[inline(never)]
-fn send(ctx: &XdpContext, first: bool) -> Verdict {
+fn send(ctx: &XdpContext, first: bool) -> Packed {
     match try_send(ctx, first) {
-        Ok(v) | Err(v) => v,
+        Ok(v) | Err(v) => v.pack(),
     }
 }
 

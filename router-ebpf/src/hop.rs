@@ -10,7 +10,7 @@ use aya_ebpf::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_FWD_DISABLED, BPF_FIB_LKUP_RET_NO_NEIGH,
         BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
     },
-    helpers::bpf_fib_lookup,
+    helpers::{bpf_check_mtu, bpf_fib_lookup},
     programs::XdpContext,
 };
 use router_common::{
@@ -24,6 +24,9 @@ use crate::{Step, Verdict, maps::DEVICES};
 pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
 
 const AF_INET: u8 = 2;
+/// The smallest MTU an IPv4 link may have (RFC 791: a 60-byte header and
+/// an 8-byte fragment).
+const IPV4_MIN_MTU: u16 = 68;
 #[expect(clippy::cast_possible_wrap, reason = "64-byte struct")]
 const FIB_PARAMS_LEN: i32 = size_of::<FibParams>() as i32;
 
@@ -132,9 +135,13 @@ pub fn path(ctx: &XdpContext, p: &mut FibParams) -> Option<(u32, u32)> {
 
 /// The next hop's MTU when the FIB refuses the IPv4 packet `ip`, with its
 /// addresses translated to `src` and `dst`, as larger than it
-/// (`BPF_FIB_LKUP_RET_FRAG_NEEDED`: the route's MTU if locked, else the
-/// egress device's); `None` for any other answer. The parameters go in
-/// `p` (a per-CPU map slot of the caller).
+/// (`BPF_FIB_LKUP_RET_FRAG_NEEDED`, the MTU of `ip_mtu_from_fib_result`:
+/// the route's if locked or with `ip_forward_use_pmtu`, else a path MTU the
+/// router learned for the destination, else the egress device's); `None`
+/// for any other answer, and for an MTU no Fragmentation Needed should
+/// carry (below IPv4's minimum of 68, RFC 791, or not below the packet's
+/// length: a kernel that does not report it). The parameters go in `p` (a
+/// per-CPU map slot of the caller).
 #[inline(always)]
 pub fn mtu_exceeded(
     ctx: &XdpContext,
@@ -143,13 +150,15 @@ pub fn mtu_exceeded(
     src: [u8; 4],
     dst: [u8; 4],
 ) -> Option<u16> {
-    *p = params4(ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
+    let tot_len = get_u16(ip, ipv4::TOT_LEN);
+    *p = params4(ip, src, dst, tot_len);
     if call(ctx, p) != BPF_FIB_LKUP_RET_FRAG_NEEDED {
         return None;
     }
     // SAFETY: with this result the kernel wrote mtu_result (a union with
-    // tot_len).
-    Some(unsafe { p.__bindgen_anon_1.mtu_result })
+    // tot_len; since Linux 5.12).
+    let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
+    (IPV4_MIN_MTU..tot_len).contains(&mtu).then_some(mtu)
 }
 
 /// The interface the kernel would send a reply to the IPv4 packet `ip`
@@ -293,4 +302,16 @@ pub fn forward_l2(
 pub fn write_macs(eth: &mut [u8; eth::LEN], smac: [u8; eth::ADDR_LEN], dmac: [u8; eth::ADDR_LEN]) {
     eth[eth::DST..eth::DST + eth::ADDR_LEN].copy_from_slice(&dmac);
     eth[eth::SRC..eth::SRC + eth::ADDR_LEN].copy_from_slice(&smac);
+}
+
+/// The MTU of interface `ifindex` (0: the one the packet came in on);
+/// `u32::MAX` (no limit) if the kernel does not know it.
+#[inline(always)]
+pub fn device_mtu(ctx: &XdpContext, ifindex: u32) -> u32 {
+    let mut mtu: u32 = 0;
+    // SAFETY: the helper writes the MTU into `mtu`, a local; length 0 and
+    // no flags ask for the MTU only (the packet's own length is checked
+    // against it, a result not used here).
+    let rc = unsafe { bpf_check_mtu(ctx.as_ptr(), ifindex, &raw mut mtu, 0, 0) };
+    if rc < 0 { u32::MAX } else { mtu }
 }

@@ -39,18 +39,18 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use router_common::{
-    hdr::{eth, frame, get_addr, ipv4},
-    maps::{Admit, Counter, IPPROTO_ICMP, VMAC_IPV4},
+    hdr::{eth, frame, ipv4},
+    maps::{Counter, VMAC_IPV4},
     nat::{
-        ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, forwardable_addr, fragment_is_first,
+        ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, fragment_is_first,
         header_checksum_ok, icmp_answer,
     },
 };
 
 use crate::{
-    Verdict,
+    Packed, Verdict, admit,
     flow::{self, StackKey},
-    maps::{DEVICES, port_forward},
+    maps::DEVICES,
     parse::{self, header},
 };
 
@@ -79,7 +79,13 @@ static ICMP_ANSWER_BUDGET: PerCpuArray<AnswerBudget> = PerCpuArray::with_max_ent
 // frame stays off the entry point's, whose call chains are at the
 // verifier's 512 bytes.
 #[inline(never)]
-pub fn time_exceeded(ctx: &XdpContext, v: Verdict) -> Verdict {
+pub fn time_exceeded(ctx: &XdpContext, v: Packed) -> Packed {
+    answer_time_exceeded(ctx, v.unpack()).pack()
+}
+
+/// [`time_exceeded`]'s answer.
+#[inline(always)]
+fn answer_time_exceeded(ctx: &XdpContext, v: Verdict) -> Verdict {
     let Some(now) = flow_of(ctx) else {
         return v;
     };
@@ -134,18 +140,8 @@ fn flow_of(ctx: &XdpContext) -> Option<u64> {
     // one (the kernel's NAT would translate it and find the TTL exhausted
     // on forwarding): a TTL-limited SYN or datagram to a forwarded port,
     // as tcptraceroute sends them, is answered too rather than taken by
-    // the router's own stack. Sources that could open no flow (martians,
-    // the WAN address itself) are left to the kernel, as admission leaves
-    // them.
-    let src = get_addr(ip, ipv4::SRC);
-    let proto = ip[ipv4::PROTO];
-    let opens = side.cfg.admit == Admit::Xdp as u8
-        && proto != IPPROTO_ICMP
-        && get_addr(ip, ipv4::DST) == side.cfg.wan_addr
-        && src != side.cfg.wan_addr
-        && forwardable_addr(src)
-        && port_forward(proto, dport).is_some();
-    opens.then(crate::clock::now)
+    // the router's own stack.
+    admit::forward_rule(side.cfg, ip, dport).map(|_| crate::clock::now())
 }
 
 /// Takes an answer from this CPU's budget, if one is left (refilled at

@@ -28,7 +28,7 @@ use router_common::{
 };
 
 use crate::{
-    Step, Verdict,
+    Packed, Step, Verdict,
     flow::{self, StackKey},
     hop::{self, FibParams, Hop, forward_l2},
     parse::{self, header, ptr_at},
@@ -64,9 +64,9 @@ const TRANSLATED: Verdict = Verdict::pass(Counter::FwdIpOptions);
 // their frames stay off the entry point's (call chains at the verifier's
 // 512 bytes), and the two steps are siblings.
 #[inline(never)]
-pub fn forward(ctx: &XdpContext) -> Verdict {
+pub fn forward(ctx: &XdpContext) -> Packed {
     let v = translate(ctx);
-    if v.counter != TRANSLATED.counter {
+    if v.unpack().counter != TRANSLATED.counter {
         return v;
     }
     send(ctx)
@@ -75,11 +75,12 @@ pub fn forward(ctx: &XdpContext) -> Verdict {
 /// The packet's flow translation into the scratch slot ([`TRANSLATED`]),
 /// if the data path carries its flow.
 #[inline(never)]
-fn translate(ctx: &XdpContext) -> Verdict {
+fn translate(ctx: &XdpContext) -> Packed {
     match try_translate(ctx) {
         Ok(()) => TRANSLATED,
         Err(v) => v,
     }
+    .pack()
 }
 
 #[inline(always)]
@@ -159,9 +160,9 @@ fn header_checksum_ok(ctx: &XdpContext, hlen: usize) -> bool {
 /// Sends the packet translated as the scratch slot says, if XDP can
 /// forward it.
 #[inline(never)]
-fn send(ctx: &XdpContext) -> Verdict {
+fn send(ctx: &XdpContext) -> Packed {
     match try_send(ctx) {
-        Ok(v) | Err(v) => v,
+        Ok(v) | Err(v) => v.pack(),
     }
 }
 

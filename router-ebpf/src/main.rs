@@ -92,6 +92,45 @@ impl Verdict {
     }
 }
 
+/// A [`Verdict`] as one 64-bit value: what a BPF subprogram takes and
+/// returns. A two-field struct does not fit BPF's one return register, so
+/// LLVM returns it through a pointer into the caller's stack, and wherever
+/// its register allocation leaves that pointer in R0 at the exit the
+/// verifier refuses the whole program ("cannot return stack pointer to the
+/// caller": seen after a one-line change of a condition).
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Packed(u64);
+
+impl Verdict {
+    /// The verdict as a subprogram returns it.
+    #[inline(always)]
+    #[must_use]
+    pub const fn pack(self) -> Packed {
+        Packed(((self.counter as u64) << 32) | self.action as u64)
+    }
+}
+
+impl Packed {
+    /// The verdict a subprogram returned.
+    #[inline(always)]
+    #[must_use]
+    pub const fn unpack(self) -> Verdict {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the two halves of the packed value"
+        )]
+        let (counter, action) = ((self.0 >> 32) as u32, self.0 as u32);
+        Verdict {
+            // SAFETY: the high half is a `Counter`'s discriminant: a
+            // `Packed` is made by `Verdict::pack` only (its field is this
+            // module's).
+            counter: unsafe { core::mem::transmute::<u32, Counter>(counter) },
+            action,
+        }
+    }
+}
+
 /// A phase's result, or the verdict that ends the packet early.
 ///
 /// A `Step` never carries a pointer (packet, map value or config): LLVM
@@ -122,13 +161,16 @@ pub fn router(ctx: XdpContext) -> u32 {
     // subprogram calls.
     let v = if v.action == xdp_action::XDP_PASS {
         let v = match v.counter {
-            Counter::PassFragment => fragment::forward(&ctx),
-            Counter::PassIpOptions => ip_options::forward(&ctx),
-            Counter::PassTtlExceeded => icmp_answer::time_exceeded(&ctx, v),
-            Counter::PassMtu => oversize::forward(&ctx, v),
+            Counter::PassFragment => fragment::forward(&ctx).unpack(),
+            Counter::PassIpOptions => ip_options::forward(&ctx).unpack(),
+            Counter::PassTtlExceeded => icmp_answer::time_exceeded(&ctx, v.pack()).unpack(),
+            Counter::PassMtu => match oversize::forward(&ctx, v.pack()).unpack() {
+                a if a.counter == oversize::TO_ANSWER.counter => oversize::answer(&ctx).unpack(),
+                v => v,
+            },
             _ => v,
         };
-        admit::unsolicited(&ctx, v)
+        admit::unsolicited(&ctx, v.pack()).unpack()
     } else {
         v
     };

@@ -19,7 +19,7 @@
 //! There the verifier reaches the call with few distinct states; called
 //! from inside the cores it walked the subprogram for each of their paths.
 
-use aya_ebpf::{EbpfContext, helpers::bpf_check_mtu, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use router_common::{
     flow::TCP_SYN,
     hdr::{eth, frame, get_u16, ipv4, tcp},
@@ -112,13 +112,13 @@ pub fn clamp(ctx: &XdpContext) {
         return;
     };
     let egress_mtu = if hop_mtu == 0 {
-        device_mtu(ctx, egress)
+        hop::device_mtu(ctx, egress)
     } else {
         hop_mtu
     };
     // The reverse path's interface too, as `--clamp-mss-to-pmtu` does: a
     // SYN-ACK from a wider WAN into a narrower LAN and the reverse alike.
-    let mtu = limit.min(egress_mtu).min(device_mtu(ctx, 0));
+    let mtu = limit.min(egress_mtu).min(hop::device_mtu(ctx, 0));
     #[expect(clippy::cast_possible_truncation, reason = "min with a u16 limit")]
     let max = max_mss(mtu as u16, overhead);
     if max == 0 {
@@ -158,16 +158,4 @@ fn lower(ctx: &XdpContext, l4_at: usize, max: u16) {
     let check = checksum_after(check, at, old, max);
     hdr[tcp::CHECK..tcp::CHECK + 2].copy_from_slice(&check.to_be_bytes());
     maps::event(Counter::TcpMssClamped);
-}
-
-/// The MTU of interface `ifindex` (0: the one the packet came in on);
-/// `u32::MAX` (no limit) if the kernel does not know it.
-#[inline(always)]
-fn device_mtu(ctx: &XdpContext, ifindex: u32) -> u32 {
-    let mut mtu: u32 = 0;
-    // SAFETY: the helper writes the MTU into `mtu`, a local; length 0 and
-    // no flags ask for the MTU only (the packet's own length is checked
-    // against it, a result not used here).
-    let rc = unsafe { bpf_check_mtu(ctx.as_ptr(), ifindex, &raw mut mtu, 0, 0) };
-    if rc < 0 { u32::MAX } else { mtu }
 }

@@ -312,3 +312,34 @@ fn attach_and_doctor_warn_when_forwarding_is_off() {
     assert_eq!(check(&v, LAN_IF, "forwarding")["level"], "ok", "{v}");
     assert!(t.ping(Ns::Client, tests::SERVER_ADDR, 2), "forwarding on");
 }
+
+/// Generic mode runs after GRO, whose super-packets XDP can neither
+/// forward nor translate: `doctor` warns of GRO on an interface the
+/// program runs on in generic mode (not in native mode), with the fix,
+/// and is content once GRO is off.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn doctor_warns_of_gro_in_generic_mode() {
+    let t = Topology::new();
+    t.exec_ok(Ns::Router, &["ethtool", "-K", WAN_IF, "gro", "on"]);
+    attach_and_print(&t, &[]);
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    let native = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] == "generic-gro")
+        .count();
+    assert_eq!(native, 0, "a generic-gro check in native mode: {v}");
+    t.router_ctl_ok(&["detach"]);
+
+    attach_and_print(&t, &["--mode", "generic"]);
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    println!("{}", stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF])));
+    let gro = check(&v, WAN_IF, "generic-gro");
+    assert_eq!(gro["level"], "warn", "{gro}");
+    assert_eq!(gro["fix"], format!("ethtool -K {WAN_IF} gro off").as_str());
+    t.exec_ok(Ns::Router, &["ethtool", "-K", WAN_IF, "gro", "off"]);
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(check(&v, WAN_IF, "generic-gro")["level"], "ok", "{v}");
+}

@@ -221,10 +221,11 @@ fn udp_larger_than_the_lan_is_fragmented_or_answered() {
     assert_eq!(receive(&client).map(|(d, _)| d), Some(fits));
 }
 
-/// UDP with DF clear from the client over a WAN narrower than its LAN:
+/// UDP from the client over a WAN narrower than its LAN: with DF clear,
 /// translated by XDP and fragmented by the kernel, it reaches the server
 /// from the flow's own mapped address (passed untranslated, the kernel's
-/// slow-path NAT would give it another port).
+/// slow-path NAT would give it another port); with DF set the kernel
+/// answers the client, whose kernel learns the WAN's MTU.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn udp_from_the_lan_larger_than_the_wan_keeps_its_mapping() {
@@ -244,5 +245,24 @@ fn udp_from_the_lan_larger_than_the_wan_keeps_its_mapping() {
         counter_delta(&before, &after, "pass_mtu_translated"),
         1,
         "the datagram passed translated"
+    );
+
+    set_pmtu_discovery(&client, libc::IP_PMTUDISC_DO);
+    let before = t.stats();
+    client.send(&big).unwrap();
+    assert!(
+        receive(&server).is_none(),
+        "DF set: the datagram reached the server through a narrower WAN"
+    );
+    let after = t.stats();
+    assert_eq!(
+        counter_delta(&before, &after, "pass_mtu"),
+        1,
+        "the datagram left to the kernel"
+    );
+    assert_eq!(
+        path_mtu(&client),
+        NARROW_MTU,
+        "the client's kernel learned the WAN's MTU"
     );
 }

@@ -44,9 +44,11 @@ fn passed_in(env: &ResolvedTopology, ip: &Ipv4, port: u16) -> Vec<u8> {
 /// UDP, TCP and ICMP echo flows over a LAN narrower than the WAN: the
 /// server's oversize packets with DF set are answered with the LAN's MTU,
 /// within the answers' budget, the flows staying; with DF clear they are
-/// translated and passed. A locked route MTU is the one reported. A LAN
-/// packet with DF set, an offloaded flow's packet and a new flow's first
-/// packet stay `pass_mtu`, untouched.
+/// translated and passed. A locked route MTU is the one reported; a port
+/// forward's first packet with DF set and a hairpinned one are answered
+/// too. A LAN packet with DF set to the WAN, a frame larger than its own
+/// link, an offloaded flow's packet and a new flow's first packet (but a
+/// port forward's with DF set) stay `pass_mtu`, untouched.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 #[expect(
@@ -96,6 +98,7 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
         let flows = r.flows();
         for (what, ip, port) in [
             ("UDP", may_fragment(answer.clone()), 40000),
+            ("TCP", may_fragment(segment.clone()), 40001),
             ("echo reply", may_fragment(pong.clone()), 40020),
         ] {
             let run = r.check(
@@ -142,9 +145,46 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
             &[],
         );
 
-        // Outbound over a narrower WAN: DF clear, translated and passed
-        // in the frame it came in; DF set, the kernel's (it answers the
-        // LAN host, quoting what that host sent).
+        // Larger than the WAN link it came in on (1500): a super-packet
+        // only generic-mode XDP sees (GRO, a local sender's TSO), whose
+        // partial checksum a translation here would not keep right. The
+        // kernel's, untouched.
+        let aggregate = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &[0xa5; 1600]));
+        r.pass(
+            "larger than its own link",
+            &env.server_sends(&aggregate),
+            wan,
+            Counter::PassMtu,
+        );
+
+        // No flow yet, but a port-forward rule lets it in: with DF set the
+        // first packet is answered (no flow opened); with DF clear it
+        // stays the kernel's (no entry to translate it with yet).
+        r.forward(IPPROTO_UDP, 5353, CLIENT, 53);
+        let first_in = Ipv4::new(SERVER, WAN, Udp::new(33000, 5353, &[0x11; BIG]));
+        let flows = r.flows();
+        r.check(
+            "a port forward's first packet, DF set",
+            &env.server_sends(&first_in),
+            wan,
+            XDP_REDIRECT,
+            &frag_needed_for(&env, &first_in, LAN_MTU),
+            Counter::DropFragNeededAnswered,
+            &[],
+        );
+        r.pass(
+            "a port forward's first packet, DF clear",
+            &env.server_sends(&may_fragment(first_in)),
+            wan,
+            Counter::PassMtu,
+        );
+        assert_eq!(r.flows(), flows, "no flow opened");
+
+        // Outbound over a narrower WAN (the LAN back at 1500): DF clear,
+        // translated and passed in the frame it came in; DF set, the
+        // kernel's (it answers the LAN host, quoting what that host sent).
+        env.t
+            .exec_ok(Ns::Router, &["ip", "link", "set", LAN_IF, "mtu", "1500"]);
         env.t
             .exec_ok(Ns::Router, &["ip", "link", "set", WAN_IF, "mtu", &mtu]);
         let upload = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, &[0x77; BIG]));
@@ -176,6 +216,52 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
         );
         env.t
             .exec_ok(Ns::Router, &["ip", "link", "set", WAN_IF, "mtu", "1500"]);
+
+        // Hairpinned (the client to the WAN address's forwarded port, back
+        // to itself), over a locked route MTU towards the target: with DF
+        // set the LAN host sent it to the WAN address, so it is answered
+        // from there, out of the LAN (passed, the router's stack would
+        // take it as its own).
+        let client = tests::addr::CLIENT_ADDR.to_string();
+        let route = [
+            "ip", "route", "add", &client, "dev", LAN_IF, "mtu", "lock", "900",
+        ];
+        env.t.exec_ok(Ns::Router, &route);
+        let hairpin = Ipv4::new(CLIENT, WAN, Udp::new(40300, 5353, b"hairpin"));
+        let mut back = hairpin.clone();
+        back.src = WAN;
+        back.dst = CLIENT;
+        back.ttl -= 1;
+        back.l4 = Udp::new(40300, 53, b"hairpin").into();
+        r.redirect(
+            "hairpinned",
+            &env.client_sends(&hairpin),
+            lan,
+            &env.to_client(&back),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewHairpin],
+        );
+        let big_hairpin = Ipv4::new(CLIENT, WAN, Udp::new(40300, 5353, &[0x22; 950]));
+        let mut quote = big_hairpin.bytes();
+        quote.truncate(28);
+        let mut expect = Ipv4::new(WAN, CLIENT, Icmp::frag_needed(900, &quote));
+        expect.tos = 0xc0;
+        expect.id = 0;
+        expect.ttl = 64;
+        r.check(
+            "hairpinned, DF set",
+            &env.client_sends(&big_hairpin),
+            lan,
+            XDP_REDIRECT,
+            &env.to_client(&expect),
+            Counter::DropFragNeededAnswered,
+            &[],
+        );
+        env.t
+            .exec_ok(Ns::Router, &["ip", "route", "del", &client, "dev", LAN_IF]);
+
+        env.t
+            .exec_ok(Ns::Router, &["ip", "link", "set", LAN_IF, "mtu", &mtu]);
 
         // An offloaded flow's packet is the kernel's: its conntrack
         // translates it and fragments or answers.
