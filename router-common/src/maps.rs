@@ -948,7 +948,9 @@ counters! {
     /// set to the WAN, a new flow's first packet (but a port forward's with
     /// DF set), an offloaded flow's, a frame larger than the link it came
     /// in on (generic mode's GRO/TSO super-packets), fragments, packets
-    /// with IP options and ICMP errors.
+    /// with IP options and ICMP errors, and a packet for which the FIB's
+    /// second answer differs (a route changed between the two lookups, an
+    /// MTU it does not report or below 68).
     PassMtu = "pass_mtu", false;
     /// Egress interface is not one of the attached ones.
     PassEgressNotAttached = "pass_egress_not_attached", false;
@@ -1114,9 +1116,10 @@ counters! {
     /// A packet of a flow the data path carries (not an offloaded one),
     /// larger than its next hop's MTU with DF clear: translated and passed
     /// (TTL untouched) for the kernel to fragment and forward (RFC 1812
-    /// 5.2.6), with the flow's own mapping. With DF set, a LAN packet stays
-    /// `pass_mtu` (the kernel answers the LAN host) and a WAN packet is
-    /// answered: `drop_frag_needed_answered`.
+    /// 5.2.6), with the flow's own mapping. With DF set, a LAN packet to
+    /// the WAN stays `pass_mtu` (the kernel answers the LAN host) and one
+    /// to the WAN address (from the WAN, or hairpinned) is answered:
+    /// `drop_frag_needed_answered`.
     PassMtuTranslated = "pass_mtu_translated", false;
     /// A packet to the WAN address (from the WAN, or hairpinned from the
     /// LAN) of a flow the data path carries, or a port forward's first,

@@ -307,6 +307,13 @@ impl Report<'_> {
 /// Every check for `ifaces` (names in the current namespace).
 #[must_use]
 pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
+    checks_for(ifaces, pin_dir, None)
+}
+
+/// [`checks`], for an attach that asks for generic mode (`Some(true)`) or
+/// not (`Some(false)`: native, or native with the fallback), or for the
+/// program as attached (`None`).
+fn checks_for(ifaces: &[String], pin_dir: &Path, generic_asked: Option<bool>) -> Vec<Check> {
     let ours = our_progs(pin_dir);
     let attached = PinnedMaps::at(pin_dir)
         .read_config()
@@ -326,7 +333,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             r.forwarding();
             r.driver();
             r.programs(&l, &ours);
-            r.gro_in_generic_mode(&l, &ours);
+            r.gro_in_generic_mode(&l, &ours, generic_asked);
             if l.kind.as_deref() == Some("veth") {
                 r.veth(&l);
             }
@@ -554,15 +561,28 @@ impl Report<'_> {
     /// `pass_mtu`: an offload-mode flow's take the slow path, a standalone
     /// flow's reach the router's own stack untranslated, which answers a
     /// TCP segment as the endpoint (a reset).
-    fn gro_in_generic_mode(&mut self, l: &netlink::LinkAttrs, ours: &[u32]) {
-        let ours_generic = l
+    fn gro_in_generic_mode(
+        &mut self,
+        l: &netlink::LinkAttrs,
+        ours: &[u32],
+        generic_asked: Option<bool>,
+    ) {
+        let ours_mode = l
             .xdp
             .programs()
-            .iter()
-            .any(|&(id, flag)| ours.contains(&id) && flag == netlink::XDP_FLAGS_SKB_MODE);
+            .into_iter()
+            .find(|(id, _)| ours.contains(id))
+            .map(|(_, flag)| flag == netlink::XDP_FLAGS_SKB_MODE);
         let falls_back =
-            driver(self.iface).is_some_and(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()));
-        if !(ours_generic || falls_back) {
+            || driver(self.iface).is_some_and(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()));
+        // The mode the program runs in; before an attach, the one asked
+        // for (auto: generic where the driver has no native XDP).
+        let generic = match (ours_mode, generic_asked) {
+            (Some(generic), _) => generic,
+            (None, Some(true)) => true,
+            (None, _) => falls_back(),
+        };
+        if !generic {
             return;
         }
         let iface = self.iface;
@@ -570,10 +590,13 @@ impl Report<'_> {
             Some(true) => self.add(
                 "generic-gro",
                 Level::Warn,
-                "GRO is on: in generic mode XDP sees its merged super-packets (larger than the \
-                 MTU, with partial checksums), which it can neither forward nor translate: \
-                 they go to the kernel, whose stack takes a standalone flow's as its own (TCP \
-                 connections reset)"
+                "GRO is on: in generic mode XDP sees its merged super-packets (several \
+                 segments, with partial checksums), which it can neither forward nor \
+                 translate: they go to the kernel (standalone mode: the router's own stack \
+                 takes them or they are refused, and TCP connections reset or stall; offload \
+                 mode: the slow path carries them). To keep it off across reboots: \
+                 GenericReceiveOffload=false in a systemd .link file, or the distribution's \
+                 equivalent; on a veth the peer's TSO sends such packets too (tx-checksum)"
                     .into(),
                 Some(format!("ethtool -K {iface} gro off")),
             ),
@@ -707,10 +730,12 @@ fn attached_mac(cfg: &Config, ifindex: u32) -> Option<[u8; 6]> {
 }
 
 /// Warnings `attach` prints before it changes anything (foreign programs
-/// are checked separately).
+/// are checked separately), for an attach in generic mode if
+/// `generic_asked`.
 #[must_use]
-pub fn attach_warnings(lan: &str, wan: &str) -> Vec<String> {
-    checks(&[lan.to_owned(), wan.to_owned()], Path::new("/nonexistent"))
+pub fn attach_warnings(lan: &str, wan: &str, generic_asked: bool) -> Vec<String> {
+    let ifaces = [lan.to_owned(), wan.to_owned()];
+    checks_for(&ifaces, Path::new("/nonexistent"), Some(generic_asked))
         .into_iter()
         .filter(|c| matches!(c.level, Level::Warn | Level::Fail) && c.name != "xdp-program")
         .map(Check::line)

@@ -225,13 +225,14 @@ pub fn admit(
     Ok(NewFlow::PortForward)
 }
 
-/// The port-forward rule that would let the WAN packet `ip` (to port
-/// `dport`) in, opening a flow, in standalone mode: TCP or UDP to the WAN
-/// address from a source that may open one (not a martian, RFC 1812
-/// 5.3.7, nor the WAN address itself), as [`admit`] judges it. For the
-/// paths that answer such a packet without opening its flow (Time
-/// Exceeded, Fragmentation Needed); the spoof check of a LAN source
-/// (`wan_source_in_lan`, a FIB lookup) is left to admission.
+/// The port-forward rule that matches the WAN packet `ip` (to port
+/// `dport`) in standalone mode: TCP or UDP to the WAN address from a
+/// source that may open a flow (not a martian, RFC 1812 5.3.7, nor the WAN
+/// address itself), as [`admit`] checks it. For the paths that answer
+/// such a packet without opening its flow (Time Exceeded, Fragmentation
+/// Needed). Admission also asks a TCP segment to be a SYN and the source
+/// not to live behind the LAN ([`wan_source_in_lan`], a FIB lookup): a
+/// caller whose packet admission did not judge checks those itself.
 #[inline(always)]
 pub fn forward_rule(cfg: &Config, ip: &[u8; ipv4::LEN], dport: u16) -> Option<PortForwardTarget> {
     let src = get_addr(ip, ipv4::SRC);
@@ -270,7 +271,7 @@ fn lan_source_reachable(ctx: &XdpContext, lan_ifindex: u32) -> Option<bool> {
 /// output lookup restricted to the LAN answers nothing with forwarding off
 /// there, which would let a spoofed LAN source through).
 #[inline(never)]
-fn wan_source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
+pub fn wan_source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
     let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
         return false;
     };

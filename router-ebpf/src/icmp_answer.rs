@@ -39,8 +39,9 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use router_common::{
-    hdr::{eth, frame, ipv4},
-    maps::{Counter, VMAC_IPV4},
+    flow::tcp_opens_flow,
+    hdr::{eth, frame, ipv4, tcp},
+    maps::{Counter, IPPROTO_TCP, VMAC_IPV4},
     nat::{
         ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, fragment_is_first,
         header_checksum_ok, icmp_answer,
@@ -140,8 +141,20 @@ fn flow_of(ctx: &XdpContext) -> Option<u64> {
     // one (the kernel's NAT would translate it and find the TTL exhausted
     // on forwarding): a TTL-limited SYN or datagram to a forwarded port,
     // as tcptraceroute sends them, is answered too rather than taken by
-    // the router's own stack.
-    admit::forward_rule(side.cfg, ip, dport).map(|_| crate::clock::now())
+    // the router's own stack. Judged as admission would (which a packet
+    // whose TTL ran out never reaches): a TCP segment only if it is a SYN,
+    // and not from a source that lives behind the LAN (spoofed).
+    admit::forward_rule(side.cfg, ip, dport)?;
+    if ip[ipv4::PROTO] == IPPROTO_TCP {
+        let t: &[u8; tcp::LEN] = header(ctx, frame::L4).ok()?;
+        if !tcp_opens_flow(t[tcp::FLAGS]) {
+            return None;
+        }
+    }
+    if admit::wan_source_in_lan(ctx, side.cfg.lan_ifindex) {
+        return None;
+    }
+    Some(crate::clock::now())
 }
 
 /// Takes an answer from this CPU's budget, if one is left (refilled at

@@ -49,6 +49,9 @@ mod mss;
 mod oversize;
 mod parse;
 mod v6;
+mod verdict;
+
+pub use verdict::{Packed, Step, Verdict};
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use router_common::{
@@ -62,84 +65,6 @@ use crate::{
     hop::{Hop, forward_l2},
     parse::{L4, header},
 };
-
-/// How a packet leaves the program: the action and the counter it adds to.
-#[derive(Clone, Copy)]
-pub struct Verdict {
-    pub counter: Counter,
-    pub action: u32,
-}
-
-impl Verdict {
-    /// To the kernel, for this reason.
-    #[inline(always)]
-    #[must_use]
-    pub const fn pass(counter: Counter) -> Self {
-        Self {
-            counter,
-            action: xdp_action::XDP_PASS,
-        }
-    }
-
-    /// Dropped, for this reason.
-    #[inline(always)]
-    #[must_use]
-    pub const fn drop(counter: Counter) -> Self {
-        Self {
-            counter,
-            action: xdp_action::XDP_DROP,
-        }
-    }
-}
-
-/// A [`Verdict`] as one 64-bit value: what a BPF subprogram takes and
-/// returns. A two-field struct does not fit BPF's one return register, so
-/// LLVM returns it through a pointer into the caller's stack, and wherever
-/// its register allocation leaves that pointer in R0 at the exit the
-/// verifier refuses the whole program ("cannot return stack pointer to the
-/// caller": seen after a one-line change of a condition).
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub struct Packed(u64);
-
-impl Verdict {
-    /// The verdict as a subprogram returns it.
-    #[inline(always)]
-    #[must_use]
-    pub const fn pack(self) -> Packed {
-        Packed(((self.counter as u64) << 32) | self.action as u64)
-    }
-}
-
-impl Packed {
-    /// The verdict a subprogram returned.
-    #[inline(always)]
-    #[must_use]
-    pub const fn unpack(self) -> Verdict {
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "the two halves of the packed value"
-        )]
-        let (counter, action) = ((self.0 >> 32) as u32, self.0 as u32);
-        Verdict {
-            // SAFETY: the high half is a `Counter`'s discriminant: a
-            // `Packed` is made by `Verdict::pack` only (its field is this
-            // module's).
-            counter: unsafe { core::mem::transmute::<u32, Counter>(counter) },
-            action,
-        }
-    }
-}
-
-/// A phase's result, or the verdict that ends the packet early.
-///
-/// A `Step` never carries a pointer (packet, map value or config): LLVM
-/// keeps the `Ok` pointer and the `Err` verdict of such a result in one
-/// 64-bit register and splits the verdict out with shifts, which the
-/// verifier refuses on a pointer ("pointer arithmetic with >>= operator
-/// prohibited"). Phases that yield pointers return `Option` or
-/// `Result<_, Truncated>` (a nullable pointer) instead.
-pub type Step<T> = Result<T, Verdict>;
 
 #[xdp]
 #[expect(
@@ -165,7 +90,7 @@ pub fn router(ctx: XdpContext) -> u32 {
             Counter::PassIpOptions => ip_options::forward(&ctx).unpack(),
             Counter::PassTtlExceeded => icmp_answer::time_exceeded(&ctx, v.pack()).unpack(),
             Counter::PassMtu => match oversize::forward(&ctx, v.pack()).unpack() {
-                a if a.counter == oversize::TO_ANSWER.counter => oversize::answer(&ctx).unpack(),
+                a if oversize::is_to_answer(a) => oversize::answer(&ctx).unpack(),
                 v => v,
             },
             _ => v,

@@ -315,8 +315,9 @@ fn attach_and_doctor_warn_when_forwarding_is_off() {
 
 /// Generic mode runs after GRO, whose super-packets XDP can neither
 /// forward nor translate: `doctor` warns of GRO on an interface the
-/// program runs on in generic mode (not in native mode), with the fix,
-/// and is content once GRO is off.
+/// program runs on in generic mode (not in native mode), with the fix, as
+/// `attach --mode generic` does before it attaches, and is content once
+/// GRO is off.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn doctor_warns_of_gro_in_generic_mode() {
@@ -324,18 +325,31 @@ fn doctor_warns_of_gro_in_generic_mode() {
     t.exec_ok(Ns::Router, &["ethtool", "-K", WAN_IF, "gro", "on"]);
     attach_and_print(&t, &[]);
     let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
-    let native = v["checks"]
+    let gro_checks = v["checks"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|c| c["name"] == "generic-gro")
         .count();
-    assert_eq!(native, 0, "a generic-gro check in native mode: {v}");
+    assert_eq!(gro_checks, 0, "a generic-gro check in native mode: {v}");
     t.router_ctl_ok(&["detach"]);
 
-    attach_and_print(&t, &["--mode", "generic"]);
+    // attach warns before it attaches in generic mode.
+    let o = ctl_env(
+        &t,
+        &[],
+        &[
+            "attach", LAN_IF, WAN_IF, "--admit", "xdp", "--mode", "generic",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    println!("{e}");
+    assert!(
+        e.contains(&format!("ethtool -K {WAN_IF} gro off")),
+        "attach --mode generic does not warn of GRO: {e}"
+    );
     let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
-    println!("{}", stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF])));
     let gro = check(&v, WAN_IF, "generic-gro");
     assert_eq!(gro["level"], "warn", "{gro}");
     assert_eq!(gro["fix"], format!("ethtool -K {WAN_IF} gro off").as_str());

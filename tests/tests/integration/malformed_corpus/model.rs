@@ -195,14 +195,24 @@ fn carried(forwarded: Counter, passed: Counter) -> Vec<Counter> {
 }
 
 /// Whether the WAN packet `f` (no options) would open a flow through one
-/// of the corpus's port-forward rules: TCP or UDP to the WAN address and a
-/// forwarded port, from a source that may open one (not a martian, not
-/// the WAN address). A TTL-limited one is answered with Time Exceeded.
+/// of the corpus's port-forward rules: a TCP SYN or UDP to the WAN address
+/// and a forwarded port, from a source that may open one (not a martian,
+/// not the WAN address, not a LAN host's). A TTL-limited one is answered
+/// with Time Exceeded.
 fn opens_by_rule(f: &[u8]) -> bool {
     let (proto, src) = (f[IP_OFF + 9], addr(f, IP_OFF + 12));
-    addr(f, IP_OFF + 16) == WAN
+    let syn_or_udp = match proto {
+        IPPROTO_TCP => {
+            f.len() >= L4_OFF + 20
+                && f[L4_OFF + 13] & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN
+        }
+        _ => true,
+    };
+    syn_or_udp
+        && addr(f, IP_OFF + 16) == WAN
         && src != WAN
         && forwardable_addr(src)
+        && !lan_host(src)
         && PORT_FORWARDS
             .iter()
             .any(|&(p, port, ..)| p == proto && port == be16(f, L4_OFF + 2))
@@ -379,6 +389,7 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
                 && !matches!(
                     c,
                     Counter::PassNoNeighbour
+                        | Counter::PassMtuTranslated
                         | Counter::PassNotIpv4
                         | Counter::PassNotConfigured
                         | Counter::PassNotForUs

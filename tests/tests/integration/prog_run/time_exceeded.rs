@@ -127,6 +127,20 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
             &env.server_sends(&Ipv4::new(WAN, WAN, Tcp::new(33003, 8080, TCP_SYN)).ttl(1)),
             wan,
         );
+        // As admission judges a packet: a TCP segment without SYN opens
+        // no flow, nor does a source that lives behind the LAN (spoofed).
+        untouched(
+            r,
+            "an ACK to a forwarded port",
+            &env.server_sends(&Ipv4::new(SERVER, WAN, Tcp::new(33004, 8080, TCP_ACK)).ttl(1)),
+            wan,
+        );
+        untouched(
+            r,
+            "from a LAN address to a forwarded port",
+            &env.server_sends(&Ipv4::new(LAN_NOBODY, WAN, Tcp::new(33005, 8080, TCP_SYN)).ttl(1)),
+            wan,
+        );
         untouched(r, "from the LAN", &env.client_sends(&q.clone().ttl(1)), lan);
         let mut bad = env.server_sends(&answer.clone().ttl(1));
         bad[IP_OFF + 10] ^= 0x40;
@@ -186,5 +200,18 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
         let (left, filled) = r.icmp_answer_budget(cpu);
         assert_eq!(left, 49, "filled up to the burst of 50, one taken");
         assert!(filled > 0, "the fill's time is recorded");
+
+        // Offload mode (the rules left from a standalone attach, which
+        // `--admit` changes in place): the kernel admits, so a packet to
+        // a forwarded port with no flow is its own to judge.
+        let mut offload = config(&env);
+        offload.admit = router_common::maps::Admit::Kernel as u8;
+        r.configure(&offload);
+        untouched(
+            r,
+            "offload mode: a SYN to a forwarded port",
+            &env.server_sends(&Ipv4::new(SERVER, WAN, Tcp::new(33006, 8080, TCP_SYN)).ttl(1)),
+            wan,
+        );
     });
 }
