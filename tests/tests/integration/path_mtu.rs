@@ -184,25 +184,8 @@ fn udp_larger_than_the_lan_is_fragmented_or_answered() {
         "the datagram passed translated"
     );
 
-    let before = t.stats();
-    set_pmtu_discovery(&server, libc::IP_PMTUDISC_DO);
     assert_eq!(path_mtu(&server), 1500, "the server's path MTU at first");
-    server.send(&big).unwrap();
-    assert!(
-        receive(&client).is_none(),
-        "DF set: the datagram reached the client through a narrower LAN"
-    );
-    let after = t.stats();
-    assert_eq!(
-        counter_delta(&before, &after, "drop_frag_needed_answered"),
-        1,
-        "the datagram answered"
-    );
-    assert_eq!(
-        path_mtu(&server),
-        NARROW_MTU,
-        "the server's kernel learned the LAN's MTU"
-    );
+    refused_with_df(&t, (&server, &client), "drop_frag_needed_answered");
     // The answer also reached the socket: a connected one gets the error
     // (pending until read, as a later send would return it).
     let pending = server.take_error().unwrap();
@@ -247,22 +230,22 @@ fn udp_from_the_lan_larger_than_the_wan_keeps_its_mapping() {
         "the datagram passed translated"
     );
 
-    set_pmtu_discovery(&client, libc::IP_PMTUDISC_DO);
+    refused_with_df(&t, (&client, &server), "pass_mtu");
+}
+
+/// A [`BIG`] datagram with DF set from `from` (connected) to `to` through
+/// the narrowed link: it does not arrive, the router's data path counts it
+/// under `counter`, and the sender's kernel learns [`NARROW_MTU`] from the
+/// Fragmentation Needed (the data path's answer, or the kernel's).
+fn refused_with_df(t: &Topology, (from, to): (&UdpSocket, &UdpSocket), counter: &str) {
+    set_pmtu_discovery(from, libc::IP_PMTUDISC_DO);
     let before = t.stats();
-    client.send(&big).unwrap();
+    from.send(&pattern(BIG)).unwrap();
     assert!(
-        receive(&server).is_none(),
-        "DF set: the datagram reached the server through a narrower WAN"
+        receive(to).is_none(),
+        "DF set: the datagram went through the narrower link"
     );
     let after = t.stats();
-    assert_eq!(
-        counter_delta(&before, &after, "pass_mtu"),
-        1,
-        "the datagram left to the kernel"
-    );
-    assert_eq!(
-        path_mtu(&client),
-        NARROW_MTU,
-        "the client's kernel learned the WAN's MTU"
-    );
+    assert_eq!(counter_delta(&before, &after, counter), 1, "{counter}");
+    assert_eq!(path_mtu(from), NARROW_MTU, "the sender's path MTU");
 }

@@ -18,6 +18,21 @@ fn time_exceeded_for(env: &ResolvedTopology, received: &Ipv4) -> Vec<u8> {
     env.to_server(&ip)
 }
 
+/// Asserts that `ip`, sent by the server, is answered with its Time
+/// Exceeded (every checksum of which is right).
+fn answered(r: &Router, env: &ResolvedTopology, what: &str, ip: &Ipv4) {
+    let run = r.check(
+        what,
+        &env.server_sends(ip),
+        r.wan,
+        XDP_REDIRECT,
+        &time_exceeded_for(env, ip),
+        Counter::DropTtlExceededAnswered,
+        &[],
+    );
+    frames::verify_checksums(&run.out);
+}
+
 /// UDP, TCP and ICMP echo flows: the server's packets with TTL 1 or 0 are
 /// answered, the flows untouched, and so are packets that a port-forward
 /// rule would let in (no flow opened); a packet of no flow (a traceroute
@@ -66,16 +81,7 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
                 Ipv4::new(SERVER, WAN, Icmp::echo_reply(40020, 1, b"pong")).ttl(1),
             ),
         ] {
-            let run = r.check(
-                what,
-                &env.server_sends(&ip),
-                wan,
-                XDP_REDIRECT,
-                &time_exceeded_for(&env, &ip),
-                Counter::DropTtlExceededAnswered,
-                &[],
-            );
-            frames::verify_checksums(&run.out);
+            answered(r, &env, what, &ip);
         }
         assert_eq!(r.flows(), flows, "the flows untouched");
 
@@ -104,15 +110,7 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
                 Ipv4::new(SERVER, WAN, Udp::new(33001, 5353, b"probe")).ttl(1),
             ),
         ] {
-            r.check(
-                what,
-                &env.server_sends(&ip),
-                wan,
-                XDP_REDIRECT,
-                &time_exceeded_for(&env, &ip),
-                Counter::DropTtlExceededAnswered,
-                &[],
-            );
+            answered(r, &env, what, &ip);
         }
         assert_eq!(r.flows(), flows, "no flow opened");
         untouched(
