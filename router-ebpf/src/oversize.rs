@@ -58,6 +58,7 @@ static OVERSIZE_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1,
 /// it is. Two subprograms rather than one: the answer's frame (and that of
 /// the frame builder it calls) would add to [`forward`]'s, and the entry
 /// point's call chains are at the verifier's 512 bytes.
+///
 /// An answered packet leaves redirected, so this pass verdict is none that
 /// a packet could be given.
 pub const TO_ANSWER: Verdict = Verdict::pass(Counter::DropFragNeededAnswered);
