@@ -14,7 +14,8 @@
 //! - [`packet`]: `AF_PACKET` sockets capturing one interface's packets;
 //! - [`v6`]: IPv6 addresses in the topology and crafted IPv6 frames;
 //! - [`host`], [`netns`], [`echo`]: host commands, entering a namespace,
-//!   echo servers and clients.
+//!   echo servers and clients;
+//! - [`sockopt`]: the socket options `socket2` does not offer.
 
 pub mod addr;
 pub mod bench_topology;
@@ -25,6 +26,7 @@ pub mod netns;
 pub mod packet;
 pub mod prog;
 pub mod rawbpf;
+pub mod sockopt;
 pub mod stun;
 pub mod topology;
 pub mod trafficgen;

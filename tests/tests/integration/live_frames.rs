@@ -242,18 +242,8 @@ impl Capture6 {
         )
         .expect("AF_PACKET socket on the capture interface");
         let sock = socket2::Socket::from(fd);
-        let size: libc::c_int = 64 << 20;
-        // SAFETY: an int option of its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&sock),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                (&raw const size).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
+        let (level, name) = (libc::SOL_SOCKET, libc::SO_RCVBUFFORCE);
+        tests::sockopt::set_int(&sock, level, name, 64 << 20, "SO_RCVBUFFORCE");
         sock.set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
         Self(sock)
@@ -262,28 +252,10 @@ impl Capture6 {
     /// Frames the socket dropped for want of buffer space so far
     /// (`PACKET_STATISTICS`, which resets on reading).
     fn drops(&self) -> u32 {
-        use std::os::fd::AsRawFd;
-        let mut st = libc::tpacket_stats {
-            tp_packets: 0,
-            tp_drops: 0,
-        };
-        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
-        // SAFETY: a tpacket_stats of its size.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.0.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_STATISTICS,
-                (&raw mut st).cast(),
-                &raw mut len,
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "PACKET_STATISTICS: {}",
-            std::io::Error::last_os_error()
-        );
+        let (level, name) = (libc::SOL_PACKET, libc::PACKET_STATISTICS);
+        // SAFETY: the kernel's struct for PACKET_STATISTICS, valid all zero.
+        let st: libc::tpacket_stats =
+            unsafe { tests::sockopt::get(&self.0, level, name, "PACKET_STATISTICS") };
         st.tp_drops
     }
 }

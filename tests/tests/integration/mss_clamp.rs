@@ -18,7 +18,6 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use tests::{Ns, SERVER_ADDR, Topology, WAN_IF, counter_delta, pattern, socket_addr};
@@ -67,22 +66,8 @@ fn wan_rx_dropped(t: &Topology) -> u64 {
 
 /// The kernel's `TCP_INFO` of `sock`.
 pub(crate) fn tcp_info(sock: &TcpStream) -> libc::tcp_info {
-    // SAFETY: an all-zero tcp_info is valid; getsockopt writes at most
-    // `len` bytes into it.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = libc::socklen_t::try_from(size_of::<libc::tcp_info>()).expect("small struct");
-    // SAFETY: a valid socket, and a buffer of `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut info).cast(),
-            &raw mut len,
-        )
-    };
-    assert_eq!(rc, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
-    info
+    // SAFETY: the kernel's struct for TCP_INFO, valid all zero.
+    unsafe { tests::sockopt::get(sock, libc::IPPROTO_TCP, libc::TCP_INFO, "TCP_INFO") }
 }
 
 /// The IPv4 packet a full-size segment of `sock` makes: its send MSS

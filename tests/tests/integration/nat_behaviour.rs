@@ -669,19 +669,8 @@ struct InboundSyn {
 
 /// `SO_REUSEPORT` on (socket2 has it only with its "all" feature).
 fn set_reuse_port(s: &socket2::Socket) {
-    use std::os::fd::AsRawFd;
-    let on: libc::c_int = 1;
-    // SAFETY: a valid socket fd and a c_int option value of the given size.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_REUSEPORT,
-            (&raw const on).cast(),
-            libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("small"),
-        )
-    };
-    assert_eq!(rc, 0, "SO_REUSEPORT: {}", std::io::Error::last_os_error());
+    let (level, name) = (libc::SOL_SOCKET, libc::SO_REUSEPORT);
+    tests::sockopt::set_int(s, level, name, 1, "SO_REUSEPORT");
 }
 
 /// RFC 5382 section 4.3: a LAN host connects out from port `LOCAL_PORT`

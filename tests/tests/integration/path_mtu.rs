@@ -14,10 +14,11 @@
 //! The `BPF_PROG_RUN` tests (`prog_run::oversize`) check the bytes.
 
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use tests::{LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_delta, pattern};
+use tests::{
+    LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, counter_delta, pattern, sockopt,
+};
 
 use crate::ctl::attach_and_print;
 use crate::mss_clamp::{COMPLETES_WITHIN, PAYLOAD, download};
@@ -80,41 +81,15 @@ fn a_tcp_download_finds_the_path_mtu_of_a_narrower_lan() {
 /// Sets `IP_MTU_DISCOVER` of `sock` to `mode` (`IP_PMTUDISC_DO`: DF set and
 /// no local fragmenting; `IP_PMTUDISC_DONT`: DF clear).
 fn set_pmtu_discovery(sock: &UdpSocket, mode: libc::c_int) {
-    // SAFETY: a valid socket and an int option.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            (&raw const mode).cast(),
-            libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("int"),
-        )
-    };
-    assert_eq!(
-        rc,
-        0,
-        "IP_MTU_DISCOVER: {}",
-        std::io::Error::last_os_error()
-    );
+    let (level, name) = (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER);
+    sockopt::set_int(sock, level, name, mode, "IP_MTU_DISCOVER");
 }
 
 /// The path MTU the kernel knows for the connected socket `sock`
 /// (`IP_MTU`).
 fn path_mtu(sock: &UdpSocket) -> i32 {
-    let mut mtu: libc::c_int = 0;
-    let mut len = libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("int");
-    // SAFETY: a valid socket and an int-sized buffer.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU,
-            (&raw mut mtu).cast(),
-            &raw mut len,
-        )
-    };
-    assert_eq!(rc, 0, "IP_MTU: {}", std::io::Error::last_os_error());
-    mtu
+    // SAFETY: an int option.
+    unsafe { sockopt::get(sock, libc::IPPROTO_IP, libc::IP_MTU, "IP_MTU") }
 }
 
 /// The next datagram on `sock` within [`RECEIVE_WITHIN`], with its
