@@ -1,5 +1,5 @@
-//! ICMP errors the data path sends itself about a WAN packet of a flow it
-//! carries (not an offloaded one), where the kernel's NAT would have
+//! ICMP errors the data path sends itself about a packet to the WAN
+//! address of a flow it carries (not an offloaded one), where the kernel's NAT would have
 //! translated the packet, found it undeliverable while forwarding, and
 //! sent the error with its quote translated back:
 //! - Time Exceeded ([`time_exceeded`]): its TTL ran out here (RFC 1812
@@ -15,9 +15,9 @@
 //! knows nothing of the data path's flows, would answer as the endpoint: a
 //! TCP RST that the remote accepts (a TTL-limited probe or one oversize
 //! segment over a live connection resets it), a port unreachable for UDP.
-//! So the answer goes from the WAN address, quoting the packet as the
-//! remote sent it, back out of the WAN (redirected to the interface it
-//! came in on) to the MAC the packet came from. Rate-limited per CPU at
+//! So the answer goes from the WAN address, quoting the packet as its
+//! sender sent it, back out of the interface it came in on (the WAN; the
+//! LAN for a hairpinned packet too large) to the MAC the packet came from. Rate-limited per CPU at
 //! Linux's global defaults for its ICMP errors (`icmp_msgs_per_sec` 1000,
 //! burst 50; Linux also limits each destination, this does not): past the
 //! limit the packet is dropped unanswered. A later fragment is never
@@ -101,9 +101,10 @@ fn answer_time_exceeded(ctx: &XdpContext, v: Verdict) -> Verdict {
     .unwrap_or(v)
 }
 
-/// Answers the packet of `ctx`, received at `now` (a WAN packet of a flow
-/// the data path carries, with DF set, larger than the next hop's MTU
-/// `mtu`), with an ICMP Fragmentation Needed. Dropped unanswered past the
+/// Answers the packet of `ctx`, received at `now` (to the WAN address, of
+/// a flow the data path carries or a port forward's first, with DF set,
+/// larger than the next hop's MTU `mtu`), with an ICMP Fragmentation
+/// Needed. Dropped unanswered past the
 /// rate limit or should the frame not be resizable: passed, it would be
 /// taken as the router's own (see the module's text).
 #[inline(always)]
