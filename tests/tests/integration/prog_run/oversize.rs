@@ -26,6 +26,21 @@ fn frag_needed_for(env: &ResolvedTopology, received: &Ipv4, mtu: u16) -> Vec<u8>
     env.to_server(&ip)
 }
 
+/// Asserts that `ip`, sent by the server, is answered with its
+/// Fragmentation Needed carrying `mtu` (every checksum of which is right).
+fn answered(r: &Router, env: &ResolvedTopology, what: &str, ip: &Ipv4, mtu: u16) {
+    let run = r.check(
+        what,
+        &env.server_sends(ip),
+        r.wan,
+        XDP_REDIRECT,
+        &frag_needed_for(env, ip, mtu),
+        Counter::DropFragNeededAnswered,
+        &[],
+    );
+    frames::verify_checksums(&run.out);
+}
+
 /// `ip` with DF clear.
 fn may_fragment(mut ip: Ipv4) -> Ipv4 {
     ip.frag = 0;
@@ -84,16 +99,7 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
         );
         let pong = Ipv4::new(SERVER, WAN, Icmp::echo_reply(40020, 1, &[0x3c; BIG]));
         for (what, ip) in [("UDP", &answer), ("TCP", &segment), ("echo reply", &pong)] {
-            let run = r.check(
-                &format!("{what}, DF set"),
-                &env.server_sends(ip),
-                wan,
-                XDP_REDIRECT,
-                &frag_needed_for(&env, ip, LAN_MTU),
-                Counter::DropFragNeededAnswered,
-                &[],
-            );
-            frames::verify_checksums(&run.out);
+            answered(r, &env, &format!("{what}, DF set"), ip, LAN_MTU);
         }
         let flows = r.flows();
         for (what, ip, port) in [
@@ -122,15 +128,7 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
         ];
         env.t.exec_ok(Ns::Router, &route);
         let mid = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &[0xa5; 950]));
-        r.check(
-            "over a locked route MTU",
-            &env.server_sends(&mid),
-            wan,
-            XDP_REDIRECT,
-            &frag_needed_for(&env, &mid, 900),
-            Counter::DropFragNeededAnswered,
-            &[],
-        );
+        answered(r, &env, "over a locked route MTU", &mid, 900);
         env.t
             .exec_ok(Ns::Router, &["ip", "route", "del", &client, "dev", LAN_IF]);
 
@@ -163,15 +161,8 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
         r.forward(IPPROTO_UDP, 5353, CLIENT, 53);
         let first_in = Ipv4::new(SERVER, WAN, Udp::new(33000, 5353, &[0x11; BIG]));
         let flows = r.flows();
-        r.check(
-            "a port forward's first packet, DF set",
-            &env.server_sends(&first_in),
-            wan,
-            XDP_REDIRECT,
-            &frag_needed_for(&env, &first_in, LAN_MTU),
-            Counter::DropFragNeededAnswered,
-            &[],
-        );
+        let what = "a port forward's first packet, DF set";
+        answered(r, &env, what, &first_in, LAN_MTU);
         r.pass(
             "a port forward's first packet, DF clear",
             &env.server_sends(&may_fragment(first_in)),
@@ -287,15 +278,7 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
             Counter::DropFragNeeded,
         );
         r.set_icmp_answer_budget(0, 0);
-        r.check(
-            "a fill long past",
-            &env.server_sends(&answer),
-            wan,
-            XDP_REDIRECT,
-            &frag_needed_for(&env, &answer, LAN_MTU),
-            Counter::DropFragNeededAnswered,
-            &[],
-        );
+        answered(r, &env, "a fill long past", &answer, LAN_MTU);
         assert_eq!(r.icmp_answer_budget(cpu).0, 49, "one answer taken");
     });
 }
