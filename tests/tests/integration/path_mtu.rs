@@ -13,7 +13,7 @@
 //!
 //! The `BPF_PROG_RUN` tests (`prog_run::oversize`) check the bytes.
 
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use tests::{
@@ -94,7 +94,7 @@ fn path_mtu(sock: &UdpSocket) -> i32 {
 
 /// The next datagram on `sock` within [`RECEIVE_WITHIN`], with its
 /// sender; `None` if none came.
-fn receive(sock: &UdpSocket) -> Option<(Vec<u8>, std::net::SocketAddr)> {
+fn receive(sock: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
     sock.set_read_timeout(Some(RECEIVE_WITHIN)).unwrap();
     let mut buf = vec![0u8; 4096];
     match sock.recv_from(&mut buf) {
@@ -114,7 +114,7 @@ fn receive(sock: &UdpSocket) -> Option<(Vec<u8>, std::net::SocketAddr)> {
 /// A UDP flow from the client to the server (opened by a small datagram,
 /// so the data path carries it): the client's socket, the server's, and
 /// the flow's mapped address (where the server saw it come from).
-fn udp_flow(t: &Topology) -> (UdpSocket, UdpSocket, std::net::SocketAddr) {
+fn udp_flow(t: &Topology) -> (UdpSocket, UdpSocket, SocketAddr) {
     let server = t.in_ns(Ns::Server, || {
         UdpSocket::bind((SERVER_ADDR, UDP_PORT)).expect("bind the server")
     });
@@ -143,21 +143,7 @@ fn udp_larger_than_the_lan_is_fragmented_or_answered() {
     server.connect(mapped).unwrap();
     let big = pattern(BIG);
 
-    let before = t.stats();
-    set_pmtu_discovery(&server, libc::IP_PMTUDISC_DONT);
-    server.send(&big).unwrap();
-    let got = receive(&client).map(|(d, _)| d);
-    let after = t.stats();
-    assert!(
-        got.as_deref() == Some(&big[..]),
-        "DF clear: the client got {:?} bytes",
-        got.map(|d| d.len())
-    );
-    assert_eq!(
-        counter_delta(&before, &after, "pass_mtu_translated"),
-        1,
-        "the datagram passed translated"
-    );
+    passed_translated(&t, (&server, &client));
 
     assert_eq!(path_mtu(&server), 1500, "the server's path MTU at first");
     refused_with_df(&t, (&server, &client), "drop_frag_needed_answered");
@@ -191,21 +177,33 @@ fn udp_from_the_lan_larger_than_the_wan_keeps_its_mapping() {
     narrow(&t, WAN_IF);
     attach_and_print(&t, &[]);
     let (client, server, mapped) = udp_flow(&t);
-    set_pmtu_discovery(&client, libc::IP_PMTUDISC_DONT);
+    let from = passed_translated(&t, (&client, &server));
+    assert_eq!(from, mapped, "from the flow's mapped address");
+
+    refused_with_df(&t, (&client, &server), "pass_mtu");
+}
+
+/// A [`BIG`] datagram with DF clear from `from` (connected) to `to`
+/// through the narrowed link: XDP translates and passes it, the kernel
+/// fragments it, and it arrives whole. Where it came from, as `to` saw it.
+fn passed_translated(t: &Topology, (from, to): (&UdpSocket, &UdpSocket)) -> SocketAddr {
+    set_pmtu_discovery(from, libc::IP_PMTUDISC_DONT);
     let big = pattern(BIG);
     let before = t.stats();
-    client.send(&big).unwrap();
-    let (got, from) = receive(&server).expect("the big datagram reached the server");
+    from.send(&big).unwrap();
+    let got = receive(to);
     let after = t.stats();
-    assert_eq!(got, big, "the datagram whole");
-    assert_eq!(from, mapped, "from the flow's mapped address");
+    assert!(
+        got.as_ref().is_some_and(|(d, _)| *d == big),
+        "DF clear: {:?} bytes arrived",
+        got.map(|(d, _)| d.len())
+    );
     assert_eq!(
         counter_delta(&before, &after, "pass_mtu_translated"),
         1,
         "the datagram passed translated"
     );
-
-    refused_with_df(&t, (&client, &server), "pass_mtu");
+    got.expect("checked above").1
 }
 
 /// A [`BIG`] datagram with DF set from `from` (connected) to `to` through
