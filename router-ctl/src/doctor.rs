@@ -2,7 +2,6 @@
 //! with a fix. `attach` runs the same checks and warns.
 //!
 //! - native XDP support of the driver (else `auto` falls back to generic);
-//! - GRO in generic mode (its super-packets go to the kernel);
 //! - an XDP program already attached (router-ctl's own, or a foreign one);
 //! - veth: frames redirected into a veth are dropped unless its peer runs
 //!   NAPI (an XDP program or GRO on the peer);
@@ -307,13 +306,6 @@ impl Report<'_> {
 /// Every check for `ifaces` (names in the current namespace).
 #[must_use]
 pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
-    checks_for(ifaces, pin_dir, None)
-}
-
-/// [`checks`], for an attach that asks for generic mode (`Some(true)`) or
-/// not (`Some(false)`: native, or native with the fallback), or for the
-/// program as attached (`None`).
-fn checks_for(ifaces: &[String], pin_dir: &Path, generic_asked: Option<bool>) -> Vec<Check> {
     let ours = our_progs(pin_dir);
     let attached = PinnedMaps::at(pin_dir)
         .read_config()
@@ -333,7 +325,6 @@ fn checks_for(ifaces: &[String], pin_dir: &Path, generic_asked: Option<bool>) ->
             r.forwarding();
             r.driver();
             r.programs(&l, &ours);
-            r.gro_in_generic_mode(&l, &ours, generic_asked);
             if l.kind.as_deref() == Some("veth") {
                 r.veth(&l);
             }
@@ -552,64 +543,6 @@ impl Report<'_> {
         );
     }
 
-    /// GRO on an interface where the program runs in generic mode (or
-    /// would: a driver without native XDP, where `--mode auto` falls back).
-    /// Generic XDP runs after GRO, so it sees GRO's super-packets: larger
-    /// than the MTU, with a partial checksum, which XDP can neither forward
-    /// (the FIB refuses them as too big) nor translate (its incremental
-    /// update assumes a complete checksum). They go to the kernel as
-    /// `pass_mtu`: an offload-mode flow's take the slow path, a standalone
-    /// flow's reach the router's own stack untranslated, which answers a
-    /// TCP segment as the endpoint (a reset).
-    fn gro_in_generic_mode(
-        &mut self,
-        l: &netlink::LinkAttrs,
-        ours: &[u32],
-        generic_asked: Option<bool>,
-    ) {
-        let ours_mode = l
-            .xdp
-            .programs()
-            .into_iter()
-            .find(|(id, _)| ours.contains(id))
-            .map(|(_, flag)| flag == netlink::XDP_FLAGS_SKB_MODE);
-        let falls_back =
-            || driver(self.iface).is_some_and(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()));
-        // The mode the program runs in; before an attach, the one asked
-        // for (auto: generic where the driver has no native XDP).
-        let generic = match (ours_mode, generic_asked) {
-            (Some(generic), _) => generic,
-            (None, Some(true)) => true,
-            (None, _) => falls_back(),
-        };
-        if !generic {
-            return;
-        }
-        let iface = self.iface;
-        match ethtool_value(iface, ETHTOOL_GGRO) {
-            Some(true) => self.add(
-                "generic-gro",
-                Level::Warn,
-                "GRO is on: in generic mode XDP sees its merged super-packets (several \
-                 segments, with partial checksums), which it can neither forward nor \
-                 translate: they go to the kernel (standalone mode: the router's own stack \
-                 takes them or they are refused, and TCP connections reset or stall; offload \
-                 mode: the slow path carries them). To keep it off across reboots: \
-                 GenericReceiveOffload=false in a systemd .link file, or the distribution's \
-                 equivalent; on a veth the peer's TSO sends such packets too (tx-checksum)"
-                    .into(),
-                Some(format!("ethtool -K {iface} gro off")),
-            ),
-            Some(false) => self.add(
-                "generic-gro",
-                Level::Ok,
-                "GRO is off (generic mode sees the packets as they came)".into(),
-                None,
-            ),
-            None => {}
-        }
-    }
-
     /// A veth's peer (NAPI for redirected frames, checksums it sends) and
     /// the MTU native XDP on a veth allows.
     fn veth(&mut self, l: &netlink::LinkAttrs) {
@@ -730,12 +663,11 @@ fn attached_mac(cfg: &Config, ifindex: u32) -> Option<[u8; 6]> {
 }
 
 /// Warnings `attach` prints before it changes anything (foreign programs
-/// are checked separately), for an attach in generic mode if
-/// `generic_asked`.
+/// are checked separately).
 #[must_use]
-pub fn attach_warnings(lan: &str, wan: &str, generic_asked: bool) -> Vec<String> {
+pub fn attach_warnings(lan: &str, wan: &str) -> Vec<String> {
     let ifaces = [lan.to_owned(), wan.to_owned()];
-    checks_for(&ifaces, Path::new("/nonexistent"), Some(generic_asked))
+    checks(&ifaces, Path::new("/nonexistent"))
         .into_iter()
         .filter(|c| matches!(c.level, Level::Warn | Level::Fail) && c.name != "xdp-program")
         .map(Check::line)

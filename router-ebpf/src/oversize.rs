@@ -20,11 +20,12 @@
 //!   packet.
 //!
 //! Left as `pass_mtu`: a frame larger than the interface it came in on
-//! carries (only generic-mode XDP sees those: GRO's or a local sender's
-//! TSO super-packets, whose partial checksum no translation here could
-//! keep right; `doctor` warns of GRO in generic mode), a new flow's first
-//! packet with DF clear or from the LAN (no entry to translate it with
-//! yet), and fragments and packets with IP options (their own paths, which
+//! carries (only generic-mode XDP sees those: a local sender's TSO
+//! packets handed over a veth or tap unsegmented, whose partial checksum
+//! no translation here could keep right; not a NIC's GRO aggregates: the
+//! kernel skips GRO on an interface running a generic XDP program), a new
+//! flow's first packet with DF clear or from the LAN (no entry to
+//! translate it with yet), and fragments and packets with IP options (their own paths, which
 //! pass such packets as `pass_mtu` too).
 
 use aya_ebpf::{macros::map, maps::PerCpuArray, programs::XdpContext};

@@ -38,8 +38,7 @@ pub fn fresh(
 ) -> Result<()> {
     check_foreign(&a.lan, desired.lan_ifindex, a.force)?;
     check_foreign(&a.wan, desired.wan_ifindex, a.force)?;
-    let generic = a.mode == crate::config::Mode::Generic;
-    for w in doctor::attach_warnings(&a.lan, &a.wan, generic) {
+    for w in doctor::attach_warnings(&a.lan, &a.wan) {
         warn!("{w}");
     }
     let root = ctx.pin_dir.parent().context("pin dir without parent")?;

@@ -21,6 +21,7 @@ mod doctor;
 mod ebpf_log;
 mod failover;
 mod flow_counters;
+mod generic_mode;
 mod ipv6_e2e;
 mod lifecycle;
 mod live_frames;

@@ -143,8 +143,8 @@ fn a_packet_of_a_flow_larger_than_its_next_hop_is_answered_or_passed_translated(
             &[],
         );
 
-        // Larger than the WAN link it came in on (1500): a super-packet
-        // only generic-mode XDP sees (GRO, a local sender's TSO), whose
+        // Larger than the WAN link it came in on (1500): a GSO packet only
+        // generic-mode XDP sees (a local sender's TSO over a veth), whose
         // partial checksum a translation here would not keep right. The
         // kernel's, untouched.
         let aggregate = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &[0xa5; 1600]));

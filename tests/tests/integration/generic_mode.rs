@@ -1,0 +1,123 @@
+//! Generic (SKB-mode) XDP end to end, the mode `--mode auto` falls back to
+//! on a NIC whose driver has no native XDP.
+//!
+//! The kernel runs no GRO on an interface that has a generic XDP program
+//! (`netif_elide_gro`) and turns its hardware GRO and LRO off when the
+//! program is installed, so the program sees frames as they came off the
+//! wire even with GRO on: a standalone flow's TCP segments are translated
+//! and forwarded by XDP one by one. A GRO aggregate reaching the program
+//! would be larger than its link, passed untranslated (`pass_mtu`), and
+//! the router's own stack would take a standalone flow's and reset the
+//! connection.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tests::{LAN_IF, Ns, Topology, WAN_IF, counter_delta, pattern};
+
+use crate::ctl::attach_and_print;
+use crate::mss_clamp::{COMPLETES_WITHIN, Download, PAYLOAD, download};
+
+/// The router interfaces' MTU (the topology's default).
+const LINK_MTU: usize = 1500;
+
+/// Runs `f` while capturing the IPv4 packets crossing the router's `dev`
+/// (as the stack sees them: after GRO, after a generic XDP program); its
+/// result and the largest IPv4 total length seen.
+fn largest_packet_during<T: Send>(t: &Topology, dev: &str, f: impl FnOnce() -> T) -> (T, usize) {
+    let ifindex = t.ifindex(Ns::Router, dev);
+    let fd: OwnedFd = t.in_ns(Ns::Router, || {
+        tests::packet::packet_socket(
+            ifindex,
+            libc::ETH_P_IP as u16,
+            tests::packet::Framing::Packet,
+            true,
+        )
+        .expect("AF_PACKET socket on the router interface")
+    });
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut largest = 0;
+            let mut buf = vec![0u8; 65536];
+            // Ends when `f` has returned (the download is bounded by its
+            // own time limit).
+            while !stop.load(Ordering::SeqCst) {
+                // SAFETY: a valid buffer of its length.
+                let n =
+                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                match usize::try_from(n) {
+                    Ok(n) if n >= 4 => {
+                        largest = largest.max(usize::from(u16::from_be_bytes([buf[2], buf[3]])));
+                    }
+                    Ok(_) => {}
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                }
+            }
+            largest
+        });
+        let r = f();
+        stop.store(true, Ordering::SeqCst);
+        (r, reader.join().expect("capture thread"))
+    })
+}
+
+fn assert_complete(d: &Download, path: &str) {
+    assert!(
+        d.complete && d.got == pattern(PAYLOAD),
+        "{path}: the download got {} of {PAYLOAD} bytes (complete: {})",
+        d.got.len(),
+        d.complete
+    );
+}
+
+/// With GRO on on both router interfaces, the wire first shown to make
+/// GRO aggregates (through the kernel's NAT the WAN interface receives
+/// the download in packets larger than its MTU), a standalone router in
+/// generic mode carries the same download in XDP, every segment
+/// translated and forwarded on its own: none passed as too large, and the
+/// download completes intact.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn generic_mode_sees_wire_frames_with_gro_on() {
+    let t = Topology::new();
+    for dev in [LAN_IF, WAN_IF] {
+        t.exec_ok(Ns::Router, &["ethtool", "-K", dev, "gro", "on"]);
+    }
+
+    t.masquerade();
+    let (d, largest) = largest_packet_during(&t, WAN_IF, || download(&t, COMPLETES_WITHIN));
+    println!("kernel NAT: largest packet received on {WAN_IF}: {largest} bytes");
+    assert_complete(&d, "kernel NAT");
+    assert!(
+        largest > LINK_MTU,
+        "no GRO aggregate on the kernel path (largest {largest} bytes): this wire cannot show \
+         what generic mode does with them"
+    );
+    t.iptables(Ns::Router, &["-t", "nat", "-F", "POSTROUTING"]);
+
+    attach_and_print(&t, &["--mode", "generic"]);
+    let link = t.exec_ok(Ns::Router, &["ip", "link", "show", "dev", WAN_IF]);
+    assert!(
+        link.contains("xdpgeneric"),
+        "not attached in generic mode: {link}"
+    );
+    let before = t.stats();
+    let (d, largest) = largest_packet_during(&t, WAN_IF, || download(&t, COMPLETES_WITHIN));
+    let after = t.stats();
+    let inbound = counter_delta(&before, &after, "fwd_inbound");
+    let too_large = counter_delta(&before, &after, "pass_mtu");
+    println!(
+        "generic XDP: {inbound} packets forwarded inbound, {too_large} passed as too large; \
+         largest packet the kernel saw on {WAN_IF}: {largest} bytes"
+    );
+    assert_eq!(
+        too_large, 0,
+        "packets larger than the link reached the program: {after}"
+    );
+    assert_complete(&d, "generic XDP");
+    assert!(
+        inbound as usize >= PAYLOAD / LINK_MTU,
+        "{inbound} packets forwarded by XDP for a download of {PAYLOAD} bytes"
+    );
+}
