@@ -105,6 +105,17 @@ pub struct Cli {
     /// every path alike); `auto` `-b` up to 100 streams, the kernel above.
     #[arg(long, value_name = "HOW", value_enum, default_value_t = Pacing::Auto)]
     pacing: Pacing,
+    /// GRO on at the router's interfaces, as a NIC's driver has it by
+    /// default (off by default: every path then sees the same MTU-size
+    /// packets). The kernel path merges a stream's segments into one
+    /// packet per batch (one routing and NAT decision for several, cut up
+    /// again in software on the way out); XDP runs before GRO and sees each
+    /// segment. Between the XDP cables the router's tx checksum offload
+    /// goes off too: merged packets cut up again would leave with partial
+    /// checksums that a cable's XDP cannot complete, so the kernel path
+    /// computes them in software there (a NIC does in hardware).
+    #[arg(long)]
+    router_gro: bool,
     /// TCP congestion control of client and server (the Linux default;
     /// `keep` leaves the namespaces' own).
     #[arg(long, value_name = "NAME", default_value = "cubic")]
@@ -245,6 +256,8 @@ pub struct Opts {
     pub cc: String,
     pub tcp_sink: TcpSink,
     pub pacing: Pacing,
+    /// `--router-gro`.
+    pub router_gro: bool,
     pub retries: u32,
     pub micro: bool,
     pub frags: bool,
@@ -356,6 +369,7 @@ impl Cli {
             cc: self.cc,
             tcp_sink: self.tcp_sink,
             pacing: self.pacing,
+            router_gro: self.router_gro,
             retries: self.retries,
             micro: !self.no_micro && !only,
             frags: !self.no_frags && (smoke || !quick) && !only,

@@ -107,8 +107,8 @@ impl Workload {
 /// veth offload setting of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Offload {
-    /// TSO/GSO off everywhere, GRO off on the router: MTU-size packets
-    /// through the router, like a wire.
+    /// TSO/GSO off everywhere, GRO off on the router (unless
+    /// `--router-gro`): MTU-size packets through the router, like a wire.
     Off,
     /// veth defaults (TSO/GSO on, tx checksum offload on the end hosts
     /// where the path allows it).
@@ -390,6 +390,32 @@ pub struct Settings {
     pub cc_per_socket: Option<String>,
     /// Total offered rate of `tcp-paced`, Mbit/s.
     pub line_rate_mbps: u32,
+    /// GRO on at the router's interfaces (`--router-gro`).
+    pub router_gro: bool,
+}
+
+impl Settings {
+    /// The settings of a run with options `o`, scratch directory `tmp`,
+    /// file limit `nofile` and the congestion control requested per socket.
+    pub fn of(
+        o: &crate::cli::Opts,
+        tmp: PathBuf,
+        nofile: u64,
+        cc_per_socket: Option<String>,
+    ) -> Self {
+        Self {
+            tcp_sink: o.tcp_sink,
+            pacing: o.pacing,
+            secs: o.secs,
+            slack: o.slack,
+            ping_interval: o.ping_interval,
+            tmp,
+            nofile,
+            cc_per_socket,
+            line_rate_mbps: o.line_rate_mbps,
+            router_gro: o.router_gro,
+        }
+    }
 }
 
 impl RunResult {

@@ -33,6 +33,8 @@ pub struct Router<'a> {
     max_flows: Option<u32>,
     /// The offload daemon while the offload path runs.
     daemon: Option<Daemon>,
+    /// GRO on at the router's interfaces (`--router-gro`).
+    gro: bool,
 }
 
 /// Lines of the daemon's stderr kept for error messages.
@@ -162,7 +164,16 @@ impl<'a> Router<'a> {
             lookup_value_size: crate::workloads::bigtable::CONTROL_VALUE_FULL,
             max_flows: None,
             daemon: None,
+            gro: false,
         }
+    }
+
+    /// The router with GRO on or off at its interfaces
+    /// (`--router-gro`, see [`apply_offload`]).
+    #[must_use]
+    pub fn with_gro(mut self, on: bool) -> Self {
+        self.gro = on;
+        self
     }
 
     /// The value size of the flow-table control's next table
@@ -235,7 +246,7 @@ impl<'a> Router<'a> {
                 "command -v conntrack >/dev/null && conntrack -F",
             ],
         );
-        apply_offload(t, path, offload);
+        apply_offload(t, path, offload, self.gro);
         match path {
             DataPath::Kernel => t.masquerade(),
             DataPath::Xdp => self.attach("xdp")?,
@@ -329,10 +340,15 @@ fn attach_limit(t: &Topology, name: &str, insns: &[Insn]) -> Result<Attached, St
 /// End hosts keep GRO on in every mode: a veth accepts XDP-redirected
 /// frames only when the receiving peer runs NAPI (GRO or XDP), and GRO
 /// there only batches the end host's own receive, not what the router sees.
+/// The router's GRO is off unless `router_gro` (`--router-gro`): on, as a
+/// NIC's driver has it, the kernel path merges a stream's segments; between
+/// the XDP cables its tx checksum offload then goes off as well (merged
+/// packets cut up again would leave with partial checksums, which the
+/// cable's XDP forwards unfinished).
 /// The XDP path keeps the end hosts' tx checksum offload off in every mode:
 /// with it on, frames reach the XDP program with partial checksums and
 /// redirected TCP stalls.
-pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload) {
+pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload, router_gro: bool) {
     let (host, router): (&[&str], &[&str]) = match (offload, path) {
         (Offload::Off, _) => (
             &["tx", "off", "tso", "off", "gso", "off", "gro", "on"],
@@ -347,11 +363,20 @@ pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload) {
             &["tso", "on", "gso", "on", "gro", "off"],
         ),
     };
+    let mut router = router.to_vec();
+    if router_gro {
+        if let Some(i) = router.iter().position(|&f| f == "gro") {
+            router[i + 1] = "on";
+        }
+        if t.has(Ns::CableLan) {
+            router.extend_from_slice(&["tx", "off"]);
+        }
+    }
     let ifs = [
         (Ns::Client, HOST_IF, host),
         (Ns::Server, HOST_IF, host),
-        (Ns::Router, LAN_IF, router),
-        (Ns::Router, WAN_IF, router),
+        (Ns::Router, LAN_IF, router.as_slice()),
+        (Ns::Router, WAN_IF, router.as_slice()),
     ];
     for (ns, dev, feats) in ifs {
         let mut cmd = vec!["ethtool", "-K", dev];

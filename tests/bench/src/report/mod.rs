@@ -238,7 +238,7 @@ pub fn write_artifacts(
         md.push_str(&reference_paragraph(r));
     }
     md.push_str(&sections::scaling_section(&extra.scaling));
-    md.push_str(&sections::cable_section(&extra.cable));
+    md.push_str(&sections::cable_section(&extra.cable, o.router_gro));
     md.push_str(&sections::conn_rate_section(&extra.conn_rate));
     md.push_str(&sections::big_table_section(&extra.big_table));
     md.push_str(&ipv6::section(&extra.ipv6));

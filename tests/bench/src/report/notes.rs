@@ -18,7 +18,7 @@ pub fn notes(runs: &[RunResult], o: &Opts, env: &RunEnv) -> String {
     }
     s.push_str(&method_notes(runs, o));
     s.push_str(&live_note(runs, o));
-    s.push_str(&offload_notes(runs));
+    s.push_str(&offload_notes(runs, o.router_gro));
     s.push_str(&loss_notes(runs));
     s.push_str(&tool_notes(o, env));
     s
@@ -151,7 +151,7 @@ fn live_note(runs: &[RunResult], o: &Opts) -> String {
 
 /// Offloads and the copy XDP pays on veth, with this run's packet sizes
 /// and ratios.
-fn offload_notes(runs: &[RunResult]) -> String {
+fn offload_notes(runs: &[RunResult], router_gro: bool) -> String {
     let mut s = String::new();
     // Offloads, with the packet sizes this run saw.
     let size = |w: Workload, off: Offload, p: DataPath| {
@@ -178,19 +178,31 @@ fn offload_notes(runs: &[RunResult]) -> String {
         }
         _ => String::new(),
     };
+    let (router_gro, compared) = if router_gro {
+        (
+            "off and GRO on (`--router-gro`, a NIC driver's default: the kernel path merges a \
+             stream's segments into one packet per batch, one routing and NAT decision for \
+             several, and cuts it up again in software on the way out; XDP runs before GRO and \
+             sees each segment; between the XDP cables the router's tx checksum offload is off \
+             too, so the kernel path computes those checksums in software)",
+            "compare the paths as a router whose NIC runs GRO receives the same wire packets",
+        )
+    } else {
+        ("and GRO off", "compare the paths on equal packets")
+    };
     let _ = writeln!(
         s,
         "- **Offloads.** `off`: TSO, GSO (and tx checksum offload) off on the end hosts, TSO, GSO \
-         and GRO off on the router's veths: every packet through the router is at most \
-         MTU-sized, as on a wire. `on`: the veth defaults. Then the kernel path forwards TSO \
+         {router_gro} on the router's veths: every packet on the wire is at most MTU-sized. \
+         `on`: the veth defaults. Then the kernel path forwards TSO \
          superpackets (up to 64 KB, one routing and NAT decision for ~45 wire packets), while \
          the XDP path still sees MTU-sized frames: attaching an XDP program (frags-aware or not: \
          see the frags experiment) to a \
          veth turns off TSO/GSO on its peer, and the end hosts must keep tx checksum offload \
          off because XDP cannot complete a partial checksum (redirected TCP stalls otherwise). \
          End hosts keep GRO on in both settings: a veth accepts redirected frames only when \
-         the receiver runs NAPI.{measured} The `off` tables compare the paths on equal \
-         packets; the `on` tables show what veth offloads give the kernel."
+         the receiver runs NAPI.{measured} The `off` tables {compared}; the `on` tables \
+         show what veth offloads give the kernel."
     );
     // Where XDP's per-packet cost goes on veth, with this run's ratios.
     let cost_ratio = |w: Workload| {

@@ -145,11 +145,19 @@ pub fn scaling_json(rows: &[scaling::Row]) -> serde_json::Value {
 }
 
 /// TCP between XDP cables: the main tables' layout on those runs.
-pub fn cable_section(runs: &[RunResult]) -> String {
+pub fn cable_section(runs: &[RunResult], router_gro: bool) -> String {
     if runs.is_empty() {
         return String::new();
     }
-    let mut s = String::from(
+    let gro = if router_gro {
+        "with GRO on and tx checksum offload off (`--router-gro`: a merged packet cut up \
+         again must leave with complete checksums, as the cable's XDP cannot finish partial \
+         ones; so the kernel path computes them in software, and verifies the arriving \
+         frames' in GRO, where a NIC does both in hardware)"
+    } else {
+        "with GRO kept off"
+    };
+    let mut s = format!(
         "### A fairer wire for TCP: XDP cables on both sides of the router\n\n\
          A fresh topology, client -- cable -- router -- cable -- server, each cable a \
          namespace whose two veths redirect every frame to each other (a raw XDP program). \
@@ -157,7 +165,7 @@ pub fn cable_section(runs: &[RunResult]) -> String {
          runs (`skb_pp_cow_data`), which a NIC's receive ring does not do; here the cables \
          take that copy and the router receives frames as from a NIC, on both paths. The \
          kernel path has a `return XDP_PASS` program on the router's veths (NAPI, so that \
-         they accept redirected frames, with GRO kept off). Offload off. The paced runs \
+         they accept redirected frames, {gro}). Offload off. The paced runs \
          (`tcp-paced`, also on the offload path) are the review table's \"CPU at line rate, \
          XDP cables\" rows.\n\n",
     );

@@ -162,7 +162,7 @@ pub fn run(
     let (_, per_socket) = congestion_control(&t, cc);
     let mut cables = Cables {
         t: &t,
-        router: Router::new(&t),
+        router: Router::new(&t).with_gro(s.router_gro),
         s: Settings {
             cc_per_socket: per_socket,
             tmp: s.tmp.clone(),

@@ -574,6 +574,7 @@ mod checks {
             nofile: 4096,
             cc_per_socket: None,
             line_rate_mbps: 2500,
+            router_gro: false,
         };
         let point = Point::new(Workload::TcpPaced, 1000, Offload::Off);
         let args = |s: &Settings| {

@@ -21,7 +21,7 @@ pub fn run(s: &Settings, cc: &str, port: &mut u16) -> Result<(RunResult, String)
         tmp: s.tmp.clone(),
         ..*s
     };
-    apply_offload(&t, DataPath::Kernel, Offload::Off);
+    apply_offload(&t, DataPath::Kernel, Offload::Off, s.router_gro);
     let point = Point::new(Workload::Tcp, 1, Offload::Off);
     next_port(port);
     let r = iperf::run(&t, &s, DataPath::Kernel, point, *port)?;

@@ -54,7 +54,7 @@ pub fn run(
     let t = Topology::new();
     set_queues(&t, cpus.len())?;
     t.warm_neighbours();
-    let mut router = Router::new(&t);
+    let mut router = Router::new(&t).with_gro(s.router_gro);
     let point = Point::new(Workload::UdpLive, flows, Offload::Off);
     let mut counts = vec![1];
     if cpus.len() > 1 {
