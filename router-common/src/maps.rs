@@ -947,8 +947,9 @@ counters! {
     /// `drop_frag_needed_answered`); this stays for a LAN packet with DF
     /// set to the WAN, a new flow's first packet (but a port forward's with
     /// DF set), an offloaded flow's, a frame larger than the link it came
-    /// in on (in generic mode, a local sender's TSO packets over a veth or
-    /// tap), fragments, packets
+    /// in on (in generic mode, packets merged below its interface: GRO or
+    /// LRO on a lower device or a bridge's ports, a local sender's TSO),
+    /// fragments, packets
     /// with IP options and ICMP errors, and a packet for which the FIB's
     /// second answer differs (a route changed between the two lookups, an
     /// MTU it does not report or below 68).

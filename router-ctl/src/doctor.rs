@@ -2,6 +2,9 @@
 //! with a fix. `attach` runs the same checks and warns.
 //!
 //! - native XDP support of the driver (else `auto` falls back to generic);
+//! - generic mode: GRO or LRO on the devices below a VLAN, macvlan,
+//!   bridge or bond, or LRO on the interface (merged packets go to the
+//!   kernel);
 //! - an XDP program already attached (router-ctl's own, or a foreign one);
 //! - veth: frames redirected into a veth are dropped unless its peer runs
 //!   NAPI (an XDP program or GRO on the peer);
@@ -35,6 +38,15 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
 const ETHTOOL_GTXCSUM: u32 = 0x16;
 const ETHTOOL_GGRO: u32 = 0x2b;
+/// `ETHTOOL_GFLAGS`, whose `ETH_FLAG_LRO` bit is the LRO feature.
+const ETHTOOL_GFLAGS: u32 = 0x25;
+const ETH_FLAG_LRO: u32 = 1 << 15;
+/// Interface kinds stacked on one device (`IFLA_LINK`): what that device
+/// receives reaches them after its GRO.
+const STACKED_ON_LINK: &[&str] = &["vlan", "macvlan", "macvtap", "ipvlan", "ipvtap"];
+/// Interface kinds with ports (`IFLA_MASTER` of each port): what the ports
+/// receive reaches them after the ports' GRO.
+const WITH_PORTS: &[&str] = &["bridge", "bond", "team"];
 /// Largest MTU for native XDP on a veth without multi-buffer support
 /// (one page minus headroom and `skb_shared_info`).
 const VETH_XDP_MAX_MTU: u32 = 3498;
@@ -132,6 +144,36 @@ fn ethtool_value(iface: &str, cmd: u32) -> Option<bool> {
     v[0..4].copy_from_slice(&cmd.to_ne_bytes());
     ethtool(iface, &mut v).ok()?;
     Some(u32::from_ne_bytes(v[4..8].try_into().ok()?) != 0)
+}
+
+/// Whether LRO is on at `iface` (`None`: ethtool cannot tell).
+fn lro(iface: &str) -> Option<bool> {
+    let mut v = [0u8; 8];
+    v[0..4].copy_from_slice(&ETHTOOL_GFLAGS.to_ne_bytes());
+    ethtool(iface, &mut v).ok()?;
+    Some(u32::from_ne_bytes(v[4..8].try_into().ok()?) & ETH_FLAG_LRO != 0)
+}
+
+/// The devices whose receive path feeds `l` after their own GRO: the
+/// device a VLAN, macvlan or ipvlan sits on, a bridge's, bond's or team's
+/// ports (in this namespace).
+fn lower_devices(l: &netlink::LinkAttrs) -> Vec<netlink::LinkAttrs> {
+    let kind = l.kind.as_deref().unwrap_or_default();
+    if STACKED_ON_LINK.contains(&kind) && l.link_netnsid.is_none() {
+        return l
+            .link
+            .and_then(|i| netlink::link(i).ok())
+            .into_iter()
+            .collect();
+    }
+    if WITH_PORTS.contains(&kind) {
+        return netlink::links()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p.master == Some(l.ifindex))
+            .collect();
+    }
+    Vec::new()
 }
 
 fn driver(iface: &str) -> Option<String> {
@@ -306,6 +348,13 @@ impl Report<'_> {
 /// Every check for `ifaces` (names in the current namespace).
 #[must_use]
 pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
+    checks_for(ifaces, pin_dir, None)
+}
+
+/// [`checks`], for an attach that asks for generic mode (`Some(true)`) or
+/// not (`Some(false)`: native, or native with the fallback), or for the
+/// program as attached (`None`).
+fn checks_for(ifaces: &[String], pin_dir: &Path, generic_asked: Option<bool>) -> Vec<Check> {
     let ours = our_progs(pin_dir);
     let attached = PinnedMaps::at(pin_dir)
         .read_config()
@@ -325,6 +374,7 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
             r.forwarding();
             r.driver();
             r.programs(&l, &ours);
+            r.aggregates_in_generic_mode(&l, &ours, generic_asked);
             if l.kind.as_deref() == Some("veth") {
                 r.veth(&l);
             }
@@ -543,6 +593,98 @@ impl Report<'_> {
         );
     }
 
+    /// Merged packets where the program runs in generic mode (or would: a
+    /// driver without native XDP, where `--mode auto` falls back). The
+    /// kernel skips GRO on the interface that has a generic XDP program
+    /// (`netif_elide_gro`) and turns its LRO and hardware GRO off when the
+    /// program is installed, so a NIC's own packets arrive as the wire
+    /// carried them. Not so on a VLAN, macvlan, ipvlan, bridge, bond or
+    /// team: the device below (or the ports) runs GRO and LRO before the
+    /// upper interface's generic hook, which then sees packets larger than
+    /// its link; and LRO turned on again later merges on the interface
+    /// itself. Such packets go to the kernel untranslated (`pass_mtu`): a
+    /// standalone flow's reach the router's own stack, which resets TCP.
+    fn aggregates_in_generic_mode(
+        &mut self,
+        l: &netlink::LinkAttrs,
+        ours: &[u32],
+        generic_asked: Option<bool>,
+    ) {
+        let ours_mode = l
+            .xdp
+            .programs()
+            .into_iter()
+            .find(|(id, _)| ours.contains(id))
+            .map(|(_, flag)| flag == netlink::XDP_FLAGS_SKB_MODE);
+        let falls_back =
+            || driver(self.iface).is_none_or(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()));
+        // The mode the program runs in; before an attach, the one asked
+        // for (auto: generic where the driver has no native XDP).
+        let generic = match (ours_mode, generic_asked) {
+            (Some(generic), _) => generic,
+            (None, Some(true)) => true,
+            (None, _) => falls_back(),
+        };
+        if !generic {
+            return;
+        }
+        let iface = self.iface;
+        let mut merging = Vec::new();
+        if lro(iface) == Some(true) {
+            merging.push((iface.to_owned(), "lro off"));
+        }
+        let lower = lower_devices(l);
+        for d in &lower {
+            let off = match (ethtool_value(&d.name, ETHTOOL_GGRO), lro(&d.name)) {
+                (Some(true), Some(true)) => "gro off lro off",
+                (Some(true), _) => "gro off",
+                (_, Some(true)) => "lro off",
+                _ => continue,
+            };
+            merging.push((d.name.clone(), off));
+        }
+        if merging.is_empty() {
+            let below = if lower.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<&str> = lower.iter().map(|d| d.name.as_str()).collect();
+                format!(
+                    ", nor do the devices it receives from ({})",
+                    names.join(", ")
+                )
+            };
+            self.add(
+                "generic-aggregates",
+                Level::Ok,
+                format!(
+                    "generic mode sees packets as the link carried them: the kernel runs no GRO \
+                     on an interface with a generic XDP program, LRO is off{below}"
+                ),
+                None,
+            );
+            return;
+        }
+        let names: Vec<&str> = merging.iter().map(|(n, _)| n.as_str()).collect();
+        let fix: Vec<String> = merging
+            .iter()
+            .map(|(n, off)| format!("ethtool -K {n} {off}"))
+            .collect();
+        self.add(
+            "generic-aggregates",
+            Level::Warn,
+            format!(
+                "in generic mode the program runs after {} merge packets (GRO or LRO), and sees \
+                 them larger than the link: they go to the kernel untranslated (standalone \
+                 mode: the router's own stack takes a flow's, and TCP connections reset; \
+                 offload mode: the slow path carries them). To keep them off across reboots: \
+                 a systemd .link file (GenericReceiveOffload=false, \
+                 LargeReceiveOffload=false) or the distribution's equivalent",
+                names.join(" and ")
+            ),
+            Some(fix.join("; ")),
+        );
+    }
+
     /// A veth's peer (NAPI for redirected frames, checksums it sends) and
     /// the MTU native XDP on a veth allows.
     fn veth(&mut self, l: &netlink::LinkAttrs) {
@@ -663,11 +805,12 @@ fn attached_mac(cfg: &Config, ifindex: u32) -> Option<[u8; 6]> {
 }
 
 /// Warnings `attach` prints before it changes anything (foreign programs
-/// are checked separately).
+/// are checked separately), for an attach in generic mode if
+/// `generic_asked`.
 #[must_use]
-pub fn attach_warnings(lan: &str, wan: &str) -> Vec<String> {
+pub fn attach_warnings(lan: &str, wan: &str, generic_asked: bool) -> Vec<String> {
     let ifaces = [lan.to_owned(), wan.to_owned()];
-    checks(&ifaces, Path::new("/nonexistent"))
+    checks_for(&ifaces, Path::new("/nonexistent"), Some(generic_asked))
         .into_iter()
         .filter(|c| matches!(c.level, Level::Warn | Level::Fail) && c.name != "xdp-program")
         .map(Check::line)

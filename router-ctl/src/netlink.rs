@@ -32,6 +32,7 @@ const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_LINK: u16 = 5;
+const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
 const IFLA_LINK_NETNSID: u16 = 37;
@@ -123,6 +124,8 @@ pub struct LinkAttrs {
     pub link: Option<u32>,
     /// `IFLA_LINK_NETNSID`: the peer lives in another namespace with this id.
     pub link_netnsid: Option<i32>,
+    /// `IFLA_MASTER`: the bridge, bond or team this interface is a port of.
+    pub master: Option<u32>,
     pub xdp: XdpState,
     /// `IFF_UP`.
     pub up: bool,
@@ -260,6 +263,7 @@ fn parse_link(payload: &[u8]) -> LinkAttrs {
             IFLA_MTU => l.mtu = u32_of(d),
             IFLA_LINK => l.link = Some(u32_of(d)),
             IFLA_LINK_NETNSID => l.link_netnsid = Some(u32_of(d).cast_signed()),
+            IFLA_MASTER => l.master = Some(u32_of(d)),
             IFLA_LINKINFO => {
                 for (t, v) in attrs(d) {
                     if t == IFLA_INFO_KIND {

@@ -20,10 +20,11 @@
 //!   packet.
 //!
 //! Left as `pass_mtu`: a frame larger than the interface it came in on
-//! carries (only generic-mode XDP sees those: a local sender's TSO
-//! packets handed over a veth or tap unsegmented, whose partial checksum
-//! no translation here could keep right; not a NIC's GRO aggregates: the
-//! kernel skips GRO on an interface running a generic XDP program), a new
+//! carries (only generic-mode XDP sees those: packets merged below its
+//! interface, by GRO or LRO on a VLAN's lower device or a bridge's ports,
+//! or a local sender's TSO over a veth, whose partial checksum no
+//! translation here could keep right; not the interface's own GRO, which
+//! the kernel skips where a generic XDP program runs), a new
 //! flow's first packet with DF clear or from the LAN (no entry to
 //! translate it with yet), and fragments and packets with IP options (their own paths, which
 //! pass such packets as `pass_mtu` too).

@@ -38,7 +38,8 @@ pub fn fresh(
 ) -> Result<()> {
     check_foreign(&a.lan, desired.lan_ifindex, a.force)?;
     check_foreign(&a.wan, desired.wan_ifindex, a.force)?;
-    for w in doctor::attach_warnings(&a.lan, &a.wan) {
+    let generic = a.mode == crate::config::Mode::Generic;
+    for w in doctor::attach_warnings(&a.lan, &a.wan, generic) {
         warn!("{w}");
     }
     let root = ctx.pin_dir.parent().context("pin dir without parent")?;

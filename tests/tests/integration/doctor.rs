@@ -312,3 +312,67 @@ fn attach_and_doctor_warn_when_forwarding_is_off() {
     assert_eq!(check(&v, LAN_IF, "forwarding")["level"], "ok", "{v}");
     assert!(t.ping(Ns::Client, tests::SERVER_ADDR, 2), "forwarding on");
 }
+
+/// Generic mode on an interface stacked on others (a bridge, a macvlan):
+/// the kernel skips GRO only on the interface that has the program, so
+/// the devices below merge packets before its generic hook sees them.
+/// `doctor` names them with the fix (a bridge's ports, a macvlan's lower
+/// device; both interfaces fall back to generic mode, their drivers have
+/// no native XDP), and is content once they merge nothing; `attach --mode
+/// generic` warns of them too. A plain veth in generic mode has nothing
+/// below it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn doctor_warns_of_merging_below_a_generic_interface() {
+    let t = Topology::new();
+    for cmd in [
+        "ip link add brt type bridge",
+        "ip link add vt0 type veth peer name vt1",
+        "ip link set vt0 master brt",
+        "ip link add mvt link vt1 type macvlan mode bridge",
+        "ethtool -K vt0 gro on",
+        "ethtool -K vt1 gro on",
+    ] {
+        t.exec_ok(Ns::Router, &cmd.split(' ').collect::<Vec<_>>());
+    }
+    let (v, _) = doctor(&t, &["brt", "mvt"]);
+    for (iface, lower) in [("brt", "vt0"), ("mvt", "vt1")] {
+        let c = check(&v, iface, "generic-aggregates");
+        assert_eq!(c["level"], "warn", "{c}");
+        assert_eq!(
+            c["fix"],
+            format!("ethtool -K {lower} gro off").as_str(),
+            "{c}"
+        );
+    }
+    for dev in ["vt0", "vt1"] {
+        t.exec_ok(Ns::Router, &["ethtool", "-K", dev, "gro", "off"]);
+    }
+    let (v, _) = doctor(&t, &["brt", "mvt"]);
+    for iface in ["brt", "mvt"] {
+        assert_eq!(check(&v, iface, "generic-aggregates")["level"], "ok", "{v}");
+    }
+
+    // attach in generic mode: the router's veths have nothing below them;
+    // GRO on them is no hazard (the kernel skips it there).
+    t.exec_ok(Ns::Router, &["ethtool", "-K", WAN_IF, "gro", "on"]);
+    let o = ctl_env(
+        &t,
+        &[],
+        &[
+            "attach", LAN_IF, WAN_IF, "--admit", "xdp", "--mode", "generic",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("merge packets"),
+        "attach --mode generic warned of merging on a plain veth: {}",
+        stderr(&o)
+    );
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(
+        check(&v, WAN_IF, "generic-aggregates")["level"],
+        "ok",
+        "{v}"
+    );
+}

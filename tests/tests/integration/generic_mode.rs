@@ -8,7 +8,9 @@
 //! and forwarded by XDP one by one. A GRO aggregate reaching the program
 //! would be larger than its link, passed untranslated (`pass_mtu`), and
 //! the router's own stack would take a standalone flow's and reset the
-//! connection.
+//! connection. (Devices below the interface still merge: a bridge's
+//! ports, a VLAN's lower device; `doctor` warns of those,
+//! `doctor::doctor_warns_of_merging_below_a_generic_interface`.)
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +22,21 @@ use crate::mss_clamp::{COMPLETES_WITHIN, Download, PAYLOAD, download};
 
 /// The router interfaces' MTU (the topology's default).
 const LINK_MTU: usize = 1500;
+
+/// Capture socket buffer: room for the aggregates of a whole download
+/// between two reads of the capture thread.
+const CAPTURE_RCVBUF: i32 = 8 << 20;
+
+/// Sets its flag when dropped: the capture thread stops also when the
+/// download panics (a reset connection), so the test fails instead of
+/// waiting for it.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
 
 /// Runs `f` while capturing the IPv4 packets crossing the router's `dev`
 /// (as the stack sees them: after GRO, after a generic XDP program); its
@@ -35,6 +52,13 @@ fn largest_packet_during<T: Send>(t: &Topology, dev: &str, f: impl FnOnce() -> T
         )
         .expect("AF_PACKET socket on the router interface")
     });
+    tests::sockopt::set_int(
+        &fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        CAPTURE_RCVBUF,
+        "SO_RCVBUFFORCE",
+    );
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let reader = s.spawn(|| {
@@ -56,8 +80,10 @@ fn largest_packet_during<T: Send>(t: &Topology, dev: &str, f: impl FnOnce() -> T
             }
             largest
         });
-        let r = f();
-        stop.store(true, Ordering::SeqCst);
+        let r = {
+            let _stop = StopOnDrop(&stop);
+            f()
+        };
         (r, reader.join().expect("capture thread"))
     })
 }
@@ -102,6 +128,11 @@ fn generic_mode_sees_wire_frames_with_gro_on() {
         link.contains("xdpgeneric"),
         "not attached in generic mode: {link}"
     );
+    let features = t.exec_ok(Ns::Router, &["ethtool", "-k", WAN_IF]);
+    assert!(
+        features.contains("generic-receive-offload: on"),
+        "GRO went off with the attach: nothing shows that the kernel skips it\n{features}"
+    );
     let before = t.stats();
     let (d, largest) = largest_packet_during(&t, WAN_IF, || download(&t, COMPLETES_WITHIN));
     let after = t.stats();
@@ -114,6 +145,10 @@ fn generic_mode_sees_wire_frames_with_gro_on() {
     assert_eq!(
         too_large, 0,
         "packets larger than the link reached the program: {after}"
+    );
+    assert!(
+        largest <= LINK_MTU,
+        "the stack received a {largest}-byte packet on {WAN_IF}: an aggregate the program passed"
     );
     assert_complete(&d, "generic XDP");
     assert!(
