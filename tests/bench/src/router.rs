@@ -369,6 +369,9 @@ pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload, router_gro:
             router[i + 1] = "on";
         }
         if t.has(Ns::CableLan) {
+            // Without checksum offload the kernel refuses TSO: the cables
+            // run with offloads off only.
+            debug_assert_eq!(offload, Offload::Off, "cables with offloads on");
             router.extend_from_slice(&["tx", "off"]);
         }
     }

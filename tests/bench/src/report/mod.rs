@@ -66,7 +66,7 @@ fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Valu
          has no route back (NAT required). kernel = `ip_forward=1` + iptables MASQUERADE; xdp = \
          `router-ctl attach lan0 wan0 --admit xdp` (standalone mode, native XDP, no iptables \
          NAT). The two alternate point by point. TCP congestion control on the end hosts: \
-         {}. router-ctl (attach, the offload daemon) and the benchmark: {} build.\n",
+         {}. router-ctl (attach, the offload daemon) and the benchmark: {} build.{}\n",
         machine["date"].as_str().unwrap_or("?"),
         if o.quick { " (--quick)" } else { "" },
         o.secs,
@@ -85,6 +85,13 @@ fn header(o: &Opts, runs: &[RunResult], env: &RunEnv, machine: &serde_json::Valu
             "dev (debug)"
         } else {
             "release"
+        },
+        if o.router_gro {
+            " **The router's GRO on** (`--router-gro`, see Notes: Offloads): on the kernel \
+             path it merges a stream's segments, so the TCP ratios are not those of the default \
+             run; the IPv6 rows keep it off."
+        } else {
+            ""
         },
     );
     let _ = writeln!(
@@ -194,6 +201,7 @@ fn results_json(
             "tcp_congestion_control": env.cc,
             "tcp_sink": o.tcp_sink.name(),
             "pacing": o.pacing.name(),
+            "router_gro": o.router_gro,
             "skipped": env.skipped,
         },
         "runs": json::runs_json(runs),

@@ -178,23 +178,28 @@ fn offload_notes(runs: &[RunResult], router_gro: bool) -> String {
         }
         _ => String::new(),
     };
-    let (router_gro, compared) = if router_gro {
+    let (router_gro, on_wire, compared) = if router_gro {
         (
             "off and GRO on (`--router-gro`, a NIC driver's default: the kernel path merges a \
              stream's segments into one packet per batch, one routing and NAT decision for \
              several, and cuts it up again in software on the way out; XDP runs before GRO and \
              sees each segment; between the XDP cables the router's tx checksum offload is off \
              too, so the kernel path computes those checksums in software)",
+            "every packet on the wire is at most MTU-sized",
             "compare the paths as a router whose NIC runs GRO receives the same wire packets",
         )
     } else {
-        ("and GRO off", "compare the paths on equal packets")
+        (
+            "and GRO off",
+            "every packet through the router is at most MTU-sized, as on a wire",
+            "compare the paths on equal packets",
+        )
     };
     let _ = writeln!(
         s,
         "- **Offloads.** `off`: TSO, GSO (and tx checksum offload) off on the end hosts, TSO, GSO \
-         {router_gro} on the router's veths: every packet on the wire is at most MTU-sized. \
-         `on`: the veth defaults. Then the kernel path forwards TSO \
+         {router_gro} on the router's veths: {on_wire}. `on`: the veth defaults (the router's \
+         GRO as in `off`). Then the kernel path forwards TSO \
          superpackets (up to 64 KB, one routing and NAT decision for ~45 wire packets), while \
          the XDP path still sees MTU-sized frames: attaching an XDP program (frags-aware or not: \
          see the frags experiment) to a \
