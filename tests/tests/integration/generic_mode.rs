@@ -26,6 +26,9 @@ const LINK_MTU: usize = 1500;
 /// Capture socket buffer: room for the aggregates of a whole download
 /// between two reads of the capture thread.
 const CAPTURE_RCVBUF: i32 = 8 << 20;
+/// Most packets read once the capture is told to stop (more than the
+/// socket buffer holds).
+const MAX_DRAINED: usize = 1 << 16;
 
 /// Sets its flag when dropped: the capture thread stops also when the
 /// download panics (a reset connection), so the test fails instead of
@@ -64,17 +67,28 @@ fn largest_packet_during<T: Send>(t: &Topology, dev: &str, f: impl FnOnce() -> T
         let reader = s.spawn(|| {
             let mut largest = 0;
             let mut buf = vec![0u8; 65536];
-            // Ends when `f` has returned (the download is bounded by its
-            // own time limit).
-            while !stop.load(Ordering::SeqCst) {
+            // Reads until `f` has returned (the download is bounded by its
+            // own time limit) and then what is still queued: under load
+            // this thread may get to the packets only afterwards. Bounded
+            // by the socket buffer's capacity in packets.
+            let mut after_stop = 0;
+            while after_stop < MAX_DRAINED {
+                let stopped = stop.load(Ordering::SeqCst);
                 // SAFETY: a valid buffer of its length.
                 let n =
                     unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
                 match usize::try_from(n) {
-                    Ok(n) if n >= 4 => {
-                        largest = largest.max(usize::from(u16::from_be_bytes([buf[2], buf[3]])));
+                    Ok(n) => {
+                        if n >= 4 {
+                            largest =
+                                largest.max(usize::from(u16::from_be_bytes([buf[2], buf[3]])));
+                        }
+                        if stopped {
+                            after_stop += 1;
+                        }
                     }
-                    Ok(_) => {}
+                    // Nothing queued.
+                    Err(_) if stopped => break,
                     Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
                 }
             }
