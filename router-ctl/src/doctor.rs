@@ -673,8 +673,8 @@ impl Report<'_> {
             "generic-aggregates",
             Level::Warn,
             format!(
-                "in generic mode the program runs after {} merge packets (GRO or LRO), and sees \
-                 them larger than the link: they go to the kernel untranslated (standalone \
+                "in generic mode the program sees the packets that {} merged (GRO or LRO), \
+                 larger than the link: they go to the kernel untranslated (standalone \
                  mode: the router's own stack takes a flow's, and TCP connections reset; \
                  offload mode: the slow path carries them). To keep them off across reboots: \
                  a systemd .link file (GenericReceiveOffload=false, \
