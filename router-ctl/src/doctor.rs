@@ -2,9 +2,9 @@
 //! with a fix. `attach` runs the same checks and warns.
 //!
 //! - native XDP support of the driver (else `auto` falls back to generic);
-//! - generic mode: GRO or LRO on the devices below a VLAN, macvlan,
-//!   bridge or bond, or LRO on the interface (merged packets go to the
-//!   kernel);
+//! - generic mode: GRO on the devices below a VLAN, macvlan, bridge or
+//!   bond (down to the ports), LRO turned on again on the interface, a
+//!   tunnel (merged packets go to the kernel);
 //! - an XDP program already attached (router-ctl's own, or a foreign one);
 //! - veth: frames redirected into a veth are dropped unless its peer runs
 //!   NAPI (an XDP program or GRO on the peer);
@@ -154,26 +154,80 @@ fn lro(iface: &str) -> Option<bool> {
     Some(u32::from_ne_bytes(v[4..8].try_into().ok()?) & ETH_FLAG_LRO != 0)
 }
 
-/// The devices whose receive path feeds `l` after their own GRO: the
-/// device a VLAN, macvlan or ipvlan sits on, a bridge's, bond's or team's
-/// ports (in this namespace).
-fn lower_devices(l: &netlink::LinkAttrs) -> Vec<netlink::LinkAttrs> {
+/// Tunnel kinds with an Ethernet header: the NIC their packets arrive over
+/// (found by routing, not by a link) merges them before decapsulation.
+const TUNNELS: &[&str] = &[
+    "gretap",
+    "ip6gretap",
+    "vxlan",
+    "geneve",
+    "erspan",
+    "ip6erspan",
+];
+/// How deep [`receive_sources`] follows stacked devices (a VLAN on a bond
+/// on NICs is three).
+const MAX_STACK_DEPTH: usize = 8;
+
+/// Where the packets an interface receives come from, below it.
+#[derive(Default)]
+struct Sources {
+    /// The devices that run NAPI and GRO for it: the leaves under its
+    /// VLAN/macvlan/ipvlan links and bridge/bond/team ports (none for a
+    /// plain NIC or veth: it is its own source).
+    leaves: Vec<netlink::LinkAttrs>,
+    /// A lower device in another namespace (its id here), not inspected.
+    elsewhere: Option<i32>,
+    /// A tunnel among them.
+    tunnel: Option<String>,
+}
+
+/// [`Sources`] of `l`, walking stacked devices down to the devices that
+/// run GRO (a bridge or bond runs none itself).
+fn receive_sources(l: &netlink::LinkAttrs) -> Sources {
+    fn walk(d: &netlink::LinkAttrs, depth: usize, all: &[netlink::LinkAttrs], out: &mut Sources) {
+        let kind = d.kind.as_deref().unwrap_or_default();
+        if TUNNELS.contains(&kind) {
+            out.tunnel.get_or_insert_with(|| d.name.clone());
+            return;
+        }
+        let lower: Vec<&netlink::LinkAttrs> = if STACKED_ON_LINK.contains(&kind) {
+            if let Some(id) = d.link_netnsid {
+                out.elsewhere.get_or_insert(id);
+                return;
+            }
+            all.iter().filter(|x| Some(x.ifindex) == d.link).collect()
+        } else if WITH_PORTS.contains(&kind) {
+            all.iter().filter(|x| x.master == Some(d.ifindex)).collect()
+        } else {
+            if depth > 0 && !out.leaves.iter().any(|x| x.ifindex == d.ifindex) {
+                out.leaves.push(d.clone());
+            }
+            return;
+        };
+        if depth < MAX_STACK_DEPTH {
+            for x in lower {
+                walk(x, depth + 1, all, out);
+            }
+        }
+    }
+    let mut out = Sources::default();
     let kind = l.kind.as_deref().unwrap_or_default();
-    if STACKED_ON_LINK.contains(&kind) && l.link_netnsid.is_none() {
-        return l
-            .link
-            .and_then(|i| netlink::link(i).ok())
-            .into_iter()
-            .collect();
+    if STACKED_ON_LINK.contains(&kind) || WITH_PORTS.contains(&kind) || TUNNELS.contains(&kind) {
+        walk(l, 0, &netlink::links().unwrap_or_default(), &mut out);
     }
-    if WITH_PORTS.contains(&kind) {
-        return netlink::links()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| p.master == Some(l.ifindex))
-            .collect();
-    }
-    Vec::new()
+    out
+}
+
+/// Whether the program runs (or an attach puts it) in generic mode: as
+/// attached (`attached`: generic or not), else as asked (`asked`:
+/// `Some(true)` generic, `Some(false)` native), else `--mode auto`'s
+/// fallback where the driver has no native XDP (`falls_back`).
+fn runs_generic(
+    attached: Option<bool>,
+    asked: Option<bool>,
+    falls_back: impl FnOnce() -> bool,
+) -> bool {
+    attached.or(asked).unwrap_or_else(falls_back)
 }
 
 fn driver(iface: &str) -> Option<String> {
@@ -351,9 +405,9 @@ pub fn checks(ifaces: &[String], pin_dir: &Path) -> Vec<Check> {
     checks_for(ifaces, pin_dir, None)
 }
 
-/// [`checks`], for an attach that asks for generic mode (`Some(true)`) or
-/// not (`Some(false)`: native, or native with the fallback), or for the
-/// program as attached (`None`).
+/// [`checks`], for an attach that asks for generic mode (`Some(true)`),
+/// native mode (`Some(false)`) or `auto` (`None`: native, generic where
+/// the driver has none); an attached program's own mode comes first.
 fn checks_for(ifaces: &[String], pin_dir: &Path, generic_asked: Option<bool>) -> Vec<Check> {
     let ours = our_progs(pin_dir);
     let attached = PinnedMaps::at(pin_dir)
@@ -596,14 +650,16 @@ impl Report<'_> {
     /// Merged packets where the program runs in generic mode (or would: a
     /// driver without native XDP, where `--mode auto` falls back). The
     /// kernel skips GRO on the interface that has a generic XDP program
-    /// (`netif_elide_gro`) and turns its LRO and hardware GRO off when the
-    /// program is installed, so a NIC's own packets arrive as the wire
-    /// carried them. Not so on a VLAN, macvlan, ipvlan, bridge, bond or
-    /// team: the device below (or the ports) runs GRO and LRO before the
-    /// upper interface's generic hook, which then sees packets larger than
-    /// its link; and LRO turned on again later merges on the interface
-    /// itself. Such packets go to the kernel untranslated (`pass_mtu`): a
-    /// standalone flow's reach the router's own stack, which resets TCP.
+    /// (`netif_elide_gro`) and turns LRO and hardware GRO off there and
+    /// (LRO) below it when the program is installed, so a NIC's own packets
+    /// arrive as the wire carried them. Not so on a VLAN, macvlan, ipvlan,
+    /// bridge, bond or team: the devices below (the ports) run GRO before
+    /// the upper interface's generic hook, which then sees packets larger
+    /// than its link; nor on a tunnel, whose packets the NIC they arrive
+    /// over merges; and LRO turned on again after attach merges on the
+    /// interface itself. Such packets go to the kernel untranslated
+    /// (`pass_mtu`): a standalone flow's reach the router's own stack,
+    /// which resets TCP. Hardware GRO (`rx-gro-hw`) is not read here.
     fn aggregates_in_generic_mode(
         &mut self,
         l: &netlink::LinkAttrs,
@@ -618,38 +674,42 @@ impl Report<'_> {
             .map(|(_, flag)| flag == netlink::XDP_FLAGS_SKB_MODE);
         let falls_back =
             || driver(self.iface).is_none_or(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()));
-        // The mode the program runs in; before an attach, the one asked
-        // for (auto: generic where the driver has no native XDP).
-        let generic = match (ours_mode, generic_asked) {
-            (Some(generic), _) => generic,
-            (None, Some(true)) => true,
-            (None, _) => falls_back(),
-        };
-        if !generic {
+        if !runs_generic(ours_mode, generic_asked, falls_back) {
             return;
         }
         let iface = self.iface;
         let mut merging = Vec::new();
-        if lro(iface) == Some(true) {
+        // Before attach LRO is no hazard: installing the program turns it
+        // off here and below.
+        if ours_mode == Some(true) && lro(iface) == Some(true) {
             merging.push((iface.to_owned(), "lro off"));
         }
-        let lower = lower_devices(l);
-        for d in &lower {
-            let off = match (ethtool_value(&d.name, ETHTOOL_GGRO), lro(&d.name)) {
-                (Some(true), Some(true)) => "gro off lro off",
-                (Some(true), _) => "gro off",
-                (_, Some(true)) => "lro off",
-                _ => continue,
-            };
-            merging.push((d.name.clone(), off));
+        let sources = receive_sources(l);
+        for d in &sources.leaves {
+            if ethtool_value(&d.name, ETHTOOL_GGRO) == Some(true) {
+                merging.push((d.name.clone(), "gro off"));
+            }
         }
-        if merging.is_empty() {
-            let below = if lower.is_empty() {
+        let mut unknown = Vec::new();
+        if let Some(id) = sources.elsewhere {
+            unknown.push(format!(
+                "a device below it is in another namespace (id {id} here): its GRO merges \
+                 packets unless it is off there"
+            ));
+        }
+        if let Some(t) = &sources.tunnel {
+            unknown.push(format!(
+                "{t} is a tunnel: GRO on the NIC its packets arrive over merges them before \
+                 they are decapsulated"
+            ));
+        }
+        if merging.is_empty() && unknown.is_empty() {
+            let below = if sources.leaves.is_empty() {
                 String::new()
             } else {
-                let names: Vec<&str> = lower.iter().map(|d| d.name.as_str()).collect();
+                let names: Vec<&str> = sources.leaves.iter().map(|d| d.name.as_str()).collect();
                 format!(
-                    ", nor do the devices it receives from ({})",
+                    "; GRO is off on the devices it receives from ({})",
                     names.join(", ")
                 )
             };
@@ -658,28 +718,38 @@ impl Report<'_> {
                 Level::Ok,
                 format!(
                     "generic mode sees packets as the link carried them: the kernel runs no GRO \
-                     on an interface with a generic XDP program, LRO is off{below}"
+                     on an interface with a generic XDP program{below}"
                 ),
                 None,
             );
             return;
         }
-        let names: Vec<&str> = merging.iter().map(|(n, _)| n.as_str()).collect();
-        let fix: Vec<String> = merging
+        let mut detail = Vec::new();
+        if !merging.is_empty() {
+            let names: Vec<&str> = merging.iter().map(|(n, _)| n.as_str()).collect();
+            detail.push(format!(
+                "in generic mode the program sees the packets that {} merged (GRO or LRO), \
+                 larger than the link",
+                names.join(" and ")
+            ));
+        }
+        detail.extend(unknown);
+        let mut fix: Vec<String> = merging
             .iter()
             .map(|(n, off)| format!("ethtool -K {n} {off}"))
             .collect();
+        if sources.elsewhere.is_some() || sources.tunnel.is_some() {
+            fix.push("ethtool -K <that device> gro off".into());
+        }
         self.add(
             "generic-aggregates",
             Level::Warn,
             format!(
-                "in generic mode the program sees the packets that {} merged (GRO or LRO), \
-                 larger than the link: they go to the kernel untranslated (standalone \
-                 mode: the router's own stack takes a flow's, and TCP connections reset; \
-                 offload mode: the slow path carries them). To keep them off across reboots: \
-                 a systemd .link file (GenericReceiveOffload=false, \
-                 LargeReceiveOffload=false) or the distribution's equivalent",
-                names.join(" and ")
+                "{}: merged packets go to the kernel untranslated (standalone mode: the \
+                 router's own stack takes a flow's, and TCP connections reset; offload mode: \
+                 the slow path carries them). To keep GRO off across reboots: a systemd .link \
+                 file (GenericReceiveOffload=false) or the distribution's equivalent",
+                detail.join("; ")
             ),
             Some(fix.join("; ")),
         );
@@ -805,12 +875,12 @@ fn attached_mac(cfg: &Config, ifindex: u32) -> Option<[u8; 6]> {
 }
 
 /// Warnings `attach` prints before it changes anything (foreign programs
-/// are checked separately), for an attach in generic mode if
-/// `generic_asked`.
+/// are checked separately), for an attach in the mode asked (see
+/// [`checks_for`]).
 #[must_use]
-pub fn attach_warnings(lan: &str, wan: &str, generic_asked: bool) -> Vec<String> {
+pub fn attach_warnings(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec<String> {
     let ifaces = [lan.to_owned(), wan.to_owned()];
-    checks_for(&ifaces, Path::new("/nonexistent"), Some(generic_asked))
+    checks_for(&ifaces, Path::new("/nonexistent"), generic_asked)
         .into_iter()
         .filter(|c| matches!(c.level, Level::Warn | Level::Fail) && c.name != "xdp-program")
         .map(Check::line)
@@ -1202,6 +1272,19 @@ pub fn doctor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The attached program's mode decides, then the mode asked; only
+    /// `auto` before an attach asks the driver.
+    #[test]
+    fn generic_mode_as_attached_else_as_asked_else_the_fallback() {
+        let never = || -> bool { panic!("the driver asked although the mode is known") };
+        assert!(runs_generic(Some(true), Some(false), never));
+        assert!(!runs_generic(Some(false), Some(true), never));
+        assert!(runs_generic(None, Some(true), never));
+        assert!(!runs_generic(None, Some(false), never));
+        assert!(runs_generic(None, None, || true));
+        assert!(!runs_generic(None, None, || false));
+    }
 
     #[test]
     fn virtual_macs_without_a_daemon_warn() {

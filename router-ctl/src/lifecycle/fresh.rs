@@ -38,8 +38,12 @@ pub fn fresh(
 ) -> Result<()> {
     check_foreign(&a.lan, desired.lan_ifindex, a.force)?;
     check_foreign(&a.wan, desired.wan_ifindex, a.force)?;
-    let generic = a.mode == crate::config::Mode::Generic;
-    for w in doctor::attach_warnings(&a.lan, &a.wan, generic) {
+    let generic_asked = match a.mode {
+        crate::config::Mode::Generic => Some(true),
+        crate::config::Mode::Native => Some(false),
+        crate::config::Mode::Auto => None,
+    };
+    for w in doctor::attach_warnings(&a.lan, &a.wan, generic_asked) {
         warn!("{w}");
     }
     let root = ctx.pin_dir.parent().context("pin dir without parent")?;

@@ -320,7 +320,8 @@ const MERGED: &str = "generic mode the program sees the packets that";
 /// the kernel skips GRO only on the interface that has the program, so
 /// the devices below merge packets before its generic hook sees them.
 /// `doctor` names them with the fix (a bridge's ports, a macvlan's lower
-/// device; both interfaces fall back to generic mode, their drivers have
+/// device, the ports of the bridge a macvlan sits on, which itself runs
+/// no GRO; these interfaces fall back to generic mode, their drivers have
 /// no native XDP), and is content once they merge nothing; `attach --mode
 /// generic` warns of them too. A plain veth in generic mode has nothing
 /// below it.
@@ -333,13 +334,15 @@ fn doctor_warns_of_merging_below_a_generic_interface() {
         "ip link add vt0 type veth peer name vt1",
         "ip link set vt0 master brt",
         "ip link add mvt link vt1 type macvlan mode bridge",
+        "ip link add mvb link brt type macvlan mode bridge",
         "ethtool -K vt0 gro on",
         "ethtool -K vt1 gro on",
     ] {
         t.exec_ok(Ns::Router, &cmd.split(' ').collect::<Vec<_>>());
     }
-    let (v, _) = doctor(&t, &["brt", "mvt"]);
-    for (iface, lower) in [("brt", "vt0"), ("mvt", "vt1")] {
+    let (v, _) = doctor(&t, &["brt", "mvt", "mvb"]);
+    // A macvlan on the bridge: the bridge runs no GRO, its port does.
+    for (iface, lower) in [("brt", "vt0"), ("mvt", "vt1"), ("mvb", "vt0")] {
         let c = check(&v, iface, "generic-aggregates");
         assert_eq!(c["level"], "warn", "{c}");
         assert_eq!(
@@ -352,8 +355,8 @@ fn doctor_warns_of_merging_below_a_generic_interface() {
     for dev in ["vt0", "vt1"] {
         t.exec_ok(Ns::Router, &["ethtool", "-K", dev, "gro", "off"]);
     }
-    let (v, _) = doctor(&t, &["brt", "mvt"]);
-    for iface in ["brt", "mvt"] {
+    let (v, _) = doctor(&t, &["brt", "mvt", "mvb"]);
+    for iface in ["brt", "mvt", "mvb"] {
         assert_eq!(check(&v, iface, "generic-aggregates")["level"], "ok", "{v}");
     }
 
