@@ -139,19 +139,21 @@ fn ethtool(iface: &str, buf: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-fn ethtool_value(iface: &str, cmd: u32) -> Option<bool> {
+/// The `data` of an `ethtool_value` command `cmd` at `iface`.
+fn ethtool_u32(iface: &str, cmd: u32) -> Option<u32> {
     let mut v = [0u8; 8];
     v[0..4].copy_from_slice(&cmd.to_ne_bytes());
     ethtool(iface, &mut v).ok()?;
-    Some(u32::from_ne_bytes(v[4..8].try_into().ok()?) != 0)
+    Some(u32::from_ne_bytes(v[4..8].try_into().ok()?))
+}
+
+fn ethtool_value(iface: &str, cmd: u32) -> Option<bool> {
+    ethtool_u32(iface, cmd).map(|v| v != 0)
 }
 
 /// Whether LRO is on at `iface` (`None`: ethtool cannot tell).
 fn lro(iface: &str) -> Option<bool> {
-    let mut v = [0u8; 8];
-    v[0..4].copy_from_slice(&ETHTOOL_GFLAGS.to_ne_bytes());
-    ethtool(iface, &mut v).ok()?;
-    Some(u32::from_ne_bytes(v[4..8].try_into().ok()?) & ETH_FLAG_LRO != 0)
+    ethtool_u32(iface, ETHTOOL_GFLAGS).map(|flags| flags & ETH_FLAG_LRO != 0)
 }
 
 /// Tunnel kinds with an Ethernet header: the NIC their packets arrive over
