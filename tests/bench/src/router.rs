@@ -349,31 +349,24 @@ fn attach_limit(t: &Topology, name: &str, insns: &[Insn]) -> Result<Attached, St
 /// with it on, frames reach the XDP program with partial checksums and
 /// redirected TCP stalls.
 pub fn apply_offload(t: &Topology, path: DataPath, offload: Offload, router_gro: bool) {
-    let (host, router): (&[&str], &[&str]) = match (offload, path) {
-        (Offload::Off, _) => (
-            &["tx", "off", "tso", "off", "gso", "off", "gro", "on"],
-            &["tso", "off", "gso", "off", "gro", "off"],
-        ),
-        (Offload::On, DataPath::Kernel) => (
-            &["tx", "on", "tso", "on", "gso", "on", "gro", "on"],
-            &["tso", "on", "gso", "on", "gro", "off"],
-        ),
-        (Offload::On, DataPath::Xdp | DataPath::Limit | DataPath::Lookup | DataPath::Offload) => (
-            &["tx", "off", "tso", "on", "gso", "on", "gro", "on"],
-            &["tso", "on", "gso", "on", "gro", "off"],
-        ),
+    let host: &[&str] = match (offload, path) {
+        (Offload::Off, _) => &["tx", "off", "tso", "off", "gso", "off", "gro", "on"],
+        (Offload::On, DataPath::Kernel) => &["tx", "on", "tso", "on", "gso", "on", "gro", "on"],
+        (Offload::On, DataPath::Xdp | DataPath::Limit | DataPath::Lookup | DataPath::Offload) => {
+            &["tx", "off", "tso", "on", "gso", "on", "gro", "on"]
+        }
     };
-    let mut router = router.to_vec();
-    if router_gro {
-        if let Some(i) = router.iter().position(|&f| f == "gro") {
-            router[i + 1] = "on";
-        }
-        if t.has(Ns::CableLan) {
-            // Without checksum offload the kernel refuses TSO: the cables
-            // run with offloads off only.
-            debug_assert_eq!(offload, Offload::Off, "cables with offloads on");
-            router.extend_from_slice(&["tx", "off"]);
-        }
+    let segmentation = match offload {
+        Offload::Off => "off",
+        Offload::On => "on",
+    };
+    let gro = if router_gro { "on" } else { "off" };
+    let mut router = vec!["tso", segmentation, "gso", segmentation, "gro", gro];
+    if router_gro && t.has(Ns::CableLan) {
+        // Without checksum offload the kernel refuses TSO: the cables run
+        // with offloads off only.
+        debug_assert_eq!(offload, Offload::Off, "cables with offloads on");
+        router.extend_from_slice(&["tx", "off"]);
     }
     let ifs = [
         (Ns::Client, HOST_IF, host),
