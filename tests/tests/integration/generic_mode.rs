@@ -13,7 +13,6 @@
 //! `doctor::doctor_warns_of_merging_below_a_generic_interface`.)
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tests::{LAN_IF, Ns, Topology, WAN_IF, counter_delta, pattern};
 
@@ -23,28 +22,15 @@ use crate::mss_clamp::{COMPLETES_WITHIN, Download, PAYLOAD, download};
 /// The router interfaces' MTU (the topology's default).
 const LINK_MTU: usize = 1500;
 
-/// Capture socket buffer: room for the aggregates of a whole download
-/// between two reads of the capture thread.
+/// Capture socket buffer: room for every packet of a whole download.
 const CAPTURE_RCVBUF: i32 = 8 << 20;
-/// Most packets read once the capture is told to stop (more than the
-/// socket buffer holds).
+/// Most packets read from the capture (more than its buffer holds).
 const MAX_DRAINED: usize = 1 << 16;
-
-/// Sets its flag when dropped: the capture thread stops also when the
-/// download panics (a reset connection), so the test fails instead of
-/// waiting for it.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
 
 /// Runs `f` while capturing the IPv4 packets crossing the router's `dev`
 /// (as the stack sees them: after GRO, after a generic XDP program); its
 /// result and the largest IPv4 total length seen.
-fn largest_packet_during<T: Send>(t: &Topology, dev: &str, f: impl FnOnce() -> T) -> (T, usize) {
+fn largest_packet_during<T>(t: &Topology, dev: &str, f: impl FnOnce() -> T) -> (T, usize) {
     let ifindex = t.ifindex(Ns::Router, dev);
     let fd: OwnedFd = t.in_ns(Ns::Router, || {
         tests::packet::packet_socket(
@@ -62,44 +48,24 @@ fn largest_packet_during<T: Send>(t: &Topology, dev: &str, f: impl FnOnce() -> T
         CAPTURE_RCVBUF,
         "SO_RCVBUFFORCE",
     );
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let mut largest = 0;
-            let mut buf = vec![0u8; 65536];
-            // Reads until `f` has returned (the download is bounded by its
-            // own time limit) and then what is still queued: under load
-            // this thread may get to the packets only afterwards. Bounded
-            // by the socket buffer's capacity in packets.
-            let mut after_stop = 0;
-            while after_stop < MAX_DRAINED {
-                let stopped = stop.load(Ordering::SeqCst);
-                // SAFETY: a valid buffer of its length.
-                let n =
-                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-                match usize::try_from(n) {
-                    Ok(n) => {
-                        if n >= 4 {
-                            largest =
-                                largest.max(usize::from(u16::from_be_bytes([buf[2], buf[3]])));
-                        }
-                        if stopped {
-                            after_stop += 1;
-                        }
-                    }
-                    // Nothing queued.
-                    Err(_) if stopped => break,
-                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
-                }
+    let r = f();
+    // Read afterwards: the tap queues each packet before the router
+    // forwards it, so every packet the download's end saw is queued by now.
+    let mut largest = 0;
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..MAX_DRAINED {
+        // SAFETY: a valid buffer of its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) if n >= 4 => {
+                largest = largest.max(usize::from(u16::from_be_bytes([buf[2], buf[3]])));
             }
-            largest
-        });
-        let r = {
-            let _stop = StopOnDrop(&stop);
-            f()
-        };
-        (r, reader.join().expect("capture thread"))
-    })
+            Ok(_) => {}
+            // Nothing queued any more.
+            Err(_) => break,
+        }
+    }
+    (r, largest)
 }
 
 fn assert_complete(d: &Download, path: &str) {
