@@ -47,7 +47,20 @@ fn fast_path_packets(before: &serde_json::Value, after: &serde_json::Value) -> u
         - counter_of(before, "fwd_inbound")
 }
 
-const SECS: u32 = 3;
+/// Seconds of each iperf run: `--secs N` (default 3; `cargo xtask test`
+/// runs the walk-through with 1 as a check that it still works).
+fn secs() -> u32 {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => 3,
+        [flag, n] if flag == "--secs" => n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("--secs takes a whole number of seconds, not {n:?}")),
+        _ => panic!("usage: demo [--secs N] (got {args:?})"),
+    }
+}
 
 /// Busy CPU time of the whole machine in clock ticks (user+nice+system+
 /// irq+softirq) and the softirq part, from /proc/stat.
@@ -63,6 +76,7 @@ fn cpu_ticks() -> (u64, u64) {
 }
 
 struct Run {
+    secs: u32,
     gbps: f64,
     softirq_ticks: u64,
     server_saw: String,
@@ -75,7 +89,8 @@ fn iperf(t: &Topology, extra: &[&str]) -> Run {
     let server_cmd = format!("exec iperf -s -p 5001 -y C > {}", log.display());
     let mut server = t.spawn(Ns::Server, &["sh", "-c", &server_cmd]);
     std::thread::sleep(Duration::from_millis(300));
-    let secs = SECS.to_string();
+    let run_secs = secs();
+    let secs = run_secs.to_string();
     let dst = SERVER_ADDR.to_string();
     let mut args = vec![
         "timeout", "-k", "5", "20", "iperf", "-c", &dst, "-p", "5001",
@@ -105,9 +120,23 @@ fn iperf(t: &Topology, extra: &[&str]) -> Run {
         .filter(|f| f.len() > 4)
         .map_or_else(|| "?".to_owned(), |f| format!("{}:{}", f[1], f[2]));
     Run {
+        secs: run_secs,
         gbps: bps / 1e9,
         softirq_ticks: soft1 - soft0,
         server_saw,
+    }
+}
+
+impl Run {
+    /// Panics unless the run carried data and the server saw the router's
+    /// WAN address (the flow was masqueraded).
+    fn check(&self, path: &str) {
+        assert!(self.gbps > 0.0, "{path}: iperf carried nothing");
+        assert!(
+            self.server_saw.starts_with(&format!("{ROUTER_WAN_ADDR}:")),
+            "{path}: the server saw {}, not the router's WAN address {ROUTER_WAN_ADDR}",
+            self.server_saw
+        );
     }
 }
 
@@ -125,9 +154,10 @@ fn kernel_path(t: &Topology) -> PathRun {
     let run = iperf(t, &[]);
     let kernel_pkts = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
     println!(
-        "iperf TCP {SECS}s: {:.2} Gbit/s, kernel forwarded {kernel_pkts} packets, server saw {}",
-        run.gbps, run.server_saw
+        "iperf TCP {}s: {:.2} Gbit/s, kernel forwarded {kernel_pkts} packets, server saw {}",
+        run.secs, run.gbps, run.server_saw
     );
+    run.check("the kernel path");
     t.iptables(Ns::Router, &["-t", "nat", "-F"]);
     t.iptables(Ns::Router, &["-t", "raw", "-F"]);
     let _ = t.exec(Ns::Router, &["conntrack", "-F"]);
@@ -155,10 +185,16 @@ fn standalone_path(t: &Topology) -> PathRun {
     let after = t.stats();
     let kernel_pkts = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
     println!(
-        "iperf TCP {SECS}s: {:.2} Gbit/s, fast path forwarded {} packets, kernel {kernel_pkts}, server saw {}",
+        "iperf TCP {}s: {:.2} Gbit/s, fast path forwarded {} packets, kernel {kernel_pkts}, server saw {}",
+        run.secs,
         run.gbps,
         fast_path_packets(&before, &after),
         run.server_saw
+    );
+    run.check("standalone XDP");
+    assert!(
+        fast_path_packets(&before, &after) > 0,
+        "standalone XDP forwarded nothing"
     );
     assert!(
         t.ping(Ns::Client, SERVER_ADDR, 3),
@@ -190,7 +226,10 @@ fn offload_path(t: &Topology) -> PathRun {
     let _ = std::fs::remove_file(&fw);
     println!(
         "{}",
-        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]).trim_end()
+        // Named: left out, attach keeps the mode the router had when it
+        // was detached (standalone, just above).
+        t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"])
+            .trim_end()
     );
     let _daemon = Daemon(
         Command::new(router_ctl_bin())
@@ -208,11 +247,17 @@ fn offload_path(t: &Topology) -> PathRun {
     let after = t.stats();
     let kernel_pkts = t.nstat(Ns::Router, "IpForwDatagrams") - fwd0;
     println!(
-        "iperf TCP {SECS}s: {:.2} Gbit/s, fast path forwarded {} packets, kernel {kernel_pkts} \
+        "iperf TCP {}s: {:.2} Gbit/s, fast path forwarded {} packets, kernel {kernel_pkts} \
          (the handshake and teardown), server saw {}",
+        run.secs,
         run.gbps,
         fast_path_packets(&before, &after),
         run.server_saw
+    );
+    run.check("offload");
+    assert!(
+        fast_path_packets(&before, &after) > 0,
+        "offload mode: the daemon moved nothing to the fast path"
     );
     println!(
         "\n== router-ctl status (offload mode) ==\n{}",
@@ -226,6 +271,7 @@ fn main() {
         tests::is_root(),
         "the demo needs root: run `sudo cargo xtask demo`"
     );
+    let _ = secs(); // bad arguments stop it before any namespace exists
     let t = Topology::new();
     println!("topology: {}", t.namespaces().join(", "));
     t.warm_neighbours();
