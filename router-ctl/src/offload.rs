@@ -126,7 +126,16 @@ pub fn eligibility(c: &Conn) -> Verdict {
             Some(tcp_state::ESTABLISHED) if c.has(status::ASSURED | status::SEEN_REPLY) => Offload,
             Some(s) if s < tcp_state::ESTABLISHED => Wait("tcp_handshake"),
             Some(tcp_state::ESTABLISHED) => Wait("tcp_not_assured"),
-            _ => Refuse("tcp_closing"),
+            Some(_) => Refuse("tcp_closing"),
+            // An update without the state: the kernel adds it only to an
+            // event that changed it (`IPCT_PROTOINFO`), so a change of the
+            // ct mark, label or secmark, or an `IPCT_ASSURED` of its own (a
+            // connection picked up mid-stream) says nothing of it. Such an
+            // event neither ends an offloaded or settling connection nor
+            // refuses one; an assured one is a candidate, and the offload
+            // reads the kernel's state before it writes anything.
+            None if c.has(status::ASSURED | status::SEEN_REPLY) => Offload,
+            None => Wait("tcp_no_state"),
         },
         IPPROTO_ICMP if c.orig.icmp.map(|(t, _)| t) != Some(ICMP_ECHO_REQUEST) => {
             Refuse("icmp_type")
@@ -1424,6 +1433,11 @@ mod tests {
         assert_eq!(eligibility(&tcp), Verdict::Wait("tcp_handshake"));
         tcp.tcp_state = Some(4);
         assert_eq!(eligibility(&tcp), Verdict::Refuse("tcp_closing"));
+        tcp.tcp_state = None;
+        assert_eq!(eligibility(&tcp), Verdict::Offload);
+        tcp.status = CONFIRMED | SEEN_REPLY;
+        assert_eq!(eligibility(&tcp), Verdict::Wait("tcp_no_state"));
+        tcp.status = est;
         tcp.tcp_state = Some(tcp_state::ESTABLISHED);
         tcp.helper = true;
         assert_eq!(eligibility(&tcp), Verdict::Refuse("helper"));
@@ -1660,6 +1674,36 @@ mod tests {
             o.conn(&c, TCP_SETTLE_NS + 2);
             assert_eq!((o.len(), o.table.0.len(), o.stats.ended_closing), (0, 0, 1));
         }
+    }
+
+    #[test]
+    fn an_update_without_the_tcp_state_neither_ends_nor_refuses_a_connection() {
+        // A ct mark, label or secmark change: the event has no CTA_PROTOINFO.
+        let c = established_tcp();
+        let mut marked = c.clone();
+        marked.tcp_state = None;
+        for mut o in at_once_and_settled(&[&c]) {
+            established(&mut o, &c, 1);
+            o.conn(&marked, TCP_SETTLE_NS + 2);
+            assert_eq!((o.len(), o.table.0.len(), o.stats.ended_closing), (1, 2, 0));
+        }
+        // Nor drops one that is settling.
+        let mut o = in_a_burst(&[&c]);
+        o.conn(&c, 1);
+        o.conn(&marked, 2);
+        o.settle(1 + TCP_SETTLE_NS);
+        assert_eq!((o.len(), o.settling()), (1, 0));
+        // A connection first seen so (picked up mid-stream, its assured
+        // event alone) is offloaded once the kernel says ESTABLISHED, and
+        // left to it otherwise.
+        let mut o = offloader(&[&c]);
+        o.conn(&marked, 1);
+        assert_eq!(o.len(), 1);
+        let mut o = offloader(&[&c]);
+        o.kernel.closing.push(c.orig);
+        o.conn(&marked, 1);
+        assert_eq!((o.len(), o.table.0.len()), (0, 0));
+        assert_eq!(o.stats.not_offloaded.get("tcp_closed_meanwhile"), Some(&1));
     }
 
     #[test]

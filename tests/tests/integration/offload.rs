@@ -22,6 +22,8 @@ use crate::ctl::{DetachOnDrop, Stream, wait_for, wait_for_or_show};
 
 /// The UDP port the firewall drops from the LAN.
 const BLOCKED_UDP_PORT: u16 = 9999;
+/// The TCP port whose connections the QoS rule marks at every packet.
+const MARKED_TCP_PORT: u16 = 7300;
 /// WAN port forwarded (DNAT) to the client's port 80.
 const FORWARDED_PORT: u16 = 8080;
 
@@ -424,6 +426,19 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
         "turning conntrack accounting on failed"
     );
     install_firewall(&t, fw);
+    // A QoS or multi-WAN script's rule: it changes the ct mark of a
+    // connection at each of its packets the kernel handles.
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "nft",
+            &format!(
+                "add table inet qos; \
+                 add chain inet qos classify {{ type filter hook forward priority mangle; }}; \
+                 add rule inet qos classify tcp dport {MARKED_TCP_PORT} ct mark set ct mark xor 0x1"
+            ),
+        ],
+    );
     let _detach = DetachOnDrop(&t);
     let life = Duration::from_secs(90);
     let _udp_srv = udp_echo(&t, Ns::Server, sa(SERVER_ADDR, 7000), life);
@@ -449,6 +464,39 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
         Duration::from_secs(5),
         || !offloaded_rows(&t).is_empty(),
     );
+    // The QoS table changes this connection's ct mark at each of its
+    // packets the kernel handles (its handshake, and its data until the
+    // offload is active): updates without the TCP state, which must
+    // neither end its offload nor keep it from being offloaded.
+    let marked = Stream::until_stopped(&t, sa(SERVER_ADDR, MARKED_TCP_PORT), 256.0 * 1024.0, 60.0);
+    let marked_row = |t: &Topology| {
+        offloaded_rows(t)
+            .into_iter()
+            .any(|f| f["orig_dst"] == format!("{SERVER_ADDR}:{MARKED_TCP_PORT}"))
+    };
+    wait_for(
+        "the stream whose ct mark changes to be offloaded",
+        Duration::from_secs(5),
+        || marked_row(&t),
+    );
+    // The daemon's status (written at its 2 s tick) counts the early
+    // stream's offload and this one's; a tick later the events are long
+    // handled.
+    let offload_stats = |t: &Topology| crate::ctl::status(t).0["daemon"]["offload"].clone();
+    wait_for(
+        "the daemon's status to count both offloads",
+        Duration::from_secs(10),
+        || offload_stats(&t)["offloaded"].as_u64() >= Some(2),
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let v = offload_stats(&t);
+    assert_eq!(
+        v["ended_closing"].as_u64(),
+        Some(0),
+        "a ct mark change ended an offload: {v}"
+    );
+    assert!(marked_row(&t), "a ct mark change ended the offload");
+    assert!(marked.finish() > 0);
 
     // The firewall still decides: the blocked port stays blocked...
     let blocked = udp_client(&t, 41000, sa(SERVER_ADDR, BLOCKED_UDP_PORT));
