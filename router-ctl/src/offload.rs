@@ -122,19 +122,20 @@ pub fn eligibility(c: &Conn) -> Verdict {
         return Wait("unconfirmed");
     }
     match c.orig.proto {
+        // `None`: an update without the state. The kernel adds it only to
+        // an event that changed it (`IPCT_PROTOINFO`), so a change of the ct
+        // mark, label or secmark, or an `IPCT_ASSURED` of its own (a
+        // connection picked up mid-stream) says nothing of it. Such an event
+        // neither ends an offloaded or settling connection nor refuses one;
+        // an assured one is a candidate, and the offload reads the kernel's
+        // state before it writes anything.
         IPPROTO_TCP => match c.tcp_state {
-            Some(tcp_state::ESTABLISHED) if c.has(status::ASSURED | status::SEEN_REPLY) => Offload,
+            Some(tcp_state::ESTABLISHED) | None if c.has(status::ASSURED | status::SEEN_REPLY) => {
+                Offload
+            }
             Some(s) if s < tcp_state::ESTABLISHED => Wait("tcp_handshake"),
             Some(tcp_state::ESTABLISHED) => Wait("tcp_not_assured"),
             Some(_) => Refuse("tcp_closing"),
-            // An update without the state: the kernel adds it only to an
-            // event that changed it (`IPCT_PROTOINFO`), so a change of the
-            // ct mark, label or secmark, or an `IPCT_ASSURED` of its own (a
-            // connection picked up mid-stream) says nothing of it. Such an
-            // event neither ends an offloaded or settling connection nor
-            // refuses one; an assured one is a candidate, and the offload
-            // reads the kernel's state before it writes anything.
-            None if c.has(status::ASSURED | status::SEEN_REPLY) => Offload,
             None => Wait("tcp_no_state"),
         },
         IPPROTO_ICMP if c.orig.icmp.map(|(t, _)| t) != Some(ICMP_ECHO_REQUEST) => {

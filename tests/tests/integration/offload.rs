@@ -22,7 +22,7 @@ use crate::ctl::{DetachOnDrop, Stream, wait_for, wait_for_or_show};
 
 /// The UDP port the firewall drops from the LAN.
 const BLOCKED_UDP_PORT: u16 = 9999;
-/// The TCP port whose connections the QoS rule marks at every packet.
+/// The TCP port whose connections the router's quality-of-service rule marks at every packet.
 const MARKED_TCP_PORT: u16 = 7300;
 /// WAN port forwarded (DNAT) to the client's port 80.
 const FORWARDED_PORT: u16 = 8080;
