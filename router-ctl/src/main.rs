@@ -132,7 +132,8 @@ struct AttachOpts {
     #[arg(long, value_name = "pmtu|off|MTU", value_parser = MssClamp::parse)]
     clamp_mss: Option<MssClamp>,
     /// XDP attach mode: `native` (in the driver), `generic` (on the skb, any
-    /// interface, slower), `auto` (native where the driver has it).
+    /// interface, slower), `auto` (native where both drivers have it, else generic on both:
+    /// a native program cannot redirect into a device without native XDP).
     #[arg(long, value_enum, default_value = "auto")]
     mode: Mode,
     /// Masquerade address: `auto` takes the first IPv4 address of WAN.

@@ -141,6 +141,15 @@ pub fn diagnose(
             ));
         }
     }
+    let links: Vec<_> = LINK_PINS.iter().filter_map(|p| running.link(p)).collect();
+    if let [lan, wan] = links.as_slice()
+        && let Some(p) = mixed_modes(
+            (lan.iface.as_deref().unwrap_or("?"), lan.mode),
+            (wan.iface.as_deref().unwrap_or("?"), wan.mode),
+        )
+    {
+        problems.push(p);
+    }
     let added_maps = running.maps_added_later_missing();
     if !added_maps.is_empty() {
         problems.push(format!(
@@ -177,6 +186,25 @@ pub fn diagnose(
     } else {
         ("degraded", problems)
     }
+}
+
+/// The problem of a router whose interfaces run different XDP modes,
+/// each given as (name, mode). A native program redirects into the other
+/// interface through its driver's XDP transmit, which an interface without
+/// native XDP (the reason it runs generic) lacks: those frames are
+/// dropped. `attach` no longer mixes the modes; a router attached so
+/// before still can.
+fn mixed_modes(lan: (&str, Option<&str>), wan: (&str, Option<&str>)) -> Option<String> {
+    let ((native, _), (generic, _)) = match (lan.1?, wan.1?) {
+        ("native", "generic") => (lan, wan),
+        ("generic", "native") => (wan, lan),
+        _ => return None,
+    };
+    Some(format!(
+        "{native} runs native XDP and {generic} generic: frames the program on {native} \
+         redirects into {generic} are dropped; run `router-ctl detach` and `router-ctl attach` \
+         again (auto attaches both in generic mode)"
+    ))
 }
 
 /// An attached router in offload mode whose daemon does not run: its
@@ -553,5 +581,21 @@ mod tests {
             "{problems:?}"
         );
         assert!(problems[0].contains("router-ctl detach"), "{problems:?}");
+    }
+
+    #[test]
+    fn mixed_modes_are_a_problem() {
+        let p = mixed_modes(("lan0", Some("native")), ("br0", Some("generic"))).unwrap();
+        assert!(p.starts_with("lan0 runs native XDP and br0 generic"), "{p}");
+        let p = mixed_modes(("lan0", Some("generic")), ("wan0", Some("native"))).unwrap();
+        assert!(
+            p.starts_with("wan0 runs native XDP and lan0 generic"),
+            "{p}"
+        );
+        for same in ["native", "generic"] {
+            assert_eq!(mixed_modes(("a", Some(same)), ("b", Some(same))), None);
+        }
+        // A gone interface is a problem of its own.
+        assert_eq!(mixed_modes(("a", None), ("b", Some("native"))), None);
     }
 }

@@ -74,7 +74,17 @@ fn build(
     let prog = loader::xdp_prog(&mut ebpf)?;
     let (lan_link, lan_mode) = attach_one(prog, &a.lan, a.mode)?;
     info!("attached to {} ({})", a.lan, xdp_mode_name(lan_mode));
-    let (wan_link, wan_mode) = match attach_one(prog, &a.wan, a.mode) {
+    // Auto attaches both sides alike: a native program's redirect hands
+    // the frame to the target driver's XDP transmit, which a device
+    // without native XDP (a bridge, a bond over such NICs) lacks, and the
+    // kernel drops the frame; a generic program's redirect transmits an
+    // skb, which any device takes. A LAN that fell back takes the WAN
+    // with it.
+    let wan_asked = match (a.mode, lan_mode) {
+        (Mode::Auto, XdpMode::Skb) => Mode::Generic,
+        (m, _) => m,
+    };
+    let (wan_link, wan_mode) = match attach_one(prog, &a.wan, wan_asked) {
         Ok(x) => x,
         Err(e) => {
             drop(lan_link); // closes the only fd: LAN detaches
@@ -84,6 +94,30 @@ fn build(
                 a.lan
             ));
         }
+    };
+    // ...and a WAN that fell back takes the LAN with it.
+    let (lan_link, lan_mode) = if lan_mode == XdpMode::Driver && wan_mode == XdpMode::Skb {
+        warn!(
+            "{} fell back to generic mode, so {} is attached in generic mode too: frames a \
+             native program on {} redirected into {} would be dropped ({} has no native XDP \
+             transmit)",
+            a.wan, a.lan, a.lan, a.wan, a.wan
+        );
+        drop(lan_link); // closes the only fd: LAN's native program detaches
+        match attach_one(prog, &a.lan, Mode::Generic) {
+            Ok(x) => x,
+            Err(e) => {
+                drop(wan_link);
+                return Err(anyhow!(
+                    "{e:#}\nrolled back: {} and {} are detached again and nothing is pinned; \
+                     the kernel path handles all traffic as before",
+                    a.lan,
+                    a.wan
+                ));
+            }
+        }
+    } else {
+        (lan_link, lan_mode)
     };
     crash_point("fresh-after-links");
     pin_links(lan_link, wan_link, tmp)?;
