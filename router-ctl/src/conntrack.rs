@@ -399,8 +399,9 @@ pub struct ListArgs {
     /// Only flows of this protocol (icmp: ICMP and `ICMPv6` echo).
     #[arg(long, value_enum)]
     pub proto: Option<ProtoFilter>,
-    /// At most N rows (after filtering and sorting).
-    #[arg(long, value_name = "N")]
+    /// At most N rows (after filtering and sorting; at least 1).
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub limit: Option<usize>,
 }
 

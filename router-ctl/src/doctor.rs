@@ -605,7 +605,8 @@ impl Report<'_> {
                     Level::Fail,
                     format!("another XDP program (id {id}, {mode} mode) is attached"),
                     Some(format!(
-                        "remove it (`ip link set dev {iface} xdp off`) or attach with --force"
+                        "remove it (`ip link set dev {iface} {} off`) or attach with --force",
+                        xdp_off_keyword(mode)
                     )),
                 );
             }
@@ -1269,6 +1270,18 @@ pub fn doctor(
         println!("{f} failed, {w} warnings");
     }
     i32::from(failed)
+}
+
+/// The `ip link` keyword that removes an XDP program attached in `mode`
+/// (`native`, `generic`, `offload`): a plain `xdp off` leaves a generic
+/// one attached.
+#[must_use]
+pub fn xdp_off_keyword(mode: &str) -> &'static str {
+    match mode {
+        "generic" => "xdpgeneric",
+        "offload" => "xdpoffload",
+        _ => "xdp",
+    }
 }
 
 #[cfg(test)]

@@ -86,7 +86,8 @@ to do; the service's unit does not restart on it).";
 struct Cli {
     /// Work on the interfaces of this named network namespace (like `ip -n`).
     /// Pins stay in the caller's bpffs, unlike with `ip netns exec`.
-    #[arg(short = 'n', long = "netns", global = true, value_name = "NETNS")]
+    #[arg(short = 'n', long = "netns", global = true, value_name = "NETNS",
+          value_parser = parse::parse_netns)]
     netns: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -537,19 +538,16 @@ fn run(cli: Cli) -> Result<i32> {
     let (name, need) = cli.cmd.need();
     match &cli.cmd {
         Cmd::Completions { shell } => {
-            clap_complete::generate(
-                *shell,
-                &mut Cli::command(),
-                "router-ctl",
-                &mut std::io::stdout(),
-            );
-            return Ok(0);
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "router-ctl", &mut script);
+            return print_whole(&script, "the completion script");
         }
         Cmd::Man => {
+            let mut page = Vec::new();
             clap_mangen::Man::new(Cli::command())
-                .render(&mut std::io::stdout())
-                .context("writing the man page")?;
-            return Ok(0);
+                .render(&mut page)
+                .context("rendering the man page")?;
+            return print_whole(&page, "the man page");
         }
         _ => {}
     }
@@ -658,6 +656,18 @@ fn run(cli: Cli) -> Result<i32> {
         )
         .map(|()| 0),
         Cmd::Metrics { .. } | Cmd::Completions { .. } | Cmd::Man => Ok(0),
+    }
+}
+
+/// Writes `text` to stdout; a reader that closed the pipe early (`| head`)
+/// is no error.
+fn print_whole(text: &[u8], what: &str) -> Result<i32> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).with_context(|| format!("writing {what}"))
+        }
+        _ => Ok(0),
     }
 }
 

@@ -112,6 +112,28 @@ pub fn non_unicast_reason(a: Ipv4Addr) -> Option<&'static str> {
     }
 }
 
+/// A `-n` namespace name as `ip netns` names them (a file in /run/netns).
+/// The name also names the router's pin directory, record and lock, so a
+/// path (`/run/netns/rtr`, `../x`) would reach outside them, and
+/// `default` is the root namespace's router.
+pub fn parse_netns(s: &str) -> Result<String, String> {
+    if s.is_empty() || s == "." || s == ".." || s.contains('/') || s.contains('\0') {
+        return Err(format!(
+            "{s:?} is not a namespace name: give the name `ip netns list` shows (rtr, not \
+             /run/netns/rtr)"
+        ));
+    }
+    if s == "default" {
+        return Err(
+            "a namespace named \"default\" would share the root namespace router's pins and \
+             record: rename it (`ip netns` names are files in /run/netns), or leave out -n to \
+             work on the root namespace"
+                .into(),
+        );
+    }
+    Ok(s.to_owned())
+}
+
 pub fn parse_wan_addr(s: &str) -> Result<WanAddr, String> {
     if s == "auto" {
         return Ok(WanAddr::Auto);

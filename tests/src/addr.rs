@@ -30,10 +30,20 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/xdp-router";
 /// one set per namespace.
 pub const STATE_DIR: &str = "/var/lib/xdp-router";
 
+/// router-ctl's lock files and its daemon's status file, one set per
+/// namespace.
+pub const LOCK_DIR: &str = "/run/xdp-router";
+
 /// Removes what `router-ctl detach` leaves in [`STATE_DIR`] for the router
-/// in namespace `ns` (the mode it had), once the test is done with it.
+/// in namespace `ns` (the mode it had), and its lock files and a killed
+/// daemon's status file in [`LOCK_DIR`], once the test is done with it (a
+/// router owner's namespace keeps them: a lock file is not removed while
+/// another process may hold it).
 pub fn forget_detached_router(ns: &str) {
     let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.last-admit"));
+    for leftover in ["lock", "daemon.lock", "daemon.json"] {
+        let _ = std::fs::remove_file(format!("{LOCK_DIR}/{ns}.{leftover}"));
+    }
 }
 /// A LAN address nobody has: the router has no neighbour entry for it.
 pub const LAN_NOBODY_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 9);

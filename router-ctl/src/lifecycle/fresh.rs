@@ -256,8 +256,9 @@ fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
         if !force {
             bail!(super::Unretryable(format!(
                 "{iface} already has an XDP program (id {prog_id}, {mode} mode) that router-ctl \
-                 did not attach; remove it (`ip link set dev {iface} xdp off`, or detach the \
-                 tool that owns it), or pass --force to replace it"
+                 did not attach; remove it (`ip link set dev {iface} {} off`, or detach the \
+                 tool that owns it), or pass --force to replace it",
+                doctor::xdp_off_keyword(mode)
             )));
         }
         if let Err(e) = netlink::xdp_detach(idx, flag) {
@@ -298,13 +299,26 @@ fn attach_one(prog: &mut Xdp, iface: &str, mode: Mode) -> Result<(XdpLink, XdpMo
                     .map(|id| (id, XdpMode::Skb))
             }),
     };
-    let (id, m) = r.with_context(|| {
+    let (id, m) = r.map_err(|e| {
+        let e = anyhow::Error::from(e);
+        // The driver refuses a program without multi-buffer support on a
+        // link whose frames may not fit one page (veth: MTU above 3498).
+        let mtu_too_large = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error)
+                == Some(libc::ERANGE)
+        });
         let how = match mode {
+            Mode::Native if mtu_too_large => {
+                "in native mode: its MTU is too large for a program without multi-buffer \
+                 support (a veth takes at most 3498; see `router-ctl doctor`); lower the MTU, \
+                 or use --mode auto or generic"
+            }
             Mode::Native => "in native mode (the driver may not support XDP; try --mode auto)",
             Mode::Generic => "in generic mode",
             Mode::Auto => "in native or generic mode",
         };
-        format!("attaching XDP to {iface} {how}")
+        e.context(format!("attaching XDP to {iface} {how}"))
     })?;
     Ok((prog.take_link(id)?, m))
 }

@@ -367,4 +367,43 @@ fn help_completions_and_man_page() {
     assert!(man.contains("router\\-ctl"), "man page without the name");
     let v = run(&["--version"]);
     assert!(v.contains("XDP object"), "{v}");
+    // A reader that closed the pipe (`| head`): no error, no panic.
+    for args in [&["completions", "bash"][..], &["man"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = Command::new(&bin)
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+            .unwrap();
+        assert!(
+            o.status.success() && o.stderr.is_empty(),
+            "{args:?} into a closed pipe: {}\n{}",
+            o.status,
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
+fn namespace_names_and_row_limits_are_checked() {
+    let bin = router_ctl_bin();
+    for (args, needle) in [
+        (
+            &["-n", "/run/netns/rtr", "status"][..],
+            "not a namespace name",
+        ),
+        (&["-n", "../rtr", "status"], "not a namespace name"),
+        (&["-n", "", "status"], "not a namespace name"),
+        (&["-n", "default", "status"], "root namespace router"),
+        (&["conntrack", "list", "--limit", "0"], "0 is not in 1.."),
+    ] {
+        let o = Command::new(&bin).args(args).output().unwrap();
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
 }
