@@ -48,6 +48,16 @@ pub fn forward(
         // Quoted header with options or not IPv4: not ours to rewrite.
         return Err(unsolicited);
     }
+    // An error goes to the quoted packet's source (from the WAN: the
+    // NAT's address; netfilter's `nf_conntrack_inet_error` checks the
+    // same, as the IPv6 core does); its sender may be any router on the
+    // way. And it quotes the first fragment, the one with the ports: a
+    // later one's payload bytes are no ports.
+    if get_addr(ip, ipv4::DST) != get_addr(inner_ip, ipv4::SRC)
+        || get_u16(inner_ip, ipv4::FRAG_OFF) & ipv4::FRAG_OFFSET != 0
+    {
+        return Err(unsolicited);
+    }
     let proto = inner_ip[ipv4::PROTO];
     let (src_port_quoted, dst_port_quoted) = match proto {
         IPPROTO_TCP | IPPROTO_UDP => (get_u16(inner_l4, udp::SPORT), get_u16(inner_l4, udp::DPORT)),

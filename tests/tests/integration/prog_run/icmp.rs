@@ -312,6 +312,28 @@ fn icmp_errors_with_embedded_headers() {
             wan,
             Counter::PassUnsolicited,
         );
+        // RFC 5508 / netfilter's `nf_conntrack_inet_error`: an error goes
+        // to the quoted packet's source, here the WAN address.
+        let e9 = err(ICMP_DEST_UNREACH, 3, &udp_wan.bytes(), [203, 0, 113, 77]);
+        r.pass(
+            "addressed to another host than the quoted source",
+            &env.server_sends(&e9),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        // A later fragment's first payload bytes are no ports, even when
+        // they read as a flow's.
+        let later = Ipv4 {
+            frag: 8,
+            ..udp_wan.clone()
+        };
+        let e10 = err(ICMP_TIME_EXCEEDED, 1, &later.bytes(), WAN);
+        r.pass(
+            "quoting a later fragment",
+            &env.server_sends(&e10),
+            wan,
+            Counter::PassUnsolicited,
+        );
         lan_errors_about_delivered_packets(&env, r, pu);
         assert_eq!(r.flows(), flows, "ICMP errors leave the flows as they were");
         assert_eq!(mappings(r), held, "and their mappings");
