@@ -5,7 +5,10 @@
 //!   (fragments and IP options of no XDP flow, other protocols, exhausted
 //!   ports) to the WAN address and a port range disjoint from XDP's, so the two never map
 //!   two flows to the same WAN tuple. Packets XDP already translated
-//!   (source = the WAN address) are left alone.
+//!   (source = the WAN address) are left alone. What would still leave on
+//!   the WAN with a LAN address is dropped: an untranslated LAN source, and
+//!   an ICMP error of the kernel's quoting a LAN host (about a packet XDP
+//!   translated and passed, which the kernel's NAT cannot translate back).
 //! - the sysctls that let the kernel forward the translated first packet
 //!   of a flow whose next hop XDP could not resolve yet (and a flow's
 //!   packet too large for its next hop with DF clear, which XDP translates
@@ -139,6 +142,24 @@ fn nft(args: &[&str], input: Option<&str>) -> Result<String> {
 /// packets netfilter does not translate because its conntrack calls them
 /// invalid (a LAN host's TCP RST or FIN, or its ICMP error, about an XDP
 /// flow the kernel never saw), so no LAN address leaves on the WAN.
+///
+/// The same chain drops the ICMP errors leaving on the WAN about a
+/// connection the kernel forwarded, untranslated by itself, to an address
+/// out of the LAN: in standalone mode those are packets XDP translated and
+/// passed (a reply of an XDP flow whose LAN host has no neighbour entry),
+/// and their error (Host Unreachable once ARP fails) quotes the LAN host's
+/// address and port, which the kernel's NAT never saw to translate back.
+/// The LAN's addresses are the ones the kernel forwarded to out of the LAN
+/// in the last minute (the dynamic set [`LAN_DESTINATIONS_SET`], filled by
+/// the forward chain [`TO_LAN_CHAIN`]), so routed LAN subnets and a
+/// renumbered LAN need no new table; the error's connection is the one
+/// conntrack found for its quoted packet, whose original destination is
+/// that packet's destination (it was the connection's first direction).
+/// An error about a flow of the kernel's own NAT has its quote translated
+/// back to the WAN address before this chain (its connection's original
+/// destination is the remote), and one about a packet to the router's own
+/// address quotes that address, which the kernel delivers, not forwards:
+/// both leave.
 #[must_use]
 pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16)) -> String {
     let m = format!("iifname \"{lan}\" oifname \"{wan}\" ip saddr != {wan_addr}");
@@ -146,22 +167,44 @@ pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16))
         "table ip {TABLE}\n\
          delete table ip {TABLE}\n\
          table ip {TABLE} {{\n\
+         \tset {LAN_DESTINATIONS_SET} {{\n\
+         \t\ttype ipv4_addr\n\
+         \t\tsize 65536\n\
+         \t\tflags dynamic,timeout\n\
+         \t\ttimeout 1m\n\
+         \t}}\n\
          \tchain postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
          \t\t{m} meta l4proto {{ tcp, udp, icmp }} snat ip to {wan_addr}:{}-{}\n\
          \t\t{m} snat ip to {wan_addr}\n\
          \t}}\n\
+         \tchain {TO_LAN_CHAIN} {{\n\
+         \t\ttype filter hook forward priority raw; policy accept;\n\
+         \t\toifname \"{lan}\" update @{LAN_DESTINATIONS_SET} {{ ip daddr }}\n\
+         \t}}\n\
          \tchain {UNTRANSLATED_CHAIN} {{\n\
          \t\ttype filter hook postrouting priority srcnat + 10; policy accept;\n\
          \t\t{m} counter drop\n\
+         \t\toifname \"{wan}\" icmp type {{ {ICMP_ERRORS} }} ct state related ct original ip \
+         daddr @{LAN_DESTINATIONS_SET} counter drop\n\
          \t}}\n\
          }}\n",
         ports.0, ports.1
     )
 }
 
-/// The slow-path table's chain that drops untranslated LAN packets.
+/// The slow-path table's chain that drops untranslated LAN packets, and
+/// errors leaving on the WAN that quote a LAN destination.
 pub const UNTRANSLATED_CHAIN: &str = "untranslated";
+/// The slow-path table's forward chain that records the addresses the
+/// kernel forwards to out of the LAN, in [`LAN_DESTINATIONS_SET`].
+pub const TO_LAN_CHAIN: &str = "to_lan";
+/// The slow-path table's set of the addresses the kernel forwarded to out
+/// of the LAN in the last minute.
+pub const LAN_DESTINATIONS_SET: &str = "lan_destinations";
+/// The ICMP types that quote a packet (RFC 792), as `nft` names them.
+const ICMP_ERRORS: &str =
+    "destination-unreachable, source-quench, redirect, time-exceeded, parameter-problem";
 
 /// Whether `nft` lists our table.
 fn table_present() -> bool {
@@ -185,10 +228,14 @@ pub fn kernel_side_gaps(netns: Option<&str>) -> Vec<String> {
     let mut gaps = Vec::new();
     if rec.table {
         match nft(&["list", "table", "ip", TABLE], None) {
-            Ok(t) if t.contains("chain postrouting") && t.contains(UNTRANSLATED_CHAIN) => {}
+            Ok(t)
+                if t.contains("chain postrouting")
+                    && t.contains(&format!("chain {UNTRANSLATED_CHAIN} "))
+                    && t.contains(&format!("chain {TO_LAN_CHAIN} "))
+                    && t.contains(&format!("@{LAN_DESTINATIONS_SET}")) => {}
             _ => gaps.push(format!(
                 "the nftables table ip {TABLE} (slow-path NAT, the drop of untranslated LAN \
-                 sources) is gone or changed (a firewall reload whose ruleset starts with \
+                 sources and of errors quoting LAN hosts) is gone or changed (a firewall reload whose ruleset starts with \
                  `flush ruleset`?)"
             )),
         }
@@ -687,6 +734,30 @@ mod tests {
                 "chain untranslated {\n\t\ttype filter hook postrouting priority srcnat + 10; \
                  policy accept;\n\t\tiifname \"lan0\" oifname \"wan0\" ip saddr != 203.0.113.1 \
                  counter drop\n"
+            ),
+            "{t}"
+        );
+        // The addresses the kernel forwards to out of the LAN, and the
+        // errors leaving on the WAN about connections to them.
+        assert!(
+            t.contains(
+                "set lan_destinations {\n\t\ttype ipv4_addr\n\t\tsize 65536\n\t\tflags \
+                 dynamic,timeout\n\t\ttimeout 1m\n\t}"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "chain to_lan {\n\t\ttype filter hook forward priority raw; policy accept;\n\t\t\
+                 oifname \"lan0\" update @lan_destinations { ip daddr }\n\t}"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "counter drop\n\t\toifname \"wan0\" icmp type { destination-unreachable, \
+                 source-quench, redirect, time-exceeded, parameter-problem } ct state related ct \
+                 original ip daddr @lan_destinations counter drop\n\t}"
             ),
             "{t}"
         );

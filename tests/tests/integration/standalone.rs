@@ -1,7 +1,9 @@
 //! Standalone mode (`attach --admit xdp`) made safe, end to end:
 //! - no LAN source address ever leaves on the WAN, also for the first
 //!   packets of flows towards neighbours the router has not resolved
-//!   (they leave translated, with the mapping of the packets after them);
+//!   (they leave translated, with the mapping of the packets after them),
+//!   nor inside the kernel's ICMP errors about a flow whose LAN host is
+//!   gone;
 //! - the kernel slow path (the nftables table attach sets up, for what XDP
 //!   passes) and XDP never map two flows to the same WAN tuple;
 //! - attach refuses over netfilter forward rules (nftables and
@@ -59,8 +61,8 @@ impl Capture {
         })
     }
 
-    /// Every packet captured since the last call.
-    fn drain(&self) -> Vec<Seen> {
+    /// Every packet captured since the last call, as it was.
+    fn drain_packets(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         let mut buf = vec![0u8; 65536];
         loop {
@@ -70,7 +72,15 @@ impl Capture {
             let Ok(n) = usize::try_from(n) else {
                 return out;
             };
-            let p = &buf[..n];
+            out.push(buf[..n].to_vec());
+        }
+    }
+
+    /// Every packet captured since the last call.
+    fn drain(&self) -> Vec<Seen> {
+        let mut out = Vec::new();
+        for p in self.drain_packets() {
+            let (p, n) = (&p[..], p.len());
             if n < 20 {
                 continue;
             }
@@ -91,6 +101,65 @@ impl Capture {
                 sport,
             });
         }
+        out
+    }
+
+    /// The ICMP errors (destination unreachable, source quench, redirect,
+    /// time exceeded, parameter problem) captured since the last call.
+    fn drain_icmp_errors(&self) -> Vec<IcmpError> {
+        self.drain_packets()
+            .iter()
+            .filter_map(|p| IcmpError::parse(p))
+            .collect()
+    }
+}
+
+/// An ICMP error as captured: who sent it, its type and code, and the
+/// addresses and ports of the packet it quotes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IcmpError {
+    src: Ipv4Addr,
+    kind: u8,
+    code: u8,
+    quoted_src: SocketAddr,
+    quoted_dst: SocketAddr,
+}
+
+impl IcmpError {
+    fn parse(p: &[u8]) -> Option<Self> {
+        let ihl = usize::from(*p.first()? & 0x0f) * 4;
+        let icmp = p.get(ihl..).filter(|_| p.get(9) == Some(&1))?;
+        if !matches!(icmp.first()?, 3 | 4 | 5 | 11 | 12) {
+            return None;
+        }
+        let quoted = icmp.get(8..)?;
+        let qihl = usize::from(*quoted.first()? & 0x0f) * 4;
+        let ports = quoted.get(qihl..qihl + 4)?;
+        let addr = |at: usize, port: &[u8]| {
+            SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::new(
+                    quoted[at],
+                    quoted[at + 1],
+                    quoted[at + 2],
+                    quoted[at + 3],
+                )),
+                u16::from_be_bytes([port[0], port[1]]),
+            )
+        };
+        quoted.get(..20)?;
+        Some(Self {
+            src: Ipv4Addr::new(p[12], p[13], p[14], p[15]),
+            kind: icmp[0],
+            code: icmp[1],
+            quoted_src: addr(12, &ports[..2]),
+            quoted_dst: addr(16, &ports[2..]),
+        })
+    }
+
+    fn quotes_a_lan_address(&self) -> bool {
+        [self.quoted_src, self.quoted_dst]
+            .iter()
+            .any(|a| matches!(a.ip(), IpAddr::V4(v4) if in_lan(v4)))
     }
 }
 
@@ -965,4 +1034,107 @@ fn a_lan_host_pinging_from_a_foreign_address_reaches_nothing() {
     let after = t.stats();
     assert_eq!(counter_delta(&before, &after, "drop_spoofed_source"), 0);
     assert_eq!(counter_delta(&before, &after, "flow_new_masquerade"), 1);
+}
+
+/// The kernel's errors about an XDP flow whose LAN host is gone do not
+/// leave with its address. A WAN packet of an XDP flow that finds no LAN
+/// neighbour is passed translated (`pass_no_neighbour`); when the kernel's
+/// ARP for the host then fails, it sends Host Unreachable to the remote,
+/// quoting the packet as it forwarded it: the LAN host's address and port,
+/// which its conntrack never translated. The slow-path table's
+/// `untranslated` chain drops such errors and counts them. The same error
+/// about a flow of the kernel's own slow path (a first datagram that was
+/// fragmented) still reaches the remote, its quote translated back to the
+/// WAN address by the kernel's NAT.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_error_about_a_flow_whose_lan_host_is_gone_does_not_leave_with_its_address() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    attach_and_print(&t, &[]);
+    let srv = t.in_ns(Ns::Server, || {
+        UdpSocket::bind(socket_addr(SERVER_ADDR, 5300)).unwrap()
+    });
+    srv.set_read_timeout(Some(IO)).unwrap();
+    let cli = client_udp(&t, 42000, socket_addr(SERVER_ADDR, 5300));
+    let mut buf = vec![0u8; 65536];
+    // From one socket: a fragmented first datagram opens a flow in the
+    // kernel's slow path, a small one after it an XDP flow.
+    let mut peer_of = |payload: &[u8]| {
+        cli.send(payload).unwrap();
+        let (n, peer) = srv.recv_from(&mut buf).expect("the server got a datagram");
+        assert_eq!(n, payload.len());
+        srv.send_to(b"reply", peer).unwrap();
+        assert_eq!(cli.recv(&mut buf).ok(), Some(5), "the client got no reply");
+        peer
+    };
+    let kernel_flow = peer_of(&[0x5a; 3000]);
+    let xdp_flow = peer_of(b"small");
+    assert_eq!(xdp_flow, socket_addr(ROUTER_WAN_ADDR, 42000));
+    assert!(
+        kernel_flow.ip() == IpAddr::V4(ROUTER_WAN_ADDR) && kernel_flow.port() >= 61000,
+        "the first datagram left as {kernel_flow}, not through the kernel's NAT"
+    );
+    // The client goes away: it answers no ARP, and the router forgets it.
+    t.exec_ok(Ns::Client, &["ip", "link", "set", "eth0", "arp", "off"]);
+    t.exec_ok(Ns::Router, &["ip", "neigh", "flush", "dev", LAN_IF]);
+    // The XDP flow's cached next hop is asked of the FIB again once a
+    // second: past that, its next packet finds no neighbour.
+    std::thread::sleep(Duration::from_millis(1300));
+    let cap = Capture::start(&t, Ns::Server, "eth0");
+    let before = t.stats();
+    srv.send_to(b"late reply", kernel_flow).unwrap();
+    srv.send_to(b"late reply", xdp_flow).unwrap();
+    // The kernel gives up on ARP after its probes (3 x 1 s) and answers
+    // both queued packets at once.
+    let mut errors = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10)
+        && !errors
+            .iter()
+            .any(|e: &IcmpError| e.quoted_dst == kernel_flow)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        errors.extend(cap.drain_icmp_errors());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    errors.extend(cap.drain_icmp_errors());
+    let after = t.stats();
+    println!("ICMP errors seen by the server: {errors:?}");
+    assert_eq!(
+        counter_delta(&before, &after, "pass_no_neighbour"),
+        1,
+        "the XDP flow's packet was passed translated"
+    );
+    let leaked: Vec<&IcmpError> = errors.iter().filter(|e| e.quotes_a_lan_address()).collect();
+    assert!(
+        leaked.is_empty(),
+        "errors quoting a LAN address reached the WAN: {leaked:?}"
+    );
+    assert_eq!(
+        errors,
+        [IcmpError {
+            src: ROUTER_WAN_ADDR,
+            kind: 3,
+            code: 1,
+            quoted_src: socket_addr(SERVER_ADDR, 5300),
+            quoted_dst: kernel_flow,
+        }],
+        "the slow-path flow's Host Unreachable, translated by the kernel's NAT"
+    );
+    let chain = t.exec_ok(
+        Ns::Router,
+        &["nft", "list", "chain", "ip", "xdp_router", "untranslated"],
+    );
+    let dropped = chain
+        .lines()
+        .find(|l| l.contains("icmp type"))
+        .and_then(|l| l.split("counter packets ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no counted ICMP error rule in:\n{chain}"));
+    assert_eq!(
+        dropped, 1,
+        "the error about the XDP flow, dropped:\n{chain}"
+    );
 }
