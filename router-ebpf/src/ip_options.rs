@@ -14,6 +14,10 @@
 //! ignore such options); the header checksum, which covers them, is
 //! updated for the changed words only.
 //!
+//! Dropped as malformed (`drop_malformed`), as the core drops such a
+//! packet without options: a TCP, UDP or ICMP packet too short for its
+//! header, a TCP data offset below the header or past the packet.
+//!
 //! Left to the kernel (`pass_ip_options`): a header with TTL <= 1, a wrong
 //! checksum or the fragment bits set, packets of no flow the data path
 //! carries, an offloaded flow's, a next hop the FIB refuses (with its
@@ -23,7 +27,7 @@ use aya_ebpf::{macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     checksum,
     hdr::{eth, frame, get_u16, icmp, ipv4, tcp, udp},
-    maps::{Counter, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
+    maps::{Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
 
@@ -107,13 +111,30 @@ fn try_translate(ctx: &XdpContext) -> Step<()> {
     } else {
         udp::LEN
     };
+    // Malformed as the core judges an option-less packet (README "Per
+    // packet" step 1): too short for its L4 header, or a TCP data offset
+    // below the header or past the packet.
+    let malformed = Verdict::drop(Counter::DropMalformed);
     if total_len < hlen + need {
-        return Err(NOT_CARRIED);
+        return Err(
+            if matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP) {
+                malformed
+            } else {
+                NOT_CARRIED
+            },
+        );
     }
-    // No SYN, FIN or RST: such a packet changes no TCP state here, so
-    // those go to the kernel.
-    if proto == IPPROTO_TCP && parse::tcp_control(ctx, l4)? {
-        return Err(NOT_CARRIED);
+    if proto == IPPROTO_TCP {
+        let t: &[u8; tcp::LEN] = header(ctx, l4)?;
+        let data_off = usize::from(t[tcp::DATA_OFF] >> 4) * 4;
+        if data_off < tcp::LEN || data_off > total_len - hlen {
+            return Err(malformed);
+        }
+        // No SYN, FIN or RST: such a packet changes no TCP state here, so
+        // those go to the kernel.
+        if parse::tcp_control(ctx, l4)? {
+            return Err(NOT_CARRIED);
+        }
     }
     let (sport, dport) = parse::ports(ctx, ip, l4, side.from_lan)?.ok_or(NOT_CARRIED)?;
     let key = StackKey::of(ip, sport, dport);

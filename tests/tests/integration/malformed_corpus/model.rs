@@ -109,8 +109,11 @@ pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
 /// IP options: the kernel's, unless the header is otherwise forwardable
 /// (TTL > 1, its checksum over the options right, no fragment) and the
 /// packet holds a TCP header, a UDP one or an ICMP echo of its direction
-/// at the offset the IHL gives (what the lookup then decides); not
-/// addressed to the interface: the kernel's as any such frame.
+/// at the offset the IHL gives (what the lookup then decides); a TCP, UDP
+/// or ICMP packet too short for its header there, or a TCP data offset
+/// below the header or past the packet, is malformed (as without
+/// options); not addressed to the interface: the kernel's as any such
+/// frame.
 fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
     if f[..6] != own_mac {
         return Stage::Exactly(Counter::PassNotForUs);
@@ -120,17 +123,32 @@ fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
     let proto = f[IP_OFF + 9];
     let need = if proto == IPPROTO_TCP { 20 } else { 8 };
     let echo = if from_lan { ICMP_ECHO_REQUEST } else { 0 };
-    let header_ok = f[IP_OFF + 8] > 1
-        && be16(f, IP_OFF + 6) & 0x3fff == 0
-        && checksum(&f[IP_OFF..l4]) == 0
-        && total >= hlen + need;
+    let forwardable =
+        f[IP_OFF + 8] > 1 && be16(f, IP_OFF + 6) & 0x3fff == 0 && checksum(&f[IP_OFF..l4]) == 0;
+    if !forwardable {
+        return Stage::Exactly(Counter::PassIpOptions);
+    }
+    let carried_proto = matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP);
+    if total < hlen + need {
+        return Stage::Exactly(if carried_proto {
+            Counter::DropMalformed
+        } else {
+            Counter::PassIpOptions
+        });
+    }
+    if proto == IPPROTO_TCP {
+        let data_off = usize::from(f[l4 + 12] >> 4) * 4;
+        if data_off < 20 || data_off > total - hlen {
+            return Stage::Exactly(Counter::DropMalformed);
+        }
+    }
     let flow_like = match proto {
-        IPPROTO_TCP => header_ok && f[l4 + 13] & TCP_CONTROL == 0,
+        IPPROTO_TCP => f[l4 + 13] & TCP_CONTROL == 0,
         IPPROTO_UDP => true,
-        IPPROTO_ICMP => header_ok && f[l4] == echo,
+        IPPROTO_ICMP => f[l4] == echo,
         _ => false,
     };
-    if header_ok && flow_like {
+    if flow_like {
         Stage::Options
     } else {
         Stage::Exactly(Counter::PassIpOptions)
@@ -296,6 +314,14 @@ pub(super) fn allowed_after_lookup(
     let mut ok = vec![fwd];
     ok.extend_from_slice(&FIB_PASSES);
     if stage == Stage::IcmpError {
+        // Addressed to the quoted packet's source, and quoting a first
+        // fragment (a later one's payload holds no ports).
+        let quoted = L4_OFF + 8;
+        if f[IP_OFF + 16..IP_OFF + 20] != f[quoted + 12..quoted + 16]
+            || be16(f, quoted + 6) & 0x1fff != 0
+        {
+            return (vec![icmp_error_miss(from_lan)], None);
+        }
         // Only an entry of the error's own side may translate it: a
         // WAN-side one an error from the WAN, a LAN-side one from the LAN.
         if r.entry(&icmp_error_key(f))

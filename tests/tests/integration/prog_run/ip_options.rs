@@ -19,7 +19,7 @@ fn with_options(mut ip: Ipv4) -> Ipv4 {
 /// both ways (a UDP answer with options marks its flow replied); a packet
 /// with options of no flow yet, a TCP FIN, with TTL 1, a wrong header
 /// checksum (over the options), the fragment bits, or of an offloaded flow
-/// is the kernel's.
+/// is the kernel's; a malformed TCP header is dropped, as without options.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 #[expect(
@@ -115,6 +115,16 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
         let mut mf = a.clone();
         mf.frag = IP_MF;
         kernels(r, "a fragment", &env.server_sends(&mf));
+        // Malformed as without options, where the core drops it: a TCP
+        // data offset below the header, or past the packet.
+        for (what, words) in [
+            ("TCP data offset of 4 words", 4_u8),
+            ("TCP data offset past the packet", 15),
+        ] {
+            let mut f = env.server_sends(&seg);
+            f[IP_OFF + 20 + OPTIONS.len() + 12] = words << 4;
+            r.drop_frame(what, &f, wan, Counter::DropMalformed);
+        }
         kernels(
             r,
             "no flow",
