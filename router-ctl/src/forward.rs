@@ -36,7 +36,7 @@ pub fn target(t: SocketAddrV4) -> PortForwardTarget {
 }
 
 /// One rule as `forward list --json` prints it.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Rule {
     pub proto: String,
     pub wan_port: u16,
@@ -70,6 +70,24 @@ impl Rule {
             lan_port: k.port,
             family: Some("ipv6"),
         }
+    }
+
+    /// The `router-ctl forward add` command that puts this rule back on
+    /// the router of `netns` (the IPv6 target quoted: a shell would take
+    /// its brackets for a pattern).
+    #[must_use]
+    pub fn add_command(&self, netns: Option<&str>) -> String {
+        let ns = netns.map_or_else(String::new, |n| format!("-n {n} "));
+        if self.family.is_some() {
+            return format!(
+                "router-ctl {ns}forward add {} '[{}]:{}'",
+                self.proto, self.lan_addr, self.lan_port
+            );
+        }
+        format!(
+            "router-ctl {ns}forward add {} {} {}:{}",
+            self.proto, self.wan_port, self.lan_addr, self.lan_port
+        )
     }
 
     #[must_use]
@@ -287,6 +305,42 @@ pub fn rules(maps: &PinnedMaps) -> Result<Vec<Rule>> {
     Ok(out)
 }
 
+/// "N port-forward rules and M IPv6 pinholes" of `rules` (either part left
+/// out when it is zero), or `None` when there are none.
+#[must_use]
+pub fn rules_count(rules: &[Rule]) -> Option<String> {
+    let holes = rules.iter().filter(|r| r.family.is_some()).count();
+    let fwds = rules.len() - holes;
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    match (fwds, holes) {
+        (0, 0) => None,
+        (f, 0) => Some(plural(f, "port-forward rule", "port-forward rules")),
+        (0, h) => Some(plural(h, "IPv6 pinhole", "IPv6 pinholes")),
+        (f, h) => Some(format!(
+            "{} and {}",
+            plural(f, "port-forward rule", "port-forward rules"),
+            plural(h, "IPv6 pinhole", "IPv6 pinholes")
+        )),
+    }
+}
+
+/// What a change that needs a detach costs the rules in the pin
+/// directory `dir`: "" if it has none, else a clause for the message.
+#[must_use]
+pub fn detach_loses(dir: &std::path::Path) -> String {
+    rules(&PinnedMaps::at(dir))
+        .ok()
+        .and_then(|r| rules_count(&r))
+        .map_or_else(String::new, |n| {
+            format!(
+                "; the detach also removes its {n} (they live in the fast path's maps): \
+                 detach lists them with the `router-ctl forward add` commands that put them \
+                 back"
+            )
+        })
+}
+
 #[must_use]
 pub fn rules_table(rules: &[Rule]) -> String {
     use std::fmt::Write as _;
@@ -374,5 +428,32 @@ mod tests {
             "{t}"
         );
         assert_eq!(rules_table(&[]), "no port-forward rules\n");
+    }
+
+    #[test]
+    fn commands_that_put_rules_back() {
+        let r = Rule::new(
+            key(Proto::Tcp, 8080),
+            target("192.168.50.2:80".parse().unwrap()),
+        );
+        assert_eq!(
+            r.add_command(Some("rtr")),
+            "router-ctl -n rtr forward add tcp 8080 192.168.50.2:80"
+        );
+        let hole = Rule::pinhole6(&pinhole_key(
+            Proto::Udp,
+            "[2001:db8::5]:53".parse().unwrap(),
+        ));
+        assert_eq!(
+            hole.add_command(None),
+            "router-ctl forward add udp '[2001:db8::5]:53'"
+        );
+        assert_eq!(rules_count(&[]), None);
+        assert_eq!(
+            rules_count(&[r.clone(), r.clone(), hole.clone()]).as_deref(),
+            Some("2 port-forward rules and 1 IPv6 pinhole")
+        );
+        assert_eq!(rules_count(&[hole]).as_deref(), Some("1 IPv6 pinhole"));
+        assert_eq!(rules_count(&[r]).as_deref(), Some("1 port-forward rule"));
     }
 }

@@ -12,6 +12,7 @@ use crate::{
     bpfsys,
     config::AdmitMode,
     ctx::Ctx,
+    forward,
     inspect::inspect,
     maps::PinnedMaps,
     netlink,
@@ -49,6 +50,8 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
         return Ok(false);
     }
     remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
+    // The rules live in the maps about to go: read now, told at the end.
+    let rules = forward::rules(&ctx.maps());
     // Commit: both interfaces back to the kernel path in one write.
     if running.maps_present.contains(&CONFIG_MAP) {
         ctx.maps().clear_config()?;
@@ -94,8 +97,36 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     } else {
         println!("detached; kernel forwarding handles all traffic again");
     }
+    tell_rules_removed(ctx, rules);
     lock.remove_file();
     Ok(true)
+}
+
+/// Says which port forwards and IPv6 pinholes went with the maps, and the
+/// commands that add them back after the next attach: nothing keeps them
+/// (an attach starts with none, and `apply` sets those of its file).
+fn tell_rules_removed(ctx: &Ctx, rules: Result<Vec<forward::Rule>>) {
+    let rules = match rules {
+        Ok(rules) => rules,
+        Err(e) => {
+            warn!(
+                "could not read the port forwards and IPv6 pinholes before removing them \
+                 ({e:#}): any there were are gone; add them again after the next attach"
+            );
+            return;
+        }
+    };
+    let Some(count) = forward::rules_count(&rules) else {
+        return;
+    };
+    println!(
+        "removed {count} with the maps: an attach starts without them. To put them back \
+         after the next attach in standalone mode (--admit xdp), run (or keep them in the \
+         file `router-ctl apply` reads):"
+    );
+    for r in &rules {
+        println!("  {}", r.add_command(ctx.ns()));
+    }
 }
 
 /// Leaves the detached router's mode `admit` for the next attach that

@@ -197,9 +197,10 @@ pub fn check_layout(dir: &Path, obj: &Object, entries: u32) -> Result<()> {
             bail!(Unretryable(format!(
                 "the conntrack table holds {} flows and cannot be resized while attached \
                  (its flows live in it); `router-ctl detach` and attach again to resize \
-                 (open connections through the router are then dropped), or keep \
+                 (open connections through the router are then dropped{}), or keep \
                  --max-flows {}",
                 pinned.max_entries / 2,
+                crate::forward::detach_loses(dir),
                 pinned.max_entries / 2
             )));
         }
@@ -215,7 +216,8 @@ pub fn check_layout(dir: &Path, obj: &Object, entries: u32) -> Result<()> {
             bail!(Unretryable(format!(
                 "the new object's {name} map ({want}) does not match the pinned one \
                  ({pinned}): a live replace would corrupt it; `router-ctl detach` and attach \
-                 again"
+                 again{}",
+                crate::forward::detach_loses(dir)
             )));
         }
     }

@@ -270,11 +270,12 @@ fn check_replaceable(
             .collect();
         bail!(Unretryable(format!(
             "already attached to {} (LAN) and {} (WAN); to move the router to {} and {}, \
-             run `router-ctl detach` first",
+             run `router-ctl detach` first{}",
             names.first().map_or("?", String::as_str),
             names.get(1).map_or("?", String::as_str),
             a.lan,
-            a.wan
+            a.wan,
+            crate::forward::detach_loses(dir)
         )));
     }
     // Mode: fixed when a link is made.
@@ -290,7 +291,8 @@ fn check_replaceable(
         {
             bail!(Unretryable(format!(
                 "{iface} runs in {c} mode; a mode change needs new links (a short gap): \
-                 `router-ctl detach` and attach again with --mode {w}"
+                 `router-ctl detach` and attach again with --mode {w}{}",
+                crate::forward::detach_loses(dir)
             )));
         }
     }

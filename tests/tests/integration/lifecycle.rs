@@ -213,6 +213,91 @@ fn detach_restores_kernel_forwarding() {
     assert!(out.contains("nothing to do"), "{out}");
 }
 
+/// The port forwards and IPv6 pinholes live in the maps `detach` removes:
+/// the resize refusal says they go with the detach, `detach` names them
+/// with the commands that add them back, and those commands, run as a
+/// shell runs them, put them back after the next attach.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn detach_names_the_rules_it_removes_and_how_to_add_them_back() {
+    let t = Topology::new();
+    attach(&t, &[]);
+    t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
+    t.router_ctl_ok(&["forward", "add", "udp", "30000", "192.168.50.2:53"]);
+    t.router_ctl_ok(&["forward", "add", "tcp", "[2001:db8:50::5]:22"]);
+    let before = t.router_ctl_ok(&["forward", "list", "--json"]);
+
+    let err = ctl_fails(
+        &t,
+        &[
+            "attach",
+            LAN_IF,
+            WAN_IF,
+            "--admit",
+            "xdp",
+            "--max-flows",
+            "1000",
+        ],
+    );
+    assert!(
+        err.contains("cannot be resized while attached")
+            && err.contains("the detach also removes its 2 port-forward rules and 1 IPv6 pinhole"),
+        "{err}"
+    );
+
+    let out = t.router_ctl_ok(&["detach"]);
+    println!("{out}");
+    assert!(
+        out.contains("removed 2 port-forward rules and 1 IPv6 pinhole with the maps"),
+        "{out}"
+    );
+    let ns = t.ns_name(Ns::Router);
+    let commands: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter(|l| l.starts_with("router-ctl "))
+        .collect();
+    assert_eq!(
+        commands,
+        [
+            format!("router-ctl -n {ns} forward add tcp 8080 192.168.50.2:80"),
+            format!("router-ctl -n {ns} forward add udp 30000 192.168.50.2:53"),
+            format!("router-ctl -n {ns} forward add tcp '[2001:db8:50::5]:22'"),
+        ],
+        "{out}"
+    );
+
+    attach(&t, &["--max-flows", "1000"]);
+    assert_eq!(t.router_ctl_ok(&["forward", "list", "--json"]).trim(), "[]");
+    // Pasted into a shell, as the owner would.
+    let bin = tests::router_ctl_bin();
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for c in &commands {
+        let o = std::process::Command::new("timeout")
+            .args(["-k", "5", "30", "sh", "-c", c])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{c}: {}{}", stdout(&o), stderr(&o));
+    }
+    assert_eq!(t.router_ctl_ok(&["forward", "list", "--json"]), before);
+    // Nothing left to name: a detach without rules says nothing of them.
+    for c in ["tcp 8080", "udp 30000"] {
+        let args: Vec<&str> = ["forward", "del"].into_iter().chain(c.split(' ')).collect();
+        t.router_ctl_ok(&args);
+    }
+    t.router_ctl_ok(&["forward", "del", "tcp", "[2001:db8:50::5]:22"]);
+    let out = t.router_ctl_ok(&["detach"]);
+    assert!(
+        !out.contains("port-forward") && !out.contains("forward add"),
+        "{out}"
+    );
+}
+
 /// `--wan-addr auto` finds the WAN address by the interface's index: an
 /// address with a label (`ip addr add ... label wan0:nat`, as keepalived
 /// and ifupdown write them) is the interface's too, and flows leave with it.
