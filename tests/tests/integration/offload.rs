@@ -1258,3 +1258,74 @@ fn ports_at_once(
     );
     recovery.assert_no_loss("ports at once", show);
 }
+
+/// The firewall's `inet filter forward` chain gets, first, a rule that
+/// drops UDP to `port`: a block added while flows run.
+fn block_udp_port_now(t: &Topology, port: u16) {
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "nft",
+            &format!("insert rule inet filter forward udp dport {port} counter drop"),
+        ],
+    );
+}
+
+/// A firewall rule added later does not stop a flow already offloaded (as
+/// with `nf_flowtable`): its packets do not reach the firewall. Ending the
+/// flow in the kernel's conntrack (`conntrack -D`) does: the daemon ends
+/// the offload, and the kernel judges the next packet as a new flow.
+/// `router-ctl conntrack flush` is not enough: the kernel still has the
+/// flow established, and the daemon offloads it again from its resync.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_a_rule_added_later_stops_an_offloaded_flow_once_the_kernel_ends_it() {
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let _daemon = Daemon::start(&t, &[]);
+    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    wait_for(
+        "the UDP flow to be offloaded",
+        Duration::from_secs(10),
+        || offloaded_udp_42000(&t).is_some(),
+    );
+    block_udp_port_now(&t, 7000);
+    assert_eq!(
+        echoes(&udp, 3, Duration::from_millis(100)),
+        3,
+        "the offloaded flow met the rule added later"
+    );
+
+    // Off XDP for a moment only: offloaded again, past the rule.
+    t.router_ctl_ok(&["conntrack", "flush"]);
+    wait_for(
+        "the flushed flow to be offloaded again",
+        Duration::from_secs(10),
+        || {
+            let _ = echoes(&udp, 1, Duration::ZERO);
+            offloaded_udp_42000(&t).is_some()
+        },
+    );
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+
+    // Ended in the kernel: off XDP for good, and the rule drops it.
+    t.exec_ok(
+        Ns::Router,
+        &["conntrack", "-D", "-p", "udp", "--orig-port-src", "42000"],
+    );
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.push(echoes(&udp, 2, Duration::from_millis(250)));
+    }
+    assert!(got.iter().all(|&n| n == 0), "echoes per second: {got:?}");
+    assert!(offloaded_udp_42000(&t).is_none(), "offloaded again");
+}
