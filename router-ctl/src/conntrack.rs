@@ -613,6 +613,114 @@ pub fn count(maps: &PinnedMaps, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// The flows the data path carries by itself now, whatever the mode says:
+/// it forwards every hit of its table, and only a miss looks at the mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OnFastPath {
+    /// Flows XDP admitted itself (standalone mode: no [`FLAG_OFFLOADED`]),
+    /// not idle past their timeout. In offload mode these are left from
+    /// standalone mode, and bypass the firewall until they idle out.
+    pub admitted: usize,
+    /// Offloaded flows within their lease: carried until it ends, with or
+    /// without a daemon renewing it.
+    pub leased: usize,
+    /// Seconds until the last of those leases ends (0 with none).
+    pub lease_left_secs: u64,
+}
+
+/// What [`OnFastPath`] reads of a flow: its original entry's flags, state
+/// and lease, and its newest refresh of either entry.
+#[derive(Clone, Copy)]
+struct FlowSeen {
+    flags: u8,
+    state: u8,
+    lease: u32,
+    last_seen_ns: u64,
+}
+
+impl OnFastPath {
+    fn add(&mut self, f: FlowSeen, now_ns: u64, t: &Timeouts) {
+        if f.flags & FLAG_OFFLOADED == 0 {
+            self.admitted += usize::from(!flow::expired(f.state, f.last_seen_ns, now_ns, t));
+        } else if router_common::maps::lease_tick(now_ns) <= f.lease {
+            self.leased += 1;
+            // Carried while the tick is at most `lease`: up to the start
+            // of tick `lease + 1`.
+            let end_ns = (u64::from(f.lease) + 1) << router_common::maps::LEASE_TICK_SHIFT;
+            self.lease_left_secs = self
+                .lease_left_secs
+                .max(end_ns.saturating_sub(now_ns).div_ceil(1_000_000_000));
+        }
+    }
+
+    /// The flows of IPv4 table snapshot `v4` and IPv6 one `v6` at
+    /// `now_ns`.
+    #[must_use]
+    pub fn of(
+        v4: &[(FlowKey, FlowEntry)],
+        v6: &[(FlowKey6, FlowEntry6)],
+        now_ns: u64,
+        t: &Timeouts,
+    ) -> Self {
+        let mut out = Self::default();
+        let by_key: std::collections::BTreeMap<FlowKey, &FlowEntry> =
+            v4.iter().map(|(k, e)| (*k, e)).collect();
+        for e in by_key.values().filter(|e| e.flags & FLAG_ORIGINAL != 0) {
+            let reply_seen = by_key.get(&e.peer).map_or(0, |r| r.last_seen_ns);
+            let seen = FlowSeen {
+                flags: e.flags,
+                state: e.state,
+                lease: e.lease,
+                last_seen_ns: e.last_seen_ns.max(reply_seen),
+            };
+            out.add(seen, now_ns, t);
+        }
+        let by_key6: std::collections::BTreeMap<FlowKey6, &FlowEntry6> =
+            v6.iter().map(|(k, e)| (*k, e)).collect();
+        for (k, e) in by_key6.iter().filter(|(_, e)| e.flags & FLAG_ORIGINAL != 0) {
+            let reply_seen = by_key6.get(&k.reversed()).map_or(0, |r| r.last_seen_ns);
+            let seen = FlowSeen {
+                flags: e.flags,
+                state: e.state,
+                lease: e.lease,
+                last_seen_ns: e.last_seen_ns.max(reply_seen),
+            };
+            out.add(seen, now_ns, t);
+        }
+        out
+    }
+
+    /// Read from the pinned tables now.
+    pub fn read(maps: &PinnedMaps) -> Result<Self> {
+        let cfg = maps.read_config()?;
+        let table = maps.conntrack()?;
+        let v4 = snapshot(&table, maps::capacity(&table)?)?;
+        // A router attached by an older router-ctl has no CONNTRACK6 pinned.
+        let v6 = match maps.conntrack6() {
+            Ok(table6) => snapshot(&table6, maps::capacity(&table6)?)?,
+            Err(_) => Vec::new(),
+        };
+        Ok(Self::of(&v4, &v6, monotonic_ns(), &cfg.timeouts))
+    }
+
+    /// In offload mode, what the flows XDP admitted in standalone mode
+    /// still do, and how to end them; `None` without any.
+    #[must_use]
+    pub fn admitted_warning(&self) -> Option<String> {
+        (self.admitted > 0).then(|| {
+            format!(
+                "{} flow(s) that XDP admitted itself in standalone mode stay on the fast path: \
+                 their packets bypass the firewall now in charge until they idle out \
+                 (`router-ctl conntrack list` shows them, not offloaded); `router-ctl \
+                 conntrack flush` ends them now, and the kernel decides on their next packets \
+                 (connections that need XDP's translation break, as at a detach; offloaded \
+                 flows go back to the kernel until the daemon offloads them again)",
+                self.admitted
+            )
+        })
+    }
+}
+
 /// Removes every entry of `table`, both entries of a flow one right after
 /// the other (`other_half_of`): the data path puts a lost half back from
 /// the other one, so a flow whose halves went far apart in the table's
@@ -753,6 +861,49 @@ mod tests {
         let x = flow::masquerade_key(&k, WAN, port);
         let (oe, rk, re) = flow::new_flow(&k, &x, 0, 10 * SEC);
         [(k, oe), (rk, re)]
+    }
+
+    #[test]
+    fn on_the_fast_path_counts_admitted_flows_and_live_leases() {
+        use router_common::maps::{LEASE_HANDED_BACK, LEASE_TICK_SHIFT, lease_tick};
+        let t = Timeouts::default();
+        // 100 s of uptime; TCP entries last seen at 10 s (established: alive).
+        let now = 100 * SEC;
+        let offloaded = |port: u16, lease: u32| {
+            let mut f = masq(port);
+            for (_, e) in &mut f {
+                e.flags |= FLAG_OFFLOADED;
+                e.lease = lease;
+            }
+            f
+        };
+        let mut v4: Vec<_> = masq(40_000).into();
+        // An XDP-admitted flow idle past its timeout is not counted.
+        let mut stale = masq(40_001);
+        stale[0].1.last_seen_ns = 0;
+        stale[1].1.last_seen_ns = 0;
+        stale[0].1.state = FlowState::UdpUnreplied as u8;
+        stale[1].1.state = FlowState::UdpUnreplied as u8;
+        v4.extend(stale);
+        // Leases: ending in the next tick, handed back, past.
+        let tick = lease_tick(now);
+        v4.extend(offloaded(40_002, tick + 20));
+        v4.extend(offloaded(40_003, LEASE_HANDED_BACK));
+        v4.extend(offloaded(40_004, tick - 1));
+        let k6 = FlowKey6::new(CLIENT6.octets(), SERVER6.octets(), 50_000, 22, IPPROTO_TCP);
+        let v6: Vec<_> = established6(k6, 0).into();
+        let on = OnFastPath::of(&v4, &v6, now, &t);
+        let end = (u64::from(tick) + 21) << LEASE_TICK_SHIFT;
+        assert_eq!(
+            on,
+            OnFastPath {
+                admitted: 2,
+                leased: 1,
+                lease_left_secs: (end - now).div_ceil(SEC),
+            }
+        );
+        assert!(on.admitted_warning().unwrap().starts_with("2 flow(s)"));
+        assert_eq!(OnFastPath::default().admitted_warning(), None);
     }
 
     #[test]

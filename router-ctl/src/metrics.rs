@@ -288,6 +288,15 @@ impl RouterCollector {
             i64::from(d["running"] == true),
         )?;
         if d["running"] != true {
+            // Offloaded flows outlive the daemon until their leases end.
+            if kernel_mode && let Ok(on) = crate::conntrack::OnFastPath::read(&self.ctx.maps()) {
+                gauge(
+                    enc,
+                    "xdp_router_offloaded_flows",
+                    "Kernel flows the fast path carries now",
+                    i64_of(on.leased),
+                )?;
+            }
             return Ok(());
         }
         encode_daemon_follow(enc, &d)?;

@@ -158,7 +158,11 @@ pub fn stats(ctx: &Ctx, json: bool) -> Result<()> {
     let kernel_mode = maps
         .read_config()
         .is_ok_and(|c| c.admit == Admit::Kernel as u8);
-    let daemon = daemon::health_json(ctx.ns());
+    let mut daemon = daemon::health_json(ctx.ns());
+    if kernel_mode && daemon["running"] != true {
+        let on = crate::conntrack::OnFastPath::read(&maps).ok();
+        daemon::add_stopped(&mut daemon, on.as_ref());
+    }
     let show_daemon = kernel_mode || daemon["running"] == true;
     if json {
         let mut v = stats_json(&counters, table);

@@ -207,16 +207,18 @@ fn mixed_modes(lan: (&str, Option<&str>), wan: (&str, Option<&str>)) -> Option<S
     ))
 }
 
-/// An attached router in offload mode whose daemon does not run: its
-/// fast path carries no flow (only the daemon moves them there), which a
-/// monitor reading the exit status must see.
+/// An attached router in offload mode whose daemon does not run: no flow
+/// moves to its fast path (only the daemon moves them there), and those
+/// there leave it as their leases end; a monitor reading the exit status
+/// must see it.
 fn offload_without_daemon(v: &Value) -> Option<String> {
     let healthy_else = matches!(v["state"].as_str(), Some("attached" | "degraded"));
     (healthy_else && v["admit"] == "kernel" && v["daemon"]["running"] != true).then(|| {
-        "offload mode without its daemon: the fast path carries no flow (every packet \
-             takes the kernel path); start it (`systemctl start xdp-router`, or `router-ctl \
-             run`)"
-            .to_owned()
+        format!(
+            "offload mode without its daemon: no new flow is offloaded, and {}; start it \
+             (`systemctl start xdp-router`, or `router-ctl run`)",
+            daemon::without_daemon(&v["daemon"])
+        )
     })
 }
 
@@ -313,6 +315,15 @@ pub fn status_json(ctx: &Ctx) -> Value {
         v["filtering"] = json!(r.config.filtering.name());
         v["daemon"] = daemon::health_json(ctx.ns());
         let mut found = Vec::new();
+        if r.config.admit == config::AdmitMode::Kernel && running.configured() {
+            // What the data path carries by itself: it forwards every hit
+            // of its table, whatever the mode.
+            let on = crate::conntrack::OnFastPath::read(&ctx.maps()).ok();
+            if v["daemon"]["running"] != true {
+                daemon::add_stopped(&mut v["daemon"], on.as_ref());
+            }
+            found.extend(on.and_then(|on| on.admitted_warning()));
+        }
         if r.config.admit == config::AdmitMode::Xdp && running.any_pins() {
             found.extend(standalone::kernel_side_gaps(ctx.ns()).into_iter().map(|g| {
                 format!(
@@ -504,6 +515,16 @@ mod tests {
         assert!(offload_without_daemon(&v("degraded", "kernel", false)).is_some());
         // Already a problem of its own: the first one stays the verdict.
         assert!(offload_without_daemon(&v("inconsistent", "kernel", false)).is_none());
+        let mut stopped = v("attached", "kernel", false);
+        stopped["daemon"]["leased_flows"] = json!(3);
+        stopped["daemon"]["lease_left_secs"] = json!(12);
+        let p = offload_without_daemon(&stopped).unwrap();
+        assert!(
+            p.contains(
+                "3 offloaded flow(s) stay on the fast path until their leases end (within 12 s)"
+            ),
+            "{p}"
+        );
     }
 
     #[test]

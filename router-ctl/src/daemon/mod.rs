@@ -50,7 +50,9 @@ mod status_file;
 use follow::{LinkWatch, LookedAt, look_again};
 use kernel_io::{NetlinkKernel, PinnedTable};
 use status_file::unix_now;
-pub use status_file::{DaemonStatus, health_json, health_line, status_path};
+pub use status_file::{
+    DaemonStatus, add_stopped, health_json, health_line, status_path, without_daemon,
+};
 
 /// Receive buffer of the event socket: room for bursts of events between
 /// two wake-ups or polls (overflow is detected and followed by a resync).

@@ -178,11 +178,43 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
         }
         line
     } else if kernel_mode {
-        "daemon: NOT RUNNING: offload mode carries nothing on the fast path (the kernel \
-         forwards every flow); start `router-ctl run`"
-            .to_owned()
+        format!(
+            "daemon: NOT RUNNING: {}; start `router-ctl run`",
+            without_daemon(d)
+        )
     } else {
         "daemon: not running (standalone mode does not need it)".to_owned()
+    }
+}
+
+/// Adds to `d`, a stopped daemon's [`health_json`], what the fast path
+/// still carries without it: `on`, read from the tables (`None`: not
+/// read).
+pub fn add_stopped(d: &mut serde_json::Value, on: Option<&crate::conntrack::OnFastPath>) {
+    if let Some(on) = on {
+        d["leased_flows"] = serde_json::json!(on.leased);
+        d["lease_left_secs"] = serde_json::json!(on.lease_left_secs);
+    }
+}
+
+/// What the fast path of an offload router still carries with its daemon
+/// stopped (`d`, with [`add_stopped`]'s counts if they were read): its
+/// offloaded flows until their leases end, which nothing renews, then
+/// none.
+#[must_use]
+pub fn without_daemon(d: &serde_json::Value) -> String {
+    match d["leased_flows"].as_u64() {
+        Some(0) => "the fast path carries no flow (the kernel forwards every flow)".to_owned(),
+        Some(n) => format!(
+            "{n} offloaded flow(s) stay on the fast path until their leases end (within {} s), \
+             then the kernel forwards every flow",
+            d["lease_left_secs"].as_u64().unwrap_or(0)
+        ),
+        None => format!(
+            "offloaded flows stay on the fast path until their leases end (at most {} s), \
+             then the kernel forwards every flow",
+            crate::offload::MAX_LEASE_SECS
+        ),
     }
 }
 
@@ -227,6 +259,21 @@ mod tests {
         assert!(line.contains(", 2 re-attaches followed"), "{line}");
         assert!(
             line.contains(", 3 malformed data path log records"),
+            "{line}"
+        );
+        let stopped = |extra: serde_json::Value| health_line(&extra, true);
+        assert_eq!(
+            stopped(
+                serde_json::json!({"running": false, "leased_flows": 2, "lease_left_secs": 41})
+            ),
+            "daemon: NOT RUNNING: 2 offloaded flow(s) stay on the fast path until their leases \
+             end (within 41 s), then the kernel forwards every flow; start `router-ctl run`"
+        );
+        let line = stopped(serde_json::json!({"running": false, "leased_flows": 0}));
+        assert!(line.contains("carries no flow"), "{line}");
+        let line = stopped(serde_json::json!({"running": false}));
+        assert!(
+            line.contains("until their leases end (at most 60 s)"),
             "{line}"
         );
         let line = running(serde_json::json!({ "detached": true }));

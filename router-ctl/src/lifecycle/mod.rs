@@ -242,6 +242,9 @@ pub fn attach(
     if !standalone_mode && standalone::tear_down(ctx.ns())? {
         info!("offload mode: removed standalone mode's kernel slow-path table and sysctls");
     }
+    if !standalone_mode && outcome != Outcome::Attached {
+        warn_flows_admitted_by_xdp(ctx);
+    }
     // After the configuration turned the fast path on: until then frames
     // to a virtual MAC go to the kernel, which forwards them too. Past the
     // point where the router is attached, so a failure here only warns: an
@@ -261,6 +264,27 @@ pub fn attach(
         ),
     }
     Ok(outcome)
+}
+
+/// Offload mode on a router that ran standalone: the data path carries
+/// every hit of its table whatever the mode, so the flows XDP admitted
+/// itself stay on the fast path, past the firewall now in charge, until
+/// they idle out. They are kept (the switch is in place, as the rest of
+/// the table is, and removing them would break their connections as a
+/// detach does); the user is told, with the command that ends them now.
+fn warn_flows_admitted_by_xdp(ctx: &Ctx) {
+    match crate::conntrack::OnFastPath::read(&ctx.maps()) {
+        Ok(on) => {
+            if let Some(w) = on.admitted_warning() {
+                warn!("{w}");
+            }
+        }
+        Err(e) => warn!(
+            "could not count the flows XDP admitted in standalone mode ({e:#}); any there are \
+             bypass the firewall until they idle out (`router-ctl conntrack list`), and \
+             `router-ctl conntrack flush` ends them"
+        ),
+    }
 }
 
 /// The VRRP virtual MACs of the attached interfaces, written into the

@@ -580,6 +580,14 @@ fn offload_detach_and_daemon_kill_lose_no_flow() {
     let out0 = counter(&t, "fwd_outbound");
     std::thread::sleep(Duration::from_secs(1));
     daemon.kill9();
+    // Status tells what still runs: the stream, until its lease ends.
+    let (v, _) = crate::ctl::status(&t);
+    let problems = v["problems"].to_string();
+    assert!(
+        problems.contains("offloaded flow(s) stay on the fast path until their leases end")
+            && v["daemon"]["leased_flows"].as_u64() >= Some(1),
+        "{v}"
+    );
     let start = Instant::now();
     killed.finish();
     assert!(
@@ -1328,4 +1336,48 @@ fn offload_a_rule_added_later_stops_an_offloaded_flow_once_the_kernel_ends_it() 
     }
     assert!(got.iter().all(|&n| n == 0), "echoes per second: {got:?}");
     assert!(offloaded_udp_42000(&t).is_none(), "offloaded again");
+}
+
+/// A standalone router switched to offload mode in place: the flows XDP
+/// admitted itself stay on the fast path (it carries every hit of its
+/// table), past the firewall now in charge. The switch says so, with the
+/// count and `router-ctl conntrack flush`, and `status` lists it until the
+/// flush ends them; then the firewall decides on their packets.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_switch_to_offload_mode_tells_of_the_flows_xdp_admitted() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    crate::ctl::attach(&t, &[]);
+    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    install_firewall(&t, Firewall::Nftables);
+    block_udp_port_now(&t, 7000);
+
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let err = crate::ctl::stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let told = "1 flow(s) that XDP admitted itself in standalone mode stay on the fast path";
+    assert!(
+        err.contains(told) && err.contains("router-ctl conntrack flush"),
+        "{err}"
+    );
+    // As told: the blocked flow still passes, and status says why.
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    let problems = |t: &Topology| crate::ctl::status(t).0["problems"].to_string();
+    assert!(problems(&t).contains(told), "{}", problems(&t));
+
+    t.router_ctl_ok(&["conntrack", "flush"]);
+    assert_eq!(
+        echoes(&udp, 3, Duration::from_millis(100)),
+        0,
+        "the firewall's drop rule was bypassed after the flush"
+    );
+    assert!(!problems(&t).contains("XDP admitted"), "{}", problems(&t));
 }
