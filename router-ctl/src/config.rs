@@ -439,6 +439,25 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     if a.admit == AdmitMode::Kernel && mss_clamp != MssClamp::Off {
         return Err(ConfigError::new(ConfigField::MssClamp, OFFLOAD_MSS_CLAMP));
     }
+    if a.admit == AdmitMode::Kernel {
+        // Accepted (a file may keep them for a switch back), but said: the
+        // kernel's NAT rule picks offload mode's ports.
+        let mut unused = Vec::new();
+        if a.port_range != standalone::DEFAULT_XDP_PORTS {
+            unused.push("the XDP port range");
+        }
+        if a.kernel_nat_ports != standalone::DEFAULT_KERNEL_PORTS || !a.kernel_nat {
+            unused.push("the kernel slow-path NAT's ports");
+        }
+        if !unused.is_empty() {
+            warn!(
+                "offload mode: {} only apply to standalone mode (--admit xdp); here the \
+                 firewall's NAT rule picks the ports (e.g. nftables `masquerade to \
+                 :1024-65535`)",
+                unused.join(" and ")
+            );
+        }
+    }
     let kernel_nat_ports =
         (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
     if let Some(k) = kernel_nat_ports

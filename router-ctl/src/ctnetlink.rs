@@ -14,6 +14,7 @@ use std::{
 
 use crate::nlmsg::{
     Datagrams, Msg, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, attrs, messages,
+    sequenced_messages,
 };
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
@@ -607,7 +608,8 @@ impl CtSocket {
     /// an ack or an error.
     fn transact(&mut self, m: Msg) -> io::Result<Vec<Conn>> {
         // A request socket carries only the answers to its own requests,
-        // one at a time: no need to match sequence numbers.
+        // one at a time; what is left of an earlier one's (cut short by an
+        // error or a timeout) is skipped by its sequence number.
         self.send(m)?;
         let mut buf = std::mem::take(&mut self.replies);
         buf.resize(REPLY_BUF, 0);
@@ -621,8 +623,23 @@ impl CtSocket {
     fn answer(&self, buf: &mut [u8]) -> io::Result<Vec<Conn>> {
         let mut out = Vec::new();
         loop {
-            let n = self.recv(buf)?.unwrap_or(0);
-            for (ty, _flags, payload) in messages(&buf[..n]) {
+            let n = match self.recv(buf) {
+                Ok(Some(n)) => n,
+                // `SO_RCVTIMEO` ran out (`EAGAIN`).
+                Ok(None) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no answer from the kernel's conntrack within 5 s",
+                    ));
+                }
+                // A signal, even with `SA_RESTART` (a receive timeout is set).
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            for (ty, _flags, seq, payload) in sequenced_messages(&buf[..n]) {
+                if seq != self.seq {
+                    continue;
+                }
                 match ty {
                     NLMSG_ERROR => {
                         let code = payload

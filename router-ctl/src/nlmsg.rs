@@ -241,6 +241,12 @@ pub fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 /// The messages in a received buffer as (type, flags, payload after the
 /// `nlmsghdr`); stops at the first malformed header.
 pub fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
+    sequenced_messages(buf).map(|(ty, flags, _seq, payload)| (ty, flags, payload))
+}
+
+/// [`messages`] with each one's sequence number: type, flags, sequence
+/// number, payload.
+pub fn sequenced_messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, u32, &[u8])> {
     let mut off = 0;
     std::iter::from_fn(move || {
         if off + 16 > buf.len() {
@@ -249,12 +255,13 @@ pub fn messages(buf: &[u8]) -> impl Iterator<Item = (u16, u16, &[u8])> {
         let len = u32::from_ne_bytes(buf[off..off + 4].try_into().ok()?) as usize;
         let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
         let flags = u16::from_ne_bytes([buf[off + 6], buf[off + 7]]);
+        let seq = u32::from_ne_bytes(buf[off + 8..off + 12].try_into().ok()?);
         if len < 16 || off + len > buf.len() {
             return None;
         }
         let payload = &buf[off + 16..off + len];
         off += (len + 3) & !3;
-        Some((ty, flags, payload))
+        Some((ty, flags, seq, payload))
     })
 }
 
@@ -315,5 +322,7 @@ mod tests {
             m,
             vec![(16, NLM_F_REQUEST, 4), (NLMSG_DONE, NLM_F_REQUEST, 0)]
         );
+        let seqs: Vec<u32> = sequenced_messages(&buf).map(|(_, _, s, _)| s).collect();
+        assert_eq!(seqs, [1, 2]);
     }
 }

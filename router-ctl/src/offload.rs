@@ -29,10 +29,12 @@
 //!   activated by a compare-and-swap of the lease in the kernel
 //!   ([`router_common::lease_cas`]), which fails if the data path handed
 //!   them back meanwhile. Lease renewals are the same compare-and-swap.
-//! - TCP window tracking is switched off for offloaded connections
+//! - TCP window tracking is switched off when a connection is offloaded
 //!   (`IP_CT_TCP_FLAG_BE_LIBERAL`, as `nf_flowtable` does): the kernel does not
 //!   see the segments XDP carries, and must not call the next FIN it sees
-//!   out of window.
+//!   out of window. It stays off after a hand-back: the kernel's window
+//!   state is as old as the offload, and ctnetlink cannot make it re-learn
+//!   the window as `nf_flowtable`'s teardown does (`td_maxwin` reset).
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},

@@ -120,6 +120,9 @@ fn build(
         (lan_link, lan_mode)
     };
     crash_point("fresh-after-links");
+    // Before anything is in place, so that only the map write below can
+    // still fail past the rename.
+    let seed = random_u32()?;
     pin_links(lan_link, wan_link, tmp)?;
     // An empty leftover directory would make the rename fail.
     let _ = fs::remove_dir(&ctx.pin_dir);
@@ -147,11 +150,19 @@ fn build(
     }
     crash_point("fresh-after-record");
     // The commit: one map write turns the fast path on for both interfaces.
-    let seed = random_u32()?;
-    ctx.maps()
-        .config()?
-        .set(0, desired.to_map(seed), 0)
-        .context("writing the configuration")?;
+    let written = ctx
+        .maps()
+        .config()
+        .and_then(|mut c| Ok(c.set(0, desired.to_map(seed), 0)?));
+    if let Err(e) = written {
+        // Undo: the configuration never turned the fast path on.
+        let _ = super::detach::remove_pins(&ctx.pin_dir);
+        let _ = state::remove(ctx.ns());
+        return Err(e.context(
+            "writing the configuration; rolled back (nothing pinned, no record): the kernel \
+             path handles all traffic as before",
+        ));
+    }
     print_attached(ctx, a, desired, obj, lan_mode, wan_mode);
     Ok(())
 }

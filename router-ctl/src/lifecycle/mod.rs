@@ -239,8 +239,21 @@ pub fn attach(
         }
         Outcome::Attached
     };
-    if !standalone_mode && standalone::tear_down(ctx.ns())? {
-        info!("offload mode: removed standalone mode's kernel slow-path table and sysctls");
+    // Past the point where the router is attached: a failure only warns
+    // (an error would tell `apply` the attach did not happen).
+    if !standalone_mode {
+        match standalone::tear_down(ctx.ns()) {
+            Ok(true) => {
+                info!("offload mode: removed standalone mode's kernel slow-path table and sysctls");
+            }
+            Ok(false) => {}
+            Err(e) => warn!(
+                "offload mode is on, but undoing standalone mode's kernel side failed: {e:#}; \
+                 check `nft list table ip {}` and the LAN's accept_local and rp_filter, and \
+                 remove that record file once they are as you want them",
+                standalone::TABLE
+            ),
+        }
     }
     if !standalone_mode && outcome != Outcome::Attached {
         warn_flows_admitted_by_xdp(ctx);

@@ -407,3 +407,36 @@ fn namespace_names_and_row_limits_are_checked() {
         assert!(e.contains(needle), "{args:?}: {e}");
     }
 }
+
+/// Offload mode takes standalone mode's port settings (a file may keep
+/// them for a switch back) and says they do nothing there: the firewall's
+/// NAT rule picks the ports.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_mode_says_which_settings_only_standalone_uses() {
+    let t = Topology::new();
+    let unused = "only apply to standalone mode";
+    let o = t.router_ctl(&[
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--admit",
+        "kernel",
+        "--port-range",
+        "2000-3000",
+        "--kernel-nat-ports",
+        "4000-5000",
+    ]);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains(&format!(
+            "the XDP port range and the kernel slow-path NAT's ports {unused}"
+        )),
+        "{e}"
+    );
+    t.router_ctl_ok(&["detach"]);
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let e = stderr(&o);
+    assert!(o.status.success() && !e.contains(unused), "{e}");
+}

@@ -1138,3 +1138,31 @@ fn an_error_about_a_flow_whose_lan_host_is_gone_does_not_leave_with_its_address(
         "the error about the XDP flow, dropped:\n{chain}"
     );
 }
+
+/// A switch to offload mode whose undoing of standalone mode's kernel side
+/// fails (its record unreadable, here cut short) still attaches: the fast
+/// path runs in offload mode, the command succeeds (so `apply` goes on to
+/// its rules), and the warning names what to check.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_switch_to_offload_mode_attaches_when_standalones_record_is_unreadable() {
+    let t = Topology::new();
+    attach(&t, &[]);
+    assert!(slow_path_table(&t).is_some());
+    let record = format!(
+        "{}/{}.standalone.json",
+        tests::STATE_DIR,
+        t.ns_name(Ns::Router)
+    );
+    std::fs::write(&record, b"{\"tab").expect("cutting the record short");
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let e = stderr(&o);
+    let _ = std::fs::remove_file(&record);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("undoing standalone mode's kernel side failed") && e.contains("not a valid"),
+        "{e}"
+    );
+    let (v, _) = crate::ctl::status(&t);
+    assert_eq!(v["admit"], "kernel", "{v}");
+}
