@@ -429,6 +429,27 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Offload mode accepts standalone mode's port settings (a file may keep
+/// them for a switch back), but says so: the kernel's NAT rule picks
+/// offload mode's ports.
+fn warn_standalone_only(a: &AttachArgs) {
+    let mut unused = Vec::new();
+    if a.port_range != standalone::DEFAULT_XDP_PORTS {
+        unused.push("the XDP port range");
+    }
+    if a.kernel_nat_ports != standalone::DEFAULT_KERNEL_PORTS || !a.kernel_nat {
+        unused.push("the kernel slow-path NAT's ports");
+    }
+    if !unused.is_empty() {
+        warn!(
+            "offload mode: {} only apply to standalone mode (--admit xdp); here the \
+             firewall's NAT rule picks the ports (e.g. nftables `masquerade to \
+             :1024-65535`)",
+            unused.join(" and ")
+        );
+    }
+}
+
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
@@ -440,23 +461,7 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
         return Err(ConfigError::new(ConfigField::MssClamp, OFFLOAD_MSS_CLAMP));
     }
     if a.admit == AdmitMode::Kernel {
-        // Accepted (a file may keep them for a switch back), but said: the
-        // kernel's NAT rule picks offload mode's ports.
-        let mut unused = Vec::new();
-        if a.port_range != standalone::DEFAULT_XDP_PORTS {
-            unused.push("the XDP port range");
-        }
-        if a.kernel_nat_ports != standalone::DEFAULT_KERNEL_PORTS || !a.kernel_nat {
-            unused.push("the kernel slow-path NAT's ports");
-        }
-        if !unused.is_empty() {
-            warn!(
-                "offload mode: {} only apply to standalone mode (--admit xdp); here the \
-                 firewall's NAT rule picks the ports (e.g. nftables `masquerade to \
-                 :1024-65535`)",
-                unused.join(" and ")
-            );
-        }
+        warn_standalone_only(a);
     }
     let kernel_nat_ports =
         (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
