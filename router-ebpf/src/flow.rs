@@ -355,7 +355,7 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
         IPPROTO_TCP if seg.flags & TCP_CONTROL != 0 => {
             let c = track_tcp_control(e, seg, now, refresh);
             if c & CONTROL_SYNC != 0 {
-                sync_peer(key, e, now, refresh);
+                sync_peer(key, e, now, refresh, true);
             }
             if c & CONTROL_STATE_CHANGED != 0 && e.flags & FLAG_MAPPED != 0 {
                 // The mapping follows the connection's new state, whichever
@@ -384,14 +384,21 @@ fn track(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
         }
         _ => e.state,
     };
-    if state == e.state && !refresh {
+    let changed = state != e.state;
+    if !changed && !refresh {
         return;
     }
-    e.state = state;
+    // A refresh alone writes the times only, never the state read above:
+    // the other direction's FIN or RST, on another CPU, may have changed
+    // both entries' state since (written back, the flow would return to
+    // ESTABLISHED and its 5-day timeout).
+    if changed {
+        e.state = state;
+    }
     if refresh {
         e.last_seen_ns = now;
     }
-    sync_peer(key, e, now, refresh);
+    sync_peer(key, e, now, refresh, changed);
 }
 
 /// A TCP segment with SYN, FIN or RST: the state changes only if the
@@ -459,16 +466,19 @@ const CONTROL_OLD_STATE_SHIFT: u32 = 8;
 #[map(name = "RESTORE_SCRATCH")]
 static RESTORE_SCRATCH: PerCpuArray<FlowEntry> = PerCpuArray::with_max_entries(1, 0);
 
-/// Copies the state of `e` to the other direction's entry; refreshes its
-/// last-seen time too if `refresh`.
+/// Copies the state of `e` to the other direction's entry if `state`;
+/// refreshes its last-seen time if `refresh`; rebuilds it from `e` if it
+/// is gone.
 #[inline(never)]
-fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool) {
+fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool, state: bool) {
     let peer_flags = (e.flags & !FLAG_ORIGINAL) | (!e.flags & FLAG_ORIGINAL);
     if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
         // SAFETY: map value pointer, valid for this run.
         let p = unsafe { &mut *p };
-        p.state = e.state;
-        p.flags = peer_flags;
+        if state {
+            p.state = e.state;
+            p.flags = peer_flags;
+        }
         if refresh {
             p.last_seen_ns = now;
         }

@@ -151,8 +151,8 @@ pub fn track_hit(ctx: &XdpContext, key: &FlowKey6, e: &mut FlowEntry6, tcp_flags
     if key.proto == IPPROTO_TCP && tcp_flags & TCP_CONTROL != 0 {
         match track_tcp_control(md, e, peer_entry(key), now) {
             PeerSync::Nothing => {}
-            PeerSync::State => sync_peer(key, e, now, false),
-            PeerSync::Refreshed => sync_peer(key, e, now, true),
+            PeerSync::State => sync_peer(key, e, now, false, true),
+            PeerSync::Refreshed => sync_peer(key, e, now, true, true),
         }
         return;
     }
@@ -209,14 +209,19 @@ fn track(md: *mut xdp_md, key: &FlowKey6, e: &mut FlowEntry6, now: u64) {
         }
         _ => e.state,
     };
-    if state == e.state && !refresh {
+    let changed = state != e.state;
+    if !changed && !refresh {
         return;
     }
-    e.state = state;
+    // A refresh alone writes the times only, never the state read above
+    // (as IPv4's `track`: another CPU's FIN may have changed it since).
+    if changed {
+        e.state = state;
+    }
     if refresh {
         e.last_seen_ns = now;
     }
-    sync_peer(key, e, now, refresh);
+    sync_peer(key, e, now, refresh, changed);
 }
 
 /// A TCP segment with SYN, FIN or RST (as IPv4's `track_tcp_control`):
@@ -308,17 +313,20 @@ static PEER_KEY_SCRATCH6: PerCpuArray<FlowKey6> = PerCpuArray::with_max_entries(
 #[map(name = "RESTORE_SCRATCH6")]
 static RESTORE_SCRATCH6: PerCpuArray<FlowEntry6> = PerCpuArray::with_max_entries(1, 0);
 
-/// Copies the state of `e` to the other direction's entry; refreshes its
-/// last-seen time too if `refresh`.
+/// Copies the state of `e` to the other direction's entry if `state`;
+/// refreshes its last-seen time if `refresh`; rebuilds it from `e` if it
+/// is gone.
 #[inline(never)]
-fn sync_peer(key: &FlowKey6, e: &FlowEntry6, now: u64, refresh: bool) {
+fn sync_peer(key: &FlowKey6, e: &FlowEntry6, now: u64, refresh: bool, state: bool) {
     let peer_flags = (e.flags & !FLAG_ORIGINAL) | (!e.flags & FLAG_ORIGINAL);
     let peer_key = key.reversed();
     if let Some(p) = CONNTRACK6.get_ptr_mut(&peer_key) {
         // SAFETY: map value pointer, valid for this run.
         let p = unsafe { &mut *p };
-        p.state = e.state;
-        p.flags = peer_flags;
+        if state {
+            p.state = e.state;
+            p.flags = peer_flags;
+        }
         if refresh {
             p.last_seen_ns = now;
         }
@@ -380,7 +388,7 @@ pub fn restored(key: &FlowKey6, side: Ingress<'_>, now: u64) -> Option<*mut Flow
     other.last_seen_ns = now;
     let other_key = PEER_KEY_SCRATCH6.get_ptr(0)?;
     // SAFETY: per-CPU slot holding the key `peer_entry` looked up.
-    sync_peer(unsafe { &*other_key }, other, now, true);
+    sync_peer(unsafe { &*other_key }, other, now, true, true);
     lookup(key, side, now)
 }
 
