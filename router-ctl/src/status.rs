@@ -188,6 +188,56 @@ pub fn diagnose(
     }
 }
 
+/// What on the host keeps an attached router from forwarding: an
+/// interface down or gone, IPv4 forwarding off on one (the FIB lookups of
+/// XDP then say so, `pass_fib_forwarding_disabled`, and the kernel
+/// forwards nothing either), standalone mode's masquerade address no
+/// longer the WAN's (replies to it do not come back).
+fn host_problems(c: &config::RouterConfig) -> Vec<String> {
+    let mut found = Vec::new();
+    for (role, name, ifindex) in [
+        ("LAN", &c.lan, c.lan_ifindex),
+        ("WAN", &c.wan, c.wan_ifindex),
+    ] {
+        let up = crate::netlink::link(ifindex).is_ok_and(|l| l.up);
+        if !up {
+            found.push(format!(
+                "{role} interface {name} is down or gone: nothing crosses it (`ip link set \
+                 {name} up`)"
+            ));
+            continue;
+        }
+        let forwarding =
+            std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{name}/forwarding"));
+        if let Some(p) = forwarding_problem(name, forwarding.ok().as_deref()) {
+            found.push(p);
+        }
+    }
+    if c.admit == config::AdmitMode::Xdp
+        && let Ok(addrs) = crate::netlink::ipv4_addrs(&c.wan)
+        && !addrs.contains(&c.wan_addr)
+    {
+        found.push(format!(
+            "masquerading to {}, which {} no longer has: replies to it do not come back; \
+             `router-ctl run` follows a new WAN address, or attach again (--wan-addr)",
+            c.wan_addr, c.wan
+        ));
+    }
+    found
+}
+
+/// The problem of IPv4 forwarding off on `iface`, from the value of its
+/// `net.ipv4.conf.IFACE.forwarding` (`None`: unreadable, no problem said).
+fn forwarding_problem(iface: &str, value: Option<&str>) -> Option<String> {
+    (value?.trim() == "0").then(|| {
+        format!(
+            "IPv4 forwarding is off on {iface} (net.ipv4.conf.{iface}.forwarding=0): neither \
+             XDP nor the kernel forwards what comes in on it; `sysctl -w \
+             net.ipv4.ip_forward=1`"
+        )
+    })
+}
+
 /// The problem of a router whose interfaces run different XDP modes,
 /// each given as (name, mode). A native program redirects into the other
 /// interface through its driver's XDP transmit, which an interface without
@@ -331,6 +381,9 @@ pub fn status_json(ctx: &Ctx) -> Value {
                      back within 15 s, else run `router-ctl attach` again"
                 )
             }));
+        }
+        if running.configured() {
+            found.extend(host_problems(&r.config));
         }
         if let Some(problem) = offload_without_daemon(&v) {
             found.push(problem);
@@ -618,5 +671,16 @@ mod tests {
         }
         // A gone interface is a problem of its own.
         assert_eq!(mixed_modes(("a", None), ("b", Some("native"))), None);
+    }
+
+    #[test]
+    fn forwarding_off_is_a_problem() {
+        assert!(
+            forwarding_problem("lan0", Some("0\n"))
+                .unwrap()
+                .starts_with("IPv4 forwarding is off on lan0")
+        );
+        assert_eq!(forwarding_problem("lan0", Some("1\n")), None);
+        assert_eq!(forwarding_problem("lan0", None), None);
     }
 }

@@ -440,3 +440,30 @@ fn offload_mode_says_which_settings_only_standalone_uses() {
     let e = stderr(&o);
     assert!(o.status.success() && !e.contains(unused), "{e}");
 }
+
+/// `status` says what on the host keeps an attached router from
+/// forwarding (exit 1, degraded): IPv4 forwarding off, an interface down,
+/// standalone's masquerade address gone from the WAN.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn status_names_what_on_the_host_stops_forwarding() {
+    let t = Topology::new();
+    attach(&t, &[]);
+    assert_eq!(status(&t).1, 0);
+    let degraded_by = |needle: &str| {
+        let (v, code) = status(&t);
+        assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
+        assert!(v["problems"].to_string().contains(needle), "{v}");
+    };
+    t.exec_ok(Ns::Router, &["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
+    degraded_by(&format!("IPv4 forwarding is off on {LAN_IF}"));
+    t.exec_ok(Ns::Router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    assert_eq!(status(&t).1, 0);
+    t.exec_ok(Ns::Router, &["ip", "link", "set", LAN_IF, "down"]);
+    degraded_by(&format!("LAN interface {LAN_IF} is down"));
+    t.exec_ok(Ns::Router, &["ip", "link", "set", LAN_IF, "up"]);
+    assert_eq!(status(&t).1, 0);
+    let wan = format!("{}/24", tests::ROUTER_WAN_ADDR);
+    t.exec_ok(Ns::Router, &["ip", "addr", "del", &wan, "dev", WAN_IF]);
+    degraded_by(&format!("which {WAN_IF} no longer has"));
+}
