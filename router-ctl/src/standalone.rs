@@ -697,6 +697,19 @@ pub fn bypass_message(chains: &[ForwardChain], override_how: &str) -> String {
     )
 }
 
+/// The warning of a standalone attach forced over the forward rules
+/// `chains` (`--force`, `bypass_forward_rules = true`).
+#[must_use]
+pub fn bypassing_message(chains: &[ForwardChain]) -> String {
+    let list: Vec<String> = chains.iter().map(ForwardChain::describe).collect();
+    format!(
+        "bypassing the router's netfilter forward rules, as asked: {}. XDP admits every LAN \
+         flow and every port forward itself, so those rules no longer decide; offload mode \
+         (--admit kernel) keeps them in charge",
+        list.join("; ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -324,13 +324,25 @@ pub fn check_firewall(
     }
     let (chains, notes) = standalone::forward_chains(ruleset);
     if !chains.is_empty() {
-        let msg = standalone::bypass_message(&chains, bypass_how);
         if rules == ForwardRules::Refuse {
-            bail!(Unretryable(msg));
+            bail!(Unretryable(standalone::bypass_message(&chains, bypass_how)));
         }
-        warn!("bypassing them: {msg}");
+        warn!("{}", standalone::bypassing_message(&chains));
     }
     if notes.is_empty() {
+        return Ok(());
+    }
+    if rules != ForwardRules::Refuse {
+        warn!(
+            "the router's forward rules could not all be checked ({}); standalone mode \
+             bypasses any it has, as asked (offload mode, --admit kernel, keeps them in \
+             charge)",
+            notes
+                .iter()
+                .map(|n| n.why.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
         return Ok(());
     }
     let msg = format!(
@@ -343,16 +355,12 @@ pub fn check_firewall(
             .collect::<Vec<_>>()
             .join("; ")
     );
-    if rules == ForwardRules::Refuse {
-        // A tool missing stays missing; a failed run (a firewall reload at
-        // boot) may pass, and the service's next start tries again.
-        if notes.iter().any(|n| n.transient) {
-            bail!("{msg}");
-        }
-        bail!(Unretryable(msg));
+    // A tool missing stays missing; a failed run (a firewall reload at
+    // boot) may pass, and the service's next start tries again.
+    if notes.iter().any(|n| n.transient) {
+        bail!("{msg}");
     }
-    warn!("bypassing them: {msg}");
-    Ok(())
+    bail!(Unretryable(msg))
 }
 
 /// A random per-attach seed for the SNAT port choice.

@@ -429,8 +429,18 @@ fn attach_refuses_over_forward_rules_unless_forced() {
             out.contains("forward-rules") && out.contains(needle) && out.contains("--admit kernel"),
             "{what}: doctor says {out}"
         );
-        let out = attach(&t, &["--force"]);
-        assert!(out.contains("attached"), "{what}: {out}");
+        let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+        let (out, e) = (String::from_utf8_lossy(&o.stdout), stderr(&o));
+        assert!(
+            o.status.success() && out.contains("attached"),
+            "{what}: {out}{e}"
+        );
+        // Forced, it says what it does, not what to pass.
+        assert!(
+            e.contains("bypassing the router's netfilter forward rules, as asked")
+                && !e.contains("pass --force"),
+            "{what}: {e}"
+        );
         t.router_ctl_ok(&["detach"]);
     };
 
