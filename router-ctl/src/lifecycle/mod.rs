@@ -168,6 +168,21 @@ pub fn attach(
 ) -> Result<Outcome> {
     let desired = config::resolve(a)?;
     let standalone_mode = desired.admit == AdmitMode::Xdp;
+    let obj = Object::load(a.object.as_deref())?;
+    ensure_bpffs()?;
+    let _lock = state::lock(ctx.ns())?;
+    let _signals = SignalsBlocked::new();
+    detach::gc_tmp(ctx);
+    let running = inspect(&ctx.pin_dir);
+    let record = state::load(ctx.ns()).unwrap_or_else(|e| {
+        warn!("ignoring the attach record: {e:#}");
+        None
+    });
+    // First what this router cannot do in place (a resize, another XDP
+    // mode): a detach, which the firewall check would otherwise hide.
+    if running.any_pins() {
+        replace::preflight(ctx, a, &desired, &obj, &running)?;
+    }
     if standalone_mode {
         let ruleset = standalone::Ruleset::read();
         check_firewall(
@@ -186,21 +201,6 @@ pub fn attach(
         if desired.kernel_nat_ports.is_some() && !own_nat.is_empty() {
             warn!("{}", standalone::source_nat_message(&own_nat));
         }
-    }
-    let obj = Object::load(a.object.as_deref())?;
-    ensure_bpffs()?;
-    let _lock = state::lock(ctx.ns())?;
-    let _signals = SignalsBlocked::new();
-    detach::gc_tmp(ctx);
-    let running = inspect(&ctx.pin_dir);
-    let record = state::load(ctx.ns()).unwrap_or_else(|e| {
-        warn!("ignoring the attach record: {e:#}");
-        None
-    });
-    if running.any_pins() {
-        replace::preflight(ctx, a, &desired, &obj, &running)?;
-    }
-    if standalone_mode {
         // Before the fast path turns on: its first packets towards
         // unresolved neighbours need the sysctls, what it passes the table.
         if let Err(e) = standalone::set_up(ctx.ns(), &standalone::Wanted::of(&desired)) {

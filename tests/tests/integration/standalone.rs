@@ -441,6 +441,22 @@ fn attach_refuses_over_forward_rules_unless_forced() {
                 && !e.contains("pass --force"),
             "{what}: {e}"
         );
+        // What the router cannot do in place is said first (it needs a
+        // detach), not hidden behind the forward rules.
+        let o = t.router_ctl(&[
+            "attach",
+            LAN_IF,
+            WAN_IF,
+            "--admit",
+            "xdp",
+            "--max-flows",
+            "1000",
+        ]);
+        let e = stderr(&o);
+        assert!(
+            e.contains("cannot be resized while attached") && !e.contains("would bypass"),
+            "{what}: {e}"
+        );
         t.router_ctl_ok(&["detach"]);
     };
 
