@@ -75,17 +75,19 @@ pub fn require(command: &str, need: Need, netns: bool) -> Result<()> {
     if m.is_empty() {
         return Ok(());
     }
-    let who = if root {
-        "running as root, but without"
-    } else {
-        "not root and without"
-    };
+    let missing = m.join(", ");
     // No setcap advice: capabilities on the binary would let every local
     // user attach, detach and rewrite the router.
+    if root {
+        bail!(
+            "`router-ctl {command}` needs {missing}, which this root process lacks (a \
+             container or a service with a reduced capability bounding set): run it with \
+             them (e.g. `CapabilityBoundingSet=` of the unit, `docker run --privileged`)"
+        )
+    }
     bail!(
-        "`router-ctl {command}` cannot run {who} {}: run it as root (sudo router-ctl ...) or \
-         from a service running as root",
-        m.join(", ")
+        "`router-ctl {command}` needs {missing}, which a user other than root lacks: run it \
+         as root (sudo router-ctl ...) or from a service running as root"
     )
 }
 

@@ -416,7 +416,11 @@ fn daemon_view(status: &DaemonStatus, s: &Session) -> DaemonView {
 
 /// The status line systemd shows.
 fn status_line(s: &Session) -> String {
-    format!("{} mode, {} flows offloaded", s.admit(), s.off.len())
+    if s.kernel_mode {
+        format!("kernel mode, {} flows offloaded", s.off.len())
+    } else {
+        "xdp mode (standalone), following the WAN address, MACs and VRRP".to_owned()
+    }
 }
 
 /// SIGHUP: the file applied again with `apply`'s validation and no-op
@@ -434,17 +438,22 @@ fn reload(ctx: &Ctx, config: Option<&Path>) {
             tracing::info!("reloaded {}", path.display());
             eprintln!("router-ctl run: reloaded {}", path.display());
         }
+        // One line each, not a log line too (both go to stderr, the
+        // journal in a service).
         Err(e) if e.downcast_ref::<apply::PartlyApplied>().is_some() => {
-            tracing::error!("reloading {}: {e:#}", path.display());
             eprintln!("router-ctl run: reload of {} failed: {e:#}", path.display());
         }
         Err(e) => {
-            tracing::error!(
-                "reloading {}: {e:#}; the router keeps its previous configuration",
-                path.display()
-            );
+            let e = format!("{e:#}");
+            // Most refusals say so already.
+            let kept = if e.contains("nothing was changed") {
+                ""
+            } else {
+                "; nothing was changed"
+            };
             eprintln!(
-                "router-ctl run: reload of {} refused: {e:#}; nothing changed",
+                "router-ctl run: reload of {} refused: {e}{kept}; the router keeps its previous \
+                 configuration",
                 path.display()
             );
         }
@@ -684,6 +693,39 @@ fn tick(
     service::status(&status_line(session));
 }
 
+/// The daemon's first line on stderr: its mode and what it follows.
+fn say_started(session: &Session) {
+    if session.kernel_mode {
+        eprintln!(
+            "router-ctl run: kernel mode, {} flows offloaded from the kernel's table ({} TCP \
+             connections to follow once settled); stop with Ctrl-C",
+            session.off.len(),
+            session.off.settling()
+        );
+    } else {
+        eprintln!(
+            "router-ctl run: xdp mode (standalone): following the WAN address, MAC changes \
+             and VRRP; stop with Ctrl-C"
+        );
+    }
+}
+
+/// The daemon's last line on stderr: what goes on without it.
+fn say_stopping(session: &Session) {
+    if session.kernel_mode {
+        eprintln!(
+            "router-ctl run: stopping; the data path stays attached, {} offloaded flows stay \
+             on the fast path until their lease ends, then the kernel carries them",
+            session.off.len()
+        );
+    } else {
+        eprintln!(
+            "router-ctl run: stopping; the data path stays attached and carries its flows, \
+             but a new WAN address, MAC or VRRP state is not followed until it runs again"
+        );
+    }
+}
+
 async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -701,13 +743,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // Kept for the daemon's lifetime: dropping it turns the log off. Opened
     // before the daemon says it runs, so the log is on once it has said so.
     let mut dp_log = DataPathLog::start(ctx);
-    eprintln!(
-        "router-ctl run: {} mode, {} flows offloaded from the kernel's table ({} TCP \
-         connections to follow once settled); stop with Ctrl-C",
-        session.admit(),
-        session.off.len(),
-        session.off.settling()
-    );
+    say_started(&session);
     service::ready(&status_line(&session));
     let watchdog = service::watchdog_enabled();
     let listener = match opts.listener {
@@ -783,11 +819,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     }
     service::stopping();
     drop(dp_log);
-    eprintln!(
-        "router-ctl run: stopping; the data path stays attached, {} offloaded flows stay \
-         on the fast path until their lease ends, then the kernel carries them",
-        session.off.len()
-    );
+    say_stopping(&session);
     Ok(())
 }
 

@@ -53,7 +53,7 @@ fn missing_capabilities_are_named() {
         "--",
     ];
     let o = ctl_via(&t, &nobody, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
-    let e = fails_with(&o, &["not root", "CAP_NET_ADMIN", "CAP_BPF", "sudo"]);
+    let e = fails_with(&o, &["other than root", "CAP_NET_ADMIN", "CAP_BPF", "sudo"]);
     println!("{e}");
     let o = ctl_via(&t, &nobody, &["stats"]);
     fails_with(&o, &["CAP_BPF"]);
@@ -78,7 +78,7 @@ fn missing_capabilities_are_named() {
         &no_net_admin,
         &["attach", LAN_IF, WAN_IF, "--admit", "xdp"],
     );
-    let e = fails_with(&o, &["running as root, but without CAP_NET_ADMIN"]);
+    let e = fails_with(&o, &["needs CAP_NET_ADMIN, which this root process lacks"]);
     println!("{e}");
     assert!(
         xdp_progs(&t, LAN_IF).is_empty(),
