@@ -115,6 +115,23 @@ pub fn pinhole_key(proto: Proto, to: SocketAddrV6) -> PinholeKey6 {
     }
 }
 
+/// A note when the router does not route `addr` out of its LAN interface
+/// (a typo, a host on another network, the router's own address): the
+/// rule is kept (the host may come later), but its flows go nowhere
+/// until then.
+fn lan_route_note(maps: &PinnedMaps, addr: std::net::IpAddr) -> Option<String> {
+    let lan = maps.read_config().ok()?.lan_ifindex;
+    match crate::netlink::route_oif(addr) {
+        Ok(Some(oif)) if oif == lan => None,
+        Ok(_) => Some(format!(
+            "note: the router does not route {addr} out of its LAN interface (another \
+             network, or one of its own addresses): the rule's connections go nowhere until \
+             it does (check the address: `ip route get {addr}`)"
+        )),
+        Err(_) => None,
+    }
+}
+
 /// Opens an IPv6 pinhole: new flows of `proto` from the WAN to `to`
 /// (standalone mode; in offload mode the kernel's firewall decides).
 pub fn add_pinhole6(maps: &PinnedMaps, proto: Proto, to: SocketAddrV6) -> Result<()> {
@@ -135,7 +152,12 @@ pub fn add_pinhole6(maps: &PinnedMaps, proto: Proto, to: SocketAddrV6) -> Result
     let k = pinhole_key(proto, to);
     let want = Rule::pinhole6(&k);
     match holes.insert(k, 1, BPF_NOEXIST) {
-        Ok(()) => println!("added {}", want.describe()),
+        Ok(()) => {
+            println!("added {}", want.describe());
+            if let Some(note) = lan_route_note(maps, (*to.ip()).into()) {
+                println!("{note}");
+            }
+        }
         Err(e) if errno(&e) == Some(libc::EEXIST) => {
             println!("{} already present; nothing changed", want.describe());
         }
@@ -229,6 +251,9 @@ pub fn add(
         match rules.insert(k, t, BPF_NOEXIST) {
             Ok(()) => {
                 println!("added rule {}", want.describe());
+                if let Some(note) = lan_route_note(maps, (*to.ip()).into()) {
+                    println!("{note}");
+                }
                 if let Some(note) = kernel_range_note(wan_port, kernel_ports) {
                     println!("{note}");
                 }

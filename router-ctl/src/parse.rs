@@ -233,7 +233,12 @@ pub fn parse_forward_from(s: &str) -> Result<ForwardFrom, String> {
         .parse()
         .map_err(|_| format!("{s:?} is not [LAN_ADDR6]:PORT (example: [2001:db8:50::2]:22)"))?;
     let ip = a.ip();
-    if ip.is_multicast() || ip.is_unspecified() || ip.is_loopback() || ip.is_unicast_link_local() {
+    if ip.is_multicast()
+        || ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_unicast_link_local()
+        || ip.to_ipv4_mapped().is_some()
+    {
         return Err(format!(
             "{ip} is not a global unicast address; give the LAN host's address"
         ));
@@ -267,6 +272,7 @@ mod tests {
             "[fe80::1]:22",
             "[ff02::1]:22",
             "[::]:22",
+            "[::ffff:1.2.3.4]:22",
             "[2001:db8::2]:0",
             "[2001:db8::2]",
         ] {

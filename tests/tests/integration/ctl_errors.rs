@@ -224,7 +224,20 @@ fn bpffs_that_cannot_be_mounted() {
 fn rule_conflicts_and_bad_values() {
     let t = Topology::new();
     attach(&t, &[]);
-    t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
+    let out = t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
+    assert!(!out.contains("does not route"), "{out}");
+    // A target the router does not route out of the LAN is kept (the host
+    // may come later), with a note: a typo gives a dead forward otherwise.
+    for (port, target) in [("8083", "10.0.0.5:80"), ("8084", "203.0.113.1:80")] {
+        let out = t.router_ctl_ok(&["forward", "add", "tcp", port, target]);
+        assert!(
+            out.contains("the router does not route") && out.contains("ip route get"),
+            "{target}: {out}"
+        );
+        t.router_ctl_ok(&["forward", "del", "tcp", port]);
+    }
+    let e = ctl_fails(&t, &["forward", "add", "tcp", "[::ffff:1.2.3.4]:22"]);
+    assert!(e.contains("not a global unicast address"), "{e}");
     let e = ctl_fails(&t, &["forward", "add", "tcp", "8080", "192.168.50.3:80"]);
     assert!(
         e.contains("conflicts with existing rule tcp 8080 -> 192.168.50.2:80"),
