@@ -430,7 +430,9 @@ enum ConntrackCmd {
     /// Remove every entry. Standalone mode: established flows through the
     /// fast path break unless the kernel can take them over. Offload mode:
     /// the kernel carries them, and a running `router-ctl run` puts them
-    /// back on the fast path within a tick (a resync).
+    /// back on the fast path within a tick (a resync), also a flow a firewall
+    /// rule added since would drop: to apply such a rule to established flows,
+    /// end them in the kernel (`conntrack -D ...`), which ends them here too.
     #[command(after_help = "Example:\n  router-ctl conntrack flush")]
     Flush,
 }

@@ -347,14 +347,19 @@ fn encode_offload(
         }),
     )?;
     let not_offloaded = d["offload"]["not_offloaded"].as_object();
-    counters(
+    // Described before the first reason occurs (a family without samples),
+    // so a dashboard or alert on it finds the metric from the start.
+    samples(
         enc,
         "xdp_router_offload_not_offloaded",
         "Kernel connections the offload daemon left to the kernel, by reason",
-        not_offloaded
-            .into_iter()
-            .flatten()
-            .map(|(reason, n)| (vec![("reason", reason.clone())], n.as_u64().unwrap_or(0))),
+        MetricType::Counter,
+        not_offloaded.into_iter().flatten().map(|(reason, n)| {
+            (
+                vec![("reason", reason.clone())],
+                ConstCounter::new(n.as_u64().unwrap_or(0)),
+            )
+        }),
     )
 }
 
@@ -775,6 +780,15 @@ mod tests {
         }
         // Counts only: the reasons are a series of their own.
         assert!(!s.contains("event=\"not_offloaded\""), "{s}");
+        // Described before the first reason occurs.
+        let s = offload_metrics(serde_json::json!({
+            "running": true,
+            "offload": {"offloaded": 0, "not_offloaded": {}},
+        }));
+        assert!(
+            s.contains("# TYPE xdp_router_offload_not_offloaded_total counter"),
+            "{s}"
+        );
     }
 
     #[test]
