@@ -211,6 +211,13 @@ fn table_present() -> bool {
     nft(&["list", "table", "ip", TABLE], None).is_ok()
 }
 
+/// Whether standalone mode's kernel side is still set up here (its record
+/// and its table), also when the router's pins are gone.
+#[must_use]
+pub fn kernel_side_left(netns: Option<&str>) -> bool {
+    matches!(load_record(netns), Ok(Some(_))) && table_present()
+}
+
 /// What of the kernel side that [`set_up`] put in place (as its record
 /// says) is no longer there: the slow-path table (a firewall reload whose
 /// ruleset starts with `flush ruleset`, as Debian's stock

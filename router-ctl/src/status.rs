@@ -318,7 +318,15 @@ pub fn status_json(ctx: &Ctx) -> Value {
     let running = inspect(&ctx.pin_dir);
     let record = state::load(ctx.ns()).ok().flatten();
     let tmp = ctx.tmp_dir().exists();
-    let (verdict, problems) = diagnose(&running, record.as_ref(), tmp);
+    let (verdict, mut problems) = diagnose(&running, record.as_ref(), tmp);
+    if verdict == "pins_lost" && standalone::kernel_side_left(ctx.ns()) {
+        problems.push(format!(
+            "standalone mode's kernel side is still set up (the nftables table ip {}, the \
+             LAN's accept_local and rp_filter): an attach uses it again, `router-ctl detach` \
+             removes it",
+            standalone::TABLE
+        ));
+    }
     let now = now_unix();
     let mut v = json!({
         "state": verdict,

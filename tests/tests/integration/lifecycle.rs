@@ -523,6 +523,14 @@ fn lost_pins_are_detected_and_repaired() {
         v["problems"][0].as_str().unwrap().contains("PINS LOST"),
         "{v}"
     );
+    // Standalone mode's kernel side outlived the pins (a bpffs unmount;
+    // a reboot takes it too): said, with what removes it.
+    assert!(
+        v["problems"]
+            .to_string()
+            .contains("standalone mode's kernel side is still set up"),
+        "{v}"
+    );
     // attach brings it back.
     let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -535,6 +543,8 @@ fn lost_pins_are_detected_and_repaired() {
     assert!(out.contains("already gone"), "{out}");
     assert!(!state_file(&t).exists());
     assert_eq!(status(&t).1, 3);
+    let tables = t.exec_ok(Ns::Router, &["nft", "list", "tables"]);
+    assert!(!tables.contains("xdp_router"), "{tables}");
 }
 
 /// An upgrade whose build changes a map other than CONFIG: attached by a
