@@ -890,6 +890,24 @@ pub fn attach_warnings(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec
         .collect()
 }
 
+/// What keeps the fast path from forwarding at all after a native attach
+/// (`generic_asked` not `Some(true)`): a veth whose peer would drop every
+/// frame redirected into it (`redirect-target`). `attach` refuses over it
+/// unless forced; a generic program's redirect transmits an skb, which the
+/// peer takes.
+#[must_use]
+pub fn attach_blockers(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec<String> {
+    if generic_asked == Some(true) {
+        return Vec::new();
+    }
+    let ifaces = [lan.to_owned(), wan.to_owned()];
+    checks_for(&ifaces, Path::new("/nonexistent"), generic_asked)
+        .into_iter()
+        .filter(|c| c.level == Level::Fail && c.name == "redirect-target")
+        .map(Check::line)
+        .collect()
+}
+
 impl Check {
     /// The check as one line of a command's warnings: where, what, the fix.
     #[must_use]

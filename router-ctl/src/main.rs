@@ -163,8 +163,10 @@ struct AttachOpts {
     #[arg(long = "timeout", value_name = "STATE=SECS", value_parser = parse::parse_timeout,
           help = parse::timeout_help())]
     timeouts: Vec<TimeoutArg>,
-    /// Replace an XDP program on LAN or WAN that router-ctl did not attach; standalone:
-    /// attach even though netfilter forward rules would be bypassed.
+    /// Replace an XDP program on LAN or WAN that router-ctl did not attach; attach even
+    /// though a veth's peer would drop what the fast path redirects into it (`doctor`:
+    /// redirect-target); standalone: attach even though netfilter forward rules would be
+    /// bypassed.
     #[arg(long)]
     force: bool,
     /// Load and switch to the program again even if nothing changed.

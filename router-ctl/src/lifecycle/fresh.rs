@@ -43,6 +43,14 @@ pub fn fresh(
         crate::config::Mode::Native => Some(false),
         crate::config::Mode::Auto => None,
     };
+    let blockers = doctor::attach_blockers(&a.lan, &a.wan, generic_asked);
+    if !blockers.is_empty() && !a.force {
+        bail!(super::Unretryable(format!(
+            "{}; the fast path would drop those frames while counting them forwarded: fix \
+             it, attach with --mode generic, or pass --force to attach anyway",
+            blockers.join("; ")
+        )));
+    }
     for w in doctor::attach_warnings(&a.lan, &a.wan, generic_asked) {
         warn!("{w}");
     }

@@ -69,9 +69,23 @@ fn doctor_finds_the_veth_hazards_and_says_how_to_fix_them() {
     assert_eq!(mtu["level"], "warn", "{mtu}");
     assert!(mtu["fix"].as_str().unwrap().contains("mtu 1400"), "{mtu}");
 
-    // attach checks the same and warns before it changes anything.
+    // attach checks the same before it changes anything: a peer that
+    // would drop every redirected frame refuses a native attach (exit 78)
+    // unless forced; forced, or with the rest, it warns.
     t.warm_neighbours();
     let o = ctl_env(&t, &[], &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(78), "{e}");
+    assert!(
+        e.contains("gro on") && e.contains("--mode generic") && e.contains("--force"),
+        "{e}"
+    );
+    assert!(!t.router_attached(), "a refused attach left pins");
+    let o = ctl_env(
+        &t,
+        &[],
+        &["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let e = stderr(&o);
     println!("{e}");
@@ -79,6 +93,17 @@ fn doctor_finds_the_veth_hazards_and_says_how_to_fix_them() {
         e.contains("gro on") && e.contains("tx off") && e.contains("MTU"),
         "{e}"
     );
+    // A generic program's redirect transmits an skb, which the peer takes:
+    // nothing to refuse.
+    t.router_ctl_ok(&["detach"]);
+    let o = ctl_env(
+        &t,
+        &[],
+        &[
+            "attach", LAN_IF, WAN_IF, "--admit", "xdp", "--mode", "generic",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 /// The veth checks of `doctor` for `router`'s LAN and WAN interfaces that
