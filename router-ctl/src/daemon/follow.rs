@@ -272,9 +272,11 @@ pub(super) fn follow_mac(
     }
     status.mac_changes_followed += 1;
     let name = netlink::ifname(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}"));
-    tracing::info!(
-        "{name} ({role}) changed its MAC from {} to {}: the data path now forwards frames \
-         addressed to the new one",
+    // On stderr at any log level, as the daemon's other lines a router
+    // owner reads in the journal: rare, and what the router now does.
+    eprintln!(
+        "router-ctl run: {name} ({role}) changed its MAC from {} to {}: the data path now \
+         forwards frames addressed to the new one",
         netlink::mac_str(old),
         netlink::mac_str(mac)
     );
@@ -355,10 +357,10 @@ pub(super) fn follow_wan_addr(
         0
     };
     status.wan_addr_changes_followed += 1;
-    tracing::info!(
-        "{} (WAN) changed its IPv4 address from {old} to {now}: the router masquerades to \
-         {now} now; {ended} XDP flows translated to {old} ended (their hosts' next packets \
-         open new ones)",
+    eprintln!(
+        "router-ctl run: {} (WAN) changed its IPv4 address from {old} to {now}: the router \
+         masquerades to {now} now; {ended} XDP flows translated to {old} ended (their hosts' \
+         next packets open new ones)",
         rec.config.wan
     );
     Ok(Followed::Done)
