@@ -151,8 +151,9 @@ impl Topology {
     }
 
     /// Client side: `eth0` (already moved into the namespace) addressed,
-    /// up, with a default route via the router.
-    pub(crate) fn setup_client(&self, ns: Ns, addr: Ipv4Addr) {
+    /// up, with a default route via the router, and the end host's offloads
+    /// ([`Topology::host_offloads`]).
+    pub fn setup_client(&self, ns: Ns, addr: Ipv4Addr) {
         let name = self.ns_name(ns);
         let cidr = format!("{addr}/24");
         let gw = ROUTER_LAN_ADDR.to_string();
