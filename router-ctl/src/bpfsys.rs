@@ -96,3 +96,64 @@ pub fn find_xdp_link(prog_id: u32, ifindex: u32) -> Option<(u32, OwnedFd)> {
     }
     None
 }
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Entries a [`lookup_batch`] call asks for: more than any hash bucket
+/// holds (the kernel answers `ENOSPC` if one bucket does not fit), few
+/// enough for a small buffer.
+pub const BATCH_ENTRIES: u32 = 4096;
+
+/// `BPF_MAP_LOOKUP_BATCH` (Linux >= 5.6) over the whole hash map `map`:
+/// its entries as `(key bytes, value bytes)`, `key_size` and `value_size`
+/// bytes each, read [`BATCH_ENTRIES`] per call instead of two calls per
+/// entry. Like a key walk it is no snapshot: entries the data path adds or
+/// removes meanwhile may be missed or seen twice (callers de-duplicate).
+/// `Err` with `EINVAL` or `ENOTSUPP` (524) where the kernel or the map has
+/// no batch operation: callers walk the keys instead.
+pub fn lookup_batch(
+    map: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let n = BATCH_ENTRIES as usize;
+    let mut keys = vec![0u8; n * key_size];
+    let mut values = vec![0u8; n * value_size];
+    // The position tokens of a hash map: a bucket index (u32), in 8 bytes.
+    let mut in_batch = [0u8; 8];
+    let mut out_batch = [0u8; 8];
+    let mut out = Vec::new();
+    let fd =
+        u32::try_from(map.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    let mut first = true;
+    loop {
+        // union bpf_attr, batch: in_batch, out_batch, keys, values (u64
+        // pointers), count, map_fd (u32), elem_flags, flags (u64).
+        let mut attr = [0u8; 56];
+        let ptr = |p: *const u8| (p as u64).to_ne_bytes();
+        if !first {
+            attr[0..8].copy_from_slice(&ptr(in_batch.as_ptr()));
+        }
+        attr[8..16].copy_from_slice(&ptr(out_batch.as_mut_ptr()));
+        attr[16..24].copy_from_slice(&ptr(keys.as_mut_ptr()));
+        attr[24..32].copy_from_slice(&ptr(values.as_mut_ptr()));
+        attr[32..36].copy_from_slice(&BATCH_ENTRIES.to_ne_bytes());
+        attr[36..40].copy_from_slice(&fd.to_ne_bytes());
+        let r = sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let count = u32::from_ne_bytes(attr[32..36].try_into().unwrap_or([0; 4])) as usize;
+        for i in 0..count.min(n) {
+            out.push((
+                keys[i * key_size..(i + 1) * key_size].to_vec(),
+                values[i * value_size..(i + 1) * value_size].to_vec(),
+            ));
+        }
+        match r {
+            Ok(_) => {}
+            // The end of the map.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Err(e) => return Err(e),
+        }
+        in_batch = out_batch;
+        first = false;
+    }
+}

@@ -110,3 +110,43 @@ fn tcp_transfer_counted_per_direction_and_list_selects() {
     let table = t.router_ctl_ok(&["conntrack", "list", "--sort", "bytes"]);
     assert!(table.lines().next().unwrap().contains("o_bytes"), "{table}");
 }
+
+/// A table of more flows than one batch read holds (`conntrack count` and
+/// `list` read the table `BPF_MAP_LOOKUP_BATCH` calls at a time, 4096
+/// entries each): every entry is read once, none twice.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_table_larger_than_a_batch_is_read_whole() {
+    use router_common::maps::{CONNTRACK_MAP, FLAG_ORIGINAL, FlowEntry, FlowKey};
+    use std::os::fd::AsFd as _;
+
+    const FLOWS: u16 = 5000;
+    let t = Topology::new();
+    attach_and_print(&t, &[]);
+    let mut keys = Vec::new();
+    let mut values = Vec::new();
+    for i in 0..FLOWS {
+        let out = FlowKey::new([192, 168, 50, 2], [198, 51, 100, 7], 10_000 + i, 80, 6);
+        let back = FlowKey::new([198, 51, 100, 7], [203, 0, 113, 1], 80, 10_000 + i, 6);
+        keys.push(out);
+        values.push(FlowEntry {
+            peer: back,
+            flags: FLAG_ORIGINAL,
+            ..FlowEntry::default()
+        });
+        keys.push(back);
+        values.push(FlowEntry {
+            peer: out,
+            ..FlowEntry::default()
+        });
+    }
+    let path = crate::ctl::pin_dir(&t).join(CONNTRACK_MAP);
+    let map = aya::maps::MapData::from_pin(&path).expect("the pinned CONNTRACK map");
+    tests::rawbpf::update_batch(map.fd().as_fd(), &keys, &values).expect("filling the table");
+    let counts: Value =
+        serde_json::from_str(&t.router_ctl_ok(&["conntrack", "count", "--json"])).unwrap();
+    assert_eq!(counts["entries"], 2 * u64::from(FLOWS), "{counts}");
+    assert_eq!(counts["flows"], u64::from(FLOWS), "{counts}");
+    let rows = list(&t, &["--port", "80"]);
+    assert_eq!(rows.len(), usize::from(FLOWS));
+}
