@@ -552,7 +552,12 @@ pub fn touch(e: &mut FlowEntry, now: u64) {
     if let Some(p) = CONNTRACK.get_ptr_mut(&e.peer) {
         // SAFETY: map value pointer, valid for this run.
         let p = unsafe { &mut *p };
-        p.state = e.state;
+        // The state only when this packet changed it: written on a refresh
+        // alone it could undo the other direction's FIN of another CPU
+        // (as in `track`).
+        if first_reply {
+            p.state = e.state;
+        }
         if refresh {
             p.last_seen_ns = now;
         }
