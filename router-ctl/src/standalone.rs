@@ -180,7 +180,7 @@ pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16))
          \t}}\n\
          \tchain {TO_LAN_CHAIN} {{\n\
          \t\ttype filter hook forward priority raw; policy accept;\n\
-         \t\toifname \"{lan}\" update @{LAN_DESTINATIONS_SET} {{ ip daddr }}\n\
+         \t\toifname \"{lan}\" ct state new update @{LAN_DESTINATIONS_SET} {{ ip daddr }}\n\
          \t}}\n\
          \tchain {UNTRANSLATED_CHAIN} {{\n\
          \t\ttype filter hook postrouting priority srcnat + 10; policy accept;\n\
@@ -769,7 +769,7 @@ mod tests {
         assert!(
             t.contains(
                 "chain to_lan {\n\t\ttype filter hook forward priority raw; policy accept;\n\t\t\
-                 oifname \"lan0\" update @lan_destinations { ip daddr }\n\t}"
+                 oifname \"lan0\" ct state new update @lan_destinations { ip daddr }\n\t}"
             ),
             "{t}"
         );
