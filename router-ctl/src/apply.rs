@@ -295,6 +295,7 @@ pub fn parse_file_as(
             } else {
                 ForwardRules::Refuse
             },
+            bypass_how: None,
             reload: false,
             object: None,
         },
@@ -744,18 +745,22 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         }
     }
     let mut args = d.args;
-    if args.admit == AdmitMode::Xdp {
-        // Checked here (`--check` included), so the refusal says how to
-        // bypass from the file; attach then need not check again.
-        lifecycle::check_firewall(
-            args.forward_rules,
-            &standalone::Ruleset::read(),
-            &format!("set `bypass_forward_rules = true` in [router] of {name}"),
-        )
-        .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
-        args.forward_rules = ForwardRules::Checked;
-    }
+    // A refusal over the forward rules says how to bypass them from the
+    // file. `--check` looks at them here; an apply lets attach do it, after
+    // what the router cannot do in place (which needs a detach).
+    args.bypass_how = Some(format!(
+        "set `bypass_forward_rules = true` in [router] of {name}"
+    ));
     if check {
+        if args.admit == AdmitMode::Xdp {
+            lifecycle::check_firewall(
+                args.forward_rules,
+                &standalone::Ruleset::read(),
+                args.bypass_how.as_deref().unwrap_or_default(),
+            )
+            .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
+        }
+        config::warn_standalone_only(&args);
         println!("{name} is valid: {summary}");
         return Ok(());
     }
@@ -764,7 +769,7 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let record_before = state::load(ctx.ns()).ok().flatten();
     let outcome = lifecycle::attach(ctx, &args, &d.forwards).map_err(|e| {
         if state::load(ctx.ns()).ok().flatten() == record_before {
-            e
+            e.context(format!("{name} cannot be applied, nothing was changed"))
         } else {
             e.context(PartlyApplied)
         }

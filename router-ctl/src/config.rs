@@ -303,6 +303,9 @@ pub struct AttachArgs {
     pub force: bool,
     /// Standalone mode over netfilter forward rules it would bypass.
     pub forward_rules: ForwardRules,
+    /// How a refusal over them says to bypass them (`None`: `--force`;
+    /// `apply`: the file's key).
+    pub bypass_how: Option<String>,
     /// Replace the program even when object and configuration are unchanged.
     pub reload: bool,
     /// Load this object instead of the embedded one (hidden, for tests).
@@ -432,7 +435,10 @@ impl std::error::Error for ConfigError {}
 /// Offload mode accepts standalone mode's port settings (a file may keep
 /// them for a switch back), but says so: the kernel's NAT rule picks
 /// offload mode's ports.
-fn warn_standalone_only(a: &AttachArgs) {
+pub fn warn_standalone_only(a: &AttachArgs) {
+    if a.admit != AdmitMode::Kernel {
+        return;
+    }
     let mut unused = Vec::new();
     if a.port_range != standalone::DEFAULT_XDP_PORTS {
         unused.push("the XDP port range");
@@ -459,9 +465,6 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     let mss_clamp = a.mss_clamp.unwrap_or(MssClamp::default_for(a.admit));
     if a.admit == AdmitMode::Kernel && mss_clamp != MssClamp::Off {
         return Err(ConfigError::new(ConfigField::MssClamp, OFFLOAD_MSS_CLAMP));
-    }
-    if a.admit == AdmitMode::Kernel {
-        warn_standalone_only(a);
     }
     let kernel_nat_ports =
         (a.admit == AdmitMode::Xdp && a.kernel_nat).then_some(a.kernel_nat_ports);
@@ -574,6 +577,7 @@ mod tests {
             timeouts: Timeouts::default(),
             force: false,
             forward_rules: ForwardRules::Refuse,
+            bypass_how: None,
             reload: false,
             object: None,
         }

@@ -890,6 +890,19 @@ pub fn attach_warnings(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec
         .collect()
 }
 
+/// Whether a native attach to `iface` is expected to fail (auto then
+/// falls back): a driver without native XDP, or a veth whose MTU needs
+/// multi-buffer support.
+fn native_attach_fails(iface: &str) -> bool {
+    if driver(iface).is_none_or(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str())) {
+        return true;
+    }
+    netlink::ifindex(iface)
+        .ok()
+        .and_then(|i| netlink::link(i).ok())
+        .is_some_and(|l| l.kind.as_deref() == Some("veth") && l.mtu > VETH_XDP_MAX_MTU)
+}
+
 /// What keeps the fast path from forwarding at all after a native attach
 /// (`generic_asked` not `Some(true)`): a veth whose peer would drop every
 /// frame redirected into it (`redirect-target`). `attach` refuses over it
@@ -897,7 +910,10 @@ pub fn attach_warnings(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec
 /// peer takes.
 #[must_use]
 pub fn attach_blockers(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec<String> {
-    if generic_asked == Some(true) {
+    // Auto falls back on both interfaces when either has no native XDP
+    // (predicted by its driver, or a veth's MTU).
+    let generic = generic_asked.unwrap_or_else(|| [lan, wan].into_iter().any(native_attach_fails));
+    if generic {
         return Vec::new();
     }
     let ifaces = [lan.to_owned(), wan.to_owned()];

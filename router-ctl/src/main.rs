@@ -529,6 +529,7 @@ fn attach_args(ctx: &Ctx, o: AttachOpts) -> Result<AttachArgs> {
         } else {
             ForwardRules::Refuse
         },
+        bypass_how: None,
         reload: o.reload,
         object: o.object,
     })

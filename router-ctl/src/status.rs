@@ -213,7 +213,10 @@ fn host_problems(c: &config::RouterConfig) -> Vec<String> {
             found.push(p);
         }
     }
+    // Only an address attach took from the WAN (`--wan-addr auto`, which
+    // the daemon follows): one given by hand may be routed to the router.
     if c.admit == config::AdmitMode::Xdp
+        && c.wan_addr_auto
         && let Ok(addrs) = crate::netlink::ipv4_addrs(&c.wan)
         && !addrs.contains(&c.wan_addr)
     {
@@ -233,7 +236,7 @@ fn forwarding_problem(iface: &str, value: Option<&str>) -> Option<String> {
         format!(
             "IPv4 forwarding is off on {iface} (net.ipv4.conf.{iface}.forwarding=0): neither \
              XDP nor the kernel forwards what comes in on it; `sysctl -w \
-             net.ipv4.ip_forward=1`"
+             net.ipv4.conf.{iface}.forwarding=1` (or net.ipv4.ip_forward=1, every interface)"
         )
     })
 }

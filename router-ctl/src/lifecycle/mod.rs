@@ -167,6 +167,7 @@ pub fn attach(
     forwards: &[(PortForwardKey, PortForwardTarget)],
 ) -> Result<Outcome> {
     let desired = config::resolve(a)?;
+    config::warn_standalone_only(a);
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     let obj = Object::load(a.object.as_deref())?;
     ensure_bpffs()?;
@@ -178,6 +179,10 @@ pub fn attach(
         warn!("ignoring the attach record: {e:#}");
         None
     });
+    // A switch from standalone mode in place leaves XDP's own flows in the
+    // table (`warn_flows_admitted_by_xdp`); only then is it walked.
+    let was_standalone =
+        running.any_pins() && mode_of(running.config, record.as_ref()) == Some(AdmitMode::Xdp);
     // First what this router cannot do in place (a resize, another XDP
     // mode): a detach, which the firewall check would otherwise hide.
     if running.any_pins() {
@@ -188,7 +193,9 @@ pub fn attach(
         check_firewall(
             a.forward_rules,
             &ruleset,
-            "pass --force to bypass them anyway",
+            a.bypass_how
+                .as_deref()
+                .unwrap_or("pass --force to bypass them anyway"),
         )?;
         let ports = doctor::local_ports_now(
             (desired.port_min, desired.port_max),
@@ -255,7 +262,7 @@ pub fn attach(
             ),
         }
     }
-    if !standalone_mode && outcome != Outcome::Attached {
+    if !standalone_mode && was_standalone && outcome != Outcome::Attached {
         warn_flows_admitted_by_xdp(ctx);
     }
     // After the configuration turned the fast path on: until then frames
