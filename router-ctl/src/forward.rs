@@ -77,7 +77,17 @@ impl Rule {
     /// its brackets for a pattern).
     #[must_use]
     pub fn add_command(&self, netns: Option<&str>) -> String {
-        let ns = netns.map_or_else(String::new, |n| format!("-n {n} "));
+        // A namespace name is any file name: quoted for the shell unless
+        // it is plain.
+        let ns = netns.map_or_else(String::new, |n| {
+            if n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.@+".contains(c))
+            {
+                format!("-n {n} ")
+            } else {
+                format!("-n '{}' ", n.replace('\'', r"'\''"))
+            }
+        });
         if self.family.is_some() {
             return format!(
                 "router-ctl {ns}forward add {} '[{}]:{}'",
@@ -464,6 +474,10 @@ mod tests {
         assert_eq!(
             r.add_command(Some("rtr")),
             "router-ctl -n rtr forward add tcp 8080 192.168.50.2:80"
+        );
+        assert_eq!(
+            r.add_command(Some("my rtr's")),
+            r"router-ctl -n 'my rtr'\''s' forward add tcp 8080 192.168.50.2:80"
         );
         let hole = Rule::pinhole6(&pinhole_key(
             Proto::Udp,

@@ -123,6 +123,15 @@ pub fn parse_netns(s: &str) -> Result<String, String> {
              /run/netns/rtr)"
         ));
     }
+    // The names of a namespace's own files (`NS.standalone.json`,
+    // `NS.daemon.lock`...) would be another namespace's record or lock.
+    if s.ends_with(".standalone") || s.ends_with(".daemon") {
+        return Err(format!(
+            "a namespace named {s:?} would share the files router-ctl keeps for namespace \
+             {:?}: rename it",
+            s.rsplit_once('.').map_or(s, |(n, _)| n)
+        ));
+    }
     if s == "default" {
         return Err(
             "a namespace named \"default\" would share the root namespace router's pins and \
@@ -259,6 +268,24 @@ mod tests {
     use clap::ValueEnum as _;
 
     use super::*;
+
+    #[test]
+    fn namespace_names_are_names() {
+        assert_eq!(parse_netns("rtr"), Ok("rtr".to_owned()));
+        assert_eq!(parse_netns("rtr.lan"), Ok("rtr.lan".to_owned()));
+        for bad in [
+            "",
+            ".",
+            "..",
+            "/run/netns/rtr",
+            "a/b",
+            "default",
+            "rtr.daemon",
+            "rtr.standalone",
+        ] {
+            assert!(parse_netns(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn forward_from_port_or_pinhole() {

@@ -159,6 +159,32 @@ pub enum Outcome {
     Unchanged,
 }
 
+/// What a standalone attach looks at on the host first: the forward rules
+/// it would bypass (refused unless forced), the router's own local ports
+/// and source NAT rules (warned of).
+fn check_standalone_host(a: &AttachArgs, desired: &config::RouterConfig) -> Result<()> {
+    let ruleset = standalone::Ruleset::read();
+    check_firewall(
+        a.forward_rules,
+        &ruleset,
+        a.bypass_how
+            .as_deref()
+            .unwrap_or("pass --force to bypass them anyway"),
+    )?;
+    let ports = doctor::local_ports_now(
+        (desired.port_min, desired.port_max),
+        desired.kernel_nat_ports,
+    );
+    if ports.level != doctor::Level::Ok {
+        warn!("{}", ports.line());
+    }
+    let own_nat = standalone::foreign_source_nat(&ruleset);
+    if desired.kernel_nat_ports.is_some() && !own_nat.is_empty() {
+        warn!("{}", standalone::source_nat_message(&own_nat));
+    }
+    Ok(())
+}
+
 /// Attaches, replaces, or finds nothing to do. `forwards` are put into a
 /// freshly created rule map before the fast path turns on (apply).
 pub fn attach(
@@ -171,6 +197,18 @@ pub fn attach(
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     let obj = Object::load(a.object.as_deref())?;
     ensure_bpffs()?;
+    // Read-only checks before the lock. First what this router cannot do
+    // in place (a resize, another XDP mode: a detach), which the firewall
+    // check would otherwise hide; then the firewall, whose tools may wait
+    // for their own locks (`iptables -w`): not while holding ours with
+    // SIGINT and SIGTERM blocked.
+    let seen = inspect(&ctx.pin_dir);
+    if seen.any_pins() {
+        replace::preflight(ctx, a, &desired, &obj, &seen)?;
+    }
+    if standalone_mode {
+        check_standalone_host(a, &desired)?;
+    }
     let _lock = state::lock(ctx.ns())?;
     let _signals = SignalsBlocked::new();
     detach::gc_tmp(ctx);
@@ -183,31 +221,11 @@ pub fn attach(
     // table (`warn_flows_admitted_by_xdp`); only then is it walked.
     let was_standalone =
         running.any_pins() && mode_of(running.config, record.as_ref()) == Some(AdmitMode::Xdp);
-    // First what this router cannot do in place (a resize, another XDP
-    // mode): a detach, which the firewall check would otherwise hide.
+    // Again under the lock: another router-ctl may have changed the router.
     if running.any_pins() {
         replace::preflight(ctx, a, &desired, &obj, &running)?;
     }
     if standalone_mode {
-        let ruleset = standalone::Ruleset::read();
-        check_firewall(
-            a.forward_rules,
-            &ruleset,
-            a.bypass_how
-                .as_deref()
-                .unwrap_or("pass --force to bypass them anyway"),
-        )?;
-        let ports = doctor::local_ports_now(
-            (desired.port_min, desired.port_max),
-            desired.kernel_nat_ports,
-        );
-        if ports.level != doctor::Level::Ok {
-            warn!("{}", ports.line());
-        }
-        let own_nat = standalone::foreign_source_nat(&ruleset);
-        if desired.kernel_nat_ports.is_some() && !own_nat.is_empty() {
-            warn!("{}", standalone::source_nat_message(&own_nat));
-        }
         // Before the fast path turns on: its first packets towards
         // unresolved neighbours need the sysctls, what it passes the table.
         if let Err(e) = standalone::set_up(ctx.ns(), &standalone::Wanted::of(&desired)) {
