@@ -151,6 +151,8 @@ fn build(
         xdp_mode_name(wan_mode),
         prog_id,
     );
+    // A record of pins lost since (a reboot) is put back by a rollback.
+    let before = state::load(ctx.ns()).ok().flatten();
     if let Err(e) = state::save(ctx.ns(), &rec) {
         // Undo: nothing is configured yet, so traffic never left the kernel.
         let _ = super::detach::remove_pins(&ctx.pin_dir);
@@ -165,10 +167,13 @@ fn build(
     if let Err(e) = written {
         // Undo: the configuration never turned the fast path on.
         let _ = super::detach::remove_pins(&ctx.pin_dir);
-        let _ = state::remove(ctx.ns());
+        let _ = match &before {
+            Some(r) => state::save(ctx.ns(), r),
+            None => state::remove(ctx.ns()),
+        };
         return Err(e.context(
-            "writing the configuration; rolled back (nothing pinned, no record): the kernel \
-             path handles all traffic as before",
+            "writing the configuration; rolled back (nothing pinned, the record as it was): \
+             the kernel path handles all traffic as before",
         ));
     }
     print_attached(ctx, a, desired, obj, lan_mode, wan_mode);
