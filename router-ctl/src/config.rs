@@ -456,6 +456,23 @@ pub fn warn_standalone_only(a: &AttachArgs) {
     }
 }
 
+/// An interface name goes into nftables scripts between double quotes:
+/// one that holds a quote or a backslash (Linux allows both) would end the
+/// string.
+fn nft_safe_name(field: ConfigField, name: &str) -> Result<(), ConfigError> {
+    if name.contains(['"', '\\']) || name.chars().any(char::is_control) {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "interface name {name:?} has a quote, backslash or control character, which \
+                 router-ctl's nftables rules cannot carry: rename it (`ip link set dev OLD \
+                 name NEW`)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
@@ -489,6 +506,8 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
         ));
     }
     let (lan, wan) = (a.lan.as_str(), a.wan.as_str());
+    nft_safe_name(ConfigField::Lan, lan)?;
+    nft_safe_name(ConfigField::Wan, wan)?;
     let lan_idx =
         netlink::ifindex(lan).map_err(|e| ConfigError::new(ConfigField::Lan, e.to_string()))?;
     let wan_idx =
@@ -688,5 +707,14 @@ mod tests {
             assert_eq!(Mode::from_name(m.name()), Some(m));
         }
         assert_eq!(Mode::from_name("fast"), None);
+    }
+
+    #[test]
+    fn interface_names_fit_nftables_strings() {
+        assert!(nft_safe_name(ConfigField::Lan, "br-lan").is_ok());
+        assert!(nft_safe_name(ConfigField::Lan, "eth0.10").is_ok());
+        for bad in ["a\"b", "a\\b", "a\nb"] {
+            assert!(nft_safe_name(ConfigField::Wan, bad).is_err(), "{bad:?}");
+        }
     }
 }
