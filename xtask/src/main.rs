@@ -321,17 +321,7 @@ fn test(args: &[String]) -> Result<(), String> {
         // benchmark), 1 s per path: it checks that each path masquerades
         // and that both XDP modes carry the flow, so the README's first
         // command cannot break unnoticed.
-        run(cargo().current_dir(root()).args([
-            "run",
-            "-q",
-            "-p",
-            "tests",
-            "--example",
-            "demo",
-            "--",
-            "--secs",
-            "1",
-        ]))?;
+        demo::walk_through(&["--secs", "1"])?;
         // The benchmark end to end, smallest settings (about a minute on
         // a quiet machine): every workload on every path, then a check of
         // the three artifacts
