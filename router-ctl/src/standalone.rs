@@ -239,7 +239,8 @@ pub fn kernel_side_gaps(netns: Option<&str>) -> Vec<String> {
                 if t.contains("chain postrouting")
                     && t.contains(&format!("chain {UNTRANSLATED_CHAIN} "))
                     && t.contains(&format!("chain {TO_LAN_CHAIN} "))
-                    && t.contains(&format!("@{LAN_DESTINATIONS_SET}")) => {}
+                    && t.contains(&format!("update @{LAN_DESTINATIONS_SET} "))
+                    && t.contains(&format!("ct original ip daddr @{LAN_DESTINATIONS_SET} ")) => {}
             _ => gaps.push(format!(
                 "the nftables table ip {TABLE} (slow-path NAT, the drop of untranslated LAN \
                  sources and of errors quoting LAN hosts) is gone or changed (a firewall reload whose ruleset starts with \

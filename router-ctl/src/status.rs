@@ -129,16 +129,32 @@ pub fn diagnose(
         );
         return ("inconsistent", problems);
     }
-    for pin in LINK_PINS {
+    // A deleted interface leaves its link detached (ifindex 0, no name
+    // left to read): named from the record.
+    let recorded = |role: usize| {
+        record.map(|r| match role {
+            0 => r.config.lan.as_str(),
+            _ => r.config.wan.as_str(),
+        })
+    };
+    for (role, pin) in LINK_PINS.iter().enumerate() {
         if let Some(l) = running.link(pin)
             && l.mode.is_none()
         {
-            problems.push(format!(
-                "{} (ifindex {}) does not run the link's program {}: is the interface gone?",
-                l.iface.as_deref().unwrap_or("?"),
-                l.info.ifindex,
-                l.info.prog_id
-            ));
+            let name = l.iface.as_deref().or(recorded(role)).unwrap_or("?");
+            problems.push(if l.info.ifindex == 0 {
+                format!(
+                    "{name} is gone: its XDP link to program {} is detached; attach again once \
+                     it is back (`router-ctl attach`)",
+                    l.info.prog_id
+                )
+            } else {
+                format!(
+                    "{name} (ifindex {}) does not run the link's program {}: is the interface \
+                     gone?",
+                    l.info.ifindex, l.info.prog_id
+                )
+            });
         }
     }
     let links: Vec<_> = LINK_PINS.iter().filter_map(|p| running.link(p)).collect();
@@ -501,7 +517,14 @@ pub fn status_text(v: &Value) -> String {
                 s,
                 "{}: {} (ifindex {}), {} mode, link {}, program {}",
                 l["role"].as_str().unwrap_or("?"),
-                l["name"].as_str().unwrap_or("(gone)"),
+                l["name"].as_str().map_or_else(
+                    || {
+                        // The record still names a deleted interface.
+                        let recorded = v["record"][l["role"].as_str().unwrap_or("")].as_str();
+                        format!("{} (gone)", recorded.unwrap_or("?"))
+                    },
+                    str::to_owned
+                ),
                 l["ifindex"],
                 l["mode"].as_str().unwrap_or("NOT RUNNING"),
                 l["link_id"],

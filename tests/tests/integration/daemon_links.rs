@@ -213,6 +213,13 @@ fn daemon_reports_a_deleted_attached_interface() {
             && text.contains("router-ctl detach"),
         "{text}"
     );
+    // Its detached link is named from the record, not as "?".
+    assert!(
+        text.contains(&format!("lan: {LAN_IF} (gone)"))
+            && text.contains(&format!("{LAN_IF} is gone: its XDP link"))
+            && !text.contains("? (ifindex"),
+        "{text}"
+    );
     let log = daemon.log();
     assert!(
         log.contains("ERROR") && log.contains("is gone") && log.contains("attach"),

@@ -887,6 +887,29 @@ fn a_removed_kernel_side_is_reported_and_put_back_by_the_daemon() {
     );
     let (v, _) = crate::ctl::status(&t);
     assert_eq!(v["daemon"]["standalone_repairs"], 1, "{v}");
+    // A table whose drop rules are gone (its chains kept) is changed too.
+    t.exec_ok(
+        Ns::Router,
+        &["nft", "flush", "chain", "ip", "xdp_router", "untranslated"],
+    );
+    crate::ctl::wait_for_or_show(
+        "the daemon to put the drop rules back",
+        Duration::from_secs(30),
+        || {
+            slow_path_table(&t)
+                .is_some_and(|s| s.contains("ct original ip daddr @lan_destinations"))
+        },
+        || {
+            format!(
+                "{}
+daemon log:
+{}",
+                crate::ctl::status(&t).0,
+                daemon.log()
+            )
+        },
+    );
+    assert_eq!(crate::ctl::status(&t).0["daemon"]["standalone_repairs"], 2);
 }
 
 /// A masquerade rule of the router's own (iptables-legacy, then nftables)
