@@ -663,31 +663,45 @@ impl OnFastPath {
         t: &Timeouts,
     ) -> Self {
         let mut out = Self::default();
-        let by_key: std::collections::BTreeMap<FlowKey, &FlowEntry> =
-            v4.iter().map(|(k, e)| (*k, e)).collect();
-        for e in by_key.values().filter(|e| e.flags & FLAG_ORIGINAL != 0) {
-            let reply_seen = by_key.get(&e.peer).map_or(0, |r| r.last_seen_ns);
-            let seen = FlowSeen {
-                flags: e.flags,
-                state: e.state,
-                lease: e.lease,
-                last_seen_ns: e.last_seen_ns.max(reply_seen),
-            };
-            out.add(seen, now_ns, t);
-        }
-        let by_key6: std::collections::BTreeMap<FlowKey6, &FlowEntry6> =
-            v6.iter().map(|(k, e)| (*k, e)).collect();
-        for (k, e) in by_key6.iter().filter(|(_, e)| e.flags & FLAG_ORIGINAL != 0) {
-            let reply_seen = by_key6.get(&k.reversed()).map_or(0, |r| r.last_seen_ns);
-            let seen = FlowSeen {
-                flags: e.flags,
-                state: e.state,
-                lease: e.lease,
-                last_seen_ns: e.last_seen_ns.max(reply_seen),
-            };
-            out.add(seen, now_ns, t);
-        }
+        let seen4 = |e: &FlowEntry| FlowSeen {
+            flags: e.flags,
+            state: e.state,
+            lease: e.lease,
+            last_seen_ns: e.last_seen_ns,
+        };
+        let seen6 = |e: &FlowEntry6| FlowSeen {
+            flags: e.flags,
+            state: e.state,
+            lease: e.lease,
+            last_seen_ns: e.last_seen_ns,
+        };
+        out.add_table(v4, |_, e| e.peer, seen4, now_ns, t);
+        out.add_table(v6, |k, _| k.reversed(), seen6, now_ns, t);
         out
+    }
+
+    /// Adds the flows of one table snapshot: each original entry, with
+    /// the newest refresh of it and of its other direction (`peer` names
+    /// its key; `seen` reads an entry of the table's type).
+    fn add_table<K: Ord + Copy, E>(
+        &mut self,
+        entries: &[(K, E)],
+        peer: impl Fn(&K, &E) -> K,
+        seen: impl Fn(&E) -> FlowSeen,
+        now_ns: u64,
+        t: &Timeouts,
+    ) {
+        let by_key: std::collections::BTreeMap<K, &E> =
+            entries.iter().map(|(k, e)| (*k, e)).collect();
+        for (k, e) in &by_key {
+            let f = seen(e);
+            if f.flags & FLAG_ORIGINAL == 0 {
+                continue;
+            }
+            let reply_seen = by_key.get(&peer(k, e)).map_or(0, |r| seen(r).last_seen_ns);
+            let last_seen_ns = f.last_seen_ns.max(reply_seen);
+            self.add(FlowSeen { last_seen_ns, ..f }, now_ns, t);
+        }
     }
 
     /// Read from the pinned tables now.

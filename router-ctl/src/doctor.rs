@@ -232,6 +232,12 @@ fn runs_generic(
     attached.or(asked).unwrap_or_else(falls_back)
 }
 
+/// Whether `iface`'s driver is not one known to run native XDP (`auto`
+/// falls back to generic there).
+fn driver_lacks_native_xdp(iface: &str) -> bool {
+    driver(iface).is_none_or(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()))
+}
+
 fn driver(iface: &str) -> Option<String> {
     let mut v = [0u8; 256];
     v[0..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
@@ -675,9 +681,9 @@ impl Report<'_> {
             .into_iter()
             .find(|(id, _)| ours.contains(id))
             .map(|(_, flag)| flag == netlink::XDP_FLAGS_SKB_MODE);
-        let falls_back =
-            || driver(self.iface).is_none_or(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str()));
-        if !runs_generic(ours_mode, generic_asked, falls_back) {
+        if !runs_generic(ours_mode, generic_asked, || {
+            driver_lacks_native_xdp(self.iface)
+        }) {
             return;
         }
         let iface = self.iface;
@@ -894,7 +900,7 @@ pub fn attach_warnings(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec
 /// falls back): a driver without native XDP, or a veth whose MTU needs
 /// multi-buffer support.
 fn native_attach_fails(iface: &str) -> bool {
-    if driver(iface).is_none_or(|d| !NATIVE_XDP_DRIVERS.contains(&d.as_str())) {
+    if driver_lacks_native_xdp(iface) {
         return true;
     }
     netlink::ifindex(iface)

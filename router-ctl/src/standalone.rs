@@ -694,27 +694,34 @@ pub fn source_nat_message(rules: &[String]) -> String {
 /// fix and, last, `override_how`: how this command's user bypasses them.
 #[must_use]
 pub fn bypass_message(chains: &[ForwardChain], override_how: &str) -> String {
-    let list: Vec<String> = chains.iter().map(ForwardChain::describe).collect();
     format!(
         "this router has netfilter forward rules that standalone mode (--admit xdp) would \
          bypass: {}. XDP would admit every LAN flow and every port forward itself, so those \
          rules would no longer decide. Fix: use offload mode (--admit kernel, the default; \
          `router-ctl run` moves the flows your firewall admits onto the fast path), or \
          {override_how}",
-        list.join("; ")
+        describe_chains(chains)
     )
+}
+
+/// `chains` as the messages about them list them.
+fn describe_chains(chains: &[ForwardChain]) -> String {
+    chains
+        .iter()
+        .map(ForwardChain::describe)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The warning of a standalone attach forced over the forward rules
 /// `chains` (`--force`, `bypass_forward_rules = true`).
 #[must_use]
 pub fn bypassing_message(chains: &[ForwardChain]) -> String {
-    let list: Vec<String> = chains.iter().map(ForwardChain::describe).collect();
     format!(
         "bypassing the router's netfilter forward rules, as asked: {}. XDP admits every LAN \
          flow and every port forward itself, so those rules no longer decide; offload mode \
          (--admit kernel) keeps them in charge",
-        list.join("; ")
+        describe_chains(chains)
     )
 }
 

@@ -279,9 +279,9 @@ pub fn attach(
                 standalone::TABLE
             ),
         }
-    }
-    if !standalone_mode && was_standalone && outcome != Outcome::Attached {
-        warn_flows_admitted_by_xdp(ctx);
+        if was_standalone && outcome != Outcome::Attached {
+            warn_flows_admitted_by_xdp(ctx);
+        }
     }
     // After the configuration turned the fast path on: until then frames
     // to a virtual MAC go to the kernel, which forwards them too. Past the
@@ -357,28 +357,23 @@ pub fn check_firewall(
     if notes.is_empty() {
         return Ok(());
     }
+    let why = notes
+        .iter()
+        .map(|n| n.why.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
     if rules != ForwardRules::Refuse {
         warn!(
-            "the router's forward rules could not all be checked ({}); standalone mode \
+            "the router's forward rules could not all be checked ({why}); standalone mode \
              bypasses any it has, as asked (offload mode, --admit kernel, keeps them in \
-             charge)",
-            notes
-                .iter()
-                .map(|n| n.why.as_str())
-                .collect::<Vec<_>>()
-                .join("; ")
+             charge)"
         );
         return Ok(());
     }
     let msg = format!(
-        "the router's forward rules could not all be checked ({}); standalone mode (--admit \
-         xdp) would bypass any it has. Fix: make them readable, use offload mode (--admit \
-         kernel), or {bypass_how}",
-        notes
-            .iter()
-            .map(|n| n.why.as_str())
-            .collect::<Vec<_>>()
-            .join("; ")
+        "the router's forward rules could not all be checked ({why}); standalone mode \
+         (--admit xdp) would bypass any it has. Fix: make them readable, use offload mode \
+         (--admit kernel), or {bypass_how}"
     );
     // A tool missing stays missing; a failed run (a firewall reload at
     // boot) may pass, and the service's next start tries again.
