@@ -75,6 +75,15 @@ fn cpu_ticks() -> (u64, u64) {
     (v[0] + v[1] + v[2] + v[5] + v[6], v[6])
 }
 
+/// Waits (at most 10 s, then panics) until `ready` holds.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        assert!(Instant::now() < deadline, "waited 10 s for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 struct Run {
     secs: u32,
     gbps: f64,
@@ -88,7 +97,9 @@ fn iperf(t: &Topology, extra: &[&str]) -> Run {
     let log = std::env::temp_dir().join(format!("xdp-router-demo-{}.csv", std::process::id()));
     let server_cmd = format!("exec iperf -s -p 5001 -y C > {}", log.display());
     let mut server = t.spawn(Ns::Server, &["sh", "-c", &server_cmd]);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("the iperf server to listen", || {
+        t.exec_ok(Ns::Server, &["ss", "-ltn"]).contains(":5001")
+    });
     let run_secs = secs();
     let secs = run_secs.to_string();
     let dst = SERVER_ADDR.to_string();
@@ -100,7 +111,11 @@ fn iperf(t: &Topology, extra: &[&str]) -> Run {
     let (_, soft0) = cpu_ticks();
     let out = t.exec_ok(Ns::Client, &args);
     let (_, soft1) = cpu_ticks();
-    std::thread::sleep(Duration::from_millis(300));
+    // The server writes its report line once it has seen the end.
+    wait_until("the iperf server's report", || {
+        std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.lines().next().is_some_and(|l| l.contains(',')))
+    });
     let _ = server.kill();
     let _ = server.wait();
     // Client CSV: time,src,sport,dst,dport,id,interval,bytes,bits_per_second;
@@ -240,7 +255,12 @@ fn offload_path(t: &Topology) -> PathRun {
             .spawn()
             .expect("starting router-ctl run"),
     );
-    std::thread::sleep(Duration::from_secs(1));
+    // `status` exits 1 (degraded) until the daemon runs.
+    wait_until("router-ctl run to start", || {
+        let status = t.router_ctl(&["status", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&status.stdout)
+            .is_ok_and(|v| v["daemon"]["running"] == true)
+    });
     let fwd0 = t.nstat(Ns::Router, "IpForwDatagrams");
     let before = t.stats();
     let run = iperf(t, &[]);

@@ -100,6 +100,40 @@ where
     }
 }
 
+/// Accepts one connection on `listener` within `timeout` (the listener is
+/// left non-blocking): the server's end, blocking again, and its peer. A
+/// connection whose handshake never completes on the server (its last ACK
+/// lost on the way through the router) is an error, not a hang.
+///
+/// # Errors
+/// `TimedOut` when no connection completed in time; the listener's own
+/// errors otherwise.
+pub fn accept_within(
+    listener: &TcpListener,
+    timeout: Duration,
+) -> io::Result<(TcpStream, SocketAddr)> {
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                stream.set_nonblocking(false)?;
+                return Ok((stream, peer));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no connection accepted within {timeout:?}"),
+                    ));
+                }
+                std::thread::sleep(POLL);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Starts a TCP server in namespace `ns_name` that accepts one connection,
 /// records the peer address and echoes everything until EOF.
 #[must_use]

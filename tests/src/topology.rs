@@ -65,6 +65,10 @@ impl Ns {
 /// A set of network namespaces wired as client(s) - router - server.
 pub struct Topology {
     names: Vec<(Ns, String)>,
+    /// The names this object created: only those are deleted on drop (a
+    /// name that was free when chosen may be another run's by the time
+    /// `ip netns add` fails on it).
+    created: Mutex<Vec<String>>,
     children: Mutex<Vec<u32>>,
 }
 
@@ -136,6 +140,7 @@ impl Topology {
             if names.iter().all(|(_, name)| !netns_exists(name)) {
                 return Self {
                     names,
+                    created: Mutex::new(Vec::new()),
                     children: Mutex::new(Vec::new()),
                 };
             }
@@ -146,6 +151,7 @@ impl Topology {
     pub(crate) fn create_namespaces(&self) {
         for (_, name) in &self.names {
             run_ok(&["ip", "netns", "add", name]);
+            self.created.lock().unwrap().push(name.clone());
             run_ok(&["ip", "-n", name, "link", "set", "lo", "up"]);
         }
     }
@@ -660,15 +666,22 @@ impl Drop for Topology {
     fn drop(&mut self) {
         self.kill_children();
         // Detach first so no pin outlives the namespaces.
+        let created = std::mem::take(
+            &mut *self
+                .created
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         for router in [Ns::Router, Ns::Router2] {
-            if self.has(router) && self.router_attached_in(router) {
+            if !self.has(router) || !created.iter().any(|n| n == self.ns_name(router)) {
+                continue;
+            }
+            if self.router_attached_in(router) {
                 let _ = self.router_ctl_in(router, &["detach"]);
             }
-            if self.has(router) {
-                crate::addr::forget_detached_router(self.ns_name(router));
-            }
+            crate::addr::forget_detached_router(self.ns_name(router));
         }
-        for (_, name) in &self.names {
+        for name in &created {
             // Deleting a namespace destroys the veths inside it (and with them
             // their peers). Errors (e.g. never created) are ignored.
             let _ = Command::new("timeout")

@@ -37,10 +37,14 @@ pub struct Scratch(pub PathBuf);
 impl Scratch {
     #[must_use]
     pub fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("router-ops-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Self(dir)
+        // A name nobody holds: `create_dir` fails on one that exists (a
+        // killed earlier run's, or another run's), which is left alone.
+        let pid = std::process::id();
+        (0..1000)
+            .map(|n| std::env::temp_dir().join(format!("router-ops-{tag}-{pid}x{n}")))
+            .find(|dir| std::fs::create_dir(dir).is_ok())
+            .map(Self)
+            .expect("a free scratch directory name")
     }
 
     #[must_use]

@@ -653,11 +653,12 @@ fn an_upgrade_that_adds_a_counter_is_a_live_replace_keeping_flows_and_counts() {
         || flow_xlat(&t, 5611).is_some(),
     );
     let xlat0 = flow_xlat(&t, 5611).expect("the stream's flow is tracked");
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_for("XDP to carry the stream", Duration::from_secs(10), || {
+        tests::counter_of(&t.stats(), "fwd_outbound") > 100
+    });
     let last = Counter::ALL[Counter::ALL.len() - 1].name();
     let before = t.stats();
     assert_eq!(tests::counter_of(&before, last), 0, "{before}");
-    assert!(tests::counter_of(&before, "fwd_outbound") > 100, "{before}");
 
     // Cut short right after the new COUNTERS took the pin: the replace is
     // journaled, the old program still forwards, and the next attach
@@ -696,7 +697,11 @@ fn an_upgrade_that_adds_a_counter_is_a_live_replace_keeping_flows_and_counts() {
         );
     }
     assert_eq!(flow_xlat(&t, 5611).as_deref(), Some(xlat0.as_str()));
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for(
+        "the new program to carry the stream",
+        Duration::from_secs(10),
+        || tests::counter_delta(&after, &t.stats(), "fwd_outbound") > 10,
+    );
     let n = stream.finish();
     assert!(n > 0);
     let end = t.stats();

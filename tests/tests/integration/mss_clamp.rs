@@ -157,20 +157,9 @@ pub(crate) fn download(t: &Topology, limit: Duration) -> Download {
 /// The server's end of the connection the client just opened (the
 /// handshake's last ACK may still be on its way through the router).
 fn accept(listener: &TcpListener) -> TcpStream {
-    listener.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + CONNECT;
-    loop {
-        match listener.accept() {
-            Ok((sock, _)) => {
-                sock.set_nonblocking(false).unwrap();
-                return sock;
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("the server accepted no connection: {e}"),
-        }
-    }
+    tests::echo::accept_within(listener, CONNECT)
+        .unwrap_or_else(|e| panic!("the server accepted no connection: {e}"))
+        .0
 }
 
 /// A download through a standalone router attached with `extra`, over the

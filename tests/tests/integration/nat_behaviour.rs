@@ -707,7 +707,8 @@ fn tcp_syn_to_a_mapping(filtering: Option<Filtering>) -> InboundSyn {
     // The connection is established, so it waits in the accept queue. Both
     // ends stay open until the test ends: the mapping lives under an
     // established flow, as in TCP hole punching.
-    let (_server_side, outbound_seen_as) = server.accept().expect("server accept");
+    let (_server_side, outbound_seen_as) =
+        tests::echo::accept_within(&server, TIMEOUT).expect("server accept");
     let mapping = socket_addr(ROUTER_WAN_ADDR, LOCAL_PORT);
     let connect = t.in_ns(Ns::Server, || {
         std::net::TcpStream::connect_timeout(&mapping, Duration::from_secs(2))

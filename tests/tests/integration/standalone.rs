@@ -274,7 +274,7 @@ fn no_lan_source_address_leaves_on_the_wan() {
             TcpStream::connect_timeout(&socket_addr(SERVER_ADDR, 5301), IO)
         });
         assert!(c.is_ok(), "TCP connection {i}: {c:?}");
-        let (_s, peer) = listener.accept().unwrap();
+        let (_s, peer) = tests::echo::accept_within(&listener, IO).unwrap();
         assert_eq!(
             peer.ip(),
             IpAddr::V4(ROUTER_WAN_ADDR),

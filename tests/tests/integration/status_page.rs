@@ -10,8 +10,28 @@ use std::time::Duration;
 use serde_json::Value;
 use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology};
 
-use crate::ctl::{DetachOnDrop, Stream, read_until};
+use crate::ctl::{DetachOnDrop, Stream, read_until, wait_for};
 use crate::daemon_run::{RunningDaemon, Scratch, config_text, http};
+
+/// Waits (bounded) until the status the page reads at `addr` has more
+/// forwarded than `total` and three rate samples: what the page's next
+/// load must show.
+fn wait_for_more_than(t: &Topology, addr: SocketAddr, total: f64) {
+    wait_for(
+        "the status page's figures to move on",
+        Duration::from_secs(20),
+        || {
+            let (code, _, body) = http(t, Ns::Client, addr, "GET", "/api/status");
+            code == 200
+                && serde_json::from_str::<Value>(&body).is_ok_and(|d| {
+                    d["history"].as_array().is_some_and(|h| h.len() >= 3)
+                        && d["totals"]["forwarded_packets"]
+                            .as_f64()
+                            .is_some_and(|n| n > total)
+                })
+        },
+    );
+}
 
 /// Headless Chromium on `url`, started from the namespace `ns` (where the
 /// page's listener is); `what` is `--dump-dom` or `--screenshot=PATH`.
@@ -28,7 +48,14 @@ fn chromium(t: &Topology, ns: Ns, profile: &Path, url: &str, what: &str, size: &
                 "--no-sandbox",
                 "--disable-gpu",
             ])
-            .arg("--no-first-run")
+            // No connections of its own (updates, sync, safe browsing):
+            // the page's requests are the only traffic.
+            .args([
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ])
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg(format!("--window-size={size}"))
             .arg("--virtual-time-budget=4000")
@@ -242,6 +269,10 @@ fn listener_limits(t: &Topology, addr: SocketAddr) {
 
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted walk through the page and its listener, read top to bottom"
+)]
 fn status_page_shows_live_numbers_in_chromium() {
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
@@ -292,10 +323,12 @@ fn status_page_shows_live_numbers_in_chromium() {
         3.5e6,
         120.0,
     );
-    std::thread::sleep(Duration::from_secs(3));
+    wait_for("XDP to carry the stream", Duration::from_secs(10), || {
+        tests::counter_of(&t.stats(), "fwd_outbound") > 0
+    });
     let profile = scratch.path("chromium");
     let first = chromium(&t, Ns::Client, &profile, &url, "--dump-dom", "1280,900");
-    std::thread::sleep(Duration::from_secs(3));
+    wait_for_more_than(&t, addr, value(&first, "fwd-total"));
     let second = chromium(&t, Ns::Client, &profile, &url, "--dump-dom", "1280,900");
 
     for dom in [&first, &second] {

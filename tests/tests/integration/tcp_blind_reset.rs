@@ -121,7 +121,8 @@ fn connect(
         TcpStream::connect_timeout(&family.server(), TIMEOUT).unwrap()
     });
     client.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let (server, wan_peer) = listener.accept().unwrap();
+    let (server, wan_peer) = tests::echo::accept_within(listener, TIMEOUT)
+        .expect("the server's end of the connection (the handshake's last ACK crosses the router)");
     server.set_read_timeout(Some(TIMEOUT)).unwrap();
     (client, server, wan_peer)
 }

@@ -34,6 +34,10 @@ pub(super) struct Pair {
     dir: PathBuf,
     procs: Mutex<Vec<(String, Child)>>,
     attached: Mutex<Vec<Router>>,
+    /// The namespaces this pair created: only those are deleted on drop
+    /// (a name free when chosen may be another run's by the time
+    /// `ip netns add` fails on it).
+    created: Mutex<Vec<String>>,
 }
 
 impl Pair {
@@ -60,6 +64,7 @@ impl Pair {
             dir,
             procs: Mutex::new(Vec::new()),
             attached: Mutex::new(Vec::new()),
+            created: Mutex::new(Vec::new()),
         };
         // From here a panic drops `pair`, which removes what exists.
         pair.build();
@@ -133,6 +138,7 @@ impl Pair {
     fn build(&self) {
         for role in ROLES {
             run_ok(&["ip", "netns", "add", &self.ns(role)]);
+            self.created.lock().unwrap().push(self.ns(role));
             self.ip(role, &["link", "set", "lo", "up"]);
         }
         for bridge in ["lan", "wan"] {
@@ -373,11 +379,11 @@ impl Drop for Pair {
         for r in take_all(&self.attached) {
             let _ = self.router_ctl(r, &["detach"]);
         }
-        for role in ROLES {
-            tests::forget_detached_router(&self.ns(role));
+        for name in take_all(&self.created) {
+            tests::forget_detached_router(&name);
             // Deleting a namespace destroys the veths inside it (and their
-            // peers). Errors (e.g. never created) are ignored.
-            let _ = run(&["ip", "netns", "delete", &self.ns(role)]);
+            // peers).
+            let _ = run(&["ip", "netns", "delete", &name]);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -52,7 +52,10 @@ impl TcpFlow {
             let listener = TcpListener::bind(socket_addr(SERVER, TCP_PORT))
                 .map_err(|e| format!("bind: {e}"))?;
             tx.send(()).unwrap();
-            let (mut sock, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            // Bounded: a client that never connects must fail the test,
+            // not leave `finish` waiting for this thread.
+            let (mut sock, _) = tests::echo::accept_within(&listener, Duration::from_secs(10))
+                .map_err(|e| format!("accept: {e}"))?;
             // Longer than any failover: a stall is measured, not an error.
             sock.set_read_timeout(Some(Duration::from_secs(30)))
                 .unwrap();

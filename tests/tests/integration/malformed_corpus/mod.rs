@@ -52,9 +52,7 @@ use router_common::maps::{
     Config, Counter, CounterValue, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowKey,
     FragmentKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts,
 };
-use router_common::nat::{
-    ICMP_ANSWER_LEN, ICMP_ANSWER_RECEIVED_AT, IcmpAnswer, forwardable_addr, icmp_answer,
-};
+use router_common::nat::forwardable_addr;
 use tests::addr::octets::{CLIENT, LAN_NOBODY, ROUTER_LAN, SERVER, WAN, WAN_NOBODY};
 use tests::frames::{
     self, Frame, ICMP_DEST_UNREACH, ICMP_ECHO_REQUEST, ICMP_PARAMETER_PROBLEM, ICMP_TIME_EXCEEDED,
