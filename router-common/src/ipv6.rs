@@ -295,6 +295,41 @@ pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {
     }
 }
 
+/// Whether a packet the IPv6 path passed to the kernel with `counter`,
+/// arriving from the WAN, is judged by standalone mode's inbound filter:
+/// dropped (`drop6_unsolicited`) if the FIB routes it to the LAN. These
+/// are the passes that say nothing of a flow: extension headers the fast
+/// path does not walk (a TCP SYN or a UDP datagram behind an empty
+/// Destination Options header would otherwise reach any LAN host, and the
+/// host's plain reply would open a flow that then lets the sender in),
+/// fragments (no flow to match them to), other protocols and `ICMPv6`
+/// types (`pass_protocol`), NDP and MLD between global addresses (never
+/// meant to be forwarded). RFC 6092 section 3: a residential gateway
+/// forwards inbound only what matches a flow or is explicitly permitted
+/// (REC-31), and drops `ICMPv6` errors that match no flow (REC-10). HIP
+/// (REC-26: not to be prohibited) shares its counter with the other rare
+/// kinds and is judged with them.
+///
+/// Not judged: ESP and AH (RFC 6092 REC-21, REC-22: a gateway must not
+/// prohibit `IPsec` in its default mode; the LAN host's `IPsec` decides), a
+/// hop limit that ran out or a link-scope packet (the kernel answers or
+/// keeps them; it forwards neither), and the passes of known flows (no
+/// neighbour, too large for the next hop).
+#[must_use]
+pub const fn judged_when_inbound(counter: Counter) -> bool {
+    matches!(
+        counter,
+        Counter::Pass6ExtHopByHop
+            | Counter::Pass6ExtRouting
+            | Counter::Pass6ExtFragment
+            | Counter::Pass6ExtDestOpts
+            | Counter::Pass6ExtOther
+            | Counter::Pass6Ndp
+            | Counter::Pass6Mld
+            | Counter::PassProtocol
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +351,45 @@ mod tests {
         h[ipv6::SRC..ipv6::SRC + 16].copy_from_slice(&src);
         h[ipv6::DST..ipv6::DST + 16].copy_from_slice(&dst);
         h
+    }
+
+    #[test]
+    fn inbound_passes_without_a_flow_are_judged_ipsec_and_flow_passes_are_not() {
+        for c in [
+            Counter::Pass6ExtHopByHop,
+            Counter::Pass6ExtRouting,
+            Counter::Pass6ExtFragment,
+            Counter::Pass6ExtDestOpts,
+            Counter::Pass6ExtOther,
+            Counter::Pass6Ndp,
+            Counter::Pass6Mld,
+            Counter::PassProtocol,
+        ] {
+            assert!(judged_when_inbound(c), "{c:?}");
+        }
+        for c in [
+            Counter::Pass6ExtEsp,
+            Counter::Pass6ExtAh,
+            Counter::Pass6HopLimit,
+            Counter::Pass6LinkScope,
+            Counter::Pass6PacketTooBig,
+            Counter::PassNoNeighbour,
+            Counter::PassFibNotForwarded,
+            Counter::PassNotOffloaded,
+            Counter::PassUnsolicited,
+        ] {
+            assert!(!judged_when_inbound(c), "{c:?}");
+        }
+        // Every extension kind but IPsec's.
+        for next in 0..=u8::MAX {
+            if let Some(ext) = Ext::of(next) {
+                assert_eq!(
+                    judged_when_inbound(ext.counter()),
+                    !matches!(ext, Ext::Esp | Ext::Ah),
+                    "{ext:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -279,7 +279,7 @@ pub fn wan_source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
 }
 
 /// Standalone mode's forward policy from the WAN, applied to the verdict
-/// `v` of every packet: XDP alone decides what reaches the LAN (replies of
+/// `v` of every passed packet: XDP alone decides what reaches the LAN (replies of
 /// known flows, port forwards), so a packet the data path passes to the
 /// kernel untranslated from the WAN may only be one for the router itself.
 /// One the FIB would forward out of the LAN interface (unsolicited: TCP
@@ -322,9 +322,9 @@ fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     if side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
         return v;
     }
-    // IPv4 only: the IPv6 path applies its own policy (RFC 6092 inbound
-    // filtering), and an IPv6 header read as IPv4 would put source address
-    // bytes where the destination is judged.
+    // IPv4 only: IPv6 has its own (`v6::judge_passed`), and an IPv6
+    // header read as IPv4 would put source address bytes where the
+    // destination is judged.
     let Ok(l2) = header::<{ eth::LEN }>(ctx, 0) else {
         return v;
     };

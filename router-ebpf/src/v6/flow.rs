@@ -21,7 +21,7 @@ use router_common::{
 };
 
 use super::{
-    fib6,
+    egress_of, fib6,
     maps::{CONNTRACK6, Claim, claim, insert_counted, pinhole},
     parse::{fill_tcp_segment, read_tcp_segment},
     source_valid, unsolicited,
@@ -423,7 +423,16 @@ pub fn admit(
         }
         (FLAG_PORT_FORWARD, cfg.lan_ifindex, Counter::Flow6NewPinhole)
     };
-    let hop = fib6(ctx, ip)?;
+    // Too large for the next hop: the kernel answers Packet Too Big, and
+    // the flow opens all the same (the egress asked again without the
+    // MTU check): the sender's next packets, smaller or in fragments,
+    // belong to it, and so do the replies, of which a fragmented one
+    // passes the inbound filter only as a known flow's.
+    let (hop, too_big) = match fib6(ctx, ip) {
+        Ok(hop) => (hop, false),
+        Err(v) if v.counter == Counter::Pass6PacketTooBig => (egress_of(ctx, ip)?, true),
+        Err(v) => return Err(v),
+    };
     if hop.egress() != toward {
         // LAN -> LAN (plain routing), or a pinhole for an address that is
         // not on the LAN: the kernel's.
@@ -446,6 +455,9 @@ pub fn admit(
         Claim::Failed => return Err(Verdict::pass(Counter::Pass6TableFull)),
     }
     event(new_flow);
+    if too_big {
+        return Err(Verdict::pass(Counter::Pass6PacketTooBig));
+    }
     Ok(hop)
 }
 

@@ -7,7 +7,7 @@ use aya_ebpf::programs::XdpContext;
 use router_common::{
     flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, get_u16, icmp, udp},
-    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, min_payload},
+    ipv6::{Ext, IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, min_payload},
     maps::{Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP},
 };
 
@@ -46,11 +46,18 @@ pub fn forward(
     }
     let Some((sport, dport)) = ports else {
         // About a packet the fast path does not carry (its extension
-        // headers or protocol: ESP, a fragment, GRE) and passes both ways:
-        // the kernel's to forward, as it forwards that traffic. Dropping
-        // it would break path-MTU discovery for it (RFC 4890 4.3.1: Packet
-        // Too Big must not be dropped; RFC 8201).
-        return Err(Verdict::pass(Counter::PassProtocol));
+        // headers or protocol). About IPsec, which standalone mode lets
+        // through both ways (RFC 6092 REC-21, REC-22): the kernel's to
+        // forward, counted by the quoted kind (REC-23: a gateway that
+        // forwards ESP forwards its errors; RFC 4890 4.3.1: Packet Too
+        // Big must not be dropped). Any other (a fragment, destination
+        // options, GRE): `pass_protocol`, which standalone mode's inbound
+        // filter drops if it is addressed to a LAN host, as it drops the
+        // inbound traffic itself (REC-10: errors matching no state).
+        return Err(Verdict::pass(match Ext::of(proto) {
+            Some(ext @ (Ext::Esp | Ext::Ah)) => ext.counter(),
+            _ => Counter::PassProtocol,
+        }));
     };
     // A reply to the quoted packet would carry this key.
     let key = FlowKey6::new(

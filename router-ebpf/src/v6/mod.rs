@@ -20,15 +20,16 @@ mod icmp_error;
 mod maps;
 mod parse;
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
+    flow::expired,
     hdr::{eth, get_u16},
-    ipv6::{frame6, ipv6},
-    maps::{Admit, Counter, FlowKey6, VMAC_IPV6},
+    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6},
+    maps::{Admit, Config, Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV6},
 };
 
 use crate::{
-    Step, Verdict,
+    Packed, Step, Verdict,
     hop::{FibParams, Hop, egress, lookup, reachable_via, write_macs},
     parse::{Ingress, addressed_to_us, header, ingress, ptr_at},
 };
@@ -97,6 +98,13 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
 #[inline(always)]
 pub fn fib6(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
     fib6_sized(ctx, ip, packet_len(ip))
+}
+
+/// [`fib6`] without the MTU check: where the packet `ip` would go, whatever
+/// its size.
+#[inline(always)]
+pub fn egress_of(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
+    fib6_sized(ctx, ip, 0)
 }
 
 /// The length of the IPv6 packet `ip`, header included: what the FIB
@@ -219,6 +227,127 @@ pub fn forward(
     Verdict {
         counter: forwarded,
         action,
+    }
+}
+
+/// Standalone mode's inbound filter for what the IPv6 path passed from the
+/// WAN with `v` without looking for a flow (extension headers, fragments,
+/// other protocols and `ICMPv6` types, NDP and MLD between global
+/// addresses: `ipv6::judged_when_inbound`, which the caller asks): dropped
+/// if the FIB (asked without the MTU check, as [`unsolicited`]) routes it
+/// to the LAN, else left as it was (for the router itself, or routed
+/// elsewhere). Fragments of known flows pass ([`fragment_of_a_flow`]).
+/// Offload mode, LAN packets and IPv4 are left as they are.
+// A BPF subprogram of its own, as IPv4's `admit::unsolicited`: its flow
+// key stays off the entry point's frame.
+#[inline(never)]
+pub fn judge_passed(ctx: &XdpContext, v: Packed) -> Packed {
+    judge(ctx, v.unpack()).pack()
+}
+
+/// [`judge_passed`]'s judgement.
+#[inline(always)]
+fn judge(ctx: &XdpContext, v: Verdict) -> Verdict {
+    let Ok(l2) = header::<{ eth::LEN }>(ctx, 0) else {
+        return v;
+    };
+    if get_u16(l2, eth::ETHER_TYPE) != eth::P_IPV6 {
+        return v;
+    }
+    let Some(side) = ingress(ctx) else {
+        return v;
+    };
+    if side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
+        return v;
+    }
+    if v.counter == Counter::Pass6ExtFragment && fragment_of_a_flow(ctx.ctx, side.cfg) {
+        return v;
+    }
+    if routed_to(ctx, side.cfg.lan_ifindex) {
+        Verdict::drop(Counter::Drop6Unsolicited)
+    } else {
+        v
+    }
+}
+
+/// Whether the FIB routes the IPv6 packet of `ctx` out of `ifindex` (no
+/// MTU check).
+// A BPF subprogram of its own: inlined, the FIB parameters landed on a
+// 4-byte aligned slot, where the addresses' 8-byte stores are refused
+// ("misaligned stack access").
+#[inline(never)]
+fn routed_to(ctx: &XdpContext, ifindex: u32) -> bool {
+    let Ok(ip) = ptr_at::<[u8; ipv6::LEN]>(ctx, frame6::IPV6) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at; only read.
+    let ip = unsafe { &*ip };
+    let mut p = params_sized(ip, 0);
+    egress(ctx, &mut p) == Some(ifindex)
+}
+
+/// Whether the fragment of `ctx` (a Fragment header right after the fixed
+/// one) may go on to the kernel, which forwards it as it is: a first
+/// fragment only if the TCP or UDP header or `ICMPv6` echo reply it
+/// starts with is a live WAN-side entry's (a reply of a known flow, as
+/// the flow lookup would find it; the kernel reassembles nothing it
+/// forwards); a later fragment always: it carries no header to judge, and
+/// without its first fragment the LAN host reassembles nothing (RFC 8200
+/// 4.5). So an atomic fragment (offset 0, no more to come), which is a
+/// whole datagram, is judged as one.
+// A BPF subprogram of its own: its flow key stays off the frames of the
+// call chain to the FIB lookup (the entry point's is near the verifier's
+// 512 bytes). Takes the raw context and reads the packet bounds with
+// volatile loads, as `parse::read_tcp_segment` does: LLVM would otherwise
+// pass the bounds as 32-bit values, widened with shifts the verifier
+// refuses on packet pointers.
+#[inline(never)]
+fn fragment_of_a_flow(md: *mut xdp_md, cfg: &Config) -> bool {
+    /// The Fragment header: next header, reserved, offset and flags (RFC
+    /// 8200 4.5), identification.
+    const FRAG_LEN: usize = 8;
+    // SAFETY: `md` is the program's context; its `data` and `data_end`
+    // are the packet's bounds, checked below before any access.
+    let (data, end) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*md).data) as usize,
+            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
+        )
+    };
+    if data + frame6::L4 + FRAG_LEN + 8 > end {
+        return false;
+    }
+    // SAFETY: the fixed header, the Fragment header and the 8 bytes after
+    // it lie within the bounds checked above.
+    let (ip, frag, l4) = unsafe {
+        (
+            &*((data + frame6::IPV6) as *const [u8; ipv6::LEN]),
+            &*((data + frame6::L4) as *const [u8; FRAG_LEN]),
+            &*((data + frame6::L4 + FRAG_LEN) as *const [u8; 8]),
+        )
+    };
+    if get_u16(frag, 2) & 0xfff8 != 0 {
+        return true;
+    }
+    let proto = frag[0];
+    let (sport, dport) = match proto {
+        IPPROTO_TCP | IPPROTO_UDP => (get_u16(l4, 0), get_u16(l4, 2)),
+        IPPROTO_ICMPV6 if l4[0] == icmp6::ECHO_REPLY => (get_u16(l4, 4), get_u16(l4, 4)),
+        _ => return false,
+    };
+    let key = FlowKey6::new(
+        get_addr6(ip, ipv6::SRC),
+        get_addr6(ip, ipv6::DST),
+        sport,
+        dport,
+        proto,
+    );
+    // SAFETY: copied out at once.
+    match unsafe { maps::CONNTRACK6.get(&key) }.copied() {
+        Some(e) => {
+            !e.lan_side() && !expired(e.state, e.last_seen_ns, crate::clock::now(), &cfg.timeouts)
+        }
+        None => false,
     }
 }
 

@@ -107,17 +107,38 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
             wan,
             Counter::Drop6Unsolicited,
         );
-        // About what the fast path passes both ways (ESP, a fragment): the
-        // kernel's, which forwards that traffic too (path-MTU discovery,
-        // RFC 4890 4.3.1); from another LAN host than the addressee: no.
+        // About IPsec, which standalone mode lets through both ways (RFC
+        // 6092 REC-21, REC-22): the kernel's, which forwards that traffic
+        // too (REC-23; path-MTU discovery, RFC 4890 4.3.1), counted by the
+        // quoted kind. About what else the fast path does not carry (a
+        // fragment, destination options, another protocol): its inbound
+        // traffic is dropped, and so are errors about it (REC-10). From
+        // another LAN host than the addressee: no.
         let esp = Ipv6::new(c, s, 50, vec![0x11; 64]).bytes();
+        let ah = Ipv6::new(
+            c,
+            s,
+            51,
+            vec![17, 4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0],
+        )
+        .bytes();
         let fragment = Ipv6::new(c, s, 44, vec![17, 0, 0, 1, 0, 0, 0, 7]).bytes();
-        for (what, q) in [
-            ("PTB quoting ESP", &esp),
-            ("PTB quoting a fragment", &fragment),
+        let dest_opts = Ipv6::new(c, s, 60, vec![17, 0, 1, 4, 0, 0, 0, 0]).bytes();
+        let gre = Ipv6::new(c, s, 47, vec![0; 16]).bytes();
+        for (what, q, counter) in [
+            ("PTB quoting ESP", &esp, Counter::Pass6ExtEsp),
+            ("PTB quoting AH", &ah, Counter::Pass6ExtAh),
         ] {
             let e = Ipv6::error(s, c, ICMP6_PACKET_TOO_BIG, 1280, q);
-            r.pass(what, &from_server(&env, &e), wan, Counter::PassProtocol);
+            r.pass(what, &from_server(&env, &e), wan, counter);
+        }
+        for (what, q) in [
+            ("PTB quoting a fragment", &fragment),
+            ("PTB quoting destination options", &dest_opts),
+            ("PTB quoting GRE", &gre),
+        ] {
+            let e = Ipv6::error(s, c, ICMP6_PACKET_TOO_BIG, 1280, q);
+            r.drop_frame(what, &from_server(&env, &e), wan, Counter::Drop6Unsolicited);
         }
         let e = Ipv6::error(s, o(LAN_NOBODY6), ICMP6_PACKET_TOO_BIG, 1280, &esp);
         r.drop_frame(

@@ -7,13 +7,18 @@ use router_common::maps::{IPPROTO_TCP, IPPROTO_UDP};
 use tests::frames::{TCP_SYN, Tcp, Udp};
 use tests::v6::{
     CLIENT6, ICMP6_MLD2_REPORT, ICMP6_NEIGHBOUR_ADVERT, ICMP6_NEIGHBOUR_SOLICIT,
-    ICMP6_ROUTER_ADVERT, ICMP6_ROUTER_SOLICIT, L4_6_OFF, ROUTER_LAN6, SERVER6, o,
+    ICMP6_ROUTER_ADVERT, ICMP6_ROUTER_SOLICIT, L4_6_OFF, ROUTER_LAN6, ROUTER_WAN6, SERVER6, o,
 };
 
 use super::*;
 
 /// Every extension header kind, on both sides, with the next header the
-/// fast path would otherwise forward (TCP after it): passed by kind.
+/// fast path would otherwise forward (TCP after it): passed by kind from
+/// the LAN, and from the WAN when addressed to the router itself; from the
+/// WAN to a LAN host dropped as unsolicited (standalone mode's inbound
+/// filter: a SYN behind an empty header would reach the host), but for
+/// `IPsec` (RFC 6092 REC-21, REC-22). In offload mode the kernel's firewall
+/// decides: all passed.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 #[expect(
@@ -29,11 +34,14 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
         // An 8-byte extension header (next header TCP, length 0) then the
         // segment; ESP/AH get the same shape (the fast path reads only
         // the fixed header's next-header byte).
-        let with_ext = |next: u8, from_lan: bool| {
-            let (src, dst) = if from_lan { (c, s) } else { (s, c) };
+        let with_ext_to = |next: u8, src: [u8; 16], dst: [u8; 16]| {
             let mut payload = vec![IPPROTO_TCP, 0, 0, 0, 0, 0, 0, 0];
             payload.extend_from_slice(&tcp.payload);
             Ipv6::new(src, dst, next, payload)
+        };
+        let with_ext = |next: u8, from_lan: bool| {
+            let (src, dst) = if from_lan { (c, s) } else { (s, c) };
+            with_ext_to(next, src, dst)
         };
         let cases = [
             (0, Counter::Pass6ExtHopByHop),
@@ -57,8 +65,20 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
                 counter,
             );
             let p = with_ext(next, false);
+            let what = format!("ext {next} from the WAN to a LAN host");
+            if matches!(next, 50 | 51) {
+                r.pass(&what, &from_server(&env, &p), wan, counter);
+            } else {
+                r.drop_frame(
+                    &what,
+                    &from_server(&env, &p),
+                    wan,
+                    Counter::Drop6Unsolicited,
+                );
+            }
+            let p = with_ext_to(next, s, o(ROUTER_WAN6));
             r.pass(
-                &format!("ext {next} from the WAN"),
+                &format!("ext {next} from the WAN to the router"),
                 &from_server(&env, &p),
                 wan,
                 counter,
@@ -187,21 +207,100 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
         )
         .hop_limit(255);
         r.pass("NA global", &from_client(&env, &na), lan, Counter::Pass6Ndp);
+        // From the WAN to a LAN host, standalone mode's inbound filter
+        // drops them (no router forwards them: a host takes NDP only with
+        // hop limit 255); to the router they are its own.
         let ns = Ipv6::icmp6(s, c, ICMP6_NEIGHBOUR_SOLICIT, 0, [0; 4], &o(CLIENT6)).hop_limit(255);
+        r.drop_frame(
+            "NS global from the WAN to a LAN host",
+            &from_server(&env, &ns),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let ns = Ipv6::icmp6(
+            s,
+            o(ROUTER_WAN6),
+            ICMP6_NEIGHBOUR_SOLICIT,
+            0,
+            [0; 4],
+            &o(ROUTER_WAN6),
+        )
+        .hop_limit(255);
         r.pass(
-            "NS global from the WAN",
+            "NS global from the WAN to the router",
             &from_server(&env, &ns),
             wan,
             Counter::Pass6Ndp,
         );
         let query = Ipv6::icmp6(s, c, 130, 0, [0; 4], &[0; 16]).hop_limit(2);
+        r.drop_frame(
+            "MLD query unicast to a LAN host",
+            &from_server(&env, &query),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
+        let query = Ipv6::icmp6(s, o(ROUTER_WAN6), 130, 0, [0; 4], &[0; 16]).hop_limit(2);
         r.pass(
-            "MLD query unicast",
+            "MLD query unicast to the router",
             &from_server(&env, &query),
             wan,
             Counter::Pass6Mld,
         );
+        // Other protocols and ICMPv6 types from the WAN: the same.
+        for (what, p) in [
+            ("SCTP", Ipv6::new(s, c, 132, vec![0; 16])),
+            ("no next header", Ipv6::new(s, c, 59, vec![0; 16])),
+            (
+                "ICMPv6 node information query",
+                Ipv6::icmp6(s, c, 139, 0, [0; 4], &[0; 16]),
+            ),
+            (
+                "ICMPv6 type 200",
+                Ipv6::icmp6(s, c, 200, 0, [0; 4], &[0; 8]),
+            ),
+        ] {
+            r.drop_frame(
+                &format!("{what} from the WAN to a LAN host"),
+                &from_server(&env, &p),
+                wan,
+                Counter::Drop6Unsolicited,
+            );
+        }
+        let sctp = Ipv6::new(s, o(ROUTER_WAN6), 132, vec![0; 16]);
+        r.pass(
+            "SCTP from the WAN to the router",
+            &from_server(&env, &sctp),
+            wan,
+            Counter::PassProtocol,
+        );
         r.assert_flows("nothing opened", &[]);
+    });
+    // Offload mode: the kernel's firewall decides, so all are passed.
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let (s, c) = (o(SERVER6), o(CLIENT6));
+        let tcp = Ipv6::tcp(s, c, &Tcp::new(80, 40000, TCP_SYN));
+        for (next, counter) in [
+            (0, Counter::Pass6ExtHopByHop),
+            (44, Counter::Pass6ExtFragment),
+            (60, Counter::Pass6ExtDestOpts),
+        ] {
+            let mut payload = vec![IPPROTO_TCP, 0, 0, 0, 0, 0, 0, 0];
+            payload.extend_from_slice(&tcp.payload);
+            let p = Ipv6::new(s, c, next, payload);
+            r.pass(
+                &format!("offload mode: ext {next} from the WAN to a LAN host"),
+                &from_server(&env, &p),
+                r.wan(),
+                counter,
+            );
+        }
+        let sctp = Ipv6::new(s, c, 132, vec![0; 16]);
+        r.pass(
+            "offload mode: SCTP from the WAN to a LAN host",
+            &from_server(&env, &sctp),
+            r.wan(),
+            Counter::PassProtocol,
+        );
     });
 }
 
@@ -213,7 +312,8 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
 /// headers and must leave IPv6 alone. An IPv6 frame passed from the WAN
 /// whose bytes where an IPv4 header would hold its destination spell a
 /// LAN host's IPv4 address (the source address's bytes 8-11) is passed
-/// all the same, with its own reason.
+/// all the same, with its own reason (and dropped by IPv6's own filter,
+/// with its own counter).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn ipv6_from_the_wan_is_not_judged_as_ipv4() {
@@ -225,12 +325,20 @@ fn ipv6_from_the_wan_is_not_judged_as_ipv4() {
         let tcp = Ipv6::tcp(src, o(CLIENT6), &Tcp::new(80, 40000, TCP_SYN));
         let mut payload = vec![IPPROTO_TCP, 0, 0, 0, 0, 0, 0, 0];
         payload.extend_from_slice(&tcp.payload);
-        let hop_by_hop = Ipv6::new(src, o(CLIENT6), 0, payload);
+        let esp = Ipv6::new(src, o(CLIENT6), 50, payload.clone());
         r.pass(
+            "ESP from a WAN host whose address holds a LAN IPv4 address",
+            &from_server(&env, &esp),
+            wan,
+            Counter::Pass6ExtEsp,
+        );
+        // What IPv6's own filter drops, it counts as its own.
+        let hop_by_hop = Ipv6::new(src, o(CLIENT6), 0, payload);
+        r.drop_frame(
             "hop-by-hop from a WAN host whose address holds a LAN IPv4 address",
             &from_server(&env, &hop_by_hop),
             wan,
-            Counter::Pass6ExtHopByHop,
+            Counter::Drop6Unsolicited,
         );
     });
 }
@@ -372,5 +480,62 @@ fn truncations_and_bad_lengths_dropped() {
         f[14] = 0x40;
         r.drop_frame("version 4", &f, lan, Counter::DropMalformed);
         r.assert_flows("nothing opened", &[]);
+    });
+}
+
+/// Fragments from the WAN to a LAN host in standalone mode: a first
+/// fragment goes on to the kernel only if the UDP header it starts with is
+/// a known flow's reply; a later fragment always (it has no header to
+/// judge, and without its first fragment the host reassembles nothing);
+/// a first fragment of no flow is dropped as unsolicited.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn inbound_fragments_pass_only_as_part_of_a_known_flow() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let out = Ipv6::udp(c, s, &Udp::new(40000, 53, b"query"));
+        r.redirect(
+            "UDP out",
+            &from_client(&env, &out),
+            lan,
+            &to_server(&env, &out),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        // A Fragment header (RFC 8200 4.5: next header UDP, offset in
+        // 8-byte units with the M flag, identification 9), then the
+        // reply's UDP header and data (first) or more data (later).
+        let fragment = |sport: u16, offset: u16| {
+            let reply = Ipv6::udp(s, c, &Udp::new(sport, 40000, &[7; 64]));
+            let mut payload = vec![IPPROTO_UDP, 0];
+            payload.extend_from_slice(&((offset << 3) | 1).to_be_bytes());
+            payload.extend_from_slice(&[0, 0, 0, 9]);
+            if offset == 0 {
+                payload.extend_from_slice(&reply.payload);
+            } else {
+                payload.extend_from_slice(&[7; 64]);
+            }
+            Ipv6::new(s, c, 44, payload)
+        };
+        r.pass(
+            "first fragment of the flow's reply",
+            &from_server(&env, &fragment(53, 0)),
+            wan,
+            Counter::Pass6ExtFragment,
+        );
+        r.pass(
+            "later fragment",
+            &from_server(&env, &fragment(53, 9)),
+            wan,
+            Counter::Pass6ExtFragment,
+        );
+        r.drop_frame(
+            "first fragment of no flow",
+            &from_server(&env, &fragment(54, 0)),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
     });
 }
