@@ -1029,7 +1029,7 @@ counters! {
     Pass6PacketTooBig = "pass6_packet_too_big", false;
     /// Standalone mode: IPv6 packet from the WAN to a LAN host that is no
     /// reply of a known flow and matches no pinhole (RFC 6092), including
-    /// one behind an extension header (but IPsec's) or a first fragment
+    /// one behind an extension header (but `IPsec`'s) or a first fragment
     /// of no known flow.
     Drop6Unsolicited = "drop6_unsolicited", false;
     /// The IPv6 conntrack map refused a new flow: left to the kernel.
