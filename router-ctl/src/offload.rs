@@ -537,6 +537,11 @@ pub struct OffloadStats {
     /// arrived, or with none: a SYN on an established connection).
     #[serde(default)]
     pub ended_tcp_control: u64,
+    /// Removed because the kernel's entry for the same original tuple
+    /// now has another reply tuple (another translation; its events were
+    /// lost), then offloaded again with the kernel's.
+    #[serde(default)]
+    pub ended_remapped: u64,
     /// TCP connections found closed right after their kernel timeout was
     /// set (closed meanwhile through the kernel): their closing state's
     /// timeout restored, not (or no longer) offloaded.
@@ -663,6 +668,9 @@ struct Settling {
 
 struct Offloaded {
     keys: Keys,
+    /// The kernel's reply tuple when offloaded (with NAT, the
+    /// translation the XDP entries carry).
+    reply: Tuple,
     proto: u8,
     /// Newest `last_seen_ns` of the two XDP entries at the last tick.
     last_seen_ns: u64,
@@ -800,6 +808,16 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 Some(f) if f.keys.handed_back(&self.table) => {
                     self.end(&c.orig);
                     self.stats.ended_tcp_control += 1;
+                    self.offload_when_settled(c, now_ns);
+                }
+                // The kernel's entry for these ports now translates
+                // otherwise: re-created (another mapping) while the events
+                // that said so were lost (a resync after `ENOBUFS`, a
+                // conntrackd commit at a takeover). The XDP entries must
+                // not keep the old translation.
+                Some(f) if f.reply != c.reply => {
+                    self.end(&c.orig);
+                    self.stats.ended_remapped += 1;
                     self.offload_when_settled(c, now_ns);
                 }
                 Some(_) => {}
@@ -969,6 +987,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             c.orig,
             Offloaded {
                 keys,
+                reply: c.reply,
                 proto: c.orig.proto,
                 last_seen_ns: now_ns,
                 stream_from_ns: if stream {
@@ -1596,6 +1615,38 @@ mod tests {
         o.resync(&[b], 2);
         assert_eq!((o.len(), o.table.0.len()), (1, 2));
         assert_eq!(o.stats.resyncs, 2);
+    }
+
+    /// Events lost while the kernel re-created an offloaded flow's entry
+    /// with another translation (a conntrackd commit at a takeover): the
+    /// resync sees the same original tuple with another reply tuple and
+    /// offloads it again with the kernel's translation.
+    #[test]
+    fn a_flow_the_kernel_remapped_unseen_is_offloaded_again_with_its_translation() {
+        let a = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&a]);
+        o.resync(std::slice::from_ref(&a), 1);
+        assert_eq!(o.len(), 1);
+        let mut remapped = a.clone();
+        remapped.reply.dport = 62000;
+        o.kernel.conns = vec![remapped.clone()];
+        o.kernel.replies.insert(remapped.orig, remapped.reply);
+        o.resync(std::slice::from_ref(&remapped), 2);
+        let e = o
+            .table
+            .0
+            .get(&flow_key(&a.orig))
+            .expect("the original entry");
+        assert_eq!(e.new_src_port, 62000, "XDP kept the old translation");
+        assert!(
+            !o.table.0.keys().any(|k| k.dst_port == 61000),
+            "the old translation's reply entry is left: {:?}",
+            o.table.0.keys().collect::<Vec<_>>()
+        );
+        assert_eq!((o.len(), o.stats.ended_remapped), (1, 1));
+        // The same reply tuple again changes nothing.
+        o.conn(&remapped, 3);
+        assert_eq!((o.len(), o.stats.ended_remapped), (1, 1));
     }
 
     #[test]

@@ -584,21 +584,29 @@ fn follow_attach(
     );
 }
 
+/// Batches of datagrams one [`drain_events`] reads at most: under a flood
+/// of events the loop's other work (lease renewals, the heartbeat, the
+/// systemd watchdog, the status page) must still run between reads.
+const DRAIN_BATCHES: u32 = 32;
+
 /// Reads the conntrack events queued on the socket until none is left, a
-/// batch of datagrams per syscall: how many datagrams it read. The kernel
+/// batch of datagrams per syscall, at most [`DRAIN_BATCHES`]: how many
+/// datagrams it read, and whether more may be queued (the caller keeps the
+/// socket's readiness and reads on at the loop's next turn). The kernel
 /// ends a batch early at an empty queue, or at an error it then keeps for
-/// the next call (`ENOBUFS`: events lost). A `polled` read stops there (the
-/// next poll, or the registration when it goes back to waiting, gets such
-/// an error: [`EVENTS_READY`]); one the socket woke the daemon for reads on
-/// until nothing is left.
+/// the next call (`ENOBUFS`: events lost, and a dump is read, after which
+/// the loop's other work runs first). A `polled` read stops at a short
+/// batch (the next poll, or the registration when it goes back to
+/// waiting, gets such an error: [`EVENTS_READY`]); one the socket woke the
+/// daemon for reads on until nothing is left.
 fn drain_events(
     sock: &CtSocket,
     off: &mut Daemon,
     batch: &mut Datagrams,
     polled: bool,
-) -> Result<u64> {
+) -> Result<(u64, bool)> {
     let mut read = 0;
-    loop {
+    for _ in 0..DRAIN_BATCHES {
         match sock.recv_events(batch) {
             Ok(n) => {
                 read += n as u64;
@@ -608,10 +616,13 @@ fn drain_events(
                     events_lost(off);
                 }
                 if n == 0 || (polled && n < batch.slots()) {
-                    return Ok(read);
+                    return Ok((read, false));
                 }
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => events_lost(off),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                events_lost(off);
+                return Ok((read, true));
+            }
             Err(e) => {
                 return Err(e).context(format!(
                     "reading conntrack events (fd {})",
@@ -620,6 +631,7 @@ fn drain_events(
             }
         }
     }
+    Ok((read, true))
 }
 
 /// The kernel dropped events (or one was cut short): start over from a
@@ -803,15 +815,19 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             ready = async { session.events.as_ref()?.waited()?.ready(EVENTS_READY).await.ok() },
                 if session.events.as_ref().is_some_and(|e| e.waited().is_some()) => {
                 let Some(mut guard) = ready else { continue };
-                drain_events(guard.get_inner(), &mut session.off, &mut events_batch, false)?;
-                guard.clear_ready();
+                let (_, more) =
+                    drain_events(guard.get_inner(), &mut session.off, &mut events_batch, false)?;
+                if !more {
+                    guard.clear_ready();
+                }
                 if session.pace_events(None) {
                     event_poller.reset();
                 }
             }
             _ = event_poller.tick(), if session.events_polled() => {
                 let Some(events) = session.events.as_ref() else { continue };
-                let read = drain_events(events.socket(), &mut session.off, &mut events_batch, true)?;
+                let (read, _) =
+                    drain_events(events.socket(), &mut session.off, &mut events_batch, true)?;
                 session.off.stats.event_polls += 1;
                 session.pace_events(Some(read));
             }
