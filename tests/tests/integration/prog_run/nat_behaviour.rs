@@ -990,3 +990,61 @@ fn a_hairpin_targets_close_frees_the_openers_mapping() {
         expires_1s_after(r, &run);
     });
 }
+
+/// RFC 5382 REQ-2: a simultaneous open with the LAN's SYN first (TCP hole
+/// punching where both ends connect at once): the remote's crossing SYN
+/// matches the flow's reply entry and is forwarded, both SYN+ACKs are,
+/// the flow becomes established and its mapping follows (days).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_simultaneous_open_with_the_lans_syn_first_is_carried() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (c, s) = (C_ISN, S_ISN);
+        r.masq_out(
+            &env,
+            "client SYN",
+            seg(41000, 80, TCP_SYN, c, 0),
+            &[Counter::FlowNewMasquerade],
+        );
+        r.masq_in(
+            &env,
+            "server SYN, crossing",
+            seg(80, 41000, TCP_SYN, s, 0),
+            &[],
+        );
+        r.masq_out(
+            &env,
+            "client SYN+ACK",
+            seg(41000, 80, TCP_SYN | TCP_ACK, c, s + 1),
+            &[],
+        );
+        r.masq_in(
+            &env,
+            "server SYN+ACK",
+            seg(80, 41000, TCP_SYN | TCP_ACK, s, c + 1),
+            &[],
+        );
+        let k = tcp_key(CLIENT, 41000, SERVER, 80);
+        assert_eq!(r.get(&k).state, FlowState::TcpEstablished as u8);
+        r.masq_out(
+            &env,
+            "client data",
+            seg(41000, 80, TCP_ACK | TCP_PSH, c + 1, s + 1),
+            &[],
+        );
+        r.masq_in(
+            &env,
+            "server data",
+            seg(80, 41000, TCP_ACK | TCP_PSH, s + 1, c + 1),
+            &[],
+        );
+        let m = r
+            .mapping(IPPROTO_TCP, 41000)
+            .expect("the connection's mapping");
+        assert!(
+            m.expires_ns > now_ns() + 86_400 * NS_PER_SEC,
+            "the mapping follows the established connection"
+        );
+    });
+}
