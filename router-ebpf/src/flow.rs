@@ -484,6 +484,14 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool, state: bool)
         }
         return;
     }
+    // An offloaded flow's: the daemon's to decide (the kernel carries the
+    // other direction meanwhile). A half gone is most often one the daemon
+    // removed an instant ago, ending a flow the kernel ended: rebuilt with
+    // the live lease it would carry that flow past the kernel's firewall
+    // until the lease ran out.
+    if e.flags & FLAG_OFFLOADED != 0 {
+        return;
+    }
     // The LRU evicted the other direction: put it back, rebuilt from this
     // one (its translation is the reverse of our key; its window tracking
     // and counts are lost, so segments towards it are not judged).

@@ -272,5 +272,15 @@ fn refresh_named(
         let r = refreshed_mapping(m, owner.proto, state, old_state, tag, now, t);
         m.expires_ns = r.expires_ns;
         m.internal.pad = r.internal.pad;
+        // Keeps the endpoint's index warm in its LRU (looked up, or put
+        // back if evicted): a long session's flows are created once and
+        // would never look it up again, and an endpoint whose index was
+        // evicted probes afresh at its next new flow, where a port freed
+        // meanwhile would give it a second mapping (RFC 4787 REQ-1).
+        let ep = Endpoint { pad: 0, ..owner };
+        // SAFETY: only tested for presence.
+        if unsafe { NAT_ENDPOINTS.get(&ep) }.is_none() {
+            let _ = NAT_ENDPOINTS.insert(&ep, &mapping_key(owner.proto, port), u64::from(BPF_ANY));
+        }
     }
 }

@@ -13,10 +13,10 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use router_common::maps::{
-    CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP,
+    CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP, Endpoint,
     FRAGMENTS_MAP, FlowEntry, FlowKey, FragmentKey, FragmentXlat, ICMP_ANSWER_BUDGET_MAP, Mapping,
-    MappingKey, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME, PortForwardKey,
-    PortForwardTarget, Timeouts, VIRTUAL_MACS_MAP, VirtualMacKey,
+    MappingKey, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME,
+    PortForwardKey, PortForwardTarget, Timeouts, VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
@@ -90,6 +90,8 @@ pub struct LoadedRouter {
     pub forwards: HashMap<MapData, PortForwardKey, PortForwardTarget>,
     /// Standalone mode's NAT mappings (external port -> internal endpoint).
     pub mappings: HashMap<MapData, MappingKey, Mapping>,
+    /// Their index by internal endpoint (`NAT_ENDPOINTS`).
+    pub endpoints: HashMap<MapData, Endpoint, MappingKey>,
     pub config: ConfigMap,
     pub devices: DevMapHash<MapData>,
     /// The accepted VRRP virtual MACs; `None` in an object older than them
@@ -195,6 +197,7 @@ impl LoadedRouter {
         let forwards = HashMap::try_from(take(PORT_FORWARDS_MAP)).unwrap();
         let config = ConfigMap::new(take(CONFIG_MAP));
         let mappings = HashMap::try_from(take(NAT_MAPPINGS_MAP)).unwrap();
+        let endpoints = HashMap::try_from(take(NAT_ENDPOINTS_MAP)).unwrap();
         let mut devices = DevMapHash::try_from(take(DEVICES_MAP)).unwrap();
         devices.insert(lan, lan, None, 0).unwrap();
         devices.insert(wan, wan, None, 0).unwrap();
@@ -209,6 +212,7 @@ impl LoadedRouter {
             conntrack,
             forwards,
             mappings,
+            endpoints,
             config,
             devices,
             virtual_macs,

@@ -1048,3 +1048,41 @@ fn a_simultaneous_open_with_the_lans_syn_first_is_carried() {
         );
     });
 }
+
+/// An endpoint's `NAT_ENDPOINTS` index, evicted by the LRU while its
+/// mapping lives (a long session's flows never look it up again), is put
+/// back by the flow's next outbound refresh of the mapping: the endpoint's
+/// next new flow then finds its mapping instead of probing afresh (where a
+/// port freed meanwhile would give it a second one, RFC 4787 REQ-1).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_evicted_endpoint_index_comes_back_with_the_mappings_refresh() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let client = endpoint(CLIENT, 40000, IPPROTO_UDP);
+        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 3478), 40000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 3478, b"client"));
+        r.redirect(
+            "out: new flow",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        assert!(r.endpoints.get(&client, 0).is_ok(), "indexed at creation");
+        r.endpoints.remove(&client).unwrap();
+        age(r, &[f.orig, f.reply()], 2 * NS_PER_SEC);
+        r.redirect(
+            "out: refreshes the mapping",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let back = r.endpoints.get(&client, 0).expect("the index is back");
+        assert_eq!((back.proto, back.port), (IPPROTO_UDP, 40000));
+    });
+}

@@ -1192,3 +1192,39 @@ fn spoofed_sources_open_no_flow() {
         assert_eq!(r.conntrack6().len(), 6, "three flows, two entries each");
     });
 }
+
+/// Offload mode: an offloaded flow whose other half is gone (the daemon
+/// removes a flow's two entries one after the other when the kernel ends
+/// it) does not get it back from a refresh of the half that is left: that
+/// would carry the flow, with its live lease, past the kernel that ended
+/// it. The half left still forwards until the daemon removes it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_offloaded_flows_removed_half_is_not_rebuilt() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let lan = r.lan();
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let orig = key(CLIENT6, 40001, SERVER6, 53, IPPROTO_UDP);
+        let lease = lease_tick(now_ns()) + 60;
+        offloaded(r, &orig, FlowState::UdpReplied, lease);
+        r.remove6(&orig.reversed());
+        // A refresh due: the hit writes the other half's times.
+        let mut due = r.conntrack6()[&orig];
+        due.last_seen_ns -= 2 * router_common::flow::REFRESH_NS;
+        r.put6(&orig, &due);
+        let q = Ipv6::udp(c, s, &Udp::new(40001, 53, b"q"));
+        r.redirect(
+            "the half left, a refresh due",
+            &from_client(&env, &q),
+            lan,
+            &to_server(&env, &q),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        assert!(
+            !r.conntrack6().contains_key(&orig.reversed()),
+            "the removed half came back"
+        );
+    });
+}
