@@ -819,11 +819,46 @@ pub fn flush(maps: &PinnedMaps) -> Result<()> {
     // Both families, once both are flushed: a running daemon resyncs
     // offload mode's flows when this moves.
     record_flushed(maps, (removed + removed6) as u64)?;
+    let mappings = clear_mappings(maps)?;
     println!(
-        "flushed {removed} entries ({flows} flows){v6}; new packets of those flows open new \
-         flows or go to the kernel"
+        "flushed {removed} entries ({flows} flows){v6} and {mappings} NAT mappings; new packets \
+         of those flows open new flows or go to the kernel"
     );
     Ok(())
+}
+
+/// Ends every NAT mapping (`NAT_MAPPINGS`, with its endpoint and permit
+/// indexes): after a flush (no flow is left) or once the WAN address
+/// moved (no flow may stay on the old one), a mapping only holds its port.
+/// A TCP mapping an established connection extended would hold it for
+/// days: no segment of the ended connection opens a flow again, so none
+/// lowers it. How many mappings were ended. A router attached by an older
+/// router-ctl without these maps has none to end.
+pub fn clear_mappings(maps: &PinnedMaps) -> Result<usize> {
+    use router_common::maps::{
+        Endpoint, Mapping, MappingKey, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP, NAT_PERMITS_MAP,
+        PermitKey,
+    };
+    fn clear<K: aya::Pod + Ord, V: aya::Pod>(maps: &PinnedMaps, name: &str) -> Result<usize> {
+        if !maps.dir().join(name).exists() {
+            return Ok(0);
+        }
+        let mut map: aya::maps::HashMap<aya::maps::MapData, K, V> = maps.typed(name)?;
+        let keys: std::collections::BTreeSet<K> = map.keys().filter_map(Result::ok).collect();
+        let mut ended = 0;
+        for k in &keys {
+            match map.remove(k) {
+                Ok(()) => ended += 1,
+                Err(err) if errno(&err) == Some(libc::ENOENT) => {}
+                Err(err) => return Err(err).with_context(|| format!("removing from {name}")),
+            }
+        }
+        Ok(ended)
+    }
+    let ended = clear::<MappingKey, Mapping>(maps, NAT_MAPPINGS_MAP)?;
+    clear::<Endpoint, MappingKey>(maps, NAT_ENDPOINTS_MAP)?;
+    clear::<PermitKey, Endpoint>(maps, NAT_PERMITS_MAP)?;
+    Ok(ended)
 }
 
 /// The `ct_entries_flushed` counter: entries `conntrack flush` removed

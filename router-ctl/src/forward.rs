@@ -407,6 +407,19 @@ pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string(&rules)?);
     } else {
         print!("{}", rules_table(&rules));
+        let offload = maps
+            .read_config()
+            .is_ok_and(|c| c.admit == router_common::maps::Admit::Kernel as u8);
+        if offload && !rules.is_empty() {
+            // Kept in the maps (a switch back to standalone mode uses
+            // them again), but nothing reads them now.
+            println!(
+                "offload mode (--admit kernel): these rules are not used; the kernel's \
+                 firewall and NAT decide what comes in (its DNAT rules, its IPv6 forward \
+                 rules). They take effect again in standalone mode (`router-ctl attach \
+                 --admit xdp`)."
+            );
+        }
     }
     Ok(())
 }

@@ -336,6 +336,12 @@ pub(super) fn follow_wan_addr(
         standalone::set_up(ctx.ns(), &standalone::Wanted::of(&rec.config))
             .context("moving standalone mode's slow-path NAT to the new WAN address")?;
     }
+    if standalone_mode {
+        // Before the data path maps to the new address: every mapping is
+        // the old address's (its flows end below), and a TCP one would
+        // hold its port for days.
+        conntrack::clear_mappings(&ctx.maps())?;
+    }
     cfg.wan_addr = now.octets();
     ctx.maps()
         .config()?

@@ -10,7 +10,8 @@ use std::time::Duration;
 use aya::maps::{HashMap, Map, MapData};
 use router_common::maps::{
     CONNTRACK_MAP, CONNTRACK6_MAP, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowEntry6, FlowKey,
-    FlowKey6, FlowState, IPPROTO_UDP, LEASE_PENDING, lease_tick,
+    FlowKey6, FlowState, IPPROTO_UDP, LEASE_PENDING, Mapping, MappingKey, NAT_MAPPINGS_MAP,
+    lease_tick,
 };
 use serde_json::Value;
 use tests::{
@@ -532,6 +533,8 @@ fn daemon_follows_a_new_wan_address() {
         slow_path(&t)
     );
 
+    assert!(nat_mappings(&t) >= 1, "no NAT mapping of the flow");
+
     // The lease changes: the old address goes, the new one comes.
     let old_cidr = format!("{}/24", tests::ROUTER_WAN_ADDR);
     t.exec_ok(Ns::Router, &["ip", "addr", "del", &old_cidr, "dev", WAN_IF]);
@@ -575,6 +578,9 @@ fn daemon_follows_a_new_wan_address() {
         "the slow path's connection kept the old address: {}",
         slow_path(&t)
     );
+    // The old address's mappings went with its flows (a TCP one would
+    // have held its port for days).
+    assert_eq!(nat_mappings(&t), 0, "NAT mappings of the old address left");
 
     t.warm_neighbours();
     let before = t.stats();
@@ -587,6 +593,23 @@ fn daemon_follows_a_new_wan_address() {
             "{verdict}: {after}"
         );
     }
+    // A flush ends the mappings with the flows.
+    assert!(nat_mappings(&t) >= 1, "no NAT mapping of the new flow");
+    let out = t.router_ctl_ok(&["conntrack", "flush"]);
+    assert!(out.contains("NAT mappings"), "{out}");
+    assert_eq!(
+        nat_mappings(&t),
+        0,
+        "NAT mappings left after a flush: {out}"
+    );
+}
+
+/// The router's NAT mappings (`NAT_MAPPINGS`).
+fn nat_mappings(t: &Topology) -> usize {
+    pinned_table::<MappingKey, Mapping>(t, NAT_MAPPINGS_MAP)
+        .keys()
+        .filter_map(Result::ok)
+        .count()
 }
 
 /// Whether `text` names `addr` (not merely a longer address it begins).

@@ -214,6 +214,19 @@ fn ipv6_unsolicited_inbound_blocked_until_a_pinhole() {
             .is_err(),
         "a port without a pinhole stays closed"
     );
+
+    // In offload mode the kernel's firewall decides: the pinholes kept in
+    // the maps are listed as unused.
+    println!(
+        "{}",
+        t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF, "--admit", "kernel"])
+    );
+    let list = t.router_ctl_ok(&["forward", "list"]);
+    assert!(
+        list.contains(&udp_hole[1..udp_hole.find(']').unwrap()])
+            && list.contains("these rules are not used"),
+        "{list}"
+    );
 }
 
 /// A socket of `ty` in namespace `ns` whose packets carry an empty

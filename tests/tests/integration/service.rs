@@ -41,6 +41,13 @@ fn systemd_unit_passes_systemd_analyze_verify() {
         )),
         "{text}"
     );
+    // A reload checks the file first (a refused one fails the reload).
+    assert!(
+        text.contains(&format!(
+            "ExecReload={INSTALLED_BIN} apply --check /etc/xdp-router/router.toml\nExecReload=/bin/kill -HUP $MAINPID"
+        )),
+        "{text}"
+    );
     for line in [
         "Type=notify",
         "After=network-online.target",
