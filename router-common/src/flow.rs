@@ -803,6 +803,33 @@ mod tests {
         );
     }
 
+    /// Known answers, computed apart from this code: `endpoint_hash` is
+    /// `MurmurHash3_x86_32` (checked against its published vectors:
+    /// "test" -> 0xba6bd213) of the three words (source address as a
+    /// big-endian number, port, protocol) in little-endian bytes, and the
+    /// probes step through the range from it. A change to the hash or the
+    /// stride (which the data path and the `BPF_PROG_RUN` tests share)
+    /// shows here.
+    #[test]
+    fn endpoint_hash_and_probes_give_the_known_answers() {
+        let k = FlowKey {
+            src_addr: [192, 168, 50, 2],
+            dst_addr: [203, 0, 113, 2],
+            src_port: 40000,
+            dst_port: 53,
+            proto: 17,
+            pad: 0,
+            pad2: 0,
+        };
+        assert_eq!(endpoint_hash(&k, 0), 0x4828_eeff);
+        let h = endpoint_hash(&k, 0x1234_5678);
+        assert_eq!(h, 0x1ec4_9bf4);
+        let probes: [u16; 4] = core::array::from_fn(|a| {
+            candidate_port(u32::try_from(a).unwrap(), 40000, h, 1024, 60999)
+        });
+        assert_eq!(probes, [40000, 7005, 58974, 16951]);
+    }
+
     #[test]
     fn an_endpoints_probes_do_not_depend_on_the_destination() {
         // A source port outside the range (macOS/iOS/Windows ephemeral

@@ -231,12 +231,34 @@ pub(super) fn syn_mss_at(f: &[u8]) -> Option<usize> {
 /// Where the MSS option's value of the TCP header at `l4` in `f` sits, if
 /// the segment is a SYN with one and all of it is in the frame (both
 /// families' corpus).
+///
+/// Walked here from RFC 9293 3.1's layout, apart from the data path's own
+/// walk (`router_common::mss::find_mss_value`), whose oracle this is: the
+/// options run from byte 20 to the data offset's end; end of list stops,
+/// a no-operation is one byte, any other option gives its length, which
+/// must be at least 2 and end within the header; the first MSS option
+/// counts, and only with its length of 4.
 pub(super) fn mss_value_at(f: &[u8], l4: usize) -> Option<usize> {
-    use router_common::mss::{find_mss_value, header_len};
     if f.get(l4 + 13).is_none_or(|fl| fl & TCP_SYN == 0) {
         return None;
     }
-    let len = header_len(f[l4 + 12]);
-    let at = l4 + find_mss_value(len, |i| f.get(l4 + i).copied())?;
-    (at + 2 <= f.len()).then_some(at)
+    let header = usize::from(f[l4 + 12] >> 4) * 4;
+    let mut pos = 20;
+    while pos < header {
+        match *f.get(l4 + pos)? {
+            0 => return None,
+            1 => pos += 1,
+            kind => {
+                let len = usize::from(*f.get(l4 + pos + 1)?);
+                if len < 2 || pos + len > header {
+                    return None;
+                }
+                if kind == 2 {
+                    return (len == 4 && l4 + pos + 4 <= f.len()).then_some(l4 + pos + 2);
+                }
+                pos += len;
+            }
+        }
+    }
+    None
 }
