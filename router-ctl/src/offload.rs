@@ -718,6 +718,13 @@ pub struct Offloader<T, K> {
 }
 
 impl<T: Table, K: Kernel> Offloader<T, K> {
+    /// The kernel's timeouts from now on (the daemon reads them again at
+    /// every tick: an owner's sysctl change applies to the offloaded
+    /// connections the next refresh writes).
+    pub fn set_timeouts(&mut self, timeouts: KernelTimeouts) {
+        self.timeouts = timeouts;
+    }
+
     pub fn new(table: T, kernel: K, lan: u32, wan: u32, timeouts: KernelTimeouts) -> Self {
         Self {
             table,

@@ -678,6 +678,12 @@ fn tick(
     watchdog: bool,
 ) {
     session.off.settle(monotonic_ns());
+    if session.kernel_mode {
+        // The sysctls as they are now (failover review L4: read once, a
+        // lowered established timeout never reached the offloaded
+        // connections' kernel entries).
+        session.off.set_timeouts(KernelTimeouts::read());
+    }
     let evicted = session.off.tick(monotonic_ns());
     if session.kernel_mode
         && let Ok(flushed) = conntrack::flushed(&ctx.maps())

@@ -650,16 +650,6 @@ fn offload_detach_and_daemon_kill_lose_no_flow() {
 fn offload_lifetimes_follow_the_traffic() {
     let t = Topology::new();
     install_firewall(&t, Firewall::Nftables);
-    // Short kernel UDP timeouts, and the same in XDP.
-    for s in [
-        "nf_conntrack_udp_timeout=10",
-        "nf_conntrack_udp_timeout_stream=10",
-    ] {
-        t.exec_ok(
-            Ns::Router,
-            &["sysctl", "-qw", &format!("net.netfilter.{s}")],
-        );
-    }
     let _detach = DetachOnDrop(&t);
     t.router_ctl_ok(&[
         "attach",
@@ -671,6 +661,18 @@ fn offload_lifetimes_follow_the_traffic() {
         "udp-replied=10",
     ]);
     let _daemon = Daemon::start(&t, &[]);
+    // Short kernel UDP timeouts, and the same in XDP; set while the daemon
+    // runs, which reads them again at every tick (with the values it found
+    // at its start, 30 / 120 s, the idle flow would stay two minutes).
+    for s in [
+        "nf_conntrack_udp_timeout=10",
+        "nf_conntrack_udp_timeout_stream=10",
+    ] {
+        t.exec_ok(
+            Ns::Router,
+            &["sysctl", "-qw", &format!("net.netfilter.{s}")],
+        );
+    }
     let _srv = udp_echo(
         &t,
         Ns::Server,
