@@ -110,7 +110,8 @@ pub fn off_path_hit(key: &FlowKey, e: &mut FlowEntry, now: u64, from_lan: bool, 
 
 /// The entry of `key`, if it is a hit: an entry counts only on its own
 /// side (the same tuple replayed on the other interface is spoofed) and
-/// while not expired; with the time of the packet ([`crate::clock::now`],
+/// while not expired (a masqueraded UDP flow's while its NAT mapping
+/// lives: `mapping::keeps_udp_flow_alive`); with the time of the packet ([`crate::clock::now`],
 /// read after the map look-up: on a tick's first packet it calls the
 /// helper, and fewer of the packet's values are then live across the
 /// call, so fewer are spilled to the stack).
@@ -128,6 +129,7 @@ pub fn lookup(key: &FlowKey, side: Ingress<'_>) -> (Option<*mut FlowEntry>, u64)
     let entry = unsafe { &*e };
     if entry.lan_side() != side.from_lan
         || expired(entry.state, entry.last_seen_ns, now, &side.cfg.timeouts)
+            && !crate::mapping::keeps_udp_flow_alive(key, entry, now)
     {
         return (None, now);
     }

@@ -17,8 +17,9 @@ use router_common::{
         refreshed_mapping,
     },
     maps::{
-        Config, Counter, Endpoint, Filtering, FlowEntry, FlowKey, MAX_NAT_ENDPOINTS,
-        MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey, PermitKey, Timeouts,
+        Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, Filtering, FlowEntry, FlowKey,
+        IPPROTO_UDP, MAX_NAT_ENDPOINTS, MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey,
+        PermitKey, Timeouts,
     },
 };
 
@@ -60,6 +61,27 @@ pub fn current_port(ep: &Endpoint, now: u64) -> Option<u16> {
     // SAFETY: only read here.
     let m = unsafe { NAT_MAPPINGS.get(&mk) }?;
     held_by(m, ep, now).then_some(mk.port)
+}
+
+/// Whether the UDP flow of entry `e` (hit through `key`), whose timer ran
+/// out, lives on with its NAT mapping: the mapping is still live and its
+/// endpoint's. RFC 4787 ties a mapping's filtering to the mapping's life
+/// (REQ-5: at least 2 minutes after the last outbound packet, 5 here): the
+/// remote the endpoint sent to may still answer after the flow's own 30 s
+/// (unreplied) or 120 s (replied), as a peer's late answer to a hole punch
+/// or a registrar's call between keep-alives does. A masqueraded flow
+/// only (not hairpinned: both its entries face the LAN).
+// A BPF subprogram of its own: the look-up's key and value stay off the
+// entry point's frame; called only for an entry whose timer ran out.
+#[inline(never)]
+pub fn keeps_udp_flow_alive(key: &FlowKey, e: &FlowEntry, now: u64) -> bool {
+    if key.proto != IPPROTO_UDP || e.flags & (FLAG_MAPPED | FLAG_HAIRPIN) != FLAG_MAPPED {
+        return false;
+    }
+    let (port, owner, _) = mapping_of(key, e);
+    // SAFETY: only read here.
+    unsafe { NAT_MAPPINGS.get(&mapping_key(IPPROTO_UDP, port)) }
+        .is_some_and(|m| held_by(m, &owner, now))
 }
 
 /// Outcome of [`claim`].

@@ -1086,3 +1086,77 @@ fn an_evicted_endpoint_index_comes_back_with_the_mappings_refresh() {
         assert_eq!((back.proto, back.port), (IPPROTO_UDP, 40000));
     });
 }
+
+/// RFC 4787: a mapping's filtering lives as long as the mapping (REQ-5:
+/// at least 2 minutes after the last outbound packet; 5 here), not only
+/// as long as the flow's own timer: the remote the endpoint sent to still
+/// gets in after a replied flow's 120 s, and a late answer to a hole punch
+/// after an unreplied flow's 30 s; once the mapping has expired it is
+/// refused, and another port of the same remote never was (address- and
+/// port-dependent filtering).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_udp_flow_lives_as_long_as_its_mapping() {
+    let env = ResolvedTopology::new(false);
+    for (what, replied, idle_secs) in [
+        ("replied, idle 121 s", true, 121),
+        ("unreplied, idle 31 s", false, 31),
+    ] {
+        with_router(&env, Some(config(&env)), |r| {
+            let (lan, wan) = (r.lan, r.wan);
+            let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 3478), 40000);
+            let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 3478, b"client"));
+            let a = Ipv4::new(SERVER, WAN, Udp::new(3478, 40000, b"answer"));
+            let answered = |r: &Router, what: &str| {
+                r.redirect(
+                    what,
+                    &env.server_sends(&a),
+                    wan,
+                    &env.to_client(&dnat(&a, CLIENT, 40000)),
+                    Counter::FwdInbound,
+                    &[],
+                );
+            };
+            r.redirect(
+                "out",
+                &env.client_sends(&q),
+                lan,
+                &env.to_server(&snat(&q, 40000)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewMasquerade],
+            );
+            if replied {
+                answered(r, "first answer");
+            }
+            age(r, &[f.orig, f.reply()], idle_secs * NS_PER_SEC);
+            let m = r.mapping(IPPROTO_UDP, 40000).expect("the mapping");
+            assert!(m.expires_ns > now_ns(), "{what}: the mapping lives");
+            answered(r, &format!("{what}: the remote answers"));
+            // Another port of the same remote: no flow, refused.
+            let other = Ipv4::new(SERVER, WAN, Udp::new(3479, 40000, b"other port"));
+            r.pass(
+                &format!("{what}: another port of the remote"),
+                &env.server_sends(&other),
+                wan,
+                Counter::PassUnsolicited,
+            );
+            // The mapping gone (and the flow, replied now, idle past its
+            // 120 s): refused.
+            age(r, &[f.orig, f.reply()], 121 * NS_PER_SEC);
+            r.put_mapping(
+                IPPROTO_UDP,
+                40000,
+                Mapping {
+                    internal: endpoint(CLIENT, 40000, IPPROTO_UDP),
+                    expires_ns: now_ns() - NS_PER_SEC,
+                },
+            );
+            r.pass(
+                &format!("{what}: the mapping expired"),
+                &env.server_sends(&a),
+                wan,
+                Counter::PassUnsolicited,
+            );
+        });
+    }
+}
