@@ -303,8 +303,10 @@ pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {
 /// Destination Options header would otherwise reach any LAN host, and the
 /// host's plain reply would open a flow that then lets the sender in),
 /// fragments (no flow to match them to), other protocols and `ICMPv6`
-/// types (`pass_protocol`), NDP and MLD between global addresses (never
-/// meant to be forwarded). RFC 6092 section 3: a residential gateway
+/// types (`pass_protocol`), MLD between global addresses (never meant to
+/// be forwarded). Not NDP: a neighbour solicitation for a LAN address the
+/// router answers by proxy NDP is the router's own (the kernel answers it
+/// and forwards no NDP a host would take: hop limit 255 only). RFC 6092 section 3: a residential gateway
 /// forwards inbound only what matches a flow or is explicitly permitted
 /// (REC-31), and drops `ICMPv6` errors that match no flow (REC-10). HIP
 /// (REC-26: not to be prohibited) shares its counter with the other rare
@@ -324,7 +326,6 @@ pub const fn judged_when_inbound(counter: Counter) -> bool {
             | Counter::Pass6ExtFragment
             | Counter::Pass6ExtDestOpts
             | Counter::Pass6ExtOther
-            | Counter::Pass6Ndp
             | Counter::Pass6Mld
             | Counter::PassProtocol
     )
@@ -361,7 +362,6 @@ mod tests {
             Counter::Pass6ExtFragment,
             Counter::Pass6ExtDestOpts,
             Counter::Pass6ExtOther,
-            Counter::Pass6Ndp,
             Counter::Pass6Mld,
             Counter::PassProtocol,
         ] {
@@ -370,6 +370,7 @@ mod tests {
         for c in [
             Counter::Pass6ExtEsp,
             Counter::Pass6ExtAh,
+            Counter::Pass6Ndp,
             Counter::Pass6HopLimit,
             Counter::Pass6LinkScope,
             Counter::Pass6PacketTooBig,

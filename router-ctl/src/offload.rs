@@ -285,11 +285,40 @@ enum Keys {
     V6([FlowKey6; 2]),
 }
 
+/// Whether a lease may carry packets (not pending, not handed back): one
+/// [`Keys::remove`] must end before it removes the entry.
+fn carries(lease: u32) -> bool {
+    lease != LEASE_PENDING && lease != LEASE_HANDED_BACK
+}
+
 impl Keys {
+    /// Removes both entries, their live leases handed back first: a packet of
+    /// the flow between the two removals that rebuilds the first half from
+    /// the second (the data path puts back a half the LRU evicted) then
+    /// rebuilds it with a dead lease, not one that would carry a flow the
+    /// kernel ended past it until the lease ran out.
     fn remove<T: Table>(&self, table: &mut T) {
         match self {
-            Self::V4(keys) => keys.iter().for_each(|k| table.remove(k)),
-            Self::V6(keys) => keys.iter().for_each(|k| table.remove6(k)),
+            Self::V4(keys) => {
+                for k in keys {
+                    if let Some(e) = table.get(k)
+                        && carries(e.lease)
+                    {
+                        let _ = table.swap_lease(k, e.lease, LEASE_HANDED_BACK);
+                    }
+                }
+                keys.iter().for_each(|k| table.remove(k));
+            }
+            Self::V6(keys) => {
+                for k in keys {
+                    if let Some(e) = table.get6(k)
+                        && carries(e.lease)
+                    {
+                        let _ = table.swap_lease6(k, e.lease, LEASE_HANDED_BACK);
+                    }
+                }
+                keys.iter().for_each(|k| table.remove6(k));
+            }
         }
     }
 

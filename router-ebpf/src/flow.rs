@@ -486,17 +486,13 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool, state: bool)
         }
         return;
     }
-    // An offloaded flow's: the daemon's to decide (the kernel carries the
-    // other direction meanwhile). A half gone is most often one the daemon
-    // removed an instant ago, ending a flow the kernel ended: rebuilt with
-    // the live lease it would carry that flow past the kernel's firewall
-    // until the lease ran out.
-    if e.flags & FLAG_OFFLOADED != 0 {
-        return;
-    }
     // The LRU evicted the other direction: put it back, rebuilt from this
     // one (its translation is the reverse of our key; its window tracking
-    // and counts are lost, so segments towards it are not judged).
+    // and counts are lost, so segments towards it are not judged). An
+    // offloaded flow's gets this one's lease: the daemon hands a flow's
+    // leases back before it removes its two entries, so a half rebuilt in
+    // between carries no live lease (and a handed-back entry's hit never
+    // gets here: it is passed before the tracking).
     // NOEXIST: if another flow took that tuple meanwhile, it keeps it.
     // Built in a per-CPU slot, not on the stack: the chain main -> track ->
     // sync_peer must stay within the verifier's 512 bytes.

@@ -13,11 +13,11 @@ use aya_ebpf::{
 };
 use router_common::{
     mapping::{
-        filter_admits, hairpin_opener_mapping, held_by, live, mapping_of, refresh_tick,
-        refreshed_mapping,
+        filter_admits, hairpin_opener_mapping, held_by, live, mapping_of, opened_inward,
+        refresh_tick, refreshed_mapping,
     },
     maps::{
-        Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, Filtering, FlowEntry, FlowKey,
+        Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, Filtering, FlowEntry, FlowKey,
         IPPROTO_UDP, MAX_NAT_ENDPOINTS, MAX_NAT_MAPPINGS, MAX_NAT_PERMITS, Mapping, MappingKey,
         PermitKey, Timeouts,
     },
@@ -73,9 +73,22 @@ pub fn current_port(ep: &Endpoint, now: u64) -> Option<u16> {
 /// only (not hairpinned: both its entries face the LAN).
 // A BPF subprogram of its own: the look-up's key and value stay off the
 // entry point's frame; called only for an entry whose timer ran out.
+// Standalone mode only: after a switch to offload mode the
+// flows XDP admitted end with their own timers. Not a flow a remote opened
+// towards the mapping (`opened_inward`): its admission was the filtering
+// setting's, which may have changed since.
 #[inline(never)]
 pub fn keeps_udp_flow_alive(key: &FlowKey, e: &FlowEntry, now: u64) -> bool {
-    if key.proto != IPPROTO_UDP || e.flags & (FLAG_MAPPED | FLAG_HAIRPIN) != FLAG_MAPPED {
+    // The mode read here, not passed: one more value live across the call
+    // would grow the entry point's frame past the verifier's limit.
+    let Some(cfg) = CONFIG.get(0) else {
+        return false;
+    };
+    if cfg.admit != Admit::Xdp as u8
+        || key.proto != IPPROTO_UDP
+        || e.flags & (FLAG_MAPPED | FLAG_HAIRPIN) != FLAG_MAPPED
+        || opened_inward(e.flags)
+    {
         return false;
     }
     let (port, owner, _) = mapping_of(key, e);

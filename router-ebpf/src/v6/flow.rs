@@ -332,14 +332,11 @@ fn sync_peer(key: &FlowKey6, e: &FlowEntry6, now: u64, refresh: bool, state: boo
         }
         return;
     }
-    // An offloaded flow's: the daemon's to decide, as IPv4's `sync_peer`
-    // says (a half gone is most often one the daemon just removed).
-    if e.flags & FLAG_OFFLOADED != 0 {
-        return;
-    }
-    // The LRU evicted the other direction: put it back (its window
-    // tracking and counts are lost, so segments towards it are not
-    // judged). NOEXIST: a flow that took
+    // The LRU evicted the other direction: put it back (an offloaded
+    // flow's with the same lease, handed back before the daemon removes a
+    // flow's entries, as IPv4's `sync_peer` says; its window tracking and
+    // counts are lost, so segments towards it are not judged). NOEXIST: a
+    // flow that took
     // the tuple meanwhile keeps it. Built in a per-CPU slot, not on the
     // stack: the chain main -> track -> sync_peer must stay within the
     // verifier's 512 bytes.

@@ -24,7 +24,7 @@ use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
     flow::expired,
     hdr::{eth, get_u16},
-    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6},
+    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, next_header},
     maps::{Admit, Config, Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV6},
 };
 
@@ -287,14 +287,16 @@ fn routed_to(ctx: &XdpContext, ifindex: u32) -> bool {
 }
 
 /// Whether the fragment of `ctx` (a Fragment header right after the fixed
-/// one) may go on to the kernel, which forwards it as it is: a first
+/// one; or an `ICMPv6` error quoting one, which passes) may go on
+/// to the kernel, which forwards it as it is: a first
 /// fragment only if the TCP or UDP header or `ICMPv6` echo reply it
 /// starts with is a live WAN-side entry's (a reply of a known flow, as
 /// the flow lookup would find it; the kernel reassembles nothing it
 /// forwards); a later fragment always: it carries no header to judge, and
 /// without its first fragment the LAN host reassembles nothing (RFC 8200
 /// 4.5). So an atomic fragment (offset 0, no more to come), which is a
-/// whole datagram, is judged as one.
+/// whole datagram, is judged as one. A first fragment of ESP or AH passes
+/// as IPsec does.
 // A BPF subprogram of its own: its flow key stays off the frames of the
 // call chain to the FIB lookup (the entry point's is near the verifier's
 // 512 bytes). Takes the raw context and reads the packet bounds with
@@ -314,22 +316,40 @@ fn fragment_of_a_flow(md: *mut xdp_md, cfg: &Config) -> bool {
             core::ptr::read_volatile(&raw const (*md).data_end) as usize,
         )
     };
-    if data + frame6::L4 + FRAG_LEN + 8 > end {
+    if data + frame6::L4 + FRAG_LEN > end {
         return false;
     }
-    // SAFETY: the fixed header, the Fragment header and the 8 bytes after
-    // it lie within the bounds checked above.
-    let (ip, frag, l4) = unsafe {
+    // SAFETY: the fixed header and the Fragment header lie within the
+    // bounds checked above.
+    let (ip, frag) = unsafe {
         (
             &*((data + frame6::IPV6) as *const [u8; ipv6::LEN]),
             &*((data + frame6::L4) as *const [u8; FRAG_LEN]),
-            &*((data + frame6::L4 + FRAG_LEN) as *const [u8; 8]),
         )
     };
+    match ip[ipv6::NEXT_HEADER] {
+        next_header::FRAGMENT => {}
+        // An `ICMPv6` error quoting the LAN host's own fragment, which
+        // `icmp_error` counts with the quoted kind and lets through.
+        IPPROTO_ICMPV6 => return true,
+        _ => return false,
+    }
+    // A later fragment, of any length (the last one of a datagram may
+    // carry a single byte).
     if get_u16(frag, 2) & 0xfff8 != 0 {
         return true;
     }
     let proto = frag[0];
+    // IPsec in fragments, as IPsec whole (RFC 6092 REC-21, REC-22).
+    if proto == next_header::ESP || proto == next_header::AH {
+        return true;
+    }
+    if data + frame6::L4 + FRAG_LEN + 8 > end {
+        return false;
+    }
+    // SAFETY: the 8 bytes after the Fragment header lie within the bounds
+    // checked just above.
+    let l4 = unsafe { &*((data + frame6::L4 + FRAG_LEN) as *const [u8; 8]) };
     let (sport, dport) = match proto {
         IPPROTO_TCP | IPPROTO_UDP => (get_u16(l4, 0), get_u16(l4, 2)),
         IPPROTO_ICMPV6 if l4[0] == icmp6::ECHO_REPLY => (get_u16(l4, 4), get_u16(l4, 4)),

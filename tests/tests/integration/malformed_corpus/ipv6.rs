@@ -62,9 +62,11 @@ enum Expect6 {
 
 /// [`parse_model6`], then standalone mode's inbound filter as the README
 /// states it: from the WAN, what the parse passes without a flow
-/// (extension headers but ESP and AH, NDP, MLD, other protocols and
-/// `ICMPv6` types) is dropped when addressed to a LAN host (the LAN
-/// prefix, not the router's own address there).
+/// (extension headers but ESP and AH, MLD, other protocols and `ICMPv6`
+/// types) is dropped when addressed to a LAN host (the LAN prefix, not the
+/// router's own address there); a fragment passes when it is a later one
+/// or IPsec's, a first one of TCP, UDP or an echo reply when its flow is
+/// known.
 fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
     let e = parse_model6(f, from_lan, own_mac);
     let Expect6::Exactly(c) = e else {
@@ -77,7 +79,6 @@ fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
             | Counter::Pass6ExtFragment
             | Counter::Pass6ExtDestOpts
             | Counter::Pass6ExtOther
-            | Counter::Pass6Ndp
             | Counter::Pass6Mld
             | Counter::PassProtocol
     );
@@ -92,11 +93,13 @@ fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
         // it: a later fragment passes (it has no header to judge), a first
         // one of TCP, UDP or an echo reply if its tuple is a flow's.
         let l4 = IP6 + 40;
-        if let Some(frag) = f.get(l4..l4 + 16) {
-            if be16(frag, 2) & 0xfff8 != 0 {
+        if let Some(frag) = f.get(l4..l4 + 8) {
+            if be16(frag, 2) & 0xfff8 != 0 || matches!(frag[0], 50 | 51) {
                 return e;
             }
-            if matches!(frag[0], 6 | 17) || frag[0] == 58 && frag[8] == 129 {
+            if let Some(next) = f.get(l4 + 8..l4 + 16)
+                && (matches!(frag[0], 6 | 17) || frag[0] == 58 && next[0] == 129)
+            {
                 return Expect6::EitherOf(c, Counter::Drop6Unsolicited);
             }
         }

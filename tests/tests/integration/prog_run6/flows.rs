@@ -1193,34 +1193,57 @@ fn spoofed_sources_open_no_flow() {
     });
 }
 
-/// Offload mode: an offloaded flow whose other half is gone (the daemon
-/// removes a flow's two entries one after the other when the kernel ends
-/// it) does not get it back from a refresh of the half that is left: that
-/// would carry the flow, with its live lease, past the kernel that ended
-/// it. The half left still forwards until the daemon removes it.
+/// Offload mode: an offloaded flow's half the LRU evicted comes back from
+/// the other at its next refresh, with the same lease, so the flow stays
+/// on the fast path both ways; a flow the daemon is ending (it hands both
+/// leases back, then removes the entries one after the other) is passed
+/// to the kernel from the half left, which rebuilds nothing, so no entry
+/// with a live lease carries a flow the kernel ended.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn an_offloaded_flows_removed_half_is_not_rebuilt() {
+fn an_offloaded_flows_lost_half_comes_back_unless_it_is_being_ended() {
     let env = topology();
     with_router(&env, config(&env, Admit::Kernel), |r| {
         let lan = r.lan();
         let (c, s) = (o(CLIENT6), o(SERVER6));
         let orig = key(CLIENT6, 40001, SERVER6, 53, IPPROTO_UDP);
         let lease = lease_tick(now_ns()) + 60;
+        let q = Ipv6::udp(c, s, &Udp::new(40001, 53, b"q"));
+        let refresh_due = |r: &mut Router6| {
+            let mut due = r.conntrack6()[&orig];
+            due.last_seen_ns -= 2 * router_common::flow::REFRESH_NS;
+            r.put6(&orig, &due);
+        };
+        // Evicted: rebuilt with the flow's lease.
         offloaded(r, &orig, FlowState::UdpReplied, lease);
         r.remove6(&orig.reversed());
-        // A refresh due: the hit writes the other half's times.
-        let mut due = r.conntrack6()[&orig];
-        due.last_seen_ns -= 2 * router_common::flow::REFRESH_NS;
-        r.put6(&orig, &due);
-        let q = Ipv6::udp(c, s, &Udp::new(40001, 53, b"q"));
+        refresh_due(r);
         r.redirect(
             "the half left, a refresh due",
             &from_client(&env, &q),
             lan,
             &to_server(&env, &q),
             Counter::Fwd6Outbound,
-            &[],
+            &[Counter::Eviction6Detected],
+        );
+        let back = r.conntrack6()[&orig.reversed()];
+        assert_eq!(
+            back.lease, lease,
+            "the rebuilt half carries the flow's lease"
+        );
+        // Being ended: leases handed back, one half removed.
+        for k in [orig, orig.reversed()] {
+            let mut e = r.conntrack6()[&k];
+            e.lease = LEASE_HANDED_BACK;
+            r.put6(&k, &e);
+        }
+        r.remove6(&orig.reversed());
+        refresh_due(r);
+        r.pass(
+            "the half left of a flow being ended",
+            &from_client(&env, &q),
+            lan,
+            Counter::PassOffloadHandedBack,
         );
         assert!(
             !r.conntrack6().contains_key(&orig.reversed()),

@@ -110,10 +110,11 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
         // About IPsec, which standalone mode lets through both ways (RFC
         // 6092 REC-21, REC-22): the kernel's, which forwards that traffic
         // too (REC-23; path-MTU discovery, RFC 4890 4.3.1), counted by the
-        // quoted kind. About what else the fast path does not carry (a
-        // fragment, destination options, another protocol): its inbound
-        // traffic is dropped, and so are errors about it (REC-10). From
-        // another LAN host than the addressee: no.
+        // quoted kind, and so are errors about the host's own fragments.
+        // About what else the fast path does not carry (destination
+        // options, another protocol): its inbound traffic is dropped, and
+        // so are errors about it (REC-10). From another LAN host than the
+        // addressee: no.
         let esp = Ipv6::new(c, s, 50, vec![0x11; 64]).bytes();
         let ah = Ipv6::new(
             c,
@@ -128,12 +129,17 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
         for (what, q, counter) in [
             ("PTB quoting ESP", &esp, Counter::Pass6ExtEsp),
             ("PTB quoting AH", &ah, Counter::Pass6ExtAh),
+            // The host fragments for itself and must learn the path MTU.
+            (
+                "PTB quoting a fragment",
+                &fragment,
+                Counter::Pass6ExtFragment,
+            ),
         ] {
             let e = Ipv6::error(s, c, ICMP6_PACKET_TOO_BIG, 1280, q);
             r.pass(what, &from_server(&env, &e), wan, counter);
         }
         for (what, q) in [
-            ("PTB quoting a fragment", &fragment),
             ("PTB quoting destination options", &dest_opts),
             ("PTB quoting GRE", &gre),
         ] {

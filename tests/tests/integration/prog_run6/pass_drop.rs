@@ -207,15 +207,15 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
         )
         .hop_limit(255);
         r.pass("NA global", &from_client(&env, &na), lan, Counter::Pass6Ndp);
-        // From the WAN to a LAN host, standalone mode's inbound filter
-        // drops them (no router forwards them: a host takes NDP only with
-        // hop limit 255); to the router they are its own.
+        // NDP from the WAN to a LAN address stays the kernel's (proxy NDP
+        // answers it; forwarded, a host would not take it: hop limit 255
+        // only); MLD to a LAN host is dropped by the inbound filter.
         let ns = Ipv6::icmp6(s, c, ICMP6_NEIGHBOUR_SOLICIT, 0, [0; 4], &o(CLIENT6)).hop_limit(255);
-        r.drop_frame(
-            "NS global from the WAN to a LAN host",
+        r.pass(
+            "NS global from the WAN to a LAN address",
             &from_server(&env, &ns),
             wan,
-            Counter::Drop6Unsolicited,
+            Counter::Pass6Ndp,
         );
         let ns = Ipv6::icmp6(
             s,
@@ -536,6 +536,25 @@ fn inbound_fragments_pass_only_as_part_of_a_known_flow() {
             &from_server(&env, &fragment(54, 0)),
             wan,
             Counter::Drop6Unsolicited,
+        );
+        // A datagram's last fragment may carry a single byte.
+        let mut short = vec![IPPROTO_UDP, 0];
+        short.extend_from_slice(&(9u16 << 3).to_be_bytes());
+        short.extend_from_slice(&[0, 0, 0, 9, 7]);
+        r.pass(
+            "a last fragment of one byte",
+            &from_server(&env, &Ipv6::new(s, c, 44, short)),
+            wan,
+            Counter::Pass6ExtFragment,
+        );
+        // IPsec in fragments, as IPsec whole (RFC 6092 REC-21, REC-22).
+        let mut esp = vec![50, 0, 0, 1, 0, 0, 0, 10];
+        esp.extend_from_slice(&[0x11; 32]);
+        r.pass(
+            "a first fragment of ESP",
+            &from_server(&env, &Ipv6::new(s, c, 44, esp)),
+            wan,
+            Counter::Pass6ExtFragment,
         );
     });
 }
