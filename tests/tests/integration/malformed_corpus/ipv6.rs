@@ -65,7 +65,7 @@ enum Expect6 {
 /// (extension headers but ESP and AH, MLD, other protocols and `ICMPv6`
 /// types) is dropped when addressed to a LAN host (the LAN prefix, not the
 /// router's own address there); a fragment passes when it is a later one
-/// or IPsec's, a first one of TCP, UDP or an echo reply when its flow is
+/// or `IPsec`'s, a first one of TCP, UDP or an echo reply when its flow is
 /// known.
 fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
     let e = parse_model6(f, from_lan, own_mac);
