@@ -307,7 +307,9 @@ impl Keys {
                         let _ = table.swap_lease(k, e.lease, LEASE_HANDED_BACK);
                     }
                 }
-                keys.iter().for_each(|k| table.remove(k));
+                for k in keys {
+                    table.remove(k);
+                }
             }
             Self::V6(keys) => {
                 for k in keys {
@@ -317,7 +319,9 @@ impl Keys {
                         let _ = table.swap_lease6(k, e.lease, LEASE_HANDED_BACK);
                     }
                 }
-                keys.iter().for_each(|k| table.remove6(k));
+                for k in keys {
+                    table.remove6(k);
+                }
             }
         }
     }

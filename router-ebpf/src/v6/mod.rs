@@ -296,7 +296,7 @@ fn routed_to(ctx: &XdpContext, ifindex: u32) -> bool {
 /// without its first fragment the LAN host reassembles nothing (RFC 8200
 /// 4.5). So an atomic fragment (offset 0, no more to come), which is a
 /// whole datagram, is judged as one. A first fragment of ESP or AH passes
-/// as IPsec does.
+/// as `IPsec` does.
 // A BPF subprogram of its own: its flow key stays off the frames of the
 // call chain to the FIB lookup (the entry point's is near the verifier's
 // 512 bytes). Takes the raw context and reads the packet bounds with
