@@ -1160,3 +1160,76 @@ fn a_udp_flow_lives_as_long_as_its_mapping() {
         });
     }
 }
+
+/// What a UDP flow's mapping keeps alive past the flow's own timer, and
+/// what it does not: a flow a remote opened towards the mapping (its
+/// admission was the filtering setting's: once the setting is
+/// address-and-port-dependent again, the remote is refused when the flow's
+/// timer has run out), and any flow after a switch to offload mode (the
+/// kernel admits; XDP-admitted flows end with their own timers).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_mapping_keeps_alive_only_the_flows_its_endpoint_opened_in_standalone_mode() {
+    let env = ResolvedTopology::new(false);
+    with_router(
+        &env,
+        Some(with_filtering(&env, Filtering::EndpointIndependent)),
+        |r| {
+            let (lan, wan) = (r.lan, r.wan);
+            let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"out"));
+            r.redirect(
+                "out",
+                &env.client_sends(&q),
+                lan,
+                &env.to_server(&snat(&q, 40000)),
+                Counter::FwdOutbound,
+                &[Counter::FlowNewMasquerade],
+            );
+            // Another port of the server opens a flow towards the mapping.
+            let a = Ipv4::new(SERVER, WAN, Udp::new(9999, 40000, b"in"));
+            r.redirect(
+                "in, opened towards the mapping",
+                &env.server_sends(&a),
+                wan,
+                &env.to_client(&dnat(&a, CLIENT, 40000)),
+                Counter::FwdInbound,
+                &[Counter::FlowNewInboundMapping],
+            );
+            r.configure(&config(&env));
+            let inward = Flow::masq(udp_key(CLIENT, 40000, SERVER, 9999), 40000);
+            let own = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 40000);
+            age(
+                r,
+                &[inward.orig, inward.reply(), own.orig, own.reply()],
+                121 * NS_PER_SEC,
+            );
+            r.pass(
+                "the inward flow's remote, its timer run out",
+                &env.server_sends(&a),
+                wan,
+                Counter::PassUnsolicited,
+            );
+            let b = Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"));
+            r.redirect(
+                "the endpoint's own flow's remote",
+                &env.server_sends(&b),
+                wan,
+                &env.to_client(&dnat(&b, CLIENT, 40000)),
+                Counter::FwdInbound,
+                &[],
+            );
+            // Offload mode: the kernel's.
+            age(r, &[own.orig, own.reply()], 121 * NS_PER_SEC);
+            r.configure(&Config {
+                admit: router_common::maps::Admit::Kernel as u8,
+                ..config(&env)
+            });
+            r.pass(
+                "offload mode, the timer run out",
+                &env.server_sends(&b),
+                wan,
+                Counter::PassNotOffloaded,
+            );
+        },
+    );
+}
