@@ -72,6 +72,17 @@ pub(super) fn scenario(name: &'static str, fast_path: bool, advert_int: &str) ->
     flows_through_r1(&pair, &udp, fast_path);
     let failover = fail_over(&pair, &tcp, &udp, fast_path);
     let failback = fail_back(&pair, &tcp, &udp, fast_path);
+    if fast_path {
+        // The router that stepped down flushes its kernel table
+        // `PurgeTimeout` (15 s) later (primary-backup.sh `ctl -t`), and
+        // the DESTROY events take the flows out of its XDP table.
+        wait_for_or_show(
+            "r2 to drop the flows it no longer carries",
+            Duration::from_secs(40),
+            || pair.offloaded(R2) == 0,
+            || pair.ha_logs(),
+        );
+    }
 
     println!("{name}: {}", pair.timeline(failover.at_unix));
     let (tcp_bytes, tcp_arrivals) = tcp.finish();
