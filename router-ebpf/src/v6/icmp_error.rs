@@ -5,13 +5,12 @@
 
 use aya_ebpf::programs::XdpContext;
 use router_common::{
-    flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, get_u16, icmp, udp},
     ipv6::{Ext, IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, min_payload},
     maps::{Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP},
 };
 
-use super::{fib6, forward as forward_l2, maps::CONNTRACK6, unsolicited};
+use super::{fib6, forward as forward_l2, maps::live_wan_entry, unsolicited};
 use crate::{Step, Verdict, hop::Hop, maps::event, parse::Ingress, parse::header};
 
 /// Forwards the error if the packet it quotes was sent by a LAN host (the
@@ -74,14 +73,7 @@ pub fn forward(
         sport,
         proto,
     );
-    let now = crate::clock::now();
-    // SAFETY: copied out at once.
-    let known = match unsafe { CONNTRACK6.get(&key) }.copied() {
-        // Only a WAN-side entry describes a packet that went to the WAN.
-        Some(e) => !e.lan_side() && !expired(e.state, e.last_seen_ns, now, &side.cfg.timeouts),
-        None => false,
-    };
-    if !known {
+    if !live_wan_entry(&key, &side.cfg.timeouts, crate::clock::now()) {
         return Err(unsolicited(ctx, ip, side));
     }
     let hop = fib6(ctx, ip)?;

@@ -36,6 +36,19 @@ pub fn pinhole(addr: [u8; 16], proto: u8, port: u16) -> bool {
     unsafe { PINHOLES6.get(&k) }.is_some()
 }
 
+/// Whether `key` is a live WAN-side entry's: a packet with this tuple
+/// belongs to a known flow as it comes in from the WAN (an `ICMPv6`
+/// error's quoted packet reversed, a first fragment's header).
+#[inline(always)]
+pub fn live_wan_entry(key: &FlowKey6, timeouts: &Timeouts, now: u64) -> bool {
+    // SAFETY: copied out at once.
+    match unsafe { CONNTRACK6.get(key) }.copied() {
+        // Only a WAN-side entry describes a packet that went to the WAN.
+        Some(e) => !e.lan_side() && !expired(e.state, e.last_seen_ns, now, timeouts),
+        None => false,
+    }
+}
+
 /// How claiming a tuple for a new flow's first entry went.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Claim {

@@ -22,7 +22,6 @@ mod parse;
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
-    flow::expired,
     hdr::{eth, get_u16},
     ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, next_header},
     maps::{Admit, Config, Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV6},
@@ -362,13 +361,7 @@ fn fragment_of_a_flow(md: *mut xdp_md, cfg: &Config) -> bool {
         dport,
         proto,
     );
-    // SAFETY: copied out at once.
-    match unsafe { maps::CONNTRACK6.get(&key) }.copied() {
-        Some(e) => {
-            !e.lan_side() && !expired(e.state, e.last_seen_ns, crate::clock::now(), &cfg.timeouts)
-        }
-        None => false,
-    }
+    maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now())
 }
 
 /// A WAN packet that no flow or pinhole admits. Offload mode: the kernel

@@ -200,6 +200,19 @@ impl Drop for Daemon {
     }
 }
 
+/// The router's kernel UDP timeouts, unreplied and stream, set to 10 s.
+pub(crate) fn short_udp_timeouts(t: &Topology) {
+    for s in [
+        "nf_conntrack_udp_timeout=10",
+        "nf_conntrack_udp_timeout_stream=10",
+    ] {
+        t.exec_ok(
+            Ns::Router,
+            &["sysctl", "-qw", &format!("net.netfilter.{s}")],
+        );
+    }
+}
+
 /// A UDP echo service in `ns` on `addr` for `lifetime` (a thread).
 pub(crate) fn udp_echo(
     t: &Topology,
@@ -664,15 +677,7 @@ fn offload_lifetimes_follow_the_traffic() {
     // Short kernel UDP timeouts, and the same in XDP; set while the daemon
     // runs, which reads them again at every tick (with the values it found
     // at its start, 30 / 120 s, the idle flow would stay two minutes).
-    for s in [
-        "nf_conntrack_udp_timeout=10",
-        "nf_conntrack_udp_timeout_stream=10",
-    ] {
-        t.exec_ok(
-            Ns::Router,
-            &["sysctl", "-qw", &format!("net.netfilter.{s}")],
-        );
-    }
+    short_udp_timeouts(&t);
     let _srv = udp_echo(
         &t,
         Ns::Server,

@@ -15,7 +15,9 @@ use tests::{LAN_IF, Ns, Topology, WAN_IF, host::load_nft};
 
 use crate::ctl::{DetachOnDrop, Stream, wait_for};
 use crate::ipv6_e2e::{kernel_forwarded6, ping6};
-use crate::offload::{Daemon, echoes, kernel_entries, offloaded_rows, udp_echo};
+use crate::offload::{
+    Daemon, echoes, kernel_entries, offloaded_rows, short_udp_timeouts, udp_echo,
+};
 
 /// The UDP port the firewall drops from the LAN.
 const BLOCKED_UDP_PORT: u16 = 9999;
@@ -197,15 +199,7 @@ fn offload6_firewall_decides_and_established_flows_move_to_xdp() {
 #[ignore = "needs root: run cargo xtask test"]
 fn offload6_daemon_stop_hands_flows_back_to_the_kernel() {
     let t = Topology::new();
-    for s in [
-        "nf_conntrack_udp_timeout=10",
-        "nf_conntrack_udp_timeout_stream=10",
-    ] {
-        t.exec_ok(
-            Ns::Router,
-            &["sysctl", "-qw", &format!("net.netfilter.{s}")],
-        );
-    }
+    short_udp_timeouts(&t);
     router6(&t);
     let _detach = DetachOnDrop(&t);
     let mut daemon = Daemon::start(&t, &[]);
