@@ -30,7 +30,7 @@ use crate::{
     flow::masquerade_key,
     maps::{
         Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, Filtering,
-        FlowEntry, FlowKey, FlowState, IPPROTO_TCP, IPPROTO_UDP, Mapping, Timeouts,
+        FlowEntry, FlowKey, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Mapping, Timeouts,
     },
 };
 
@@ -90,6 +90,33 @@ pub const fn mapping_secs(proto: u8, state: u8, t: &Timeouts) -> u32 {
 #[inline]
 pub const fn mapping_expiry(proto: u8, state: u8, now_ns: u64, t: &Timeouts) -> u64 {
     now_ns + mapping_secs(proto, state, t) as u64 * 1_000_000_000
+}
+
+/// How long a LAN flow that the data path left to the kernel's slow-path
+/// NAT (`KERNEL_FLOWS`: it could not open it) stays there after its last
+/// packet from the LAN, in seconds: as long as a mapping of the data
+/// path's own would live for it (a TCP connection's opening, an ICMP
+/// echo's, a UDP flow's mapping floor). Its later packets then keep the
+/// kernel's mapping instead of moving to one of the data path's
+/// mid-session (RFC 4787 REQ-11: deterministic mapping); the kernel keeps
+/// its own entry at least as long with its default timeouts.
+#[must_use]
+#[inline]
+pub const fn kernel_flow_secs(proto: u8, t: &Timeouts) -> u32 {
+    match proto {
+        IPPROTO_TCP => t.tcp_syn_sent,
+        IPPROTO_ICMP => t.icmp,
+        _ if t.udp_replied > UDP_MAPPING_SECS => t.udp_replied,
+        _ => UDP_MAPPING_SECS,
+    }
+}
+
+/// Whether a flow left to the kernel whose last LAN packet came at
+/// `last_ns` is still the kernel's at `now_ns` (see [`kernel_flow_secs`]).
+#[must_use]
+#[inline]
+pub const fn kernel_flow_live(last_ns: u64, now_ns: u64, proto: u8, t: &Timeouts) -> bool {
+    now_ns.saturating_sub(last_ns) < kernel_flow_secs(proto, t) as u64 * 1_000_000_000
 }
 
 /// The tag of a flow's remote endpoint `addr:port` as the LAN side sees
@@ -338,10 +365,7 @@ pub const fn translated_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        flow::new_flow,
-        maps::{IPPROTO_ICMP, IPPROTO_TCP},
-    };
+    use crate::flow::new_flow;
 
     const A: [u8; 4] = [192, 168, 50, 2];
     const B: [u8; 4] = [192, 168, 50, 3];
@@ -729,5 +753,25 @@ mod tests {
             FlowKey::new(WAN, SRV, 5555, 53, IPPROTO_UDP)
         );
         assert_eq!(Endpoint::source_of(&orig), ep(A, 5000, IPPROTO_UDP));
+    }
+
+    #[test]
+    fn a_flow_left_to_the_kernel_stays_there_as_long_as_a_mapping_would_live() {
+        let t = Timeouts::default();
+        let s = 1_000_000_000;
+        assert_eq!(kernel_flow_secs(IPPROTO_TCP, &t), t.tcp_syn_sent);
+        assert_eq!(kernel_flow_secs(IPPROTO_ICMP, &t), t.icmp);
+        assert_eq!(kernel_flow_secs(IPPROTO_UDP, &t), UDP_MAPPING_SECS);
+        let mut long = t;
+        long.udp_replied = 600;
+        assert_eq!(kernel_flow_secs(IPPROTO_UDP, &long), 600);
+        let last = 50 * s;
+        assert!(kernel_flow_live(last, last, IPPROTO_UDP, &t));
+        assert!(kernel_flow_live(last, last + 299 * s, IPPROTO_UDP, &t));
+        assert!(!kernel_flow_live(last, last + 300 * s, IPPROTO_UDP, &t));
+        assert!(kernel_flow_live(last, last + 29 * s, IPPROTO_ICMP, &t));
+        assert!(!kernel_flow_live(last, last + 30 * s, IPPROTO_ICMP, &t));
+        // A clock read before the marker was written (another CPU's).
+        assert!(kernel_flow_live(last, last - 1, IPPROTO_TCP, &t));
     }
 }

@@ -55,6 +55,16 @@ pub const VIRTUAL_MACS_MAP: &str = "VIRTUAL_MACS";
 /// its later fragments (which carry no ports). Not pinned: a record lives
 /// for one datagram's reassembly time ([`FRAGMENT_TIMEOUT_NS`]).
 pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
+/// LRU hash of [`FlowKey`] (as the packet arrives from the LAN) -> `u64`
+/// (`CLOCK_MONOTONIC` ns of its last packet from the LAN): standalone
+/// mode's LAN flows that the data path left to the kernel's slow-path NAT
+/// because it could not open them (no free port among the candidates, the
+/// reply tuple another flow's, a fragmented first datagram). Their later
+/// packets go to the kernel too while the flow is live there
+/// ([`crate::mapping::kernel_flow_live`]), so a flow keeps the kernel's
+/// mapping instead of moving to one of the data path's mid-session (RFC
+/// 4787 REQ-11). Not pinned: a replace starts it empty.
+pub const KERNEL_FLOWS_MAP: &str = "KERNEL_FLOWS";
 /// Per-CPU array of one token bucket (answers left, `u64`, and the
 /// `CLOCK_MONOTONIC` ns of its last fill, `u64`): the ICMP errors the data
 /// path may still send itself (see [`Counter::DropTtlExceededAnswered`]). Not
@@ -84,6 +94,9 @@ pub const VMAC_IPV4: u8 = 1;
 pub const VMAC_IPV6: u8 = 2;
 /// Capacity of [`FRAGMENTS_MAP`]: fragmented datagrams in flight at once.
 pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
+/// Capacity of [`KERNEL_FLOWS_MAP`]: LAN flows on the slow path at once
+/// (an LRU: the oldest give way).
+pub const MAX_KERNEL_FLOWS: u32 = 16_384;
 /// How long after its first fragment a datagram's later fragments are
 /// still translated: 5 s. A datagram's fragments travel together (ms
 /// apart), while a record held as long as Linux's reassembly waits
@@ -1135,10 +1148,18 @@ counters! {
     DropFragNeededAnswered = "drop_frag_needed_answered", false;
     /// The same, past the answers' rate limit (shared with Time Exceeded),
     /// or with a frame that could not be resized: dropped unanswered.
+    DropFragNeeded = "drop_frag_needed", false;
+    /// Standalone mode: a LAN packet of a flow the data path left to the
+    /// kernel's slow-path NAT when it could not open it (its first packet
+    /// went with `pass_ports_exhausted`, `pass_reply_tuple_taken` or as a
+    /// fragment of no flow, `pass_fragment`): passed again while the flow
+    /// lives there ([`KERNEL_FLOWS_MAP`]), so it keeps the kernel's
+    /// mapping (RFC 4787 REQ-11) even once a port of the data path's
+    /// comes free.
     ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    DropFragNeeded = "drop_frag_needed", false;
+    PassKernelFlow = "pass_kernel_flow", false;
 }
 
 #[cfg(test)]

@@ -81,6 +81,7 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         | C::PassMtuTranslated
         | C::DropFragNeededAnswered
         | C::DropFragNeeded
+        | C::PassKernelFlow
         | C::DropIpChecksum
         | C::DropUnsolicited => Some("ipv4"),
         // Counted on both paths (shared parsing, next-hop, redirect and

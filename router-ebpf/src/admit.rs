@@ -13,7 +13,7 @@ use router_common::{
         initial_state, open_tracking, tcp_opens_flow,
     },
     hdr::{eth, frame, get_addr, get_u16, ipv4},
-    mapping::{mapping_expiry, remote_tag, translated_key},
+    mapping::{kernel_flow_live, mapping_expiry, remote_tag, translated_key},
     maps::{
         Admit, Config, Counter, Endpoint, FLAG_HAIRPIN, FLAG_MAPPED, FLAG_PORT_FORWARD, FlowEntry,
         FlowKey, IPPROTO_ICMP, IPPROTO_TCP, PortForwardTarget,
@@ -33,7 +33,7 @@ use crate::{
     flow::Xlat,
     hop::{forward_egress, reverse_egress, source_reachable_via},
     mapping::{self, MapClaim},
-    maps::{CONNTRACK, EEXIST, event, port_forward, remove_counted, stale},
+    maps::{CONNTRACK, EEXIST, KERNEL_FLOWS, event, port_forward, remove_counted, stale},
     parse::{self, Ingress, Packet, header},
 };
 
@@ -126,6 +126,7 @@ fn sender_bits(pkt: &Packet) -> u64 {
 #[inline(always)]
 pub fn admit(
     ctx: &XdpContext,
+    key: &FlowKey,
     pkt: &Packet,
     side: Ingress<'_>,
     xlat: &mut Xlat,
@@ -170,6 +171,14 @@ pub fn admit(
         // lookup per packet that would open a flow, none per hit.
         if lan_source_reachable(ctx, side.cfg.lan_ifindex) == Some(false) {
             return Err(Verdict::drop(Counter::DropSpoofedSource));
+        }
+        // A flow this path could not open earlier went to the kernel's NAT,
+        // which chose its port: it stays there while it lives, or it would
+        // leave with another port once one of ours comes free (RFC 4787
+        // REQ-11). Asked after the source check: a spoofed source's marker
+        // (a fragment's, written unchecked) opens nothing.
+        if left_to_kernel(key, side.cfg, now) {
+            return Err(Verdict::pass(Counter::PassKernelFlow));
         }
         xlat.src = side.cfg.wan_addr;
         let mut kind = KIND_PLAIN;
@@ -246,6 +255,38 @@ pub fn forward_rule(cfg: &Config, ip: &[u8; ipv4::LEN], dport: u16) -> Option<Po
         return None;
     }
     port_forward(proto, dport)
+}
+
+/// Whether the LAN flow `key` is one this path left to the kernel's
+/// slow-path NAT ([`leave_to_kernel`]) and still lives there
+/// (`kernel_flow_live`, from its last LAN packet); if so, this packet at
+/// `now` is its last.
+// BPF subprograms of their own (this and the next), called on the miss
+// path only: the lookup's key pointer and the map value stay off the
+// entry point's frame.
+#[inline(never)]
+fn left_to_kernel(key: &FlowKey, cfg: &Config, now: u64) -> bool {
+    let Some(last) = KERNEL_FLOWS.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: map value pointer, valid for this run; a plain integer that
+    // another CPU's write can at worst make a little older.
+    let last = unsafe { &mut *last };
+    if !kernel_flow_live(*last, now, key.proto, &cfg.timeouts) {
+        return false;
+    }
+    *last = now;
+    true
+}
+
+/// Leaves the LAN flow `key`, whose packet at `now` this path could not
+/// open a flow for, to the kernel's slow-path NAT: the kernel chooses its
+/// port, and [`left_to_kernel`] keeps its later packets there (RFC 4787
+/// REQ-11: a mapping does not change mid-session). A full map pushes
+/// out its oldest flow (then only that flow may change mapping later).
+#[inline(never)]
+pub fn leave_to_kernel(key: &FlowKey, now: u64) {
+    let _ = KERNEL_FLOWS.insert(key, &now, u64::from(BPF_ANY));
 }
 
 /// Whether the source of the IPv4 packet of `ctx`, from the LAN, is
@@ -367,17 +408,22 @@ pub fn commit(
             // Few values live across these calls: a spill would grow the
             // entry point's frame, whose call chains are at the verifier's
             // 512-byte limit.
+            // What this path cannot open goes to the kernel's NAT, and
+            // stays there ([`leave_to_kernel`]).
             let claimed = claim_mapping(cfg, key, now);
             if claimed & MAPPING_CLAIMED == 0 {
                 debug_log::ports_exhausted(key);
+                leave_to_kernel(key, now);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             let claimed = claim_port(cfg, key, open, claimed, now);
             if claimed == TUPLE_TAKEN {
+                leave_to_kernel(key, now);
                 return Err(Verdict::pass(Counter::PassReplyTupleTaken));
             }
             if claimed == 0 {
                 debug_log::ports_exhausted(key);
+                leave_to_kernel(key, now);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             #[expect(clippy::cast_possible_truncation, reason = "the port's 16 bits")]

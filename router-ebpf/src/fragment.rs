@@ -17,7 +17,8 @@
 //! TCP state). Passed to the kernel (`pass_fragment`), as before this path
 //! existed: a TCP header split over fragments (RFC 1858's tiny fragment)
 //! or a fragmented SYN, FIN or RST, fragments of no flow or of a new one
-//! (the kernel's slow path admits it), an offloaded flow's (the kernel's
+//! (the kernel's slow path admits it, and in standalone mode keeps the
+//! flow's later packets: [`leave_to_kernel`]), an offloaded flow's (the kernel's
 //! conntrack reassembles and translates them, in any order), a later
 //! fragment that arrives before its first or more than
 //! [`FRAGMENT_TIMEOUT_NS`] after it (a datagram whose first fragment XDP
@@ -34,12 +35,14 @@
 use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     hdr::{eth, frame, get_addr, get_u16, ipv4, min_len},
-    maps::{Counter, FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat, IPPROTO_TCP, VMAC_IPV4},
+    maps::{
+        Admit, Counter, FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat, IPPROTO_TCP, VMAC_IPV4,
+    },
     nat::{fragment_is_first, rewrite_addrs},
 };
 
 use crate::{
-    Packed, Step, Verdict,
+    Packed, Step, Verdict, admit,
     flow::{self, Xlat},
     hop::{self, FibParams, Hop, forward_l2},
     maps::FRAGMENTS,
@@ -64,6 +67,11 @@ static FRAGMENT_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1,
 
 /// The verdict of a fragment this path does not carry: the kernel's.
 const NOT_CARRIED: Verdict = Verdict::pass(Counter::PassFragment);
+
+/// What [`translate_first`] returns for a first fragment of no flow: no
+/// verdict, the signal for [`leave_to_kernel`] (no step passes with this
+/// event counter); the fragment then goes to the kernel ([`NOT_CARRIED`]).
+const NO_FLOW: Verdict = Verdict::pass(Counter::FlowNewMasquerade);
 
 /// What a translation step returns when the scratch slot holds the
 /// fragment's translation: no verdict, the go-ahead for [`send`] (no other
@@ -90,10 +98,39 @@ pub fn forward(ctx: &XdpContext) -> Packed {
     } else {
         translate_later(ctx)
     };
-    if v.unpack().counter != TRANSLATED.counter {
-        return v;
+    match v.unpack().counter {
+        c if c == TRANSLATED.counter => send(ctx, first),
+        c if c == NO_FLOW.counter => {
+            leave_to_kernel(ctx);
+            NOT_CARRIED.pack()
+        }
+        _ => v,
     }
-    send(ctx, first)
+}
+
+/// A first fragment of no flow: in standalone mode, from the LAN, its flow
+/// is left to the kernel's slow path ([`admit::leave_to_kernel`]): the
+/// kernel's NAT reassembles the datagram and opens the flow with a port of
+/// its own, and the flow's later datagrams stay there (RFC 4787 REQ-11),
+/// also the unfragmented ones the data path could open. The header is read
+/// again here: keeping the ports for it would grow [`translate_first`]'s
+/// frame, whose call chain is at the verifier's combined stack limit.
+#[inline(never)]
+fn leave_to_kernel(ctx: &XdpContext) {
+    let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
+        return;
+    };
+    let Some(side) = parse::ingress(ctx) else {
+        return;
+    };
+    if !side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
+        return;
+    }
+    let Ok(Some((sport, dport))) = parse::ports(ctx, ip, frame::L4, true) else {
+        return;
+    };
+    let key = flow::StackKey::of(ip, sport, dport);
+    admit::leave_to_kernel(&key.0, crate::clock::now());
 }
 
 /// A datagram's first fragment: its flow's translation, if the data path
@@ -247,7 +284,7 @@ fn of_first(
     }
     let (sport, dport) = parse::ports(ctx, ip, frame::L4, side.from_lan)?.ok_or(NOT_CARRIED)?;
     let key = flow::StackKey::of(ip, sport, dport);
-    let (e, now) = flow::own_hit(&key.0, side).ok_or(NOT_CARRIED)?;
+    let (e, now) = flow::own_hit(&key.0, side).ok_or(NO_FLOW)?;
     // SAFETY: map value pointer from the lookup, valid for this run.
     let entry = unsafe { &mut *e };
     let len = usize::from(get_u16(ip, ipv4::TOT_LEN));

@@ -171,7 +171,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         offloaded = entry.flags & FLAG_OFFLOADED != 0;
         None
     } else {
-        Some(admit::admit(ctx, &pkt, side, &mut xlat, now)?)
+        Some(admit::admit(ctx, &key, &pkt, side, &mut xlat, now)?)
     };
     let hop = flow::next_hop(ctx, ip, &xlat, hit, cached)?;
     if offloaded && matches!(hop, Hop::NoNeighbour { .. }) {

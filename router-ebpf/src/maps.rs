@@ -10,8 +10,8 @@ use router_common::{
     flow::expired,
     maps::{
         Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, FragmentKey,
-        FragmentXlat, MAX_FRAGMENTED_DATAGRAMS, MAX_PORT_FORWARDS, MAX_VIRTUAL_MACS,
-        PortForwardKey, PortForwardTarget, VirtualMacKey,
+        FragmentXlat, MAX_FRAGMENTED_DATAGRAMS, MAX_KERNEL_FLOWS, MAX_PORT_FORWARDS,
+        MAX_VIRTUAL_MACS, PortForwardKey, PortForwardTarget, VirtualMacKey,
     },
 };
 
@@ -45,6 +45,13 @@ pub static VIRTUAL_MACS: HashMap<VirtualMacKey, u8> =
 #[map(name = "FRAGMENTS")]
 pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentXlat> =
     LruHashMap::with_max_entries(MAX_FRAGMENTED_DATAGRAMS, 0);
+
+/// The LAN flows left to the kernel's slow-path NAT (see
+/// `router_common::maps::KERNEL_FLOWS_MAP`): key as the packet arrives,
+/// value the time of its last LAN packet.
+#[map(name = "KERNEL_FLOWS")]
+pub static KERNEL_FLOWS: LruHashMap<FlowKey, u64> =
+    LruHashMap::with_max_entries(MAX_KERNEL_FLOWS, 0);
 
 /// `-EEXIST` from a `BPF_NOEXIST` update: the key is taken.
 pub const EEXIST: i32 = -17;

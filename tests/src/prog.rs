@@ -14,9 +14,9 @@ use aya::{
 };
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, COUNTERS_MAP, Config, Counter, CounterValue, DEVICES_MAP, Endpoint,
-    FRAGMENTS_MAP, FlowEntry, FlowKey, FragmentKey, FragmentXlat, ICMP_ANSWER_BUDGET_MAP, Mapping,
-    MappingKey, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP, PROGRAM_NAME,
-    PortForwardKey, PortForwardTarget, Timeouts, VIRTUAL_MACS_MAP, VirtualMacKey,
+    FRAGMENTS_MAP, FlowEntry, FlowKey, FragmentKey, FragmentXlat, ICMP_ANSWER_BUDGET_MAP,
+    KERNEL_FLOWS_MAP, Mapping, MappingKey, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP, PORT_FORWARDS_MAP,
+    PROGRAM_NAME, PortForwardKey, PortForwardTarget, Timeouts, VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::addr::{HOST_IF, LAN_IF, WAN_IF, octets};
@@ -314,6 +314,38 @@ impl LoadedRouter {
             .unwrap()
             .get(k, 0)
             .ok()
+    }
+
+    /// The `KERNEL_FLOWS` marker of the LAN flow `k` (the time of its last
+    /// LAN packet), if the data path left it to the kernel.
+    ///
+    /// # Panics
+    /// If the object has no such map.
+    #[must_use]
+    pub fn kernel_flow(&self, k: &FlowKey) -> Option<u64> {
+        let map = self
+            .ebpf
+            .map(KERNEL_FLOWS_MAP)
+            .expect("the object has no KERNEL_FLOWS map");
+        HashMap::<_, FlowKey, u64>::try_from(map)
+            .unwrap()
+            .get(k, 0)
+            .ok()
+    }
+
+    /// Sets the `KERNEL_FLOWS` marker of the LAN flow `k` to `last_ns`.
+    ///
+    /// # Panics
+    /// If the object has no such map or the update fails.
+    pub fn put_kernel_flow(&mut self, k: FlowKey, last_ns: u64) {
+        let map = self
+            .ebpf
+            .map_mut(KERNEL_FLOWS_MAP)
+            .expect("the object has no KERNEL_FLOWS map");
+        HashMap::<_, FlowKey, u64>::try_from(map)
+            .unwrap()
+            .insert(k, last_ns, 0)
+            .unwrap();
     }
 
     /// Removes a `CONNTRACK` entry.

@@ -335,40 +335,46 @@ fn no_lan_source_address_leaves_on_the_wan() {
     );
 }
 
-/// One LAN socket, two paths. A 3000-byte datagram as the socket's first
-/// is fragmented by the client, and a fragment opens no XDP flow: it goes
-/// through the kernel's slow path, whose NAT would keep the same source
-/// port, and so the same WAN tuple as the XDP flow the next small datagram
-/// opens, if its ports were not disjoint from XDP's. With the table attach
-/// sets up it gets a port of its own range. Once XDP carries the flow, its
-/// fragmented datagrams go through XDP both ways, with the flow's port
-/// (RFC 4787 REQ-14): the client's fragments out, the server's fragmented
-/// echo back to the client. Every datagram is answered.
+/// Two LAN sockets, two paths, one mapping each. A 3000-byte datagram as
+/// a socket's first is fragmented by the client, and a fragment opens no
+/// XDP flow: it goes through the kernel's slow path, whose NAT would keep
+/// the same source port, and so the same WAN tuple as an XDP flow, if its
+/// ports were not disjoint from XDP's: with the table attach sets up it
+/// gets a port of its own range. The socket's later datagrams, small ones
+/// too, stay on the kernel's path with that port (RFC 4787 REQ-11: the
+/// mapping does not change mid-session; `pass_kernel_flow`). A socket whose
+/// first datagram is small opens an XDP flow, and its fragmented datagrams
+/// go through XDP both ways with the flow's port (RFC 4787 REQ-14): the
+/// client's fragments out, the server's fragmented echo back. Every
+/// datagram is answered.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
     let t = Topology::new();
     attach_and_print(&t, &[]);
     let echo = UdpEcho::start(&t, socket_addr(SERVER_ADDR, 5302));
-    let before = t.stats();
-    let sock = client_udp(&t, 43000, socket_addr(SERVER_ADDR, 5302));
     let big = vec![0x5a; 3000];
+    let before = t.stats();
+    let slow = client_udp(&t, 43000, socket_addr(SERVER_ADDR, 5302));
     assert!(
-        echo_once(&sock, &big).is_some(),
+        echo_once(&slow, &big).is_some(),
         "fragmented datagram, no flow yet"
     );
     let kernel_path = t.stats();
-    assert!(echo_once(&sock, b"small 1").is_some(), "small datagram");
+    assert!(echo_once(&slow, b"small 1").is_some(), "small datagram");
+    let slow_small = t.stats();
+    assert!(
+        echo_once(&slow, &big).is_some(),
+        "fragmented datagram again"
+    );
+    let fast = client_udp(&t, 43001, socket_addr(SERVER_ADDR, 5302));
+    assert!(echo_once(&fast, b"fast 1").is_some(), "small datagram");
     let xdp_before = t.stats();
     assert!(
-        echo_once(&sock, &big).is_some(),
+        echo_once(&fast, &big).is_some(),
         "fragmented datagram of the XDP flow, echoed whole"
     );
     let xdp_after = t.stats();
-    assert!(
-        echo_once(&sock, b"small 2").is_some(),
-        "small datagram again"
-    );
     let got = echo.finish();
     println!("server saw {got:?}");
     let seen_as = |len: usize| -> Vec<SocketAddr> {
@@ -377,21 +383,33 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
             .map(|(p, _)| *p)
             .collect()
     };
-    let flow = socket_addr(ROUTER_WAN_ADDR, 43000);
-    assert_eq!(seen_as(7), vec![flow; 2], "{got:?}");
     let large = seen_as(3000);
-    assert_eq!(large.len(), 2, "{got:?}");
-    assert_eq!(large[0].ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+    assert_eq!(large.len(), 3, "{got:?}");
+    let kernels = large[0];
+    assert_eq!(kernels.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
     assert!(
-        (61000..=65535).contains(&large[0].port()),
-        "the kernel path mapped to {}: not its own port range",
-        large[0]
+        (61000..=65535).contains(&kernels.port()),
+        "the kernel path mapped to {kernels}: not its own port range"
     );
-    assert_eq!(large[1], flow, "the XDP flow's fragments left on its port");
+    assert_eq!(
+        seen_as(7),
+        vec![kernels],
+        "the slow-path flow's small datagram left with another mapping: {got:?}"
+    );
+    assert_eq!(large[1], kernels, "{got:?}");
+    let flow = socket_addr(ROUTER_WAN_ADDR, 43001);
+    assert_eq!(seen_as(6), vec![flow], "{got:?}");
+    assert_eq!(large[2], flow, "the XDP flow's fragments left on its port");
     // The first datagram's fragments (3 each way at MTU 1500) went to the
-    // kernel; the second's went through XDP, both ways.
+    // kernel, and so did the next one of that socket; the other socket's
+    // went through XDP, both ways.
     assert!(counter_delta(&before, &kernel_path, "pass_fragment") >= 6);
     assert_eq!(counter_delta(&before, &kernel_path, "fwd_fragment"), 0);
+    assert_eq!(
+        counter_delta(&kernel_path, &slow_small, "pass_kernel_flow"),
+        1
+    );
+    assert_eq!(counter_delta(&kernel_path, &slow_small, "fwd_outbound"), 0);
     assert_eq!(counter_delta(&xdp_before, &xdp_after, "fwd_fragment"), 6);
     assert_eq!(counter_delta(&xdp_before, &xdp_after, "pass_fragment"), 0);
     // XDP's table holds only its own flow's tuple.
@@ -400,7 +418,7 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
         .iter()
         .map(|f| f["xlat_src"].as_str().unwrap_or_default().to_owned())
         .collect();
-    assert_eq!(xlat, vec![format!("{ROUTER_WAN_ADDR}:43000")], "{xlat:?}");
+    assert_eq!(xlat, vec![flow.to_string()], "{xlat:?}");
 }
 
 /// nftables forward chains with policy drop (IPv4 and IPv6), then
@@ -1106,10 +1124,11 @@ fn an_error_about_a_flow_whose_lan_host_is_gone_does_not_leave_with_its_address(
     });
     srv.set_read_timeout(Some(IO)).unwrap();
     let cli = client_udp(&t, 42000, socket_addr(SERVER_ADDR, 5300));
+    let cli_slow = client_udp(&t, 42001, socket_addr(SERVER_ADDR, 5300));
     let mut buf = vec![0u8; 65536];
-    // From one socket: a fragmented first datagram opens a flow in the
-    // kernel's slow path, a small one after it an XDP flow.
-    let mut peer_of = |payload: &[u8]| {
+    // From two sockets of the client: a fragmented first datagram opens a
+    // flow in the kernel's slow path, a small one an XDP flow.
+    let mut peer_of = |cli: &UdpSocket, payload: &[u8]| {
         cli.send(payload).unwrap();
         let (n, peer) = srv.recv_from(&mut buf).expect("the server got a datagram");
         assert_eq!(n, payload.len());
@@ -1117,8 +1136,8 @@ fn an_error_about_a_flow_whose_lan_host_is_gone_does_not_leave_with_its_address(
         assert_eq!(cli.recv(&mut buf).ok(), Some(5), "the client got no reply");
         peer
     };
-    let kernel_flow = peer_of(&[0x5a; 3000]);
-    let xdp_flow = peer_of(b"small");
+    let kernel_flow = peer_of(&cli_slow, &[0x5a; 3000]);
+    let xdp_flow = peer_of(&cli, b"small");
     assert_eq!(xdp_flow, socket_addr(ROUTER_WAN_ADDR, 42000));
     assert!(
         kernel_flow.ip() == IpAddr::V4(ROUTER_WAN_ADDR) && kernel_flow.port() >= 61000,

@@ -223,3 +223,91 @@ fn ports_exhausted_with_one_port_range() {
         );
     });
 }
+
+/// A LAN flow the data path could not open (no free port) goes to the
+/// kernel's slow-path NAT, which chooses its port; its later packets go
+/// there too while it lives (RFC 4787 REQ-11: the mapping does not change
+/// mid-session), also once a port of the data path's comes free, each
+/// refreshing its `KERNEL_FLOWS` marker. Only after a UDP mapping's
+/// lifetime without a LAN packet does the data path open it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_flow_left_to_the_kernel_stays_there_while_it_lives() {
+    use router_common::mapping::UDP_MAPPING_SECS;
+    let env = ResolvedTopology::new(false);
+    let cfg = Config {
+        port_min: 5000,
+        port_max: 5000,
+        ..config(&env)
+    };
+    with_router(&env, Some(cfg), |r| {
+        let lan = r.lan;
+        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 53), 5000);
+        let first = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"first"));
+        r.opens_out(&env, "first flow, the range's one port", &first, 5000);
+        let k = udp_key(CLIENT, 40001, SERVER, 53);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40001, 53, b"second"));
+        let probes = vec![Counter::PortCollision; MAX_PORT_PROBES as usize];
+        let run = r.check(
+            "second flow: no free port, the kernel's",
+            &env.client_sends(&q),
+            lan,
+            XDP_PASS,
+            &env.client_sends(&q),
+            Counter::PassPortsExhausted,
+            &probes,
+        );
+        let marked = r
+            .kernel_flow(&k)
+            .expect("the second flow left to the kernel");
+        assert!((run.t0..=run.t1).contains(&marked), "marker time {marked}");
+        assert_eq!(
+            r.kernel_flow(&f.orig),
+            None,
+            "the first flow is the data path's"
+        );
+
+        // The port comes free: the first flow and its mapping end.
+        r.remove(&f.orig);
+        r.remove(&f.reply());
+        let mut m = r
+            .mapping(IPPROTO_UDP, 5000)
+            .expect("the first flow's mapping");
+        m.expires_ns = now_ns() - NS_PER_SEC;
+        r.put_mapping(IPPROTO_UDP, 5000, m);
+        let run = r.pass(
+            "second flow, port free: still the kernel's",
+            &env.client_sends(&q),
+            lan,
+            Counter::PassKernelFlow,
+        );
+        let refreshed = r.kernel_flow(&k).expect("marker");
+        assert!(
+            (run.t0..=run.t1).contains(&refreshed),
+            "marker refreshed to {refreshed}"
+        );
+        r.assert_flows("no flow of the data path's", []);
+
+        // Almost a UDP mapping's lifetime without a LAN packet: still
+        // the kernel's.
+        let secs = u64::from(UDP_MAPPING_SECS) * NS_PER_SEC;
+        r.put_kernel_flow(k, now_ns() - secs + 20 * NS_PER_SEC);
+        r.pass(
+            "second flow, marker about to run out",
+            &env.client_sends(&q),
+            lan,
+            Counter::PassKernelFlow,
+        );
+        // The whole lifetime: the kernel's entry has ended too, and the
+        // data path opens the flow with its own port.
+        r.put_kernel_flow(k, now_ns() - secs - NS_PER_SEC);
+        r.redirect(
+            "second flow after its time on the kernel",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 5000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade, Counter::MappingReclaimed],
+        );
+    });
+}
