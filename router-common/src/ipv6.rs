@@ -310,7 +310,11 @@ pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {
 /// forwards inbound only what matches a flow or is explicitly permitted
 /// (REC-31), and drops `ICMPv6` errors that match no flow (REC-10). HIP
 /// (REC-26: not to be prohibited) shares its counter with the other rare
-/// kinds and is judged with them.
+/// kinds and is judged with them. A frame not addressed to the WAN
+/// interface's own MAC (`pass_not_for_us`): the kernel forwards one that a
+/// device on top of the interface takes (a keepalived `use_vmac` macvlan
+/// of a VRRP instance this router is a backup of, or that is IPv4 only);
+/// for any other it is judged for nothing (the kernel drops it).
 ///
 /// Not judged: ESP and AH (RFC 6092 REC-21, REC-22: a gateway must not
 /// prohibit `IPsec` in its default mode; the LAN host's `IPsec` decides), a
@@ -328,6 +332,7 @@ pub const fn judged_when_inbound(counter: Counter) -> bool {
             | Counter::Pass6ExtOther
             | Counter::Pass6Mld
             | Counter::PassProtocol
+            | Counter::PassNotForUs
     )
 }
 
@@ -364,6 +369,7 @@ mod tests {
             Counter::Pass6ExtOther,
             Counter::Pass6Mld,
             Counter::PassProtocol,
+            Counter::PassNotForUs,
         ] {
             assert!(judged_when_inbound(c), "{c:?}");
         }

@@ -340,17 +340,19 @@ pub fn unsolicited(ctx: &XdpContext, v: Packed) -> Packed {
 /// [`unsolicited`]'s judgement.
 #[inline(always)]
 fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
-    // Not IPv4, not configured: no header to judge. Not addressed to the
-    // router: the kernel does not forward it either. No neighbour, or too
-    // large for the next hop: the packet was translated to its LAN host by
-    // a flow (a reply or a port forward) and is passed for the kernel to
-    // resolve the neighbour or fragment it.
+    // Not IPv4, not configured: no header to judge (priority-tagged
+    // frames are `tagged::judge`'s). No neighbour, or too large for the
+    // next hop: the packet was translated to its LAN host by a flow (a
+    // reply or a port forward) and is passed for the kernel to resolve the
+    // neighbour or fragment it. Judged, though, is a frame not addressed to
+    // the interface's own MAC (`pass_not_for_us`): the kernel forwards one
+    // that a device on top of the WAN takes (a keepalived `use_vmac`
+    // macvlan while this router is a backup); any other it drops anyway.
     if v.action != xdp_action::XDP_PASS
         || matches!(
             v.counter,
             Counter::PassNotIpv4
                 | Counter::PassNotConfigured
-                | Counter::PassNotForUs
                 | Counter::PassNoNeighbour
                 | Counter::PassMtuTranslated
         )

@@ -3,12 +3,14 @@
 //! LAN host (RFC 5508 4.2); from a LAN host about packets the NAT
 //! delivered to it, out as the NAT's own (RFC 5508 REQ-5), since the
 //! kernel, which never saw the flow, would let it leave untranslated.
+//! Standalone mode only: in offload mode the kernel saw every flow, and
+//! its firewall decides on an error about one.
 
 use aya_ebpf::programs::XdpContext;
 use router_common::{
     flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
-    maps::{Config, Counter, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
+    maps::{Admit, Config, Counter, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
     nat::{ErrorWay, ICMP_ECHO_REQUEST, forwardable_addr, translate_icmp_error},
 };
 
@@ -24,7 +26,7 @@ use crate::{
 /// destination, back to the LAN host; from the LAN: the source, to the
 /// NAT's) and forwards it; else the kernel's (from the LAN: it may belong
 /// to a slow-path flow, which the kernel translates; the slow-path table
-/// drops what it cannot).
+/// drops what it cannot). Offload mode leaves every error to the kernel.
 #[inline(always)]
 pub fn forward(
     ctx: &XdpContext,
@@ -34,6 +36,14 @@ pub fn forward(
     ip: &mut [u8; ipv4::LEN],
     total_len: usize,
 ) -> Step<Verdict> {
+    if cfg.admit == Admit::Kernel as u8 {
+        // Offload mode: the kernel's conntrack knows every flow, even an
+        // offloaded one, so its firewall decides on an error about it
+        // (a ruleset may accept `established` but not `related`) and its
+        // NAT translates it, as nf_flowtable leaves ICMP errors to the
+        // slow path.
+        return Err(Verdict::pass(Counter::PassNotOffloaded));
+    }
     let unsolicited = Verdict::pass(if from_lan {
         Counter::PassNoFlow
     } else {

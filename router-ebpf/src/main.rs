@@ -13,7 +13,8 @@
 //! IP options ([`ip_options`]), a WAN
 //! packet of a flow whose TTL ran out ([`icmp_answer`]) and a flow's packet
 //! larger than its next hop's MTU ([`oversize`]); IPv6 has its own core
-//! ([`v6`]).
+//! ([`v6`]). In standalone mode a WAN frame with priority tags (VLAN id 0,
+//! which the kernel strips) is judged by the packet inside ([`tagged`]).
 //! Each phase either hands its result on or ends the packet with a
 //! [`Verdict`]: everything not handled goes to the kernel with `XDP_PASS`
 //! and a per-reason counter; malformed packets are dropped and counted. The
@@ -48,6 +49,7 @@ mod maps;
 mod mss;
 mod oversize;
 mod parse;
+mod tagged;
 mod v6;
 mod verdict;
 
@@ -83,11 +85,12 @@ pub fn router(ctx: XdpContext) -> u32 {
     });
     // Only a passed packet can be a fragment the core left to its own
     // path, a flow's packet whose TTL ran out or that is too large for its
-    // next hop, or unsolicited: forwarded and dropped ones skip the
-    // subprogram calls.
+    // next hop, priority-tagged, or unsolicited: forwarded and dropped ones
+    // skip the subprogram calls.
     let v = if v.action == xdp_action::XDP_PASS {
         let v = match v.counter {
             Counter::PassFragment => fragment::forward(&ctx).unpack(),
+            Counter::PassNotIpv4 => tagged::judge(ctx.ctx, v.pack()).unpack(),
             Counter::PassIpOptions => ip_options::forward(&ctx).unpack(),
             Counter::PassTtlExceeded => icmp_answer::time_exceeded(&ctx, v.pack()).unpack(),
             Counter::PassMtu => match oversize::forward(&ctx, v.pack()).unpack() {

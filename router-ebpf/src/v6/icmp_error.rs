@@ -1,13 +1,15 @@
 //! `ICMPv6` errors from the WAN (destination unreachable, Packet Too Big,
 //! time exceeded, parameter problem) about a packet of a known flow:
 //! forwarded to the LAN host unchanged (routed: nothing to translate), so
-//! path-MTU discovery and traceroute work through the firewall.
+//! path-MTU discovery and traceroute work through the firewall. Standalone
+//! mode only: offload mode leaves every error to the kernel, whose
+//! firewall decides on it.
 
 use aya_ebpf::programs::XdpContext;
 use router_common::{
     hdr::{ICMP_QUOTED_L4_LEN, eth, get_u16, icmp, udp},
     ipv6::{Ext, IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, min_payload},
-    maps::{Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP},
+    maps::{Admit, Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP},
 };
 
 use super::{fib6, forward as forward_l2, maps::live_wan_entry, unsolicited};
@@ -22,6 +24,10 @@ pub fn forward(
     eth: &mut [u8; eth::LEN],
     ip: &mut [u8; ipv6::LEN],
 ) -> Step<Verdict> {
+    if side.cfg.admit == Admit::Kernel as u8 {
+        // Offload mode: the kernel's, as IPv4's (`crate::icmp_error`).
+        return Err(Verdict::pass(Counter::PassNotOffloaded));
+    }
     if usize::from(get_u16(ip, ipv6::PAYLOAD_LEN)) < min_payload::ICMP_ERROR {
         return Err(unsolicited(ctx, ip, side));
     }

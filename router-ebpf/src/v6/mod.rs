@@ -235,8 +235,10 @@ pub fn forward(
 /// addresses: `ipv6::judged_when_inbound`, which the caller asks): dropped
 /// if the FIB (asked without the MTU check, as [`unsolicited`]) routes it
 /// to the LAN, else left as it was (for the router itself, or routed
-/// elsewhere). Fragments of known flows pass ([`fragment_of_a_flow`]).
-/// Offload mode, LAN packets and IPv4 are left as they are.
+/// elsewhere). Fragments of known flows pass ([`fragment_of_a_flow`]), and
+/// so do TCP and UDP replies of known flows sent to a MAC not the
+/// interface's ([`unsolicited_at`]). Offload mode, LAN packets and IPv4
+/// are left as they are.
 // A BPF subprogram of its own, as IPv4's `admit::unsolicited`: its flow
 // key stays off the entry point's frame.
 #[inline(never)]
@@ -262,11 +264,87 @@ fn judge(ctx: &XdpContext, v: Verdict) -> Verdict {
     if v.counter == Counter::Pass6ExtFragment && fragment_of_a_flow(ctx.ctx, side.cfg) {
         return v;
     }
+    if v.counter == Counter::PassNotForUs {
+        return if unsolicited_at(ctx.ctx, frame6::IPV6) {
+            Verdict::drop(Counter::Drop6Unsolicited)
+        } else {
+            v
+        };
+    }
     if routed_to(ctx, side.cfg.lan_ifindex) {
         Verdict::drop(Counter::Drop6Unsolicited)
     } else {
         v
     }
+}
+
+/// Whether the IPv6 packet `l3` bytes into the frame of `md`, from a
+/// standalone router's WAN, is unsolicited and routed to the LAN: a TCP
+/// or UDP packet of a live WAN-side entry (a reply of a known flow) is
+/// not, anything else the FIB routes to the LAN is (pinholes are not
+/// asked: such a packet opens nothing). For the frames the core passes
+/// without looking for a flow although the kernel may forward them: behind
+/// priority tags (`crate::tagged`), to a MAC not the interface's
+/// (`pass_not_for_us`: a macvlan on the WAN takes it).
+// A BPF subprogram of its own (see `routed_to`); the raw context and
+// volatile bounds as `fragment_of_a_flow`.
+#[inline(never)]
+pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
+    // SAFETY: `md` is the program's context; its `data` and `data_end`
+    // are the packet's bounds, checked below before any access.
+    let (data, end) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*md).data) as usize,
+            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
+        )
+    };
+    let Some(cfg) = crate::maps::CONFIG.get(0) else {
+        return false;
+    };
+    // (No frame has more than 4 tags here.)
+    if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN > end {
+        return false;
+    }
+    // SAFETY: within the bounds checked just above.
+    let ip = unsafe { &*((data + l3) as *const [u8; ipv6::LEN]) };
+    let proto = ip[ipv6::NEXT_HEADER];
+    if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) && data + l3 + ipv6::LEN + 4 <= end {
+        // SAFETY: within the bounds checked in the condition.
+        let ports = unsafe { &*((data + l3 + ipv6::LEN) as *const [u8; 4]) };
+        let key = FlowKey6::new(
+            get_addr6(ip, ipv6::SRC),
+            get_addr6(ip, ipv6::DST),
+            get_u16(ports, 0),
+            get_u16(ports, 2),
+            proto,
+        );
+        if maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now()) {
+            return false;
+        }
+    }
+    routed_at(md, l3, cfg.lan_ifindex)
+}
+
+/// Whether the FIB routes the IPv6 packet `l3` bytes into the frame of
+/// `md` out of `ifindex` (no MTU check): [`routed_to`] at another offset.
+// Its own subprogram, as `routed_to` is, for the same reason: in its
+// caller's frame the FIB parameters landed on a 4-byte aligned slot.
+#[inline(never)]
+fn routed_at(md: *mut xdp_md, l3: usize, ifindex: u32) -> bool {
+    // SAFETY: as in `unsolicited_at`.
+    let (data, end) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*md).data) as usize,
+            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
+        )
+    };
+    if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN > end {
+        return false;
+    }
+    // SAFETY: within the bounds checked just above.
+    let ip = unsafe { &*((data + l3) as *const [u8; ipv6::LEN]) };
+    let mut p = params_sized(ip, 0);
+    egress(&XdpContext::new(md), &mut p) == Some(ifindex)
 }
 
 /// Whether the FIB routes the IPv6 packet of `ctx` out of `ifindex` (no

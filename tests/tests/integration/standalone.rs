@@ -335,6 +335,100 @@ fn no_lan_source_address_leaves_on_the_wan() {
     );
 }
 
+/// WAN frames the kernel takes although they are not plain frames to the
+/// WAN interface's MAC, each carrying a UDP datagram to a LAN host: one
+/// with a priority tag (802.1Q, VLAN id 0: the kernel strips it and takes
+/// the packet as untagged), one to the MAC of a macvlan on the WAN (what
+/// keepalived `use_vmac` makes; this router no VRRP master, so the data
+/// path does not accept the MAC). The kernel forwards both to the LAN
+/// host, which offload mode without firewall rules shows (the kernel
+/// decides there); standalone mode drops them as it drops untagged ones
+/// to its own MAC (`drop_unsolicited`), so the host neither gets them nor
+/// answers with a flow that would let the sender in.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn tagged_frames_and_frames_to_a_macvlan_do_not_open_the_way_in() {
+    use tests::addr::HOST_IF;
+    use tests::frames::{Frame, Ipv4, Udp};
+    const MACVLAN_MAC: [u8; 6] = [0x00, 0x00, 0x5e, 0x00, 0x01, 0x33];
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    attach_and_print(&t, &[]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip",
+            "link",
+            "add",
+            "link",
+            WAN_IF,
+            "name",
+            "vrrp.51",
+            "address",
+            "00:00:5e:00:01:33",
+            "type",
+            "macvlan",
+            "mode",
+            "private",
+        ],
+    );
+    t.exec_ok(Ns::Router, &["ip", "link", "set", "vrrp.51", "up"]);
+    let client = t.in_ns(Ns::Client, || {
+        UdpSocket::bind(socket_addr(CLIENT_ADDR, 5320)).unwrap()
+    });
+    client
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    let (server_mac, router_mac) = (t.mac(Ns::Server, HOST_IF), t.mac(Ns::Router, WAN_IF));
+    let eth0 = t.ifindex(Ns::Server, HOST_IF);
+    let send = |tagged: bool, payload: &[u8]| {
+        let ip = Ipv4::new(
+            SERVER_ADDR.octets(),
+            CLIENT_ADDR.octets(),
+            Udp::new(4000, 5320, payload),
+        );
+        let frame = if tagged {
+            let untagged = Frame::new(router_mac, server_mac, ip).bytes();
+            let mut frame = untagged[..12].to_vec();
+            frame.extend_from_slice(&[0x81, 0x00, 0x00, 0x00]);
+            frame.extend_from_slice(&untagged[12..]);
+            frame
+        } else {
+            Frame::new(MACVLAN_MAC, server_mac, ip).bytes()
+        };
+        t.in_ns(Ns::Server, || {
+            tests::packet::send_frame(eth0, &frame).expect("sending a raw frame");
+        });
+    };
+    let mut buf = [0u8; 256];
+    for (tagged, what) in [(true, "priority-tagged"), (false, "to the macvlan's MAC")] {
+        let before = t.stats();
+        send(tagged, what.as_bytes());
+        let got = client.recv(&mut buf);
+        let after = t.stats();
+        assert!(
+            got.is_err(),
+            "a datagram {what} reached the LAN host: {:?}",
+            got.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        );
+        assert_eq!(
+            counter_delta(&before, &after, "drop_unsolicited"),
+            1,
+            "{what}"
+        );
+    }
+
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (tagged, what) in [(true, "priority-tagged"), (false, "to the macvlan's MAC")] {
+        send(tagged, what.as_bytes());
+        let n = client.recv(&mut buf).unwrap_or_else(|e| {
+            panic!("the kernel forwards a datagram {what} (the test's premise): {e}")
+        });
+        assert_eq!(&buf[..n], what.as_bytes());
+    }
+}
+
 /// Two LAN sockets, two paths, one mapping each. A 3000-byte datagram as
 /// a socket's first is fragmented by the client, and a fragment opens no
 /// XDP flow: it goes through the kernel's slow path, whose NAT would keep

@@ -63,7 +63,8 @@ enum Expect6 {
 /// [`parse_model6`], then standalone mode's inbound filter as the README
 /// states it: from the WAN, what the parse passes without a flow
 /// (extension headers but ESP and AH, MLD, other protocols and `ICMPv6`
-/// types) is dropped when addressed to a LAN host (the LAN prefix, not the
+/// types, frames not to the router's MAC but a known flow's TCP or UDP
+/// reply) is dropped when addressed to a LAN host (the LAN prefix, not the
 /// router's own address there); a fragment passes when it is a later one
 /// or `IPsec`'s, a first one of TCP, UDP or an echo reply when its flow is
 /// known.
@@ -81,12 +82,22 @@ fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
             | Counter::Pass6ExtOther
             | Counter::Pass6Mld
             | Counter::PassProtocol
+            | Counter::PassNotForUs
     );
     let to_lan_host = f
         .get(IP6 + 24..IP6 + 40)
         .is_some_and(|dst| dst[..8] == LAN6_PREFIX && dst != tests::v6::ROUTER_LAN6.octets());
     if !(!from_lan && passed_without_a_flow && to_lan_host) {
         return e;
+    }
+    if c == Counter::PassNotForUs {
+        // Judged too (a macvlan on the WAN would take it in), but a TCP or
+        // UDP reply of a known flow passes.
+        return if matches!(f.get(IP6 + 6), Some(6 | 17)) {
+            Expect6::EitherOf(c, Counter::Drop6Unsolicited)
+        } else {
+            Expect6::Exactly(Counter::Drop6Unsolicited)
+        };
     }
     if c == Counter::Pass6ExtFragment {
         // The Fragment header right after the fixed one and 8 bytes after

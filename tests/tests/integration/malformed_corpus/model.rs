@@ -393,11 +393,19 @@ fn lan_host(addr: [u8; 4]) -> bool {
 /// mode"): a packet the data path would pass to the kernel untranslated
 /// whose destination the router forwards out of the LAN interface (a LAN
 /// host: not the router's own LAN address, not the subnet's broadcast) is
-/// dropped as `DropUnsolicited` instead. Packets passed translated
-/// (`PassNoNeighbour`), not addressed to the router's MAC, not IPv4 or too
-/// short to have a destination keep their verdicts.
+/// dropped as `DropUnsolicited` instead, also one not addressed to the
+/// router's MAC. Packets passed translated (`PassNoNeighbour`), not
+/// configured or too short to have a destination keep their verdicts; a
+/// frame that is not IPv4 only if priority tags carry one (see
+/// [`priority_tagged`]).
 pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> Vec<Counter> {
-    if from_lan || !is_ipv4(f) || f.len() < L4_OFF {
+    if from_lan {
+        return ok;
+    }
+    if !is_ipv4(f) {
+        return priority_tagged(f).unwrap_or(ok);
+    }
+    if f.len() < L4_OFF {
         return ok;
     }
     let dst = [
@@ -418,7 +426,6 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
                         | Counter::PassMtuTranslated
                         | Counter::PassNotIpv4
                         | Counter::PassNotConfigured
-                        | Counter::PassNotForUs
                 );
             if untranslated_pass {
                 Counter::DropUnsolicited
@@ -427,4 +434,47 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
             }
         })
         .collect()
+}
+
+/// The README's judgement of a WAN frame with priority tags (802.1Q or
+/// 802.1ad, VLAN id 0; the kernel strips them): more than four such tags
+/// dropped; behind them an IPv4 packet to a LAN host dropped as
+/// unsolicited, an IPv6 one to the LAN prefix dropped unless it is a known
+/// flow's TCP or UDP reply (either verdict here). `None`: not such a
+/// frame, or one the judgement leaves alone (a VLAN id, cut short, another
+/// destination).
+fn priority_tagged(f: &[u8]) -> Option<Vec<Counter>> {
+    let mut at = 12;
+    let mut tags = 0;
+    loop {
+        let word = f.get(at..at + 4)?;
+        if !matches!(be16(word, 0), 0x8100 | 0x88a8) {
+            break;
+        }
+        if be16(word, 2) & 0x0fff != 0 {
+            return None;
+        }
+        tags += 1;
+        if tags > 4 {
+            return Some(vec![Counter::DropUnsolicited]);
+        }
+        at += 4;
+    }
+    if tags == 0 {
+        return None;
+    }
+    let l3 = at + 2;
+    match be16(f, at) {
+        0x0800 => {
+            let dst: [u8; 4] = f.get(l3 + 16..l3 + 20)?.try_into().ok()?;
+            lan_host(dst).then(|| vec![Counter::DropUnsolicited])
+        }
+        0x86dd => {
+            let dst = f.get(l3 + 24..l3 + 40)?;
+            (dst[..8] == [0x20, 0x01, 0x0d, 0xb8, 0, 0x50, 0, 0]
+                && dst != tests::v6::ROUTER_LAN6.octets())
+            .then(|| vec![Counter::PassNotIpv4, Counter::Drop6Unsolicited])
+        }
+        _ => None,
+    }
 }

@@ -419,3 +419,56 @@ fn lan_errors_about_delivered_packets(env: &ResolvedTopology, r: &mut Router, pu
         );
     }
 }
+
+/// Offload mode: an ICMP error about an offloaded flow, from the WAN (a
+/// port unreachable quoting the flow's translated datagram) or from the
+/// LAN (quoting the reply the host got), goes to the kernel
+/// (`pass_not_offloaded`): its conntrack knows the flow, so its firewall
+/// decides on the error (a ruleset may accept `established` and not
+/// `related`) and its NAT translates it; the data path carrying it would
+/// bypass that. Standalone mode translates the same error (the flow is
+/// its own there).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_mode_leaves_icmp_errors_about_offloaded_flows_to_the_kernel() {
+    let env = ResolvedTopology::new(false);
+    let mut offload = config(&env);
+    offload.admit = router_common::maps::Admit::Kernel as u8;
+    with_router(&env, Some(offload), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        put_offloaded_udp_flow(r, 40011, 61011);
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(40011, 53, b"query"));
+        r.redirect(
+            "the offloaded flow carries a datagram",
+            &env.client_sends(&out),
+            lan,
+            &env.to_server(&snat(&out, 61011)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let quoted_out = snat(&out, 61011).bytes();
+        let from_wan = Ipv4::new(
+            SERVER,
+            WAN,
+            Icmp::error(ICMP_DEST_UNREACH, 3, &quoted_out[..28]),
+        );
+        r.pass(
+            "port unreachable from the WAN about the offloaded flow",
+            &env.server_sends(&from_wan),
+            wan,
+            Counter::PassNotOffloaded,
+        );
+        let delivered = Ipv4::new(SERVER, CLIENT, Udp::new(53, 40011, b"answer")).bytes();
+        let from_lan = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Icmp::error(ICMP_DEST_UNREACH, 3, &delivered[..28]),
+        );
+        r.pass(
+            "port unreachable from the LAN host about the offloaded flow",
+            &env.client_sends(&from_lan),
+            lan,
+            Counter::PassNotOffloaded,
+        );
+    });
+}

@@ -3,7 +3,10 @@
 //! as `pass_not_for_us`, before any flow work (RFC 1812 5.3.4; the kernel
 //! forwards only `PACKET_HOST` frames). Frames to a VRRP virtual MAC the
 //! controller accepted (keepalived `use_vmac`, this router the master) are
-//! forwarded as frames to the router's own MAC are.
+//! forwarded as frames to the router's own MAC are. In standalone mode a
+//! WAN frame of no flow to a LAN host is dropped as unsolicited whatever
+//! MAC it is sent to (a macvlan on the WAN, a backup's `use_vmac`, would
+//! take it and the kernel forward it).
 
 use router_common::maps::{VMAC_IPV4, VMAC_IPV6};
 use tests::frames::{BROADCAST_MAC, IPV4_MULTICAST_MAC, NOBODY_MAC};
@@ -117,19 +120,28 @@ fn new_flows_to_a_foreign_mac_admit_nothing() {
         let udp = Ipv4::new(CLIENT, SERVER, Udp::new(40002, 53, b"query"));
         let to_lan_host = Ipv4::new(SERVER, CLIENT, Udp::new(53, 40003, b"unsolicited"));
         let to_forward = Ipv4::new(SERVER, WAN, Tcp::new(50000, 8080, TCP_SYN));
-        for (from_lan, ip) in [
-            (true, &syn),
-            (true, &udp),
-            (false, &to_lan_host),
-            (false, &to_forward),
+        for (from_lan, ip, unsolicited) in [
+            (true, &syn, false),
+            (true, &udp, false),
+            (false, &to_lan_host, true),
+            (false, &to_forward, false),
         ] {
             for (what, mac) in foreign_macs(&env, from_lan) {
-                r.pass(
-                    &format!("{} to {what}", if from_lan { "LAN" } else { "WAN" }),
-                    &sent_to(&env, from_lan, mac, ip),
-                    if from_lan { lan } else { wan },
-                    Counter::PassNotForUs,
-                );
+                let what = format!("{} to {what}", if from_lan { "LAN" } else { "WAN" });
+                let frame = sent_to(&env, from_lan, mac, ip);
+                if unsolicited {
+                    // Judged as unsolicited all the same: a device on top
+                    // of the WAN (a macvlan) would take the frame, and
+                    // the kernel forward it.
+                    r.drop_frame(&what, &frame, wan, Counter::DropUnsolicited);
+                } else {
+                    r.pass(
+                        &what,
+                        &frame,
+                        if from_lan { lan } else { wan },
+                        Counter::PassNotForUs,
+                    );
+                }
             }
         }
         r.assert_flows("after the foreign frames", []);
@@ -227,12 +239,23 @@ fn frames_to_other_virtual_macs_are_passed() {
                 Counter::PassNotForUs,
             );
         }
-        for (what, ip) in [("reply", &a), ("unsolicited", &to_lan_host)] {
-            r.pass(
-                &format!("WAN {what} to the LAN's virtual MAC"),
-                &sent_to(&env, false, vrrp_mac(61), ip),
+        r.pass(
+            "WAN reply to the LAN's virtual MAC",
+            &sent_to(&env, false, vrrp_mac(61), &a),
+            wan,
+            Counter::PassNotForUs,
+        );
+        // A virtual MAC this router is no master of (a backup's macvlan
+        // takes it, and the kernel would forward it): judged.
+        for (what, mac) in [
+            ("the LAN's virtual MAC", vrrp_mac(61)),
+            ("another VRID's virtual MAC", vrrp_mac(52)),
+        ] {
+            r.drop_frame(
+                &format!("WAN unsolicited to {what}"),
+                &sent_to(&env, false, mac, &to_lan_host),
                 wan,
-                Counter::PassNotForUs,
+                Counter::DropUnsolicited,
             );
         }
         r.assert_flows("after the frames to other virtual MACs", []);

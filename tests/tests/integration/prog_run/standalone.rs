@@ -254,3 +254,96 @@ fn lan_packets_from_sources_the_lan_does_not_route_open_nothing() {
         );
     });
 }
+
+/// `frame` with the tags `tags` (protocol identifier, control
+/// information) inserted before its Ethernet type.
+fn tagged(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
+    let mut v = frame[..12].to_vec();
+    for (tpid, tci) in tags {
+        v.extend_from_slice(&tpid.to_be_bytes());
+        v.extend_from_slice(&tci.to_be_bytes());
+    }
+    v.extend_from_slice(&frame[12..]);
+    v
+}
+
+/// WAN frames with priority tags (VLAN id 0, which the kernel strips and
+/// takes the packet as untagged) are judged as untagged ones: to a LAN
+/// host dropped, one tag or 802.1ad + 802.1Q, with any priority; more
+/// than four such tags dropped whatever they carry. Left to the kernel:
+/// one to the WAN address, a tag with a VLAN id (also behind a priority
+/// tag: another interface's, or dropped), one cut short in its tag, the
+/// same frames from the LAN, and in offload mode.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
+    const Q: u16 = 0x8100;
+    const AD: u16 = 0x88a8;
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let knock = Ipv4::new(SERVER, CLIENT, Udp::new(53, 40000, b"knock"));
+        let syn = Ipv4::new(SERVER, CLIENT, Tcp::new(5555, 22, TCP_SYN));
+        let to_router = Ipv4::new(SERVER, WAN, Udp::new(53, 40001, b"knock"));
+        for (what, ip) in [("UDP", &knock), ("TCP SYN", &syn)] {
+            for (tags, how) in [
+                (&[(Q, 0)][..], "a priority tag"),
+                (&[(Q, 0xe000)][..], "a priority tag, priority 7"),
+                (&[(AD, 0), (Q, 0)][..], "802.1ad + 802.1Q priority tags"),
+                (&[(Q, 0); 4][..], "four priority tags"),
+            ] {
+                r.drop_frame(
+                    &format!("{what} to a LAN host behind {how}"),
+                    &tagged(&env.server_sends(ip), tags),
+                    wan,
+                    Counter::DropUnsolicited,
+                );
+            }
+        }
+        r.drop_frame(
+            "five priority tags",
+            &tagged(&env.server_sends(&to_router), &[(Q, 0); 5]),
+            wan,
+            Counter::DropUnsolicited,
+        );
+        for (what, frame) in [
+            (
+                "to the WAN address behind a priority tag",
+                tagged(&env.server_sends(&to_router), &[(Q, 0)]),
+            ),
+            (
+                "to a LAN host in VLAN 5",
+                tagged(&env.server_sends(&knock), &[(Q, 5)]),
+            ),
+            (
+                "to a LAN host in VLAN 5 behind a priority tag",
+                tagged(&env.server_sends(&knock), &[(AD, 0), (Q, 5)]),
+            ),
+            (
+                "cut short in its second tag",
+                tagged(&env.server_sends(&knock), &[(Q, 0), (Q, 0)])[..16].to_vec(),
+            ),
+        ] {
+            r.pass(what, &frame, wan, Counter::PassNotIpv4);
+        }
+        let out = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"q"));
+        r.pass(
+            "LAN: a priority-tagged packet",
+            &tagged(&env.client_sends(&out), &[(Q, 0)]),
+            lan,
+            Counter::PassNotIpv4,
+        );
+        r.assert_flows("nothing opened", []);
+
+        // Offload mode: the kernel's firewall decides; passed.
+        let mut offload = config(&env);
+        offload.admit = router_common::maps::Admit::Kernel as u8;
+        r.configure(&offload);
+        r.pass(
+            "offload: to a LAN host behind a priority tag",
+            &tagged(&env.server_sends(&knock), &[(Q, 0)]),
+            wan,
+            Counter::PassNotIpv4,
+        );
+    });
+}

@@ -1010,7 +1010,9 @@ fn offloaded6_carried_only_within_the_lease() {
 /// multicast, another host's MAC) are passed untouched as
 /// `pass_not_for_us` (RFC 1812 5.3.4, the kernel's `PACKET_HOST` rule):
 /// an established flow's packets both ways leave its entries as they were
-/// (state, times, counts), and a new flow's first packet opens nothing.
+/// (state, times, counts), and a new flow's first packet opens nothing;
+/// from the WAN one of no flow to a LAN host is dropped
+/// (`drop6_unsolicited`), as standalone mode judges them.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn udp6_frames_not_for_the_router_are_passed() {
@@ -1052,6 +1054,17 @@ fn udp6_frames_not_for_the_router_are_passed() {
                     Counter::PassNotForUs,
                 );
             }
+        }
+        // Standalone's inbound filter all the same (a macvlan on the WAN
+        // would take it in): unsolicited to a LAN host, dropped.
+        let knock = Ipv6::udp(s, c, &Udp::new(53, 5399, b"knock"));
+        for mac in [BROADCAST_MAC, IPV6_MULTICAST_MAC, NOBODY_MAC] {
+            r.drop_frame(
+                &format!("WAN, no flow, to {mac:02x?}"),
+                &knock.frame(mac, env.server_mac),
+                wan,
+                Counter::Drop6Unsolicited,
+            );
         }
         assert_eq!(r.conntrack6(), before, "no entry opened or changed");
     });
@@ -1248,6 +1261,96 @@ fn an_offloaded_flows_lost_half_comes_back_unless_it_is_being_ended() {
         assert!(
             !r.conntrack6().contains_key(&orig.reversed()),
             "the removed half came back"
+        );
+    });
+}
+
+/// IPv6 WAN frames with priority tags (VLAN id 0: the kernel strips them
+/// and forwards the packet as untagged), standalone: an unsolicited TCP SYN
+/// or UDP datagram to a LAN host is dropped; a reply of a known UDP flow
+/// passes (the kernel forwards it); to the router itself, or with a VLAN
+/// id, it is the kernel's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn priority_tagged_ipv6_from_the_wan_is_judged() {
+    fn tagged(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
+        let mut v = frame[..12].to_vec();
+        for (tpid, tci) in tags {
+            v.extend_from_slice(&tpid.to_be_bytes());
+            v.extend_from_slice(&tci.to_be_bytes());
+        }
+        v.extend_from_slice(&frame[12..]);
+        v
+    }
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let q = Ipv6::udp(c, s, &Udp::new(5353, 53, b"query"));
+        r.redirect(
+            "UDP out",
+            &from_client(&env, &q),
+            lan,
+            &to_server(&env, &q),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        let prio = [(0x8100, 0)];
+        let stacked = [(0x88a8, 0), (0x8100, 0)];
+        let syn = Ipv6::tcp(s, c, &Tcp::new(50000, 22, TCP_SYN));
+        let udp = Ipv6::udp(s, c, &Udp::new(50000, 5060, b"INVITE"));
+        for (what, p) in [("SYN", &syn), ("UDP", &udp)] {
+            for tags in [&prio[..], &stacked[..]] {
+                r.drop_frame(
+                    &format!("unsolicited {what} behind {} priority tag(s)", tags.len()),
+                    &tagged(&from_server(&env, p), tags),
+                    wan,
+                    Counter::Drop6Unsolicited,
+                );
+            }
+        }
+        let a = Ipv6::udp(s, c, &Udp::new(53, 5353, b"answer"));
+        let own = Ipv6::tcp(s, o(ROUTER_WAN6), &Tcp::new(50000, 22, TCP_SYN));
+        for (what, frame) in [
+            (
+                "a reply of the known flow behind a priority tag",
+                tagged(&from_server(&env, &a), &prio),
+            ),
+            (
+                "SYN to the router behind a priority tag",
+                tagged(&from_server(&env, &own), &prio),
+            ),
+            (
+                "SYN to a LAN host in VLAN 7",
+                tagged(&from_server(&env, &syn), &[(0x8100, 7)]),
+            ),
+        ] {
+            r.pass(what, &frame, wan, Counter::PassNotIpv4);
+        }
+    });
+}
+
+/// Offload mode: an `ICMPv6` error from the WAN about an offloaded flow
+/// goes to the kernel (`pass_not_offloaded`), whose firewall decides on it
+/// (a ruleset may accept `established` and not `related`), as IPv4's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_mode_leaves_icmp6_errors_about_offloaded_flows_to_the_kernel() {
+    use tests::v6::ICMP6_DEST_UNREACH;
+    let env = topology();
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let wan = r.wan();
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let orig = key(CLIENT6, 5000, SERVER6, 6000, IPPROTO_UDP);
+        offloaded(r, &orig, FlowState::UdpReplied, lease_tick(now_ns()) + 60);
+        let udp = Ipv6::udp(c, s, &Udp::new(5000, 6000, b"datagram"));
+        let quoted = udp.clone().hop_limit(udp.hop_limit - 1).bytes();
+        let e = Ipv6::error(s, c, ICMP6_DEST_UNREACH, 0, &quoted);
+        r.pass(
+            "unreachable from the WAN about the offloaded flow",
+            &from_server(&env, &e),
+            wan,
+            Counter::PassNotOffloaded,
         );
     });
 }
