@@ -19,7 +19,9 @@
 //!   every frame to the kernel until attach runs again;
 //! - standalone mode: the router's own sockets taking local ports
 //!   (`net.ipv4.ip_local_port_range`, less `ip_local_reserved_ports`) inside
-//!   XDP's `--port-range`.
+//!   XDP's `--port-range`; the kernel accepting IPv4 source routes on the
+//!   WAN (`accept_source_route`), which would re-route a packet to the WAN
+//!   address into the LAN.
 
 use std::{
     fs,
@@ -1142,6 +1144,63 @@ pub fn local_ports_check(netns: Option<&str>, pin_dir: &Path) -> Option<Check> {
     Some(local_ports_now((cfg.port_min, cfg.port_max), kernel_nat))
 }
 
+/// Standalone mode only: whether the kernel accepts IPv4 source routes
+/// (LSRR/SSRR options) arriving on the WAN. It does when
+/// `accept_source_route` is on for both `all` and the interface (Linux's
+/// default is off), and then re-routes a packet addressed to the WAN
+/// address along the route its options name, into the LAN: the data path
+/// leaves packets for the WAN address to the kernel, and standalone mode
+/// has no firewall behind it, so any WAN host would reach any LAN host.
+#[must_use]
+pub fn source_route_check(pin_dir: &Path) -> Option<Check> {
+    let cfg = PinnedMaps::at(pin_dir)
+        .read_config()
+        .ok()
+        .filter(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8)?;
+    let wan = netlink::ifname(cfg.wan_ifindex)?;
+    let on = |conf: &str| {
+        fs::read_to_string(format!(
+            "/proc/sys/net/ipv4/conf/{conf}/accept_source_route"
+        ))
+        .ok()
+        .map(|t| t.trim() != "0")
+    };
+    Some(source_route_verdict(&wan, on("all")?, on(&wan)?))
+}
+
+/// [`source_route_check`]'s verdict for WAN interface `wan`, with
+/// `accept_source_route` on for `all` and for `wan` as given.
+#[must_use]
+pub fn source_route_verdict(wan: &str, all: bool, iface: bool) -> Check {
+    let (level, detail, fix) = if all && iface {
+        (
+            Level::Fail,
+            "the kernel accepts IPv4 source routes arriving here (accept_source_route): a \
+             source-routed packet to the WAN address is re-routed into the LAN, past standalone \
+             mode's inbound filter"
+                .to_owned(),
+            Some(format!(
+                "sysctl -w net.ipv4.conf.all.accept_source_route=0 \
+                 net.ipv4.conf.{wan}.accept_source_route=0 in the router's namespace, and in \
+                 /etc/sysctl.d to keep it"
+            )),
+        )
+    } else {
+        (
+            Level::Ok,
+            "IPv4 source routes arriving here are dropped by the kernel".to_owned(),
+            None,
+        )
+    };
+    Check {
+        iface: wan.to_owned(),
+        name: "source-route",
+        level,
+        detail,
+        fix,
+    }
+}
+
 /// The local-ports check of standalone mode for XDP's ports `xdp` and the
 /// kernel NAT's `kernel_nat`, against this namespace's sysctls as they are
 /// (also what `attach` warns of before it turns the fast path on).
@@ -1287,6 +1346,7 @@ pub fn doctor(
     let mut cs = checks(ifaces, pin_dir);
     cs.extend(vrrp_daemon_check(pin_dir, daemon_running));
     cs.extend(local_ports_check(netns, pin_dir));
+    cs.extend(source_route_check(pin_dir));
     cs.extend(firewall_checks(netns, pin_dir));
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
@@ -1327,6 +1387,27 @@ pub fn xdp_off_keyword(mode: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Source routes reach the LAN only with `accept_source_route` on for
+    /// both `all` and the WAN (the kernel ANDs the two); then the check
+    /// fails and names both sysctls.
+    #[test]
+    fn source_routing_fails_only_when_the_kernel_accepts_it() {
+        for (all, iface) in [(false, false), (true, false), (false, true)] {
+            let c = source_route_verdict("wan0", all, iface);
+            assert_eq!(c.level, Level::Ok, "{all} {iface}");
+            assert!(c.fix.is_none());
+        }
+        let c = source_route_verdict("wan0", true, true);
+        assert_eq!(c.level, Level::Fail);
+        assert_eq!((c.iface.as_str(), c.name), ("wan0", "source-route"));
+        let fix = c.fix.unwrap();
+        assert!(
+            fix.contains("net.ipv4.conf.all.accept_source_route=0")
+                && fix.contains("net.ipv4.conf.wan0.accept_source_route=0"),
+            "{fix}"
+        );
+    }
 
     /// The attached program's mode decides, then the mode asked; only
     /// `auto` before an attach asks the driver.

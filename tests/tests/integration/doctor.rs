@@ -291,6 +291,59 @@ fn doctor_warns_of_the_routers_own_ports_inside_xdps() {
     assert!(c["fix"].is_null(), "{c}");
 }
 
+/// Standalone mode: with `accept_source_route` on for `all` and the WAN
+/// (off by default), the kernel re-routes a source-routed packet to the
+/// WAN address into the LAN, past the inbound filter: doctor fails the
+/// `source-route` check and names both sysctls; with either off it is
+/// fine. Offload mode has no such check (its firewall sees the packet).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn doctor_fails_when_the_kernel_accepts_source_routes_in_standalone_mode() {
+    let t = Topology::new();
+    t.warm_neighbours();
+    let out = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(check(&v, WAN_IF, "source-route")["level"], "ok", "{v}");
+    let set = |conf: &str, on: u8| {
+        t.exec_ok(
+            Ns::Router,
+            &[
+                "sysctl",
+                "-w",
+                &format!("net.ipv4.conf.{conf}.accept_source_route={on}"),
+            ],
+        );
+    };
+    set(WAN_IF, 1);
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(check(&v, WAN_IF, "source-route")["level"], "ok", "{v}");
+    set("all", 1);
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    let c = check(&v, WAN_IF, "source-route");
+    assert_eq!(c["level"], "fail", "{c}");
+    assert_eq!(code, 1, "{v}");
+    let fix = c["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("net.ipv4.conf.all.accept_source_route=0")
+            && fix.contains(&format!("net.ipv4.conf.{WAN_IF}.accept_source_route=0")),
+        "{c}"
+    );
+    let out = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert!(
+        !v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "source-route"),
+        "offload mode: {v}"
+    );
+    set("all", 0);
+    set(WAN_IF, 0);
+}
+
 /// IPv4 forwarding off on the LAN interface (Debian's default for every
 /// interface): attach and doctor warn and name the sysctl; the data path
 /// passes what arrives there (`pass_fib_forwarding_disabled`) and nothing
