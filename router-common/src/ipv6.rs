@@ -306,7 +306,9 @@ pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {
 /// types (`pass_protocol`), MLD between global addresses (never meant to
 /// be forwarded). Not NDP: a neighbour solicitation for a LAN address the
 /// router answers by proxy NDP is the router's own (the kernel answers it
-/// and forwards no NDP a host would take: hop limit 255 only). RFC 6092 section 3: a residential gateway
+/// and forwards no NDP a host would take: hop limit 255 only; forwarded
+/// to an address no host has, it draws the kernel's address unreachable,
+/// as ESP does: a scanner learns which LAN addresses are unused). RFC 6092 section 3: a residential gateway
 /// forwards inbound only what matches a flow or is explicitly permitted
 /// (REC-31), and drops `ICMPv6` errors that match no flow (REC-10). HIP
 /// (REC-26: not to be prohibited) shares its counter with the other rare
