@@ -98,8 +98,10 @@ pub const fn mapping_expiry(proto: u8, state: u8, now_ns: u64, t: &Timeouts) -> 
 /// path's own would live for it (a TCP connection's opening, an ICMP
 /// echo's, a UDP flow's mapping floor). Its later packets then keep the
 /// kernel's mapping instead of moving to one of the data path's
-/// mid-session (RFC 4787 REQ-11: deterministic mapping); the kernel keeps
-/// its own entry at least as long with its default timeouts.
+/// mid-session (RFC 4787 REQ-11: deterministic mapping). For UDP that is
+/// longer than the kernel keeps an idle entry (30 s, 120 s once replied):
+/// a flow idle past that is opened afresh by the kernel, with a port of
+/// its own again, never one of the data path's.
 #[must_use]
 #[inline]
 pub const fn kernel_flow_secs(proto: u8, t: &Timeouts) -> u32 {

@@ -63,7 +63,7 @@ pub const FRAGMENTS_MAP: &str = "FRAGMENTS";
 /// packets go to the kernel too while the flow is live there
 /// ([`crate::mapping::kernel_flow_live`]), so a flow keeps the kernel's
 /// mapping instead of moving to one of the data path's mid-session (RFC
-/// 4787 REQ-11). Not pinned: a replace starts it empty.
+/// 4787 REQ-11). Pinned, so a replace keeps it.
 pub const KERNEL_FLOWS_MAP: &str = "KERNEL_FLOWS";
 /// Per-CPU array of one token bucket (answers left, `u64`, and the
 /// `CLOCK_MONOTONIC` ns of its last fill, `u64`): the ICMP errors the data

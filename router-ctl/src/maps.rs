@@ -14,9 +14,9 @@ use aya::{
 };
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, Counter, CounterValue,
-    DEVICES_MAP, FlowEntry, FlowEntry6, FlowKey, FlowKey6, NAT_ENDPOINTS_MAP, NAT_MAPPINGS_MAP,
-    NAT_PERMITS_MAP, PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6, PortForwardKey,
-    PortForwardTarget, VIRTUAL_MACS_MAP, VirtualMacKey,
+    DEVICES_MAP, FlowEntry, FlowEntry6, FlowKey, FlowKey6, KERNEL_FLOWS_MAP, NAT_ENDPOINTS_MAP,
+    NAT_MAPPINGS_MAP, NAT_PERMITS_MAP, PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6,
+    PortForwardKey, PortForwardTarget, VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::pins::LINK_PINS;
@@ -50,8 +50,10 @@ impl PinnedMaps {
     /// Every map `attach` pins, in pin order (the loader's pin paths, the
     /// layout check of a replace, `status`, `detach`).
     /// The NAT mapping maps are pinned too, so that a replace (a new
-    /// filtering setting, an upgrade) keeps the mappings of live flows.
-    pub const NAMES: [&'static str; 11] = [
+    /// filtering setting, an upgrade) keeps the mappings of live flows, and
+    /// so is `KERNEL_FLOWS`, so that the flows left to the kernel's NAT keep
+    /// its mapping across a replace.
+    pub const NAMES: [&'static str; 12] = [
         COUNTERS_MAP,
         DEVICES_MAP,
         CONFIG_MAP,
@@ -63,12 +65,13 @@ impl PinnedMaps {
         NAT_ENDPOINTS_MAP,
         NAT_PERMITS_MAP,
         VIRTUAL_MACS_MAP,
+        KERNEL_FLOWS_MAP,
     ];
 
     /// The maps of [`Self::NAMES`] that a router attached by an earlier
     /// router-ctl lacks: a live replace creates them (`load_pinned` pins a
     /// missing map), so neither a replace nor `status` requires them.
-    pub const ADDED_LATER: [&'static str; 1] = [VIRTUAL_MACS_MAP];
+    pub const ADDED_LATER: [&'static str; 2] = [VIRTUAL_MACS_MAP, KERNEL_FLOWS_MAP];
 
     /// The maps every attached router has pinned: [`Self::NAMES`] but
     /// [`Self::ADDED_LATER`].

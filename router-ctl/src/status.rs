@@ -169,8 +169,9 @@ pub fn diagnose(
     let added_maps = running.maps_added_later_missing();
     if !added_maps.is_empty() {
         problems.push(format!(
-            "{} not pinned (the router was attached by an earlier router-ctl; keepalived \
-             use_vmac's virtual MACs go the slow way); run `router-ctl attach` again: a live \
+            "{} not pinned (the router was attached by an earlier router-ctl: keepalived \
+             use_vmac's virtual MACs go the slow way, and a flow left to the kernel's NAT may \
+             move to XDP's at a replace); run `router-ctl attach` again: a live \
              replace creates it",
             added_maps.join(", ")
         ));

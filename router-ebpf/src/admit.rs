@@ -284,8 +284,14 @@ fn left_to_kernel(key: &FlowKey, cfg: &Config, now: u64) -> bool {
 /// port, and [`left_to_kernel`] keeps its later packets there (RFC 4787
 /// REQ-11: a mapping does not change mid-session). A full map pushes
 /// out its oldest flow (then only that flow may change mapping later).
+/// Not a flow to the WAN address (a hairpin): the slow path does not
+/// translate it back into the LAN (the router's own stack gets it), so
+/// its next packet is better off trying this path again.
 #[inline(never)]
-pub fn leave_to_kernel(key: &FlowKey, now: u64) {
+pub fn leave_to_kernel(key: &FlowKey, cfg: &Config, now: u64) {
+    if key.dst_addr == cfg.wan_addr {
+        return;
+    }
     let _ = KERNEL_FLOWS.insert(key, &now, u64::from(BPF_ANY));
 }
 
@@ -415,17 +421,17 @@ pub fn commit(
             let claimed = claim_mapping(cfg, key, now);
             if claimed & MAPPING_CLAIMED == 0 {
                 debug_log::ports_exhausted(key);
-                leave_to_kernel(key, now);
+                leave_to_kernel(key, cfg, now);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             let claimed = claim_port(cfg, key, open, claimed, now);
             if claimed == TUPLE_TAKEN {
-                leave_to_kernel(key, now);
+                leave_to_kernel(key, cfg, now);
                 return Err(Verdict::pass(Counter::PassReplyTupleTaken));
             }
             if claimed == 0 {
                 debug_log::ports_exhausted(key);
-                leave_to_kernel(key, now);
+                leave_to_kernel(key, cfg, now);
                 return Err(Verdict::pass(Counter::PassPortsExhausted));
             }
             #[expect(clippy::cast_possible_truncation, reason = "the port's 16 bits")]

@@ -130,7 +130,7 @@ fn leave_to_kernel(ctx: &XdpContext) {
         return;
     };
     let key = flow::StackKey::of(ip, sport, dport);
-    admit::leave_to_kernel(&key.0, crate::clock::now());
+    admit::leave_to_kernel(&key.0, side.cfg, crate::clock::now());
 }
 
 /// A datagram's first fragment: its flow's translation, if the data path

@@ -113,7 +113,9 @@ pub fn ingress<'a>(ctx: &XdpContext) -> Option<Ingress<'a>> {
 /// Only frames link-layer addressed to the ingress interface itself go on:
 /// broadcast, multicast and other hosts' unicast frames are the kernel's,
 /// which forwards none of them (it forwards `PACKET_HOST` frames only) and
-/// delivers what is for the router itself (ARP, DHCP, VRRP). A router must
+/// delivers what is for the router itself (ARP, DHCP, VRRP); but a frame
+/// to a device on top of the interface (a macvlan's MAC) is `PACKET_HOST`
+/// there, so standalone mode's inbound filters judge these passes too. A router must
 /// not forward a packet received as a link-layer broadcast or multicast
 /// (RFC 1812 5.3.4); a frame a bridge floods to every port, or one seen by
 /// a promiscuous interface, would otherwise be forwarded twice (also by its

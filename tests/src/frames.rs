@@ -653,6 +653,21 @@ pub fn verify_checksums(frame: &[u8]) {
     );
 }
 
+/// `frame` with VLAN tags inserted before its Ethernet type: each a tag
+/// protocol identifier (`0x8100` 802.1Q, `0x88a8` 802.1ad) and control
+/// information (priority, drop eligible, VLAN id; VLAN id 0: a priority
+/// tag), outermost first.
+#[must_use]
+pub fn with_tags(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
+    let mut v = frame[..ETHERTYPE_OFF].to_vec();
+    for (tpid, tci) in tags {
+        v.extend_from_slice(&tpid.to_be_bytes());
+        v.extend_from_slice(&tci.to_be_bytes());
+    }
+    v.extend_from_slice(&frame[ETHERTYPE_OFF..]);
+    v
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

@@ -279,17 +279,35 @@ fn judge(ctx: &XdpContext, v: Verdict) -> Verdict {
 }
 
 /// Whether the IPv6 packet `l3` bytes into the frame of `md`, from a
-/// standalone router's WAN, is unsolicited and routed to the LAN: a TCP
-/// or UDP packet of a live WAN-side entry (a reply of a known flow) is
-/// not, anything else the FIB routes to the LAN is (pinholes are not
-/// asked: such a packet opens nothing). For the frames the core passes
-/// without looking for a flow although the kernel may forward them: behind
+/// standalone router's WAN, is unsolicited and routed to the LAN: what the
+/// untagged path lets in ([`solicited_at`]: a known flow's reply or error,
+/// `IPsec`, a pinhole's port, a known flow's fragment) is not, anything else
+/// the FIB routes to the LAN is. For the frames the core passes without
+/// looking for a flow although the kernel may forward them: behind
 /// priority tags (`crate::tagged`), to a MAC not the interface's
-/// (`pass_not_for_us`: a macvlan on the WAN takes it).
+/// (`pass_not_for_us`: a macvlan on the WAN takes it). The kernel forwards
+/// what passes as it is (no flow opens).
 // A BPF subprogram of its own (see `routed_to`); the raw context and
-// volatile bounds as `fragment_of_a_flow`.
+// volatile bounds as `fragment_of_a_flow`. Its two steps are sibling
+// subprograms, so the flow key and the FIB parameters share no frame.
 #[inline(never)]
 pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
+    let Some(cfg) = crate::maps::CONFIG.get(0) else {
+        return false;
+    };
+    !solicited_at(md, l3) && routed_at(md, l3, cfg.lan_ifindex)
+}
+
+/// Whether the IPv6 packet `l3` bytes into the frame of `md`, from the
+/// WAN, is one standalone mode lets in without a new flow, as the untagged
+/// path does: a TCP or UDP packet, or an `ICMPv6` echo reply, of a live
+/// WAN-side entry (a reply of a known flow); an `ICMPv6` error quoting a
+/// packet of one, or quoting `IPsec` or a fragment (`icmp_error`); ESP or
+/// AH (RFC 6092 REC-21, REC-22); TCP or UDP to a pinhole's port; a later
+/// fragment, or a first one of `IPsec` or of a known flow
+/// ([`fragment_of_a_flow`]).
+#[inline(never)]
+fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
     // SAFETY: `md` is the program's context; its `data` and `data_end`
     // are the packet's bounds, checked below before any access.
     let (data, end) = unsafe {
@@ -301,28 +319,90 @@ pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
     let Some(cfg) = crate::maps::CONFIG.get(0) else {
         return false;
     };
-    // (No frame has more than 4 tags here.)
-    if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN > end {
+    // (No frame has more than 4 tags here.) The fixed header and the 8
+    // bytes after it: the ports, an `ICMPv6` header, a Fragment header.
+    if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN + 8 > end {
         return false;
     }
     // SAFETY: within the bounds checked just above.
-    let ip = unsafe { &*((data + l3) as *const [u8; ipv6::LEN]) };
-    let proto = ip[ipv6::NEXT_HEADER];
-    if (proto == IPPROTO_TCP || proto == IPPROTO_UDP) && data + l3 + ipv6::LEN + 4 <= end {
-        // SAFETY: within the bounds checked in the condition.
-        let ports = unsafe { &*((data + l3 + ipv6::LEN) as *const [u8; 4]) };
-        let key = FlowKey6::new(
-            get_addr6(ip, ipv6::SRC),
-            get_addr6(ip, ipv6::DST),
-            get_u16(ports, 0),
-            get_u16(ports, 2),
-            proto,
-        );
-        if maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now()) {
-            return false;
+    let (ip, next) = unsafe {
+        (
+            &*((data + l3) as *const [u8; ipv6::LEN]),
+            &*((data + l3 + ipv6::LEN) as *const [u8; 8]),
+        )
+    };
+    let (src, dst) = (get_addr6(ip, ipv6::SRC), get_addr6(ip, ipv6::DST));
+    let key = match ip[ipv6::NEXT_HEADER] {
+        next_header::ESP | next_header::AH => return true,
+        proto @ (IPPROTO_TCP | IPPROTO_UDP) => {
+            let dport = get_u16(next, 2);
+            if maps::pinhole(dst, proto, dport) {
+                return true;
+            }
+            FlowKey6::new(src, dst, get_u16(next, 0), dport, proto)
         }
-    }
-    routed_at(md, l3, cfg.lan_ifindex)
+        IPPROTO_ICMPV6 if next[0] == icmp6::ECHO_REPLY => {
+            let id = get_u16(next, 4);
+            FlowKey6::new(src, dst, id, id, IPPROTO_ICMPV6)
+        }
+        IPPROTO_ICMPV6 if matches!(next[0], 1..=4) => {
+            // The quoted header and the 8 bytes after it.
+            let quoted = data + l3 + ipv6::LEN + 8;
+            if quoted + ipv6::LEN + 8 > end {
+                return false;
+            }
+            // SAFETY: within the bounds checked just above.
+            let (q, ql4) = unsafe {
+                (
+                    &*(quoted as *const [u8; ipv6::LEN]),
+                    &*((quoted + ipv6::LEN) as *const [u8; 8]),
+                )
+            };
+            let qsrc = get_addr6(q, ipv6::SRC);
+            if qsrc != dst {
+                return false;
+            }
+            let (qproto, qdst) = (q[ipv6::NEXT_HEADER], get_addr6(q, ipv6::DST));
+            match qproto {
+                next_header::ESP | next_header::AH | next_header::FRAGMENT => return true,
+                IPPROTO_TCP | IPPROTO_UDP => {
+                    FlowKey6::new(qdst, qsrc, get_u16(ql4, 2), get_u16(ql4, 0), qproto)
+                }
+                IPPROTO_ICMPV6 if ql4[0] == icmp6::ECHO_REQUEST => {
+                    let id = get_u16(ql4, 4);
+                    FlowKey6::new(qdst, qsrc, id, id, IPPROTO_ICMPV6)
+                }
+                _ => return false,
+            }
+        }
+        next_header::FRAGMENT => {
+            let proto = next[0];
+            if get_u16(next, 2) & 0xfff8 != 0
+                || proto == next_header::ESP
+                || proto == next_header::AH
+            {
+                return true;
+            }
+            let l4 = data + l3 + ipv6::LEN + 8;
+            if l4 + 8 > end {
+                return false;
+            }
+            // SAFETY: within the bounds checked just above.
+            let l4 = unsafe { &*(l4 as *const [u8; 8]) };
+            match proto {
+                IPPROTO_TCP | IPPROTO_UDP => {
+                    FlowKey6::new(src, dst, get_u16(l4, 0), get_u16(l4, 2), proto)
+                }
+                IPPROTO_ICMPV6 if l4[0] == icmp6::ECHO_REPLY => {
+                    let id = get_u16(l4, 4);
+                    FlowKey6::new(src, dst, id, id, IPPROTO_ICMPV6)
+                }
+                _ => return false,
+            }
+        }
+        _ => return false,
+    };
+    maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now())
 }
 
 /// Whether the FIB routes the IPv6 packet `l3` bytes into the frame of

@@ -388,11 +388,10 @@ fn tagged_frames_and_frames_to_a_macvlan_do_not_open_the_way_in() {
             Udp::new(4000, 5320, payload),
         );
         let frame = if tagged {
-            let untagged = Frame::new(router_mac, server_mac, ip).bytes();
-            let mut frame = untagged[..12].to_vec();
-            frame.extend_from_slice(&[0x81, 0x00, 0x00, 0x00]);
-            frame.extend_from_slice(&untagged[12..]);
-            frame
+            tests::frames::with_tags(
+                &Frame::new(router_mac, server_mac, ip).bytes(),
+                &[(0x8100, 0)],
+            )
         } else {
             Frame::new(MACVLAN_MAC, server_mac, ip).bytes()
         };
@@ -436,7 +435,8 @@ fn tagged_frames_and_frames_to_a_macvlan_do_not_open_the_way_in() {
 /// ports were not disjoint from XDP's: with the table attach sets up it
 /// gets a port of its own range. The socket's later datagrams, small ones
 /// too, stay on the kernel's path with that port (RFC 4787 REQ-11: the
-/// mapping does not change mid-session; `pass_kernel_flow`). A socket whose
+/// mapping does not change mid-session; `pass_kernel_flow`), also across a
+/// live replace. A socket whose
 /// first datagram is small opens an XDP flow, and its fragmented datagrams
 /// go through XDP both ways with the flow's port (RFC 4787 REQ-14): the
 /// client's fragments out, the server's fragmented echo back. Every
@@ -455,6 +455,10 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
         "fragmented datagram, no flow yet"
     );
     let kernel_path = t.stats();
+    // A live replace (another filtering setting) in between: the flow
+    // stays the kernel's (`KERNEL_FLOWS` is pinned, so it is kept).
+    let out = crate::ctl::attach(&t, &["--filtering", "endpoint-independent"]);
+    assert!(out.contains("replaced"), "{out}");
     assert!(echo_once(&slow, b"small 1").is_some(), "small datagram");
     let slow_small = t.stats();
     assert!(

@@ -216,6 +216,30 @@ pub(super) fn setup(env: &ResolvedTopology, r: &mut LoadedRouter) -> Vec<Base> {
             frame: f,
         });
     }
+    // Priority-tagged copies (VLAN id 0, which the kernel strips) of a WAN
+    // reply and of a WAN datagram to a LAN host: standalone mode judges the
+    // packet inside (README "Standalone mode").
+    let to_lan_host = env.server_sends(&Ipv4::new(SERVER, CLIENT, Udp::new(53, 40009, &payload)));
+    let reply = bases[11].frame.clone();
+    for (name, frame, tags) in [
+        ("WAN priority-tagged UDP reply", &reply, &[(0x8100, 0)][..]),
+        (
+            "WAN priority-tagged UDP to a LAN host",
+            &to_lan_host,
+            &[(0x8100, 0x2000)][..],
+        ),
+        (
+            "WAN 802.1ad + 802.1Q priority-tagged UDP to a LAN host",
+            &to_lan_host,
+            &[(0x88a8, 0), (0x8100, 0)][..],
+        ),
+    ] {
+        bases.push(Base {
+            name,
+            from_lan: false,
+            frame: frames::with_tags(frame, tags),
+        });
+    }
     for b in &bases {
         if is_ipv4(&b.frame) {
             frames::verify_checksums(&b.frame);

@@ -63,8 +63,8 @@ enum Expect6 {
 /// [`parse_model6`], then standalone mode's inbound filter as the README
 /// states it: from the WAN, what the parse passes without a flow
 /// (extension headers but ESP and AH, MLD, other protocols and `ICMPv6`
-/// types, frames not to the router's MAC but a known flow's TCP or UDP
-/// reply) is dropped when addressed to a LAN host (the LAN prefix, not the
+/// types, frames not to the router's MAC but what a known flow or a pinhole
+/// lets in) is dropped when addressed to a LAN host (the LAN prefix, not the
 /// router's own address there); a fragment passes when it is a later one
 /// or `IPsec`'s, a first one of TCP, UDP or an echo reply when its flow is
 /// known.
@@ -91,9 +91,10 @@ fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
         return e;
     }
     if c == Counter::PassNotForUs {
-        // Judged too (a macvlan on the WAN would take it in), but a TCP or
-        // UDP reply of a known flow passes.
-        return if matches!(f.get(IP6 + 6), Some(6 | 17)) {
+        // Judged too (a macvlan on the WAN would take it in), but what the
+        // untagged path lets in passes: a known flow's TCP or UDP reply (or
+        // one to a pinhole), echo reply or error about it.
+        return if matches!(f.get(IP6 + 6), Some(6 | 17 | 58)) {
             Expect6::EitherOf(c, Counter::Drop6Unsolicited)
         } else {
             Expect6::Exactly(Counter::Drop6Unsolicited)

@@ -229,7 +229,8 @@ fn ports_exhausted_with_one_port_range() {
 /// there too while it lives (RFC 4787 REQ-11: the mapping does not change
 /// mid-session), also once a port of the data path's comes free, each
 /// refreshing its `KERNEL_FLOWS` marker. Only after a UDP mapping's
-/// lifetime without a LAN packet does the data path open it.
+/// lifetime without a LAN packet does the data path open it. A hairpin is
+/// never left so (the slow path does not translate it back).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_flow_left_to_the_kernel_stays_there_while_it_lives() {
@@ -266,6 +267,21 @@ fn a_flow_left_to_the_kernel_stays_there_while_it_lives() {
             None,
             "the first flow is the data path's"
         );
+        // A hairpin (to a port forward on the WAN address) that finds no
+        // port is not left to the kernel: its slow path would not bring it
+        // back into the LAN, so the next packet tries this path again.
+        r.forward(IPPROTO_UDP, 8053, CLIENT, 53);
+        let h = Ipv4::new(CLIENT, WAN, Udp::new(40002, 8053, b"hairpin"));
+        r.check(
+            "hairpin: no free port",
+            &env.client_sends(&h),
+            lan,
+            XDP_PASS,
+            &env.client_sends(&h),
+            Counter::PassPortsExhausted,
+            &probes,
+        );
+        assert_eq!(r.kernel_flow(&udp_key(CLIENT, 40002, WAN, 8053)), None);
 
         // The port comes free: the first flow and its mapping end.
         r.remove(&f.orig);

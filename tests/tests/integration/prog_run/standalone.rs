@@ -255,18 +255,6 @@ fn lan_packets_from_sources_the_lan_does_not_route_open_nothing() {
     });
 }
 
-/// `frame` with the tags `tags` (protocol identifier, control
-/// information) inserted before its Ethernet type.
-fn tagged(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
-    let mut v = frame[..12].to_vec();
-    for (tpid, tci) in tags {
-        v.extend_from_slice(&tpid.to_be_bytes());
-        v.extend_from_slice(&tci.to_be_bytes());
-    }
-    v.extend_from_slice(&frame[12..]);
-    v
-}
-
 /// WAN frames with priority tags (VLAN id 0, which the kernel strips and
 /// takes the packet as untagged) are judged as untagged ones: to a LAN
 /// host dropped, one tag or 802.1ad + 802.1Q, with any priority; more
@@ -277,6 +265,7 @@ fn tagged(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
+    use tests::frames::with_tags as tagged;
     const Q: u16 = 0x8100;
     const AD: u16 = 0x88a8;
     let env = ResolvedTopology::new(false);

@@ -1266,22 +1266,16 @@ fn an_offloaded_flows_lost_half_comes_back_unless_it_is_being_ended() {
 }
 
 /// IPv6 WAN frames with priority tags (VLAN id 0: the kernel strips them
-/// and forwards the packet as untagged), standalone: an unsolicited TCP SYN
-/// or UDP datagram to a LAN host is dropped; a reply of a known UDP flow
-/// passes (the kernel forwards it); to the router itself, or with a VLAN
-/// id, it is the kernel's.
+/// and forwards the packet as untagged), standalone: an unsolicited TCP
+/// SYN, UDP datagram, echo reply or error to a LAN host is dropped; what
+/// the untagged path lets in passes (the kernel forwards it): a reply of a
+/// known UDP flow or ping, a Packet Too Big quoting the known flow, ESP, a
+/// SYN to a pinhole; to the router itself, or with a VLAN id, it is the
+/// kernel's.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn priority_tagged_ipv6_from_the_wan_is_judged() {
-    fn tagged(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
-        let mut v = frame[..12].to_vec();
-        for (tpid, tci) in tags {
-            v.extend_from_slice(&tpid.to_be_bytes());
-            v.extend_from_slice(&tci.to_be_bytes());
-        }
-        v.extend_from_slice(&frame[12..]);
-        v
-    }
+    use tests::frames::with_tags as tagged;
     let env = topology();
     with_router(&env, config(&env, Admit::Xdp), |r| {
         let (lan, wan) = (r.lan(), r.wan());
@@ -1309,12 +1303,59 @@ fn priority_tagged_ipv6_from_the_wan_is_judged() {
                 );
             }
         }
+        let ping = Ipv6::echo(c, s, false, 0x77, 1);
+        r.redirect(
+            "echo request out",
+            &from_client(&env, &ping),
+            lan,
+            &to_server(&env, &ping),
+            Counter::Fwd6Outbound,
+            &[Counter::Flow6NewOutbound],
+        );
+        r.pinhole(c, IPPROTO_TCP, 8022);
         let a = Ipv6::udp(s, c, &Udp::new(53, 5353, b"answer"));
         let own = Ipv6::tcp(s, o(ROUTER_WAN6), &Tcp::new(50000, 22, TCP_SYN));
+        let pong = Ipv6::echo(s, c, true, 0x77, 1);
+        let quoted = q.clone().hop_limit(q.hop_limit - 1).bytes();
+        let too_big = Ipv6::error(s, c, tests::v6::ICMP6_PACKET_TOO_BIG, 1280, &quoted);
+        let esp = Ipv6::new(s, c, 50, vec![0; 24]);
+        let to_pinhole = Ipv6::tcp(s, c, &Tcp::new(50000, 8022, TCP_SYN));
+        let other = Ipv6::udp(c, s, &Udp::new(5354, 53, b"not sent"))
+            .hop_limit(63)
+            .bytes();
+        let unknown_error = Ipv6::error(s, c, tests::v6::ICMP6_PACKET_TOO_BIG, 1280, &other);
+        let unknown_pong = Ipv6::echo(s, c, true, 0x78, 1);
+        for (what, p) in [
+            ("Packet Too Big quoting no flow", &unknown_error),
+            ("echo reply of no flow", &unknown_pong),
+        ] {
+            r.drop_frame(
+                &format!("{what} behind a priority tag"),
+                &tagged(&from_server(&env, p), &prio),
+                wan,
+                Counter::Drop6Unsolicited,
+            );
+        }
         for (what, frame) in [
             (
                 "a reply of the known flow behind a priority tag",
                 tagged(&from_server(&env, &a), &prio),
+            ),
+            (
+                "an echo reply of the known ping behind a priority tag",
+                tagged(&from_server(&env, &pong), &prio),
+            ),
+            (
+                "Packet Too Big quoting the known flow behind a priority tag",
+                tagged(&from_server(&env, &too_big), &stacked),
+            ),
+            (
+                "ESP behind a priority tag (RFC 6092 REC-21)",
+                tagged(&from_server(&env, &esp), &prio),
+            ),
+            (
+                "SYN to a pinhole behind a priority tag",
+                tagged(&from_server(&env, &to_pinhole), &prio),
             ),
             (
                 "SYN to the router behind a priority tag",
