@@ -301,6 +301,18 @@ fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
                 tagged(&env.server_sends(&to_router), &[(Q, 0)]),
             ),
             (
+                "a DHCP offer to the broadcast address behind a priority tag",
+                tagged(
+                    &Frame::new(
+                        tests::frames::BROADCAST_MAC,
+                        env.server_mac,
+                        Ipv4::new(SERVER, [255; 4], Udp::new(67, 68, b"offer")),
+                    )
+                    .bytes(),
+                    &[(Q, 0)],
+                ),
+            ),
+            (
                 "to a LAN host in VLAN 5",
                 tagged(&env.server_sends(&knock), &[(Q, 5)]),
             ),
