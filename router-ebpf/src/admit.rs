@@ -325,8 +325,9 @@ pub fn wan_source_in_lan(ctx: &XdpContext, lan_ifindex: u32) -> bool {
     reverse_egress(ctx, ip) == Some(lan_ifindex)
 }
 
-/// Standalone mode's forward policy from the WAN, applied to the verdict
-/// `v` of every passed packet: XDP alone decides what reaches the LAN (replies of
+/// Standalone mode's forward policy from the WAN (and from the LAN, the
+/// router's WAN address as a source), applied to the verdict `v` of every
+/// passed packet: XDP alone decides what reaches the LAN (replies of
 /// known flows, port forwards), so a packet the data path passes to the
 /// kernel untranslated from the WAN may only be one for the router itself.
 /// One the FIB would forward out of the LAN interface (unsolicited: TCP
@@ -368,7 +369,7 @@ fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     let Some(side) = parse::ingress(ctx) else {
         return v;
     };
-    if side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
+    if side.cfg.admit != Admit::Xdp as u8 {
         return v;
     }
     // IPv4 only: IPv6 has its own (`v6::judge_passed`), and an IPv6
@@ -383,6 +384,21 @@ fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
         return v;
     };
+    if side.from_lan {
+        // A LAN packet with the WAN address as its source that this path
+        // did not translate itself (those passed translated left above): a
+        // LAN host forging the router's address (BCP 38). The kernel would
+        // forward it, as attach sets `accept_local` for the translated
+        // ones, and the slow-path NAT leaves the WAN address alone: it
+        // would leave as the router's own packet, with a port the sender
+        // chose, which may be another host's mapping (a datagram injected
+        // into its session, a RST).
+        return if get_addr(ip, ipv4::SRC) == side.cfg.wan_addr {
+            Verdict::drop(Counter::DropSpoofedSource)
+        } else {
+            v
+        };
+    }
     // Flows of the WAN address (replies, port forwards, the kernel slow
     // path's) are translated by XDP or the kernel's NAT: the kernel's.
     if get_addr(ip, ipv4::DST) == side.cfg.wan_addr {

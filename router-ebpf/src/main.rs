@@ -58,7 +58,6 @@ pub use verdict::{Packed, Step, Verdict};
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use router_common::{
     hdr::{eth, frame, get_u16, ipv4},
-    ipv6::judged_when_inbound,
     mapping::outbound_refresh_due,
     maps::{Counter, FLAG_OFFLOADED, FlowKey, VMAC_IPV4},
 };
@@ -100,9 +99,10 @@ pub fn router(ctx: XdpContext) -> u32 {
             _ => v,
         };
         let v = admit::unsolicited(&ctx, v.pack()).unpack();
-        // What the IPv6 path passes without looking for a flow (and an
-        // IPv4 `pass_protocol` for the router itself, which it leaves).
-        if v.action == xdp_action::XDP_PASS && judged_when_inbound(v.counter) {
+        // What the IPv6 path passes without looking for a flow from the
+        // WAN (`ipv6::judged_when_inbound`), and every IPv6 pass from the
+        // LAN, whose source is judged (IPv4 passes it leaves as they are).
+        if v.action == xdp_action::XDP_PASS && v.counter != Counter::PassNotIpv4 {
             v6::judge_passed(&ctx, v.pack()).unpack()
         } else {
             v

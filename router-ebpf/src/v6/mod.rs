@@ -23,7 +23,7 @@ mod parse;
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
     hdr::{eth, get_u16},
-    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, next_header},
+    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, judged_when_inbound, next_header},
     maps::{Admit, Config, Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV6},
 };
 
@@ -232,13 +232,13 @@ pub fn forward(
 /// Standalone mode's inbound filter for what the IPv6 path passed from the
 /// WAN with `v` without looking for a flow (extension headers, fragments,
 /// other protocols and `ICMPv6` types, NDP and MLD between global
-/// addresses: `ipv6::judged_when_inbound`, which the caller asks): dropped
-/// if the FIB (asked without the MTU check, as [`unsolicited`]) routes it
-/// to the LAN, else left as it was (for the router itself, or routed
-/// elsewhere). Fragments of known flows pass ([`fragment_of_a_flow`]), and
-/// so do TCP and UDP replies of known flows sent to a MAC not the
-/// interface's ([`unsolicited_at`]). Offload mode, LAN packets and IPv4
-/// are left as they are.
+/// addresses: `ipv6::judged_when_inbound`): dropped if the FIB (asked
+/// without the MTU check, as [`unsolicited`]) routes it to the LAN, else
+/// left as it was (for the router itself, or routed elsewhere). Fragments
+/// of known flows pass ([`fragment_of_a_flow`]), and so does what a known
+/// flow or a pinhole lets in sent to a MAC not the interface's
+/// ([`unsolicited_at`]). From the LAN, every pass's source is judged
+/// ([`judge_lan`]). Offload mode and IPv4 are left as they are.
 // A BPF subprogram of its own, as IPv4's `admit::unsolicited`: its flow
 // key stays off the entry point's frame.
 #[inline(never)]
@@ -258,7 +258,13 @@ fn judge(ctx: &XdpContext, v: Verdict) -> Verdict {
     let Some(side) = ingress(ctx) else {
         return v;
     };
-    if side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
+    if side.cfg.admit != Admit::Xdp as u8 {
+        return v;
+    }
+    if side.from_lan {
+        return judge_lan(ctx, v, side.cfg.lan_ifindex);
+    }
+    if !judged_when_inbound(v.counter) {
         return v;
     }
     if v.counter == Counter::Pass6ExtFragment && fragment_of_a_flow(ctx.ctx, side.cfg) {
@@ -425,6 +431,37 @@ fn routed_at(md: *mut xdp_md, l3: usize, ifindex: u32) -> bool {
     let ip = unsafe { &*((data + l3) as *const [u8; ipv6::LEN]) };
     let mut p = params_sized(ip, 0);
     egress(&XdpContext::new(md), &mut p) == Some(ifindex)
+}
+
+/// Standalone mode's source check (BCP 38, RFC 3704 strict reverse path,
+/// RFC 6092 3.1) of what the IPv6 path passed from the LAN without opening
+/// a flow (a TCP segment of no flow, extension headers, fragments, other
+/// protocols, NDP and MLD with a global source): dropped
+/// (`drop6_spoofed_source`) if its source is not one the FIB routes back
+/// out of the LAN, as a new flow's is checked: Linux has no IPv6
+/// `rp_filter` and standalone mode no firewall, so the kernel would
+/// forward it with any source (another network's, the router's own).
+/// Left: link scope (no source to route), a hop limit that ran out and
+/// what the FIB does not forward (the kernel forwards neither), and the
+/// packets of known flows or new ones, whose source was checked when they
+/// opened (no neighbour, too big for the next hop).
+#[inline(always)]
+fn judge_lan(ctx: &XdpContext, v: Verdict, lan_ifindex: u32) -> Verdict {
+    if matches!(
+        v.counter,
+        Counter::Pass6LinkScope
+            | Counter::Pass6HopLimit
+            | Counter::PassFibNotForwarded
+            | Counter::PassFibForwardingDisabled
+            | Counter::PassNoNeighbour
+            | Counter::Pass6PacketTooBig
+            | Counter::PassNotConfigured
+    ) || source_valid(ctx, true, lan_ifindex)
+    {
+        v
+    } else {
+        Verdict::drop(Counter::Drop6SpoofedSource)
+    }
 }
 
 /// Whether the FIB routes the IPv6 packet of `ctx` out of `ifindex` (no

@@ -400,7 +400,7 @@ fn lan_host(addr: [u8; 4]) -> bool {
 /// [`priority_tagged`]).
 pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> Vec<Counter> {
     if from_lan {
-        return ok;
+        return lan_policy(f, ok);
     }
     if !is_ipv4(f) {
         return priority_tagged(f).unwrap_or(ok);
@@ -477,4 +477,32 @@ fn priority_tagged(f: &[u8]) -> Option<Vec<Counter>> {
         }
         _ => None,
     }
+}
+
+/// Standalone mode's check of what it passes from the LAN untranslated
+/// (README "Standalone mode"): with the router's WAN address as source it
+/// is dropped (`DropSpoofedSource`: the kernel would forward it as the
+/// router's own packet); passes the data path translated itself keep
+/// their verdicts.
+fn lan_policy(f: &[u8], ok: Vec<Counter>) -> Vec<Counter> {
+    if !is_ipv4(f) || f.len() < L4_OFF || f[IP_OFF + 12..IP_OFF + 16] != WAN {
+        return ok;
+    }
+    ok.into_iter()
+        .map(|c| {
+            let untranslated_pass = c.name().starts_with("pass_")
+                && !matches!(
+                    c,
+                    Counter::PassNoNeighbour
+                        | Counter::PassMtuTranslated
+                        | Counter::PassNotIpv4
+                        | Counter::PassNotConfigured
+                );
+            if untranslated_pass {
+                Counter::DropSpoofedSource
+            } else {
+                c
+            }
+        })
+        .collect()
 }

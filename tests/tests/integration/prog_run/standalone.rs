@@ -255,6 +255,76 @@ fn lan_packets_from_sources_the_lan_does_not_route_open_nothing() {
     });
 }
 
+/// A LAN packet with the router's WAN address as source that the data
+/// path would pass untranslated (no flow: a TCP RST, UDP with IP options,
+/// a fragment, GRE, an ICMP timestamp) is dropped (`drop_spoofed_source`):
+/// attach's `accept_local` would let the kernel forward it, and the slow
+/// path's NAT leaves that address alone, so it would leave as the router's
+/// own packet, injected into another host's mapping. The same packets from
+/// a LAN host's address go to the kernel as before; offload mode passes.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn lan_packets_with_the_wan_address_as_source_do_not_leave() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let packets = |src: [u8; 4]| -> Vec<(&'static str, Ipv4, Counter)> {
+            let mut options = Ipv4::new(src, SERVER, Udp::new(40000, 53, b"inject"));
+            options.options = vec![1, 1, 1, 0];
+            let mut fragment = Ipv4::new(src, SERVER, Udp::new(40000, 53, b"inject"));
+            fragment.frag = IP_MF;
+            vec![
+                (
+                    "a TCP RST",
+                    Ipv4::new(src, SERVER, Tcp::new(40000, 80, TCP_RST)),
+                    Counter::PassNoFlow,
+                ),
+                ("UDP with IP options", options, Counter::PassIpOptions),
+                ("a UDP fragment", fragment, Counter::PassFragment),
+                (
+                    "GRE",
+                    Ipv4::new(
+                        src,
+                        SERVER,
+                        L4::Raw {
+                            proto: 47,
+                            bytes: vec![0; 8],
+                        },
+                    ),
+                    Counter::PassProtocol,
+                ),
+            ]
+        };
+        for (what, ip, _) in packets(WAN) {
+            r.drop_frame(
+                &format!("{what} from the WAN address"),
+                &env.client_sends(&ip),
+                lan,
+                Counter::DropSpoofedSource,
+            );
+        }
+        for (what, ip, counter) in packets(CLIENT) {
+            r.pass(
+                &format!("{what} from a LAN host"),
+                &env.client_sends(&ip),
+                lan,
+                counter,
+            );
+        }
+        r.assert_flows("nothing opened", []);
+        let mut offload = config(&env);
+        offload.admit = router_common::maps::Admit::Kernel as u8;
+        r.configure(&offload);
+        let (what, ip, _) = packets(WAN).swap_remove(0);
+        r.pass(
+            &format!("offload: {what} from the WAN address"),
+            &env.client_sends(&ip),
+            lan,
+            Counter::PassNotOffloaded,
+        );
+    });
+}
+
 /// WAN frames with priority tags (VLAN id 0, which the kernel strips and
 /// takes the packet as untagged) are judged as untagged ones: to a LAN
 /// host dropped, one tag or 802.1ad + 802.1Q, with any priority; more

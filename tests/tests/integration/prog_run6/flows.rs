@@ -1395,3 +1395,84 @@ fn offload_mode_leaves_icmp6_errors_about_offloaded_flows_to_the_kernel() {
         );
     });
 }
+
+/// What the IPv6 path passes from the LAN without opening a flow (a TCP
+/// segment of no flow, UDP behind a Destination Options header, a
+/// fragment, GRE) is source-checked in standalone mode as a new flow is
+/// (BCP 38; Linux has no IPv6 `rp_filter`): another network's source or
+/// one of the router's own is dropped (`drop6_spoofed_source`); a LAN
+/// host's passes to the kernel as before; link scope is left alone;
+/// offload mode passes.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn lan_passes_with_spoofed_sources_do_not_leave() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let lan = r.lan();
+        let s = o(SERVER6);
+        let foreign = o(std::net::Ipv6Addr::new(
+            0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 9,
+        ));
+        let packets = |src: [u8; 16]| -> Vec<(&'static str, Ipv6, Counter)> {
+            // Ports 40000 -> 53, length 9, no checksum (not verified here).
+            let udp = [0x9c, 0x40, 0, 53, 0, 9, 0, 0, b'x'];
+            let mut dest_opts = vec![IPPROTO_UDP, 0, 1, 4, 0, 0, 0, 0];
+            dest_opts.extend_from_slice(&udp);
+            let mut fragment = vec![IPPROTO_UDP, 0, 0, 1, 0, 0, 0, 7];
+            fragment.extend_from_slice(&udp);
+            vec![
+                (
+                    "a TCP ACK of no flow",
+                    Ipv6::tcp(src, s, &Tcp::new(40000, 80, TCP_ACK)),
+                    Counter::PassNoFlow,
+                ),
+                (
+                    "UDP behind Destination Options",
+                    Ipv6::new(src, s, 60, dest_opts),
+                    Counter::Pass6ExtDestOpts,
+                ),
+                (
+                    "a UDP fragment",
+                    Ipv6::new(src, s, 44, fragment),
+                    Counter::Pass6ExtFragment,
+                ),
+                (
+                    "GRE",
+                    Ipv6::new(src, s, 47, vec![0; 8]),
+                    Counter::PassProtocol,
+                ),
+            ]
+        };
+        for (who, src) in [
+            ("another network's", foreign),
+            ("the router's WAN", o(ROUTER_WAN6)),
+            ("the router's LAN", o(ROUTER_LAN6)),
+        ] {
+            for (what, p, _) in packets(src) {
+                r.drop_frame(
+                    &format!("{what} with {who} address as source"),
+                    &from_client(&env, &p),
+                    lan,
+                    Counter::Drop6SpoofedSource,
+                );
+            }
+        }
+        for (what, p, counter) in packets(o(CLIENT6)) {
+            r.pass(
+                &format!("{what} from a LAN host"),
+                &from_client(&env, &p),
+                lan,
+                counter,
+            );
+        }
+        r.assert_flows("nothing opened", &[]);
+        r.0.configure(&config(&env, Admit::Kernel));
+        let (what, p, _) = packets(foreign).swap_remove(0);
+        r.pass(
+            &format!("offload: {what} with another network's source"),
+            &from_client(&env, &p),
+            lan,
+            Counter::PassNotOffloaded,
+        );
+    });
+}
