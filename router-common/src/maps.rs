@@ -1093,7 +1093,7 @@ counters! {
     /// LAN one the FIB does not route back out of the LAN (a spoofed or
     /// foreign prefix would leave on the WAN); from the WAN one it routes
     /// to the LAN or one of the router's own addresses. Checked when a
-    /// flow opens, not per packet.
+    /// flow opens, not per hit, and for every packet passed from the LAN.
     ///
     Drop6SpoofedSource = "drop6_spoofed_source", false;
     /// IPv4 fragment of a TCP (whole header in the first fragment), UDP or
@@ -1118,7 +1118,9 @@ counters! {
     /// Standalone mode: a LAN packet that would open an IPv4 flow with a
     /// source the FIB does not route back out of the LAN (BCP 38, RFC 3704
     /// strict reverse path): a spoofed or foreign address, or one of the
-    /// router's own. Checked when a flow opens, not per packet; IPv6 has
+    /// router's own. Checked when a flow opens, not per packet; and any
+    /// LAN packet passed untranslated with the WAN address as its source
+    /// (the kernel would forward it as the router's own). IPv6 has
     /// `drop6_spoofed_source`.
     DropSpoofedSource = "drop_spoofed_source", false;
     /// IPv4 packet with options (IHL > 5) of a flow the data path carries
