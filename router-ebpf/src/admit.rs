@@ -286,10 +286,11 @@ fn left_to_kernel(key: &FlowKey, cfg: &Config, now: u64) -> bool {
 /// out its oldest flow (then only that flow may change mapping later).
 /// Not a flow to the WAN address (a hairpin): the slow path does not
 /// translate it back into the LAN (the router's own stack gets it), so
-/// its next packet is better off trying this path again.
+/// its next packet is better off trying this path again; nor one from it
+/// (a forged source, dropped: [`unsolicited`]).
 #[inline(never)]
 pub fn leave_to_kernel(key: &FlowKey, cfg: &Config, now: u64) {
-    if key.dst_addr == cfg.wan_addr {
+    if key.dst_addr == cfg.wan_addr || key.src_addr == cfg.wan_addr {
         return;
     }
     let _ = KERNEL_FLOWS.insert(key, &now, u64::from(BPF_ANY));

@@ -1,22 +1,25 @@
-//! Priority-tagged frames from the WAN in standalone mode: an IEEE 802.1Q
-//! tag of VLAN id 0 (a "priority tag": no VLAN, only the priority bits),
-//! also several, and behind an 802.1ad tag of id 0.
+//! Priority-tagged frames in standalone mode: an IEEE 802.1Q tag of VLAN
+//! id 0 (a "priority tag": no VLAN, only the priority bits), also several,
+//! and behind an 802.1ad tag of id 0.
 //!
 //! The fast path carries untagged frames only and passes a tagged one to
 //! the kernel (`pass_not_ipv4`). The kernel takes a tag of id 0 for none:
 //! it strips it, and each further tag of id 0 behind it, and receives the
 //! packet as if untagged (`__netif_receive_skb_core`). In standalone mode
-//! no firewall stands behind the data path, so an unsolicited packet sent
-//! so would reach any LAN host, whose reply would then open a flow that
-//! lets the sender in (RFC 6092 REC-31 as the untagged path keeps it).
-//! Such a packet is judged as the untagged passes are
+//! no firewall stands behind the data path, so such a packet gets the
+//! judgements of the untagged passes. From the WAN
 //! ([`crate::admit::unsolicited`], [`crate::v6::judge_passed`]): dropped
-//! if the FIB routes it to the LAN, unless it is an IPv6 TCP or UDP packet
-//! of a known flow (a reply, which the kernel forwards as it is). A tag of
-//! any other id is left as it is: the kernel hands it to that VLAN's
-//! device (another interface than the attached WAN) or drops it. (A NIC
-//! that strips tags itself, rx VLAN offload, hands the program the frame
-//! untagged: it is then judged, or carried, as any other.)
+//! if the FIB routes it to the LAN (an unsolicited packet would reach any
+//! LAN host, whose reply would then open a flow that lets the sender in:
+//! RFC 6092 REC-31), unless IPv6 the untagged path lets in (a known flow's
+//! reply or error, `IPsec`, a pinhole's port), which the kernel forwards as
+//! it is. From the LAN, the source checks: IPv4 with the router's WAN
+//! address as source, IPv6 with a source not routed back out of the LAN,
+//! are dropped (BCP 38). A tag of any other id is left as it is: the
+//! kernel hands it to that VLAN's device (another interface than the
+//! attached ones) or drops it. (A NIC that strips tags itself, rx VLAN
+//! offload, hands the program the frame untagged: it is then judged, or
+//! carried, as any other.)
 
 use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
@@ -40,9 +43,12 @@ const VID_MASK: u16 = 0x0fff;
 const TAGS_JUDGED: usize = 4;
 
 /// Judges the passed frame of `md` (verdict `v`, `pass_not_ipv4`) if it
-/// arrived on a standalone router's WAN with priority tags only: dropped
-/// (`drop_unsolicited` for IPv4, `drop6_unsolicited` for IPv6) if the
-/// packet inside is unsolicited and routed to the LAN, else `v`.
+/// arrived on a standalone router's attached interface with priority tags
+/// only: from the WAN dropped (`drop_unsolicited` for IPv4,
+/// `drop6_unsolicited` for IPv6) if the packet inside is unsolicited and
+/// routed to the LAN, from the LAN (`drop_spoofed_source`,
+/// `drop6_spoofed_source`) if its source is one the LAN may not use; else
+/// `v`.
 // A BPF subprogram of its own, called from the entry point for frames the
 // cores passed as not IPv4 only. Takes the raw context and reads the
 // packet bounds with volatile loads, as `v6::fragment_of_a_flow` does.
@@ -65,7 +71,8 @@ fn judged(md: *mut xdp_md, v: Verdict) -> Verdict {
     let Some(cfg) = CONFIG.get(0) else {
         return v;
     };
-    if ifindex != cfg.wan_ifindex || cfg.admit != Admit::Xdp as u8 {
+    let from_lan = ifindex == cfg.lan_ifindex;
+    if cfg.admit != Admit::Xdp as u8 || !from_lan && ifindex != cfg.wan_ifindex {
         return v;
     }
     // The protocol identifier of the first tag, or the Ethernet type.
@@ -86,7 +93,11 @@ fn judged(md: *mut xdp_md, v: Verdict) -> Verdict {
             return v;
         }
         if tag == TAGS_JUDGED {
-            return Verdict::drop(Counter::DropUnsolicited);
+            return Verdict::drop(if from_lan {
+                Counter::DropMalformed
+            } else {
+                Counter::DropUnsolicited
+            });
         }
         at += TAG_LEN;
     }
@@ -97,11 +108,45 @@ fn judged(md: *mut xdp_md, v: Verdict) -> Verdict {
     // SAFETY: the type's two bytes were checked with the loop's last read.
     let ether_type = get_u16(unsafe { &*((data + at) as *const [u8; 2]) }, 0);
     let l3 = at + 2;
+    if from_lan {
+        // The source checks of untagged LAN passes: the router's WAN
+        // address (IPv4), a source not routed back out of the LAN (IPv6).
+        return match ether_type {
+            eth::P_IPV4 if wan_address_source(md, l3, cfg.wan_addr) => {
+                Verdict::drop(Counter::DropSpoofedSource)
+            }
+            eth::P_IPV6 if v6::lan_source_invalid_at(md, l3) => {
+                Verdict::drop(Counter::Drop6SpoofedSource)
+            }
+            _ => v,
+        };
+    }
     match ether_type {
         eth::P_IPV4 if unsolicited4(md, l3) => Verdict::drop(Counter::DropUnsolicited),
         eth::P_IPV6 if v6::unsolicited_at(md, l3) => Verdict::drop(Counter::Drop6Unsolicited),
         _ => v,
     }
+}
+
+/// Whether the IPv4 packet `l3` bytes into the frame of `md` has the WAN
+/// address `wan_addr` as its source: from the LAN, one the data path did
+/// not translate (it translates untagged frames only), which the kernel
+/// would forward as the router's own packet (`crate::admit::unsolicited`).
+#[inline(always)]
+fn wan_address_source(md: *mut xdp_md, l3: usize, wan_addr: [u8; 4]) -> bool {
+    // SAFETY: as in `judged`.
+    let (data, end) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*md).data) as usize,
+            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
+        )
+    };
+    if l3 > eth::LEN + TAGS_JUDGED * TAG_LEN || data + l3 + ipv4::LEN > end {
+        return false;
+    }
+    // SAFETY: within the bounds checked just above.
+    let ip = unsafe { &*((data + l3) as *const [u8; ipv4::LEN]) };
+    get_addr(ip, ipv4::SRC) == wan_addr
 }
 
 /// Whether the IPv4 packet `l3` bytes into the frame of `md` is one the

@@ -411,6 +411,59 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
     maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now())
 }
 
+/// Whether the destination of the IPv6 packet of `ctx` is one no router
+/// forwards to (RFC 4291: loopback, unspecified, IPv4-mapped, multicast),
+/// read in place.
+#[inline(always)]
+fn unroutable_destination(ctx: &XdpContext) -> bool {
+    let Ok(ip) = ptr_at::<[u8; ipv6::LEN]>(ctx, frame6::IPV6) else {
+        return true;
+    };
+    // SAFETY: bounds checked by ptr_at; only read.
+    let ip = unsafe { &*ip };
+    let d = ipv6::DST;
+    let zero_to = |n: usize| (d..d + n).all(|i| ip[i] == 0);
+    ip[d] == 0xff
+        || zero_to(15) && ip[d + 15] <= 1
+        || zero_to(10) && ip[d + 10] == 0xff && ip[d + 11] == 0xff
+}
+
+/// Whether the IPv6 packet `l3` bytes into the frame of `md`, from a
+/// standalone router's LAN behind priority tags (`crate::tagged`: the
+/// kernel strips them and forwards the packet), has a source the LAN may
+/// not use, as [`judge_lan`] judges untagged passes: not link scope and
+/// not routed back out of the LAN.
+// A BPF subprogram of its own, as `routed_at`, whose FIB parameters it
+// builds the same way.
+#[inline(never)]
+pub fn lan_source_invalid_at(md: *mut xdp_md, l3: usize) -> bool {
+    // SAFETY: as in `unsolicited_at`.
+    let (data, end) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*md).data) as usize,
+            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
+        )
+    };
+    let Some(cfg) = crate::maps::CONFIG.get(0) else {
+        return false;
+    };
+    if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN > end {
+        return false;
+    }
+    // SAFETY: within the bounds checked just above.
+    let ip = unsafe { &*((data + l3) as *const [u8; ipv6::LEN]) };
+    // Link scope, read in place (copies of the addresses would grow this
+    // frame past the verifier's combined stack limit): a link-local or
+    // unspecified source, a link-local or multicast destination.
+    let link_local = |at: usize| ip[at] == 0xfe && ip[at + 1] & 0xc0 == 0x80;
+    let unspecified = (ipv6::SRC..ipv6::SRC + 16).all(|i| ip[i] == 0);
+    if link_local(ipv6::SRC) || unspecified || link_local(ipv6::DST) || ip[ipv6::DST] == 0xff {
+        return false;
+    }
+    let mut p = params6(ip, ipv6::DST, ipv6::SRC);
+    reachable_via(&XdpContext::new(md), &mut p, cfg.lan_ifindex) == Some(false)
+}
+
 /// Whether the FIB routes the IPv6 packet `l3` bytes into the frame of
 /// `md` out of `ifindex` (no MTU check): [`routed_to`] at another offset.
 // Its own subprogram, as `routed_to` is, for the same reason: in its
@@ -441,22 +494,25 @@ fn routed_at(md: *mut xdp_md, l3: usize, ifindex: u32) -> bool {
 /// out of the LAN, as a new flow's is checked: Linux has no IPv6
 /// `rp_filter` and standalone mode no firewall, so the kernel would
 /// forward it with any source (another network's, the router's own).
-/// Left: link scope (no source to route), a hop limit that ran out and
-/// what the FIB does not forward (the kernel forwards neither), and the
-/// packets of known flows or new ones, whose source was checked when they
-/// opened (no neighbour, too big for the next hop).
+/// Also what is for the router itself and a hop limit that ran out: the
+/// kernel would answer a forged source, out of the WAN (a resolver's
+/// answer, a Time Exceeded: reflection). Left: link scope (no source to
+/// route), forwarding off, a destination no one routes (loopback,
+/// unspecified, IPv4-mapped, multicast: the kernel drops it, and the way
+/// back from it cannot be asked), and the packets of known flows or new
+/// ones, whose source was checked when they opened (no neighbour, too big
+/// for the next hop).
 #[inline(always)]
 fn judge_lan(ctx: &XdpContext, v: Verdict, lan_ifindex: u32) -> Verdict {
     if matches!(
         v.counter,
         Counter::Pass6LinkScope
-            | Counter::Pass6HopLimit
-            | Counter::PassFibNotForwarded
             | Counter::PassFibForwardingDisabled
             | Counter::PassNoNeighbour
             | Counter::Pass6PacketTooBig
             | Counter::PassNotConfigured
-    ) || source_valid(ctx, true, lan_ifindex)
+    ) || v.counter == Counter::PassFibNotForwarded && unroutable_destination(ctx)
+        || source_valid(ctx, true, lan_ifindex)
     {
         v
     } else {

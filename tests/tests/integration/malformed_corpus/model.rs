@@ -403,7 +403,7 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
         return lan_policy(f, ok);
     }
     if !is_ipv4(f) {
-        return priority_tagged(f).unwrap_or(ok);
+        return priority_tagged(f, false).unwrap_or(ok);
     }
     if f.len() < L4_OFF {
         return ok;
@@ -436,14 +436,16 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
         .collect()
 }
 
-/// The README's judgement of a WAN frame with priority tags (802.1Q or
-/// 802.1ad, VLAN id 0; the kernel strips them): more than four such tags
-/// dropped; behind them an IPv4 packet to a LAN host dropped as
-/// unsolicited, an IPv6 one to the LAN prefix dropped unless it is a known
-/// flow's TCP or UDP reply (either verdict here). `None`: not such a
-/// frame, or one the judgement leaves alone (a VLAN id, cut short, another
-/// destination).
-fn priority_tagged(f: &[u8]) -> Option<Vec<Counter>> {
+/// The README's judgement of a frame with priority tags (802.1Q or
+/// 802.1ad, VLAN id 0; the kernel strips them), `from_lan` or from the
+/// WAN: more than four such tags dropped. From the WAN, behind them an
+/// IPv4 packet to a LAN host dropped as unsolicited, an IPv6 one to the
+/// LAN prefix dropped unless the untagged path would let it in (either
+/// verdict here). From the LAN, IPv4 with the WAN address as source and
+/// IPv6 with a global source outside the LAN prefix (or the router's own)
+/// dropped as spoofed. `None`: not such a frame, or one the judgement
+/// leaves alone (a VLAN id, cut short, another address).
+fn priority_tagged(f: &[u8], from_lan: bool) -> Option<Vec<Counter>> {
     let mut at = 12;
     let mut tags = 0;
     loop {
@@ -456,7 +458,11 @@ fn priority_tagged(f: &[u8]) -> Option<Vec<Counter>> {
         }
         tags += 1;
         if tags > 4 {
-            return Some(vec![Counter::DropUnsolicited]);
+            return Some(vec![if from_lan {
+                Counter::DropMalformed
+            } else {
+                Counter::DropUnsolicited
+            }]);
         }
         at += 4;
     }
@@ -464,16 +470,29 @@ fn priority_tagged(f: &[u8]) -> Option<Vec<Counter>> {
         return None;
     }
     let l3 = at + 2;
-    match be16(f, at) {
-        0x0800 => {
+    let lan6 = |a: &[u8]| {
+        a[..8] == [0x20, 0x01, 0x0d, 0xb8, 0, 0x50, 0, 0] && a != tests::v6::ROUTER_LAN6.octets()
+    };
+    match (be16(f, at), from_lan) {
+        (0x0800, false) => {
             let dst: [u8; 4] = f.get(l3 + 16..l3 + 20)?.try_into().ok()?;
             lan_host(dst).then(|| vec![Counter::DropUnsolicited])
         }
-        0x86dd => {
+        (0x0800, true) => {
+            let src = f.get(l3 + 12..l3 + 16)?;
+            (l3 + 20 <= f.len() && src == WAN).then(|| vec![Counter::DropSpoofedSource])
+        }
+        (0x86dd, false) => {
             let dst = f.get(l3 + 24..l3 + 40)?;
-            (dst[..8] == [0x20, 0x01, 0x0d, 0xb8, 0, 0x50, 0, 0]
-                && dst != tests::v6::ROUTER_LAN6.octets())
-            .then(|| vec![Counter::PassNotIpv4, Counter::Drop6Unsolicited])
+            lan6(dst).then(|| vec![Counter::PassNotIpv4, Counter::Drop6Unsolicited])
+        }
+        (0x86dd, true) => {
+            let (src, dst) = (f.get(l3 + 8..l3 + 24)?, f.get(l3 + 24..l3 + 40)?);
+            let link_scope = src[0] == 0xfe && src[1] & 0xc0 == 0x80
+                || src.iter().all(|&b| b == 0)
+                || dst[0] == 0xfe && dst[1] & 0xc0 == 0x80
+                || dst[0] == 0xff;
+            (!link_scope && !lan6(src)).then(|| vec![Counter::Drop6SpoofedSource])
         }
         _ => None,
     }
@@ -483,9 +502,12 @@ fn priority_tagged(f: &[u8]) -> Option<Vec<Counter>> {
 /// (README "Standalone mode"): with the router's WAN address as source it
 /// is dropped (`DropSpoofedSource`: the kernel would forward it as the
 /// router's own packet); passes the data path translated itself keep
-/// their verdicts.
+/// their verdicts; priority-tagged frames as [`priority_tagged`] says.
 fn lan_policy(f: &[u8], ok: Vec<Counter>) -> Vec<Counter> {
-    if !is_ipv4(f) || f.len() < L4_OFF || f[IP_OFF + 12..IP_OFF + 16] != WAN {
+    if !is_ipv4(f) {
+        return priority_tagged(f, true).unwrap_or(ok);
+    }
+    if f.len() < L4_OFF || f[IP_OFF + 12..IP_OFF + 16] != WAN {
         return ok;
     }
     ok.into_iter()

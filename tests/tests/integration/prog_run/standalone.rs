@@ -330,8 +330,9 @@ fn lan_packets_with_the_wan_address_as_source_do_not_leave() {
 /// host dropped, one tag or 802.1ad + 802.1Q, with any priority; more
 /// than four such tags dropped whatever they carry. Left to the kernel:
 /// one to the WAN address, a tag with a VLAN id (also behind a priority
-/// tag: another interface's, or dropped), one cut short in its tag, the
-/// same frames from the LAN, and in offload mode.
+/// tag: another interface's, or dropped), one cut short in its tag, a LAN
+/// host's own, and in offload mode. From the LAN, the WAN address as
+/// source is dropped (`drop_spoofed_source`) as untagged.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
@@ -404,6 +405,17 @@ fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
             lan,
             Counter::PassNotIpv4,
         );
+        // The LAN's source check: the WAN address as source, which the
+        // kernel would forward as the router's own packet.
+        let forged = Ipv4::new(WAN, SERVER, Udp::new(40000, 53, b"q"));
+        for tags in [&[(Q, 0)][..], &[(AD, 0), (Q, 0)][..]] {
+            r.drop_frame(
+                "LAN: a priority-tagged packet from the WAN address",
+                &tagged(&env.client_sends(&forged), tags),
+                lan,
+                Counter::DropSpoofedSource,
+            );
+        }
         r.assert_flows("nothing opened", []);
 
         // Offload mode: the kernel's firewall decides; passed.

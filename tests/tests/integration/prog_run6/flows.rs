@@ -1271,10 +1271,15 @@ fn an_offloaded_flows_lost_half_comes_back_unless_it_is_being_ended() {
 /// the untagged path lets in passes (the kernel forwards it): a reply of a
 /// known UDP flow or ping, a Packet Too Big quoting the known flow, ESP, a
 /// SYN to a pinhole; to the router itself, or with a VLAN id, it is the
-/// kernel's.
+/// kernel's. From the LAN a forged source is dropped
+/// (`drop6_spoofed_source`), a LAN host's packet passed.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn priority_tagged_ipv6_from_the_wan_is_judged() {
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn priority_tagged_ipv6_is_judged_on_both_sides() {
     use tests::frames::with_tags as tagged;
     let env = topology();
     with_router(&env, config(&env, Admit::Xdp), |r| {
@@ -1336,6 +1341,22 @@ fn priority_tagged_ipv6_from_the_wan_is_judged() {
                 Counter::Drop6Unsolicited,
             );
         }
+        let foreign = o(std::net::Ipv6Addr::new(
+            0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 9,
+        ));
+        let forged = Ipv6::udp(foreign, s, &Udp::new(5353, 53, b"forged"));
+        r.drop_frame(
+            "LAN: another network's source behind a priority tag",
+            &tagged(&from_client(&env, &forged), &stacked),
+            lan,
+            Counter::Drop6SpoofedSource,
+        );
+        r.pass(
+            "LAN: a LAN host's packet behind a priority tag",
+            &tagged(&from_client(&env, &q), &prio),
+            lan,
+            Counter::PassNotIpv4,
+        );
         for (what, frame) in [
             (
                 "a reply of the known flow behind a priority tag",
@@ -1443,6 +1464,8 @@ fn lan_passes_with_spoofed_sources_do_not_leave() {
                 ),
             ]
         };
+        let to_router =
+            |src: [u8; 16]| Ipv6::udp(src, o(ROUTER_LAN6), &Udp::new(40000, 53, b"query"));
         for (who, src) in [
             ("another network's", foreign),
             ("the router's WAN", o(ROUTER_WAN6)),
@@ -1456,7 +1479,21 @@ fn lan_passes_with_spoofed_sources_do_not_leave() {
                     Counter::Drop6SpoofedSource,
                 );
             }
+            // For the router itself: it would answer the forged source out
+            // of the WAN (reflection).
+            r.drop_frame(
+                &format!("a DNS query to the router with {who} address as source"),
+                &from_client(&env, &to_router(src)),
+                lan,
+                Counter::Drop6SpoofedSource,
+            );
         }
+        r.pass(
+            "a DNS query to the router from a LAN host",
+            &from_client(&env, &to_router(o(CLIENT6))),
+            lan,
+            Counter::PassFibNotForwarded,
+        );
         for (what, p, counter) in packets(o(CLIENT6)) {
             r.pass(
                 &format!("{what} from a LAN host"),

@@ -170,29 +170,40 @@ fn ext_headers_hop_limit_and_link_scope_passed() {
         // Addresses no router forwards (RFC 4291 2.5.3, 2.7): a multicast
         // source, loopback either way. `bpf_fib_lookup` refuses them (it
         // forwards no multicast or loopback address on either side), the
-        // kernel drops them; no flow opens.
+        // kernel drops them; no flow opens. As a source from the LAN it is
+        // also no LAN host's: dropped by standalone's source check.
         let mut lo = [0; 16];
         lo[15] = 1;
         let mc_global = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-        for (what, p) in [
+        for (what, p, counter) in [
             (
                 "SYN from ::1",
                 Ipv6::tcp(lo, s, &Tcp::new(40000, 80, TCP_SYN)),
+                Counter::Drop6SpoofedSource,
             ),
             (
                 "SYN to ::1",
                 Ipv6::tcp(c, lo, &Tcp::new(40000, 80, TCP_SYN)),
+                Counter::PassFibNotForwarded,
             ),
             (
                 "UDP from a global multicast address",
                 Ipv6::udp(mc_global, s, &Udp::new(40000, 53, b"m")),
+                Counter::Drop6SpoofedSource,
             ),
         ] {
-            r.pass(
+            r.check(
                 what,
                 &from_client(&env, &p),
                 lan,
-                Counter::PassFibNotForwarded,
+                if counter == Counter::Drop6SpoofedSource {
+                    XDP_DROP
+                } else {
+                    XDP_PASS
+                },
+                &from_client(&env, &p),
+                counter,
+                &[],
             );
         }
         // NDP and MLD between global addresses (NA answering an NS for a
@@ -390,11 +401,20 @@ fn unspecified_and_ipv4_mapped_addresses_do_not_follow_the_default_route() {
             ),
         ];
         for (what, p) in &cases {
-            r.pass(
+            // A mapped source is no LAN host's: standalone's source check.
+            let (verdict, counter) = if p.src == mapped_src {
+                (XDP_DROP, Counter::Drop6SpoofedSource)
+            } else {
+                (XDP_PASS, Counter::PassFibNotForwarded)
+            };
+            r.check(
                 &format!("{what} from the LAN"),
                 &from_client(&env, p),
                 lan,
-                Counter::PassFibNotForwarded,
+                verdict,
+                &from_client(&env, p),
+                counter,
+                &[],
             );
         }
         let in_to_unspecified = Ipv6::udp(s, [0; 16], &Udp::new(5000, 53, b"q"));
