@@ -417,23 +417,7 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
     if !lan_host(dst) {
         return ok;
     }
-    ok.into_iter()
-        .map(|c| {
-            let untranslated_pass = c.name().starts_with("pass_")
-                && !matches!(
-                    c,
-                    Counter::PassNoNeighbour
-                        | Counter::PassMtuTranslated
-                        | Counter::PassNotIpv4
-                        | Counter::PassNotConfigured
-                );
-            if untranslated_pass {
-                Counter::DropUnsolicited
-            } else {
-                c
-            }
-        })
-        .collect()
+    dropping_untranslated_passes(ok, Counter::DropUnsolicited)
 }
 
 /// The README's judgement of a frame with priority tags (802.1Q or
@@ -510,6 +494,14 @@ fn lan_policy(f: &[u8], ok: Vec<Counter>) -> Vec<Counter> {
     if f.len() < L4_OFF || f[IP_OFF + 12..IP_OFF + 16] != WAN {
         return ok;
     }
+    dropping_untranslated_passes(ok, Counter::DropSpoofedSource)
+}
+
+/// `ok` with every pass of a packet the data path did not translate
+/// itself (all passes but no neighbour and too large translated, and
+/// those with no IPv4 header or before the configuration) turned into
+/// the drop `counter`.
+fn dropping_untranslated_passes(ok: Vec<Counter>, counter: Counter) -> Vec<Counter> {
     ok.into_iter()
         .map(|c| {
             let untranslated_pass = c.name().starts_with("pass_")
@@ -520,11 +512,7 @@ fn lan_policy(f: &[u8], ok: Vec<Counter>) -> Vec<Counter> {
                         | Counter::PassNotIpv4
                         | Counter::PassNotConfigured
                 );
-            if untranslated_pass {
-                Counter::DropSpoofedSource
-            } else {
-                c
-            }
+            if untranslated_pass { counter } else { c }
         })
         .collect()
 }
