@@ -84,10 +84,16 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
             .contains(NEW_MAC),
         "{v}"
     );
-    let log = daemon.log();
-    assert!(
-        log.contains("changed its MAC") && log.contains(NEW_MAC),
-        "{log}"
+    // The daemon writes the configuration before it logs the change: wait
+    // for the line (seen missing when read right after doctor's answer).
+    wait_for_or_show(
+        "the daemon to log the LAN's new MAC",
+        Duration::from_secs(5),
+        || {
+            let log = daemon.log();
+            log.contains("changed its MAC") && log.contains(NEW_MAC)
+        },
+        || daemon.log(),
     );
 
     // The hosts learn the new MACs; XDP carries the traffic again.
