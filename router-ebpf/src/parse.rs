@@ -32,6 +32,23 @@ impl From<Truncated> for Verdict {
     }
 }
 
+/// The packet's bounds, `data` and `data_end`, read from the raw context
+/// `md` with volatile loads: for the subprograms that take the raw context
+/// instead of an `&XdpContext`, whose bounds LLVM would pass as 32-bit
+/// values, widened with shifts the verifier refuses on packet pointers.
+/// Callers check every access against them.
+#[inline(always)]
+pub fn bounds(md: *mut xdp_md) -> (usize, usize) {
+    // SAFETY: `md` is the program's context: its `data` and `data_end`
+    // fields are always readable.
+    unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*md).data) as usize,
+            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
+        )
+    }
+}
+
 /// A pointer to `T` at `offset` in the frame, if the frame is long enough.
 #[inline(always)]
 pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, Truncated> {

@@ -51,7 +51,7 @@ const TAGS_JUDGED: usize = 4;
 /// `v`.
 // A BPF subprogram of its own, called from the entry point for frames the
 // cores passed as not IPv4 only. Takes the raw context and reads the
-// packet bounds with volatile loads, as `v6::fragment_of_a_flow` does.
+// packet bounds with volatile loads (`parse::bounds`).
 #[inline(never)]
 pub fn judge(md: *mut xdp_md, v: Packed) -> Packed {
     judged(md, v.unpack()).pack()
@@ -59,15 +59,9 @@ pub fn judge(md: *mut xdp_md, v: Packed) -> Packed {
 
 #[inline(always)]
 fn judged(md: *mut xdp_md, v: Verdict) -> Verdict {
-    // SAFETY: `md` is the program's context; `data` and `data_end` are the
-    // packet's bounds, checked below before any access.
-    let (data, end, ifindex) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-            core::ptr::read_volatile(&raw const (*md).ingress_ifindex),
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
+    // SAFETY: `md` is the program's context: its fields are readable.
+    let ifindex = unsafe { core::ptr::read_volatile(&raw const (*md).ingress_ifindex) };
     let Some(cfg) = CONFIG.get(0) else {
         return v;
     };
@@ -134,13 +128,7 @@ fn judged(md: *mut xdp_md, v: Verdict) -> Verdict {
 /// would forward as the router's own packet (`crate::admit::unsolicited`).
 #[inline(always)]
 fn wan_address_source(md: *mut xdp_md, l3: usize, wan_addr: [u8; 4]) -> bool {
-    // SAFETY: as in `judged`.
-    let (data, end) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
     if l3 > eth::LEN + TAGS_JUDGED * TAG_LEN || data + l3 + ipv4::LEN > end {
         return false;
     }
@@ -156,13 +144,7 @@ fn wan_address_source(md: *mut xdp_md, l3: usize, wan_addr: [u8; 4]) -> bool {
 // a sibling of the IPv6 judgement's.
 #[inline(never)]
 fn unsolicited4(md: *mut xdp_md, l3: usize) -> bool {
-    // SAFETY: as in `judged`.
-    let (data, end) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
     let Some(cfg) = CONFIG.get(0) else {
         return false;
     };

@@ -314,14 +314,7 @@ pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
 /// ([`fragment_of_a_flow`]).
 #[inline(never)]
 fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
-    // SAFETY: `md` is the program's context; its `data` and `data_end`
-    // are the packet's bounds, checked below before any access.
-    let (data, end) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
     let Some(cfg) = crate::maps::CONFIG.get(0) else {
         return false;
     };
@@ -437,13 +430,7 @@ fn unroutable_destination(ctx: &XdpContext) -> bool {
 // builds the same way.
 #[inline(never)]
 pub fn lan_source_invalid_at(md: *mut xdp_md, l3: usize) -> bool {
-    // SAFETY: as in `unsolicited_at`.
-    let (data, end) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
     let Some(cfg) = crate::maps::CONFIG.get(0) else {
         return false;
     };
@@ -470,13 +457,7 @@ pub fn lan_source_invalid_at(md: *mut xdp_md, l3: usize) -> bool {
 // caller's frame the FIB parameters landed on a 4-byte aligned slot.
 #[inline(never)]
 fn routed_at(md: *mut xdp_md, l3: usize, ifindex: u32) -> bool {
-    // SAFETY: as in `unsolicited_at`.
-    let (data, end) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
     if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN > end {
         return false;
     }
@@ -558,14 +539,7 @@ fn fragment_of_a_flow(md: *mut xdp_md, cfg: &Config) -> bool {
     /// The Fragment header: next header, reserved, offset and flags (RFC
     /// 8200 4.5), identification.
     const FRAG_LEN: usize = 8;
-    // SAFETY: `md` is the program's context; its `data` and `data_end`
-    // are the packet's bounds, checked below before any access.
-    let (data, end) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
     if data + frame6::L4 + FRAG_LEN > end {
         return false;
     }

@@ -164,14 +164,7 @@ pub fn read_tcp_segment(md: *mut xdp_md, seg: &mut Segment) {
 /// call less per packet).
 #[inline(always)]
 pub fn fill_tcp_segment(md: *mut xdp_md, seg: &mut Segment) {
-    // SAFETY: `md` is the program's context; its `data` and `data_end`
-    // are the packet's bounds, checked below before any access.
-    let (data, end) = unsafe {
-        (
-            core::ptr::read_volatile(&raw const (*md).data) as usize,
-            core::ptr::read_volatile(&raw const (*md).data_end) as usize,
-        )
-    };
+    let (data, end) = crate::parse::bounds(md);
     // Field by field: a whole-struct write of a zeroed one becomes a byte
     // loop in `memset`.
     if data + frame6::L4 + tcp::LEN > end {
