@@ -24,7 +24,7 @@ use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
 use router_common::{
     hdr::{eth, get_u16},
     ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, judged_when_inbound, next_header},
-    maps::{Admit, Config, Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV6},
+    maps::{Admit, Counter, FlowKey6, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV6},
 };
 
 use crate::{
@@ -235,7 +235,7 @@ pub fn forward(
 /// addresses: `ipv6::judged_when_inbound`): dropped if the FIB (asked
 /// without the MTU check, as [`unsolicited`]) routes it to the LAN, else
 /// left as it was (for the router itself, or routed elsewhere). Fragments
-/// of known flows pass ([`fragment_of_a_flow`]), and so does what a known
+/// of known flows pass ([`solicited_at`]), and so does what a known
 /// flow or a pinhole lets in sent to a MAC not the interface's
 /// ([`unsolicited_at`]). From the LAN, every pass's source is judged
 /// ([`judge_lan`]). Offload mode and IPv4 are left as they are.
@@ -267,7 +267,7 @@ fn judge(ctx: &XdpContext, v: Verdict) -> Verdict {
     if !judged_when_inbound(v.counter) {
         return v;
     }
-    if v.counter == Counter::Pass6ExtFragment && fragment_of_a_flow(ctx.ctx, side.cfg) {
+    if v.counter == Counter::Pass6ExtFragment && solicited_at(ctx.ctx, frame6::IPV6) {
         return v;
     }
     if v.counter == Counter::PassNotForUs {
@@ -294,7 +294,7 @@ fn judge(ctx: &XdpContext, v: Verdict) -> Verdict {
 /// (`pass_not_for_us`: a macvlan on the WAN takes it). The kernel forwards
 /// what passes as it is (no flow opens).
 // A BPF subprogram of its own (see `routed_to`); the raw context and
-// volatile bounds as `fragment_of_a_flow`. Its two steps are sibling
+// volatile bounds (`parse::bounds`). Its two steps are sibling
 // subprograms, so the flow key and the FIB parameters share no frame.
 #[inline(never)]
 pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
@@ -310,8 +310,15 @@ pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
 /// WAN-side entry (a reply of a known flow); an `ICMPv6` error quoting a
 /// packet of one, or quoting `IPsec` or a fragment (`icmp_error`); ESP or
 /// AH (RFC 6092 REC-21, REC-22); TCP or UDP to a pinhole's port; a later
-/// fragment, or a first one of `IPsec` or of a known flow
-/// ([`fragment_of_a_flow`]).
+/// fragment (of any length: it carries no header to judge, and without its
+/// first fragment the LAN host reassembles nothing, RFC 8200 4.5), or a
+/// first one of `IPsec` or whose TCP or UDP header or echo reply is a
+/// known flow's (the kernel reassembles nothing it forwards; an atomic
+/// fragment, a whole datagram, is judged as one). Also what the untagged
+/// path's judge asks of its fragments (`pass6_ext_fragment`: a Fragment
+/// header, or an `ICMPv6` error quoting the LAN host's own fragment).
+// A BPF subprogram of its own: its flow key stays off the frames of the
+// call chains to the FIB lookup.
 #[inline(never)]
 fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
     let (data, end) = crate::parse::bounds(md);
@@ -515,78 +522,6 @@ fn routed_to(ctx: &XdpContext, ifindex: u32) -> bool {
     let ip = unsafe { &*ip };
     let mut p = params_sized(ip, 0);
     egress(ctx, &mut p) == Some(ifindex)
-}
-
-/// Whether the fragment of `ctx` (a Fragment header right after the fixed
-/// one; or an `ICMPv6` error quoting one, which passes) may go on
-/// to the kernel, which forwards it as it is: a first
-/// fragment only if the TCP or UDP header or `ICMPv6` echo reply it
-/// starts with is a live WAN-side entry's (a reply of a known flow, as
-/// the flow lookup would find it; the kernel reassembles nothing it
-/// forwards); a later fragment always: it carries no header to judge, and
-/// without its first fragment the LAN host reassembles nothing (RFC 8200
-/// 4.5). So an atomic fragment (offset 0, no more to come), which is a
-/// whole datagram, is judged as one. A first fragment of ESP or AH passes
-/// as `IPsec` does.
-// A BPF subprogram of its own: its flow key stays off the frames of the
-// call chain to the FIB lookup (the entry point's is near the verifier's
-// 512 bytes). Takes the raw context and reads the packet bounds with
-// volatile loads, as `parse::read_tcp_segment` does: LLVM would otherwise
-// pass the bounds as 32-bit values, widened with shifts the verifier
-// refuses on packet pointers.
-#[inline(never)]
-fn fragment_of_a_flow(md: *mut xdp_md, cfg: &Config) -> bool {
-    /// The Fragment header: next header, reserved, offset and flags (RFC
-    /// 8200 4.5), identification.
-    const FRAG_LEN: usize = 8;
-    let (data, end) = crate::parse::bounds(md);
-    if data + frame6::L4 + FRAG_LEN > end {
-        return false;
-    }
-    // SAFETY: the fixed header and the Fragment header lie within the
-    // bounds checked above.
-    let (ip, frag) = unsafe {
-        (
-            &*((data + frame6::IPV6) as *const [u8; ipv6::LEN]),
-            &*((data + frame6::L4) as *const [u8; FRAG_LEN]),
-        )
-    };
-    match ip[ipv6::NEXT_HEADER] {
-        next_header::FRAGMENT => {}
-        // An `ICMPv6` error quoting the LAN host's own fragment, which
-        // `icmp_error` counts with the quoted kind and lets through.
-        IPPROTO_ICMPV6 => return true,
-        _ => return false,
-    }
-    // A later fragment, of any length (the last one of a datagram may
-    // carry a single byte).
-    if get_u16(frag, 2) & 0xfff8 != 0 {
-        return true;
-    }
-    let proto = frag[0];
-    // IPsec in fragments, as IPsec whole (RFC 6092 REC-21, REC-22).
-    if proto == next_header::ESP || proto == next_header::AH {
-        return true;
-    }
-    if data + frame6::L4 + FRAG_LEN + 8 > end {
-        return false;
-    }
-    // SAFETY: the 8 bytes after the Fragment header lie within the bounds
-    // checked just above.
-    let l4 = unsafe { &*((data + frame6::L4 + FRAG_LEN) as *const [u8; 8]) };
-    let (sport, dport) = match proto {
-        IPPROTO_TCP | IPPROTO_UDP => (get_u16(l4, 0), get_u16(l4, 2)),
-        IPPROTO_ICMPV6 if l4[0] == icmp6::ECHO_REPLY => (get_u16(l4, 4), get_u16(l4, 4)),
-        _ => return false,
-    };
-    let key = FlowKey6::new(
-        get_addr6(ip, ipv6::SRC),
-        get_addr6(ip, ipv6::DST),
-        sport,
-        dport,
-        proto,
-    );
-    maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now())
 }
 
 /// A WAN packet that no flow or pinhole admits. Offload mode: the kernel
