@@ -17,7 +17,7 @@ use toml::Spanned;
 use crate::{
     config::{
         self, AdmitMode, AttachArgs, ConfigError, ConfigField, FilteringMode, ForwardRules, Mode,
-        MssClamp,
+        MssClamp, Shaping,
     },
     ctx::Ctx,
     forward::{self, Rule},
@@ -66,6 +66,28 @@ struct RouterSection {
     /// `attach --force` does for them).
     #[serde(default)]
     bypass_forward_rules: Option<bool>,
+    /// Attach over traffic shaping or tc rules on LAN or WAN, which the
+    /// fast path's flows skip (what `attach --force` does for them).
+    #[serde(default)]
+    bypass_shaping: Option<bool>,
+}
+
+impl RouterSection {
+    fn forward_rules(&self) -> ForwardRules {
+        if self.bypass_forward_rules == Some(true) {
+            ForwardRules::Bypass
+        } else {
+            ForwardRules::Refuse
+        }
+    }
+
+    fn shaping(&self) -> Shaping {
+        if self.bypass_shaping == Some(true) {
+            Shaping::CarryPast
+        } else {
+            Shaping::Refuse
+        }
+    }
 }
 
 /// A value a file may write as a string or a number.
@@ -197,14 +219,10 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     parse_file_as(name, text, AdmitMode::default_for_attach)
 }
 
-/// [`parse_file`] where `unstated` gives the admit mode of a file that
-/// states none ([`lifecycle::unstated_admit`]), asked only then.
-pub fn parse_file_as(
-    name: &str,
-    text: &str,
-    unstated: impl FnOnce() -> AdmitMode,
-) -> Result<Desired> {
-    let file: File = toml::from_str(text).map_err(|e| {
+/// The file as TOML of [`File`]'s shape; an error names the line, the
+/// column and the field.
+fn parse_toml(name: &str, text: &str) -> Result<File> {
+    toml::from_str(text).map_err(|e| {
         let (line, col) = e.span().map_or((0, 0), |s| line_col(text, s.start));
         let field = e
             .span()
@@ -214,7 +232,17 @@ pub fn parse_file_as(
             "{name}:{line}:{col}: {field}{}; nothing was changed",
             e.message().trim_end()
         )
-    })?;
+    })
+}
+
+/// [`parse_file`] where `unstated` gives the admit mode of a file that
+/// states none ([`lifecycle::unstated_admit`]), asked only then.
+pub fn parse_file_as(
+    name: &str,
+    text: &str,
+    unstated: impl FnOnce() -> AdmitMode,
+) -> Result<Desired> {
+    let file = parse_toml(name, text)?;
     let mut errs = Errors {
         name,
         text,
@@ -290,12 +318,16 @@ pub fn parse_file_as(
             max_flows: nat.max_flows,
             timeouts,
             force: false,
-            forward_rules: if file.router.and_then(|r| r.bypass_forward_rules) == Some(true) {
-                ForwardRules::Bypass
-            } else {
-                ForwardRules::Refuse
-            },
+            forward_rules: file
+                .router
+                .as_ref()
+                .map_or(ForwardRules::Refuse, RouterSection::forward_rules),
             bypass_how: None,
+            shaping: file
+                .router
+                .as_ref()
+                .map_or(Shaping::Refuse, RouterSection::shaping),
+            shaping_how: None,
             reload: false,
             object: None,
         },
@@ -751,6 +783,7 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     args.bypass_how = Some(format!(
         "set `bypass_forward_rules = true` in [router] of {name}"
     ));
+    args.shaping_how = Some(format!("set `bypass_shaping = true` in [router] of {name}"));
     if check {
         if args.admit == AdmitMode::Xdp {
             lifecycle::check_firewall(
@@ -759,6 +792,10 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
                 args.bypass_how.as_deref().unwrap_or_default(),
             )
             .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
+        }
+        if !crate::inspect::inspect(&ctx.pin_dir).any_pins() {
+            lifecycle::check_shaping(&args)
+                .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
         }
         config::warn_standalone_only(&args);
         println!("{name} is valid: {summary}");

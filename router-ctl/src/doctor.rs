@@ -12,6 +12,8 @@
 //!   packets, which leave the fast path with wrong checksums;
 //! - MTU: with different MTUs, packets larger than the narrower one leave
 //!   the fast path; native XDP on a veth needs an MTU that fits one page;
+//! - traffic shaping (a shaping qdisc, tc filters or tcx programs), which
+//!   the fast path's flows skip;
 //! - netfilter forward rules or a forward drop policy (nftables, iptables
 //!   legacy), which standalone mode would bypass;
 //! - an attached interface whose MAC changed since attach: the data path
@@ -34,7 +36,7 @@ use serde_json::json;
 
 use router_common::maps::{Admit, Config, VirtualMacKey};
 
-use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, standalone, state, vmac};
+use crate::{bpfsys, maps::PinnedMaps, netlink, pins::LINK_PINS, shaping, standalone, state, vmac};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GDRVINFO: u32 = 0x3;
@@ -439,6 +441,7 @@ fn checks_for(ifaces: &[String], pin_dir: &Path, generic_asked: Option<bool>) ->
             r.driver();
             r.programs(&l, &ours);
             r.aggregates_in_generic_mode(&l, &ours, generic_asked);
+            r.shaping(&l);
             if l.kind.as_deref() == Some("veth") {
                 r.veth(&l);
             }
@@ -766,6 +769,40 @@ impl Report<'_> {
         );
     }
 
+    /// Traffic shaping and tc rules the fast path's flows skip
+    /// (`shaping`; see [`shaping`]).
+    fn shaping(&mut self, l: &netlink::LinkAttrs) {
+        let iface = self.iface;
+        match shaping::TcSeen::read(iface, l.ifindex) {
+            Err(e) => self.add(
+                "shaping",
+                Level::Warn,
+                format!("cannot read the qdiscs and tc filters ({e}): not known to be absent"),
+                Some(format!(
+                    "tc qdisc show dev {iface}; tc filter show dev {iface} ingress"
+                )),
+            ),
+            Ok(seen) => {
+                let skipped = seen.skipped();
+                if skipped.is_empty() {
+                    self.add(
+                        "shaping",
+                        Level::Ok,
+                        "no traffic shaping or tc rules for the fast path to skip".into(),
+                        None,
+                    );
+                } else {
+                    self.add(
+                        "shaping",
+                        Level::Warn,
+                        shaping::message(&skipped),
+                        Some(shaping::fix(iface)),
+                    );
+                }
+            }
+        }
+    }
+
     /// A veth's peer (NAPI for redirected frames, checksums it sends) and
     /// the MTU native XDP on a veth allows.
     fn veth(&mut self, l: &netlink::LinkAttrs) {
@@ -929,6 +966,28 @@ pub fn attach_blockers(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec
         .into_iter()
         .filter(|c| c.level == Level::Fail && c.name == "redirect-target")
         .map(Check::line)
+        .collect()
+}
+
+/// Traffic shaping or tc rules on LAN or WAN that the fast path's flows
+/// would skip (`shaping`), in native and generic mode alike: `attach`
+/// refuses over them unless told to carry the flows anyway.
+#[must_use]
+pub fn shaping_blockers(lan: &str, wan: &str) -> Vec<String> {
+    let ifaces = [lan.to_owned(), wan.to_owned()];
+    let mut out = Vec::new();
+    for iface in &ifaces {
+        let mut r = Report {
+            iface,
+            out: &mut out,
+        };
+        if let Some(l) = r.link() {
+            r.shaping(&l);
+        }
+    }
+    out.into_iter()
+        .filter(|c| c.name == "shaping" && c.level != Level::Ok)
+        .map(|c| format!("{}: {}", c.iface, c.detail))
         .collect()
 }
 

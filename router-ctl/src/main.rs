@@ -39,6 +39,7 @@ mod offload;
 mod parse;
 mod pins;
 mod service;
+mod shaping;
 mod signals;
 mod standalone;
 mod state;
@@ -54,7 +55,7 @@ use anyhow::{Context, Result, bail};
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::{
-    config::{AdmitMode, AttachArgs, FilteringMode, ForwardRules, Mode, MssClamp},
+    config::{AdmitMode, AttachArgs, FilteringMode, ForwardRules, Mode, MssClamp, Shaping},
     ctx::Ctx,
     parse::{ForwardFrom, Proto, TimeoutArg, WanAddr},
 };
@@ -165,8 +166,9 @@ struct AttachOpts {
     timeouts: Vec<TimeoutArg>,
     /// Replace an XDP program on LAN or WAN that router-ctl did not attach; attach even
     /// though a veth's peer would drop what the fast path redirects into it (`doctor`:
-    /// redirect-target); standalone: attach even though netfilter forward rules would be
-    /// bypassed.
+    /// redirect-target); attach over traffic shaping or tc rules on LAN or WAN, which
+    /// the flows on the fast path skip (`doctor`: shaping); standalone: attach even though
+    /// netfilter forward rules would be bypassed.
     #[arg(long)]
     force: bool,
     /// Load and switch to the program again even if nothing changed.
@@ -278,7 +280,8 @@ See examples/router.toml in the source tree for every field.")]
     /// (`xdp-program`), IP forwarding (`forwarding`), a MAC changed since attach
     /// (`router-mac`), veth peers that drop redirected frames (`veth-peer`,
     /// `redirect-target`), peers that send partial checksums (`tx-checksum`), MTU
-    /// mismatches (`mtu-mismatch`), VRRP virtual MACs (`virtual-macs`). For the router
+    /// mismatches (`mtu-mismatch`), VRRP virtual MACs (`virtual-macs`), traffic shaping and
+    /// tc rules the fast path's flows skip (`shaping`). For the router
     /// (`netfilter`, `sysctl`, `daemon`): forward rules standalone mode would bypass
     /// (`forward-rules`), source NAT rules beside its own (`source-nat`), the router's
     /// local ports inside XDP's port range (`local-ports`). Exit status 1 if a check
@@ -530,6 +533,12 @@ fn attach_args(ctx: &Ctx, o: AttachOpts) -> Result<AttachArgs> {
             ForwardRules::Refuse
         },
         bypass_how: None,
+        shaping: if o.force {
+            Shaping::CarryPast
+        } else {
+            Shaping::Refuse
+        },
+        shaping_how: None,
         reload: o.reload,
         object: o.object,
     })

@@ -28,6 +28,11 @@ const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
+const RTM_NEWQDISC: u16 = 36;
+const RTM_GETQDISC: u16 = 38;
+const RTM_NEWTFILTER: u16 = 44;
+const RTM_GETTFILTER: u16 = 46;
+const TCA_KIND: u16 = 1;
 const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
@@ -467,6 +472,69 @@ pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
         {
             Ok(None)
         }
+        Err(e) => Err(e),
+    }
+}
+
+/// A queueing discipline or a tc filter (`struct tcmsg` and `TCA_KIND`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcObject {
+    pub ifindex: u32,
+    pub handle: u32,
+    pub parent: u32,
+    /// `htb`, `cake`, `ingress`, `clsact`; of a filter, its classifier
+    /// (`u32`, `bpf`).
+    pub kind: String,
+}
+
+/// Parses an `RTM_NEWQDISC` / `RTM_NEWTFILTER` payload: `struct tcmsg`
+/// (family, padding, ifindex, handle, parent, info) and its attributes.
+fn parse_tc(payload: &[u8]) -> Option<TcObject> {
+    let kind = attrs(payload.get(20..)?)
+        .into_iter()
+        .find(|(t, _)| *t == TCA_KIND)
+        .map(|(_, d)| str_of(d))
+        .unwrap_or_default();
+    Some(TcObject {
+        ifindex: u32_of(payload.get(4..8)?),
+        handle: u32_of(payload.get(8..12)?),
+        parent: u32_of(payload.get(12..16)?),
+        kind,
+    })
+}
+
+fn tcmsg(ifindex: u32, parent: u32) -> [u8; 20] {
+    let mut m = [0u8; 20];
+    m[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    m[12..16].copy_from_slice(&parent.to_ne_bytes());
+    m
+}
+
+/// The qdiscs of interface `ifindex` (root and children, ingress and
+/// clsact; an `RTM_GETQDISC` dump, which lists every interface's: the
+/// others are dropped here).
+pub fn qdiscs(ifindex: u32) -> io::Result<Vec<TcObject>> {
+    let s = Socket::new()?;
+    let msg = Msg::new(RTM_GETQDISC, NLM_F_DUMP, &tcmsg(0, 0)).finish(1);
+    Ok(s.request(&msg, RTM_NEWQDISC)?
+        .iter()
+        .filter_map(|p| parse_tc(p))
+        .filter(|q| q.ifindex == ifindex)
+        .collect())
+}
+
+/// The tc filters of interface `ifindex` under `parent` (an
+/// `RTM_GETTFILTER` dump; `0xffff_fff2`: the ingress hook of an `ingress`
+/// or `clsact` qdisc, `0xffff_fff3`: clsact's egress hook). A classifier
+/// answers with a message per filter and one for itself, so this counts
+/// messages, not rules; none when there is no such qdisc.
+pub fn filters(ifindex: u32, parent: u32) -> io::Result<Vec<TcObject>> {
+    let s = Socket::new()?;
+    let msg = Msg::new(RTM_GETTFILTER, NLM_F_DUMP, &tcmsg(ifindex, parent)).finish(1);
+    match s.request(&msg, RTM_NEWTFILTER) {
+        Ok(replies) => Ok(replies.iter().filter_map(|p| parse_tc(p)).collect()),
+        // No qdisc with that hook on the interface.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => Ok(Vec::new()),
         Err(e) => Err(e),
     }
 }

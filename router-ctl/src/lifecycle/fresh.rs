@@ -51,6 +51,7 @@ pub fn fresh(
             blockers.join("; ")
         )));
     }
+    super::check_shaping(a)?;
     for w in doctor::attach_warnings(&a.lan, &a.wan, generic_asked) {
         warn!("{w}");
     }

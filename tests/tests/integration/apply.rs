@@ -383,6 +383,54 @@ fn a_file_bypasses_forward_rules_only_when_it_says_so() {
     t.router_ctl_ok(&["detach"]);
 }
 
+/// A router with traffic shaping on its WAN (an HTB root, as SQM sets
+/// up): `apply` and `apply --check` refuse, naming the qdisc and the
+/// file's key that attaches anyway, and change nothing; with
+/// `bypass_shaping = true` in `[router]` it applies and warns.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_file_attaches_over_traffic_shaping_only_when_it_says_so() {
+    let t = Topology::new();
+    t.warm_neighbours();
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "tc", "qdisc", "add", "dev", "wan0", "root", "handle", "1:", "htb",
+        ],
+    );
+    let refused = TempFile::new("shaping-refused", &example_text());
+    for check in [true, false] {
+        let mut args = vec!["apply", refused.path()];
+        if check {
+            args.push("--check");
+        }
+        let o = t.router_ctl(&args);
+        let e = stderr(&o);
+        assert!(!o.status.success(), "{args:?} applied over shaping");
+        for needle in [
+            "wan0: qdisc htb 1: (root)",
+            "bypass_shaping = true",
+            "nothing was changed",
+        ] {
+            assert!(e.contains(needle), "{args:?}: {needle:?} not in {e}");
+        }
+        assert!(!t.router_attached(), "{args:?}: pins left");
+    }
+    let text = example_text().replacen("[router]\n", "[router]\nbypass_shaping = true\n", 1);
+    let bypassing = TempFile::new("shaping-bypassed", &text);
+    let o = t.router_ctl(&["apply", "--check", bypassing.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = t.router_ctl(&["apply", bypassing.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("wan0: qdisc htb 1: (root)"),
+        "no warning: {}",
+        stderr(&o)
+    );
+    assert!(t.router_attached());
+    t.router_ctl_ok(&["detach"]);
+}
+
 /// An attach or a file that states no admit mode keeps the attached
 /// router's: a standalone router stays standalone (its LAN flows would
 /// otherwise go to a kernel without a NAT rule of its own), here with the

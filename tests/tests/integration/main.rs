@@ -37,6 +37,7 @@ mod prog_run;
 mod prog_run6;
 mod reliability;
 mod service;
+mod shaping;
 mod standalone;
 mod status_page;
 mod tcp_blind_reset;

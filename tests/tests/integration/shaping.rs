@@ -1,0 +1,170 @@
+//! Traffic shaping on an attached interface, which the fast path's flows
+//! skip: sqm-scripts' layout (HTB on the WAN for the upload; an ingress
+//! qdisc whose u32 filter redirects to an IFB, shaped by HTB too, for the
+//! download). `attach` refuses over it unless forced, `doctor` names it,
+//! and the qdiscs' own counters show what the warning says: the kernel
+//! path's packets go through both, the fast path's through neither.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use tests::{CLIENT_ADDR, LAN_IF, Ns, SERVER_ADDR, Topology, WAN_IF, socket_addr};
+
+use crate::ctl::{DetachOnDrop, stderr, stdout};
+
+const IFB: &str = "ifb4wan0";
+
+/// sqm-scripts' `simple.qos` in outline, at a rate the test never reaches
+/// (the qdiscs count packets; nothing is held back).
+fn set_up_sqm(t: &Topology) {
+    let tc = |args: &str| {
+        let mut cmd = vec!["tc"];
+        cmd.extend(args.split(' '));
+        t.exec_ok(Ns::Router, &cmd);
+    };
+    t.exec_ok(Ns::Router, &["ip", "link", "add", IFB, "type", "ifb"]);
+    t.exec_ok(Ns::Router, &["ip", "link", "set", IFB, "up"]);
+    tc("qdisc add dev wan0 root handle 1: htb default 10");
+    tc("class add dev wan0 parent 1: classid 1:10 htb rate 10gbit");
+    tc("qdisc add dev ifb4wan0 root handle 1: htb default 10");
+    tc("class add dev ifb4wan0 parent 1: classid 1:10 htb rate 10gbit");
+    tc("qdisc add dev wan0 handle ffff: ingress");
+    tc(
+        "filter add dev wan0 parent ffff: protocol all prio 10 u32 match u32 0 0 flowid 1:1 \
+         action mirred egress redirect dev ifb4wan0",
+    );
+}
+
+/// Packets the root HTB of `dev` sent (`tc -s`).
+fn htb_sent(t: &Topology, dev: &str) -> u64 {
+    let out = t.exec_ok(Ns::Router, &["tc", "-s", "-j", "qdisc", "show", "dev", dev]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("tc -j");
+    v.as_array()
+        .and_then(|qs| qs.iter().find(|q| q["kind"] == "htb"))
+        .and_then(|q| q["packets"].as_u64())
+        .unwrap_or_else(|| panic!("no htb on {dev}: {out}"))
+}
+
+/// `n` UDP round trips of one flow, client to server and back; how many
+/// came back.
+fn udp_round_trips(t: &Topology, n: usize) -> usize {
+    let srv = t.in_ns(Ns::Server, || {
+        UdpSocket::bind(socket_addr(SERVER_ADDR, 0)).expect("bind server")
+    });
+    let cli = t.in_ns(Ns::Client, || {
+        UdpSocket::bind(socket_addr(CLIENT_ADDR, 0)).expect("bind client")
+    });
+    for s in [&srv, &cli] {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+    let dst: SocketAddr = srv.local_addr().unwrap();
+    let mut buf = [0u8; 256];
+    let mut back = 0;
+    for i in 0..n {
+        let payload = [u8::try_from(i % 251).unwrap(); 200];
+        cli.send_to(&payload, dst).unwrap();
+        let Ok((len, from)) = srv.recv_from(&mut buf) else {
+            continue;
+        };
+        srv.send_to(&buf[..len], from).unwrap();
+        if cli.recv(&mut buf).is_ok_and(|l| buf[..l] == payload[..]) {
+            back += 1;
+        }
+    }
+    back
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn attach_refuses_over_traffic_shaping_unless_forced() {
+    const N: usize = 100;
+    let t = Topology::new();
+    t.warm_neighbours();
+    set_up_sqm(&t);
+    // The kernel path (plain forwarding): every packet through both
+    // shapers.
+    t.route_back();
+    let (up0, down0) = (htb_sent(&t, WAN_IF), htb_sent(&t, IFB));
+    assert_eq!(udp_round_trips(&t, N), N, "kernel path");
+    let (up1, down1) = (htb_sent(&t, WAN_IF), htb_sent(&t, IFB));
+    assert!(
+        up1 - up0 >= N as u64 && down1 - down0 >= N as u64,
+        "the shapers did not see the kernel path's packets: upload {}, download {}",
+        up1 - up0,
+        down1 - down0
+    );
+
+    // Offload mode (the default) and standalone alike: refused, named,
+    // nothing attached; exit 78 (trying again changes nothing).
+    for admit in ["kernel", "xdp"] {
+        let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", admit]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(78), "{admit}: {e}");
+        for needle in [
+            "wan0: qdisc htb 1: (root) and tc filters on ingress (u32): the flows",
+            "XDP runs before tc ingress",
+            "pass --force",
+        ] {
+            assert!(e.contains(needle), "{admit}: {needle:?} not in {e}");
+        }
+        assert!(!e.contains("lan0:"), "{admit}: the LAN has no shaping: {e}");
+        assert!(!t.router_attached(), "{admit}: pins left");
+    }
+    let d = stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF]));
+    let line = |d: &str, iface_shaping: &str| {
+        d.lines()
+            .filter(|l| l.contains("shaping"))
+            .find(|l| l.contains(iface_shaping))
+            .map(str::to_owned)
+    };
+    let wan_line = line(&d, "qdisc htb").unwrap_or_else(|| panic!("doctor: {d}"));
+    assert!(wan_line.contains("[warn]"), "{wan_line}");
+    assert!(
+        line(&d, "no traffic shaping").is_some_and(|l| l.contains("[ok]")),
+        "the LAN's check: {d}"
+    );
+
+    // A clsact qdisc counts by its filters: none on the LAN's, then one on
+    // its egress hook.
+    let lan_tc = |args: &str| {
+        let mut cmd = vec!["tc"];
+        cmd.extend(args.split(' '));
+        t.exec_ok(Ns::Router, &cmd);
+    };
+    lan_tc("qdisc add dev lan0 clsact");
+    let d = stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF]));
+    assert!(line(&d, "no traffic shaping").is_some(), "{d}");
+    lan_tc("filter add dev lan0 egress protocol all prio 10 u32 match u32 0 0 flowid 1:1");
+    let e = stderr(&t.router_ctl(&["attach", LAN_IF, WAN_IF]));
+    assert!(e.contains("lan0: tc filters on egress (u32)"), "{e}");
+    lan_tc("qdisc del dev lan0 clsact");
+
+    // Forced: attached, the warning said once more.
+    let _detach = DetachOnDrop(&t);
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("wan0: qdisc htb 1: (root) and tc filters on ingress (u32)"),
+        "{}",
+        stderr(&o)
+    );
+    // And it is so: the flow's packets pass neither shaper (the first may:
+    // an unresolved neighbour's packet goes to the kernel).
+    let (up0, down0) = (htb_sent(&t, WAN_IF), htb_sent(&t, IFB));
+    assert_eq!(udp_round_trips(&t, N), N, "fast path");
+    let (up1, down1) = (htb_sent(&t, WAN_IF), htb_sent(&t, IFB));
+    assert!(
+        up1 - up0 < 5 && down1 - down0 < 5,
+        "the fast path's packets went through the shapers: upload {}, download {}",
+        up1 - up0,
+        down1 - down0
+    );
+    t.router_ctl_ok(&["detach"]);
+    // Without the shaping: attach needs no force.
+    t.exec_ok(Ns::Router, &["tc", "qdisc", "del", "dev", WAN_IF, "root"]);
+    t.exec_ok(
+        Ns::Router,
+        &["tc", "qdisc", "del", "dev", WAN_IF, "ingress"],
+    );
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+}
