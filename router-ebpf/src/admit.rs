@@ -306,7 +306,7 @@ pub fn leave_to_kernel(key: &FlowKey, cfg: &Config, now: u64) {
 // point on the miss path only: their FIB parameters stay off the entry
 // point's frame, whose call chains are at the verifier's 512 bytes.
 #[inline(never)]
-fn lan_source_reachable(ctx: &XdpContext, lan_ifindex: u32) -> Option<bool> {
+pub fn lan_source_reachable(ctx: &XdpContext, lan_ifindex: u32) -> Option<bool> {
     let Ok(ip) = header::<{ ipv4::LEN }>(ctx, frame::IPV4) else {
         return Some(false);
     };

@@ -126,6 +126,13 @@ fn leave_to_kernel(ctx: &XdpContext) {
     if !side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
         return;
     }
+    // A forged source (another LAN host's, an address beyond the LAN)
+    // leaves no marker: it would send that host's next flow with these
+    // ports through the kernel's NAT. The fragment itself goes to the
+    // kernel, whose reverse-path filter judges it.
+    if admit::lan_source_reachable(ctx, side.cfg.lan_ifindex) == Some(false) {
+        return;
+    }
     let Ok(Some((sport, dport))) = parse::ports(ctx, ip, frame::L4, true) else {
         return;
     };

@@ -206,6 +206,27 @@ fn fragments_the_data_path_does_not_carry_go_to_the_kernel() {
             );
         }
         r.assert_flows("no flow opened", []);
+        // The kernel's NAT opens the flow, and keeps its later datagrams
+        // (RFC 4787 REQ-11): its first fragment left a marker.
+        assert!(
+            r.kernel_flow(&udp_key(CLIENT, 40010, SERVER, 53)).is_some(),
+            "no marker for the fragmented flow"
+        );
+        // Not so for a forged source beyond the LAN (the kernel's
+        // reverse-path filter has the fragment).
+        let forged_src = [10, 99, 0, 1];
+        let forged = Ipv4::new(forged_src, SERVER, Udp::new(40010, 53, &data(120)));
+        r.pass(
+            "first fragment from a forged source",
+            &env.client_sends(&fragments(&forged, CUT)[0]),
+            lan,
+            Counter::PassFragment,
+        );
+        assert_eq!(
+            r.kernel_flow(&udp_key(forged_src, 40010, SERVER, 53)),
+            None,
+            "a forged source left a marker"
+        );
 
         put_offloaded_udp_flow(r, 40011, 61011);
         let small = Ipv4::new(CLIENT, SERVER, Udp::new(40011, 53, b"small"));
