@@ -39,7 +39,7 @@ const TAG_LEN: usize = 4;
 /// The VLAN id's bits of the control information.
 const VID_MASK: u16 = 0x0fff;
 /// Priority tags judged in one frame; a frame with more of them (no
-/// sender needs more than two) is dropped.
+/// sender needs more than two) is dropped (`drop_malformed`).
 const TAGS_JUDGED: usize = 4;
 
 /// Judges the passed frame of `md` (verdict `v`, `pass_not_ipv4`) if it
@@ -87,11 +87,9 @@ fn judged(md: *mut xdp_md, v: Verdict) -> Verdict {
             return v;
         }
         if tag == TAGS_JUDGED {
-            return Verdict::drop(if from_lan {
-                Counter::DropMalformed
-            } else {
-                Counter::DropUnsolicited
-            });
+            // No sender stacks so many; what is inside is not read (IPv4
+            // or IPv6 alike): malformed, from either side.
+            return Verdict::drop(Counter::DropMalformed);
         }
         at += TAG_LEN;
     }

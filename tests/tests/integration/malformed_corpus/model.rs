@@ -422,7 +422,7 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
 
 /// The README's judgement of a frame with priority tags (802.1Q or
 /// 802.1ad, VLAN id 0; the kernel strips them), `from_lan` or from the
-/// WAN: more than four such tags dropped. From the WAN, behind them an
+/// WAN: more than four such tags dropped as malformed. From the WAN, behind them an
 /// IPv4 packet to a LAN host dropped as unsolicited, an IPv6 one to the
 /// LAN prefix dropped unless the untagged path would let it in (either
 /// verdict here). From the LAN, IPv4 with the WAN address as source and
@@ -442,11 +442,7 @@ fn priority_tagged(f: &[u8], from_lan: bool) -> Option<Vec<Counter>> {
         }
         tags += 1;
         if tags > 4 {
-            return Some(vec![if from_lan {
-                Counter::DropMalformed
-            } else {
-                Counter::DropUnsolicited
-            }]);
+            return Some(vec![Counter::DropMalformed]);
         }
         at += 4;
     }

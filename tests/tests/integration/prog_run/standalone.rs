@@ -364,7 +364,7 @@ fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
             "five priority tags",
             &tagged(&env.server_sends(&to_router), &[(Q, 0); 5]),
             wan,
-            Counter::DropUnsolicited,
+            Counter::DropMalformed,
         );
         for (what, frame) in [
             (

@@ -1308,6 +1308,13 @@ fn priority_tagged_ipv6_is_judged_on_both_sides() {
                 );
             }
         }
+        // More than four: dropped unread, as malformed (IPv4 or IPv6).
+        r.drop_frame(
+            "UDP behind five priority tags",
+            &tagged(&from_server(&env, &udp), &[(0x8100, 0); 5]),
+            wan,
+            Counter::DropMalformed,
+        );
         let ping = Ipv6::echo(c, s, false, 0x77, 1);
         r.redirect(
             "echo request out",
