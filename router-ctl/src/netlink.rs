@@ -29,8 +29,10 @@ const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
 const RTM_NEWQDISC: u16 = 36;
+const RTM_DELQDISC: u16 = 37;
 const RTM_GETQDISC: u16 = 38;
 const RTM_NEWTFILTER: u16 = 44;
+const RTM_DELTFILTER: u16 = 45;
 const RTM_GETTFILTER: u16 = 46;
 const TCA_KIND: u16 = 1;
 const IFLA_ADDRESS: u16 = 1;
@@ -64,6 +66,10 @@ const RTMGRP_LINK: u32 = 1;
 /// removes a virtual address (see [`crate::vmac`]).
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
 const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+/// `RTMGRP_TC`: qdisc and tc filter notifications (`RTM_NEWQDISC`,
+/// `RTM_DELQDISC`, `RTM_NEWTFILTER`, `RTM_DELTFILTER`), which say when
+/// traffic shaping changes on an interface (see [`crate::shaping`]).
+const RTMGRP_TC: u32 = 0x8;
 
 pub const XDP_FLAGS_SKB_MODE: u32 = 2;
 pub const XDP_FLAGS_DRV_MODE: u32 = 4;
@@ -314,6 +320,9 @@ pub enum LinkEvent {
     /// `RTM_NEWADDR` or `RTM_DELADDR`: an IP address of interface
     /// `ifindex` was added or removed.
     Address { ifindex: u32 },
+    /// A qdisc or tc filter of interface `ifindex` was added, changed or
+    /// removed.
+    Tc { ifindex: u32 },
 }
 
 /// The link and address notifications in one datagram of a
@@ -334,6 +343,12 @@ pub fn parse_link_events(buf: &[u8]) -> Vec<LinkEvent> {
             RTM_NEWADDR | RTM_DELADDR if p.len() >= 8 => Some(LinkEvent::Address {
                 ifindex: u32_of(&p[4..8]),
             }),
+            // struct tcmsg: family, padding, index, handle, parent, info.
+            RTM_NEWQDISC | RTM_DELQDISC | RTM_NEWTFILTER | RTM_DELTFILTER if p.len() >= 20 => {
+                Some(LinkEvent::Tc {
+                    ifindex: u32_of(&p[4..8]),
+                })
+            }
             _ => None,
         })
         .collect()
@@ -345,7 +360,7 @@ pub struct LinkEvents(OwnedFd);
 
 impl LinkEvents {
     pub fn subscribe() -> io::Result<Self> {
-        let groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+        let groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_TC;
         nlmsg::bound_socket(libc::NETLINK_ROUTE, groups, true).map(Self)
     }
 
@@ -733,6 +748,38 @@ mod tests {
         // Shorter than an ifaddrmsg: skipped.
         let short = Msg::new(RTM_NEWADDR, 0, &[2, 24, 0, 0]).finish(0);
         assert!(parse_link_events(&short).is_empty());
+    }
+
+    /// Qdisc and filter notifications (`tc_fill_qdisc`, `tcf_fill_node`: a
+    /// `tcmsg`, then `TCA_KIND`...) name their interface; the same
+    /// messages as dump replies parse into [`TcObject`]s.
+    #[test]
+    fn tc_notifications_name_their_interface() {
+        let notification = |ty: u16, ifindex: u32, kind: &[u8]| {
+            let mut m = Msg::new(ty, 0, &tcmsg(ifindex, 0xffff_ffff));
+            m.attr(TCA_KIND, kind);
+            m.finish(0)
+        };
+        let mut buf = notification(RTM_NEWQDISC, 4, b"htb\0");
+        buf.extend(notification(RTM_DELTFILTER, 5, b"u32\0"));
+        assert_eq!(
+            parse_link_events(&buf),
+            [LinkEvent::Tc { ifindex: 4 }, LinkEvent::Tc { ifindex: 5 }]
+        );
+        let payload = &notification(RTM_NEWQDISC, 4, b"htb\0")[16..];
+        assert_eq!(
+            parse_tc(payload),
+            Some(TcObject {
+                ifindex: 4,
+                handle: 0,
+                parent: 0xffff_ffff,
+                kind: "htb".into()
+            })
+        );
+        // Shorter than a tcmsg: skipped.
+        let short = Msg::new(RTM_NEWQDISC, 0, &[0; 8]).finish(0);
+        assert!(parse_link_events(&short).is_empty());
+        assert_eq!(parse_tc(&[0; 8]), None);
     }
 
     /// The dump's replies as the kernel sends them: an IPv4 address with a

@@ -127,6 +127,13 @@ impl TcSeen {
     }
 }
 
+/// What the fast path's flows skip on interface `iface` of the current
+/// namespace, one phrase each ([`TcSeen::skipped`]).
+pub fn skipped_on(iface: &str) -> io::Result<Vec<String>> {
+    let ifindex = netlink::ifindex(iface).map_err(io::Error::other)?;
+    Ok(TcSeen::read(iface, ifindex)?.skipped())
+}
+
 /// A tc handle as `tc` prints it: `1:`, `1:10`, `ffff:`.
 fn handle(h: u32) -> String {
     let (major, minor) = (h >> 16, h & 0xffff);

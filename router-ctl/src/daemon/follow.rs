@@ -20,7 +20,7 @@ use crate::{
     ctnetlink::CtSocket,
     ctx::Ctx,
     netlink::{self, LinkEvent, LinkEvents},
-    standalone, state, vmac,
+    shaping, standalone, state, vmac,
 };
 
 use super::DaemonStatus;
@@ -42,7 +42,7 @@ impl LinkWatch {
     /// after, so no change falls between the two.
     pub(super) fn open() -> Result<Self> {
         let s = LinkEvents::subscribe()
-            .context("subscribing to link and address notifications (rtnetlink RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR)")?;
+            .context("subscribing to link, address and tc notifications (rtnetlink RTMGRP_LINK, RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_TC)")?;
         // SAFETY: LinkEvents owns its fd and never changes or closes it
         // before it is dropped, which the AsyncFd does.
         let events = unsafe { AsyncFd::register_with_interest(s, Interest::READABLE) }
@@ -69,7 +69,7 @@ impl LinkWatch {
         loop {
             match events.recv(buf) {
                 Ok(Some(events)) => {
-                    any |= !events.is_empty();
+                    any |= events.iter().any(|e| !matches!(e, LinkEvent::Tc { .. }));
                     for e in events {
                         let followed = match e {
                             LinkEvent::Changed(l) => l.mac.map_or(Ok(Followed::Done), |mac| {
@@ -80,6 +80,11 @@ impl LinkWatch {
                                 Ok(Followed::Done)
                             }
                             LinkEvent::Address { ifindex } => follow_wan_addr(ctx, ifindex, status),
+                            // The shaping is looked at with the links.
+                            LinkEvent::Tc { .. } => {
+                                recheck = true;
+                                Ok(Followed::Done)
+                            }
                         };
                         match followed {
                             Ok(Followed::Done) => {}
@@ -372,12 +377,19 @@ pub(super) fn follow_wan_addr(
     Ok(Followed::Done)
 }
 
-/// When the daemon last looked at what it follows without notifications.
+/// When the daemon last looked at what it follows without notifications
+/// (`CLOCK_MONOTONIC` ns).
+#[expect(
+    clippy::struct_field_names,
+    reason = "each field is a time in ns, named for what was looked at"
+)]
 pub(super) struct LookedAt {
     /// Standalone mode's kernel side (0: at the first tick).
     kernel_side_ns: u64,
     /// The attached interfaces and the virtual MACs on them.
     links_ns: u64,
+    /// The attached interfaces' traffic shaping (0: at the first tick).
+    shaping_ns: u64,
 }
 
 impl LookedAt {
@@ -386,6 +398,7 @@ impl LookedAt {
         Self {
             kernel_side_ns: 0,
             links_ns: monotonic_ns(),
+            shaping_ns: 0,
         }
     }
 }
@@ -405,8 +418,57 @@ pub(super) fn look_again(
         links.recheck = true;
         looked.links_ns = monotonic_ns();
     }
+    // A qdisc or tc filter notification asks for a look too.
+    let shaping_due = links.recheck;
     links.recheck(ctx, status);
     repair_standalone(ctx, status, &mut looked.kernel_side_ns);
+    if shaping_due {
+        looked.shaping_ns = 0;
+    }
+    follow_shaping(ctx, status, &mut looked.shaping_ns);
+}
+
+/// Traffic shaping and tc rules on the attached interfaces, which the
+/// fast path's flows skip (`shaping.rs`): `attach` refuses over them
+/// unless forced, but a shaper set up after it (an SQM service that starts
+/// after the router's at boot) is not asked. Looked at every
+/// [`KERNEL_SIDE_CHECK_NS`] (a few rtnetlink dumps) and after a qdisc or
+/// tc filter notification; a change is logged, the current state kept in
+/// the status (`status`, the status page).
+pub(super) fn follow_shaping(ctx: &Ctx, status: &mut DaemonStatus, checked_ns: &mut u64) {
+    let now = monotonic_ns();
+    if *checked_ns != 0 && now.saturating_sub(*checked_ns) < KERNEL_SIDE_CHECK_NS {
+        return;
+    }
+    *checked_ns = now;
+    let Some(rec) = state::load(ctx.ns()).ok().flatten() else {
+        status.shaping_skipped.clear();
+        return;
+    };
+    let mut seen = Vec::new();
+    for iface in [&rec.config.lan, &rec.config.wan] {
+        // An interface that cannot be read (gone) is followed as such.
+        if let Ok(skipped) = shaping::skipped_on(iface)
+            && !skipped.is_empty()
+        {
+            seen.push(format!("{iface}: {}", skipped.join(", ")));
+        }
+    }
+    if seen == status.shaping_skipped {
+        return;
+    }
+    if seen.is_empty() {
+        tracing::info!("no traffic shaping or tc rules on the attached interfaces any more");
+    } else {
+        tracing::warn!(
+            "traffic shaping or tc rules on the attached interfaces: {}; the flows on the fast \
+             path skip them (an XDP redirect transmits past the egress qdisc, and XDP runs \
+             before tc ingress): remove them if the fast path's rate is what you want, or \
+             `router-ctl detach` to keep the shaping (`router-ctl doctor` says more)",
+            seen.join("; ")
+        );
+    }
+    status.shaping_skipped = seen;
 }
 
 /// Standalone mode's kernel side as attach set it up: put back (and

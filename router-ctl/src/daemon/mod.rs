@@ -411,6 +411,7 @@ fn daemon_view(status: &DaemonStatus, s: &Session) -> DaemonView {
         reattaches_followed: status.reattaches_followed,
         detached: status.detached,
         log_records_malformed: status.log_records_malformed,
+        shaping_skipped: status.shaping_skipped.clone(),
     }
 }
 

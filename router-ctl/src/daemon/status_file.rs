@@ -62,6 +62,10 @@ pub struct DaemonStatus {
     /// could not parse, skipped.
     #[serde(default)]
     pub log_records_malformed: u64,
+    /// Traffic shaping and tc rules on the attached interfaces, which the
+    /// fast path's flows skip, as `NAME: what, what` (`shaping.rs`).
+    #[serde(default)]
+    pub shaping_skipped: Vec<String>,
 }
 
 impl DaemonStatus {
@@ -102,6 +106,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "reattaches_followed": s.reattaches_followed,
             "detached": s.detached,
             "log_records_malformed": s.log_records_malformed,
+            "shaping_skipped": s.shaping_skipped,
         }),
         _ => serde_json::json!({ "running": false }),
     }
@@ -162,6 +167,18 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
                 line,
                 ", {malformed} malformed data path log records skipped (attach this \
                  router-ctl's object)"
+            );
+        }
+        let shaping: Vec<&str> = d["shaping_skipped"]
+            .as_array()
+            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        if !shaping.is_empty() {
+            let _ = write!(
+                line,
+                "\nshaping skipped: {}: the flows on the fast path pass neither (see `router-ctl \
+                 doctor`)",
+                shaping.join("; ")
             );
         }
         let gone: Vec<&str> = d["interfaces_gone"]

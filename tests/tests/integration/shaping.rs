@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tests::{CLIENT_ADDR, LAN_IF, Ns, SERVER_ADDR, Topology, WAN_IF, socket_addr};
 
-use crate::ctl::{DetachOnDrop, stderr, stdout};
+use crate::ctl::{DetachOnDrop, status, stderr, stdout, wait_for_or_show};
+use crate::offload::Daemon;
 
 const IFB: &str = "ifb4wan0";
 
@@ -167,4 +168,57 @@ fn attach_refuses_over_traffic_shaping_unless_forced() {
         &["tc", "qdisc", "del", "dev", WAN_IF, "ingress"],
     );
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+}
+
+/// Shaping set up after attach (an SQM service that starts after the
+/// router's at boot) is not asked about: a running daemon notices it from
+/// the qdisc notification, logs it and keeps it in its status (`status`
+/// says it), and notices its removal too.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn the_daemon_tells_of_shaping_set_up_after_attach() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]);
+    let daemon = Daemon::start(&t, &[]);
+    let skipped = |t: &Topology| status(t).0["daemon"]["shaping_skipped"].clone();
+    assert_eq!(skipped(&t), serde_json::json!([]), "nothing shaped yet");
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "tc", "qdisc", "add", "dev", WAN_IF, "root", "handle", "1:", "htb",
+        ],
+    );
+    // Well before the periodic look (15 s): the notification asks for it.
+    wait_for_or_show(
+        "the daemon to notice the shaping",
+        Duration::from_secs(8),
+        || skipped(&t) == serde_json::json!(["wan0: qdisc htb 1: (root)"]),
+        || format!("{}\ndaemon log:\n{}", skipped(&t), daemon.log()),
+    );
+    assert!(
+        daemon
+            .log()
+            .contains("traffic shaping or tc rules on the attached interfaces: wan0: qdisc htb"),
+        "{}",
+        daemon.log()
+    );
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        text.contains("shaping skipped: wan0: qdisc htb 1: (root)"),
+        "{text}"
+    );
+    t.exec_ok(Ns::Router, &["tc", "qdisc", "del", "dev", WAN_IF, "root"]);
+    wait_for_or_show(
+        "the daemon to notice the shaping's removal",
+        Duration::from_secs(8),
+        || skipped(&t) == serde_json::json!([]),
+        || format!("{}\ndaemon log:\n{}", skipped(&t), daemon.log()),
+    );
+    assert!(
+        daemon.log().contains("no traffic shaping"),
+        "{}",
+        daemon.log()
+    );
 }
