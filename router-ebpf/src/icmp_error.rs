@@ -115,8 +115,10 @@ pub fn forward(
             Counter::FwdInbound,
         )
     };
+    // Routed as the kernel routes it: the error's own source (source NAT
+    // comes after routing), the translated destination ([`crate::flow::next_hop`]).
     let (src, dst) = if from_lan {
-        (addr, get_addr(ip, ipv4::DST))
+        (get_addr(ip, ipv4::SRC), get_addr(ip, ipv4::DST))
     } else {
         (get_addr(ip, ipv4::SRC), addr)
     };

@@ -278,6 +278,56 @@ fn next_hop_cache() {
     });
 }
 
+/// A policy rule on a LAN host's source (VPN split routing, multi-WAN):
+/// the kernel routes a packet before its source NAT, so the FIB is asked
+/// with the packet's own source, and the table the rule selects (here a
+/// blackhole) is the fast path's too, at the refresh and for a new flow;
+/// not the main table the WAN address would select.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_source_policy_rule_routes_the_fast_path_too() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        let (f, frame, out) = dns_query(&env);
+        let fwd = Counter::FwdOutbound;
+        r.redirect(
+            "open",
+            &frame,
+            lan,
+            &out,
+            fwd,
+            &[Counter::FlowNewMasquerade],
+        );
+        r.redirect("cached", &frame, lan, &out, fwd, &[]);
+        let client = tests::addr::CLIENT_ADDR.to_string();
+        let rule = [
+            "ip", "rule", "add", "from", &client, "lookup", "100", "pref", "100",
+        ];
+        env.t.exec_ok(
+            Ns::Router,
+            &["ip", "route", "add", "blackhole", "default", "table", "100"],
+        );
+        env.t.exec_ok(Ns::Router, &rule);
+        let mut due = r.raw_entry(&f.orig);
+        due.last_seen_ns -= 2 * REFRESH_NS;
+        r.put(f.orig, due);
+        let not_forwarded = Counter::PassFibNotForwarded;
+        r.pass("source rule at the refresh", &frame, lan, not_forwarded);
+        assert_eq!(r.raw_entry(&f.orig).hop_ifindex, 0, "cached hop forgotten");
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(41001, 53, b"new"));
+        r.pass(
+            "source rule, new flow",
+            &env.client_sends(&q),
+            lan,
+            not_forwarded,
+        );
+        env.t
+            .exec_ok(Ns::Router, &["ip", "rule", "del", "pref", "100"]);
+        r.redirect("rule gone", &frame, lan, &out, fwd, &[]);
+    });
+}
+
 /// A packet over the route's MTU keeps a flow's cached hop (the route is
 /// fine, the flow's other packets stay on it); a route MTU lowered under
 /// the cached one forgets it at the refresh, so no packet goes on at the
