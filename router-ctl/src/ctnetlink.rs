@@ -31,6 +31,7 @@ const CTA_STATUS: u16 = 3;
 const CTA_PROTOINFO: u16 = 4;
 const CTA_HELP: u16 = 5;
 const CTA_TIMEOUT: u16 = 7;
+const CTA_MARK: u16 = 8;
 const CTA_COUNTERS_ORIG: u16 = 9;
 const CTA_COUNTERS_REPLY: u16 = 10;
 const CTA_ID: u16 = 12;
@@ -141,6 +142,9 @@ pub struct Conn {
     /// TCP sequence numbers are being adjusted (a helper changed a payload).
     pub seq_adjust: bool,
     pub zone: u16,
+    /// The connection's mark (`ct mark`), which rules copy into its
+    /// packets' marks (`meta mark set ct mark`) for policy routing.
+    pub mark: u32,
     /// Packets and bytes per direction (original, reply) when conntrack
     /// accounting is on.
     pub counters: Option<[(u64, u64); 2]>,
@@ -249,6 +253,7 @@ pub fn parse_conn(data: &[u8]) -> Option<Conn> {
             CTA_TUPLE_REPLY => reply = parse_tuple(d),
             CTA_STATUS => c.status = be32(d).unwrap_or(0),
             CTA_TIMEOUT => c.timeout = be32(d),
+            CTA_MARK => c.mark = be32(d).unwrap_or(0),
             CTA_ID => c.id = be32(d).unwrap_or(0),
             CTA_ZONE => c.zone = be16(d).unwrap_or(0),
             CTA_HELP | CTA_TUPLE_MASTER => c.helper = true,
@@ -745,6 +750,9 @@ mod tests {
             m.attr(CTA_TIMEOUT, &t.to_be_bytes());
         }
         m.attr(CTA_ID, &c.id.to_be_bytes());
+        if c.mark != 0 {
+            m.attr(CTA_MARK, &c.mark.to_be_bytes());
+        }
         if let Some(s) = c.tcp_state {
             m.nested(CTA_PROTOINFO, |m| {
                 m.nested(CTA_PROTOINFO_TCP, |m| m.attr(CTA_PROTOINFO_TCP_STATE, &[s]));
@@ -762,6 +770,7 @@ mod tests {
             status: status::CONFIRMED | status::SEEN_REPLY | status::ASSURED,
             tcp_state: Some(tcp_state::ESTABLISHED),
             timeout: Some(431_999),
+            mark: 0x0100_0002,
             ..Conn::default()
         };
         assert_eq!(parse_conn(&encoded(&c)), Some(c));

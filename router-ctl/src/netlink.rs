@@ -54,7 +54,33 @@ const IFLA_XDP_HW_PROG_ID: u16 = 7;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
 const RTA_DST: u16 = 1;
+const RTA_SRC: u16 = 2;
+const RTA_IIF: u16 = 3;
 const RTA_OIF: u16 = 4;
+const RTA_MARK: u16 = 16;
+const RTM_NEWRULE: u16 = 32;
+const RTM_GETRULE: u16 = 34;
+/// Attributes of a policy rule (`enum fib_rule_attr`) that select
+/// packets: a rule with any of them routes some packets by more than
+/// their destination.
+const FRA_SELECTORS: &[u16] = &[
+    1,  // FRA_DST
+    2,  // FRA_SRC
+    3,  // FRA_IIFNAME
+    10, // FRA_FWMARK
+    11, // FRA_FLOW
+    17, // FRA_OIFNAME
+    19, // FRA_L3MDEV
+    20, // FRA_UID_RANGE
+    22, // FRA_IP_PROTO
+    23, // FRA_SPORT_RANGE
+    24, // FRA_DPORT_RANGE
+];
+const FRA_TABLE: u16 = 15;
+/// `RT_TABLE_DEFAULT`, `RT_TABLE_MAIN`, `RT_TABLE_LOCAL`.
+const DEFAULT_TABLES: [u32; 3] = [253, 254, 255];
+/// `FR_ACT_TO_TBL`: a rule that looks up a table.
+const FR_ACT_TO_TBL: u8 = 1;
 const NETNSA_NSID: u16 = 1;
 const NETNSA_FD: u16 = 3;
 
@@ -459,19 +485,55 @@ pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
 /// The interface the kernel routes packets to `dst` out of (`lo` for the
 /// router's own addresses), or `None` when it has no route.
 pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
+    route_get(None, dst, None)
+}
+
+/// The interface the kernel forwards a packet from `src` to `dst` out of,
+/// arriving on `iif` with the packet mark `mark`: its input route lookup
+/// (as `ip route get DST from SRC iif IIF mark MARK`), with the policy
+/// rules that select by source, incoming interface or mark. `None` when it
+/// has no route, or the kernel would not forward the packet (a source its
+/// reverse-path filter refuses).
+pub fn route_forward(
+    src: std::net::IpAddr,
+    dst: std::net::IpAddr,
+    iif: u32,
+    mark: u32,
+) -> io::Result<Option<u32>> {
+    route_get(Some(src), dst, Some((iif, mark)))
+}
+
+/// An `RTM_GETROUTE` request's answer: the route's output interface.
+fn route_get(
+    src: Option<std::net::IpAddr>,
+    dst: std::net::IpAddr,
+    input: Option<(u32, u32)>,
+) -> io::Result<Option<u32>> {
     let s = Socket::new()?;
-    // AF_INET, AF_INET6 as the one byte rtmsg holds.
-    let (family, addr) = match dst {
-        std::net::IpAddr::V4(a) => (2u8, a.octets().to_vec()),
-        std::net::IpAddr::V6(a) => (10u8, a.octets().to_vec()),
+    let octets = |a: std::net::IpAddr| match a {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
     };
+    // AF_INET, AF_INET6 as the one byte rtmsg holds.
+    let family = if dst.is_ipv4() { 2u8 } else { 10u8 };
+    let addr = octets(dst);
     // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope,
     // type, flags (u32).
     let mut rtm = [0u8; 12];
     rtm[0] = family;
     rtm[1] = (addr.len() * 8) as u8;
+    if let Some(src) = src {
+        rtm[2] = (octets(src).len() * 8) as u8;
+    }
     let mut m = Msg::new(RTM_GETROUTE, 0, &rtm);
     m.attr(RTA_DST, &addr);
+    if let Some(src) = src {
+        m.attr(RTA_SRC, &octets(src));
+    }
+    if let Some((iif, mark)) = input {
+        m.attr(RTA_IIF, &iif.to_ne_bytes());
+        m.attr(RTA_MARK, &mark.to_ne_bytes());
+    }
     match s.request(&m.finish(1), RTM_NEWROUTE) {
         Ok(replies) => Ok(replies.first().and_then(|p| {
             attrs(p.get(12..)?)
@@ -479,16 +541,63 @@ pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
                 .find(|(t, _)| *t == RTA_OIF)
                 .map(|(_, d)| u32_of(d))
         })),
+        // No route; an input lookup also: a refused source (EXDEV, EINVAL),
+        // forwarding off (EHOSTUNREACH), a blackhole or prohibit route.
         Err(e)
             if matches!(
                 e.raw_os_error(),
-                Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
+                Some(
+                    libc::ENETUNREACH
+                        | libc::EHOSTUNREACH
+                        | libc::EXDEV
+                        | libc::EINVAL
+                        | libc::EACCES
+                        | libc::EPERM
+                )
             ) =>
         {
             Ok(None)
         }
         Err(e) => Err(e),
     }
+}
+
+/// Whether the policy rules of `family` (`AF_INET`, `AF_INET6`) route some
+/// packets by more than their destination: a rule other than the kernel's
+/// own (to the local, main and default tables, selecting nothing), as
+/// multi-WAN, VPN split routing, `wg-quick` or Tailscale add.
+pub fn policy_routing(family: u8) -> io::Result<bool> {
+    let s = Socket::new()?;
+    // struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1,
+    // res2, action, flags (u32).
+    let mut hdr = [0u8; 12];
+    hdr[0] = family;
+    let msg = Msg::new(RTM_GETRULE, NLM_F_DUMP, &hdr).finish(1);
+    Ok(s.request(&msg, RTM_NEWRULE)?
+        .iter()
+        .any(|p| !kernel_default_rule(p)))
+}
+
+/// Whether the `RTM_NEWRULE` payload `p` is one of the rules the kernel
+/// starts with: to a default table, selecting nothing.
+fn kernel_default_rule(p: &[u8]) -> bool {
+    let Some(hdr) = p.get(..12) else {
+        return true;
+    };
+    let mut table = u32::from(hdr[4]);
+    for (t, d) in attrs(&p[12..]) {
+        if FRA_SELECTORS.contains(&t) {
+            return false;
+        }
+        if t == FRA_TABLE {
+            table = u32_of(d);
+        }
+    }
+    hdr[1] == 0
+        && hdr[2] == 0
+        && hdr[3] == 0
+        && hdr[7] == FR_ACT_TO_TBL
+        && DEFAULT_TABLES.contains(&table)
 }
 
 /// A queueing discipline or a tc filter (`struct tcmsg` and `TCA_KIND`).

@@ -420,6 +420,12 @@ pub trait Kernel {
     }
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
+    /// Whether the policy rules of `addr`'s family route some packets by
+    /// more than their destination (source, mark, incoming interface).
+    fn policy_routing(&mut self, addr: IpAddr) -> bool;
+    /// Which interface the kernel forwards a packet from `src` to `dst`
+    /// out of, arriving on `iif` with the packet mark `mark`.
+    fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32>;
     /// Every connection the kernel has now (a dump of its table).
     fn dump(&mut self) -> io::Result<Vec<Conn>>;
 }
@@ -927,7 +933,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
     }
 
-    fn offload(&mut self, c: &Conn, now_ns: u64) {
+    /// Whether `c`'s original direction comes from the LAN (`true`) or
+    /// the WAN, as the fast path would carry it; or why it would not.
+    fn direction(&mut self, c: &Conn) -> Result<bool, &'static str> {
         // The original direction arrives where the kernel routes its
         // source; it leaves where it routes the real destination (the
         // reply's source, after DNAT).
@@ -936,7 +944,39 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let orig_from_lan = match (from, to) {
             (Some(f), Some(t)) if f == self.lan && t == self.wan => true,
             (Some(f), Some(t)) if f == self.wan && t == self.lan => false,
-            _ => return self.refused("not_lan_wan"),
+            _ => return Err("not_lan_wan"),
+        };
+        // With policy rules (multi-WAN, VPN split routing: by source, by
+        // mark, by incoming interface) the destination alone does not say
+        // where the kernel sends a packet: each direction's own route, as
+        // the kernel routes it (its source, the interface it arrives on,
+        // the connection's mark, which such setups copy into the packets),
+        // must be the attached interface the fast path sends it to. Else
+        // the flow stays in the kernel (the fast path would take the main
+        // table's way).
+        if self.kernel.policy_routing(c.orig.src) {
+            let (inside, outside) = if orig_from_lan {
+                (self.lan, self.wan)
+            } else {
+                (self.wan, self.lan)
+            };
+            let out = self
+                .kernel
+                .forward_route(c.orig.src, c.reply.src, inside, c.mark);
+            let back = self
+                .kernel
+                .forward_route(c.reply.src, c.orig.src, outside, c.mark);
+            if out != Some(outside) || back != Some(inside) {
+                return Err("policy_route");
+            }
+        }
+        Ok(orig_from_lan)
+    }
+
+    fn offload(&mut self, c: &Conn, now_ns: u64) {
+        let orig_from_lan = match self.direction(c) {
+            Ok(from_lan) => from_lan,
+            Err(why) => return self.refused(why),
         };
         let stream = c.has(status::ASSURED);
         let timeout = self.timeouts.of(c.orig.proto, stream);
@@ -1387,6 +1427,13 @@ mod tests {
         reads: HashMap<Tuple, usize>,
         /// Connections replaced by a new one, which is in `SYN_RECV`.
         replaced: Vec<Tuple>,
+        /// Policy rules route by more than the destination.
+        policy: bool,
+        /// Forwarding routes `(src, dst, iif, mark) -> oif` under them;
+        /// unlisted ones go where [`Kernel::route`] sends `dst`.
+        forward: HashMap<(IpAddr, IpAddr, u32, u32), u32>,
+        /// Forwarding routes asked.
+        forward_asked: usize,
     }
 
     impl Kernel for FakeKernel {
@@ -1431,6 +1478,16 @@ mod tests {
                 IpAddr::V6(a) if a.segments()[..4] == [0xfd00, 0x50, 0, 0] => Some(LAN),
                 _ => Some(WAN),
             }
+        }
+        fn policy_routing(&mut self, _addr: IpAddr) -> bool {
+            self.policy
+        }
+        fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
+            self.forward_asked += 1;
+            self.forward
+                .get(&(src, dst, iif, mark))
+                .copied()
+                .or_else(|| self.route(dst))
         }
         fn dump(&mut self) -> io::Result<Vec<Conn>> {
             if self.dump_failures > 0 {
@@ -1569,6 +1626,45 @@ mod tests {
         o.conn(&c, 1);
         assert_eq!(o.len(), 0);
         assert_eq!(o.stats.not_offloaded.get("not_lan_wan"), Some(&1));
+    }
+
+    /// With policy rules, each direction's own route (source, incoming
+    /// interface, the connection's mark) decides: a flow the kernel sends
+    /// out of another interface (a second uplink, a VPN tunnel) stays in
+    /// the kernel; without them no such lookup is made.
+    #[test]
+    fn with_policy_rules_a_flow_routed_elsewhere_stays_in_the_kernel() {
+        const TUNNEL: u32 = 9;
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.mark = 1;
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        assert_eq!((o.len(), o.kernel.forward_asked), (1, 0), "no rules");
+        o.destroy(&c);
+
+        let mut o = offloader(&[&c]);
+        o.kernel.policy = true;
+        o.conn(&c, 1);
+        assert_eq!((o.len(), o.kernel.forward_asked), (1, 2), "rules, same way");
+        o.destroy(&c);
+
+        // The mark selects the tunnel for the LAN host's packets.
+        let mut o = offloader(&[&c]);
+        o.kernel.policy = true;
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 1), TUNNEL);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 0);
+        assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
+        // The replies come in elsewhere than the LAN would send them.
+        let mut o = offloader(&[&c]);
+        o.kernel.policy = true;
+        o.kernel
+            .forward
+            .insert((c.reply.src, c.orig.src, WAN, 1), TUNNEL);
+        o.conn(&c, 1);
+        assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
     }
 
     /// A UDP flow keeps the timeout the kernel would give it: replied but

@@ -128,7 +128,13 @@ impl Table for PinnedTable {
 pub(super) struct NetlinkKernel {
     pub(super) ct: CtSocket,
     pub(super) routes: HashMap<IpAddr, u32>,
+    /// Whether IPv4's and IPv6's policy rules route by more than the
+    /// destination, and when that was read (`CLOCK_MONOTONIC` ns).
+    pub(super) policy: Option<(u64, [bool; 2])>,
 }
+
+/// How long (ns) the policy rules read are taken as they were.
+const POLICY_RULES_FOR_NS: u64 = 1_000_000_000;
 
 impl Kernel for NetlinkKernel {
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
@@ -160,5 +166,23 @@ impl Kernel for NetlinkKernel {
         let oif = netlink::route_oif(addr).ok().flatten()?;
         self.routes.insert(addr, oif);
         Some(oif)
+    }
+    fn policy_routing(&mut self, addr: IpAddr) -> bool {
+        let now = crate::clock::monotonic_ns();
+        let rules = match self.policy {
+            Some((at, rules)) if now.saturating_sub(at) < POLICY_RULES_FOR_NS => rules,
+            _ => {
+                // Unread rules count as policy routing: each flow's route
+                // is asked then, which is right either way.
+                let read = |family| netlink::policy_routing(family).unwrap_or(true);
+                let rules = [read(2), read(10)];
+                self.policy = Some((now, rules));
+                rules
+            }
+        };
+        rules[usize::from(addr.is_ipv6())]
+    }
+    fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
+        netlink::route_forward(src, dst, iif, mark).ok().flatten()
     }
 }

@@ -202,6 +202,7 @@ impl Session {
         let kernel = NetlinkKernel {
             ct: CtSocket::requests().context("opening a ctnetlink socket")?,
             routes: HashMap::new(),
+            policy: None,
         };
         let mut off = Offloader::new(
             table,

@@ -1399,3 +1399,109 @@ fn a_switch_to_offload_mode_tells_of_the_flows_xdp_admitted() {
     );
     assert!(!problems(&t).contains("XDP admitted"), "{}", problems(&t));
 }
+
+/// Packets received on interface `dev` of namespace `ns`.
+fn rx_packets(t: &Topology, ns: Ns, dev: &str) -> u64 {
+    let out = t.exec_ok(ns, &["ip", "-s", "-j", "link", "show", dev]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("ip -j");
+    v[0]["stats64"]["rx"]["packets"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no rx packets of {dev}: {out}"))
+}
+
+/// Policy routing by the connection's mark (multi-WAN or VPN split
+/// routing as mwan3 and pbr set it up: a new LAN connection gets a ct
+/// mark, its packets the mark, a rule routes the mark through a second
+/// uplink here called `vpn0`, not attached): the kernel sends the flow
+/// out of `vpn0`, so the daemon leaves it there (`policy_route`) instead
+/// of handing it to a fast path that would send it out of the WAN (the
+/// main table's way, with the tunnel's NAT address). Every datagram keeps
+/// arriving at the far end through the tunnel.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
+    const N: u32 = 30;
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    let server = t.ns_name(Ns::Server).to_owned();
+    for (ns, cmd) in [
+        (
+            Ns::Router,
+            format!("link add vpn0 type veth peer name vpn1 netns {server}"),
+        ),
+        (Ns::Router, "addr add 10.8.0.1/30 dev vpn0".to_owned()),
+        (Ns::Router, "link set vpn0 up".to_owned()),
+        (Ns::Server, "addr add 10.8.0.2/30 dev vpn1".to_owned()),
+        (Ns::Server, "link set vpn1 up".to_owned()),
+        (
+            Ns::Router,
+            "route add default via 10.8.0.2 dev vpn0 table 100".to_owned(),
+        ),
+        (
+            Ns::Router,
+            "rule add fwmark 1 lookup 100 pref 100".to_owned(),
+        ),
+    ] {
+        let mut args = vec!["ip"];
+        args.extend(cmd.split(' '));
+        t.exec_ok(ns, &args);
+    }
+    load_nft(
+        t.ns_name(Ns::Router),
+        &format!(
+            "table inet fw {{
+  chain prerouting {{
+    type filter hook prerouting priority mangle; policy accept;
+    iifname \"{LAN_IF}\" ct state new ct mark set 1
+    iifname \"{LAN_IF}\" meta mark set ct mark
+  }}
+  chain forward {{
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    iifname \"{LAN_IF}\" accept
+  }}
+}}
+table ip nat {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat;
+    oifname {{ \"{WAN_IF}\", \"vpn0\" }} masquerade
+  }}
+}}"
+        ),
+    );
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &[]);
+    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    let tunnel0 = rx_packets(&t, Ns::Server, "vpn1");
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    let refused = |t: &Topology| {
+        crate::ctl::status(t).0["daemon"]["offload"]["not_offloaded"]["policy_route"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    wait_for_or_show(
+        "the daemon to leave the flow to the kernel",
+        Duration::from_secs(10),
+        || {
+            let _ = echoes(&udp, 1, Duration::ZERO);
+            refused(&t) > 0
+        },
+        || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log()),
+    );
+    let before = rx_packets(&t, Ns::Server, "vpn1");
+    assert_eq!(echoes(&udp, N, Duration::from_millis(20)), N);
+    let through_tunnel = rx_packets(&t, Ns::Server, "vpn1") - before;
+    assert!(
+        through_tunnel >= u64::from(N),
+        "{through_tunnel} of {N} datagrams came through the tunnel (before the daemon: {})",
+        before - tunnel0
+    );
+    assert!(offloaded_rows(&t).is_empty(), "{:?}", offloaded_rows(&t));
+}
