@@ -17,7 +17,7 @@ use toml::Spanned;
 use crate::{
     config::{
         self, AdmitMode, AttachArgs, ConfigError, ConfigField, FilteringMode, ForwardRules, Mode,
-        MssClamp, Shaping,
+        MssClamp,
     },
     ctx::Ctx,
     forward::{self, Rule},
@@ -66,10 +66,6 @@ struct RouterSection {
     /// `attach --force` does for them).
     #[serde(default)]
     bypass_forward_rules: Option<bool>,
-    /// Attach over traffic shaping or tc rules on LAN or WAN, which the
-    /// fast path's flows skip (what `attach --force` does for them).
-    #[serde(default)]
-    bypass_shaping: Option<bool>,
 }
 
 impl RouterSection {
@@ -78,14 +74,6 @@ impl RouterSection {
             ForwardRules::Bypass
         } else {
             ForwardRules::Refuse
-        }
-    }
-
-    fn shaping(&self) -> Shaping {
-        if self.bypass_shaping == Some(true) {
-            Shaping::CarryPast
-        } else {
-            Shaping::Refuse
         }
     }
 }
@@ -323,11 +311,6 @@ pub fn parse_file_as(
                 .as_ref()
                 .map_or(ForwardRules::Refuse, RouterSection::forward_rules),
             bypass_how: None,
-            shaping: file
-                .router
-                .as_ref()
-                .map_or(Shaping::Refuse, RouterSection::shaping),
-            shaping_how: None,
             reload: false,
             object: None,
         },
@@ -783,7 +766,6 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     args.bypass_how = Some(format!(
         "set `bypass_forward_rules = true` in [router] of {name}"
     ));
-    args.shaping_how = Some(format!("set `bypass_shaping = true` in [router] of {name}"));
     if check {
         if args.admit == AdmitMode::Xdp {
             lifecycle::check_firewall(
@@ -792,10 +774,6 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
                 args.bypass_how.as_deref().unwrap_or_default(),
             )
             .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
-        }
-        if !crate::inspect::inspect(&ctx.pin_dir).any_pins() {
-            lifecycle::check_shaping(&args)
-                .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
         }
         config::warn_standalone_only(&args);
         println!("{name} is valid: {summary}");

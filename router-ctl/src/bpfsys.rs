@@ -1,5 +1,6 @@
 //! The few `bpf(2)` commands aya 0.14 does not expose: the interface of an
-//! XDP link, and detaching a link by id (`attach --force`).
+//! XDP link, detaching a link by id (`attach --force`), and counting the
+//! tcx programs of an interface (`doctor`'s `shaping`).
 
 use router_common::bpf_insn::sys_bpf;
 use std::{
@@ -11,6 +12,10 @@ const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 const BPF_LINK_DETACH: libc::c_long = 34;
+const BPF_PROG_QUERY: libc::c_long = 16;
+/// `BPF_TCX_INGRESS`; `BPF_TCX_EGRESS` is the next.
+pub const TCX_INGRESS: u32 = 46;
+pub const TCX_EGRESS: u32 = 47;
 /// `BPF_LINK_TYPE_XDP`.
 pub const LINK_TYPE_XDP: u32 = 6;
 
@@ -35,6 +40,25 @@ pub fn obj_get(path: &std::path::Path) -> io::Result<OwnedFd> {
     let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
     // SAFETY: the kernel returned a new fd that we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `BPF_PROG_QUERY` without a buffer: how many programs are attached to
+/// interface `ifindex` as `attach_type` ([`TCX_INGRESS`], [`TCX_EGRESS`]).
+/// A kernel without tcx (before 6.6) refuses the attach type: none then.
+pub fn prog_count(ifindex: u32, attach_type: u32) -> io::Result<u32> {
+    // union bpf_attr's query: target_ifindex, attach_type, query_flags,
+    // attach_flags (u32 each), prog_ids (u64), prog_cnt (u32), padding,
+    // prog_attach_flags, link_ids, link_attach_flags, revision (u64 each).
+    let mut attr = [0u8; 64];
+    attr[0..4].copy_from_slice(&ifindex.to_ne_bytes());
+    attr[4..8].copy_from_slice(&attach_type.to_ne_bytes());
+    match sys_bpf(BPF_PROG_QUERY, &mut attr) {
+        Ok(_) => Ok(u32::from_ne_bytes(
+            attr[24..28].try_into().unwrap_or([0; 4]),
+        )),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(0),
+        Err(e) => Err(e),
+    }
 }
 
 /// `BPF_OBJ_GET_INFO_BY_FD` on a link fd.

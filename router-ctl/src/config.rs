@@ -280,16 +280,6 @@ pub enum ForwardRules {
     Checked,
 }
 
-/// What a fresh attach does about traffic shaping or tc rules on LAN or
-/// WAN (see `shaping.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shaping {
-    /// Refuse, naming them (the default).
-    Refuse,
-    /// Warn and attach (`attach --force`, `bypass_shaping = true`).
-    CarryPast,
-}
-
 /// Everything `attach` (and `apply`) asks for.
 #[derive(Clone, Debug)]
 pub struct AttachArgs {
@@ -316,11 +306,6 @@ pub struct AttachArgs {
     /// How a refusal over them says to bypass them (`None`: `--force`;
     /// `apply`: the file's key).
     pub bypass_how: Option<String>,
-    /// What a fresh attach does about traffic shaping or tc rules on LAN
-    /// or WAN, which the fast path's flows skip.
-    pub shaping: Shaping,
-    /// How a refusal over them says to attach anyway (`None`: `--force`).
-    pub shaping_how: Option<String>,
     /// Replace the program even when object and configuration are unchanged.
     pub reload: bool,
     /// Load this object instead of the embedded one (hidden, for tests).
@@ -612,8 +597,6 @@ mod tests {
             force: false,
             forward_rules: ForwardRules::Refuse,
             bypass_how: None,
-            shaping: Shaping::Refuse,
-            shaping_how: None,
             reload: false,
             object: None,
         }

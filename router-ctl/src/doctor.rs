@@ -773,7 +773,7 @@ impl Report<'_> {
     /// (`shaping`; see [`shaping`]).
     fn shaping(&mut self, l: &netlink::LinkAttrs) {
         let iface = self.iface;
-        match shaping::TcSeen::read(iface, l.ifindex) {
+        match shaping::TcSeen::read(l.ifindex) {
             Err(e) => self.add(
                 "shaping",
                 Level::Warn,
@@ -796,7 +796,7 @@ impl Report<'_> {
                         "shaping",
                         Level::Warn,
                         shaping::message(&skipped),
-                        Some(shaping::fix(iface)),
+                        Some(seen.fix(iface)),
                     );
                 }
             }
@@ -966,28 +966,6 @@ pub fn attach_blockers(lan: &str, wan: &str, generic_asked: Option<bool>) -> Vec
         .into_iter()
         .filter(|c| c.level == Level::Fail && c.name == "redirect-target")
         .map(Check::line)
-        .collect()
-}
-
-/// Traffic shaping or tc rules on LAN or WAN that the fast path's flows
-/// would skip (`shaping`), in native and generic mode alike: `attach`
-/// refuses over them unless told to carry the flows anyway.
-#[must_use]
-pub fn shaping_blockers(lan: &str, wan: &str) -> Vec<String> {
-    let ifaces = [lan.to_owned(), wan.to_owned()];
-    let mut out = Vec::new();
-    for iface in &ifaces {
-        let mut r = Report {
-            iface,
-            out: &mut out,
-        };
-        if let Some(l) = r.link() {
-            r.shaping(&l);
-        }
-    }
-    out.into_iter()
-        .filter(|c| c.name == "shaping" && c.level != Level::Ok)
-        .map(|c| format!("{}: {}", c.iface, c.detail))
         .collect()
 }
 

@@ -234,8 +234,9 @@ pub struct DaemonView {
     pub detached: bool,
     /// Data path log records this router-ctl could not parse, skipped.
     pub log_records_malformed: u64,
-    /// Traffic shaping and tc rules the fast path's flows skip.
-    pub shaping_skipped: Vec<String>,
+    /// Traffic shaping and tc rules the fast path's flows skip (`None`:
+    /// not looked at yet).
+    pub shaping_skipped: Option<Vec<String>>,
 }
 
 /// The sampler: counters every call, the table walk while a page is open.

@@ -55,7 +55,7 @@ use anyhow::{Context, Result, bail};
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::{
-    config::{AdmitMode, AttachArgs, FilteringMode, ForwardRules, Mode, MssClamp, Shaping},
+    config::{AdmitMode, AttachArgs, FilteringMode, ForwardRules, Mode, MssClamp},
     ctx::Ctx,
     parse::{ForwardFrom, Proto, TimeoutArg, WanAddr},
 };
@@ -166,9 +166,8 @@ struct AttachOpts {
     timeouts: Vec<TimeoutArg>,
     /// Replace an XDP program on LAN or WAN that router-ctl did not attach; attach even
     /// though a veth's peer would drop what the fast path redirects into it (`doctor`:
-    /// redirect-target); attach over traffic shaping or tc rules on LAN or WAN, which
-    /// the flows on the fast path skip (`doctor`: shaping); standalone: attach even though
-    /// netfilter forward rules would be bypassed.
+    /// redirect-target); standalone: attach even though netfilter forward rules would be
+    /// bypassed.
     #[arg(long)]
     force: bool,
     /// Load and switch to the program again even if nothing changed.
@@ -533,12 +532,6 @@ fn attach_args(ctx: &Ctx, o: AttachOpts) -> Result<AttachArgs> {
             ForwardRules::Refuse
         },
         bypass_how: None,
-        shaping: if o.force {
-            Shaping::CarryPast
-        } else {
-            Shaping::Refuse
-        },
-        shaping_how: None,
         reload: o.reload,
         object: o.object,
     })

@@ -35,6 +35,7 @@ const RTM_NEWTFILTER: u16 = 44;
 const RTM_DELTFILTER: u16 = 45;
 const RTM_GETTFILTER: u16 = 46;
 const TCA_KIND: u16 = 1;
+const TCA_OPTIONS: u16 = 2;
 const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
@@ -609,21 +610,27 @@ pub struct TcObject {
     /// `htb`, `cake`, `ingress`, `clsact`; of a filter, its classifier
     /// (`u32`, `bpf`).
     pub kind: String,
+    /// The kind's own attributes (`TCA_OPTIONS`), as they came.
+    pub options: Vec<u8>,
 }
 
 /// Parses an `RTM_NEWQDISC` / `RTM_NEWTFILTER` payload: `struct tcmsg`
 /// (family, padding, ifindex, handle, parent, info) and its attributes.
 fn parse_tc(payload: &[u8]) -> Option<TcObject> {
-    let kind = attrs(payload.get(20..)?)
-        .into_iter()
-        .find(|(t, _)| *t == TCA_KIND)
-        .map(|(_, d)| str_of(d))
-        .unwrap_or_default();
+    let (mut kind, mut options) = (String::new(), Vec::new());
+    for (t, d) in attrs(payload.get(20..)?) {
+        match t {
+            TCA_KIND => kind = str_of(d),
+            TCA_OPTIONS => options = d.to_vec(),
+            _ => {}
+        }
+    }
     Some(TcObject {
         ifindex: u32_of(payload.get(4..8)?),
         handle: u32_of(payload.get(8..12)?),
         parent: u32_of(payload.get(12..16)?),
         kind,
+        options,
     })
 }
 
@@ -651,16 +658,15 @@ pub fn qdiscs(ifindex: u32) -> io::Result<Vec<TcObject>> {
 /// `RTM_GETTFILTER` dump; `0xffff_fff2`: the ingress hook of an `ingress`
 /// or `clsact` qdisc, `0xffff_fff3`: clsact's egress hook). A classifier
 /// answers with a message per filter and one for itself, so this counts
-/// messages, not rules; none when there is no such qdisc.
+/// messages, not rules; none when there is no such qdisc (the kernel
+/// answers an empty dump). A shared block's filters are listed too.
 pub fn filters(ifindex: u32, parent: u32) -> io::Result<Vec<TcObject>> {
     let s = Socket::new()?;
     let msg = Msg::new(RTM_GETTFILTER, NLM_F_DUMP, &tcmsg(ifindex, parent)).finish(1);
-    match s.request(&msg, RTM_NEWTFILTER) {
-        Ok(replies) => Ok(replies.iter().filter_map(|p| parse_tc(p)).collect()),
-        // No qdisc with that hook on the interface.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
+    Ok(s.request(&msg, RTM_NEWTFILTER)?
+        .iter()
+        .filter_map(|p| parse_tc(p))
+        .collect())
 }
 
 /// The id the current namespace gives to the namespace of `netns_fd`, if
@@ -882,7 +888,8 @@ mod tests {
                 ifindex: 4,
                 handle: 0,
                 parent: 0xffff_ffff,
-                kind: "htb".into()
+                kind: "htb".into(),
+                options: Vec::new(),
             })
         );
         // Shorter than a tcmsg: skipped.

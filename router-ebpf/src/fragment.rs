@@ -126,10 +126,11 @@ fn leave_to_kernel(ctx: &XdpContext) {
     if !side.from_lan || side.cfg.admit != Admit::Xdp as u8 {
         return;
     }
-    // A forged source (another LAN host's, an address beyond the LAN)
-    // leaves no marker: it would send that host's next flow with these
-    // ports through the kernel's NAT. The fragment itself goes to the
-    // kernel, whose reverse-path filter judges it.
+    // A source the LAN does not route back to (a forged address beyond
+    // the LAN) leaves no marker, as the masquerade path opens no flow for
+    // it. (Another LAN host's address passes this check there too.) The
+    // fragment itself goes to the kernel, whose reverse-path filter
+    // judges it.
     if admit::lan_source_reachable(ctx, side.cfg.lan_ifindex) == Some(false) {
         return;
     }

@@ -35,7 +35,14 @@ pub(super) struct LinkWatch {
     /// Look at the links again at the next tick: notifications were lost
     /// (`ENOBUFS`) or following one failed.
     pub(super) recheck: bool,
+    /// Look at the attached interfaces' traffic shaping at the next tick:
+    /// a qdisc or tc filter of one of them changed.
+    pub(super) shaping_due: bool,
 }
+
+/// `TCM_IFINDEX_MAGIC_BLOCK`: the interface index of a notification about
+/// a shared filter block's filter (any interface using the block).
+const TC_SHARED_BLOCK: u32 = 0xffff_ffff;
 
 impl LinkWatch {
     /// Subscribes; the first look at the links ([`Self::recheck`]) comes
@@ -51,25 +58,42 @@ impl LinkWatch {
         Ok(Self {
             events,
             recheck: true,
+            shaping_due: false,
         })
     }
 
     /// Follows the notifications queued on `events` until none is left;
-    /// whether the links must be looked at again ([`Self::recheck`]).
-    /// Any notification (a macvlan created, up or down, a virtual address
-    /// added or removed) is followed by one look at the virtual MACs.
+    /// whether the links must be looked at again ([`Self::recheck`]) and
+    /// whether an attached interface's qdiscs or tc filters changed
+    /// ([`Self::shaping_due`]). Any link or address notification (a
+    /// macvlan created, up or down, a virtual address added or removed) is
+    /// followed by one look at the virtual MACs.
     pub(super) fn drain(
         events: &LinkEvents,
         ctx: &Ctx,
         status: &mut DaemonStatus,
         buf: &mut [u8],
-    ) -> bool {
+    ) -> Drained {
         let mut recheck = false;
+        let mut tc = false;
         let mut any = false;
         loop {
             match events.recv(buf) {
                 Ok(Some(events)) => {
                     any |= events.iter().any(|e| !matches!(e, LinkEvent::Tc { .. }));
+                    if !tc
+                        && let Some(cfg) = events
+                            .iter()
+                            .any(|e| matches!(e, LinkEvent::Tc { .. }))
+                            .then(|| attached_config(ctx))
+                            .flatten()
+                    {
+                        tc = events.iter().any(|e| {
+                            matches!(e, LinkEvent::Tc { ifindex }
+                                if [cfg.lan_ifindex, cfg.wan_ifindex, TC_SHARED_BLOCK]
+                                    .contains(ifindex))
+                        });
+                    }
                     for e in events {
                         let followed = match e {
                             LinkEvent::Changed(l) => l.mac.map_or(Ok(Followed::Done), |mac| {
@@ -80,11 +104,8 @@ impl LinkWatch {
                                 Ok(Followed::Done)
                             }
                             LinkEvent::Address { ifindex } => follow_wan_addr(ctx, ifindex, status),
-                            // The shaping is looked at with the links.
-                            LinkEvent::Tc { .. } => {
-                                recheck = true;
-                                Ok(Followed::Done)
-                            }
+                            // Looked at above.
+                            LinkEvent::Tc { .. } => Ok(Followed::Done),
                         };
                         match followed {
                             Ok(Followed::Done) => {}
@@ -101,15 +122,19 @@ impl LinkWatch {
                         tracing::warn!("following the VRRP virtual MACs: {e:#}; trying again");
                         recheck = true;
                     }
-                    return recheck;
+                    return Drained { recheck, tc };
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     tracing::warn!("link notifications lost; reading the interfaces again");
                     recheck = true;
+                    tc = true;
                 }
                 Err(e) => {
                     tracing::warn!("reading link notifications: {e}; reading the interfaces again");
-                    return true;
+                    return Drained {
+                        recheck: true,
+                        tc: true,
+                    };
                 }
             }
         }
@@ -130,6 +155,14 @@ impl LinkWatch {
             }
         }
     }
+}
+
+/// What [`LinkWatch::drain`] asks for at the next tick.
+pub(super) struct Drained {
+    /// A look at the links ([`LinkWatch::recheck`]).
+    pub(super) recheck: bool,
+    /// A look at the attached interfaces' shaping ([`LinkWatch::shaping_due`]).
+    pub(super) tc: bool,
 }
 
 /// The data path's MAC of the attached interface `ifindex` (LAN or WAN)
@@ -418,23 +451,22 @@ pub(super) fn look_again(
         links.recheck = true;
         looked.links_ns = monotonic_ns();
     }
-    // A qdisc or tc filter notification asks for a look too.
-    let shaping_due = links.recheck;
     links.recheck(ctx, status);
     repair_standalone(ctx, status, &mut looked.kernel_side_ns);
-    if shaping_due {
+    if std::mem::take(&mut links.shaping_due) {
         looked.shaping_ns = 0;
     }
     follow_shaping(ctx, status, &mut looked.shaping_ns);
 }
 
 /// Traffic shaping and tc rules on the attached interfaces, which the
-/// fast path's flows skip (`shaping.rs`): `attach` refuses over them
-/// unless forced, but a shaper set up after it (an SQM service that starts
-/// after the router's at boot) is not asked. Looked at every
-/// [`KERNEL_SIDE_CHECK_NS`] (a few rtnetlink dumps) and after a qdisc or
-/// tc filter notification; a change is logged, the current state kept in
-/// the status (`status`, the status page).
+/// fast path's flows skip (`shaping.rs`): `attach` warns of them, but one
+/// set up after it (an SQM service that starts after the router's at
+/// boot) is not seen there. Looked at every [`KERNEL_SIDE_CHECK_NS`] (a
+/// few rtnetlink dumps and `bpf` queries) and after a qdisc or tc filter
+/// notification of an attached interface; a change is logged, the current
+/// state kept in the status (`status`, the status page). An interface that
+/// cannot be read keeps what was last seen of it.
 pub(super) fn follow_shaping(ctx: &Ctx, status: &mut DaemonStatus, checked_ns: &mut u64) {
     let now = monotonic_ns();
     if *checked_ns != 0 && now.saturating_sub(*checked_ns) < KERNEL_SIDE_CHECK_NS {
@@ -442,33 +474,47 @@ pub(super) fn follow_shaping(ctx: &Ctx, status: &mut DaemonStatus, checked_ns: &
     }
     *checked_ns = now;
     let Some(rec) = state::load(ctx.ns()).ok().flatten() else {
-        status.shaping_skipped.clear();
+        status.shaping_skipped = None;
         return;
     };
+    let before = status.shaping_skipped.clone();
     let mut seen = Vec::new();
-    for iface in [&rec.config.lan, &rec.config.wan] {
-        // An interface that cannot be read (gone) is followed as such.
-        if let Ok(skipped) = shaping::skipped_on(iface)
-            && !skipped.is_empty()
-        {
-            seen.push(format!("{iface}: {}", skipped.join(", ")));
+    for (iface, ifindex) in [
+        (&rec.config.lan, rec.config.lan_ifindex),
+        (&rec.config.wan, rec.config.wan_ifindex),
+    ] {
+        let prefix = format!("{iface}: ");
+        match shaping::skipped_on(ifindex) {
+            Ok(skipped) if skipped.is_empty() => {}
+            Ok(skipped) => seen.push(format!("{prefix}{}", skipped.join(", "))),
+            Err(e) => {
+                tracing::debug!("reading the traffic shaping of {iface}: {e}");
+                seen.extend(
+                    before
+                        .iter()
+                        .flatten()
+                        .filter(|s| s.starts_with(&prefix))
+                        .cloned(),
+                );
+            }
         }
     }
-    if seen == status.shaping_skipped {
+    if before.as_ref() == Some(&seen) {
         return;
     }
-    if seen.is_empty() {
-        tracing::info!("no traffic shaping or tc rules on the attached interfaces any more");
-    } else {
+    if !seen.is_empty() {
         tracing::warn!(
             "traffic shaping or tc rules on the attached interfaces: {}; the flows on the fast \
              path skip them (an XDP redirect transmits past the egress qdisc, and XDP runs \
              before tc ingress): remove them if the fast path's rate is what you want, or \
-             `router-ctl detach` to keep the shaping (`router-ctl doctor` says more)",
+             `router-ctl detach` to keep the shaping for every flow (`router-ctl doctor` says \
+             more)",
             seen.join("; ")
         );
+    } else if before.is_some_and(|b| !b.is_empty()) {
+        tracing::info!("no traffic shaping or tc rules on the attached interfaces any more");
     }
-    status.shaping_skipped = seen;
+    status.shaping_skipped = Some(seen);
 }
 
 /// Standalone mode's kernel side as attach set it up: put back (and

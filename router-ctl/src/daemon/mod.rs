@@ -808,8 +808,9 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
             }
             ready = links.events.readable() => {
                 let Ok(mut guard) = ready else { continue };
-                links.recheck |=
-                    LinkWatch::drain(guard.get_inner(), ctx, &mut status, &mut link_buf);
+                let drained = LinkWatch::drain(guard.get_inner(), ctx, &mut status, &mut link_buf);
+                links.recheck |= drained.recheck;
+                links.shaping_due |= drained.tc;
                 guard.clear_ready();
             }
             _ = settler.tick(), if session.off.settling() > 0 => {

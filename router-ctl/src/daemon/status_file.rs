@@ -63,9 +63,10 @@ pub struct DaemonStatus {
     #[serde(default)]
     pub log_records_malformed: u64,
     /// Traffic shaping and tc rules on the attached interfaces, which the
-    /// fast path's flows skip, as `NAME: what, what` (`shaping.rs`).
+    /// fast path's flows skip, as `NAME: what, what` (`shaping.rs`);
+    /// `None` until the daemon looked (or by a daemon that does not).
     #[serde(default)]
-    pub shaping_skipped: Vec<String>,
+    pub shaping_skipped: Option<Vec<String>>,
 }
 
 impl DaemonStatus {
@@ -176,7 +177,7 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
         if !shaping.is_empty() {
             let _ = write!(
                 line,
-                "\nshaping skipped: {}: the flows on the fast path pass neither (see `router-ctl \
+                "\nshaping skipped: {}: the flows on the fast path skip it (see `router-ctl \
                  doctor`)",
                 shaping.join("; ")
             );

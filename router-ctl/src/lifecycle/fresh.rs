@@ -51,7 +51,6 @@ pub fn fresh(
             blockers.join("; ")
         )));
     }
-    super::check_shaping(a)?;
     for w in doctor::attach_warnings(&a.lan, &a.wan, generic_asked) {
         warn!("{w}");
     }

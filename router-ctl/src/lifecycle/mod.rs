@@ -57,8 +57,8 @@ use crate::{
 /// detach (a live replace whose pinned maps do not fit the new object,
 /// other interfaces, another XDP mode, incomplete pins) or a change of the
 /// file or the host (a file that does not parse or validate, another
-/// tool's XDP program, a firewall standalone mode would bypass, traffic
-/// shaping the fast path would skip, or a tool missing to read it) can. `router-ctl` exits with [`Unretryable::EXIT_CODE`] then, so a
+/// tool's XDP program, a firewall standalone mode would bypass, or a tool
+/// missing to read it) can. `router-ctl` exits with [`Unretryable::EXIT_CODE`] then, so a
 /// service that applies its file at start (`RestartPreventExitStatus=`)
 /// stops instead of trying again every few seconds.
 #[derive(Debug)]
@@ -332,22 +332,6 @@ fn sync_virtual_macs(ctx: &Ctx, attached: [u32; 2]) -> Result<Vec<vmac::VirtualM
     vmac::sync(&ctx.maps(), &virtual_macs)
         .context("writing the VRRP virtual MACs (keepalived use_vmac) into the data path")?;
     Ok(virtual_macs)
-}
-
-/// A fresh attach over traffic shaping or tc rules on LAN or WAN, which
-/// the fast path's flows would skip: refuses unless `a` says to carry them
-/// anyway (then `attach`'s warnings name them).
-pub fn check_shaping(a: &AttachArgs) -> Result<()> {
-    let shaping = doctor::shaping_blockers(&a.lan, &a.wan);
-    if shaping.is_empty() || a.shaping == config::Shaping::CarryPast {
-        return Ok(());
-    }
-    bail!(Unretryable(format!(
-        "{}; remove the shaping if the fast path's rate is what you want, keep this router on \
-         the kernel path to keep it, or {} to attach anyway and carry those flows unshaped",
-        shaping.join("; "),
-        a.shaping_how.as_deref().unwrap_or("pass --force")
-    )));
 }
 
 /// Standalone mode bypasses netfilter's forward chains: refuses when the
