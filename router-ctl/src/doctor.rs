@@ -1205,6 +1205,60 @@ pub fn source_route_check(pin_dir: &Path) -> Option<Check> {
     Some(source_route_verdict(&wan, on("all")?, on(&wan)?))
 }
 
+/// The kernel's `IPsec` policies (xfrm), which the fast path does not apply
+/// (`ipsec`, reported for the router under `xfrm`): offload mode leaves
+/// the connections they cover in the kernel, so a warning (the fast path
+/// carries less); standalone mode admits flows without looking at them,
+/// so a failure (covered traffic would leave or arrive in clear). `None`
+/// with no policy, or none readable (no xfrm in the kernel).
+#[must_use]
+pub fn ipsec_check(pin_dir: &Path) -> Option<Check> {
+    let policies = crate::xfrm::policies().ok()?;
+    let standalone = PinnedMaps::at(pin_dir)
+        .read_config()
+        .is_ok_and(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8);
+    Some(ipsec_verdict(policies.len(), standalone))
+}
+
+/// [`ipsec_check`]'s verdict for `n` policies, attached in standalone mode
+/// or not.
+#[must_use]
+pub fn ipsec_verdict(n: usize, standalone: bool) -> Check {
+    let (level, detail, fix) = match (n, standalone) {
+        (0, _) => (Level::Ok, "no IPsec policies".to_owned(), None),
+        (n, false) => (
+            Level::Warn,
+            format!(
+                "{n} IPsec policies (ip xfrm policy): the fast path does not apply them, so \
+                 offload mode leaves the connections they cover in the kernel (`ipsec_policy` \
+                 in the daemon's not-offloaded reasons) and ends offloaded ones a new policy \
+                 covers; standalone mode would not"
+            ),
+            None,
+        ),
+        (n, true) => (
+            Level::Fail,
+            format!(
+                "{n} IPsec policies (ip xfrm policy), and standalone mode admits flows without \
+                 looking at them: traffic they cover (a site-to-site tunnel's subnets) leaves \
+                 and arrives on the fast path in clear"
+            ),
+            Some(
+                "router-ctl attach LAN WAN --admit kernel (offload mode keeps covered \
+                 connections in the kernel), or remove the policies"
+                    .to_owned(),
+            ),
+        ),
+    };
+    Check {
+        iface: "xfrm".to_owned(),
+        name: "ipsec",
+        level,
+        detail,
+        fix,
+    }
+}
+
 /// [`source_route_check`]'s verdict for WAN interface `wan`, with
 /// `accept_source_route` on for `all` and for `wan` as given.
 #[must_use]
@@ -1384,6 +1438,7 @@ pub fn doctor(
     cs.extend(vrrp_daemon_check(pin_dir, daemon_running));
     cs.extend(local_ports_check(netns, pin_dir));
     cs.extend(source_route_check(pin_dir));
+    cs.extend(ipsec_check(pin_dir));
     cs.extend(firewall_checks(netns, pin_dir));
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
@@ -1424,6 +1479,19 @@ pub fn xdp_off_keyword(mode: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `IPsec` policies: none is fine, some warn in offload mode (covered
+    /// connections stay in the kernel) and fail in standalone mode.
+    #[test]
+    fn ipsec_policies_warn_in_offload_mode_and_fail_standalone() {
+        assert_eq!(ipsec_verdict(0, true).level, Level::Ok);
+        let offload = ipsec_verdict(2, false);
+        assert_eq!(offload.level, Level::Warn);
+        assert!(offload.detail.starts_with("2 IPsec policies"));
+        let standalone = ipsec_verdict(1, true);
+        assert_eq!(standalone.level, Level::Fail);
+        assert!(standalone.fix.unwrap().contains("--admit kernel"));
+    }
 
     /// Source routes reach the LAN only with `accept_source_route` on for
     /// both `all` and the WAN (the kernel ANDs the two); then the check

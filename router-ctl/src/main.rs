@@ -48,6 +48,7 @@ mod status;
 mod table_fill;
 mod vmac;
 mod web;
+mod xfrm;
 
 use std::{fs, os::fd::AsRawFd, path::Path, path::PathBuf};
 

@@ -175,8 +175,13 @@ struct Socket(OwnedFd);
 
 impl Socket {
     fn new() -> io::Result<Self> {
+        Self::of(libc::NETLINK_ROUTE)
+    }
+
+    /// A request socket of netlink `protocol`.
+    fn of(protocol: i32) -> io::Result<Self> {
         // Requests only (no multicast group), blocking with a timeout.
-        let s = Self(nlmsg::bound_socket(libc::NETLINK_ROUTE, 0, false)?);
+        let s = Self(nlmsg::bound_socket(protocol, 0, false)?);
         let tv = libc::timeval {
             tv_sec: 5,
             tv_usec: 0,
@@ -599,6 +604,17 @@ fn kernel_default_rule(p: &[u8]) -> bool {
         && hdr[3] == 0
         && hdr[7] == FR_ACT_TO_TBL
         && DEFAULT_TABLES.contains(&table)
+}
+
+/// The `IPsec` policies of the current namespace: the payloads of an
+/// `XFRM_MSG_GETPOLICY` dump (`NETLINK_XFRM`), each a `struct
+/// xfrm_userpolicy_info` and attributes (see [`crate::xfrm`]).
+pub fn xfrm_policies() -> io::Result<Vec<Vec<u8>>> {
+    const XFRM_MSG_NEWPOLICY: u16 = 0x13;
+    const XFRM_MSG_GETPOLICY: u16 = 0x15;
+    let s = Socket::of(libc::NETLINK_XFRM)?;
+    let msg = Msg::new(XFRM_MSG_GETPOLICY, NLM_F_DUMP, &[]).finish(1);
+    s.request(&msg, XFRM_MSG_NEWPOLICY)
 }
 
 /// A queueing discipline or a tc filter (`struct tcmsg` and `TCA_KIND`).

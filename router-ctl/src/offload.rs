@@ -426,6 +426,8 @@ pub trait Kernel {
     /// Which interface the kernel forwards a packet from `src` to `dst`
     /// out of, arriving on `iif` with the packet mark `mark`.
     fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32>;
+    /// The `IPsec` policies now, and a number that changes when they do.
+    fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64);
     /// Every connection the kernel has now (a dump of its table).
     fn dump(&mut self) -> io::Result<Vec<Conn>>;
 }
@@ -576,6 +578,10 @@ pub struct OffloadStats {
     /// arrived, or with none: a SYN on an established connection).
     #[serde(default)]
     pub ended_tcp_control: u64,
+    /// Removed because an `IPsec` policy added since covers it (the kernel
+    /// encrypts or checks its packets; the fast path would not).
+    #[serde(default)]
+    pub ended_ipsec: u64,
     /// Removed because the kernel's entry for the same original tuple
     /// now has another reply tuple (another translation; its events were
     /// lost), then offloaded again with the kernel's.
@@ -635,6 +641,8 @@ enum Gone {
     Evicted,
     /// The data path handed it back at a TCP SYN, FIN or RST.
     TcpControl,
+    /// An `IPsec` policy covers it now.
+    Ipsec,
 }
 
 /// What one read of a connection's two XDP entries found.
@@ -753,6 +761,9 @@ pub struct Offloader<T, K> {
     /// try is due: a dump that keeps failing (memory) is tried less often.
     resync_failed_in_row: u32,
     resync_retry_at_ns: u64,
+    /// The `IPsec` policies' number ([`Kernel::ipsec_policies`]) when the
+    /// offloaded connections were last checked against them.
+    ipsec_seen: u64,
     pub stats: OffloadStats,
 }
 
@@ -778,6 +789,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             resync_due: false,
             resync_failed_in_row: 0,
             resync_retry_at_ns: 0,
+            ipsec_seen: 0,
             stats: OffloadStats::default(),
         }
     }
@@ -954,6 +966,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // must be the attached interface the fast path sends it to. Else
         // the flow stays in the kernel (the fast path would take the main
         // table's way).
+        // IPsec: what the kernel encrypts, holds for want of a security
+        // association, or accepts only decrypted, the fast path would send
+        // or let in as it is.
+        if crate::xfrm::covers(&self.kernel.ipsec_policies().0, &c.orig, &c.reply) {
+            return Err("ipsec_policy");
+        }
         if self.kernel.policy_routing(c.orig.src) {
             let (inside, outside) = if orig_from_lan {
                 (self.lan, self.wan)
@@ -1147,7 +1165,22 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// again.
     pub fn tick(&mut self, now_ns: u64) -> usize {
         let mut gone = Vec::new();
+        // A new IPsec policy: the connections it covers go back to the
+        // kernel, which applies it.
+        let (policies, number) = self.kernel.ipsec_policies();
+        if number != self.ipsec_seen {
+            self.ipsec_seen = number;
+            gone.extend(
+                self.flows
+                    .iter()
+                    .filter(|(orig, f)| crate::xfrm::covers(&policies, orig, &f.reply))
+                    .map(|(orig, _)| (*orig, Gone::Ipsec)),
+            );
+        }
         for (orig, f) in &mut self.flows {
+            if gone.iter().any(|(g, _)| g == orig) {
+                continue;
+            }
             let Some(read) = f.keys.read(&self.table) else {
                 gone.push((*orig, Gone::Evicted));
                 continue;
@@ -1203,6 +1236,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 Gone::Kernel => &mut self.stats.ended_kernel_gone,
                 Gone::Evicted => &mut self.stats.handed_back,
                 Gone::TcpControl => &mut self.stats.ended_tcp_control,
+                Gone::Ipsec => &mut self.stats.ended_ipsec,
             } += 1;
         }
         evicted
@@ -1434,6 +1468,8 @@ mod tests {
         forward: HashMap<(IpAddr, IpAddr, u32, u32), u32>,
         /// Forwarding routes asked.
         forward_asked: usize,
+        /// `IPsec` policies and their number.
+        ipsec: (Vec<crate::xfrm::Selector>, u64),
     }
 
     impl Kernel for FakeKernel {
@@ -1481,6 +1517,9 @@ mod tests {
         }
         fn policy_routing(&mut self, _addr: IpAddr) -> bool {
             self.policy
+        }
+        fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64) {
+            self.ipsec.clone()
         }
         fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
             self.forward_asked += 1;
@@ -1665,6 +1704,50 @@ mod tests {
             .insert((c.reply.src, c.orig.src, WAN, 1), TUNNEL);
         o.conn(&c, 1);
         assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
+    }
+
+    /// An `IPsec` policy that covers a connection keeps it in the kernel
+    /// (`ipsec_policy`); one added later ends the offloaded connections it
+    /// covers at the next tick (`ended_ipsec`), and only those.
+    #[test]
+    fn ipsec_policies_keep_their_connections_in_the_kernel() {
+        let covered = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut other = masq_udp(CONFIRMED | SEEN_REPLY);
+        other.orig.sport = 5001;
+        other.orig.dst = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 77));
+        other.reply.src = other.orig.dst;
+        other.reply.dport = 61001;
+        let to_server = crate::xfrm::Selector {
+            v6: Some(false),
+            src: [0; 16],
+            src_len: 0,
+            dst: {
+                let mut d = [0; 16];
+                d[..4].copy_from_slice(&[198, 51, 100, 2]);
+                d
+            },
+            dst_len: 32,
+            proto: 0,
+            dir: 1,
+        };
+        let mut o = offloader(&[&covered, &other]);
+        o.kernel.ipsec = (vec![to_server.clone()], 1);
+        o.conn(&covered, 1);
+        o.conn(&other, 1);
+        assert_eq!(o.len(), 1);
+        assert_eq!(o.stats.not_offloaded.get("ipsec_policy"), Some(&1));
+
+        let mut o = offloader(&[&covered, &other]);
+        o.conn(&covered, 1);
+        o.conn(&other, 1);
+        o.tick(2);
+        assert_eq!((o.len(), o.stats.ended_ipsec), (2, 0));
+        o.kernel.ipsec = (vec![to_server], 1);
+        o.tick(3);
+        assert_eq!((o.len(), o.stats.ended_ipsec), (1, 1));
+        assert!(o.flows.contains_key(&other.orig));
+        o.tick(4);
+        assert_eq!(o.stats.ended_ipsec, 1, "checked once per change");
     }
 
     /// A UDP flow keeps the timeout the kernel would give it: replied but

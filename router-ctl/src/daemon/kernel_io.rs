@@ -131,6 +131,19 @@ pub(super) struct NetlinkKernel {
     /// Whether IPv4's and IPv6's policy rules route by more than the
     /// destination, and when that was read (`CLOCK_MONOTONIC` ns).
     pub(super) policy: Option<(u64, [bool; 2])>,
+    pub(super) ipsec: IpsecSeen,
+}
+
+/// The `IPsec` policies as the daemon last read them.
+#[derive(Default)]
+pub(super) struct IpsecSeen {
+    policies: Vec<crate::xfrm::Selector>,
+    /// Changes with them.
+    number: u64,
+    /// When they were read (`CLOCK_MONOTONIC` ns; 0: never).
+    read_at: u64,
+    /// The last read failed (said once per failure in a row).
+    failing: bool,
 }
 
 /// How long (ns) the policy rules read are taken as they were.
@@ -181,6 +194,35 @@ impl Kernel for NetlinkKernel {
             }
         };
         rules[usize::from(addr.is_ipv6())]
+    }
+    fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64) {
+        let now = crate::clock::monotonic_ns();
+        let s = &mut self.ipsec;
+        if s.read_at == 0 || now.saturating_sub(s.read_at) >= POLICY_RULES_FOR_NS {
+            s.read_at = now;
+            let read = match crate::xfrm::policies() {
+                // A kernel without the xfrm netlink interface: no policy
+                // can be set (but through PF_KEY, which nothing here uses).
+                Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => Ok(Vec::new()),
+                r => r,
+            };
+            match read {
+                Ok(p) => {
+                    s.failing = false;
+                    if p != s.policies {
+                        s.policies = p;
+                        s.number += 1;
+                    }
+                }
+                // Kept as they were.
+                Err(e) => {
+                    if !std::mem::replace(&mut s.failing, true) {
+                        tracing::warn!("reading the IPsec policies: {e}; trying again");
+                    }
+                }
+            }
+        }
+        (s.policies.clone(), s.number)
     }
     fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
         netlink::route_forward(src, dst, iif, mark).ok().flatten()

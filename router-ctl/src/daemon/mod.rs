@@ -48,7 +48,7 @@ mod kernel_io;
 mod status_file;
 
 use follow::{LinkWatch, LookedAt, look_again};
-use kernel_io::{NetlinkKernel, PinnedTable};
+use kernel_io::{IpsecSeen, NetlinkKernel, PinnedTable};
 use status_file::unix_now;
 pub use status_file::{
     DaemonStatus, add_stopped, health_json, health_line, status_path, without_daemon,
@@ -203,6 +203,7 @@ impl Session {
             ct: CtSocket::requests().context("opening a ctnetlink socket")?,
             routes: HashMap::new(),
             policy: None,
+            ipsec: IpsecSeen::default(),
         };
         let mut off = Offloader::new(
             table,

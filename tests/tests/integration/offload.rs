@@ -1505,3 +1505,78 @@ table ip nat {{
     );
     assert!(offloaded_rows(&t).is_empty(), "{:?}", offloaded_rows(&t));
 }
+
+/// An `IPsec` policy added while a flow is offloaded (a tunnel brought up
+/// for the server's address): the daemon ends the offload at its next
+/// look (`ended_ipsec`), so the kernel applies the policy (here, with no
+/// security association, it holds the packets) instead of the fast path
+/// sending them in clear; doctor warns of the policy.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_ends_a_flow_an_ipsec_policy_now_covers() {
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &[]);
+    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    wait_for(
+        "the UDP flow to be offloaded",
+        Duration::from_secs(10),
+        || offloaded_udp_42000(&t).is_some(),
+    );
+    let (client, server) = (format!("{CLIENT_ADDR}/32"), format!("{SERVER_ADDR}/32"));
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip",
+            "xfrm",
+            "policy",
+            "add",
+            "src",
+            &client,
+            "dst",
+            &server,
+            "dir",
+            "out",
+            "tmpl",
+            "src",
+            "203.0.113.1",
+            "dst",
+            "203.0.113.2",
+            "proto",
+            "esp",
+            "mode",
+            "tunnel",
+        ],
+    );
+    let ended = |t: &Topology| {
+        crate::ctl::status(t).0["daemon"]["offload"]["ended_ipsec"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    wait_for_or_show(
+        "the daemon to end the offload",
+        Duration::from_secs(10),
+        || ended(&t) == 1 && offloaded_udp_42000(&t).is_none(),
+        || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log()),
+    );
+    let out0 = counter(&t, "fwd_outbound");
+    assert_eq!(
+        echoes(&udp, 5, Duration::from_millis(50)),
+        0,
+        "datagrams got through past the policy"
+    );
+    assert_eq!(counter(&t, "fwd_outbound"), out0, "the fast path sent some");
+    let d = t.router_ctl(&["doctor", LAN_IF, WAN_IF]);
+    let out = String::from_utf8_lossy(&d.stdout);
+    assert!(out.contains("1 IPsec policies"), "{out}");
+    t.exec_ok(Ns::Router, &["ip", "xfrm", "policy", "flush"]);
+}
