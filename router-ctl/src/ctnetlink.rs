@@ -722,6 +722,19 @@ impl CtSocket {
         }
         self.transact(m).map(|_| ())
     }
+
+    /// Sets `IPS_ASSURED` on the connection with original tuple `orig`.
+    /// The kernel only sets status bits from `CTA_STATUS`
+    /// (`nf_ct_change_status_common`), refusing a change of the confirmed
+    /// or expected bits or a cleared seen-reply: so the message carries the
+    /// bits a replied, confirmed connection has.
+    pub fn set_assured(&mut self, orig: &Tuple) -> io::Result<()> {
+        let mut m = ct_msg(IPCTNL_MSG_CT_NEW, NLM_F_ACK, family_of(orig));
+        put_tuple(&mut m, CTA_TUPLE_ORIG, orig);
+        let bits = status::CONFIRMED | status::SEEN_REPLY | status::ASSURED;
+        m.attr(CTA_STATUS, &bits.to_be_bytes());
+        self.transact(m).map(|_| ())
+    }
 }
 
 #[cfg(test)]

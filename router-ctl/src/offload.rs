@@ -426,6 +426,9 @@ pub trait Kernel {
     /// Which interface the kernel forwards a packet from `src` to `dst`
     /// out of, arriving on `iif` with the packet mark `mark`.
     fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32>;
+    /// Marks the connection with original tuple `orig` assured
+    /// (`IPS_ASSURED`), as the kernel marks a UDP stream.
+    fn assure(&mut self, orig: &Tuple) -> io::Result<()>;
     /// The `IPsec` policies now, and a number that changes when they do.
     fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64);
     /// Every connection the kernel has now (a dump of its table).
@@ -725,6 +728,9 @@ struct Offloaded {
     /// stream: the offload if the kernel had it assured, else
     /// [`UDP_STREAM_AFTER_NS`] after it.
     stream_from_ns: u64,
+    /// The kernel has it assured: a TCP connection, a UDP flow assured
+    /// when offloaded or marked so once a stream ([`Kernel::assure`]).
+    assured: bool,
 }
 
 /// After a resync whose dump failed, the next try; doubled after each
@@ -1093,6 +1099,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 } else {
                     now_ns + UDP_STREAM_AFTER_NS
                 },
+                assured: stream,
             },
         );
         self.stats.offloaded += 1;
@@ -1194,7 +1201,20 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             if seen <= f.last_seen_ns {
                 continue;
             }
-            let timeout = self.timeouts.of(f.proto, seen >= f.stream_from_ns);
+            let stream = seen >= f.stream_from_ns;
+            let timeout = self.timeouts.of(f.proto, stream);
+            // A UDP stream, which the kernel would have marked assured
+            // (kept over unassured entries when its table is full, matched
+            // by `ct status assured`) had it seen the packets.
+            if stream && !f.assured && f.proto == IPPROTO_UDP {
+                match self.kernel.assure(orig) {
+                    Ok(()) => f.assured = true,
+                    Err(e) => {
+                        self.stats.errors += 1;
+                        tracing::warn!("offload: marking {orig:?} assured: {e}");
+                    }
+                }
+            }
             match refresh_while_established(
                 &mut self.kernel,
                 &self.timeouts,
@@ -1470,6 +1490,8 @@ mod tests {
         forward_asked: usize,
         /// `IPsec` policies and their number.
         ipsec: (Vec<crate::xfrm::Selector>, u64),
+        /// Connections marked assured.
+        assured: Vec<Tuple>,
     }
 
     impl Kernel for FakeKernel {
@@ -1520,6 +1542,10 @@ mod tests {
         }
         fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64) {
             self.ipsec.clone()
+        }
+        fn assure(&mut self, orig: &Tuple) -> io::Result<()> {
+            self.assured.push(*orig);
+            Ok(())
         }
         fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
             self.forward_asked += 1;
@@ -1767,10 +1793,12 @@ mod tests {
         o.tick(2_600_000_000);
         assert_eq!(o.kernel.refreshed[1], (replied.orig, 30));
         assert_eq!(o.table.0[&k].lease, lease_until(2_600_000_000, 15));
-        // Active 2 s after it: a stream from then on.
+        assert!(o.kernel.assured.is_empty());
+        // Active 2 s after it: a stream from then on, and assured.
         o.table.0.get_mut(&k).unwrap().last_seen_ns = 3_000_000_000;
         o.tick(3_100_000_000);
         assert_eq!(o.kernel.refreshed[2], (replied.orig, 120));
+        assert_eq!(o.kernel.assured, vec![replied.orig]);
         assert_eq!(o.table.0[&k].lease, lease_until(3_100_000_000, 60));
 
         let assured = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);

@@ -195,6 +195,9 @@ impl Kernel for NetlinkKernel {
         };
         rules[usize::from(addr.is_ipv6())]
     }
+    fn assure(&mut self, orig: &Tuple) -> io::Result<()> {
+        self.ct.set_assured(orig)
+    }
     fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64) {
         let now = crate::clock::monotonic_ns();
         let s = &mut self.ipsec;
