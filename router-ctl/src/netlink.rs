@@ -490,65 +490,112 @@ pub fn xdp_detach(ifindex: u32, flags: u32) -> io::Result<()> {
 
 /// The interface the kernel routes packets to `dst` out of (`lo` for the
 /// router's own addresses), or `None` when it has no route.
-pub fn route_oif(dst: std::net::IpAddr) -> io::Result<Option<u32>> {
-    route_get(None, dst, None)
+pub fn route_oif(dst: IpAddr) -> io::Result<Option<u32>> {
+    Ok(route_get(None, dst, None)?.map(|r| r.oif))
 }
 
-/// The interface the kernel forwards a packet from `src` to `dst` out of,
-/// arriving on `iif` with the packet mark `mark`: its input route lookup
-/// (as `ip route get DST from SRC iif IIF mark MARK`), with the policy
-/// rules that select by source, incoming interface or mark. `None` when it
-/// has no route, or the kernel would not forward the packet (a source its
-/// reverse-path filter refuses).
-pub fn route_forward(
-    src: std::net::IpAddr,
-    dst: std::net::IpAddr,
-    iif: u32,
-    mark: u32,
-) -> io::Result<Option<u32>> {
-    route_get(Some(src), dst, Some((iif, mark)))
+/// A forwarded packet as the kernel routes it: the fields of its input
+/// route lookup (`ip route get DST from SRC iif IIF mark MARK ipproto P
+/// sport S dport D`), which policy rules select by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RouteQuery {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub iif: u32,
+    pub mark: u32,
+    pub proto: u8,
+    /// Source and destination port (TCP and UDP): `None` leaves them out
+    /// (as the data path's FIB lookup does).
+    pub ports: Option<(u16, u16)>,
 }
 
-/// An `RTM_GETROUTE` request's answer: the route's output interface.
+/// Where a route sends a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteAnswer {
+    pub oif: u32,
+    /// `RTA_GATEWAY`: the next hop; `None` on a link route.
+    pub gateway: Option<IpAddr>,
+}
+
+/// The route the kernel forwards the packet `q` by (its input route
+/// lookup, with the policy rules). `None` when it has no route, or would
+/// not forward the packet (a source its reverse-path filter refuses, a
+/// blackhole, unreachable or prohibit route, forwarding off).
+pub fn route_forward(q: &RouteQuery) -> io::Result<Option<RouteAnswer>> {
+    route_get(Some(q.src), q.dst, Some(q))
+}
+
+fn addr_octets(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// An `RTM_GETROUTE` request's answer.
 fn route_get(
-    src: Option<std::net::IpAddr>,
-    dst: std::net::IpAddr,
-    input: Option<(u32, u32)>,
-) -> io::Result<Option<u32>> {
+    src: Option<IpAddr>,
+    dst: IpAddr,
+    input: Option<&RouteQuery>,
+) -> io::Result<Option<RouteAnswer>> {
+    const RTA_GATEWAY: u16 = 5;
+    const RTA_IP_PROTO: u16 = 27;
+    const RTA_SPORT: u16 = 28;
+    const RTA_DPORT: u16 = 29;
     let s = Socket::new()?;
-    let octets = |a: std::net::IpAddr| match a {
-        std::net::IpAddr::V4(a) => a.octets().to_vec(),
-        std::net::IpAddr::V6(a) => a.octets().to_vec(),
-    };
     // AF_INET, AF_INET6 as the one byte rtmsg holds.
     let family = if dst.is_ipv4() { 2u8 } else { 10u8 };
-    let addr = octets(dst);
+    let addr = addr_octets(dst);
     // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope,
     // type, flags (u32).
     let mut rtm = [0u8; 12];
     rtm[0] = family;
     rtm[1] = (addr.len() * 8) as u8;
     if let Some(src) = src {
-        rtm[2] = (octets(src).len() * 8) as u8;
+        rtm[2] = (addr_octets(src).len() * 8) as u8;
     }
     let mut m = Msg::new(RTM_GETROUTE, 0, &rtm);
     m.attr(RTA_DST, &addr);
     if let Some(src) = src {
-        m.attr(RTA_SRC, &octets(src));
+        m.attr(RTA_SRC, &addr_octets(src));
     }
-    if let Some((iif, mark)) = input {
-        m.attr(RTA_IIF, &iif.to_ne_bytes());
-        m.attr(RTA_MARK, &mark.to_ne_bytes());
+    if let Some(q) = input {
+        m.attr(RTA_IIF, &q.iif.to_ne_bytes());
+        m.attr(RTA_MARK, &q.mark.to_ne_bytes());
+        m.attr(RTA_IP_PROTO, &[q.proto]);
+        if let Some((sport, dport)) = q.ports {
+            m.attr(RTA_SPORT, &sport.to_be_bytes());
+            m.attr(RTA_DPORT, &dport.to_be_bytes());
+        }
     }
     match s.request(&m.finish(1), RTM_NEWROUTE) {
         Ok(replies) => Ok(replies.first().and_then(|p| {
-            attrs(p.get(12..)?)
-                .into_iter()
-                .find(|(t, _)| *t == RTA_OIF)
-                .map(|(_, d)| u32_of(d))
+            let mut answer = RouteAnswer {
+                oif: 0,
+                gateway: None,
+            };
+            let mut found = false;
+            for (t, d) in attrs(p.get(12..)?) {
+                match t {
+                    RTA_OIF => {
+                        answer.oif = u32_of(d);
+                        found = true;
+                    }
+                    RTA_GATEWAY => {
+                        answer.gateway = match d.len() {
+                            4 => Some(IpAddr::from(<[u8; 4]>::try_from(d).ok()?)),
+                            16 => Some(IpAddr::from(<[u8; 16]>::try_from(d).ok()?)),
+                            _ => None,
+                        };
+                    }
+                    _ => {}
+                }
+            }
+            found.then_some(answer)
         })),
-        // No route; an input lookup also: a refused source (EXDEV, EINVAL),
-        // forwarding off (EHOSTUNREACH), a blackhole or prohibit route.
+        // No route; an input lookup also: a source the reverse-path filter
+        // refuses or a blackhole route (EINVAL), forwarding off or an
+        // unreachable route (EHOSTUNREACH), a prohibit route (EACCES).
         Err(e)
             if matches!(
                 e.raw_os_error(),
@@ -568,28 +615,37 @@ fn route_get(
     }
 }
 
-/// Whether the policy rules of `family` (`AF_INET`, `AF_INET6`) route some
-/// packets by more than their destination: a rule other than the kernel's
-/// own (to the local, main and default tables, selecting nothing), as
-/// multi-WAN, VPN split routing, `wg-quick` or Tailscale add.
-pub fn policy_routing(family: u8) -> io::Result<bool> {
+/// The policy rules of `family` (`AF_INET`, `AF_INET6`): whether some
+/// route packets by more than their destination (a rule other than the
+/// kernel's own, to the local, main and default tables and selecting
+/// nothing, that looks up a table: multi-WAN, VPN split routing,
+/// `wg-quick`, Tailscale; not one that only refuses, as `OpenWrt`'s
+/// `unreachable` rule), and a hash of them all, which changes with them.
+pub fn policy_rules(family: u8) -> io::Result<(bool, u64)> {
+    use std::hash::{Hash as _, Hasher as _};
     let s = Socket::new()?;
     // struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1,
     // res2, action, flags (u32).
     let mut hdr = [0u8; 12];
     hdr[0] = family;
     let msg = Msg::new(RTM_GETRULE, NLM_F_DUMP, &hdr).finish(1);
-    Ok(s.request(&msg, RTM_NEWRULE)?
-        .iter()
-        .any(|p| !kernel_default_rule(p)))
+    let rules = s.request(&msg, RTM_NEWRULE)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rules.hash(&mut h);
+    Ok((rules.iter().any(|p| !kernel_default_rule(p)), h.finish()))
 }
 
 /// Whether the `RTM_NEWRULE` payload `p` is one of the rules the kernel
-/// starts with: to a default table, selecting nothing.
+/// starts with (to a default table, selecting nothing), or one that does
+/// not send a packet to a table (`unreachable`, `prohibit`, `blackhole`,
+/// `nop`: the kernel refuses or skips, routes nothing elsewhere).
 fn kernel_default_rule(p: &[u8]) -> bool {
     let Some(hdr) = p.get(..12) else {
         return true;
     };
+    if hdr[7] != FR_ACT_TO_TBL {
+        return true;
+    }
     let mut table = u32::from(hdr[4]);
     for (t, d) in attrs(&p[12..]) {
         if FRA_SELECTORS.contains(&t) {
@@ -599,11 +655,7 @@ fn kernel_default_rule(p: &[u8]) -> bool {
             table = u32_of(d);
         }
     }
-    hdr[1] == 0
-        && hdr[2] == 0
-        && hdr[3] == 0
-        && hdr[7] == FR_ACT_TO_TBL
-        && DEFAULT_TABLES.contains(&table)
+    hdr[1] == 0 && hdr[2] == 0 && hdr[3] == 0 && DEFAULT_TABLES.contains(&table)
 }
 
 /// The `IPsec` policies of the current namespace: the payloads of an
@@ -615,6 +667,19 @@ pub fn xfrm_policies() -> io::Result<Vec<Vec<u8>>> {
     let s = Socket::of(libc::NETLINK_XFRM)?;
     let msg = Msg::new(XFRM_MSG_GETPOLICY, NLM_F_DUMP, &[]).finish(1);
     s.request(&msg, XFRM_MSG_NEWPOLICY)
+}
+
+/// The kernel's default `IPsec` policies (`XFRM_MSG_GETDEFAULT`): `struct
+/// xfrm_userpolicy_default`'s in, fwd and out (0 unset, 1 block, 2
+/// accept); `None` without an answer.
+pub fn xfrm_defaults() -> io::Result<Option<[u8; 3]>> {
+    const XFRM_MSG_GETDEFAULT: u16 = 0x28;
+    let s = Socket::of(libc::NETLINK_XFRM)?;
+    let msg = Msg::new(XFRM_MSG_GETDEFAULT, 0, &[0; 4]).finish(1);
+    Ok(s.request(&msg, XFRM_MSG_GETDEFAULT)?
+        .first()
+        .and_then(|p| p.get(..3))
+        .map(|d| [d[0], d[1], d[2]]))
 }
 
 /// A queueing discipline or a tc filter (`struct tcmsg` and `TCA_KIND`).

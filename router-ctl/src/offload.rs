@@ -50,6 +50,7 @@ use router_common::maps::{
 use serde::{Deserialize, Serialize};
 
 use crate::ctnetlink::{Conn, IPPROTO_ICMP, IPPROTO_ICMPV6, Tuple, status, tcp_state};
+use crate::netlink::{RouteAnswer, RouteQuery};
 
 /// Longest lease: how long XDP may go on carrying a flow after the daemon
 /// last confirmed the kernel still has it.
@@ -420,17 +421,17 @@ pub trait Kernel {
     }
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
-    /// Whether the policy rules of `addr`'s family route some packets by
-    /// more than their destination (source, mark, incoming interface).
-    fn policy_routing(&mut self, addr: IpAddr) -> bool;
-    /// Which interface the kernel forwards a packet from `src` to `dst`
-    /// out of, arriving on `iif` with the packet mark `mark`.
-    fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32>;
+    /// Whether IPv4's and IPv6's policy rules route some packets by more
+    /// than their destination (source, mark, incoming interface, ports),
+    /// and a number that changes with the rules.
+    fn routing_rules(&mut self) -> ([bool; 2], u64);
+    /// The route the kernel forwards the packet `q` by.
+    fn forward_route(&mut self, q: &RouteQuery) -> Option<RouteAnswer>;
     /// Marks the connection with original tuple `orig` assured
     /// (`IPS_ASSURED`), as the kernel marks a UDP stream.
     fn assure(&mut self, orig: &Tuple) -> io::Result<()>;
     /// The `IPsec` policies now, and a number that changes when they do.
-    fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64);
+    fn ipsec_policies(&mut self) -> (&[crate::xfrm::Selector], u64);
     /// Every connection the kernel has now (a dump of its table).
     fn dump(&mut self) -> io::Result<Vec<Conn>>;
 }
@@ -585,6 +586,10 @@ pub struct OffloadStats {
     /// encrypts or checks its packets; the fast path would not).
     #[serde(default)]
     pub ended_ipsec: u64,
+    /// Removed because the policy rules changed and the kernel now routes
+    /// it elsewhere than the fast path would.
+    #[serde(default)]
+    pub ended_rerouted: u64,
     /// Removed because the kernel's entry for the same original tuple
     /// now has another reply tuple (another translation; its events were
     /// lost), then offloaded again with the kernel's.
@@ -646,6 +651,8 @@ enum Gone {
     TcpControl,
     /// An `IPsec` policy covers it now.
     Ipsec,
+    /// The policy rules route it elsewhere now.
+    Rerouted,
 }
 
 /// What one read of a connection's two XDP entries found.
@@ -731,6 +738,9 @@ struct Offloaded {
     /// The kernel has it assured: a TCP connection, a UDP flow assured
     /// when offloaded or marked so once a stream ([`Kernel::assure`]).
     assured: bool,
+    /// The connection's ct mark when offloaded (what marked `IPsec`
+    /// policies and policy rules select).
+    mark: u32,
 }
 
 /// After a resync whose dump failed, the next try; doubled after each
@@ -770,6 +780,9 @@ pub struct Offloader<T, K> {
     /// The `IPsec` policies' number ([`Kernel::ipsec_policies`]) when the
     /// offloaded connections were last checked against them.
     ipsec_seen: u64,
+    /// The policy rules' number ([`Kernel::routing_rules`]) when the
+    /// offloaded connections were last routed again.
+    rules_seen: u64,
     pub stats: OffloadStats,
 }
 
@@ -796,6 +809,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             resync_failed_in_row: 0,
             resync_retry_at_ns: 0,
             ipsec_seen: 0,
+            rules_seen: 0,
             stats: OffloadStats::default(),
         }
     }
@@ -975,23 +989,56 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // IPsec: what the kernel encrypts, holds for want of a security
         // association, or accepts only decrypted, the fast path would send
         // or let in as it is.
-        if crate::xfrm::covers(&self.kernel.ipsec_policies().0, &c.orig, &c.reply) {
+        if crate::xfrm::covers(self.kernel.ipsec_policies().0, &c.orig, &c.reply, c.mark) {
             return Err("ipsec_policy");
         }
-        if self.kernel.policy_routing(c.orig.src) {
+        if self.kernel.routing_rules().0[usize::from(c.orig.src.is_ipv6())] {
             let (inside, outside) = if orig_from_lan {
                 (self.lan, self.wan)
             } else {
                 (self.wan, self.lan)
             };
-            let out = self
-                .kernel
-                .forward_route(c.orig.src, c.reply.src, inside, c.mark);
-            let back = self
-                .kernel
-                .forward_route(c.reply.src, c.orig.src, outside, c.mark);
-            if out != Some(outside) || back != Some(inside) {
-                return Err("policy_route");
+            let ported = matches!(c.orig.proto, IPPROTO_TCP | IPPROTO_UDP);
+            // Each direction after its destination NAT, before its source
+            // NAT: the original one to the real destination (the reply's
+            // source), the reply one to the original source.
+            for (src, dst, iif, oif, ports) in [
+                (
+                    c.orig.src,
+                    c.reply.src,
+                    inside,
+                    outside,
+                    (c.orig.sport, c.reply.sport),
+                ),
+                (
+                    c.reply.src,
+                    c.orig.src,
+                    outside,
+                    inside,
+                    (c.reply.sport, c.orig.sport),
+                ),
+            ] {
+                let kernel = self.kernel.forward_route(&RouteQuery {
+                    src,
+                    dst,
+                    iif,
+                    mark: c.mark,
+                    proto: c.orig.proto,
+                    ports: ported.then_some(ports),
+                });
+                // What the data path's FIB lookup answers: no mark, no
+                // ports. It must be the same way, to the same next hop.
+                let fast = self.kernel.forward_route(&RouteQuery {
+                    src,
+                    dst,
+                    iif,
+                    mark: 0,
+                    proto: c.orig.proto,
+                    ports: None,
+                });
+                if kernel.map(|r| r.oif) != Some(oif) || fast != kernel {
+                    return Err("policy_route");
+                }
             }
         }
         Ok(orig_from_lan)
@@ -1100,6 +1147,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                     now_ns + UDP_STREAM_AFTER_NS
                 },
                 assured: stream,
+                mark: c.mark,
             },
         );
         self.stats.offloaded += 1;
@@ -1164,6 +1212,54 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         true
     }
 
+    /// The offloaded connections that the kernel's `IPsec` policies or
+    /// policy rules, changed since the last look, take back: as a set, and
+    /// with why.
+    fn no_longer_the_fast_paths(
+        &mut self,
+    ) -> (std::collections::HashSet<Tuple>, Vec<(Tuple, Gone)>) {
+        let mut gone = Vec::new();
+        // A new IPsec policy: the connections it covers go back to the
+        // kernel, which applies it.
+        let (policies, number) = self.kernel.ipsec_policies();
+        let mut covered = std::collections::HashSet::new();
+        if number != self.ipsec_seen {
+            self.ipsec_seen = number;
+            covered.extend(
+                self.flows
+                    .iter()
+                    .filter(|(orig, f)| crate::xfrm::covers(policies, orig, &f.reply, f.mark))
+                    .map(|(orig, _)| *orig),
+            );
+            gone.extend(covered.iter().map(|orig| (*orig, Gone::Ipsec)));
+        }
+        // Changed policy rules: the offloaded connections are routed again
+        // as at their offload; those the kernel now sends elsewhere than
+        // the fast path would go back to it.
+        let rules = self.kernel.routing_rules().1;
+        if rules != self.rules_seen {
+            self.rules_seen = rules;
+            let again: Vec<Conn> = self
+                .flows
+                .iter()
+                .filter(|(orig, _)| !covered.contains(*orig))
+                .map(|(orig, f)| Conn {
+                    orig: *orig,
+                    reply: f.reply,
+                    mark: f.mark,
+                    ..Conn::default()
+                })
+                .collect();
+            for c in again {
+                if self.direction(&c).is_err() {
+                    covered.insert(c.orig);
+                    gone.push((c.orig, Gone::Rerouted));
+                }
+            }
+        }
+        (covered, gone)
+    }
+
     /// The periodic pass: refresh the kernel timeout and extend the lease of
     /// every flow XDP forwarded since the last tick; forget flows whose XDP
     /// entries are gone or whose kernel entry is. Returns how many flows
@@ -1171,21 +1267,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// (`conntrack flush`, an eviction): a resync would offload them
     /// again.
     pub fn tick(&mut self, now_ns: u64) -> usize {
-        let mut gone = Vec::new();
-        // A new IPsec policy: the connections it covers go back to the
-        // kernel, which applies it.
-        let (policies, number) = self.kernel.ipsec_policies();
-        if number != self.ipsec_seen {
-            self.ipsec_seen = number;
-            gone.extend(
-                self.flows
-                    .iter()
-                    .filter(|(orig, f)| crate::xfrm::covers(&policies, orig, &f.reply))
-                    .map(|(orig, _)| (*orig, Gone::Ipsec)),
-            );
-        }
+        let (covered, mut gone) = self.no_longer_the_fast_paths();
         for (orig, f) in &mut self.flows {
-            if gone.iter().any(|(g, _)| g == orig) {
+            if covered.contains(orig) {
                 continue;
             }
             let Some(read) = f.keys.read(&self.table) else {
@@ -1257,6 +1341,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 Gone::Evicted => &mut self.stats.handed_back,
                 Gone::TcpControl => &mut self.stats.ended_tcp_control,
                 Gone::Ipsec => &mut self.stats.ended_ipsec,
+                Gone::Rerouted => &mut self.stats.ended_rerouted,
             } += 1;
         }
         evicted
@@ -1486,6 +1571,8 @@ mod tests {
         /// Forwarding routes `(src, dst, iif, mark) -> oif` under them;
         /// unlisted ones go where [`Kernel::route`] sends `dst`.
         forward: HashMap<(IpAddr, IpAddr, u32, u32), u32>,
+        /// Changes with the rules.
+        rules_number: u64,
         /// Forwarding routes asked.
         forward_asked: usize,
         /// `IPsec` policies and their number.
@@ -1537,22 +1624,23 @@ mod tests {
                 _ => Some(WAN),
             }
         }
-        fn policy_routing(&mut self, _addr: IpAddr) -> bool {
-            self.policy
+        fn routing_rules(&mut self) -> ([bool; 2], u64) {
+            ([self.policy; 2], self.rules_number)
         }
-        fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64) {
-            self.ipsec.clone()
+        fn ipsec_policies(&mut self) -> (&[crate::xfrm::Selector], u64) {
+            (&self.ipsec.0, self.ipsec.1)
         }
         fn assure(&mut self, orig: &Tuple) -> io::Result<()> {
             self.assured.push(*orig);
             Ok(())
         }
-        fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
+        fn forward_route(&mut self, q: &RouteQuery) -> Option<RouteAnswer> {
             self.forward_asked += 1;
             self.forward
-                .get(&(src, dst, iif, mark))
+                .get(&(q.src, q.dst, q.iif, q.mark))
                 .copied()
-                .or_else(|| self.route(dst))
+                .or_else(|| self.route(q.dst))
+                .map(|oif| RouteAnswer { oif, gateway: None })
         }
         fn dump(&mut self) -> io::Result<Vec<Conn>> {
             if self.dump_failures > 0 {
@@ -1710,7 +1798,7 @@ mod tests {
         let mut o = offloader(&[&c]);
         o.kernel.policy = true;
         o.conn(&c, 1);
-        assert_eq!((o.len(), o.kernel.forward_asked), (1, 2), "rules, same way");
+        assert_eq!((o.len(), o.kernel.forward_asked), (1, 4), "rules, same way");
         o.destroy(&c);
 
         // The mark selects the tunnel for the LAN host's packets.
@@ -1722,6 +1810,21 @@ mod tests {
         o.conn(&c, 1);
         assert_eq!(o.len(), 0);
         assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
+        // Rules that change while it is offloaded: routed again at the
+        // next tick, and ended now that the mark selects the tunnel.
+        let mut o = offloader(&[&c]);
+        o.kernel.policy = true;
+        o.conn(&c, 1);
+        o.tick(2);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (1, 0));
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 1), TUNNEL);
+        o.tick(3);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (1, 0), "rules unchanged");
+        o.kernel.rules_number += 1;
+        o.tick(4);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (0, 1));
         // The replies come in elsewhere than the LAN would send them.
         let mut o = offloader(&[&c]);
         o.kernel.policy = true;
@@ -1755,6 +1858,7 @@ mod tests {
             dst_len: 32,
             proto: 0,
             dir: 1,
+            mark: (0, 0),
         };
         let mut o = offloader(&[&covered, &other]);
         o.kernel.ipsec = (vec![to_server.clone()], 1);

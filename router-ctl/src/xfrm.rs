@@ -26,6 +26,13 @@ const SEL_PREFIXLEN_D: usize = 42;
 const SEL_PREFIXLEN_S: usize = 43;
 const SEL_PROTO: usize = 44;
 const DIR: usize = 160;
+/// `XFRMA_MARK` (`struct xfrm_mark { v, m }`): the policy selects packets
+/// whose mark masked by `m` is `v` (a VTI's key).
+const XFRMA_MARK: u16 = 21;
+/// `XFRMA_IF_ID`: the policy belongs to an xfrm interface.
+const XFRMA_IF_ID: u16 = 31;
+/// `XFRM_USERPOLICY_BLOCK` in `struct xfrm_userpolicy_default`.
+const DEFAULT_BLOCK: u8 = 1;
 
 /// What one policy selects: packets from `src/src_len` to `dst/dst_len`
 /// of protocol `proto` (0: any); ports are not compared (a wider match
@@ -40,15 +47,32 @@ pub struct Selector {
     pub dst_len: u8,
     pub proto: u8,
     pub dir: u8,
+    /// `(value, mask)`: only packets whose mark masked is the value
+    /// (`(0, 0)`: any).
+    pub mark: (u32, u32),
 }
 
 impl Selector {
-    /// Parses an `XFRM_MSG_NEWPOLICY` payload; `None` if it is short or a
-    /// socket policy.
+    /// Parses an `XFRM_MSG_NEWPOLICY` payload; `None` if it is short, a
+    /// socket policy, or an xfrm interface's (route-based `IPsec`: its
+    /// traffic is routed into that interface, which the daemon's routing
+    /// check already leaves to the kernel).
     #[must_use]
     pub fn parse(p: &[u8]) -> Option<Self> {
         if p.len() < USERPOLICY_INFO_LEN || p[DIR] >= DATABASE_DIRS {
             return None;
+        }
+        let mut mark = (0, 0);
+        for (t, d) in crate::nlmsg::attrs(&p[USERPOLICY_INFO_LEN..]) {
+            let word = |o: usize| {
+                d.get(o..o + 4)
+                    .map_or(0, |b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])))
+            };
+            match t {
+                XFRMA_IF_ID if word(0) != 0 => return None,
+                XFRMA_MARK => mark = (word(0), word(4)),
+                _ => {}
+            }
         }
         let family = u16::from_ne_bytes([p[SEL_FAMILY], p[SEL_FAMILY + 1]]);
         let addr = |o: usize| -> [u8; 16] { p[o..o + 16].try_into().unwrap_or([0; 16]) };
@@ -64,14 +88,34 @@ impl Selector {
             dst_len: p[SEL_PREFIXLEN_D],
             proto: p[SEL_PROTO],
             dir: p[DIR],
+            mark,
         })
     }
 
-    /// Whether a packet from `src` to `dst` of protocol `proto` is
-    /// selected.
+    /// A policy that selects every packet: the kernel's default policy
+    /// blocking what no policy allows.
     #[must_use]
-    pub fn selects(&self, src: IpAddr, dst: IpAddr, proto: u8) -> bool {
-        if self.v6.is_some_and(|v6| v6 != src.is_ipv6()) || self.proto != 0 && self.proto != proto {
+    pub const fn everything(dir: u8) -> Self {
+        Self {
+            v6: None,
+            src: [0; 16],
+            src_len: 0,
+            dst: [0; 16],
+            dst_len: 0,
+            proto: 0,
+            dir,
+            mark: (0, 0),
+        }
+    }
+
+    /// Whether a packet from `src` to `dst` of protocol `proto` with the
+    /// mark `mark` is selected.
+    #[must_use]
+    pub fn selects(&self, src: IpAddr, dst: IpAddr, proto: u8, mark: u32) -> bool {
+        if self.v6.is_some_and(|v6| v6 != src.is_ipv6())
+            || self.proto != 0 && self.proto != proto
+            || mark & self.mark.1 != self.mark.0
+        {
             return false;
         }
         in_prefix(src, &self.src, self.src_len) && in_prefix(dst, &self.dst, self.dst_len)
@@ -81,9 +125,16 @@ impl Selector {
 /// Whether `a` is in the prefix `net/len` (an IPv4 address in the first
 /// four bytes of `net`).
 fn in_prefix(a: IpAddr, net: &[u8; 16], len: u8) -> bool {
-    let bytes: Vec<u8> = match a {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
+    let (v4, v6);
+    let bytes: &[u8] = match a {
+        IpAddr::V4(a) => {
+            v4 = a.octets();
+            &v4
+        }
+        IpAddr::V6(a) => {
+            v6 = a.octets();
+            &v6
+        }
     };
     let len = usize::from(len).min(bytes.len() * 8);
     let (whole, rest) = (len / 8, len % 8);
@@ -97,10 +148,11 @@ fn in_prefix(a: IpAddr, net: &[u8; 16], len: u8) -> bool {
 }
 
 /// Whether a policy of `policies` selects a packet of the connection with
-/// original tuple `orig` and reply tuple `reply`, as the kernel sees it
-/// before, between and after its address translations, either way.
+/// original tuple `orig`, reply tuple `reply` and ct mark `mark` (which
+/// such setups copy into the packets), as the kernel sees it before,
+/// between and after its address translations, either way.
 #[must_use]
-pub fn covers(policies: &[Selector], orig: &Tuple, reply: &Tuple) -> bool {
+pub fn covers(policies: &[Selector], orig: &Tuple, reply: &Tuple, mark: u32) -> bool {
     let pairs = [
         (orig.src, orig.dst),
         (orig.src, reply.src),
@@ -109,17 +161,32 @@ pub fn covers(policies: &[Selector], orig: &Tuple, reply: &Tuple) -> bool {
         (reply.src, orig.src),
         (orig.dst, orig.src),
     ];
-    policies
-        .iter()
-        .any(|p| pairs.iter().any(|&(s, d)| p.selects(s, d, orig.proto)))
+    policies.iter().any(|p| {
+        pairs
+            .iter()
+            .any(|&(s, d)| p.selects(s, d, orig.proto, mark))
+    })
 }
 
-/// The policies of the current namespace's database.
+/// The policies of the current namespace's database, and a policy that
+/// selects everything for a default policy that blocks forwarded or
+/// outgoing packets no policy allows (`ip xfrm policy setdefault`: the
+/// kernel drops them; the fast path would carry them).
 pub fn policies() -> io::Result<Vec<Selector>> {
-    Ok(netlink::xfrm_policies()?
+    let mut all: Vec<Selector> = netlink::xfrm_policies()?
         .iter()
         .filter_map(|p| Selector::parse(p))
-        .collect())
+        .collect();
+    // struct xfrm_userpolicy_default: in, fwd, out. A kernel before 5.16
+    // has no defaults (refuses the request): none then.
+    if let Ok(Some([_, fwd, out])) = netlink::xfrm_defaults() {
+        for (dir, default) in [(2, fwd), (1, out)] {
+            if default == DEFAULT_BLOCK {
+                all.push(Selector::everything(dir));
+            }
+        }
+    }
+    Ok(all)
 }
 
 #[cfg(test)]
@@ -160,19 +227,38 @@ mod tests {
             tuple([192, 168, 50, 2], [10, 0, 0, 7]),
             tuple([10, 0, 0, 7], [192, 168, 50, 2]),
         );
-        assert!(covers(std::slice::from_ref(&site), &inner.0, &inner.1));
+        assert!(covers(std::slice::from_ref(&site), &inner.0, &inner.1, 0));
         // The reply direction's own packet matches a fwd policy the other
         // way round.
         let fwd = Selector::parse(&policy([10, 0, 0, 0], 24, [192, 168, 50, 0], 24, 2)).unwrap();
-        assert!(covers(&[fwd], &inner.0, &inner.1));
+        assert!(covers(&[fwd], &inner.0, &inner.1, 0));
         let masq = (
             tuple([192, 168, 50, 2], [198, 51, 100, 9]),
             tuple([198, 51, 100, 9], [203, 0, 113, 1]),
         );
-        assert!(!covers(&[site], &masq.0, &masq.1));
+        assert!(!covers(std::slice::from_ref(&site), &masq.0, &masq.1, 0));
         let wan_addr =
             Selector::parse(&policy([203, 0, 113, 1], 32, [198, 51, 100, 0], 24, 1)).unwrap();
-        assert!(covers(&[wan_addr], &masq.0, &masq.1));
+        assert!(covers(&[wan_addr], &masq.0, &masq.1, 0));
+        // A VTI's policy selects the packets its key marks; an xfrm
+        // interface's policy is that interface's; a blocking default
+        // selects everything.
+        let mut vti = policy([0; 4], 0, [0; 4], 0, 1);
+        let mut m = crate::nlmsg::Msg::attrs_only();
+        m.attr(
+            XFRMA_MARK,
+            &[5u32.to_ne_bytes(), u32::MAX.to_ne_bytes()].concat(),
+        );
+        vti.extend(m.0);
+        let vti = Selector::parse(&vti).unwrap();
+        assert!(!covers(std::slice::from_ref(&vti), &masq.0, &masq.1, 0));
+        assert!(covers(std::slice::from_ref(&vti), &masq.0, &masq.1, 5));
+        let mut xfrmi = policy([0; 4], 0, [0; 4], 0, 1);
+        let mut m = crate::nlmsg::Msg::attrs_only();
+        m.attr(XFRMA_IF_ID, &7u32.to_ne_bytes());
+        xfrmi.extend(m.0);
+        assert_eq!(Selector::parse(&xfrmi), None);
+        assert!(covers(&[Selector::everything(2)], &masq.0, &masq.1, 0));
         let socket = policy([0; 4], 0, [0; 4], 0, 3 + 1);
         assert_eq!(Selector::parse(&socket), None);
         assert_eq!(Selector::parse(&[0; 20]), None);

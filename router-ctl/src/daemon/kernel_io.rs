@@ -128,9 +128,10 @@ impl Table for PinnedTable {
 pub(super) struct NetlinkKernel {
     pub(super) ct: CtSocket,
     pub(super) routes: HashMap<IpAddr, u32>,
-    /// Whether IPv4's and IPv6's policy rules route by more than the
-    /// destination, and when that was read (`CLOCK_MONOTONIC` ns).
-    pub(super) policy: Option<(u64, [bool; 2])>,
+    /// When the policy rules were read (`CLOCK_MONOTONIC` ns), whether
+    /// IPv4's and IPv6's route by more than the destination, and their
+    /// hash.
+    pub(super) policy: Option<(u64, [bool; 2], u64)>,
     pub(super) ipsec: IpsecSeen,
 }
 
@@ -180,25 +181,28 @@ impl Kernel for NetlinkKernel {
         self.routes.insert(addr, oif);
         Some(oif)
     }
-    fn policy_routing(&mut self, addr: IpAddr) -> bool {
+    fn routing_rules(&mut self) -> ([bool; 2], u64) {
         let now = crate::clock::monotonic_ns();
-        let rules = match self.policy {
-            Some((at, rules)) if now.saturating_sub(at) < POLICY_RULES_FOR_NS => rules,
+        match self.policy {
+            Some((at, rules, number)) if now.saturating_sub(at) < POLICY_RULES_FOR_NS => {
+                (rules, number)
+            }
             _ => {
                 // Unread rules count as policy routing: each flow's route
-                // is asked then, which is right either way.
-                let read = |family| netlink::policy_routing(family).unwrap_or(true);
-                let rules = [read(2), read(10)];
-                self.policy = Some((now, rules));
-                rules
+                // is asked then, which is right either way; and as a
+                // change, so the offloaded flows are looked at again.
+                let read = |family| netlink::policy_rules(family).unwrap_or((true, u64::MAX));
+                let ((v4, h4), (v6, h6)) = (read(2), read(10));
+                let read = ([v4, v6], h4 ^ h6.rotate_left(1));
+                self.policy = Some((now, read.0, read.1));
+                read
             }
-        };
-        rules[usize::from(addr.is_ipv6())]
+        }
     }
     fn assure(&mut self, orig: &Tuple) -> io::Result<()> {
         self.ct.set_assured(orig)
     }
-    fn ipsec_policies(&mut self) -> (Vec<crate::xfrm::Selector>, u64) {
+    fn ipsec_policies(&mut self) -> (&[crate::xfrm::Selector], u64) {
         let now = crate::clock::monotonic_ns();
         let s = &mut self.ipsec;
         if s.read_at == 0 || now.saturating_sub(s.read_at) >= POLICY_RULES_FOR_NS {
@@ -225,9 +229,9 @@ impl Kernel for NetlinkKernel {
                 }
             }
         }
-        (s.policies.clone(), s.number)
+        (&s.policies, s.number)
     }
-    fn forward_route(&mut self, src: IpAddr, dst: IpAddr, iif: u32, mark: u32) -> Option<u32> {
-        netlink::route_forward(src, dst, iif, mark).ok().flatten()
+    fn forward_route(&mut self, q: &netlink::RouteQuery) -> Option<netlink::RouteAnswer> {
+        netlink::route_forward(q).ok().flatten()
     }
 }

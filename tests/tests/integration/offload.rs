@@ -1410,15 +1410,22 @@ fn rx_packets(t: &Topology, ns: Ns, dev: &str) -> u64 {
 }
 
 /// Policy routing by the connection's mark (multi-WAN or VPN split
-/// routing as mwan3 and pbr set it up: a new LAN connection gets a ct
-/// mark, its packets the mark, a rule routes the mark through a second
-/// uplink here called `vpn0`, not attached): the kernel sends the flow
-/// out of `vpn0`, so the daemon leaves it there (`policy_route`) instead
-/// of handing it to a fast path that would send it out of the WAN (the
-/// main table's way, with the tunnel's NAT address). Every datagram keeps
-/// arriving at the far end through the tunnel.
+/// routing as mwan3 and pbr set it up: a new LAN connection to one port
+/// gets a ct mark, its packets the mark, a rule routes the mark through a
+/// second uplink here called `vpn0`, not attached): the kernel sends that
+/// flow out of `vpn0`, so the daemon leaves it there (`policy_route`)
+/// instead of handing it to a fast path that would send it out of the WAN
+/// (the main table's way, with the tunnel's NAT address); every datagram
+/// keeps arriving at the far end through the tunnel. A flow the rules do
+/// not select is offloaded as ever; a rule added later that selects it by
+/// port (which the data path's FIB lookup does not see) takes it off the
+/// fast path at the daemon's next look (`ended_rerouted`).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence: topology, rules, two flows, a rule added later"
+)]
 fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
     const N: u32 = 30;
     let t = Topology::new();
@@ -1452,7 +1459,7 @@ fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
             "table inet fw {{
   chain prerouting {{
     type filter hook prerouting priority mangle; policy accept;
-    iifname \"{LAN_IF}\" ct state new ct mark set 1
+    iifname \"{LAN_IF}\" udp dport 7000 ct state new ct mark set 1
     iifname \"{LAN_IF}\" meta mark set ct mark
   }}
   chain forward {{
@@ -1475,28 +1482,41 @@ table ip nat {{
         sa(SERVER_ADDR, 7000),
         Duration::from_mins(1),
     );
+    let _srv2 = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7001),
+        Duration::from_mins(1),
+    );
     t.warm_neighbours();
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     let daemon = Daemon::start(&t, &[]);
-    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
-    let tunnel0 = rx_packets(&t, Ns::Server, "vpn1");
-    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    let offload = |t: &Topology, what: &str| {
+        crate::ctl::status(t).0["daemon"]["offload"][what]
+            .as_u64()
+            .unwrap_or(0)
+    };
     let refused = |t: &Topology| {
         crate::ctl::status(t).0["daemon"]["offload"]["not_offloaded"]["policy_route"]
             .as_u64()
             .unwrap_or(0)
     };
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+
+    let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    let tunnel0 = rx_packets(&t, Ns::Server, "vpn1");
+    assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
     wait_for_or_show(
-        "the daemon to leave the flow to the kernel",
+        "the daemon to leave the marked flow to the kernel",
         Duration::from_secs(10),
         || {
-            let _ = echoes(&udp, 1, Duration::ZERO);
+            let _ = echoes(&marked, 1, Duration::ZERO);
             refused(&t) > 0
         },
-        || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log()),
+        show,
     );
     let before = rx_packets(&t, Ns::Server, "vpn1");
-    assert_eq!(echoes(&udp, N, Duration::from_millis(20)), N);
+    assert_eq!(echoes(&marked, N, Duration::from_millis(20)), N);
     let through_tunnel = rx_packets(&t, Ns::Server, "vpn1") - before;
     assert!(
         through_tunnel >= u64::from(N),
@@ -1504,6 +1524,48 @@ table ip nat {{
         before - tunnel0
     );
     assert!(offloaded_rows(&t).is_empty(), "{:?}", offloaded_rows(&t));
+
+    // Not selected: offloaded under the same rules.
+    let plain = udp_client(&t, 42001, sa(SERVER_ADDR, 7001));
+    assert_eq!(echoes(&plain, 3, Duration::from_millis(100)), 3);
+    wait_for_or_show(
+        "the flow the rules do not select to be offloaded",
+        Duration::from_secs(10),
+        || {
+            let _ = echoes(&plain, 1, Duration::ZERO);
+            offloaded_rows(&t).len() == 1
+        },
+        show,
+    );
+    // A rule by port, added now: the kernel routes the flow through the
+    // tunnel; the data path's lookup has no ports, so only the daemon's
+    // new look at the offloaded flows takes it back.
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "ip", "rule", "add", "ipproto", "udp", "dport", "7001", "lookup", "100", "pref", "90",
+        ],
+    );
+    wait_for_or_show(
+        "the daemon to take the flow back after the new rule",
+        Duration::from_secs(10),
+        || offload(&t, "ended_rerouted") == 1 && offloaded_rows(&t).is_empty(),
+        show,
+    );
+    // The route changed under the flow: its first datagram may be lost
+    // while the kernel resolves the tunnel's next hop.
+    let before = rx_packets(&t, Ns::Server, "vpn1");
+    let answered = echoes(&plain, N, Duration::from_millis(20));
+    assert!(
+        answered >= N - 2,
+        "{answered} of {N} answered after the new rule"
+    );
+    let through_tunnel = rx_packets(&t, Ns::Server, "vpn1") - before;
+    assert!(
+        through_tunnel >= u64::from(answered),
+        "{through_tunnel} of the {answered} answered datagrams came through the tunnel after the \
+         new rule"
+    );
 }
 
 /// An `IPsec` policy added while a flow is offloaded (a tunnel brought up
