@@ -1205,6 +1205,43 @@ pub fn source_route_check(pin_dir: &Path) -> Option<Check> {
     Some(source_route_verdict(&wan, on("all")?, on(&wan)?))
 }
 
+/// Standalone mode: policy rules that select by what the data path's FIB
+/// lookup does not carry (mark, ports, user), reported under `routing` as
+/// `policy-rules`. The flows XDP admits take the way of an unmarked,
+/// portless packet; offload mode's daemon routes each connection as the
+/// kernel does and leaves those that differ in the kernel. `None` in
+/// offload mode, or with the rules unreadable.
+#[must_use]
+pub fn policy_rules_check(pin_dir: &Path) -> Option<Check> {
+    let standalone = PinnedMaps::at(pin_dir)
+        .read_config()
+        .is_ok_and(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8);
+    if !standalone {
+        return None;
+    }
+    let n = netlink::rules_beyond_fib(2).ok()? + netlink::rules_beyond_fib(10).ok()?;
+    Some(Check {
+        iface: "routing".to_owned(),
+        name: "policy-rules",
+        level: if n == 0 { Level::Ok } else { Level::Warn },
+        detail: if n == 0 {
+            "no policy rule selects by mark, port or user".to_owned()
+        } else {
+            format!(
+                "{n} policy rule(s) select by mark, port or user (ip rule), which the fast \
+                 path's route lookups do not carry: the flows standalone mode admits take the \
+                 way of an unmarked packet without ports (by source, destination and incoming \
+                 interface they are routed as the kernel routes them)"
+            )
+        },
+        fix: (n > 0).then(|| {
+            "router-ctl attach LAN WAN --admit kernel (offload mode routes each connection as \
+             the kernel does and leaves those that differ in the kernel)"
+                .to_owned()
+        }),
+    })
+}
+
 /// The kernel's `IPsec` policies (xfrm), which the fast path does not apply
 /// (`ipsec`, reported for the router under `xfrm`): offload mode leaves
 /// the connections they cover in the kernel, so a warning (the fast path
@@ -1439,6 +1476,7 @@ pub fn doctor(
     cs.extend(local_ports_check(netns, pin_dir));
     cs.extend(source_route_check(pin_dir));
     cs.extend(ipsec_check(pin_dir));
+    cs.extend(policy_rules_check(pin_dir));
     cs.extend(firewall_checks(netns, pin_dir));
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {

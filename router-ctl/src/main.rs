@@ -284,8 +284,8 @@ See examples/router.toml in the source tree for every field.")]
     /// tc rules the fast path's flows skip (`shaping`). For the router
     /// (`netfilter`, `sysctl`, `daemon`): forward rules standalone mode would bypass
     /// (`forward-rules`), source NAT rules beside its own (`source-nat`), the router's
-    /// local ports inside XDP's port range (`local-ports`), `IPsec` policies (`ipsec`). Exit
-    /// status 1 if a check failed.
+    /// local ports inside XDP's port range (`local-ports`), `IPsec` policies (`ipsec`), policy
+    /// rules standalone mode cannot follow (`policy-rules`). Exit status 1 if a check failed.
     #[command(
         after_help = "Examples:\n  router-ctl -n rtr doctor lan0 wan0\n  router-ctl doctor eth0 eth1 --json"
     )]

@@ -635,6 +635,35 @@ pub fn policy_rules(family: u8) -> io::Result<(bool, u64)> {
     Ok((rules.iter().any(|p| !kernel_default_rule(p)), h.finish()))
 }
 
+/// Selectors of a policy rule that the data path's FIB lookup does not
+/// carry (it passes source, destination, incoming interface, protocol and
+/// TOS): mark, ports, user, outgoing interface.
+const FRA_BEYOND_FIB: &[u16] = &[
+    10, // FRA_FWMARK
+    17, // FRA_OIFNAME
+    20, // FRA_UID_RANGE
+    23, // FRA_SPORT_RANGE
+    24, // FRA_DPORT_RANGE
+];
+
+/// How many policy rules of `family` look up a table for packets selected
+/// by what the data path's FIB lookup does not carry ([`FRA_BEYOND_FIB`]).
+pub fn rules_beyond_fib(family: u8) -> io::Result<usize> {
+    let s = Socket::new()?;
+    let mut hdr = [0u8; 12];
+    hdr[0] = family;
+    let msg = Msg::new(RTM_GETRULE, NLM_F_DUMP, &hdr).finish(1);
+    Ok(s.request(&msg, RTM_NEWRULE)?
+        .iter()
+        .filter(|p| {
+            p.get(7) == Some(&FR_ACT_TO_TBL)
+                && attrs(p.get(12..).unwrap_or_default())
+                    .iter()
+                    .any(|(t, _)| FRA_BEYOND_FIB.contains(t))
+        })
+        .count())
+}
+
 /// Whether the `RTM_NEWRULE` payload `p` is one of the rules the kernel
 /// starts with (to a default table, selecting nothing), or one that does
 /// not send a packet to a table (`unreachable`, `prohibit`, `blackhole`,

@@ -344,6 +344,54 @@ fn doctor_fails_when_the_kernel_accepts_source_routes_in_standalone_mode() {
     set(WAN_IF, 0);
 }
 
+/// Standalone mode: a policy rule by mark (or port) is one the fast
+/// path's route lookups do not carry: doctor warns (`policy-rules`) and
+/// points to offload mode, which checks each connection; a rule by source
+/// is followed by the data path and not reported; offload mode reports
+/// none.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn doctor_warns_of_policy_rules_standalone_mode_cannot_follow() {
+    let t = Topology::new();
+    t.warm_neighbours();
+    let out = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let rule = |args: &str| {
+        let mut cmd = vec!["ip"];
+        cmd.extend(args.split(' '));
+        t.exec_ok(Ns::Router, &cmd);
+    };
+    rule("route add blackhole default table 100");
+    rule("rule add from 192.168.50.0/24 lookup 100 pref 100");
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(check(&v, "routing", "policy-rules")["level"], "ok", "{v}");
+    rule("rule add fwmark 1 lookup 100 pref 101");
+    rule("-6 rule add ipproto udp dport 53 lookup 100 pref 102");
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    let c = check(&v, "routing", "policy-rules");
+    assert_eq!(c["level"], "warn", "{c}");
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("2 policy rule(s)"),
+        "{c}"
+    );
+    assert!(c["fix"].as_str().unwrap().contains("--admit kernel"), "{c}");
+    let out = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    assert!(out.status.success(), "attach: {}", stderr(&out));
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert!(
+        !v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "policy-rules"),
+        "offload mode: {v}"
+    );
+    t.router_ctl_ok(&["detach"]);
+}
+
 /// IPv4 forwarding off on the LAN interface (Debian's default for every
 /// interface): attach and doctor warn and name the sysctl; the data path
 /// passes what arrives there (`pass_fib_forwarding_disabled`) and nothing
