@@ -1297,6 +1297,24 @@ fn block_udp_port_now(t: &Topology, port: u16) {
     );
 }
 
+/// The router with the nftables firewall in offload mode, its daemon, a
+/// UDP echo on the server's port 7000 and the client's flow from port
+/// 42000 to it, offloaded.
+fn with_an_offloaded_udp_flow(t: &Topology) -> (JoinHandle<()>, Daemon, UdpSocket) {
+    install_firewall(t, Firewall::Nftables);
+    let srv = udp_echo(t, Ns::Server, sa(SERVER_ADDR, 7000), Duration::from_mins(1));
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(t, &[]);
+    let udp = udp_client(t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    wait_for(
+        "the UDP flow to be offloaded",
+        Duration::from_secs(10),
+        || offloaded_udp_42000(t).is_some(),
+    );
+    (srv, daemon, udp)
+}
+
 /// A firewall rule added later does not stop a flow already offloaded (as
 /// with `nf_flowtable`): its packets do not reach the firewall. Ending the
 /// flow in the kernel's conntrack (`conntrack -D`) does: the daemon ends
@@ -1307,23 +1325,8 @@ fn block_udp_port_now(t: &Topology, port: u16) {
 #[ignore = "needs root: run cargo xtask test"]
 fn offload_a_rule_added_later_stops_an_offloaded_flow_once_the_kernel_ends_it() {
     let t = Topology::new();
-    install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
-    let _daemon = Daemon::start(&t, &[]);
-    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
-    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
-    wait_for(
-        "the UDP flow to be offloaded",
-        Duration::from_secs(10),
-        || offloaded_udp_42000(&t).is_some(),
-    );
+    let (_srv, _daemon, udp) = with_an_offloaded_udp_flow(&t);
     block_udp_port_now(&t, 7000);
     assert_eq!(
         echoes(&udp, 3, Duration::from_millis(100)),
@@ -1577,23 +1580,8 @@ table ip nat {{
 #[ignore = "needs root: run cargo xtask test"]
 fn offload_ends_a_flow_an_ipsec_policy_now_covers() {
     let t = Topology::new();
-    install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
-    let daemon = Daemon::start(&t, &[]);
-    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
-    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
-    wait_for(
-        "the UDP flow to be offloaded",
-        Duration::from_secs(10),
-        || offloaded_udp_42000(&t).is_some(),
-    );
+    let (_srv, daemon, udp) = with_an_offloaded_udp_flow(&t);
     let (client, server) = (format!("{CLIENT_ADDR}/32"), format!("{SERVER_ADDR}/32"));
     t.exec_ok(
         Ns::Router,
