@@ -978,20 +978,20 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             (Some(f), Some(t)) if f == self.wan && t == self.lan => false,
             _ => return Err("not_lan_wan"),
         };
-        // With policy rules (multi-WAN, VPN split routing: by source, by
-        // mark, by incoming interface) the destination alone does not say
-        // where the kernel sends a packet: each direction's own route, as
-        // the kernel routes it (its source, the interface it arrives on,
-        // the connection's mark, which such setups copy into the packets),
-        // must be the attached interface the fast path sends it to. Else
-        // the flow stays in the kernel (the fast path would take the main
-        // table's way).
         // IPsec: what the kernel encrypts, holds for want of a security
         // association, or accepts only decrypted, the fast path would send
         // or let in as it is.
         if crate::xfrm::covers(self.kernel.ipsec_policies().0, &c.orig, &c.reply, c.mark) {
             return Err("ipsec_policy");
         }
+        // With policy rules (multi-WAN, VPN split routing: by source, mark,
+        // incoming interface, ports) the destination alone does not say
+        // where the kernel sends a packet: each direction's own route, as
+        // the kernel routes it (its source, the interface it arrives on,
+        // the connection's mark, which such setups copy into the packets,
+        // its ports), must be the attached interface the fast path sends
+        // it to, and the data path's own lookup must agree. Else the flow
+        // stays in the kernel.
         if self.kernel.routing_rules().0[usize::from(c.orig.src.is_ipv6())] {
             let (inside, outside) = if orig_from_lan {
                 (self.lan, self.wan)
