@@ -316,6 +316,12 @@ See examples/router.toml in the source tree for every field.")]
   kill -HUP PID        # the same by hand; PID: `status --json`'s daemon.pid (not pidof: other router-ctl runs)
   RUST_LOG=debug router-ctl run                  # every offloaded flow")]
     Run {
+        /// Offload mode: leave connections whose ct mark (masked by MASK, all bits when
+        /// left out) is MARK in the kernel, so the firewall's rules on established packets
+        /// (quotas, rate limits, DSCP or mark setting, counters) keep acting on them: mark
+        /// them on their first packet (`ct state new ct mark set 0x100`).
+        #[arg(long, value_name = "MARK[/MASK]", value_parser = parse::parse_mark)]
+        keep_in_kernel_mark: Option<(u32, u32)>,
         /// Seconds between refreshes of active flows' kernel timeouts and leases (1-30).
         #[arg(long, default_value_t = 2, value_name = "SECS",
               value_parser = clap::value_parser!(u64).range(1..=30))]
@@ -647,6 +653,7 @@ fn run(cli: Cli) -> Result<i32> {
             ))
         }
         Cmd::Run {
+            keep_in_kernel_mark,
             tick,
             config,
             poll_events,
@@ -660,6 +667,7 @@ fn run(cli: Cli) -> Result<i32> {
                 listener,
                 poll_events,
                 event_pace_rates,
+                keep_in_kernel_mark,
             },
         )
         .map(|()| 0),

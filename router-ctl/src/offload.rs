@@ -783,6 +783,9 @@ pub struct Offloader<T, K> {
     /// The policy rules' number ([`Kernel::routing_rules`]) when the
     /// offloaded connections were last routed again.
     rules_seen: u64,
+    /// Connections whose ct mark masked is this `(value, mask)` stay in
+    /// the kernel (`run --keep-in-kernel-mark`).
+    pub keep_in_kernel_mark: Option<(u32, u32)>,
     pub stats: OffloadStats,
 }
 
@@ -810,6 +813,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             resync_retry_at_ns: 0,
             ipsec_seen: 0,
             rules_seen: 0,
+            keep_in_kernel_mark: None,
             stats: OffloadStats::default(),
         }
     }
@@ -1045,6 +1049,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     }
 
     fn offload(&mut self, c: &Conn, now_ns: u64) {
+        // The owner's: its packets meet the firewall's rules on
+        // established packets in the kernel.
+        if self
+            .keep_in_kernel_mark
+            .is_some_and(|(value, mask)| c.mark & mask == value)
+        {
+            return self.refused("kept_by_mark");
+        }
         let orig_from_lan = match self.direction(c) {
             Ok(from_lan) => from_lan,
             Err(why) => return self.refused(why),
@@ -1878,6 +1890,25 @@ mod tests {
         assert!(o.flows.contains_key(&other.orig));
         o.tick(4);
         assert_eq!(o.stats.ended_ipsec, 1, "checked once per change");
+    }
+
+    /// `run --keep-in-kernel-mark`: a connection with the mark (under its
+    /// mask) stays in the kernel, one with another mark is offloaded.
+    #[test]
+    fn a_connection_with_the_kept_mark_stays_in_the_kernel() {
+        let mut kept = masq_udp(CONFIRMED | SEEN_REPLY);
+        kept.mark = 0x0123;
+        let mut other = masq_udp(CONFIRMED | SEEN_REPLY);
+        other.orig.sport = 5001;
+        other.reply.dport = 61001;
+        other.mark = 0x0200;
+        let mut o = offloader(&[&kept, &other]);
+        o.keep_in_kernel_mark = Some((0x0100, 0xff00));
+        o.conn(&kept, 1);
+        o.conn(&other, 1);
+        assert_eq!(o.len(), 1);
+        assert!(o.flows.contains_key(&other.orig));
+        assert_eq!(o.stats.not_offloaded.get("kept_by_mark"), Some(&1));
     }
 
     /// A UDP flow keeps the timeout the kernel would give it: replied but

@@ -75,6 +75,29 @@ pub fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
     Ok((lo, hi))
 }
 
+/// `--keep-in-kernel-mark MARK[/MASK]`: a connection mark as nftables
+/// and iptables write it (decimal or `0x` hexadecimal), the mask all ones
+/// when left out; a mark with bits outside its mask never matches.
+pub fn parse_mark(s: &str) -> Result<(u32, u32), String> {
+    let number = |t: &str| {
+        let t = t.trim();
+        t.strip_prefix("0x")
+            .or_else(|| t.strip_prefix("0X"))
+            .map_or_else(|| t.parse::<u32>(), |h| u32::from_str_radix(h, 16))
+            .map_err(|_| format!("{t:?} is not a 32-bit mark (decimal or 0x hexadecimal)"))
+    };
+    let (value, bits) = match s.split_once('/') {
+        Some((m, k)) => (number(m)?, number(k)?),
+        None => (number(s)?, u32::MAX),
+    };
+    if bits == 0 || value & !bits != 0 {
+        return Err(format!(
+            "{s:?}: the mark has bits outside its mask, or the mask is 0 (example: 0x100/0xff00)"
+        ));
+    }
+    Ok((value, bits))
+}
+
 /// `--max-flows N`, 1 ..= [`MAX_FLOWS_LIMIT`].
 pub fn parse_max_flows(s: &str) -> Result<u32, String> {
     let n: u64 = s
@@ -268,6 +291,23 @@ mod tests {
     use clap::ValueEnum as _;
 
     use super::*;
+
+    #[test]
+    fn marks_parse_with_or_without_a_mask() {
+        assert_eq!(parse_mark("0x100"), Ok((0x100, u32::MAX)));
+        assert_eq!(parse_mark("256/0xff00"), Ok((0x100, 0xff00)));
+        for bad in [
+            "",
+            "0x",
+            "x1",
+            "0x100/0",
+            "0x100/0xff",
+            "4294967296",
+            "1/2/3",
+        ] {
+            assert!(parse_mark(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn namespace_names_are_names() {

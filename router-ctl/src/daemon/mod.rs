@@ -151,6 +151,8 @@ pub struct RunOptions {
     /// The rates that switch between waiting for and polling conntrack
     /// events (tests set others to cross both switches).
     pub event_pace_rates: PaceRates,
+    /// Connections with this ct mark `(value, mask)` stay in the kernel.
+    pub keep_in_kernel_mark: Option<(u32, u32)>,
 }
 
 impl RunOptions {
@@ -189,7 +191,12 @@ impl Session {
     /// events (offload mode) and loads the kernel's table. Must run inside
     /// the runtime (the event socket registers with it). Its offload
     /// counters go on from `carried` (a re-opened session's).
-    fn open(ctx: &Ctx, carried: &OffloadStats, pacing: Pacing) -> Result<Self> {
+    fn open(
+        ctx: &Ctx,
+        carried: &OffloadStats,
+        pacing: Pacing,
+        kept: Option<(u32, u32)>,
+    ) -> Result<Self> {
         let maps = ctx.maps();
         // The map ids are read before the configuration: an attach
         // meanwhile gives new ids, which the next tick follows.
@@ -213,6 +220,7 @@ impl Session {
             KernelTimeouts::read(),
         );
         off.stats.clone_from(carried);
+        off.keep_in_kernel_mark = kept;
         let mut stale_pending_removed = 0;
         // Subscribe before the dump, so no event falls between the two.
         let events = if kernel_mode {
@@ -503,7 +511,11 @@ impl AttachedRouter {
 /// from the old session's, the old one's flows are left to their maps.
 fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
     let pacing = session.event_pace.pacing();
-    let old = std::mem::replace(session, Session::open(ctx, &session.off.stats, pacing)?);
+    let kept = session.off.keep_in_kernel_mark;
+    let old = std::mem::replace(
+        session,
+        Session::open(ctx, &session.off.stats, pacing, kept)?,
+    );
     session.stale_pending_removed += old.stale_pending_removed;
     Ok(())
 }
@@ -751,7 +763,12 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut session = Session::open(ctx, &OffloadStats::default(), opts.pacing())?;
+    let mut session = Session::open(
+        ctx,
+        &OffloadStats::default(),
+        opts.pacing(),
+        opts.keep_in_kernel_mark,
+    )?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),

@@ -1630,3 +1630,87 @@ fn offload_ends_a_flow_an_ipsec_policy_now_covers() {
     assert!(out.contains("1 IPsec policies"), "{out}");
     t.exec_ok(Ns::Router, &["ip", "xfrm", "policy", "flush"]);
 }
+
+/// `run --keep-in-kernel-mark`: connections the firewall marks on their
+/// first packet stay in the kernel, so its rules on established packets
+/// keep acting on them (here a quota, which an offloaded flow would skip),
+/// while other connections are offloaded as ever.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_keeps_connections_with_the_kept_mark_in_the_kernel() {
+    const N: u32 = 40;
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    load_nft(
+        t.ns_name(Ns::Router),
+        &format!(
+            "table inet fw {{
+  chain prerouting {{
+    type filter hook prerouting priority mangle; policy accept;
+    iifname \"{LAN_IF}\" udp dport 7000 ct state new ct mark set 0x100
+  }}
+  chain forward {{
+    type filter hook forward priority 0; policy drop;
+    ct mark 0x100 udp dport 7000 quota over 1000 bytes drop
+    ct state established,related accept
+    iifname \"{LAN_IF}\" accept
+  }}
+}}
+table ip nat {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat;
+    oifname \"{WAN_IF}\" masquerade
+  }}
+}}"
+        ),
+    );
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    let _srv2 = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7001),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &["--keep-in-kernel-mark", "0x100/0xff00"]);
+    let kept = |t: &Topology| {
+        crate::ctl::status(t).0["daemon"]["offload"]["not_offloaded"]["kept_by_mark"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let quota = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&quota, 3, Duration::from_millis(100)), 3);
+    wait_for_or_show(
+        "the daemon to keep the marked flow in the kernel",
+        Duration::from_secs(10),
+        || kept(&t) > 0,
+        || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log()),
+    );
+    // The quota (1000 bytes of the flow's datagrams to the server) ends it.
+    let answered = echoes(&quota, N, Duration::from_millis(10));
+    assert!(
+        answered < N,
+        "the quota did not act: {answered} of {N} answered"
+    );
+    assert!(
+        offloaded_rows(&t).is_empty(),
+        "the marked flow was offloaded: {:?}",
+        offloaded_rows(&t)
+    );
+    let plain = udp_client(&t, 42001, sa(SERVER_ADDR, 7001));
+    assert_eq!(echoes(&plain, 3, Duration::from_millis(100)), 3);
+    wait_for(
+        "the unmarked flow to be offloaded",
+        Duration::from_secs(10),
+        || {
+            let _ = echoes(&plain, 1, Duration::ZERO);
+            offloaded_rows(&t).len() == 1
+        },
+    );
+}
