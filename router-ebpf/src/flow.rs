@@ -487,6 +487,11 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool, state: bool)
         }
         if refresh {
             p.last_seen_ns = now;
+            // Its cached next hop goes with the refresh it no longer sees
+            // due (`cached_hop`): its next packet asks the FIB, so each
+            // direction follows a route or neighbour change within
+            // `REFRESH_NS`, not only the one that refreshes the pair.
+            p.hop_ifindex = 0;
         }
         return;
     }
@@ -570,6 +575,8 @@ pub fn touch(e: &mut FlowEntry, now: u64) {
         }
         if refresh {
             p.last_seen_ns = now;
+            // As in `sync_peer`: its next packet asks the FIB.
+            p.hop_ifindex = 0;
         }
     }
 }

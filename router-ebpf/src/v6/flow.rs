@@ -329,6 +329,9 @@ fn sync_peer(key: &FlowKey6, e: &FlowEntry6, now: u64, refresh: bool, state: boo
         }
         if refresh {
             p.last_seen_ns = now;
+            // Its cached next hop goes with the refresh (as IPv4's
+            // `sync_peer`): its next packet asks the FIB.
+            p.hop_ifindex = 0;
         }
         return;
     }

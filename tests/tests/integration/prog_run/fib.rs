@@ -278,6 +278,64 @@ fn next_hop_cache() {
     });
 }
 
+/// Each direction follows a route or neighbour change within the refresh
+/// interval, also the one whose entry the other direction refreshes: a
+/// busy outbound direction keeps both entries' last-seen times fresh, so
+/// the inbound one never came due and kept its cached next hop (a LAN
+/// host's old MAC, a gateway replaced) for as long as the flow ran. The
+/// refresh now takes the other entry's cached hop with it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn the_other_direction_asks_the_fib_again_at_each_refresh() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let (f, frame, out) = dns_query(&env);
+        let fwd = Counter::FwdOutbound;
+        r.redirect(
+            "open",
+            &frame,
+            lan,
+            &out,
+            fwd,
+            &[Counter::FlowNewMasquerade],
+        );
+        let a = Ipv4::new(SERVER, WAN, Udp::new(53, 41000, b"a"));
+        let answer = env.server_sends(&a);
+        let answered = env.to_client(&dnat(&a, CLIENT, 41000));
+        let fwd_in = Counter::FwdInbound;
+        r.redirect("answer", &answer, wan, &answered, fwd_in, &[]);
+        r.redirect("answer, cached", &answer, wan, &answered, fwd_in, &[]);
+        r.redirect("query, cached", &frame, lan, &out, fwd, &[]);
+        // The LAN host's MAC as the inbound entry cached it is now stale
+        // (doctored here), and only the outbound direction comes due.
+        let fake = [0x02, 0xde, 0xad, 0xbe, 0xef, 0x02];
+        let mut inbound = r.raw_entry(&f.reply());
+        assert_eq!(inbound.hop_ifindex, lan, "inbound hop cached");
+        inbound.hop_dmac = fake;
+        r.put(f.reply(), inbound);
+        let mut due = r.raw_entry(&f.orig);
+        due.last_seen_ns -= 2 * REFRESH_NS;
+        r.put(f.orig, due);
+        r.redirect("query, refresh", &frame, lan, &out, fwd, &[]);
+        assert_eq!(
+            r.raw_entry(&f.reply()).hop_ifindex,
+            0,
+            "the refresh took the inbound entry's cached hop"
+        );
+        // The answer asks the FIB: the client's real MAC, not the stale one.
+        r.redirect(
+            "answer after the refresh",
+            &answer,
+            wan,
+            &answered,
+            fwd_in,
+            &[],
+        );
+        assert_eq!(r.raw_entry(&f.reply()).hop_dmac, env.client_mac);
+    });
+}
+
 /// A policy rule on a LAN host's source (VPN split routing, multi-WAN):
 /// the kernel routes a packet before its source NAT, so the FIB is asked
 /// with the packet's own source, and the table the rule selects (here a

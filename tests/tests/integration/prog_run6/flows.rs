@@ -119,6 +119,25 @@ fn tcp6_outbound_flow_forwarded_exactly() {
         assert_eq!(cached.hop_ifindex, lan, "cached egress: {cached:?}");
         assert_eq!(cached.hop_dmac, env.client_mac);
         assert_eq!(cached.hop_smac, env.lan_mac);
+        // A refresh by the outbound direction takes the inbound entry's
+        // cached hop too: its next packet asks the FIB (a LAN host's new
+        // MAC is followed within the refresh interval).
+        let mut due = r.conntrack6()[&orig];
+        due.last_seen_ns -= 2 * router_common::flow::REFRESH_NS;
+        r.put6(&orig, &due);
+        r.redirect(
+            "data out again, refresh due",
+            &from_client(&env, &data),
+            lan,
+            &to_server(&env, &data),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        assert_eq!(
+            r.conntrack6()[&orig.reversed()].hop_ifindex,
+            0,
+            "the refresh took the inbound entry's cached hop"
+        );
         let fin = Ipv6::tcp(
             c,
             s,
