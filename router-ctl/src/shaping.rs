@@ -89,12 +89,19 @@ impl TcSeen {
         } else {
             Vec::new()
         };
+        // Counting tcx programs needs CAP_NET_ADMIN, which a `doctor` run
+        // with CAP_BPF alone lacks: not counted then (the qdiscs and
+        // filters, readable by anyone, still are).
+        let tcx = |attach_type| match bpfsys::prog_count(ifindex, attach_type) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(0),
+            r => r,
+        };
         Ok(Self {
             ingress_filters: kinds(INGRESS_HOOK)?,
             egress_filters,
             qdiscs,
-            tcx_ingress: bpfsys::prog_count(ifindex, bpfsys::TCX_INGRESS)?,
-            tcx_egress: bpfsys::prog_count(ifindex, bpfsys::TCX_EGRESS)?,
+            tcx_ingress: tcx(bpfsys::TCX_INGRESS)?,
+            tcx_egress: tcx(bpfsys::TCX_EGRESS)?,
         })
     }
 
