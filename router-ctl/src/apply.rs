@@ -68,16 +68,6 @@ struct RouterSection {
     bypass_forward_rules: Option<bool>,
 }
 
-impl RouterSection {
-    fn forward_rules(&self) -> ForwardRules {
-        if self.bypass_forward_rules == Some(true) {
-            ForwardRules::Bypass
-        } else {
-            ForwardRules::Refuse
-        }
-    }
-}
-
 /// A value a file may write as a string or a number.
 #[derive(Debug, Deserialize)]
 #[serde(
@@ -207,10 +197,14 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     parse_file_as(name, text, AdmitMode::default_for_attach)
 }
 
-/// The file as TOML of [`File`]'s shape; an error names the line, the
-/// column and the field.
-fn parse_toml(name: &str, text: &str) -> Result<File> {
-    toml::from_str(text).map_err(|e| {
+/// [`parse_file`] where `unstated` gives the admit mode of a file that
+/// states none ([`lifecycle::unstated_admit`]), asked only then.
+pub fn parse_file_as(
+    name: &str,
+    text: &str,
+    unstated: impl FnOnce() -> AdmitMode,
+) -> Result<Desired> {
+    let file: File = toml::from_str(text).map_err(|e| {
         let (line, col) = e.span().map_or((0, 0), |s| line_col(text, s.start));
         let field = e
             .span()
@@ -220,17 +214,7 @@ fn parse_toml(name: &str, text: &str) -> Result<File> {
             "{name}:{line}:{col}: {field}{}; nothing was changed",
             e.message().trim_end()
         )
-    })
-}
-
-/// [`parse_file`] where `unstated` gives the admit mode of a file that
-/// states none ([`lifecycle::unstated_admit`]), asked only then.
-pub fn parse_file_as(
-    name: &str,
-    text: &str,
-    unstated: impl FnOnce() -> AdmitMode,
-) -> Result<Desired> {
-    let file = parse_toml(name, text)?;
+    })?;
     let mut errs = Errors {
         name,
         text,
@@ -306,10 +290,11 @@ pub fn parse_file_as(
             max_flows: nat.max_flows,
             timeouts,
             force: false,
-            forward_rules: file
-                .router
-                .as_ref()
-                .map_or(ForwardRules::Refuse, RouterSection::forward_rules),
+            forward_rules: if file.router.and_then(|r| r.bypass_forward_rules) == Some(true) {
+                ForwardRules::Bypass
+            } else {
+                ForwardRules::Refuse
+            },
             bypass_how: None,
             reload: false,
             object: None,

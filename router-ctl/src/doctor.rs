@@ -1163,15 +1163,22 @@ fn parse_reserved_ports(s: &str) -> Option<Vec<(u16, u16)>> {
         .collect()
 }
 
+/// The configuration of the router pinned under `pin_dir` if it is
+/// attached in standalone mode (`--admit xdp`), which the router-wide
+/// checks of that mode ask.
+fn standalone_config(pin_dir: &Path) -> Option<Config> {
+    PinnedMaps::at(pin_dir)
+        .read_config()
+        .ok()
+        .filter(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8)
+}
+
 /// Standalone mode only (`--admit xdp`; in offload mode the kernel's NAT
 /// knows the router's own sockets): whether those take local ports inside
 /// XDP's range. The router of `netns` (the one this process runs in).
 #[must_use]
 pub fn local_ports_check(netns: Option<&str>, pin_dir: &Path) -> Option<Check> {
-    let cfg = PinnedMaps::at(pin_dir)
-        .read_config()
-        .ok()
-        .filter(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8)?;
+    let cfg = standalone_config(pin_dir)?;
     // The kernel NAT's ports are only in the attach record (`None`: it
     // has none, or --no-kernel-nat).
     let kernel_nat = state::load(netns)
@@ -1190,10 +1197,7 @@ pub fn local_ports_check(netns: Option<&str>, pin_dir: &Path) -> Option<Check> {
 /// has no firewall behind it, so any WAN host would reach any LAN host.
 #[must_use]
 pub fn source_route_check(pin_dir: &Path) -> Option<Check> {
-    let cfg = PinnedMaps::at(pin_dir)
-        .read_config()
-        .ok()
-        .filter(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8)?;
+    let cfg = standalone_config(pin_dir)?;
     let wan = netlink::ifname(cfg.wan_ifindex)?;
     let on = |conf: &str| {
         fs::read_to_string(format!(
@@ -1213,12 +1217,7 @@ pub fn source_route_check(pin_dir: &Path) -> Option<Check> {
 /// offload mode, or with the rules unreadable.
 #[must_use]
 pub fn policy_rules_check(pin_dir: &Path) -> Option<Check> {
-    let standalone = PinnedMaps::at(pin_dir)
-        .read_config()
-        .is_ok_and(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8);
-    if !standalone {
-        return None;
-    }
+    standalone_config(pin_dir)?;
     let n = netlink::rules_beyond_fib(2).ok()? + netlink::rules_beyond_fib(10).ok()?;
     Some(Check {
         iface: "routing".to_owned(),
@@ -1251,10 +1250,10 @@ pub fn policy_rules_check(pin_dir: &Path) -> Option<Check> {
 #[must_use]
 pub fn ipsec_check(pin_dir: &Path) -> Option<Check> {
     let policies = crate::xfrm::policies().ok()?;
-    let standalone = PinnedMaps::at(pin_dir)
-        .read_config()
-        .is_ok_and(|c| c.lan_ifindex != 0 && c.admit == Admit::Xdp as u8);
-    Some(ipsec_verdict(policies.len(), standalone))
+    Some(ipsec_verdict(
+        policies.len(),
+        standalone_config(pin_dir).is_some(),
+    ))
 }
 
 /// [`ipsec_check`]'s verdict for `n` policies, attached in standalone mode

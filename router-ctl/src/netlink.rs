@@ -623,16 +623,21 @@ fn route_get(
 /// `unreachable` rule), and a hash of them all, which changes with them.
 pub fn policy_rules(family: u8) -> io::Result<(bool, u64)> {
     use std::hash::{Hash as _, Hasher as _};
+    let rules = rules(family)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    rules.hash(&mut h);
+    Ok((rules.iter().any(|p| !kernel_default_rule(p)), h.finish()))
+}
+
+/// The `RTM_NEWRULE` payloads of a dump of `family`'s policy rules.
+fn rules(family: u8) -> io::Result<Vec<Vec<u8>>> {
     let s = Socket::new()?;
     // struct fib_rule_hdr: family, dst_len, src_len, tos, table, res1,
     // res2, action, flags (u32).
     let mut hdr = [0u8; 12];
     hdr[0] = family;
     let msg = Msg::new(RTM_GETRULE, NLM_F_DUMP, &hdr).finish(1);
-    let rules = s.request(&msg, RTM_NEWRULE)?;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    rules.hash(&mut h);
-    Ok((rules.iter().any(|p| !kernel_default_rule(p)), h.finish()))
+    s.request(&msg, RTM_NEWRULE)
 }
 
 /// Selectors of a policy rule that the data path's FIB lookup does not
@@ -649,11 +654,7 @@ const FRA_BEYOND_FIB: &[u16] = &[
 /// How many policy rules of `family` look up a table for packets selected
 /// by what the data path's FIB lookup does not carry ([`FRA_BEYOND_FIB`]).
 pub fn rules_beyond_fib(family: u8) -> io::Result<usize> {
-    let s = Socket::new()?;
-    let mut hdr = [0u8; 12];
-    hdr[0] = family;
-    let msg = Msg::new(RTM_GETRULE, NLM_F_DUMP, &hdr).finish(1);
-    Ok(s.request(&msg, RTM_NEWRULE)?
+    Ok(rules(family)?
         .iter()
         .filter(|p| {
             p.get(7) == Some(&FR_ACT_TO_TBL)

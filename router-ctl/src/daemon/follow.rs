@@ -80,13 +80,11 @@ impl LinkWatch {
         loop {
             match events.recv(buf) {
                 Ok(Some(events)) => {
-                    any |= events.iter().any(|e| !matches!(e, LinkEvent::Tc { .. }));
+                    let is_tc = |e: &LinkEvent| matches!(e, LinkEvent::Tc { .. });
+                    any |= !events.iter().all(is_tc);
                     if !tc
-                        && let Some(cfg) = events
-                            .iter()
-                            .any(|e| matches!(e, LinkEvent::Tc { .. }))
-                            .then(|| attached_config(ctx))
-                            .flatten()
+                        && events.iter().any(is_tc)
+                        && let Some(cfg) = attached_config(ctx)
                     {
                         tc = events.iter().any(|e| {
                             matches!(e, LinkEvent::Tc { ifindex }

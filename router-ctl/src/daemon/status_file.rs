@@ -172,10 +172,7 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
                  router-ctl's object)"
             );
         }
-        let shaping: Vec<&str> = d["shaping_skipped"]
-            .as_array()
-            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
-            .unwrap_or_default();
+        let shaping = strings(&d["shaping_skipped"]);
         if !shaping.is_empty() {
             let _ = write!(
                 line,
@@ -184,10 +181,7 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
                 shaping.join("; ")
             );
         }
-        let gone: Vec<&str> = d["interfaces_gone"]
-            .as_array()
-            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
-            .unwrap_or_default();
+        let gone = strings(&d["interfaces_gone"]);
         if !gone.is_empty() {
             let _ = write!(
                 line,
@@ -206,6 +200,14 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
     } else {
         "daemon: not running (standalone mode does not need it)".to_owned()
     }
+}
+
+/// The strings of the JSON array `v` (none if it is not one: an older
+/// daemon's status without the field).
+fn strings(v: &serde_json::Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 /// Adds to `d`, a stopped daemon's [`health_json`], what the fast path

@@ -271,6 +271,21 @@ pub(crate) fn counter(t: &Topology, name: &str) -> u64 {
     t.counter(name)
 }
 
+/// The daemon's offload counter `name` (`status --json`; 0 before it
+/// counted one).
+fn offload_count(t: &Topology, name: &str) -> u64 {
+    crate::ctl::status(t).0["daemon"]["offload"][name]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// How many connections the daemon left in the kernel for `reason`.
+fn not_offloaded(t: &Topology, reason: &str) -> u64 {
+    crate::ctl::status(t).0["daemon"]["offload"]["not_offloaded"][reason]
+        .as_u64()
+        .unwrap_or(0)
+}
+
 /// Offloaded flows in the XDP table (conntrack list rows marked offloaded).
 pub(crate) fn offloaded_rows(t: &Topology) -> Vec<serde_json::Value> {
     t.conntrack()
@@ -1494,16 +1509,6 @@ table ip nat {{
     t.warm_neighbours();
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     let daemon = Daemon::start(&t, &[]);
-    let offload = |t: &Topology, what: &str| {
-        crate::ctl::status(t).0["daemon"]["offload"][what]
-            .as_u64()
-            .unwrap_or(0)
-    };
-    let refused = |t: &Topology| {
-        crate::ctl::status(t).0["daemon"]["offload"]["not_offloaded"]["policy_route"]
-            .as_u64()
-            .unwrap_or(0)
-    };
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
 
     let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
@@ -1514,7 +1519,7 @@ table ip nat {{
         Duration::from_secs(10),
         || {
             let _ = echoes(&marked, 1, Duration::ZERO);
-            refused(&t) > 0
+            not_offloaded(&t, "policy_route") > 0
         },
         show,
     );
@@ -1552,7 +1557,7 @@ table ip nat {{
     wait_for_or_show(
         "the daemon to take the flow back after the new rule",
         Duration::from_secs(10),
-        || offload(&t, "ended_rerouted") == 1 && offloaded_rows(&t).is_empty(),
+        || offload_count(&t, "ended_rerouted") == 1 && offloaded_rows(&t).is_empty(),
         show,
     );
     // The route changed under the flow: its first datagram may be lost
@@ -1607,15 +1612,10 @@ fn offload_ends_a_flow_an_ipsec_policy_now_covers() {
             "tunnel",
         ],
     );
-    let ended = |t: &Topology| {
-        crate::ctl::status(t).0["daemon"]["offload"]["ended_ipsec"]
-            .as_u64()
-            .unwrap_or(0)
-    };
     wait_for_or_show(
         "the daemon to end the offload",
         Duration::from_secs(10),
-        || ended(&t) == 1 && offloaded_udp_42000(&t).is_none(),
+        || offload_count(&t, "ended_ipsec") == 1 && offloaded_udp_42000(&t).is_none(),
         || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log()),
     );
     let out0 = counter(&t, "fwd_outbound");
@@ -1679,17 +1679,12 @@ table ip nat {{
     t.warm_neighbours();
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     let daemon = Daemon::start(&t, &["--keep-in-kernel-mark", "0x100/0xff00"]);
-    let kept = |t: &Topology| {
-        crate::ctl::status(t).0["daemon"]["offload"]["not_offloaded"]["kept_by_mark"]
-            .as_u64()
-            .unwrap_or(0)
-    };
     let quota = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
     assert_eq!(echoes(&quota, 3, Duration::from_millis(100)), 3);
     wait_for_or_show(
         "the daemon to keep the marked flow in the kernel",
         Duration::from_secs(10),
-        || kept(&t) > 0,
+        || not_offloaded(&t, "kept_by_mark") > 0,
         || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log()),
     );
     // The quota (1000 bytes of the flow's datagrams to the server) ends it.
