@@ -223,12 +223,8 @@ pub fn next_hop(
         return Ok(h);
     }
     // A new LAN flow that is not routed anywhere (e.g. to the router
-    // itself) is not NAT's business either: `fib` passes it. Asked as the
-    // kernel routes the packet: with its own source (source NAT comes
-    // after routing) and the translated destination (destination NAT
-    // before it), so a policy rule on the LAN host's source (`ip rule
-    // from`: VPN split routing, multi-WAN) selects the same table.
-    let hop = fib(ctx, ip, get_addr(ip, ipv4::SRC), xlat.dst);
+    // itself) is not NAT's business either: `fib` passes it.
+    let hop = fib(ctx, ip, xlat.dst);
     let Some(e) = hit else {
         return hop;
     };

@@ -224,9 +224,7 @@ fn try_send(ctx: &XdpContext, first: bool) -> Step<Verdict> {
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };
     let (src, dst) = (s.record.new_src_addr, s.record.new_dst_addr);
-    // Routed with the fragment's own source, as the kernel routes it
-    // (`flow::next_hop`).
-    let hop = hop::fib_in(ctx, &mut s.fib, ip, get_addr(ip, ipv4::SRC), dst)?;
+    let hop = hop::fib_in(ctx, &mut s.fib, ip, dst)?;
     if !matches!(hop, Hop::Redirect { .. }) {
         return Err(NOT_CARRIED);
     }

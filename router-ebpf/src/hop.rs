@@ -133,8 +133,9 @@ pub fn path(ctx: &XdpContext, p: &mut FibParams) -> Option<(u32, u32)> {
     }
 }
 
-/// The next hop's MTU when the FIB refuses the IPv4 packet `ip`, with its
-/// addresses translated to `src` and `dst`, as larger than it
+/// The next hop's MTU when the FIB refuses the IPv4 packet `ip`, asked as
+/// [`fib`] asks it (its own source, the translated destination `dst`), as
+/// larger than it
 /// (`BPF_FIB_LKUP_RET_FRAG_NEEDED`, the MTU of `ip_mtu_from_fib_result`:
 /// the route's if locked or with `ip_forward_use_pmtu`, else a path MTU the
 /// router learned for the destination, else the egress device's); `None`
@@ -147,11 +148,10 @@ pub fn mtu_exceeded(
     ctx: &XdpContext,
     p: &mut FibParams,
     ip: &[u8; ipv4::LEN],
-    src: [u8; 4],
     dst: [u8; 4],
 ) -> Option<u16> {
     let tot_len = get_u16(ip, ipv4::TOT_LEN);
-    *p = params4(ip, src, dst, tot_len);
+    *p = params4(ip, get_addr(ip, ipv4::SRC), dst, tot_len);
     if call(ctx, p) != BPF_FIB_LKUP_RET_FRAG_NEEDED {
         return None;
     }
@@ -206,11 +206,15 @@ pub fn egress(ctx: &XdpContext, p: &mut FibParams) -> Option<u32> {
 }
 
 /// Asks the FIB for the next hop of the IPv4 packet `ip` once its
-/// addresses are `src` and `dst`. Not forwarded by the FIB (local,
-/// unreachable, needs fragmenting, forwarding off): passed with a reason.
+/// destination is `dst`, as the kernel routes it: with the packet's own
+/// source (source NAT comes after routing) and the translated destination
+/// (destination NAT before it), so a policy rule on a LAN host's source
+/// (`ip rule from`: VPN split routing, multi-WAN) selects the same table.
+/// Not forwarded by the FIB (local, unreachable, needs fragmenting,
+/// forwarding off): passed with a reason.
 #[inline(always)]
-pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], src: [u8; 4], dst: [u8; 4]) -> Step<Hop> {
-    let mut p = params4(ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
+pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], dst: [u8; 4]) -> Step<Hop> {
+    let mut p = params4(ip, get_addr(ip, ipv4::SRC), dst, get_u16(ip, ipv4::TOT_LEN));
     lookup(ctx, &mut p)
 }
 
@@ -222,10 +226,9 @@ pub fn fib_in(
     ctx: &XdpContext,
     p: &mut FibParams,
     ip: &[u8; ipv4::LEN],
-    src: [u8; 4],
     dst: [u8; 4],
 ) -> Step<Hop> {
-    *p = params4(ip, src, dst, get_u16(ip, ipv4::TOT_LEN));
+    *p = params4(ip, get_addr(ip, ipv4::SRC), dst, get_u16(ip, ipv4::TOT_LEN));
     lookup(ctx, p)
 }
 

@@ -115,17 +115,15 @@ pub fn forward(
             Counter::FwdInbound,
         )
     };
-    // Routed as the kernel routes it: the error's own source (source NAT
-    // comes after routing), the translated destination ([`crate::flow::next_hop`]).
-    let (src, dst) = if from_lan {
-        (get_addr(ip, ipv4::SRC), get_addr(ip, ipv4::DST))
+    let dst = if from_lan {
+        get_addr(ip, ipv4::DST)
     } else {
-        (get_addr(ip, ipv4::SRC), addr)
+        addr
     };
     if !forwardable_addr(dst) {
         return Err(Verdict::pass(Counter::PassFibNotForwarded));
     }
-    let hop = fib(ctx, ip, src, dst)?;
+    let hop = fib(ctx, ip, dst)?;
     let icmp: &mut [u8; icmp::LEN] = header(ctx, frame::L4)?;
     // The quoted TCP checksum is rewritten only if the error carries it.
     let tcp_check = if proto == IPPROTO_TCP && total_len >= min_len::ICMP_ERROR_TCP_CHECK {

@@ -26,7 +26,7 @@
 use aya_ebpf::{macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     checksum,
-    hdr::{eth, frame, get_addr, get_u16, icmp, ipv4, tcp, udp},
+    hdr::{eth, frame, get_u16, icmp, ipv4, tcp, udp},
     maps::{Counter, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, VMAC_IPV4},
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
@@ -195,9 +195,7 @@ fn try_send(ctx: &XdpContext) -> Step<Verdict> {
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };
     let (src, dst) = (s.src, s.dst);
-    // Routed with the packet's own source, as the kernel routes it
-    // (`flow::next_hop`).
-    let hop = hop::fib_in(ctx, &mut s.fib, ip, get_addr(ip, ipv4::SRC), dst)?;
+    let hop = hop::fib_in(ctx, &mut s.fib, ip, dst)?;
     if !matches!(hop, Hop::Redirect { .. }) {
         return Err(NOT_CARRIED);
     }

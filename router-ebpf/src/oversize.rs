@@ -147,10 +147,7 @@ fn finish(ctx: &XdpContext, v: Verdict) -> Verdict {
     };
     // SAFETY: per-CPU slot, used by this program run only.
     let s = unsafe { &mut *s };
-    // Routed with the packet's own source, as the kernel routes it
-    // (`flow::next_hop`).
-    let Some(mtu) = hop::mtu_exceeded(ctx, &mut s.fib, ip, get_addr(ip, ipv4::SRC), xlat.dst)
-    else {
+    let Some(mtu) = hop::mtu_exceeded(ctx, &mut s.fib, ip, xlat.dst) else {
         return v;
     };
     if df {
