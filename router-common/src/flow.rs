@@ -107,6 +107,8 @@ pub fn fill_new_flow(
     orig_entry.last_seen_ns = now_ns;
     orig_entry.created_ns = now_ns;
     orig_entry.clear_next_hop();
+    // The data path's own flows are routed as the packet is (no mark).
+    orig_entry.route_mark = 0;
     // The reply translates back to the reverse of the original packet.
     reply_entry.peer = *orig;
     reply_entry.new_src_addr = orig.dst_addr;
@@ -119,6 +121,7 @@ pub fn fill_new_flow(
     reply_entry.last_seen_ns = now_ns;
     reply_entry.created_ns = now_ns;
     reply_entry.clear_next_hop();
+    reply_entry.route_mark = 0;
 }
 
 /// The window tracking of (the opening, the answering) direction of a new

@@ -16,7 +16,13 @@
 //! [`LEASE_HANDED_BACK`]: crate::maps::LEASE_HANDED_BACK
 
 pub use crate::bpf_insn::Insn;
-use crate::bpf_insn::insn;
+use crate::bpf_insn::{
+    insn,
+    op::{
+        ALU64_ADD_K, ALU64_MOV_K, ALU64_MOV_X, ATOMIC_W, FP, JMP_CALL, JMP_EXIT, JMP_JNE_K,
+        JMP_JNE_X, LD_IMM64, LDX_DW, LDX_W, STX_DW, STX_W,
+    },
+};
 use crate::maps::{FlowEntry, FlowEntry6, FlowKey, FlowKey6};
 
 /// `BPF_PROG_TYPE_SYSCALL` (Linux >= 5.14): run only with `BPF_PROG_RUN`,
@@ -109,29 +115,12 @@ impl LeaseSwap {
     }
 }
 
-// Opcodes (include/uapi/linux/bpf.h, bpf_common.h).
-const LDX_W: u8 = 0x61;
-const LDX_DW: u8 = 0x79;
-const STX_W: u8 = 0x63;
-const STX_DW: u8 = 0x7b;
-/// `BPF_STX | BPF_W | BPF_ATOMIC`, with `imm` the operation.
-const ATOMIC_W: u8 = 0xc3;
 /// `BPF_CMPXCHG`: `r0 = cmpxchg(dst + off, r0, src)`.
 const CMPXCHG: i32 = 0xf0 | 0x01;
-const LD_IMM64: u8 = 0x18;
 /// `BPF_PSEUDO_MAP_FD` in `src_reg` of `LD_IMM64`: `imm` is a map fd.
 const PSEUDO_MAP_FD: u8 = 1;
-const ALU64_MOV_K: u8 = 0xb7;
-const ALU64_MOV_X: u8 = 0xbf;
-const ALU64_ADD_K: u8 = 0x07;
-const JMP_JNE_K: u8 = 0x55;
-const JMP_JNE_X: u8 = 0x5d;
-const JMP_CALL: u8 = 0x85;
-const JMP_EXIT: u8 = 0x95;
 /// `bpf_map_lookup_elem(map, key)`.
 const FN_MAP_LOOKUP_ELEM: i32 = 1;
-/// The frame pointer (read-only stack base).
-const FP: u8 = 10;
 /// Where the key is copied to on the stack: the frame's top `KEY_MAX`
 /// bytes.
 const KEY_STACK: i16 = -40;

@@ -70,6 +70,16 @@ pub const KERNEL_FLOWS_MAP: &str = "KERNEL_FLOWS";
 /// path may still send itself (see [`Counter::DropTtlExceededAnswered`]). Not
 /// pinned.
 pub const ICMP_ANSWER_BUDGET_MAP: &str = "ICMP_ANSWER_BUDGET";
+/// Array of `u32`, indexed by [`FlowEntry::route_mark`]: the routing marks
+/// the data path's FIB lookups of offloaded IPv4 flows carry
+/// (`BPF_FIB_LOOKUP_MARK`, Linux 6.10), so a connection the kernel routes
+/// by its mark (multi-WAN, VPN bypass: a ct mark copied into the packets
+/// and an `ip rule fwmark`) leaves by the same route on the fast path.
+/// Slot 0 is never used (no mark). Written by the offload daemon, which
+/// gives each mark it needs a slot and never reuses a slot for another
+/// mark while the map lives. Pinned, so a replace and a restarted daemon
+/// keep the slots the entries name.
+pub const ROUTE_MARKS_MAP: &str = "ROUTE_MARKS";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
@@ -104,6 +114,10 @@ pub const MAX_KERNEL_FLOWS: u32 = 16_384;
 /// a busy sender's next datagram under the same identification to
 /// another host is refused while the record lives.
 pub const FRAGMENT_TIMEOUT_NS: u64 = 5_000_000_000;
+/// Capacity of [`ROUTE_MARKS_MAP`], slot 0 included: the distinct marks
+/// the fast path can route by (multi-WAN setups use a few; connections
+/// with a mark beyond these stay in the kernel).
+pub const MAX_ROUTE_MARKS: u32 = 256;
 /// Capacity of the port-forward rule map.
 pub const MAX_PORT_FORWARDS: u32 = 1024;
 
@@ -258,7 +272,11 @@ pub struct FlowEntry {
     pub hop_mtu: u16,
     pub hop_dmac: [u8; 6],
     pub hop_smac: [u8; 6],
-    pub pad2: [u8; 2],
+    /// Offloaded flows only: the slot in [`ROUTE_MARKS_MAP`] of the mark
+    /// this flow's FIB lookups carry (both directions: the kernel routes
+    /// the connection's packets with its mark); 0: none, the lookup
+    /// carries no mark. It took the place of two padding bytes.
+    pub route_mark: u16,
     /// Offloaded flows only ([`FLAG_OFFLOADED`]): the data path carries the
     /// flow until this time, in [`LEASE_TICK_SHIFT`] ticks of
     /// `CLOCK_MONOTONIC`; after it, packets go to the kernel. The offload
@@ -361,7 +379,6 @@ impl FlowEntry {
         self.hop_mtu = 0;
         self.hop_dmac = [0; 6];
         self.hop_smac = [0; 6];
-        self.pad2 = [0; 2];
     }
 }
 

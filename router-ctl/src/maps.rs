@@ -16,7 +16,7 @@ use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, Counter, CounterValue,
     DEVICES_MAP, FlowEntry, FlowEntry6, FlowKey, FlowKey6, KERNEL_FLOWS_MAP, NAT_ENDPOINTS_MAP,
     NAT_MAPPINGS_MAP, NAT_PERMITS_MAP, PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6,
-    PortForwardKey, PortForwardTarget, VIRTUAL_MACS_MAP, VirtualMacKey,
+    PortForwardKey, PortForwardTarget, ROUTE_MARKS_MAP, VIRTUAL_MACS_MAP, VirtualMacKey,
 };
 
 use crate::pins::LINK_PINS;
@@ -36,6 +36,8 @@ pub type PortForwardsMap = HashMap<MapData, PortForwardKey, PortForwardTarget>;
 /// The VRRP virtual MACs accepted besides the interfaces' own, with their
 /// families (`VMAC_IPV4` | `VMAC_IPV6`).
 pub type VirtualMacsMap = HashMap<MapData, VirtualMacKey, u8>;
+/// The routing marks of offloaded flows, by slot.
+pub type RouteMarksMap = Array<MapData, u32>;
 /// The attached interfaces, the redirect targets.
 pub type DevicesMap = DevMapHash<MapData>;
 
@@ -52,8 +54,9 @@ impl PinnedMaps {
     /// The NAT mapping maps are pinned too, so that a replace (a new
     /// filtering setting, an upgrade) keeps the mappings of live flows, and
     /// so is `KERNEL_FLOWS`, so that the flows left to the kernel's NAT keep
-    /// its mapping across a replace.
-    pub const NAMES: [&'static str; 12] = [
+    /// its mapping across a replace, and `ROUTE_MARKS`, whose slots the
+    /// offloaded flows' entries name.
+    pub const NAMES: [&'static str; 13] = [
         COUNTERS_MAP,
         DEVICES_MAP,
         CONFIG_MAP,
@@ -66,12 +69,14 @@ impl PinnedMaps {
         NAT_PERMITS_MAP,
         VIRTUAL_MACS_MAP,
         KERNEL_FLOWS_MAP,
+        ROUTE_MARKS_MAP,
     ];
 
     /// The maps of [`Self::NAMES`] that a router attached by an earlier
     /// router-ctl lacks: a live replace creates them (`load_pinned` pins a
     /// missing map), so neither a replace nor `status` requires them.
-    pub const ADDED_LATER: [&'static str; 2] = [VIRTUAL_MACS_MAP, KERNEL_FLOWS_MAP];
+    pub const ADDED_LATER: [&'static str; 3] =
+        [VIRTUAL_MACS_MAP, KERNEL_FLOWS_MAP, ROUTE_MARKS_MAP];
 
     /// The maps every attached router has pinned: [`Self::NAMES`] but
     /// [`Self::ADDED_LATER`].
@@ -130,6 +135,10 @@ impl PinnedMaps {
 
     pub fn virtual_macs(&self) -> Result<VirtualMacsMap> {
         self.typed(VIRTUAL_MACS_MAP)
+    }
+
+    pub fn route_marks(&self) -> Result<RouteMarksMap> {
+        self.typed(ROUTE_MARKS_MAP)
     }
 
     pub fn devices(&self) -> Result<DevicesMap> {

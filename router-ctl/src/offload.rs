@@ -45,7 +45,7 @@ use std::{
 use router_common::lease_cas::LeaseSwap;
 use router_common::maps::{
     FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
-    FlowState, LEASE_HANDED_BACK, LEASE_PENDING, lease_tick,
+    FlowState, LEASE_HANDED_BACK, LEASE_PENDING, MAX_ROUTE_MARKS, lease_tick,
 };
 use serde::{Deserialize, Serialize};
 
@@ -212,6 +212,7 @@ pub fn entries(
     orig_from_lan: bool,
     now_ns: u64,
     lease: u32,
+    route_mark: u16,
 ) -> [(FlowKey, FlowEntry); 2] {
     let orig = flow_key(&c.orig);
     let reply = flow_key(&c.reply);
@@ -226,6 +227,7 @@ pub fn entries(
         flags: flags | side | FLAG_OFFLOADED,
         last_seen_ns: now_ns,
         created_ns: now_ns,
+        route_mark,
         lease,
         ..FlowEntry::default()
     };
@@ -276,6 +278,54 @@ pub trait Table {
     fn remove6(&mut self, k: &FlowKey6);
     /// [`Table::swap_lease`] in `CONNTRACK6`.
     fn swap_lease6(&mut self, k: &FlowKey6, expected: u32, new: u32) -> io::Result<LeaseSwap>;
+    /// The `ROUTE_MARKS` slots written (slot, mark), when the fast path can
+    /// route by a mark; `None` when it cannot (a kernel without
+    /// `BPF_FIB_LOOKUP_MARK`, or no `ROUTE_MARKS` pinned).
+    fn route_marks(&self) -> Option<Vec<(u16, u32)>>;
+    /// Writes `mark` into `ROUTE_MARKS` slot `slot`.
+    fn set_route_mark(&mut self, slot: u16, mark: u32) -> io::Result<()>;
+}
+
+/// The `ROUTE_MARKS` slots the offloader gave out: each mark it needed
+/// keeps its slot for as long as the map lives (a slot is never given
+/// another mark, so an entry never meets a mark it was not written for).
+#[derive(Debug, Default)]
+struct RouteMarks {
+    /// `false`: the fast path cannot route by a mark.
+    usable: bool,
+    slots: HashMap<u32, u16>,
+}
+
+impl RouteMarks {
+    /// The slots already written in `table`'s map.
+    fn of<T: Table>(table: &T) -> Self {
+        table
+            .route_marks()
+            .map_or_else(Self::default, |written| Self {
+                usable: true,
+                slots: written
+                    .into_iter()
+                    .filter(|&(slot, mark)| slot != 0 && mark != 0)
+                    .map(|(slot, mark)| (mark, slot))
+                    .collect(),
+            })
+    }
+
+    /// The slot of `mark` (written into `table`'s map if new); `Ok(None)`
+    /// when every slot is taken.
+    fn slot<T: Table>(&mut self, table: &mut T, mark: u32) -> io::Result<Option<u16>> {
+        if let Some(&slot) = self.slots.get(&mark) {
+            return Ok(Some(slot));
+        }
+        let Some(slot) = (1..u16::try_from(MAX_ROUTE_MARKS).unwrap_or(u16::MAX))
+            .find(|s| !self.slots.values().any(|taken| taken == s))
+        else {
+            return Ok(None);
+        };
+        table.set_route_mark(slot, mark)?;
+        self.slots.insert(mark, slot);
+        Ok(Some(slot))
+    }
 }
 
 /// The XDP keys of an offloaded connection: original direction, reply
@@ -741,6 +791,8 @@ struct Offloaded {
     /// The connection's ct mark when offloaded (what marked `IPsec`
     /// policies and policy rules select).
     mark: u32,
+    /// The mark its XDP entries' FIB lookups carry (0: none).
+    route_mark: u32,
 }
 
 /// After a resync whose dump failed, the next try; doubled after each
@@ -786,6 +838,7 @@ pub struct Offloader<T, K> {
     /// Connections whose ct mark masked is this `(value, mask)` stay in
     /// the kernel (`run --keep-in-kernel-mark`).
     pub keep_in_kernel_mark: Option<(u32, u32)>,
+    route_marks: RouteMarks,
     pub stats: OffloadStats,
 }
 
@@ -799,7 +852,6 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     pub fn new(table: T, kernel: K, lan: u32, wan: u32, timeouts: KernelTimeouts) -> Self {
         Self {
-            table,
             kernel,
             lan,
             wan,
@@ -814,7 +866,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             ipsec_seen: 0,
             rules_seen: 0,
             keep_in_kernel_mark: None,
+            route_marks: RouteMarks::of(&table),
             stats: OffloadStats::default(),
+            table,
         }
     }
 
@@ -970,16 +1024,24 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     }
 
     /// Whether `c`'s original direction comes from the LAN (`true`) or
-    /// the WAN, as the fast path would carry it; or why it would not.
-    fn direction(&mut self, c: &Conn) -> Result<bool, &'static str> {
+    /// the WAN, as the fast path would carry it, and the routing mark its
+    /// FIB lookups must carry (0: none; `carried` first, the mark an
+    /// offloaded connection's entries carry); or why it would not carry
+    /// it.
+    fn direction(&mut self, c: &Conn, carried: u32) -> Result<(bool, u32), &'static str> {
+        let rules = self.kernel.routing_rules().0[usize::from(c.orig.src.is_ipv6())];
         // The original direction arrives where the kernel routes its
         // source; it leaves where it routes the real destination (the
-        // reply's source, after DNAT).
+        // reply's source, after DNAT). With policy rules, where the
+        // destination's own route goes does not decide: the connection's
+        // route, asked below, does.
         let from = self.kernel.route(c.orig.src);
         let to = self.kernel.route(c.reply.src);
         let orig_from_lan = match (from, to) {
             (Some(f), Some(t)) if f == self.lan && t == self.wan => true,
             (Some(f), Some(t)) if f == self.wan && t == self.lan => false,
+            (Some(f), _) if rules && f == self.lan => true,
+            (Some(f), _) if rules && f == self.wan => false,
             _ => return Err("not_lan_wan"),
         };
         // IPsec: what the kernel encrypts, holds for want of a security
@@ -988,78 +1050,141 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         if crate::xfrm::covers(self.kernel.ipsec_policies().0, &c.orig, &c.reply, c.mark) {
             return Err("ipsec_policy");
         }
-        // With policy rules (multi-WAN, VPN split routing: by source, mark,
-        // incoming interface, ports) the destination alone does not say
-        // where the kernel sends a packet: each direction's own route, as
-        // the kernel routes it (its source, the interface it arrives on,
-        // the connection's mark, which such setups copy into the packets,
-        // its ports), must be the attached interface the fast path sends
-        // it to, and the data path's own lookup must agree. Else the flow
-        // stays in the kernel.
-        if self.kernel.routing_rules().0[usize::from(c.orig.src.is_ipv6())] {
-            let (inside, outside) = if orig_from_lan {
-                (self.lan, self.wan)
-            } else {
-                (self.wan, self.lan)
-            };
-            let ported = matches!(c.orig.proto, IPPROTO_TCP | IPPROTO_UDP);
-            // Each direction after its destination NAT, before its source
-            // NAT: the original one to the real destination (the reply's
-            // source), the reply one to the original source.
-            for (src, dst, iif, oif, ports) in [
-                (
-                    c.orig.src,
-                    c.reply.src,
-                    inside,
-                    outside,
-                    (c.orig.sport, c.reply.sport),
-                ),
-                (
-                    c.reply.src,
-                    c.orig.src,
-                    outside,
-                    inside,
-                    (c.reply.sport, c.orig.sport),
-                ),
-            ] {
-                let kernel = self.kernel.forward_route(&RouteQuery {
-                    src,
-                    dst,
-                    iif,
-                    mark: c.mark,
-                    proto: c.orig.proto,
-                    ports: ported.then_some(ports),
-                });
-                // What the data path's FIB lookup answers: no mark, no
-                // ports. It must be the same way, to the same next hop.
-                let fast = self.kernel.forward_route(&RouteQuery {
-                    src,
-                    dst,
-                    iif,
-                    mark: 0,
-                    proto: c.orig.proto,
-                    ports: None,
-                });
-                if kernel.map(|r| r.oif) != Some(oif) || fast != kernel {
-                    return Err("policy_route");
-                }
-            }
-        }
-        Ok(orig_from_lan)
+        let route_mark = if rules {
+            self.route_by_rules(c, orig_from_lan, carried)?
+        } else {
+            0
+        };
+        Ok((orig_from_lan, route_mark))
     }
 
-    fn offload(&mut self, c: &Conn, now_ns: u64) {
+    /// With policy rules (multi-WAN, VPN split routing: by source, mark,
+    /// incoming interface, ports) the destination alone does not say where
+    /// the kernel sends a packet: each direction's own route, as the
+    /// kernel routes it (its source, the interface it arrives on, the
+    /// connection's mark, which such setups copy into the packets, its
+    /// ports), must be the attached interface the fast path sends it to,
+    /// and the data path's own lookup must agree, to the same next hop:
+    /// without a mark, or (IPv4, a kernel whose `bpf_fib_lookup` takes
+    /// one) with the connection's mark in both directions, which is then
+    /// the mark returned (`carried` tried first). Else the flow stays in
+    /// the kernel.
+    fn route_by_rules(
+        &mut self,
+        c: &Conn,
+        orig_from_lan: bool,
+        carried: u32,
+    ) -> Result<u32, &'static str> {
+        let (inside, outside) = if orig_from_lan {
+            (self.lan, self.wan)
+        } else {
+            (self.wan, self.lan)
+        };
+        let ported = matches!(c.orig.proto, IPPROTO_TCP | IPPROTO_UDP);
+        // Each direction after its destination NAT, before its source NAT:
+        // the original one to the real destination (the reply's source),
+        // the reply one to the original source.
+        let directions = [
+            (
+                c.orig.src,
+                c.reply.src,
+                inside,
+                outside,
+                (c.orig.sport, c.reply.sport),
+            ),
+            (
+                c.reply.src,
+                c.orig.src,
+                outside,
+                inside,
+                (c.reply.sport, c.orig.sport),
+            ),
+        ];
+        let mut kernel_routes = [None; 2];
+        for (route, (src, dst, iif, oif, ports)) in kernel_routes.iter_mut().zip(directions) {
+            *route = self.kernel.forward_route(&RouteQuery {
+                src,
+                dst,
+                iif,
+                mark: c.mark,
+                proto: c.orig.proto,
+                ports: ported.then_some(ports),
+            });
+            if route.map(|r| r.oif) != Some(oif) {
+                return Err("policy_route");
+            }
+        }
+        // What the data path's FIB lookup answers: no ports, the mark
+        // tried (0 first: most marks are not for routing).
+        let by_mark = c.mark != 0 && c.orig.src.is_ipv4() && self.route_marks.usable;
+        let mut marks = vec![0];
+        if by_mark {
+            marks.insert(usize::from(carried != c.mark), c.mark);
+        }
+        for mark in marks {
+            let agrees =
+                directions
+                    .iter()
+                    .zip(kernel_routes)
+                    .all(|(&(src, dst, iif, _, _), kernel)| {
+                        self.kernel.forward_route(&RouteQuery {
+                            src,
+                            dst,
+                            iif,
+                            mark,
+                            proto: c.orig.proto,
+                            ports: None,
+                        }) == kernel
+                    });
+            if agrees {
+                return Ok(mark);
+            }
+        }
+        Err("policy_route")
+    }
+
+    /// The `ROUTE_MARKS` slot of `mark` (0 for none); `None`, counted,
+    /// when it has none and cannot get one.
+    fn route_slot(&mut self, mark: u32) -> Option<u16> {
+        if mark == 0 {
+            return Some(0);
+        }
+        match self.route_marks.slot(&mut self.table, mark) {
+            Ok(Some(slot)) => Some(slot),
+            Ok(None) => {
+                self.refused("route_marks_full");
+                None
+            }
+            Err(e) => {
+                self.stats.errors += 1;
+                tracing::warn!("offload: writing route mark {mark:#x}: {e}");
+                None
+            }
+        }
+    }
+
+    /// Whether the fast path may carry `c` by the owner's choice and the
+    /// kernel's routing: its original direction's side, its routing mark
+    /// and that mark's slot; `None`, counted, when not.
+    fn carried_as(&mut self, c: &Conn) -> Option<(bool, u32, u16)> {
         // The owner's: its packets meet the firewall's rules on
         // established packets in the kernel.
         if self
             .keep_in_kernel_mark
             .is_some_and(|(value, mask)| c.mark & mask == value)
         {
-            return self.refused("kept_by_mark");
+            self.refused("kept_by_mark");
+            return None;
         }
-        let orig_from_lan = match self.direction(c) {
-            Ok(from_lan) => from_lan,
-            Err(why) => return self.refused(why),
+        let (orig_from_lan, route_mark) =
+            self.direction(c, 0).map_err(|why| self.refused(why)).ok()?;
+        let route_slot = self.route_slot(route_mark)?;
+        Some((orig_from_lan, route_mark, route_slot))
+    }
+
+    fn offload(&mut self, c: &Conn, now_ns: u64) {
+        let Some((orig_from_lan, route_mark, route_slot)) = self.carried_as(c) else {
+            return;
         };
         let stream = c.has(status::ASSURED);
         let timeout = self.timeouts.of(c.orig.proto, stream);
@@ -1110,7 +1235,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // pending entry (the activation fails). None rides an entry whose
         // activation did not see it.
         let written = if c.orig.src.is_ipv4() {
-            let pair = entries(c, orig_from_lan, now_ns, LEASE_PENDING);
+            let pair = entries(c, orig_from_lan, now_ns, LEASE_PENDING, route_slot);
             write_pair(&mut self.table, &pair, T::insert, T::remove)
                 .map(|()| Keys::V4([pair[0].0, pair[1].0]))
         } else {
@@ -1160,6 +1285,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 },
                 assured: stream,
                 mark: c.mark,
+                route_mark,
             },
         );
         self.stats.offloaded += 1;
@@ -1251,19 +1377,24 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let rules = self.kernel.routing_rules().1;
         if rules != self.rules_seen {
             self.rules_seen = rules;
-            let again: Vec<Conn> = self
+            let again: Vec<(Conn, u32)> = self
                 .flows
                 .iter()
                 .filter(|(orig, _)| !covered.contains(*orig))
-                .map(|(orig, f)| Conn {
-                    orig: *orig,
-                    reply: f.reply,
-                    mark: f.mark,
-                    ..Conn::default()
+                .map(|(orig, f)| {
+                    let c = Conn {
+                        orig: *orig,
+                        reply: f.reply,
+                        mark: f.mark,
+                        ..Conn::default()
+                    };
+                    (c, f.route_mark)
                 })
                 .collect();
-            for c in again {
-                if self.direction(&c).is_err() {
+            for (c, route_mark) in again {
+                // Routed elsewhere, or now by another mark than the one
+                // its entries carry.
+                if self.direction(&c, route_mark).map(|(_, mark)| mark) != Ok(route_mark) {
                     covered.insert(c.orig);
                     gone.push((c.orig, Gone::Rerouted));
                 }
@@ -1491,6 +1622,8 @@ mod tests {
         BTreeMap<FlowKey6, FlowEntry6>,
         /// Hand back before the next compare-and-swap (once).
         bool,
+        /// `ROUTE_MARKS` (slot, mark); `None`: no routing by mark.
+        Option<Vec<(u16, u32)>>,
     );
 
     impl Table for MemTable {
@@ -1521,6 +1654,15 @@ mod tests {
         fn swap_lease6(&mut self, k: &FlowKey6, expected: u32, new: u32) -> io::Result<LeaseSwap> {
             self.data_path_before_swap();
             Ok(swap(self.1.get_mut(k).map(|e| &mut e.lease), expected, new))
+        }
+        fn route_marks(&self) -> Option<Vec<(u16, u32)>> {
+            self.3.clone()
+        }
+        fn set_route_mark(&mut self, slot: u16, mark: u32) -> io::Result<()> {
+            let marks = self.3.as_mut().ok_or(io::ErrorKind::Unsupported)?;
+            marks.retain(|&(s, _)| s != slot);
+            marks.push((slot, mark));
+            Ok(())
         }
     }
 
@@ -1743,7 +1885,7 @@ mod tests {
     #[test]
     fn entries_carry_the_kernels_mapping_both_ways() {
         let c = masq_udp(CONFIRMED | SEEN_REPLY);
-        let [(ok, o), (rk, r)] = entries(&c, true, 5, 9);
+        let [(ok, o), (rk, r)] = entries(&c, true, 5, 9, 0);
         assert_eq!(ok, flow_key(&c.orig));
         assert_eq!(rk, flow_key(&c.reply));
         // LAN -> WAN: source becomes the mapped WAN endpoint.
@@ -1759,7 +1901,7 @@ mod tests {
             assert_eq!((e.lease, e.state), (9, FlowState::UdpReplied as u8));
         }
         // A port forward: the original direction came in on the WAN.
-        let [(_, o), (_, r)] = entries(&c, false, 5, 9);
+        let [(_, o), (_, r)] = entries(&c, false, 5, 9, 0);
         assert!(!o.lan_side() && r.lan_side());
     }
 
@@ -1845,6 +1987,85 @@ mod tests {
             .insert((c.reply.src, c.orig.src, WAN, 1), TUNNEL);
         o.conn(&c, 1);
         assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
+    }
+
+    /// Policy rules that route a connection by its mark out of the WAN
+    /// while its route without one goes elsewhere (a VPN by default, the
+    /// marked connections bypassing it): carried with the mark in both
+    /// entries' FIB lookups, one `ROUTE_MARKS` slot per mark, on a kernel
+    /// whose `bpf_fib_lookup` takes one; else left to the kernel.
+    #[test]
+    fn a_connection_routed_by_its_mark_is_carried_with_it() {
+        const TUNNEL: u32 = 9;
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.mark = 0x100;
+        let mut other_port = c.clone();
+        other_port.orig.sport += 1;
+        other_port.reply.dport += 1;
+        let mut other_mark = other_port.clone();
+        other_mark.orig.sport += 1;
+        other_mark.reply.dport += 1;
+        other_mark.mark = 0x200;
+        let setup = |marks: Option<Vec<(u16, u32)>>| {
+            let mut o = offloader(&[&c, &other_port, &other_mark]);
+            o.kernel.policy = true;
+            o.kernel
+                .forward
+                .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+            o.table.3 = marks;
+            o.route_marks = RouteMarks::of(&o.table);
+            o
+        };
+        let mut o = setup(None);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 0);
+        assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
+
+        let mut o = setup(Some(vec![]));
+        for conn in [&c, &other_port, &other_mark] {
+            o.conn(conn, 1);
+        }
+        assert_eq!(o.len(), 3, "{:?}", o.stats);
+        let slot = |conn: &Conn| {
+            let e = |t| o.table.0.get(&flow_key(t)).map(|e| e.route_mark);
+            (e(&conn.orig), e(&conn.reply))
+        };
+        assert_eq!(slot(&c), (Some(1), Some(1)));
+        assert_eq!(
+            slot(&other_port),
+            (Some(1), Some(1)),
+            "the same mark's slot"
+        );
+        assert_eq!(slot(&other_mark), (Some(2), Some(2)));
+        assert_eq!(o.table.3, Some(vec![(1, 0x100), (2, 0x200)]));
+        // Rules that change: the connections whose marked route still is
+        // the kernel's stay, also where the mark-less one now agrees too.
+        o.kernel.forward.clear();
+        o.kernel.rules_number += 1;
+        o.tick(2);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (3, 0));
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0x100), TUNNEL);
+        o.kernel.rules_number += 1;
+        o.tick(3);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (1, 2));
+
+        // A daemon started again keeps the slots written; a full map
+        // leaves a connection with a new mark in the kernel.
+        let full: Vec<(u16, u32)> = (1..u16::try_from(MAX_ROUTE_MARKS).unwrap())
+            .map(|s| (s, 0x1000 + u32::from(s)))
+            .collect();
+        let mut o = setup(Some(full));
+        o.conn(&c, 1);
+        assert_eq!(o.stats.not_offloaded.get("route_marks_full"), Some(&1));
+        let mut o = setup(Some(vec![(7, 0x100)]));
+        o.conn(&c, 1);
+        assert_eq!(slot_of(&o, &c), Some(7));
+    }
+
+    fn slot_of(o: &Offloader<MemTable, FakeKernel>, c: &Conn) -> Option<u16> {
+        o.table.0.get(&flow_key(&c.orig)).map(|e| e.route_mark)
     }
 
     /// An `IPsec` policy that covers a connection keeps it in the kernel

@@ -19,8 +19,8 @@ use router_common::{
 
 use crate::{
     Step, Verdict,
-    hop::{Hop, fib, redirect_to},
-    maps::{CONNTRACK, event},
+    hop::{Hop, fib, fib_marked, redirect_to},
+    maps::{CONNTRACK, ROUTE_MARKS, event},
     parse::{Ingress, Packet, header},
 };
 
@@ -222,14 +222,19 @@ pub fn next_hop(
     if let Some(h) = cached {
         return Ok(h);
     }
-    // A new LAN flow that is not routed anywhere (e.g. to the router
-    // itself) is not NAT's business either: `fib` passes it.
-    let hop = fib(ctx, ip, xlat.dst);
     let Some(e) = hit else {
-        return hop;
+        // A new LAN flow that is not routed anywhere (e.g. to the router
+        // itself) is not NAT's business either: `fib` passes it.
+        return fib(ctx, ip, xlat.dst);
     };
     // SAFETY: map value pointer from the lookup.
     let e = unsafe { &mut *e };
+    let hop = match route_mark(e) {
+        Some(mark) => fib_marked(ctx, ip, xlat.dst, mark),
+        // A slot the map does not have: the kernel, which has the
+        // connection (only offloaded flows have marks), routes it.
+        None => Err(Verdict::pass(Counter::PassFibNotForwarded)),
+    };
     if let Ok(Hop::Redirect {
         ifindex,
         mtu,
@@ -254,6 +259,16 @@ pub fn next_hop(
         e.hop_ifindex = 0;
     }
     hop
+}
+
+/// The routing mark the hit `e`'s FIB lookups carry: 0 for none, else its
+/// slot's in `ROUTE_MARKS`; `None` for a slot beyond the map.
+#[inline(always)]
+fn route_mark(e: &FlowEntry) -> Option<u32> {
+    if e.route_mark == 0 {
+        return Some(0);
+    }
+    ROUTE_MARKS.get(u32::from(e.route_mark)).copied()
 }
 
 /// Whether the FIB refused `hop` only for a packet that the cached hop's
@@ -523,7 +538,8 @@ fn sync_peer(key: &FlowKey, e: &FlowEntry, now: u64, refresh: bool, state: bool)
         hop_mtu: 0,
         hop_dmac: [0; 6],
         hop_smac: [0; 6],
-        pad2: [0; 2],
+        // The flow's: the kernel routes both directions by its mark.
+        route_mark: e.route_mark,
         lease: e.lease,
         tcp: TcpWindow::default(),
         count: FlowCount::default(),

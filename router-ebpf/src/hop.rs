@@ -24,6 +24,12 @@ use crate::{Step, Verdict, maps::DEVICES};
 pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
 
 const AF_INET: u8 = 2;
+/// `BPF_FIB_LOOKUP_MARK` (Linux 6.10; aya's bindings predate it): the
+/// lookup's routing mark is `mark`, an input that shares its bytes with
+/// the output `smac` (else the lookup carries mark 0). Older kernels
+/// refuse the flag (`-EINVAL`): the offload daemon probes for it before it
+/// gives a flow a mark.
+const BPF_FIB_LOOKUP_MARK: u32 = 1 << 5;
 /// The smallest MTU an IPv4 link may have (RFC 791: a 60-byte header and
 /// an 8-byte fragment).
 const IPV4_MIN_MTU: u16 = 68;
@@ -214,8 +220,23 @@ pub fn egress(ctx: &XdpContext, p: &mut FibParams) -> Option<u32> {
 /// forwarding off): passed with a reason.
 #[inline(always)]
 pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], dst: [u8; 4]) -> Step<Hop> {
+    fib_marked(ctx, ip, dst, 0)
+}
+
+/// [`fib`] for a packet the kernel routes with the mark `mark` (0: none):
+/// an offloaded connection whose ct mark the owner's rules copy into its
+/// packets, so that an `ip rule fwmark` selects the same table on the
+/// fast path as in the kernel (multi-WAN, VPN bypass).
+#[inline(always)]
+pub fn fib_marked(ctx: &XdpContext, ip: &[u8; ipv4::LEN], dst: [u8; 4], mark: u32) -> Step<Hop> {
     let mut p = params4(ip, get_addr(ip, ipv4::SRC), dst, get_u16(ip, ipv4::TOT_LEN));
-    lookup(ctx, &mut p)
+    let flags = if mark == 0 {
+        0
+    } else {
+        p.smac[..4].copy_from_slice(&mark.to_ne_bytes());
+        BPF_FIB_LOOKUP_MARK
+    };
+    lookup_with(ctx, &mut p, flags)
 }
 
 /// [`fib`] with its parameters in `p` (a per-CPU map slot of the caller)
@@ -236,7 +257,14 @@ pub fn fib_in(
 /// the result into a [`Hop`] or a pass verdict.
 #[inline(always)]
 pub fn lookup(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
-    let reason = match call(ctx, p) {
+    lookup_with(ctx, p, 0)
+}
+
+/// [`lookup`] with the helper's `flags` (a forward lookup from the
+/// ingress interface either way).
+#[inline(always)]
+fn lookup_with(ctx: &XdpContext, p: &mut FibParams, flags: u32) -> Step<Hop> {
+    let reason = match call_on(ctx, p, ctx.ingress_ifindex() as u32, flags) {
         BPF_FIB_LKUP_RET_SUCCESS => {
             // SAFETY: on success the kernel wrote mtu_result (a union with
             // tot_len).

@@ -11,7 +11,7 @@ use router_common::{
     maps::{
         Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, FragmentKey,
         FragmentXlat, MAX_FRAGMENTED_DATAGRAMS, MAX_KERNEL_FLOWS, MAX_PORT_FORWARDS,
-        MAX_VIRTUAL_MACS, PortForwardKey, PortForwardTarget, VirtualMacKey,
+        MAX_ROUTE_MARKS, MAX_VIRTUAL_MACS, PortForwardKey, PortForwardTarget, VirtualMacKey,
     },
 };
 
@@ -52,6 +52,11 @@ pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentXlat> =
 #[map(name = "KERNEL_FLOWS")]
 pub static KERNEL_FLOWS: LruHashMap<FlowKey, u64> =
     LruHashMap::with_max_entries(MAX_KERNEL_FLOWS, 0);
+
+/// The marks offloaded flows are routed by, by slot (see
+/// `router_common::maps::ROUTE_MARKS_MAP`).
+#[map(name = "ROUTE_MARKS")]
+pub static ROUTE_MARKS: Array<u32> = Array::with_max_entries(MAX_ROUTE_MARKS, 0);
 
 /// `-EEXIST` from a `BPF_NOEXIST` update: the key is taken.
 pub const EEXIST: i32 = -17;

@@ -32,6 +32,10 @@ pub(super) struct PinnedTable {
     /// The lease compare-and-swap of each map (offload mode only).
     cas: Option<LeaseCas>,
     cas6: Option<LeaseCas>,
+    /// `ROUTE_MARKS`, in offload mode on a kernel whose `bpf_fib_lookup`
+    /// takes a mark (else connections routed by their mark stay in the
+    /// kernel).
+    route_marks: Option<crate::maps::RouteMarksMap>,
 }
 
 impl PinnedTable {
@@ -58,7 +62,45 @@ impl PinnedTable {
                 cas6 = Some(load(&lease_cas::conntrack6_program(fd))?);
             }
         }
-        Ok(Self { v4, v6, cas, cas6 })
+        let route_marks = if offload { route_marks(maps) } else { None };
+        Ok(Self {
+            v4,
+            v6,
+            cas,
+            cas6,
+            route_marks,
+        })
+    }
+}
+
+/// The pinned `ROUTE_MARKS`, if the fast path can route by a mark here.
+fn route_marks(maps: &crate::maps::PinnedMaps) -> Option<crate::maps::RouteMarksMap> {
+    match router_common::bpf_insn::fib_lookup_takes_a_mark() {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::info!(
+                "this kernel's bpf_fib_lookup takes no routing mark (BPF_FIB_LOOKUP_MARK, Linux \
+                 6.10): connections the kernel routes by their mark stay in the kernel"
+            );
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(
+                "probing bpf_fib_lookup for routing marks: {e}; connections the kernel routes \
+                 by their mark stay in the kernel"
+            );
+            return None;
+        }
+    }
+    match maps.route_marks() {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(
+                "{e:#}; connections the kernel routes by their mark stay in the kernel until \
+                 the router is attached again"
+            );
+            None
+        }
     }
 }
 
@@ -121,6 +163,24 @@ impl Table for PinnedTable {
         if let Some(m) = self.v6.as_mut() {
             let _ = m.remove(k);
         }
+    }
+    fn route_marks(&self) -> Option<Vec<(u16, u32)>> {
+        let m = self.route_marks.as_ref()?;
+        Some(
+            (1..u16::try_from(m.len()).unwrap_or(u16::MAX))
+                .filter_map(|slot| Some((slot, m.get(&u32::from(slot), 0).ok()?)))
+                .filter(|&(_, mark)| mark != 0)
+                .collect(),
+        )
+    }
+    fn set_route_mark(&mut self, slot: u16, mark: u32) -> io::Result<()> {
+        let Some(m) = self.route_marks.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no ROUTE_MARKS here",
+            ));
+        };
+        m.set(u32::from(slot), mark, 0).map_err(|e| io_error(&e))
     }
 }
 

@@ -14,8 +14,8 @@ use std::{
 };
 
 use tests::{
-    CLIENT_ADDR, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF, host::load_nft,
-    router_ctl_bin, socket_addr as sa,
+    CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, WAN_IF,
+    host::load_nft, router_ctl_bin, socket_addr as sa,
 };
 
 use crate::ctl::{DetachOnDrop, Stream, wait_for, wait_for_or_show};
@@ -1427,6 +1427,27 @@ fn rx_packets(t: &Topology, ns: Ns, dev: &str) -> u64 {
         .unwrap_or_else(|| panic!("no rx packets of {dev}: {out}"))
 }
 
+/// A second way from the router to the server: `vpn0` (10.8.0.1/30) to
+/// the server's `vpn1` (10.8.0.2/30), a tunnel or second uplink that is
+/// not attached.
+fn tunnel_to_server(t: &Topology) {
+    let server = t.ns_name(Ns::Server).to_owned();
+    for (ns, cmd) in [
+        (
+            Ns::Router,
+            format!("link add vpn0 type veth peer name vpn1 netns {server}"),
+        ),
+        (Ns::Router, "addr add 10.8.0.1/30 dev vpn0".to_owned()),
+        (Ns::Router, "link set vpn0 up".to_owned()),
+        (Ns::Server, "addr add 10.8.0.2/30 dev vpn1".to_owned()),
+        (Ns::Server, "link set vpn1 up".to_owned()),
+    ] {
+        let mut args = vec!["ip"];
+        args.extend(cmd.split(' '));
+        t.exec_ok(ns, &args);
+    }
+}
+
 /// Policy routing by the connection's mark (multi-WAN or VPN split
 /// routing as mwan3 and pbr set it up: a new LAN connection to one port
 /// gets a ct mark, its packets the mark, a rule routes the mark through a
@@ -1448,16 +1469,8 @@ fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
     const N: u32 = 30;
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    let server = t.ns_name(Ns::Server).to_owned();
+    tunnel_to_server(&t);
     for (ns, cmd) in [
-        (
-            Ns::Router,
-            format!("link add vpn0 type veth peer name vpn1 netns {server}"),
-        ),
-        (Ns::Router, "addr add 10.8.0.1/30 dev vpn0".to_owned()),
-        (Ns::Router, "link set vpn0 up".to_owned()),
-        (Ns::Server, "addr add 10.8.0.2/30 dev vpn1".to_owned()),
-        (Ns::Server, "link set vpn1 up".to_owned()),
         (
             Ns::Router,
             "route add default via 10.8.0.2 dev vpn0 table 100".to_owned(),
@@ -1574,6 +1587,126 @@ table ip nat {{
         "{through_tunnel} of the {answered} answered datagrams came through the tunnel after the \
          new rule"
     );
+}
+
+/// Policy routing by the connection's mark that sends a connection out of
+/// the attached WAN while the main table sends its destination elsewhere
+/// (pbr-style VPN bypass: the server's address is routed through `vpn0`,
+/// not attached, and a ct mark given to new LAN connections to one port
+/// selects a table whose routes go out of the WAN and back to the LAN):
+/// the daemon offloads the marked connection with its mark, and the data
+/// path's FIB lookups carry it (`BPF_FIB_LOOKUP_MARK`), so XDP forwards
+/// the datagrams out of the WAN, where the kernel sends them, none through
+/// the tunnel.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_carries_a_flow_routed_by_its_mark_with_the_mark() {
+    const N: u32 = 30;
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    tunnel_to_server(&t);
+    for (ns, cmd) in [
+        (
+            Ns::Router,
+            format!("route add {SERVER_ADDR}/32 via 10.8.0.2 dev vpn0"),
+        ),
+        (
+            Ns::Router,
+            format!("route add {} dev {WAN_IF} table 100", net24(SERVER_ADDR)),
+        ),
+        (
+            Ns::Router,
+            format!("route add {} dev {LAN_IF} table 100", net24(CLIENT_ADDR)),
+        ),
+        (
+            Ns::Router,
+            "rule add fwmark 0x100 lookup 100 pref 100".to_owned(),
+        ),
+    ] {
+        let mut args = vec!["ip"];
+        args.extend(cmd.split(' '));
+        t.exec_ok(ns, &args);
+    }
+    // No IPv6 of the router's own on the tunnel (router solicitations):
+    // what the server receives there is what the router forwards.
+    t.exec_ok(
+        Ns::Router,
+        &["sysctl", "-qw", "net.ipv6.conf.vpn0.disable_ipv6=1"],
+    );
+    load_nft(
+        t.ns_name(Ns::Router),
+        &format!(
+            "table inet fw {{
+  chain prerouting {{
+    type filter hook prerouting priority mangle; policy accept;
+    iifname \"{LAN_IF}\" udp dport 7000 ct state new ct mark set 0x100
+    meta mark set ct mark
+  }}
+  chain forward {{
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    iifname \"{LAN_IF}\" accept
+  }}
+}}
+table ip nat {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat;
+    oifname {{ \"{WAN_IF}\", \"vpn0\" }} masquerade
+  }}
+}}"
+        ),
+    );
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
+    wait_for_or_show(
+        "the daemon to offload the flow routed by its mark",
+        Duration::from_secs(10),
+        || {
+            let _ = echoes(&marked, 1, Duration::ZERO);
+            offloaded_rows(&t).len() == 1
+        },
+        show,
+    );
+    let (tunnel, wan) = (
+        rx_packets(&t, Ns::Server, "vpn1"),
+        rx_packets(&t, Ns::Server, HOST_IF),
+    );
+    let forwarded = counter(&t, "fwd_outbound");
+    assert_eq!(
+        echoes(&marked, N, Duration::from_millis(20)),
+        N,
+        "{}",
+        show()
+    );
+    let forwarded = counter(&t, "fwd_outbound") - forwarded;
+    assert!(
+        forwarded >= u64::from(N),
+        "XDP forwarded {forwarded} of the {N} datagrams to the server\n{}",
+        show()
+    );
+    assert_eq!(
+        rx_packets(&t, Ns::Server, "vpn1"),
+        tunnel,
+        "through the tunnel"
+    );
+    assert!(rx_packets(&t, Ns::Server, HOST_IF) - wan >= u64::from(N));
+    assert_eq!(not_offloaded(&t, "policy_route"), 0, "{}", show());
+}
+
+/// The /24 network of `a`.
+fn net24(a: Ipv4Addr) -> String {
+    let [x, y, z, _] = a.octets();
+    format!("{x}.{y}.{z}.0/24")
 }
 
 /// An `IPsec` policy added while a flow is offloaded (a tunnel brought up
