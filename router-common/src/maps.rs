@@ -70,6 +70,15 @@ pub const KERNEL_FLOWS_MAP: &str = "KERNEL_FLOWS";
 /// path may still send itself (see [`Counter::DropTtlExceededAnswered`]). Not
 /// pinned.
 pub const ICMP_ANSWER_BUDGET_MAP: &str = "ICMP_ANSWER_BUDGET";
+/// LRU hash of [`NextHopKey`] -> `u64` (`CLOCK_MONOTONIC` ns): the
+/// neighbours the fast path forwarded to, and when it last asked the FIB
+/// for one (a flow direction's next hop, about once a second). The kernel
+/// never sees those packets, so it would leave such a neighbour's entry
+/// STALE for good (`bpf_fib_lookup` neither confirms nor probes it): the
+/// daemon has the kernel re-validate the STALE ones in use (`NTF_USE`,
+/// what its own output path does on a STALE entry). Pinned, for the
+/// daemon.
+pub const NEXT_HOPS_MAP: &str = "NEXT_HOPS";
 /// Array of `u32`, indexed by [`FlowEntry::route_mark`]: the routing marks
 /// the data path's FIB lookups of offloaded IPv4 flows carry
 /// (`BPF_FIB_LOOKUP_MARK`, Linux 6.10), so a connection the kernel routes
@@ -114,6 +123,9 @@ pub const MAX_KERNEL_FLOWS: u32 = 16_384;
 /// a busy sender's next datagram under the same identification to
 /// another host is refused while the record lives.
 pub const FRAGMENT_TIMEOUT_NS: u64 = 5_000_000_000;
+/// Capacity of [`NEXT_HOPS_MAP`]: the neighbours in use at once (the LAN
+/// hosts with flows and the gateways; an LRU: the least used give way).
+pub const MAX_NEXT_HOPS: u32 = 4096;
 /// Capacity of [`ROUTE_MARKS_MAP`], slot 0 included: the distinct marks
 /// the fast path can route by (multi-WAN setups use a few; connections
 /// with a mark beyond these stay in the kernel).
@@ -577,6 +589,20 @@ pub struct FragmentXlat {
 }
 const _: () = assert!(core::mem::size_of::<FragmentXlat>() == 16);
 
+/// Key of [`NEXT_HOPS_MAP`]: a neighbour the fast path forwards to, as
+/// the kernel's neighbour table names it (the interface and the next hop's
+/// address: the gateway, or the destination on a link route).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NextHopKey {
+    pub ifindex: u32,
+    /// `AF_INET` (the address in the first 4 bytes, the rest zero) or
+    /// `AF_INET6`.
+    pub family: u32,
+    pub addr: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<NextHopKey>() == 24);
+
 /// Key of [`VIRTUAL_MACS_MAP`]: an attached interface and a MAC that frames
 /// arriving on it may be addressed to.
 #[repr(C)]
@@ -731,6 +757,7 @@ mod pod {
     unsafe impl aya::Pod for super::FlowEntry6 {}
     unsafe impl aya::Pod for super::PinholeKey6 {}
     unsafe impl aya::Pod for super::VirtualMacKey {}
+    unsafe impl aya::Pod for super::NextHopKey {}
     unsafe impl aya::Pod for super::MappingKey {}
     unsafe impl aya::Pod for super::Endpoint {}
     unsafe impl aya::Pod for super::Mapping {}

@@ -15,8 +15,9 @@ use aya::{
 use router_common::maps::{
     CONFIG_MAP, CONNTRACK_MAP, CONNTRACK6_MAP, COUNTERS_MAP, Config, Counter, CounterValue,
     DEVICES_MAP, FlowEntry, FlowEntry6, FlowKey, FlowKey6, KERNEL_FLOWS_MAP, NAT_ENDPOINTS_MAP,
-    NAT_MAPPINGS_MAP, NAT_PERMITS_MAP, PINHOLES6_MAP, PORT_FORWARDS_MAP, PinholeKey6,
-    PortForwardKey, PortForwardTarget, ROUTE_MARKS_MAP, VIRTUAL_MACS_MAP, VirtualMacKey,
+    NAT_MAPPINGS_MAP, NAT_PERMITS_MAP, NEXT_HOPS_MAP, NextHopKey, PINHOLES6_MAP, PORT_FORWARDS_MAP,
+    PinholeKey6, PortForwardKey, PortForwardTarget, ROUTE_MARKS_MAP, VIRTUAL_MACS_MAP,
+    VirtualMacKey,
 };
 
 use crate::pins::LINK_PINS;
@@ -36,6 +37,8 @@ pub type PortForwardsMap = HashMap<MapData, PortForwardKey, PortForwardTarget>;
 /// The VRRP virtual MACs accepted besides the interfaces' own, with their
 /// families (`VMAC_IPV4` | `VMAC_IPV6`).
 pub type VirtualMacsMap = HashMap<MapData, VirtualMacKey, u8>;
+/// The neighbours the fast path forwards to, and when it last did.
+pub type NextHopsMap = HashMap<MapData, NextHopKey, u64>;
 /// The routing marks of offloaded flows, by slot.
 pub type RouteMarksMap = Array<MapData, u32>;
 /// The attached interfaces, the redirect targets.
@@ -55,8 +58,9 @@ impl PinnedMaps {
     /// filtering setting, an upgrade) keeps the mappings of live flows, and
     /// so is `KERNEL_FLOWS`, so that the flows left to the kernel's NAT keep
     /// its mapping across a replace, and `ROUTE_MARKS`, whose slots the
-    /// offloaded flows' entries name.
-    pub const NAMES: [&'static str; 13] = [
+    /// offloaded flows' entries name, and `NEXT_HOPS`, which the daemon
+    /// reads.
+    pub const NAMES: [&'static str; 14] = [
         COUNTERS_MAP,
         DEVICES_MAP,
         CONFIG_MAP,
@@ -70,6 +74,7 @@ impl PinnedMaps {
         VIRTUAL_MACS_MAP,
         KERNEL_FLOWS_MAP,
         ROUTE_MARKS_MAP,
+        NEXT_HOPS_MAP,
     ];
 
     /// The maps of [`Self::NAMES`] that a router attached by an earlier
@@ -135,6 +140,10 @@ impl PinnedMaps {
 
     pub fn virtual_macs(&self) -> Result<VirtualMacsMap> {
         self.typed(VIRTUAL_MACS_MAP)
+    }
+
+    pub fn next_hops(&self) -> Result<NextHopsMap> {
+        self.typed(NEXT_HOPS_MAP)
     }
 
     pub fn route_marks(&self) -> Result<RouteMarksMap> {

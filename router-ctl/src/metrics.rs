@@ -399,6 +399,13 @@ fn encode_daemon_follow(
     )?;
     counter(
         enc,
+        "xdp_router_daemon_neighbours_revalidated",
+        "STALE neighbour entries of next hops only the fast path uses that the daemon had \
+             the kernel re-validate",
+        n("neighbours_revalidated"),
+    )?;
+    counter(
+        enc,
         "xdp_router_daemon_stale_pending_removed",
         "XDP entries left pending by an earlier daemon, removed",
         n("stale_pending_removed"),

@@ -26,6 +26,15 @@ const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
+const RTM_NEWNEIGH: u16 = 28;
+const RTM_GETNEIGH: u16 = 30;
+const NDA_DST: u16 = 1;
+/// `ndm_flags`: mark the entry used, as the kernel's output path does
+/// (`neigh_event_send`: a STALE entry goes to DELAY, then is probed).
+const NTF_USE: u8 = 0x01;
+/// `ndm_state`: valid but unconfirmed; the kernel re-validates it on its
+/// next use.
+pub const NUD_STALE: u16 = 0x04;
 const RTM_NEWNSID: u16 = 88;
 const RTM_GETNSID: u16 = 90;
 const RTM_NEWQDISC: u16 = 36;
@@ -627,6 +636,77 @@ pub fn policy_rules(family: u8) -> io::Result<(bool, u64)> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     rules.hash(&mut h);
     Ok((rules.iter().any(|p| !kernel_default_rule(p)), h.finish()))
+}
+
+/// One entry of the kernel's neighbour table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Neighbour {
+    pub ifindex: u32,
+    pub addr: IpAddr,
+    /// `NUD_*`.
+    pub state: u16,
+}
+
+/// The kernel's IPv4 and IPv6 neighbour entries.
+pub fn neighbours() -> io::Result<Vec<Neighbour>> {
+    let s = Socket::new()?;
+    let mut out = Vec::new();
+    for family in [libc::AF_INET, libc::AF_INET6] {
+        // struct ndmsg: family, pad (3), ifindex (i32), state (u16),
+        // flags, type.
+        let mut ndm = [0u8; 12];
+        ndm[0] = u8::try_from(family).unwrap_or(0);
+        let msg = Msg::new(RTM_GETNEIGH, NLM_F_DUMP, &ndm).finish(1);
+        out.extend(
+            s.request(&msg, RTM_NEWNEIGH)?
+                .iter()
+                .filter_map(|p| parse_neighbour(p)),
+        );
+    }
+    Ok(out)
+}
+
+fn parse_neighbour(p: &[u8]) -> Option<Neighbour> {
+    let ndm = p.get(..12)?;
+    let ifindex = u32::from_ne_bytes(ndm[4..8].try_into().ok()?);
+    let state = u16::from_ne_bytes(ndm[8..10].try_into().ok()?);
+    let addr = attrs(&p[12..])
+        .into_iter()
+        .find(|&(ty, _)| ty == NDA_DST)
+        .and_then(|(_, d)| match d.len() {
+            4 => Some(IpAddr::from(<[u8; 4]>::try_from(d).ok()?)),
+            16 => Some(IpAddr::from(<[u8; 16]>::try_from(d).ok()?)),
+            _ => None,
+        })?;
+    Some(Neighbour {
+        ifindex,
+        addr,
+        state,
+    })
+}
+
+/// Has the kernel use each neighbour entry of `entries` (`NTF_USE`, no
+/// `NLM_F_CREATE`: an entry that is gone stays gone), as its own output
+/// path does on a packet to it: a STALE entry is re-validated (DELAY, a
+/// unicast probe, a new resolution if that fails). The result of each.
+pub fn use_neighbours(entries: &[(u32, IpAddr)]) -> io::Result<Vec<io::Result<()>>> {
+    let s = Socket::new()?;
+    Ok(entries
+        .iter()
+        .map(|&(ifindex, addr)| {
+            let mut ndm = [0u8; 12];
+            let (family, octets) = match addr {
+                IpAddr::V4(a) => (libc::AF_INET, a.octets().to_vec()),
+                IpAddr::V6(a) => (libc::AF_INET6, a.octets().to_vec()),
+            };
+            ndm[0] = u8::try_from(family).unwrap_or(0);
+            ndm[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+            ndm[10] = NTF_USE;
+            let mut m = Msg::new(RTM_NEWNEIGH, NLM_F_ACK, &ndm);
+            m.attr(NDA_DST, &octets);
+            s.request(&m.finish(1), 0).map(|_| ())
+        })
+        .collect())
 }
 
 /// The `RTM_NEWRULE` payloads of a dump of `family`'s policy rules.

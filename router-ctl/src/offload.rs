@@ -477,6 +477,8 @@ pub trait Kernel {
     fn routing_rules(&mut self) -> ([bool; 2], u64);
     /// The route the kernel forwards the packet `q` by.
     fn forward_route(&mut self, q: &RouteQuery) -> Option<RouteAnswer>;
+    /// Whether `addr` is an address of interface `ifindex`.
+    fn address_of(&mut self, addr: IpAddr, ifindex: u32) -> bool;
     /// Marks the connection with original tuple `orig` assured
     /// (`IPS_ASSURED`), as the kernel marks a UDP stream.
     fn assure(&mut self, orig: &Tuple) -> io::Result<()>;
@@ -640,6 +642,10 @@ pub struct OffloadStats {
     /// it elsewhere than the fast path would.
     #[serde(default)]
     pub ended_rerouted: u64,
+    /// Removed because the connection's ct mark changed, then offloaded
+    /// again if it still may be.
+    #[serde(default)]
+    pub ended_remarked: u64,
     /// Removed because the kernel's entry for the same original tuple
     /// now has another reply tuple (another translation; its events were
     /// lost), then offloaded again with the kernel's.
@@ -956,6 +962,15 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                     self.stats.ended_remapped += 1;
                     self.offload_when_settled(c, now_ns);
                 }
+                // A new ct mark (`conntrack -U --mark`, a ruleset reload
+                // that marks again): what the offload was decided on (the
+                // kept mark, IPsec, the route and its mark) is looked at
+                // again, with the kernel carrying it meanwhile.
+                Some(f) if f.mark != c.mark => {
+                    self.end(&c.orig);
+                    self.stats.ended_remarked += 1;
+                    self.offload_when_settled(c, now_ns);
+                }
                 Some(_) => {}
             },
             Verdict::Wait(_) => {}
@@ -1037,11 +1052,23 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // route, asked below, does.
         let from = self.kernel.route(c.orig.src);
         let to = self.kernel.route(c.reply.src);
+        let attached = |i: Option<u32>| i == Some(self.lan) || i == Some(self.wan);
         let orig_from_lan = match (from, to) {
             (Some(f), Some(t)) if f == self.lan && t == self.wan => true,
             (Some(f), Some(t)) if f == self.wan && t == self.lan => false,
-            (Some(f), _) if rules && f == self.lan => true,
-            (Some(f), _) if rules && f == self.wan => false,
+            // A LAN connection whose destination the main table routes
+            // elsewhere (a VPN by default) that the kernel sent out of the
+            // WAN all the same (by its mark: a VPN bypass): masqueraded to
+            // a WAN address, which the kernel chose by the interface its
+            // first packet left on. The rules below must route it so.
+            (Some(f), t)
+                if rules
+                    && f == self.lan
+                    && !attached(t)
+                    && self.kernel.address_of(c.reply.dst, self.wan) =>
+            {
+                true
+            }
             _ => return Err("not_lan_wan"),
         };
         // IPsec: what the kernel encrypts, holds for want of a security
@@ -1050,10 +1077,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         if crate::xfrm::covers(self.kernel.ipsec_policies().0, &c.orig, &c.reply, c.mark) {
             return Err("ipsec_policy");
         }
+        // Without rules that select a table, no mark changes a route: the
+        // one the entries carry stays as good as none.
         let route_mark = if rules {
             self.route_by_rules(c, orig_from_lan, carried)?
         } else {
-            0
+            carried
         };
         Ok((orig_from_lan, route_mark))
     }
@@ -1725,6 +1754,9 @@ mod tests {
         /// Forwarding routes `(src, dst, iif, mark) -> oif` under them;
         /// unlisted ones go where [`Kernel::route`] sends `dst`.
         forward: HashMap<(IpAddr, IpAddr, u32, u32), u32>,
+        /// Main-table routes `addr -> oif` besides [`Kernel::route`]'s
+        /// fixed ones.
+        main: HashMap<IpAddr, u32>,
         /// Changes with the rules.
         rules_number: u64,
         /// Forwarding routes asked.
@@ -1770,6 +1802,9 @@ mod tests {
             }))
         }
         fn route(&mut self, addr: IpAddr) -> Option<u32> {
+            if let Some(&oif) = self.main.get(&addr) {
+                return Some(oif);
+            }
             match addr {
                 IpAddr::V4(a) if a.octets()[..3] == [192, 168, 50] => Some(LAN),
                 IpAddr::V4(a) if a.octets() == [203, 0, 113, 1] => Some(1),
@@ -1787,6 +1822,9 @@ mod tests {
         fn assure(&mut self, orig: &Tuple) -> io::Result<()> {
             self.assured.push(*orig);
             Ok(())
+        }
+        fn address_of(&mut self, addr: IpAddr, ifindex: u32) -> bool {
+            addr == IpAddr::from([203, 0, 113, 1]) && ifindex == WAN
         }
         fn forward_route(&mut self, q: &RouteQuery) -> Option<RouteAnswer> {
             self.forward_asked += 1;
@@ -2062,6 +2100,65 @@ mod tests {
         let mut o = setup(Some(vec![(7, 0x100)]));
         o.conn(&c, 1);
         assert_eq!(slot_of(&o, &c), Some(7));
+    }
+
+    /// With policy rules, a LAN connection whose destination the main
+    /// table sends into a tunnel is judged by its own route only when the
+    /// kernel masqueraded it to a WAN address (it left by the WAN): one
+    /// masqueraded to the tunnel's address stays in the kernel
+    /// (`not_lan_wan`), as does one between LAN hosts.
+    #[test]
+    fn a_connection_the_main_table_sends_elsewhere_needs_a_wan_address() {
+        const TUNNEL: u32 = 9;
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.mark = 0x100;
+        let mut via_tunnel = c.clone();
+        via_tunnel.orig.sport += 1;
+        via_tunnel.reply.dst = IpAddr::from([10, 8, 0, 1]);
+        let mut lan_to_lan = masq_udp(CONFIRMED | SEEN_REPLY);
+        lan_to_lan.orig.dst = IpAddr::from([192, 168, 50, 3]);
+        lan_to_lan.reply.src = lan_to_lan.orig.dst;
+        lan_to_lan.reply.dst = lan_to_lan.orig.src;
+        let mut o = offloader(&[&c, &via_tunnel, &lan_to_lan]);
+        o.kernel.policy = true;
+        o.kernel.main.insert(c.reply.src, TUNNEL);
+        o.table.3 = Some(vec![]);
+        o.route_marks = RouteMarks::of(&o.table);
+        // Its route without the mark: the main table's, the tunnel.
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+        // With the mark: out of the WAN, and back to the LAN.
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0x100), WAN);
+        for conn in [&c, &via_tunnel, &lan_to_lan] {
+            o.conn(conn, 1);
+        }
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert_eq!(slot_of(&o, &c), Some(1));
+        assert_eq!(o.stats.not_offloaded.get("not_lan_wan"), Some(&2));
+    }
+
+    /// A new ct mark on an offloaded connection ends its offload, which is
+    /// then decided again: carried on without a reason to refuse it, left
+    /// to the kernel under the kept mark.
+    #[test]
+    fn a_changed_mark_decides_the_offload_again() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&c]);
+        o.keep_in_kernel_mark = Some((0x100, 0xff00));
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        o.conn(&c, 2);
+        assert_eq!((o.len(), o.stats.ended_remarked), (1, 0), "same mark");
+        c.mark = 0x7;
+        o.conn(&c, 3);
+        assert_eq!((o.len(), o.stats.ended_remarked), (1, 1));
+        c.mark = 0x107;
+        o.conn(&c, 4);
+        assert_eq!((o.len(), o.stats.ended_remarked), (0, 2));
+        assert_eq!(o.stats.not_offloaded.get("kept_by_mark"), Some(&1));
     }
 
     fn slot_of(o: &Offloader<MemTable, FakeKernel>, c: &Conn) -> Option<u16> {

@@ -262,13 +262,18 @@ pub fn next_hop(
 }
 
 /// The routing mark the hit `e`'s FIB lookups carry: 0 for none, else its
-/// slot's in `ROUTE_MARKS`; `None` for a slot beyond the map.
+/// slot's in `ROUTE_MARKS`; `None` for a slot beyond the map or holding no
+/// mark (a lookup without one would take the route the daemon found not
+/// to be the connection's).
 #[inline(always)]
 fn route_mark(e: &FlowEntry) -> Option<u32> {
     if e.route_mark == 0 {
         return Some(0);
     }
-    ROUTE_MARKS.get(u32::from(e.route_mark)).copied()
+    ROUTE_MARKS
+        .get(u32::from(e.route_mark))
+        .copied()
+        .filter(|&m| m != 0)
 }
 
 /// Whether the FIB refused `hop` only for a packet that the cached hop's

@@ -14,12 +14,16 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use router_common::{
+    flow::REFRESH_NS,
     hdr::{eth, get_addr, get_u16, ipv4},
-    maps::Counter,
+    maps::{Counter, NextHopKey},
     nat::decrement_ttl,
 };
 
-use crate::{Step, Verdict, maps::DEVICES};
+use crate::{
+    Step, Verdict,
+    maps::{DEVICES, NEXT_HOPS},
+};
 
 pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
 
@@ -266,6 +270,7 @@ pub fn lookup(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
 fn lookup_with(ctx: &XdpContext, p: &mut FibParams, flags: u32) -> Step<Hop> {
     let reason = match call_on(ctx, p, ctx.ingress_ifindex() as u32, flags) {
         BPF_FIB_LKUP_RET_SUCCESS => {
+            note_neighbour(p);
             // SAFETY: on success the kernel wrote mtu_result (a union with
             // tot_len).
             let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
@@ -279,6 +284,44 @@ fn lookup_with(ctx: &XdpContext, p: &mut FibParams, flags: u32) -> Step<Hop> {
         _ => Counter::PassFibNotForwarded,
     };
     Err(Verdict::pass(reason))
+}
+
+/// Notes the neighbour a successful lookup `p` forwards to (its egress
+/// interface and next hop, which the kernel writes into the destination:
+/// the gateway, or the destination itself on a link route) as in use now
+/// in `NEXT_HOPS`, for the daemon to keep the kernel's entry valid. At
+/// most one write per neighbour and second (a hit asks the FIB about once
+/// a second per flow direction; the lookup alone writes nothing).
+// A subprogram of its own: its key stays off the callers' frames.
+#[inline(never)]
+fn note_neighbour(p: &FibParams) {
+    let mut key = NextHopKey {
+        ifindex: p.ifindex,
+        family: u32::from(p.family),
+        addr: [0; 16],
+    };
+    // SAFETY: the destination union holds the address of the family the
+    // kernel left in `family` (an IPv4 route may have an IPv6 gateway).
+    unsafe {
+        if p.family == AF_INET {
+            key.addr[..4].copy_from_slice(&p.__bindgen_anon_4.ipv4_dst.to_ne_bytes());
+        } else {
+            for (i, w) in p.__bindgen_anon_4.ipv6_dst.iter().enumerate() {
+                key.addr[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+            }
+        }
+    }
+    let now = crate::clock::now();
+    if let Some(t) = NEXT_HOPS.get_ptr_mut(&key) {
+        // SAFETY: map value pointer; a racing writer can only write a
+        // time as recent.
+        let t = unsafe { &mut *t };
+        if now.saturating_sub(*t) >= REFRESH_NS {
+            *t = now;
+        }
+    } else {
+        let _ = NEXT_HOPS.insert(&key, &now, 0);
+    }
 }
 
 /// Records the redirect to `ifindex` (an attached interface) for a packet

@@ -10,8 +10,9 @@ use router_common::{
     flow::expired,
     maps::{
         Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, FragmentKey,
-        FragmentXlat, MAX_FRAGMENTED_DATAGRAMS, MAX_KERNEL_FLOWS, MAX_PORT_FORWARDS,
-        MAX_ROUTE_MARKS, MAX_VIRTUAL_MACS, PortForwardKey, PortForwardTarget, VirtualMacKey,
+        FragmentXlat, MAX_FRAGMENTED_DATAGRAMS, MAX_KERNEL_FLOWS, MAX_NEXT_HOPS, MAX_PORT_FORWARDS,
+        MAX_ROUTE_MARKS, MAX_VIRTUAL_MACS, NextHopKey, PortForwardKey, PortForwardTarget,
+        VirtualMacKey,
     },
 };
 
@@ -57,6 +58,11 @@ pub static KERNEL_FLOWS: LruHashMap<FlowKey, u64> =
 /// `router_common::maps::ROUTE_MARKS_MAP`).
 #[map(name = "ROUTE_MARKS")]
 pub static ROUTE_MARKS: Array<u32> = Array::with_max_entries(MAX_ROUTE_MARKS, 0);
+
+/// The neighbours in use and when (see
+/// `router_common::maps::NEXT_HOPS_MAP`).
+#[map(name = "NEXT_HOPS")]
+pub static NEXT_HOPS: LruHashMap<NextHopKey, u64> = LruHashMap::with_max_entries(MAX_NEXT_HOPS, 0);
 
 /// `-EEXIST` from a `BPF_NOEXIST` update: the key is taken.
 pub const EEXIST: i32 = -17;

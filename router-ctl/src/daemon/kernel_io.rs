@@ -96,8 +96,8 @@ fn route_marks(maps: &crate::maps::PinnedMaps) -> Option<crate::maps::RouteMarks
         Ok(m) => Some(m),
         Err(e) => {
             tracing::warn!(
-                "{e:#}; connections the kernel routes by their mark stay in the kernel until \
-                 the router is attached again"
+                "{e:#}; connections the kernel routes by their mark stay in the kernel (a \
+                 replace by this router-ctl pins the map; then restart the daemon)"
             );
             None
         }
@@ -188,6 +188,8 @@ impl Table for PinnedTable {
 pub(super) struct NetlinkKernel {
     pub(super) ct: CtSocket,
     pub(super) routes: HashMap<IpAddr, u32>,
+    /// The interfaces' addresses, read when first needed in a tick.
+    pub(super) addrs: Option<Vec<(u32, IpAddr)>>,
     /// When the policy rules were read (`CLOCK_MONOTONIC` ns), whether
     /// IPv4's and IPv6's route by more than the destination, and their
     /// hash.
@@ -240,6 +242,14 @@ impl Kernel for NetlinkKernel {
         let oif = netlink::route_oif(addr).ok().flatten()?;
         self.routes.insert(addr, oif);
         Some(oif)
+    }
+    fn address_of(&mut self, addr: IpAddr, ifindex: u32) -> bool {
+        if self.addrs.is_none() {
+            self.addrs = netlink::addrs_by_ifindex().ok();
+        }
+        self.addrs
+            .as_ref()
+            .is_some_and(|a| a.contains(&(ifindex, addr)))
     }
     fn routing_rules(&mut self) -> ([bool; 2], u64) {
         let now = crate::clock::monotonic_ns();

@@ -6,7 +6,9 @@
 //! `metrics` read. In both modes it follows the attached interfaces over
 //! rtnetlink: a new MAC address goes into the data path's configuration
 //! (which passes frames not addressed to it to the kernel), a deleted
-//! interface is reported. Foreground; stops on SIGINT or SIGTERM.
+//! interface is reported; and it has the kernel re-validate the STALE
+//! neighbour entries of the next hops the fast path uses
+//! ([`neighbours`]). Foreground; stops on SIGINT or SIGTERM.
 //! Offloaded flows outlive it until their lease runs out, then the kernel
 //! carries them.
 
@@ -45,6 +47,7 @@ use crate::{
 
 mod follow;
 mod kernel_io;
+mod neighbours;
 mod status_file;
 
 use follow::{LinkWatch, LookedAt, look_again};
@@ -184,6 +187,8 @@ struct Session {
     /// resync puts them back. (Not after evictions: under table pressure a
     /// resync would only evict others.)
     flushed_seen: Option<u64>,
+    /// The next hops the data path uses, kept valid in the kernel.
+    neighbours: neighbours::NeighbourUse,
 }
 
 impl Session {
@@ -209,6 +214,7 @@ impl Session {
         let kernel = NetlinkKernel {
             ct: CtSocket::requests().context("opening a ctnetlink socket")?,
             routes: HashMap::new(),
+            addrs: None,
             policy: None,
             ipsec: IpsecSeen::default(),
         };
@@ -249,6 +255,7 @@ impl Session {
             attached,
             // Read with the table loaded: a flush from now on is followed.
             flushed_seen: conntrack::flushed(&maps).ok(),
+            neighbours: neighbours::NeighbourUse::open(&maps),
         };
         if pacing == Pacing::AlwaysPolling {
             session.read_events_by(ReadMode::Poll);
@@ -714,6 +721,10 @@ fn tick(
         resync_or_retry(&mut session.off, "an earlier failed one");
     }
     session.off.kernel.routes.clear();
+    session.off.kernel.addrs = None;
+    status.neighbours_revalidated += session
+        .neighbours
+        .tick(monotonic_ns(), status.tick_secs * 1_000_000_000);
     dp_log.drain();
     dp_log.follow(ctx);
     status.log_records_malformed = dp_log.malformed_records();

@@ -45,6 +45,10 @@ pub struct DaemonStatus {
     /// the daemon ran, as `NAME (LAN)`: their XDP program went with them.
     #[serde(default)]
     pub interfaces_gone: Vec<String>,
+    /// STALE neighbour entries of next hops the fast path uses that the
+    /// daemon had the kernel re-validate (`NTF_USE`).
+    #[serde(default)]
+    pub neighbours_revalidated: u64,
     /// XDP entries found pending at start (left by a daemon killed between
     /// writing a pair and activating it), removed.
     #[serde(default)]
@@ -104,6 +108,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "standalone_repairs": s.standalone_repairs,
             "interfaces_gone": s.interfaces_gone,
             "stale_pending_removed": s.stale_pending_removed,
+            "neighbours_revalidated": s.neighbours_revalidated,
             "reattaches_followed": s.reattaches_followed,
             "detached": s.detached,
             "log_records_malformed": s.log_records_malformed,
@@ -139,7 +144,8 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
                 + o["ended_tcp_control"].as_u64().unwrap_or(0)
                 + o["ended_ipsec"].as_u64().unwrap_or(0)
                 + o["ended_rerouted"].as_u64().unwrap_or(0)
-                + o["ended_remapped"].as_u64().unwrap_or(0),
+                + o["ended_remapped"].as_u64().unwrap_or(0)
+                + o["ended_remarked"].as_u64().unwrap_or(0),
             o["handed_back"],
             o["refreshed"],
             o["resyncs"],

@@ -5,7 +5,7 @@
 //! the next one starts, and a detach and new attach are followed without a
 //! restart.
 
-use std::time::Duration;
+use std::{net::UdpSocket, time::Duration};
 
 use aya::maps::{HashMap, Map, MapData};
 use router_common::maps::{
@@ -15,15 +15,15 @@ use router_common::maps::{
 };
 use serde_json::Value;
 use tests::{
-    CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_LAN_ADDR, SERVER_ADDR, Topology, WAN_IF,
-    counter_delta, socket_addr as sa,
+    CLIENT_ADDR, HOST_IF, LAN_IF, Ns, ROUTER_LAN_ADDR, ROUTER_WAN_ADDR, SERVER_ADDR, Topology,
+    WAN_IF, counter_delta, socket_addr as sa,
 };
 
 use crate::{
     ctl::{DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stdout, wait_for_or_show},
     doctor::{check, doctor},
     metrics::Server,
-    offload::{Daemon, Firewall, counter, install_firewall, offloaded_rows},
+    offload::{Daemon, Firewall, counter, echoes, install_firewall, offloaded_rows, udp_echo},
 };
 
 /// The value of the unlabelled Prometheus sample `name` of one scrape.
@@ -133,6 +133,148 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
     // The attach record has the new MAC too: attaching again changes nothing.
     let out = attach(&t, &[]);
     assert!(out.contains("nothing changed"), "{out}");
+}
+
+/// A next hop of the fast path that changes its MAC without telling the
+/// router (no gratuitous ARP, and the server never asks for the router's
+/// MAC: a static entry) while XDP carries a flow to it. No packet of the
+/// flow reaches the kernel, so its entry for the server would stay STALE
+/// with the old MAC for good and the datagrams go to a MAC nobody has;
+/// the daemon has the kernel re-validate it (`neighbours_revalidated`):
+/// the unicast probe to the old MAC fails, the kernel resolves the new
+/// one, and the datagrams reach the server again. A static entry of a
+/// next hop (the client's) stays static.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
+    const NEW_SERVER_MAC: &str = "02:00:5e:10:be:f1";
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    // Short neighbour timers on the router's WAN (by default 15-45 s to
+    // STALE, 5 s before the first probe): 1.5-4.5 s to STALE, never less
+    // than the 1 s before the first probe (an entry the kernel used within
+    // that goes to DELAY instead, and its probe marks it used again).
+    for (key, value) in [
+        ("base_reachable_time_ms", "3000"),
+        ("delay_first_probe_time", "1"),
+        ("retrans_time_ms", "200"),
+        ("ucast_solicit", "2"),
+    ] {
+        let setting = format!("net.ipv4.neigh.{WAN_IF}.{key}={value}");
+        t.exec_ok(Ns::Router, &["sysctl", "-qw", &setting]);
+    }
+    let router_mac = mac_of(&t, Ns::Router, WAN_IF);
+    let static_router_entry =
+        || static_neighbour(&t, Ns::Server, ROUTER_WAN_ADDR, &router_mac, HOST_IF);
+    static_router_entry();
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    // A static entry on the router for the client, a next hop of the fast
+    // path too: the daemon leaves it as it is.
+    let client_mac = mac_of(&t, Ns::Client, HOST_IF);
+    static_neighbour(&t, Ns::Router, CLIENT_ADDR, &client_mac, LAN_IF);
+    println!("{}", attach(&t, &[]));
+    let client = t.in_ns(Ns::Client, || {
+        let s = UdpSocket::bind(sa(std::net::Ipv4Addr::UNSPECIFIED, 42000)).unwrap();
+        s.connect(sa(SERVER_ADDR, 7000)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        s
+    });
+    assert_eq!(echoes(&client, 3, Duration::from_millis(50)), 3);
+    // STALE before the change: the kernel's last use of the entry (the
+    // neighbour warm-up's ping) is past, and it will not use it again
+    // unless something makes it.
+    let server_entry = || {
+        t.exec_ok(
+            Ns::Router,
+            &["ip", "neigh", "show", &SERVER_ADDR.to_string()],
+        )
+    };
+    wait_for_or_show(
+        "the router's entry for the server to go STALE",
+        Duration::from_secs(15),
+        || {
+            let _ = echoes(&client, 1, Duration::ZERO);
+            server_entry().contains("STALE")
+        },
+        server_entry,
+    );
+    let forwarded = counter(&t, "fwd_outbound");
+    t.exec_ok(
+        Ns::Server,
+        &[
+            "ip",
+            "link",
+            "set",
+            "dev",
+            HOST_IF,
+            "address",
+            NEW_SERVER_MAC,
+        ],
+    );
+    // A new MAC flushes the interface's neighbours, static ones too.
+    static_router_entry();
+    assert_eq!(echoes(&client, 1, Duration::ZERO), 0, "sent to the old MAC");
+    assert!(counter(&t, "fwd_outbound") > forwarded, "not by XDP");
+    let daemon = Daemon::start(&t, &[]);
+    wait_for_or_show(
+        "the datagrams to reach the server at its new MAC",
+        Duration::from_secs(20),
+        || echoes(&client, 1, Duration::from_millis(100)) == 1,
+        || {
+            format!(
+                "{}\n{}\n{}",
+                t.exec_ok(Ns::Router, &["ip", "neigh", "show", "dev", WAN_IF]),
+                daemon_health(&t),
+                daemon.log()
+            )
+        },
+    );
+    assert!(
+        daemon_health(&t)["neighbours_revalidated"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{}",
+        daemon_health(&t)
+    );
+    let entry = t.exec_ok(
+        Ns::Router,
+        &["ip", "neigh", "show", &CLIENT_ADDR.to_string()],
+    );
+    assert!(entry.contains("PERMANENT"), "{entry}");
+}
+
+/// The MAC address of interface `dev` in namespace `ns`.
+fn mac_of(t: &Topology, ns: Ns, dev: &str) -> String {
+    let link = t.exec_ok(ns, &["ip", "-br", "link", "show", "dev", dev]);
+    link.split_whitespace()
+        .nth(2)
+        .expect("ip -br link")
+        .to_owned()
+}
+
+/// A static (permanent) neighbour entry `addr` -> `mac` on `dev` in `ns`.
+fn static_neighbour(t: &Topology, ns: Ns, addr: std::net::Ipv4Addr, mac: &str, dev: &str) {
+    let addr = addr.to_string();
+    let cmd = [
+        "ip",
+        "neigh",
+        "replace",
+        &addr,
+        "lladdr",
+        mac,
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ];
+    t.exec_ok(ns, &cmd);
 }
 
 /// Where router-ctl keeps the lock attach, detach and apply take
