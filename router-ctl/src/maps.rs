@@ -80,8 +80,12 @@ impl PinnedMaps {
     /// The maps of [`Self::NAMES`] that a router attached by an earlier
     /// router-ctl lacks: a live replace creates them (`load_pinned` pins a
     /// missing map), so neither a replace nor `status` requires them.
-    pub const ADDED_LATER: [&'static str; 3] =
-        [VIRTUAL_MACS_MAP, KERNEL_FLOWS_MAP, ROUTE_MARKS_MAP];
+    pub const ADDED_LATER: [&'static str; 4] = [
+        VIRTUAL_MACS_MAP,
+        KERNEL_FLOWS_MAP,
+        ROUTE_MARKS_MAP,
+        NEXT_HOPS_MAP,
+    ];
 
     /// The maps every attached router has pinned: [`Self::NAMES`] but
     /// [`Self::ADDED_LATER`].

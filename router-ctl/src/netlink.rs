@@ -645,7 +645,16 @@ pub struct Neighbour {
     pub addr: IpAddr,
     /// `NUD_*`.
     pub state: u16,
+    /// Kept by something else than the kernel's own resolution: learned
+    /// from a controller (`NTF_EXT_LEARNED`) or managed (`NTF_MANAGED`,
+    /// `NDA_FLAGS_EXT`), which the kernel keeps resolved itself.
+    pub kept_elsewhere: bool,
 }
+
+/// `ndm_flags`: learned from outside the kernel (a controller, a switch).
+const NTF_EXT_LEARNED: u8 = 0x10;
+/// `NDA_FLAGS_EXT`: the extended flags (`NTF_EXT_MANAGED`, ...).
+const NDA_FLAGS_EXT: u16 = 15;
 
 /// The kernel's IPv4 and IPv6 neighbour entries.
 pub fn neighbours() -> io::Result<Vec<Neighbour>> {
@@ -670,18 +679,24 @@ fn parse_neighbour(p: &[u8]) -> Option<Neighbour> {
     let ndm = p.get(..12)?;
     let ifindex = u32::from_ne_bytes(ndm[4..8].try_into().ok()?);
     let state = u16::from_ne_bytes(ndm[8..10].try_into().ok()?);
-    let addr = attrs(&p[12..])
-        .into_iter()
-        .find(|&(ty, _)| ty == NDA_DST)
-        .and_then(|(_, d)| match d.len() {
+    let a = attrs(&p[12..]);
+    let addr = a
+        .iter()
+        .find(|&&(ty, _)| ty == NDA_DST)
+        .and_then(|&(_, d)| match d.len() {
             4 => Some(IpAddr::from(<[u8; 4]>::try_from(d).ok()?)),
             16 => Some(IpAddr::from(<[u8; 16]>::try_from(d).ok()?)),
             _ => None,
         })?;
+    let flags_ext = a
+        .iter()
+        .find(|&&(ty, _)| ty == NDA_FLAGS_EXT)
+        .map_or(0, |&(_, d)| u32_of(d));
     Some(Neighbour {
         ifindex,
         addr,
         state,
+        kept_elsewhere: ndm[10] & NTF_EXT_LEARNED != 0 || flags_ext != 0,
     })
 }
 

@@ -170,9 +170,10 @@ pub fn diagnose(
     if !added_maps.is_empty() {
         problems.push(format!(
             "{} not pinned (the router was attached by an earlier router-ctl: keepalived \
-             use_vmac's virtual MACs go the slow way, and a flow left to the kernel's NAT may \
-             move to XDP's at a replace); run `router-ctl attach` again: a live \
-             replace creates it",
+             use_vmac's virtual MACs go the slow way, a flow left to the kernel's NAT may move \
+             to XDP's at a replace, connections routed by their mark stay in the kernel, and \
+             neighbours only the fast path uses are not re-validated); run `router-ctl attach` \
+             again: a live replace creates them",
             added_maps.join(", ")
         ));
     }

@@ -270,11 +270,14 @@ pub fn lookup(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
 fn lookup_with(ctx: &XdpContext, p: &mut FibParams, flags: u32) -> Step<Hop> {
     let reason = match call_on(ctx, p, ctx.ingress_ifindex() as u32, flags) {
         BPF_FIB_LKUP_RET_SUCCESS => {
-            note_neighbour(p);
             // SAFETY: on success the kernel wrote mtu_result (a union with
             // tot_len).
             let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
-            return redirect_to(p.ifindex, mtu, p.smac, p.dmac);
+            let hop = redirect_to(p.ifindex, mtu, p.smac, p.dmac);
+            if hop.is_ok() {
+                note_neighbour(p);
+            }
+            return hop;
         }
         // The kernel fills ifindex before the neighbour lookup.
         BPF_FIB_LKUP_RET_NO_NEIGH => return Ok(Hop::NoNeighbour { ifindex: p.ifindex }),

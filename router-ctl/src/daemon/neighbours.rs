@@ -10,7 +10,10 @@
 //! data path then passes the flow's packets to the kernel until the
 //! neighbour is resolved again). Entries in any other state are left
 //! alone: REACHABLE ones need nothing, and a permanent (static) entry must
-//! not be touched (`NTF_USE` would make it dynamic).
+//! not be touched (`NTF_USE` would make it dynamic); nor is one learned
+//! from a controller or managed by the kernel (`NTF_USE` would clear
+//! those flags). An owner who makes an entry static between the dump and
+//! the `NTF_USE` (microseconds) gets it dynamic again.
 
 use std::{
     collections::HashSet,
@@ -31,6 +34,7 @@ const FORGET_NS: u64 = 60_000_000_000;
 /// earlier router-ctl: nothing to follow there).
 pub(super) struct NeighbourUse {
     map: Option<NextHopsMap>,
+    maps: PinnedMaps,
     /// The last pass failed (said once per failure in a row).
     failing: bool,
 }
@@ -39,6 +43,7 @@ impl NeighbourUse {
     pub(super) fn open(maps: &PinnedMaps) -> Self {
         Self {
             map: maps.next_hops().ok(),
+            maps: maps.clone(),
             failing: false,
         }
     }
@@ -46,9 +51,15 @@ impl NeighbourUse {
     /// One pass at `now_ns`, `tick_ns` after the last: how many STALE
     /// entries of next hops in use the kernel was asked to re-validate.
     pub(super) fn tick(&mut self, now_ns: u64, tick_ns: u64) -> u64 {
-        // In use: noted since the last pass (a flow direction notes its
-        // next hop about once per `REFRESH_NS`).
+        // In use: noted since the pass before the last (a flow direction
+        // notes its next hop at most once per `REFRESH_NS`, when it asks
+        // the FIB, about once per `REFRESH_NS` while it has packets).
         let in_use_ns = tick_ns + 2 * REFRESH_NS;
+        if self.map.is_none() {
+            // Pinned by a replace since (a router attached by an earlier
+            // router-ctl keeps its map ids, so the session stays).
+            self.map = self.maps.next_hops().ok();
+        }
         let Some(map) = self.map.as_mut() else {
             return 0;
         };
@@ -71,7 +82,7 @@ impl NeighbourUse {
         let result = netlink::neighbours().and_then(|all| {
             let stale: HashSet<(u32, IpAddr)> = all
                 .into_iter()
-                .filter(|n| n.state == NUD_STALE)
+                .filter(|n| n.state == NUD_STALE && !n.kept_elsewhere)
                 .map(|n| (n.ifindex, n.addr))
                 .collect();
             used.retain(|n| stale.contains(n));
@@ -80,6 +91,12 @@ impl NeighbourUse {
         match result {
             Ok(done) => {
                 self.failing = false;
+                // ENOENT: the entry went meanwhile (nothing to keep).
+                for e in done.iter().filter_map(|r| r.as_ref().err()) {
+                    if e.raw_os_error() != Some(libc::ENOENT) {
+                        tracing::debug!("re-validating a neighbour: {e}");
+                    }
+                }
                 done.iter().filter(|r| r.is_ok()).count() as u64
             }
             Err(e) => {

@@ -245,6 +245,11 @@ fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
     );
     let entry = t.exec_ok(
         Ns::Router,
+        &["ip", "neigh", "show", &SERVER_ADDR.to_string()],
+    );
+    assert!(entry.contains(NEW_SERVER_MAC), "{entry}");
+    let entry = t.exec_ok(
+        Ns::Router,
         &["ip", "neigh", "show", &CLIENT_ADDR.to_string()],
     );
     assert!(entry.contains("PERMANENT"), "{entry}");

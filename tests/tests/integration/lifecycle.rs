@@ -716,25 +716,35 @@ fn an_upgrade_that_adds_a_counter_is_a_live_replace_keeping_flows_and_counts() {
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn attach_creates_the_map_an_earlier_router_ctl_did_not_pin() {
+    use router_common::maps::{KERNEL_FLOWS_MAP, NEXT_HOPS_MAP, ROUTE_MARKS_MAP, VIRTUAL_MACS_MAP};
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     attach(&t, &[]);
-    let pin = pin_dir(&t).join(router_common::maps::VIRTUAL_MACS_MAP);
-    // What the previous router-ctl left: every pin but this one.
-    std::fs::remove_file(&pin).unwrap();
+    // What earlier router-ctl versions left: every pin but these, the
+    // maps added since.
+    let added_later = [
+        VIRTUAL_MACS_MAP,
+        KERNEL_FLOWS_MAP,
+        ROUTE_MARKS_MAP,
+        NEXT_HOPS_MAP,
+    ];
+    for name in added_later {
+        std::fs::remove_file(pin_dir(&t).join(name)).unwrap();
+    }
     let (v, code) = status(&t);
     assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
-    assert!(
-        v["problems"][0]
-            .as_str()
-            .unwrap()
-            .contains("VIRTUAL_MACS not pinned"),
-        "{v}"
-    );
+    let problems = v["problems"].to_string();
+    assert!(problems.contains("not pinned"), "{v}");
+    for name in added_later {
+        assert!(problems.contains(name), "{v}");
+    }
 
     let out = attach(&t, &[]);
     assert!(out.contains("replaced"), "{out}");
-    assert_eq!(mode_of(&pin), 0o600, "{}", pin.display());
+    for name in added_later {
+        let pin = pin_dir(&t).join(name);
+        assert_eq!(mode_of(&pin), 0o600, "{}", pin.display());
+    }
     let (v, code) = status(&t);
     assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
     assert!(v["virtual_macs"].is_array(), "status reads the map: {v}");
