@@ -19,7 +19,7 @@ use router_common::{
 
 use crate::{
     Step, Verdict,
-    hop::{Hop, fib, fib_marked, redirect_to},
+    hop::{Hop, Note, fib_marked, redirect_to},
     maps::{CONNTRACK, ROUTE_MARKS, event},
     parse::{Ingress, Packet, header},
 };
@@ -225,12 +225,12 @@ pub fn next_hop(
     let Some(e) = hit else {
         // A new LAN flow that is not routed anywhere (e.g. to the router
         // itself) is not NAT's business either: `fib` passes it.
-        return fib(ctx, ip, xlat.dst);
+        return fib_marked(ctx, ip, xlat.dst, 0, Note::Nothing);
     };
     // SAFETY: map value pointer from the lookup.
     let e = unsafe { &mut *e };
     let hop = match route_mark(e) {
-        Some(mark) => fib_marked(ctx, ip, xlat.dst, mark),
+        Some(mark) => fib_marked(ctx, ip, xlat.dst, mark, Note::Neighbour),
         // A slot the map does not have: the kernel, which has the
         // connection (only offloaded flows have marks), routes it.
         None => Err(Verdict::pass(Counter::PassFibNotForwarded)),

@@ -224,7 +224,17 @@ pub fn egress(ctx: &XdpContext, p: &mut FibParams) -> Option<u32> {
 /// forwarding off): passed with a reason.
 #[inline(always)]
 pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], dst: [u8; 4]) -> Step<Hop> {
-    fib_marked(ctx, ip, dst, 0)
+    fib_marked(ctx, ip, dst, 0, Note::Neighbour)
+}
+
+/// Whether a successful lookup notes its neighbour in `NEXT_HOPS`
+/// ([`note_neighbour`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Note {
+    Neighbour,
+    /// A new flow's first packet: its next packets note it (a hit whose
+    /// hop is not cached yet asks the FIB), so the first one need not pay.
+    Nothing,
 }
 
 /// [`fib`] for a packet the kernel routes with the mark `mark` (0: none):
@@ -232,7 +242,13 @@ pub fn fib(ctx: &XdpContext, ip: &[u8; ipv4::LEN], dst: [u8; 4]) -> Step<Hop> {
 /// packets, so that an `ip rule fwmark` selects the same table on the
 /// fast path as in the kernel (multi-WAN, VPN bypass).
 #[inline(always)]
-pub fn fib_marked(ctx: &XdpContext, ip: &[u8; ipv4::LEN], dst: [u8; 4], mark: u32) -> Step<Hop> {
+pub fn fib_marked(
+    ctx: &XdpContext,
+    ip: &[u8; ipv4::LEN],
+    dst: [u8; 4],
+    mark: u32,
+    note: Note,
+) -> Step<Hop> {
     let mut p = params4(ip, get_addr(ip, ipv4::SRC), dst, get_u16(ip, ipv4::TOT_LEN));
     let flags = if mark == 0 {
         0
@@ -240,7 +256,7 @@ pub fn fib_marked(ctx: &XdpContext, ip: &[u8; ipv4::LEN], dst: [u8; 4], mark: u3
         p.smac[..4].copy_from_slice(&mark.to_ne_bytes());
         BPF_FIB_LOOKUP_MARK
     };
-    lookup_with(ctx, &mut p, flags)
+    lookup_with(ctx, &mut p, flags, note)
 }
 
 /// [`fib`] with its parameters in `p` (a per-CPU map slot of the caller)
@@ -261,20 +277,20 @@ pub fn fib_in(
 /// the result into a [`Hop`] or a pass verdict.
 #[inline(always)]
 pub fn lookup(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
-    lookup_with(ctx, p, 0)
+    lookup_with(ctx, p, 0, Note::Neighbour)
 }
 
 /// [`lookup`] with the helper's `flags` (a forward lookup from the
-/// ingress interface either way).
+/// ingress interface either way), noting the neighbour or not.
 #[inline(always)]
-fn lookup_with(ctx: &XdpContext, p: &mut FibParams, flags: u32) -> Step<Hop> {
+fn lookup_with(ctx: &XdpContext, p: &mut FibParams, flags: u32, note: Note) -> Step<Hop> {
     let reason = match call_on(ctx, p, ctx.ingress_ifindex() as u32, flags) {
         BPF_FIB_LKUP_RET_SUCCESS => {
             // SAFETY: on success the kernel wrote mtu_result (a union with
             // tot_len).
             let mtu = unsafe { p.__bindgen_anon_1.mtu_result };
             let hop = redirect_to(p.ifindex, mtu, p.smac, p.dmac);
-            if hop.is_ok() {
+            if hop.is_ok() && note == Note::Neighbour {
                 note_neighbour(p);
             }
             return hop;
