@@ -1426,6 +1426,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 if self.direction(&c, route_mark).map(|(_, mark)| mark) != Ok(route_mark) {
                     covered.insert(c.orig);
                     gone.push((c.orig, Gone::Rerouted));
+                    // A lasting connection may send no event again: a
+                    // resync from the kernel's table decides on it anew
+                    // (carried with another mark, or left to the kernel).
+                    self.resync_due = true;
                 }
             }
         }
@@ -2100,6 +2104,34 @@ mod tests {
         let mut o = setup(Some(vec![(7, 0x100)]));
         o.conn(&c, 1);
         assert_eq!(slot_of(&o, &c), Some(7));
+    }
+
+    /// Rules that change so that an offloaded connection now needs its
+    /// mark: ended at the next tick (`ended_rerouted`), then carried again
+    /// with the mark after the resync that follows, with no event of its
+    /// own.
+    #[test]
+    fn a_connection_rerouted_by_new_rules_is_decided_again_at_a_resync() {
+        const TUNNEL: u32 = 9;
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.mark = 0x100;
+        let mut o = offloader(&[&c]);
+        o.kernel.policy = true;
+        o.table.3 = Some(vec![]);
+        o.route_marks = RouteMarks::of(&o.table);
+        o.conn(&c, 1);
+        assert_eq!(slot_of(&o, &c), Some(0));
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+        o.kernel.rules_number += 1;
+        o.tick(2);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (0, 1));
+        assert!(o.resync_retry_due(2));
+        o.resync_from_kernel(3).unwrap();
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert_eq!(slot_of(&o, &c), Some(1));
+        assert!(!o.resync_retry_due(4));
     }
 
     /// With policy rules, a LAN connection whose destination the main
