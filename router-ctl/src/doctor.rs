@@ -1209,35 +1209,87 @@ pub fn source_route_check(pin_dir: &Path) -> Option<Check> {
     Some(source_route_verdict(&wan, on("all")?, on(&wan)?))
 }
 
-/// Standalone mode: policy rules that select by what the data path's FIB
-/// lookup does not carry (mark, ports, user), reported under `routing` as
-/// `policy-rules`. The flows XDP admits take the way of an unmarked,
-/// portless packet; offload mode's daemon routes each connection as the
-/// kernel does and leaves those that differ in the kernel. `None` in
-/// offload mode, or with the rules unreadable.
+/// Policy rules that select by what the data path's FIB lookup carries
+/// only in part (mark, ports, user), reported under `routing` as
+/// `policy-rules`. Standalone mode: the flows XDP admits take the way of
+/// an unmarked, portless packet (a warning). Offload mode: the daemon
+/// routes each connection as the kernel does and leaves those that differ
+/// in the kernel; it carries IPv4 connections routed by their ct mark
+/// with the mark where this kernel's `bpf_fib_lookup` takes one (Linux
+/// 6.10) and `ROUTE_MARKS` is pinned (else a warning: they stay on the
+/// slow path). `None` when not attached, or with the rules unreadable.
 #[must_use]
 pub fn policy_rules_check(pin_dir: &Path) -> Option<Check> {
-    standalone_config(pin_dir)?;
+    let maps = PinnedMaps::at(pin_dir);
+    let cfg = maps.read_config().ok().filter(|c| c.lan_ifindex != 0)?;
     let n = netlink::rules_beyond_fib(2).ok()? + netlink::rules_beyond_fib(10).ok()?;
-    Some(Check {
+    let check = |level, detail: String, fix: Option<&str>| Check {
         iface: "routing".to_owned(),
         name: "policy-rules",
-        level: if n == 0 { Level::Ok } else { Level::Warn },
-        detail: if n == 0 {
-            "no policy rule selects by mark, port or user".to_owned()
-        } else {
+        level,
+        detail,
+        fix: fix.map(str::to_owned),
+    };
+    if n == 0 {
+        return Some(check(
+            Level::Ok,
+            "no policy rule selects by mark, port or user".to_owned(),
+            None,
+        ));
+    }
+    let rules = format!("{n} policy rule(s) select by mark, port or user (ip rule)");
+    if cfg.admit == Admit::Xdp as u8 {
+        return Some(check(
+            Level::Warn,
             format!(
-                "{n} policy rule(s) select by mark, port or user (ip rule), which the fast \
-                 path's route lookups do not carry: the flows standalone mode admits take the \
-                 way of an unmarked packet without ports (by source, destination and incoming \
-                 interface they are routed as the kernel routes them)"
-            )
-        },
-        fix: (n > 0).then(|| {
-            "router-ctl attach LAN WAN --admit kernel (offload mode routes each connection as \
-             the kernel does and leaves those that differ in the kernel)"
-                .to_owned()
-        }),
+                "{rules}, which the fast path's route lookups do not carry: the flows \
+                 standalone mode admits take the way of an unmarked packet without ports (by \
+                 source, destination and incoming interface they are routed as the kernel \
+                 routes them)"
+            ),
+            Some(
+                "router-ctl attach LAN WAN --admit kernel (offload mode routes each connection \
+                 as the kernel does and leaves those that differ in the kernel)",
+            ),
+        ));
+    }
+    let kept = "the daemon leaves each connection the kernel routes otherwise than the fast \
+                path would in the kernel";
+    Some(match router_common::bpf_insn::fib_lookup_takes_a_mark() {
+        Ok(true) if maps.route_marks().is_ok() => check(
+            Level::Ok,
+            format!(
+                "{rules}: {kept}; IPv4 connections routed by their ct mark are carried with it \
+                 (BPF_FIB_LOOKUP_MARK), those routed by ports or user, or IPv6 by mark, stay \
+                 there"
+            ),
+            None,
+        ),
+        Ok(true) => check(
+            Level::Warn,
+            format!(
+                "{rules}: {kept}; ROUTE_MARKS is not pinned (attached by an earlier \
+                 router-ctl), so connections routed by their ct mark stay there too"
+            ),
+            Some("router-ctl attach LAN WAN (a live replace pins it), then restart the daemon"),
+        ),
+        Ok(false) => check(
+            Level::Warn,
+            format!(
+                "{rules}: {kept}; this kernel's bpf_fib_lookup takes no routing mark \
+                 (BPF_FIB_LOOKUP_MARK, Linux 6.10), so connections routed by their ct mark \
+                 stay there too (the slow path)"
+            ),
+            Some("a kernel of Linux 6.10 or later carries them on the fast path"),
+        ),
+        Err(e) => check(
+            Level::Ok,
+            format!(
+                "{rules}: {kept}; whether this kernel's bpf_fib_lookup takes a routing mark \
+                 was not probed ({e}: needs CAP_BPF and CAP_NET_ADMIN)"
+            ),
+            None,
+        ),
     })
 }
 
