@@ -322,6 +322,13 @@ See examples/router.toml in the source tree for every field.")]
         /// them on their first packet (`ct state new ct mark set 0x100`).
         #[arg(long, value_name = "MARK[/MASK]", value_parser = parse::parse_mark)]
         keep_in_kernel_mark: Option<(u32, u32)>,
+        /// Offload mode: the bits of a connection's ct mark its packets are routed with,
+        /// as the firewall copies them into the packets before routing (`meta mark set ct
+        /// mark and 0x3f00`, mwan3's mask; CONNMARK --restore-mark --mask); all bits
+        /// when left out. The daemon routes each connection with its ct mark under this
+        /// mask, and the fast path carries those routed by it with that mark.
+        #[arg(long, value_name = "MASK", value_parser = parse::parse_mark_mask)]
+        route_mark_mask: Option<u32>,
         /// Seconds between refreshes of active flows' kernel timeouts and leases (1-30).
         #[arg(long, default_value_t = 2, value_name = "SECS",
               value_parser = clap::value_parser!(u64).range(1..=30))]
@@ -654,6 +661,7 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Run {
             keep_in_kernel_mark,
+            route_mark_mask,
             tick,
             config,
             poll_events,
@@ -667,7 +675,10 @@ fn run(cli: Cli) -> Result<i32> {
                 listener,
                 poll_events,
                 event_pace_rates,
-                keep_in_kernel_mark,
+                marks: daemon::MarkOptions {
+                    keep_in_kernel: keep_in_kernel_mark,
+                    route_mask: route_mark_mask.unwrap_or(u32::MAX),
+                },
             },
         )
         .map(|()| 0),

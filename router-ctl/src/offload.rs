@@ -844,6 +844,9 @@ pub struct Offloader<T, K> {
     /// Connections whose ct mark masked is this `(value, mask)` stay in
     /// the kernel (`run --keep-in-kernel-mark`).
     pub keep_in_kernel_mark: Option<(u32, u32)>,
+    /// The bits of the ct mark the packets are routed with (`run
+    /// --route-mark-mask`; all by default).
+    pub route_mark_mask: u32,
     route_marks: RouteMarks,
     pub stats: OffloadStats,
 }
@@ -872,6 +875,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             ipsec_seen: 0,
             rules_seen: 0,
             keep_in_kernel_mark: None,
+            route_mark_mask: u32::MAX,
             route_marks: RouteMarks::of(&table),
             stats: OffloadStats::default(),
             table,
@@ -1110,6 +1114,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             (self.wan, self.lan)
         };
         let ported = matches!(c.orig.proto, IPPROTO_TCP | IPPROTO_UDP);
+        // The mark the packets are routed with: the ct mark as the
+        // firewall copies it into them (`--route-mark-mask`).
+        let packet_mark = c.mark & self.route_mark_mask;
         // Each direction after its destination NAT, before its source NAT:
         // the original one to the real destination (the reply's source),
         // the reply one to the original source.
@@ -1135,7 +1142,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 src,
                 dst,
                 iif,
-                mark: c.mark,
+                mark: packet_mark,
                 proto: c.orig.proto,
                 ports: ported.then_some(ports),
             });
@@ -1145,10 +1152,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
         // What the data path's FIB lookup answers: no ports, the mark
         // tried (0 first: most marks are not for routing).
-        let by_mark = c.mark != 0 && c.orig.src.is_ipv4() && self.route_marks.usable;
+        let by_mark = packet_mark != 0 && c.orig.src.is_ipv4() && self.route_marks.usable;
         let mut marks = vec![0];
         if by_mark {
-            marks.insert(usize::from(carried != c.mark), c.mark);
+            marks.insert(usize::from(carried != packet_mark), packet_mark);
         }
         for mark in marks {
             let agrees =
@@ -2104,6 +2111,34 @@ mod tests {
         let mut o = setup(Some(vec![(7, 0x100)]));
         o.conn(&c, 1);
         assert_eq!(slot_of(&o, &c), Some(7));
+    }
+
+    /// `--route-mark-mask`: the connection is routed with the bits of its
+    /// ct mark the firewall copies into its packets (a class in the low
+    /// bits, as quality-of-service tools keep there, is not part of the route), and
+    /// carried with those.
+    #[test]
+    fn the_route_mark_mask_selects_the_bits_packets_are_routed_with() {
+        const TUNNEL: u32 = 9;
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.mark = 0x101;
+        let carried_with = |mask: u32| {
+            let mut o = offloader(&[&c]);
+            o.kernel.policy = true;
+            o.route_mark_mask = mask;
+            o.table.3 = Some(vec![]);
+            o.route_marks = RouteMarks::of(&o.table);
+            // Unmarked packets go into a tunnel; marked ones (any mark
+            // here) out of the WAN, as the main table's route says.
+            o.kernel
+                .forward
+                .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+            o.conn(&c, 1);
+            assert_eq!(o.len(), 1, "{:?}", o.stats);
+            o.table.3.clone()
+        };
+        assert_eq!(carried_with(u32::MAX), Some(vec![(1, 0x101)]));
+        assert_eq!(carried_with(0xff00), Some(vec![(1, 0x100)]));
     }
 
     /// Rules that change so that an offloaded connection now needs its

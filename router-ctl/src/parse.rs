@@ -98,6 +98,18 @@ pub fn parse_mark(s: &str) -> Result<(u32, u32), String> {
     Ok((value, bits))
 }
 
+/// `--route-mark-mask MASK`: a nonzero 32-bit mask (decimal or 0x
+/// hexadecimal).
+pub fn parse_mark_mask(s: &str) -> Result<u32, String> {
+    match parse_mark(s) {
+        Ok((mask, _)) if !s.contains('/') && mask != 0 => Ok(mask),
+        _ => Err(format!(
+            "{s:?} is not a mark mask: a nonzero 32-bit number, decimal or 0x hexadecimal \
+             (example: 0x3f00)"
+        )),
+    }
+}
+
 /// `--max-flows N`, 1 ..= [`MAX_FLOWS_LIMIT`].
 pub fn parse_max_flows(s: &str) -> Result<u32, String> {
     let n: u64 = s
@@ -306,6 +318,15 @@ mod tests {
             "1/2/3",
         ] {
             assert!(parse_mark(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mark_masks_are_nonzero_numbers() {
+        assert_eq!(parse_mark_mask("0x3f00"), Ok(0x3f00));
+        assert_eq!(parse_mark_mask("65280"), Ok(0xff00));
+        for bad in ["", "0", "0x0", "0x100/0xff00", "mask"] {
+            assert!(parse_mark_mask(bad).is_err(), "{bad:?}");
         }
     }
 

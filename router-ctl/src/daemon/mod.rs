@@ -154,8 +154,17 @@ pub struct RunOptions {
     /// The rates that switch between waiting for and polling conntrack
     /// events (tests set others to cross both switches).
     pub event_pace_rates: PaceRates,
+    /// What the offloader reads of a connection's ct mark.
+    pub marks: MarkOptions,
+}
+
+/// What the offloader reads of a connection's ct mark (`run` options).
+#[derive(Clone, Copy, Debug)]
+pub struct MarkOptions {
     /// Connections with this ct mark `(value, mask)` stay in the kernel.
-    pub keep_in_kernel_mark: Option<(u32, u32)>,
+    pub keep_in_kernel: Option<(u32, u32)>,
+    /// The bits of the ct mark the packets are routed with.
+    pub route_mask: u32,
 }
 
 impl RunOptions {
@@ -196,12 +205,7 @@ impl Session {
     /// events (offload mode) and loads the kernel's table. Must run inside
     /// the runtime (the event socket registers with it). Its offload
     /// counters go on from `carried` (a re-opened session's).
-    fn open(
-        ctx: &Ctx,
-        carried: &OffloadStats,
-        pacing: Pacing,
-        kept: Option<(u32, u32)>,
-    ) -> Result<Self> {
+    fn open(ctx: &Ctx, carried: &OffloadStats, pacing: Pacing, marks: MarkOptions) -> Result<Self> {
         let maps = ctx.maps();
         // The map ids are read before the configuration: an attach
         // meanwhile gives new ids, which the next tick follows.
@@ -226,7 +230,8 @@ impl Session {
             KernelTimeouts::read(),
         );
         off.stats.clone_from(carried);
-        off.keep_in_kernel_mark = kept;
+        off.keep_in_kernel_mark = marks.keep_in_kernel;
+        off.route_mark_mask = marks.route_mask;
         let mut stale_pending_removed = 0;
         // Subscribe before the dump, so no event falls between the two.
         let events = if kernel_mode {
@@ -518,10 +523,13 @@ impl AttachedRouter {
 /// from the old session's, the old one's flows are left to their maps.
 fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
     let pacing = session.event_pace.pacing();
-    let kept = session.off.keep_in_kernel_mark;
+    let marks = MarkOptions {
+        keep_in_kernel: session.off.keep_in_kernel_mark,
+        route_mask: session.off.route_mark_mask,
+    };
     let old = std::mem::replace(
         session,
-        Session::open(ctx, &session.off.stats, pacing, kept)?,
+        Session::open(ctx, &session.off.stats, pacing, marks)?,
     );
     session.stale_pending_removed += old.stale_pending_removed;
     Ok(())
@@ -774,12 +782,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut session = Session::open(
-        ctx,
-        &OffloadStats::default(),
-        opts.pacing(),
-        opts.keep_in_kernel_mark,
-    )?;
+    let mut session = Session::open(ctx, &OffloadStats::default(), opts.pacing(), opts.marks)?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {
         pid: std::process::id(),
