@@ -1448,6 +1448,35 @@ fn tunnel_to_server(t: &Topology) {
     }
 }
 
+/// A firewall that marks connections with the mangle-priority
+/// `prerouting` rules `marking` (a ct mark set on new ones, copied into the
+/// packets before routing), accepts established ones and new ones from the
+/// LAN, and masquerades on the WAN and on `vpn0`.
+fn marking_firewall(t: &Topology, marking: &str) {
+    load_nft(
+        t.ns_name(Ns::Router),
+        &format!(
+            "table inet fw {{
+  chain prerouting {{
+    type filter hook prerouting priority mangle; policy accept;
+    {marking}
+  }}
+  chain forward {{
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    iifname \"{LAN_IF}\" accept
+  }}
+}}
+table ip nat {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat;
+    oifname {{ \"{WAN_IF}\", \"vpn0\" }} masquerade
+  }}
+}}"
+        ),
+    );
+}
+
 /// Policy routing by the connection's mark (multi-WAN or VPN split
 /// routing as mwan3 and pbr set it up: a new LAN connection to one port
 /// gets a ct mark, its packets the mark, a rule routes the mark through a
@@ -1461,10 +1490,6 @@ fn tunnel_to_server(t: &Topology) {
 /// fast path at the daemon's next look (`ended_rerouted`).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one scripted sequence: topology, rules, two flows, a rule added later"
-)]
 fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
     const N: u32 = 30;
     let t = Topology::new();
@@ -1484,27 +1509,11 @@ fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
         args.extend(cmd.split(' '));
         t.exec_ok(ns, &args);
     }
-    load_nft(
-        t.ns_name(Ns::Router),
+    marking_firewall(
+        &t,
         &format!(
-            "table inet fw {{
-  chain prerouting {{
-    type filter hook prerouting priority mangle; policy accept;
-    iifname \"{LAN_IF}\" udp dport 7000 ct state new ct mark set 1
-    iifname \"{LAN_IF}\" meta mark set ct mark
-  }}
-  chain forward {{
-    type filter hook forward priority 0; policy drop;
-    ct state established,related accept
-    iifname \"{LAN_IF}\" accept
-  }}
-}}
-table ip nat {{
-  chain postrouting {{
-    type nat hook postrouting priority srcnat;
-    oifname {{ \"{WAN_IF}\", \"vpn0\" }} masquerade
-  }}
-}}"
+            "iifname \"{LAN_IF}\" udp dport 7000 ct state new ct mark set 1
+    iifname \"{LAN_IF}\" meta mark set ct mark"
         ),
     );
     let _srv = udp_echo(
@@ -1635,28 +1644,12 @@ fn offload_carries_a_flow_routed_by_its_mark_with_the_mark() {
         Ns::Router,
         &["sysctl", "-qw", "net.ipv6.conf.vpn0.disable_ipv6=1"],
     );
-    load_nft(
-        t.ns_name(Ns::Router),
+    marking_firewall(
+        &t,
         &format!(
-            "table inet fw {{
-  chain prerouting {{
-    type filter hook prerouting priority mangle; policy accept;
-    iifname \"{LAN_IF}\" udp dport 7000 ct state new ct mark set 0x100
+            "iifname \"{LAN_IF}\" udp dport 7000 ct state new ct mark set 0x100
     iifname \"{LAN_IF}\" ct state new ct mark set ct mark or 0x1
-    meta mark set ct mark and 0xff00
-  }}
-  chain forward {{
-    type filter hook forward priority 0; policy drop;
-    ct state established,related accept
-    iifname \"{LAN_IF}\" accept
-  }}
-}}
-table ip nat {{
-  chain postrouting {{
-    type nat hook postrouting priority srcnat;
-    oifname {{ \"{WAN_IF}\", \"vpn0\" }} masquerade
-  }}
-}}"
+    meta mark set ct mark and 0xff00"
         ),
     );
     let _srv = udp_echo(
