@@ -166,6 +166,13 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
         if wan_addrs > 0 {
             let _ = write!(line, ", {wan_addrs} WAN address changes followed");
         }
+        let neighbours = d["neighbours_revalidated"].as_u64().unwrap_or(0);
+        if neighbours > 0 {
+            let _ = write!(
+                line,
+                ", {neighbours} stale neighbour(s) of the fast path re-validated"
+            );
+        }
         let reattaches = d["reattaches_followed"].as_u64().unwrap_or(0);
         if reattaches > 0 {
             let _ = write!(line, ", {reattaches} re-attaches followed");

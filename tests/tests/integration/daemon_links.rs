@@ -243,11 +243,13 @@ fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
         "{}",
         daemon_health(&t)
     );
-    let entry = t.exec_ok(
-        Ns::Router,
-        &["ip", "neigh", "show", &SERVER_ADDR.to_string()],
-    );
+    let entry = server_entry();
     assert!(entry.contains(NEW_SERVER_MAC), "{entry}");
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        text.contains("stale neighbour(s) of the fast path re-validated"),
+        "{text}"
+    );
     let entry = t.exec_ok(
         Ns::Router,
         &["ip", "neigh", "show", &CLIENT_ADDR.to_string()],
