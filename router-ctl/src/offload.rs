@@ -1881,19 +1881,37 @@ mod tests {
     /// connection's ESTABLISHED update offloads it at once, as outside a
     /// burst.
     fn offloader(present: &[&Conn]) -> Offloader<MemTable, FakeKernel> {
+        offloader_on(present, MemTable::default(), FakeKernel::default())
+    }
+
+    /// [`offloader`] under policy rules, on a table whose `ROUTE_MARKS`
+    /// has the slots `marks` written (`None`: no routing by mark).
+    fn policy_offloader(
+        present: &[&Conn],
+        marks: Option<Vec<(u16, u32)>>,
+    ) -> Offloader<MemTable, FakeKernel> {
+        let table = MemTable(BTreeMap::new(), BTreeMap::new(), false, marks);
+        let kernel = FakeKernel {
+            policy: true,
+            ..FakeKernel::default()
+        };
+        offloader_on(present, table, kernel)
+    }
+
+    /// An offloader over `table` and `kernel`, the kernel knowing the
+    /// connections `present`.
+    fn offloader_on(
+        present: &[&Conn],
+        table: MemTable,
+        kernel: FakeKernel,
+    ) -> Offloader<MemTable, FakeKernel> {
         let kernel = FakeKernel {
             present: present.iter().map(|c| c.orig).collect(),
             conns: present.iter().map(|&c| c.clone()).collect(),
             replies: present.iter().map(|c| (c.orig, c.reply)).collect(),
-            ..FakeKernel::default()
+            ..kernel
         };
-        Offloader::new(
-            MemTable::default(),
-            kernel,
-            LAN,
-            WAN,
-            KernelTimeouts::default(),
-        )
+        Offloader::new(table, kernel, LAN, WAN, KernelTimeouts::default())
     }
 
     #[test]
@@ -2056,13 +2074,10 @@ mod tests {
         other_mark.reply.dport += 1;
         other_mark.mark = 0x200;
         let setup = |marks: Option<Vec<(u16, u32)>>| {
-            let mut o = offloader(&[&c, &other_port, &other_mark]);
-            o.kernel.policy = true;
+            let mut o = policy_offloader(&[&c, &other_port, &other_mark], marks);
             o.kernel
                 .forward
                 .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
-            o.table.3 = marks;
-            o.route_marks = RouteMarks::of(&o.table);
             o
         };
         let mut o = setup(None);
@@ -2123,11 +2138,8 @@ mod tests {
         let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
         c.mark = 0x101;
         let carried_with = |mask: u32| {
-            let mut o = offloader(&[&c]);
-            o.kernel.policy = true;
+            let mut o = policy_offloader(&[&c], Some(vec![]));
             o.route_mark_mask = mask;
-            o.table.3 = Some(vec![]);
-            o.route_marks = RouteMarks::of(&o.table);
             // Unmarked packets go into a tunnel; marked ones (any mark
             // here) out of the WAN, as the main table's route says.
             o.kernel
@@ -2150,10 +2162,7 @@ mod tests {
         const TUNNEL: u32 = 9;
         let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
         c.mark = 0x100;
-        let mut o = offloader(&[&c]);
-        o.kernel.policy = true;
-        o.table.3 = Some(vec![]);
-        o.route_marks = RouteMarks::of(&o.table);
+        let mut o = policy_offloader(&[&c], Some(vec![]));
         o.conn(&c, 1);
         assert_eq!(slot_of(&o, &c), Some(0));
         o.kernel
@@ -2186,11 +2195,8 @@ mod tests {
         lan_to_lan.orig.dst = IpAddr::from([192, 168, 50, 3]);
         lan_to_lan.reply.src = lan_to_lan.orig.dst;
         lan_to_lan.reply.dst = lan_to_lan.orig.src;
-        let mut o = offloader(&[&c, &via_tunnel, &lan_to_lan]);
-        o.kernel.policy = true;
+        let mut o = policy_offloader(&[&c, &via_tunnel, &lan_to_lan], Some(vec![]));
         o.kernel.main.insert(c.reply.src, TUNNEL);
-        o.table.3 = Some(vec![]);
-        o.route_marks = RouteMarks::of(&o.table);
         // Its route without the mark: the main table's, the tunnel.
         o.kernel
             .forward

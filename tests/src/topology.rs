@@ -285,6 +285,14 @@ impl Topology {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// [`Topology::exec_ok`] of a command given as one line of words
+    /// separated by single spaces (no quoting: `ip route add ...`,
+    /// `tc qdisc add ...`).
+    pub fn exec_line_ok(&self, ns: Ns, line: &str) -> String {
+        let words: Vec<&str> = line.split(' ').collect();
+        self.exec_ok(ns, &words)
+    }
+
     /// Starts `ip netns exec NAME cmd...` in the background (own process
     /// group, stdin null, output inherited). The topology kills its process
     /// group on drop if it has not been reaped by then.

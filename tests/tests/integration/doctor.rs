@@ -358,11 +358,7 @@ fn doctor_warns_of_policy_rules_standalone_mode_cannot_follow() {
     t.warm_neighbours();
     let out = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     assert!(out.status.success(), "attach: {}", stderr(&out));
-    let rule = |args: &str| {
-        let mut cmd = vec!["ip"];
-        cmd.extend(args.split(' '));
-        t.exec_ok(Ns::Router, &cmd);
-    };
+    let rule = |args: &str| t.exec_line_ok(Ns::Router, &format!("ip {args}"));
     rule("route add blackhole default table 100");
     rule("rule add from 192.168.50.0/24 lookup 100 pref 100");
     let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);

@@ -1442,9 +1442,7 @@ fn tunnel_to_server(t: &Topology) {
         (Ns::Server, "addr add 10.8.0.2/30 dev vpn1".to_owned()),
         (Ns::Server, "link set vpn1 up".to_owned()),
     ] {
-        let mut args = vec!["ip"];
-        args.extend(cmd.split(' '));
-        t.exec_ok(ns, &args);
+        t.exec_line_ok(ns, &format!("ip {cmd}"));
     }
 }
 
@@ -1505,9 +1503,7 @@ fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
             "rule add fwmark 1 lookup 100 pref 100".to_owned(),
         ),
     ] {
-        let mut args = vec!["ip"];
-        args.extend(cmd.split(' '));
-        t.exec_ok(ns, &args);
+        t.exec_line_ok(ns, &format!("ip {cmd}"));
     }
     marking_firewall(
         &t,
@@ -1634,9 +1630,7 @@ fn offload_carries_a_flow_routed_by_its_mark_with_the_mark() {
             "rule add fwmark 0x100 lookup 100 pref 100".to_owned(),
         ),
     ] {
-        let mut args = vec!["ip"];
-        args.extend(cmd.split(' '));
-        t.exec_ok(ns, &args);
+        t.exec_line_ok(ns, &format!("ip {cmd}"));
     }
     // No IPv6 of the router's own on the tunnel (router solicitations):
     // what the server receives there is what the router forwards.

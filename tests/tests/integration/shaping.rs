@@ -19,11 +19,7 @@ const IFB: &str = "ifb4wan0";
 /// sqm-scripts' `simple.qos` in outline, at a rate the test never reaches
 /// (the qdiscs count packets; nothing is held back).
 fn set_up_sqm(t: &Topology) {
-    let tc = |args: &str| {
-        let mut cmd = vec!["tc"];
-        cmd.extend(args.split(' '));
-        t.exec_ok(Ns::Router, &cmd);
-    };
+    let tc = |args: &str| t.exec_line_ok(Ns::Router, &format!("tc {args}"));
     t.exec_ok(Ns::Router, &["ip", "link", "add", IFB, "type", "ifb"]);
     t.exec_ok(Ns::Router, &["ip", "link", "set", IFB, "up"]);
     tc("qdisc add dev wan0 root handle 1: htb default 10");
@@ -136,11 +132,7 @@ fn attach_warns_of_traffic_shaping_the_fast_path_skips() {
     );
     // A clsact qdisc counts by its filters: none on the LAN's, then one on
     // its egress hook.
-    let lan_tc = |args: &str| {
-        let mut cmd = vec!["tc"];
-        cmd.extend(args.split(' '));
-        t.exec_ok(Ns::Router, &cmd);
-    };
+    let lan_tc = |args: &str| t.exec_line_ok(Ns::Router, &format!("tc {args}"));
     lan_tc("qdisc add dev lan0 clsact");
     let d = stdout(&t.router_ctl(&["doctor", LAN_IF, WAN_IF]));
     assert!(line(&d, "no traffic shaping").is_some(), "{d}");

@@ -159,6 +159,21 @@ fn dns_query(env: &ResolvedTopology) -> (Flow, Vec<u8>, Vec<u8>) {
     )
 }
 
+/// [`dns_query`]'s flow, opened: its first packet translated and
+/// redirected out of the WAN, a new masquerade counted.
+fn open_dns_flow(env: &ResolvedTopology, r: &Router) -> (Flow, Vec<u8>, Vec<u8>) {
+    let (f, frame, out) = dns_query(env);
+    r.redirect(
+        "open",
+        &frame,
+        r.lan,
+        &out,
+        Counter::FwdOutbound,
+        &[Counter::FlowNewMasquerade],
+    );
+    (f, frame, out)
+}
+
 /// Established flows use the next hop cached in their entry (no FIB lookup
 /// per packet); the FIB is asked again when nothing is cached, when the
 /// packet is bigger than the cached MTU, and at each refresh. A cached hop
@@ -170,16 +185,8 @@ fn next_hop_cache() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
-        let (f, frame, out) = dns_query(&env);
+        let (f, frame, out) = open_dns_flow(&env, r);
         let fwd = Counter::FwdOutbound;
-        r.redirect(
-            "open",
-            &frame,
-            lan,
-            &out,
-            fwd,
-            &[Counter::FlowNewMasquerade],
-        );
         assert_eq!(
             r.raw_entry(&f.orig).hop_ifindex,
             0,
@@ -290,16 +297,8 @@ fn the_other_direction_asks_the_fib_again_at_each_refresh() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
-        let (f, frame, out) = dns_query(&env);
+        let (f, frame, out) = open_dns_flow(&env, r);
         let fwd = Counter::FwdOutbound;
-        r.redirect(
-            "open",
-            &frame,
-            lan,
-            &out,
-            fwd,
-            &[Counter::FlowNewMasquerade],
-        );
         let a = Ipv4::new(SERVER, WAN, Udp::new(53, 41000, b"a"));
         let answer = env.server_sends(&a);
         let answered = env.to_client(&dnat(&a, CLIENT, 41000));
@@ -347,16 +346,8 @@ fn a_source_policy_rule_routes_the_fast_path_too() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let lan = r.lan;
-        let (f, frame, out) = dns_query(&env);
+        let (f, frame, out) = open_dns_flow(&env, r);
         let fwd = Counter::FwdOutbound;
-        r.redirect(
-            "open",
-            &frame,
-            lan,
-            &out,
-            fwd,
-            &[Counter::FlowNewMasquerade],
-        );
         r.redirect("cached", &frame, lan, &out, fwd, &[]);
         let client = tests::addr::CLIENT_ADDR.to_string();
         let rule = [
@@ -396,16 +387,8 @@ fn an_oversize_packet_keeps_the_cached_hop_and_a_lowered_mtu_forgets_it() {
     let env = ResolvedTopology::new(false);
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
-        let (f, frame, out) = dns_query(&env);
+        let (f, frame, out) = open_dns_flow(&env, r);
         let fwd = Counter::FwdOutbound;
-        r.redirect(
-            "open",
-            &frame,
-            lan,
-            &out,
-            fwd,
-            &[Counter::FlowNewMasquerade],
-        );
         r.redirect("cached", &frame, lan, &out, fwd, &[]);
         assert_eq!(r.raw_entry(&f.orig).hop_ifindex, wan);
         let server = tests::addr::SERVER_ADDR.to_string();
