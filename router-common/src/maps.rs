@@ -89,6 +89,23 @@ pub const NEXT_HOPS_MAP: &str = "NEXT_HOPS";
 /// mark while the map lives. Pinned, so a replace and a restarted daemon
 /// keep the slots the entries name.
 pub const ROUTE_MARKS_MAP: &str = "ROUTE_MARKS";
+/// LRU hash [`EgressKey`] -> [`EgressSeen`]: where the kernel sent a
+/// connection's packets out of an attached interface, written by
+/// [`EGRESS_WITNESS_PROGRAM`] (a tc egress program the offload daemon
+/// attaches for as long as it runs). With policy routing, the daemon
+/// offloads a connection only where the kernel's own packets of it left
+/// by the interface and to the next hop the fast path's lookup gives: a
+/// mark set on each packet, or restored with another mask than the
+/// daemon assumes, changes the kernel's route without the daemon seeing
+/// it in the connection's ct mark. Not pinned: the daemon's own.
+pub const EGRESS_SEEN_MAP: &str = "EGRESS_SEEN";
+/// Capacity of [`EGRESS_SEEN_MAP`]: connections' directions recently sent
+/// by the kernel (an LRU: each packet's lookup keeps a live connection's
+/// record; records of connections that ended give way).
+pub const MAX_EGRESS_SEEN: u32 = 32_768;
+/// Name of the tc egress program in the object that writes
+/// [`EGRESS_SEEN_MAP`].
+pub const EGRESS_WITNESS_PROGRAM: &str = "egress_witness";
 /// Name of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "router";
 
@@ -603,6 +620,27 @@ pub struct NextHopKey {
 }
 const _: () = assert!(core::mem::size_of::<NextHopKey>() == 24);
 
+/// Key of [`EGRESS_SEEN_MAP`]: a packet as it leaves (after the kernel's
+/// NAT), in the layout of [`FlowKey6`]; an IPv4 packet's addresses as
+/// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`). For ICMP echo both
+/// ports hold the identifier.
+pub type EgressKey = FlowKey6;
+
+/// Value of [`EGRESS_SEEN_MAP`]: how the kernel sent the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EgressSeen {
+    /// The interface it left by.
+    pub ifindex: u32,
+    /// Its mark (`skb->mark`) as it left.
+    pub mark: u32,
+    /// The next hop it was sent to: its destination MAC.
+    pub dst_mac: [u8; 6],
+    /// Zero.
+    pub pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<EgressSeen>() == 16);
+
 /// Key of [`VIRTUAL_MACS_MAP`]: an attached interface and a MAC that frames
 /// arriving on it may be addressed to.
 #[repr(C)]
@@ -754,6 +792,7 @@ mod pod {
     unsafe impl aya::Pod for super::PortForwardKey {}
     unsafe impl aya::Pod for super::PortForwardTarget {}
     unsafe impl aya::Pod for super::FlowKey6 {}
+    unsafe impl aya::Pod for super::EgressSeen {}
     unsafe impl aya::Pod for super::FlowEntry6 {}
     unsafe impl aya::Pod for super::PinholeKey6 {}
     unsafe impl aya::Pod for super::VirtualMacKey {}

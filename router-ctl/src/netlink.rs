@@ -29,6 +29,7 @@ const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_GETNEIGH: u16 = 30;
 const NDA_DST: u16 = 1;
+const NDA_LLADDR: u16 = 2;
 /// `ndm_flags`: mark the entry used, as the kernel's output path does
 /// (`neigh_event_send`: a STALE entry goes to DELAY, then is probed).
 const NTF_USE: u8 = 0x01;
@@ -649,6 +650,9 @@ pub struct Neighbour {
     /// from a controller (`NTF_EXT_LEARNED`) or managed (`NTF_MANAGED`,
     /// `NDA_FLAGS_EXT`), which the kernel keeps resolved itself.
     pub kept_elsewhere: bool,
+    /// `NDA_LLADDR`: its MAC, where known (an INCOMPLETE or FAILED entry
+    /// has none).
+    pub mac: Option<[u8; 6]>,
 }
 
 /// `ndm_flags`: learned from outside the kernel (a controller, a switch).
@@ -692,11 +696,16 @@ fn parse_neighbour(p: &[u8]) -> Option<Neighbour> {
         .iter()
         .find(|&&(ty, _)| ty == NDA_FLAGS_EXT)
         .map_or(0, |&(_, d)| u32_of(d));
+    let mac = a
+        .iter()
+        .find(|&&(ty, _)| ty == NDA_LLADDR)
+        .and_then(|&(_, d)| <[u8; 6]>::try_from(d).ok());
     Some(Neighbour {
         ifindex,
         addr,
         state,
         kept_elsewhere: ndm[10] & NTF_EXT_LEARNED != 0 || flags_ext != 0,
+        mac,
     })
 }
 

@@ -44,8 +44,8 @@ use std::{
 
 use router_common::lease_cas::LeaseSwap;
 use router_common::maps::{
-    FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6, FlowKey, FlowKey6,
-    FlowState, LEASE_HANDED_BACK, LEASE_PENDING, MAX_ROUTE_MARKS, lease_tick,
+    EgressKey, EgressSeen, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6,
+    FlowKey, FlowKey6, FlowState, LEASE_HANDED_BACK, LEASE_PENDING, MAX_ROUTE_MARKS, lease_tick,
 };
 use serde::{Deserialize, Serialize};
 
@@ -191,6 +191,26 @@ fn v6(a: IpAddr) -> [u8; 16] {
 pub fn flow_key6(t: &Tuple) -> FlowKey6 {
     FlowKey6::new(v6(t.src), v6(t.dst), t.sport, t.dport, t.proto)
 }
+
+/// The egress witness's key of a packet of the direction the other
+/// direction's tuple `t` answers, as the kernel sends it (after its NAT):
+/// the original direction leaves as the reply tuple reversed.
+fn leaving_as(t: &Tuple) -> EgressKey {
+    flow_key6(&Tuple {
+        src: t.dst,
+        dst: t.src,
+        sport: t.dport,
+        dport: t.sport,
+        ..*t
+    })
+}
+
+/// Refusals for want of the egress witness's evidence: the kernel's packets
+/// of the original direction not seen leaving an attached interface, or
+/// seen leaving elsewhere (another interface, another next hop) than the
+/// fast path's lookup would send them.
+const ROUTE_UNSEEN: &str = "route_unseen";
+const ROUTE_DIFFERS: &str = "route_differs";
 
 /// The data path's state for an offloaded connection.
 fn flow_state(proto: u8) -> FlowState {
@@ -486,7 +506,36 @@ pub trait Kernel {
     fn ipsec_policies(&mut self) -> (&[crate::xfrm::Selector], u64);
     /// Every connection the kernel has now (a dump of its table).
     fn dump(&mut self) -> io::Result<Vec<Conn>>;
+    /// How the kernel last sent a packet `key` (as it left, after NAT) out
+    /// of an attached interface, as the egress witness saw it.
+    fn egress_seen(&mut self, _key: &EgressKey) -> Witnessed {
+        Witnessed::NoWitness
+    }
+    /// The MAC of the neighbour `addr` on interface `ifindex`, as the
+    /// kernel has it now.
+    fn neighbour_mac(&mut self, _ifindex: u32, _addr: IpAddr) -> Option<[u8; 6]> {
+        None
+    }
 }
+
+/// What the egress witness says of a packet the kernel sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Witnessed {
+    /// No witness attached (a kernel without tcx): the routing rules alone
+    /// decide.
+    NoWitness,
+    /// It saw no such packet leave an attached interface.
+    Unseen,
+    Seen(EgressSeen),
+}
+
+/// How often a connection whose kernel packets the egress witness has not
+/// seen leave as the fast path would send them is looked at again
+/// ([`WITNESS_WAIT_NS`] apart) before it is left to the kernel: a witness
+/// attached after the connection's packets (a daemon started or
+/// restarted), a record from before new rules, see the next packet.
+const WITNESS_TRIES: u8 = 3;
+const WITNESS_WAIT_NS: u64 = 1_000_000_000;
 
 /// What the offloader reads back of a kernel TCP connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -848,6 +897,9 @@ pub struct Offloader<T, K> {
     /// --route-mark-mask`; all by default).
     pub route_mark_mask: u32,
     route_marks: RouteMarks,
+    /// Connections waiting for the egress witness's evidence (in
+    /// `settling`), and how often they were looked at.
+    witness_tries: HashMap<Tuple, u8>,
     pub stats: OffloadStats,
 }
 
@@ -877,6 +929,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             keep_in_kernel_mark: None,
             route_mark_mask: u32::MAX,
             route_marks: RouteMarks::of(&table),
+            witness_tries: HashMap::new(),
             stats: OffloadStats::default(),
             table,
         }
@@ -979,6 +1032,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             },
             Verdict::Wait(_) => {}
             Verdict::Refuse(why) => {
+                self.witness_tries.remove(&c.orig);
                 if self.end(&c.orig) {
                     self.stats.ended_closing += 1;
                 } else if self.settling.remove(&c.orig).is_some() {
@@ -992,6 +1046,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// A DESTROY event.
     pub fn destroy(&mut self, c: &Conn) {
+        self.witness_tries.remove(&c.orig);
         if self.end(&c.orig) {
             self.stats.ended_destroyed += 1;
         } else if self.settling.remove(&c.orig).is_some() {
@@ -1036,7 +1091,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             if self.settling.get(&orig).is_some_and(|p| p.due_ns == due_ns)
                 && let Some(p) = self.settling.remove(&orig)
             {
-                self.stats.settled += 1;
+                if !self.witness_tries.contains_key(&orig) {
+                    self.stats.settled += 1;
+                }
                 self.offload(&p.conn, now_ns);
             }
         }
@@ -1046,8 +1103,16 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// the WAN, as the fast path would carry it, and the routing mark its
     /// FIB lookups must carry (0: none; `carried` first, the mark an
     /// offloaded connection's entries carry); or why it would not carry
-    /// it.
-    fn direction(&mut self, c: &Conn, carried: u32) -> Result<(bool, u32), &'static str> {
+    /// it. With `witness`, under policy routing, the kernel's own packets
+    /// of the connection must have left as the fast path would send them
+    /// ([`Self::route_by_rules`]; not asked of a connection the fast path
+    /// carries: the kernel no longer sends its packets).
+    fn direction(
+        &mut self,
+        c: &Conn,
+        carried: u32,
+        witness: bool,
+    ) -> Result<(bool, u32), &'static str> {
         let rules = self.kernel.routing_rules().0[usize::from(c.orig.src.is_ipv6())];
         // The original direction arrives where the kernel routes its
         // source; it leaves where it routes the real destination (the
@@ -1084,7 +1149,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // Without rules that select a table, no mark changes a route: the
         // one the entries carry stays as good as none.
         let route_mark = if rules {
-            self.route_by_rules(c, orig_from_lan, carried)?
+            self.route_by_rules(c, orig_from_lan, carried, witness)?
         } else {
             carried
         };
@@ -1102,11 +1167,23 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// one) with the connection's mark in both directions, which is then
     /// the mark returned (`carried` tried first). Else the flow stays in
     /// the kernel.
+    ///
+    /// The daemon sees the ct mark, not the packets' marks: a mark a rule
+    /// sets on each packet, or restores from the ct mark with another mask
+    /// than `--route-mark-mask` or after routing, changes the kernel's
+    /// route unseen. So with `witness` and the egress witness attached,
+    /// the mark the kernel's packets of the original direction left with
+    /// is the one asked about, and each direction's packets, where seen,
+    /// must have left by the interface and to the next hop (its MAC) that
+    /// the fast path's lookup gives; the original direction's must have
+    /// been seen (`route_unseen`, `route_differs`: looked at again a few
+    /// times, then left to the kernel).
     fn route_by_rules(
         &mut self,
         c: &Conn,
         orig_from_lan: bool,
         carried: u32,
+        witness: bool,
     ) -> Result<u32, &'static str> {
         let (inside, outside) = if orig_from_lan {
             (self.lan, self.wan)
@@ -1114,9 +1191,21 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             (self.wan, self.lan)
         };
         let ported = matches!(c.orig.proto, IPPROTO_TCP | IPPROTO_UDP);
-        // The mark the packets are routed with: the ct mark as the
-        // firewall copies it into them (`--route-mark-mask`).
-        let packet_mark = c.mark & self.route_mark_mask;
+        let witnessed = if witness {
+            [
+                self.kernel.egress_seen(&leaving_as(&c.reply)),
+                self.kernel.egress_seen(&leaving_as(&c.orig)),
+            ]
+        } else {
+            [Witnessed::NoWitness; 2]
+        };
+        // The mark the packets are routed with: the one the kernel's
+        // packets left with where the witness saw them, else the ct mark
+        // as the firewall copies it into them (`--route-mark-mask`).
+        let packet_mark = match witnessed[0] {
+            Witnessed::Seen(seen) => seen.mark,
+            _ => c.mark & self.route_mark_mask,
+        };
         // Each direction after its destination NAT, before its source NAT:
         // the original one to the real destination (the reply's source),
         // the reply one to the original source.
@@ -1173,10 +1262,45 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                         }) == kernel
                     });
             if agrees {
+                let dsts = directions.map(|(_, dst, _, _, _)| dst);
+                self.witnessed_as_routed(dsts, kernel_routes, witnessed)?;
                 return Ok(mark);
             }
         }
         Err("policy_route")
+    }
+
+    /// Whether the kernel's packets of each direction (original, reply) to
+    /// `dsts`, where the egress witness saw them, left by `routes` (the
+    /// ones the fast path's lookup agrees with): by its interface, to its
+    /// next hop's MAC as the kernel has it now. The original direction's
+    /// must have been seen: its first packet left before any reply came.
+    /// The reply's may still be on its way (the event that offloads a UDP
+    /// flow comes as the kernel takes in its first reply).
+    fn witnessed_as_routed(
+        &mut self,
+        dsts: [IpAddr; 2],
+        routes: [Option<RouteAnswer>; 2],
+        witnessed: [Witnessed; 2],
+    ) -> Result<(), &'static str> {
+        for (i, ((dst, route), seen)) in dsts.into_iter().zip(routes).zip(witnessed).enumerate() {
+            let Some(route) = route else {
+                return Err("policy_route");
+            };
+            match seen {
+                Witnessed::Unseen if i == 0 => return Err(ROUTE_UNSEEN),
+                Witnessed::NoWitness | Witnessed::Unseen => {}
+                Witnessed::Seen(seen) => {
+                    let hop = route.gateway.unwrap_or(dst);
+                    if seen.ifindex != route.oif
+                        || self.kernel.neighbour_mac(route.oif, hop) != Some(seen.dst_mac)
+                    {
+                        return Err(ROUTE_DIFFERS);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The `ROUTE_MARKS` slot of `mark` (0 for none); `None`, counted,
@@ -1201,8 +1325,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// Whether the fast path may carry `c` by the owner's choice and the
     /// kernel's routing: its original direction's side, its routing mark
-    /// and that mark's slot; `None`, counted, when not.
-    fn carried_as(&mut self, c: &Conn) -> Option<(bool, u32, u16)> {
+    /// and that mark's slot; `None`, counted, when not (or not yet: waiting
+    /// for the egress witness's evidence).
+    fn carried_as(&mut self, c: &Conn, now_ns: u64) -> Option<(bool, u32, u16)> {
         // The owner's: its packets meet the firewall's rules on
         // established packets in the kernel.
         if self
@@ -1212,14 +1337,45 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             self.refused("kept_by_mark");
             return None;
         }
-        let (orig_from_lan, route_mark) =
-            self.direction(c, 0).map_err(|why| self.refused(why)).ok()?;
+        let (orig_from_lan, route_mark) = match self.direction(c, 0, true) {
+            Ok(d) => d,
+            Err(ROUTE_UNSEEN | ROUTE_DIFFERS) if self.wait_for_witness(c, now_ns) => return None,
+            Err(why) => {
+                self.witness_tries.remove(&c.orig);
+                self.refused(why);
+                return None;
+            }
+        };
+        self.witness_tries.remove(&c.orig);
         let route_slot = self.route_slot(route_mark)?;
         Some((orig_from_lan, route_mark, route_slot))
     }
 
+    /// Has `c` looked at again in [`WITNESS_WAIT_NS`] (with the connections
+    /// settling), unless it was [`WITNESS_TRIES`] times already: the
+    /// witness may have been attached after its packets, or hold a route
+    /// from before new rules, which the next packet the kernel sends
+    /// replaces.
+    fn wait_for_witness(&mut self, c: &Conn, now_ns: u64) -> bool {
+        let tries = self.witness_tries.entry(c.orig).or_insert(0);
+        if *tries >= WITNESS_TRIES {
+            return false;
+        }
+        *tries += 1;
+        let due_ns = now_ns + WITNESS_WAIT_NS;
+        self.settling.insert(
+            c.orig,
+            Settling {
+                conn: c.clone(),
+                due_ns,
+            },
+        );
+        self.settle_order.push_back((c.orig, due_ns));
+        true
+    }
+
     fn offload(&mut self, c: &Conn, now_ns: u64) {
-        let Some((orig_from_lan, route_mark, route_slot)) = self.carried_as(c) else {
+        let Some((orig_from_lan, route_mark, route_slot)) = self.carried_as(c, now_ns) else {
             return;
         };
         let stream = c.has(status::ASSURED);
@@ -1430,7 +1586,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             for (c, route_mark) in again {
                 // Routed elsewhere, or now by another mark than the one
                 // its entries carry.
-                if self.direction(&c, route_mark).map(|(_, mark)| mark) != Ok(route_mark) {
+                if self.direction(&c, route_mark, false).map(|(_, mark)| mark) != Ok(route_mark) {
                     covered.insert(c.orig);
                     gone.push((c.orig, Gone::Rerouted));
                     // A lasting connection may send no event again: a
@@ -1548,6 +1704,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
         // Their stale order entries are skipped by `settle`.
         self.settling.retain(|k, _| present.contains(k));
+        self.witness_tries.retain(|k, _| present.contains(k));
         for c in dump {
             self.conn(c, now_ns);
         }
@@ -1776,6 +1933,10 @@ mod tests {
         ipsec: (Vec<crate::xfrm::Selector>, u64),
         /// Connections marked assured.
         assured: Vec<Tuple>,
+        /// The egress witness's records; `None`: no witness.
+        witness: Option<HashMap<EgressKey, EgressSeen>>,
+        /// Neighbour MACs by interface and address.
+        macs: HashMap<(u32, IpAddr), [u8; 6]>,
     }
 
     impl Kernel for FakeKernel {
@@ -1844,6 +2005,15 @@ mod tests {
                 .copied()
                 .or_else(|| self.route(q.dst))
                 .map(|oif| RouteAnswer { oif, gateway: None })
+        }
+        fn egress_seen(&mut self, key: &EgressKey) -> Witnessed {
+            self.witness.as_ref().map_or(Witnessed::NoWitness, |w| {
+                w.get(key)
+                    .map_or(Witnessed::Unseen, |s| Witnessed::Seen(*s))
+            })
+        }
+        fn neighbour_mac(&mut self, ifindex: u32, addr: IpAddr) -> Option<[u8; 6]> {
+            self.macs.get(&(ifindex, addr)).copied()
         }
         fn dump(&mut self) -> io::Result<Vec<Conn>> {
             if self.dump_failures > 0 {
@@ -2126,6 +2296,82 @@ mod tests {
         let mut o = setup(Some(vec![(7, 0x100)]));
         o.conn(&c, 1);
         assert_eq!(slot_of(&o, &c), Some(7));
+    }
+
+    /// The egress witness under policy routing: a connection the kernel's
+    /// packets were never seen leaving by an attached interface, or seen
+    /// leaving to another next hop than the fast path's lookup gives, is
+    /// looked at again a few times and then left to the kernel; one whose
+    /// packets carried a mark the ct mark does not show is carried with
+    /// that mark.
+    #[test]
+    fn the_egress_witness_decides_where_the_kernel_routes_by_marks_it_does_not_see() {
+        const TUNNEL: u32 = 9;
+        const GATEWAY: [u8; 6] = [2, 0, 0, 0, 0, 1];
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let setup = |seen: Option<EgressSeen>| {
+            let mut o = policy_offloader(&[&c], Some(vec![]));
+            o.kernel.witness = Some(
+                seen.map(|s| (leaving_as(&c.reply), s))
+                    .into_iter()
+                    .collect(),
+            );
+            o.kernel.macs.insert((WAN, c.reply.src), GATEWAY);
+            o
+        };
+        let wan_seen = |mark, dst_mac| EgressSeen {
+            ifindex: WAN,
+            mark,
+            dst_mac,
+            pad: 0,
+        };
+        // Never seen leaving an attached interface (a mark on each packet
+        // sends it into a tunnel): looked at again, then left to the kernel.
+        let mut o = setup(None);
+        o.conn(&c, 1);
+        for i in 1..=u64::from(WITNESS_TRIES) {
+            assert_eq!((o.len(), o.stats.not_offloaded.len()), (0, 0), "try {i}");
+            o.settle(1 + i * WITNESS_WAIT_NS);
+        }
+        assert_eq!(o.len(), 0);
+        assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
+        assert_eq!(o.stats.settled, 0);
+        assert!(o.witness_tries.is_empty() && o.settling.is_empty());
+
+        // Seen going to another next hop: left to the kernel; unless the
+        // next packet, seen by a later look, went where the fast path
+        // would send it (a record from before new rules).
+        let mut o = setup(Some(wan_seen(0, [2, 0, 0, 0, 0, 9])));
+        o.conn(&c, 1);
+        o.settle(1 + WITNESS_WAIT_NS);
+        assert_eq!(o.len(), 0);
+        o.kernel.witness = Some([(leaving_as(&c.reply), wan_seen(0, GATEWAY))].into());
+        o.settle(1 + 2 * WITNESS_WAIT_NS);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert!(o.witness_tries.is_empty());
+        let mut o = setup(Some(wan_seen(0, [2, 0, 0, 0, 0, 9])));
+        o.conn(&c, 1);
+        for i in 1..=u64::from(WITNESS_TRIES) {
+            o.settle(1 + i * WITNESS_WAIT_NS);
+        }
+        assert_eq!(o.stats.not_offloaded.get(ROUTE_DIFFERS), Some(&1));
+
+        // A mark set on each packet (no ct mark) that routes it out of the
+        // WAN where the unmarked packet would go into a tunnel: carried,
+        // with the mark the packets left with.
+        let mut o = setup(Some(wan_seen(0x100, GATEWAY)));
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert_eq!(slot_of(&o, &c), Some(1));
+        assert_eq!(o.table.3, Some(vec![(1, 0x100)]));
+
+        // Without a witness the rules and the ct mark decide as before.
+        let mut o = policy_offloader(&[&c], Some(vec![]));
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
     }
 
     /// `--route-mark-mask`: the connection is routed with the bits of its

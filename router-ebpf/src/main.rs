@@ -38,6 +38,7 @@
 mod admit;
 mod clock;
 mod debug_log;
+mod egress_witness;
 mod flow;
 mod fragment;
 mod hop;

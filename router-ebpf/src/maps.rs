@@ -9,10 +9,10 @@ use aya_ebpf::{
 use router_common::{
     flow::expired,
     maps::{
-        Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, FlowEntry, FlowKey, FragmentKey,
-        FragmentXlat, MAX_FRAGMENTED_DATAGRAMS, MAX_KERNEL_FLOWS, MAX_NEXT_HOPS, MAX_PORT_FORWARDS,
-        MAX_ROUTE_MARKS, MAX_VIRTUAL_MACS, NextHopKey, PortForwardKey, PortForwardTarget,
-        VirtualMacKey,
+        Config, Counter, CounterValue, DEFAULT_MAX_FLOWS, EgressKey, EgressSeen, FlowEntry,
+        FlowKey, FragmentKey, FragmentXlat, MAX_EGRESS_SEEN, MAX_FRAGMENTED_DATAGRAMS,
+        MAX_KERNEL_FLOWS, MAX_NEXT_HOPS, MAX_PORT_FORWARDS, MAX_ROUTE_MARKS, MAX_VIRTUAL_MACS,
+        NextHopKey, PortForwardKey, PortForwardTarget, VirtualMacKey,
     },
 };
 
@@ -63,6 +63,13 @@ pub static ROUTE_MARKS: Array<u32> = Array::with_max_entries(MAX_ROUTE_MARKS, 0)
 /// `router_common::maps::NEXT_HOPS_MAP`).
 #[map(name = "NEXT_HOPS")]
 pub static NEXT_HOPS: LruHashMap<NextHopKey, u64> = LruHashMap::with_max_entries(MAX_NEXT_HOPS, 0);
+
+/// How the kernel sent connections' packets out of the attached
+/// interfaces (see `router_common::maps::EGRESS_SEEN_MAP`); written by the
+/// tc egress program the offload daemon attaches, not by the XDP program.
+#[map(name = "EGRESS_SEEN")]
+pub static EGRESS_SEEN: LruHashMap<EgressKey, EgressSeen> =
+    LruHashMap::with_max_entries(MAX_EGRESS_SEEN, 0);
 
 /// `-EEXIST` from a `BPF_NOEXIST` update: the key is taken.
 pub const EEXIST: i32 = -17;

@@ -9,14 +9,14 @@ use anyhow::{Context, Result};
 use aya::maps::MapError;
 use router_common::{
     lease_cas::{self, LeaseCas, LeaseSwap},
-    maps::{FlowEntry, FlowEntry6, FlowKey, FlowKey6},
+    maps::{EgressKey, FlowEntry, FlowEntry6, FlowKey, FlowKey6},
 };
 
 use crate::{
     ctnetlink::{Conn, CtSocket, Tuple},
     maps::{Conntrack6Map, ConntrackMap},
     netlink,
-    offload::{Kernel, Table, TcpNow},
+    offload::{Kernel, Table, TcpNow, Witnessed},
 };
 
 /// Routes remembered within a tick (one lookup per new address); the cache
@@ -195,6 +195,10 @@ pub(super) struct NetlinkKernel {
     /// hash.
     pub(super) policy: Option<(u64, [bool; 2], u64)>,
     pub(super) ipsec: IpsecSeen,
+    /// The egress witness, where it could be attached (offload mode).
+    pub(super) witness: Option<super::egress_witness::EgressWitness>,
+    /// The neighbour table, read when first needed in a tick.
+    pub(super) neighbours: Option<Vec<netlink::Neighbour>>,
 }
 
 /// The `IPsec` policies as the daemon last read them.
@@ -303,5 +307,21 @@ impl Kernel for NetlinkKernel {
     }
     fn forward_route(&mut self, q: &netlink::RouteQuery) -> Option<netlink::RouteAnswer> {
         netlink::route_forward(q).ok().flatten()
+    }
+    fn egress_seen(&mut self, key: &EgressKey) -> Witnessed {
+        match &self.witness {
+            None => Witnessed::NoWitness,
+            Some(w) => w.seen(key).map_or(Witnessed::Unseen, Witnessed::Seen),
+        }
+    }
+    fn neighbour_mac(&mut self, ifindex: u32, addr: IpAddr) -> Option<[u8; 6]> {
+        if self.neighbours.is_none() {
+            self.neighbours = netlink::neighbours().ok();
+        }
+        self.neighbours
+            .as_ref()?
+            .iter()
+            .find(|n| n.ifindex == ifindex && n.addr == addr)?
+            .mac
     }
 }

@@ -45,6 +45,7 @@ use crate::{
     service, state, web,
 };
 
+mod egress_witness;
 mod follow;
 mod kernel_io;
 mod neighbours;
@@ -200,6 +201,24 @@ struct Session {
     neighbours: neighbours::NeighbourUse,
 }
 
+/// The egress witness on the interfaces `ifindexes`, or `None`, said,
+/// where it cannot be attached.
+fn attach_witness(ifindexes: [u32; 2]) -> Option<egress_witness::EgressWitness> {
+    let attached = crate::object::Object::load(None)
+        .and_then(|obj| egress_witness::EgressWitness::attach(&obj, ifindexes));
+    match attached {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(
+                "the egress witness (where the kernel sends connections): {e:#}; under policy \
+                 routing, offload decisions rest on the routing rules and the ct mark alone \
+                 (a mark set on each packet is not seen)"
+            );
+            None
+        }
+    }
+}
+
 impl Session {
     /// Reads the attached router's configuration, subscribes to conntrack
     /// events (offload mode) and loads the kernel's table. Must run inside
@@ -221,6 +240,12 @@ impl Session {
             addrs: None,
             policy: None,
             ipsec: IpsecSeen::default(),
+            witness: if kernel_mode {
+                attach_witness([cfg.lan_ifindex, cfg.wan_ifindex])
+            } else {
+                None
+            },
+            neighbours: None,
         };
         let mut off = Offloader::new(
             table,
@@ -730,6 +755,7 @@ fn tick(
     }
     session.off.kernel.routes.clear();
     session.off.kernel.addrs = None;
+    session.off.kernel.neighbours = None;
     status.neighbours_revalidated += session
         .neighbours
         .tick(monotonic_ns(), status.tick_secs * 1_000_000_000);

@@ -1693,6 +1693,139 @@ fn offload_carries_a_flow_routed_by_its_mark_with_the_mark() {
     assert_eq!(not_offloaded(&t, "policy_route"), 0, "{}", show());
 }
 
+/// Policy routing by a mark a rule sets on each packet, with no ct mark
+/// (`OpenWrt` pbr's and many hand-written rulesets' way: `meta mark set 1`
+/// for one port, `ip rule fwmark 1` through `vpn0`, not attached): the
+/// daemon sees no mark on the connection, and the routing rules alone
+/// would have it go out of the WAN; the egress witness never saw its
+/// packets leave an attached interface, so the daemon leaves it to the
+/// kernel (`route_unseen`) and every datagram keeps going through the
+/// tunnel instead of out of the WAN with the tunnel's address.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_leaves_a_flow_a_mark_on_each_packet_routes_elsewhere_to_the_kernel() {
+    const N: u32 = 30;
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    tunnel_to_server(&t);
+    for cmd in [
+        "route add default via 10.8.0.2 dev vpn0 table 100",
+        "rule add fwmark 1 lookup 100 pref 100",
+    ] {
+        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
+    }
+    marking_firewall(
+        &t,
+        &format!("iifname \"{LAN_IF}\" udp dport 7000 meta mark set 1"),
+    );
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
+    wait_for_or_show(
+        "the daemon to leave the flow to the kernel",
+        Duration::from_secs(15),
+        || {
+            let _ = echoes(&marked, 1, Duration::from_millis(100));
+            not_offloaded(&t, "route_unseen") > 0
+        },
+        show,
+    );
+    let (tunnel, wan) = (
+        rx_packets(&t, Ns::Server, "vpn1"),
+        rx_packets(&t, Ns::Server, HOST_IF),
+    );
+    assert_eq!(echoes(&marked, N, Duration::from_millis(20)), N);
+    let through_tunnel = rx_packets(&t, Ns::Server, "vpn1") - tunnel;
+    assert!(
+        through_tunnel >= u64::from(N),
+        "{through_tunnel} of {N} datagrams came through the tunnel, {} by the WAN\n{}",
+        rx_packets(&t, Ns::Server, HOST_IF) - wan,
+        show()
+    );
+    assert!(offloaded_rows(&t).is_empty(), "{:?}", offloaded_rows(&t));
+}
+
+/// Policy routing by a mark set on each packet that sends a connection
+/// out of the WAN while the main table sends its destination into `vpn0`
+/// (a VPN bypass for one port, no ct mark): the daemon routes the
+/// connection with the mark its packets left with, as the egress witness
+/// saw it, checks they went to the next hop the fast path's lookup with
+/// that mark gives, and offloads it with the mark; XDP forwards every
+/// datagram out of the WAN, none into the tunnel.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
+    const N: u32 = 30;
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    tunnel_to_server(&t);
+    for cmd in [
+        format!("route add {SERVER_ADDR}/32 via 10.8.0.2 dev vpn0"),
+        format!("route add {} dev {WAN_IF} table 100", net24(SERVER_ADDR)),
+        format!("route add {} dev {LAN_IF} table 100", net24(CLIENT_ADDR)),
+        "rule add fwmark 0x100 lookup 100 pref 100".to_owned(),
+    ] {
+        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
+    }
+    t.exec_ok(
+        Ns::Router,
+        &["sysctl", "-qw", "net.ipv6.conf.vpn0.disable_ipv6=1"],
+    );
+    marking_firewall(
+        &t,
+        &format!("iifname \"{LAN_IF}\" udp dport 7000 meta mark set 0x100"),
+    );
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
+    wait_for_or_show(
+        "the daemon to offload the flow routed by the packets' mark",
+        Duration::from_secs(15),
+        || {
+            let _ = echoes(&marked, 1, Duration::from_millis(100));
+            offloaded_rows(&t).len() == 1
+        },
+        show,
+    );
+    let tunnel = rx_packets(&t, Ns::Server, "vpn1");
+    let forwarded = counter(&t, "fwd_outbound");
+    assert_eq!(
+        echoes(&marked, N, Duration::from_millis(20)),
+        N,
+        "{}",
+        show()
+    );
+    let forwarded = counter(&t, "fwd_outbound") - forwarded;
+    assert!(
+        forwarded >= u64::from(N),
+        "XDP forwarded {forwarded} of the {N} datagrams to the server\n{}",
+        show()
+    );
+    assert_eq!(
+        rx_packets(&t, Ns::Server, "vpn1"),
+        tunnel,
+        "through the tunnel"
+    );
+}
+
 /// The /24 network of `a`.
 fn net24(a: Ipv4Addr) -> String {
     let [x, y, z, _] = a.octets();

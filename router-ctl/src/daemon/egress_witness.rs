@@ -1,0 +1,74 @@
+//! The witness of where the kernel sends connections: the object's tc
+//! egress program (`egress_witness`, see `router-ebpf/src/egress_witness.rs`)
+//! attached by the daemon to both attached interfaces (tcx, Linux 6.6+,
+//! after every program already there), for as long as the daemon runs:
+//! its links and its map are the daemon's own (nothing pinned), so a
+//! stopped daemon leaves nothing behind. The offloader asks it, under
+//! policy routing, how the kernel's own packets of a connection left
+//! ([`crate::offload::Kernel::egress_seen`]).
+
+use anyhow::{Context, Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData},
+    programs::{LinkOrder, SchedClassifier, TcAttachType, tc::TcAttachOptions},
+};
+use router_common::maps::{EGRESS_SEEN_MAP, EGRESS_WITNESS_PROGRAM, EgressKey, EgressSeen};
+
+use crate::{netlink, object::Object};
+
+/// Map types whose size is the loader's to choose: the object's other maps
+/// (the XDP program's, which the witness never touches) are created with
+/// one entry each, so loading the object for the witness costs no memory
+/// for a conntrack table. Hash, array, per-CPU array, LRU hash, dev map
+/// hash (`BPF_MAP_TYPE_*`).
+const SHRINKABLE_MAP_TYPES: [u32; 5] = [1, 2, 6, 9, 25];
+
+/// The attached witness: its object (which holds the program and its two
+/// links) and its map.
+pub(super) struct EgressWitness {
+    _ebpf: Ebpf,
+    seen: HashMap<MapData, EgressKey, EgressSeen>,
+}
+
+impl EgressWitness {
+    /// Loads the witness from `obj` and attaches it to the egress of the
+    /// interfaces `ifindexes`.
+    pub(super) fn attach(obj: &Object, ifindexes: [u32; 2]) -> Result<Self> {
+        let parsed = aya_obj::Object::parse(&obj.bytes).context("parsing the object")?;
+        let mut loader = EbpfLoader::new();
+        for (name, def) in &parsed.maps {
+            if name != EGRESS_SEEN_MAP && SHRINKABLE_MAP_TYPES.contains(&def.map_type()) {
+                loader.map_max_entries(name, 1);
+            }
+        }
+        let mut ebpf = loader.load(&obj.bytes).context("loading the object")?;
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(EGRESS_WITNESS_PROGRAM)
+            .with_context(|| format!("the object has no program {EGRESS_WITNESS_PROGRAM}"))?
+            .try_into()
+            .context("the object's egress witness is not a tc program")?;
+        prog.load().context("loading the tc egress program")?;
+        for ifindex in ifindexes {
+            let name =
+                netlink::ifname(ifindex).ok_or_else(|| anyhow!("interface {ifindex} is gone"))?;
+            prog.attach_with_options(
+                &name,
+                TcAttachType::Egress,
+                TcAttachOptions::TcxOrder(LinkOrder::last()),
+            )
+            .with_context(|| format!("attaching it to the egress of {name} (tcx, Linux 6.6+)"))?;
+        }
+        let map = ebpf
+            .take_map(EGRESS_SEEN_MAP)
+            .with_context(|| format!("the object has no map {EGRESS_SEEN_MAP}"))?;
+        let seen = HashMap::try_from(map).context("the egress witness's map")?;
+        Ok(Self { _ebpf: ebpf, seen })
+    }
+
+    /// How the kernel last sent a packet `key` out of an attached
+    /// interface, if the witness saw one.
+    pub(super) fn seen(&self, key: &EgressKey) -> Option<EgressSeen> {
+        self.seen.get(key, 0).ok()
+    }
+}
