@@ -42,21 +42,26 @@ pub fn obj_get(path: &std::path::Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// `BPF_PROG_QUERY` without a buffer: how many programs are attached to
-/// interface `ifindex` as `attach_type` ([`TCX_INGRESS`], [`TCX_EGRESS`]).
-/// A kernel without tcx (before 6.6) refuses the attach type: none then.
-pub fn prog_count(ifindex: u32, attach_type: u32) -> io::Result<u32> {
+/// The ids of the programs attached to interface `ifindex` at
+/// `attach_type` (a tcx hook), in order; empty where the kernel has no such
+/// hook (a kernel without tcx, before 6.6, refuses the attach type). At
+/// most 64 are read (`ENOSPC` beyond).
+pub fn prog_ids(ifindex: u32, attach_type: u32) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 64];
     // union bpf_attr's query: target_ifindex, attach_type, query_flags,
     // attach_flags (u32 each), prog_ids (u64), prog_cnt (u32), padding,
     // prog_attach_flags, link_ids, link_attach_flags, revision (u64 each).
     let mut attr = [0u8; 64];
     attr[0..4].copy_from_slice(&ifindex.to_ne_bytes());
     attr[4..8].copy_from_slice(&attach_type.to_ne_bytes());
+    attr[16..24].copy_from_slice(&(ids.as_mut_ptr() as u64).to_ne_bytes());
+    attr[24..28].copy_from_slice(&64u32.to_ne_bytes());
     match sys_bpf(BPF_PROG_QUERY, &mut attr) {
-        Ok(_) => Ok(u32::from_ne_bytes(
-            attr[24..28].try_into().unwrap_or([0; 4]),
-        )),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(0),
+        Ok(_) => {
+            let n = u32::from_ne_bytes(attr[24..28].try_into().unwrap_or([0; 4]));
+            Ok(ids[..usize::try_from(n).unwrap_or(0).min(ids.len())].to_vec())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(Vec::new()),
         Err(e) => Err(e),
     }
 }

@@ -92,9 +92,14 @@ impl TcSeen {
         // Counting tcx programs needs CAP_NET_ADMIN, which a `doctor` run
         // with CAP_BPF alone lacks: not counted then (the qdiscs and
         // filters, readable by anyone, still are).
-        let tcx = |attach_type| match bpfsys::prog_count(ifindex, attach_type) {
+        // The offload daemon's own egress witness only looks.
+        let tcx = |attach_type| match bpfsys::prog_ids(ifindex, attach_type) {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(0),
-            r => r,
+            Err(e) => Err(e),
+            Ok(ids) => Ok(
+                u32::try_from(ids.iter().filter(|&&id| !is_egress_witness(id)).count())
+                    .unwrap_or(u32::MAX),
+            ),
         };
         Ok(Self {
             ingress_filters: kinds(INGRESS_HOOK)?,
@@ -167,6 +172,16 @@ impl TcSeen {
 }
 
 /// Whether qdisc `q` shapes or classifies (see [`NOT_SHAPING`]).
+/// Whether program `id` is the offload daemon's egress witness (by its
+/// name: a tcx program that only notes where packets go).
+fn is_egress_witness(id: u32) -> bool {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .any(|p| {
+            p.id() == id && p.name_as_str() == Some(router_common::maps::EGRESS_WITNESS_PROGRAM)
+        })
+}
+
 fn shapes(q: &TcObject) -> bool {
     match q.kind.as_str() {
         "fq" | "cake" => limits_a_rate(q),

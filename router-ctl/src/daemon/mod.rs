@@ -592,8 +592,11 @@ fn follow_attach(
         }
         // The session's maps are orphans now (no program reads them): no
         // new connection is offloaded into them. The next attach re-opens
-        // the session, with a new subscription and a resync.
+        // the session, with a new subscription and a resync. Nor is the
+        // egress witness left on the interfaces (the next session attaches
+        // its own).
         session.events = None;
+        session.off.kernel.witness = None;
         return;
     };
     let same = now == session.attached;

@@ -1824,6 +1824,34 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
         tunnel,
         "through the tunnel"
     );
+    // The witness is the daemon's: on both interfaces while it follows an
+    // attached router, gone from them after a detach.
+    let witnesses = || {
+        [LAN_IF, WAN_IF]
+            .iter()
+            .filter(|dev| {
+                t.in_ns(Ns::Router, || {
+                    aya::programs::SchedClassifier::query_tcx(
+                        dev,
+                        aya::programs::TcAttachType::Egress,
+                    )
+                    .is_ok_and(|(_, progs)| {
+                        progs
+                            .iter()
+                            .any(|p| p.name_as_str() == Some("egress_witness"))
+                    })
+                })
+            })
+            .count()
+    };
+    assert_eq!(witnesses(), 2, "{}", show());
+    t.router_ctl_ok(&["detach"]);
+    wait_for_or_show(
+        "the daemon to take its egress witness off the interfaces",
+        Duration::from_secs(10),
+        || witnesses() == 0,
+        show,
+    );
 }
 
 /// The /24 network of `a`.
