@@ -1073,6 +1073,47 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
     out
 }
 
+/// What an attached router misses while no `router-ctl run` follows it
+/// (`daemon_running`: its status file's heartbeat is fresh): a warning,
+/// in either mode.
+#[must_use]
+pub fn daemon_check(pin_dir: &Path, daemon_running: bool) -> Option<Check> {
+    if daemon_running {
+        return None;
+    }
+    let cfg = PinnedMaps::at(pin_dir)
+        .read_config()
+        .ok()
+        .filter(|c| c.lan_ifindex != 0)?;
+    Some(unfollowed_router(cfg.admit == Admit::Kernel as u8))
+}
+
+/// The warning of [`daemon_check`] for offload (`kernel_mode`) or
+/// standalone mode.
+fn unfollowed_router(kernel_mode: bool) -> Check {
+    let missed = if kernel_mode {
+        "no connection is offloaded (the kernel forwards every flow once the leases of those \
+         offloaded end)"
+    } else {
+        "the fast path keeps forwarding, but a next hop that changes its MAC without telling \
+         (a replaced gateway or LAN host) keeps getting its frames for good (nothing \
+         re-validates the neighbours only it uses), and a new MAC or WAN address of the \
+         attached interfaces, a VRRP transition or a removed kernel side is not followed"
+    };
+    Check {
+        iface: "daemon".into(),
+        name: "not-running",
+        level: Level::Warn,
+        detail: format!(
+            "no `router-ctl run` is running (no fresh heartbeat in its status file): {missed}"
+        ),
+        fix: Some(
+            "start it: `router-ctl run` (as a service: examples/systemd/xdp-router.service)"
+                .to_owned(),
+        ),
+    }
+}
+
 /// keepalived `use_vmac` needs `router-ctl run`: `attach` writes the
 /// virtual MACs once, the daemon follows each VRRP transition. Checked
 /// when none runs (`daemon_running`: its status file's heartbeat is
@@ -1523,6 +1564,7 @@ pub fn doctor(
     as_json: bool,
 ) -> i32 {
     let mut cs = checks(ifaces, pin_dir);
+    cs.extend(daemon_check(pin_dir, daemon_running));
     cs.extend(vrrp_daemon_check(pin_dir, daemon_running));
     cs.extend(local_ports_check(netns, pin_dir));
     cs.extend(source_route_check(pin_dir));

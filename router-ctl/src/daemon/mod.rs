@@ -270,9 +270,10 @@ impl Session {
                     .context("registering the event socket")?,
             ))
         } else {
-            tracing::warn!(
-                "standalone mode (attach --admit xdp): the data path admits flows itself, \
-                 nothing to offload"
+            tracing::info!(
+                "standalone mode (attach --admit xdp): the data path admits flows itself; the \
+                 daemon follows the interfaces, their addresses and the next hops the fast path \
+                 alone uses"
             );
             None
         };

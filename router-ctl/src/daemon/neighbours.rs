@@ -37,6 +37,8 @@ pub(super) struct NeighbourUse {
     maps: PinnedMaps,
     /// The last pass failed (said once per failure in a row).
     failing: bool,
+    /// When the last pass ran (`CLOCK_MONOTONIC` ns).
+    last_pass_ns: Option<u64>,
 }
 
 impl NeighbourUse {
@@ -45,16 +47,22 @@ impl NeighbourUse {
             map: maps.next_hops().ok(),
             maps: maps.clone(),
             failing: false,
+            last_pass_ns: None,
         }
     }
 
-    /// One pass at `now_ns`, `tick_ns` after the last: how many STALE
+    /// One pass at `now_ns` (ticks `tick_ns` apart): how many STALE
     /// entries of next hops in use the kernel was asked to re-validate.
     pub(super) fn tick(&mut self, now_ns: u64, tick_ns: u64) -> u64 {
         // In use: noted since the pass before the last (a flow direction
         // notes its next hop at most once per `REFRESH_NS`, when it asks
-        // the FIB, about once per `REFRESH_NS` while it has packets).
-        let in_use_ns = tick_ns + 2 * REFRESH_NS;
+        // the FIB, about once per `REFRESH_NS` while it has packets); a
+        // pass that came late (a busy daemon) looks back as far.
+        let since_last = self
+            .last_pass_ns
+            .replace(now_ns)
+            .map_or(tick_ns, |last| now_ns.saturating_sub(last));
+        let in_use_ns = since_last.max(tick_ns) + 2 * REFRESH_NS;
         if self.map.is_none() {
             // Pinned by a replace since (a router attached by an earlier
             // router-ctl keeps its map ids, so the session stays).

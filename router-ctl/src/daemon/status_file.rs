@@ -211,7 +211,10 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
             without_daemon(d)
         )
     } else {
-        "daemon: not running (standalone mode does not need it)".to_owned()
+        "daemon: not running: the fast path forwards, but a next hop that changes its MAC \
+         silently, a new MAC or WAN address of the attached interfaces and a VRRP transition \
+         are not followed; start `router-ctl run`"
+            .to_owned()
     }
 }
 

@@ -305,6 +305,10 @@ fn doctor_fails_when_the_kernel_accepts_source_routes_in_standalone_mode() {
     assert!(out.status.success(), "attach: {}", stderr(&out));
     let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
     assert_eq!(check(&v, WAN_IF, "source-route")["level"], "ok", "{v}");
+    // No daemon follows the router: said, with what it misses.
+    let c = check(&v, "daemon", "not-running");
+    assert_eq!(c["level"], "warn", "{c}");
+    assert!(c["detail"].as_str().unwrap().contains("next hop"), "{c}");
     let set = |conf: &str, on: u8| {
         t.exec_ok(
             Ns::Router,

@@ -1912,6 +1912,8 @@ fn offload_ends_a_flow_an_ipsec_policy_now_covers() {
     let d = t.router_ctl(&["doctor", LAN_IF, WAN_IF]);
     let out = String::from_utf8_lossy(&d.stdout);
     assert!(out.contains("1 IPsec policies"), "{out}");
+    // The daemon runs: no warning that none does.
+    assert!(!out.contains("no `router-ctl run` is running"), "{out}");
     t.exec_ok(Ns::Router, &["ip", "xfrm", "policy", "flush"]);
 }
 
