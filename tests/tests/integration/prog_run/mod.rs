@@ -22,6 +22,7 @@
 )]
 
 mod counts;
+mod egress_witness;
 mod expiry;
 mod fib;
 mod fragments;
