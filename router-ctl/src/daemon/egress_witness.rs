@@ -1,9 +1,10 @@
 //! The witness of where the kernel sends connections: the object's tc
 //! egress program (`egress_witness`, see `router-ebpf/src/egress_witness.rs`)
 //! attached by the daemon to both attached interfaces (tcx, Linux 6.6+,
-//! after every program already there), for as long as the daemon runs:
-//! its links and its map are the daemon's own (nothing pinned), so a
-//! stopped daemon leaves nothing behind. The offloader asks it, under
+//! after every program already there) when policy routing first calls for
+//! it ([`Witness`]), for as long as the daemon runs: its links and its map
+//! are the daemon's own (nothing pinned), so a stopped daemon leaves
+//! nothing behind. The offloader asks it, under
 //! policy routing, how the kernel's own packets of a connection left
 //! ([`crate::offload::Kernel::egress_seen`]).
 
@@ -23,6 +24,50 @@ use crate::{netlink, object::Object};
 /// for a conntrack table. Hash, array, per-CPU array, LRU hash, dev map
 /// hash (`BPF_MAP_TYPE_*`).
 const SHRINKABLE_MAP_TYPES: [u32; 5] = [1, 2, 6, 9, 25];
+
+/// The daemon's witness, attached when first asked: only policy routing
+/// needs it, so a router without policy rules pays nothing for it on its
+/// kernel path.
+pub(super) enum Witness {
+    /// None wanted (standalone mode, a detached router).
+    Off,
+    /// Wanted on the egress of these interfaces, not attached yet.
+    Wanted([u32; 2]),
+    Attached(Box<EgressWitness>),
+    /// Attaching failed (said once): the routing rules alone decide.
+    Failed,
+}
+
+impl Witness {
+    /// The attached witness, attaching it if it is wanted and not yet.
+    pub(super) fn get(&mut self) -> Option<&EgressWitness> {
+        if let Self::Wanted(ifindexes) = *self {
+            let attached = crate::object::Object::load(None)
+                .and_then(|obj| EgressWitness::attach(&obj, ifindexes));
+            *self = match attached {
+                Ok(w) => {
+                    tracing::info!(
+                        "policy routing: the egress witness (where the kernel sends \
+                         connections) is attached to both interfaces"
+                    );
+                    Self::Attached(Box::new(w))
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "the egress witness (where the kernel sends connections): {e:#}; under \
+                         policy routing, offload decisions rest on the routing rules and the ct \
+                         mark alone (a mark set on each packet is not seen)"
+                    );
+                    Self::Failed
+                }
+            };
+        }
+        match self {
+            Self::Attached(w) => Some(w),
+            _ => None,
+        }
+    }
+}
 
 /// The attached witness: its object (which holds the program and its two
 /// links) and its map.

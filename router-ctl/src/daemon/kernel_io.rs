@@ -195,8 +195,8 @@ pub(super) struct NetlinkKernel {
     /// hash.
     pub(super) policy: Option<(u64, [bool; 2], u64)>,
     pub(super) ipsec: IpsecSeen,
-    /// The egress witness, where it could be attached (offload mode).
-    pub(super) witness: Option<super::egress_witness::EgressWitness>,
+    /// The egress witness (offload mode), attached when first asked.
+    pub(super) witness: super::egress_witness::Witness,
     /// The neighbour table, read when first needed in a tick.
     pub(super) neighbours: Option<Vec<netlink::Neighbour>>,
 }
@@ -309,7 +309,7 @@ impl Kernel for NetlinkKernel {
         netlink::route_forward(q).ok().flatten()
     }
     fn egress_seen(&mut self, key: &EgressKey) -> Witnessed {
-        match &self.witness {
+        match self.witness.get() {
             None => Witnessed::NoWitness,
             Some(w) => w.seen(key).map_or(Witnessed::Unseen, Witnessed::Seen),
         }

@@ -46,6 +46,7 @@ use crate::{
 };
 
 mod egress_witness;
+use egress_witness::Witness;
 mod follow;
 mod kernel_io;
 mod neighbours;
@@ -201,24 +202,6 @@ struct Session {
     neighbours: neighbours::NeighbourUse,
 }
 
-/// The egress witness on the interfaces `ifindexes`, or `None`, said,
-/// where it cannot be attached.
-fn attach_witness(ifindexes: [u32; 2]) -> Option<egress_witness::EgressWitness> {
-    let attached = crate::object::Object::load(None)
-        .and_then(|obj| egress_witness::EgressWitness::attach(&obj, ifindexes));
-    match attached {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!(
-                "the egress witness (where the kernel sends connections): {e:#}; under policy \
-                 routing, offload decisions rest on the routing rules and the ct mark alone \
-                 (a mark set on each packet is not seen)"
-            );
-            None
-        }
-    }
-}
-
 impl Session {
     /// Reads the attached router's configuration, subscribes to conntrack
     /// events (offload mode) and loads the kernel's table. Must run inside
@@ -241,9 +224,9 @@ impl Session {
             policy: None,
             ipsec: IpsecSeen::default(),
             witness: if kernel_mode {
-                attach_witness([cfg.lan_ifindex, cfg.wan_ifindex])
+                Witness::Wanted([cfg.lan_ifindex, cfg.wan_ifindex])
             } else {
-                None
+                Witness::Off
             },
             neighbours: None,
         };
@@ -597,7 +580,7 @@ fn follow_attach(
         // egress witness left on the interfaces (the next session attaches
         // its own).
         session.events = None;
-        session.off.kernel.witness = None;
+        session.off.kernel.witness = Witness::Off;
         return;
     };
     let same = now == session.attached;

@@ -568,6 +568,9 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
     );
     let stats = t.router_ctl_ok(&["stats"]);
     assert!(counter(&t, "pass_not_offloaded") > 0, "{stats}");
+    // No policy rules: the daemon never needed its egress witness, and the
+    // kernel path never paid for it.
+    assert_eq!(witnesses(&t), 0);
 }
 
 #[test]
@@ -1826,32 +1829,32 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
     );
     // The witness is the daemon's: on both interfaces while it follows an
     // attached router, gone from them after a detach.
-    let witnesses = || {
-        [LAN_IF, WAN_IF]
-            .iter()
-            .filter(|dev| {
-                t.in_ns(Ns::Router, || {
-                    aya::programs::SchedClassifier::query_tcx(
-                        dev,
-                        aya::programs::TcAttachType::Egress,
-                    )
+    assert_eq!(witnesses(&t), 2, "{}", show());
+    t.router_ctl_ok(&["detach"]);
+    wait_for_or_show(
+        "the daemon to take its egress witness off the interfaces",
+        Duration::from_secs(10),
+        || witnesses(&t) == 0,
+        show,
+    );
+}
+
+/// On how many of the router's two interfaces the daemon's egress witness
+/// (a tcx program on egress) is attached.
+fn witnesses(t: &Topology) -> usize {
+    [LAN_IF, WAN_IF]
+        .iter()
+        .filter(|dev| {
+            t.in_ns(Ns::Router, || {
+                aya::programs::SchedClassifier::query_tcx(dev, aya::programs::TcAttachType::Egress)
                     .is_ok_and(|(_, progs)| {
                         progs
                             .iter()
                             .any(|p| p.name_as_str() == Some("egress_witness"))
                     })
-                })
             })
-            .count()
-    };
-    assert_eq!(witnesses(), 2, "{}", show());
-    t.router_ctl_ok(&["detach"]);
-    wait_for_or_show(
-        "the daemon to take its egress witness off the interfaces",
-        Duration::from_secs(10),
-        || witnesses() == 0,
-        show,
-    );
+        })
+        .count()
 }
 
 /// The /24 network of `a`.
