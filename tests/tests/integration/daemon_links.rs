@@ -136,52 +136,126 @@ fn daemon_follows_a_mac_change_of_an_attached_interface() {
 }
 
 /// A next hop of the fast path that changes its MAC without telling the
-/// router (no gratuitous ARP, and the server never asks for the router's
-/// MAC: a static entry) while XDP carries a flow to it. No packet of the
-/// flow reaches the kernel, so its entry for the server would stay STALE
-/// with the old MAC for good and the datagrams go to a MAC nobody has;
-/// the daemon has the kernel re-validate it (`neighbours_revalidated`):
-/// the unicast probe to the old MAC fails, the kernel resolves the new
-/// one, and the datagrams reach the server again. A static entry of a
-/// next hop (the client's) stays static.
+/// router (no gratuitous ARP or unsolicited advertisement, and the server
+/// never asks for the router's MAC: a static entry) while XDP carries a
+/// flow to it. No packet of the flow reaches the kernel, so its entry for
+/// the server would stay STALE with the old MAC for good and the datagrams
+/// go to a MAC nobody has; the daemon has the kernel re-validate it
+/// (`neighbours_revalidated`): the unicast probe to the old MAC fails, the
+/// kernel resolves the new one, and the datagrams reach the server again.
+/// A static entry of a next hop (the client's) stays static.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
-    const NEW_SERVER_MAC: &str = "02:00:5e:10:be:f1";
-    let t = Topology::new();
-    let _detach = DetachOnDrop(&t);
-    // Short neighbour timers on the router's WAN (by default 15-45 s to
-    // STALE, 5 s before the first probe): 1.5-4.5 s to STALE, never less
-    // than the 1 s before the first probe (an entry the kernel used within
-    // that goes to DELAY instead, and its probe marks it used again).
+    stale_next_hop_revalidated(Family::V4);
+}
+
+/// [`daemon_has_a_stale_next_hop_of_the_fast_path_revalidated`] over IPv6
+/// (neighbour discovery: the probe is a unicast solicitation).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_has_a_stale_ipv6_next_hop_of_the_fast_path_revalidated() {
+    stale_next_hop_revalidated(Family::V6);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+/// The addresses and names one family's test uses.
+struct FamilyAddrs {
+    client: std::net::IpAddr,
+    router_wan: std::net::IpAddr,
+    server: std::net::IpAddr,
+    any: std::net::IpAddr,
+    /// Its sysctl directory (`net.<proto>.neigh`).
+    proto: &'static str,
+    /// The counter of LAN-to-WAN packets XDP forwards.
+    forwarded: &'static str,
+}
+
+impl Family {
+    fn addrs(self) -> FamilyAddrs {
+        use std::net::{Ipv4Addr, Ipv6Addr};
+        use tests::v6::{CLIENT6, ROUTER_WAN6, SERVER6};
+        match self {
+            Self::V4 => FamilyAddrs {
+                client: CLIENT_ADDR.into(),
+                router_wan: ROUTER_WAN_ADDR.into(),
+                server: SERVER_ADDR.into(),
+                any: Ipv4Addr::UNSPECIFIED.into(),
+                proto: "ipv4",
+                forwarded: "fwd_outbound",
+            },
+            Self::V6 => FamilyAddrs {
+                client: CLIENT6.into(),
+                router_wan: ROUTER_WAN6.into(),
+                server: SERVER6.into(),
+                any: Ipv6Addr::UNSPECIFIED.into(),
+                proto: "ipv6",
+                forwarded: "fwd6_outbound",
+            },
+        }
+    }
+}
+
+/// Short neighbour timers on the router's WAN for `proto` (by default
+/// 15-45 s to STALE, 5 s before the first probe): 1.5-4.5 s to STALE,
+/// never less than the 1 s before the first probe (an entry the kernel
+/// used within that goes to DELAY instead, and its probe marks it used
+/// again).
+fn short_neighbour_timers(t: &Topology, proto: &str) {
     for (key, value) in [
         ("base_reachable_time_ms", "3000"),
         ("delay_first_probe_time", "1"),
         ("retrans_time_ms", "200"),
         ("ucast_solicit", "2"),
     ] {
-        let setting = format!("net.ipv4.neigh.{WAN_IF}.{key}={value}");
+        let setting = format!("net.{proto}.neigh.{WAN_IF}.{key}={value}");
         t.exec_ok(Ns::Router, &["sysctl", "-qw", &setting]);
     }
+}
+
+fn stale_next_hop_revalidated(family: Family) {
+    const NEW_SERVER_MAC: &str = "02:00:5e:10:be:f1";
+    let v6 = family == Family::V6;
+    let FamilyAddrs {
+        client: client_addr,
+        router_wan,
+        server,
+        any,
+        proto,
+        forwarded: forwarded_counter,
+    } = family.addrs();
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    if v6 {
+        tests::v6::enable(&t);
+    }
+    short_neighbour_timers(&t, proto);
     let router_mac = mac_of(&t, Ns::Router, WAN_IF);
-    let static_router_entry =
-        || static_neighbour(&t, Ns::Server, ROUTER_WAN_ADDR, &router_mac, HOST_IF);
+    let static_router_entry = || static_neighbour(&t, Ns::Server, router_wan, &router_mac, HOST_IF);
     static_router_entry();
     let _srv = udp_echo(
         &t,
         Ns::Server,
-        sa(SERVER_ADDR, 7000),
+        std::net::SocketAddr::new(server, 7000),
         Duration::from_mins(1),
     );
     t.warm_neighbours();
+    if v6 {
+        tests::v6::resolve_neighbours(&t);
+    }
     // A static entry on the router for the client, a next hop of the fast
     // path too: the daemon leaves it as it is.
     let client_mac = mac_of(&t, Ns::Client, HOST_IF);
-    static_neighbour(&t, Ns::Router, CLIENT_ADDR, &client_mac, LAN_IF);
+    static_neighbour(&t, Ns::Router, client_addr, &client_mac, LAN_IF);
     println!("{}", attach(&t, &[]));
     let client = t.in_ns(Ns::Client, || {
-        let s = UdpSocket::bind(sa(std::net::Ipv4Addr::UNSPECIFIED, 42000)).unwrap();
-        s.connect(sa(SERVER_ADDR, 7000)).unwrap();
+        let s = UdpSocket::bind(std::net::SocketAddr::new(any, 42000)).unwrap();
+        s.connect(std::net::SocketAddr::new(server, 7000)).unwrap();
         s.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         s
@@ -190,12 +264,7 @@ fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
     // STALE before the change: the kernel's last use of the entry (the
     // neighbour warm-up's ping) is past, and it will not use it again
     // unless something makes it.
-    let server_entry = || {
-        t.exec_ok(
-            Ns::Router,
-            &["ip", "neigh", "show", &SERVER_ADDR.to_string()],
-        )
-    };
+    let server_entry = || t.exec_ok(Ns::Router, &["ip", "neigh", "show", &server.to_string()]);
     wait_for_or_show(
         "the router's entry for the server to go STALE",
         Duration::from_secs(15),
@@ -205,7 +274,7 @@ fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
         },
         server_entry,
     );
-    let forwarded = counter(&t, "fwd_outbound");
+    let forwarded = counter(&t, forwarded_counter);
     t.exec_ok(
         Ns::Server,
         &[
@@ -221,7 +290,7 @@ fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
     // A new MAC flushes the interface's neighbours, static ones too.
     static_router_entry();
     assert_eq!(echoes(&client, 1, Duration::ZERO), 0, "sent to the old MAC");
-    assert!(counter(&t, "fwd_outbound") > forwarded, "not by XDP");
+    assert!(counter(&t, forwarded_counter) > forwarded, "not by XDP");
     let daemon = Daemon::start(&t, &[]);
     wait_for_or_show(
         "the datagrams to reach the server at its new MAC",
@@ -252,7 +321,7 @@ fn daemon_has_a_stale_next_hop_of_the_fast_path_revalidated() {
     );
     let entry = t.exec_ok(
         Ns::Router,
-        &["ip", "neigh", "show", &CLIENT_ADDR.to_string()],
+        &["ip", "neigh", "show", &client_addr.to_string()],
     );
     assert!(entry.contains("PERMANENT"), "{entry}");
 }
@@ -267,7 +336,8 @@ fn mac_of(t: &Topology, ns: Ns, dev: &str) -> String {
 }
 
 /// A static (permanent) neighbour entry `addr` -> `mac` on `dev` in `ns`.
-fn static_neighbour(t: &Topology, ns: Ns, addr: std::net::Ipv4Addr, mac: &str, dev: &str) {
+fn static_neighbour(t: &Topology, ns: Ns, addr: impl Into<std::net::IpAddr>, mac: &str, dev: &str) {
+    let addr: std::net::IpAddr = addr.into();
     let addr = addr.to_string();
     let cmd = [
         "ip",
