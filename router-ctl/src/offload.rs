@@ -205,6 +205,19 @@ fn leaving_as(t: &Tuple) -> EgressKey {
     })
 }
 
+/// Where the daemon takes the mark a connection's packets are routed with
+/// from, under policy routing.
+#[derive(Clone, Copy, Debug)]
+enum PacketMark {
+    /// The egress witness (a connection about to be offloaded): the mark
+    /// its packets left with, and they must have left as the fast path
+    /// would send them.
+    Witnessed,
+    /// The one found at its offload (a connection the fast path carries:
+    /// the kernel no longer sends its packets).
+    Known(u32),
+}
+
 /// Refusals for want of the egress witness's evidence: the kernel's packets
 /// of the original direction not seen leaving an attached interface, or
 /// seen leaving elsewhere (another interface, another next hop) than the
@@ -848,6 +861,9 @@ struct Offloaded {
     mark: u32,
     /// The mark its XDP entries' FIB lookups carry (0: none).
     route_mark: u32,
+    /// The mark its packets were routed with in the kernel when offloaded
+    /// (as the egress witness saw it, else the ct mark under the mask).
+    packet_mark: u32,
 }
 
 /// After a resync whose dump failed, the next try; doubled after each
@@ -1103,16 +1119,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// the WAN, as the fast path would carry it, and the routing mark its
     /// FIB lookups must carry (0: none; `carried` first, the mark an
     /// offloaded connection's entries carry); or why it would not carry
-    /// it. With `witness`, under policy routing, the kernel's own packets
-    /// of the connection must have left as the fast path would send them
-    /// ([`Self::route_by_rules`]; not asked of a connection the fast path
-    /// carries: the kernel no longer sends its packets).
+    /// it; and the mark its packets are routed with (`packet_mark`, see
+    /// [`Self::route_by_rules`]).
     fn direction(
         &mut self,
         c: &Conn,
         carried: u32,
-        witness: bool,
-    ) -> Result<(bool, u32), &'static str> {
+        packet_mark: PacketMark,
+    ) -> Result<(bool, u32, u32), &'static str> {
         let rules = self.kernel.routing_rules().0[usize::from(c.orig.src.is_ipv6())];
         // The original direction arrives where the kernel routes its
         // source; it leaves where it routes the real destination (the
@@ -1148,12 +1162,16 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
         // Without rules that select a table, no mark changes a route: the
         // one the entries carry stays as good as none.
-        let route_mark = if rules {
-            self.route_by_rules(c, orig_from_lan, carried, witness)?
+        let (route_mark, packet_mark) = if rules {
+            self.route_by_rules(c, orig_from_lan, carried, packet_mark)?
         } else {
-            carried
+            let known = match packet_mark {
+                PacketMark::Known(mark) => mark,
+                PacketMark::Witnessed => c.mark & self.route_mark_mask,
+            };
+            (carried, known)
         };
-        Ok((orig_from_lan, route_mark))
+        Ok((orig_from_lan, route_mark, packet_mark))
     }
 
     /// With policy rules (multi-WAN, VPN split routing: by source, mark,
@@ -1165,15 +1183,15 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// and the data path's own lookup must agree, to the same next hop:
     /// without a mark, or (IPv4, a kernel whose `bpf_fib_lookup` takes
     /// one) with the connection's mark in both directions, which is then
-    /// the mark returned (`carried` tried first). Else the flow stays in
-    /// the kernel.
+    /// the mark returned (`carried` tried first), with the mark the
+    /// packets are routed with. Else the flow stays in the kernel.
     ///
     /// The daemon sees the ct mark, not the packets' marks: a mark a rule
     /// sets on each packet, or restores from the ct mark with another mask
     /// than `--route-mark-mask` or after routing, changes the kernel's
-    /// route unseen. So with `witness` and the egress witness attached,
-    /// the mark the kernel's packets of the original direction left with
-    /// is the one asked about, and each direction's packets, where seen,
+    /// route unseen. So with [`PacketMark::Witnessed`] and the egress
+    /// witness attached, the mark the kernel's packets of the original
+    /// direction left with is the one asked about, and each direction's packets, where seen,
     /// must have left by the interface and to the next hop (its MAC) that
     /// the fast path's lookup gives; the original direction's must have
     /// been seen (`route_unseen`, `route_differs`: looked at again a few
@@ -1183,28 +1201,28 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         c: &Conn,
         orig_from_lan: bool,
         carried: u32,
-        witness: bool,
-    ) -> Result<u32, &'static str> {
+        packet_mark: PacketMark,
+    ) -> Result<(u32, u32), &'static str> {
         let (inside, outside) = if orig_from_lan {
             (self.lan, self.wan)
         } else {
             (self.wan, self.lan)
         };
         let ported = matches!(c.orig.proto, IPPROTO_TCP | IPPROTO_UDP);
-        let witnessed = if witness {
-            [
+        let witnessed = match packet_mark {
+            PacketMark::Witnessed => [
                 self.kernel.egress_seen(&leaving_as(&c.reply)),
                 self.kernel.egress_seen(&leaving_as(&c.orig)),
-            ]
-        } else {
-            [Witnessed::NoWitness; 2]
+            ],
+            PacketMark::Known(_) => [Witnessed::NoWitness; 2],
         };
         // The mark the packets are routed with: the one the kernel's
         // packets left with where the witness saw them, else the ct mark
         // as the firewall copies it into them (`--route-mark-mask`).
-        let packet_mark = match witnessed[0] {
-            Witnessed::Seen(seen) => seen.mark,
-            _ => c.mark & self.route_mark_mask,
+        let packet_mark = match (packet_mark, witnessed[0]) {
+            (PacketMark::Known(mark), _) => mark,
+            (PacketMark::Witnessed, Witnessed::Seen(seen)) => seen.mark,
+            (PacketMark::Witnessed, _) => c.mark & self.route_mark_mask,
         };
         // Each direction after its destination NAT, before its source NAT:
         // the original one to the real destination (the reply's source),
@@ -1264,7 +1282,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             if agrees {
                 let dsts = directions.map(|(_, dst, _, _, _)| dst);
                 self.witnessed_as_routed(dsts, kernel_routes, witnessed)?;
-                return Ok(mark);
+                return Ok((mark, packet_mark));
             }
         }
         Err("policy_route")
@@ -1324,10 +1342,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     }
 
     /// Whether the fast path may carry `c` by the owner's choice and the
-    /// kernel's routing: its original direction's side, its routing mark
-    /// and that mark's slot; `None`, counted, when not (or not yet: waiting
-    /// for the egress witness's evidence).
-    fn carried_as(&mut self, c: &Conn, now_ns: u64) -> Option<(bool, u32, u16)> {
+    /// kernel's routing: its original direction's side, its routing mark,
+    /// the mark its packets are routed with and the routing mark's slot;
+    /// `None`, counted, when not (or not yet: waiting for the egress
+    /// witness's evidence).
+    fn carried_as(&mut self, c: &Conn, now_ns: u64) -> Option<(bool, u32, u32, u16)> {
         // The owner's: its packets meet the firewall's rules on
         // established packets in the kernel.
         if self
@@ -1337,18 +1356,21 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             self.refused("kept_by_mark");
             return None;
         }
-        let (orig_from_lan, route_mark) = match self.direction(c, 0, true) {
-            Ok(d) => d,
-            Err(ROUTE_UNSEEN | ROUTE_DIFFERS) if self.wait_for_witness(c, now_ns) => return None,
-            Err(why) => {
-                self.witness_tries.remove(&c.orig);
-                self.refused(why);
-                return None;
-            }
-        };
+        let (orig_from_lan, route_mark, packet_mark) =
+            match self.direction(c, 0, PacketMark::Witnessed) {
+                Ok(d) => d,
+                Err(ROUTE_UNSEEN | ROUTE_DIFFERS) if self.wait_for_witness(c, now_ns) => {
+                    return None;
+                }
+                Err(why) => {
+                    self.witness_tries.remove(&c.orig);
+                    self.refused(why);
+                    return None;
+                }
+            };
         self.witness_tries.remove(&c.orig);
         let route_slot = self.route_slot(route_mark)?;
-        Some((orig_from_lan, route_mark, route_slot))
+        Some((orig_from_lan, route_mark, packet_mark, route_slot))
     }
 
     /// Has `c` looked at again in [`WITNESS_WAIT_NS`] (with the connections
@@ -1375,7 +1397,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     }
 
     fn offload(&mut self, c: &Conn, now_ns: u64) {
-        let Some((orig_from_lan, route_mark, route_slot)) = self.carried_as(c, now_ns) else {
+        let Some((orig_from_lan, route_mark, packet_mark, route_slot)) = self.carried_as(c, now_ns)
+        else {
             return;
         };
         let stream = c.has(status::ASSURED);
@@ -1478,6 +1501,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 assured: stream,
                 mark: c.mark,
                 route_mark,
+                packet_mark,
             },
         );
         self.stats.offloaded += 1;
@@ -1569,7 +1593,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let rules = self.kernel.routing_rules().1;
         if rules != self.rules_seen {
             self.rules_seen = rules;
-            let again: Vec<(Conn, u32)> = self
+            let again: Vec<(Conn, u32, u32)> = self
                 .flows
                 .iter()
                 .filter(|(orig, _)| !covered.contains(*orig))
@@ -1580,13 +1604,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                         mark: f.mark,
                         ..Conn::default()
                     };
-                    (c, f.route_mark)
+                    (c, f.route_mark, f.packet_mark)
                 })
                 .collect();
-            for (c, route_mark) in again {
+            for (c, route_mark, packet_mark) in again {
                 // Routed elsewhere, or now by another mark than the one
                 // its entries carry.
-                if self.direction(&c, route_mark, false).map(|(_, mark)| mark) != Ok(route_mark) {
+                let now = self.direction(&c, route_mark, PacketMark::Known(packet_mark));
+                if now.map(|(_, mark, _)| mark) != Ok(route_mark) {
                     covered.insert(c.orig);
                     gone.push((c.orig, Gone::Rerouted));
                     // A lasting connection may send no event again: a
@@ -2367,6 +2392,18 @@ mod tests {
         assert_eq!(o.len(), 1, "{:?}", o.stats);
         assert_eq!(slot_of(&o, &c), Some(1));
         assert_eq!(o.table.3, Some(vec![(1, 0x100)]));
+        // New rules that leave its route as it was: it stays carried (its
+        // packets' mark, not its ct mark, is what it is routed again
+        // with); rules that route that mark elsewhere end it.
+        o.kernel.rules_number += 1;
+        o.tick(2);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (1, 0));
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0x100), TUNNEL);
+        o.kernel.rules_number += 1;
+        o.tick(3);
+        assert_eq!((o.len(), o.stats.ended_rerouted), (0, 1));
 
         // Without a witness the rules and the ct mark decide as before.
         let mut o = policy_offloader(&[&c], Some(vec![]));
