@@ -225,6 +225,17 @@ enum PacketMark {
 const ROUTE_UNSEEN: &str = "route_unseen";
 const ROUTE_DIFFERS: &str = "route_differs";
 
+/// Why a connection that ended before its offload was not offloaded:
+/// while it waited for the egress witness (`waiting`), or as a TCP
+/// connection settling.
+const fn closed_while(waiting: bool) -> &'static str {
+    if waiting {
+        "closed_while_waiting_for_witness"
+    } else {
+        "tcp_closed_while_settling"
+    }
+}
+
 /// The data path's state for an offloaded connection.
 fn flow_state(proto: u8) -> FlowState {
     match proto {
@@ -524,9 +535,12 @@ pub trait Kernel {
     fn egress_seen(&mut self, _key: &EgressKey) -> Witnessed {
         Witnessed::NoWitness
     }
+    /// Forgets what the egress witness saw of packets `key`: a decision
+    /// after this one must see packets the kernel sends from now on.
+    fn forget_egress(&mut self, _key: &EgressKey) {}
     /// The MAC of the neighbour `addr` on interface `ifindex`, as the
-    /// kernel has it now.
-    fn neighbour_mac(&mut self, _ifindex: u32, _addr: IpAddr) -> Option<[u8; 6]> {
+    /// kernel has it (read at most once a tick, unless `fresh`).
+    fn neighbour_mac(&mut self, _ifindex: u32, _addr: IpAddr, _fresh: bool) -> Option<[u8; 6]> {
         None
     }
 }
@@ -914,8 +928,10 @@ pub struct Offloader<T, K> {
     pub route_mark_mask: u32,
     route_marks: RouteMarks,
     /// Connections waiting for the egress witness's evidence (in
-    /// `settling`), and how often they were looked at.
+    /// `settling`), and how often they were looked at; their due times in
+    /// order.
     witness_tries: HashMap<Tuple, u8>,
+    witness_order: VecDeque<(Tuple, u64)>,
     pub stats: OffloadStats,
 }
 
@@ -946,6 +962,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             route_mark_mask: u32::MAX,
             route_marks: RouteMarks::of(&table),
             witness_tries: HashMap::new(),
+            witness_order: VecDeque::new(),
             stats: OffloadStats::default(),
             table,
         }
@@ -1000,7 +1017,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// TCP connections waiting to be offloaded ([`TCP_SETTLE_NS`]).
     #[must_use]
     pub fn settling(&self) -> usize {
-        self.settling.len()
+        self.settling.len().saturating_sub(self.witness_tries.len())
     }
 
     fn refused(&mut self, why: &str) {
@@ -1048,11 +1065,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             },
             Verdict::Wait(_) => {}
             Verdict::Refuse(why) => {
-                self.witness_tries.remove(&c.orig);
+                let waiting = self.witness_tries.remove(&c.orig).is_some();
                 if self.end(&c.orig) {
                     self.stats.ended_closing += 1;
                 } else if self.settling.remove(&c.orig).is_some() {
-                    self.refused("tcp_closed_while_settling");
+                    self.refused(closed_while(waiting));
                 } else {
                     self.refused(why);
                 }
@@ -1062,11 +1079,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// A DESTROY event.
     pub fn destroy(&mut self, c: &Conn) {
-        self.witness_tries.remove(&c.orig);
+        let waiting = self.witness_tries.remove(&c.orig).is_some();
         if self.end(&c.orig) {
             self.stats.ended_destroyed += 1;
         } else if self.settling.remove(&c.orig).is_some() {
-            self.refused("tcp_closed_while_settling");
+            self.refused(closed_while(waiting));
         }
     }
 
@@ -1076,8 +1093,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// no cost. UDP and ICMP are not delayed: their offload costs no
     /// request for a state, and they have no close to hand back.
     fn offload_when_settled(&mut self, c: &Conn, now_ns: u64) {
-        // A repeated update does not postpone it.
-        if self.settling.contains_key(&c.orig) {
+        // A repeated update does not postpone it, but what it says (a new
+        // mark, a new translation) is what the offload goes by.
+        if let Some(p) = self.settling.get_mut(&c.orig) {
+            p.conn = c.clone();
             return;
         }
         if c.orig.proto != IPPROTO_TCP || self.immediate_tcp.take(now_ns) {
@@ -1097,20 +1116,34 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// Offloads the TCP connections that stayed ESTABLISHED (no closing
     /// update, no DESTROY) for [`TCP_SETTLE_NS`] up to `now_ns`. The
     /// offload still reads the kernel's state first (`tcp_closed_meanwhile`).
+    ///
+    /// Connections waiting for the egress witness ([`WITNESS_WAIT_NS`])
+    /// are looked at again from a queue of their own: each queue is in due
+    /// order, a TCP settle never waits behind a witness wait.
     pub fn settle(&mut self, now_ns: u64) {
-        while let Some(&(orig, due_ns)) = self.settle_order.front() {
-            if due_ns > now_ns {
-                break;
-            }
-            self.settle_order.pop_front();
-            // A stale entry: the tuple ended and came back later.
-            if self.settling.get(&orig).is_some_and(|p| p.due_ns == due_ns)
-                && let Some(p) = self.settling.remove(&orig)
-            {
-                if !self.witness_tries.contains_key(&orig) {
-                    self.stats.settled += 1;
+        for witness in [false, true] {
+            loop {
+                let queue = if witness {
+                    &mut self.witness_order
+                } else {
+                    &mut self.settle_order
+                };
+                let Some(&(orig, due_ns)) = queue.front() else {
+                    break;
+                };
+                if due_ns > now_ns {
+                    break;
                 }
-                self.offload(&p.conn, now_ns);
+                queue.pop_front();
+                // A stale entry: the tuple ended and came back later.
+                if self.settling.get(&orig).is_some_and(|p| p.due_ns == due_ns)
+                    && let Some(p) = self.settling.remove(&orig)
+                {
+                    if !self.witness_tries.contains_key(&orig) {
+                        self.stats.settled += 1;
+                    }
+                    self.offload(&p.conn, now_ns);
+                }
             }
         }
     }
@@ -1310,8 +1343,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 Witnessed::NoWitness | Witnessed::Unseen => {}
                 Witnessed::Seen(seen) => {
                     let hop = route.gateway.unwrap_or(dst);
+                    // A neighbour resolved, or changed, since the table was
+                    // read: read again before calling it another next hop.
+                    let hop_mac = |k: &mut K, fresh| k.neighbour_mac(route.oif, hop, fresh);
                     if seen.ifindex != route.oif
-                        || self.kernel.neighbour_mac(route.oif, hop) != Some(seen.dst_mac)
+                        || (hop_mac(&mut self.kernel, false) != Some(seen.dst_mac)
+                            && hop_mac(&mut self.kernel, true) != Some(seen.dst_mac))
                     {
                         return Err(ROUTE_DIFFERS);
                     }
@@ -1356,21 +1393,49 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             self.refused("kept_by_mark");
             return None;
         }
-        let (orig_from_lan, route_mark, packet_mark) =
-            match self.direction(c, 0, PacketMark::Witnessed) {
-                Ok(d) => d,
-                Err(ROUTE_UNSEEN | ROUTE_DIFFERS) if self.wait_for_witness(c, now_ns) => {
-                    return None;
-                }
-                Err(why) => {
-                    self.witness_tries.remove(&c.orig);
-                    self.refused(why);
-                    return None;
-                }
-            };
+        // A pair the fast path already carries it with (an earlier daemon's:
+        // a restart, a resync): the kernel sends none of its packets for the
+        // witness to see; decided by the rules with the mark it carries.
+        let packet_mark = self
+            .carried_mark(c)
+            .map_or(PacketMark::Witnessed, PacketMark::Known);
+        let (orig_from_lan, route_mark, packet_mark) = match self.direction(c, 0, packet_mark) {
+            Ok(d) => d,
+            Err(ROUTE_UNSEEN | ROUTE_DIFFERS) if self.wait_for_witness(c, now_ns) => {
+                return None;
+            }
+            Err(why) => {
+                self.witness_tries.remove(&c.orig);
+                self.refused(why);
+                return None;
+            }
+        };
         self.witness_tries.remove(&c.orig);
         let route_slot = self.route_slot(route_mark)?;
         Some((orig_from_lan, route_mark, packet_mark, route_slot))
+    }
+
+    /// The routing mark of the pair of XDP entries the fast path carries
+    /// `c` with now (active, not handed back), if there is one.
+    fn carried_mark(&self, c: &Conn) -> Option<u32> {
+        if c.orig.src.is_ipv4() {
+            let e = self.table.get(&flow_key(&c.orig))?;
+            if e.flags & FLAG_OFFLOADED == 0 || !carries(e.lease) {
+                return None;
+            }
+            if e.route_mark == 0 {
+                return Some(0);
+            }
+            self.route_marks
+                .slots
+                .iter()
+                .find(|&(_, &slot)| slot == e.route_mark)
+                .map(|(&mark, _)| mark)
+        } else {
+            let e = self.table.get6(&flow_key6(&c.orig))?;
+            (e.flags & FLAG_OFFLOADED != 0 && carries(e.lease))
+                .then_some(c.mark & self.route_mark_mask)
+        }
     }
 
     /// Has `c` looked at again in [`WITNESS_WAIT_NS`] (with the connections
@@ -1392,7 +1457,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 due_ns,
             },
         );
-        self.settle_order.push_back((c.orig, due_ns));
+        self.witness_order.push_back((c.orig, due_ns));
         true
     }
 
@@ -1563,7 +1628,18 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             return false;
         };
         f.keys.remove(&mut self.table);
+        self.forget_witnessed(orig, &f.reply);
         true
+    }
+
+    /// Forgets what the egress witness saw of the connection `orig` /
+    /// `reply`: while the fast path carried it, the kernel sent none of its
+    /// packets, so what the witness holds is from before (the mark and
+    /// route then); a decision on it after this must see the packets the
+    /// kernel sends from now on (its mark changed, its route).
+    fn forget_witnessed(&mut self, orig: &Tuple, reply: &Tuple) {
+        self.kernel.forget_egress(&leaving_as(reply));
+        self.kernel.forget_egress(&leaving_as(orig));
     }
 
     /// The offloaded connections that the kernel's `IPsec` policies or
@@ -1699,6 +1775,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         for (orig, why) in gone {
             if let Some(f) = self.flows.remove(&orig) {
                 f.keys.remove(&mut self.table);
+                self.forget_witnessed(&orig, &f.reply);
             }
             *match why {
                 Gone::Kernel => &mut self.stats.ended_kernel_gone,
@@ -2037,7 +2114,12 @@ mod tests {
                     .map_or(Witnessed::Unseen, |s| Witnessed::Seen(*s))
             })
         }
-        fn neighbour_mac(&mut self, ifindex: u32, addr: IpAddr) -> Option<[u8; 6]> {
+        fn forget_egress(&mut self, key: &EgressKey) {
+            if let Some(w) = self.witness.as_mut() {
+                w.remove(key);
+            }
+        }
+        fn neighbour_mac(&mut self, ifindex: u32, addr: IpAddr, _fresh: bool) -> Option<[u8; 6]> {
             self.macs.get(&(ifindex, addr)).copied()
         }
         fn dump(&mut self) -> io::Result<Vec<Conn>> {
@@ -3313,5 +3395,163 @@ mod tests {
             assert!(o.table.0[&k].lease > LEASE_PENDING, "{k:?}");
         }
         assert_eq!(o.table.0.len(), 3);
+    }
+
+    const GATEWAY: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+    fn seen_on_wan(mark: u32) -> EgressSeen {
+        EgressSeen {
+            ifindex: WAN,
+            mark,
+            dst_mac: GATEWAY,
+            pad: 0,
+        }
+    }
+
+    /// An offloader under policy rules with the egress witness holding
+    /// `seen` (the kernel's packets of the original direction of each
+    /// connection, as they left) and the WAN gateway's MAC.
+    fn witnessed_offloader(
+        present: &[&Conn],
+        seen: &[(&Conn, EgressSeen)],
+    ) -> Offloader<MemTable, FakeKernel> {
+        let mut o = policy_offloader(present, Some(vec![]));
+        o.kernel.witness = Some(
+            seen.iter()
+                .map(|(c, s)| (leaving_as(&c.reply), *s))
+                .collect(),
+        );
+        for c in present {
+            o.kernel.macs.insert((WAN, c.reply.src), GATEWAY);
+        }
+        o
+    }
+
+    /// A ct mark changed on an offloaded flow (`conntrack -U --mark`) to
+    /// one that routes it into a tunnel: what the witness saw before the
+    /// offload (the old mark, out of the WAN) is forgotten when the offload
+    /// ends, so the new decision waits for the packets the kernel sends
+    /// now (into the tunnel: never seen on an attached interface) and
+    /// leaves the flow to the kernel, instead of carrying it out of the WAN
+    /// again with the old mark.
+    #[test]
+    fn a_remarked_flow_is_decided_on_the_packets_the_kernel_sends_after() {
+        const TUNNEL: u32 = 9;
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.mark = 0x100;
+        let mut o = witnessed_offloader(&[&c], &[(&c, seen_on_wan(0x100))]);
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0x200), TUNNEL);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        c.mark = 0x200;
+        o.conn(&c, 2);
+        assert_eq!((o.stats.ended_remarked, o.len()), (1, 0));
+        for i in 1..=u64::from(WITNESS_TRIES) {
+            o.settle(2 + i * WITNESS_WAIT_NS);
+        }
+        assert_eq!(o.len(), 0, "{:?}", o.stats);
+        // Its ct mark routes it into the tunnel: no need to wait.
+        assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
+        // The same with a mark set on each packet (no ct mark to tell):
+        // the witness's old record would have had it carried again.
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = witnessed_offloader(&[&c], &[(&c, seen_on_wan(0x100))]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        o.kernel.rules_number += 1;
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0x100), TUNNEL);
+        o.tick(2);
+        assert_eq!((o.stats.ended_rerouted, o.len()), (1, 0));
+        o.resync_from_kernel(3).unwrap();
+        for i in 1..=u64::from(WITNESS_TRIES) {
+            o.settle(3 + i * WITNESS_WAIT_NS);
+        }
+        assert_eq!(o.len(), 0, "{:?}", o.stats);
+        assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
+    }
+
+    /// A daemon restarted under policy rules: the flows the fast path
+    /// carries with an earlier daemon's entries send the kernel no packet
+    /// for the new witness to see; they are decided by the rules with the
+    /// mark their entries carry, and stay carried.
+    #[test]
+    fn a_restarted_daemon_keeps_the_flows_the_fast_path_carries() {
+        const TUNNEL: u32 = 9;
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = witnessed_offloader(&[&c], &[(&c, seen_on_wan(0x100))]);
+        o.kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        let table = std::mem::take(&mut o.table);
+        let mut kernel = FakeKernel {
+            policy: true,
+            witness: Some(HashMap::new()),
+            conns: vec![c.clone()],
+            ..FakeKernel::default()
+        };
+        kernel.macs.insert((WAN, c.reply.src), GATEWAY);
+        kernel
+            .forward
+            .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+        let mut restarted = offloader_on(&[&c], table, kernel);
+        restarted.resync_from_kernel(10).unwrap();
+        assert_eq!(restarted.len(), 1, "{:?}", restarted.stats);
+        assert_eq!(slot_of(&restarted, &c), Some(1));
+    }
+
+    /// A TCP connection settling is offloaded when it settles, not behind
+    /// a connection waiting for the witness (a queue each).
+    #[test]
+    fn a_tcp_settle_does_not_wait_behind_a_witness_wait() {
+        let udp = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut tcp = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        tcp.orig.proto = IPPROTO_TCP;
+        tcp.reply.proto = IPPROTO_TCP;
+        tcp.orig.sport += 1;
+        tcp.reply.dport += 1;
+        tcp.tcp_state = Some(tcp_state::ESTABLISHED);
+        let mut o = witnessed_offloader(&[&udp, &tcp], &[(&tcp, seen_on_wan(0))]);
+        o.immediate_tcp = TokenBucket::new(Rate {
+            per_sec: 0,
+            burst: 0,
+        });
+        o.conn(&udp, 0);
+        o.conn(&tcp, 100_000_000);
+        assert_eq!(o.settling(), 1, "the witness wait is not a TCP settle");
+        o.settle(100_000_000 + TCP_SETTLE_NS);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+    }
+
+    /// A new ct mark while a connection waits for the witness is what the
+    /// decision goes by: the owner's keep-in-kernel mark keeps it there;
+    /// one closed meanwhile is counted as such.
+    #[test]
+    fn a_connection_waiting_for_the_witness_is_decided_as_it_is_now() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = witnessed_offloader(&[&c], &[]);
+        o.keep_in_kernel_mark = Some((0x7, 0xff));
+        o.conn(&c, 1);
+        c.mark = 0x7;
+        o.conn(&c, 2);
+        o.kernel.witness = Some([(leaving_as(&c.reply), seen_on_wan(0x7))].into());
+        o.settle(1 + WITNESS_WAIT_NS);
+        assert_eq!(o.len(), 0, "{:?}", o.stats);
+        assert_eq!(o.stats.not_offloaded.get("kept_by_mark"), Some(&1));
+        let other = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = witnessed_offloader(&[&other], &[]);
+        o.conn(&other, 1);
+        o.destroy(&other);
+        assert_eq!(
+            o.stats
+                .not_offloaded
+                .get("closed_while_waiting_for_witness"),
+            Some(&1)
+        );
     }
 }

@@ -171,9 +171,9 @@ impl TcSeen {
     }
 }
 
-/// Whether qdisc `q` shapes or classifies (see [`NOT_SHAPING`]).
 /// Whether program `id` is the offload daemon's egress witness (by its
-/// name: a tcx program that only notes where packets go).
+/// name: a tcx program that only notes where packets go). Naming a program
+/// takes `CAP_SYS_ADMIN`; without it the witness counts as any program.
 fn is_egress_witness(id: u32) -> bool {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
@@ -182,6 +182,7 @@ fn is_egress_witness(id: u32) -> bool {
         })
 }
 
+/// Whether qdisc `q` shapes or classifies (see [`NOT_SHAPING`]).
 fn shapes(q: &TcObject) -> bool {
     match q.kind.as_str() {
         "fq" | "cake" => limits_a_rate(q),

@@ -24,6 +24,9 @@ use crate::{netlink, object::Object};
 /// for a conntrack table. Hash, array, per-CPU array, LRU hash, dev map
 /// hash (`BPF_MAP_TYPE_*`).
 const SHRINKABLE_MAP_TYPES: [u32; 5] = [1, 2, 6, 9, 25];
+/// `BPF_MAP_TYPE_RINGBUF` (aya-log's): at least a page.
+const RINGBUF: u32 = 27;
+const PAGE: u32 = 4096;
 
 /// The daemon's witness, attached when first asked: only policy routing
 /// needs it, so a router without policy rules pays nothing for it on its
@@ -39,6 +42,15 @@ pub(super) enum Witness {
 }
 
 impl Witness {
+    /// Forgets what the witness saw of packets `key` (nothing to forget
+    /// when it is not attached).
+    pub(super) fn forget(&mut self, key: &EgressKey) {
+        if let Self::Attached(w) = self {
+            // Not there: nothing seen.
+            let _ = w.seen.remove(key);
+        }
+    }
+
     /// The attached witness, attaching it if it is wanted and not yet.
     pub(super) fn get(&mut self) -> Option<&EgressWitness> {
         if let Self::Wanted(ifindexes) = *self {
@@ -83,8 +95,13 @@ impl EgressWitness {
         let parsed = aya_obj::Object::parse(&obj.bytes).context("parsing the object")?;
         let mut loader = EbpfLoader::new();
         for (name, def) in &parsed.maps {
-            if name != EGRESS_SEEN_MAP && SHRINKABLE_MAP_TYPES.contains(&def.map_type()) {
+            if name == EGRESS_SEEN_MAP {
+                continue;
+            }
+            if SHRINKABLE_MAP_TYPES.contains(&def.map_type()) {
                 loader.map_max_entries(name, 1);
+            } else if def.map_type() == RINGBUF {
+                loader.map_max_entries(name, PAGE);
             }
         }
         let mut ebpf = loader.load(&obj.bytes).context("loading the object")?;
@@ -115,5 +132,29 @@ impl EgressWitness {
     /// interface, if the witness saw one.
     pub(super) fn seen(&self, key: &EgressKey) -> Option<EgressSeen> {
         self.seen.get(key, 0).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every map of the embedded object is one the witness's load shrinks
+    /// (or its own): a map of a new type would otherwise be created at full
+    /// size for as long as the daemon runs.
+    #[test]
+    fn the_witness_load_shrinks_every_other_map_of_the_object() {
+        let obj = Object::load(None).unwrap();
+        let parsed = aya_obj::Object::parse(&obj.bytes).unwrap();
+        assert!(parsed.maps.contains_key(EGRESS_SEEN_MAP));
+        for (name, def) in &parsed.maps {
+            assert!(
+                name == EGRESS_SEEN_MAP
+                    || SHRINKABLE_MAP_TYPES.contains(&def.map_type())
+                    || def.map_type() == RINGBUF,
+                "{name}: map type {} is not shrunk",
+                def.map_type()
+            );
+        }
     }
 }

@@ -197,8 +197,9 @@ pub(super) struct NetlinkKernel {
     pub(super) ipsec: IpsecSeen,
     /// The egress witness (offload mode), attached when first asked.
     pub(super) witness: super::egress_witness::Witness,
-    /// The neighbour table, read when first needed in a tick.
-    pub(super) neighbours: Option<Vec<netlink::Neighbour>>,
+    /// The neighbours' MACs by interface and address, read when first
+    /// needed in a tick, and when (`CLOCK_MONOTONIC` ns).
+    pub(super) neighbours: Option<(u64, NeighbourMacs)>,
 }
 
 /// The `IPsec` policies as the daemon last read them.
@@ -212,6 +213,12 @@ pub(super) struct IpsecSeen {
     /// The last read failed (said once per failure in a row).
     failing: bool,
 }
+
+/// The neighbours' MACs by interface and address.
+pub(super) type NeighbourMacs = HashMap<(u32, IpAddr), [u8; 6]>;
+
+/// How long (ns) a neighbour table read counts as fresh.
+const NEIGHBOURS_FRESH_NS: u64 = 100_000_000;
 
 /// How long (ns) the policy rules read are taken as they were.
 const POLICY_RULES_FOR_NS: u64 = 1_000_000_000;
@@ -314,14 +321,26 @@ impl Kernel for NetlinkKernel {
             Some(w) => w.seen(key).map_or(Witnessed::Unseen, Witnessed::Seen),
         }
     }
-    fn neighbour_mac(&mut self, ifindex: u32, addr: IpAddr) -> Option<[u8; 6]> {
-        if self.neighbours.is_none() {
-            self.neighbours = netlink::neighbours().ok();
+    fn forget_egress(&mut self, key: &EgressKey) {
+        self.witness.forget(key);
+    }
+    fn neighbour_mac(&mut self, ifindex: u32, addr: IpAddr, fresh: bool) -> Option<[u8; 6]> {
+        let now = crate::clock::monotonic_ns();
+        // Fresh: read again, unless read within the last NEIGHBOURS_FRESH_NS
+        // (a burst of decisions reads the table once).
+        let stale = match &self.neighbours {
+            None => true,
+            Some((at, _)) => fresh && now.saturating_sub(*at) >= NEIGHBOURS_FRESH_NS,
+        };
+        if stale {
+            self.neighbours = netlink::neighbours().ok().map(|all| {
+                let macs = all
+                    .into_iter()
+                    .filter_map(|n| Some(((n.ifindex, n.addr), n.mac?)))
+                    .collect();
+                (now, macs)
+            });
         }
-        self.neighbours
-            .as_ref()?
-            .iter()
-            .find(|n| n.ifindex == ifindex && n.addr == addr)?
-            .mac
+        self.neighbours.as_ref()?.1.get(&(ifindex, addr)).copied()
     }
 }

@@ -11,7 +11,7 @@ use aya::{
     maps::MapInfo,
     programs::{ProgramError, Xdp},
 };
-use router_common::maps::{CONNTRACK_MAP, COUNTERS_MAP, PROGRAM_NAME};
+use router_common::maps::{CONNTRACK_MAP, COUNTERS_MAP, EGRESS_SEEN_MAP, PROGRAM_NAME};
 
 use super::Unretryable;
 use crate::{maps::PinnedMaps, object::Object};
@@ -29,6 +29,9 @@ pub fn load_pinned(
 ) -> Result<Ebpf, EbpfError> {
     let mut loader = EbpfLoader::new();
     loader.map_max_entries(CONNTRACK_MAP, entries);
+    // The tc egress witness's map: the daemon loads its own (see
+    // `daemon::egress_witness`); the XDP program never uses it.
+    loader.map_max_entries(EGRESS_SEEN_MAP, 1);
     for name in PinnedMaps::NAMES {
         let pin = match counters_pin {
             Some(other) if name == COUNTERS_MAP => other,
