@@ -1827,6 +1827,34 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
         tunnel,
         "through the tunnel"
     );
+    // A daemon restarted (killed): the new witness sees none of the flow's
+    // packets (XDP carries them); the new daemon takes the flow over with
+    // the mark its entries carry instead of giving it up.
+    let mut daemon = daemon;
+    daemon.kill9();
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    wait_for_or_show(
+        "the restarted daemon to take the carried flow over",
+        Duration::from_secs(15),
+        || {
+            let _ = echoes(&marked, 1, Duration::from_millis(100));
+            offload_count(&t, "offloaded") == 1
+        },
+        show,
+    );
+    assert_eq!(not_offloaded(&t, "route_unseen"), 0, "{}", show());
+    // A new flow: decided with the new daemon's witness, attached for it.
+    let second = udp_client(&t, 42001, sa(SERVER_ADDR, 7000));
+    wait_for_or_show(
+        "the restarted daemon to offload a new flow",
+        Duration::from_secs(15),
+        || {
+            let _ = echoes(&second, 1, Duration::from_millis(100));
+            offload_count(&t, "offloaded") == 2
+        },
+        show,
+    );
     // The witness is the daemon's: on both interfaces while it follows an
     // attached router, gone from them after a detach.
     assert_eq!(witnesses(&t), 2, "{}", show());
