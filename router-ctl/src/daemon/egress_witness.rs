@@ -37,9 +37,17 @@ pub(super) enum Witness {
     /// Wanted on the egress of these interfaces, not attached yet.
     Wanted([u32; 2]),
     Attached(Box<EgressWitness>),
-    /// Attaching failed (said once): the routing rules alone decide.
-    Failed,
+    /// Attaching failed (said once per failure in a row): the routing
+    /// rules alone decide until a try after [`RETRY_AFTER_NS`] works.
+    Failed {
+        ifindexes: [u32; 2],
+        at_ns: u64,
+        why: String,
+    },
 }
+
+/// How long after a failed attach the witness is tried again.
+const RETRY_AFTER_NS: u64 = 60_000_000_000;
 
 impl Witness {
     /// Forgets what the witness saw of packets `key` (nothing to forget
@@ -53,30 +61,63 @@ impl Witness {
 
     /// The attached witness, attaching it if it is wanted and not yet.
     pub(super) fn get(&mut self) -> Option<&EgressWitness> {
-        if let Self::Wanted(ifindexes) = *self {
-            let attached = crate::object::Object::load(None)
-                .and_then(|obj| EgressWitness::attach(&obj, ifindexes));
-            *self = match attached {
-                Ok(w) => {
-                    tracing::info!(
-                        "policy routing: the egress witness (where the kernel sends \
-                         connections) is attached to both interfaces"
-                    );
-                    Self::Attached(Box::new(w))
-                }
-                Err(e) => {
+        let now = crate::clock::monotonic_ns();
+        let (ifindexes, failed_before) = match self {
+            Self::Wanted(ifindexes) => (*ifindexes, false),
+            Self::Failed {
+                ifindexes, at_ns, ..
+            } if now.saturating_sub(*at_ns) >= RETRY_AFTER_NS => (*ifindexes, true),
+            _ => return self.attached(),
+        };
+        let attached = crate::object::Object::load(None)
+            .and_then(|obj| EgressWitness::attach(&obj, ifindexes));
+        *self = match attached {
+            Ok(w) => {
+                tracing::info!(
+                    "policy routing: the egress witness (where the kernel sends connections) \
+                     is attached to both interfaces"
+                );
+                Self::Attached(Box::new(w))
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                if failed_before {
+                    tracing::debug!("the egress witness, tried again: {why}");
+                } else {
                     tracing::warn!(
-                        "the egress witness (where the kernel sends connections): {e:#}; under \
+                        "the egress witness (where the kernel sends connections): {why}; under \
                          policy routing, offload decisions rest on the routing rules and the ct \
-                         mark alone (a mark set on each packet is not seen)"
+                         mark alone (a mark set on each packet is not seen) until it attaches \
+                         (tried again every {} s)",
+                        RETRY_AFTER_NS / 1_000_000_000
                     );
-                    Self::Failed
                 }
-            };
-        }
+                Self::Failed {
+                    ifindexes,
+                    at_ns: now,
+                    why,
+                }
+            }
+        };
+        self.attached()
+    }
+
+    fn attached(&self) -> Option<&EgressWitness> {
         match self {
             Self::Attached(w) => Some(w),
             _ => None,
+        }
+    }
+
+    /// What the status says of it: `attached`, `not needed yet` (no
+    /// decision under policy rules so far), `failed: WHY`; `None` when
+    /// none is wanted.
+    pub(super) fn describe(&self) -> Option<String> {
+        match self {
+            Self::Off => None,
+            Self::Wanted(_) => Some("not needed yet".to_owned()),
+            Self::Attached(_) => Some("attached".to_owned()),
+            Self::Failed { why, .. } => Some(format!("failed: {why}")),
         }
     }
 }

@@ -422,6 +422,7 @@ fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()>
     status.settling_flows = s.off.settling() as u64;
     status.offload.clone_from(&s.off.stats);
     status.stale_pending_removed = s.stale_pending_removed;
+    status.egress_witness = s.off.kernel.witness.describe();
     let data = serde_json::to_vec_pretty(status)?;
     state::write_private(&status_path(ctx.ns()), &data)
 }

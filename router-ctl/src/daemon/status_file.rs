@@ -71,6 +71,11 @@ pub struct DaemonStatus {
     /// `None` until the daemon looked (or by a daemon that does not).
     #[serde(default)]
     pub shaping_skipped: Option<Vec<String>>,
+    /// Offload mode: the egress witness (where the kernel sends
+    /// connections, under policy routing): `attached`, `not needed yet`,
+    /// `failed: WHY`; `None` in standalone mode.
+    #[serde(default)]
+    pub egress_witness: Option<String>,
 }
 
 impl DaemonStatus {
@@ -113,6 +118,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "detached": s.detached,
             "log_records_malformed": s.log_records_malformed,
             "shaping_skipped": s.shaping_skipped,
+            "egress_witness": s.egress_witness,
         }),
         _ => serde_json::json!({ "running": false }),
     }
@@ -185,25 +191,7 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
                  router-ctl's object)"
             );
         }
-        let shaping = strings(&d["shaping_skipped"]);
-        if !shaping.is_empty() {
-            let _ = write!(
-                line,
-                "\nshaping skipped: {}: the flows on the fast path skip it (see `router-ctl \
-                 doctor`)",
-                shaping.join("; ")
-            );
-        }
-        let gone = strings(&d["interfaces_gone"]);
-        if !gone.is_empty() {
-            let _ = write!(
-                line,
-                "\nINTERFACE GONE: {}: its XDP program went with it; once it is back, run \
-                 `router-ctl detach` and `router-ctl attach` again (the running daemon \
-                 follows the new attach)",
-                gone.join(", ")
-            );
-        }
+        line.push_str(&warnings(d));
         line
     } else if kernel_mode {
         format!(
@@ -216,6 +204,43 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
          are not followed; start `router-ctl run`"
             .to_owned()
     }
+}
+
+/// The lines of what needs the owner's eye in a running daemon's
+/// status `d` (each starting with a newline): a failed egress witness,
+/// skipped shaping, interfaces gone.
+fn warnings(d: &serde_json::Value) -> String {
+    let mut line = String::new();
+    if let Some(failed) = d["egress_witness"]
+        .as_str()
+        .and_then(|w| w.strip_prefix("failed: "))
+    {
+        let _ = write!(
+            line,
+            "\negress witness FAILED: {failed}: under policy routing, offload decisions \
+             rest on the routing rules and the ct mark alone"
+        );
+    }
+    let shaping = strings(&d["shaping_skipped"]);
+    if !shaping.is_empty() {
+        let _ = write!(
+            line,
+            "\nshaping skipped: {}: the flows on the fast path skip it (see `router-ctl \
+             doctor`)",
+            shaping.join("; ")
+        );
+    }
+    let gone = strings(&d["interfaces_gone"]);
+    if !gone.is_empty() {
+        let _ = write!(
+            line,
+            "\nINTERFACE GONE: {}: its XDP program went with it; once it is back, run \
+             `router-ctl detach` and `router-ctl attach` again (the running daemon \
+             follows the new attach)",
+            gone.join(", ")
+        );
+    }
+    line
 }
 
 /// The strings of the JSON array `v` (none if it is not one: an older
@@ -320,6 +345,13 @@ mod tests {
             line.contains("waiting: the router is detached") && !line.contains("offloaded"),
             "{line}"
         );
+        let line = running(serde_json::json!({ "egress_witness": "failed: no tcx here" }));
+        assert!(
+            line.contains("egress witness FAILED: no tcx here: under policy routing"),
+            "{line}"
+        );
+        let line = running(serde_json::json!({ "egress_witness": "attached" }));
+        assert!(!line.contains("witness"), "{line}");
         let line = running(serde_json::json!({ "interfaces_gone": ["lan0 (LAN)"] }));
         assert!(
             line.contains("INTERFACE GONE: lan0 (LAN)") && line.contains("follows the new attach"),

@@ -571,6 +571,10 @@ fn firewall_keeps_control_and_established_flows_move_to_xdp(fw: Firewall) {
     // No policy rules: the daemon never needed its egress witness, and the
     // kernel path never paid for it.
     assert_eq!(witnesses(&t), 0);
+    assert_eq!(
+        crate::ctl::status(&t).0["daemon"]["egress_witness"],
+        "not needed yet"
+    );
 }
 
 #[test]
@@ -1858,6 +1862,12 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
     // The witness is the daemon's: on both interfaces while it follows an
     // attached router, gone from them after a detach.
     assert_eq!(witnesses(&t), 2, "{}", show());
+    wait_for_or_show(
+        "the daemon's status to say its witness is attached",
+        Duration::from_secs(10),
+        || crate::ctl::status(&t).0["daemon"]["egress_witness"] == "attached",
+        show,
+    );
     t.router_ctl_ok(&["detach"]);
     wait_for_or_show(
         "the daemon to take its egress witness off the interfaces",
