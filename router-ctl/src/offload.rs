@@ -211,8 +211,10 @@ fn leaving_as(t: &Tuple) -> EgressKey {
 enum PacketMark {
     /// The egress witness (a connection about to be offloaded): the mark
     /// its packets left with, and they must have left as the fast path
-    /// would send them.
-    Witnessed,
+    /// would send them. At the `first` look what the witness holds is
+    /// forgotten (it may be from before: another route, another connection
+    /// on the same ports): only packets the kernel sends after count.
+    Witnessed { first: bool },
     /// The one found at its offload (a connection the fast path carries:
     /// the kernel no longer sends its packets).
     Known(u32),
@@ -535,6 +537,11 @@ pub trait Kernel {
     fn egress_seen(&mut self, _key: &EgressKey) -> Witnessed {
         Witnessed::NoWitness
     }
+    /// Whether the egress witness is there to ask (attached when first
+    /// asked).
+    fn has_witness(&mut self) -> bool {
+        false
+    }
     /// Forgets what the egress witness saw of packets `key`: a decision
     /// after this one must see packets the kernel sends from now on.
     fn forget_egress(&mut self, _key: &EgressKey) {}
@@ -556,12 +563,12 @@ pub enum Witnessed {
     Seen(EgressSeen),
 }
 
-/// How often a connection whose kernel packets the egress witness has not
-/// seen leave as the fast path would send them is looked at again
-/// ([`WITNESS_WAIT_NS`] apart) before it is left to the kernel: a witness
-/// attached after the connection's packets (a daemon started or
-/// restarted), a record from before new rules, see the next packet.
-const WITNESS_TRIES: u8 = 3;
+/// How often a connection is looked at again ([`WITNESS_WAIT_NS`] apart)
+/// for the egress witness's evidence before it is left to the kernel: once
+/// after the first look (which forgot what the witness held), then while
+/// its packets are not seen leaving as the fast path would send them (a
+/// direction with no packet in a second, a neighbour read anew).
+const WITNESS_TRIES: u8 = 4;
 const WITNESS_WAIT_NS: u64 = 1_000_000_000;
 
 /// What the offloader reads back of a kernel TCP connection.
@@ -1200,7 +1207,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         } else {
             let known = match packet_mark {
                 PacketMark::Known(mark) => mark,
-                PacketMark::Witnessed => c.mark & self.route_mark_mask,
+                PacketMark::Witnessed { .. } => c.mark & self.route_mark_mask,
             };
             (carried, known)
         };
@@ -1224,11 +1231,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// than `--route-mark-mask` or after routing, changes the kernel's
     /// route unseen. So with [`PacketMark::Witnessed`] and the egress
     /// witness attached, the mark the kernel's packets of the original
-    /// direction left with is the one asked about, and each direction's packets, where seen,
-    /// must have left by the interface and to the next hop (its MAC) that
-    /// the fast path's lookup gives; the original direction's must have
-    /// been seen (`route_unseen`, `route_differs`: looked at again a few
-    /// times, then left to the kernel).
+    /// direction left with is the one asked about, and each direction's
+    /// packets sent since the first look must have left by the interface
+    /// and to the next hop (its MAC) that the fast path's lookup gives
+    /// (`route_unseen`, `route_differs`: looked at again a few times, then
+    /// left to the kernel).
     fn route_by_rules(
         &mut self,
         c: &Conn,
@@ -1243,10 +1250,19 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         };
         let ported = matches!(c.orig.proto, IPPROTO_TCP | IPPROTO_UDP);
         let witnessed = match packet_mark {
-            PacketMark::Witnessed => [
-                self.kernel.egress_seen(&leaving_as(&c.reply)),
-                self.kernel.egress_seen(&leaving_as(&c.orig)),
-            ],
+            PacketMark::Witnessed { first } => {
+                let keys = [leaving_as(&c.reply), leaving_as(&c.orig)];
+                if first && self.kernel.has_witness() {
+                    // A record from before could show a route the kernel no
+                    // longer takes (it sent the later packets into a
+                    // tunnel, which the witness does not see).
+                    for key in &keys {
+                        self.kernel.forget_egress(key);
+                    }
+                    return Err(ROUTE_UNSEEN);
+                }
+                keys.map(|key| self.kernel.egress_seen(&key))
+            }
             PacketMark::Known(_) => [Witnessed::NoWitness; 2],
         };
         // The mark the packets are routed with: the one the kernel's
@@ -1254,8 +1270,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // as the firewall copies it into them (`--route-mark-mask`).
         let packet_mark = match (packet_mark, witnessed[0]) {
             (PacketMark::Known(mark), _) => mark,
-            (PacketMark::Witnessed, Witnessed::Seen(seen)) => seen.mark,
-            (PacketMark::Witnessed, _) => c.mark & self.route_mark_mask,
+            (PacketMark::Witnessed { .. }, Witnessed::Seen(seen)) => seen.mark,
+            (PacketMark::Witnessed { .. }, _) => c.mark & self.route_mark_mask,
         };
         // Each direction after its destination NAT, before its source NAT:
         // the original one to the real destination (the reply's source),
@@ -1324,23 +1340,22 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// Whether the kernel's packets of each direction (original, reply) to
     /// `dsts`, where the egress witness saw them, left by `routes` (the
     /// ones the fast path's lookup agrees with): by its interface, to its
-    /// next hop's MAC as the kernel has it now. The original direction's
-    /// must have been seen: its first packet left before any reply came.
-    /// The reply's may still be on its way (the event that offloads a UDP
-    /// flow comes as the kernel takes in its first reply).
+    /// next hop's MAC as the kernel has it now. Both must have been seen
+    /// (since the first look): the direction that leaves by the WAN is the
+    /// reply for a connection from the WAN (a port forward).
     fn witnessed_as_routed(
         &mut self,
         dsts: [IpAddr; 2],
         routes: [Option<RouteAnswer>; 2],
         witnessed: [Witnessed; 2],
     ) -> Result<(), &'static str> {
-        for (i, ((dst, route), seen)) in dsts.into_iter().zip(routes).zip(witnessed).enumerate() {
+        for ((dst, route), seen) in dsts.into_iter().zip(routes).zip(witnessed) {
             let Some(route) = route else {
                 return Err("policy_route");
             };
             match seen {
-                Witnessed::Unseen if i == 0 => return Err(ROUTE_UNSEEN),
-                Witnessed::NoWitness | Witnessed::Unseen => {}
+                Witnessed::Unseen => return Err(ROUTE_UNSEEN),
+                Witnessed::NoWitness => {}
                 Witnessed::Seen(seen) => {
                     let hop = route.gateway.unwrap_or(dst);
                     // A neighbour resolved, or changed, since the table was
@@ -1396,9 +1411,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // A pair the fast path already carries it with (an earlier daemon's:
         // a restart, a resync): the kernel sends none of its packets for the
         // witness to see; decided by the rules with the mark it carries.
-        let packet_mark = self
-            .carried_mark(c)
-            .map_or(PacketMark::Witnessed, PacketMark::Known);
+        let packet_mark = self.carried_mark(c).map_or(
+            PacketMark::Witnessed {
+                first: !self.witness_tries.contains_key(&c.orig),
+            },
+            PacketMark::Known,
+        );
         let (orig_from_lan, route_mark, packet_mark) = match self.direction(c, 0, packet_mark) {
             Ok(d) => d,
             Err(ROUTE_UNSEEN | ROUTE_DIFFERS) if self.wait_for_witness(c, now_ns) => {
@@ -2037,6 +2055,9 @@ mod tests {
         assured: Vec<Tuple>,
         /// The egress witness's records; `None`: no witness.
         witness: Option<HashMap<EgressKey, EgressSeen>>,
+        /// How the kernel sends each direction's next packets: what the
+        /// witness sees at a look after one it forgot what it held.
+        sends: HashMap<EgressKey, EgressSeen>,
         /// Neighbour MACs by interface and address.
         macs: HashMap<(u32, IpAddr), [u8; 6]>,
     }
@@ -2109,10 +2130,17 @@ mod tests {
                 .map(|oif| RouteAnswer { oif, gateway: None })
         }
         fn egress_seen(&mut self, key: &EgressKey) -> Witnessed {
-            self.witness.as_ref().map_or(Witnessed::NoWitness, |w| {
-                w.get(key)
-                    .map_or(Witnessed::Unseen, |s| Witnessed::Seen(*s))
-            })
+            let Some(w) = self.witness.as_mut() else {
+                return Witnessed::NoWitness;
+            };
+            if let Some(next) = self.sends.get(key) {
+                w.insert(*key, *next);
+            }
+            w.get(key)
+                .map_or(Witnessed::Unseen, |s| Witnessed::Seen(*s))
+        }
+        fn has_witness(&mut self) -> bool {
+            self.witness.is_some()
         }
         fn forget_egress(&mut self, key: &EgressKey) {
             if let Some(w) = self.witness.as_mut() {
@@ -2414,27 +2442,15 @@ mod tests {
     #[test]
     fn the_egress_witness_decides_where_the_kernel_routes_by_marks_it_does_not_see() {
         const TUNNEL: u32 = 9;
-        const GATEWAY: [u8; 6] = [2, 0, 0, 0, 0, 1];
         let c = masq_udp(CONFIRMED | SEEN_REPLY);
-        let setup = |seen: Option<EgressSeen>| {
-            let mut o = policy_offloader(&[&c], Some(vec![]));
-            o.kernel.witness = Some(
-                seen.map(|s| (leaving_as(&c.reply), s))
-                    .into_iter()
-                    .collect(),
-            );
-            o.kernel.macs.insert((WAN, c.reply.src), GATEWAY);
-            o
-        };
-        let wan_seen = |mark, dst_mac| EgressSeen {
-            ifindex: WAN,
-            mark,
-            dst_mac,
-            pad: 0,
-        };
+        let elsewhere = seen_on(WAN, 0, [2, 0, 0, 0, 0, 9]);
         // Never seen leaving an attached interface (a mark on each packet
-        // sends it into a tunnel): looked at again, then left to the kernel.
-        let mut o = setup(None);
+        // sends it into a tunnel): looked at again, then left to the
+        // kernel. What the witness held before the first look (the route
+        // of earlier packets, out of the WAN) does not count.
+        let mut o = witnessed_offloader(&[&c], &[]);
+        o.kernel.sends.remove(&leaving_as(&c.reply));
+        o.kernel.witness = Some([(leaving_as(&c.reply), seen_on(WAN, 0, GATEWAY))].into());
         o.conn(&c, 1);
         for i in 1..=u64::from(WITNESS_TRIES) {
             assert_eq!((o.len(), o.stats.not_offloaded.len()), (0, 0), "try {i}");
@@ -2445,18 +2461,30 @@ mod tests {
         assert_eq!(o.stats.settled, 0);
         assert!(o.witness_tries.is_empty() && o.settling.is_empty());
 
-        // Seen going to another next hop: left to the kernel; unless the
-        // next packet, seen by a later look, went where the fast path
-        // would send it (a record from before new rules).
-        let mut o = setup(Some(wan_seen(0, [2, 0, 0, 0, 0, 9])));
+        // Both directions must be seen: replies the kernel sends elsewhere
+        // than the LAN (into a tunnel) keep it there too.
+        let mut o = witnessed_offloader(&[&c], &[(&c, seen_on(WAN, 0, GATEWAY))]);
+        o.kernel.sends.remove(&leaving_as(&c.orig));
+        o.conn(&c, 1);
+        for i in 1..=u64::from(WITNESS_TRIES) {
+            o.settle(1 + i * WITNESS_WAIT_NS);
+        }
+        assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
+
+        // Seen going to another next hop: left to the kernel; unless a
+        // later packet, seen by a later look, went where the fast path
+        // would send it (a neighbour that changed).
+        let mut o = witnessed_offloader(&[&c], &[(&c, elsewhere)]);
         o.conn(&c, 1);
         o.settle(1 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 0);
-        o.kernel.witness = Some([(leaving_as(&c.reply), wan_seen(0, GATEWAY))].into());
+        o.kernel
+            .sends
+            .insert(leaving_as(&c.reply), seen_on(WAN, 0, GATEWAY));
         o.settle(1 + 2 * WITNESS_WAIT_NS);
         assert_eq!(o.len(), 1, "{:?}", o.stats);
         assert!(o.witness_tries.is_empty());
-        let mut o = setup(Some(wan_seen(0, [2, 0, 0, 0, 0, 9])));
+        let mut o = witnessed_offloader(&[&c], &[(&c, elsewhere)]);
         o.conn(&c, 1);
         for i in 1..=u64::from(WITNESS_TRIES) {
             o.settle(1 + i * WITNESS_WAIT_NS);
@@ -2466,11 +2494,13 @@ mod tests {
         // A mark set on each packet (no ct mark) that routes it out of the
         // WAN where the unmarked packet would go into a tunnel: carried,
         // with the mark the packets left with.
-        let mut o = setup(Some(wan_seen(0x100, GATEWAY)));
+        let mut o = witnessed_offloader(&[&c], &[(&c, seen_on(WAN, 0x100, GATEWAY))]);
         o.kernel
             .forward
             .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
         o.conn(&c, 1);
+        assert_eq!(o.len(), 0, "the first look waits");
+        o.settle(1 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 1, "{:?}", o.stats);
         assert_eq!(slot_of(&o, &c), Some(1));
         assert_eq!(o.table.3, Some(vec![(1, 0x100)]));
@@ -2478,16 +2508,17 @@ mod tests {
         // packets' mark, not its ct mark, is what it is routed again
         // with); rules that route that mark elsewhere end it.
         o.kernel.rules_number += 1;
-        o.tick(2);
+        o.tick(2 * WITNESS_WAIT_NS);
         assert_eq!((o.len(), o.stats.ended_rerouted), (1, 0));
         o.kernel
             .forward
             .insert((c.orig.src, c.reply.src, LAN, 0x100), TUNNEL);
         o.kernel.rules_number += 1;
-        o.tick(3);
+        o.tick(3 * WITNESS_WAIT_NS);
         assert_eq!((o.len(), o.stats.ended_rerouted), (0, 1));
 
-        // Without a witness the rules and the ct mark decide as before.
+        // Without a witness the rules and the ct mark decide as before, at
+        // once.
         let mut o = policy_offloader(&[&c], Some(vec![]));
         o.conn(&c, 1);
         assert_eq!(o.len(), 1);
@@ -3398,31 +3429,40 @@ mod tests {
     }
 
     const GATEWAY: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
 
-    fn seen_on_wan(mark: u32) -> EgressSeen {
+    fn seen_on(ifindex: u32, mark: u32, dst_mac: [u8; 6]) -> EgressSeen {
         EgressSeen {
-            ifindex: WAN,
+            ifindex,
             mark,
-            dst_mac: GATEWAY,
+            dst_mac,
             pad: 0,
         }
     }
 
-    /// An offloader under policy rules with the egress witness holding
-    /// `seen` (the kernel's packets of the original direction of each
-    /// connection, as they left) and the WAN gateway's MAC.
+    fn seen_on_wan(mark: u32) -> EgressSeen {
+        seen_on(WAN, mark, GATEWAY)
+    }
+
+    /// An offloader under policy rules with the egress witness, the WAN
+    /// gateway's and the client's MACs, and the kernel sending each
+    /// connection's replies to the client on the LAN and its original
+    /// direction as `seen` says (unlisted: nowhere the witness sees).
     fn witnessed_offloader(
         present: &[&Conn],
         seen: &[(&Conn, EgressSeen)],
     ) -> Offloader<MemTable, FakeKernel> {
         let mut o = policy_offloader(present, Some(vec![]));
-        o.kernel.witness = Some(
-            seen.iter()
-                .map(|(c, s)| (leaving_as(&c.reply), *s))
-                .collect(),
-        );
+        o.kernel.witness = Some(HashMap::new());
         for c in present {
             o.kernel.macs.insert((WAN, c.reply.src), GATEWAY);
+            o.kernel.macs.insert((LAN, c.orig.src), CLIENT_MAC);
+            o.kernel
+                .sends
+                .insert(leaving_as(&c.orig), seen_on(LAN, 0, CLIENT_MAC));
+        }
+        for (c, s) in seen {
+            o.kernel.sends.insert(leaving_as(&c.reply), *s);
         }
         o
     }
@@ -3444,12 +3484,15 @@ mod tests {
             .forward
             .insert((c.orig.src, c.reply.src, LAN, 0x200), TUNNEL);
         o.conn(&c, 1);
+        o.settle(1 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 1);
+        // The kernel sends its packets into the tunnel from now on.
         c.mark = 0x200;
-        o.conn(&c, 2);
+        o.kernel.sends.remove(&leaving_as(&c.reply));
+        o.conn(&c, 2 * WITNESS_WAIT_NS);
         assert_eq!((o.stats.ended_remarked, o.len()), (1, 0));
         for i in 1..=u64::from(WITNESS_TRIES) {
-            o.settle(2 + i * WITNESS_WAIT_NS);
+            o.settle((2 + i) * WITNESS_WAIT_NS);
         }
         assert_eq!(o.len(), 0, "{:?}", o.stats);
         // Its ct mark routes it into the tunnel: no need to wait.
@@ -3459,16 +3502,18 @@ mod tests {
         let c = masq_udp(CONFIRMED | SEEN_REPLY);
         let mut o = witnessed_offloader(&[&c], &[(&c, seen_on_wan(0x100))]);
         o.conn(&c, 1);
+        o.settle(1 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 1);
         o.kernel.rules_number += 1;
         o.kernel
             .forward
             .insert((c.orig.src, c.reply.src, LAN, 0x100), TUNNEL);
-        o.tick(2);
+        o.kernel.sends.remove(&leaving_as(&c.reply));
+        o.tick(2 * WITNESS_WAIT_NS);
         assert_eq!((o.stats.ended_rerouted, o.len()), (1, 0));
-        o.resync_from_kernel(3).unwrap();
+        o.resync_from_kernel(3 * WITNESS_WAIT_NS).unwrap();
         for i in 1..=u64::from(WITNESS_TRIES) {
-            o.settle(3 + i * WITNESS_WAIT_NS);
+            o.settle((3 + i) * WITNESS_WAIT_NS);
         }
         assert_eq!(o.len(), 0, "{:?}", o.stats);
         assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
@@ -3487,6 +3532,7 @@ mod tests {
             .forward
             .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
         o.conn(&c, 1);
+        o.settle(1 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 1);
         let table = std::mem::take(&mut o.table);
         let mut kernel = FakeKernel {
@@ -3516,7 +3562,10 @@ mod tests {
         tcp.orig.sport += 1;
         tcp.reply.dport += 1;
         tcp.tcp_state = Some(tcp_state::ESTABLISHED);
-        let mut o = witnessed_offloader(&[&udp, &tcp], &[(&tcp, seen_on_wan(0))]);
+        let mut o = witnessed_offloader(
+            &[&udp, &tcp],
+            &[(&udp, seen_on_wan(0)), (&tcp, seen_on_wan(0))],
+        );
         o.immediate_tcp = TokenBucket::new(Rate {
             per_sec: 0,
             burst: 0,
@@ -3524,8 +3573,11 @@ mod tests {
         o.conn(&udp, 0);
         o.conn(&tcp, 100_000_000);
         assert_eq!(o.settling(), 1, "the witness wait is not a TCP settle");
+        // Settled on time (then waiting for the witness like any other).
         o.settle(100_000_000 + TCP_SETTLE_NS);
-        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert_eq!(o.stats.settled, 1, "{:?}", o.stats);
+        o.settle(100_000_000 + TCP_SETTLE_NS + WITNESS_WAIT_NS);
+        assert_eq!(o.len(), 2, "{:?}", o.stats);
     }
 
     /// A new ct mark while a connection waits for the witness is what the

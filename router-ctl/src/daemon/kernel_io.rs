@@ -321,6 +321,9 @@ impl Kernel for NetlinkKernel {
             Some(w) => w.seen(key).map_or(Witnessed::Unseen, Witnessed::Seen),
         }
     }
+    fn has_witness(&mut self) -> bool {
+        self.witness.get().is_some()
+    }
     fn forget_egress(&mut self, key: &EgressKey) {
         self.witness.forget(key);
     }
