@@ -1877,6 +1877,96 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
     );
 }
 
+/// A port forward from the WAN to a LAN host whose own packets a rule
+/// marks (`meta mark set`, by source: "this host through the VPN"), and
+/// the mark routes into `vpn0` (not attached): the kernel sends the
+/// forward's replies through the tunnel. The original direction leaves
+/// by the LAN as the fast path would send it; the replies are never seen
+/// leaving an attached interface, so the daemon leaves the connection to
+/// the kernel (`route_unseen`) and every reply keeps going through the
+/// tunnel, none out of the WAN.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_leaves_a_port_forward_whose_replies_a_mark_routes_elsewhere_to_the_kernel() {
+    const N: u32 = 20;
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    tunnel_to_server(&t);
+    for cmd in [
+        "route add default via 10.8.0.2 dev vpn0 table 100",
+        "rule add fwmark 0x100 lookup 100 pref 100",
+    ] {
+        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
+    }
+    load_nft(
+        t.ns_name(Ns::Router),
+        &format!(
+            "table inet fw {{
+  chain prerouting {{
+    type filter hook prerouting priority mangle; policy accept;
+    iifname \"{LAN_IF}\" ip saddr {CLIENT_ADDR} meta mark set 0x100
+  }}
+  chain forward {{
+    type filter hook forward priority 0; policy drop;
+    ct state established,related accept
+    ct status dnat accept
+    iifname \"{LAN_IF}\" accept
+  }}
+}}
+table ip nat {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat;
+    iifname \"{WAN_IF}\" udp dport 8080 dnat to {CLIENT_ADDR}:7000
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat;
+    oifname {{ \"{WAN_IF}\", \"vpn0\" }} masquerade
+  }}
+}}"
+        ),
+    );
+    let _lan_server = udp_echo(
+        &t,
+        Ns::Client,
+        sa(CLIENT_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    let peer = t.in_ns(Ns::Server, || {
+        let s = UdpSocket::bind(sa(Ipv4Addr::UNSPECIFIED, 43000)).unwrap();
+        s.connect(sa(ROUTER_WAN_ADDR, 8080)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        s
+    });
+    assert_eq!(echoes(&peer, 3, Duration::from_millis(100)), 3);
+    wait_for_or_show(
+        "the daemon to leave the port forward to the kernel",
+        Duration::from_secs(15),
+        || {
+            let _ = echoes(&peer, 1, Duration::from_millis(100));
+            not_offloaded(&t, "route_unseen") > 0
+        },
+        show,
+    );
+    let (tunnel, wan) = (
+        rx_packets(&t, Ns::Server, "vpn1"),
+        rx_packets(&t, Ns::Server, HOST_IF),
+    );
+    assert_eq!(echoes(&peer, N, Duration::from_millis(20)), N);
+    let through_tunnel = rx_packets(&t, Ns::Server, "vpn1") - tunnel;
+    assert!(
+        through_tunnel >= u64::from(N),
+        "{through_tunnel} of {N} replies came through the tunnel, {} by the WAN\n{}",
+        rx_packets(&t, Ns::Server, HOST_IF) - wan,
+        show()
+    );
+    assert!(offloaded_rows(&t).is_empty(), "{:?}", offloaded_rows(&t));
+}
+
 /// On how many of the router's two interfaces the daemon's egress witness
 /// (a tcx program on egress) is attached.
 fn witnesses(t: &Topology) -> usize {
