@@ -141,6 +141,8 @@ fn secs(ns: u64) -> f64 {
 struct EntryFields {
     state: u8,
     flags: u8,
+    /// Offloaded entries: the end of their lease (see `FlowEntry::lease`).
+    lease: u32,
     created_ns: u64,
     last_seen_ns: u64,
     count: FlowCount,
@@ -154,6 +156,7 @@ macro_rules! entry_fields_of {
                 Self {
                     state: e.state,
                     flags: e.flags,
+                    lease: e.lease,
                     created_ns: e.created_ns,
                     last_seen_ns: e.last_seen_ns,
                     count: e.count,
@@ -206,7 +209,14 @@ fn row(
         xlat_dst,
         age_secs: secs(now_ns.saturating_sub(orig.created_ns)),
         idle_secs: secs(now_ns.saturating_sub(last_seen)),
-        expired: flow::expired(orig.state, last_seen, now_ns, t),
+        // An offloaded flow is the fast path's while its lease lasts (the
+        // data path passes its packets to the kernel after it: handed
+        // back, or no daemon renewing it).
+        expired: if orig.flags & FLAG_OFFLOADED == 0 {
+            flow::expired(orig.state, last_seen, now_ns, t)
+        } else {
+            router_common::maps::lease_tick(now_ns) > orig.lease
+        },
         reply_present: reply.is_some(),
         offloaded: orig.flags & FLAG_OFFLOADED != 0,
         family,
@@ -1288,6 +1298,22 @@ mod tests {
         let row = flow_row(&k, &oe, None, 9 * SEC, &t);
         assert!(row.age_secs == 0.0 && row.idle_secs == 0.0 && !row.expired);
         assert!(!row.reply_present);
+        // An offloaded flow: its lease decides, not the state's timeout.
+        let mut offloaded = oe;
+        offloaded.flags |= FLAG_OFFLOADED;
+        offloaded.lease = router_common::maps::lease_tick(now) + 1;
+        let row = flow_row(&k, &offloaded, Some(&re), now, &t);
+        assert!(row.offloaded && !row.expired, "within its lease");
+        offloaded.lease = router_common::maps::lease_tick(now) - 1;
+        assert!(
+            flow_row(&k, &offloaded, Some(&fresh), now, &t).expired,
+            "lease ended"
+        );
+        offloaded.lease = router_common::maps::LEASE_HANDED_BACK;
+        assert!(
+            flow_row(&k, &offloaded, Some(&fresh), now, &t).expired,
+            "handed back"
+        );
     }
 
     #[test]
