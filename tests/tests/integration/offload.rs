@@ -1737,28 +1737,7 @@ fn offload_leaves_a_flow_a_mark_on_each_packet_routes_elsewhere_to_the_kernel() 
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
     let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
     assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
-    wait_for_or_show(
-        "the daemon to leave the flow to the kernel",
-        Duration::from_secs(15),
-        || {
-            let _ = echoes(&marked, 1, Duration::from_millis(100));
-            not_offloaded(&t, "route_unseen") > 0
-        },
-        show,
-    );
-    let (tunnel, wan) = (
-        rx_packets(&t, Ns::Server, "vpn1"),
-        rx_packets(&t, Ns::Server, HOST_IF),
-    );
-    assert_eq!(echoes(&marked, N, Duration::from_millis(20)), N);
-    let through_tunnel = rx_packets(&t, Ns::Server, "vpn1") - tunnel;
-    assert!(
-        through_tunnel >= u64::from(N),
-        "{through_tunnel} of {N} datagrams came through the tunnel, {} by the WAN\n{}",
-        rx_packets(&t, Ns::Server, HOST_IF) - wan,
-        show()
-    );
-    assert!(offloaded_rows(&t).is_empty(), "{:?}", offloaded_rows(&t));
+    stays_in_the_kernel_through_the_tunnel(&t, &marked, N, show);
 }
 
 /// Policy routing by a mark set on each packet that sends a connection
@@ -1943,28 +1922,41 @@ table ip nat {{
         s
     });
     assert_eq!(echoes(&peer, 3, Duration::from_millis(100)), 3);
+    stays_in_the_kernel_through_the_tunnel(&t, &peer, N, show);
+}
+
+/// Waits for the daemon to leave the flow of `sock` to the kernel for
+/// want of the witness's evidence (`route_unseen`), then checks that `n`
+/// more datagrams are all answered, each through the tunnel (`vpn1` at the
+/// server) and none out of the WAN by XDP, with nothing offloaded.
+fn stays_in_the_kernel_through_the_tunnel(
+    t: &Topology,
+    sock: &UdpSocket,
+    n: u32,
+    show: impl Fn() -> String,
+) {
     wait_for_or_show(
-        "the daemon to leave the port forward to the kernel",
+        "the daemon to leave the flow to the kernel",
         Duration::from_secs(15),
         || {
-            let _ = echoes(&peer, 1, Duration::from_millis(100));
-            not_offloaded(&t, "route_unseen") > 0
+            let _ = echoes(sock, 1, Duration::from_millis(100));
+            not_offloaded(t, "route_unseen") > 0
         },
-        show,
+        &show,
     );
     let (tunnel, wan) = (
-        rx_packets(&t, Ns::Server, "vpn1"),
-        rx_packets(&t, Ns::Server, HOST_IF),
+        rx_packets(t, Ns::Server, "vpn1"),
+        rx_packets(t, Ns::Server, HOST_IF),
     );
-    assert_eq!(echoes(&peer, N, Duration::from_millis(20)), N);
-    let through_tunnel = rx_packets(&t, Ns::Server, "vpn1") - tunnel;
+    assert_eq!(echoes(sock, n, Duration::from_millis(20)), n);
+    let through_tunnel = rx_packets(t, Ns::Server, "vpn1") - tunnel;
     assert!(
-        through_tunnel >= u64::from(N),
-        "{through_tunnel} of {N} replies came through the tunnel, {} by the WAN\n{}",
-        rx_packets(&t, Ns::Server, HOST_IF) - wan,
+        through_tunnel >= u64::from(n),
+        "{through_tunnel} of {n} came through the tunnel, {} by the WAN\n{}",
+        rx_packets(t, Ns::Server, HOST_IF) - wan,
         show()
     );
-    assert!(offloaded_rows(&t).is_empty(), "{:?}", offloaded_rows(&t));
+    assert!(offloaded_rows(t).is_empty(), "{:?}", offloaded_rows(t));
 }
 
 /// On how many of the router's two interfaces the daemon's egress witness
