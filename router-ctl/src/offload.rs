@@ -221,9 +221,9 @@ enum PacketMark {
 }
 
 /// Refusals for want of the egress witness's evidence: the kernel's packets
-/// of the original direction not seen leaving an attached interface, or
-/// seen leaving elsewhere (another interface, another next hop) than the
-/// fast path's lookup would send them.
+/// of a direction not seen leaving an attached interface since the first
+/// look, or seen leaving elsewhere (another interface, another next hop)
+/// than the fast path's lookup would send them.
 const ROUTE_UNSEEN: &str = "route_unseen";
 const ROUTE_DIFFERS: &str = "route_differs";
 
