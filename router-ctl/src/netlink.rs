@@ -972,6 +972,65 @@ pub fn ipv4_addrs(iface: &str) -> Result<Vec<Ipv4Addr>> {
 mod tests {
     use super::*;
 
+    /// An `RTM_NEWNEIGH` payload: `struct ndmsg` and its attributes.
+    fn neighbour_message(state: u16, flags: u8, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+        let mut p = vec![0u8; 12];
+        p[0] = 2;
+        p[4..8].copy_from_slice(&3u32.to_ne_bytes());
+        p[8..10].copy_from_slice(&state.to_ne_bytes());
+        p[10] = flags;
+        for (ty, data) in attrs {
+            let len = u16::try_from(4 + data.len()).unwrap();
+            p.extend_from_slice(&len.to_ne_bytes());
+            p.extend_from_slice(&ty.to_ne_bytes());
+            p.extend_from_slice(data);
+            p.resize(p.len().next_multiple_of(4), 0);
+        }
+        p
+    }
+
+    #[test]
+    fn a_neighbour_entry_gives_its_address_state_mac_and_keeper() {
+        let mac = [2, 0, 0x5e, 0x10, 0xbe, 0xf1];
+        let n = parse_neighbour(&neighbour_message(
+            NUD_STALE,
+            0,
+            &[(NDA_DST, &[203, 0, 113, 2]), (NDA_LLADDR, &mac)],
+        ))
+        .unwrap();
+        assert_eq!(
+            n,
+            Neighbour {
+                ifindex: 3,
+                addr: IpAddr::from([203, 0, 113, 2]),
+                state: NUD_STALE,
+                kept_elsewhere: false,
+                mac: Some(mac),
+            }
+        );
+        // Still resolving: no MAC; learned from a controller.
+        let n = parse_neighbour(&neighbour_message(
+            1,
+            NTF_EXT_LEARNED,
+            &[(NDA_DST, &[203, 0, 113, 3])],
+        ))
+        .unwrap();
+        assert_eq!((n.mac, n.kept_elsewhere), (None, true));
+        // Managed (`NDA_FLAGS_EXT`).
+        let n = parse_neighbour(&neighbour_message(
+            NUD_STALE,
+            0,
+            &[
+                (NDA_DST, &[203, 0, 113, 4]),
+                (NDA_FLAGS_EXT, &1u32.to_ne_bytes()),
+            ],
+        ))
+        .unwrap();
+        assert!(n.kept_elsewhere);
+        // No destination: not an entry the daemon can name.
+        assert_eq!(parse_neighbour(&neighbour_message(NUD_STALE, 0, &[])), None);
+    }
+
     #[test]
     fn loopback_is_up_with_no_xdp() {
         let lo = link(1).expect("RTM_GETLINK for lo");
