@@ -662,7 +662,10 @@ const NDA_FLAGS_EXT: u16 = 15;
 
 /// The kernel's IPv4 and IPv6 neighbour entries.
 pub fn neighbours() -> io::Result<Vec<Neighbour>> {
-    let s = Socket::new()?;
+    neighbours_on(&Socket::new()?)
+}
+
+fn neighbours_on(s: &Socket) -> io::Result<Vec<Neighbour>> {
     let mut out = Vec::new();
     for family in [libc::AF_INET, libc::AF_INET6] {
         // struct ndmsg: family, pad (3), ifindex (i32), state (u16),
@@ -709,12 +712,24 @@ fn parse_neighbour(p: &[u8]) -> Option<Neighbour> {
     })
 }
 
-/// Has the kernel use each neighbour entry of `entries` (`NTF_USE`, no
-/// `NLM_F_CREATE`: an entry that is gone stays gone), as its own output
-/// path does on a packet to it: a STALE entry is re-validated (DELAY, a
-/// unicast probe, a new resolution if that fails). The result of each.
-pub fn use_neighbours(entries: &[(u32, IpAddr)]) -> io::Result<Vec<io::Result<()>>> {
+/// Has the kernel use those of the neighbour entries `wanted` that are
+/// STALE and kept by the kernel's own resolution (one dump, then `NTF_USE`
+/// on one socket), as its own output path does on a packet to one: DELAY,
+/// a unicast probe, a new resolution if that fails. The result of each
+/// entry used. Entries in any other state are left alone: a permanent
+/// one would turn dynamic, a learned or managed one lose its flag.
+pub fn use_stale_neighbours(wanted: &[(u32, IpAddr)]) -> io::Result<Vec<io::Result<()>>> {
     let s = Socket::new()?;
+    let stale: std::collections::HashSet<(u32, IpAddr)> = neighbours_on(&s)?
+        .into_iter()
+        .filter(|n| n.state == NUD_STALE && !n.kept_elsewhere)
+        .map(|n| (n.ifindex, n.addr))
+        .collect();
+    let entries: Vec<(u32, IpAddr)> = wanted
+        .iter()
+        .copied()
+        .filter(|n| stale.contains(n))
+        .collect();
     Ok(entries
         .iter()
         .map(|&(ifindex, addr)| {

@@ -15,16 +15,13 @@
 //! those flags). An owner who makes an entry static between the dump and
 //! the `NTF_USE` (microseconds) gets it dynamic again.
 
-use std::{
-    collections::HashSet,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use router_common::{flow::REFRESH_NS, maps::NextHopKey};
 
 use crate::{
     maps::{NextHopsMap, PinnedMaps},
-    netlink::{self, NUD_STALE},
+    netlink,
 };
 
 /// A noted next hop not used for this long leaves `NEXT_HOPS`.
@@ -87,15 +84,7 @@ impl NeighbourUse {
         if used.is_empty() {
             return 0;
         }
-        let result = netlink::neighbours().and_then(|all| {
-            let stale: HashSet<(u32, IpAddr)> = all
-                .into_iter()
-                .filter(|n| n.state == NUD_STALE && !n.kept_elsewhere)
-                .map(|n| (n.ifindex, n.addr))
-                .collect();
-            used.retain(|n| stale.contains(n));
-            netlink::use_neighbours(&used)
-        });
+        let result = netlink::use_stale_neighbours(&used);
         match result {
             Ok(done) => {
                 self.failing = false;
