@@ -883,8 +883,10 @@ struct Offloaded {
     /// The mark its XDP entries' FIB lookups carry (0: none).
     route_mark: u32,
     /// The mark its packets were routed with in the kernel when offloaded
-    /// (as the egress witness saw it, else the ct mark under the mask).
-    packet_mark: u32,
+    /// (as the egress witness saw it, else the ct mark under the mask);
+    /// `None` for a connection taken over from the entries an earlier
+    /// daemon wrote (what its packets carried is not known here).
+    packet_mark: Option<u32>,
 }
 
 /// After a resync whose dump failed, the next try; doubled after each
@@ -1025,6 +1027,19 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     #[must_use]
     pub fn settling(&self) -> usize {
         self.settling.len().saturating_sub(self.witness_tries.len())
+    }
+
+    /// Connections waiting for the egress witness's evidence.
+    #[must_use]
+    pub fn waiting_for_witness(&self) -> usize {
+        self.witness_tries.len()
+    }
+
+    /// Whether [`Self::settle`] has anything to look at later: a TCP
+    /// connection settling or one waiting for the witness.
+    #[must_use]
+    pub fn settle_due(&self) -> bool {
+        !self.settling.is_empty()
     }
 
     fn refused(&mut self, why: &str) {
@@ -1265,6 +1280,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
             PacketMark::Known(_) => [Witnessed::NoWitness; 2],
         };
+        // Nothing to decide on before both directions were seen (no route
+        // to ask the kernel for until then).
+        if witnessed.contains(&Witnessed::Unseen) {
+            return Err(ROUTE_UNSEEN);
+        }
         // The mark the packets are routed with: the one the kernel's
         // packets left with where the witness saw them, else the ct mark
         // as the firewall copies it into them (`--route-mark-mask`).
@@ -1398,20 +1418,24 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// the mark its packets are routed with and the routing mark's slot;
     /// `None`, counted, when not (or not yet: waiting for the egress
     /// witness's evidence).
-    fn carried_as(&mut self, c: &Conn, now_ns: u64) -> Option<(bool, u32, u32, u16)> {
+    fn carried_as(&mut self, c: &Conn, now_ns: u64) -> Option<(bool, u32, Option<u32>, u16)> {
         // The owner's: its packets meet the firewall's rules on
         // established packets in the kernel.
         if self
             .keep_in_kernel_mark
             .is_some_and(|(value, mask)| c.mark & mask == value)
         {
+            self.witness_tries.remove(&c.orig);
             self.refused("kept_by_mark");
             return None;
         }
         // A pair the fast path already carries it with (an earlier daemon's:
         // a restart, a resync): the kernel sends none of its packets for the
-        // witness to see; decided by the rules with the mark it carries.
-        let packet_mark = self.carried_mark(c).map_or(
+        // witness to see; decided by the rules with the mark it carries
+        // (its packets' own mark stays unknown: the next change of the
+        // rules decides on it anew, with the witness).
+        let carried = self.carried_mark(c);
+        let packet_mark = carried.map_or(
             PacketMark::Witnessed {
                 first: !self.witness_tries.contains_key(&c.orig),
             },
@@ -1430,6 +1454,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         };
         self.witness_tries.remove(&c.orig);
         let route_slot = self.route_slot(route_mark)?;
+        let packet_mark = carried.is_none().then_some(packet_mark);
         Some((orig_from_lan, route_mark, packet_mark, route_slot))
     }
 
@@ -1687,7 +1712,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let rules = self.kernel.routing_rules().1;
         if rules != self.rules_seen {
             self.rules_seen = rules;
-            let again: Vec<(Conn, u32, u32)> = self
+            let again: Vec<(Conn, u32, Option<u32>)> = self
                 .flows
                 .iter()
                 .filter(|(orig, _)| !covered.contains(*orig))
@@ -1703,9 +1728,13 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 .collect();
             for (c, route_mark, packet_mark) in again {
                 // Routed elsewhere, or now by another mark than the one
-                // its entries carry.
-                let now = self.direction(&c, route_mark, PacketMark::Known(packet_mark));
-                if now.map(|(_, mark, _)| mark) != Ok(route_mark) {
+                // its entries carry; or taken over without knowing its
+                // packets' mark: decided anew, with the witness.
+                let rerouted = packet_mark.is_none_or(|packet_mark| {
+                    let now = self.direction(&c, route_mark, PacketMark::Known(packet_mark));
+                    now.map(|(_, mark, _)| mark) != Ok(route_mark)
+                });
+                if rerouted {
                     covered.insert(c.orig);
                     gone.push((c.orig, Gone::Rerouted));
                     // A lasting connection may send no event again: a
@@ -3495,8 +3524,7 @@ mod tests {
             o.settle((2 + i) * WITNESS_WAIT_NS);
         }
         assert_eq!(o.len(), 0, "{:?}", o.stats);
-        // Its ct mark routes it into the tunnel: no need to wait.
-        assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
+        assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
         // The same with a mark set on each packet (no ct mark to tell):
         // the witness's old record would have had it carried again.
         let c = masq_udp(CONFIRMED | SEEN_REPLY);
@@ -3549,6 +3577,12 @@ mod tests {
         restarted.resync_from_kernel(10).unwrap();
         assert_eq!(restarted.len(), 1, "{:?}", restarted.stats);
         assert_eq!(slot_of(&restarted, &c), Some(1));
+        assert_eq!(restarted.waiting_for_witness(), 0);
+        // What its packets carry is not known to this daemon: the next
+        // change of the rules decides on it anew, with the witness.
+        restarted.kernel.rules_number += 1;
+        restarted.tick(11);
+        assert_eq!((restarted.len(), restarted.stats.ended_rerouted), (0, 1));
     }
 
     /// A TCP connection settling is offloaded when it settles, not behind
@@ -3589,12 +3623,17 @@ mod tests {
         let mut o = witnessed_offloader(&[&c], &[]);
         o.keep_in_kernel_mark = Some((0x7, 0xff));
         o.conn(&c, 1);
+        // Waiting: not a TCP settle, but the settle timer must run.
+        assert_eq!((o.settling(), o.waiting_for_witness()), (0, 1));
+        assert!(o.settle_due());
         c.mark = 0x7;
         o.conn(&c, 2);
         o.kernel.witness = Some([(leaving_as(&c.reply), seen_on_wan(0x7))].into());
         o.settle(1 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 0, "{:?}", o.stats);
         assert_eq!(o.stats.not_offloaded.get("kept_by_mark"), Some(&1));
+        assert_eq!(o.waiting_for_witness(), 0, "no wait left behind");
+        assert!(!o.settle_due());
         let other = masq_udp(CONFIRMED | SEEN_REPLY);
         let mut o = witnessed_offloader(&[&other], &[]);
         o.conn(&other, 1);

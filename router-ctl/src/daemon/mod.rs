@@ -420,6 +420,7 @@ fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()>
     status.admit = s.admit().into();
     status.offloaded_flows = s.off.len() as u64;
     status.settling_flows = s.off.settling() as u64;
+    status.waiting_for_witness = s.off.waiting_for_witness() as u64;
     status.offload.clone_from(&s.off.stats);
     status.stale_pending_removed = s.stale_pending_removed;
     status.egress_witness = s.off.kernel.witness.describe();
@@ -859,7 +860,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
                 links.shaping_due |= drained.tc;
                 guard.clear_ready();
             }
-            _ = settler.tick(), if session.off.settling() > 0 => {
+            _ = settler.tick(), if session.off.settle_due() => {
                 session.off.settle(monotonic_ns());
             }
             _ = ticker.tick() => {

@@ -28,6 +28,10 @@ pub struct DaemonStatus {
     /// burst of new ones).
     #[serde(default)]
     pub settling_flows: u64,
+    /// Connections waiting for the egress witness's evidence before their
+    /// offload (under policy routing).
+    #[serde(default)]
+    pub waiting_for_witness: u64,
     pub offload: OffloadStats,
     /// New MAC addresses of the attached interfaces written into the data
     /// path's configuration (and the attach record).
@@ -107,6 +111,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "admit": s.admit,
             "offloaded_flows": s.offloaded_flows,
             "settling_flows": s.settling_flows,
+            "waiting_for_witness": s.waiting_for_witness,
             "offload": s.offload,
             "mac_changes_followed": s.mac_changes_followed,
             "wan_addr_changes_followed": s.wan_addr_changes_followed,
@@ -157,6 +162,10 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
             o["resyncs"],
             o["events_lost"],
         );
+        let waiting = d["waiting_for_witness"].as_u64().unwrap_or(0);
+        if waiting > 0 {
+            let _ = write!(line, ", {waiting} waiting for the egress witness");
+        }
         let macs = d["mac_changes_followed"].as_u64().unwrap_or(0);
         if macs > 0 {
             let _ = write!(line, ", {macs} interface MAC changes followed");
