@@ -37,6 +37,9 @@ pub(super) enum Witness {
     /// Wanted on the egress of these interfaces, not attached yet.
     Wanted([u32; 2]),
     Attached(Box<EgressWitness>),
+    /// The kernel has no tcx (before Linux 6.6; said once): the routing
+    /// rules alone decide, for good.
+    Unavailable,
     /// Attaching failed (said once per failure in a row): the routing
     /// rules alone decide until a try after [`RETRY_AFTER_NS`] works.
     Failed {
@@ -63,6 +66,16 @@ impl Witness {
     pub(super) fn get(&mut self) -> Option<&EgressWitness> {
         let now = crate::clock::monotonic_ns();
         let (ifindexes, failed_before) = match self {
+            Self::Wanted(_) if !kernel_has_tcx() => {
+                tracing::warn!(
+                    "this kernel has no tcx (Linux 6.6) for the egress witness (where the \
+                     kernel sends connections): under policy routing, offload decisions rest on \
+                     the routing rules and the ct mark alone (a mark set on each packet is not \
+                     seen)"
+                );
+                *self = Self::Unavailable;
+                return None;
+            }
             Self::Wanted(ifindexes) => (*ifindexes, false),
             Self::Failed {
                 ifindexes, at_ns, ..
@@ -117,8 +130,33 @@ impl Witness {
             Self::Off => None,
             Self::Wanted(_) => Some("not needed yet".to_owned()),
             Self::Attached(_) => Some("attached".to_owned()),
+            Self::Unavailable => Some("unavailable: no tcx (Linux 6.6)".to_owned()),
             Self::Failed { why, .. } => Some(format!("failed: {why}")),
         }
+    }
+}
+
+/// Whether the running kernel has tcx (Linux 6.6 on), by its release.
+fn kernel_has_tcx() -> bool {
+    // SAFETY: uname fills the struct it is given.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&raw mut u) } != 0 {
+        return true;
+    }
+    // SAFETY: uname NUL-terminates its fields.
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) };
+    release_at_least(&release.to_string_lossy(), (6, 6))
+}
+
+/// Whether kernel release `release` (`6.18.44-amd64`) is `min` or later;
+/// one that does not parse counts as later (let the attach tell).
+fn release_at_least(release: &str, min: (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= min,
+        _ => true,
     }
 }
 
@@ -183,6 +221,16 @@ mod tests {
     /// Every map of the embedded object is one the witness's load shrinks
     /// (or its own): a map of a new type would otherwise be created at full
     /// size for as long as the daemon runs.
+    #[test]
+    fn tcx_is_there_from_linux_6_6() {
+        assert!(release_at_least("6.18.44-amd64", (6, 6)));
+        assert!(release_at_least("6.6.0", (6, 6)));
+        assert!(!release_at_least("6.1.0-28-amd64", (6, 6)));
+        assert!(!release_at_least("5.15.167", (6, 6)));
+        assert!(release_at_least("7.0", (6, 6)));
+        assert!(release_at_least("weird", (6, 6)));
+    }
+
     #[test]
     fn the_witness_load_shrinks_every_other_map_of_the_object() {
         let obj = Object::load(None).unwrap();
