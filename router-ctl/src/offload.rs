@@ -1280,11 +1280,6 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
             PacketMark::Known(_) => [Witnessed::NoWitness; 2],
         };
-        // Nothing to decide on before both directions were seen (no route
-        // to ask the kernel for until then).
-        if witnessed.contains(&Witnessed::Unseen) {
-            return Err(ROUTE_UNSEEN);
-        }
         // The mark the packets are routed with: the one the kernel's
         // packets left with where the witness saw them, else the ct mark
         // as the firewall copies it into them (`--route-mark-mask`).
@@ -3524,7 +3519,9 @@ mod tests {
             o.settle((2 + i) * WITNESS_WAIT_NS);
         }
         assert_eq!(o.len(), 0, "{:?}", o.stats);
-        assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
+        // Its ct mark routes it into the tunnel, as the rules say: that
+        // is the reason given (before the witness's).
+        assert_eq!(o.stats.not_offloaded.get("policy_route"), Some(&1));
         // The same with a mark set on each packet (no ct mark to tell):
         // the witness's old record would have had it carried again.
         let c = masq_udp(CONFIRMED | SEEN_REPLY);
