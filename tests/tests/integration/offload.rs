@@ -1674,29 +1674,7 @@ fn offload_carries_a_flow_routed_by_its_mark_with_the_mark() {
         },
         show,
     );
-    let (tunnel, wan) = (
-        rx_packets(&t, Ns::Server, "vpn1"),
-        rx_packets(&t, Ns::Server, HOST_IF),
-    );
-    let forwarded = counter(&t, "fwd_outbound");
-    assert_eq!(
-        echoes(&marked, N, Duration::from_millis(20)),
-        N,
-        "{}",
-        show()
-    );
-    let forwarded = counter(&t, "fwd_outbound") - forwarded;
-    assert!(
-        forwarded >= u64::from(N),
-        "XDP forwarded {forwarded} of the {N} datagrams to the server\n{}",
-        show()
-    );
-    assert_eq!(
-        rx_packets(&t, Ns::Server, "vpn1"),
-        tunnel,
-        "through the tunnel"
-    );
-    assert!(rx_packets(&t, Ns::Server, HOST_IF) - wan >= u64::from(N));
+    carried_out_of_the_wan_by_xdp(&t, &marked, N, show);
     assert_eq!(not_offloaded(&t, "policy_route"), 0, "{}", show());
 }
 
@@ -1791,25 +1769,7 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
         },
         show,
     );
-    let tunnel = rx_packets(&t, Ns::Server, "vpn1");
-    let forwarded = counter(&t, "fwd_outbound");
-    assert_eq!(
-        echoes(&marked, N, Duration::from_millis(20)),
-        N,
-        "{}",
-        show()
-    );
-    let forwarded = counter(&t, "fwd_outbound") - forwarded;
-    assert!(
-        forwarded >= u64::from(N),
-        "XDP forwarded {forwarded} of the {N} datagrams to the server\n{}",
-        show()
-    );
-    assert_eq!(
-        rx_packets(&t, Ns::Server, "vpn1"),
-        tunnel,
-        "through the tunnel"
-    );
+    carried_out_of_the_wan_by_xdp(&t, &marked, N, show);
     // A daemon restarted (killed): the new witness sees none of the flow's
     // packets (XDP carries them); the new daemon takes the flow over with
     // the mark its entries carry instead of giving it up.
@@ -1975,6 +1935,35 @@ fn witnesses(t: &Topology) -> usize {
             })
         })
         .count()
+}
+
+/// Sends `n` datagrams on `sock` and checks each is answered, forwarded
+/// by XDP out of the WAN (`fwd_outbound`, the server's WAN interface),
+/// none through the tunnel (`vpn1` at the server).
+fn carried_out_of_the_wan_by_xdp(
+    t: &Topology,
+    sock: &UdpSocket,
+    n: u32,
+    show: impl Fn() -> String,
+) {
+    let (tunnel, wan) = (
+        rx_packets(t, Ns::Server, "vpn1"),
+        rx_packets(t, Ns::Server, HOST_IF),
+    );
+    let forwarded = counter(t, "fwd_outbound");
+    assert_eq!(echoes(sock, n, Duration::from_millis(20)), n, "{}", show());
+    let forwarded = counter(t, "fwd_outbound") - forwarded;
+    assert!(
+        forwarded >= u64::from(n),
+        "XDP forwarded {forwarded} of the {n} datagrams to the server\n{}",
+        show()
+    );
+    assert_eq!(
+        rx_packets(t, Ns::Server, "vpn1"),
+        tunnel,
+        "through the tunnel"
+    );
+    assert!(rx_packets(t, Ns::Server, HOST_IF) - wan >= u64::from(n));
 }
 
 /// The /24 network of `a`.
