@@ -372,6 +372,18 @@ impl RouteMarks {
         self.slots.insert(mark, slot);
         Ok(Some(slot))
     }
+
+    /// The mark slot `slot` holds (0 for slot 0: no mark); `None` for a
+    /// slot this offloader does not know.
+    fn mark_in(&self, slot: u16) -> Option<u32> {
+        if slot == 0 {
+            return Some(0);
+        }
+        self.slots
+            .iter()
+            .find(|&(_, &s)| s == slot)
+            .map(|(&mark, _)| mark)
+    }
 }
 
 /// The XDP keys of an offloaded connection: original direction, reply
@@ -1414,13 +1426,15 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// `None`, counted, when not (or not yet: waiting for the egress
     /// witness's evidence).
     fn carried_as(&mut self, c: &Conn, now_ns: u64) -> Option<(bool, u32, Option<u32>, u16)> {
+        // Looked at now: no longer waiting for the witness (back in the
+        // waits if it has to wait again).
+        let tries = self.witness_tries.remove(&c.orig);
         // The owner's: its packets meet the firewall's rules on
         // established packets in the kernel.
         if self
             .keep_in_kernel_mark
             .is_some_and(|(value, mask)| c.mark & mask == value)
         {
-            self.witness_tries.remove(&c.orig);
             self.refused("kept_by_mark");
             return None;
         }
@@ -1432,22 +1446,22 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let carried = self.carried_mark(c);
         let packet_mark = carried.map_or(
             PacketMark::Witnessed {
-                first: !self.witness_tries.contains_key(&c.orig),
+                first: tries.is_none(),
             },
             PacketMark::Known,
         );
         let (orig_from_lan, route_mark, packet_mark) = match self.direction(c, 0, packet_mark) {
             Ok(d) => d,
-            Err(ROUTE_UNSEEN | ROUTE_DIFFERS) if self.wait_for_witness(c, now_ns) => {
+            Err(ROUTE_UNSEEN | ROUTE_DIFFERS)
+                if self.wait_for_witness(c, now_ns, tries.unwrap_or(0)) =>
+            {
                 return None;
             }
             Err(why) => {
-                self.witness_tries.remove(&c.orig);
                 self.refused(why);
                 return None;
             }
         };
-        self.witness_tries.remove(&c.orig);
         let route_slot = self.route_slot(route_mark)?;
         let packet_mark = carried.is_none().then_some(packet_mark);
         Some((orig_from_lan, route_mark, packet_mark, route_slot))
@@ -1461,14 +1475,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             if e.flags & FLAG_OFFLOADED == 0 || !carries(e.lease) {
                 return None;
             }
-            if e.route_mark == 0 {
-                return Some(0);
-            }
-            self.route_marks
-                .slots
-                .iter()
-                .find(|&(_, &slot)| slot == e.route_mark)
-                .map(|(&mark, _)| mark)
+            self.route_marks.mark_in(e.route_mark)
         } else {
             let e = self.table.get6(&flow_key6(&c.orig))?;
             (e.flags & FLAG_OFFLOADED != 0 && carries(e.lease))
@@ -1476,17 +1483,16 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
     }
 
-    /// Has `c` looked at again in [`WITNESS_WAIT_NS`] (with the connections
-    /// settling), unless it was [`WITNESS_TRIES`] times already: the
-    /// witness may have been attached after its packets, or hold a route
-    /// from before new rules, which the next packet the kernel sends
-    /// replaces.
-    fn wait_for_witness(&mut self, c: &Conn, now_ns: u64) -> bool {
-        let tries = self.witness_tries.entry(c.orig).or_insert(0);
-        if *tries >= WITNESS_TRIES {
+    /// Has `c`, looked at again `tries` times so far, looked at again in
+    /// [`WITNESS_WAIT_NS`] (with the connections settling), unless that
+    /// was [`WITNESS_TRIES`] times already: the witness may have been
+    /// attached after its packets, or hold a route from before new rules,
+    /// which the next packet the kernel sends replaces.
+    fn wait_for_witness(&mut self, c: &Conn, now_ns: u64, tries: u8) -> bool {
+        if tries >= WITNESS_TRIES {
             return false;
         }
-        *tries += 1;
+        self.witness_tries.insert(c.orig, tries + 1);
         let due_ns = now_ns + WITNESS_WAIT_NS;
         self.settling.insert(
             c.orig,
