@@ -92,14 +92,10 @@ impl TcSeen {
         // Counting tcx programs needs CAP_NET_ADMIN, which a `doctor` run
         // with CAP_BPF alone lacks: not counted then (the qdiscs and
         // filters, readable by anyone, still are).
-        // The offload daemon's own egress witness only looks.
         let tcx = |attach_type| match bpfsys::prog_ids(ifindex, attach_type) {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => Ok(0),
             Err(e) => Err(e),
-            Ok(ids) => Ok(
-                u32::try_from(ids.iter().filter(|&&id| !is_egress_witness(id)).count())
-                    .unwrap_or(u32::MAX),
-            ),
+            Ok(ids) => Ok(u32::try_from(but_the_witness(&ids)).unwrap_or(u32::MAX)),
         };
         Ok(Self {
             ingress_filters: kinds(INGRESS_HOOK)?,
@@ -171,15 +167,20 @@ impl TcSeen {
     }
 }
 
-/// Whether program `id` is the offload daemon's egress witness (by its
-/// name: a tcx program that only notes where packets go). Naming a program
-/// takes `CAP_SYS_ADMIN`; without it the witness counts as any program.
-fn is_egress_witness(id: u32) -> bool {
-    aya::programs::loaded_programs()
+/// How many of the programs `ids` are not the offload daemon's egress
+/// witness (told by its name: a tcx program that only notes where packets
+/// go). Naming programs takes `CAP_SYS_ADMIN`; without it the witness
+/// counts as any program.
+fn but_the_witness(ids: &[u32]) -> usize {
+    if ids.is_empty() {
+        return 0;
+    }
+    let witnesses: Vec<u32> = aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .any(|p| {
-            p.id() == id && p.name_as_str() == Some(router_common::maps::EGRESS_WITNESS_PROGRAM)
-        })
+        .filter(|p| p.name_as_str() == Some(router_common::maps::EGRESS_WITNESS_PROGRAM))
+        .map(|p| p.id())
+        .collect();
+    ids.iter().filter(|id| !witnesses.contains(id)).count()
 }
 
 /// Whether qdisc `q` shapes or classifies (see [`NOT_SHAPING`]).

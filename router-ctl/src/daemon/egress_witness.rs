@@ -49,6 +49,11 @@ pub(super) enum Witness {
     },
 }
 
+/// What the daemon does without the witness, as its warnings and the
+/// status line say.
+pub(super) const WITHOUT_WITNESS: &str = "under policy routing, offload decisions rest on the \
+     routing rules and the ct mark alone (a mark set on each packet is not seen)";
+
 /// How long after a failed attach the witness is tried again.
 const RETRY_AFTER_NS: u64 = 60_000_000_000;
 
@@ -69,9 +74,7 @@ impl Witness {
             Self::Wanted(_) if !kernel_has_tcx() => {
                 tracing::warn!(
                     "this kernel has no tcx (Linux 6.6) for the egress witness (where the \
-                     kernel sends connections): under policy routing, offload decisions rest on \
-                     the routing rules and the ct mark alone (a mark set on each packet is not \
-                     seen)"
+                     kernel sends connections): {WITHOUT_WITNESS}"
                 );
                 *self = Self::Unavailable;
                 return None;
@@ -98,10 +101,8 @@ impl Witness {
                     tracing::debug!("the egress witness, tried again: {why}");
                 } else {
                     tracing::warn!(
-                        "the egress witness (where the kernel sends connections): {why}; under \
-                         policy routing, offload decisions rest on the routing rules and the ct \
-                         mark alone (a mark set on each packet is not seen) until it attaches \
-                         (tried again every {} s)",
+                        "the egress witness (where the kernel sends connections): {why}; \
+                         {WITHOUT_WITNESS} until it attaches (tried again every {} s)",
                         RETRY_AFTER_NS / 1_000_000_000
                     );
                 }
@@ -123,8 +124,8 @@ impl Witness {
     }
 
     /// What the status says of it: `attached`, `not needed yet` (no
-    /// decision under policy rules so far), `failed: WHY`; `None` when
-    /// none is wanted.
+    /// decision under policy rules so far), `unavailable: no tcx`,
+    /// `failed: WHY`; `None` when none is wanted.
     pub(super) fn describe(&self) -> Option<String> {
         match self {
             Self::Off => None,
@@ -218,9 +219,6 @@ impl EgressWitness {
 mod tests {
     use super::*;
 
-    /// Every map of the embedded object is one the witness's load shrinks
-    /// (or its own): a map of a new type would otherwise be created at full
-    /// size for as long as the daemon runs.
     #[test]
     fn tcx_is_there_from_linux_6_6() {
         assert!(release_at_least("6.18.44-amd64", (6, 6)));
@@ -231,6 +229,9 @@ mod tests {
         assert!(release_at_least("weird", (6, 6)));
     }
 
+    /// Every map of the embedded object is one the witness's load shrinks
+    /// (or its own): a map of a new type would otherwise be created at full
+    /// size for as long as the daemon runs.
     #[test]
     fn the_witness_load_shrinks_every_other_map_of_the_object() {
         let obj = Object::load(None).unwrap();

@@ -77,7 +77,7 @@ pub struct DaemonStatus {
     pub shaping_skipped: Option<Vec<String>>,
     /// Offload mode: the egress witness (where the kernel sends
     /// connections, under policy routing): `attached`, `not needed yet`,
-    /// `failed: WHY`; `None` in standalone mode.
+    /// `unavailable: no tcx`, `failed: WHY`; `None` in standalone mode.
     #[serde(default)]
     pub egress_witness: Option<String>,
 }
@@ -226,8 +226,8 @@ fn warnings(d: &serde_json::Value) -> String {
     {
         let _ = write!(
             line,
-            "\negress witness FAILED: {failed}: under policy routing, offload decisions \
-             rest on the routing rules and the ct mark alone"
+            "\negress witness FAILED: {failed}: {}",
+            super::egress_witness::WITHOUT_WITNESS
         );
     }
     let shaping = strings(&d["shaping_skipped"]);
