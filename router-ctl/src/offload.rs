@@ -2496,9 +2496,7 @@ mod tests {
         let mut o = witnessed_offloader(&[&c], &[(&c, seen_on(WAN, 0, GATEWAY))]);
         o.kernel.sends.remove(&leaving_as(&c.orig));
         o.conn(&c, 1);
-        for i in 1..=u64::from(WITNESS_TRIES) {
-            o.settle(1 + i * WITNESS_WAIT_NS);
-        }
+        every_look(&mut o, 1);
         assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
 
         // Seen going to another next hop: left to the kernel; unless a
@@ -2516,9 +2514,7 @@ mod tests {
         assert!(o.witness_tries.is_empty());
         let mut o = witnessed_offloader(&[&c], &[(&c, elsewhere)]);
         o.conn(&c, 1);
-        for i in 1..=u64::from(WITNESS_TRIES) {
-            o.settle(1 + i * WITNESS_WAIT_NS);
-        }
+        every_look(&mut o, 1);
         assert_eq!(o.stats.not_offloaded.get(ROUTE_DIFFERS), Some(&1));
 
         // A mark set on each packet (no ct mark) that routes it out of the
@@ -3458,6 +3454,14 @@ mod tests {
         assert_eq!(o.table.0.len(), 3);
     }
 
+    /// Every look the witness waits allow after the first one at `first_ns`,
+    /// [`WITNESS_WAIT_NS`] apart.
+    fn every_look(o: &mut Offloader<MemTable, FakeKernel>, first_ns: u64) {
+        for i in 1..=u64::from(WITNESS_TRIES) {
+            o.settle(first_ns + i * WITNESS_WAIT_NS);
+        }
+    }
+
     const GATEWAY: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const CLIENT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
 
@@ -3521,9 +3525,7 @@ mod tests {
         o.kernel.sends.remove(&leaving_as(&c.reply));
         o.conn(&c, 2 * WITNESS_WAIT_NS);
         assert_eq!((o.stats.ended_remarked, o.len()), (1, 0));
-        for i in 1..=u64::from(WITNESS_TRIES) {
-            o.settle((2 + i) * WITNESS_WAIT_NS);
-        }
+        every_look(&mut o, 2 * WITNESS_WAIT_NS);
         assert_eq!(o.len(), 0, "{:?}", o.stats);
         // Its ct mark routes it into the tunnel, as the rules say: that
         // is the reason given (before the witness's).
@@ -3543,9 +3545,7 @@ mod tests {
         o.tick(2 * WITNESS_WAIT_NS);
         assert_eq!((o.stats.ended_rerouted, o.len()), (1, 0));
         o.resync_from_kernel(3 * WITNESS_WAIT_NS).unwrap();
-        for i in 1..=u64::from(WITNESS_TRIES) {
-            o.settle((3 + i) * WITNESS_WAIT_NS);
-        }
+        every_look(&mut o, 3 * WITNESS_WAIT_NS);
         assert_eq!(o.len(), 0, "{:?}", o.stats);
         assert_eq!(o.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
     }

@@ -1618,33 +1618,7 @@ fn offload_carries_a_flow_routed_by_its_mark_with_the_mark() {
     const N: u32 = 30;
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    tunnel_to_server(&t);
-    for (ns, cmd) in [
-        (
-            Ns::Router,
-            format!("route add {SERVER_ADDR}/32 via 10.8.0.2 dev vpn0"),
-        ),
-        (
-            Ns::Router,
-            format!("route add {} dev {WAN_IF} table 100", net24(SERVER_ADDR)),
-        ),
-        (
-            Ns::Router,
-            format!("route add {} dev {LAN_IF} table 100", net24(CLIENT_ADDR)),
-        ),
-        (
-            Ns::Router,
-            "rule add fwmark 0x100 lookup 100 pref 100".to_owned(),
-        ),
-    ] {
-        t.exec_line_ok(ns, &format!("ip {cmd}"));
-    }
-    // No IPv6 of the router's own on the tunnel (router solicitations):
-    // what the server receives there is what the router forwards.
-    t.exec_ok(
-        Ns::Router,
-        &["sysctl", "-qw", "net.ipv6.conf.vpn0.disable_ipv6=1"],
-    );
+    vpn_bypass_by_mark(&t);
     marking_firewall(
         &t,
         &format!(
@@ -1653,18 +1627,8 @@ fn offload_carries_a_flow_routed_by_its_mark_with_the_mark() {
     meta mark set ct mark and 0xff00"
         ),
     );
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
-    let daemon = Daemon::start(&t, &["--route-mark-mask", "0xff00"]);
+    let (_srv, daemon, marked) = udp_flow_under_a_daemon(&t, &["--route-mark-mask", "0xff00"]);
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
-    let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
-    assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
     wait_for_or_show(
         "the daemon to offload the flow routed by its mark",
         Duration::from_secs(10),
@@ -1703,18 +1667,8 @@ fn offload_leaves_a_flow_a_mark_on_each_packet_routes_elsewhere_to_the_kernel() 
         &t,
         &format!("iifname \"{LAN_IF}\" udp dport 7000 meta mark set 1"),
     );
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
-    let daemon = Daemon::start(&t, &[]);
+    let (_srv, daemon, marked) = udp_flow_under_a_daemon(&t, &[]);
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
-    let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
-    assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
     stays_in_the_kernel_through_the_tunnel(&t, &marked, N, show);
 }
 
@@ -1731,35 +1685,13 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
     const N: u32 = 30;
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    tunnel_to_server(&t);
-    for cmd in [
-        format!("route add {SERVER_ADDR}/32 via 10.8.0.2 dev vpn0"),
-        format!("route add {} dev {WAN_IF} table 100", net24(SERVER_ADDR)),
-        format!("route add {} dev {LAN_IF} table 100", net24(CLIENT_ADDR)),
-        "rule add fwmark 0x100 lookup 100 pref 100".to_owned(),
-    ] {
-        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
-    }
-    t.exec_ok(
-        Ns::Router,
-        &["sysctl", "-qw", "net.ipv6.conf.vpn0.disable_ipv6=1"],
-    );
+    vpn_bypass_by_mark(&t);
     marking_firewall(
         &t,
         &format!("iifname \"{LAN_IF}\" udp dport 7000 meta mark set 0x100"),
     );
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
-    let daemon = Daemon::start(&t, &[]);
+    let (_srv, daemon, marked) = udp_flow_under_a_daemon(&t, &[]);
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
-    let marked = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
-    assert_eq!(echoes(&marked, 3, Duration::from_millis(100)), 3);
     wait_for_or_show(
         "the daemon to offload the flow routed by the packets' mark",
         Duration::from_secs(15),
@@ -1964,6 +1896,44 @@ fn carried_out_of_the_wan_by_xdp(
         "through the tunnel"
     );
     assert!(rx_packets(t, Ns::Server, HOST_IF) - wan >= u64::from(n));
+}
+
+/// A VPN bypass by mark: the main table sends the server's address into
+/// `vpn0`, table 100, which mark 0x100 selects, out of the WAN (and back
+/// to the LAN). No IPv6 of the router's own on the tunnel (router
+/// solicitations): what the server receives there is what the router
+/// forwards.
+fn vpn_bypass_by_mark(t: &Topology) {
+    tunnel_to_server(t);
+    for cmd in [
+        format!("route add {SERVER_ADDR}/32 via 10.8.0.2 dev vpn0"),
+        format!("route add {} dev {WAN_IF} table 100", net24(SERVER_ADDR)),
+        format!("route add {} dev {LAN_IF} table 100", net24(CLIENT_ADDR)),
+        "rule add fwmark 0x100 lookup 100 pref 100".to_owned(),
+    ] {
+        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
+    }
+    t.exec_ok(
+        Ns::Router,
+        &["sysctl", "-qw", "net.ipv6.conf.vpn0.disable_ipv6=1"],
+    );
+}
+
+/// The server's UDP echo on port 7000, the router attached in offload
+/// mode with a daemon run with `daemon_args`, and a client's flow from
+/// port 42000 to the echo, answered three times (by the kernel): the
+/// echo's thread, the daemon and the client's socket.
+fn udp_flow_under_a_daemon(
+    t: &Topology,
+    daemon_args: &[&str],
+) -> (JoinHandle<()>, Daemon, UdpSocket) {
+    let srv = udp_echo(t, Ns::Server, sa(SERVER_ADDR, 7000), Duration::from_mins(1));
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let daemon = Daemon::start(t, daemon_args);
+    let flow = udp_client(t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&flow, 3, Duration::from_millis(100)), 3);
+    (srv, daemon, flow)
 }
 
 /// The /24 network of `a`.
