@@ -1499,19 +1499,7 @@ fn offload_leaves_a_flow_policy_routed_elsewhere_to_the_kernel() {
     const N: u32 = 30;
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    tunnel_to_server(&t);
-    for (ns, cmd) in [
-        (
-            Ns::Router,
-            "route add default via 10.8.0.2 dev vpn0 table 100".to_owned(),
-        ),
-        (
-            Ns::Router,
-            "rule add fwmark 1 lookup 100 pref 100".to_owned(),
-        ),
-    ] {
-        t.exec_line_ok(ns, &format!("ip {cmd}"));
-    }
+    tunnel_by_mark(&t, "1");
     marking_firewall(
         &t,
         &format!(
@@ -1656,13 +1644,7 @@ fn offload_leaves_a_flow_a_mark_on_each_packet_routes_elsewhere_to_the_kernel() 
     const N: u32 = 30;
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    tunnel_to_server(&t);
-    for cmd in [
-        "route add default via 10.8.0.2 dev vpn0 table 100",
-        "rule add fwmark 1 lookup 100 pref 100",
-    ] {
-        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
-    }
+    tunnel_by_mark(&t, "1");
     marking_firewall(
         &t,
         &format!("iifname \"{LAN_IF}\" udp dport 7000 meta mark set 1"),
@@ -1762,13 +1744,7 @@ fn offload_leaves_a_port_forward_whose_replies_a_mark_routes_elsewhere_to_the_ke
     const N: u32 = 20;
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    tunnel_to_server(&t);
-    for cmd in [
-        "route add default via 10.8.0.2 dev vpn0 table 100",
-        "rule add fwmark 0x100 lookup 100 pref 100",
-    ] {
-        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
-    }
+    tunnel_by_mark(&t, "0x100");
     load_nft(
         t.ns_name(Ns::Router),
         &format!(
@@ -1896,6 +1872,18 @@ fn carried_out_of_the_wan_by_xdp(
         "through the tunnel"
     );
     assert!(rx_packets(t, Ns::Server, HOST_IF) - wan >= u64::from(n));
+}
+
+/// The tunnel to the server and table 100, which packets with routing
+/// mark `mark` look up, sending everything into it.
+fn tunnel_by_mark(t: &Topology, mark: &str) {
+    tunnel_to_server(t);
+    for cmd in [
+        "route add default via 10.8.0.2 dev vpn0 table 100".to_owned(),
+        format!("rule add fwmark {mark} lookup 100 pref 100"),
+    ] {
+        t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
+    }
 }
 
 /// A VPN bypass by mark: the main table sends the server's address into
