@@ -741,6 +741,11 @@ pub struct OffloadStats {
     /// again if it still may be.
     #[serde(default)]
     pub ended_remarked: u64,
+    /// Removed because it was taken over from an earlier daemon (a
+    /// restart, an upgrade) under policy rules, whose packets' mark this
+    /// daemon's egress witness never saw; then decided anew with it.
+    #[serde(default)]
+    pub ended_unwitnessed: u64,
     /// Removed because the kernel's entry for the same original tuple
     /// now has another reply tuple (another translation; its events were
     /// lost), then offloaded again with the kernel's.
@@ -804,6 +809,9 @@ enum Gone {
     Ipsec,
     /// The policy rules route it elsewhere now.
     Rerouted,
+    /// Taken over from an earlier daemon under policy rules: handed back
+    /// for the egress witness to see how the kernel routes its packets.
+    Unwitnessed,
 }
 
 /// What one read of a connection's two XDP entries found.
@@ -897,7 +905,9 @@ struct Offloaded {
     /// The mark its packets were routed with in the kernel when offloaded
     /// (as the egress witness saw it, else the ct mark under the mask);
     /// `None` for a connection taken over from the entries an earlier
-    /// daemon wrote (what its packets carried is not known here).
+    /// daemon wrote (what its packets carried is not known here: under
+    /// policy rules, with the witness, the next tick hands it back to be
+    /// decided anew, [`Gone::Unwitnessed`]).
     packet_mark: Option<u32>,
 }
 
@@ -939,7 +949,9 @@ pub struct Offloader<T, K> {
     /// offloaded connections were last checked against them.
     ipsec_seen: u64,
     /// The policy rules' number ([`Kernel::routing_rules`]) when the
-    /// offloaded connections were last routed again.
+    /// offloaded connections were last routed again; first read when the
+    /// offloader is made (the rules a takeover is decided under), so a
+    /// restart alone reroutes nothing.
     rules_seen: u64,
     /// Connections whose ct mark masked is this `(value, mask)` stay in
     /// the kernel (`run --keep-in-kernel-mark`).
@@ -964,7 +976,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         self.timeouts = timeouts;
     }
 
-    pub fn new(table: T, kernel: K, lan: u32, wan: u32, timeouts: KernelTimeouts) -> Self {
+    pub fn new(table: T, mut kernel: K, lan: u32, wan: u32, timeouts: KernelTimeouts) -> Self {
+        let rules_seen = kernel.routing_rules().1;
         Self {
             kernel,
             lan,
@@ -978,7 +991,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             resync_failed_in_row: 0,
             resync_retry_at_ns: 0,
             ipsec_seen: 0,
-            rules_seen: 0,
+            rules_seen,
             keep_in_kernel_mark: None,
             route_mark_mask: u32::MAX,
             route_marks: RouteMarks::of(&table),
@@ -1745,7 +1758,43 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 }
             }
         }
+        self.hand_back_unwitnessed(&mut covered, &mut gone);
         (covered, gone)
+    }
+
+    /// Connections taken over from an earlier daemon (a restart, an
+    /// upgrade, one from before the witness) under policy rules: the mark
+    /// the kernel routes their packets with was never seen by this
+    /// daemon's witness (XDP carries all of them), and a wrong one sends
+    /// them out of the WAN where the kernel would use a tunnel. With the
+    /// witness there, each goes back to the kernel once (a second or so
+    /// there) and a resync right after decides on it as on a new one.
+    /// Without policy rules no mark changes a route: they stay carried.
+    fn hand_back_unwitnessed(
+        &mut self,
+        covered: &mut std::collections::HashSet<Tuple>,
+        gone: &mut Vec<(Tuple, Gone)>,
+    ) {
+        let policy = self.kernel.routing_rules().0;
+        let unwitnessed: Vec<Tuple> = self
+            .flows
+            .iter()
+            .filter(|(orig, f)| {
+                f.packet_mark.is_none()
+                    && policy[usize::from(orig.src.is_ipv6())]
+                    && !covered.contains(*orig)
+            })
+            .map(|(orig, _)| *orig)
+            .collect();
+        // Attached for it where it is not yet (its first use).
+        if unwitnessed.is_empty() || !self.kernel.has_witness() {
+            return;
+        }
+        for orig in unwitnessed {
+            covered.insert(orig);
+            gone.push((orig, Gone::Unwitnessed));
+        }
+        self.resync_due = true;
     }
 
     /// The periodic pass: refresh the kernel timeout and extend the lease of
@@ -1831,6 +1880,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 Gone::TcpControl => &mut self.stats.ended_tcp_control,
                 Gone::Ipsec => &mut self.stats.ended_ipsec,
                 Gone::Rerouted => &mut self.stats.ended_rerouted,
+                Gone::Unwitnessed => &mut self.stats.ended_unwitnessed,
             } += 1;
         }
         evicted
@@ -3552,10 +3602,11 @@ mod tests {
 
     /// A daemon restarted under policy rules: the flows the fast path
     /// carries with an earlier daemon's entries send the kernel no packet
-    /// for the new witness to see; they are decided by the rules with the
-    /// mark their entries carry, and stay carried.
+    /// for the new witness to see. Taken over with the mark their entries
+    /// carry, then handed back once at the next tick (`ended_unwitnessed`)
+    /// and, seen leaving by the kernel's route, carried again.
     #[test]
-    fn a_restarted_daemon_keeps_the_flows_the_fast_path_carries() {
+    fn a_restarted_daemon_has_the_flows_it_took_over_witnessed() {
         const TUNNEL: u32 = 9;
         let c = masq_udp(CONFIRMED | SEEN_REPLY);
         let mut o = witnessed_offloader(&[&c], &[(&c, seen_on_wan(0x100))]);
@@ -3566,26 +3617,89 @@ mod tests {
         o.settle(1 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 1);
         let table = std::mem::take(&mut o.table);
-        let mut kernel = FakeKernel {
-            policy: true,
-            witness: Some(HashMap::new()),
-            conns: vec![c.clone()],
-            ..FakeKernel::default()
-        };
-        kernel.macs.insert((WAN, c.reply.src), GATEWAY);
-        kernel
-            .forward
-            .insert((c.orig.src, c.reply.src, LAN, 0), TUNNEL);
+        let kernel = std::mem::take(&mut o.kernel);
         let mut restarted = offloader_on(&[&c], table, kernel);
+        restarted.kernel.witness = Some(HashMap::new());
         restarted.resync_from_kernel(10).unwrap();
         assert_eq!(restarted.len(), 1, "{:?}", restarted.stats);
         assert_eq!(slot_of(&restarted, &c), Some(1));
         assert_eq!(restarted.waiting_for_witness(), 0);
-        // What its packets carry is not known to this daemon: the next
-        // change of the rules decides on it anew, with the witness.
-        restarted.kernel.rules_number += 1;
         restarted.tick(11);
-        assert_eq!((restarted.len(), restarted.stats.ended_rerouted), (0, 1));
+        assert_eq!((restarted.len(), restarted.stats.ended_unwitnessed), (0, 1));
+        assert_eq!(
+            restarted.stats.ended_rerouted, 0,
+            "the rules did not change"
+        );
+        restarted.resync_from_kernel(12).unwrap();
+        every_look(&mut restarted, 12);
+        assert_eq!(restarted.len(), 1, "{:?}", restarted.stats);
+        assert_eq!(slot_of(&restarted, &c), Some(1));
+        // Witnessed now: the ticks after leave it carried.
+        restarted.tick(13 + 5 * WITNESS_WAIT_NS);
+        assert_eq!(restarted.len(), 1, "{:?}", restarted.stats);
+    }
+
+    /// A flow an earlier daemon (one from before the witness) carries out
+    /// of the WAN while the kernel routes its packets into a tunnel by a
+    /// mark it sets on each of them: after a restart it goes back to the
+    /// kernel for good (`route_unseen`), where it stays in the tunnel.
+    #[test]
+    fn a_restarted_daemon_leaves_a_wrongly_carried_flow_to_the_kernel() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        // The earlier daemon: no witness, the ct mark (0) routes it out of
+        // the WAN.
+        let mut earlier = policy_offloader(&[&c], Some(vec![]));
+        earlier.conn(&c, 1);
+        assert_eq!(earlier.len(), 1, "{:?}", earlier.stats);
+        let table = std::mem::take(&mut earlier.table);
+        let mut restarted = witnessed_offloader(&[&c], &[]);
+        restarted.table = table;
+        restarted.resync_from_kernel(10).unwrap();
+        assert_eq!(restarted.len(), 1, "{:?}", restarted.stats);
+        restarted.tick(11);
+        assert_eq!((restarted.len(), restarted.stats.ended_unwitnessed), (0, 1));
+        // The kernel sends its packets into the tunnel (by the mark a rule
+        // sets on each, which the ct mark does not show): the witness
+        // never sees them leave an attached interface.
+        restarted.resync_from_kernel(12).unwrap();
+        every_look(&mut restarted, 12);
+        assert_eq!(restarted.len(), 0, "{:?}", restarted.stats);
+        assert_eq!(restarted.stats.not_offloaded.get(ROUTE_UNSEEN), Some(&1));
+    }
+
+    /// A restart where no policy rule routes by more than the destination
+    /// (or where no witness can be attached): no mark changes the route,
+    /// the flows taken over stay carried through the ticks after.
+    #[test]
+    fn a_restarted_daemon_keeps_the_flows_it_took_over_without_policy_rules() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        for policy in [false, true] {
+            let kernel = FakeKernel {
+                policy,
+                // A hash of the rules, as the kernel's reads give.
+                rules_number: 0x5eed,
+                ..FakeKernel::default()
+            };
+            let mut o = offloader_on(
+                &[&c],
+                MemTable(BTreeMap::new(), BTreeMap::new(), false, Some(vec![])),
+                kernel,
+            );
+            o.conn(&c, 1);
+            o.tick(2);
+            assert_eq!(o.len(), 1, "{:?}", o.stats);
+            let table = std::mem::take(&mut o.table);
+            let kernel = std::mem::take(&mut o.kernel);
+            let mut restarted = offloader_on(&[&c], table, kernel);
+            restarted.resync_from_kernel(10).unwrap();
+            restarted.tick(11);
+            restarted.tick(12);
+            assert_eq!(restarted.len(), 1, "policy {policy}: {:?}", restarted.stats);
+            assert_eq!(
+                restarted.stats.ended_rerouted + restarted.stats.ended_unwitnessed,
+                0
+            );
+        }
     }
 
     /// A TCP connection settling is offloaded when it settles, not behind

@@ -1337,6 +1337,56 @@ fn with_an_offloaded_udp_flow(t: &Topology) -> (JoinHandle<()>, Daemon, UdpSocke
     (srv, daemon, udp)
 }
 
+/// A daemon restarted (SIGKILL) on a router without policy rules takes the
+/// flows the fast path carries over as they are: none goes back to the
+/// kernel at its first ticks (no mark changes a route there), and XDP
+/// goes on carrying them.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_restarted_daemon_takes_the_carried_flows_over_as_they_are() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    let (_srv, mut daemon, udp) = with_an_offloaded_udp_flow(&t);
+    daemon.kill9();
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    wait_for_or_show(
+        "the restarted daemon to take the carried flow over",
+        Duration::from_secs(10),
+        || offload_count(&t, "offloaded") == 1,
+        show,
+    );
+    let forwarded = counter(&t, "fwd_outbound");
+    // Echoes across a few of the daemon's ticks (one a second).
+    assert_eq!(
+        echoes(&udp, 30, Duration::from_millis(100)),
+        30,
+        "{}",
+        show()
+    );
+    assert!(
+        counter(&t, "fwd_outbound") - forwarded >= 30,
+        "XDP stopped carrying the flow\n{}",
+        show()
+    );
+    let (v, _) = crate::ctl::status(&t);
+    let o = &v["daemon"]["offload"];
+    let ended: u64 = o
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("ended_"))
+        .map(|(_, n)| n.as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        (ended, o["offloaded"].as_u64(), o["handed_back"].as_u64()),
+        (0, Some(1), Some(0)),
+        "{}",
+        show()
+    );
+    assert!(offloaded_udp_42000(&t).is_some(), "{}", show());
+}
+
 /// A firewall rule added later does not stop a flow already offloaded (as
 /// with `nf_flowtable`): its packets do not reach the firewall. Ending the
 /// flow in the kernel's conntrack (`conntrack -D`) does: the daemon ends
@@ -1436,17 +1486,43 @@ fn rx_packets(t: &Topology, ns: Ns, dev: &str) -> u64 {
 
 /// A second way from the router to the server: `vpn0` (10.8.0.1/30) to
 /// the server's `vpn1` (10.8.0.2/30), a tunnel or second uplink that is
-/// not attached.
+/// not attached. It carries only what the router forwards into it (what
+/// the tests count there): no IPv6 on either end (router solicitations,
+/// MLD) and permanent neighbours (no ARP probe of either end, as one
+/// ~5 s after the first exchange).
 fn tunnel_to_server(t: &Topology) {
+    const ROUTER_END: &str = "02:00:0a:08:00:01";
+    const SERVER_END: &str = "02:00:0a:08:00:02";
     let server = t.ns_name(Ns::Server).to_owned();
+    t.exec_line_ok(
+        Ns::Router,
+        &format!(
+            "ip link add vpn0 address {ROUTER_END} type veth peer name vpn1 address \
+             {SERVER_END} netns {server}"
+        ),
+    );
+    for (ns, dev) in [(Ns::Router, "vpn0"), (Ns::Server, "vpn1")] {
+        t.exec_ok(
+            ns,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{dev}.disable_ipv6=1"),
+            ],
+        );
+    }
     for (ns, cmd) in [
+        (Ns::Router, "addr add 10.8.0.1/30 dev vpn0".to_owned()),
         (
             Ns::Router,
-            format!("link add vpn0 type veth peer name vpn1 netns {server}"),
+            format!("neigh replace 10.8.0.2 lladdr {SERVER_END} dev vpn0 nud permanent"),
         ),
-        (Ns::Router, "addr add 10.8.0.1/30 dev vpn0".to_owned()),
         (Ns::Router, "link set vpn0 up".to_owned()),
         (Ns::Server, "addr add 10.8.0.2/30 dev vpn1".to_owned()),
+        (
+            Ns::Server,
+            format!("neigh replace 10.8.0.1 lladdr {ROUTER_END} dev vpn1 nud permanent"),
+        ),
         (Ns::Server, "link set vpn1 up".to_owned()),
     ] {
         t.exec_line_ok(ns, &format!("ip {cmd}"));
@@ -1685,22 +1761,26 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
     );
     carried_out_of_the_wan_by_xdp(&t, &marked, N, show);
     // A daemon restarted (killed): the new witness sees none of the flow's
-    // packets (XDP carries them); the new daemon takes the flow over with
-    // the mark its entries carry instead of giving it up.
+    // packets (XDP carries them). The new daemon takes the flow over with
+    // the mark its entries carry, hands it back once for its witness to
+    // see the kernel route it (the rules did not change: not rerouted),
+    // and carries it again, with that mark.
     let mut daemon = daemon;
     daemon.kill9();
     let daemon = Daemon::start(&t, &[]);
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
     wait_for_or_show(
-        "the restarted daemon to take the carried flow over",
-        Duration::from_secs(15),
+        "the restarted daemon to take the carried flow over, then have it witnessed",
+        Duration::from_secs(20),
         || {
             let _ = echoes(&marked, 1, Duration::from_millis(100));
-            offload_count(&t, "offloaded") == 1
+            offload_count(&t, "ended_unwitnessed") == 1 && offload_count(&t, "offloaded") == 2
         },
         show,
     );
+    assert_eq!(offload_count(&t, "ended_rerouted"), 0, "{}", show());
     assert_eq!(not_offloaded(&t, "route_unseen"), 0, "{}", show());
+    carried_out_of_the_wan_by_xdp(&t, &marked, N, show);
     // A new flow: decided with the new daemon's witness, attached for it.
     let second = udp_client(&t, 42001, sa(SERVER_ADDR, 7000));
     wait_for_or_show(
@@ -1708,7 +1788,7 @@ fn offload_carries_a_flow_routed_by_a_mark_on_each_packet_with_that_mark() {
         Duration::from_secs(15),
         || {
             let _ = echoes(&second, 1, Duration::from_millis(100));
-            offload_count(&t, "offloaded") == 2
+            offload_count(&t, "offloaded") == 3
         },
         show,
     );
@@ -1888,9 +1968,7 @@ fn tunnel_by_mark(t: &Topology, mark: &str) {
 
 /// A VPN bypass by mark: the main table sends the server's address into
 /// `vpn0`, table 100, which mark 0x100 selects, out of the WAN (and back
-/// to the LAN). No IPv6 of the router's own on the tunnel (router
-/// solicitations): what the server receives there is what the router
-/// forwards.
+/// to the LAN).
 fn vpn_bypass_by_mark(t: &Topology) {
     tunnel_to_server(t);
     for cmd in [
@@ -1901,10 +1979,6 @@ fn vpn_bypass_by_mark(t: &Topology) {
     ] {
         t.exec_line_ok(Ns::Router, &format!("ip {cmd}"));
     }
-    t.exec_ok(
-        Ns::Router,
-        &["sysctl", "-qw", "net.ipv6.conf.vpn0.disable_ipv6=1"],
-    );
 }
 
 /// The server's UDP echo on port 7000, the router attached in offload
