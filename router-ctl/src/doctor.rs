@@ -988,9 +988,13 @@ impl Check {
 /// name `netfilter`.
 #[must_use]
 pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
-    let offload = PinnedMaps::at(pin_dir)
+    let mode = PinnedMaps::at(pin_dir)
         .read_config()
-        .is_ok_and(|c| c.lan_ifindex != 0 && c.admit == Admit::Kernel as u8);
+        .ok()
+        .filter(|c| c.lan_ifindex != 0)
+        .map(|c| c.admit);
+    let offload = mode == Some(Admit::Kernel as u8);
+    let standalone = mode == Some(Admit::Xdp as u8);
     // Attached with --no-kernel-nat: the router's own NAT rule is the slow
     // path, as the README asks.
     let own_slow_path = state::load(netns).ok().flatten().is_some_and(|r| {
@@ -1058,11 +1062,19 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
             iface: "netfilter".into(),
             name: "forward-rules",
             level: Level::Warn,
-            detail: format!(
-                "{}: standalone mode (--admit xdp) would bypass it (attach refuses without \
-                 --force)",
-                c.describe()
-            ),
+            detail: if standalone {
+                format!(
+                    "{}: BYPASSED: this router runs standalone mode (--admit xdp), which \
+                     admits flows itself",
+                    c.describe()
+                )
+            } else {
+                format!(
+                    "{}: standalone mode (--admit xdp) would bypass it (attach refuses \
+                     without --force)",
+                    c.describe()
+                )
+            },
             fix: Some(
                 "use offload mode (`attach --admit kernel`, the default): the firewall keeps \
                  deciding, `router-ctl run` moves admitted flows onto the fast path"

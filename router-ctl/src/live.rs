@@ -237,6 +237,9 @@ pub struct DaemonView {
     /// Traffic shaping and tc rules the fast path's flows skip (`None`:
     /// not looked at yet).
     pub shaping_skipped: Option<Vec<String>>,
+    /// Standalone mode's bypassed forward rules, added since the attach,
+    /// as the problem that says so.
+    pub forward_rules_bypassed: Option<String>,
 }
 
 /// The sampler: counters every call, the table walk while a page is open.
@@ -350,6 +353,7 @@ impl Live {
         if !attached {
             problems.push("the data path is not attached (router-ctl attach / apply)".into());
         }
+        problems.extend(daemon.forward_rules_bypassed.clone());
         // Its counters and table cannot be read: say why, or the page would
         // show no numbers and no problem.
         if let Some(m) = inspect::layout_mismatch(&ctx.pin_dir) {

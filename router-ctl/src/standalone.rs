@@ -713,6 +713,25 @@ fn describe_chains(chains: &[ForwardChain]) -> String {
         .join("; ")
 }
 
+/// The forward rules standalone mode bypasses now although its attach did
+/// not bypass any (added later: a firewall turned on, a rule to block a
+/// host), as the problem `status` and the daemon report; `None` without
+/// any (or where none could be read: `doctor` says which).
+#[must_use]
+pub fn bypassed_unasked() -> Option<String> {
+    let (chains, _) = forward_chains(&Ruleset::read());
+    (!chains.is_empty()).then(|| {
+        format!(
+            "netfilter forward rules added since the attach are BYPASSED: {}. Standalone mode \
+             (--admit xdp) admits every LAN flow and port forward itself, so these rules do not \
+             decide. Fix: offload mode keeps them in charge (`router-ctl attach LAN WAN --admit \
+             kernel`, with `router-ctl run`), or accept the bypass (attach again with --force, \
+             or `bypass_forward_rules = true` in an apply file)",
+            describe_chains(&chains)
+        )
+    })
+}
+
 /// The warning of a standalone attach forced over the forward rules
 /// `chains` (`--force`, `bypass_forward_rules = true`).
 #[must_use]

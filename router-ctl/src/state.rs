@@ -96,6 +96,11 @@ pub struct State {
     pub replaced_at: Option<u64>,
     pub replacements: u32,
     pub pending: Option<Pending>,
+    /// Standalone mode attached with the netfilter forward rules bypassed
+    /// as asked (`--force`, `bypass_forward_rules = true`): rules found
+    /// later are then the owner's choice, not a problem.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bypasses_forward_rules: bool,
 }
 
 pub const FORMAT: u32 = 1;

@@ -333,6 +333,25 @@ fn maps_json(ctx: &Ctx) -> Value {
     Value::Object(m)
 }
 
+/// What is wrong with an attached standalone router's host side: its
+/// kernel side changed behind its back, forward rules added since the
+/// attach (which it bypasses, unless the attach said to).
+fn standalone_problems(ctx: &Ctx, r: &State) -> Vec<String> {
+    let mut found: Vec<String> = standalone::kernel_side_gaps(ctx.ns())
+        .into_iter()
+        .map(|g| {
+            format!(
+                "standalone mode's kernel side: {g}; a running `router-ctl run` puts it back \
+                 within 15 s, else run `router-ctl attach` again"
+            )
+        })
+        .collect();
+    if !r.bypasses_forward_rules {
+        found.extend(standalone::bypassed_unasked());
+    }
+    found
+}
+
 /// The status as JSON (the `--json` output; the text is rendered from it).
 #[must_use]
 pub fn status_json(ctx: &Ctx) -> Value {
@@ -404,12 +423,7 @@ pub fn status_json(ctx: &Ctx) -> Value {
             found.extend(on.and_then(|on| on.admitted_warning()));
         }
         if r.config.admit == config::AdmitMode::Xdp && running.any_pins() {
-            found.extend(standalone::kernel_side_gaps(ctx.ns()).into_iter().map(|g| {
-                format!(
-                    "standalone mode's kernel side: {g}; a running `router-ctl run` puts it \
-                     back within 15 s, else run `router-ctl attach` again"
-                )
-            }));
+            found.extend(standalone_problems(ctx, r));
         }
         if running.configured() {
             found.extend(host_problems(&r.config));

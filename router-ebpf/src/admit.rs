@@ -348,8 +348,8 @@ pub fn unsolicited(ctx: &XdpContext, v: Packed) -> Packed {
 /// [`unsolicited`]'s judgement.
 #[inline(always)]
 fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
-    // Not IPv4, not configured: no header to judge (priority-tagged
-    // frames are `tagged::judge`'s). No neighbour, or too large for the
+    // Not IPv4, not configured: no header to judge (priority tags are
+    // stripped before: `crate::tagged`). No neighbour, or too large for the
     // next hop: the packet was translated to its LAN host by a flow (a
     // reply or a port forward) and is passed for the kernel to resolve the
     // neighbour or fragment it. Judged, though, is a frame not addressed to

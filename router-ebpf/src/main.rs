@@ -79,18 +79,24 @@ use crate::{
 // and a return through the kernel's return thunk.
 #[inline(always)]
 pub fn router(ctx: XdpContext) -> u32 {
+    // Priority tags first, taken off as the kernel takes them off: the
+    // frame is then counted, carried, judged or passed as the untagged
+    // frame the kernel would take it for.
+    let untagged = tagged::untag(ctx.ctx);
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let (v, syn) = mss::take_mark(match try_router(&ctx) {
-        Ok(v) | Err(v) => v,
+    let (v, syn) = mss::take_mark(match untagged {
+        Ok(()) => match try_router(&ctx) {
+            Ok(v) | Err(v) => v,
+        },
+        Err(v) => v,
     });
     // Only a passed packet can be a fragment the core left to its own
     // path, a flow's packet whose TTL ran out or that is too large for its
-    // next hop, priority-tagged, or unsolicited: forwarded and dropped ones
-    // skip the subprogram calls.
+    // next hop, or unsolicited: forwarded and dropped ones skip the
+    // subprogram calls.
     let v = if v.action == xdp_action::XDP_PASS {
         let v = match v.counter {
             Counter::PassFragment => fragment::forward(&ctx).unpack(),
-            Counter::PassNotIpv4 => tagged::judge(ctx.ctx, v.pack()).unpack(),
             Counter::PassIpOptions => ip_options::forward(&ctx).unpack(),
             Counter::PassTtlExceeded => icmp_answer::time_exceeded(&ctx, v.pack()).unpack(),
             Counter::PassMtu => match oversize::forward(&ctx, v.pack()).unpack() {

@@ -1,33 +1,37 @@
-//! Priority-tagged frames in standalone mode: an IEEE 802.1Q tag of VLAN
-//! id 0 (a "priority tag": no VLAN, only the priority bits), also several,
-//! and behind an 802.1ad tag of id 0.
+//! Priority-tagged frames: an IEEE 802.1Q tag of VLAN id 0 (a "priority
+//! tag": no VLAN, only the priority bits), also several, and behind an
+//! 802.1ad tag of id 0. Some access networks tag every frame so, some
+//! hosts' priority settings tag some of them.
 //!
-//! The fast path carries untagged frames only and passes a tagged one to
-//! the kernel (`pass_not_ipv4`). The kernel takes a tag of id 0 for none:
-//! it strips it, and each further tag of id 0 behind it, and receives the
-//! packet as if untagged (`__netif_receive_skb_core`). In standalone mode
-//! no firewall stands behind the data path, so such a packet gets the
-//! judgements of the untagged passes. From the WAN
-//! ([`crate::admit::unsolicited`], [`crate::v6::judge_passed`]): dropped
-//! if the FIB routes it to the LAN (an unsolicited packet would reach any
-//! LAN host, whose reply would then open a flow that lets the sender in:
-//! RFC 6092 REC-31), unless IPv6 the untagged path lets in (a known flow's
-//! reply or error, `IPsec`, a pinhole's port), which the kernel forwards as
-//! it is. From the LAN, the source checks: IPv4 with the router's WAN
-//! address as source, IPv6 with a source not routed back out of the LAN,
-//! are dropped (BCP 38). A tag of any other id is left as it is: the
-//! kernel hands it to that VLAN's device (another interface than the
-//! attached ones) or drops it. (A NIC that strips tags itself, rx VLAN
-//! offload, hands the program the frame untagged: it is then judged, or
-//! carried, as any other.)
+//! The kernel takes a tag of id 0 for none: it strips it, and each further
+//! tag of id 0 behind it, ignores the priority, and receives the packet as
+//! if untagged (`__netif_receive_skb_core`). The data path does the same
+//! before its cores ([`strip_priority_tags`]): the MAC addresses move up
+//! over the tags (`bpf_xdp_adjust_head`), and the packet is carried,
+//! judged or passed as the untagged frame the kernel would take it for.
+//! So a flow's tagged packet stays in its flow: passed as it came, in
+//! standalone mode it would meet no flow in the kernel, which would answer
+//! a reply as the endpoint (a TCP RST, an ICMP port unreachable) and send
+//! a LAN packet out through its own NAT with another port (RFC 4787 REQ-1:
+//! one mapping per session). Frames leave untagged, as the kernel sends
+//! them from the attached interface.
+//!
+//! A tag of any other id is left as it is: the kernel hands it to that
+//! VLAN's device (another interface than the attached ones) or drops it.
+//! More than [`TAGS_STRIPPED`] priority tags: no sender stacks so many;
+//! standalone mode drops the frame (`drop_malformed`: the kernel would
+//! strip them all and forward what is inside with no firewall behind the
+//! data path), offload mode leaves it to the kernel and its firewall. (A
+//! NIC that strips tags itself, rx VLAN offload, hands the program the
+//! frame untagged.)
 
-use aya_ebpf::{bindings::xdp_md, programs::XdpContext};
+use aya_ebpf::{bindings::xdp_md, helpers::bpf_xdp_adjust_head};
 use router_common::{
-    hdr::{eth, get_addr, get_u16, ipv4},
+    hdr::{eth, get_u16},
     maps::{Admit, Counter},
 };
 
-use crate::{Packed, Verdict, hop::forward_egress, maps::CONFIG, v6};
+use crate::{Packed, Step, Verdict, maps::CONFIG};
 
 /// 802.1Q tag protocol identifier (customer VLAN).
 const TPID_8021Q: u16 = 0x8100;
@@ -38,119 +42,116 @@ const TPID_8021AD: u16 = 0x88a8;
 const TAG_LEN: usize = 4;
 /// The VLAN id's bits of the control information.
 const VID_MASK: u16 = 0x0fff;
-/// Priority tags judged in one frame; a frame with more of them (no
-/// sender needs more than two) is dropped (`drop_malformed`).
-const TAGS_JUDGED: usize = 4;
+/// Priority tags stripped from one frame.
+const TAGS_STRIPPED: usize = 4;
 
-/// Judges the passed frame of `md` (verdict `v`, `pass_not_ipv4`) if it
-/// arrived on a standalone router's attached interface with priority tags
-/// only: from the WAN dropped (`drop_unsolicited` for IPv4,
-/// `drop6_unsolicited` for IPv6) if the packet inside is unsolicited and
-/// routed to the LAN, from the LAN (`drop_spoofed_source`,
-/// `drop6_spoofed_source`) if its source is one the LAN may not use; else
-/// `v`.
-// A BPF subprogram of its own, called from the entry point for frames the
-// cores passed as not IPv4 only. Takes the raw context and reads the
-// packet bounds with volatile loads (`parse::bounds`).
-#[inline(never)]
-pub fn judge(md: *mut xdp_md, v: Packed) -> Packed {
-    judged(md, v.unpack()).pack()
+/// Whether Ethernet type `ether_type` is a tag's protocol identifier.
+#[inline(always)]
+const fn is_tag(ether_type: u16) -> bool {
+    ether_type == TPID_8021Q || ether_type == TPID_8021AD
 }
 
+/// The program's first step: the priority tags of the frame of `md`
+/// taken off ([`strip_priority_tags`]), or the verdict of a tagged frame
+/// left as it is. An untagged frame goes on at the cost of one test.
+///
+/// A stripped frame leaves this step with the same bounds check behind it
+/// as an untagged one (its Ethernet header), so both reach the core in one
+/// state, which the verifier walks once: without it, the untagged frame's
+/// pointers came with the check and the stripped one's without, and the
+/// verifier walked the whole core again for the stripped one, past its
+/// budget.
 #[inline(always)]
-fn judged(md: *mut xdp_md, v: Verdict) -> Verdict {
+pub fn untag(md: *mut xdp_md) -> Step<()> {
     let (data, end) = crate::parse::bounds(md);
-    // SAFETY: `md` is the program's context: its fields are readable.
-    let ifindex = unsafe { core::ptr::read_volatile(&raw const (*md).ingress_ifindex) };
-    let Some(cfg) = CONFIG.get(0) else {
-        return v;
-    };
-    let from_lan = ifindex == cfg.lan_ifindex;
-    if cfg.admit != Admit::Xdp as u8 || !from_lan && ifindex != cfg.wan_ifindex {
-        return v;
+    if data + eth::LEN > end {
+        // The core's own header read decides (truncated).
+        return Ok(());
     }
-    // The protocol identifier of the first tag, or the Ethernet type.
+    // SAFETY: within the bounds checked just above.
+    let l2 = unsafe { &*(data as *const [u8; eth::LEN]) };
+    if !is_tag(get_u16(l2, eth::ETHER_TYPE)) {
+        return Ok(());
+    }
+    core::hint::cold_path();
+    let v = strip_priority_tags(md);
+    if !v.goes_on() {
+        return Err(v.unpack());
+    }
+    let (data, end) = crate::parse::bounds(md);
+    if data + eth::LEN > end {
+        // (Not after a strip: it leaves more than the header.)
+        return Err(Verdict::drop(Counter::DropTruncated));
+    }
+    Ok(())
+}
+
+/// Takes the priority tags off the frame of `md`, whose Ethernet type is
+/// a tag's: [`Packed::GO_ON`], after which every packet
+/// pointer must be read again from the context; else the verdict of a
+/// frame left as it is: `pass_not_ipv4` (a VLAN's, cut short inside a
+/// tag), or with too many tags `drop_malformed` in standalone mode.
+// A BPF subprogram of its own, called from the core for tagged frames
+// only. Takes the raw context and reads the packet bounds with volatile
+// loads (`parse::bounds`).
+#[inline(never)]
+pub fn strip_priority_tags(md: *mut xdp_md) -> Packed {
+    let pass = Verdict::pass(Counter::PassNotIpv4).pack();
+    let (data, end) = crate::parse::bounds(md);
+    // The protocol identifier of the first tag, then of each after it.
     let mut at = eth::ETHER_TYPE;
-    for tag in 0..=TAGS_JUDGED {
+    for tag in 0..=TAGS_STRIPPED {
         if data + at + TAG_LEN > end {
-            // Cut short inside a tag: nothing the kernel takes.
-            return v;
+            // Cut short inside a tag (or no room for an Ethernet type and
+            // two bytes behind the last one): nothing the kernel takes.
+            return pass;
         }
         // SAFETY: within the bounds checked just above.
         let word = unsafe { &*((data + at) as *const [u8; TAG_LEN]) };
-        let tpid = get_u16(word, 0);
-        if tpid != TPID_8021Q && tpid != TPID_8021AD {
+        if !is_tag(get_u16(word, 0)) {
             break;
         }
         if get_u16(word, 2) & VID_MASK != 0 {
             // A VLAN's: its device's, or dropped.
-            return v;
+            return pass;
         }
-        if tag == TAGS_JUDGED {
-            // No sender stacks so many; what is inside is not read (IPv4
-            // or IPv6 alike): malformed, from either side.
-            return Verdict::drop(Counter::DropMalformed);
+        if tag == TAGS_STRIPPED {
+            let standalone = CONFIG.get(0).is_some_and(|c| c.admit == Admit::Xdp as u8);
+            return if standalone {
+                Verdict::drop(Counter::DropMalformed).pack()
+            } else {
+                pass
+            };
         }
         at += TAG_LEN;
     }
-    if at == eth::ETHER_TYPE {
-        // Untagged: not IPv4 nor IPv6 (ARP and the like).
-        return v;
-    }
-    // SAFETY: the type's two bytes were checked with the loop's last read.
-    let ether_type = get_u16(unsafe { &*((data + at) as *const [u8; 2]) }, 0);
-    let l3 = at + 2;
-    if from_lan {
-        // The source checks of untagged LAN passes: the router's WAN
-        // address (IPv4), a source not routed back out of the LAN (IPv6).
-        return match ether_type {
-            eth::P_IPV4 if wan_address_source(md, l3, cfg.wan_addr) => {
-                Verdict::drop(Counter::DropSpoofedSource)
-            }
-            eth::P_IPV6 if v6::lan_source_invalid_at(md, l3) => {
-                Verdict::drop(Counter::Drop6SpoofedSource)
-            }
-            _ => v,
-        };
-    }
-    match ether_type {
-        eth::P_IPV4 if unsolicited4(md, l3) => Verdict::drop(Counter::DropUnsolicited),
-        eth::P_IPV6 if v6::unsolicited_at(md, l3) => Verdict::drop(Counter::Drop6Unsolicited),
-        _ => v,
-    }
-}
-
-/// Whether the IPv4 packet `l3` bytes into the frame of `md` has the WAN
-/// address `wan_addr` as its source: from the LAN, one the data path did
-/// not translate (it translates untagged frames only), which the kernel
-/// would forward as the router's own packet (`crate::admit::unsolicited`).
-#[inline(always)]
-fn wan_address_source(md: *mut xdp_md, l3: usize, wan_addr: [u8; 4]) -> bool {
-    let (data, end) = crate::parse::bounds(md);
-    if l3 > eth::LEN + TAGS_JUDGED * TAG_LEN || data + l3 + ipv4::LEN > end {
-        return false;
-    }
-    // SAFETY: within the bounds checked just above.
-    let ip = unsafe { &*((data + l3) as *const [u8; ipv4::LEN]) };
-    get_addr(ip, ipv4::SRC) == wan_addr
-}
-
-/// Whether the IPv4 packet `l3` bytes into the frame of `md` is one the
-/// FIB routes to the LAN: unsolicited from the WAN, as standalone mode's
-/// IPv4 replies and port forwards are addressed to the WAN address.
-// A subprogram of its own: its FIB parameters stay off `judge`'s frame,
-// a sibling of the IPv6 judgement's.
-#[inline(never)]
-fn unsolicited4(md: *mut xdp_md, l3: usize) -> bool {
-    let (data, end) = crate::parse::bounds(md);
-    let Some(cfg) = CONFIG.get(0) else {
-        return false;
+    let tags = at - eth::ETHER_TYPE;
+    // The MAC addresses, in registers: 8 and 4 bytes.
+    // SAFETY: the loop read `at` + 4 > 12 bytes within the bounds.
+    let (macs, macs_end) = unsafe {
+        (
+            core::ptr::read_unaligned(data as *const u64),
+            core::ptr::read_unaligned((data + 8) as *const u32),
+        )
     };
-    if l3 > eth::LEN + TAGS_JUDGED * TAG_LEN || data + l3 + ipv4::LEN > end {
-        return false;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        reason = "at most TAGS_STRIPPED tags: 16 bytes"
+    )]
+    // SAFETY: a helper call on the program's context; a failed one leaves
+    // the frame as it was.
+    if unsafe { bpf_xdp_adjust_head(md, tags as i32) } != 0 {
+        return pass;
+    }
+    let (data, end) = crate::parse::bounds(md);
+    if data + eth::ETHER_TYPE > end {
+        return pass;
     }
     // SAFETY: within the bounds checked just above.
-    let ip = unsafe { &*((data + l3) as *const [u8; ipv4::LEN]) };
-    get_addr(ip, ipv4::DST) != cfg.wan_addr
-        && forward_egress(&XdpContext::new(md), ip) == Some(cfg.lan_ifindex)
+    unsafe {
+        core::ptr::write_unaligned(data as *mut u64, macs);
+        core::ptr::write_unaligned((data + 8) as *mut u32, macs_end);
+    }
+    Packed::GO_ON
 }

@@ -54,6 +54,17 @@ impl Verdict {
 }
 
 impl Packed {
+    /// No verdict: a subprogram's "go on" (action 0, `XDP_ABORTED`, which
+    /// no [`Verdict`] has).
+    pub const GO_ON: Self = Self(0);
+
+    /// Whether a subprogram said "go on" ([`Self::GO_ON`]).
+    #[inline(always)]
+    #[must_use]
+    pub const fn goes_on(self) -> bool {
+        self.0 == 0
+    }
+
     /// The verdict a subprogram returned.
     #[inline(always)]
     #[must_use]

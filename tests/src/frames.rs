@@ -668,12 +668,63 @@ pub fn with_tags(frame: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
     v
 }
 
+/// Priority tags (802.1Q or 802.1ad, VLAN id 0) the data path takes off
+/// a frame first, as the kernel does: at most 4 of them.
+pub const PRIORITY_TAGS_STRIPPED: usize = 4;
+
+/// `frame` as the data path goes on with it after taking its priority
+/// tags off: `None` if it has none, or keeps its tags (a tag of another
+/// VLAN id, more than [`PRIORITY_TAGS_STRIPPED`], cut short inside a tag
+/// or right behind the last one).
+#[must_use]
+pub fn without_priority_tags(frame: &[u8]) -> Option<Vec<u8>> {
+    let mut at = ETHERTYPE_OFF;
+    for tag in 0..=PRIORITY_TAGS_STRIPPED {
+        let word = frame.get(at..at + 4)?;
+        if !matches!(u16::from_be_bytes([word[0], word[1]]), 0x8100 | 0x88a8) {
+            break;
+        }
+        if u16::from_be_bytes([word[2], word[3]]) & 0x0fff != 0 || tag == PRIORITY_TAGS_STRIPPED {
+            return None;
+        }
+        at += 4;
+    }
+    (at > ETHERTYPE_OFF).then(|| [&frame[..ETHERTYPE_OFF], &frame[at..]].concat())
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;
     use crate::addr::octets::{CLIENT as A, SERVER as B};
 
     const M: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+    #[test]
+    fn priority_tags_come_off_as_the_data_path_takes_them_off() {
+        let f = Frame::new(M, M, Ipv4::new(A, B, Udp::new(1, 2, b"x"))).bytes();
+        assert_eq!(without_priority_tags(&f), None, "untagged");
+        for tags in [
+            &[(0x8100, 0xe000)][..],
+            &[(0x88a8, 0), (0x8100, 0)],
+            &[(0x8100, 0); 4],
+        ] {
+            assert_eq!(without_priority_tags(&with_tags(&f, tags)), Some(f.clone()));
+        }
+        for kept in [
+            &[(0x8100, 5)][..],
+            &[(0x8100, 0), (0x8100, 5)],
+            &[(0x8100, 0); 5],
+        ] {
+            assert_eq!(without_priority_tags(&with_tags(&f, kept)), None);
+        }
+        let tagged = with_tags(&f, &[(0x8100, 0)]);
+        assert_eq!(
+            without_priority_tags(&tagged[..ETHERTYPE_OFF + 5]),
+            None,
+            "cut short"
+        );
+        assert!(without_priority_tags(&tagged[..ETHERTYPE_OFF + 8]).is_some());
+    }
 
     fn frames() -> Vec<Vec<u8>> {
         let tcp = Ipv4::new(A, B, Tcp::new(40000, 80, TCP_SYN).options(&[2, 4, 5, 0xb4]));

@@ -532,9 +532,11 @@ pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns
             .flatten()
             .filter(|r| r.config.admit == AdmitMode::Xdp && r.pending.is_none())
     };
-    if standalone(ctx).is_none() {
+    let Some(rec) = standalone(ctx) else {
+        status.forward_rules_bypassed = None;
         return;
-    }
+    };
+    note_bypassed_forward_rules(status, rec.bypasses_forward_rules);
     let gaps = standalone::kernel_side_gaps(ctx.ns());
     if gaps.is_empty() {
         *checked_ns = now;
@@ -563,6 +565,27 @@ pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns
             gaps.join("; ")
         ),
     }
+}
+
+/// Forward rules added since a standalone attach that did not bypass any
+/// (`bypassed`: it did, as asked): said once when they appear, with what
+/// to do, and once when they are gone; `status` and the status page say it
+/// meanwhile.
+fn note_bypassed_forward_rules(status: &mut DaemonStatus, bypassed: bool) {
+    let now = if bypassed {
+        None
+    } else {
+        standalone::bypassed_unasked()
+    };
+    if now == status.forward_rules_bypassed {
+        return;
+    }
+    if let Some(problem) = &now {
+        tracing::warn!("{problem}");
+    } else {
+        tracing::info!("no netfilter forward rules bypassed by standalone mode any more");
+    }
+    status.forward_rules_bypassed = now;
 }
 
 /// Removes the kernel's connections whose reply goes to `old` (what the

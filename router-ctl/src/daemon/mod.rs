@@ -445,6 +445,7 @@ fn daemon_view(status: &DaemonStatus, s: &Session) -> DaemonView {
         detached: status.detached,
         log_records_malformed: status.log_records_malformed,
         shaping_skipped: status.shaping_skipped.clone(),
+        forward_rules_bypassed: status.forward_rules_bypassed.clone(),
     }
 }
 

@@ -80,6 +80,11 @@ pub struct DaemonStatus {
     /// `unavailable: no tcx`, `failed: WHY`; `None` in standalone mode.
     #[serde(default)]
     pub egress_witness: Option<String>,
+    /// Standalone mode: netfilter forward rules added since the attach,
+    /// which the fast path bypasses, as the problem that says so (`None`:
+    /// none, or the owner accepted the bypass at the attach).
+    #[serde(default)]
+    pub forward_rules_bypassed: Option<String>,
 }
 
 impl DaemonStatus {
@@ -124,6 +129,7 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "log_records_malformed": s.log_records_malformed,
             "shaping_skipped": s.shaping_skipped,
             "egress_witness": s.egress_witness,
+            "forward_rules_bypassed": s.forward_rules_bypassed,
         }),
         _ => serde_json::json!({ "running": false }),
     }

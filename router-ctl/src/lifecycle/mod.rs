@@ -430,7 +430,14 @@ fn new_record(
         replaced_at: None,
         replacements: 0,
         pending: None,
+        bypasses_forward_rules: bypasses_forward_rules(a, desired),
     }
+}
+
+/// Whether `a` attaches standalone mode with the forward rules bypassed as
+/// asked ([`State::bypasses_forward_rules`]).
+fn bypasses_forward_rules(a: &AttachArgs, desired: &RouterConfig) -> bool {
+    desired.admit == AdmitMode::Xdp && a.forward_rules == ForwardRules::Bypass
 }
 
 #[cfg(test)]

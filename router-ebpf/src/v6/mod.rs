@@ -286,13 +286,12 @@ fn judge(ctx: &XdpContext, v: Verdict) -> Verdict {
 
 /// Whether the IPv6 packet `l3` bytes into the frame of `md`, from a
 /// standalone router's WAN, is unsolicited and routed to the LAN: what the
-/// untagged path lets in ([`solicited_at`]: a known flow's reply or error,
+/// core lets in ([`solicited_at`]: a known flow's reply or error,
 /// `IPsec`, a pinhole's port, a known flow's fragment) is not, anything else
 /// the FIB routes to the LAN is. For the frames the core passes without
-/// looking for a flow although the kernel may forward them: behind
-/// priority tags (`crate::tagged`), to a MAC not the interface's
-/// (`pass_not_for_us`: a macvlan on the WAN takes it). The kernel forwards
-/// what passes as it is (no flow opens).
+/// looking for a flow although the kernel may forward them: to a MAC not
+/// the interface's (`pass_not_for_us`: a macvlan on the WAN takes it). The
+/// kernel forwards what passes as it is (no flow opens).
 // A BPF subprogram of its own (see `routed_to`); the raw context and
 // volatile bounds (`parse::bounds`). Its two steps are sibling
 // subprograms, so the flow key and the FIB parameters share no frame.
@@ -305,8 +304,8 @@ pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
 }
 
 /// Whether the IPv6 packet `l3` bytes into the frame of `md`, from the
-/// WAN, is one standalone mode lets in without a new flow, as the untagged
-/// path does: a TCP or UDP packet, or an `ICMPv6` echo reply, of a live
+/// WAN, is one standalone mode lets in without a new flow, as the core
+/// does: a TCP or UDP packet, or an `ICMPv6` echo reply, of a live
 /// WAN-side entry (a reply of a known flow); an `ICMPv6` error quoting a
 /// packet of one, or quoting `IPsec` or a fragment (`icmp_error`); ESP or
 /// AH (RFC 6092 REC-21, REC-22); TCP or UDP to a pinhole's port; a later
@@ -314,8 +313,8 @@ pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
 /// first fragment the LAN host reassembles nothing, RFC 8200 4.5), or a
 /// first one of `IPsec` or whose TCP or UDP header or echo reply is a
 /// known flow's (the kernel reassembles nothing it forwards; an atomic
-/// fragment, a whole datagram, is judged as one). Also what the untagged
-/// path's judge asks of its fragments (`pass6_ext_fragment`: a Fragment
+/// fragment, a whole datagram, is judged as one). Also what the core's
+/// judge asks of its fragments (`pass6_ext_fragment`: a Fragment
 /// header, or an `ICMPv6` error quoting the LAN host's own fragment).
 // A BPF subprogram of its own: its flow key stays off the frames of the
 // call chains to the FIB lookup.
@@ -325,8 +324,8 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
     let Some(cfg) = crate::maps::CONFIG.get(0) else {
         return false;
     };
-    // (No frame has more than 4 tags here.) The fixed header and the 8
-    // bytes after it: the ports, an `ICMPv6` header, a Fragment header.
+    // The fixed header and the 8 bytes after it: the ports, an `ICMPv6`
+    // header, a Fragment header.
     if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN + 8 > end {
         return false;
     }
@@ -426,36 +425,6 @@ fn unroutable_destination(ctx: &XdpContext) -> bool {
     ip[d] == 0xff
         || zero_to(15) && ip[d + 15] <= 1
         || zero_to(10) && ip[d + 10] == 0xff && ip[d + 11] == 0xff
-}
-
-/// Whether the IPv6 packet `l3` bytes into the frame of `md`, from a
-/// standalone router's LAN behind priority tags (`crate::tagged`: the
-/// kernel strips them and forwards the packet), has a source the LAN may
-/// not use, as [`judge_lan`] judges untagged passes: not link scope and
-/// not routed back out of the LAN.
-// A BPF subprogram of its own, as `routed_at`, whose FIB parameters it
-// builds the same way.
-#[inline(never)]
-pub fn lan_source_invalid_at(md: *mut xdp_md, l3: usize) -> bool {
-    let (data, end) = crate::parse::bounds(md);
-    let Some(cfg) = crate::maps::CONFIG.get(0) else {
-        return false;
-    };
-    if l3 > eth::LEN + 16 || data + l3 + ipv6::LEN > end {
-        return false;
-    }
-    // SAFETY: within the bounds checked just above.
-    let ip = unsafe { &*((data + l3) as *const [u8; ipv6::LEN]) };
-    // Link scope, read in place (copies of the addresses would grow this
-    // frame past the verifier's combined stack limit): a link-local or
-    // unspecified source, a link-local or multicast destination.
-    let link_local = |at: usize| ip[at] == 0xfe && ip[at + 1] & 0xc0 == 0x80;
-    let unspecified = (ipv6::SRC..ipv6::SRC + 16).all(|i| ip[i] == 0);
-    if link_local(ipv6::SRC) || unspecified || link_local(ipv6::DST) || ip[ipv6::DST] == 0xff {
-        return false;
-    }
-    let mut p = params6(ip, ipv6::DST, ipv6::SRC);
-    reachable_via(&XdpContext::new(md), &mut p, cfg.lan_ifindex) == Some(false)
 }
 
 /// Whether the FIB routes the IPv6 packet `l3` bytes into the frame of

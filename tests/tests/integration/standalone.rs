@@ -428,6 +428,91 @@ fn tagged_frames_and_frames_to_a_macvlan_do_not_open_the_way_in() {
     }
 }
 
+/// A UDP flow whose packets come priority-tagged (802.1Q, VLAN id 0), as
+/// some access networks and hosts' priority settings send them: the server's
+/// tagged reply reaches the LAN socket, and the client's tagged datagram
+/// reaches the server from the flow's own WAN port (RFC 4787 REQ-1), both
+/// carried by XDP. Passed as they came, the kernel (standalone: no
+/// conntrack entry of the flow) answered the reply with a port
+/// unreachable and sent the datagram out through its own NAT, with
+/// another port.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_flows_priority_tagged_packets_stay_in_the_flow() {
+    use tests::addr::HOST_IF;
+    use tests::frames::{Frame, Ipv4, Udp};
+    const PRIORITY: &[(u16, u16)] = &[(0x8100, 0xa000)];
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.warm_neighbours();
+    attach_and_print(&t, &[]);
+    let server = t.in_ns(Ns::Server, || {
+        UdpSocket::bind(socket_addr(SERVER_ADDR, 4100)).unwrap()
+    });
+    server.set_read_timeout(Some(IO)).unwrap();
+    let client = t.in_ns(Ns::Client, || {
+        UdpSocket::bind(socket_addr(CLIENT_ADDR, 5330)).unwrap()
+    });
+    client.set_read_timeout(Some(IO)).unwrap();
+    let mut buf = [0u8; 256];
+    client
+        .send_to(b"open", socket_addr(SERVER_ADDR, 4100))
+        .unwrap();
+    let (_, mapped) = server
+        .recv_from(&mut buf)
+        .expect("the flow's first datagram");
+    assert_eq!(mapped.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+
+    let tagged = |from: Ns, to_mac: [u8; 6], ip: Ipv4| {
+        let frame = Frame::new(to_mac, t.mac(from, HOST_IF), ip).bytes();
+        let frame = tests::frames::with_tags(&frame, PRIORITY);
+        let ifindex = t.ifindex(from, HOST_IF);
+        t.in_ns(from, || {
+            tests::packet::send_frame(ifindex, &frame).expect("sending a raw frame");
+        });
+    };
+    let before = t.stats();
+    tagged(
+        Ns::Server,
+        t.mac(Ns::Router, WAN_IF),
+        Ipv4::new(
+            SERVER_ADDR.octets(),
+            ROUTER_WAN_ADDR.octets(),
+            Udp::new(4100, mapped.port(), b"tagged reply"),
+        ),
+    );
+    let n = client
+        .recv(&mut buf)
+        .expect("the tagged reply reached the LAN socket");
+    assert_eq!(&buf[..n], b"tagged reply");
+    tagged(
+        Ns::Client,
+        t.mac(Ns::Router, LAN_IF),
+        Ipv4::new(
+            CLIENT_ADDR.octets(),
+            SERVER_ADDR.octets(),
+            Udp::new(5330, 4100, b"tagged datagram"),
+        ),
+    );
+    let (n, from) = server
+        .recv_from(&mut buf)
+        .expect("the tagged datagram reached the server");
+    assert_eq!(
+        (&buf[..n], from),
+        (&b"tagged datagram"[..], mapped),
+        "the flow's mapping"
+    );
+    let after = t.stats();
+    assert_eq!(
+        (
+            counter_delta(&before, &after, "fwd_inbound"),
+            counter_delta(&before, &after, "fwd_outbound")
+        ),
+        (1, 1),
+        "carried by XDP"
+    );
+}
+
 /// Two LAN sockets, two paths, one mapping each. A 3000-byte datagram as
 /// a socket's first is fragmented by the client, and a fragment opens no
 /// XDP flow: it goes through the kernel's slow path, whose NAT would keep
@@ -625,6 +710,64 @@ fn attach_refuses_over_forward_rules_unless_forced() {
     // No forward rules: doctor says so.
     let d = t.router_ctl_ok(&["doctor", LAN_IF, WAN_IF]);
     assert!(d.contains("no forward rules"), "{d}");
+}
+
+/// A firewall turned on after a standalone attach that found none (a
+/// forward chain with policy drop): the fast path bypasses it, and the
+/// owner is told: `status` is degraded (exit 1) and names the chain and
+/// the fix, doctor says BYPASSED, the daemon logs it and its status says
+/// it (which the status page lists). An attach again with `--force` (same configuration,
+/// nothing replaced) records the owner's answer: status healthy again.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_firewall_added_after_a_standalone_attach_is_reported_bypassed() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    attach_and_print(&t, &[]);
+    assert_eq!(crate::ctl::status(&t).1, 0);
+    t.exec_ok(Ns::Router, &["nft", "add", "table", "inet", "fw"]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "nft",
+            "add chain inet fw forward { type filter hook forward priority 0; policy drop; }",
+        ],
+    );
+    let (v, code) = crate::ctl::status(&t);
+    let problems = v["problems"].to_string();
+    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
+    for needle in [
+        "BYPASSED",
+        "table inet fw chain forward",
+        "--admit kernel",
+        "--force",
+    ] {
+        assert!(problems.contains(needle), "{needle}: {problems}");
+    }
+    let d = t.router_ctl(&["doctor", LAN_IF, WAN_IF]);
+    let out = String::from_utf8_lossy(&d.stdout).into_owned();
+    assert!(
+        out.lines()
+            .any(|l| l.contains("forward-rules") && l.contains("BYPASSED")),
+        "{out}"
+    );
+    let daemon = crate::offload::Daemon::start(&t, &[]);
+    crate::ctl::wait_for_or_show(
+        "the daemon to report the bypassed forward rules",
+        Duration::from_secs(10),
+        || {
+            crate::ctl::status(&t).0["daemon"]["forward_rules_bypassed"]
+                .as_str()
+                .is_some_and(|p| p.contains("table inet fw chain forward"))
+        },
+        || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log()),
+    );
+    assert!(daemon.log().contains("BYPASSED"), "{}", daemon.log());
+    // The owner accepts the bypass.
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (v, code) = crate::ctl::status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
 }
 
 /// The server routes the LAN prefix via the router: unsolicited UDP, TCP

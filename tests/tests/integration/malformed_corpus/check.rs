@@ -334,13 +334,18 @@ pub(super) fn case(
 ) {
     let ifindex = if from_lan { env.lan } else { env.wan };
     let own_mac = if from_lan { env.lan_mac } else { env.wan_mac };
+    // The program takes priority tags off first, as the kernel does: what
+    // is left is judged, counted and compared as that untagged frame.
+    let input = f;
+    let stripped = frames::without_priority_tags(input);
+    let f = stripped.as_deref().unwrap_or(input);
     let stage = model(f, from_lan, own_mac);
     let (ok, new_event) = match stage {
         Stage::Exactly(c) => (vec![c], None),
         _ => allowed_after_lookup(r, f, from_lan, stage),
     };
     let ok = standalone_policy(f, from_lan, ok);
-    let run = r.test_run(f, ifindex);
+    let run = r.test_run(input, ifindex);
     let mut errs = Vec::new();
     if ![XDP_DROP, XDP_PASS, XDP_REDIRECT].contains(&run.verdict) {
         errs.push(format!("verdict {}", run.verdict));
@@ -490,7 +495,7 @@ pub(super) fn case(
             "{what} (from {}): {}\n  input  {:02x?}\n  output {:02x?}\n  counters {:?}",
             if from_lan { "LAN" } else { "WAN" },
             errs.join("; "),
-            f,
+            input,
             run.out,
             run.delta
         ));

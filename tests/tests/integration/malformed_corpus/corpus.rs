@@ -217,10 +217,16 @@ pub(super) fn setup(env: &ResolvedTopology, r: &mut LoadedRouter) -> Vec<Base> {
         });
     }
     // Priority-tagged copies (VLAN id 0, which the kernel strips) of a WAN
-    // reply and of a WAN datagram to a LAN host: standalone mode judges the
-    // packet inside (README "Standalone mode").
+    // reply, a LAN datagram of its flow and a WAN datagram to a LAN host:
+    // the data path takes the tags off and goes on with the packet inside
+    // (README "Priority tags"), carried, judged or passed as untagged.
     let to_lan_host = env.server_sends(&Ipv4::new(SERVER, CLIENT, Udp::new(53, 40009, &payload)));
     let reply = bases[11].frame.clone();
+    bases.push(Base {
+        name: "LAN priority-tagged UDP",
+        from_lan: true,
+        frame: frames::with_tags(&bases[0].frame, &[(0x8100, 0x6000)]),
+    });
     for (name, frame, tags) in [
         ("WAN priority-tagged UDP reply", &reply, &[(0x8100, 0)][..]),
         (

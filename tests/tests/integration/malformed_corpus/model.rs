@@ -349,6 +349,12 @@ pub(super) fn allowed_after_lookup(
         if forwardable_addr(src) && forwardable_addr(dst) && !lan_host(src) {
             return (vec![Counter::DropSpoofedSource], None);
         }
+        // A flow an earlier case's first fragment left to the kernel's
+        // slow path (`KERNEL_FLOWS`; nothing expires in the corpus): its
+        // packets stay there (RFC 4787 REQ-11).
+        if r.kernel_flow(&key).is_some() {
+            return (vec![Counter::PassKernelFlow], None);
+        }
         ok.push(Counter::PassNoFlow);
         ok.push(Counter::PassPortsExhausted);
         return (ok, Some(Counter::FlowNewMasquerade));
@@ -396,14 +402,14 @@ fn lan_host(addr: [u8; 4]) -> bool {
 /// dropped as `DropUnsolicited` instead, also one not addressed to the
 /// router's MAC. Packets passed translated (`PassNoNeighbour`), not
 /// configured or too short to have a destination keep their verdicts; a
-/// frame that is not IPv4 only if priority tags carry one (see
-/// [`priority_tagged`]).
+/// frame that is not IPv4 only if it has more priority tags than the data
+/// path takes off (see [`too_many_priority_tags`]).
 pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> Vec<Counter> {
     if from_lan {
         return lan_policy(f, ok);
     }
     if !is_ipv4(f) {
-        return priority_tagged(f, false).unwrap_or(ok);
+        return too_many_priority_tags(f).unwrap_or(ok);
     }
     if f.len() < L4_OFF {
         return ok;
@@ -420,72 +426,33 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
     dropping_untranslated_passes(ok, Counter::DropUnsolicited)
 }
 
-/// The README's judgement of a frame with priority tags (802.1Q or
-/// 802.1ad, VLAN id 0; the kernel strips them), `from_lan` or from the
-/// WAN: more than four such tags dropped as malformed. From the WAN, behind them an
-/// IPv4 packet to a LAN host dropped as unsolicited, an IPv6 one to the
-/// LAN prefix dropped unless the untagged path would let it in (either
-/// verdict here). From the LAN, IPv4 with the WAN address as source and
-/// IPv6 with a global source outside the LAN prefix (or the router's own)
-/// dropped as spoofed. `None`: not such a frame, or one the judgement
-/// leaves alone (a VLAN id, cut short, another address).
-fn priority_tagged(f: &[u8], from_lan: bool) -> Option<Vec<Counter>> {
+/// Standalone mode's verdict on a frame with more priority tags (802.1Q or
+/// 802.1ad, VLAN id 0) than the data path takes off (README "Standalone
+/// mode"): dropped as malformed, from either side (the kernel would strip
+/// them all and forward what is inside). `None`: not such a frame (fewer
+/// are taken off before the model is asked, see `check::case`; a tag of
+/// another id or a frame cut short inside a tag is left as it is).
+fn too_many_priority_tags(f: &[u8]) -> Option<Vec<Counter>> {
     let mut at = 12;
-    let mut tags = 0;
-    loop {
+    for _ in 0..=frames::PRIORITY_TAGS_STRIPPED {
         let word = f.get(at..at + 4)?;
-        if !matches!(be16(word, 0), 0x8100 | 0x88a8) {
-            break;
-        }
-        if be16(word, 2) & 0x0fff != 0 {
+        if !matches!(be16(word, 0), 0x8100 | 0x88a8) || be16(word, 2) & 0x0fff != 0 {
             return None;
-        }
-        tags += 1;
-        if tags > 4 {
-            return Some(vec![Counter::DropMalformed]);
         }
         at += 4;
     }
-    if tags == 0 {
-        return None;
-    }
-    let l3 = at + 2;
-    let lan6 = |a: &[u8]| {
-        a[..8] == [0x20, 0x01, 0x0d, 0xb8, 0, 0x50, 0, 0] && a != tests::v6::ROUTER_LAN6.octets()
-    };
-    match (be16(f, at), from_lan) {
-        (0x0800, false) => {
-            let dst: [u8; 4] = f.get(l3 + 16..l3 + 20)?.try_into().ok()?;
-            lan_host(dst).then(|| vec![Counter::DropUnsolicited])
-        }
-        (0x0800, true) => {
-            let src = f.get(l3 + 12..l3 + 16)?;
-            (l3 + 20 <= f.len() && src == WAN).then(|| vec![Counter::DropSpoofedSource])
-        }
-        (0x86dd, false) => {
-            let dst = f.get(l3 + 24..l3 + 40)?;
-            lan6(dst).then(|| vec![Counter::PassNotIpv4, Counter::Drop6Unsolicited])
-        }
-        (0x86dd, true) => {
-            let (src, dst) = (f.get(l3 + 8..l3 + 24)?, f.get(l3 + 24..l3 + 40)?);
-            let link_scope = src[0] == 0xfe && src[1] & 0xc0 == 0x80
-                || src.iter().all(|&b| b == 0)
-                || dst[0] == 0xfe && dst[1] & 0xc0 == 0x80
-                || dst[0] == 0xff;
-            (!link_scope && !lan6(src)).then(|| vec![Counter::Drop6SpoofedSource])
-        }
-        _ => None,
-    }
+    Some(vec![Counter::DropMalformed])
 }
 
 /// Standalone mode's check of what it passes from the LAN untranslated
 /// (README "Standalone mode"): with the router's WAN address as source it
 /// is dropped (`DropSpoofedSource`: the kernel would forward it as the
 /// router's own packet); passes the data path translated itself keep
-/// their verdicts; priority-tagged frames as [`priority_tagged`] says.
+/// their verdicts; a frame with too many priority tags as
+/// [`too_many_priority_tags`] says.
 fn lan_policy(f: &[u8], ok: Vec<Counter>) -> Vec<Counter> {
     if !is_ipv4(f) {
-        return priority_tagged(f, true).unwrap_or(ok);
+        return too_many_priority_tags(f).unwrap_or(ok);
     }
     if f.len() < L4_OFF || f[IP_OFF + 12..IP_OFF + 16] != WAN {
         return ok;

@@ -36,6 +36,7 @@ mod pass_drop;
 mod port_forward;
 mod ports;
 mod standalone;
+mod tags;
 mod tcp;
 mod tcp_window;
 mod time_exceeded;
@@ -112,8 +113,9 @@ impl std::ops::DerefMut for Router {
 
 impl Router {
     /// Runs `frame` and asserts the verdict, the output bytes, and that
-    /// exactly `counter` (+1 packet, +len bytes) and the `events` (+1 each)
-    /// moved.
+    /// exactly `counter` (+1 packet, +len bytes: the frame's length without
+    /// the priority tags the program takes off first) and the `events` (+1
+    /// each) moved.
     #[expect(
         clippy::too_many_arguments,
         reason = "one call site shape for every check"
@@ -143,7 +145,7 @@ impl Router {
         );
         assert_bytes(what, &run.out, expect);
         assert!(!counter.is_event(), "{counter:?} is not a verdict counter");
-        let len = frame.len() as u64;
+        let len = frames::without_priority_tags(frame).map_or(frame.len(), |f| f.len()) as u64;
         let want: Vec<(Counter, CounterValue)> = Counter::ALL
             .iter()
             .filter_map(|&c| {

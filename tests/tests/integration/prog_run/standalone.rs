@@ -325,16 +325,22 @@ fn lan_packets_with_the_wan_address_as_source_do_not_leave() {
     });
 }
 
-/// WAN frames with priority tags (VLAN id 0, which the kernel strips and
-/// takes the packet as untagged) are judged as untagged ones: to a LAN
-/// host dropped, one tag or 802.1ad + 802.1Q, with any priority; more
-/// than four such tags dropped whatever they carry. Left to the kernel:
-/// one to the WAN address, a tag with a VLAN id (also behind a priority
-/// tag: another interface's, or dropped), one cut short in its tag, a LAN
-/// host's own, and in offload mode. From the LAN, the WAN address as
-/// source is dropped (`drop_spoofed_source`) as untagged.
+/// Frames with priority tags (VLAN id 0, which the kernel strips and
+/// takes the packet as untagged) are judged as untagged ones, their tags
+/// taken off (`tagged.rs`): from the WAN to a LAN host dropped, one tag or
+/// 802.1ad + 802.1Q, with any priority, up to four; to the WAN address or
+/// a broadcast as their untagged frames are (same verdict, counters and
+/// output); from the LAN, the WAN address as source dropped
+/// (`drop_spoofed_source`). Left as they are: more than four such tags
+/// (dropped whatever they carry), a tag with a VLAN id (also behind a
+/// priority tag: another interface's, or dropped), one cut short in its
+/// tag; in offload mode more than four are passed.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
 fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
     use tests::frames::with_tags as tagged;
     const Q: u16 = 0x8100;
@@ -352,11 +358,14 @@ fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
                 (&[(AD, 0), (Q, 0)][..], "802.1ad + 802.1Q priority tags"),
                 (&[(Q, 0); 4][..], "four priority tags"),
             ] {
-                r.drop_frame(
+                r.check(
                     &format!("{what} to a LAN host behind {how}"),
                     &tagged(&env.server_sends(ip), tags),
                     wan,
+                    XDP_DROP,
+                    &env.server_sends(ip),
                     Counter::DropUnsolicited,
+                    &[],
                 );
             }
         }
@@ -366,23 +375,33 @@ fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
             wan,
             Counter::DropMalformed,
         );
-        for (what, frame) in [
+        // As their untagged frames: the same verdict, counts and output.
+        let broadcast = Frame::new(
+            tests::frames::BROADCAST_MAC,
+            env.server_mac,
+            Ipv4::new(SERVER, [255; 4], Udp::new(67, 68, b"offer")),
+        )
+        .bytes();
+        for (what, untagged) in [
             (
                 "to the WAN address behind a priority tag",
-                tagged(&env.server_sends(&to_router), &[(Q, 0)]),
+                env.server_sends(&to_router),
             ),
             (
                 "a DHCP offer to the broadcast address behind a priority tag",
-                tagged(
-                    &Frame::new(
-                        tests::frames::BROADCAST_MAC,
-                        env.server_mac,
-                        Ipv4::new(SERVER, [255; 4], Udp::new(67, 68, b"offer")),
-                    )
-                    .bytes(),
-                    &[(Q, 0)],
-                ),
+                broadcast,
             ),
+        ] {
+            let want = r.test_run(&untagged, wan);
+            let got = r.test_run(&tagged(&untagged, &[(Q, 0)]), wan);
+            assert_eq!(
+                (got.verdict, &got.out, &got.delta),
+                (want.verdict, &want.out, &want.delta),
+                "{what}"
+            );
+            assert_eq!(got.verdict, XDP_PASS, "{what}");
+        }
+        for (what, frame) in [
             (
                 "to a LAN host in VLAN 5",
                 tagged(&env.server_sends(&knock), &[(Q, 5)]),
@@ -398,33 +417,36 @@ fn priority_tagged_frames_from_the_wan_are_judged_as_untagged() {
         ] {
             r.pass(what, &frame, wan, Counter::PassNotIpv4);
         }
-        let out = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"q"));
-        r.pass(
-            "LAN: a priority-tagged packet",
-            &tagged(&env.client_sends(&out), &[(Q, 0)]),
-            lan,
-            Counter::PassNotIpv4,
-        );
         // The LAN's source check: the WAN address as source, which the
         // kernel would forward as the router's own packet.
         let forged = Ipv4::new(WAN, SERVER, Udp::new(40000, 53, b"q"));
         for tags in [&[(Q, 0)][..], &[(AD, 0), (Q, 0)][..]] {
-            r.drop_frame(
+            r.check(
                 "LAN: a priority-tagged packet from the WAN address",
                 &tagged(&env.client_sends(&forged), tags),
                 lan,
+                XDP_DROP,
+                &env.client_sends(&forged),
                 Counter::DropSpoofedSource,
+                &[],
             );
         }
         r.assert_flows("nothing opened", []);
 
-        // Offload mode: the kernel's firewall decides; passed.
+        // Offload mode: the kernel's firewall decides; passed, the tags
+        // taken off (and more than four left to it as they are).
         let mut offload = config(&env);
         offload.admit = router_common::maps::Admit::Kernel as u8;
         r.configure(&offload);
+        let run = r.test_run(&tagged(&env.server_sends(&knock), &[(Q, 0)]), wan);
+        assert_eq!(
+            (run.verdict, run.out),
+            (XDP_PASS, env.server_sends(&knock)),
+            "offload: to a LAN host behind a priority tag"
+        );
         r.pass(
-            "offload: to a LAN host behind a priority tag",
-            &tagged(&env.server_sends(&knock), &[(Q, 0)]),
+            "offload: five priority tags",
+            &tagged(&env.server_sends(&knock), &[(Q, 0); 5]),
             wan,
             Counter::PassNotIpv4,
         );

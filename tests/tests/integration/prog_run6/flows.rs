@@ -1284,14 +1284,15 @@ fn an_offloaded_flows_lost_half_comes_back_unless_it_is_being_ended() {
     });
 }
 
-/// IPv6 WAN frames with priority tags (VLAN id 0: the kernel strips them
-/// and forwards the packet as untagged), standalone: an unsolicited TCP
-/// SYN, UDP datagram, echo reply or error to a LAN host is dropped; what
-/// the untagged path lets in passes (the kernel forwards it): a reply of a
-/// known UDP flow or ping, a Packet Too Big quoting the known flow, ESP, a
-/// SYN to a pinhole; to the router itself, or with a VLAN id, it is the
-/// kernel's. From the LAN a forged source is dropped
-/// (`drop6_spoofed_source`), a LAN host's packet passed.
+/// IPv6 frames with priority tags (VLAN id 0: the kernel strips them and
+/// forwards the packet as untagged), standalone: their tags come off and
+/// each goes as its untagged frame does (the same verdict, verdict
+/// counter and output): an unsolicited TCP SYN, UDP datagram, echo reply
+/// or error to a LAN host dropped; a reply of a known UDP flow or ping, a
+/// Packet Too Big quoting the known flow, ESP, a SYN to a pinhole let in;
+/// to the router itself passed; from the LAN a forged source dropped
+/// (`drop6_spoofed_source`), a LAN host's packet carried. Left as they
+/// are: a VLAN id's, more than four priority tags (dropped as malformed).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 #[expect(
@@ -1317,14 +1318,21 @@ fn priority_tagged_ipv6_is_judged_on_both_sides() {
         let stacked = [(0x88a8, 0), (0x8100, 0)];
         let syn = Ipv6::tcp(s, c, &Tcp::new(50000, 22, TCP_SYN));
         let udp = Ipv6::udp(s, c, &Udp::new(50000, 5060, b"INVITE"));
-        for (what, p) in [("SYN", &syn), ("UDP", &udp)] {
+        let other = Ipv6::udp(c, s, &Udp::new(5354, 53, b"not sent"))
+            .hop_limit(63)
+            .bytes();
+        let unknown_error = Ipv6::error(s, c, tests::v6::ICMP6_PACKET_TOO_BIG, 1280, &other);
+        let unknown_pong = Ipv6::echo(s, c, true, 0x78, 1);
+        for (what, p) in [
+            ("SYN", &syn),
+            ("UDP", &udp),
+            ("Packet Too Big quoting no flow", &unknown_error),
+            ("echo reply of no flow", &unknown_pong),
+        ] {
             for tags in [&prio[..], &stacked[..]] {
-                r.drop_frame(
-                    &format!("unsolicited {what} behind {} priority tag(s)", tags.len()),
-                    &tagged(&from_server(&env, p), tags),
-                    wan,
-                    Counter::Drop6Unsolicited,
-                );
+                let what = format!("unsolicited {what} behind {} priority tag(s)", tags.len());
+                let counter = like_untagged(r, &what, &from_server(&env, p), tags, wan);
+                assert_eq!(counter, Some(Counter::Drop6Unsolicited), "{what}");
             }
         }
         // More than four: dropped unread, as malformed (IPv4 or IPv6).
@@ -1333,6 +1341,12 @@ fn priority_tagged_ipv6_is_judged_on_both_sides() {
             &tagged(&from_server(&env, &udp), &[(0x8100, 0); 5]),
             wan,
             Counter::DropMalformed,
+        );
+        r.pass(
+            "SYN to a LAN host in VLAN 7",
+            &tagged(&from_server(&env, &syn), &[(0x8100, 7)]),
+            wan,
+            Counter::PassNotIpv4,
         );
         let ping = Ipv6::echo(c, s, false, 0x77, 1);
         r.redirect(
@@ -1351,71 +1365,78 @@ fn priority_tagged_ipv6_is_judged_on_both_sides() {
         let too_big = Ipv6::error(s, c, tests::v6::ICMP6_PACKET_TOO_BIG, 1280, &quoted);
         let esp = Ipv6::new(s, c, 50, vec![0; 24]);
         let to_pinhole = Ipv6::tcp(s, c, &Tcp::new(50000, 8022, TCP_SYN));
-        let other = Ipv6::udp(c, s, &Udp::new(5354, 53, b"not sent"))
-            .hop_limit(63)
-            .bytes();
-        let unknown_error = Ipv6::error(s, c, tests::v6::ICMP6_PACKET_TOO_BIG, 1280, &other);
-        let unknown_pong = Ipv6::echo(s, c, true, 0x78, 1);
-        for (what, p) in [
-            ("Packet Too Big quoting no flow", &unknown_error),
-            ("echo reply of no flow", &unknown_pong),
-        ] {
-            r.drop_frame(
-                &format!("{what} behind a priority tag"),
-                &tagged(&from_server(&env, p), &prio),
-                wan,
-                Counter::Drop6Unsolicited,
-            );
-        }
         let foreign = o(std::net::Ipv6Addr::new(
             0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 9,
         ));
         let forged = Ipv6::udp(foreign, s, &Udp::new(5353, 53, b"forged"));
-        r.drop_frame(
-            "LAN: another network's source behind a priority tag",
-            &tagged(&from_client(&env, &forged), &stacked),
+        let counter = like_untagged(
+            r,
+            "LAN: another network's source behind priority tags",
+            &from_client(&env, &forged),
+            &stacked,
             lan,
-            Counter::Drop6SpoofedSource,
         );
-        r.pass(
+        assert_eq!(counter, Some(Counter::Drop6SpoofedSource));
+        let counter = like_untagged(
+            r,
             "LAN: a LAN host's packet behind a priority tag",
-            &tagged(&from_client(&env, &q), &prio),
+            &from_client(&env, &q),
+            &prio,
             lan,
-            Counter::PassNotIpv4,
         );
-        for (what, frame) in [
+        assert_eq!(counter, Some(Counter::Fwd6Outbound), "carried");
+        for (what, p, tags) in [
+            ("a reply of the known flow", &a, &prio[..]),
+            ("an echo reply of the known ping", &pong, &prio[..]),
             (
-                "a reply of the known flow behind a priority tag",
-                tagged(&from_server(&env, &a), &prio),
+                "Packet Too Big quoting the known flow",
+                &too_big,
+                &stacked[..],
             ),
-            (
-                "an echo reply of the known ping behind a priority tag",
-                tagged(&from_server(&env, &pong), &prio),
-            ),
-            (
-                "Packet Too Big quoting the known flow behind a priority tag",
-                tagged(&from_server(&env, &too_big), &stacked),
-            ),
-            (
-                "ESP behind a priority tag (RFC 6092 REC-21)",
-                tagged(&from_server(&env, &esp), &prio),
-            ),
-            (
-                "SYN to a pinhole behind a priority tag",
-                tagged(&from_server(&env, &to_pinhole), &prio),
-            ),
-            (
-                "SYN to the router behind a priority tag",
-                tagged(&from_server(&env, &own), &prio),
-            ),
-            (
-                "SYN to a LAN host in VLAN 7",
-                tagged(&from_server(&env, &syn), &[(0x8100, 7)]),
-            ),
+            ("ESP (RFC 6092 REC-21)", &esp, &prio[..]),
+            ("SYN to a pinhole", &to_pinhole, &prio[..]),
+            ("SYN to the router", &own, &prio[..]),
         ] {
-            r.pass(what, &frame, wan, Counter::PassNotIpv4);
+            let what = format!("{what} behind a priority tag");
+            let counter = like_untagged(r, &what, &from_server(&env, p), tags, wan);
+            assert!(
+                !matches!(
+                    counter,
+                    Some(Counter::Drop6Unsolicited | Counter::DropMalformed) | None
+                ),
+                "{what}: {counter:?}"
+            );
         }
     });
+}
+
+/// Runs `untagged` as received on `ifindex`, then the same frame behind
+/// `tags`, and asserts that both got the same verdict, verdict counter
+/// and output (events aside: the untagged frame may open a flow, which the
+/// tagged one then hits); the verdict counter.
+fn like_untagged(
+    r: &Router6,
+    what: &str,
+    untagged: &[u8],
+    tags: &[(u16, u16)],
+    ifindex: u32,
+) -> Option<Counter> {
+    let verdicts = |run: &tests::prog::ProgRun| -> Vec<(Counter, CounterValue)> {
+        run.delta
+            .iter()
+            .filter(|(c, _)| !c.is_event())
+            .copied()
+            .collect()
+    };
+    let want = r.0.test_run(untagged, ifindex);
+    let got =
+        r.0.test_run(&tests::frames::with_tags(untagged, tags), ifindex);
+    assert_eq!(
+        (got.verdict, &got.out, verdicts(&got)),
+        (want.verdict, &want.out, verdicts(&want)),
+        "{what}"
+    );
+    verdicts(&got).first().map(|(c, _)| *c)
 }
 
 /// Offload mode: an `ICMPv6` error from the WAN about an offloaded flow
