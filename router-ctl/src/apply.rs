@@ -197,8 +197,9 @@ pub fn parse_file(name: &str, text: &str) -> Result<Desired> {
     parse_file_as(name, text, AdmitMode::default_for_attach)
 }
 
-/// [`parse_file`] where `unstated` gives the admit mode of a file that
-/// states none ([`lifecycle::unstated_admit`]), asked only then.
+/// Parses and validates a file's text (`name` is used in messages);
+/// `unstated` gives the admit mode of a file that states none
+/// ([`lifecycle::unstated_admit`]), asked only then.
 pub fn parse_file_as(
     name: &str,
     text: &str,
@@ -739,8 +740,12 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         d.forwards.len(),
         d.pinholes.len()
     );
-    for (k, _) in &d.forwards {
+    for (k, t) in &d.forwards {
         if let Some(note) = forward::kernel_range_note(k.port, cfg.kernel_nat_ports) {
+            println!("{name}: {note}");
+        }
+        let to = std::net::Ipv4Addr::from(t.addr).into();
+        if let Some(note) = forward::lan_route_note_via(cfg.lan_ifindex, to) {
             println!("{name}: {note}");
         }
     }

@@ -294,8 +294,8 @@ pub struct DataPathLog {
 
 impl DataPathLog {
     /// Opens the log of the program attached in `ctx`'s namespace if the
-    /// log filter wants lines of [`TARGET`]; else an idle reader that
-    /// leaves the program's log off.
+    /// log filter wants lines of the data path's target (`router_ebpf`);
+    /// else an idle reader that leaves the program's log off.
     #[must_use]
     pub fn start(ctx: &Ctx) -> Self {
         let mut me = Self {

@@ -364,8 +364,11 @@ mod tests {
     #[test]
     fn a_stalled_daemon_counts_the_time_it_was_away() {
         // A window that closes late (the daemon was busy) counts the rate
-        // over the whole time: 60 wake-ups in 1 s is waiting.
+        // over the whole time: 55 wake-ups in its first 90 ms and one at
+        // 1 s are 56 a second, waiting (over the window's nominal length
+        // they would be 560 a second, polling).
         let mut pace = waiting();
-        assert_eq!(wake_evenly(&mut pace, 0, 1_000, 60), ReadMode::Wait);
+        assert_eq!(wake_evenly(&mut pace, 0, 90, 55), ReadMode::Wait);
+        assert_eq!(pace.woke(1_000 * MS), ReadMode::Wait);
     }
 }

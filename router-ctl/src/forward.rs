@@ -130,7 +130,13 @@ pub fn pinhole_key(proto: Proto, to: SocketAddrV6) -> PinholeKey6 {
 /// rule is kept (the host may come later), but its flows go nowhere
 /// until then.
 fn lan_route_note(maps: &PinnedMaps, addr: std::net::IpAddr) -> Option<String> {
-    let lan = maps.read_config().ok()?.lan_ifindex;
+    lan_route_note_via(maps.read_config().ok()?.lan_ifindex, addr)
+}
+
+/// [`lan_route_note`] for the LAN interface `lan` (`apply`, before the
+/// router is attached).
+#[must_use]
+pub fn lan_route_note_via(lan: u32, addr: std::net::IpAddr) -> Option<String> {
     match crate::netlink::route_oif(addr) {
         Ok(Some(oif)) if oif == lan => None,
         Ok(_) => Some(format!(

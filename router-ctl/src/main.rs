@@ -477,6 +477,14 @@ fn main() {
         }
         Err(e) => e.exit(),
     };
+    // A reader that closes the pipe early (`stats | head`) ends a one-shot
+    // command quietly, as other Unix tools end, not with a panic of
+    // `println!`: SIGPIPE's default. The servers (`run`, `metrics`) keep
+    // Rust's ignoring it: a client that goes away is no reason to exit.
+    if !matches!(cli.cmd, Cmd::Run { .. } | Cmd::Metrics { .. }) {
+        // SAFETY: a signal disposition, set before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     init_logging();
     match run(cli) {
         Ok(code) => std::process::exit(code),
@@ -571,6 +579,9 @@ fn run(cli: Cli) -> Result<i32> {
             return print_whole(&page, "the man page");
         }
         _ => {}
+    }
+    if cli.netns.is_none() {
+        pins::refuse_ip_netns_exec()?;
     }
     // Entering a namespace needs CAP_SYS_ADMIN; metrics does not enter it.
     let enters = cli.netns.is_some() && !matches!(cli.cmd, Cmd::Metrics { .. });

@@ -144,8 +144,8 @@ pub fn diagnose(
             let name = l.iface.as_deref().or(recorded(role)).unwrap_or("?");
             problems.push(if l.info.ifindex == 0 {
                 format!(
-                    "{name} is gone: its XDP link to program {} is detached; attach again once \
-                     it is back (`router-ctl attach`)",
+                    "{name} is gone: its XDP link to program {} is detached; once it is back, \
+                     run `router-ctl detach` and `router-ctl attach` again",
                     l.info.prog_id
                 )
             } else {
@@ -217,13 +217,18 @@ fn host_problems(c: &config::RouterConfig) -> Vec<String> {
         ("LAN", &c.lan, c.lan_ifindex),
         ("WAN", &c.wan, c.wan_ifindex),
     ] {
-        let up = crate::netlink::link(ifindex).is_ok_and(|l| l.up);
-        if !up {
-            found.push(format!(
-                "{role} interface {name} is down or gone: nothing crosses it (`ip link set \
-                 {name} up`)"
-            ));
-            continue;
+        match crate::netlink::link(ifindex) {
+            Ok(l) if l.up => {}
+            Ok(_) => {
+                found.push(format!(
+                    "{role} interface {name} is down: nothing crosses it (`ip link set {name} \
+                     up`)"
+                ));
+                continue;
+            }
+            // Gone (deleted; one of the name that came back is another
+            // interface): the link's own problem says what to do.
+            Err(_) => continue,
         }
         let forwarding =
             std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{name}/forwarding"));

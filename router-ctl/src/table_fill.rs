@@ -86,7 +86,8 @@ fn entries_in<K: aya::Pod, V: aya::Pod>(
         .min(capacity as usize)
 }
 
-/// `counters` are the summed counters just read ([`read_counters`]), for
+/// `counters` are the summed counters just read
+/// ([`crate::stats::read_counters`]), for
 /// the eviction estimate.
 #[must_use]
 pub fn table_use(maps: &PinnedMaps, counters: &[(Counter, CounterValue)]) -> Option<TableUse> {

@@ -138,12 +138,16 @@ pub fn bind(listen: Listen) -> Result<Option<std::net::TcpListener>> {
         format!("listening on {addr} (another router-ctl run or metrics on that port? --listen ADDR:PORT or none)")
     })?;
     l.set_nonblocking(true).context("a non-blocking listener")?;
-    let bound = l
-        .local_addr()
-        .map_or_else(|_| addr.to_string(), |a| a.to_string());
-    println!("router-ctl run: status page on http://{bound}/ (metrics on /metrics)");
-    let _ = std::io::Write::flush(&mut std::io::stdout());
     Ok(Some(l))
+}
+
+/// Says where the status page of `l` (bound by [`bind`]) is: once the
+/// daemon is sure to serve it (it holds the router's daemon lock).
+pub fn announce(l: &std::net::TcpListener) {
+    if let Ok(bound) = l.local_addr() {
+        println!("router-ctl run: status page on http://{bound}/ (metrics on /metrics)");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
 }
 
 struct Response {

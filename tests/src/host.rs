@@ -21,6 +21,31 @@ pub fn router_ctl_bin() -> std::path::PathBuf {
         .unwrap_or_else(|| profile.join("router-ctl"))
 }
 
+/// Where tests that could not run here record why ([`skipped`]):
+/// `target/debug/skipped-tests.txt`, beside the `router-ctl` binary.
+/// `cargo xtask test` empties it first and lists it last.
+#[must_use]
+pub fn skipped_tests_file() -> std::path::PathBuf {
+    router_ctl_bin().with_file_name("skipped-tests.txt")
+}
+
+/// Records that test `name` could not run on this machine, and why (the
+/// test then returns without asserting anything): said on stderr and in
+/// [`skipped_tests_file`], which `cargo xtask test` prints at its end,
+/// so a skip shows as one, never as a pass. For limits of the machine
+/// only (a kernel feature refused to the process), never for a failure.
+pub fn skipped(name: &str, reason: &str) {
+    use std::io::Write as _;
+    eprintln!("SKIPPED {name}: {reason}");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skipped_tests_file())
+    {
+        let _ = writeln!(f, "{name}: {reason}");
+    }
+}
+
 /// Upper bound for any external command the harness runs.
 pub(crate) const CMD_TIMEOUT: &str = "60";
 

@@ -622,6 +622,10 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+/// How [`Prog::run_live`]'s error starts where the kernel refuses
+/// live-frame mode to this process (`EPERM`): not a fault of the program
+/// or the generator, a limit of the machine the tests run on.
+pub const LIVE_FRAMES_NOT_PERMITTED: &str = "BPF_PROG_RUN live-frame mode is not permitted here";
 const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 /// `BPF_F_XDP_HAS_FRAGS`: the program handles multi-buffer frames (what
 /// `#[xdp(frags)]` sets).
@@ -805,7 +809,15 @@ impl Prog {
             ..TestRunAttr::default()
         };
         if bpf(BPF_PROG_TEST_RUN, &mut attr) != 0 {
-            return Err(os_err("BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES"));
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EPERM) {
+                return Err(format!(
+                    "{LIVE_FRAMES_NOT_PERMITTED} ({e}: the kernel refuses this process \
+                     BPF_F_TEST_XDP_LIVE_FRAMES, as some sandboxes do, although it loads and \
+                     test-runs programs)"
+                ));
+            }
+            return Err(format!("BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES: {e}"));
         }
         Ok(())
     }

@@ -402,6 +402,9 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // Held until it returns; before anything, so a second daemon changes
     // nothing of the first's (not even its status file).
     let _one_daemon = state::daemon_lock(ctx.ns())?;
+    if let Some(l) = &opts.listener {
+        web::announce(l);
+    }
     if let Some(path) = &opts.config {
         apply::apply(ctx, path, false)
             .with_context(|| format!("applying {} at start", path.display()))?;

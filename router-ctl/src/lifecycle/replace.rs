@@ -282,6 +282,18 @@ fn check_replaceable(
         .iter()
         .filter_map(|(_, l)| l.as_ref().ok().map(|l| l.info.ifindex))
         .collect();
+    // A link whose interface was deleted (a PPP or USB link that came back
+    // as a new interface): said as such, with the one way out.
+    if let Some(gone) = cur_idx.iter().position(|&i| i == 0) {
+        let role = ["LAN", "WAN"][gone.min(1)];
+        bail!(Unretryable(format!(
+            "the router's {role} interface was deleted while attached, and its XDP link with \
+             it ({} now is a new interface, if it is back): a link cannot move to another \
+             interface; run `router-ctl detach`, then attach again{}",
+            [&a.lan, &a.wan][gone.min(1)],
+            crate::forward::detach_loses(dir)
+        )));
+    }
     if cur_idx != [desired.lan_ifindex, desired.wan_ifindex] {
         let names: Vec<String> = cur_idx
             .iter()

@@ -219,6 +219,36 @@ fn bpffs_that_cannot_be_mounted() {
     assert!(xdp_progs(&t, LAN_IF).is_empty());
 }
 
+/// `ip netns exec ROUTER router-ctl ...` (a private /sys without the
+/// bpffs, where pins vanish with the command): every command refuses and
+/// names the `-n` command instead; nothing is attached, no record written.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn ip_netns_exec_is_refused_with_the_n_command() {
+    let t = Topology::new();
+    let ns = t.ns_name(Ns::Router);
+    let record = std::path::Path::new(tests::addr::STATE_DIR).join("default.json");
+    let had_record = record.exists();
+    for args in [&["attach", LAN_IF, WAN_IF][..], &["status"], &["detach"]] {
+        let o = Command::new("timeout")
+            .args(["-k", "5", "60", "ip", "netns", "exec", ns])
+            .arg(router_ctl_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        fails_with(
+            &o,
+            &[
+                &format!("inside `ip netns exec {ns}`"),
+                &format!("router-ctl -n {ns} ..."),
+            ],
+        );
+    }
+    assert!(xdp_progs(&t, LAN_IF).is_empty(), "attached");
+    assert_eq!(record.exists(), had_record, "a record of the host's router");
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn rule_conflicts_and_bad_values() {

@@ -20,7 +20,9 @@ use tests::{
 };
 
 use crate::{
-    ctl::{DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stdout, wait_for_or_show},
+    ctl::{
+        DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stderr, stdout, wait_for_or_show,
+    },
     doctor::{check, doctor},
     metrics::Server,
     offload::{Daemon, Firewall, counter, echoes, install_firewall, offloaded_rows, udp_echo},
@@ -455,10 +457,9 @@ fn daemon_reports_a_deleted_attached_interface() {
     assert!((sample(&srv, "xdp_router_daemon_interfaces_gone") - 1.0).abs() < 0.5);
 
     // The interface comes back (a new one of the same name, as a
-    // re-plugged USB NIC or a re-created VLAN), the router is attached
-    // again: the running daemon follows the new attach and the interface
-    // is no longer reported gone.
-    t.router_ctl_ok(&["detach"]);
+    // re-plugged USB NIC or a re-created VLAN): status and attach say one
+    // thing, detach then attach; done, the running daemon follows the new
+    // attach and the interface is no longer reported gone.
     t.exec_ok(
         Ns::Router,
         &[
@@ -481,6 +482,22 @@ fn daemon_reports_a_deleted_attached_interface() {
     // The client's end as the kit sets one up (GRO on: a veth takes
     // redirected frames only with NAPI, and attach refuses otherwise).
     t.setup_client(Ns::Client, CLIENT_ADDR);
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        text.contains("once it is back, run `router-ctl detach` and `router-ctl attach` again")
+            && !text.contains("is down"),
+        "{text}"
+    );
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF]);
+    let e = stderr(&o);
+    assert!(
+        !o.status.success()
+            && e.contains("LAN interface was deleted while attached")
+            && e.contains("run `router-ctl detach`, then attach again")
+            && !e.contains("ifindex 0"),
+        "{e}"
+    );
+    t.router_ctl_ok(&["detach"]);
     println!("{}", attach(&t, &[]));
     wait_for_or_show(
         "the daemon to follow the new attach",

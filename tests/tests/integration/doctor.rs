@@ -112,9 +112,21 @@ fn veth_hazards(t: &Topology, router: Ns) -> Vec<String> {
     let o = t.router_ctl_in(router, &["doctor", LAN_IF, WAN_IF, "--json"]);
     let v: Value = serde_json::from_str(&stdout(&o))
         .unwrap_or_else(|e| panic!("doctor --json: {e}: {}{}", stdout(&o), stderr(&o)));
-    v["checks"]
+    let checks = v["checks"]
         .as_array()
-        .unwrap_or_else(|| panic!("doctor --json has no checks: {v}"))
+        .unwrap_or_else(|| panic!("doctor --json has no checks: {v}"));
+    // Looked at on both interfaces (a check skipped finds nothing either).
+    for iface in [LAN_IF, WAN_IF] {
+        for name in ["redirect-target", "tx-checksum"] {
+            assert!(
+                checks
+                    .iter()
+                    .any(|c| c["iface"] == iface && c["name"] == name),
+                "{router:?}: no {name} check of {iface}: {v}"
+            );
+        }
+    }
+    checks
         .iter()
         .filter(|c| c["name"] == "redirect-target" || c["name"] == "tx-checksum")
         .filter(|c| c["level"] != "ok")
