@@ -68,8 +68,22 @@ fn the_example_applies_and_applying_it_again_changes_nothing() {
     let file = example();
     let f = file.to_str().unwrap();
     let out = t.router_ctl_ok(&["apply", "--check", f]);
-    assert!(out.contains("is valid"), "{out}");
+    assert!(
+        out.contains("is valid") && !out.contains("does not route"),
+        "{out}"
+    );
     assert_eq!(status(&t).1, 3, "--check attached something");
+    // A forward's target the router does not route out of its LAN (a
+    // typo): valid, but said, as `forward add` says it.
+    let typo = TempFile::new(
+        "typo",
+        &example_text().replace("192.168.50.2:80", "10.9.9.9:80"),
+    );
+    let out = t.router_ctl_ok(&["apply", "--check", typo.path()]);
+    assert!(
+        out.contains("does not route 10.9.9.9 out of its LAN interface"),
+        "{out}"
+    );
 
     let out = t.router_ctl_ok(&["apply", f]);
     println!("{out}");

@@ -249,6 +249,42 @@ fn ip_netns_exec_is_refused_with_the_n_command() {
     assert_eq!(record.exists(), had_record, "a record of the host's router");
 }
 
+/// A reader that closes the pipe early ends a one-shot command quietly
+/// (no panic, killed by SIGPIPE as other tools are), and a second
+/// `router-ctl run` on a router that has one announces no status page
+/// before it refuses.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_closed_pipe_and_a_refused_second_daemon_say_nothing_false() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF]);
+    let script = format!(
+        "{} -n {} stats --watch --interval 1 --count 3 | true; echo \"rc=${{PIPESTATUS[0]}}\"",
+        router_ctl_bin().display(),
+        t.ns_name(Ns::Router)
+    );
+    let o = Command::new("timeout")
+        .args(["-k", "5", "60", "bash", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let (out, e) = (stdout(&o), stderr(&o));
+    assert!(
+        out.contains("rc=141") && !e.contains("panicked"),
+        "stdout: {out}\nstderr: {e}"
+    );
+    let _daemon = crate::offload::Daemon::start(&t, &[]);
+    let second = ctl_via(&t, &[], &["run", "--listen", "127.0.0.1:0"]);
+    let (out, e) = (stdout(&second), stderr(&second));
+    assert!(
+        !second.status.success()
+            && e.contains("another `router-ctl run` serves this router")
+            && !out.contains("status page on"),
+        "stdout: {out}\nstderr: {e}"
+    );
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn rule_conflicts_and_bad_values() {
