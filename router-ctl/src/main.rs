@@ -480,8 +480,13 @@ fn main() {
     // A reader that closes the pipe early (`stats | head`) ends a one-shot
     // command quietly, as other Unix tools end, not with a panic of
     // `println!`: SIGPIPE's default. The servers (`run`, `metrics`) keep
-    // Rust's ignoring it: a client that goes away is no reason to exit.
-    if !matches!(cli.cmd, Cmd::Run { .. } | Cmd::Metrics { .. }) {
+    // Rust's ignoring it: a client that goes away is no reason to exit;
+    // `completions` and `man` write their whole text at once and take a
+    // closed pipe for success themselves (`print_whole`).
+    if !matches!(
+        cli.cmd,
+        Cmd::Run { .. } | Cmd::Metrics { .. } | Cmd::Completions { .. } | Cmd::Man
+    ) {
         // SAFETY: a signal disposition, set before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }

@@ -16,12 +16,17 @@
 //!
 //! Dropped as malformed (`drop_malformed`), as the core drops such a
 //! packet without options: a TCP, UDP or ICMP packet too short for its
-//! header, a TCP data offset below the header or past the packet.
+//! header, a TCP data offset below the header or past the packet (unless
+//! its options already left it to the kernel, below).
 //!
 //! Left to the kernel (`pass_ip_options`): a header with TTL <= 1, a wrong
-//! checksum or the fragment bits set, packets of no flow the data path
-//! carries, an offloaded flow's, a next hop the FIB refuses (with its
-//! reason) or without a neighbour.
+//! checksum or the fragment bits set, a source route (loose or strict,
+//! LSRR or SSRR, among the first options: the kernel drops it unless
+//! `accept_source_route` says otherwise, as RFC 7126 4.3 and 4.4 advise;
+//! forwarded here it would bypass that) or an option whose length is
+//! wrong, packets of no flow the
+//! data path carries, an offloaded flow's, a next hop the FIB refuses
+//! (with its reason) or without a neighbour.
 
 use aya_ebpf::{macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
@@ -100,6 +105,7 @@ fn try_translate(ctx: &XdpContext) -> Step<()> {
     if ip[ipv4::TTL] <= 1
         || get_u16(ip, ipv4::FRAG_OFF) & ipv4::FRAG_MF_AND_OFFSET != 0
         || !header_checksum_ok(ctx, hlen)
+        || !plain_options(ctx, hlen)
     {
         return Err(NOT_CARRIED);
     }
@@ -176,6 +182,55 @@ fn header_checksum_ok(ctx: &XdpContext, hlen: usize) -> bool {
         at += 2;
     }
     checksum::fold(sum) == 0xffff
+}
+
+/// Option type of a loose source route (RFC 791 3.1, LSRR).
+const OPT_LSRR: u8 = 0x83;
+/// Option type of a strict source route (SSRR).
+const OPT_SSRR: u8 = 0x89;
+
+/// Options looked at ([`plain_options`], no-operation bytes counted): the
+/// verifier walks each step's outcomes for every one before it, so few
+/// (senders put one or two; a source route comes first).
+const OPTIONS_WALKED: usize = 6;
+
+/// Whether the options of the `hlen`-byte IPv4 header are ones this path
+/// forwards as they are: none of the first [`OPTIONS_WALKED`] a source
+/// route, each with a length of at least 2 within the header (but the
+/// one-byte end and no-operation ones); the options after them are not
+/// looked at.
+#[inline(always)]
+fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
+    let mut at = ipv4::LEN;
+    for _ in 0..OPTIONS_WALKED {
+        if at >= hlen {
+            return true;
+        }
+        let Ok(kind) = ptr_at::<u8>(ctx, frame::IPV4 + at) else {
+            return false;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        let kind = unsafe { *kind };
+        match kind {
+            // End of the list: the rest is padding.
+            0 => return true,
+            // No operation.
+            1 => at += 1,
+            OPT_LSRR | OPT_SSRR => return false,
+            _ => {
+                let Ok(len) = ptr_at::<u8>(ctx, frame::IPV4 + at + 1) else {
+                    return false;
+                };
+                // SAFETY: bounds checked by ptr_at.
+                let len = usize::from(unsafe { *len });
+                if len < 2 || at + len > hlen {
+                    return false;
+                }
+                at += len;
+            }
+        }
+    }
+    true
 }
 
 /// Sends the packet translated as the scratch slot says, if XDP can

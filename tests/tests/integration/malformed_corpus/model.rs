@@ -125,7 +125,7 @@ fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
     let echo = if from_lan { ICMP_ECHO_REQUEST } else { 0 };
     let forwardable =
         f[IP_OFF + 8] > 1 && be16(f, IP_OFF + 6) & 0x3fff == 0 && checksum(&f[IP_OFF..l4]) == 0;
-    if !forwardable {
+    if !forwardable || !plain_options(&f[IP_OFF + 20..l4]) {
         return Stage::Exactly(Counter::PassIpOptions);
     }
     let carried_proto = matches!(proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_ICMP);
@@ -153,6 +153,26 @@ fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
     } else {
         Stage::Exactly(Counter::PassIpOptions)
     }
+}
+
+/// The options path's look at `options` (README "Per packet" step 12):
+/// none of the first six (no-operation bytes counted) a source route
+/// (LSRR 0x83, SSRR 0x89), each with a length of at least 2 within the
+/// header (but the one-byte end and no-operation ones).
+fn plain_options(options: &[u8]) -> bool {
+    let mut at = 0;
+    for _ in 0..6 {
+        match options.get(at) {
+            None | Some(0) => return true,
+            Some(1) => at += 1,
+            Some(0x83 | 0x89) => return false,
+            Some(_) => match options.get(at + 1).map(|&l| usize::from(l)) {
+                Some(len) if len >= 2 && at + len <= options.len() => at += len,
+                _ => return false,
+            },
+        }
+    }
+    true
 }
 
 /// TTL <= 1: the kernel's, unless it is a WAN packet addressed to the

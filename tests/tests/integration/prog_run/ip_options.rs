@@ -109,6 +109,27 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
             ))),
         );
         kernels(r, "TTL 1", &env.server_sends(&a.clone().ttl(1)));
+        // A source route, loose or strict (the kernel drops it unless
+        // accept_source_route says otherwise), and an option whose length
+        // runs past the header.
+        for (what, options) in [
+            (
+                "a loose source route",
+                [1, 0x83, 7, 4, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a strict source route",
+                [0x89, 7, 4, 0, 0, 0, 0, 0, 1, 1, 1, 0],
+            ),
+            (
+                "an option running past the header",
+                [1, 1, 7, 15, 4, 0, 0, 0, 0, 0, 0, 0],
+            ),
+        ] {
+            let mut routed = a.clone();
+            routed.options = options.to_vec();
+            kernels(r, what, &env.server_sends(&routed));
+        }
         let mut bad = env.server_sends(&a);
         bad[IP_OFF + 20 + 1] ^= 0x01;
         kernels(r, "a wrong checksum over the options", &bad);
