@@ -477,16 +477,13 @@ fn main() {
         }
         Err(e) => e.exit(),
     };
-    // A reader that closes the pipe early (`stats | head`) ends a one-shot
-    // command quietly, as other Unix tools end, not with a panic of
-    // `println!`: SIGPIPE's default. The servers (`run`, `metrics`) keep
-    // Rust's ignoring it: a client that goes away is no reason to exit;
-    // `completions` and `man` write their whole text at once and take a
-    // closed pipe for success themselves (`print_whole`).
-    if !matches!(
-        cli.cmd,
-        Cmd::Run { .. } | Cmd::Metrics { .. } | Cmd::Completions { .. } | Cmd::Man
-    ) {
+    // A reader that closes the pipe early (`stats | head`) ends a command
+    // that only reads quietly, as other Unix tools end, not with a panic of
+    // `println!`: SIGPIPE's default. Not a command that changes state
+    // (a signal must not cut it in half), nor a server (`run`, `metrics`:
+    // a client that goes away is no reason to exit); `completions` and
+    // `man` take a closed pipe for success themselves (`print_whole`).
+    if cli.cmd.need().1 == caps::Need::Read && !matches!(cli.cmd, Cmd::Metrics { .. }) {
         // SAFETY: a signal disposition, set before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -585,12 +582,12 @@ fn run(cli: Cli) -> Result<i32> {
         }
         _ => {}
     }
-    if cli.netns.is_none() {
-        pins::refuse_ip_netns_exec()?;
-    }
     // Entering a namespace needs CAP_SYS_ADMIN; metrics does not enter it.
     let enters = cli.netns.is_some() && !matches!(cli.cmd, Cmd::Metrics { .. });
     caps::require(name, need, enters)?;
+    if cli.netns.is_none() {
+        pins::refuse_ip_netns_exec()?;
+    }
     let ctx = Ctx::new(cli.netns.clone());
     if let Cmd::Metrics { listen } = cli.cmd {
         // Bind before anything else, in the caller's namespace.

@@ -32,35 +32,36 @@ fn bpffs_mounted() -> bool {
 }
 
 /// Refuses to work from inside `ip netns exec NAME`: it runs a command in
-/// the namespace with a mount namespace of its own and a fresh `/sys`,
-/// without the bpffs, so pins made there vanish when router-ctl exits (an
-/// attach would say "attached" and leave nothing attached) and the
-/// router's own pins are not seen (`status` would say not attached, a
+/// the named namespace with a mount namespace of its own and a fresh
+/// `/sys`, without the bpffs, so pins made there vanish when router-ctl
+/// exits (an attach would say "attached" and leave nothing attached) and
+/// the router's own pins are not seen (`status` would say not attached, a
 /// `--force` attach would remove the running router's program). Told
-/// apart by: another network namespace than PID 1's, another mount
-/// namespace than PID 1's, and no bpffs at [`BPFFS`]; `-n NAME` is the way.
+/// apart by: a network namespace that one of `/run/netns` names (PID 1's
+/// is not always readable to tell it from the host's), and no bpffs at
+/// [`BPFFS`] (`nsenter --net` into it keeps the host's mounts, and works);
+/// `-n NAME` is the way.
 pub fn refuse_ip_netns_exec() -> Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    let ns = |pid: &str, kind: &str| id(&Path::new("/proc").join(pid).join("ns").join(kind));
-    let net = ns("self", "net");
-    if net.is_none() || net == ns("1", "net") || ns("self", "mnt") == ns("1", "mnt") {
+    let Some(net) = id(Path::new("/proc/self/ns/net")) else {
+        return Ok(());
+    };
+    if id(Path::new("/proc/1/ns/net")) == Some(net) || bpffs_mounted() {
         return Ok(());
     }
-    if bpffs_mounted() {
-        return Ok(());
-    }
-    let name = std::fs::read_dir("/run/netns").ok().and_then(|d| {
+    let Some(name) = std::fs::read_dir("/run/netns").ok().and_then(|d| {
         d.flatten()
-            .find(|e| id(&e.path()) == net)
+            .find(|e| id(&e.path()) == Some(net))
             .map(|e| e.file_name().to_string_lossy().into_owned())
-    });
-    let name = name.as_deref().unwrap_or("NAME");
+    }) else {
+        return Ok(());
+    };
     bail!(
-        "router-ctl runs inside `ip netns exec {name}` (a network namespace of its own, with a \
-         private /sys without the bpffs): pins made here would vanish when it exits, and the \
-         router's own are not seen. Run it from the host's namespaces with `router-ctl -n \
-         {name} ...` instead (see `-n NETNS` in the README)"
+        "router-ctl runs inside `ip netns exec {name}` (its network namespace, with a private \
+         /sys without the bpffs): pins made here would vanish when it exits, and the router's \
+         own are not seen. Run it from the host's namespaces with `router-ctl -n {name} ...` \
+         instead (see `-n NETNS` in the README)"
     )
 }
 

@@ -717,19 +717,23 @@ fn describe_chains(chains: &[ForwardChain]) -> String {
 /// not bypass any (added later: a firewall turned on, a rule to block a
 /// host), as the problem `status` and the daemon report; `None` without
 /// any (or where none could be read: `doctor` says which).
-#[must_use]
-pub fn bypassed_unasked() -> Option<String> {
-    let (chains, _) = forward_chains(&Ruleset::read());
-    (!chains.is_empty()).then(|| {
+/// `Err` where they could not all be read.
+pub fn bypassed_unasked() -> Result<Option<String>, ()> {
+    let (chains, unread) = forward_chains(&Ruleset::read());
+    if chains.is_empty() && !unread.is_empty() {
+        return Err(());
+    }
+    Ok((!chains.is_empty()).then(|| {
         format!(
-            "netfilter forward rules added since the attach are BYPASSED: {}. Standalone mode \
+            "netfilter forward rules the attach did not bypass knowingly (added since, or \
+             attached by a router-ctl that did not record it) are BYPASSED: {}. Standalone mode \
              (--admit xdp) admits every LAN flow and port forward itself, so these rules do not \
              decide. Fix: offload mode keeps them in charge (`router-ctl attach LAN WAN --admit \
              kernel`, with `router-ctl run`), or accept the bypass (attach again with --force, \
              or `bypass_forward_rules = true` in an apply file)",
             describe_chains(&chains)
         )
-    })
+    }))
 }
 
 /// The warning of a standalone attach forced over the forward rules

@@ -352,7 +352,7 @@ fn standalone_problems(ctx: &Ctx, r: &State) -> Vec<String> {
         })
         .collect();
     if !r.bypasses_forward_rules {
-        found.extend(standalone::bypassed_unasked());
+        found.extend(standalone::bypassed_unasked().ok().flatten());
     }
     found
 }

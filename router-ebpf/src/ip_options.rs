@@ -21,10 +21,10 @@
 //!
 //! Left to the kernel (`pass_ip_options`): a header with TTL <= 1, a wrong
 //! checksum or the fragment bits set, a source route (loose or strict,
-//! LSRR or SSRR, among the first options: the kernel drops it unless
-//! `accept_source_route` says otherwise, as RFC 7126 4.3 and 4.4 advise;
-//! forwarded here it would bypass that) or an option whose length is
-//! wrong, packets of no flow the
+//! LSRR or SSRR: the kernel drops it unless `accept_source_route` says
+//! otherwise, as RFC 7126 4.3 and 4.4 advise; forwarded here it would
+//! bypass that), an option whose length is wrong or a list of more than
+//! six options, packets of no flow the
 //! data path carries, an offloaded flow's, a next hop the FIB refuses
 //! (with its reason) or without a neighbour.
 
@@ -189,16 +189,18 @@ const OPT_LSRR: u8 = 0x83;
 /// Option type of a strict source route (SSRR).
 const OPT_SSRR: u8 = 0x89;
 
-/// Options looked at ([`plain_options`], no-operation bytes counted): the
+/// Options walked ([`plain_options`], no-operation bytes counted): the
 /// verifier walks each step's outcomes for every one before it, so few
-/// (senders put one or two; a source route comes first).
+/// (senders put one or two); a longer list goes to the kernel.
 const OPTIONS_WALKED: usize = 6;
 
 /// Whether the options of the `hlen`-byte IPv4 header are ones this path
-/// forwards as they are: none of the first [`OPTIONS_WALKED`] a source
+/// forwards as they are: a list of at most [`OPTIONS_WALKED`] options
+/// (no-operation bytes counted) that walks to its end, none a source
 /// route, each with a length of at least 2 within the header (but the
-/// one-byte end and no-operation ones); the options after them are not
-/// looked at.
+/// one-byte end and no-operation ones). What it could not walk to the end
+/// is not forwarded unseen (six no-operation bytes would hide a source
+/// route).
 #[inline(always)]
 fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
     let mut at = ipv4::LEN;
@@ -230,7 +232,7 @@ fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
             }
         }
     }
-    true
+    at >= hlen
 }
 
 /// Sends the packet translated as the scratch slot says, if XDP can

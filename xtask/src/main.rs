@@ -304,7 +304,9 @@ fn test(args: &[String]) -> Result<(), String> {
         .args(["build", "-p", "router-ctl"]))?;
     // Tests that cannot run on this machine record why there (the kit's
     // `tests::skipped`): listed at the end, so a skip shows as one.
-    let skipped = root().join("target/debug/skipped-tests.txt");
+    let skipped = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root().join("target"), PathBuf::from)
+        .join("debug/skipped-tests.txt");
     let _ = std::fs::remove_file(&skipped);
     let tested = run(cargo()
         .current_dir(root())

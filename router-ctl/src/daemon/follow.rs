@@ -533,7 +533,14 @@ pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns
             .filter(|r| r.config.admit == AdmitMode::Xdp && r.pending.is_none())
     };
     let Some(rec) = standalone(ctx) else {
-        status.forward_rules_bypassed = None;
+        // Another mode (a pending replace says nothing yet).
+        if state::load(ctx.ns())
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.config.admit != AdmitMode::Xdp)
+        {
+            status.forward_rules_bypassed = None;
+        }
         return;
     };
     note_bypassed_forward_rules(status, rec.bypasses_forward_rules);
@@ -575,7 +582,11 @@ fn note_bypassed_forward_rules(status: &mut DaemonStatus, bypassed: bool) {
     let now = if bypassed {
         None
     } else {
-        standalone::bypassed_unasked()
+        // Unreadable (nft failing): as it was.
+        let Ok(now) = standalone::bypassed_unasked() else {
+            return;
+        };
+        now
     };
     if now == status.forward_rules_bypassed {
         return;
@@ -583,7 +594,10 @@ fn note_bypassed_forward_rules(status: &mut DaemonStatus, bypassed: bool) {
     if let Some(problem) = &now {
         tracing::warn!("{problem}");
     } else {
-        tracing::info!("no netfilter forward rules bypassed by standalone mode any more");
+        tracing::info!(
+            "no netfilter forward rules bypassed unasked any more (none left, or the bypass was \
+             accepted with attach --force)"
+        );
     }
     status.forward_rules_bypassed = now;
 }

@@ -436,8 +436,14 @@ fn new_record(
 
 /// Whether `a` attaches standalone mode with the forward rules bypassed as
 /// asked ([`State::bypasses_forward_rules`]).
+/// Only where there were rules to bypass: a `--force` for another reason
+/// (a foreign XDP program) does not silence rules added later.
 fn bypasses_forward_rules(a: &AttachArgs, desired: &RouterConfig) -> bool {
-    desired.admit == AdmitMode::Xdp && a.forward_rules == ForwardRules::Bypass
+    desired.admit == AdmitMode::Xdp
+        && a.forward_rules == ForwardRules::Bypass
+        && !standalone::forward_chains(&standalone::Ruleset::read())
+            .0
+            .is_empty()
 }
 
 #[cfg(test)]

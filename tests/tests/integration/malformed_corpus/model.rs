@@ -155,10 +155,11 @@ fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
     }
 }
 
-/// The options path's look at `options` (README "Per packet" step 12):
-/// none of the first six (no-operation bytes counted) a source route
-/// (LSRR 0x83, SSRR 0x89), each with a length of at least 2 within the
-/// header (but the one-byte end and no-operation ones).
+/// The options path's look at `options` (README "Per packet" step 12): at
+/// most six options (no-operation bytes counted) up to the end of the list
+/// or the header, none a source route (LSRR 0x83, SSRR 0x89), each with
+/// a length of at least 2 within the header (but the one-byte end and
+/// no-operation ones).
 fn plain_options(options: &[u8]) -> bool {
     let mut at = 0;
     for _ in 0..6 {
@@ -172,7 +173,7 @@ fn plain_options(options: &[u8]) -> bool {
             },
         }
     }
-    true
+    at >= options.len()
 }
 
 /// TTL <= 1: the kernel's, unless it is a WAN packet addressed to the

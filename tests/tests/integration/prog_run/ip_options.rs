@@ -110,8 +110,9 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
         );
         kernels(r, "TTL 1", &env.server_sends(&a.clone().ttl(1)));
         // A source route, loose or strict (the kernel drops it unless
-        // accept_source_route says otherwise), and an option whose length
-        // runs past the header.
+        // accept_source_route says otherwise), also behind six
+        // no-operations; an option whose length runs past the header; more
+        // options than the path walks (one could hide a source route).
         for (what, options) in [
             (
                 "a loose source route",
@@ -124,6 +125,14 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
             (
                 "an option running past the header",
                 [1, 1, 7, 15, 4, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a source route behind six no-operations",
+                [1, 1, 1, 1, 1, 1, 0x83, 3, 4, 0, 0, 0],
+            ),
+            (
+                "more than six options",
+                [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0],
             ),
         ] {
             let mut routed = a.clone();

@@ -305,8 +305,12 @@ fn pass_cases_ttl_fragments_options_protocols() {
                     Counter::FwdIpOptions,
                 ),
                 (
-                    "options (IHL 15)",
-                    variant(&|ip| ip.options = [[1u8, 1, 1, 1]; 10].concat()),
+                    "options (IHL 15: a no-operation, a 39-byte record route)",
+                    variant(&|ip| {
+                        let mut rr = vec![1u8, 7, 39, 4];
+                        rr.resize(40, 0);
+                        ip.options = rr;
+                    }),
                     Counter::FwdIpOptions,
                 ),
             ];
