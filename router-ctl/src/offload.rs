@@ -1723,7 +1723,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // Changed policy rules: the offloaded connections are routed again
         // as at their offload; those the kernel now sends elsewhere than
         // the fast path would go back to it.
-        let rules = self.kernel.routing_rules().1;
+        let (policy, rules) = self.kernel.routing_rules();
         if rules != self.rules_seen {
             self.rules_seen = rules;
             let again: Vec<(Conn, u32, Option<u32>)> = self
@@ -1758,7 +1758,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 }
             }
         }
-        self.hand_back_unwitnessed(&mut covered, &mut gone);
+        self.hand_back_unwitnessed(policy, &mut covered, &mut gone);
         (covered, gone)
     }
 
@@ -1769,13 +1769,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// them out of the WAN where the kernel would use a tunnel. With the
     /// witness there, each goes back to the kernel once (a second or so
     /// there) and a resync right after decides on it as on a new one.
-    /// Without policy rules no mark changes a route: they stay carried.
+    /// Without policy rules (`policy`: whether IPv4's and IPv6's have
+    /// some) no mark changes a route: they stay carried.
     fn hand_back_unwitnessed(
         &mut self,
+        policy: [bool; 2],
         covered: &mut std::collections::HashSet<Tuple>,
         gone: &mut Vec<(Tuple, Gone)>,
     ) {
-        let policy = self.kernel.routing_rules().0;
         let unwitnessed: Vec<Tuple> = self
             .flows
             .iter()

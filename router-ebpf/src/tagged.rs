@@ -91,7 +91,7 @@ pub fn untag(md: *mut xdp_md) -> Step<()> {
 /// pointer must be read again from the context; else the verdict of a
 /// frame left as it is: `pass_not_ipv4` (a VLAN's, cut short inside a
 /// tag), or with too many tags `drop_malformed` in standalone mode.
-// A BPF subprogram of its own, called from the core for tagged frames
+// A BPF subprogram of its own, called from [`untag`] for tagged frames
 // only. Takes the raw context and reads the packet bounds with volatile
 // loads (`parse::bounds`).
 #[inline(never)]

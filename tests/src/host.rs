@@ -24,8 +24,7 @@ pub fn router_ctl_bin() -> std::path::PathBuf {
 /// Where tests that could not run here record why ([`skipped`]):
 /// `target/debug/skipped-tests.txt`, beside the `router-ctl` binary.
 /// `cargo xtask test` empties it first and lists it last.
-#[must_use]
-pub fn skipped_tests_file() -> std::path::PathBuf {
+fn skipped_tests_file() -> std::path::PathBuf {
     router_ctl_bin().with_file_name("skipped-tests.txt")
 }
 

@@ -532,17 +532,17 @@ pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns
             .flatten()
             .filter(|r| r.config.admit == AdmitMode::Xdp && r.pending.is_none())
     };
-    let Some(rec) = standalone(ctx) else {
-        // Another mode (a pending replace says nothing yet).
-        if state::load(ctx.ns())
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.config.admit != AdmitMode::Xdp)
-        {
-            status.forward_rules_bypassed = None;
-        }
+    let Some(rec) = state::load(ctx.ns()).ok().flatten() else {
         return;
     };
+    if rec.config.admit != AdmitMode::Xdp {
+        status.forward_rules_bypassed = None;
+        return;
+    }
+    // A pending replace says nothing yet.
+    if rec.pending.is_some() {
+        return;
+    }
     note_bypassed_forward_rules(status, rec.bypasses_forward_rules);
     let gaps = standalone::kernel_side_gaps(ctx.ns());
     if gaps.is_empty() {

@@ -161,10 +161,11 @@ pub enum Outcome {
 
 /// What a standalone attach looks at on the host first: the forward rules
 /// it would bypass (refused unless forced), the router's own local ports
-/// and source NAT rules (warned of).
-fn check_standalone_host(a: &AttachArgs, desired: &config::RouterConfig) -> Result<()> {
+/// and source NAT rules (warned of). Whether it bypasses forward rules, as
+/// asked ([`check_firewall`]).
+fn check_standalone_host(a: &AttachArgs, desired: &config::RouterConfig) -> Result<bool> {
     let ruleset = standalone::Ruleset::read();
-    check_firewall(
+    let bypasses = check_firewall(
         a.forward_rules,
         &ruleset,
         a.bypass_how
@@ -182,7 +183,7 @@ fn check_standalone_host(a: &AttachArgs, desired: &config::RouterConfig) -> Resu
     if desired.kernel_nat_ports.is_some() && !own_nat.is_empty() {
         warn!("{}", standalone::source_nat_message(&own_nat));
     }
-    Ok(())
+    Ok(bypasses)
 }
 
 /// Attaches, replaces, or finds nothing to do. `forwards` are put into a
@@ -206,9 +207,7 @@ pub fn attach(
     if seen.any_pins() {
         replace::preflight(ctx, a, &desired, &obj, &seen)?;
     }
-    if standalone_mode {
-        check_standalone_host(a, &desired)?;
-    }
+    let bypasses_forward_rules = standalone_mode && check_standalone_host(a, &desired)?;
     let _lock = state::lock(ctx.ns())?;
     let _signals = SignalsBlocked::new();
     detach::gc_tmp(ctx);
@@ -266,6 +265,7 @@ pub fn attach(
     };
     // Past the point where the router is attached: a failure only warns
     // (an error would tell `apply` the attach did not happen).
+    record_forward_rules_answer(ctx, bypasses_forward_rules);
     if !standalone_mode {
         match standalone::tear_down(ctx.ns()) {
             Ok(true) => {
@@ -339,13 +339,14 @@ fn sync_virtual_macs(ctx: &Ctx, attached: [u32; 2]) -> Result<Vec<vmac::VirtualM
 /// iptables-legacy's), or when they could not be read (a firewall not
 /// looked at is not known to be absent), unless `rules` says to bypass
 /// them, naming `bypass_how` (the way this command's user does that).
+/// Whether there were rules, bypassed as asked.
 pub fn check_firewall(
     rules: ForwardRules,
     ruleset: &standalone::Ruleset,
     bypass_how: &str,
-) -> Result<()> {
+) -> Result<bool> {
     if rules == ForwardRules::Checked {
-        return Ok(());
+        return Ok(false);
     }
     let (chains, notes) = standalone::forward_chains(ruleset);
     if !chains.is_empty() {
@@ -354,8 +355,9 @@ pub fn check_firewall(
         }
         warn!("{}", standalone::bypassing_message(&chains));
     }
+    let bypassed = !chains.is_empty();
     if notes.is_empty() {
-        return Ok(());
+        return Ok(bypassed);
     }
     let why = notes
         .iter()
@@ -368,7 +370,7 @@ pub fn check_firewall(
              bypasses any it has, as asked (offload mode, --admit kernel, keeps them in \
              charge)"
         );
-        return Ok(());
+        return Ok(bypassed);
     }
     let msg = format!(
         "the router's forward rules could not all be checked ({why}); standalone mode \
@@ -430,20 +432,30 @@ fn new_record(
         replaced_at: None,
         replacements: 0,
         pending: None,
-        bypasses_forward_rules: bypasses_forward_rules(a, desired),
+        // Written by `attach` once the router is attached.
+        bypasses_forward_rules: false,
     }
 }
 
-/// Whether `a` attaches standalone mode with the forward rules bypassed as
-/// asked ([`State::bypasses_forward_rules`]).
-/// Only where there were rules to bypass: a `--force` for another reason
-/// (a foreign XDP program) does not silence rules added later.
-fn bypasses_forward_rules(a: &AttachArgs, desired: &RouterConfig) -> bool {
-    desired.admit == AdmitMode::Xdp
-        && a.forward_rules == ForwardRules::Bypass
-        && !standalone::forward_chains(&standalone::Ruleset::read())
-            .0
-            .is_empty()
+/// Keeps in the attach record whether this attach bypassed forward rules
+/// as asked ([`State::bypasses_forward_rules`]; only where there were
+/// rules: a `--force` for another reason, a foreign XDP program, does not
+/// silence rules added later), also when nothing else changed. A failure
+/// only warns: the router is attached.
+fn record_forward_rules_answer(ctx: &Ctx, bypasses: bool) {
+    let Ok(Some(mut r)) = state::load(ctx.ns()) else {
+        return;
+    };
+    if r.bypasses_forward_rules == bypasses {
+        return;
+    }
+    r.bypasses_forward_rules = bypasses;
+    if let Err(e) = state::save(ctx.ns(), &r) {
+        warn!(
+            "writing the attach record: {e:#}; `status` may report the forward rules as \
+             bypassed unasked until the next attach"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -48,23 +48,6 @@ pub fn preflight(
     loader::check_layout(dir, obj, desired.max_flows * 2)
 }
 
-/// The owner's answer about the forward rules (`--force`,
-/// `bypass_forward_rules`), the record's only part the data path does not
-/// hold: written to `record` when it changed, without a replace.
-fn keep_forward_rules_answer(
-    ctx: &Ctx,
-    record: Option<State>,
-    a: &AttachArgs,
-    desired: &RouterConfig,
-) -> Result<()> {
-    let answer = super::bypasses_forward_rules(a, desired);
-    if let Some(mut r) = record.filter(|r| r.bypasses_forward_rules != answer) {
-        r.bypasses_forward_rules = answer;
-        state::save(ctx.ns(), &r).context("writing the attach record")?;
-    }
-    Ok(())
-}
-
 /// Already attached: nothing to do, or a live replace ([`preflight`]
 /// passed).
 pub fn replace_or_keep(
@@ -99,7 +82,6 @@ pub fn replace_or_keep(
     }) && cur_cfg == Some(want_cfg)
         && added_maps.is_empty();
     if same && !a.reload {
-        keep_forward_rules_answer(ctx, record, a, desired)?;
         println!(
             "already attached to {} and {} with this object ({}) and configuration; nothing \
              changed",
@@ -172,7 +154,6 @@ pub fn replace_or_keep(
     }
     rec.pending = None;
     rec.config = desired.clone();
-    rec.bypasses_forward_rules = super::bypasses_forward_rules(a, desired);
     rec.object = obj.id.clone();
     rec.prog_id = prog_id;
     rec.replaced_at = Some(now);
