@@ -208,7 +208,7 @@ const ICMP_ERRORS: &str =
 
 /// Whether `nft` lists our table.
 fn table_present() -> bool {
-    nft(&["list", "table", "ip", TABLE], None).is_ok()
+    nft(&["-t", "list", "table", "ip", TABLE], None).is_ok()
 }
 
 /// Whether standalone mode's kernel side is still set up here (its record
@@ -234,7 +234,7 @@ pub fn kernel_side_gaps(netns: Option<&str>) -> Vec<String> {
     };
     let mut gaps = Vec::new();
     if rec.table {
-        match nft(&["list", "table", "ip", TABLE], None) {
+        match nft(&["-t", "list", "table", "ip", TABLE], None) {
             Ok(t)
                 if t.contains("chain postrouting")
                     && t.contains(&format!("chain {UNTRANSLATED_CHAIN} "))
@@ -428,7 +428,7 @@ impl ForwardChain {
 }
 
 /// Forward chains with rules or a drop policy in nftables' ruleset JSON
-/// (`nft -j list ruleset`), our own table left out. iptables-nft chains
+/// (`nft -j -t list ruleset`), our own table left out. iptables-nft chains
 /// show up here too (tables `filter`).
 #[must_use]
 pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
@@ -487,7 +487,9 @@ pub fn iptables_forward_chain(tool: &'static str, listing: &str) -> Option<Forwa
     })
 }
 
-/// This namespace's nftables ruleset as JSON (`nft -j list ruleset`), read
+/// This namespace's nftables ruleset as JSON (`nft -j -t list ruleset`: terse,
+/// without the sets' elements, which none of the checks reads and a
+/// blocklist makes large; it runs at every `status` and every daemon pass), read
 /// once for the checks that look at it ([`forward_chains`],
 /// [`foreign_source_nat`]); else why it could not be read.
 pub struct Ruleset(Result<serde_json::Value, Unread>);
@@ -521,15 +523,15 @@ impl Ruleset {
     #[must_use]
     pub fn read() -> Self {
         let listed = Command::new("nft")
-            .args(["-j", "list", "ruleset"])
+            .args(["-j", "-t", "list", "ruleset"])
             .stdin(Stdio::null())
             .output();
         Self(match listed {
             Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).map_err(|e| {
-                Unread::lasting(format!("nft -j list ruleset: unreadable output ({e})"))
+                Unread::lasting(format!("nft -j -t list ruleset: unreadable output ({e})"))
             }),
             Ok(o) => Err(Unread::transient(format!(
-                "nftables not checked: nft -j list ruleset failed: {}",
+                "nftables not checked: nft -j -t list ruleset failed: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
             ))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Unread::lasting(

@@ -479,7 +479,7 @@ mod tests {
         );
         // A run of nft that failed may pass: refused, but not for good.
         let failed = standalone::Ruleset::unreadable(
-            "nftables not checked: nft -j list ruleset failed: Interrupted system call",
+            "nftables not checked: nft -j -t list ruleset failed: Interrupted system call",
             true,
         );
         let e = check_firewall(ForwardRules::Refuse, &failed, "pass --force")

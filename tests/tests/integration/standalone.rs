@@ -733,12 +733,25 @@ fn a_firewall_added_after_a_standalone_attach_is_reported_bypassed() {
             "add chain inet fw forward { type filter hook forward priority 0; policy drop; }",
         ],
     );
+    // A blocklist, as routers keep them: the ruleset is read terse (`nft
+    // -t`, without the set's elements), its rule still counts.
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "nft",
+            "add set inet fw blocklist { type ipv4_addr; elements = { 203.0.113.7, 203.0.113.9 }; }",
+        ],
+    );
+    t.exec_ok(
+        Ns::Router,
+        &["nft", "add rule inet fw forward ip saddr @blocklist drop"],
+    );
     let (v, code) = crate::ctl::status(&t);
     let problems = v["problems"].to_string();
     assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
     for needle in [
         "BYPASSED",
-        "table inet fw chain forward",
+        "table inet fw chain forward (policy drop, 1 rule)",
         "--admit kernel",
         "--force",
     ] {
