@@ -1,6 +1,7 @@
 //! The few `bpf(2)` commands aya 0.14 does not expose: the interface of an
-//! XDP link, detaching a link by id (`attach --force`), and counting the
-//! tcx programs of an interface (`doctor`'s `shaping`).
+//! XDP link, detaching a link by id (`attach --force`), counting the tcx
+//! programs of an interface (`doctor`'s `shaping`), and a new XDP link for
+//! the running program, pinned (an interface deleted and made anew).
 
 use router_common::bpf_insn::sys_bpf;
 use std::{
@@ -8,7 +9,12 @@ use std::{
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
 };
 
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_LINK_CREATE: libc::c_long = 28;
+/// `BPF_XDP`, the attach type of an XDP link.
+const ATTACH_XDP: u32 = 37;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 const BPF_LINK_DETACH: libc::c_long = 34;
@@ -37,6 +43,48 @@ pub fn obj_get(path: &std::path::Path) -> io::Result<OwnedFd> {
     let mut attr = [0u8; 16];
     attr[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
     let fd = sys_bpf(BPF_OBJ_GET, &mut attr)?;
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel returned a new fd that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `BPF_OBJ_PIN`: pins the object of `fd` at `path` (a new name on bpffs).
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let fd =
+        u32::try_from(fd.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // pathname (u64), bpf_fd, file_flags (u32 each).
+    let mut attr = [0u8; 16];
+    attr[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
+    attr[8..12].copy_from_slice(&fd.to_ne_bytes());
+    sys_bpf(BPF_OBJ_PIN, &mut attr).map(|_| ())
+}
+
+/// An fd for the loaded program with this id.
+pub fn prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = [0u8; 12];
+    attr[0..4].copy_from_slice(&id.to_ne_bytes());
+    let fd = sys_bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel returned a new fd that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `BPF_LINK_CREATE` of an XDP link: program `prog` on interface `ifindex`
+/// with `flags` (`XDP_FLAGS_SKB_MODE` or `XDP_FLAGS_DRV_MODE`). The link
+/// lives while the returned fd (or a pin of it) does.
+pub fn xdp_link_create(prog: BorrowedFd<'_>, ifindex: u32, flags: u32) -> io::Result<OwnedFd> {
+    let prog =
+        u32::try_from(prog.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // prog_fd, target_ifindex, attach_type, flags (u32 each).
+    let mut attr = [0u8; 16];
+    attr[0..4].copy_from_slice(&prog.to_ne_bytes());
+    attr[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+    attr[8..12].copy_from_slice(&ATTACH_XDP.to_ne_bytes());
+    attr[12..16].copy_from_slice(&flags.to_ne_bytes());
+    let fd = sys_bpf(BPF_LINK_CREATE, &mut attr)?;
     let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
     // SAFETY: the kernel returned a new fd that we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

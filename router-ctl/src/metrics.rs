@@ -416,6 +416,12 @@ fn encode_daemon_follow(
         "New attaches the daemon followed (re-opened on their maps)",
         n("reattaches_followed"),
     )?;
+    counter(
+        enc,
+        "xdp_router_daemon_interfaces_relinked",
+        "Attached interfaces deleted and made anew that the daemon gave a new XDP link",
+        n("interfaces_relinked"),
+    )?;
     gauge(
         enc,
         "xdp_router_daemon_detached",

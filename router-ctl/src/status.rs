@@ -144,8 +144,9 @@ pub fn diagnose(
             let name = l.iface.as_deref().or(recorded(role)).unwrap_or("?");
             problems.push(if l.info.ifindex == 0 {
                 format!(
-                    "{name} is gone: its XDP link to program {} is detached; once it is back, \
-                     run `router-ctl detach` and `router-ctl attach` again",
+                    "{name} is gone: its XDP link to program {} is detached; once an interface \
+                     of that name is back, `router-ctl run` gives it a new link (or \
+                     `router-ctl attach` does), the flows kept",
                     l.info.prog_id
                 )
             } else {

@@ -198,15 +198,18 @@ pub fn within_lease(e: &FlowEntry, now: u64) -> Step<()> {
 /// the packet fits its MTU. Else (or with nothing cached) the next-hop
 /// phase asks the FIB again.
 #[inline(always)]
-pub fn cached_hop(e: &FlowEntry, total_len: usize, now: u64) -> Step<Option<Hop>> {
+pub fn cached_hop(e: &FlowEntry, total_len: usize, now: u64) -> Option<Hop> {
     if e.hop_ifindex == 0
         || needs_refresh(e.last_seen_ns, now)
         || total_len > usize::from(e.hop_mtu)
     {
         core::hint::cold_path();
-        return Ok(None);
+        return None;
     }
-    redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).map(Some)
+    // A cached egress that left the device map (its interface was deleted,
+    // and one made anew under its name has another index) is asked of the
+    // FIB again, as a refresh would.
+    redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).ok()
 }
 
 /// The next hop of the packet translated to `xlat`: the hit's cached one,

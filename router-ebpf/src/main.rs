@@ -162,7 +162,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         let entry = unsafe { &mut *e };
         flow::kernel_segment(entry, pkt.proto, pkt.seg.flags)?;
         xlat = Xlat::of_entry(entry);
-        cached = flow::cached_hop(entry, pkt.total_len, now)?;
+        cached = flow::cached_hop(entry, pkt.total_len, now);
         flow::track_hit(&key, entry, &pkt.seg, now);
         if outbound_refresh_due(side.from_lan, entry, now) {
             // An outbound packet whose flow has not refreshed its NAT

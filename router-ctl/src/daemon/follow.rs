@@ -228,6 +228,7 @@ pub(super) fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Follow
         return Ok(Followed::Done);
     };
     let mut followed = Followed::Done;
+    let mut gone = false;
     for ifindex in [cfg.lan_ifindex, cfg.wan_ifindex] {
         if ifindex == 0 {
             continue;
@@ -241,10 +242,25 @@ pub(super) fn check_links(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Follow
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
-                interface_gone(ctx, ifindex, &format!("ifindex {ifindex}"), status);
+                // Named as the record names it (the notification that
+                // named it may have come while no daemon ran).
+                let recorded = state::load(ctx.ns()).ok().flatten().and_then(|r| {
+                    let c = r.config;
+                    if c.lan_ifindex == ifindex {
+                        Some(c.lan)
+                    } else {
+                        (c.wan_ifindex == ifindex).then_some(c.wan)
+                    }
+                });
+                let name = recorded.unwrap_or_else(|| format!("ifindex {ifindex}"));
+                interface_gone(ctx, ifindex, &name, status);
+                gone = true;
             }
             Err(e) => return Err(e).context(format!("reading interface {ifindex}")),
         }
+    }
+    if gone && relink(ctx, status)? == Followed::LockBusy {
+        return Ok(Followed::LockBusy);
     }
     if follow_wan_addr(ctx, cfg.wan_ifindex, status)? == Followed::LockBusy {
         followed = Followed::LockBusy;
@@ -445,7 +461,12 @@ pub(super) fn look_again(
     links: &mut LinkWatch,
     looked: &mut LookedAt,
 ) {
-    if monotonic_ns().saturating_sub(looked.links_ns) >= KERNEL_SIDE_CHECK_NS {
+    // While an attached interface is gone, every tick: it may be back
+    // (made anew in steps: created, then its peer's settings, which this
+    // namespace hears nothing of).
+    if monotonic_ns().saturating_sub(looked.links_ns) >= KERNEL_SIDE_CHECK_NS
+        || !status.interfaces_gone.is_empty()
+    {
         links.recheck = true;
         looked.links_ns = monotonic_ns();
     }
@@ -633,6 +654,33 @@ pub(super) fn wan_addr_now(c: &RouterConfig) -> Option<Ipv4Addr> {
     (now != c.wan_addr).then_some(now)
 }
 
+/// An attached interface is gone: if one of its name is back, it gets a
+/// new link (`lifecycle::relink`), the maps and flows kept; the session
+/// follows the new interface at the next tick (`follow_attach`). A
+/// failure is logged once and kept in the status until it changes.
+fn relink(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
+    let Some(_lock) = state::try_lock(ctx.ns())? else {
+        return Ok(Followed::LockBusy);
+    };
+    match crate::lifecycle::relink::relink_gone(ctx, false) {
+        Ok(Some(said)) => {
+            // On stderr at any log level, as the other changes it follows.
+            eprintln!("router-ctl run: {said}");
+            status.interfaces_relinked += 1;
+            status.relink_failed = None;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            let why = format!("{e:#}");
+            if status.relink_failed.as_ref() != Some(&why) {
+                tracing::error!("giving a re-created interface its XDP link: {why}");
+                status.relink_failed = Some(why);
+            }
+        }
+    }
+    Ok(Followed::Done)
+}
+
 /// An interface was deleted (or moved to another namespace): if it was
 /// an attached one, its XDP program went with it; says so once, in the
 /// log and the status.
@@ -644,14 +692,15 @@ pub(super) fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut D
         return;
     };
     let what = format!("{name} ({role})");
-    if status.interfaces_gone.contains(&what) {
+    let suffix = format!(" ({role})");
+    if status.interfaces_gone.iter().any(|g| g.ends_with(&suffix)) {
         return;
     }
     tracing::error!(
         "the {role} interface {name} (ifindex {ifindex}) is gone (deleted or moved to another \
          namespace): its XDP program went with it, and nothing goes through XDP on it; once \
-         it is back, run `router-ctl detach` and `router-ctl attach` again (this daemon \
-         follows the new attach)"
+         an interface of that name is back, this daemon gives it a new link, keeping the \
+         flows"
     );
     status.interfaces_gone.push(what);
 }

@@ -506,6 +506,10 @@ struct AttachedRouter {
     config_map: u32,
     conntrack_map: u32,
     kernel_mode: bool,
+    /// The interfaces: an attach that gave a deleted interface's link to
+    /// the one that came back keeps the maps, and is followed too (the
+    /// egress witness and the link watch move to the new interface).
+    ifindexes: [u32; 2],
 }
 
 impl AttachedRouter {
@@ -528,6 +532,7 @@ impl AttachedRouter {
             config_map,
             conntrack_map,
             kernel_mode: cfg.admit == Admit::Kernel as u8,
+            ifindexes: [cfg.lan_ifindex, cfg.wan_ifindex],
         };
         Ok(Some((router, cfg)))
     }

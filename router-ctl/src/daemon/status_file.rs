@@ -49,6 +49,14 @@ pub struct DaemonStatus {
     /// the daemon ran, as `NAME (LAN)`: their XDP program went with them.
     #[serde(default)]
     pub interfaces_gone: Vec<String>,
+    /// Attached interfaces deleted and made anew under their name that got
+    /// a new XDP link (`lifecycle::relink`), the maps and flows kept.
+    #[serde(default)]
+    pub interfaces_relinked: u64,
+    /// Why the last try to give a re-created interface its link failed
+    /// (`None`: no such failure since the last success).
+    #[serde(default)]
+    pub relink_failed: Option<String>,
     /// STALE neighbour entries of next hops the fast path uses that the
     /// daemon had the kernel re-validate (`NTF_USE`).
     #[serde(default)]
@@ -122,6 +130,8 @@ pub fn health_json(netns: Option<&str>) -> serde_json::Value {
             "wan_addr_changes_followed": s.wan_addr_changes_followed,
             "standalone_repairs": s.standalone_repairs,
             "interfaces_gone": s.interfaces_gone,
+            "interfaces_relinked": s.interfaces_relinked,
+            "relink_failed": s.relink_failed,
             "stale_pending_removed": s.stale_pending_removed,
             "neighbours_revalidated": s.neighbours_revalidated,
             "reattaches_followed": s.reattaches_followed,
@@ -199,6 +209,13 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
         if reattaches > 0 {
             let _ = write!(line, ", {reattaches} re-attaches followed");
         }
+        let relinked = d["interfaces_relinked"].as_u64().unwrap_or(0);
+        if relinked > 0 {
+            let _ = write!(
+                line,
+                ", {relinked} re-created interface(s) given a new link"
+            );
+        }
         let malformed = d["log_records_malformed"].as_u64().unwrap_or(0);
         if malformed > 0 {
             let _ = write!(
@@ -250,11 +267,14 @@ fn warnings(d: &serde_json::Value) -> String {
     if !gone.is_empty() {
         let _ = write!(
             line,
-            "\nINTERFACE GONE: {}: its XDP program went with it; once it is back, run \
-             `router-ctl detach` and `router-ctl attach` again (the running daemon \
-             follows the new attach)",
+            "\nINTERFACE GONE: {}: its XDP program went with it; once an interface of that \
+             name is back, the daemon gives it a new link (or `router-ctl attach` does), the \
+             flows kept",
             gone.join(", ")
         );
+        if let Some(why) = d["relink_failed"].as_str() {
+            let _ = write!(line, "; giving it its link FAILED: {why}");
+        }
     }
     line
 }
@@ -370,7 +390,7 @@ mod tests {
         assert!(!line.contains("witness"), "{line}");
         let line = running(serde_json::json!({ "interfaces_gone": ["lan0 (LAN)"] }));
         assert!(
-            line.contains("INTERFACE GONE: lan0 (LAN)") && line.contains("follows the new attach"),
+            line.contains("INTERFACE GONE: lan0 (LAN)") && line.contains("gives it a new link"),
             "{line}"
         );
     }

@@ -269,7 +269,7 @@ fn print_attached(
 }
 
 /// Refuses (or with `force` removes) XDP programs router-ctl did not attach.
-fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
+pub(super) fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
     let attrs = netlink::link(idx).with_context(|| format!("reading {iface}'s XDP state"))?;
     for (prog_id, flag) in attrs.xdp.programs() {
         let mode = match flag {

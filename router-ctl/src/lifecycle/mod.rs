@@ -28,6 +28,7 @@ mod counters_carry;
 mod detach;
 mod fresh;
 pub(crate) mod loader;
+pub(crate) mod relink;
 mod replace;
 
 use std::fs;
@@ -211,7 +212,16 @@ pub fn attach(
     let _lock = state::lock(ctx.ns())?;
     let _signals = SignalsBlocked::new();
     detach::gc_tmp(ctx);
-    let running = inspect(&ctx.pin_dir);
+    let mut running = inspect(&ctx.pin_dir);
+    // An interface deleted and made anew gets its new link first, keeping
+    // the maps; the rest of the attach then sees it attached.
+    if running.any_pins()
+        && replace::gone_links(&running).contains(&true)
+        && let Some(said) = relink::relink_gone(ctx, a.force)?
+    {
+        println!("{said}");
+        running = inspect(&ctx.pin_dir);
+    }
     let record = state::load(ctx.ns()).unwrap_or_else(|e| {
         warn!("ignoring the attach record: {e:#}");
         None

@@ -44,8 +44,22 @@ pub fn preflight(
     running: &Running,
 ) -> Result<()> {
     let dir = &ctx.pin_dir;
-    check_replaceable(dir, a, desired, running)?;
+    let recorded = state::load(ctx.ns())
+        .ok()
+        .flatten()
+        .map(|r| [r.config.lan, r.config.wan]);
+    check_replaceable(dir, a, desired, running, recorded.as_ref())?;
     loader::check_layout(dir, obj, desired.max_flows * 2)
+}
+
+/// Which of the links (LAN, WAN) lost their interface: it was deleted
+/// while attached, and the link with it (its interface index reads 0).
+pub(super) fn gone_links(running: &Running) -> [bool; 2] {
+    [0, 1].map(|i| {
+        running
+            .link(LINK_PINS[i])
+            .is_some_and(|l| l.info.ifindex == 0)
+    })
 }
 
 /// Already attached: nothing to do, or a live replace ([`preflight`]
@@ -234,6 +248,7 @@ fn check_replaceable(
     a: &AttachArgs,
     desired: &RouterConfig,
     running: &Running,
+    recorded: Option<&[String; 2]>,
 ) -> Result<()> {
     if !running.complete() {
         let missing: Vec<&str> = PinnedMaps::required()
@@ -257,25 +272,34 @@ fn check_replaceable(
                 .join("; ")
         )));
     }
-    // Interfaces: a link cannot move to another interface.
+    // Interfaces: a link cannot move to another interface, but one whose
+    // interface was deleted (a re-plugged USB NIC, a bridge or VLAN the
+    // network manager made anew) gets a new link on the interface that
+    // came back under the name it was attached to (`relink`): the maps,
+    // and with them the flows, are kept.
+    let gone = gone_links(running);
+    let names = [&a.lan, &a.wan];
+    for role in (0..2).filter(|&r| gone[r]) {
+        if recorded.is_none_or(|n| n[role] != *names[role]) {
+            bail!(Unretryable(format!(
+                "the router's {} interface {} was deleted while attached, and its XDP link \
+                 with it; attach again with the interfaces it was attached to{}, or run \
+                 `router-ctl detach` first to attach elsewhere{}",
+                ["LAN", "WAN"][role],
+                recorded.map_or_else(|| "?".to_owned(), |n| n[role].clone()),
+                recorded.map_or_else(String::new, |n| format!(" ({} {})", n[0], n[1])),
+                crate::forward::detach_loses(dir)
+            )));
+        }
+    }
     let cur_idx: Vec<u32> = running
         .links
         .iter()
         .filter_map(|(_, l)| l.as_ref().ok().map(|l| l.info.ifindex))
         .collect();
-    // A link whose interface was deleted (a PPP or USB link that came back
-    // as a new interface): said as such, with the one way out.
-    if let Some(gone) = cur_idx.iter().position(|&i| i == 0) {
-        let role = ["LAN", "WAN"][gone.min(1)];
-        bail!(Unretryable(format!(
-            "the router's {role} interface was deleted while attached, and its XDP link with \
-             it ({} now is a new interface, if it is back): a link cannot move to another \
-             interface; run `router-ctl detach`, then attach again{}",
-            [&a.lan, &a.wan][gone.min(1)],
-            crate::forward::detach_loses(dir)
-        )));
-    }
-    if cur_idx != [desired.lan_ifindex, desired.wan_ifindex] {
+    let want_idx = [desired.lan_ifindex, desired.wan_ifindex];
+    let moved = cur_idx.len() != 2 || (0..2).any(|r| !gone[r] && cur_idx[r] != want_idx[r]);
+    if moved {
         let names: Vec<String> = cur_idx
             .iter()
             .map(|&i| netlink::ifname(i).unwrap_or_else(|| format!("ifindex {i}")))

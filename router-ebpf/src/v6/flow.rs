@@ -92,11 +92,14 @@ pub fn within_lease(e: &FlowEntry6, now: u64) -> Step<()> {
 /// The hit's cached next hop, if still usable: not due for a refresh and
 /// the packet (`len` bytes) fits its MTU.
 #[inline(always)]
-pub fn cached_hop(e: &FlowEntry6, len: usize, now: u64) -> Step<Option<Hop>> {
+pub fn cached_hop(e: &FlowEntry6, len: usize, now: u64) -> Option<Hop> {
     if e.hop_ifindex == 0 || needs_refresh(e.last_seen_ns, now) || len > usize::from(e.hop_mtu) {
-        return Ok(None);
+        return None;
     }
-    redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).map(Some)
+    // A cached egress that left the device map (its interface was deleted,
+    // and one made anew under its name has another index) is asked of the
+    // FIB again, as a refresh would.
+    redirect_to(e.hop_ifindex, e.hop_mtu, e.hop_smac, e.hop_dmac).ok()
 }
 
 /// Caches the FIB's next hop in the hit's entry; forgets the cached one

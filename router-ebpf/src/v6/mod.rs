@@ -63,7 +63,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         // no other reference to the entry is live.
         flow::kernel_segment(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags)?;
         // SAFETY: as above.
-        let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now)?;
+        let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now);
         // SAFETY: as above; no other reference to the entry is live.
         flow::track_hit(ctx, &key, unsafe { &mut *e }, pkt.tcp_flags, now);
         // SAFETY: as above.

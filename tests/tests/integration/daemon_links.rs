@@ -20,9 +20,7 @@ use tests::{
 };
 
 use crate::{
-    ctl::{
-        DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stderr, stdout, wait_for_or_show,
-    },
+    ctl::{DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stdout, wait_for_or_show},
     doctor::{check, doctor},
     metrics::Server,
     offload::{Daemon, Firewall, counter, echoes, install_firewall, offloaded_rows, udp_echo},
@@ -416,16 +414,39 @@ fn daemon_follows_a_mac_change_once_the_lock_is_free() {
 }
 
 /// The LAN interface is deleted while the daemon runs: its XDP program
-/// went with it; the daemon says so, in its log and in `status`, with
-/// what to do.
+/// went with it; the daemon says so, in its log and in `status`. A new
+/// interface of that name comes back (a re-plugged USB NIC, a bridge the
+/// network manager made anew): the daemon gives it a new link, keeping
+/// the maps, so a flow opened before goes on through its mapping and
+/// through XDP. Without a daemon, `attach` does the same.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn daemon_reports_a_deleted_attached_interface() {
+fn daemon_relinks_a_deleted_attached_interface_that_comes_back() {
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
     println!("{}", attach(&t, &[]));
     let daemon = Daemon::start(&t, &[]);
     assert_eq!(daemon_health(&t)["interfaces_gone"], serde_json::json!([]));
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(2),
+    );
+    let client = t.in_ns(Ns::Client, || {
+        let s = UdpSocket::bind(sa(std::net::Ipv4Addr::UNSPECIFIED, 42000)).unwrap();
+        s.connect(sa(SERVER_ADDR, 7000)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s
+    });
+    assert_eq!(echoes(&client, 3, Duration::from_millis(20)), 3);
+    let flow = || {
+        t.conntrack()
+            .into_iter()
+            .find(|f| f["orig_src"] == format!("{CLIENT_ADDR}:42000"))
+    };
+    let mapped = flow().expect("the client's flow")["xlat_src"].clone();
 
     t.exec_ok(Ns::Router, &["ip", "link", "del", "dev", LAN_IF]);
     wait_for_or_show(
@@ -438,7 +459,7 @@ fn daemon_reports_a_deleted_attached_interface() {
     println!("{text}");
     assert!(
         text.contains(&format!("INTERFACE GONE: {LAN_IF} (LAN)"))
-            && text.contains("router-ctl detach"),
+            && text.contains("the daemon gives it a new link"),
         "{text}"
     );
     // Its detached link is named from the record, not as "?".
@@ -450,16 +471,61 @@ fn daemon_reports_a_deleted_attached_interface() {
     );
     let log = daemon.log();
     assert!(
-        log.contains("ERROR") && log.contains("is gone") && log.contains("attach"),
+        log.contains("ERROR") && log.contains("is gone") && log.contains("new link"),
         "{log}"
     );
     let srv = Server::start(&t);
     assert!((sample(&srv, "xdp_router_daemon_interfaces_gone") - 1.0).abs() < 0.5);
 
-    // The interface comes back (a new one of the same name, as a
-    // re-plugged USB NIC or a re-created VLAN): status and attach say one
-    // thing, detach then attach; done, the running daemon follows the new
-    // attach and the interface is no longer reported gone.
+    recreate_lan(&t);
+    wait_for_or_show(
+        "the daemon to give the new LAN interface its link",
+        Duration::from_secs(15),
+        || {
+            let d = daemon_health(&t);
+            d["interfaces_relinked"] == 1
+                && d["reattaches_followed"] == 1
+                && d["interfaces_gone"] == serde_json::json!([])
+        },
+        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
+    );
+    assert!(
+        daemon.log().contains("was deleted and is back"),
+        "{}",
+        daemon.log()
+    );
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        !text.contains("INTERFACE GONE")
+            && !text.contains("is gone")
+            && text.contains("1 re-created interface(s) given a new link"),
+        "{text}"
+    );
+    carried_on_by_xdp(&t, &client, &mapped);
+    assert!(sample(&srv, "xdp_router_daemon_interfaces_gone").abs() < 0.5);
+    assert!((sample(&srv, "xdp_router_daemon_interfaces_relinked_total") - 1.0).abs() < 0.5);
+    // Nothing left for attach to change.
+    let out = attach(&t, &[]);
+    assert!(out.contains("nothing changed"), "{out}");
+
+    // Without a daemon, attach gives the link.
+    drop(daemon);
+    t.exec_ok(Ns::Router, &["ip", "link", "del", "dev", LAN_IF]);
+    recreate_lan(&t);
+    let out = attach(&t, &[]);
+    assert!(
+        out.contains(&format!("{LAN_IF} (LAN) was deleted and is back"))
+            && out.contains("conntrack, counters and rules kept")
+            && out.contains("nothing changed"),
+        "{out}"
+    );
+    carried_on_by_xdp(&t, &client, &mapped);
+    let (v, code) = doctor(&t, &[LAN_IF, WAN_IF]);
+    assert_eq!(code, 0, "{v}");
+}
+
+/// A new LAN interface of the kit's name, set up as the kit sets one up.
+fn recreate_lan(t: &Topology) {
     t.exec_ok(
         Ns::Router,
         &[
@@ -482,39 +548,38 @@ fn daemon_reports_a_deleted_attached_interface() {
     // The client's end as the kit sets one up (GRO on: a veth takes
     // redirected frames only with NAPI, and attach refuses otherwise).
     t.setup_client(Ns::Client, CLIENT_ADDR);
-    let text = stdout(&t.router_ctl(&["status"]));
-    assert!(
-        text.contains("once it is back, run `router-ctl detach` and `router-ctl attach` again")
-            && !text.contains("is down"),
-        "{text}"
-    );
-    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF]);
-    let e = stderr(&o);
-    assert!(
-        !o.status.success()
-            && e.contains("LAN interface was deleted while attached")
-            && e.contains("run `router-ctl detach`, then attach again")
-            && !e.contains("ifindex 0"),
-        "{e}"
-    );
-    t.router_ctl_ok(&["detach"]);
-    println!("{}", attach(&t, &[]));
-    wait_for_or_show(
-        "the daemon to follow the new attach",
-        Duration::from_secs(10),
-        || {
-            let d = daemon_health(&t);
-            d["reattaches_followed"] == 1 && d["interfaces_gone"] == serde_json::json!([])
-        },
-        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
-    );
-    let text = stdout(&t.router_ctl(&["status"]));
-    assert!(
-        !text.contains("INTERFACE GONE") && text.contains("1 re-attaches followed"),
-        "{text}"
-    );
-    assert!(sample(&srv, "xdp_router_daemon_interfaces_gone").abs() < 0.5);
-    assert!((sample(&srv, "xdp_router_daemon_reattach_total") - 1.0).abs() < 0.5);
+}
+
+/// The client's flow (opened before its interface was made anew) goes on
+/// through its mapping `mapped`, both ways through XDP.
+fn carried_on_by_xdp(t: &Topology, client: &UdpSocket, mapped: &Value) {
+    t.warm_neighbours();
+    let before = t.stats();
+    let got = echoes(client, 3, Duration::from_millis(20));
+    let after = t.stats();
+    let changed: Vec<String> = after
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| v["packets"].is_u64() || v["events"].is_u64())
+        .filter_map(|(k, _)| {
+            let d = counter_delta(&before, &after, k);
+            (d > 0).then(|| format!("{k} +{d}"))
+        })
+        .collect();
+    assert_eq!(got, 3, "counters changed: {changed:?}");
+    for verdict in ["fwd_outbound", "fwd_inbound"] {
+        assert!(
+            counter_delta(&before, &after, verdict) >= 3,
+            "{verdict}: {after}"
+        );
+    }
+    let row = t
+        .conntrack()
+        .into_iter()
+        .find(|f| f["orig_src"] == format!("{CLIENT_ADDR}:42000"))
+        .expect("the client's flow, kept");
+    assert_eq!(row["xlat_src"], *mapped, "{row}");
 }
 
 /// The router is detached and attached again (new maps) while the daemon

@@ -176,7 +176,8 @@ fn open_dns_flow(env: &ResolvedTopology, r: &Router) -> (Flow, Vec<u8>, Vec<u8>)
 
 /// Established flows use the next hop cached in their entry (no FIB lookup
 /// per packet); the FIB is asked again when nothing is cached, when the
-/// packet is bigger than the cached MTU, and at each refresh. A cached hop
+/// packet is bigger than the cached MTU, at each refresh, and when the
+/// cached egress left the device map (deleted, perhaps made anew). A hop
 /// to an interface no longer attached is not used blindly, and one the FIB
 /// refuses at a refresh (blackhole route, forwarding off) is forgotten.
 #[test]
@@ -246,6 +247,19 @@ fn next_hop_cache() {
         r.devices.insert(wan, wan, None, 0).unwrap();
         r.redirect("egress back", &frame, lan, &out, fwd, &[]);
         assert_eq!(r.raw_entry(&f.orig).hop_ifindex, wan, "cached again");
+
+        // The cached egress was deleted and made anew (another index; the
+        // kernel took the old one out of the device map): the FIB is asked,
+        // not the packet passed, and the new egress cached.
+        let mut gone = r.raw_entry(&f.orig);
+        gone.hop_ifindex = 4000;
+        r.put(f.orig, gone);
+        r.redirect("cached egress deleted", &frame, lan, &out, fwd, &[]);
+        assert_eq!(
+            r.raw_entry(&f.orig).hop_ifindex,
+            wan,
+            "the FIB's egress cached"
+        );
 
         // The FIB refuses the hop at a refresh (a blackhole route, then
         // forwarding off): the cached hop is forgotten, so the packets

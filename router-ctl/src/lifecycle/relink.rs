@@ -1,0 +1,157 @@
+//! An attached interface that was deleted and came back under its name
+//! (a re-plugged USB NIC, a bridge or VLAN the network manager made anew,
+//! as a network restart does with a bridge on `OpenWrt`): its XDP link went
+//! with the old interface, so the running program gets a new link on the
+//! new one, pinned in the old link's place, and the configuration, the
+//! device map and the attach record name the new interface. The maps
+//! stay, and with them the flows: a LAN host's connections go on through
+//! their mappings once the link is back. `attach` does it (then finds
+//! nothing else to change) and so does `router-ctl run` when it sees the
+//! interface come back.
+
+use anyhow::{Context, Result, bail};
+use std::os::fd::AsFd as _;
+use tracing::info;
+
+use super::{Unretryable, inspect, replace::gone_links};
+use crate::{bpfsys, ctx::Ctx, doctor, netlink, pins::LINK_PINS, state};
+
+/// Under the router's lock: gives every link whose interface was deleted
+/// a new one on the interface of the recorded name, if it exists again.
+/// What was done, for the user; `Ok(None)`: no link lost its interface,
+/// or none of those is back yet. `force`: replace another XDP program on
+/// the new interface, and attach over what would make its frames drop
+/// (as `attach --force`).
+pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
+    let running = inspect(&ctx.pin_dir);
+    let gone = gone_links(&running);
+    if !gone.contains(&true) {
+        return Ok(None);
+    }
+    let Some(mut rec) = state::load(ctx.ns())? else {
+        bail!(Unretryable(
+            "an attached interface was deleted, and there is no attach record to tell which \
+             interface it was; run `router-ctl detach`, then attach again"
+                .to_owned()
+        ));
+    };
+    let names = [rec.config.lan.clone(), rec.config.wan.clone()];
+    let back: Vec<(usize, u32)> = (0..2)
+        .filter(|&r| gone[r])
+        .filter_map(|r| netlink::ifindex(&names[r]).ok().map(|i| (r, i)))
+        .collect();
+    if back.is_empty() {
+        return Ok(None);
+    }
+    let modes = [rec.lan_mode.clone(), rec.wan_mode.clone()];
+    check_new(&names, &back, &modes, force)?;
+    let maps = ctx.maps();
+    let mut devices = maps.devices()?;
+    let mut done = Vec::new();
+    for &(role, idx) in &back {
+        let name = &names[role];
+        let prog_id = running
+            .link(LINK_PINS[role])
+            .map(|l| l.info.prog_id)
+            .context("the link lost its interface and cannot be read")?;
+        devices
+            .insert(idx, idx, None, 0)
+            .with_context(|| format!("adding {name} to the device map"))?;
+        new_link(ctx, role, name, idx, &modes[role], prog_id)?;
+        done.push((role, idx, netlink::mac(name, idx)?));
+    }
+    let mut cfg = maps.read_config()?;
+    let old_idx = [cfg.lan_ifindex, cfg.wan_ifindex];
+    for &(role, idx, mac) in &done {
+        let c = &mut rec.config;
+        if role == 0 {
+            (cfg.lan_ifindex, cfg.lan_mac) = (idx, mac);
+            (c.lan_ifindex, c.lan_mac) = (idx, mac);
+        } else {
+            (cfg.wan_ifindex, cfg.wan_mac) = (idx, mac);
+            (c.wan_ifindex, c.wan_mac) = (idx, mac);
+        }
+    }
+    maps.config()?
+        .set(0, cfg, 0)
+        .context("writing the configuration with the new interface")?;
+    for &(role, idx, _) in &done {
+        if old_idx[role] != 0 && old_idx[role] != idx {
+            // A leftover entry would only cost a slot.
+            let _ = devices.remove(old_idx[role]);
+        }
+    }
+    state::save(ctx.ns(), &rec)?;
+    let said: Vec<String> = done
+        .iter()
+        .map(|&(role, idx, _)| {
+            format!(
+                "{} ({}) was deleted and is back as ifindex {idx}",
+                names[role],
+                ["LAN", "WAN"][role]
+            )
+        })
+        .collect();
+    let msg = format!(
+        "{}: a new XDP link for the running program ({} mode); conntrack, counters and rules \
+         kept",
+        said.join(", "),
+        done.iter()
+            .map(|&(r, _, _)| modes[r].as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    info!("{msg}");
+    Ok(Some(msg))
+}
+
+/// What a fresh attach checks of an interface (another XDP program on it,
+/// what would make the frames redirected into it drop), for those of
+/// `back` (role, index).
+fn check_new(
+    names: &[String; 2],
+    back: &[(usize, u32)],
+    modes: &[String; 2],
+    force: bool,
+) -> Result<()> {
+    for &(role, idx) in back {
+        super::fresh::check_foreign(&names[role], idx, force)?;
+    }
+    // The other side's mode is the one asked for: both sides alike (see
+    // the fresh attach).
+    let generic = modes.iter().any(|m| m == "generic");
+    let blockers = doctor::attach_blockers(&names[0], &names[1], Some(generic));
+    if !blockers.is_empty() && !force {
+        bail!(Unretryable(format!(
+            "{}; the fast path would drop those frames while counting them forwarded: fix it \
+             (the interface was made anew without it), or attach with --force",
+            blockers.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+/// A new XDP link of program `prog_id` on interface `name` (index `idx`)
+/// in `mode` (`native`, `generic`), pinned as the link of `role`.
+fn new_link(ctx: &Ctx, role: usize, name: &str, idx: u32, mode: &str, prog_id: u32) -> Result<()> {
+    let flags = if mode == "generic" {
+        netlink::XDP_FLAGS_SKB_MODE
+    } else {
+        netlink::XDP_FLAGS_DRV_MODE
+    };
+    let prog = bpfsys::prog_fd_by_id(prog_id)
+        .with_context(|| format!("opening the running program {prog_id}"))?;
+    let link = bpfsys::xdp_link_create(prog.as_fd(), idx, flags).with_context(|| {
+        format!("attaching XDP to {name} (made anew) in {mode} mode, as it was")
+    })?;
+    // The old link's pin goes first (a pin is not replaced in place); cut
+    // short between the two, the router's pins are incomplete and `attach`
+    // says to detach. Until the configuration names the new interface, the
+    // program passes its frames to the kernel.
+    let path = ctx.pin_dir.join(LINK_PINS[role]);
+    std::fs::remove_file(&path)
+        .with_context(|| format!("removing the old link's pin {}", path.display()))?;
+    bpfsys::obj_pin(link.as_fd(), &path)
+        .with_context(|| format!("pinning the new link at {}", path.display()))?;
+    super::loader::chmod_600(&path)
+}
