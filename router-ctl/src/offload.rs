@@ -1887,6 +1887,65 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         evicted
     }
 
+    /// Removes the offloaded entries of `v4` and `v6` (the XDP tables'
+    /// entries, as read) that no connection of this daemon owns: run once
+    /// its first dump is offloaded, every connection the kernel still has
+    /// is taken over ([`Self::resync`]), so what is left an earlier daemon
+    /// wrote for connections the kernel no longer has (a `conntrack -D`
+    /// or `-F` while no daemon ran: the owner ending connections that a
+    /// new firewall rule refuses, which XDP would otherwise carry until
+    /// their leases ran out), or left pending (killed between writing a
+    /// pair and activating it: the data path passes such a pair's packets
+    /// to the kernel until it is evicted). Live leases are handed back
+    /// before any entry is removed, as [`Keys::remove`] does. The entries
+    /// the data path admitted itself (no [`FLAG_OFFLOADED`]: standalone
+    /// mode before a switch) are not touched. The ended connections count
+    /// as `ended_destroyed`.
+    pub fn sweep_left_behind(
+        &mut self,
+        v4: &[(FlowKey, FlowEntry)],
+        v6: &[(FlowKey6, FlowEntry6)],
+    ) -> Swept {
+        let mut own4 = std::collections::HashSet::new();
+        let mut own6 = std::collections::HashSet::new();
+        for f in self.flows.values() {
+            match &f.keys {
+                Keys::V4(k) => own4.extend(k.iter().copied()),
+                Keys::V6(k) => own6.extend(k.iter().copied()),
+            }
+        }
+        let left4: Vec<&(FlowKey, FlowEntry)> = v4
+            .iter()
+            .filter(|(k, e)| e.flags & FLAG_OFFLOADED != 0 && !own4.contains(k))
+            .collect();
+        let left6: Vec<&(FlowKey6, FlowEntry6)> = v6
+            .iter()
+            .filter(|(k, e)| e.flags & FLAG_OFFLOADED != 0 && !own6.contains(k))
+            .collect();
+        let mut swept = Swept::default();
+        let mut connections = 0;
+        for (k, e) in &left4 {
+            if carries(e.lease) {
+                let _ = self.table.swap_lease(k, e.lease, LEASE_HANDED_BACK);
+            }
+        }
+        for (k, e) in &left6 {
+            if carries(e.lease) {
+                let _ = self.table.swap_lease6(k, e.lease, LEASE_HANDED_BACK);
+            }
+        }
+        for (k, e) in left4 {
+            self.table.remove(k);
+            swept.count(e.lease, e.flags, &mut connections);
+        }
+        for (k, e) in left6 {
+            self.table.remove6(k);
+            swept.count(e.lease, e.flags, &mut connections);
+        }
+        self.stats.ended_destroyed += connections;
+        swept
+    }
+
     /// Starts over from a dump of the kernel's table: connections the
     /// kernel no longer has leave XDP, eligible ones are offloaded.
     pub fn resync(&mut self, dump: &[Conn], now_ns: u64) {
@@ -1959,36 +2018,28 @@ fn refresh_while_established<K: Kernel>(
     Ok(false)
 }
 
-/// Whether an XDP entry with `flags` and `lease` is an offloaded one
-/// written and not (yet) activated ([`LEASE_PENDING`]).
-#[must_use]
-pub const fn pending(flags: u8, lease: u32) -> bool {
-    flags & FLAG_OFFLOADED != 0 && lease == LEASE_PENDING
+/// What [`Offloader::sweep_left_behind`] removed, in entries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Left pending ([`LEASE_PENDING`]).
+    pub pending: u64,
+    /// Of connections the kernel no longer has (carrying or handed back).
+    pub ended: u64,
 }
 
-/// Removes the entries of `v4` and `v6` (the XDP tables' entries, as read)
-/// that a daemon left pending ([`LEASE_PENDING`]): one killed between
-/// writing a pair and activating it. The data path passes every packet of
-/// such a pair to the kernel until the pair is evicted or overwritten.
-/// Only the daemon writes pending entries, and it activates or removes
-/// each pair before it reads the next event, so once a starting daemon
-/// has offloaded its first dump every pending entry is stale. Returns how
-/// many entries it removed.
-pub fn sweep_pending<T: Table>(
-    table: &mut T,
-    v4: &[(FlowKey, FlowEntry)],
-    v6: &[(FlowKey6, FlowEntry6)],
-) -> u64 {
-    let mut removed = 0;
-    for (k, _) in v4.iter().filter(|(_, e)| pending(e.flags, e.lease)) {
-        table.remove(k);
-        removed += 1;
+impl Swept {
+    /// One entry removed, with its lease and flags; `connections` counts
+    /// the ended connections (their original direction's entries).
+    fn count(&mut self, lease: u32, flags: u8, connections: &mut u64) {
+        if lease == LEASE_PENDING {
+            self.pending += 1;
+        } else {
+            self.ended += 1;
+            if flags & FLAG_ORIGINAL != 0 {
+                *connections += 1;
+            }
+        }
     }
-    for (k, _) in v6.iter().filter(|(_, e)| pending(e.flags, e.lease)) {
-        table.remove6(k);
-        removed += 1;
-    }
-    removed
 }
 
 /// Writes a connection's two entries, reply direction first: a packet of
@@ -3494,7 +3545,13 @@ mod tests {
         o.table.1.insert(k6.reversed(), pending6);
         let before: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
         let before6: Vec<_> = o.table.1.iter().map(|(k, e)| (*k, *e)).collect();
-        assert_eq!(sweep_pending(&mut o.table, &before, &before6), 4);
+        assert_eq!(
+            o.sweep_left_behind(&before, &before6),
+            Swept {
+                pending: 4,
+                ended: 0
+            }
+        );
         assert!(o.table.1.is_empty());
         assert!(!o.table.0.contains_key(&left) && !o.table.0.contains_key(&left.reversed()));
         assert!(o.table.0.contains_key(&standalone));
@@ -3503,6 +3560,51 @@ mod tests {
             assert!(o.table.0[&k].lease > LEASE_PENDING, "{k:?}");
         }
         assert_eq!(o.table.0.len(), 3);
+    }
+
+    /// A connection offloaded by an earlier daemon and deleted from the
+    /// kernel's table while no daemon ran (`conntrack -D` after a new
+    /// firewall rule): the starting daemon removes its carrying pair (its
+    /// packets meet the firewall again), counted as ended; the connection
+    /// the kernel still has is taken over and stays.
+    #[test]
+    fn a_starting_daemon_removes_pairs_of_connections_the_kernel_ended() {
+        let kept = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        let mut ended = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        ended.orig.sport = 5001;
+        ended.reply.dport = 61001;
+        // The earlier daemon offloaded both.
+        let mut earlier = offloader(&[&kept, &ended]);
+        earlier.resync(&[kept.clone(), ended.clone()], 10);
+        assert_eq!(earlier.len(), 2);
+        let table = std::mem::take(&mut earlier.table);
+        let ended_keys = [flow_key(&ended.orig), flow_key(&ended.reply)];
+        for k in &ended_keys {
+            assert!(carries(table.0[k].lease), "{k:?}");
+        }
+        // The new one finds only `kept` in the kernel.
+        let mut o = offloader_on(&[&kept], table, FakeKernel::default());
+        o.resync(std::slice::from_ref(&kept), 20);
+        assert_eq!(o.len(), 1);
+        let v4: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
+        let destroyed = o.stats.ended_destroyed;
+        assert_eq!(
+            o.sweep_left_behind(&v4, &[]),
+            Swept {
+                pending: 0,
+                ended: 2
+            }
+        );
+        assert_eq!(o.stats.ended_destroyed, destroyed + 1);
+        for k in &ended_keys {
+            assert!(!o.table.0.contains_key(k), "{k:?}");
+        }
+        for k in [flow_key(&kept.orig), flow_key(&kept.reply)] {
+            assert!(carries(o.table.0[&k].lease), "{k:?}");
+        }
+        // Nothing more on a second look.
+        let v4: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
+        assert_eq!(o.sweep_left_behind(&v4, &[]), Swept::default());
     }
 
     /// Every look the witness waits allow after the first one at `first_ns`,

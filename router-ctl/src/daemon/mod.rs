@@ -96,32 +96,45 @@ fn resync_or_retry(off: &mut Daemon, why: &str) {
     }
 }
 
-/// Removes the XDP entries an earlier daemon left pending (killed between
-/// writing a pair and activating it: the data path passes the pair's
-/// packets to the kernel until it is evicted). Runs after the first
-/// resync, when every pair this daemon wrote is active or removed again.
-fn sweep_stale_pending(off: &mut Daemon) -> Result<u64> {
-    let pending = |e: &FlowEntry| offload::pending(e.flags, e.lease);
-    let pending6 = |e: &FlowEntry6| offload::pending(e.flags, e.lease);
+/// Removes the XDP entries an earlier daemon left behind: pending ones
+/// (killed between writing a pair and activating it) and those of
+/// connections the kernel no longer has (ended by `conntrack -D` or `-F`
+/// while no daemon ran). Runs after the first resync, when every
+/// connection the kernel still has is taken over
+/// ([`Offloader::sweep_left_behind`]). Returns the pending entries removed.
+fn sweep_left_behind(off: &mut Daemon) -> Result<u64> {
+    use router_common::maps::FLAG_OFFLOADED;
+    let offloaded = |e: &FlowEntry| e.flags & FLAG_OFFLOADED != 0;
+    let offloaded6 = |e: &FlowEntry6| e.flags & FLAG_OFFLOADED != 0;
     let t = &off.table;
-    let v4 = maps::snapshot_where(&t.v4, maps::capacity(&t.v4)?, pending)
-        .context("reading CONNTRACK for entries left pending")?;
+    let v4 = maps::snapshot_where(&t.v4, maps::capacity(&t.v4)?, offloaded)
+        .context("reading CONNTRACK for entries an earlier daemon left")?;
     let v6 = match &t.v6 {
-        Some(m) => maps::snapshot_where(m, maps::capacity(m)?, pending6)
-            .context("reading CONNTRACK6 for entries left pending")?,
+        Some(m) => maps::snapshot_where(m, maps::capacity(m)?, offloaded6)
+            .context("reading CONNTRACK6 for entries an earlier daemon left")?,
         None => Vec::new(),
     };
-    let removed = offload::sweep_pending(&mut off.table, &v4, &v6);
-    if removed > 0 {
+    let swept = off.sweep_left_behind(&v4, &v6);
+    if swept.pending > 0 {
         tracing::info!(
-            "removed {removed} XDP entries left pending by an earlier daemon (killed between \
-             writing a connection's entries and activating them); the kernel carried their \
-             packets meanwhile"
+            "removed {} XDP entries left pending by an earlier daemon (killed between writing \
+             a connection's entries and activating them); the kernel carried their packets \
+             meanwhile",
+            swept.pending
         );
-    } else {
-        tracing::debug!("no XDP entries left pending by an earlier daemon");
     }
-    Ok(removed)
+    if swept.ended > 0 {
+        tracing::info!(
+            "removed {} XDP entries an earlier daemon offloaded of connections the kernel no \
+             longer has (ended while no daemon ran, by `conntrack -D` or `-F` or their \
+             timeout): their packets now meet the firewall",
+            swept.ended
+        );
+    }
+    if swept == offload::Swept::default() {
+        tracing::debug!("no XDP entries left behind by an earlier daemon");
+    }
+    Ok(swept.pending)
 }
 
 fn apply_events(off: &mut Daemon, events: impl IntoIterator<Item = Event>) {
@@ -246,7 +259,7 @@ impl Session {
             let s = CtSocket::events(EVENT_RCVBUF)
                 .context("subscribing to conntrack events (ctnetlink)")?;
             resync(&mut off)?;
-            stale_pending_removed = sweep_stale_pending(&mut off)?;
+            stale_pending_removed = sweep_left_behind(&mut off)?;
             Some(EventSocket::Waited(
                 EventSocket::register(s)
                     .map_err(|e| io::Error::other(e.to_string()))

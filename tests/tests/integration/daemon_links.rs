@@ -713,10 +713,13 @@ fn pinned_table<K: aya::Pod, V: aya::Pod>(t: &Topology, name: &str) -> HashMap<M
 /// activating them leaves the pair pending: the data path would pass its
 /// packets to the kernel until the entries are evicted. The next daemon
 /// removes such pairs (IPv4 and IPv6) once it has offloaded the kernel's
-/// table, and counts them; an active offloaded pair stays.
+/// table, and counts them; so it does with an active offloaded pair of a
+/// connection the kernel does not have (ended while no daemon ran). An
+/// entry the data path admitted itself (standalone mode before a switch)
+/// stays.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn daemon_start_removes_pairs_left_pending() {
+fn daemon_start_removes_pairs_left_pending_or_ended() {
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
     t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
@@ -738,9 +741,18 @@ fn daemon_start_removes_pairs_left_pending() {
         [orig, reply]
     };
     let left = pair(&mut v4, 40001, LEASE_PENDING);
-    // Active for ten minutes (a flow the kernel no longer has, which the
-    // daemon does not know: its lease ends it, not the sweep).
+    // Active for ten minutes, of a flow the kernel no longer has.
     let active = pair(&mut v4, 40002, lease_tick(tests::prog::now_ns()) + 600);
+    let admitted_by_xdp = FlowKey::new([192, 168, 1, 3], [198, 51, 100, 7], 40004, 53, IPPROTO_UDP);
+    v4.insert(
+        admitted_by_xdp,
+        FlowEntry {
+            flags: FLAG_ORIGINAL,
+            ..entry(admitted_by_xdp.reversed(), 0, 0)
+        },
+        0,
+    )
+    .unwrap();
     let orig6 = FlowKey6::new([0xfd; 16], [0x20; 16], 40003, 53, IPPROTO_UDP);
     let pending6 = FlowEntry6 {
         state: FlowState::UdpReplied as u8,
@@ -776,13 +788,18 @@ fn daemon_start_removes_pairs_left_pending() {
     }
     for k in active {
         assert!(
-            v4.get(&k, 0).is_ok(),
-            "active {k:?} removed:\n{}",
+            v4.get(&k, 0).is_err(),
+            "active {k:?} of an ended flow still there:\n{}",
             daemon.log()
         );
     }
+    assert!(v4.get(&admitted_by_xdp, 0).is_ok(), "{}", daemon.log());
     let log = daemon.log();
     assert!(log.contains("removed 4 XDP entries left pending"), "{log}");
+    assert!(
+        log.contains("removed 2 XDP entries an earlier daemon offloaded of connections the kernel no longer has"),
+        "{log}"
+    );
     assert_eq!(daemon_health(&t)["stale_pending_removed"], 4);
     let srv = Server::start(&t);
     assert!((sample(&srv, "xdp_router_daemon_stale_pending_removed_total") - 4.0).abs() < 0.5);

@@ -1387,6 +1387,47 @@ fn offload_restarted_daemon_takes_the_carried_flows_over_as_they_are() {
     assert!(offloaded_udp_42000(&t).is_some(), "{}", show());
 }
 
+/// The owner blocks a flow (a rule, then `conntrack -D`, as told for
+/// offloaded flows) while no daemon runs (a restart, an upgrade): the
+/// daemon that starts removes the XDP entries of the connection the kernel
+/// no longer has, so the rule drops its next datagrams at once, not only
+/// once the lease runs out.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_a_flow_ended_while_no_daemon_ran_leaves_xdp_when_one_starts() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    let (_srv, mut daemon, udp) = with_an_offloaded_udp_flow(&t);
+    daemon.kill9();
+    block_udp_port_now(&t, 7000);
+    t.exec_ok(
+        Ns::Router,
+        &["conntrack", "-D", "-p", "udp", "--orig-port-src", "42000"],
+    );
+    assert!(
+        offloaded_udp_42000(&t).is_some(),
+        "carried until a daemon starts"
+    );
+    let ended = offload_count(&t, "ended_destroyed");
+    let daemon = Daemon::start(&t, &[]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    assert!(offloaded_udp_42000(&t).is_none(), "{}", show());
+    assert!(
+        daemon
+            .log()
+            .contains("of connections the kernel no longer has"),
+        "{}",
+        show()
+    );
+    assert_eq!(
+        offload_count(&t, "ended_destroyed"),
+        ended + 1,
+        "{}",
+        show()
+    );
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 0, "{}", show());
+}
+
 /// A firewall rule added later does not stop a flow already offloaded (as
 /// with `nf_flowtable`): its packets do not reach the firewall. Ending the
 /// flow in the kernel's conntrack (`conntrack -D`) does: the daemon ends
