@@ -5,7 +5,7 @@
 use crate::maps::{
     FLAG_FIN_ORIG, FLAG_FIN_REPLY, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowEntry, FlowKey, FlowState,
     IPPROTO_ICMP, IPPROTO_TCP, LEASE_HANDED_BACK, LEASE_PENDING, TCP_TRACK_EXPECT, TCP_TRACK_KNOWN,
-    TCP_TRACK_SYN, TcpWindow, Timeouts,
+    TCP_TRACK_LEARN, TCP_TRACK_SYN, TcpWindow, Timeouts,
 };
 
 /// How often (at most) the data path writes `last_seen_ns` of a flow: the
@@ -327,15 +327,42 @@ pub const fn tcp_observe(t: TcpWindow, seg: &Segment, refresh: bool) -> TcpWindo
 /// as for connections it picked up mid-stream).
 #[must_use]
 pub const fn in_window(rcv: &TcpWindow, seg: &Segment) -> bool {
+    control_in_window(rcv, seg.seq, seg.len, seg.flags)
+}
+
+/// [`in_window`] of the RST or FIN with sequence number `seq`, `len`
+/// payload bytes and control bits `flags` (for a caller without a
+/// [`Segment`] at hand: the data path's offloaded hit).
+#[must_use]
+pub const fn control_in_window(rcv: &TcpWindow, seq: u32, len: u16, flags: u8) -> bool {
     if rcv.flags & TCP_TRACK_KNOWN == 0 {
         return true;
     }
     let reach = window_bytes(rcv) + ack_step(rcv);
-    if seg.flags & TCP_RST != 0 {
-        return seg.seq.wrapping_sub(rcv.ack) <= reach;
+    if flags & TCP_RST != 0 {
+        return seq.wrapping_sub(rcv.ack) <= reach;
     }
-    let end = seg.end().wrapping_sub(rcv.ack);
-    end != 0 && end <= reach + seg.len as u32 + 1
+    let syn = (flags & TCP_SYN != 0) as u32;
+    let fin = (flags & TCP_FIN != 0) as u32;
+    let end = seq
+        .wrapping_add(len as u32)
+        .wrapping_add(syn + fin)
+        .wrapping_sub(rcv.ack);
+    end != 0 && end <= reach + len as u32 + 1
+}
+
+/// An offloaded connection's direction whose tracking waits to learn
+/// ([`TCP_TRACK_LEARN`]: its window scale from the kernel's conntrack)
+/// takes the acknowledgement `ack` and window `win` of the first ACK
+/// segment it sends (control bits `flags`) and becomes
+/// [`TCP_TRACK_KNOWN`]; from then on [`tcp_observe`] follows it. Written
+/// in place (the data path's entry), field by field.
+pub const fn tcp_learn(t: &mut TcpWindow, ack: u32, win: u16, flags: u8) {
+    if t.flags == TCP_TRACK_LEARN && flags & TCP_ACK != 0 {
+        t.ack = ack;
+        t.win = win;
+        t.flags = TCP_TRACK_KNOWN;
+    }
 }
 
 /// The tracking of the direction that opens a flow with the SYN `syn`:
@@ -1205,6 +1232,46 @@ mod tests {
             tcp_observe(UNTRACKED, &seg(TCP_ACK, 1, 2, 3), true),
             UNTRACKED
         );
+    }
+
+    /// An offloaded connection's direction (its shift from the kernel)
+    /// learns its acknowledgement and window from its first ACK segment;
+    /// from then on a RST towards it is judged.
+    #[test]
+    fn an_offloaded_direction_learns_its_window_from_its_first_ack() {
+        let learning = TcpWindow {
+            wscale: 7,
+            flags: TCP_TRACK_LEARN,
+            ..TcpWindow::default()
+        };
+        // A bare RST teaches nothing; until it learned, a RST is taken as
+        // it comes, and `tcp_observe` leaves it as it is.
+        let mut t = learning;
+        tcp_learn(&mut t, 9, 0, TCP_RST);
+        assert_eq!(t, learning);
+        assert!(in_window(&t, &seg(TCP_RST, 1, 0, 0)));
+        assert_eq!(tcp_observe(t, &seg(TCP_ACK, 5000, 70_000, 500), true), t);
+        tcp_learn(&mut t, 70_000, 500, TCP_ACK);
+        assert_eq!(
+            t,
+            TcpWindow {
+                ack: 70_000,
+                win: 500,
+                wscale: 7,
+                flags: TCP_TRACK_KNOWN
+            }
+        );
+        // Once known, never again: `tcp_observe` follows it.
+        tcp_learn(&mut t, 1, 1, TCP_ACK);
+        assert_eq!(t.ack, 70_000);
+        // 500 << 7 = 64,000 bytes of window, a step of half of it.
+        assert!(in_window(&t, &seg(TCP_RST, 70_000 + 64_000, 0, 0)));
+        assert!(!in_window(&t, &seg(TCP_RST, 70_000 + 96_001, 0, 0)));
+        assert!(!in_window(&t, &seg(TCP_RST, 69_000, 0, 0)));
+        assert!(control_in_window(&t, 70_000 + 10, 0, TCP_RST));
+        // A FIN must end after what the receiver acknowledged.
+        assert!(!control_in_window(&t, 60_000, 0, TCP_FIN | TCP_ACK));
+        assert!(control_in_window(&t, 70_000, 0, TCP_FIN | TCP_ACK));
     }
 
     proptest! {

@@ -389,6 +389,13 @@ pub const TCP_TRACK_SYN: u8 = 2;
 /// the acknowledgement it must send, not one it sent; its segments do not
 /// move it.
 pub const TCP_TRACK_EXPECT: u8 = 4;
+/// The window scale ([`TcpWindow::wscale`]) is known, the acknowledgement
+/// and window not yet: an offloaded connection's entry, whose handshake
+/// the kernel saw and the data path did not (the offload daemon writes the
+/// shift from the kernel's conntrack). The first ACK segment this
+/// direction sends fills [`TcpWindow::ack`] and [`TcpWindow::win`] and
+/// makes it [`TCP_TRACK_KNOWN`] (`flow::tcp_observe`).
+pub const TCP_TRACK_LEARN: u8 = 8;
 
 impl FlowEntry {
     /// Whether packets matching this entry's key arrive on the LAN: the

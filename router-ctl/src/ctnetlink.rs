@@ -56,6 +56,8 @@ const CTA_PROTO_ICMPV6_TYPE: u16 = 8;
 const CTA_PROTO_ICMPV6_CODE: u16 = 9;
 const CTA_PROTOINFO_TCP: u16 = 1;
 const CTA_PROTOINFO_TCP_STATE: u16 = 1;
+const CTA_PROTOINFO_TCP_WSCALE_ORIGINAL: u16 = 2;
+const CTA_PROTOINFO_TCP_WSCALE_REPLY: u16 = 3;
 const CTA_PROTOINFO_TCP_FLAGS_ORIGINAL: u16 = 4;
 const CTA_PROTOINFO_TCP_FLAGS_REPLY: u16 = 5;
 const CTA_COUNTERS_PACKETS: u16 = 1;
@@ -135,6 +137,13 @@ pub struct Conn {
     pub status: u32,
     /// TCP only: `enum tcp_conntrack`.
     pub tcp_state: Option<u8>,
+    /// TCP only: the window scale shift each direction's advertisements
+    /// use (original, reply), as conntrack settled it from the handshake.
+    pub tcp_wscale: Option<[u8; 2]>,
+    /// TCP only: conntrack does not check a direction's window
+    /// ([`TCP_FLAG_BE_LIBERAL`]: picked up mid-stream, or offloaded
+    /// already), so its window scale may not be the connection's.
+    pub tcp_liberal: bool,
     /// Seconds left before the entry expires.
     pub timeout: Option<u32>,
     /// A helper (ALG) is attached, or the entry is an expected one.
@@ -263,10 +272,23 @@ pub fn parse_conn(data: &[u8]) -> Option<Conn> {
             CTA_PROTOINFO => {
                 for (ty, d) in attrs(d) {
                     if ty == CTA_PROTOINFO_TCP {
+                        let mut wscale = [None; 2];
                         for (ty, d) in attrs(d) {
-                            if ty == CTA_PROTOINFO_TCP_STATE {
-                                c.tcp_state = d.first().copied();
+                            match ty {
+                                CTA_PROTOINFO_TCP_STATE => c.tcp_state = d.first().copied(),
+                                CTA_PROTOINFO_TCP_WSCALE_ORIGINAL => wscale[0] = d.first().copied(),
+                                CTA_PROTOINFO_TCP_WSCALE_REPLY => wscale[1] = d.first().copied(),
+                                // `struct nf_ct_tcp_flags`: flags, mask.
+                                CTA_PROTOINFO_TCP_FLAGS_ORIGINAL
+                                | CTA_PROTOINFO_TCP_FLAGS_REPLY => {
+                                    c.tcp_liberal |=
+                                        d.first().is_some_and(|f| f & TCP_FLAG_BE_LIBERAL != 0);
+                                }
+                                _ => {}
                             }
+                        }
+                        if let [Some(o), Some(r)] = wscale {
+                            c.tcp_wscale = Some([o, r]);
                         }
                     }
                 }
@@ -767,8 +789,22 @@ mod tests {
             m.attr(CTA_MARK, &c.mark.to_be_bytes());
         }
         if let Some(s) = c.tcp_state {
+            // In the kernel's order (`tcp_to_nlattr`).
             m.nested(CTA_PROTOINFO, |m| {
-                m.nested(CTA_PROTOINFO_TCP, |m| m.attr(CTA_PROTOINFO_TCP_STATE, &[s]));
+                m.nested(CTA_PROTOINFO_TCP, |m| {
+                    m.attr(CTA_PROTOINFO_TCP_STATE, &[s]);
+                    if let Some([o, r]) = c.tcp_wscale {
+                        m.attr(CTA_PROTOINFO_TCP_WSCALE_ORIGINAL, &[o]);
+                        m.attr(CTA_PROTOINFO_TCP_WSCALE_REPLY, &[r]);
+                        let f = if c.tcp_liberal {
+                            TCP_FLAG_BE_LIBERAL
+                        } else {
+                            0
+                        };
+                        m.attr(CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, &[f, 0]);
+                        m.attr(CTA_PROTOINFO_TCP_FLAGS_REPLY, &[0x04, 0]);
+                    }
+                });
             });
         }
         m.0
@@ -782,11 +818,18 @@ mod tests {
             reply: tuple([203, 0, 113, 2], [203, 0, 113, 1], 6, 80, 40000),
             status: status::CONFIRMED | status::SEEN_REPLY | status::ASSURED,
             tcp_state: Some(tcp_state::ESTABLISHED),
+            tcp_wscale: Some([7, 9]),
             timeout: Some(431_999),
             mark: 0x0100_0002,
             ..Conn::default()
         };
-        assert_eq!(parse_conn(&encoded(&c)), Some(c));
+        assert_eq!(parse_conn(&encoded(&c)), Some(c.clone()));
+        // Liberal in one direction: said so.
+        let liberal = Conn {
+            tcp_liberal: true,
+            ..c
+        };
+        assert_eq!(parse_conn(&encoded(&liberal)), Some(liberal));
     }
 
     #[test]

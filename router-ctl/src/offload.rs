@@ -45,7 +45,8 @@ use std::{
 use router_common::lease_cas::LeaseSwap;
 use router_common::maps::{
     EgressKey, EgressSeen, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6,
-    FlowKey, FlowKey6, FlowState, LEASE_HANDED_BACK, LEASE_PENDING, MAX_ROUTE_MARKS, lease_tick,
+    FlowKey, FlowKey6, FlowState, LEASE_HANDED_BACK, LEASE_PENDING, MAX_ROUTE_MARKS,
+    TCP_TRACK_LEARN, TcpWindow, lease_tick,
 };
 use serde::{Deserialize, Serialize};
 
@@ -247,6 +248,27 @@ fn flow_state(proto: u8) -> FlowState {
     }
 }
 
+/// The window tracking an offloaded TCP connection's direction starts
+/// with (`orig`: the original direction): its window scale as conntrack
+/// settled it from the handshake, to learn the rest from the first ACK
+/// segment it sends ([`TCP_TRACK_LEARN`]), so that a RST or FIN towards it
+/// can be judged: one out of its window (a blind RST, RFC 5961) is carried
+/// like data and changes nothing, instead of handing the connection back
+/// to a kernel that would take it (its window check is off for offloaded
+/// connections, `liberal`), close it and soon forget it. Untracked (taken
+/// as it comes, as before) where conntrack's own check is off already:
+/// picked up mid-stream, or offloaded by an earlier daemon.
+fn tcp_tracking(c: &Conn, orig: bool) -> TcpWindow {
+    match c.tcp_wscale {
+        Some(w) if c.orig.proto == IPPROTO_TCP && !c.tcp_liberal => TcpWindow {
+            wscale: w[usize::from(!orig)],
+            flags: TCP_TRACK_LEARN,
+            ..TcpWindow::default()
+        },
+        _ => TcpWindow::default(),
+    }
+}
+
 /// Both XDP entries of kernel connection `c`, original direction first.
 /// `orig_from_lan`: the original direction arrives on the LAN (else it came
 /// in on the WAN: a port forward). Each entry translates its direction to
@@ -275,6 +297,7 @@ pub fn entries(
         created_ns: now_ns,
         route_mark,
         lease,
+        tcp: tcp_tracking(c, flags & FLAG_ORIGINAL != 0),
         ..FlowEntry::default()
     };
     [
@@ -301,6 +324,7 @@ pub fn entries6(
         state: flow_state(c.orig.proto) as u8,
         flags: flags | side | FLAG_OFFLOADED,
         lease,
+        tcp: tcp_tracking(c, flags & FLAG_ORIGINAL != 0),
         ..FlowEntry6::default()
     };
     [
@@ -2407,6 +2431,38 @@ mod tests {
         // A port forward: the original direction came in on the WAN.
         let [(_, o), (_, r)] = entries(&c, false, 5, 9, 0);
         assert!(!o.lan_side() && r.lan_side());
+    }
+
+    /// A TCP connection's entries start their window tracking from the
+    /// kernel's window scale, each its own direction's, to be learned
+    /// (RFC 5961: RSTs towards them judged); untracked where conntrack's
+    /// own check is off (liberal), and for other protocols.
+    #[test]
+    fn tcp_entries_learn_their_windows_from_the_kernels_scale() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
+        c.tcp_wscale = Some([7, 9]);
+        let learning = |wscale| TcpWindow {
+            wscale,
+            flags: TCP_TRACK_LEARN,
+            ..TcpWindow::default()
+        };
+        let [(_, o), (_, r)] = entries(&c, true, 5, 9, 0);
+        assert_eq!((o.tcp, r.tcp), (learning(7), learning(9)));
+        let mut c6 = c.clone();
+        c6.orig.src = "fd00::2".parse().unwrap();
+        let [(_, o), (_, r)] = entries6(&c6, true, 5, 9);
+        assert_eq!((o.tcp, r.tcp), (learning(7), learning(9)));
+        let liberal = Conn {
+            tcp_liberal: true,
+            ..c.clone()
+        };
+        let [(_, o), (_, r)] = entries(&liberal, true, 5, 9, 0);
+        assert_eq!((o.tcp, r.tcp), (TcpWindow::default(), TcpWindow::default()));
+        let mut udp = masq_udp(CONFIRMED | SEEN_REPLY);
+        udp.tcp_wscale = Some([7, 9]);
+        let [(_, o), _] = entries(&udp, true, 5, 9, 0);
+        assert_eq!(o.tcp, TcpWindow::default());
     }
 
     #[test]

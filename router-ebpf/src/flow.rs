@@ -5,14 +5,15 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     flow::{
-        OffloadedHit, Segment, TCP_CONTROL, expired, needs_refresh, offloaded_hit, tcp_control,
-        tcp_observe,
+        OffloadedHit, Segment, TCP_CONTROL, TCP_SYN, control_in_window, expired, needs_refresh,
+        offloaded_hit, tcp_control, tcp_learn, tcp_observe,
     },
     hdr::{frame, get_addr, get_u16, icmp, ipv4, tcp, udp},
     mapping::outbound_refresh_due,
     maps::{
         Counter, FLAG_MAPPED, FLAG_OFFLOADED, FLAG_ORIGINAL, FlowCount, FlowEntry, FlowKey,
-        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, lease_tick,
+        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TCP_TRACK_LEARN, TcpWindow,
+        lease_tick,
     },
     nat::{rewrite_addrs, rewrite_icmp_echo, rewrite_tcp, rewrite_udp},
 };
@@ -143,12 +144,17 @@ pub fn lookup(key: &FlowKey, side: Ingress<'_>) -> (Option<*mut FlowEntry>, u64)
 /// new connection on the same ports once the kernel has it established).
 /// Checked before [`track`], so the data path's own state machine does not
 /// act on it. The hit path pays one compare of two fields it reads anyway.
+/// A RST or FIN outside the receiver's window ([`blind_control`]) is no
+/// such segment: carried as a hit, it changes nothing.
 #[inline(always)]
-pub fn kernel_segment(e: &mut FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
-    match offloaded_hit(e.flags, e.lease, proto, tcp_flags) {
+pub fn kernel_segment(e: &mut FlowEntry, proto: u8, seg: &Segment) -> Step<()> {
+    match offloaded_hit(e.flags, e.lease, proto, seg.flags) {
         OffloadedHit::Carry => Ok(()),
         OffloadedHit::HandBack => {
             core::hint::cold_path();
+            if seg.flags & TCP_SYN == 0 && blind_control(e, seg.seq, seg.len, seg.flags) {
+                return Ok(());
+            }
             hand_back(e);
             Err(Verdict::pass(Counter::PassOffloadTcpControl))
         }
@@ -164,6 +170,27 @@ pub fn kernel_segment(e: &mut FlowEntry, proto: u8, tcp_flags: u8) -> Step<()> {
             core::hint::cold_path();
             Err(Verdict::pass(Counter::PassOffloadPending))
         }
+    }
+}
+
+/// Whether an offloaded connection's RST or FIN (not a SYN) falls outside
+/// the window of its receiver, whose tracking the other entry holds
+/// (learned from the connection's carried ACKs, `tcp_observe`; untracked
+/// it accepts everything): a blind RST or FIN, whose sender guessed the
+/// tuple but not a sequence number (RFC 5961 3.2, 4.2). Handed back, the
+/// kernel, whose window check is off for offloaded connections, would
+/// take it and close its entry; the receiver would discard it, and the
+/// connection, no longer in the kernel's table, would be cut off by the
+/// firewall at its next packet from the WAN. Carried instead, it is
+/// judged and counted by `track` (`tcp_out_of_window`) like a standalone
+/// flow's. Inline, in the cold branch: as a subprogram of its own the
+/// verifier walked some 46,000 instructions more.
+#[inline(always)]
+fn blind_control(e: &FlowEntry, seq: u32, len: u16, flags: u8) -> bool {
+    match CONNTRACK.get_ptr(&e.peer) {
+        // SAFETY: map value pointer, valid for this run.
+        Some(p) => !control_in_window(unsafe { &(*p).tcp }, seq, len, flags),
+        None => false,
     }
 }
 
@@ -346,6 +373,11 @@ pub fn track_hit(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
         match key.proto {
             // `track` without a refresh: the window tracking only.
             IPPROTO_TCP if seg.flags & TCP_CONTROL == 0 => {
+                if e.tcp.flags == TCP_TRACK_LEARN {
+                    // An offloaded connection's first ACK this way.
+                    tcp_learn(&mut e.tcp, seg.ack, seg.win, seg.flags);
+                    return;
+                }
                 let t = tcp_observe(e.tcp, seg, false);
                 if t != e.tcp {
                     e.tcp = t;

@@ -160,7 +160,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
     let new = if let Some(e) = hit {
         // SAFETY: map value pointer from the lookup, valid for this run.
         let entry = unsafe { &mut *e };
-        flow::kernel_segment(entry, pkt.proto, pkt.seg.flags)?;
+        flow::kernel_segment(entry, pkt.proto, &pkt.seg)?;
         xlat = Xlat::of_entry(entry);
         cached = flow::cached_hop(entry, pkt.total_len, now);
         flow::track_hit(&key, entry, &pkt.seg, now);

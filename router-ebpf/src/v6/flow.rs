@@ -10,13 +10,15 @@ use aya_ebpf::{
 };
 use router_common::{
     flow::{
-        OffloadedHit, Segment, TCP_CONTROL, UNTRACKED, expired, initial_state, needs_refresh,
-        offloaded_hit, open_tracking, tcp_control, tcp_observe, tcp_opens_flow,
+        OffloadedHit, Segment, TCP_CONTROL, TCP_SYN, UNTRACKED, expired, in_window, initial_state,
+        needs_refresh, offloaded_hit, open_tracking, tcp_control, tcp_learn, tcp_observe,
+        tcp_opens_flow,
     },
     ipv6::{IPPROTO_ICMPV6, ipv6},
     maps::{
         Admit, Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6,
-        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TcpWindow, Timeouts, lease_tick,
+        FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TCP_TRACK_LEARN, TcpWindow,
+        Timeouts, lease_tick,
     },
 };
 
@@ -50,12 +52,23 @@ pub fn lookup(key: &FlowKey6, side: Ingress<'_>, now: u64) -> Option<*mut FlowEn
 /// An offloaded flow's TCP FIN, SYN or RST goes to the kernel, which owns
 /// the flow's TCP state and must see its teardown, and the first one hands
 /// the rest of the connection back to it too (as IPv4's
-/// `flow::kernel_segment`; [`OffloadedHit`]). Checked before [`track`].
+/// `flow::kernel_segment`; [`OffloadedHit`]). Checked before [`track`]. A
+/// RST or FIN outside the receiver's window ([`blind_control`]) is no such
+/// segment: carried as a hit, it changes nothing.
 #[inline(always)]
-pub fn kernel_segment(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: u8) -> Step<()> {
+pub fn kernel_segment(
+    ctx: &XdpContext,
+    key: &FlowKey6,
+    e: &mut FlowEntry6,
+    proto: u8,
+    tcp_flags: u8,
+) -> Step<()> {
     match offloaded_hit(e.flags, e.lease, proto, tcp_flags) {
         OffloadedHit::Carry => Ok(()),
         OffloadedHit::HandBack => {
+            if tcp_flags & TCP_SYN == 0 && blind_control(ctx.ctx, key) {
+                return Ok(());
+            }
             hand_back(key, e);
             Err(Verdict::pass(Counter::PassOffloadTcpControl))
         }
@@ -63,6 +76,24 @@ pub fn kernel_segment(key: &FlowKey6, e: &mut FlowEntry6, proto: u8, tcp_flags: 
         OffloadedHit::HandedBack => Err(Verdict::pass(Counter::PassOffloadHandedBack)),
         OffloadedHit::Pending => Err(Verdict::pass(Counter::PassOffloadPending)),
     }
+}
+
+/// Whether an offloaded connection's RST or FIN falls outside the window
+/// of its receiver, the other entry's tracking (as IPv4's
+/// `flow::blind_control`, RFC 5961): the segment's fields read from the
+/// frame into the per-CPU slot. A subprogram: only control segments pay.
+#[inline(never)]
+fn blind_control(md: *mut xdp_md, key: &FlowKey6) -> bool {
+    let (Some(seg), Some(peer)) = (SEGMENT_SCRATCH6.get_ptr_mut(0), peer_entry(key)) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, used by this program run only. Filled inline
+    // (not by `segment`'s subprogram): a third frame on the entry point's
+    // would pass the verifier's 512 bytes.
+    let seg = unsafe { &mut *seg };
+    super::parse::fill_tcp_segment(md, seg);
+    // SAFETY: map value pointer, valid for this run.
+    !in_window(unsafe { &(*peer).tcp }, seg)
 }
 
 /// Ends the lease of both entries of an offloaded flow for good (as
@@ -201,9 +232,14 @@ fn track(md: *mut xdp_md, key: &FlowKey6, e: &mut FlowEntry6, now: u64) {
             // SAFETY: per-CPU slot, used by this program run only.
             let seg = unsafe { &mut *seg };
             fill_tcp_segment(md, seg);
-            let t = tcp_observe(e.tcp, seg, refresh);
-            if t != e.tcp {
-                e.tcp = t;
+            if e.tcp.flags == TCP_TRACK_LEARN {
+                // An offloaded connection's first ACK this way.
+                tcp_learn(&mut e.tcp, seg.ack, seg.win, seg.flags);
+            } else {
+                let t = tcp_observe(e.tcp, seg, refresh);
+                if t != e.tcp {
+                    e.tcp = t;
+                }
             }
             e.state
         }

@@ -61,7 +61,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
     {
         // SAFETY: map value pointer from the lookup, valid for this run;
         // no other reference to the entry is live.
-        flow::kernel_segment(&key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags)?;
+        flow::kernel_segment(ctx, &key, unsafe { &mut *e }, pkt.proto, pkt.tcp_flags)?;
         // SAFETY: as above.
         let cached = flow::cached_hop(unsafe { &*e }, pkt.len, now);
         // SAFETY: as above; no other reference to the entry is live.

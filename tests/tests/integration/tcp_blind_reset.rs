@@ -2,7 +2,8 @@
 //! RST and a blind FIN from the WAN side (a host that knows only the
 //! 4-tuple, with sequence numbers it cannot know), longer than the closing
 //! timeouts; a real RST from the server still closes the flow. IPv4
-//! through the NAT, and IPv6 (routed: its own flow table and parse). And a
+//! through the NAT, and IPv6 (routed: its own flow table and parse), and
+//! in offload mode behind a firewall (IPv4). And a
 //! TTL-limited segment from the server over a live connection gets Time
 //! Exceeded from the router, not a reset.
 
@@ -72,10 +73,23 @@ impl Family {
 /// The TCP flow to the test server's port in `router-ctl conntrack list`.
 fn tcp_flow(t: &Topology, family: Family) -> Value {
     let dst = family.server().to_string();
+    find_tcp_flow(t, family).unwrap_or_else(|| panic!("no tcp flow to {dst}"))
+}
+
+/// [`tcp_flow`], if there is one.
+fn find_tcp_flow(t: &Topology, family: Family) -> Option<Value> {
+    let dst = family.server().to_string();
     t.conntrack()
         .into_iter()
         .find(|f| f["proto"] == "tcp" && f["orig_dst"] == dst.as_str())
-        .unwrap_or_else(|| panic!("no tcp flow to {dst}"))
+}
+
+/// Who admits the connection: the data path (standalone mode), or the
+/// kernel behind a firewall, the daemon offloading it (offload mode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Admit {
+    Xdp,
+    Kernel,
 }
 
 /// Waits on the server's raw socket for the client's one-byte segment
@@ -166,16 +180,31 @@ fn blind_offset(salt: u32) -> u32 {
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn idle_connection_survives_blind_rst_and_fin() {
-    survives_blind_rst_and_fin(Family::V4);
+    survives_blind_rst_and_fin(Family::V4, Admit::Xdp);
 }
 
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn idle_ipv6_connection_survives_blind_rst_and_fin() {
-    survives_blind_rst_and_fin(Family::V6);
+    survives_blind_rst_and_fin(Family::V6, Admit::Xdp);
 }
 
-fn survives_blind_rst_and_fin(family: Family) {
+/// Offload mode: the blind segments hit the offloaded connection, whose
+/// entries learned their windows; handed back, the kernel (its window
+/// check off for offloaded connections) would take the RST, close its
+/// entry after its closing timeout, and the firewall would then drop the
+/// server's next segment.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn idle_offloaded_connection_survives_blind_rst_and_fin() {
+    survives_blind_rst_and_fin(Family::V4, Admit::Kernel);
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of segments, read top to bottom"
+)]
+fn survives_blind_rst_and_fin(family: Family, admit: Admit) {
     let t = Topology::new();
     if matches!(family, Family::V6) {
         v6::enable(&t);
@@ -183,7 +212,24 @@ fn survives_blind_rst_and_fin(family: Family) {
     let closing = CLOSING_SECS.to_string();
     let closed = format!("tcp-closed={closing}");
     let fin_wait = format!("tcp-fin-wait={closing}");
-    attach_and_print(&t, &["--timeout", &closed, "--timeout", &fin_wait]);
+    let _detach = crate::ctl::DetachOnDrop(&t);
+    let _daemon = if admit == Admit::Kernel {
+        crate::offload::install_firewall(&t, crate::offload::Firewall::Nftables);
+        // The kernel's closing timeouts, as short.
+        for state in ["close", "time_wait", "fin_wait", "close_wait", "last_ack"] {
+            let sysctl = format!("net.netfilter.nf_conntrack_tcp_timeout_{state}={closing}");
+            t.exec_ok(Ns::Router, &["sysctl", "-qw", &sysctl]);
+        }
+        t.warm_neighbours();
+        println!(
+            "{}",
+            t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF, "--admit", "kernel"])
+        );
+        Some(crate::offload::Daemon::start(&t, &[]))
+    } else {
+        attach_and_print(&t, &["--timeout", &closed, "--timeout", &fin_wait]);
+        None
+    };
     if matches!(family, Family::V6) {
         v6::resolve_neighbours(&t);
     }
@@ -217,6 +263,12 @@ fn survives_blind_rst_and_fin(family: Family) {
     let mut one = [0u8; 1];
     server.read_exact(&mut one).unwrap();
     assert_eq!(tcp_flow(&t, family)["state"], "ESTABLISHED");
+    let offloaded = |t: &Topology| tcp_flow(t, family)["offloaded"] == true;
+    if admit == Admit::Kernel {
+        assert!(offloaded(&t), "{}", tcp_flow(&t, family));
+        // Each way's window learned: one more segment each way.
+        echo(&mut client, &mut server, b"learn");
+    }
 
     // The blind attacker, from the WAN, with sequence numbers far off.
     let before = t.stats();
@@ -249,11 +301,21 @@ fn survives_blind_rst_and_fin(family: Family) {
         "ESTABLISHED",
         "a blind segment changed the state"
     );
+    if admit == Admit::Kernel {
+        assert_eq!(
+            counter_delta(&before, &after, "pass_offload_tcp_control"),
+            0,
+            "a blind segment handed the connection back"
+        );
+    }
 
     // Idle for longer than the closing timeouts, then the connection works.
     std::thread::sleep(Duration::from_secs(CLOSING_SECS * 2 + 1));
     echo(&mut client, &mut server, b"still here");
     assert_eq!(tcp_flow(&t, family)["state"], "ESTABLISHED");
+    if admit == Admit::Kernel {
+        assert!(offloaded(&t), "{}", tcp_flow(&t, family));
+    }
 
     // A real RST from the server (close with linger 0) closes the flow.
     SockRef::from(&server)
@@ -265,7 +327,22 @@ fn survives_blind_rst_and_fin(family: Family) {
         .read(&mut buf)
         .expect_err("the client sees the reset");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
-    assert_eq!(tcp_flow(&t, family)["state"], "CLOSED");
+    if admit == Admit::Kernel {
+        // Handed back to the kernel, which closed it; the daemon takes
+        // its entries out.
+        read_until(
+            Duration::from_secs(5),
+            || find_tcp_flow(&t, family),
+            Option::is_none,
+        );
+        assert!(
+            find_tcp_flow(&t, family).is_none(),
+            "{:?}",
+            find_tcp_flow(&t, family)
+        );
+    } else {
+        assert_eq!(tcp_flow(&t, family)["state"], "CLOSED");
+    }
 }
 
 /// A TTL-limited segment from the server over a live connection (a

@@ -311,3 +311,144 @@ fn pending_offload_passes_hands_back_and_activates_only_from_pending() {
         assert_eq!(gone, LeaseSwap::Gone);
     });
 }
+
+/// Offload mode, IPv4: an offloaded connection's entries learn their
+/// windows from its first ACK each way (their scale from the kernel's
+/// conntrack, `TCP_TRACK_LEARN`). Then a RST from the WAN outside the
+/// client's window (a blind one, RFC 5961 3.2) is carried to the client,
+/// which discards it, counted out of window, and the connection stays
+/// offloaded: handed back, the kernel (window check off for offloaded
+/// connections) would have closed it. One in the window hands the
+/// connection back to the kernel as before.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn offloaded_connection_carries_a_blind_rst_and_hands_back_a_true_one() {
+    use router_common::maps::{
+        Admit, FLAG_OFFLOADED, LEASE_HANDED_BACK, TCP_TRACK_KNOWN, TCP_TRACK_LEARN, TcpWindow,
+        lease_tick,
+    };
+    let env = ResolvedTopology::new(false);
+    let mut cfg = config(&env);
+    cfg.admit = Admit::Kernel as u8;
+    with_router(&env, Some(cfg), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let orig = tcp_key(CLIENT, 40005, SERVER, 443);
+        let reply = tcp_key(SERVER, 443, WAN, 61005);
+        let lease = lease_tick(now_ns()) + 60;
+        let learning = TcpWindow {
+            wscale: 7,
+            flags: TCP_TRACK_LEARN,
+            ..TcpWindow::default()
+        };
+        let e = |peer: FlowKey, new_src, new_dst, sport, dport, flags| FlowEntry {
+            peer,
+            new_src_addr: new_src,
+            new_dst_addr: new_dst,
+            new_src_port: sport,
+            new_dst_port: dport,
+            state: FlowState::TcpEstablished as u8,
+            flags: flags | FLAG_OFFLOADED,
+            last_seen_ns: now_ns(),
+            lease,
+            tcp: learning,
+            ..FlowEntry::default()
+        };
+        r.put(orig, e(reply, WAN, SERVER, 61005, 443, FLAG_ORIGINAL));
+        r.put(reply, e(orig, SERVER, CLIENT, 443, 40005, 0));
+        // The client acknowledges 5000 with a window of 500 (<< 7: 64,000
+        // bytes); the server 1000 with 300.
+        let seg = |seq, ack, window, flags| Tcp {
+            seq,
+            ack,
+            window,
+            ..Tcp::new(0, 0, flags)
+        };
+        let out = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Tcp {
+                sport: 40005,
+                dport: 443,
+                ..seg(1000, 5000, 500, TCP_ACK)
+            },
+        );
+        r.redirect(
+            "data out",
+            &env.client_sends(&out),
+            lan,
+            &env.to_server(&snat(&out, 61005)),
+            Counter::FwdOutbound,
+            &[],
+        );
+        let known = |ack, win| TcpWindow {
+            ack,
+            win,
+            wscale: 7,
+            flags: TCP_TRACK_KNOWN,
+        };
+        assert_eq!(r.raw_entry(&orig).tcp, known(5000, 500));
+        let from_server = |s: Tcp| {
+            Ipv4::new(
+                SERVER,
+                WAN,
+                Tcp {
+                    sport: 443,
+                    dport: 61005,
+                    ..s
+                },
+            )
+        };
+        let answer = from_server(seg(5000, 1000, 300, TCP_ACK));
+        r.redirect(
+            "data in",
+            &env.server_sends(&answer),
+            wan,
+            &env.to_client(&dnat(&answer, CLIENT, 40005)),
+            Counter::FwdInbound,
+            &[],
+        );
+        assert_eq!(r.raw_entry(&reply).tcp, known(1000, 300));
+
+        // A blind RST, a million bytes past what the client acknowledged.
+        let blind = from_server(seg(1_005_000, 0, 0, TCP_RST));
+        r.redirect(
+            "blind RST in",
+            &env.server_sends(&blind),
+            wan,
+            &env.to_client(&dnat(&blind, CLIENT, 40005)),
+            Counter::FwdInbound,
+            &[Counter::TcpOutOfWindow],
+        );
+        for k in [orig, reply] {
+            let e = r.raw_entry(&k);
+            assert_eq!(
+                (e.lease, e.state),
+                (lease, FlowState::TcpEstablished as u8),
+                "{k:?}"
+            );
+        }
+        r.redirect(
+            "data in after it",
+            &env.server_sends(&answer),
+            wan,
+            &env.to_client(&dnat(&answer, CLIENT, 40005)),
+            Counter::FwdInbound,
+            &[],
+        );
+        // In the client's window: the kernel's.
+        let rst = from_server(seg(5000, 0, 0, TCP_RST));
+        r.pass(
+            "RST in, in the window",
+            &env.server_sends(&rst),
+            wan,
+            Counter::PassOffloadTcpControl,
+        );
+        for k in [orig, reply] {
+            assert_eq!(r.raw_entry(&k).lease, LEASE_HANDED_BACK, "{k:?}");
+        }
+    });
+}

@@ -821,6 +821,98 @@ fn offloaded_tcp6_forwarded_and_control_segments_passed() {
     });
 }
 
+/// Offload mode, IPv6 (as IPv4's
+/// `offloaded_connection_carries_a_blind_rst_and_hands_back_a_true_one`):
+/// the entries learn their windows from the first ACK each way; a RST from
+/// the WAN outside the client's window is carried to it and changes
+/// nothing (RFC 5961 3.2), a FIN likewise; one in the window hands the
+/// connection back.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offloaded_tcp6_carries_a_blind_rst_and_hands_back_a_true_one() {
+    use router_common::maps::{TCP_TRACK_KNOWN, TCP_TRACK_LEARN, TcpWindow};
+    let env = topology();
+    with_router(&env, config(&env, Admit::Kernel), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let orig = key(CLIENT6, 40000, SERVER6, 443, IPPROTO_TCP);
+        let lease = lease_tick(now_ns()) + 60;
+        for (k, mut e) in offloaded(r, &orig, FlowState::TcpEstablished, lease) {
+            e.tcp = TcpWindow {
+                wscale: 7,
+                flags: TCP_TRACK_LEARN,
+                ..TcpWindow::default()
+            };
+            r.put6(&k, &e);
+        }
+        let seg = |sport, dport, seq, ack, window, flags| Tcp {
+            seq,
+            ack,
+            window,
+            ..Tcp::new(sport, dport, flags)
+        };
+        let data = Ipv6::tcp(c, s, &seg(40000, 443, 1000, 5000, 500, TCP_ACK));
+        r.redirect(
+            "data out",
+            &from_client(&env, &data),
+            lan,
+            &to_server(&env, &data),
+            Counter::Fwd6Outbound,
+            &[],
+        );
+        assert_eq!(
+            r.conntrack6()[&orig].tcp,
+            TcpWindow {
+                ack: 5000,
+                win: 500,
+                wscale: 7,
+                flags: TCP_TRACK_KNOWN
+            }
+        );
+        let answer = Ipv6::tcp(s, c, &seg(443, 40000, 5000, 1000, 300, TCP_ACK));
+        r.redirect(
+            "data in",
+            &from_server(&env, &answer),
+            wan,
+            &to_client(&env, &answer),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+        for (what, flags) in [
+            ("blind RST in", TCP_RST),
+            ("blind FIN in", TCP_FIN | TCP_ACK),
+        ] {
+            let blind = Ipv6::tcp(s, c, &seg(443, 40000, 1_005_000, 1000, 300, flags));
+            r.redirect(
+                what,
+                &from_server(&env, &blind),
+                wan,
+                &to_client(&env, &blind),
+                Counter::Fwd6Inbound,
+                &[Counter::TcpOutOfWindow],
+            );
+            for k in [orig, orig.reversed()] {
+                let e = r.conntrack6()[&k];
+                assert_eq!(
+                    (e.lease, e.state),
+                    (lease, FlowState::TcpEstablished as u8),
+                    "{what}: {k:?}"
+                );
+            }
+        }
+        let rst = Ipv6::tcp(s, c, &seg(443, 40000, 5000, 0, 0, TCP_RST));
+        r.pass(
+            "RST in, in the window",
+            &from_server(&env, &rst),
+            wan,
+            Counter::PassOffloadTcpControl,
+        );
+        for k in [orig, orig.reversed()] {
+            assert_eq!(r.conntrack6()[&k].lease, LEASE_HANDED_BACK, "{k:?}");
+        }
+    });
+}
+
 /// The offload daemon's lease compare-and-swap (the real program), loaded
 /// against this router's `CONNTRACK6`.
 fn lease_cas6(r: &Router6) -> LeaseCas {
