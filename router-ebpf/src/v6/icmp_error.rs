@@ -60,12 +60,14 @@ pub fn forward(
         // filter drops if it is addressed to a LAN host, as it drops the
         // inbound traffic itself (REC-10: errors matching no state).
         //
-        // An error quoting a fragment the LAN host sent passes too: the
-        // host fragments for itself and must learn the path's MTU from a
-        // Packet Too Big (RFC 4890 4.3.1; RFC 8201). (Not told apart from
-        // the other error types here: reading the type would grow the
-        // entry point's frame, which this path is inlined into, past the
-        // verifier's limit.)
+        // An error quoting a fragment the LAN host sent passes too
+        // (`pass6_ext_fragment`), and standalone mode's inbound filter
+        // lets only a Packet Too Big of those reach the host (`solicited_at`):
+        // the host fragments for itself and must learn the path's MTU
+        // (RFC 4890 4.3.1; RFC 8201); the other types match no state. (Not
+        // told apart here: reading the type would grow the entry point's
+        // frame, which this path is inlined into, past the verifier's
+        // limit.)
         return Err(Verdict::pass(match Ext::of(proto) {
             Some(ext @ (Ext::Esp | Ext::Ah | Ext::Fragment)) => ext.counter(),
             _ => Counter::PassProtocol,

@@ -307,13 +307,15 @@ pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
 /// WAN, is one standalone mode lets in without a new flow, as the core
 /// does: a TCP or UDP packet, or an `ICMPv6` echo reply, of a live
 /// WAN-side entry (a reply of a known flow); an `ICMPv6` error quoting a
-/// packet of one, or quoting `IPsec` or a fragment (`icmp_error`); ESP or
-/// AH (RFC 6092 REC-21, REC-22); TCP or UDP to a pinhole's port; a later
-/// fragment (of any length: it carries no header to judge, and without its
-/// first fragment the LAN host reassembles nothing, RFC 8200 4.5), or a
-/// first one of `IPsec` or whose TCP or UDP header or echo reply is a
-/// known flow's (the kernel reassembles nothing it forwards; an atomic
-/// fragment, a whole datagram, is judged as one). Also what the core's
+/// packet of one, or quoting `IPsec` (`icmp_error`), and a Packet Too Big
+/// quoting the LAN host's fragment; ESP or AH (RFC 6092 REC-21, REC-22);
+/// TCP or UDP to a pinhole's port; a later fragment (of any length: it
+/// carries no header to judge, and without its first fragment the LAN
+/// host reassembles nothing, RFC 8200 4.5), or a first one of `IPsec`,
+/// whose TCP or UDP header or echo reply is a known flow's, or whose TCP
+/// or UDP header is to a pinhole's port (the kernel reassembles nothing it
+/// forwards; an atomic fragment, a whole datagram, is judged as one, RFC
+/// 6946). Also what the core's
 /// judge asks of its fragments (`pass6_ext_fragment`: a Fragment
 /// header, or an `ICMPv6` error quoting the LAN host's own fragment).
 // A BPF subprogram of its own: its flow key stays off the frames of the
@@ -369,7 +371,13 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
             }
             let (qproto, qdst) = (q[ipv6::NEXT_HEADER], get_addr6(q, ipv6::DST));
             match qproto {
-                next_header::ESP | next_header::AH | next_header::FRAGMENT => return true,
+                next_header::ESP | next_header::AH => return true,
+                // Of the errors quoting the LAN host's own fragment only
+                // Packet Too Big: the host fragments for itself and must
+                // learn the path's MTU (RFC 4890 4.3.1, RFC 8201). The
+                // others match no state (RFC 6092 REC-10): a fragment
+                // quoted carries no port to find one by.
+                next_header::FRAGMENT => return next[0] == icmp6::PACKET_TOO_BIG,
                 IPPROTO_TCP | IPPROTO_UDP => {
                     FlowKey6::new(qdst, qsrc, get_u16(ql4, 2), get_u16(ql4, 0), qproto)
                 }
@@ -396,6 +404,14 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
             let l4 = unsafe { &*(l4 as *const [u8; 8]) };
             match proto {
                 IPPROTO_TCP | IPPROTO_UDP => {
+                    // A first fragment (or an atomic one, a whole datagram:
+                    // RFC 6946) to a pinhole is let in as the pinhole's
+                    // unfragmented packet is: the first packet of a
+                    // conversation may be large (a SIP INVITE, a DNS
+                    // answer over EDNS).
+                    if maps::pinhole(dst, proto, get_u16(l4, 2)) {
+                        return true;
+                    }
                     FlowKey6::new(src, dst, get_u16(l4, 0), get_u16(l4, 2), proto)
                 }
                 IPPROTO_ICMPV6 if l4[0] == icmp6::ECHO_REPLY => {

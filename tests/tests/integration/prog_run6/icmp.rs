@@ -146,6 +146,16 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
             let e = Ipv6::error(s, c, ICMP6_PACKET_TOO_BIG, 1280, q);
             r.drop_frame(what, &from_server(&env, &e), wan, Counter::Drop6Unsolicited);
         }
+        // Of the errors quoting the host's own fragment only Packet Too
+        // Big: a quoted fragment carries no port to find a flow by, and
+        // the others match no state (REC-10).
+        for (what, icmp_type) in [
+            ("unreachable quoting a fragment", ICMP6_DEST_UNREACH),
+            ("time exceeded quoting a fragment", ICMP6_TIME_EXCEEDED),
+        ] {
+            let e = Ipv6::error(s, c, icmp_type, 0, &fragment);
+            r.drop_frame(what, &from_server(&env, &e), wan, Counter::Drop6Unsolicited);
+        }
         let e = Ipv6::error(s, o(LAN_NOBODY6), ICMP6_PACKET_TOO_BIG, 1280, &esp);
         r.drop_frame(
             "PTB quoting another host's ESP",

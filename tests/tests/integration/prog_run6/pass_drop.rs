@@ -505,9 +505,10 @@ fn truncations_and_bad_lengths_dropped() {
 
 /// Fragments from the WAN to a LAN host in standalone mode: a first
 /// fragment goes on to the kernel only if the UDP header it starts with is
-/// a known flow's reply; a later fragment always (it has no header to
-/// judge, and without its first fragment the host reassembles nothing);
-/// a first fragment of no flow is dropped as unsolicited.
+/// a known flow's reply or to a pinhole; a later fragment always (it has
+/// no header to judge, and without its first fragment the host
+/// reassembles nothing); a first fragment of no flow is dropped as
+/// unsolicited.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn inbound_fragments_pass_only_as_part_of_a_known_flow() {
@@ -567,6 +568,35 @@ fn inbound_fragments_pass_only_as_part_of_a_known_flow() {
             wan,
             Counter::Pass6ExtFragment,
         );
+        // To a pinhole: a first fragment (the first datagram of a
+        // conversation may be large, a SIP INVITE) and an atomic fragment
+        // (RFC 6946: a whole datagram), as the pinhole's unfragmented
+        // datagram; to a closed port, neither.
+        let first_to = |dport: u16, more: bool| {
+            let d = Ipv6::udp(s, c, &Udp::new(33000, dport, &[7; 64]));
+            let mut payload = vec![IPPROTO_UDP, 0];
+            payload.extend_from_slice(&u16::from(more).to_be_bytes());
+            payload.extend_from_slice(&[0, 0, 0, 10]);
+            payload.extend_from_slice(&d.payload);
+            Ipv6::new(s, c, 44, payload)
+        };
+        for more in [true, false] {
+            r.drop_frame(
+                &format!("first fragment (more {more}) to a closed port"),
+                &from_server(&env, &first_to(5060, more)),
+                wan,
+                Counter::Drop6Unsolicited,
+            );
+        }
+        r.pinhole(c, IPPROTO_UDP, 5060);
+        for more in [true, false] {
+            r.pass(
+                &format!("first fragment (more {more}) to a pinhole"),
+                &from_server(&env, &first_to(5060, more)),
+                wan,
+                Counter::Pass6ExtFragment,
+            );
+        }
         // IPsec in fragments, as IPsec whole (RFC 6092 REC-21, REC-22).
         let mut esp = vec![50, 0, 0, 1, 0, 0, 0, 10];
         esp.extend_from_slice(&[0x11; 32]);
