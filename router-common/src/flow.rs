@@ -663,6 +663,22 @@ pub enum OffloadedHit {
     Pending,
 }
 
+/// Whether the TCP control segment `tcp_flags` that would hand an
+/// offloaded connection back (its entry's `flags` and `lease`,
+/// [`OffloadedHit::HandBack`]) is judged against its receiver's window
+/// first: a RST or FIN (a SYN always goes to the kernel), arriving on the
+/// WAN (where a blind attacker is; a LAN host's own are taken as they
+/// come, so a spoofed ACK the LAN side learned from cannot hide one), of
+/// an active pair (a pending one is handed back whatever it gets). One out
+/// of the window ([`control_in_window`]) is carried instead (RFC 5961).
+#[must_use]
+pub const fn blind_suspect(flags: u8, lease: u32, tcp_flags: u8) -> bool {
+    tcp_flags & TCP_SYN == 0
+        && tcp_flags & (TCP_RST | TCP_FIN) != 0
+        && !crate::maps::lan_side_of(flags)
+        && lease != LEASE_PENDING
+}
+
 /// What the data path does with a packet of `proto` with TCP flags
 /// `tcp_flags` that hit an entry with `flags` and `lease`. Only the TCP
 /// control segments of offloaded flows and the packets of handed-back
@@ -1232,6 +1248,34 @@ mod tests {
             tcp_observe(UNTRACKED, &seg(TCP_ACK, 1, 2, 3), true),
             UNTRACKED
         );
+    }
+
+    #[test]
+    fn only_wan_rsts_and_fins_of_active_pairs_are_judged() {
+        use crate::maps::FLAG_PORT_FORWARD;
+        let live = 1000;
+        // The reply entry of a masqueraded connection: WAN side.
+        assert!(blind_suspect(FLAG_OFFLOADED, live, TCP_RST));
+        assert!(blind_suspect(FLAG_OFFLOADED, live, TCP_FIN | TCP_ACK));
+        assert!(!blind_suspect(FLAG_OFFLOADED, live, TCP_SYN));
+        assert!(!blind_suspect(FLAG_OFFLOADED, live, TCP_SYN | TCP_RST));
+        assert!(!blind_suspect(FLAG_OFFLOADED, LEASE_PENDING, TCP_RST));
+        // The LAN side: the opening direction, or a port forward's answer.
+        assert!(!blind_suspect(
+            FLAG_OFFLOADED | FLAG_ORIGINAL,
+            live,
+            TCP_RST
+        ));
+        assert!(!blind_suspect(
+            FLAG_OFFLOADED | FLAG_PORT_FORWARD,
+            live,
+            TCP_RST
+        ));
+        assert!(blind_suspect(
+            FLAG_OFFLOADED | FLAG_ORIGINAL | FLAG_PORT_FORWARD,
+            live,
+            TCP_RST
+        ));
     }
 
     /// An offloaded connection's direction (its shift from the kernel)

@@ -397,6 +397,13 @@ pub const TCP_TRACK_EXPECT: u8 = 4;
 /// makes it [`TCP_TRACK_KNOWN`] (`flow::tcp_observe`).
 pub const TCP_TRACK_LEARN: u8 = 8;
 
+/// [`FlowEntry::lan_side`] of an entry with `flags` (an IPv6 entry's too:
+/// it never has [`FLAG_HAIRPIN`]).
+#[must_use]
+pub const fn lan_side_of(flags: u8) -> bool {
+    (flags & FLAG_ORIGINAL != 0) != (flags & FLAG_PORT_FORWARD != 0) || flags & FLAG_HAIRPIN != 0
+}
+
 impl FlowEntry {
     /// Whether packets matching this entry's key arrive on the LAN: the
     /// opening direction of a masqueraded flow, or the answering direction
@@ -404,8 +411,7 @@ impl FlowEntry {
     /// side, so a tuple replayed on the other interface is no hit.
     #[must_use]
     pub const fn lan_side(&self) -> bool {
-        (self.flags & FLAG_ORIGINAL != 0) != (self.flags & FLAG_PORT_FORWARD != 0)
-            || self.flags & FLAG_HAIRPIN != 0
+        lan_side_of(self.flags)
     }
 
     /// Forgets the cached next hop (the FIB is asked on the next packet).

@@ -546,11 +546,6 @@ pub trait Kernel {
     /// The kernel's TCP connection with original tuple `orig` as it is
     /// now; `None` when the kernel no longer has it.
     fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>>;
-    /// The TCP state the kernel's connection with original tuple `orig` is
-    /// in now; `None` when the kernel no longer has it.
-    fn tcp_state(&mut self, orig: &Tuple) -> io::Result<Option<u8>> {
-        Ok(self.tcp_now(orig)?.map(|t| t.state))
-    }
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
     /// Whether IPv4's and IPv6's policy rules route some packets by more
@@ -614,6 +609,10 @@ pub struct TcpNow {
     pub state: u8,
     /// The reply tuple: the translation.
     pub reply: Tuple,
+    /// The window scale of each direction (original, reply) while
+    /// conntrack checks the connection's windows (`None` once it is
+    /// liberal, or when the kernel did not say).
+    pub scales: Option<[u8; 2]>,
 }
 
 /// The kernel's idle timeouts (seconds) for the states XDP carries.
@@ -1258,6 +1257,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
             _ => return Err("not_lan_wan"),
         };
+        // Both data paths key echo flows by side (requests from the LAN,
+        // replies from the WAN): a ping from the WAN to a LAN host (a
+        // port-forwarded host's, an IPv6 host's the firewall lets be
+        // pinged) would be written and never carried, and shown as
+        // offloaded.
+        if !orig_from_lan && matches!(c.orig.proto, IPPROTO_ICMP | IPPROTO_ICMPV6) {
+            return Err("inbound_echo");
+        }
         // IPsec: what the kernel encrypts, holds for want of a security
         // association, or accepts only decrypted, the fast path would send
         // or let in as it is.
@@ -1542,6 +1549,33 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         true
     }
 
+    /// What the XDP entries of `c` are written from: a TCP connection as
+    /// the kernel has it now, if still ESTABLISHED, with the window scales
+    /// of this read (an event that did not change the state, a new status
+    /// bit, carries none); another protocol's as it is; `None` (refused or
+    /// failed, counted) otherwise.
+    fn still_established(&mut self, c: &Conn) -> Option<Conn> {
+        if c.orig.proto != IPPROTO_TCP {
+            return Some(c.clone());
+        }
+        match self.kernel.tcp_now(&c.orig) {
+            Ok(Some(now)) if now.state == tcp_state::ESTABLISHED => Some(Conn {
+                tcp_wscale: now.scales,
+                tcp_liberal: false,
+                ..c.clone()
+            }),
+            Ok(_) => {
+                self.refused("tcp_closed_meanwhile");
+                None
+            }
+            Err(e) => {
+                self.stats.errors += 1;
+                tracing::warn!("offload: reading the kernel entry {:?}: {e}", c.orig);
+                None
+            }
+        }
+    }
+
     fn offload(&mut self, c: &Conn, now_ns: u64) {
         let Some((orig_from_lan, route_mark, packet_mark, route_slot)) = self.carried_as(c, now_ns)
         else {
@@ -1558,17 +1592,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // give its closed entry the ESTABLISHED timeout (5 days by
         // default). So the kernel's current state decides; the closing
         // update that follows in the queue finds nothing to end.
-        if c.orig.proto == IPPROTO_TCP {
-            match self.kernel.tcp_state(&c.orig) {
-                Ok(Some(tcp_state::ESTABLISHED)) => {}
-                Ok(_) => return self.refused("tcp_closed_meanwhile"),
-                Err(e) => {
-                    self.stats.errors += 1;
-                    tracing::warn!("offload: reading the kernel entry {:?}: {e}", c.orig);
-                    return;
-                }
-            }
-        }
+        let Some(written_from) = self.still_established(c) else {
+            return;
+        };
         // Kernel first: once the XDP entries exist, the kernel stops seeing
         // the flow's packets, so its window tracking must already be off.
         match refresh_while_established(
@@ -1596,11 +1622,17 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // pending entry (the activation fails). None rides an entry whose
         // activation did not see it.
         let written = if c.orig.src.is_ipv4() {
-            let pair = entries(c, orig_from_lan, now_ns, LEASE_PENDING, route_slot);
+            let pair = entries(
+                &written_from,
+                orig_from_lan,
+                now_ns,
+                LEASE_PENDING,
+                route_slot,
+            );
             write_pair(&mut self.table, &pair, T::insert, T::remove)
                 .map(|()| Keys::V4([pair[0].0, pair[1].0]))
         } else {
-            let pair = entries6(c, orig_from_lan, now_ns, LEASE_PENDING);
+            let pair = entries6(&written_from, orig_from_lan, now_ns, LEASE_PENDING);
             write_pair(&mut self.table, &pair, T::insert6, T::remove6)
                 .map(|()| Keys::V6([pair[0].0, pair[1].0]))
         };
@@ -1912,39 +1944,44 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     }
 
     /// Removes the offloaded entries of `v4` and `v6` (the XDP tables'
-    /// entries, as read) that no connection of this daemon owns: run once
-    /// its first dump is offloaded, every connection the kernel still has
-    /// is taken over ([`Self::resync`]), so what is left an earlier daemon
-    /// wrote for connections the kernel no longer has (a `conntrack -D`
-    /// or `-F` while no daemon ran: the owner ending connections that a
-    /// new firewall rule refuses, which XDP would otherwise carry until
-    /// their leases ran out), or left pending (killed between writing a
-    /// pair and activating it: the data path passes such a pair's packets
-    /// to the kernel until it is evicted). Live leases are handed back
-    /// before any entry is removed, as [`Keys::remove`] does. The entries
-    /// the data path admitted itself (no [`FLAG_OFFLOADED`]: standalone
-    /// mode before a switch) are not touched. The ended connections count
-    /// as `ended_destroyed`.
+    /// entries, as read) that are pending, or of a connection that the
+    /// kernel's table (`dump`, the one this session's first resync read)
+    /// does not have: an earlier daemon wrote them, and the connection
+    /// ended while none ran (a `conntrack -D` or `-F`: the owner ending
+    /// connections that a new firewall rule refuses, which XDP would
+    /// otherwise carry until their leases ran out), or left them pending
+    /// (killed between writing a pair and activating it: the data path
+    /// passes such a pair's packets to the kernel until it is evicted).
+    /// The entries of a connection the kernel has stay, whether this
+    /// session took it over already or decides on it later (a TCP
+    /// connection settling, one waiting for the egress witness). Live
+    /// leases are handed back before any entry is removed, as
+    /// [`Keys::remove`] does. The entries the data path admitted itself
+    /// (no [`FLAG_OFFLOADED`]: standalone mode before a switch) are not
+    /// touched. The ended connections count as `ended_destroyed`.
     pub fn sweep_left_behind(
         &mut self,
         v4: &[(FlowKey, FlowEntry)],
         v6: &[(FlowKey6, FlowEntry6)],
+        dump: &[Conn],
     ) -> Swept {
         let mut own4 = std::collections::HashSet::new();
         let mut own6 = std::collections::HashSet::new();
-        for f in self.flows.values() {
-            match &f.keys {
-                Keys::V4(k) => own4.extend(k.iter().copied()),
-                Keys::V6(k) => own6.extend(k.iter().copied()),
+        for c in dump {
+            if c.orig.src.is_ipv6() {
+                own6.extend([flow_key6(&c.orig), flow_key6(&c.reply)]);
+            } else {
+                own4.extend([flow_key(&c.orig), flow_key(&c.reply)]);
             }
         }
+        let left = |lease: u32, owned: bool| lease == LEASE_PENDING || !owned;
         let left4: Vec<&(FlowKey, FlowEntry)> = v4
             .iter()
-            .filter(|(k, e)| e.flags & FLAG_OFFLOADED != 0 && !own4.contains(k))
+            .filter(|(k, e)| e.flags & FLAG_OFFLOADED != 0 && left(e.lease, own4.contains(k)))
             .collect();
         let left6: Vec<&(FlowKey6, FlowEntry6)> = v6
             .iter()
-            .filter(|(k, e)| e.flags & FLAG_OFFLOADED != 0 && !own6.contains(k))
+            .filter(|(k, e)| e.flags & FLAG_OFFLOADED != 0 && left(e.lease, own6.contains(k)))
             .collect();
         let mut swept = Swept::default();
         let mut connections = 0;
@@ -2247,9 +2284,15 @@ mod tests {
             } else {
                 tcp_state::ESTABLISHED
             };
+            let scales = self
+                .conns
+                .iter()
+                .find(|c| c.orig == *orig && !c.tcp_liberal)
+                .and_then(|c| c.tcp_wscale);
             Ok(self.present.contains(orig).then(|| TcpNow {
                 state,
                 reply: self.replies.get(orig).copied().unwrap_or_default(),
+                scales,
             }))
         }
         fn route(&mut self, addr: IpAddr) -> Option<u32> {
@@ -2319,6 +2362,18 @@ mod tests {
         Tuple {
             src: IpAddr::V4(Ipv4Addr::from(src)),
             dst: IpAddr::V4(Ipv4Addr::from(dst)),
+            proto,
+            sport,
+            dport,
+            icmp: None,
+        }
+    }
+
+    /// An IPv6 tuple, as [`t`].
+    fn t6(src: &str, sport: u16, dst: &str, dport: u16, proto: u8) -> Tuple {
+        Tuple {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
             proto,
             sport,
             dport,
@@ -2463,6 +2518,45 @@ mod tests {
         udp.tcp_wscale = Some([7, 9]);
         let [(_, o), _] = entries(&udp, true, 5, 9, 0);
         assert_eq!(o.tcp, TcpWindow::default());
+    }
+
+    /// The scales come from the kernel's entry as read at the offload: the
+    /// event that made the connection a candidate may carry none (an
+    /// update of a status bit).
+    #[test]
+    fn the_window_scales_come_from_the_kernels_entry_at_the_offload() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
+        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        let in_kernel = Conn {
+            tcp_wscale: Some([7, 9]),
+            ..c.clone()
+        };
+        let mut o = offloader(&[&in_kernel]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        let tcp = |t: &Tuple| o.table.0[&flow_key(t)].tcp;
+        assert_eq!(
+            (tcp(&c.orig).flags, tcp(&c.orig).wscale),
+            (TCP_TRACK_LEARN, 7)
+        );
+        assert_eq!(
+            (tcp(&c.reply).flags, tcp(&c.reply).wscale),
+            (TCP_TRACK_LEARN, 9)
+        );
+        // Liberal in the kernel already: untracked, whatever the event said.
+        let mut d = c.clone();
+        d.orig.sport += 1;
+        d.reply.dport += 1;
+        d.tcp_wscale = Some([7, 9]);
+        let liberal = Conn {
+            tcp_liberal: true,
+            ..d.clone()
+        };
+        let mut o = offloader(&[&liberal]);
+        o.conn(&d, 1);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert_eq!(o.table.0[&flow_key(&d.orig)].tcp, TcpWindow::default());
     }
 
     #[test]
@@ -2791,6 +2885,48 @@ mod tests {
         assert_eq!(o.len(), 1, "{:?}", o.stats);
         assert_eq!(slot_of(&o, &c), Some(1));
         assert_eq!(o.stats.not_offloaded.get("not_lan_wan"), Some(&2));
+    }
+
+    /// A ping from the WAN to a LAN host (IPv6, as a firewall following
+    /// RFC 4890 lets in; IPv4, a port-forwarded host): neither data path
+    /// keys an echo flow that starts on the WAN, so it stays the kernel's
+    /// (`inbound_echo`) rather than shown offloaded and never carried.
+    #[test]
+    fn a_ping_from_the_wan_stays_in_the_kernel() {
+        let ping6 = Conn {
+            orig: Tuple {
+                icmp: Some((ICMPV6_ECHO_REQUEST, 0)),
+                ..t6("2001:db8:1::2", 7, "fd00:50::2", 7, IPPROTO_ICMPV6)
+            },
+            reply: Tuple {
+                icmp: Some((129, 0)),
+                ..t6("fd00:50::2", 7, "2001:db8:1::2", 7, IPPROTO_ICMPV6)
+            },
+            status: CONFIRMED | SEEN_REPLY,
+            ..Conn::default()
+        };
+        let mut ping4 = masq_udp(CONFIRMED | SEEN_REPLY);
+        ping4.orig = Tuple {
+            icmp: Some((ICMP_ECHO_REQUEST, 0)),
+            ..t([198, 51, 100, 2], 7, [203, 0, 113, 1], 7, IPPROTO_ICMP)
+        };
+        ping4.reply = Tuple {
+            icmp: Some((0, 0)),
+            ..t([192, 168, 50, 2], 7, [198, 51, 100, 2], 7, IPPROTO_ICMP)
+        };
+        let mut o = offloader(&[&ping6, &ping4]);
+        o.conn(&ping6, 1);
+        o.conn(&ping4, 1);
+        assert_eq!(o.len(), 0, "{:?}", o.stats);
+        assert_eq!(o.stats.not_offloaded.get("inbound_echo"), Some(&2));
+        // A ping from the LAN is carried.
+        let mut out = ping6.clone();
+        (out.orig, out.reply) = (ping6.reply, ping6.orig);
+        out.orig.icmp = Some((ICMPV6_ECHO_REQUEST, 0));
+        out.reply.icmp = Some((129, 0));
+        let mut o = offloader(&[&out]);
+        o.conn(&out, 1);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
     }
 
     /// A new ct mark on an offloaded connection ends its offload, which is
@@ -3602,7 +3738,7 @@ mod tests {
         let before: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
         let before6: Vec<_> = o.table.1.iter().map(|(k, e)| (*k, *e)).collect();
         assert_eq!(
-            o.sweep_left_behind(&before, &before6),
+            o.sweep_left_behind(&before, &before6, std::slice::from_ref(&c)),
             Swept {
                 pending: 4,
                 ended: 0
@@ -3621,31 +3757,37 @@ mod tests {
     /// A connection offloaded by an earlier daemon and deleted from the
     /// kernel's table while no daemon ran (`conntrack -D` after a new
     /// firewall rule): the starting daemon removes its carrying pair (its
-    /// packets meet the firewall again), counted as ended; the connection
-    /// the kernel still has is taken over and stays.
+    /// packets meet the firewall again), counted as ended; a connection the
+    /// kernel still has stays, taken over or not yet (a TCP connection
+    /// settling under a burst).
     #[test]
     fn a_starting_daemon_removes_pairs_of_connections_the_kernel_ended() {
         let kept = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
         let mut ended = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
         ended.orig.sport = 5001;
         ended.reply.dport = 61001;
-        // The earlier daemon offloaded both.
-        let mut earlier = offloader(&[&kept, &ended]);
-        earlier.resync(&[kept.clone(), ended.clone()], 10);
-        assert_eq!(earlier.len(), 2);
+        let mut later = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        later.orig.sport = 5002;
+        later.reply.dport = 61002;
+        // The earlier daemon offloaded all three.
+        let mut earlier = offloader(&[&kept, &ended, &later]);
+        earlier.resync(&[kept.clone(), ended.clone(), later.clone()], 10);
+        assert_eq!(earlier.len(), 3);
         let table = std::mem::take(&mut earlier.table);
         let ended_keys = [flow_key(&ended.orig), flow_key(&ended.reply)];
         for k in &ended_keys {
             assert!(carries(table.0[k].lease), "{k:?}");
         }
-        // The new one finds only `kept` in the kernel.
-        let mut o = offloader_on(&[&kept], table, FakeKernel::default());
+        // The new one finds `kept` and `later` in the kernel, and has taken
+        // `kept` over only.
+        let dump = [kept.clone(), later.clone()];
+        let mut o = offloader_on(&[&kept, &later], table, FakeKernel::default());
         o.resync(std::slice::from_ref(&kept), 20);
         assert_eq!(o.len(), 1);
         let v4: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
         let destroyed = o.stats.ended_destroyed;
         assert_eq!(
-            o.sweep_left_behind(&v4, &[]),
+            o.sweep_left_behind(&v4, &[], &dump),
             Swept {
                 pending: 0,
                 ended: 2
@@ -3655,12 +3797,14 @@ mod tests {
         for k in &ended_keys {
             assert!(!o.table.0.contains_key(k), "{k:?}");
         }
-        for k in [flow_key(&kept.orig), flow_key(&kept.reply)] {
-            assert!(carries(o.table.0[&k].lease), "{k:?}");
+        for c in [&kept, &later] {
+            for k in [flow_key(&c.orig), flow_key(&c.reply)] {
+                assert!(carries(o.table.0[&k].lease), "{k:?}");
+            }
         }
         // Nothing more on a second look.
         let v4: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
-        assert_eq!(o.sweep_left_behind(&v4, &[]), Swept::default());
+        assert_eq!(o.sweep_left_behind(&v4, &[], &dump), Swept::default());
     }
 
     /// Every look the witness waits allow after the first one at `first_ns`,

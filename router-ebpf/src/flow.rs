@@ -5,8 +5,8 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuArray, programs::XdpContext};
 use router_common::{
     flow::{
-        OffloadedHit, Segment, TCP_CONTROL, TCP_SYN, control_in_window, expired, needs_refresh,
-        offloaded_hit, tcp_control, tcp_learn, tcp_observe,
+        OffloadedHit, Segment, TCP_CONTROL, blind_suspect, control_in_window, expired,
+        needs_refresh, offloaded_hit, tcp_control, tcp_learn, tcp_observe,
     },
     hdr::{frame, get_addr, get_u16, icmp, ipv4, tcp, udp},
     mapping::outbound_refresh_due,
@@ -152,7 +152,9 @@ pub fn kernel_segment(e: &mut FlowEntry, proto: u8, seg: &Segment) -> Step<()> {
         OffloadedHit::Carry => Ok(()),
         OffloadedHit::HandBack => {
             core::hint::cold_path();
-            if seg.flags & TCP_SYN == 0 && blind_control(e, seg.seq, seg.len, seg.flags) {
+            if blind_suspect(e.flags, e.lease, seg.flags)
+                && blind_control(e, seg.seq, seg.len, seg.flags)
+            {
                 return Ok(());
             }
             hand_back(e);
@@ -369,15 +371,15 @@ pub fn rewrite(ctx: &XdpContext, ip: &mut [u8; ipv4::LEN], proto: u8, xlat: &Xla
 /// profile showed to be one of the hit's largest costs.
 #[inline(always)]
 pub fn track_hit(key: &FlowKey, e: &mut FlowEntry, seg: &Segment, now: u64) {
+    if e.tcp.flags == TCP_TRACK_LEARN && key.proto == IPPROTO_TCP && seg.flags & TCP_CONTROL == 0 {
+        // An offloaded connection's first ACK this way, whether a refresh
+        // is due or not (here, not in `track`, whose frame has no room).
+        tcp_learn(&mut e.tcp, seg.ack, seg.win, seg.flags);
+    }
     if !needs_refresh(e.last_seen_ns, now) {
         match key.proto {
             // `track` without a refresh: the window tracking only.
             IPPROTO_TCP if seg.flags & TCP_CONTROL == 0 => {
-                if e.tcp.flags == TCP_TRACK_LEARN {
-                    // An offloaded connection's first ACK this way.
-                    tcp_learn(&mut e.tcp, seg.ack, seg.win, seg.flags);
-                    return;
-                }
                 let t = tcp_observe(e.tcp, seg, false);
                 if t != e.tcp {
                     e.tcp = t;

@@ -470,7 +470,13 @@ pub(super) fn look_again(
         links.recheck = true;
         looked.links_ns = monotonic_ns();
     }
+    let relinked = status.interfaces_relinked;
     links.recheck(ctx, status);
+    if status.interfaces_relinked != relinked {
+        // A LAN made anew has its sysctls at their defaults: standalone
+        // mode's kernel side is looked at now, not in up to 15 s.
+        looked.kernel_side_ns = 0;
+    }
     repair_standalone(ctx, status, &mut looked.kernel_side_ns);
     if std::mem::take(&mut links.shaping_due) {
         looked.shaping_ns = 0;

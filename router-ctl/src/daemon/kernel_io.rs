@@ -232,6 +232,7 @@ impl Kernel for NetlinkKernel {
             Some(TcpNow {
                 state: c.tcp_state?,
                 reply: c.reply,
+                scales: c.tcp_wscale.filter(|_| !c.tcp_liberal),
             })
         }))
     }

@@ -41,7 +41,7 @@ use crate::{
     live::{DaemonView, Live},
     maps::{self},
     nlmsg::Datagrams,
-    offload::{self, KernelTimeouts, OffloadStats, Offloader},
+    offload::{self, Kernel as _, KernelTimeouts, OffloadStats, Offloader},
     service, state, web,
 };
 
@@ -96,13 +96,13 @@ fn resync_or_retry(off: &mut Daemon, why: &str) {
     }
 }
 
-/// Removes the XDP entries an earlier daemon left behind: pending ones
-/// (killed between writing a pair and activating it) and those of
-/// connections the kernel no longer has (ended by `conntrack -D` or `-F`
-/// while no daemon ran). Runs after the first resync, when every
-/// connection the kernel still has is taken over
-/// ([`Offloader::sweep_left_behind`]). Returns the pending entries removed.
-fn sweep_left_behind(off: &mut Daemon) -> Result<u64> {
+/// Removes the XDP entries an earlier session left behind: pending ones
+/// (a daemon killed between writing a pair and activating it) and those
+/// of connections the kernel's `dump` does not have (ended by `conntrack
+/// -D` or `-F` while no daemon ran). Runs after the session's first
+/// resync of `dump` ([`Offloader::sweep_left_behind`]). Returns the
+/// pending entries removed.
+fn sweep_left_behind(off: &mut Daemon, dump: &[crate::ctnetlink::Conn]) -> Result<u64> {
     use router_common::maps::FLAG_OFFLOADED;
     let offloaded = |e: &FlowEntry| e.flags & FLAG_OFFLOADED != 0;
     let offloaded6 = |e: &FlowEntry6| e.flags & FLAG_OFFLOADED != 0;
@@ -114,7 +114,7 @@ fn sweep_left_behind(off: &mut Daemon) -> Result<u64> {
             .context("reading CONNTRACK6 for entries an earlier daemon left")?,
         None => Vec::new(),
     };
-    let swept = off.sweep_left_behind(&v4, &v6);
+    let swept = off.sweep_left_behind(&v4, &v6, dump);
     if swept.pending > 0 {
         tracing::info!(
             "removed {} XDP entries left pending by an earlier daemon (killed between writing \
@@ -258,8 +258,14 @@ impl Session {
         let events = if kernel_mode {
             let s = CtSocket::events(EVENT_RCVBUF)
                 .context("subscribing to conntrack events (ctnetlink)")?;
-            resync(&mut off)?;
-            stale_pending_removed = sweep_left_behind(&mut off)?;
+            // The dump read here, not by `resync`: the sweep asks it which
+            // connections the kernel has.
+            let dump = off
+                .kernel
+                .dump()
+                .context("dumping the kernel's conntrack table (ctnetlink)")?;
+            off.resync(&dump, monotonic_ns());
+            stale_pending_removed = sweep_left_behind(&mut off, &dump)?;
             Some(EventSocket::Waited(
                 EventSocket::register(s)
                     .map_err(|e| io::Error::other(e.to_string()))
@@ -608,6 +614,13 @@ fn follow_attach(
         return;
     };
     let same = now == session.attached;
+    // The same maps on other interfaces: a deleted interface given a new
+    // link (`lifecycle::relink`), not a new attach.
+    let relinked = now.ifindexes != session.attached.ifindexes
+        && AttachedRouter {
+            ifindexes: now.ifindexes,
+            ..session.attached
+        } == now;
     // Unsubscribed while it looked detached (an attach under way): the
     // events since are lost, a re-open reads the table again.
     let unsubscribed = session.kernel_mode && session.events.is_none();
@@ -630,8 +643,11 @@ fn follow_attach(
         return;
     }
     if !same {
-        status.reattaches_followed += 1;
+        if !relinked {
+            status.reattaches_followed += 1;
+        }
         status.interfaces_gone.clear();
+        status.relink_failed = None;
     }
     status.detached = false;
     links.recheck = true;
@@ -640,6 +656,8 @@ fn follow_attach(
          kernel's table",
         if same {
             "the attach again (its maps unchanged)"
+        } else if relinked {
+            "the interface made anew (the maps unchanged)"
         } else {
             "the new attach"
         },

@@ -174,7 +174,13 @@ fn detach_link_pin(path: &Path) {
 /// if it is empty. Returns the names of files left behind that router-ctl
 /// did not make.
 pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
-    for name in LINK_PINS {
+    // A relink cut short may have left a new link under its staging name.
+    let staged = LINK_PINS.map(super::relink::staging_pin);
+    for name in LINK_PINS
+        .iter()
+        .copied()
+        .chain(staged.iter().map(String::as_str))
+    {
         detach_link_pin(&dir.join(name));
     }
     // A replace cut short may have left the new COUNTERS it was about to
@@ -184,6 +190,8 @@ pub fn remove_pins(dir: &Path) -> Result<Vec<String>> {
         .iter()
         .chain(PinnedMaps::NAMES.iter())
         .chain(&ours)
+        .copied()
+        .chain(staged.iter().map(String::as_str))
     {
         let p = dir.join(name);
         match fs::remove_file(&p) {

@@ -48,43 +48,48 @@ pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
     let maps = ctx.maps();
     let mut devices = maps.devices()?;
     let mut done = Vec::new();
+    // Each interface in turn, all of its steps: one that fails leaves the
+    // other's done and in the configuration, and itself as it was (gone,
+    // tried again).
     for &(role, idx) in &back {
         let name = &names[role];
         let prog_id = running
             .link(LINK_PINS[role])
             .map(|l| l.info.prog_id)
             .context("the link lost its interface and cannot be read")?;
+        let mac = netlink::mac(name, idx)?;
         devices
             .insert(idx, idx, None, 0)
             .with_context(|| format!("adding {name} to the device map"))?;
         new_link(ctx, role, name, idx, &modes[role], prog_id)?;
-        done.push((role, idx, netlink::mac(name, idx)?));
-    }
-    let mut cfg = maps.read_config()?;
-    let old_idx = [cfg.lan_ifindex, cfg.wan_ifindex];
-    for &(role, idx, mac) in &done {
+        // The configuration names the new interface: until then the
+        // program passed its frames to the kernel.
+        let mut cfg = maps.read_config()?;
         let c = &mut rec.config;
-        if role == 0 {
+        let old_idx = if role == 0 {
+            let old = cfg.lan_ifindex;
             (cfg.lan_ifindex, cfg.lan_mac) = (idx, mac);
             (c.lan_ifindex, c.lan_mac) = (idx, mac);
+            old
         } else {
+            let old = cfg.wan_ifindex;
             (cfg.wan_ifindex, cfg.wan_mac) = (idx, mac);
             (c.wan_ifindex, c.wan_mac) = (idx, mac);
-        }
-    }
-    maps.config()?
-        .set(0, cfg, 0)
-        .context("writing the configuration with the new interface")?;
-    for &(role, idx, _) in &done {
-        if old_idx[role] != 0 && old_idx[role] != idx {
+            old
+        };
+        maps.config()?
+            .set(0, cfg, 0)
+            .context("writing the configuration with the new interface")?;
+        if old_idx != 0 && old_idx != idx {
             // A leftover entry would only cost a slot.
-            let _ = devices.remove(old_idx[role]);
+            let _ = devices.remove(old_idx);
         }
+        state::save(ctx.ns(), &rec)?;
+        done.push((role, idx));
     }
-    state::save(ctx.ns(), &rec)?;
     let said: Vec<String> = done
         .iter()
-        .map(|&(role, idx, _)| {
+        .map(|&(role, idx)| {
             format!(
                 "{} ({}) was deleted and is back as ifindex {idx}",
                 names[role],
@@ -97,7 +102,7 @@ pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
          kept",
         said.join(", "),
         done.iter()
-            .map(|&(r, _, _)| modes[r].as_str())
+            .map(|&(r, _)| modes[r].as_str())
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -120,7 +125,15 @@ fn check_new(
     // The other side's mode is the one asked for: both sides alike (see
     // the fresh attach).
     let generic = modes.iter().any(|m| m == "generic");
-    let blockers = doctor::attach_blockers(&names[0], &names[1], Some(generic));
+    // Those of the interfaces made anew only: what the other one has, the
+    // attach accepted (or was forced over).
+    let blockers: Vec<String> = doctor::attach_blockers(&names[0], &names[1], Some(generic))
+        .into_iter()
+        .filter(|b| {
+            back.iter()
+                .any(|&(r, _)| b.starts_with(&format!("{}:", names[r])))
+        })
+        .collect();
     if !blockers.is_empty() && !force {
         bail!(Unretryable(format!(
             "{}; the fast path would drop those frames while counting them forwarded: fix it \
@@ -144,14 +157,28 @@ fn new_link(ctx: &Ctx, role: usize, name: &str, idx: u32, mode: &str, prog_id: u
     let link = bpfsys::xdp_link_create(prog.as_fd(), idx, flags).with_context(|| {
         format!("attaching XDP to {name} (made anew) in {mode} mode, as it was")
     })?;
-    // The old link's pin goes first (a pin is not replaced in place); cut
-    // short between the two, the router's pins are incomplete and `attach`
-    // says to detach. Until the configuration names the new interface, the
-    // program passes its frames to the kernel.
+    // Pinned under a name of its own, then renamed over the old link's pin
+    // (one step: the router's pins are never incomplete). A failure before
+    // the rename leaves the old pin, and the new link goes with its fd.
     let path = ctx.pin_dir.join(LINK_PINS[role]);
-    std::fs::remove_file(&path)
-        .with_context(|| format!("removing the old link's pin {}", path.display()))?;
-    bpfsys::obj_pin(link.as_fd(), &path)
-        .with_context(|| format!("pinning the new link at {}", path.display()))?;
-    super::loader::chmod_600(&path)
+    let new = ctx.pin_dir.join(staging_pin(LINK_PINS[role]));
+    let _ = std::fs::remove_file(&new);
+    bpfsys::obj_pin(link.as_fd(), &new)
+        .with_context(|| format!("pinning the new link at {}", new.display()))?;
+    let placed = super::loader::chmod_600(&new).and_then(|()| {
+        std::fs::rename(&new, &path)
+            .with_context(|| format!("renaming {} to {}", new.display(), path.display()))
+    });
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&new);
+    }
+    placed
+}
+
+/// Where [`relink_gone`] pins a new link before it renames it over the
+/// link pin `pin` (a relink cut short may leave it: detach removes it).
+/// No dot: bpffs keeps names with one for itself (`EPERM`).
+#[must_use]
+pub fn staging_pin(pin: &str) -> String {
+    format!("{pin}_new")
 }

@@ -10,9 +10,9 @@ use aya_ebpf::{
 };
 use router_common::{
     flow::{
-        OffloadedHit, Segment, TCP_CONTROL, TCP_SYN, UNTRACKED, expired, in_window, initial_state,
-        needs_refresh, offloaded_hit, open_tracking, tcp_control, tcp_learn, tcp_observe,
-        tcp_opens_flow,
+        OffloadedHit, Segment, TCP_CONTROL, UNTRACKED, blind_suspect, expired, in_window,
+        initial_state, needs_refresh, offloaded_hit, open_tracking, tcp_control, tcp_learn,
+        tcp_observe, tcp_opens_flow,
     },
     ipv6::{IPPROTO_ICMPV6, ipv6},
     maps::{
@@ -66,7 +66,7 @@ pub fn kernel_segment(
     match offloaded_hit(e.flags, e.lease, proto, tcp_flags) {
         OffloadedHit::Carry => Ok(()),
         OffloadedHit::HandBack => {
-            if tcp_flags & TCP_SYN == 0 && blind_control(ctx.ctx, key) {
+            if blind_suspect(e.flags, e.lease, tcp_flags) && blind_control(ctx.ctx, key) {
                 return Ok(());
             }
             hand_back(key, e);

@@ -307,8 +307,9 @@ pub fn unsolicited_at(md: *mut xdp_md, l3: usize) -> bool {
 /// WAN, is one standalone mode lets in without a new flow, as the core
 /// does: a TCP or UDP packet, or an `ICMPv6` echo reply, of a live
 /// WAN-side entry (a reply of a known flow); an `ICMPv6` error quoting a
-/// packet of one, or quoting `IPsec` (`icmp_error`), and a Packet Too Big
-/// quoting the LAN host's fragment; ESP or AH (RFC 6092 REC-21, REC-22);
+/// packet of one, or quoting `IPsec` (`icmp_error`), a Packet Too Big
+/// quoting the LAN host's fragment, another error quoting its first
+/// fragment of a known flow; ESP or AH (RFC 6092 REC-21, REC-22);
 /// TCP or UDP to a pinhole's port; a later fragment (of any length: it
 /// carries no header to judge, and without its first fragment the LAN
 /// host reassembles nothing, RFC 8200 4.5), or a first one of `IPsec`,
@@ -353,39 +354,9 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
             FlowKey6::new(src, dst, id, id, IPPROTO_ICMPV6)
         }
         IPPROTO_ICMPV6 if matches!(next[0], 1..=4) => {
-            // The quoted header and the 8 bytes after it.
-            let quoted = data + l3 + ipv6::LEN + 8;
-            if quoted + ipv6::LEN + 8 > end {
-                return false;
-            }
-            // SAFETY: within the bounds checked just above.
-            let (q, ql4) = unsafe {
-                (
-                    &*(quoted as *const [u8; ipv6::LEN]),
-                    &*((quoted + ipv6::LEN) as *const [u8; 8]),
-                )
-            };
-            let qsrc = get_addr6(q, ipv6::SRC);
-            if qsrc != dst {
-                return false;
-            }
-            let (qproto, qdst) = (q[ipv6::NEXT_HEADER], get_addr6(q, ipv6::DST));
-            match qproto {
-                next_header::ESP | next_header::AH => return true,
-                // Of the errors quoting the LAN host's own fragment only
-                // Packet Too Big: the host fragments for itself and must
-                // learn the path's MTU (RFC 4890 4.3.1, RFC 8201). The
-                // others match no state (RFC 6092 REC-10): a fragment
-                // quoted carries no port to find one by.
-                next_header::FRAGMENT => return next[0] == icmp6::PACKET_TOO_BIG,
-                IPPROTO_TCP | IPPROTO_UDP => {
-                    FlowKey6::new(qdst, qsrc, get_u16(ql4, 2), get_u16(ql4, 0), qproto)
-                }
-                IPPROTO_ICMPV6 if ql4[0] == icmp6::ECHO_REQUEST => {
-                    let id = get_u16(ql4, 4);
-                    FlowKey6::new(qdst, qsrc, id, id, IPPROTO_ICMPV6)
-                }
-                _ => return false,
+            match quoted_key(data + l3 + ipv6::LEN + 8, end, next[0], dst) {
+                Ok(key) => key,
+                Err(solicited) => return solicited,
             }
         }
         next_header::FRAGMENT => {
@@ -424,6 +395,77 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
         _ => return false,
     };
     maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now())
+}
+
+/// The key a reply to the packet that the `ICMPv6` error of type
+/// `icmp_type` to the LAN host `dst` quotes at `quoted` (the frame ends at
+/// `end`) would carry: the flow it is about; `Err` with whether it is let
+/// in all the same (it quotes `IPsec`, or is a Packet Too Big about the
+/// host's fragment) or not (quoting another host's packet, what no flow
+/// keys, a later fragment).
+#[inline(always)]
+fn quoted_key(quoted: usize, end: usize, icmp_type: u8, dst: [u8; 16]) -> Result<FlowKey6, bool> {
+    if quoted + ipv6::LEN + 8 > end {
+        return Err(false);
+    }
+    // SAFETY: within the bounds checked just above.
+    let (q, ql4) = unsafe {
+        (
+            &*(quoted as *const [u8; ipv6::LEN]),
+            &*((quoted + ipv6::LEN) as *const [u8; 8]),
+        )
+    };
+    let qsrc = get_addr6(q, ipv6::SRC);
+    if qsrc != dst {
+        return Err(false);
+    }
+    let (qproto, qdst) = (q[ipv6::NEXT_HEADER], get_addr6(q, ipv6::DST));
+    match qproto {
+        next_header::ESP | next_header::AH => Err(true),
+        // Of the errors quoting the LAN host's own fragment a
+        // Packet Too Big: the host fragments for itself and must
+        // learn the path's MTU (RFC 4890 4.3.1, RFC 8201). The
+        // others only about a first fragment of a known flow, by
+        // the header it starts with; a later one carries no port
+        // to find one by, so it matches no state (RFC 6092 REC-10).
+        next_header::FRAGMENT => {
+            if icmp_type == icmp6::PACKET_TOO_BIG {
+                return Err(true);
+            }
+            let first = quoted + ipv6::LEN + 8;
+            if get_u16(ql4, 2) & 0xfff8 != 0 || first + 8 > end {
+                return Err(false);
+            }
+            // SAFETY: within the bounds checked just above.
+            let fl4 = unsafe { &*(first as *const [u8; 8]) };
+            match ql4[0] {
+                p @ (IPPROTO_TCP | IPPROTO_UDP) => Ok(FlowKey6::new(
+                    qdst,
+                    qsrc,
+                    get_u16(fl4, 2),
+                    get_u16(fl4, 0),
+                    p,
+                )),
+                IPPROTO_ICMPV6 if fl4[0] == icmp6::ECHO_REQUEST => {
+                    let id = get_u16(fl4, 4);
+                    Ok(FlowKey6::new(qdst, qsrc, id, id, IPPROTO_ICMPV6))
+                }
+                _ => Err(false),
+            }
+        }
+        IPPROTO_TCP | IPPROTO_UDP => Ok(FlowKey6::new(
+            qdst,
+            qsrc,
+            get_u16(ql4, 2),
+            get_u16(ql4, 0),
+            qproto,
+        )),
+        IPPROTO_ICMPV6 if ql4[0] == icmp6::ECHO_REQUEST => {
+            let id = get_u16(ql4, 4);
+            Ok(FlowKey6::new(qdst, qsrc, id, id, IPPROTO_ICMPV6))
+        }
+        _ => Err(false),
+    }
 }
 
 /// Whether the destination of the IPv6 packet of `ctx` is one no router

@@ -882,7 +882,9 @@ fn offloaded_tcp6_carries_a_blind_rst_and_hands_back_a_true_one() {
             ("blind RST in", TCP_RST),
             ("blind FIN in", TCP_FIN | TCP_ACK),
         ] {
-            let blind = Ipv6::tcp(s, c, &seg(443, 40000, 1_005_000, 1000, 300, flags));
+            // Before what the client acknowledged: in the server's own
+            // window, out of the receiver's (the client's).
+            let blind = Ipv6::tcp(s, c, &seg(443, 40000, 1010, 1000, 300, flags));
             r.redirect(
                 what,
                 &from_server(&env, &blind),

@@ -146,9 +146,9 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
             let e = Ipv6::error(s, c, ICMP6_PACKET_TOO_BIG, 1280, q);
             r.drop_frame(what, &from_server(&env, &e), wan, Counter::Drop6Unsolicited);
         }
-        // Of the errors quoting the host's own fragment only Packet Too
-        // Big: a quoted fragment carries no port to find a flow by, and
-        // the others match no state (REC-10).
+        // Of the errors quoting the host's own fragment, besides Packet
+        // Too Big, only those about a first fragment of a known flow (the
+        // UDP header it starts with): the others match no state (REC-10).
         for (what, icmp_type) in [
             ("unreachable quoting a fragment", ICMP6_DEST_UNREACH),
             ("time exceeded quoting a fragment", ICMP6_TIME_EXCEEDED),
@@ -156,6 +156,26 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
             let e = Ipv6::error(s, c, icmp_type, 0, &fragment);
             r.drop_frame(what, &from_server(&env, &e), wan, Counter::Drop6Unsolicited);
         }
+        let first_fragment = |sport: u16| {
+            let d = Ipv6::udp(c, s, &Udp::new(sport, 6000, &[1; 24]));
+            let mut payload = vec![17, 0, 0, 1, 0, 0, 0, 7];
+            payload.extend_from_slice(&d.payload);
+            Ipv6::new(c, s, 44, payload).bytes()
+        };
+        let e = Ipv6::error(s, c, ICMP6_DEST_UNREACH, 0, &first_fragment(5000));
+        r.pass(
+            "unreachable quoting a first fragment of the UDP flow",
+            &from_server(&env, &e),
+            wan,
+            Counter::Pass6ExtFragment,
+        );
+        let e = Ipv6::error(s, c, ICMP6_DEST_UNREACH, 0, &first_fragment(5001));
+        r.drop_frame(
+            "unreachable quoting a first fragment of no flow",
+            &from_server(&env, &e),
+            wan,
+            Counter::Drop6Unsolicited,
+        );
         let e = Ipv6::error(s, o(LAN_NOBODY6), ICMP6_PACKET_TOO_BIG, 1280, &esp);
         r.drop_frame(
             "PTB quoting another host's ESP",
