@@ -46,7 +46,7 @@ use router_common::lease_cas::LeaseSwap;
 use router_common::maps::{
     EgressKey, EgressSeen, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry, FlowEntry6,
     FlowKey, FlowKey6, FlowState, LEASE_HANDED_BACK, LEASE_PENDING, MAX_ROUTE_MARKS,
-    TCP_TRACK_LEARN, TcpWindow, lease_tick,
+    TCP_TRACK_KNOWN, TCP_TRACK_LEARN, TcpWindow, lease_tick,
 };
 use serde::{Deserialize, Serialize};
 
@@ -266,6 +266,28 @@ fn tcp_tracking(c: &Conn, orig: bool) -> TcpWindow {
             ..TcpWindow::default()
         },
         _ => TcpWindow::default(),
+    }
+}
+
+/// The window tracking a rewritten entry keeps: `new` (the kernel's, see
+/// [`tcp_tracking`]) unless that is untracked and the entry being
+/// replaced (`old`: its flags, lease and tracking) is an active offloaded
+/// one that tracks or learns: the same connection carried on (a session
+/// re-opened after an attach, a re-created interface, a restart: conntrack
+/// is liberal by then and gives no scale), whose learned windows stay. An
+/// entry a new connection on the same ports would have met was handed
+/// back by its SYN, so it is not active.
+fn kept_tracking(new: TcpWindow, old: Option<(u8, u32, TcpWindow)>) -> TcpWindow {
+    match old {
+        Some((flags, lease, t))
+            if new == TcpWindow::default()
+                && flags & FLAG_OFFLOADED != 0
+                && carries(lease)
+                && t.flags & (TCP_TRACK_KNOWN | TCP_TRACK_LEARN) != 0 =>
+        {
+            t
+        }
+        _ => new,
     }
 }
 
@@ -1622,17 +1644,23 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // pending entry (the activation fails). None rides an entry whose
         // activation did not see it.
         let written = if c.orig.src.is_ipv4() {
-            let pair = entries(
+            let mut pair = entries(
                 &written_from,
                 orig_from_lan,
                 now_ns,
                 LEASE_PENDING,
                 route_slot,
             );
+            for (k, e) in &mut pair {
+                e.tcp = kept_tracking(e.tcp, self.table.get(k).map(|o| (o.flags, o.lease, o.tcp)));
+            }
             write_pair(&mut self.table, &pair, T::insert, T::remove)
                 .map(|()| Keys::V4([pair[0].0, pair[1].0]))
         } else {
-            let pair = entries6(&written_from, orig_from_lan, now_ns, LEASE_PENDING);
+            let mut pair = entries6(&written_from, orig_from_lan, now_ns, LEASE_PENDING);
+            for (k, e) in &mut pair {
+                e.tcp = kept_tracking(e.tcp, self.table.get6(k).map(|o| (o.flags, o.lease, o.tcp)));
+            }
             write_pair(&mut self.table, &pair, T::insert6, T::remove6)
                 .map(|()| Keys::V6([pair[0].0, pair[1].0]))
         };
@@ -2557,6 +2585,53 @@ mod tests {
         o.conn(&d, 1);
         assert_eq!(o.len(), 1, "{:?}", o.stats);
         assert_eq!(o.table.0[&flow_key(&d.orig)].tcp, TcpWindow::default());
+    }
+
+    /// A connection taken over (a restarted daemon, a re-opened session:
+    /// conntrack is liberal by then and gives no scale) keeps the windows
+    /// the data path learned, and one still learning keeps learning.
+    #[test]
+    fn a_taken_over_connection_keeps_its_learned_windows() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
+        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        let fresh = Conn {
+            tcp_wscale: Some([7, 9]),
+            ..c.clone()
+        };
+        let mut earlier = offloader(&[&fresh]);
+        earlier.conn(&c, 1);
+        assert_eq!(earlier.len(), 1, "{:?}", earlier.stats);
+        let known = TcpWindow {
+            ack: 5000,
+            win: 500,
+            wscale: 7,
+            flags: TCP_TRACK_KNOWN,
+        };
+        earlier.table.0.get_mut(&flow_key(&c.orig)).unwrap().tcp = known;
+        let table = std::mem::take(&mut earlier.table);
+        let liberal = Conn {
+            tcp_liberal: true,
+            ..fresh.clone()
+        };
+        let mut o = offloader_on(&[&liberal], table, FakeKernel::default());
+        o.resync(std::slice::from_ref(&liberal), 10);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert_eq!(o.table.0[&flow_key(&c.orig)].tcp, known);
+        let reply = o.table.0[&flow_key(&c.reply)].tcp;
+        assert_eq!((reply.flags, reply.wscale), (TCP_TRACK_LEARN, 9));
+        // Not what a handed-back pair learned: a new connection's.
+        o.table.0.get_mut(&flow_key(&c.orig)).unwrap().lease = LEASE_HANDED_BACK;
+        assert_eq!(
+            kept_tracking(
+                TcpWindow::default(),
+                o.table
+                    .0
+                    .get(&flow_key(&c.orig))
+                    .map(|e| (e.flags, e.lease, e.tcp))
+            ),
+            TcpWindow::default()
+        );
     }
 
     #[test]
