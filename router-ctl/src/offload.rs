@@ -1993,19 +1993,26 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         v6: &[(FlowKey6, FlowEntry6)],
         dump: &[Conn],
     ) -> Swept {
+        // An IPv4 entry by its key and its peer's: one key alone may be
+        // another connection's now (the same mapped port to the same
+        // server after a `conntrack -D`), whose half would rebuild the
+        // ended one's. An IPv6 entry's peer is its key reversed.
         let mut own4 = std::collections::HashSet::new();
         let mut own6 = std::collections::HashSet::new();
         for c in dump {
             if c.orig.src.is_ipv6() {
                 own6.extend([flow_key6(&c.orig), flow_key6(&c.reply)]);
             } else {
-                own4.extend([flow_key(&c.orig), flow_key(&c.reply)]);
+                let (o, r) = (flow_key(&c.orig), flow_key(&c.reply));
+                own4.extend([(o, r), (r, o)]);
             }
         }
         let left = |lease: u32, owned: bool| lease == LEASE_PENDING || !owned;
         let left4: Vec<&(FlowKey, FlowEntry)> = v4
             .iter()
-            .filter(|(k, e)| e.flags & FLAG_OFFLOADED != 0 && left(e.lease, own4.contains(k)))
+            .filter(|(k, e)| {
+                e.flags & FLAG_OFFLOADED != 0 && left(e.lease, own4.contains(&(*k, e.peer)))
+            })
             .collect();
         let left6: Vec<&(FlowKey6, FlowEntry6)> = v6
             .iter()
@@ -3854,8 +3861,12 @@ mod tests {
             assert!(carries(table.0[k].lease), "{k:?}");
         }
         // The new one finds `kept` and `later` in the kernel, and has taken
-        // `kept` over only.
-        let dump = [kept.clone(), later.clone()];
+        // `kept` over only; and another LAN host's connection mapped to the
+        // ended one's port on the same server (its reply tuple is the
+        // ended one's: that half alone is no reason to keep the pair).
+        let mut reuser = ended.clone();
+        reuser.orig.src = IpAddr::from([192, 168, 50, 9]);
+        let dump = [kept.clone(), later.clone(), reuser];
         let mut o = offloader_on(&[&kept, &later], table, FakeKernel::default());
         o.resync(std::slice::from_ref(&kept), 20);
         assert_eq!(o.len(), 1);

@@ -25,7 +25,22 @@ use crate::{bpfsys, ctx::Ctx, doctor, netlink, pins::LINK_PINS, state};
 pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
     let running = inspect(&ctx.pin_dir);
     let gone = gone_links(&running);
-    if !gone.contains(&true) {
+    let maps = ctx.maps();
+    // A link that runs on a live interface the configuration does not
+    // name: a relink cut short after its rename (the configuration or the
+    // record not written). Adopted below, if the interface has the
+    // recorded name.
+    let configured = maps
+        .read_config()
+        .ok()
+        .filter(|c| c.lan_ifindex != 0)
+        .map(|c| [c.lan_ifindex, c.wan_ifindex]);
+    let unnamed: [Option<u32>; 2] = [0, 1].map(|r| {
+        let l = running.link(LINK_PINS[r])?;
+        let idx = l.info.ifindex;
+        (l.mode.is_some() && configured.is_some_and(|n| n[r] != idx)).then_some(idx)
+    });
+    if !gone.contains(&true) && unnamed.iter().all(Option::is_none) {
         return Ok(None);
     }
     let Some(mut rec) = state::load(ctx.ns())? else {
@@ -36,18 +51,30 @@ pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
         ));
     };
     let names = [rec.config.lan.clone(), rec.config.wan.clone()];
+    let mut devices = maps.devices()?;
+    let mut done = Vec::new();
+    for (role, idx) in unnamed.into_iter().enumerate() {
+        let Some(idx) = idx.filter(|&i| netlink::ifname(i).as_deref() == Some(&names[role])) else {
+            continue;
+        };
+        let mac = netlink::mac(&names[role], idx)?;
+        devices
+            .insert(idx, idx, None, 0)
+            .with_context(|| format!("adding {} to the device map", names[role]))?;
+        name_in_config(ctx, &mut rec, role, idx, mac)?;
+        done.push((role, idx));
+    }
     let back: Vec<(usize, u32)> = (0..2)
         .filter(|&r| gone[r])
         .filter_map(|r| netlink::ifindex(&names[r]).ok().map(|i| (r, i)))
         .collect();
-    if back.is_empty() {
+    if back.is_empty() && done.is_empty() {
         return Ok(None);
     }
     let modes = [rec.lan_mode.clone(), rec.wan_mode.clone()];
-    check_new(&names, &back, &modes, force)?;
-    let maps = ctx.maps();
-    let mut devices = maps.devices()?;
-    let mut done = Vec::new();
+    if !back.is_empty() {
+        check_new(&names, &back, &modes, force)?;
+    }
     // Each interface in turn, all of its steps: one that fails leaves the
     // other's done and in the configuration, and itself as it was (gone,
     // tried again).
@@ -64,27 +91,7 @@ pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
         new_link(ctx, role, name, idx, &modes[role], prog_id)?;
         // The configuration names the new interface: until then the
         // program passed its frames to the kernel.
-        let mut cfg = maps.read_config()?;
-        let c = &mut rec.config;
-        let old_idx = if role == 0 {
-            let old = cfg.lan_ifindex;
-            (cfg.lan_ifindex, cfg.lan_mac) = (idx, mac);
-            (c.lan_ifindex, c.lan_mac) = (idx, mac);
-            old
-        } else {
-            let old = cfg.wan_ifindex;
-            (cfg.wan_ifindex, cfg.wan_mac) = (idx, mac);
-            (c.wan_ifindex, c.wan_mac) = (idx, mac);
-            old
-        };
-        maps.config()?
-            .set(0, cfg, 0)
-            .context("writing the configuration with the new interface")?;
-        if old_idx != 0 && old_idx != idx {
-            // A leftover entry would only cost a slot.
-            let _ = devices.remove(old_idx);
-        }
-        state::save(ctx.ns(), &rec)?;
+        name_in_config(ctx, &mut rec, role, idx, mac)?;
         done.push((role, idx));
     }
     let said: Vec<String> = done
@@ -181,4 +188,38 @@ fn new_link(ctx: &Ctx, role: usize, name: &str, idx: u32, mode: &str, prog_id: u
 #[must_use]
 pub fn staging_pin(pin: &str) -> String {
     format!("{pin}_new")
+}
+
+/// Has the configuration and the attach record `rec` name the interface
+/// `idx` (MAC `mac`) as the one of `role` (0: LAN), whose link runs on it;
+/// the device map's entry of the one it replaces goes (a leftover would
+/// only cost a slot).
+fn name_in_config(
+    ctx: &Ctx,
+    rec: &mut state::State,
+    role: usize,
+    idx: u32,
+    mac: [u8; 6],
+) -> Result<()> {
+    let maps = ctx.maps();
+    let mut cfg = maps.read_config()?;
+    let c = &mut rec.config;
+    let old_idx = if role == 0 {
+        let old = cfg.lan_ifindex;
+        (cfg.lan_ifindex, cfg.lan_mac) = (idx, mac);
+        (c.lan_ifindex, c.lan_mac) = (idx, mac);
+        old
+    } else {
+        let old = cfg.wan_ifindex;
+        (cfg.wan_ifindex, cfg.wan_mac) = (idx, mac);
+        (c.wan_ifindex, c.wan_mac) = (idx, mac);
+        old
+    };
+    maps.config()?
+        .set(0, cfg, 0)
+        .context("writing the configuration with the new interface")?;
+    if old_idx != 0 && old_idx != idx {
+        let _ = maps.devices()?.remove(old_idx);
+    }
+    state::save(ctx.ns(), rec)
 }

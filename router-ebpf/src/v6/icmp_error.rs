@@ -62,9 +62,10 @@ pub fn forward(
         //
         // An error quoting a fragment the LAN host sent passes too
         // (`pass6_ext_fragment`), and standalone mode's inbound filter
-        // lets only a Packet Too Big of those reach the host (`solicited_at`):
+        // lets a Packet Too Big of those reach the host (`solicited_at`):
         // the host fragments for itself and must learn the path's MTU
-        // (RFC 4890 4.3.1; RFC 8201); the other types match no state. (Not
+        // (RFC 4890 4.3.1; RFC 8201); the other types only about a first
+        // fragment of a known flow (`quoted_key`), else they match no state. (Not
         // told apart here: reading the type would grow the entry point's
         // frame, which this path is inlined into, past the verifier's
         // limit.)
