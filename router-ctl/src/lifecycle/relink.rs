@@ -73,6 +73,15 @@ pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
     }
     let modes = [rec.lan_mode.clone(), rec.wan_mode.clone()];
     if !back.is_empty() {
+        // A new link a relink cut short before its rename left staged on
+        // the interface: unpinned, it goes (the kernel frees it soon after:
+        // if the check below still sees it, the next try passes).
+        for &(role, _) in &back {
+            let staged = ctx.pin_dir.join(staging_pin(LINK_PINS[role]));
+            if std::fs::remove_file(&staged).is_ok() {
+                info!("removed {}, left by a relink cut short", staged.display());
+            }
+        }
         check_new(&names, &back, &modes, force)?;
     }
     // Each interface in turn, all of its steps: one that fails leaves the
