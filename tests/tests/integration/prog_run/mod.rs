@@ -517,9 +517,28 @@ impl Flow {
 /// Writes an offloaded UDP flow (offload mode's, with a live lease) from
 /// `CLIENT:sport` to `SERVER:53`, masqueraded to `WAN:wan_port`.
 fn put_offloaded_udp_flow(r: &mut Router, sport: u16, wan_port: u16) {
+    put_offloaded_flow(
+        r,
+        udp_key(CLIENT, sport, SERVER, 53),
+        wan_port,
+        FlowState::UdpReplied,
+        router_common::maps::TcpWindow::default(),
+    );
+}
+
+/// Writes both entries of an offloaded flow (offload mode's, with a live
+/// lease, as the daemon writes them) whose original direction is `orig`
+/// (from a LAN host), masqueraded to `WAN:wan_port`, in `state`, each
+/// entry's window tracking `tcp`. Its lease.
+fn put_offloaded_flow(
+    r: &mut Router,
+    orig: FlowKey,
+    wan_port: u16,
+    state: FlowState,
+    tcp: router_common::maps::TcpWindow,
+) -> u32 {
     use router_common::maps::{FLAG_OFFLOADED, lease_tick};
-    let orig = udp_key(CLIENT, sport, SERVER, 53);
-    let reply = udp_key(SERVER, 53, WAN, wan_port);
+    let reply = FlowKey::new(orig.dst_addr, WAN, orig.dst_port, wan_port, orig.proto);
     let lease = lease_tick(now_ns()) + 60;
     let e = |peer: FlowKey, new_src, new_dst, sport, dport, flags| FlowEntry {
         peer,
@@ -527,14 +546,23 @@ fn put_offloaded_udp_flow(r: &mut Router, sport: u16, wan_port: u16) {
         new_dst_addr: new_dst,
         new_src_port: sport,
         new_dst_port: dport,
-        state: FlowState::UdpReplied as u8,
+        state: state as u8,
         flags: flags | FLAG_OFFLOADED,
         last_seen_ns: now_ns(),
         lease,
+        tcp,
         ..FlowEntry::default()
     };
-    r.put(orig, e(reply, WAN, SERVER, wan_port, 53, FLAG_ORIGINAL));
-    r.put(reply, e(orig, SERVER, CLIENT, 53, sport, 0));
+    let (lan_host, server) = (orig.src_addr, orig.dst_addr);
+    r.put(
+        orig,
+        e(reply, WAN, server, wan_port, orig.dst_port, FLAG_ORIGINAL),
+    );
+    r.put(
+        reply,
+        e(orig, server, lan_host, orig.dst_port, orig.src_port, 0),
+    );
+    lease
 }
 
 /// The SNAT port the spec's probing picks for `key` when `taken` ports

@@ -328,8 +328,7 @@ fn pending_offload_passes_hands_back_and_activates_only_from_pending() {
 )]
 fn offloaded_connection_carries_a_blind_rst_and_hands_back_a_true_one() {
     use router_common::maps::{
-        Admit, FLAG_OFFLOADED, LEASE_HANDED_BACK, TCP_TRACK_KNOWN, TCP_TRACK_LEARN, TcpWindow,
-        lease_tick,
+        Admit, LEASE_HANDED_BACK, TCP_TRACK_KNOWN, TCP_TRACK_LEARN, TcpWindow,
     };
     let env = ResolvedTopology::new(false);
     let mut cfg = config(&env);
@@ -338,27 +337,12 @@ fn offloaded_connection_carries_a_blind_rst_and_hands_back_a_true_one() {
         let (lan, wan) = (r.lan, r.wan);
         let orig = tcp_key(CLIENT, 40005, SERVER, 443);
         let reply = tcp_key(SERVER, 443, WAN, 61005);
-        let lease = lease_tick(now_ns()) + 60;
         let learning = TcpWindow {
             wscale: 7,
             flags: TCP_TRACK_LEARN,
             ..TcpWindow::default()
         };
-        let e = |peer: FlowKey, new_src, new_dst, sport, dport, flags| FlowEntry {
-            peer,
-            new_src_addr: new_src,
-            new_dst_addr: new_dst,
-            new_src_port: sport,
-            new_dst_port: dport,
-            state: FlowState::TcpEstablished as u8,
-            flags: flags | FLAG_OFFLOADED,
-            last_seen_ns: now_ns(),
-            lease,
-            tcp: learning,
-            ..FlowEntry::default()
-        };
-        r.put(orig, e(reply, WAN, SERVER, 61005, 443, FLAG_ORIGINAL));
-        r.put(reply, e(orig, SERVER, CLIENT, 443, 40005, 0));
+        let lease = put_offloaded_flow(r, orig, 61005, FlowState::TcpEstablished, learning);
         // The client acknowledges 5000 with a window of 500 (<< 7: 64,000
         // bytes); the server 1000 with 300.
         let seg = |seq, ack, window, flags| Tcp {
