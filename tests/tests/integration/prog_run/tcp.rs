@@ -316,7 +316,8 @@ fn pending_offload_passes_hands_back_and_activates_only_from_pending() {
 /// windows from its first ACK each way (their scale from the kernel's
 /// conntrack, `TCP_TRACK_LEARN`). Then a RST from the WAN outside the
 /// client's window (a blind one, RFC 5961 3.2) is carried to the client,
-/// which discards it, counted out of window, and the connection stays
+/// which discards it, counted out of window (a FIN past its window too),
+/// and the connection stays
 /// offloaded: handed back, the kernel (window check off for offloaded
 /// connections) would have closed it. One in the window hands the
 /// connection back to the kernel as before.
@@ -419,6 +420,25 @@ fn offloaded_connection_carries_a_blind_rst_and_hands_back_a_true_one() {
                 (e.lease, e.state),
                 (lease, FlowState::TcpEstablished as u8),
                 "{k:?}"
+            );
+        }
+        // A blind FIN: past the client's window (64,000 bytes from 5000,
+        // with the half window of slack for acknowledgements in flight).
+        let blind_fin = from_server(seg(5000 + 200_000, 1000, 300, TCP_FIN | TCP_ACK));
+        r.redirect(
+            "blind FIN in",
+            &env.server_sends(&blind_fin),
+            wan,
+            &env.to_client(&dnat(&blind_fin, CLIENT, 40005)),
+            Counter::FwdInbound,
+            &[Counter::TcpOutOfWindow],
+        );
+        for k in [orig, reply] {
+            let e = r.raw_entry(&k);
+            assert_eq!(
+                (e.lease, e.state),
+                (lease, FlowState::TcpEstablished as u8),
+                "after the blind FIN {k:?}"
             );
         }
         r.redirect(
