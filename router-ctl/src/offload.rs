@@ -269,24 +269,31 @@ fn tcp_tracking(c: &Conn, orig: bool) -> TcpWindow {
     }
 }
 
+/// The window tracking of an existing entry (its flags, lease and
+/// tracking) that a rewrite of the same connection keeps: an active
+/// offloaded entry's that tracks or learns and whose lease has not run out
+/// at `now_ns` (an entry idle that long, such as one left on a router that
+/// was a VRRP backup meanwhile, holds an acknowledgement the connection may
+/// have left far behind). An entry a new connection on the same ports
+/// would have met was handed back by its SYN, so it is not active.
+fn tracking_to_keep((flags, lease, t): (u8, u32, TcpWindow), now_ns: u64) -> Option<TcpWindow> {
+    (flags & FLAG_OFFLOADED != 0
+        && carries(lease)
+        && lease_tick(now_ns) <= lease
+        && t.flags & (TCP_TRACK_KNOWN | TCP_TRACK_LEARN) != 0)
+        .then_some(t)
+}
+
 /// The window tracking a rewritten entry keeps: `new` (the kernel's, see
-/// [`tcp_tracking`]) unless that is untracked and the entry being
-/// replaced (`old`: its flags, lease and tracking) is an active offloaded
-/// one that tracks or learns: the same connection carried on (a session
-/// re-opened after an attach, a re-created interface, a restart: conntrack
-/// is liberal by then and gives no scale), whose learned windows stay. An
-/// entry a new connection on the same ports would have met was handed
-/// back by its SYN, so it is not active.
-fn kept_tracking(new: TcpWindow, old: Option<(u8, u32, TcpWindow)>) -> TcpWindow {
+/// [`tcp_tracking`]) unless that is untracked and `old` (what
+/// [`tracking_to_keep`] kept of the entry being replaced, or of the pair a
+/// new ct mark removed) tracks: the same connection carried on (a session
+/// re-opened after an attach, a re-created interface, a restart, a ruleset
+/// reload that marks again: conntrack is liberal by then and gives no
+/// scale), whose learned windows stay.
+fn kept_tracking(new: TcpWindow, old: Option<TcpWindow>) -> TcpWindow {
     match old {
-        Some((flags, lease, t))
-            if new == TcpWindow::default()
-                && flags & FLAG_OFFLOADED != 0
-                && carries(lease)
-                && t.flags & (TCP_TRACK_KNOWN | TCP_TRACK_LEARN) != 0 =>
-        {
-            t
-        }
+        Some(t) if new == TcpWindow::default() => t,
         _ => new,
     }
 }
@@ -447,6 +454,21 @@ fn carries(lease: u32) -> bool {
 }
 
 impl Keys {
+    /// What a rewrite of the same connection keeps of both entries' window
+    /// tracking ([`tracking_to_keep`]), original direction first; `None`
+    /// when neither tracks (or is gone).
+    fn windows_to_keep<T: Table>(&self, table: &T, now_ns: u64) -> Option<[TcpWindow; 2]> {
+        let kept = |old: Option<(u8, u32, TcpWindow)>| {
+            old.and_then(|o| tracking_to_keep(o, now_ns))
+                .unwrap_or_default()
+        };
+        let w = match self {
+            Self::V4(keys) => keys.map(|k| kept(table.get(&k).map(|e| (e.flags, e.lease, e.tcp)))),
+            Self::V6(keys) => keys.map(|k| kept(table.get6(&k).map(|e| (e.flags, e.lease, e.tcp)))),
+        };
+        (w != [TcpWindow::default(); 2]).then_some(w)
+    }
+
     /// Removes both entries, their live leases handed back first: a packet of
     /// the flow between the two removals that rebuilds the first half from
     /// the second (the data path puts back a half the LRU evicted) then
@@ -1010,6 +1032,10 @@ pub struct Offloader<T, K> {
     /// order.
     witness_tries: HashMap<Tuple, u8>,
     witness_order: VecDeque<(Tuple, u64)>,
+    /// The window tracking of connections whose pair a new ct mark removed
+    /// (original direction first, [`tracking_to_keep`]), for their offload
+    /// again: the kernel's entry is liberal by then and gives no scale.
+    remarked_windows: HashMap<Tuple, [TcpWindow; 2]>,
     pub stats: OffloadStats,
 }
 
@@ -1031,6 +1057,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             flows: HashMap::new(),
             settling: HashMap::new(),
             settle_order: VecDeque::new(),
+            remarked_windows: HashMap::new(),
             immediate_tcp: TokenBucket::new(IMMEDIATE_TCP),
             resync_due: false,
             resync_failed_in_row: 0,
@@ -1149,6 +1176,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 // kept mark, IPsec, the route and its mark) is looked at
                 // again, with the kernel carrying it meanwhile.
                 Some(f) if f.mark != c.mark => {
+                    if let Some(w) = f.keys.windows_to_keep(&self.table, now_ns) {
+                        self.remarked_windows.insert(c.orig, w);
+                    }
                     self.end(&c.orig);
                     self.stats.ended_remarked += 1;
                     self.offload_when_settled(c, now_ns);
@@ -1157,6 +1187,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             },
             Verdict::Wait(_) => {}
             Verdict::Refuse(why) => {
+                self.remarked_windows.remove(&c.orig);
                 let waiting = self.witness_tries.remove(&c.orig).is_some();
                 if self.end(&c.orig) {
                     self.stats.ended_closing += 1;
@@ -1171,6 +1202,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// A DESTROY event.
     pub fn destroy(&mut self, c: &Conn) {
+        self.remarked_windows.remove(&c.orig);
         let waiting = self.witness_tries.remove(&c.orig).is_some();
         if self.end(&c.orig) {
             self.stats.ended_destroyed += 1;
@@ -1598,6 +1630,37 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
     }
 
+    /// Writes both XDP entries of `c` pending, window tracking kept from
+    /// the entries they replace or from `remarked` ([`kept_tracking`]).
+    fn write_pending(
+        &mut self,
+        c: &Conn,
+        orig_from_lan: bool,
+        route_slot: u16,
+        remarked: Option<[TcpWindow; 2]>,
+        now_ns: u64,
+    ) -> io::Result<Keys> {
+        if c.orig.src.is_ipv4() {
+            let mut pair = entries(c, orig_from_lan, now_ns, LEASE_PENDING, route_slot);
+            for (i, (k, e)) in pair.iter_mut().enumerate() {
+                let old = self.table.get(k).map(|o| (o.flags, o.lease, o.tcp));
+                let old = old.and_then(|o| tracking_to_keep(o, now_ns));
+                e.tcp = kept_tracking(e.tcp, old.or(remarked.map(|w| w[i])));
+            }
+            write_pair(&mut self.table, &pair, T::insert, T::remove)
+                .map(|()| Keys::V4([pair[0].0, pair[1].0]))
+        } else {
+            let mut pair = entries6(c, orig_from_lan, now_ns, LEASE_PENDING);
+            for (i, (k, e)) in pair.iter_mut().enumerate() {
+                let old = self.table.get6(k).map(|o| (o.flags, o.lease, o.tcp));
+                let old = old.and_then(|o| tracking_to_keep(o, now_ns));
+                e.tcp = kept_tracking(e.tcp, old.or(remarked.map(|w| w[i])));
+            }
+            write_pair(&mut self.table, &pair, T::insert6, T::remove6)
+                .map(|()| Keys::V6([pair[0].0, pair[1].0]))
+        }
+    }
+
     fn offload(&mut self, c: &Conn, now_ns: u64) {
         let Some((orig_from_lan, route_mark, packet_mark, route_slot)) = self.carried_as(c, now_ns)
         else {
@@ -1643,27 +1706,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // write (the read-back sees the kernel's new entry) or hit a
         // pending entry (the activation fails). None rides an entry whose
         // activation did not see it.
-        let written = if c.orig.src.is_ipv4() {
-            let mut pair = entries(
-                &written_from,
-                orig_from_lan,
-                now_ns,
-                LEASE_PENDING,
-                route_slot,
-            );
-            for (k, e) in &mut pair {
-                e.tcp = kept_tracking(e.tcp, self.table.get(k).map(|o| (o.flags, o.lease, o.tcp)));
-            }
-            write_pair(&mut self.table, &pair, T::insert, T::remove)
-                .map(|()| Keys::V4([pair[0].0, pair[1].0]))
-        } else {
-            let mut pair = entries6(&written_from, orig_from_lan, now_ns, LEASE_PENDING);
-            for (k, e) in &mut pair {
-                e.tcp = kept_tracking(e.tcp, self.table.get6(k).map(|o| (o.flags, o.lease, o.tcp)));
-            }
-            write_pair(&mut self.table, &pair, T::insert6, T::remove6)
-                .map(|()| Keys::V6([pair[0].0, pair[1].0]))
-        };
+        let remarked = self.remarked_windows.remove(&c.orig);
+        let written =
+            self.write_pending(&written_from, orig_from_lan, route_slot, remarked, now_ns);
         let keys = match written {
             Ok(keys) => keys,
             Err(e) => {
@@ -2061,6 +2106,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // Their stale order entries are skipped by `settle`.
         self.settling.retain(|k, _| present.contains(k));
         self.witness_tries.retain(|k, _| present.contains(k));
+        self.remarked_windows.retain(|k, _| present.contains(k));
         for c in dump {
             self.conn(c, now_ns);
         }
@@ -2629,16 +2675,60 @@ mod tests {
         assert_eq!((reply.flags, reply.wscale), (TCP_TRACK_LEARN, 9));
         // Not what a handed-back pair learned: a new connection's.
         o.table.0.get_mut(&flow_key(&c.orig)).unwrap().lease = LEASE_HANDED_BACK;
-        assert_eq!(
-            kept_tracking(
-                TcpWindow::default(),
-                o.table
-                    .0
-                    .get(&flow_key(&c.orig))
-                    .map(|e| (e.flags, e.lease, e.tcp))
-            ),
-            TcpWindow::default()
-        );
+        let old = |o: &Offloader<MemTable, FakeKernel>| {
+            let e = &o.table.0[&flow_key(&c.orig)];
+            (e.flags, e.lease, e.tcp)
+        };
+        assert_eq!(tracking_to_keep(old(&o), 10), None);
+        // Nor what an entry whose lease ran out holds (left idle on a
+        // router that was a VRRP backup meanwhile: its acknowledgement may
+        // be far behind the connection's).
+        let lease = lease_until(10, 30);
+        o.table.0.get_mut(&flow_key(&c.orig)).unwrap().lease = lease;
+        assert_eq!(tracking_to_keep(old(&o), 10), Some(known));
+        let later = (u64::from(lease) + 1) << router_common::maps::LEASE_TICK_SHIFT;
+        assert_eq!(tracking_to_keep(old(&o), later), None);
+    }
+
+    /// A new ct mark (a ruleset reload that marks again, mwan3) removes an
+    /// offloaded connection's pair and offloads it again from the kernel's
+    /// entry, liberal by then (no scales): the windows its entries learned
+    /// are carried over, so a blind RST is still judged.
+    #[test]
+    fn a_remarked_connection_keeps_its_learned_windows() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
+        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        let fresh = Conn {
+            tcp_wscale: Some([7, 9]),
+            ..c.clone()
+        };
+        let mut o = offloader(&[&fresh]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        let known = TcpWindow {
+            ack: 5000,
+            win: 500,
+            wscale: 7,
+            flags: TCP_TRACK_KNOWN,
+        };
+        o.table.0.get_mut(&flow_key(&c.orig)).unwrap().tcp = known;
+        // The kernel's entry is liberal now (the offload set it).
+        let liberal = Conn {
+            tcp_liberal: true,
+            ..fresh.clone()
+        };
+        o.kernel.conns = vec![liberal];
+        let remarked = Conn {
+            mark: c.mark ^ 0x10,
+            ..c.clone()
+        };
+        o.conn(&remarked, 2);
+        assert_eq!((o.len(), o.stats.ended_remarked), (1, 1), "{:?}", o.stats);
+        assert_eq!(o.table.0[&flow_key(&c.orig)].tcp, known);
+        let reply = o.table.0[&flow_key(&c.reply)].tcp;
+        assert_eq!((reply.flags, reply.wscale), (TCP_TRACK_LEARN, 9));
+        assert!(o.remarked_windows.is_empty());
     }
 
     #[test]
