@@ -818,6 +818,12 @@ pub struct OffloadStats {
     /// lost), then offloaded again with the kernel's.
     #[serde(default)]
     pub ended_remapped: u64,
+    /// Removed at a start: an earlier daemon's carrying pair of a
+    /// connection the kernel has but this daemon does not carry (refused
+    /// under what changed while no daemon ran: a keep-in-kernel mark, an
+    /// `IPsec` policy, a route; or closed while settling).
+    #[serde(default)]
+    pub ended_not_taken_over: u64,
     /// TCP connections found closed right after their kernel timeout was
     /// set (closed meanwhile through the kernel): their closing state's
     /// timeout restored, not (or no longer) offloaded.
@@ -1036,6 +1042,11 @@ pub struct Offloader<T, K> {
     /// (original direction first, [`tracking_to_keep`]), for their offload
     /// again: the kernel's entry is liberal by then and gives no scale.
     remarked_windows: HashMap<Tuple, [TcpWindow; 2]>,
+    /// Carrying pairs an earlier daemon left of connections the kernel
+    /// has, which this session has not taken over: each is removed at the
+    /// next tick unless taken over by then or still settling
+    /// ([`Self::release_unclaimed`]).
+    inherited: HashMap<Tuple, Keys>,
     pub stats: OffloadStats,
 }
 
@@ -1058,6 +1069,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             settling: HashMap::new(),
             settle_order: VecDeque::new(),
             remarked_windows: HashMap::new(),
+            inherited: HashMap::new(),
             immediate_tcp: TokenBucket::new(IMMEDIATE_TCP),
             resync_due: false,
             resync_failed_in_row: 0,
@@ -1934,6 +1946,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// (`conntrack flush`, an eviction): a resync would offload them
     /// again.
     pub fn tick(&mut self, now_ns: u64) -> usize {
+        self.release_unclaimed();
         let (covered, mut gone) = self.no_longer_the_fast_paths();
         for (orig, f) in &mut self.flows {
             if covered.contains(orig) {
@@ -2084,7 +2097,72 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             swept.count(e.lease, e.flags, &mut connections);
         }
         self.stats.ended_destroyed += connections;
+        // The pairs kept: of connections the kernel has, taken over by the
+        // first resync or still to be decided on.
+        let carrying4: HashMap<FlowKey, FlowKey> = v4
+            .iter()
+            .filter(|(_, e)| carries(e.lease))
+            .map(|(k, e)| (*k, e.peer))
+            .collect();
+        let carrying6: std::collections::HashSet<FlowKey6> = v6
+            .iter()
+            .filter(|(_, e)| carries(e.lease))
+            .map(|(k, _)| *k)
+            .collect();
+        for c in dump.iter().filter(|c| !self.flows.contains_key(&c.orig)) {
+            let keys = if c.orig.src.is_ipv6() {
+                let keys = [flow_key6(&c.orig), flow_key6(&c.reply)];
+                keys.iter()
+                    .any(|k| carrying6.contains(k))
+                    .then_some(Keys::V6(keys))
+            } else {
+                let (o, r) = (flow_key(&c.orig), flow_key(&c.reply));
+                (carrying4.get(&o) == Some(&r) || carrying4.get(&r) == Some(&o))
+                    .then_some(Keys::V4([o, r]))
+            };
+            if let Some(keys) = keys {
+                self.inherited.insert(c.orig, keys);
+            }
+        }
         swept
+    }
+
+    /// Removes the pairs an earlier daemon left carrying
+    /// ([`Self::sweep_left_behind`]) whose connection this session neither
+    /// took over nor still settles: refused under what changed while no
+    /// daemon ran (a keep-in-kernel mark, an `IPsec` policy, a route),
+    /// closed or destroyed while settling. Left, such a pair would carry
+    /// its connection past the kernel until its lease ran out.
+    fn release_unclaimed(&mut self) {
+        if self.inherited.is_empty() {
+            return;
+        }
+        let decided: Vec<Tuple> = self
+            .inherited
+            .keys()
+            .filter(|orig| !self.settling.contains_key(*orig))
+            .copied()
+            .collect();
+        let mut removed = 0;
+        for orig in decided {
+            let Some(keys) = self.inherited.remove(&orig) else {
+                continue;
+            };
+            // Taken over: its entries are this session's now.
+            if self.flows.contains_key(&orig) {
+                continue;
+            }
+            keys.remove(&mut self.table);
+            removed += 1;
+        }
+        if removed > 0 {
+            self.stats.ended_not_taken_over += removed;
+            tracing::info!(
+                "removed the XDP entries of {removed} connections an earlier daemon offloaded \
+                 that this one does not carry (refused under what changed while no daemon ran, \
+                 or closed while settling): the kernel carries them"
+            );
+        }
     }
 
     /// Starts over from a dump of the kernel's table: connections the
@@ -3981,6 +4059,73 @@ mod tests {
         // Nothing more on a second look.
         let v4: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
         assert_eq!(o.sweep_left_behind(&v4, &[], &dump), Swept::default());
+    }
+
+    /// A connection an earlier daemon offloaded that the kernel still has
+    /// but the new daemon does not carry (a keep-in-kernel mark set while
+    /// no daemon ran): its carrying pair is removed at the first tick,
+    /// counted, while a taken-over one stays and a TCP connection still
+    /// settling keeps its pair until it is decided on: carried on when
+    /// offloaded, removed when it closed meanwhile.
+    #[test]
+    fn a_starting_daemon_removes_pairs_it_does_not_take_over() {
+        let taken = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        let mut kept_in_kernel = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        kept_in_kernel.orig.sport = 5001;
+        kept_in_kernel.reply.dport = 61001;
+        kept_in_kernel.mark = 0x100;
+        let tcp = |sport: u16, mapped: u16| {
+            let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+            (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
+            c.tcp_state = Some(tcp_state::ESTABLISHED);
+            (c.orig.sport, c.reply.dport) = (sport, mapped);
+            c
+        };
+        let (settles, closes) = (tcp(5002, 61002), tcp(5003, 61003));
+        let all = [&taken, &kept_in_kernel, &settles, &closes];
+        let mut earlier = offloader(&all);
+        earlier.resync(&all.map(Conn::clone), 10);
+        assert_eq!(earlier.len(), 4, "{:?}", earlier.stats);
+        let table = std::mem::take(&mut earlier.table);
+        let pair = |c: &Conn| [flow_key(&c.orig), flow_key(&c.reply)];
+
+        let mut o = offloader_on(&all, table, FakeKernel::default());
+        o.keep_in_kernel_mark = Some((0x100, 0xff00));
+        o.immediate_tcp = TokenBucket::new(Rate {
+            per_sec: 0,
+            burst: 0,
+        });
+        let dump = all.map(Conn::clone);
+        o.resync(&dump, 20);
+        assert_eq!((o.len(), o.settling()), (1, 2), "{:?}", o.stats);
+        let v4: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
+        assert_eq!(o.sweep_left_behind(&v4, &[], &dump), Swept::default());
+        // The kernel closes one of the settling connections.
+        o.kernel.closing.push(closes.orig);
+        o.tick(21);
+        assert_eq!(o.stats.ended_not_taken_over, 1, "{:?}", o.stats);
+        for k in pair(&kept_in_kernel) {
+            assert!(!o.table.0.contains_key(&k), "{k:?}");
+        }
+        for c in [&taken, &settles, &closes] {
+            for k in pair(c) {
+                assert!(carries(o.table.0[&k].lease), "{k:?}");
+            }
+        }
+        o.settle(20 + TCP_SETTLE_NS);
+        assert_eq!(o.len(), 2, "{:?}", o.stats);
+        o.tick(21 + TCP_SETTLE_NS);
+        assert_eq!(o.stats.ended_not_taken_over, 2, "{:?}", o.stats);
+        for k in pair(&closes) {
+            assert!(!o.table.0.contains_key(&k), "{k:?}");
+        }
+        for c in [&taken, &settles] {
+            for k in pair(c) {
+                assert!(carries(o.table.0[&k].lease), "{k:?}");
+            }
+        }
+        o.tick(22 + TCP_SETTLE_NS);
+        assert_eq!((o.len(), o.stats.ended_not_taken_over), (2, 2));
     }
 
     /// Every look the witness waits allow after the first one at `first_ns`,

@@ -173,6 +173,7 @@ pub fn health_line(d: &serde_json::Value, kernel_mode: bool) -> String {
                 + o["ended_rerouted"].as_u64().unwrap_or(0)
                 + o["ended_remapped"].as_u64().unwrap_or(0)
                 + o["ended_remarked"].as_u64().unwrap_or(0)
+                + o["ended_not_taken_over"].as_u64().unwrap_or(0)
                 + o["ended_unwitnessed"].as_u64().unwrap_or(0),
             o["handed_back"],
             o["refreshed"],

@@ -1428,6 +1428,66 @@ fn offload_a_flow_ended_while_no_daemon_ran_leaves_xdp_when_one_starts() {
     assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 0, "{}", show());
 }
 
+/// The owner marks a flow to stay in the kernel (`--keep-in-kernel-mark`,
+/// the mark set on its connection) while no daemon runs: the daemon that
+/// starts with the option does not take the connection over and removes
+/// its earlier pair at its first tick, so the kernel carries the flow, not
+/// XDP until the lease runs out.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_a_flow_kept_in_the_kernel_while_no_daemon_ran_leaves_xdp_when_one_starts() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    let (_srv, mut daemon, udp) = with_an_offloaded_udp_flow(&t);
+    daemon.kill9();
+    // By its whole original tuple: conntrack-tools' update by a filter
+    // (`--orig-port-src` alone) fails on a NAT entry (EOPNOTSUPP).
+    let (client, server) = (CLIENT_ADDR.to_string(), SERVER_ADDR.to_string());
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "conntrack",
+            "-U",
+            "-s",
+            &client,
+            "-d",
+            &server,
+            "-p",
+            "udp",
+            "--sport",
+            "42000",
+            "--dport",
+            "7000",
+            "--mark",
+            "0x100",
+        ],
+    );
+    let ended = offload_count(&t, "ended_not_taken_over");
+    let daemon = Daemon::start(&t, &["--keep-in-kernel-mark", "0x100/0xff00"]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    wait_for(
+        "the earlier daemon's pair to be removed",
+        Duration::from_secs(10),
+        || offloaded_udp_42000(&t).is_none(),
+    );
+    assert!(
+        daemon.log().contains("that this one does not carry"),
+        "{}",
+        show()
+    );
+    assert_eq!(
+        offload_count(&t, "ended_not_taken_over"),
+        ended + 1,
+        "{}",
+        show()
+    );
+    // The kernel carries it, XDP none of its datagrams.
+    let forwarded = counter(&t, "fwd_outbound");
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3, "{}", show());
+    assert_eq!(counter(&t, "fwd_outbound"), forwarded, "{}", show());
+    assert!(offloaded_udp_42000(&t).is_none(), "{}", show());
+}
+
 /// A firewall rule added later does not stop a flow already offloaded (as
 /// with `nf_flowtable`): its packets do not reach the firewall. Ending the
 /// flow in the kernel's conntrack (`conntrack -D`) does: the daemon ends
