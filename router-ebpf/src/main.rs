@@ -110,7 +110,13 @@ pub fn router(ctx: XdpContext) -> u32 {
         // WAN (`ipv6::judged_when_inbound`), and every IPv6 pass from the
         // LAN, whose source is judged (IPv4 passes it leaves as they are).
         if v.action == xdp_action::XDP_PASS && v.counter != Counter::PassNotIpv4 {
-            v6::judge_passed(&ctx, v.pack()).unpack()
+            let v = v6::judge_passed(&ctx, v.pack()).unpack();
+            // A LAN host's own fragment, let through: its first one opens
+            // the datagram's flow.
+            if v.counter == Counter::Pass6ExtFragment {
+                v6::open_fragmented(&ctx);
+            }
+            v
         } else {
             v
         }

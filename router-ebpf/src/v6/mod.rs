@@ -535,6 +535,23 @@ fn judge_lan(ctx: &XdpContext, v: Verdict, lan_ifindex: u32) -> Verdict {
     }
 }
 
+/// Standalone mode, after [`judge_passed`] let a Fragment header pass
+/// (`pass6_ext_fragment`): a first fragment from the LAN (its source
+/// judged there) to the WAN opens its datagram's flow
+/// ([`flow::open_fragmented`]).
+// Inline in the entry point, whose frame has room for the flow key: in
+// a subprogram of its own (or in `judge_passed`) the chain down to
+// `commit` passed the 512-byte stack.
+#[inline(always)]
+pub fn open_fragmented(ctx: &XdpContext) {
+    let Some(side) = ingress(ctx) else {
+        return;
+    };
+    if side.from_lan && side.cfg.admit == Admit::Xdp as u8 && routed_to(ctx, side.cfg.wan_ifindex) {
+        flow::open_fragmented(ctx.ctx);
+    }
+}
+
 /// Whether the FIB routes the IPv6 packet of `ctx` out of `ifindex` (no
 /// MTU check).
 // A BPF subprogram of its own: inlined, the FIB parameters landed on a

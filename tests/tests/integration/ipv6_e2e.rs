@@ -149,6 +149,75 @@ fn ipv6_tcp_udp_ping6_through_the_fast_path() {
     assert!(ipv6_flows(&t).is_empty(), "{:?}", ipv6_flows(&t));
 }
 
+/// Datagrams a LAN host fragments itself (larger than its own link's MTU:
+/// `ping -s 3000`, a 3000-byte UDP datagram) as the first packets of their
+/// flows: the fragments cross on the kernel path, the first one opens the
+/// flow, and the fragmented replies get in as a known flow's (without the
+/// flow standalone mode's inbound filter dropped them).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_lan_hosts_own_fragments_open_their_flow() {
+    let t = router();
+    let before = t.stats();
+    let o = t.exec(
+        Ns::Client,
+        &[
+            "ping",
+            "-6",
+            "-n",
+            "-q",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            "-s",
+            "3000",
+            &SERVER6.to_string(),
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "ping -s 3000 through the router: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        t.router_ctl_ok(&["stats"])
+    );
+    let payload = tests::pattern(3000);
+    let srv = t.udp_echo_server(Ns::Server, SocketAddr::new(IpAddr::V6(SERVER6), 5303));
+    let got = t.udp_echo_client(
+        Ns::Client,
+        srv.local_addr(),
+        &payload,
+        Duration::from_secs(5),
+    );
+    let peer = srv.join();
+    assert_eq!(
+        got.as_deref().ok(),
+        Some(&payload[..]),
+        "a 3000-byte datagram echoed: {got:?}\n{}",
+        t.router_ctl_ok(&["stats"])
+    );
+    assert_eq!(peer.map(|p| p.ip()), Some(IpAddr::V6(CLIENT6)));
+    let after = t.stats();
+    assert_eq!(
+        counter_delta(&before, &after, "flow6_new_outbound"),
+        2,
+        "the ping's flow and the datagram's\n{}",
+        t.router_ctl_ok(&["stats"])
+    );
+    assert_eq!(counter_delta(&before, &after, "drop6_unsolicited"), 0);
+    assert!(counter_delta(&before, &after, "pass6_ext_fragment") >= 12);
+    let flows = ipv6_flows(&t);
+    assert!(
+        flows.iter().any(|f| f["proto"] == "icmpv6")
+            && flows
+                .iter()
+                .any(|f| f["proto"] == "udp" && f["orig_dst"] == format!("[{SERVER6}]:5303")),
+        "{flows:?}"
+    );
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn ipv6_unsolicited_inbound_blocked_until_a_pinhole() {

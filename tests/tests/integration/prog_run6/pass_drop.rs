@@ -608,3 +608,167 @@ fn inbound_fragments_pass_only_as_part_of_a_known_flow() {
         );
     });
 }
+
+/// A datagram a LAN host fragmented itself (larger than the path MTU: a
+/// large ping, a large UDP datagram) in standalone mode: its fragments go
+/// to the kernel, and its first fragment opens its flow, as its
+/// unfragmented packet would, so that the reply, fragmented or not, gets
+/// in (without the flow the inbound filter dropped it). A later fragment
+/// opens nothing (no header), nor does a TCP segment's first fragment (a
+/// TCP sender does not fragment), one to another LAN host, or one with a
+/// source the LAN does not route back.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scripted sequence of frames, read top to bottom"
+)]
+fn outbound_first_fragment_opens_its_datagrams_flow() {
+    use router_common::{
+        ipv6::IPPROTO_ICMPV6,
+        maps::{FLAG_ORIGINAL, FlowKey6, FlowState},
+    };
+    use tests::v6::LAN_NOBODY6;
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (lan, wan) = (r.lan(), r.wan());
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        // The Fragment header (next header `proto`, offset in 8-byte units
+        // with the M flag, identification `id`), then `body`.
+        let fragment =
+            |src: [u8; 16], dst: [u8; 16], proto: u8, offset: u16, id: u8, body: &[u8]| {
+                let mut payload = vec![proto, 0];
+                payload.extend_from_slice(&((offset << 3) | 1).to_be_bytes());
+                payload.extend_from_slice(&[0, 0, 0, id]);
+                payload.extend_from_slice(body);
+                Ipv6::new(src, dst, 44, payload)
+            };
+        let udp =
+            |src, dst, sport, dport| Ipv6::udp(src, dst, &Udp::new(sport, dport, &[7; 64])).payload;
+        r.pass(
+            "later fragment out",
+            &from_client(&env, &fragment(c, s, IPPROTO_UDP, 9, 1, &[7; 64])),
+            lan,
+            Counter::Pass6ExtFragment,
+        );
+        r.pass(
+            "first fragment of a TCP segment out",
+            &from_client(
+                &env,
+                &fragment(
+                    c,
+                    s,
+                    IPPROTO_TCP,
+                    0,
+                    2,
+                    &Ipv6::tcp(c, s, &Tcp::new(40000, 80, TCP_SYN)).payload,
+                ),
+            ),
+            lan,
+            Counter::Pass6ExtFragment,
+        );
+        r.pass(
+            "first fragment to another LAN host",
+            &from_client(
+                &env,
+                &fragment(
+                    c,
+                    o(LAN_NOBODY6),
+                    IPPROTO_UDP,
+                    0,
+                    3,
+                    &udp(c, o(LAN_NOBODY6), 5000, 6000),
+                ),
+            ),
+            lan,
+            Counter::Pass6ExtFragment,
+        );
+        r.drop_frame(
+            "first fragment with the server's address as source",
+            &from_client(
+                &env,
+                &fragment(s, s, IPPROTO_UDP, 0, 4, &udp(s, s, 5000, 6000)),
+            ),
+            lan,
+            Counter::Drop6SpoofedSource,
+        );
+        r.assert_flows("nothing opened", &[]);
+
+        // A large UDP datagram's first fragment, and a large ping's.
+        let first = fragment(c, s, IPPROTO_UDP, 0, 5, &udp(c, s, 40000, 5060));
+        r.check(
+            "first fragment of a UDP datagram out",
+            &from_client(&env, &first),
+            lan,
+            XDP_PASS,
+            &from_client(&env, &first),
+            Counter::Pass6ExtFragment,
+            &[Counter::Flow6NewOutbound],
+        );
+        let ping = fragment(
+            c,
+            s,
+            IPPROTO_ICMPV6,
+            0,
+            6,
+            &Ipv6::echo(c, s, false, 77, 1).payload,
+        );
+        r.check(
+            "first fragment of an echo request out",
+            &from_client(&env, &ping),
+            lan,
+            XDP_PASS,
+            &from_client(&env, &ping),
+            Counter::Pass6ExtFragment,
+            &[Counter::Flow6NewOutbound],
+        );
+        let udp_flow = FlowKey6::new(c, s, 40000, 5060, IPPROTO_UDP);
+        let echo_flow = FlowKey6::new(c, s, 77, 77, IPPROTO_ICMPV6);
+        let opened = [
+            (udp_flow, FlowState::UdpUnreplied, FLAG_ORIGINAL),
+            (udp_flow.reversed(), FlowState::UdpUnreplied, 0),
+            (echo_flow, FlowState::Icmp, FLAG_ORIGINAL),
+            (echo_flow.reversed(), FlowState::Icmp, 0),
+        ];
+        r.assert_flows("both flows opened", &opened);
+        // Again: the flow stays as it is.
+        r.pass(
+            "the next datagram's first fragment",
+            &from_client(
+                &env,
+                &fragment(c, s, IPPROTO_UDP, 0, 7, &udp(c, s, 40000, 5060)),
+            ),
+            lan,
+            Counter::Pass6ExtFragment,
+        );
+        r.assert_flows("nothing more", &opened);
+
+        // The replies get in: fragmented, and whole.
+        r.pass(
+            "first fragment of the UDP reply",
+            &from_server(
+                &env,
+                &fragment(s, c, IPPROTO_UDP, 0, 8, &udp(s, c, 5060, 40000)),
+            ),
+            wan,
+            Counter::Pass6ExtFragment,
+        );
+        let mut reply = Ipv6::echo(s, c, true, 77, 1).payload;
+        reply.extend_from_slice(&[0; 8]);
+        r.pass(
+            "first fragment of the echo reply",
+            &from_server(&env, &fragment(s, c, IPPROTO_ICMPV6, 0, 9, &reply)),
+            wan,
+            Counter::Pass6ExtFragment,
+        );
+        let whole = Ipv6::udp(s, c, &Udp::new(5060, 40000, b"200 OK"));
+        r.redirect(
+            "a whole UDP reply",
+            &from_server(&env, &whole),
+            wan,
+            &to_client(&env, &whole),
+            Counter::Fwd6Inbound,
+            &[],
+        );
+    });
+}
