@@ -1560,7 +1560,7 @@ fn offload_mode_leaves_icmp6_errors_about_offloaded_flows_to_the_kernel() {
 
 /// What the IPv6 path passes from the LAN without opening a flow (a TCP
 /// segment of no flow, UDP behind a Destination Options header, a
-/// fragment, GRE) is source-checked in standalone mode as a new flow is
+/// later fragment, GRE) is source-checked in standalone mode as a new flow is
 /// (BCP 38; Linux has no IPv6 `rp_filter`): another network's source or
 /// one of the router's own is dropped (`drop6_spoofed_source`); a LAN
 /// host's passes to the kernel as before; link scope is left alone;
@@ -1580,7 +1580,9 @@ fn lan_passes_with_spoofed_sources_do_not_leave() {
             let udp = [0x9c, 0x40, 0, 53, 0, 9, 0, 0, b'x'];
             let mut dest_opts = vec![IPPROTO_UDP, 0, 1, 4, 0, 0, 0, 0];
             dest_opts.extend_from_slice(&udp);
-            let mut fragment = vec![IPPROTO_UDP, 0, 0, 1, 0, 0, 0, 7];
+            // A later fragment (offset 8 bytes, more to come): a first
+            // one opens its flow (`pass_drop`).
+            let mut fragment = vec![IPPROTO_UDP, 0, 0, 9, 0, 0, 0, 7];
             fragment.extend_from_slice(&udp);
             vec![
                 (
@@ -1594,7 +1596,7 @@ fn lan_passes_with_spoofed_sources_do_not_leave() {
                     Counter::Pass6ExtDestOpts,
                 ),
                 (
-                    "a UDP fragment",
+                    "a later UDP fragment",
                     Ipv6::new(src, s, 44, fragment),
                     Counter::Pass6ExtFragment,
                 ),
