@@ -41,6 +41,9 @@ const CTA_ZONE: u16 = 18;
 
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
+/// A zone of one direction only (`ct original zone set`, `ct reply zone
+/// set`), inside that direction's tuple; a zone of both is [`CTA_ZONE`].
+const CTA_TUPLE_ZONE: u16 = 3;
 const CTA_IP_V4_SRC: u16 = 1;
 const CTA_IP_V4_DST: u16 = 2;
 const CTA_IP_V6_SRC: u16 = 3;
@@ -150,6 +153,8 @@ pub struct Conn {
     pub helper: bool,
     /// TCP sequence numbers are being adjusted (a helper changed a payload).
     pub seq_adjust: bool,
+    /// The connection's conntrack zone: both directions' (`CTA_ZONE`), else
+    /// one direction's own (`CTA_TUPLE_ZONE` in its tuple), 0 for none.
     pub zone: u16,
     /// The connection's mark (`ct mark`), which rules copy into its
     /// packets' marks (`meta mark set ct mark`) for policy routing.
@@ -184,6 +189,14 @@ fn be32(d: &[u8]) -> Option<u32> {
 
 fn be64(d: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(d.get(..8)?.try_into().ok()?))
+}
+
+/// The zone of one direction a tuple's attributes carry (0: none).
+fn tuple_zone(data: &[u8]) -> u16 {
+    attrs(data)
+        .find(|(ty, _)| *ty == CTA_TUPLE_ZONE)
+        .and_then(|(_, d)| be16(d))
+        .unwrap_or(0)
 }
 
 fn parse_tuple(data: &[u8]) -> Option<Tuple> {
@@ -256,10 +269,17 @@ pub fn parse_conn(data: &[u8]) -> Option<Conn> {
     let mut c = Conn::default();
     let (mut orig, mut reply) = (None, None);
     let (mut c_orig, mut c_reply) = (None, None);
+    let mut direction_zone = 0;
     for (ty, d) in attrs(data) {
         match ty {
-            CTA_TUPLE_ORIG => orig = parse_tuple(d),
-            CTA_TUPLE_REPLY => reply = parse_tuple(d),
+            CTA_TUPLE_ORIG => {
+                orig = parse_tuple(d);
+                direction_zone = direction_zone.max(tuple_zone(d));
+            }
+            CTA_TUPLE_REPLY => {
+                reply = parse_tuple(d);
+                direction_zone = direction_zone.max(tuple_zone(d));
+            }
             CTA_STATUS => c.status = be32(d).unwrap_or(0),
             CTA_TIMEOUT => c.timeout = be32(d),
             CTA_MARK => c.mark = be32(d).unwrap_or(0),
@@ -298,6 +318,9 @@ pub fn parse_conn(data: &[u8]) -> Option<Conn> {
     }
     c.orig = orig?;
     c.reply = reply?;
+    if c.zone == 0 {
+        c.zone = direction_zone;
+    }
     if let (Some(o), Some(r)) = (c_orig, c_reply) {
         c.counters = Some([o, r]);
     }
@@ -316,36 +339,39 @@ fn ct_msg(msg_type: u16, flags: u16, family: u8) -> Msg {
 
 /// Appends the tuple `t` as the nested attribute `ty` (`CTA_TUPLE_*`).
 fn put_tuple(m: &mut Msg, ty: u16, t: &Tuple) {
-    m.nested(ty, |m| {
-        m.nested(CTA_TUPLE_IP, |m| match (t.src, t.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                m.attr(CTA_IP_V4_SRC, &s.octets());
-                m.attr(CTA_IP_V4_DST, &d.octets());
+    m.nested(ty, |m| put_tuple_attrs(m, t));
+}
+
+/// What a tuple's nest holds: addresses, then protocol and ports.
+fn put_tuple_attrs(m: &mut Msg, t: &Tuple) {
+    m.nested(CTA_TUPLE_IP, |m| match (t.src, t.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            m.attr(CTA_IP_V4_SRC, &s.octets());
+            m.attr(CTA_IP_V4_DST, &d.octets());
+        }
+        (s, d) => {
+            m.attr(CTA_IP_V6_SRC, &v6_octets(s));
+            m.attr(CTA_IP_V6_DST, &v6_octets(d));
+        }
+    });
+    m.nested(CTA_TUPLE_PROTO, |m| {
+        m.attr(CTA_PROTO_NUM, &[t.proto]);
+        match (t.proto, t.icmp) {
+            (IPPROTO_ICMP, Some((ty, code))) => {
+                m.attr(CTA_PROTO_ICMP_ID, &t.sport.to_be_bytes());
+                m.attr(CTA_PROTO_ICMP_TYPE, &[ty]);
+                m.attr(CTA_PROTO_ICMP_CODE, &[code]);
             }
-            (s, d) => {
-                m.attr(CTA_IP_V6_SRC, &v6_octets(s));
-                m.attr(CTA_IP_V6_DST, &v6_octets(d));
+            (IPPROTO_ICMPV6, Some((ty, code))) => {
+                m.attr(CTA_PROTO_ICMPV6_ID, &t.sport.to_be_bytes());
+                m.attr(CTA_PROTO_ICMPV6_TYPE, &[ty]);
+                m.attr(CTA_PROTO_ICMPV6_CODE, &[code]);
             }
-        });
-        m.nested(CTA_TUPLE_PROTO, |m| {
-            m.attr(CTA_PROTO_NUM, &[t.proto]);
-            match (t.proto, t.icmp) {
-                (IPPROTO_ICMP, Some((ty, code))) => {
-                    m.attr(CTA_PROTO_ICMP_ID, &t.sport.to_be_bytes());
-                    m.attr(CTA_PROTO_ICMP_TYPE, &[ty]);
-                    m.attr(CTA_PROTO_ICMP_CODE, &[code]);
-                }
-                (IPPROTO_ICMPV6, Some((ty, code))) => {
-                    m.attr(CTA_PROTO_ICMPV6_ID, &t.sport.to_be_bytes());
-                    m.attr(CTA_PROTO_ICMPV6_TYPE, &[ty]);
-                    m.attr(CTA_PROTO_ICMPV6_CODE, &[code]);
-                }
-                _ => {
-                    m.attr(CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
-                    m.attr(CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
-                }
+            _ => {
+                m.attr(CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
+                m.attr(CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
             }
-        });
+        }
     });
 }
 
@@ -830,6 +856,35 @@ mod tests {
             ..c
         };
         assert_eq!(parse_conn(&encoded(&liberal)), Some(liberal));
+    }
+
+    /// A zone of one direction (`ct original zone set 7`) comes inside
+    /// that direction's tuple, not as `CTA_ZONE`: read as the
+    /// connection's zone all the same (the offload refuses zones).
+    #[test]
+    fn a_zone_of_one_direction_is_the_connections_zone() {
+        let c = Conn {
+            orig: tuple([192, 168, 50, 2], [203, 0, 113, 2], 17, 5000, 53),
+            reply: tuple([203, 0, 113, 2], [203, 0, 113, 1], 17, 53, 61000),
+            ..Conn::default()
+        };
+        for zoned in [CTA_TUPLE_ORIG, CTA_TUPLE_REPLY] {
+            let mut m = Msg::attrs_only();
+            for (ty, t) in [(CTA_TUPLE_ORIG, &c.orig), (CTA_TUPLE_REPLY, &c.reply)] {
+                m.nested(ty, |m| {
+                    put_tuple_attrs(m, t);
+                    if ty == zoned {
+                        m.attr(CTA_TUPLE_ZONE, &7u16.to_be_bytes());
+                    }
+                });
+            }
+            m.attr(CTA_STATUS, &0u32.to_be_bytes());
+            let parsed = parse_conn(&m.0).unwrap();
+            assert_eq!(
+                (parsed.orig, parsed.reply, parsed.zone),
+                (c.orig, c.reply, 7)
+            );
+        }
     }
 
     #[test]
