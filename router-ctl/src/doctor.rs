@@ -15,7 +15,8 @@
 //! - traffic shaping (a shaping qdisc, tc filters or tcx programs), which
 //!   the fast path's flows skip;
 //! - netfilter forward rules or a forward drop policy (nftables, iptables
-//!   legacy), which standalone mode would bypass;
+//!   legacy), which standalone mode would bypass; an nftables flowtable
+//!   (software flow offloading), a second fast path behind XDP's;
 //! - an attached interface whose MAC changed since attach: the data path
 //!   compares frames' destinations with the MAC attach wrote, so it passes
 //!   every frame to the kernel until attach runs again;
@@ -982,6 +983,27 @@ impl Check {
     }
 }
 
+/// The warning for an nftables flowtable `f` ([`standalone::flowtables`]).
+fn flowtable_check(f: &str) -> Check {
+    Check {
+        iface: "netfilter".into(),
+        name: "flowtable",
+        level: Level::Warn,
+        detail: format!(
+            "nftables {f}: a second fast path (software flow offloading) behind XDP's: \
+             XDP sees each packet first and carries the flows it admits or is given, so \
+             the flowtable holds only what XDP leaves to the kernel; router-ctl is not \
+             tested alongside one"
+        ),
+        fix: Some(
+            "turn software flow offloading off (OpenWrt: Network -> Firewall -> Software \
+             flow offloading; fw4's flow_offloading option), so that one fast path \
+             carries each flow"
+                .into(),
+        ),
+    }
+}
+
 /// The router's netfilter forward rules, which standalone mode
 /// (`--admit xdp`) would bypass (offload mode keeps them in charge: on a
 /// router attached in offload mode they are fine). Reported under the
@@ -1044,6 +1066,11 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
             ),
         });
     }
+    out.extend(
+        standalone::flowtables(&ruleset)
+            .iter()
+            .map(|f| flowtable_check(f)),
+    );
     for c in chains {
         if offload {
             out.push(Check {

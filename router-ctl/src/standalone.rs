@@ -641,6 +641,55 @@ pub fn nft_source_nat(ruleset: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The nftables flowtables (software flow offloading: the `flow_offloading`
+/// option of `OpenWrt`'s `fw4`, `flow add @ft` rules) in nftables' ruleset JSON, one
+/// line each: `table inet fw4 flowtable ft (devices lan0, wan0)`, with
+/// `, hardware offload` when it has the `offload` flag.
+#[must_use]
+pub fn nft_flowtables(ruleset: &serde_json::Value) -> Vec<String> {
+    let items = ruleset
+        .get("nftables")
+        .and_then(serde_json::Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    items
+        .iter()
+        .filter_map(|i| i.get("flowtable"))
+        .map(|f| {
+            let s = |k: &str| f.get(k).and_then(|x| x.as_str()).unwrap_or("?");
+            // One device is a string, more an array.
+            let devices: Vec<&str> = match f.get("dev") {
+                Some(serde_json::Value::String(d)) => vec![d.as_str()],
+                Some(serde_json::Value::Array(a)) => {
+                    a.iter().filter_map(serde_json::Value::as_str).collect()
+                }
+                _ => Vec::new(),
+            };
+            let hardware = f
+                .get("flags")
+                .map(ToString::to_string)
+                .is_some_and(|flags| flags.contains("\"offload\""));
+            format!(
+                "table {} {} flowtable {} (devices {}{})",
+                s("family"),
+                s("table"),
+                s("name"),
+                if devices.is_empty() {
+                    "none".to_owned()
+                } else {
+                    devices.join(", ")
+                },
+                if hardware { ", hardware offload" } else { "" }
+            )
+        })
+        .collect()
+}
+
+/// [`nft_flowtables`] of a ruleset read (none when it could not be).
+#[must_use]
+pub fn flowtables(ruleset: &Ruleset) -> Vec<String> {
+    ruleset.0.as_ref().map(nft_flowtables).unwrap_or_default()
+}
+
 /// `iptables -t nat -S` output's MASQUERADE and SNAT rules, counted.
 #[must_use]
 pub fn iptables_source_nat(listing: &str) -> usize {
@@ -840,6 +889,25 @@ mod tests {
         // IPv6's: standalone admits IPv6 flows too. A bridge's do not
         // see routed traffic.
         assert_eq!(c[2].chain, "table ip6 fw6 chain fwd");
+    }
+
+    #[test]
+    fn flowtables_found_in_nft_json() {
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"nftables":[{"metainfo":{}},
+            {"flowtable":{"family":"inet","name":"ft","table":"fw4","handle":1,"hook":"ingress","prio":-100,"dev":["lan0","wan0"]}},
+            {"flowtable":{"family":"ip","name":"hw","table":"t","hook":"ingress","prio":0,"dev":"wan0","flags":["offload"]}},
+            {"chain":{"family":"inet","table":"fw4","name":"forward","hook":"forward","policy":"drop"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            nft_flowtables(&v),
+            [
+                "table inet fw4 flowtable ft (devices lan0, wan0)",
+                "table ip t flowtable hw (devices wan0, hardware offload)"
+            ]
+        );
+        assert!(nft_flowtables(&serde_json::json!({"nftables": []})).is_empty());
     }
 
     #[test]
