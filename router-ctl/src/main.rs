@@ -600,6 +600,22 @@ fn run(cli: Cli) -> Result<i32> {
         _ => None,
     };
     if let Some(ns) = &cli.netns {
+        // A namespace deleted while its router was attached: its pins and
+        // records stay (the pins hold the maps' kernel memory), and only
+        // `detach` removes them, from outside.
+        if !netns_path(ns).exists()
+            && let Some(left) = lifecycle::orphaned(&ctx)
+        {
+            if matches!(cli.cmd, Cmd::Detach) {
+                return lifecycle::detach_orphaned(&ctx).map(|()| 0);
+            }
+            bail!(
+                "no network namespace {ns:?} ({} missing), but a router attached there left \
+                 {left} behind (the maps hold kernel memory until removed): `router-ctl -n {ns} \
+                 detach` removes them",
+                netns_path(ns).display()
+            );
+        }
         // Enter only the network namespace, on the only thread: interface
         // names and netlink resolve there, pins stay in our bpffs.
         enter_netns(ns)?;
@@ -711,8 +727,13 @@ fn print_whole(text: &[u8], what: &str) -> Result<i32> {
     }
 }
 
+/// Where `ip netns` keeps the named network namespace `name`.
+fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
+}
+
 fn enter_netns(name: &str) -> Result<()> {
-    let path = Path::new("/run/netns").join(name);
+    let path = netns_path(name);
     let f = fs::File::open(&path).with_context(|| {
         format!(
             "no network namespace {name:?} ({} missing; see `ip netns list`)",

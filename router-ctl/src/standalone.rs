@@ -388,6 +388,17 @@ pub fn tear_down(netns: Option<&str>) -> Result<bool> {
     Ok(true)
 }
 
+/// Removes the kernel side's record without undoing anything: for a
+/// router whose network namespace is gone (its sysctls and table with it).
+pub fn forget(netns: Option<&str>) -> Result<()> {
+    let path = record_path(netns);
+    match fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
 /// Whether two inclusive port ranges share a port.
 #[must_use]
 pub const fn overlap(a: (u16, u16), b: (u16, u16)) -> bool {

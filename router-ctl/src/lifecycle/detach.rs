@@ -102,6 +102,58 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     Ok(true)
 }
 
+/// What a router whose network namespace was deleted while it was
+/// attached left behind, described (`None`: nothing): its pin directory
+/// (the maps and the links, of interfaces that went with the namespace,
+/// held in kernel memory until unpinned) and its records.
+#[must_use]
+pub fn orphaned(ctx: &Ctx) -> Option<String> {
+    let mut left = Vec::new();
+    if ctx.pin_dir.exists() {
+        left.push(format!("its pins in {}", ctx.pin_dir.display()));
+    }
+    let record = state::state_path(ctx.ns());
+    if record.exists() {
+        left.push(format!("its attach record {}", record.display()));
+    }
+    (!left.is_empty()).then(|| left.join(" and "))
+}
+
+/// `detach` of a router whose network namespace is gone ([`orphaned`]):
+/// its pins (links detached first) and records removed, nothing else to
+/// undo (the interfaces, their sysctls and the slow-path table went with
+/// the namespace). Run outside any router namespace.
+pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
+    ensure_bpffs()?;
+    let lock = state::lock(ctx.ns())?;
+    let _signals = SignalsBlocked::new();
+    gc_tmp(ctx);
+    let dir = &ctx.pin_dir;
+    let left = if dir.exists() {
+        remove_pins(dir)?
+    } else {
+        Vec::new()
+    };
+    state::remove(ctx.ns())?;
+    standalone::forget(ctx.ns())?;
+    println!(
+        "the network namespace {} is gone, and its interfaces with it: removed the router's \
+         pins in {} and its records (its flows, port forwards and IPv6 pinholes went with the \
+         maps)",
+        state::ns_key(ctx.ns()),
+        dir.display()
+    );
+    if !left.is_empty() {
+        warn!(
+            "left {} in place: it holds files router-ctl did not make ({})",
+            dir.display(),
+            left.join(", ")
+        );
+    }
+    lock.remove_file();
+    Ok(())
+}
+
 /// Says which port forwards and IPv6 pinholes went with the maps, and the
 /// commands that add them back after the next attach: nothing keeps them
 /// (an attach starts with none, and `apply` sets those of its file).

@@ -38,7 +38,7 @@ use aya::programs::XdpMode;
 use router_common::maps::{Config, PortForwardKey, PortForwardTarget};
 use tracing::{info, warn};
 
-pub use detach::detach;
+pub use detach::{detach, detach_orphaned, orphaned};
 
 use crate::{
     clock,

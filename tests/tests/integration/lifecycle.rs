@@ -213,6 +213,54 @@ fn detach_restores_kernel_forwarding() {
     assert!(out.contains("nothing to do"), "{out}");
 }
 
+/// A router's network namespace deleted while it was attached (a
+/// container or a netns-based router torn down without a detach): its pins
+/// (the maps' kernel memory) and records stay. Every command on it says so
+/// and how to remove them, and `detach` removes them from outside.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
+    let t = Topology::new();
+    // Standalone mode (the kit's attach): its kernel side has a record too.
+    attach(&t, &[]);
+    let standalone_record = format!(
+        "{}/{}.standalone.json",
+        tests::STATE_DIR,
+        t.ns_name(Ns::Router)
+    );
+    assert!(std::path::Path::new(&standalone_record).exists());
+    let deleted = std::process::Command::new("ip")
+        .args(["netns", "delete", t.ns_name(Ns::Router)])
+        .status()
+        .unwrap();
+    assert!(deleted.success());
+    let o = t.router_ctl(&["status"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("no network namespace")
+            && err.contains(&pin_dir(&t).display().to_string())
+            && err.contains("detach` removes them"),
+        "{err}"
+    );
+    let out = t.router_ctl_ok(&["detach"]);
+    assert!(out.contains("is gone"), "{out}");
+    assert!(!pin_dir(&t).exists(), "pins left");
+    assert!(!state_file(&t).exists(), "record left");
+    assert!(
+        !std::path::Path::new(&standalone_record).exists(),
+        "kernel-side record left"
+    );
+    // Nothing left: the plain answer.
+    let o = t.router_ctl(&["detach"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no network namespace"),
+        "{err}"
+    );
+    assert!(!err.contains("removes them"), "{err}");
+}
+
 /// The port forwards and IPv6 pinholes live in the maps `detach` removes:
 /// the resize refusal says they go with the detach, `detach` names them
 /// with the commands that add them back, and those commands, run as a
