@@ -769,6 +769,8 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         println!("{name} is valid: {summary}");
         return Ok(());
     }
+    // One apply at a time, from its attach to its last rule.
+    let _applying = state::apply_lock(ctx.ns())?;
     // An attach that refuses (a resize, another interface) or rolls back
     // leaves the record as it was: nothing changed then.
     let record_before = state::load(ctx.ns()).ok().flatten();

@@ -182,17 +182,42 @@ fn same_file(f: &fs::File, path: &Path) -> bool {
 /// The router's lock, waiting up to 10 s for another router-ctl to
 /// release it.
 pub fn lock(netns: Option<&str>) -> Result<Lock> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let path = lock_path(netns);
+    lock_within(&path, Duration::from_secs(10)).map_err(|e| {
+        e.context(format!(
+            "another router-ctl is changing this router (it holds {} for more than 10 s); \
+             wait for it to finish",
+            path.display()
+        ))
+    })
+}
+
+/// The lock an `apply` (the command, or a daemon's reload of its file)
+/// holds from its attach to its last rule written, waiting up to 30 s for
+/// another one to finish: two applies of different files on one router
+/// would otherwise interleave (one file's configuration, the other's port
+/// forwards). It is not [`lock`], which the attach inside takes.
+pub fn apply_lock(netns: Option<&str>) -> Result<Lock> {
+    let path = Path::new(LOCK_DIR).join(format!("{}.apply.lock", ns_key(netns)));
+    lock_within(&path, Duration::from_secs(30)).map_err(|e| {
+        e.context(format!(
+            "another `router-ctl apply` (or a daemon's reload of its --config file) is \
+             applying a file to this router (it holds {} for more than 30 s); wait for it to \
+             finish",
+            path.display()
+        ))
+    })
+}
+
+/// The lock file at `path`, waiting up to `wait` for its holder.
+fn lock_within(path: &Path, wait: Duration) -> Result<Lock> {
+    let deadline = Instant::now() + wait;
     loop {
-        if let Some(lock) = try_lock(netns)? {
+        if let Some(lock) = try_lock_at(path)? {
             return Ok(lock);
         }
         if Instant::now() > deadline {
-            bail!(
-                "another router-ctl is changing this router (it holds {} for more than 10 s); \
-                 wait for it to finish",
-                lock_path(netns).display()
-            );
+            bail!("{} is held", path.display());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -206,14 +231,21 @@ fn lock_path(netns: Option<&str>) -> PathBuf {
 /// without waiting: the daemon, whose event loop must not stall behind an
 /// attach, looks again at its next tick.
 pub fn try_lock(netns: Option<&str>) -> Result<Option<Lock>> {
-    private_dir(Path::new(LOCK_DIR))?;
-    let path = lock_path(netns);
+    try_lock_at(&lock_path(netns))
+}
+
+/// The lock file at `path` if no other process holds it now.
+fn try_lock_at(path: &Path) -> Result<Option<Lock>> {
+    private_dir(path.parent().context("lock path without a directory")?)?;
     loop {
-        let Some(f) = lock_file(&path)? else {
+        let Some(f) = lock_file(path)? else {
             return Ok(None);
         };
-        if same_file(&f, &path) {
-            return Ok(Some(Lock { file: f, path }));
+        if same_file(&f, path) {
+            return Ok(Some(Lock {
+                file: f,
+                path: path.to_owned(),
+            }));
         }
         // Removed by a detach meanwhile: lock the new file.
     }
@@ -266,6 +298,24 @@ pub fn daemon_lock(netns: Option<&str>) -> Result<DaemonLock> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock another holder keeps is waited for, then refused; once
+    /// released it is taken (flock: two opens in one process conflict as
+    /// two processes do, as an apply and a daemon's reload would).
+    #[test]
+    fn a_held_lock_is_waited_for_then_refused() {
+        let dir = std::env::temp_dir().join(format!("router-ctl-lock-test-{}", std::process::id()));
+        let path = dir.join("r.apply.lock");
+        let held = lock_within(&path, Duration::ZERO).unwrap();
+        let started = Instant::now();
+        let refused = lock_within(&path, Duration::from_millis(200));
+        assert!(refused.is_err());
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        drop(held);
+        let again = lock_within(&path, Duration::ZERO).unwrap();
+        again.remove_file();
+        let _ = fs::remove_dir(&dir);
+    }
 
     #[test]
     fn timeouts_are_recorded_with_cli_names() {
