@@ -161,18 +161,24 @@ pub fn field_at(text: &str, offset: usize) -> Option<String> {
     let (line, _) = line_col(text, offset);
     let lines: Vec<&str> = text.lines().collect();
     let cur = lines.get(line - 1)?;
-    let key = cur.split_once('=').map(|(k, _)| k.trim().trim_matches('"'));
-    let header = lines[..line - 1].iter().rev().find_map(|l| {
+    let header_of = |l: &str| {
         let t = l.trim();
         t.strip_prefix("[[")
             .and_then(|x| x.strip_suffix("]]"))
             .or_else(|| t.strip_prefix('[').and_then(|x| x.strip_suffix(']')))
-            .map(str::trim)
-    });
+            .map(|h| h.trim().to_owned())
+    };
+    // A table header itself (an unknown table): its own name, not the
+    // table before it.
+    if let Some(h) = header_of(cur) {
+        return Some(h);
+    }
+    let key = cur.split_once('=').map(|(k, _)| k.trim().trim_matches('"'));
+    let header = lines[..line - 1].iter().rev().find_map(|l| header_of(l));
     match (header, key) {
         (Some(h), Some(k)) if !k.is_empty() && !k.starts_with('[') => Some(format!("{h}.{k}")),
         (None, Some(k)) if !k.is_empty() && !k.starts_with('[') => Some(k.to_owned()),
-        (Some(h), _) => Some(h.to_owned()),
+        (Some(h), _) => Some(h),
         _ => None,
     }
 }
@@ -543,7 +549,15 @@ impl Errors<'_> {
                     None
                 }
             };
-            let to = match parse::parse_forward_from(ph.to.get_ref()) {
+            // Only the `[LAN_ADDR6]:PORT` form: anything else (an IPv4
+            // target, a bare port) gets that form's message, not a port's.
+            let given = ph.to.get_ref();
+            let parsed = if given.starts_with('[') {
+                parse::parse_forward_from(given)
+            } else {
+                Ok(ForwardFrom::WanPort(0))
+            };
+            let to = match parsed {
                 Ok(ForwardFrom::Pinhole6(a)) => Some(a),
                 Ok(ForwardFrom::WanPort(_)) => {
                     self.at(
@@ -728,7 +742,13 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
     let d = parse_file_as(&name, &text, unstated)
         .map_err(|e| anyhow::Error::new(lifecycle::Unretryable(format!("{e:#}"))))?;
     // The interfaces and the WAN address, still without changing anything.
-    let cfg = config::resolve(&d.args).map_err(|e| located(&name, &text, &e))?;
+    // Its warnings said by the attach below, or here by a check.
+    let cfg = if check {
+        config::resolve(&d.args)
+    } else {
+        config::resolve_quietly(&d.args)
+    }
+    .map_err(|e| located(&name, &text, &e))?;
     let mut summary = String::new();
     let _ = write!(
         summary,
@@ -860,13 +880,15 @@ mod tests {
             "{base}[[pinhole]]\nproto = \"sctp\"\nto = \"[fe80::1]:22\"\n\
              [[pinhole]]\nproto = \"tcp\"\nto = \"22\"\n\
              [[pinhole]]\nproto = \"tcp\"\nto = \"[2001:db8:50::2]:22\"\n\
-             [[pinhole]]\nproto = \"tcp\"\nto = \"[2001:db8:50::2]:22\"\n"
+             [[pinhole]]\nproto = \"tcp\"\nto = \"[2001:db8:50::2]:22\"\n\
+             [[pinhole]]\nproto = \"tcp\"\nto = \"192.168.50.2:22\"\n"
         ));
         for want in [
             "r.toml:7: pinhole.proto: \"sctp\" is not tcp or udp",
             "r.toml:8: pinhole.to: fe80::1 is not a global unicast address",
             "r.toml:11: pinhole.to: \"22\" is not [LAN_ADDR6]:PORT",
             "r.toml:17: pinhole.to: tcp [2001:db8:50::2]:22 is given twice",
+            "r.toml:20: pinhole.to: \"192.168.50.2:22\" is not [LAN_ADDR6]:PORT",
         ] {
             assert!(e.contains(want), "{want:?} in {e}");
         }
@@ -1163,6 +1185,12 @@ mod tests {
         assert_eq!(
             field_at(t, t.rfind('1').unwrap()).as_deref(),
             Some("forward.proto")
+        );
+        // An unknown table is named by its own header.
+        let t = "[interfaces]\nlan = \"a\"\n[extra]\nfoo = 1\n";
+        assert_eq!(
+            field_at(t, t.find("extra").unwrap()).as_deref(),
+            Some("extra")
         );
     }
 }

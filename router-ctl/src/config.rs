@@ -476,6 +476,17 @@ fn nft_safe_name(field: ConfigField, name: &str) -> Result<(), ConfigError> {
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
+    resolve_saying(a, true)
+}
+
+/// [`resolve`] without its warning about a `--wan-addr` that is not the
+/// WAN's: for a look ahead of the attach that resolves again and says it
+/// (`apply`'s summary), so it is said once.
+pub fn resolve_quietly(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
+    resolve_saying(a, false)
+}
+
+fn resolve_saying(a: &AttachArgs, say: bool) -> Result<RouterConfig, ConfigError> {
     if a.admit == AdmitMode::Kernel && a.filtering != FilteringMode::default() {
         return Err(ConfigError::new(ConfigField::Filtering, OFFLOAD_FILTERING));
     }
@@ -541,7 +552,7 @@ pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
             )
         })?,
         WanAddr::Addr(x) => {
-            if !wan_addrs.contains(&x) {
+            if say && !wan_addrs.contains(&x) {
                 warn!(
                     "{x} is not an address of {wan}; replies reach the router only \
                      if the upstream routes {x} to it"
