@@ -231,8 +231,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1.0, value_name = "SECS", requires = "watch",
               value_parser = parse_interval)]
         interval: f64,
-        /// Stop after this many refreshes with --watch.
-        #[arg(long, value_name = "N", requires = "watch")]
+        /// Stop after this many refreshes with --watch (1 or more).
+        #[arg(long, value_name = "N", requires = "watch",
+              value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
     },
     /// Port-forward rules: new WAN -> LAN flows to the WAN address (standalone mode,
@@ -759,6 +760,12 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory as _;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn stats_watch_counts_one_refresh_or_more() {
+        assert!(parse(&["stats", "--watch", "--count", "0"]).is_err());
+        assert!(parse(&["stats", "--watch", "--count", "1"]).is_ok());
     }
 
     #[test]
