@@ -447,6 +447,13 @@ enum Keys {
     V6([FlowKey6; 2]),
 }
 
+/// The XDP keys of the connections an offloader carries.
+#[derive(Default)]
+struct OwnedKeys {
+    v4: std::collections::HashSet<FlowKey>,
+    v6: std::collections::HashSet<FlowKey6>,
+}
+
 /// Whether a lease may carry packets (not pending, not handed back): one
 /// [`Keys::remove`] must end before it removes the entry.
 fn carries(lease: u32) -> bool {
@@ -454,19 +461,66 @@ fn carries(lease: u32) -> bool {
 }
 
 impl Keys {
-    /// What a rewrite of the same connection keeps of both entries' window
-    /// tracking ([`tracking_to_keep`]), original direction first; `None`
-    /// when neither tracks (or is gone).
-    fn windows_to_keep<T: Table>(&self, table: &T, now_ns: u64) -> Option<[TcpWindow; 2]> {
+    /// The window scales of both entries that track ([`tracking_to_keep`]),
+    /// original direction first, as tracking that learns the rest again
+    /// ([`TCP_TRACK_LEARN`]): for the connection's offload after a new ct
+    /// mark, which may come much later (a keep-in-kernel mark, a witness
+    /// wait, the mark changed back), when what the entries learned may be
+    /// far behind; its scales are the connection's for good. `None` when
+    /// neither tracks (or is gone).
+    fn scales_to_keep<T: Table>(&self, table: &T, now_ns: u64) -> Option<[TcpWindow; 2]> {
         let kept = |old: Option<(u8, u32, TcpWindow)>| {
             old.and_then(|o| tracking_to_keep(o, now_ns))
-                .unwrap_or_default()
+                .map_or_else(TcpWindow::default, |t| TcpWindow {
+                    wscale: t.wscale,
+                    flags: TCP_TRACK_LEARN,
+                    ..TcpWindow::default()
+                })
         };
         let w = match self {
             Self::V4(keys) => keys.map(|k| kept(table.get(&k).map(|e| (e.flags, e.lease, e.tcp)))),
             Self::V6(keys) => keys.map(|k| kept(table.get6(&k).map(|e| (e.flags, e.lease, e.tcp)))),
         };
         (w != [TcpWindow::default(); 2]).then_some(w)
+    }
+
+    /// Removes those of both entries whose key no connection in `owned`
+    /// has (an earlier daemon's pair, whose keys a connection offloaded
+    /// since may have taken), live leases handed back first as in
+    /// [`Self::remove`]. Returns whether one of them carried.
+    fn remove_unowned<T: Table>(&self, table: &mut T, owned: &OwnedKeys) -> bool {
+        let mut carried = false;
+        match self {
+            Self::V4(keys) => {
+                let keys: Vec<&FlowKey> = keys.iter().filter(|k| !owned.v4.contains(*k)).collect();
+                for k in &keys {
+                    if let Some(e) = table.get(k)
+                        && carries(e.lease)
+                    {
+                        carried = true;
+                        let _ = table.swap_lease(k, e.lease, LEASE_HANDED_BACK);
+                    }
+                }
+                for k in keys {
+                    table.remove(k);
+                }
+            }
+            Self::V6(keys) => {
+                let keys: Vec<&FlowKey6> = keys.iter().filter(|k| !owned.v6.contains(*k)).collect();
+                for k in &keys {
+                    if let Some(e) = table.get6(k)
+                        && carries(e.lease)
+                    {
+                        carried = true;
+                        let _ = table.swap_lease6(k, e.lease, LEASE_HANDED_BACK);
+                    }
+                }
+                for k in keys {
+                    table.remove6(k);
+                }
+            }
+        }
+        carried
     }
 
     /// Removes both entries, their live leases handed back first: a packet of
@@ -1038,9 +1092,9 @@ pub struct Offloader<T, K> {
     /// order.
     witness_tries: HashMap<Tuple, u8>,
     witness_order: VecDeque<(Tuple, u64)>,
-    /// The window tracking of connections whose pair a new ct mark removed
-    /// (original direction first, [`tracking_to_keep`]), for their offload
-    /// again: the kernel's entry is liberal by then and gives no scale.
+    /// The window scales of connections whose pair a new ct mark removed
+    /// (original direction first, [`Keys::scales_to_keep`]), for their
+    /// offload again: the kernel's entry is liberal by then and gives none.
     remarked_windows: HashMap<Tuple, [TcpWindow; 2]>,
     /// Carrying pairs an earlier daemon left of connections the kernel
     /// has, which this session has not taken over: each is removed at the
@@ -1162,6 +1216,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// A NEW or UPDATE event, or a dump row.
     pub fn conn(&mut self, c: &Conn, now_ns: u64) {
+        // A zone's connection is never offloaded, and what this offloader
+        // keeps per tuple (no zone in it) may be another zone's connection
+        // with the same tuple: not touched.
+        if c.zone != 0 {
+            return self.refused("zone");
+        }
         match eligibility(c) {
             Verdict::Offload => match self.flows.get(&c.orig) {
                 None => self.offload_when_settled(c, now_ns),
@@ -1188,7 +1248,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 // kept mark, IPsec, the route and its mark) is looked at
                 // again, with the kernel carrying it meanwhile.
                 Some(f) if f.mark != c.mark => {
-                    if let Some(w) = f.keys.windows_to_keep(&self.table, now_ns) {
+                    if let Some(w) = f.keys.scales_to_keep(&self.table, now_ns) {
                         self.remarked_windows.insert(c.orig, w);
                     }
                     self.end(&c.orig);
@@ -1200,6 +1260,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             Verdict::Wait(_) => {}
             Verdict::Refuse(why) => {
                 self.remarked_windows.remove(&c.orig);
+                if !self.flows.contains_key(&c.orig) && self.release_inherited(&c.orig) {
+                    self.stats.ended_not_taken_over += 1;
+                }
                 let waiting = self.witness_tries.remove(&c.orig).is_some();
                 if self.end(&c.orig) {
                     self.stats.ended_closing += 1;
@@ -1214,8 +1277,15 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// A DESTROY event.
     pub fn destroy(&mut self, c: &Conn) {
+        // Another zone's connection: see `conn`.
+        if c.zone != 0 {
+            return;
+        }
         self.remarked_windows.remove(&c.orig);
         let waiting = self.witness_tries.remove(&c.orig).is_some();
+        if self.release_inherited(&c.orig) {
+            self.stats.ended_destroyed += 1;
+        }
         if self.end(&c.orig) {
             self.stats.ended_destroyed += 1;
         } else if self.settling.remove(&c.orig).is_some() {
@@ -1767,6 +1837,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 packet_mark,
             },
         );
+        // Taken over: what the earlier daemon's pair had that this one
+        // has not (another mapping's keys) goes.
+        self.release_inherited(&c.orig);
         self.stats.offloaded += 1;
         tracing::debug!("offloaded {:?} -> {:?}", c.orig, c.reply);
     }
@@ -2057,7 +2130,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // ended one's. An IPv6 entry's peer is its key reversed.
         let mut own4 = std::collections::HashSet::new();
         let mut own6 = std::collections::HashSet::new();
-        for c in dump {
+        // Another zone's connection owns nothing here (see `conn`).
+        let dump: Vec<&Conn> = dump.iter().filter(|c| c.zone == 0).collect();
+        for c in &dump {
             if c.orig.src.is_ipv6() {
                 own6.extend([flow_key6(&c.orig), flow_key6(&c.reply)]);
             } else {
@@ -2101,12 +2176,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // first resync or still to be decided on.
         let carrying4: HashMap<FlowKey, FlowKey> = v4
             .iter()
-            .filter(|(_, e)| carries(e.lease))
+            .filter(|(_, e)| e.flags & FLAG_OFFLOADED != 0 && carries(e.lease))
             .map(|(k, e)| (*k, e.peer))
             .collect();
         let carrying6: std::collections::HashSet<FlowKey6> = v6
             .iter()
-            .filter(|(_, e)| carries(e.lease))
+            .filter(|(_, e)| e.flags & FLAG_OFFLOADED != 0 && carries(e.lease))
             .map(|(k, _)| *k)
             .collect();
         for c in dump.iter().filter(|c| !self.flows.contains_key(&c.orig)) {
@@ -2143,33 +2218,68 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             .filter(|orig| !self.settling.contains_key(*orig))
             .copied()
             .collect();
+        if decided.is_empty() {
+            return;
+        }
+        let owned = self.owned_keys();
         let mut removed = 0;
         for orig in decided {
             let Some(keys) = self.inherited.remove(&orig) else {
                 continue;
             };
-            // Taken over: its entries are this session's now.
-            if self.flows.contains_key(&orig) {
-                continue;
+            // Taken over, its entries this session's now (a key of the
+            // old pair the new one does not have goes), or not: counted
+            // when one of its entries still carried.
+            if keys.remove_unowned(&mut self.table, &owned) && !self.flows.contains_key(&orig) {
+                removed += 1;
             }
-            keys.remove(&mut self.table);
-            removed += 1;
         }
         if removed > 0 {
             self.stats.ended_not_taken_over += removed;
             tracing::info!(
                 "removed the XDP entries of {removed} connections an earlier daemon offloaded \
                  that this one does not carry (refused under what changed while no daemon ran, \
-                 or closed while settling): the kernel carries them"
+                 closed while settling, or an offload that failed): the kernel carries them"
             );
         }
+    }
+
+    /// The keys of the connections this offloader carries.
+    fn owned_keys(&self) -> OwnedKeys {
+        let mut owned = OwnedKeys::default();
+        for f in self.flows.values() {
+            match f.keys {
+                Keys::V4(k) => owned.v4.extend(k),
+                Keys::V6(k) => owned.v6.extend(k),
+            }
+        }
+        owned
+    }
+
+    /// Removes at once what an earlier daemon left of `orig`'s pair (see
+    /// `inherited`) that no connection carried now owns: the connection
+    /// ended or was refused, or was offloaded anew (another mapping's keys).
+    /// Returns whether one of its entries still carried.
+    fn release_inherited(&mut self, orig: &Tuple) -> bool {
+        if !self.inherited.contains_key(orig) {
+            return false;
+        }
+        let owned = self.owned_keys();
+        self.inherited
+            .remove(orig)
+            .is_some_and(|keys| keys.remove_unowned(&mut self.table, &owned))
     }
 
     /// Starts over from a dump of the kernel's table: connections the
     /// kernel no longer has leave XDP, eligible ones are offloaded.
     pub fn resync(&mut self, dump: &[Conn], now_ns: u64) {
         self.stats.resyncs += 1;
-        let present: std::collections::HashSet<Tuple> = dump.iter().map(|c| c.orig).collect();
+        // Another zone's connection keeps no tuple present (see `conn`).
+        let present: std::collections::HashSet<Tuple> = dump
+            .iter()
+            .filter(|c| c.zone == 0)
+            .map(|c| c.orig)
+            .collect();
         let stale: Vec<Tuple> = self
             .flows
             .keys()
@@ -2770,10 +2880,11 @@ mod tests {
 
     /// A new ct mark (a ruleset reload that marks again, mwan3) removes an
     /// offloaded connection's pair and offloads it again from the kernel's
-    /// entry, liberal by then (no scales): the windows its entries learned
-    /// are carried over, so a blind RST is still judged.
+    /// entry, liberal by then (no scales): its entries' window scales are
+    /// carried over and the rest learned again, so a blind RST is still
+    /// judged.
     #[test]
-    fn a_remarked_connection_keeps_its_learned_windows() {
+    fn a_remarked_connection_keeps_its_window_scales() {
         let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
         (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
         c.tcp_state = Some(tcp_state::ESTABLISHED);
@@ -2803,9 +2914,19 @@ mod tests {
         };
         o.conn(&remarked, 2);
         assert_eq!((o.len(), o.stats.ended_remarked), (1, 1), "{:?}", o.stats);
-        assert_eq!(o.table.0[&flow_key(&c.orig)].tcp, known);
-        let reply = o.table.0[&flow_key(&c.reply)].tcp;
-        assert_eq!((reply.flags, reply.wscale), (TCP_TRACK_LEARN, 9));
+        // Its scales, to learn the rest again: what it learned may be far
+        // behind by the time it is offloaded again.
+        for (k, wscale) in [(flow_key(&c.orig), 7), (flow_key(&c.reply), 9)] {
+            assert_eq!(
+                o.table.0[&k].tcp,
+                TcpWindow {
+                    wscale,
+                    flags: TCP_TRACK_LEARN,
+                    ..TcpWindow::default()
+                },
+                "{k:?}"
+            );
+        }
         assert!(o.remarked_windows.is_empty());
     }
 
@@ -4126,6 +4247,84 @@ mod tests {
         }
         o.tick(22 + TCP_SETTLE_NS);
         assert_eq!((o.len(), o.stats.ended_not_taken_over), (2, 2));
+    }
+
+    /// A connection of another conntrack zone with the same tuple as an
+    /// offloaded one (zones exist for that) is refused without touching the
+    /// offloaded one: its updates and its end are not the other's.
+    #[test]
+    fn another_zones_connection_leaves_an_offloaded_one_with_its_tuple_alone() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        let zoned = Conn {
+            zone: 7,
+            mark: 0x42,
+            ..c.clone()
+        };
+        o.conn(&zoned, 2);
+        o.destroy(&zoned);
+        o.resync(std::slice::from_ref(&zoned), 3);
+        assert_eq!(o.stats.not_offloaded.get("zone"), Some(&2), "{:?}", o.stats);
+        // The resync found only the zoned one: the zone-0 one is not in it.
+        assert_eq!((o.len(), o.stats.ended_destroyed), (0, 1), "{:?}", o.stats);
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        o.conn(&zoned, 2);
+        o.destroy(&zoned);
+        assert_eq!(
+            (o.len(), o.stats.ended_remarked, o.stats.ended_destroyed),
+            (1, 0, 0)
+        );
+        assert_eq!(o.table.0.len(), 2);
+    }
+
+    /// An earlier daemon's pair of a connection the kernel ends while the
+    /// new daemon settles it goes at once with the DESTROY; one whose key a
+    /// connection offloaded since owns keeps that key.
+    #[test]
+    fn an_inherited_pair_goes_with_its_connection_and_keeps_keys_taken_since() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
+        (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
+        c.tcp_state = Some(tcp_state::ESTABLISHED);
+        let mut earlier = offloader(&[&c]);
+        earlier.conn(&c, 1);
+        assert_eq!(earlier.len(), 1);
+        let table = std::mem::take(&mut earlier.table);
+        let mut o = offloader_on(&[&c], table, FakeKernel::default());
+        o.immediate_tcp = TokenBucket::new(Rate {
+            per_sec: 0,
+            burst: 0,
+        });
+        let dump = [c.clone()];
+        o.resync(&dump, 10);
+        assert_eq!((o.len(), o.settling()), (0, 1));
+        let v4: Vec<_> = o.table.0.iter().map(|(k, e)| (*k, *e)).collect();
+        assert_eq!(o.sweep_left_behind(&v4, &[], &dump), Swept::default());
+        let ended = o.stats.ended_destroyed;
+        o.destroy(&c);
+        assert_eq!(o.stats.ended_destroyed, ended + 1, "{:?}", o.stats);
+        assert!(o.table.0.is_empty(), "{:?}", o.table.0);
+        assert!(o.inherited.is_empty());
+
+        // Owned since: a key of the inherited pair that a carried
+        // connection has now stays.
+        let owned = OwnedKeys {
+            v4: [flow_key(&c.reply)].into_iter().collect(),
+            ..OwnedKeys::default()
+        };
+        let mut t = MemTable::default();
+        let pair = entries(&c, true, 1, lease_until(1, 30), 0);
+        for (k, e) in &pair {
+            t.0.insert(*k, *e);
+        }
+        let keys = Keys::V4([pair[0].0, pair[1].0]);
+        assert!(keys.remove_unowned(&mut t, &owned));
+        assert_eq!(
+            t.0.keys().copied().collect::<Vec<_>>(),
+            [flow_key(&c.reply)]
+        );
     }
 
     /// Every look the witness waits allow after the first one at `first_ns`,
