@@ -983,22 +983,33 @@ impl Check {
     }
 }
 
-/// The warning for an nftables flowtable `f` ([`standalone::flowtables`]).
-fn flowtable_check(f: &str) -> Check {
+/// The warning for an nftables flowtable `f` on an attached interface
+/// ([`standalone::flowtables`]), in offload mode or not.
+fn flowtable_check(f: &standalone::Flowtable, offload: bool) -> Check {
+    let how = if f.hardware {
+        "the NIC forwards its flows before XDP sees them: they skip the fast path and \
+         router-ctl's counts"
+    } else if offload {
+        "a second fast path after XDP's (at the ingress hook): it takes each connection \
+         before the daemon offloads it, and its teardown later rewrites the connection's \
+         conntrack entry under the daemon"
+    } else {
+        "a second fast path after XDP's (at the ingress hook): it holds only what XDP \
+         leaves to the kernel"
+    };
     Check {
         iface: "netfilter".into(),
         name: "flowtable",
         level: Level::Warn,
         detail: format!(
-            "nftables {f}: a second fast path (software flow offloading) behind XDP's: \
-             XDP sees each packet first and carries the flows it admits or is given, so \
-             the flowtable holds only what XDP leaves to the kernel; router-ctl is not \
-             tested alongside one"
+            "nftables {} (software flow offloading): {how}; router-ctl is not tested \
+             alongside one",
+            f.describe()
         ),
         fix: Some(
-            "turn software flow offloading off (OpenWrt: Network -> Firewall -> Software \
-             flow offloading; fw4's flow_offloading option), so that one fast path \
-             carries each flow"
+            "turn flow offloading off (OpenWrt: Network -> Firewall -> Software flow \
+             offloading; fw4's flow_offloading and flow_offloading_hw options), so that one \
+             fast path carries each flow"
                 .into(),
         ),
     }
@@ -1009,7 +1020,7 @@ fn flowtable_check(f: &str) -> Check {
 /// router attached in offload mode they are fine). Reported under the
 /// name `netfilter`.
 #[must_use]
-pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
+pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path, ifaces: &[String]) -> Vec<Check> {
     let mode = PinnedMaps::at(pin_dir)
         .read_config()
         .ok()
@@ -1066,10 +1077,12 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
             ),
         });
     }
+    // On an attached interface (or on none named: all of them).
     out.extend(
         standalone::flowtables(&ruleset)
             .iter()
-            .map(|f| flowtable_check(f)),
+            .filter(|f| f.devices.is_empty() || f.devices.iter().any(|d| ifaces.contains(d)))
+            .map(|f| flowtable_check(f, offload)),
     );
     for c in chains {
         if offload {
@@ -1609,7 +1622,7 @@ pub fn doctor(
     cs.extend(source_route_check(pin_dir));
     cs.extend(ipsec_check(pin_dir));
     cs.extend(policy_rules_check(pin_dir));
-    cs.extend(firewall_checks(netns, pin_dir));
+    cs.extend(firewall_checks(netns, pin_dir, ifaces));
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
         println!("{}", json!({"checks": cs, "ok": !failed}));
@@ -1652,6 +1665,38 @@ mod tests {
 
     /// `IPsec` policies: none is fine, some warn in offload mode (covered
     /// connections stay in the kernel) and fail in standalone mode.
+    #[test]
+    fn a_flowtable_is_described_by_what_it_does_beside_xdp() {
+        let f = |hardware| standalone::Flowtable {
+            name: "table inet fw4 flowtable ft".into(),
+            devices: vec!["lan0".into(), "wan0".into()],
+            hardware,
+        };
+        let hw = flowtable_check(&f(true), true);
+        assert!(
+            hw.detail.contains("the NIC forwards its flows before XDP"),
+            "{}",
+            hw.detail
+        );
+        let offload = flowtable_check(&f(false), true);
+        assert!(
+            offload.detail.contains("before the daemon offloads it"),
+            "{}",
+            offload.detail
+        );
+        let standalone = flowtable_check(&f(false), false);
+        assert!(
+            standalone.detail.contains("holds only what XDP leaves"),
+            "{}",
+            standalone.detail
+        );
+        assert!(
+            [hw, offload, standalone]
+                .iter()
+                .all(|c| c.level == Level::Warn && c.detail.contains("(devices lan0, wan0"))
+        );
+    }
+
     #[test]
     fn ipsec_policies_warn_in_offload_mode_and_fail_standalone() {
         assert_eq!(ipsec_verdict(0, true).level, Level::Ok);

@@ -652,12 +652,43 @@ pub fn nft_source_nat(ruleset: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// The nftables flowtables (software flow offloading: the `flow_offloading`
-/// option of `OpenWrt`'s `fw4`, `flow add @ft` rules) in nftables' ruleset JSON, one
-/// line each: `table inet fw4 flowtable ft (devices lan0, wan0)`, with
-/// `, hardware offload` when it has the `offload` flag.
+/// An nftables flowtable (software flow offloading: the `flow_offloading`
+/// option of `OpenWrt`'s `fw4`, `flow add @ft` rules).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flowtable {
+    /// `table inet fw4 flowtable ft`.
+    pub name: String,
+    /// The interfaces it is on.
+    pub devices: Vec<String>,
+    /// `flags offload`: the NIC forwards its flows.
+    pub hardware: bool,
+}
+
+impl Flowtable {
+    /// `table inet fw4 flowtable ft (devices lan0, wan0)`, with `, hardware
+    /// offload` when it has the `offload` flag.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (devices {}{})",
+            self.name,
+            if self.devices.is_empty() {
+                "none".to_owned()
+            } else {
+                self.devices.join(", ")
+            },
+            if self.hardware {
+                ", hardware offload"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// The nftables flowtables in nftables' ruleset JSON.
 #[must_use]
-pub fn nft_flowtables(ruleset: &serde_json::Value) -> Vec<String> {
+pub fn nft_flowtables(ruleset: &serde_json::Value) -> Vec<Flowtable> {
     let items = ruleset
         .get("nftables")
         .and_then(serde_json::Value::as_array)
@@ -668,36 +699,35 @@ pub fn nft_flowtables(ruleset: &serde_json::Value) -> Vec<String> {
         .map(|f| {
             let s = |k: &str| f.get(k).and_then(|x| x.as_str()).unwrap_or("?");
             // One device is a string, more an array.
-            let devices: Vec<&str> = match f.get("dev") {
-                Some(serde_json::Value::String(d)) => vec![d.as_str()],
-                Some(serde_json::Value::Array(a)) => {
-                    a.iter().filter_map(serde_json::Value::as_str).collect()
-                }
+            let devices = match f.get("dev") {
+                Some(serde_json::Value::String(d)) => vec![d.clone()],
+                Some(serde_json::Value::Array(a)) => a
+                    .iter()
+                    .filter_map(serde_json::Value::as_str)
+                    .map(str::to_owned)
+                    .collect(),
                 _ => Vec::new(),
             };
-            let hardware = f
-                .get("flags")
-                .map(ToString::to_string)
-                .is_some_and(|flags| flags.contains("\"offload\""));
-            format!(
-                "table {} {} flowtable {} (devices {}{})",
-                s("family"),
-                s("table"),
-                s("name"),
-                if devices.is_empty() {
-                    "none".to_owned()
-                } else {
-                    devices.join(", ")
-                },
-                if hardware { ", hardware offload" } else { "" }
-            )
+            Flowtable {
+                name: format!(
+                    "table {} {} flowtable {}",
+                    s("family"),
+                    s("table"),
+                    s("name")
+                ),
+                devices,
+                hardware: f
+                    .get("flags")
+                    .map(ToString::to_string)
+                    .is_some_and(|flags| flags.contains("\"offload\"")),
+            }
         })
         .collect()
 }
 
 /// [`nft_flowtables`] of a ruleset read (none when it could not be).
 #[must_use]
-pub fn flowtables(ruleset: &Ruleset) -> Vec<String> {
+pub fn flowtables(ruleset: &Ruleset) -> Vec<Flowtable> {
     ruleset.0.as_ref().map(nft_flowtables).unwrap_or_default()
 }
 
@@ -911,13 +941,16 @@ mod tests {
             {"chain":{"family":"inet","table":"fw4","name":"forward","hook":"forward","policy":"drop"}}]}"#,
         )
         .unwrap();
+        let f = nft_flowtables(&v);
         assert_eq!(
-            nft_flowtables(&v),
+            f.iter().map(Flowtable::describe).collect::<Vec<_>>(),
             [
                 "table inet fw4 flowtable ft (devices lan0, wan0)",
                 "table ip t flowtable hw (devices wan0, hardware offload)"
             ]
         );
+        assert_eq!((f[0].hardware, f[1].hardware), (false, true));
+        assert_eq!(f[1].devices, ["wan0"]);
         assert!(nft_flowtables(&serde_json::json!({"nftables": []})).is_empty());
     }
 

@@ -111,10 +111,10 @@ pub fn router(ctx: XdpContext) -> u32 {
         // LAN, whose source is judged (IPv4 passes it leaves as they are).
         if v.action == xdp_action::XDP_PASS && v.counter != Counter::PassNotIpv4 {
             let v = v6::judge_passed(&ctx, v.pack()).unpack();
-            // A LAN host's own fragment, let through: its first one opens
-            // the datagram's flow.
+            // A fragment let through: its first one goes to its
+            // datagram's flow (tracked, or opened from the LAN).
             if v.counter == Counter::Pass6ExtFragment {
-                v6::open_fragmented(&ctx);
+                v6::fragment_of_a_flow(&ctx);
             }
             v
         } else {

@@ -14,8 +14,7 @@ use router_common::{
         initial_state, needs_refresh, offloaded_hit, open_tracking, tcp_control, tcp_learn,
         tcp_observe, tcp_opens_flow,
     },
-    hdr::get_u16,
-    ipv6::{IPPROTO_ICMPV6, frame6, get_addr6, icmp6, ipv6, next_header},
+    ipv6::{IPPROTO_ICMPV6, ipv6},
     maps::{
         Admit, Counter, FLAG_OFFLOADED, FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowEntry6, FlowKey6,
         FlowState, IPPROTO_TCP, IPPROTO_UDP, LEASE_HANDED_BACK, TCP_TRACK_LEARN, TcpWindow,
@@ -506,53 +505,40 @@ pub fn admit(
     Ok(hop)
 }
 
-/// Standalone mode: opens the flow of a datagram a LAN host fragmented
-/// itself (larger than the path MTU: a large ping, a large UDP datagram;
-/// RFC 8200 4.5) from its first fragment, whose header names the flow, as
-/// its unfragmented packet would (`Flow6NewOutbound`). The fragments go on
-/// to the kernel, which forwards them; the replies, fragmented or not, are
-/// then a known flow's, which the inbound filter lets in (without the flow
-/// it dropped them: `ping -s 3000` from the LAN got no answer). UDP and
-/// echo requests only: a TCP sender does not fragment (its MSS), and a
-/// flow already open keeps its entries ([`commit`] claims no live tuple).
-/// Called for a first fragment whose source the FIB routes back to the
-/// LAN and whose destination it routes out of the WAN.
+/// Standalone mode: the flow of a first fragment's datagram (`key`, read
+/// from the header the fragment starts with) as its unfragmented packet
+/// would meet it, the fragments going on to the kernel all the same: a
+/// hit (or an evicted half rebuilt) is tracked, its time refreshed and a
+/// UDP flow's first reply noted, so a flow whose datagrams are all
+/// fragmented lives as long as it is used; a miss from the LAN to the WAN
+/// (`to_wan`) opens the flow (`Flow6NewOutbound`, a full table
+/// `pass6_table_full`): a datagram the LAN host fragmented itself (larger
+/// than the path MTU: a large ping, a large UDP datagram; RFC 8200 4.5),
+/// whose replies, fragmented or not, are then a known flow's, which the
+/// inbound filter lets in (without the flow it dropped them: `ping -s
+/// 3000` from the LAN got no answer). A miss from the WAN opens nothing.
 #[inline(always)]
-pub fn open_fragmented(md: *mut xdp_md) {
-    let (data, end) = crate::parse::bounds(md);
-    let l3 = data + frame6::IPV6;
-    // The fixed header, the Fragment header, 8 bytes of what it carries.
-    if l3 + ipv6::LEN + 16 > end {
+pub fn fragment_of_a_flow(
+    ctx: &XdpContext,
+    key: &FlowKey6,
+    side: Ingress<'_>,
+    to_wan: impl FnOnce() -> bool,
+    now: u64,
+) {
+    if let Some(e) = lookup(key, side, now).or_else(|| restored(key, side, now)) {
+        // SAFETY: map value pointer from the lookup, valid for this run;
+        // no other reference to the entry is live.
+        track_hit(ctx, key, unsafe { &mut *e }, 0, now);
         return;
     }
-    // SAFETY: within the bounds checked just above.
-    let (ip, fragment, l4) = unsafe {
-        (
-            &*(l3 as *const [u8; ipv6::LEN]),
-            &*((l3 + ipv6::LEN) as *const [u8; 8]),
-            &*((l3 + ipv6::LEN + 8) as *const [u8; 8]),
-        )
-    };
-    if ip[ipv6::NEXT_HEADER] != next_header::FRAGMENT || get_u16(fragment, 2) & 0xfff8 != 0 {
+    if !side.from_lan || !to_wan() {
         return;
     }
-    let (src, dst) = (get_addr6(ip, ipv6::SRC), get_addr6(ip, ipv6::DST));
-    let key = match fragment[0] {
-        IPPROTO_UDP => FlowKey6::new(src, dst, get_u16(l4, 0), get_u16(l4, 2), IPPROTO_UDP),
-        IPPROTO_ICMPV6 if l4[0] == icmp6::ECHO_REQUEST => {
-            let id = get_u16(l4, 4);
-            FlowKey6::new(src, dst, id, id, IPPROTO_ICMPV6)
-        }
-        _ => return,
-    };
-    let Some(cfg) = crate::maps::CONFIG.get(0) else {
-        return;
-    };
-    if matches!(
-        commit(md, &key, 0, &cfg.timeouts, crate::clock::now()),
-        Claim::Done
-    ) {
-        event(Counter::Flow6NewOutbound);
+    match commit(ctx.ctx, key, 0, &side.cfg.timeouts, now) {
+        Claim::Done => event(Counter::Flow6NewOutbound),
+        Claim::Failed => event(Counter::Pass6TableFull),
+        // The reverse tuple is a live flow's own: it keeps it.
+        Claim::Taken => {}
     }
 }
 

@@ -536,22 +536,69 @@ fn judge_lan(ctx: &XdpContext, v: Verdict, lan_ifindex: u32) -> Verdict {
 }
 
 /// Standalone mode, after [`judge_passed`] let a Fragment header pass
-/// (`pass6_ext_fragment`): a first fragment from the LAN (its source
-/// judged there) to the WAN opens its datagram's flow
-/// ([`flow::open_fragmented`]).
+/// (`pass6_ext_fragment`; from the LAN, its source judged there): a first
+/// fragment of a UDP datagram or an echo request or reply, sent to this
+/// router's MAC and with a hop limit it forwards, goes to its flow
+/// ([`flow::fragment_of_a_flow`]: tracked, or opened from the LAN to the
+/// WAN).
 // Inline in the entry point, whose frame has room for the flow key: in
 // a subprogram of its own (or in `judge_passed`) the chain down to
 // `commit` passed the 512-byte stack.
 #[inline(always)]
-pub fn open_fragmented(ctx: &XdpContext) {
+pub fn fragment_of_a_flow(ctx: &XdpContext) {
     let Some(side) = ingress(ctx) else {
         return;
     };
-    if side.from_lan && side.cfg.admit == Admit::Xdp as u8 && routed_to(ctx, side.cfg.wan_ifindex) {
-        flow::open_fragmented(ctx.ctx);
+    if side.cfg.admit != Admit::Xdp as u8 {
+        return;
     }
+    let (data, end) = crate::parse::bounds(ctx.ctx);
+    let l3 = data + frame6::IPV6;
+    // The fixed header, the Fragment header, 8 bytes of what it carries.
+    if l3 + ipv6::LEN + 16 > end {
+        return;
+    }
+    // SAFETY: within the bounds checked just above.
+    let (eth, ip, fragment, l4) = unsafe {
+        (
+            &*(data as *const [u8; eth::LEN]),
+            &*(l3 as *const [u8; ipv6::LEN]),
+            &*((l3 + ipv6::LEN) as *const [u8; 8]),
+            &*((l3 + ipv6::LEN + 8) as *const [u8; 8]),
+        )
+    };
+    // Within the payload (trailing bytes are no header), a first fragment
+    // the kernel forwards (its hop limit), sent to this router.
+    if ip[ipv6::NEXT_HEADER] != next_header::FRAGMENT
+        || get_u16(ip, ipv6::PAYLOAD_LEN) < 16
+        || ip[ipv6::HOP_LIMIT] <= 1
+        || get_u16(fragment, 2) & 0xfff8 != 0
+        || addressed_to_us(ctx, eth, side, VMAC_IPV6).is_err()
+    {
+        return;
+    }
+    let (src, dst) = (get_addr6(ip, ipv6::SRC), get_addr6(ip, ipv6::DST));
+    let echo = if side.from_lan {
+        icmp6::ECHO_REQUEST
+    } else {
+        icmp6::ECHO_REPLY
+    };
+    let key = match fragment[0] {
+        IPPROTO_UDP => FlowKey6::new(src, dst, get_u16(l4, 0), get_u16(l4, 2), IPPROTO_UDP),
+        IPPROTO_ICMPV6 if l4[0] == echo => {
+            let id = get_u16(l4, 4);
+            FlowKey6::new(src, dst, id, id, IPPROTO_ICMPV6)
+        }
+        _ => return,
+    };
+    flow::fragment_of_a_flow(
+        ctx,
+        &key,
+        side,
+        || routed_to(ctx, side.cfg.wan_ifindex),
+        crate::clock::now(),
+    );
 }
-
 /// Whether the FIB routes the IPv6 packet of `ctx` out of `ifindex` (no
 /// MTU check).
 // A BPF subprogram of its own: inlined, the FIB parameters landed on a

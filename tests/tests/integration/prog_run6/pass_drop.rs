@@ -615,8 +615,12 @@ fn inbound_fragments_pass_only_as_part_of_a_known_flow() {
 /// unfragmented packet would, so that the reply, fragmented or not, gets
 /// in (without the flow the inbound filter dropped it). A later fragment
 /// opens nothing (no header), nor does a TCP segment's first fragment (a
-/// TCP sender does not fragment), one to another LAN host, or one with a
-/// source the LAN does not route back.
+/// TCP sender does not fragment), one to another LAN host, one with a
+/// source the LAN does not route back (another network's, the router's
+/// own), one with a hop limit of 1, one sent to another MAC, or any in
+/// offload mode. First fragments of a flow keep it alive both ways (a
+/// flow whose datagrams are all fragmented), note its first reply, and
+/// rebuild an evicted half rather than overwrite the other.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 #[expect(
@@ -626,7 +630,7 @@ fn inbound_fragments_pass_only_as_part_of_a_known_flow() {
 fn outbound_first_fragment_opens_its_datagrams_flow() {
     use router_common::{
         ipv6::IPPROTO_ICMPV6,
-        maps::{FLAG_ORIGINAL, FlowKey6, FlowState},
+        maps::{FLAG_ORIGINAL, FLAG_PORT_FORWARD, FlowKey6, FlowState},
     };
     use tests::v6::LAN_NOBODY6;
     let env = topology();
@@ -692,6 +696,38 @@ fn outbound_first_fragment_opens_its_datagrams_flow() {
             lan,
             Counter::Drop6SpoofedSource,
         );
+        let own = o(ROUTER_WAN6);
+        r.drop_frame(
+            "first fragment with the router's address as source",
+            &from_client(
+                &env,
+                &fragment(own, s, IPPROTO_UDP, 0, 4, &udp(own, s, 5000, 6000)),
+            ),
+            lan,
+            Counter::Drop6SpoofedSource,
+        );
+        let last_hop = fragment(c, s, IPPROTO_UDP, 0, 4, &udp(c, s, 5001, 6000)).hop_limit(1);
+        r.pass(
+            "first fragment with hop limit 1",
+            &from_client(&env, &last_hop),
+            lan,
+            Counter::Pass6ExtFragment,
+        );
+        let elsewhere = fragment(c, s, IPPROTO_UDP, 0, 4, &udp(c, s, 5002, 6000));
+        r.pass(
+            "first fragment to another MAC",
+            &elsewhere.frame([2, 0, 0, 0, 0, 0x99], env.client_mac),
+            lan,
+            Counter::Pass6ExtFragment,
+        );
+        r.0.configure(&config(&env, Admit::Kernel));
+        r.pass(
+            "first fragment in offload mode",
+            &from_client(&env, &elsewhere),
+            lan,
+            Counter::Pass6ExtFragment,
+        );
+        r.0.configure(&config(&env, Admit::Xdp));
         r.assert_flows("nothing opened", &[]);
 
         // A large UDP datagram's first fragment, and a large ping's.
@@ -761,6 +797,14 @@ fn outbound_first_fragment_opens_its_datagrams_flow() {
             wan,
             Counter::Pass6ExtFragment,
         );
+        // The fragmented reply noted the UDP flow's first reply.
+        let replied = [
+            (udp_flow, FlowState::UdpReplied, FLAG_ORIGINAL),
+            (udp_flow.reversed(), FlowState::UdpReplied, 0),
+            (echo_flow, FlowState::Icmp, FLAG_ORIGINAL),
+            (echo_flow.reversed(), FlowState::Icmp, 0),
+        ];
+        r.assert_flows("the fragmented reply noted", &replied);
         let whole = Ipv6::udp(s, c, &Udp::new(5060, 40000, b"200 OK"));
         r.redirect(
             "a whole UDP reply",
@@ -769,6 +813,88 @@ fn outbound_first_fragment_opens_its_datagrams_flow() {
             &to_client(&env, &whole),
             Counter::Fwd6Inbound,
             &[],
+        );
+
+        // Fragments alone keep the flow alive: its times, aged past the
+        // refresh interval, are refreshed by a first fragment each way.
+        for (what, k, frame, ifindex) in [
+            (
+                "out",
+                udp_flow,
+                from_client(
+                    &env,
+                    &fragment(c, s, IPPROTO_UDP, 0, 10, &udp(c, s, 40000, 5060)),
+                ),
+                lan,
+            ),
+            (
+                "in",
+                udp_flow.reversed(),
+                from_server(
+                    &env,
+                    &fragment(s, c, IPPROTO_UDP, 0, 11, &udp(s, c, 5060, 40000)),
+                ),
+                wan,
+            ),
+        ] {
+            let mut e = r.conntrack6()[&k];
+            e.last_seen_ns -= 2 * router_common::flow::REFRESH_NS;
+            r.put6(&k, &e);
+            r.pass(
+                &format!("first fragment {what}"),
+                &frame,
+                ifindex,
+                Counter::Pass6ExtFragment,
+            );
+            let after = r.conntrack6();
+            assert!(
+                after[&k].last_seen_ns > e.last_seen_ns,
+                "{what}: {:?}",
+                after[&k]
+            );
+            assert_eq!(
+                after[&k].last_seen_ns,
+                after[&k.reversed()].last_seen_ns,
+                "{what}: both entries"
+            );
+        }
+
+        // An evicted half is rebuilt from the other, not written anew over
+        // it: a pinhole's flow keeps its flag.
+        r.pinhole(c, IPPROTO_UDP, 5062);
+        let inbound = Ipv6::udp(s, c, &Udp::new(33000, 5062, b"call"));
+        r.redirect(
+            "UDP to a pinhole",
+            &from_server(&env, &inbound),
+            wan,
+            &to_client(&env, &inbound),
+            Counter::Fwd6Inbound,
+            &[Counter::Flow6NewPinhole],
+        );
+        let pinhole_flow = FlowKey6::new(s, c, 33000, 5062, IPPROTO_UDP);
+        let flags = r.conntrack6()[&pinhole_flow.reversed()].flags;
+        r.remove6(&pinhole_flow);
+        let answer = from_client(
+            &env,
+            &fragment(c, s, IPPROTO_UDP, 0, 12, &udp(c, s, 5062, 33000)),
+        );
+        r.check(
+            "the LAN host's fragmented answer",
+            &answer,
+            lan,
+            XDP_PASS,
+            &answer,
+            Counter::Pass6ExtFragment,
+            &[Counter::Eviction6Detected],
+        );
+        let after = r.conntrack6();
+        assert_eq!(
+            (
+                after[&pinhole_flow.reversed()].flags,
+                after[&pinhole_flow].flags & FLAG_PORT_FORWARD
+            ),
+            (flags, FLAG_PORT_FORWARD),
+            "{after:?}"
         );
     });
 }
