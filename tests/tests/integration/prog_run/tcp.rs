@@ -424,7 +424,10 @@ fn offloaded_connection_carries_a_blind_rst_and_hands_back_a_true_one() {
         }
         // A blind FIN: past the client's window (64,000 bytes from 5000,
         // with the half window of slack for acknowledgements in flight).
-        let blind_fin = from_server(seg(5000 + 200_000, 1000, 300, TCP_FIN | TCP_ACK));
+        // Its acknowledgement moved far on: an out-of-window segment
+        // teaches the tracking nothing.
+        let blind_fin = from_server(seg(5000 + 200_000, 1000 + 100_000, 300, TCP_FIN | TCP_ACK));
+        let tracking = [orig, reply].map(|k| r.raw_entry(&k).tcp);
         r.redirect(
             "blind FIN in",
             &env.server_sends(&blind_fin),
@@ -433,14 +436,15 @@ fn offloaded_connection_carries_a_blind_rst_and_hands_back_a_true_one() {
             Counter::FwdInbound,
             &[Counter::TcpOutOfWindow],
         );
-        for k in [orig, reply] {
+        for (k, t) in [orig, reply].into_iter().zip(tracking) {
             let e = r.raw_entry(&k);
             assert_eq!(
-                (e.lease, e.state),
-                (lease, FlowState::TcpEstablished as u8),
+                (e.lease, e.state, e.tcp),
+                (lease, FlowState::TcpEstablished as u8, t),
                 "after the blind FIN {k:?}"
             );
         }
+        assert_eq!(tracking[1], known(1000, 300));
         r.redirect(
             "data in after it",
             &env.server_sends(&answer),
