@@ -2828,11 +2828,20 @@ mod tests {
         assert_eq!(o.table.0[&flow_key(&d.orig)].tcp, TcpWindow::default());
     }
 
-    /// A connection taken over (a restarted daemon, a re-opened session:
-    /// conntrack is liberal by then and gives no scale) keeps the windows
-    /// the data path learned, and one still learning keeps learning.
-    #[test]
-    fn a_taken_over_connection_keeps_its_learned_windows() {
+    /// The window tracking the original direction of
+    /// [`offloaded_with_learned_windows`]'s connection learned.
+    const LEARNED: TcpWindow = TcpWindow {
+        ack: 5000,
+        win: 500,
+        wscale: 7,
+        flags: TCP_TRACK_KNOWN,
+    };
+
+    /// A TCP connection (scales 7 and 9 in the kernel's entry at its
+    /// offload) offloaded, whose original direction's entry then learned
+    /// [`LEARNED`]; and the kernel's entry as it is after the offload
+    /// (liberal: no scales).
+    fn offloaded_with_learned_windows() -> (Conn, Offloader<MemTable, FakeKernel>, Conn) {
         let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
         (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
         c.tcp_state = Some(tcp_state::ESTABLISHED);
@@ -2840,25 +2849,28 @@ mod tests {
             tcp_wscale: Some([7, 9]),
             ..c.clone()
         };
-        let mut earlier = offloader(&[&fresh]);
-        earlier.conn(&c, 1);
-        assert_eq!(earlier.len(), 1, "{:?}", earlier.stats);
-        let known = TcpWindow {
-            ack: 5000,
-            win: 500,
-            wscale: 7,
-            flags: TCP_TRACK_KNOWN,
-        };
-        earlier.table.0.get_mut(&flow_key(&c.orig)).unwrap().tcp = known;
-        let table = std::mem::take(&mut earlier.table);
+        let mut o = offloader(&[&fresh]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        o.table.0.get_mut(&flow_key(&c.orig)).unwrap().tcp = LEARNED;
         let liberal = Conn {
             tcp_liberal: true,
-            ..fresh.clone()
+            ..fresh
         };
+        (c, o, liberal)
+    }
+
+    /// A connection taken over (a restarted daemon, a re-opened session:
+    /// conntrack is liberal by then and gives no scale) keeps the windows
+    /// the data path learned, and one still learning keeps learning.
+    #[test]
+    fn a_taken_over_connection_keeps_its_learned_windows() {
+        let (c, mut earlier, liberal) = offloaded_with_learned_windows();
+        let table = std::mem::take(&mut earlier.table);
         let mut o = offloader_on(&[&liberal], table, FakeKernel::default());
         o.resync(std::slice::from_ref(&liberal), 10);
         assert_eq!(o.len(), 1, "{:?}", o.stats);
-        assert_eq!(o.table.0[&flow_key(&c.orig)].tcp, known);
+        assert_eq!(o.table.0[&flow_key(&c.orig)].tcp, LEARNED);
         let reply = o.table.0[&flow_key(&c.reply)].tcp;
         assert_eq!((reply.flags, reply.wscale), (TCP_TRACK_LEARN, 9));
         // Not what a handed-back pair learned: a new connection's.
@@ -2873,7 +2885,7 @@ mod tests {
         // be far behind the connection's).
         let lease = lease_until(10, 30);
         o.table.0.get_mut(&flow_key(&c.orig)).unwrap().lease = lease;
-        assert_eq!(tracking_to_keep(old(&o), 10), Some(known));
+        assert_eq!(tracking_to_keep(old(&o), 10), Some(LEARNED));
         let later = (u64::from(lease) + 1) << router_common::maps::LEASE_TICK_SHIFT;
         assert_eq!(tracking_to_keep(old(&o), later), None);
     }
@@ -2885,28 +2897,8 @@ mod tests {
     /// judged.
     #[test]
     fn a_remarked_connection_keeps_its_window_scales() {
-        let mut c = masq_udp(CONFIRMED | SEEN_REPLY | ASSURED);
-        (c.orig.proto, c.reply.proto) = (IPPROTO_TCP, IPPROTO_TCP);
-        c.tcp_state = Some(tcp_state::ESTABLISHED);
-        let fresh = Conn {
-            tcp_wscale: Some([7, 9]),
-            ..c.clone()
-        };
-        let mut o = offloader(&[&fresh]);
-        o.conn(&c, 1);
-        assert_eq!(o.len(), 1, "{:?}", o.stats);
-        let known = TcpWindow {
-            ack: 5000,
-            win: 500,
-            wscale: 7,
-            flags: TCP_TRACK_KNOWN,
-        };
-        o.table.0.get_mut(&flow_key(&c.orig)).unwrap().tcp = known;
+        let (c, mut o, liberal) = offloaded_with_learned_windows();
         // The kernel's entry is liberal now (the offload set it).
-        let liberal = Conn {
-            tcp_liberal: true,
-            ..fresh.clone()
-        };
         o.kernel.conns = vec![liberal];
         let remarked = Conn {
             mark: c.mark ^ 0x10,
