@@ -104,8 +104,10 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
 
 /// What a router whose network namespace was deleted while it was
 /// attached left behind, described (`None`: nothing): its pin directory
-/// (the maps and the links, of interfaces that went with the namespace,
-/// held in kernel memory until unpinned) and its records.
+/// (the maps and the links, held in kernel memory until unpinned) and its
+/// records; and, when a pinned link still runs on an interface, which (the
+/// namespace lives on without its name: a process holds it; or a NIC went
+/// back to the host's namespace).
 #[must_use]
 pub fn orphaned(ctx: &Ctx) -> Option<String> {
     let mut left = Vec::new();
@@ -116,39 +118,92 @@ pub fn orphaned(ctx: &Ctx) -> Option<String> {
     if record.exists() {
         left.push(format!("its attach record {}", record.display()));
     }
-    (!left.is_empty()).then(|| left.join(" and "))
+    if left.is_empty() {
+        return None;
+    }
+    let live = live_links(ctx);
+    if !live.is_empty() {
+        left.push(format!(
+            "its XDP links still run on interface index {} (the namespace lives on, held by \
+             a process, or a NIC went back to the host's namespace)",
+            live.join(", ")
+        ));
+    }
+    Some(left.join(" and "))
 }
 
-/// `detach` of a router whose network namespace is gone ([`orphaned`]):
-/// its pins (links detached first) and records removed, nothing else to
-/// undo (the interfaces, their sysctls and the slow-path table went with
-/// the namespace). Run outside any router namespace.
+/// The interface indexes the router's pinned links still run on (a link
+/// whose interface was destroyed has none).
+fn live_links(ctx: &Ctx) -> Vec<String> {
+    inspect(&ctx.pin_dir)
+        .links
+        .iter()
+        .filter_map(|(_, l)| l.as_ref().ok())
+        .filter(|l| l.info.ifindex != 0)
+        .map(|l| l.info.ifindex.to_string())
+        .collect()
+}
+
+/// `detach` of a router whose network namespace is gone from
+/// `/run/netns` ([`orphaned`]), run from outside it: refused while a
+/// `router-ctl run` serves it (its daemon holds the namespace); else its
+/// links detached (also one still on an interface: said), its pins and
+/// records removed, its mode remembered and its port forwards named as
+/// `detach` does. What lived inside the namespace (standalone mode's
+/// nftables table and sysctls) went with it, or is out of reach.
 pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
     ensure_bpffs()?;
+    // Free only while no daemon serves the router; held until the end.
+    let _no_daemon = state::daemon_lock(ctx.ns()).context(
+        "its `router-ctl run` still runs, in the namespace it keeps alive: stop it first \
+         (systemctl stop xdp-router, or kill it), then detach",
+    )?;
     let lock = state::lock(ctx.ns())?;
     let _signals = SignalsBlocked::new();
     gc_tmp(ctx);
     let dir = &ctx.pin_dir;
-    let left = if dir.exists() {
+    let running = inspect(dir);
+    let record = state::load(ctx.ns()).ok().flatten();
+    remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
+    let rules = forward::rules(&ctx.maps());
+    let live = live_links(ctx);
+    let left = if running.any_pins() {
         remove_pins(dir)?
     } else {
+        let _ = fs::remove_dir(dir);
         Vec::new()
     };
     state::remove(ctx.ns())?;
     standalone::forget(ctx.ns())?;
-    println!(
-        "the network namespace {} is gone, and its interfaces with it: removed the router's \
-         pins in {} and its records (its flows, port forwards and IPv6 pinholes went with the \
-         maps)",
-        state::ns_key(ctx.ns()),
-        dir.display()
-    );
+    let ns = state::ns_key(ctx.ns());
+    if live.is_empty() {
+        println!(
+            "the network namespace {ns} is gone, and its interfaces with it: removed the \
+             router's {}records",
+            if running.any_pins() {
+                format!("pins in {} and its ", dir.display())
+            } else {
+                String::new()
+            }
+        );
+    } else {
+        println!(
+            "the network namespace {ns} is gone from /run/netns, but the router's XDP links \
+             still ran on interface index {}: detached them and removed the router's pins and \
+             records; what standalone mode set up inside the namespace (its nftables table, \
+             sysctls) is out of reach",
+            live.join(", ")
+        );
+    }
     if !left.is_empty() {
         warn!(
             "left {} in place: it holds files router-ctl did not make ({})",
             dir.display(),
             left.join(", ")
         );
+    }
+    if running.any_pins() {
+        tell_rules_removed(ctx, rules);
     }
     lock.remove_file();
     Ok(())

@@ -216,7 +216,8 @@ fn detach_restores_kernel_forwarding() {
 /// A router's network namespace deleted while it was attached (a
 /// container or a netns-based router torn down without a detach): its pins
 /// (the maps' kernel memory) and records stay. Every command on it says so
-/// and how to remove them, and `detach` removes them from outside.
+/// and how to remove them, and `detach` removes them from outside, once no
+/// `router-ctl run` (which keeps the namespace alive) serves it.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
@@ -229,11 +230,28 @@ fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
         t.ns_name(Ns::Router)
     );
     assert!(std::path::Path::new(&standalone_record).exists());
+    // Its daemon keeps the namespace alive (it entered it): the links
+    // still run, and detach is refused until it stops.
+    let mut daemon = crate::offload::Daemon::start(&t, &[]);
     let deleted = std::process::Command::new("ip")
         .args(["netns", "delete", t.ns_name(Ns::Router)])
         .status()
         .unwrap();
     assert!(deleted.success());
+    let o = t.router_ctl(&["status"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("still run on interface index"), "{err}");
+    let o = t.router_ctl(&["detach"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("still runs"), "{err}");
+    assert!(pin_dir(&t).exists());
+    daemon.kill9();
+    // The namespace goes with its last holder, its interfaces with it.
+    crate::ctl::wait_for(
+        "the namespace's interfaces to go",
+        Duration::from_secs(10),
+        || !String::from_utf8_lossy(&t.router_ctl(&["status"]).stderr).contains("still run on"),
+    );
     let o = t.router_ctl(&["status"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
@@ -244,8 +262,17 @@ fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
         "{err}"
     );
     let out = t.router_ctl_ok(&["detach"]);
-    assert!(out.contains("is gone"), "{out}");
+    assert!(out.contains("is gone, and its interfaces with it"), "{out}");
     assert!(!pin_dir(&t).exists(), "pins left");
+    // Its mode is remembered for the next attach, as detach does.
+    assert!(
+        std::path::Path::new(&format!(
+            "{}/{}.last-admit",
+            tests::STATE_DIR,
+            t.ns_name(Ns::Router)
+        ))
+        .exists()
+    );
     assert!(!state_file(&t).exists(), "record left");
     assert!(
         !std::path::Path::new(&standalone_record).exists(),
