@@ -158,6 +158,11 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// `[table]` or `[[array]]` header above it, plus the key before `=`.
 #[must_use]
 pub fn field_at(text: &str, offset: usize) -> Option<String> {
+    // An error about the whole file (a missing table) starts at its first
+    // byte: no field to name.
+    if offset == 0 {
+        return None;
+    }
     let (line, _) = line_col(text, offset);
     let lines: Vec<&str> = text.lines().collect();
     let cur = lines.get(line - 1)?;
@@ -732,7 +737,23 @@ impl std::fmt::Display for PartlyApplied {
     }
 }
 
+/// How long `apply` waits for another apply of the router to finish.
+pub const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
+    apply_waiting(ctx, path, check, APPLY_WAIT)
+}
+
+/// [`apply`], waiting up to `wait` for another apply of the router (a
+/// daemon's reload waits less: its event loop waits with it).
+pub fn apply_waiting(ctx: &Ctx, path: &Path, check: bool, wait: std::time::Duration) -> Result<()> {
+    // One apply at a time, from the file's reading (the mode it leaves
+    // unstated is the router's then) to its last rule.
+    let _applying = if check {
+        None
+    } else {
+        Some(state::apply_lock(ctx.ns(), wait)?)
+    };
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let name = path.display().to_string();
@@ -789,8 +810,6 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
         println!("{name} is valid: {summary}");
         return Ok(());
     }
-    // One apply at a time, from its attach to its last rule.
-    let _applying = state::apply_lock(ctx.ns())?;
     // An attach that refuses (a resize, another interface) or rolls back
     // leaves the record as it was: nothing changed then.
     let record_before = state::load(ctx.ns()).ok().flatten();
@@ -1186,6 +1205,8 @@ mod tests {
             field_at(t, t.rfind('1').unwrap()).as_deref(),
             Some("forward.proto")
         );
+        // The whole file: no field (not the first table's name).
+        assert_eq!(field_at("[router]\nadmit = \"xdp\"\n", 0), None);
         // An unknown table is named by its own header.
         let t = "[interfaces]\nlan = \"a\"\n[extra]\nfoo = 1\n";
         assert_eq!(

@@ -983,8 +983,8 @@ impl Check {
     }
 }
 
-/// The warning for an nftables flowtable `f` on an attached interface
-/// ([`standalone::flowtables`]), in offload mode or not.
+/// The warning for an nftables flowtable `f` ([`standalone::flowtables`]),
+/// in offload mode or not.
 fn flowtable_check(f: &standalone::Flowtable, offload: bool) -> Check {
     let how = if f.hardware {
         "the NIC forwards its flows before XDP sees them: they skip the fast path and \
@@ -1020,7 +1020,7 @@ fn flowtable_check(f: &standalone::Flowtable, offload: bool) -> Check {
 /// router attached in offload mode they are fine). Reported under the
 /// name `netfilter`.
 #[must_use]
-pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path, ifaces: &[String]) -> Vec<Check> {
+pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
     let mode = PinnedMaps::at(pin_dir)
         .read_config()
         .ok()
@@ -1077,11 +1077,11 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path, ifaces: &[String]) -
             ),
         });
     }
-    // On an attached interface (or on none named: all of them).
+    // Every one: a flowtable lists the ports and lower devices (a bridge's
+    // ports, a VLAN's parent), not the interface XDP is attached to.
     out.extend(
         standalone::flowtables(&ruleset)
             .iter()
-            .filter(|f| f.devices.is_empty() || f.devices.iter().any(|d| ifaces.contains(d)))
             .map(|f| flowtable_check(f, offload)),
     );
     for c in chains {
@@ -1622,7 +1622,7 @@ pub fn doctor(
     cs.extend(source_route_check(pin_dir));
     cs.extend(ipsec_check(pin_dir));
     cs.extend(policy_rules_check(pin_dir));
-    cs.extend(firewall_checks(netns, pin_dir, ifaces));
+    cs.extend(firewall_checks(netns, pin_dir));
     let failed = cs.iter().any(|c| c.level == Level::Fail);
     if as_json {
         println!("{}", json!({"checks": cs, "ok": !failed}));
@@ -1663,8 +1663,9 @@ pub fn xdp_off_keyword(mode: &str) -> &'static str {
 mod tests {
     use super::*;
 
-    /// `IPsec` policies: none is fine, some warn in offload mode (covered
-    /// connections stay in the kernel) and fail in standalone mode.
+    /// An nftables flowtable's warning says what it does beside XDP:
+    /// hardware offload forwards first, a software one after XDP, before
+    /// the daemon in offload mode.
     #[test]
     fn a_flowtable_is_described_by_what_it_does_beside_xdp() {
         let f = |hardware| standalone::Flowtable {
@@ -1697,6 +1698,8 @@ mod tests {
         );
     }
 
+    /// `IPsec` policies: none is fine, some warn in offload mode (covered
+    /// connections stay in the kernel) and fail in standalone mode.
     #[test]
     fn ipsec_policies_warn_in_offload_mode_and_fail_standalone() {
         assert_eq!(ipsec_verdict(0, true).level, Level::Ok);

@@ -193,18 +193,20 @@ pub fn lock(netns: Option<&str>) -> Result<Lock> {
 }
 
 /// The lock an `apply` (the command, or a daemon's reload of its file)
-/// holds from its attach to its last rule written, waiting up to 30 s for
-/// another one to finish: two applies of different files on one router
-/// would otherwise interleave (one file's configuration, the other's port
-/// forwards). It is not [`lock`], which the attach inside takes.
-pub fn apply_lock(netns: Option<&str>) -> Result<Lock> {
+/// holds from reading the file to its last rule written, waiting up to
+/// `wait` for another one to finish: two applies of different files on
+/// one router would otherwise interleave (one file's configuration, the
+/// other's port forwards). It is not [`lock`], which the attach inside
+/// takes.
+pub fn apply_lock(netns: Option<&str>, wait: Duration) -> Result<Lock> {
     let path = Path::new(LOCK_DIR).join(format!("{}.apply.lock", ns_key(netns)));
-    lock_within(&path, Duration::from_secs(30)).map_err(|e| {
+    lock_within(&path, wait).map_err(|e| {
         e.context(format!(
             "another `router-ctl apply` (or a daemon's reload of its --config file) is \
-             applying a file to this router (it holds {} for more than 30 s); wait for it to \
-             finish",
-            path.display()
+             applying a file to this router (it held {} for more than {} s); wait for it to \
+             finish and try again",
+            path.display(),
+            wait.as_secs()
         ))
     })
 }

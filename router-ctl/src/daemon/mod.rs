@@ -490,7 +490,8 @@ fn reload(ctx: &Ctx, config: Option<&Path>) {
         return;
     };
     service::reloading();
-    match apply::apply(ctx, path, false) {
+    // Not the command's 30 s: the event loop waits with it.
+    match apply::apply_waiting(ctx, path, false, std::time::Duration::from_secs(5)) {
         Ok(()) => {
             tracing::info!("reloaded {}", path.display());
             eprintln!("router-ctl run: reloaded {}", path.display());
