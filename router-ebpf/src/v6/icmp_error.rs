@@ -75,14 +75,14 @@ pub fn forward(
         }));
     };
     // A reply to the quoted packet would carry this key.
-    let key = FlowKey6::new(
+    let mut key = FlowKey6::new(
         get_addr6(inner_ip, ipv6::DST),
         quoted_src,
         dport,
         sport,
         proto,
     );
-    if !live_wan_entry(&key, &side.cfg.timeouts, crate::clock::now()) {
+    if !live_wan_entry(&mut key, &side.cfg.timeouts, crate::clock::now()) {
         return Err(unsolicited(ctx, ip, side));
     }
     let hop = fib6(ctx, ip)?;

@@ -38,13 +38,29 @@ pub fn pinhole(addr: [u8; 16], proto: u8, port: u16) -> bool {
 
 /// Whether `key` is a live WAN-side entry's: a packet with this tuple
 /// belongs to a known flow as it comes in from the WAN (an `ICMPv6`
-/// error's quoted packet reversed, a first fragment's header).
+/// error's quoted packet reversed, a first fragment's header). A flow
+/// whose WAN-side entry the LRU evicted is known by its LAN-side one
+/// (the other direction's key, which a hit would rebuild it from): `key`
+/// is reversed in place to look for it (no second key on the stack).
 #[inline(always)]
-pub fn live_wan_entry(key: &FlowKey6, timeouts: &Timeouts, now: u64) -> bool {
-    // SAFETY: copied out at once.
-    match unsafe { CONNTRACK6.get(key) }.copied() {
-        // Only a WAN-side entry describes a packet that went to the WAN.
-        Some(e) => !e.lan_side() && !expired(e.state, e.last_seen_ns, now, timeouts),
+pub fn live_wan_entry(key: &mut FlowKey6, timeouts: &Timeouts, now: u64) -> bool {
+    if live_on(key, false, timeouts, now) {
+        return true;
+    }
+    core::mem::swap(&mut key.src_addr, &mut key.dst_addr);
+    core::mem::swap(&mut key.src_port, &mut key.dst_port);
+    live_on(key, true, timeouts, now)
+}
+
+/// Whether `key` has a live entry of the side `lan_side` (only a WAN-side
+/// entry describes a packet that went to the WAN).
+#[inline(always)]
+fn live_on(key: &FlowKey6, lan_side: bool, timeouts: &Timeouts, now: u64) -> bool {
+    match CONNTRACK6.get_ptr(key) {
+        // SAFETY: map value pointer, valid for this run; only read.
+        Some(e) => unsafe {
+            (*e).lan_side() == lan_side && !expired((*e).state, (*e).last_seen_ns, now, timeouts)
+        },
         None => false,
     }
 }

@@ -340,7 +340,7 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
         )
     };
     let (src, dst) = (get_addr6(ip, ipv6::SRC), get_addr6(ip, ipv6::DST));
-    let key = match ip[ipv6::NEXT_HEADER] {
+    let mut key = match ip[ipv6::NEXT_HEADER] {
         next_header::ESP | next_header::AH => return true,
         proto @ (IPPROTO_TCP | IPPROTO_UDP) => {
             let dport = get_u16(next, 2);
@@ -394,7 +394,7 @@ fn solicited_at(md: *mut xdp_md, l3: usize) -> bool {
         }
         _ => return false,
     };
-    maps::live_wan_entry(&key, &cfg.timeouts, crate::clock::now())
+    maps::live_wan_entry(&mut key, &cfg.timeouts, crate::clock::now())
 }
 
 /// The key a reply to the packet that the `ICMPv6` error of type

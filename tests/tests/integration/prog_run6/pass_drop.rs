@@ -859,6 +859,24 @@ fn outbound_first_fragment_opens_its_datagrams_flow() {
             );
         }
 
+        // The WAN-side entry evicted: the reply's first fragment still
+        // belongs to the flow (known by its LAN-side entry) and rebuilds it.
+        r.remove6(&udp_flow.reversed());
+        let reply = from_server(
+            &env,
+            &fragment(s, c, IPPROTO_UDP, 0, 13, &udp(s, c, 5060, 40000)),
+        );
+        r.check(
+            "first fragment in, its entry evicted",
+            &reply,
+            wan,
+            XDP_PASS,
+            &reply,
+            Counter::Pass6ExtFragment,
+            &[Counter::Eviction6Detected],
+        );
+        assert!(r.conntrack6().contains_key(&udp_flow.reversed()));
+
         // An evicted half is rebuilt from the other, not written anew over
         // it: a pinhole's flow keeps its flag.
         r.pinhole(c, IPPROTO_UDP, 5062);
