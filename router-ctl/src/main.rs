@@ -611,9 +611,9 @@ fn run(cli: Cli) -> Result<i32> {
                 return lifecycle::detach_orphaned(&ctx).map(|()| 0);
             }
             bail!(
-                "no network namespace {ns:?} ({} missing), but a router attached there left \
-                 {left} behind (the maps hold kernel memory until removed): `router-ctl -n {ns} \
-                 detach` removes them",
+                "no network namespace {ns:?} ({} missing), but a router attached there {left}. \
+                 Its pins hold the maps' kernel memory until removed: `router-ctl -n {ns} \
+                 detach` removes them (once no `router-ctl run` serves it)",
                 netns_path(ns).display()
             );
         }

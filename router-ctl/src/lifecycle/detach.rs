@@ -105,9 +105,9 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
 /// What a router whose network namespace was deleted while it was
 /// attached left behind, described (`None`: nothing): its pin directory
 /// (the maps and the links, held in kernel memory until unpinned) and its
-/// records; and, when a pinned link still runs on an interface, which (the
-/// namespace lives on without its name: a process holds it; or a NIC went
-/// back to the host's namespace).
+/// records, then, when a pinned link still runs on an interface, which
+/// (the namespace lives on without its name: a process holds it; or a NIC
+/// went back to the host's namespace).
 #[must_use]
 pub fn orphaned(ctx: &Ctx) -> Option<String> {
     let mut left = Vec::new();
@@ -121,15 +121,16 @@ pub fn orphaned(ctx: &Ctx) -> Option<String> {
     if left.is_empty() {
         return None;
     }
+    let mut said = format!("left {} behind", left.join(" and "));
     let live = live_links(ctx);
     if !live.is_empty() {
-        left.push(format!(
-            "its XDP links still run on interface index {} (the namespace lives on, held by \
-             a process, or a NIC went back to the host's namespace)",
+        said = format!(
+            "{said}; its XDP links still run on interface index {} (the namespace lives on, \
+             held by a process, or a NIC went back to the host's namespace)",
             live.join(", ")
-        ));
+        );
     }
-    Some(left.join(" and "))
+    Some(said)
 }
 
 /// The interface indexes the router's pinned links still run on (a link

@@ -599,6 +599,7 @@ pub fn fragment_of_a_flow(ctx: &XdpContext) {
         crate::clock::now(),
     );
 }
+
 /// Whether the FIB routes the IPv6 packet of `ctx` out of `ifindex` (no
 /// MTU check).
 // A BPF subprogram of its own: inlined, the FIB parameters landed on a
