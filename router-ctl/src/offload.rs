@@ -492,8 +492,8 @@ impl Keys {
         let mut carried = false;
         match self {
             Self::V4(keys) => {
-                let keys: Vec<&FlowKey> = keys.iter().filter(|k| !owned.v4.contains(*k)).collect();
-                for k in &keys {
+                let gone = |k: &&FlowKey| !owned.v4.contains(*k);
+                for k in keys.iter().filter(gone) {
                     if let Some(e) = table.get(k)
                         && carries(e.lease)
                     {
@@ -501,13 +501,13 @@ impl Keys {
                         let _ = table.swap_lease(k, e.lease, LEASE_HANDED_BACK);
                     }
                 }
-                for k in keys {
+                for k in keys.iter().filter(gone) {
                     table.remove(k);
                 }
             }
             Self::V6(keys) => {
-                let keys: Vec<&FlowKey6> = keys.iter().filter(|k| !owned.v6.contains(*k)).collect();
-                for k in &keys {
+                let gone = |k: &&FlowKey6| !owned.v6.contains(*k);
+                for k in keys.iter().filter(gone) {
                     if let Some(e) = table.get6(k)
                         && carries(e.lease)
                     {
@@ -515,7 +515,7 @@ impl Keys {
                         let _ = table.swap_lease6(k, e.lease, LEASE_HANDED_BACK);
                     }
                 }
-                for k in keys {
+                for k in keys.iter().filter(gone) {
                     table.remove6(k);
                 }
             }
@@ -529,32 +529,7 @@ impl Keys {
     /// rebuilds it with a dead lease, not one that would carry a flow the
     /// kernel ended past it until the lease ran out.
     fn remove<T: Table>(&self, table: &mut T) {
-        match self {
-            Self::V4(keys) => {
-                for k in keys {
-                    if let Some(e) = table.get(k)
-                        && carries(e.lease)
-                    {
-                        let _ = table.swap_lease(k, e.lease, LEASE_HANDED_BACK);
-                    }
-                }
-                for k in keys {
-                    table.remove(k);
-                }
-            }
-            Self::V6(keys) => {
-                for k in keys {
-                    if let Some(e) = table.get6(k)
-                        && carries(e.lease)
-                    {
-                        let _ = table.swap_lease6(k, e.lease, LEASE_HANDED_BACK);
-                    }
-                }
-                for k in keys {
-                    table.remove6(k);
-                }
-            }
-        }
+        self.remove_unowned(table, &OwnedKeys::default());
     }
 
     /// Whether the data path handed the connection back to the kernel (a

@@ -379,17 +379,13 @@ pub fn tear_down(netns: Option<&str>) -> Result<bool> {
         remove_table();
     }
     restore_sysctls(&rec);
-    let path = record_path(netns);
-    match fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
-    }
+    forget(netns)?;
     Ok(true)
 }
 
-/// Removes the kernel side's record without undoing anything: for a
-/// router whose network namespace is gone (its sysctls and table with it).
+/// Removes the kernel side's record without undoing anything (what
+/// [`tear_down`] does last; alone, for a router whose network namespace is
+/// gone, its sysctls and table with it).
 pub fn forget(netns: Option<&str>) -> Result<()> {
     let path = record_path(netns);
     match fs::remove_file(&path) {

@@ -13,7 +13,7 @@ use crate::{
     config::AdmitMode,
     ctx::Ctx,
     forward,
-    inspect::inspect,
+    inspect::{Running, inspect},
     maps::PinnedMaps,
     netlink,
     pins::{LINK_PINS, ensure_bpffs},
@@ -73,13 +73,7 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
         }
     };
     crash_point("detach-after-unpin");
-    if !left.is_empty() {
-        warn!(
-            "left {} in place: it holds files router-ctl did not make ({})",
-            dir.display(),
-            left.join(", ")
-        );
-    }
+    warn_left(dir, &left);
     for (idx, prog) in ifaces {
         if let Ok(l) = netlink::link(idx)
             && l.xdp.programs().iter().any(|(p, _)| *p == prog)
@@ -122,7 +116,7 @@ pub fn orphaned(ctx: &Ctx) -> Option<String> {
         return None;
     }
     let mut said = format!("left {} behind", left.join(" and "));
-    let live = live_links(ctx);
+    let live = live_links(&inspect(&ctx.pin_dir));
     if !live.is_empty() {
         said = format!(
             "{said}; its XDP links still run on interface index {} (the namespace lives on, \
@@ -133,10 +127,10 @@ pub fn orphaned(ctx: &Ctx) -> Option<String> {
     Some(said)
 }
 
-/// The interface indexes the router's pinned links still run on (a link
-/// whose interface was destroyed has none).
-fn live_links(ctx: &Ctx) -> Vec<String> {
-    inspect(&ctx.pin_dir)
+/// The interface indexes the router's pinned links (`running`) still run
+/// on (a link whose interface was destroyed has none).
+fn live_links(running: &Running) -> Vec<String> {
+    running
         .links
         .iter()
         .filter_map(|(_, l)| l.as_ref().ok())
@@ -167,7 +161,7 @@ pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
     let record = state::load(ctx.ns()).ok().flatten();
     remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
     let rules = forward::rules(&ctx.maps());
-    let live = live_links(ctx);
+    let live = live_links(&running);
     let left = if running.any_pins() {
         remove_pins(dir)?
     } else {
@@ -196,6 +190,16 @@ pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
             live.join(", ")
         );
     }
+    warn_left(dir, &left);
+    if running.any_pins() {
+        tell_rules_removed(ctx, rules);
+    }
+    lock.remove_file();
+    Ok(())
+}
+
+/// Warns of the files `remove_pins` left in `dir` (`left`: not router-ctl's).
+fn warn_left(dir: &Path, left: &[String]) {
     if !left.is_empty() {
         warn!(
             "left {} in place: it holds files router-ctl did not make ({})",
@@ -203,11 +207,6 @@ pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
             left.join(", ")
         );
     }
-    if running.any_pins() {
-        tell_rules_removed(ctx, rules);
-    }
-    lock.remove_file();
-    Ok(())
 }
 
 /// Says which port forwards and IPv6 pinholes went with the maps, and the

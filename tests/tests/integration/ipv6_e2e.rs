@@ -43,6 +43,28 @@ pub(crate) fn ping6(t: &Topology, from: Ns, to: std::net::Ipv6Addr, count: u32) 
     .success()
 }
 
+/// The client's `len`-byte UDP datagram to the server's `port` comes back
+/// whole, and the server saw the client's own address (IPv6 is routed,
+/// not translated); `what` names it in a failure.
+fn assert_udp6_echo(t: &Topology, port: u16, len: usize, what: &str) {
+    let payload = tests::pattern(len);
+    let srv = t.udp_echo_server(Ns::Server, SocketAddr::new(IpAddr::V6(SERVER6), port));
+    let got = t.udp_echo_client(
+        Ns::Client,
+        srv.local_addr(),
+        &payload,
+        Duration::from_secs(5),
+    );
+    let peer = srv.join();
+    assert_eq!(
+        got.as_deref().ok(),
+        Some(&payload[..]),
+        "{what}: {got:?}\n{}",
+        t.router_ctl_ok(&["stats"])
+    );
+    assert_eq!(peer.map(|p| p.ip()), Some(IpAddr::V6(CLIENT6)), "{what}");
+}
+
 /// A standalone router with IPv6 on every host and its neighbours known.
 fn router() -> Topology {
     let t = Topology::new();
@@ -183,22 +205,7 @@ fn a_lan_hosts_own_fragments_open_their_flow() {
         String::from_utf8_lossy(&o.stdout),
         t.router_ctl_ok(&["stats"])
     );
-    let payload = tests::pattern(3000);
-    let srv = t.udp_echo_server(Ns::Server, SocketAddr::new(IpAddr::V6(SERVER6), 5303));
-    let got = t.udp_echo_client(
-        Ns::Client,
-        srv.local_addr(),
-        &payload,
-        Duration::from_secs(5),
-    );
-    let peer = srv.join();
-    assert_eq!(
-        got.as_deref().ok(),
-        Some(&payload[..]),
-        "a 3000-byte datagram echoed: {got:?}\n{}",
-        t.router_ctl_ok(&["stats"])
-    );
-    assert_eq!(peer.map(|p| p.ip()), Some(IpAddr::V6(CLIENT6)));
+    assert_udp6_echo(&t, 5303, 3000, "a 3000-byte datagram echoed");
     let after = t.stats();
     assert_eq!(
         counter_delta(&before, &after, "flow6_new_outbound"),
@@ -405,21 +412,7 @@ fn ipv6_path_mtu_discovery_through_the_router() {
     attach_and_print(&t, &[]);
     v6::resolve_neighbours(&t);
     let before = t.stats();
-    let payload = tests::pattern(1400);
-    let srv = t.udp_echo_server(Ns::Server, SocketAddr::new(IpAddr::V6(SERVER6), 5300));
-    let got = t.udp_echo_client(
-        Ns::Client,
-        srv.local_addr(),
-        &payload,
-        Duration::from_secs(5),
-    );
-    let peer = srv.join();
-    assert_eq!(
-        got.as_deref().ok(),
-        Some(&payload[..]),
-        "1400-byte datagram across the 1280 link: {got:?}"
-    );
-    assert_eq!(peer.map(|p| p.ip()), Some(IpAddr::V6(CLIENT6)));
+    assert_udp6_echo(&t, 5300, 1400, "1400-byte datagram across the 1280 link");
     let after = t.stats();
     println!("{}", t.router_ctl_ok(&["stats"]));
     assert!(
