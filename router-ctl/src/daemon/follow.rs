@@ -382,38 +382,47 @@ pub(super) fn follow_wan_addr(
     }
     let old = std::mem::replace(&mut rec.config.wan_addr, now);
     let standalone_mode = rec.config.admit == AdmitMode::Xdp;
-    // The kernel side first: if it fails nothing changed (the record is
-    // saved last), and the next tick tries again.
+    // The data path first: until it maps to the new address, its flows'
+    // packets leave with the old one, which the router no longer holds
+    // (the kernel's masquerade drops its connections of a vanished
+    // address at once, in its address notifier). Done once: a retry after
+    // a failed kernel side below finds the new address in place.
+    let mut ended = 0;
+    if cfg.wan_addr != now.octets() {
+        if standalone_mode {
+            // Before the data path maps to the new address: every mapping
+            // is the old address's (its flows end below), and a TCP one
+            // would hold its port for days.
+            conntrack::clear_mappings(&ctx.maps())?;
+        }
+        cfg.wan_addr = now.octets();
+        ctx.maps()
+            .config()?
+            .set(0, cfg, 0)
+            .context("writing the configuration")?;
+        // Offload mode: the flows are the kernel's, whose masquerade drops
+        // them itself.
+        if standalone_mode {
+            ended = conntrack::remove_translated_to(&ctx.maps(), old.octets())?;
+        }
+    }
+    // Then the kernel side (an `nft -f`, tens of milliseconds): if it
+    // fails, the record still names the old address (it is saved last),
+    // and the next tick tries again.
     if standalone_mode {
         standalone::set_up(ctx.ns(), &standalone::Wanted::of(&rec.config))
             .context("moving standalone mode's slow-path NAT to the new WAN address")?;
     }
-    if standalone_mode {
-        // Before the data path maps to the new address: every mapping is
-        // the old address's (its flows end below), and a TCP one would
-        // hold its port for days.
-        conntrack::clear_mappings(&ctx.maps())?;
-    }
-    cfg.wan_addr = now.octets();
-    ctx.maps()
-        .config()?
-        .set(0, cfg, 0)
-        .context("writing the configuration")?;
     state::save(ctx.ns(), &rec)?;
-    // Offload mode: the flows are the kernel's, whose masquerade drops
-    // them itself.
-    let ended = if standalone_mode {
-        let kernel = end_kernel_flows_translated_to(old).unwrap_or_else(|e| {
+    if standalone_mode {
+        ended += end_kernel_flows_translated_to(old).unwrap_or_else(|e| {
             tracing::warn!(
                 "ending the kernel slow path's connections translated to {old}: {e}; they \
                  end when they time out"
             );
             0
         });
-        conntrack::remove_translated_to(&ctx.maps(), old.octets())? + kernel
-    } else {
-        0
-    };
+    }
     status.wan_addr_changes_followed += 1;
     eprintln!(
         "router-ctl run: {} (WAN) changed its IPv4 address from {old} to {now}: the router \

@@ -90,6 +90,9 @@ enum Input {
     Arp,
     /// The established UDP flow, LAN -> WAN.
     UdpOut,
+    /// One of [`SPREAD_FLOWS`] established UDP flows per call, LAN -> WAN,
+    /// each call another (see [`spread_flow`]).
+    UdpOutSpread,
     /// Its reply, WAN -> LAN.
     UdpReply,
     /// An established UDP flow offloaded from the kernel (offload mode's
@@ -121,7 +124,7 @@ struct Spec {
 
 /// Every case, in report order. The first runs the trivial floor program,
 /// the others the router program.
-const SPECS: [Spec; 11] = {
+const SPECS: [Spec; 12] = {
     const fn spec(
         name: &'static str,
         what: &'static str,
@@ -162,6 +165,14 @@ const SPECS: [Spec; 11] = {
             false,
             XDP_REDIRECT,
             Input::UdpOut,
+            false,
+        ),
+        spec(
+            "hit-udp-out-spread",
+            "the same, each call on another of 64000 flows: the entry is out of the CPU's near caches",
+            false,
+            XDP_REDIRECT,
+            Input::UdpOutSpread,
             false,
         ),
         spec(
@@ -241,6 +252,9 @@ fn measure(
 ) -> Result<Case, String> {
     let mut times = Vec::with_capacity(calls as usize);
     let mut unexpected = 0;
+    if matches!(s.input, Input::UdpOutSpread) {
+        touch_spread(r, frames.macs, ingress)?;
+    }
     for i in 0..calls {
         let f = frames.get(s.input, i);
         let (v, ns, _) = r.run(&f, ingress, 1)?;
@@ -392,6 +406,10 @@ impl Frames {
         match input {
             Input::Arp => self.arp.clone(),
             Input::UdpOut => out_udp(self.macs, 40_000),
+            Input::UdpOutSpread => {
+                let (sport, dport) = spread_flow(i);
+                out_udp_to(self.macs, sport, dport)
+            }
             Input::UdpReply => self.reply.clone(),
             Input::UdpOutOffloaded => out_udp(self.macs, OFFLOADED_SPORT),
             Input::TcpData => self.tcp_data.clone(),
@@ -449,13 +467,55 @@ fn mark_offloaded(
 
 /// A UDP datagram from the client's `sport` to the server, LAN -> WAN.
 fn out_udp(m: Macs, sport: u16) -> Vec<u8> {
+    out_udp_to(m, sport, 5001)
+}
+
+/// A UDP datagram from the client's `sport` to the server's `dport`.
+fn out_udp_to(m: Macs, sport: u16, dport: u16) -> Vec<u8> {
     let (cli, srv) = (CLIENT_ADDR.octets(), SERVER_ADDR.octets());
     Frame::new(
         m.lan,
         m.client,
-        Ipv4::new(cli, srv, Udp::new(sport, 5001, &PAYLOAD)),
+        Ipv4::new(cli, srv, Udp::new(sport, dport, &PAYLOAD)),
     )
     .bytes()
+}
+
+/// Flows of the spread case: 16,000 client ports (apart from the other
+/// cases' 10,000-40,003) to 4 server ports. Their LAN-side entries alone
+/// (160 bytes each in the kernel's hash table) are about 10 MB, past the
+/// CPU's own caches, so each call's entry comes from the shared cache or
+/// memory, as in a table whose live flows do not fit the caches (the
+/// flows rows of the live benchmark).
+const SPREAD_FLOWS: u32 = 64_000;
+const SPREAD_FIRST_SPORT: u16 = 41_000;
+const SPREAD_DPORTS: u32 = 4;
+
+/// The client and server port of the spread case's call `i`: the flows in
+/// an order that strides through the table (a multiplier prime to
+/// [`SPREAD_FLOWS`]), so consecutive calls never hit neighbouring flows.
+fn spread_flow(i: u32) -> (u16, u16) {
+    let j = (u64::from(i) * 48_271 % u64::from(SPREAD_FLOWS)) as u32;
+    let sport = SPREAD_FIRST_SPORT + (j / SPREAD_DPORTS) as u16;
+    let dport = 6001 + (j % SPREAD_DPORTS) as u16;
+    (sport, dport)
+}
+
+/// Runs the first (and, called again, the next) packet of every spread
+/// flow through `prog`: opens them, then brings each one's refresh up to
+/// date, so that the timed calls that follow within a second are plain
+/// hits (no refresh due), on entries the CPU's near caches have lost.
+fn touch_spread(prog: &dyn Runner, m: Macs, lan: u32) -> Result<(), String> {
+    for i in 0..SPREAD_FLOWS {
+        let (sport, dport) = spread_flow(i);
+        let (v, _, _) = prog.run(&out_udp_to(m, sport, dport), lan, 1)?;
+        if v != XDP_REDIRECT {
+            return Err(format!(
+                "spread flow {sport}->{dport} gave verdict {v} (expected XDP_REDIRECT)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A SYN from `CLIENT:sport` with a Linux SYN's options and a jumbo
@@ -831,6 +891,12 @@ fn interleaved(
             }
         };
         let mut per_call = vec![Vec::new(); n];
+        if matches!(spec.input, Input::UdpOutSpread) {
+            for (obj, p) in prepared.iter().enumerate() {
+                touch_spread(runner(obj), p.frames.macs, ingress)
+                    .map_err(|e| format!("object {obj}: {e}"))?;
+            }
+        }
         for i in 0..calls {
             for k in 0..n {
                 let obj = (k + i as usize) % n;
