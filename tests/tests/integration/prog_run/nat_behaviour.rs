@@ -502,6 +502,89 @@ fn outbound_packets_refresh_the_mapping_of_a_flow_the_wan_keeps_alive() {
     });
 }
 
+/// RFC 5508 REQ-4: an ICMP error about a masqueraded UDP flow is
+/// translated while the flow's NAT mapping lives, as the flow's data is
+/// (`mapping::keeps_udp_flow_alive`): past the flow's own timeout, with its
+/// mapping still held (by the endpoint's other flows, or its 300 s), a
+/// Port Unreachable and a Time Exceeded quoting its datagram reach the LAN
+/// host, and so does a datagram of the server's. Once the mapping is gone
+/// too, an error about the flow is the router's (unsolicited).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_error_about_a_udp_flow_past_its_timeout_is_translated_while_its_mapping_lives() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let client = endpoint(CLIENT, 40000, IPPROTO_UDP);
+        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 3478), 40000);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 3478, b"client"));
+        r.redirect(
+            "out: new flow",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        // Last seen 10 minutes ago: past every UDP timeout.
+        age(r, &[f.orig, f.reply()], 600 * NS_PER_SEC);
+        let held = |r: &mut Router, expires_ns| {
+            r.put_mapping(
+                IPPROTO_UDP,
+                40000,
+                Mapping {
+                    internal: client,
+                    expires_ns,
+                },
+            );
+        };
+        held(r, now_ns() + 60 * NS_PER_SEC);
+        // What the server got (TTL 63 after the router) and quotes back,
+        // and the client's own datagram as the client must see it quoted.
+        let quoted_wan = snat(&q, 40000);
+        let quoted_lan = Ipv4 {
+            src: CLIENT,
+            ..quoted_wan.clone()
+        };
+        let err = |t: u8, c: u8, quoted: &Ipv4, dst: [u8; 4]| {
+            let mut ip = Ipv4::new(SERVER, dst, Icmp::error(t, c, &quoted.bytes()));
+            if dst == CLIENT {
+                ip.ttl -= 1;
+            }
+            ip
+        };
+        for (t, c) in [(ICMP_DEST_UNREACH, 3), (ICMP_TIME_EXCEEDED, 0)] {
+            r.redirect(
+                &format!("ICMP {t}/{c} about the expired flow, its mapping held"),
+                &env.server_sends(&err(t, c, &quoted_wan, WAN)),
+                wan,
+                &env.to_client(&err(t, c, &quoted_lan, CLIENT)),
+                Counter::FwdInbound,
+                &[Counter::IcmpErrorTranslated],
+            );
+        }
+        let a = Ipv4::new(SERVER, WAN, Udp::new(3478, 40000, b"late"));
+        r.redirect(
+            "the server's datagram, its mapping held",
+            &env.server_sends(&a),
+            wan,
+            &env.to_client(&dnat(&a, CLIENT, 40000)),
+            Counter::FwdInbound,
+            &[],
+        );
+        // The mapping gone as well, the flow aged again (the datagram
+        // refreshed it).
+        held(r, now_ns() - NS_PER_SEC);
+        age(r, &[f.orig, f.reply()], 600 * NS_PER_SEC);
+        r.pass(
+            "ICMP 3/3 about the expired flow, its mapping gone",
+            &env.server_sends(&err(ICMP_DEST_UNREACH, 3, &quoted_wan, WAN)),
+            wan,
+            Counter::PassUnsolicited,
+        );
+    });
+}
+
 /// `cfg` with TCP's closed state lasting 1 s, so a freed mapping's port
 /// comes free within the test.
 fn closing_in_1s(cfg: Config) -> Config {
