@@ -1,12 +1,12 @@
 //! `metrics`: a Prometheus text exposition of the router's counters, read
-//! from the pinned maps on every scrape (prometheus-client encodes, `tiny_http`
-//! serves). Binds to loopback by default, where it answers only requests
+//! from the pinned maps on every scrape (prometheus-client encodes, the
+//! status page's HTTP handling in [`web`] serves). Binds to loopback by default, where it answers only requests
 //! for an address or `localhost`, as the status page does
 //! ([`web::host_allowed`]).
 
-use std::{fmt::Write as _, net::SocketAddr};
+use std::net::SocketAddr;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context as _, Result, anyhow};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -14,7 +14,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use router_common::maps::{Admit, Counter, CounterValue};
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::{ctx::Ctx, daemon, forward, inspect, state, stats, vmac, web};
 
@@ -571,27 +571,11 @@ pub fn render(ctx: &Ctx) -> Result<String> {
     Ok(s)
 }
 
-/// The `Host` header of a request (the first, as the status page reads it).
-fn host_header(headers: &[tiny_http::Header]) -> Option<&str> {
-    headers
-        .iter()
-        .find(|h| h.field.equiv("Host"))
-        .map(|h| h.value.as_str())
-}
-
-/// The local address a scrape came in on, as far as [`web::host_allowed`]
-/// asks (is it loopback?): `tiny_http` tells only the listener's address
-/// (`bound`) and the peer's. A connection from a loopback peer came over
-/// loopback, even to a listener on `0.0.0.0`, so it is held to the
-/// loopback rule as the status page's listener holds it.
-fn arrived_on(bound: SocketAddr, peer: Option<&SocketAddr>) -> SocketAddr {
-    match peer {
-        Some(p) if p.ip().to_canonical().is_loopback() => SocketAddr::new(p.ip(), bound.port()),
-        _ => bound,
-    }
-}
-
-/// Serves `/metrics` on `listen` until killed.
+/// Serves `/metrics` on `listen` until killed, with the status page's
+/// HTTP handling ([`web::handle`]: one request per connection, 5 s to send
+/// the request head and to take the answer, at most
+/// [`web::MAX_CONNECTIONS`] at once, the `Host` rule), so a client that
+/// never reads its answers holds no other scrape back.
 pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
     if !listen.ip().is_loopback() {
         warn!(
@@ -599,50 +583,25 @@ pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
              router's traffic counters"
         );
     }
-    let server = tiny_http::Server::http(listen)
+    let listener = std::net::TcpListener::bind(listen)
         .map_err(|e| anyhow!("listening on {listen}: {e} (is another exporter on that port?)"))?;
-    let bound = server.server_addr().to_ip().unwrap_or(listen);
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
     println!("serving metrics on http://{bound}/metrics");
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    for req in server.incoming_requests() {
-        let path = req.url().split('?').next().unwrap_or("").to_owned();
-        let method = req.method().clone();
-        info!("{method} {path}");
-        let header = |k: &str, v: &str| {
-            tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes())
-                .unwrap_or_else(|()| unreachable!("static header"))
-        };
-        let local = arrived_on(bound, req.remote_addr());
-        let resp = match (&method, path.as_str()) {
-            _ if !web::host_allowed(host_header(req.headers()), local) => {
-                tiny_http::Response::from_string(web::MISDIRECTED).with_status_code(421)
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the metrics server's runtime")?;
+    let shared = std::sync::Arc::new(web::Shared::metrics_only());
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        loop {
+            if let Some((sock, peer)) = web::accept(Some(&listener)).await {
+                web::serve_connection(sock, peer, ctx, &shared);
             }
-            (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => match render(ctx) {
-                Ok(body) => tiny_http::Response::from_string(body).with_header(header(
-                    "Content-Type",
-                    prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-                )),
-                Err(e) => {
-                    tiny_http::Response::from_string(format!("{e:#}\n")).with_status_code(500)
-                }
-            },
-            (tiny_http::Method::Get | tiny_http::Method::Head, "/") => {
-                let mut body = String::new();
-                let _ = writeln!(body, "xdp-router metrics: /metrics");
-                tiny_http::Response::from_string(body)
-            }
-            (tiny_http::Method::Get | tiny_http::Method::Head, _) => {
-                tiny_http::Response::from_string("not found; try /metrics\n").with_status_code(404)
-            }
-            _ => tiny_http::Response::from_string("only GET\n")
-                .with_status_code(405)
-                .with_header(header("Allow", "GET, HEAD")),
-        };
-        if let Err(e) = req.respond(resp) {
-            warn!("answering a scrape: {e}");
         }
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -803,34 +762,6 @@ mod tests {
             s.contains("# TYPE xdp_router_offload_not_offloaded_total counter"),
             "{s}"
         );
-    }
-
-    #[test]
-    fn a_scrape_is_held_to_the_status_pages_host_rule() {
-        let headers = |host: &str| {
-            vec![
-                tiny_http::Header::from_bytes("Accept", "*/*").unwrap(),
-                tiny_http::Header::from_bytes("HOST", host).unwrap(),
-            ]
-        };
-        let lo: SocketAddr = "127.0.0.1:9469".parse().unwrap();
-        let allowed = |host: Option<&str>, bound: SocketAddr, peer: &str| {
-            let h = host.map(headers).unwrap_or_default();
-            let peer: SocketAddr = peer.parse().unwrap();
-            web::host_allowed(host_header(&h), arrived_on(bound, Some(&peer)))
-        };
-        for ok in ["127.0.0.1:9469", "localhost", "[::1]:9469"] {
-            assert!(allowed(Some(ok), lo, "127.0.0.1:40000"), "{ok}");
-        }
-        assert!(!allowed(Some("evil.example:9469"), lo, "127.0.0.1:40000"));
-        assert!(allowed(None, lo, "127.0.0.1:40000"), "no Host header");
-        // On every address: a scrape over loopback is held to the rule, one
-        // from elsewhere answered whatever name it uses.
-        let any: SocketAddr = "0.0.0.0:9469".parse().unwrap();
-        assert!(!allowed(Some("evil.example"), any, "127.0.0.1:40000"));
-        assert!(allowed(Some("router.lan"), any, "192.0.2.7:40000"));
-        let exposed: SocketAddr = "192.0.2.1:9469".parse().unwrap();
-        assert!(allowed(Some("router.lan"), exposed, "192.0.2.7:40000"));
     }
 
     #[test]

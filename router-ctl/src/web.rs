@@ -65,6 +65,9 @@ pub struct Shared {
     pub wake: Notify,
     /// [`MAX_CONNECTIONS`] permits, one per connection being served.
     slots: Arc<Semaphore>,
+    /// `router-ctl metrics`'s listener: `/metrics` and a line at `/`, no
+    /// status page.
+    metrics_only: bool,
 }
 
 impl Default for Shared {
@@ -74,11 +77,22 @@ impl Default for Shared {
             last_view: Mutex::new(None),
             wake: Notify::new(),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            metrics_only: false,
         }
     }
 }
 
 impl Shared {
+    /// The state of `router-ctl metrics`'s listener (see
+    /// [`Shared::metrics_only`]'s field).
+    #[must_use]
+    pub fn metrics_only() -> Self {
+        Self {
+            metrics_only: true,
+            ..Self::default()
+        }
+    }
+
     /// A slot for one more connection, if fewer than [`MAX_CONNECTIONS`]
     /// are being served; held until the connection is done.
     #[must_use]
@@ -204,6 +218,18 @@ async fn route(ctx: &Ctx, shared: &SharedState, method: &str, path: &str) -> Res
         return Response::text(405, "Method Not Allowed", "only GET and HEAD\n");
     }
     match path {
+        "/" if shared.metrics_only => Response::ok(
+            "text/plain; charset=utf-8",
+            "xdp-router metrics: /metrics\n",
+        ),
+        "/metrics" => match metrics::render(ctx) {
+            Ok(body) => Response::ok(
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                body,
+            ),
+            Err(e) => Response::text(500, "Internal Server Error", &format!("{e:#}\n")),
+        },
+        _ if shared.metrics_only => Response::text(404, "Not Found", "not found; try /metrics\n"),
         "/" | "/index.html" => Response::ok("text/html; charset=utf-8", PAGE),
         "/api/status" => {
             if shared.view() {
@@ -215,13 +241,6 @@ async fn route(ctx: &Ctx, shared: &SharedState, method: &str, path: &str) -> Res
             let doc = shared.doc.borrow().clone();
             Response::ok("application/json", doc)
         }
-        "/metrics" => match metrics::render(ctx) {
-            Ok(body) => Response::ok(
-                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-                body,
-            ),
-            Err(e) => Response::text(500, "Internal Server Error", &format!("{e:#}\n")),
-        },
         _ => Response::text(404, "Not Found", "not found; try / or /metrics\n"),
     }
 }

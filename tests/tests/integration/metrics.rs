@@ -222,6 +222,47 @@ fn metrics_answer_requests_for_their_address_or_localhost_only() {
     }
 }
 
+/// A client that sends requests on one connection and never reads the
+/// answers (its receive buffer full, the server's send buffer full) holds
+/// no other scrape back: the server's write times out and drops that
+/// connection. Without the timeout every later scrape waited for as long
+/// as that client stayed connected.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_client_that_does_not_read_its_answers_holds_no_other_scrape_back() {
+    let t = Topology::new();
+    // Attached: each answer is the whole exposition, tens of KiB.
+    attach(&t, &[]);
+    let srv = Server::start(&t);
+    let stuck = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    // The smallest receive buffer: the answers pile up in the server's
+    // send buffer at once.
+    stuck.set_recv_buffer_size(1).unwrap();
+    stuck
+        .connect_timeout(&srv.addr.into(), Duration::from_secs(5))
+        .unwrap();
+    let mut stuck: TcpStream = stuck.into();
+    stuck
+        .set_write_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let request = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    // Bounded: until the server stops reading its requests or 5000 were
+    // sent (thousands of answers fill both sockets' buffers).
+    let mut sent = 0;
+    while sent < 5000 && stuck.write_all(request).is_ok() {
+        sent += 1;
+    }
+    assert!(sent > 0, "the stuck client sent no request");
+    // The server works through what it read until a write blocks.
+    std::thread::sleep(Duration::from_secs(2));
+    // Another scraper, while that client is still connected: each request
+    // waits up to 10 s for its answer (the server's write timeout is 5 s).
+    let (code, _, body) = srv.request("GET", "/metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("xdp_router_up"), "{body}");
+    drop(stuck);
+}
+
 /// Every counter of the data path is exported, as a `_total` counter.
 /// IPv6-only verdicts (`fwd6_`, `pass6_`, `drop6_`) are in the same
 /// families as the others; every verdict carries a `family` label:

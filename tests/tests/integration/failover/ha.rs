@@ -18,13 +18,13 @@ fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/failover")
 }
 
-fn template(name: &str) -> String {
+pub(super) fn template(name: &str) -> String {
     std::fs::read_to_string(examples().join(name))
         .unwrap_or_else(|e| panic!("examples/failover/{name}: {e}"))
 }
 
 /// Replaces every `{{NAME}}` of `template`; panics on one left unfilled.
-fn fill(template: &str, fields: &[(&str, &str)]) -> String {
+pub(super) fn fill(template: &str, fields: &[(&str, &str)]) -> String {
     let mut s = template.to_owned();
     for (k, v) in fields {
         s = s.replace(&format!("{{{{{k}}}}}"), v);
@@ -191,6 +191,21 @@ impl Pair {
             }
         }
         s
+    }
+
+    /// Sends `signal` to router `r`'s conntrackd daemon (not to a
+    /// `conntrackd -c` the notify script runs meanwhile): SIGSTOP holds a
+    /// commit back, as a large table's would take long, SIGCONT lets it go.
+    pub(super) fn signal_conntrackd(&self, r: Router, signal: &str) {
+        let conf = path_str(&self.file(&format!("{}-conntrackd.conf", r.role)));
+        let pattern = format!("^conntrackd -C {conf}$");
+        let out = tests::host::run(&["pkill", &format!("-{signal}"), "-f", &pattern]);
+        assert!(
+            out.status.success(),
+            "pkill -{signal} of {}'s conntrackd: {}",
+            r.role,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// `conntrackd -e` on router `r`: the external cache (the peer's flows).

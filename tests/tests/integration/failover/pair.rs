@@ -198,27 +198,17 @@ impl Pair {
         self.install_firewall(r.role);
     }
 
-    /// The same firewall on both routers (it must be: the backup judges
-    /// the committed connections by it after takeover): forward policy
-    /// drop, LAN -> WAN and established allowed, SNAT of the LAN to the
-    /// WAN VIP (only the LAN's: the router's own packets, VRRP adverts
-    /// among them, keep its own address).
+    /// The example firewall (`examples/failover/firewall.nft`), the same on
+    /// both routers (it must be: the backup judges the committed
+    /// connections by it after takeover): forward policy drop, LAN -> WAN
+    /// and established allowed, SNAT of the LAN to the WAN VIP (only the
+    /// LAN's: the router's own packets, VRRP adverts among them, keep its
+    /// own address), and no RST from the router for a WAN segment that
+    /// finds no connection while a commit runs.
     fn install_firewall(&self, role: &str) {
-        let rules = format!(
-            "table inet filter {{
-  chain forward {{
-    type filter hook forward priority 0; policy drop;
-    ct state established,related accept
-    iifname \"{LAN_IF}\" oifname \"{WAN_IF}\" accept
-  }}
-}}
-table ip nat {{
-  chain postrouting {{
-    type nat hook postrouting priority srcnat;
-    ip saddr {LAN_NET} oifname \"{WAN_IF}\" snat to {WAN_VIP}
-  }}
-}}
-"
+        let rules = super::ha::fill(
+            &super::ha::template("firewall.nft"),
+            &[("LAN_NET", LAN_NET), ("WAN_VIP", &WAN_VIP.to_string())],
         );
         load_nft(&self.ns(role), &rules);
     }

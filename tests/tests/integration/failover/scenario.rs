@@ -10,7 +10,10 @@ use std::{
 use super::{
     R1, R2, Router,
     pair::Pair,
-    traffic::{Arrivals, TCP_PORT, TcpFlow, UDP_GAP, UDP_PORT, UdpFlow, longest_gap, udp_lost_in},
+    traffic::{
+        Arrivals, TCP_DOWNLOAD_PORT, TCP_PORT, TcpFlow, UDP_GAP, UDP_PORT, UdpFlow, longest_gap,
+        udp_lost_in,
+    },
 };
 use crate::ctl::{read_until, wait_for_or_show};
 
@@ -370,4 +373,63 @@ pub(super) fn report(figs: &[Figures]) -> String {
         );
     }
     s
+}
+
+/// A download (the server sends, paced, every byte checked) through r1's
+/// fast path; r1 fails while r2's conntrackd is held stopped, so r2 owns
+/// the VIPs for 2 s before its commit gives it the connection (a large
+/// table's commit takes that long); the server's retransmissions in that
+/// window reach r2 with no conntrack entry. The firewall's input rule
+/// drops them (the router's own stack would answer with a RST, which ends
+/// the download at the server); after the commit the download goes on
+/// through r2. Returns the bytes downloaded.
+pub(super) fn download_through_a_slow_commit() -> u64 {
+    let pair = Pair::new();
+    start_routers(&pair, true, "0.2");
+    let download = TcpFlow::download(&pair);
+    wait_for_or_show(
+        "r1 to offload the download",
+        Duration::from_secs(10),
+        || pair.offloaded(R1) >= 1,
+        || pair.ha_logs(),
+    );
+    wait_for_or_show(
+        "r2's conntrackd to hold the download",
+        Duration::from_secs(10),
+        || {
+            pair.external_cache(R2)
+                .contains(&format!("dport={TCP_DOWNLOAD_PORT}"))
+        },
+        || format!("{}\n{}", pair.external_cache(R2), pair.ha_logs()),
+    );
+    pair.signal_conntrackd(R2, "STOP");
+    let at = Instant::now();
+    pair.set_links(R1, false);
+    wait_for_or_show(
+        "r2 to take over (its commit held back)",
+        Duration::from_secs(20),
+        || !pair.notified(R2, "primary-begin").is_empty() && pair.has_vips(R2),
+        || pair.ha_logs(),
+    );
+    // The server retransmits at 0.2, 0.6, 1.4, 3.0 s after the loss: with
+    // 0.2 s adverts r2 takes over at ~0.7 s, so at least one lands here.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        pair.notified(R2, "primary-committed").is_empty(),
+        "r2 committed while its conntrackd was stopped"
+    );
+    pair.signal_conntrackd(R2, "CONT");
+    wait_for_or_show(
+        "r2 to commit",
+        Duration::from_secs(20),
+        || !pair.notified(R2, "primary-committed").is_empty(),
+        || pair.ha_logs(),
+    );
+    wait_resumed(
+        &pair,
+        "the download to resume through r2",
+        &download.arrivals,
+        at + Duration::from_secs(2),
+    );
+    download.finish().0
 }

@@ -18,6 +18,7 @@ use super::{SERVER, pair::Pair};
 use crate::ctl::{Tally, receive_all, same_bytes, send_paced};
 
 pub(super) const TCP_PORT: u16 = 7100;
+pub(super) const TCP_DOWNLOAD_PORT: u16 = 7110;
 pub(super) const UDP_PORT: u16 = 7200;
 const UDP_CLIENT_PORT: u16 = 41000;
 /// The UDP flow's pace: one datagram (and its echo) every 5 ms.
@@ -31,63 +32,89 @@ const FLOW_MAX: Duration = Duration::from_secs(90);
 /// Arrival times of a flow's data at its receiver.
 pub(super) type Arrivals = Arc<Mutex<Vec<Instant>>>;
 
-/// A paced TCP stream from the client to a sink on the server until
-/// stopped; the sink records when data arrives and hashes every byte.
+/// A paced TCP stream until stopped, from the client to a sink on the
+/// server (an upload) or from the server to the client (a download); the
+/// receiver records when data arrives and hashes every byte.
 pub(super) struct TcpFlow {
     stop: Arc<AtomicBool>,
     pub(super) arrivals: Arrivals,
     client: JoinHandle<Result<Tally, String>>,
     server: JoinHandle<Result<Tally, String>>,
+    /// The server sends.
+    download: bool,
+}
+
+/// One end of a [`TcpFlow`]: sends paced chunks until stopped, or receives
+/// until the other end closes, recording arrivals.
+fn stream_end(
+    sock: &mut TcpStream,
+    sends: bool,
+    stop: &AtomicBool,
+    arrivals: &Arrivals,
+) -> Result<Tally, String> {
+    // Longer than any failover: a stall is measured, not an error.
+    sock.set_write_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    if sends {
+        let start = Instant::now();
+        // Paced until stopped: chunk i is due at i + 1 gaps from the start.
+        send_paced(sock, TCP_CHUNK, |i| {
+            (!stop.load(Ordering::Relaxed) && start.elapsed() < FLOW_MAX).then(|| TCP_GAP * (i + 1))
+        })
+    } else {
+        receive_all(sock, Instant::now() + FLOW_MAX, || {
+            arrivals.lock().unwrap().push(Instant::now());
+        })
+    }
 }
 
 impl TcpFlow {
+    /// The client's upload to the server's [`TCP_PORT`].
     pub(super) fn start(pair: &Pair) -> Self {
+        Self::run(pair, TCP_PORT, false)
+    }
+
+    /// A download from the server's [`TCP_DOWNLOAD_PORT`]: the server sends.
+    pub(super) fn download(pair: &Pair) -> Self {
+        Self::run(pair, TCP_DOWNLOAD_PORT, true)
+    }
+
+    fn run(pair: &Pair, port: u16, download: bool) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let arrivals = Arrivals::default();
         let (tx, rx) = std::sync::mpsc::channel();
         let srv_ns = pair.ns("srv");
-        let sink_arrivals = Arc::clone(&arrivals);
+        let (server_stop, server_arrivals) = (Arc::clone(&stop), Arc::clone(&arrivals));
         let server = std::thread::spawn(move || {
             tests::netns::enter(&srv_ns);
-            let listener = TcpListener::bind(socket_addr(SERVER, TCP_PORT))
-                .map_err(|e| format!("bind: {e}"))?;
+            let listener =
+                TcpListener::bind(socket_addr(SERVER, port)).map_err(|e| format!("bind: {e}"))?;
             tx.send(()).unwrap();
             // Bounded: a client that never connects must fail the test,
             // not leave `finish` waiting for this thread.
             let (mut sock, _) = tests::echo::accept_within(&listener, Duration::from_secs(10))
                 .map_err(|e| format!("accept: {e}"))?;
-            // Longer than any failover: a stall is measured, not an error.
-            sock.set_read_timeout(Some(Duration::from_secs(30)))
-                .unwrap();
-            receive_all(&mut sock, Instant::now() + FLOW_MAX, || {
-                sink_arrivals.lock().unwrap().push(Instant::now());
-            })
+            stream_end(&mut sock, download, &server_stop, &server_arrivals)
         });
         rx.recv_timeout(Duration::from_secs(5))
-            .expect("TCP sink bound");
+            .expect("TCP server bound");
         let cli_ns = pair.ns("cli");
-        let client_stop = Arc::clone(&stop);
+        let (client_stop, client_arrivals) = (Arc::clone(&stop), Arc::clone(&arrivals));
         let client = std::thread::spawn(move || {
             tests::netns::enter(&cli_ns);
             let mut sock =
-                TcpStream::connect_timeout(&socket_addr(SERVER, TCP_PORT), Duration::from_secs(5))
+                TcpStream::connect_timeout(&socket_addr(SERVER, port), Duration::from_secs(5))
                     .map_err(|e| format!("connect: {e}"))?;
-            sock.set_write_timeout(Some(Duration::from_secs(30)))
-                .unwrap();
-            sock.set_read_timeout(Some(Duration::from_secs(30)))
-                .unwrap();
-            let start = Instant::now();
-            // Paced until stopped: chunk i is due at i + 1 gaps from the start.
-            send_paced(&mut sock, TCP_CHUNK, |i| {
-                (!client_stop.load(Ordering::Relaxed) && start.elapsed() < FLOW_MAX)
-                    .then(|| TCP_GAP * (i + 1))
-            })
+            stream_end(&mut sock, !download, &client_stop, &client_arrivals)
         });
         Self {
             stop,
             arrivals,
             client,
             server,
+            download,
         }
     }
 
@@ -97,7 +124,13 @@ impl TcpFlow {
         self.stop.store(true, Ordering::Relaxed);
         let c = self.client.join().expect("client thread");
         let s = self.server.join().expect("server thread");
-        let bytes = same_bytes(c, s);
+        // `same_bytes` takes (sender, receiver): the stream's ends as they
+        // ran, whichever sent.
+        let bytes = if self.download {
+            same_bytes(s, c)
+        } else {
+            same_bytes(c, s)
+        };
         let arrivals = self.arrivals.lock().unwrap().clone();
         (bytes, arrivals)
     }
