@@ -358,7 +358,7 @@ pub(super) fn follow_wan_addr(
     let Some(rec) = state::load(ctx.ns())? else {
         return Ok(Followed::Done);
     };
-    let Some(now) = wan_addr_now(&rec.config) else {
+    let Some(now) = wan_addr_now(&rec.config, cfg.wan_addr) else {
         return Ok(Followed::Done);
     };
     let Some(_lock) = state::try_lock(ctx.ns())? else {
@@ -372,7 +372,7 @@ pub(super) fn follow_wan_addr(
     let (Some(mut rec), Ok(mut cfg)) = (state::load(ctx.ns())?, ctx.maps().read_config()) else {
         return Ok(Followed::Done);
     };
-    if wan_addr_now(&rec.config) != Some(now) {
+    if wan_addr_now(&rec.config, cfg.wan_addr) != Some(now) {
         return Ok(Followed::Done);
     }
     if rec.pending.is_some() {
@@ -382,16 +382,17 @@ pub(super) fn follow_wan_addr(
     }
     let old = std::mem::replace(&mut rec.config.wan_addr, now);
     let standalone_mode = rec.config.admit == AdmitMode::Xdp;
-    // The data path first: until it maps to the new address, its flows'
-    // packets leave with the old one, which the router no longer holds
-    // (the kernel's masquerade drops its connections of a vanished
-    // address at once, in its address notifier). Done once: a retry after
-    // a failed kernel side below finds the new address in place.
-    let mut ended = 0;
-    if cfg.wan_addr != now.octets() {
+    // The data path first: until it maps to the new address and the old
+    // one's flows are gone, their packets leave with an address the router
+    // no longer holds (the kernel's masquerade drops its connections of a
+    // vanished address at once, in its address notifier). Its address is
+    // the record's but after a failure below (then the record still names
+    // the one before), so the record's and the data path's are both ended.
+    let data_path_old = Ipv4Addr::from(cfg.wan_addr);
+    if data_path_old != now {
         if standalone_mode {
             // Before the data path maps to the new address: every mapping
-            // is the old address's (its flows end below), and a TCP one
+            // is an old address's (its flows end below), and a TCP one
             // would hold its port for days.
             conntrack::clear_mappings(&ctx.maps())?;
         }
@@ -400,10 +401,18 @@ pub(super) fn follow_wan_addr(
             .config()?
             .set(0, cfg, 0)
             .context("writing the configuration")?;
-        // Offload mode: the flows are the kernel's, whose masquerade drops
-        // them itself.
-        if standalone_mode {
-            ended = conntrack::remove_translated_to(&ctx.maps(), old.octets())?;
+    }
+    // Offload mode: the flows are the kernel's, whose masquerade drops
+    // them itself. Again at a retry (a walk that finds nothing ends
+    // nothing).
+    let mut xdp_ended = 0;
+    if standalone_mode {
+        let recorded = (old != data_path_old).then_some(old);
+        for gone in std::iter::once(data_path_old)
+            .chain(recorded)
+            .filter(|&a| a != now)
+        {
+            xdp_ended += conntrack::remove_translated_to(&ctx.maps(), gone.octets())?;
         }
     }
     // Then the kernel side (an `nft -f`, tens of milliseconds): if it
@@ -414,20 +423,23 @@ pub(super) fn follow_wan_addr(
             .context("moving standalone mode's slow-path NAT to the new WAN address")?;
     }
     state::save(ctx.ns(), &rec)?;
-    if standalone_mode {
-        ended += end_kernel_flows_translated_to(old).unwrap_or_else(|e| {
+    let kernel_ended = if standalone_mode && old != now {
+        end_kernel_flows_translated_to(old).unwrap_or_else(|e| {
             tracing::warn!(
                 "ending the kernel slow path's connections translated to {old}: {e}; they \
                  end when they time out"
             );
             0
-        });
-    }
+        })
+    } else {
+        0
+    };
     status.wan_addr_changes_followed += 1;
     eprintln!(
         "router-ctl run: {} (WAN) changed its IPv4 address from {old} to {now}: the router \
-         masquerades to {now} now; {ended} XDP flows translated to {old} ended (their hosts' \
-         next packets open new ones)",
+         masquerades to {now} now; {xdp_ended} XDP flows and {kernel_ended} slow-path \
+         connections translated to the old address ended (their hosts' next packets open new \
+         ones)",
         rec.config.wan
     );
     Ok(Followed::Done)
@@ -660,13 +672,21 @@ pub(super) fn end_kernel_flows_translated_to(old: Ipv4Addr) -> io::Result<usize>
 }
 
 /// The WAN's first IPv4 address now, if the router follows it
-/// (`--wan-addr auto`) and it differs from the configured one.
-pub(super) fn wan_addr_now(c: &RouterConfig) -> Option<Ipv4Addr> {
+/// (`--wan-addr auto`) and it differs from the recorded one or from the
+/// data path's (`data_path`, CONFIG's: ahead of the record after a failed
+/// follow, which a return to the recorded address must undo too).
+pub(super) fn wan_addr_now(c: &RouterConfig, data_path: [u8; 4]) -> Option<Ipv4Addr> {
     if !c.wan_addr_auto {
         return None;
     }
     let now = *netlink::ipv4_addrs(&c.wan).ok()?.first()?;
-    (now != c.wan_addr).then_some(now)
+    address_moved(now, c.wan_addr, data_path).then_some(now)
+}
+
+/// Whether the WAN's address `now` is not yet the recorded one or the
+/// data path's ([`wan_addr_now`]).
+fn address_moved(now: Ipv4Addr, recorded: Ipv4Addr, data_path: [u8; 4]) -> bool {
+    now != recorded || now.octets() != data_path
 }
 
 /// An attached interface is gone: if one of its name is back, it gets a
@@ -718,4 +738,24 @@ pub(super) fn interface_gone(ctx: &Ctx, ifindex: u32, name: &str, status: &mut D
          flows"
     );
     status.interfaces_gone.push(what);
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    /// A follow whose kernel side failed left the data path on the new
+    /// address and the record on the old one: a return to the old address
+    /// must still move the data path back.
+    #[test]
+    fn the_data_paths_address_counts_as_well_as_the_records() {
+        let (a, b) = (Ipv4Addr::new(203, 0, 113, 1), Ipv4Addr::new(203, 0, 113, 9));
+        assert!(!address_moved(a, a, a.octets()), "all in place");
+        assert!(address_moved(b, a, a.octets()), "a new address");
+        assert!(address_moved(b, a, b.octets()), "the record behind");
+        assert!(
+            address_moved(a, a, b.octets()),
+            "back to the recorded one, data path ahead"
+        );
+    }
 }

@@ -431,5 +431,18 @@ pub(super) fn download_through_a_slow_commit() -> u64 {
         &download.arrivals,
         at + Duration::from_secs(2),
     );
+    // The window was tested: the rule dropped the server's segments in it.
+    let rule = pair.exec_ok(
+        R2.role,
+        &["nft", "list", "chain", "inet", "filter", "input"],
+    );
+    let dropped: u64 = rule
+        .split_once("counter packets ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in r2's input chain:\n{rule}"));
+    assert!(
+        dropped > 0,
+        "no segment of the download reached r2 before its commit:\n{rule}"
+    );
     download.finish().0
 }

@@ -507,8 +507,10 @@ fn outbound_packets_refresh_the_mapping_of_a_flow_the_wan_keeps_alive() {
 /// (`mapping::keeps_udp_flow_alive`): past the flow's own timeout, with its
 /// mapping still held (by the endpoint's other flows, or its 300 s), a
 /// Port Unreachable and a Time Exceeded quoting its datagram reach the LAN
-/// host, and so does a datagram of the server's. Once the mapping is gone
-/// too, an error about the flow is the router's (unsolicited).
+/// host, and so does a datagram of the server's; and the LAN host's Port
+/// Unreachable about a datagram it got leaves translated (RFC 5508 REQ-5).
+/// Once the mapping is gone too, an error about the flow is the router's
+/// (unsolicited) from the WAN, the kernel's from the LAN.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn an_error_about_a_udp_flow_past_its_timeout_is_translated_while_its_mapping_lives() {
@@ -572,15 +574,45 @@ fn an_error_about_a_udp_flow_past_its_timeout_is_translated_while_its_mapping_li
             Counter::FwdInbound,
             &[],
         );
-        // The mapping gone as well, the flow aged again (the datagram
+        // From the LAN: the client's error about the server's datagram
+        // (as the client got it), the flow aged again (the datagram
         // refreshed it).
-        held(r, now_ns() - NS_PER_SEC);
         age(r, &[f.orig, f.reply()], 600 * NS_PER_SEC);
+        let got = Ipv4::new(SERVER, CLIENT, Udp::new(3478, 40000, b"late")).ttl(63);
+        let sent = Ipv4::new(SERVER, WAN, Udp::new(3478, 40000, b"late")).ttl(63);
+        let from_client = Ipv4::new(
+            CLIENT,
+            SERVER,
+            Icmp::error(ICMP_DEST_UNREACH, 3, &got.bytes()),
+        );
+        r.redirect(
+            "the client's ICMP 3/3 about the expired flow, its mapping held",
+            &env.client_sends(&from_client),
+            lan,
+            &env.to_server(
+                &Ipv4::new(
+                    WAN,
+                    SERVER,
+                    Icmp::error(ICMP_DEST_UNREACH, 3, &sent.bytes()),
+                )
+                .ttl(63),
+            ),
+            Counter::FwdOutbound,
+            &[Counter::IcmpErrorTranslated],
+        );
+        // The mapping gone as well.
+        held(r, now_ns() - NS_PER_SEC);
         r.pass(
             "ICMP 3/3 about the expired flow, its mapping gone",
             &env.server_sends(&err(ICMP_DEST_UNREACH, 3, &quoted_wan, WAN)),
             wan,
             Counter::PassUnsolicited,
+        );
+        r.pass(
+            "the client's ICMP 3/3 about the expired flow, its mapping gone",
+            &env.client_sends(&from_client),
+            lan,
+            Counter::PassNoFlow,
         );
     });
 }
