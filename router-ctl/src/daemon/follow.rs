@@ -435,13 +435,23 @@ pub(super) fn follow_wan_addr(
         0
     };
     status.wan_addr_changes_followed += 1;
-    eprintln!(
-        "router-ctl run: {} (WAN) changed its IPv4 address from {old} to {now}: the router \
-         masquerades to {now} now; {xdp_ended} XDP flows and {kernel_ended} slow-path \
-         connections translated to the old address ended (their hosts' next packets open new \
-         ones)",
-        rec.config.wan
-    );
+    if old == now {
+        // Back to the recorded address after a follow whose kernel side
+        // failed had moved the data path on.
+        eprintln!(
+            "router-ctl run: {} (WAN) has {now} again: the data path masquerades to it again; \
+             {xdp_ended} XDP flows translated to {data_path_old} ended",
+            rec.config.wan
+        );
+    } else {
+        eprintln!(
+            "router-ctl run: {} (WAN) changed its IPv4 address from {old} to {now}: the router \
+             masquerades to {now} now; {xdp_ended} XDP flows and {kernel_ended} slow-path \
+             connections translated to the old address ended (their hosts' next packets open \
+             new ones)",
+            rec.config.wan
+        );
+    }
     Ok(Followed::Done)
 }
 

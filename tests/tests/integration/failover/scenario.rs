@@ -418,6 +418,20 @@ pub(super) fn download_through_a_slow_commit() -> u64 {
         pair.notified(R2, "primary-committed").is_empty(),
         "r2 committed while its conntrackd was stopped"
     );
+    // The window was tested: the rule dropped the server's segments in it
+    // (read before the commit, which ends it).
+    let rule = pair.exec_ok(
+        R2.role,
+        &["nft", "list", "chain", "inet", "xdp_failover", "input"],
+    );
+    let dropped: u64 = rule
+        .split_once("counter packets ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in r2's input chain:\n{rule}"));
+    assert!(
+        dropped > 0,
+        "no segment of the download reached r2 before its commit:\n{rule}"
+    );
     pair.signal_conntrackd(R2, "CONT");
     wait_for_or_show(
         "r2 to commit",
@@ -430,19 +444,6 @@ pub(super) fn download_through_a_slow_commit() -> u64 {
         "the download to resume through r2",
         &download.arrivals,
         at + Duration::from_secs(2),
-    );
-    // The window was tested: the rule dropped the server's segments in it.
-    let rule = pair.exec_ok(
-        R2.role,
-        &["nft", "list", "chain", "inet", "filter", "input"],
-    );
-    let dropped: u64 = rule
-        .split_once("counter packets ")
-        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no counter in r2's input chain:\n{rule}"));
-    assert!(
-        dropped > 0,
-        "no segment of the download reached r2 before its commit:\n{rule}"
     );
     download.finish().0
 }

@@ -223,7 +223,7 @@ fn start_vrrp(pair: &Pair) {
                 "add",
                 "rule",
                 "inet",
-                "filter",
+                "xdp_failover",
                 "forward",
                 "iifname",
                 LAN_VMAC_IF,
