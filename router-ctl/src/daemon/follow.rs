@@ -407,11 +407,7 @@ pub(super) fn follow_wan_addr(
     // nothing).
     let mut xdp_ended = 0;
     if standalone_mode {
-        let recorded = (old != data_path_old).then_some(old);
-        for gone in std::iter::once(data_path_old)
-            .chain(recorded)
-            .filter(|&a| a != now)
-        {
+        for gone in old_addresses(data_path_old, old, now) {
             xdp_ended += conntrack::remove_translated_to(&ctx.maps(), gone.octets())?;
         }
     }
@@ -423,24 +419,29 @@ pub(super) fn follow_wan_addr(
             .context("moving standalone mode's slow-path NAT to the new WAN address")?;
     }
     state::save(ctx.ns(), &rec)?;
-    let kernel_ended = if standalone_mode && old != now {
-        end_kernel_flows_translated_to(old).unwrap_or_else(|e| {
-            tracing::warn!(
-                "ending the kernel slow path's connections translated to {old}: {e}; they \
-                 end when they time out"
-            );
-            0
-        })
-    } else {
-        0
-    };
+    // The slow path's connections of the old addresses (the data path's
+    // too: a follow whose record could not be saved had moved the slow
+    // path to it).
+    let mut kernel_ended = 0;
+    if standalone_mode {
+        for gone in old_addresses(data_path_old, old, now) {
+            kernel_ended += end_kernel_flows_translated_to(gone).unwrap_or_else(|e| {
+                tracing::warn!(
+                    "ending the kernel slow path's connections translated to {gone}: {e}; they \
+                     end when they time out"
+                );
+                0
+            });
+        }
+    }
     status.wan_addr_changes_followed += 1;
     if old == now {
         // Back to the recorded address after a follow whose kernel side
         // failed had moved the data path on.
         eprintln!(
             "router-ctl run: {} (WAN) has {now} again: the data path masquerades to it again; \
-             {xdp_ended} XDP flows translated to {data_path_old} ended",
+             {xdp_ended} XDP flows and {kernel_ended} slow-path connections translated to \
+             {data_path_old} ended",
             rec.config.wan
         );
     } else {
@@ -681,6 +682,20 @@ pub(super) fn end_kernel_flows_translated_to(old: Ipv4Addr) -> io::Result<usize>
     Ok(ended)
 }
 
+/// The addresses a follow to `now` ends the flows of: the data path's old
+/// one and the record's (ahead of each other after a failed follow), each
+/// once, never `now`.
+fn old_addresses(
+    data_path: Ipv4Addr,
+    recorded: Ipv4Addr,
+    now: Ipv4Addr,
+) -> impl Iterator<Item = Ipv4Addr> {
+    let recorded = (recorded != data_path).then_some(recorded);
+    std::iter::once(data_path)
+        .chain(recorded)
+        .filter(move |&a| a != now)
+}
+
 /// The WAN's first IPv4 address now, if the router follows it
 /// (`--wan-addr auto`) and it differs from the recorded one or from the
 /// data path's (`data_path`, CONFIG's: ahead of the record after a failed
@@ -767,5 +782,19 @@ mod address_tests {
             address_moved(a, a, b.octets()),
             "back to the recorded one, data path ahead"
         );
+    }
+
+    #[test]
+    fn a_follow_ends_the_flows_of_each_old_address_once() {
+        let [a, b, c] = [1, 2, 3].map(|n| Ipv4Addr::new(203, 0, 113, n));
+        let ended = |d, r, n| old_addresses(d, r, n).collect::<Vec<_>>();
+        assert_eq!(ended(a, a, b), [a], "a plain change");
+        assert_eq!(
+            ended(b, a, c),
+            [b, a],
+            "after a failed follow, on to a third"
+        );
+        assert_eq!(ended(b, a, a), [b], "back to the recorded one");
+        assert_eq!(ended(b, a, b), [a], "a retry");
     }
 }

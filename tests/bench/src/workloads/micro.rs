@@ -253,9 +253,11 @@ fn measure(
 ) -> Result<Case, String> {
     let mut times = Vec::with_capacity(calls as usize);
     let mut unexpected = 0;
-    if matches!(s.input, Input::UdpOutSpread) {
-        touch_spread(&[r], frames.macs, ingress)?;
-    }
+    let spread = if matches!(s.input, Input::UdpOutSpread) {
+        Some(touch_spread(&[r], frames.macs, ingress)?)
+    } else {
+        None
+    };
     for i in 0..calls {
         let f = frames.get(s.input, i);
         let (v, ns, _) = r.run(&f, ingress, 1)?;
@@ -263,6 +265,9 @@ fn measure(
             unexpected += 1;
         }
         times.push(ns);
+    }
+    if let Some(w) = spread {
+        w.check(s.name);
     }
     let amortized_ns = if s.amortize {
         let f = frames.get(s.input, 0);
@@ -510,7 +515,7 @@ fn spread_flow(i: u32) -> (u16, u16) {
 /// again in the next second, which the second pass and the timed calls
 /// take less of (at the default number of calls). Flow by flow across the
 /// objects, so that each flow's entries are as old in every object.
-fn touch_spread(progs: &[&dyn Runner], m: Macs, lan: u32) -> Result<(), String> {
+fn touch_spread(progs: &[&dyn Runner], m: Macs, lan: u32) -> Result<SpreadWindow, String> {
     let pass = || {
         for i in 0..SPREAD_FLOWS {
             let (sport, dport) = spread_flow(i);
@@ -529,26 +534,59 @@ fn touch_spread(progs: &[&dyn Runner], m: Macs, lan: u32) -> Result<(), String> 
     };
     pass()?;
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    // The data path's clock: the coarse one, a jiffy behind the precise.
-    let coarse_ns = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec to write.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
-        ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
-    };
-    let tick = || coarse_ns() >> router_common::mapping::REFRESH_TICK_SHIFT;
-    let first = tick();
+    let first = mapping_tick();
     // Bounded: a tick is 1.07 s.
     for _ in 0..2000 {
-        if tick() != first {
+        if mapping_tick() != first {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    pass()
+    let (tick, touched) = (mapping_tick(), std::time::Instant::now());
+    pass()?;
+    Ok(SpreadWindow { tick, touched })
+}
+
+/// The data path's clock (`bpf_ktime_get_coarse_ns`): the coarse
+/// monotonic one, a jiffy behind the precise.
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC_COARSE)");
+    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
+}
+
+/// The NAT mappings' refresh tick now (`mapping::refresh_tick`, unwrapped).
+fn mapping_tick() -> u64 {
+    coarse_ns() >> router_common::mapping::REFRESH_TICK_SHIFT
+}
+
+/// When [`touch_spread`] left the spread flows: the mapping tick of their
+/// last refresh, and when that refresh began (the first flow's).
+struct SpreadWindow {
+    tick: u64,
+    touched: std::time::Instant,
+}
+
+impl SpreadWindow {
+    /// Says so if the timed calls that just ended ran past the window in
+    /// which they are plain hits (another mapping tick, or a second after
+    /// the flows' refresh): then some of them refreshed a mapping or a
+    /// flow too (more calls than the window holds).
+    fn check(&self, name: &str) {
+        if mapping_tick() != self.tick
+            || self.touched.elapsed() >= std::time::Duration::from_secs(1)
+        {
+            eprintln!(
+                "micro: {name}: the timed calls ran past the spread flows' refresh window; some \
+                 of them refreshed their flow or mapping (fewer --micro-calls keep them plain hits)"
+            );
+        }
+    }
 }
 
 /// A SYN from `CLIENT:sport` with a Linux SYN's options and a jumbo
@@ -924,10 +962,12 @@ fn interleaved(
             }
         };
         let mut per_call = vec![Vec::new(); n];
-        if matches!(spec.input, Input::UdpOutSpread) {
+        let spread = if matches!(spec.input, Input::UdpOutSpread) {
             let all: Vec<&dyn Runner> = (0..n).map(runner).collect();
-            touch_spread(&all, prepared[0].frames.macs, ingress)?;
-        }
+            Some(touch_spread(&all, prepared[0].frames.macs, ingress)?)
+        } else {
+            None
+        };
         for i in 0..calls {
             for k in 0..n {
                 let obj = (k + i as usize) % n;
@@ -942,6 +982,9 @@ fn interleaved(
                 }
                 per_call[obj].push(ns);
             }
+        }
+        if let Some(w) = spread {
+            w.check(spec.name);
         }
         let mut per_iteration = vec![Vec::new(); n];
         if matches!(spec.input, Input::UdpOut | Input::TcpData) {

@@ -430,7 +430,8 @@ pub(super) fn download_through_a_slow_commit() -> u64 {
         .unwrap_or_else(|| panic!("no counter in r2's input chain:\n{rule}"));
     assert!(
         dropped > 0,
-        "no segment of the download reached r2 before its commit:\n{rule}"
+        "r2's input rule dropped no segment of the download before its commit (none \
+         reached r2, or the rule did not match them):\n{rule}"
     );
     pair.signal_conntrackd(R2, "CONT");
     wait_for_or_show(
