@@ -420,6 +420,22 @@ fn expiry(r: &Router, proto: u8, port: u16, internal: Endpoint) -> u64 {
     m.expires_ns
 }
 
+/// The client's UDP flow from port 40000 to the server's 3478, opened by
+/// its first datagram (masqueraded, its port kept): the flow and that
+/// datagram as the client sends it.
+fn open_client_udp_40000(env: &ResolvedTopology, r: &Router) -> (Flow, Ipv4) {
+    let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 3478, b"client"));
+    r.redirect(
+        "out: new flow",
+        &env.client_sends(&q),
+        r.lan,
+        &env.to_server(&snat(&q, 40000)),
+        Counter::FwdOutbound,
+        &[Counter::FlowNewMasquerade],
+    );
+    (Flow::masq(udp_key(CLIENT, 40000, SERVER, 3478), 40000), q)
+}
+
 /// RFC 4787 REQ-6 (outbound refresh, required) and REQ-5: in a UDP flow
 /// that the WAN side keeps alive (a game server's snapshots, a
 /// receive-only RTP leg), the WAN's packets refresh both entries'
@@ -518,16 +534,7 @@ fn an_error_about_a_udp_flow_past_its_timeout_is_translated_while_its_mapping_li
     with_router(&env, Some(config(&env)), |r| {
         let (lan, wan) = (r.lan, r.wan);
         let client = endpoint(CLIENT, 40000, IPPROTO_UDP);
-        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 3478), 40000);
-        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 3478, b"client"));
-        r.redirect(
-            "out: new flow",
-            &env.client_sends(&q),
-            lan,
-            &env.to_server(&snat(&q, 40000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        let (f, q) = open_client_udp_40000(&env, r);
         // Last seen 10 minutes ago: past every UDP timeout.
         age(r, &[f.orig, f.reply()], 600 * NS_PER_SEC);
         let held = |r: &mut Router, expires_ns| {
@@ -1176,16 +1183,7 @@ fn an_evicted_endpoint_index_comes_back_with_the_mappings_refresh() {
     with_router(&env, Some(config(&env)), |r| {
         let lan = r.lan;
         let client = endpoint(CLIENT, 40000, IPPROTO_UDP);
-        let f = Flow::masq(udp_key(CLIENT, 40000, SERVER, 3478), 40000);
-        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 3478, b"client"));
-        r.redirect(
-            "out: new flow",
-            &env.client_sends(&q),
-            lan,
-            &env.to_server(&snat(&q, 40000)),
-            Counter::FwdOutbound,
-            &[Counter::FlowNewMasquerade],
-        );
+        let (f, q) = open_client_udp_40000(&env, r);
         assert!(r.endpoints.get(&client, 0).is_ok(), "indexed at creation");
         r.endpoints.remove(&client).unwrap();
         age(r, &[f.orig, f.reply()], 2 * NS_PER_SEC);
