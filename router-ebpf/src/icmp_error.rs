@@ -8,17 +8,16 @@
 
 use aya_ebpf::programs::XdpContext;
 use router_common::{
-    flow::expired,
     hdr::{ICMP_QUOTED_L4_LEN, eth, frame, get_addr, get_u16, icmp, ipv4, min_len, udp},
     maps::{Admit, Config, Counter, FlowKey, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP},
     nat::{ErrorWay, ICMP_ECHO_REQUEST, forwardable_addr, translate_icmp_error},
 };
 
 use crate::{
-    Step, Verdict, debug_log,
+    Step, Verdict, debug_log, flow,
     hop::{fib, forward_l2},
-    maps::{CONNTRACK, event},
-    parse::header,
+    maps::event,
+    parse::{Ingress, header},
 };
 
 /// If the packet the error quotes belongs to a known flow of this side,
@@ -88,19 +87,35 @@ pub fn forward(
         src_port_quoted,
         proto,
     );
-    let nat = nat_side_of(&key, from_lan, cfg);
-    if nat == NO_FLOW {
+    // The entry a hit of a reply to the quoted packet would find, taken as
+    // a hit's lookup takes it: on the error's side (from the WAN only a
+    // WAN-side entry describes a packet the NAT sent there; from the LAN
+    // only a LAN-side one a packet it delivered), and not expired, or a
+    // masqueraded UDP flow whose NAT mapping lives (its data still gets
+    // through; RFC 5508 REQ-4: an error is translated while the mapping
+    // exists).
+    let (Some(e), _) = flow::lookup(&key, Ingress { cfg, from_lan }) else {
         return Err(unsolicited);
-    }
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "unpacking nat_side_of's bits"
-    )]
-    let (addr, port) = (((nat >> 16) as u32).to_ne_bytes(), nat as u16);
-    let (way, forwarded) = if from_lan {
-        (ErrorWay::Outbound, Counter::FwdOutbound)
+    };
+    // SAFETY: map value pointer from the lookup, valid for this run; plain
+    // integers.
+    let e = unsafe { &*e };
+    // The NAT's side of the flow: the LAN host (inbound) or the mapping
+    // (outbound), which the entry's translation of its own direction holds.
+    let (way, addr, port, forwarded) = if from_lan {
+        (
+            ErrorWay::Outbound,
+            e.new_src_addr,
+            e.new_src_port,
+            Counter::FwdOutbound,
+        )
     } else {
-        (ErrorWay::Inbound, Counter::FwdInbound)
+        (
+            ErrorWay::Inbound,
+            e.new_dst_addr,
+            e.new_dst_port,
+            Counter::FwdInbound,
+        )
     };
     let dst = if from_lan {
         get_addr(ip, ipv4::DST)
@@ -122,43 +137,4 @@ pub fn forward(
     event(Counter::IcmpErrorTranslated);
     debug_log::icmp_error_translated(&key, addr, port);
     Ok(forward_l2(eth, ip, &hop, forwarded))
-}
-
-/// What [`nat_side_of`] returns for a packet of no flow it may answer for.
-const NO_FLOW: u64 = u64::MAX;
-
-/// The NAT's side of the flow whose direction an error about a packet
-/// travels, keyed `key` (the entry a reply to the quoted packet would
-/// hit): the LAN host (from the WAN, inbound) or the mapping (from the
-/// LAN, outbound), which the entry's translation of its own direction
-/// holds; the address's bytes in bits 16-47, the port in bits 0-15.
-/// [`NO_FLOW`] unless the entry is on the error's side (from the WAN only
-/// a WAN-side entry describes a packet the NAT sent there; from the LAN
-/// only a LAN-side one a packet it delivered) and not expired, or a
-/// masqueraded UDP flow whose NAT mapping lives, as a hit's lookup takes
-/// it (its data still gets through; RFC 5508 REQ-4: an error is
-/// translated while the mapping exists).
-// Inline, reading the entry through its map pointer (not a copy): as a
-// subprogram of its own, the chain from the entry point through it to
-// `keeps_udp_flow_alive` was past the verifier's 512 bytes.
-#[inline(always)]
-fn nat_side_of(key: &FlowKey, from_lan: bool, cfg: &Config) -> u64 {
-    let Some(e) = CONNTRACK.get_ptr(key) else {
-        return NO_FLOW;
-    };
-    let now = crate::clock::now();
-    // SAFETY: map value pointer, valid for this run; plain integers.
-    let e = unsafe { &*e };
-    if e.lan_side() != from_lan
-        || expired(e.state, e.last_seen_ns, now, &cfg.timeouts)
-            && !crate::mapping::keeps_udp_flow_alive(key, e, now)
-    {
-        return NO_FLOW;
-    }
-    let (addr, port) = if from_lan {
-        (e.new_src_addr, e.new_src_port)
-    } else {
-        (e.new_dst_addr, e.new_dst_port)
-    };
-    u64::from(u32::from_ne_bytes(addr)) << 16 | u64::from(port)
 }
