@@ -82,6 +82,13 @@ pub fn now_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// `CLOCK_MONOTONIC_COARSE` now: the data path's clock
+/// (`bpf_ktime_get_coarse_ns`), up to a timer tick behind [`now_ns`].
+#[must_use]
+pub fn coarse_now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
 /// The loaded program and its maps, taken out of the object (owned).
 pub struct LoadedRouter {
     pub ebpf: Ebpf,
@@ -475,7 +482,7 @@ impl LoadedRouter {
         // before the tick's timekeeper update: a tick older than a coarse
         // reading taken before the run, a little more when NTP slews the
         // tick. Two ticks of margin; the coarse clock lags the fine one.
-        let t0 = clock_ns(libc::CLOCK_MONOTONIC_COARSE).saturating_sub(2 * coarse_tick_ns());
+        let t0 = coarse_now_ns().saturating_sub(2 * coarse_tick_ns());
         let mut out = vec![0u8; frame.len() + 256];
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex.

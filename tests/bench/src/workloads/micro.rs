@@ -547,28 +547,15 @@ fn touch_spread(progs: &[&dyn Runner], m: Macs, lan: u32) -> Result<SpreadWindow
     Ok(SpreadWindow { tick, touched })
 }
 
-/// The data path's clock (`bpf_ktime_get_coarse_ns`): the coarse
-/// monotonic one, a jiffy behind the precise.
-fn coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to write.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC_COARSE)");
-    ts.tv_sec.cast_unsigned() * 1_000_000_000 + ts.tv_nsec.cast_unsigned()
-}
-
-/// The NAT mappings' refresh tick now (`mapping::refresh_tick`, unwrapped).
-fn mapping_tick() -> u64 {
-    coarse_ns() >> router_common::mapping::REFRESH_TICK_SHIFT
+/// The NAT mappings' refresh tick now, on the data path's clock.
+fn mapping_tick() -> u16 {
+    router_common::mapping::refresh_tick(tests::prog::coarse_now_ns())
 }
 
 /// When [`touch_spread`] left the spread flows: the mapping tick of their
 /// last refresh, and when that refresh began (the first flow's).
 struct SpreadWindow {
-    tick: u64,
+    tick: u16,
     touched: std::time::Instant,
 }
 
