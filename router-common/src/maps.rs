@@ -1255,9 +1255,17 @@ counters! {
     /// mapping (RFC 4787 REQ-11) even once a port of the data path's
     /// comes free.
     ///
+    PassKernelFlow = "pass_kernel_flow", false;
+    /// Standalone mode: a LAN packet that would open an IPv4 flow while the
+    /// WAN has no IPv4 address (`--wan-addr auto` and the address gone: a
+    /// DHCP lease lost or between two leases; the configuration's address
+    /// is then 0.0.0.0). Nothing can be masqueraded: the kernel gets it,
+    /// and standalone mode's slow-path table drops what it would forward
+    /// to the WAN, as the kernel's masquerade does without an address.
+    ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.
-    PassKernelFlow = "pass_kernel_flow", false;
+    PassNoWanAddr = "pass_no_wan_addr", false;
 }
 
 #[cfg(test)]

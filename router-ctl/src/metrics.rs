@@ -82,6 +82,7 @@ pub fn ip_family(c: Counter) -> Option<&'static str> {
         | C::DropFragNeededAnswered
         | C::DropFragNeeded
         | C::PassKernelFlow
+        | C::PassNoWanAddr
         | C::DropIpChecksum
         | C::DropUnsolicited => Some("ipv4"),
         // Counted on both paths (shared parsing, next-hop, redirect and

@@ -160,9 +160,24 @@ fn nft(args: &[&str], input: Option<&str>) -> Result<String> {
 /// destination is the remote), and one about a packet to the router's own
 /// address quotes that address, which the kernel delivers, not forwards:
 /// both leave.
+///
+/// With `wan_addr` 0.0.0.0 (the WAN lost its address, `--wan-addr auto`)
+/// the NAT chain translates nothing and the untranslated chain drops all
+/// the LAN sends to the WAN, as the kernel's masquerade does while its
+/// interface has no address: nothing leaves with an address the router
+/// no longer holds, nor with a LAN one.
 #[must_use]
 pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16)) -> String {
     let m = format!("iifname \"{lan}\" oifname \"{wan}\" ip saddr != {wan_addr}");
+    let snat = if wan_addr.is_unspecified() {
+        String::new()
+    } else {
+        format!(
+            "\t\t{m} meta l4proto {{ tcp, udp, icmp }} snat ip to {wan_addr}:{}-{}\n\
+             \t\t{m} snat ip to {wan_addr}\n",
+            ports.0, ports.1
+        )
+    };
     format!(
         "table ip {TABLE}\n\
          delete table ip {TABLE}\n\
@@ -175,8 +190,7 @@ pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16))
          \t}}\n\
          \tchain postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\t{m} meta l4proto {{ tcp, udp, icmp }} snat ip to {wan_addr}:{}-{}\n\
-         \t\t{m} snat ip to {wan_addr}\n\
+         {snat}\
          \t}}\n\
          \tchain {TO_LAN_CHAIN} {{\n\
          \t\ttype filter hook forward priority raw; policy accept;\n\
@@ -188,8 +202,7 @@ pub fn table_script(lan: &str, wan: &str, wan_addr: Ipv4Addr, ports: (u16, u16))
          \t\toifname \"{wan}\" icmp type {{ {ICMP_ERRORS} }} ct state related ct original ip \
          daddr @{LAN_DESTINATIONS_SET} counter drop\n\
          \t}}\n\
-         }}\n",
-        ports.0, ports.1
+         }}\n"
     )
 }
 
@@ -327,10 +340,18 @@ pub fn set_up(netns: Option<&str>, w: &Wanted<'_>) -> Result<()> {
             Some(&table_script(w.lan, w.wan, w.wan_addr, ports)),
         )
         .context("setting up the kernel slow-path NAT table")?;
-        info!(
-            "kernel slow-path NAT: nftables table ip {TABLE}, {} -> {} source {}:{}-{}",
-            w.lan, w.wan, w.wan_addr, ports.0, ports.1
-        );
+        if w.wan_addr.is_unspecified() {
+            info!(
+                "kernel slow-path NAT: nftables table ip {TABLE}, {} -> {}: no WAN address, \
+                 dropped",
+                w.lan, w.wan
+            );
+        } else {
+            info!(
+                "kernel slow-path NAT: nftables table ip {TABLE}, {} -> {} source {}:{}-{}",
+                w.lan, w.wan, w.wan_addr, ports.0, ports.1
+            );
+        }
     } else {
         if rec.table {
             remove_table();
@@ -900,6 +921,28 @@ mod tests {
             ),
             "{t}"
         );
+    }
+
+    #[test]
+    fn table_script_without_a_wan_address_translates_nothing_and_drops_all_to_the_wan() {
+        let t = table_script("lan0", "wan0", Ipv4Addr::UNSPECIFIED, (61000, 65535));
+        assert!(!t.contains("snat"), "{t}");
+        assert!(
+            t.contains(
+                "chain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy \
+                 accept;\n\t}"
+            ),
+            "{t}"
+        );
+        // A forwarded LAN packet never has source 0.0.0.0 (a martian): all
+        // of them are dropped.
+        assert!(
+            t.contains("iifname \"lan0\" oifname \"wan0\" ip saddr != 0.0.0.0 counter drop\n"),
+            "{t}"
+        );
+        // Otherwise the same table (the kernel side's check finds it whole).
+        let whole = table_script("lan0", "wan0", Ipv4Addr::new(203, 0, 113, 1), (1, 2));
+        assert_eq!(t.lines().count() + 2, whole.lines().count(), "{t}\n{whole}");
     }
 
     #[test]

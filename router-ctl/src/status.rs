@@ -239,7 +239,13 @@ fn host_problems(c: &config::RouterConfig) -> Vec<String> {
     }
     // Only an address attach took from the WAN (`--wan-addr auto`, which
     // the daemon follows): one given by hand may be routed to the router.
-    if c.admit == config::AdmitMode::Xdp
+    if c.admit == config::AdmitMode::Xdp && c.wan_addr_auto && c.wan_addr.is_unspecified() {
+        found.push(format!(
+            "{} has no IPv4 address (a DHCP lease lost?): nothing is masqueraded and what the \
+             LAN sends to the WAN is dropped until it has one, which `router-ctl run` follows",
+            c.wan
+        ));
+    } else if c.admit == config::AdmitMode::Xdp
         && c.wan_addr_auto
         && let Ok(addrs) = crate::netlink::ipv4_addrs(&c.wan)
         && !addrs.contains(&c.wan_addr)
@@ -485,7 +491,11 @@ fn admit_text(c: &Value, v: &Value) -> String {
     }
     format!(
         "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}, {}",
-        c["wan_addr"].as_str().unwrap_or("?"),
+        match c["wan_addr"].as_str() {
+            Some("0.0.0.0") => "none (the WAN has no IPv4 address)",
+            Some(a) => a,
+            None => "?",
+        },
         c["port_min"],
         c["port_max"],
         v["filtering"].as_str().unwrap_or("?"),

@@ -156,6 +156,12 @@ pub fn admit(
         return Err(Verdict::pass(Counter::PassFibNotForwarded));
     }
     if side.from_lan {
+        // The WAN has no IPv4 address (the daemon wrote 0.0.0.0 when it
+        // lost it): nothing to masquerade to. The kernel's masquerade
+        // drops such packets; standalone mode's slow-path table does too.
+        if side.cfg.wan_addr == [0; 4] {
+            return Err(Verdict::pass(Counter::PassNoWanAddr));
+        }
         // Multicast, broadcast, loopback...: not for the FIB's default
         // route. No flow is made to one, so its later packets never hit.
         if !forwardable_addr(pkt.dst) {

@@ -182,12 +182,18 @@ fn within_budget(now: u64) -> bool {
 /// Turns the frame into the ICMP error `answer` ([`icmp_answer`]), sent
 /// back and counted as `answered`: 28 bytes more room at its head, so the
 /// received IPv4 header lands where the quote goes, and cut after the
-/// quote. `None` if the frame cannot be resized (it is then as it came).
+/// quote. `None` if the frame cannot be resized (it is then as it came),
+/// or the WAN has no address to answer from.
 #[inline(always)]
 fn build(ctx: &XdpContext, answer: IcmpAnswer, answered: Counter) -> Option<Verdict> {
     // Read before the resize, which ends every packet pointer.
     let cfg = parse::ingress(ctx)?.cfg;
     let own_addr = cfg.wan_addr;
+    if own_addr == [0; 4] {
+        // The WAN lost its address (only a flow not yet removed gets
+        // here): no source to answer from.
+        return None;
+    }
     // Back out of the interface it came in on, through the `DEVICES` map
     // rather than `XDP_TX`: a veth passes `XDP_TX` frames to its peer only
     // when the peer runs an XDP program of its own (it kicks the peer's

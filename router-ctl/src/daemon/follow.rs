@@ -343,7 +343,13 @@ pub(super) fn follow_mac(
 /// the attach record; the XDP flows translated to the old address end
 /// (their replies could not come back; the kernel's masquerade drops its
 /// own likewise), so their hosts' next packets open flows on the new one.
-/// A WAN left without an IPv4 address keeps the old one until it has one.
+/// A WAN left without an IPv4 address (a lease lost, or between two) is
+/// followed to 0.0.0.0, none: the old address's flows end, and until an
+/// address comes the data path opens no IPv4 flow from the LAN
+/// (`pass_no_wan_addr`) and standalone mode's slow-path table drops what
+/// the LAN sends to the WAN, as the kernel's masquerade does without an
+/// address: nothing leaves with an address another subscriber may hold by
+/// then.
 pub(super) fn follow_wan_addr(
     ctx: &Ctx,
     ifindex: u32,
@@ -435,7 +441,25 @@ pub(super) fn follow_wan_addr(
         }
     }
     status.wan_addr_changes_followed += 1;
-    if old == now {
+    if now.is_unspecified() {
+        let drops = if standalone_mode {
+            "opens no IPv4 flow from the LAN and drops what the LAN sends to the WAN"
+        } else {
+            "leaves IPv4 NAT to the kernel's masquerade, which drops what it cannot translate"
+        };
+        eprintln!(
+            "router-ctl run: {} (WAN) lost its IPv4 address {data_path_old}: until it has one, \
+             the router {drops}; {xdp_ended} XDP flows and {kernel_ended} slow-path connections \
+             translated to it ended",
+            rec.config.wan
+        );
+    } else if data_path_old.is_unspecified() {
+        eprintln!(
+            "router-ctl run: {} (WAN) has an IPv4 address, {now}, after none: the router masquerades \
+             to it",
+            rec.config.wan
+        );
+    } else if old == now {
         // Back to the recorded address after a follow whose kernel side
         // failed had moved the data path on.
         eprintln!(
@@ -684,7 +708,7 @@ pub(super) fn end_kernel_flows_translated_to(old: Ipv4Addr) -> io::Result<usize>
 
 /// The addresses a follow to `now` ends the flows of: the data path's old
 /// one and the record's (ahead of each other after a failed follow), each
-/// once, never `now`.
+/// once, never `now` nor 0.0.0.0 (none: no flow has it).
 fn old_addresses(
     data_path: Ipv4Addr,
     recorded: Ipv4Addr,
@@ -693,18 +717,21 @@ fn old_addresses(
     let recorded = (recorded != data_path).then_some(recorded);
     std::iter::once(data_path)
         .chain(recorded)
-        .filter(move |&a| a != now)
+        .filter(move |&a| a != now && !a.is_unspecified())
 }
 
-/// The WAN's first IPv4 address now, if the router follows it
-/// (`--wan-addr auto`) and it differs from the recorded one or from the
-/// data path's (`data_path`, CONFIG's: ahead of the record after a failed
-/// follow, which a return to the recorded address must undo too).
+/// The WAN's first IPv4 address now (0.0.0.0 if it has none), if the
+/// router follows it (`--wan-addr auto`) and it differs from the recorded
+/// one or from the data path's (`data_path`, CONFIG's: ahead of the record
+/// after a failed follow, which a return to the recorded address must
+/// undo too). `None` also when the WAN's addresses cannot be read (the
+/// interface is gone: its relink is followed, not its addresses).
 pub(super) fn wan_addr_now(c: &RouterConfig, data_path: [u8; 4]) -> Option<Ipv4Addr> {
     if !c.wan_addr_auto {
         return None;
     }
-    let now = *netlink::ipv4_addrs(&c.wan).ok()?.first()?;
+    let addrs = netlink::ipv4_addrs(&c.wan).ok()?;
+    let now = addrs.first().copied().unwrap_or(Ipv4Addr::UNSPECIFIED);
     address_moved(now, c.wan_addr, data_path).then_some(now)
 }
 
@@ -796,5 +823,22 @@ mod address_tests {
         );
         assert_eq!(ended(b, a, a), [b], "back to the recorded one");
         assert_eq!(ended(b, a, b), [a], "a retry");
+        let none = Ipv4Addr::UNSPECIFIED;
+        assert_eq!(ended(a, a, none), [a], "the address lost");
+        assert_eq!(
+            ended(none, none, b),
+            [] as [Ipv4Addr; 0],
+            "an address after none"
+        );
+        assert_eq!(ended(none, a, b), [a], "after a failed follow to none");
+    }
+
+    /// A WAN without an IPv4 address is followed to 0.0.0.0, once.
+    #[test]
+    fn an_address_lost_is_a_move_to_none() {
+        let (a, none) = (Ipv4Addr::new(203, 0, 113, 1), Ipv4Addr::UNSPECIFIED);
+        assert!(address_moved(none, a, a.octets()), "the address lost");
+        assert!(!address_moved(none, none, [0; 4]), "followed already");
+        assert!(address_moved(a, none, [0; 4]), "an address again");
     }
 }

@@ -901,13 +901,8 @@ fn daemon_follows_a_new_wan_address() {
 
     assert!(nat_mappings(&t) >= 1, "no NAT mapping of the flow");
 
-    // The lease changes: the old address goes, the new one comes.
-    let old_cidr = format!("{}/24", tests::ROUTER_WAN_ADDR);
-    t.exec_ok(Ns::Router, &["ip", "addr", "del", &old_cidr, "dev", WAN_IF]);
-    t.exec_ok(
-        Ns::Router,
-        &["ip", "addr", "add", &format!("{NEW_WAN}/24"), "dev", WAN_IF],
-    );
+    // The lease changes.
+    renumber_wan(&t, NEW_WAN);
     wait_for_or_show(
         "the daemon to follow the new WAN address",
         Duration::from_secs(10),
@@ -968,6 +963,169 @@ fn daemon_follows_a_new_wan_address() {
         0,
         "NAT mappings left after a flush: {out}"
     );
+}
+
+/// Moves the WAN from its address to `new` of the same /24: the new one
+/// comes, the old one goes (in this order, as systemd-networkd does: one
+/// change, no moment without an address, which
+/// `daemon_follows_a_wan_left_without_an_address` covers). The new one is
+/// a secondary of the old one's subnet, promoted when the old one goes.
+fn renumber_wan(t: &Topology, new: std::net::Ipv4Addr) {
+    let promote = format!("net.ipv4.conf.{WAN_IF}.promote_secondaries=1");
+    t.exec_ok(Ns::Router, &["sysctl", "-qw", &promote]);
+    let new_cidr = format!("{new}/24");
+    t.exec_ok(Ns::Router, &["ip", "addr", "add", &new_cidr, "dev", WAN_IF]);
+    let old_cidr = format!("{ROUTER_WAN_ADDR}/24");
+    t.exec_ok(Ns::Router, &["ip", "addr", "del", &old_cidr, "dev", WAN_IF]);
+}
+
+/// Gives the router's WAN, which has no address, a route to the server's
+/// /24 and the server's MAC (ARP without an address of its own on the link
+/// may get none): the fast path and the kernel could both send there, as
+/// over a point-to-point link or a static route. Undone by
+/// [`unroute_wan_without_address`].
+fn route_wan_without_address(t: &Topology) {
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "route", "add", "203.0.113.0/24", "dev", WAN_IF],
+    );
+    let server = SERVER_ADDR.to_string();
+    let mac = tests::prog::mac_str(t.mac(Ns::Server, HOST_IF));
+    let neigh = ["neigh", "replace", &server, "lladdr", &mac, "dev", WAN_IF];
+    t.exec_ok(
+        Ns::Router,
+        &[&["ip"][..], &neigh[..], &["nud", "permanent"][..]].concat(),
+    );
+}
+
+/// Undoes [`route_wan_without_address`]'s route.
+fn unroute_wan_without_address(t: &Topology) {
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "route", "del", "203.0.113.0/24", "dev", WAN_IF],
+    );
+}
+
+/// Sends three datagrams from the client to the server's `port`; the
+/// source the server saw the first of arrive with, if any did.
+fn datagram_reaches_server(t: &Topology, port: u16) -> Option<std::net::SocketAddr> {
+    let received = t.in_ns(Ns::Server, || {
+        let s = UdpSocket::bind(sa(SERVER_ADDR, port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        s
+    });
+    t.in_ns(Ns::Client, || {
+        let s = UdpSocket::bind(sa(CLIENT_ADDR, 0)).unwrap();
+        for _ in 0..3 {
+            s.send_to(b"datagram", sa(SERVER_ADDR, port)).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let mut buf = [0u8; 64];
+    received.recv_from(&mut buf).ok().map(|(_, from)| from)
+}
+
+/// A WAN that loses its IPv4 address (`--wan-addr auto`; a DHCP lease
+/// lost) is followed to none: the XDP flows and NAT mappings of the old
+/// address end, the data path opens no flow from the LAN
+/// (`pass_no_wan_addr`) and the slow-path table drops what the kernel would
+/// forward to the WAN, so nothing leaves with the old address (here the
+/// WAN keeps a route to the server without an address: without the
+/// follow, XDP and the slow path's snat send the old address out); an
+/// address that comes later is followed, and flows open on it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn daemon_follows_a_wan_left_without_an_address() {
+    const NEW_WAN: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 78);
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    println!("{}", attach(&t, &[]));
+    let daemon = Daemon::start(&t, &[]);
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5340));
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(ROUTER_WAN_ADDR));
+    assert!(!t.conntrack().is_empty(), "no XDP flow");
+    assert!(nat_mappings(&t) >= 1, "no NAT mapping of the flow");
+
+    let old_cidr = format!("{ROUTER_WAN_ADDR}/24");
+    t.exec_ok(Ns::Router, &["ip", "addr", "del", &old_cidr, "dev", WAN_IF]);
+    wait_for_or_show(
+        "the daemon to follow the WAN without an address",
+        Duration::from_secs(10),
+        || daemon_health(&t)["wan_addr_changes_followed"] == 1,
+        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains(&format!("lost its IPv4 address {ROUTER_WAN_ADDR}")),
+        "{log}"
+    );
+    let (v, _) = status(&t);
+    assert_eq!(v["record"]["config"]["wan_addr"], "0.0.0.0", "{v}");
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        text.contains("masquerade to none (the WAN has no IPv4 address)")
+            && text.contains("wan0 has no IPv4 address"),
+        "{text}"
+    );
+    assert!(t.conntrack().is_empty(), "flows left: {:?}", t.conntrack());
+    assert_eq!(nat_mappings(&t), 0, "NAT mappings of the old address left");
+    let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
+    assert!(
+        !table.contains("snat") && !mentions(&table, ROUTER_WAN_ADDR),
+        "{table}"
+    );
+
+    // A WAN that still routes without an address: what the LAN sends
+    // would leave, with the old address, were it translated.
+    route_wan_without_address(&t);
+    let before = t.stats();
+    let got = datagram_reaches_server(&t, 5341);
+    assert_eq!(
+        got, None,
+        "a datagram left without an address to masquerade to"
+    );
+    let after = t.stats();
+    assert!(
+        counter_delta(&before, &after, "pass_no_wan_addr") >= 3,
+        "{after}"
+    );
+    let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
+    assert!(
+        table.contains("ip saddr != 0.0.0.0 counter packets 3 "),
+        "the slow path did not drop them: {table}"
+    );
+
+    // An address again: followed, and flows open on it.
+    unroute_wan_without_address(&t);
+    t.exec_ok(
+        Ns::Router,
+        &["ip", "addr", "add", &format!("{NEW_WAN}/24"), "dev", WAN_IF],
+    );
+    wait_for_or_show(
+        "the daemon to follow the new WAN address",
+        Duration::from_secs(10),
+        || daemon_health(&t)["wan_addr_changes_followed"] == 2,
+        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
+    );
+    assert!(
+        daemon
+            .log()
+            .contains(&format!("has an IPv4 address, {NEW_WAN}, after none")),
+        "{}",
+        daemon.log()
+    );
+    t.warm_neighbours();
+    let before = t.stats();
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5342));
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(NEW_WAN));
+    let after = t.stats();
+    for verdict in ["fwd_outbound", "fwd_inbound"] {
+        assert!(
+            counter_delta(&before, &after, verdict) >= 1,
+            "{verdict}: {after}"
+        );
+    }
 }
 
 /// The router's NAT mappings (`NAT_MAPPINGS`).

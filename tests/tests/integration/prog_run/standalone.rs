@@ -325,6 +325,45 @@ fn lan_packets_with_the_wan_address_as_source_do_not_leave() {
     });
 }
 
+/// While the WAN has no IPv4 address (the daemon wrote 0.0.0.0 into the
+/// configuration when it lost it), nothing opens a flow: a LAN packet that
+/// would is passed as it came (`pass_no_wan_addr`; standalone mode's
+/// slow-path table drops it), never translated to 0.0.0.0; a WAN packet to
+/// the address the router had is the kernel's (`pass_unsolicited`).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn without_a_wan_address_nothing_opens_a_flow() {
+    let env = ResolvedTopology::new(false);
+    let mut none = config(&env);
+    none.wan_addr = [0; 4];
+    with_router(&env, Some(none), |r| {
+        let lan = r.lan;
+        for (what, l4) in [
+            ("UDP", L4::from(Udp::new(40000, 53, b"query"))),
+            ("a TCP SYN", L4::from(Tcp::new(40000, 80, TCP_SYN))),
+            (
+                "an echo request",
+                L4::from(Icmp::echo_request(40000, 1, b"ping")),
+            ),
+        ] {
+            r.pass(
+                &format!("{what} from the LAN"),
+                &env.client_sends(&Ipv4::new(CLIENT, SERVER, l4)),
+                lan,
+                Counter::PassNoWanAddr,
+            );
+        }
+        let wan = r.wan;
+        r.pass(
+            "UDP from the WAN to the address the router had",
+            &env.server_sends(&Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"))),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        r.assert_flows("nothing opened", []);
+    });
+}
+
 /// Frames with priority tags (VLAN id 0, which the kernel strips and
 /// takes the packet as untagged) are judged as untagged ones, their tags
 /// taken off (`tagged.rs`): from the WAN to a LAN host dropped, one tag or
