@@ -254,8 +254,12 @@ pub enum Icmp6Kind {
     /// inbound flows to pinholes), so it is unsolicited unless it is for
     /// the router itself.
     InboundEchoRequest,
-    /// Destination unreachable, packet too big, time exceeded, parameter
-    /// problem from the WAN: forwarded if it quotes a known flow.
+    /// An error from the WAN: destination unreachable, packet too big,
+    /// time exceeded, parameter problem, and the types RFC 4443 2.1
+    /// leaves unassigned below 128 (an error's high-order bit is 0; 2.4 (b)
+    /// has one of an unknown type passed to the process that sent the
+    /// quoted packet; Linux's conntrack relates every type below 128 to
+    /// its quoted connection): forwarded if it quotes a known flow.
     Error,
     /// Router/neighbour solicitation and advertisement, redirect.
     Ndp,
@@ -273,13 +277,10 @@ pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {
     match (icmp_type, from_lan) {
         (icmp6::ECHO_REQUEST, true) | (icmp6::ECHO_REPLY, false) => Icmp6Kind::Echo,
         (icmp6::ECHO_REQUEST, false) => Icmp6Kind::InboundEchoRequest,
-        (
-            icmp6::DEST_UNREACH
-            | icmp6::PACKET_TOO_BIG
-            | icmp6::TIME_EXCEEDED
-            | icmp6::PARAMETER_PROBLEM,
-            false,
-        ) => Icmp6Kind::Error,
+        // DEST_UNREACH (1), PACKET_TOO_BIG, TIME_EXCEEDED,
+        // PARAMETER_PROBLEM (4), and the unassigned error types (0 is
+        // reserved).
+        (1..128, false) => Icmp6Kind::Error,
         (
             icmp6::ROUTER_SOLICIT
             | icmp6::ROUTER_ADVERT
@@ -536,6 +537,14 @@ mod tests {
             assert_eq!(icmp6_kind(t, false), Icmp6Kind::Error);
             assert_eq!(icmp6_kind(t, true), Icmp6Kind::Other);
         }
+        // Unassigned error types (RFC 4443 2.1: below 128), as Linux's
+        // conntrack takes them; not the reserved 0 nor informational ones.
+        for t in [5, 100, 127] {
+            assert_eq!(icmp6_kind(t, false), Icmp6Kind::Error);
+            assert_eq!(icmp6_kind(t, true), Icmp6Kind::Other);
+        }
+        assert_eq!(icmp6_kind(0, false), Icmp6Kind::Other);
+        assert_eq!(icmp6_kind(200, false), Icmp6Kind::Other);
         for t in [
             ROUTER_SOLICIT,
             ROUTER_ADVERT,

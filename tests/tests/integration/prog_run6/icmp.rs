@@ -61,6 +61,15 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
                 0,
                 quote(&ping, 200),
             ),
+            // RFC 4443 2.4 (b): an error of a type the router does not know
+            // goes to the sender of the quoted packet (as Linux's conntrack
+            // relates it).
+            (
+                "an unassigned error type quoting UDP",
+                100,
+                0,
+                quote(&udp, 100),
+            ),
         ];
         for (what, t, mtu, q) in &errors {
             let e = Ipv6::error(s, c, *t, *mtu, q);
