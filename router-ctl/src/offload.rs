@@ -386,13 +386,27 @@ pub trait Table {
 }
 
 /// The `ROUTE_MARKS` slots the offloader gave out: each mark it needed
-/// keeps its slot for as long as the map lives (a slot is never given
-/// another mark, so an entry never meets a mark it was not written for).
+/// keeps its slot while a connection it carries has that mark; once every
+/// slot is given out, the slots of marks none has any longer are taken
+/// back ([`RouteMarks::take_back`]) for new ones. An entry never meets a
+/// mark it was not written for: the offloader removes the entries of a
+/// connection it ends, and those of an earlier daemon's it does not take
+/// over, so no carrying entry holds a slot taken back.
 #[derive(Debug, Default)]
 struct RouteMarks {
     /// `false`: the fast path cannot route by a mark.
     usable: bool,
     slots: HashMap<u32, u16>,
+    /// Whether the pairs an earlier daemon left were swept
+    /// ([`Offloader::sweep_left_behind`]): until then entries this session
+    /// does not know may hold any slot, and none is taken back.
+    swept: bool,
+    /// Carried connections with a route mark (and inherited pairs) ended
+    /// so far.
+    marked_ended: u64,
+    /// [`Self::marked_ended`] when a look for slots to take back found
+    /// none: until a marked connection ends, every slot is still in use.
+    spent_at: Option<u64>,
 }
 
 impl RouteMarks {
@@ -407,6 +421,7 @@ impl RouteMarks {
                     .filter(|&(slot, mark)| slot != 0 && mark != 0)
                     .map(|(slot, mark)| (mark, slot))
                     .collect(),
+                ..Self::default()
             })
     }
 
@@ -424,6 +439,25 @@ impl RouteMarks {
         table.set_route_mark(slot, mark)?;
         self.slots.insert(mark, slot);
         Ok(Some(slot))
+    }
+
+    /// Whether a look for slots to take back may find any: after the
+    /// sweep, and not while every slot was found held since the last
+    /// marked connection ended.
+    fn may_take_back(&self) -> bool {
+        self.usable && self.swept && self.spent_at != Some(self.marked_ended)
+    }
+
+    /// Forgets the slots not in `held` (those the entries of carried
+    /// connections and inherited pairs hold); how many.
+    fn take_back(&mut self, held: &std::collections::HashSet<u16>) -> usize {
+        let before = self.slots.len();
+        self.slots.retain(|_, slot| held.contains(slot));
+        let freed = before - self.slots.len();
+        if freed == 0 {
+            self.spent_at = Some(self.marked_ended);
+        }
+        freed
     }
 
     /// The mark slot `slot` holds (0 for slot 0: no mark); `None` for a
@@ -1557,9 +1591,30 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         if mark == 0 {
             return Some(0);
         }
-        match self.route_marks.slot(&mut self.table, mark) {
+        let mut slot = self.route_marks.slot(&mut self.table, mark);
+        if matches!(slot, Ok(None)) && self.route_marks.may_take_back() {
+            // Every slot given out: those no carrying entry holds any
+            // longer come back.
+            let freed = self.route_marks.take_back(&self.held_route_slots());
+            if freed > 0 {
+                tracing::info!(
+                    "offload: {freed} ROUTE_MARKS slots of marks no offloaded connection has \
+                     any longer taken back for new marks"
+                );
+                slot = self.route_marks.slot(&mut self.table, mark);
+            }
+        }
+        match slot {
             Ok(Some(slot)) => Some(slot),
             Ok(None) => {
+                if !self.stats.not_offloaded.contains_key("route_marks_full") {
+                    tracing::warn!(
+                        "offload: all {} ROUTE_MARKS slots are held by the marks of offloaded \
+                         connections: a connection with another route mark ({mark:#x}) stays \
+                         in the kernel until one of them ends (counted route_marks_full)",
+                        MAX_ROUTE_MARKS - 1
+                    );
+                }
                 self.refused("route_marks_full");
                 None
             }
@@ -1569,6 +1624,24 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 None
             }
         }
+    }
+
+    /// The `ROUTE_MARKS` slots the entries of the connections carried and
+    /// of the pairs an earlier daemon left (not yet decided on) hold.
+    fn held_route_slots(&self) -> std::collections::HashSet<u16> {
+        let carried = self
+            .flows
+            .values()
+            .filter_map(|f| self.route_marks.slots.get(&f.route_mark).copied());
+        // Only IPv4 entries route by a mark.
+        let inherited = self.inherited.values().flat_map(|keys| match keys {
+            Keys::V4(k) => k
+                .iter()
+                .filter_map(|k| self.table.get(k).map(|e| e.route_mark))
+                .collect(),
+            Keys::V6(_) => Vec::new(),
+        });
+        carried.chain(inherited).filter(|&s| s != 0).collect()
     }
 
     /// Whether the fast path may carry `c` by the owner's choice and the
@@ -1866,6 +1939,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         let Some(f) = self.flows.remove(orig) else {
             return false;
         };
+        if f.route_mark != 0 {
+            // Its mark's slot may be free now.
+            self.route_marks.marked_ended += 1;
+        }
         f.keys.remove(&mut self.table);
         self.forget_witnessed(orig, &f.reply);
         true
@@ -2054,10 +2131,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             .filter(|(_, why)| matches!(why, Gone::Evicted))
             .count();
         for (orig, why) in gone {
-            if let Some(f) = self.flows.remove(&orig) {
-                f.keys.remove(&mut self.table);
-                self.forget_witnessed(&orig, &f.reply);
-            }
+            self.end(&orig);
             *match why {
                 Gone::Kernel => &mut self.stats.ended_kernel_gone,
                 Gone::Evicted => &mut self.stats.handed_back,
@@ -2167,6 +2241,9 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 self.inherited.insert(c.orig, keys);
             }
         }
+        // Every carrying entry is now a connection's this session carries
+        // or an inherited pair's: the slots the others held may come back.
+        self.route_marks.swept = true;
         swept
     }
 
@@ -2203,6 +2280,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
         }
         if removed > 0 {
+            // The slots their entries held may be free now.
+            self.route_marks.marked_ended += 1;
             self.stats.ended_not_taken_over += removed;
             tracing::info!(
                 "removed the XDP entries of {removed} connections an earlier daemon offloaded \
@@ -3030,6 +3109,87 @@ mod tests {
         let mut o = setup(Some(vec![(7, 0x100)]));
         o.conn(&c, 1);
         assert_eq!(slot_of(&o, &c), Some(7));
+    }
+
+    /// `ROUTE_MARKS` slots come back once every one is given out: those
+    /// no carrying entry holds (an earlier daemon's marks, marks of ended
+    /// connections), not before the sweep of what an earlier daemon left
+    /// (its entries may hold any), never one a carried connection's
+    /// entries hold (a connection with another mark stays in the kernel
+    /// until one ends; every slot held, no second look until then).
+    #[test]
+    fn route_mark_slots_no_entry_holds_come_back_for_new_marks() {
+        const TUNNEL: u32 = 9;
+        let max = u16::try_from(MAX_ROUTE_MARKS).unwrap() - 1;
+        let conn = |i: u16, mark: u32| {
+            let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+            c.orig.sport += i;
+            c.reply.dport += i;
+            c.mark = mark;
+            c
+        };
+        let marked: Vec<Conn> = (0..=max).map(|i| conn(i, 0x1000 + u32::from(i))).collect();
+        let setup = |marks: Vec<(u16, u32)>| {
+            let present: Vec<&Conn> = marked.iter().collect();
+            let mut o = policy_offloader(&present, Some(marks));
+            o.kernel
+                .forward
+                .insert((marked[0].orig.src, marked[0].reply.src, LAN, 0), TUNNEL);
+            o
+        };
+        let slot_mark = |o: &Offloader<MemTable, FakeKernel>, slot: u16| {
+            o.table
+                .3
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|&&(s, _)| s == slot)
+                .map(|&(_, m)| m)
+        };
+
+        // An earlier daemon's marks fill the map: kept until the sweep,
+        // then taken back.
+        let old: Vec<(u16, u32)> = (1..=max).map(|s| (s, 0x9000 + u32::from(s))).collect();
+        let mut o = setup(old);
+        o.conn(&marked[0], 1);
+        assert_eq!(o.stats.not_offloaded.get("route_marks_full"), Some(&1));
+        o.sweep_left_behind(&[], &[], &[]);
+        o.conn(&marked[0], 2);
+        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        let slot = slot_of(&o, &marked[0]).unwrap();
+        assert_eq!(slot_mark(&o, slot), Some(0x1000));
+
+        // Every slot held by a carried connection's entries.
+        let mut o = setup(Vec::new());
+        o.sweep_left_behind(&[], &[], &[]);
+        for c in &marked[..usize::from(max)] {
+            o.conn(c, 1);
+        }
+        assert_eq!(o.len(), usize::from(max), "{:?}", o.stats);
+        let last = &marked[usize::from(max)];
+        o.conn(last, 2);
+        o.conn(last, 3);
+        assert_eq!(o.stats.not_offloaded.get("route_marks_full"), Some(&2));
+        assert_eq!(o.len(), usize::from(max));
+        // One of them ends: its slot takes the new mark.
+        let freed = slot_of(&o, &marked[7]).unwrap();
+        o.destroy(&marked[7]);
+        o.conn(last, 4);
+        assert_eq!(o.len(), usize::from(max), "{:?}", o.stats);
+        assert_eq!(slot_of(&o, last), Some(freed));
+        assert_eq!(slot_mark(&o, freed), Some(0x1000 + u32::from(max)));
+        // The others kept theirs.
+        for (i, c) in marked[..usize::from(max)]
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != 7)
+        {
+            let slot = slot_of(&o, c).unwrap();
+            assert_eq!(
+                slot_mark(&o, slot),
+                Some(0x1000 + u32::try_from(i).unwrap())
+            );
+        }
     }
 
     /// The egress witness under policy routing: a connection the kernel's
