@@ -135,6 +135,13 @@ pub fn save_last_mode(netns: Option<&str>, admit: AdmitMode) -> Result<()> {
     write_private(&last_mode_path(netns), admit.name().as_bytes())
 }
 
+/// Forgets the detached router's mode once a router is attached here
+/// again (its record says its mode from then on; the next detach notes it
+/// anew), so no such file stays for a namespace long gone.
+pub fn forget_last_mode(netns: Option<&str>) {
+    let _ = fs::remove_file(last_mode_path(netns));
+}
+
 /// The mode of the router last detached here, if any.
 #[must_use]
 pub fn last_mode(netns: Option<&str>) -> Option<AdmitMode> {
@@ -159,14 +166,25 @@ pub struct Lock {
     #[expect(dead_code, reason = "held open: the flock lasts as long as the file")]
     file: fs::File,
     path: PathBuf,
+    /// Whether dropping it removes its file first ([`Lock::remove_file`]).
+    remove_on_drop: bool,
 }
 
 impl Lock {
     /// Removes the lock file while still holding it (`detach`: the router is
     /// gone). A waiter that opened the old file notices that the path no
     /// longer names it once it gets the lock, and starts over.
-    pub fn remove_file(self) {
-        let _ = fs::remove_file(&self.path);
+    pub fn remove_file(mut self) {
+        self.remove_on_drop = true;
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        // Before the file closes (the fields drop after this).
+        if self.remove_on_drop {
+            let _ = fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -200,7 +218,7 @@ pub fn lock(netns: Option<&str>) -> Result<Lock> {
 /// takes.
 pub fn apply_lock(netns: Option<&str>, wait: Duration) -> Result<Lock> {
     let path = Path::new(LOCK_DIR).join(format!("{}.apply.lock", ns_key(netns)));
-    lock_within(&path, wait).map_err(|e| {
+    let mut lock = lock_within(&path, wait).map_err(|e| {
         e.context(format!(
             "another `router-ctl apply` (or a daemon's reload of its --config file) is \
              applying a file to this router (it held {} for more than {} s); wait for it to \
@@ -208,7 +226,11 @@ pub fn apply_lock(netns: Option<&str>, wait: Duration) -> Result<Lock> {
             path.display(),
             wait.as_secs()
         ))
-    })
+    })?;
+    // Removed when the apply ends: it exists only while one runs, so no
+    // file stays for a namespace long gone.
+    lock.remove_on_drop = true;
+    Ok(lock)
 }
 
 /// The lock file at `path`, waiting up to `wait` for its holder.
@@ -247,6 +269,7 @@ fn try_lock_at(path: &Path) -> Result<Option<Lock>> {
             return Ok(Some(Lock {
                 file: f,
                 path: path.to_owned(),
+                remove_on_drop: false,
             }));
         }
         // Removed by a detach meanwhile: lock the new file.
@@ -276,9 +299,22 @@ fn lock_file(path: &Path) -> Result<Option<fs::File>> {
 
 /// Held by a running `router-ctl run` for the router of `netns` as long
 /// as it runs (released by the kernel when it exits, however it exits).
+/// Dropped (the daemon's end), it removes its file while still holding
+/// it, so no file stays for a router long gone; one that a kill left is
+/// taken again by the next daemon.
 pub struct DaemonLock {
     #[expect(dead_code, reason = "held open: the flock lasts as long as the file")]
     file: fs::File,
+    path: PathBuf,
+}
+
+impl Drop for DaemonLock {
+    fn drop(&mut self) {
+        // Before the file closes: a daemon starting meanwhile that opened
+        // this file and locks it once it closes sees that the path no
+        // longer names it and starts over.
+        let _ = fs::remove_file(&self.path);
+    }
 }
 
 /// The daemon's lock of the router of `netns`: two daemons on one router
@@ -287,14 +323,19 @@ pub struct DaemonLock {
 pub fn daemon_lock(netns: Option<&str>) -> Result<DaemonLock> {
     private_dir(Path::new(LOCK_DIR))?;
     let path = Path::new(LOCK_DIR).join(format!("{}.daemon.lock", ns_key(netns)));
-    let Some(file) = lock_file(&path)? else {
-        bail!(
-            "another `router-ctl run` serves this router (it holds {}); `router-ctl status` \
-             shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
-            path.display()
-        );
-    };
-    Ok(DaemonLock { file })
+    loop {
+        let Some(file) = lock_file(&path)? else {
+            bail!(
+                "another `router-ctl run` serves this router (it holds {}); `router-ctl \
+                 status` shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
+                path.display()
+            );
+        };
+        if same_file(&file, &path) {
+            return Ok(DaemonLock { file, path });
+        }
+        // Removed by the daemon that held it, as it ended: lock the new file.
+    }
 }
 
 #[cfg(test)]

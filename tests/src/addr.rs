@@ -41,7 +41,13 @@ pub const LOCK_DIR: &str = "/run/xdp-router";
 /// another process may hold it).
 pub fn forget_detached_router(ns: &str) {
     let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.last-admit"));
-    for leftover in ["lock", "daemon.lock", "daemon.json"] {
+    for leftover in [
+        "lock",
+        "apply.lock",
+        "daemon.lock",
+        "daemon.json",
+        "daemon.json.tmp",
+    ] {
         let _ = std::fs::remove_file(format!("{LOCK_DIR}/{ns}.{leftover}"));
     }
 }

@@ -34,7 +34,7 @@ pub mod two_routers;
 pub mod v6;
 
 pub use addr::{
-    BRIDGE_IF, CLIENT_ADDR, CLIENT2_ADDR, HOST_IF, LAN_IF, PIN_ROOT, ROUTER_LAN_ADDR,
+    BRIDGE_IF, CLIENT_ADDR, CLIENT2_ADDR, HOST_IF, LAN_IF, LOCK_DIR, PIN_ROOT, ROUTER_LAN_ADDR,
     ROUTER_WAN_ADDR, SERVER_ADDR, STATE_DIR, WAN_IF, forget_detached_router, socket_addr,
 };
 pub use echo::EchoServer;

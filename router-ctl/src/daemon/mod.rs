@@ -421,6 +421,8 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // Held until it returns; before anything, so a second daemon changes
     // nothing of the first's (not even its status file).
     let _one_daemon = state::daemon_lock(ctx.ns())?;
+    // What a daemon killed mid-write left.
+    let _ = std::fs::remove_file(status_path(ctx.ns()).with_extension("json.tmp"));
     if let Some(l) = &opts.listener {
         web::announce(l);
     }
@@ -433,8 +435,16 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     let res = rt.block_on(serve(ctx, opts));
-    let _ = std::fs::remove_file(status_path(ctx.ns()));
+    remove_status_files(ctx);
     res
+}
+
+/// Removes the daemon's status file and the temporary file its writes go
+/// through ([`state::write_private`]).
+fn remove_status_files(ctx: &Ctx) {
+    let path = status_path(ctx.ns());
+    let _ = std::fs::remove_file(path.with_extension("json.tmp"));
+    let _ = std::fs::remove_file(path);
 }
 
 fn write_status(ctx: &Ctx, status: &mut DaemonStatus, s: &Session) -> Result<()> {

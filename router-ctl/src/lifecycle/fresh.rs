@@ -176,6 +176,7 @@ fn build(
              the kernel path handles all traffic as before",
         ));
     }
+    state::forget_last_mode(ctx.ns());
     print_attached(ctx, a, desired, obj, lan_mode, wan_mode);
     Ok(())
 }

@@ -354,16 +354,13 @@ fn static_neighbour(t: &Topology, ns: Ns, addr: impl Into<std::net::IpAddr>, mac
     t.exec_ok(ns, &cmd);
 }
 
-/// Where router-ctl keeps the lock attach, detach and apply take
-/// (router-ctl's `state::LOCK_DIR`), one file per router namespace.
-const LOCK_DIR: &str = "/run/xdp-router";
-
 /// Holds the lock of the router in `t`'s router namespace, as an attach
 /// under way does, until dropped.
 fn hold_router_lock(t: &Topology) -> std::fs::File {
     use std::os::fd::AsRawFd as _;
-    std::fs::create_dir_all(LOCK_DIR).unwrap();
-    let path = format!("{LOCK_DIR}/{}.lock", t.ns_name(Ns::Router));
+    // The lock attach and detach take (router-ctl's `state::lock`).
+    std::fs::create_dir_all(tests::LOCK_DIR).unwrap();
+    let path = format!("{}/{}.lock", tests::LOCK_DIR, t.ns_name(Ns::Router));
     let f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -110,7 +110,7 @@ impl RunningDaemon {
             });
         }
         let status_file =
-            Path::new("/run/xdp-router").join(format!("{}.daemon.json", t.ns_name(Ns::Router)));
+            Path::new(tests::LOCK_DIR).join(format!("{}.daemon.json", t.ns_name(Ns::Router)));
         let mut d = Self {
             child,
             log,

@@ -331,3 +331,57 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
     // exit status says so.
     crate::ctl::assert_offload_without_daemon(&t);
 }
+
+/// A router's commands leave no file of its namespace behind once they
+/// are done, so `/run/xdp-router` and `/var/lib/xdp-router` keep nothing
+/// for a namespace long gone: `apply`'s lock goes when it ends, the
+/// daemon's lock, status file and the temporary file its writes go through
+/// when it stops, the router lock at detach, and the mode a detach noted
+/// once the next attach (which keeps it) has a record saying it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_router_leaves_no_files_of_its_namespace_behind() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    let ns = t.ns_name(tests::Ns::Router).to_owned();
+    let run = |name: &str| Path::new(tests::LOCK_DIR).join(format!("{ns}.{name}"));
+    let last_admit = Path::new(tests::STATE_DIR).join(format!("{ns}.last-admit"));
+    let scratch = Scratch::new("files");
+    let file = scratch.path("router.toml");
+    std::fs::write(&file, config_text("1024-60999", &[])).unwrap();
+    let file = file.to_str().unwrap();
+    t.warm_neighbours();
+
+    t.router_ctl_ok(&["apply", file]);
+    assert!(!run("apply.lock").exists(), "apply left its lock");
+
+    let mut daemon = RunningDaemon::start(&t, None, &scratch, &["--config", file]);
+    assert!(run("daemon.lock").exists() && run("daemon.json").exists());
+    assert!(daemon.stop().success(), "{}", daemon.log());
+    for name in [
+        "daemon.lock",
+        "daemon.json",
+        "daemon.json.tmp",
+        "apply.lock",
+    ] {
+        assert!(!run(name).exists(), "the daemon left {name}");
+    }
+
+    t.router_ctl_ok(&["detach"]);
+    assert!(!run("lock").exists(), "detach left the router's lock");
+    assert_eq!(
+        std::fs::read_to_string(&last_admit).ok().as_deref(),
+        Some("xdp"),
+        "detach notes the mode for the next attach"
+    );
+    // An attach that states no mode keeps it, then forgets the note: its
+    // record says the mode now.
+    let out = t.router_ctl_ok(&["attach", tests::LAN_IF, tests::WAN_IF]);
+    assert!(out.contains("keeping the mode the router had"), "{out}");
+    assert!(
+        !last_admit.exists(),
+        "attach left the detached router's mode"
+    );
+    let (v, _) = crate::ctl::status(&t);
+    assert_eq!(v["record"]["config"]["admit"], "xdp", "{v}");
+}
