@@ -255,11 +255,14 @@ pub enum Icmp6Kind {
     /// the router itself.
     InboundEchoRequest,
     /// An error from the WAN: destination unreachable, packet too big,
-    /// time exceeded, parameter problem, and the types RFC 4443 2.1
-    /// leaves unassigned below 128 (an error's high-order bit is 0; 2.4 (b)
-    /// has one of an unknown type passed to the process that sent the
-    /// quoted packet; Linux's conntrack relates every type below 128 to
-    /// its quoted connection): forwarded if it quotes a known flow.
+    /// time exceeded, parameter problem, and the unallocated error types
+    /// 5-99 and 102-126 (an error's high-order bit is 0, RFC 4443 2.1;
+    /// 2.4 (b) has one of an unknown type reach the process that sent the
+    /// quoted packet; RFC 4890 4.3.4 leaves them to policy, and Linux's
+    /// conntrack relates them to the quoted connection): forwarded if it
+    /// quotes a known flow. Not the private experimentation types 100 and
+    /// 101 nor 127, reserved for expansion, which RFC 4890 4.3.5 has
+    /// dropped.
     Error,
     /// Router/neighbour solicitation and advertisement, redirect.
     Ndp,
@@ -278,9 +281,9 @@ pub const fn icmp6_kind(icmp_type: u8, from_lan: bool) -> Icmp6Kind {
         (icmp6::ECHO_REQUEST, true) | (icmp6::ECHO_REPLY, false) => Icmp6Kind::Echo,
         (icmp6::ECHO_REQUEST, false) => Icmp6Kind::InboundEchoRequest,
         // DEST_UNREACH (1), PACKET_TOO_BIG, TIME_EXCEEDED,
-        // PARAMETER_PROBLEM (4), and the unassigned error types (0 is
-        // reserved).
-        (1..128, false) => Icmp6Kind::Error,
+        // PARAMETER_PROBLEM (4), and the unallocated error types (0 is
+        // reserved; 100, 101 and 127: see `Icmp6Kind::Error`).
+        (1..=99 | 102..=126, false) => Icmp6Kind::Error,
         (
             icmp6::ROUTER_SOLICIT
             | icmp6::ROUTER_ADVERT
@@ -537,14 +540,16 @@ mod tests {
             assert_eq!(icmp6_kind(t, false), Icmp6Kind::Error);
             assert_eq!(icmp6_kind(t, true), Icmp6Kind::Other);
         }
-        // Unassigned error types (RFC 4443 2.1: below 128), as Linux's
-        // conntrack takes them; not the reserved 0 nor informational ones.
-        for t in [5, 100, 127] {
+        // Unallocated error types (RFC 4890 4.3.4: 5-99, 102-126), as
+        // Linux's conntrack takes them; not the reserved 0, the
+        // experimental 100 and 101, 127, nor informational ones.
+        for t in [5, 50, 99, 102, 126] {
             assert_eq!(icmp6_kind(t, false), Icmp6Kind::Error);
             assert_eq!(icmp6_kind(t, true), Icmp6Kind::Other);
         }
-        assert_eq!(icmp6_kind(0, false), Icmp6Kind::Other);
-        assert_eq!(icmp6_kind(200, false), Icmp6Kind::Other);
+        for t in [0, 100, 101, 127, 200] {
+            assert_eq!(icmp6_kind(t, false), Icmp6Kind::Other);
+        }
         for t in [
             ROUTER_SOLICIT,
             ROUTER_ADVERT,

@@ -208,6 +208,23 @@ pub struct Config {
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 68);
 
+impl Config {
+    /// Whether `addr` is the router's WAN address: never while the WAN has
+    /// none (`wan_addr` 0.0.0.0, written by the daemon when a WAN with
+    /// `--wan-addr auto` lost its address), so a packet to or from 0.0.0.0
+    /// is never taken for the router's own.
+    #[must_use]
+    pub fn is_wan_addr(&self, addr: [u8; 4]) -> bool {
+        self.has_wan_addr() && addr == self.wan_addr
+    }
+
+    /// Whether the WAN has an IPv4 address to masquerade to.
+    #[must_use]
+    pub fn has_wan_addr(&self) -> bool {
+        self.wan_addr != [0; 4]
+    }
+}
+
 /// A flow as seen in one direction on one interface. For ICMP echo both
 /// ports hold the echo identifier, so [`FlowKey::reversed`] of the
 /// translated request is the key of the reply.
@@ -1254,14 +1271,15 @@ counters! {
     /// lives there ([`KERNEL_FLOWS_MAP`]), so it keeps the kernel's
     /// mapping (RFC 4787 REQ-11) even once a port of the data path's
     /// comes free.
-    ///
     PassKernelFlow = "pass_kernel_flow", false;
-    /// Standalone mode: a LAN packet that would open an IPv4 flow while the
-    /// WAN has no IPv4 address (`--wan-addr auto` and the address gone: a
-    /// DHCP lease lost or between two leases; the configuration's address
-    /// is then 0.0.0.0). Nothing can be masqueraded: the kernel gets it,
-    /// and standalone mode's slow-path table drops what it would forward
-    /// to the WAN, as the kernel's masquerade does without an address.
+    /// Standalone mode: a LAN packet that would open an IPv4 flow out of
+    /// the WAN while the WAN has no IPv4 address (`--wan-addr auto` and the
+    /// address gone: a DHCP lease lost or between two leases; the
+    /// configuration's address is then 0.0.0.0). Nothing can be
+    /// masqueraded: the kernel gets it, and standalone mode's slow-path
+    /// table drops what it would forward to the WAN (with
+    /// `--no-kernel-nat`, the owner's NAT rule decides), as the kernel's
+    /// masquerade does without an address.
     ///
     /// New counters go last: the others keep the indexes older objects
     /// write, and a live replace carries the counts over by index.

@@ -349,6 +349,17 @@ pub struct RouterConfig {
     pub timeouts: Timeouts,
 }
 
+/// What standalone mode masquerades to, as `attach` and `status` say it:
+/// the WAN address, or none while the WAN has no IPv4 address (0.0.0.0).
+#[must_use]
+pub fn masquerade_target(wan_addr: Ipv4Addr) -> String {
+    if wan_addr.is_unspecified() {
+        "none (the WAN has no IPv4 address)".to_owned()
+    } else {
+        wan_addr.to_string()
+    }
+}
+
 impl RouterConfig {
     /// Who admits flows, as `attach`, `apply` and `status` say it.
     #[must_use]
@@ -359,7 +370,7 @@ impl RouterConfig {
                 .to_owned(),
             AdmitMode::Xdp => format!(
                 "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}, {}, {}",
-                self.wan_addr,
+                masquerade_target(self.wan_addr),
                 self.port_min,
                 self.port_max,
                 self.filtering.name(),
@@ -536,21 +547,23 @@ fn resolve_saying(a: &AttachArgs, say: bool) -> Result<RouterConfig, ConfigError
     let wan_addrs =
         netlink::ipv4_addrs(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
     let wan_addr = match a.wan_addr {
-        // Offload mode translates nothing itself (the kernel's NAT does):
-        // an IPv6-only WAN (DS-Lite), or one whose DHCP lease is not there
-        // yet, needs no address. `router-ctl run` follows one that comes.
-        WanAddr::Auto if a.admit == AdmitMode::Kernel && wan_addrs.is_empty() => {
-            Ipv4Addr::UNSPECIFIED
+        // None yet: 0.0.0.0, which `router-ctl run` follows to the address
+        // that comes (a DHCP lease at boot, after an outage). Offload mode
+        // translates nothing itself (the kernel's NAT does): an IPv6-only
+        // WAN (DS-Lite) needs none. Standalone mode masquerades nothing
+        // meanwhile, as the kernel's masquerade without an address: said.
+        WanAddr::Auto => {
+            let first = wan_addrs.first().copied();
+            if first.is_none() && say && a.admit == AdmitMode::Xdp {
+                warn!(
+                    "WAN {wan} has no IPv4 address (yet): until it has one, standalone mode \
+                     masquerades nothing and what the LAN sends to the WAN over IPv4 is \
+                     dropped; `router-ctl run` follows the address when it comes (a DHCP \
+                     lease), or add one (`ip addr add ADDR/PREFIX dev {wan}`)"
+                );
+            }
+            first.unwrap_or(Ipv4Addr::UNSPECIFIED)
         }
-        WanAddr::Auto => *wan_addrs.first().ok_or_else(|| {
-            ConfigError::new(
-                ConfigField::Wan,
-                format!(
-                    "WAN {wan} has no IPv4 address; pass --wan-addr ADDR \
-                     (or add one: `ip addr add ADDR/PREFIX dev {wan}`)"
-                ),
-            )
-        })?,
         WanAddr::Addr(x) => {
             if say && !wan_addrs.contains(&x) {
                 warn!(

@@ -381,7 +381,8 @@ fn encode_daemon_follow(
     counter(
         enc,
         "xdp_router_daemon_wan_addr_changes",
-        "New IPv4 addresses of the WAN (--wan-addr auto) the daemon moved the masquerade to",
+        "Changes of the WAN's IPv4 address (--wan-addr auto, its loss included) the daemon \
+         followed",
         n("wan_addr_changes_followed"),
     )?;
     counter(

@@ -387,53 +387,85 @@ pub trait Table {
 
 /// The `ROUTE_MARKS` slots the offloader gave out: each mark it needed
 /// keeps its slot while a connection it carries has that mark; once every
-/// slot is given out, the slots of marks none has any longer are taken
-/// back ([`RouteMarks::take_back`]) for new ones. An entry never meets a
-/// mark it was not written for: the offloader removes the entries of a
-/// connection it ends, and those of an earlier daemon's it does not take
-/// over, so no carrying entry holds a slot taken back.
+/// slot is given out, the slots none of the entries of the connections it
+/// carries (or of the pairs an earlier daemon left) holds are taken back
+/// ([`RouteMarks::take_back`]): cleared in the map at once (an entry a race
+/// left behind that still holds one is then passed to the kernel, not
+/// routed by another mark) and given to a new mark only a lease's length
+/// later ([`SLOT_COOLING_NS`]), when such an entry's lease has run out.
 #[derive(Debug, Default)]
 struct RouteMarks {
     /// `false`: the fast path cannot route by a mark.
     usable: bool,
+    /// The slot of each mark given one.
     slots: HashMap<u32, u16>,
+    /// Slots the map had a mark in that another slot had too (read at the
+    /// start): given out as far as this offloader knows, until taken back.
+    stray: std::collections::HashSet<u16>,
+    /// Slots taken back, and when (`CLOCK_MONOTONIC` ns): free once
+    /// [`SLOT_COOLING_NS`] has passed.
+    cooling: HashMap<u16, u64>,
     /// Whether the pairs an earlier daemon left were swept
     /// ([`Offloader::sweep_left_behind`]): until then entries this session
     /// does not know may hold any slot, and none is taken back.
     swept: bool,
-    /// Carried connections with a route mark (and inherited pairs) ended
-    /// so far.
+    /// An epoch that moves whenever entries holding a route mark are
+    /// removed (a carried connection with one ended, inherited pairs
+    /// released): a slot may have come free.
     marked_ended: u64,
-    /// [`Self::marked_ended`] when a look for slots to take back found
-    /// none: until a marked connection ends, every slot is still in use.
-    spent_at: Option<u64>,
+    /// [`Self::marked_ended`] at the last take-back: every slot not taken
+    /// back then was held, and is until the epoch moves.
+    looked_at: Option<u64>,
+    /// A connection was refused a slot before the sweep: a resync after
+    /// it decides on such connections again (a lasting one may send no
+    /// event).
+    refused_unswept: bool,
 }
+
+/// How long a `ROUTE_MARKS` slot taken back stays unused: the longest
+/// lease of an offloaded entry ([`MAX_LEASE_SECS`]) and two seconds for
+/// the lease ticks, so an entry a race left holding it has expired.
+const SLOT_COOLING_NS: u64 = (MAX_LEASE_SECS as u64 + 2) * 1_000_000_000;
 
 impl RouteMarks {
     /// The slots already written in `table`'s map.
     fn of<T: Table>(table: &T) -> Self {
-        table
-            .route_marks()
-            .map_or_else(Self::default, |written| Self {
-                usable: true,
-                slots: written
-                    .into_iter()
-                    .filter(|&(slot, mark)| slot != 0 && mark != 0)
-                    .map(|(slot, mark)| (mark, slot))
-                    .collect(),
-                ..Self::default()
-            })
+        let Some(written) = table.route_marks() else {
+            return Self::default();
+        };
+        let mut marks = Self {
+            usable: true,
+            ..Self::default()
+        };
+        for (slot, mark) in written {
+            if slot == 0 || mark == 0 {
+                continue;
+            }
+            match marks.slots.entry(mark) {
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    marks.stray.insert(slot);
+                }
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(slot);
+                }
+            }
+        }
+        marks
     }
 
-    /// The slot of `mark` (written into `table`'s map if new); `Ok(None)`
-    /// when every slot is taken.
-    fn slot<T: Table>(&mut self, table: &mut T, mark: u32) -> io::Result<Option<u16>> {
+    /// The slot of `mark` at `now_ns` (written into `table`'s map if new);
+    /// `Ok(None)` when every slot is given out or cooling.
+    fn slot<T: Table>(&mut self, table: &mut T, mark: u32, now_ns: u64) -> io::Result<Option<u16>> {
         if let Some(&slot) = self.slots.get(&mark) {
             return Ok(Some(slot));
         }
-        let Some(slot) = (1..u16::try_from(MAX_ROUTE_MARKS).unwrap_or(u16::MAX))
-            .find(|s| !self.slots.values().any(|taken| taken == s))
-        else {
+        self.cooling
+            .retain(|_, &mut since| now_ns.saturating_sub(since) < SLOT_COOLING_NS);
+        let Some(slot) = (1..u16::try_from(MAX_ROUTE_MARKS).unwrap_or(u16::MAX)).find(|s| {
+            !self.slots.values().any(|taken| taken == s)
+                && !self.stray.contains(s)
+                && !self.cooling.contains_key(s)
+        }) else {
             return Ok(None);
         };
         table.set_route_mark(slot, mark)?;
@@ -442,22 +474,50 @@ impl RouteMarks {
     }
 
     /// Whether a look for slots to take back may find any: after the
-    /// sweep, and not while every slot was found held since the last
-    /// marked connection ended.
+    /// sweep, and once entries holding a mark were removed since the last
+    /// look.
     fn may_take_back(&self) -> bool {
-        self.usable && self.swept && self.spent_at != Some(self.marked_ended)
+        self.usable && self.swept && self.looked_at != Some(self.marked_ended)
     }
 
-    /// Forgets the slots not in `held` (those the entries of carried
-    /// connections and inherited pairs hold); how many.
-    fn take_back(&mut self, held: &std::collections::HashSet<u16>) -> usize {
-        let before = self.slots.len();
-        self.slots.retain(|_, slot| held.contains(slot));
-        let freed = before - self.slots.len();
-        if freed == 0 {
-            self.spent_at = Some(self.marked_ended);
+    /// Takes back the slots not in `held` (those the entries of carried
+    /// connections and inherited pairs hold) at `now_ns`: cleared in
+    /// `table`'s map and cooling; how many.
+    fn take_back<T: Table>(
+        &mut self,
+        table: &mut T,
+        held: &std::collections::HashSet<u16>,
+        now_ns: u64,
+    ) -> usize {
+        self.looked_at = Some(self.marked_ended);
+        let mut free: Vec<u16> = self
+            .slots
+            .values()
+            .chain(&self.stray)
+            .copied()
+            .filter(|s| !held.contains(s))
+            .collect();
+        free.sort_unstable();
+        free.dedup();
+        for &slot in &free {
+            if let Err(e) = table.set_route_mark(slot, 0) {
+                // Kept as given out: an entry may still route by its mark.
+                tracing::warn!("offload: clearing ROUTE_MARKS slot {slot}: {e}");
+                continue;
+            }
+            self.slots.retain(|_, s| *s != slot);
+            self.stray.remove(&slot);
+            self.cooling.insert(slot, now_ns);
         }
-        freed
+        free.len()
+    }
+
+    /// When the first cooling slot is free again (`CLOCK_MONOTONIC` ns).
+    fn next_free_at(&self) -> Option<u64> {
+        self.cooling
+            .values()
+            .min()
+            .map(|since| since + SLOT_COOLING_NS)
     }
 
     /// The mark slot `slot` holds (0 for slot 0: no mark); `None` for a
@@ -1096,6 +1156,9 @@ pub struct Offloader<T, K> {
     /// --route-mark-mask`; all by default).
     pub route_mark_mask: u32,
     route_marks: RouteMarks,
+    /// Whether the warning of a full `ROUTE_MARKS` was given (again once
+    /// a mark got a slot).
+    route_marks_full_said: bool,
     /// Connections waiting for the egress witness's evidence (in
     /// `settling`), and how often they were looked at; their due times in
     /// order.
@@ -1144,10 +1207,20 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             keep_in_kernel_mark: None,
             route_mark_mask: u32::MAX,
             route_marks: RouteMarks::of(&table),
+            route_marks_full_said: false,
             witness_tries: HashMap::new(),
             witness_order: VecDeque::new(),
             stats: OffloadStats::default(),
             table,
+        }
+    }
+
+    /// Owes a resync at `at_ns` (`CLOCK_MONOTONIC`), or as soon as one
+    /// owed already is due.
+    fn owe_resync_at(&mut self, at_ns: u64) {
+        if !self.resync_due {
+            self.resync_due = true;
+            self.resync_retry_at_ns = at_ns;
         }
     }
 
@@ -1587,35 +1660,46 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
 
     /// The `ROUTE_MARKS` slot of `mark` (0 for none); `None`, counted,
     /// when it has none and cannot get one.
-    fn route_slot(&mut self, mark: u32) -> Option<u16> {
+    fn route_slot(&mut self, mark: u32, now_ns: u64) -> Option<u16> {
         if mark == 0 {
             return Some(0);
         }
-        let mut slot = self.route_marks.slot(&mut self.table, mark);
+        let slot = self.route_marks.slot(&mut self.table, mark, now_ns);
         if matches!(slot, Ok(None)) && self.route_marks.may_take_back() {
             // Every slot given out: those no carrying entry holds any
-            // longer come back.
-            let freed = self.route_marks.take_back(&self.held_route_slots());
+            // longer come back, a lease's length from now.
+            let held = self.held_route_slots();
+            let freed = self.route_marks.take_back(&mut self.table, &held, now_ns);
             if freed > 0 {
+                self.route_marks_full_said = false;
                 tracing::info!(
                     "offload: {freed} ROUTE_MARKS slots of marks no offloaded connection has \
-                     any longer taken back for new marks"
+                     any longer taken back; new marks get them in {} s",
+                    SLOT_COOLING_NS / 1_000_000_000
                 );
-                slot = self.route_marks.slot(&mut self.table, mark);
             }
         }
         match slot {
             Ok(Some(slot)) => Some(slot),
             Ok(None) => {
-                if !self.stats.not_offloaded.contains_key("route_marks_full") {
+                if !self.route_marks_full_said {
+                    self.route_marks_full_said = true;
                     tracing::warn!(
-                        "offload: all {} ROUTE_MARKS slots are held by the marks of offloaded \
-                         connections: a connection with another route mark ({mark:#x}) stays \
-                         in the kernel until one of them ends (counted route_marks_full)",
+                        "offload: every ROUTE_MARKS slot ({}) is given out: a connection with \
+                         another route mark ({mark:#x}) stays in the kernel (counted \
+                         route_marks_full) until the slots of marks no offloaded connection \
+                         has any longer come back",
                         MAX_ROUTE_MARKS - 1
                     );
                 }
                 self.refused("route_marks_full");
+                if !self.route_marks.swept {
+                    self.route_marks.refused_unswept = true;
+                } else if let Some(free_at) = self.route_marks.next_free_at() {
+                    // A lasting connection may send no event again: a
+                    // resync once a slot is free decides on it anew.
+                    self.owe_resync_at(free_at);
+                }
                 None
             }
             Err(e) => {
@@ -1686,7 +1770,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 return None;
             }
         };
-        let route_slot = self.route_slot(route_mark)?;
+        let route_slot = self.route_slot(route_mark, now_ns)?;
         let packet_mark = carried.is_none().then_some(packet_mark);
         Some((orig_from_lan, route_mark, packet_mark, route_slot))
     }
@@ -2242,8 +2326,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
         }
         // Every carrying entry is now a connection's this session carries
-        // or an inherited pair's: the slots the others held may come back.
+        // or an inherited pair's: the slots the others held may come back,
+        // for the connections refused one meanwhile too.
         self.route_marks.swept = true;
+        if std::mem::take(&mut self.route_marks.refused_unswept) {
+            self.resync_due = true;
+        }
         swept
     }
 
@@ -2279,9 +2367,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 removed += 1;
             }
         }
+        // The slots the released pairs' entries held may be free now (also
+        // those of pairs taken over with another slot).
+        self.route_marks.marked_ended += 1;
         if removed > 0 {
-            // The slots their entries held may be free now.
-            self.route_marks.marked_ended += 1;
             self.stats.ended_not_taken_over += removed;
             tracing::info!(
                 "removed the XDP entries of {removed} connections an earlier daemon offloaded \
@@ -3113,10 +3202,13 @@ mod tests {
 
     /// `ROUTE_MARKS` slots come back once every one is given out: those
     /// no carrying entry holds (an earlier daemon's marks, marks of ended
-    /// connections), not before the sweep of what an earlier daemon left
-    /// (its entries may hold any), never one a carried connection's
+    /// connections) are cleared at once and given to a new mark a lease's
+    /// length later; not before the sweep of what an earlier daemon left
+    /// (its entries may hold any; a connection refused meanwhile is looked
+    /// at again by a resync after it); never one a carried connection's
     /// entries hold (a connection with another mark stays in the kernel
-    /// until one ends; every slot held, no second look until then).
+    /// until one ends, and a resync once its slot is free looks at it
+    /// again).
     #[test]
     fn route_mark_slots_no_entry_holds_come_back_for_new_marks() {
         const TUNNEL: u32 = 9;
@@ -3138,23 +3230,26 @@ mod tests {
             o
         };
         let slot_mark = |o: &Offloader<MemTable, FakeKernel>, slot: u16| {
-            o.table
-                .3
-                .as_ref()
-                .unwrap()
-                .iter()
-                .find(|&&(s, _)| s == slot)
-                .map(|&(_, m)| m)
+            let marks = o.table.3.as_ref().unwrap();
+            marks.iter().find(|&&(s, _)| s == slot).map(|&(_, m)| m)
         };
+        let full = |o: &Offloader<MemTable, FakeKernel>| o.stats.not_offloaded["route_marks_full"];
 
         // An earlier daemon's marks fill the map: kept until the sweep,
-        // then taken back.
+        // cleared by the first look after it, given out a lease later.
         let old: Vec<(u16, u32)> = (1..=max).map(|s| (s, 0x9000 + u32::from(s))).collect();
         let mut o = setup(old);
         o.conn(&marked[0], 1);
-        assert_eq!(o.stats.not_offloaded.get("route_marks_full"), Some(&1));
+        assert_eq!(full(&o), 1);
+        assert!(!o.resync_due);
         o.sweep_left_behind(&[], &[], &[]);
+        assert!(o.resync_due, "the refused connection is looked at again");
+        o.resync_due = false;
         o.conn(&marked[0], 2);
+        assert_eq!((o.len(), full(&o)), (0, 2), "cooling");
+        assert_eq!(slot_mark(&o, 1), Some(0), "cleared at once");
+        assert!(o.resync_due && o.resync_retry_at_ns == 2 + SLOT_COOLING_NS);
+        o.conn(&marked[0], 2 + SLOT_COOLING_NS);
         assert_eq!(o.len(), 1, "{:?}", o.stats);
         let slot = slot_of(&o, &marked[0]).unwrap();
         assert_eq!(slot_mark(&o, slot), Some(0x1000));
@@ -3169,27 +3264,64 @@ mod tests {
         let last = &marked[usize::from(max)];
         o.conn(last, 2);
         o.conn(last, 3);
-        assert_eq!(o.stats.not_offloaded.get("route_marks_full"), Some(&2));
-        assert_eq!(o.len(), usize::from(max));
-        // One of them ends: its slot takes the new mark.
+        assert_eq!((o.len(), full(&o)), (usize::from(max), 2));
+        // One of them ends: its slot comes back, a lease later the new
+        // mark's.
         let freed = slot_of(&o, &marked[7]).unwrap();
         o.destroy(&marked[7]);
         o.conn(last, 4);
+        assert_eq!(slot_mark(&o, freed), Some(0));
+        o.conn(last, 4 + SLOT_COOLING_NS);
         assert_eq!(o.len(), usize::from(max), "{:?}", o.stats);
         assert_eq!(slot_of(&o, last), Some(freed));
         assert_eq!(slot_mark(&o, freed), Some(0x1000 + u32::from(max)));
         // The others kept theirs.
-        for (i, c) in marked[..usize::from(max)]
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != 7)
-        {
-            let slot = slot_of(&o, c).unwrap();
-            assert_eq!(
-                slot_mark(&o, slot),
-                Some(0x1000 + u32::try_from(i).unwrap())
-            );
+        for (i, c) in marked[..usize::from(max)].iter().enumerate() {
+            if i != 7 {
+                let slot = slot_of(&o, c).unwrap();
+                assert_eq!(
+                    slot_mark(&o, slot),
+                    Some(0x1000 + u32::try_from(i).unwrap())
+                );
+            }
         }
+    }
+
+    /// A map that holds one mark in two slots (read at a start) keeps both
+    /// given out: the second is never handed to a new mark while an entry
+    /// may hold it, only taken back when none does.
+    #[test]
+    fn a_mark_read_in_two_slots_keeps_both_until_taken_back() {
+        let max = u16::try_from(MAX_ROUTE_MARKS).unwrap() - 1;
+        let mut written: Vec<(u16, u32)> = (1..=max).map(|s| (s, 0x100 + u32::from(s))).collect();
+        written[4].1 = written[2].1;
+        let mut table = MemTable(BTreeMap::new(), BTreeMap::new(), false, Some(written));
+        let mut marks = RouteMarks::of(&table);
+        assert_eq!(
+            marks.slot(&mut table, 0x7777, 1).unwrap(),
+            None,
+            "slot 5 is not free"
+        );
+        marks.swept = true;
+        assert!(marks.may_take_back());
+        let held = (1..=max).filter(|&s| s != 9).collect();
+        assert_eq!(marks.take_back(&mut table, &held, 1), 1, "only slot 9");
+        assert!(!marks.may_take_back(), "looked at until an entry goes");
+        assert_eq!(
+            marks.slot(&mut table, 0x7777, 1 + SLOT_COOLING_NS).unwrap(),
+            Some(9)
+        );
+        let held = (1..=max).filter(|&s| s != 5).collect();
+        marks.marked_ended += 1;
+        assert_eq!(
+            marks.take_back(&mut table, &held, 2),
+            1,
+            "the second slot of the mark"
+        );
+        assert_eq!(
+            marks.slot(&mut table, 0x8888, 2 + SLOT_COOLING_NS).unwrap(),
+            Some(5)
+        );
     }
 
     /// The egress witness under policy routing: a connection the kernel's

@@ -49,12 +49,21 @@ pub fn private_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("chmod 0700 {}", dir.display()))
 }
 
+/// The temporary file [`write_private`] writes `path` through: its name
+/// with `.tmp` appended, so no two files share one.
+#[must_use]
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
 /// Writes `data` to `path` owner-only (0600) and atomically (a temporary
 /// file renamed over it), so a crash leaves the old or the new file.
 pub fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     let dir = path.parent().context("path without a directory")?;
     private_dir(dir)?;
-    let tmp = path.with_extension("json.tmp");
+    let tmp = tmp_path(path);
     let mut f = fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -341,6 +350,23 @@ pub fn daemon_lock(netns: Option<&str>) -> Result<DaemonLock> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_file_has_a_temporary_of_its_own() {
+        let t = |p: &str| tmp_path(Path::new(p)).display().to_string();
+        assert_eq!(
+            t("/var/lib/xdp-router/ns.json"),
+            "/var/lib/xdp-router/ns.json.tmp"
+        );
+        assert_eq!(
+            t("/var/lib/xdp-router/ns.last-admit"),
+            "/var/lib/xdp-router/ns.last-admit.tmp"
+        );
+        assert_eq!(
+            t("/run/xdp-router/ns.daemon.json"),
+            "/run/xdp-router/ns.daemon.json.tmp"
+        );
+    }
 
     /// A lock another holder keeps is waited for, then refused; once
     /// released it is taken (flock: two opens in one process conflict as

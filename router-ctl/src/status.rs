@@ -2,7 +2,7 @@
 //! object, how full the maps are, and whether anything is wrong (pins lost
 //! after a reboot, an interrupted attach or replace, a foreign program).
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, net::Ipv4Addr};
 
 use router_common::maps::{MAX_PINHOLES6, MAX_PORT_FORWARDS, VirtualMacKey};
 use serde_json::{Value, json};
@@ -239,24 +239,36 @@ fn host_problems(c: &config::RouterConfig) -> Vec<String> {
     }
     // Only an address attach took from the WAN (`--wan-addr auto`, which
     // the daemon follows): one given by hand may be routed to the router.
-    if c.admit == config::AdmitMode::Xdp && c.wan_addr_auto && c.wan_addr.is_unspecified() {
-        found.push(format!(
-            "{} has no IPv4 address (a DHCP lease lost?): nothing is masqueraded and what the \
-             LAN sends to the WAN is dropped until it has one, which `router-ctl run` follows",
-            c.wan
-        ));
-    } else if c.admit == config::AdmitMode::Xdp
+    if c.admit == config::AdmitMode::Xdp
         && c.wan_addr_auto
         && let Ok(addrs) = crate::netlink::ipv4_addrs(&c.wan)
-        && !addrs.contains(&c.wan_addr)
     {
-        found.push(format!(
-            "masquerading to {}, which {} no longer has: replies to it do not come back; \
-             `router-ctl run` follows a new WAN address, or attach again (--wan-addr)",
-            c.wan_addr, c.wan
-        ));
+        found.extend(wan_addr_problem(&c.wan, c.wan_addr, &addrs));
     }
     found
+}
+
+/// What is wrong with standalone mode masquerading to `masquerading`
+/// (`--wan-addr auto`, 0.0.0.0: none) while the WAN `wan` has the IPv4
+/// addresses `has`.
+pub fn wan_addr_problem(wan: &str, masquerading: Ipv4Addr, has: &[Ipv4Addr]) -> Option<String> {
+    match has.first() {
+        None if masquerading.is_unspecified() => Some(format!(
+            "{wan} has no IPv4 address (a DHCP lease lost, or still to come?): nothing is \
+             masqueraded and what the LAN sends to the WAN over IPv4 is dropped until it has \
+             one, which `router-ctl run` follows"
+        )),
+        Some(now) if masquerading.is_unspecified() => Some(format!(
+            "{wan} has the IPv4 address {now}, but the router masquerades to none (it had \
+             none): `router-ctl run` follows it (is the daemon running?), or attach again"
+        )),
+        _ if !has.contains(&masquerading) => Some(format!(
+            "masquerading to {masquerading}, which {wan} no longer has: replies to it do not \
+             come back; `router-ctl run` follows a new WAN address, or attach again \
+             (--wan-addr)"
+        )),
+        _ => None,
+    }
 }
 
 /// The problem of IPv4 forwarding off on `iface`, from the value of its
@@ -491,11 +503,10 @@ fn admit_text(c: &Value, v: &Value) -> String {
     }
     format!(
         "admit xdp (standalone), masquerade to {} ports {}-{}, filtering {}, {}",
-        match c["wan_addr"].as_str() {
-            Some("0.0.0.0") => "none (the WAN has no IPv4 address)",
-            Some(a) => a,
-            None => "?",
-        },
+        c["wan_addr"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .map_or_else(|| "?".to_owned(), config::masquerade_target),
         c["port_min"],
         c["port_max"],
         v["filtering"].as_str().unwrap_or("?"),
@@ -624,6 +635,31 @@ pub fn status(ctx: &Ctx, json: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wan_address_problem_for_each_mismatch() {
+        let (a, b, none) = (
+            Ipv4Addr::new(203, 0, 113, 1),
+            Ipv4Addr::new(203, 0, 113, 9),
+            Ipv4Addr::UNSPECIFIED,
+        );
+        assert_eq!(wan_addr_problem("wan0", a, &[a, b]), None);
+        assert_eq!(
+            wan_addr_problem("wan0", none, &[]).map(|p| p.contains("has no IPv4 address")),
+            Some(true)
+        );
+        let back = wan_addr_problem("wan0", none, &[b]).unwrap();
+        assert!(
+            back.contains("has the IPv4 address 203.0.113.9") && back.contains("none"),
+            "{back}"
+        );
+        let moved = wan_addr_problem("wan0", a, &[b]).unwrap();
+        assert!(
+            moved.starts_with("masquerading to 203.0.113.1, which wan0 no longer has"),
+            "{moved}"
+        );
+        assert!(wan_addr_problem("wan0", a, &[]).is_some());
+    }
 
     #[test]
     fn offload_mode_needs_its_daemon() {

@@ -147,6 +147,8 @@ pub fn admit(
         };
         return Err(Verdict::pass(c));
     }
+    // Also true of 0.0.0.0 while the WAN has no address: a LAN packet to it
+    // is refused below (a martian destination), a WAN one too.
     let to_wan_addr = pkt.dst == side.cfg.wan_addr && pkt.proto != IPPROTO_ICMP;
     // A martian source (RFC 1812 5.3.7: 0/8, 127/8, multicast, 240/4)
     // opens no flow from either side: NAT would translate it like a LAN
@@ -156,12 +158,6 @@ pub fn admit(
         return Err(Verdict::pass(Counter::PassFibNotForwarded));
     }
     if side.from_lan {
-        // The WAN has no IPv4 address (the daemon wrote 0.0.0.0 when it
-        // lost it): nothing to masquerade to. The kernel's masquerade
-        // drops such packets; standalone mode's slow-path table does too.
-        if side.cfg.wan_addr == [0; 4] {
-            return Err(Verdict::pass(Counter::PassNoWanAddr));
-        }
         // Multicast, broadcast, loopback...: not for the FIB's default
         // route. No flow is made to one, so its later packets never hit.
         if !forwardable_addr(pkt.dst) {
@@ -185,6 +181,15 @@ pub fn admit(
         // (a fragment's, written unchecked) opens nothing.
         if left_to_kernel(key, side.cfg, now) {
             return Err(Verdict::pass(Counter::PassKernelFlow));
+        }
+        if !side.cfg.has_wan_addr() {
+            // The WAN has no IPv4 address (the daemon wrote 0.0.0.0 when
+            // it lost it): nothing to masquerade to. The kernel gets it,
+            // whose masquerade drops such packets, as standalone mode's
+            // slow-path table does. Before the FIB is asked (a branch on
+            // the paths after it costs the verifier a fifth of its
+            // budget): one to the router itself counts here too.
+            return Err(Verdict::pass(Counter::PassNoWanAddr));
         }
         xlat.src = side.cfg.wan_addr;
         let mut kind = KIND_PLAIN;
@@ -212,8 +217,9 @@ pub fn admit(
     }
     // From the WAN with the router's own address as source: spoofed (a
     // martian, RFC 1812 5.3.7), whose reply entry could be a hairpinned
-    // flow's. It opens nothing; the kernel drops it.
-    if !to_wan_addr || pkt.src == side.cfg.wan_addr {
+    // flow's; or to a martian destination (0.0.0.0: the WAN address while
+    // it has none). It opens nothing; the kernel drops it.
+    if !to_wan_addr || pkt.src == side.cfg.wan_addr || !forwardable_addr(pkt.dst) {
         return Err(Verdict::pass(Counter::PassUnsolicited));
     }
     let kind = if let Some(target) = port_forward(pkt.proto, pkt.dport) {
@@ -254,7 +260,7 @@ pub fn forward_rule(cfg: &Config, ip: &[u8; ipv4::LEN], dport: u16) -> Option<Po
     let proto = ip[ipv4::PROTO];
     if cfg.admit != Admit::Xdp as u8
         || proto == IPPROTO_ICMP
-        || get_addr(ip, ipv4::DST) != cfg.wan_addr
+        || !cfg.is_wan_addr(get_addr(ip, ipv4::DST))
         || src == cfg.wan_addr
         || !forwardable_addr(src)
     {
@@ -400,7 +406,7 @@ fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
         // would leave as the router's own packet, with a port the sender
         // chose, which may be another host's mapping (a datagram injected
         // into its session, a RST).
-        return if get_addr(ip, ipv4::SRC) == side.cfg.wan_addr {
+        return if side.cfg.is_wan_addr(get_addr(ip, ipv4::SRC)) {
             Verdict::drop(Counter::DropSpoofedSource)
         } else {
             v
@@ -408,7 +414,7 @@ fn judge_unsolicited(ctx: &XdpContext, v: Verdict) -> Verdict {
     }
     // Flows of the WAN address (replies, port forwards, the kernel slow
     // path's) are translated by XDP or the kernel's NAT: the kernel's.
-    if get_addr(ip, ipv4::DST) == side.cfg.wan_addr {
+    if side.cfg.is_wan_addr(get_addr(ip, ipv4::DST)) {
         return v;
     }
     if forward_egress(ctx, ip) == Some(side.cfg.lan_ifindex) {
@@ -436,6 +442,7 @@ pub fn commit(
                 // LAN -> LAN or another interface: plain routing, not NAT.
                 return Err(Verdict::pass(Counter::PassNoFlow));
             }
+
             // Few values live across these calls: a spill would grow the
             // entry point's frame, whose call chains are at the verifier's
             // 512-byte limit.

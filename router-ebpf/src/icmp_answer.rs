@@ -189,9 +189,9 @@ fn build(ctx: &XdpContext, answer: IcmpAnswer, answered: Counter) -> Option<Verd
     // Read before the resize, which ends every packet pointer.
     let cfg = parse::ingress(ctx)?.cfg;
     let own_addr = cfg.wan_addr;
-    if own_addr == [0; 4] {
-        // The WAN lost its address (only a flow not yet removed gets
-        // here): no source to answer from.
+    if !cfg.has_wan_addr() {
+        // The WAN lost its address (a flow the daemon has yet to remove
+        // gets here): no source to answer from.
         return None;
     }
     // Back out of the interface it came in on, through the `DEVICES` map

@@ -124,7 +124,7 @@ fn finish(ctx: &XdpContext, v: Verdict) -> Verdict {
         return v;
     };
     let df = frag & ipv4::FRAG_DF != 0;
-    let to_us = get_addr(ip, ipv4::DST) == side.cfg.wan_addr;
+    let to_us = side.cfg.is_wan_addr(get_addr(ip, ipv4::DST));
     let key = StackKey::of(ip, sport, dport);
     let (xlat, now, hit) = if let Some((e, now)) = flow::own_hit(&key.0, side) {
         // SAFETY: map value pointer from the lookup, valid for this run.

@@ -441,6 +441,38 @@ pub(super) fn follow_wan_addr(
         }
     }
     status.wan_addr_changes_followed += 1;
+    say_wan_addr_followed(
+        &rec.config.wan,
+        Moved {
+            recorded: old,
+            data_path: data_path_old,
+            now,
+        },
+        standalone_mode,
+        (xdp_ended, kernel_ended),
+    );
+    Ok(Followed::Done)
+}
+
+/// A WAN address follow from the recorded address and the data path's
+/// (ahead of it after a failed follow) to `now` (0.0.0.0: none).
+#[derive(Clone, Copy)]
+struct Moved {
+    recorded: Ipv4Addr,
+    data_path: Ipv4Addr,
+    now: Ipv4Addr,
+}
+
+/// Says on stderr what a follow of the WAN `wan`'s address did (`ended`:
+/// the XDP flows and the slow-path connections of the old addresses it
+/// ended), at any log level, as the daemon's other changes.
+fn say_wan_addr_followed(wan: &str, m: Moved, standalone_mode: bool, ended: (usize, usize)) {
+    let Moved {
+        recorded: old,
+        data_path: data_path_old,
+        now,
+    } = m;
+    let (xdp_ended, kernel_ended) = ended;
     if now.is_unspecified() {
         let drops = if standalone_mode {
             "opens no IPv4 flow from the LAN and drops what the LAN sends to the WAN"
@@ -448,36 +480,33 @@ pub(super) fn follow_wan_addr(
             "leaves IPv4 NAT to the kernel's masquerade, which drops what it cannot translate"
         };
         eprintln!(
-            "router-ctl run: {} (WAN) lost its IPv4 address {data_path_old}: until it has one, \
+            "router-ctl run: {wan} (WAN) lost its IPv4 address {data_path_old}: until it has one, \
              the router {drops}; {xdp_ended} XDP flows and {kernel_ended} slow-path connections \
-             translated to it ended",
-            rec.config.wan
+             translated to it ended"
         );
     } else if data_path_old.is_unspecified() {
-        eprintln!(
-            "router-ctl run: {} (WAN) has an IPv4 address, {now}, after none: the router masquerades \
-             to it",
-            rec.config.wan
-        );
+        let who = if standalone_mode {
+            "the router masquerades to it"
+        } else {
+            "the kernel's masquerade translates to it"
+        };
+        eprintln!("router-ctl run: {wan} (WAN) has an IPv4 address, {now}, after none: {who}");
     } else if old == now {
         // Back to the recorded address after a follow whose kernel side
         // failed had moved the data path on.
         eprintln!(
-            "router-ctl run: {} (WAN) has {now} again: the data path masquerades to it again; \
+            "router-ctl run: {wan} (WAN) has {now} again: the data path masquerades to it again; \
              {xdp_ended} XDP flows and {kernel_ended} slow-path connections translated to \
-             {data_path_old} ended",
-            rec.config.wan
+             {data_path_old} ended"
         );
     } else {
         eprintln!(
-            "router-ctl run: {} (WAN) changed its IPv4 address from {old} to {now}: the router \
+            "router-ctl run: {wan} (WAN) changed its IPv4 address from {old} to {now}: the router \
              masquerades to {now} now; {xdp_ended} XDP flows and {kernel_ended} slow-path \
              connections translated to the old address ended (their hosts' next packets open \
-             new ones)",
-            rec.config.wan
+             new ones)"
         );
     }
-    Ok(Followed::Done)
 }
 
 /// When the daemon last looked at what it follows without notifications

@@ -422,7 +422,7 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // nothing of the first's (not even its status file).
     let _one_daemon = state::daemon_lock(ctx.ns())?;
     // What a daemon killed mid-write left.
-    let _ = std::fs::remove_file(status_path(ctx.ns()).with_extension("json.tmp"));
+    let _ = std::fs::remove_file(state::tmp_path(&status_path(ctx.ns())));
     if let Some(l) = &opts.listener {
         web::announce(l);
     }
@@ -443,7 +443,7 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
 /// through ([`state::write_private`]).
 fn remove_status_files(ctx: &Ctx) {
     let path = status_path(ctx.ns());
-    let _ = std::fs::remove_file(path.with_extension("json.tmp"));
+    let _ = std::fs::remove_file(state::tmp_path(&path));
     let _ = std::fs::remove_file(path);
 }
 

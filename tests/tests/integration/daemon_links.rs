@@ -1062,7 +1062,7 @@ fn daemon_follows_a_wan_left_without_an_address() {
     let text = stdout(&t.router_ctl(&["status"]));
     assert!(
         text.contains("masquerade to none (the WAN has no IPv4 address)")
-            && text.contains("wan0 has no IPv4 address"),
+            && text.contains(&format!("{WAN_IF} has no IPv4 address")),
         "{text}"
     );
     assert!(t.conntrack().is_empty(), "flows left: {:?}", t.conntrack());
@@ -1088,8 +1088,12 @@ fn daemon_follows_a_wan_left_without_an_address() {
         "{after}"
     );
     let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
+    let dropped = table
+        .split("ip saddr != 0.0.0.0 counter packets ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok());
     assert!(
-        table.contains("ip saddr != 0.0.0.0 counter packets 3 "),
+        dropped.is_some_and(|n| n >= 3),
         "the slow path did not drop them: {table}"
     );
 

@@ -398,21 +398,55 @@ fn the_wan_address_is_found_by_interface_also_when_labelled() {
 }
 
 /// A WAN without an IPv4 address (IPv6 only, or its DHCP lease not there
-/// yet): standalone mode, which masquerades to it, refuses and says how to
-/// give one; offload mode, where the kernel's NAT translates, attaches.
+/// yet, as at boot or during an outage the daemon followed): both modes
+/// attach. Standalone mode masquerades to none, says so, and its slow-path
+/// table has no snat (what the LAN sends to the WAN is dropped, as the
+/// kernel's masquerade does without an address); attached again once the
+/// WAN has an address, it masquerades to it.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn a_wan_without_ipv4_is_refused_by_standalone_only() {
+fn a_wan_without_ipv4_masquerades_to_none_until_it_has_one() {
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
     let wan = format!("{ROUTER_WAN_ADDR}/24");
     t.exec_ok(Ns::Router, &["ip", "addr", "del", &wan, "dev", WAN_IF]);
-    let err = ctl_fails(&t, &["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let (out, err) = (stdout(&o), String::from_utf8_lossy(&o.stderr).into_owned());
+    assert!(o.status.success(), "{out}{err}");
     assert!(
-        err.contains("has no IPv4 address") && err.contains("--wan-addr"),
+        err.contains("has no IPv4 address (yet)") && err.contains("`router-ctl run` follows"),
         "{err}"
     );
-    assert!(!t.router_attached());
+    assert!(
+        out.contains("masquerade to none (the WAN has no IPv4 address)"),
+        "{out}"
+    );
+    let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
+    assert!(!table.contains("snat"), "{table}");
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        text.contains(&format!("{WAN_IF} has no IPv4 address")),
+        "{text}"
+    );
+
+    t.exec_ok(Ns::Router, &["ip", "addr", "add", &wan, "dev", WAN_IF]);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        text.contains(&format!("masquerade to {ROUTER_WAN_ADDR}")),
+        "{text}"
+    );
+    let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
+    assert!(
+        table.contains(&format!("snat to {ROUTER_WAN_ADDR}")),
+        "{table}"
+    );
+    t.warm_neighbours();
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5706));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+
+    t.router_ctl_ok(&["detach"]);
+    t.exec_ok(Ns::Router, &["ip", "addr", "del", &wan, "dev", WAN_IF]);
     let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     assert!(out.contains("attached"), "{out}");
 }

@@ -209,9 +209,9 @@ fn parse_model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
         17 | 58 if plen < 8 => Exactly(Counter::DropMalformed),
         17 => FlowPhases,
         58 => match (l4[0], from_lan) {
-            // Echo request out, echo reply in; errors in: types 1-127 (RFC
-            // 4443 2.1, as `icmp6_kind`).
-            (128, _) | (129 | 1..=127, false) => FlowPhases,
+            // Echo request out, echo reply in; errors in: types 1-99 and
+            // 102-126 (as `icmp6_kind`).
+            (128, _) | (129 | 1..=99 | 102..=126, false) => FlowPhases,
             (133..=137, _) => Exactly(Counter::Pass6Ndp),
             (130..=132 | 143, _) => Exactly(Counter::Pass6Mld),
             _ => Exactly(Counter::PassProtocol),

@@ -328,8 +328,12 @@ fn lan_packets_with_the_wan_address_as_source_do_not_leave() {
 /// While the WAN has no IPv4 address (the daemon wrote 0.0.0.0 into the
 /// configuration when it lost it), nothing opens a flow: a LAN packet that
 /// would is passed as it came (`pass_no_wan_addr`; standalone mode's
-/// slow-path table drops it), never translated to 0.0.0.0; a WAN packet to
-/// the address the router had is the kernel's (`pass_unsolicited`).
+/// slow-path table drops what the kernel would send out of the WAN),
+/// never translated to 0.0.0.0; a WAN packet to
+/// the address the router had, or to 0.0.0.0 on a forwarded port, is the
+/// kernel's (`pass_unsolicited`), never taken for the router's own; and a
+/// LAN host's DHCP discover (source 0.0.0.0) is not taken for a forged
+/// router address: the kernel gets it.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn without_a_wan_address_nothing_opens_a_flow() {
@@ -337,7 +341,15 @@ fn without_a_wan_address_nothing_opens_a_flow() {
     let mut none = config(&env);
     none.wan_addr = [0; 4];
     with_router(&env, Some(none), |r| {
+        r.forward(IPPROTO_UDP, 5353, CLIENT, 53);
         let lan = r.lan;
+        let discover = Ipv4::new([0; 4], [255; 4], Udp::new(68, 67, b"discover"));
+        r.pass(
+            "a DHCP discover",
+            &Frame::new(tests::frames::BROADCAST_MAC, env.client_mac, discover).bytes(),
+            lan,
+            Counter::PassNotForUs,
+        );
         for (what, l4) in [
             ("UDP", L4::from(Udp::new(40000, 53, b"query"))),
             ("a TCP SYN", L4::from(Tcp::new(40000, 80, TCP_SYN))),
@@ -357,6 +369,12 @@ fn without_a_wan_address_nothing_opens_a_flow() {
         r.pass(
             "UDP from the WAN to the address the router had",
             &env.server_sends(&Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer"))),
+            wan,
+            Counter::PassUnsolicited,
+        );
+        r.pass(
+            "UDP from the WAN to 0.0.0.0, a forwarded port",
+            &env.server_sends(&Ipv4::new(SERVER, [0; 4], Udp::new(40000, 5353, b"in"))),
             wan,
             Counter::PassUnsolicited,
         );

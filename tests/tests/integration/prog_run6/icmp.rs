@@ -63,10 +63,10 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
             ),
             // RFC 4443 2.4 (b): an error of a type the router does not know
             // goes to the sender of the quoted packet (as Linux's conntrack
-            // relates it).
+            // relates it; RFC 4890 4.3.4 leaves it to policy).
             (
-                "an unassigned error type quoting UDP",
-                100,
+                "an unallocated error type quoting UDP",
+                50,
                 0,
                 quote(&udp, 100),
             ),
@@ -91,6 +91,17 @@ fn icmp6_errors_quoting_known_and_unknown_flows() {
                 Ipv6::udp(s, c, &Udp::new(6000, 5000, b"x")).bytes()
             }),
         ];
+        // The experimental types and 127 (RFC 4890 4.3.5: dropped), about
+        // a known flow all the same.
+        for t in [100, 101, 127] {
+            let e = Ipv6::error(s, c, t, 0, &quote(&udp, 100));
+            r.drop_frame(
+                &format!("error type {t} quoting UDP"),
+                &from_server(&env, &e),
+                wan,
+                Counter::Drop6Unsolicited,
+            );
+        }
         for (what, q) in unknown {
             let e = Ipv6::error(s, c, ICMP6_DEST_UNREACH, 0, &q);
             r.drop_frame(what, &from_server(&env, &e), wan, Counter::Drop6Unsolicited);
