@@ -1272,8 +1272,9 @@ counters! {
     /// mapping (RFC 4787 REQ-11) even once a port of the data path's
     /// comes free.
     PassKernelFlow = "pass_kernel_flow", false;
-    /// Standalone mode: a LAN packet that would open an IPv4 flow out of
-    /// the WAN while the WAN has no IPv4 address (`--wan-addr auto` and the
+    /// Standalone mode: a LAN packet that would open an IPv4 flow (also
+    /// one to the router itself: counted before the FIB is asked) while
+    /// the WAN has no IPv4 address (`--wan-addr auto` and the
     /// address gone: a DHCP lease lost or between two leases; the
     /// configuration's address is then 0.0.0.0). Nothing can be
     /// masqueraded: the kernel gets it, and standalone mode's slow-path

@@ -407,7 +407,7 @@ impl RouterConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigField {
     Lan,
-    /// Also "no IPv4 address on WAN" (when the WAN address is `auto`).
+    /// Also the WAN's addresses unreadable.
     Wan,
     MaxFlows,
     /// `--port-range` against `--kernel-nat-ports`.

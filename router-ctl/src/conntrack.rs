@@ -811,6 +811,27 @@ fn on_the_wan_side_of(k: &FlowKey, e: &FlowEntry, addr: [u8; 4]) -> bool {
     k.dst_addr == addr || e.peer.dst_addr == addr
 }
 
+/// Removes the kernel's connections whose reply goes to `old` (what the
+/// slow-path table's `snat` translated to it): the kernel's masquerade
+/// cleanup on an address change covers `masquerade` rules only, and a LAN
+/// host that keeps sending (an ESP or GRE tunnel) would otherwise keep its
+/// entry, and its dead translation, alive. Returns how many.
+pub fn end_kernel_flows_translated_to(old: Ipv4Addr) -> std::io::Result<usize> {
+    let mut ct = crate::ctnetlink::CtSocket::requests()?;
+    let mut ended = 0;
+    for c in ct.dump()? {
+        if c.reply.dst != std::net::IpAddr::V4(old) || c.orig.dst == std::net::IpAddr::V4(old) {
+            continue;
+        }
+        match ct.delete(&c.orig) {
+            Ok(()) => ended += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ended)
+}
+
 pub fn flush(maps: &PinnedMaps) -> Result<()> {
     let mut table = maps.conntrack()?;
     let (removed, flows) = flush_table(&mut table, |e: &FlowEntry| e.flags, |_, e| e.peer)?;

@@ -402,9 +402,10 @@ struct RouteMarks {
     /// Slots the map had a mark in that another slot had too (read at the
     /// start): given out as far as this offloader knows, until taken back.
     stray: std::collections::HashSet<u16>,
-    /// Slots taken back, and when (`CLOCK_MONOTONIC` ns): free once
-    /// [`SLOT_COOLING_NS`] has passed.
-    cooling: HashMap<u16, u64>,
+    /// Slots taken back, when (`CLOCK_MONOTONIC` ns) and the mark they
+    /// had: free once [`SLOT_COOLING_NS`] has passed, for that mark at
+    /// once (an entry left holding it routes by that mark anyway).
+    cooling: HashMap<u16, (u64, u32)>,
     /// Whether the pairs an earlier daemon left were swept
     /// ([`Offloader::sweep_left_behind`]): until then entries this session
     /// does not know may hold any slot, and none is taken back.
@@ -416,10 +417,19 @@ struct RouteMarks {
     /// [`Self::marked_ended`] at the last take-back: every slot not taken
     /// back then was held, and is until the epoch moves.
     looked_at: Option<u64>,
-    /// A connection was refused a slot before the sweep: a resync after
-    /// it decides on such connections again (a lasting one may send no
-    /// event).
-    refused_unswept: bool,
+    /// Connections were refused a slot, and a resync is owed to them
+    /// once one can be had (a lasting connection may send no event).
+    refused: Option<Refused>,
+}
+
+/// When connections were refused a `ROUTE_MARKS` slot, which says when a
+/// resync may find one for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    /// Before the sweep: after it.
+    BeforeSweep,
+    /// Every slot held: once a marked connection ends.
+    AllHeld,
 }
 
 /// How long a `ROUTE_MARKS` slot taken back stays unused: the longest
@@ -460,15 +470,23 @@ impl RouteMarks {
             return Ok(Some(slot));
         }
         self.cooling
-            .retain(|_, &mut since| now_ns.saturating_sub(since) < SLOT_COOLING_NS);
-        let Some(slot) = (1..u16::try_from(MAX_ROUTE_MARKS).unwrap_or(u16::MAX)).find(|s| {
-            !self.slots.values().any(|taken| taken == s)
-                && !self.stray.contains(s)
-                && !self.cooling.contains_key(s)
+            .retain(|_, &mut (since, _)| now_ns.saturating_sub(since) < SLOT_COOLING_NS);
+        let own = self
+            .cooling
+            .iter()
+            .find(|&(_, &(_, had))| had == mark)
+            .map(|(&slot, _)| slot);
+        let Some(slot) = own.or_else(|| {
+            (1..u16::try_from(MAX_ROUTE_MARKS).unwrap_or(u16::MAX)).find(|s| {
+                !self.slots.values().any(|taken| taken == s)
+                    && !self.stray.contains(s)
+                    && !self.cooling.contains_key(s)
+            })
         }) else {
             return Ok(None);
         };
         table.set_route_mark(slot, mark)?;
+        self.cooling.remove(&slot);
         self.slots.insert(mark, slot);
         Ok(Some(slot))
     }
@@ -499,23 +517,27 @@ impl RouteMarks {
             .collect();
         free.sort_unstable();
         free.dedup();
-        for &slot in &free {
+        let mut taken_back = 0;
+        for slot in free {
             if let Err(e) = table.set_route_mark(slot, 0) {
                 // Kept as given out: an entry may still route by its mark.
                 tracing::warn!("offload: clearing ROUTE_MARKS slot {slot}: {e}");
                 continue;
             }
+            let had = self.mark_in(slot).unwrap_or(0);
             self.slots.retain(|_, s| *s != slot);
             self.stray.remove(&slot);
-            self.cooling.insert(slot, now_ns);
+            self.cooling.insert(slot, (now_ns, had));
+            taken_back += 1;
         }
-        free.len()
+        taken_back
     }
 
     /// When the first cooling slot is free again (`CLOCK_MONOTONIC` ns).
     fn next_free_at(&self) -> Option<u64> {
         self.cooling
             .values()
+            .map(|&(since, _)| since)
             .min()
             .map(|since| since + SLOT_COOLING_NS)
     }
@@ -1141,6 +1163,9 @@ pub struct Offloader<T, K> {
     /// try is due: a dump that keeps failing (memory) is tried less often.
     resync_failed_in_row: u32,
     resync_retry_at_ns: u64,
+    /// When (`CLOCK_MONOTONIC` ns) a resync is owed to connections refused
+    /// a `ROUTE_MARKS` slot, once one can be had ([`Self::owe_resync_at`]).
+    slots_free_at_ns: Option<u64>,
     /// The `IPsec` policies' number ([`Kernel::ipsec_policies`]) when the
     /// offloaded connections were last checked against them.
     ipsec_seen: u64,
@@ -1200,6 +1225,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             inherited: HashMap::new(),
             immediate_tcp: TokenBucket::new(IMMEDIATE_TCP),
             resync_due: false,
+            slots_free_at_ns: None,
             resync_failed_in_row: 0,
             resync_retry_at_ns: 0,
             ipsec_seen: 0,
@@ -1215,13 +1241,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
     }
 
-    /// Owes a resync at `at_ns` (`CLOCK_MONOTONIC`), or as soon as one
-    /// owed already is due.
+    /// Owes the connections refused a `ROUTE_MARKS` slot a resync at
+    /// `at_ns` (`CLOCK_MONOTONIC`), or at an earlier time owed already;
+    /// apart from a resync the last dump's failure owes (its own backoff).
     fn owe_resync_at(&mut self, at_ns: u64) {
-        if !self.resync_due {
-            self.resync_due = true;
-            self.resync_retry_at_ns = at_ns;
-        }
+        self.slots_free_at_ns = Some(self.slots_free_at_ns.map_or(at_ns, |t| t.min(at_ns)));
     }
 
     /// Whether a resync is owed (the last one could not read the kernel's
@@ -1231,6 +1255,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     #[must_use]
     pub const fn resync_retry_due(&self, now_ns: u64) -> bool {
         self.resync_due && now_ns >= self.resync_retry_at_ns
+            || matches!(self.slots_free_at_ns, Some(at) if now_ns >= at)
     }
 
     /// Resyncs failed in a row (0 after one succeeded).
@@ -1685,20 +1710,23 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 if !self.route_marks_full_said {
                     self.route_marks_full_said = true;
                     tracing::warn!(
-                        "offload: every ROUTE_MARKS slot ({}) is given out: a connection with \
-                         another route mark ({mark:#x}) stays in the kernel (counted \
-                         route_marks_full) until the slots of marks no offloaded connection \
-                         has any longer come back",
-                        MAX_ROUTE_MARKS - 1
+                        "offload: no ROUTE_MARKS slot is free (all {} given out, or taken \
+                         back and unused for {} s): a connection with another route mark \
+                         ({mark:#x}) stays in the kernel (counted route_marks_full) until one \
+                         is",
+                        MAX_ROUTE_MARKS - 1,
+                        SLOT_COOLING_NS / 1_000_000_000
                     );
                 }
                 self.refused("route_marks_full");
                 if !self.route_marks.swept {
-                    self.route_marks.refused_unswept = true;
+                    self.route_marks.refused = Some(Refused::BeforeSweep);
                 } else if let Some(free_at) = self.route_marks.next_free_at() {
                     // A lasting connection may send no event again: a
                     // resync once a slot is free decides on it anew.
                     self.owe_resync_at(free_at);
+                } else {
+                    self.route_marks.refused = Some(Refused::AllHeld);
                 }
                 None
             }
@@ -2024,8 +2052,13 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             return false;
         };
         if f.route_mark != 0 {
-            // Its mark's slot may be free now.
+            // Its mark's slot may be free now: a resync gives it to a
+            // connection refused one (a lasting one may send no event).
             self.route_marks.marked_ended += 1;
+            if self.route_marks.refused == Some(Refused::AllHeld) {
+                self.route_marks.refused = None;
+                self.owe_resync_at(0);
+            }
         }
         f.keys.remove(&mut self.table);
         self.forget_witnessed(orig, &f.reply);
@@ -2329,8 +2362,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // or an inherited pair's: the slots the others held may come back,
         // for the connections refused one meanwhile too.
         self.route_marks.swept = true;
-        if std::mem::take(&mut self.route_marks.refused_unswept) {
-            self.resync_due = true;
+        if self.route_marks.refused.take().is_some() {
+            self.owe_resync_at(0);
         }
         swept
     }
@@ -2396,6 +2429,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// kernel no longer has leave XDP, eligible ones are offloaded.
     pub fn resync(&mut self, dump: &[Conn], now_ns: u64) {
         self.stats.resyncs += 1;
+        self.slots_free_at_ns = None;
         // Another zone's connection keeps no tuple present (see `conn`).
         let present: std::collections::HashSet<Tuple> = dump
             .iter()
@@ -3241,16 +3275,33 @@ mod tests {
         let mut o = setup(old);
         o.conn(&marked[0], 1);
         assert_eq!(full(&o), 1);
-        assert!(!o.resync_due);
+        assert!(!o.resync_retry_due(1));
         o.sweep_left_behind(&[], &[], &[]);
-        assert!(o.resync_due, "the refused connection is looked at again");
-        o.resync_due = false;
+        assert!(
+            o.resync_retry_due(1),
+            "the refused connection is looked at again"
+        );
+        o.slots_free_at_ns = None;
         o.conn(&marked[0], 2);
         assert_eq!((o.len(), full(&o)), (0, 2), "cooling");
         assert_eq!(slot_mark(&o, 1), Some(0), "cleared at once");
-        assert!(o.resync_due && o.resync_retry_at_ns == 2 + SLOT_COOLING_NS);
+        assert_eq!(
+            o.slots_free_at_ns,
+            Some(2 + SLOT_COOLING_NS),
+            "a resync then"
+        );
+        assert!(!o.resync_retry_due(3) && o.resync_retry_due(2 + SLOT_COOLING_NS));
+        // A mark a slot had takes it back at once.
+        let mut had = marked[1].clone();
+        had.mark = 0x9000 + 7;
+        o.kernel.present.push(had.orig);
+        o.kernel.conns.push(had.clone());
+        o.kernel.replies.insert(had.orig, had.reply);
+        o.conn(&had, 3);
+        assert_eq!(slot_of(&o, &had), Some(7), "{:?}", o.stats);
+        assert_eq!(slot_mark(&o, 7), Some(0x9007));
         o.conn(&marked[0], 2 + SLOT_COOLING_NS);
-        assert_eq!(o.len(), 1, "{:?}", o.stats);
+        assert_eq!(o.len(), 2, "{:?}", o.stats);
         let slot = slot_of(&o, &marked[0]).unwrap();
         assert_eq!(slot_mark(&o, slot), Some(0x1000));
 
@@ -3265,10 +3316,15 @@ mod tests {
         o.conn(last, 2);
         o.conn(last, 3);
         assert_eq!((o.len(), full(&o)), (usize::from(max), 2));
-        // One of them ends: its slot comes back, a lease later the new
-        // mark's.
+        assert!(!o.resync_retry_due(3));
+        // One of them ends: a resync looks at the refused one again; the
+        // slot comes back, a lease later the new mark's.
         let freed = slot_of(&o, &marked[7]).unwrap();
         o.destroy(&marked[7]);
+        assert!(
+            o.resync_retry_due(3),
+            "the refused connection is looked at again"
+        );
         o.conn(last, 4);
         assert_eq!(slot_mark(&o, freed), Some(0));
         o.conn(last, 4 + SLOT_COOLING_NS);

@@ -442,7 +442,6 @@ pub fn commit(
                 // LAN -> LAN or another interface: plain routing, not NAT.
                 return Err(Verdict::pass(Counter::PassNoFlow));
             }
-
             // Few values live across these calls: a spill would grow the
             // entry point's frame, whose call chains are at the verifier's
             // 512-byte limit.

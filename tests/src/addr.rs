@@ -40,7 +40,9 @@ pub const LOCK_DIR: &str = "/run/xdp-router";
 /// router owner's namespace keeps them: a lock file is not removed while
 /// another process may hold it).
 pub fn forget_detached_router(ns: &str) {
-    let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.last-admit"));
+    for leftover in ["last-admit", "last-admit.tmp"] {
+        let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.{leftover}"));
+    }
     for leftover in [
         "lock",
         "apply.lock",

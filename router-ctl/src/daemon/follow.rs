@@ -4,10 +4,7 @@
 //! VRRP virtual MACs, and standalone mode's kernel side (put back when a
 //! firewall reload removed it).
 
-use std::{
-    io,
-    net::{IpAddr, Ipv4Addr},
-};
+use std::{io, net::Ipv4Addr};
 
 use anyhow::{Context, Result};
 use router_common::maps::Config;
@@ -17,7 +14,6 @@ use crate::{
     clock::monotonic_ns,
     config::{AdmitMode, RouterConfig},
     conntrack,
-    ctnetlink::CtSocket,
     ctx::Ctx,
     netlink::{self, LinkEvent, LinkEvents},
     shaping, standalone, state, vmac,
@@ -431,7 +427,7 @@ pub(super) fn follow_wan_addr(
     let mut kernel_ended = 0;
     if standalone_mode {
         for gone in old_addresses(data_path_old, old, now) {
-            kernel_ended += end_kernel_flows_translated_to(gone).unwrap_or_else(|e| {
+            kernel_ended += conntrack::end_kernel_flows_translated_to(gone).unwrap_or_else(|e| {
                 tracing::warn!(
                     "ending the kernel slow path's connections translated to {gone}: {e}; they \
                      end when they time out"
@@ -712,27 +708,6 @@ fn note_bypassed_forward_rules(status: &mut DaemonStatus, bypassed: bool) {
         );
     }
     status.forward_rules_bypassed = now;
-}
-
-/// Removes the kernel's connections whose reply goes to `old` (what the
-/// slow-path table's `snat` translated to it): the kernel's masquerade
-/// cleanup on an address change covers `masquerade` rules only, and a LAN
-/// host that keeps sending (an ESP or GRE tunnel) would otherwise keep its
-/// entry, and its dead translation, alive. Returns how many.
-pub(super) fn end_kernel_flows_translated_to(old: Ipv4Addr) -> io::Result<usize> {
-    let mut ct = CtSocket::requests()?;
-    let mut ended = 0;
-    for c in ct.dump()? {
-        if c.reply.dst != IpAddr::V4(old) || c.orig.dst == IpAddr::V4(old) {
-            continue;
-        }
-        match ct.delete(&c.orig) {
-            Ok(()) => ended += 1,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(ended)
 }
 
 /// The addresses a follow to `now` ends the flows of: the data path's old

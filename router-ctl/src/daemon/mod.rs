@@ -421,8 +421,6 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // Held until it returns; before anything, so a second daemon changes
     // nothing of the first's (not even its status file).
     let _one_daemon = state::daemon_lock(ctx.ns())?;
-    // What a daemon killed mid-write left.
-    let _ = std::fs::remove_file(state::tmp_path(&status_path(ctx.ns())));
     if let Some(l) = &opts.listener {
         web::announce(l);
     }

@@ -128,6 +128,51 @@ pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
     admit
 }
 
+/// The WAN address standalone mode's data path masquerades to now
+/// (`pinned`, its configuration), if `desired` moves it to another one or
+/// to none (0.0.0.0): the mappings of that address end now, before the
+/// configuration changes, as the daemon's follow ends them (its flows
+/// after: [`end_flows_translated_to`]).
+fn begin_masquerade_move(
+    ctx: &Ctx,
+    pinned: Option<Config>,
+    desired: &RouterConfig,
+) -> Result<Option<std::net::Ipv4Addr>> {
+    let Some(pinned) = pinned.filter(|c| c.admit == router_common::maps::Admit::Xdp as u8) else {
+        return Ok(None);
+    };
+    let old = std::net::Ipv4Addr::from(pinned.wan_addr);
+    if desired.admit != AdmitMode::Xdp || old.is_unspecified() || old == desired.wan_addr {
+        return Ok(None);
+    }
+    crate::conntrack::clear_mappings(&ctx.maps())
+        .context("clearing the NAT mappings of the old WAN address")?;
+    Ok(Some(old))
+}
+
+/// Ends the XDP flows and the kernel slow path's connections translated
+/// to `moved_from`, the address standalone mode masqueraded to before
+/// this attach (`outcome`) moved it: their replies could not come back,
+/// and a LAN host that keeps sending would keep them, and the old address
+/// on the wire, alive. Warns on a failure (the router is attached by then).
+fn end_flows_translated_to(ctx: &Ctx, moved_from: Option<std::net::Ipv4Addr>, outcome: Outcome) {
+    let Some(old) = moved_from.filter(|_| outcome != Outcome::Unchanged) else {
+        return;
+    };
+    let xdp = crate::conntrack::remove_translated_to(&ctx.maps(), old.octets());
+    let kernel = crate::conntrack::end_kernel_flows_translated_to(old);
+    match (xdp, kernel) {
+        (Ok(x), Ok(k)) => println!(
+            "ended {x} XDP flows and {k} slow-path connections translated to {old}, the WAN \
+             address masqueraded to before"
+        ),
+        (x, k) => warn!(
+            "ending the flows translated to {old}, the WAN address masqueraded to before: \
+             XDP {x:?}, slow path {k:?}; `router-ctl conntrack flush` ends them"
+        ),
+    }
+}
+
 /// The admit mode of the router attached here, if any: its pinned
 /// configuration's, else its record's.
 pub fn attached_mode(ctx: &Ctx) -> Option<AdmitMode> {
@@ -242,6 +287,8 @@ pub fn attach(
             return Err(e);
         }
     }
+    // As the daemon's follow: the mappings before, the flows after.
+    let moved_from = begin_masquerade_move(ctx, running.config, &desired)?;
     let outcome = if running.any_pins() {
         let before = record.clone();
         match replace::replace_or_keep(ctx, a, &desired, &obj, &running, record) {
@@ -276,6 +323,7 @@ pub fn attach(
     // Past the point where the router is attached: a failure only warns
     // (an error would tell `apply` the attach did not happen).
     record_forward_rules_answer(ctx, bypasses_forward_rules);
+    end_flows_translated_to(ctx, moved_from, outcome);
     if !standalone_mode {
         match standalone::tear_down(ctx.ns()) {
             Ok(true) => {

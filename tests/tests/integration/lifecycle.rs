@@ -401,15 +401,22 @@ fn the_wan_address_is_found_by_interface_also_when_labelled() {
 /// yet, as at boot or during an outage the daemon followed): both modes
 /// attach. Standalone mode masquerades to none, says so, and its slow-path
 /// table has no snat (what the LAN sends to the WAN is dropped, as the
-/// kernel's masquerade does without an address); attached again once the
-/// WAN has an address, it masquerades to it.
+/// kernel's masquerade does without an address); an attach that moves it
+/// there from an address ends that address's flows, as the daemon's follow
+/// does; attached again once the WAN has an address, it masquerades to it.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_wan_without_ipv4_masquerades_to_none_until_it_has_one() {
     let t = Topology::new();
     let _cleanup = DetachOnDrop(&t);
+    attach(&t, &[]);
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, socket_addr(SERVER_ADDR, 5707));
+    assert_eq!(peer.ip(), IpAddr::V4(ROUTER_WAN_ADDR));
+    assert!(!t.conntrack().is_empty());
     let wan = format!("{ROUTER_WAN_ADDR}/24");
     t.exec_ok(Ns::Router, &["ip", "addr", "del", &wan, "dev", WAN_IF]);
+    // Attached again (a service restart during the outage, no daemon to
+    // follow it): the old address's flows end with the move.
     let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
     let (out, err) = (stdout(&o), String::from_utf8_lossy(&o.stderr).into_owned());
     assert!(o.status.success(), "{out}{err}");
@@ -418,8 +425,16 @@ fn a_wan_without_ipv4_masquerades_to_none_until_it_has_one() {
         "{err}"
     );
     assert!(
-        out.contains("masquerade to none (the WAN has no IPv4 address)"),
+        out.contains(&format!(
+            "ended 1 XDP flows and 0 slow-path connections translated to {ROUTER_WAN_ADDR}"
+        )),
         "{out}"
+    );
+    assert!(t.conntrack().is_empty(), "{:?}", t.conntrack());
+    let text = stdout(&t.router_ctl(&["status"]));
+    assert!(
+        text.contains("masquerade to none (the WAN has no IPv4 address)"),
+        "{text}"
     );
     let table = t.exec_ok(Ns::Router, &["nft", "list", "table", "ip", "xdp_router"]);
     assert!(!table.contains("snat"), "{table}");
