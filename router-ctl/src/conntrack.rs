@@ -812,15 +812,19 @@ fn on_the_wan_side_of(k: &FlowKey, e: &FlowEntry, addr: [u8; 4]) -> bool {
 }
 
 /// Removes the kernel's connections whose reply goes to `old` (what the
-/// slow-path table's `snat` translated to it): the kernel's masquerade
-/// cleanup on an address change covers `masquerade` rules only, and a LAN
-/// host that keeps sending (an ESP or GRE tunnel) would otherwise keep its
-/// entry, and its dead translation, alive. Returns how many.
+/// slow-path table's `snat` translated to it; not the router's own): the
+/// kernel's masquerade cleanup on an address change covers `masquerade`
+/// rules only, and a LAN host that keeps sending (an ESP or GRE tunnel)
+/// would otherwise keep its entry, and its dead translation, alive.
+/// Returns how many.
 pub fn end_kernel_flows_translated_to(old: Ipv4Addr) -> std::io::Result<usize> {
     let mut ct = crate::ctnetlink::CtSocket::requests()?;
+    let old = std::net::IpAddr::V4(old);
     let mut ended = 0;
     for c in ct.dump()? {
-        if c.reply.dst != std::net::IpAddr::V4(old) || c.orig.dst == std::net::IpAddr::V4(old) {
+        // Translated to it: not a connection to it (the reply's source is
+        // then it), nor one of the router's own from it (untranslated).
+        if c.reply.dst != old || c.orig.dst == old || c.orig.src == old {
             continue;
         }
         match ct.delete(&c.orig) {

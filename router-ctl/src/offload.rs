@@ -437,6 +437,10 @@ enum Refused {
 /// the lease ticks, so an entry a race left holding it has expired.
 const SLOT_COOLING_NS: u64 = (MAX_LEASE_SECS as u64 + 2) * 1_000_000_000;
 
+/// The least time between a resync and the next one owed to connections
+/// refused a `ROUTE_MARKS` slot ([`Offloader::resync_retry_due`]).
+const SLOTS_RESYNC_SPACING_NS: u64 = 10_000_000_000;
+
 impl RouteMarks {
     /// The slots already written in `table`'s map.
     fn of<T: Table>(table: &T) -> Self {
@@ -1156,8 +1160,9 @@ pub struct Offloader<T, K> {
     settle_order: VecDeque<(Tuple, u64)>,
     /// Which TCP connections are offloaded at once ([`IMMEDIATE_TCP`]).
     immediate_tcp: TokenBucket,
-    /// The last resync's dump failed: the table may miss connections the
-    /// kernel has (events lost) or hold some it ended.
+    /// A resync is owed: the last one's dump failed (the table may miss
+    /// connections the kernel has, or hold some it ended), or a decision
+    /// asked for one (a rerouted connection that may send no event again).
     resync_due: bool,
     /// Resyncs failed in a row, and when (`CLOCK_MONOTONIC` ns) the next
     /// try is due: a dump that keeps failing (memory) is tried less often.
@@ -1166,6 +1171,10 @@ pub struct Offloader<T, K> {
     /// When (`CLOCK_MONOTONIC` ns) a resync is owed to connections refused
     /// a `ROUTE_MARKS` slot, once one can be had ([`Self::owe_resync_at`]).
     slots_free_at_ns: Option<u64>,
+    /// When the last resync ran: one owed for slots waits
+    /// [`SLOTS_RESYNC_SPACING_NS`] after it (a busy router with every slot
+    /// held ends a marked connection every moment).
+    last_resync_ns: u64,
     /// The `IPsec` policies' number ([`Kernel::ipsec_policies`]) when the
     /// offloaded connections were last checked against them.
     ipsec_seen: u64,
@@ -1226,6 +1235,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             immediate_tcp: TokenBucket::new(IMMEDIATE_TCP),
             resync_due: false,
             slots_free_at_ns: None,
+            last_resync_ns: 0,
             resync_failed_in_row: 0,
             resync_retry_at_ns: 0,
             ipsec_seen: 0,
@@ -1248,14 +1258,19 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         self.slots_free_at_ns = Some(self.slots_free_at_ns.map_or(at_ns, |t| t.min(at_ns)));
     }
 
-    /// Whether a resync is owed (the last one could not read the kernel's
-    /// table, [`Self::resync_from_kernel`]) and its next try is due at
-    /// `now_ns`: 2 s after the first failure, doubling with each one in a
+    /// Whether a resync is owed and due at `now_ns`: the last one could
+    /// not read the kernel's table ([`Self::resync_from_kernel`]), or
+    /// another decision asked for one (`resync_due`: a rerouted
+    /// connection, a sweep), or connections refused a `ROUTE_MARKS` slot
+    /// may get one now ([`Self::owe_resync_at`], at most every
+    /// [`SLOTS_RESYNC_SPACING_NS`]); after a failed dump not before its
+    /// next try: 2 s after the first failure, doubling with each one in a
     /// row up to [`RESYNC_RETRY_MAX_NS`].
     #[must_use]
     pub const fn resync_retry_due(&self, now_ns: u64) -> bool {
-        self.resync_due && now_ns >= self.resync_retry_at_ns
-            || matches!(self.slots_free_at_ns, Some(at) if now_ns >= at)
+        let for_slots = matches!(self.slots_free_at_ns, Some(at) if now_ns >= at)
+            && now_ns >= self.last_resync_ns.saturating_add(SLOTS_RESYNC_SPACING_NS);
+        (self.resync_due || for_slots) && now_ns >= self.resync_retry_at_ns
     }
 
     /// Resyncs failed in a row (0 after one succeeded).
@@ -2403,6 +2418,10 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // The slots the released pairs' entries held may be free now (also
         // those of pairs taken over with another slot).
         self.route_marks.marked_ended += 1;
+        if self.route_marks.refused == Some(Refused::AllHeld) {
+            self.route_marks.refused = None;
+            self.owe_resync_at(0);
+        }
         if removed > 0 {
             self.stats.ended_not_taken_over += removed;
             tracing::info!(
@@ -2430,6 +2449,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     pub fn resync(&mut self, dump: &[Conn], now_ns: u64) {
         self.stats.resyncs += 1;
         self.slots_free_at_ns = None;
+        self.last_resync_ns = now_ns;
+        // Refused again below, if still so.
+        if self.route_marks.refused == Some(Refused::AllHeld) {
+            self.route_marks.refused = None;
+        }
         // Another zone's connection keeps no tuple present (see `conn`).
         let present: std::collections::HashSet<Tuple> = dump
             .iter()
@@ -3275,11 +3299,12 @@ mod tests {
         let mut o = setup(old);
         o.conn(&marked[0], 1);
         assert_eq!(full(&o), 1);
-        assert!(!o.resync_retry_due(1));
+        assert_eq!(o.slots_free_at_ns, None);
         o.sweep_left_behind(&[], &[], &[]);
-        assert!(
-            o.resync_retry_due(1),
-            "the refused connection is looked at again"
+        assert_eq!(
+            o.slots_free_at_ns,
+            Some(0),
+            "the refused one looked at again"
         );
         o.slots_free_at_ns = None;
         o.conn(&marked[0], 2);
@@ -3316,15 +3341,18 @@ mod tests {
         o.conn(last, 2);
         o.conn(last, 3);
         assert_eq!((o.len(), full(&o)), (usize::from(max), 2));
-        assert!(!o.resync_retry_due(3));
-        // One of them ends: a resync looks at the refused one again; the
-        // slot comes back, a lease later the new mark's.
+        assert_eq!(o.slots_free_at_ns, None);
+        // One of them ends: a resync looks at the refused one again (at
+        // most every 10 s); the slot comes back, a lease later the new
+        // mark's.
         let freed = slot_of(&o, &marked[7]).unwrap();
         o.destroy(&marked[7]);
-        assert!(
-            o.resync_retry_due(3),
-            "the refused connection is looked at again"
+        assert_eq!(
+            o.slots_free_at_ns,
+            Some(0),
+            "the refused one looked at again"
         );
+        assert!(!o.resync_retry_due(3) && o.resync_retry_due(SLOTS_RESYNC_SPACING_NS));
         o.conn(last, 4);
         assert_eq!(slot_mark(&o, freed), Some(0));
         o.conn(last, 4 + SLOT_COOLING_NS);

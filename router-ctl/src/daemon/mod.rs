@@ -789,7 +789,10 @@ fn tick(
         tracing::info!("conntrack flush: {evicted} offloaded flows left the fast path");
         resync_or_retry(&mut session.off, "a conntrack flush");
     } else if session.events.is_some() && session.off.resync_retry_due(monotonic_ns()) {
-        resync_or_retry(&mut session.off, "an earlier failed one");
+        resync_or_retry(
+            &mut session.off,
+            "what asked for one (a failed dump, connections to decide on again)",
+        );
     }
     session.off.kernel.routes.clear();
     session.off.kernel.addrs = None;

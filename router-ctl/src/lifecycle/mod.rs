@@ -31,7 +31,7 @@ pub(crate) mod loader;
 pub(crate) mod relink;
 mod replace;
 
-use std::fs;
+use std::{fs, net::Ipv4Addr};
 
 use anyhow::{Context, Result, bail};
 use aya::programs::XdpMode;
@@ -128,49 +128,84 @@ pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
     admit
 }
 
-/// The WAN address standalone mode's data path masquerades to now
-/// (`pinned`, its configuration), if `desired` moves it to another one or
-/// to none (0.0.0.0): the mappings of that address end now, before the
-/// configuration changes, as the daemon's follow ends them (its flows
-/// after: [`end_flows_translated_to`]).
-fn begin_masquerade_move(
-    ctx: &Ctx,
+/// The WAN addresses standalone mode masqueraded to before this attach
+/// that `desired` moves away from: the pinned configuration's and the
+/// record's (`pinned`, `record`: one ahead of the other after a replace or
+/// a daemon's follow cut short), each once, never the new one nor none
+/// (0.0.0.0).
+fn masquerade_moved_from(
     pinned: Option<Config>,
+    record: Option<&State>,
     desired: &RouterConfig,
-) -> Result<Option<std::net::Ipv4Addr>> {
-    let Some(pinned) = pinned.filter(|c| c.admit == router_common::maps::Admit::Xdp as u8) else {
-        return Ok(None);
-    };
-    let old = std::net::Ipv4Addr::from(pinned.wan_addr);
-    if desired.admit != AdmitMode::Xdp || old.is_unspecified() || old == desired.wan_addr {
-        return Ok(None);
+) -> Vec<Ipv4Addr> {
+    if desired.admit != AdmitMode::Xdp {
+        return Vec::new();
     }
-    crate::conntrack::clear_mappings(&ctx.maps())
-        .context("clearing the NAT mappings of the old WAN address")?;
-    Ok(Some(old))
+    let pinned = pinned
+        .filter(|c| c.admit == router_common::maps::Admit::Xdp as u8)
+        .map(|c| Ipv4Addr::from(c.wan_addr));
+    let recorded = record
+        .filter(|r| r.config.admit == AdmitMode::Xdp)
+        .map(|r| r.config.wan_addr);
+    let mut olds: Vec<Ipv4Addr> = pinned
+        .into_iter()
+        .chain(recorded)
+        .filter(|a| !a.is_unspecified() && *a != desired.wan_addr)
+        .collect();
+    olds.dedup();
+    olds
 }
 
-/// Ends the XDP flows and the kernel slow path's connections translated
-/// to `moved_from`, the address standalone mode masqueraded to before
-/// this attach (`outcome`) moved it: their replies could not come back,
-/// and a LAN host that keeps sending would keep them, and the old address
-/// on the wire, alive. Warns on a failure (the router is attached by then).
-fn end_flows_translated_to(ctx: &Ctx, moved_from: Option<std::net::Ipv4Addr>, outcome: Outcome) {
-    let Some(old) = moved_from.filter(|_| outcome != Outcome::Unchanged) else {
+/// Ends what standalone mode's masquerade to the addresses `olds` left,
+/// once the configuration says another (as the daemon's follow does): the
+/// NAT mappings (after the configuration changed, so a failed attach
+/// leaves its flows their mappings; a flow opened in between loses its
+/// mapping, not its entries), the XDP flows and the kernel slow path's
+/// connections translated to them, whose replies could not come back and
+/// which a LAN host that keeps sending would keep alive, the old address
+/// on the wire. Warns on a failure (the router is attached by then).
+fn end_masquerade_to(ctx: &Ctx, olds: &[Ipv4Addr]) {
+    if olds.is_empty() {
         return;
-    };
-    let xdp = crate::conntrack::remove_translated_to(&ctx.maps(), old.octets());
-    let kernel = crate::conntrack::end_kernel_flows_translated_to(old);
-    match (xdp, kernel) {
-        (Ok(x), Ok(k)) => println!(
-            "ended {x} XDP flows and {k} slow-path connections translated to {old}, the WAN \
-             address masqueraded to before"
-        ),
-        (x, k) => warn!(
-            "ending the flows translated to {old}, the WAN address masqueraded to before: \
-             XDP {x:?}, slow path {k:?}; `router-ctl conntrack flush` ends them"
-        ),
     }
+    if let Err(e) = crate::conntrack::clear_mappings(&ctx.maps()) {
+        warn!("clearing the NAT mappings of the old WAN address: {e:#}");
+    }
+    for &old in olds {
+        let xdp = crate::conntrack::remove_translated_to(&ctx.maps(), old.octets());
+        let kernel = crate::conntrack::end_kernel_flows_translated_to(old);
+        match (xdp, kernel) {
+            (Ok(x), Ok(k)) => println!(
+                "ended {x} XDP flows and {k} slow-path connections translated to {old}, the \
+                 WAN address masqueraded to before"
+            ),
+            (x, k) => warn!(
+                "ending the flows translated to {old}, the WAN address masqueraded to before, \
+                 failed ({}); `router-ctl conntrack flush` ends the XDP flows, `conntrack -D \
+                 --reply-dst {old}` the kernel's",
+                [
+                    x.err().map(|e| format!("XDP: {e:#}")),
+                    k.err().map(|e| format!("kernel: {e}"))
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; ")
+            ),
+        }
+    }
+}
+
+/// The configuration `desired`, its WAN address (`--wan-addr auto`) read
+/// again: a daemon may have followed a new one since it was resolved,
+/// before the lock.
+fn with_wan_addr_now(mut desired: RouterConfig) -> RouterConfig {
+    if desired.wan_addr_auto
+        && let Ok(addrs) = crate::netlink::ipv4_addrs(&desired.wan)
+    {
+        desired.wan_addr = addrs.first().copied().unwrap_or(Ipv4Addr::UNSPECIFIED);
+    }
+    desired
 }
 
 /// The admit mode of the router attached here, if any: its pinned
@@ -256,6 +291,7 @@ pub fn attach(
     let bypasses_forward_rules = standalone_mode && check_standalone_host(a, &desired)?;
     let _lock = state::lock(ctx.ns())?;
     let _signals = SignalsBlocked::new();
+    let desired = with_wan_addr_now(desired);
     detach::gc_tmp(ctx);
     let mut running = inspect(&ctx.pin_dir);
     // An interface deleted and made anew gets its new link first, keeping
@@ -287,8 +323,7 @@ pub fn attach(
             return Err(e);
         }
     }
-    // As the daemon's follow: the mappings before, the flows after.
-    let moved_from = begin_masquerade_move(ctx, running.config, &desired)?;
+    let moved_from = masquerade_moved_from(running.config, record.as_ref(), &desired);
     let outcome = if running.any_pins() {
         let before = record.clone();
         match replace::replace_or_keep(ctx, a, &desired, &obj, &running, record) {
@@ -323,7 +358,7 @@ pub fn attach(
     // Past the point where the router is attached: a failure only warns
     // (an error would tell `apply` the attach did not happen).
     record_forward_rules_answer(ctx, bypasses_forward_rules);
-    end_flows_translated_to(ctx, moved_from, outcome);
+    end_masquerade_to(ctx, &moved_from);
     if !standalone_mode {
         match standalone::tear_down(ctx.ns()) {
             Ok(true) => {

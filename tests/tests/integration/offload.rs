@@ -1519,10 +1519,17 @@ fn offload_a_rule_added_later_stops_an_offloaded_flow_once_the_kernel_ends_it() 
     );
     assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
 
-    // Ended in the kernel: off XDP for good, and the rule drops it.
+    // Ended in the kernel: off XDP for good once the daemon has its
+    // destroy event (a packet racing that moment may still pass), and the
+    // rule drops it.
     t.exec_ok(
         Ns::Router,
         &["conntrack", "-D", "-p", "udp", "--orig-port-src", "42000"],
+    );
+    wait_for(
+        "the daemon to end the offload of the destroyed flow",
+        Duration::from_secs(10),
+        || offloaded_udp_42000(&t).is_none(),
     );
     let mut got = Vec::new();
     for _ in 0..6 {
