@@ -128,18 +128,29 @@ pub fn unstated_admit(ctx: &Ctx, how_to_choose: &str) -> AdmitMode {
     admit
 }
 
-/// The WAN addresses standalone mode masqueraded to before this attach
-/// that `desired` moves away from: the pinned configuration's and the
-/// record's (`pinned`, `record`: one ahead of the other after a replace or
-/// a daemon's follow cut short), each once, never the new one nor none
-/// (0.0.0.0).
+/// What standalone mode masqueraded to before this attach that `desired`
+/// moves away from.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct MasqueradeMove {
+    /// The old addresses: the pinned configuration's and the record's (one
+    /// ahead of the other after a replace or a daemon's follow cut short),
+    /// each once, never the new one nor none (0.0.0.0).
+    olds: Vec<Ipv4Addr>,
+    /// Whether the data path itself moves now (its pinned address is an
+    /// old one): only then do its NAT mappings go, which are otherwise the
+    /// new address's already.
+    data_path_moves: bool,
+}
+
+/// [`MasqueradeMove`] from the pinned configuration `pinned`, the record
+/// `record` and the configuration `desired`.
 fn masquerade_moved_from(
     pinned: Option<Config>,
     record: Option<&State>,
     desired: &RouterConfig,
-) -> Vec<Ipv4Addr> {
+) -> MasqueradeMove {
     if desired.admit != AdmitMode::Xdp {
-        return Vec::new();
+        return MasqueradeMove::default();
     }
     let pinned = pinned
         .filter(|c| c.admit == router_common::maps::Admit::Xdp as u8)
@@ -147,42 +158,43 @@ fn masquerade_moved_from(
     let recorded = record
         .filter(|r| r.config.admit == AdmitMode::Xdp)
         .map(|r| r.config.wan_addr);
-    let mut olds: Vec<Ipv4Addr> = pinned
-        .into_iter()
-        .chain(recorded)
-        .filter(|a| !a.is_unspecified() && *a != desired.wan_addr)
-        .collect();
+    let moved = |a: &Ipv4Addr| !a.is_unspecified() && *a != desired.wan_addr;
+    let mut olds: Vec<Ipv4Addr> = pinned.into_iter().chain(recorded).filter(moved).collect();
     olds.dedup();
-    olds
+    MasqueradeMove {
+        olds,
+        data_path_moves: pinned.as_ref().is_some_and(moved),
+    }
 }
 
-/// Ends what standalone mode's masquerade to the addresses `olds` left,
-/// once the configuration says another (as the daemon's follow does): the
-/// NAT mappings (after the configuration changed, so a failed attach
-/// leaves its flows their mappings; a flow opened in between loses its
-/// mapping, not its entries), the XDP flows and the kernel slow path's
+/// Ends what standalone mode's masquerade to the old addresses of `moved`
+/// left, once the configuration says another (as the daemon's follow
+/// does): the NAT mappings if the data path moved (after the configuration
+/// changed, so a failed attach leaves its flows their mappings; a flow
+/// opened in between loses its mapping, not its entries), the XDP flows
+/// and the kernel slow path's
 /// connections translated to them, whose replies could not come back and
 /// which a LAN host that keeps sending would keep alive, the old address
 /// on the wire. Warns on a failure (the router is attached by then).
-fn end_masquerade_to(ctx: &Ctx, olds: &[Ipv4Addr]) {
-    if olds.is_empty() {
-        return;
-    }
-    if let Err(e) = crate::conntrack::clear_mappings(&ctx.maps()) {
+fn end_masquerade_to(ctx: &Ctx, moved: &MasqueradeMove) {
+    if moved.data_path_moves
+        && let Err(e) = crate::conntrack::clear_mappings(&ctx.maps())
+    {
         warn!("clearing the NAT mappings of the old WAN address: {e:#}");
     }
-    for &old in olds {
+    for &old in &moved.olds {
         let xdp = crate::conntrack::remove_translated_to(&ctx.maps(), old.octets());
         let kernel = crate::conntrack::end_kernel_flows_translated_to(old);
         match (xdp, kernel) {
+            (Ok(0), Ok(0)) => {}
             (Ok(x), Ok(k)) => println!(
                 "ended {x} XDP flows and {k} slow-path connections translated to {old}, the \
                  WAN address masqueraded to before"
             ),
             (x, k) => warn!(
                 "ending the flows translated to {old}, the WAN address masqueraded to before, \
-                 failed ({}); `router-ctl conntrack flush` ends the XDP flows, `conntrack -D \
-                 --reply-dst {old}` the kernel's",
+                 failed ({}); `router-ctl conntrack flush` ends the XDP flows, the kernel's end \
+                 with their timeouts",
                 [
                     x.err().map(|e| format!("XDP: {e:#}")),
                     k.err().map(|e| format!("kernel: {e}"))
@@ -554,6 +566,69 @@ fn record_forward_rules_answer(ctx: &Ctx, bypasses: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The old addresses of an attach are the pinned configuration's and
+    /// the record's, each once, never the new one nor none; the mappings
+    /// go only when the data path itself moves.
+    #[test]
+    fn a_masquerade_move_takes_the_pinned_and_the_recorded_address() {
+        let record = |addr: [u8; 4]| {
+            let text = r#"{"format": 1, "netns": "rtr", "pin_dir": "/sys/fs/bpf/xdp-router/rtr",
+              "config": {"lan": "lan0", "wan": "wan0", "lan_ifindex": 2, "wan_ifindex": 3,
+                "wan_addr": "203.0.113.1", "port_min": 1024, "port_max": 65535,
+                "max_flows": 1000, "timeouts": {"tcp-syn-sent": 120,
+                  "tcp-established": 432000, "tcp-fin-wait": 120, "tcp-closed": 10,
+                  "udp-unreplied": 30, "udp-replied": 120, "icmp": 7}},
+              "requested_mode": "auto", "lan_mode": "native", "wan_mode": "native",
+              "object": {"sha256": "ab", "ctl_version": "0.1.0", "source": "embedded"},
+              "prog_id": 42, "attached_at": 1700000000, "replaced_at": null,
+              "replacements": 0, "pending": null}"#;
+            let mut s: State = serde_json::from_str(text).unwrap();
+            s.config.admit = AdmitMode::Xdp;
+            s.config.wan_addr = addr.into();
+            s
+        };
+        let pinned = |addr: [u8; 4]| {
+            Some(Config {
+                admit: router_common::maps::Admit::Xdp as u8,
+                wan_addr: addr,
+                ..Config::default()
+            })
+        };
+        let moved = |p: [u8; 4], r: [u8; 4], d: [u8; 4]| {
+            masquerade_moved_from(pinned(p), Some(&record(r)), &record(d).config)
+        };
+        let (a, b, c, none) = ([203, 0, 113, 1], [203, 0, 113, 2], [203, 0, 113, 3], [0; 4]);
+        let m = |olds: &[[u8; 4]], data_path_moves| MasqueradeMove {
+            olds: olds.iter().map(|&o| Ipv4Addr::from(o)).collect(),
+            data_path_moves,
+        };
+        assert_eq!(moved(a, a, b), m(&[a], true), "a new address");
+        assert_eq!(moved(a, a, none), m(&[a], true), "to none");
+        assert_eq!(moved(none, none, a), m(&[], false), "from none");
+        assert_eq!(moved(a, a, a), m(&[], false), "unchanged");
+        assert_eq!(
+            moved(b, a, b),
+            m(&[a], false),
+            "the record behind the data path"
+        );
+        assert_eq!(
+            moved(a, b, c),
+            m(&[a, b], true),
+            "each ahead, on to a third"
+        );
+        let mut offload = record(b).config;
+        offload.admit = AdmitMode::Kernel;
+        assert_eq!(
+            masquerade_moved_from(pinned(a), Some(&record(a)), &offload),
+            m(&[], false),
+            "offload mode translates nothing itself"
+        );
+        assert_eq!(
+            masquerade_moved_from(None, None, &record(b).config),
+            m(&[], false)
+        );
+    }
 
     #[test]
     fn a_firewall_that_could_not_be_read_is_refused_unless_bypassed() {
