@@ -858,10 +858,7 @@ fn daemon_follows_a_new_wan_address() {
     const NEW_WAN: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 77);
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    println!("{}", attach(&t, &[]));
-    let daemon = Daemon::start(&t, &[]);
-    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5330));
-    assert_eq!(peer.ip(), std::net::IpAddr::V4(tests::ROUTER_WAN_ADDR));
+    let daemon = attached_with_a_flow(&t, 5330);
     let xlat = |t: &Topology| -> Vec<String> {
         t.conntrack()
             .iter()
@@ -900,12 +897,7 @@ fn daemon_follows_a_new_wan_address() {
 
     // The lease changes.
     renumber_wan(&t, NEW_WAN);
-    wait_for_or_show(
-        "the daemon to follow the new WAN address",
-        Duration::from_secs(10),
-        || daemon_health(&t)["wan_addr_changes_followed"] == 1,
-        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
-    );
+    wait_for_wan_follows(&t, &daemon, 1, "the new WAN address");
     let log = daemon.log();
     assert!(
         log.contains(&format!("from {} to {NEW_WAN}", tests::ROUTER_WAN_ADDR)),
@@ -940,17 +932,7 @@ fn daemon_follows_a_new_wan_address() {
     // have held its port for days).
     assert_eq!(nat_mappings(&t), 0, "NAT mappings of the old address left");
 
-    t.warm_neighbours();
-    let before = t.stats();
-    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5331));
-    assert_eq!(peer.ip(), std::net::IpAddr::V4(NEW_WAN));
-    let after = t.stats();
-    for verdict in ["fwd_outbound", "fwd_inbound"] {
-        assert!(
-            counter_delta(&before, &after, verdict) >= 1,
-            "{verdict}: {after}"
-        );
-    }
+    a_new_flow_leaves_from(&t, 5331, NEW_WAN);
     // A flush ends the mappings with the flows.
     assert!(nat_mappings(&t) >= 1, "no NAT mapping of the new flow");
     let out = t.router_ctl_ok(&["conntrack", "flush"]);
@@ -959,6 +941,43 @@ fn daemon_follows_a_new_wan_address() {
         nat_mappings(&t),
         0,
         "NAT mappings left after a flush: {out}"
+    );
+}
+
+/// Attaches `t`'s router in standalone mode, starts its daemon, and opens
+/// a UDP flow to the server's `port`, masqueraded to the WAN address.
+fn attached_with_a_flow(t: &Topology, port: u16) -> Daemon {
+    println!("{}", attach(t, &[]));
+    let daemon = Daemon::start(t, &[]);
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, port));
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(ROUTER_WAN_ADDR));
+    daemon
+}
+
+/// A new UDP flow to the server's `port` leaves from `addr`, carried by
+/// XDP both ways.
+fn a_new_flow_leaves_from(t: &Topology, port: u16, addr: std::net::Ipv4Addr) {
+    t.warm_neighbours();
+    let before = t.stats();
+    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, port));
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(addr));
+    let after = t.stats();
+    for verdict in ["fwd_outbound", "fwd_inbound"] {
+        assert!(
+            counter_delta(&before, &after, verdict) >= 1,
+            "{verdict}: {after}"
+        );
+    }
+}
+
+/// Waits (10 s at most) for `daemon` to have followed `n` changes of the
+/// WAN address, the last being `what`.
+fn wait_for_wan_follows(t: &Topology, daemon: &Daemon, n: u64, what: &str) {
+    wait_for_or_show(
+        &format!("the daemon to follow {what}"),
+        Duration::from_secs(10),
+        || daemon_health(t)["wan_addr_changes_followed"] == n,
+        || format!("{}\ndaemon log:\n{}", daemon_health(t), daemon.log()),
     );
 }
 
@@ -1037,21 +1056,13 @@ fn daemon_follows_a_wan_left_without_an_address() {
     const NEW_WAN: std::net::Ipv4Addr = std::net::Ipv4Addr::new(203, 0, 113, 78);
     let t = Topology::new();
     let _detach = DetachOnDrop(&t);
-    println!("{}", attach(&t, &[]));
-    let daemon = Daemon::start(&t, &[]);
-    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5340));
-    assert_eq!(peer.ip(), std::net::IpAddr::V4(ROUTER_WAN_ADDR));
+    let daemon = attached_with_a_flow(&t, 5340);
     assert!(!t.conntrack().is_empty(), "no XDP flow");
     assert!(nat_mappings(&t) >= 1, "no NAT mapping of the flow");
 
     let old_cidr = format!("{ROUTER_WAN_ADDR}/24");
     t.exec_ok(Ns::Router, &["ip", "addr", "del", &old_cidr, "dev", WAN_IF]);
-    wait_for_or_show(
-        "the daemon to follow the WAN without an address",
-        Duration::from_secs(10),
-        || daemon_health(&t)["wan_addr_changes_followed"] == 1,
-        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
-    );
+    wait_for_wan_follows(&t, &daemon, 1, "the WAN without an address");
     let log = daemon.log();
     assert!(
         log.contains(&format!("lost its IPv4 address {ROUTER_WAN_ADDR}")),
@@ -1103,12 +1114,7 @@ fn daemon_follows_a_wan_left_without_an_address() {
         Ns::Router,
         &["ip", "addr", "add", &format!("{NEW_WAN}/24"), "dev", WAN_IF],
     );
-    wait_for_or_show(
-        "the daemon to follow the new WAN address",
-        Duration::from_secs(10),
-        || daemon_health(&t)["wan_addr_changes_followed"] == 2,
-        || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log()),
-    );
+    wait_for_wan_follows(&t, &daemon, 2, "the new WAN address");
     assert!(
         daemon
             .log()
@@ -1116,17 +1122,7 @@ fn daemon_follows_a_wan_left_without_an_address() {
         "{}",
         daemon.log()
     );
-    t.warm_neighbours();
-    let before = t.stats();
-    let peer = t.udp_echo_roundtrip(Ns::Client, Ns::Server, sa(SERVER_ADDR, 5342));
-    assert_eq!(peer.ip(), std::net::IpAddr::V4(NEW_WAN));
-    let after = t.stats();
-    for verdict in ["fwd_outbound", "fwd_inbound"] {
-        assert!(
-            counter_delta(&before, &after, verdict) >= 1,
-            "{verdict}: {after}"
-        );
-    }
+    a_new_flow_leaves_from(&t, 5342, NEW_WAN);
 }
 
 /// The router's NAT mappings (`NAT_MAPPINGS`).
