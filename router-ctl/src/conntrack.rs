@@ -811,6 +811,15 @@ fn on_the_wan_side_of(k: &FlowKey, e: &FlowEntry, addr: [u8; 4]) -> bool {
     k.dst_addr == addr || e.peer.dst_addr == addr
 }
 
+/// Whether the kernel's connection `c` was translated to `old`: its reply
+/// goes to `old`, and it is neither a connection to `old` (the reply's
+/// source is then `old`) nor one of the router's own from `old`
+/// (untranslated).
+fn translated_to(c: &crate::ctnetlink::Conn, old: Ipv4Addr) -> bool {
+    let old = std::net::IpAddr::V4(old);
+    c.reply.dst == old && c.orig.dst != old && c.orig.src != old
+}
+
 /// Removes the kernel's connections whose reply goes to `old` (what the
 /// slow-path table's `snat` translated to it; not the router's own): the
 /// kernel's masquerade cleanup on an address change covers `masquerade`
@@ -819,12 +828,9 @@ fn on_the_wan_side_of(k: &FlowKey, e: &FlowEntry, addr: [u8; 4]) -> bool {
 /// Returns how many.
 pub fn end_kernel_flows_translated_to(old: Ipv4Addr) -> std::io::Result<usize> {
     let mut ct = crate::ctnetlink::CtSocket::requests()?;
-    let old = std::net::IpAddr::V4(old);
     let mut ended = 0;
     for c in ct.dump()? {
-        // Translated to it: not a connection to it (the reply's source is
-        // then it), nor one of the router's own from it (untranslated).
-        if c.reply.dst != old || c.orig.dst == old || c.orig.src == old {
+        if !translated_to(&c, old) {
             continue;
         }
         match ct.delete(&c.orig) {
@@ -930,6 +936,43 @@ fn record_flushed(maps: &PinnedMaps, n: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_connections_translated_to_the_address_are_its_slow_path_ones() {
+        use crate::ctnetlink::{Conn, Tuple};
+        let ip = |a: [u8; 4]| std::net::IpAddr::V4(a.into());
+        let conn = |orig: ([u8; 4], [u8; 4]), reply: ([u8; 4], [u8; 4])| Conn {
+            orig: Tuple {
+                src: ip(orig.0),
+                dst: ip(orig.1),
+                ..Tuple::default()
+            },
+            reply: Tuple {
+                src: ip(reply.0),
+                dst: ip(reply.1),
+                ..Tuple::default()
+            },
+            ..Conn::default()
+        };
+        let (old, lan, remote) = ([203, 0, 113, 1], [192, 168, 50, 2], [198, 51, 100, 7]);
+        let old_addr = Ipv4Addr::from(old);
+        assert!(
+            translated_to(&conn((lan, remote), (remote, old)), old_addr),
+            "masqueraded"
+        );
+        assert!(
+            !translated_to(&conn((old, remote), (remote, old)), old_addr),
+            "the router's own"
+        );
+        assert!(
+            !translated_to(&conn((remote, old), (old, remote)), old_addr),
+            "to the router"
+        );
+        assert!(
+            !translated_to(&conn((lan, remote), (remote, [203, 0, 113, 9])), old_addr),
+            "to another address"
+        );
+    }
     use router_common::maps::{IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
     use serde_json::json;
 
