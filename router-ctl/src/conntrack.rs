@@ -811,6 +811,21 @@ fn on_the_wan_side_of(k: &FlowKey, e: &FlowEntry, addr: [u8; 4]) -> bool {
     k.dst_addr == addr || e.peer.dst_addr == addr
 }
 
+/// The addresses standalone mode's masquerade leaves when it moves to
+/// `now` (a daemon's follow, an attach): the data path's old one and the
+/// record's (ahead of each other after a follow or replace cut short),
+/// each once, never `now` nor 0.0.0.0 (none: no flow has it).
+pub fn old_addresses(
+    data_path: Ipv4Addr,
+    recorded: Ipv4Addr,
+    now: Ipv4Addr,
+) -> impl Iterator<Item = Ipv4Addr> {
+    let recorded = (recorded != data_path).then_some(recorded);
+    std::iter::once(data_path)
+        .chain(recorded)
+        .filter(move |&a| a != now && !a.is_unspecified())
+}
+
 /// Whether the kernel's connection `c` was translated to `old`: its reply
 /// goes to `old`, and it is neither a connection to `old` (the reply's
 /// source is then `old`) nor one of the router's own from `old`

@@ -355,13 +355,11 @@ impl Live {
         }
         problems.extend(daemon.forward_rules_bypassed.clone());
         // Standalone mode's address (`--wan-addr auto`) against the WAN's.
-        if let Some(c) = record.as_ref().map(|r| &r.config)
-            && c.admit == crate::config::AdmitMode::Xdp
-            && c.wan_addr_auto
-            && let Ok(addrs) = netlink::ipv4_addrs(&c.wan)
-        {
-            problems.extend(crate::status::wan_addr_problem(&c.wan, c.wan_addr, &addrs));
-        }
+        problems.extend(
+            record
+                .as_ref()
+                .and_then(|r| crate::status::wan_addr_problem(&r.config)),
+        );
         // Its counters and table cannot be read: say why, or the page would
         // show no numbers and no problem.
         if let Some(m) = inspect::layout_mismatch(&ctx.pin_dir) {

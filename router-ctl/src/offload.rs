@@ -1753,6 +1753,18 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
     }
 
+    /// Entries that held a `ROUTE_MARKS` slot were removed: a slot may
+    /// have come free, for a connection refused one while every slot was
+    /// held too (a resync looks at it again: a lasting one may send no
+    /// event).
+    fn marked_entries_removed(&mut self) {
+        self.route_marks.marked_ended += 1;
+        if self.route_marks.refused == Some(Refused::AllHeld) {
+            self.route_marks.refused = None;
+            self.owe_resync_at(0);
+        }
+    }
+
     /// The `ROUTE_MARKS` slots the entries of the connections carried and
     /// of the pairs an earlier daemon left (not yet decided on) hold.
     fn held_route_slots(&self) -> std::collections::HashSet<u16> {
@@ -2067,13 +2079,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             return false;
         };
         if f.route_mark != 0 {
-            // Its mark's slot may be free now: a resync gives it to a
-            // connection refused one (a lasting one may send no event).
-            self.route_marks.marked_ended += 1;
-            if self.route_marks.refused == Some(Refused::AllHeld) {
-                self.route_marks.refused = None;
-                self.owe_resync_at(0);
-            }
+            // Its mark's slot may be free now.
+            self.marked_entries_removed();
         }
         f.keys.remove(&mut self.table);
         self.forget_witnessed(orig, &f.reply);
@@ -2417,11 +2424,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
         // The slots the released pairs' entries held may be free now (also
         // those of pairs taken over with another slot).
-        self.route_marks.marked_ended += 1;
-        if self.route_marks.refused == Some(Refused::AllHeld) {
-            self.route_marks.refused = None;
-            self.owe_resync_at(0);
-        }
+        self.marked_entries_removed();
         if removed > 0 {
             self.stats.ended_not_taken_over += removed;
             tracing::info!(

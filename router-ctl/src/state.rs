@@ -281,7 +281,8 @@ fn try_lock_at(path: &Path) -> Result<Option<Lock>> {
                 remove_on_drop: false,
             }));
         }
-        // Removed by a detach meanwhile: lock the new file.
+        // Removed by its holder meanwhile (a detach, an apply or a daemon
+        // that ended): lock the new file.
     }
 }
 
@@ -306,45 +307,26 @@ fn lock_file(path: &Path) -> Result<Option<fs::File>> {
     Err(e).with_context(|| format!("locking {}", path.display()))
 }
 
-/// Held by a running `router-ctl run` for the router of `netns` as long
-/// as it runs (released by the kernel when it exits, however it exits).
-/// Dropped (the daemon's end), it removes its file while still holding
-/// it, so no file stays for a router long gone; one that a kill left is
-/// taken again by the next daemon.
-pub struct DaemonLock {
-    #[expect(dead_code, reason = "held open: the flock lasts as long as the file")]
-    file: fs::File,
-    path: PathBuf,
-}
-
-impl Drop for DaemonLock {
-    fn drop(&mut self) {
-        // Before the file closes: a daemon starting meanwhile that opened
-        // this file and locks it once it closes sees that the path no
-        // longer names it and starts over.
-        let _ = fs::remove_file(&self.path);
-    }
-}
-
 /// The daemon's lock of the router of `netns`: two daemons on one router
 /// would each sweep the other's pending offloads, send the kernel every
 /// update twice and overwrite each other's status file.
-pub fn daemon_lock(netns: Option<&str>) -> Result<DaemonLock> {
-    private_dir(Path::new(LOCK_DIR))?;
+///
+/// Held by a running `router-ctl run` as long as it runs (released by the
+/// kernel when it exits, however it exits); dropped (the daemon's end), it
+/// removes its file while still holding it, as an apply's lock, so no file
+/// stays for a router long gone (one a kill left is taken again by the
+/// next daemon).
+pub fn daemon_lock(netns: Option<&str>) -> Result<Lock> {
     let path = Path::new(LOCK_DIR).join(format!("{}.daemon.lock", ns_key(netns)));
-    loop {
-        let Some(file) = lock_file(&path)? else {
-            bail!(
-                "another `router-ctl run` serves this router (it holds {}); `router-ctl \
-                 status` shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
-                path.display()
-            );
-        };
-        if same_file(&file, &path) {
-            return Ok(DaemonLock { file, path });
-        }
-        // Removed by the daemon that held it, as it ended: lock the new file.
-    }
+    let Some(mut lock) = try_lock_at(&path)? else {
+        bail!(
+            "another `router-ctl run` serves this router (it holds {}); `router-ctl status` \
+             shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
+            path.display()
+        );
+    };
+    lock.remove_on_drop = true;
+    Ok(lock)
 }
 
 #[cfg(test)]

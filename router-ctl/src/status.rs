@@ -237,21 +237,26 @@ fn host_problems(c: &config::RouterConfig) -> Vec<String> {
             found.push(p);
         }
     }
-    // Only an address attach took from the WAN (`--wan-addr auto`, which
-    // the daemon follows): one given by hand may be routed to the router.
-    if c.admit == config::AdmitMode::Xdp
-        && c.wan_addr_auto
-        && let Ok(addrs) = crate::netlink::ipv4_addrs(&c.wan)
-    {
-        found.extend(wan_addr_problem(&c.wan, c.wan_addr, &addrs));
-    }
+    found.extend(wan_addr_problem(c));
     found
 }
 
+/// What is wrong with the address standalone mode masquerades to, as the
+/// router's configuration `c` records it, against the WAN's addresses now
+/// (`status` and the status page): only for an address attach took from
+/// the WAN (`--wan-addr auto`, which the daemon follows); one given by
+/// hand may be routed to the router.
+pub fn wan_addr_problem(c: &config::RouterConfig) -> Option<String> {
+    if c.admit != config::AdmitMode::Xdp || !c.wan_addr_auto {
+        return None;
+    }
+    let has = crate::netlink::ipv4_addrs(&c.wan).ok()?;
+    wan_addr_mismatch(&c.wan, c.wan_addr, &has)
+}
+
 /// What is wrong with standalone mode masquerading to `masquerading`
-/// (`--wan-addr auto`, 0.0.0.0: none) while the WAN `wan` has the IPv4
-/// addresses `has`.
-pub fn wan_addr_problem(wan: &str, masquerading: Ipv4Addr, has: &[Ipv4Addr]) -> Option<String> {
+/// (0.0.0.0: none) while the WAN `wan` has the IPv4 addresses `has`.
+fn wan_addr_mismatch(wan: &str, masquerading: Ipv4Addr, has: &[Ipv4Addr]) -> Option<String> {
     match has.first() {
         None if masquerading.is_unspecified() => Some(format!(
             "{wan} has no IPv4 address (a DHCP lease lost, or still to come?): nothing is \
@@ -643,22 +648,22 @@ mod tests {
             Ipv4Addr::new(203, 0, 113, 9),
             Ipv4Addr::UNSPECIFIED,
         );
-        assert_eq!(wan_addr_problem("wan0", a, &[a, b]), None);
+        assert_eq!(wan_addr_mismatch("wan0", a, &[a, b]), None);
         assert_eq!(
-            wan_addr_problem("wan0", none, &[]).map(|p| p.contains("has no IPv4 address")),
+            wan_addr_mismatch("wan0", none, &[]).map(|p| p.contains("has no IPv4 address")),
             Some(true)
         );
-        let back = wan_addr_problem("wan0", none, &[b]).unwrap();
+        let back = wan_addr_mismatch("wan0", none, &[b]).unwrap();
         assert!(
             back.contains("has the IPv4 address 203.0.113.9") && back.contains("none"),
             "{back}"
         );
-        let moved = wan_addr_problem("wan0", a, &[b]).unwrap();
+        let moved = wan_addr_mismatch("wan0", a, &[b]).unwrap();
         assert!(
             moved.starts_with("masquerading to 203.0.113.1, which wan0 no longer has"),
             "{moved}"
         );
-        assert!(wan_addr_problem("wan0", a, &[]).is_some());
+        assert!(wan_addr_mismatch("wan0", a, &[]).is_some());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 use crate::{
     clock::monotonic_ns,
     config::{AdmitMode, RouterConfig},
-    conntrack,
+    conntrack::{self, old_addresses},
     ctx::Ctx,
     netlink::{self, LinkEvent, LinkEvents},
     shaping, standalone, state, vmac,
@@ -708,20 +708,6 @@ fn note_bypassed_forward_rules(status: &mut DaemonStatus, bypassed: bool) {
         );
     }
     status.forward_rules_bypassed = now;
-}
-
-/// The addresses a follow to `now` ends the flows of: the data path's old
-/// one and the record's (ahead of each other after a failed follow), each
-/// once, never `now` nor 0.0.0.0 (none: no flow has it).
-fn old_addresses(
-    data_path: Ipv4Addr,
-    recorded: Ipv4Addr,
-    now: Ipv4Addr,
-) -> impl Iterator<Item = Ipv4Addr> {
-    let recorded = (recorded != data_path).then_some(recorded);
-    std::iter::once(data_path)
-        .chain(recorded)
-        .filter(move |&a| a != now && !a.is_unspecified())
 }
 
 /// The WAN's first IPv4 address now (0.0.0.0 if it has none), if the

@@ -152,18 +152,18 @@ fn masquerade_moved_from(
     if desired.admit != AdmitMode::Xdp {
         return MasqueradeMove::default();
     }
+    // None (0.0.0.0) where there is no standalone mode's address.
     let pinned = pinned
         .filter(|c| c.admit == router_common::maps::Admit::Xdp as u8)
-        .map(|c| Ipv4Addr::from(c.wan_addr));
+        .map_or(Ipv4Addr::UNSPECIFIED, |c| c.wan_addr.into());
     let recorded = record
         .filter(|r| r.config.admit == AdmitMode::Xdp)
-        .map(|r| r.config.wan_addr);
-    let moved = |a: &Ipv4Addr| !a.is_unspecified() && *a != desired.wan_addr;
-    let mut olds: Vec<Ipv4Addr> = pinned.into_iter().chain(recorded).filter(moved).collect();
-    olds.dedup();
+        .map_or(Ipv4Addr::UNSPECIFIED, |r| r.config.wan_addr);
+    let olds: Vec<Ipv4Addr> =
+        crate::conntrack::old_addresses(pinned, recorded, desired.wan_addr).collect();
     MasqueradeMove {
+        data_path_moves: olds.contains(&pinned),
         olds,
-        data_path_moves: pinned.as_ref().is_some_and(moved),
     }
 }
 
