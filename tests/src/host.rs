@@ -45,6 +45,89 @@ pub fn skipped(name: &str, reason: &str) {
     }
 }
 
+/// Where failing tests record the end of what they said
+/// ([`record_failures`]): `target/debug/failed-tests.txt`, beside the
+/// `router-ctl` binary. `cargo xtask test` empties it first and prints it
+/// last, so the reason for a failure is in the last lines of a long run's
+/// output (a log that keeps only its head and tail still has it).
+fn failed_tests_file() -> std::path::PathBuf {
+    router_ctl_bin().with_file_name("failed-tests.txt")
+}
+
+/// Of a failing test's message: this many first lines (what failed) and
+/// this many last (the state it showed last), the middle left out.
+const FAILURE_HEAD_LINES: usize = 6;
+const FAILURE_TAIL_LINES: usize = 40;
+
+/// Makes every panic of this process (a failing test: libtest names the
+/// thread after it) also append its message, shortened to its first and
+/// last lines, to [`failed_tests_file`]; the panic is then reported as
+/// before. Installed once per process, by the kit's entry points (a
+/// topology, a loaded program).
+pub fn record_failures() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if EXPECTING_PANIC.get() {
+                return previous(info);
+            }
+            let name = std::thread::current().name().unwrap_or("?").to_owned();
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("(a panic without a message)");
+            let at = info.location().map(ToString::to_string).unwrap_or_default();
+            append_failure(&name, &at, message);
+            previous(info);
+        }));
+    });
+}
+
+std::thread_local! {
+    /// Set while [`catch_expected_panic`] runs its closure on this thread.
+    static EXPECTING_PANIC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `std::panic::catch_unwind` for a panic a test provokes on purpose (the
+/// kit's own unwinding tests): not recorded as a failure
+/// ([`record_failures`]).
+///
+/// # Errors
+/// The panic's payload, as `catch_unwind` returns it.
+pub fn catch_expected_panic<R>(
+    f: impl FnOnce() -> R + std::panic::UnwindSafe,
+) -> std::thread::Result<R> {
+    EXPECTING_PANIC.set(true);
+    let r = std::panic::catch_unwind(f);
+    EXPECTING_PANIC.set(false);
+    r
+}
+
+fn append_failure(name: &str, at: &str, message: &str) {
+    use std::io::Write as _;
+    let lines: Vec<&str> = message.lines().collect();
+    let shortened = if lines.len() <= FAILURE_HEAD_LINES + FAILURE_TAIL_LINES {
+        lines.join("\n")
+    } else {
+        format!(
+            "{}\n[... {} lines left out ...]\n{}",
+            lines[..FAILURE_HEAD_LINES].join("\n"),
+            lines.len() - FAILURE_HEAD_LINES - FAILURE_TAIL_LINES,
+            lines[lines.len() - FAILURE_TAIL_LINES..].join("\n")
+        )
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(failed_tests_file())
+    {
+        let _ = writeln!(f, "== {name} (panicked at {at})\n{shortened}");
+    }
+}
+
 /// Upper bound for any external command the harness runs.
 pub(crate) const CMD_TIMEOUT: &str = "60";
 

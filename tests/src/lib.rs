@@ -38,5 +38,7 @@ pub use addr::{
     ROUTER_WAN_ADDR, SERVER_ADDR, STATE_DIR, WAN_IF, forget_detached_router, socket_addr,
 };
 pub use echo::EchoServer;
-pub use host::{is_root, kernel_at_least, netns_exists, parse_snmp, router_ctl_bin, skipped};
+pub use host::{
+    is_root, kernel_at_least, netns_exists, parse_snmp, record_failures, router_ctl_bin, skipped,
+};
 pub use topology::{Ns, Topology, counter_delta, counter_of, pattern};

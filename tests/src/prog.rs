@@ -186,6 +186,7 @@ impl LoadedRouter {
     /// If loading or verification fails.
     #[must_use]
     pub fn load_object(object: &[u8], lan: u32, wan: u32, ct_entries: u32) -> Self {
+        crate::host::record_failures();
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(CONNTRACK_MAP, ct_entries)
             .load(object)

@@ -122,6 +122,7 @@ impl Topology {
     }
 
     pub(crate) fn alloc(roles: &[Ns]) -> Self {
+        crate::host::record_failures();
         // Tests that build topologies are `#[ignore]`d with this reason;
         // run with `--include-ignored` as a normal user they stop here.
         assert!(

@@ -308,6 +308,11 @@ fn test(args: &[String]) -> Result<(), String> {
         .map_or_else(|| root().join("target"), PathBuf::from)
         .join("debug/skipped-tests.txt");
     let _ = std::fs::remove_file(&skipped);
+    // Failing tests append the ends of their messages there (the kit's
+    // `tests::record_failures`): printed last, where a long run's output
+    // cut to its head and tail still shows why.
+    let failed = skipped.with_file_name("failed-tests.txt");
+    let _ = std::fs::remove_file(&failed);
     let tested = run(cargo()
         .current_dir(root())
         .args([
@@ -325,6 +330,11 @@ fn test(args: &[String]) -> Result<(), String> {
             "xtask test: {} test(s) SKIPPED on this machine (they passed nothing):\n{list}",
             list.lines().count()
         );
+    }
+    if tested.is_err()
+        && let Ok(said) = std::fs::read_to_string(&failed)
+    {
+        eprintln!("xtask test: what the failing tests said (shortened):\n{said}");
     }
     tested?;
     // A name filter runs just those tests; flags such as --nocapture do not

@@ -294,6 +294,17 @@ pub(crate) fn offloaded_rows(t: &Topology) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The offloaded flows XDP carries now: within their lease. Not a pair
+/// still pending (written, not yet activated: a stalled daemon's) nor one
+/// handed back (the previous connection on the same ports, until the
+/// daemon's next tick removes it), whose packets go to the kernel.
+pub(crate) fn carried_rows(t: &Topology) -> Vec<serde_json::Value> {
+    offloaded_rows(t)
+        .into_iter()
+        .filter(|f| f["expired"] == false)
+        .collect()
+}
+
 /// The kernel's conntrack entries (conntrack -L) matching `filter`.
 pub(crate) fn kernel_entries(t: &Topology, filter: &[&str]) -> Vec<String> {
     let mut cmd = vec!["conntrack", "-L"];
@@ -380,7 +391,7 @@ fn port_forward_is_offloaded(t: &Topology) {
         "the port-forwarded flow to be offloaded",
         Duration::from_secs(10),
         || {
-            offloaded_rows(t)
+            carried_rows(t)
                 .iter()
                 .any(|f| f["proto"] == "tcp" && f["orig_dst"] == dst.to_string().as_str())
         },
@@ -908,14 +919,19 @@ fn offload_short_connections_reusing_a_port() {
     let srv = request_server(&t, dst, total, Duration::from_mins(2), AfterReply::Close);
     let server_port = SHORT_CONN_SERVER_PORT.to_string();
     let all_flows = ["-p", "tcp", "--orig-port-dst", server_port.as_str()];
+    record_untranslated_arrivals(&t);
+    // The daemon's log in the middle: the end says what the router's own
+    // TCP stack received untranslated (the segments it reset).
     let show = |what: &str| {
         format!(
-            "{what}\nkernel: {:?}\nXDP: {}\nstats: {}\ntcp: {}\ndaemon:\n{}",
+            "{what}\nkernel: {:?}\nXDP: {}\ndaemon:\n{}\nstats: {}\ntcp: {}\n\
+             untranslated at the router: {}\n{what}",
             kernel_entries(&t, &all_flows),
             t.router_ctl_ok(&["conntrack", "list"]),
+            daemon.log(),
             t.router_ctl_ok(&["stats"]),
             tcp_counters(&t),
-            daemon.log()
+            untranslated_arrivals(&t),
         )
     };
     one_port_in_turn(&t, SEQUENTIAL, &show);
@@ -1015,7 +1031,7 @@ fn offload_after_polling_and_back_waits_for_a_new_connection() {
         "the connection made after the return to waiting to be offloaded",
         Duration::from_secs(10),
         || {
-            offloaded_rows(&t).iter().any(|f| {
+            carried_rows(&t).iter().any(|f| {
                 f["proto"] == "tcp"
                     && f["orig_dst"]
                         .as_str()
@@ -1197,7 +1213,7 @@ fn one_port_in_turn(t: &Topology, count: usize, show: &(dyn Fn(&str) -> String +
                 &format!("connection {i} to be offloaded"),
                 Duration::from_secs(5),
                 || {
-                    offloaded_rows(t).iter().any(|f| {
+                    carried_rows(t).iter().any(|f| {
                         f["proto"] == "tcp"
                             && f["orig_src"] == sa(CLIENT_ADDR, port).to_string().as_str()
                     })
@@ -1250,6 +1266,45 @@ fn one_port_in_turn(t: &Topology, count: usize, show: &(dyn Fn(&str) -> String +
         },
         || show("kernel state"),
     );
+}
+
+/// Records, in the router namespace, each TCP segment that reaches the
+/// router itself without a translation to undo (conntrack found it
+/// invalid or had no entry for it): the segments its TCP stack answers
+/// with a RST. For a failure message ([`untranslated_arrivals`]); no
+/// verdict of its own (an input chain that accepts).
+fn record_untranslated_arrivals(t: &Topology) {
+    load_nft(
+        t.ns_name(Ns::Router),
+        "table inet untranslated {
+  set seen {
+    type ipv4_addr . inet_service . inet_service . tcp_flag . ct_state
+    size 1024
+    flags dynamic
+  }
+  chain input {
+    type filter hook input priority filter;
+    ct state invalid,new,untracked add @seen { ip saddr . tcp sport . tcp dport . tcp flags . ct state }
+  }
+}
+",
+    );
+}
+
+/// What [`record_untranslated_arrivals`] saw: source address and port,
+/// destination port, TCP flags and conntrack state of each.
+fn untranslated_arrivals(t: &Topology) -> String {
+    let o = t.exec(
+        Ns::Router,
+        &["nft", "list", "set", "inet", "untranslated", "seen"],
+    );
+    let listed = String::from_utf8_lossy(&o.stdout);
+    listed
+        .split_once("elements = {")
+        .map_or("none", |(_, e)| e.trim_end_matches(['}', '\n', '\t', ' ']))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `per_port` connections back to back from each of `ports` ports at once,

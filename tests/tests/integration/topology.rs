@@ -1,7 +1,7 @@
 //! The harness itself, checked against the kernel's own NAT (no XDP).
 
 use std::net::IpAddr;
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use tests::{
@@ -129,7 +129,7 @@ fn namespaces_and_children_gone_after_drop() {
 
     // Drop while unwinding from a panic inside an in_ns closure.
     let mut names = Vec::new();
-    let r = catch_unwind(AssertUnwindSafe(|| {
+    let r = tests::host::catch_expected_panic(AssertUnwindSafe(|| {
         let t = Topology::new();
         names = t.namespaces();
         t.in_ns(Ns::Client, || {
