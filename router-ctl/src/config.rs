@@ -469,15 +469,16 @@ pub fn warn_standalone_only(a: &AttachArgs) {
 
 /// An interface name goes into nftables scripts between double quotes:
 /// one that holds a quote or a backslash (Linux allows both) would end the
-/// string.
+/// string, and an asterisk makes it a wildcard (`iifname "lan*"` matches
+/// every interface whose name starts with `lan`).
 fn nft_safe_name(field: ConfigField, name: &str) -> Result<(), ConfigError> {
-    if name.contains(['"', '\\']) || name.chars().any(char::is_control) {
+    if name.contains(['"', '\\', '*']) || name.chars().any(char::is_control) {
         return Err(ConfigError::new(
             field,
             format!(
-                "interface name {name:?} has a quote, backslash or control character, which \
-                 router-ctl's nftables rules cannot carry: rename it (`ip link set dev OLD \
-                 name NEW`)"
+                "interface name {name:?} has a quote, backslash, asterisk or control character, \
+                 which router-ctl's nftables rules cannot carry as it is: rename it (`ip link \
+                 set dev OLD name NEW`)"
             ),
         ));
     }
@@ -737,7 +738,7 @@ mod tests {
     fn interface_names_fit_nftables_strings() {
         assert!(nft_safe_name(ConfigField::Lan, "br-lan").is_ok());
         assert!(nft_safe_name(ConfigField::Lan, "eth0.10").is_ok());
-        for bad in ["a\"b", "a\\b", "a\nb"] {
+        for bad in ["a\"b", "a\\b", "a\nb", "lan*"] {
             assert!(nft_safe_name(ConfigField::Wan, bad).is_err(), "{bad:?}");
         }
     }

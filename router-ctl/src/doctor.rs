@@ -1111,7 +1111,7 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
             } else {
                 format!(
                     "{}: standalone mode (--admit xdp) would bypass it (attach refuses \
-                     without --force)",
+                     without --bypass-forward-rules)",
                     c.describe()
                 )
             },

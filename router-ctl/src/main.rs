@@ -107,6 +107,10 @@ fn version_string() -> &'static str {
 }
 
 #[derive(clap::Args, Clone, Debug)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "clap's switches, each a flag of its own on the command line"
+)]
 struct AttachOpts {
     /// Interface towards the inside hosts.
     lan: String,
@@ -167,10 +171,14 @@ struct AttachOpts {
     timeouts: Vec<TimeoutArg>,
     /// Replace an XDP program on LAN or WAN that router-ctl did not attach; attach even
     /// though a veth's peer would drop what the fast path redirects into it (`doctor`:
-    /// redirect-target); standalone: attach even though netfilter forward rules would be
-    /// bypassed.
+    /// redirect-target). Not the firewall: see --bypass-forward-rules.
     #[arg(long)]
     force: bool,
+    /// Standalone mode (--admit xdp): attach even though the router's netfilter forward
+    /// rules would be bypassed (XDP admits every LAN flow and port forward itself);
+    /// recorded, as `bypass_forward_rules = true` in an apply file.
+    #[arg(long)]
+    bypass_forward_rules: bool,
     /// Load and switch to the program again even if nothing changed.
     #[arg(long)]
     reload: bool,
@@ -551,7 +559,7 @@ fn attach_args(ctx: &Ctx, o: AttachOpts) -> Result<AttachArgs> {
         max_flows: o.max_flows,
         timeouts,
         force: o.force,
-        forward_rules: if o.force {
+        forward_rules: if o.bypass_forward_rules {
             ForwardRules::Bypass
         } else {
             ForwardRules::Refuse

@@ -71,20 +71,24 @@ pub fn ensure_bpffs() -> Result<()> {
     }
     let c = CString::new(BPFFS).unwrap();
     let fstype = CString::new("bpf").unwrap();
+    // Root's only, as systemd mounts it: the kernel's default mode is
+    // 1777, in which any local user could make the directories the pins
+    // go into before router-ctl does.
+    let data = CString::new("mode=0700").unwrap();
     // SAFETY: all pointers are NUL-terminated strings.
     let rc = unsafe {
         libc::mount(
             fstype.as_ptr(),
             c.as_ptr(),
             fstype.as_ptr(),
-            0,
-            std::ptr::null(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data.as_ptr().cast(),
         )
     };
     if rc != 0 {
         bail!(
             "bpffs is not mounted at {BPFFS} and mounting it failed: {}; \
-             run `mount -t bpf bpf {BPFFS}`",
+             run `mount -t bpf -o mode=0700 bpf {BPFFS}`",
             std::io::Error::last_os_error()
         );
     }

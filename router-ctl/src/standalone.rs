@@ -17,7 +17,7 @@
 //!   martian otherwise) and `rp_filter` loose (2) where it was strict.
 //!   The old values are recorded and put back by `detach`.
 //! - the firewall check: netfilter forward rules or a forward policy that
-//!   standalone mode would bypass (`attach` refuses unless `--force`;
+//!   standalone mode would bypass (`attach` refuses unless `--bypass-forward-rules`;
 //!   `doctor` reports them).
 //!
 //! `nft` and `iptables-legacy` are run as commands in the current network
@@ -823,30 +823,41 @@ fn describe_chains(chains: &[ForwardChain]) -> String {
 }
 
 /// The forward rules standalone mode bypasses now although its attach did
-/// not bypass any (added later: a firewall turned on, a rule to block a
-/// host), as the problem `status` and the daemon report; `None` without
-/// any (or where none could be read: `doctor` says which).
-/// `Err` where they could not all be read.
-pub fn bypassed_unasked() -> Result<Option<String>, ()> {
+/// not accept them (`accepted`: the chains a bypass as asked found, as
+/// [`ForwardChain::describe`] says them; added later: a firewall turned
+/// on, a rule to block a host), as the problem `status` and the daemon
+/// report; `None` without any (or where none could be read: `doctor` says
+/// which). `Err` where they could not all be read.
+pub fn bypassed_unasked(accepted: &[String]) -> Result<Option<String>, ()> {
     let (chains, unread) = forward_chains(&Ruleset::read());
     if chains.is_empty() && !unread.is_empty() {
         return Err(());
     }
+    let chains = not_accepted(chains, accepted);
     Ok((!chains.is_empty()).then(|| {
         format!(
             "netfilter forward rules the attach did not bypass knowingly (added since, or \
              attached by a router-ctl that did not record it) are BYPASSED: {}. Standalone mode \
              (--admit xdp) admits every LAN flow and port forward itself, so these rules do not \
              decide. Fix: offload mode keeps them in charge (`router-ctl attach LAN WAN --admit \
-             kernel`, with `router-ctl run`), or accept the bypass (attach again with --force, \
-             or `bypass_forward_rules = true` in an apply file)",
+             kernel`, with `router-ctl run`), or accept the bypass (attach again with \
+             --bypass-forward-rules, or `bypass_forward_rules = true` in an apply file)",
             describe_chains(&chains)
         )
     }))
 }
 
+/// Of `chains`, those a bypass did not accept: not in `accepted`, or with
+/// other rules (a rule added to an accepted chain changes its count).
+fn not_accepted(chains: Vec<ForwardChain>, accepted: &[String]) -> Vec<ForwardChain> {
+    chains
+        .into_iter()
+        .filter(|c| !accepted.contains(&c.describe()))
+        .collect()
+}
+
 /// The warning of a standalone attach forced over the forward rules
-/// `chains` (`--force`, `bypass_forward_rules = true`).
+/// `chains` (`--bypass-forward-rules`, `bypass_forward_rules = true`).
 #[must_use]
 pub fn bypassing_message(chains: &[ForwardChain]) -> String {
     format!(
@@ -860,6 +871,27 @@ pub fn bypassing_message(chains: &[ForwardChain]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bypass accepts the chains it found as they were: one added since,
+    /// or an accepted one with a rule more, is bypassed unasked.
+    #[test]
+    fn a_bypass_accepts_only_the_chains_it_found_as_they_were() {
+        let chain = |name: &str, rules: usize| ForwardChain {
+            tool: "nftables",
+            chain: format!("table inet fw chain {name}"),
+            policy_drop: true,
+            rules,
+        };
+        let accepted = vec![chain("forward", 1).describe()];
+        assert_eq!(
+            accepted,
+            ["nftables table inet fw chain forward (policy drop, 1 rule)"]
+        );
+        assert!(not_accepted(vec![chain("forward", 1)], &accepted).is_empty());
+        let later = not_accepted(vec![chain("forward", 2), chain("fwd2", 0)], &accepted);
+        assert_eq!(later, vec![chain("forward", 2), chain("fwd2", 0)]);
+        assert_eq!(not_accepted(vec![chain("forward", 1)], &[]).len(), 1);
+    }
 
     #[test]
     fn ranges_overlap_only_when_they_share_a_port() {

@@ -38,15 +38,61 @@ pub fn state_path(netns: Option<&str>) -> PathBuf {
     Path::new(STATE_DIR).join(format!("{}.json", ns_key(netns)))
 }
 
-/// Creates `dir` (and parents) owner-only.
+/// Creates `dir` (and parents) owner-only, refusing one that another
+/// user could have prepared ([`check_private`]): the pin, record and lock
+/// directories live under `/sys/fs/bpf`, `/run` and `/var/lib`, and a
+/// bpffs mounted without a mode (1777, the kernel's default) lets any
+/// local user make a directory there before router-ctl does.
 pub fn private_dir(dir: &Path) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("creating {}", dir.display()))?;
+    check_private(dir)?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
         .with_context(|| format!("chmod 0700 {}", dir.display()))
+}
+
+/// Whether `dir` is one only this user controls: a directory (not a
+/// symbolic link) owned by this user, in a parent owned by this user or
+/// root that no other user may rename entries of (not writable by group or
+/// others, or sticky). An error says what to remove.
+pub fn check_private(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    const STICKY: u32 = 0o1000;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let m = fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let planted = |why: String| {
+        anyhow::anyhow!(
+            "{} {why}: another user may have made it to take over what router-ctl keeps              there; remove it (`rm -r {}`) and run the command again",
+            dir.display(),
+            dir.display()
+        )
+    };
+    if !m.file_type().is_dir() {
+        return Err(planted("is not a directory (a symbolic link?)".into()));
+    }
+    if m.uid() != me {
+        return Err(planted(format!("is owned by uid {}, not {me}", m.uid())));
+    }
+    let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let p = fs::metadata(parent).with_context(|| format!("reading {}", parent.display()))?;
+    let others_may_rename = p.mode() & 0o022 != 0 && p.mode() & STICKY == 0;
+    if (p.uid() != me && p.uid() != 0) || others_may_rename {
+        bail!(
+            "{} (holding {}) is owned by uid {} with mode {:o}: another user may rename what              router-ctl keeps there; remove it (`rm -r {}`) if router-ctl made it, else make it              root's and not writable by others, and run the command again",
+            parent.display(),
+            dir.display(),
+            p.uid(),
+            p.mode() & 0o7777,
+            parent.display()
+        );
+    }
+    Ok(())
 }
 
 /// The temporary file [`write_private`] writes `path` through: its name
@@ -106,10 +152,16 @@ pub struct State {
     pub replacements: u32,
     pub pending: Option<Pending>,
     /// Standalone mode attached with the netfilter forward rules bypassed
-    /// as asked (`--force`, `bypass_forward_rules = true`): rules found
-    /// later are then the owner's choice, not a problem.
+    /// as asked (`--bypass-forward-rules`, `bypass_forward_rules = true`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub bypasses_forward_rules: bool,
+    /// The forward chains that bypass accepted, as `status` names them
+    /// (tool, chain, policy and rule count): a chain not among them, or
+    /// one whose rules changed since, is reported as bypassed unasked. A
+    /// record with the bypass but without this list (an older router-ctl
+    /// wrote it) reports nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bypassed_forward_chains: Vec<String>,
 }
 
 pub const FORMAT: u32 = 1;
@@ -332,6 +384,44 @@ pub fn daemon_lock(netns: Option<&str>) -> Result<Lock> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory another user could have prepared is refused, with what
+    /// to remove: a symbolic link, one in a parent others may rename
+    /// entries of, and (as root, who can make one) one of another owner.
+    #[test]
+    fn a_directory_another_user_could_have_prepared_is_refused() {
+        use std::os::unix::fs::{MetadataExt as _, symlink};
+        let base = std::env::temp_dir().join(format!("router-ctl-private-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let mine = base.join("mine");
+        private_dir(&mine).unwrap();
+        check_private(&mine).unwrap();
+        // Under /tmp (1777: sticky) a directory of one's own is private.
+        check_private(&base).unwrap();
+
+        let link = base.join("link");
+        symlink(&mine, &link).unwrap();
+        let e = format!("{:#}", private_dir(&link).unwrap_err());
+        assert!(e.contains("not a directory") && e.contains("rm -r"), "{e}");
+
+        let open_parent = base.join("open");
+        fs::create_dir(&open_parent).unwrap();
+        fs::set_permissions(&open_parent, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = format!("{:#}", private_dir(&open_parent.join("pins")).unwrap_err());
+        assert!(e.contains("another user may rename"), "{e}");
+
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = base.join("theirs");
+            fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let e = format!("{:#}", private_dir(&theirs).unwrap_err());
+            assert!(e.contains("owned by uid 65534"), "{e}");
+            // Nor does router-ctl make it its own (chmod) on the way.
+            assert_eq!(fs::metadata(&theirs).unwrap().uid(), 65534);
+        }
+        fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn every_file_has_a_temporary_of_its_own() {

@@ -375,8 +375,12 @@ fn standalone_problems(ctx: &Ctx, r: &State) -> Vec<String> {
             )
         })
         .collect();
-    if !r.bypasses_forward_rules {
-        found.extend(standalone::bypassed_unasked().ok().flatten());
+    if !r.bypasses_forward_rules || !r.bypassed_forward_chains.is_empty() {
+        found.extend(
+            standalone::bypassed_unasked(&r.bypassed_forward_chains)
+                .ok()
+                .flatten(),
+        );
     }
     found
 }

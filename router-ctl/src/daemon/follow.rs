@@ -651,7 +651,7 @@ pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns
     if rec.pending.is_some() {
         return;
     }
-    note_bypassed_forward_rules(status, rec.bypasses_forward_rules);
+    note_bypassed_forward_rules(status, &rec);
     let gaps = standalone::kernel_side_gaps(ctx.ns());
     if gaps.is_empty() {
         *checked_ns = now;
@@ -682,16 +682,17 @@ pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns
     }
 }
 
-/// Forward rules added since a standalone attach that did not bypass any
-/// (`bypassed`: it did, as asked): said once when they appear, with what
-/// to do, and once when they are gone; `status` and the status page say it
-/// meanwhile.
-fn note_bypassed_forward_rules(status: &mut DaemonStatus, bypassed: bool) {
-    let now = if bypassed {
+/// Forward rules standalone mode bypasses unasked: added since an attach
+/// that bypassed none, or chains added or changed since the bypass the
+/// record `rec` keeps (one from an older router-ctl, which kept no list:
+/// nothing said). Said once when they appear, with what to do, and once
+/// when they are gone; `status` and the status page say it meanwhile.
+fn note_bypassed_forward_rules(status: &mut DaemonStatus, rec: &state::State) {
+    let now = if rec.bypasses_forward_rules && rec.bypassed_forward_chains.is_empty() {
         None
     } else {
         // Unreadable (nft failing): as it was.
-        let Ok(now) = standalone::bypassed_unasked() else {
+        let Ok(now) = standalone::bypassed_unasked(&rec.bypassed_forward_chains) else {
             return;
         };
         now
@@ -704,7 +705,7 @@ fn note_bypassed_forward_rules(status: &mut DaemonStatus, bypassed: bool) {
     } else {
         tracing::info!(
             "no netfilter forward rules bypassed unasked any more (none left, or the bypass was \
-             accepted with attach --force)"
+             accepted with attach --bypass-forward-rules)"
         );
     }
     status.forward_rules_bypassed = now;

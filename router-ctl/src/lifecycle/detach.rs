@@ -31,10 +31,11 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     let dir = &ctx.pin_dir;
     let running = inspect(dir);
     let record = state::load(ctx.ns()).ok().flatten();
+    let mode = super::mode_of(running.config, record.as_ref());
     if !running.any_pins() {
         tear_down_kernel_side(ctx);
         let had_record = record.is_some();
-        remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
+        remember_mode(ctx, mode);
         state::remove(ctx.ns())?;
         let _ = fs::remove_dir(dir);
         if had_record {
@@ -46,10 +47,11 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
         } else {
             println!("not attached (no pins in {}); nothing to do", dir.display());
         }
+        warn_open_without_standalone(mode);
         lock.remove_file();
         return Ok(false);
     }
-    remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
+    remember_mode(ctx, mode);
     // The rules live in the maps about to go: read now, told at the end.
     let rules = forward::rules(&ctx.maps());
     // Commit: both interfaces back to the kernel path in one write.
@@ -91,9 +93,34 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
     } else {
         println!("detached; kernel forwarding handles all traffic again");
     }
+    warn_open_without_standalone(mode);
     tell_rules_removed(ctx, rules);
     lock.remove_file();
     Ok(true)
+}
+
+/// Says, after standalone mode went, that nothing of it filters or
+/// translates any more: it was the router's NAT and its only filter
+/// between the WAN and the LAN (attaching it refuses forward rules of the
+/// owner's own), so with forwarding on the kernel now forwards LAN packets
+/// untranslated and lets WAN hosts (for IPv6 any host) reach LAN hosts.
+/// Not said where the kernel forwards nothing, nor after offload mode (the
+/// owner's firewall and NAT stay).
+fn warn_open_without_standalone(mode: Option<AdmitMode>) {
+    let on = |path: &str| fs::read_to_string(path).is_ok_and(|v| v.trim() == "1");
+    if mode != Some(AdmitMode::Xdp)
+        || !(on("/proc/sys/net/ipv4/conf/all/forwarding")
+            || on("/proc/sys/net/ipv6/conf/all/forwarding"))
+    {
+        return;
+    }
+    warn!(
+        "standalone mode was this router's NAT and its only filter between the WAN and the \
+         LAN: with forwarding on, the kernel now forwards LAN packets untranslated and lets \
+         WAN hosts (over IPv6, any host) reach LAN hosts. Load a firewall with NAT rules \
+         (then `attach --admit kernel` carries its flows), turn forwarding off, or attach \
+         again"
+    );
 }
 
 /// What a router whose network namespace was deleted while it was

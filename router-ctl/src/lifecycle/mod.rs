@@ -254,16 +254,19 @@ pub enum Outcome {
 
 /// What a standalone attach looks at on the host first: the forward rules
 /// it would bypass (refused unless forced), the router's own local ports
-/// and source NAT rules (warned of). Whether it bypasses forward rules, as
-/// asked ([`check_firewall`]).
-fn check_standalone_host(a: &AttachArgs, desired: &config::RouterConfig) -> Result<bool> {
+/// and source NAT rules (warned of). The forward chains it bypasses, as
+/// asked ([`check_firewall`]); none in offload mode, which looks at none.
+fn check_standalone_host(a: &AttachArgs, desired: &config::RouterConfig) -> Result<Vec<String>> {
+    if desired.admit != AdmitMode::Xdp {
+        return Ok(Vec::new());
+    }
     let ruleset = standalone::Ruleset::read();
     let bypasses = check_firewall(
         a.forward_rules,
         &ruleset,
         a.bypass_how
             .as_deref()
-            .unwrap_or("pass --force to bypass them anyway"),
+            .unwrap_or("pass --bypass-forward-rules to bypass them anyway"),
     )?;
     let ports = doctor::local_ports_now(
         (desired.port_min, desired.port_max),
@@ -300,7 +303,7 @@ pub fn attach(
     if seen.any_pins() {
         replace::preflight(ctx, a, &desired, &obj, &seen)?;
     }
-    let bypasses_forward_rules = standalone_mode && check_standalone_host(a, &desired)?;
+    let bypassed_chains = check_standalone_host(a, &desired)?;
     let _lock = state::lock(ctx.ns())?;
     let _signals = SignalsBlocked::new();
     let desired = with_wan_addr_now(desired);
@@ -369,7 +372,7 @@ pub fn attach(
     };
     // Past the point where the router is attached: a failure only warns
     // (an error would tell `apply` the attach did not happen).
-    record_forward_rules_answer(ctx, bypasses_forward_rules);
+    record_forward_rules_answer(ctx, bypassed_chains);
     end_masquerade_to(ctx, &moved_from);
     if !standalone_mode {
         match standalone::tear_down(ctx.ns()) {
@@ -444,14 +447,17 @@ fn sync_virtual_macs(ctx: &Ctx, attached: [u32; 2]) -> Result<Vec<vmac::VirtualM
 /// iptables-legacy's), or when they could not be read (a firewall not
 /// looked at is not known to be absent), unless `rules` says to bypass
 /// them, naming `bypass_how` (the way this command's user does that).
-/// Whether there were rules, bypassed as asked.
+/// The chains there were, bypassed as asked (as [`ForwardChain`]
+/// describes them).
+///
+/// [`ForwardChain`]: standalone::ForwardChain
 pub fn check_firewall(
     rules: ForwardRules,
     ruleset: &standalone::Ruleset,
     bypass_how: &str,
-) -> Result<bool> {
+) -> Result<Vec<String>> {
     if rules == ForwardRules::Checked {
-        return Ok(false);
+        return Ok(Vec::new());
     }
     let (chains, notes) = standalone::forward_chains(ruleset);
     if !chains.is_empty() {
@@ -460,7 +466,10 @@ pub fn check_firewall(
         }
         warn!("{}", standalone::bypassing_message(&chains));
     }
-    let bypassed = !chains.is_empty();
+    let bypassed: Vec<String> = chains
+        .iter()
+        .map(standalone::ForwardChain::describe)
+        .collect();
     if notes.is_empty() {
         return Ok(bypassed);
     }
@@ -539,22 +548,25 @@ fn new_record(
         pending: None,
         // Written by `attach` once the router is attached.
         bypasses_forward_rules: false,
+        bypassed_forward_chains: Vec::new(),
     }
 }
 
-/// Keeps in the attach record whether this attach bypassed forward rules
-/// as asked ([`State::bypasses_forward_rules`]; only where there were
-/// rules: a `--force` for another reason, a foreign XDP program, does not
-/// silence rules added later), also when nothing else changed. A failure
-/// only warns: the router is attached.
-fn record_forward_rules_answer(ctx: &Ctx, bypasses: bool) {
+/// Keeps in the attach record which forward chains this attach bypassed as
+/// asked ([`State::bypassed_forward_chains`]; none where there were none:
+/// rules added later are then reported, as are chains added or changed
+/// after a bypass), also when nothing else changed. A failure only warns:
+/// the router is attached.
+fn record_forward_rules_answer(ctx: &Ctx, chains: Vec<String>) {
     let Ok(Some(mut r)) = state::load(ctx.ns()) else {
         return;
     };
-    if r.bypasses_forward_rules == bypasses {
+    let bypasses = !chains.is_empty();
+    if r.bypasses_forward_rules == bypasses && r.bypassed_forward_chains == chains {
         return;
     }
     r.bypasses_forward_rules = bypasses;
+    r.bypassed_forward_chains = chains;
     if let Err(e) = state::save(ctx.ns(), &r) {
         warn!(
             "writing the attach record: {e:#}; `status` may report the forward rules as \
@@ -634,11 +646,11 @@ mod tests {
     fn a_firewall_that_could_not_be_read_is_refused_unless_bypassed() {
         let unread =
             standalone::Ruleset::unreadable("nftables not checked: `nft` not found", false);
-        let e = check_firewall(ForwardRules::Refuse, &unread, "pass --force")
+        let e = check_firewall(ForwardRules::Refuse, &unread, "pass --bypass-forward-rules")
             .expect_err("an unread firewall must not count as none");
         let msg = format!("{e:#}");
         assert!(
-            msg.contains("`nft` not found") && msg.contains("pass --force"),
+            msg.contains("`nft` not found") && msg.contains("pass --bypass-forward-rules"),
             "{msg}"
         );
         assert!(
@@ -650,10 +662,16 @@ mod tests {
             "nftables not checked: nft -j -t list ruleset failed: Interrupted system call",
             true,
         );
-        let e = check_firewall(ForwardRules::Refuse, &failed, "pass --force")
+        let e = check_firewall(ForwardRules::Refuse, &failed, "pass --bypass-forward-rules")
             .expect_err("an unread firewall must not count as none");
         assert!(e.downcast_ref::<Unretryable>().is_none(), "exit 78: {e:#}");
-        check_firewall(ForwardRules::Bypass, &unread, "pass --force").expect("bypassed");
-        check_firewall(ForwardRules::Checked, &unread, "pass --force").expect("checked before");
+        check_firewall(ForwardRules::Bypass, &unread, "pass --bypass-forward-rules")
+            .expect("bypassed");
+        check_firewall(
+            ForwardRules::Checked,
+            &unread,
+            "pass --bypass-forward-rules",
+        )
+        .expect("checked before");
     }
 }

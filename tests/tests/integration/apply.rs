@@ -11,19 +11,43 @@ use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern, so
 
 use crate::ctl::*;
 
-fn example() -> PathBuf {
+fn shipped_example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/router.toml")
 }
 
+/// The shipped example with its port forwards switched on, as an owner
+/// who opens them does: the lines of each commented-out `[[forward]]`
+/// block uncommented (the file ships none active, so that a copy opens
+/// nothing to the Internet by itself).
 fn example_text() -> String {
-    std::fs::read_to_string(example()).expect("examples/router.toml")
+    let shipped = std::fs::read_to_string(shipped_example()).expect("examples/router.toml");
+    let mut in_forward = false;
+    let mut text = String::new();
+    for line in shipped.lines() {
+        in_forward = line == "# [[forward]]" || in_forward && line.contains(" = ");
+        text.push_str(if in_forward {
+            line.trim_start_matches("# ")
+        } else {
+            line
+        });
+        text.push('\n');
+    }
+    assert_eq!(text.matches("\n[[forward]]\n").count(), 2, "{text}");
+    text
+}
+
+/// [`example_text`] in a file.
+fn example() -> TempFile {
+    TempFile::new("example", &example_text())
 }
 
 struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(tag: &str, text: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("router-{}-{tag}.toml", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("router-{}-{n}-{tag}.toml", std::process::id()));
         std::fs::write(&p, text).unwrap();
         Self(p)
     }
@@ -65,8 +89,12 @@ fn port_forward_works(t: &Topology) {
 fn the_example_applies_and_applying_it_again_changes_nothing() {
     let t = Topology::new();
     t.warm_neighbours();
+    // The file as shipped: valid, and it opens no port.
+    let shipped = shipped_example();
+    let out = t.router_ctl_ok(&["apply", "--check", shipped.to_str().unwrap()]);
+    assert!(out.contains("is valid"), "{out}");
     let file = example();
-    let f = file.to_str().unwrap();
+    let f = file.path();
     let out = t.router_ctl_ok(&["apply", "--check", f]);
     assert!(
         out.contains("is valid") && !out.contains("does not route"),
@@ -122,7 +150,7 @@ fn the_example_applies_and_applying_it_again_changes_nothing() {
 fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
     let t = Topology::new();
     t.warm_neighbours();
-    t.router_ctl_ok(&["apply", example().to_str().unwrap()]);
+    t.router_ctl_ok(&["apply", example().path()]);
     let (v0, _) = status(&t);
     let changed = example_text()
         .replace(
@@ -182,7 +210,7 @@ fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
 fn each_invalid_field_is_named_and_nothing_changes() {
     let t = Topology::new();
     t.warm_neighbours();
-    t.router_ctl_ok(&["apply", example().to_str().unwrap()]);
+    t.router_ctl_ok(&["apply", example().path()]);
     let (v0, _) = status(&t);
     let rules0 = rules(&t);
     let text = example_text();
@@ -410,7 +438,7 @@ fn a_file_applies_over_traffic_shaping_and_warns() {
             "tc", "qdisc", "add", "dev", "wan0", "root", "handle", "1:", "htb",
         ],
     );
-    let o = t.router_ctl(&["apply", example().to_str().unwrap()]);
+    let o = t.router_ctl(&["apply", example().path()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("wan0: qdisc htb 1: (root): the flows the fast path carries skip it"),

@@ -19,6 +19,17 @@ use tests::{LAN_IF, Ns, PIN_ROOT, Topology, WAN_IF, router_ctl_bin};
 /// Where router-ctl keeps its attach records.
 pub const STATE_DIR: &str = "/var/lib/xdp-router";
 
+/// A standalone attach over the router's forward rules, bypassing them as
+/// the owner asks.
+pub const ATTACH_STANDALONE_BYPASSING: [&str; 6] = [
+    "attach",
+    LAN_IF,
+    WAN_IF,
+    "--admit",
+    "xdp",
+    "--bypass-forward-rules",
+];
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -726,7 +726,7 @@ fn daemon_follows_a_detach_and_a_new_attach() {
 
     // A replace that changes the mode (maps kept): followed too, the
     // daemon stops offloading.
-    let out = t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    let out = t.router_ctl_ok(&crate::ctl::ATTACH_STANDALONE_BYPASSING);
     assert!(out.contains("replaced"), "{out}");
     wait_for_or_show(
         "the daemon to follow the new mode",

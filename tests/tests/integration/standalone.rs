@@ -26,7 +26,10 @@ use tests::{
     socket_addr,
 };
 
-use crate::ctl::{DetachOnDrop, attach, attach_and_print, ctl_env, read_until, stderr};
+use crate::ctl::{
+    ATTACH_STANDALONE_BYPASSING, DetachOnDrop, attach, attach_and_print, ctl_env, read_until,
+    stderr,
+};
 
 const IO: Duration = Duration::from_secs(3);
 const LAN_PREFIX: [u8; 3] = [192, 168, 50];
@@ -607,18 +610,19 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
 /// nftables forward chains with policy drop (IPv4 and IPv6), then
 /// iptables-legacy and ip6tables-legacy FORWARD rules: standalone attach
 /// refuses (naming the chain and the fix), changes nothing, doctor reports
-/// the chain; `--force` attaches; offload mode attaches without complaint
-/// and doctor finds the rules in charge.
+/// the chain; `--force` (another XDP program's answer) is refused too,
+/// `--bypass-forward-rules` attaches; offload mode attaches without
+/// complaint and doctor finds the rules in charge.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
-fn attach_refuses_over_forward_rules_unless_forced() {
+fn attach_refuses_over_forward_rules_unless_told_to_bypass_them() {
     let t = Topology::new();
     t.warm_neighbours();
     let refuse = |what: &str, needle: &str| {
         let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
         let e = stderr(&o);
         assert!(!o.status.success(), "{what}: attached over forward rules");
-        for n in [needle, "--admit kernel", "--force", "bypass"] {
+        for n in [needle, "--admit kernel", "--bypass-forward-rules"] {
             assert!(e.contains(n), "{what}: {n:?} not in {e}");
         }
         assert!(!t.router_attached(), "{what}: pins left");
@@ -630,7 +634,15 @@ fn attach_refuses_over_forward_rules_unless_forced() {
             out.contains("forward-rules") && out.contains(needle) && out.contains("--admit kernel"),
             "{what}: doctor says {out}"
         );
+        // `--force` (for another XDP program, a veth peer) is not the
+        // firewall's answer.
         let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+        assert!(
+            !o.status.success(),
+            "{what}: --force bypassed the forward rules"
+        );
+        assert!(!t.router_attached(), "{what}: pins left");
+        let o = t.router_ctl(&ATTACH_STANDALONE_BYPASSING);
         let (out, e) = (String::from_utf8_lossy(&o.stdout), stderr(&o));
         assert!(
             o.status.success() && out.contains("attached"),
@@ -639,7 +651,7 @@ fn attach_refuses_over_forward_rules_unless_forced() {
         // Forced, it says what it does, not what to pass.
         assert!(
             e.contains("bypassing the router's netfilter forward rules, as asked")
-                && !e.contains("pass --force"),
+                && !e.contains("pass --bypass-forward-rules"),
             "{what}: {e}"
         );
         // What the router cannot do in place is said first (it needs a
@@ -716,8 +728,10 @@ fn attach_refuses_over_forward_rules_unless_forced() {
 /// forward chain with policy drop): the fast path bypasses it, and the
 /// owner is told: `status` is degraded (exit 1) and names the chain and
 /// the fix, doctor says BYPASSED, the daemon logs it and its status says
-/// it (which the status page lists). An attach again with `--force` (same configuration,
-/// nothing replaced) records the owner's answer: status healthy again.
+/// it (which the status page lists). An attach again with
+/// `--bypass-forward-rules` (same configuration, nothing replaced) records
+/// the owner's answer: status healthy again, until a rule is added to the
+/// chain it accepted (reported again, with the new rule count).
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_firewall_added_after_a_standalone_attach_is_reported_bypassed() {
@@ -753,7 +767,7 @@ fn a_firewall_added_after_a_standalone_attach_is_reported_bypassed() {
         "BYPASSED",
         "table inet fw chain forward (policy drop, 1 rule)",
         "--admit kernel",
-        "--force",
+        "--bypass-forward-rules",
     ] {
         assert!(problems.contains(needle), "{needle}: {problems}");
     }
@@ -777,10 +791,22 @@ fn a_firewall_added_after_a_standalone_attach_is_reported_bypassed() {
     );
     assert!(daemon.log().contains("BYPASSED"), "{}", daemon.log());
     // The owner accepts the bypass.
-    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    let o = t.router_ctl(&ATTACH_STANDALONE_BYPASSING);
     assert!(o.status.success(), "{}", stderr(&o));
     let (v, code) = crate::ctl::status(&t);
     assert_eq!((v["state"].as_str(), code), (Some("attached"), 0), "{v}");
+    // The bypass accepted the chain as it was: a rule more is reported.
+    t.exec_ok(
+        Ns::Router,
+        &["nft", "add rule inet fw forward tcp dport 25 drop"],
+    );
+    let (v, code) = crate::ctl::status(&t);
+    assert_eq!((v["state"].as_str(), code), (Some("degraded"), 1), "{v}");
+    let problems = v["problems"].to_string();
+    assert!(
+        problems.contains("table inet fw chain forward (policy drop, 2 rules)"),
+        "{problems}"
+    );
 }
 
 /// The server routes the LAN prefix via the router: unsolicited UDP, TCP
@@ -873,7 +899,8 @@ fn slow_path_table(t: &Topology) -> Option<String> {
 /// attach sets up the slow-path table and the LAN sysctls (idempotently:
 /// again changes nothing, one table), a replace with other kernel ports
 /// updates the table, overlapping ranges are refused, `--no-kernel-nat`
-/// removes the table, detach removes it and restores the sysctls' values.
+/// removes the table, detach removes it, restores the sysctls' values and
+/// says that nothing filters or translates between LAN and WAN any more.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn slow_path_table_and_sysctls_follow_attach_and_detach() {
@@ -890,7 +917,7 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
     t.warm_neighbours();
     for (force, needle) in [
         (None, "forward rules could not all be checked"),
-        (Some("--force"), "--no-kernel-nat"),
+        (Some("--bypass-forward-rules"), "--no-kernel-nat"),
     ] {
         let mut args = vec!["attach", LAN_IF, WAN_IF, "--admit", "xdp"];
         args.extend(force);
@@ -964,8 +991,15 @@ fn slow_path_table_and_sysctls_follow_attach_and_detach() {
     attach(&t, &[]);
     assert!(slow_path_table(&t).is_some());
 
-    let out = t.router_ctl_ok(&["detach"]);
-    assert!(out.contains("restored"), "{out}");
+    let o = t.router_ctl(&["detach"]);
+    let (out, e) = (crate::ctl::stdout(&o), stderr(&o));
+    assert!(o.status.success() && out.contains("restored"), "{out}{e}");
+    // With the topology's forwarding on, nothing filters or translates
+    // between the LAN and the WAN any more: said.
+    assert!(
+        e.contains("standalone mode was this router's NAT and its only filter"),
+        "{e}"
+    );
     assert_eq!(slow_path_table(&t), None, "detach left the table");
     assert_eq!(sysctl(&t, &accept_local), old_accept_local);
     assert_eq!(sysctl(&t, &rp_filter), "1");
@@ -1031,7 +1065,10 @@ fn a_refused_replace_leaves_the_kernel_side_as_it_was() {
     );
     assert_eq!(sysctl(&t, &accept_local), old_accept_local);
     assert_eq!(sysctl(&t, &rp_filter), "1");
-    t.router_ctl_ok(&["detach"]);
+    // Offload mode's detach leaves the owner's firewall in charge.
+    let o = t.router_ctl(&["detach"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("only filter"), "{}", stderr(&o));
 }
 
 /// What the data path passes from the LAN and netfilter does not
