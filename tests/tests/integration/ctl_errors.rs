@@ -212,7 +212,7 @@ fn bpffs_that_cannot_be_mounted() {
         &o,
         &[
             "bpffs is not mounted at /sys/fs/bpf",
-            "mount -t bpf bpf /sys/fs/bpf",
+            "mount -t bpf -o mode=0700 bpf /sys/fs/bpf",
         ],
     );
     println!("{e}");
