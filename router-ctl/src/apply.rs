@@ -63,7 +63,7 @@ struct RouterSection {
     #[serde(default)]
     clamp_mss: Option<Spanned<StringOrNumber>>,
     /// Standalone mode over netfilter forward rules it would bypass (what
-    /// `attach --force` does for them).
+    /// `attach --bypass-forward-rules` does).
     #[serde(default)]
     bypass_forward_rules: Option<bool>,
 }

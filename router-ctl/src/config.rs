@@ -273,7 +273,7 @@ pub const OFFLOAD_FILTERING: &str = "in offload mode (admit kernel) the kernel's
 pub enum ForwardRules {
     /// Refuse, naming them (the default).
     Refuse,
-    /// Warn and attach (`attach --force`).
+    /// Warn and attach (`attach --bypass-forward-rules`).
     Bypass,
     /// Already looked at and answered for by the caller (`apply`, with the
     /// file's own way out).
@@ -303,7 +303,8 @@ pub struct AttachArgs {
     pub force: bool,
     /// Standalone mode over netfilter forward rules it would bypass.
     pub forward_rules: ForwardRules,
-    /// How a refusal over them says to bypass them (`None`: `--force`;
+    /// How a refusal over them says to bypass them (`None`:
+    /// `--bypass-forward-rules`;
     /// `apply`: the file's key).
     pub bypass_how: Option<String>,
     /// Replace the program even when object and configuration are unchanged.
@@ -443,9 +444,10 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Offload mode accepts standalone mode's port settings (a file may keep
-/// them for a switch back), but says so: the kernel's NAT rule picks
-/// offload mode's ports.
+/// Offload mode accepts standalone mode's port settings and its
+/// forward-rules bypass (a file may keep them for a switch back), but says
+/// so: the kernel's NAT rule picks offload mode's ports, and its firewall
+/// decides.
 pub fn warn_standalone_only(a: &AttachArgs) {
     if a.admit != AdmitMode::Kernel {
         return;
@@ -456,6 +458,13 @@ pub fn warn_standalone_only(a: &AttachArgs) {
     }
     if a.kernel_nat_ports != standalone::DEFAULT_KERNEL_PORTS || !a.kernel_nat {
         unused.push("the kernel slow-path NAT's ports");
+    }
+    if a.forward_rules == ForwardRules::Bypass {
+        warn!(
+            "offload mode: the forward rules are in charge, nothing bypasses them \
+             (--bypass-forward-rules and bypass_forward_rules = true only apply to standalone \
+             mode, --admit xdp)"
+        );
     }
     if !unused.is_empty() {
         warn!(

@@ -57,7 +57,8 @@ pub fn private_dir(dir: &Path) -> Result<()> {
 /// Whether `dir` is one only this user controls: a directory (not a
 /// symbolic link) owned by this user, in a parent owned by this user or
 /// root that no other user may rename entries of (not writable by group or
-/// others, or sticky). An error says what to remove.
+/// others, or sticky). An error says what to remove (router-ctl's own
+/// directory) or to fix (its parent).
 pub fn check_private(dir: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     const STICKY: u32 = 0o1000;
@@ -66,7 +67,8 @@ pub fn check_private(dir: &Path) -> Result<()> {
     let m = fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
     let planted = |why: String| {
         anyhow::anyhow!(
-            "{} {why}: another user may have made it to take over what router-ctl keeps              there; remove it (`rm -r {}`) and run the command again",
+            "{} {why}: another user may have made it to take over what router-ctl keeps \
+             there; remove it (`rm -r {}`) and run the command again",
             dir.display(),
             dir.display()
         )
@@ -83,12 +85,18 @@ pub fn check_private(dir: &Path) -> Result<()> {
     let p = fs::metadata(parent).with_context(|| format!("reading {}", parent.display()))?;
     let others_may_rename = p.mode() & 0o022 != 0 && p.mode() & STICKY == 0;
     if (p.uid() != me && p.uid() != 0) || others_may_rename {
+        // A system directory (/run, /var/lib, the bpffs) is the owner's
+        // to fix, never to remove.
         bail!(
-            "{} (holding {}) is owned by uid {} with mode {:o}: another user may rename what              router-ctl keeps there; remove it (`rm -r {}`) if router-ctl made it, else make it              root's and not writable by others, and run the command again",
+            "{} (holding {}) is owned by uid {} with mode {:o}: another user may rename what \
+             router-ctl keeps there; make it root's and not writable by others (`chown root \
+             {}` and `chmod go-w {}`, or `chmod +t` for a shared directory), and run the \
+             command again",
             parent.display(),
             dir.display(),
             p.uid(),
             p.mode() & 0o7777,
+            parent.display(),
             parent.display()
         );
     }
@@ -408,7 +416,10 @@ mod tests {
         fs::create_dir(&open_parent).unwrap();
         fs::set_permissions(&open_parent, fs::Permissions::from_mode(0o777)).unwrap();
         let e = format!("{:#}", private_dir(&open_parent.join("pins")).unwrap_err());
-        assert!(e.contains("another user may rename"), "{e}");
+        assert!(
+            e.contains("another user may rename") && !e.contains("rm -r"),
+            "{e}"
+        );
 
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {
@@ -419,6 +430,14 @@ mod tests {
             assert!(e.contains("owned by uid 65534"), "{e}");
             // Nor does router-ctl make it its own (chmod) on the way.
             assert_eq!(fs::metadata(&theirs).unwrap().uid(), 65534);
+            // Nor a directory of its own in another user's: they may
+            // rename it away and put another in its place.
+            fs::set_permissions(&theirs, fs::Permissions::from_mode(0o755)).unwrap();
+            let e = format!("{:#}", private_dir(&theirs.join("pins")).unwrap_err());
+            assert!(
+                e.contains("is owned by uid 65534") && e.contains("chown root"),
+                "{e}"
+            );
         }
         fs::remove_dir_all(&base).unwrap();
     }

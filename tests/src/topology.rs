@@ -318,11 +318,21 @@ impl Topology {
     /// in that namespace. A panic in `f` is propagated.
     pub fn in_ns<T: Send>(&self, ns: Ns, f: impl FnOnce() -> T + Send) -> T {
         let name = self.ns_name(ns);
+        // Named after the caller (a test thread is named after its test),
+        // so a panic here is recorded under the test's name
+        // (`host::record_failures`).
+        let caller = std::thread::current().name().map(str::to_owned);
         std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                netns::enter(name);
-                f()
-            });
+            let mut b = std::thread::Builder::new();
+            if let Some(c) = caller {
+                b = b.name(c);
+            }
+            let h = b
+                .spawn_scoped(s, || {
+                    netns::enter(name);
+                    f()
+                })
+                .expect("spawning a thread for a namespace");
             match h.join() {
                 Ok(v) => v,
                 Err(e) => std::panic::resume_unwind(e),

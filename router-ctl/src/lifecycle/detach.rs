@@ -104,13 +104,17 @@ pub fn detach(ctx: &Ctx) -> Result<bool> {
 /// between the WAN and the LAN (attaching it refuses forward rules of the
 /// owner's own), so with forwarding on the kernel now forwards LAN packets
 /// untranslated and lets WAN hosts (for IPv6 any host) reach LAN hosts.
-/// Not said where the kernel forwards nothing, nor after offload mode (the
-/// owner's firewall and NAT stay).
+/// Not said where the kernel forwards nothing, after offload mode (the
+/// owner's firewall and NAT stay), nor where forward rules are there (a
+/// firewall the attach bypassed as asked decides again).
 fn warn_open_without_standalone(mode: Option<AdmitMode>) {
     let on = |path: &str| fs::read_to_string(path).is_ok_and(|v| v.trim() == "1");
     if mode != Some(AdmitMode::Xdp)
         || !(on("/proc/sys/net/ipv4/conf/all/forwarding")
             || on("/proc/sys/net/ipv6/conf/all/forwarding"))
+        || !standalone::forward_chains(&standalone::Ruleset::read())
+            .0
+            .is_empty()
     {
         return;
     }

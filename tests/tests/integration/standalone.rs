@@ -637,10 +637,9 @@ fn attach_refuses_over_forward_rules_unless_told_to_bypass_them() {
         // `--force` (for another XDP program, a veth peer) is not the
         // firewall's answer.
         let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
-        assert!(
-            !o.status.success(),
-            "{what}: --force bypassed the forward rules"
-        );
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(78), "{what}: {e}");
+        assert!(e.contains("--bypass-forward-rules"), "{what}: {e}");
         assert!(!t.router_attached(), "{what}: pins left");
         let o = t.router_ctl(&ATTACH_STANDALONE_BYPASSING);
         let (out, e) = (String::from_utf8_lossy(&o.stdout), stderr(&o));

@@ -733,7 +733,7 @@ fn ipv6_router_side(t: &Topology, m: Macs) -> Result<(), String> {
 fn load_router(object: Option<&[u8]>, m: Macs, lan: u32, wan: u32) -> Result<LoadedRouter, String> {
     // The test kit's loader panics on failure (it serves tests); here a
     // failure is one failed section of the report, not the end of the run.
-    let loaded = std::panic::catch_unwind(|| match object {
+    let loaded = tests::host::catch_expected_panic(|| match object {
         None => LoadedRouter::load(lan, wan, 2 * DEFAULT_MAX_FLOWS),
         Some(obj) => LoadedRouter::load_object(obj, lan, wan, 2 * DEFAULT_MAX_FLOWS),
     });
