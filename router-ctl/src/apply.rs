@@ -707,6 +707,7 @@ const fn file_field(field: ConfigField) -> (&'static str, &'static str) {
         ConfigField::PortRange => ("nat.port_range", "port_range"),
         ConfigField::Filtering => ("router.filtering", "filtering"),
         ConfigField::MssClamp => ("router.clamp_mss", "clamp_mss"),
+        ConfigField::WanAddr => ("nat.wan_addr", "wan_addr"),
     }
 }
 

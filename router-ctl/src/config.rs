@@ -417,6 +417,8 @@ pub enum ConfigField {
     Filtering,
     /// `--clamp-mss` in offload mode.
     MssClamp,
+    /// `--wan-addr` one of the LAN's addresses.
+    WanAddr,
 }
 
 /// A request that cannot be resolved on this machine, and which field
@@ -494,6 +496,59 @@ fn nft_safe_name(field: ConfigField, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The address standalone mode masquerades to (`--wan-addr`): `auto`, the
+/// WAN's first (`wan_addrs`; none yet: 0.0.0.0), or the one given, which
+/// must not be the LAN's (warned of where the WAN lacks it; `say`: the
+/// warnings are said).
+fn resolve_wan_addr(
+    a: &AttachArgs,
+    wan_addrs: &[Ipv4Addr],
+    say: bool,
+) -> Result<Ipv4Addr, ConfigError> {
+    let (lan, wan) = (a.lan.as_str(), a.wan.as_str());
+    Ok(match a.wan_addr {
+        // None yet: 0.0.0.0, which `router-ctl run` follows to the address
+        // that comes (a DHCP lease at boot, after an outage). Offload mode
+        // translates nothing itself (the kernel's NAT does): an IPv6-only
+        // WAN (DS-Lite) needs none. Standalone mode masquerades nothing
+        // meanwhile, as the kernel's masquerade without an address: said.
+        WanAddr::Auto => {
+            let first = wan_addrs.first().copied();
+            if first.is_none() && say && a.admit == AdmitMode::Xdp {
+                warn!(
+                    "WAN {wan} has no IPv4 address (yet): until it has one, standalone mode \
+                     masquerades nothing and what the LAN sends to the WAN over IPv4 is \
+                     dropped; `router-ctl run` follows the address when it comes (a DHCP \
+                     lease), or add one (`ip addr add ADDR/PREFIX dev {wan}`)"
+                );
+            }
+            first.unwrap_or(Ipv4Addr::UNSPECIFIED)
+        }
+        WanAddr::Addr(x) => {
+            // A LAN address (a typo, LAN and WAN swapped): every flow
+            // would leave the WAN with it, and no reply could come back.
+            let lan_addrs = netlink::ipv4_addrs(lan).unwrap_or_default();
+            if lan_addrs.contains(&x) && !wan_addrs.contains(&x) {
+                return Err(ConfigError::new(
+                    ConfigField::WanAddr,
+                    format!(
+                        "--wan-addr {x} is an address of the LAN interface {lan}: the router \
+                         would send the LAN's flows to the WAN from a LAN address; give an \
+                         address of {wan} (or auto, its first)"
+                    ),
+                ));
+            }
+            if say && !wan_addrs.contains(&x) {
+                warn!(
+                    "{x} is not an address of {wan}; replies reach the router only \
+                     if the upstream routes {x} to it"
+                );
+            }
+            x
+        }
+    })
+}
+
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
@@ -556,34 +611,7 @@ fn resolve_saying(a: &AttachArgs, say: bool) -> Result<RouterConfig, ConfigError
     }
     let wan_addrs =
         netlink::ipv4_addrs(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
-    let wan_addr = match a.wan_addr {
-        // None yet: 0.0.0.0, which `router-ctl run` follows to the address
-        // that comes (a DHCP lease at boot, after an outage). Offload mode
-        // translates nothing itself (the kernel's NAT does): an IPv6-only
-        // WAN (DS-Lite) needs none. Standalone mode masquerades nothing
-        // meanwhile, as the kernel's masquerade without an address: said.
-        WanAddr::Auto => {
-            let first = wan_addrs.first().copied();
-            if first.is_none() && say && a.admit == AdmitMode::Xdp {
-                warn!(
-                    "WAN {wan} has no IPv4 address (yet): until it has one, standalone mode \
-                     masquerades nothing and what the LAN sends to the WAN over IPv4 is \
-                     dropped; `router-ctl run` follows the address when it comes (a DHCP \
-                     lease), or add one (`ip addr add ADDR/PREFIX dev {wan}`)"
-                );
-            }
-            first.unwrap_or(Ipv4Addr::UNSPECIFIED)
-        }
-        WanAddr::Addr(x) => {
-            if say && !wan_addrs.contains(&x) {
-                warn!(
-                    "{x} is not an address of {wan}; replies reach the router only \
-                     if the upstream routes {x} to it"
-                );
-            }
-            x
-        }
-    };
+    let wan_addr = resolve_wan_addr(a, &wan_addrs, say)?;
     if a.max_flows.checked_mul(2).is_none() {
         return Err(ConfigError::new(
             ConfigField::MaxFlows,

@@ -302,6 +302,7 @@ fn a_closed_pipe_and_a_refused_second_daemon_say_nothing_false() {
 
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+#[expect(clippy::too_many_lines, reason = "a table of cases")]
 fn rule_conflicts_and_bad_values() {
     let t = Topology::new();
     attach(&t, &[]);
@@ -326,6 +327,7 @@ fn rule_conflicts_and_bad_values() {
     );
     let e = ctl_fails(&t, &["forward", "del", "udp", "9999"]);
     assert!(e.contains("no udp rule for WAN port 9999"), "{e}");
+    assert_eq!(tests::ROUTER_LAN_ADDR.to_string(), "192.168.50.1");
     for (args, needle) in [
         (
             &["forward", "add", "tcp", "0", "192.168.50.2:80"][..],
@@ -359,6 +361,20 @@ fn rule_conflicts_and_bad_values() {
                 "300.1.1.1",
             ],
             "--wan-addr",
+        ),
+        // The LAN's address (ROUTER_LAN_ADDR) as the WAN's: refused, not
+        // just warned of as an address the WAN lacks.
+        (
+            &[
+                "attach",
+                LAN_IF,
+                WAN_IF,
+                "--admit",
+                "xdp",
+                "--wan-addr",
+                "192.168.50.1",
+            ],
+            "is an address of the LAN interface lan0",
         ),
         (
             &[
