@@ -219,6 +219,55 @@ fn bpffs_that_cannot_be_mounted() {
     assert!(xdp_progs(&t, LAN_IF).is_empty());
 }
 
+/// Where no bpffs is mounted (a private mount namespace whose
+/// /sys/fs/bpf was unmounted: nothing leaves it), router-ctl mounts one
+/// that only root may enter (mode 0700 (1700 as the kernel keeps the
+/// sticky bit), nosuid, nodev, noexec), as
+/// systemd does: the kernel's default, 1777, would let any local user make
+/// the pin directories before router-ctl does.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_bpffs_router_ctl_mounts_is_root_only() {
+    let t = Topology::new();
+    let script = format!(
+        "umount -l /sys/fs/bpf 2>/dev/null; \
+         [ \"$(stat -f -c %T /sys/fs/bpf)\" != bpf_fs ] || exit 9; \
+         {} -n {} detach >&2 || exit 8; \
+         stat -f -c %T /sys/fs/bpf; stat -c %a /sys/fs/bpf; \
+         grep ' /sys/fs/bpf ' /proc/self/mountinfo",
+        router_ctl_bin().display(),
+        t.ns_name(Ns::Router)
+    );
+    let o = Command::new("timeout")
+        .args([
+            "-k",
+            "5",
+            "60",
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (out, e) = (stdout(&o), stderr(&o));
+    assert!(o.status.success(), "{out}{e}");
+    assert!(e.contains("mounted bpffs at /sys/fs/bpf"), "{e}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"bpf_fs"), "{out}");
+    // The kernel keeps the sticky bit on a bpffs root (1700).
+    let mode = lines.get(1).and_then(|m| u32::from_str_radix(m, 8).ok());
+    assert!(mode.is_some_and(|m| m & 0o777 == 0o700), "{out}");
+    let mountinfo = lines.get(2).copied().unwrap_or_default();
+    for option in ["nosuid", "nodev", "noexec"] {
+        assert!(mountinfo.contains(option), "{option} not in {mountinfo}");
+    }
+}
+
 /// Removes the record at `.0` when dropped, unless `.1`: it was there
 /// before the test.
 struct NoNewRecord<'a>(&'a std::path::Path, bool);
