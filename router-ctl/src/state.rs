@@ -174,6 +174,18 @@ pub struct State {
 
 pub const FORMAT: u32 = 1;
 
+impl State {
+    /// The forward chains this router's attach accepted bypassing (none:
+    /// it bypassed none, so every chain found is bypassed unasked), or
+    /// `None` where it accepted whatever there is: a bypass recorded by an
+    /// older router-ctl, which kept no list.
+    #[must_use]
+    pub fn accepted_forward_chains(&self) -> Option<&[String]> {
+        (!self.bypasses_forward_rules || !self.bypassed_forward_chains.is_empty())
+            .then_some(self.bypassed_forward_chains.as_slice())
+    }
+}
+
 /// The record, if there is one.
 pub fn load(netns: Option<&str>) -> Result<Option<State>> {
     let path = state_path(netns);
@@ -546,6 +558,18 @@ mod tests {
         // Recorded before standalone mode clamped the MSS: its data path
         // did not, so the next attach sees a change and replaces it.
         assert_eq!(s.config.mss_clamp, crate::config::MssClamp::Off);
+        // No bypass: every forward chain found is reported.
+        assert_eq!(s.accepted_forward_chains(), Some(&[][..]));
+        // A bypass recorded without its chains (a build that kept none):
+        // whatever there is was accepted.
+        let mut s = s;
+        s.bypasses_forward_rules = true;
+        assert_eq!(s.accepted_forward_chains(), None);
+        s.bypassed_forward_chains = vec!["nftables table inet fw chain forward (1 rule)".into()];
+        assert_eq!(
+            s.accepted_forward_chains(),
+            Some(&s.bypassed_forward_chains[..])
+        );
     }
 
     #[test]

@@ -375,12 +375,8 @@ fn standalone_problems(ctx: &Ctx, r: &State) -> Vec<String> {
             )
         })
         .collect();
-    if !r.bypasses_forward_rules || !r.bypassed_forward_chains.is_empty() {
-        found.extend(
-            standalone::bypassed_unasked(&r.bypassed_forward_chains)
-                .ok()
-                .flatten(),
-        );
+    if let Some(accepted) = r.accepted_forward_chains() {
+        found.extend(standalone::bypassed_unasked(accepted).ok().flatten());
     }
     found
 }

@@ -688,14 +688,15 @@ pub(super) fn repair_standalone(ctx: &Ctx, status: &mut DaemonStatus, checked_ns
 /// nothing said). Said once when they appear, with what to do, and once
 /// when they are gone; `status` and the status page say it meanwhile.
 fn note_bypassed_forward_rules(status: &mut DaemonStatus, rec: &state::State) {
-    let now = if rec.bypasses_forward_rules && rec.bypassed_forward_chains.is_empty() {
-        None
-    } else {
+    let now = match rec.accepted_forward_chains() {
+        None => None,
         // Unreadable (nft failing): as it was.
-        let Ok(now) = standalone::bypassed_unasked(&rec.bypassed_forward_chains) else {
-            return;
-        };
-        now
+        Some(accepted) => {
+            let Ok(now) = standalone::bypassed_unasked(accepted) else {
+                return;
+            };
+            now
+        }
     };
     if now == status.forward_rules_bypassed {
         return;

@@ -181,6 +181,27 @@ fn a_verifier_rejection_shows_the_end_of_its_log() {
     assert_eq!(prog_ids(&after), prog_ids(&before));
 }
 
+/// `sh -c script` (bounded) in a private mount namespace of its own:
+/// what it mounts or unmounts leaves nothing behind.
+fn in_private_mount_namespace(script: &str) -> Output {
+    Command::new("timeout")
+        .args([
+            "-k",
+            "5",
+            "60",
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn bpffs_that_cannot_be_mounted() {
@@ -192,22 +213,7 @@ fn bpffs_that_cannot_be_mounted() {
         router_ctl_bin().display(),
         t.ns_name(Ns::Router)
     );
-    let o = Command::new("timeout")
-        .args([
-            "-k",
-            "5",
-            "60",
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let o = in_private_mount_namespace(&script);
     let e = fails_with(
         &o,
         &[
@@ -238,22 +244,7 @@ fn a_bpffs_router_ctl_mounts_is_root_only() {
         router_ctl_bin().display(),
         t.ns_name(Ns::Router)
     );
-    let o = Command::new("timeout")
-        .args([
-            "-k",
-            "5",
-            "60",
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let o = in_private_mount_namespace(&script);
     let (out, e) = (stdout(&o), stderr(&o));
     assert!(o.status.success(), "{out}{e}");
     assert!(e.contains("mounted bpffs at /sys/fs/bpf"), "{e}");
