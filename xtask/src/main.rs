@@ -325,18 +325,31 @@ fn test(args: &[String]) -> Result<(), String> {
             "--test-threads=1",
         ])
         .args(args));
-    if let Ok(list) = std::fs::read_to_string(&skipped) {
-        eprintln!(
-            "xtask test: {} test(s) SKIPPED on this machine (they passed nothing):\n{list}",
-            list.lines().count()
-        );
-    }
-    if tested.is_err()
-        && let Ok(said) = std::fs::read_to_string(&failed)
-    {
-        eprintln!("xtask test: what the failing tests said (shortened):\n{said}");
+    // Printed last, whatever failed: the benchmark's smoke run below adds
+    // what it left out.
+    let report_skipped = || {
+        if let Ok(list) = std::fs::read_to_string(&skipped) {
+            eprintln!(
+                "xtask test: {} test(s) SKIPPED on this machine (they passed nothing):\n{list}",
+                list.lines().count()
+            );
+        }
+    };
+    if tested.is_err() {
+        report_skipped();
+        if let Ok(said) = std::fs::read_to_string(&failed) {
+            eprintln!("xtask test: what the failing tests said (shortened):\n{said}");
+        }
     }
     tested?;
+    let rest = demo_and_smoke(args);
+    report_skipped();
+    rest
+}
+
+/// After the integration tests, unless a name filter picked some: the
+/// demo's walk-through and the benchmark's smoke run.
+fn demo_and_smoke(args: &[String]) -> Result<(), String> {
     // A name filter runs just those tests; flags such as --nocapture do not
     // count as one.
     if args.iter().all(|a| a.starts_with('-')) {

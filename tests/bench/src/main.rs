@@ -85,7 +85,14 @@ fn main() -> ExitCode {
     }
     if o.smoke {
         match smoke::check_artifacts(&o) {
-            Ok(n) => eprintln!("bench: smoke check passed ({n} runs, every path, all artifacts)"),
+            Ok((n, left_out)) if left_out.is_empty() => {
+                eprintln!("bench: smoke check passed ({n} runs, every path, all artifacts)");
+            }
+            Ok((n, left_out)) => eprintln!(
+                "bench: smoke check passed ({n} runs, every path, all artifacts) with what \
+                 this machine cannot run left out: {}",
+                left_out.join("; ")
+            ),
             Err(e) => {
                 eprintln!("bench: smoke check failed: {e}");
                 return ExitCode::FAILURE;

@@ -491,11 +491,17 @@ fn runnable_points(
             return Err(format!("the live-frame generator does not work: {e}"));
         }
         eprintln!("bench: skipping udp-live: {e}");
-        skipped.push(if refused {
-            format!("udp-live skipped: {e}")
+        let why = if refused {
+            e.clone()
         } else {
-            format!("udp-live skipped: BPF_PROG_RUN live-frame mode needs Linux >= 5.18: {e}")
-        });
+            format!("BPF_PROG_RUN live-frame mode needs Linux >= 5.18: {e}")
+        };
+        // The smoke run is part of `cargo xtask test`: its skip is listed
+        // with the tests' at the end.
+        if o.smoke {
+            tests::skipped("bench smoke: udp-live (the in-kernel generator)", &why);
+        }
+        skipped.push(format!("udp-live skipped: {why}"));
         points.retain(|p| p.workload != Workload::UdpLive);
     }
     Ok(points)

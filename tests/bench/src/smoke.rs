@@ -9,8 +9,9 @@ use crate::run::paths_of;
 /// every point of the run on each of its paths with a throughput above zero
 /// (offload runs: with the fast path's share, which carried packets), the
 /// goals, the frags experiment and every micro-benchmark case. Returns how
-/// many runs it checked.
-pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
+/// many runs it checked and what the run left out (results.json's
+/// `settings.skipped`: a workload this machine cannot run, with why).
+pub fn check_artifacts(o: &Opts) -> Result<(usize, Vec<String>), String> {
     let read = |name: &str| {
         let p = o.out.join(name);
         std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
@@ -25,10 +26,15 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
         serde_json::from_str(&read("results.json")?).map_err(|e| format!("results.json: {e}"))?;
     check_review_and_platform(&read("report.md")?, &json)?;
     let runs = json["runs"].as_array().ok_or("results.json has no runs")?;
-    let live_skipped = json["settings"]["skipped"].as_array().is_some_and(|v| {
-        v.iter()
-            .any(|x| x.as_str().is_some_and(|s| s.starts_with("udp-live")))
-    });
+    let left_out: Vec<String> = json["settings"]["skipped"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let live_skipped = left_out.iter().any(|s| s.starts_with("udp-live"));
     // The points that ran: all, but udp-live when it was skipped.
     let points: Vec<Point> = o
         .points()
@@ -89,7 +95,7 @@ pub fn check_artifacts(o: &Opts) -> Result<usize, String> {
             ));
         }
     }
-    Ok(runs.len())
+    Ok((runs.len(), left_out))
 }
 
 /// The flows rows: the xdp path's, and the control's when it ran, each

@@ -357,7 +357,10 @@ fn each_invalid_field_is_named_and_nothing_changes() {
         "noif",
         &text.replacen("lan = \"lan0\"", "lan = \"nope0\"", 1),
     );
-    assert_eq!(t.router_ctl(&["apply", f.path()]).status.code(), Some(1));
+    let o = t.router_ctl(&["apply", f.path()]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("nope0") && e.contains("interfaces.lan"), "{e}");
     // A missing file.
     let e = ctl_fails(&t, &["apply", "/nonexistent/router.toml"]);
     assert!(e.contains("/nonexistent/router.toml"), "{e}");

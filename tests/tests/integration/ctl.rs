@@ -104,10 +104,18 @@ pub fn assert_offload_without_daemon(t: &Topology) {
 
 /// The program ids of the two links in `status --json`.
 pub fn prog_ids(v: &Value) -> Vec<u64> {
-    v["links"]
+    let ids: Vec<u64> = v["links"]
         .as_array()
         .map(|a| a.iter().filter_map(|l| l["prog_id"].as_u64()).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    // Two links (LAN, WAN) each with its program: a missing or renamed
+    // field would make "the program is unchanged" compare nothing.
+    assert_eq!(
+        ids.len(),
+        2,
+        "status --json without the two links' programs: {v}"
+    );
+    ids
 }
 
 pub fn pin_dir(t: &Topology) -> PathBuf {

@@ -171,6 +171,11 @@ fn send_malformed(t: &Topology) {
 /// The attached program's `LOG_LEVEL` gate, read with bpftool from the
 /// program the status names.
 fn log_gate(t: &Topology) -> u32 {
+    log_gate_map(t).1
+}
+
+/// The current program's `LOG_LEVEL` map: its id and the gate's value.
+fn log_gate_map(t: &Topology) -> (u64, u32) {
     let status: serde_json::Value =
         serde_json::from_str(&t.router_ctl_ok(&["status", "--json"])).expect("status JSON");
     let prog_id = status["record"]["prog_id"].as_u64().expect("prog_id");
@@ -211,7 +216,10 @@ fn log_gate(t: &Topology) -> u32 {
                 u8::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex")
             })
             .collect();
-        return u32::from_ne_bytes(bytes[..4].try_into().unwrap());
+        return (
+            id.parse().unwrap(),
+            u32::from_ne_bytes(bytes[..4].try_into().unwrap()),
+        );
     }
     panic!("program {prog_id} has no LOG_LEVEL map: {prog}");
 }
@@ -309,15 +317,22 @@ fn no_data_path_lines_without_rust_log() {
     attach_and_print(&t, &[]);
     let mut d = Daemon::start(&t, None);
     let before = t.counter("flow_new_masquerade");
+    let malformed_before = t.counter("drop_malformed");
     udp_through(&t, 40_124, 5_354);
     send_malformed(&t);
     // The daemon drains the ring buffer on readiness and every tick: give
     // a line the time it would need to show.
     std::thread::sleep(Duration::from_secs(2));
+    // Both events happened: their lines were not printed for want of them.
     assert_eq!(
         t.counter("flow_new_masquerade"),
         before + 1,
         "no new flow admitted"
+    );
+    assert_eq!(
+        t.counter("drop_malformed"),
+        malformed_before + 1,
+        "the frame was not dropped as malformed"
     );
     d.stop();
     let out = d.output();
@@ -334,21 +349,39 @@ fn debug_log_follows_a_replaced_program() {
     let t = Topology::new();
     attach_and_print(&t, &[]);
     let d = Daemon::start(&t, Some("router_ebpf=debug"));
-    let old = t.router_ctl_ok(&["status", "--json"]);
+    let status = || -> serde_json::Value {
+        serde_json::from_str(&t.router_ctl_ok(&["status", "--json"])).expect("status JSON")
+    };
+    let old = status();
+    let (old_gate, level) = log_gate_map(&t);
+    assert_eq!(level, 4, "run with router_ebpf=debug set the gate");
     // A live replace loads a new program, with its own log and gate.
     attach_and_print(&t, &["--reload"]);
+    let new = status();
     assert_ne!(
-        old,
-        t.router_ctl_ok(&["status", "--json"]),
-        "the reload replaced nothing"
+        new["record"]["prog_id"], old["record"]["prog_id"],
+        "the reload replaced no program"
     );
-    // The daemon notices the new program (which starts with its log off)
-    // at its next tick (2 s).
+    assert_eq!(
+        new["record"]["replacements"].as_u64(),
+        old["record"]["replacements"].as_u64().map(|n| n + 1),
+        "the record counts no replacement"
+    );
+    // The new program has a gate of its own, which starts off (attach
+    // does not write it): a debug level in it is the daemon's doing.
+    assert_ne!(
+        log_gate_map(&t).0,
+        old_gate,
+        "the replaced program kept the old log gate"
+    );
+    // The daemon notices the new program at its next tick (2 s) and turns
+    // its gate on.
     let deadline = Instant::now() + Duration::from_secs(10);
     while log_gate(&t) != 4 {
         assert!(
             Instant::now() < deadline,
-            "the daemon did not turn the replaced program's log on; output:\n{}",
+            "the daemon did not turn the replaced program's log on; status: {}\noutput:\n{}",
+            status(),
             d.output()
         );
         std::thread::sleep(Duration::from_millis(200));

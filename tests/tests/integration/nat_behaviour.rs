@@ -154,10 +154,26 @@ fn check_filtering(setting: Option<Filtering>) {
         );
     }
     let _server = StunServer::start(Some(t.ns_name(Ns::Server)), STUN_ADDRS);
+    let stats = || -> Value {
+        serde_json::from_slice(&t.router_ctl_in(Ns::Router, &["stats", "--json"]).stdout)
+            .expect("stats --json")
+    };
+    let refused_before = refused(&stats());
     // Mapping test: 3 requests + 3 answers; filtering test: 1 + 1 at least.
     let b = on_fast_path(&t, Ns::Router, 8, || {
         classify_in(&t, Ns::Client, any_port())
     });
+    // The filtered answers came and the router refused them (the
+    // classifier would report the same class if they never came): at least
+    // one per test the filter fails (the client sends again until its
+    // wait ends), none for endpoint-independent filtering.
+    let refused = refused(&stats()) - refused_before;
+    println!("refused {refused} answer(s)");
+    match expected {
+        Filtering::EndpointIndependent => assert_eq!(refused, 0, "{b:?}"),
+        Filtering::AddressDependent => assert!(refused >= 1, "none refused: {b:?}"),
+        Filtering::AddressAndPortDependent => assert!(refused >= 2, "{refused} refused: {b:?}"),
+    }
     assert_eq!(b.mapping, Mapping::EndpointIndependent, "{b:?}");
     assert_eq!(
         b.mapped[0].port(),

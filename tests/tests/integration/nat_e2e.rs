@@ -116,8 +116,8 @@ fn port_forward_reaches_the_lan_service() {
     t.router_ctl_ok(&["forward", "del", "udp", "64738"]);
     // The same rule again is a no-op, a different target a conflict.
     t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
-    let o = t.router_ctl(&["forward", "add", "tcp", "8080", "192.168.50.2:81"]);
-    assert!(!o.status.success(), "conflicting rule accepted");
+    let e = crate::ctl::ctl_fails(&t, &["forward", "add", "tcp", "8080", "192.168.50.2:81"]);
+    assert!(e.contains("conflicts with existing rule tcp 8080"), "{e}");
     let rules: Value =
         serde_json::from_str(&t.router_ctl_ok(&["forward", "list", "--json"])).unwrap();
     assert_eq!(rules.as_array().map(Vec::len), Some(2), "{rules}");

@@ -239,12 +239,12 @@ fn hostile_wan_input_creates_no_state_and_reaches_no_lan_host() {
     }
     // Every IPv4 packet the server sent is counted once, as unsolicited
     // (echo requests to the router itself: protocol); a veth could drop a
-    // few under load, so no more than that, and not nothing.
+    // few under load (at most a tenth here), so no more than that.
     let counted = counter_delta(&before, &after, "pass_unsolicited")
         + counter_delta(&before, &after, "pass_protocol");
     assert!(
-        counted > 0 && counted <= total,
-        "{counted} WAN packets counted for {total} sent"
+        counted * 10 >= total * 9 && counted <= total,
+        "{counted} WAN packets counted as unsolicited for {total} sent"
     );
     let count = count_json(&t);
     assert_eq!(count["flows"], 2, "state created: {count}");
