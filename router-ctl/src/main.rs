@@ -594,9 +594,9 @@ fn run(cli: Cli) -> Result<i32> {
     // Entering a namespace needs CAP_SYS_ADMIN; metrics does not enter it.
     let enters = cli.netns.is_some() && !matches!(cli.cmd, Cmd::Metrics { .. });
     caps::require(name, need, enters)?;
-    if cli.netns.is_none() {
-        pins::refuse_ip_netns_exec()?;
-    }
+    // With `-n` too: inside `ip netns exec` the pins would still go into
+    // its private bpffs, whichever namespace router-ctl then enters.
+    pins::refuse_ip_netns_exec()?;
     let ctx = Ctx::new(cli.netns.clone());
     if let Cmd::Metrics { listen } = cli.cmd {
         // Bind before anything else, in the caller's namespace.

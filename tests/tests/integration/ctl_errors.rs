@@ -284,7 +284,7 @@ fn ip_netns_exec_is_refused_with_the_n_command() {
     // Should an attach get through after all, the host's state keeps no
     // record of it (also when an assertion below fails).
     let _guard = NoNewRecord(&record, had_record);
-    for args in [&["attach", LAN_IF, WAN_IF][..], &["status"], &["detach"]] {
+    let refused = |args: &[&str]| {
         let o = Command::new("timeout")
             .args(["-k", "5", "60", "ip", "netns", "exec", ns])
             .arg(router_ctl_bin())
@@ -299,9 +299,29 @@ fn ip_netns_exec_is_refused_with_the_n_command() {
                 &format!("router-ctl -n {ns} ..."),
             ],
         );
+    };
+    for args in [&["attach", LAN_IF, WAN_IF][..], &["status"], &["detach"]] {
+        refused(args);
     }
     assert!(xdp_progs(&t, LAN_IF).is_empty(), "attached");
     assert_eq!(record.exists(), had_record, "a record of the host's router");
+    // With `-n` as well, on a router attached from the host: its pins are
+    // not in that private bpffs, so status would say they are lost and
+    // detach would remove its record, an attach pin where none lasts.
+    let _detach = DetachOnDrop(&t);
+    // Standalone: without a daemon to run, `status` says attached.
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let ours = prog_ids(&status(&t).0);
+    for args in [&["status"][..], &["detach"], &["attach", LAN_IF, WAN_IF]] {
+        refused(&[&["-n", ns][..], args].concat());
+    }
+    let (v, code) = status(&t);
+    assert_eq!(
+        (code, &v["state"]),
+        (0, &serde_json::json!("attached")),
+        "{v}"
+    );
+    assert_eq!(prog_ids(&v), ours, "{v}");
 }
 
 /// A reader that closes the pipe early ends a one-shot command quietly
