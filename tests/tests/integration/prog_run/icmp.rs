@@ -242,6 +242,33 @@ fn icmp_errors_with_embedded_headers() {
         assert_eq!(r.flows(), flows, "ICMP errors leave the flows as they were");
         assert_eq!(mappings(r), held, "and their mappings");
 
+        // An error about a live flow from a martian source, the router's
+        // own address or a LAN host's (RFC 1812 5.3.7, 5.3.8): not
+        // forwarded, the kernel drops it.
+        for (sender, counter) in [
+            ([127, 0, 0, 1], Counter::PassFibNotForwarded),
+            ([0, 0, 0, 0], Counter::PassFibNotForwarded),
+            ([224, 0, 0, 1], Counter::PassFibNotForwarded),
+            ([240, 0, 0, 1], Counter::PassFibNotForwarded),
+            ([255, 255, 255, 255], Counter::PassFibNotForwarded),
+            (WAN, Counter::PassUnsolicited),
+            (CLIENT2, Counter::PassUnsolicited),
+        ] {
+            let mut spoofed = err(ICMP_DEST_UNREACH, 3, &udp_wan.bytes(), WAN);
+            spoofed.src = sender;
+            r.pass(
+                &format!("error about a live flow from {sender:?}"),
+                &env.server_sends(&spoofed),
+                wan,
+                counter,
+            );
+        }
+        assert_eq!(
+            r.flows(),
+            flows,
+            "the spoofed errors left the flows as they were"
+        );
+
         // Not translatable: passed untouched.
         let unknown = Ipv4::new(WAN, SERVER, Udp::new(1111, 53, b"not ours")).ttl(63);
         let e1 = err(ICMP_DEST_UNREACH, 3, &unknown.bytes(), WAN);
