@@ -17,7 +17,7 @@
 //! segment over a live connection resets it), a port unreachable for UDP.
 //! So the answer goes from the WAN address, quoting the packet as its
 //! sender sent it, back out of the interface it came in on (the WAN; the
-//! LAN for a hairpinned packet too large) to the MAC the packet came from. Rate-limited per CPU at
+//! LAN for a hairpinned flow's packet) to the MAC the packet came from. Rate-limited per CPU at
 //! Linux's global defaults for its ICMP errors (`icmp_msgs_per_sec` 1000,
 //! burst 50; Linux also limits each destination, this does not): past the
 //! limit the packet is dropped unanswered. A later fragment is never
@@ -25,8 +25,9 @@
 //!
 //! Time Exceeded also answers a WAN packet of no flow yet that a
 //! port-forward rule would open (a TTL-limited SYN to a forwarded port).
-//! Left to the kernel as before (`pass_ttl_exceeded`): LAN packets (the
-//! kernel forwards them and answers the LAN host itself), other packets of
+//! Left to the kernel as before (`pass_ttl_exceeded`): LAN packets other
+//! than a hairpinned flow's (the kernel forwards them and answers the LAN
+//! host itself; a hairpin's first packet too), other packets of
 //! no flow the data path carries (the router's own traffic: a traceroute to
 //! its WAN address gets the kernel's port unreachable), offloaded flows'
 //! (the kernel's conntrack translates them), and a header with a wrong
@@ -52,7 +53,7 @@ use crate::{
     Packed, Verdict, admit,
     flow::{self, StackKey},
     maps::DEVICES,
-    parse::{self, header},
+    parse::{self, Ingress, header},
 };
 
 /// Linux's `icmp_msgs_per_sec` default: the steady rate of answers, per
@@ -119,22 +120,39 @@ pub fn fragmentation_needed(ctx: &XdpContext, now: u64, mtu: u16) -> Verdict {
 
 /// The time of the packet, if it is a WAN packet of a flow the data path
 /// carries (the hit of its side, not offloaded) or would open through a
-/// port-forward rule, with a right header checksum, addressed to the
-/// router's MAC.
+/// port-forward rule, or a LAN packet of a hairpinned flow (to the WAN
+/// address), with a right header checksum, addressed to the router's MAC.
 #[inline(always)]
 fn flow_of(ctx: &XdpContext) -> Option<u64> {
     let eth: &[u8; eth::LEN] = header(ctx, 0).ok()?;
     let ip: &[u8; ipv4::LEN] = header(ctx, frame::IPV4).ok()?;
     let side = parse::ingress(ctx)?;
-    // A later fragment is never answered (RFC 1812 4.3.2.7, RFC 1122
-    // 3.2.2): it has no ports, and its payload read as ports could match
-    // a flow.
-    if side.from_lan || !header_checksum_ok(ip) || !fragment_is_first(ip) {
+    // From the LAN only a hairpinned flow's: addressed to the WAN address,
+    // the router's stack would take it as its own (a TCP segment answered
+    // with a reset of the LAN host's connection, as `tcptraceroute` to the
+    // service's public address from inside would cause). Others the kernel
+    // forwards, and answers itself when their TTL runs out. A later
+    // fragment is never answered (RFC 1812 4.3.2.7, RFC 1122 3.2.2): it
+    // has no ports, and its payload read as ports could match a flow.
+    if !header_checksum_ok(ip) || !fragment_is_first(ip) {
         return None;
     }
     parse::addressed_to_us(ctx, eth, side, VMAC_IPV4).ok()?;
     let (sport, dport) = parse::ports(ctx, ip, frame::L4, false).ok()??;
     let key = StackKey::of(ip, sport, dport);
+    if side.from_lan {
+        // A branch of its own, where the side is a constant: the side as a
+        // value kept across the lookup grew this path's frame past the
+        // combined stack limit of its call chain.
+        if key.0.dst_addr != side.cfg.wan_addr {
+            return None;
+        }
+        let lan = Ingress {
+            cfg: side.cfg,
+            from_lan: true,
+        };
+        return flow::own_hit(&key.0, lan).map(|(_, now)| now);
+    }
     if let Some((_, now)) = flow::own_hit(&key.0, side) {
         return Some(now);
     }

@@ -213,3 +213,60 @@ fn a_wan_packet_of_a_flow_whose_ttl_ran_out_gets_time_exceeded() {
         );
     });
 }
+
+/// A hairpinned flow (a LAN host to a port forward of the WAN address,
+/// back into the LAN): its LAN packet whose TTL ran out is answered from
+/// the WAN address out of the LAN, quoting it as sent (passed, the
+/// router's own stack would take it and reset the connection); a
+/// hairpin's first packet stays the kernel's.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_hairpinned_packet_whose_ttl_ran_out_gets_time_exceeded() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let lan = r.lan;
+        r.forward(IPPROTO_TCP, 8080, CLIENT, 80);
+        let first = Ipv4::new(CLIENT, WAN, Tcp::new(40400, 8080, TCP_SYN));
+        r.pass(
+            "a hairpin's first packet, TTL 1",
+            &env.client_sends(&first.clone().ttl(1)),
+            lan,
+            Counter::PassTtlExceeded,
+        );
+        let mut back = first.clone();
+        back.src = WAN;
+        back.dst = CLIENT;
+        back.ttl -= 1;
+        back.l4 = Tcp::new(40400, 80, TCP_SYN).into();
+        r.redirect(
+            "the hairpin's SYN",
+            &env.client_sends(&first),
+            lan,
+            &env.to_client(&back),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewHairpin],
+        );
+        let flows = r.flows();
+        let probe = Ipv4::new(CLIENT, WAN, Tcp::new(40400, 8080, TCP_ACK)).ttl(1);
+        let mut expect = Ipv4::new(
+            WAN,
+            CLIENT,
+            Icmp::error(ICMP_TIME_EXCEEDED, 0, &probe.bytes()[..28]),
+        );
+        expect.tos = 0xc0;
+        expect.id = 0;
+        expect.frag = IP_DF;
+        expect.ttl = 64;
+        let run = r.check(
+            "the hairpinned flow's segment, TTL 1",
+            &env.client_sends(&probe),
+            lan,
+            XDP_REDIRECT,
+            &env.to_client(&expect),
+            Counter::DropTtlExceededAnswered,
+            &[],
+        );
+        frames::verify_checksums(&run.out);
+        assert_eq!(r.flows(), flows, "the flow untouched");
+    });
+}
