@@ -308,6 +308,7 @@ pub fn parse_file_as(
                 ForwardRules::Refuse
             },
             bypass_how: None,
+            apply_file: None,
             reload: false,
             object: None,
         },
@@ -798,7 +799,15 @@ pub fn apply_waiting(ctx: &Ctx, path: &Path, check: bool, wait: std::time::Durat
     args.bypass_how = Some(format!(
         "set `bypass_forward_rules = true` in [router] of {name}"
     ));
+    args.apply_file = Some(name.clone());
     if check {
+        // What a fresh attach would refuse on the interfaces themselves
+        // (another tool's XDP program, a peer that drops the fast path's
+        // frames); an attached router's programs are its own.
+        if state::load(ctx.ns()).ok().flatten().is_none() {
+            lifecycle::check_interfaces(&args, &cfg)
+                .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
+        }
         if args.admit == AdmitMode::Xdp {
             lifecycle::check_firewall(
                 args.forward_rules,

@@ -307,6 +307,9 @@ pub struct AttachArgs {
     /// `--bypass-forward-rules`;
     /// `apply`: the file's key).
     pub bypass_how: Option<String>,
+    /// The file an `apply` reads (`None`: the command line), so that a
+    /// refusal says what to change there rather than which flag to pass.
+    pub apply_file: Option<String>,
     /// Replace the program even when object and configuration are unchanged.
     pub reload: bool,
     /// Load this object instead of the embedded one (hidden, for tests).
@@ -599,16 +602,16 @@ fn resolve_saying(a: &AttachArgs, say: bool) -> Result<RouterConfig, ConfigError
         netlink::ifindex(lan).map_err(|e| ConfigError::new(ConfigField::Lan, e.to_string()))?;
     let wan_idx =
         netlink::ifindex(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
-    let lan_mac = netlink::mac(lan, lan_idx)
-        .map_err(|e| ConfigError::new(ConfigField::Lan, format!("{e:#}")))?;
-    let wan_mac = netlink::mac(wan, wan_idx)
-        .map_err(|e| ConfigError::new(ConfigField::Wan, format!("{e:#}")))?;
     if lan_idx == wan_idx {
         return Err(ConfigError::new(
             ConfigField::Wan,
             format!("LAN and WAN are the same interface ({lan}); give two different interfaces"),
         ));
     }
+    let lan_mac = netlink::mac(lan, lan_idx)
+        .map_err(|e| ConfigError::new(ConfigField::Lan, format!("{e:#}")))?;
+    let wan_mac = netlink::mac(wan, wan_idx)
+        .map_err(|e| ConfigError::new(ConfigField::Wan, format!("{e:#}")))?;
     let wan_addrs =
         netlink::ipv4_addrs(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
     let wan_addr = resolve_wan_addr(a, &wan_addrs, say)?;
@@ -659,6 +662,7 @@ mod tests {
             force: false,
             forward_rules: ForwardRules::Refuse,
             bypass_how: None,
+            apply_file: None,
             reload: false,
             object: None,
         }

@@ -565,6 +565,7 @@ fn attach_args(ctx: &Ctx, o: AttachOpts) -> Result<AttachArgs> {
             ForwardRules::Refuse
         },
         bypass_how: None,
+        apply_file: None,
         reload: o.reload,
         object: o.object,
     })

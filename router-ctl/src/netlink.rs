@@ -933,12 +933,21 @@ pub fn ifindex(name: &str) -> Result<u32> {
 /// the data path compares frames' destinations with.
 pub fn mac(name: &str, ifindex: u32) -> Result<[u8; 6]> {
     let attrs = link(ifindex).with_context(|| format!("reading the link of {name}"))?;
-    attrs.mac.ok_or_else(|| {
-        anyhow!(
+    match attrs.mac {
+        // The loopback interface's (a typo for the LAN or WAN, say): no
+        // host sends to it, and XDP on it would only take the router's own
+        // traffic.
+        Some([0, 0, 0, 0, 0, 0]) => bail!(
+            "{name} has no Ethernet address of its own (00:00:00:00:00:00: the loopback \
+             interface?): the XDP router forwards between Ethernet interfaces; give the LAN \
+             and WAN interfaces (`ip link`)"
+        ),
+        Some(m) => Ok(m),
+        None => bail!(
             "{name} has no Ethernet address (`ip link show {name}`): the XDP router forwards \
              Ethernet frames only; attach it to Ethernet interfaces"
-        )
-    })
+        ),
+    }
 }
 
 /// `aa:bb:cc:dd:ee:ff`, as `ip link` shows a MAC address.

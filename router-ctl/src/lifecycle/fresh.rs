@@ -36,21 +36,7 @@ pub fn fresh(
     obj: &Object,
     forwards: &[(PortForwardKey, PortForwardTarget)],
 ) -> Result<()> {
-    check_foreign(&a.lan, desired.lan_ifindex, a.force)?;
-    check_foreign(&a.wan, desired.wan_ifindex, a.force)?;
-    let generic_asked = match a.mode {
-        crate::config::Mode::Generic => Some(true),
-        crate::config::Mode::Native => Some(false),
-        crate::config::Mode::Auto => None,
-    };
-    let blockers = doctor::attach_blockers(&a.lan, &a.wan, generic_asked);
-    if !blockers.is_empty() && !a.force {
-        bail!(super::Unretryable(format!(
-            "{}; the fast path would drop those frames while counting them forwarded: fix \
-             it, attach with --mode generic, or pass --force to attach anyway",
-            blockers.join("; ")
-        )));
-    }
+    let generic_asked = check_interfaces(a, desired)?;
     for w in doctor::attach_warnings(&a.lan, &a.wan, generic_asked) {
         warn!("{w}");
     }
@@ -269,8 +255,70 @@ fn print_attached(
     println!("pins in {}", ctx.pin_dir.display());
 }
 
+/// What a fresh attach refuses on its interfaces (unless forced), which
+/// waiting does not change: another tool's XDP program, or a peer that
+/// would drop the fast path's frames (`doctor::attach_blockers`); also
+/// asked by `apply --check` for a router not attached yet. Returns the
+/// mode asked (`Some(true)`: generic).
+pub fn check_interfaces(a: &AttachArgs, desired: &RouterConfig) -> Result<Option<bool>> {
+    let how = Fixes::of(a);
+    check_foreign_saying(&a.lan, desired.lan_ifindex, a.force, &how)?;
+    check_foreign_saying(&a.wan, desired.wan_ifindex, a.force, &how)?;
+    let generic_asked = match a.mode {
+        crate::config::Mode::Generic => Some(true),
+        crate::config::Mode::Native => Some(false),
+        crate::config::Mode::Auto => None,
+    };
+    let blockers = doctor::attach_blockers(&a.lan, &a.wan, generic_asked);
+    if !blockers.is_empty() && !a.force {
+        bail!(super::Unretryable(format!(
+            "{}; the fast path would drop those frames while counting them forwarded: fix \
+             it, {}, or {} to attach anyway",
+            blockers.join("; "),
+            how.generic,
+            how.force
+        )));
+    }
+    Ok(generic_asked)
+}
+
+/// How a refusal of [`check_interfaces`] says to go on: with `attach`'s
+/// flags, or for an `apply` what to set in its file (which has no
+/// `--force`: one forced attach, after which the file applies in place).
+struct Fixes {
+    generic: String,
+    force: String,
+}
+
+impl Fixes {
+    /// `attach`'s flags.
+    fn flags() -> Self {
+        Self {
+            generic: "attach with --mode generic".into(),
+            force: "pass --force".into(),
+        }
+    }
+
+    fn of(a: &AttachArgs) -> Self {
+        match &a.apply_file {
+            None => Self::flags(),
+            Some(file) => Self {
+                generic: format!("set `mode = \"generic\"` in [interfaces] of {file}"),
+                force: format!(
+                    "run `router-ctl attach {} {} --force` once (then apply {file} again)",
+                    a.lan, a.wan
+                ),
+            },
+        }
+    }
+}
+
 /// Refuses (or with `force` removes) XDP programs router-ctl did not attach.
 pub(super) fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
+    check_foreign_saying(iface, idx, force, &Fixes::flags())
+}
+
+fn check_foreign_saying(iface: &str, idx: u32, force: bool, how: &Fixes) -> Result<()> {
     let attrs = netlink::link(idx).with_context(|| format!("reading {iface}'s XDP state"))?;
     for (prog_id, flag) in attrs.xdp.programs() {
         let mode = match flag {
@@ -282,8 +330,9 @@ pub(super) fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
             bail!(super::Unretryable(format!(
                 "{iface} already has an XDP program (id {prog_id}, {mode} mode) that router-ctl \
                  did not attach; remove it (`ip link set dev {iface} {} off`, or detach the \
-                 tool that owns it), or pass --force to replace it",
-                doctor::xdp_off_keyword(mode)
+                 tool that owns it), or {} to replace it",
+                doctor::xdp_off_keyword(mode),
+                how.force
             )));
         }
         if let Err(e) = netlink::xdp_detach(idx, flag) {

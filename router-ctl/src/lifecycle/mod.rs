@@ -39,6 +39,7 @@ use router_common::maps::{Config, PortForwardKey, PortForwardTarget};
 use tracing::{info, warn};
 
 pub use detach::{detach, detach_orphaned, orphaned};
+pub use fresh::check_interfaces;
 
 use crate::{
     clock,

@@ -11,7 +11,7 @@ use tests::{CLIENT_ADDR, Ns, ROUTER_WAN_ADDR, SERVER_ADDR, Topology, pattern, so
 
 use crate::ctl::*;
 
-fn shipped_example() -> PathBuf {
+pub(crate) fn shipped_example() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/router.toml")
 }
 

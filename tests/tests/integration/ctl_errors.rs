@@ -110,6 +110,9 @@ fn missing_interfaces_and_namespaces() {
     assert!(e.contains("\"eth9\""), "{e}");
     let e = ctl_fails(&t, &["attach", LAN_IF, LAN_IF]);
     assert!(e.contains("same interface"), "{e}");
+    // The loopback interface (a typo): refused, naming it.
+    let e = ctl_fails(&t, &["attach", LAN_IF, "lo"]);
+    assert!(e.contains("lo has no Ethernet address of its own"), "{e}");
     assert!(xdp_progs(&t, LAN_IF).is_empty() && !pin_dir(&t).exists());
     let o = t.router_ctl(&["doctor", "nope0"]);
     assert_eq!(o.status.code(), Some(1));

@@ -582,6 +582,20 @@ fn a_foreign_xdp_program_is_refused_unless_forced() {
     // Until someone removes it: exit 78, which the service does not
     // restart on.
     assert_eq!(o.status.code(), Some(78), "{err}");
+    // From a file: `apply --check` sees it too (the service's start would
+    // be refused), and both say what to run, not a flag `apply` lacks.
+    let file = crate::apply::shipped_example();
+    let file = file.to_str().unwrap();
+    for args in [&["apply", "--check", file][..], &["apply", file]] {
+        let o = t.router_ctl(args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(78), "{args:?}: {err}");
+        assert!(
+            err.contains("lan0 already has an XDP program")
+                && err.contains("run `router-ctl attach lan0 wan0 --force` once"),
+            "{args:?}: {err}"
+        );
+    }
     assert_eq!(
         xdp_progs(&t, LAN_IF),
         lan_foreign,
