@@ -189,8 +189,11 @@ pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
     gc_tmp(ctx);
     let dir = &ctx.pin_dir;
     let running = inspect(dir);
-    let record = state::load(ctx.ns()).ok().flatten();
-    remember_mode(ctx, super::mode_of(running.config, record.as_ref()));
+    // The namespace is gone: nothing of its router is kept, its mode
+    // neither (a detach notes it for the next attach there; none comes to
+    // a namespace torn down, and such notes would pile up on a host that
+    // makes and deletes them).
+    state::forget_last_mode(ctx.ns());
     let rules = forward::rules(&ctx.maps());
     let live = live_links(&running);
     let left = if running.any_pins() {

@@ -264,14 +264,12 @@ fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
     let out = t.router_ctl_ok(&["detach"]);
     assert!(out.contains("is gone, and its interfaces with it"), "{out}");
     assert!(!pin_dir(&t).exists(), "pins left");
-    // Its mode is remembered for the next attach, as detach does.
+    // Nothing of it is kept, its mode neither (a detach notes it for the
+    // next attach there; none comes to a namespace that is gone).
+    let last_admit = format!("{}/{}.last-admit", tests::STATE_DIR, t.ns_name(Ns::Router));
     assert!(
-        std::path::Path::new(&format!(
-            "{}/{}.last-admit",
-            tests::STATE_DIR,
-            t.ns_name(Ns::Router)
-        ))
-        .exists()
+        !std::path::Path::new(&last_admit).exists(),
+        "{last_admit} left"
     );
     assert!(!state_file(&t).exists(), "record left");
     assert!(
