@@ -25,14 +25,20 @@
 //! forwarded is then lost, as the kernel cannot reassemble it without that
 //! one; an endpoint resends), a first fragment whose datagram key a live
 //! record of another translation holds (the record goes too: see
-//! [`send`]), and a fragment whose next hop has no neighbour (the kernel's
+//! [`send`]; so does any record under the key of a first fragment this
+//! path does not forward, [`retire_record`]), and a fragment whose next hop has no neighbour (the kernel's
 //! defragmentation would hold it translated, waiting for the fragments XDP
 //! forwards); one the FIB refuses goes with the FIB's reason. A record
 //! lives on for its timeout after its flow ends; the map is an LRU of 8192
 //! datagrams, so a sender that fills it with first fragments pushes older
 //! records out (their later fragments then go to the kernel).
 
-use aya_ebpf::{bindings::BPF_ANY, macros::map, maps::PerCpuArray, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{BPF_ANY, xdp_action},
+    macros::map,
+    maps::PerCpuArray,
+    programs::XdpContext,
+};
 use router_common::{
     hdr::{eth, frame, get_addr, get_u16, ipv4, min_len},
     maps::{
@@ -94,17 +100,56 @@ pub fn forward(ctx: &XdpContext) -> Packed {
     };
     let first = fragment_is_first(ip);
     let v = if first {
+        forget_key();
         translate_first(ctx)
     } else {
         translate_later(ctx)
     };
-    match v.unpack().counter {
+    let v = match v.unpack().counter {
         c if c == TRANSLATED.counter => send(ctx, first),
         c if c == NO_FLOW.counter => {
             leave_to_kernel(ctx);
             NOT_CARRIED.pack()
         }
         _ => v,
+    };
+    if first && v.unpack().action != xdp_action::XDP_REDIRECT {
+        retire_record();
+    }
+    v
+}
+
+/// Clears the scratch slot's datagram key (protocol 0, which no record
+/// has), so that [`retire_record`] removes nothing should the fragment
+/// not get as far as [`arrived`], which writes the key. A subprogram: the
+/// slot's index on the stack would give [`forward`] a frame, on top of
+/// which its steps' chains no longer fit the verifier's 512 bytes.
+#[inline(never)]
+fn forget_key() {
+    if let Some(s) = FRAGMENT_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, used by this program run only.
+        unsafe { (*s).key.proto = 0 };
+    }
+}
+
+/// A first fragment this path does not forward (its datagram goes to the
+/// kernel) retires a live record under its datagram's key: an earlier
+/// datagram's of the same identification within the record's timeout
+/// (a sender that picks identifications at random, or the router's own
+/// traffic under the same source, destination and protocol). Left in
+/// place, it would translate the new datagram's later fragments to the
+/// earlier one's host, while the kernel holds their first. As with two
+/// translated first fragments under one key (see [`send`]), neither
+/// datagram's later fragments can be told apart, so all go to the kernel.
+#[inline(never)]
+fn retire_record() {
+    let Some(s) = FRAGMENT_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, used by this program run only.
+    let s = unsafe { &*s };
+    if s.key.proto != 0 {
+        let _ = FRAGMENTS.remove(&s.key);
     }
 }
 

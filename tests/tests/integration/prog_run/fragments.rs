@@ -435,6 +435,58 @@ fn a_first_fragment_of_another_flow_does_not_take_a_live_record_over() {
     });
 }
 
+/// A first fragment this path does not carry (of no flow: here one to
+/// a port nothing listens on, the router's own) under a live record's key
+/// retires the record: the kernel holds that first fragment, so its
+/// datagram's later fragments go there too, not to the earlier
+/// datagram's host.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_uncarried_first_fragment_retires_a_live_record() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(config(&env)), |r| {
+        let (lan, wan) = (r.lan, r.wan);
+        let q = Ipv4::new(CLIENT, SERVER, Udp::new(40000, 53, b"query"));
+        r.redirect(
+            "query out",
+            &env.client_sends(&q),
+            lan,
+            &env.to_server(&snat(&q, 40000)),
+            Counter::FwdOutbound,
+            &[Counter::FlowNewMasquerade],
+        );
+        let answer = with_id(
+            Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(120))),
+            0x7777,
+        );
+        let to_client = dnat(&answer, CLIENT, 40000);
+        r.redirect(
+            "the answer's first fragment",
+            &env.server_sends(&fragments(&answer, CUT)[0]),
+            wan,
+            &env.to_client(&fragments(&to_client, CUT)[0]),
+            Counter::FwdFragment,
+            &[],
+        );
+        let other = with_id(
+            Ipv4::new(SERVER, WAN, Udp::new(53, 40099, &data(120))),
+            0x7777,
+        );
+        r.pass(
+            "a first fragment of no flow, same identification",
+            &env.server_sends(&fragments(&other, CUT)[0]),
+            wan,
+            Counter::PassFragment,
+        );
+        r.pass(
+            "its later fragment",
+            &env.server_sends(&fragments(&other, CUT)[1]),
+            wan,
+            Counter::PassFragment,
+        );
+    });
+}
+
 /// An outbound first fragment refreshes its flow's NAT mapping as an
 /// unfragmented packet does (RFC 4787 REQ-6): a flow whose outbound
 /// datagrams are all fragmented keeps its port.
