@@ -40,7 +40,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use router_common::{
-    hdr::{eth, frame, get_addr, get_u16, ipv4, min_len},
+    hdr::{eth, frame, get_addr, get_u16, ipv4, min_len, tcp},
     maps::{
         Admit, Counter, FRAGMENT_TIMEOUT_NS, FragmentKey, FragmentXlat, IPPROTO_TCP, VMAC_IPV4,
     },
@@ -330,6 +330,14 @@ fn of_first(
     if ip[ipv4::PROTO] == IPPROTO_TCP {
         if usize::from(get_u16(ip, ipv4::TOT_LEN)) < min_len::TCP {
             return Err(NOT_CARRIED);
+        }
+        // A data offset below the fixed header is malformed whatever the
+        // datagram's length, as the core and the options path judge it
+        // (one past this fragment's end cannot be judged without the
+        // datagram's).
+        let t: &[u8; tcp::LEN] = header(ctx, frame::L4)?;
+        if usize::from(t[tcp::DATA_OFF] >> 4) * 4 < tcp::LEN {
+            return Err(Verdict::drop(Counter::DropMalformed));
         }
         if parse::tcp_control(ctx, frame::L4)? {
             return Err(NOT_CARRIED);

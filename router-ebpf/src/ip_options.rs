@@ -188,6 +188,10 @@ fn header_checksum_ok(ctx: &XdpContext, hlen: usize) -> bool {
 const OPT_LSRR: u8 = 0x83;
 /// Option type of a strict source route (SSRR).
 const OPT_SSRR: u8 = 0x89;
+/// Option type of Record Route (RFC 791 3.1, RR).
+const OPT_RR: u8 = 0x07;
+/// Option type of Internet Timestamp (RFC 791 3.1, TS).
+const OPT_TS: u8 = 0x44;
 
 /// Options walked ([`plain_options`], no-operation bytes counted): the
 /// verifier walks each step's outcomes for every one before it, so few
@@ -201,7 +205,9 @@ const OPTIONS_WALKED: usize = 6;
 /// one-byte end and no-operation ones). What it could not walk to the end
 /// is not forwarded unseen (six no-operation bytes would hide a source
 /// route).
-#[inline(always)]
+// A subprogram of its own: the walk's values in `translate`'s frame grew
+// it past the 512 bytes of its call chains.
+#[inline(never)]
 fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
     let mut at = ipv4::LEN;
     for _ in 0..OPTIONS_WALKED {
@@ -228,11 +234,34 @@ fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
                 if len < 2 || at + len > hlen {
                     return false;
                 }
+                // Record Route and Timestamp carry a pointer into their own
+                // data: one before it (or an option too short for one) is
+                // malformed, which Linux's `ip_options_compile` answers
+                // with a Parameter Problem: the kernel's.
+                let pointer_ok = match kind {
+                    OPT_RR => pointer_at_least(ctx, at, len, 4),
+                    OPT_TS => pointer_at_least(ctx, at, len, 5),
+                    _ => true,
+                };
+                if !pointer_ok {
+                    return false;
+                }
                 at += len;
             }
         }
     }
     at >= hlen
+}
+
+/// Whether the option of `len` bytes at `at` of the IPv4 header has a
+/// pointer (its third byte) of at least `min` (and room for it).
+#[inline(always)]
+fn pointer_at_least(ctx: &XdpContext, at: usize, len: usize, min: u8) -> bool {
+    if len < usize::from(min) - 1 {
+        return false;
+    }
+    // SAFETY: bounds checked by ptr_at.
+    ptr_at::<u8>(ctx, frame::IPV4 + at + 2).is_ok_and(|p| unsafe { *p } >= min)
 }
 
 /// Sends the packet translated as the scratch slot says, if XDP can

@@ -347,6 +347,17 @@ fn tcp_fragments_with_the_whole_header_are_translated() {
                 );
             }
         }
+        // A data offset below the fixed 20 bytes: malformed, as unfragmented.
+        for doff in [0u8, 4] {
+            let mut first = env.server_sends(&fragments(&with_id(seg.clone(), 0x246a), CUT)[0]);
+            first[frames::L4_OFF + 12] = doff << 4;
+            r.drop_frame(
+                &format!("a first fragment with data offset {doff}"),
+                &first,
+                wan,
+                Counter::DropMalformed,
+            );
+        }
         // SYN, FIN or RST: the kernel's, whose state tracking sees it.
         let fin = Ipv4::new(
             SERVER,

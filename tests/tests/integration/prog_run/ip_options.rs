@@ -134,6 +134,16 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
                 "more than six options",
                 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0],
             ),
+            // Pointers Linux's option parsing refuses (a Parameter
+            // Problem): before a record route's or a timestamp's data.
+            (
+                "a record route pointing before its data",
+                [1, 1, 7, 7, 3, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a timestamp pointing before its data",
+                [0x44, 8, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
         ] {
             let mut routed = a.clone();
             routed.options = options.to_vec();
