@@ -7,9 +7,12 @@ use router_common::maps::{
     DEFAULT_MAX_FLOWS, FlowState, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, Timeouts,
 };
 
-/// Largest `--max-flows`: the conntrack map holds two entries per flow and
-/// its size is a `u32`.
-pub const MAX_FLOWS_LIMIT: u32 = u32::MAX / 2;
+/// Largest `--max-flows`: the conntrack map holds two entries per flow,
+/// and the kernel's hash maps hold at most 2^27 entries (`htab_map_alloc`
+/// refuses more buckets, of 16 bytes each, than a `u32` counts bytes of,
+/// `E2BIG`). Memory runs out well before on most routers (about 200 bytes
+/// an entry).
+pub const MAX_FLOWS_LIMIT: u32 = 1 << 26;
 
 /// Protocols a port-forward rule can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]

@@ -268,6 +268,14 @@ fn each_invalid_field_is_named_and_nothing_changes() {
             line_of("max_flows ="),
             "nat.max_flows",
         ),
+        // More than the kernel's largest hash map holds (two entries a
+        // flow, 2^27 entries): refused here, not by the attach.
+        (
+            "max_flows = 262144",
+            "max_flows = 67108865".into(),
+            line_of("max_flows ="),
+            "nat.max_flows",
+        ),
         (
             "icmp = 30",
             "icmp = -1".into(),
