@@ -803,8 +803,10 @@ pub fn apply_waiting(ctx: &Ctx, path: &Path, check: bool, wait: std::time::Durat
     if check {
         // What a fresh attach would refuse on the interfaces themselves
         // (another tool's XDP program, a peer that drops the fast path's
-        // frames); an attached router's programs are its own.
-        if state::load(ctx.ns()).ok().flatten().is_none() {
+        // frames); an attached router's programs are its own. Told by its
+        // pins, as attach tells it (a record outlives a reboot, the pins
+        // do not).
+        if !crate::inspect::inspect(&ctx.pin_dir).any_pins() {
             lifecycle::check_interfaces(&args, &cfg)
                 .with_context(|| format!("{name} cannot be applied, nothing was changed"))?;
         }

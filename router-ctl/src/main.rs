@@ -597,7 +597,7 @@ fn run(cli: Cli) -> Result<i32> {
     caps::require(name, need, enters)?;
     // With `-n` too: inside `ip netns exec` the pins would still go into
     // its private bpffs, whichever namespace router-ctl then enters.
-    pins::refuse_ip_netns_exec()?;
+    pins::refuse_ip_netns_exec(cli.netns.as_deref())?;
     let ctx = Ctx::new(cli.netns.clone());
     if let Cmd::Metrics { listen } = cli.cmd {
         // Bind before anything else, in the caller's namespace.
@@ -717,6 +717,7 @@ fn run(cli: Cli) -> Result<i32> {
                 marks: daemon::MarkOptions {
                     keep_in_kernel: keep_in_kernel_mark,
                     route_mask: route_mark_mask.unwrap_or(u32::MAX),
+                    given: keep_in_kernel_mark.is_some() || route_mark_mask.is_some(),
                 },
             },
         )

@@ -41,7 +41,9 @@ fn bpffs_mounted() -> bool {
 /// is not always readable to tell it from the host's), and no bpffs at
 /// [`BPFFS`] (`nsenter --net` into it keeps the host's mounts, and works);
 /// `-n NAME` is the way.
-pub fn refuse_ip_netns_exec() -> Result<()> {
+/// `asked`: the namespace `-n` named, if any (the one to name in the
+/// command to run instead).
+pub fn refuse_ip_netns_exec(asked: Option<&str>) -> Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     let Some(net) = id(Path::new("/proc/self/ns/net")) else {
@@ -57,10 +59,11 @@ pub fn refuse_ip_netns_exec() -> Result<()> {
     }) else {
         return Ok(());
     };
+    let target = asked.unwrap_or(&name);
     bail!(
         "router-ctl runs inside `ip netns exec {name}` (its network namespace, with a private \
          /sys without the bpffs): pins made here would vanish when it exits, and the router's \
-         own are not seen. Run it from the host's namespaces with `router-ctl -n {name} ...` \
+         own are not seen. Run it from the host's namespaces with `router-ctl -n {target} ...` \
          instead (see `-n NETNS` in the README)"
     )
 }

@@ -75,8 +75,9 @@ struct AnswerBudget {
 static ICMP_ANSWER_BUDGET: PerCpuArray<AnswerBudget> = PerCpuArray::with_max_entries(1, 0);
 
 /// Answers the packet of `ctx`, passed as `v` (`pass_ttl_exceeded`), with
-/// an ICMP Time Exceeded if it is a WAN packet of a flow the data path
-/// carries; else `v`.
+/// an ICMP Time Exceeded if it is a packet to the WAN address of a flow
+/// the data path carries (from the WAN, or a hairpinned one from the
+/// LAN; see [`flow_of`]); else `v`.
 // A BPF subprogram, called from the entry point for such packets only: its
 // frame stays off the entry point's, whose call chains are at the
 // verifier's 512 bytes.

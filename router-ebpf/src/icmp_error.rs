@@ -14,7 +14,7 @@ use router_common::{
 };
 
 use crate::{
-    Step, Verdict, admit, debug_log, flow,
+    Step, Verdict, debug_log, flow,
     hop::{fib, forward_l2},
     maps::event,
     parse::{Ingress, header},
@@ -70,16 +70,18 @@ pub fn forward(
     // The error's own sender, which no flow's key holds (an error is found
     // through the packet it quotes), so no hit's lookup vouches for it: a
     // martian source (RFC 1812 5.3.7: 0/8, 127/8, multicast, broadcast,
-    // 240/4) is not forwarded, nor from the WAN one with the router's own
-    // address (Linux's `fib_validate_source` drops both as martians) or
-    // one the FIB routes to the LAN (RFC 1812 5.3.8, as a port forward's
-    // first packet is judged: a LAN host's address forged from outside);
-    // the kernel gets them.
+    // 240/4) is not forwarded, nor from the WAN one with the router's WAN
+    // address (Linux drops both as martians); the kernel gets them. A
+    // source the FIB routes to the LAN is not refused: the routers on a
+    // path may use addresses a LAN route also covers (a carrier's
+    // 100.64/10 next to a VPN's route for it), and Linux's usual loose
+    // `rp_filter` takes any source with a route; a Fragmentation Needed
+    // refused would break path-MTU discovery.
     let sender = get_addr(ip, ipv4::SRC);
     if !forwardable_addr(sender) {
         return Err(Verdict::pass(Counter::PassFibNotForwarded));
     }
-    if !from_lan && (sender == cfg.wan_addr || admit::wan_source_in_lan(ctx, cfg.lan_ifindex)) {
+    if !from_lan && sender == cfg.wan_addr {
         return Err(unsolicited);
     }
     let proto = inner_ip[ipv4::PROTO];

@@ -23,8 +23,10 @@
 //! checksum or the fragment bits set, a source route (loose or strict,
 //! LSRR or SSRR: the kernel drops it unless `accept_source_route` says
 //! otherwise, as RFC 7126 4.3 and 4.4 advise; forwarded here it would
-//! bypass that), an option whose length is wrong or a list of more than
-//! six options, packets of no flow the
+//! bypass that), an option whose length is wrong, a record route or
+//! timestamp whose pointer lies before its data (Linux answers those with
+//! a Parameter Problem; one with no room left for its entry is still
+//! forwarded), or a list of more than six options, packets of no flow the
 //! data path carries, an offloaded flow's, a next hop the FIB refuses
 //! (with its reason) or without a neighbour.
 

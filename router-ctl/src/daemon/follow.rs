@@ -741,7 +741,8 @@ fn relink(ctx: &Ctx, status: &mut DaemonStatus) -> Result<Followed> {
     let Some(_lock) = state::try_lock(ctx.ns())? else {
         return Ok(Followed::LockBusy);
     };
-    match crate::lifecycle::relink::relink_gone(ctx, false) {
+    match crate::lifecycle::relink::relink_gone(ctx, false, "run `router-ctl attach` with --force")
+    {
         Ok(Some(said)) => {
             // On stderr at any log level, as the other changes it follows.
             eprintln!("router-ctl run: {said}");

@@ -180,6 +180,9 @@ pub struct MarkOptions {
     pub keep_in_kernel: Option<(u32, u32)>,
     /// The bits of the ct mark the packets are routed with.
     pub route_mask: u32,
+    /// Whether the command line named either (standalone mode reads
+    /// neither: said at the start).
+    pub given: bool,
 }
 
 impl RunOptions {
@@ -574,6 +577,7 @@ fn reopen(ctx: &Ctx, session: &mut Session) -> Result<()> {
     let marks = MarkOptions {
         keep_in_kernel: session.off.keep_in_kernel_mark,
         route_mask: session.off.route_mark_mask,
+        given: false,
     };
     let old = std::mem::replace(
         session,
@@ -829,9 +833,25 @@ fn say_started(session: &Session) {
     }
 }
 
+/// Said once at the start when the command line set what only offload
+/// mode reads (a router switched to it later reads them then).
+fn say_marks_unused(session: &Session, marks: MarkOptions) {
+    if marks.given && !session.kernel_mode {
+        tracing::warn!(
+            "--keep-in-kernel-mark and --route-mark-mask are read in offload mode only (attach \
+             --admit kernel); this router admits flows in XDP (standalone), where the kernel \
+             sees none of their connections: they do nothing until it is switched"
+        );
+    }
+}
+
 /// The daemon's last line on stderr: what goes on without it.
-fn say_stopping(session: &Session) {
-    if session.kernel_mode {
+fn say_stopping(session: &Session, detached: bool) {
+    if detached {
+        // Detached while it ran (it waited for the next attach): nothing
+        // of the router stays, on the fast path or off it.
+        eprintln!("router-ctl run: stopping; the router is detached, nothing is on the fast path");
+    } else if session.kernel_mode {
         eprintln!(
             "router-ctl run: stopping; the data path stays attached, {} offloaded flows stay \
              on the fast path until their lease ends, then the kernel carries them",
@@ -863,6 +883,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // before the daemon says it runs, so the log is on once it has said so.
     let mut dp_log = DataPathLog::start(ctx);
     say_started(&session);
+    say_marks_unused(&session, opts.marks);
     service::ready(&status_line(&session));
     let watchdog = service::watchdog_enabled();
     let listener = match opts.listener {
@@ -943,7 +964,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     }
     service::stopping();
     drop(dp_log);
-    say_stopping(&session);
+    say_stopping(&session, status.detached);
     Ok(())
 }
 

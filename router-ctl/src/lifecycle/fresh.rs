@@ -305,7 +305,9 @@ impl Fixes {
             Some(file) => Self {
                 generic: format!("set `mode = \"generic\"` in [interfaces] of {file}"),
                 force: format!(
-                    "run `router-ctl attach {} {} --force` once (then apply {file} again)",
+                    "run `router-ctl attach {} {} --force` once (with `-n NETNS` where the \
+                     router has one, and the file's `mode` and `max_flows` where it sets them, \
+                     which only a detach changes), then apply {file} again",
                     a.lan, a.wan
                 ),
             },
@@ -313,9 +315,20 @@ impl Fixes {
     }
 }
 
-/// Refuses (or with `force` removes) XDP programs router-ctl did not attach.
-pub(super) fn check_foreign(iface: &str, idx: u32, force: bool) -> Result<()> {
-    check_foreign_saying(iface, idx, force, &Fixes::flags())
+/// Refuses (or with `force` removes) XDP programs router-ctl did not
+/// attach; a refusal says to `force_how` (see [`force_how`]).
+pub(super) fn check_foreign(iface: &str, idx: u32, force: bool, force_how: &str) -> Result<()> {
+    let how = Fixes {
+        force: force_how.to_owned(),
+        ..Fixes::flags()
+    };
+    check_foreign_saying(iface, idx, force, &how)
+}
+
+/// How a refusal that only `--force` overrides says to force it, for the
+/// command `a` comes from (`attach`'s flag, or an `apply` file's way).
+pub(super) fn force_how(a: &AttachArgs) -> String {
+    Fixes::of(a).force
 }
 
 fn check_foreign_saying(iface: &str, idx: u32, force: bool, how: &Fixes) -> Result<()> {

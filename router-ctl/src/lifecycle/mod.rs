@@ -314,7 +314,7 @@ pub fn attach(
     // the maps; the rest of the attach then sees it attached.
     if running.any_pins()
         && replace::gone_links(&running).contains(&true)
-        && let Some(said) = relink::relink_gone(ctx, a.force)?
+        && let Some(said) = relink::relink_gone(ctx, a.force, &fresh::force_how(a))?
     {
         println!("{said}");
         running = inspect(&ctx.pin_dir);

@@ -22,7 +22,7 @@ use crate::{bpfsys, ctx::Ctx, doctor, netlink, pins::LINK_PINS, state};
 /// or none of those is back yet. `force`: replace another XDP program on
 /// the new interface, and attach over what would make its frames drop
 /// (as `attach --force`).
-pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
+pub fn relink_gone(ctx: &Ctx, force: bool, force_how: &str) -> Result<Option<String>> {
     let running = inspect(&ctx.pin_dir);
     let gone = gone_links(&running);
     let maps = ctx.maps();
@@ -82,7 +82,7 @@ pub fn relink_gone(ctx: &Ctx, force: bool) -> Result<Option<String>> {
                 info!("removed {}, left by a relink cut short", staged.display());
             }
         }
-        check_new(&names, &back, &modes, force)?;
+        check_new(&names, &back, &modes, force, force_how)?;
     }
     // Each interface in turn, all of its steps: one that fails leaves the
     // other's done and in the configuration, and itself as it was (gone,
@@ -134,9 +134,10 @@ fn check_new(
     back: &[(usize, u32)],
     modes: &[String; 2],
     force: bool,
+    force_how: &str,
 ) -> Result<()> {
     for &(role, idx) in back {
-        super::fresh::check_foreign(&names[role], idx, force)?;
+        super::fresh::check_foreign(&names[role], idx, force, force_how)?;
     }
     // The other side's mode is the one asked for: both sides alike (see
     // the fresh attach).
@@ -153,7 +154,7 @@ fn check_new(
     if !blockers.is_empty() && !force {
         bail!(Unretryable(format!(
             "{}; the fast path would drop those frames while counting them forwarded: fix it \
-             (the interface was made anew without it), or attach with --force",
+             (the interface was made anew without it), or {force_how}",
             blockers.join("; ")
         )));
     }

@@ -634,7 +634,7 @@ fn daemon_follows_a_detach_and_a_new_attach() {
     let _detach = DetachOnDrop(&t);
     let kernel = ["attach", LAN_IF, WAN_IF, "--admit", "kernel"];
     t.router_ctl_ok(&kernel);
-    let daemon = Daemon::start(&t, &[]);
+    let mut daemon = Daemon::start(&t, &[]);
     let show = || format!("{}\ndaemon log:\n{}", daemon_health(&t), daemon.log());
 
     // A replace: new program, same maps.
@@ -739,6 +739,24 @@ fn daemon_follows_a_detach_and_a_new_attach() {
     );
     // The counters go on from the first session's.
     assert!(daemon_health(&t)["offload"]["offloaded"].as_u64() >= Some(1));
+
+    stopped_while_detached(&t, &mut daemon);
+}
+
+/// `daemon` stopped after a detach it saw: its last line says nothing
+/// stays (not that the data path stays attached).
+fn stopped_while_detached(t: &Topology, daemon: &mut Daemon) {
+    t.router_ctl_ok(&["detach"]);
+    crate::ctl::wait_for(
+        "the daemon to report the router detached",
+        Duration::from_secs(10),
+        || daemon_health(t)["detached"] == true,
+    );
+    daemon.terminate();
+    crate::ctl::wait_for("the daemon's last line", Duration::from_secs(5), || {
+        daemon.log().contains("stopping; the router is detached")
+    });
+    assert!(!daemon.log().contains("stays attached"), "{}", daemon.log());
 }
 
 /// An XDP conntrack table of the router, opened from its pin.

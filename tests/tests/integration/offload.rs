@@ -191,6 +191,21 @@ impl Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Stops it as systemd does (SIGTERM) and waits for it to exit (10 s
+    /// at most, then SIGKILL): its last lines reach [`Self::log`] soon
+    /// after.
+    pub(crate) fn terminate(&mut self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: a signal to the child this process started and has not
+        // reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill9();
+    }
 }
 
 impl Drop for Daemon {
@@ -2324,6 +2339,25 @@ table ip nat {{
             offloaded_rows(&t).len() == 1
         },
     );
+    // Offload mode reads the option: nothing said of it.
+    assert!(!daemon.log().contains(MARKS_UNUSED), "{}", daemon.log());
+}
+
+/// What the daemon says of the mark options on a standalone router.
+const MARKS_UNUSED: &str = "are read in offload mode only";
+
+/// The mark options are offload mode's: the daemon of a standalone router
+/// started with them says they do nothing there.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn mark_options_on_a_standalone_router_are_said_to_do_nothing() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let daemon = Daemon::start(&t, &["--route-mark-mask", "0xff"]);
+    wait_for("the daemon's warning", Duration::from_secs(10), || {
+        daemon.log().contains(MARKS_UNUSED)
+    });
 }
 
 /// Conntrack zones (`ct zone set`, set on both sides' packets, and one

@@ -344,13 +344,13 @@ pub(super) fn allowed_after_lookup(
             return (vec![icmp_error_miss(from_lan)], None);
         }
         // Its own sender, in no flow's key: a martian one is not
-        // forwarded, nor from the WAN the router's WAN address or a LAN
-        // host's (RFC 1812 5.3.7, 5.3.8).
+        // forwarded, nor from the WAN the router's WAN address (RFC 1812
+        // 5.3.7).
         let sender: [u8; 4] = f[IP_OFF + 12..IP_OFF + 16].try_into().unwrap();
         if !forwardable_addr(sender) {
             return (vec![Counter::PassFibNotForwarded], None);
         }
-        if !from_lan && (sender == WAN || lan_host(sender)) {
+        if !from_lan && sender == WAN {
             return (vec![Counter::PassUnsolicited], None);
         }
         // Only an entry of the error's own side may translate it: a
