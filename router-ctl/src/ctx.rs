@@ -5,6 +5,20 @@ use std::path::PathBuf;
 
 use crate::{maps::PinnedMaps, pins::pin_dir};
 
+/// The namespace `-n` named (one per process), for messages that tell
+/// the user which command to look with.
+static NAMED_NETNS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// How to list the interfaces router-ctl sees: `ip -n NS link` when `-n`
+/// named a namespace, else `ip link` (or that `-n` may be missing).
+#[must_use]
+pub fn ip_link_hint() -> String {
+    match NAMED_NETNS.get() {
+        Some(ns) => format!("check `ip -n {ns} link`"),
+        None => "check `ip link`, or pass -n NETNS".to_owned(),
+    }
+}
+
 /// Where a router lives: its namespace and pin directory.
 #[derive(Clone, Debug)]
 pub struct Ctx {
@@ -17,6 +31,9 @@ impl Ctx {
     #[must_use]
     pub fn new(netns: Option<String>) -> Self {
         let pin_dir = pin_dir(netns.as_deref());
+        if let Some(ns) = &netns {
+            let _ = NAMED_NETNS.set(ns.clone());
+        }
         Self { netns, pin_dir }
     }
 

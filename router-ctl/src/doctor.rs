@@ -486,7 +486,7 @@ impl Report<'_> {
                 "exists",
                 Level::Fail,
                 format!("no interface {iface} in this namespace"),
-                Some("check the name with `ip link`, or pass -n NETNS".into()),
+                Some(format!("check the name: {}", crate::ctx::ip_link_hint())),
             );
             return None;
         };

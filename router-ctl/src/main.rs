@@ -402,7 +402,7 @@ enum ForwardCmd {
     #[command(after_help = "Examples:
   router-ctl forward add tcp 8080 192.168.50.2:80
   router-ctl forward add udp 5353 192.168.50.3:53
-  router-ctl forward add tcp [2001:db8:50::2]:22")]
+  router-ctl forward add tcp '[2001:db8:50::2]:22'")]
     Add {
         #[arg(value_enum)]
         proto: Proto,
@@ -415,7 +415,7 @@ enum ForwardCmd {
     },
     /// Delete the rule of a WAN port (flows it opened run until they expire).
     #[command(
-        after_help = "Examples:\n  router-ctl forward del tcp 8080\n  router-ctl forward del tcp [2001:db8:50::2]:22"
+        after_help = "Examples:\n  router-ctl forward del tcp 8080\n  router-ctl forward del tcp '[2001:db8:50::2]:22'"
     )]
     Del {
         #[arg(value_enum)]

@@ -924,7 +924,10 @@ pub fn ifindex(name: &str) -> Result<u32> {
     // SAFETY: c is NUL-terminated.
     let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
     if idx == 0 {
-        bail!("no such interface {name:?} (check `ip link`, or pass -n NETNS)");
+        bail!(
+            "no such interface {name:?} ({})",
+            crate::ctx::ip_link_hint()
+        );
     }
     Ok(idx)
 }

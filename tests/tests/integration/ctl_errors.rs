@@ -106,6 +106,9 @@ fn missing_interfaces_and_namespaces() {
     let t = Topology::new();
     let e = ctl_fails(&t, &["attach", LAN_IF, "nope0"]);
     assert!(e.contains("no such interface \"nope0\""), "{e}");
+    // It names the namespace -n gave (the kit passes one) to look in.
+    let look = format!("`ip -n {} link`", t.ns_name(Ns::Router));
+    assert!(e.contains(&look) && !e.contains("pass -n NETNS"), "{e}");
     let e = ctl_fails(&t, &["attach", "eth9", WAN_IF]);
     assert!(e.contains("\"eth9\""), "{e}");
     let e = ctl_fails(&t, &["attach", LAN_IF, LAN_IF]);
