@@ -269,23 +269,26 @@ pub const PACED_STEP_MBPS: u32 = 50;
 /// [`PACED_STEP_MBPS`], at least that.
 fn below(lowest: f64) -> u32 {
     let step = f64::from(PACED_STEP_MBPS);
-    ((lowest * RERUN_SHARE / step).floor() * step).max(step) as u32
+    // (A hair above the quotient: a rate converted between frames and
+    // payload lands a rounding error below a whole step.)
+    ((lowest * RERUN_SHARE / step + 1e-6).floor() * step).max(step) as u32
 }
 
-/// The lowest rate the runs `keep` picks carried, Mbit/s, and each path's
-/// ("kernel 2490, xdp 2000"); None with fewer than two paths.
+/// The lowest rate the runs `keep` picks carried, Mbit/s of payload (what
+/// an offered rate counts), and each path's ("kernel 2490, xdp 2000");
+/// None with fewer than two paths.
 fn carried_by(runs: &[RunResult], keep: impl Fn(&RunResult) -> bool) -> Option<(f64, String)> {
     let picked: Vec<&RunResult> = runs.iter().filter(|r| keep(r)).collect();
     let lowest = picked
         .iter()
-        .map(|r| r.carried_mbps())
+        .map(|r| r.carried_payload_mbps())
         .fold(f64::INFINITY, f64::min);
     if picked.len() < 2 || !lowest.is_finite() {
         return None;
     }
     let each = picked
         .iter()
-        .map(|r| format!("{} {:.0}", r.path.name(), r.carried_mbps()))
+        .map(|r| format!("{} {:.0}", r.path.name(), r.carried_payload_mbps()))
         .collect::<Vec<_>>()
         .join(", ");
     Some((lowest, each))
@@ -1055,11 +1058,13 @@ pub fn bench(o: &Opts, stop: &AtomicBool) -> Result<(), String> {
 #[cfg(test)]
 mod unit {
     use super::*;
+    use crate::model::PAYLOAD_PER_WIRE_BYTE;
 
     fn paced(path: DataPath, carried_mbps: f64) -> RunResult {
         let point = Point::new(Workload::TcpPaced, 100, Offload::Off);
         let mut r = RunResult::blank(path, point);
-        r.gbps = carried_mbps / 1000.0;
+        // Counted at the sink in frames: `carried_mbps` of payload.
+        r.gbps = carried_mbps / PAYLOAD_PER_WIRE_BYTE / 1000.0;
         r.offered_mbps = 2500;
         r
     }
@@ -1138,7 +1143,7 @@ mod unit {
             }
             for &path in order {
                 let mut r = RunResult::blank(path, point);
-                r.gbps = (self.carry)(path, mbps) / 1000.0;
+                r.gbps = (self.carry)(path, mbps) / PAYLOAD_PER_WIRE_BYTE / 1000.0;
                 r.offered_mbps = mbps;
                 self.runs.push(r);
             }
@@ -1270,9 +1275,10 @@ mod unit {
 
     #[test]
     fn a_paced_point_starts_below_what_its_unpaced_run_carried() {
+        // `mbps` of payload, counted in frames at the sink.
         let unpaced = |path, mbps: f64| {
             let mut r = RunResult::blank(path, Point::new(Workload::Tcp, 1000, Offload::Off));
-            r.gbps = mbps / 1000.0;
+            r.gbps = mbps / PAYLOAD_PER_WIRE_BYTE / 1000.0;
             r
         };
         let mut fake = Fake {

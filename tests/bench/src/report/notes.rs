@@ -200,7 +200,8 @@ fn offload_notes(runs: &[RunResult], router_gro: bool) -> String {
         "- **Offloads.** `off`: TSO, GSO (and tx checksum offload) off on the end hosts, TSO, GSO \
          {router_gro} on the router's veths: {on_wire}. `on`: the veth defaults (the router's \
          GRO as in `off`). Then the kernel path forwards TSO \
-         superpackets (up to 64 KB, one routing and NAT decision for ~45 wire packets), while \
+         superpackets (up to 64 KB, one routing and NAT decision for many wire packets: \
+         the average this run measured follows), while \
          the XDP path still sees MTU-sized frames: attaching an XDP program (frags-aware or not: \
          see the frags experiment) to a \
          veth turns off TSO/GSO on its peer, and the end hosts must keep tx checksum offload \
@@ -242,10 +243,10 @@ fn offload_notes(runs: &[RunResult], router_gro: bool) -> String {
          skb that is cloned (all TCP data: the original stays on the retransmit queue), \
          nonlinear or short of 256 B headroom into a page-pool page (`skb_pp_cow_data` from \
          `veth_xdp_rcv_skb`: ~7.5% of all CPU samples in `perf record -a` during a \
-         single-stream XDP run here), and the receiving veth builds a new skb around the \
-         redirected frame. The kernel path forwards the same skb without a copy. On veth, \
-         XDP's saving per MTU-sized TCP packet is therefore small or negative, and larger on \
-         small packets, which are cheap to copy.{here} On a physical NIC \
+         single-stream XDP run on this kind of VM, 2026-12-04; not measured by this run), and the receiving veth builds a new skb around the \
+         redirected frame. The kernel path forwards the same skb without a copy, so on veth \
+         that copy eats into XDP's saving per MTU-sized TCP packet (the ratios this run \
+         measured follow).{here} On a physical NIC \
          the program runs on the driver's receive buffer before any skb exists; the \
          micro-benchmark below is the program's own cost."
     );
