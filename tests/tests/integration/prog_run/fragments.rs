@@ -373,6 +373,26 @@ fn tcp_fragments_with_the_whole_header_are_translated() {
     });
 }
 
+/// The server's answer to CLIENT's UDP flow 40000 -> 53 (identification
+/// 0x7777) and the same translated to CLIENT; its first fragment carried,
+/// which leaves the datagram's record.
+fn answer_first_fragment_carried(r: &Router, env: &ResolvedTopology) -> (Ipv4, Ipv4) {
+    let answer = with_id(
+        Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(120))),
+        0x7777,
+    );
+    let to_client = dnat(&answer, CLIENT, 40000);
+    r.redirect(
+        "the answer's first fragment",
+        &env.server_sends(&fragments(&answer, CUT)[0]),
+        r.wan,
+        &env.to_client(&fragments(&to_client, CUT)[0]),
+        Counter::FwdFragment,
+        &[],
+    );
+    (answer, to_client)
+}
+
 /// A first fragment under the identification of a live record with
 /// another translation (another flow's ports: a spoof, or a sender's
 /// identification reused within the record's life) takes nothing over: the
@@ -402,19 +422,7 @@ fn a_first_fragment_of_another_flow_does_not_take_a_live_record_over() {
                 &[Counter::FlowNewMasquerade],
             );
         }
-        let answer = with_id(
-            Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(120))),
-            0x7777,
-        );
-        let to_client = dnat(&answer, CLIENT, 40000);
-        r.redirect(
-            "the answer's first fragment",
-            &env.server_sends(&fragments(&answer, CUT)[0]),
-            wan,
-            &env.to_client(&fragments(&to_client, CUT)[0]),
-            Counter::FwdFragment,
-            &[],
-        );
+        let (answer, to_client) = answer_first_fragment_carried(r, &env);
         let spoof = with_id(
             Ipv4::new(SERVER, WAN, Udp::new(53, 40001, &data(120))),
             0x7777,
@@ -466,19 +474,7 @@ fn an_uncarried_first_fragment_retires_a_live_record() {
             Counter::FwdOutbound,
             &[Counter::FlowNewMasquerade],
         );
-        let answer = with_id(
-            Ipv4::new(SERVER, WAN, Udp::new(53, 40000, &data(120))),
-            0x7777,
-        );
-        let to_client = dnat(&answer, CLIENT, 40000);
-        r.redirect(
-            "the answer's first fragment",
-            &env.server_sends(&fragments(&answer, CUT)[0]),
-            wan,
-            &env.to_client(&fragments(&to_client, CUT)[0]),
-            Counter::FwdFragment,
-            &[],
-        );
+        answer_first_fragment_carried(r, &env);
         let other = with_id(
             Ipv4::new(SERVER, WAN, Udp::new(53, 40099, &data(120))),
             0x7777,
