@@ -262,8 +262,8 @@ fn print_attached(
 /// mode asked (`Some(true)`: generic).
 pub fn check_interfaces(a: &AttachArgs, desired: &RouterConfig) -> Result<Option<bool>> {
     let how = Fixes::of(a);
-    check_foreign_saying(&a.lan, desired.lan_ifindex, a.force, &how)?;
-    check_foreign_saying(&a.wan, desired.wan_ifindex, a.force, &how)?;
+    check_foreign(&a.lan, desired.lan_ifindex, a.force, &how.force)?;
+    check_foreign(&a.wan, desired.wan_ifindex, a.force, &how.force)?;
     let generic_asked = match a.mode {
         crate::config::Mode::Generic => Some(true),
         crate::config::Mode::Native => Some(false),
@@ -291,17 +291,13 @@ struct Fixes {
 }
 
 impl Fixes {
-    /// `attach`'s flags.
-    fn flags() -> Self {
-        Self {
-            generic: "attach with --mode generic".into(),
-            force: "pass --force".into(),
-        }
-    }
-
     fn of(a: &AttachArgs) -> Self {
         match &a.apply_file {
-            None => Self::flags(),
+            // `attach`'s flags.
+            None => Self {
+                generic: "attach with --mode generic".into(),
+                force: "pass --force".into(),
+            },
             Some(file) => Self {
                 generic: format!("set `mode = \"generic\"` in [interfaces] of {file}"),
                 force: format!(
@@ -315,23 +311,15 @@ impl Fixes {
     }
 }
 
-/// Refuses (or with `force` removes) XDP programs router-ctl did not
-/// attach; a refusal says to `force_how` (see [`force_how`]).
-pub(super) fn check_foreign(iface: &str, idx: u32, force: bool, force_how: &str) -> Result<()> {
-    let how = Fixes {
-        force: force_how.to_owned(),
-        ..Fixes::flags()
-    };
-    check_foreign_saying(iface, idx, force, &how)
-}
-
 /// How a refusal that only `--force` overrides says to force it, for the
 /// command `a` comes from (`attach`'s flag, or an `apply` file's way).
 pub(super) fn force_how(a: &AttachArgs) -> String {
     Fixes::of(a).force
 }
 
-fn check_foreign_saying(iface: &str, idx: u32, force: bool, how: &Fixes) -> Result<()> {
+/// Refuses (or with `force` removes) XDP programs router-ctl did not
+/// attach; a refusal says to `force_how` (see [`force_how`]).
+pub(super) fn check_foreign(iface: &str, idx: u32, force: bool, force_how: &str) -> Result<()> {
     let attrs = netlink::link(idx).with_context(|| format!("reading {iface}'s XDP state"))?;
     for (prog_id, flag) in attrs.xdp.programs() {
         let mode = match flag {
@@ -345,7 +333,7 @@ fn check_foreign_saying(iface: &str, idx: u32, force: bool, how: &Fixes) -> Resu
                  did not attach; remove it (`ip link set dev {iface} {} off`, or detach the \
                  tool that owns it), or {} to replace it",
                 doctor::xdp_off_keyword(mode),
-                how.force
+                force_how
             )));
         }
         if let Err(e) = netlink::xdp_detach(idx, flag) {

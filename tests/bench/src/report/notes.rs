@@ -243,8 +243,8 @@ fn offload_notes(runs: &[RunResult], router_gro: bool) -> String {
          skb that is cloned (all TCP data: the original stays on the retransmit queue), \
          nonlinear or short of 256 B headroom into a page-pool page (`skb_pp_cow_data` from \
          `veth_xdp_rcv_skb`: ~7.5% of all CPU samples in `perf record -a` during a \
-         single-stream XDP run on this kind of VM, 2026-12-04; not measured by this run), and the receiving veth builds a new skb around the \
-         redirected frame. The kernel path forwards the same skb without a copy, so on veth \
+         single-stream XDP run on this kind of VM, 2026-12-04; not measured by this run), \
+         and the receiving veth builds a new skb around the redirected frame. The kernel path forwards the same skb without a copy, so on veth \
          that copy eats into XDP's saving per MTU-sized TCP packet (the ratios this run \
          measured follow).{here} On a physical NIC \
          the program runs on the driver's receive buffer before any skb exists; the \
