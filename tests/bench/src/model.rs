@@ -448,7 +448,12 @@ impl RunResult {
                 f64::NAN
             }
         };
-        let mut rtts = m.rtts;
+        // A lost echo counts as slower than any answered one (its round
+        // trip never ended): a run that lost more than 1 % of its pings
+        // has no finite p99.
+        let pings = m.pings.unwrap_or_default();
+        let mut rtts = pings.rtts.clone();
+        rtts.extend((0..pings.lost).map(|_| f64::INFINITY));
         Self {
             path,
             point,
@@ -463,7 +468,7 @@ impl RunResult {
             sink_drops: 0,
             rtt_ms_p50: percentile(&mut rtts, 50.0),
             rtt_ms_p99: percentile(&mut rtts, 99.0),
-            ping_loss_pct: m.ping_loss_pct,
+            ping_loss_pct: pings.loss_pct(),
             cpu_pct: win.cpu.busy_pct(),
             softirq_pct: win.cpu.softirq_pct(),
             router_ns_per_pkt: per_pkt(win.cpu.softirq_ns()),
@@ -502,8 +507,7 @@ impl RunResult {
             point,
             Measured {
                 window: crate::measure::sampler::Window::default(),
-                rtts: Vec::new(),
-                ping_loss_pct: 0.0,
+                pings: None,
                 run_cpu: crate::measure::sys::CpuTicks::default(),
                 router_pkts: 0,
                 wall_s: 0.0,

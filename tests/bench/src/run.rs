@@ -57,11 +57,10 @@ pub fn show(r: &RunResult) -> String {
         format!("{:.2} Gbit/s", r.gbps)
     };
     let mut s = format!(
-        "{thr}, rtt p50 {:.3} / p99 {:.3} ms, cpu {:.0}% (softirq {:.0}%), {:.0} ns/pkt \
+        "{thr}, rtt p50 / p99 {} ms, cpu {:.0}% (softirq {:.0}%), {:.0} ns/pkt \
          ({:.0} B/pkt) over {:.1} s active of {:.1} s (whole run: cpu {:.0}%, {:.0} ns per \
          forwarded pkt, {} pkts)",
-        r.rtt_ms_p50,
-        r.rtt_ms_p99,
+        crate::report::rtt_cell(r, 3),
         r.cpu_pct,
         r.softirq_pct,
         r.router_ns_per_pkt,

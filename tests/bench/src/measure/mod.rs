@@ -10,6 +10,7 @@ pub mod sys;
 
 use std::path::Path;
 
+use parse::Pings;
 use sampler::Window;
 use sys::CpuTicks;
 
@@ -17,9 +18,8 @@ use sys::CpuTicks;
 pub struct Measured {
     /// The part of the run in which traffic flowed.
     pub window: Window,
-    /// Round-trip times (ms) of the pings that count for the run.
-    pub rtts: Vec<f64>,
-    pub ping_loss_pct: f64,
+    /// The pings that count for the run (none answered: `None`).
+    pub pings: Option<Pings>,
     /// CPU ticks over the whole run.
     pub run_cpu: CpuTicks,
     /// Packets the router forwarded over the whole run.

@@ -98,13 +98,47 @@ pub fn parse_server_udp(text: &str) -> ServerUdp {
     s
 }
 
-/// `ping -D` output: (Unix time, round-trip ms) per answered echo, and the
-/// loss in percent: from the summary line if ping got to print it, else
-/// from the gaps in the answered sequence numbers (ping is killed when the
+/// One answered echo of `ping -D`: when it was printed (Unix time), its
+/// round trip in ms and its sequence number (if ping printed one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ping {
+    pub at: f64,
+    pub rtt: f64,
+    pub seq: Option<u64>,
+}
+
+/// What `ping -D` printed: the answered echoes, and the summary's
+/// (transmitted, received) if ping got to print it (it is killed when the
 /// client ends).
-pub fn parse_ping(text: &str) -> (Vec<(f64, f64)>, f64) {
-    let mut seqs: Vec<u64> = Vec::new();
-    let rtts: Vec<(f64, f64)> = text
+#[derive(Debug, Default)]
+pub struct PingLog {
+    pub answered: Vec<Ping>,
+    pub summary: Option<(u64, u64)>,
+}
+
+/// The pings that count for a run: the round trips (ms) of the answered
+/// ones and how many were lost among them.
+#[derive(Debug, Default, Clone)]
+pub struct Pings {
+    pub rtts: Vec<f64>,
+    pub lost: u64,
+}
+
+impl Pings {
+    /// The lost share in percent (NaN when no ping counts).
+    pub fn loss_pct(&self) -> f64 {
+        let sent = self.rtts.len() as u64 + self.lost;
+        if sent == 0 {
+            f64::NAN
+        } else {
+            self.lost as f64 * 100.0 / sent as f64
+        }
+    }
+}
+
+/// Parses `ping -D` output.
+pub fn parse_ping(text: &str) -> PingLog {
+    let answered = text
         .lines()
         .filter_map(|l| {
             let at = l
@@ -114,39 +148,82 @@ pub fn parse_ping(text: &str) -> (Vec<(f64, f64)>, f64) {
                 .unwrap_or(f64::NAN);
             let (_, r) = l.split_once("time=")?;
             let rtt = r.split_whitespace().next()?.parse().ok()?;
-            if let Some(seq) = l
+            let seq = l
                 .split_once("icmp_seq=")
-                .and_then(|(_, x)| x.split_whitespace().next()?.parse().ok())
-            {
-                seqs.push(seq);
-            }
-            Some((at, rtt))
+                .and_then(|(_, x)| x.split_whitespace().next()?.parse().ok());
+            Some(Ping { at, rtt, seq })
         })
         .collect();
     let summary = text.lines().find_map(|l| {
         let (tx, rest) = l.split_once(" packets transmitted, ")?;
         let rx = rest.split_whitespace().next()?;
-        let (tx, rx): (f64, f64) = (tx.trim().parse().ok()?, rx.parse().ok()?);
-        (tx > 0.0).then(|| (tx - rx) * 100.0 / tx)
+        Some((tx.trim().parse().ok()?, rx.parse().ok()?))
     });
-    let from_seqs = || {
-        let (lo, hi) = (seqs.iter().min()?, seqs.iter().max()?);
-        let sent = (hi - lo + 1) as f64;
-        Some((sent - seqs.len() as f64).max(0.0) * 100.0 / sent)
-    };
-    let loss = summary.or_else(from_seqs).unwrap_or(f64::NAN);
-    (rtts, loss)
+    PingLog { answered, summary }
 }
 
-/// Round-trip times of the pings answered inside `win` (a window of a run
-/// that started at Unix time `start_unix`).
-pub fn rtts_within(pings: &[(f64, f64)], start_unix: f64, win: &Window) -> Vec<f64> {
-    let (w0, w1) = (start_unix + win.from, start_unix + win.from + win.secs);
-    pings
-        .iter()
-        .filter(|(at, _)| *at >= w0 && *at <= w1)
-        .map(|p| p.1)
-        .collect()
+/// Sequence numbers missing between the first and the last of `pings`
+/// (echoes sent between two answered ones and never answered).
+fn gaps(pings: &[Ping]) -> u64 {
+    let seqs: Vec<u64> = pings.iter().filter_map(|p| p.seq).collect();
+    match (seqs.iter().min(), seqs.iter().max()) {
+        (Some(lo), Some(hi)) => (hi - lo + 1).saturating_sub(seqs.len() as u64),
+        _ => 0,
+    }
+}
+
+impl PingLog {
+    /// The pings of a window of a run that started at Unix time
+    /// `start_unix`: those answered inside it, and as lost the echoes
+    /// missing between the first and the last of them. With none
+    /// answered inside it, the echoes missing between the last answered
+    /// before it and the first after it, all lost (a load that starved
+    /// every ping); without answers on both sides, every ping of the run
+    /// (lost: from the summary, else from the gaps). `None` when ping
+    /// answered nothing at all.
+    pub fn within(&self, start_unix: f64, win: &Window) -> Option<Pings> {
+        let (w0, w1) = (start_unix + win.from, start_unix + win.from + win.secs);
+        let inside: Vec<Ping> = self
+            .answered
+            .iter()
+            .copied()
+            .filter(|p| p.at >= w0 && p.at <= w1)
+            .collect();
+        if inside.is_empty() {
+            let before = self.answered.iter().filter(|p| p.at < w0);
+            let after = self.answered.iter().filter(|p| p.at > w1);
+            let (before, after) = (
+                before.filter_map(|p| p.seq).max(),
+                after.filter_map(|p| p.seq).min(),
+            );
+            return match (before, after) {
+                (Some(before), Some(after)) if after > before + 1 => Some(Pings {
+                    rtts: Vec::new(),
+                    lost: after - before - 1,
+                }),
+                _ => self.all(),
+            };
+        }
+        Some(Pings {
+            rtts: inside.iter().map(|p| p.rtt).collect(),
+            lost: gaps(&inside),
+        })
+    }
+
+    /// Every ping of the run; `None` when none was answered.
+    pub fn all(&self) -> Option<Pings> {
+        if self.answered.is_empty() {
+            return None;
+        }
+        let rx = self.answered.len() as u64;
+        Some(Pings {
+            rtts: self.answered.iter().map(|p| p.rtt).collect(),
+            lost: self.summary.map_or_else(
+                || gaps(&self.answered),
+                |(tx, got)| tx.saturating_sub(got.max(rx)),
+            ),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -178,13 +255,62 @@ mod unit {
         let t = "[1.5] 64 bytes from 203.0.113.2: icmp_seq=1 ttl=63 time=0.123 ms\n\
                  [2.5] 64 bytes from 203.0.113.2: icmp_seq=2 ttl=63 time=1.5 ms\n\
                  4 packets transmitted, 2 received, 50% packet loss, time 3ms\n";
-        let (r, loss) = parse_ping(t);
-        assert_eq!(r, vec![(1.5, 0.123), (2.5, 1.5)]);
-        assert!((loss - 50.0).abs() < 1e-9);
-        // Killed before the summary: loss from the sequence gaps.
+        let log = parse_ping(t);
+        let rtts: Vec<f64> = log.answered.iter().map(|p| p.rtt).collect();
+        assert_eq!(rtts, vec![0.123, 1.5]);
+        assert_eq!(log.summary, Some((4, 2)));
+        let all = log.all().unwrap();
+        assert_eq!(all.lost, 2);
+        assert!((all.loss_pct() - 50.0).abs() < 1e-9);
+        // Killed before the summary: lost from the sequence gaps.
         let t = "[1.0] 64 bytes from x: icmp_seq=1 ttl=63 time=0.1 ms\n\
                  [1.2] 64 bytes from x: icmp_seq=4 ttl=63 time=0.1 ms\n";
-        let (_, loss) = parse_ping(t);
-        assert!((loss - 50.0).abs() < 1e-9);
+        assert_eq!(parse_ping(t).all().unwrap().lost, 2);
+        assert!(parse_ping("").all().is_none());
+    }
+
+    #[test]
+    fn pings_of_a_window_count_its_lost_ones() {
+        // Echoes 1-10 printed at 100.1 .. 101.0; 4, 5 and 9 lost; a run
+        // that started at 100.0 with a window from 0.25 s for 0.6 s
+        // (100.25 .. 100.85): 3, 6, 7, 8 answered inside, 4 and 5 lost
+        // between them (9 lies after the window's last answered echo).
+        let t = [1, 2, 3, 6, 7, 8, 10]
+            .iter()
+            .map(|n| {
+                format!(
+                    "[{}] 64 bytes from x: icmp_seq={n} ttl=63 time={n}.0 ms\n",
+                    100.0 + f64::from(*n) / 10.0
+                )
+            })
+            .collect::<Vec<_>>()
+            .concat();
+        let log = parse_ping(&t);
+        let win = Window {
+            from: 0.25,
+            secs: 0.6,
+            ..Window::default()
+        };
+        let p = log.within(100.0, &win).unwrap();
+        assert_eq!(p.rtts, vec![3.0, 6.0, 7.0, 8.0]);
+        assert_eq!(p.lost, 2);
+        // A window with no answered echo between two answered ones: the
+        // echoes between them (4 and 5), all lost.
+        let starved = Window {
+            from: 0.35,
+            secs: 0.2,
+            ..Window::default()
+        };
+        let p = log.within(100.0, &starved).unwrap();
+        assert_eq!((p.rtts.len(), p.lost), (0, 2));
+        assert!((p.loss_pct() - 100.0).abs() < 1e-9);
+        // One after the last answer: the whole run's.
+        let after = Window {
+            from: 5.0,
+            secs: 1.0,
+            ..Window::default()
+        };
+        let p = log.within(100.0, &after).unwrap();
+        assert_eq!((p.rtts.len(), p.lost), (7, 3));
     }
 }

@@ -206,7 +206,18 @@ fn small_writes_goal(runs: &[RunResult]) -> Goal {
     }
 }
 
-/// p99 latency at 2000 connections.
+/// A run's p99 in ms for the goal's text: "lost" when more than 1 % of
+/// its pings were (a lost echo counts as slower than any answered one).
+fn p99(r: &RunResult) -> String {
+    if r.rtt_ms_p99 == f64::INFINITY {
+        format!("lost ({:.1} % of pings)", r.ping_loss_pct)
+    } else {
+        format!("{:.2}", r.rtt_ms_p99)
+    }
+}
+
+/// p99 latency at 2000 connections (infinite, so never lower, for a run
+/// that lost more than 1 % of its pings).
 fn latency_goal(pairs: &[(&RunResult, &RunResult)]) -> Goal {
     let at2000: Vec<(&RunResult, &RunResult)> = pairs
         .iter()
@@ -220,7 +231,7 @@ fn latency_goal(pairs: &[(&RunResult, &RunResult)]) -> Goal {
         } else {
             at2000
                 .iter()
-                .map(|(k, x)| format!("{}: {:.2} vs {:.2} ms", x.point, x.rtt_ms_p99, k.rtt_ms_p99))
+                .map(|(k, x)| format!("{}: {} vs {} ms", x.point, p99(x), p99(k)))
                 .collect::<Vec<_>>()
                 .join("; ")
         },
@@ -366,6 +377,53 @@ mod unit {
         let mut r = RunResult::blank(path, point);
         r.pps = mpps * 1e6;
         r
+    }
+
+    /// A TCP run at 2000 connections whose pings had round trips `rtts`
+    /// and lost `lost` echoes.
+    fn pinged(path: DataPath, rtts: &[f64], lost: u64) -> RunResult {
+        let point = Point::new(Workload::TcpSmall, 2000, Offload::Off);
+        RunResult::new(
+            path,
+            point,
+            crate::measure::Measured {
+                window: crate::measure::sampler::Window::default(),
+                pings: Some(crate::measure::parse::Pings {
+                    rtts: rtts.to_vec(),
+                    lost,
+                }),
+                run_cpu: crate::measure::sys::CpuTicks::default(),
+                router_pkts: 0,
+                wall_s: 0.0,
+                quiet_wait_s: 0.0,
+            },
+        )
+    }
+
+    #[test]
+    fn lost_pings_count_as_slower_than_any_answered_one() {
+        let rtts: Vec<f64> = (1..=100).map(f64::from).collect();
+        // 2 of 102 lost: the p99 is among them; 1 of 101: it is answered.
+        let kernel = pinged(DataPath::Kernel, &rtts[..], 2);
+        let xdp = pinged(DataPath::Xdp, &rtts[..], 1);
+        assert!(kernel.rtt_ms_p99.is_infinite());
+        assert!((xdp.rtt_ms_p99 - 100.0).abs() < 1e-9);
+        assert_eq!(
+            crate::report::rtt_cell(&kernel, 2),
+            "51.00 / lost (2.0 % of pings lost)"
+        );
+        let g = latency_goal(&[(&kernel, &xdp)]);
+        assert_eq!(g.met, Some(true));
+        assert!(
+            g.measured.ends_with("100.00 vs lost (2.0 % of pings) ms"),
+            "{}",
+            g.measured
+        );
+        // Both lost: neither is lower.
+        assert_eq!(latency_goal(&[(&kernel, &kernel)]).met, Some(false));
+        // Nothing lost: the plain percentiles, no loss note.
+        let clean = pinged(DataPath::Xdp, &rtts[..], 0);
+        assert_eq!(crate::report::rtt_cell(&clean, 1), "50.0 / 99.0");
     }
 
     #[test]

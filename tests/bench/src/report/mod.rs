@@ -18,6 +18,7 @@ use crate::measure::sys;
 use crate::model::{DataPath, RunResult};
 use crate::run::mmss;
 use crate::workloads::{bigtable, connrate, frags, ipv6, micro, scaling};
+pub use tables::rtt_cell;
 
 /// Measurements besides the kernel/xdp runs.
 pub struct Extra {
@@ -113,11 +114,10 @@ fn reference_paragraph(r: &RunResult) -> String {
         md,
         "Reference, plain kernel forwarding without netfilter (fresh topology whose router \
          namespace never loaded an iptables rule; route back instead of NAT), TCP -P 1, \
-         offload off: {:.2} Gbit/s, RTT p50 / p99 {:.3} / {:.3} ms, CPU {:.0}% (softirq \
+         offload off: {:.2} Gbit/s, RTT p50 / p99 {} ms, CPU {:.0}% (softirq \
          {:.0}%), {:.0} ns/pkt ({:.0} B/pkt).\n",
         r.gbps,
-        r.rtt_ms_p50,
-        r.rtt_ms_p99,
+        tables::rtt_cell(r, 3),
         r.cpu_pct,
         r.softirq_pct,
         r.router_ns_per_pkt,

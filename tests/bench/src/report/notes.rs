@@ -320,7 +320,9 @@ fn tool_notes(o: &Opts, env: &RunEnv) -> String {
     let _ = writeln!(
         s,
         "- **Latency** is ping from client to server (through the router, ICMP echo is NATed \
-         on both paths) every {} s during each run: p50 / p99 of those samples.",
+         on both paths) every {} s during each run: p50 / p99 of the echoes sent inside \
+         the run's window, a lost echo counted as slower than any answered one (so p99 reads \
+         `lost` when more than 1 % of them were lost; the lost share follows in brackets).",
         o.ping_interval
     );
     s

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use crate::model::{DataPath, Offload, Pacing, Point, RunResult, Wire, Workload};
 
 use super::goals::Goal;
-use super::tables::f;
+use super::tables::{f, rtt_cell};
 use crate::run::PACED_ROUNDS;
 
 /// The review's best figures (`RouterOS` on an Intel N5105 with 2.5G NICs):
@@ -178,14 +178,7 @@ pub fn review_section(
         &|p| {
             run(runs, p, Workload::TcpSmall, LATENCY_CONNS).map_or_else(
                 || "-".to_owned(),
-                |r| {
-                    format!(
-                        "{} / {} ms{}",
-                        f(r.rtt_ms_p50, 2),
-                        f(r.rtt_ms_p99, 2),
-                        carried(r)
-                    )
-                },
+                |r| format!("{} ms{}", rtt_cell(r, 2), carried(r)),
             )
         },
         &format!("{REVIEW_LATENCY_MS} ms (RouterOS)"),

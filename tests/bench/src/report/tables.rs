@@ -105,6 +105,25 @@ pub fn f(x: f64, prec: usize) -> String {
     }
 }
 
+/// A run's ping RTT "p50 / p99" in ms with `prec` decimals: "lost" for a
+/// percentile that fell among the lost echoes, and the lost share after
+/// it when any was lost.
+pub fn rtt_cell(r: &RunResult, prec: usize) -> String {
+    let ms = |x: f64| {
+        if x == f64::INFINITY {
+            "lost".to_owned()
+        } else {
+            f(x, prec)
+        }
+    };
+    let lost = if r.ping_loss_pct > 0.0 {
+        format!(" ({} % of pings lost)", f(r.ping_loss_pct, 1))
+    } else {
+        String::new()
+    };
+    format!("{} / {}{lost}", ms(r.rtt_ms_p50), ms(r.rtt_ms_p99))
+}
+
 fn ratio(a: f64, b: f64) -> String {
     if a.is_finite() && b.is_finite() && b > 0.0 {
         format!("{:.2}", a / b)
@@ -134,7 +153,7 @@ fn cells(r: Option<&RunResult>, udp: bool) -> [String; 4] {
     };
     [
         t,
-        format!("{} / {}", f(r.rtt_ms_p50, 3), f(r.rtt_ms_p99, 3)),
+        rtt_cell(r, 3),
         format!("{} ({})", f(r.cpu_pct, 0), f(r.softirq_pct, 0)),
         format!(
             "{} ({} B)",

@@ -138,6 +138,18 @@ impl Rounds {
         paths
     }
 
+    /// The paths of round `round` (0: the first) in the order they run:
+    /// each round starts one path later than the one before (kernel, xdp,
+    /// offload; then xdp, offload, kernel; ...), so no path always runs
+    /// first, on a machine just settled after the previous workload.
+    #[must_use]
+    pub fn round_order(&self, round: u32) -> Vec<DataPath> {
+        let mut paths = self.paths();
+        let len = paths.len();
+        paths.rotate_left(round as usize % len);
+        paths
+    }
+
     /// The runs of all rounds.
     #[must_use]
     pub fn runs(&self) -> usize {
@@ -161,8 +173,7 @@ pub fn rounds(
     failures: &mut Vec<String>,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
-    let paths = plan.paths();
-    let runs = (0..plan.reps).flat_map(|_| paths.iter().copied());
+    let runs = (0..plan.reps).flat_map(|round| plan.round_order(round));
     for (port, path) in (FIRST_PORT..).zip(runs) {
         if stop.load(Ordering::SeqCst) {
             break;
@@ -383,7 +394,7 @@ mod checks {
     use std::net::{Ipv4Addr, TcpListener};
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use super::{one_connection, serve};
+    use super::{DataPath, Rounds, Wire, one_connection, serve};
 
     /// Connections of the check: enough for the race of a client that
     /// closes without waiting for the server's FIN to leave some of them
@@ -415,6 +426,20 @@ mod checks {
     /// `connect()` a longer port search, which made later and longer runs
     /// slower whatever the router did). Over loopback, with the
     /// workload's own client and server.
+    #[test]
+    fn each_round_starts_with_another_path() {
+        let plan = Rounds {
+            wire: Wire::Veth,
+            workers: 1,
+            secs: 1,
+            reps: 4,
+            offload_path: true,
+        };
+        let (k, x, o) = (DataPath::Kernel, DataPath::Xdp, DataPath::Offload);
+        let order: Vec<Vec<DataPath>> = (0..plan.reps).map(|r| plan.round_order(r)).collect();
+        assert_eq!(order, [[k, x, o], [x, o, k], [o, k, x], [k, x, o]]);
+    }
+
     #[test]
     fn the_client_closes_second_and_keeps_no_time_wait() {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind on loopback");

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use tests::{Ns, SERVER_ADDR, Topology};
 
 use crate::measure::hosts::HostTcp;
-use crate::measure::parse::{
-    ClientCsv, parse_client_csv, parse_ping, parse_server_udp, rtts_within,
-};
+use crate::measure::parse::{ClientCsv, parse_client_csv, parse_ping, parse_server_udp};
 use crate::measure::sampler::{Sample, Sampler, Window, active_window, wait_quiet, window_ending};
 use crate::measure::sys::CpuTicks;
 use crate::measure::{Measured, read, unix_now};
@@ -449,18 +447,13 @@ pub fn run(
             ..Window::default()
         }
     });
-    let (pings, ping_loss_pct) = parse_ping(&read(&plan.ping_out));
-    let mut rtts = rtts_within(&pings, run.start_unix, &window);
-    if rtts.is_empty() {
-        rtts = pings.iter().map(|ping| ping.1).collect();
-    }
+    let pings = parse_ping(&read(&plan.ping_out)).within(run.start_unix, &window);
     let mut r = RunResult::new(
         path,
         point,
         Measured {
             window,
-            rtts,
-            ping_loss_pct,
+            pings,
             run_cpu: run.cpu,
             router_pkts,
             wall_s: run.wall_s,

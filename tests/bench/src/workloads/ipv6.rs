@@ -446,8 +446,10 @@ mod checks {
             point,
             Measured {
                 window: crate::measure::sampler::Window::default(),
-                rtts: vec![0.05],
-                ping_loss_pct: 0.0,
+                pings: Some(crate::measure::parse::Pings {
+                    rtts: vec![0.05],
+                    lost: 0,
+                }),
                 run_cpu: crate::measure::sys::CpuTicks::default(),
                 router_pkts: 1000,
                 wall_s: 2.5,

@@ -31,7 +31,7 @@ use router_common::maps::{FlowKey, IPPROTO_UDP};
 use tests::trafficgen::{self, Generator, Hosts, Sink, UdpFlows};
 use tests::{HOST_IF, LAN_IF, Ns, SERVER_ADDR, Topology, v6};
 
-use crate::measure::parse::{parse_ping, rtts_within};
+use crate::measure::parse::parse_ping;
 use crate::measure::sampler::{Sampler, active_window, rx_packets, wait_quiet};
 use crate::measure::sys::CpuTicks;
 use crate::measure::{Measured, read, unix_now};
@@ -337,16 +337,14 @@ pub fn run_family(
             path.name()
         ));
     };
-    let (pings, ping_loss_pct) = parse_ping(&read(&ping_out));
-    let rtts = rtts_within(&pings, start_unix, &window);
-    let no_ping = rtts.is_empty();
+    let pings = parse_ping(&read(&ping_out)).within(start_unix, &window);
+    let no_ping = pings.as_ref().is_none_or(|p| p.rtts.is_empty());
     let mut r = RunResult::new(
         path,
         point,
         Measured {
             window,
-            rtts,
-            ping_loss_pct,
+            pings,
             run_cpu,
             router_pkts,
             wall_s,
