@@ -578,6 +578,32 @@ pub fn render(ctx: &Ctx) -> Result<String> {
 /// the request head and to take the answer, at most
 /// [`web::MAX_CONNECTIONS`] at once, the `Host` rule), so a client that
 /// never reads its answers holds no other scrape back.
+/// What `metrics` says at its start when it finds no router attached
+/// where it looks (`ns`: the namespace `-n` named): a typo'd name would
+/// otherwise serve `xdp_router_up 0` without a word.
+fn nothing_attached(ns: Option<&str>) -> String {
+    let (what, flag) = match ns {
+        Some(ns) if !std::path::Path::new("/run/netns").join(ns).exists() => (
+            format!(
+                "no network namespace {ns:?} (see `ip netns list`) and no router attached for it"
+            ),
+            format!(" -n {ns}"),
+        ),
+        Some(ns) => (
+            format!("no router attached in namespace {ns:?}"),
+            format!(" -n {ns}"),
+        ),
+        None => (
+            "no router attached in this namespace (pass -n NETNS for a router in one)".to_owned(),
+            String::new(),
+        ),
+    };
+    format!(
+        "{what}: xdp_router_up stays 0 until one is (`router-ctl{flag} attach LAN WAN`); the \
+         metrics follow it from then on"
+    )
+}
+
 pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
     if !listen.ip().is_loopback() {
         warn!(
@@ -591,6 +617,9 @@ pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
     let bound = listener.local_addr()?;
     println!("serving metrics on http://{bound}/metrics");
     let _ = std::io::Write::flush(&mut std::io::stdout());
+    if !inspect::inspect(&ctx.pin_dir).complete() {
+        warn!("{}", nothing_attached(ctx.ns()));
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -609,6 +638,22 @@ pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_namespace_is_named_at_the_start() {
+        let s = nothing_attached(Some("router-ctl-unit-test-none"));
+        assert!(
+            s.starts_with(
+                "no network namespace \"router-ctl-unit-test-none\" (see `ip netns list`)"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains("`router-ctl -n router-ctl-unit-test-none attach LAN WAN`"),
+            "{s}"
+        );
+        assert!(nothing_attached(None).contains("pass -n NETNS"));
+    }
 
     #[test]
     fn every_counter_lands_in_a_family_with_a_label() {

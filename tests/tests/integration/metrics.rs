@@ -268,6 +268,39 @@ fn a_client_that_does_not_read_its_answers_holds_no_other_scrape_back() {
 /// IPv6-only verdicts (`fwd6_`, `pass6_`, `drop6_`) are in the same
 /// families as the others; every verdict carries a `family` label:
 /// `ipv6` for those, `ipv4` or `both` (one of them) for the others.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_namespace_without_a_router_is_named_at_the_start() {
+    // A name no namespace has (a typo'd `-n`): the server still serves
+    // (a router may be attached there later) and says why it reads 0.
+    let ns = format!("rt-metrics-none-{}", std::process::id());
+    let mut child = Command::new(router_ctl_bin())
+        .args(["-n", &ns, "metrics", "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the metrics server");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let said = rx.recv_timeout(Duration::from_secs(10));
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = said.expect("the metrics server said nothing on stderr within 10 s");
+    assert!(
+        said.contains(&format!("no network namespace \"{ns}\""))
+            && said.contains("xdp_router_up stays 0"),
+        "{said}"
+    );
+}
+
 fn every_counter_is_exported_once(s: &BTreeMap<String, f64>) {
     for &c in Counter::ALL {
         let n = c.name();
