@@ -721,7 +721,8 @@ fn located(name: &str, text: &str, e: &ConfigError) -> anyhow::Error {
         .lines()
         .position(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == key))
         .map_or(0, |i| i + 1);
-    anyhow::anyhow!("{name}:{line}: {field}: {e}; nothing was changed")
+    e.clone()
+        .into_error(format!("{name}:{line}: {field}: {e}; nothing was changed"))
 }
 
 /// The context of an `apply` error raised once the file was found valid
@@ -1201,6 +1202,7 @@ mod tests {
             let e = ConfigError {
                 field,
                 message: "boom".into(),
+                lasting: false,
             };
             assert_eq!(located("r.toml", text, &e).to_string(), want);
         }

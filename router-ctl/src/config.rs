@@ -430,13 +430,40 @@ pub enum ConfigField {
 pub struct ConfigError {
     pub field: ConfigField,
     pub message: String,
+    /// Whether only an edit of the request changes the answer (a value
+    /// out of range, the loopback interface); `false` for what the host
+    /// may yet bring (an interface or WAN address not there yet), which a
+    /// service tries again.
+    pub lasting: bool,
 }
 
 impl ConfigError {
+    /// A refusal of the request itself: asking again gets it again.
     fn new(field: ConfigField, message: impl Into<String>) -> Self {
         Self {
             field,
             message: message.into(),
+            lasting: true,
+        }
+    }
+
+    /// A refusal for what the host does not have yet.
+    fn for_now(field: ConfigField, message: impl Into<String>) -> Self {
+        Self {
+            lasting: false,
+            ..Self::new(field, message)
+        }
+    }
+
+    /// The error a command returns: [`Unretryable`](crate::lifecycle::Unretryable)
+    /// when it is lasting (the exit code tells a service to stop trying),
+    /// `message` its text.
+    #[must_use]
+    pub fn into_error(self, message: String) -> anyhow::Error {
+        if self.lasting {
+            anyhow::Error::new(crate::lifecycle::Unretryable(message))
+        } else {
+            anyhow::anyhow!(message)
         }
     }
 }
@@ -554,6 +581,17 @@ fn resolve_wan_addr(
 
 /// Checks the interfaces and arguments and builds the configuration;
 /// changes nothing.
+/// `field`'s error for a failed [`netlink::mac`]: lasting for an
+/// interface that has no Ethernet address of its own (it will not get
+/// one), for now when the link could not be read.
+fn mac_error(field: ConfigField, e: &anyhow::Error) -> ConfigError {
+    let lasting = e.downcast_ref::<crate::lifecycle::Unretryable>().is_some();
+    ConfigError {
+        lasting,
+        ..ConfigError::new(field, format!("{e:#}"))
+    }
+}
+
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     resolve_saying(a, true)
 }
@@ -599,21 +637,19 @@ fn resolve_saying(a: &AttachArgs, say: bool) -> Result<RouterConfig, ConfigError
     nft_safe_name(ConfigField::Lan, lan)?;
     nft_safe_name(ConfigField::Wan, wan)?;
     let lan_idx =
-        netlink::ifindex(lan).map_err(|e| ConfigError::new(ConfigField::Lan, e.to_string()))?;
+        netlink::ifindex(lan).map_err(|e| ConfigError::for_now(ConfigField::Lan, e.to_string()))?;
     let wan_idx =
-        netlink::ifindex(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
+        netlink::ifindex(wan).map_err(|e| ConfigError::for_now(ConfigField::Wan, e.to_string()))?;
     if lan_idx == wan_idx {
         return Err(ConfigError::new(
             ConfigField::Wan,
             format!("LAN and WAN are the same interface ({lan}); give two different interfaces"),
         ));
     }
-    let lan_mac = netlink::mac(lan, lan_idx)
-        .map_err(|e| ConfigError::new(ConfigField::Lan, format!("{e:#}")))?;
-    let wan_mac = netlink::mac(wan, wan_idx)
-        .map_err(|e| ConfigError::new(ConfigField::Wan, format!("{e:#}")))?;
-    let wan_addrs =
-        netlink::ipv4_addrs(wan).map_err(|e| ConfigError::new(ConfigField::Wan, e.to_string()))?;
+    let lan_mac = netlink::mac(lan, lan_idx).map_err(|e| mac_error(ConfigField::Lan, &e))?;
+    let wan_mac = netlink::mac(wan, wan_idx).map_err(|e| mac_error(ConfigField::Wan, &e))?;
+    let wan_addrs = netlink::ipv4_addrs(wan)
+        .map_err(|e| ConfigError::for_now(ConfigField::Wan, e.to_string()))?;
     let wan_addr = resolve_wan_addr(a, &wan_addrs, say)?;
     if a.max_flows.checked_mul(2).is_none() {
         return Err(ConfigError::new(

@@ -79,8 +79,10 @@ const AFTER_HELP: &str = "Examples:
 Exit status: 0 success, 1 error (the message says what failed and what to do), \
 3 `status` when nothing is attached, 78 an attach (`attach`, `apply`, `run --config`) \
 refused for a reason that trying again does not change (a map layout or table size \
-change, other interfaces or XDP mode, forward rules in the way: the message says what \
-to do; the service's unit does not restart on it).";
+change, other interfaces or XDP mode, forward rules in the way, a value out of range, an \
+interface with no Ethernet address such as the loopback: the message says what to do; \
+the service's unit does not restart on it; an interface or address not there yet is 1, \
+tried again).";
 
 #[derive(Parser)]
 #[command(version = version_string(), about = ABOUT, long_about = LONG_ABOUT,

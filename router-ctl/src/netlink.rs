@@ -933,23 +933,27 @@ pub fn ifindex(name: &str) -> Result<u32> {
 }
 
 /// The Ethernet address of interface `name` (`ifindex` its index), which
-/// the data path compares frames' destinations with.
+/// the data path compares frames' destinations with. An interface without
+/// one of its own is refused as [`Unretryable`](crate::lifecycle::Unretryable):
+/// it will not get one.
 pub fn mac(name: &str, ifindex: u32) -> Result<[u8; 6]> {
     let attrs = link(ifindex).with_context(|| format!("reading the link of {name}"))?;
     match attrs.mac {
         // The loopback interface's (a typo for the LAN or WAN, say): no
         // host sends to it, and XDP on it would only take the router's own
         // traffic.
-        Some([0, 0, 0, 0, 0, 0]) => bail!(
+        Some([0, 0, 0, 0, 0, 0]) => Err(crate::lifecycle::Unretryable(format!(
             "{name} has no Ethernet address of its own (00:00:00:00:00:00: the loopback \
              interface?): the XDP router forwards between Ethernet interfaces; give the LAN \
              and WAN interfaces (`ip link`)"
-        ),
+        ))
+        .into()),
         Some(m) => Ok(m),
-        None => bail!(
+        None => Err(crate::lifecycle::Unretryable(format!(
             "{name} has no Ethernet address (`ip link show {name}`): the XDP router forwards \
              Ethernet frames only; attach it to Ethernet interfaces"
-        ),
+        ))
+        .into()),
     }
 }
 

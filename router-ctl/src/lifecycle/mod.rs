@@ -290,7 +290,10 @@ pub fn attach(
     a: &AttachArgs,
     forwards: &[(PortForwardKey, PortForwardTarget)],
 ) -> Result<Outcome> {
-    let desired = config::resolve(a)?;
+    let desired = config::resolve(a).map_err(|e| {
+        let message = e.message.clone();
+        e.into_error(message)
+    })?;
     config::warn_standalone_only(a);
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     let obj = Object::load(a.object.as_deref())?;

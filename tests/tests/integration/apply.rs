@@ -369,6 +369,15 @@ fn each_invalid_field_is_named_and_nothing_changes() {
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(e.contains("nope0") && e.contains("interfaces.lan"), "{e}");
+    // The loopback interface (a typo): it will never do, exit 78.
+    let f = TempFile::new("lo", &text.replacen("wan = \"wan0\"", "wan = \"lo\"", 1));
+    let o = t.router_ctl(&["apply", f.path()]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(78), "{e}");
+    assert!(
+        e.contains("interfaces.wan") && e.contains("lo has no Ethernet address of its own"),
+        "{e}"
+    );
     // A missing file.
     let e = ctl_fails(&t, &["apply", "/nonexistent/router.toml"]);
     assert!(e.contains("/nonexistent/router.toml"), "{e}");

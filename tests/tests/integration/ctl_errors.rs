@@ -104,6 +104,13 @@ fn missing_capabilities_are_named() {
 #[ignore = "needs root: run cargo xtask test"]
 fn missing_interfaces_and_namespaces() {
     let t = Topology::new();
+    // An interface not there (yet: a USB NIC at boot) is worth another
+    // try (exit 1); one refused for what it is (the same twice, the
+    // loopback) is not (78: the service stops retrying).
+    let code = |args: &[&str]| t.router_ctl(args).status.code();
+    assert_eq!(code(&["attach", LAN_IF, "nope0"]), Some(1));
+    assert_eq!(code(&["attach", LAN_IF, LAN_IF]), Some(78));
+    assert_eq!(code(&["attach", LAN_IF, "lo"]), Some(78));
     let e = ctl_fails(&t, &["attach", LAN_IF, "nope0"]);
     assert!(e.contains("no such interface \"nope0\""), "{e}");
     // It names the namespace -n gave (the kit passes one) to look in.
