@@ -269,17 +269,42 @@ pub fn check_interfaces(a: &AttachArgs, desired: &RouterConfig) -> Result<Option
         crate::config::Mode::Native => Some(false),
         crate::config::Mode::Auto => None,
     };
-    let blockers = doctor::attach_blockers(&a.lan, &a.wan, generic_asked);
-    if !blockers.is_empty() && !a.force {
-        bail!(super::Unretryable(format!(
-            "{}; the fast path would drop those frames while counting them forwarded: fix \
-             it, {}, or {} to attach anyway",
-            blockers.join("; "),
-            how.generic,
-            how.force
-        )));
-    }
+    refuse_blockers(
+        [&a.lan, &a.wan],
+        generic_asked,
+        None,
+        a.force,
+        &format!("fix it, {}, or {} to attach anyway", how.generic, how.force),
+    )?;
     Ok(generic_asked)
+}
+
+/// Refuses, unless `force`, what would make the fast path drop frames
+/// while counting them forwarded on interfaces `names` (LAN, WAN) in the
+/// mode asked (`generic`; `None`: native where the driver has it), as
+/// `doctor` finds it; `only`: the blockers of those interfaces alone (a
+/// relink's, made anew). The refusal ends with `fix`.
+pub(super) fn refuse_blockers(
+    names: [&str; 2],
+    generic: Option<bool>,
+    only: Option<&[&str]>,
+    force: bool,
+    fix: &str,
+) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    let blockers: Vec<String> = doctor::attach_blockers(names[0], names[1], generic)
+        .into_iter()
+        .filter(|b| only.is_none_or(|o| o.iter().any(|n| b.starts_with(&format!("{n}:")))))
+        .collect();
+    if blockers.is_empty() {
+        return Ok(());
+    }
+    bail!(super::Unretryable(format!(
+        "{}; the fast path would drop those frames while counting them forwarded: {fix}",
+        blockers.join("; ")
+    )))
 }
 
 /// How a refusal of [`check_interfaces`] says to go on: with `attach`'s

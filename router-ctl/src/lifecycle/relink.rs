@@ -14,7 +14,7 @@ use std::os::fd::AsFd as _;
 use tracing::info;
 
 use super::{Unretryable, inspect, replace::gone_links};
-use crate::{bpfsys, ctx::Ctx, doctor, netlink, pins::LINK_PINS, state};
+use crate::{bpfsys, ctx::Ctx, netlink, pins::LINK_PINS, state};
 
 /// Under the router's lock: gives every link whose interface was deleted
 /// a new one on the interface of the recorded name, if it exists again.
@@ -144,21 +144,14 @@ fn check_new(
     let generic = modes.iter().any(|m| m == "generic");
     // Those of the interfaces made anew only: what the other one has, the
     // attach accepted (or was forced over).
-    let blockers: Vec<String> = doctor::attach_blockers(&names[0], &names[1], Some(generic))
-        .into_iter()
-        .filter(|b| {
-            back.iter()
-                .any(|&(r, _)| b.starts_with(&format!("{}:", names[r])))
-        })
-        .collect();
-    if !blockers.is_empty() && !force {
-        bail!(Unretryable(format!(
-            "{}; the fast path would drop those frames while counting them forwarded: fix it \
-             (the interface was made anew without it), or {force_how}",
-            blockers.join("; ")
-        )));
-    }
-    Ok(())
+    let anew: Vec<&str> = back.iter().map(|&(r, _)| names[r].as_str()).collect();
+    super::fresh::refuse_blockers(
+        [&names[0], &names[1]],
+        Some(generic),
+        Some(&anew),
+        force,
+        &format!("fix it (the interface was made anew without it), or {force_how}"),
+    )
 }
 
 /// A new XDP link of program `prog_id` on interface `name` (index `idx`)
