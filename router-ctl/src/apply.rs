@@ -24,7 +24,6 @@ use crate::{
     lifecycle::{self, Outcome},
     maps::{PinnedMaps, snapshot},
     parse::{self, ForwardFrom, MAX_FLOWS_LIMIT, Proto, TimeoutArg, WanAddr},
-    signals::SignalsBlocked,
     standalone, state,
 };
 
@@ -826,21 +825,23 @@ pub fn apply_waiting(ctx: &Ctx, path: &Path, check: bool, wait: std::time::Durat
     // An attach that refuses (a resize, another interface) or rolls back
     // leaves the record as it was: nothing changed then.
     let record_before = state::load(ctx.ns()).ok().flatten();
-    let outcome = lifecycle::attach(ctx, &args, &d.forwards).map_err(|e| {
+    let held = lifecycle::attach_held(ctx, &args, &d.forwards).map_err(|e| {
         if state::load(ctx.ns()).ok().flatten() == record_before {
             e.context(format!("{name} cannot be applied, nothing was changed"))
         } else {
             e.context(PartlyApplied)
         }
     })?;
+    // Under the attach's lock, its signals still held off: nothing comes
+    // between the file's configuration and its rules.
     let changes = (|| {
-        let _lock = state::lock(ctx.ns())?;
-        let _signals = SignalsBlocked::new();
         let mut changes = sync_rules(&ctx.maps(), &d.forwards)?;
         changes.extend(sync_pinholes(&ctx.maps(), &d.pinholes)?);
         Ok::<_, anyhow::Error>(changes)
     })()
     .context(PartlyApplied)?;
+    let outcome = held.outcome;
+    drop(held);
     for c in &changes {
         println!("{c}");
     }

@@ -391,7 +391,7 @@ fn parse_interval(s: &str) -> Result<f64, String> {
     }
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone, Copy)]
 enum ForwardCmd {
     /// Send new flows to a port of the WAN address on to a LAN host (standalone mode).
     ///
@@ -653,40 +653,28 @@ fn run(cli: Cli) -> Result<i32> {
             }
         }
         Cmd::Forward { cmd } => match cmd {
-            ForwardCmd::Add {
-                proto,
-                from,
-                target,
-            } => match (from, target) {
-                (ForwardFrom::WanPort(port), Some(to)) => {
-                    let kernel_ports = state::load(ctx.ns())
-                        .ok()
-                        .flatten()
-                        .and_then(|r| r.config.kernel_nat_ports);
-                    forward::add(&maps, proto, port, to, kernel_ports)
-                }
-                (ForwardFrom::Pinhole6(to), None) => forward::add_pinhole6(&maps, proto, to),
-                (ForwardFrom::WanPort(port), None) => Err(anyhow::anyhow!(
-                    "forward add {} {port} needs the LAN_ADDR:PORT to send the flows to",
-                    proto.name()
-                )),
-                (ForwardFrom::Pinhole6(to), Some(_)) => Err(anyhow::anyhow!(
-                    "an IPv6 pinhole translates nothing: `forward add {} {to}` takes no \
-                     LAN_ADDR:PORT",
-                    proto.name()
-                )),
-            },
-            ForwardCmd::Del { proto, from } => match from {
-                ForwardFrom::WanPort(port) => forward::del(&maps, proto, port),
-                ForwardFrom::Pinhole6(to) => forward::del_pinhole6(&maps, proto, to),
-            },
+            // Under the router's lock, as every change: a rule written
+            // while a detach runs would go with its maps, unsaid, and one
+            // written during a switch to offload mode would slip past
+            // its refusal there.
+            ForwardCmd::Add { .. } | ForwardCmd::Del { .. } => {
+                let _lock = state::lock(ctx.ns())?;
+                let _signals = signals::SignalsBlocked::new();
+                forward_change(&ctx, &maps, cmd)
+            }
             ForwardCmd::List { json } => forward::list(&maps, json),
         }
         .map(|()| 0),
         Cmd::Conntrack { cmd } => match cmd {
             ConntrackCmd::List(a) => conntrack::list(&maps, a.json, &a.query()),
             ConntrackCmd::Count { json } => conntrack::count(&maps, json),
-            ConntrackCmd::Flush => conntrack::flush(&maps),
+            // Whole or not at all (the daemon resyncs on the count of
+            // flushes it records last), one at a time.
+            ConntrackCmd::Flush => {
+                let _lock = state::lock(ctx.ns())?;
+                let _signals = signals::SignalsBlocked::new();
+                conntrack::flush(&maps)
+            }
         }
         .map(|()| 0),
         Cmd::Apply { file, check } => apply::apply(&ctx, &file, check).map(|()| 0),
@@ -737,6 +725,40 @@ fn print_whole(text: &[u8], what: &str) -> Result<i32> {
             Err(e).with_context(|| format!("writing {what}"))
         }
         _ => Ok(0),
+    }
+}
+
+/// `forward add` or `forward del` (`cmd`), on the router's maps.
+fn forward_change(ctx: &Ctx, maps: &maps::PinnedMaps, cmd: ForwardCmd) -> Result<()> {
+    match cmd {
+        ForwardCmd::Add {
+            proto,
+            from,
+            target,
+        } => match (from, target) {
+            (ForwardFrom::WanPort(port), Some(to)) => {
+                let kernel_ports = state::load(ctx.ns())
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.config.kernel_nat_ports);
+                forward::add(maps, proto, port, to, kernel_ports)
+            }
+            (ForwardFrom::Pinhole6(to), None) => forward::add_pinhole6(maps, proto, to),
+            (ForwardFrom::WanPort(port), None) => Err(anyhow::anyhow!(
+                "forward add {} {port} needs the LAN_ADDR:PORT to send the flows to",
+                proto.name()
+            )),
+            (ForwardFrom::Pinhole6(to), Some(_)) => Err(anyhow::anyhow!(
+                "an IPv6 pinhole translates nothing: `forward add {} {to}` takes no \
+                 LAN_ADDR:PORT",
+                proto.name()
+            )),
+        },
+        ForwardCmd::Del { proto, from } => match from {
+            ForwardFrom::WanPort(port) => forward::del(maps, proto, port),
+            ForwardFrom::Pinhole6(to) => forward::del_pinhole6(maps, proto, to),
+        },
+        ForwardCmd::List { json } => forward::list(maps, json),
     }
 }
 

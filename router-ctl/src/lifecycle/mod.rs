@@ -290,6 +290,27 @@ pub fn attach(
     a: &AttachArgs,
     forwards: &[(PortForwardKey, PortForwardTarget)],
 ) -> Result<Outcome> {
+    attach_held(ctx, a, forwards).map(|held| held.outcome)
+}
+
+/// What an attach did, with the router's lock and the blocked signals it
+/// held, so the caller can finish a change of its own under them (an
+/// `apply`'s rule sync: a signal or another router-ctl between the two
+/// would leave the new configuration with the old file's port forwards).
+pub struct AttachHeld {
+    pub outcome: Outcome,
+    // Fields drop in order: the signals are let through while the lock is
+    // still held (a pending one then ends the process, which releases it).
+    _signals: SignalsBlocked,
+    _lock: state::Lock,
+}
+
+/// [`attach`], returning its lock and blocked signals held.
+pub fn attach_held(
+    ctx: &Ctx,
+    a: &AttachArgs,
+    forwards: &[(PortForwardKey, PortForwardTarget)],
+) -> Result<AttachHeld> {
     let desired = config::resolve(a).map_err(|e| {
         let message = e.message.clone();
         e.into_error(message)
@@ -308,8 +329,8 @@ pub fn attach(
         replace::preflight(ctx, a, &desired, &obj, &seen)?;
     }
     let bypassed_chains = check_standalone_host(a, &desired)?;
-    let _lock = state::lock(ctx.ns())?;
-    let _signals = SignalsBlocked::new();
+    let lock = state::lock(ctx.ns())?;
+    let signals = SignalsBlocked::new();
     let desired = with_wan_addr_now(desired);
     detach::gc_tmp(ctx);
     let mut running = inspect(&ctx.pin_dir);
@@ -396,11 +417,21 @@ pub fn attach(
         }
     }
     // After the configuration turned the fast path on: until then frames
-    // to a virtual MAC go to the kernel, which forwards them too. Past the
-    // point where the router is attached, so a failure here only warns: an
-    // error would tell the caller (and `apply`, which would then skip the
-    // rules) that the attach did not happen. Frames to a virtual MAC then
-    // go to the kernel until the map is written.
+    // to a virtual MAC go to the kernel, which forwards them too.
+    say_virtual_macs(ctx, &desired);
+    Ok(AttachHeld {
+        outcome,
+        _signals: signals,
+        _lock: lock,
+    })
+}
+
+/// Writes the virtual MACs of the attached interfaces and says which. Past
+/// the point where the router is attached, so a failure here only warns:
+/// an error would tell the caller (and `apply`, which would then skip the
+/// rules) that the attach did not happen. Frames to a virtual MAC then go
+/// to the kernel until the map is written.
+fn say_virtual_macs(ctx: &Ctx, desired: &RouterConfig) {
     match sync_virtual_macs(ctx, [desired.lan_ifindex, desired.wan_ifindex]) {
         Ok(virtual_macs) => {
             for v in &virtual_macs {
@@ -413,7 +444,6 @@ pub fn attach(
              attach runs again"
         ),
     }
-    Ok(outcome)
 }
 
 /// Offload mode on a router that ran standalone: the data path carries

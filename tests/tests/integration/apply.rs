@@ -3,6 +3,7 @@
 //! field (an error naming the line and the field, nothing changed).
 
 use std::net::IpAddr;
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -201,6 +202,47 @@ fn a_changed_file_replaces_in_place_and_syncs_the_rules() {
         out.lines().last(),
         Some(format!("applied {}: nothing changed", f.path()).as_str()),
         "{out}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_ctrl_c_during_an_apply_leaves_the_whole_file_applied() {
+    // A Ctrl-C (SIGINT) while the replace runs is held off, with the
+    // router's lock, until the file's rules are written too: the new
+    // configuration never goes live with the old file's port forwards
+    // (a port the file closes left open).
+    let t = Topology::new();
+    t.warm_neighbours();
+    t.router_ctl_ok(&["apply", example().path()]);
+    let changed = example_text()
+        .replace("udp-replied = 120", "udp-replied = 300")
+        .replace(
+            "[[forward]]\nproto = \"udp\"\nwan_port = 5353\nto = \"192.168.50.2:53\"\n",
+            "",
+        );
+    let file = TempFile::new("ctrl-c", &changed);
+    let out = ctl_env(
+        &t,
+        &[("ROUTER_CTL_SIGNAL_AT", "replace-after-links")],
+        &["apply", file.path()],
+    );
+    let e = stderr(&out);
+    assert!(e.contains("SIGINT injected at replace-after-links"), "{e}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGINT),
+        "ended by the SIGINT: {e}"
+    );
+    let (v, code) = status(&t);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["record"]["config"]["timeouts"]["udp-replied"], 300);
+    assert_eq!(
+        rules(&t),
+        json!([
+            {"proto": "tcp", "wan_port": 8080, "lan_addr": "192.168.50.2", "lan_port": 80},
+        ]),
+        "the new configuration went live with the old file's rules"
     );
 }
 

@@ -610,3 +610,22 @@ pub fn kill_group(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Holds the lock of the router in `t`'s router namespace, as an attach
+/// under way does, until dropped.
+pub fn hold_router_lock(t: &Topology) -> std::fs::File {
+    use std::os::fd::AsRawFd as _;
+    // The lock attach and detach take (router-ctl's `state::lock`).
+    std::fs::create_dir_all(tests::LOCK_DIR).unwrap();
+    let path = format!("{}/{}.lock", tests::LOCK_DIR, t.ns_name(Ns::Router));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("opening {path}: {e}"));
+    // SAFETY: flock on a valid fd.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "locking {path}: {}", std::io::Error::last_os_error());
+    f
+}

@@ -102,6 +102,39 @@ fn missing_capabilities_are_named() {
 
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+fn rule_changes_and_flushes_wait_for_the_routers_lock() {
+    // While another router-ctl changes the router (here: its lock held),
+    // `forward add/del` and `conntrack flush` wait for it and give up after
+    // 10 s, rather than writing into maps a detach may be removing.
+    let t = Topology::new();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let lock = hold_router_lock(&t);
+    let changes: [&[&str]; 3] = [
+        &["forward", "add", "tcp", "8080", "192.168.50.2:80"],
+        &["forward", "del", "tcp", "8080"],
+        &["conntrack", "flush"],
+    ];
+    let refused: Vec<String> = std::thread::scope(|s| {
+        let runs: Vec<_> = changes
+            .iter()
+            .map(|args| s.spawn(|| ctl_fails(&t, args)))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    for (args, e) in changes.iter().zip(&refused) {
+        assert!(
+            e.contains("another router-ctl is changing this router"),
+            "{args:?}: {e}"
+        );
+    }
+    drop(lock);
+    t.router_ctl_ok(&["forward", "add", "tcp", "8080", "192.168.50.2:80"]);
+    t.router_ctl_ok(&["conntrack", "flush"]);
+    t.router_ctl_ok(&["forward", "del", "tcp", "8080"]);
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn missing_interfaces_and_namespaces() {
     let t = Topology::new();
     // An interface not there (yet: a USB NIC at boot) is worth another

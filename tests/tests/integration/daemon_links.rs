@@ -20,7 +20,10 @@ use tests::{
 };
 
 use crate::{
-    ctl::{DetachOnDrop, Stream, attach, pin_dir, prog_ids, status, stdout, wait_for_or_show},
+    ctl::{
+        DetachOnDrop, Stream, attach, hold_router_lock, pin_dir, prog_ids, status, stdout,
+        wait_for_or_show,
+    },
     doctor::{check, doctor},
     metrics::Server,
     offload::{Daemon, Firewall, counter, echoes, install_firewall, offloaded_rows, udp_echo},
@@ -352,25 +355,6 @@ fn static_neighbour(t: &Topology, ns: Ns, addr: impl Into<std::net::IpAddr>, mac
         "permanent",
     ];
     t.exec_ok(ns, &cmd);
-}
-
-/// Holds the lock of the router in `t`'s router namespace, as an attach
-/// under way does, until dropped.
-fn hold_router_lock(t: &Topology) -> std::fs::File {
-    use std::os::fd::AsRawFd as _;
-    // The lock attach and detach take (router-ctl's `state::lock`).
-    std::fs::create_dir_all(tests::LOCK_DIR).unwrap();
-    let path = format!("{}/{}.lock", tests::LOCK_DIR, t.ns_name(Ns::Router));
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("opening {path}: {e}"));
-    // SAFETY: flock on a valid fd.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(rc, 0, "locking {path}: {}", std::io::Error::last_os_error());
-    f
 }
 
 /// An attached interface's MAC changes while another router-ctl holds the
