@@ -1029,7 +1029,7 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
     let offload = mode == Some(Admit::Kernel as u8);
     let standalone = mode == Some(Admit::Xdp as u8);
     // Attached with --no-kernel-nat: the router's own NAT rule is the slow
-    // path, as the README asks.
+    // path, as docs/standalone.md asks.
     let own_slow_path = state::load(netns).ok().flatten().is_some_and(|r| {
         r.config.admit == crate::config::AdmitMode::Xdp && r.config.kernel_nat_ports.is_none()
     });

@@ -12,7 +12,7 @@
 //!
 //! Not seen here: rate limits in nftables (`limit rate`, meters, netdev
 //! hooks), which the fast path's flows skip as they skip every rule on
-//! established packets (README, Offload mode).
+//! established packets (README, "Two modes").
 
 use std::io;
 

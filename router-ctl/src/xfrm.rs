@@ -6,7 +6,7 @@
 //! connection a policy's selector covers to the kernel (`ipsec_policy`),
 //! and ends offloaded ones that a new policy covers; `doctor` reports the
 //! policies (`ipsec`); standalone mode, which admits flows itself, does
-//! not check them (see README).
+//! not check them (see docs/offload.md).
 
 use std::{io, net::IpAddr};
 

@@ -665,7 +665,7 @@ fn try_port(cfg: &Config, key: &FlowKey, port: u16, now: u64) -> Claim {
 /// replaced; a live one keeps its tuple, also when its other half was
 /// evicted (its next packet puts that back) (`Claim::TupleTaken`: the reply entry just
 /// inserted is removed again), as the kernel's conntrack refuses a
-/// clashing tuple and as step 2 of the README's data path says a tuple of
+/// clashing tuple and as step 2 of docs/architecture.md "Per packet" says a tuple of
 /// the other side is never translated.
 #[inline(always)]
 fn insert_pair(cfg: &Config, key: &FlowKey, s: &Scratch, now: u64) -> Claim {

@@ -119,8 +119,8 @@ fn try_translate(ctx: &XdpContext) -> Step<()> {
     } else {
         udp::LEN
     };
-    // Malformed as the core judges an option-less packet (README "Per
-    // packet" step 1): too short for its L4 header, or a TCP data offset
+    // Malformed as the core judges an option-less packet
+    // (docs/architecture.md "Per packet" step 1): too short for its L4 header, or a TCP data offset
     // below the header or past the packet.
     let malformed = Verdict::drop(Counter::DropMalformed);
     if total_len < hlen + need {

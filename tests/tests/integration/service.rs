@@ -317,7 +317,7 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
     println!("daemon log:\n{}", d.log());
 
     // Stop: exit 0, STOPPING=1, and the data path stays attached (the
-    // README's documented state).
+    // documented state, docs/operations.md "As a service").
     let st = d.stop();
     assert!(st.success(), "exit {st}:\n{}", d.log());
     assert!(

@@ -109,7 +109,7 @@ fn failover_keeps_tcp_and_udp_flows_on_the_fast_path() {
 }
 
 /// A download whose server retransmits while the new master's commit is
-/// held back (README "Two routers: failover": the firewall's input rule)
+/// held back (docs/failover.md "Two routers: failover": the firewall's input rule)
 /// survives the takeover.
 #[test]
 #[ignore = "needs root: run cargo xtask test"]

@@ -219,7 +219,7 @@ pub(super) fn setup(env: &ResolvedTopology, r: &mut LoadedRouter) -> Vec<Base> {
     // Priority-tagged copies (VLAN id 0, which the kernel strips) of a WAN
     // reply, a LAN datagram of its flow and a WAN datagram to a LAN host:
     // the data path takes the tags off and goes on with the packet inside
-    // (README "Priority tags"), carried, judged or passed as untagged.
+    // (docs/architecture.md "Per packet" step 0), carried, judged or passed as untagged.
     let to_lan_host = env.server_sends(&Ipv4::new(SERVER, CLIENT, Udp::new(53, 40009, &payload)));
     let reply = bases[11].frame.clone();
     bases.push(Base {

@@ -10,7 +10,7 @@
 //! For every case: the verdict is `XDP_PASS`, `XDP_DROP` or
 //! `XDP_REDIRECT`; exactly one verdict counter moved, by one packet and the
 //! frame's bytes, and its kind matches the verdict; an independent model of
-//! the IPv6 checks (README "IPv6" table, in order) predicts the counter of
+//! the IPv6 checks (docs/architecture.md "IPv6" table, in order) predicts the counter of
 //! every packet the parse decides, and for the rest (flow lookup,
 //! admission) the counter is one the flow phases may give; a passed or
 //! dropped frame leaves untouched; a redirected one differs from the input
@@ -60,8 +60,8 @@ enum Expect6 {
     EitherOf(Counter, Counter),
 }
 
-/// [`parse_model6`], then standalone mode's inbound filter as the README
-/// states it: from the WAN, what the parse passes without a flow
+/// [`parse_model6`], then standalone mode's inbound filter as
+/// docs/architecture.md ("IPv6") states it: from the WAN, what the parse passes without a flow
 /// (extension headers but ESP and AH, MLD, other protocols and `ICMPv6`
 /// types, frames not to the router's MAC but what a known flow or a pinhole
 /// lets in) is dropped when addressed to a LAN host (the LAN prefix, not the
@@ -123,7 +123,7 @@ fn model6(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Expect6 {
 }
 
 /// Standalone mode's source check of what the parse passes from the LAN
-/// (README IPv6 table, BCP 38): a source outside the LAN prefix, or the
+/// (docs/architecture.md "IPv6" table, BCP 38): a source outside the LAN prefix, or the
 /// router's own LAN address, is dropped (`drop6_spoofed_source`), also
 /// one for the router itself; link scope and the packets of flows are
 /// left alone.
@@ -155,7 +155,7 @@ fn lan_policy6(f: &[u8], c: Counter) -> Expect6 {
 /// The LAN's IPv6 /64 (`tests::v6::LAN_PREFIX6`).
 const LAN6_PREFIX: [u8; 8] = [0x20, 0x01, 0x0d, 0xb8, 0, 0x50, 0, 0];
 
-/// The IPv6 checks in the README's order, written from the table, not
+/// The IPv6 checks in the order of docs/architecture.md "IPv6", written from the table, not
 /// from the program: frame, version and lengths, scope, extension headers,
 /// hop limit, the Ethernet destination (`own_mac`: the ingress
 /// interface's), then the L4 header by protocol.

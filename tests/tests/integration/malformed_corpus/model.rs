@@ -13,19 +13,19 @@ pub(super) enum Stage {
     /// ICMP error whose quote is usable: looked up as a reply.
     IcmpError,
     /// A first fragment of UDP or an ICMP echo of its direction: carried
-    /// if its flow is (README "IPv4 fragments").
+    /// if its flow is (docs/architecture.md "Per packet" step 10).
     FirstFragment,
     /// A later fragment: carried if its datagram's first was.
     LaterFragment,
     /// A packet with IP options that may be a flow's: carried if it is
-    /// (README "Per packet" step 12).
+    /// (docs/architecture.md "Per packet" step 12).
     Options,
     /// A WAN packet with TTL <= 1 that may be a flow's: answered with Time
-    /// Exceeded if it is (README "Per packet" step 11).
+    /// Exceeded if it is (docs/architecture.md "Per packet" step 11).
     TtlExceeded,
 }
 
-/// What the spec decides from the bytes alone (README "Per packet", steps
+/// What the spec decides from the bytes alone (docs/architecture.md "Per packet", steps
 /// 1 and 5 of the ICMP error path), in its order of checks; `own_mac` is
 /// the ingress interface's MAC.
 pub(super) fn model(f: &[u8], from_lan: bool, own_mac: [u8; 6]) -> Stage {
@@ -155,7 +155,7 @@ fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
     }
 }
 
-/// The options path's look at `options` (README "Per packet" step 12): at
+/// The options path's look at `options` (docs/architecture.md "Per packet" step 12): at
 /// most six options (no-operation bytes counted) up to the end of the list
 /// or the header, none a source route (LSRR 0x83, SSRR 0x89), each with
 /// a length of at least 2 within the header (but the one-byte end and
@@ -198,7 +198,7 @@ fn ttl_exceeded(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Sta
     Stage::TtlExceeded
 }
 
-/// A fragment (README "Per packet" step 10): a later one depends on its
+/// A fragment (docs/architecture.md "Per packet" step 10): a later one depends on its
 /// datagram's first; a first one of TCP (with its whole header), UDP or an
 /// ICMP echo of its direction (whose 8-byte header it must hold) on its
 /// flow; the rest is the kernel's.
@@ -426,7 +426,7 @@ fn lan_host(addr: [u8; 4]) -> bool {
     addr[..3] == ROUTER_LAN[..3] && addr != ROUTER_LAN && addr[3] != 255
 }
 
-/// Standalone mode's forward policy from the WAN (README "Standalone
+/// Standalone mode's forward policy from the WAN (docs/standalone.md "Standalone
 /// mode"): a packet the data path would pass to the kernel untranslated
 /// whose destination the router forwards out of the LAN interface (a LAN
 /// host: not the router's own LAN address, not the subnet's broadcast) is
@@ -458,7 +458,7 @@ pub(super) fn standalone_policy(f: &[u8], from_lan: bool, ok: Vec<Counter>) -> V
 }
 
 /// Standalone mode's verdict on a frame with more priority tags (802.1Q or
-/// 802.1ad, VLAN id 0) than the data path takes off (README "Standalone
+/// 802.1ad, VLAN id 0) than the data path takes off (docs/standalone.md "Standalone
 /// mode"): dropped as malformed, from either side (the kernel would strip
 /// them all and forward what is inside). `None`: not such a frame (fewer
 /// are taken off before the model is asked, see `check::case`; a tag of
@@ -476,7 +476,7 @@ fn too_many_priority_tags(f: &[u8]) -> Option<Vec<Counter>> {
 }
 
 /// Standalone mode's check of what it passes from the LAN untranslated
-/// (README "Standalone mode"): with the router's WAN address as source it
+/// (docs/standalone.md "Standalone mode"): with the router's WAN address as source it
 /// is dropped (`DropSpoofedSource`: the kernel would forward it as the
 /// router's own packet); passes the data path translated itself keep
 /// their verdicts; a frame with too many priority tags as
