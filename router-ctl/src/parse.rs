@@ -162,8 +162,12 @@ pub fn parse_netns(s: &str) -> Result<String, String> {
         ));
     }
     // The names of a namespace's own files (`NS.standalone.json`,
-    // `NS.daemon.lock`...) would be another namespace's record or lock.
-    if s.ends_with(".standalone") || s.ends_with(".daemon") {
+    // `NS.daemon.lock`, `NS.apply.lock`...) would be another namespace's
+    // record or lock.
+    if [".standalone", ".daemon", ".apply"]
+        .iter()
+        .any(|suffix| s.ends_with(suffix))
+    {
         return Err(format!(
             "a namespace named {s:?} would share the files router-ctl keeps for namespace \
              {:?}: rename it",
@@ -346,6 +350,7 @@ mod tests {
             "default",
             "rtr.daemon",
             "rtr.standalone",
+            "rtr.apply",
         ] {
             assert!(parse_netns(bad).is_err(), "{bad}");
         }

@@ -34,9 +34,10 @@ impl Drop for SignalsBlocked {
 
 /// Stops the process at a named step when `ROUTER_CTL_CRASH_AT` names it:
 /// `kill -9` of ourselves, for the crash-consistency tests. When
-/// `ROUTER_CTL_SIGNAL_AT` names it, sends ourselves SIGINT there instead
-/// (a Ctrl-C at that step: held off while signals are blocked), for the
-/// tests of what a signal leaves.
+/// `ROUTER_CTL_SIGNAL_AT` names it (`NAME`, or `NAME:HUP` / `NAME:TERM`
+/// for another signal), sends ourselves SIGINT there instead (a Ctrl-C at
+/// that step: held off while signals are blocked), for the tests of what
+/// a signal leaves.
 pub fn crash_point(name: &str) {
     if std::env::var("ROUTER_CTL_CRASH_AT").is_ok_and(|v| v == name) {
         eprintln!("router-ctl: crash injected at {name}");
@@ -45,11 +46,20 @@ pub fn crash_point(name: &str) {
             libc::kill(libc::getpid(), libc::SIGKILL);
         }
     }
-    if std::env::var("ROUTER_CTL_SIGNAL_AT").is_ok_and(|v| v == name) {
-        eprintln!("router-ctl: SIGINT injected at {name}");
+    let Ok(asked) = std::env::var("ROUTER_CTL_SIGNAL_AT") else {
+        return;
+    };
+    let (at, sig) = asked.split_once(':').unwrap_or((&asked, "INT"));
+    let signal = match sig {
+        "HUP" => libc::SIGHUP,
+        "TERM" => libc::SIGTERM,
+        _ => libc::SIGINT,
+    };
+    if at == name {
+        eprintln!("router-ctl: SIG{sig} injected at {name}");
         // SAFETY: plain kill(2) of our own process.
         unsafe {
-            libc::kill(libc::getpid(), libc::SIGINT);
+            libc::kill(libc::getpid(), signal);
         }
     }
 }

@@ -409,6 +409,7 @@ pub fn tear_down(netns: Option<&str>) -> Result<bool> {
 /// gone, its sysctls and table with it).
 pub fn forget(netns: Option<&str>) -> Result<()> {
     let path = record_path(netns);
+    let _ = fs::remove_file(crate::state::tmp_path(&path));
     match fs::remove_file(&path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -592,6 +593,9 @@ fn legacy_table_exists(names: &str, table: &str) -> bool {
     fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == table))
 }
 
+/// Seconds the legacy iptables tools wait for the xtables lock (`-w`).
+const XTABLES_WAIT_SECS: &str = "5";
+
 /// The forward chains of this namespace that standalone mode would
 /// bypass (`ruleset`'s, and iptables-legacy's), and what could not be
 /// checked.
@@ -610,7 +614,13 @@ pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<Unread>) {
         if !legacy_table_exists(names, "filter") {
             continue;
         }
-        match Command::new(tool).args(["-w", "-S", "FORWARD"]).output() {
+        // The xtables lock waited for at most a few seconds: another
+        // tool holding it (a long restore) must not stall the daemon's
+        // loop past its heartbeat; a timeout reads as unread, for now.
+        match Command::new(tool)
+            .args(["-w", XTABLES_WAIT_SECS, "-S", "FORWARD"])
+            .output()
+        {
             Ok(o) if o.status.success() => out.extend(iptables_forward_chain(
                 tool,
                 &String::from_utf8_lossy(&o.stdout),
@@ -770,7 +780,7 @@ pub fn foreign_source_nat(ruleset: &Ruleset) -> Vec<String> {
     }
     if legacy_table_exists("/proc/net/ip_tables_names", "nat")
         && let Ok(o) = Command::new("iptables-legacy")
-            .args(["-w", "-t", "nat", "-S"])
+            .args(["-w", XTABLES_WAIT_SECS, "-t", "nat", "-S"])
             .output()
         && o.status.success()
     {

@@ -232,6 +232,8 @@ pub fn last_mode(netns: Option<&str>) -> Option<AdmitMode> {
 
 pub fn remove(netns: Option<&str>) -> Result<()> {
     let path = state_path(netns);
+    // A write a kill cut short leaves its temporary file.
+    let _ = fs::remove_file(tmp_path(&path));
     match fs::remove_file(&path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -298,7 +300,7 @@ pub fn lock(netns: Option<&str>) -> Result<Lock> {
 /// other's port forwards). It is not [`lock`], which the attach inside
 /// takes.
 pub fn apply_lock(netns: Option<&str>, wait: Duration) -> Result<Lock> {
-    let path = Path::new(LOCK_DIR).join(format!("{}.apply.lock", ns_key(netns)));
+    let path = apply_lock_path(netns);
     let mut lock = lock_within(&path, wait).map_err(|e| {
         e.context(format!(
             "another `router-ctl apply` (or a daemon's reload of its --config file) is \
@@ -312,6 +314,18 @@ pub fn apply_lock(netns: Option<&str>, wait: Duration) -> Result<Lock> {
     // file stays for a namespace long gone.
     lock.remove_on_drop = true;
     Ok(lock)
+}
+
+/// Removes the apply lock's file a killed `apply` left, unless an apply
+/// holds it now.
+pub fn remove_apply_lock(netns: Option<&str>) {
+    if let Ok(Some(mut lock)) = try_lock_at(&apply_lock_path(netns)) {
+        lock.remove_on_drop = true;
+    }
+}
+
+fn apply_lock_path(netns: Option<&str>) -> PathBuf {
+    Path::new(LOCK_DIR).join(format!("{}.apply.lock", ns_key(netns)))
 }
 
 /// The lock file at `path`, waiting up to `wait` for its holder.

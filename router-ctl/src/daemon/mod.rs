@@ -42,7 +42,9 @@ use crate::{
     maps::{self},
     nlmsg::Datagrams,
     offload::{self, Kernel as _, KernelTimeouts, OffloadStats, Offloader},
-    service, state, web,
+    service,
+    signals::SignalsBlocked,
+    state, web,
 };
 
 mod egress_witness;
@@ -424,6 +426,10 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     // Held until it returns; before anything, so a second daemon changes
     // nothing of the first's (not even its status file).
     let _one_daemon = state::daemon_lock(ctx.ns())?;
+    // SIGHUP, SIGTERM and SIGINT held off until `serve` handles them: a
+    // reload asked for (or a stop) during the start-up apply is then done
+    // once the daemon runs, rather than ending it (SIGHUP's default).
+    let early = SignalsBlocked::new();
     if let Some(l) = &opts.listener {
         web::announce(l);
     }
@@ -435,14 +441,14 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let res = rt.block_on(serve(ctx, opts));
+    let res = rt.block_on(serve(ctx, opts, early));
     remove_status_files(ctx);
     res
 }
 
 /// Removes the daemon's status file and the temporary file its writes go
 /// through ([`state::write_private`]).
-fn remove_status_files(ctx: &Ctx) {
+pub fn remove_status_files(ctx: &Ctx) {
     let path = status_path(ctx.ns());
     let _ = std::fs::remove_file(state::tmp_path(&path));
     let _ = std::fs::remove_file(path);
@@ -865,10 +871,12 @@ fn say_stopping(session: &Session, detached: bool) {
     }
 }
 
-async fn serve(ctx: &Ctx, opts: RunOptions) -> Result<()> {
+async fn serve(ctx: &Ctx, opts: RunOptions, early: SignalsBlocked) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    // Handled from here on: one that came during the start is delivered now.
+    drop(early);
     let mut session = Session::open(ctx, &OffloadStats::default(), opts.pacing(), opts.marks)?;
     let mut links = LinkWatch::open()?;
     let mut status = DaemonStatus {

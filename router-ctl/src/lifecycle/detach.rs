@@ -204,6 +204,10 @@ pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
     };
     state::remove(ctx.ns())?;
     standalone::forget(ctx.ns())?;
+    // What a killed daemon or apply left: no daemon runs (its lock is
+    // ours), and none will start for a namespace that is gone.
+    crate::daemon::remove_status_files(ctx);
+    state::remove_apply_lock(ctx.ns());
     let ns = state::ns_key(ctx.ns());
     if live.is_empty() {
         println!(

@@ -76,6 +76,17 @@ impl RunningDaemon {
     /// router's namespace itself), with `NOTIFY_SOCKET` pointing at a
     /// datagram socket in `scratch`. Waits for READY=1.
     pub fn start(t: &Topology, caller: Option<Ns>, scratch: &Scratch, args: &[&str]) -> Self {
+        Self::start_env(t, caller, scratch, args, &[])
+    }
+
+    /// [`Self::start`] with the environment variables `env` set.
+    pub fn start_env(
+        t: &Topology,
+        caller: Option<Ns>,
+        scratch: &Scratch,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let sock_path = scratch.path("notify.sock");
         let _ = std::fs::remove_file(&sock_path);
         let notify = UnixDatagram::bind(&sock_path).expect("bind the notify socket");
@@ -87,6 +98,7 @@ impl RunningDaemon {
             .args(args)
             .env("NOTIFY_SOCKET", &sock_path)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

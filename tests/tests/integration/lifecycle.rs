@@ -261,9 +261,29 @@ fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
             && err.contains("detach` removes them"),
         "{err}"
     );
+    // What a killed daemon (the one above), a killed apply and a write
+    // cut short leave: no daemon of this router will start again to
+    // remove them.
+    let ns = t.ns_name(Ns::Router);
+    let killed_leftovers = [
+        format!("{}/{ns}.daemon.json", tests::LOCK_DIR),
+        format!("{}/{ns}.apply.lock", tests::LOCK_DIR),
+        format!("{}/{ns}.json.tmp", tests::STATE_DIR),
+        format!("{}/{ns}.standalone.json.tmp", tests::STATE_DIR),
+    ];
+    assert!(
+        std::path::Path::new(&killed_leftovers[0]).exists(),
+        "the killed daemon left no status file"
+    );
+    for f in &killed_leftovers[1..] {
+        std::fs::write(f, "").unwrap();
+    }
     let out = t.router_ctl_ok(&["detach"]);
     assert!(out.contains("is gone, and its interfaces with it"), "{out}");
     assert!(!pin_dir(&t).exists(), "pins left");
+    for f in &killed_leftovers {
+        assert!(!std::path::Path::new(f).exists(), "{f} left");
+    }
     // Nothing of it is kept, its mode neither (a detach notes it for the
     // next attach there; none comes to a namespace that is gone).
     let last_admit = format!("{}/{}.last-admit", tests::STATE_DIR, t.ns_name(Ns::Router));

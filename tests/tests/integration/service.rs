@@ -332,6 +332,37 @@ fn run_config_applies_at_start_and_reloads_on_sighup() {
     crate::ctl::assert_offload_without_daemon(&t);
 }
 
+/// A SIGHUP while the daemon applies its file at start (a hook that
+/// reloads the service as it comes up) is a reload once it runs, not the
+/// end of it (SIGHUP's default action before its handler).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_sighup_during_the_start_up_apply_reloads_once_running() {
+    let t = Topology::new();
+    let _detach = DetachOnDrop(&t);
+    t.warm_neighbours();
+    let scratch = Scratch::new("early-hup");
+    let file = scratch.path("router.toml");
+    std::fs::write(&file, config_text("1024-60999", &[])).unwrap();
+    let file = file.to_str().unwrap();
+    let mut d = RunningDaemon::start_env(
+        &t,
+        None,
+        &scratch,
+        &["--config", file, "--listen", "none"],
+        &[("ROUTER_CTL_SIGNAL_AT", "fresh-after-record:HUP")],
+    );
+    assert!(
+        d.log().contains("SIGHUP injected at fresh-after-record"),
+        "{}",
+        d.log()
+    );
+    d.wait_note("RELOADING=1", Duration::from_secs(10));
+    d.wait_note("READY=1", Duration::from_secs(30));
+    one_more_reload(&d, file, (0, 0));
+    assert!(d.stop().success(), "{}", d.log());
+}
+
 /// A router's commands leave no file of its namespace behind once they
 /// are done, so `/run/xdp-router` and `/var/lib/xdp-router` keep nothing
 /// for a namespace long gone: `apply`'s lock goes when it ends, the
@@ -355,7 +386,10 @@ fn a_router_leaves_no_files_of_its_namespace_behind() {
     t.router_ctl_ok(&["apply", file]);
     assert!(!run("apply.lock").exists(), "apply left its lock");
 
-    let mut daemon = RunningDaemon::start(&t, None, &scratch, &["--config", file]);
+    // No listener: the default port on the host's loopback is shared by
+    // every run on the machine.
+    let mut daemon =
+        RunningDaemon::start(&t, None, &scratch, &["--config", file, "--listen", "none"]);
     assert!(run("daemon.lock").exists() && run("daemon.json").exists());
     assert!(daemon.stop().success(), "{}", daemon.log());
     for name in [
