@@ -425,8 +425,7 @@ mod tests {
     #[test]
     fn a_directory_another_user_could_have_prepared_is_refused() {
         use std::os::unix::fs::{MetadataExt as _, symlink};
-        let base = std::env::temp_dir().join(format!("router-ctl-private-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&base);
+        let base = fresh_dir("private");
         let mine = base.join("mine");
         private_dir(&mine).unwrap();
         check_private(&mine).unwrap();
@@ -490,7 +489,7 @@ mod tests {
     /// two processes do, as an apply and a daemon's reload would).
     #[test]
     fn a_held_lock_is_waited_for_then_refused() {
-        let dir = std::env::temp_dir().join(format!("router-ctl-lock-test-{}", std::process::id()));
+        let dir = fresh_dir("lock-test");
         let path = dir.join("r.apply.lock");
         let held = lock_within(&path, Duration::ZERO).unwrap();
         let started = Instant::now();
@@ -588,13 +587,25 @@ mod tests {
 
     #[test]
     fn private_files_are_0600() {
-        let dir = std::env::temp_dir().join(format!("router-ctl-state-{}", std::process::id()));
+        let dir = fresh_dir("state").join("sub");
         let p = dir.join("x.json");
         write_private(&p, b"{}").unwrap();
         let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let dmode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(dmode, 0o700);
-        fs::remove_dir_all(&dir).unwrap();
+        fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
+
+    /// A new directory (0700) under the temporary directory: never one that
+    /// exists (a test run as root must not follow or empty what another
+    /// user prepared there).
+    fn fresh_dir(tag: &str) -> PathBuf {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let pid = std::process::id();
+        (0..1000)
+            .map(|n| std::env::temp_dir().join(format!("router-ctl-{tag}-{pid}x{n}")))
+            .find(|d| fs::DirBuilder::new().mode(0o700).create(d).is_ok())
+            .expect("a free directory name")
     }
 }

@@ -94,7 +94,10 @@ struct Run {
 /// One iperf2 TCP run from client to server; returns throughput and the
 /// peer address the server reported.
 fn iperf(t: &Topology, extra: &[&str]) -> Run {
-    let log = std::env::temp_dir().join(format!("xdp-router-demo-{}.csv", std::process::id()));
+    // In a fresh directory of its own: the server's report is written by
+    // a root shell redirect, which would follow a link another user left.
+    let dir = tests::Scratch::new("demo-iperf");
+    let log = dir.path("server.csv");
     let server_cmd = format!("exec iperf -s -p 5001 -y C > {}", log.display());
     let mut server = t.spawn(Ns::Server, &["sh", "-c", &server_cmd]);
     wait_until("the iperf server to listen", || {
@@ -127,7 +130,6 @@ fn iperf(t: &Topology, extra: &[&str]) -> Run {
         .and_then(|x| x.parse().ok())
         .unwrap_or(0.0);
     let server_log = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_file(&log);
     let server_saw = server_log
         .lines()
         .next()
@@ -235,10 +237,7 @@ fn offload_path(t: &Topology) -> PathRun {
         "\n== offload path: nftables firewall + masquerade, router-ctl attach {LAN_IF} {WAN_IF} \
          (--admit kernel) and router-ctl run =="
     );
-    let fw = std::env::temp_dir().join(format!("xdp-router-demo-{}.nft", std::process::id()));
-    std::fs::write(&fw, FIREWALL).expect("writing the demo firewall");
-    t.exec_ok(Ns::Router, &["nft", "-f", fw.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&fw);
+    tests::host::load_nft(t.ns_name(Ns::Router), FIREWALL);
     println!(
         "{}",
         // Named: left out, attach keeps the mode the router had when it

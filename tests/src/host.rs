@@ -197,16 +197,16 @@ pub fn run_ok(cmd: &[&str]) {
     check(cmd, &out);
 }
 
-/// Loads the nftables ruleset `rules` into namespace `ns` (`nft -f`, from
-/// a temporary file named after the namespace and this process, removed
-/// after); panics (with nft's output) unless it loads.
+/// Loads the nftables ruleset `rules` into namespace `ns` (`nft -f` in a
+/// scratch directory of its own); panics (with nft's output) unless it
+/// loads.
 pub fn load_nft(ns: &str, rules: &str) {
-    let path = std::env::temp_dir().join(format!("{ns}-{}.nft", std::process::id()));
+    let dir = crate::Scratch::new("nft");
+    let path = dir.path("rules.nft");
     std::fs::write(&path, rules).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     let path_arg = path.to_string_lossy().into_owned();
     let cmd = ["ip", "netns", "exec", ns, "nft", "-f", path_arg.as_str()];
     let out = run(&cmd);
-    let _ = std::fs::remove_file(&path);
     check(&cmd, &out);
 }
 
@@ -214,6 +214,73 @@ pub fn load_nft(ns: &str, rules: &str) {
 #[must_use]
 pub fn netns_exists(name: &str) -> bool {
     Path::new("/run/netns").join(name).exists()
+}
+
+/// Kills (SIGKILL) every process whose network namespace is the named
+/// namespace `name` (one of the run's own, about to be deleted): what
+/// escaped its process group or outlived its guard (a daemon's helper, a
+/// browser's crash handler) would otherwise keep running in a namespace
+/// nobody deletes.
+pub fn kill_processes_in(name: &str) {
+    let Ok(out) = Command::new("timeout")
+        .args(["-k", "2", "10", "ip", "netns", "pids", name])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    else {
+        return;
+    };
+    let me = std::process::id();
+    for pid in String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|&p| p > 1 && p.cast_unsigned() != me)
+    {
+        // SAFETY: kill(2) of a pid `ip netns pids` listed.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Whether nothing of a namespace or a router named `name` exists: no
+/// namespace, no pins (or staging pins) and no record router-ctl keeps
+/// for it. A name in use by another run (a shared bpffs or
+/// `/var/lib/xdp-router`, records outliving a reboot) is never taken: the
+/// run would adopt what it finds there, and remove it at its end.
+#[must_use]
+pub fn name_is_free(name: &str) -> bool {
+    let state = Path::new(crate::STATE_DIR);
+    let pins = Path::new(crate::PIN_ROOT);
+    !netns_exists(name)
+        && !pins.join(name).exists()
+        && !Path::new(&format!("{}-staging", crate::PIN_ROOT))
+            .join(name)
+            .exists()
+        && ["json", "standalone.json", "last-admit"]
+            .iter()
+            .all(|ext| !state.join(format!("{name}.{ext}")).exists())
+}
+
+/// A random token of this process (4 hex digits, from the kernel's
+/// random pool), put into the names a run creates: pids repeat across
+/// reboots and PID namespaces, what a name owns may outlive its run.
+#[must_use]
+pub fn run_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let mut b = [0u8; 2];
+        let read = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+        if read.is_err() {
+            // Not random, but not the pid alone either.
+            let ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            b = ns.to_le_bytes()[..2].try_into().unwrap_or_default();
+        }
+        format!("{:02x}{:02x}", b[0], b[1])
+    })
 }
 
 /// Finds `counter` (nstat naming: table prefix + field) in the text of

@@ -26,6 +26,7 @@ pub mod netns;
 pub mod packet;
 pub mod prog;
 pub mod rawbpf;
+pub mod scratch;
 pub mod sockopt;
 pub mod stun;
 pub mod topology;
@@ -39,6 +40,8 @@ pub use addr::{
 };
 pub use echo::EchoServer;
 pub use host::{
-    is_root, kernel_at_least, netns_exists, parse_snmp, record_failures, router_ctl_bin, skipped,
+    is_root, kernel_at_least, kill_processes_in, name_is_free, netns_exists, parse_snmp,
+    record_failures, router_ctl_bin, run_token, skipped,
 };
+pub use scratch::Scratch;
 pub use topology::{Ns, Topology, counter_delta, counter_of, pattern};

@@ -21,9 +21,7 @@ use crate::addr::{
     ROUTER_WAN_ADDR, SERVER_ADDR, WAN_IF,
 };
 use crate::echo::{self, EchoServer};
-use crate::host::{
-    CMD_TIMEOUT, check, is_root, netns_exists, parse_snmp, router_ctl_bin, run, run_ok,
-};
+use crate::host::{CMD_TIMEOUT, check, is_root, parse_snmp, router_ctl_bin, run, run_ok};
 use crate::netns;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -130,15 +128,19 @@ impl Topology {
             "needs root (network namespaces, veths, BPF): run cargo xtask test"
         );
         let pid = std::process::id();
+        let token = crate::host::run_token();
         // Skip counters whose names survive from a killed earlier process
         // with the same pid; never delete them (they are not ours).
         for _ in 0..1000 {
             let n = COUNTER.fetch_add(1, Ordering::SeqCst);
             let names: Vec<(Ns, String)> = roles
                 .iter()
-                .map(|&r| (r, format!("rt{pid}x{n}-{}", r.suffix())))
+                .map(|&r| (r, format!("rt{pid}{token}x{n}-{}", r.suffix())))
                 .collect();
-            if names.iter().all(|(_, name)| !netns_exists(name)) {
+            if names
+                .iter()
+                .all(|(_, name)| crate::host::name_is_free(name))
+            {
                 return Self {
                     names,
                     created: Mutex::new(Vec::new()),
@@ -695,12 +697,17 @@ impl Drop for Topology {
             if !self.has(router) || !created.iter().any(|n| n == self.ns_name(router)) {
                 continue;
             }
-            if self.router_attached_in(router) {
+            // Pins or only a record (a crash test's, a detach cut short):
+            // detach removes both.
+            let name = self.ns_name(router);
+            let record = std::path::Path::new(crate::STATE_DIR).join(format!("{name}.json"));
+            if self.router_attached_in(router) || record.exists() {
                 let _ = self.router_ctl_in(router, &["detach"]);
             }
-            crate::addr::forget_detached_router(self.ns_name(router));
+            crate::addr::forget_router_files(name);
         }
         for name in &created {
+            crate::host::kill_processes_in(name);
             // Deleting a namespace destroys the veths inside it (and with them
             // their peers). Errors (e.g. never created) are ignored.
             let _ = Command::new("timeout")

@@ -204,6 +204,9 @@ pub(crate) fn setup() -> Result<(), String> {
                 .args(["-o", "Acquire::Retries=3", "install", "-y"])
                 .args(&pkgs),
         )?;
+        if pkgs.contains(&"conntrackd") {
+            disable_host_conntrackd();
+        }
     }
     if !ebpf_build::has_bpf_linker() {
         eprintln!("setup: installing bpf-linker (about 4 minutes on 2 cores)");
@@ -224,6 +227,36 @@ pub(crate) fn setup() -> Result<(), String> {
         )?;
     }
     Ok(())
+}
+
+/// Debian enables and starts the conntrackd it installs, a daemon of the
+/// host's own conntrack (its events, a stats log, at every boot): the
+/// tests run their own in their namespaces. One this setup installed is
+/// disabled and stopped (one the machine had before is left alone).
+fn disable_host_conntrackd() {
+    // `--now` only where systemd runs (PID 1); `disable` alone removes the
+    // boot-time link either way.
+    let running = std::path::Path::new("/run/systemd/system").exists();
+    let mut cmd = Command::new("systemctl");
+    cmd.arg("disable");
+    if running {
+        cmd.arg("--now");
+    }
+    cmd.arg("conntrackd.service");
+    match cmd.status() {
+        Ok(s) if s.success() => eprintln!(
+            "setup: disabled the host's conntrackd service the package enabled (the tests start \
+             their own in their namespaces)"
+        ),
+        Ok(s) => eprintln!(
+            "setup: `systemctl disable conntrackd` failed ({s}): the package may have enabled a \
+             conntrackd on the host; disable it with `systemctl disable --now conntrackd`"
+        ),
+        Err(e) => eprintln!(
+            "setup: could not run systemctl ({e}): if the conntrackd package enabled its service, \
+             disable it with `systemctl disable --now conntrackd`"
+        ),
+    }
 }
 
 pub(crate) fn build_ebpf() -> Result<PathBuf, String> {

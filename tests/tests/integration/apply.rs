@@ -42,25 +42,22 @@ fn example() -> TempFile {
     TempFile::new("example", &example_text())
 }
 
-struct TempFile(PathBuf);
+/// A file `TAG.toml` in a scratch directory of its own (removed with it).
+struct TempFile {
+    path: PathBuf,
+    _dir: tests::Scratch,
+}
 
 impl TempFile {
     fn new(tag: &str, text: &str) -> Self {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("router-{}-{n}-{tag}.toml", std::process::id()));
+        let dir = tests::Scratch::new("apply");
+        let p = dir.path(&format!("{tag}.toml"));
         std::fs::write(&p, text).unwrap();
-        Self(p)
+        Self { path: p, _dir: dir }
     }
 
     fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        self.path.to_str().unwrap()
     }
 }
 

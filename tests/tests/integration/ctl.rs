@@ -180,7 +180,11 @@ static OBJ_COUNTER: AtomicU32 = AtomicU32::new(0);
 /// A copy of the built XDP object with bytes appended after its end: a
 /// different file (another SHA-256, so router-ctl sees a new version)
 /// with the same code. Removed on drop.
-pub struct ObjectVariant(pub PathBuf);
+/// Its file and the scratch directory that holds it (removed with it).
+pub struct ObjectVariant(
+    pub PathBuf,
+    #[expect(dead_code, reason = "held: dropped, it removes the file's directory")] tests::Scratch,
+);
 
 /// The parts of `COUNTERS`'s definition an [`ObjectVariant`] changes.
 struct CountersDef {
@@ -192,12 +196,12 @@ impl ObjectVariant {
     #[must_use]
     pub fn new(tag: &str) -> Self {
         let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
-        let path =
-            std::env::temp_dir().join(format!("router-variant-{}-{n}-{tag}.o", std::process::id()));
+        let dir = tests::Scratch::new("object");
+        let path = dir.path(&format!("variant-{n}-{tag}.o"));
         let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
         bytes.extend_from_slice(format!("\nvariant {tag}\n").as_bytes());
         std::fs::write(&path, bytes).expect("write the variant object");
-        Self(path)
+        Self(path, dir)
     }
 
     /// A copy whose XDP program has an `exit` in place of the first
@@ -206,7 +210,8 @@ impl ObjectVariant {
     #[must_use]
     pub fn rejected_by_verifier() -> Self {
         let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
-        let path = std::env::temp_dir().join(format!("router-bad-{}-{n}.o", std::process::id()));
+        let dir = tests::Scratch::new("object");
+        let path = dir.path(&format!("bad-{n}.o"));
         let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
         let body = program_body(&bytes).expect("find the XDP program's body in the object");
         // A move (BPF_ALU64 | BPF_MOV | BPF_X) is never the target of a
@@ -219,7 +224,7 @@ impl ObjectVariant {
         // BPF_JMP | BPF_EXIT, all other fields zero.
         bytes[insn..insn + 8].copy_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
         std::fs::write(&path, bytes).expect("write the bad object");
-        Self(path)
+        Self(path, dir)
     }
 
     /// A copy whose `COUNTERS` map has one entry fewer: the object of a
@@ -245,7 +250,8 @@ impl ObjectVariant {
         use router_common::maps::{Counter, CounterValue};
         const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
         let n = OBJ_COUNTER.fetch_add(1, Ordering::SeqCst);
-        let path = std::env::temp_dir().join(format!("router-{tag}-{}-{n}.o", std::process::id()));
+        let dir = tests::Scratch::new("object");
+        let path = dir.path(&format!("{tag}-{n}.o"));
         let mut bytes = std::fs::read(env!("ROUTER_EBPF_OBJ")).expect("read the XDP object");
         let (off, size) = elf_section(&bytes, "maps").expect("the object has a maps section");
         let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
@@ -269,18 +275,12 @@ impl ObjectVariant {
         bytes[d + 8..d + 12].copy_from_slice(&def.value_size.to_le_bytes());
         bytes[d + 12..d + 16].copy_from_slice(&def.max_entries.to_le_bytes());
         std::fs::write(&path, bytes).expect("write the object variant");
-        Self(path)
+        Self(path, dir)
     }
 
     #[must_use]
     pub fn path(&self) -> &str {
         self.0.to_str().expect("utf-8 temp path")
-    }
-}
-
-impl Drop for ObjectVariant {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }
 

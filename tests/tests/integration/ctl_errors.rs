@@ -330,14 +330,21 @@ fn ip_netns_exec_is_refused_with_the_n_command() {
     // Should an attach get through after all, the host's state keeps no
     // record of it (also when an assertion below fails).
     let _guard = NoNewRecord(&record, had_record);
+    // Each in a private mount namespace whose router-ctl state
+    // directories are empty tmpfs: should the refusal ever let a command
+    // through, what it writes of the host's own router (no `-n`: the
+    // root namespace's) goes nowhere.
     let refused = |args: &[&str]| {
-        let o = Command::new("timeout")
-            .args(["-k", "5", "60", "ip", "netns", "exec", ns])
-            .arg(router_ctl_bin())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run");
+        let script = format!(
+            "for d in {state} {run}; do mkdir -p $d && mount -t tmpfs -o mode=0700 none $d \
+             || exit 7; done; exec ip netns exec {ns} {bin} {args}",
+            state = tests::STATE_DIR,
+            run = tests::LOCK_DIR,
+            bin = router_ctl_bin().display(),
+            args = args.join(" ")
+        );
+        let o = in_private_mount_namespace(&script);
+        assert_ne!(o.status.code(), Some(7), "{}", stderr(&o));
         fails_with(
             &o,
             &[

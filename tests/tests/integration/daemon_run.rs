@@ -31,33 +31,7 @@ pub fn config_text(port_range: &str, forwards: &[(&str, u32, &str)]) -> String {
     s
 }
 
-/// A scratch directory of one test, removed on drop.
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    #[must_use]
-    pub fn new(tag: &str) -> Self {
-        // A name nobody holds: `create_dir` fails on one that exists (a
-        // killed earlier run's, or another run's), which is left alone.
-        let pid = std::process::id();
-        (0..1000)
-            .map(|n| std::env::temp_dir().join(format!("router-ops-{tag}-{pid}x{n}")))
-            .find(|dir| std::fs::create_dir(dir).is_ok())
-            .map(Self)
-            .expect("a free scratch directory name")
-    }
-
-    #[must_use]
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use tests::Scratch;
 
 /// The daemon and what it said.
 pub struct RunningDaemon {

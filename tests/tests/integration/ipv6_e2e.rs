@@ -442,11 +442,14 @@ impl Drop for ExtraNs {
 /// The far host: a namespace behind the server (which routes for it)
 /// over a 1280-byte link `2001:db8:72::/64`; its address.
 fn far_host(t: &Topology) -> (ExtraNs, std::net::Ipv6Addr) {
-    let far = ExtraNs(format!("{}-far", t.ns_name(Ns::Server)));
+    let name = format!("{}-far", t.ns_name(Ns::Server));
     let far_addr: std::net::Ipv6Addr = "2001:db8:72::2".parse().unwrap();
     let srv = t.ns_name(Ns::Server).to_owned();
     let run = tests::host::run_ok;
-    run(&["ip", "netns", "add", &far.0]);
+    // The guard once the namespace is ours: a failed add (a name taken)
+    // must not delete another's.
+    run(&["ip", "netns", "add", &name]);
+    let far = ExtraNs(name);
     run(&[
         "ip", "-n", &srv, "link", "add", "far0", "mtu", "1280", "type", "veth", "peer", "name",
         "eth0", "netns", &far.0,
@@ -593,7 +596,8 @@ fn ipv6_path_mtu_discovery_across_a_narrow_hop_beyond_the_router() {
 fn ipv6_pinholes_from_apply() {
     let t = Topology::new();
     v6::enable(&t);
-    let path = std::env::temp_dir().join(format!("router-{}-pinholes.toml", std::process::id()));
+    let dir = tests::Scratch::new("pinholes");
+    let path = dir.path("router.toml");
     let file = |pinholes: &str| {
         let text = format!(
             "[router]\nadmit = \"xdp\"\n[interfaces]\nlan = \"{}\"\nwan = \"{}\"\n{pinholes}",
@@ -604,7 +608,6 @@ fn ipv6_pinholes_from_apply() {
         path.to_str().unwrap().to_owned()
     };
     let hole = format!("[[pinhole]]\nproto = \"tcp\"\nto = \"[{CLIENT6}]:2222\"\n");
-    let _cleanup = ExtraFile(path.clone());
     let out = t.router_ctl_ok(&["apply", &file(&hole)]);
     println!("{out}");
     v6::resolve_neighbours(&t);
@@ -623,15 +626,6 @@ fn ipv6_pinholes_from_apply() {
     );
     let r = t.try_tcp_echo(Ns::Server, Ns::Client, tcp, Duration::from_secs(2));
     assert!(r.is_err(), "the pinhole stayed open: {r:?}");
-}
-
-/// A file removed on drop.
-struct ExtraFile(std::path::PathBuf);
-
-impl Drop for ExtraFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// Standalone mode forwards no IPv6 packet whose source the LAN does not

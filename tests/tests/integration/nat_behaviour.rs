@@ -317,6 +317,8 @@ fn hairpin_to_a_port_forward_tcp_and_udp() {
 struct SwitchCapture {
     child: std::process::Child,
     file: std::path::PathBuf,
+    // After the child (fields drop in order): removes the file's directory.
+    _dir: tests::Scratch,
 }
 
 impl SwitchCapture {
@@ -328,7 +330,8 @@ impl SwitchCapture {
     /// listens. tcpdump is the spawned process itself (`ip netns exec`
     /// and the shell exec it), so killing the child stops the capture.
     fn start(t: &Topology) -> Self {
-        let file = std::env::temp_dir().join(format!("{}.pcap", t.ns_name(Ns::Switch)));
+        let dir = tests::Scratch::new("capture");
+        let file = dir.path("switch.pcap");
         let path = file.to_string_lossy().into_owned();
         // `exec`: the shell becomes tcpdump; its banner is noise in the
         // test output.
@@ -341,7 +344,11 @@ impl SwitchCapture {
         while !file.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        Self { child, file }
+        Self {
+            child,
+            file,
+            _dir: dir,
+        }
     }
 
     /// Stops the capture and returns it as text: `tcpdump -r` in the
@@ -360,7 +367,6 @@ impl Drop for SwitchCapture {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.file);
     }
 }
 

@@ -20,7 +20,31 @@ const IFB: &str = "ifb4wan0";
 /// (the qdiscs count packets; nothing is held back).
 fn set_up_sqm(t: &Topology) {
     let tc = |args: &str| t.exec_line_ok(Ns::Router, &format!("tc {args}"));
+    // A first ifb link loads the module where it is one, which makes
+    // `numifbs` (2) devices in the host's namespace: loaded first with
+    // none (a no-op where it is loaded or built in).
+    let _ = std::process::Command::new("modprobe")
+        .args(["-q", "ifb", "numifbs=0"])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let host_links = || {
+        let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let before = host_links();
     t.exec_ok(Ns::Router, &["ip", "link", "add", IFB, "type", "ifb"]);
+    assert_eq!(
+        host_links(),
+        before,
+        "the ifb link made interfaces in the host's namespace"
+    );
     t.exec_ok(Ns::Router, &["ip", "link", "set", IFB, "up"]);
     tc("qdisc add dev wan0 root handle 1: htb default 10");
     tc("class add dev wan0 parent 1: classid 1:10 htb rate 10gbit");

@@ -14,7 +14,7 @@ use std::{
 };
 
 use tests::host::{check, load_nft, run, run_ok};
-use tests::{HOST_IF, LAN_IF, WAN_IF, counter_of, netns_exists, router_ctl_bin};
+use tests::{HOST_IF, LAN_IF, WAN_IF, counter_of, name_is_free, router_ctl_bin};
 
 use super::{CLIENT, LAN_NET, LAN_VIP, R1, R2, Router, SERVER, SYNC_IF, WAN_VIP};
 use crate::ctl::{ctl_in, kill_group, stderr, stdout, wait_for_or_show};
@@ -47,15 +47,16 @@ impl Pair {
             "needs root (network namespaces, veths, BPF): run cargo xtask test"
         );
         let pid = std::process::id();
+        let token = tests::run_token();
         let (prefix, dir) = (0..1000)
             .map(|_| {
                 let n = PAIR_COUNTER.fetch_add(1, Ordering::SeqCst);
-                let p = format!("fo{pid}x{n}");
+                let p = format!("fo{pid}{token}x{n}");
                 let dir = std::env::temp_dir().join(format!("failover-{p}"));
                 (p, dir)
             })
             .find(|(p, dir)| {
-                !dir.exists() && ROLES.iter().all(|r| !netns_exists(&format!("{p}-{r}")))
+                !dir.exists() && ROLES.iter().all(|r| name_is_free(&format!("{p}-{r}")))
             })
             .expect("a free namespace prefix");
         std::fs::create_dir(&dir).expect("creating the run directory");
@@ -370,7 +371,8 @@ impl Drop for Pair {
             let _ = self.router_ctl(r, &["detach"]);
         }
         for name in take_all(&self.created) {
-            tests::forget_detached_router(&name);
+            tests::addr::forget_router_files(&name);
+            tests::kill_processes_in(&name);
             // Deleting a namespace destroys the veths inside it (and their
             // peers).
             let _ = run(&["ip", "netns", "delete", &name]);
