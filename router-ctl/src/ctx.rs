@@ -19,6 +19,25 @@ pub fn ip_link_hint() -> String {
     }
 }
 
+/// The identity (nsfs inode) of the named network namespace `name` as
+/// `/run/netns` has it now; `None` if there is none of that name.
+#[must_use]
+pub fn named_netns_inode(name: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(std::path::Path::new("/run/netns").join(name))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The identity (nsfs inode) of the network namespace this thread is in.
+#[must_use]
+pub fn own_netns_inode() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .ok()
+        .map(|m| m.ino())
+}
+
 /// Where a router lives: its namespace and pin directory.
 #[derive(Clone, Debug)]
 pub struct Ctx {

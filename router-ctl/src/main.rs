@@ -77,7 +77,8 @@ const AFTER_HELP: &str = "Examples:
   RUST_LOG=debug router-ctl attach lan0 wan0        # log every step
 
 Exit status: 0 success, 1 error (the message says what failed and what to do), \
-3 `status` when nothing is attached, 78 an attach (`attach`, `apply`, `run --config`) \
+3 `status` when nothing is attached, 75 `status` while another router-ctl changes the router \
+(an attach, apply or detach under way: look again), 78 an attach (`attach`, `apply`, `run --config`) \
 refused for a reason that trying again does not change (a map layout or table size \
 change, other interfaces or XDP mode, forward rules in the way, a value out of range, an \
 interface with no Ethernet address such as the loopback: the message says what to do; \
@@ -615,17 +616,31 @@ fn run(cli: Cli) -> Result<i32> {
         // A namespace deleted while its router was attached: its pins and
         // records stay (the pins hold the maps' kernel memory), and only
         // `detach` removes them, from outside.
-        if !netns_path(ns).exists()
+        // Or deleted and made again under its name (a restart script, a
+        // container made anew): the pins are the old namespace's router's.
+        let gone = !netns_path(ns).exists();
+        let replaced = !gone && netns_replaced(&ctx, ns);
+        if (gone || replaced)
             && let Some(left) = lifecycle::orphaned(&ctx)
         {
             if matches!(cli.cmd, Cmd::Detach) {
-                return lifecycle::detach_orphaned(&ctx).map(|()| 0);
+                return lifecycle::detach_orphaned(&ctx, replaced).map(|()| 0);
             }
+            let what = if replaced {
+                format!(
+                    "the network namespace {ns:?} was deleted and made again since its router \
+                     was attached, which"
+                )
+            } else {
+                format!(
+                    "no network namespace {ns:?} ({} missing), but a router attached there",
+                    netns_path(ns).display()
+                )
+            };
             bail!(
-                "no network namespace {ns:?} ({} missing), but a router attached there {left}. \
-                 Its pins hold the maps' kernel memory until removed: `router-ctl -n {ns} \
-                 detach` removes them (once no `router-ctl run` serves it)",
-                netns_path(ns).display()
+                "{what} {left}. Its pins hold the maps' kernel memory until removed: \
+                 `router-ctl -n {ns} detach` removes them (once no `router-ctl run` serves it), \
+                 then attach anew"
             );
         }
         // Enter only the network namespace, on the only thread: interface
@@ -759,6 +774,23 @@ fn forward_change(ctx: &Ctx, maps: &maps::PinnedMaps, cmd: ForwardCmd) -> Result
             ForwardFrom::Pinhole6(to) => forward::del_pinhole6(maps, proto, to),
         },
         ForwardCmd::List { json } => forward::list(maps, json),
+    }
+}
+
+/// Whether the named namespace `ns` is another one than its router's pins
+/// were made in: pins there, and a record that names another namespace.
+/// (A reboot, which makes every namespace anew, takes the pins with it.)
+fn netns_replaced(ctx: &Ctx, ns: &str) -> bool {
+    if !ctx.pin_dir.exists() {
+        return false;
+    }
+    let recorded = state::load(ctx.ns())
+        .ok()
+        .flatten()
+        .and_then(|r| r.netns_inode);
+    match (recorded, ctx::named_netns_inode(ns)) {
+        (Some(then), Some(now)) => then != now,
+        _ => false,
     }
 }
 

@@ -1,9 +1,9 @@
 //! Keeping a state change whole: termination signals held off while it
 //! runs, and the crash points the crash-consistency tests stop at.
 
-/// Blocks SIGINT, SIGTERM, SIGHUP and SIGQUIT until dropped, so Ctrl-C
-/// cannot cut a state change in half (it takes effect when the change is
-/// done).
+/// Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP until dropped, so
+/// Ctrl-C cannot cut a state change in half (it takes effect when the
+/// change is done), nor Ctrl-Z stop it while it holds the router's lock.
 pub struct SignalsBlocked(libc::sigset_t);
 
 impl SignalsBlocked {
@@ -14,7 +14,13 @@ impl SignalsBlocked {
             let mut set: libc::sigset_t = std::mem::zeroed();
             let mut old: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&raw mut set);
-            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            for s in [
+                libc::SIGINT,
+                libc::SIGTERM,
+                libc::SIGHUP,
+                libc::SIGQUIT,
+                libc::SIGTSTP,
+            ] {
                 libc::sigaddset(&raw mut set, s);
             }
             libc::sigprocmask(libc::SIG_BLOCK, &raw const set, &raw mut old);

@@ -170,6 +170,12 @@ pub struct State {
     /// wrote it) reports nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bypassed_forward_chains: Vec<String>,
+    /// The network namespace the router was attached in (its nsfs inode,
+    /// stamped by [`save`]): a namespace deleted and made again under the
+    /// same name while the router's pins stayed is another one. `None` in
+    /// a record an older router-ctl wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_inode: Option<u64>,
 }
 
 pub const FORMAT: u32 = 1;
@@ -199,7 +205,12 @@ pub fn load(netns: Option<&str>) -> Result<Option<State>> {
 }
 
 pub fn save(netns: Option<&str>, s: &State) -> Result<()> {
-    let data = serde_json::to_vec_pretty(s)?;
+    // Every writer works inside the router's namespace.
+    let stamped = State {
+        netns_inode: crate::ctx::own_netns_inode(),
+        ..s.clone()
+    };
+    let data = serde_json::to_vec_pretty(&stamped)?;
     write_private(&state_path(netns), &data)
 }
 
@@ -286,9 +297,10 @@ pub fn lock(netns: Option<&str>) -> Result<Lock> {
     let path = lock_path(netns);
     lock_within(&path, Duration::from_secs(10)).map_err(|e| {
         e.context(format!(
-            "another router-ctl is changing this router (it holds {} for more than 10 s); \
+            "another router-ctl is changing this router (it holds {} for more than 10 s{}); \
              wait for it to finish",
-            path.display()
+            path.display(),
+            holder(&path)
         ))
     })
 }
@@ -304,10 +316,11 @@ pub fn apply_lock(netns: Option<&str>, wait: Duration) -> Result<Lock> {
     let mut lock = lock_within(&path, wait).map_err(|e| {
         e.context(format!(
             "another `router-ctl apply` (or a daemon's reload of its --config file) is \
-             applying a file to this router (it held {} for more than {} s); wait for it to \
+             applying a file to this router (it held {} for more than {} s{}); wait for it to \
              finish and try again",
             path.display(),
-            wait.as_secs()
+            wait.as_secs(),
+            holder(&path)
         ))
     })?;
     // Removed when the apply ends: it exists only while one runs, so no
@@ -346,6 +359,20 @@ fn lock_path(netns: Option<&str>) -> PathBuf {
     Path::new(LOCK_DIR).join(format!("{}.lock", ns_key(netns)))
 }
 
+/// Whether another process holds the router's lock now (an attach, apply,
+/// detach or rule change under way), looked at without waiting and
+/// without making the lock file where there is none.
+#[must_use]
+pub fn held_by_another(netns: Option<&str>) -> bool {
+    let Ok(f) = fs::File::open(lock_path(netns)) else {
+        return false;
+    };
+    // SAFETY: flock on a valid fd; a shared lock taken for an instant (an
+    // attach waiting for it retries).
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+}
+
 /// The router's lock if no other router-ctl holds it now, else `None`
 /// without waiting: the daemon, whose event loop must not stall behind an
 /// attach, looks again at its next tick.
@@ -361,6 +388,7 @@ fn try_lock_at(path: &Path) -> Result<Option<Lock>> {
             return Ok(None);
         };
         if same_file(&f, path) {
+            note_holder(&f);
             return Ok(Some(Lock {
                 file: f,
                 path: path.to_owned(),
@@ -369,6 +397,47 @@ fn try_lock_at(path: &Path) -> Result<Option<Lock>> {
         }
         // Removed by its holder meanwhile (a detach, an apply or a daemon
         // that ended): lock the new file.
+    }
+}
+
+/// Writes who holds a lock into its file (`PID COMMAND LINE`), for the
+/// refusals of those who wait for it ([`holder`]). Best effort: the lock
+/// is the flock, not the text.
+fn note_holder(mut f: &fs::File) {
+    use std::io::Write as _;
+    let mut line: String = std::env::args().collect::<Vec<_>>().join(" ");
+    line.truncate(200);
+    let _ = f.set_len(0);
+    let _ = writeln!(f, "{} {line}", std::process::id());
+}
+
+/// Who holds the lock at `path`, as its holder wrote it: ` (held by pid N,
+/// `COMMAND`)`, with a word when that process is stopped (Ctrl-Z): it
+/// holds the lock until it goes on; empty when not known.
+fn holder(path: &Path) -> String {
+    let Ok(text) = fs::read_to_string(path) else {
+        return String::new();
+    };
+    let Some((pid, cmd)) = text.trim().split_once(' ') else {
+        return String::new();
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return String::new();
+    };
+    let stopped = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(") ")
+                .map(|(_, rest)| rest.starts_with(['T', 't']))
+        })
+        .unwrap_or(false);
+    if stopped {
+        format!(
+            " (held by pid {pid}, `{cmd}`, which is STOPPED (Ctrl-Z?): `kill -CONT {pid}` lets it \
+             finish)"
+        )
+    } else {
+        format!(" (held by pid {pid}, `{cmd}`)")
     }
 }
 
@@ -406,9 +475,10 @@ pub fn daemon_lock(netns: Option<&str>) -> Result<Lock> {
     let path = Path::new(LOCK_DIR).join(format!("{}.daemon.lock", ns_key(netns)));
     let Some(mut lock) = try_lock_at(&path)? else {
         bail!(
-            "another `router-ctl run` serves this router (it holds {}); `router-ctl status` \
+            "another `router-ctl run` serves this router (it holds {}{}); `router-ctl status` \
              shows its pid: stop it first (systemctl stop xdp-router, or kill it)",
-            path.display()
+            path.display(),
+            holder(&path)
         );
     };
     lock.remove_on_drop = true;
@@ -492,6 +562,12 @@ mod tests {
         let dir = fresh_dir("lock-test");
         let path = dir.join("r.apply.lock");
         let held = lock_within(&path, Duration::ZERO).unwrap();
+        // Its holder is named for those who wait.
+        let named = holder(&path);
+        assert!(
+            named.starts_with(&format!(" (held by pid {}, `", std::process::id())),
+            "{named}"
+        );
         let started = Instant::now();
         let refused = lock_within(&path, Duration::from_millis(200));
         assert!(refused.is_err());

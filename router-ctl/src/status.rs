@@ -25,6 +25,10 @@ use crate::{
 /// Exit code of `status` when nothing is attached.
 pub const EXIT_NOT_ATTACHED: i32 = 3;
 
+/// Exit code of `status` while another router-ctl changes the router
+/// (`EX_TEMPFAIL` of sysexits.h: look again).
+pub const EXIT_CHANGING: i32 = 75;
+
 /// The verdict on what `inspect` found and the record says.
 #[must_use]
 #[expect(
@@ -383,11 +387,33 @@ fn standalone_problems(ctx: &Ctx, r: &State) -> Vec<String> {
 
 /// The status as JSON (the `--json` output; the text is rendered from it).
 #[must_use]
+/// `diagnosis`, or `changing` when what it found is not the attached state
+/// while another process holds the router's lock: half-done is what an
+/// attach, apply or detach under way looks like from outside, not a
+/// problem to act on (monitoring on the exit status would fire at every
+/// reload).
+fn unless_changing(
+    ctx: &Ctx,
+    diagnosis: (&'static str, Vec<String>),
+) -> (&'static str, Vec<String>) {
+    let (verdict, _) = &diagnosis;
+    if *verdict == "attached" || !state::held_by_another(ctx.ns()) {
+        return diagnosis;
+    }
+    (
+        "changing",
+        vec![format!(
+            "another router-ctl is changing this router (an attach, apply or detach under way \
+             holds its lock): look again once it is done (meanwhile: {verdict})"
+        )],
+    )
+}
+
 pub fn status_json(ctx: &Ctx) -> Value {
     let running = inspect(&ctx.pin_dir);
     let record = state::load(ctx.ns()).ok().flatten();
     let tmp = ctx.tmp_dir().exists();
-    let (verdict, mut problems) = diagnose(&running, record.as_ref(), tmp);
+    let (verdict, mut problems) = unless_changing(ctx, diagnose(&running, record.as_ref(), tmp));
     if verdict == "pins_lost" && standalone::kernel_side_left(ctx.ns()) {
         problems.push(format!(
             "standalone mode's kernel side is still set up (the nftables table ip {}, the \
@@ -622,7 +648,8 @@ pub fn status_text(v: &Value) -> String {
 }
 
 /// Prints the status; returns the exit code: 0 attached and healthy,
-/// 3 not attached, 1 anything wrong.
+/// 3 not attached, 75 while another router-ctl changes it, 1 anything
+/// wrong.
 pub fn status(ctx: &Ctx, json: bool) -> i32 {
     let v = status_json(ctx);
     if json {
@@ -633,6 +660,7 @@ pub fn status(ctx: &Ctx, json: bool) -> i32 {
     match v["state"].as_str() {
         Some("attached") => 0,
         Some("not_attached") => EXIT_NOT_ATTACHED,
+        Some("changing") => EXIT_CHANGING,
         _ => 1,
     }
 }

@@ -501,6 +501,20 @@ fn status_line(s: &Session) -> String {
 /// semantics. An error leaves the router as it was (apply validates the
 /// whole file before it changes anything) and the daemon running. A mode
 /// the file changed is followed by [`follow_attach`] right after.
+/// Seconds a reload may keep the daemon's loop busy: the apply lock's 5 s
+/// and the router lock's 10 s, and the replace.
+const RELOAD_BUSY_SECS: u64 = 30;
+
+/// Says in the status file, before a reload, that the loop may go without
+/// a heartbeat while it runs (its lock waits and replace run on it), so
+/// `status` does not call the daemon dead meanwhile.
+fn say_busy_reloading(ctx: &Ctx, status: &mut DaemonStatus, session: &Session) {
+    status.busy_until_unix = unix_now() + RELOAD_BUSY_SECS;
+    if let Err(e) = write_status(ctx, status, session) {
+        tracing::warn!("writing the status before a reload: {e:#}");
+    }
+}
+
 fn reload(ctx: &Ctx, config: Option<&Path>) {
     let Some(path) = config else {
         tracing::warn!("SIGHUP: started without --config, nothing to reload");
@@ -871,6 +885,29 @@ fn say_stopping(session: &Session, detached: bool) {
     }
 }
 
+/// Ends the daemon when its namespace's name now names another namespace
+/// (deleted and made again: a restart script, a container made anew): it
+/// entered the old one, whose interfaces, conntrack and links it would go
+/// on serving while the new one's router goes without a daemon. A name
+/// that is gone keeps it (the namespace lives on while it holds it).
+fn refuse_a_namespace_made_anew(ctx: &Ctx) -> Result<()> {
+    let Some(ns) = ctx.ns() else {
+        return Ok(());
+    };
+    match (
+        crate::ctx::named_netns_inode(ns),
+        crate::ctx::own_netns_inode(),
+    ) {
+        (Some(now), Some(mine)) if now != mine => anyhow::bail!(
+            "the network namespace {ns:?} was deleted and made again: this daemon served the old \
+             one, and stops. Once its router's pins are removed (`router-ctl -n {ns} detach`) \
+             and a router attached in the new one, start `router-ctl -n {ns} run` there (the \
+             service restarts it)"
+        ),
+        _ => Ok(()),
+    }
+}
+
 async fn serve(ctx: &Ctx, opts: RunOptions, early: SignalsBlocked) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -915,6 +952,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions, early: SignalsBlocked) -> Result<()>
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = hup.recv() => {
+                say_busy_reloading(ctx, &mut status, &session);
                 reload(ctx, opts.config.as_deref());
                 // A reload that changed the mode is followed (and counted)
                 // as an attach that changed it is, at once.
@@ -945,6 +983,7 @@ async fn serve(ctx: &Ctx, opts: RunOptions, early: SignalsBlocked) -> Result<()>
                 session.off.settle(monotonic_ns());
             }
             _ = ticker.tick() => {
+                refuse_a_namespace_made_anew(ctx)?;
                 follow_attach(ctx, &mut session, &mut status, &mut links);
                 look_again(ctx, &mut status, &mut links, &mut looked);
                 tick(ctx, &mut session, &mut status, &mut dp_log, watchdog);

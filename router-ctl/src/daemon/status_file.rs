@@ -20,6 +20,10 @@ pub struct DaemonStatus {
     /// Rewritten every tick: a stale one means a hung or killed daemon.
     pub heartbeat_unix: u64,
     pub tick_secs: u64,
+    /// Until when the daemon's loop may be busy without a heartbeat (a
+    /// reload, whose lock waits and replace run on it): alive meanwhile.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub busy_until_unix: u64,
     /// `kernel` (offload) or `xdp` (standalone: nothing to offload).
     pub admit: String,
     /// Connections XDP carries for the kernel now.
@@ -100,8 +104,17 @@ impl DaemonStatus {
     #[must_use]
     pub fn alive(&self, now_unix: u64) -> bool {
         process_exists(self.pid)
-            && now_unix.saturating_sub(self.heartbeat_unix) <= 3 * self.tick_secs.max(1) + 2
+            && (now_unix.saturating_sub(self.heartbeat_unix) <= 3 * self.tick_secs.max(1) + 2
+                || now_unix <= self.busy_until_unix)
     }
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 pub(super) fn process_exists(pid: u32) -> bool {
@@ -341,6 +354,22 @@ pub(super) fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reload_under_way_keeps_the_daemon_alive_without_a_heartbeat() {
+        let s = DaemonStatus {
+            pid: std::process::id(),
+            heartbeat_unix: 1000,
+            tick_secs: 1,
+            ..DaemonStatus::default()
+        };
+        assert!(s.alive(1005) && !s.alive(1006), "3 ticks + 2 s");
+        let reloading = DaemonStatus {
+            busy_until_unix: 1030,
+            ..s
+        };
+        assert!(reloading.alive(1030) && !reloading.alive(1031));
+    }
 
     #[test]
     fn the_health_line_says_what_the_daemon_followed() {

@@ -177,7 +177,10 @@ fn live_links(running: &Running) -> Vec<String> {
 /// records removed, its mode remembered and its port forwards named as
 /// `detach` does. What lived inside the namespace (standalone mode's
 /// nftables table and sysctls) went with it, or is out of reach.
-pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
+///
+/// `replaced`: the namespace of that name is another one now (deleted and
+/// made again); the old one's interfaces are not this one's.
+pub fn detach_orphaned(ctx: &Ctx, replaced: bool) -> Result<()> {
     ensure_bpffs()?;
     // Free only while no daemon serves the router; held until the end.
     let _no_daemon = state::daemon_lock(ctx.ns()).context(
@@ -209,7 +212,26 @@ pub fn detach_orphaned(ctx: &Ctx) -> Result<()> {
     crate::daemon::remove_status_files(ctx);
     state::remove_apply_lock(ctx.ns());
     let ns = state::ns_key(ctx.ns());
-    if live.is_empty() {
+    if replaced {
+        println!(
+            "the network namespace {ns} was made anew since its router was attached: removed the \
+             old router's {}records{}; attach anew in this one",
+            if running.any_pins() {
+                format!("pins in {} and its ", dir.display())
+            } else {
+                String::new()
+            },
+            if live.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (its XDP links still ran on interface index {} of the old namespace: \
+                     detached)",
+                    live.join(", ")
+                )
+            }
+        );
+    } else if live.is_empty() {
         println!(
             "the network namespace {ns} is gone, and its interfaces with it: removed the \
              router's {}records",

@@ -209,14 +209,21 @@ fn end_masquerade_to(ctx: &Ctx, moved: &MasqueradeMove) {
     }
 }
 
-/// The configuration `desired`, its WAN address (`--wan-addr auto`) read
-/// again: a daemon may have followed a new one since it was resolved,
-/// before the lock.
+/// The configuration `desired`, its WAN address (`--wan-addr auto`) and
+/// the interfaces' MACs read again: a daemon may have followed a new one
+/// since they were resolved, before the lock (an attach that waited for
+/// it would write the old one back).
 fn with_wan_addr_now(mut desired: RouterConfig) -> RouterConfig {
     if desired.wan_addr_auto
         && let Ok(addrs) = crate::netlink::ipv4_addrs(&desired.wan)
     {
         desired.wan_addr = addrs.first().copied().unwrap_or(Ipv4Addr::UNSPECIFIED);
+    }
+    if let Ok(m) = crate::netlink::mac(&desired.lan, desired.lan_ifindex) {
+        desired.lan_mac = m;
+    }
+    if let Ok(m) = crate::netlink::mac(&desired.wan, desired.wan_ifindex) {
+        desired.wan_mac = m;
     }
     desired
 }
@@ -583,6 +590,7 @@ fn new_record(
         // Written by `attach` once the router is attached.
         bypasses_forward_rules: false,
         bypassed_forward_chains: Vec::new(),
+        netns_inode: None,
     }
 }
 

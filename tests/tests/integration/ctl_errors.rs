@@ -135,6 +135,32 @@ fn rule_changes_and_flushes_wait_for_the_routers_lock() {
 
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+fn status_says_changing_while_another_router_ctl_holds_the_router() {
+    // What an attach, apply or detach under way looks like from outside
+    // (here: nothing attached yet, its lock held) is not a problem to act
+    // on: `changing`, exit 75 (look again), not "not attached" or an
+    // interrupted attach.
+    let t = Topology::new();
+    let lock = hold_router_lock(&t);
+    let o = t.router_ctl(&["status"]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(75), "{out}{}", stderr(&o));
+    assert!(
+        out.contains("another router-ctl is changing this router") && out.contains("not_attached"),
+        "{out}"
+    );
+    drop(lock);
+    assert_eq!(t.router_ctl(&["status"]).status.code(), Some(3));
+    // Attached, the lock held (a daemon's follow takes it for an
+    // instant): still attached, 0.
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let lock = hold_router_lock(&t);
+    assert_eq!(status(&t).1, 0);
+    drop(lock);
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
 fn missing_interfaces_and_namespaces() {
     let t = Topology::new();
     // An interface not there (yet: a USB NIC at boot) is worth another

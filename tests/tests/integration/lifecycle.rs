@@ -306,6 +306,47 @@ fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
     assert!(!err.contains("removes them"), "{err}");
 }
 
+/// A router's namespace deleted and made again under its name while its
+/// daemon held the old one (a restart script, a container made anew): the
+/// daemon stops rather than serve the old namespace, and the new one is
+/// not taken for the old router's (its pins are that router's: status
+/// says so, an attach there is refused, detach removes them).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_namespace_made_anew_is_not_taken_for_its_old_router() {
+    let t = Topology::new();
+    attach(&t, &[]);
+    let mut daemon = crate::offload::Daemon::start(&t, &[]);
+    let ns = t.ns_name(Ns::Router);
+    tests::host::run_ok(&["ip", "netns", "delete", ns]);
+    tests::host::run_ok(&["ip", "netns", "add", ns]);
+    let exit = daemon.wait_exit(Duration::from_secs(10));
+    let log = daemon.log();
+    assert!(
+        exit.is_some_and(|s| !s.success()) && log.contains("was deleted and made again"),
+        "the daemon went on serving the old namespace ({exit:?}):\n{log}"
+    );
+    let o = t.router_ctl(&["status"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("was deleted and made again since its router"),
+        "{err}"
+    );
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("was deleted and made again"),
+        "{err}"
+    );
+    let out = t.router_ctl_ok(&["detach"]);
+    assert!(
+        out.contains("was made anew since its router was attached"),
+        "{out}"
+    );
+    assert!(!pin_dir(&t).exists(), "pins left");
+    assert!(!state_file(&t).exists(), "record left");
+}
+
 /// The port forwards and IPv6 pinholes live in the maps `detach` removes:
 /// the resize refusal says they go with the detach, `detach` names them
 /// with the commands that add them back, and those commands, run as a
