@@ -21,6 +21,7 @@ pub mod addr;
 pub mod bench_topology;
 pub mod echo;
 pub mod frames;
+pub mod guard;
 pub mod host;
 pub mod netns;
 pub mod packet;

@@ -155,6 +155,7 @@ impl Topology {
         for (_, name) in &self.names {
             run_ok(&["ip", "netns", "add", name]);
             self.created.lock().unwrap().push(name.clone());
+            crate::guard::register(name);
             run_ok(&["ip", "-n", name, "link", "set", "lo", "up"]);
         }
     }
@@ -707,6 +708,7 @@ impl Drop for Topology {
             crate::addr::forget_router_files(name);
         }
         for name in &created {
+            crate::guard::forget(name);
             crate::host::kill_processes_in(name);
             // Deleting a namespace destroys the veths inside it (and with them
             // their peers). Errors (e.g. never created) are ignored.

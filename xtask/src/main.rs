@@ -335,6 +335,10 @@ fn test(args: &[String]) -> Result<(), String> {
     run(cargo()
         .current_dir(root())
         .args(["build", "-p", "router-ctl"]))?;
+    // The process the kit's signal guard is tested with.
+    run(cargo()
+        .current_dir(root())
+        .args(["build", "-p", "tests", "--example", "guard_child"]))?;
     // Tests that cannot run on this machine record why there (the kit's
     // `tests::skipped`): listed at the end, so a skip shows as one.
     let skipped = std::env::var_os("CARGO_TARGET_DIR")

@@ -104,6 +104,102 @@ fn in_ns_runs_in_that_namespace() {
     assert!(!bound);
 }
 
+/// A run ended by a signal (Ctrl-C, a CI timeout's SIGTERM) removes its
+/// namespaces and what runs in them, which the drop guards (run on a
+/// panic) would not: the kit's signal guard, in `examples/guard_child.rs`
+/// (a process that builds a topology and waits).
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn an_interrupted_run_removes_its_namespaces() {
+    use std::io::{BufRead as _, BufReader};
+    use std::os::unix::process::ExitStatusExt as _;
+    // Built by `cargo xtask test` (`cargo build -p tests --example
+    // guard_child`), beside the tests.
+    let exe = std::env::current_exe().unwrap();
+    let child_bin = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .map(|d| d.join("examples/guard_child"))
+        .unwrap();
+    assert!(
+        child_bin.exists(),
+        "{} not built: `cargo build -p tests --example guard_child` (cargo xtask test does)",
+        child_bin.display()
+    );
+    let mut child = std::process::Command::new(&child_bin)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let names: Vec<String> = line
+        .trim()
+        .strip_prefix("namespaces ")
+        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+        .split(' ')
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(names.len(), 3, "{line}");
+    // Should the guard fail, what it left is removed here (the child's
+    // namespaces are this run's).
+    let _leftovers = Leftovers(names.clone());
+    assert!(names.iter().all(|n| netns_exists(n)), "{names:?}");
+    let sleepers = |n: &str| {
+        let o = std::process::Command::new("ip")
+            .args(["netns", "pids", n])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .count()
+    };
+    let server = &names[2];
+    // `ip netns exec` enters the namespace before it runs the sleeper.
+    crate::ctl::wait_for(
+        "the sleeper to run in the server's namespace",
+        Duration::from_secs(10),
+        || sleepers(server) == 1,
+    );
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: SIGINT to the child this test started and has not reaped.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the interrupted run did not end within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
+    assert_eq!(status.code(), Some(130), "{status:?}: {err}");
+    assert!(err.contains("removing this run's 3 namespace(s)"), "{err}");
+    for n in &names {
+        assert!(!netns_exists(n), "namespace {n} left behind: {err}");
+    }
+    let _ = status.signal();
+}
+
+/// Namespaces another process of this run made, removed on drop if left.
+struct Leftovers(Vec<String>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for n in self.0.iter().filter(|n| netns_exists(n)) {
+            tests::kill_processes_in(n);
+            let _ = tests::host::run(&["ip", "netns", "delete", n]);
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn namespaces_and_children_gone_after_drop() {

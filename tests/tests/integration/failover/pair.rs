@@ -140,6 +140,7 @@ impl Pair {
         for role in ROLES {
             run_ok(&["ip", "netns", "add", &self.ns(role)]);
             self.created.lock().unwrap().push(self.ns(role));
+            tests::guard::register(&self.ns(role));
             self.ip(role, &["link", "set", "lo", "up"]);
         }
         for bridge in ["lan", "wan"] {
@@ -371,6 +372,7 @@ impl Drop for Pair {
             let _ = self.router_ctl(r, &["detach"]);
         }
         for name in take_all(&self.created) {
+            tests::guard::forget(&name);
             tests::addr::forget_router_files(&name);
             tests::kill_processes_in(&name);
             // Deleting a namespace destroys the veths inside it (and their
