@@ -213,10 +213,11 @@ enum Cmd {
     Detach,
     /// What is attached where, in which mode, since when, which object, map fill levels.
     ///
-    /// Exit status 0 attached and healthy, 3 not attached, 1 a problem (pins lost after a
-    /// reboot, an interrupted attach or replace, interfaces gone; `degraded`: offload mode
-    /// with no daemon running, or standalone's kernel side removed; `other_build`: maps
-    /// of another build's layout).
+    /// Exit status 0 attached and healthy, 3 not attached, 75 `changing` (what it finds is
+    /// half done while another router-ctl holds the router's lock: an attach, apply or
+    /// detach under way; look again), 1 a problem (pins lost after a reboot, an interrupted
+    /// attach or replace, interfaces gone; `degraded`: offload mode with no daemon running,
+    /// or standalone's kernel side removed; `other_build`: maps of another build's layout).
     #[command(
         after_help = "Examples:\n  router-ctl -n rtr status\n  router-ctl -n rtr status --json | jq .state"
     )]
