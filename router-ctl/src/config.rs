@@ -579,8 +579,6 @@ fn resolve_wan_addr(
     })
 }
 
-/// Checks the interfaces and arguments and builds the configuration;
-/// changes nothing.
 /// `field`'s error for a failed [`netlink::mac`]: lasting for an
 /// interface that has no Ethernet address of its own (it will not get
 /// one), for now when the link could not be read.
@@ -592,6 +590,8 @@ fn mac_error(field: ConfigField, e: &anyhow::Error) -> ConfigError {
     }
 }
 
+/// Checks the interfaces and arguments and builds the configuration;
+/// changes nothing.
 pub fn resolve(a: &AttachArgs) -> Result<RouterConfig, ConfigError> {
     resolve_saying(a, true)
 }

@@ -674,8 +674,8 @@ fn run(cli: Cli) -> Result<i32> {
             // written during a switch to offload mode would slip past
             // its refusal there.
             ForwardCmd::Add { .. } | ForwardCmd::Del { .. } => {
-                let _lock = state::lock(ctx.ns())?;
-                let _signals = signals::SignalsBlocked::new();
+                let mut lock = state::lock(ctx.ns())?;
+                lock.hold_signals();
                 forward_change(&ctx, &maps, cmd)
             }
             ForwardCmd::List { json } => forward::list(&maps, json),
@@ -687,8 +687,8 @@ fn run(cli: Cli) -> Result<i32> {
             // Whole or not at all (the daemon resyncs on the count of
             // flushes it records last), one at a time.
             ConntrackCmd::Flush => {
-                let _lock = state::lock(ctx.ns())?;
-                let _signals = signals::SignalsBlocked::new();
+                let mut lock = state::lock(ctx.ns())?;
+                lock.hold_signals();
                 conntrack::flush(&maps)
             }
         }
@@ -778,11 +778,14 @@ fn forward_change(ctx: &Ctx, maps: &maps::PinnedMaps, cmd: ForwardCmd) -> Result
     }
 }
 
-/// Whether the named namespace `ns` is another one than its router's pins
-/// were made in: pins there, and a record that names another namespace.
-/// (A reboot, which makes every namespace anew, takes the pins with it.)
+/// Whether the named namespace `ns` is another one than the one its
+/// router's pins serve: the record names another namespace, and the
+/// router's links still run (on the old namespace's interfaces: it lives
+/// on, held by a process, so no namespace made since can have its inode).
+/// Links whose interfaces went with the old namespace are relinked in the
+/// new one, as after an interface made anew. (A reboot takes the pins.)
 fn netns_replaced(ctx: &Ctx, ns: &str) -> bool {
-    if !ctx.pin_dir.exists() {
+    if !ctx.pin_dir.exists() || !lifecycle::links_still_run(ctx) {
         return false;
     }
     let recorded = state::load(ctx.ns())

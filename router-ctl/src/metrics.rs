@@ -573,11 +573,6 @@ pub fn render(ctx: &Ctx) -> Result<String> {
     Ok(s)
 }
 
-/// Serves `/metrics` on `listen` until killed, with the status page's
-/// HTTP handling ([`web::handle`]: one request per connection, 5 s to send
-/// the request head and to take the answer, at most
-/// [`web::MAX_CONNECTIONS`] at once, the `Host` rule), so a client that
-/// never reads its answers holds no other scrape back.
 /// What `metrics` says at its start when it finds no router attached
 /// where it looks (`ns`: the namespace `-n` named): a typo'd name would
 /// otherwise serve `xdp_router_up 0` without a word.
@@ -604,6 +599,11 @@ fn nothing_attached(ns: Option<&str>) -> String {
     )
 }
 
+/// Serves `/metrics` on `listen` until killed, with the status page's
+/// HTTP handling ([`web::handle`]: one request per connection, 5 s to send
+/// the request head and to take the answer, at most
+/// [`web::MAX_CONNECTIONS`] at once, the `Host` rule), so a client that
+/// never reads its answers holds no other scrape back.
 pub fn serve(ctx: &Ctx, listen: SocketAddr) -> Result<()> {
     if !listen.ip().is_loopback() {
         warn!(

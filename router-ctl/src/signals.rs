@@ -2,8 +2,9 @@
 //! runs, and the crash points the crash-consistency tests stop at.
 
 /// Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP until dropped, so
-/// Ctrl-C cannot cut a state change in half (it takes effect when the
-/// change is done), nor Ctrl-Z stop it while it holds the router's lock.
+/// Ctrl-C cannot cut a state change in half nor Ctrl-Z stop it midway
+/// (they take effect when the change is done; a lock that holds them,
+/// [`crate::state::Lock::hold_signals`], is released first).
 pub struct SignalsBlocked(libc::sigset_t);
 
 impl SignalsBlocked {

@@ -593,8 +593,10 @@ fn legacy_table_exists(names: &str, table: &str) -> bool {
     fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == table))
 }
 
-/// Seconds the legacy iptables tools wait for the xtables lock (`-w`).
-const XTABLES_WAIT_SECS: &str = "5";
+/// Seconds the legacy iptables tools wait for the xtables lock (`-w`): the
+/// IPv4 and IPv6 tools one after the other stay within the daemon's
+/// heartbeat window (3 ticks + 2 s).
+const XTABLES_WAIT_SECS: &str = "3";
 
 /// The forward chains of this namespace that standalone mode would
 /// bypass (`ruleset`'s, and iptables-legacy's), and what could not be

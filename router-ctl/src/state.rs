@@ -257,14 +257,25 @@ pub fn remove(netns: Option<&str>) -> Result<()> {
 /// never interleave their steps on the same router; routers in other
 /// namespaces are not held up.
 pub struct Lock {
-    #[expect(dead_code, reason = "held open: the flock lasts as long as the file")]
-    file: fs::File,
+    /// Held open: the flock lasts as long as the file (closed first on drop).
+    file: Option<fs::File>,
     path: PathBuf,
     /// Whether dropping it removes its file first ([`Lock::remove_file`]).
     remove_on_drop: bool,
+    /// Termination and stop signals held off while it is held
+    /// ([`Lock::hold_signals`]), let through only once it is released.
+    signals: Option<crate::signals::SignalsBlocked>,
 }
 
 impl Lock {
+    /// Holds SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP off until the lock
+    /// is released: a Ctrl-C does not cut the change in half, and neither a
+    /// Ctrl-C nor a Ctrl-Z pending at the end acts before the lock is free
+    /// (a stopped process holding it would block every other router-ctl).
+    pub fn hold_signals(&mut self) {
+        self.signals = Some(crate::signals::SignalsBlocked::new());
+    }
+
     /// Removes the lock file while still holding it (`detach`: the router is
     /// gone). A waiter that opened the old file notices that the path no
     /// longer names it once it gets the lock, and starts over.
@@ -275,10 +286,13 @@ impl Lock {
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        // Before the file closes (the fields drop after this).
+        // Before the file closes.
         if self.remove_on_drop {
             let _ = fs::remove_file(&self.path);
         }
+        // Released, then the signals let through.
+        drop(self.file.take());
+        drop(self.signals.take());
     }
 }
 
@@ -373,6 +387,13 @@ pub fn held_by_another(netns: Option<&str>) -> bool {
     rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
 }
 
+/// Who holds the router's lock, for a message: ` (held by pid N,
+/// `COMMAND`)`, or empty.
+#[must_use]
+pub fn lock_holder(netns: Option<&str>) -> String {
+    holder(&lock_path(netns))
+}
+
 /// The router's lock if no other router-ctl holds it now, else `None`
 /// without waiting: the daemon, whose event loop must not stall behind an
 /// attach, looks again at its next tick.
@@ -388,11 +409,11 @@ fn try_lock_at(path: &Path) -> Result<Option<Lock>> {
             return Ok(None);
         };
         if same_file(&f, path) {
-            note_holder(&f);
             return Ok(Some(Lock {
-                file: f,
+                file: Some(f),
                 path: path.to_owned(),
                 remove_on_drop: false,
+                signals: None,
             }));
         }
         // Removed by its holder meanwhile (a detach, an apply or a daemon
@@ -400,30 +421,30 @@ fn try_lock_at(path: &Path) -> Result<Option<Lock>> {
     }
 }
 
-/// Writes who holds a lock into its file (`PID COMMAND LINE`), for the
-/// refusals of those who wait for it ([`holder`]). Best effort: the lock
-/// is the flock, not the text.
-fn note_holder(mut f: &fs::File) {
-    use std::io::Write as _;
-    let mut line: String = std::env::args().collect::<Vec<_>>().join(" ");
-    line.truncate(200);
-    let _ = f.set_len(0);
-    let _ = writeln!(f, "{} {line}", std::process::id());
-}
-
-/// Who holds the lock at `path`, as its holder wrote it: ` (held by pid N,
-/// `COMMAND`)`, with a word when that process is stopped (Ctrl-Z): it
-/// holds the lock until it goes on; empty when not known.
+/// Who holds the lock at `path` now, as the kernel's lock table
+/// (`/proc/locks`) names it: ` (held by pid N, `COMMAND`)`, with a word
+/// when that process is stopped (Ctrl-Z): it holds the lock until it goes
+/// on; empty when not known.
 fn holder(path: &Path) -> String {
-    let Ok(text) = fs::read_to_string(path) else {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(meta) = fs::metadata(path) else {
         return String::new();
     };
-    let Some((pid, cmd)) = text.trim().split_once(' ') else {
+    let Some(pid) = fs::read_to_string("/proc/locks")
+        .ok()
+        .and_then(|t| lock_holder_in(&t, meta.ino()))
+    else {
         return String::new();
     };
-    let Ok(pid) = pid.parse::<u32>() else {
-        return String::new();
-    };
+    let cmd = fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            String::from_utf8_lossy(&c)
+                .split('\0')
+                .filter(|a| !a.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
     let stopped = fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
@@ -439,6 +460,20 @@ fn holder(path: &Path) -> String {
     } else {
         format!(" (held by pid {pid}, `{cmd}`)")
     }
+}
+
+/// The pid holding a flock on the file of inode `ino` in `/proc/locks`'s
+/// text (`1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF`; a waiter's
+/// line starts `1: -> FLOCK`).
+fn lock_holder_in(text: &str, ino: u64) -> Option<u32> {
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        let file_ino = f.get(5)?.rsplit(':').next()?.parse::<u64>().ok()?;
+        (file_ino == ino).then(|| f.get(4)?.parse().ok()).flatten()
+    })
 }
 
 /// The file at `path` (created 0600), locked exclusively; `None` if
@@ -562,7 +597,7 @@ mod tests {
         let dir = fresh_dir("lock-test");
         let path = dir.join("r.apply.lock");
         let held = lock_within(&path, Duration::ZERO).unwrap();
-        // Its holder is named for those who wait.
+        // Its holder is named for those who wait, from the kernel's table.
         let named = holder(&path);
         assert!(
             named.starts_with(&format!(" (held by pid {}, `", std::process::id())),
@@ -576,6 +611,16 @@ mod tests {
         let again = lock_within(&path, Duration::ZERO).unwrap();
         again.remove_file();
         let _ = fs::remove_dir(&dir);
+    }
+
+    #[test]
+    fn the_lock_table_names_the_holder_not_a_waiter() {
+        let t = "1: FLOCK  ADVISORY  WRITE 4242 00:1a:777 0 EOF\n\
+                 1: -> FLOCK  ADVISORY  WRITE 5151 00:1a:777 0 EOF\n\
+                 2: POSIX  ADVISORY  WRITE 99 00:1a:888 0 EOF\n";
+        assert_eq!(lock_holder_in(t, 777), Some(4242));
+        assert_eq!(lock_holder_in(t, 888), None);
+        assert_eq!(lock_holder_in(t, 1), None);
     }
 
     #[test]

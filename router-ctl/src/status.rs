@@ -385,35 +385,40 @@ fn standalone_problems(ctx: &Ctx, r: &State) -> Vec<String> {
     found
 }
 
-/// The status as JSON (the `--json` output; the text is rendered from it).
-#[must_use]
 /// `diagnosis`, or `changing` when what it found is not the attached state
-/// while another process holds the router's lock: half-done is what an
-/// attach, apply or detach under way looks like from outside, not a
-/// problem to act on (monitoring on the exit status would fire at every
-/// reload).
+/// while another process held the router's lock before it looked
+/// (`held_before`) and still does: half-done is what an attach, apply or
+/// detach under way looks like from outside, not a problem to act on
+/// (monitoring on the exit status would fire at every reload). Held across
+/// the look, not for an instant (a daemon's follow takes it that long).
 fn unless_changing(
     ctx: &Ctx,
+    held_before: bool,
     diagnosis: (&'static str, Vec<String>),
 ) -> (&'static str, Vec<String>) {
     let (verdict, _) = &diagnosis;
-    if *verdict == "attached" || !state::held_by_another(ctx.ns()) {
+    if *verdict == "attached" || !held_before || !state::held_by_another(ctx.ns()) {
         return diagnosis;
     }
     (
         "changing",
         vec![format!(
             "another router-ctl is changing this router (an attach, apply or detach under way \
-             holds its lock): look again once it is done (meanwhile: {verdict})"
+             holds its lock{}): look again once it is done (meanwhile: {verdict})",
+            state::lock_holder(ctx.ns())
         )],
     )
 }
 
+/// The status as JSON (the `--json` output; the text is rendered from it).
+#[must_use]
 pub fn status_json(ctx: &Ctx) -> Value {
+    let held_before = state::held_by_another(ctx.ns());
     let running = inspect(&ctx.pin_dir);
     let record = state::load(ctx.ns()).ok().flatten();
     let tmp = ctx.tmp_dir().exists();
-    let (verdict, mut problems) = unless_changing(ctx, diagnose(&running, record.as_ref(), tmp));
+    let (verdict, mut problems) =
+        unless_changing(ctx, held_before, diagnose(&running, record.as_ref(), tmp));
     if verdict == "pins_lost" && standalone::kernel_side_left(ctx.ns()) {
         problems.push(format!(
             "standalone mode's kernel side is still set up (the nftables table ip {}, the \

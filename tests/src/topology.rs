@@ -694,6 +694,11 @@ impl Drop for Topology {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
+        // What escaped its process group (or holds the router's lock)
+        // first: a detach would wait for it.
+        for name in &created {
+            crate::host::kill_processes_in(name);
+        }
         for router in [Ns::Router, Ns::Router2] {
             if !self.has(router) || !created.iter().any(|n| n == self.ns_name(router)) {
                 continue;
@@ -709,7 +714,6 @@ impl Drop for Topology {
         }
         for name in &created {
             crate::guard::forget(name);
-            crate::host::kill_processes_in(name);
             // Deleting a namespace destroys the veths inside it (and with them
             // their peers). Errors (e.g. never created) are ignored.
             let _ = Command::new("timeout")

@@ -433,9 +433,17 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     if let Some(l) = &opts.listener {
         web::announce(l);
     }
-    if let Some(path) = &opts.config {
-        apply::apply(ctx, path, false)
-            .with_context(|| format!("applying {} at start", path.display()))?;
+    if let Some(path) = &opts.config
+        && let Err(e) = apply::apply(ctx, path, false)
+    {
+        // The daemon ends with the apply's error (and its exit status): a
+        // signal that came meanwhile must not end it first, unsaid.
+        for sig in [libc::SIGHUP, libc::SIGTERM, libc::SIGINT] {
+            // SAFETY: setting a disposition; SIG_IGN discards the pending one.
+            unsafe { libc::signal(sig, libc::SIG_IGN) };
+        }
+        drop(early);
+        return Err(e.context(format!("applying {} at start", path.display())));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -497,10 +505,6 @@ fn status_line(s: &Session) -> String {
     }
 }
 
-/// SIGHUP: the file applied again with `apply`'s validation and no-op
-/// semantics. An error leaves the router as it was (apply validates the
-/// whole file before it changes anything) and the daemon running. A mode
-/// the file changed is followed by [`follow_attach`] right after.
 /// Seconds a reload may keep the daemon's loop busy: the apply lock's 5 s
 /// and the router lock's 10 s, and the replace.
 const RELOAD_BUSY_SECS: u64 = 30;
@@ -515,6 +519,10 @@ fn say_busy_reloading(ctx: &Ctx, status: &mut DaemonStatus, session: &Session) {
     }
 }
 
+/// SIGHUP: the file applied again with `apply`'s validation and no-op
+/// semantics. An error leaves the router as it was (apply validates the
+/// whole file before it changes anything) and the daemon running. A mode
+/// the file changed is followed by [`follow_attach`] right after.
 fn reload(ctx: &Ctx, config: Option<&Path>) {
     let Some(path) = config else {
         tracing::warn!("SIGHUP: started without --config, nothing to reload");

@@ -17,7 +17,7 @@ use crate::{
     maps::PinnedMaps,
     netlink,
     pins::{LINK_PINS, ensure_bpffs},
-    signals::{SignalsBlocked, crash_point},
+    signals::crash_point,
     standalone, state,
 };
 
@@ -25,8 +25,8 @@ use crate::{
 /// removed. Returns whether anything was attached.
 pub fn detach(ctx: &Ctx) -> Result<bool> {
     ensure_bpffs()?;
-    let lock = state::lock(ctx.ns())?;
-    let _signals = SignalsBlocked::new();
+    let mut lock = state::lock(ctx.ns())?;
+    lock.hold_signals();
     gc_tmp(ctx);
     let dir = &ctx.pin_dir;
     let running = inspect(dir);
@@ -158,6 +158,13 @@ pub fn orphaned(ctx: &Ctx) -> Option<String> {
     Some(said)
 }
 
+/// Whether any of the router's pinned links still runs on an interface
+/// (one whose interface was destroyed has none).
+#[must_use]
+pub fn links_still_run(ctx: &Ctx) -> bool {
+    !live_links(&inspect(&ctx.pin_dir)).is_empty()
+}
+
 /// The interface indexes the router's pinned links (`running`) still run
 /// on (a link whose interface was destroyed has none).
 fn live_links(running: &Running) -> Vec<String> {
@@ -187,8 +194,8 @@ pub fn detach_orphaned(ctx: &Ctx, replaced: bool) -> Result<()> {
         "its `router-ctl run` still runs, in the namespace it keeps alive: stop it first \
          (systemctl stop xdp-router, or kill it), then detach",
     )?;
-    let lock = state::lock(ctx.ns())?;
-    let _signals = SignalsBlocked::new();
+    let mut lock = state::lock(ctx.ns())?;
+    lock.hold_signals();
     gc_tmp(ctx);
     let dir = &ctx.pin_dir;
     let running = inspect(dir);

@@ -38,7 +38,7 @@ use aya::programs::XdpMode;
 use router_common::maps::{Config, PortForwardKey, PortForwardTarget};
 use tracing::{info, warn};
 
-pub use detach::{detach, detach_orphaned, orphaned};
+pub use detach::{detach, detach_orphaned, links_still_run, orphaned};
 pub use fresh::check_interfaces;
 
 use crate::{
@@ -49,7 +49,6 @@ use crate::{
     inspect::inspect,
     object::Object,
     pins::ensure_bpffs,
-    signals::SignalsBlocked,
     standalone,
     state::{self, State},
     vmac,
@@ -306,9 +305,7 @@ pub fn attach(
 /// would leave the new configuration with the old file's port forwards).
 pub struct AttachHeld {
     pub outcome: Outcome,
-    // Fields drop in order: the signals are let through while the lock is
-    // still held (a pending one then ends the process, which releases it).
-    _signals: SignalsBlocked,
+    /// Held with the signals held off ([`state::Lock::hold_signals`]).
     _lock: state::Lock,
 }
 
@@ -336,8 +333,8 @@ pub fn attach_held(
         replace::preflight(ctx, a, &desired, &obj, &seen)?;
     }
     let bypassed_chains = check_standalone_host(a, &desired)?;
-    let lock = state::lock(ctx.ns())?;
-    let signals = SignalsBlocked::new();
+    let mut lock = state::lock(ctx.ns())?;
+    lock.hold_signals();
     let desired = with_wan_addr_now(desired);
     detach::gc_tmp(ctx);
     let mut running = inspect(&ctx.pin_dir);
@@ -428,7 +425,6 @@ pub fn attach_held(
     say_virtual_macs(ctx, &desired);
     Ok(AttachHeld {
         outcome,
-        _signals: signals,
         _lock: lock,
     })
 }

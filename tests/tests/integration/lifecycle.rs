@@ -306,18 +306,39 @@ fn a_router_whose_namespace_was_deleted_is_detached_from_outside() {
     assert!(!err.contains("removes them"), "{err}");
 }
 
-/// A router's namespace deleted and made again under its name while its
-/// daemon held the old one (a restart script, a container made anew): the
-/// daemon stops rather than serve the old namespace, and the new one is
-/// not taken for the old router's (its pins are that router's: status
-/// says so, an attach there is refused, detach removes them).
+/// A router's namespace deleted and made again under its name while
+/// processes still held the old one (a restart script, a container made
+/// anew; here the daemon and another process): the daemon stops rather
+/// than serve the old namespace, and while the old router's links still
+/// run there the new namespace is not taken for its router (status says
+/// so, an attach there is refused, detach removes the pins). (Once nothing
+/// holds the old namespace, its interfaces and the links' hold on them go
+/// with it, and an attach relinks in the new one, as after an interface
+/// made anew.)
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
 fn a_namespace_made_anew_is_not_taken_for_its_old_router() {
     let t = Topology::new();
     attach(&t, &[]);
     let mut daemon = crate::offload::Daemon::start(&t, &[]);
+    // Another holder of the old namespace (killed at the test's end).
+    let mut holder = t.spawn(Ns::Router, &["sleep", "60"]);
     let ns = t.ns_name(Ns::Router);
+    crate::ctl::wait_for(
+        "the holder to run in the router's namespace",
+        Duration::from_secs(10),
+        || {
+            std::process::Command::new("ip")
+                .args(["netns", "pids", ns])
+                .output()
+                .is_ok_and(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .count()
+                        >= 2
+                })
+        },
+    );
     tests::host::run_ok(&["ip", "netns", "delete", ns]);
     tests::host::run_ok(&["ip", "netns", "add", ns]);
     let exit = daemon.wait_exit(Duration::from_secs(10));
@@ -345,6 +366,7 @@ fn a_namespace_made_anew_is_not_taken_for_its_old_router() {
     );
     assert!(!pin_dir(&t).exists(), "pins left");
     assert!(!state_file(&t).exists(), "record left");
+    crate::ctl::kill_group(&mut holder);
 }
 
 /// The port forwards and IPv6 pinholes live in the maps `detach` removes:

@@ -172,42 +172,53 @@ fn gaps(pings: &[Ping]) -> u64 {
     }
 }
 
+impl Ping {
+    /// When it was sent (Unix time): printed at its answer, a round trip
+    /// after.
+    fn sent(&self) -> f64 {
+        self.at - self.rtt / 1000.0
+    }
+}
+
 impl PingLog {
     /// The pings of a window of a run that started at Unix time
-    /// `start_unix`: those answered inside it, and as lost the echoes
-    /// missing between the first and the last of them. With none
-    /// answered inside it, the echoes missing between the last answered
-    /// before it and the first after it, all lost (a load that starved
-    /// every ping); without answers on both sides, every ping of the run
-    /// (lost: from the summary, else from the gaps). `None` when ping
-    /// answered nothing at all.
+    /// `start_unix`: those answered inside it, and as lost the echoes never
+    /// answered that were sent inside it, each sent (ping's interval being
+    /// steady) where its sequence number falls between the answered ones
+    /// around it. Without a sequence number on both sides of a gap
+    /// (ping killed before answers came again) the gap is not counted.
+    /// With nothing inside it, every ping of the run (lost: from the
+    /// summary, else from the gaps). `None` when ping answered nothing.
     pub fn within(&self, start_unix: f64, win: &Window) -> Option<Pings> {
         let (w0, w1) = (start_unix + win.from, start_unix + win.from + win.secs);
-        let inside: Vec<Ping> = self
+        let rtts: Vec<f64> = self
             .answered
             .iter()
-            .copied()
             .filter(|p| p.at >= w0 && p.at <= w1)
+            .map(|p| p.rtt)
             .collect();
-        if inside.is_empty() {
-            let before = self.answered.iter().filter(|p| p.at < w0);
-            let after = self.answered.iter().filter(|p| p.at > w1);
-            let (before, after) = (
-                before.filter_map(|p| p.seq).max(),
-                after.filter_map(|p| p.seq).min(),
-            );
-            return match (before, after) {
-                (Some(before), Some(after)) if after > before + 1 => Some(Pings {
-                    rtts: Vec::new(),
-                    lost: after - before - 1,
-                }),
-                _ => self.all(),
-            };
+        let mut by_seq: Vec<(u64, f64)> = self
+            .answered
+            .iter()
+            .filter_map(|p| Some((p.seq?, p.sent())))
+            .collect();
+        by_seq.sort_by_key(|&(seq, _)| seq);
+        let lost: u64 = by_seq
+            .windows(2)
+            .map(|w| {
+                let ((a, ta), (b, tb)) = (w[0], w[1]);
+                (a + 1..b)
+                    .filter(|k| {
+                        let t = ta + (tb - ta) * (k - a) as f64 / (b - a) as f64;
+                        t >= w0 && t <= w1
+                    })
+                    .count() as u64
+            })
+            .sum();
+        if rtts.is_empty() && lost == 0 {
+            return self.all();
         }
-        Some(Pings {
-            rtts: inside.iter().map(|p| p.rtt).collect(),
-            lost: gaps(&inside),
-        })
+        Some(Pings { rtts, lost })
     }
 
     /// Every ping of the run; `None` when none was answered.
@@ -294,6 +305,15 @@ mod unit {
         let p = log.within(100.0, &win).unwrap();
         assert_eq!(p.rtts, vec![3.0, 6.0, 7.0, 8.0]);
         assert_eq!(p.lost, 2);
+        // A loss at the window's end, after its last answer (9, sent at
+        // about 100.89 between 8 and 10): counted too.
+        let to_the_end = Window {
+            from: 0.25,
+            secs: 0.7,
+            ..Window::default()
+        };
+        let p = log.within(100.0, &to_the_end).unwrap();
+        assert_eq!((p.rtts.len(), p.lost), (4, 3));
         // A window with no answered echo between two answered ones: the
         // echoes between them (4 and 5), all lost.
         let starved = Window {

@@ -27,6 +27,8 @@ pub fn runs_json(runs: &[RunResult]) -> serde_json::Value {
                 "rtt_ms_p50": r.rtt_ms_p50,
                 "rtt_ms_p99": r.rtt_ms_p99,
                 "ping_loss_pct": r.ping_loss_pct,
+                // `rtt_ms_p99` is null then: more than 1 % of the pings lost.
+                "rtt_p99_lost": r.rtt_ms_p99.is_infinite(),
                 "cpu_pct": r.cpu_pct,
                 "softirq_pct": r.softirq_pct,
                 "router_ns_per_pkt": r.router_ns_per_pkt,

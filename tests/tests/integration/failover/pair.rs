@@ -368,13 +368,18 @@ fn take_all<T>(list: &Mutex<Vec<T>>) -> Vec<T> {
 impl Drop for Pair {
     fn drop(&mut self) {
         self.kill_all();
+        let created = take_all(&self.created);
+        // What escaped its process group (or holds a router's lock) first:
+        // a detach would wait for it.
+        for name in &created {
+            tests::kill_processes_in(name);
+        }
         for r in take_all(&self.attached) {
             let _ = self.router_ctl(r, &["detach"]);
         }
-        for name in take_all(&self.created) {
+        for name in created {
             tests::guard::forget(&name);
             tests::addr::forget_router_files(&name);
-            tests::kill_processes_in(&name);
             // Deleting a namespace destroys the veths inside it (and their
             // peers).
             let _ = run(&["ip", "netns", "delete", &name]);
