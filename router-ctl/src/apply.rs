@@ -751,7 +751,7 @@ pub fn apply(ctx: &Ctx, path: &Path, check: bool) -> Result<()> {
 pub fn apply_waiting(ctx: &Ctx, path: &Path, check: bool, wait: std::time::Duration) -> Result<()> {
     // One apply at a time, from the file's reading (the mode it leaves
     // unstated is the router's then) to its last rule.
-    let _applying = if check {
+    let applying = if check {
         None
     } else {
         Some(state::apply_lock(ctx.ns(), wait)?)
@@ -841,6 +841,9 @@ pub fn apply_waiting(ctx: &Ctx, path: &Path, check: bool, wait: std::time::Durat
     })()
     .context(PartlyApplied)?;
     let outcome = held.outcome;
+    // The apply's own lock released before the router's lets the signals
+    // through: a pending Ctrl-Z must not stop a process holding either.
+    drop(applying);
     drop(held);
     for c in &changes {
         println!("{c}");

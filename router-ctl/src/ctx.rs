@@ -20,13 +20,17 @@ pub fn ip_link_hint() -> String {
 }
 
 /// The identity (nsfs inode) of the named network namespace `name` as
-/// `/run/netns` has it now; `None` if there is none of that name.
+/// `/run/netns` has it now; `None` if there is none of that name, or its
+/// file is not (or no longer) a namespace: `ip netns add` makes the file
+/// before it mounts the namespace on it, `ip netns delete` unmounts it
+/// before it removes the file, and in between the name is a plain file
+/// of `/run` (told by its device: every namespace file is on nsfs).
 #[must_use]
 pub fn named_netns_inode(name: &str) -> Option<u64> {
     use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(std::path::Path::new("/run/netns").join(name))
-        .ok()
-        .map(|m| m.ino())
+    let named = std::fs::metadata(std::path::Path::new("/run/netns").join(name)).ok()?;
+    let nsfs = std::fs::metadata("/proc/thread-self/ns/net").ok()?.dev();
+    (named.dev() == nsfs).then(|| named.ino())
 }
 
 /// The identity (nsfs inode) of the network namespace this thread is in.

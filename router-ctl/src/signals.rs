@@ -41,8 +41,8 @@ impl Drop for SignalsBlocked {
 
 /// Stops the process at a named step when `ROUTER_CTL_CRASH_AT` names it:
 /// `kill -9` of ourselves, for the crash-consistency tests. When
-/// `ROUTER_CTL_SIGNAL_AT` names it (`NAME`, or `NAME:HUP` / `NAME:TERM`
-/// for another signal), sends ourselves SIGINT there instead (a Ctrl-C at
+/// `ROUTER_CTL_SIGNAL_AT` names it (`NAME`, or `NAME:HUP` / `NAME:TERM` /
+/// `NAME:TSTP` for another signal), sends ourselves SIGINT there instead (a Ctrl-C at
 /// that step: held off while signals are blocked), for the tests of what
 /// a signal leaves.
 pub fn crash_point(name: &str) {
@@ -60,6 +60,7 @@ pub fn crash_point(name: &str) {
     let signal = match sig {
         "HUP" => libc::SIGHUP,
         "TERM" => libc::SIGTERM,
+        "TSTP" => libc::SIGTSTP,
         _ => libc::SIGINT,
     };
     if at == name {

@@ -273,7 +273,9 @@ impl Lock {
     /// Ctrl-C nor a Ctrl-Z pending at the end acts before the lock is free
     /// (a stopped process holding it would block every other router-ctl).
     pub fn hold_signals(&mut self) {
-        self.signals = Some(crate::signals::SignalsBlocked::new());
+        if self.signals.is_none() {
+            self.signals = Some(crate::signals::SignalsBlocked::new());
+        }
     }
 
     /// Removes the lock file while still holding it (`detach`: the router is
@@ -430,9 +432,10 @@ fn holder(path: &Path) -> String {
     let Ok(meta) = fs::metadata(path) else {
         return String::new();
     };
+    let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
     let Some(pid) = fs::read_to_string("/proc/locks")
         .ok()
-        .and_then(|t| lock_holder_in(&t, meta.ino()))
+        .and_then(|t| lock_holder_in(&t, dev, meta.ino()))
     else {
         return String::new();
     };
@@ -462,17 +465,23 @@ fn holder(path: &Path) -> String {
     }
 }
 
-/// The pid holding a flock on the file of inode `ino` in `/proc/locks`'s
-/// text (`1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF`; a waiter's
-/// line starts `1: -> FLOCK`).
-fn lock_holder_in(text: &str, ino: u64) -> Option<u32> {
+/// The pid holding a flock on the file of device `dev` (major, minor)
+/// and inode `ino` in `/proc/locks`'s text (`1: FLOCK  ADVISORY  WRITE
+/// 1234 00:1a:5678 0 EOF`, the device in hex; a waiter's line starts `1:
+/// -> FLOCK`).
+fn lock_holder_in(text: &str, dev: (u32, u32), ino: u64) -> Option<u32> {
     text.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         if f.get(1) != Some(&"FLOCK") {
             return None;
         }
-        let file_ino = f.get(5)?.rsplit(':').next()?.parse::<u64>().ok()?;
-        (file_ino == ino).then(|| f.get(4)?.parse().ok()).flatten()
+        let mut id = f.get(5)?.split(':');
+        let major = u32::from_str_radix(id.next()?, 16).ok()?;
+        let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+        let file_ino = id.next()?.parse::<u64>().ok()?;
+        ((major, minor) == dev && file_ino == ino)
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
     })
 }
 
@@ -615,12 +624,15 @@ mod tests {
 
     #[test]
     fn the_lock_table_names_the_holder_not_a_waiter() {
-        let t = "1: FLOCK  ADVISORY  WRITE 4242 00:1a:777 0 EOF\n\
-                 1: -> FLOCK  ADVISORY  WRITE 5151 00:1a:777 0 EOF\n\
-                 2: POSIX  ADVISORY  WRITE 99 00:1a:888 0 EOF\n";
-        assert_eq!(lock_holder_in(t, 777), Some(4242));
-        assert_eq!(lock_holder_in(t, 888), None);
-        assert_eq!(lock_holder_in(t, 1), None);
+        let t = "1: FLOCK  ADVISORY  WRITE 11 00:2b:777 0 EOF\n\
+                 2: FLOCK  ADVISORY  WRITE 4242 00:1a:777 0 EOF\n\
+                 2: -> FLOCK  ADVISORY  WRITE 5151 00:1a:777 0 EOF\n\
+                 3: POSIX  ADVISORY  WRITE 99 00:1a:888 0 EOF\n";
+        // The same inode on another device is another file.
+        assert_eq!(lock_holder_in(t, (0, 0x1a), 777), Some(4242));
+        assert_eq!(lock_holder_in(t, (0, 0x2b), 777), Some(11));
+        assert_eq!(lock_holder_in(t, (0, 0x1a), 888), None);
+        assert_eq!(lock_holder_in(t, (0, 0x1a), 1), None);
     }
 
     #[test]

@@ -438,7 +438,13 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     {
         // The daemon ends with the apply's error (and its exit status): a
         // signal that came meanwhile must not end it first, unsaid.
-        for sig in [libc::SIGHUP, libc::SIGTERM, libc::SIGINT] {
+        for sig in [
+            libc::SIGHUP,
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGQUIT,
+            libc::SIGTSTP,
+        ] {
             // SAFETY: setting a disposition; SIG_IGN discards the pending one.
             unsafe { libc::signal(sig, libc::SIG_IGN) };
         }

@@ -245,6 +245,49 @@ fn a_ctrl_c_during_an_apply_leaves_the_whole_file_applied() {
 
 #[test]
 #[ignore = "needs root: run cargo xtask test"]
+fn a_ctrl_z_during_an_apply_stops_it_holding_no_lock() {
+    // A Ctrl-Z (SIGTSTP) during the replace is held off until the apply
+    // is done and has released its locks: stopped, it blocks no other
+    // router-ctl (a rule change, another apply).
+    let t = Topology::new();
+    t.warm_neighbours();
+    t.router_ctl_ok(&["apply", example().path()]);
+    let changed = example_text().replace("udp-replied = 120", "udp-replied = 300");
+    let file = TempFile::new("ctrl-z", &changed);
+    let stopped = std::process::Command::new(tests::router_ctl_bin())
+        .args(["-n", t.ns_name(Ns::Router), "apply", file.path()])
+        .env("ROUTER_CTL_SIGNAL_AT", "replace-after-links:TSTP")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed (also when an assertion fails: a stopped process keeps its
+    // locks until then).
+    let stopped = crate::daemon_run::KillOnDrop(stopped);
+    let state = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.chars().next()))
+            .flatten()
+    };
+    crate::ctl::wait_for(
+        "the apply to stop at its Ctrl-Z",
+        Duration::from_secs(20),
+        || state(stopped.0.id()) == Some('T'),
+    );
+    // Its configuration is in place, and neither lock is held.
+    assert_eq!(
+        status(&t).0["record"]["config"]["timeouts"]["udp-replied"],
+        300
+    );
+    t.router_ctl_ok(&["forward", "add", "tcp", "9090", "192.168.50.2:90"]);
+    t.router_ctl_ok(&["apply", example().path()]);
+    drop(stopped);
+}
+
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
 #[expect(clippy::too_many_lines, reason = "a table of cases")]
 fn each_invalid_field_is_named_and_nothing_changes() {
     let t = Topology::new();

@@ -33,6 +33,16 @@ pub fn config_text(port_range: &str, forwards: &[(&str, u32, &str)]) -> String {
 
 pub use tests::Scratch;
 
+/// A child process killed (and reaped) on drop.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The daemon and what it said.
 pub struct RunningDaemon {
     child: Child,

@@ -97,6 +97,8 @@ pub fn frags_json(rows: &[frags::Row]) -> serde_json::Value {
                 "softirq_pct": r.run.softirq_pct,
                 "rtt_ms_p50": r.run.rtt_ms_p50,
                 "rtt_ms_p99": r.run.rtt_ms_p99,
+                "ping_loss_pct": r.run.ping_loss_pct,
+                "rtt_p99_lost": r.run.rtt_ms_p99.is_infinite(),
                 "offload": r.run.point.offload.name(),
                 "conns": r.run.point.conns,
             })

@@ -283,6 +283,7 @@ fn live_json(r: &LiveRow) -> Value {
         "rtt_ms_p50": run.rtt_ms_p50,
         "rtt_ms_p99": run.rtt_ms_p99,
         "ping_loss_pct": run.ping_loss_pct,
+        "rtt_p99_lost": run.rtt_ms_p99.is_infinite(),
         "cpu_pct": run.cpu_pct,
         "softirq_pct": run.softirq_pct,
         "router_ns_per_pkt": run.router_ns_per_pkt,
