@@ -3,7 +3,7 @@
 //! field (an error naming the line and the field, nothing changed).
 
 use std::net::IpAddr;
-use std::os::unix::process::ExitStatusExt as _;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -254,7 +254,10 @@ fn a_ctrl_z_during_an_apply_stops_it_holding_no_lock() {
     t.router_ctl_ok(&["apply", example().path()]);
     let changed = example_text().replace("udp-replied = 120", "udp-replied = 300");
     let file = TempFile::new("ctrl-z", &changed);
+    // A process group of its own: in an orphaned one (a CI runner's
+    // background job) the kernel discards SIGTSTP, and nothing would stop.
     let stopped = std::process::Command::new(tests::router_ctl_bin())
+        .process_group(0)
         .args(["-n", t.ns_name(Ns::Router), "apply", file.path()])
         .env("ROUTER_CTL_SIGNAL_AT", "replace-after-links:TSTP")
         .stdin(std::process::Stdio::null())
