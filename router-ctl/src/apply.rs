@@ -720,8 +720,7 @@ fn located(name: &str, text: &str, e: &ConfigError) -> anyhow::Error {
         .lines()
         .position(|l| l.split_once('=').is_some_and(|(k, _)| k.trim() == key))
         .map_or(0, |i| i + 1);
-    e.clone()
-        .into_error(format!("{name}:{line}: {field}: {e}; nothing was changed"))
+    e.to_error(format!("{name}:{line}: {field}: {e}; nothing was changed"))
 }
 
 /// The context of an `apply` error raised once the file was found valid

@@ -459,7 +459,7 @@ impl ConfigError {
     /// when it is lasting (the exit code tells a service to stop trying),
     /// `message` its text.
     #[must_use]
-    pub fn into_error(self, message: String) -> anyhow::Error {
+    pub fn to_error(&self, message: String) -> anyhow::Error {
         if self.lasting {
             anyhow::Error::new(crate::lifecycle::Unretryable(message))
         } else {

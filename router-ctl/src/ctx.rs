@@ -19,6 +19,12 @@ pub fn ip_link_hint() -> String {
     }
 }
 
+/// Where `ip netns` keeps the named network namespace `name`.
+#[must_use]
+pub fn netns_path(name: &str) -> PathBuf {
+    std::path::Path::new("/run/netns").join(name)
+}
+
 /// The identity (nsfs inode) of the named network namespace `name` as
 /// `/run/netns` has it now; `None` if there is none of that name, or its
 /// file is not (or no longer) a namespace: `ip netns add` makes the file
@@ -28,7 +34,7 @@ pub fn ip_link_hint() -> String {
 #[must_use]
 pub fn named_netns_inode(name: &str) -> Option<u64> {
     use std::os::unix::fs::MetadataExt as _;
-    let named = std::fs::metadata(std::path::Path::new("/run/netns").join(name)).ok()?;
+    let named = std::fs::metadata(netns_path(name)).ok()?;
     let nsfs = std::fs::metadata("/proc/thread-self/ns/net").ok()?.dev();
     (named.dev() == nsfs).then(|| named.ino())
 }

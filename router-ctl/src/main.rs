@@ -50,7 +50,7 @@ mod vmac;
 mod web;
 mod xfrm;
 
-use std::{fs, os::fd::AsRawFd, path::Path, path::PathBuf};
+use std::{fs, os::fd::AsRawFd, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory as _, Parser, Subcommand};
@@ -619,7 +619,7 @@ fn run(cli: Cli) -> Result<i32> {
         // `detach` removes them, from outside.
         // Or deleted and made again under its name (a restart script, a
         // container made anew): the pins are the old namespace's router's.
-        let gone = !netns_path(ns).exists();
+        let gone = !ctx::netns_path(ns).exists();
         let replaced = !gone && netns_replaced(&ctx, ns);
         if (gone || replaced)
             && let Some(left) = lifecycle::orphaned(&ctx)
@@ -635,7 +635,7 @@ fn run(cli: Cli) -> Result<i32> {
             } else {
                 format!(
                     "no network namespace {ns:?} ({} missing), but a router attached there",
-                    netns_path(ns).display()
+                    ctx::netns_path(ns).display()
                 )
             };
             bail!(
@@ -668,27 +668,26 @@ fn run(cli: Cli) -> Result<i32> {
                 stats::stats(&ctx, json).map(|()| 0)
             }
         }
-        Cmd::Forward { cmd } => match cmd {
-            // Under the router's lock, as every change: a rule written
-            // while a detach runs would go with its maps, unsaid, and one
-            // written during a switch to offload mode would slip past
-            // its refusal there.
-            ForwardCmd::Add { .. } | ForwardCmd::Del { .. } => {
-                let mut lock = state::lock(ctx.ns())?;
-                lock.hold_signals();
-                forward_change(&ctx, &maps, cmd)
-            }
-            ForwardCmd::List { json } => forward::list(&maps, json),
+        Cmd::Forward { cmd } => {
+            // A change under the router's lock, as every change: a rule
+            // written while a detach runs would go with its maps, unsaid,
+            // and one written during a switch to offload mode would slip
+            // past its refusal there.
+            let _lock = match cmd {
+                ForwardCmd::List { .. } => None,
+                ForwardCmd::Add { .. } | ForwardCmd::Del { .. } => {
+                    Some(state::lock(ctx.ns())?.holding_signals())
+                }
+            };
+            forward_cmd(&ctx, &maps, cmd).map(|()| 0)
         }
-        .map(|()| 0),
         Cmd::Conntrack { cmd } => match cmd {
             ConntrackCmd::List(a) => conntrack::list(&maps, a.json, &a.query()),
             ConntrackCmd::Count { json } => conntrack::count(&maps, json),
             // Whole or not at all (the daemon resyncs on the count of
             // flushes it records last), one at a time.
             ConntrackCmd::Flush => {
-                let mut lock = state::lock(ctx.ns())?;
-                lock.hold_signals();
+                let _lock = state::lock(ctx.ns())?.holding_signals();
                 conntrack::flush(&maps)
             }
         }
@@ -744,8 +743,8 @@ fn print_whole(text: &[u8], what: &str) -> Result<i32> {
     }
 }
 
-/// `forward add` or `forward del` (`cmd`), on the router's maps.
-fn forward_change(ctx: &Ctx, maps: &maps::PinnedMaps, cmd: ForwardCmd) -> Result<()> {
+/// A `forward` command (`cmd`), on the router's maps.
+fn forward_cmd(ctx: &Ctx, maps: &maps::PinnedMaps, cmd: ForwardCmd) -> Result<()> {
     match cmd {
         ForwardCmd::Add {
             proto,
@@ -798,13 +797,8 @@ fn netns_replaced(ctx: &Ctx, ns: &str) -> bool {
     }
 }
 
-/// Where `ip netns` keeps the named network namespace `name`.
-fn netns_path(name: &str) -> PathBuf {
-    Path::new("/run/netns").join(name)
-}
-
 fn enter_netns(name: &str) -> Result<()> {
-    let path = netns_path(name);
+    let path = ctx::netns_path(name);
     let f = fs::File::open(&path).with_context(|| {
         format!(
             "no network namespace {name:?} ({} missing; see `ip netns list`)",

@@ -578,7 +578,7 @@ pub fn render(ctx: &Ctx) -> Result<String> {
 /// otherwise serve `xdp_router_up 0` without a word.
 fn nothing_attached(ns: Option<&str>) -> String {
     let (what, flag) = match ns {
-        Some(ns) if !std::path::Path::new("/run/netns").join(ns).exists() => (
+        Some(ns) if !crate::ctx::netns_path(ns).exists() => (
             format!(
                 "no network namespace {ns:?} (see `ip netns list`) and no router attached for it"
             ),

@@ -4,8 +4,17 @@
 /// Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGTSTP until dropped, so
 /// Ctrl-C cannot cut a state change in half nor Ctrl-Z stop it midway
 /// (they take effect when the change is done; a lock that holds them,
-/// [`crate::state::Lock::hold_signals`], is released first).
+/// [`crate::state::Lock::holding_signals`], is released first).
 pub struct SignalsBlocked(libc::sigset_t);
+
+/// The signals [`SignalsBlocked`] holds off.
+pub const HELD: [libc::c_int; 5] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGTSTP,
+];
 
 impl SignalsBlocked {
     #[must_use]
@@ -15,13 +24,7 @@ impl SignalsBlocked {
             let mut set: libc::sigset_t = std::mem::zeroed();
             let mut old: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&raw mut set);
-            for s in [
-                libc::SIGINT,
-                libc::SIGTERM,
-                libc::SIGHUP,
-                libc::SIGQUIT,
-                libc::SIGTSTP,
-            ] {
+            for s in HELD {
                 libc::sigaddset(&raw mut set, s);
             }
             libc::sigprocmask(libc::SIG_BLOCK, &raw const set, &raw mut old);

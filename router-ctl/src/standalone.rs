@@ -408,13 +408,7 @@ pub fn tear_down(netns: Option<&str>) -> Result<bool> {
 /// [`tear_down`] does last; alone, for a router whose network namespace is
 /// gone, its sysctls and table with it).
 pub fn forget(netns: Option<&str>) -> Result<()> {
-    let path = record_path(netns);
-    let _ = fs::remove_file(crate::state::tmp_path(&path));
-    match fs::remove_file(&path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
-    }
+    crate::state::remove_private(&record_path(netns))
 }
 
 /// Whether two inclusive port ranges share a port.

@@ -242,10 +242,14 @@ pub fn last_mode(netns: Option<&str>) -> Option<AdmitMode> {
 }
 
 pub fn remove(netns: Option<&str>) -> Result<()> {
-    let path = state_path(netns);
-    // A write a kill cut short leaves its temporary file.
-    let _ = fs::remove_file(tmp_path(&path));
-    match fs::remove_file(&path) {
+    remove_private(&state_path(netns))
+}
+
+/// Removes a file [`write_private`] writes, and the temporary file a write
+/// a kill cut short left; one already gone is no error.
+pub fn remove_private(path: &Path) -> Result<()> {
+    let _ = fs::remove_file(tmp_path(path));
+    match fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
@@ -263,7 +267,7 @@ pub struct Lock {
     /// Whether dropping it removes its file first ([`Lock::remove_file`]).
     remove_on_drop: bool,
     /// Termination and stop signals held off while it is held
-    /// ([`Lock::hold_signals`]), let through only once it is released.
+    /// ([`Lock::holding_signals`]), let through only once it is released.
     signals: Option<crate::signals::SignalsBlocked>,
 }
 
@@ -272,10 +276,12 @@ impl Lock {
     /// is released: a Ctrl-C does not cut the change in half, and neither a
     /// Ctrl-C nor a Ctrl-Z pending at the end acts before the lock is free
     /// (a stopped process holding it would block every other router-ctl).
-    pub fn hold_signals(&mut self) {
+    #[must_use]
+    pub fn holding_signals(mut self) -> Self {
         if self.signals.is_none() {
             self.signals = Some(crate::signals::SignalsBlocked::new());
         }
+        self
     }
 
     /// Removes the lock file while still holding it (`detach`: the router is

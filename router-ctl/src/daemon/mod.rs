@@ -438,13 +438,7 @@ pub fn run(ctx: &Ctx, opts: RunOptions) -> Result<()> {
     {
         // The daemon ends with the apply's error (and its exit status): a
         // signal that came meanwhile must not end it first, unsaid.
-        for sig in [
-            libc::SIGHUP,
-            libc::SIGTERM,
-            libc::SIGINT,
-            libc::SIGQUIT,
-            libc::SIGTSTP,
-        ] {
+        for sig in crate::signals::HELD {
             // SAFETY: setting a disposition; SIG_IGN discards the pending one.
             unsafe { libc::signal(sig, libc::SIG_IGN) };
         }

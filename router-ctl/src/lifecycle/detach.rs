@@ -25,8 +25,7 @@ use crate::{
 /// removed. Returns whether anything was attached.
 pub fn detach(ctx: &Ctx) -> Result<bool> {
     ensure_bpffs()?;
-    let mut lock = state::lock(ctx.ns())?;
-    lock.hold_signals();
+    let lock = state::lock(ctx.ns())?.holding_signals();
     gc_tmp(ctx);
     let dir = &ctx.pin_dir;
     let running = inspect(dir);
@@ -190,12 +189,14 @@ fn live_links(running: &Running) -> Vec<String> {
 pub fn detach_orphaned(ctx: &Ctx, replaced: bool) -> Result<()> {
     ensure_bpffs()?;
     // Free only while no daemon serves the router; held until the end.
-    let mut no_daemon = state::daemon_lock(ctx.ns()).context(
-        "its `router-ctl run` still runs, in the namespace it keeps alive: stop it first \
-         (systemctl stop xdp-router, or kill it), then detach",
-    )?;
-    // Held by the outer lock, let through once both are released.
-    no_daemon.hold_signals();
+    // The signals held by the outer lock, let through once both are
+    // released.
+    let _no_daemon = state::daemon_lock(ctx.ns())
+        .context(
+            "its `router-ctl run` still runs, in the namespace it keeps alive: stop it first \
+             (systemctl stop xdp-router, or kill it), then detach",
+        )?
+        .holding_signals();
     let lock = state::lock(ctx.ns())?;
     gc_tmp(ctx);
     let dir = &ctx.pin_dir;

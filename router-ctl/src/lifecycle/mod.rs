@@ -212,7 +212,7 @@ fn end_masquerade_to(ctx: &Ctx, moved: &MasqueradeMove) {
 /// the interfaces' MACs read again: a daemon may have followed a new one
 /// since they were resolved, before the lock (an attach that waited for
 /// it would write the old one back).
-fn with_wan_addr_now(mut desired: RouterConfig) -> RouterConfig {
+fn with_addresses_now(mut desired: RouterConfig) -> RouterConfig {
     if desired.wan_addr_auto
         && let Ok(addrs) = crate::netlink::ipv4_addrs(&desired.wan)
     {
@@ -305,7 +305,7 @@ pub fn attach(
 /// would leave the new configuration with the old file's port forwards).
 pub struct AttachHeld {
     pub outcome: Outcome,
-    /// Held with the signals held off ([`state::Lock::hold_signals`]).
+    /// Held with the signals held off ([`state::Lock::holding_signals`]).
     _lock: state::Lock,
 }
 
@@ -315,10 +315,7 @@ pub fn attach_held(
     a: &AttachArgs,
     forwards: &[(PortForwardKey, PortForwardTarget)],
 ) -> Result<AttachHeld> {
-    let desired = config::resolve(a).map_err(|e| {
-        let message = e.message.clone();
-        e.into_error(message)
-    })?;
+    let desired = config::resolve(a).map_err(|e| e.to_error(e.message.clone()))?;
     config::warn_standalone_only(a);
     let standalone_mode = desired.admit == AdmitMode::Xdp;
     let obj = Object::load(a.object.as_deref())?;
@@ -333,9 +330,8 @@ pub fn attach_held(
         replace::preflight(ctx, a, &desired, &obj, &seen)?;
     }
     let bypassed_chains = check_standalone_host(a, &desired)?;
-    let mut lock = state::lock(ctx.ns())?;
-    lock.hold_signals();
-    let desired = with_wan_addr_now(desired);
+    let lock = state::lock(ctx.ns())?.holding_signals();
+    let desired = with_addresses_now(desired);
     detach::gc_tmp(ctx);
     let mut running = inspect(&ctx.pin_dir);
     // An interface deleted and made anew gets its new link first, keeping
