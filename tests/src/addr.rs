@@ -40,27 +40,6 @@ pub const LOCK_DIR: &str = "/run/xdp-router";
 /// router owner's namespace keeps them: a lock file is not removed while
 /// another process may hold it).
 pub fn forget_detached_router(ns: &str) {
-    forget_files(ns);
-}
-
-/// [`forget_detached_router`], and at a run's end what else of the
-/// router in `ns` (the run's own namespace) may be left: its records and
-/// their temporary files, its staging pins, and its pins if a detach
-/// failed (said: their maps' memory was held until now).
-pub fn forget_router_files(ns: &str) {
-    forget_files(ns);
-    for leftover in ["json", "json.tmp", "standalone.json", "standalone.json.tmp"] {
-        let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.{leftover}"));
-    }
-    let _ = std::fs::remove_dir_all(format!("{PIN_ROOT}-staging/{ns}"));
-    let pins = format!("{PIN_ROOT}/{ns}");
-    if std::path::Path::new(&pins).exists() {
-        eprintln!("test kit: the router's pins in {pins} outlived its detach: removing them");
-        let _ = std::fs::remove_dir_all(&pins);
-    }
-}
-
-fn forget_files(ns: &str) {
     for leftover in ["last-admit", "last-admit.tmp"] {
         let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.{leftover}"));
     }
@@ -74,6 +53,24 @@ fn forget_files(ns: &str) {
         let _ = std::fs::remove_file(format!("{LOCK_DIR}/{ns}.{leftover}"));
     }
 }
+
+/// [`forget_detached_router`], and at a run's end what else of the
+/// router in `ns` (the run's own namespace) may be left: its records and
+/// their temporary files, its staging pins, and its pins if a detach
+/// failed (said: their maps' memory was held until now).
+pub fn forget_router_files(ns: &str) {
+    forget_detached_router(ns);
+    for leftover in ["json", "json.tmp", "standalone.json", "standalone.json.tmp"] {
+        let _ = std::fs::remove_file(format!("{STATE_DIR}/{ns}.{leftover}"));
+    }
+    let _ = std::fs::remove_dir_all(format!("{PIN_ROOT}-staging/{ns}"));
+    let pins = format!("{PIN_ROOT}/{ns}");
+    if std::path::Path::new(&pins).exists() {
+        eprintln!("test kit: the router's pins in {pins} outlived its detach: removing them");
+        let _ = std::fs::remove_dir_all(&pins);
+    }
+}
+
 /// A LAN address nobody has: the router has no neighbour entry for it.
 pub const LAN_NOBODY_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 9);
 /// A WAN address nobody has: the router has no neighbour entry for it.

@@ -111,19 +111,7 @@ fn wait_and_clean(read_fd: libc::c_int) {
 /// deleted.
 fn remove(name: &str) {
     crate::host::kill_processes_in(name);
-    let pins = std::path::Path::new(crate::PIN_ROOT).join(name);
-    let record = std::path::Path::new(crate::STATE_DIR).join(format!("{name}.json"));
-    if pins.exists() || record.exists() {
-        let _ = std::process::Command::new("timeout")
-            .args(["-k", "2", "20"])
-            .arg(crate::router_ctl_bin())
-            .args(["-n", name, "detach"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-    crate::addr::forget_router_files(name);
+    crate::host::remove_router(name);
     let _ = std::process::Command::new("timeout")
         .args(["-k", "2", "20", "ip", "netns", "delete", name])
         .stdin(std::process::Stdio::null())

@@ -243,6 +243,26 @@ pub fn kill_processes_in(name: &str) {
     }
 }
 
+/// Removes what is left of the router of the run's own namespace `name`:
+/// `router-ctl -n NAME detach` where its pins or only its record remain (a
+/// crash test's, a detach cut short), then its files
+/// ([`crate::addr::forget_router_files`]).
+pub fn remove_router(name: &str) {
+    let pins = Path::new(crate::PIN_ROOT).join(name);
+    let record = Path::new(crate::STATE_DIR).join(format!("{name}.json"));
+    if pins.exists() || record.exists() {
+        let _ = Command::new("timeout")
+            .args(["-k", "5", CMD_TIMEOUT])
+            .arg(router_ctl_bin())
+            .args(["-n", name, "detach"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    crate::addr::forget_router_files(name);
+}
+
 /// Whether nothing of a namespace or a router named `name` exists: no
 /// namespace, no pins (or staging pins) and no record router-ctl keeps
 /// for it. A name in use by another run (a shared bpffs or

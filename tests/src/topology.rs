@@ -703,14 +703,7 @@ impl Drop for Topology {
             if !self.has(router) || !created.iter().any(|n| n == self.ns_name(router)) {
                 continue;
             }
-            // Pins or only a record (a crash test's, a detach cut short):
-            // detach removes both.
-            let name = self.ns_name(router);
-            let record = std::path::Path::new(crate::STATE_DIR).join(format!("{name}.json"));
-            if self.router_attached_in(router) || record.exists() {
-                let _ = self.router_ctl_in(router, &["detach"]);
-            }
-            crate::addr::forget_router_files(name);
+            crate::host::remove_router(self.ns_name(router));
         }
         for name in &created {
             crate::guard::forget(name);

@@ -452,7 +452,8 @@ impl RunResult {
         // trip never ended): a run that lost more than 1 % of its pings
         // has no finite p99.
         let pings = m.pings.unwrap_or_default();
-        let mut rtts = pings.rtts.clone();
+        let ping_loss_pct = pings.loss_pct();
+        let mut rtts = pings.rtts;
         rtts.extend((0..pings.lost).map(|_| f64::INFINITY));
         Self {
             path,
@@ -468,7 +469,7 @@ impl RunResult {
             sink_drops: 0,
             rtt_ms_p50: percentile(&mut rtts, 50.0),
             rtt_ms_p99: percentile(&mut rtts, 99.0),
-            ping_loss_pct: pings.loss_pct(),
+            ping_loss_pct,
             cpu_pct: win.cpu.busy_pct(),
             softirq_pct: win.cpu.softirq_pct(),
             router_ns_per_pkt: per_pkt(win.cpu.softirq_ns()),

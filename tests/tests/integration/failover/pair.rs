@@ -33,7 +33,6 @@ pub(super) struct Pair {
     prefix: String,
     dir: PathBuf,
     procs: Mutex<Vec<(String, Child)>>,
-    attached: Mutex<Vec<Router>>,
     /// The namespaces this pair created: only those are deleted on drop
     /// (a name free when chosen may be another run's by the time
     /// `ip netns add` fails on it).
@@ -64,7 +63,6 @@ impl Pair {
             prefix,
             dir,
             procs: Mutex::new(Vec::new()),
-            attached: Mutex::new(Vec::new()),
             created: Mutex::new(Vec::new()),
         };
         // From here a panic drops `pair`, which removes what exists.
@@ -302,7 +300,6 @@ impl Pair {
     /// Router `r` attached in offload mode, without its daemon (which
     /// [`Self::start_fast_path`] adds); detached when the pair is dropped.
     pub(super) fn attach(&self, r: Router) {
-        self.attached.lock().unwrap().push(r);
         let out = self.router_ctl_ok(r, &["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
         assert!(
             out.contains("kernel"),
@@ -374,12 +371,10 @@ impl Drop for Pair {
         for name in &created {
             tests::kill_processes_in(name);
         }
-        for r in take_all(&self.attached) {
-            let _ = self.router_ctl(r, &["detach"]);
-        }
         for name in created {
             tests::guard::forget(&name);
-            tests::addr::forget_router_files(&name);
+            // A router's namespace (pins or a record there): detached.
+            tests::host::remove_router(&name);
             // Deleting a namespace destroys the veths inside it (and their
             // peers).
             let _ = run(&["ip", "netns", "delete", &name]);
