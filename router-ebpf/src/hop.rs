@@ -112,18 +112,6 @@ pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
     egress(ctx, &mut p)
 }
 
-/// The FIB parameters of the IPv4 packet `ip` as it now is (its
-/// addresses and length: the MTU checked).
-#[inline(always)]
-pub fn params_of(ip: &[u8; ipv4::LEN]) -> FibParams {
-    params4(
-        ip,
-        get_addr(ip, ipv4::SRC),
-        get_addr(ip, ipv4::DST),
-        get_u16(ip, ipv4::TOT_LEN),
-    )
-}
-
 /// The egress interface and MTU the FIB gives a packet of the parameters
 /// `p` (with its length set, so the kernel reports the MTU): `(ifindex,
 /// mtu)`, the MTU 0 when the kernel did not say (no neighbour yet);

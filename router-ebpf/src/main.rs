@@ -132,8 +132,8 @@ pub fn router(ctx: XdpContext) -> u32 {
     // Here too, for the same reason: the verifier walks a subprogram again
     // for each distinct state its call is reached with (called from the
     // cores, the option walk cost a fifth of the verifier's budget).
-    if syn {
-        mss::clamp(&ctx);
+    if let Some(egress) = syn {
+        mss::clamp(&ctx, egress);
     }
     v.action
 }
@@ -220,6 +220,7 @@ fn try_router(ctx: &XdpContext) -> Step<Verdict> {
         forward_l2(eth, ip, &hop, forwarded),
         side.cfg,
         pkt.seg.flags,
+        &hop,
     ))
 }
 

@@ -89,6 +89,7 @@ pub fn route(ctx: &XdpContext, eth: &mut [u8; eth::LEN]) -> Step<Verdict> {
         forward(eth, ip, &hop, forwarded),
         side.cfg,
         pkt.tcp_flags,
+        &hop,
     ))
 }
 
@@ -112,13 +113,6 @@ pub fn egress_of(ctx: &XdpContext, ip: &[u8; ipv6::LEN]) -> Step<Hop> {
 fn packet_len(ip: &[u8; ipv6::LEN]) -> u16 {
     #[expect(clippy::cast_possible_truncation, reason = "LEN is 40")]
     get_u16(ip, ipv6::PAYLOAD_LEN).saturating_add(ipv6::LEN as u16)
-}
-
-/// The FIB parameters of the IPv6 packet `ip` as it is, its length set
-/// (so the kernel reports the egress MTU), as [`fib6`] asks.
-#[inline(always)]
-pub fn params_of(ip: &[u8; ipv6::LEN]) -> FibParams {
-    params_sized(ip, packet_len(ip))
 }
 
 /// The forward lookup's FIB parameters of the IPv6 packet `ip` as if it

@@ -282,3 +282,46 @@ fn the_configured_mtu_lowers_the_limit_and_off_clamps_nothing() {
         );
     });
 }
+
+/// A policy rule on a LAN host's source (`ip rule add from <host> table
+/// 100`) whose table routes the server with a locked MTU of 1400, the main
+/// table over 1500-byte links: the SYN leaves by the policy's route and is
+/// clamped to 1360, first packet and retransmission (a hit) alike. The
+/// translated SYN's source, the WAN address, would match the main table.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn a_source_policy_routes_mtu_is_the_one_clamped_to() {
+    let env = ResolvedTopology::new(false);
+    with_router(&env, Some(clamping(&env, CLAMP_PMTU)), |r| {
+        let server = std::net::Ipv4Addr::from(SERVER).to_string();
+        let client = std::net::Ipv4Addr::from(CLIENT).to_string();
+        env.t.exec_ok(
+            Ns::Router,
+            &[
+                "ip", "route", "add", &server, "dev", WAN_IF, "mtu", "lock", "1400", "table", "100",
+            ],
+        );
+        env.t.exec_ok(
+            Ns::Router,
+            &[
+                "ip", "rule", "add", "from", &client, "table", "100", "priority", "100",
+            ],
+        );
+        let out = syn(43000, &linux_options(1460));
+        r.syn_out(
+            &env,
+            "SYN out by the policy's 1400-byte route",
+            &out,
+            &linux_options(1360),
+            true,
+        );
+        r.redirect(
+            "the SYN again (a hit)",
+            &env.client_sends(&out),
+            r.lan,
+            &env.to_server(&snat(&with_options(&out, &linux_options(1360)), 43000)),
+            Counter::FwdOutbound,
+            &[Counter::TcpMssClamped],
+        );
+    });
+}
