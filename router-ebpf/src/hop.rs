@@ -268,6 +268,14 @@ pub fn lookup(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
     lookup_with(ctx, p, 0, Note::Neighbour)
 }
 
+/// [`lookup`] that notes no neighbour: where the answer forwards nothing
+/// (a packet it then drops), so a scan of the LAN's addresses from the WAN
+/// does not make the daemon keep their neighbour entries fresh.
+#[inline(always)]
+pub fn lookup_unnoted(ctx: &XdpContext, p: &mut FibParams) -> Step<Hop> {
+    lookup_with(ctx, p, 0, Note::Nothing)
+}
+
 /// [`lookup`] with the helper's `flags` (a forward lookup from the
 /// ingress interface either way), noting the neighbour or not.
 #[inline(always)]

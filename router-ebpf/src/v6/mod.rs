@@ -29,7 +29,7 @@ use router_common::{
 
 use crate::{
     Packed, Step, Verdict,
-    hop::{FibParams, Hop, egress, lookup, reachable_via, write_macs},
+    hop::{FibParams, Hop, egress, lookup, lookup_unnoted, reachable_via, write_macs},
     parse::{Ingress, addressed_to_us, header, ingress, ptr_at},
 };
 
@@ -625,8 +625,10 @@ pub fn unsolicited(ctx: &XdpContext, ip: &[u8; ipv6::LEN], side: Ingress<'_>) ->
     // Where it would go, not whether it fits: with the MTU check an
     // oversize packet to a LAN host would be passed and answered with
     // Packet Too Big by the kernel, telling a scanner that the address is
-    // routed, where RFC 6092 3 discards unsolicited inbound traffic.
-    match fib6_sized(ctx, ip, 0) {
+    // routed, where RFC 6092 3 discards unsolicited inbound traffic. The
+    // next hop not noted in `NEXT_HOPS`: nothing is forwarded to it.
+    let mut p = params_sized(ip, 0);
+    match lookup_unnoted(ctx, &mut p) {
         Ok(hop) if hop.egress() == side.cfg.lan_ifindex => Verdict::drop(Counter::Drop6Unsolicited),
         Ok(_) => Verdict::pass(Counter::PassUnsolicited),
         Err(v) => v,

@@ -245,6 +245,29 @@ fn udp6_and_ping6_flows() {
     });
 }
 
+/// Unsolicited packets from the WAN to a LAN host, dropped, note no
+/// neighbour in use in `NEXT_HOPS` (nothing was forwarded to it): the
+/// daemon would keep the kernel probing the LAN hosts a scanner walks.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn inbound6_unsolicited_notes_no_next_hop() {
+    let env = topology();
+    with_router(&env, config(&env, Admit::Xdp), |r| {
+        let (c, s) = (o(CLIENT6), o(SERVER6));
+        let syn = Ipv6::tcp(s, c, &Tcp::new(50000, 22, TCP_SYN));
+        let ping = Ipv6::echo(s, c, false, 0x78, 1);
+        for (what, ip) in [("SYN", syn), ("echo request", ping)] {
+            r.drop_frame(
+                what,
+                &from_server(&env, &ip),
+                r.wan(),
+                Counter::Drop6Unsolicited,
+            );
+        }
+        assert_eq!(r.next_hops_noted(), 0, "NEXT_HOPS noted by dropped packets");
+    });
+}
+
 /// RFC 6092 from the WAN: unsolicited TCP/UDP/mid-stream TCP to a LAN host
 /// dropped; to the router's own addresses passed; through a pinhole a SYN
 /// opens a flow whose reply goes out; LAN -> LAN routing is the kernel's.

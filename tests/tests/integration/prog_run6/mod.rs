@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use aya::maps::HashMap;
 use router_common::maps::{
     Admit, CONNTRACK6_MAP, Config, Counter, CounterValue, FlowEntry6, FlowKey6, FlowState,
-    PINHOLES6_MAP, PinholeKey6, Timeouts,
+    NEXT_HOPS_MAP, NextHopKey, PINHOLES6_MAP, PinholeKey6, Timeouts,
 };
 use tests::prog::{LoadedRouter, ProgRun, ResolvedTopology, XDP_DROP, XDP_PASS, XDP_REDIRECT};
 use tests::v6::{self, Ipv6, checksum_errors6};
@@ -72,6 +72,13 @@ impl Router6 {
         let m: HashMap<_, FlowKey6, FlowEntry6> =
             HashMap::try_from(self.0.ebpf.map(CONNTRACK6_MAP).expect("CONNTRACK6")).unwrap();
         m.iter().map(|r| r.expect("iterate CONNTRACK6")).collect()
+    }
+
+    /// How many neighbours `NEXT_HOPS` notes as in use.
+    fn next_hops_noted(&self) -> usize {
+        let m: HashMap<_, NextHopKey, u64> =
+            HashMap::try_from(self.0.ebpf.map(NEXT_HOPS_MAP).expect("NEXT_HOPS")).unwrap();
+        m.keys().count()
     }
 
     /// Writes `k -> e` into CONNTRACK6, as the offload daemon does.
