@@ -443,6 +443,11 @@ pub fn event_needed(c: &Conn) -> bool {
 const LD_IMM: u16 = (libc::BPF_LD | libc::BPF_IMM) as u16;
 const LDX_IMM: u16 = (libc::BPF_LDX | libc::BPF_IMM) as u16;
 const LD_ABS_B: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
+/// `ld w[k]`: a 32-bit load, which classic BPF reads in network order.
+const LD_ABS_W: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+/// Where a message's `nlmsg_pid` is: the netlink port of the socket whose
+/// request caused the event (0: the kernel's own, a packet's).
+const NLMSG_PID_AT: u32 = 12;
 const LD_IND_B: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_IND) as u16;
 /// `BPF_MISC | BPF_TAX` (`BPF_TAX` is 0).
 const TAX: u16 = libc::BPF_MISC as u16;
@@ -464,9 +469,18 @@ const NLA_HDRLEN: u32 = 4;
 /// [`event_needed`] says the daemon does not act on, before they are
 /// queued and wake it (as conntrackd's filters do). A short connection
 /// then costs the daemon two events instead of seven or eight.
+///
+/// And the events its own requests caused, those whose `nlmsg_pid` is
+/// `own_port` (the port of the daemon's request socket; 0: none dropped
+/// for that): each refresh of an entry's timeout, each status bit it sets,
+/// comes back as an UPDATE to every listener, the writer's own event
+/// socket too, and tells it only what it wrote. A tick refreshing some
+/// 15,000 active flows overflowed the socket with them by itself, every
+/// tick (each time a loss, a dump and a warning).
 #[must_use]
-pub fn event_filter() -> Vec<libc::sock_filter> {
-    /// A step of the program; jumps go to "accept" (the last instruction).
+pub fn event_filter(own_port: u32) -> Vec<libc::sock_filter> {
+    /// A step of the program; jumps go to "accept" (the last instruction)
+    /// or "drop" (the one before it).
     #[derive(Clone, Copy)]
     enum Step {
         Insn(u16, u32),
@@ -474,8 +488,10 @@ pub fn event_filter() -> Vec<libc::sock_filter> {
         AcceptIfEq(u32),
         /// `jeq #k`: go on when equal, else accept.
         AcceptIfNe(u32),
+        /// `jeq #k`: drop when equal.
+        DropIfEq(u32),
     }
-    use Step::{AcceptIfEq, AcceptIfNe, Insn};
+    use Step::{AcceptIfEq, AcceptIfNe, DropIfEq, Insn};
     // A = offset of attribute `ty` in the top-level attributes / in the
     // nest at A; no such attribute (A = 0): accept.
     let find = |ty: u16| {
@@ -494,7 +510,13 @@ pub fn event_filter() -> Vec<libc::sock_filter> {
     };
     // A = the u8 value of the attribute at offset A.
     let value = [Insn(TAX, 0), Insn(LD_IND_B, NLA_HDRLEN)];
-    let mut steps = vec![Insn(LD_IMM, EVENT_ATTRS_AT)];
+    let mut steps = Vec::new();
+    if own_port != 0 {
+        // The load reads the host-order field as big-endian.
+        steps.push(Insn(LD_ABS_W, NLMSG_PID_AT));
+        steps.push(DropIfEq(u32::from_be_bytes(own_port.to_ne_bytes())));
+    }
+    steps.push(Insn(LD_IMM, EVENT_ATTRS_AT));
     steps.extend(find(CTA_TUPLE_ORIG));
     steps.extend(find_in(CTA_TUPLE_PROTO));
     steps.extend(find_in(CTA_PROTO_NUM));
@@ -523,10 +545,12 @@ pub fn event_filter() -> Vec<libc::sock_filter> {
             // Jumps are relative to the next instruction and only go
             // forward; the program is far shorter than 255.
             let to_accept = u8::try_from(accept.saturating_sub(i + 1)).unwrap_or(u8::MAX);
+            let to_drop = to_accept.saturating_sub(1);
             let (code, jt, jf, k) = match step {
                 Insn(code, k) => (code, 0, 0, k),
                 AcceptIfEq(k) => (JEQ_K, to_accept, 0, k),
                 AcceptIfNe(k) => (JEQ_K, 0, to_accept, k),
+                DropIfEq(k) => (JEQ_K, to_drop, 0, k),
             };
             libc::sock_filter { code, jt, jf, k }
         })
@@ -599,13 +623,29 @@ impl CtSocket {
         Ok(s)
     }
 
+    /// The netlink port the kernel gave this socket: what events caused
+    /// by its requests carry as their `nlmsg_pid`.
+    pub fn port(&self) -> io::Result<u32> {
+        // SAFETY: zeroed sockaddr_nl is valid; the kernel fills it.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        // SAFETY: sa and len are valid for the call.
+        let rc = unsafe { libc::getsockname(self.as_raw_fd(), (&raw mut sa).cast(), &raw mut len) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sa.nl_pid)
+    }
+
     /// A non-blocking socket subscribed to NEW, UPDATE and DESTROY events,
-    /// with a receive buffer of `rcvbuf` bytes. When the kernel cannot
-    /// queue an event, a later receive fails with `ENOBUFS`: events were
-    /// lost and the caller must resynchronise with a dump.
-    pub fn events(rcvbuf: usize) -> io::Result<Self> {
+    /// with a receive buffer of `rcvbuf` bytes, without the events the
+    /// requests of the socket at port `own_port` caused ([`event_filter`]).
+    /// When the kernel cannot queue an event, a later receive fails with
+    /// `ENOBUFS`: events were lost and the caller must resynchronise with a
+    /// dump.
+    pub fn events(rcvbuf: usize, own_port: u32) -> io::Result<Self> {
         let s = Self::open(GROUP_NEW | GROUP_UPDATE | GROUP_DESTROY, true)?;
-        let program = event_filter();
+        let program = event_filter(own_port);
         let prog = libc::sock_fprog {
             len: u16::try_from(program.len()).unwrap_or(u16::MAX),
             filter: program.as_ptr().cast_mut(),
@@ -977,6 +1017,11 @@ mod tests {
             match i.code {
                 LD_IMM => a = i.k,
                 LDX_IMM => x = i.k,
+                // Network order; out of bounds: 0 (drop).
+                LD_ABS_W => match pkt.get(i.k as usize..i.k as usize + 4) {
+                    Some(w) => a = u32::from_be_bytes(w.try_into().unwrap()),
+                    None => return 0,
+                },
                 TAX => x = a,
                 LD_ABS_B if i.k == AD_NLATTR => {
                     let at = a as usize;
@@ -1019,9 +1064,44 @@ mod tests {
         m.finish(0)
     }
 
+    /// The filter with the daemon's port drops the events its own requests
+    /// caused (an UPDATE after its refresh carries its port) and decides
+    /// the others as without it: the kernel's (port 0) and another
+    /// process's (`conntrack -U`, another router-ctl).
+    #[test]
+    fn the_kernel_filter_drops_the_daemons_own_echoes() {
+        let own = 0x8000_1234_u32;
+        let with_port = event_filter(own);
+        let without = event_filter(0);
+        let udp = Conn {
+            orig: tuple([192, 168, 50, 2], [203, 0, 113, 2], 17, 40000, 53),
+            reply: tuple([203, 0, 113, 2], [203, 0, 113, 1], 17, 53, 40000),
+            ..Conn::default()
+        };
+        let closing = Conn {
+            orig: tuple([192, 168, 50, 2], [203, 0, 113, 2], 6, 40001, 80),
+            reply: tuple([203, 0, 113, 2], [203, 0, 113, 1], 6, 80, 40001),
+            tcp_state: Some(7), // TIME_WAIT, which the filter drops
+            ..Conn::default()
+        };
+        for c in [&udp, &closing] {
+            for port in [0, own, own + 1, 1] {
+                let mut m = event_message(IPCTNL_MSG_CT_NEW, 0, c);
+                m[12..16].copy_from_slice(&port.to_ne_bytes());
+                let kept = run_cbpf(&with_port, &m) != 0;
+                let want = port != own && run_cbpf(&without, &m) != 0;
+                assert_eq!(kept, want, "port {port:#x}, {c:?}");
+            }
+        }
+        let mut m = event_message(IPCTNL_MSG_CT_NEW, 0, &udp);
+        assert!(run_cbpf(&with_port, &m) != 0, "the kernel's event kept");
+        m[12..16].copy_from_slice(&own.to_ne_bytes());
+        assert_eq!(run_cbpf(&with_port, &m), 0, "the daemon's own dropped");
+    }
+
     #[test]
     fn the_kernel_filter_drops_exactly_the_events_the_daemon_ignores() {
-        let program = event_filter();
+        let program = event_filter(0);
         assert!(program.len() < 64, "{} instructions", program.len());
         let mut seen = (0, 0);
         for proto in [6, 17, 1, 132] {

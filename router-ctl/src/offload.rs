@@ -228,6 +228,11 @@ enum PacketMark {
 const ROUTE_UNSEEN: &str = "route_unseen";
 const ROUTE_DIFFERS: &str = "route_differs";
 
+/// Refusal of a UDP or ICMP connection none of whose replies the egress
+/// witness saw the kernel forward to the inside (a forward rule drops
+/// them): see [`Offloader::reply_forwarded`].
+const REPLY_NOT_FORWARDED: &str = "reply_not_forwarded";
+
 /// Why a connection that ended before its offload was not offloaded:
 /// while it waited for the egress witness (`waiting`), or as a TCP
 /// connection settling.
@@ -999,6 +1004,10 @@ pub struct OffloadStats {
     pub resyncs: u64,
     /// Times the kernel reported lost events (`ENOBUFS`).
     pub events_lost: u64,
+    /// Conntrack events read and applied (those the socket's filter lets
+    /// through: not the echoes of the daemon's own writes).
+    #[serde(default)]
+    pub events_read: u64,
     /// Resyncs whose dump of the kernel's table failed: tried again at
     /// the next tick ([`Offloader::resync_due`]).
     #[serde(default)]
@@ -1404,6 +1413,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
         self.remarked_windows.remove(&c.orig);
         let waiting = self.witness_tries.remove(&c.orig).is_some();
+        // What the witness holds of its replies is no evidence for a later
+        // connection on the same tuple ([`Self::reply_forwarded`]).
+        if c.orig.proto != IPPROTO_TCP {
+            self.kernel.forget_egress(&leaving_as(&c.orig));
+        }
         if self.end(&c.orig) {
             self.stats.ended_destroyed += 1;
         } else if self.settling.remove(&c.orig).is_some() {
@@ -1825,9 +1839,44 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 return None;
             }
         };
+        if carried.is_none() && !self.reply_forwarded(c, orig_from_lan) {
+            if !self.wait_for_witness(c, now_ns, tries.unwrap_or(0)) {
+                self.refused(REPLY_NOT_FORWARDED);
+            }
+            return None;
+        }
         let route_slot = self.route_slot(route_mark, now_ns)?;
         let packet_mark = carried.is_none().then_some(packet_mark);
         Some((orig_from_lan, route_mark, packet_mark, route_slot))
+    }
+
+    /// Whether the firewall lets `c`'s replies through, as far as the
+    /// kernel showed it. Conntrack calls a reply seen when it arrives,
+    /// before the forward rules judge it: a UDP or ICMP connection whose
+    /// replies a rule drops (a blocklist of WAN sources ahead of the
+    /// `established` accept, a fail2ban or `CrowdSec` chain) is replied
+    /// and assured all the same, and offloaded it would have them carried
+    /// past the rule. So one of its replies must have been seen leaving
+    /// the inside interface (the LAN, or the WAN for a connection from
+    /// it) by the egress witness, after the kernel's forward rules and
+    /// NAT: since the last connection on the same tuple ended (its
+    /// DESTROY forgot the record, [`Offloader::destroy`]). Forgotten when
+    /// the event is read, which may be after this connection's first
+    /// reply on a fast link: then it is looked at again a second later,
+    /// when the kernel forwarded its next one. TCP
+    /// needs no more than ESTABLISHED: its originator acknowledged the
+    /// reply it got. Without the witness (a kernel without tcx) conntrack's
+    /// word stands.
+    fn reply_forwarded(&mut self, c: &Conn, orig_from_lan: bool) -> bool {
+        if c.orig.proto == IPPROTO_TCP {
+            return true;
+        }
+        let inside = if orig_from_lan { self.lan } else { self.wan };
+        match self.kernel.egress_seen(&leaving_as(&c.orig)) {
+            Witnessed::NoWitness => true,
+            Witnessed::Unseen => false,
+            Witnessed::Seen(seen) => seen.ifindex == inside,
+        }
     }
 
     /// The routing mark of the pair of XDP entries the fast path carries
@@ -2083,18 +2132,24 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             self.marked_entries_removed();
         }
         f.keys.remove(&mut self.table);
-        self.forget_witnessed(orig, &f.reply);
+        self.forget_witnessed(&f.reply);
         true
     }
 
-    /// Forgets what the egress witness saw of the connection `orig` /
-    /// `reply`: while the fast path carried it, the kernel sent none of its
-    /// packets, so what the witness holds is from before (the mark and
-    /// route then); a decision on it after this must see the packets the
-    /// kernel sends from now on (its mark changed, its route).
-    fn forget_witnessed(&mut self, orig: &Tuple, reply: &Tuple) {
+    /// Forgets what the egress witness saw of the original direction of
+    /// the connection whose reply tuple is `reply`: while the fast path carried it, the
+    /// kernel sent none of its packets, so what the witness holds is from
+    /// before (the mark and route then); a decision on it after this must
+    /// see the packets the kernel sends from now on (its mark changed, its
+    /// route; a decision under policy rules forgets both directions at its
+    /// first look anyway). Its replies' record stays: one the kernel
+    /// forwarded since the connection's unreplied event, at most, is this
+    /// connection's evidence that the firewall lets its replies through
+    /// ([`Self::reply_forwarded`]), which a flush or an eviction of its
+    /// entries does not undo (the kernel carries its next replies, and the
+    /// witness sees those too).
+    fn forget_witnessed(&mut self, reply: &Tuple) {
         self.kernel.forget_egress(&leaving_as(reply));
-        self.kernel.forget_egress(&leaving_as(orig));
     }
 
     /// The offloaded connections that the kernel's `IPsec` policies or
@@ -4698,6 +4753,66 @@ mod tests {
             o.kernel.sends.insert(leaving_as(&c.reply), *s);
         }
         o
+    }
+
+    /// UDP without policy rules, the egress witness attached: offloaded
+    /// once one of its replies was seen leaving the LAN; one whose replies
+    /// a forward rule drops (none seen, or only an earlier connection's
+    /// record, forgotten at that one's DESTROY) is looked at again and
+    /// left to the kernel; one seen leaving elsewhere too.
+    #[test]
+    fn udp_is_offloaded_only_once_a_reply_was_forwarded_to_the_lan() {
+        let unreplied = masq_udp(CONFIRMED);
+        let replied = masq_udp(CONFIRMED | SEEN_REPLY);
+        let reply_key = leaving_as(&replied.orig);
+        let with_witness = |sends: Option<EgressSeen>, held: Option<EgressSeen>| {
+            let mut o = offloader(&[&replied]);
+            o.kernel.witness = Some(held.map(|h| (reply_key, h)).into_iter().collect());
+            if held.is_some() {
+                // The earlier connection on the tuple, whose reply was
+                // forwarded, ends.
+                o.destroy(&replied);
+            }
+            if let Some(s) = sends {
+                o.kernel.sends.insert(reply_key, s);
+            }
+            o.conn(&unreplied, 1);
+            o.conn(&replied, 2);
+            o
+        };
+        // Forwarded: offloaded at once.
+        let o = with_witness(Some(seen_on(LAN, 0, CLIENT_MAC)), None);
+        assert_eq!(o.len(), 1);
+        // Dropped by the firewall, with or without an earlier connection's
+        // record of the same tuple: looked at again, then left.
+        for held in [None, Some(seen_on(LAN, 0, CLIENT_MAC))] {
+            let mut o = with_witness(None, held);
+            assert_eq!((o.len(), o.stats.not_offloaded.len()), (0, 0), "{held:?}");
+            every_look(&mut o, 2);
+            assert_eq!(o.len(), 0, "{held:?}");
+            assert_eq!(
+                o.stats.not_offloaded.get(REPLY_NOT_FORWARDED),
+                Some(&1),
+                "{held:?}"
+            );
+            assert!(o.witness_tries.is_empty() && o.settling.is_empty());
+        }
+        // Sent back out of the WAN (not to the LAN host): left too.
+        let mut o = with_witness(Some(seen_on(WAN, 0, GATEWAY)), None);
+        every_look(&mut o, 2);
+        assert_eq!(o.len(), 0);
+        assert_eq!(o.stats.not_offloaded.get(REPLY_NOT_FORWARDED), Some(&1));
+        // A reply forwarded while it waited: offloaded at the next look.
+        let mut o = with_witness(None, None);
+        o.kernel
+            .sends
+            .insert(reply_key, seen_on(LAN, 0, CLIENT_MAC));
+        o.settle(2 + WITNESS_WAIT_NS);
+        assert_eq!(o.len(), 1);
+        // No witness (a kernel without tcx): conntrack's word, as before.
+        let mut o = offloader(&[&replied]);
+        o.conn(&replied, 1);
+        assert_eq!(o.len(), 1);
     }
 
     /// A ct mark changed on an offloaded flow (`conntrack -U --mark`) to

@@ -51,8 +51,10 @@ pub(super) enum Witness {
 
 /// What the daemon does without the witness, as its warnings and the
 /// status line say.
-pub(super) const WITHOUT_WITNESS: &str = "under policy routing, offload decisions rest on the \
-     routing rules and the ct mark alone (a mark set on each packet is not seen)";
+pub(super) const WITHOUT_WITNESS: &str = "UDP and ICMP connections are offloaded once conntrack \
+     saw a reply, forwarded or not (a forward rule that drops their replies is not seen), and \
+     under policy routing offload decisions rest on the routing rules and the ct mark alone (a \
+     mark set on each packet is not seen)";
 
 /// How long after a failed attach the witness is tried again.
 const RETRY_AFTER_NS: u64 = 60_000_000_000;
@@ -123,8 +125,8 @@ impl Witness {
         }
     }
 
-    /// What the status says of it: `attached`, `not needed yet` (no
-    /// decision under policy rules so far), `unavailable: no tcx`,
+    /// What the status says of it: `attached`, `not needed yet` (no UDP
+    /// or ICMP decision and none under policy rules so far), `unavailable: no tcx`,
     /// `failed: WHY`; `None` when none is wanted.
     pub(super) fn describe(&self) -> Option<String> {
         match self {

@@ -17,6 +17,7 @@ use std::{
     io,
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
@@ -261,7 +262,19 @@ impl Session {
         let mut stale_pending_removed = 0;
         // Subscribe before the dump, so no event falls between the two.
         let events = if kernel_mode {
-            let s = CtSocket::events(EVENT_RCVBUF)
+            // The egress witness from the start: every UDP and ICMP
+            // connection's offload asks it whether one of its replies was
+            // forwarded, and one attached only then has missed that reply.
+            let _ = off.kernel.has_witness();
+            // Without the echoes of the daemon's own writes (refreshes,
+            // status bits): they tell it nothing, and by the thousand they
+            // overflowed the socket.
+            let own_port = off
+                .kernel
+                .ct
+                .port()
+                .context("reading the ctnetlink socket's port")?;
+            let s = CtSocket::events(EVENT_RCVBUF, own_port)
                 .context("subscribing to conntrack events (ctnetlink)")?;
             // The dump read here, not by `resync`: the sweep asks it which
             // connections the kernel has.
@@ -735,17 +748,20 @@ fn drain_events(
         match sock.recv_events(batch) {
             Ok(n) => {
                 read += n as u64;
-                apply_events(off, batch.iter().flat_map(parse_events));
                 if batch.truncated() > 0 {
-                    // An event cut short is an event lost: as below.
-                    events_lost(off);
+                    // An event cut short is an event lost: as below (the
+                    // batch's other events are older than the dump too).
+                    read += events_lost(sock, off, batch);
+                    return Ok((read, true));
                 }
+                off.stats.events_read += n as u64;
+                apply_events(off, batch.iter().flat_map(parse_events));
                 if n == 0 || (polled && n < batch.slots()) {
                     return Ok((read, false));
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                events_lost(off);
+                read += events_lost(sock, off, batch);
                 return Ok((read, true));
             }
             Err(e) => {
@@ -759,12 +775,49 @@ fn drain_events(
     Ok((read, true))
 }
 
-/// The kernel dropped events (or one was cut short): start over from a
-/// dump.
-fn events_lost(off: &mut Daemon) {
+/// A warning of lost events at most this often (ns); the ones between go
+/// to the debug log (the count in `status` and the metrics has them all).
+const LOSS_WARN_EVERY_NS: u64 = 60_000_000_000;
+
+/// When (`CLOCK_MONOTONIC` ns) [`events_lost`] last warned; 0: never.
+static LOSS_WARNED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Batches of stale events [`events_lost`] discards at most before its
+/// dump: the whole receive buffer's worth of the smallest events, so a
+/// flood that keeps queueing new ones cannot hold it.
+const STALE_BATCHES_MAX: usize = EVENT_RCVBUF * 2 / 100 / EVENT_BATCH;
+
+/// The kernel dropped events (or one was cut short): discards what is still
+/// queued, all of it older than the dump it then reads (applied after it,
+/// an event from before the loss undid what the dump found: a connection
+/// marked to stay in the kernel was offloaded again from its old event),
+/// and starts over from the dump. How many datagrams it discarded.
+fn events_lost(sock: &CtSocket, off: &mut Daemon, batch: &mut Datagrams) -> u64 {
+    let mut discarded = 0;
+    for _ in 0..STALE_BATCHES_MAX {
+        match sock.recv_events(batch) {
+            Ok(0) => break,
+            Ok(n) => discarded += n as u64,
+            // Lost again meanwhile: what is queued is stale all the same.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+            Err(_) => break,
+        }
+    }
     off.stats.events_lost += 1;
-    tracing::warn!("conntrack events lost; resynchronising from a dump");
+    let now = monotonic_ns();
+    let warned = LOSS_WARNED_NS.load(Ordering::Relaxed);
+    if warned == 0 || now.saturating_sub(warned) >= LOSS_WARN_EVERY_NS {
+        tracing::warn!(
+            "conntrack events lost ({} times since the daemon started: it could not read them \
+             as fast as the kernel sent them); resynchronising from a dump",
+            off.stats.events_lost
+        );
+        LOSS_WARNED_NS.store(now, Ordering::Relaxed);
+    } else {
+        tracing::debug!("conntrack events lost; resynchronising from a dump");
+    }
     resync_or_retry(off, "lost events");
+    discarded
 }
 
 /// Samples the counters (and the table when a page is open) and renders

@@ -88,7 +88,8 @@ pub struct DaemonStatus {
     #[serde(default)]
     pub shaping_skipped: Option<Vec<String>>,
     /// Offload mode: the egress witness (where the kernel sends
-    /// connections, under policy routing): `attached`, `not needed yet`,
+    /// connections, whether a UDP or ICMP reply was forwarded):
+    /// `attached`, `not needed yet`,
     /// `unavailable: no tcx`, `failed: WHY`; `None` in standalone mode.
     #[serde(default)]
     pub egress_witness: Option<String>,
@@ -413,7 +414,7 @@ mod tests {
         );
         let line = running(serde_json::json!({ "egress_witness": "failed: no tcx here" }));
         assert!(
-            line.contains("egress witness FAILED: no tcx here: under policy routing"),
+            line.contains("egress witness FAILED: no tcx here: UDP and ICMP connections are offloaded once conntrack saw a reply"),
             "{line}"
         );
         let line = running(serde_json::json!({ "egress_witness": "attached" }));
