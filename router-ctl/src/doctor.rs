@@ -1050,7 +1050,9 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
             iface: "netfilter".into(),
             name: "forward-rules",
             level: Level::Ok,
-            detail: "no forward rules or drop policy: standalone mode bypasses nothing".into(),
+            detail: "no forward or prerouting filter rules, and no drop policy: standalone mode \
+                     bypasses none"
+                .into(),
             fix: None,
         });
     }

@@ -421,7 +421,10 @@ pub const fn overlap(a: (u16, u16), b: (u16, u16)) -> bool {
 // Firewall rules standalone mode would bypass.
 // ---------------------------------------------------------------------------
 
-/// One netfilter forward chain that standalone mode would bypass.
+/// One netfilter chain that standalone mode would bypass: XDP admits and
+/// redirects a flow's packets before every netfilter hook, so a forward
+/// chain's rules, and a prerouting filter chain's (raw, mangle: where
+/// blocklists and parental blocks often sit), no longer see them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ForwardChain {
     /// `nftables` or `iptables-legacy`.
@@ -450,9 +453,12 @@ impl ForwardChain {
     }
 }
 
-/// Forward chains with rules or a drop policy in nftables' ruleset JSON
-/// (`nft -j -t list ruleset`), our own table left out. iptables-nft chains
-/// show up here too (tables `filter`).
+/// Forward chains, and prerouting chains of type filter (iptables-nft's
+/// raw and mangle ones among them), with rules or a drop policy in
+/// nftables' ruleset JSON (`nft -j -t list ruleset`), our own table left
+/// out. iptables-nft chains show up here too (tables `filter`, `raw`,
+/// `mangle`). Prerouting's nat chains are the NAT checks' (a port forward
+/// of the kernel's).
 #[must_use]
 pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
     let items = ruleset
@@ -466,7 +472,9 @@ pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
         let Some(c) = item.get("chain") else { continue };
         let family = s(c, "family");
         // Standalone mode admits IPv6 flows too: `ip6` chains count.
-        if s(c, "hook") != "forward" || !matches!(family.as_str(), "ip" | "ip6" | "inet") {
+        let hook = s(c, "hook");
+        let bypassed = hook == "forward" || (hook == "prerouting" && s(c, "type") == "filter");
+        if !bypassed || !matches!(family.as_str(), "ip" | "ip6" | "inet") {
             continue;
         }
         let (table, name) = (s(c, "table"), s(c, "name"));
@@ -480,9 +488,14 @@ pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
             .count();
         let policy_drop = s(c, "policy") == "drop";
         if policy_drop || rules > 0 {
+            let hook = if hook == "forward" {
+                String::new()
+            } else {
+                format!(" (hook {hook})")
+            };
             out.push(ForwardChain {
                 tool: "nftables",
-                chain: format!("table {family} {table} chain {name}"),
+                chain: format!("table {family} {table} chain {name}{hook}"),
                 policy_drop,
                 rules,
             });
@@ -491,23 +504,57 @@ pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
     out
 }
 
-/// The FORWARD chain of `iptables -S FORWARD` output, if it has rules or
-/// a drop policy.
+/// The chains of a legacy iptables tool's tables standalone mode would
+/// bypass: filter's FORWARD, raw's PREROUTING, mangle's PREROUTING and
+/// FORWARD, with rules or a drop policy, from `iptables-save` output
+/// (`save`: `*table`, `:CHAIN POLICY [..]`, `-A CHAIN ...` lines).
 #[must_use]
-pub fn iptables_forward_chain(tool: &'static str, listing: &str) -> Option<ForwardChain> {
-    let policy_drop = listing
-        .lines()
-        .any(|l| l.trim() == "-P FORWARD DROP" || l.trim() == "-P FORWARD REJECT");
-    let rules = listing
-        .lines()
-        .filter(|l| l.starts_with("-A FORWARD"))
-        .count();
-    (policy_drop || rules > 0).then(|| ForwardChain {
-        tool,
-        chain: "table filter chain FORWARD".into(),
-        policy_drop,
-        rules,
-    })
+pub fn iptables_bypassed_chains(tool: &'static str, save: &str) -> Vec<ForwardChain> {
+    const BYPASSED: [(&str, &str); 4] = [
+        ("filter", "FORWARD"),
+        ("raw", "PREROUTING"),
+        ("mangle", "PREROUTING"),
+        ("mangle", "FORWARD"),
+    ];
+    let mut found: Vec<ForwardChain> = Vec::new();
+    let mut table = "";
+    for line in save.lines().map(str::trim) {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t;
+            continue;
+        }
+        let (chain, policy_drop) = if let Some(rest) = line.strip_prefix(':') {
+            let mut f = rest.split_whitespace();
+            let chain = f.next().unwrap_or("");
+            (chain, matches!(f.next(), Some("DROP" | "REJECT")))
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            (rest.split_whitespace().next().unwrap_or(""), false)
+        } else {
+            continue;
+        };
+        if !BYPASSED.contains(&(table, chain)) {
+            continue;
+        }
+        let name = format!("table {table} chain {chain}");
+        let c = if let Some(c) = found.iter_mut().find(|c| c.chain == name) {
+            c
+        } else {
+            found.push(ForwardChain {
+                tool,
+                chain: name,
+                policy_drop: false,
+                rules: 0,
+            });
+            found.last_mut().expect("just pushed")
+        };
+        if line.starts_with(':') {
+            c.policy_drop |= policy_drop;
+        } else {
+            c.rules += 1;
+        }
+    }
+    found.retain(|c| c.policy_drop || c.rules > 0);
+    found
 }
 
 /// This namespace's nftables ruleset as JSON (`nft -j -t list ruleset`: terse,
@@ -603,32 +650,39 @@ pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<Unread>) {
         Ok(v) => out.extend(nft_forward_chains(v)),
         Err(note) => notes.push(note.clone()),
     }
-    for (names, tool) in [
-        ("/proc/net/ip_tables_names", "iptables-legacy"),
-        ("/proc/net/ip6_tables_names", "ip6tables-legacy"),
+    for (names, tool, save) in [
+        (
+            "/proc/net/ip_tables_names",
+            "iptables-legacy",
+            "iptables-legacy-save",
+        ),
+        (
+            "/proc/net/ip6_tables_names",
+            "ip6tables-legacy",
+            "ip6tables-legacy-save",
+        ),
     ] {
-        if !legacy_table_exists(names, "filter") {
+        if !["filter", "raw", "mangle"]
+            .iter()
+            .any(|t| legacy_table_exists(names, t))
+        {
             continue;
         }
-        // The xtables lock waited for at most a few seconds: another
-        // tool holding it (a long restore) must not stall the daemon's
-        // loop past its heartbeat; a timeout reads as unread, for now.
-        match Command::new(tool)
-            .args(["-w", XTABLES_WAIT_SECS, "-S", "FORWARD"])
-            .output()
-        {
-            Ok(o) if o.status.success() => out.extend(iptables_forward_chain(
+        // The save reads the tables without the xtables lock: another tool
+        // holding it (a long restore) does not stall the daemon's loop.
+        match Command::new(save).stdin(Stdio::null()).output() {
+            Ok(o) if o.status.success() => out.extend(iptables_bypassed_chains(
                 tool,
                 &String::from_utf8_lossy(&o.stdout),
             )),
             Ok(o) => notes.push(Unread::transient(format!(
-                "{tool} -S FORWARD failed: {}",
+                "{save} failed: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
             ))),
             Err(e) => {
                 let why = format!(
-                    "a legacy {tool} filter table exists but {tool} cannot run ({e}); its \
-                     FORWARD chain was not checked"
+                    "legacy {tool} tables exist but {save} cannot run ({e}); their FORWARD \
+                     and PREROUTING chains were not checked"
                 );
                 notes.push(if e.kind() == std::io::ErrorKind::NotFound {
                     Unread::lasting(why)
@@ -995,11 +1049,16 @@ mod tests {
             {"chain":{"family":"ip","table":"xdp_router","name":"postrouting","hook":"postrouting"}},
             {"chain":{"family":"ip6","table":"fw6","name":"fwd","hook":"forward","policy":"drop"}},
             {"chain":{"family":"bridge","table":"br","name":"fwd","hook":"forward","policy":"drop"}},
-            {"chain":{"family":"inet","table":"fw","name":"in","hook":"input","policy":"drop"}}]}"#,
+            {"chain":{"family":"inet","table":"fw","name":"in","hook":"input","policy":"drop"}},
+            {"chain":{"family":"inet","table":"blk","name":"pre","type":"filter","hook":"prerouting","policy":"accept"}},
+            {"rule":{"family":"inet","table":"blk","chain":"pre","expr":[]}},
+            {"chain":{"family":"ip","table":"raw","name":"PREROUTING","type":"filter","hook":"prerouting","policy":"accept"}},
+            {"chain":{"family":"ip","table":"nat","name":"PREROUTING","type":"nat","hook":"prerouting","policy":"accept"}},
+            {"rule":{"family":"ip","table":"nat","chain":"PREROUTING","expr":[]}}]}"#,
         )
         .unwrap();
         let c = nft_forward_chains(&v);
-        assert_eq!(c.len(), 3, "{c:?}");
+        assert_eq!(c.len(), 4, "{c:?}");
         assert_eq!(c[0].chain, "table inet fw chain fwd");
         assert!(c[0].policy_drop);
         assert_eq!((c[1].rules, c[1].policy_drop), (2, false));
@@ -1007,6 +1066,13 @@ mod tests {
         // IPv6's: standalone admits IPv6 flows too. A bridge's do not
         // see routed traffic.
         assert_eq!(c[2].chain, "table ip6 fw6 chain fwd");
+        // A prerouting filter chain with a rule (a blocklist, a parental
+        // block): bypassed too. An empty one, and a nat one (a port
+        // forward of the kernel's, the NAT checks'), not listed.
+        assert_eq!(
+            c[3].describe(),
+            "nftables table inet blk chain pre (hook prerouting) (1 rule)"
+        );
     }
 
     #[test]
@@ -1059,17 +1125,34 @@ mod tests {
         );
     }
 
+    /// `iptables-save` output: filter's FORWARD, raw's and mangle's
+    /// PREROUTING and mangle's FORWARD count; other chains (INPUT, nat's
+    /// PREROUTING, raw's OUTPUT) do not.
     #[test]
-    fn iptables_listing() {
+    fn iptables_save_listing() {
+        let empty = "*filter\n:INPUT DROP [0:0]\n:FORWARD ACCEPT [0:0]\n\
+                     -A INPUT -j ACCEPT\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n\
+                     -A PREROUTING -p tcp --dport 22 -j DNAT --to 10.0.0.2\nCOMMIT\n\
+                     *raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+                     -A OUTPUT -j NOTRACK\nCOMMIT\n";
+        assert_eq!(iptables_bypassed_chains("iptables-legacy", empty), vec![]);
+        let save = "# Generated by iptables-save\n*mangle\n:PREROUTING ACCEPT [0:0]\n\
+                    :FORWARD ACCEPT [0:0]\n-A FORWARD -j MARK --set-xmark 0x1/0xffffffff\n\
+                    COMMIT\n*filter\n:FORWARD DROP [0:0]\n-A FORWARD -i lan0 -j ACCEPT\n\
+                    COMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n\
+                    -A PREROUTING -s 10.0.0.3/32 -p tcp -m tcp --dport 80 -j DROP\n\
+                    -A PREROUTING -s 10.0.0.4/32 -j DROP\nCOMMIT\n";
+        let found: Vec<(String, bool, usize)> = iptables_bypassed_chains("iptables-legacy", save)
+            .into_iter()
+            .map(|c| (c.chain, c.policy_drop, c.rules))
+            .collect();
         assert_eq!(
-            iptables_forward_chain("iptables-legacy", "-P FORWARD ACCEPT\n"),
-            None
+            found,
+            [
+                ("table mangle chain FORWARD".to_owned(), false, 1),
+                ("table filter chain FORWARD".to_owned(), true, 1),
+                ("table raw chain PREROUTING".to_owned(), false, 2),
+            ]
         );
-        let c = iptables_forward_chain(
-            "iptables-legacy",
-            "-P FORWARD DROP\n-A FORWARD -i lan0 -j ACCEPT\n",
-        )
-        .unwrap();
-        assert_eq!((c.policy_drop, c.rules), (true, 1));
     }
 }

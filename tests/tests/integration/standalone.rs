@@ -607,8 +607,68 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
     assert_eq!(xlat, vec![flow.to_string()], "{xlat:?}");
 }
 
+/// Asserts that a standalone attach over the firewall chain `needle` is
+/// refused (naming it and the fix), changes nothing and that doctor reports
+/// it; `--force` is refused too; `--bypass-forward-rules` attaches (and is
+/// detached again).
+fn refuses_standalone_over(t: &Topology, what: &str, needle: &str) {
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
+    let e = stderr(&o);
+    assert!(!o.status.success(), "{what}: attached over forward rules");
+    for n in [needle, "--admit kernel", "--bypass-forward-rules"] {
+        assert!(e.contains(n), "{what}: {n:?} not in {e}");
+    }
+    assert!(!t.router_attached(), "{what}: pins left");
+    let tables = t.exec_ok(Ns::Router, &["nft", "list", "tables"]);
+    assert!(!tables.contains("xdp_router"), "{what}: {tables}");
+    let d = t.router_ctl(&["doctor", LAN_IF, WAN_IF]);
+    let out = String::from_utf8_lossy(&d.stdout).into_owned();
+    assert!(
+        out.contains("forward-rules") && out.contains(needle) && out.contains("--admit kernel"),
+        "{what}: doctor says {out}"
+    );
+    // `--force` (for another XDP program, a veth peer) is not the
+    // firewall's answer.
+    let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(78), "{what}: {e}");
+    assert!(e.contains("--bypass-forward-rules"), "{what}: {e}");
+    assert!(!t.router_attached(), "{what}: pins left");
+    let o = t.router_ctl(&ATTACH_STANDALONE_BYPASSING);
+    let (out, e) = (String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(
+        o.status.success() && out.contains("attached"),
+        "{what}: {out}{e}"
+    );
+    // Forced, it says what it does, not what to pass.
+    assert!(
+        e.contains("bypassing the router's netfilter forward rules, as asked")
+            && !e.contains("pass --bypass-forward-rules"),
+        "{what}: {e}"
+    );
+    // What the router cannot do in place is said first (it needs a
+    // detach), not hidden behind the forward rules.
+    let o = t.router_ctl(&[
+        "attach",
+        LAN_IF,
+        WAN_IF,
+        "--admit",
+        "xdp",
+        "--max-flows",
+        "1000",
+    ]);
+    let e = stderr(&o);
+    assert!(
+        e.contains("cannot be resized while attached") && !e.contains("would bypass"),
+        "{what}: {e}"
+    );
+    t.router_ctl_ok(&["detach"]);
+}
+
 /// nftables forward chains with policy drop (IPv4 and IPv6), then
-/// iptables-legacy and ip6tables-legacy FORWARD rules: standalone attach
+/// iptables-legacy and ip6tables-legacy FORWARD rules, then an nftables
+/// prerouting filter chain's and a legacy raw PREROUTING drop (XDP admits
+/// a flow before those hooks too): standalone attach
 /// refuses (naming the chain and the fix), changes nothing, doctor reports
 /// the chain; `--force` (another XDP program's answer) is refused too,
 /// `--bypass-forward-rules` attaches; offload mode attaches without
@@ -618,59 +678,6 @@ fn kernel_slow_path_and_xdp_never_share_a_wan_tuple() {
 fn attach_refuses_over_forward_rules_unless_told_to_bypass_them() {
     let t = Topology::new();
     t.warm_neighbours();
-    let refuse = |what: &str, needle: &str| {
-        let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp"]);
-        let e = stderr(&o);
-        assert!(!o.status.success(), "{what}: attached over forward rules");
-        for n in [needle, "--admit kernel", "--bypass-forward-rules"] {
-            assert!(e.contains(n), "{what}: {n:?} not in {e}");
-        }
-        assert!(!t.router_attached(), "{what}: pins left");
-        let tables = t.exec_ok(Ns::Router, &["nft", "list", "tables"]);
-        assert!(!tables.contains("xdp_router"), "{what}: {tables}");
-        let d = t.router_ctl(&["doctor", LAN_IF, WAN_IF]);
-        let out = String::from_utf8_lossy(&d.stdout).into_owned();
-        assert!(
-            out.contains("forward-rules") && out.contains(needle) && out.contains("--admit kernel"),
-            "{what}: doctor says {out}"
-        );
-        // `--force` (for another XDP program, a veth peer) is not the
-        // firewall's answer.
-        let o = t.router_ctl(&["attach", LAN_IF, WAN_IF, "--admit", "xdp", "--force"]);
-        let e = stderr(&o);
-        assert_eq!(o.status.code(), Some(78), "{what}: {e}");
-        assert!(e.contains("--bypass-forward-rules"), "{what}: {e}");
-        assert!(!t.router_attached(), "{what}: pins left");
-        let o = t.router_ctl(&ATTACH_STANDALONE_BYPASSING);
-        let (out, e) = (String::from_utf8_lossy(&o.stdout), stderr(&o));
-        assert!(
-            o.status.success() && out.contains("attached"),
-            "{what}: {out}{e}"
-        );
-        // Forced, it says what it does, not what to pass.
-        assert!(
-            e.contains("bypassing the router's netfilter forward rules, as asked")
-                && !e.contains("pass --bypass-forward-rules"),
-            "{what}: {e}"
-        );
-        // What the router cannot do in place is said first (it needs a
-        // detach), not hidden behind the forward rules.
-        let o = t.router_ctl(&[
-            "attach",
-            LAN_IF,
-            WAN_IF,
-            "--admit",
-            "xdp",
-            "--max-flows",
-            "1000",
-        ]);
-        let e = stderr(&o);
-        assert!(
-            e.contains("cannot be resized while attached") && !e.contains("would bypass"),
-            "{what}: {e}"
-        );
-        t.router_ctl_ok(&["detach"]);
-    };
 
     t.exec_ok(Ns::Router, &["nft", "add", "table", "inet", "fw"]);
     t.exec_ok(
@@ -680,7 +687,7 @@ fn attach_refuses_over_forward_rules_unless_told_to_bypass_them() {
             "add chain inet fw forward { type filter hook forward priority 0; policy drop; }",
         ],
     );
-    refuse("nftables", "table inet fw chain forward");
+    refuses_standalone_over(&t, "nftables", "table inet fw chain forward");
     t.exec_ok(Ns::Router, &["nft", "delete", "table", "inet", "fw"]);
     // Standalone mode admits IPv6 flows itself: an IPv6-only firewall
     // counts as much.
@@ -692,14 +699,14 @@ fn attach_refuses_over_forward_rules_unless_told_to_bypass_them() {
             "add chain ip6 fw6 forward { type filter hook forward priority 0; policy drop; }",
         ],
     );
-    refuse("nftables ip6", "table ip6 fw6 chain forward");
+    refuses_standalone_over(&t, "nftables ip6", "table ip6 fw6 chain forward");
     t.exec_ok(Ns::Router, &["nft", "delete", "table", "ip6", "fw6"]);
     for tool in ["ip6tables-legacy", "iptables-legacy"] {
         t.exec_ok(
             Ns::Router,
             &[tool, "-A", "FORWARD", "-i", LAN_IF, "-j", "ACCEPT"],
         );
-        refuse(tool, &format!("{tool} table filter chain FORWARD"));
+        refuses_standalone_over(&t, tool, &format!("{tool} table filter chain FORWARD"));
         if tool == "ip6tables-legacy" {
             t.exec_ok(Ns::Router, &[tool, "-F", "FORWARD"]);
         }
@@ -718,9 +725,52 @@ fn attach_refuses_over_forward_rules_unless_told_to_bypass_them() {
     );
     t.router_ctl_ok(&["detach"]);
     t.exec_ok(Ns::Router, &["iptables-legacy", "-F", "FORWARD"]);
+    // Prerouting filter chains (raw, mangle: blocklists, parental blocks)
+    // see no packet of a flow XDP admits either.
+    t.exec_ok(Ns::Router, &["nft", "add", "table", "inet", "blk"]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "nft",
+            "add chain inet blk pre { type filter hook prerouting priority -150; policy accept; }",
+        ],
+    );
+    t.exec_ok(
+        Ns::Router,
+        &["nft", "add rule inet blk pre ip saddr 192.168.50.3 drop"],
+    );
+    refuses_standalone_over(
+        &t,
+        "nftables prerouting",
+        "table inet blk chain pre (hook prerouting)",
+    );
+    t.exec_ok(Ns::Router, &["nft", "delete", "table", "inet", "blk"]);
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "iptables-legacy",
+            "-t",
+            "raw",
+            "-A",
+            "PREROUTING",
+            "-s",
+            "192.168.50.3",
+            "-j",
+            "DROP",
+        ],
+    );
+    refuses_standalone_over(
+        &t,
+        "iptables-legacy raw",
+        "iptables-legacy table raw chain PREROUTING",
+    );
+    t.exec_ok(
+        Ns::Router,
+        &["iptables-legacy", "-t", "raw", "-F", "PREROUTING"],
+    );
     // No forward rules: doctor says so.
     let d = t.router_ctl_ok(&["doctor", LAN_IF, WAN_IF]);
-    assert!(d.contains("no forward rules"), "{d}");
+    assert!(d.contains("no forward or prerouting filter rules"), "{d}");
 }
 
 /// A firewall turned on after a standalone attach that found none (a
