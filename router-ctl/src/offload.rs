@@ -744,6 +744,9 @@ pub trait Kernel {
     /// The kernel's TCP connection with original tuple `orig` as it is
     /// now; `None` when the kernel no longer has it.
     fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>>;
+    /// Whether the kernel still has the connection with original tuple
+    /// `orig`.
+    fn has(&mut self, orig: &Tuple) -> io::Result<bool>;
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
     /// Whether IPv4's and IPv6's policy rules route some packets by more
@@ -1121,6 +1124,10 @@ struct Offloaded {
     proto: u8,
     /// Newest `last_seen_ns` of the two XDP entries at the last tick.
     last_seen_ns: u64,
+    /// When (`CLOCK_MONOTONIC` ns) the kernel's entry runs out if nothing
+    /// refreshes it: the timeout the daemon last wrote, from then. An
+    /// idle flow past it is looked up in the kernel ([`Offloader::tick`]).
+    kernel_due_ns: u64,
     /// From when (`CLOCK_MONOTONIC` ns) a packet makes a UDP flow a
     /// stream: the offload if the kernel had it assured, else
     /// [`UDP_STREAM_AFTER_NS`] after it.
@@ -2058,6 +2065,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 reply: c.reply,
                 proto: c.orig.proto,
                 last_seen_ns: now_ns,
+                kernel_due_ns: now_ns + secs_ns(timeout),
                 stream_from_ns: if stream {
                     now_ns
                 } else {
@@ -2275,6 +2283,27 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             }
             let seen = read.last_seen_ns;
             if seen <= f.last_seen_ns {
+                // Idle. A connection made while nothing listened to the
+                // kernel's events (`nf_conntrack_events` 2, the default:
+                // before the daemon started, or while the router was
+                // detached) ends with no DESTROY; past its kernel entry's
+                // timeout, the kernel is asked whether it still has it.
+                if now_ns > f.kernel_due_ns + KERNEL_GONE_MARGIN_NS {
+                    match self.kernel.has(orig) {
+                        Ok(false) => gone.push((*orig, Gone::Kernel)),
+                        // Kept by the kernel's own packets or a longer
+                        // timeout: asked again a timeout later.
+                        Ok(true) => {
+                            let stream = f.last_seen_ns >= f.stream_from_ns;
+                            let timeout = self.timeouts.of(f.proto, stream);
+                            f.kernel_due_ns = now_ns + secs_ns(timeout);
+                        }
+                        Err(e) => {
+                            self.stats.errors += 1;
+                            tracing::warn!("offload: looking up the kernel entry {orig:?}: {e}");
+                        }
+                    }
+                }
                 continue;
             }
             let stream = seen >= f.stream_from_ns;
@@ -2316,6 +2345,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 }
             }
             f.last_seen_ns = seen;
+            f.kernel_due_ns = now_ns + secs_ns(timeout);
             let lease = lease_until(now_ns, lease_secs(timeout).unwrap_or(0));
             self.stats.errors += f.keys.set_lease(&mut self.table, &read, lease);
             self.stats.refreshed += 1;
@@ -2586,6 +2616,16 @@ fn refresh_while_established<K: Kernel>(
     Ok(false)
 }
 
+/// How long past an idle flow's kernel timeout [`Offloader::tick`] waits
+/// before asking the kernel whether it still has it (the kernel's
+/// garbage collection runs a little late).
+const KERNEL_GONE_MARGIN_NS: u64 = 2_000_000_000;
+
+/// `secs` seconds in ns.
+const fn secs_ns(secs: u32) -> u64 {
+    secs as u64 * 1_000_000_000
+}
+
 /// What [`Offloader::sweep_left_behind`] removed, in entries.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Swept {
@@ -2776,6 +2816,9 @@ mod tests {
                 self.closing.push(*orig);
             }
             Ok(())
+        }
+        fn has(&mut self, orig: &Tuple) -> io::Result<bool> {
+            Ok(self.present.contains(orig))
         }
         fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>> {
             let reads = self.reads.entry(*orig).or_default();
@@ -3818,6 +3861,32 @@ mod tests {
         assert_eq!(o.table.0[&k].lease, lease_until(21_000_000_000, 60));
         assert!(o.table.0[&k].lease > lease0);
         assert_eq!(o.stats.refreshed, 1);
+    }
+
+    /// An idle flow whose kernel entry ended without a DESTROY (made while
+    /// nothing listened to the kernel's events): forgotten once past its
+    /// kernel timeout; one the kernel still has is kept and asked about
+    /// again a timeout later.
+    #[test]
+    fn tick_forgets_an_idle_flow_the_kernel_ended_unsaid() {
+        let c = masq_udp(CONFIRMED | SEEN_REPLY);
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        let due = 1 + secs_ns(o.timeouts.of(IPPROTO_UDP, false));
+        o.tick(due);
+        assert_eq!(o.len(), 1, "within its timeout");
+        // Still the kernel's past it: kept.
+        o.tick(due + KERNEL_GONE_MARGIN_NS + 1);
+        assert_eq!((o.len(), o.stats.ended_kernel_gone), (1, 0));
+        // Gone unsaid: forgotten, but only once past the new due time.
+        o.kernel.present.clear();
+        o.tick(due + KERNEL_GONE_MARGIN_NS + 2);
+        assert_eq!(o.len(), 1, "asked again only a timeout later");
+        o.tick(2 * due + 2 * KERNEL_GONE_MARGIN_NS + 2);
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.ended_kernel_gone),
+            (0, 0, 1)
+        );
     }
 
     #[test]

@@ -1099,6 +1099,53 @@ fn offload_after_polling_and_back_waits_for_a_new_connection() {
     assert_eq!(lasting_srv.join().unwrap(), 1);
 }
 
+/// A flow made while no daemon listened to the kernel's events, offloaded
+/// from the dump at the daemon's start: the kernel ends it without a
+/// DESTROY event (`nf_conntrack_events` 2, the default, gives none for a
+/// connection made with no listener), and the daemon, finding it idle past
+/// its kernel timeout, asks the kernel and forgets it (`ended_kernel_gone`)
+/// instead of showing it offloaded for good and carrying a later flow on
+/// the same ports with its entries.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn offload_a_flow_made_before_the_daemon_is_forgotten_when_the_kernel_ends_it() {
+    let t = Topology::new();
+    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    short_udp_timeouts(&t);
+    let _srv = udp_echo(
+        &t,
+        Ns::Server,
+        sa(SERVER_ADDR, 7000),
+        Duration::from_mins(1),
+    );
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
+    assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
+    let daemon = Daemon::start(&t, &["--tick", "1"]);
+    let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
+    // Its replies go on (the kernel's, for the egress witness to see one
+    // forwarded) until the daemon offloads it.
+    wait_for_or_show(
+        "the flow made before the daemon to be offloaded",
+        Duration::from_secs(10),
+        || {
+            let _ = echoes(&udp, 1, Duration::from_millis(100));
+            offloaded_udp_42000(&t).is_some()
+        },
+        show,
+    );
+    // Idle from now on: the kernel's 10 s timeout ends it, unsaid.
+    wait_for_or_show(
+        "the daemon to forget the flow the kernel ended",
+        Duration::from_secs(30),
+        || offloaded_udp_42000(&t).is_none(),
+        show,
+    );
+    assert!(offload_count(&t, "ended_kernel_gone") >= 1, "{}", show());
+}
+
 /// A forward rule ahead of the `established` accept that drops the replies
 /// of one UDP service and all echo replies from the WAN (a blocklist, a
 /// fail2ban chain): conntrack calls those connections replied (it sees
