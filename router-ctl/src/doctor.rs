@@ -1015,6 +1015,33 @@ fn flowtable_check(f: &standalone::Flowtable, offload: bool) -> Check {
     }
 }
 
+/// The warning of the router's own source NAT rules `own_nat`, which
+/// standalone mode's slow path competes with; its fix says it is for
+/// standalone mode only unless the router is attached so (`standalone`).
+fn source_nat_check(own_nat: &[String], standalone: bool) -> Check {
+    Check {
+        iface: "netfilter".into(),
+        name: "source-nat",
+        level: Level::Warn,
+        detail: format!(
+            "standalone mode (--admit xdp): {}",
+            standalone::source_nat_message(own_nat)
+        ),
+        // Before any attach the owner may be about to deploy offload
+        // mode, which needs exactly those rules: the fix says which mode
+        // it is for.
+        fix: Some(format!(
+            "{}remove the router's own masquerade/snat rules for LAN->WAN traffic, or \
+             attach with --no-kernel-nat and give them ports outside XDP's --port-range",
+            if standalone {
+                ""
+            } else {
+                "only for standalone mode (offload mode, the default, needs them): "
+            }
+        )),
+    }
+}
+
 /// The router's netfilter forward rules, which standalone mode
 /// (`--admit xdp`) would bypass (offload mode keeps them in charge: on a
 /// router attached in offload mode they are fine). Reported under the
@@ -1064,20 +1091,7 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
         standalone::foreign_source_nat(&ruleset)
     };
     if !own_nat.is_empty() {
-        out.push(Check {
-            iface: "netfilter".into(),
-            name: "source-nat",
-            level: Level::Warn,
-            detail: format!(
-                "standalone mode (--admit xdp): {}",
-                standalone::source_nat_message(&own_nat)
-            ),
-            fix: Some(
-                "remove the router's own masquerade/snat rules for LAN->WAN traffic, or attach \
-                 with --no-kernel-nat and give them ports outside XDP's --port-range"
-                    .into(),
-            ),
-        });
+        out.push(source_nat_check(&own_nat, standalone));
     }
     // Every one: a flowtable lists the ports and lower devices (a bridge's
     // ports, a VLAN's parent), not the interface XDP is attached to.

@@ -128,9 +128,10 @@ fn sweep_left_behind(off: &mut Daemon, dump: &[crate::ctnetlink::Conn]) -> Resul
     }
     if swept.ended > 0 {
         tracing::info!(
-            "removed {} XDP entries an earlier daemon offloaded of connections the kernel no \
-             longer has (ended while no daemon ran, by `conntrack -D` or `-F` or their \
-             timeout): their packets now meet the firewall",
+            "removed {} XDP entries offloaded before this session (by an earlier daemon, or \
+             this one before a detach and new attach) of connections the kernel no longer has \
+             (ended while nothing followed them, by `conntrack -D` or `-F` or their timeout): \
+             their packets now meet the firewall",
             swept.ended
         );
     }

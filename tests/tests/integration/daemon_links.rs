@@ -838,7 +838,8 @@ fn daemon_start_removes_pairs_left_pending_or_ended() {
     let log = daemon.log();
     assert!(log.contains("removed 4 XDP entries left pending"), "{log}");
     assert!(
-        log.contains("removed 2 XDP entries an earlier daemon offloaded of connections the kernel no longer has"),
+        log.contains("removed 2 XDP entries offloaded before this session")
+            && log.contains("of connections the kernel no longer has"),
         "{log}"
     );
     assert_eq!(daemon_health(&t)["stale_pending_removed"], 4);

@@ -534,3 +534,31 @@ fn doctor_warns_of_merging_below_a_generic_interface() {
         "{v}"
     );
 }
+
+/// Before any attach, doctor's `source-nat` warning (the router's own
+/// masquerade, which standalone mode's slow path competes with) says its
+/// fix is for standalone mode only: offload mode, the default, needs that
+/// very rule, and an owner about to deploy it must not remove it.
+#[test]
+#[ignore = "needs root: run cargo xtask test"]
+fn doctor_before_an_attach_does_not_tell_offload_mode_to_drop_its_masquerade() {
+    let t = Topology::new();
+    tests::host::load_nft(
+        t.ns_name(Ns::Router),
+        &format!(
+            "table ip owner_nat {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat;
+    oifname \"{WAN_IF}\" masquerade
+  }}
+}}"
+        ),
+    );
+    let (v, _) = doctor(&t, &[LAN_IF, WAN_IF]);
+    let c = check(&v, "netfilter", "source-nat");
+    let fix = c["fix"].as_str().unwrap_or_default();
+    assert!(
+        fix.starts_with("only for standalone mode (offload mode, the default, needs them)"),
+        "{c}"
+    );
+}
