@@ -11,7 +11,8 @@
 #            from the kernel, send it all to the peer). The committed
 #            connections reach the kernel as NEW conntrack events, so
 #            `router-ctl run` offloads them into XDP like any other
-#            established flow: nothing XDP-specific happens here.
+#            established flow (UDP and ICMP once this router forwarded one
+#            of their replies): nothing XDP-specific happens here.
 #   backup   shorten the kernel timers of the connections this router
 #            carried (zombies once the peer is master) and ask the master
 #            for a full resync of its table.

@@ -92,8 +92,11 @@ pub const ROUTE_MARKS_MAP: &str = "ROUTE_MARKS";
 /// LRU hash [`EgressKey`] -> [`EgressSeen`]: where the kernel sent a
 /// connection's packets out of an attached interface, written by
 /// [`EGRESS_WITNESS_PROGRAM`] (a tc egress program the offload daemon
-/// attaches for as long as it runs). With policy routing, the daemon
-/// offloads a connection only where the kernel's own packets of it left
+/// attaches for as long as it runs). The daemon offloads a UDP or ICMP
+/// connection only once one of its replies was seen leaving the inside
+/// interface (conntrack calls a reply seen before the forward rules judge
+/// it). With policy routing, it offloads a connection only where the
+/// kernel's own packets of it left
 /// by the interface and to the next hop the fast path's lookup gives: a
 /// mark set on each packet, or restored with another mask than the
 /// daemon assumes, changes the kernel's route without the daemon seeing

@@ -1077,8 +1077,8 @@ pub fn firewall_checks(netns: Option<&str>, pin_dir: &Path) -> Vec<Check> {
             iface: "netfilter".into(),
             name: "forward-rules",
             level: Level::Ok,
-            detail: "no forward or prerouting filter rules, and no drop policy: standalone mode \
-                     bypasses none"
+            detail: "no forward, prerouting or postrouting filter rules, and no drop policy: \
+                     standalone mode bypasses none"
                 .into(),
             fix: None,
         });

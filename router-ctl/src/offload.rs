@@ -233,6 +233,9 @@ const ROUTE_DIFFERS: &str = "route_differs";
 /// them): see [`Offloader::reply_forwarded`].
 const REPLY_NOT_FORWARDED: &str = "reply_not_forwarded";
 
+/// Capacity of [`Offloader::awaiting_reply`].
+const MAX_AWAITING_REPLY: usize = 16_384;
+
 /// Why a connection that ended before its offload was not offloaded:
 /// while it waited for the egress witness (`waiting`), or as a TCP
 /// connection settling.
@@ -769,8 +772,8 @@ pub trait Kernel {
     fn egress_seen(&mut self, _key: &EgressKey) -> Witnessed {
         Witnessed::NoWitness
     }
-    /// Whether the egress witness is there to ask (attached when first
-    /// asked).
+    /// Whether the egress witness is there to ask (attached at the first
+    /// ask, which the daemon makes when its session opens).
     fn has_witness(&mut self) -> bool {
         false
     }
@@ -787,8 +790,8 @@ pub trait Kernel {
 /// What the egress witness says of a packet the kernel sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Witnessed {
-    /// No witness attached (a kernel without tcx): the routing rules alone
-    /// decide.
+    /// No witness attached (a kernel without tcx): conntrack's "replied"
+    /// and the routing rules alone decide.
     NoWitness,
     /// It saw no such packet leave an attached interface.
     Unseen,
@@ -1214,6 +1217,14 @@ pub struct Offloader<T, K> {
     /// order.
     witness_tries: HashMap<Tuple, u8>,
     witness_order: VecDeque<(Tuple, u64)>,
+    /// UDP and ICMP connections refused for want of a forwarded reply
+    /// ([`REPLY_NOT_FORWARDED`]), looked at again at each tick: such a
+    /// connection sends no further event (an assured UDP flow, an echo
+    /// flow), and one whose replies the kernel forwards later (a flow idle
+    /// at a failover's commit or a daemon's start, a rule removed) is
+    /// offloaded then. At most [`MAX_AWAITING_REPLY`], the oldest first out.
+    awaiting_reply: HashMap<Tuple, Conn>,
+    awaiting_order: VecDeque<Tuple>,
     /// The window scales of connections whose pair a new ct mark removed
     /// (original direction first, [`Keys::scales_to_keep`]), for their
     /// offload again: the kernel's entry is liberal by then and gives none.
@@ -1262,6 +1273,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             route_marks_full_said: false,
             witness_tries: HashMap::new(),
             witness_order: VecDeque::new(),
+            awaiting_reply: HashMap::new(),
+            awaiting_order: VecDeque::new(),
             stats: OffloadStats::default(),
             table,
         }
@@ -1362,6 +1375,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         if c.zone != 0 {
             return self.refused("zone");
         }
+        // Decided anew from what this says.
+        self.awaiting_reply.remove(&c.orig);
         match eligibility(c) {
             Verdict::Offload => match self.flows.get(&c.orig) {
                 None => self.offload_when_settled(c, now_ns),
@@ -1424,6 +1439,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         // connection on the same tuple ([`Self::reply_forwarded`]).
         if c.orig.proto != IPPROTO_TCP {
             self.kernel.forget_egress(&leaving_as(&c.orig));
+            self.awaiting_reply.remove(&c.orig);
         }
         if self.end(&c.orig) {
             self.stats.ended_destroyed += 1;
@@ -1849,6 +1865,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         if carried.is_none() && !self.reply_forwarded(c, orig_from_lan) {
             if !self.wait_for_witness(c, now_ns, tries.unwrap_or(0)) {
                 self.refused(REPLY_NOT_FORWARDED);
+                self.await_reply(c);
             }
             return None;
         }
@@ -1883,6 +1900,48 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             Witnessed::NoWitness => true,
             Witnessed::Unseen => false,
             Witnessed::Seen(seen) => seen.ifindex == inside,
+        }
+    }
+
+    /// Keeps `c` in [`Self::awaiting_reply`], the oldest out beyond its
+    /// capacity.
+    fn await_reply(&mut self, c: &Conn) {
+        if self.awaiting_reply.insert(c.orig, c.clone()).is_none() {
+            self.awaiting_order.push_back(c.orig);
+        }
+        while self.awaiting_reply.len() > MAX_AWAITING_REPLY {
+            let Some(oldest) = self.awaiting_order.pop_front() else {
+                break;
+            };
+            self.awaiting_reply.remove(&oldest);
+        }
+        // The order keeps tuples removed since (no search at each
+        // removal): dropped here once they are as many as the kept ones.
+        if self.awaiting_order.len() > 2 * MAX_AWAITING_REPLY {
+            let kept = &self.awaiting_reply;
+            self.awaiting_order.retain(|t| kept.contains_key(t));
+        }
+    }
+
+    /// Offloads the connections in [`Self::awaiting_reply`] one of whose
+    /// replies the egress witness has seen since (or whose witness is gone:
+    /// conntrack's word then); each is decided anew, as at its event.
+    fn recheck_awaiting_reply(&mut self, now_ns: u64) {
+        let ready: Vec<Tuple> = self
+            .awaiting_reply
+            .keys()
+            .copied()
+            .filter(|orig| {
+                !matches!(
+                    self.kernel.egress_seen(&leaving_as(orig)),
+                    Witnessed::Unseen
+                )
+            })
+            .collect();
+        for orig in ready {
+            if let Some(c) = self.awaiting_reply.remove(&orig) {
+                self.offload(&c, now_ns);
+            }
         }
     }
 
@@ -2267,6 +2326,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// again.
     pub fn tick(&mut self, now_ns: u64) -> usize {
         self.release_unclaimed();
+        self.recheck_awaiting_reply(now_ns);
         let (covered, mut gone) = self.no_longer_the_fast_paths();
         for (orig, f) in &mut self.flows {
             if covered.contains(orig) {
@@ -4878,6 +4938,23 @@ mod tests {
             .insert(reply_key, seen_on(LAN, 0, CLIENT_MAC));
         o.settle(2 + WITNESS_WAIT_NS);
         assert_eq!(o.len(), 1);
+        // Refused, then a reply forwarded (a rule removed, an idle flow
+        // active again: no event says so): offloaded at the next tick; one
+        // that ended is forgotten.
+        let mut o = with_witness(None, None);
+        every_look(&mut o, 2);
+        assert_eq!((o.len(), o.awaiting_reply.len()), (0, 1));
+        o.tick(10 * WITNESS_WAIT_NS);
+        assert_eq!(o.len(), 0, "no reply yet");
+        o.kernel
+            .sends
+            .insert(reply_key, seen_on(LAN, 0, CLIENT_MAC));
+        o.tick(11 * WITNESS_WAIT_NS);
+        assert_eq!((o.len(), o.awaiting_reply.len()), (1, 0));
+        let mut o = with_witness(None, None);
+        every_look(&mut o, 2);
+        o.destroy(&replied);
+        assert!(o.awaiting_reply.is_empty());
         // No witness (a kernel without tcx): conntrack's word, as before.
         let mut o = offloader(&[&replied]);
         o.conn(&replied, 1);

@@ -423,8 +423,9 @@ pub const fn overlap(a: (u16, u16), b: (u16, u16)) -> bool {
 
 /// One netfilter chain that standalone mode would bypass: XDP admits and
 /// redirects a flow's packets before every netfilter hook, so a forward
-/// chain's rules, and a prerouting filter chain's (raw, mangle: where
-/// blocklists and parental blocks often sit), no longer see them.
+/// chain's rules, and a prerouting or postrouting filter chain's (raw,
+/// mangle: where blocklists and parental blocks often sit), no longer see
+/// them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ForwardChain {
     /// `nftables` or `iptables-legacy`.
@@ -453,8 +454,9 @@ impl ForwardChain {
     }
 }
 
-/// Forward chains, and prerouting chains of type filter (iptables-nft's
-/// raw and mangle ones among them), with rules or a drop policy in
+/// Forward chains, and prerouting and postrouting chains of type filter
+/// (iptables-nft's raw and mangle ones among them), with rules or a drop
+/// policy in
 /// nftables' ruleset JSON (`nft -j -t list ruleset`), our own table left
 /// out. iptables-nft chains show up here too (tables `filter`, `raw`,
 /// `mangle`). Prerouting's nat chains are the NAT checks' (a port forward
@@ -473,7 +475,8 @@ pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
         let family = s(c, "family");
         // Standalone mode admits IPv6 flows too: `ip6` chains count.
         let hook = s(c, "hook");
-        let bypassed = hook == "forward" || (hook == "prerouting" && s(c, "type") == "filter");
+        let bypassed = hook == "forward"
+            || (matches!(hook.as_str(), "prerouting" | "postrouting") && s(c, "type") == "filter");
         if !bypassed || !matches!(family.as_str(), "ip" | "ip6" | "inet") {
             continue;
         }
@@ -505,16 +508,17 @@ pub fn nft_forward_chains(ruleset: &serde_json::Value) -> Vec<ForwardChain> {
 }
 
 /// The chains of a legacy iptables tool's tables standalone mode would
-/// bypass: filter's FORWARD, raw's PREROUTING, mangle's PREROUTING and
-/// FORWARD, with rules or a drop policy, from `iptables-save` output
+/// bypass: filter's FORWARD, raw's PREROUTING, mangle's PREROUTING,
+/// FORWARD and POSTROUTING, with rules or a drop policy, from `iptables-save` output
 /// (`save`: `*table`, `:CHAIN POLICY [..]`, `-A CHAIN ...` lines).
 #[must_use]
 pub fn iptables_bypassed_chains(tool: &'static str, save: &str) -> Vec<ForwardChain> {
-    const BYPASSED: [(&str, &str); 4] = [
+    const BYPASSED: [(&str, &str); 5] = [
         ("filter", "FORWARD"),
         ("raw", "PREROUTING"),
         ("mangle", "PREROUTING"),
         ("mangle", "FORWARD"),
+        ("mangle", "POSTROUTING"),
     ];
     let mut found: Vec<ForwardChain> = Vec::new();
     let mut table = "";

@@ -3,8 +3,10 @@
 //! for as long as it runs, never by `attach`) that notes, for each packet
 //! the kernel sends out of them, the interface, the packet's mark and the
 //! next hop's MAC, under the packet's addresses and ports as it leaves
-//! (after the kernel's NAT) in `EGRESS_SEEN`. With policy routing, the
-//! daemon offloads a connection only where the kernel's own packets of it
+//! (after the kernel's NAT) in `EGRESS_SEEN`. The daemon offloads a UDP
+//! or ICMP connection only once it saw one of its replies leave the
+//! inside interface (forwarded: past the firewall's forward rules). With
+//! policy routing, it offloads a connection only where the kernel's own packets of it
 //! left by the interface and to the next hop the fast path's lookup
 //! gives (see `router_common::maps::EGRESS_SEEN_MAP`). The fast path's
 //! own frames are not seen here: a redirect from XDP skips tc egress.

@@ -1,12 +1,13 @@
 //! The witness of where the kernel sends connections: the object's tc
 //! egress program (`egress_witness`, see `router-ebpf/src/egress_witness.rs`)
 //! attached by the daemon to both attached interfaces (tcx, Linux 6.6+,
-//! after every program already there) when policy routing first calls for
-//! it ([`Witness`]), for as long as the daemon runs: its links and its map
+//! after every program already there) when an offload-mode session opens
+//! ([`Witness`]), for as long as the daemon runs: its links and its map
 //! are the daemon's own (nothing pinned), so a stopped daemon leaves
-//! nothing behind. The offloader asks it, under
-//! policy routing, how the kernel's own packets of a connection left
-//! ([`crate::offload::Kernel::egress_seen`]).
+//! nothing behind. The offloader asks it how the kernel's own packets of a
+//! connection left ([`crate::offload::Kernel::egress_seen`]): whether a
+//! UDP or ICMP connection's reply was forwarded to the inside (every
+//! such offload), and under policy routing by which route and mark.
 
 use anyhow::{Context, Result, anyhow};
 use aya::{
@@ -28,20 +29,23 @@ const SHRINKABLE_MAP_TYPES: [u32; 5] = [1, 2, 6, 9, 25];
 const RINGBUF: u32 = 27;
 const PAGE: u32 = 4096;
 
-/// The daemon's witness, attached when first asked: only policy routing
-/// needs it, so a router without policy rules pays nothing for it on its
-/// kernel path.
+/// The daemon's witness, attached when an offload-mode session opens (every
+/// UDP and ICMP offload asks it whether a reply was forwarded): the kernel
+/// path pays one hash lookup per packet for it, a write when a note
+/// changes.
 pub(super) enum Witness {
     /// None wanted (standalone mode, a detached router).
     Off,
     /// Wanted on the egress of these interfaces, not attached yet.
     Wanted([u32; 2]),
     Attached(Box<EgressWitness>),
-    /// The kernel has no tcx (before Linux 6.6; said once): the routing
-    /// rules alone decide, for good.
+    /// The kernel has no tcx (before Linux 6.6; said once): conntrack's
+    /// "replied" and the routing rules alone decide, for good
+    /// ([`WITHOUT_WITNESS`]).
     Unavailable,
-    /// Attaching failed (said once per failure in a row): the routing
-    /// rules alone decide until a try after [`RETRY_AFTER_NS`] works.
+    /// Attaching failed (said once per failure in a row): conntrack's
+    /// "replied" and the routing rules alone decide until a try after
+    /// [`RETRY_AFTER_NS`] works.
     Failed {
         ifindexes: [u32; 2],
         at_ns: u64,
@@ -92,8 +96,9 @@ impl Witness {
         *self = match attached {
             Ok(w) => {
                 tracing::info!(
-                    "policy routing: the egress witness (where the kernel sends connections) \
-                     is attached to both interfaces"
+                    "the egress witness (where the kernel sends connections: a UDP or ICMP \
+                     connection's forwarded reply, routes under policy rules) is attached to \
+                     both interfaces"
                 );
                 Self::Attached(Box::new(w))
             }
@@ -125,8 +130,8 @@ impl Witness {
         }
     }
 
-    /// What the status says of it: `attached`, `not needed yet` (no UDP
-    /// or ICMP decision and none under policy rules so far), `unavailable: no tcx`,
+    /// What the status says of it: `attached`, `not needed yet` (a
+    /// session not opened on an attached router yet), `unavailable: no tcx`,
     /// `failed: WHY`; `None` when none is wanted.
     pub(super) fn describe(&self) -> Option<String> {
         match self {

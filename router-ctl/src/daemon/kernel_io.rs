@@ -195,7 +195,8 @@ pub(super) struct NetlinkKernel {
     /// hash.
     pub(super) policy: Option<(u64, [bool; 2], u64)>,
     pub(super) ipsec: IpsecSeen,
-    /// The egress witness (offload mode), attached when first asked.
+    /// The egress witness (offload mode), attached at the first ask (the
+    /// session's opening).
     pub(super) witness: super::egress_witness::Witness,
     /// The neighbours' MACs by interface and address, read when first
     /// needed in a tick, and when (`CLOCK_MONOTONIC` ns).

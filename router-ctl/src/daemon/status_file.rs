@@ -33,7 +33,8 @@ pub struct DaemonStatus {
     #[serde(default)]
     pub settling_flows: u64,
     /// Connections waiting for the egress witness's evidence before their
-    /// offload (under policy routing).
+    /// offload (a UDP or ICMP connection's forwarded reply; under policy
+    /// routing, each direction's route).
     #[serde(default)]
     pub waiting_for_witness: u64,
     pub offload: OffloadStats,

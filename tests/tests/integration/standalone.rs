@@ -770,7 +770,10 @@ fn attach_refuses_over_forward_rules_unless_told_to_bypass_them() {
     );
     // No forward rules: doctor says so.
     let d = t.router_ctl_ok(&["doctor", LAN_IF, WAN_IF]);
-    assert!(d.contains("no forward or prerouting filter rules"), "{d}");
+    assert!(
+        d.contains("no forward, prerouting or postrouting filter rules"),
+        "{d}"
+    );
 }
 
 /// A firewall turned on after a standalone attach that found none (a
