@@ -784,9 +784,11 @@ const LOSS_WARN_EVERY_NS: u64 = 60_000_000_000;
 static LOSS_WARNED_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Batches of stale events [`events_lost`] discards at most before its
-/// dump: the whole receive buffer's worth of the smallest events, so a
-/// flood that keeps queueing new ones cannot hold it.
-const STALE_BATCHES_MAX: usize = EVENT_RCVBUF * 2 / 100 / EVENT_BATCH;
+/// dump: as many events as the receive buffer (`SO_RCVBUFFORCE` doubles
+/// it) holds at once, each counted at the smallest size the kernel charges
+/// for one (an skb's truesize, some 768 bytes), so a flood that keeps
+/// queueing new ones holds the loop only for about 170 receives.
+const STALE_BATCHES_MAX: usize = EVENT_RCVBUF * 2 / 768 / EVENT_BATCH + 1;
 
 /// The kernel dropped events (or one was cut short): discards what is still
 /// queued, all of it older than the dump it then reads (applied after it,
