@@ -237,12 +237,10 @@ fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
                     return false;
                 }
                 // Record Route and Timestamp carry a pointer into their own
-                // data: one before it (or an option too short for one) is
-                // malformed, which Linux's `ip_options_compile` answers
-                // with a Parameter Problem: the kernel's.
+                // data: one Linux's `ip_options_compile` refuses (a
+                // Parameter Problem) is the kernel's.
                 let pointer_ok = match kind {
-                    OPT_RR => pointer_at_least(ctx, at, len, 4),
-                    OPT_TS => pointer_at_least(ctx, at, len, 5),
+                    OPT_RR | OPT_TS => pointer_fits(ctx, at, len, kind),
                     _ => true,
                 };
                 if !pointer_ok {
@@ -255,15 +253,43 @@ fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
     at >= hlen
 }
 
-/// Whether the option of `len` bytes at `at` of the IPv4 header has a
-/// pointer (its third byte) of at least `min` (and room for it).
+/// Whether the Record Route or Timestamp option (`kind`) of `len` bytes at
+/// `at` of the IPv4 header has a pointer (its third byte) Linux's
+/// `ip_options_compile` takes: not before the option's data (4 for Record
+/// Route, 5 for Timestamp), and one inside the option with room for an
+/// entry (an address; a timestamp, with flags 1 and 3 an address and a
+/// timestamp); a Timestamp pointing past its end (full) with an overflow
+/// count below 15 (RFC 791 3.1).
 #[inline(always)]
-fn pointer_at_least(ctx: &XdpContext, at: usize, len: usize, min: u8) -> bool {
-    if len < usize::from(min) - 1 {
+fn pointer_fits(ctx: &XdpContext, at: usize, len: usize, kind: u8) -> bool {
+    let byte = |i: usize| {
+        ptr_at::<u8>(ctx, frame::IPV4 + at + i)
+            .ok()
+            // SAFETY: bounds checked by ptr_at.
+            .map(|p| usize::from(unsafe { *p }))
+    };
+    let ts = kind == OPT_TS;
+    let first_data = if ts { 5 } else { 4 };
+    if len < first_data - 1 {
         return false;
     }
-    // SAFETY: bounds checked by ptr_at.
-    ptr_at::<u8>(ctx, frame::IPV4 + at + 2).is_ok_and(|p| unsafe { *p } >= min)
+    let Some(pointer) = byte(2) else {
+        return false;
+    };
+    if pointer < first_data {
+        return false;
+    }
+    if !ts {
+        return pointer > len || pointer + 3 <= len;
+    }
+    let Some(flags) = byte(3) else {
+        return false;
+    };
+    if pointer > len {
+        return flags >> 4 != 0xf;
+    }
+    let entry = if matches!(flags & 0xf, 1 | 3) { 8 } else { 4 };
+    pointer + entry - 1 <= len
 }
 
 /// Sends the packet translated as the scratch slot says, if XDP can

@@ -159,7 +159,8 @@ fn options(f: &[u8], from_lan: bool, own_mac: [u8; 6], total: usize) -> Stage {
 /// most six options (no-operation bytes counted) up to the end of the list
 /// or the header, none a source route (LSRR 0x83, SSRR 0x89), each with
 /// a length of at least 2 within the header (but the one-byte end and
-/// no-operation ones).
+/// no-operation ones), a record route's or timestamp's pointer as Linux's
+/// option parsing takes it ([`pointer_fits`]).
 fn plain_options(options: &[u8]) -> bool {
     let mut at = 0;
     for _ in 0..6 {
@@ -167,13 +168,48 @@ fn plain_options(options: &[u8]) -> bool {
             None | Some(0) => return true,
             Some(1) => at += 1,
             Some(0x83 | 0x89) => return false,
-            Some(_) => match options.get(at + 1).map(|&l| usize::from(l)) {
-                Some(len) if len >= 2 && at + len <= options.len() => at += len,
+            Some(&kind) => match options.get(at + 1).map(|&l| usize::from(l)) {
+                Some(len)
+                    if len >= 2
+                        && at + len <= options.len()
+                        && pointer_fits(kind, &options[at..at + len]) =>
+                {
+                    at += len;
+                }
                 _ => return false,
             },
         }
     }
     at >= options.len()
+}
+
+/// Whether option `opt` (its bytes) of kind `kind` has a pointer Linux's
+/// `ip_options_compile` takes, for a record route (7) and a timestamp
+/// (0x44): not before the data, room for an entry when inside, a full
+/// timestamp's overflow count below 15; other kinds have none.
+fn pointer_fits(kind: u8, opt: &[u8]) -> bool {
+    let (first, ts) = match kind {
+        7 => (4, false),
+        0x44 => (5, true),
+        _ => return true,
+    };
+    let len = opt.len();
+    if len < first - 1 {
+        return false;
+    }
+    let pointer = usize::from(opt[2]);
+    if pointer < first {
+        return false;
+    }
+    if !ts {
+        return pointer > len || pointer + 3 <= len;
+    }
+    let flags = opt[3];
+    if pointer > len {
+        return flags >> 4 != 0xf;
+    }
+    let entry = if matches!(flags & 0xf, 1 | 3) { 8 } else { 4 };
+    pointer + entry - 1 <= len
 }
 
 /// TTL <= 1: the kernel's, unless it is a WAN packet addressed to the

@@ -144,6 +144,20 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
                 "a timestamp pointing before its data",
                 [0x44, 8, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             ),
+            // Inside the option with no room for an entry, and a full
+            // timestamp whose overflow count is at its 15.
+            (
+                "a record route with no room for an address",
+                [7, 6, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a timestamp with addresses and no room for one",
+                [0x44, 8, 5, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a full timestamp that overflowed 15 times",
+                [0x44, 4, 5, 0xf0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
         ] {
             let mut routed = a.clone();
             routed.options = options.to_vec();
