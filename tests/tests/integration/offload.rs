@@ -1115,17 +1115,9 @@ fn offload_after_polling_and_back_waits_for_a_new_connection() {
 #[ignore = "needs root: run cargo xtask test"]
 fn offload_a_flow_made_before_the_daemon_is_forgotten_when_the_kernel_ends_it() {
     let t = Topology::new();
-    install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
     short_udp_timeouts(&t);
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let _srv = offload_router_with_udp_echo(&t);
     let udp = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
     assert_eq!(echoes(&udp, 3, Duration::from_millis(100)), 3);
     let daemon = Daemon::start(&t, &["--tick", "1"]);
@@ -1163,7 +1155,8 @@ fn offload_a_flow_made_before_the_daemon_is_forgotten_when_the_kernel_ends_it() 
 fn offload_leaves_connections_whose_replies_a_forward_rule_drops_to_the_kernel() {
     const DROPPED_PORT: u16 = 7003;
     let t = Topology::new();
-    install_firewall(&t, Firewall::Nftables);
+    let _detach = DetachOnDrop(&t);
+    let _srv = offload_router_with_udp_echo(&t);
     for rule in [
         format!("iifname \"{WAN_IF}\" udp sport {DROPPED_PORT} counter drop"),
         format!("iifname \"{WAN_IF}\" icmp type echo-reply counter drop"),
@@ -1172,21 +1165,12 @@ fn offload_leaves_connections_whose_replies_a_forward_rule_drops_to_the_kernel()
         args.extend(rule.split_whitespace());
         t.exec_ok(Ns::Router, &args);
     }
-    let _detach = DetachOnDrop(&t);
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
     let _dropped = udp_echo(
         &t,
         Ns::Server,
         sa(SERVER_ADDR, DROPPED_PORT),
         Duration::from_mins(1),
     );
-    t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
     let daemon = Daemon::start(&t, &["--tick", "1"]);
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
     let allowed = udp_client(&t, 42000, sa(SERVER_ADDR, 7000));
@@ -1236,16 +1220,8 @@ fn offload_leaves_connections_whose_replies_a_forward_rule_drops_to_the_kernel()
 fn offload_the_daemons_own_refreshes_are_not_read_back_as_events() {
     const FLOWS: u16 = 20;
     let t = Topology::new();
-    install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let _srv = offload_router_with_udp_echo(&t);
     let daemon = Daemon::start(&t, &["--tick", "1"]);
     let flows: Vec<UdpSocket> = (0..FLOWS)
         .map(|i| udp_client(&t, 42100 + i, sa(SERVER_ADDR, 7000)))
@@ -1304,16 +1280,8 @@ fn offload_events_queued_before_a_loss_are_not_applied_after_the_dump() {
     /// Events enough to overflow the daemon's 16 MiB event socket.
     const FLOOD: u16 = 50_000;
     let t = Topology::new();
-    install_firewall(&t, Firewall::Nftables);
     let _detach = DetachOnDrop(&t);
-    let _srv = udp_echo(
-        &t,
-        Ns::Server,
-        sa(SERVER_ADDR, 7000),
-        Duration::from_mins(1),
-    );
-    t.warm_neighbours();
-    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    let _srv = offload_router_with_udp_echo(&t);
     let daemon = Daemon::start(
         &t,
         &["--tick", "1", "--keep-in-kernel-mark", "0x100/0xff00"],
@@ -1331,26 +1299,7 @@ fn offload_events_queued_before_a_loss_are_not_applied_after_the_dump() {
             }
         }
     });
-    let (client, server) = (CLIENT_ADDR.to_string(), SERVER_ADDR.to_string());
-    t.exec_ok(
-        Ns::Router,
-        &[
-            "conntrack",
-            "-U",
-            "-s",
-            &client,
-            "-d",
-            &server,
-            "-p",
-            "udp",
-            "--sport",
-            "42000",
-            "--dport",
-            "7000",
-            "--mark",
-            "0x100",
-        ],
-    );
+    mark_udp_42000(&t, "0x100");
     daemon.signal(libc::SIGCONT);
     wait_for_or_show(
         "the daemon to resynchronise after the lost events",
@@ -1700,6 +1649,43 @@ fn blocked_udp_packets(t: &Topology, port: u16) -> u64 {
         .unwrap_or_else(|| panic!("no counted drop rule for UDP port {port}:\n{chain}"))
 }
 
+/// The router with the nftables firewall, attached in offload mode (no
+/// daemon yet), its neighbours resolved, and a UDP echo on the server's
+/// port 7000 (for a minute): the echo's thread.
+fn offload_router_with_udp_echo(t: &Topology) -> JoinHandle<()> {
+    install_firewall(t, Firewall::Nftables);
+    let srv = udp_echo(t, Ns::Server, sa(SERVER_ADDR, 7000), Duration::from_mins(1));
+    t.warm_neighbours();
+    t.router_ctl_ok(&["attach", LAN_IF, WAN_IF, "--admit", "kernel"]);
+    srv
+}
+
+/// Sets the ct mark of the client's UDP flow from port 42000 to the echo
+/// (`conntrack -U` by its whole original tuple: conntrack-tools' update by
+/// a filter, `--orig-port-src` alone, fails on a NAT entry, EOPNOTSUPP).
+fn mark_udp_42000(t: &Topology, mark: &str) {
+    let (client, server) = (CLIENT_ADDR.to_string(), SERVER_ADDR.to_string());
+    t.exec_ok(
+        Ns::Router,
+        &[
+            "conntrack",
+            "-U",
+            "-s",
+            &client,
+            "-d",
+            &server,
+            "-p",
+            "udp",
+            "--sport",
+            "42000",
+            "--dport",
+            "7000",
+            "--mark",
+            mark,
+        ],
+    );
+}
+
 /// The router with the nftables firewall in offload mode, its daemon, a
 /// UDP echo on the server's port 7000 and the client's flow from port
 /// 42000 to it, offloaded.
@@ -1821,28 +1807,7 @@ fn offload_a_flow_kept_in_the_kernel_while_no_daemon_ran_leaves_xdp_when_one_sta
     let _detach = DetachOnDrop(&t);
     let (_srv, mut daemon, udp) = with_an_offloaded_udp_flow(&t);
     daemon.kill9();
-    // By its whole original tuple: conntrack-tools' update by a filter
-    // (`--orig-port-src` alone) fails on a NAT entry (EOPNOTSUPP).
-    let (client, server) = (CLIENT_ADDR.to_string(), SERVER_ADDR.to_string());
-    t.exec_ok(
-        Ns::Router,
-        &[
-            "conntrack",
-            "-U",
-            "-s",
-            &client,
-            "-d",
-            &server,
-            "-p",
-            "udp",
-            "--sport",
-            "42000",
-            "--dport",
-            "7000",
-            "--mark",
-            "0x100",
-        ],
-    );
+    mark_udp_42000(&t, "0x100");
     let ended = offload_count(&t, "ended_not_taken_over");
     let daemon = Daemon::start(&t, &["--keep-in-kernel-mark", "0x100/0xff00"]);
     let show = || format!("{}\n{}", crate::ctl::status(&t).0, daemon.log());
