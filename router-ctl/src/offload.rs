@@ -236,6 +236,11 @@ const REPLY_NOT_FORWARDED: &str = "reply_not_forwarded";
 /// Capacity of [`Offloader::awaiting_reply`].
 const MAX_AWAITING_REPLY: usize = 16_384;
 
+/// How long (ns) a connection stays in [`Offloader::awaiting_reply`]: one
+/// that ended without an event (made while nothing listened), or idle
+/// that long, is left to the kernel until its next event or resync.
+const AWAIT_REPLY_NS: u64 = 300_000_000_000;
+
 /// Why a connection that ended before its offload was not offloaded:
 /// while it waited for the egress witness (`waiting`), or as a TCP
 /// connection settling.
@@ -747,9 +752,9 @@ pub trait Kernel {
     /// The kernel's TCP connection with original tuple `orig` as it is
     /// now; `None` when the kernel no longer has it.
     fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>>;
-    /// Whether the kernel still has the connection with original tuple
-    /// `orig`.
-    fn has(&mut self, orig: &Tuple) -> io::Result<bool>;
+    /// The kernel's connection with original tuple `orig` as it is now;
+    /// `None` when the kernel no longer has it.
+    fn conn_now(&mut self, orig: &Tuple) -> io::Result<Option<Conn>>;
     /// Which interface the kernel routes `addr` out of.
     fn route(&mut self, addr: IpAddr) -> Option<u32>;
     /// Whether IPv4's and IPv6's policy rules route some packets by more
@@ -1218,13 +1223,16 @@ pub struct Offloader<T, K> {
     witness_tries: HashMap<Tuple, u8>,
     witness_order: VecDeque<(Tuple, u64)>,
     /// UDP and ICMP connections refused for want of a forwarded reply
-    /// ([`REPLY_NOT_FORWARDED`]), looked at again at each tick: such a
+    /// ([`REPLY_NOT_FORWARDED`]), looked at again at each tick for
+    /// [`AWAIT_REPLY_NS`]: such a
     /// connection sends no further event (an assured UDP flow, an echo
     /// flow), and one whose replies the kernel forwards later (a flow idle
     /// at a failover's commit or a daemon's start, a rule removed) is
-    /// offloaded then. At most [`MAX_AWAITING_REPLY`], the oldest first out.
-    awaiting_reply: HashMap<Tuple, Conn>,
-    awaiting_order: VecDeque<Tuple>,
+    /// offloaded then. At most [`MAX_AWAITING_REPLY`], the oldest first out;
+    /// each with when it came in, which its place in the order carries too
+    /// (a tuple taken out and put in again has a stale place there).
+    awaiting_reply: HashMap<Tuple, u64>,
+    awaiting_order: VecDeque<(Tuple, u64)>,
     /// The window scales of connections whose pair a new ct mark removed
     /// (original direction first, [`Keys::scales_to_keep`]), for their
     /// offload again: the kernel's entry is liberal by then and gives none.
@@ -1865,7 +1873,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         if carried.is_none() && !self.reply_forwarded(c, orig_from_lan) {
             if !self.wait_for_witness(c, now_ns, tries.unwrap_or(0)) {
                 self.refused(REPLY_NOT_FORWARDED);
-                self.await_reply(c);
+                self.await_reply(c, now_ns);
             }
             return None;
         }
@@ -1903,30 +1911,49 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         }
     }
 
-    /// Keeps `c` in [`Self::awaiting_reply`], the oldest out beyond its
+    /// Keeps `c` in [`Self::awaiting_reply`] from `now_ns` (one waiting
+    /// already keeps its place and time), the oldest out beyond its
     /// capacity.
-    fn await_reply(&mut self, c: &Conn) {
-        if self.awaiting_reply.insert(c.orig, c.clone()).is_none() {
-            self.awaiting_order.push_back(c.orig);
+    fn await_reply(&mut self, c: &Conn, now_ns: u64) {
+        if self.awaiting_reply.contains_key(&c.orig) {
+            return;
         }
+        self.awaiting_reply.insert(c.orig, now_ns);
+        self.awaiting_order.push_back((c.orig, now_ns));
         while self.awaiting_reply.len() > MAX_AWAITING_REPLY {
-            let Some(oldest) = self.awaiting_order.pop_front() else {
+            let Some((oldest, since)) = self.awaiting_order.pop_front() else {
                 break;
             };
-            self.awaiting_reply.remove(&oldest);
+            if self.awaiting_reply.get(&oldest) == Some(&since) {
+                self.awaiting_reply.remove(&oldest);
+            }
         }
-        // The order keeps tuples removed since (no search at each
-        // removal): dropped here once they are as many as the kept ones.
+        // Places of tuples taken out since (no search at each removal):
+        // dropped once they are as many as the kept ones.
         if self.awaiting_order.len() > 2 * MAX_AWAITING_REPLY {
             let kept = &self.awaiting_reply;
-            self.awaiting_order.retain(|t| kept.contains_key(t));
+            self.awaiting_order
+                .retain(|(t, since)| kept.get(t) == Some(since));
         }
     }
 
-    /// Offloads the connections in [`Self::awaiting_reply`] one of whose
-    /// replies the egress witness has seen since (or whose witness is gone:
-    /// conntrack's word then); each is decided anew, as at its event.
+    /// Looks again at the connections in [`Self::awaiting_reply`]: those
+    /// waiting longer than [`AWAIT_REPLY_NS`] are left to the kernel (the
+    /// order drops the places it no longer holds on the way); those one of
+    /// whose replies the egress witness has seen since (or whose witness is
+    /// gone: conntrack's word then) are read from the kernel again and
+    /// decided anew as at an event.
     fn recheck_awaiting_reply(&mut self, now_ns: u64) {
+        while let Some(&(orig, since)) = self.awaiting_order.front() {
+            let current = self.awaiting_reply.get(&orig) == Some(&since);
+            if current && now_ns.saturating_sub(since) < AWAIT_REPLY_NS {
+                break;
+            }
+            self.awaiting_order.pop_front();
+            if current {
+                self.awaiting_reply.remove(&orig);
+            }
+        }
         let ready: Vec<Tuple> = self
             .awaiting_reply
             .keys()
@@ -1939,8 +1966,14 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             })
             .collect();
         for orig in ready {
-            if let Some(c) = self.awaiting_reply.remove(&orig) {
-                self.offload(&c, now_ns);
+            self.awaiting_reply.remove(&orig);
+            match self.kernel.conn_now(&orig) {
+                Ok(Some(c)) => self.conn(&c, now_ns),
+                Ok(None) => {}
+                Err(e) => {
+                    self.stats.errors += 1;
+                    tracing::warn!("offload: reading the kernel entry {orig:?}: {e}");
+                }
             }
         }
     }
@@ -2349,7 +2382,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 // detached) ends with no DESTROY; past its kernel entry's
                 // timeout, the kernel is asked whether it still has it.
                 if now_ns > f.kernel_due_ns + KERNEL_GONE_MARGIN_NS {
-                    match self.kernel.has(orig) {
+                    match self.kernel.conn_now(orig).map(|c| c.is_some()) {
                         Ok(false) => gone.push((*orig, Gone::Kernel)),
                         // Kept by the kernel's own packets or a longer
                         // timeout: asked again a timeout later.
@@ -2877,8 +2910,11 @@ mod tests {
             }
             Ok(())
         }
-        fn has(&mut self, orig: &Tuple) -> io::Result<bool> {
-            Ok(self.present.contains(orig))
+        fn conn_now(&mut self, orig: &Tuple) -> io::Result<Option<Conn>> {
+            if !self.present.contains(orig) {
+                return Ok(None);
+            }
+            Ok(self.conns.iter().find(|c| c.orig == *orig).cloned())
         }
         fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>> {
             let reads = self.reads.entry(*orig).or_default();
@@ -4955,6 +4991,21 @@ mod tests {
         every_look(&mut o, 2);
         o.destroy(&replied);
         assert!(o.awaiting_reply.is_empty());
+        // Waiting longer than AWAIT_REPLY_NS: left to the kernel.
+        let mut o = with_witness(None, None);
+        every_look(&mut o, 2);
+        o.tick(AWAIT_REPLY_NS + 10 * WITNESS_WAIT_NS);
+        assert!(o.awaiting_reply.is_empty() && o.awaiting_order.is_empty());
+        // A reply seen, but the kernel ended it meanwhile (no DESTROY
+        // read): read again, nothing offloaded.
+        let mut o = with_witness(None, None);
+        every_look(&mut o, 2);
+        o.kernel.present.clear();
+        o.kernel
+            .sends
+            .insert(reply_key, seen_on(LAN, 0, CLIENT_MAC));
+        o.tick(10 * WITNESS_WAIT_NS);
+        assert_eq!((o.len(), o.awaiting_reply.len()), (0, 0));
         // No witness (a kernel without tcx): conntrack's word, as before.
         let mut o = offloader(&[&replied]);
         o.conn(&replied, 1);

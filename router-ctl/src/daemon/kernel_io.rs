@@ -228,8 +228,8 @@ impl Kernel for NetlinkKernel {
     fn refresh(&mut self, orig: &Tuple, timeout: u32, liberal: bool) -> io::Result<()> {
         self.ct.update(orig, Some(timeout), Some(liberal))
     }
-    fn has(&mut self, orig: &Tuple) -> io::Result<bool> {
-        Ok(self.ct.get(orig)?.is_some())
+    fn conn_now(&mut self, orig: &Tuple) -> io::Result<Option<Conn>> {
+        self.ct.get(orig)
     }
     fn tcp_now(&mut self, orig: &Tuple) -> io::Result<Option<TcpNow>> {
         Ok(self.ct.get(orig)?.and_then(|c| {
