@@ -1940,9 +1940,8 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
     /// Looks again at the connections in [`Self::awaiting_reply`]: those
     /// waiting longer than [`AWAIT_REPLY_NS`] are left to the kernel (the
     /// order drops the places it no longer holds on the way); those one of
-    /// whose replies the egress witness has seen since (or whose witness is
-    /// gone: conntrack's word then) are read from the kernel again and
-    /// decided anew as at an event.
+    /// whose replies the egress witness has seen since are read from the
+    /// kernel again and decided anew as at an event.
     fn recheck_awaiting_reply(&mut self, now_ns: u64) {
         while let Some(&(orig, since)) = self.awaiting_order.front() {
             let current = self.awaiting_reply.get(&orig) == Some(&since);
@@ -1958,10 +1957,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
             .awaiting_reply
             .keys()
             .copied()
+            // Only a reply seen: "no witness" (detached, the witness gone)
+            // does not lift what a witness said.
             .filter(|orig| {
-                !matches!(
+                matches!(
                     self.kernel.egress_seen(&leaving_as(orig)),
-                    Witnessed::Unseen
+                    Witnessed::Seen(_)
                 )
             })
             .collect();
@@ -2382,17 +2383,20 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 // detached) ends with no DESTROY; past its kernel entry's
                 // timeout, the kernel is asked whether it still has it.
                 if now_ns > f.kernel_due_ns + KERNEL_GONE_MARGIN_NS {
-                    match self.kernel.conn_now(orig).map(|c| c.is_some()) {
-                        Ok(false) => gone.push((*orig, Gone::Kernel)),
+                    match self.kernel.conn_now(orig) {
+                        Ok(None) => gone.push((*orig, Gone::Kernel)),
                         // Kept by the kernel's own packets or a longer
-                        // timeout: asked again a timeout later.
-                        Ok(true) => {
+                        // timeout: asked again once what it has left ran
+                        // out.
+                        Ok(Some(c)) => {
                             let stream = f.last_seen_ns >= f.stream_from_ns;
-                            let timeout = self.timeouts.of(f.proto, stream);
-                            f.kernel_due_ns = now_ns + secs_ns(timeout);
+                            let left = c.timeout.unwrap_or(self.timeouts.of(f.proto, stream));
+                            f.kernel_due_ns = now_ns + secs_ns(left);
                         }
+                        // Asked again some ticks later, not at each.
                         Err(e) => {
                             self.stats.errors += 1;
+                            f.kernel_due_ns = now_ns + KERNEL_LOOKUP_RETRY_NS;
                             tracing::warn!("offload: looking up the kernel entry {orig:?}: {e}");
                         }
                     }
@@ -2713,6 +2717,10 @@ fn refresh_while_established<K: Kernel>(
 /// before asking the kernel whether it still has it (the kernel's
 /// garbage collection runs a little late).
 const KERNEL_GONE_MARGIN_NS: u64 = 2_000_000_000;
+
+/// How long (ns) after a failed look-up of an idle flow's kernel entry
+/// [`Offloader::tick`] asks again.
+const KERNEL_LOOKUP_RETRY_NS: u64 = 30_000_000_000;
 
 /// `secs` seconds in ns.
 const fn secs_ns(secs: u32) -> u64 {
@@ -4991,6 +4999,12 @@ mod tests {
         every_look(&mut o, 2);
         o.destroy(&replied);
         assert!(o.awaiting_reply.is_empty());
+        // The witness gone (a detach): nothing it said is lifted.
+        let mut o = with_witness(None, None);
+        every_look(&mut o, 2);
+        o.kernel.witness = None;
+        o.tick(10 * WITNESS_WAIT_NS);
+        assert_eq!((o.len(), o.awaiting_reply.len()), (0, 1));
         // Waiting longer than AWAIT_REPLY_NS: left to the kernel.
         let mut o = with_witness(None, None);
         every_look(&mut o, 2);
