@@ -259,7 +259,8 @@ fn plain_options(ctx: &XdpContext, hlen: usize) -> bool {
 /// Route, 5 for Timestamp), and one inside the option with room for an
 /// entry (an address; a timestamp, with flags 1 and 3 an address and a
 /// timestamp); a Timestamp pointing past its end (full) with an overflow
-/// count below 15 (RFC 791 3.1).
+/// count below 15, unless prespecified (flag 3), whose overflow Linux does
+/// not count (RFC 791 3.1).
 #[inline(always)]
 fn pointer_fits(ctx: &XdpContext, at: usize, len: usize, kind: u8) -> bool {
     let byte = |i: usize| {
@@ -286,7 +287,7 @@ fn pointer_fits(ctx: &XdpContext, at: usize, len: usize, kind: u8) -> bool {
         return false;
     };
     if pointer > len {
-        return flags >> 4 != 0xf;
+        return flags & 0xf == 3 || flags >> 4 != 0xf;
     }
     let entry = if matches!(flags & 0xf, 1 | 3) { 8 } else { 4 };
     pointer + entry - 1 <= len

@@ -206,7 +206,7 @@ fn pointer_fits(kind: u8, opt: &[u8]) -> bool {
     }
     let flags = opt[3];
     if pointer > len {
-        return flags >> 4 != 0xf;
+        return flags & 0xf == 3 || flags >> 4 != 0xf;
     }
     let entry = if matches!(flags & 0xf, 1 | 3) { 8 } else { 4 };
     pointer + entry - 1 <= len

@@ -49,6 +49,37 @@ fn a_flows_packets_with_options_are_translated_both_ways() {
             Counter::FwdIpOptions,
             &[],
         );
+        // Pointers Linux takes, at their edges: forwarded as they are.
+        for (what, options) in [
+            ("a full record route", [7, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            (
+                "a timestamp with room for its last address and time",
+                [0x44, 12, 5, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a timestamp with room for one time",
+                [0x44, 8, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a full timestamp that overflowed 14 times",
+                [0x44, 4, 5, 0xe0, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "a full prespecified timestamp (its overflow not counted)",
+                [0x44, 4, 5, 0xf3, 0, 0, 0, 0, 0, 0, 0, 0],
+            ),
+        ] {
+            let mut edge = plain.clone();
+            edge.options = options.to_vec();
+            r.redirect(
+                what,
+                &env.client_sends(&edge),
+                lan,
+                &env.to_server(&snat(&edge, 40000)),
+                Counter::FwdIpOptions,
+                &[],
+            );
+        }
         let a = with_options(Ipv4::new(SERVER, WAN, Udp::new(53, 40000, b"answer")));
         let run = r.redirect(
             "answer with options",
