@@ -1353,10 +1353,12 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
         self.settling.len().saturating_sub(self.witness_tries.len())
     }
 
-    /// Connections waiting for the egress witness's evidence.
+    /// Connections waiting for the egress witness's evidence: looked at
+    /// again a second apart, or refused for want of a forwarded reply and
+    /// looked at each tick ([`Self::awaiting_reply`]).
     #[must_use]
     pub fn waiting_for_witness(&self) -> usize {
-        self.witness_tries.len()
+        self.witness_tries.len() + self.awaiting_reply.len()
     }
 
     /// Whether [`Self::settle`] has anything to look at later: a TCP
