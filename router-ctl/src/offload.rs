@@ -980,7 +980,8 @@ pub struct OffloadStats {
     pub ended_unwitnessed: u64,
     /// Removed because the kernel's entry for the same original tuple
     /// now has another reply tuple (another translation; its events were
-    /// lost), then offloaded again with the kernel's.
+    /// lost) or is another connection (another conntrack id: the old one
+    /// ended unsaid), then decided again with the kernel's.
     #[serde(default)]
     pub ended_remapped: u64,
     /// Removed at a start: an earlier daemon's carrying pair of a
@@ -1130,6 +1131,8 @@ struct Offloaded {
     /// translation the XDP entries carry).
     reply: Tuple,
     proto: u8,
+    /// The kernel's id of the connection (`CTA_ID`; 0: not known).
+    id: u32,
     /// Newest `last_seen_ns` of the two XDP entries at the last tick.
     last_seen_ns: u64,
     /// When (`CLOCK_MONOTONIC` ns) the kernel's entry runs out if nothing
@@ -1155,6 +1158,14 @@ struct Offloaded {
     /// policy rules, with the witness, the next tick hands it back to be
     /// decided anew, [`Gone::Unwitnessed`]).
     packet_mark: Option<u32>,
+}
+
+impl Offloaded {
+    /// Whether the kernel's connection `c` on this flow's tuple is another
+    /// one than the flow was offloaded from (both ids known, different).
+    fn replaced_by(&self, c: &Conn) -> bool {
+        self.id != 0 && c.id != 0 && self.id != c.id
+    }
 }
 
 /// After a resync whose dump failed, the next try; doubled after each
@@ -1402,8 +1413,11 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 // otherwise: re-created (another mapping) while the events
                 // that said so were lost (a resync after `ENOBUFS`, a
                 // conntrackd commit at a takeover). The XDP entries must
-                // not keep the old translation.
-                Some(f) if f.reply != c.reply => {
+                // not keep the old translation. Nor carry another
+                // connection on the same tuple (another conntrack id: the
+                // old one ended without a DESTROY), which must meet the
+                // checks of its own (the reply check among them).
+                Some(f) if f.reply != c.reply || f.replaced_by(c) => {
                     self.end(&c.orig);
                     self.stats.ended_remapped += 1;
                     self.offload_when_settled(c, now_ns);
@@ -1422,7 +1436,15 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 }
                 Some(_) => {}
             },
-            Verdict::Wait(_) => {}
+            // A new connection on an offloaded one's tuple, not replied
+            // yet: the old one ended unsaid (no DESTROY: made while
+            // nothing listened), and its entries must not carry this one.
+            Verdict::Wait(_) => {
+                if self.flows.get(&c.orig).is_some_and(|f| f.replaced_by(c)) {
+                    self.end(&c.orig);
+                    self.stats.ended_remapped += 1;
+                }
+            }
             Verdict::Refuse(why) => {
                 self.remarked_windows.remove(&c.orig);
                 let waiting = self.witness_tries.remove(&c.orig).is_some();
@@ -2159,6 +2181,7 @@ impl<T: Table, K: Kernel> Offloader<T, K> {
                 keys,
                 reply: c.reply,
                 proto: c.orig.proto,
+                id: c.id,
                 last_seen_ns: now_ns,
                 kernel_due_ns: now_ns + secs_ns(timeout),
                 stream_from_ns: if stream {
@@ -3967,6 +3990,33 @@ mod tests {
         assert_eq!(o.table.0[&k].lease, lease_until(21_000_000_000, 60));
         assert!(o.table.0[&k].lease > lease0);
         assert_eq!(o.stats.refreshed, 1);
+    }
+
+    /// A new connection on an offloaded flow's tuple (another conntrack id:
+    /// the old one ended without a DESTROY) ends the old flow's entries,
+    /// replied or not: they do not carry it past its own checks.
+    #[test]
+    fn another_connection_on_the_tuple_ends_the_old_ones_entries() {
+        let mut c = masq_udp(CONFIRMED | SEEN_REPLY);
+        c.id = 7;
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        assert_eq!(o.len(), 1);
+        o.conn(&c, 2);
+        assert_eq!((o.len(), o.stats.ended_remapped), (1, 0), "the same one");
+        let mut new = masq_udp(CONFIRMED);
+        new.id = 8;
+        o.conn(&new, 3);
+        assert_eq!(
+            (o.len(), o.table.0.len(), o.stats.ended_remapped),
+            (0, 0, 1)
+        );
+        // Replied (its unreplied event missed): ended, and decided anew.
+        let mut o = offloader(&[&c]);
+        o.conn(&c, 1);
+        new.status = CONFIRMED | SEEN_REPLY;
+        o.conn(&new, 3);
+        assert_eq!((o.len(), o.stats.ended_remapped), (1, 1));
     }
 
     /// An idle flow whose kernel entry ended without a DESTROY (made while
