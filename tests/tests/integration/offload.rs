@@ -1126,7 +1126,7 @@ fn offload_a_flow_made_before_the_daemon_is_forgotten_when_the_kernel_ends_it() 
     // forwarded) until the daemon offloads it.
     wait_for_or_show(
         "the flow made before the daemon to be offloaded",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         || {
             let _ = echoes(&udp, 1, Duration::from_millis(100));
             offloaded_udp_42000(&t).is_some()
