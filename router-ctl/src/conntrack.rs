@@ -876,9 +876,7 @@ pub fn flush(maps: &PinnedMaps) -> Result<()> {
     // offload mode's flows when this moves.
     record_flushed(maps, (removed + removed6) as u64)?;
     let mappings = clear_mappings(maps)?;
-    let offload = maps
-        .read_config()
-        .is_ok_and(|c| c.admit == router_common::maps::Admit::Kernel as u8);
+    let offload = maps.offload_mode();
     let after = if offload {
         "offload mode: the kernel carries those flows, and a running daemon offloads the ones \
          it still has again at its next tick (to end a flow a new firewall rule refuses, end it \

@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
 use anyhow::{Context, Result, bail};
 use router_common::maps::{
-    Admit, MAX_PINHOLES6, MAX_PORT_FORWARDS, PinholeKey6, PortForwardKey, PortForwardTarget,
+    MAX_PINHOLES6, MAX_PORT_FORWARDS, PinholeKey6, PortForwardKey, PortForwardTarget,
 };
 use serde::Serialize;
 
@@ -151,10 +151,7 @@ pub fn lan_route_note_via(lan: u32, addr: std::net::IpAddr) -> Option<String> {
 /// Opens an IPv6 pinhole: new flows of `proto` from the WAN to `to`
 /// (standalone mode; in offload mode the kernel's firewall decides).
 pub fn add_pinhole6(maps: &PinnedMaps, proto: Proto, to: SocketAddrV6) -> Result<()> {
-    if maps
-        .read_config()
-        .is_ok_and(|c| c.admit == Admit::Kernel as u8)
-    {
+    if maps.offload_mode() {
         bail!(
             "in offload mode (attach --admit kernel) inbound IPv6 is the kernel firewall's: \
              allow it there (e.g. `nft add rule inet filter forward iifname WAN ip6 daddr {} \
@@ -232,10 +229,7 @@ pub fn add(
     to: SocketAddrV4,
     kernel_ports: Option<(u16, u16)>,
 ) -> Result<()> {
-    if maps
-        .read_config()
-        .is_ok_and(|c| c.admit == Admit::Kernel as u8)
-    {
+    if maps.offload_mode() {
         bail!(
             "in offload mode (attach --admit kernel) port forwards are the kernel's DNAT rules: \
              add one there (e.g. `nft add rule ip nat prerouting iifname WAN {} dport {wan_port} \
@@ -413,9 +407,7 @@ pub fn list(maps: &PinnedMaps, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string(&rules)?);
     } else {
         print!("{}", rules_table(&rules));
-        let offload = maps
-            .read_config()
-            .is_ok_and(|c| c.admit == router_common::maps::Admit::Kernel as u8);
+        let offload = maps.offload_mode();
         if offload && !rules.is_empty() {
             // Kept in the maps (a switch back to standalone mode uses
             // them again), but nothing reads them now.

@@ -165,6 +165,13 @@ impl PinnedMaps {
             .context("reading the configuration")
     }
 
+    /// Whether the router is attached in offload mode (the kernel admits
+    /// flows): false where its configuration cannot be read.
+    pub fn offload_mode(&self) -> bool {
+        self.read_config()
+            .is_ok_and(|c| c.admit == router_common::maps::Admit::Kernel as u8)
+    }
+
     /// Turns the fast path off: the `CONFIG` entry all zero, which every
     /// build reads as "not configured". Written at the pinned map's own
     /// value size, so that a router attached by another build (whose

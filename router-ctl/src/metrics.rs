@@ -13,7 +13,7 @@ use prometheus_client::{
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
-use router_common::maps::{Admit, Counter, CounterValue};
+use router_common::maps::{Counter, CounterValue};
 use tracing::warn;
 
 use crate::{ctx::Ctx, daemon, forward, inspect, state, stats, vmac, web};
@@ -271,11 +271,7 @@ fn i64_of(v: impl TryInto<i64>) -> i64 {
 impl RouterCollector {
     /// The mode, and the offload daemon's health and events.
     fn encode_daemon(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let kernel_mode = self
-            .ctx
-            .maps()
-            .read_config()
-            .is_ok_and(|c| c.admit == Admit::Kernel as u8);
+        let kernel_mode = self.ctx.maps().offload_mode();
         gauge(
             enc,
             "xdp_router_admit_kernel",

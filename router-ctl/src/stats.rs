@@ -1,7 +1,7 @@
 //! `stats`: the per-CPU counters summed, grouped by outcome.
 
 use anyhow::{Context, Result};
-use router_common::maps::{Admit, Counter, CounterValue};
+use router_common::maps::{Counter, CounterValue};
 use serde_json::{Map as JsonMap, Value, json};
 
 use crate::{
@@ -155,9 +155,7 @@ pub fn stats(ctx: &Ctx, json: bool) -> Result<()> {
     let maps = ctx.maps();
     let counters = read_counters(&maps)?;
     let table = table_use(&maps, &counters);
-    let kernel_mode = maps
-        .read_config()
-        .is_ok_and(|c| c.admit == Admit::Kernel as u8);
+    let kernel_mode = maps.offload_mode();
     let mut daemon = daemon::health_json(ctx.ns());
     if kernel_mode && daemon["running"] != true {
         let on = crate::conntrack::OnFastPath::read(&maps).ok();
