@@ -938,7 +938,7 @@ pub fn lease_secs(timeout: u32) -> Option<u32> {
 }
 
 fn lease_until(now_ns: u64, secs: u32) -> u32 {
-    lease_tick(now_ns + u64::from(secs) * 1_000_000_000)
+    lease_tick(now_ns + secs_ns(secs))
 }
 
 /// What the offloader has done, for status, stats and metrics.

@@ -631,11 +631,11 @@ impl Ruleset {
     }
 }
 
-/// Whether iptables-legacy's table `table` exists; `names` lists them
-/// (`/proc/net/ip_tables_names`, `ip6_tables_names`). Listing a legacy
-/// table that is not there would create it: look first.
-fn legacy_table_exists(names: &str, table: &str) -> bool {
-    fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| l.trim() == table))
+/// Whether any of iptables-legacy's tables `tables` exists; `names` lists
+/// them (`/proc/net/ip_tables_names`, `ip6_tables_names`), read once.
+/// Listing a legacy table that is not there would create it: look first.
+fn legacy_table_exists(names: &str, tables: &[&str]) -> bool {
+    fs::read_to_string(names).is_ok_and(|t| t.lines().any(|l| tables.contains(&l.trim())))
 }
 
 /// Seconds the legacy iptables tools wait for the xtables lock (`-w`): the
@@ -666,10 +666,7 @@ pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<Unread>) {
             "ip6tables-legacy-save",
         ),
     ] {
-        if !["filter", "raw", "mangle"]
-            .iter()
-            .any(|t| legacy_table_exists(names, t))
-        {
+        if !legacy_table_exists(names, &["filter", "raw", "mangle"]) {
             continue;
         }
         // The save reads the tables without the xtables lock: another tool
@@ -685,8 +682,8 @@ pub fn forward_chains(ruleset: &Ruleset) -> (Vec<ForwardChain>, Vec<Unread>) {
             ))),
             Err(e) => {
                 let why = format!(
-                    "legacy {tool} tables exist but {save} cannot run ({e}); their FORWARD \
-                     and PREROUTING chains were not checked"
+                    "legacy {tool} tables exist but {save} cannot run ({e}); their FORWARD, \
+                     PREROUTING and POSTROUTING chains were not checked"
                 );
                 notes.push(if e.kind() == std::io::ErrorKind::NotFound {
                     Unread::lasting(why)
@@ -832,7 +829,7 @@ pub fn foreign_source_nat(ruleset: &Ruleset) -> Vec<String> {
     if let Ok(v) = &ruleset.0 {
         out.extend(nft_source_nat(v));
     }
-    if legacy_table_exists("/proc/net/ip_tables_names", "nat")
+    if legacy_table_exists("/proc/net/ip_tables_names", &["nat"])
         && let Ok(o) = Command::new("iptables-legacy")
             .args(["-w", XTABLES_WAIT_SECS, "-t", "nat", "-S"])
             .output()
