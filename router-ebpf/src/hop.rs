@@ -112,25 +112,6 @@ pub fn forward_egress(ctx: &XdpContext, ip: &[u8; ipv4::LEN]) -> Option<u32> {
     egress(ctx, &mut p)
 }
 
-/// The egress interface and MTU the FIB gives a packet of the parameters
-/// `p` (with its length set, so the kernel reports the MTU): `(ifindex,
-/// mtu)`, the MTU 0 when the kernel did not say (no neighbour yet);
-/// `None` when it would not forward it.
-#[inline(always)]
-pub fn path(ctx: &XdpContext, p: &mut FibParams) -> Option<(u32, u32)> {
-    match call(ctx, p) {
-        // SAFETY: on success the kernel wrote mtu_result (a union with
-        // tot_len; the length itself when it was 0: no MTU asked).
-        BPF_FIB_LKUP_RET_SUCCESS => Some((
-            p.ifindex,
-            u32::from(unsafe { p.__bindgen_anon_1.mtu_result }),
-        )),
-        // The kernel fills ifindex before the neighbour lookup.
-        BPF_FIB_LKUP_RET_NO_NEIGH => Some((p.ifindex, 0)),
-        _ => None,
-    }
-}
-
 /// The next hop's MTU when the FIB refuses the IPv4 packet `ip`, asked as
 /// [`fib`] asks it (its own source, the translated destination `dst`), as
 /// larger than it
@@ -200,7 +181,11 @@ pub fn reachable_via(ctx: &XdpContext, p: &mut FibParams, oif: u32) -> Option<bo
 /// `None` when it would not forward it.
 #[inline(always)]
 pub fn egress(ctx: &XdpContext, p: &mut FibParams) -> Option<u32> {
-    path(ctx, p).map(|(ifindex, _)| ifindex)
+    match call(ctx, p) {
+        // The kernel fills ifindex before the neighbour lookup.
+        BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH => Some(p.ifindex),
+        _ => None,
+    }
 }
 
 /// Asks the FIB for the next hop of the IPv4 packet `ip` once its
